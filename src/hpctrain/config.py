@@ -1,0 +1,104 @@
+"""Typed configuration, validated once at the edge (the CLI or a user's script), then passed around read-only."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+
+DEVICES = ("auto", "cpu", "cuda")
+STRATEGIES = ("auto", "single", "dp", "ddp")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Fields left None take the recipe's default (see `resolved`)."""
+
+    workload: str = "mnist"
+    """Built-in workload: data + model family (mnist; later imagenet)."""
+    recipe: str = "fast"
+    """Variant of the workload: `fast` (ours) or `classic` (the pytorch/examples tutorial)."""
+    dataset: str = "mnist"
+    data_dir: str = field(default_factory=lambda: os.environ.get("HPCTRAIN_DATA_DIR", "data"))
+    run_dir: str | None = None
+    """Where config, metrics, TensorBoard files and checkpoints go; default runs/<workload>-<dataset>[-<job id>]."""
+    epochs: int | None = None
+    batch_size: int | None = None
+    """Global batch: split evenly across processes, so results do not depend on the process count."""
+    lr: float | None = None
+    test_batch_size: int | None = None
+    seed: int = 0
+    train_limit: int | None = None
+    """Use only the first N training images (quick runs, tests)."""
+    device: str = "auto"
+    strategy: str = "auto"
+    nproc: int | None = None
+    """Start N local worker processes (one per GPU, or N CPU processes with gloo)."""
+    resume: str | None = None
+    """None: fresh run; "latest": newest valid checkpoint in the run directory; else a checkpoint path."""
+    dist_init_method: str | None = None
+    checkpoint_every: int = 0
+    """Also checkpoint every N optimizer steps (0: only at epoch ends)."""
+    keep_checkpoints: int = 3
+    log_interval: float = 10.0
+    """Seconds between plain progress lines when stderr is not a terminal (batch logs)."""
+    threads: int | None = None
+    """torch intra-op threads per process; default: the cores this process may use, divided among local workers."""
+    dist_timeout: float = 600.0
+    """Seconds a collective may wait for a missing rank before the run fails."""
+
+    def __post_init__(self) -> None:
+        _check_choice("--device", self.device, DEVICES)
+        _check_choice("--strategy", self.strategy, STRATEGIES)
+        for name in ("epochs", "batch_size", "test_batch_size", "train_limit", "nproc", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+        if self.lr is not None and not self.lr > 0:
+            raise UserError(f"--lr must be a positive number (got {self.lr})")
+        if self.checkpoint_every < 0:
+            raise UserError(f"--checkpoint-every must be 0 (off) or a number of steps (got {self.checkpoint_every})")
+        if self.keep_checkpoints < 1:
+            raise UserError(f"--keep-checkpoints must be at least 1 (got {self.keep_checkpoints})")
+        if self.dist_timeout <= 0:
+            raise UserError(f"--dist-timeout must be a positive number of seconds (got {self.dist_timeout})")
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def run_path(self) -> Path:
+        if self.run_dir is None:
+            raise RuntimeError("run_dir is resolved by resolve_run_dir() before training starts")
+        return Path(self.run_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UserError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**values)
+
+
+def default_run_dir(cfg: TrainConfig, environ: dict[str, str] | None = None) -> str:
+    """Deterministic, so every rank of a job (and every requeued attempt) agrees on it without talking."""
+    environ = os.environ if environ is None else environ
+    name = f"{cfg.workload}-{cfg.dataset}"
+    job_id = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID")
+    if job_id:
+        task = environ.get("SLURM_ARRAY_TASK_ID")
+        name += f"-{job_id}" + (f"_{task}" if task and environ.get("SLURM_ARRAY_JOB_ID") else "")
+    return str(Path("runs") / name)
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(f"{flag} must be one of {', '.join(choices)} (got {value!r})")

@@ -1,0 +1,398 @@
+"""Fetch and verify dataset files, and load them as tensors.
+
+Downloads are atomic: bytes go to a hidden temporary file next to the target, are fsynced and
+verified, and only then renamed into place, so a job never sees a half-written or corrupt file
+under the final name, even when several users or array tasks download into a shared directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec, get_dataset_spec
+from hpctrain.data.idx import GZIP_MAGIC, read_idx
+from hpctrain.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+CHUNK = 1 << 20
+SCHEMES = ("http", "https", "file")
+
+
+# ---------------------------------------------------------------- verification
+
+
+def _md5() -> "hashlib._Hash":
+    # usedforsecurity=False: a plain md5() is refused on FIPS-mode hosts, common on clusters.
+    return hashlib.md5(usedforsecurity=False)
+
+
+def _md5_of_stream(read) -> str:
+    digest = _md5()
+    while block := read(CHUNK):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def check_file(path: os.PathLike | str, fspec: FileSpec) -> str | None:
+    """Return None if `path` holds `fspec`'s data, else what is wrong with it.
+
+    Valid: the published archive bytes, or any gzip (mirrors such as Debian recompress) or
+    uncompressed file whose content matches the published uncompressed md5. Gzip or not is
+    decided from the content, not the name.
+    """
+    with open(path, "rb") as f:
+        head = f.read(2)
+        f.seek(0)
+        digest = _md5_of_stream(f.read)
+    if head == GZIP_MAGIC:
+        if digest == fspec.gz_md5:
+            return None
+        try:
+            # Decompress as a stream: never hold the whole file in memory just to hash it.
+            d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            raw = _md5()
+            with open(path, "rb") as f:
+                while block := f.read(CHUNK):
+                    raw.update(d.decompress(block))
+                raw.update(d.flush())
+            if not d.eof:
+                return "truncated gzip data"
+        except zlib.error as err:
+            return f"corrupt gzip data ({err})"
+        if raw.hexdigest() == fspec.raw_md5:
+            return None
+        return f"checksum mismatch: decompressed md5 {raw.hexdigest()}, expected {fspec.raw_md5}"
+    if digest == fspec.raw_md5:
+        return None
+    if head[:1] == b"<":
+        return "got an HTML/XML page instead of the data file (a proxy or login page?)"
+    return f"checksum mismatch: md5 {digest}, expected {fspec.raw_md5} (or archive md5 {fspec.gz_md5})"
+
+
+# ---------------------------------------------------------------- progress reporting
+
+
+class _PlainReporter:
+    """One line per event on stderr: readable in batch job logs, unlike a redrawn bar."""
+
+    def __init__(self, dataset: str) -> None:
+        self.dataset = dataset
+
+    def __enter__(self) -> _PlainReporter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def _print(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    def info(self, message: str) -> None:
+        self._print(f"{self.dataset}: {message}")
+
+    def warn(self, message: str) -> None:
+        self._print(f"warning: {self.dataset}: {message}")
+
+    def begin(self, name: str, url: str, total: int | None) -> None:
+        size = f" ({_human(total)})" if total is not None else ""
+        self.info(f"downloading {url}{size}")
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def end(self, name: str, ok: bool, size: int) -> None:
+        if ok:
+            self.info(f"{name}: {_human(size)}, verified")
+
+
+class _RichReporter(_PlainReporter):
+    def __init__(self, dataset: str) -> None:
+        super().__init__(dataset)
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self.console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = None
+
+    def __enter__(self) -> _RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def _print(self, message: str) -> None:
+        from rich.text import Text
+
+        # Text, not markup: URLs and error messages may contain [brackets].
+        self.progress.console.print(Text(message, style="yellow" if message.startswith("warning") else ""))
+
+    def begin(self, name: str, url: str, total: int | None) -> None:
+        self.task = self.progress.add_task(f"{self.dataset}/{name}", total=total)
+
+    def advance(self, n: int) -> None:
+        self.progress.update(self.task, advance=n)
+
+    def end(self, name: str, ok: bool, size: int) -> None:
+        if self.task is not None and not ok:
+            self.progress.remove_task(self.task)  # a failed attempt should not look finished
+        elif self.task is not None:
+            self.progress.update(self.task, total=size, completed=size)
+        self.task = None
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _reporter(dataset: str, progress: bool | None) -> _PlainReporter:
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return _RichReporter(dataset) if progress else _PlainReporter(dataset)
+
+
+# ---------------------------------------------------------------- download
+
+
+def normalize_mirror(mirror: str) -> str:
+    """Return `mirror` as a base URL ending in '/'. A local directory path becomes a file:// URL."""
+    scheme = urllib.parse.urlsplit(mirror).scheme.lower()
+    if scheme not in SCHEMES:
+        if os.path.isdir(mirror):
+            mirror = Path(mirror).resolve().as_uri()
+        else:
+            raise UserError(
+                f"mirror {mirror!r} is not an http://, https:// or file:// URL (nor an existing directory); "
+                "pass e.g. --mirror https://host/path/ or --mirror file:///shared/datasets/mnist/"
+            )
+    return mirror if mirror.endswith("/") else mirror + "/"
+
+
+def _apply_umask(path: Path) -> None:
+    # mkstemp creates 0600 files; a dataset in a shared directory should get the usual permissions.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not possible on every platform/filesystem, hence best effort.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fetch_one(url: str, fspec: FileSpec, final: Path, timeout: float, reporter: _PlainReporter) -> str | None:
+    """Try one URL; on success `final` holds a verified copy. Return None, or what went wrong."""
+    fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    received = 0
+    started = False
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    length = response.headers.get("Content-Length")
+                    total = int(length) if length and length.isdigit() else None
+                    reporter.begin(final.name, url, total)
+                    started = True
+                    while chunk := response.read(CHUNK):
+                        out.write(chunk)
+                        received += len(chunk)
+                        reporter.advance(len(chunk))
+            except urllib.error.HTTPError as err:
+                return f"HTTP error {err.code} {err.reason}"
+            except urllib.error.URLError as err:
+                return f"cannot connect: {err.reason}"
+            except TimeoutError:
+                return f"timed out after {timeout:g} s (raise it with --timeout)"
+            except (OSError, http.client.HTTPException) as err:
+                return f"transfer failed after {received} bytes: {err!r}"
+            if total is not None and received != total:
+                return f"incomplete transfer: got {received} of {total} bytes"
+            out.flush()
+            os.fsync(out.fileno())
+        problem = check_file(tmp, fspec)
+        if problem is not None:
+            return problem
+        _apply_umask(tmp)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        return None
+    finally:
+        ok = not tmp.exists() and final.exists()
+        if started:
+            reporter.end(final.name, ok, received)
+        tmp.unlink(missing_ok=True)  # no-op after a successful rename
+
+
+def _failure_message(spec: DatasetSpec, fspec: FileSpec, failures: list[tuple[str, str]], target: Path) -> str:
+    tried = "\n".join(f"  - {url}: {problem}" for url, problem in failures)
+    base = spec.mirrors[0] if spec.mirrors else ""
+    urls = "\n".join(f"  {base}{f.archive_name}" for f in spec.files.values())
+    data_dir = target.parent
+    return (
+        f"could not download {spec.name} file {fspec.archive_name}; mirrors tried:\n{tried}\n"
+        f"If this machine has no internet access (compute nodes often have none), fetch the "
+        f"{len(spec.files)} files on a machine that has it:\n{urls}\n"
+        f"copy them into {target}/ (DATA_DIR/{spec.name}/), then run "
+        f"`hpctrain download {spec.name} --data-dir {data_dir}` to verify them. "
+        f"Or pass --mirror URL (repeatable) naming a server or directory (file:///path/) that has them."
+    )
+
+
+def download(
+    spec: DatasetSpec,
+    data_dir: os.PathLike | str,
+    mirrors: Iterable[str] | None = None,
+    *,
+    progress: bool | None = None,
+    timeout: float = 30.0,
+) -> list[Path]:
+    """Make sure `data_dir/<spec.name>/` holds verified copies of the dataset's files.
+
+    Files already there and valid are kept without any request. Otherwise each mirror is tried in
+    order (`mirrors`, if given, replace the dataset's defaults). `progress`: True for a progress
+    bar, False for plain lines, None to pick by whether stderr is a terminal. Returns the paths of
+    the files in ROLES order; raises UserError, saying how to get the files, if a file cannot be had.
+    """
+    bases = [normalize_mirror(m) for m in (mirrors or spec.mirrors)]
+    if not bases:
+        raise UserError(f"no mirrors known for {spec.name}; pass --mirror URL")
+    target_dir = Path(data_dir).absolute() / spec.name
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create {target_dir}: {err.strerror}; pass --data-dir with a writable directory")
+
+    paths: list[Path] = []
+    with _reporter(spec.name, progress) as reporter:
+        for role in ROLES:
+            fspec = spec.files[role]
+            final = target_dir / fspec.archive_name
+            existing = _existing_valid(target_dir, fspec, reporter)
+            if existing is not None:
+                paths.append(existing)
+                continue
+            failures: list[tuple[str, str]] = []
+            for i, base in enumerate(bases):
+                url = base + fspec.archive_name
+                problem = _fetch_one(url, fspec, final, timeout, reporter)
+                if problem is None:
+                    break
+                failures.append((url, problem))
+                more = "; trying the next mirror" if i + 1 < len(bases) else ""
+                reporter.warn(f"{url}: {problem}{more}")
+            else:
+                raise UserError(_failure_message(spec, fspec, failures, target_dir))
+            paths.append(final)
+    return paths
+
+
+def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: _PlainReporter) -> Path | None:
+    # An uncompressed copy counts too: some users gunzip the files, and load_dataset reads either.
+    for path in (target_dir / fspec.archive_name, target_dir / fspec.name):
+        if not path.is_file():
+            continue
+        problem = check_file(path, fspec)
+        if problem is None:
+            reporter.info(f"{path.name}: already present and verified")
+            return path
+        reporter.warn(f"{path} is not valid ({problem}); downloading it again")
+    return None
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _candidate_dirs(spec: DatasetSpec, data_dir: Path) -> list[Path]:
+    dirs = [data_dir / spec.name, data_dir]
+    if spec.torchvision_folder:
+        dirs.append(data_dir / spec.torchvision_folder / "raw")
+    return dirs
+
+
+def find_dataset_files(spec: DatasetSpec, data_dir: os.PathLike | str) -> dict[str, Path]:
+    """Locate the four files: the first candidate directory holding all of them (.gz or not) wins."""
+    data_dir = Path(data_dir)
+    partial: list[str] = []
+    for directory in _candidate_dirs(spec, data_dir):
+        found: dict[str, Path] = {}
+        for role, fspec in spec.files.items():
+            for path in (directory / fspec.archive_name, directory / fspec.name):
+                if path.is_file():
+                    found[role] = path
+                    break
+        if len(found) == len(spec.files):
+            return found
+        if found:
+            missing = [spec.files[r].archive_name for r in spec.files if r not in found]
+            partial.append(f"{directory}/ lacks {', '.join(missing)}")
+    looked = ", ".join(f"{d}/" for d in _candidate_dirs(spec, data_dir))
+    detail = f" ({'; '.join(partial)})" if partial else ""
+    raise UserError(
+        f"dataset {spec.name} not found in {looked}{detail}; "
+        f"run `hpctrain download {spec.name} --data-dir {data_dir}` first (on a login node if compute nodes are offline)"
+    )
+
+
+def load_dataset(name: str | DatasetSpec, data_dir: os.PathLike | str) -> dict[str, torch.Tensor]:
+    """Load train/test images (uint8, N x H x W) and labels (int64, N) as tensors, without copying per sample."""
+    import torch
+
+    spec = name if isinstance(name, DatasetSpec) else get_dataset_spec(name)
+    files = find_dataset_files(spec, data_dir)
+    tensors = {role: read_idx(path) for role, path in files.items()}
+    for split in ("train", "test"):
+        images, labels = tensors[f"{split}_images"], tensors[f"{split}_labels"]
+        images_path, labels_path = files[f"{split}_images"], files[f"{split}_labels"]
+        if images.dim() != 3 or labels.dim() != 1:
+            raise UserError(
+                f"{images_path} / {labels_path}: expected N x H x W images and N labels, got shapes "
+                f"{tuple(images.shape)} and {tuple(labels.shape)}; re-run `hpctrain download {spec.name}`"
+            )
+        if images.shape[0] != labels.shape[0]:
+            raise UserError(
+                f"{images_path} has {images.shape[0]} images but {labels_path} has {labels.shape[0]} labels; "
+                f"the files do not belong together: re-run `hpctrain download {spec.name}`"
+            )
+        tensors[f"{split}_labels"] = labels.to(torch.int64)
+    return tensors

@@ -1,0 +1,64 @@
+"""What a recipe is: data + model + optimizer + defaults. The loop, checkpoints and distribution are shared."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Defaults:
+    epochs: int
+    batch_size: int
+    lr: float
+    test_batch_size: int
+
+
+@dataclass
+class TensorData:
+    """A whole dataset held as tensors (on the training device): batches are index gathers, not per-sample work."""
+
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+
+
+@dataclass
+class Optimization:
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler_interval: str  # "epoch" or "step": when the loop calls scheduler.step()
+
+
+class Recipe(ABC):
+    name: str
+    description: str
+    defaults: Defaults
+    datasets: tuple[str, ...]
+
+    @abstractmethod
+    def load_data(self, dataset: str, data_dir: str, device: torch.device, train_limit: int | None) -> TensorData:
+        """Training and test tensors, preprocessed once, on `device`."""
+
+    @abstractmethod
+    def build_model(self) -> nn.Module: ...
+
+    @abstractmethod
+    def build_optimization(
+        self, model: nn.Module, lr: float, epochs: int, steps_per_epoch: int
+    ) -> Optimization: ...
+
+    def augment(self, images: torch.Tensor) -> torch.Tensor:
+        """Per-batch training augmentation, vectorized on the batch's device. Default: none."""
+        return images
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target)
+
+    def predict(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Logits for evaluation; a recipe may average views (test-time augmentation)."""
+        return model(images)

@@ -1,0 +1,92 @@
+"""Shared fixtures: the Debian Fashion-MNIST files, local HTTP mirrors, and a ready data dir."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+FASHION_MNIST_SOURCE = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_source() -> Path:
+    """Directory with the four Fashion-MNIST .gz files (recompressed by Debian: same content)."""
+    missing = [name for name in FASHION_MNIST_FILES if not (FASHION_MNIST_SOURCE / name).is_file()]
+    if missing:
+        pytest.fail(
+            f"{FASHION_MNIST_SOURCE} lacks {', '.join(missing)}: run `apt-get install dataset-fashion-mnist`"
+        )
+    return FASHION_MNIST_SOURCE
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    log: list[str]  # set per server; every requested URL path, in order
+
+    def do_GET(self) -> None:
+        self.log.append(self.path)
+        super().do_GET()
+
+    def do_HEAD(self) -> None:
+        self.log.append(self.path)
+        super().do_HEAD()
+
+    def log_message(self, format: str, *args) -> None:  # keep test output clean
+        pass
+
+
+class HttpMirrors:
+    """Callable: `http_mirror(directory)` serves `directory` on 127.0.0.1 and returns its base URL
+    (ending in '/'). `http_mirror.requests(url)` lists the paths requested from that server."""
+
+    def __init__(self) -> None:
+        self._servers: dict[str, tuple[http.server.ThreadingHTTPServer, threading.Thread, list[str]]] = {}
+
+    def __call__(self, directory: Path | str) -> str:
+        log: list[str] = []
+        handler = functools.partial(type("Handler", (_QuietHandler,), {"log": log}), directory=str(directory))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="http-mirror", daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        self._servers[url] = (server, thread, log)
+        return url
+
+    def requests(self, url: str) -> list[str]:
+        return list(self._servers[url][2])
+
+    def close(self) -> None:
+        for server, thread, _ in self._servers.values():
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+        self._servers.clear()
+
+
+@pytest.fixture
+def http_mirror():
+    """Factory starting real HTTP servers for a test; all are shut down afterwards."""
+    mirrors = HttpMirrors()
+    yield mirrors
+    mirrors.close()
+
+
+@pytest.fixture(scope="session")
+def fashion_data_dir(tmp_path_factory, fashion_mnist_source) -> Path:
+    """A data dir laid out as `hpctrain download fashion-mnist` leaves it (DATA_DIR/fashion-mnist/*.gz),
+    made by the real download() from a file:// mirror. Shared by the session: do not modify it."""
+    from hpctrain.data import download, get_dataset_spec
+
+    data_dir = tmp_path_factory.mktemp("data")
+    download(get_dataset_spec("fashion-mnist"), data_dir, [fashion_mnist_source.as_uri()], progress=False)
+    return data_dir
