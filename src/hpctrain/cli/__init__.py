@@ -13,6 +13,12 @@ from hpctrain.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hpctrain.cli.train", "train a built-in recipe (mnist) here: CPU, GPUs, or many processes"),
     "download": ("hpctrain.cli.download", "fetch and verify a dataset before the job (compute nodes are often offline)"),
+    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm job (a built-in recipe, or any command after --)"),
+    "check": ("hpctrain.cli.check", "validate a job against the live cluster without submitting it"),
+    "status": ("hpctrain.cli.status", "show jobs: state, pending reason, nodes, elapsed time, restarts"),
+    "logs": ("hpctrain.cli.logs", "print (or follow) a job's output file(s)"),
+    "cancel": ("hpctrain.cli.cancel", "cancel a job; training checkpoints before it stops"),
+    "cluster": ("hpctrain.cli.cluster", "per-node table of state, CPUs, memory, GPUs and shards in use"),
     "env": ("hpctrain.cli.env", "print versions, GPUs and the detected distributed environment for bug reports"),
 }
 

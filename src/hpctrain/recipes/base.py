@@ -52,8 +52,12 @@ class Recipe(ABC):
         self, model: nn.Module, lr: float, epochs: int, steps_per_epoch: int
     ) -> Optimization: ...
 
-    def augment(self, images: torch.Tensor) -> torch.Tensor:
-        """Per-batch training augmentation, vectorized on the batch's device. Default: none."""
+    def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Per-batch training augmentation, vectorized on the batch's device. Default: none.
+
+        Draw randomness only from `generator`: the loop seeds it from (seed, epoch, step, rank), so a resumed
+        run draws the same augmentations as an uninterrupted one without saving any state.
+        """
         return images
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
