@@ -25,7 +25,9 @@ def _read_bytes(path: os.PathLike | str) -> bytearray:
         gzipped = f.read(2) == GZIP_MAGIC
     if not gzipped:
         with open(path, "rb") as f:
-            return bytearray(f.read())
+            data = bytearray(os.fstat(f.fileno()).st_size)  # read straight into it: one copy, not two
+            n = f.readinto(data)
+        return data[:n] if n != len(data) else data
     try:
         with gzip.open(path, "rb") as f:
             return bytearray(f.read())
@@ -41,6 +43,8 @@ def read_idx(path: os.PathLike | str) -> torch.Tensor:
         data = _read_bytes(path)
     except FileNotFoundError as err:
         raise UserError(f"{path}: no such file; {REDOWNLOAD_HINT}") from err
+    except OSError as err:  # a directory, no permission, an I/O error
+        raise UserError(f"{path}: cannot be read ({err.strerror or err}); check the path and its permissions") from err
     if len(data) < 4:
         raise UserError(f"{path}: too short to be an IDX file ({len(data)} bytes); {REDOWNLOAD_HINT}")
     zero, type_code, ndim = struct.unpack_from(">HBB", data, 0)
