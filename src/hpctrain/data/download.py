@@ -7,6 +7,7 @@ under the final name, even when several users or array tasks download into a sha
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.client
 import os
@@ -60,20 +61,17 @@ def check_file(path: os.PathLike | str, fspec: FileSpec) -> str | None:
         if digest == fspec.gz_md5:
             return None
         try:
-            # Decompress as a stream: never hold the whole file in memory just to hash it.
-            d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            raw = _md5()
-            with open(path, "rb") as f:
-                while block := f.read(CHUNK):
-                    raw.update(d.decompress(block))
-                raw.update(d.flush())
-            if not d.eof:
-                return "truncated gzip data"
-        except zlib.error as err:
+            # Stream through the same gzip reader read_idx uses, so "valid" here means "readable there"
+            # (multi-member archives pass; trailing garbage fails) and memory stays bounded.
+            with gzip.open(path, "rb") as f:
+                raw = _md5_of_stream(f.read)
+        except EOFError:
+            return "truncated gzip data"
+        except (OSError, zlib.error) as err:
             return f"corrupt gzip data ({err})"
-        if raw.hexdigest() == fspec.raw_md5:
+        if raw == fspec.raw_md5:
             return None
-        return f"checksum mismatch: decompressed md5 {raw.hexdigest()}, expected {fspec.raw_md5}"
+        return f"checksum mismatch: decompressed md5 {raw}, expected {fspec.raw_md5}"
     if digest == fspec.raw_md5:
         return None
     if head[:1] == b"<":
@@ -336,7 +334,17 @@ def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: _PlainReporter)
         if problem is None:
             reporter.info(f"{path.name}: already present and verified")
             return path
-        reporter.warn(f"{path} is not valid ({problem}); downloading it again")
+        # Move it aside (not delete: it is the user's file) so that, whatever happens next, no
+        # invalid file stays under a name the loader would pick up.
+        aside = path.with_name(path.name + ".corrupt")
+        try:
+            os.replace(path, aside)
+        except OSError as err:
+            raise UserError(
+                f"{path} is not valid ({problem}) and cannot be moved aside ({err.strerror}); "
+                "delete it, or pass --data-dir with a writable directory"
+            ) from err
+        reporter.warn(f"{path} is not valid ({problem}); moved it to {aside.name}, downloading it again")
     return None
 
 

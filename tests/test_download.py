@@ -1,0 +1,404 @@
+"""`hpctrain download` against real HTTP servers on 127.0.0.1 serving the real Fashion-MNIST files.
+
+Edge cases that need many downloads use a tiny dataset spec (a few kB of real IDX data with its own
+checksums) so the suite stays fast; the main paths run the real CLI on the real files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import os
+import pty
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from hpctrain.data import DatasetSpec, FileSpec, ROLES, check_file, download, get_dataset_spec, load_dataset
+from hpctrain.data.download import normalize_mirror
+from hpctrain.errors import UserError
+
+FASHION = get_dataset_spec("fashion-mnist")
+NAMES = [FASHION.files[role].archive_name for role in ROLES]
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "download", *args],
+        capture_output=True, text=True, timeout=120, env=env, **kwargs
+    )
+
+
+def closed_port_url() -> str:
+    """A URL whose port nothing listens on: connections are refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Temporary or partial files a download could leave behind."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") or p.name.endswith(".part"))
+
+
+def corrupt_copy(source: Path, target: Path, names=NAMES) -> Path:
+    """Copies with one byte flipped in the middle of each file (gzip CRC/deflate errors)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        data = bytearray((source / name).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (target / name).write_bytes(bytes(data))
+    return target
+
+
+# ---------------------------------------------------------------- a tiny dataset with real checksums
+
+
+def tiny_dataset(directory: Path) -> DatasetSpec:
+    """Four small IDX files written gzipped into `directory`, and a spec carrying their real md5s."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for i, role in enumerate(ROLES):
+        ndim = 3 if role.endswith("images") else 1
+        raw = bytes([0, 0, 8, ndim]) + b"".join((5).to_bytes(4, "big") if d == 0 else (3).to_bytes(4, "big") for d in range(ndim))
+        raw += bytes((i * 7 + k) % 256 for k in range(5 * (9 if ndim == 3 else 1)))
+        archive = gzip.compress(raw, mtime=0)
+        name = f"tiny-{role}"
+        (directory / (name + ".gz")).write_bytes(archive)
+        files[role] = FileSpec(name, hashlib.md5(archive).hexdigest(), hashlib.md5(raw).hexdigest())
+    return DatasetSpec(name="tiny", files=files, mirrors=())
+
+
+class _Misbehaving(http.server.BaseHTTPRequestHandler):
+    """Serves files from `root`, misbehaving as `mode` says."""
+
+    root: Path
+    mode: str
+    log: list[str]
+
+    def do_GET(self) -> None:
+        self.log.append(self.path)
+        path = self.root / self.path.lstrip("/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        self.send_response(200)
+        if self.mode == "short":  # announces the full length, sends half, closes
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+        elif self.mode == "unannounced":  # no Content-Length, closes after half: only the checksum can tell
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+        elif self.mode == "html":  # a captive portal or login page
+            body = b"<html><body>Please log in</body></html>"
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def misbehaving_server():
+    servers = []
+
+    def start(root: Path, mode: str) -> tuple[str, list[str]]:
+        log: list[str] = []
+        handler = type("H", (_Misbehaving,), {"root": root, "mode": mode, "log": log})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/", log
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------- the real CLI on the real files
+
+
+def test_cli_downloads_verifies_then_skips_without_requests(tmp_path, http_mirror, fashion_mnist_source):
+    url = http_mirror(fashion_mnist_source)
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url)
+    assert result.returncode == 0, result.stderr
+    target = tmp_path / "fashion-mnist"
+    assert sorted(p.name for p in target.iterdir()) == sorted(NAMES)
+    for role in ROLES:
+        assert check_file(target / FASHION.files[role].archive_name, FASHION.files[role]) is None
+    assert sorted(http_mirror.requests(url)) == sorted("/" + n for n in NAMES)
+    assert "4 files verified" in result.stdout
+    # Not a terminal: one plain line per event, never a redrawn bar.
+    assert "\r" not in result.stderr and "\x1b[" not in result.stderr
+    assert result.stderr.count("downloading http://127.0.0.1") == 4
+    assert result.stderr.count(", verified") == 4
+
+    again = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url)
+    assert again.returncode == 0, again.stderr
+    assert len(http_mirror.requests(url)) == 4  # no request at all the second time
+    assert again.stderr.count("already present and verified") == 4
+    assert load_dataset("fashion-mnist", tmp_path)["train_images"].shape == (60_000, 28, 28)
+
+
+def test_cli_corrupt_first_mirror_falls_back_to_second(tmp_path, http_mirror, fashion_mnist_source):
+    bad = http_mirror(corrupt_copy(fashion_mnist_source, tmp_path / "bad-mirror"))
+    good = http_mirror(fashion_mnist_source)
+    data_dir = tmp_path / "data"
+    result = run_cli("fashion-mnist", "--data-dir", str(data_dir), "--mirror", bad, "--mirror", good)
+    assert result.returncode == 0, result.stderr
+    assert len(http_mirror.requests(bad)) == 4 and len(http_mirror.requests(good)) == 4
+    assert result.stderr.count("trying the next mirror") == 4
+    assert "corrupt gzip data" in result.stderr
+    target = data_dir / "fashion-mnist"
+    assert leftovers(target) == []
+    for role in ROLES:  # what sits under the final names is the good copy
+        final = target / FASHION.files[role].archive_name
+        assert final.read_bytes() == (fashion_mnist_source / final.name).read_bytes()
+
+
+def test_cli_nothing_reachable_says_how_to_fetch_elsewhere(tmp_path):
+    data_dir = tmp_path / "data"
+    result = run_cli("fashion-mnist", "--data-dir", str(data_dir), "--mirror", closed_port_url(), "--timeout", "5")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    message = result.stderr
+    assert message.startswith("warning: fashion-mnist: http://127.0.0.1:")
+    assert "hpctrain download: error: could not download fashion-mnist file train-images-idx3-ubyte.gz" in message
+    assert "cannot connect" in message
+    assert "fetch the 4 files on a machine that has it" in message
+    assert f"copy them into {data_dir / 'fashion-mnist'}/" in message
+    assert f"--data-dir {data_dir}" in message and "--mirror" in message
+    assert "Traceback" not in message
+    assert leftovers(data_dir / "fashion-mnist") == [] and not any((data_dir / "fashion-mnist").iterdir())
+
+
+def test_cli_mirror_may_be_a_plain_directory(tmp_path, fashion_mnist_source):
+    # A relative path, as a user on a login node would type it.
+    (tmp_path / "copies").mkdir()
+    for name in NAMES:
+        os.symlink(fashion_mnist_source / name, tmp_path / "copies" / name)
+    result = run_cli("fashion-mnist", "--data-dir", "out", "--mirror", "copies", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "downloading file:///" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out" / "fashion-mnist").iterdir()) == sorted(NAMES)
+
+
+def test_cli_progress_bar_on_a_terminal(tmp_path, http_mirror, fashion_mnist_source):
+    """stderr on a pseudo-terminal: rich draws a progress bar (redrawn in place) instead of plain lines."""
+    url = http_mirror(fashion_mnist_source)
+    master, slave = pty.openpty()
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, env=env,
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # keep reading, or the child blocks on a full terminal buffer
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its side
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    stdout, _ = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    os.close(master)
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 0, terminal
+    assert b"4 files verified" in stdout
+    assert "━" in terminal  # the bar itself
+    assert "fashion-mnist/train-images-idx3-ubyte.gz" in terminal
+    assert "\x1b[" in terminal  # cursor movement: redrawn in place
+    assert "downloading http://" not in terminal  # not the plain lines
+
+
+# ---------------------------------------------------------------- failure paths, in-process on a tiny dataset
+
+
+def test_interrupted_transfer_leaves_nothing_that_looks_complete(tmp_path, misbehaving_server):
+    spec = tiny_dataset(tmp_path / "src")
+    for mode, expected in (("short", "incomplete transfer|transfer failed"), ("unannounced", "truncated gzip data")):
+        url, log = misbehaving_server(tmp_path / "src", mode)
+        data_dir = tmp_path / mode
+        with pytest.raises(UserError, match=expected) as err:
+            download(spec, data_dir, [url], progress=False)
+        assert "could not download tiny file tiny-train_images.gz" in str(err.value)
+        assert log == ["/tiny-train_images.gz"]
+        assert list((data_dir / "tiny").iterdir()) == []  # no final file, no partial file
+
+
+def test_interrupted_then_good_mirror(tmp_path, misbehaving_server, http_mirror, capsys):
+    spec = tiny_dataset(tmp_path / "src")
+    short, _ = misbehaving_server(tmp_path / "src", "short")
+    good = http_mirror(tmp_path / "src")
+    paths = download(spec, tmp_path / "data", [short, good], progress=False)
+    assert [p.name for p in paths] == [spec.files[r].archive_name for r in ROLES]
+    assert all(check_file(p, spec.files[r]) is None for p, r in zip(paths, ROLES))
+    assert leftovers(tmp_path / "data" / "tiny") == []
+    assert capsys.readouterr().err.count("trying the next mirror") == 4
+
+
+@pytest.mark.parametrize("kind", ["refused", "404", "html", "wrong-content", "timeout"])
+def test_bad_mirror_then_good_mirror(tmp_path, kind, misbehaving_server, http_mirror, capsys):
+    spec = tiny_dataset(tmp_path / "src")
+    listener = None
+    if kind == "refused":
+        bad = closed_port_url()
+    elif kind == "404":
+        (tmp_path / "empty").mkdir()
+        bad = http_mirror(tmp_path / "empty")
+    elif kind == "html":
+        bad, _ = misbehaving_server(tmp_path / "src", "html")
+    elif kind == "wrong-content":  # valid gzip of the wrong data: only the checksum can tell
+        other = tmp_path / "other"
+        other.mkdir()
+        for role in ROLES:
+            name = spec.files[role].archive_name
+            (other / name).write_bytes(gzip.compress(b"\0\0\x08\x01\0\0\0\x01x"))
+        bad = http_mirror(other)
+    else:  # accepts the connection (kernel backlog) but never answers
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        bad = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    good = http_mirror(tmp_path / "src")
+    try:
+        download(spec, tmp_path / "data", [bad, good], progress=False, timeout=0.5)
+    finally:
+        if listener is not None:
+            listener.close()
+    err = capsys.readouterr().err
+    expected = {
+        "refused": "cannot connect",
+        "404": "HTTP error 404",
+        "html": "HTML/XML page instead of the data file",
+        "wrong-content": "checksum mismatch: decompressed md5",
+        "timeout": "timed out after 0.5 s (raise it with --timeout)",
+    }[kind]
+    assert err.count(expected) == 4, err
+    target = tmp_path / "data" / "tiny"
+    assert sorted(p.name for p in target.iterdir()) == sorted(spec.files[r].archive_name for r in ROLES)
+    assert all(check_file(target / spec.files[r].archive_name, spec.files[r]) is None for r in ROLES)
+
+
+def test_every_mirror_corrupt_leaves_no_file(tmp_path, http_mirror):
+    spec = tiny_dataset(tmp_path / "src")
+    bad1 = http_mirror(corrupt_copy(tmp_path / "src", tmp_path / "bad1", [spec.files[r].archive_name for r in ROLES]))
+    bad2 = http_mirror(corrupt_copy(tmp_path / "src", tmp_path / "bad2", [spec.files[r].archive_name for r in ROLES]))
+    with pytest.raises(UserError) as err:
+        download(spec, tmp_path / "data", [bad1, bad2], progress=False)
+    assert str(err.value).count("corrupt gzip data") == 2  # both attempts listed
+    assert list((tmp_path / "data" / "tiny").iterdir()) == []
+
+
+def test_present_files_in_any_valid_form_are_kept(tmp_path, http_mirror):
+    """Published archive, a recompressed archive, or an uncompressed copy: all verified, none fetched."""
+    spec = tiny_dataset(tmp_path / "src")
+    target = tmp_path / "data" / "tiny"
+    target.mkdir(parents=True)
+    archives = [spec.files[r].archive_name for r in ROLES]
+    shutil.copy(tmp_path / "src" / archives[0], target)  # the published bytes
+    raw1 = gzip.decompress((tmp_path / "src" / archives[1]).read_bytes())
+    (target / archives[1]).write_bytes(gzip.compress(raw1, compresslevel=1, mtime=123))  # recompressed
+    raw2 = gzip.decompress((tmp_path / "src" / archives[2]).read_bytes())
+    (target / spec.files[ROLES[2]].name).write_bytes(raw2)  # uncompressed
+    raw3 = gzip.decompress((tmp_path / "src" / archives[3]).read_bytes())
+    half = len(raw3) // 2
+    (target / archives[3]).write_bytes(gzip.compress(raw3[:half]) + gzip.compress(raw3[half:]))  # two members
+    url = http_mirror(tmp_path / "src")
+    paths = download(spec, tmp_path / "data", [url], progress=False)
+    assert http_mirror.requests(url) == []
+    assert paths[2].name == spec.files[ROLES[2]].name
+
+
+def test_invalid_present_file_is_moved_aside_and_replaced(tmp_path, http_mirror, capsys):
+    spec = tiny_dataset(tmp_path / "src")
+    target = tmp_path / "data" / "tiny"
+    target.mkdir(parents=True)
+    name = spec.files["train_labels"].archive_name
+    (target / name).write_bytes(b"not the file")
+    url = http_mirror(tmp_path / "src")
+    download(spec, tmp_path / "data", [url], progress=False)
+    assert sorted(http_mirror.requests(url)) == sorted("/" + spec.files[r].archive_name for r in ROLES)
+    assert check_file(target / name, spec.files["train_labels"]) is None
+    assert (target / (name + ".corrupt")).read_bytes() == b"not the file"
+    assert "moved it to tiny-train_labels.gz.corrupt" in capsys.readouterr().err
+
+
+def test_invalid_present_file_never_stays_under_its_name_when_mirrors_fail(tmp_path):
+    spec = tiny_dataset(tmp_path / "src")
+    target = tmp_path / "data" / "tiny"
+    target.mkdir(parents=True)
+    name = spec.files["train_images"].archive_name
+    data = bytearray((tmp_path / "src" / name).read_bytes())
+    data[-5] ^= 1  # a bad CRC: the loader would fail later, the download check fails now
+    (target / name).write_bytes(bytes(data))
+    with pytest.raises(UserError, match="could not download"):
+        download(spec, tmp_path / "data", [closed_port_url()], progress=False)
+    assert not (target / name).exists()
+    assert (target / (name + ".corrupt")).exists()
+
+
+def test_check_file_rejects_trailing_garbage_and_truncation(tmp_path):
+    spec = tiny_dataset(tmp_path / "src")
+    fspec = spec.files["train_images"]
+    archive = (tmp_path / "src" / fspec.archive_name).read_bytes()
+    (tmp_path / "junk.gz").write_bytes(archive + b"junk")
+    assert "corrupt gzip data" in check_file(tmp_path / "junk.gz", fspec)
+    (tmp_path / "cut.gz").write_bytes(archive[:-9])
+    assert check_file(tmp_path / "cut.gz", fspec) == "truncated gzip data"
+    (tmp_path / "empty").write_bytes(b"")
+    assert "checksum mismatch" in check_file(tmp_path / "empty", fspec)
+
+
+def test_real_files_checksums(fashion_mnist_source):
+    """The published raw md5s match Debian's recompressed copies (their archive md5s differ)."""
+    for role in ROLES:
+        fspec = FASHION.files[role]
+        assert check_file(fashion_mnist_source / fspec.archive_name, fspec) is None
+    wrong = FASHION.files["test_labels"]
+    assert "checksum mismatch" in check_file(fashion_mnist_source / FASHION.files["train_labels"].archive_name, wrong)
+
+
+def test_mirror_validation(tmp_path):
+    assert normalize_mirror("http://host/path") == "http://host/path/"
+    assert normalize_mirror("file:///srv/data/") == "file:///srv/data/"
+    assert normalize_mirror(str(tmp_path)) == tmp_path.as_uri() + "/"
+    for bad in ("ftp://host/", "host:8000/data", str(tmp_path / "nowhere")):
+        with pytest.raises(UserError, match="is not an http://, https:// or file:// URL.*--mirror"):
+            normalize_mirror(bad)
+
+
+def test_cli_bad_arguments_exit_non_zero(tmp_path):
+    result = run_cli("cifar", "--data-dir", str(tmp_path))
+    assert result.returncode == 2 and "invalid choice: 'cifar'" in result.stderr
+    result = run_cli("mnist", "--data-dir", str(tmp_path), "--mirror", "ftp://x/")
+    assert result.returncode == 2 and "--mirror https://host/path/" in result.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_cli("mnist", "--data-dir", str(blocker), "--mirror", str(tmp_path))
+    assert result.returncode == 2 and "pass --data-dir with a writable directory" in result.stderr
