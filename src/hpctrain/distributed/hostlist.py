@@ -19,8 +19,9 @@ Several bracket groups in one item form a product, leftmost group slowest
 from __future__ import annotations
 
 import itertools
+import re
 
-__all__ = ["expand_hostlist", "first_host"]
+__all__ = ["expand_hostlist", "expand_tasks_per_node", "first_host"]
 
 # One parsed range: (low, high, width) where width is the zero-pad width.
 _Range = tuple[int, int, int]
@@ -29,6 +30,9 @@ _Item = list["str | list[_Range]"]
 
 # Guards against typos such as node[1-1000000000] eating all memory.
 _MAX_HOSTS = 1_000_000
+
+# One entry of SLURM_TASKS_PER_NODE: a count, optionally repeated ("2(x3)").
+_COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?", re.ASCII)
 
 
 def _bad(text: str, why: str) -> ValueError:
@@ -136,3 +140,20 @@ def first_host(text: str) -> str:
     """First host of a hostlist without expanding it (the whole text is still validated)."""
     first = _parse(text)[0]
     return "".join(part if isinstance(part, str) else str(part[0][0]).zfill(part[0][2]) for part in first)
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Expand Slurm's compressed task counts (SLURM_TASKS_PER_NODE): ``"2(x3),1"`` -> ``[2, 2, 2, 1]``.
+
+    Raises ValueError naming ``text`` when it is malformed.
+    """
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _COUNT.fullmatch(part.strip())
+        if not match:
+            raise ValueError(f"invalid Slurm task count list {text!r}: {part.strip()!r} is not N or N(xM)")
+        repeat = int(match.group(2) or 1)
+        if len(counts) + repeat > _MAX_HOSTS:
+            raise ValueError(f"invalid Slurm task count list {text!r}: more than {_MAX_HOSTS} nodes")
+        counts.extend([int(match.group(1))] * repeat)
+    return counts

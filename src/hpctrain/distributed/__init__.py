@@ -1,0 +1,43 @@
+"""Who am I in a distributed job, and joining its process group.
+
+    from hpctrain.distributed import setup
+    env, device = setup()          # works under python, torchrun, srun, Kubeflow, `hpctrain train --nproc`
+
+`detect()` reads the launcher's variables (pure, no torch import); `resolve_device()` and
+`init_process_group()` import torch when called. See examples/ddp_user_script.py.
+"""
+
+from __future__ import annotations
+
+from hpctrain.distributed.environment import LAUNCHERS, DistEnv, NodePlan
+from hpctrain.distributed.hostlist import expand_hostlist, expand_tasks_per_node, first_host
+from hpctrain.distributed.probes import PROBES, detect, kubeflow_node_plan, slurm_port
+from hpctrain.distributed.process_group import (
+    all_reduce_mean,
+    barrier,
+    destroy_process_group,
+    init_process_group,
+    pick_device,
+    resolve_device,
+    setup,
+)
+
+__all__ = [
+    "LAUNCHERS",
+    "PROBES",
+    "DistEnv",
+    "NodePlan",
+    "all_reduce_mean",
+    "barrier",
+    "destroy_process_group",
+    "detect",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "first_host",
+    "init_process_group",
+    "kubeflow_node_plan",
+    "pick_device",
+    "resolve_device",
+    "setup",
+    "slurm_port",
+]

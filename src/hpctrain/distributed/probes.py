@@ -1,0 +1,433 @@
+"""`detect()`: an ordered list of probes, each reading one launcher's variables into a `DistEnv`.
+
+Order matters and follows the launchers' nesting: our own spawner and torchrun set RANK/LOCAL_RANK for each
+worker even inside a Slurm allocation, so they are asked before Slurm; Slurm before the generic
+RANK/WORLD_SIZE convention (Kubeflow PyTorchJob); a single process last. Every probe is a pure function of
+the mapping it is given, so tests pass plain dicts instead of patching os.environ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import urllib.parse
+from collections.abc import Mapping
+from typing import Protocol
+
+from hpctrain.distributed.environment import DistEnv, NodePlan, Vars
+from hpctrain.distributed.hostlist import expand_tasks_per_node, first_host
+from hpctrain.errors import UserError
+
+__all__ = ["PROBES", "Probe", "detect", "kubeflow_node_plan", "slurm_port"]
+
+log = logging.getLogger(__name__)
+
+# Ports derived from a Slurm job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the well-known and
+# registered ranges most services use, below Linux's default ephemeral range (32768+).
+PORT_BASE = 20000
+PORT_SPAN = 12000
+
+INIT_METHOD_FORMS = "env, slurm, tcp://HOST:PORT or file:///shared/path"
+
+
+class Probe(Protocol):
+    name: str
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv | None:
+        """This launcher's view of the process, or None when the launcher did not start it."""
+
+
+def _rendezvous(world_size: int) -> str | None:
+    return "env://" if world_size > 1 else None
+
+
+def _torchrun_style(v: Vars, launcher: str) -> DistEnv:
+    """RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK, as torchrun and our spawner set them."""
+    why = f"{launcher} sets it for every worker"
+    world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
+    rank = v.required_int("RANK", why=why)
+    local_rank = v.required_int("LOCAL_RANK", why=why)
+    local_world_size = v.int("LOCAL_WORLD_SIZE", minimum=1)
+    if local_world_size is None:
+        if world_size > 1:
+            raise UserError(
+                "LOCAL_RANK is set but LOCAL_WORLD_SIZE is not: set LOCAL_WORLD_SIZE to the number of processes "
+                "on this node (torchrun sets both)"
+            )
+        local_world_size = 1
+    node_rank = v.int("GROUP_RANK")
+    if node_rank is None:
+        node_rank = rank // local_world_size
+    num_nodes = v.int("GROUP_WORLD_SIZE", minimum=1)
+    if num_nodes is None:
+        num_nodes = max(-(-world_size // local_world_size), node_rank + 1)
+    return DistEnv(
+        launcher=launcher,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=v.str("MASTER_ADDR"),
+        master_port=v.port("MASTER_PORT"),
+        init_method=_rendezvous(world_size),
+    )
+
+
+class SpawnProbe:
+    """Workers started by hpctrain's own local spawner (`hpctrain train --nproc N`, Kubeflow node plans)."""
+
+    name = "spawn"
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv | None:
+        v = Vars(environ)
+        marker = v.str("HPCTRAIN_LAUNCHER")
+        if marker is None:
+            return None
+        if marker != "spawn":
+            raise UserError(f"HPCTRAIN_LAUNCHER={marker!r} is not understood (only 'spawn'); unset it")
+        return _torchrun_style(v, "spawn")
+
+
+class TorchrunProbe:
+    """torchrun (also inside a Slurm allocation), or anything exporting torchrun's per-worker variables."""
+
+    name = "torchrun"
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv | None:
+        v = Vars(environ)
+        if not (v.has("TORCHELASTIC_RUN_ID") or v.has("LOCAL_RANK", "RANK", "WORLD_SIZE")):
+            return None
+        env = _torchrun_style(v, "torchrun")
+        _check_torchrun_under_srun(v)
+        return env
+
+
+def _check_torchrun_under_srun(v: Vars) -> None:
+    """srun -n4 torchrun --standalone ... makes four independent worlds that each train alone: refuse."""
+    if not v.has("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"):
+        return
+    agents = v.int("SLURM_STEP_NUM_TASKS") or v.int("SLURM_NTASKS")
+    groups = v.int("GROUP_WORLD_SIZE")
+    if agents is None or groups is None or groups >= agents:
+        return
+    raise UserError(
+        f"srun started {agents} copies of torchrun (SLURM_STEP_NUM_TASKS={agents}) but torchrun formed a job of "
+        f"{groups} node(s) (GROUP_WORLD_SIZE={groups}), so the copies would train as separate worlds. Start one "
+        "torchrun per node (srun --ntasks-per-node=1) with --nnodes=$SLURM_NNODES --rdzv-backend=c10d "
+        "--rdzv-endpoint=HEAD_NODE:29500 instead of --standalone, or drop torchrun and let srun start one task "
+        "per GPU"
+    )
+
+
+def slurm_port(job_id: int, step_id: int = 0) -> int:
+    """Rendezvous port for a Slurm job step when MASTER_PORT is unset.
+
+    Consecutive job ids land 7 ports apart (7 is coprime with the span, so ids only collide 12000 apart)
+    and the first few steps of a job get their own ports. Two jobs that still collide on one node fail
+    at init with a message asking for MASTER_PORT, which always wins.
+    """
+    return PORT_BASE + (7 * job_id + step_id) % PORT_SPAN
+
+
+class SlurmProbe:
+    """A task started by srun. The batch script itself is not one: it has no SLURM_STEP_ID."""
+
+    name = "slurm"
+
+    def __init__(self, required: bool = False) -> None:
+        self.required = required  # --dist-init-method slurm: not being an srun task is an error
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv | None:
+        v = Vars(environ)
+        if not (v.has("SLURM_STEP_ID") or v.has("SLURM_STEPID")):
+            return self._not_a_task(v)
+        why = "srun sets it for every task"
+        rank = v.required_int("SLURM_PROCID", why=why)
+        world_var = next((n for n in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") if v.has(n)), None)
+        if world_var is None:
+            raise UserError("SLURM_STEP_NUM_TASKS and SLURM_NTASKS are unset in an srun task; launch with srun -n N")
+        world_size = v.required_int(world_var, why=why, minimum=1)
+        local_rank = v.required_int("SLURM_LOCALID", why=why)
+        node_rank = v.required_int("SLURM_NODEID", why=why)
+        counts_var = next((n for n in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if v.has(n)), None)
+        if counts_var is None:
+            counts = [world_size]  # no per-node counts: only consistent with a single node
+        else:
+            try:
+                counts = expand_tasks_per_node(v.str(counts_var) or "")
+            except ValueError as err:
+                raise UserError(f"{counts_var}: {err}; launch with srun, which sets it") from None
+        nodes_var = next(
+            (n for n in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES") if v.has(n)), None
+        )
+        num_nodes = v.required_int(nodes_var, why=why, minimum=1) if nodes_var else len(counts)
+        if len(counts) != num_nodes or sum(counts) != world_size:
+            raise UserError(
+                f"{counts_var or 'the task counts'}={v.str(counts_var or '') or counts} does not describe "
+                f"{world_size} tasks ({world_var}) on {num_nodes} node(s) ({nodes_var}): the Slurm variables "
+                "disagree (were some exported by hand, or inherited from another job?); unset them and launch with srun"
+            )
+        if not 0 <= node_rank < num_nodes:
+            raise UserError(
+                f"SLURM_NODEID={node_rank} is outside 0..{num_nodes - 1} ({nodes_var}={num_nodes}); launch with srun"
+            )
+        master_addr = v.str("MASTER_ADDR")
+        if master_addr is None:
+            master_addr = _head_node(v)
+        master_port = v.port("MASTER_PORT")
+        if master_port is None:
+            job_id = v.required_int("SLURM_JOB_ID", why="hpctrain derives the rendezvous port from it")
+            master_port = slurm_port(job_id, v.int("SLURM_STEP_ID") or v.int("SLURM_STEPID") or 0)
+        return DistEnv(
+            launcher="slurm",
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=counts[node_rank],
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            master_addr=master_addr,
+            master_port=master_port,
+            init_method=_rendezvous(world_size),
+        )
+
+    def _not_a_task(self, v: Vars) -> None:
+        in_job = v.has("SLURM_JOB_ID")
+        if self.required:
+            raise UserError(
+                "--dist-init-method slurm, but this process was not started by srun (SLURM_STEP_ID is unset"
+                + ("; this looks like the batch script itself, where SLURM_PROCID is always 0" if in_job else "")
+                + "): launch it with `srun python ...` inside the job"
+            )
+        tasks = v.int("SLURM_NTASKS") if in_job else None
+        if tasks is not None and tasks > 1:
+            log.warning(
+                "running as a single process in the batch script of a job with %d tasks; "
+                "start the script with `srun` to use them all",
+                tasks,
+            )
+        return None
+
+
+def _head_node(v: Vars) -> str:
+    """The first host of the step (or job): rank 0 always runs there under Slurm's default task layout."""
+    for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        text = v.str(name)
+        if text is not None:
+            try:
+                return first_host(text)
+            except ValueError as err:
+                raise UserError(f"{name}: {err}; set MASTER_ADDR to the first node's host name") from None
+    raise UserError(
+        "cannot tell the head node: SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are unset; "
+        "set MASTER_ADDR to the first node's host name"
+    )
+
+
+class KubeflowProbe:
+    """One process per pod/node with MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (Kubeflow PyTorchJob etc.)."""
+
+    name = "kubeflow"
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv | None:
+        v = Vars(environ)
+        if not v.has("RANK", "WORLD_SIZE") or v.has("LOCAL_RANK"):
+            return None
+        plan = kubeflow_node_plan(environ)
+        if plan is not None:
+            raise UserError(
+                f"PET_NPROC_PER_NODE={plan.nproc_per_node} asks for {plan.nproc_per_node} processes in this pod, "
+                "but it runs one: start the script under torchrun (torchrun --nproc-per-node=$PET_NPROC_PER_NODE "
+                "--nnodes=$PET_NNODES --node-rank=$PET_NODE_RANK --master-addr=$MASTER_ADDR "
+                "--master-port=$MASTER_PORT script.py), use `hpctrain train`, which starts them, or set nprocPerNode to 1"
+            )
+        return _per_node(v, "kubeflow")
+
+
+def _per_node(v: Vars, launcher: str) -> DistEnv:
+    why = "the launcher sets RANK and WORLD_SIZE for each node"
+    world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
+    rank = v.required_int("RANK", why=why)
+    return DistEnv(
+        launcher=launcher,
+        rank=rank,
+        world_size=world_size,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=rank,
+        num_nodes=world_size,
+        master_addr=v.str("MASTER_ADDR"),
+        master_port=v.port("MASTER_PORT"),
+        init_method=_rendezvous(world_size),
+    )
+
+
+class SingleProcessProbe:
+    """Nothing launched us: one process. Stray RANK/WORLD_SIZE alone would otherwise be silently ignored."""
+
+    name = "none"
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv:
+        v = Vars(environ)
+        world_size = v.int("WORLD_SIZE", minimum=1)
+        rank = v.int("RANK")
+        if (world_size or 1) > 1 or (rank or 0) > 0:
+            raise UserError(
+                f"WORLD_SIZE={v.str('WORLD_SIZE')} / RANK={v.str('RANK')} are set but not both (with MASTER_ADDR "
+                "and MASTER_PORT): set all four for a multi-process job, or unset them to run one process"
+            )
+        return DistEnv("none", 0, 1, 0, 1, 0, 1, None, None, None)
+
+
+# Order is the contract (see the module docstring).
+PROBES: tuple[Probe, ...] = (SpawnProbe(), TorchrunProbe(), SlurmProbe(), KubeflowProbe(), SingleProcessProbe())
+
+
+def detect(environ: Mapping[str, str] | None = None, init_method: str | None = None) -> DistEnv:
+    """Work out this process's rank, world and rendezvous; raise UserError (naming the fix) on inconsistencies.
+
+    `init_method` is `--dist-init-method`: None or "auto" probes the launchers in order; "env" reads
+    RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; "slurm" insists on an srun task; "tcp://HOST:PORT" and
+    "file:///PATH" take rank and world size from the launcher but meet at the given URL.
+    """
+    environ = os.environ if environ is None else environ
+    choice = (init_method or "auto").strip()
+    if choice == "auto":
+        env = _first_match(environ, PROBES)
+    elif choice in ("env", "env://"):
+        env = _explicit_env(Vars(environ))
+    elif choice == "slurm":
+        env = _first_match(environ, (SlurmProbe(required=True),))  # raises unless this is an srun task
+    elif choice.startswith(("tcp://", "file://")):
+        env = _with_url(environ, choice)
+    else:
+        raise UserError(f"--dist-init-method {choice!r} is not understood; use {INIT_METHOD_FORMS}")
+    return _checked(env)
+
+
+def _first_match(environ: Mapping[str, str], probes: tuple[Probe, ...]) -> DistEnv:
+    for probe in probes:
+        env = probe.detect(environ)
+        if env is not None:
+            return env
+    raise AssertionError("the last probe always matches")
+
+
+def _explicit_env(v: Vars) -> DistEnv:
+    if not v.has("RANK", "WORLD_SIZE"):
+        raise UserError(
+            "--dist-init-method env needs RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT) in the environment; "
+            "set them, or use --dist-init-method auto to let hpctrain find the launcher"
+        )
+    env = _torchrun_style(v, "explicit") if v.has("LOCAL_RANK") else _per_node(v, "explicit")
+    return env
+
+
+def _with_url(environ: Mapping[str, str], url: str) -> DistEnv:
+    """Rank and world size from the launcher; the rendezvous from the URL."""
+    topology = _first_match(environ, PROBES[:-1] + (_NoLauncher(url),))
+    if url.startswith("tcp://"):
+        host, port = parse_tcp_url(url)
+        return dataclasses.replace(topology, master_addr=host, master_port=port, init_method=url)
+    path = urllib.parse.urlsplit(url).path
+    if not path.startswith("/"):
+        raise UserError(f"{url!r} needs an absolute path: file:///shared/dir/rendezvous (three slashes)")
+    return dataclasses.replace(topology, master_addr=None, master_port=None, init_method=url)
+
+
+class _NoLauncher:
+    name = "none"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def detect(self, environ: Mapping[str, str]) -> DistEnv:
+        raise UserError(
+            f"--dist-init-method {self.url} says where the processes meet, but no launcher told this process its "
+            "rank and world size: start it with torchrun or srun, or set RANK, WORLD_SIZE (and LOCAL_RANK, "
+            "LOCAL_WORLD_SIZE) yourself"
+        )
+
+
+def parse_tcp_url(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # port not a number or out of range
+        host, port = None, None
+    if not host or port is None or port < 1 or parts.path not in ("", "/"):
+        raise UserError(f"{url!r} is not tcp://HOST:PORT with a port in 1-65535 (e.g. tcp://node1:29500)")
+    return host, port
+
+
+def _checked(env: DistEnv) -> DistEnv:
+    """A world of one needs no rendezvous; a bigger one must have a rendezvous that can work."""
+    if not env.is_distributed:
+        return dataclasses.replace(env, init_method=None)
+    if env.init_method == "env://":
+        missing = [name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port))
+                   if value is None]
+        if missing:
+            raise UserError(
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set but this is rank "
+                f"{env.rank} of {env.world_size} ({env.launcher}): set MASTER_ADDR to rank 0's host and MASTER_PORT "
+                "to a free port on it, or pass --dist-init-method tcp://HOST:PORT (never guessed as localhost: "
+                "each node would form its own world)"
+            )
+    return env
+
+
+def kubeflow_node_plan(environ: Mapping[str, str] | None = None) -> NodePlan | None:
+    """Workers this node must start itself, or None when this process is already one worker.
+
+    Kubeflow's PyTorchJob (and platforms like it) start one `python` per pod with RANK = the pod's index and
+    WORLD_SIZE = pods x PET_NPROC_PER_NODE (older operators: pods). Only an explicit integer
+    PET_NPROC_PER_NODE above 1 asks for workers; its default, "auto", keeps one process per pod (which may
+    drive all local GPUs), as `python script.py` has always run there.
+    """
+    v = Vars(os.environ if environ is None else environ)
+    if v.has("LOCAL_RANK") or v.has("TORCHELASTIC_RUN_ID") or v.str("HPCTRAIN_LAUNCHER") == "spawn":
+        return None  # already a worker
+    raw = v.str("PET_NPROC_PER_NODE")
+    if raw is None or not v.has("RANK", "WORLD_SIZE") or not raw.isdigit():
+        return None
+    nproc = v.int("PET_NPROC_PER_NODE", minimum=1) or 1
+    if nproc == 1:
+        return None
+    why = "the platform sets it for each pod"
+    world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
+    nnodes_raw = v.str("PET_NNODES")
+    if nnodes_raw is not None and not nnodes_raw.isdigit():
+        raise UserError(
+            f"PET_NNODES={nnodes_raw!r} is an elastic range; hpctrain starts a fixed number of workers: "
+            "run the script under torchrun for elastic jobs, or set a fixed number of replicas"
+        )
+    num_nodes = v.int("PET_NNODES", minimum=1)
+    if num_nodes is None:
+        if world_size % nproc:
+            raise UserError(
+                f"WORLD_SIZE={world_size} is not a multiple of PET_NPROC_PER_NODE={nproc}; "
+                "set PET_NNODES to the number of pods"
+            )
+        num_nodes = world_size // nproc
+    if world_size not in (num_nodes * nproc, num_nodes):
+        raise UserError(
+            f"WORLD_SIZE={world_size} matches neither PET_NNODES x PET_NPROC_PER_NODE = {num_nodes * nproc} "
+            f"nor PET_NNODES = {num_nodes}; fix the job's replica count or these variables"
+        )
+    node_rank = v.int("PET_NODE_RANK")
+    if node_rank is None:
+        node_rank = v.required_int("RANK", why=why)
+    if node_rank >= num_nodes:
+        raise UserError(f"node rank {node_rank} is outside 0..{num_nodes - 1} (PET_NNODES={num_nodes}); fix the job")
+    master_addr = v.str("MASTER_ADDR")
+    master_port = v.port("MASTER_PORT")
+    if master_addr is None or master_port is None:
+        raise UserError(
+            "PET_NPROC_PER_NODE is set but MASTER_ADDR/MASTER_PORT are not: set both to the master pod's "
+            "address and a free port"
+        )
+    return NodePlan(num_nodes, node_rank, nproc, master_addr, master_port)
