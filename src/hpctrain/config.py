@@ -34,6 +34,8 @@ class TrainConfig:
     seed: int = 0
     train_limit: int | None = None
     """Use only the first N training images (quick runs, tests)."""
+    test_limit: int | None = None
+    """Evaluate on only the first N test images (quick runs, tests)."""
     device: str = "auto"
     strategy: str = "auto"
     nproc: int | None = None
@@ -54,7 +56,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_choice("--device", self.device, DEVICES)
         _check_choice("--strategy", self.strategy, STRATEGIES)
-        for name in ("epochs", "batch_size", "test_batch_size", "train_limit", "nproc", "threads"):
+        for name in ("epochs", "batch_size", "test_batch_size", "train_limit", "test_limit", "nproc", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")

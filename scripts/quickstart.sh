@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install hpctrain, fetch and verify Fashion-MNIST, and train the default recipe on this machine (CPU or GPUs).
+# Extra arguments go to `hpctrain train mnist` (e.g. --recipe classic, --nproc 2, --epochs 3).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PIP_BREAK_SYSTEM_PACKAGES=1
+python3 -m pip install -q -e .
+# Debian and Ubuntu package Fashion-MNIST; hpctrain uses that copy when it is there, else the public mirrors.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null ||
+        echo "quickstart: no Debian package; downloading from the public mirrors instead" >&2
+fi
+hpctrain download fashion-mnist --data-dir data
+hpctrain train mnist --dataset fashion-mnist --data-dir data --run-dir "runs/quickstart-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -1,0 +1,100 @@
+"""Start N worker processes on this node, as mp.spawn does, with the environment torchrun would give them.
+
+Used for `hpctrain train --nproc N` (one process per GPU, or N gloo processes on CPU) and for platforms that start
+one process per node and expect it to fan out (Kubeflow's PET_NPROC_PER_NODE without torchrun). Each worker sees
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and HPCTRAIN_LAUNCHER=spawn,
+so `hpctrain.distributed.detect()` finds it like any other launcher.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Callable
+
+from hpctrain.distributed import NodePlan
+from hpctrain.errors import UserError
+
+# Workers get this long to checkpoint and exit after a sibling failed before they are killed.
+FAILURE_GRACE_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str]) -> None:
+    os.environ.update(env)
+    try:
+        code = target(*args)
+    except UserError as err:
+        print(f"hpctrain (rank {env['RANK']}): error: {err}", file=sys.stderr, flush=True)
+        code = err.exit_code
+    sys.exit(code)
+
+
+def local_plan(nproc: int) -> NodePlan:
+    """One node, `nproc` workers meeting on a free loopback port."""
+    return NodePlan(num_nodes=1, node_rank=0, nproc_per_node=nproc, master_addr="127.0.0.1", master_port=free_port())
+
+
+def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> int:
+    """Run target(*args) in plan.nproc_per_node fresh processes; return the first non-zero exit status, else 0.
+
+    SIGTERM and SIGUSR1 sent to this process are forwarded to the workers (they checkpoint and stop); SIGINT from a
+    terminal reaches them directly through the process group. If a worker fails, the others get SIGTERM, then
+    SIGKILL after a grace period, so a crash never leaves the rest waiting in a collective forever.
+    """
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, args=(target, args, plan.worker_environ(i)), name=f"hpctrain-rank{i}")
+        for i in range(plan.nproc_per_node)
+    ]
+    for worker in workers:
+        worker.start()
+
+    def forward(signum: int, frame: Any) -> None:
+        for worker in workers:
+            if worker.is_alive() and worker.pid is not None:
+                os.kill(worker.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return _wait(workers)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(workers: list[Any]) -> int:
+    first_failure = 0
+    deadline: float | None = None
+    while any(worker.is_alive() for worker in workers):
+        for worker in workers:
+            worker.join(timeout=0.2)
+            if worker.exitcode not in (None, 0) and not first_failure:
+                first_failure = _status(worker.exitcode)
+                deadline = time.monotonic() + FAILURE_GRACE_S
+                for other in workers:
+                    if other.is_alive() and other.pid is not None:
+                        os.kill(other.pid, signal.SIGTERM)
+        if deadline is not None and time.monotonic() > deadline:
+            for worker in workers:
+                if worker.is_alive():
+                    worker.kill()
+    statuses = [_status(worker.exitcode) for worker in workers]
+    return first_failure or next((s for s in statuses if s), 0)
+
+
+def _status(exitcode: int | None) -> int:
+    # multiprocessing reports death by signal N as -N; shells say 128 + N.
+    if exitcode is None:
+        return 1
+    return 128 - exitcode if exitcode < 0 else exitcode

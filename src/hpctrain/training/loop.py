@@ -1,0 +1,418 @@
+"""The training loop shared by every recipe: set up, resume, then step, evaluate and checkpoint, top to bottom.
+
+The same function runs as one CPU process, on one GPU, as one of many DDP processes (torchrun, srun, local spawn)
+or with DataParallel; what differs is decided once, in `setup_run`, from the config and the detected environment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import yaml
+from torch import nn
+from torch.nn import functional as F
+
+from hpctrain import checkpoint
+from hpctrain.config import TrainConfig, default_run_dir
+from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
+from hpctrain.errors import UserError
+from hpctrain.recipes import Recipe, get_recipe
+from hpctrain.recipes.base import Optimization, TensorData
+from hpctrain.training import rng
+from hpctrain.training.metrics import MetricsLog, Progress
+from hpctrain.training.provenance import record_attempt
+from hpctrain.training.sampler import EpochPlan, mix_seed
+from hpctrain.training.stopping import StopReason, StopRequest, write_stop_reason
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_FORMAT = "hpctrain-train-v1"
+# Fields that fix which data, model and batch order a run has: a checkpoint cannot continue under other values.
+RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "batch_size", "train_limit", "seed")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    epochs_completed: int
+    step: int
+    stop_reason: StopReason
+    last_metrics: dict[str, Any] | None = None
+
+
+@dataclass
+class Position:
+    """The loop's own counters: everything besides model/optimizer state that a resume needs."""
+
+    epoch: int = 0  # epochs completed; the epoch in progress is `epoch` (0-based)
+    step: int = 0  # optimizer steps completed in the whole run
+    step_in_epoch: int = 0  # optimizer steps completed in the epoch in progress
+    epoch_train_seconds: float = 0.0  # training time spent in the epoch in progress before the last checkpoint
+    loss_sum: float = 0.0  # this rank's sum of training losses in the epoch in progress (for the epoch's mean)
+
+
+@dataclass
+class Run:
+    """Everything `setup_run` resolved; the loop below only reads it."""
+
+    cfg: TrainConfig
+    recipe: Recipe
+    env: DistEnv
+    device: torch.device
+    strategy: str
+    run_dir: Path
+    resume_from: dict[str, Any] | None
+    stop: StopRequest = field(default_factory=StopRequest)
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    def say(self, message: str) -> None:
+        if self.is_main:
+            print(f"hpctrain: {message}", flush=True)
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    run = setup_run(cfg)
+    with run.stop:
+        init_process_group(run.env, run.device, run.cfg.dist_timeout)
+        try:
+            return _train(run)
+        finally:
+            destroy_process_group()
+
+
+def _train(run: Run) -> RunResult:
+    cfg, recipe, device = run.cfg, run.recipe, run.device
+    data = recipe.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)
+    if cfg.test_limit is not None:
+        data.test_images, data.test_labels = data.test_images[: cfg.test_limit], data.test_labels[: cfg.test_limit]
+    plan = EpochPlan(len(data.train_labels), cfg.batch_size, run.env.world_size, cfg.seed)
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in every strategy
+    model = recipe.build_model().to(device)
+    optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, plan.steps_per_epoch)
+    position = Position()
+    if run.resume_from is not None:
+        position = _restore(run, model, optimization, run.resume_from)
+    else:
+        torch.manual_seed(mix_seed(cfg.seed, run.env.rank))  # dropout differs between ranks, as it should
+    wrapped = _wrap(model, run)
+    control = _control_group(run)
+
+    metrics = progress = None
+    if run.is_main:
+        _write_run_files(run)
+        metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
+        progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss)
+        where = f"{run.env.world_size} process(es), {run.strategy}, {device.type}"
+        run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
+                f"run dir {run.run_dir}")
+        if run.resume_from is not None:
+            run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
+                    f"{plan.steps_per_epoch} (global step {position.step})")
+
+    reason = StopReason.NONE
+    record: dict[str, Any] | None = None
+    generator = torch.Generator(device)
+    while position.epoch < cfg.epochs:
+        order = plan.order(position.epoch).to(device)
+        model.train()
+        loss_sum = torch.tensor(position.loss_sum, device=device)
+        seconds_before, images_this_attempt = position.epoch_train_seconds, 0
+        if progress:
+            progress.start_epoch(position.epoch + 1, position.step_in_epoch)
+        started = time.perf_counter()
+        while position.step_in_epoch < plan.steps_per_epoch:
+            indices = plan.rank_indices(order, position.step_in_epoch, run.env.rank)
+            generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, run.env.rank))
+            images = recipe.augment(data.train_images[indices], generator)
+            loss = recipe.loss(wrapped(images), data.train_labels[indices])
+            optimization.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimization.optimizer.step()
+            if optimization.scheduler_interval == "step":
+                optimization.scheduler.step()
+            position.step += 1
+            position.step_in_epoch += 1
+            images_this_attempt += len(indices) * run.env.world_size
+            loss_sum += loss.detach()
+            if progress:
+                progress.step(position.step_in_epoch, position.step, len(indices), run.env.world_size,
+                              lambda: loss_sum.item() / (position.step_in_epoch or 1))
+            reason = _agree(run.stop.reason, control)
+            if reason is not StopReason.NONE or (
+                cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
+                and position.step_in_epoch < plan.steps_per_epoch
+            ):
+                position.epoch_train_seconds += _elapsed(started, device)
+                started = time.perf_counter()
+                position.loss_sum = loss_sum.item()
+                _save(run, model, optimization, position, end_of_epoch=False)
+                if reason is not StopReason.NONE:
+                    break
+        if progress:
+            progress.end_epoch()
+        if reason is not StopReason.NONE:
+            break
+
+        train_seconds = position.epoch_train_seconds + _elapsed(started, device)
+        attempt_seconds = train_seconds - seconds_before  # checkpoint writes excluded
+        train_loss = _mean_over_ranks(loss_sum, position.step_in_epoch, device)
+        test_loss, test_accuracy = evaluate(run, recipe, model if run.strategy != "dp" else wrapped, data)
+        if optimization.scheduler_interval == "epoch":
+            optimization.scheduler.step()
+        position = Position(epoch=position.epoch + 1, step=position.step)
+        _save(run, model, optimization, position, end_of_epoch=True)
+        record = {
+            "epoch": position.epoch,
+            "step": position.step,
+            "train_loss": train_loss,
+            "test_loss": test_loss,
+            "test_accuracy": test_accuracy,
+            "images_per_s": images_this_attempt / max(attempt_seconds, 1e-9),
+            "epoch_seconds": train_seconds,
+            "world_size": run.env.world_size,
+            "lr": optimization.optimizer.param_groups[0]["lr"],
+        }
+        if metrics:
+            metrics.epoch(record)
+            run.say(f"epoch {position.epoch}/{cfg.epochs}: train loss {train_loss:.4f}, test loss {test_loss:.4f}, "
+                    f"test accuracy {100 * test_accuracy:.2f}%, {record['images_per_s']:,.0f} images/s, "
+                    f"{train_seconds:.1f} s")
+
+    if run.is_main:
+        write_stop_reason(run.run_dir, reason)
+        if reason is not StopReason.NONE:
+            why = f"{run.stop.signal_name or 'a signal'} on some rank"
+            run.say(f"stopped ({reason.label}, {why}) at global step {position.step} after writing a checkpoint; "
+                    f"continue with `--resume` and the same --run-dir {run.run_dir}")
+    if metrics:
+        metrics.close()
+    return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+
+
+# ---------------------------------------------------------------- set-up
+
+
+def setup_run(cfg: TrainConfig) -> Run:
+    """Resolve the config, environment, device and strategy, and validate the resume point: everything that can
+    fail on bad input happens here, before any file of the run directory is written."""
+    recipe = get_recipe(cfg.workload, cfg.recipe)
+    cfg = resolve_config(cfg, recipe)
+    env = detect(init_method=cfg.dist_init_method)
+    device = resolve_device(cfg.device, env)
+    strategy = resolve_strategy(cfg.strategy, env, device)
+    torch.set_num_threads(cfg.threads or default_threads(env.local_world_size))
+    return Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), check_resume_point(cfg, env))
+
+
+def check_resume_point(cfg: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
+    """The checkpoint state to continue from (None: a fresh run), refusing unusable ones and accidental reuse."""
+    state = _resume_state(cfg, Path(cfg.run_dir), env)
+    if state is not None:
+        _check_resumable(cfg, state)
+    return state
+
+
+def resolve_config(cfg: TrainConfig, recipe: Recipe) -> TrainConfig:
+    if cfg.dataset not in recipe.datasets:
+        raise UserError(f"--dataset {cfg.dataset!r} is not available for {cfg.workload}; "
+                        f"choose one of: {', '.join(recipe.datasets)}")
+    d = recipe.defaults
+    return cfg.replace(
+        epochs=cfg.epochs or d.epochs,
+        batch_size=cfg.batch_size or d.batch_size,
+        lr=cfg.lr or d.lr,
+        test_batch_size=cfg.test_batch_size or d.test_batch_size,
+        run_dir=cfg.run_dir or default_run_dir(cfg),
+    )
+
+
+def resolve_strategy(requested: str, env: DistEnv, device: torch.device) -> str:
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if requested == "auto":
+        return "ddp" if env.is_distributed else "single"
+    if requested == "single" and env.is_distributed:
+        raise UserError(f"--strategy single, but this process is rank {env.rank} of {env.world_size} "
+                        f"(launched by {env.launcher}); use --strategy ddp, or start one process")
+    if requested == "dp":
+        if env.is_distributed:
+            raise UserError("--strategy dp drives all GPUs of a node from one process, but this is one of "
+                            f"{env.world_size} processes; use --strategy ddp (one process per GPU)")
+        if gpus < 2:
+            raise UserError(f"--strategy dp needs several GPUs in one process, found {gpus}; on CPU use "
+                            "--strategy ddp --nproc N, or --strategy single")
+    return requested
+
+
+def default_threads(local_processes: int) -> int:
+    """The cores this process may use (Slurm's cgroup/affinity included), shared among the node's processes."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_processes))
+
+
+def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> dict[str, Any] | None:
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    restarted = any(int(os.environ.get(k, "0") or 0) > 0 for k in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
+    if cfg.resume not in (None, "latest"):
+        return checkpoint.load(cfg.resume)
+    if cfg.resume == "latest" or restarted:
+        state = checkpoint.load_latest(ckpt_dir)
+        if state is None and env.rank == 0:
+            print(f"hpctrain: no valid checkpoint in {ckpt_dir}: starting from the beginning", flush=True)
+        return state
+    if checkpoint.candidates(ckpt_dir):
+        raise UserError(f"{run_dir} already holds checkpoints of an earlier run; pass --resume to continue it, "
+                        "or choose another --run-dir for a new run")
+    return None
+
+
+def _check_resumable(cfg: TrainConfig, state: dict[str, Any]) -> None:
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise UserError("the checkpoint was not written by `hpctrain train` (no training position in it); "
+                        "load its weights in your own script with hpctrain.checkpoint.load")
+    saved = state["config"]
+    changed = [f"{k}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}" for k in RESUME_MUST_MATCH
+               if saved.get(k) != getattr(cfg, k)]
+    if changed:
+        raise UserError("cannot resume with a different " + "; ".join(changed)
+                        + ". Pass the same values as the original run, or start a new --run-dir")
+
+
+def _write_run_files(run: Run) -> None:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    config = {**run.cfg.to_dict(), "resolved": {"strategy": run.strategy, "device": str(run.device),
+                                                "world_size": run.env.world_size, "launcher": run.env.launcher}}
+    tmp = run.run_dir / (CONFIG_FILE + ".tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    tmp.replace(run.run_dir / CONFIG_FILE)
+    record_attempt(run.run_dir, _all_hostnames(run.env), {"launcher": run.env.launcher,
+                                                          "world_size": run.env.world_size})
+
+
+def _all_hostnames(env: DistEnv) -> list[str]:
+    host = socket.gethostname()
+    if not env.is_distributed:
+        return [host]
+    hosts: list[Any] = [None] * env.world_size
+    dist.all_gather_object(hosts, host)
+    return sorted(set(hosts))
+
+
+def _wrap(model: nn.Module, run: Run) -> nn.Module:
+    if run.strategy == "ddp" and run.env.is_distributed:
+        device_ids = [run.device.index] if run.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if run.strategy == "dp":
+        return nn.DataParallel(model)
+    return model
+
+
+def _control_group(run: Run) -> Any:
+    """A gloo group for the per-step stop vote, so it never waits on the GPU stream (NCCL would)."""
+    if not run.env.is_distributed:
+        return None
+    return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+
+def _agree(local: StopReason, group: Any) -> StopReason:
+    """One collective per step: every rank learns the strongest stop reason any rank has seen."""
+    if group is None:
+        return local
+    vote = torch.tensor([int(local)], dtype=torch.int64)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+    return StopReason(int(vote.item()))
+
+
+def _elapsed(started: float, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> float:
+    both = torch.stack([total.double(), torch.tensor(float(count), device=device, dtype=torch.float64)])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(both)
+    return float(both[0] / both[1]) if both[1] > 0 else float("nan")
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@torch.inference_mode()
+def evaluate(run: Run, recipe: Recipe, model: nn.Module, data: TensorData) -> tuple[float, float]:
+    """Test loss and accuracy over the whole test set: each rank takes a contiguous shard, sums are all-reduced."""
+    model.eval()
+    n = len(data.test_labels)
+    world, rank = run.env.world_size, run.env.rank
+    lo, hi = n * rank // world, n * (rank + 1) // world
+    sums = torch.zeros(2, dtype=torch.float64, device=run.device)
+    for start in range(lo, hi, run.cfg.test_batch_size):
+        end = min(start + run.cfg.test_batch_size, hi)
+        output = recipe.predict(model, data.test_images[start:end])
+        target = data.test_labels[start:end]
+        sums[0] += F.cross_entropy(output.float(), target, reduction="sum").double()
+        sums[1] += (output.argmax(dim=1) == target).sum()
+    if run.env.is_distributed:
+        dist.all_reduce(sums)
+    return float(sums[0]) / n, float(sums[1]) / n
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _save(run: Run, model: nn.Module, optimization: Optimization, position: Position, end_of_epoch: bool) -> None:
+    """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes."""
+    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum}
+    if run.env.is_distributed:
+        gathered: list[Any] = [None] * run.env.world_size
+        dist.all_gather_object(gathered, per_rank)
+    else:
+        gathered = [per_rank]
+    if run.is_main:
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "model": model.state_dict(),
+            "optimizer": optimization.optimizer.state_dict(),
+            "scheduler": optimization.scheduler.state_dict(),
+            "epoch": position.epoch,
+            "step": position.step,
+            "step_in_epoch": position.step_in_epoch,
+            "epoch_train_seconds": position.epoch_train_seconds,
+            "world_size": run.env.world_size,
+            "ranks": gathered,
+            "config": run.cfg.to_dict(),
+        }
+        name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
+        checkpoint.save(state, run.run_dir / CHECKPOINT_DIR, name, epoch=position.epoch, step=position.step,
+                        world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
+    if run.env.is_distributed:
+        dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is durable
+
+
+def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[str, Any]) -> Position:
+    model.load_state_dict(state["model"])
+    optimization.optimizer.load_state_dict(state["optimizer"])
+    optimization.scheduler.load_state_dict(state["scheduler"])
+    ranks = state["ranks"]
+    if len(ranks) != run.env.world_size and run.is_main:
+        print(f"hpctrain: the checkpoint was written by {len(ranks)} process(es), this run has "
+              f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not", flush=True)
+    mine = ranks[run.env.rank % len(ranks)]
+    rng.restore(mine["rng"])
+    loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else 0.0
+    return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
+                    float(loss_sum))

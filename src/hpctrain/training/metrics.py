@@ -1,0 +1,125 @@
+"""Where a run's numbers go: metrics.jsonl (one object per epoch), TensorBoard scalars under tb/, and live progress.
+
+Only rank 0 constructs these. Progress is a rich bar on an interactive terminal and plain lines every few seconds
+in a batch log, so `slurm-*.out` holds readable lines rather than carriage-return spam.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tb"
+
+
+class MetricsLog:
+    """Appends epoch records to metrics.jsonl and mirrors them as TensorBoard scalars."""
+
+    def __init__(self, run_dir: Path, resumed_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run_dir / METRICS_FILE
+        if resumed_step is not None:
+            _drop_records_after(self.path, resumed_step)
+        # purge_step hides scalars a killed attempt logged after the checkpoint we resume from.
+        self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resumed_step)
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        step = record["step"]
+        for key, tag in (
+            ("train_loss", "train/loss"),
+            ("test_loss", "test/loss"),
+            ("test_accuracy", "test/accuracy"),
+            ("images_per_s", "perf/images_per_s"),
+            ("epoch_seconds", "perf/epoch_seconds"),
+            ("lr", "train/lr"),
+        ):
+            if record.get(key) is not None:
+                self.tensorboard.add_scalar(tag, record[key], step)
+        self.tensorboard.flush()
+
+    def train_loss(self, step: int, loss: float) -> None:
+        self.tensorboard.add_scalar("train/loss_running", loss, step)
+
+    def close(self) -> None:
+        self.tensorboard.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+class Progress:
+    """Per-step progress. `step()` is called every step and is cheap; the loss (a device tensor) is read only when
+    something is shown, so the GPU is not synchronized every step."""
+
+    def __init__(self, epochs: int, steps_per_epoch: int, interval_s: float, interactive: bool | None = None,
+                 on_report: Callable[[int, float], None] | None = None) -> None:
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.interval_s = 0.25 if self.interactive else interval_s
+        self.on_report = on_report
+        self._bar: Any = None
+        self._task: Any = None
+        self._last = 0.0
+        self._epoch = 0
+        self._epoch_start = 0.0
+        self._first_step = 0
+
+    def start_epoch(self, epoch: int, first_step: int) -> None:
+        self._epoch, self._first_step = epoch, first_step
+        self._epoch_start = self._last = time.monotonic()
+        if self.interactive:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+            self._bar = Bar(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"), BarColumn(),
+                            MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+                            transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("", total=self.steps_per_epoch, completed=first_step, epoch=epoch,
+                                            epochs=self.epochs, status="")
+
+    def step(self, step_in_epoch: int, global_step: int, images_per_rank_step: int, world_size: int,
+             running_loss: Callable[[], float]) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval_s and step_in_epoch != self.steps_per_epoch:
+            return
+        self._last = now
+        loss = running_loss()
+        done = step_in_epoch - self._first_step
+        rate = done * images_per_rank_step * world_size / max(now - self._epoch_start, 1e-9)
+        status = f"loss {loss:.4f}  {rate:,.0f} img/s"
+        if self.on_report is not None:
+            self.on_report(global_step, loss)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step_in_epoch, status=status)
+        else:
+            print(f"epoch {self._epoch}/{self.epochs} step {step_in_epoch}/{self.steps_per_epoch} {status}",
+                  file=sys.stderr, flush=True)
+
+    def end_epoch(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def message(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)

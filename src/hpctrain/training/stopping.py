@@ -1,0 +1,104 @@
+"""Stop requests from signals: the handler only sets a flag; the loop acts on it at the next step boundary.
+
+Saving inside a signal handler is how checkpoints get corrupted (the handler can run in the middle of an optimizer
+step or of another save). Here a handler records *why* the run should stop, and the loop, between two steps, asks
+every rank (one collective) whether any of them was told to stop, so all ranks checkpoint the same step and exit.
+
+    SIGUSR1  Slurm's warning before the time limit (``#SBATCH --signal=B:USR1@120``) or a preemption rehearsal:
+             checkpoint, stop, and let the batch script requeue the job.
+    SIGTERM  ``scancel``, a node shutdown, torchrun stopping its workers: checkpoint and stop, no requeue.
+    SIGINT   Ctrl-C: like SIGTERM; a second Ctrl-C interrupts at once.
+
+Users' own training scripts can use `StopRequest` the same way (see examples/).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from enum import IntEnum
+from pathlib import Path
+from types import FrameType
+
+# Exit statuses that tell the batch script why the run ended. 75 is EX_TEMPFAIL: "try again later".
+EXIT_COMPLETED = 0
+EXIT_PREEMPTED = 75
+EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
+
+STOP_REASON_FILE = "stop_reason"
+
+
+class StopReason(IntEnum):
+    """Ordered by precedence: when ranks disagree, the highest wins (a cancel beats a time-limit warning)."""
+
+    NONE = 0
+    PREEMPTED = 1
+    CANCELLED = 2
+
+    @property
+    def exit_code(self) -> int:
+        return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED}.get(self, EXIT_CANCELLED)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+_SIGNAL_REASONS = {
+    signal.SIGUSR1: StopReason.PREEMPTED,
+    signal.SIGTERM: StopReason.CANCELLED,
+    signal.SIGINT: StopReason.CANCELLED,
+}
+
+
+class StopRequest:
+    """Installs handlers that only record the strongest stop reason seen; `reason` reads it."""
+
+    def __init__(self) -> None:
+        self._reason = StopReason.NONE
+        self._signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def reason(self) -> StopReason:
+        return self._reason
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal.Signals(self._signal).name if self._signal is not None else None
+
+    def request(self, reason: StopReason, signum: int | None = None) -> None:
+        if reason > self._reason:
+            self._reason, self._signal = reason, signum
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self._reason >= StopReason.CANCELLED:
+            raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the checkpoint
+        self.request(_SIGNAL_REASONS[signum], signum)
+
+    def install(self) -> StopRequest:
+        """Install the handlers (main thread only; elsewhere this is a no-op and signals keep their defaults)."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in _SIGNAL_REASONS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def __enter__(self) -> StopRequest:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+def write_stop_reason(run_dir: Path, reason: StopReason) -> None:
+    """Record why the run stopped, for the batch script (requeue or not) and `hpctrain status`; clear it otherwise."""
+    path = run_dir / STOP_REASON_FILE
+    if reason is StopReason.NONE:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(reason.label + "\n")

@@ -1,0 +1,55 @@
+"""Helpers for tests that run `hpctrain train` for real, in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+# Small and quick, yet a real run: a few hundred training images, a slice of the test set, one thread per process.
+QUICK = ["--dataset", "fashion-mnist", "--train-limit", "512", "--test-limit", "500", "--threads", "1",
+         "--log-interval", "0"]
+
+
+def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_hpctrain(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    environ["PYTHONUNBUFFERED"] = "1"
+    return subprocess.Popen([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    return result
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    from hpctrain import checkpoint
+
+    info = checkpoint.find_latest(run_dir / "checkpoints")
+    assert info is not None, f"no valid checkpoint in {run_dir}"
+    return checkpoint.load(info.path)["model"]
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"weights differ in {different}"
+
+
+def tree_digest(directory: Path) -> dict[str, str]:
+    """Every file under `directory` with its content hash: to show that a failed command changed nothing."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
