@@ -1,0 +1,128 @@
+"""Environments as small strategies: each adds setup lines to the batch script, options to srun, and/or a prefix
+to the command that srun starts. Pure: they produce text and argv lists, and touch nothing.
+
+Everything returned is shell text, already quoted here: setup lines, and srun options / command prefixes as
+lists of shell words.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from hpctrain.launch.job import EnvironmentSpec
+
+
+def quote_path(path: str) -> str:
+    """shlex.quote, except that a leading ~/ still means the job user's home (rendered as "$HOME"/...)."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Base strategy: the host environment as the batch script finds it (plus optional `module load`)."""
+
+    spec: EnvironmentSpec
+
+    def setup_lines(self) -> list[str]:
+        lines: list[str] = []
+        if self.spec.modules:
+            lines += [
+                "if ! type module >/dev/null 2>&1; then",
+                '    echo "hpctrain: the module command is not available in the batch shell;'
+                ' load your modules in ~/.bashrc or drop --module" >&2',
+                "    exit 1",
+                "fi",
+                "module load " + " ".join(shlex.quote(m) for m in self.spec.modules),
+            ]
+        return lines
+
+    def srun_options(self, gpus: bool) -> list[str]:
+        return []
+
+    def command_prefix(self, gpus: bool) -> list[str]:
+        return []
+
+
+class NoEnvironment(Environment):
+    pass
+
+
+class Modules(Environment):
+    pass
+
+
+class Conda(Environment):
+    def setup_lines(self) -> list[str]:
+        env = self.spec.conda_env or ""
+        return super().setup_lines() + [
+            "if ! command -v conda >/dev/null 2>&1; then",
+            '    echo "hpctrain: conda is not on PATH in the batch shell; load its module (--module) or run conda init" >&2',
+            "    exit 1",
+            "fi",
+            'eval "$(conda shell.bash hook)"',
+            f"conda activate {quote_path(env)}",
+        ]
+
+
+class Venv(Environment):
+    def setup_lines(self) -> list[str]:
+        venv = self.spec.venv or ""
+        return super().setup_lines() + [
+            "# shellcheck source=/dev/null",
+            f"source {quote_path(venv.rstrip('/') + '/bin/activate')}",
+        ]
+
+
+class Apptainer(Environment):
+    """`apptainer exec [--nv] [--bind ...] [--pwd ...] IMAGE` in front of what srun starts: torchrun (whose
+    workers inherit the container) or each training process."""
+
+    def setup_lines(self) -> list[str]:
+        return super().setup_lines() + [
+            "if ! command -v apptainer >/dev/null 2>&1; then",
+            '    echo "hpctrain: apptainer is not on PATH on the node; load its module (--module apptainer)" >&2',
+            "    exit 1",
+            "fi",
+        ]
+
+    def command_prefix(self, gpus: bool) -> list[str]:
+        words = ["apptainer", "exec"]
+        if gpus:
+            words.append("--nv")
+        if self.spec.mounts:
+            words += ["--bind", shlex.quote(",".join(self.spec.mounts))]
+        if self.spec.workdir:
+            words += ["--pwd", shlex.quote(self.spec.workdir)]
+        words.append(quote_path(self.spec.image or ""))
+        return words
+
+
+class Pyxis(Environment):
+    """enroot images through pyxis: srun itself starts the tasks inside the container."""
+
+    def srun_options(self, gpus: bool) -> list[str]:
+        options = ["--container-image=" + quote_path(self.spec.image or "")]
+        if self.spec.mounts:
+            options.append("--container-mounts=" + shlex.quote(",".join(self.spec.mounts)))
+        if self.spec.workdir:
+            options.append("--container-workdir=" + shlex.quote(self.spec.workdir))
+        return options
+
+
+_KINDS: dict[str, type[Environment]] = {
+    "none": NoEnvironment,
+    "modules": Modules,
+    "conda": Conda,
+    "venv": Venv,
+    "apptainer": Apptainer,
+    "pyxis": Pyxis,
+}
+
+
+def get_environment(spec: EnvironmentSpec) -> Environment:
+    return _KINDS[spec.kind](spec)

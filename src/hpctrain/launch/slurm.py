@@ -1,0 +1,232 @@
+"""Slurm: render a batch script from a JobSpec (pure), and submit it with sbatch (thin).
+
+render_sbatch() reads nothing but its argument: no cluster queries, no clock, no paths of the submitting machine
+beyond those the user gave. Every user value in the script body goes through shlex.quote; values on #SBATCH lines
+were checked by JobSpec (sbatch parses those lines itself, so a shell quote would not help there).
+
+The script starts the job step in the background and waits for it, so that its traps run at once:
+  * SIGUSR1 (asked for with --signal=B:USR1@GRACE before the time limit) is forwarded to srun, which forwards it
+    to every task; under torchrun the agents forward it to their workers (--signals-to-handle).
+  * SIGTERM (scancel) is forwarded too; the training loop checkpoints and stops, and the job is not requeued.
+  * After a warning, if the run stopped early (RUN_DIR/stop_reason says "preempted", or the step failed), the
+    script requeues the job itself, within --max-requeues; the requeued attempt resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from hpctrain.errors import UserError
+from hpctrain.launch.environments import get_environment, quote_path
+from hpctrain.launch.job import JobSpec, format_time_limit, parse_time_limit, sbatch_value
+
+# The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
+PORT_BASE = 20000
+PORT_SPAN = 20000
+PORT_TRIES = 200
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+def _q(word: str) -> str:
+    return shlex.quote(word)
+
+
+def sbatch_directives(job: JobSpec) -> list[str]:
+    """The #SBATCH options, in a fixed order (golden files depend on it)."""
+    r = job.resources
+    opts: list[tuple[str, str | None]] = [("--job-name", job.name)]
+    for name in ("partition", "account", "qos"):
+        value = getattr(job, name)
+        if value is not None:
+            opts.append((f"--{name}", value))
+    if job.time is not None:
+        opts.append(("--time", format_time_limit(parse_time_limit(job.time))))
+    if job.launcher == "single":
+        opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
+    elif job.launcher == "torchrun":
+        # One task per node runs torchrun; it needs the CPUs of all its workers.
+        opts += [("--nodes", str(r.nodes)), ("--ntasks-per-node", "1"), ("--cpus-per-task", str(r.cpus_per_task * r.nproc_per_node))]
+    else:
+        opts += [("--nodes", str(r.nodes)), ("--ntasks-per-node", str(r.nproc_per_node)), ("--cpus-per-task", str(r.cpus_per_task))]
+    if r.gres:
+        opts.append(("--gres", r.gres))
+    if r.mem is not None:
+        opts.append(("--mem", r.mem))
+    if job.output is not None:
+        opts.append(("--output", job.output))
+    if job.error is not None:
+        opts.append(("--error", job.error))
+    if job.signal_grace:
+        # B: the batch shell gets the warning and forwards it (a plain --signal would bypass our traps).
+        opts += [("--signal", f"B:USR1@{job.signal_grace}"), ("--requeue", None), ("--open-mode", "append")]
+    lines = [f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts]
+    for extra in job.sbatch_extra:
+        flag, sep, value = extra.partition("=")
+        lines.append(f"#SBATCH {flag}={sbatch_value(value)}" if sep else f"#SBATCH {sbatch_value(flag)}")
+    return lines
+
+
+def step_command(job: JobSpec) -> list[str]:
+    """The srun line as shell words (quoted), without the trailing `&`."""
+    r = job.resources
+    env = get_environment(job.environment)
+    gpus = bool(r.gpus_per_node or r.shards_per_node)
+    words = ["srun"]
+    if job.launcher == "single":
+        words += ["--nodes=1", "--ntasks=1"]
+    elif job.launcher == "torchrun":
+        words += ["--ntasks-per-node=1"]
+    else:
+        words += [f"--ntasks-per-node={r.nproc_per_node}"]
+    # Slurm 22.05+ no longer passes the batch's --cpus-per-task on to srun: say it again.
+    cpus = r.cpus_per_task * (r.nproc_per_node if job.launcher == "torchrun" else 1)
+    words += [f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
+    words += env.srun_options(gpus)
+    words += env.command_prefix(gpus)
+    if job.launcher == "torchrun":
+        words += [
+            "torchrun",
+            '--nnodes="$SLURM_NNODES"',
+            f"--nproc-per-node={r.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            '--rdzv-endpoint="$head_node:$rdzv_port"',
+            '--rdzv-id="$SLURM_JOB_ID"',
+        ]
+        if job.signal_grace:
+            # torchrun forwards only TERM/INT/HUP/QUIT by default; USR1 would kill the agent instead.
+            words += [f"--signals-to-handle={TORCHRUN_SIGNALS}", f"--shutdown-timeout={max(10, job.signal_grace - 10)}"]
+        words.append("--no-python")
+    words += [_q(a) for a in job.command]
+    return words
+
+
+def _run_dir_words(run_dir: str) -> str:
+    """A run dir for the shell; %j stands for the job id, as in sbatch's --output."""
+    parts = run_dir.split("%j")
+    quoted = [quote_path(parts[0]) if parts[0] else ""] + [_q(p) if p else "" for p in parts[1:]]
+    return '"${SLURM_JOB_ID}"'.join(quoted)
+
+
+def render_sbatch(job: JobSpec) -> str:
+    """The complete batch script for `job`. Pure: same JobSpec, same text."""
+    env = get_environment(job.environment)
+    out: list[str] = ["#!/bin/bash", "# Rendered by hpctrain (hpctrain submit --dry-run shows this script)."]
+    out += sbatch_directives(job)
+    out += [
+        "",
+        "# No `set -e`: the step's exit status is collected and acted on below.",
+        "set -uo pipefail",
+        "",
+        'echo "hpctrain: job ${SLURM_JOB_ID} attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on ${SLURM_JOB_NODELIST}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"',
+    ]
+    exports = list(job.env)
+    if job.run_dir is not None:
+        out.append(f"run_dir={_run_dir_words(job.run_dir)}")
+        out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
+    if exports:
+        out += [f"export {key}={_q(value)}" for key, value in exports]
+    setup = env.setup_lines()
+    if setup:
+        out += ["", f"# Environment: {job.environment.kind}"] + setup
+    if job.launcher == "torchrun":
+        out += [
+            "",
+            "# torchrun's c10d rendezvous lives on the first node of the allocation, where this script runs.",
+            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            'if [ -z "$head_node" ]; then',
+            '    echo "hpctrain: cannot resolve the head node from SLURM_JOB_NODELIST=${SLURM_JOB_NODELIST}" >&2',
+            "    exit 1",
+            "fi",
+        ]
+        if job.rdzv_port is not None:
+            out.append(f"rdzv_port={job.rdzv_port}")
+        else:
+            out += [
+                "# A port in use (another job on this node) is skipped: walk up to the first one nobody listens on.",
+                f"rdzv_port=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
+                "tries=0",
+                'while (exec 3<>"/dev/tcp/127.0.0.1/${rdzv_port}") 2>/dev/null; do',
+                "    rdzv_port=$((rdzv_port + 1))",
+                "    tries=$((tries + 1))",
+                f'    if [ "$tries" -ge {PORT_TRIES} ]; then',
+                '        echo "hpctrain: no free rendezvous port found; set one with --rdzv-port" >&2',
+                "        exit 1",
+                "    fi",
+                "done",
+            ]
+        out.append('echo "hpctrain: torchrun rendezvous at ${head_node}:${rdzv_port}"')
+    out += [
+        "",
+        "# The step runs in the background so that the traps below run as soon as a signal arrives.",
+        "warned=0",
+        "cancelled=0",
+        " ".join(step_command(job)) + " &",
+        "step_pid=$!",
+        "trap 'warned=1; echo \"hpctrain: time-limit warning (USR1): asking the run to checkpoint and stop\"; kill -USR1 \"$step_pid\" 2>/dev/null' USR1",
+        "trap 'cancelled=1; kill -TERM \"$step_pid\" 2>/dev/null' TERM INT",
+        "# wait returns early whenever a trap runs: keep waiting until the step has really ended.",
+        'while kill -0 "$step_pid" 2>/dev/null; do',
+        '    wait "$step_pid"',
+        "done",
+        "status=0",
+        'wait "$step_pid" || status=$?',
+    ]
+    if job.signal_grace:
+        out += [
+            "",
+            "# Requeue after a time-limit warning if the run stopped early; never after scancel; within a budget.",
+            'stop_reason=""',
+        ]
+        if job.run_dir is not None:
+            out += [
+                'if [ -f "$run_dir/stop_reason" ]; then',
+                '    stop_reason=$(cat "$run_dir/stop_reason")',
+                "fi",
+            ]
+        out += [
+            'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && { [ "$stop_reason" = preempted ] || [ "$status" -ne 0 ]; }; then',
+            f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {job.max_requeues} ]; then',
+            f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue $((${{SLURM_RESTART_COUNT:-0}} + 1)) of {job.max_requeues})"',
+            '        scontrol requeue "$SLURM_JOB_ID"',
+            "        exit 0",
+            "    fi",
+            f'    echo "hpctrain: the requeue budget ({job.max_requeues}) is used up; not requeueing" >&2',
+            "fi",
+        ]
+    out += ['echo "hpctrain: step finished with exit status ${status}"', 'exit "$status"', ""]
+    return "\n".join(out)
+
+
+def sbatch_argv(job: JobSpec) -> list[str]:
+    """The sbatch command line; the script itself goes to its standard input (every option is in the script)."""
+    return ["sbatch", "--parsable"]
+
+
+def submit(job: JobSpec, script: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:
+    """Submit `script` with sbatch and return the job id. `run` is injectable for unit tests."""
+    argv = sbatch_argv(job)
+    try:
+        proc = run(argv, input=script, text=True, capture_output=True, check=False)
+    except FileNotFoundError as err:
+        raise UserError("sbatch is not on PATH: run hpctrain submit on a Slurm login node (or load the slurm module)") from err
+    if proc.returncode != 0:
+        message = (proc.stderr or proc.stdout or "").strip()
+        raise UserError(f"sbatch refused the job (exit {proc.returncode}): {message}")
+    first = (proc.stdout or "").strip().splitlines()
+    job_id = first[-1].split(";")[0].strip() if first else ""
+    if not job_id.isdigit():
+        raise UserError(f"sbatch printed {proc.stdout!r} instead of a job id; submit the script by hand to see why")
+    return job_id
+
+
+def dry_run_text(job: JobSpec, script: str) -> str:
+    """What --dry-run prints: the command, then the script."""
+    return f"# {shlex.join(sbatch_argv(job))} <<'EOF'\n{script}EOF\n"
+
+
+def write_script(path: Path, script: str) -> None:
+    path.write_text(script, encoding="utf-8")
+    path.chmod(0o755)
