@@ -194,6 +194,10 @@ def render_sbatch(job: JobSpec) -> str:
             "        exit 0",
             "    fi",
             f'    echo "hpctrain: the requeue budget ({job.max_requeues}) is used up; not requeueing" >&2',
+            "    # The run stopped before it finished: never report that as success.",
+            '    if [ "$status" -eq 0 ]; then',
+            "        status=1",
+            "    fi",
             "fi",
         ]
     out += ['echo "hpctrain: step finished with exit status ${status}"', 'exit "$status"', ""]

@@ -1,0 +1,298 @@
+"""render_sbatch: golden files for every launcher x environment x resource kind, bash -n + shellcheck on each,
+and the rendered script executed by bash with stand-ins for srun/scontrol/torchrun (no Slurm needed here; the
+real cluster runs the same scripts in test_submit_slurm.py) to prove that quoting, signal forwarding and the
+requeue decision work."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.launch.job import EnvironmentSpec, JobSpec, Resources
+from hpctrain.launch.slurm import render_sbatch, sbatch_argv, step_command, submit
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
+UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
+
+ENVIRONMENTS = {
+    "none": EnvironmentSpec(),
+    "modules": EnvironmentSpec(kind="modules", modules=("cuda/12.4", "nccl")),
+    "conda": EnvironmentSpec(kind="conda", conda_env="hpctrain"),
+    "venv": EnvironmentSpec(kind="venv", venv="~/venvs/hpctrain"),
+    "apptainer": EnvironmentSpec(kind="apptainer", image="images/pytorch.sif", mounts=("/scratch:/scratch",)),
+    "pyxis": EnvironmentSpec(kind="pyxis", image="nvcr.io#nvidia/pytorch:24.01-py3", mounts=("/scratch:/scratch",), workdir="/workspace"),
+}
+RESOURCES = {"cpu": {}, "gpu2": {"gpus_per_node": 2}, "shard16": {"shards_per_node": 16}}
+
+
+def golden_job(launcher: str, env: str, res: str) -> JobSpec:
+    multi = launcher != "single"
+    nproc = 2 if multi else 1
+    return JobSpec(
+        command=("hpctrain", "train", "mnist", "--dataset", "fashion-mnist", "--epochs", "1"),
+        name=f"mnist-{launcher}-{env}-{res}",
+        partition="debug",
+        time="30:00",
+        launcher=launcher,
+        resources=Resources(nodes=2 if multi else 1, nproc_per_node=nproc, cpus_per_task=1, **{
+            k: (nproc if k == "gpus_per_node" else v) for k, v in RESOURCES[res].items()
+        }),
+        environment=ENVIRONMENTS[env],
+        run_dir="runs/mnist-fashion-mnist-%j",
+        env=(("OMP_NUM_THREADS", "1"),),
+    )
+
+
+CASES = [(l, e, r) for l in ("torchrun", "srun", "single") for e in ENVIRONMENTS for r in RESOURCES]
+
+
+@pytest.mark.parametrize("launcher,env,res", CASES, ids=["-".join(c) for c in CASES])
+def test_golden(launcher: str, env: str, res: str) -> None:
+    script = render_sbatch(golden_job(launcher, env, res))
+    path = GOLDEN_DIR / f"{launcher}-{env}-{res}.sbatch"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(script)
+    if not path.exists():
+        pytest.fail(f"{path} is missing; create it with: HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
+    expected = path.read_text()
+    if script != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), script.splitlines(True), str(path), "rendered"))
+        pytest.fail(f"rendered script differs from {path.name}:\n{diff}\nIf the change is intended, refresh with: "
+                    f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
+
+
+def test_goldens_pass_bash_n_and_shellcheck() -> None:
+    files = sorted(GOLDEN_DIR.glob("*.sbatch"))
+    assert len(files) == len(CASES)
+    for path in files:
+        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck is not installed: apt-get install shellcheck")
+    proc = subprocess.run(["shellcheck", "--shell=bash", *map(str, files)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_render_is_pure_and_has_no_local_paths() -> None:
+    job = golden_job("torchrun", "venv", "gpu2")
+    assert render_sbatch(job) == render_sbatch(job)
+    text = render_sbatch(job)
+    assert str(Path.cwd()) not in text and str(Path.home()) not in text
+    assert '"$HOME"/venvs/hpctrain/bin/activate' in text
+
+
+def test_resources_render_per_launcher() -> None:
+    torch_job = golden_job("torchrun", "none", "gpu2")
+    text = render_sbatch(torch_job)
+    # torchrun: one task per node holding the CPUs of both workers
+    assert "#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=2\n#SBATCH --gres=gpu:2\n" in text
+    srun_text = render_sbatch(golden_job("srun", "none", "shard16"))
+    assert "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n#SBATCH --gres=shard:16\n" in srun_text
+    assert "#SBATCH --time=00:30:00" in srun_text
+    single = render_sbatch(golden_job("single", "apptainer", "gpu2"))
+    assert "#SBATCH --ntasks=1" in single and "apptainer exec --nv" in single
+    assert "apptainer exec --bind" in render_sbatch(golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
+    no_signal = render_sbatch(torch_job.replace(signal_grace=0))
+    assert "--signal" not in no_signal and "--requeue" not in no_signal and "scontrol requeue" not in no_signal
+
+
+def test_sbatch_lines_quote_as_sbatch_reads_them() -> None:
+    text = render_sbatch(JobSpec(command=("true",), name="it's $(x) `y`", output="logs/a b-%j.out"))
+    assert "#SBATCH --job-name=\"it's $(x) `y`\"" in text
+    assert '#SBATCH --output="logs/a b-%j.out"' in text
+    text = render_sbatch(JobSpec(command=("true",), name='say "hi"'))
+    assert "#SBATCH --job-name='say \"hi\"'" in text
+
+
+# ---- executing rendered scripts with stand-ins -------------------------------------------------------------
+
+FAKE_SRUN = r'''#!{python}
+"""Stand-in for srun (Slurm's own srun is exercised in test_submit_slurm.py): record argv, then behave as told."""
+import json, os, signal, sys, time
+out = os.environ["FAKE_OUT"]
+with open(os.path.join(out, "srun.json"), "w") as f:
+    json.dump(sys.argv[1:], f)
+mode = os.environ.get("FAKE_MODE", "exit0")
+if mode == "exit0":
+    sys.exit(0)
+got = []
+def handler(signum, frame):
+    got.append(signal.Signals(signum).name)
+    with open(os.path.join(out, "signals"), "a") as f:
+        f.write(signal.Signals(signum).name + "\n")
+signal.signal(signal.SIGUSR1, handler)
+signal.signal(signal.SIGTERM, handler)
+open(os.path.join(out, "ready"), "w").close()
+deadline = time.time() + 30
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+if mode == "preempt" and os.environ.get("HPCTRAIN_RUN_DIR"):
+    os.makedirs(os.environ["HPCTRAIN_RUN_DIR"], exist_ok=True)
+    with open(os.path.join(os.environ["HPCTRAIN_RUN_DIR"], "stop_reason"), "w") as f:
+        f.write("preempted" if got == ["SIGUSR1"] else "cancelled")
+sys.exit(0 if mode == "preempt" else 3)
+'''
+
+FAKE_SCONTROL = r'''#!/bin/sh
+# Stand-in for scontrol: hostnames of the fake allocation; requeue requests are recorded.
+if [ "$1" = show ] && [ "$2" = hostnames ]; then printf 'node7\nnode8\n'; exit 0; fi
+printf '%s\n' "$*" >> "$FAKE_OUT/scontrol"
+'''
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN.replace("{python}", sys.executable))
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_OUT": str(out),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "node[7-8]",
+        "HOME": str(tmp_path),
+    }
+    return tmp_path, env, out
+
+
+HOSTILE = ["it's", '"dq"', "$(touch pwned)", "`touch pwned2`", "a\nb", "$HOME", "*", "; rm -rf /", "--x=1 2", ""]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "single"])
+def test_hostile_arguments_arrive_literally(fake_slurm, launcher: str) -> None:
+    tmp_path, env, out = fake_slurm
+    nodes, nproc = (1, 1) if launcher == "single" else (2, 2)
+    job = JobSpec(command=("python", "train.py", *HOSTILE), name="q'uote $(x)", launcher=launcher,
+                  resources=Resources(nodes=nodes, nproc_per_node=nproc), env=(("MSG", "$(touch pwned3) 'x'"),),
+                  run_dir="runs/odd dir $(x)-%j", signal_grace=0)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job))
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = json.loads((out / "srun.json").read_text())
+    assert argv[-len(HOSTILE) - 2:] == ["python", "train.py", *HOSTILE]
+    assert not list(tmp_path.glob("pwned*"))
+    if launcher == "torchrun":
+        assert "--rdzv-endpoint=node7:" + str(20000 + 4242) in argv and "--rdzv-id=4242" in argv and "--nnodes=2" in argv
+    expected_ntasks = {"torchrun": "--ntasks-per-node=1", "srun": "--ntasks-per-node=2", "single": "--ntasks=1"}
+    assert expected_ntasks[launcher] in argv
+
+
+def test_environment_and_run_dir_reach_the_step(fake_slurm) -> None:
+    tmp_path, env, out = fake_slurm
+    # The stand-in srun records the environment the step would inherit.
+    (tmp_path / "bin" / "srun").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "json.dump({k: os.environ.get(k) for k in ('MSG', 'HPCTRAIN_RUN_DIR')}, open(os.environ['FAKE_OUT'] + '/env.json', 'w'))\n"
+    )
+    job = JobSpec(command=("true",), env=(("MSG", "$(touch pwned) 'x' \"y\""),), run_dir="runs/odd dir $(x)-%j", signal_grace=0)
+    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((out / "env.json").read_text())
+    assert seen == {"MSG": "$(touch pwned) 'x' \"y\"", "HPCTRAIN_RUN_DIR": "runs/odd dir $(x)-4242"}
+
+
+def test_busy_rendezvous_port_is_skipped(fake_slurm) -> None:
+    import socket
+
+    tmp_path, env, out = fake_slurm
+    first = 20000 + 4242
+    busy = socket.socket()
+    try:
+        busy.bind(("127.0.0.1", first))
+    except OSError:
+        pytest.skip(f"port {first} is taken by something else on this machine")
+    busy.listen()
+    try:
+        job = JobSpec(command=("true",), resources=Resources(nodes=2, nproc_per_node=2), signal_grace=0)
+        (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+        proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        busy.close()
+    assert proc.returncode == 0, proc.stderr
+    endpoint = next(a for a in json.loads((out / "srun.json").read_text()) if a.startswith("--rdzv-endpoint="))
+    port = int(endpoint.rsplit(":", 1)[1])
+    assert port != first and first < port < first + 200
+
+
+def _run_and_signal(tmp_path: Path, env: dict, out: Path, job: JobSpec, sig: signal.Signals, mode: str):
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    proc = subprocess.Popen(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "FAKE_MODE": mode},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not (out / "ready").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.05)
+    os.kill(proc.pid, sig)
+    output, _ = proc.communicate(timeout=60)
+    return proc.returncode, output
+
+
+@pytest.mark.parametrize("restart_count,requeued", [("0", True), ("3", False)])
+def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, restart_count: str, requeued: bool) -> None:
+    tmp_path, env, out = fake_slurm
+    env = {**env, "SLURM_RESTART_COUNT": restart_count}
+    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+                  run_dir="runs/r-%j", signal_grace=60, max_requeues=3)
+    code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, "preempt")
+    assert (out / "signals").read_text() == "SIGUSR1\n", output
+    scontrol = (out / "scontrol").read_text() if (out / "scontrol").exists() else ""
+    assert ("requeue 4242" in scontrol) == requeued, output
+    if requeued:
+        assert code == 0
+    else:  # stopped early and may not requeue: the job must not look like a success
+        assert code == 1 and "requeue budget (3) is used up" in output
+
+
+def test_scancel_term_is_forwarded_and_never_requeues(fake_slurm) -> None:
+    tmp_path, env, out = fake_slurm
+    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+                  run_dir="runs/r-%j", signal_grace=60)
+    code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGTERM, "fail")
+    assert (out / "signals").read_text() == "SIGTERM\n", output
+    assert not (out / "scontrol").exists(), output
+    assert code == 3  # the step's own status is the job's
+
+
+def test_torchrun_forwards_usr1_to_workers() -> None:
+    words = step_command(JobSpec(command=("x",), signal_grace=120))
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in words
+    assert words.index("--no-python") > words.index("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+
+
+def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
+    job = JobSpec(command=("true",))
+    calls = []
+
+    def run(argv, **kw):
+        calls.append((argv, kw["input"]))
+        return subprocess.CompletedProcess(argv, 0, stdout="123;cluster\n", stderr="")
+
+    assert submit(job, "#!/bin/bash\n", run=run) == "123"
+    assert calls == [(sbatch_argv(job), "#!/bin/bash\n")]
+
+    def refuse(argv, **kw):
+        return subprocess.CompletedProcess(argv, 1, stdout="", stderr="sbatch: error: Invalid partition name specified")
+
+    from hpctrain.errors import UserError
+
+    with pytest.raises(UserError, match="Invalid partition"):
+        submit(job, "#!/bin/bash\n", run=refuse)
