@@ -332,8 +332,9 @@ def _with_url(environ: Mapping[str, str], url: str) -> DistEnv:
     if url.startswith("tcp://"):
         host, port = parse_tcp_url(url)
         return dataclasses.replace(topology, master_addr=host, master_port=port, init_method=url)
-    path = urllib.parse.urlsplit(url).path
-    if not path.startswith("/"):
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path
+    if parts.netloc not in ("", "localhost") or not path.startswith("/"):
         raise UserError(f"{url!r} needs an absolute path: file:///shared/dir/rendezvous (three slashes)")
     return dataclasses.replace(topology, master_addr=None, master_port=None, init_method=url)
 
