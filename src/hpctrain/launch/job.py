@@ -430,6 +430,8 @@ def _job_yaml_loader():
 def load_job_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (.yaml/.yml) or TOML (.toml) job file into plain data; from_mapping validates it."""
     path = Path(path)
+    if path.suffix not in (".toml", ".yaml", ".yml"):
+        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -439,15 +441,13 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise UserError(f"job file {path} is not valid TOML: {err}") from err
-    elif path.suffix in (".yaml", ".yml"):
+    else:
         import yaml
 
         try:
             data = yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as err:
             raise UserError(f"job file {path} is not valid YAML: {err}") from err
-    else:
-        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear")
     if data is None:
         data = {}
     if not isinstance(data, dict):

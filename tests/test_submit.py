@@ -1,0 +1,132 @@
+"""`hpctrain submit` / `hpctrain check` without a cluster: flags and job files -> JobSpec, --dry-run output, and
+bad input that must stop before sbatch. sbatch here is a stand-in on PATH that records whether it was called;
+the real sbatch runs in test_submit_slurm.py."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import main
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path: Path, monkeypatch):
+    """A recording sbatch on PATH; returns the path of its call log (absent: never called)."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch-calls"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ncat > /dev/null\necho \"$*\" >> {shlex.quote(str(log))}\necho 777\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    return log
+
+
+def test_dry_run_prints_command_and_script(fake_sbatch: Path, capsys) -> None:
+    code = main(["submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "--job-name", "my job",
+                 "--time", "10", "--", "python", "train.py", "--lr", "0.1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("# sbatch --parsable <<'EOF'\n#!/bin/bash\n")
+    assert '#SBATCH --job-name="my job"' in out and "#SBATCH --time=00:10:00" in out
+    assert "--no-python python train.py --lr 0.1 &" in out
+    assert "runs/my_job-\"${SLURM_JOB_ID}\"" in out
+    assert not fake_sbatch.exists()
+    # the printed script is exactly what would be submitted: bash accepts it
+    script = out.split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0]
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, capsys) -> None:
+    code = main(["submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--nproc-per-node", "2",
+                 "train", "mnist", "--dataset", "fashion-mnist", "--epochs", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert 'run_dir=runs/mnist-fashion-mnist-"${SLURM_JOB_ID}"' in out
+    assert "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 hpctrain train mnist --dataset fashion-mnist --epochs 1 &" in out
+
+
+def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "job.yaml").write_text("name: fromfile\nnodes: 2\nnproc_per_node: 2\ntime: 30:00\ncommand: [python, a.py]\n")
+    code = main(["submit", "--dry-run", "--job-file", "job.yaml", "--nodes", "1", "--job-name", "flag"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "#SBATCH --job-name=flag" in out and "#SBATCH --nodes=1" in out and "#SBATCH --time=00:30:00" in out
+    assert "python a.py &" in out
+
+
+@pytest.mark.parametrize(
+    "job_file,message",
+    [
+        ("nodez: 2\ncommand: [x]\n", "unknown key(s) nodez; valid keys:"),
+        ("nodes: two\ncommand: [x]\n", "nodes must be a whole number"),
+        ("nodes: -2\ncommand: [x]\n", "--nodes must be at least 1"),
+        ("time: 1h\ncommand: [x]\n", "is not a Slurm time"),
+        ("command: [x]\nenvironment: {kind: apptainer, image: missing.sif}\n", "apptainer image missing.sif does not exist"),
+    ],
+)
+def test_bad_job_files_exit_2_and_submit_nothing(fake_sbatch: Path, tmp_path: Path, capsys, job_file: str, message: str) -> None:
+    (tmp_path / "job.yaml").write_text(job_file)
+    code = main(["submit", "--no-check", "--job-file", "job.yaml"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert not fake_sbatch.exists()
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--gpus-per-node", "2", "--nproc-per-node", "1", "--", "x"], "set --nproc-per-node 2"),
+        (["--gres", "tpu:2", "--", "x"], "use gpu:N, gpu:TYPE:N or shard:N"),
+        (["--job-name", "a\nb", "--", "x"], "control characters"),
+        (["python", "x.py"], "put your own command after `--`"),
+        ([], "no command"),
+        (["train", "mnist", "--epochs", "0"], "--epochs must be at least 1"),
+        (["train", "mnist", "--nproc", "2"], "use --nproc-per-node"),
+        (["--image", "x.img", "--", "x"], "--env-kind apptainer or --env-kind pyxis"),
+        (["--run-dir", "r", "train", "mnist"], "goes after the recipe"),
+    ],
+)
+def test_bad_flags_exit_2_and_submit_nothing(fake_sbatch: Path, capsys, argv: list[str], message: str) -> None:
+    code = main(["submit", "--no-check", *argv])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not fake_sbatch.exists()
+
+
+def test_recipe_without_its_dataset_is_refused(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
+    code = main(["submit", "--no-check", "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "empty")])
+    assert code == 2
+    assert "hpctrain download fashion-mnist" in capsys.readouterr().err
+    assert not fake_sbatch.exists()
+
+
+def test_submit_records_script_and_description(fake_sbatch: Path, tmp_path: Path, fashion_data_dir: Path, capsys) -> None:
+    code = main(["submit", "--no-check", "--nodes", "2", "--nproc-per-node", "2",
+                 "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--epochs", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out == "777\n"
+    run_dir = tmp_path / "runs" / "mnist-fashion-mnist-777"
+    assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash\n")
+    assert fake_sbatch.read_text() == "--parsable\n"
+    # the recorded description resubmits the same job
+    capsys.readouterr()
+    assert main(["submit", "--dry-run", "--job-file", str(run_dir / "job.yaml")]) == 0
+    assert capsys.readouterr().out.split("\n", 1)[1] == (run_dir / "job.sbatch").read_text() + "EOF\n"
+
+
+def test_cli_entry_point_exit_status(fake_sbatch: Path, tmp_path: Path) -> None:
+    """The installed command, as users run it: bad input exits 2 with the message on stderr."""
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--nodes", "-1", "--", "x"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "hpctrain submit: error: --nodes must be at least 1 (got -1)" in proc.stderr
+    assert not fake_sbatch.exists()
