@@ -1,0 +1,299 @@
+"""hpctrain.checkpoint: atomic saves, manifests, safe loading, choosing the newest valid one, pruning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hpctrain import checkpoint
+from hpctrain.checkpoint import CheckpointError
+
+
+def make_state(seed: int = 0) -> dict:
+    """A real training state: a small model and its Adam state after one step, plus counters and RNG."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "epoch": 1,
+        "step": 10 + seed,
+        "rng": {"torch": torch.get_rng_state()},
+        "config": {"lr": 0.01, "name": "test"},
+    }
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+def save_at(directory: Path, step: int, *, end_of_epoch: bool = False, keep: int | None = None, state=None) -> Path:
+    state = state if state is not None else {"model": {"w": torch.full((4,), float(step))}, "step": step}
+    name = checkpoint.checkpoint_name(step // 100, step, end_of_epoch)
+    return checkpoint.save(state, directory, name, epoch=step // 100, step=step, keep=keep)
+
+
+def manifest(path: Path) -> dict:
+    return json.loads((path.parent / (path.name + ".manifest.json")).read_text())
+
+
+# ---------------------------------------------------------------- round trip and refusing code
+
+
+def test_round_trip(tmp_path):
+    state = make_state()
+    path = checkpoint.save(state, tmp_path / "ckpt", "checkpoint_epoch_1.pt", epoch=1, step=10, world_size=4)
+    assert path == tmp_path / "ckpt" / "checkpoint_epoch_1.pt"
+    assert_same(state, checkpoint.load(path))
+    info = checkpoint.verify(path)
+    assert (info.epoch, info.step, info.world_size, info.size) == (1, 10, 4, path.stat().st_size)
+    written = manifest(path)
+    assert written["format_version"] == checkpoint.FORMAT_VERSION
+    assert written["file"] == "checkpoint_epoch_1.pt" and written["sha256"] == info.sha256
+    # The checksum was computed while writing: it must equal one computed from the file afterwards.
+    assert checkpoint._sha256(path) == (info.sha256, info.size)
+    assert (tmp_path / "ckpt" / "latest").read_text() == "checkpoint_epoch_1.pt\n"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "checkpoint_epoch_1.pt", "checkpoint_epoch_1.pt.manifest.json", "latest"
+    ]
+
+
+def test_checkpoint_name():
+    assert checkpoint.checkpoint_name(3, 1234, True) == "checkpoint_epoch_3.pt"
+    assert checkpoint.checkpoint_name(3, 1234, False) == "checkpoint_step_1234.pt"
+
+
+def _run_code(marker: str) -> str:
+    Path(marker).write_text("code ran")
+    return "boom"
+
+
+class Malicious:
+    """Unpickling this calls _run_code: what a hostile or merely foreign checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_run_code, (str(self.marker),))
+
+
+def test_checkpoint_holding_an_arbitrary_object_is_refused(tmp_path):
+    marker = tmp_path / "marker"
+    path = checkpoint.save({"model": {}, "payload": Malicious(marker)}, tmp_path, "checkpoint_epoch_1.pt", epoch=1, step=1)
+    checkpoint.verify(path)  # its checksum is fine: only loading can tell
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        checkpoint.load(path)
+    assert not marker.exists()
+    # The same file loaded the unsafe way would have run code: the test above could fail.
+    torch.load(path, weights_only=False)
+    assert marker.read_text() == "code ran"
+
+
+def test_load_rejects_a_dict_without_model(tmp_path):
+    path = checkpoint.save({"weights": torch.ones(1)}, tmp_path, "checkpoint_epoch_1.pt", epoch=1, step=1)
+    with pytest.raises(CheckpointError, match="not an hpctrain checkpoint"):
+        checkpoint.load(path)
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path):
+    good = save_at(tmp_path, 1)
+    with pytest.raises(Exception):
+        checkpoint.save({"model": {}, "x": lambda: 0}, tmp_path, "checkpoint_step_2.pt", epoch=0, step=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([good.name, good.name + ".manifest.json", "latest"])
+    assert checkpoint.find_latest(tmp_path).path == good
+
+
+def test_keep_must_be_positive(tmp_path):
+    with pytest.raises(CheckpointError, match="pass a keep of 1 or more"):
+        save_at(tmp_path, 1, keep=0)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(CheckpointError, match="pass a keep of 1 or more"):
+        checkpoint.prune(tmp_path, -1)
+
+
+# ---------------------------------------------------------------- verification failures
+
+
+def _break(path: Path, how: str) -> None:
+    manifest_path = path.parent / (path.name + ".manifest.json")
+    if how == "missing manifest":
+        manifest_path.unlink()
+    elif how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    elif how == "bad checksum":  # same size, one byte different: only the checksum can tell
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    elif how == "unreadable manifest":
+        manifest_path.write_text("{not json")
+    elif how == "manifest lacks a field":
+        data = json.loads(manifest_path.read_text())
+        del data["sha256"]
+        manifest_path.write_text(json.dumps(data))
+    elif how == "newer format":
+        data = json.loads(manifest_path.read_text())
+        data["format_version"] = checkpoint.FORMAT_VERSION + 1
+        manifest_path.write_text(json.dumps(data))
+    else:
+        raise ValueError(how)
+
+
+BREAKAGES = {
+    "missing manifest": "has no manifest",
+    "truncated": "truncated or overwritten",
+    "bad checksum": "fails its checksum",
+    "unreadable manifest": "is unreadable",
+    "manifest lacks a field": "lacks a field",
+    "newer format": "upgrade hpctrain",
+}
+
+
+@pytest.mark.parametrize("how", list(BREAKAGES))
+def test_verify_and_load_refuse_a_broken_checkpoint(tmp_path, how):
+    path = save_at(tmp_path, 5)
+    _break(path, how)
+    with pytest.raises(CheckpointError, match=BREAKAGES[how]):
+        checkpoint.verify(path)
+    with pytest.raises(CheckpointError, match=BREAKAGES[how]):
+        checkpoint.load(path)
+
+
+def test_load_of_a_missing_path_names_the_fix(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint at .*drop it to resume from the newest one"):
+        checkpoint.load(tmp_path / "checkpoint_epoch_9.pt")
+
+
+@pytest.mark.parametrize("how", ["missing manifest", "truncated", "bad checksum", "unreadable manifest"])
+def test_newest_broken_checkpoint_is_skipped_with_a_warning(tmp_path, how, caplog):
+    save_at(tmp_path, 100, end_of_epoch=True)
+    previous = save_at(tmp_path, 150)
+    newest = save_at(tmp_path, 200, end_of_epoch=True)
+    _break(newest, how)
+    with caplog.at_level(logging.WARNING, logger="hpctrain.checkpoint"):
+        info = checkpoint.find_latest(tmp_path)
+        state = checkpoint.load_latest(tmp_path)
+    assert info.path == previous and info.step == 150
+    assert torch.equal(state["model"]["w"], torch.full((4,), 150.0))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all(newest.name in w and BREAKAGES[how] in w for w in warnings)
+
+
+def test_unloadable_newest_is_skipped_by_load_latest(tmp_path, caplog):
+    previous = save_at(tmp_path, 1)
+    newest = tmp_path / "checkpoint_step_2.pt"
+    checkpoint.save({"model": {}, "x": Malicious(tmp_path / "marker")}, tmp_path, newest.name, epoch=0, step=2)
+    with caplog.at_level(logging.WARNING, logger="hpctrain.checkpoint"):
+        state = checkpoint.load_latest(tmp_path)
+    assert torch.equal(state["model"]["w"], torch.full((4,), 1.0))
+    assert "cannot be loaded" in caplog.text and previous.exists()
+
+
+def test_no_valid_checkpoint(tmp_path):
+    assert checkpoint.find_latest(tmp_path / "absent") is None
+    assert checkpoint.load_latest(tmp_path / "absent") is None
+    path = save_at(tmp_path, 1)
+    _break(path, "truncated")
+    assert checkpoint.find_latest(tmp_path) is None
+    assert checkpoint.load_latest(tmp_path) is None
+
+
+# ---------------------------------------------------------------- which one is newest, and pruning
+
+
+def test_epoch_end_sorts_before_a_step_checkpoint_of_the_same_step(tmp_path):
+    step_ckpt = save_at(tmp_path, 300)
+    epoch_ckpt = save_at(tmp_path, 300, end_of_epoch=True)
+    assert checkpoint.candidates(tmp_path) == [epoch_ckpt, step_ckpt]
+    assert (tmp_path / "latest").read_text().strip() == epoch_ckpt.name
+
+
+def test_newest_means_most_recently_saved(tmp_path):
+    """After `--resume` from an older checkpoint the run continues that line: its new saves are the newest,
+    even though the abandoned line has higher step numbers; and pruning never deletes the save just made."""
+    for step in (100, 200, 300):
+        save_at(tmp_path, step)
+    resumed = save_at(tmp_path, 150, keep=2)
+    assert checkpoint.find_latest(tmp_path).path == resumed
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["checkpoint_step_150.pt", "checkpoint_step_300.pt"]
+    # Rewriting an existing name (the resumed line reaching step 300 again) replaces the old content.
+    again = save_at(tmp_path, 300, keep=2, state={"model": {"w": torch.zeros(4)}, "step": 300})
+    assert checkpoint.find_latest(tmp_path).path == again
+    assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.zeros(4))
+    assert (tmp_path / "latest").read_text() == "checkpoint_step_300.pt\n"
+
+
+def test_save_keeps_the_newest_k(tmp_path):
+    for step in range(1, 8):
+        save_at(tmp_path, step, keep=3)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == [f"checkpoint_step_{s}.pt" for s in (7, 6, 5)]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".manifest.json")) == [
+        f"checkpoint_step_{s}.pt.manifest.json" for s in (5, 6, 7)
+    ]
+
+
+def test_prune_never_deletes_the_newest_valid(tmp_path):
+    paths = [save_at(tmp_path, step) for step in (1, 2, 3, 4, 5)]
+    _break(paths[4], "bad checksum")
+    _break(paths[3], "missing manifest")
+    checkpoint.prune(tmp_path, 1)
+    # Kept: the newest (broken, still reported by find_latest) and the newest valid (step 3).
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [paths[2].name, paths[4].name]
+    assert checkpoint.find_latest(tmp_path).path == paths[2]
+    assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.full((4,), 3.0))
+
+
+# ---------------------------------------------------------------- temporaries of killed saves
+
+
+def test_stale_temporaries_are_removed_but_live_ones_kept(tmp_path):
+    host = checkpoint._HOST
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # a process that has exited
+    live_pid = os.getppid()
+    names = {
+        "dead": f".checkpoint_step_1.pt.tmp-{host}-{dead_pid}-1",
+        "live": f".checkpoint_step_1.pt.tmp-{host}-{live_pid}-1",
+        "foreign-recent": ".checkpoint_step_1.pt.tmp-othernode-1-1",
+        "foreign-old": ".checkpoint_step_1.pt.tmp-othernode-2-1",
+        "not-ours": ".something.tmp-unrelated",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"partial")
+    old = time.time() - checkpoint.FOREIGN_TEMPORARY_MAX_AGE_S - 60
+    os.utime(tmp_path / names["foreign-old"], (old, old))
+    save_at(tmp_path, 2)
+    left = {p.name for p in tmp_path.iterdir() if p.name.startswith(".")}
+    assert left == {names["live"], names["foreign-recent"], names["not-ours"]}
+    assert socket.gethostname()  # the host part really comes from this machine's name
+
+
+def test_temporaries_never_count_as_checkpoints(tmp_path):
+    path = save_at(tmp_path, 1)
+    (tmp_path / f".checkpoint_step_9.pt.tmp-{checkpoint._HOST}-{os.getpid()}-1").write_bytes(path.read_bytes())
+    assert checkpoint.candidates(tmp_path) == [path]

@@ -1,0 +1,91 @@
+"""SIGKILL at random moments while a process saves checkpoints back to back: a valid one must always remain.
+
+The saving process is forked from the test process (torch is already imported there, so each of the many
+rounds costs milliseconds instead of a fresh interpreter), then killed with SIGKILL after a random delay.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+from hpctrain import checkpoint
+
+ROUNDS = 30
+PAYLOAD_FLOATS = 1 << 20  # 4 MB, so a kill often lands inside torch.save, the fsync or the hashing
+
+
+def _saver(directory: str, ready_fd: int, payload: torch.Tensor, background: bool) -> None:
+    """Runs in the forked child until it is killed: resume from the newest valid checkpoint, then save on."""
+    # OpenMP's thread pool does not survive fork (a parallel copy would hang): stay single-threaded here.
+    torch.set_num_threads(1)
+    state = checkpoint.load_latest(directory)
+    step = state["step"]
+    writer = checkpoint.AsyncCheckpointer() if background else None
+    os.write(ready_fd, b"r")
+    while True:
+        step += 1
+        new = {"model": {"payload": payload, "step_tensor": torch.full((8,), float(step))}, "step": step}
+        for end_of_epoch in ((False, True) if step % 4 == 0 else (False,)):
+            name = checkpoint.checkpoint_name(step // 4, step, end_of_epoch)
+            if writer is None:
+                checkpoint.save(new, directory, name, epoch=step // 4, step=step, keep=3)
+            else:
+                writer.save(new, directory, name, epoch=step // 4, step=step, keep=3)
+
+
+def _debris(directory) -> bool:
+    """Did the kill interrupt a save (a temporary, or a checkpoint without its manifest, is left)?"""
+    names = {p.name for p in directory.iterdir()}
+    return any(n.startswith(".") for n in names) or any(
+        n.endswith(".pt") and n + ".manifest.json" not in names for n in names
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_sigkill_during_saves_always_leaves_a_valid_checkpoint(tmp_path, background):
+    rng = random.Random(1234)
+    payload = torch.randn(PAYLOAD_FLOATS, generator=torch.Generator().manual_seed(0))
+    checkpoint.save({"model": {"payload": payload, "step_tensor": torch.zeros(8)}, "step": 0}, tmp_path,
+                    checkpoint.checkpoint_name(0, 0, False), epoch=0, step=0)
+    last_step, interrupted_saves = 0, 0
+    for round_ in range(ROUNDS):
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: never return into pytest
+            try:
+                os.close(ready_r)
+                _saver(str(tmp_path), ready_w, payload, background)
+            finally:
+                os._exit(1)
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"r", "the saving process failed to start"
+        os.close(ready_r)
+        time.sleep(rng.uniform(0.0, 0.25))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"round {round_}: child exited early"
+
+        interrupted_saves += _debris(tmp_path)
+        info = checkpoint.find_latest(tmp_path)
+        assert info is not None, f"round {round_}: no valid checkpoint left"
+        state = checkpoint.load(info.path)
+        assert state["step"] == info.step
+        assert torch.equal(state["model"]["step_tensor"], torch.full((8,), float(info.step)))
+        assert torch.equal(state["model"]["payload"], payload)
+        assert info.step >= last_step, f"round {round_}: went back from step {last_step} to {info.step}"
+        last_step = info.step
+        assert len(checkpoint.candidates(tmp_path)) <= 3 + 2  # pruning keeps up (+ a killed save's files)
+
+    assert last_step > ROUNDS / 2  # the children really saved, round after round
+    assert interrupted_saves > 0  # and kills did land in the middle of saves
+    # The next save clears the dead writers' temporaries.
+    checkpoint.save({"model": {}, "step": last_step + 1}, tmp_path, "checkpoint_step_999999.pt",
+                    epoch=0, step=last_step + 1, keep=3)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
