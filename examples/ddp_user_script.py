@@ -1,0 +1,83 @@
+"""Your own training script on hpctrain's library: the same file runs under python, torchrun and srun.
+
+    python examples/ddp_user_script.py --run-dir runs/demo
+    torchrun --standalone --nproc-per-node 2 examples/ddp_user_script.py --run-dir runs/demo
+    srun -N2 --ntasks-per-node=1 python examples/ddp_user_script.py --run-dir runs/demo
+
+Launching it again with the same --run-dir resumes from the newest complete checkpoint, whatever the
+number of processes was before. The model and data are toys; the point is the few lines around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from hpctrain import checkpoint
+from hpctrain.distributed import all_reduce_mean, barrier, destroy_process_group, setup
+
+
+def make_data(n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed noisy linear problem, identical on every rank (same generator seed)."""
+    gen = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, 16, generator=gen)
+    y = x @ torch.randn(16, 1, generator=gen) + 0.01 * torch.randn(n, 1, generator=gen)
+    return x, y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", required=True, help="checkpoints go to RUN_DIR/checkpoints (shared by all nodes)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--dist-init-method", default=None, help="env, slurm, tcp://HOST:PORT or file:///PATH")
+    args = parser.parse_args()
+
+    # 1. Who am I, which device, join the group (a no-op when this is the only process).
+    env, device = setup(device=args.device, init_method=args.dist_init_method)
+    print(f"[rank {env.rank}] {env.describe()} on {device}", flush=True)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(16, 1).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        ckpt_dir = f"{args.run_dir}/checkpoints"
+
+        # 2. Resume: every rank loads the same newest complete checkpoint (None on the first launch).
+        start_epoch = 0
+        state = checkpoint.load_latest(ckpt_dir, map_location="cpu")
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_epoch = state["epoch"]
+            print(f"[rank {env.rank}] resumed from epoch {start_epoch}", flush=True)
+
+        # 3. Wrap for DDP only when there are several processes; keep `model` for saving (no "module." prefix).
+        device_ids = [device.index] if device.type == "cuda" else None
+        trained = DistributedDataParallel(model, device_ids=device_ids) if env.is_distributed else model
+
+        # 4. Each rank trains on its own shard of the data.
+        x, y = make_data()
+        x, y = x[env.rank :: env.world_size].to(device), y[env.rank :: env.world_size].to(device)
+        batches = range(0, len(x), 64)
+        for epoch in range(start_epoch, args.epochs):
+            for i in batches:
+                loss = torch.nn.functional.mse_loss(trained(x[i : i + 64]), y[i : i + 64])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            mean_loss = all_reduce_mean(loss).item()
+            # 5. One rank writes; the others wait so nobody races ahead of (or exits before) the checkpoint.
+            if env.is_main:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
+                checkpoint.save(state, ckpt_dir, f"checkpoint_epoch_{epoch + 1}.pt", epoch=epoch + 1,
+                                step=(epoch + 1) * len(batches), world_size=env.world_size, keep=2)
+                print(f"epoch {epoch + 1} loss {mean_loss:.6f}", flush=True)
+            barrier()
+    finally:
+        destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
