@@ -11,11 +11,13 @@ import hashlib
 import http.server
 import os
 import pty
+import signal
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,16 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data[: len(data) // 2])
+        elif self.mode == "slow":  # trickles the file out, so a client can be killed mid-transfer
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                for start in range(0, len(data), 1 << 16):
+                    self.wfile.write(data[start:start + (1 << 16)])
+                    self.wfile.flush()
+                    time.sleep(0.02)
+            except OSError:  # the client went away
+                return
         elif self.mode == "html":  # a captive portal or login page
             body = b"<html><body>Please log in</body></html>"
             self.send_header("Content-Length", str(len(body)))
@@ -402,3 +414,45 @@ def test_cli_bad_arguments_exit_non_zero(tmp_path):
     blocker.write_text("")
     result = run_cli("mnist", "--data-dir", str(blocker), "--mirror", str(tmp_path))
     assert result.returncode == 2 and "pass --data-dir with a writable directory" in result.stderr
+
+
+def test_cli_killed_mid_download_leaves_no_final_file(tmp_path, misbehaving_server, http_mirror, fashion_mnist_source):
+    slow, _ = misbehaving_server(fashion_mnist_source, "slow")
+    target = tmp_path / "fashion-mnist"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until bytes are arriving
+            parts = list(target.glob(".*.part")) if target.is_dir() else []
+            if parts and parts[0].stat().st_size > 0:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the download never started")
+        assert proc.poll() is None, "the download finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    names = [p.name for p in target.iterdir()]
+    assert len(names) == 1 and names[0].startswith(".train-images-idx3-ubyte.gz.") and names[0].endswith(".part")
+    with pytest.raises(UserError, match="not found"):
+        load_dataset("fashion-mnist", tmp_path)
+
+    # A fresh leftover may belong to a live download and is kept; an old one is removed by the next run.
+    part = target / names[0]
+    old = time.time() - 2 * 3600
+    os.utime(part, (old, old))
+    good = http_mirror(fashion_mnist_source)
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", good)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in target.iterdir()) == sorted(NAMES)
+
+
+def test_cli_rejects_a_non_positive_timeout(tmp_path):
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--timeout", "0")
+    assert result.returncode == 2 and "must be a positive number of seconds" in result.stderr
+    assert not (tmp_path / "fashion-mnist").exists()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hpctrain.data.datasets import DATASETS, get_dataset_spec
 from hpctrain.data.download import download
+from hpctrain.errors import UserError
 
 DATA_DIR_ENV = "HPCTRAIN_DATA_DIR"
 
@@ -37,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.timeout > 0:  # also rejects nan
+        raise UserError(f"--timeout {args.timeout:g}: must be a positive number of seconds, e.g. --timeout 60")
     spec = get_dataset_spec(args.dataset)
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     paths = download(spec, data_dir, args.mirror, timeout=args.timeout)

@@ -13,6 +13,7 @@ import http.client
 import os
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 SCHEMES = ("http", "https", "file")
+# A live download rewrites its .part file at least every read timeout; one untouched this long was orphaned
+# by a killed process (another user's download into a shared directory may be live, hence no quicker rule).
+STALE_PART_AGE_S = 3600.0
 
 
 # ---------------------------------------------------------------- verification
@@ -310,6 +314,7 @@ def download(
             if existing is not None:
                 paths.append(existing)
                 continue
+            _remove_stale_parts(final)
             failures: list[tuple[str, str]] = []
             for i, base in enumerate(bases):
                 url = base + fspec.archive_name
@@ -323,6 +328,16 @@ def download(
                 raise UserError(_failure_message(spec, fspec, failures, target_dir))
             paths.append(final)
     return paths
+
+
+def _remove_stale_parts(final: Path) -> None:
+    now = time.time()
+    for part in final.parent.glob(f".{final.name}.*.part"):
+        try:
+            if now - part.stat().st_mtime > STALE_PART_AGE_S:
+                part.unlink()
+        except OSError:
+            pass  # gone already, or not ours to delete
 
 
 def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: _PlainReporter) -> Path | None:
