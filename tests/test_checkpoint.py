@@ -128,6 +128,13 @@ def test_failed_save_leaves_nothing_behind(tmp_path):
     assert checkpoint.find_latest(tmp_path).path == good
 
 
+@pytest.mark.parametrize("name", ["model.pt", "../checkpoint_step_1.pt", "checkpoint_step_x.pt", "checkpoint_epoch_1"])
+def test_names_find_latest_would_not_see_are_refused(tmp_path, name):
+    with pytest.raises(CheckpointError, match="checkpoint_name"):
+        checkpoint.save({"model": {}}, tmp_path / "ckpt", name, epoch=1, step=1)
+    assert not (tmp_path / "ckpt").exists() and not (tmp_path / "checkpoint_step_1.pt").exists()
+
+
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(CheckpointError, match="pass a keep of 1 or more"):
         save_at(tmp_path, 1, keep=0)

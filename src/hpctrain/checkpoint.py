@@ -76,8 +76,7 @@ def save(
 
     Keeps the newest `keep` checkpoints when `keep` is given (never the one just written).
     """
-    if keep is not None and keep < 1:
-        raise CheckpointError(f"keep={keep}: at least 1 checkpoint must be kept; pass a keep of 1 or more")
+    _check_arguments(name, keep)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(directory)
@@ -110,6 +109,16 @@ def save(
     if keep is not None:
         _prune(directory, keep, newest_valid=path)
     return path
+
+
+def _check_arguments(name: str, keep: int | None) -> None:
+    if not _NAME.match(name):
+        raise CheckpointError(
+            f"checkpoint name {name!r} is not of the form checkpoint_epoch_N.pt or checkpoint_step_N.pt, so "
+            "find_latest() would never see it; build it with checkpoint_name(epoch, step, end_of_epoch)"
+        )
+    if keep is not None and keep < 1:
+        raise CheckpointError(f"keep={keep}: at least 1 checkpoint must be kept; pass a keep of 1 or more")
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -396,8 +405,7 @@ class AsyncCheckpointer:
         keep: int | None = None,
     ) -> Path:
         self.wait()
-        if keep is not None and keep < 1:  # the same check save() makes, but before the copy and in this thread
-            raise CheckpointError(f"keep={keep}: at least 1 checkpoint must be kept; pass a keep of 1 or more")
+        _check_arguments(name, keep)  # save() checks too, but here it is before the copy and in the caller's thread
         copied = snapshot(state)
         self._target = Path(directory) / name
         self._future = self._executor.submit(
