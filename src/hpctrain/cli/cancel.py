@@ -1,0 +1,51 @@
+"""`hpctrain cancel JOB [--signal SIG]`: scancel the job and say what became of it.
+
+Plain cancel: Slurm sends SIGTERM to the job's processes (hpctrain's training loop checkpoints and exits), then
+SIGKILL after the cluster's KillWait. With --signal: only that signal is sent and the job goes on running unless
+the signal ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="job id")
+    parser.add_argument("--signal", "-s", metavar="SIG", help="send this signal (e.g. USR1) instead of cancelling")
+    parser.add_argument("--full", action="store_true", help="with --signal: signal the batch shell too, not only the job steps")
+    parser.add_argument(
+        "--wait", type=float, default=30.0, metavar="S", help="seconds to wait for the job to end before returning (default: 30)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpctrain.cluster.jobs import cancel, get_job
+    from hpctrain.errors import UserError
+
+    before = get_job(args.job)
+    if before is None:
+        raise UserError(f"job {args.job} not found: it ended a while ago or the id is wrong (see `hpctrain status`)")
+    if before.finished:
+        print(f"job {before.job_id} already ended ({before.state}); nothing to cancel")
+        return 0
+    cancel(before.job_id, signal=args.signal, full=args.full)
+    if args.signal:
+        target = "its steps and batch shell" if args.full else "its steps"
+        print(f"sent {args.signal.upper()} to job {before.job_id} ({target}; it was {before.state})")
+        return 0
+    deadline = time.monotonic() + max(0.0, args.wait)
+    after = before
+    while True:
+        now = get_job(before.job_id)
+        if now is not None:
+            after = now
+        if now is None or after.finished or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if after.finished:
+        print(f"job {before.job_id}: {before.state} -> {after.state}")
+    else:
+        print(f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its processes)")
+    return 0

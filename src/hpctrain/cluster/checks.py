@@ -1,0 +1,206 @@
+"""Pre-submit checks: can this cluster ever run the job as asked? One line per problem, each naming the fix.
+
+Only what is known for sure is reported: a partition that does not exist, a time limit above its MaxTime,
+more nodes than it has, a per-node request no node can hold, a process count that does not match the GPUs,
+paths the job will read that are missing. Whether resources are free right now is not a problem (the job waits).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hpctrain.cluster.query import ClusterInfo, NodeInfo, PartitionInfo
+from hpctrain.cluster.records import format_duration
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What one job asks for, per node unless said otherwise (built by `hpctrain submit/check`)."""
+
+    partition: str | None
+    nodes: int
+    tasks_per_node: int  # processes per node
+    cpus_per_task: int
+    gpus_per_node: int
+    gpu_type: str | None
+    shards_per_node: int
+    mem_mb_per_node: int | None
+    time_limit_s: int | None
+    paths: tuple[str, ...] = ()
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.tasks_per_node * self.cpus_per_task
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(sorted(items)) or "(none)"
+
+
+def _fmt_mem(mb: int) -> str:
+    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+
+
+def check_job(req: Requirements, cluster: ClusterInfo) -> list[str]:
+    """Problems that would keep the job from ever running on `cluster`; empty when it fits."""
+    problems: list[str] = []
+    problems += _check_process_layout(req)
+    partition = _pick_partition(req, cluster, problems)
+    if partition is not None:
+        problems += _check_time(req, partition, cluster)
+        problems += _check_nodes(req, partition, cluster.nodes_in(partition))
+    problems += _check_paths(req.paths)
+    return problems
+
+
+def _pick_partition(req: Requirements, cluster: ClusterInfo, problems: list[str]) -> PartitionInfo | None:
+    names = [p.name for p in cluster.partitions]
+    if req.partition is None:
+        partition = cluster.default_partition
+        if partition is None:
+            problems.append(f"the cluster has no default partition: choose one with --partition ({_names(names)})")
+        return partition
+    partition = cluster.partition(req.partition)
+    if partition is None:
+        problems.append(f"--partition {req.partition}: no such partition; choose one of: {_names(names)}")
+        return None
+    if partition.state != "UP":
+        others = [p.name for p in cluster.partitions if p.state == "UP"]
+        problems.append(
+            f"--partition {partition.name}: the partition is {partition.state} and starts no jobs; "
+            f"choose one that is up: {_names(others)}"
+        )
+    return partition
+
+
+def _check_time(req: Requirements, partition: PartitionInfo, cluster: ClusterInfo) -> list[str]:
+    limit = partition.max_time_s
+    if req.time_limit_s is None or limit is None or req.time_limit_s <= limit:
+        return []
+    longer = [
+        f"{p.name} ({'no limit' if p.max_time_s is None else format_duration(p.max_time_s)})"
+        for p in cluster.partitions
+        if p.max_time_s is None or p.max_time_s >= req.time_limit_s
+    ]
+    hint = f", or use a partition that allows it: {', '.join(longer)}" if longer else ""
+    return [
+        f"--time {format_duration(req.time_limit_s)}: partition {partition.name} allows at most "
+        f"{format_duration(limit)}; ask for --time {format_duration(limit)} or less (checkpoint and resubmit "
+        f"to go on){hint}"
+    ]
+
+
+def _check_process_layout(req: Requirements) -> list[str]:
+    if req.gpus_per_node > 0 and req.tasks_per_node != req.gpus_per_node:
+        return [
+            f"--nproc-per-node {req.tasks_per_node} with --gpus-per-node {req.gpus_per_node}: run one process per "
+            f"GPU (--nproc-per-node {req.gpus_per_node}) or ask for {req.tasks_per_node} GPU(s) per node "
+            f"(--gpus-per-node {req.tasks_per_node})"
+        ]
+    return []
+
+
+def _fits(req: Requirements, node: NodeInfo) -> bool:
+    return (
+        node.cpus_total >= req.cpus_per_node
+        and node.gpus_total >= req.gpus_per_node
+        and (req.gpu_type is None or req.gpus_per_node == 0 or node.gpu_type == req.gpu_type)
+        and node.shards_total >= req.shards_per_node
+        and (req.mem_mb_per_node is None or node.mem_mb_total >= req.mem_mb_per_node)
+    )
+
+
+def _check_nodes(req: Requirements, partition: PartitionInfo, nodes: list[NodeInfo]) -> list[str]:
+    where = f"partition {partition.name}"
+    if not nodes:
+        return [f"{where} has no nodes: choose another partition with --partition"]
+    problems: list[str] = []
+    if req.nodes > len(nodes):
+        problems.append(
+            f"--nodes {req.nodes}: {where} has only {len(nodes)} node(s); ask for at most {len(nodes)} "
+            f"(--nodes {len(nodes)}) and more processes per node, or choose a bigger partition"
+        )
+    elif partition.max_nodes is not None and req.nodes > partition.max_nodes:
+        problems.append(
+            f"--nodes {req.nodes}: {where} allows at most {partition.max_nodes} node(s) per job; "
+            f"ask for --nodes {partition.max_nodes} or fewer"
+        )
+
+    per_resource = []  # one line per resource that no node has enough of
+    if req.gpus_per_node > 0:
+        if req.gpu_type is not None:
+            typed = [n for n in nodes if n.gpu_type == req.gpu_type]
+            if not typed:
+                types = {n.gpu_type for n in nodes if n.gpu_type}
+                choice = f"use one of its types ({_names(types)}) or leave" if types else "its GPUs have no type: leave"
+                per_resource.append(
+                    f"GPU type {req.gpu_type}: no node in {where} has it; {choice} the type out "
+                    f"(--gpus-per-node {req.gpus_per_node})"
+                )
+            pool = typed or nodes
+        else:
+            pool = nodes
+        most = max(n.gpus_total for n in pool)
+        if req.gpus_per_node > most:
+            kind = f" {req.gpu_type}" if req.gpu_type else ""
+            fix = f"ask for at most {most} per node and use more nodes (--nodes)" if most else "choose a partition with GPUs"
+            per_resource.append(
+                f"--gpus-per-node {req.gpus_per_node}: no node in {where} has more than {most}{kind} GPU(s); {fix}"
+            )
+    if req.shards_per_node > 0:
+        most = max(n.shards_total for n in nodes)
+        if req.shards_per_node > most:
+            fix = f"ask for at most shard:{most}" if most else "choose a partition whose GPUs are shared (shard GRES)"
+            per_resource.append(f"--gres shard:{req.shards_per_node}: no node in {where} has more than {most} shards; {fix}")
+    most_cpus = max(n.cpus_total for n in nodes)
+    if req.cpus_per_node > most_cpus:
+        per_resource.append(
+            f"--nproc-per-node {req.tasks_per_node} x --cpus-per-task {req.cpus_per_task} = {req.cpus_per_node} CPUs "
+            f"per node: no node in {where} has more than {most_cpus}; lower --cpus-per-task or --nproc-per-node, "
+            f"and use more nodes (--nodes)"
+        )
+    if req.mem_mb_per_node is not None:
+        most_mem = max(n.mem_mb_total for n in nodes)
+        if req.mem_mb_per_node > most_mem:
+            per_resource.append(
+                f"--mem {_fmt_mem(req.mem_mb_per_node)}: no node in {where} has more than {_fmt_mem(most_mem)} of memory; "
+                f"ask for --mem {_fmt_mem(most_mem)} or less per node"
+            )
+    problems += per_resource
+    if per_resource:
+        return problems
+
+    # Each resource exists somewhere; the job needs them together, on req.nodes nodes.
+    fitting = [n for n in nodes if _fits(req, n)]
+    if not fitting:
+        problems.append(
+            f"no single node in {where} has all of {_describe(req)} per node; ask for less per node and use "
+            f"more nodes (--nodes)"
+        )
+    elif req.nodes > len(fitting) and req.nodes <= len(nodes):
+        problems.append(
+            f"--nodes {req.nodes}: only {len(fitting)} node(s) in {where} can hold {_describe(req)} each "
+            f"({_names(n.name for n in fitting)}); ask for --nodes {len(fitting)} or less per node"
+        )
+    return problems
+
+
+def _describe(req: Requirements) -> str:
+    parts = [f"{req.cpus_per_node} CPUs"]
+    if req.gpus_per_node:
+        parts.append(f"{req.gpus_per_node} {req.gpu_type + ' ' if req.gpu_type else ''}GPU(s)")
+    if req.shards_per_node:
+        parts.append(f"{req.shards_per_node} shards")
+    if req.mem_mb_per_node is not None:
+        parts.append(f"{_fmt_mem(req.mem_mb_per_node)} memory")
+    return ", ".join(parts)
+
+
+def _check_paths(paths: Iterable[str]) -> list[str]:
+    return [
+        f"{p}: not found; the job reads it, so create it (e.g. `hpctrain download` for a dataset) or fix the path"
+        for p in paths
+        if p and not os.path.exists(os.path.expanduser(p))
+    ]

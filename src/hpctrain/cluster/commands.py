@@ -1,0 +1,43 @@
+"""Run Slurm client commands (argv lists, never a shell) and turn their failures into errors that name the fix."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hpctrain.errors import UserError
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+_NO_CLIENT = (
+    "`{cmd}` was not found: hpctrain needs the Slurm client commands on PATH. Run it on a login node of your "
+    "cluster (or `module load slurm`); for a local test cluster run `scripts/local-slurm.sh up`"
+)
+_NO_CONTROLLER = (
+    "`{line}` could not reach the Slurm controller ({err}). Check `scontrol ping`; for the local test cluster run "
+    "`scripts/local-slurm.sh up`"
+)
+
+
+def slurm(argv: Sequence[str], *, run: Runner = subprocess.run, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command and return its result; raise UserError when the client is missing or, with
+    check=True, when the command fails (its stderr is part of the message)."""
+    argv = [str(a) for a in argv]
+    kwargs: dict[str, Any] = {"capture_output": True, "text": True, "check": False}
+    try:
+        result = run(argv, **kwargs)
+    except FileNotFoundError:
+        raise UserError(_NO_CLIENT.format(cmd=argv[0])) from None
+    if check and result.returncode != 0:
+        raise UserError(command_error(argv, result))
+    return result
+
+
+def command_error(argv: Sequence[str], result: subprocess.CompletedProcess[str]) -> str:
+    err = " ".join((result.stderr or result.stdout or "").split()) or f"exit status {result.returncode}"
+    line = " ".join(argv[:3])
+    lowered = err.lower()
+    if "unable to contact slurm controller" in lowered or "connection refused" in lowered:
+        return _NO_CONTROLLER.format(line=line, err=err)
+    return f"`{line}` failed: {err}"

@@ -1,0 +1,313 @@
+"""Jobs on the cluster: what state they are in, where their output goes, waiting for them, cancelling them.
+
+Sources, best first: `scontrol show job -o` (everything, but only while the controller remembers the job: a
+few minutes after it ends, MinJobAge), `squeue` (listing), and `sacct` only when the cluster keeps accounting
+(without slurmdbd it fails with "accounting storage is disabled").
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from hpctrain.cluster.commands import Runner, command_error, slurm
+from hpctrain.cluster.records import null, parse_duration, parse_int, parse_records
+from hpctrain.errors import UserError
+
+# States after which a job never runs again (a requeued job goes back to PENDING instead).
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+     "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+)
+GONE = "GONE"  # our marker: the controller forgot the job and there is no accounting to ask
+_JOB_ID_RE = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
+_SIGNAL_RE = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9+-]*$|^\d{1,2}$")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    name: str
+    state: str  # Slurm's state word (RUNNING, PENDING, COMPLETED, ...), or GONE
+    reason: str | None = None  # why it is pending (Resources, Priority, BeginTime, ...)
+    nodes: str | None = None  # hostlist (node[1-2])
+    num_nodes: int | None = None
+    elapsed_s: int | None = None
+    restarts: int = 0
+    exit_code: int | None = None  # the job's exit status; 128+N when killed by signal N; None if not ended
+    partition: str | None = None
+    user: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    work_dir: str | None = None
+    submit_time: str | None = None
+    start_time: str | None = None
+    end_time: str | None = None
+    time_limit_s: int | None = None
+    source: str = "scontrol"  # where this came from: scontrol, squeue, sacct, none
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES or self.state == GONE
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "finished": self.finished}
+
+
+def check_job_id(job_id: str) -> str:
+    job_id = str(job_id).strip()
+    if not _JOB_ID_RE.match(job_id):
+        raise UserError(f"{job_id!r} is not a Slurm job id: give the number that submit printed (e.g. 1234 or 1234_7)")
+    return job_id
+
+
+def parse_exit_code(text: str | None) -> int | None:
+    """`2:0` (status 2) and `0:9` (killed by signal 9 -> 137) as scontrol and sacct print them."""
+    value = null(text)
+    if value is None:
+        return None
+    status, _, sig = value.partition(":")
+    try:
+        status_n, sig_n = int(status), int(sig or 0)
+    except ValueError:
+        return None
+    return status_n if status_n or not sig_n else 128 + sig_n
+
+
+def _state_word(text: str | None) -> str:
+    # sacct says `CANCELLED by 0`; squeue and scontrol say CANCELLED.
+    return (text or "UNKNOWN").split()[0].upper() if (text or "").strip() else "UNKNOWN"
+
+
+def _user(text: str | None) -> str | None:
+    value = null(text)
+    return value.split("(")[0] if value else None  # root(0) -> root
+
+
+def parse_scontrol_jobs(text: str) -> list[JobInfo]:
+    """Output of `scontrol show job -o [ID]`."""
+    jobs = []
+    for rec in parse_records(text):
+        if "JobId" not in rec:
+            continue
+        state = _state_word(rec.get("JobState"))
+        jobs.append(
+            JobInfo(
+                job_id=rec["JobId"],
+                name=rec.get("JobName", ""),
+                state=state,
+                reason=null(rec.get("Reason")) if null(rec.get("Reason")) != "None" else None,
+                nodes=null(rec.get("NodeList")),
+                num_nodes=parse_int(rec.get("NumNodes"), 0) or None,
+                elapsed_s=parse_duration(rec.get("RunTime")),
+                restarts=parse_int(rec.get("Restarts")),
+                exit_code=parse_exit_code(rec.get("ExitCode")) if state in TERMINAL_STATES else None,
+                partition=null(rec.get("Partition")),
+                user=_user(rec.get("UserId")),
+                stdout=null(rec.get("StdOut")),
+                stderr=null(rec.get("StdErr")),
+                work_dir=null(rec.get("WorkDir")),
+                submit_time=null(rec.get("SubmitTime")),
+                start_time=null(rec.get("StartTime")) if rec.get("StartTime") != "Unknown" else None,
+                end_time=null(rec.get("EndTime")) if rec.get("EndTime") != "Unknown" else None,
+                time_limit_s=parse_duration(rec.get("TimeLimit")),
+                source="scontrol",
+            )
+        )
+    return jobs
+
+
+# squeue -O fields; a control character separates them (job names may contain spaces and '|').
+_SEP = "\x1f"
+SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "NumNodes", "NodeList", "TimeUsed", "RestartCnt", "Partition",
+                 "UserName", "SubmitTime", "StartTime", "TimeLimit", "WorkDir")
+
+
+def squeue_argv(user: str | None, job_ids: tuple[str, ...] = ()) -> list[str]:
+    argv = ["squeue", "--noheader", "--states=all", "--Format=" + ",".join(f"{f}:{_SEP}" for f in SQUEUE_FIELDS)]
+    if user:
+        argv.append(f"--user={user}")
+    if job_ids:
+        argv.append("--jobs=" + ",".join(job_ids))
+    return argv
+
+
+def parse_squeue(text: str) -> list[JobInfo]:
+    """Output of squeue_argv(). Output paths are left out: squeue prints them unexpanded (`slurm-%j.out`)."""
+    jobs = []
+    for line in text.splitlines():
+        cols = line.split(_SEP)
+        if len(cols) < len(SQUEUE_FIELDS):
+            continue
+        f = dict(zip(SQUEUE_FIELDS, (c.strip() for c in cols)))
+        jobs.append(
+            JobInfo(
+                job_id=f["JobID"],
+                name=f["Name"],
+                state=_state_word(f["State"]),
+                reason=null(f["Reason"]) if f["Reason"] != "None" else None,
+                nodes=null(f["NodeList"]),
+                num_nodes=parse_int(f["NumNodes"], 0) or None,
+                elapsed_s=_duration_or_none(f["TimeUsed"]),
+                restarts=parse_int(f["RestartCnt"]),
+                partition=null(f["Partition"]),
+                user=null(f["UserName"]),
+                work_dir=null(f["WorkDir"]),
+                submit_time=null(f["SubmitTime"]),
+                start_time=null(f["StartTime"]),
+                time_limit_s=_duration_or_none(f["TimeLimit"]),
+                source="squeue",
+            )
+        )
+    return jobs
+
+
+def _duration_or_none(text: str | None) -> int | None:
+    try:
+        return parse_duration(text)
+    except ValueError:
+        return None
+
+
+SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "Reason", "NodeList", "NNodes", "ElapsedRaw", "ExitCode", "Partition",
+                "User", "Submit", "Start", "End", "WorkDir")
+
+
+def sacct_argv(job_id: str) -> list[str]:
+    return ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=" + ",".join(SACCT_FIELDS)]
+
+
+def parse_sacct(text: str) -> list[JobInfo]:
+    """Output of sacct_argv() (`|`-separated; the job name is the only free-text field, so it is taken as the
+    columns left over in the middle)."""
+    jobs = []
+    n = len(SACCT_FIELDS)
+    for line in text.splitlines():
+        cols = line.split("|")
+        if len(cols) < n:
+            continue
+        extra = len(cols) - n  # '|' inside the job name
+        cols = [cols[0], "|".join(cols[1 : 2 + extra]), *cols[2 + extra :]]
+        f = dict(zip(SACCT_FIELDS, cols))
+        state = _state_word(f["State"])
+        jobs.append(
+            JobInfo(
+                job_id=f["JobIDRaw"],
+                name=f["JobName"],
+                state=state,
+                reason=null(f["Reason"]) if f["Reason"] != "None" else None,
+                nodes=null(f["NodeList"]) if f["NodeList"] != "None assigned" else None,
+                num_nodes=parse_int(f["NNodes"], 0) or None,
+                elapsed_s=parse_int(f["ElapsedRaw"], 0),
+                exit_code=parse_exit_code(f["ExitCode"]) if state in TERMINAL_STATES else None,
+                partition=null(f["Partition"]),
+                user=null(f["User"]),
+                work_dir=null(f["WorkDir"]),
+                submit_time=null(f["Submit"]),
+                start_time=null(f["Start"]) if f["Start"] != "Unknown" else None,
+                end_time=null(f["End"]) if f["End"] != "Unknown" else None,
+                source="sacct",
+            )
+        )
+    return jobs
+
+
+def _forgotten(result: subprocess.CompletedProcess[str]) -> bool:
+    return "invalid job id" in (result.stderr or "").lower()
+
+
+def _from_accounting(job_id: str, run: Runner) -> JobInfo | None:
+    """The job from sacct, or None when there is no accounting or it does not know the job."""
+    try:
+        result = slurm(sacct_argv(job_id), run=run, check=False)
+    except UserError:
+        return None  # no sacct binary
+    if result.returncode != 0:
+        return None  # "Slurm accounting storage is disabled", or slurmdbd down
+    found = [j for j in parse_sacct(result.stdout) if j.job_id == job_id]
+    return found[0] if found else None
+
+
+def get_job(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
+    """One job, or None when neither the controller nor accounting knows it (any more)."""
+    job_id = check_job_id(job_id)
+    result = slurm(["scontrol", "show", "job", "-o", job_id], run=run, check=False)
+    if result.returncode == 0:
+        jobs = parse_scontrol_jobs(result.stdout)
+        # A job array lists every task; prefer the record whose id is the one asked for.
+        exact = [j for j in jobs if j.job_id == job_id]
+        if exact or jobs:
+            return (exact or jobs)[0]
+    elif not _forgotten(result):
+        raise UserError(command_error(["scontrol", "show", "job"], result))
+    return _from_accounting(job_id, run)
+
+
+def list_jobs(user: str | None = None, all_users: bool = False, run: Runner = subprocess.run) -> list[JobInfo]:
+    """Jobs the controller knows (pending, running, and ended within MinJobAge), the caller's unless all_users."""
+    if not all_users and user is None:
+        user = getpass.getuser()
+    result = slurm(squeue_argv(None if all_users else user), run=run)
+    return sorted(parse_squeue(result.stdout), key=lambda j: _id_key(j.job_id))
+
+
+def _id_key(job_id: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())
+
+
+def wait_for_job(
+    job_id: str,
+    poll_s: float = 2.0,
+    timeout_s: float | None = None,
+    run: Runner = subprocess.run,
+    sleep: Callable[[float], None] = time.sleep,
+    on_change: Callable[[JobInfo], None] | None = None,
+) -> JobInfo:
+    """Poll until the job ends and return its last record. A job that disappears (the controller forgot it
+    and there is no accounting) ends as state GONE with exit_code None. on_change sees each new state."""
+    job_id = check_job_id(job_id)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    last: JobInfo | None = None
+    while True:
+        info = get_job(job_id, run=run)
+        if info is None:
+            if last is None:
+                raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
+            return replace(last, state=GONE, exit_code=None, source="none")
+        if on_change is not None and (last is None or (info.state, info.restarts) != (last.state, last.restarts)):
+            on_change(info)
+        last = info
+        if info.finished:
+            return info
+        if deadline is not None and time.monotonic() >= deadline:
+            raise UserError(f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`")
+        sleep(poll_s)
+
+
+def cancel(job_id: str, signal: str | None = None, full: bool = False, run: Runner = subprocess.run) -> None:
+    """scancel the job. With a signal, Slurm sends it to the job's steps (and the batch shell with full=True)
+    instead of ending the job; raises UserError when Slurm refuses."""
+    job_id = check_job_id(job_id)
+    argv = ["scancel"]
+    if signal is not None:
+        sig = signal.strip().upper()
+        if not _SIGNAL_RE.match(sig):
+            raise UserError(f"--signal {signal!r}: give a signal name or number, e.g. --signal USR1 or --signal TERM")
+        argv.append(f"--signal={sig}")
+        if full:
+            argv.append("--full")
+    argv.append(job_id)
+    result = slurm(argv, run=run, check=False)
+    if result.returncode != 0:
+        if _forgotten(result):
+            raise UserError(f"job {job_id} not found: it ended a while ago or the id is wrong (see `hpctrain status`)")
+        raise UserError(command_error(argv, result))

@@ -1,0 +1,109 @@
+"""Where a job's output file is, and following it while the job runs.
+
+The controller knows the expanded path (scontrol StdOut=/StdErr=) while it remembers the job. After that the
+run directory that `hpctrain submit` recorded (runs/NAME-JOB/job.yaml, with the job's output pattern) or
+sbatch's default `slurm-JOB.out` in the submit directory are the places left to look.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from hpctrain.cluster.jobs import JobInfo
+
+
+def expand_pattern(pattern: str, job_id: str, name: str | None = None, user: str | None = None) -> str:
+    """sbatch's filename pattern: %j/%A job id, %x job name, %u user, %% a percent; others are left as they are."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern):
+            code = pattern[i + 1]
+            value = {"j": job_id, "A": job_id.split("_")[0], "x": name, "u": user, "%": "%"}.get(code)
+            if value is not None:
+                out.append(value)
+                i += 2
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _from_run_dirs(job_id: str, stream: str, base: Path) -> list[Path]:
+    """Candidates from runs/*-JOB/job.yaml under base (written by `hpctrain submit`)."""
+    import yaml
+
+    found: list[Path] = []
+    for record in sorted(base.glob(f"runs/*-{job_id}/job.yaml")):
+        try:
+            desc = yaml.safe_load(record.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(desc, dict):
+            continue
+        pattern = desc.get("error") if stream == "stderr" else None
+        pattern = pattern or desc.get("output") or "slurm-%j.out"
+        path = Path(expand_pattern(str(pattern), job_id, name=desc.get("name")))
+        found.append(path if path.is_absolute() else base / path)
+    return found
+
+
+def output_candidates(job_id: str, info: JobInfo | None, stream: str = "stdout", base: Path | None = None) -> list[Path]:
+    """Places the job's stdout or stderr may be, best first (existing or not)."""
+    base = Path.cwd() if base is None else base
+    out: list[Path] = []
+    if info is not None:
+        known = info.stderr if stream == "stderr" else info.stdout
+        if known:
+            out.append(Path(known))
+        if info.work_dir:
+            out.append(Path(info.work_dir) / f"slurm-{job_id}.out")
+    out += _from_run_dirs(job_id, stream, base)
+    out.append(base / f"slurm-{job_id}.out")
+    unique: list[Path] = []
+    for p in out:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
+def follow(
+    path: Path,
+    write: Callable[[str], None],
+    is_finished: Callable[[], bool],
+    poll_s: float = 0.5,
+    check_every_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Copy `path` to `write` as it grows, until is_finished() says the job ended; then copy what is left.
+    The file may not exist yet (a pending job) and may be truncated (a requeue without --open-mode=append)."""
+    position = 0
+    handle: IO[str] | None = None
+    last_check = -check_every_s
+    try:
+        while True:
+            now = time.monotonic()
+            done = False
+            if now - last_check >= check_every_s:
+                done = is_finished()
+                last_check = now
+            if handle is None and path.exists():
+                handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open while following
+            if handle is not None:
+                if os.stat(path).st_size < position:
+                    handle.seek(0)
+                chunk = handle.read()
+                position = handle.tell()
+                if chunk:
+                    write(chunk)
+            if done:
+                return  # the file was read after the job was seen finished: nothing is lost
+            sleep(poll_s)
+    finally:
+        if handle is not None:
+            handle.close()

@@ -1,0 +1,171 @@
+"""What the cluster has: partitions and nodes (CPUs, memory, GPUs and shards, in total and in use).
+
+Parsing is pure (`parse_partitions`, `parse_nodes`, `parse_shard_use`); `query_cluster` runs
+`scontrol show partition -o`, `scontrol -d show node -o` and, only where this Slurm does not print shards in use
+per GPU (22.05), `scontrol -d show job -o` to count them from the running jobs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from hpctrain.cluster.commands import Runner, slurm
+from hpctrain.cluster.gres import even_split, job_shards_by_gpu, node_usage
+from hpctrain.cluster.records import field_groups, null, parse_duration, parse_int, parse_mem_mb, parse_records
+from hpctrain.distributed.hostlist import expand_hostlist
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    default: bool
+    max_time_s: int | None  # None: no limit
+    nodes: tuple[str, ...]
+    state: str  # UP, DOWN, DRAIN, INACTIVE
+    max_nodes: int | None = None  # per job; None: no limit
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str  # as Slurm says it, lower case: idle, mixed, allocated, down*, idle+drain, ...
+    partitions: tuple[str, ...]
+    cpus_total: int
+    cpus_alloc: int
+    mem_mb_total: int
+    mem_mb_alloc: int
+    gpu_type: str | None
+    gpus_total: int
+    gpus_used: int
+    shards_total: int
+    shards_used: int | None  # None when Slurm does not tell and no job list was available
+    shards_per_gpu: tuple[tuple[int, int], ...] | None  # (used, total) per GPU index
+
+    @property
+    def usable(self) -> bool:
+        """Can take new work now (not down, drained, failing or powered off)."""
+        bad = ("down", "drain", "fail", "maint", "future", "power", "inval", "reboot", "not_responding")
+        return not any(b in self.state for b in bad) and not self.state.endswith("*")
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    partitions: tuple[PartitionInfo, ...]
+    nodes: tuple[NodeInfo, ...]
+
+    def partition(self, name: str) -> PartitionInfo | None:
+        return next((p for p in self.partitions if p.name == name), None)
+
+    @property
+    def default_partition(self) -> PartitionInfo | None:
+        return next((p for p in self.partitions if p.default), None)
+
+    def nodes_in(self, partition: PartitionInfo) -> list[NodeInfo]:
+        names = set(partition.nodes)
+        return [n for n in self.nodes if n.name in names or partition.name in n.partitions]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for `--json` (tuples become lists)."""
+        return {
+            "partitions": [asdict(p) for p in self.partitions],
+            "nodes": [{**asdict(n), "usable": n.usable} for n in self.nodes],
+        }
+
+
+def _expand(nodes: str | None) -> tuple[str, ...]:
+    value = null(nodes)
+    if value is None:
+        return ()
+    try:
+        return tuple(expand_hostlist(value))
+    except ValueError:
+        return ()  # an odd list: nodes_in() falls back to each node's Partitions=
+
+
+def parse_partitions(text: str) -> list[PartitionInfo]:
+    """Output of `scontrol show partition -o`."""
+    out = []
+    for rec in parse_records(text):
+        if "PartitionName" not in rec:
+            continue
+        max_nodes = rec.get("MaxNodes", "UNLIMITED")
+        out.append(
+            PartitionInfo(
+                name=rec["PartitionName"],
+                default=rec.get("Default", "NO").upper() == "YES",
+                max_time_s=parse_duration(rec.get("MaxTime")),
+                nodes=_expand(rec.get("Nodes")),
+                state=rec.get("State", "UNKNOWN").upper(),
+                max_nodes=int(max_nodes) if max_nodes.isdigit() else None,
+            )
+        )
+    return out
+
+
+def parse_nodes(text: str) -> list[NodeInfo]:
+    """Output of `scontrol -d show node -o` (`-d` adds GresUsed=)."""
+    out = []
+    for rec in parse_records(text):
+        if "NodeName" not in rec:
+            continue
+        usage = node_usage(rec.get("Gres"), rec.get("GresUsed"))
+        cpus_total = parse_int(rec.get("CPUTot"))
+        out.append(
+            NodeInfo(
+                name=rec["NodeName"],
+                state=rec.get("State", "UNKNOWN").lower(),
+                partitions=tuple(p for p in (null(rec.get("Partitions")) or "").split(",") if p),
+                cpus_total=cpus_total,
+                cpus_alloc=parse_int(rec.get("CPUAlloc")),
+                mem_mb_total=parse_mem_mb(rec.get("RealMemory")) or 0,
+                mem_mb_alloc=parse_mem_mb(rec.get("AllocMem")) or 0,
+                gpu_type=usage.gpu_type,
+                gpus_total=usage.gpus_total,
+                gpus_used=usage.gpus_used,
+                shards_total=usage.shards_total,
+                shards_used=usage.shards_used,
+                shards_per_gpu=usage.shards_per_gpu,
+            )
+        )
+    return out
+
+
+def parse_shard_use(text: str) -> dict[str, dict[int, int]]:
+    """Shards held by running jobs, per node and GPU index, from `scontrol -d show job -o`."""
+    use: dict[str, dict[int, int]] = {}
+    for line in text.splitlines():
+        rec_state = next((r.get("JobState") for r in parse_records(line)), None)
+        if rec_state not in {"RUNNING", "COMPLETING", "SUSPENDED"}:
+            continue
+        for group in field_groups(line, "Nodes", ("CPU_IDs", "Mem", "GRES")):
+            by_gpu = job_shards_by_gpu(group.get("GRES"))
+            if not by_gpu:
+                continue
+            for node in _expand(group["Nodes"]):
+                per_node = use.setdefault(node, {})
+                for idx, count in by_gpu.items():
+                    per_node[idx] = per_node.get(idx, 0) + count
+    return use
+
+
+def fill_shard_use(nodes: list[NodeInfo], use: dict[str, dict[int, int]]) -> list[NodeInfo]:
+    """Nodes whose shards in use Slurm did not print, completed from the running jobs."""
+    out = []
+    for n in nodes:
+        if n.shards_total and n.shards_used is None:
+            by_gpu = use.get(n.name, {})
+            n = replace(n, shards_used=sum(by_gpu.values()), shards_per_gpu=even_split(n.shards_total, n.gpus_total, by_gpu))
+        out.append(n)
+    return out
+
+
+def query_cluster(run: Runner = subprocess.run) -> ClusterInfo:
+    """Ask the live cluster. Raises UserError when the Slurm client is missing or the controller is down."""
+    partitions = parse_partitions(slurm(["scontrol", "show", "partition", "-o"], run=run).stdout)
+    nodes = parse_nodes(slurm(["scontrol", "-d", "show", "node", "-o"], run=run).stdout)
+    if any(n.shards_total and n.shards_used is None for n in nodes):
+        jobs = slurm(["scontrol", "-d", "show", "job", "-o"], run=run).stdout
+        nodes = fill_shard_use(nodes, parse_shard_use(jobs))
+    return ClusterInfo(partitions=tuple(partitions), nodes=tuple(nodes))

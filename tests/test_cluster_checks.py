@@ -1,0 +1,150 @@
+"""check_job against the recorded local cluster (2 nodes x 2 CPUs, gpu:2, shard:128; debug and short=30 min)
+and a made-up mixed cluster for what the local one cannot show (typed GPUs, uneven nodes, a down partition)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cluster.checks import Requirements, check_job
+from hpctrain.cluster.query import ClusterInfo, NodeInfo, PartitionInfo, parse_nodes, parse_partitions
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+@pytest.fixture(scope="module")
+def local() -> ClusterInfo:
+    return ClusterInfo(
+        partitions=tuple(parse_partitions((DATA / "partitions_22.05.txt").read_text())),
+        nodes=tuple(parse_nodes((DATA / "nodes_22.05_busy.txt").read_text())),
+    )
+
+
+def req(**changes) -> Requirements:
+    base = Requirements(
+        partition=None, nodes=1, tasks_per_node=1, cpus_per_task=1, gpus_per_node=0, gpu_type=None,
+        shards_per_node=0, mem_mb_per_node=None, time_limit_s=None, paths=(),
+    )
+    return replace(base, **changes)
+
+
+def test_a_job_that_fits_has_no_problems(local: ClusterInfo, tmp_path: Path) -> None:
+    ok = req(partition="short", nodes=2, tasks_per_node=2, gpus_per_node=2, shards_per_node=0, mem_mb_per_node=4096,
+             time_limit_s=1800, paths=(str(tmp_path),))
+    assert check_job(ok, local) == []
+    assert check_job(req(shards_per_node=16), local) == []  # a busy cluster is no problem: the job waits
+
+
+def test_too_many_gpus_per_node(local: ClusterInfo) -> None:
+    assert check_job(req(gpus_per_node=8, tasks_per_node=8), local) == [
+        "--gpus-per-node 8: no node in partition debug has more than 2 GPU(s); ask for at most 2 per node and use "
+        "more nodes (--nodes)",
+        "--nproc-per-node 8 x --cpus-per-task 1 = 8 CPUs per node: no node in partition debug has more than 2; "
+        "lower --cpus-per-task or --nproc-per-node, and use more nodes (--nodes)",
+    ]
+
+
+def test_too_many_nodes(local: ClusterInfo) -> None:
+    problems = check_job(req(nodes=3), local)
+    assert problems == [
+        "--nodes 3: partition debug has only 2 node(s); ask for at most 2 (--nodes 2) and more processes per node, "
+        "or choose a bigger partition"
+    ]
+
+
+def test_time_above_partition_limit(local: ClusterInfo) -> None:
+    problems = check_job(req(partition="short", time_limit_s=3600), local)
+    assert problems == [
+        "--time 01:00:00: partition short allows at most 00:30:00; ask for --time 00:30:00 or less (checkpoint and "
+        "resubmit to go on), or use a partition that allows it: debug (no limit)"
+    ]
+    assert check_job(req(partition="debug", time_limit_s=10 * 86400), local) == []
+
+
+def test_unknown_partition_lists_the_real_ones(local: ClusterInfo) -> None:
+    assert check_job(req(partition="gpu-large"), local) == [
+        "--partition gpu-large: no such partition; choose one of: debug, short"
+    ]
+
+
+def test_processes_must_match_gpus(local: ClusterInfo) -> None:
+    assert check_job(req(gpus_per_node=2, tasks_per_node=1), local) == [
+        "--nproc-per-node 1 with --gpus-per-node 2: run one process per GPU (--nproc-per-node 2) or ask for 1 GPU(s) "
+        "per node (--gpus-per-node 1)"
+    ]
+
+
+def test_shards_memory_and_missing_paths(local: ClusterInfo, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-dataset")
+    problems = check_job(req(shards_per_node=200, mem_mb_per_node=64 * 1024, paths=(str(tmp_path), missing)), local)
+    assert problems == [
+        "--gres shard:200: no node in partition debug has more than 128 shards; ask for at most shard:128",
+        "--mem 64G: no node in partition debug has more than 9642M of memory; ask for --mem 9642M or less per node",
+        f"{missing}: not found; the job reads it, so create it (e.g. `hpctrain download` for a dataset) or fix the path",
+    ]
+
+
+def _node(name: str, cpus: int, gpus: int, gpu_type: str | None, mem_mb: int, partitions=("mixed",)) -> NodeInfo:
+    return NodeInfo(
+        name=name, state="idle", partitions=partitions, cpus_total=cpus, cpus_alloc=0, mem_mb_total=mem_mb,
+        mem_mb_alloc=0, gpu_type=gpu_type, gpus_total=gpus, gpus_used=0, shards_total=0, shards_used=0,
+        shards_per_gpu=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def mixed() -> ClusterInfo:
+    nodes = (
+        _node("a1", 64, 8, "a100", 512_000),
+        _node("v1", 32, 4, "v100", 256_000),
+        _node("v2", 32, 4, "v100", 256_000),
+        _node("c1", 128, 0, None, 1_000_000),
+    )
+    parts = (
+        PartitionInfo("mixed", True, None, ("a1", "v1", "v2", "c1"), "UP"),
+        PartitionInfo("closed", False, None, ("c1",), "DOWN"),
+    )
+    return ClusterInfo(partitions=parts, nodes=nodes)
+
+
+def test_gpu_type_missing_lists_the_types(mixed: ClusterInfo) -> None:
+    assert check_job(req(gpus_per_node=2, tasks_per_node=2, gpu_type="h100"), mixed) == [
+        "GPU type h100: no node in partition mixed has it; use one of its types (a100, v100) or leave the type out "
+        "(--gpus-per-node 2)"
+    ]
+
+
+def test_typed_gpus_counted_per_type(mixed: ClusterInfo) -> None:
+    assert check_job(req(gpus_per_node=8, tasks_per_node=8, gpu_type="a100"), mixed) == []
+    assert check_job(req(gpus_per_node=8, tasks_per_node=8, gpu_type="v100"), mixed) == [
+        "--gpus-per-node 8: no node in partition mixed has more than 4 v100 GPU(s); ask for at most 4 per node and "
+        "use more nodes (--nodes)"
+    ]
+
+
+def test_resources_must_be_on_the_same_nodes(mixed: ClusterInfo) -> None:
+    # 8 GPUs exist (a1) and 100 CPUs exist (c1), but not on one node.
+    assert check_job(req(gpus_per_node=8, tasks_per_node=8, cpus_per_task=12), mixed) == [
+        "no single node in partition mixed has all of 96 CPUs, 8 GPU(s) per node; ask for less per node and use "
+        "more nodes (--nodes)"
+    ]
+    # 4 GPUs per node: three nodes can, four cannot.
+    assert check_job(req(nodes=4, gpus_per_node=4, tasks_per_node=4), mixed) == [
+        "--nodes 4: only 3 node(s) in partition mixed can hold 4 CPUs, 4 GPU(s) each (a1, v1, v2); ask for --nodes 3 "
+        "or less per node"
+    ]
+
+
+def test_down_partition(mixed: ClusterInfo) -> None:
+    assert check_job(req(partition="closed"), mixed) == [
+        "--partition closed: the partition is DOWN and starts no jobs; choose one that is up: mixed"
+    ]
+
+
+def test_no_default_partition(mixed: ClusterInfo) -> None:
+    no_default = ClusterInfo(partitions=tuple(replace(p, default=False) for p in mixed.partitions), nodes=mixed.nodes)
+    assert check_job(req(), no_default) == [
+        "the cluster has no default partition: choose one with --partition (closed, mixed)"
+    ]

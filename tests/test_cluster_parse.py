@@ -1,0 +1,134 @@
+"""scontrol records, durations and the cluster view, from Slurm 22.05 output recorded on the local cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cluster.commands import slurm
+from hpctrain.cluster.query import ClusterInfo, fill_shard_use, parse_nodes, parse_partitions, parse_shard_use
+from hpctrain.cluster.records import format_duration, parse_duration, parse_mem_mb, parse_record
+from hpctrain.errors import UserError
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def test_record_values_may_contain_spaces_and_equals() -> None:
+    rec = parse_record(
+        "NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=9642 CPUs/Task=1 AllocNode:Sid=host:33 TRES=cpu=1,node=1 Power= X=1"
+    )
+    assert rec["OS"] == "Linux 6.1 #1 SMP"
+    assert rec["CPUs/Task"] == "1"
+    assert rec["AllocNode:Sid"] == "host:33"
+    assert rec["TRES"] == "cpu=1,node=1"
+    assert rec["Power"] == ""
+    assert rec["X"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("00:30:00", 1800),
+        ("30", 1800),
+        ("0:40", 40),
+        ("1-02:03:04", 93784),
+        ("2-12", 216000),
+        ("1-00:01", 86460),
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("N/A", None),
+    ],
+)
+def test_parse_duration(text: str, seconds: int | None) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_duration_round_trip_and_errors() -> None:
+    assert format_duration(93784) == "1-02:03:04"
+    assert format_duration(1800) == "00:30:00"
+    assert format_duration(None) == "UNLIMITED"
+    with pytest.raises(ValueError):
+        parse_duration("ten minutes")
+
+
+@pytest.mark.parametrize(("text", "mb"), [("9642", 9642), ("9642M", 9642), ("16G", 16384), ("UNLIMITED", None)])
+def test_parse_mem(text: str, mb: int | None) -> None:
+    assert parse_mem_mb(text) == mb
+
+
+def test_partitions_recorded() -> None:
+    parts = {p.name: p for p in parse_partitions(read("partitions_22.05.txt"))}
+    assert set(parts) == {"debug", "short"}
+    assert parts["debug"].default and not parts["short"].default
+    assert parts["debug"].max_time_s is None
+    assert parts["short"].max_time_s == 30 * 60
+    assert parts["short"].nodes == ("node1", "node2")
+    assert parts["debug"].state == "UP"
+
+
+def test_nodes_recorded_busy() -> None:
+    nodes = parse_nodes(read("nodes_22.05_busy.txt"))
+    assert [n.name for n in nodes] == ["node1", "node2"]
+    for n in nodes:
+        assert n.state == "allocated"
+        assert (n.cpus_total, n.cpus_alloc) == (2, 2)
+        assert n.mem_mb_total == 9642
+        assert n.partitions == ("debug", "short")
+        assert (n.gpus_total, n.gpus_used, n.shards_total, n.shards_used) == (2, 0, 128, 0)
+        assert n.usable
+
+
+def test_nodes_recorded_with_gpu_and_shard_jobs() -> None:
+    node1, node2 = parse_nodes(read("nodes_22.05_gpu_and_shards.txt"))
+    assert (node1.gpus_used, node2.gpus_used) == (1, 0)
+    assert node1.shards_used is None  # 22.05 says "1(IDX:0)": GPUs, not shards
+    assert node2.shards_used == 0
+
+
+def test_shards_in_use_come_from_the_running_jobs_on_22_05() -> None:
+    nodes = parse_nodes(read("nodes_22.05_typed_shards.txt"))
+    assert [n.gpu_type for n in nodes] == ["Quadro_RTX_4000", "Quadro_RTX_4000"]
+    use = parse_shard_use(read("jobs_22.05_typed_shards.txt"))
+    assert use == {"t1": {0: 56}}  # shard:16 and shard:40 on GPU 0; the gpu:1 job on t2 holds no shards
+    t1, t2 = fill_shard_use(nodes, use)
+    assert t1.shards_used == 56
+    assert t1.shards_per_gpu == ((56, 64), (0, 64))
+    assert (t2.shards_used, t2.gpus_used) == (0, 1)
+
+
+def test_cluster_info_lookups_and_json() -> None:
+    info = ClusterInfo(
+        partitions=tuple(parse_partitions(read("partitions_22.05.txt"))),
+        nodes=tuple(parse_nodes(read("nodes_22.05_busy.txt"))),
+    )
+    assert info.default_partition is not None and info.default_partition.name == "debug"
+    assert info.partition("nope") is None
+    short = info.partition("short")
+    assert short is not None and [n.name for n in info.nodes_in(short)] == ["node1", "node2"]
+    data = json.loads(json.dumps(info.to_dict()))
+    assert data["nodes"][0]["shards_per_gpu"] == [[0, 64], [0, 64]]
+    assert data["partitions"][1] == {
+        "name": "short", "default": False, "max_time_s": 1800, "nodes": ["node1", "node2"], "state": "UP", "max_nodes": None
+    }
+
+
+def test_missing_slurm_client_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # a real lookup that finds no scontrol
+    with pytest.raises(UserError, match="scontrol.*not found.*Slurm client commands"):
+        slurm(["scontrol", "show", "node", "-o"])
+
+
+def test_failing_command_reports_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "scontrol"  # stands in for a controller that is down (the local one must stay up for others)
+    fake.write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(UserError, match="could not reach the Slurm controller.*scontrol ping"):
+        slurm(["scontrol", "show", "node", "-o"])
