@@ -109,8 +109,9 @@ def _train(run: Run) -> RunResult:
     control = _control_group(run)
 
     metrics = progress = None
+    hosts = _all_hostnames(run.env)  # a collective: every rank must take part, not only the main one
     if run.is_main:
-        _write_run_files(run)
+        _write_run_files(run, hosts)
         metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
         progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss)
         where = f"{run.env.world_size} process(es), {run.strategy}, {device.type}"
@@ -291,14 +292,14 @@ def _check_resumable(cfg: TrainConfig, state: dict[str, Any]) -> None:
                         + ". Pass the same values as the original run, or start a new --run-dir")
 
 
-def _write_run_files(run: Run) -> None:
+def _write_run_files(run: Run, hosts: list[str]) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {**run.cfg.to_dict(), "resolved": {"strategy": run.strategy, "device": str(run.device),
                                                 "world_size": run.env.world_size, "launcher": run.env.launcher}}
     tmp = run.run_dir / (CONFIG_FILE + ".tmp")
     tmp.write_text(yaml.safe_dump(config, sort_keys=False))
     tmp.replace(run.run_dir / CONFIG_FILE)
-    record_attempt(run.run_dir, _all_hostnames(run.env), {"launcher": run.env.launcher,
+    record_attempt(run.run_dir, hosts, {"launcher": run.env.launcher,
                                                           "world_size": run.env.world_size})
 
 
