@@ -236,8 +236,8 @@ ERRORS = [
         None,
         "MASTER_PORT is not set but this is rank 1 of 2",
     ),
-    ("world size alone", {"WORLD_SIZE": "4"}, None, "set all four"),
-    ("rank alone", {"RANK": "3"}, None, "set all four"),
+    ("world size alone", {"WORLD_SIZE": "4"}, None, "WORLD_SIZE=4 is set but RANK is not"),
+    ("rank alone", {"RANK": "3"}, None, "RANK=3 is set but WORLD_SIZE is not"),
     (
         "local rank without local world size",
         {k: v for k, v in torchrun_worker(1).items() if k != "LOCAL_WORLD_SIZE"},

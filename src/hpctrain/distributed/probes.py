@@ -275,9 +275,10 @@ class SingleProcessProbe:
         world_size = v.int("WORLD_SIZE", minimum=1)
         rank = v.int("RANK")
         if (world_size or 1) > 1 or (rank or 0) > 0:
+            present, absent = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
             raise UserError(
-                f"WORLD_SIZE={v.str('WORLD_SIZE')} / RANK={v.str('RANK')} are set but not both (with MASTER_ADDR "
-                "and MASTER_PORT): set all four for a multi-process job, or unset them to run one process"
+                f"{present}={v.str(present)} is set but {absent} is not: a multi-process job needs RANK, "
+                f"WORLD_SIZE, MASTER_ADDR and MASTER_PORT; set all four, or unset {present} to run one process"
             )
         return DistEnv("none", 0, 1, 0, 1, 0, 1, None, None, None)
 

@@ -1,0 +1,176 @@
+"""`hpctrain env [--json]`: what a bug report needs: versions, GPUs, and what hpctrain.distributed detects here.
+
+Always prints everything it can: a missing package or an inconsistent launcher environment is shown in
+its place, not raised, so `srun hpctrain env` shows each task's view even when training would refuse to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+# Variables that decide detection; echoed so a report shows what the launcher really set.
+_LAUNCHER_VARS = (
+    "HPCTRAIN_LAUNCHER", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NPROC_PER_NODE", "PET_NNODES",
+    "PET_NODE_RANK", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+    "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--dist-init-method",
+        metavar="METHOD",
+        default=None,
+        help="show detection as training would do it with this override (env, slurm, tcp://HOST:PORT, file:///PATH)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect(args.dist_init_method)
+    print(json.dumps(info, indent=2) if args.json else render(info))
+    return 0
+
+
+def collect(init_method: str | None = None) -> dict[str, Any]:
+    """Gather the report; each probe that can fail records its error instead of raising."""
+    import torch
+
+    from hpctrain import __version__
+
+    info: dict[str, Any] = {
+        "hpctrain": __version__,
+        "python": f"{platform.python_version()} ({platform.python_implementation()}) {sys.executable}",
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "torch": torch.__version__,
+        "torch_cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": _cudnn_version(torch),
+        "nccl": _nccl_version(torch),
+        "torchvision": _package_version("torchvision"),
+        "tensorboard": _package_version("tensorboard"),
+        "slurm": _slurm_version(),
+        "gpus": _gpus(torch),
+        "launcher_variables": {name: os.environ[name] for name in _LAUNCHER_VARS if name in os.environ},
+    }
+    info.update(_distributed(init_method))
+    return info
+
+
+def render(info: dict[str, Any]) -> str:
+    """Plain `key: value` lines: they paste cleanly into an issue or a terminal-less log."""
+    shown = lambda value: "not available" if value is None else str(value)  # noqa: E731
+    lines = [
+        f"hpctrain:     {info['hpctrain']}",
+        f"Python:       {info['python']}",
+        f"platform:     {info['platform']}",
+        f"hostname:     {info['hostname']}",
+        f"torch:        {info['torch']}",
+        f"CUDA (build): {shown(info['torch_cuda_build'])}, available here: {'yes' if info['cuda_available'] else 'no'}",
+        f"cuDNN:        {shown(info['cudnn'])}",
+        f"NCCL:         {shown(info['nccl'])}",
+        f"torchvision:  {shown(info['torchvision'])}",
+        f"tensorboard:  {shown(info['tensorboard'])}",
+        f"Slurm client: {shown(info['slurm'])}",
+    ]
+    gpus = info["gpus"]
+    lines.append(f"GPUs visible: {len(gpus)}" + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
+                                                 if "CUDA_VISIBLE_DEVICES" in os.environ else ""))
+    lines += [f"  cuda:{g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}"
+              for g in gpus]
+    dist = info["distributed"]
+    lines.append("distributed:  " + (f"error: {dist['error']}" if "error" in dist else dist["summary"]))
+    if "error" not in dist:
+        lines.append(f"  device (auto): {info['device_auto']}")
+        for key in ("launcher", "rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes",
+                    "master_addr", "master_port", "init_method"):
+            lines.append(f"  {key}: {shown(dist[key])}")
+    if info["launcher_variables"]:
+        lines.append("launcher variables:")
+        lines += [f"  {name}={value}" for name, value in info["launcher_variables"].items()]
+    return "\n".join(lines)
+
+
+def _distributed(init_method: str | None) -> dict[str, Any]:
+    from hpctrain.distributed import detect, resolve_device
+    from hpctrain.errors import UserError
+
+    try:
+        env = detect(init_method=init_method)
+    except UserError as err:
+        return {"distributed": {"error": str(err)}, "device_auto": None}
+    try:
+        device = str(resolve_device("auto", env))
+    except UserError as err:
+        device = f"error: {err}"
+    return {"distributed": {**dataclasses.asdict(env), "summary": env.describe()}, "device_auto": device}
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cudnn_version(torch: Any) -> str | None:
+    try:
+        number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # a broken cuDNN install must not stop the report
+        return None
+    if not number:
+        return None
+    # cuDNN 9 encodes major*10000 + minor*100 + patch; earlier versions major*1000 + minor*100 + patch.
+    major, rest = divmod(number, 10000 if number >= 90000 else 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def _nccl_version(torch: Any) -> str | None:
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_nccl_available()):
+            return None
+        version = torch.cuda.nccl.version()
+    except Exception:  # no NCCL in this build, or it cannot load
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _slurm_version() -> str | None:
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return None
+    try:
+        proc = subprocess.run([sinfo, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def _gpus(torch: Any) -> list[dict[str, Any]]:
+    if not torch.cuda.is_available():
+        return []
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append({
+            "index": index,
+            "name": props.name,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": f"{props.major}.{props.minor}",
+        })
+    return gpus
