@@ -1,0 +1,64 @@
+"""scripts/local-slurm.sh: lint, status, an idempotent `up` that leaves a running cluster alone, usage errors.
+`down` is not run here: other tests of the same session share the cluster."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm.sh"
+
+
+def script(*args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    prefix = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run([*prefix, "bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_shellcheck_clean() -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck is not installed: apt-get install shellcheck")
+    result = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_usage_error() -> None:
+    result = script("sideways")
+    assert result.returncode == 2
+    assert "usage:" in result.stderr and "up|down|status" in result.stderr
+
+
+def _pids(name: str) -> set[str]:
+    return set(subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split())
+
+
+@pytest.mark.slurm
+def test_status_and_idempotent_up(slurm_cluster) -> None:
+    status = script("status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "debug*" in status.stdout and "short" in status.stdout
+
+    before = (_pids("slurmctld"), _pids("slurmd"), _pids("munged"))
+    up = script("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "already up" in up.stdout
+    assert (_pids("slurmctld"), _pids("slurmd"), _pids("munged")) == before  # nothing was restarted
+
+    # The daemons must not hold the script's lock (a second `up` once waited for it until it gave up).
+    lock = next(line.split("=", 1)[1] for line in SCRIPT.read_text().splitlines() if line.startswith("LOCK_FILE="))
+    for pid in set().union(*before):
+        fds = Path(f"/proc/{pid}/fd")
+        targets = {str(p.readlink()) for p in fds.iterdir()} if fds.exists() else set()
+        assert lock not in targets, pid
+
+
+@pytest.mark.slurm
+def test_up_and_down_need_root(slurm_cluster) -> None:
+    if shutil.which("runuser") is None:
+        pytest.fail("runuser (util-linux) is missing")
+    for cmd in ("up", "down"):
+        result = script(cmd, user="nobody")
+        assert result.returncode == 1
+        assert f"'{cmd}' must run as root" in result.stderr

@@ -1,0 +1,136 @@
+"""Jobs from recorded scontrol/squeue output, sacct's format, exit codes, output file lookup and following."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpctrain.cluster.jobs import (
+    JobInfo,
+    check_job_id,
+    parse_exit_code,
+    parse_sacct,
+    parse_scontrol_jobs,
+    parse_squeue,
+)
+from hpctrain.cluster.output import expand_pattern, follow, output_candidates
+from hpctrain.errors import UserError
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def test_scontrol_jobs_recorded() -> None:
+    jobs = {j.job_id: j for j in parse_scontrol_jobs((DATA / "jobs_22.05.txt").read_text())}
+    assert sorted(jobs) == ["4", "5", "6", "7", "8", "9"]
+    done = jobs["4"]
+    assert (done.state, done.exit_code, done.elapsed_s, done.nodes, done.restarts) == ("COMPLETED", 0, 40, "node1", 0)
+    assert done.stdout == "/home/alice/proj/slurm-4.out"
+    assert done.finished
+    failed = jobs["6"]
+    assert (failed.state, failed.exit_code, failed.reason) == ("FAILED", 143, "NonZeroExitCode")
+    running = jobs["7"]
+    assert (running.state, running.exit_code, running.nodes, running.num_nodes) == ("RUNNING", None, "node[1-2]", 2)
+    assert not running.finished
+    pending = jobs["8"]
+    assert (pending.state, pending.reason, pending.nodes, pending.time_limit_s) == ("PENDING", "Resources", None, 300)
+    weird = jobs["9"]
+    assert weird.name == "we|ird name"
+    assert weird.stdout == "/home/alice/proj/out-9-we|ird name.txt"  # expanded by Slurm, spaces kept
+
+
+def test_squeue_recorded() -> None:
+    jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_22.05.txt").read_text())}
+    assert sorted(jobs) == ["4", "5", "6", "7", "8", "9"]
+    assert jobs["9"].name == "we|ird name"
+    assert (jobs["8"].state, jobs["8"].reason, jobs["8"].num_nodes) == ("PENDING", "Resources", 2)
+    assert (jobs["7"].state, jobs["7"].nodes) == ("RUNNING", "node[1-2]")
+    assert jobs["4"].elapsed_s == 40
+    assert all(j.source == "squeue" and j.stdout is None for j in jobs.values())
+
+
+def test_sacct_format() -> None:
+    # sacct --parsable2 rows (no accounting on the local cluster: written in sacct's documented format)
+    text = (
+        "812|train|a|COMPLETED|None|node[1-2]|2|75|0:0|debug|alice|2026-01-01T10:00:00|2026-01-01T10:00:01|"
+        "2026-01-01T10:01:16|/home/alice\n"
+        "813|hpctrain|CANCELLED by 1000|None|node1|1|9|0:15|debug|alice|2026-01-01T10:00:00|2026-01-01T10:00:01|"
+        "2026-01-01T10:00:10|/home/alice\n"
+    )
+    first, second = parse_sacct(text)
+    assert (first.job_id, first.name, first.state, first.elapsed_s, first.exit_code) == ("812", "train|a", "COMPLETED", 75, 0)
+    assert (second.state, second.exit_code, second.source) == ("CANCELLED", 128 + 15, "sacct")
+
+
+@pytest.mark.parametrize(("text", "code"), [("0:0", 0), ("2:0", 2), ("0:9", 137), ("143:0", 143), ("", None)])
+def test_exit_codes(text: str, code: int | None) -> None:
+    assert parse_exit_code(text) == code
+
+
+@pytest.mark.parametrize("good", ["1234", "1234_7", "55+1"])
+def test_job_ids_accepted(good: str) -> None:
+    assert check_job_id(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "12;rm -rf /", "-1", "1 2"])
+def test_job_ids_rejected(bad: str) -> None:
+    with pytest.raises(UserError, match="not a Slurm job id"):
+        check_job_id(bad)
+
+
+def test_expand_pattern() -> None:
+    assert expand_pattern("logs/%x-%j.%%.out", "42", name="mnist") == "logs/mnist-42.%.out"
+    assert expand_pattern("out-%N.txt", "42") == "out-%N.txt"  # per-node patterns are left alone
+
+
+def test_output_candidates_for_a_forgotten_job(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "mnist-77"
+    run.mkdir(parents=True)
+    (run / "job.yaml").write_text(yaml.safe_dump({"name": "mnist", "output": "logs/%x-%j.out", "error": "logs/%j.err"}))
+    assert output_candidates("77", None, base=tmp_path) == [tmp_path / "logs/mnist-77.out", tmp_path / "slurm-77.out"]
+    assert output_candidates("77", None, "stderr", base=tmp_path)[0] == tmp_path / "logs/77.err"
+    # While the controller knows the job, its own (expanded) path comes first.
+    known = JobInfo(job_id="77", name="mnist", state="RUNNING", stdout="/scratch/o-77.txt", work_dir=str(tmp_path))
+    assert output_candidates("77", known, base=tmp_path)[0] == Path("/scratch/o-77.txt")
+
+
+def test_follow_reads_until_finished_and_catches_the_tail(tmp_path: Path) -> None:
+    path = tmp_path / "job.out"  # does not exist yet, like a pending job's output
+    finished = threading.Event()
+    got: list[str] = []
+
+    def writer() -> None:
+        time.sleep(0.2)
+        with open(path, "w") as f:
+            for i in range(5):
+                f.write(f"line {i}\n")
+                f.flush()
+                time.sleep(0.05)
+        with open(path, "a") as f:
+            f.write("last line\n")  # written just before the job counts as finished
+        finished.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    follow(path, got.append, finished.is_set, poll_s=0.02, check_every_s=0.05)
+    thread.join()
+    assert "".join(got) == "".join(f"line {i}\n" for i in range(5)) + "last line\n"
+
+
+def test_follow_restarts_after_truncation(tmp_path: Path) -> None:
+    path = tmp_path / "job.out"
+    path.write_text("first attempt, a long line\n")
+    got: list[str] = []
+    calls = {"n": 0}
+
+    def finished() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            path.write_text("second\n")  # a requeue that truncates the file
+        return calls["n"] >= 3
+
+    follow(path, got.append, finished, poll_s=0.0, check_every_s=0.0)
+    assert "".join(got) == "first attempt, a long line\nsecond\n"
