@@ -188,6 +188,13 @@ CASES = [
         dict(world_size=1, init_method=None),
     ),
     ("auto is the default", torchrun_worker(0), "auto", dict(launcher="torchrun", rank=0)),
+    (
+        "torchrun variables set per srun task",
+        {**srun_task(3), "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+         "MASTER_ADDR": "gpu-a01", "MASTER_PORT": "29500"},
+        None,
+        dict(launcher="torchrun", rank=3, node_rank=1, num_nodes=2),
+    ),
 ]
 
 
@@ -250,6 +257,13 @@ ERRORS = [
         {**srun_task(1, ntasks=2, per_node="1(x2)"), **torchrun_worker(0, nproc=2, nnodes=1)},
         None,
         "separate worlds",
+    ),
+    (
+        "torchrun variables exported in the batch script",
+        {**srun_task(3), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+         "MASTER_ADDR": "gpu-a01", "MASTER_PORT": "29500"},
+        None,
+        "RANK=0 but this srun task is SLURM_PROCID=3",
     ),
     (
         "slurm counts that disagree",

@@ -102,6 +102,7 @@ class TorchrunProbe:
             return None
         env = _torchrun_style(v, "torchrun")
         _check_torchrun_under_srun(v)
+        _check_exported_in_batch_script(v, env)
         return env
 
 
@@ -120,6 +121,20 @@ def _check_torchrun_under_srun(v: Vars) -> None:
         "--rdzv-endpoint=HEAD_NODE:29500 instead of --standalone, or drop torchrun and let srun start one task "
         "per GPU"
     )
+
+
+def _check_exported_in_batch_script(v: Vars, env: DistEnv) -> None:
+    """`export RANK=$SLURM_PROCID` in the batch script gives every srun task the batch shell's value (0)."""
+    if v.has("TORCHELASTIC_RUN_ID") or not v.has("SLURM_STEP_ID", "SLURM_PROCID"):
+        return
+    tasks = v.int("SLURM_STEP_NUM_TASKS") or v.int("SLURM_NTASKS")
+    procid = v.int("SLURM_PROCID")
+    if tasks == env.world_size and procid != env.rank:
+        raise UserError(
+            f"RANK={env.rank} but this srun task is SLURM_PROCID={procid}: RANK/LOCAL_RANK were probably exported "
+            "in the batch script, where they are the same for every task. Unset RANK, LOCAL_RANK and WORLD_SIZE "
+            "(hpctrain reads Slurm's own variables), or set them per task: srun bash -c 'RANK=$SLURM_PROCID ...'"
+        )
 
 
 def slurm_port(job_id: int, step_id: int = 0) -> int:
