@@ -70,9 +70,11 @@ def test_unknown_partition_lists_the_real_ones(local: ClusterInfo) -> None:
 
 
 def test_processes_must_match_gpus(local: ClusterInfo) -> None:
-    assert check_job(req(gpus_per_node=2, tasks_per_node=1), local) == [
-        "--nproc-per-node 1 with --gpus-per-node 2: run one process per GPU (--nproc-per-node 2) or ask for 1 GPU(s) "
-        "per node (--gpus-per-node 1)"
+    assert check_job(req(gpus_per_node=2, tasks_per_node=2, partition="short"), local) == []
+    assert check_job(req(gpus_per_node=2, tasks_per_node=1), local) == []  # one process, DataParallel
+    assert check_job(req(gpus_per_node=1, tasks_per_node=2), local) == [
+        "--nproc-per-node 2 with --gpus-per-node 1: run one process per GPU (--nproc-per-node 1), or ask for 2 GPU(s) "
+        "per node (--gpus-per-node 2), or run one process that drives all of them (--launcher single)"
     ]
 
 

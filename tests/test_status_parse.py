@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from hpctrain.cluster.jobs import (
     parse_sacct,
     parse_scontrol_jobs,
     parse_squeue,
+    wait_for_job,
 )
 from hpctrain.cluster.output import expand_pattern, follow, output_candidates
 from hpctrain.errors import UserError
@@ -134,3 +136,39 @@ def test_follow_restarts_after_truncation(tmp_path: Path) -> None:
 
     follow(path, got.append, finished, poll_s=0.0, check_every_s=0.0)
     assert "".join(got) == "first attempt, a long line\nsecond\n"
+
+
+class FakeSlurm:
+    """Stands in for scontrol/sacct in the unit tests of wait_for_job (the real path runs in test_status_slurm.py,
+    but a job outliving MinJobAge (5 min) is too slow to wait for there)."""
+
+    def __init__(self, scontrol_answers: list[str]) -> None:
+        self.answers = list(scontrol_answers)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        self.calls.append(argv)
+        if argv[0] == "sacct":
+            return subprocess.CompletedProcess(argv, 1, "", "sacct: error: Slurm accounting storage is disabled\n")
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if answer == "gone":
+            return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
+        return subprocess.CompletedProcess(argv, 0, answer, "")
+
+
+RUNNING_LINE = next(line for line in (DATA / "jobs_22.05.txt").read_text().splitlines() if line.startswith("JobId=7 "))
+
+
+def test_wait_for_job_when_the_controller_forgets_the_job() -> None:
+    fake = FakeSlurm([RUNNING_LINE, RUNNING_LINE, "gone"])
+    info = wait_for_job("7", poll_s=0, run=fake, sleep=lambda s: None)
+    assert (info.state, info.exit_code, info.source, info.finished) == ("GONE", None, "none", True)
+    assert info.nodes == "node[1-2]"  # what was last known is kept
+    assert [c[0] for c in fake.calls] == ["scontrol", "scontrol", "scontrol", "sacct"]
+
+
+def test_wait_for_unknown_job_and_timeout() -> None:
+    with pytest.raises(UserError, match="job 7 not found"):
+        wait_for_job("7", run=FakeSlurm(["gone"]), sleep=lambda s: None)
+    with pytest.raises(UserError, match="still RUNNING after 0 s"):
+        wait_for_job("7", timeout_s=0, run=FakeSlurm([RUNNING_LINE]), sleep=lambda s: None)

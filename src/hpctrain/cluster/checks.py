@@ -93,11 +93,12 @@ def _check_time(req: Requirements, partition: PartitionInfo, cluster: ClusterInf
 
 
 def _check_process_layout(req: Requirements) -> list[str]:
-    if req.gpus_per_node > 0 and req.tasks_per_node != req.gpus_per_node:
+    # One process per GPU (DDP), or a single process driving all of a node's GPUs (DataParallel).
+    if req.gpus_per_node > 0 and req.tasks_per_node not in (1, req.gpus_per_node):
         return [
             f"--nproc-per-node {req.tasks_per_node} with --gpus-per-node {req.gpus_per_node}: run one process per "
-            f"GPU (--nproc-per-node {req.gpus_per_node}) or ask for {req.tasks_per_node} GPU(s) per node "
-            f"(--gpus-per-node {req.tasks_per_node})"
+            f"GPU (--nproc-per-node {req.gpus_per_node}), or ask for {req.tasks_per_node} GPU(s) per node "
+            f"(--gpus-per-node {req.tasks_per_node}), or run one process that drives all of them (--launcher single)"
         ]
     return []
 
