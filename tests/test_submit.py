@@ -45,11 +45,11 @@ def test_dry_run_prints_command_and_script(fake_sbatch: Path, capsys) -> None:
 
 def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, capsys) -> None:
     code = main(["submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--nproc-per-node", "2",
-                 "train", "mnist", "--dataset", "fashion-mnist", "--epochs", "1"])
+                 "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--epochs", "1"])
     out = capsys.readouterr().out
     assert code == 0
     assert 'run_dir=runs/mnist-fashion-mnist-"${SLURM_JOB_ID}"' in out
-    assert "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 hpctrain train mnist --dataset fashion-mnist --epochs 1 &" in out
+    assert "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 hpctrain train mnist --recipe classic --dataset fashion-mnist --epochs 1 &" in out
 
 
 def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
@@ -90,6 +90,7 @@ def test_bad_job_files_exit_2_and_submit_nothing(fake_sbatch: Path, tmp_path: Pa
         ([], "no command"),
         (["train", "mnist", "--epochs", "0"], "--epochs must be at least 1"),
         (["train", "mnist", "--nproc", "2"], "use --nproc-per-node"),
+        (["train", "mnist", "--recipe", "nosuch"], "unknown --recipe 'nosuch'"),
         (["--image", "x.img", "--", "x"], "--env-kind apptainer or --env-kind pyxis"),
         (["--run-dir", "r", "train", "mnist"], "goes after the recipe"),
     ],
@@ -102,7 +103,7 @@ def test_bad_flags_exit_2_and_submit_nothing(fake_sbatch: Path, capsys, argv: li
 
 
 def test_recipe_without_its_dataset_is_refused(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
-    code = main(["submit", "--no-check", "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "empty")])
+    code = main(["submit", "--no-check", "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "empty")])
     assert code == 2
     assert "hpctrain download fashion-mnist" in capsys.readouterr().err
     assert not fake_sbatch.exists()
@@ -110,7 +111,7 @@ def test_recipe_without_its_dataset_is_refused(fake_sbatch: Path, tmp_path: Path
 
 def test_submit_records_script_and_description(fake_sbatch: Path, tmp_path: Path, fashion_data_dir: Path, capsys) -> None:
     code = main(["submit", "--no-check", "--nodes", "2", "--nproc-per-node", "2",
-                 "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--epochs", "1"])
+                 "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--epochs", "1"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.out == "777\n"

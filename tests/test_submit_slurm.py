@@ -173,7 +173,7 @@ def test_check_accepts_a_job_that_fits(slurm, tmp_path: Path) -> None:
 def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: Path, launcher: str) -> None:
     proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", "2", "--nproc-per-node", "2",
                     "--output", "job-%j.out", "--time", "10",
-                    "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
+                    "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
                     "--train-limit", "2000", "--test-limit", "500", "--epochs", "1", cwd=tmp_path)
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
