@@ -325,12 +325,13 @@ cmd_up() {
         /*) ;;
         *) die "HPCTRAIN_SLURM_DIR must be an absolute path: $dir" ;;
     esac
-    install_packages
 
-    # One 'up' or 'down' at a time; a second one waits for the first.
+    # One 'up' or 'down' at a time; a second one waits for the first (apt-get
+    # included: two installs at once would fight over dpkg's lock).
     mkdir -p "$(dirname "$LOCK_FILE")"
     exec 9>"$LOCK_FILE"
-    flock -w 300 9 || die "another local-slurm.sh is still running"
+    flock -w 600 9 || die "another local-slurm.sh held $LOCK_FILE for 10 minutes; is one stuck? (fuser -v $LOCK_FILE)"
+    install_packages
 
     local tmp_slurm tmp_gres
     tmp_slurm=$(mktemp)
@@ -406,7 +407,7 @@ cmd_down() {
     dir=$(state_dir)
     mkdir -p "$(dirname "$LOCK_FILE")"
     exec 9>"$LOCK_FILE"
-    flock -w 300 9 || die "another local-slurm.sh is still running"
+    flock -w 600 9 || die "another local-slurm.sh held $LOCK_FILE for 10 minutes; is one stuck? (fuser -v $LOCK_FILE)"
     if [ -d "$dir" ] || ctld_ok; then
         say "stopping slurm"
         stop_slurm "$dir"

@@ -36,15 +36,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"sent {args.signal.upper()} to job {before.job_id} ({target}; it was {before.state})")
         return 0
     deadline = time.monotonic() + max(0.0, args.wait)
-    after = before
     while True:
-        now = get_job(before.job_id)
-        if now is not None:
-            after = now
-        if now is None or after.finished or time.monotonic() >= deadline:
+        after = get_job(before.job_id)
+        if after is None or after.finished or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
-    if after.finished:
+    if after is None:
+        print(f"job {before.job_id}: {before.state} -> ended (Slurm no longer lists it)")
+    elif after.finished:
         print(f"job {before.job_id}: {before.state} -> {after.state}")
     else:
         print(f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its processes)")
