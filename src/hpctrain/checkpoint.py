@@ -222,19 +222,22 @@ def _prune(directory: str | Path, keep: int, newest_valid: Path | None) -> None:
 
 
 def _order_of(path: Path, match: re.Match) -> tuple[float, int, bool]:
-    """(saved at, step, is epoch-end) from the manifest; without one, the file's mtime and the name's number."""
+    """(saved at, step, is epoch-end): from the manifest where it says; else the file's mtime and the name."""
     is_epoch = match.group(1) == "epoch"
+    saved_at: float | None = None
+    step = int(match.group(2)) if not is_epoch else -1
     try:
         manifest = json.loads(_manifest_path(path).read_text())
-        return float(manifest["written_at"]), int(manifest["step"]), is_epoch
+        step = int(manifest["step"])
+        saved_at = float(manifest["written_at"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    # verify() rejects it anyway; it is listed so that a broken newest checkpoint gets reported.
-    return mtime, int(match.group(2)) if not is_epoch else -1, is_epoch
+        pass  # verify() rejects a checkpoint without a usable manifest; it is listed so that it gets reported
+    if saved_at is None:
+        try:
+            saved_at = path.stat().st_mtime
+        except OSError:
+            saved_at = 0.0
+    return saved_at, step, is_epoch
 
 
 def _manifest_path(path: Path) -> Path:
