@@ -80,9 +80,12 @@ def test_processes_must_match_gpus(local: ClusterInfo) -> None:
 
 def test_shards_memory_and_missing_paths(local: ClusterInfo, tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-dataset")
-    problems = check_job(req(shards_per_node=200, mem_mb_per_node=64 * 1024, paths=(str(tmp_path), missing)), local)
+    assert check_job(req(shards_per_node=64), local) == []
+    # 128 shards per node, but 64 per GPU, and one job's shards come from one GPU
+    problems = check_job(req(shards_per_node=100, mem_mb_per_node=64 * 1024, paths=(str(tmp_path), missing)), local)
     assert problems == [
-        "--gres shard:200: no node in partition debug has more than 128 shards; ask for at most shard:128",
+        "--gres shard:100: a job's shards on a node all come from one GPU, and no GPU in partition debug has more "
+        "than 64; ask for at most shard:64, or whole GPUs (--gpus-per-node)",
         "--mem 64G: no node in partition debug has more than 9642M of memory; ask for --mem 9642M or less per node",
         f"{missing}: not found; the job reads it, so create it (e.g. `hpctrain download` for a dataset) or fix the path",
     ]
@@ -136,6 +139,13 @@ def test_resources_must_be_on_the_same_nodes(mixed: ClusterInfo) -> None:
     assert check_job(req(nodes=4, gpus_per_node=4, tasks_per_node=4), mixed) == [
         "--nodes 4: only 3 node(s) in partition mixed can hold 4 CPUs, 4 GPU(s) each (a1, v1, v2); ask for --nodes 3 "
         "or less per node"
+    ]
+
+
+def test_shards_where_there_are_none(mixed: ClusterInfo) -> None:
+    assert check_job(req(shards_per_node=1), mixed) == [
+        "--gres shard:1: no node in partition mixed has shards; choose a partition whose GPUs are shared (shard GRES) "
+        "or ask for whole GPUs (--gpus-per-node)"
     ]
 
 

@@ -81,7 +81,10 @@ def test_check_job_against_the_live_cluster(slurm_cluster) -> None:
 
 def test_sbatch_agrees_with_the_checks(slurm_cluster, tmp_path: Path) -> None:
     """What check_job rejects, Slurm refuses too, or (a time above MaxTime) accepts and leaves pending forever."""
-    for args in (["--gres=gpu:3"], ["--nodes=3"], ["--partition=gpu"]):
+    info = query_cluster()
+    assert check_job(replace(BASE, shards_per_node=64), info) == []
+    assert check_job(replace(BASE, shards_per_node=65), info)[0].startswith("--gres shard:65: a job's shards")
+    for args in (["--gres=gpu:3"], ["--nodes=3"], ["--partition=gpu"], ["--gres=shard:65"]):
         result = subprocess.run(
             ["sbatch", "--parsable", "--test-only", *args, "--wrap", "true"], cwd=tmp_path, capture_output=True, text=True
         )

@@ -103,12 +103,22 @@ def _check_process_layout(req: Requirements) -> list[str]:
     return []
 
 
+def _shards_one_job(node: NodeInfo) -> int:
+    """The most shards one job can hold on the node: Slurm takes them from a single GPU (seen on 22.05 both with
+    shards bound to GPU files and with a plain `Name=shard Count=N`, which it splits evenly over the GPUs)."""
+    if node.shards_per_gpu:
+        return max(total for _, total in node.shards_per_gpu)
+    if node.gpus_total > 0 and node.shards_total % node.gpus_total == 0:
+        return node.shards_total // node.gpus_total
+    return node.shards_total
+
+
 def _fits(req: Requirements, node: NodeInfo) -> bool:
     return (
         node.cpus_total >= req.cpus_per_node
         and node.gpus_total >= req.gpus_per_node
         and (req.gpu_type is None or req.gpus_per_node == 0 or node.gpu_type == req.gpu_type)
-        and node.shards_total >= req.shards_per_node
+        and _shards_one_job(node) >= req.shards_per_node
         and (req.mem_mb_per_node is None or node.mem_mb_total >= req.mem_mb_per_node)
     )
 
@@ -151,10 +161,18 @@ def _check_nodes(req: Requirements, partition: PartitionInfo, nodes: list[NodeIn
                 f"--gpus-per-node {req.gpus_per_node}: no node in {where} has more than {most}{kind} GPU(s); {fix}"
             )
     if req.shards_per_node > 0:
-        most = max(n.shards_total for n in nodes)
+        most = max(_shards_one_job(n) for n in nodes)
         if req.shards_per_node > most:
-            fix = f"ask for at most shard:{most}" if most else "choose a partition whose GPUs are shared (shard GRES)"
-            per_resource.append(f"--gres shard:{req.shards_per_node}: no node in {where} has more than {most} shards; {fix}")
+            if most:
+                per_resource.append(
+                    f"--gres shard:{req.shards_per_node}: a job's shards on a node all come from one GPU, and no GPU "
+                    f"in {where} has more than {most}; ask for at most shard:{most}, or whole GPUs (--gpus-per-node)"
+                )
+            else:
+                per_resource.append(
+                    f"--gres shard:{req.shards_per_node}: no node in {where} has shards; choose a partition whose "
+                    f"GPUs are shared (shard GRES) or ask for whole GPUs (--gpus-per-node)"
+                )
     most_cpus = max(n.cpus_total for n in nodes)
     if req.cpus_per_node > most_cpus:
         per_resource.append(
