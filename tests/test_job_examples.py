@@ -1,0 +1,40 @@
+"""The example job files in examples/jobs/ stay valid: each loads, renders with --dry-run, and passes shellcheck."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import main
+from hpctrain.launch.job import from_mapping, load_job_file
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "jobs").glob("*.[yt]*ml"))
+SIGNATURE = {
+    "conda": 'conda activate hpctrain',
+    "venv": 'source "$HOME"/venvs/hpctrain/bin/activate',
+    "apptainer": "apptainer exec --nv --bind /scratch:/scratch,/project/data:/data:ro --pwd /workspace pytorch.sif python",
+    "pyxis": "--container-image='nvcr.io#nvidia/pytorch:24.01-py3' --container-mounts=/lustre/project:/project",
+    "modules": "module load python/3.11 pytorch/2.4",
+}
+
+
+def test_every_environment_kind_has_an_example() -> None:
+    kinds = {from_mapping(load_job_file(p)).environment.kind for p in EXAMPLES}
+    assert kinds == set(SIGNATURE)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_renders(path: Path, capsys, tmp_path: Path) -> None:
+    assert main(["submit", "--dry-run", "--job-file", str(path)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    script = out.split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0]
+    kind = from_mapping(load_job_file(path)).environment.kind
+    assert SIGNATURE[kind] in script
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck is not installed: apt-get install shellcheck")
+    (tmp_path / "job.sbatch").write_text(script)
+    proc = subprocess.run(["shellcheck", str(tmp_path / "job.sbatch")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
