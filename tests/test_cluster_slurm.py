@@ -80,15 +80,28 @@ def test_check_job_against_the_live_cluster(slurm_cluster) -> None:
 
 
 def test_sbatch_agrees_with_the_checks(slurm_cluster, tmp_path: Path) -> None:
-    """What check_job rejects, Slurm refuses too, or (a time above MaxTime) accepts and leaves pending forever."""
+    """What check_job rejects, Slurm refuses too, and what it accepts at the limits, Slurm accepts; a time above
+    MaxTime is the exception: Slurm takes the job and leaves it pending for ever, which is why it is checked."""
     info = query_cluster()
-    assert check_job(replace(BASE, shards_per_node=64), info) == []
-    assert check_job(replace(BASE, shards_per_node=65), info)[0].startswith("--gres shard:65: a job's shards")
-    for args in (["--gres=gpu:3"], ["--nodes=3"], ["--partition=gpu"], ["--gres=shard:65"]):
+    mem = max(n.mem_mb_total for n in info.nodes)
+    cpus = max(n.cpus_total for n in info.nodes)
+    cases = [  # (requirements, sbatch options, fits)
+        (replace(BASE, gpus_per_node=3, tasks_per_node=1), ["--gres=gpu:3"], False),
+        (replace(BASE, nodes=3), ["--nodes=3"], False),
+        (replace(BASE, partition="gpu"), ["--partition=gpu"], False),
+        (replace(BASE, shards_per_node=65), ["--gres=shard:65"], False),
+        (replace(BASE, mem_mb_per_node=mem + 1), [f"--mem={mem + 1}"], False),
+        (replace(BASE, tasks_per_node=cpus + 1), [f"--ntasks-per-node={cpus + 1}"], False),
+        (replace(BASE, cpus_per_task=cpus + 1), [f"--cpus-per-task={cpus + 1}"], False),
+        (replace(BASE, shards_per_node=64, mem_mb_per_node=mem), ["--gres=shard:64", f"--mem={mem}"], True),
+        (replace(BASE, nodes=2, tasks_per_node=2, gpus_per_node=2), ["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"], True),
+    ]
+    for req, args, fits in cases:
+        assert (check_job(req, info) == []) == fits, (args, check_job(req, info))
         result = subprocess.run(
             ["sbatch", "--parsable", "--test-only", *args, "--wrap", "true"], cwd=tmp_path, capture_output=True, text=True
         )
-        assert result.returncode != 0, (args, result.stdout)
+        assert (result.returncode == 0) == fits, (args, result.stderr)
     job = slurm_cluster.sbatch("--partition=short", "--time=00:45:00", "-o", "out-%j", "--wrap", "true", cwd=tmp_path)
     try:
         deadline = time.monotonic() + 60

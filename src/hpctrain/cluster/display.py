@@ -81,7 +81,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
             j.job_id,
             j.name,
             j.state,
-            j.reason or "" if j.pending else "",
+            j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
             nodes,
             "" if j.elapsed_s is None else format_duration(j.elapsed_s),
             str(j.restarts),
