@@ -83,6 +83,7 @@ def check_world(results: list[dict], launcher: str, init_method: str) -> None:
         assert r["env"]["init_method"] == init_method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["torchrun", "kubeflow"])
 def test_two_processes_meet_via_env(tmp_path: Path, style: str) -> None:
     port = str(free_port())
@@ -95,10 +96,18 @@ def test_two_processes_meet_via_env(tmp_path: Path, style: str) -> None:
     check_world(run_workers(tmp_path, environs), style, "env://")
 
 
+@pytest.mark.slow
 def test_two_processes_meet_via_file(tmp_path: Path) -> None:
     url = (tmp_path / "rendezvous").as_uri()
     environs = [{"RANK": str(rank), "WORLD_SIZE": "2"} for rank in range(2)]  # no MASTER_*: the file is the meeting point
     check_world(run_workers(tmp_path, environs, url), "kubeflow", url)
+
+
+@pytest.mark.slow
+def test_two_processes_meet_via_tcp_override(tmp_path: Path) -> None:
+    url = f"tcp://127.0.0.1:{free_port()}"
+    environs = [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"} for r in range(2)]
+    check_world(run_workers(tmp_path, environs, url), "torchrun", url)
 
 
 def env_for(rank: int, addr: str, port: int) -> DistEnv:

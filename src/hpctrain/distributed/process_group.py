@@ -137,6 +137,8 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 60
     url = rendezvous_url(env)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
+        if device.index is None:  # plain "cuda": this rank's GPU, as resolve_device would pick it
+            device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
     try:
         dist.init_process_group(
