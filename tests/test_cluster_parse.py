@@ -132,3 +132,18 @@ def test_failing_command_reports_stderr(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(UserError, match="could not reach the Slurm controller.*scontrol ping"):
         slurm(["scontrol", "show", "node", "-o"])
+
+
+def test_cluster_commands_do_not_import_torch() -> None:
+    """status/logs/cancel/cluster must start fast on a login node: no torch, no numpy."""
+    import subprocess
+    import sys
+
+    modules = [
+        "hpctrain.cli.status", "hpctrain.cli.logs", "hpctrain.cli.cancel", "hpctrain.cli.cluster",
+        "hpctrain.cluster.checks", "hpctrain.cluster.jobs", "hpctrain.cluster.query", "hpctrain.cluster.output",
+        "hpctrain.cluster.display",
+    ]
+    code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
