@@ -108,6 +108,13 @@ CASES = [
         dict(launcher="slurm", world_size=1, init_method=None),
     ),
     (
+        "single task of a 4-task job needs no rendezvous",
+        srun_task(0, ntasks=1, per_node="1", nodes=1, SLURM_NTASKS="4", SLURM_STEP_ID="interactive",
+                  SLURM_STEP_NODELIST="gpu-a[01-"),  # nothing about the rendezvous is needed or parsed
+        None,
+        dict(launcher="slurm", world_size=1, init_method=None, master_port=None),
+    ),
+    (
         "srun without step counts falls back to the job's",
         {k: v for k, v in srun_task(1).items() if not k.startswith("SLURM_STEP_") or k == "SLURM_STEP_ID"},
         None,

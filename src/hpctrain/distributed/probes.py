@@ -44,7 +44,7 @@ def _rendezvous(world_size: int) -> str | None:
 
 def _torchrun_style(v: Vars, launcher: str) -> DistEnv:
     """RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK, as torchrun and our spawner set them."""
-    why = f"{launcher} sets it for every worker"
+    why = "--dist-init-method env reads it" if launcher == "explicit" else f"{launcher} sets it for every worker"
     world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
     rank = v.required_int("RANK", why=why)
     local_rank = v.required_int("LOCAL_RANK", why=why)
@@ -189,13 +189,13 @@ class SlurmProbe:
             raise UserError(
                 f"SLURM_NODEID={node_rank} is outside 0..{num_nodes - 1} ({nodes_var}={num_nodes}); launch with srun"
             )
-        master_addr = v.str("MASTER_ADDR")
-        if master_addr is None:
-            master_addr = _head_node(v)
-        master_port = v.port("MASTER_PORT")
-        if master_port is None:
-            job_id = v.required_int("SLURM_JOB_ID", why="hpctrain derives the rendezvous port from it")
-            master_port = slurm_port(job_id, v.int("SLURM_STEP_ID") or v.int("SLURM_STEPID") or 0)
+        master_addr, master_port = v.str("MASTER_ADDR"), v.port("MASTER_PORT")
+        if world_size > 1:  # a single task needs no rendezvous (nor a parsable node list)
+            master_addr = master_addr or _head_node(v)
+            if master_port is None:
+                job_id = v.required_int("SLURM_JOB_ID", why="hpctrain derives the rendezvous port from it")
+                step = v.str("SLURM_STEP_ID") or v.str("SLURM_STEPID") or "0"
+                master_port = slurm_port(job_id, int(step) if step.isdigit() else 0)
         return DistEnv(
             launcher="slurm",
             rank=rank,
