@@ -121,3 +121,33 @@ def test_logs_of_a_job_slurm_forgot_come_from_the_submit_dir(slurm_cluster, tmp_
     assert status.returncode == 2 and f"job {gone} not found" in status.stderr
     missing = hpctrain("logs", "2147483645", cwd=tmp_path)
     assert missing.returncode == 2 and "no output file for job 2147483645" in missing.stderr
+
+
+def test_cancel_delivers_sigterm_to_the_jobs_python(slurm_cluster, tmp_path: Path) -> None:
+    """hpctrain's training loop checkpoints on SIGTERM; `hpctrain cancel` must deliver it to the job's processes
+    (here a python process started by the batch script, as with --launcher single)."""
+    (tmp_path / "stop.py").write_text(
+        "import signal, sys, time\n"
+        "def stop(signum, frame):\n"
+        "    print('got SIGTERM', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    job = slurm_cluster.sbatch("-J", "h4-term", "-o", "out-%j.txt", "--wrap", f"{sys.executable} stop.py", cwd=tmp_path)
+    try:
+        slurm_cluster.wait_state(job, {"RUNNING"})
+        out = tmp_path / f"out-{job}.txt"
+        deadline = time.monotonic() + 60
+        while "ready" not in (out.read_text() if out.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result = hpctrain("cancel", job)
+        assert result.stdout.strip() == f"job {job}: RUNNING -> CANCELLED", result.stderr
+        deadline = time.monotonic() + 15
+        while "got SIGTERM" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = out.read_text().splitlines()
+        assert lines[0] == "ready" and "got SIGTERM" in lines  # slurmstepd's CANCELLED line may come first
+    finally:
+        slurm_cluster.cancel_quietly(job)
