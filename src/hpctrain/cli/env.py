@@ -72,7 +72,10 @@ def collect(init_method: str | None = None) -> dict[str, Any]:
 
 def render(info: dict[str, Any]) -> str:
     """Plain `key: value` lines: they paste cleanly into an issue or a terminal-less log."""
-    shown = lambda value: "not available" if value is None else str(value)  # noqa: E731
+
+    def shown(value: Any) -> str:
+        return "not available" if value is None else str(value)
+
     lines = [
         f"hpctrain:     {info['hpctrain']}",
         f"Python:       {info['python']}",

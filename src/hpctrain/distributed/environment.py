@@ -113,13 +113,13 @@ class Vars:
     def has(self, *names: str) -> bool:
         return all(self.environ.get(name, "").strip() != "" for name in names)
 
-    def str(self, name: str) -> str | None:
+    def text(self, name: str) -> str | None:
         value = self.environ.get(name, "").strip()
         return value or None
 
-    def int(self, name: str, *, hint: str = "", minimum: int = 0) -> int | None:
+    def number(self, name: str, *, hint: str = "", minimum: int = 0) -> int | None:
         """The variable as an int >= minimum, or None when unset/empty."""
-        value = self.str(name)
+        value = self.text(name)
         if value is None:
             return None
         try:
@@ -134,13 +134,13 @@ class Vars:
         return number
 
     def required_int(self, name: str, *, why: str, minimum: int = 0) -> int:
-        number = self.int(name, hint=why, minimum=minimum)
+        number = self.number(name, hint=why, minimum=minimum)
         if number is None:
             raise UserError(f"{name} is not set but {why}; set {name} (or launch with torchrun or srun, which set it)")
         return number
 
     def port(self, name: str) -> int | None:
-        port = self.int(name, hint="a TCP port", minimum=1)
+        port = self.number(name, hint="a TCP port", minimum=1)
         if port is not None and port > 65535:
             raise UserError(f"{name}={port} is not a TCP port (1-65535); set {name} to a free port")
         return port

@@ -48,7 +48,7 @@ def _torchrun_style(v: Vars, launcher: str) -> DistEnv:
     world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
     rank = v.required_int("RANK", why=why)
     local_rank = v.required_int("LOCAL_RANK", why=why)
-    local_world_size = v.int("LOCAL_WORLD_SIZE", minimum=1)
+    local_world_size = v.number("LOCAL_WORLD_SIZE", minimum=1)
     if local_world_size is None:
         if world_size > 1:
             raise UserError(
@@ -56,10 +56,10 @@ def _torchrun_style(v: Vars, launcher: str) -> DistEnv:
                 "on this node (torchrun sets both)"
             )
         local_world_size = 1
-    node_rank = v.int("GROUP_RANK")
+    node_rank = v.number("GROUP_RANK")
     if node_rank is None:
         node_rank = rank // local_world_size
-    num_nodes = v.int("GROUP_WORLD_SIZE", minimum=1)
+    num_nodes = v.number("GROUP_WORLD_SIZE", minimum=1)
     if num_nodes is None:
         num_nodes = max(-(-world_size // local_world_size), node_rank + 1)
     return DistEnv(
@@ -70,7 +70,7 @@ def _torchrun_style(v: Vars, launcher: str) -> DistEnv:
         local_world_size=local_world_size,
         node_rank=node_rank,
         num_nodes=num_nodes,
-        master_addr=v.str("MASTER_ADDR"),
+        master_addr=v.text("MASTER_ADDR"),
         master_port=v.port("MASTER_PORT"),
         init_method=_rendezvous(world_size),
     )
@@ -83,7 +83,7 @@ class SpawnProbe:
 
     def detect(self, environ: Mapping[str, str]) -> DistEnv | None:
         v = Vars(environ)
-        marker = v.str("HPCTRAIN_LAUNCHER")
+        marker = v.text("HPCTRAIN_LAUNCHER")
         if marker is None:
             return None
         if marker != "spawn":
@@ -110,8 +110,8 @@ def _check_torchrun_under_srun(v: Vars) -> None:
     """srun -n4 torchrun --standalone ... makes four independent worlds that each train alone: refuse."""
     if not v.has("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"):
         return
-    agents = v.int("SLURM_STEP_NUM_TASKS") or v.int("SLURM_NTASKS")
-    groups = v.int("GROUP_WORLD_SIZE")
+    agents = v.number("SLURM_STEP_NUM_TASKS") or v.number("SLURM_NTASKS")
+    groups = v.number("GROUP_WORLD_SIZE")
     if agents is None or groups is None or groups >= agents:
         return
     raise UserError(
@@ -127,8 +127,8 @@ def _check_exported_in_batch_script(v: Vars, env: DistEnv) -> None:
     """`export RANK=$SLURM_PROCID` in the batch script gives every srun task the batch shell's value (0)."""
     if v.has("TORCHELASTIC_RUN_ID") or not v.has("SLURM_STEP_ID", "SLURM_PROCID"):
         return
-    tasks = v.int("SLURM_STEP_NUM_TASKS") or v.int("SLURM_NTASKS")
-    procid = v.int("SLURM_PROCID")
+    tasks = v.number("SLURM_STEP_NUM_TASKS") or v.number("SLURM_NTASKS")
+    procid = v.number("SLURM_PROCID")
     if tasks == env.world_size and procid != env.rank:
         raise UserError(
             f"RANK={env.rank} but this srun task is SLURM_PROCID={procid}: RANK/LOCAL_RANK were probably exported "
@@ -172,7 +172,7 @@ class SlurmProbe:
             counts = [world_size]  # no per-node counts: only consistent with a single node
         else:
             try:
-                counts = expand_tasks_per_node(v.str(counts_var) or "")
+                counts = expand_tasks_per_node(v.text(counts_var) or "")
             except ValueError as err:
                 raise UserError(f"{counts_var}: {err}; launch with srun, which sets it") from None
         nodes_var = next(
@@ -181,7 +181,7 @@ class SlurmProbe:
         num_nodes = v.required_int(nodes_var, why=why, minimum=1) if nodes_var else len(counts)
         if len(counts) != num_nodes or sum(counts) != world_size:
             raise UserError(
-                f"{counts_var or 'the task counts'}={v.str(counts_var or '') or counts} does not describe "
+                f"{counts_var or 'the task counts'}={v.text(counts_var or '') or counts} does not describe "
                 f"{world_size} tasks ({world_var}) on {num_nodes} node(s) ({nodes_var}): the Slurm variables "
                 "disagree (were some exported by hand, or inherited from another job?); unset them and launch with srun"
             )
@@ -189,12 +189,12 @@ class SlurmProbe:
             raise UserError(
                 f"SLURM_NODEID={node_rank} is outside 0..{num_nodes - 1} ({nodes_var}={num_nodes}); launch with srun"
             )
-        master_addr, master_port = v.str("MASTER_ADDR"), v.port("MASTER_PORT")
+        master_addr, master_port = v.text("MASTER_ADDR"), v.port("MASTER_PORT")
         if world_size > 1:  # a single task needs no rendezvous (nor a parsable node list)
             master_addr = master_addr or _head_node(v)
             if master_port is None:
                 job_id = v.required_int("SLURM_JOB_ID", why="hpctrain derives the rendezvous port from it")
-                step = v.str("SLURM_STEP_ID") or v.str("SLURM_STEPID") or "0"
+                step = v.text("SLURM_STEP_ID") or v.text("SLURM_STEPID") or "0"
                 master_port = slurm_port(job_id, int(step) if step.isdigit() else 0)
         return DistEnv(
             launcher="slurm",
@@ -217,7 +217,7 @@ class SlurmProbe:
                 + ("; this looks like the batch script itself, where SLURM_PROCID is always 0" if in_job else "")
                 + "): launch it with `srun python ...` inside the job"
             )
-        tasks = v.int("SLURM_NTASKS") if in_job else None
+        tasks = v.number("SLURM_NTASKS") if in_job else None
         if tasks is not None and tasks > 1:
             log.warning(
                 "running as a single process in the batch script of a job with %d tasks; "
@@ -230,7 +230,7 @@ class SlurmProbe:
 def _head_node(v: Vars) -> str:
     """The first host of the step (or job): rank 0 always runs there under Slurm's default task layout."""
     for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        text = v.str(name)
+        text = v.text(name)
         if text is not None:
             try:
                 return first_host(text)
@@ -274,7 +274,7 @@ def _per_node(v: Vars, launcher: str) -> DistEnv:
         local_world_size=1,
         node_rank=rank,
         num_nodes=world_size,
-        master_addr=v.str("MASTER_ADDR"),
+        master_addr=v.text("MASTER_ADDR"),
         master_port=v.port("MASTER_PORT"),
         init_method=_rendezvous(world_size),
     )
@@ -287,12 +287,12 @@ class SingleProcessProbe:
 
     def detect(self, environ: Mapping[str, str]) -> DistEnv:
         v = Vars(environ)
-        world_size = v.int("WORLD_SIZE", minimum=1)
-        rank = v.int("RANK")
+        world_size = v.number("WORLD_SIZE", minimum=1)
+        rank = v.number("RANK")
         if (world_size or 1) > 1 or (rank or 0) > 0:
             present, absent = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
             raise UserError(
-                f"{present}={v.str(present)} is set but {absent} is not: a multi-process job needs RANK, "
+                f"{present}={v.text(present)} is set but {absent} is not: a multi-process job needs RANK, "
                 f"WORLD_SIZE, MASTER_ADDR and MASTER_PORT; set all four, or unset {present} to run one process"
             )
         return DistEnv("none", 0, 1, 0, 1, 0, 1, None, None, None)
@@ -406,23 +406,23 @@ def kubeflow_node_plan(environ: Mapping[str, str] | None = None) -> NodePlan | N
     drive all local GPUs), as `python script.py` has always run there.
     """
     v = Vars(os.environ if environ is None else environ)
-    if v.has("LOCAL_RANK") or v.has("TORCHELASTIC_RUN_ID") or v.str("HPCTRAIN_LAUNCHER") == "spawn":
+    if v.has("LOCAL_RANK") or v.has("TORCHELASTIC_RUN_ID") or v.text("HPCTRAIN_LAUNCHER") == "spawn":
         return None  # already a worker
-    raw = v.str("PET_NPROC_PER_NODE")
+    raw = v.text("PET_NPROC_PER_NODE")
     if raw is None or not v.has("RANK", "WORLD_SIZE") or not raw.isdigit():
         return None
-    nproc = v.int("PET_NPROC_PER_NODE", minimum=1) or 1
+    nproc = v.number("PET_NPROC_PER_NODE", minimum=1) or 1
     if nproc == 1:
         return None
     why = "the platform sets it for each pod"
     world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
-    nnodes_raw = v.str("PET_NNODES")
+    nnodes_raw = v.text("PET_NNODES")
     if nnodes_raw is not None and not nnodes_raw.isdigit():
         raise UserError(
             f"PET_NNODES={nnodes_raw!r} is an elastic range; hpctrain starts a fixed number of workers: "
             "run the script under torchrun for elastic jobs, or set a fixed number of replicas"
         )
-    num_nodes = v.int("PET_NNODES", minimum=1)
+    num_nodes = v.number("PET_NNODES", minimum=1)
     if num_nodes is None:
         if world_size % nproc:
             raise UserError(
@@ -435,12 +435,12 @@ def kubeflow_node_plan(environ: Mapping[str, str] | None = None) -> NodePlan | N
             f"WORLD_SIZE={world_size} matches neither PET_NNODES x PET_NPROC_PER_NODE = {num_nodes * nproc} "
             f"nor PET_NNODES = {num_nodes}; fix the job's replica count or these variables"
         )
-    node_rank = v.int("PET_NODE_RANK")
+    node_rank = v.number("PET_NODE_RANK")
     if node_rank is None:
         node_rank = v.required_int("RANK", why=why)
     if node_rank >= num_nodes:
         raise UserError(f"node rank {node_rank} is outside 0..{num_nodes - 1} (PET_NNODES={num_nodes}); fix the job")
-    master_addr = v.str("MASTER_ADDR")
+    master_addr = v.text("MASTER_ADDR")
     master_port = v.port("MASTER_PORT")
     if master_addr is None or master_port is None:
         raise UserError(
