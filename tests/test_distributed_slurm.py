@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.distributed import slurm_port
+from slurm_fixtures import LocalSlurm, slurm_cluster  # noqa: F401  (the shared session fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -45,17 +45,6 @@ def clean_environ() -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster() -> None:
-    if shutil.which("srun") is None:
-        pytest.fail("srun is not installed: run scripts/local-slurm.sh up (as root)")
-    script = ROOT / "scripts" / "local-slurm.sh"
-    if subprocess.run([str(script), "status"], capture_output=True).returncode != 0:
-        up = subprocess.run([str(script), "up"], capture_output=True, text=True, timeout=600)
-        if up.returncode != 0:
-            pytest.fail(f"scripts/local-slurm.sh up failed:\n{up.stdout}\n{up.stderr}")
-
-
 def srun(args: list[str], cwd: Path) -> str:
     cmd = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--time=5", "--job-name=hpctrain-test", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=clean_environ(), capture_output=True, text=True, timeout=400)
@@ -63,7 +52,7 @@ def srun(args: list[str], cwd: Path) -> str:
     return proc.stdout
 
 
-def test_srun_tasks_detect_slurm_and_all_reduce(slurm_cluster: None, tmp_path: Path) -> None:
+def test_srun_tasks_detect_slurm_and_all_reduce(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = srun([sys.executable, str(script)], tmp_path)
@@ -81,7 +70,7 @@ def test_srun_tasks_detect_slurm_and_all_reduce(slurm_cluster: None, tmp_path: P
     assert [r["node"] for r in results] == ["node1", "node2"]
 
 
-def test_example_script_runs_unchanged_under_srun(slurm_cluster: None, tmp_path: Path) -> None:
+def test_example_script_runs_unchanged_under_srun(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     out = srun([sys.executable, str(EXAMPLE), "--run-dir", "run", "--epochs", "2", "--device", "cpu"], tmp_path)
     assert "[rank 0] rank 0/2 (local 0/1, node 0/2) via slurm" in out
     assert "[rank 1] rank 1/2 (local 0/1, node 1/2) via slurm" in out
