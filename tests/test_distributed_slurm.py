@@ -34,6 +34,17 @@ print(json.dumps({"env": dataclasses.asdict(env), "mean": mean, "job": os.enviro
 destroy_process_group()
 """
 
+PROBE = r"""
+import dataclasses, json, sys
+from hpctrain.distributed import detect
+from hpctrain.errors import UserError
+
+try:
+    print(sys.argv[1], json.dumps(dataclasses.asdict(detect())), flush=True)
+except UserError as err:
+    print(sys.argv[1], "ERROR", err, flush=True)
+"""
+
 LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                  "MASTER_ADDR", "MASTER_PORT"}
 
@@ -76,3 +87,32 @@ def test_example_script_runs_unchanged_under_srun(slurm_cluster: LocalSlurm, tmp
     assert "[rank 1] rank 1/2 (local 0/1, node 1/2) via slurm" in out
     assert len(re.findall(r"^epoch \d+ loss", out, re.MULTILINE)) == 2  # printed by rank 0 only
     assert (tmp_path / "run" / "checkpoints" / "checkpoint_epoch_2.pt").is_file()
+
+
+def test_batch_shell_is_one_process_and_its_srun_tasks_are_the_world(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    py = sys.executable
+    job = slurm_cluster.sbatch(
+        "--nodes=2", "--ntasks=2", "--time=5", "--output=job.out",
+        f"--wrap={py} probe.py batch && srun {py} probe.py task", cwd=tmp_path,
+    )
+    state = slurm_cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    out = (tmp_path / "job.out").read_text()
+    assert state == "COMPLETED", out
+    seen = {}
+    for line in out.splitlines():
+        where, _, payload = line.partition(" ")
+        if where in ("batch", "task"):
+            seen.setdefault(where, []).append(json.loads(payload))
+    # The batch script has SLURM_PROCID=0 and SLURM_NTASKS=2 but is not a task: a single process, not rank 0 of 2.
+    assert [(e["launcher"], e["world_size"]) for e in seen["batch"]] == [("none", 1)]
+    assert sorted((e["launcher"], e["rank"], e["world_size"]) for e in seen["task"]) == [("slurm", 0, 2), ("slurm", 1, 2)]
+
+
+def test_srun_copies_of_standalone_torchrun_are_refused(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    out = srun([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                "probe.py", "worker"], tmp_path)
+    errors = [line for line in out.splitlines() if line.startswith("worker ERROR")]
+    assert len(errors) == 2, out  # each copy formed its own world of one; both refuse
+    assert all("separate worlds" in line and "SLURM_STEP_NUM_TASKS=2" in line for line in errors)
