@@ -146,3 +146,21 @@ def test_file_rendezvous_in_missing_directory(tmp_path: Path) -> None:
     env = DistEnv("explicit", 0, 2, 0, 1, 0, 2, None, None, url)
     with pytest.raises(UserError, match="does not exist here.*filesystem every rank sees"):
         init_process_group(env, torch.device("cpu"), timeout_s=5)
+
+
+def test_existing_group_is_reused_or_refused(tmp_path: Path) -> None:
+    from hpctrain.distributed import all_reduce_mean
+
+    assert all_reduce_mean(torch.tensor([3.0])).item() == 3.0  # no group: identity
+    url = (tmp_path / "one").as_uri()
+    torch.distributed.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+    try:
+        same = DistEnv("explicit", 0, 1, 0, 1, 0, 1, None, None, None)
+        init_process_group(same, torch.device("cpu"))  # a world of one: nothing to do
+        other = DistEnv("explicit", 1, 2, 1, 2, 0, 1, "127.0.0.1", 29500, "env://")
+        with pytest.raises(UserError, match="already exists.*destroy_process_group"):
+            init_process_group(other, torch.device("cpu"), timeout_s=5)
+        assert all_reduce_mean(torch.tensor([3.0])).item() == 3.0
+    finally:
+        destroy_process_group()
+    assert not torch.distributed.is_initialized()
