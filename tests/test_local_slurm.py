@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm.sh"
 
