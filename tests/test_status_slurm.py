@@ -152,3 +152,21 @@ def test_cancel_delivers_sigterm_to_the_jobs_python(slurm_cluster, tmp_path: Pat
         assert lines[0] == "ready" and "got SIGTERM" in lines  # slurmstepd's CANCELLED line may come first
     finally:
         slurm_cluster.cancel_quietly(job)
+
+
+def test_status_counts_restarts_of_a_requeued_job(slurm_cluster, tmp_path: Path) -> None:
+    job = slurm_cluster.sbatch("-J", "h4-requeue", "--requeue", "-o", "out-%j.txt", "--wrap", "sleep 120", cwd=tmp_path)
+    try:
+        slurm_cluster.wait_state(job, {"RUNNING"})
+        subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)
+        deadline = time.monotonic() + 30
+        info = json.loads(hpctrain("status", job, "--json").stdout)
+        while info["restarts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            info = json.loads(hpctrain("status", job, "--json").stdout)
+        assert info["restarts"] == 1
+        assert info["state"] in {"PENDING", "REQUEUED", "COMPLETING", "RUNNING"}
+        listed = {j["job_id"]: j for j in json.loads(hpctrain("status", "--json").stdout)}
+        assert listed[job]["restarts"] == 1
+    finally:
+        slurm_cluster.cancel_quietly(job)
