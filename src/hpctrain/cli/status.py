@@ -34,9 +34,13 @@ def run(args: argparse.Namespace) -> int:
 
     job = get_job(args.job)
     if job is None:
+        from pathlib import Path
+
+        records = sorted(str(p) for p in Path.cwd().glob(f"runs/*-{args.job}/job.yaml"))
+        seen = f"; its submission record is {records[0]}" if records else ""
         raise UserError(
-            f"job {args.job} not found: Slurm forgets ended jobs after a few minutes and this cluster keeps no "
-            f"accounting (sacct); `hpctrain logs {args.job}` looks for its output in runs/ and the current directory"
+            f"job {args.job} not found: Slurm forgets ended jobs after a few minutes and accounting (sacct) does not "
+            f"know it either{seen}; `hpctrain logs {args.job}` still looks for its output"
         )
     if args.json:
         print(json.dumps(job.to_dict(), indent=2))
