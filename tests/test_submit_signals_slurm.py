@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_submit_slurm import hpctrain, job_log, queued_ids, slurm, wait_gone  # noqa: F401 (fixture)
+from test_submit_slurm import hpctrain, job_log, slurm, wait_gone  # noqa: F401 (slurm is a fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

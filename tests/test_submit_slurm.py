@@ -5,7 +5,6 @@ srun, torchrun, squeue, scontrol. node1 and node2 run on this host with 2 CPUs e
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
