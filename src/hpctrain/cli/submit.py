@@ -266,7 +266,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from hpctrain.cluster.jobs import wait_for_job
 
-    info = wait_for_job(job_id)
+    def show(info) -> None:
+        why = f" ({info.reason})" if info.pending and info.reason and info.reason != "None" else ""
+        again = f", attempt {info.restarts + 1}" if info.restarts else ""
+        print(f"hpctrain submit: job {job_id} {info.state}{why}{again}", file=sys.stderr, flush=True)
+
+    info = wait_for_job(job_id, on_change=show)
     code = info.exit_code if info.exit_code is not None else 1
     if code == 0 and str(info.state).upper() != "COMPLETED":
         code = 1
