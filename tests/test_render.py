@@ -296,3 +296,13 @@ def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
 
     with pytest.raises(UserError, match="Invalid partition"):
         submit(job, "#!/bin/bash\n", run=refuse)
+
+
+def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
+    job = JobSpec(command=("python", "x.py", *HOSTILE), name="a'b $(x) `y` #z;|&", output="o ut-%j.log",
+                  env=(("A", "$(x) 'y' \"z\""),), run_dir="~/r un/$(x)-%j", sbatch_extra=("--comment=hello world",),
+                  environment=EnvironmentSpec(kind="conda", conda_env="~/my env", modules=("a/1",)))
+    path = tmp_path / "job.sbatch"
+    path.write_text(render_sbatch(job))
+    proc = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout

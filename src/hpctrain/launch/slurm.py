@@ -113,7 +113,12 @@ def _run_dir_words(run_dir: str) -> str:
 def render_sbatch(job: JobSpec) -> str:
     """The complete batch script for `job`. Pure: same JobSpec, same text."""
     env = get_environment(job.environment)
-    out: list[str] = ["#!/bin/bash", "# Rendered by hpctrain (hpctrain submit --dry-run shows this script)."]
+    out: list[str] = [
+        "#!/bin/bash",
+        "# Rendered by hpctrain (hpctrain submit --dry-run shows this script).",
+        "# Values are single-quoted on purpose: a $ in them is literal text.",
+        "# shellcheck disable=SC2016",
+    ]
     out += sbatch_directives(job)
     out += [
         "",
