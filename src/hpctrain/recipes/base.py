@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -66,3 +70,23 @@ class Recipe(ABC):
     def predict(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """Logits for evaluation; a recipe may average views (test-time augmentation)."""
         return model(images)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed memory for reuse instead of handing it back to the kernel (CPU training only).
+
+    By default every activation of a few MB is a fresh mmap, and the kernel zero-fills each of its pages on
+    first touch: thousands of page faults per training step, ~10% of a small CNN's step time on a CPU.
+    A high mmap threshold (its maximum, 32 MiB) and trim threshold make the heap recycle those blocks.
+    Process-wide and harmless; returns False where the C library is not glibc (nothing changed).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
