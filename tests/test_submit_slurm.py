@@ -168,15 +168,27 @@ def test_check_accepts_a_job_that_fits(slurm, tmp_path: Path) -> None:
     assert proc.stdout.startswith("ok:")
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: Path, launcher: str) -> None:
+    train = ["train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
+             "--train-limit", "2000", "--test-limit", "500", "--epochs", "1"]
     proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", "2", "--nproc-per-node", "2",
-                    "--output", "job-%j.out", "--time", "10",
-                    "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
-                    "--train-limit", "2000", "--test-limit", "500", "--epochs", "1", cwd=tmp_path)
+                    "--output", "job-%j.out", "--time", "10", *train, cwd=tmp_path)
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = read_metrics(run_dir)
     assert metrics and metrics[-1]["world_size"] == 4, metrics
     assert (run_dir / "job.sbatch").exists() and (run_dir / "job.yaml").exists()
+    if launcher == "torchrun":
+        # The same recipe as 4 local processes (same seed, same shards, gloo) must learn the same: the 2-node
+        # job is the same computation spread differently. Tolerance only for reduction-order rounding.
+        local = subprocess.run(["torchrun", "--standalone", "--nproc-per-node=4", "--no-python", "hpctrain", *train,
+                                "--run-dir", str(tmp_path / "local")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert local.returncode == 0, local.stderr
+        local_acc, cluster_acc = read_metrics(tmp_path / "local")[-1]["test_accuracy"], metrics[-1]["test_accuracy"]
+        assert abs(local_acc - cluster_acc) <= 0.01, (local_acc, cluster_acc)
