@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The `slurm_cluster` fixture and its LocalSlurm helper (starts scripts/local-slurm.sh when the cluster is down).
+pytest_plugins = ["slurm_fixtures"]
+
 FASHION_MNIST_SOURCE = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
