@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("hpctrain.cli.logs", "print (or follow) a job's output file(s)"),
     "cancel": ("hpctrain.cli.cancel", "cancel a job; training checkpoints before it stops"),
     "cluster": ("hpctrain.cli.cluster", "per-node table of state, CPUs, memory, GPUs and shards in use"),
+    "debug": ("hpctrain.cli.debug", "rehearse trouble: `debug preempt JOB` sends the time-limit warning now"),
     "env": ("hpctrain.cli.env", "print versions, GPUs and the detected distributed environment for bug reports"),
 }
 
