@@ -230,3 +230,15 @@ def test_job_file_syntax_and_suffix_errors(tmp_path: Path) -> None:
         load_job_file(tmp_path / "job.json")
     with pytest.raises(UserError, match="cannot read job file"):
         load_job_file(tmp_path / "missing.yaml")
+
+
+def test_local_problems_find_missing_log_directories(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    ok = JobSpec(command=("x",), output=str(tmp_path / "logs" / "%x-%j.out"))
+    assert local_problems(ok) == []
+    missing = JobSpec(command=("x",), error=str(tmp_path / "nope" / "%j.err"))
+    assert local_problems(missing) == [
+        f"--error {tmp_path / 'nope' / '%j.err'}: directory {tmp_path / 'nope'} does not exist and sbatch will not create it; "
+        f"mkdir -p {tmp_path / 'nope'}"
+    ]
+    assert local_problems(JobSpec(command=("x",), output="job-%j.out")) == []  # the submit directory

@@ -465,6 +465,10 @@ def local_problems(job: JobSpec) -> list[str]:
         problems.append(f"enroot image {env.image} does not exist: import it first (enroot import ...) or fix --image")
     if env.kind == "venv" and env.venv and not (Path(env.venv).expanduser() / "bin" / "activate").is_file():
         problems.append(f"venv {env.venv} has no bin/activate: create it (python -m venv {env.venv}) or fix --venv")
+    for flag, pattern in (("--output", job.output), ("--error", job.error)):
+        parent = Path(pattern).expanduser().parent if pattern else None
+        if parent is not None and "%" not in str(parent) and not parent.is_dir():
+            problems.append(f"{flag} {pattern}: directory {parent} does not exist and sbatch will not create it; mkdir -p {parent}")
     return problems
 
 
