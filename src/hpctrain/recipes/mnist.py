@@ -177,14 +177,15 @@ class FastNet(nn.Module):
 
 
 def warmup_linear_decay(warmup_steps: int, total_steps: int):
-    """LR multiplier: linear rise from 0.1 to 1 over warmup_steps, then linear decay to 0.01 at total_steps.
-    Any step count works (a tiny --train-limit gives one or two steps)."""
+    """LR multiplier: linear rise from 0.1 to 1 over warmup_steps, then linear decay to 0.01 at total_steps
+    (and after). Any step count works: a tiny --train-limit gives one or two steps."""
 
     def factor(step: int) -> float:
+        if step >= total_steps:
+            return 0.01
         if step < warmup_steps:
             return 0.1 + 0.9 * step / warmup_steps
-        remaining = max(total_steps - warmup_steps, 1)
-        return max(0.01, 1.0 - 0.99 * (step - warmup_steps) / remaining)
+        return 1.0 - 0.99 * (step - warmup_steps) / max(total_steps - warmup_steps, 1)
 
     return factor
 
