@@ -127,9 +127,12 @@ def _spawn_plan(cfg: TrainConfig):
         if cfg.nproc is not None and cfg.nproc != node.nproc_per_node:
             raise UserError(f"--nproc {cfg.nproc} contradicts PET_NPROC_PER_NODE={node.nproc_per_node}; drop one")
         return node
-    if cfg.nproc is None:
-        return None
     env = detect(init_method=cfg.dist_init_method)
+    if cfg.nproc is None:
+        gpus = _visible_gpus() if cfg.device != "cpu" else 0
+        if cfg.strategy in ("auto", "ddp") and not env.is_distributed and gpus > 1:
+            return local_plan(gpus)  # one process per GPU: faster than DataParallel, which needs --strategy dp
+        return None
     if env.is_distributed:
         raise UserError(f"--nproc {cfg.nproc}, but this process is already rank {env.rank} of {env.world_size} "
                         f"(started by {env.launcher}); drop --nproc and let the launcher start the processes")
@@ -139,16 +142,22 @@ def _spawn_plan(cfg: TrainConfig):
     return local_plan(cfg.nproc)
 
 
-def _check_nproc(cfg: TrainConfig) -> None:
+def _visible_gpus() -> int:
     import torch
 
-    gpus = torch.cuda.device_count()
+    return torch.cuda.device_count()
+
+
+def _check_nproc(cfg: TrainConfig) -> None:
+    gpus = _visible_gpus()
     if cfg.device == "cuda" or (cfg.device == "auto" and gpus):
         if cfg.nproc > gpus:
             raise UserError(f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
                             f"use --nproc {gpus} or fewer, or --device cpu")
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from hpctrain.launch.local import available_cores
+
+    cores = available_cores()
     if cfg.nproc > cores:
         raise UserError(f"--nproc {cfg.nproc} exceeds the {cores} CPU core(s) this process may use; "
                         f"use --nproc {cores} or fewer")

@@ -23,6 +23,14 @@ from hpctrain.errors import UserError
 FAILURE_GRACE_S = 30.0
 
 
+def available_cores() -> int:
+    """The cores this process may run on (Slurm's CPU binding and taskset included)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

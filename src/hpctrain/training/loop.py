@@ -23,6 +23,7 @@ from hpctrain import checkpoint
 from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.errors import UserError
+from hpctrain.launch.local import available_cores
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization, TensorData
 from hpctrain.training import rng
@@ -256,12 +257,8 @@ def resolve_strategy(requested: str, env: DistEnv, device: torch.device) -> str:
 
 
 def default_threads(local_processes: int) -> int:
-    """The cores this process may use (Slurm's cgroup/affinity included), shared among the node's processes."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_processes))
+    """The cores this process may use, shared among the node's processes."""
+    return max(1, available_cores() // max(1, local_processes))
 
 
 def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> dict[str, Any] | None:
