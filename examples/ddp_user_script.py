@@ -5,18 +5,22 @@
     srun -N2 --ntasks-per-node=1 python examples/ddp_user_script.py --run-dir runs/demo
 
 Launching it again with the same --run-dir resumes from the newest complete checkpoint, whatever the
-number of processes was before. The model and data are toys; the point is the few lines around them.
+number of processes was before. SIGUSR1 (Slurm's time-limit warning) or SIGTERM (scancel) makes every rank stop at
+the same step boundary after a checkpoint, so a resumed run loses nothing. The model and data are toys; the point
+is the few lines around them.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain import checkpoint
 from hpctrain.distributed import all_reduce_mean, barrier, destroy_process_group, setup
+from hpctrain.training import StopReason, StopRequest, agree
 
 
 def make_data(n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,6 +42,7 @@ def main() -> None:
     # 1. Who am I, which device, join the group (a no-op when this is the only process).
     env, device = setup(device=args.device, init_method=args.dist_init_method)
     print(f"[rank {env.rank}] {env.describe()} on {device}", flush=True)
+    stop = StopRequest().install()  # signal handlers that only set a flag
     try:
         torch.manual_seed(0)
         model = torch.nn.Linear(16, 1).to(device)
@@ -45,37 +50,50 @@ def main() -> None:
         ckpt_dir = f"{args.run_dir}/checkpoints"
 
         # 2. Resume: every rank loads the same newest complete checkpoint (None on the first launch).
-        start_epoch = 0
+        start_epoch = start_batch = 0
         state = checkpoint.load_latest(ckpt_dir, map_location="cpu")
         if state is not None:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            start_epoch = state["epoch"]
-            print(f"[rank {env.rank}] resumed from epoch {start_epoch}", flush=True)
+            start_epoch, start_batch = state["epoch"], state.get("batch", 0)
+            print(f"[rank {env.rank}] resumed from epoch {start_epoch}, batch {start_batch}", flush=True)
 
         # 3. Wrap for DDP only when there are several processes; keep `model` for saving (no "module." prefix).
         device_ids = [device.index] if device.type == "cuda" else None
         trained = DistributedDataParallel(model, device_ids=device_ids) if env.is_distributed else model
+
+        def save(epoch: int, batch: int, name: str) -> None:
+            # One rank writes; the others wait so nobody races ahead of (or exits before) the checkpoint.
+            if env.is_main:
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                         "batch": batch}
+                checkpoint.save(state, ckpt_dir, name, epoch=epoch, step=epoch * len(batches) + batch,
+                                world_size=env.world_size, keep=2)
+            barrier()
 
         # 4. Each rank trains on its own shard of the data.
         x, y = make_data()
         x, y = x[env.rank :: env.world_size].to(device), y[env.rank :: env.world_size].to(device)
         batches = range(0, len(x), 64)
         for epoch in range(start_epoch, args.epochs):
-            for i in batches:
+            for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
+                i = batches[b]
                 loss = torch.nn.functional.mse_loss(trained(x[i : i + 64]), y[i : i + 64])
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+                # 5. At each step boundary, all ranks agree whether any was told to stop (one tiny collective).
+                reason = agree(stop.reason)
+                if reason is not StopReason.NONE:
+                    save(epoch, b + 1, f"checkpoint_step_{epoch * len(batches) + b + 1}.pt")
+                    print(f"[rank {env.rank}] stopping ({reason.label}) after a checkpoint", flush=True)
+                    sys.exit(reason.exit_code)  # 75 after a time-limit warning, 143 after SIGTERM
             mean_loss = all_reduce_mean(loss).item()
-            # 5. One rank writes; the others wait so nobody races ahead of (or exits before) the checkpoint.
+            save(epoch + 1, 0, f"checkpoint_epoch_{epoch + 1}.pt")
             if env.is_main:
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
-                checkpoint.save(state, ckpt_dir, f"checkpoint_epoch_{epoch + 1}.pt", epoch=epoch + 1,
-                                step=(epoch + 1) * len(batches), world_size=env.world_size, keep=2)
                 print(f"epoch {epoch + 1} loss {mean_loss:.6f}", flush=True)
-            barrier()
     finally:
+        stop.uninstall()
         destroy_process_group()
 
 

@@ -30,7 +30,7 @@ from hpctrain.training import rng
 from hpctrain.training.metrics import MetricsLog, Progress
 from hpctrain.training.provenance import record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
-from hpctrain.training.stopping import StopReason, StopRequest, write_stop_reason
+from hpctrain.training.stopping import StopReason, StopRequest, agree, write_stop_reason
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
@@ -150,7 +150,7 @@ def _train(run: Run) -> RunResult:
             if progress:
                 progress.step(position.step_in_epoch, position.step, len(indices), run.env.world_size,
                               lambda: loss_sum.item() / (position.step_in_epoch or 1))
-            reason = _agree(run.stop.reason, control)
+            reason = agree(run.stop.reason, control)
             if reason is not StopReason.NONE or (
                 cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
                 and position.step_in_epoch < plan.steps_per_epoch
@@ -323,15 +323,6 @@ def _control_group(run: Run) -> Any:
     if not run.env.is_distributed:
         return None
     return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
-
-
-def _agree(local: StopReason, group: Any) -> StopReason:
-    """One collective per step: every rank learns the strongest stop reason any rank has seen."""
-    if group is None:
-        return local
-    vote = torch.tensor([int(local)], dtype=torch.int64)
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
-    return StopReason(int(vote.item()))
 
 
 def _elapsed(started: float, device: torch.device) -> float:

@@ -95,6 +95,20 @@ class StopRequest:
         self.uninstall()
 
 
+def agree(local: StopReason, group: object = None) -> StopReason:
+    """Every rank learns the strongest stop reason any rank has seen: one small all-reduce when a process group is
+    initialized, nothing otherwise. Call it at the same point (a step boundary) on every rank. Pass a gloo group
+    when the default one is NCCL, so the vote does not wait for the GPU."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    vote = torch.tensor([int(local)], dtype=torch.int64)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+    return StopReason(int(vote.item()))
+
+
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:
     """Record why the run stopped, for the batch script (requeue or not) and `hpctrain status`; clear it otherwise."""
     path = run_dir / STOP_REASON_FILE
