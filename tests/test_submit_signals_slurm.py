@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_submit_slurm import hpctrain, job_log, queued_ids, slurm, wait_gone  # noqa: F401 (slurm is a fixture)
+from test_submit_slurm import hpctrain, job_log, slurm, wait_gone  # noqa: F401 (slurm is a fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -104,22 +104,30 @@ def test_scancel_reaches_workers_as_term_and_does_not_requeue(slurm, tmp_path: P
 def test_recipe_outlives_its_time_limit_by_requeueing(slurm, tmp_path: Path, fashion_data_dir: Path) -> None:
     """The training loop and the batch script together: warned before the limit, the run checkpoints mid-epoch and
     stops, the script requeues the job, and the next attempt resumes (SLURM_RESTART_COUNT) until it completes."""
-    proc = hpctrain("submit", "--launcher", "single", "--time", "2", "--signal-grace", "100", "--max-requeues", "6",
-                    "--output", "job-%j.out", "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
-                    "--data-dir", str(fashion_data_dir), "--train-limit", "4000", "--test-limit", "500", "--epochs", "1",
-                    "--log-interval", "5", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    job_id = proc.stdout.strip()
+    # --wait must follow the job through its requeues and report the final attempt's status.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "submit", "--wait", "--launcher", "single", "--time", "2", "--signal-grace", "100",
+         "--max-requeues", "6", "--output", "job-%j.out", "train", "mnist", "--recipe", "classic", "--dataset",
+         "fashion-mnist", "--data-dir", str(fashion_data_dir), "--train-limit", "4000", "--test-limit", "500",
+         "--epochs", "1", "--log-interval", "5"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    job_id = proc.stdout.readline().strip()
+    assert job_id.isdigit(), proc.communicate()[1]
     run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
     deadline = time.monotonic() + 480
-    while job_id in queued_ids():
+    while proc.poll() is None:
         # A requeued job is held (reason BeginTime) for minutes: let it start again at once.
         if scontrol_field(job_id, "JobState") == "PENDING" and scontrol_field(job_id, "Reason") == "BeginTime":
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
         if time.monotonic() > deadline:
             subprocess.run(["scancel", job_id])
+            proc.kill()
             pytest.fail(f"job {job_id} did not complete:\n{job_log(tmp_path, job_id)}")
         time.sleep(1)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err + job_log(tmp_path, job_id)
+    assert "ended COMPLETED" in err and "attempt 2" in err, err
     log = job_log(tmp_path, job_id)
     assert "requeueing job" in log and "attempt 2" in log, log
     assert "resumed at epoch 1" in log, log
