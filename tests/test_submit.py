@@ -49,6 +49,7 @@ def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, capsys) -> No
     out = capsys.readouterr().out
     assert code == 0
     assert 'run_dir=runs/mnist-fashion-mnist-"${SLURM_JOB_ID}"' in out
+    assert "#SBATCH --job-name=mnist-fashion-mnist\n" in out
     assert "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 hpctrain train mnist --recipe classic --dataset fashion-mnist --epochs 1 &" in out
 
 

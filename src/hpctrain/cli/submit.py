@@ -110,6 +110,9 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         if data.get("run_dir") is not None:
             raise UserError("--run-dir of a built-in recipe goes after the recipe: `train mnist --run-dir DIR`")
         data["run_dir"] = _recipe_run_dir(cmd[2:])
+        if "name" not in data:  # squeue then says what runs, rather than "hpctrain"
+            cfg = recipe_config(cmd[2:])
+            data["name"] = f"{cfg.workload}-{cfg.dataset}"
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
         data["run_dir"] = f"runs/{_path_safe(data.get('name', 'hpctrain'))}-%j"
     return from_mapping(data, source)
