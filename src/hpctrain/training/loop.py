@@ -58,6 +58,10 @@ class Position:
     epoch_train_seconds: float = 0.0  # training time spent in the epoch in progress before the last checkpoint
     loss_sum: float = 0.0  # this rank's sum of training losses in the epoch in progress (for the epoch's mean)
 
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.step_in_epoch, self.epoch_train_seconds, self.loss_sum = 0, 0.0, 0.0
+
 
 @dataclass
 class Run:
@@ -91,105 +95,49 @@ def train(cfg: TrainConfig) -> RunResult:
             destroy_process_group()
 
 
+@dataclass
+class Parts:
+    """What the loop works with, built once per attempt by `_build`."""
+
+    data: TensorData
+    plan: EpochPlan
+    model: nn.Module  # the plain module: what checkpoints hold
+    wrapped: nn.Module  # what trains: DDP/DataParallel around `model`, or `model` itself
+    optimization: Optimization
+    control: Any  # process group for the per-step stop vote (None: single process)
+    generator: torch.Generator  # augmentation randomness, re-seeded every step
+
+
+@dataclass
+class EpochStats:
+    """One attempt's share of an epoch (an epoch interrupted and resumed spans two attempts)."""
+
+    loss_sum: torch.Tensor
+    images: int = 0
+    seconds_before: float = 0.0  # training seconds the epoch had when this attempt took it up
+
+
 def _train(run: Run) -> RunResult:
-    cfg, recipe, device = run.cfg, run.recipe, run.device
-    data = recipe.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)
-    if cfg.test_limit is not None:
-        data.test_images, data.test_labels = data.test_images[: cfg.test_limit], data.test_labels[: cfg.test_limit]
-    plan = EpochPlan(len(data.train_labels), cfg.batch_size, run.env.world_size, cfg.seed)
-
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in every strategy
-    model = recipe.build_model().to(device)
-    optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, plan.steps_per_epoch)
-    position = Position()
-    if run.resume_from is not None:
-        position = _restore(run, model, optimization, run.resume_from)
-    else:
-        torch.manual_seed(mix_seed(cfg.seed, run.env.rank))  # dropout differs between ranks, as it should
-    wrapped = _wrap(model, run)
-    control = _control_group(run)
-
-    metrics = progress = None
-    hosts = _all_hostnames(run.env)  # a collective: every rank must take part, not only the main one
-    if run.is_main:
-        _write_run_files(run, hosts)
-        metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
-        progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss)
-        where = f"{run.env.world_size} process(es), {run.strategy}, {device.type}"
-        run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
-                f"run dir {run.run_dir}")
-        if run.resume_from is not None:
-            run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
-                    f"{plan.steps_per_epoch} (global step {position.step})")
-
-    reason = StopReason.NONE
-    record: dict[str, Any] | None = None
-    generator = torch.Generator(device)
+    cfg = run.cfg
+    parts, position = _build(run)
+    metrics, progress = _start_reporting(run, parts, position)
+    reason, record = StopReason.NONE, None
     while position.epoch < cfg.epochs:
-        order = plan.order(position.epoch).to(device)
-        model.train()
-        loss_sum = torch.tensor(position.loss_sum, device=device)
-        seconds_before, images_this_attempt = position.epoch_train_seconds, 0
         if progress:
             progress.start_epoch(position.epoch + 1, position.step_in_epoch)
-        started = time.perf_counter()
-        while position.step_in_epoch < plan.steps_per_epoch:
-            indices = plan.rank_indices(order, position.step_in_epoch, run.env.rank)
-            generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, run.env.rank))
-            images = recipe.augment(data.train_images[indices], generator)
-            loss = recipe.loss(wrapped(images), data.train_labels[indices])
-            optimization.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimization.optimizer.step()
-            if optimization.scheduler_interval == "step":
-                optimization.scheduler.step()
-            position.step += 1
-            position.step_in_epoch += 1
-            images_this_attempt += len(indices) * run.env.world_size
-            loss_sum += loss.detach()
-            if progress:
-                progress.step(position.step_in_epoch, position.step, len(indices), run.env.world_size,
-                              lambda: loss_sum.item() / (position.step_in_epoch or 1))
-            reason = agree(run.stop.reason, control)
-            if reason is not StopReason.NONE or (
-                cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
-                and position.step_in_epoch < plan.steps_per_epoch
-            ):
-                position.epoch_train_seconds += _elapsed(started, device)
-                started = time.perf_counter()
-                position.loss_sum = loss_sum.item()
-                _save(run, model, optimization, position, end_of_epoch=False)
-                if reason is not StopReason.NONE:
-                    break
+        reason, stats = _train_epoch(run, parts, position, progress)
         if progress:
             progress.end_epoch()
         if reason is not StopReason.NONE:
             break
-
-        train_seconds = position.epoch_train_seconds + _elapsed(started, device)
-        attempt_seconds = train_seconds - seconds_before  # checkpoint writes excluded
-        train_loss = _mean_over_ranks(loss_sum, position.step_in_epoch, device)
-        test_loss, test_accuracy = evaluate(run, recipe, model if run.strategy != "dp" else wrapped, data)
-        if optimization.scheduler_interval == "epoch":
-            optimization.scheduler.step()
-        position = Position(epoch=position.epoch + 1, step=position.step)
-        _save(run, model, optimization, position, end_of_epoch=True)
-        record = {
-            "epoch": position.epoch,
-            "step": position.step,
-            "train_loss": train_loss,
-            "test_loss": test_loss,
-            "test_accuracy": test_accuracy,
-            "images_per_s": images_this_attempt / max(attempt_seconds, 1e-9),
-            "epoch_seconds": train_seconds,
-            "world_size": run.env.world_size,
-            "lr": optimization.optimizer.param_groups[0]["lr"],
-        }
+        record = _finish_epoch(run, parts, position, stats)
+        position.next_epoch()
+        _save(run, parts, position, end_of_epoch=True)
         if metrics:
             metrics.epoch(record)
-            run.say(f"epoch {position.epoch}/{cfg.epochs}: train loss {train_loss:.4f}, test loss {test_loss:.4f}, "
-                    f"test accuracy {100 * test_accuracy:.2f}%, {record['images_per_s']:,.0f} images/s, "
-                    f"{train_seconds:.1f} s")
+            run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
+                    f"{record['test_loss']:.4f}, test accuracy {100 * record['test_accuracy']:.2f}%, "
+                    f"{record['images_per_s']:,.0f} images/s, {record['epoch_seconds']:.1f} s")
 
     if run.is_main:
         write_stop_reason(run.run_dir, reason)
@@ -200,6 +148,100 @@ def _train(run: Run) -> RunResult:
     if metrics:
         metrics.close()
     return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+
+
+def _build(run: Run) -> tuple[Parts, Position]:
+    cfg, recipe, device = run.cfg, run.recipe, run.device
+    data = recipe.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)
+    if cfg.test_limit is not None:
+        data.test_images, data.test_labels = data.test_images[: cfg.test_limit], data.test_labels[: cfg.test_limit]
+    plan = EpochPlan(len(data.train_labels), cfg.batch_size, run.env.world_size, cfg.seed)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in every strategy
+    model = recipe.build_model().to(device)
+    optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, plan.steps_per_epoch)
+    if run.resume_from is not None:
+        position = _restore(run, model, optimization, run.resume_from)
+    else:
+        position = Position()
+        torch.manual_seed(mix_seed(cfg.seed, run.env.rank))  # dropout differs between ranks, as it should
+    parts = Parts(data, plan, model, _wrap(model, run), optimization, _control_group(run), torch.Generator(device))
+    return parts, position
+
+
+def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[MetricsLog | None, Progress | None]:
+    hosts = _all_hostnames(run.env)  # a collective: every rank takes part, not only the main one
+    if not run.is_main:
+        return None, None
+    cfg, plan = run.cfg, parts.plan
+    _write_run_files(run, hosts)
+    metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
+    progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss)
+    where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
+    run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
+            f"run dir {run.run_dir}")
+    if run.resume_from is not None:
+        run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
+                f"{plan.steps_per_epoch} (global step {position.step})")
+    return metrics, progress
+
+
+def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress | None,
+                 ) -> tuple[StopReason, EpochStats]:
+    """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint)."""
+    cfg, env, plan, optimization = run.cfg, run.env, parts.plan, parts.optimization
+    order = plan.order(position.epoch).to(run.device)
+    stats = EpochStats(torch.tensor(position.loss_sum, device=run.device), 0, position.epoch_train_seconds)
+    parts.wrapped.train()
+    started = time.perf_counter()
+    while position.step_in_epoch < plan.steps_per_epoch:
+        indices = plan.rank_indices(order, position.step_in_epoch, env.rank)
+        parts.generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, env.rank))
+        images = run.recipe.augment(parts.data.train_images[indices], parts.generator)
+        loss = run.recipe.loss(parts.wrapped(images), parts.data.train_labels[indices])
+        optimization.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimization.optimizer.step()
+        if optimization.scheduler_interval == "step":
+            optimization.scheduler.step()
+        position.step += 1
+        position.step_in_epoch += 1
+        stats.images += len(indices) * env.world_size
+        stats.loss_sum += loss.detach()
+        if progress:
+            progress.step(position.step_in_epoch, position.step, len(indices), env.world_size,
+                          lambda: stats.loss_sum.item() / position.step_in_epoch)
+        reason = agree(run.stop.reason, parts.control)
+        periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
+        if reason is not StopReason.NONE or (periodic and position.step_in_epoch < plan.steps_per_epoch):
+            position.epoch_train_seconds += _elapsed(started, run.device)
+            position.loss_sum = stats.loss_sum.item()
+            _save(run, parts, position, end_of_epoch=False)
+            started = time.perf_counter()  # checkpoint writes do not count as training time
+            if reason is not StopReason.NONE:
+                return reason, stats
+    position.epoch_train_seconds += _elapsed(started, run.device)
+    return StopReason.NONE, stats
+
+
+def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats) -> dict[str, Any]:
+    """Evaluate, step an epoch-wise schedule, and return the epoch's metrics record."""
+    optimization = parts.optimization
+    train_loss = _mean_over_ranks(stats.loss_sum, position.step_in_epoch, run.device)
+    test_loss, test_accuracy = evaluate(run, parts)
+    if optimization.scheduler_interval == "epoch":
+        optimization.scheduler.step()
+    attempt_seconds = position.epoch_train_seconds - stats.seconds_before
+    return {
+        "epoch": position.epoch + 1,
+        "step": position.step,
+        "train_loss": train_loss,
+        "test_loss": test_loss,
+        "test_accuracy": test_accuracy,
+        "images_per_s": stats.images / max(attempt_seconds, 1e-9),
+        "epoch_seconds": position.epoch_train_seconds,
+        "world_size": run.env.world_size,
+        "lr": optimization.optimizer.param_groups[0]["lr"],
+    }
 
 
 # ---------------------------------------------------------------- set-up
@@ -342,8 +384,11 @@ def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> f
 
 
 @torch.inference_mode()
-def evaluate(run: Run, recipe: Recipe, model: nn.Module, data: TensorData) -> tuple[float, float]:
+def evaluate(run: Run, parts: Parts) -> tuple[float, float]:
     """Test loss and accuracy over the whole test set: each rank takes a contiguous shard, sums are all-reduced."""
+    # DataParallel spreads evaluation over the GPUs too; DDP's wrapper would only add hooks.
+    model = parts.wrapped if run.strategy == "dp" else parts.model
+    data, recipe = parts.data, run.recipe
     model.eval()
     n = len(data.test_labels)
     world, rank = run.env.world_size, run.env.rank
@@ -363,7 +408,7 @@ def evaluate(run: Run, recipe: Recipe, model: nn.Module, data: TensorData) -> tu
 # ---------------------------------------------------------------- checkpoints
 
 
-def _save(run: Run, model: nn.Module, optimization: Optimization, position: Position, end_of_epoch: bool) -> None:
+def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool) -> None:
     """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes."""
     per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum}
     if run.env.is_distributed:
@@ -374,9 +419,9 @@ def _save(run: Run, model: nn.Module, optimization: Optimization, position: Posi
     if run.is_main:
         state = {
             "format": CHECKPOINT_FORMAT,
-            "model": model.state_dict(),
-            "optimizer": optimization.optimizer.state_dict(),
-            "scheduler": optimization.scheduler.state_dict(),
+            "model": parts.model.state_dict(),
+            "optimizer": parts.optimization.optimizer.state_dict(),
+            "scheduler": parts.optimization.scheduler.state_dict(),
             "epoch": position.epoch,
             "step": position.step,
             "step_in_epoch": position.step_in_epoch,
