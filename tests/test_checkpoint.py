@@ -104,7 +104,8 @@ class Malicious:
 
 def test_checkpoint_holding_an_arbitrary_object_is_refused(tmp_path):
     marker = tmp_path / "marker"
-    path = checkpoint.save({"model": {}, "payload": Malicious(marker)}, tmp_path, "checkpoint_epoch_1.pt", epoch=1, step=1)
+    state = {"model": {}, "payload": Malicious(marker)}
+    path = checkpoint.save(state, tmp_path, "checkpoint_epoch_1.pt", epoch=1, step=1)
     checkpoint.verify(path)  # its checksum is fine: only loading can tell
     with pytest.raises(CheckpointError, match="cannot be loaded"):
         checkpoint.load(path)

@@ -151,7 +151,8 @@ def test_missing_dataset_names_the_download_command(tmp_path):
 def test_partial_dataset_names_the_missing_files(fashion_data_dir, tmp_path):
     target = tmp_path / "fashion-mnist"
     target.mkdir()
-    (target / "train-images-idx3-ubyte.gz").symlink_to(fashion_data_dir / "fashion-mnist" / "train-images-idx3-ubyte.gz")
+    name = "train-images-idx3-ubyte.gz"
+    (target / name).symlink_to(fashion_data_dir / "fashion-mnist" / name)
     with pytest.raises(UserError, match="lacks train-labels-idx1-ubyte.gz, t10k-images"):
         load_dataset("fashion-mnist", tmp_path)
 
