@@ -71,19 +71,24 @@ HOSTILE_NAME = "we'ird $(touch pwned) `x`"
 HOSTILE_ARGS = ["it's", '"q"', "$(touch pwned)", "a b", "`touch pwned2`"]
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
-def test_two_nodes_two_processes_allreduce(slurm, tmp_path: Path, launcher: str) -> None:
+@pytest.mark.parametrize("launcher,nodes,nproc", [("torchrun", 2, 2), ("srun", 2, 2), ("torchrun", 2, 1), ("srun", 1, 2)])
+def test_allreduce_ranks_for_each_shape(slurm, tmp_path: Path, launcher: str, nodes: int, nproc: int) -> None:
     (tmp_path / "allreduce.py").write_text(ALLREDUCE)
-    proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", "2", "--nproc-per-node", "2",
+    proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", str(nodes), "--nproc-per-node", str(nproc),
                     "--job-name", HOSTILE_NAME, "--output", "job-%j.out", "--time", "5",
                     "--", sys.executable, "allreduce.py", *HOSTILE_ARGS, cwd=tmp_path)
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     run_dir = tmp_path / "runs" / f"we_ird_touch_pwned_x-{job_id}"
     ranks = read_ranks(run_dir)
-    assert [r["rank"] for r in ranks] == [0, 1, 2, 3], job_log(tmp_path, job_id)
-    assert {r["world_size"] for r in ranks} == {4} and {r["sum"] for r in ranks} == {6.0}
-    assert sorted((r["node"], r["local_rank"]) for r in ranks) == [("node1", 0), ("node1", 1), ("node2", 0), ("node2", 1)]
+    world = nodes * nproc
+    assert [r["rank"] for r in ranks] == list(range(world)), job_log(tmp_path, job_id)
+    assert {r["world_size"] for r in ranks} == {world} and {r["sum"] for r in ranks} == {float(sum(range(world)))}
+    per_node: dict[str, list[int]] = {}
+    for r in ranks:
+        per_node.setdefault(r["node"], []).append(r["local_rank"])
+    # which nodes Slurm picks depends on what else runs; each must hold local ranks 0..nproc-1
+    assert len(per_node) == nodes and all(sorted(v) == list(range(nproc)) for v in per_node.values()), per_node
     assert {r["launcher"] for r in ranks} == {"torchrun" if launcher == "torchrun" else "slurm"}
     assert all(r["argv"] == HOSTILE_ARGS for r in ranks)
     assert not list(tmp_path.rglob("pwned*"))
@@ -91,7 +96,7 @@ def test_two_nodes_two_processes_allreduce(slurm, tmp_path: Path, launcher: str)
     name = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert f"JobName={HOSTILE_NAME}" in name or name == ""  # finished jobs leave scontrol after MinJobAge
     assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash\n")
-    assert "nproc_per_node: 2" in (run_dir / "job.yaml").read_text()
+    assert f"nproc_per_node: {nproc}" in (run_dir / "job.yaml").read_text()
 
 
 def test_cpu_only_single_job_and_exit_status(slurm, tmp_path: Path) -> None:
