@@ -50,12 +50,12 @@ def test_format_time_limit() -> None:
     assert format_time_limit(86400 + 62) == "1-00:01:02"
 
 
-@pytest.mark.parametrize("text,mb", [("4000", 4000), ("4000M", 4000), ("16G", 16384), ("1T", 1048576), ("2048K", 2), ("8gb", 8192)])
+@pytest.mark.parametrize("text,mb", [("0", 0), ("4000", 4000), ("4000M", 4000), ("16G", 16384), ("1T", 1048576), ("2048K", 2), ("8gb", 8192)])
 def test_mem(text: str, mb: int) -> None:
     assert parse_mem_mb(text) == mb
 
 
-@pytest.mark.parametrize("text", ["", "0", "-1G", "16X", "G"])
+@pytest.mark.parametrize("text", ["", "-1G", "16X", "G", "1.5G"])
 def test_bad_mem(text: str) -> None:
     with pytest.raises(UserError, match="16G"):
         parse_mem_mb(text)

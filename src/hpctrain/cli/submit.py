@@ -232,7 +232,7 @@ def cluster_check(job: JobSpec) -> list[str]:
         gpus_per_node=r.gpus_per_node,
         gpu_type=r.gpu_type,
         shards_per_node=r.shards_per_node,
-        mem_mb_per_node=r.mem_mb,
+        mem_mb_per_node=r.mem_mb or None,  # --mem 0 asks for whatever each node has
         time_limit_s=job.time_limit_s,
         paths=tuple(job_paths(job)),
     )

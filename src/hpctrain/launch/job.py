@@ -59,10 +59,12 @@ def format_time_limit(seconds: int) -> str:
 
 
 def parse_mem_mb(text: str) -> int:
-    """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes. Units K/M/G/T; the default unit is M."""
+    """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes (0: the whole node). Units K/M/G/T; default M."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
-    if not m or int(m["n"]) <= 0:
-        raise UserError(f"memory {text!r} is not a Slurm size: use a positive number with an optional unit K, M, G or T (e.g. --mem 16G)")
+    if not m:
+        raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)")
+    if int(m["n"]) == 0:
+        return 0  # sbatch's --mem=0: all the memory of each node
     factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m["unit"].upper()]
     return max(1, int(int(m["n"]) * factor))
 
@@ -196,8 +198,6 @@ class EnvironmentSpec:
                 raise UserError(f"mount {mount!r} contains a comma: give one mount per --mount")
         if self.workdir is not None and (not isinstance(self.workdir, str) or not self.workdir.startswith("/")):
             raise UserError(f"--container-workdir {self.workdir!r} must be an absolute path inside the container")
-        if self.kind == "pyxis" and self.image:
-            check_sbatch_value("--image", self.image)  # reaches srun as one --container-image=... argument
 
 
 _EXAMPLES = {"conda_env": "--conda-env myenv", "venv": "--venv ~/venvs/train", "image": "--image pytorch.sif"}
