@@ -306,3 +306,13 @@ def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
     path.write_text(render_sbatch(job))
     proc = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_max_restarts_reaches_torchrun_only() -> None:
+    words = step_command(JobSpec(command=("x",), max_restarts=2))
+    assert "--max-restarts=2" in words and words.index("--max-restarts=2") < words.index("--no-python")
+    assert not any(w.startswith("--max-restarts") for w in step_command(JobSpec(command=("x",))))
+    from hpctrain.errors import UserError
+
+    with pytest.raises(UserError, match="use --launcher torchrun"):
+        JobSpec(command=("x",), launcher="srun", max_restarts=1)

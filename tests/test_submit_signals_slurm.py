@@ -137,3 +137,30 @@ def test_recipe_outlives_its_time_limit_by_requeueing(slurm, tmp_path: Path, fas
     assert metrics and metrics[-1]["epoch"] == 1, metrics
     assert not (run_dir / "stop_reason").exists()
     assert scontrol_field(job_id, "JobState") in ("COMPLETED", None), log
+
+
+CRASHER = """\
+import os, signal, time
+run_dir, rank = os.environ["HPCTRAIN_RUN_DIR"], os.environ["RANK"]
+open(os.path.join(run_dir, f"ran-{rank}-{os.getpid()}"), "w").close()
+marker = os.path.join(run_dir, "killed")
+if rank == "3" and not os.path.exists(marker):
+    open(marker, "w").close()
+    time.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)  # a worker dies hard, once
+time.sleep(3)  # the others are still running when it dies
+"""
+
+
+def test_killed_worker_is_restarted_under_max_restarts(slurm, tmp_path: Path) -> None:
+    (tmp_path / "crasher.py").write_text(CRASHER)
+    proc = hpctrain("submit", "--wait", "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--time", "5",
+                    "--job-name", "crash", "--output", "job-%j.out", "--", sys.executable, "crasher.py", cwd=tmp_path)
+    job_id = proc.stdout.strip()
+    log = job_log(tmp_path, job_id)
+    assert proc.returncode == 0, proc.stderr + log  # without the restart, torchrun and so the job would fail
+    run_dir = tmp_path / "runs" / f"crash-{job_id}"
+    assert (run_dir / "killed").exists() and "exitcode: -9" in log, log
+    started = [p.name.split("-")[1] for p in run_dir.glob("ran-*")]
+    # every rank ran in the first group and again in the restarted one
+    assert sorted(set(started)) == ["0", "1", "2", "3"] and all(started.count(r) >= 2 for r in "0123"), (started, log)

@@ -95,6 +95,8 @@ def step_command(job: JobSpec) -> list[str]:
             '--rdzv-endpoint="$head_node:$rdzv_port"',
             '--rdzv-id="$SLURM_JOB_ID"',
         ]
+        if job.max_restarts:
+            words.append(f"--max-restarts={job.max_restarts}")
         if job.signal_grace:
             # torchrun forwards only TERM/INT/HUP/QUIT by default; USR1 would kill the agent instead.
             words += [f"--signals-to-handle={TORCHRUN_SIGNALS}", f"--shutdown-timeout={max(10, job.signal_grace - 10)}"]
