@@ -234,8 +234,14 @@ def test_fast_model_shapes_and_float32_logits():
     assert FastNet((8, 8, 8))(torch.randn(2, 1, 28, 28)).shape == (2, 10)
 
 
-def test_fast_augment_is_deterministic_for_a_generator_and_only_flips():
+def test_fast_recipe_trains_on_plain_images_by_default():
     recipe = FastRecipe()
+    images = torch.randn(8, 1, 28, 28)
+    assert torch.equal(recipe.augment(images, torch.Generator().manual_seed(0)), images)
+
+
+def test_fast_augment_is_deterministic_for_a_generator_and_only_flips():
+    recipe = FastRecipe(flips=True)
     images = torch.randn(64, 1, 28, 28)
     a = recipe.augment(images, torch.Generator().manual_seed(5))
     b = recipe.augment(images, torch.Generator().manual_seed(5))
@@ -265,7 +271,7 @@ def mnist_layout_dir(fashion_data_dir, tmp_path_factory):
 
 def test_fast_recipe_mirrors_clothes_but_not_digits(fashion_data_dir, mnist_layout_dir):
     images = torch.randn(8, 1, 28, 28)
-    recipe = FastRecipe()
+    recipe = FastRecipe(flips=True)
     recipe.load_data("fashion-mnist", str(fashion_data_dir), CPU, 10)
     assert not torch.equal(recipe.augment(images, torch.Generator().manual_seed(0)), images)
     data = recipe.load_data("mnist", str(mnist_layout_dir), CPU, 10)
@@ -284,7 +290,7 @@ def test_recipes_load_the_mnist_layout(variant, mnist_layout_dir):
 
 
 def test_fast_predict_averages_the_mirrored_view():
-    recipe = FastRecipe()
+    recipe = FastRecipe(flips=True)
     torch.manual_seed(0)
     model = recipe.build_model().eval()
     x = torch.randn(4, 1, 28, 28)
