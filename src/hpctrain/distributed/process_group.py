@@ -140,20 +140,36 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 60
         if device.index is None:  # plain "cuda": this rank's GPU, as resolve_device would pick it
             device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
         torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
         dist.init_process_group(
             backend=backend,
-            init_method=url,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
+            **_rendezvous_arguments(url, env, timeout),
         )
     except Exception as err:  # torch raises DistNetworkError, DistStoreError, RuntimeError, ValueError
         explained = _explain_init_failure(err, env, url, timeout_s)
         if explained is None:
             raise
         raise UserError(explained) from err
+
+
+def _rendezvous_arguments(url: str, env: DistEnv, timeout: datetime.timedelta) -> dict[str, object]:
+    """init_method=url, except after a torchrun restart: its store outlives the failed attempt, and a new worker
+    could read a dead worker's address from it (seen: gloo's connectFullMesh refused when a worker of the old
+    group was still shutting down). Each attempt gets its own key prefix there."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    parsed = urllib.parse.urlsplit(url)
+    if env.launcher != "torchrun" or restart is None or parsed.scheme != "tcp" or parsed.port is None:
+        return {"init_method": url}
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import _create_c10d_store  # reuses torchrun's agent store when it serves
+
+    store = _create_c10d_store(parsed.hostname, parsed.port, env.rank, env.world_size, timeout)
+    return {"store": dist.PrefixStore(f"hpctrain/attempt-{restart}", store)}
 
 
 def rendezvous_url(env: DistEnv) -> str:

@@ -22,6 +22,8 @@ from torch.nn import functional as F
 from hpctrain import checkpoint
 from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
+from hpctrain.distributed.failures import explain as explain_failure
+from hpctrain.distributed.failures import looks_like_peer_failure
 from hpctrain.errors import UserError
 from hpctrain.launch.local import available_cores
 from hpctrain.recipes import Recipe, get_recipe
@@ -91,6 +93,10 @@ def train(cfg: TrainConfig) -> RunResult:
         init_process_group(run.env, run.device, run.cfg.dist_timeout)
         try:
             return _train(run)
+        except RuntimeError as err:
+            if run.env.is_distributed and looks_like_peer_failure(err):
+                raise explain_failure(err, run.env, run.cfg.dist_timeout) from err
+            raise
         finally:
             destroy_process_group()
 
