@@ -199,3 +199,18 @@ def test_train_help_lists_the_options_the_issue_names():
                  "--train-limit", "--device", "--strategy", "--nproc", "--resume", "--recipe", "--dist-init-method"):
         assert flag in result.stdout
 
+
+
+@pytest.mark.parametrize("damage", ["truncate", "drop_manifest"])
+def test_resume_skips_a_damaged_newest_checkpoint_with_a_warning(fashion_data_dir, tmp_path, damage):
+    run_dir = tmp_path / "run"
+    train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "2")
+    newest = run_dir / "checkpoints" / "checkpoint_epoch_2.pt"
+    if damage == "truncate":
+        newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])
+    else:
+        newest.with_name(newest.name + ".manifest.json").unlink()
+    result = train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "3", "--resume")
+    assert "skipping checkpoint" in result.stderr and "checkpoint_epoch_2.pt" in result.stderr
+    assert "resumed at epoch 2, step 0 of 8 (global step 8)" in result.stdout
+    assert [r["epoch"] for r in read_metrics(run_dir)] == [1, 2, 3]
