@@ -203,7 +203,7 @@ class FastRecipe(Recipe):
 
     name = "fast"
     description = "small BN CNN, bf16 where fast, SGD-Nesterov warmup/decay: ~90% Fashion-MNIST in one epoch"
-    defaults = Defaults(epochs=1, batch_size=128, lr=0.2, test_batch_size=2000)
+    defaults = Defaults(epochs=1, batch_size=64, lr=0.1, test_batch_size=2000)
     datasets = ("mnist", "fashion-mnist")
     widths = (16, 32, 64)
     momentum = 0.9
@@ -228,12 +228,11 @@ class FastRecipe(Recipe):
         # No weight decay on biases and batch-norm parameters: it only fights their scale.
         decay = [p for p in model.parameters() if p.ndim > 1]
         no_decay = [p for p in model.parameters() if p.ndim <= 1]
-        optimizer = torch.optim.SGD(
-            [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr,
-            momentum=self.momentum,
-            nesterov=True,
-        )
+        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        try:  # one kernel per parameter instead of several: half the optimizer's time per step
+            optimizer = torch.optim.SGD(groups, lr=lr, momentum=self.momentum, nesterov=True, fused=True)
+        except RuntimeError:  # torch < 2.4 has no fused SGD on the CPU
+            optimizer = torch.optim.SGD(groups, lr=lr, momentum=self.momentum, nesterov=True)
         total = max(1, epochs * steps_per_epoch)
         warmup = max(1, round(self.warmup_fraction * total))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup, total))
