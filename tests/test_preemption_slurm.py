@@ -1,0 +1,250 @@
+"""Issue 4's contract on the real local Slurm cluster: a `train mnist` job stopped by its time limit, by a requeue
+(what preemption does) or by `hpctrain cancel` resumes exactly. Its final weights are bitwise equal to those of an
+uninterrupted local run of the same configuration, and every attempt resumed at the step after the checkpoint the
+previous one wrote.
+
+The jobs are small (classic recipe, a few thousand Fashion-MNIST images, one torch thread per process) so that the
+numerics of a Slurm job and of a local run are the same. Slurm sends the time-limit warning from a check that runs
+every 30 s, as soon as fewer than GRACE + 30 s are left: with a limit L the warning arrives between L - GRACE - 60
+and L - GRACE - 30 seconds after an attempt starts. The limits below keep that after the workers have started, and
+the trainings long enough (on this 2-core machine) that the first attempt is always interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# The training every job here runs; the local reference runs the same options. 4096 images, batch 64: 64 steps/epoch.
+TRAIN_LIMIT = 4096
+STEPS_PER_EPOCH = TRAIN_LIMIT // 64
+TRAIN = ["--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", str(TRAIN_LIMIT), "--test-limit", "500",
+         "--threads", "1", "--log-interval", "5"]
+# Single process: warning 15-45 s into each attempt (start-up takes ~10 s); training 60-80 s here.
+SINGLE_EPOCHS = 10
+SINGLE_LIMIT = ["--time", "2", "--signal-grace", "75"]
+# 2 nodes x 2 processes under torchrun start more slowly (~25 s): warning 40-70 s in; training ~70 s here.
+DDP_EPOCHS = 10
+DDP_LIMIT = ["--time", "2", "--signal-grace", "50"]
+JOB_DEADLINE_S = 900  # requeues, other suites sharing the two nodes: generous, and never asserted on
+
+_RESUMED = re.compile(r"hpctrain: resumed at epoch (\d+), step (\d+) of (\d+) \(global step (\d+)\)")
+_STOPPED = re.compile(r"hpctrain: stopped \((\w+), [^)]*\) at global step (\d+) after writing a checkpoint")
+_EPOCH_DONE = re.compile(r"hpctrain: epoch (\d+)/\d+: train loss")
+_ATTEMPT = re.compile(r"^hpctrain: job \d+ attempt (\d+) on ", re.MULTILINE)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+
+
+def reference_run(run_dir: Path, data_dir: Path, epochs: int, nproc: int = 1) -> dict:
+    """An uninterrupted local run; its final weights. Four processes are started with a local torchrun: `train
+    --nproc 4` refuses to start more processes than this 2-core machine has cores."""
+    args = ["train", "mnist", *TRAIN, "--data-dir", str(data_dir), "--epochs", str(epochs), "--run-dir", str(run_dir)]
+    if nproc == 1:
+        ok(hpctrain(*args, timeout=600))
+    else:
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 f"--nproc-per-node={nproc}", "-m", "hpctrain", *args],
+                                env=clean_env(), capture_output=True, text=True, timeout=600)
+        ok(result)
+    return final_weights(run_dir)
+
+
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
+    return reference_run(tmp_path_factory.mktemp("reference") / "run", fashion_data_dir, SINGLE_EPOCHS)
+
+
+def scontrol_fields(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return dict(word.split("=", 1) for word in out.split() if "=" in word)
+
+
+def in_queue(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
+    return job_id in out.split()
+
+
+@dataclass
+class Job:
+    job_id: str
+    cwd: Path
+    run_dir: Path
+
+    @property
+    def log(self) -> str:
+        path = self.cwd / f"job-{self.job_id}.out"
+        return path.read_text() if path.exists() else "(no log yet)"
+
+    def fail(self, what: str) -> None:
+        subprocess.run(["scancel", self.job_id], capture_output=True)
+        pytest.fail(f"job {self.job_id}: {what}\n{self.log}")
+
+    def wait_for_log(self, text: str, timeout: float = JOB_DEADLINE_S) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log:
+            if time.monotonic() > deadline or not in_queue(self.job_id):
+                self.fail(f"{text!r} never appeared in its log")
+            time.sleep(0.5)
+
+    def follow(self, timeout: float = JOB_DEADLINE_S) -> None:
+        """Wait until the job has left the queue, releasing each requeued attempt from Slurm's BeginTime hold
+        (about two minutes otherwise)."""
+        deadline = time.monotonic() + timeout
+        while in_queue(self.job_id):
+            fields = scontrol_fields(self.job_id)
+            if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
+                subprocess.run(["scontrol", "update", f"JobId={self.job_id}", "StartTime=now"], capture_output=True)
+            if time.monotonic() > deadline:
+                self.fail(f"still queued after {timeout} s")
+            time.sleep(1)
+
+
+def submit(tmp_path: Path, data_dir: Path, epochs: int, *options: str) -> Job:
+    result = hpctrain("submit", "--output", "job-%j.out", *options, "train", "mnist", *TRAIN, "--data-dir",
+                      str(data_dir), "--epochs", str(epochs), cwd=tmp_path)
+    job_id = ok(result).stdout.strip()
+    assert job_id.isdigit(), result.stdout
+    return Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}")
+
+
+def attempts(log: str) -> list[str]:
+    """The job log split at each attempt's first line (the batch script writes one per attempt)."""
+    starts = [m.start() for m in _ATTEMPT.finditer(log)]
+    return [log[a:b] for a, b in zip(starts, starts[1:] + [len(log)])]
+
+
+def check_resumes(log: str) -> list[tuple[str, int, int]]:
+    """Every attempt after the first resumed at the step after the newest checkpoint written before it (a stop
+    checkpoint, or an epoch-end one). Returns each attempt's stop: (reason, global step, step within its epoch)."""
+    parts = attempts(log)
+    assert parts, log
+    saved, stops = 0, []
+    for number, text in enumerate(parts, start=1):
+        resumed = _RESUMED.search(text)
+        if number == 1 or saved == 0:
+            assert resumed is None, f"attempt {number} resumed although nothing was saved before it:\n{log}"
+        else:
+            assert resumed, f"attempt {number} did not resume from the checkpoint at global step {saved}:\n{log}"
+            epoch, in_epoch, per_epoch, step = map(int, resumed.groups())
+            assert (step, per_epoch) == (saved, STEPS_PER_EPOCH), f"attempt {number}: {resumed.group(0)!r}, " \
+                f"but the newest checkpoint was at global step {saved}:\n{log}"
+            assert (epoch - 1) * per_epoch + in_epoch == step, resumed.group(0)
+        for done in _EPOCH_DONE.finditer(text):
+            saved = int(done.group(1)) * STEPS_PER_EPOCH
+        stopped = _STOPPED.search(text)
+        if stopped:
+            saved = int(stopped.group(2))
+            stops.append((stopped.group(1), saved, saved % STEPS_PER_EPOCH))
+    return stops
+
+
+def metrics_epochs(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record["epoch"] for record in map(json.loads, filter(str.strip, lines)) if "test_loss" in record]
+
+
+def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
+    log = job.log
+    parts = attempts(log)
+    assert len(parts) >= 2, f"the first attempt was never interrupted (make the training longer):\n{log}"
+    assert "time-limit warning (USR1)" in parts[0] and "requeueing job" in parts[0], log
+    stops = check_resumes(log)
+    preempted = [(step, in_epoch) for reason, step, in_epoch in stops if reason == "preempted"]
+    assert preempted, f"no attempt checkpointed after the warning:\n{log}"
+    # The warning comes at an arbitrary moment: the stop checkpoints land inside epochs, not at their ends.
+    assert any(0 < in_epoch < STEPS_PER_EPOCH for _, in_epoch in preempted), (preempted, log)
+    assert "step finished with exit status 0" in parts[-1], log
+    assert scontrol_fields(job.job_id).get("JobState") in ("COMPLETED", None), log
+    assert not (job.run_dir / "stop_reason").exists(), log
+    assert metrics_epochs(job.run_dir)[-1] == epochs
+    assert_bitwise_equal(final_weights(job.run_dir), reference)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
+        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
+    job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", *SINGLE_LIMIT,
+                 "--max-requeues", "8")
+    job.follow()
+    assert_time_limit_run(job, SINGLE_EPOCHS, single_reference)
+
+
+def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
+        slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
+    # Same global batch, split over 4 ranks in both; gloo's sums are the same whether the 4 ranks sit on one node
+    # or on two.
+    reference = reference_run(tmp_path / "reference", fashion_data_dir, DDP_EPOCHS, nproc=4)
+    job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
+                 "--nproc-per-node", "2", *DDP_LIMIT, "--max-requeues", "8")
+    job.follow()
+    assert "4 process(es), ddp" in job.log, job.log
+    assert_time_limit_run(job, DDP_EPOCHS, reference)
+
+
+def test_scontrol_requeue_of_a_running_job_resumes_exactly(
+        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
+    """What preemption with requeue does: Slurm itself requeues the job and sends SIGTERM; the run checkpoints,
+    and the next attempt resumes on its own (SLURM_RESTART_COUNT > 0)."""
+    job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
+    job.wait_for_log("epoch 1/")  # a progress line: training is under way
+    subprocess.run(["scontrol", "requeue", job.job_id], check=True, capture_output=True)
+    job.follow()
+    log = job.log
+    parts = attempts(log)
+    assert len(parts) == 2, log
+    stops = check_resumes(log)
+    assert [reason for reason, _, _ in stops] == ["cancelled"], log  # SIGTERM, at the step boundary after it
+    assert "requeueing job" not in log, log  # Slurm requeued it, not the batch script
+    assert "step finished with exit status 0" in parts[-1], log
+    assert scontrol_fields(job.job_id).get("JobState") in ("COMPLETED", None), log
+    assert not (job.run_dir / "stop_reason").exists(), log
+    assert_bitwise_equal(final_weights(job.run_dir), single_reference)
+
+
+def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
+        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
+    from hpctrain import checkpoint
+
+    job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
+    job.wait_for_log("epoch 1/")
+    ok(hpctrain("cancel", job.job_id, "--wait", "60", cwd=tmp_path))
+    job.follow(timeout=120)
+    log = job.log
+    assert len(attempts(log)) == 1 and "requeueing" not in log, log
+    [(reason, step, _)] = check_resumes(log)
+    assert reason == "cancelled", log
+    status = json.loads(ok(hpctrain("status", job.job_id, "--json", cwd=tmp_path)).stdout)
+    assert (status["state"], status["restarts"]) == ("CANCELLED", 0), status
+    assert "CANCELLED" in ok(hpctrain("status", job.job_id, cwd=tmp_path)).stdout
+    assert (job.run_dir / "stop_reason").read_text().strip() == "cancelled"
+    info = checkpoint.find_latest(job.run_dir / "checkpoints")
+    assert info is not None and info.step == step < SINGLE_EPOCHS * STEPS_PER_EPOCH, (info, log)
+
+    # The same run continues here, to the end, from that checkpoint.
+    resumed = ok(hpctrain("train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs",
+                          str(SINGLE_EPOCHS), "--resume", "--run-dir", str(job.run_dir), timeout=600))
+    match = _RESUMED.search(resumed.stdout)
+    assert match and int(match.group(4)) == step, resumed.stdout
+    assert not (job.run_dir / "stop_reason").exists()
+    assert metrics_epochs(job.run_dir)[-1] == SINGLE_EPOCHS
+    assert_bitwise_equal(final_weights(job.run_dir), single_reference)
