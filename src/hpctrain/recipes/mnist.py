@@ -152,7 +152,10 @@ def bf16_is_fast(device: torch.device) -> bool:
     """Whether bfloat16 convolutions run in hardware here (AMX/AVX512-BF16 CPUs, Ampere+ GPUs).
     Elsewhere they are emulated and slower than float32, so the fast recipe stays in float32."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch < 2.3: no emulation to exclude
+            return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
         cpu = getattr(torch, "cpu", None)
         probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
