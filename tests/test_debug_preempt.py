@@ -119,7 +119,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
 ) -> None:
     submitted = hpctrain("submit", "--launcher", "single", "--job-name", "h6-preempt", "--output", "job-%j.out",
                          "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
-                         "--train-limit", "2048", "--epochs", "2", "--recipe", "classic", "--checkpoint-every", "0",
+                         "--train-limit", "3072", "--epochs", "2", "--recipe", "classic", "--checkpoint-every", "0",
                          "--log-interval", "0", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
@@ -234,5 +234,29 @@ def test_preempt_delivers_to_where_the_script_asks(slurm_cluster, tmp_path: Path
             assert (tmp_path / "step.txt").read_text() == "USR1"
             slurm_cluster.wait_state(job_id, {"COMPLETED"}, timeout_s=60)
             assert not (tmp_path / "batch.txt").exists()
+    finally:
+        slurm_cluster.cancel_quietly(job_id)
+
+
+@pytest.mark.slurm
+def test_a_job_that_just_started_is_warned_only_once_its_trap_is_set(slurm_cluster, tmp_path: Path) -> None:
+    """A batch shell dies of USR1 until it has installed its trap (hpctrain's scripts do that after starting the
+    step): `debug preempt` right after the start must not turn a rehearsal into a failed job."""
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --signal=B:USR1@60\n"
+        "sleep 2\n"  # the set-up before the trap, stretched
+        "trap 'echo got-USR1 > trap.txt' USR1\n"
+        "for _ in $(seq 600); do [ -f trap.txt ] && exit 0; sleep 0.1; done\n"
+        "exit 3\n"
+    )
+    job_id = slurm_cluster.sbatch("-J", "h6-early", "-o", "out-%j.txt", "job.sh", cwd=tmp_path)
+    try:
+        slurm_cluster.wait_state(job_id, {"RUNNING"})
+        sent = hpctrain("debug", "preempt", job_id)
+        assert sent.returncode == 0, sent.stderr
+        slurm_cluster.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout_s=90)
+        assert slurm_cluster.state(job_id) == "COMPLETED", (tmp_path / f"out-{job_id}.txt").read_text()
+        assert (tmp_path / "trap.txt").read_text() == "got-USR1\n"
     finally:
         slurm_cluster.cancel_quietly(job_id)

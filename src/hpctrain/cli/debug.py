@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from hpctrain.errors import UserError
 
 _SIGNAL_OPTION_RE = re.compile(r"^(?:(?P<flags>[RB]+):)?(?P<sig>(?:SIG)?[A-Z][A-Z0-9]*|\d{1,2})(?:@(?P<secs>\d+))?$")
+# Seconds a job must have been running before its batch shell is warned (see preempt()).
+SETTLE_S = 5
 _SIGNAL_NAME_RE = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9]*$|^\d{1,2}$")
 
 
@@ -157,6 +159,12 @@ def preempt(args: argparse.Namespace) -> int:
         raise UserError(f"job {job_id} is {before.state}{reason}: the warning goes to a running job's processes; "
                         f"wait until `hpctrain status {job_id}` shows RUNNING")
     warning = _job_warning(job_id, args.signal, args.steps)
+    if warning.batch_shell and before.elapsed_s is not None and before.elapsed_s < SETTLE_S:
+        # A batch shell that has not installed its trap yet dies of USR1 (bash's default action): the job would
+        # fail instead of rehearsing. Slurm's own warning never comes this early after a start.
+        wait = SETTLE_S - before.elapsed_s
+        print(f"job {job_id} started {before.elapsed_s} s ago: waiting {wait} s for its batch script to set up", flush=True)
+        time.sleep(wait)
 
     argv = scancel_argv(job_id, warning)
     result = slurm(argv, check=False)
