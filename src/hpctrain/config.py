@@ -46,6 +46,8 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Also checkpoint every N optimizer steps (0: only at epoch ends)."""
     keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+    """Write checkpoints in a background thread (training pauses only to copy the state to CPU)."""
     log_interval: float = 10.0
     """Seconds between plain progress lines when stderr is not a terminal (batch logs)."""
     threads: int | None = None

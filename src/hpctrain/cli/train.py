@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                       help="also checkpoint every STEPS optimizer steps (default: only at epoch ends)")
     ckpt.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K (default 3)")
+    ckpt.add_argument("--sync-checkpoints", action="store_true",
+                      help="write checkpoints in the training thread (default: in the background, after copying "
+                      "the state to CPU, so training pauses only for the copy)")
     parser.add_argument("--log-interval", type=float, default=10.0, metavar="S",
                         help="seconds between progress lines in batch logs (default: 10)")
 
@@ -80,6 +83,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "threads": args.threads,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,
+        "async_checkpoints": not args.sync_checkpoints,
         "log_interval": args.log_interval,
     }
     if args.data_dir is not None:

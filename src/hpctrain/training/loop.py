@@ -77,6 +77,8 @@ class Run:
     run_dir: Path
     resume_from: dict[str, Any] | None
     stop: StopRequest = field(default_factory=StopRequest)
+    # Rank 0's checkpoint writer: saves in a background thread after copying the state off the device.
+    writer: checkpoint.AsyncCheckpointer | None = None
 
     @property
     def is_main(self) -> bool:
@@ -91,13 +93,20 @@ def train(cfg: TrainConfig) -> RunResult:
     run = setup_run(cfg)
     with run.stop:
         init_process_group(run.env, run.device, run.cfg.dist_timeout)
+        if run.is_main and run.cfg.async_checkpoints:
+            run.writer = checkpoint.AsyncCheckpointer()
         try:
-            return _train(run)
+            result = _train(run)
+            if run.writer is not None:
+                run.writer.wait()  # the last checkpoint is durable before the process reports success
+            return result
         except RuntimeError as err:
             if run.env.is_distributed and looks_like_peer_failure(err):
                 raise explain_failure(err, run.env, run.cfg.dist_timeout) from err
             raise
         finally:
+            if run.writer is not None:
+                run.writer.close()
             destroy_process_group()
 
 
@@ -221,7 +230,7 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
         if reason is not StopReason.NONE or (periodic and position.step_in_epoch < plan.steps_per_epoch):
             position.epoch_train_seconds += _elapsed(started, run.device)
             position.loss_sum = stats.loss_sum.item()
-            _save(run, parts, position, end_of_epoch=False)
+            _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
             started = time.perf_counter()  # checkpoint writes do not count as training time
             if reason is not StopReason.NONE:
                 return reason, stats
@@ -414,8 +423,9 @@ def evaluate(run: Run, parts: Parts) -> tuple[float, float]:
 # ---------------------------------------------------------------- checkpoints
 
 
-def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool) -> None:
-    """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes."""
+def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False) -> None:
+    """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes, in the background
+    unless `durable` (the run is about to stop) or --sync-checkpoints."""
     per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum}
     if run.env.is_distributed:
         gathered: list[Any] = [None] * run.env.world_size
@@ -437,10 +447,13 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool) -> Non
             "config": run.cfg.to_dict(),
         }
         name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
-        checkpoint.save(state, run.run_dir / CHECKPOINT_DIR, name, epoch=position.epoch, step=position.step,
-                        world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
+        save = run.writer.save if run.writer is not None else checkpoint.save
+        save(state, run.run_dir / CHECKPOINT_DIR, name, epoch=position.epoch, step=position.step,
+             world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
+        if run.writer is not None and durable:
+            run.writer.wait()
     if run.env.is_distributed:
-        dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is durable
+        dist.barrier()  # nobody runs ahead of the save (or exits before a durable one)
 
 
 def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[str, Any]) -> Position:
