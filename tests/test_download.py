@@ -457,3 +457,19 @@ def test_cli_rejects_a_non_positive_timeout(tmp_path):
     result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--timeout", "0")
     assert result.returncode == 2 and "must be a positive number of seconds" in result.stderr
     assert not (tmp_path / "fashion-mnist").exists()
+
+
+def test_an_installed_system_copy_is_used_before_the_network(tmp_path, http_mirror, fashion_mnist_source):
+    """Debian's dataset-fashion-mnist package puts the files where the built-in spec looks first."""
+    import dataclasses
+
+    from hpctrain.data import download, get_dataset_spec
+
+    web = http_mirror(tmp_path / "empty-web-mirror")
+    (tmp_path / "empty-web-mirror").mkdir()
+    spec = dataclasses.replace(get_dataset_spec("fashion-mnist"), mirrors=(web,),
+                               local_copies=(str(tmp_path / "not-installed"), str(fashion_mnist_source)))
+    paths = download(spec, tmp_path / "data", progress=False)
+    assert len(paths) == 4 and all(p.is_file() for p in paths)
+    assert http_mirror.requests(web) == [], "the network was not needed"
+    assert get_dataset_spec("fashion-mnist").local_copies == (str(fashion_mnist_source),)

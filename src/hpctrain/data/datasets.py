@@ -29,6 +29,8 @@ class DatasetSpec:
     name: str
     files: dict[str, FileSpec]  # role (see ROLES) -> file
     mirrors: tuple[str, ...]  # base URLs, tried in order
+    # Directories where an operating-system package installs the files; used first when they exist (no network).
+    local_copies: tuple[str, ...] = ()
     torchvision_folder: str | None = None  # torchvision keeps the files in <data_dir>/<folder>/raw/
 
     def __post_init__(self) -> None:
@@ -78,6 +80,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
             "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
         ),
+        local_copies=("/usr/share/datasets/fashion-mnist",),  # Debian/Ubuntu: apt install dataset-fashion-mnist
         torchvision_folder="FashionMNIST",
     ),
 }

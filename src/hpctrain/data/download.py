@@ -292,11 +292,14 @@ def download(
     """Make sure `data_dir/<spec.name>/` holds verified copies of the dataset's files.
 
     Files already there and valid are kept without any request. Otherwise each mirror is tried in
-    order (`mirrors`, if given, replace the dataset's defaults). `progress`: True for a progress
+    order (`mirrors`, if given, replace the dataset's defaults: an operating system's copy when installed, then
+    the public mirrors). `progress`: True for a progress
     bar, False for plain lines, None to pick by whether stderr is a terminal. Returns the paths of
     the files in ROLES order; raises UserError, saying how to get the files, if a file cannot be had.
     """
-    bases = [normalize_mirror(m) for m in (mirrors or spec.mirrors)]
+    if not mirrors:
+        mirrors = [d for d in spec.local_copies if os.path.isdir(d)] + list(spec.mirrors)
+    bases = [normalize_mirror(m) for m in mirrors]
     if not bases:
         raise UserError(f"no mirrors known for {spec.name}; pass --mirror URL")
     target_dir = Path(data_dir).absolute() / spec.name
