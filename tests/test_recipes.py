@@ -19,7 +19,6 @@ from hpctrain.recipes.mnist import (
     ClassicRecipe,
     FastNet,
     FastRecipe,
-    TutorialNet,
     warmup_linear_decay,
 )
 
