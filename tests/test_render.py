@@ -246,10 +246,19 @@ def _run_and_signal(tmp_path: Path, env: dict, out: Path, job: JobSpec, sig: sig
     return proc.returncode, output
 
 
-@pytest.mark.parametrize("restart_count,requeued", [("0", True), ("3", False)])
-def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, restart_count: str, requeued: bool) -> None:
+@pytest.mark.parametrize("restart_count,own_requeues,requeued", [
+    ("0", None, True),
+    ("3", "3", False),  # this script's own budget is spent
+    ("5", "1", True),  # four of the restarts were Slurm's (preemptions): they do not count against --max-requeues
+])
+def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, restart_count: str,
+                                                                    own_requeues: str | None, requeued: bool) -> None:
     tmp_path, env, out = fake_slurm
     env = {**env, "SLURM_RESTART_COUNT": restart_count}
+    count_file = tmp_path / "runs" / "r-4242" / "requeue_count"
+    if own_requeues is not None:
+        count_file.parent.mkdir(parents=True)
+        count_file.write_text(own_requeues + "\n")
     job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
                   run_dir="runs/r-%j", signal_grace=60, max_requeues=3)
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, "preempt")
@@ -258,8 +267,23 @@ def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, 
     assert ("requeue 4242" in scontrol) == requeued, output
     if requeued:
         assert code == 0
+        assert count_file.read_text().strip() == str(int(own_requeues or 0) + 1)
     else:  # stopped early and may not requeue: the job must not look like a success
         assert code == 1 and "requeue budget (3) is used up" in output
+
+
+def test_slurm_requeues_beyond_their_budget_stop_the_job_before_it_runs(fake_slurm) -> None:
+    tmp_path, env, out = fake_slurm
+    (tmp_path / "runs" / "r-4242").mkdir(parents=True)
+    (tmp_path / "runs" / "r-4242" / "requeue_count").write_text("1\n")
+    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+                  run_dir="runs/r-%j", signal_grace=60, max_preemptions=2)
+    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "4"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "requeued this job 3 times" in proc.stderr and "--max-preemptions" in proc.stderr
+    assert not (out / "ready").exists(), "the step must not start"
 
 
 def test_scancel_term_is_forwarded_and_never_requeues(fake_slurm) -> None:

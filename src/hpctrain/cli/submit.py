@@ -57,6 +57,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     l.add_argument("--rdzv-port", type=int, metavar="PORT", help="torchrun rendezvous port (default: a free one)")
     l.add_argument("--signal-grace", type=int, metavar="S", help="SIGUSR1 this many seconds before the time limit (default 120; 0: off)")
     l.add_argument("--max-requeues", type=int, metavar="N", help="requeues after time-limit warnings (default 3)")
+    l.add_argument("--max-preemptions", type=int, metavar="N",
+                   help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)")
     l.add_argument("--max-restarts", type=int, metavar="N",
                    help="torchrun: restart the workers up to N times after one dies (default 0)")
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER,
@@ -72,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 _RESOURCE_FLAGS = ("nodes", "nproc_per_node", "gpus_per_node", "gpu_type", "gres", "cpus_per_task", "mem")
 _JOB_FLAGS = ("name", "partition", "account", "qos", "time", "output", "error", "launcher", "run_dir", "rdzv_port",
-              "signal_grace", "max_requeues", "max_restarts")
+              "signal_grace", "max_requeues", "max_preemptions", "max_restarts")
 _ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
 
 

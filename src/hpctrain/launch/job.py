@@ -233,6 +233,8 @@ class JobSpec:
     """Seconds before the time limit at which the job gets SIGUSR1 to checkpoint; 0: no warning, no requeue."""
     max_requeues: int = 3
     """How often the job may requeue itself after a time-limit warning."""
+    max_preemptions: int = 10
+    """How often the job may start again after Slurm requeued it on its own (preemption, node failure)."""
     max_restarts: int = 0
     """torchrun only: restart the worker group this often after a worker dies (it resumes from its checkpoint)."""
 
@@ -279,7 +281,7 @@ class JobSpec:
             raise UserError(f"--run-dir must be a non-empty path (got {self.run_dir!r})")
         if self.rdzv_port is not None and (isinstance(self.rdzv_port, bool) or not isinstance(self.rdzv_port, int) or not 1024 <= self.rdzv_port <= 65535):
             raise UserError(f"--rdzv-port must be a port number between 1024 and 65535 (got {self.rdzv_port!r})")
-        for name in ("signal_grace", "max_requeues", "max_restarts"):
+        for name in ("signal_grace", "max_requeues", "max_preemptions", "max_restarts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{_flag(name)} must be a whole number >= 0 (got {value!r})")
@@ -332,7 +334,7 @@ _ENV_KEYS = {f.name for f in fields(EnvironmentSpec)}
 _JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
 VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
 _INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpus_per_task", "rdzv_port", "signal_grace",
-             "max_requeues", "max_restarts"}
+             "max_requeues", "max_preemptions", "max_restarts"}
 _STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output", "error", "run_dir", "gpu_type", "mem", "gres"}
 _LIST_KEYS = {"command", "sbatch_extra"}
 

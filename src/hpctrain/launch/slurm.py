@@ -27,6 +27,7 @@ from hpctrain.launch.job import JobSpec, format_time_limit, parse_time_limit, sb
 PORT_BASE = 20000
 PORT_SPAN = 20000
 PORT_TRIES = 200
+REQUEUE_COUNT_FILE = "requeue_count"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
@@ -133,6 +134,8 @@ def render_sbatch(job: JobSpec) -> str:
     if job.run_dir is not None:
         out.append(f"run_dir={_run_dir_words(job.run_dir)}")
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
+        if job.signal_grace:
+            out += _restart_budget_lines(job)
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()
@@ -193,10 +196,18 @@ def render_sbatch(job: JobSpec) -> str:
                 '    stop_reason=$(cat "$run_dir/stop_reason")',
                 "fi",
             ]
+        # With a run directory the script counts its own requeues there (Slurm's restart count also includes the
+        # requeues of preemptions); without one, Slurm's count is all there is.
+        requeues = "$own_requeues" if job.run_dir is not None else "${SLURM_RESTART_COUNT:-0}"
+        next_requeue = "$((own_requeues + 1))" if job.run_dir is not None else "$((${SLURM_RESTART_COUNT:-0} + 1))"
         out += [
             'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && { [ "$stop_reason" = preempted ] || [ "$status" -ne 0 ]; }; then',
-            f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {job.max_requeues} ]; then',
-            f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue $((${{SLURM_RESTART_COUNT:-0}} + 1)) of {job.max_requeues})"',
+            f'    if [ "{requeues}" -lt {job.max_requeues} ]; then',
+            f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue {next_requeue} of {job.max_requeues})"',
+        ]
+        if job.run_dir is not None:
+            out.append(f'        echo "{next_requeue}" >"$run_dir/{REQUEUE_COUNT_FILE}"')
+        out += [
             '        scontrol requeue "$SLURM_JOB_ID"',
             "        exit 0",
             "    fi",
@@ -209,6 +220,24 @@ def render_sbatch(job: JobSpec) -> str:
         ]
     out += ['echo "hpctrain: step finished with exit status ${status}"', 'exit "$status"', ""]
     return "\n".join(out)
+
+
+def _restart_budget_lines(job: JobSpec) -> list[str]:
+    """Separate budgets: this script's own requeues (after time-limit warnings) are counted in the run directory;
+    the rest of Slurm's restart count are Slurm's own requeues (preemption, node failure)."""
+    return [
+        "",
+        "# Restart budgets: time-limit requeues (counted here) and Slurm's own requeues (preemption, node failure).",
+        'mkdir -p "$run_dir"',
+        f'own_requeues=$(cat "$run_dir/{REQUEUE_COUNT_FILE}" 2>/dev/null || true)',
+        'case "$own_requeues" in "" | *[!0-9]*) own_requeues=0 ;; esac',
+        "slurm_requeues=$((${SLURM_RESTART_COUNT:-0} - own_requeues))",
+        f'if [ "$slurm_requeues" -gt {job.max_preemptions} ]; then',
+        f'    echo "hpctrain: Slurm has requeued this job $slurm_requeues times (preemption, node failure), more than'
+        f' the budget of {job.max_preemptions} (--max-preemptions); not starting again" >&2',
+        "    exit 1",
+        "fi",
+    ]
 
 
 def sbatch_argv(job: JobSpec) -> list[str]:
