@@ -119,7 +119,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
 ) -> None:
     submitted = hpctrain("submit", "--launcher", "single", "--job-name", "h6-preempt", "--output", "job-%j.out",
                          "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
-                         "--train-limit", "3072", "--epochs", "2", "--recipe", "classic", "--checkpoint-every", "0",
+                         "--train-limit", "2048", "--test-limit", "1000", "--epochs", "2", "--recipe", "classic", "--checkpoint-every", "0",
                          "--log-interval", "0", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
