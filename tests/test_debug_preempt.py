@@ -4,7 +4,6 @@ warned mid-epoch, checkpoints, requeues itself and completes, and the errors for
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -18,7 +17,6 @@ from hpctrain.cli.debug import TimeLimitWarning, _job_warning, parse_signal_opti
 from hpctrain.errors import UserError
 from hpctrain.launch.job import JobSpec
 from hpctrain.launch.slurm import render_sbatch
-from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 
 
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
