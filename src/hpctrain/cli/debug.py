@@ -161,7 +161,8 @@ def preempt(args: argparse.Namespace) -> int:
     warning = _job_warning(job_id, args.signal, args.steps)
     if warning.batch_shell and before.elapsed_s is not None and before.elapsed_s < SETTLE_S:
         # A batch shell that has not installed its trap yet dies of USR1 (bash's default action): the job would
-        # fail instead of rehearsing. Slurm's own warning never comes this early after a start.
+        # fail instead of rehearsing. (Scripts should set their traps first; Slurm's own warning seldom comes
+        # this early, since the grace period is shorter than the time limit.)
         wait = SETTLE_S - before.elapsed_s
         print(f"job {job_id} started {before.elapsed_s} s ago: waiting {wait} s for its batch script to set up", flush=True)
         time.sleep(wait)
