@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import fsync_dir, write_atomic
 
 FORMAT_VERSION = 1
 MANIFEST_SUFFIX = ".manifest.json"
@@ -103,9 +104,9 @@ def save(
         "world_size": world_size,
         "written_at": time.time(),
     }
-    _write_atomic(_manifest_path(path), json.dumps(manifest, indent=1).encode())
-    _write_atomic(directory / LATEST_POINTER, (name + "\n").encode())
-    _fsync_dir(directory)
+    write_atomic(_manifest_path(path), json.dumps(manifest, indent=1).encode(), _temporary(_manifest_path(path)))
+    write_atomic(directory / LATEST_POINTER, (name + "\n").encode(), _temporary(directory / LATEST_POINTER))
+    fsync_dir(directory)
     if keep is not None:
         _prune(directory, keep, newest_valid=path)
     return path
@@ -278,29 +279,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = _temporary(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the renames durable; some filesystems refuse fsync on a directory, hence best effort.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class _HashingWriter:

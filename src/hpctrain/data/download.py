@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Iterable
 from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec, get_dataset_spec
 from hpctrain.data.idx import GZIP_MAGIC, read_idx
 from hpctrain.errors import UserError
+from hpctrain.fsutil import fsync_dir
 
 if TYPE_CHECKING:
     import torch
@@ -208,20 +209,6 @@ def _apply_umask(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on every platform/filesystem, hence best effort.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _fetch_one(url: str, fspec: FileSpec, final: Path, timeout: float, reporter: _PlainReporter) -> str | None:
     """Try one URL; on success `final` holds a verified copy. Return None, or what went wrong."""
     fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
@@ -257,7 +244,7 @@ def _fetch_one(url: str, fspec: FileSpec, final: Path, timeout: float, reporter:
             return problem
         _apply_umask(tmp)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return None
     finally:
         ok = not tmp.exists() and final.exists()

@@ -25,6 +25,7 @@ from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_pr
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
 from hpctrain.errors import UserError
+from hpctrain.fsutil import write_atomic
 from hpctrain.launch.local import available_cores
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization, TensorData
@@ -350,9 +351,7 @@ def _write_run_files(run: Run, hosts: list[str]) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {**run.cfg.to_dict(), "resolved": {"strategy": run.strategy, "device": str(run.device),
                                                 "world_size": run.env.world_size, "launcher": run.env.launcher}}
-    tmp = run.run_dir / (CONFIG_FILE + ".tmp")
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-    tmp.replace(run.run_dir / CONFIG_FILE)
+    write_atomic(run.run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False).encode())
     record_attempt(run.run_dir, hosts, {"launcher": run.env.launcher,
                                                           "world_size": run.env.world_size})
 

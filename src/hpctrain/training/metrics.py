@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from hpctrain.fsutil import write_atomic
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
 
@@ -62,9 +64,7 @@ def _drop_records_after(path: Path, step: int) -> None:
     if not path.exists():
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(line + "\n" for line in kept).encode())
 
 
 class Progress:

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpctrain.fsutil import write_atomic
+
 PROVENANCE_FILE = "provenance.json"
 
 
@@ -76,6 +78,4 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> No
         "slurm": slurm,
         **extra,
     })
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"attempts": attempts}, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, (json.dumps({"attempts": attempts}, indent=1) + "\n").encode())
