@@ -128,6 +128,15 @@ def render_sbatch(job: JobSpec) -> str:
         "# No `set -e`: the step's exit status is collected and acted on below.",
         "set -uo pipefail",
         "",
+        "# Traps first: a signal that arrives while the environment is set up must not kill this shell. They",
+        "# forward to the step once it runs (a warning that came earlier is passed on as soon as it starts).",
+        "warned=0",
+        "cancelled=0",
+        'step_pid=""',
+        "trap 'warned=1; echo \"hpctrain: time-limit warning (USR1): asking the run to checkpoint and stop\"; "
+        "if [ -n \"$step_pid\" ]; then kill -USR1 \"$step_pid\" 2>/dev/null; fi' USR1",
+        "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then kill -TERM \"$step_pid\" 2>/dev/null; else exit 143; fi' TERM INT",
+        "",
         'echo "hpctrain: job ${SLURM_JOB_ID} attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on ${SLURM_JOB_NODELIST}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"',
     ]
     exports = list(job.env)
@@ -170,13 +179,12 @@ def render_sbatch(job: JobSpec) -> str:
         out.append('echo "hpctrain: torchrun rendezvous at ${head_node}:${rdzv_port}"')
     out += [
         "",
-        "# The step runs in the background so that the traps below run as soon as a signal arrives.",
-        "warned=0",
-        "cancelled=0",
+        "# The step runs in the background so that the traps run as soon as a signal arrives.",
         " ".join(step_command(job)) + " &",
         "step_pid=$!",
-        "trap 'warned=1; echo \"hpctrain: time-limit warning (USR1): asking the run to checkpoint and stop\"; kill -USR1 \"$step_pid\" 2>/dev/null' USR1",
-        "trap 'cancelled=1; kill -TERM \"$step_pid\" 2>/dev/null' TERM INT",
+        'if [ "$warned" = 1 ]; then',
+        '    kill -USR1 "$step_pid" 2>/dev/null',
+        "fi",
         "# wait returns early whenever a trap runs: keep waiting until the step has really ended.",
         'while kill -0 "$step_pid" 2>/dev/null; do',
         '    wait "$step_pid"',

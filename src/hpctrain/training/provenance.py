@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,11 +28,9 @@ def versions() -> dict[str, str | None]:
         "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
         "nccl": None,
     }
-    try:
-        import torchvision
-
-        info["torchvision"] = torchvision.__version__
-    except ImportError:
+    try:  # the installed version, without paying seconds for importing torchvision
+        info["torchvision"] = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
         info["torchvision"] = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         try:
