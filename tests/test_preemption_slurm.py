@@ -5,9 +5,10 @@ previous one wrote.
 
 The jobs are small (classic recipe, a few thousand Fashion-MNIST images, one torch thread per process) so that the
 numerics of a Slurm job and of a local run are the same. Slurm sends the time-limit warning from a check that runs
-every 30 s, as soon as fewer than GRACE + 30 s are left: with a limit L the warning arrives between L - GRACE - 60
-and L - GRACE - 30 seconds after an attempt starts. The limits below keep that after the workers have started, and
-the trainings long enough (on this 2-core machine) that the first attempt is always interrupted.
+every 30 s, as soon as fewer than GRACE + 30 s are left: with a limit L the warning arrives between L - GRACE - 30
+and L - GRACE seconds after an attempt starts. The limits below keep that after the workers have started, and the
+trainings long enough (on a 2-core machine training 500-1,000 images/s) that the first attempt is always
+interrupted; on a much faster machine raise the epochs.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ TRAIN_LIMIT = 4096
 STEPS_PER_EPOCH = TRAIN_LIMIT // 64
 TRAIN = ["--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", str(TRAIN_LIMIT), "--test-limit", "500",
          "--threads", "1", "--log-interval", "5"]
-# Single process: warning 15-45 s into each attempt (start-up takes ~10 s); training 60-80 s here.
+# Single process: warning 15-45 s into each attempt (start-up takes 5-10 s); training 40-80 s.
 SINGLE_EPOCHS = 10
 SINGLE_LIMIT = ["--time", "2", "--signal-grace", "75"]
-# 2 nodes x 2 processes under torchrun start more slowly (~25 s): warning 40-70 s in; training ~70 s here.
+# 2 nodes x 2 processes under torchrun start more slowly (~25 s): warning 40-70 s in; training ~70 s.
 DDP_EPOCHS = 10
 DDP_LIMIT = ["--time", "2", "--signal-grace", "50"]
 JOB_DEADLINE_S = 600  # requeues, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
