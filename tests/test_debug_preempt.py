@@ -149,7 +149,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
         assert step > 0 and global_step == (epoch - 1) * per_epoch + step, text  # mid-epoch, not an epoch restart
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         assert [m["epoch"] for m in metrics] == [1, 2] and metrics[-1]["step"] == 2 * per_epoch, metrics
-        assert not (run_dir / "stop_reason").exists()
+        assert (run_dir / "stop_reason").read_text().strip() == "completed"
 
         status = hpctrain("status", job_id, "--json")
         assert status.returncode == 0, status.stderr

@@ -135,7 +135,7 @@ def test_recipe_outlives_its_time_limit_by_requeueing(slurm, tmp_path: Path, fas
     assert "resumed at epoch 1" in log, log
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert metrics and metrics[-1]["epoch"] == 1, metrics
-    assert not (run_dir / "stop_reason").exists()
+    assert (run_dir / "stop_reason").read_text().strip() == "completed"
     assert scontrol_field(job_id, "JobState") in ("COMPLETED", None), log
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,8 +368,15 @@ def _all_hostnames(env: DistEnv) -> list[str]:
 
 def _wrap(model: nn.Module, run: Run) -> nn.Module:
     if run.strategy == "ddp" and run.env.is_distributed:
-        device_ids = [run.device.index] if run.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        if run.device.type == "cuda":
+            return nn.parallel.DistributedDataParallel(model, device_ids=[run.device.index])
+        # On CPU the resume contract is bitwise. DDP regroups its gradient buckets after the first step of every
+        # process, and gloo's sum order depends on the grouping, so a resumed run's first step would reduce in a
+        # different order than the uninterrupted run's. find_unused_parameters keeps the initial grouping for
+        # good (at the cost of one autograd-graph walk per step, small next to a CPU step).
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")
+            return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     if run.strategy == "dp":
         return nn.DataParallel(model)
     return model

@@ -20,6 +20,8 @@ from enum import IntEnum
 from pathlib import Path
 from types import FrameType
 
+from hpctrain.fsutil import write_atomic
+
 # Exit statuses that tell the batch script why the run ended. 75 is EX_TEMPFAIL: "try again later".
 EXIT_COMPLETED = 0
 EXIT_PREEMPTED = 75
@@ -110,9 +112,7 @@ def agree(local: StopReason, group: object = None) -> StopReason:
 
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:
-    """Record why the run stopped, for the batch script (requeue or not) and `hpctrain status`; clear it otherwise."""
-    path = run_dir / STOP_REASON_FILE
-    if reason is StopReason.NONE:
-        path.unlink(missing_ok=True)
-    else:
-        path.write_text(reason.label + "\n")
+    """Record how the run ended, for the batch script: `preempted` asks for a requeue, `cancelled` does not, and
+    `completed` forbids one (a time-limit warning can reach torchrun after training has finished)."""
+    label = "completed" if reason is StopReason.NONE else reason.label
+    write_atomic(run_dir / STOP_REASON_FILE, (label + "\n").encode())
