@@ -129,7 +129,7 @@ def test_local_problems_find_missing_images(tmp_path: Path) -> None:
     assert local_problems(ok) == []
     missing = ok.replace(environment=EnvironmentSpec(kind="apptainer", image=str(tmp_path / "nope.sif")))
     assert local_problems(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull it first (apptainer pull ...) or fix --image"]
-    registry = JobSpec(command=("x",), environment=EnvironmentSpec(kind="pyxis", image="nvcr.io#nvidia/pytorch:24.01-py3"))
+    registry = JobSpec(command=("x",), environment=EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3"))
     assert local_problems(registry) == []  # a registry reference is pulled by enroot on the node
     sqsh = registry.replace(environment=EnvironmentSpec(kind="pyxis", image=str(tmp_path / "x.sqsh")))
     assert "enroot image" in local_problems(sqsh)[0]

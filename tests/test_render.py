@@ -29,7 +29,7 @@ ENVIRONMENTS = {
     "conda": EnvironmentSpec(kind="conda", conda_env="hpctrain"),
     "venv": EnvironmentSpec(kind="venv", venv="~/venvs/hpctrain"),
     "apptainer": EnvironmentSpec(kind="apptainer", image="images/pytorch.sif", mounts=("/scratch:/scratch",)),
-    "pyxis": EnvironmentSpec(kind="pyxis", image="nvcr.io#nvidia/pytorch:24.01-py3", mounts=("/scratch:/scratch",), workdir="/workspace"),
+    "pyxis": EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3", mounts=("/scratch:/scratch",), workdir="/workspace"),
 }
 RESOURCES = {"cpu": {}, "gpu2": {"gpus_per_node": 2}, "shard16": {"shards_per_node": 16}}
 
