@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -11,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpctrain import checkpoint
+from training_helpers import clean_environ
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_user_script.py"
-LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT"}
-
-
-def clean_environ() -> dict[str, str]:
-    """The test run's environment without any launcher's variables (the script must find only ours)."""
-    return {
-        k: v for k, v in os.environ.items()
-        if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER"))
-    }
 
 
 def run(cmd: list[str], cwd: Path) -> str:

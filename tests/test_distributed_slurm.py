@@ -6,7 +6,6 @@ Needs root to start the cluster (scripts/local-slurm.sh up); node1 and node2 res
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.distributed import slurm_port
-from slurm_fixtures import LocalSlurm, slurm_cluster  # noqa: F401  (the shared session fixture)
+from slurm_fixtures import LocalSlurm
+from training_helpers import clean_environ
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -45,15 +45,6 @@ except UserError as err:
     print(sys.argv[1], "ERROR", err, flush=True)
 """
 
-LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT"}
-
-
-def clean_environ() -> dict[str, str]:
-    return {
-        k: v for k, v in os.environ.items()
-        if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER"))
-    }
 
 
 def srun(args: list[str], cwd: Path) -> str:

@@ -7,20 +7,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hpctrain.training.metrics import read_metrics
-from training_helpers import QUICK
+from training_helpers import QUICK, clean_environ
 
 pytestmark = pytest.mark.slow
 
 
 def torchrun(data_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    env["PYTHONUNBUFFERED"] = "1"
+    env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *extra[:2],
          "-m", "hpctrain", "train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir),

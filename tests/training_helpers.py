@@ -15,17 +15,27 @@ QUICK = ["--dataset", "fashion-mnist", "--train-limit", "512", "--test-limit", "
          "--log-interval", "0"]
 
 
+LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "MASTER_ADDR", "MASTER_PORT"}
+
+
+def clean_environ() -> dict[str, str]:
+    """The test run's environment without any launcher's variables (a child must find only what a test sets)."""
+    return {
+        k: v for k, v in os.environ.items()
+        if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER"))
+    }
+
+
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    environ.update(env or {})
+    environ = {**clean_environ(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True,
                           text=True, timeout=timeout)
 
 
 def start_hpctrain(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    environ["PYTHONUNBUFFERED"] = "1"
+    environ = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
