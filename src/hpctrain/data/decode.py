@@ -1,0 +1,127 @@
+"""Decode an image file straight to its output crop: RGB uint8, decoded at a reduced scale where the crop allows.
+
+JPEGs (nearly all of ImageNet) go through libjpeg-turbo via simplejpeg: the header gives the size, the crop is
+chosen in original pixels, and the image is decoded at the smallest 1/8-step scale that still covers the crop at
+the output size (a 500x375 photo cropped to 224x224 from a box of 150 pixels is decoded at 3/8 scale: several
+times less work). CMYK/YCCK JPEGs, files libjpeg-turbo rejects, PNGs and other formats go through Pillow (with
+its own `draft` reduced decoding for JPEGs), which accepts what torchvision's ImageFolder accepts. Grayscale
+becomes RGB. OpenCV crops and resizes (area interpolation when shrinking, bilinear when enlarging).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from typing import Protocol
+
+import numpy as np
+
+from hpctrain.data.transforms import Crop
+from hpctrain.errors import UserError
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+class CropSpec(Protocol):
+    size: tuple[int, int]  # output (height, width)
+
+    def crop(self, height: int, width: int, seed: int, epoch: int, index: int) -> Crop: ...
+
+
+class BadImageError(UserError):
+    """An image file that cannot be read or decoded; the message names the file and the fix."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"{path}: cannot decode this image ({reason}); replace or delete the file, "
+            "or pass --skip-bad-images to train without it"
+        )
+        self.path = path
+
+
+def load_crop(path: str, spec: CropSpec, seed: int, epoch: int, index: int, out: np.ndarray) -> None:
+    """Decode `path`, crop it as `spec` says for sample `index` of `epoch`, and write it into `out` (H, W, 3)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise BadImageError(path, err.strerror or str(err)) from err
+    try:
+        image, crop, scale = _decode(data, spec, seed, epoch, index)
+        _crop_resize(image, crop, scale, out)
+    except BadImageError:
+        raise
+    except Exception as err:  # decoders raise ValueError, OSError, PIL and cv2 errors: all mean "bad file"
+        raise BadImageError(path, f"{type(err).__name__}: {err}") from err
+
+
+def _decode(data: bytes, spec: CropSpec, seed: int, epoch: int,
+            index: int) -> tuple[np.ndarray, Crop, tuple[float, float]]:
+    """The decoded (maybe reduced) RGB image, the crop in original pixels, and decoded/original scale (y, x)."""
+    if data[:3] == JPEG_MAGIC:
+        simplejpeg = _simplejpeg()
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            colorspace = None  # let Pillow judge the file
+        if colorspace is not None and colorspace not in ("CMYK", "YCCK"):
+            crop = spec.crop(height, width, seed, epoch, index)
+            min_height, min_width = _min_decoded_size(height, width, crop, spec.size)
+            try:
+                image = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_height, min_width=min_width)
+            except ValueError:
+                pass  # e.g. a recoverable libjpeg warning; Pillow accepts what torchvision accepts
+            else:
+                return image, crop, (image.shape[0] / height, image.shape[1] / width)
+    return _decode_pillow(data, spec, seed, epoch, index)
+
+
+def _decode_pillow(data: bytes, spec: CropSpec, seed: int, epoch: int,
+                   index: int) -> tuple[np.ndarray, Crop, tuple[float, float]]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        width, height = img.size
+        crop = spec.crop(height, width, seed, epoch, index)
+        if img.format == "JPEG":
+            min_height, min_width = _min_decoded_size(height, width, crop, spec.size)
+            img.draft(None, (min_width, min_height))  # scaled DCT decoding, never below the requested size
+        rgb = img.convert("RGB")
+        image = np.asarray(rgb)
+    return image, crop, (image.shape[0] / height, image.shape[1] / width)
+
+
+def _min_decoded_size(height: int, width: int, crop: Crop, size: tuple[int, int]) -> tuple[int, int]:
+    """The smallest decoded size at which the crop still has at least the output's pixels."""
+    factor = min(1.0, max(size[0] / crop.height, size[1] / crop.width))
+    return math.ceil(height * factor), math.ceil(width * factor)
+
+
+def _crop_resize(image: np.ndarray, crop: Crop, scale: tuple[float, float], out: np.ndarray) -> None:
+    cv2 = _cv2()
+    sy, sx = scale
+    top, left = int(round(crop.top * sy)), int(round(crop.left * sx))
+    bottom = max(top + 1, min(image.shape[0], int(round((crop.top + crop.height) * sy))))
+    right = max(left + 1, min(image.shape[1], int(round((crop.left + crop.width) * sx))))
+    region = image[top:bottom, left:right]
+    out_h, out_w = out.shape[:2]
+    shrinking = region.shape[0] >= out_h and region.shape[1] >= out_w
+    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
+    resized = cv2.resize(region, (out_w, out_h), interpolation=interpolation)
+    out[...] = resized[:, ::-1] if crop.flip else resized
+
+
+@functools.cache
+def _simplejpeg():  # type: ignore[no-untyped-def]
+    import simplejpeg
+
+    return simplejpeg
+
+
+@functools.cache
+def _cv2():  # type: ignore[no-untyped-def]
+    import cv2
+
+    cv2.setNumThreads(1)  # one data worker = one core; parallelism comes from the worker processes
+    return cv2
