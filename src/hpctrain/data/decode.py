@@ -5,7 +5,7 @@ chosen in original pixels, and the image is decoded at the smallest 1/8-step sca
 the output size (a 500x375 photo cropped to 224x224 from a box of 150 pixels is decoded at 3/8 scale: several
 times less work). CMYK/YCCK JPEGs, files libjpeg-turbo rejects, PNGs and other formats go through Pillow (with
 its own `draft` reduced decoding for JPEGs), which accepts what torchvision's ImageFolder accepts. Grayscale
-becomes RGB. OpenCV crops and resizes (area interpolation when shrinking, bilinear when enlarging).
+becomes RGB. OpenCV crops and resizes (see `_crop_resize`).
 """
 
 from __future__ import annotations
@@ -99,16 +99,27 @@ def _min_decoded_size(height: int, width: int, crop: Crop, size: tuple[int, int]
 
 
 def _crop_resize(image: np.ndarray, crop: Crop, scale: tuple[float, float], out: np.ndarray) -> None:
+    """Resample the crop box (original pixels; `image` is decoded at `scale`) onto `out`, mirrored if asked.
+
+    Up to 2x shrinking (always the case after a reduced-size decode) an exact affine map: a reduced image's
+    box has fractional corners, and rounding them would shift the picture by up to half a decoded pixel.
+    Beyond 2x (full-size decodes of PNGs and the like) area averaging of the rounded box, against aliasing.
+    """
     cv2 = _cv2()
     sy, sx = scale
+    out_h, out_w = out.shape[:2]
+    fy, fx = crop.height * sy / out_h, crop.width * sx / out_w  # source pixels per output pixel
+    if fx <= 2 and fy <= 2:
+        x_step, x_start = (-fx, crop.left * sx + (out_w - 0.5) * fx - 0.5) if crop.flip else \
+            (fx, crop.left * sx + 0.5 * fx - 0.5)
+        matrix = np.array([[x_step, 0.0, x_start], [0.0, fy, crop.top * sy + 0.5 * fy - 0.5]])
+        cv2.warpAffine(image, matrix, (out_w, out_h), dst=out,
+                       flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE)
+        return
     top, left = int(round(crop.top * sy)), int(round(crop.left * sx))
     bottom = max(top + 1, min(image.shape[0], int(round((crop.top + crop.height) * sy))))
     right = max(left + 1, min(image.shape[1], int(round((crop.left + crop.width) * sx))))
-    region = image[top:bottom, left:right]
-    out_h, out_w = out.shape[:2]
-    shrinking = region.shape[0] >= out_h and region.shape[1] >= out_w
-    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
-    resized = cv2.resize(region, (out_w, out_h), interpolation=interpolation)
+    resized = cv2.resize(image[top:bottom, left:right], (out_w, out_h), interpolation=cv2.INTER_AREA)
     out[...] = resized[:, ::-1] if crop.flip else resized
 
 
