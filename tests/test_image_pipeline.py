@@ -80,6 +80,20 @@ def test_reduced_size_decoding_is_used_and_matches_full_decoding(photo_folders: 
     assert np.mean(differences) < 3 and max(differences) < 8  # out of 255: resampling noise, same picture
 
 
+def test_validation_crop_matches_torchvision_resize_center_crop(photo_folders: Path) -> None:
+    import torchvision.transforms as T
+    from PIL import Image
+
+    classic = T.Compose([T.Resize(256), T.CenterCrop(224)])
+    differences = []
+    for path in sorted((photo_folders / "val").glob("*/*")):  # RGB, grayscale, CMYK JPEGs and a PNG
+        ours = np.zeros((224, 224, 3), np.uint8)
+        load_crop(str(path), CenterCrop(), 0, 0, 0, ours)
+        theirs = np.asarray(classic(Image.open(path).convert("RGB")))
+        differences.append(np.abs(ours.astype(int) - theirs).mean())
+    assert np.mean(differences) < 5 and max(differences) < 12  # out of 255: resampling noise, same picture
+
+
 def test_corrupt_image_error_names_the_file(photo_folders: Path, tmp_path: Path) -> None:
     bad = tmp_path / "truncated.JPEG"
     bad.write_bytes((photo_folders / "train" / "n0004_odd" / "gray.JPEG").read_bytes()[:1500])
@@ -257,3 +271,18 @@ def test_to_device_normalizes_in_channels_last() -> None:
 
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+
+
+def test_progressive_resizing_keeps_the_crop_boxes(photo_folders: Path) -> None:
+    source = ImageFolderSource.from_folders(photo_folders, None, None, LoaderConfig(workers=0), seed=4,
+                                            train_crop=RandomResizedCrop(size=(96, 96)))
+    plan = EpochPlan(source.num_train, global_batch=4, world_size=1, seed=4)
+    large = next(iter(source.train_batches(plan, 0, 0, 0)))
+    small = next(iter(source.train_batches(plan, 0, 0, 0, size=(48, 48))))
+    assert small.images.shape == (4, 48, 48, 3) and large.images.shape == (4, 96, 96, 3)
+    # the same box at half the size: 2x2 averages of the large output are close to the small one
+    halved = large.images.float().reshape(4, 48, 2, 48, 2, 3).mean(dim=(2, 4))
+    assert (halved - small.images.float()).abs().mean() < 8
+    other_seed = ImageFolderSource.from_folders(photo_folders, None, None, LoaderConfig(workers=0), seed=5,
+                                                train_crop=RandomResizedCrop(size=(48, 48)))
+    assert (next(iter(other_seed.train_batches(plan, 0, 0, 0))).images.float() - small.images.float()).abs().mean() > 8

@@ -22,6 +22,7 @@ tensors, no stacking, no float work outside the device.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -32,7 +33,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from hpctrain.data.decode import BadImageError, CropSpec, load_crop
-from hpctrain.data.imagefolder import ImageSet
+from hpctrain.data.imagefolder import ImageSet, find_image_folders
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.training.sampler import EpochPlan, mix_seed
@@ -163,9 +164,20 @@ class ImageFolderSource:
         self.num_classes = len(train.classes)
         self.image_size = self.train_crop.size
 
-    def train_batches(self, plan: EpochPlan, epoch: int, start_step: int, rank: int) -> Batches:
+    @classmethod
+    def from_folders(cls, data: str | os.PathLike, val_path: str | os.PathLike | None,
+                     val_labels: str | os.PathLike | None, config: LoaderConfig, seed: int,
+                     train_crop: CropSpec | None = None, eval_crop: CropSpec | None = None) -> ImageFolderSource:
+        """Scan DATA (see `find_image_folders`) and serve its images."""
+        found = find_image_folders(data, val_path, val_labels)
+        return cls(found.train, found.val, config, seed, train_crop, eval_crop)
+
+    def train_batches(self, plan: EpochPlan, epoch: int, start_step: int, rank: int,
+                      size: tuple[int, int] | None = None) -> Batches:
+        """`size` overrides the output size for this epoch (progressive resizing); the crop boxes do not change."""
+        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
         requests = TrainRequests(plan, epoch, start_step, rank)
-        dataset = ImageBatchDataset(self.train, self.train_crop, self.seed)
+        dataset = ImageBatchDataset(self.train, crop, self.seed)
         return self._stream(dataset, requests, plan.global_batch // plan.world_size)
 
     def eval_batches(self, world_size: int, rank: int, batch_size: int) -> Batches:
@@ -173,12 +185,12 @@ class ImageFolderSource:
             raise UserError("no validation images: add DATA/val/<class>/* or pass --val-path DIR")
         requests = eval_requests(len(self.val), world_size, rank, batch_size)
         dataset = ImageBatchDataset(self.val, self.eval_crop, self.seed)
-        return self._stream(dataset, requests, batch_size, crop=self.eval_crop)
+        return self._stream(dataset, requests, batch_size)
 
     def _stream(self, dataset: ImageBatchDataset, requests: Sequence[BatchRequest] | TrainRequests,
-                batch_size: int, crop: CropSpec | None = None) -> Batches:
+                batch_size: int) -> Batches:
         cfg = self.config
-        height, width = (crop or self.train_crop).size
+        height, width = dataset.spec.size
         check_shared_memory(batch_size * height * width * 3, cfg)
         loader: Iterable[Batch] = torch.utils.data.DataLoader(
             dataset,
