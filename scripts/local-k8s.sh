@@ -6,6 +6,7 @@
 #   scripts/local-k8s.sh up      install (if needed), build (if needed) and start it
 #   scripts/local-k8s.sh down    stop it, remove its state and its kubeconfig context
 #   scripts/local-k8s.sh status  print what runs; exit 0 only if it is up and ready
+#   scripts/local-k8s.sh build   only build and cache kube-apiserver (up does it when needed)
 #
 # Needs root (up/down) on Debian 12. kube-apiserver 1.20 is built from Debian's
 # `kubernetes` source package (fetched through a temporary deb-src list; the
@@ -113,7 +114,7 @@ apt_install() {
     [ "${#missing[@]}" -eq 0 ] && return
     command -v apt-get >/dev/null 2>&1 || die "missing packages ${missing[*]} and there is no apt-get"
     say "installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
+    export DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes
     if [ "$APT_UPDATED" -eq 0 ]; then
         apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
         APT_UPDATED=1
@@ -163,7 +164,8 @@ fetch_source() {
     apt-get "${opts[@]}" update -qq >&2 || say "warning: 'apt-get update' of the deb-src lists reported errors" >&2
     (cd "$work/dl" && apt-get "${opts[@]}" source --download-only -qq kubernetes >&2) ||
         die "could not download the kubernetes source package (is there a Debian 12 deb-src for your apt sources?)"
-    dsc=$(ls "$work"/dl/kubernetes_*.dsc | head -n 1)
+    dsc=$(find "$work/dl" -maxdepth 1 -name 'kubernetes_*.dsc' | head -n 1)
+    [ -n "$dsc" ] || die "apt-get source left no kubernetes_*.dsc"
     version=$(sed -n 's/^Version: //p' "$dsc" | head -n 1)
     [ -n "$version" ] || die "no Version in $dsc"
     # apt-get has checked the files against the signed Sources index.
@@ -190,7 +192,7 @@ build_apiserver() {
     [ -d "$vendored" ] || die "the source has no $vendored"
     find "$vendored" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -delete
     find "$REFLECT2_DEB" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -exec cp {} "$vendored/" \;
-    say "building kube-apiserver $version (10-20 minutes on 2 cores; log: $work/build.log)" >&2
+    say "building kube-apiserver $version (5-20 minutes on 2 cores; log: $work/build.log)" >&2
     if ! (cd "$work/src" &&
         PATH="$GO_BIN:$PATH" CGO_ENABLED=0 GOCACHE="$work/gocache" GOFLAGS="" \
             make WHAT=cmd/kube-apiserver KUBE_BUILD_PLATFORMS=linux/amd64) >"$work/build.log" 2>&1; then
@@ -416,6 +418,10 @@ cmd_down() {
 }
 
 cmd_status() {
+    if [ -e "$STATE_DIR" ] && [ ! -r "$STATE_DIR/ports" ]; then
+        say "cannot read $STATE_DIR: run as root"
+        return 1
+    fi
     if ! load_ports 2>/dev/null; then
         say "down (no state in $STATE_DIR)"
         return 1
