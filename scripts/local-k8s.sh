@@ -68,7 +68,7 @@ default_kubeconfig() {
     if [ -n "$first" ]; then
         printf '%s\n' "$first"
     else
-        printf '%s\n' "$HOME/.kube/config"
+        printf '%s\n' "${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.kube/config"
     fi
 }
 

@@ -47,6 +47,7 @@ def test_kubeflow_crds_established(k8s_cluster: LocalK8s) -> None:
         assert name in crds, f"CRD {name} is not installed"
         conditions = {c.type: c.status for c in crds[name].status.conditions or []}
         assert conditions.get("Established") == "True", f"{name}: {conditions}"
+        assert crds[name].metadata.deletion_timestamp is None, f"{name} is being deleted"
     served = crds["pytorchjobs.kubeflow.org"].spec
     shipped = vendored("kubeflow.org_pytorchjobs.yaml")["spec"]
     assert (served.group, served.names.kind, [v.name for v in served.versions]) == (

@@ -185,12 +185,15 @@ class Api:
         return "replaced"
 
     def crd_established(self, name: str) -> bool | None:
-        """True/False from the CRD's Established condition; None when there is no such CRD."""
+        """True/False from the CRD's Established condition (False while it is being deleted); None when there is
+        no such CRD."""
         status, body = self.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
         if status == 404:
             return None
         if status != 200:
             raise Failure(f"reading CRD {name} failed: {body.get('message', status)}")
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            return False  # being deleted
         conditions = body.get("status", {}).get("conditions") or []
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
