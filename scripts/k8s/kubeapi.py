@@ -286,6 +286,9 @@ def main(argv: list[str]) -> int:
     except Failure as exc:
         print(f"kubeapi.py: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 
