@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-# The `slurm_cluster` fixture and its LocalSlurm helper (starts scripts/local-slurm.sh when the cluster is down).
-pytest_plugins = ["slurm_fixtures"]
+# The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down).
+pytest_plugins = ["slurm_fixtures", "k8s_fixtures"]
 
 FASHION_MNIST_SOURCE = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_FILES = (

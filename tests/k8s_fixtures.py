@@ -1,0 +1,69 @@
+"""The `k8s_cluster` fixture: the local Kubernetes API server of scripts/local-k8s.sh, started once per session.
+
+Register in conftest.py with `pytest_plugins = ["k8s_fixtures"]`. The fixture runs `scripts/local-k8s.sh up` when
+`status` says the server is not up (as root; the first run on a machine builds kube-apiserver, 5-20 minutes) and
+fails with the script's output when it cannot come up. It never stops the server. With HPCTRAIN_K8S_OPTIONAL=1 a
+server that is not up skips the tests instead (for machines that cannot build it); CI leaves that unset, so there
+the tests run or fail.
+
+The server is real (etcd + kube-apiserver 1.20 with the Kubeflow CRDs) but has no kubelet and no controllers: no
+pod ever runs and no job is turned into pods unless a test does it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "local-k8s.sh"
+CONTEXT = "hpctrain-local"
+CRD_NAMES = (
+    "pytorchjobs.kubeflow.org",
+    "trainjobs.trainer.kubeflow.org",
+    "trainingruntimes.trainer.kubeflow.org",
+    "clustertrainingruntimes.trainer.kubeflow.org",
+)
+# A cold `up` builds kube-apiserver from source.
+UP_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class LocalK8s:
+    """The running local API server, reached through the `hpctrain-local` context of the default kubeconfig
+    (named explicitly, so that tests never touch another cluster that happens to be current)."""
+
+    script: Path
+    context: str = CONTEXT
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient for the local server."""
+        from kubernetes import config
+
+        return config.new_client_from_config(context=self.context)
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> LocalK8s:
+    """Start (or reuse) the local API server; fail with the reason when that is impossible."""
+    if not SCRIPT.is_file():
+        pytest.fail(f"{SCRIPT} is missing")
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        pytest.fail("the kubernetes client is not installed: pip install -e '.[k8s]'")
+    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, check=False)
+    if status.returncode != 0:
+        if os.environ.get("HPCTRAIN_K8S_OPTIONAL") == "1":
+            pytest.skip(f"the local Kubernetes API server is not up (HPCTRAIN_K8S_OPTIONAL=1): {status.stdout.strip()}")
+        if os.geteuid() != 0:
+            pytest.fail("the local Kubernetes API server is not up and starting it needs root: run `sudo scripts/local-k8s.sh up`")
+        up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=UP_TIMEOUT_S)
+        if up.returncode != 0:
+            pytest.fail(f"`scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")
+    return LocalK8s(script=SCRIPT)
