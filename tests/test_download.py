@@ -647,3 +647,18 @@ def test_cli_full_disk_says_so_and_where(full_disk, http_mirror, fashion_mnist_s
     assert "internet" not in result.stderr and "warning" not in result.stderr and "Traceback" not in result.stderr
     assert http_mirror.requests(second) == []  # no other mirror can fix a full disk
     assert list((full_disk / "fashion-mnist").iterdir()) == []  # the partial file is gone
+
+
+@pytest.mark.parametrize(
+    "text,shown",
+    [
+        ("http://alice:s3cret@host/x", "http://alice:***@host/x"),
+        ("http://alice:p@ss@host:8080/x y", "http://alice:***@host:8080/x y"),  # an unencoded @ in the password
+        ("a https://u:pw@h/a and file://v:q@k/b", "a https://u:***@h/a and file://v:***@k/b"),
+        ("http://host/a:b@c", "http://host/a:b@c"),  # no credentials, only a path
+    ],
+)
+def test_redact(text, shown):
+    from hpctrain.data.download import redact
+
+    assert redact(text) == shown

@@ -45,7 +45,7 @@ SIZE_CAP_SLACK = 64 << 10
 # A transfer averaging fewer bytes per second than this over a --timeout window is abandoned (a trickle of one
 # byte per second never trips the per-read timeout).
 DEFAULT_MIN_RATE = 1000.0
-_CREDENTIALS_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/@\s]*@")
+_CREDENTIALS_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/\s]*@")
 
 
 def redact(text: str) -> str:
