@@ -76,7 +76,7 @@ def tiny_dataset(directory: Path) -> DatasetSpec:
         archive = gzip.compress(raw, mtime=0)
         name = f"tiny-{role}"
         (directory / (name + ".gz")).write_bytes(archive)
-        files[role] = FileSpec(name, hashlib.md5(archive).hexdigest(), hashlib.md5(raw).hexdigest())
+        files[role] = FileSpec(name, hashlib.md5(archive).hexdigest(), hashlib.md5(raw).hexdigest(), len(raw))
     return DatasetSpec(name="tiny", files=files, mirrors=())
 
 
@@ -86,9 +86,28 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
     root: Path
     mode: str
     log: list[str]
+    sent: list[int]  # bytes written per request, for the modes that stream without end
+    authorization: list[str | None]  # the Authorization header of each request
 
     def do_GET(self) -> None:
         self.log.append(self.path)
+        self.authorization.append(self.headers.get("Authorization"))
+        if self.mode in ("endless", "huge-length"):  # a misconfigured server streaming zeros, bounded for the test
+            self.sent.append(0)
+            self.send_response(200)
+            if self.mode == "huge-length":
+                self.send_header("Content-Length", str(10**12))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            block = bytes(1 << 16)
+            try:
+                while self.sent[-1] < 64 << 20:
+                    self.wfile.write(block)
+                    self.sent[-1] += len(block)
+            except OSError:  # the client stopped reading
+                pass
+            self.close_connection = True
+            return
         path = self.root / self.path.lstrip("/")
         if not path.is_file():
             self.send_error(404)
@@ -113,6 +132,16 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
                     time.sleep(0.02)
             except OSError:  # the client went away
                 return
+        elif self.mode == "trickle":  # one byte per 50 ms, never silent for a whole --timeout; at most 200 bytes
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                for i in range(min(len(data), 200)):
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                return
         elif self.mode == "html":  # a captive portal or login page
             body = b"<html><body>Please log in</body></html>"
             self.send_header("Content-Length", str(len(body)))
@@ -127,17 +156,21 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def misbehaving_server():
+    """start(root, mode) -> (base URL, requested paths); start.handlers[-1] has .sent and .authorization."""
     servers = []
+    handlers: list[type[_Misbehaving]] = []
 
     def start(root: Path, mode: str) -> tuple[str, list[str]]:
         log: list[str] = []
-        handler = type("H", (_Misbehaving,), {"root": root, "mode": mode, "log": log})
+        handler = type("H", (_Misbehaving,), {"root": root, "mode": mode, "log": log, "sent": [], "authorization": []})
+        handlers.append(handler)
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/", log
 
+    start.handlers = handlers
     yield start
     for server in servers:
         server.shutdown()
@@ -393,8 +426,13 @@ def test_real_files_checksums(fashion_mnist_source):
     for role in ROLES:
         fspec = FASHION.files[role]
         assert check_file(fashion_mnist_source / fspec.archive_name, fspec) is None
-    wrong = FASHION.files["test_labels"]
-    assert "checksum mismatch" in check_file(fashion_mnist_source / FASHION.files["train_labels"].archive_name, wrong)
+    wrong = FASHION.files["train_labels"]
+    assert "checksum mismatch" in check_file(fashion_mnist_source / FASHION.files["test_labels"].archive_name, wrong)
+    # A longer file is refused once it decompresses past the published size, without reading the rest.
+    shorter = FASHION.files["test_labels"]
+    assert check_file(fashion_mnist_source / FASHION.files["train_labels"].archive_name, shorter) == (
+        "decompresses to more than the published 10008 bytes"
+    )
 
 
 def test_mirror_validation(tmp_path):
@@ -473,3 +511,154 @@ def test_an_installed_system_copy_is_used_before_the_network(tmp_path, http_mirr
     assert len(paths) == 4 and all(p.is_file() for p in paths)
     assert http_mirror.requests(web) == [], "the network was not needed"
     assert get_dataset_spec("fashion-mnist").local_copies == (str(fashion_mnist_source),)
+
+
+# ---------------------------------------------------------------- hostile or unlucky mirrors and disks
+
+
+@pytest.mark.parametrize("mode", ["endless", "huge-length"])
+def test_a_mirror_streaming_without_end_is_cut_off(tmp_path, misbehaving_server, mode):
+    spec = tiny_dataset(tmp_path / "src")
+    url, _ = misbehaving_server(tmp_path / "src", mode)
+    with pytest.raises(UserError) as err:
+        download(spec, tmp_path / "data", [url], progress=False)
+    message = str(err.value)
+    assert f"{url}tiny-train_images.gz: " in message  # names the mirror
+    cap = 2 * spec.files["train_images"].raw_size + (64 << 10)
+    if mode == "endless":
+        assert f"sent more than {cap} bytes for a" in message
+    else:
+        assert f"announces 1000000000000 bytes, more than the {cap}" in message
+    sent = misbehaving_server.handlers[-1].sent
+    assert len(sent) == 1 and sent[0] < 64 << 20, "the client read the whole stream"
+    assert list((tmp_path / "data" / "tiny").iterdir()) == []
+
+
+def test_a_trickling_mirror_is_abandoned_below_the_minimum_rate(tmp_path, misbehaving_server, http_mirror, capsys):
+    """One byte per 50 ms never trips the per-read timeout; the minimum rate over a --timeout window does."""
+    spec = tiny_dataset(tmp_path / "src")
+    slow, log = misbehaving_server(tmp_path / "src", "trickle")
+    good = http_mirror(tmp_path / "src")
+    paths = download(spec, tmp_path / "data", [slow, good], progress=False, timeout=0.5, min_rate=1000)
+    assert all(check_file(p, spec.files[r]) is None for p, r in zip(paths, ROLES))
+    err = capsys.readouterr().err
+    assert err.count(f"warning: tiny: {slow}tiny-") == 4
+    assert err.count("bytes/s over") == 4 and "below --min-rate 1000; use a faster --mirror" in err
+    assert leftovers(tmp_path / "data" / "tiny") == []
+
+
+def test_cli_trickling_mirror_fails_with_the_fix(tmp_path, misbehaving_server, fashion_mnist_source):
+    slow, _ = misbehaving_server(fashion_mnist_source, "trickle")
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow, "--timeout", "0.5", "--min-rate", "1000")
+    assert result.returncode == 2, result.stderr
+    assert f"- {slow}train-images-idx3-ubyte.gz: too slow:" in result.stderr
+    assert "lower --min-rate" in result.stderr and "Traceback" not in result.stderr
+    assert leftovers(tmp_path / "fashion-mnist") == []
+    bad = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--min-rate", "nan")
+    assert bad.returncode == 2 and "--min-rate nan: must be a number of bytes per second >= 0" in bad.stderr
+
+
+def test_cli_sigterm_removes_the_partial_download(tmp_path, misbehaving_server, fashion_mnist_source):
+    slow, _ = misbehaving_server(fashion_mnist_source, "slow")
+    target = tmp_path / "fashion-mnist"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until bytes are arriving
+            parts = list(target.glob(".*.part")) if target.is_dir() else []
+            if parts and parts[0].stat().st_size > 0:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the download never started")
+        assert proc.poll() is None, "the download finished before it could be terminated"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == "hpctrain download: terminated by SIGTERM; partial files removed"
+    assert "Traceback" not in stderr
+    assert list(target.iterdir()) == []
+
+
+def test_a_directory_where_the_file_goes_is_a_clear_error(tmp_path, http_mirror):
+    spec = tiny_dataset(tmp_path / "src")
+    url = http_mirror(tmp_path / "src")
+    blocker = tmp_path / "data" / "tiny" / spec.files["train_images"].archive_name
+    (blocker / "inside").mkdir(parents=True)
+    with pytest.raises(UserError) as err:
+        download(spec, tmp_path / "data", [url], progress=False)
+    assert str(err.value) == (
+        f"{blocker} is a directory, where the downloaded file must go; move or remove it, "
+        "or pass --data-dir naming another directory"
+    )
+    assert http_mirror.requests(url) == []
+    assert (blocker / "inside").is_dir()  # the user's directory is left alone
+
+
+def test_cli_password_in_a_mirror_url_is_never_printed(tmp_path, misbehaving_server, fashion_mnist_source):
+    secret = "s3cr%40t"  # percent-encoded '@', as a URL carries it
+    refused = closed_port_url().replace("http://", f"http://alice:{secret}@")
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", refused, "--timeout", "5")
+    assert result.returncode == 2
+    assert "s3cr" not in result.stderr and "alice:***@127.0.0.1" in result.stderr
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", f"ftp://alice:{secret}@host/")
+    assert result.returncode == 2 and "s3cr" not in result.stderr and "ftp://alice:***@host/" in result.stderr
+
+    # The credentials are used (HTTP Basic authentication), only never shown.
+    import base64
+
+    url, _ = misbehaving_server(tmp_path / "nothing-here", "short")
+    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url.replace("http://", f"http://alice:{secret}@"))
+    assert result.returncode == 2 and "HTTP error 404" in result.stderr
+    assert "s3cr" not in result.stderr and result.stderr.count("alice:***@127.0.0.1") >= 2
+    sent = misbehaving_server.handlers[-1].authorization
+    assert sent and set(sent) == {"Basic " + base64.b64encode(b"alice:s3cr@t").decode()}
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs: writing a dataset file into it fails with ENOSPC (needs root, as CI runs)."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {result.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_cli_full_disk_says_so_and_where(full_disk, http_mirror, fashion_mnist_source):
+    first = http_mirror(fashion_mnist_source)
+    second = http_mirror(fashion_mnist_source)
+    result = run_cli("fashion-mnist", "--data-dir", str(full_disk), "--mirror", first, "--mirror", second)
+    assert result.returncode == 2
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith(
+        f"hpctrain download: error: cannot write train-images-idx3-ubyte.gz into {full_disk / 'fashion-mnist'}: "
+        "the file system is full (No space left on device"
+    )
+    assert "free space there, or pass --data-dir on a file system with room" in error
+    assert "internet" not in result.stderr and "warning" not in result.stderr and "Traceback" not in result.stderr
+    assert http_mirror.requests(second) == []  # no other mirror can fix a full disk
+    assert list((full_disk / "fashion-mnist").iterdir()) == []  # the partial file is gone
+
+
+@pytest.mark.parametrize(
+    "text,shown",
+    [
+        ("http://alice:s3cret@host/x", "http://alice:***@host/x"),
+        ("http://alice:p@ss@host:8080/x y", "http://alice:***@host:8080/x y"),  # an unencoded @ in the password
+        ("a https://u:pw@h/a and file://v:q@k/b", "a https://u:***@h/a and file://v:***@k/b"),
+        ("http://host/a:b@c", "http://host/a:b@c"),  # no credentials, only a path
+    ],
+)
+def test_redact(text, shown):
+    from hpctrain.data.download import redact
+
+    assert redact(text) == shown

@@ -171,3 +171,47 @@ def test_images_and_labels_that_do_not_belong_together(tmp_path):
         write(target / spec.files[role].archive_name, idx_bytes(torch.zeros(shape, dtype=torch.uint8)), gz=True)
     with pytest.raises(UserError, match="has 5 images but .* has 4 labels.*hpctrain download fashion-mnist"):
         load_dataset("fashion-mnist", tmp_path)
+
+
+# ---------------------------------------------------------------- bounded reading: the header's size, not the stream's
+
+
+def _gzip_of_header_then_zeros(path, shape, zeros: int) -> Path:
+    """A gzip file: an IDX header declaring `shape`, then `zeros` zero bytes (compressed about 1000-fold)."""
+    import zlib
+
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip framing
+    block = bytes(1 << 20)
+    with open(path, "wb") as out:
+        out.write(compressor.compress(struct.pack(">HBB", 0, 8, len(shape)) + struct.pack(f">{len(shape)}I", *shape)))
+        for _ in range(zeros // len(block)):
+            out.write(compressor.compress(block))
+        out.write(compressor.flush())
+    return path
+
+
+def test_a_decompression_bomb_is_read_only_as_far_as_its_header_declares(tmp_path):
+    """128 MiB of zeros behind a header declaring 7,840 bytes: refused after reading about what the header
+    declares (the peak of Python allocations while reading stays far below what the stream would expand to)."""
+    import tracemalloc
+
+    path = _gzip_of_header_then_zeros(tmp_path / "bomb.gz", (10, 28, 28), 128 << 20)
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserError, match="has trailing bytes.*7856"):
+            read_idx(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, f"reading allocated {peak} bytes at its peak"
+
+
+def test_a_header_promising_more_than_the_file_can_hold_is_refused_before_reading(tmp_path):
+    path = _gzip_of_header_then_zeros(tmp_path / "liar.gz", (1 << 20, 1 << 20), 0)
+    with pytest.raises(UserError, match=r"implies 1099511627788 bytes, more than the file can hold.*hpctrain download"):
+        read_idx(path)
+    raw = tmp_path / "liar"
+    raw.write_bytes(struct.pack(">HBBI", 0, 8, 1, 1000) + bytes(10))
+    with pytest.raises(UserError, match="implies 1008 bytes, more than the file can hold"):
+        read_idx(raw)

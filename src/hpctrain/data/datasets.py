@@ -18,6 +18,7 @@ class FileSpec:
     name: str
     gz_md5: str  # md5 of the published .gz archive
     raw_md5: str  # md5 of the decompressed content: survives recompression by mirrors such as Debian
+    raw_size: int  # bytes of the decompressed content: bounds what a download or a check may read
 
     @property
     def archive_name(self) -> str:
@@ -39,13 +40,14 @@ class DatasetSpec:
 
 
 def _idx_files(md5s: dict[str, tuple[str, str]]) -> dict[str, FileSpec]:
+    # name, and size: the IDX header (4 bytes + 4 per dimension) plus one byte per element (60,000/10,000 28x28 images).
     names = {
-        "train_images": "train-images-idx3-ubyte",
-        "train_labels": "train-labels-idx1-ubyte",
-        "test_images": "t10k-images-idx3-ubyte",
-        "test_labels": "t10k-labels-idx1-ubyte",
+        "train_images": ("train-images-idx3-ubyte", 16 + 60_000 * 28 * 28),
+        "train_labels": ("train-labels-idx1-ubyte", 8 + 60_000),
+        "test_images": ("t10k-images-idx3-ubyte", 16 + 10_000 * 28 * 28),
+        "test_labels": ("t10k-labels-idx1-ubyte", 8 + 10_000),
     }
-    return {role: FileSpec(names[role], *md5s[role]) for role in ROLES}
+    return {role: FileSpec(names[role][0], *md5s[role], raw_size=names[role][1]) for role in ROLES}
 
 
 DATASETS: dict[str, DatasetSpec] = {

@@ -7,10 +7,14 @@ under the final name, even when several users or array tasks download into a sha
 
 from __future__ import annotations
 
+import base64
+import errno
 import gzip
 import hashlib
 import http.client
 import os
+import re
+import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +38,23 @@ SCHEMES = ("http", "https", "file")
 # A live download rewrites its .part file at least every read timeout; one untouched this long was orphaned
 # by a killed process (another user's download into a shared directory may be live, hence no quicker rule).
 STALE_PART_AGE_S = 3600.0
+# A mirror may send at most this multiple of the file's uncompressed size (the largest valid form), plus slack:
+# a misconfigured server streaming without end is cut off, not allowed to fill the disk.
+SIZE_CAP_FACTOR = 2
+SIZE_CAP_SLACK = 64 << 10
+# A transfer averaging fewer bytes per second than this over a --timeout window is abandoned (a trickle of one
+# byte per second never trips the per-read timeout).
+DEFAULT_MIN_RATE = 1000.0
+_CREDENTIALS_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/\s]*@")
+
+
+def redact(text: str) -> str:
+    """Hide the password of every URL in `text`: scheme://user:secret@host -> scheme://user:***@host."""
+    return _CREDENTIALS_RE.sub(r"\g<scheme>:***@", text)
+
+
+def max_download_bytes(fspec: FileSpec) -> int:
+    return SIZE_CAP_FACTOR * fspec.raw_size + SIZE_CAP_SLACK
 
 
 # ---------------------------------------------------------------- verification
@@ -44,11 +65,16 @@ def _md5() -> "hashlib._Hash":
     return hashlib.md5(usedforsecurity=False)
 
 
-def _md5_of_stream(read) -> str:
+def _md5_of_stream(read, limit: int | None = None) -> tuple[str, int]:
+    """md5 and length of what `read` yields, stopping once more than `limit` bytes came (a decompression bomb)."""
     digest = _md5()
+    size = 0
     while block := read(CHUNK):
         digest.update(block)
-    return digest.hexdigest()
+        size += len(block)
+        if limit is not None and size > limit:
+            break
+    return digest.hexdigest(), size
 
 
 def check_file(path: os.PathLike | str, fspec: FileSpec) -> str | None:
@@ -61,7 +87,7 @@ def check_file(path: os.PathLike | str, fspec: FileSpec) -> str | None:
     with open(path, "rb") as f:
         head = f.read(2)
         f.seek(0)
-        digest = _md5_of_stream(f.read)
+        digest, _ = _md5_of_stream(f.read)
     if head == GZIP_MAGIC:
         if digest == fspec.gz_md5:
             return None
@@ -69,11 +95,13 @@ def check_file(path: os.PathLike | str, fspec: FileSpec) -> str | None:
             # Stream through the same gzip reader read_idx uses, so "valid" here means "readable there"
             # (multi-member archives pass; trailing garbage fails) and memory stays bounded.
             with gzip.open(path, "rb") as f:
-                raw = _md5_of_stream(f.read)
+                raw, size = _md5_of_stream(f.read, limit=fspec.raw_size)
         except EOFError:
             return "truncated gzip data"
         except (OSError, zlib.error) as err:
             return f"corrupt gzip data ({err})"
+        if size > fspec.raw_size:
+            return f"decompresses to more than the published {fspec.raw_size} bytes"
         if raw == fspec.raw_md5:
             return None
         return f"checksum mismatch: decompressed md5 {raw}, expected {fspec.raw_md5}"
@@ -196,7 +224,7 @@ def normalize_mirror(mirror: str) -> str:
             mirror = Path(mirror).resolve().as_uri()
         else:
             raise UserError(
-                f"mirror {mirror!r} is not an http://, https:// or file:// URL (nor an existing directory); "
+                f"mirror {redact(repr(mirror))} is not an http://, https:// or file:// URL (nor an existing directory); "
                 "pass e.g. --mirror https://host/path/ or --mirror file:///shared/datasets/mnist/"
             )
     return mirror if mirror.endswith("/") else mirror + "/"
@@ -209,36 +237,99 @@ def _apply_umask(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def _fetch_one(url: str, fspec: FileSpec, final: Path, timeout: float, reporter: _PlainReporter) -> str | None:
-    """Try one URL; on success `final` holds a verified copy. Return None, or what went wrong."""
-    fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
+def _open(url: str, timeout: float):
+    """urlopen, sending an http(s) URL's user:password as Basic authentication (urllib itself ignores them)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return urllib.request.urlopen(url, timeout=timeout)
+    credentials, _, host = parts.netloc.rpartition("@")
+    user, _, password = credentials.partition(":")
+    token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=host)))
+    request.add_unredirected_header("Authorization", f"Basic {token}")  # never sent on to where a redirect points
+    return urllib.request.urlopen(request, timeout=timeout)
+
+
+def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> UserError:
+    """A failure to write here is not the mirror's fault: say what it is, and stop trying other mirrors."""
+    where = final.parent
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "the file system is full" if err.errno == errno.ENOSPC else "the disk quota is used up"
+        try:
+            free = f", {_human(shutil.disk_usage(where).free)} free"
+        except OSError:
+            free = ""
+        return UserError(
+            f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {_human(received)}; "
+            f"the file needs up to {_human(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
+        )
+    return UserError(f"cannot write {final.name} into {where}: {err.strerror or err}; pass --data-dir with a writable directory")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fetch_one(
+    url: str, fspec: FileSpec, final: Path, timeout: float, min_rate: float, reporter: _PlainReporter
+) -> str | None:
+    """Try one URL; on success `final` holds a verified copy. Return None, or what went wrong with the mirror.
+    Raises UserError for what no other mirror can fix (this side cannot write the file)."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
+    except OSError as err:
+        raise _write_error(final, fspec, err, 0) from None
     tmp = Path(tmp_name)
+    limit = max_download_bytes(fspec)
     received = 0
     started = False
     try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    length = response.headers.get("Content-Length")
-                    total = int(length) if length and length.isdigit() else None
-                    reporter.begin(final.name, url, total)
-                    started = True
-                    while chunk := response.read(CHUNK):
-                        out.write(chunk)
-                        received += len(chunk)
-                        reporter.advance(len(chunk))
-            except urllib.error.HTTPError as err:
-                return f"HTTP error {err.code} {err.reason}"
-            except urllib.error.URLError as err:
-                return f"cannot connect: {err.reason}"
-            except TimeoutError:
-                return f"timed out after {timeout:g} s (raise it with --timeout)"
-            except (OSError, http.client.HTTPException) as err:
-                return f"transfer failed after {received} bytes: {err!r}"
-            if total is not None and received != total:
-                return f"incomplete transfer: got {received} of {total} bytes"
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            with _open(url, timeout) as response:
+                length = response.headers.get("Content-Length")
+                total = int(length) if length and length.isdigit() else None
+                if total is not None and total > limit:
+                    return f"announces {total} bytes, more than the {limit} a {fspec.raw_size}-byte file may take: not the data file"
+                reporter.begin(final.name, redact(url), total)
+                started = True
+                window_start, window_bytes = time.monotonic(), 0
+                # read1: whatever has arrived, so that a trickle returns here and is measured (read() would wait for CHUNK).
+                while chunk := response.read1(CHUNK):
+                    try:
+                        _write_all(fd, chunk)
+                    except OSError as err:
+                        raise _write_error(final, fspec, err, received) from None
+                    received += len(chunk)
+                    reporter.advance(len(chunk))
+                    if received > limit:
+                        return f"sent more than {limit} bytes for a {fspec.raw_size}-byte file: not the data file; stopped"
+                    window_bytes += len(chunk)
+                    elapsed = time.monotonic() - window_start
+                    if min_rate and elapsed >= timeout:
+                        if window_bytes < min_rate * elapsed:
+                            return (
+                                f"too slow: {window_bytes / elapsed:.0f} bytes/s over {elapsed:.1f} s, below --min-rate {min_rate:g}; "
+                                "use a faster --mirror, fetch the files on another machine, or lower --min-rate"
+                            )
+                        window_start, window_bytes = time.monotonic(), 0
+        except urllib.error.HTTPError as err:
+            return f"HTTP error {err.code} {err.reason}"
+        except urllib.error.URLError as err:
+            return f"cannot connect: {err.reason}"
+        except TimeoutError:
+            return f"timed out after {timeout:g} s (raise it with --timeout)"
+        except ValueError as err:  # http.client.InvalidURL: a bad port, a space in the host
+            return f"invalid URL: {err}"
+        except (OSError, http.client.HTTPException) as err:
+            return f"transfer failed after {received} bytes: {err!r}"
+        if total is not None and received != total:
+            return f"incomplete transfer: got {received} of {total} bytes"
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            raise _write_error(final, fspec, err, received) from None
         problem = check_file(tmp, fspec)
         if problem is not None:
             return problem
@@ -247,6 +338,7 @@ def _fetch_one(url: str, fspec: FileSpec, final: Path, timeout: float, reporter:
         fsync_dir(final.parent)
         return None
     finally:
+        os.close(fd)
         ok = not tmp.exists() and final.exists()
         if started:
             reporter.end(final.name, ok, received)
@@ -254,7 +346,7 @@ def _fetch_one(url: str, fspec: FileSpec, final: Path, timeout: float, reporter:
 
 
 def _failure_message(spec: DatasetSpec, fspec: FileSpec, failures: list[tuple[str, str]], target: Path) -> str:
-    tried = "\n".join(f"  - {url}: {problem}" for url, problem in failures)
+    tried = "\n".join(f"  - {redact(url)}: {redact(problem)}" for url, problem in failures)
     base = spec.mirrors[0] if spec.mirrors else ""
     urls = "\n".join(f"  {base}{f.archive_name}" for f in spec.files.values())
     data_dir = target.parent
@@ -275,6 +367,7 @@ def download(
     *,
     progress: bool | None = None,
     timeout: float = 30.0,
+    min_rate: float = DEFAULT_MIN_RATE,
 ) -> list[Path]:
     """Make sure `data_dir/<spec.name>/` holds verified copies of the dataset's files.
 
@@ -283,6 +376,8 @@ def download(
     the public mirrors). `progress`: True for a progress
     bar, False for plain lines, None to pick by whether stderr is a terminal. Returns the paths of
     the files in ROLES order; raises UserError, saying how to get the files, if a file cannot be had.
+    `timeout` bounds each connection and read; a transfer averaging under `min_rate` bytes/s over `timeout`
+    seconds is abandoned too (0: no minimum). A mirror may send at most `max_download_bytes` per file.
     """
     if not mirrors:
         mirrors = [d for d in spec.local_copies if os.path.isdir(d)] + list(spec.mirrors)
@@ -304,16 +399,22 @@ def download(
             if existing is not None:
                 paths.append(existing)
                 continue
+            if final.exists() and not final.is_file():
+                what = "a directory" if final.is_dir() else "not a regular file"
+                raise UserError(
+                    f"{final} is {what}, where the downloaded file must go; move or remove it, "
+                    "or pass --data-dir naming another directory"
+                )
             _remove_stale_parts(final)
             failures: list[tuple[str, str]] = []
             for i, base in enumerate(bases):
                 url = base + fspec.archive_name
-                problem = _fetch_one(url, fspec, final, timeout, reporter)
+                problem = _fetch_one(url, fspec, final, timeout, min_rate, reporter)
                 if problem is None:
                     break
                 failures.append((url, problem))
                 more = "; trying the next mirror" if i + 1 < len(bases) else ""
-                reporter.warn(f"{url}: {problem}{more}")
+                reporter.warn(f"{redact(url)}: {redact(problem)}{more}")
             else:
                 raise UserError(_failure_message(spec, fspec, failures, target_dir))
             paths.append(final)

@@ -19,20 +19,54 @@ GZIP_MAGIC = b"\x1f\x8b"
 REDOWNLOAD_HINT = "re-run `hpctrain download` to fetch a fresh, verified copy"
 
 
-def _read_bytes(path: os.PathLike | str) -> bytearray:
-    # A bytearray (not bytes) so torch.frombuffer gets a writable buffer and shares it without a copy.
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == GZIP_MAGIC
-    if not gzipped:
-        with open(path, "rb") as f:
-            data = bytearray(os.fstat(f.fileno()).st_size)  # read straight into it: one copy, not two
-            n = f.readinto(data)
-        return data[:n] if n != len(data) else data
-    try:
-        with gzip.open(path, "rb") as f:
-            return bytearray(f.read())
-    except (OSError, EOFError, zlib.error) as err:
-        raise UserError(f"{path}: corrupt gzip file ({err}); {REDOWNLOAD_HINT}") from err
+# Deflate expands a stream at most about 1032-fold: a header promising more than that cannot be honest.
+MAX_DEFLATE_RATIO = 1032
+CHUNK = 1 << 24
+
+
+class _Malformed(Exception):
+    """What is wrong with the content (the message lacks the path and the hint)."""
+
+
+def _read_up_to(stream, n: int) -> bytes:
+    data = b""
+    while len(data) < n and (block := stream.read(n - len(data))):
+        data += block
+    return data
+
+
+def _read_idx_stream(stream, capacity: int) -> tuple[tuple[int, ...], bytearray]:
+    """Parse the header, then read exactly the data it declares, in bounded chunks: memory never exceeds the
+    declared size (itself at most `capacity`, what the file can hold), whatever the stream goes on to yield."""
+    head = _read_up_to(stream, 4)
+    if len(head) < 4:
+        raise _Malformed(f"too short to be an IDX file ({len(head)} bytes)")
+    zero, type_code, ndim = struct.unpack(">HBB", head)
+    if zero != 0 or ndim == 0:
+        raise _Malformed(f"not an IDX file (magic {head.hex()}, expected 0000 08 <ndim>)")
+    if type_code != UINT8_TYPE_CODE:
+        raise _Malformed(f"IDX element type 0x{type_code:02x} is not supported (only uint8, 0x08)")
+    dims = _read_up_to(stream, 4 * ndim)
+    header_size = 4 + 4 * ndim
+    if len(dims) < 4 * ndim:
+        raise _Malformed(f"truncated IDX header ({4 + len(dims)} bytes)")
+    shape = struct.unpack(f">{ndim}I", dims)
+    expected = header_size + math.prod(shape)
+    if expected > capacity:
+        raise _Malformed(f"truncated: its header (shape {tuple(shape)}) implies {expected} bytes, more than the file can hold")
+    data = bytearray(expected - header_size)  # a bytearray: torch.frombuffer shares it writable, without a copy
+    view = memoryview(data)
+    received = 0
+    while received < len(data):
+        n = stream.readinto(view[received : received + CHUNK])
+        if not n:
+            raise _Malformed(
+                f"truncated: {header_size + received} bytes, but its header (shape {tuple(shape)}) implies {expected}"
+            )
+        received += n
+    if stream.read(1):
+        raise _Malformed(f"has trailing bytes: more than the {expected} bytes its header (shape {tuple(shape)}) implies")
+    return shape, data
 
 
 def read_idx(path: os.PathLike | str) -> torch.Tensor:
@@ -40,33 +74,24 @@ def read_idx(path: os.PathLike | str) -> torch.Tensor:
     import torch
 
     try:
-        data = _read_bytes(path)
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == GZIP_MAGIC
+            raw.seek(0)
+            size = os.fstat(raw.fileno()).st_size
+            if gzipped:
+                try:
+                    with gzip.GzipFile(fileobj=raw) as stream:
+                        shape, data = _read_idx_stream(stream, MAX_DEFLATE_RATIO * size)
+                except (OSError, EOFError, zlib.error) as err:
+                    raise UserError(f"{path}: corrupt gzip file ({err}); {REDOWNLOAD_HINT}") from err
+            else:
+                shape, data = _read_idx_stream(raw, size)
     except FileNotFoundError as err:
         raise UserError(f"{path}: no such file; {REDOWNLOAD_HINT}") from err
+    except _Malformed as err:
+        raise UserError(f"{path}: {err}; {REDOWNLOAD_HINT}") from None
     except OSError as err:  # a directory, no permission, an I/O error
         raise UserError(f"{path}: cannot be read ({err.strerror or err}); check the path and its permissions") from err
-    if len(data) < 4:
-        raise UserError(f"{path}: too short to be an IDX file ({len(data)} bytes); {REDOWNLOAD_HINT}")
-    zero, type_code, ndim = struct.unpack_from(">HBB", data, 0)
-    if zero != 0 or ndim == 0:
-        raise UserError(
-            f"{path}: not an IDX file (magic {bytes(data[:4]).hex()}, expected 0000 08 <ndim>); {REDOWNLOAD_HINT}"
-        )
-    if type_code != UINT8_TYPE_CODE:
-        raise UserError(
-            f"{path}: IDX element type 0x{type_code:02x} is not supported (only uint8, 0x08); {REDOWNLOAD_HINT}"
-        )
-    header_size = 4 + 4 * ndim
-    if len(data) < header_size:
-        raise UserError(f"{path}: truncated IDX header ({len(data)} bytes); {REDOWNLOAD_HINT}")
-    shape = struct.unpack_from(f">{ndim}I", data, 4)
-    expected = header_size + math.prod(shape)
-    if len(data) != expected:
-        problem = "truncated" if len(data) < expected else "has trailing bytes"
-        raise UserError(
-            f"{path}: {problem}: {len(data)} bytes, but its header (shape {tuple(shape)}) implies {expected}; "
-            f"{REDOWNLOAD_HINT}"
-        )
-    if expected == header_size:  # frombuffer rejects an empty range
+    if not data:  # frombuffer rejects an empty range
         return torch.empty(shape, dtype=torch.uint8)
-    return torch.frombuffer(data, dtype=torch.uint8, offset=header_size).reshape(shape)
+    return torch.frombuffer(data, dtype=torch.uint8).reshape(shape)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, brief
+from hpctrain.launch.jobfile import load_job_file  # noqa: F401 - re-exported: reading the file lives there
 
 LAUNCHERS = ("torchrun", "srun", "single")
 ENVIRONMENT_KINDS = ("none", "modules", "conda", "venv", "apptainer", "pyxis")
@@ -386,17 +386,17 @@ def _environment_from(source: str, value: Any) -> EnvironmentSpec:
             if isinstance(data[key], str):
                 data[key] = [data[key]]
             if not isinstance(data[key], list) or not all(isinstance(v, str) for v in data[key]):
-                raise UserError(f"{source}: environment.{key} must be a list of strings (got {data[key]!r})")
+                raise UserError(f"{source}: environment.{key} must be a list of strings (got {brief(data[key])})")
             data[key] = tuple(data[key])
     for key in ("kind", "conda_env", "venv", "image", "workdir"):
         if key in data and not isinstance(data[key], str):
-            raise UserError(f"{source}: environment.{key} must be a string (got {data[key]!r})")
+            raise UserError(f"{source}: environment.{key} must be a string (got {brief(data[key])})")
     return EnvironmentSpec(**data)
 
 
 def _check_type(source: str, key: str, value: Any) -> None:
     def bad(expected: str) -> UserError:
-        return UserError(f"{source}: {key} must be {expected} (got {value!r}, a {type(value).__name__})")
+        return UserError(f"{source}: {key} must be {expected} (got {brief(value)}, a {type(value).__name__})")
 
     if key in _INT_KEYS and (isinstance(value, bool) or not isinstance(value, int)):
         raise bad("a whole number")
@@ -410,56 +410,8 @@ def _check_type(source: str, key: str, value: Any) -> None:
 
 def _env_value(source: str, key: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise UserError(f"{source}: env.{key} must be a string or a number (got {value!r})")
+        raise UserError(f"{source}: env.{key} must be a string or a number (got {brief(value)})")
     return str(value)
-
-
-def _job_yaml_loader():
-    """PyYAML's SafeLoader, minus YAML 1.1's base-60 numbers: `time: 30:00` must stay the string "30:00"."""
-    import yaml
-
-    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-
-    class JobLoader(yaml.SafeLoader):
-        pass
-
-    JobLoader.yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in resolvers if tag not in (int_tag, float_tag)]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    JobLoader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
-    JobLoader.add_implicit_resolver(
-        float_tag, re.compile(r"^[-+]?(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?$"), list("-+0123456789.")
-    )
-    return JobLoader
-
-
-def load_job_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML (.yaml/.yml) or TOML (.toml) job file into plain data; from_mapping validates it."""
-    path = Path(path)
-    if path.suffix not in (".toml", ".yaml", ".yml"):
-        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"cannot read job file {path}: {err.strerror}; check the --job-file path") from err
-    if path.suffix == ".toml":
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise UserError(f"job file {path} is not valid TOML: {err}") from err
-    else:
-        import yaml
-
-        try:
-            data = yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
-        except yaml.YAMLError as err:
-            raise UserError(f"job file {path} is not valid YAML: {err}") from err
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise UserError(f"job file {path}: expected a mapping of job options at the top level")
-    return data
 
 
 def local_problems(job: JobSpec) -> list[str]:

@@ -1,0 +1,101 @@
+"""Reading a job file (YAML or TOML) into plain data, refusing anything that could make the read itself costly.
+
+A job file is a few lines written by a person. What is refused here, each with a one-line UserError:
+files above MAX_JOB_FILE_BYTES (a job file pointing at /dev/zero), text that is not UTF-8, YAML anchors and
+aliases (nested aliases expand a few hundred bytes into gigabytes: "billion laughs"), and nesting so deep
+that the parsers recurse out of the stack. `job.from_mapping` validates the data that comes back.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+
+MAX_JOB_FILE_BYTES = 1 << 20
+SUFFIXES = (".toml", ".yaml", ".yml")
+
+
+def _job_yaml_loader():
+    """PyYAML's SafeLoader, minus YAML 1.1's base-60 numbers (`time: 30:00` must stay the string "30:00"),
+    and refusing anchors and aliases."""
+    import yaml
+
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+    class JobLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise yaml.composer.ComposerError(
+                    None, None, "YAML anchors (&name) and aliases (*name) are not allowed in a job file; write the values out",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
+
+    JobLoader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (int_tag, float_tag)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    JobLoader.add_implicit_resolver(int_tag, re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
+    JobLoader.add_implicit_resolver(
+        float_tag, re.compile(r"^[-+]?(?:[0-9][0-9_]*)?\.[0-9_]*(?:[eE][-+]?[0-9]+)?$"), list("-+0123456789.")
+    )
+    return JobLoader
+
+
+def _read_text(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_JOB_FILE_BYTES + 1)
+    except OSError as err:
+        raise UserError(f"cannot read job file {path}: {err.strerror or err}; check the --job-file path") from err
+    if len(data) > MAX_JOB_FILE_BYTES:
+        raise UserError(
+            f"job file {path} is larger than {MAX_JOB_FILE_BYTES // (1 << 20)} MiB, far more than a job description needs; "
+            "check the --job-file path"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"job file {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); save it as UTF-8"
+        ) from None
+
+
+def _parse(path: Path, text: str) -> Any:
+    if path.suffix == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise UserError(f"job file {path} is not valid TOML: {err}") from None
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise UserError(f"job file {path} is not valid YAML: {_one_line(err)}") from None
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml) or TOML (.toml) job file into plain data; job.from_mapping validates it."""
+    path = Path(path)
+    if path.suffix not in SUFFIXES:
+        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear")
+    text = _read_text(path)
+    try:
+        data = _parse(path, text)
+    except RecursionError:
+        raise UserError(f"job file {path} nests lists or tables too deeply to read; a job file needs a few levels at most") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"job file {path}: expected a mapping of job options at the top level")
+    return data

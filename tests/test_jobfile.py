@@ -1,0 +1,113 @@
+"""Job files that would make reading them costly or crash the reader: each is one clear error, exit status 2."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.errors import UserError
+from hpctrain.launch.job import from_mapping, load_job_file
+from hpctrain.launch.jobfile import MAX_JOB_FILE_BYTES
+
+# 9 levels of 9 aliases each: under 500 bytes of YAML that expand to 9**9 strings when anything walks the value.
+BILLION_LAUGHS = "command: [x]\nnodes: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol]" + "".join(
+    f", &{chr(c)} [{','.join(['*' + chr(c - 1)] * 9)}]" for c in range(ord("b"), ord("j"))
+) + "]\n"
+
+
+def submit_dry_run(job_file: Path, memory_limit: int | None = None) -> subprocess.CompletedProcess:
+    def limit_memory() -> None:
+        if memory_limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--no-check", "--job-file", str(job_file)],
+        capture_output=True, text=True, timeout=120, cwd=job_file.parent, preexec_fn=limit_memory,
+    )
+
+
+def test_yaml_aliases_and_anchors_are_refused(tmp_path: Path) -> None:
+    bomb = tmp_path / "job.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    with pytest.raises(UserError, match=r"anchors \(&name\) and aliases \(\*name\) are not allowed.*write the values out"):
+        load_job_file(bomb)
+    anchor_only = tmp_path / "anchor.yaml"
+    anchor_only.write_text("nodes: &n 2\ncommand: [x]\n")
+    with pytest.raises(UserError, match="anchors"):
+        load_job_file(anchor_only)
+
+
+def test_billion_laughs_through_the_cli_is_one_line_exit_2(tmp_path: Path) -> None:
+    bomb = tmp_path / "job.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    result = submit_dry_run(bomb)
+    assert result.returncode == 2, result.stderr[:2000]
+    assert result.stderr.count("\n") == 1 and "anchors" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_messages_never_format_a_huge_value_whole() -> None:
+    value: list = ["lol"] * 10
+    for _ in range(6):  # a million strings, shared: cheap to hold, megabytes to print
+        value = [value] * 10
+    with pytest.raises(UserError) as err:
+        from_mapping({"command": ["x"], "nodes": value}, "job file j.yaml")
+    message = str(err.value)
+    assert message.startswith("job file j.yaml: nodes must be a whole number (got [[[")
+    assert len(message) < 300
+
+
+@pytest.mark.parametrize("suffix,opening,closing", [(".yaml", "[", "]"), (".toml", "[", "]"), (".toml", "{b = ", "}")])
+def test_deep_nesting_is_refused(tmp_path: Path, suffix: str, opening: str, closing: str) -> None:
+    separator = ": " if suffix == ".yaml" else " = "
+    path = tmp_path / f"job{suffix}"
+    path.write_text("a" + separator + opening * 5000 + ("1" if "=" in opening else "") + closing * 5000 + "\n")
+    with pytest.raises(UserError, match="nests lists or tables too deeply"):
+        load_job_file(path)
+    result = submit_dry_run(path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "too deeply" in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_text_that_is_not_utf8_is_refused(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"job{suffix}"
+    path.write_bytes("name = 'caf\u00e9'\n".encode("latin-1") if suffix == ".toml" else "name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"is not UTF-8 text \(byte 0xe9 at offset \d+\); save it as UTF-8"):
+        load_job_file(path)
+    result = submit_dry_run(path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "not UTF-8" in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_an_endless_file_is_read_only_up_to_the_cap(tmp_path: Path, suffix: str) -> None:
+    big = tmp_path / f"big{suffix}"
+    with open(big, "wb") as handle:
+        handle.truncate(2 * MAX_JOB_FILE_BYTES)
+    with pytest.raises(UserError, match="is larger than 1 MiB"):
+        load_job_file(big)
+    endless = tmp_path / f"job{suffix}"
+    os.symlink("/dev/zero", endless)  # an uncapped read never returns: the memory limit makes that a failure
+    result = submit_dry_run(endless, memory_limit=1 << 30)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "larger than 1 MiB" in result.stderr
+
+
+def test_a_file_at_the_cap_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    body = "command: [x]\n"
+    path.write_text(body + "#" * (MAX_JOB_FILE_BYTES - len(body) - 1) + "\n")
+    assert load_job_file(path) == {"command": ["x"]}
+
+
+def test_yaml_syntax_errors_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("nodes: [1\n")
+    with pytest.raises(UserError, match="not valid YAML") as err:
+        load_job_file(path)
+    assert "\n" not in str(err.value)
