@@ -366,7 +366,8 @@ class KubernetesScheduler:
         if state in (base.SUCCEEDED, base.FAILED):
             codes = [p.exit_code for p in replicas if p.exit_code is not None]
             exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
-        reasons = self._pending_reasons(job_id, pods) if state in (base.PENDING, base.RESTARTING) else ()
+        waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
+        reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods:
             reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
         return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=sum(p.restarts for p in replicas),
