@@ -100,6 +100,8 @@ class KubeflowStandIn:
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "stand-in",
                             "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
         }})
+        # TaintNodesByCondition tainted the new node not-ready; lift it, as the node lifecycle controller would.
+        self.core.patch_node(self.node, {"spec": {"taints": None}})
         self._thread.start()
         return self
 
