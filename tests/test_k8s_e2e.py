@@ -105,3 +105,28 @@ def test_submit_follow_cancel_resume(cluster, tmp_path: Path, fashion_data_dir: 
     assert re.search(r"hpctrain: resumed at epoch 1, step \d+ of 32", log), log
     assert "hpctrain: epoch 4/4: train loss" in log, log
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
+
+
+PREEMPTED_ONCE = """\
+import os, pathlib, sys
+marker = pathlib.Path(os.environ["HPCTRAIN_RUN_DIR"]) / ("attempted-" + os.environ["RANK"])
+if not marker.exists():
+    marker.touch()
+    sys.exit(75)  # hpctrain's "preempted, resume me"
+"""
+
+
+@pytest.mark.parametrize("budget,state,exit_code", [(1, SUCCEEDED, 0), (0, "FAILED", 75)])
+def test_exit_75_is_retried_within_the_restart_budget(cluster, tmp_path: Path, budget: int, state: str, exit_code: int) -> None:
+    """restartPolicy OnFailure (not ExitCode, which treats 1-127 as permanent) restarts a replica that exits 75,
+    as long as --max-restarts (backoffLimit) allows."""
+    api, namespace, tag, standin = cluster
+    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
+                                volumes=(f"host:{tmp_path}:{tmp_path}",), node_selector=(f"hpctrain-test-node={tag}",))
+    sched = KubernetesScheduler(options, api_client=api)
+    job = JobSpec(command=(sys.executable, "-c", PREEMPTED_ONCE), name="preempted", run_dir=str(tmp_path),
+                  max_restarts=budget, resources=Resources(nodes=1, mem="1G"))
+    sched.submit(job, sched.render(job))
+    status = wait_for("the job to finish", lambda: (s := sched.status("preempted")).finished
+                      and all(r.phase in ("Succeeded", "Failed") for r in s.replicas) and s, standin)
+    assert (status.state, status.exit_code, status.restarts) == (state, exit_code, budget)
