@@ -225,9 +225,10 @@ class KubernetesScheduler:
         want = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
-        view = self.cluster(quota=False)
-        labels = {n.metadata.name: n.metadata.labels or {} for n in self._nodes}
-        taints = {n.metadata.name: n.spec.taints or [] for n in self._nodes}
+        node_objects = self.core.list_node().items
+        view = self._cluster_view(node_objects, quota=False)
+        labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
+        taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}
         candidates = [n for n in view.nodes if n.schedulable
                       and all(labels[n.name].get(k) == v for k, v in selector.items())
                       and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])]
@@ -442,8 +443,10 @@ class KubernetesScheduler:
 
     # ---- cluster view ----------------------------------------------------------------------------------------
 
-    def cluster(self, quota: bool = True) -> ClusterView:
-        self._nodes = self.core.list_node().items
+    def cluster(self) -> ClusterView:
+        return self._cluster_view(self.core.list_node().items, quota=True)
+
+    def _cluster_view(self, node_objects: list[Any], quota: bool) -> ClusterView:
         pods = self.core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
         used: dict[str, dict[str, Decimal]] = {}
         for pod in pods:
@@ -453,7 +456,7 @@ class KubernetesScheduler:
             for k, v in pod_requests(pod).items():
                 node_use[k] = node_use.get(k, Decimal(0)) + v
         nodes = []
-        for n in self._nodes:
+        for n in node_objects:
             alloc = (n.status.allocatable if n.status else None) or {}
             u = used.get(n.metadata.name, {})
             nodes.append(NodeView(
