@@ -1,0 +1,75 @@
+"""Schedulers behind one interface (hpctrain.schedulers.base.Scheduler), registered by name, imported lazily.
+
+    from hpctrain.schedulers import get_scheduler, detect
+    sched = get_scheduler(detect(), namespace="team-a")   # keyword options go to the backend's create()
+    rendered = sched.render(job)                          # pure: --dry-run prints rendered.text
+    problems = sched.check(job)                           # live
+    job_id = sched.submit(job, rendered)
+
+Importing this package imports no backend: a Slurm user never loads the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.schedulers.base import (
+    ClusterView,
+    JobStatus,
+    JobSummary,
+    NodeView,
+    Rendered,
+    ReplicaStatus,
+    Scheduler,
+    blocking,
+)
+
+# name -> module with a `create(**options) -> Scheduler` function.
+SCHEDULERS: dict[str, str] = {
+    "slurm": "hpctrain.schedulers.slurm",
+    "kubernetes": "hpctrain.schedulers.kubernetes",
+}
+
+__all__ = [
+    "SCHEDULERS", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Rendered", "ReplicaStatus", "Scheduler",
+    "blocking", "detect", "get_scheduler", "kubeconfig_present",
+]
+
+
+def get_scheduler(name: str, **options: Any) -> Scheduler:
+    """The backend registered as `name`, built with its own options (e.g. KubernetesOptions fields)."""
+    if name not in SCHEDULERS:
+        raise UserError(f"--scheduler {name!r} is unknown: use one of {', '.join(SCHEDULERS)}")
+    module = importlib.import_module(SCHEDULERS[name])
+    return module.create(**options)
+
+
+def kubeconfig_present(environ: Mapping[str, str] | None = None) -> bool:
+    """A kubeconfig the client would read: $KUBECONFIG (any of its files), ~/.kube/config, or in-cluster."""
+    environ = os.environ if environ is None else environ
+    if environ.get("KUBERNETES_SERVICE_HOST") and environ.get("KUBERNETES_SERVICE_PORT"):
+        return True
+    if environ.get("KUBECONFIG"):
+        return any(Path(p).expanduser().is_file() for p in environ["KUBECONFIG"].split(os.pathsep) if p)
+    home = environ.get("HOME")
+    return Path(home, ".kube", "config").is_file() if home else False
+
+
+def detect(environ: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which) -> str:
+    """The default scheduler when neither --scheduler nor the job file names one: Slurm when `sbatch` is on PATH
+    (a login node that also has a kubeconfig is still a Slurm login node), else Kubernetes when a kubeconfig is
+    found."""
+    if which("sbatch"):
+        return "slurm"
+    if kubeconfig_present(environ):
+        return "kubernetes"
+    raise UserError(
+        "no scheduler found: `sbatch` is not on PATH and there is no kubeconfig ($KUBECONFIG, ~/.kube/config or "
+        "in-cluster); pass --scheduler slurm|kubernetes, or use `hpctrain train` to run here"
+    )

@@ -1,0 +1,25 @@
+"""Kubernetes: Kubeflow PyTorchJob / Trainer v2 TrainJob behind hpctrain's scheduler interface.
+
+Importing this package does not import the `kubernetes` client; `KubernetesScheduler` loads it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+
+
+def create(options: KubernetesOptions | None = None, context: str | None = None, **fields: Any):
+    """The registry's entry point: `get_scheduler("kubernetes", namespace="team-a", api="trainjob")` or
+    `get_scheduler("kubernetes", options=KubernetesOptions(...), context="prod")`."""
+    from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+
+    if options is None:
+        options = KubernetesOptions(**fields)
+    elif fields:
+        raise TypeError("give KubernetesOptions or its fields, not both")
+    return KubernetesScheduler(options, context=context)
+
+
+__all__ = ["KubernetesOptions", "create"]

@@ -1,0 +1,262 @@
+"""Render a JobSpec as a Kubeflow PyTorchJob (kubeflow.org/v1) or Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1).
+
+Pure: the manifest depends only on the JobSpec and the KubernetesOptions, never on a cluster, a clock or this
+machine. What Kubernetes cannot express (Slurm shards, --mem 0) is a UserError naming the Kubernetes way.
+
+Mapping (one pod per --nodes; the pod runs --nproc-per-node processes):
+  resources       requests = limits (a Guaranteed pod): cpu = cpus_per_task x nproc_per_node, memory = --mem,
+                  nvidia.com/gpu = --gpus-per-node
+  --time          activeDeadlineSeconds;  --max-restarts -> runPolicy.backoffLimit (PyTorchJob)
+  --signal-grace  terminationGracePeriodSeconds: the time a pod has after SIGTERM (cancel, eviction) to checkpoint
+  --shm           an emptyDir with medium Memory at /dev/shm (the container default of 64M kills DataLoader
+                  workers with "Bus error")
+  --run-dir       HPCTRAIN_RUN_DIR (%j becomes the job name); it must lie on a volume every replica mounts
+
+Restarts. Exit status 75 is hpctrain's "preempted, resume me" (EX_TEMPFAIL); 143 is SIGTERM (a pod eviction or
+a cancel). Kubeflow's restartPolicy ExitCode treats only exit codes >= 128 as retryable and 1-127 as permanent
+(training-operator v1.x, pkg/util/train/train_util.go: IsRetryableExitCode returns exitCode >= 128), so it
+would end a preempted job (75) for good. We therefore render restartPolicy OnFailure: every non-zero exit
+restarts the replica, within backoffLimit, and the restarted process resumes from the newest checkpoint in the
+run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that budget is
+--max-restarts (default 0: no restart at all).
+
+Processes. A pod runs the command once. `hpctrain ...` commands fan out themselves: they read RANK, WORLD_SIZE
+and PET_NPROC_PER_NODE (PyTorchJob) and start the local workers (hpctrain.distributed.kubeflow_node_plan).
+Other commands with several processes per pod, and every multi-process TrainJob (whose runtime sets only the
+PET_* variables), run under `torchrun --no-python`, which takes --nnodes, --nproc-per-node, --node-rank and the
+master address from the PET_* variables Kubeflow sets.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from hpctrain.errors import UserError
+from hpctrain.launch.job import JobSpec
+from hpctrain.schedulers.base import Rendered
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns_label
+
+PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
+CONTAINER_PYTORCHJOB = "pytorch"  # the PyTorchJob controller finds the training container by this name
+CONTAINER_TRAINJOB = "node"  # the torch-distributed runtime's replicated job and container are called `node`
+RESTART_POLICY = "OnFailure"  # see the module docstring: ExitCode would treat exit 75 as permanent
+SHM_VOLUME = "dshm"
+DEFAULT_GRACE_S = 30  # Kubernetes' own default, when --signal-grace is 0
+
+
+def api_of(options: KubernetesOptions) -> tuple[str, str, str, str]:
+    """(group, version, plural, kind) of the custom resource the options ask for."""
+    return PYTORCHJOB_API if options.api == "pytorchjob" else TRAINJOB_API
+
+
+def render(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
+    """The manifest for `job`, as plain data."""
+    _check_expressible(job, options)
+    return _pytorchjob(job, options) if options.api == "pytorchjob" else _trainjob(job, options)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes shared sub-trees (the Master and Worker template) out in full, without YAML anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render_yaml(manifest: dict[str, Any]) -> str:
+    return yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def rendered(job: JobSpec, options: KubernetesOptions) -> Rendered:
+    manifest = render(job, options)
+    return Rendered(text=render_yaml(manifest), filename=f"{manifest['kind'].lower()}.yaml", payload=manifest)
+
+
+def run_dir(job: JobSpec) -> str | None:
+    """The run directory as the pods see it: %j (Slurm's job id) becomes the job name, unique in its namespace."""
+    return None if job.run_dir is None else job.run_dir.replace("%j", job.name)
+
+
+def is_hpctrain_command(command: tuple[str, ...]) -> bool:
+    """`hpctrain ...` or `PYTHON -m hpctrain ...`: a command that starts its own local workers."""
+    return os.path.basename(command[0]) == "hpctrain" or tuple(command[1:3]) == ("-m", "hpctrain")
+
+
+def container_command(job: JobSpec, options: KubernetesOptions) -> list[str]:
+    r = job.resources
+    if options.api == "pytorchjob":
+        wrap = r.nproc_per_node > 1 and not is_hpctrain_command(job.command)
+    else:
+        wrap = r.nodes * r.nproc_per_node > 1
+    return (["torchrun", "--no-python"] if wrap else []) + list(job.command)
+
+
+def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
+    check_dns_label("--job-name", job.name, "pick a name such as mnist-run-1")
+    if len(job.name) > 50:
+        # Pod and service names append -master-0 / -worker-NNN / -node-0-0 and must stay within 63 characters.
+        raise UserError(f"--job-name {job.name!r} is {len(job.name)} characters; Kubeflow appends replica suffixes "
+                        "to pod names, which must stay within 63: use at most 50")
+    if options.image is None:
+        raise UserError("Kubernetes runs every replica in a container: give --image (an image with PyTorch and hpctrain)")
+    r = job.resources
+    if r.shards_per_node:
+        raise UserError("--gres shard:N is Slurm's GPU sharing; on Kubernetes ask for whole GPUs (--gpus-per-node) "
+                        "or a device plugin's resource through your platform")
+    if r.gpu_type is not None:
+        raise UserError(f"--gpu-type {r.gpu_type!r} is Slurm's; on Kubernetes pick the GPU model with a node label, "
+                        "e.g. --node-selector nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB")
+    if r.mem_mb == 0:
+        raise UserError("--mem 0 (a whole node's memory) has no Kubernetes form: give a size, e.g. --mem 64G")
+    if job.environment.kind != "none" or job.environment.modules:
+        raise UserError(f"--env-kind {job.environment.kind} prepares a Slurm node; on Kubernetes the image is the "
+                        "environment: drop it and give --image")
+    if job.sbatch_extra:
+        raise UserError("--sbatch options are Slurm's: drop them for Kubernetes")
+    if options.api == "trainjob":
+        if options.priority_class is not None:
+            raise UserError("a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "
+                            "or use --k8s-api pytorchjob")
+        if job.max_restarts:
+            raise UserError("a TrainJob takes its restart budget from the runtime (its JobSet failurePolicy): drop "
+                            "--max-restarts, or use --k8s-api pytorchjob, whose backoffLimit it sets")
+        reserved = sorted(k for k, _ in job.env if k.startswith("PET_"))
+        if reserved:
+            raise UserError(f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them")
+
+
+def _quantity_mb(mb: int) -> str:
+    return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
+
+
+def resources_per_pod(job: JobSpec) -> dict[str, str]:
+    """What one pod asks for (requests = limits)."""
+    r = job.resources
+    out = {"cpu": str(r.cpus_per_task * r.nproc_per_node)}
+    if r.mem_mb:
+        out["memory"] = _quantity_mb(r.mem_mb)
+    if r.gpus_per_node:
+        out["nvidia.com/gpu"] = str(r.gpus_per_node)
+    return out
+
+
+def _env(job: JobSpec) -> list[dict[str, str]]:
+    env = [{"name": k, "value": v} for k, v in job.env]
+    directory = run_dir(job)
+    if directory is not None:
+        env.append({"name": "HPCTRAIN_RUN_DIR", "value": directory})
+    return env
+
+
+def _volume(index: int, v: Volume) -> dict[str, Any]:
+    name = f"vol-{index}"
+    if v.kind == "pvc":
+        return {"name": name, "persistentVolumeClaim": {"claimName": v.source, **({"readOnly": True} if v.read_only else {})}}
+    if v.kind == "nfs":
+        return {"name": name, "nfs": {"server": v.server, "path": v.source, **({"readOnly": True} if v.read_only else {})}}
+    return {"name": name, "hostPath": {"path": v.source, "type": "Directory"}}
+
+
+def _volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, container volumeMounts)"""
+    volumes, mounts = [], []
+    if options.shm is not None:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": options.shm}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    for i, v in enumerate(options.parsed_volumes):
+        volumes.append(_volume(i, v))
+        mounts.append({"name": f"vol-{i}", "mountPath": v.mount, **({"readOnly": True} if v.read_only else {})})
+    return volumes, mounts
+
+
+def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
+    """Pod spec fields shared by both APIs (apart from containers and volumes)."""
+    out: dict[str, Any] = {}
+    if options.node_selector:
+        out["nodeSelector"] = options.node_selector_map
+    if options.tolerations:
+        out["tolerations"] = options.toleration_list
+    if options.service_account:
+        out["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
+    return out
+
+
+def _metadata(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
+    return {"name": job.name, "namespace": options.namespace, "labels": {**MANAGED_BY, **options.label_map}}
+
+
+def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
+    r = job.resources
+    group, version, _, kind = PYTORCHJOB_API
+    volumes, mounts = _volumes(options)
+    container: dict[str, Any] = {
+        "name": CONTAINER_PYTORCHJOB,
+        "image": options.image,
+        "command": container_command(job, options),
+        "resources": {"requests": resources_per_pod(job), "limits": resources_per_pod(job)},
+    }
+    env = _env(job)
+    if env:
+        container["env"] = env
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_spec: dict[str, Any] = {"containers": [container], **_pod_extras(job, options)}
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if options.priority_class:
+        pod_spec["priorityClassName"] = options.priority_class
+    template = {"metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}
+    replicas = {"Master": {"replicas": 1, "restartPolicy": RESTART_POLICY, "template": template}}
+    if r.nodes > 1:
+        replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": RESTART_POLICY, "template": template}
+    run_policy: dict[str, Any] = {"backoffLimit": job.max_restarts}
+    if job.time_limit_s is not None:
+        run_policy["activeDeadlineSeconds"] = job.time_limit_s
+    return {
+        "apiVersion": f"{group}/{version}",
+        "kind": kind,
+        "metadata": _metadata(job, options),
+        "spec": {"nprocPerNode": str(r.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
+    }
+
+
+def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
+    r = job.resources
+    group, version, _, kind = TRAINJOB_API
+    volumes, mounts = _volumes(options)
+    trainer: dict[str, Any] = {
+        "image": options.image,
+        "command": container_command(job, options),
+        "numNodes": r.nodes,
+        "numProcPerNode": r.nproc_per_node,
+        "resourcesPerNode": {"requests": resources_per_pod(job), "limits": resources_per_pod(job)},
+    }
+    env = _env(job)
+    if env:
+        trainer["env"] = env
+    # v2.3 has no podSpecOverrides: per-job pod settings go in a runtime patch, keyed by its manager.
+    pod_spec: dict[str, Any] = dict(_pod_extras(job, options))
+    if volumes:
+        pod_spec["volumes"] = volumes
+        pod_spec["containers"] = [{"name": CONTAINER_TRAINJOB, "volumeMounts": mounts}]
+    spec: dict[str, Any] = {
+        "runtimeRef": {"apiGroup": group, "kind": "ClusterTrainingRuntime", "name": options.runtime},
+        "trainer": trainer,
+        "runtimePatches": [{
+            "manager": "hpctrain",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                {"name": CONTAINER_TRAINJOB, "template": {"spec": {"template": {
+                    "metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}}}},
+            ]}}},
+        }],
+    }
+    if job.time_limit_s is not None:
+        spec["activeDeadlineSeconds"] = job.time_limit_s
+    return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": _metadata(job, options), "spec": spec}

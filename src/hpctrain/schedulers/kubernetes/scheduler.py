@@ -1,0 +1,528 @@
+"""The live side of the Kubernetes backend: check, submit, status, list, logs, cancel and the cluster view.
+
+Through the official `kubernetes` client, configured from the kubeconfig (its current context, or `context`)
+or from the in-cluster service account. The client is imported on first live use, so rendering (`--dry-run`)
+and the rest of hpctrain never load it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import posixpath
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.launch.job import JobSpec
+from hpctrain.schedulers import base
+from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered, ReplicaStatus
+from hpctrain.schedulers.kubernetes import render as r
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, parse_quantity
+from hpctrain.schedulers.kubernetes.validate import validate_manifest
+
+GPU = "nvidia.com/gpu"
+# Pod labels set by the controllers, used to find a job's pods.
+PYTORCHJOB_SELECTOR = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+TRAINJOB_SELECTOR = "jobset.sigs.k8s.io/jobset-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+_PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
+                      "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
+_TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed": base.FAILED,
+                    "Suspended": base.SUSPENDED}
+
+
+def _api_error(err: Any, what: str) -> UserError:
+    reason = getattr(err, "reason", None) or str(err)
+    status = getattr(err, "status", None)
+    if status == 403:
+        return UserError(f"{what}: forbidden ({reason}); ask your cluster admin for the permission, or use another --namespace")
+    return UserError(f"{what}: the API server answered {status} {reason}")
+
+
+def _cpu(value: Any) -> Decimal:
+    return parse_quantity(value) if value is not None else Decimal(0)
+
+
+def pod_requests(pod: Any) -> dict[str, Decimal]:
+    """What a pod takes from its node: the sum over containers (requests, else limits), at least the largest
+    init container, as the scheduler counts it."""
+    def one(container: Any) -> dict[str, Decimal]:
+        res = container.resources
+        req = dict((res.limits or {}) if res else {})
+        req.update((res.requests or {}) if res else {})
+        return {k: parse_quantity(v) for k, v in req.items()}
+
+    total: dict[str, Decimal] = {}
+    for c in pod.spec.containers or []:
+        for k, v in one(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in pod.spec.init_containers or []:
+        for k, v in one(c).items():
+            total[k] = max(total.get(k, Decimal(0)), v)
+    return total
+
+
+def _fmt_cpu(value: Decimal | float) -> str:
+    return f"{float(value):g}"
+
+
+def _fmt_bytes(value: Decimal | int) -> str:
+    value = int(value)
+    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
+        if value >= size:
+            return f"{value / size:.3g}{unit}"
+    return f"{value}"
+
+
+def _tolerated(taint: Any, tolerations: list[dict[str, str]]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.effect:
+            continue
+        if t["key"] == taint.key and (t["operator"] == "Exists" or t.get("value") == (taint.value or "")):
+            return True
+    return False
+
+
+class KubernetesScheduler:
+    name = "kubernetes"
+
+    def __init__(self, options: KubernetesOptions, context: str | None = None, api_client: Any = None) -> None:
+        self.options = options
+        self.context = context
+        self._given_client = api_client
+        self.group, self.version, self.plural, self.kind = r.api_of(options)
+
+    # ---- the client, loaded on first use ---------------------------------------------------------------------
+
+    @functools.cached_property
+    def api_client(self) -> Any:
+        if self._given_client is not None:
+            return self._given_client
+        try:
+            from kubernetes import config
+        except ImportError:
+            raise UserError("the Kubernetes scheduler needs the kubernetes client: pip install 'hpctrain[k8s]'") from None
+        try:
+            if self.context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config()
+                from kubernetes import client
+
+                return client.ApiClient()
+            return config.new_client_from_config(context=self.context)
+        except config.ConfigException as err:
+            raise UserError(f"cannot load a kubeconfig ({err}): set KUBECONFIG or ~/.kube/config, or name a --context") from None
+
+    @functools.cached_property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api_client)
+
+    @functools.cached_property
+    def custom(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api_client)
+
+    @property
+    def namespace(self) -> str:
+        return self.options.namespace
+
+    # ---- render, check, submit -------------------------------------------------------------------------------
+
+    def render(self, job: JobSpec) -> Rendered:
+        return r.rendered(job, self.options)
+
+    def check(self, job: JobSpec) -> list[str]:
+        from kubernetes.client.rest import ApiException
+
+        rendered = self.render(job)
+        problems = [f"the rendered {self.kind} does not match its CRD schema ({line}): this is a bug in hpctrain, please report it"
+                    for line in validate_manifest(rendered.payload)]
+        problems += self._pure_problems(job)
+        try:
+            problems += self._crd_problems()
+            namespace_ok = self._namespace_problems(problems)
+            problems += self._node_problems(job)
+            if namespace_ok:
+                problems += self._quota_problems(job)
+                problems += self._volume_problems(job)
+        except ApiException as err:
+            problems.append(str(_api_error(err, "checking the cluster")))
+        return problems
+
+    def _pure_problems(self, job: JobSpec) -> list[str]:
+        problems = []
+        memory = job.resources.mem_mb
+        shm = self.options.shm_bytes
+        if shm is not None and memory and shm > memory * 2**20:
+            problems.append(f"--shm {self.options.shm} exceeds the pod's memory --mem {job.resources.mem}: /dev/shm "
+                            "counts against the pod's memory; lower --shm or raise --mem")
+        directory = r.run_dir(job)
+        if directory is None:
+            problems.append(f"{base.WARNING_PREFIX}no --run-dir: checkpoints stay inside the pod and are lost when it "
+                            "restarts; set --run-dir on a volume every replica mounts (--volume)")
+        elif not self._on_shared_volume(directory):
+            mounts = ", ".join(v.mount for v in self.options.parsed_volumes if v.shared) or "none"
+            problems.append(f"{base.WARNING_PREFIX}--run-dir {directory} is not on a volume all replicas share "
+                            f"(shared mounts: {mounts}): restarted pods cannot resume and rank 0's checkpoint is "
+                            "invisible to the others; put it under a --volume mount path")
+        return problems
+
+    def _on_shared_volume(self, directory: str) -> bool:
+        if not directory.startswith("/"):
+            return False
+        path = posixpath.normpath(directory)
+        return any(v.shared and not v.read_only and (path + "/").startswith(posixpath.normpath(v.mount) + "/")
+                   for v in self.options.parsed_volumes)
+
+    def _crd_problems(self) -> list[str]:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        name = f"{self.plural}.{self.group}"
+        try:
+            crd = client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            other = "trainjob" if self.options.api == "pytorchjob" else "pytorchjob"
+            return [f"the Kubeflow {self.kind} CRD ({name}) is not installed: install Kubeflow's "
+                    f"{'training-operator v1' if self.kind == 'PyTorchJob' else 'Trainer v2'}, or use --k8s-api {other}"]
+        established = any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+        if not established:
+            return [f"the {self.kind} CRD ({name}) is not Established yet: wait, or ask the admin to check it"]
+        if self.options.api == "trainjob":
+            try:
+                self.custom.get_cluster_custom_object(self.group, self.version, "clustertrainingruntimes", self.options.runtime)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                return [f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes "
+                        "or pick one `kubectl get clustertrainingruntimes` lists"]
+        return []
+
+    def _namespace_problems(self, problems: list[str]) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.read_namespace(self.namespace)
+        except ApiException as err:
+            if err.status == 404:
+                problems.append(f"namespace {self.namespace!r} does not exist: create it (kubectl create namespace "
+                                f"{self.namespace}) or pick another --namespace")
+                return False
+            if err.status != 403:  # not allowed to read namespaces: the later calls tell
+                raise
+        return True
+
+    def _node_problems(self, job: JobSpec) -> list[str]:
+        want = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
+        selector = self.options.node_selector_map
+        tolerations = self.options.toleration_list
+        node_objects = self.core.list_node().items
+        view = self._cluster_view(node_objects, quota=False)
+        labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
+        taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}
+        candidates = [n for n in view.nodes if n.schedulable
+                      and all(labels[n.name].get(k) == v for k, v in selector.items())
+                      and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])]
+        ask = f"cpu {_fmt_cpu(want['cpu'])}" + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "") + \
+              (f", {GPU} {int(want[GPU])}" if GPU in want else "")
+        if not candidates:
+            why = "no schedulable node" if not selector and not tolerations else \
+                  "no schedulable node matches --node-selector and tolerates its taints with --toleration"
+            return [f"{why} ({len(view.nodes)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
+
+        def fits(n: NodeView, free: bool) -> bool:
+            cpu, mem, gpu = (n.cpu_free, n.memory_free, n.gpus_free) if free else \
+                            (n.cpu_allocatable, n.memory_allocatable, n.gpus_allocatable)
+            return (Decimal(str(cpu)) >= want["cpu"] and mem >= want.get("memory", 0) and gpu >= want.get(GPU, 0))
+
+        if any(fits(n, free=True) for n in candidates):
+            return []
+        best = max(candidates, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
+        free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
+        if any(fits(n, free=False) for n in candidates):
+            return [f"no node has room for one worker pod ({ask}) now; the freest, {best.name}, has {free} free: "
+                    "the pod will wait until running pods end; ask for less per pod, or wait"]
+        biggest = max(candidates, key=lambda n: (n.gpus_allocatable, n.cpu_allocatable, n.memory_allocatable))
+        return [f"one worker pod asks for {ask}, more than any node offers (largest: {biggest.name} with cpu "
+                f"{_fmt_cpu(biggest.cpu_allocatable)}, memory {_fmt_bytes(biggest.memory_allocatable)}, {GPU} "
+                f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
+                "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"]
+
+    def _quota_problems(self, job: JobSpec) -> list[str]:
+        per_pod = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
+        pods = job.resources.nodes
+        total = {k: v * pods for k, v in per_pod.items()}
+        asks = {
+            "pods": Decimal(pods), "count/pods": Decimal(pods),
+            "requests.cpu": total["cpu"], "cpu": total["cpu"], "limits.cpu": total["cpu"],
+            "requests.memory": total.get("memory"), "memory": total.get("memory"), "limits.memory": total.get("memory"),
+            f"requests.{GPU}": total.get(GPU, Decimal(0)), f"limits.{GPU}": total.get(GPU, Decimal(0)),
+            f"count/{self.plural}.{self.group}": Decimal(1),
+        }
+        problems = []
+        for quota in self.core.list_namespaced_resource_quota(self.namespace).items:
+            hard = (quota.status.hard if quota.status and quota.status.hard else quota.spec.hard) or {}
+            used = (quota.status.used if quota.status else None) or {}
+            for key, limit in hard.items():
+                ask = asks.get(key)
+                if key in ("requests.memory", "memory", "limits.memory") and ask is None:
+                    problems.append(f"namespace {self.namespace} has a memory quota ({quota.metadata.name}: {key}): "
+                                    "pods must state their memory; give --mem")
+                    continue
+                if ask is None or ask == 0:
+                    continue
+                limit_q, used_q = parse_quantity(limit), parse_quantity(used.get(key, "0"))
+                show = _fmt_bytes if "memory" in key else _fmt_cpu
+                if ask > limit_q:
+                    problems.append(f"the job asks for {key} {show(ask)} but the quota {quota.metadata.name} of namespace "
+                                    f"{self.namespace} allows {show(limit_q)} in all: it can never run; ask for less "
+                                    "(fewer --nodes or less per pod) or ask for a larger quota")
+                elif used_q + ask > limit_q:
+                    problems.append(f"{base.WARNING_PREFIX}the job will queue until {show(used_q + ask - limit_q)} of "
+                                    f"{key} is freed in namespace {self.namespace} (quota {quota.metadata.name}: "
+                                    f"{show(used_q)} of {show(limit_q)} used, the job needs {show(ask)})")
+        return problems
+
+    def _volume_problems(self, job: JobSpec) -> list[str]:
+        from kubernetes.client.rest import ApiException
+
+        problems = []
+        directory = r.run_dir(job)
+        for v in self.options.parsed_volumes:
+            if v.kind != "pvc":
+                continue
+            try:
+                pvc = self.core.read_namespaced_persistent_volume_claim(v.source, self.namespace)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                problems.append(f"PersistentVolumeClaim {v.source!r} does not exist in namespace {self.namespace}: "
+                                "create it or fix --volume pvc:NAME:/mount")
+                continue
+            modes = set(pvc.spec.access_modes or [])
+            holds_run_dir = directory is not None and (posixpath.normpath(directory) + "/").startswith(posixpath.normpath(v.mount) + "/")
+            if job.resources.nodes > 1 and holds_run_dir and "ReadWriteMany" not in modes:
+                problems.append(f"{base.WARNING_PREFIX}PVC {v.source} holds the run dir but its access modes are "
+                                f"{', '.join(sorted(modes)) or 'none'}: pods on different nodes need ReadWriteMany")
+        return problems
+
+    def submit(self, job: JobSpec, rendered: Rendered) -> str:
+        from kubernetes.client.rest import ApiException
+
+        manifest = rendered.payload
+        try:
+            created = self.custom.create_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, manifest)
+        except ApiException as err:
+            if err.status == 409:
+                raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
+                                f"another --job-name, or cancel the old one (hpctrain cancel {job.name})") from None
+            if err.status == 404:
+                raise UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
+                                "run `hpctrain check` to see which") from None
+            raise _api_error(err, f"creating {self.kind} {job.name}") from None
+        return created["metadata"]["name"]
+
+    # ---- follow ----------------------------------------------------------------------------------------------
+
+    def _get(self, job_id: str) -> dict[str, Any]:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, job_id)
+        except ApiException as err:
+            if err.status == 404:
+                raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: "
+                                "check the name and --namespace (hpctrain status lists the jobs)") from None
+            raise _api_error(err, f"reading {self.kind} {job_id}") from None
+
+    def _pods(self, job_id: str) -> list[Any]:
+        selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector}={job_id}").items
+        return sorted(pods, key=lambda p: _replica_key(_replica_name(p)))
+
+    def status(self, job_id: str) -> JobStatus:
+        obj = self._get(job_id)
+        pods = self._pods(job_id)
+        replicas = tuple(_replica_status(p) for p in pods)
+        conditions = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+        states = _PYTORCHJOB_STATES if self.options.api == "pytorchjob" else _TRAINJOB_STATES
+        state, message = base.PENDING, None
+        for c in conditions:  # the controllers append: the last true condition is the current one
+            if c.get("type") in states:
+                state, message = states[c["type"]], c.get("message")
+        if state == base.PENDING and any(p.phase == "Running" for p in replicas):
+            state = base.RUNNING
+        if obj["metadata"].get("deletionTimestamp"):
+            state, message = base.CANCELLED, "being deleted (hpctrain cancel): pods stop and checkpoint"
+        exit_code = None
+        if state in (base.SUCCEEDED, base.FAILED):
+            codes = [p.exit_code for p in replicas if p.exit_code is not None]
+            exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
+        waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
+        reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
+        if state == base.PENDING and not pods:
+            reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
+        return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=sum(p.restarts for p in replicas),
+                         replicas=replicas, pending_reasons=reasons, message=message)
+
+    def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
+        waiting = {p.metadata.name for p in pods if p.status is None or p.status.phase == "Pending"}
+        events = self.core.list_namespaced_event(self.namespace).items
+        lines = []
+        for e in sorted(events, key=lambda e: str(e.last_timestamp or e.metadata.creation_timestamp or "")):
+            obj = e.involved_object
+            if e.type == "Warning" and (obj.name in waiting or (obj.kind == self.kind and obj.name == job_id)):
+                line = f"{obj.name}: {e.reason}: {e.message}"
+                if line not in lines:
+                    lines.append(line)
+        return tuple(lines)
+
+    def list_jobs(self) -> list[JobSummary]:
+        items = self.custom.list_namespaced_custom_object(self.group, self.version, self.namespace, self.plural)["items"]
+        out = []
+        for obj in items:
+            states = _PYTORCHJOB_STATES if self.options.api == "pytorchjob" else _TRAINJOB_STATES
+            state = base.PENDING
+            for c in (obj.get("status") or {}).get("conditions") or []:
+                if c.get("status") == "True" and c.get("type") in states:
+                    state = states[c["type"]]
+            if obj["metadata"].get("deletionTimestamp"):
+                state = base.CANCELLED
+            spec = obj.get("spec", {})
+            if self.options.api == "pytorchjob":
+                count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
+            else:
+                count = int(spec.get("trainer", {}).get("numNodes", 1))
+            out.append(JobSummary(obj["metadata"]["name"], state, obj["metadata"].get("creationTimestamp"), count))
+        return sorted(out, key=lambda s: s.created or "")
+
+    def logs(self, job_id: str, follow: bool = False, replica: str | None = None) -> Iterator[str]:
+        from kubernetes.client.rest import ApiException
+
+        self._get(job_id)
+        pods = self._pods(job_id)
+        names = [_replica_name(p) for p in pods]
+        if not pods:
+            raise UserError(f"{job_id} has no pods yet: see `hpctrain status {job_id}` for why")
+        pod = pods[0] if replica is None else next((p for p in pods if _replica_name(p) == replica), None)
+        if pod is None:
+            raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
+        container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
+        try:
+            resp = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, container=container,
+                                                     follow=follow, _preload_content=False)
+        except ApiException as err:
+            raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
+                            f"have started; see `hpctrain status {job_id}`") from None
+        return _lines(resp)
+
+    def cancel(self, job_id: str) -> None:
+        """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
+        into the pod template) to write a checkpoint before SIGKILL. Foreground: the job object stays, shown as
+        CANCELLED, until its pods are gone."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.custom.delete_namespaced_custom_object(
+                self.group, self.version, self.namespace, self.plural, job_id,
+                body=client.V1DeleteOptions(propagation_policy="Foreground"))
+        except ApiException as err:
+            if err.status == 404:
+                raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel") from None
+            raise _api_error(err, f"cancelling {self.kind} {job_id}") from None
+
+    # ---- cluster view ----------------------------------------------------------------------------------------
+
+    def cluster(self) -> ClusterView:
+        return self._cluster_view(self.core.list_node().items, quota=True)
+
+    def _cluster_view(self, node_objects: list[Any], quota: bool) -> ClusterView:
+        pods = self.core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+        used: dict[str, dict[str, Decimal]] = {}
+        for pod in pods:
+            if not pod.spec.node_name:
+                continue
+            node_use = used.setdefault(pod.spec.node_name, {})
+            for k, v in pod_requests(pod).items():
+                node_use[k] = node_use.get(k, Decimal(0)) + v
+        nodes = []
+        for n in node_objects:
+            alloc = (n.status.allocatable if n.status else None) or {}
+            u = used.get(n.metadata.name, {})
+            nodes.append(NodeView(
+                name=n.metadata.name,
+                cpu_allocatable=float(_cpu(alloc.get("cpu"))), cpu_requested=float(u.get("cpu", 0)),
+                memory_allocatable=int(_cpu(alloc.get("memory"))), memory_requested=int(u.get("memory", 0)),
+                gpus_allocatable=int(_cpu(alloc.get(GPU))), gpus_requested=int(u.get(GPU, 0)),
+                schedulable=not (n.spec and n.spec.unschedulable),
+            ))
+        lines: list[str] = []
+        if quota:
+            for q in self.core.list_namespaced_resource_quota(self.namespace).items:
+                hard = (q.status.hard if q.status and q.status.hard else q.spec.hard) or {}
+                use = (q.status.used if q.status else None) or {}
+                for key in sorted(hard):
+                    lines.append(f"{self.namespace}/{q.metadata.name} {key}: {use.get(key, '0')} of {hard[key]} used")
+        return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
+
+
+def _replica_name(pod: Any) -> str:
+    labels = pod.metadata.labels or {}
+    if REPLICA_TYPE_LABEL in labels:
+        return f"{labels[REPLICA_TYPE_LABEL].lower()}-{labels.get(REPLICA_INDEX_LABEL, '0')}"
+    if COMPLETION_INDEX_LABEL in labels:
+        return f"node-{labels[COMPLETION_INDEX_LABEL]}"
+    return pod.metadata.name
+
+
+def _replica_key(name: str) -> tuple[int, int, str]:
+    kind, _, index = name.rpartition("-")
+    order = {"master": 0, "node": 1, "worker": 2}.get(kind, 3)
+    return order, int(index) if index.isdigit() else 0, name
+
+
+def _replica_status(pod: Any) -> ReplicaStatus:
+    status = pod.status
+    phase = (status.phase if status else None) or "Pending"
+    restarts, exit_code, reason = 0, None, status.reason if status else None
+    for cs in (status.container_statuses or []) if status else []:
+        restarts += cs.restart_count or 0
+        state = cs.state
+        if state and state.terminated:
+            exit_code, reason = state.terminated.exit_code, state.terminated.reason or reason
+        elif state and state.waiting:
+            reason = state.waiting.reason or reason
+        elif cs.last_state and cs.last_state.terminated and exit_code is None:
+            exit_code = cs.last_state.terminated.exit_code
+    if phase == "Pending" and reason is None and status:
+        for c in status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                reason = c.reason
+    if pod.metadata.deletion_timestamp:
+        reason = "Terminating"
+    return ReplicaStatus(name=_replica_name(pod), phase=phase, node=pod.spec.node_name, restarts=restarts,
+                         exit_code=exit_code, reason=reason)
+
+
+def _lines(resp: Any) -> Iterator[str]:
+    buffer = b""
+    try:
+        for chunk in resp.stream(amt=65536, decode_content=True):
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for line in complete:
+                yield line.decode("utf-8", "replace")
+        if buffer:
+            yield buffer.decode("utf-8", "replace")
+    finally:
+        resp.release_conn()

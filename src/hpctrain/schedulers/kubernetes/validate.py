@@ -1,0 +1,62 @@
+"""Validate a rendered manifest against the vendored Kubeflow CRD schemas (crds/, see its README.md) with jsonschema.
+
+The API server prunes fields it does not know without a word, so a typo in a manifest would silently vanish;
+here an unknown field is an error. A CRD's openAPIV3Schema is OpenAPI, not JSON Schema, so it is translated:
+  * x-kubernetes-int-or-string: an integer or a string
+  * nullable: null is allowed too
+  * an object that lists properties and neither preserves unknown fields nor declares additionalProperties
+    gets additionalProperties: false (what `kubectl --validate=strict` reports as "unknown field")
+CEL rules (x-kubernetes-validations) are not evaluated, as the local test server does not evaluate them either.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+CRD_FILES = {
+    ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
+}
+
+
+def to_json_schema(node: Any) -> Any:
+    """A CRD's structural schema -> a JSON Schema that rejects unknown fields."""
+    if isinstance(node, list):
+        return [to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: to_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    preserve = node.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in node and not preserve and "additionalProperties" not in node:
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(filename: str) -> Any:
+    import jsonschema
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds").joinpath(filename).read_text()
+    crd = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+    schema = to_json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def validate_manifest(manifest: dict[str, Any]) -> list[str]:
+    """One line per schema violation (`spec.runPolicy.backofLimit: unknown field ...`); empty when valid."""
+    key = (manifest.get("apiVersion"), manifest.get("kind"))
+    if key not in CRD_FILES:
+        known = ", ".join(f"{kind} ({api})" for api, kind in CRD_FILES)
+        return [f"apiVersion/kind {key[0]}/{key[1]} has no vendored CRD: hpctrain validates {known}"]
+    errors = sorted(_validator(CRD_FILES[key]).iter_errors(manifest), key=lambda e: list(map(str, e.absolute_path)))
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors]

@@ -1,0 +1,477 @@
+"""A TEST-ONLY FAKE of the Kubeflow training-operator, the kubelet and kube-controller-manager's collectors.
+
+None of those can run on the test machine (no kubelet, no container runtime, and the controllers need the Go
+module proxy to build), while the API server they talk to is real (scripts/local-k8s.sh). This stand-in plays
+their parts through that real API, just enough for end-to-end tests of hpctrain's Kubernetes backend:
+
+* controller (Kubeflow v1): for each PyTorchJob in its namespace it creates the pods the job implies
+  (`<job>-master-0`, `<job>-worker-N`, with Kubeflow's labels and owner reference) and injects the variables
+  Kubeflow v1 sets: PYTHONUNBUFFERED, MASTER_ADDR/MASTER_PORT (and PET_MASTER_*), WORLD_SIZE = replicas x
+  nprocPerNode, RANK = PET_NODE_RANK = replica index (workers + 1), PET_NNODES, PET_NPROC_PER_NODE. MASTER_ADDR
+  is 127.0.0.1 and the port a free one, since the "pods" are local processes (Kubeflow uses the master's
+  service name and port 23456). It keeps the job's conditions (Created, Running, Restarting, Succeeded, Failed)
+  and honours restartPolicy OnFailure/Never/ExitCode with runPolicy.backoffLimit.
+* kubelet: pods bound to its Node run their container's command as a local process (in the environment of the
+  test, plus the container's env), their phase, restart count and exit code are patched into the pod's status;
+  a pod being deleted gets SIGTERM, SIGKILL after its terminationGracePeriodSeconds, and is then removed. Its
+  Node object points the API server at a small HTTPS server here, so `kubectl logs` / read_namespaced_pod_log
+  really go through the API server (which proxies to "the kubelet", as it does in a cluster).
+* garbage collector: a job being deleted in the foreground loses its pods first, then its finalizer; pods
+  whose job is gone are deleted. `delete_namespace` plays the namespace controller for test cleanup.
+
+It polls (every POLL_S) rather than watching: simpler, and fast enough for tests.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.server
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+POLL_S = 0.2
+JOB_LABEL = "training.kubeflow.org/job-name"
+OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class _Process:
+    """One pod's container, run locally."""
+
+    popen: subprocess.Popen
+    log: Path
+    restarts: int = 0
+    started: str = field(default_factory=now)
+    term_sent: float | None = None
+    done: bool = False
+
+
+class KubeflowStandIn:
+    def __init__(self, api_client: Any, namespace: str, workdir: Path, node_labels: dict[str, str],
+                 allocatable: dict[str, str] | None = None) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.namespace = namespace
+        self.workdir = workdir
+        self.node = f"standin-{uuid.uuid4().hex[:8]}"
+        self.node_labels = node_labels
+        self.allocatable = allocatable or {"cpu": "16", "memory": "64Gi", "pods": "110"}
+        self.procs: dict[str, _Process] = {}  # pod uid -> process
+        self.ports: dict[str, int] = {}  # job uid -> MASTER_PORT
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubeflow-standin", daemon=True)
+        self._lock = threading.Lock()
+        self._server: http.server.ThreadingHTTPServer | None = None
+
+    # ---- life cycle --------------------------------------------------------------------------------------
+
+    def start(self) -> KubeflowStandIn:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        port = self._start_log_server()
+        self.core.create_node({"metadata": {"name": self.node, "labels": self.node_labels}})
+        self.core.patch_node_status(self.node, {"status": {
+            "capacity": self.allocatable, "allocatable": self.allocatable,
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "stand-in",
+                            "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
+        }})
+        # TaintNodesByCondition tainted the new node not-ready; lift it, as the node lifecycle controller would.
+        self.core.patch_node(self.node, {"spec": {"taints": None}})
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for proc in self.procs.values():
+            if proc.popen.poll() is None:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        try:
+            self.core.delete_node(self.node)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+    def __enter__(self) -> KubeflowStandIn:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as err:  # noqa: BLE001 - a test reads .errors; the loop keeps going
+                self.errors.append(repr(err))
+            self._stop.wait(POLL_S)
+
+    # ---- one pass ----------------------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        jobs = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_LABEL).items
+        by_job: dict[str, list[Any]] = {}
+        for pod in pods:
+            owner = next((o.uid for o in pod.metadata.owner_references or []), None)
+            by_job.setdefault(owner, []).append(pod)
+        live = {j["metadata"]["uid"] for j in jobs}
+        for job in jobs:
+            mine = by_job.get(job["metadata"]["uid"], [])
+            if job["metadata"].get("deletionTimestamp"):
+                self._collect(job, mine)
+            else:
+                self._control(job, mine)
+        for owner, orphans in by_job.items():
+            if owner not in live:
+                for pod in orphans:
+                    if not pod.metadata.deletion_timestamp:
+                        self._delete_pod(pod.metadata.name, grace=None)
+        for pod in pods:
+            try:
+                self._kubelet(pod)
+            except ApiException as err:
+                if err.status not in (404, 409):
+                    raise
+
+    # ---- garbage collector ---------------------------------------------------------------------------
+
+    def _collect(self, job: dict[str, Any], pods: list[Any]) -> None:
+        for pod in pods:
+            if not pod.metadata.deletion_timestamp:
+                self._delete_pod(pod.metadata.name, grace=None)
+        if not pods and job["metadata"].get("finalizers"):
+            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"],
+                                                       {"metadata": {"finalizers": None}})
+
+    def _delete_pod(self, name: str, grace: int | None) -> None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    # ---- controller --------------------------------------------------------------------------------
+
+    def _control(self, job: dict[str, Any], pods: list[Any]) -> None:
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        spec = job["spec"]
+        conditions = (job.get("status") or {}).get("conditions") or []
+        finished = any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True" for c in conditions)
+        if finished:
+            return
+        replicas = spec["pytorchReplicaSpecs"]
+        nproc = spec.get("nprocPerNode", "1")
+        nnodes = sum(int(r.get("replicas", 1)) for r in replicas.values())
+        world = nnodes * (int(nproc) if str(nproc).isdigit() else 1)
+        port = self.ports.setdefault(uid, free_port())
+        existing = {p.metadata.name: p for p in pods}
+        if not conditions:
+            self._set_condition(job, "Created", "PyTorchJobCreated", f"PyTorchJob {name} is created.")
+        for rtype in ("Master", "Worker"):
+            if rtype not in replicas:
+                continue
+            for index in range(int(replicas[rtype].get("replicas", 1))):
+                pod_name = f"{name}-{rtype.lower()}-{index}"
+                if pod_name in existing:
+                    continue
+                rank = index if rtype == "Master" else index + (1 if "Master" in replicas else 0)
+                self._create_pod(job, rtype, index, pod_name, {
+                    "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+                    "RANK": str(rank), "PET_NODE_RANK": str(rank), "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": str(nproc),
+                })
+        phases = {p.metadata.name: (p.status.phase if p.status else None) for p in pods}
+        master = f"{name}-master-0"
+        failed = [p for p in pods if p.status and p.status.phase == "Failed"]
+        if phases.get(master) == "Succeeded":
+            self._set_condition(job, "Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {name} is successfully completed.")
+        elif failed:
+            code = _exit_code(failed[0])
+            self._set_condition(job, "Failed", "PyTorchJobFailed",
+                                f"PyTorchJob {name} is failed because 1 {failed[0].metadata.name} replica(s) failed (exit code {code}).")
+        elif pods and len(pods) == nnodes and all(ph == "Running" for ph in phases.values()):
+            self._set_condition(job, "Running", "PyTorchJobRunning", f"PyTorchJob {name} is running.")
+
+    def _create_pod(self, job: dict[str, Any], rtype: str, index: int, pod_name: str, injected: dict[str, str]) -> None:
+        replica = job["spec"]["pytorchReplicaSpecs"][rtype]
+        template = replica["template"]
+        pod_spec = dict(template["spec"])
+        containers = []
+        for c in pod_spec["containers"]:
+            c = dict(c)
+            if c["name"] == "pytorch":
+                c["env"] = list(c.get("env", [])) + [{"name": k, "value": v} for k, v in injected.items()]
+            containers.append(c)
+        policy = replica.get("restartPolicy", "Never")
+        pod_spec.update(containers=containers, nodeName=self.node,
+                        restartPolicy={"ExitCode": "Never"}.get(policy, policy))
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        labels.update({JOB_LABEL: job["metadata"]["name"], OPERATOR_LABEL: "pytorchjob-controller",
+                       "training.kubeflow.org/replica-type": rtype.lower(),
+                       "training.kubeflow.org/replica-index": str(index)})
+        if rtype == "Master":
+            labels["training.kubeflow.org/job-role"] = "master"
+        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob", "name": job["metadata"]["name"],
+                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        self.core.create_namespaced_pod(self.namespace, {
+            "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [owner]}, "spec": pod_spec})
+
+    def _set_condition(self, job: dict[str, Any], ctype: str, reason: str, message: str) -> None:
+        status = job.setdefault("status", {})
+        conditions = status.setdefault("conditions", [])
+        current = next((c for c in conditions if c["type"] == ctype), None)
+        if current is not None and current["status"] == "True":
+            return
+        for c in conditions:
+            if c["type"] in ("Running", "Restarting") and c["type"] != ctype and c["status"] == "True":
+                c.update(status="False", lastTransitionTime=now())
+        if current is None:
+            conditions.append({"type": ctype, "status": "True", "reason": reason, "message": message,
+                               "lastUpdateTime": now(), "lastTransitionTime": now()})
+        else:
+            conditions.remove(current)
+            conditions.append(dict(current, status="True", reason=reason, message=message, lastTransitionTime=now()))
+        if ctype in ("Succeeded", "Failed"):
+            status["completionTime"] = now()
+        status.setdefault("startTime", now())
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"],
+                                                          {"status": status})
+
+    # ---- kubelet -----------------------------------------------------------------------------------
+
+    def _kubelet(self, pod: Any) -> None:
+        if pod.spec.node_name != self.node:
+            return
+        uid = pod.metadata.uid
+        proc = self.procs.get(uid)
+        if pod.metadata.deletion_timestamp:
+            self._terminate(pod, proc)
+            return
+        phase = pod.status.phase if pod.status else None
+        if proc is None:
+            if phase in ("Succeeded", "Failed"):
+                return
+            with self._lock:
+                self.procs[uid] = self._run(pod, restarts=0)
+            self._report_running(pod, self.procs[uid])
+            return
+        if proc.done or proc.popen.poll() is None:
+            return
+        code = proc.popen.returncode
+        code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
+        if code != 0 and self._may_restart(pod, code):
+            self._mark_restarting(pod)
+            with self._lock:
+                self.procs[uid] = self._run(pod, restarts=proc.restarts + 1, previous=(code, proc.started))
+            self._report_running(pod, self.procs[uid], last=(code, proc.started))
+            return
+        proc.done = True
+        self._report_terminated(pod, proc, code)
+
+    def _may_restart(self, pod: Any, code: int) -> bool:
+        job = self._job_of(pod)
+        if job is None:
+            return False
+        rtype = pod.metadata.labels["training.kubeflow.org/replica-type"].capitalize()
+        policy = job["spec"]["pytorchReplicaSpecs"][rtype].get("restartPolicy", "Never")
+        retryable = policy in ("OnFailure", "Always") or (policy == "ExitCode" and code >= 128)
+        limit = (job["spec"].get("runPolicy") or {}).get("backoffLimit")
+        used = sum(self.procs[u].restarts for u in self._job_pod_uids(pod))
+        return retryable and (limit is None or used < limit)
+
+    def _job_pod_uids(self, pod: Any) -> list[str]:
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={pod.metadata.labels[JOB_LABEL]}").items
+        return [p.metadata.uid for p in pods if p.metadata.uid in self.procs]
+
+    def _job_of(self, pod: Any) -> dict[str, Any] | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, pod.metadata.labels[JOB_LABEL])
+        except ApiException:
+            return None
+
+    def _mark_restarting(self, pod: Any) -> None:
+        job = self._job_of(pod)
+        if job is not None:
+            self._set_condition(job, "Restarting", "PyTorchJobRestarting",
+                                f"PyTorchJob {job['metadata']['name']} is restarting because {pod.metadata.name} exited.")
+
+    def log_path(self, pod_name: str) -> Path:
+        return self.workdir / "logs" / f"{self.namespace}_{pod_name}.log"
+
+    def _run(self, pod: Any, restarts: int, previous: tuple[int, str] | None = None) -> _Process:
+        container = next(c for c in pod.spec.containers if c.name == "pytorch")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env.update({e.name: e.value for e in container.env or []})
+        argv = list(container.command or []) + list(container.args or [])
+        log = self.log_path(pod.metadata.name)
+        cwd = self.workdir / "pods" / pod.metadata.name
+        cwd.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        return _Process(popen=popen, log=log, restarts=restarts)
+
+    def _container_status(self, pod: Any, proc: _Process, state: dict[str, Any], last: tuple[int, str] | None) -> dict[str, Any]:
+        container = next(c for c in pod.spec.containers if c.name == "pytorch")
+        status = {"name": "pytorch", "image": container.image, "imageID": "", "restartCount": proc.restarts,
+                  "ready": "running" in state, "state": state}
+        if last is not None:
+            status["lastState"] = {"terminated": {"exitCode": last[0], "reason": "Error", "startedAt": last[1], "finishedAt": now()}}
+        return status
+
+    def _report_running(self, pod: Any, proc: _Process, last: tuple[int, str] | None = None) -> None:
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+            "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": proc.started,
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "containerStatuses": [self._container_status(pod, proc, {"running": {"startedAt": proc.started}}, last)],
+        }})
+
+    def _report_terminated(self, pod: Any, proc: _Process, code: int) -> None:
+        state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": proc.started, "finishedAt": now()}}
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+            "containerStatuses": [self._container_status(pod, proc, state, None)],
+        }})
+
+    def _terminate(self, pod: Any, proc: _Process | None) -> None:
+        """A pod being deleted: SIGTERM, SIGKILL after its grace period, then remove it for good."""
+        if proc is not None and proc.popen.poll() is None:
+            grace = pod.spec.termination_grace_period_seconds or 30
+            if proc.term_sent is None:
+                proc.term_sent = time.monotonic()
+                os.killpg(proc.popen.pid, signal.SIGTERM)
+            elif time.monotonic() - proc.term_sent > grace:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            return
+        self._delete_pod(pod.metadata.name, grace=0)
+
+    def running(self, pod_name: str) -> bool:
+        with self._lock:
+            return any(p.log == self.log_path(pod_name) and p.popen.poll() is None for p in self.procs.values())
+
+    # ---- the kubelet's log endpoint, reached through the API server -----------------------------------------
+
+    def _start_log_server(self) -> int:
+        certs = self.workdir / "kubelet-tls"
+        certs.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(certs / "key.pem"),
+                        "-out", str(certs / "cert.pem"), "-days", "2", "-subj", "/CN=127.0.0.1"],
+                       check=True, capture_output=True)
+        standin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # /containerLogs/NAMESPACE/POD/CONTAINER?follow=true
+                url = urllib.parse.urlsplit(self.path)
+                parts = url.path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "containerLogs" or not standin.log_path(parts[2]).exists():
+                    self.send_error(404, "no such container log")
+                    return
+                follow = urllib.parse.parse_qs(url.query).get("follow") == ["true"]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                with open(standin.log_path(parts[2]), "rb") as f:
+                    while True:
+                        chunk = f.read(65536)
+                        if chunk:
+                            self.wfile.write(chunk)
+                            self.wfile.flush()
+                            continue
+                        if not follow or not standin.running(parts[2]) or standin._stop.is_set():
+                            break
+                        time.sleep(0.1)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, name="standin-kubelet", daemon=True).start()
+        self._server = server
+        return server.server_address[1]
+
+
+def _exit_code(pod: Any) -> int | None:
+    for cs in (pod.status.container_statuses or []) if pod.status else []:
+        if cs.state and cs.state.terminated:
+            return cs.state.terminated.exit_code
+    return None
+
+
+# ---- test namespaces: created per test, emptied and removed afterwards (no namespace controller runs here) ----
+
+def create_namespace(api_client: Any, prefix: str = "hpct") -> str:
+    from kubernetes import client
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": name, "labels": {"hpctrain-test": "true"}}})
+    return name
+
+
+def delete_namespace(api_client: Any, name: str) -> None:
+    """Remove everything a test made in `name`, then the namespace: the parts of the garbage collector and the
+    namespace controller that this API server lacks (finalizers are dropped by hand)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
+    for group, version, plural in ((GROUP, VERSION, PLURAL), ("trainer.kubeflow.org", "v1alpha1", "trainjobs")):
+        for obj in custom.list_namespaced_custom_object(group, version, name, plural)["items"]:
+            obj_name = obj["metadata"]["name"]
+            try:
+                if obj["metadata"].get("finalizers"):
+                    custom.patch_namespaced_custom_object(group, version, name, plural, obj_name, {"metadata": {"finalizers": None}})
+                custom.delete_namespaced_custom_object(group, version, name, plural, obj_name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    for pvc in core.list_namespaced_persistent_volume_claim(name).items:
+        if pvc.metadata.finalizers:
+            core.patch_namespaced_persistent_volume_claim(pvc.metadata.name, name, {"metadata": {"finalizers": None}})
+    core.delete_collection_namespaced_persistent_volume_claim(name)
+    core.delete_collection_namespaced_resource_quota(name)
+    core.delete_collection_namespaced_event(name)
+    core.delete_namespace(name)
+    core.replace_namespace_finalize(name, {"metadata": {"name": name}, "spec": {"finalizers": []}})

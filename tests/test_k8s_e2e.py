@@ -1,0 +1,132 @@
+"""End to end through the real local API server: a 2-pod PyTorchJob running `hpctrain train mnist` (gloo on CPU) is
+checked, submitted, followed with status and logs, cancelled mid-run (its pods get SIGTERM and the run writes a
+checkpoint), submitted again with the same run directory and --resume, and completes from that checkpoint.
+
+The pods are run by tests/kubeflow_standin.py, a test-only fake of the Kubeflow controller and the kubelet (none
+can run here): it creates the pods the job implies with Kubeflow v1's variables and runs each pod's command as a
+local process of this interpreter (`sys.executable -m hpctrain`), so the "shared volume" is a directory of this
+machine that every pod process sees. The logs are read through the API server's pod log endpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpctrain.launch.job import JobSpec, Resources
+from hpctrain.schedulers import blocking
+from hpctrain.schedulers.base import CANCELLED, RUNNING, SUCCEEDED
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+from k8s_fixtures import LocalK8s
+from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+DEADLINE_S = 300  # generous on a loaded 2-core machine; never asserted on, only a bound on waiting
+TRAIN_LIMIT = 2048  # classic recipe, batch 64: 32 steps per epoch
+
+
+def wait_for(what: str, predicate: Callable[[], object], standin: KubeflowStandIn, timeout: float = DEADLINE_S) -> object:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        assert not standin.errors, standin.errors
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cluster(k8s_cluster: LocalK8s, tmp_path: Path):
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api, prefix="hpct-e2e")
+    tag = namespace
+    standin = KubeflowStandIn(api, namespace, tmp_path / "standin", node_labels={"hpctrain-test-node": tag}).start()
+    yield api, namespace, tag, standin
+    standin.stop()
+    delete_namespace(api, namespace)
+
+
+def test_submit_follow_cancel_resume(cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
+    api, namespace, tag, standin = cluster
+    shared = tmp_path / "shared"  # what every pod mounts; here a local directory all pod processes see
+    shared.mkdir()
+    run_dir = shared / "runs" / "mnist-e2e"
+    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test", shm="1Gi",
+                                volumes=(f"host:{shared}:{shared}",), node_selector=(f"hpctrain-test-node={tag}",))
+    sched = KubernetesScheduler(options, api_client=api)
+    command = (sys.executable, "-m", "hpctrain", "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
+               "--data-dir", str(fashion_data_dir), "--train-limit", str(TRAIN_LIMIT), "--test-limit", "200",
+               "--epochs", "4", "--threads", "1", "--log-interval", "1", "--run-dir", str(run_dir), "--resume")
+    job = JobSpec(command=command, name="mnist-e2e", run_dir=str(run_dir), signal_grace=60,
+                  resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+
+    assert blocking(sched.check(job)) == [], sched.check(job)
+    assert sched.submit(job, sched.render(job)) == "mnist-e2e"
+
+    status = wait_for("both pods running", lambda: (s := sched.status("mnist-e2e")).state == RUNNING
+                      and [r.phase for r in s.replicas] == ["Running", "Running"] and s, standin)
+    assert [r.name for r in status.replicas] == ["master-0", "worker-0"]
+    assert all(r.node == standin.node for r in status.replicas)
+
+    # Follow rank 0's log through the API server until training is under way, then cancel.
+    seen = []
+    for line in sched.logs("mnist-e2e", follow=True, replica="master-0"):
+        seen.append(line)
+        if re.match(r"epoch 1/4 step \d+/32", line):
+            break
+    assert any("with 2 process(es), ddp, cpu" in line for line in seen), seen
+    sched.cancel("mnist-e2e")
+    assert sched.status("mnist-e2e").state == CANCELLED
+    wait_for("the job and its pods to be gone", lambda: not sched.list_jobs(), standin)
+    log = standin.log_path("mnist-e2e-master-0").read_text()
+    assert re.search(r"hpctrain: stopped \(cancelled, [^)]*\) at global step \d+ after writing a checkpoint", log), log
+    assert (run_dir / "stop_reason").read_text().strip() == "cancelled"
+    assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written on SIGTERM"
+    worker_log = standin.log_path("mnist-e2e-worker-0").read_text()
+    assert "Traceback" not in log + worker_log, log + worker_log
+
+    # The same job again, as `hpctrain submit` would resubmit it: it resumes from the checkpoint and completes.
+    for pod in ("mnist-e2e-master-0", "mnist-e2e-worker-0"):
+        standin.log_path(pod).unlink()
+    sched.submit(job, sched.render(job))
+    # Kubeflow marks the job Succeeded when the master succeeds; the worker exits a moment later.
+    status = wait_for("the job and its pods to finish", lambda: (s := sched.status("mnist-e2e")).finished
+                      and all(r.phase in ("Succeeded", "Failed") for r in s.replicas) and s, standin)
+    log = "\n".join(sched.logs("mnist-e2e"))
+    assert status.state == SUCCEEDED, (status, log)
+    assert status.exit_code == 0 and [r.phase for r in status.replicas] == ["Succeeded", "Succeeded"]
+    assert re.search(r"hpctrain: resumed at epoch 1, step \d+ of 32", log), log
+    assert "hpctrain: epoch 4/4: train loss" in log, log
+    assert (run_dir / "stop_reason").read_text().strip() == "completed"
+
+
+PREEMPTED_ONCE = """\
+import os, pathlib, sys
+marker = pathlib.Path(os.environ["HPCTRAIN_RUN_DIR"]) / ("attempted-" + os.environ["RANK"])
+if not marker.exists():
+    marker.touch()
+    sys.exit(75)  # hpctrain's "preempted, resume me"
+"""
+
+
+@pytest.mark.parametrize("budget,state,exit_code", [(1, SUCCEEDED, 0), (0, "FAILED", 75)])
+def test_exit_75_is_retried_within_the_restart_budget(cluster, tmp_path: Path, budget: int, state: str, exit_code: int) -> None:
+    """restartPolicy OnFailure (not ExitCode, which treats 1-127 as permanent) restarts a replica that exits 75,
+    as long as --max-restarts (backoffLimit) allows."""
+    api, namespace, tag, standin = cluster
+    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
+                                volumes=(f"host:{tmp_path}:{tmp_path}",), node_selector=(f"hpctrain-test-node={tag}",))
+    sched = KubernetesScheduler(options, api_client=api)
+    job = JobSpec(command=(sys.executable, "-c", PREEMPTED_ONCE), name="preempted", run_dir=str(tmp_path),
+                  max_restarts=budget, resources=Resources(nodes=1, mem="1G"))
+    sched.submit(job, sched.render(job))
+    status = wait_for("the job to finish", lambda: (s := sched.status("preempted")).finished
+                      and all(r.phase in ("Succeeded", "Failed") for r in s.replicas) and s, standin)
+    assert (status.state, status.exit_code, status.restarts) == (state, exit_code, budget)

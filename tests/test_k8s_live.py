@@ -1,0 +1,316 @@
+"""The Kubernetes backend against the real local API server (scripts/local-k8s.sh): check accepts and refuses
+with real Nodes, Pods bound to them, ResourceQuotas and PVCs; submit creates the object; status parses the
+conditions, pod phases, restarts and events set here; cancel deletes; the cluster view adds up.
+
+No kubelet, scheduler or controller runs on that server: the Nodes, their allocatable resources, pod phases and
+job conditions are written by the tests through the API (the status subresources), as those components would.
+Each test works in its own namespace, and its nodes carry a label unique to the test that the job's
+--node-selector names, so that nodes other tests create do not change the answers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from hpctrain.errors import UserError
+from hpctrain.launch.job import JobSpec, Resources
+from hpctrain.schedulers import blocking
+from hpctrain.schedulers.base import CANCELLED, FAILED, RUNNING
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+from k8s_fixtures import LocalK8s
+from kubeflow_standin import create_namespace, delete_namespace, now
+
+pytestmark = pytest.mark.k8s
+NODE_LABEL = "hpctrain-test-node"
+IMAGE = "example.invalid/pytorch:latest"
+
+
+@dataclass
+class Ctx:
+    api: Any
+    namespace: str
+    tag: str
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    def node(self, cpu: str = "8", memory: str = "32Gi", gpus: int = 0, taints: list | None = None,
+             unschedulable: bool = False) -> str:
+        name = f"{self.tag}-n{len(self.nodes)}"
+        self.core.create_node({"metadata": {"name": name, "labels": {NODE_LABEL: self.tag}}, "spec": {"unschedulable": unschedulable}})
+        self.nodes.append(name)
+        alloc = {"cpu": cpu, "memory": memory, "pods": "110", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+        self.core.patch_node_status(name, {"status": {"capacity": alloc, "allocatable": alloc, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}]}})
+        # The TaintNodesByCondition admission plugin marks a new node not-ready; the node lifecycle controller
+        # (absent here) lifts that once the kubelet reports Ready. Set the taints this test wants instead.
+        self.core.patch_node(name, {"spec": {"taints": taints or None}})
+        return name
+
+    def pod(self, node: str | None, cpu: str = "1", memory: str = "1Gi", gpus: int = 0, name: str | None = None,
+            labels: dict | None = None) -> str:
+        name = name or f"filler-{uuid.uuid4().hex[:6]}"
+        requests = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+        container = {"name": "pytorch", "image": IMAGE, "resources": {"requests": requests, "limits": requests}}
+        spec: dict[str, Any] = {"containers": [container]}
+        if node:
+            spec["nodeName"] = node
+        self.core.create_namespaced_pod(self.namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+        return name
+
+    def pvc(self, name: str, mode: str = "ReadWriteMany") -> None:
+        self.core.create_namespaced_persistent_volume_claim(self.namespace, {
+            "metadata": {"name": name},
+            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}}})
+
+    def quota(self, hard: dict[str, str], used: dict[str, str]) -> None:
+        """A ResourceQuota with the status the quota controller would write."""
+        self.core.create_namespaced_resource_quota(self.namespace, {"metadata": {"name": "team"}, "spec": {"hard": hard}})
+        self.core.patch_namespaced_resource_quota_status("team", self.namespace, {"status": {"hard": hard, "used": used}})
+
+    def scheduler(self, **options: Any) -> KubernetesScheduler:
+        options.setdefault("namespace", self.namespace)
+        options.setdefault("image", IMAGE)
+        options.setdefault("node_selector", (f"{NODE_LABEL}={self.tag}",))
+        return KubernetesScheduler(KubernetesOptions(**options), api_client=self.api)
+
+
+@pytest.fixture
+def ctx(k8s_cluster: LocalK8s):
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    context = Ctx(api, namespace, namespace)
+    yield context
+    delete_namespace(api, namespace)
+    for node in context.nodes:
+        context.core.delete_node(node)
+
+
+def job(nodes: int = 2, cpus: int = 2, mem: str | None = "8G", gpus: int = 0, run_dir: str | None = "/mnt/runs/%j",
+        **kw: Any) -> JobSpec:
+    return JobSpec(command=("hpctrain", "train", "mnist"), name=kw.pop("name", "mnist"), run_dir=run_dir,
+                   resources=Resources(nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=cpus, mem=mem),
+                   **kw)
+
+
+def test_check_accepts_a_job_that_fits(ctx: Ctx) -> None:
+    ctx.node(gpus=2)
+    ctx.node(gpus=2)
+    ctx.pvc("runs")
+    sched = ctx.scheduler(shm="4Gi", volumes=("pvc:runs:/mnt/runs",))
+    assert sched.check(job(gpus=2, cpus=2, mem="16G")) == []
+
+
+def test_check_refuses_a_pod_larger_than_any_node(ctx: Ctx) -> None:
+    ctx.node(cpu="8", memory="32Gi")
+    ctx.pvc("runs")
+    problems = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",)).check(job(cpus=16))
+    assert len(problems) == 1, problems
+    assert "one worker pod asks for cpu 16, memory 8Gi, more than any node offers" in problems[0]
+    assert "never schedules" in problems[0] and "--nodes" in problems[0]
+    problems = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",)).check(job(cpus=1, mem="64G"))
+    assert "more than any node offers" in problems[0]
+
+
+def test_check_counts_requests_of_running_pods_only(ctx: Ctx) -> None:
+    a, b = ctx.node(cpu="8"), ctx.node(cpu="8")
+    fillers = [ctx.pod(a, cpu="6"), ctx.pod(b, cpu="6")]
+    ctx.pod(None, cpu="6")  # not bound to a node: takes nothing from any node
+    ctx.pvc("runs")
+    sched = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",))
+    problems = sched.check(job(cpus=4, mem="1G"))
+    assert len(problems) == 1, problems
+    assert "no node has room for one worker pod (cpu 4, memory 1Gi) now" in problems[0]
+    assert "cpu 2, " in problems[0] and "will wait" in problems[0]
+    # A pod that has finished no longer holds its requests.
+    ctx.core.patch_namespaced_pod_status(fillers[0], ctx.namespace, {"status": {"phase": "Succeeded"}})
+    assert sched.check(job(cpus=4, mem="1G")) == []
+
+
+def test_check_node_selector_taints_and_cordons(ctx: Ctx) -> None:
+    ctx.node(gpus=4, taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+    ctx.node(cpu="64", unschedulable=True)
+    ctx.pvc("runs")
+    volumes = ("pvc:runs:/mnt/runs",)
+    problems = ctx.scheduler(volumes=volumes).check(job(gpus=2))
+    assert problems == ["no schedulable node matches --node-selector and tolerates its taints with --toleration "
+                        "(2 node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
+    assert ctx.scheduler(volumes=volumes, tolerations=("nvidia.com/gpu:NoSchedule",)).check(job(gpus=2)) == []
+    assert ctx.scheduler(volumes=volumes, tolerations=("nvidia.com/gpu=present",)).check(job(gpus=2)) == []
+    problems = ctx.scheduler(volumes=volumes, tolerations=("nvidia.com/gpu",)).check(job(gpus=8))
+    assert "more than any node offers" in problems[0] and "nvidia.com/gpu 4" in problems[0]
+
+
+def test_check_names_missing_namespace_pvc_runtime_and_bad_shm(ctx: Ctx) -> None:
+    ctx.node()
+    problems = ctx.scheduler(namespace=f"{ctx.namespace}-missing").check(job())
+    assert any(f"namespace '{ctx.namespace}-missing' does not exist: create it (kubectl create namespace" in p for p in problems)
+
+    problems = ctx.scheduler(volumes=("pvc:nope:/mnt/runs",), shm="16Gi").check(job(mem="8G"))
+    assert "PersistentVolumeClaim 'nope' does not exist in namespace" in " | ".join(problems)
+    assert "--shm 16Gi exceeds the pod's memory --mem 8G" in " | ".join(problems)
+    assert len(blocking(problems)) == 2
+
+    problems = ctx.scheduler(api="trainjob", runtime="no-such-runtime", volumes=("nfs:nas:/export:/mnt/runs",)).check(job())
+    assert problems == ["the ClusterTrainingRuntime 'no-such-runtime' does not exist: install Trainer's runtimes or "
+                        "pick one `kubectl get clustertrainingruntimes` lists"]
+    assert ctx.scheduler(api="trainjob", volumes=("nfs:nas:/export:/mnt/runs",)).check(job()) == []
+
+
+def test_check_warns_when_the_run_dir_is_not_shared(ctx: Ctx) -> None:
+    ctx.node()
+    ctx.pvc("scratch", mode="ReadWriteOnce")
+    problems = ctx.scheduler().check(job())
+    assert problems == ["warning: --run-dir /mnt/runs/mnist is not on a volume all replicas share (shared mounts: none): "
+                        "restarted pods cannot resume and rank 0's checkpoint is invisible to the others; put it under "
+                        "a --volume mount path"]
+    assert blocking(problems) == []
+    problems = ctx.scheduler(volumes=("pvc:scratch:/mnt/runs",)).check(job(nodes=2))
+    assert problems == ["warning: PVC scratch holds the run dir but its access modes are ReadWriteOnce: pods on "
+                        "different nodes need ReadWriteMany"]
+    assert ctx.scheduler(volumes=("pvc:scratch:/mnt/runs",)).check(job(nodes=1)) == []
+    assert "no --run-dir" in ctx.scheduler().check(job(run_dir=None))[0]
+
+
+def test_check_quota(ctx: Ctx) -> None:
+    ctx.node(cpu="32", memory="128Gi")
+    ctx.pvc("runs")
+    sched = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",))
+    ctx.quota({"requests.cpu": "8", "requests.memory": "64Gi", "pods": "10"}, {"requests.cpu": "6", "requests.memory": "0", "pods": "3"})
+    problems = sched.check(job(nodes=2, cpus=2, mem="8G"))  # 4 CPUs, 2 free under the quota
+    assert problems == ["warning: the job will queue until 2 of requests.cpu is freed in namespace "
+                        f"{ctx.namespace} (quota team: 6 of 8 used, the job needs 4)"]
+    problems = sched.check(job(nodes=3, cpus=4, mem="8G"))  # 12 CPUs: more than the quota allows at all
+    assert problems == [f"the job asks for requests.cpu 12 but the quota team of namespace {ctx.namespace} allows 8 in "
+                        "all: it can never run; ask for less (fewer --nodes or less per pod) or ask for a larger quota"]
+    problems = sched.check(job(nodes=1, cpus=1, mem=None))
+    assert problems == [f"namespace {ctx.namespace} has a memory quota (team: requests.memory): pods must state "
+                        "their memory; give --mem"]
+    assert sched.check(job(nodes=1, cpus=1, mem="1G")) == []
+
+
+def test_submit_creates_the_object_and_refuses_a_duplicate(ctx: Ctx) -> None:
+    from kubernetes import client
+
+    sched = ctx.scheduler(shm="2Gi")
+    spec = job(nodes=3, max_restarts=2, time="01:00:00")
+    rendered = sched.render(spec)
+    assert sched.submit(spec, rendered) == "mnist"
+    stored = client.CustomObjectsApi(ctx.api).get_namespaced_custom_object("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist")
+    assert stored["spec"]["runPolicy"].pop("suspend") is False  # the CRD's one default
+    assert stored["spec"] == rendered.payload["spec"]  # nothing pruned: every field is one the CRD knows
+    assert stored["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "hpctrain"}
+    with pytest.raises(UserError, match="a PyTorchJob named 'mnist' already exists in namespace"):
+        sched.submit(spec, rendered)
+    trainjob = ctx.scheduler(api="trainjob", volumes=("nfs:nas:/export:/mnt/runs",))
+    spec = job(name="mnist-v2")
+    assert trainjob.submit(spec, trainjob.render(spec)) == "mnist-v2"
+    assert [s.job_id for s in trainjob.list_jobs()] == ["mnist-v2"]
+    missing = ctx.scheduler(namespace=f"{ctx.namespace}-gone")
+    with pytest.raises(UserError, match="namespace .* or the CRD is missing"):
+        missing.submit(job(), missing.render(job()))
+
+
+def _kubeflow_pod(ctx: Ctx, node: str | None, rtype: str, index: int) -> str:
+    labels = {"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/replica-type": rtype,
+              "training.kubeflow.org/replica-index": str(index)}
+    return ctx.pod(node, name=f"mnist-{rtype}-{index}", labels=labels)
+
+
+def test_status_parses_conditions_pods_and_events(ctx: Ctx) -> None:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(ctx.api)
+    node = ctx.node()
+    sched = ctx.scheduler()
+    spec = job(nodes=3)
+    sched.submit(spec, sched.render(spec))
+    status = sched.status("mnist")
+    assert (status.state, status.replicas) == ("PENDING", ())
+    assert "no pods yet" in status.pending_reasons[-1]
+
+    master = _kubeflow_pod(ctx, node, "master", 0)
+    worker0 = _kubeflow_pod(ctx, node, "worker", 0)
+    worker1 = _kubeflow_pod(ctx, None, "worker", 1)
+    ctx.core.patch_namespaced_pod_status(master, ctx.namespace, {"status": {"phase": "Running", "containerStatuses": [{
+        "name": "pytorch", "image": IMAGE, "imageID": "", "ready": True, "restartCount": 2,
+        "state": {"running": {"startedAt": now()}},
+        "lastState": {"terminated": {"exitCode": 75, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})
+    ctx.core.patch_namespaced_pod_status(worker0, ctx.namespace, {"status": {"phase": "Running"}})
+    ctx.core.patch_namespaced_pod_status(worker1, ctx.namespace, {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available"}]}})
+    ctx.core.create_namespaced_event(ctx.namespace, {
+        "metadata": {"name": f"{worker1}.1"}, "type": "Warning", "reason": "FailedScheduling", "count": 1,
+        "message": "0/1 nodes are available: 1 Insufficient cpu.", "firstTimestamp": now(), "lastTimestamp": now(),
+        "involvedObject": {"kind": "Pod", "name": worker1, "namespace": ctx.namespace}, "source": {"component": "default-scheduler"}})
+    ctx.core.create_namespaced_event(ctx.namespace, {
+        "metadata": {"name": f"{master}.1"}, "type": "Normal", "reason": "Started", "message": "Started container",
+        "involvedObject": {"kind": "Pod", "name": master, "namespace": ctx.namespace}})
+    conditions = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "message": "created"},
+                  {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "PyTorchJob mnist is running."}]
+    custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}})
+
+    status = sched.status("mnist")
+    assert status.state == RUNNING and status.message == "PyTorchJob mnist is running."
+    assert [(r.name, r.phase, r.node, r.restarts, r.exit_code, r.reason) for r in status.replicas] == [
+        ("master-0", "Running", node, 2, 75, None),
+        ("worker-0", "Running", node, 0, None, None),
+        ("worker-1", "Pending", None, 0, None, "Unschedulable"),
+    ]
+    assert status.restarts == 2 and status.exit_code is None and not status.finished
+    assert status.pending_reasons == (f"{worker1}: FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu.",)
+
+    ctx.core.patch_namespaced_pod_status(master, ctx.namespace, {"status": {"phase": "Failed", "containerStatuses": [{
+        "name": "pytorch", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 2,
+        "state": {"terminated": {"exitCode": 2, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})
+    conditions[1]["status"] = "False"
+    conditions.append({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "master failed"})
+    custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}})
+    status = sched.status("mnist")
+    assert (status.state, status.exit_code, status.message, status.finished) == (FAILED, 2, "master failed", True)
+    assert status.replicas[0].reason == "Error" and status.pending_reasons == ()
+    assert [(s.job_id, s.state, s.replicas) for s in sched.list_jobs()] == [("mnist", FAILED, 3)]
+    with pytest.raises(UserError, match="no PyTorchJob named 'other'"):
+        sched.status("other")
+
+
+def test_cancel_deletes_in_the_foreground(ctx: Ctx) -> None:
+    from kubernetes import client
+
+    sched = ctx.scheduler()
+    sched.submit(job(), sched.render(job()))
+    sched.cancel("mnist")
+    stored = client.CustomObjectsApi(ctx.api).get_namespaced_custom_object("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist")
+    # No garbage collector runs here, so the object waits for its (absent) pods, marked as being deleted.
+    assert stored["metadata"]["deletionTimestamp"] and stored["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert sched.status("mnist").state == CANCELLED
+    with pytest.raises(UserError, match="no PyTorchJob named 'nothing' .*: nothing to cancel"):
+        sched.cancel("nothing")
+
+
+def test_cluster_view_numbers(ctx: Ctx) -> None:
+    a = ctx.node(cpu="8", memory="32Gi", gpus=4)
+    b = ctx.node(cpu="4", memory="16Gi")
+    ctx.pod(a, cpu="2", memory="4Gi", gpus=1)
+    ctx.pod(a, cpu="500m", memory="512Mi")
+    ctx.pod(b, cpu="1", memory="1Gi")
+    done = ctx.pod(b, cpu="3", memory="8Gi")
+    ctx.core.patch_namespaced_pod_status(done, ctx.namespace, {"status": {"phase": "Failed"}})
+    ctx.quota({"requests.cpu": "10", "pods": "20"}, {"requests.cpu": "3500m", "pods": "4"})
+    view = ctx.scheduler().cluster()
+    mine = {n.name: n for n in view.nodes if n.name in (a, b)}
+    na, nb = mine[a], mine[b]
+    assert (na.cpu_allocatable, na.cpu_requested, na.cpu_free) == (8.0, 2.5, 5.5)
+    assert (na.memory_allocatable, na.memory_requested) == (32 * 2**30, 4 * 2**30 + 512 * 2**20)
+    assert (na.gpus_allocatable, na.gpus_requested, na.gpus_free) == (4, 1, 3)
+    assert (nb.cpu_requested, nb.memory_requested, nb.gpus_allocatable) == (1.0, 2**30, 0)
+    assert view.quota == (f"{ctx.namespace}/team pods: 4 of 20 used", f"{ctx.namespace}/team requests.cpu: 3500m of 10 used")

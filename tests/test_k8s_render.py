@@ -1,0 +1,193 @@
+"""Kubernetes render: golden manifests for PyTorchJob/TrainJob x CPU/GPU x single/multi-pod x with/without volumes
+and shm, each validated against the vendored Kubeflow CRD schemas; the schema check rejects unknown fields; the
+restart, resource, command and run-dir mapping; what Kubernetes cannot express is refused with the fix."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpctrain.errors import UserError
+from hpctrain.launch.job import EnvironmentSpec, JobSpec, Resources
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.render import container_command, render, rendered
+from hpctrain.schedulers.kubernetes.validate import to_json_schema, validate_manifest
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "kubernetes"
+UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
+IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
+STORAGE = {
+    "plain": {},
+    "volumes": {"shm": "8Gi", "volumes": ("pvc:team-runs:/mnt/share/team", "nfs:nas.example.com:/export/users:/mnt/user:ro",
+                                          "host:/mnt/datasets:/data:ro")},
+}
+
+
+def golden_job(res: str, size: str) -> JobSpec:
+    nodes = 1 if size == "single" else 3
+    gpus = 2 if res == "gpu" else 0
+    return JobSpec(
+        command=("hpctrain", "train", "mnist", "--dataset", "fashion-mnist", "--epochs", "1"),
+        name=f"mnist-{res}-{size}",
+        time="02:00:00",
+        resources=Resources(nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=4, mem="32G"),
+        run_dir="/mnt/share/team/runs/mnist-%j",
+        env=(("OMP_NUM_THREADS", "4"),),
+        max_restarts=3 if size == "multi" else 0,
+    )
+
+
+def golden_options(api: str, storage: str) -> KubernetesOptions:
+    extra = {"priority_class": "batch-low"} if api == "pytorchjob" else {}
+    return KubernetesOptions(namespace="team-a", api=api, image=IMAGE, **STORAGE[storage], **extra)
+
+
+CASES = [(a, c, s, v) for a in ("pytorchjob", "trainjob") for c in ("cpu", "gpu") for s in ("single", "multi")
+         for v in STORAGE]
+
+
+def _job_for(api: str, res: str, size: str) -> JobSpec:
+    job = golden_job(res, size)
+    return job.replace(max_restarts=0) if api == "trainjob" else job
+
+
+@pytest.mark.parametrize("api,res,size,storage", CASES, ids=["-".join(c) for c in CASES])
+def test_golden(api: str, res: str, size: str, storage: str) -> None:
+    result = rendered(_job_for(api, res, size), golden_options(api, storage))
+    assert validate_manifest(result.payload) == []
+    assert yaml.safe_load(result.text) == result.payload  # the YAML is the manifest (no anchors, no loss)
+    path = GOLDEN_DIR / f"{api}-{res}-{size}-{storage}.yaml"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.text)
+    if not path.exists():
+        pytest.fail(f"{path} is missing; create it with: HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
+    expected = path.read_text()
+    if result.text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), result.text.splitlines(True), str(path), "rendered"))
+        pytest.fail(f"rendered manifest differs from {path.name}:\n{diff}\nIf the change is intended, refresh with: "
+                    f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
+
+
+def test_every_golden_file_validates_against_its_crd() -> None:
+    files = sorted(GOLDEN_DIR.glob("*.yaml"))
+    assert len(files) == len(CASES)
+    for path in files:
+        assert validate_manifest(yaml.safe_load(path.read_text())) == [], path.name
+
+
+def _base(api: str = "pytorchjob") -> dict:
+    return render(golden_job("gpu", "multi").replace(max_restarts=0), golden_options(api, "volumes"))
+
+
+@pytest.mark.parametrize("api,mutate,expected", [
+    ("pytorchjob", lambda m: m["spec"].update(bogus=1), "spec: Additional properties are not allowed ('bogus'"),
+    ("pytorchjob", lambda m: m["spec"]["runPolicy"].update(backofLimit=2), "spec.runPolicy: Additional properties"),
+    ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].update(cmd=["x"]),
+     "spec.pytorchReplicaSpecs.Master.template.spec.containers.0: Additional properties"),
+    ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Worker"].update(replicas="two"),
+     "spec.pytorchReplicaSpecs.Worker.replicas: 'two' is not of type 'integer'"),
+    ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(cpu=[1]),
+     "resources.limits.cpu: [1] is not valid under any of the given schemas"),
+    ("pytorchjob", lambda m: m["spec"].pop("pytorchReplicaSpecs"), "'pytorchReplicaSpecs' is a required property"),
+    ("trainjob", lambda m: m["spec"]["trainer"].update(numWorkers=2), "spec.trainer: Additional properties"),
+    ("trainjob", lambda m: m["spec"].pop("runtimeRef"), "'runtimeRef' is a required property"),
+    ("trainjob", lambda m: m["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+     ["template"]["spec"]["template"]["spec"].update(priorityClassName="x"), "Additional properties are not allowed ('priorityClassName'"),
+])
+def test_schema_rejects(api: str, mutate, expected: str) -> None:
+    manifest = copy.deepcopy(_base(api))
+    assert validate_manifest(manifest) == []
+    mutate(manifest)
+    problems = validate_manifest(manifest)
+    assert any(expected in p for p in problems), problems
+
+
+def test_schema_translation() -> None:
+    schema = to_json_schema({"type": "object", "properties": {
+        "q": {"x-kubernetes-int-or-string": True},
+        "n": {"type": "string", "nullable": True},
+        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"a": {"type": "string"}}},
+        "map": {"type": "object", "additionalProperties": {"type": "string"}},
+    }})
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["q"] == {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+    assert schema["properties"]["n"]["type"] == ["string", "null"]
+    assert "additionalProperties" not in schema["properties"]["free"]
+    assert schema["properties"]["map"]["additionalProperties"] == {"type": "string"}
+
+
+def test_unknown_kind_is_named() -> None:
+    assert "no vendored CRD" in validate_manifest({"apiVersion": "batch/v1", "kind": "Job"})[0]
+
+
+def test_pytorchjob_mapping() -> None:
+    m = render(golden_job("gpu", "multi"), golden_options("pytorchjob", "volumes"))
+    master, worker = m["spec"]["pytorchReplicaSpecs"]["Master"], m["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert (master["replicas"], worker["replicas"]) == (1, 2)  # 3 pods: one master, two workers
+    assert master["restartPolicy"] == worker["restartPolicy"] == "OnFailure"  # 75 (preempted) must be retried
+    assert m["spec"]["runPolicy"] == {"backoffLimit": 3, "activeDeadlineSeconds": 7200}
+    assert m["spec"]["nprocPerNode"] == "2"
+    pod = master["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["name"] == "pytorch"
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    assert {"name": "HPCTRAIN_RUN_DIR", "value": "/mnt/share/team/runs/mnist-mnist-gpu-multi"} in container["env"]
+    assert pod["terminationGracePeriodSeconds"] == 120  # --signal-grace: time to checkpoint after SIGTERM
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert pod["priorityClassName"] == "batch-low"
+    assert m["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hpctrain"
+    assert master["template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hpctrain"
+
+
+@pytest.mark.parametrize("api,command,nodes,nproc,expected", [
+    ("pytorchjob", ("hpctrain", "train", "mnist"), 2, 2, ["hpctrain", "train", "mnist"]),  # hpctrain fans out itself
+    ("pytorchjob", ("/usr/bin/python3", "-m", "hpctrain", "train"), 1, 2, ["/usr/bin/python3", "-m", "hpctrain", "train"]),
+    ("pytorchjob", ("python", "train.py"), 2, 2, ["torchrun", "--no-python", "python", "train.py"]),
+    ("pytorchjob", ("python", "train.py"), 2, 1, ["python", "train.py"]),  # RANK/WORLD_SIZE per pod
+    ("trainjob", ("hpctrain", "train", "mnist"), 2, 1, ["torchrun", "--no-python", "hpctrain", "train", "mnist"]),
+    ("trainjob", ("python", "train.py"), 1, 1, ["python", "train.py"]),
+])
+def test_container_command(api: str, command: tuple, nodes: int, nproc: int, expected: list[str]) -> None:
+    job = JobSpec(command=command, resources=Resources(nodes=nodes, nproc_per_node=nproc))
+    assert container_command(job, KubernetesOptions(api=api, image=IMAGE)) == expected
+
+
+@pytest.mark.parametrize("change,api,message", [
+    ({"resources": Resources(shards_per_node=4)}, "pytorchjob", "ask for whole GPUs"),
+    ({"resources": Resources(gpus_per_node=1, gpu_type="a100")}, "pytorchjob", "--node-selector nvidia.com/gpu.product"),
+    ({"resources": Resources(mem="0")}, "pytorchjob", "--mem 0"),
+    ({"name": "Mnist_Run"}, "pytorchjob", "not a valid Kubernetes name"),
+    ({"name": "a" * 51}, "pytorchjob", "at most 50"),
+    ({"environment": EnvironmentSpec(kind="conda", conda_env="x")}, "pytorchjob", "the image is the environment"),
+    ({"sbatch_extra": ("--exclusive",)}, "pytorchjob", "--sbatch options are Slurm's"),
+    ({"max_restarts": 2}, "trainjob", "restart budget from the runtime"),
+    ({"env": (("PET_NNODES", "2"),)}, "trainjob", "PET_* variables are set by the Trainer runtime"),
+])
+def test_render_refuses_what_kubernetes_cannot_express(change: dict, api: str, message: str) -> None:
+    job = JobSpec(command=("hpctrain", "train", "mnist")).replace(**change)
+    with pytest.raises(UserError, match=message.replace("*", r"\*").replace("(", r"\(")):
+        render(job, KubernetesOptions(api=api, image=IMAGE))
+
+
+def test_render_needs_an_image() -> None:
+    with pytest.raises(UserError, match="give --image"):
+        render(JobSpec(command=("hpctrain", "train", "mnist")), KubernetesOptions())
+
+
+def test_trainjob_priority_class_refused() -> None:
+    with pytest.raises(UserError, match="no per-job priority class"):
+        render(JobSpec(command=("hpctrain",)), KubernetesOptions(api="trainjob", image=IMAGE, priority_class="high"))
+
+
+def test_render_is_pure() -> None:
+    job, options = golden_job("cpu", "multi"), golden_options("pytorchjob", "volumes")
+    assert rendered(job, options) == rendered(job, options)
+    assert rendered(job, options).filename == "pytorchjob.yaml"
+    assert rendered(job.replace(max_restarts=0), golden_options("trainjob", "plain")).filename == "trainjob.yaml"
