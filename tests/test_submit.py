@@ -28,7 +28,8 @@ def fake_sbatch(tmp_path: Path, monkeypatch):
     return log
 
 
-def test_dry_run_prints_command_and_script(fake_sbatch: Path, capsys) -> None:
+def test_dry_run_prints_command_and_script(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "train.py").write_text("")
     code = main(["submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "--job-name", "my job",
                  "--time", "10", "--", "python", "train.py", "--lr", "0.1"])
     out = capsys.readouterr().out
@@ -43,18 +44,22 @@ def test_dry_run_prints_command_and_script(fake_sbatch: Path, capsys) -> None:
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
-def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, capsys) -> None:
+def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, fashion_data_dir: Path, capsys) -> None:
     code = main(["submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--nproc-per-node", "2",
-                 "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--epochs", "1"])
+                 "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--epochs", "1",
+                 "--data-dir", str(fashion_data_dir)])
     out = capsys.readouterr().out
     assert code == 0
     assert 'run_dir=runs/mnist-fashion-mnist-"${SLURM_JOB_ID}"' in out
     assert "#SBATCH --job-name=mnist-fashion-mnist\n" in out
-    assert "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 hpctrain train mnist --recipe classic --dataset fashion-mnist --epochs 1 &" in out
+    python = shlex.quote(os.path.abspath(sys.executable))
+    assert (f"srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 {python} -m hpctrain train mnist --recipe classic "
+            f'--dataset fashion-mnist --epochs 1 --data-dir {shlex.quote(str(fashion_data_dir))} --run-dir "$run_dir" &') in out
 
 
 def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
     (tmp_path / "job.yaml").write_text("name: fromfile\nnodes: 2\nnproc_per_node: 2\ntime: 30:00\ncommand: [python, a.py]\n")
+    (tmp_path / "a.py").write_text("")
     code = main(["submit", "--dry-run", "--job-file", "job.yaml", "--nodes", "1", "--job-name", "flag"])
     out = capsys.readouterr().out
     assert code == 0
