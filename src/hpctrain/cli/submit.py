@@ -329,18 +329,21 @@ def run(args: argparse.Namespace) -> int:
     script = slurm.render_sbatch(job)
     report_warnings("submit", job)
     problems = local_check(job)
-    cluster_problems = [] if args.no_check or args.dry_run else cluster_check(job)
-    if problems or cluster_problems:
-        nothing = "nothing was submitted" if not args.dry_run else "a real submit would refuse this job"
-        hint = " (fix the above, or pass --no-check to skip the cluster checks)" if cluster_problems else ""
-        report_problems("submit", problems + cluster_problems + [nothing + hint])
-        if args.dry_run:
-            report_problems("submit", [SKIPPED_IN_DRY_RUN])
-        return 2
     if args.dry_run:
+        # The script is shown whatever the checks say (it is what the user asked to read); the exit status is a
+        # real submit's verdict on everything that can be checked without the cluster.
         sys.stdout.write(slurm.dry_run_text(job, script))
-        report_problems("submit", [SKIPPED_IN_DRY_RUN])
-        return 0
+        verdict = ["a real submit would refuse this job (exit status 2)"] if problems else []
+        report_problems("submit", problems + verdict + [SKIPPED_IN_DRY_RUN])
+        return 2 if problems else 0
+    if not args.no_check:
+        problems += (cluster_problems := cluster_check(job))
+    else:
+        cluster_problems = []
+    if problems:
+        hint = " (fix the above, or pass --no-check to skip the cluster checks)" if cluster_problems else " (fix the above)"
+        report_problems("submit", problems + ["nothing was submitted" + hint])
+        return 2
     job_id = slurm.submit(job, script)
     run_dir = Path(job.run_dir.replace("%j", job_id)) if job.run_dir else None
     if run_dir is not None:
