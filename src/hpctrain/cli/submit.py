@@ -269,7 +269,7 @@ def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
             fix = ("activate the environment that has it before submitting, name that environment (--venv DIR or "
                    "--conda-env), or give the program's absolute path")
         else:
-            fix = f"install it into that environment, or give the program's absolute path"
+            fix = "install it into that environment, or give the program's absolute path"
         where = "this shell's PATH, which sbatch passes on" if job.environment.kind == "none" else (
             f"{dirs[0]} and this shell's PATH")
         problems.append(f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
