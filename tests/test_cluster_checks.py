@@ -160,3 +160,25 @@ def test_no_default_partition(mixed: ClusterInfo) -> None:
     assert check_job(req(), no_default) == [
         "the cluster has no default partition: choose one with --partition (closed, mixed)"
     ]
+
+
+def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> None:
+    """scripts/local-slurm.sh exists in a checkout of hpctrain, not in an installed one: never the advice."""
+    import subprocess
+
+    from hpctrain.cluster.commands import slurm
+    from hpctrain.errors import UserError
+
+    def missing(argv, **kw):
+        raise FileNotFoundError(argv[0])
+
+    with pytest.raises(UserError) as err:
+        slurm(["squeue"], run=missing)
+    assert "login node" in str(err.value) and "local-slurm.sh" not in str(err.value)
+
+    def down(argv, **kw):
+        return subprocess.CompletedProcess(argv, 1, stdout="", stderr="slurm_load_jobs error: Unable to contact slurm controller")
+
+    with pytest.raises(UserError) as err:
+        slurm(["squeue"], run=down)
+    assert "scontrol ping" in str(err.value) and "from an hpctrain checkout" in str(err.value)

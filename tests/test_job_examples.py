@@ -28,8 +28,13 @@ def test_every_environment_kind_has_an_example() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_renders(path: Path, capsys, tmp_path: Path) -> None:
-    assert main(["submit", "--dry-run", "--job-file", str(path)]) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
+    code = main(["submit", "--dry-run", "--job-file", str(path)])
+    out, err = capsys.readouterr()
+    # The examples name images, venvs and data directories that do not exist here: --dry-run still prints the
+    # script, and says (exit status 2) that a real submit would refuse it; nothing else may be wrong.
+    local_only = ("does not exist", "has no bin/activate", "not found in", "is not on the PATH the job will have",
+                  "a real submit would refuse", "--dry-run skipped")
+    assert code in (0, 2) and all(any(s in line for s in local_only) for line in err.splitlines()), err
     script = out.split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0]
     kind = from_mapping(load_job_file(path)).environment.kind
     assert SIGNATURE[kind] in script

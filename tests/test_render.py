@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import os
 import shutil
 import signal
@@ -32,6 +33,9 @@ ENVIRONMENTS = {
     "pyxis": EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3", mounts=("/scratch:/scratch",), workdir="/workspace"),
 }
 RESOURCES = {"cpu": {}, "gpu2": {"gpus_per_node": 2}, "shard16": {"shards_per_node": 16}}
+# Environment kind none runs hpctrain and torchrun with the submitting interpreter (sys.executable at submit time);
+# the goldens use this stand-in so that they hold no path of the machine that renders them.
+GOLDEN_PYTHON = "/opt/python/bin/python3"
 
 
 def golden_job(launcher: str, env: str, res: str) -> JobSpec:
@@ -47,6 +51,7 @@ def golden_job(launcher: str, env: str, res: str) -> JobSpec:
             k: (nproc if k == "gpus_per_node" else v) for k, v in RESOURCES[res].items()
         }),
         environment=ENVIRONMENTS[env],
+        python=GOLDEN_PYTHON if env == "none" else None,
         run_dir="runs/mnist-fashion-mnist-%j",
         env=(("OMP_NUM_THREADS", "1"),),
     )
@@ -336,7 +341,7 @@ def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
 
 def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
     job = JobSpec(command=("python", "x.py", *HOSTILE), name="a'b $(x) `y` #z;|&", output="o ut-%j.log",
-                  env=(("A", "$(x) 'y' \"z\""),), run_dir="~/r un/$(x)-%j", sbatch_extra=("--comment=hello world",),
+                  env=(("A", "$(x) 'y' \"z\""),), run_dir="~/r un/$(x)-%j", sbatch_extra=("--comment='hello world'",),
                   environment=EnvironmentSpec(kind="conda", conda_env="~/my env", modules=("a/1",)))
     path = tmp_path / "job.sbatch"
     path.write_text(render_sbatch(job))
@@ -352,3 +357,103 @@ def test_max_restarts_reaches_torchrun_only() -> None:
 
     with pytest.raises(UserError, match="use --launcher torchrun"):
         JobSpec(command=("x",), launcher="srun", max_restarts=1)
+
+
+# ---- one option per --sbatch value ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra,line", [
+    ("--exclusive", "#SBATCH --exclusive"),
+    ("--constraint=a100", "#SBATCH --constraint=a100"),
+    ("--constraint a100", "#SBATCH --constraint=a100"),
+    ("-C a100", "#SBATCH -C a100"),
+    ("--comment='hello world'", '#SBATCH --comment="hello world"'),
+    ("--comment=\"it's\"", '#SBATCH --comment="it\'s"'),
+    ("--comment='--output=/x'", "#SBATCH --comment=--output=/x"),  # one word for sbatch: a comment
+    ("--nice=-5", "#SBATCH --nice=-5"),
+])
+def test_an_extra_sbatch_option_renders_as_one_option(extra: str, line: str) -> None:
+    text = render_sbatch(JobSpec(command=("true",), sbatch_extra=(extra,)))
+    assert line + "\n" in text
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("--comment --output=/x", "holds 2 options"),
+    ("--constraint=a100 --exclusive", "holds 2 options"),
+    ("--comment=x\n#SBATCH --output=/x", "control characters"),
+    ("--comment=x\r--output=/x", "control characters"),
+    ("--exclusive\n", "control characters"),
+    ("-vH", "is not one sbatch option"),
+    ("-Ca100", "is not one sbatch option"),
+    ("--comment=hello world", "is 2 words"),
+    ("--comment 'a b' --output=/x", "is 3 words"),
+    ("-C a100 -w node1", "is 4 words"),
+    ("--nice -5", "attach it with = (--nice=-5)"),
+    ("--comment='a", "unbalanced quotes"),
+    ("exclusive", "must start with -"),
+    ("", "is empty"),
+    ("--comment=", "is empty"),
+    ("--comment='\\x'", "backslashes"),
+])
+def test_an_extra_sbatch_value_that_smuggles_a_second_option_is_refused(extra: str, message: str) -> None:
+    from hpctrain.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(message)):
+        JobSpec(command=("true",), sbatch_extra=(extra,))
+
+
+# ---- the job finds the tools that submitted it ----------------------------------------------------------------
+
+def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> None:
+    python = "/opt/my env/bin/python3"
+    recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
+    words = step_command(recipe)
+    assert words[words.index("--kill-on-bad-exit=1") + 1:][:3] == ["'/opt/my env/bin/python3'", "-m", "torch.distributed.run"]
+    assert words[words.index("--no-python") + 1:][:4] == ["'/opt/my env/bin/python3'", "-m", "hpctrain", "train"]
+    srun = step_command(recipe.replace(launcher="srun", resources=Resources(nproc_per_node=2)))
+    assert "torchrun" not in " ".join(srun) and "torch.distributed.run" not in srun
+    own = step_command(JobSpec(command=("python", "x.py"), python=python, launcher="srun"))
+    assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
+    # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
+    plain = step_command(JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]))
+    assert "torchrun" in plain and plain[plain.index("--no-python") + 1] == "hpctrain"
+
+
+@pytest.mark.parametrize("env", ["venv", "conda", "apptainer", "pyxis", "modules"])
+def test_an_interpreter_is_refused_with_an_environment_that_brings_its_own(env: str) -> None:
+    from hpctrain.errors import UserError
+
+    with pytest.raises(UserError, match=f"a {env} environment brings its own"):
+        JobSpec(command=("x",), environment=ENVIRONMENTS[env], python="/usr/bin/python3")
+    with pytest.raises(UserError, match="absolute path"):
+        JobSpec(command=("x",), python="bin/python3")
+
+
+# ---- %j in a recipe's run dir: expanded once, by the script ---------------------------------------------------
+
+@pytest.mark.parametrize("train_args", [
+    ("--run-dir", "runs/r-%j"),
+    ("--run-dir=runs/r-%j",),
+    ("--run-d", "runs/r-%j"),  # argparse's abbreviation: the script's value comes last and wins
+    (),  # the recipe's default run dir: runs/mnist-fashion-mnist-%j
+])
+def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: tuple[str, ...]) -> None:
+    from hpctrain.cli.train import config_from_argv
+
+    tmp_path, env, out = fake_slurm
+    run_dir = "runs/r-%j" if train_args else "runs/mnist-fashion-mnist-%j"
+    job = JobSpec(command=("hpctrain", "train", "mnist", *train_args, "--epochs", "1"), launcher="srun",
+                  resources=Resources(nodes=1, nproc_per_node=1), run_dir=run_dir, signal_grace=60)
+    (tmp_path / "bin" / "srun").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'env': os.environ['HPCTRAIN_RUN_DIR']}, open(os.environ['FAKE_OUT'] + '/step.json', 'w'))\n"
+    )
+    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    step = json.loads((out / "step.json").read_text())
+    argv = step["argv"]
+    train_argv = argv[argv.index("train") + 1:]
+    expected = run_dir.replace("%j", "4242")
+    assert config_from_argv(train_argv).run_dir == expected == step["env"], train_argv
+    if train_args[:1] != ("--run-d",):
+        assert not any("%j" in a for a in argv), argv

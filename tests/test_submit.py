@@ -28,7 +28,8 @@ def fake_sbatch(tmp_path: Path, monkeypatch):
     return log
 
 
-def test_dry_run_prints_command_and_script(fake_sbatch: Path, capsys) -> None:
+def test_dry_run_prints_command_and_script(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "train.py").write_text("")
     code = main(["submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "--job-name", "my job",
                  "--time", "10", "--", "python", "train.py", "--lr", "0.1"])
     out = capsys.readouterr().out
@@ -43,18 +44,22 @@ def test_dry_run_prints_command_and_script(fake_sbatch: Path, capsys) -> None:
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
-def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, capsys) -> None:
+def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, fashion_data_dir: Path, capsys) -> None:
     code = main(["submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--nproc-per-node", "2",
-                 "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--epochs", "1"])
+                 "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--epochs", "1",
+                 "--data-dir", str(fashion_data_dir)])
     out = capsys.readouterr().out
     assert code == 0
     assert 'run_dir=runs/mnist-fashion-mnist-"${SLURM_JOB_ID}"' in out
     assert "#SBATCH --job-name=mnist-fashion-mnist\n" in out
-    assert "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 hpctrain train mnist --recipe classic --dataset fashion-mnist --epochs 1 &" in out
+    python = shlex.quote(os.path.abspath(sys.executable))
+    assert (f"srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 {python} -m hpctrain train mnist --recipe classic "
+            f'--dataset fashion-mnist --epochs 1 --data-dir {shlex.quote(str(fashion_data_dir))} --run-dir "$run_dir" &') in out
 
 
 def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
     (tmp_path / "job.yaml").write_text("name: fromfile\nnodes: 2\nnproc_per_node: 2\ntime: 30:00\ncommand: [python, a.py]\n")
+    (tmp_path / "a.py").write_text("")
     code = main(["submit", "--dry-run", "--job-file", "job.yaml", "--nodes", "1", "--job-name", "flag"])
     out = capsys.readouterr().out
     assert code == 0
@@ -94,6 +99,8 @@ def test_bad_job_files_exit_2_and_submit_nothing(fake_sbatch: Path, tmp_path: Pa
         (["train", "mnist", "--recipe", "nosuch"], "unknown --recipe 'nosuch'"),
         (["--image", "x.img", "--", "x"], "--env-kind apptainer or --env-kind pyxis"),
         (["--run-dir", "r", "train", "mnist"], "goes after the recipe"),
+        (["--sbatch", "--comment --output=/x", "--", "x"], "holds 2 options"),
+        (["--sbatch", "--comment=x\n#SBATCH --output=/x", "--", "x"], "control characters"),
     ],
 )
 def test_bad_flags_exit_2_and_submit_nothing(fake_sbatch: Path, capsys, argv: list[str], message: str) -> None:
@@ -132,3 +139,119 @@ def test_cli_entry_point_exit_status(fake_sbatch: Path, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "hpctrain submit: error: --nodes must be at least 1 (got -1)" in proc.stderr
     assert not fake_sbatch.exists()
+
+
+# ---- --dry-run runs every check that needs no cluster ---------------------------------------------------------
+
+SKIPPED = "--dry-run skipped the checks that need the live cluster"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", "nodata"], "hpctrain download fashion-mnist"),
+        (["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", "{data}", "--device", "cuda"],
+         "train --device cuda, but the job asks for no GPUs"),
+        (["--venv", "novenv", "--", "python", "x.py"], "venv novenv has no bin/activate"),
+        (["--image", "none.sif", "--", "python", "x.py"], "apptainer image none.sif does not exist"),
+        (["--", "python", "missing.py"], "missing.py: not found"),
+        (["--", "./missing-tool"], "./missing-tool: not found"),
+    ],
+)
+def test_dry_run_refuses_what_a_real_submit_refuses(fake_sbatch: Path, fashion_data_dir: Path, capsys,
+                                                    argv: list[str], message: str) -> None:
+    argv = [a.replace("{data}", str(fashion_data_dir)) for a in argv]
+    code = main(["submit", "--dry-run", *argv])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert message in captured.err and "a real submit would refuse this job" in captured.err
+    assert SKIPPED in captured.err
+    assert captured.out.startswith("# sbatch --parsable")  # the script is still shown, for reading
+    assert main(["submit", "--no-check", *argv]) == 2  # the same verdict as a real submit
+    assert message in capsys.readouterr().err
+    assert not fake_sbatch.exists()
+
+
+def test_dry_run_says_which_checks_it_skipped(fake_sbatch: Path, fashion_data_dir: Path, capsys) -> None:
+    code = main(["submit", "--dry-run", "--gpus-per-node", "2", "--nproc-per-node", "2",
+                 "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--device", "cuda"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("# sbatch --parsable")
+    assert [line for line in captured.err.splitlines()] == [f"hpctrain submit: {SKIPPED} (partition, time limit, nodes "
+                                                            "and their GPUs, CPUs and memory); `hpctrain check` with "
+                                                            "the same options runs them"]
+
+
+@pytest.mark.parametrize("mem,warned", [("16", True), ("512", True), ("4000", False), ("16G", False), ("0", False)])
+def test_mem_without_a_unit_warns(fake_sbatch: Path, capsys, mem: str, warned: bool) -> None:
+    assert main(["submit", "--dry-run", "--mem", mem, "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: --mem" in err) == warned, err
+    if warned:
+        assert f"means {mem} MB" in err and f"--mem {mem}G" in err
+
+
+def test_bad_training_options_are_named_without_an_exit_status(fake_sbatch: Path, capsys) -> None:
+    assert main(["submit", "--dry-run", "train", "mnist", "--epochz", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["hpctrain submit: error: bad training options 'mnist --epochz 2': unrecognized "
+                                "arguments: --epochz 2; see `hpctrain train --help`"]
+
+
+# ---- the job finds its tools ------------------------------------------------------------------------------------
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, capsys) -> None:
+    from hpctrain.cli.submit import add_arguments, job_from_args
+
+    parser = __import__("argparse").ArgumentParser()
+    add_arguments(parser)
+    job = job_from_args(parser.parse_args(["--", "true"]))
+    assert job.python == os.path.abspath(sys.executable)
+    assert job_from_args(parser.parse_args(["--venv", "v", "--", "true"])).python is None
+
+
+def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
+    from hpctrain.cli.submit import program_problems
+    from hpctrain.launch.job import EnvironmentSpec, JobSpec
+
+    tools = tmp_path / "tools"
+    _executable(tools / "mytool")
+    bare = {"PATH": "/nonexistent-bin"}
+    job = JobSpec(command=("mytool", "--x"), python=sys.executable)
+    [problem] = program_problems(job, bare)
+    assert problem.startswith("`mytool` is not on the PATH the job will have") and "execve(): mytool" in problem
+    assert program_problems(job, {"PATH": f"/nonexistent-bin:{tools}"}) == []
+    assert program_problems(job.replace(env=(("PATH", str(tools)),)), bare) == []  # --setenv PATH counts
+    # kind none: torchrun and hpctrain come from the submitting interpreter, whatever the PATH
+    assert program_problems(JobSpec(command=("hpctrain", "train", "mnist"), python=sys.executable), bare) == []
+    # a venv without torchrun and hpctrain: both named
+    venv = tmp_path / "venv"
+    _executable(venv / "bin" / "activate")
+    in_venv = JobSpec(command=("hpctrain", "train", "mnist"), environment=EnvironmentSpec(kind="venv", venv=str(venv)))
+    assert [p.split("`")[1] for p in program_problems(in_venv, bare)] == ["torchrun", "hpctrain"]
+    _executable(venv / "bin" / "torchrun")
+    _executable(venv / "bin" / "hpctrain")
+    assert program_problems(in_venv, bare) == []
+    # python by name, not on the PATH: the fix names this interpreter
+    [problem] = program_problems(JobSpec(command=("python", "x.py"), launcher="srun", python=sys.executable), bare)
+    assert f"-- {sys.executable} ..." in problem
+    # modules and containers bring their own PATH: nothing is claimed
+    for env in (EnvironmentSpec(kind="modules", modules=("x",)), EnvironmentSpec(kind="pyxis", image="repo#img")):
+        assert program_problems(JobSpec(command=("mytool",), environment=env), bare) == []
+    # an interpreter that is not there (an old job file from another machine)
+    [problem] = program_problems(JobSpec(command=("hpctrain",), python=str(tmp_path / "gone" / "python")), bare)
+    assert "is not an executable here" in problem
+
+
+def test_a_job_file_interpreter_with_another_environment_is_refused(fake_sbatch: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "job.yaml").write_text("command: [x]\npython: /usr/bin/python3\nenvironment: {kind: venv, venv: v}\n")
+    assert main(["submit", "--dry-run", "--job-file", "job.yaml"]) == 2
+    assert "a venv environment brings its own hpctrain and torchrun" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.submit import add_job_arguments, cluster_check, job_from_args, local_check, report_problems
+from hpctrain.cli.submit import add_job_arguments, cluster_check, job_from_args, local_check, report_problems, report_warnings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     job = job_from_args(args)
+    report_warnings("check", job)
     problems = local_check(job) + cluster_check(job)
     if problems:
         report_problems("check", problems)

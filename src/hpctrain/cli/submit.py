@@ -9,13 +9,24 @@ The job options are shared with `hpctrain check` (add_job_arguments / job_from_a
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, from_mapping, load_job_file, local_problems
+from hpctrain.launch.job import (
+    ENVIRONMENT_KINDS,
+    LAUNCHERS,
+    JobSpec,
+    from_mapping,
+    load_job_file,
+    local_problems,
+    mem_warning,
+)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +78,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
-    parser.add_argument("--dry-run", action="store_true", help="print the sbatch command and the script; submit nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the job here (not against the cluster), print the sbatch command and the script; submit nothing")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its exit status")
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
@@ -119,7 +131,14 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
         data["run_dir"] = f"runs/{_path_safe(data.get('name', 'hpctrain'))}-%j"
+    if _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
+        # The job runs hpctrain and torchrun with this interpreter: a venv called by path, not activated, works.
+        data["python"] = os.path.abspath(sys.executable)
     return from_mapping(data, source)
+
+
+def _environment_kind(value: Any) -> Any:
+    return value if isinstance(value, str) else dict(value or {}).get("kind", "none")
 
 
 def _environment_data(file_value: Any, args: argparse.Namespace) -> Any:
@@ -189,17 +208,10 @@ def _path_safe(name: str) -> str:
 
 
 def job_paths(job: JobSpec) -> list[str]:
-    """Paths the job will read, for the cluster checks: dataset dir, container image, venv, the user's script."""
+    """Paths the job will read, for the checks: the user's script. (Container images and venvs are checked by
+    local_problems, a recipe's dataset by local_check, each with a message of its own.)"""
     paths: list[str] = []
-    env = job.environment
-    if env.kind == "apptainer" and env.image:
-        paths.append(env.image)
-    if env.kind == "venv" and env.venv:
-        paths.append(env.venv)
-    if job.is_recipe:
-        cfg = recipe_config(list(job.command[2:]))
-        paths.append(cfg.data_dir)
-    else:
+    if not job.is_recipe and job.environment.kind not in ("apptainer", "pyxis"):  # paths in an image: not visible here
         argv = list(job.command)
         if argv and Path(argv[0]).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
             paths.append(argv[1])
@@ -208,8 +220,11 @@ def job_paths(job: JobSpec) -> list[str]:
     return paths
 
 
-def local_check(job: JobSpec) -> list[str]:
-    """Problems visible without the cluster: missing image/venv, a recipe whose dataset is not in its data dir."""
+def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Every problem visible without the cluster: missing image/venv/script, a recipe whose dataset is not in its
+    data dir or that wants CUDA without GPUs, a command the job will not find on its PATH."""
+    from hpctrain.cluster.checks import check_here
+
     problems = local_problems(job)
     if job.is_recipe:
         from hpctrain.data import find_dataset_files, get_dataset_spec
@@ -219,16 +234,54 @@ def local_check(job: JobSpec) -> list[str]:
             find_dataset_files(get_dataset_spec(cfg.dataset), cfg.data_dir)
         except UserError as err:
             problems.append(str(err))
+        r = job.resources
+        if cfg.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
+            problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
+                            "(or --gres shard:N), or train with --device cpu")
+    problems += check_here(_requirements(job))
+    problems += program_problems(job, environ)
     return problems
 
 
-def cluster_check(job: JobSpec) -> list[str]:
-    """Ask the live cluster whether it can run the job (hpctrain.cluster.checks)."""
-    from hpctrain.cluster.checks import Requirements, check_job
-    from hpctrain.cluster.query import query_cluster
+def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
+    """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
+    (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
+    from hpctrain.launch.environments import get_environment
+
+    problems = []
+    if job.python is not None and not os.access(os.path.expanduser(job.python), os.X_OK):
+        problems.append(f"python {job.python} is not an executable here, so the job cannot start it either; fix the "
+                        "path, or remove python from the job file to run with the Python that submits")
+    dirs = get_environment(job.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
+    if dirs is None:
+        return problems
+    names = ["torchrun"] if job.launcher == "torchrun" and job.python is None else []
+    first = job.command[0]
+    if "/" not in first and not (first == "hpctrain" and job.python is not None):
+        names.append(first)
+    search = os.pathsep.join(os.path.expanduser(d) for d in dirs)
+    for name in dict.fromkeys(names):
+        if shutil.which(name, path=search) is not None:
+            continue
+        if name.startswith("python"):
+            fix = f"name the interpreter by its absolute path (e.g. -- {sys.executable} ...)"
+        elif job.environment.kind == "none":
+            fix = ("activate the environment that has it before submitting, name that environment (--venv DIR or "
+                   "--conda-env), or give the program's absolute path")
+        else:
+            fix = "install it into that environment, or give the program's absolute path"
+        where = "this shell's PATH, which sbatch passes on" if job.environment.kind == "none" else (
+            f"{dirs[0]} and this shell's PATH")
+        problems.append(f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
+                        f"`execve(): {name}: No such file or directory`; {fix}")
+    return problems
+
+
+def _requirements(job: JobSpec):
+    from hpctrain.cluster.checks import Requirements
 
     r = job.resources
-    req = Requirements(
+    return Requirements(
         partition=job.partition,
         nodes=r.nodes,
         tasks_per_node=r.nproc_per_node,
@@ -240,7 +293,23 @@ def cluster_check(job: JobSpec) -> list[str]:
         time_limit_s=job.time_limit_s,
         paths=tuple(job_paths(job)),
     )
-    return list(check_job(req, query_cluster()))
+
+
+def cluster_check(job: JobSpec) -> list[str]:
+    """Ask the live cluster whether it can run the job (hpctrain.cluster.checks)."""
+    from hpctrain.cluster.checks import check_cluster
+    from hpctrain.cluster.query import query_cluster
+
+    return check_cluster(_requirements(job), query_cluster())
+
+
+def job_warnings(job: JobSpec) -> list[str]:
+    """What is allowed but most likely not meant."""
+    return [w for w in (mem_warning(job.resources.mem),) if w]
+
+
+SKIPPED_IN_DRY_RUN = ("--dry-run skipped the checks that need the live cluster (partition, time limit, nodes and their "
+                      "GPUs, CPUs and memory); `hpctrain check` with the same options runs them")
 
 
 def report_problems(command: str, problems: list[str]) -> None:
@@ -248,19 +317,32 @@ def report_problems(command: str, problems: list[str]) -> None:
         print(f"hpctrain {command}: {line}", file=sys.stderr)
 
 
+def report_warnings(command: str, job: JobSpec) -> None:
+    for line in job_warnings(job):
+        print(f"hpctrain {command}: warning: {line}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     from hpctrain.launch import slurm
 
     job = job_from_args(args)
     script = slurm.render_sbatch(job)
-    if args.dry_run:
-        sys.stdout.write(slurm.dry_run_text(job, script))
-        return 0
+    report_warnings("submit", job)
     problems = local_check(job)
+    if args.dry_run:
+        # The script is shown whatever the checks say (it is what the user asked to read); the exit status is a
+        # real submit's verdict on everything that can be checked without the cluster.
+        sys.stdout.write(slurm.dry_run_text(job, script))
+        verdict = ["a real submit would refuse this job (exit status 2)"] if problems else []
+        report_problems("submit", problems + verdict + [SKIPPED_IN_DRY_RUN])
+        return 2 if problems else 0
     if not args.no_check:
-        problems += cluster_check(job)
+        problems += (cluster_problems := cluster_check(job))
+    else:
+        cluster_problems = []
     if problems:
-        report_problems("submit", problems + ["nothing was submitted (fix the above, or pass --no-check to skip the cluster checks)"])
+        hint = " (fix the above, or pass --no-check to skip the cluster checks)" if cluster_problems else " (fix the above)"
+        report_problems("submit", problems + ["nothing was submitted" + hint])
         return 2
     job_id = slurm.submit(job, script)
     run_dir = Path(job.run_dir.replace("%j", job_id)) if job.run_dir else None

@@ -95,13 +95,20 @@ def config_from_argv(argv: list[str]) -> TrainConfig:
     """Parse train options (argv after `train`, e.g. ["mnist", "--epochs", "2"]) into a validated TrainConfig.
 
     For `hpctrain submit`, which validates a job's training options before queueing it."""
-    parser = argparse.ArgumentParser(prog="hpctrain train", exit_on_error=False)
+    parser = _RaisingParser(prog="hpctrain train", exit_on_error=False)
     add_arguments(parser)
     try:
         args = parser.parse_args(argv)
-    except (argparse.ArgumentError, SystemExit) as err:
+    except argparse.ArgumentError as err:
         raise UserError(f"bad training options {' '.join(argv)!r}: {err}; see `hpctrain train --help`") from None
     return config_from_args(args)
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """Reports every parse error as an exception (argparse itself prints usage and exits with status 2 for some)."""
+
+    def error(self, message: str):
+        raise argparse.ArgumentError(None, message)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,13 +45,22 @@ def _fmt_mem(mb: int) -> str:
 
 def check_job(req: Requirements, cluster: ClusterInfo) -> list[str]:
     """Problems that would keep the job from ever running on `cluster`; empty when it fits."""
+    return _check_process_layout(req) + check_cluster(req, cluster) + _check_paths(req.paths)
+
+
+def check_here(req: Requirements) -> list[str]:
+    """The checks that need no cluster: the process layout, and the paths the job reads (the submit host shares
+    the file system with the nodes). `submit --dry-run` and `--no-check` run these too."""
+    return _check_process_layout(req) + _check_paths(req.paths)
+
+
+def check_cluster(req: Requirements, cluster: ClusterInfo) -> list[str]:
+    """The checks against the live cluster: the partition, its time limit, its nodes and what they hold."""
     problems: list[str] = []
-    problems += _check_process_layout(req)
     partition = _pick_partition(req, cluster, problems)
     if partition is not None:
         problems += _check_time(req, partition, cluster)
         problems += _check_nodes(req, partition, cluster.nodes_in(partition))
-    problems += _check_paths(req.paths)
     return problems
 
 

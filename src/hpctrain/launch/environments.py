@@ -47,6 +47,13 @@ class Environment:
     def command_prefix(self, gpus: bool) -> list[str]:
         return []
 
+    def search_path(self, path: str) -> list[str] | None:
+        """The directories in which the job looks up a command by name, given the PATH that sbatch passes on;
+        None when that cannot be known here (modules and containers bring their own)."""
+        if self.spec.modules:
+            return None
+        return [d for d in path.split(":") if d]
+
 
 class NoEnvironment(Environment):
     pass
@@ -68,6 +75,13 @@ class Conda(Environment):
             f"conda activate {quote_path(env)}",
         ]
 
+    def search_path(self, path: str) -> list[str] | None:
+        env = self.spec.conda_env or ""
+        base = super().search_path(path)
+        if base is None or "/" not in env:  # an environment by name: its prefix is conda's business
+            return None
+        return [env.rstrip("/") + "/bin", *base]
+
 
 class Venv(Environment):
     def setup_lines(self) -> list[str]:
@@ -76,6 +90,10 @@ class Venv(Environment):
             "# shellcheck source=/dev/null",
             f"source {quote_path(venv.rstrip('/') + '/bin/activate')}",
         ]
+
+    def search_path(self, path: str) -> list[str] | None:
+        base = super().search_path(path)
+        return None if base is None else [(self.spec.venv or "").rstrip("/") + "/bin", *base]
 
 
 class Apptainer(Environment):
@@ -89,6 +107,9 @@ class Apptainer(Environment):
             "    exit 1",
             "fi",
         ]
+
+    def search_path(self, path: str) -> list[str] | None:
+        return None
 
     def command_prefix(self, gpus: bool) -> list[str]:
         words = ["apptainer", "exec"]
@@ -104,6 +125,9 @@ class Apptainer(Environment):
 
 class Pyxis(Environment):
     """enroot images through pyxis: srun itself starts the tasks inside the container."""
+
+    def search_path(self, path: str) -> list[str] | None:
+        return None
 
     def srun_options(self, gpus: bool) -> list[str]:
         options = ["--container-image=" + quote_path(self.spec.image or "")]

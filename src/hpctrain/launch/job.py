@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -90,15 +91,82 @@ def parse_gres(text: str) -> tuple[int, str | None, int]:
     return gpus, gpu_type, shards
 
 
+def _check_no_control_characters(what: str, value: str) -> None:
+    bad = sorted({repr(c) for c in value if ord(c) < 32 or ord(c) == 127})
+    if bad:
+        raise UserError(f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one #SBATCH line; remove them")
+
+
 def check_sbatch_value(what: str, value: str) -> None:
     """#SBATCH lines are parsed by sbatch, not by a shell: refuse what cannot be written there faithfully."""
     if not value:
         raise UserError(f"{what} is empty: give a value or leave the option out")
-    bad = sorted({repr(c) for c in value if ord(c) < 32 or ord(c) == 127})
-    if bad:
-        raise UserError(f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one #SBATCH line; remove them")
+    _check_no_control_characters(what, value)
     if "\\" in value or ('"' in value and "'" in value):
         raise UserError(f"{what} {value!r} cannot be written on an #SBATCH line: remove backslashes, and use only one kind of quote")
+
+
+_LONG_OPTION_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9-]*$")
+_SHORT_OPTION_RE = re.compile(r"^-[A-Za-z]$")
+
+
+def parse_sbatch_option(text: str) -> tuple[str, str | None]:
+    """One extra sbatch option, as the user would type it after sbatch, -> (option, value or None).
+
+    Exactly one option: `--flag`, `--name=VALUE`, `--name VALUE`, `-X` or `-X VALUE` (shell quoting allowed:
+    `--comment='two words'`). A separate VALUE must not start with '-' (write `--nice=-5`); a short option with
+    its value attached (`-Ca100`) is refused, because `-vH` would be two options. Anything else, e.g.
+    `--comment --output=/x`, would put a second option on the #SBATCH line and is refused."""
+    what = f"--sbatch {text!r}"
+    if not isinstance(text, str):
+        raise UserError(f"extra sbatch option {text!r} must be a string such as --exclusive or --constraint=a100")
+    _check_no_control_characters("--sbatch", text)
+    try:
+        words = shlex.split(text)
+    except ValueError as err:
+        raise UserError(f"{what}: {err} (unbalanced quotes); quote a value with spaces once: --comment='two words'") from None
+    usage = "one sbatch option per --sbatch: --flag, --name=VALUE, --name VALUE or -X VALUE"
+    if not words:
+        raise UserError(f"{what} is empty: give {usage}")
+    first, rest = words[0], words[1:]
+    if first.startswith("--") and "=" in first and not rest:
+        name, _, value = first.partition("=")
+        if _LONG_OPTION_RE.match(name):
+            check_sbatch_value(f"{what}: the value", value)
+            return name, value
+    elif _LONG_OPTION_RE.match(first) or _SHORT_OPTION_RE.match(first):
+        if not rest:
+            return first, None
+        if len(rest) == 1 and not rest[0].startswith("-"):
+            check_sbatch_value(f"{what}: the value", rest[0])
+            return first, rest[0]
+    if not first.startswith("-"):
+        raise UserError(f"{what} must start with - (e.g. --sbatch=--exclusive or --sbatch=--constraint=a100)")
+    looks_like_option = [bool(_LONG_OPTION_RE.match(w.partition("=")[0]) or _SHORT_OPTION_RE.match(w)) for w in words]
+    if len(words) == 2 and looks_like_option[0] and not looks_like_option[1] and "=" not in first:
+        raise UserError(f"{what}: the value {rest[0]!r} starts with '-'; attach it with = ({first}={rest[0]})")
+    if len(words) > 1 and all(w.startswith("-") for w in words):
+        raise UserError(f"{what} holds {len(words)} options; give {usage}, and repeat --sbatch for each one")
+    if len(words) > 2 or (len(words) == 2 and "=" in first):
+        raise UserError(f"{what} is {len(words)} words; give {usage} (quote a value with spaces: --comment='two words')")
+    raise UserError(f"{what} is not one sbatch option; give {usage} (a short option takes its value after a space: -C a100)")
+
+
+def render_sbatch_option(text: str) -> str:
+    """An extra option as written after #SBATCH (text was accepted by parse_sbatch_option)."""
+    name, value = parse_sbatch_option(text)
+    if value is None:
+        return name
+    return f"{name}={sbatch_value(value)}" if name.startswith("--") else f"{name} {sbatch_value(value)}"
+
+
+def mem_warning(mem: str | None) -> str | None:
+    """A warning for a memory size without a unit that is surely not meant as megabytes (--mem 16 is 16 MB)."""
+    m = _MEM_RE.match(mem.strip()) if isinstance(mem, str) else None
+    if m is None or m["unit"] or not 0 < int(m["n"]) < 1024:
+        return None
+    n = int(m["n"])
+    return f"--mem {mem} means {n} MB (sbatch reads a size without a unit as megabytes); for {n} GB write --mem {n}G"
 
 
 def sbatch_value(value: str) -> str:
@@ -237,6 +305,10 @@ class JobSpec:
     """How often the job may start again after Slurm requeued it on its own (preemption, node failure)."""
     max_restarts: int = 0
     """torchrun only: restart the worker group this often after a worker dies (it resumes from its checkpoint)."""
+    python: str | None = None
+    """Environment kind none: the absolute path of the Python that runs hpctrain and torchrun in the job
+    (`PYTHON -m hpctrain`, `PYTHON -m torch.distributed.run`); `hpctrain submit` sets it to its own interpreter, so
+    the job finds the tools that submitted it whatever the PATH. None: find them on the job's PATH."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, tuple) or not self.command or not all(isinstance(a, str) for a in self.command):
@@ -269,9 +341,16 @@ class JobSpec:
                 "(or --launcher single for one process driving all GPUs with DataParallel)"
             )
         for line in self.sbatch_extra:
-            if not isinstance(line, str) or not line.startswith("-"):
-                raise UserError(f"extra sbatch option {line!r} must start with - (e.g. --exclusive or --constraint=a100)")
-            check_sbatch_value("extra sbatch option", line)
+            parse_sbatch_option(line)
+        if self.python is not None:
+            if not isinstance(self.python, str) or not self.python.startswith("/"):
+                raise UserError(f"python must be the absolute path of a Python interpreter (got {self.python!r})")
+            check_sbatch_value("python", self.python)
+            if self.environment.kind != "none":
+                raise UserError(
+                    f"python {self.python} is the interpreter for environment kind none; a {self.environment.kind} "
+                    "environment brings its own hpctrain and torchrun: remove python from the job file"
+                )
         for key, value in self.env:
             if not _ENV_NAME_RE.match(key):
                 raise UserError(f"environment variable name {key!r} is not valid: use letters, digits and _, not starting with a digit")
@@ -335,7 +414,8 @@ _JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
 VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
 _INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpus_per_task", "rdzv_port", "signal_grace",
              "max_requeues", "max_preemptions", "max_restarts"}
-_STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output", "error", "run_dir", "gpu_type", "mem", "gres"}
+_STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output", "error", "run_dir", "gpu_type", "mem", "gres",
+             "python"}
 _LIST_KEYS = {"command", "sbatch_extra"}
 
 

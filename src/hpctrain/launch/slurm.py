@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.launch.environments import get_environment, quote_path
-from hpctrain.launch.job import JobSpec, format_time_limit, parse_time_limit, sbatch_value
+from hpctrain.launch.job import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
 
 # The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
 PORT_BASE = 20000
@@ -64,9 +64,7 @@ def sbatch_directives(job: JobSpec) -> list[str]:
         # B: the batch shell gets the warning and forwards it (a plain --signal would bypass our traps).
         opts += [("--signal", f"B:USR1@{job.signal_grace}"), ("--requeue", None), ("--open-mode", "append")]
     lines = [f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts]
-    for extra in job.sbatch_extra:
-        flag, sep, value = extra.partition("=")
-        lines.append(f"#SBATCH {flag}={sbatch_value(value)}" if sep else f"#SBATCH {sbatch_value(flag)}")
+    lines += [f"#SBATCH {render_sbatch_option(extra)}" for extra in job.sbatch_extra]
     return lines
 
 
@@ -89,7 +87,7 @@ def step_command(job: JobSpec) -> list[str]:
     words += env.command_prefix(gpus)
     if job.launcher == "torchrun":
         words += [
-            "torchrun",
+            *_tool(job, "torchrun"),
             '--nnodes="$SLURM_NNODES"',
             f"--nproc-per-node={r.nproc_per_node}",
             "--rdzv-backend=c10d",
@@ -102,8 +100,43 @@ def step_command(job: JobSpec) -> list[str]:
             # torchrun forwards only TERM/INT/HUP/QUIT by default; USR1 would kill the agent instead.
             words += [f"--signals-to-handle={TORCHRUN_SIGNALS}", f"--shutdown-timeout={max(10, job.signal_grace - 10)}"]
         words.append("--no-python")
-    words += [_q(a) for a in job.command]
+    words += _command_words(job)
     return words
+
+
+# The tools of the submitting Python, run as modules of its interpreter (JobSpec.python) rather than found on PATH.
+_TOOL_MODULES = {"torchrun": "torch.distributed.run", "hpctrain": "hpctrain"}
+
+
+def _tool(job: JobSpec, name: str) -> list[str]:
+    """`torchrun` or `hpctrain` as shell words: `PYTHON -m MODULE` when the job knows its interpreter."""
+    if job.python is None:
+        return [name]
+    return [_q(job.python), "-m", _TOOL_MODULES[name]]
+
+
+def _command_words(job: JobSpec) -> list[str]:
+    """The command as shell words. A recipe's run directory is the script's $run_dir, expanded once (%j is the job
+    id), so that the training writes where the requeue logic and `hpctrain status` look."""
+    command = list(job.command)
+    words = _tool(job, "hpctrain") if command[0] == "hpctrain" else [_q(command[0])]
+    if not (job.is_recipe and job.run_dir is not None):
+        return words + [_q(a) for a in command[1:]]
+    rest, given = [], False
+    args = iter(command[1:])
+    for arg in args:
+        if arg == "--run-dir":
+            rest += [arg, '"$run_dir"']
+            next(args, None)
+            given = True
+        elif arg.startswith("--run-dir="):
+            rest.append('--run-dir="$run_dir"')
+            given = True
+        else:
+            rest.append(_q(arg))
+    if not given:  # the recipe's default (or an abbreviated --run-d): argparse keeps the last one given
+        rest += ["--run-dir", '"$run_dir"']
+    return words + rest
 
 
 def _run_dir_words(run_dir: str) -> str:
