@@ -327,9 +327,10 @@ def test_search_reports_every_rejected_file_with_its_reason(tmp_path):
     _break(tmp_path / "checkpoint_step_2.pt", "missing manifest")
     found = checkpoint.search(tmp_path)
     assert found.info.step == 1 and torch.equal(found.state["model"]["w"], torch.full((4,), 1.0))
-    assert [(p.name, "truncated" in r or "no manifest" in r) for p, r in found.rejected] == [
-        ("checkpoint_step_3.pt", True), ("checkpoint_step_2.pt", True)]
-    assert all(str(tmp_path) not in reason for _, reason in found.rejected)
+    assert [(r.path.name, r.unfinished) for r in found.rejected] == [
+        ("checkpoint_step_3.pt", False), ("checkpoint_step_2.pt", True)]
+    assert "truncated" in found.rejected[0].reason and "did not finish" in found.rejected[1].reason
+    assert all(str(tmp_path) not in r.reason for r in found.rejected)
 
 
 # ---------------------------------------------------------------- messages

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 MANIFEST_SUFFIX = ".manifest.json"
 LATEST_POINTER = "latest"
 CORRUPT_SUFFIX = ".corrupt"  # a damaged checkpoint moved aside
+INCOMPLETE_SUFFIX = ".incomplete"  # a checkpoint whose save did not finish (no manifest), moved aside
 ABANDONED_SUFFIX = ".abandoned"  # a valid checkpoint moved aside: a run resumed from an older one took its place
 _NAME = re.compile(r"^checkpoint_(epoch|step)_(\d+)\.pt$")
 # Another host's temporary may belong to a live save on a shared filesystem: only this old is it surely stale.
@@ -52,13 +53,21 @@ class CheckpointError(UserError):
     """A checkpoint that is missing, incomplete, corrupt or not ours; `reason` says what is wrong without the path
     or the fix (for lists of rejected files)."""
 
-    def __init__(self, message: str, reason: str | None = None) -> None:
+    def __init__(self, message: str, reason: str | None = None, unfinished: bool = False) -> None:
         super().__init__(message)
         self.reason = reason or message
+        self.unfinished = unfinished  # a save that never finished (what a kill leaves), not damage
 
 
-def _rejected(path: Path, reason: str, fix: str = "resume from an earlier checkpoint") -> CheckpointError:
-    return CheckpointError(f"{path} {reason}; {fix}", reason)
+def _rejected(path: Path, reason: str, fix: str = "resume from an earlier checkpoint", *,
+              unfinished: bool = False) -> CheckpointError:
+    return CheckpointError(f"{path} {reason}; {fix}", reason, unfinished)
+
+
+class Rejected(NamedTuple):
+    path: Path
+    reason: str
+    unfinished: bool  # its save never finished (no manifest): what a kill leaves, not damage
 
 
 @dataclass(frozen=True)
@@ -214,7 +223,8 @@ def verify(path: Path) -> CheckpointInfo:
         if not _NAME.match(path.name):
             raise _rejected(path, f"is not an hpctrain checkpoint (it has no manifest {manifest_path.name})",
                             "pass a checkpoint_*.pt file written by hpctrain, or the run directory") from None
-        raise _rejected(path, f"has no manifest ({manifest_path.name}): its save did not finish") from None
+        raise _rejected(path, f"has no manifest ({manifest_path.name}): its save did not finish",
+                        unfinished=True) from None
     except (OSError, ValueError) as err:
         raise _rejected(path, f"has an unreadable manifest: {manifest_path.name} is unreadable ({err})") from err
     try:
@@ -248,19 +258,21 @@ class Found:
 
     info: CheckpointInfo | None  # the newest usable checkpoint, None if there is none
     state: dict[str, Any] | None  # its contents, when loaded
-    rejected: list[tuple[Path, str]]  # newer files that were refused, newest first, with the reason
+    rejected: list[Rejected]  # newer files that were refused, newest first
 
 
 def search(directory: str | Path, *, load_state: bool = True, map_location: str | torch.device = "cpu") -> Found:
     """The newest checkpoint that verifies (and, with `load_state`, also loads), and every newer one refused."""
-    rejected: list[tuple[Path, str]] = []
+    rejected: list[Rejected] = []
     for path in candidates(directory):
         try:
             info = verify(path)
             return Found(info, _read(info, map_location) if load_state else None, rejected)
         except CheckpointError as err:
+            if not (path.exists() or path.is_symlink()):
+                continue  # moved aside by rank 0 while this rank was looking: it was never a candidate
             log.warning("skipping checkpoint: %s", err)
-            rejected.append((path, err.reason))
+            rejected.append(Rejected(path, err.reason, err.unfinished))
     return Found(None, None, rejected)
 
 

@@ -122,12 +122,25 @@ class DirectoryLock:
     `acquire` raises LocksUnsupported.
     """
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, created: list[Path]) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._created = created  # directories made for the lock, deepest first: removed again if left empty
 
     @classmethod
     def acquire(cls, directory: Path, name: str, holder: str) -> DirectoryLock:
+        """Lock DIRECTORY/NAME, creating DIRECTORY (and its missing parents) if need be; `holder` is what a
+        refused process is told about this one."""
+        created = [d for d in (directory, *directory.parents) if not d.exists()]
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            return cls._acquire(directory, name, holder, created)
+        except BaseException:
+            _remove_empty(created)
+            raise
+
+    @classmethod
+    def _acquire(cls, directory: Path, name: str, holder: str, created: list[Path]) -> DirectoryLock:
         path = directory / name
         while True:
             try:
@@ -161,7 +174,7 @@ class DirectoryLock:
             os.close(fd)  # its holder removed the file between our open and our lock: lock the new one
         os.ftruncate(fd, 0)
         os.pwrite(fd, (holder + "\n").encode(), 0)
-        return cls(path, fd)
+        return cls(path, fd, created)
 
     def release(self) -> None:
         if self._fd is None:
@@ -172,6 +185,15 @@ class DirectoryLock:
             pass
         os.close(self._fd)  # closing drops the lock
         self._fd = None
+        _remove_empty(self._created)  # a run refused before it wrote anything leaves no directory behind
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty (or not ours to remove): neither are its parents
 
 
 def _read_fd(fd: int) -> str:
