@@ -274,7 +274,7 @@ def test_rewriting_an_existing_valid_name_replaces_it_and_never_deletes_the_save
     assert (tmp_path / "latest").read_text() == "checkpoint_step_300.pt\n"
 
 
-@pytest.mark.parametrize("how", ["truncated", "bad checksum", "missing manifest"])
+@pytest.mark.parametrize("how", ["truncated", "bad checksum", "unreadable manifest"])
 def test_a_save_never_overwrites_a_damaged_file_but_moves_it_aside(tmp_path, how):
     damaged = save_at(tmp_path, 5)
     _break(damaged, how)
@@ -298,7 +298,7 @@ def test_save_keeps_the_newest_k(tmp_path):
 
 def test_prune_keeps_the_newest_valid_and_never_deletes_damaged_files(tmp_path):
     paths = [save_at(tmp_path, step) for step in (1, 2, 3, 4, 5)]
-    _break(paths[4], "bad checksum")
+    _break(paths[4], "truncated")
     _break(paths[3], "missing manifest")
     checkpoint.prune(tmp_path, 1)
     # Kept: the damaged ones (evidence, no slot used) and the newest valid (step 3).
@@ -307,11 +307,19 @@ def test_prune_keeps_the_newest_valid_and_never_deletes_damaged_files(tmp_path):
     assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.full((4,), 3.0))
 
 
+def test_saves_cut_short_are_pruned_once_a_valid_checkpoint_is_newer(tmp_path):
+    for step in (1, 2, 3):
+        save_at(tmp_path, step)
+    _break(tmp_path / "checkpoint_step_2.pt", "missing manifest")  # what a kill during its save leaves
+    save_at(tmp_path, 4, keep=3)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == [f"checkpoint_step_{s}.pt" for s in (4, 3, 1)]
+
+
 def test_damaged_files_use_up_no_keep_slots(tmp_path):
     for step in (1, 2, 3):
         save_at(tmp_path, step)
     _break(tmp_path / "checkpoint_step_3.pt", "truncated")
-    _break(tmp_path / "checkpoint_step_2.pt", "bad checksum")
+    _break(tmp_path / "checkpoint_step_2.pt", "unreadable manifest")
     save_at(tmp_path, 4, keep=2)
     # keep=2 valid ones: step 4 and step 1; the damaged 2 and 3 stay, untouched.
     assert [p.name for p in checkpoint.candidates(tmp_path)] == [f"checkpoint_step_{s}.pt" for s in (4, 3, 2, 1)]

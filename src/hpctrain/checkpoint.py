@@ -10,7 +10,10 @@ A checkpoint counts only if its manifest exists and its checksum matches, so a s
 leaves the previous checkpoint as the newest valid one. "Newest" means furthest in training: the manifest's
 (epoch, step), an epoch-end checkpoint before a mid-epoch one of the same step; never a clock, which can be
 wrong. A damaged file is never overwritten or pruned: a save that would replace one moves it aside first
-(NAME.corrupt), and pruning keeps the newest `keep` *valid* checkpoints and leaves damaged ones alone. Users' own
+(NAME.corrupt), and pruning keeps the newest `keep` *valid* checkpoints and leaves damaged ones alone (pruning
+judges by the manifest and the size, not the checksum, so it never re-reads the kept files; a same-size bit flip
+is caught when loading). A file without a manifest is not damage but a save a kill cut short (it never counted):
+pruning removes it once a valid checkpoint is newer. Users' own
 scripts can call `save`/`load_latest`, or use `AsyncCheckpointer` to write in the background while training goes on.
 """
 
@@ -103,7 +106,7 @@ def save(
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(directory)
     path = directory / name
-    if (path.exists() or path.is_symlink()) and not _is_valid(path):
+    if (path.exists() or path.is_symlink()) and _validity(path) == "damaged":
         set_aside(path, CORRUPT_SUFFIX)  # a damaged file is evidence: never overwrite it
     tmp = _temporary(path)
     writer = None
@@ -141,7 +144,6 @@ def save(
         if is_no_space(err):
             raise _disk_full(path, err) from err
         raise
-    _remember_valid(path)
     try:
         write_atomic(directory / LATEST_POINTER, (name + "\n").encode(), _temporary(directory / LATEST_POINTER))
     except OSError as err:  # only a convenience: the checkpoint itself is complete
@@ -203,6 +205,15 @@ def _load_failure(err: Exception) -> str:
 
 def verify(path: Path) -> CheckpointInfo:
     """Raise CheckpointError unless `path` has a matching manifest and checksum."""
+    info = _check_manifest_and_size(path)
+    digest, _ = _sha256(path)
+    if digest != info.sha256:
+        raise _rejected(path, "fails its checksum: corrupt")
+    return info
+
+
+def _check_manifest_and_size(path: Path) -> CheckpointInfo:
+    """verify() without the checksum."""
     if path.name == LATEST_POINTER and path.is_file():
         raise _rejected(path, "is the pointer to the newest checkpoint (it holds a file name), not a checkpoint",
                         f"pass its directory {path.parent} (or the run directory) to resume from the newest "
@@ -241,10 +252,7 @@ def verify(path: Path) -> CheckpointInfo:
                         f"({FORMAT_VERSION})", "upgrade hpctrain")
     if size != expected_size:
         raise _rejected(path, f"is {size} bytes but its manifest says {expected_size}: truncated or overwritten")
-    digest, _ = _sha256(path)
-    if digest != expected_digest:
-        raise _rejected(path, "fails its checksum: corrupt")
-    return CheckpointInfo(path, *info_fields, digest, size)
+    return CheckpointInfo(path, *info_fields, expected_digest, size)
 
 
 def candidates(directory: str | Path) -> list[Path]:
@@ -318,15 +326,18 @@ def prune(directory: str | Path, keep: int) -> None:
 def _prune(directory: Path, keep: int, newest_valid: Path | None) -> None:
     kept = 0
     for path in candidates(directory):
-        if path != newest_valid and not _is_valid(path):
+        validity = "valid" if path == newest_valid else _validity(path, thorough=False)
+        if validity == "damaged":
             continue  # a damaged file is evidence, not a slot
-        if kept < keep or path == newest_valid:  # the save just made is never deleted
+        if validity == "unfinished" and kept == 0:
+            continue  # newer than every valid checkpoint: left for a resume to report and move aside
+        if validity == "valid" and (kept < keep or path == newest_valid):  # the save just made is never deleted
             kept += 1
             continue
+        # Older valid ones beyond `keep`, and saves a kill cut short before them (they can never become valid).
         # Manifest first: a prune killed half-way leaves an invalid file, never a valid-looking one.
         _manifest_path(path).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
-        _verified.pop(path, None)
 
 
 def _ordered(directory: Path) -> list[tuple[tuple[int, int, bool], Path]]:
@@ -360,38 +371,20 @@ def _order_of(path: Path, match: re.Match) -> tuple[int, int, bool]:
         return (number, -1, True) if is_epoch else (-1, number, False)
 
 
-# Checkpoints known to be valid, by path, with the identity (`_identity`) they had then: pruning after every save
-# must not re-hash the files it has already checked (or that this process wrote).
-_verified: dict[Path, tuple[int, ...]] = {}
-
-
-def _identity(path: Path) -> tuple[int, ...] | None:
-    """Changes whenever the file or its manifest is replaced, rewritten or removed."""
+def _validity(path: Path, thorough: bool = True) -> str:
+    """"valid", "unfinished" (no manifest: a save cut short) or "damaged" (anything else that fails `verify`).
+    Not `thorough`: the manifest and the size only, no checksum (pruning after every save must not re-read every
+    kept checkpoint; truncation and unfinished saves are what kills and full disks leave)."""
     try:
-        st, ms = os.stat(path, follow_symlinks=False), os.stat(_manifest_path(path), follow_symlinks=False)
+        if thorough:
+            verify(path)
+        else:
+            _check_manifest_and_size(path)
+    except CheckpointError as err:
+        return "unfinished" if err.unfinished else "damaged"
     except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns, ms.st_ino, ms.st_size, ms.st_mtime_ns
-
-
-def _remember_valid(path: Path) -> None:
-    identity = _identity(path)
-    if identity is not None:
-        _verified[path] = identity
-
-
-def _is_valid(path: Path) -> bool:
-    identity = _identity(path)
-    if identity is not None and _verified.get(path) == identity:
-        return True
-    try:
-        verify(path)
-    except (CheckpointError, OSError):
-        _verified.pop(path, None)
-        return False
-    if identity is not None:
-        _verified[path] = identity
-    return True
+        return "damaged"
+    return "valid"
 
 
 def _manifest_path(path: Path) -> Path:
