@@ -241,19 +241,50 @@ def test_epoch_end_sorts_before_a_step_checkpoint_of_the_same_step(tmp_path):
     assert (tmp_path / "latest").read_text().strip() == epoch_ckpt.name
 
 
-def test_newest_means_most_recently_saved(tmp_path):
-    """After `--resume` from an older checkpoint the run continues that line: its new saves are the newest,
-    even though the abandoned line has higher step numbers; and pruning never deletes the save just made."""
+def test_newest_is_furthest_in_training_whatever_the_clock_said(tmp_path, monkeypatch):
+    """Checkpoints written while the clock was an hour fast must not win over later ones (nor get them pruned)."""
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+    for step in (100, 200):
+        save_at(tmp_path, step, keep=2)
+    monkeypatch.setattr(time, "time", real_time)  # the clock is put right
+    for step in (300, 400):
+        save_at(tmp_path, step, keep=2)
+    assert checkpoint.find_latest(tmp_path).step == 400
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["checkpoint_step_400.pt", "checkpoint_step_300.pt"]
+    assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.full((4,), 400.0))
+
+
+def test_newest_ignores_file_times(tmp_path):
+    older, newer = save_at(tmp_path, 100), save_at(tmp_path, 200)
+    future = time.time() + 86400
+    os.utime(older, (future, future))
+    os.utime(older.with_name(older.name + ".manifest.json"), (future, future))
+    assert checkpoint.candidates(tmp_path) == [newer, older]
+
+
+def test_rewriting_an_existing_valid_name_replaces_it_and_never_deletes_the_save_just_made(tmp_path):
     for step in (100, 200, 300):
         save_at(tmp_path, step)
-    resumed = save_at(tmp_path, 150, keep=2)
-    assert checkpoint.find_latest(tmp_path).path == resumed
-    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["checkpoint_step_150.pt", "checkpoint_step_300.pt"]
-    # Rewriting an existing name (the resumed line reaching step 300 again) replaces the old content.
+    lower = save_at(tmp_path, 150, keep=1)
+    assert lower.exists() and checkpoint.find_latest(tmp_path).step == 300
     again = save_at(tmp_path, 300, keep=2, state={"model": {"w": torch.zeros(4)}, "step": 300})
     assert checkpoint.find_latest(tmp_path).path == again
     assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.zeros(4))
     assert (tmp_path / "latest").read_text() == "checkpoint_step_300.pt\n"
+
+
+@pytest.mark.parametrize("how", ["truncated", "bad checksum", "unreadable manifest"])
+def test_a_save_never_overwrites_a_damaged_file_but_moves_it_aside(tmp_path, how):
+    damaged = save_at(tmp_path, 5)
+    _break(damaged, how)
+    evidence = damaged.read_bytes()
+    save_at(tmp_path, 5, state={"model": {"w": torch.zeros(4)}})
+    aside = tmp_path / "checkpoint_step_5.pt.corrupt"
+    assert aside.read_bytes() == evidence
+    assert checkpoint.candidates(tmp_path) == [damaged] and checkpoint.find_latest(tmp_path).path == damaged
+    save_at(tmp_path, 5, state={"model": {"w": torch.ones(4)}})  # a valid one is simply replaced
+    assert not (tmp_path / "checkpoint_step_5.pt.corrupt.1").exists()
 
 
 def test_save_keeps_the_newest_k(tmp_path):
@@ -265,15 +296,87 @@ def test_save_keeps_the_newest_k(tmp_path):
     ]
 
 
-def test_prune_never_deletes_the_newest_valid(tmp_path):
+def test_prune_keeps_the_newest_valid_and_never_deletes_damaged_files(tmp_path):
     paths = [save_at(tmp_path, step) for step in (1, 2, 3, 4, 5)]
-    _break(paths[4], "bad checksum")
+    _break(paths[4], "truncated")
     _break(paths[3], "missing manifest")
     checkpoint.prune(tmp_path, 1)
-    # Kept: the newest (broken, still reported by find_latest) and the newest valid (step 3).
-    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [paths[2].name, paths[4].name]
+    # Kept: the damaged ones (evidence, no slot used) and the newest valid (step 3).
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [paths[2].name, paths[3].name, paths[4].name]
     assert checkpoint.find_latest(tmp_path).path == paths[2]
     assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.full((4,), 3.0))
+
+
+def test_saves_cut_short_are_pruned_once_a_valid_checkpoint_is_newer(tmp_path):
+    for step in (1, 2, 3):
+        save_at(tmp_path, step)
+    _break(tmp_path / "checkpoint_step_2.pt", "missing manifest")  # what a kill during its save leaves
+    save_at(tmp_path, 4, keep=3)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == [f"checkpoint_step_{s}.pt" for s in (4, 3, 1)]
+
+
+def test_damaged_files_use_up_no_keep_slots(tmp_path):
+    for step in (1, 2, 3):
+        save_at(tmp_path, step)
+    _break(tmp_path / "checkpoint_step_3.pt", "truncated")
+    _break(tmp_path / "checkpoint_step_2.pt", "unreadable manifest")
+    save_at(tmp_path, 4, keep=2)
+    # keep=2 valid ones: step 4 and step 1; the damaged 2 and 3 stay, untouched.
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == [f"checkpoint_step_{s}.pt" for s in (4, 3, 2, 1)]
+    for step in (5, 6):
+        save_at(tmp_path, step, keep=2)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == [f"checkpoint_step_{s}.pt" for s in (6, 5, 3, 2)]
+
+
+def test_search_reports_every_rejected_file_with_its_reason(tmp_path):
+    for step in (1, 2, 3):
+        save_at(tmp_path, step)
+    _break(tmp_path / "checkpoint_step_3.pt", "truncated")
+    _break(tmp_path / "checkpoint_step_2.pt", "missing manifest")
+    found = checkpoint.search(tmp_path)
+    assert found.info.step == 1 and torch.equal(found.state["model"]["w"], torch.full((4,), 1.0))
+    assert [(r.path.name, r.unfinished) for r in found.rejected] == [
+        ("checkpoint_step_3.pt", False), ("checkpoint_step_2.pt", True)]
+    assert "truncated" in found.rejected[0].reason and "did not finish" in found.rejected[1].reason
+    assert all(str(tmp_path) not in r.reason for r in found.rejected)
+
+
+# ---------------------------------------------------------------- messages
+
+
+def test_the_latest_pointer_is_named_for_what_it_is(tmp_path):
+    save_at(tmp_path, 1)
+    with pytest.raises(CheckpointError, match="is the pointer to the newest checkpoint.*pass its directory"):
+        checkpoint.load(tmp_path / "latest")
+
+
+def test_an_empty_file_is_called_empty(tmp_path):
+    (tmp_path / "checkpoint_step_1.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"is empty \(0 bytes\)"):
+        checkpoint.load(tmp_path / "checkpoint_step_1.pt")
+    # Even with a manifest that matches it (the checksum of nothing), it is called empty, not "cannot be loaded ()".
+    path = checkpoint.save({"model": {}}, tmp_path, "checkpoint_step_2.pt", epoch=0, step=2)
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="is empty"):
+        checkpoint.load(path)
+
+
+def test_a_file_that_is_not_a_checkpoint_is_not_called_an_unfinished_save(tmp_path):
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    with pytest.raises(CheckpointError, match="is not an hpctrain checkpoint") as caught:
+        checkpoint.load(other)
+    assert "did not finish" not in str(caught.value)
+
+
+def test_refusing_unsafe_contents_never_suggests_weights_only_false(tmp_path):
+    path = checkpoint.save({"model": {}, "x": Malicious(tmp_path / "m")}, tmp_path, "checkpoint_step_1.pt",
+                           epoch=0, step=1)
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint.load(path)
+    message = str(caught.value)
+    assert "weights_only" not in message and "trust" not in message and "\n" not in message
+    assert "safe loading refuses" in message and "_run_code" in message
 
 
 # ---------------------------------------------------------------- temporaries of killed saves

@@ -7,10 +7,14 @@ Layout of a checkpoint directory::
     latest                              name of the newest complete checkpoint (a convenience; the manifests decide)
 
 A checkpoint counts only if its manifest exists and its checksum matches, so a save killed at any moment
-leaves the previous checkpoint as the newest valid one. "Newest" means most recently saved (the manifest's
-`written_at`, then the step): a run resumed from an older checkpoint therefore continues its own line, not the
-abandoned one with higher step numbers. Users' own scripts can call `save`/`load_latest`, or use
-`AsyncCheckpointer` to write in the background while training goes on.
+leaves the previous checkpoint as the newest valid one. "Newest" means furthest in training: the manifest's
+(epoch, step), an epoch-end checkpoint before a mid-epoch one of the same step; never a clock, which can be
+wrong. A damaged file is never overwritten or pruned: a save that would replace one moves it aside first
+(NAME.corrupt), and pruning keeps the newest `keep` *valid* checkpoints and leaves damaged ones alone (pruning
+judges by the manifest and the size, not the checksum, so it never re-reads the kept files; a same-size bit flip
+is caught when loading). A file without a manifest is not damage but a save a kill cut short (it never counted):
+pruning removes it once a valid checkpoint is newer. Users' own
+scripts can call `save`/`load_latest`, or use `AsyncCheckpointer` to write in the background while training goes on.
 """
 
 from __future__ import annotations
@@ -28,16 +32,19 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import fsync_dir, write_atomic
+from hpctrain.fsutil import free_bytes, fsync_dir, is_no_space, write_atomic
 
 FORMAT_VERSION = 1
 MANIFEST_SUFFIX = ".manifest.json"
 LATEST_POINTER = "latest"
+CORRUPT_SUFFIX = ".corrupt"  # a damaged checkpoint moved aside
+INCOMPLETE_SUFFIX = ".incomplete"  # a checkpoint whose save did not finish (no manifest), moved aside
+ABANDONED_SUFFIX = ".abandoned"  # a valid checkpoint moved aside: a run resumed from an older one took its place
 _NAME = re.compile(r"^checkpoint_(epoch|step)_(\d+)\.pt$")
 # Another host's temporary may belong to a live save on a shared filesystem: only this old is it surely stale.
 FOREIGN_TEMPORARY_MAX_AGE_S = 3600.0
@@ -46,7 +53,24 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointError(UserError):
-    """A checkpoint that is missing, incomplete, corrupt or not ours."""
+    """A checkpoint that is missing, incomplete, corrupt or not ours; `reason` says what is wrong without the path
+    or the fix (for lists of rejected files)."""
+
+    def __init__(self, message: str, reason: str | None = None, unfinished: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.unfinished = unfinished  # a save that never finished (what a kill leaves), not damage
+
+
+def _rejected(path: Path, reason: str, fix: str = "resume from an earlier checkpoint", *,
+              unfinished: bool = False) -> CheckpointError:
+    return CheckpointError(f"{path} {reason}; {fix}", reason, unfinished)
+
+
+class Rejected(NamedTuple):
+    path: Path
+    reason: str
+    unfinished: bool  # its save never finished (no manifest): what a kill leaves, not damage
 
 
 @dataclass(frozen=True)
@@ -82,17 +106,25 @@ def save(
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(directory)
     path = directory / name
+    if (path.exists() or path.is_symlink()) and _validity(path) == "damaged":
+        set_aside(path, CORRUPT_SUFFIX)  # a damaged file is evidence: never overwrite it
     tmp = _temporary(path)
+    writer = None
     try:
-        with open(tmp, "wb") as handle:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        with open(fd, "wb") as handle:
             # Hash while writing: reading a large checkpoint back just to checksum it would double the I/O.
             writer = _HashingWriter(handle)
             torch.save(state, writer)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        # torch reports a failed write as its own RuntimeError ("unexpected pos"); the writer saw the real cause.
+        cause = writer.error if writer is not None and writer.error is not None else err
+        if is_no_space(cause):
+            raise _disk_full(path, cause) from err
         raise
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -104,12 +136,32 @@ def save(
         "world_size": world_size,
         "written_at": time.time(),
     }
-    write_atomic(_manifest_path(path), json.dumps(manifest, indent=1).encode(), _temporary(_manifest_path(path)))
-    write_atomic(directory / LATEST_POINTER, (name + "\n").encode(), _temporary(directory / LATEST_POINTER))
+    try:
+        write_atomic(_manifest_path(path), json.dumps(manifest, indent=1).encode(),
+                     _temporary(_manifest_path(path)))
+    except BaseException as err:
+        path.unlink(missing_ok=True)  # without its manifest it is no checkpoint; leave no half-save behind
+        if is_no_space(err):
+            raise _disk_full(path, err) from err
+        raise
+    try:
+        write_atomic(directory / LATEST_POINTER, (name + "\n").encode(), _temporary(directory / LATEST_POINTER))
+    except OSError as err:  # only a convenience: the checkpoint itself is complete
+        log.warning("could not update %s (%s)", directory / LATEST_POINTER, err)
     fsync_dir(directory)
     if keep is not None:
         _prune(directory, keep, newest_valid=path)
     return path
+
+
+def _disk_full(path: Path, err: BaseException) -> CheckpointError:
+    free = free_bytes(path.parent)
+    room = f", {free / 2**20:.1f} MiB free" if free is not None else ""
+    return CheckpointError(
+        f"no space left on the device holding {path.parent} ({os.strerror(getattr(err, 'errno', 0) or 0)}{room}) "
+        f"while writing checkpoint {path.name}; the checkpoints written before it are intact. Free space there "
+        "(or lower --keep-checkpoints), or move the run to a larger file system, then continue with --resume"
+    )
 
 
 def _check_arguments(name: str, keep: int | None) -> None:
@@ -124,121 +176,215 @@ def _check_arguments(name: str, keep: int | None) -> None:
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Verify the manifest and checksum, then load with weights_only=True (a checkpoint cannot run code)."""
-    info = verify(Path(path))
+    return _read(verify(Path(path)), map_location)
+
+
+def _read(info: CheckpointInfo, map_location: str | torch.device) -> dict[str, Any]:
     try:
         state = torch.load(info.path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for a bad pickle or zip
-        raise CheckpointError(f"{info.path} cannot be loaded ({err}); resume from an earlier checkpoint") from err
+        raise _rejected(info.path, f"cannot be loaded ({_load_failure(err)})") from None
     if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"{info.path} is not an hpctrain checkpoint (no 'model' entry)")
+        raise _rejected(info.path, "is not an hpctrain checkpoint (no 'model' entry)",
+                        "pass a checkpoint written by hpctrain")
     return state
+
+
+def _load_failure(err: Exception) -> str:
+    """What went wrong, in a line, without torch's advice to load with weights_only=False (which would let the
+    file run code: hpctrain never does that)."""
+    text = str(err)
+    refused = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global|\. |\n|$)", text)
+    if refused:
+        return f"it holds Python objects that safe loading refuses: {refused.group(1).strip()}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not first or "weights_only" in first:
+        return f"{type(err).__name__}: the file is damaged or not a torch checkpoint"
+    return first[:300]
 
 
 def verify(path: Path) -> CheckpointInfo:
     """Raise CheckpointError unless `path` has a matching manifest and checksum."""
+    info = _check_manifest_and_size(path)
+    digest, _ = _sha256(path)
+    if digest != info.sha256:
+        raise _rejected(path, "fails its checksum: corrupt")
+    return info
+
+
+def _check_manifest_and_size(path: Path) -> CheckpointInfo:
+    """verify() without the checksum."""
+    if path.name == LATEST_POINTER and path.is_file():
+        raise _rejected(path, "is the pointer to the newest checkpoint (it holds a file name), not a checkpoint",
+                        f"pass its directory {path.parent} (or the run directory) to resume from the newest "
+                        "valid checkpoint in it")
+    if path.is_dir():
+        raise _rejected(path, "is a directory, not a checkpoint file",
+                        "pass a checkpoint_*.pt file, or resume from the newest one in a run directory with --resume")
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}; check the path or drop it to resume from the newest one")
+        raise CheckpointError(f"no checkpoint at {path}; check the path or drop it to resume from the newest one",
+                              "does not exist")
+    size = path.stat().st_size
+    if size == 0:
+        raise _rejected(path, "is empty (0 bytes): its save never wrote anything, or it is not a checkpoint")
     manifest_path = _manifest_path(path)
     try:
         manifest = json.loads(manifest_path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(
-            f"{path} has no manifest ({manifest_path.name}): its save did not finish; "
-            "resume from an earlier checkpoint"
-        ) from None
+        if not _NAME.match(path.name):
+            raise _rejected(path, f"is not an hpctrain checkpoint (it has no manifest {manifest_path.name})",
+                            "pass a checkpoint_*.pt file written by hpctrain, or the run directory") from None
+        raise _rejected(path, f"has no manifest ({manifest_path.name}): its save did not finish",
+                        unfinished=True) from None
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{manifest_path} is unreadable ({err}); resume from an earlier checkpoint") from err
+        raise _rejected(path, f"has an unreadable manifest: {manifest_path.name} is unreadable ({err})") from err
     try:
+        if not isinstance(manifest, dict):
+            raise TypeError("not an object")
         version = int(manifest["format_version"])
         expected_size = int(manifest["size"])
         expected_digest = str(manifest["sha256"])
         info_fields = (int(manifest["epoch"]), int(manifest["step"]), int(manifest.get("world_size", 1)))
     except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{manifest_path} lacks a field ({err}); resume from an earlier checkpoint") from err
+        raise _rejected(path, f"has a manifest that lacks a field ({err})") from err
     if version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format version {version}, newer than this hpctrain understands ({FORMAT_VERSION}); "
-            "upgrade hpctrain"
-        )
-    size = path.stat().st_size
+        raise _rejected(path, f"has format version {version}, newer than this hpctrain understands "
+                        f"({FORMAT_VERSION})", "upgrade hpctrain")
     if size != expected_size:
-        raise CheckpointError(
-            f"{path} is {size} bytes but its manifest says {expected_size}: truncated or overwritten; "
-            "resume from an earlier checkpoint"
-        )
-    digest, _ = _sha256(path)
-    if digest != expected_digest:
-        raise CheckpointError(f"{path} fails its checksum: corrupt; resume from an earlier checkpoint")
-    return CheckpointInfo(path, *info_fields, digest, size)
+        raise _rejected(path, f"is {size} bytes but its manifest says {expected_size}: truncated or overwritten")
+    return CheckpointInfo(path, *info_fields, expected_digest, size)
 
 
 def candidates(directory: str | Path) -> list[Path]:
-    """Checkpoint files in `directory`, newest (most recently saved; then highest step, epoch-end first) first."""
-    directory = Path(directory)
+    """Checkpoint files in `directory`, newest (furthest in training: epoch, then step, epoch-end first) first."""
+    return [path for _, path in _ordered(Path(directory))]
+
+
+@dataclass
+class Found:
+    """The outcome of looking for the newest usable checkpoint in a directory."""
+
+    info: CheckpointInfo | None  # the newest usable checkpoint, None if there is none
+    state: dict[str, Any] | None  # its contents, when loaded
+    rejected: list[Rejected]  # newer files that were refused, newest first
+
+
+def search(directory: str | Path, *, load_state: bool = True, map_location: str | torch.device = "cpu") -> Found:
+    """The newest checkpoint that verifies (and, with `load_state`, also loads), and every newer one refused."""
+    rejected: list[Rejected] = []
+    for path in candidates(directory):
+        try:
+            info = verify(path)
+            return Found(info, _read(info, map_location) if load_state else None, rejected)
+        except CheckpointError as err:
+            if not (path.exists() or path.is_symlink()):
+                continue  # moved aside by rank 0 while this rank was looking: it was never a candidate
+            log.warning("skipping checkpoint: %s", err)
+            rejected.append(Rejected(path, err.reason, err.unfinished))
+    return Found(None, None, rejected)
+
+
+def find_latest(directory: str | Path) -> CheckpointInfo | None:
+    """The newest valid checkpoint; invalid newer ones are reported (logged) and skipped."""
+    return search(directory, load_state=False).info
+
+
+def load_latest(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """Load the newest valid checkpoint in `directory`, or None when there is none."""
+    return search(directory, map_location=map_location).state
+
+
+def position_of(path: Path) -> tuple[int, int, bool] | None:
+    """(epoch, step, is epoch-end) of a checkpoint as its manifest (else its name) says; None if neither does."""
+    match = _NAME.match(path.name)
+    return _order_of(path, match) if match else None
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename a checkpoint and its manifest out of the way (NAME+suffix, numbered if taken): no longer a
+    candidate, never overwritten, never pruned. Returns the new path of the checkpoint."""
+    target = path.with_name(path.name + suffix)
+    number = 1
+    while target.exists() or target.is_symlink():
+        target = path.with_name(f"{path.name}{suffix}.{number}")
+        number += 1
+    manifest = _manifest_path(path)
+    if manifest.exists() or manifest.is_symlink():
+        os.replace(manifest, target.with_name(target.name + MANIFEST_SUFFIX))
+    os.replace(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+def prune(directory: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` valid checkpoints; damaged files are left alone and take no slot."""
+    if keep < 1:
+        raise CheckpointError(f"keep={keep}: at least 1 checkpoint must be kept; pass a keep of 1 or more")
+    _prune(Path(directory), keep, None)
+
+
+def _prune(directory: Path, keep: int, newest_valid: Path | None) -> None:
+    kept = 0
+    for path in candidates(directory):
+        validity = "valid" if path == newest_valid else _validity(path, thorough=False)
+        if validity == "damaged":
+            continue  # a damaged file is evidence, not a slot
+        if validity == "unfinished" and kept == 0:
+            continue  # newer than every valid checkpoint: left for a resume to report and move aside
+        if validity == "valid" and (kept < keep or path == newest_valid):  # the save just made is never deleted
+            kept += 1
+            continue
+        # Older valid ones beyond `keep`, and saves a kill cut short before them (they can never become valid).
+        # Manifest first: a prune killed half-way leaves an invalid file, never a valid-looking one.
+        _manifest_path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+
+def _ordered(directory: Path) -> list[tuple[tuple[int, int, bool], Path]]:
     if not directory.is_dir():
         return []
     found = []
     for path in directory.iterdir():
         match = _NAME.match(path.name)
         if match:
-            found.append((*_order_of(path, match), path))
-    return [path for *_, path in sorted(found, reverse=True)]
+            found.append((_order_of(path, match), path))
+    # A step checkpoint without a usable manifest (typically the newest: its save was cut short) belongs to the
+    # epoch of the checkpoints before it.
+    known = [key for key, _ in found if key[0] >= 0 and key[1] >= 0]
+    for i, ((epoch, step, is_epoch), path) in enumerate(found):
+        if epoch < 0:
+            epoch = max((e for e, s, _ in known if s <= step), default=0)
+            found[i] = ((epoch, step, is_epoch), path)
+    return sorted(found, key=lambda item: (item[0], item[1].name), reverse=True)
 
 
-def find_latest(directory: str | Path) -> CheckpointInfo | None:
-    """The newest valid checkpoint; invalid newer ones are reported (logged) and skipped."""
-    for path in candidates(directory):
-        try:
-            return verify(path)
-        except CheckpointError as err:
-            log.warning("skipping checkpoint: %s", err)
-    return None
-
-
-def load_latest(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
-    """Load the newest valid checkpoint in `directory`, or None when there is none."""
-    for path in candidates(directory):
-        try:
-            return load(path, map_location)
-        except CheckpointError as err:
-            log.warning("skipping checkpoint: %s", err)
-    return None
-
-
-def prune(directory: str | Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints; the newest valid one is never deleted."""
-    if keep < 1:
-        raise CheckpointError(f"keep={keep}: at least 1 checkpoint must be kept; pass a keep of 1 or more")
-    newest_valid = find_latest(directory)
-    _prune(directory, keep, newest_valid.path if newest_valid is not None else None)
-
-
-def _prune(directory: str | Path, keep: int, newest_valid: Path | None) -> None:
-    for path in candidates(directory)[keep:]:
-        if path == newest_valid:
-            continue
-        # Manifest first: a prune killed half-way leaves an invalid file, never a valid-looking one.
-        _manifest_path(path).unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
-
-
-def _order_of(path: Path, match: re.Match) -> tuple[float, int, bool]:
-    """(saved at, step, is epoch-end): from the manifest where it says; else the file's mtime and the name."""
+def _order_of(path: Path, match: re.Match) -> tuple[int, int, bool]:
+    """(epoch, step, is epoch-end) from the manifest; without a usable one, what the name tells: an epoch-end
+    checkpoint N starts epoch N (step -1: before any step checkpoint of that epoch); a step checkpoint's epoch
+    is unknown (-1, filled in by `_ordered`)."""
     is_epoch = match.group(1) == "epoch"
-    saved_at: float | None = None
-    step = int(match.group(2)) if not is_epoch else -1
+    number = int(match.group(2))
     try:
         manifest = json.loads(_manifest_path(path).read_text())
-        step = int(manifest["step"])
-        saved_at = float(manifest["written_at"])
+        return int(manifest["epoch"]), int(manifest["step"]), is_epoch
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # verify() rejects a checkpoint without a usable manifest; it is listed so that it gets reported
-    if saved_at is None:
-        try:
-            saved_at = path.stat().st_mtime
-        except OSError:
-            saved_at = 0.0
-    return saved_at, step, is_epoch
+        return (number, -1, True) if is_epoch else (-1, number, False)
+
+
+def _validity(path: Path, thorough: bool = True) -> str:
+    """"valid", "unfinished" (no manifest: a save cut short) or "damaged" (anything else that fails `verify`).
+    Not `thorough`: the manifest and the size only, no checksum (pruning after every save must not re-read every
+    kept checkpoint; truncation and unfinished saves are what kills and full disks leave)."""
+    try:
+        if thorough:
+            verify(path)
+        else:
+            _check_manifest_and_size(path)
+    except CheckpointError as err:
+        return "unfinished" if err.unfinished else "damaged"
+    except OSError:
+        return "damaged"
+    return "valid"
 
 
 def _manifest_path(path: Path) -> Path:
@@ -288,14 +434,23 @@ class _HashingWriter:
         self._handle = handle
         self.digest = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # what the file refused (torch replaces it with its own message)
 
     def write(self, data) -> int:
         self.digest.update(data)
         self.size += memoryview(data).nbytes
-        return self._handle.write(data)
+        try:
+            return self._handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
 
     def flush(self) -> None:
-        self._handle.flush()
+        try:
+            self._handle.flush()
+        except OSError as err:
+            self.error = err
+            raise
 
 
 def _sha256(path: Path) -> tuple[str, int]:

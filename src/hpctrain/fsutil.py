@@ -1,19 +1,77 @@
-"""Small file-system helpers for writes that must never be seen half done."""
+"""Small file-system helpers for writes that must never be seen half done, nor land anywhere but where they say.
+
+Run files are written and read without following symbolic links: a link planted in a run directory (or left by
+a copy) must not make a run write into, or read from, the file it points to.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from pathlib import Path
 
+from hpctrain.errors import UserError
+
+# ENOSPC: the disk is full; EDQUOT: the user's quota is.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
 
 def write_atomic(path: Path, data: bytes, temporary: Path | None = None) -> None:
-    """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file."""
+    """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file.
+
+    The rename replaces a symbolic link at `path` itself (never its target), and the temporary is opened without
+    following a link either."""
     tmp = temporary or path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        with open(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)  # a link there is removed itself, its target untouched
+        raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append `line` (and a newline) to `path`, creating it; refuses a symbolic link (OSError ELOOP)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    with open(fd, "a") as handle:
+        handle.write(line + "\n")
+
+
+def read_text(path: Path) -> str:
+    """The text of `path`, read without following a symbolic link (OSError ELOOP for a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with open(fd) as handle:
+        return handle.read()
+
+
+def refuse_symlinks(directory: Path, names: tuple[str, ...]) -> None:
+    """UserError if any of `names` in `directory` is a symbolic link: hpctrain writes those files itself."""
+    for name in names:
+        path = directory / name
+        if path.is_symlink():
+            raise UserError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); hpctrain writes this file itself and never "
+                "through a link. Remove the link (copy the file it points to in its place if you need its "
+                "contents), or choose another --run-dir"
+            )
+
+
+def is_no_space(err: BaseException) -> bool:
+    """Whether `err` says the disk (or the quota) is full."""
+    return isinstance(err, OSError) and err.errno in _NO_SPACE
+
+
+def free_bytes(directory: Path) -> int | None:
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
 
 
 def fsync_dir(directory: Path) -> None:
@@ -28,3 +86,118 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- one run at a time in a directory
+
+
+class DirectoryInUse(UserError):
+    """Another live process holds the directory's lock."""
+
+
+class LocksUnsupported(OSError):
+    """The file system does not support flock (the caller decides whether to go on without a lock)."""
+
+
+class DirectoryLock:
+    """An exclusive `flock` on DIRECTORY/NAME, for as long as this object is held (or the process lives).
+
+    The kernel drops the lock when the process dies, however it dies, so a killed run never leaves a stale lock;
+    the file itself may stay behind and means nothing then. The holder writes who it is (host, pid, start time)
+    into the file, so a refused process can name it. `release()` removes the file while still holding the lock,
+    and `acquire` re-checks after locking that the file it locked is still the one at the path: a process that
+    locked a file just removed by its holder tries again instead of believing it holds the lock.
+
+    On NFS, Linux implements flock with the server's byte-range locks (NLM for v3, built in for v4), so the lock
+    holds across nodes as long as the file system is mounted with locking (not `nolock`/`local_lock=all`); a
+    crashed node's lock lasts until the server's lease expires (about 90 s for NFSv4). Lustre needs the `flock`
+    mount option (`localflock` only excludes processes on the same node). Where the file system refuses flock,
+    `acquire` raises LocksUnsupported.
+    """
+
+    def __init__(self, path: Path, fd: int, created: list[Path]) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        self._created = created  # directories made for the lock, deepest first: removed again if left empty
+
+    @classmethod
+    def acquire(cls, directory: Path, name: str, holder: str) -> DirectoryLock:
+        """Lock DIRECTORY/NAME, creating DIRECTORY (and its missing parents) if need be; `holder` is what a
+        refused process is told about this one."""
+        created = [d for d in (directory, *directory.parents) if not d.exists()]
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            return cls._acquire(directory, name, holder, created)
+        except BaseException:
+            _remove_empty(created)
+            raise
+
+    @classmethod
+    def _acquire(cls, directory: Path, name: str, holder: str, created: list[Path]) -> DirectoryLock:
+        path = directory / name
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    refuse_symlinks(directory, (name,))
+                raise
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                current = _read_fd(fd)
+                os.close(fd)
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    who = current.strip() or "another process that has not yet written its name"
+                    raise DirectoryInUse(
+                        f"{directory} is in use by another run ({who}); wait for it to finish or stop it, "
+                        "or choose another --run-dir"
+                    ) from None
+                raise LocksUnsupported(
+                    f"cannot lock {path} ({os.strerror(err.errno or 0)}): this file system refuses flock, so a "
+                    "second run in this directory would not be stopped (on Lustre mount with -o flock; on NFS "
+                    "without nolock or local_lock)"
+                ) from None
+            try:
+                same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # its holder removed the file between our open and our lock: lock the new one
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (holder + "\n").encode(), 0)
+        return cls(path, fd, created)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        os.close(self._fd)  # closing drops the lock
+        self._fd = None
+        _remove_empty(self._created)  # a run refused before it wrote anything leaves no directory behind
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return  # not empty (or not ours to remove): neither are its parents
+
+
+def _read_fd(fd: int) -> str:
+    try:
+        return os.pread(fd, 4096, 0).decode(errors="replace")
+    except OSError:
+        return ""

@@ -184,8 +184,9 @@ def _prevalidate(cfg: TrainConfig) -> None:
                         f"{data_dir}` first, or point --data-dir at the directory that holds the data")
     find_dataset_files(get_dataset_spec(cfg.dataset), data_dir)
     from hpctrain.distributed import detect
-    from hpctrain.training.loop import check_resume_point, resolve_config
+    from hpctrain.training.loop import check_resume_point, check_run_dir_free, resolve_config
     from hpctrain.recipes import get_recipe
 
     resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe))
+    check_run_dir_free(Path(resolved.run_dir))  # before starting workers: rank 0 takes the lock itself
     check_resume_point(resolved, detect())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,19 +27,26 @@ from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_pr
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
 from hpctrain.errors import UserError
-from hpctrain.fsutil import write_atomic
+from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
 from hpctrain.launch.local import available_cores
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization, TensorData
 from hpctrain.training import rng
-from hpctrain.training.metrics import MetricsLog, Progress
-from hpctrain.training.provenance import record_attempt
+from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
+from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
-from hpctrain.training.stopping import StopReason, StopRequest, agree, write_stop_reason
+from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, write_stop_reason
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FORMAT = "hpctrain-train-v1"
+# Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
+LOCK_FILE = ".hpctrain.lock"
+# Files of the run directory that hpctrain writes itself: never through a symbolic link.
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE)
+# What a `hpctrain train` checkpoint holds besides the model.
+TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
+                    "config")
 # Fields that fix which data, model and batch order a run has: a checkpoint cannot continue under other values.
 RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "batch_size", "train_limit", "seed")
 
@@ -81,6 +89,15 @@ class Run:
     stop: StopRequest = field(default_factory=StopRequest)
     # Rank 0's checkpoint writer: saves in a background thread after copying the state off the device.
     writer: checkpoint.AsyncCheckpointer | None = None
+    # Rank 0's exclusive lock on the run directory, released (and its file removed) when the run ends.
+    lock: DirectoryLock | None = None
+    # The checkpoint resumed from already has every epoch asked for: nothing to train.
+    complete: bool = False
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     @property
     def is_main(self) -> bool:
@@ -93,6 +110,9 @@ class Run:
 
 def train(cfg: TrainConfig) -> RunResult:
     run = setup_run(cfg)
+    if run.complete:
+        run.release()
+        return RunResult(run.run_dir, run.resume_from["epoch"], run.resume_from["step"], StopReason.NONE)
     with run.stop:
         init_process_group(run.env, run.device, run.cfg.dist_timeout)
         if run.is_main and run.cfg.async_checkpoints:
@@ -110,6 +130,7 @@ def train(cfg: TrainConfig) -> RunResult:
             if run.writer is not None:
                 run.writer.close()
             destroy_process_group()
+            run.release()
 
 
 @dataclass
@@ -265,23 +286,72 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
 
 
 def setup_run(cfg: TrainConfig) -> Run:
-    """Resolve the config, environment, device and strategy, and validate the resume point: everything that can
-    fail on bad input happens here, before any file of the run directory is written."""
+    """Resolve the config, environment, device and strategy, lock the run directory and validate the resume point:
+    everything that can fail on bad input happens here, before any run file is written."""
     recipe = get_recipe(cfg.workload, cfg.recipe)
     cfg = resolve_config(cfg, recipe)
     env = detect(init_method=cfg.dist_init_method)
     device = resolve_device(cfg.device, env)
     strategy = resolve_strategy(cfg.strategy, env, device)
     torch.set_num_threads(cfg.threads or default_threads(env.local_world_size))
-    return Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), check_resume_point(cfg, env))
+    run_dir = Path(cfg.run_dir)
+    # Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
+    # ones it moves aside) cannot change under it. A directory that does not exist yet holds nothing to resume and
+    # is created (and locked) only once the resume point has been checked, so a refused run leaves no directory.
+    locked_first = env.rank == 0 and run_dir.is_dir()
+    lock = _lock_run_dir(run_dir) if locked_first else None
+    try:
+        point = _resume_point(cfg, env)
+        if env.rank == 0:
+            if not locked_first:
+                lock = _lock_run_dir(run_dir)
+            refuse_symlinks(run_dir, RUN_FILES)
+            if point is not None:
+                point.tidy(run_dir / CHECKPOINT_DIR)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    state = point.state if point is not None else None
+    run = Run(cfg, recipe, env, device, strategy, run_dir, state, lock=lock)
+    if state is not None and state["epoch"] >= cfg.epochs:
+        run.complete = True
+        if run.is_main:
+            write_stop_reason(run_dir, StopReason.NONE)  # true, and a batch script must not requeue it
+        run.say(f"{run_dir} is already complete: its checkpoint ({point.source}) has {state['epoch']} epoch(s), "
+                f"global step {state['step']}, and --epochs is {cfg.epochs}; nothing to train. To train further, "
+                f"resume with a larger --epochs (e.g. --resume --epochs {state['epoch'] + 1})")
+    return run
 
 
 def check_resume_point(cfg: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
-    """The checkpoint state to continue from (None: a fresh run), refusing unusable ones and accidental reuse."""
-    state = _resume_state(cfg, Path(cfg.run_dir), env)
-    if state is not None:
-        _check_resumable(cfg, state)
-    return state
+    """The checkpoint state to continue from (None: a fresh run), refusing unusable ones and accidental reuse.
+    Changes nothing on disk."""
+    point = _resume_point(cfg, env)
+    return point.state if point is not None else None
+
+
+def check_run_dir_free(run_dir: Path) -> None:
+    """UserError if another run holds `run_dir`'s lock (for a launcher to check before it starts workers)."""
+    if run_dir.is_dir():
+        _lock_run_dir(run_dir).release()
+
+
+def _lock_run_dir(run_dir: Path) -> DirectoryLock | None:
+    holder = (f"pid {os.getpid()} on {socket.gethostname()}, started "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    try:
+        return DirectoryLock.acquire(run_dir, LOCK_FILE, holder)
+    except LocksUnsupported as err:
+        print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
+        return None
+
+
+def _resume_point(cfg: TrainConfig, env: DistEnv) -> ResumePoint | None:
+    point = _resume_state(cfg, Path(cfg.run_dir), env)
+    if point is not None:
+        _check_resumable(cfg, point.state, point.source)
+    return point
 
 
 def resolve_config(cfg: TrainConfig, recipe: Recipe) -> TrainConfig:
@@ -320,32 +390,132 @@ def default_threads(local_processes: int) -> int:
     return max(1, available_cores() // max(1, local_processes))
 
 
-def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> dict[str, Any] | None:
+@dataclass
+class ResumePoint:
+    """The checkpoint a run continues from, and what in the run's checkpoint directory must make way for it."""
+
+    state: dict[str, Any] | None  # None: start from the beginning (only unfinished saves were found)
+    source: Path | None
+
+    def tidy(self, ckpt_dir: Path) -> None:
+        """Move aside (never delete, never overwrite) every checkpoint file that is further on than the resume
+        point: a damaged or unfinished one, or, after an explicit --resume of an older checkpoint, the abandoned
+        line's valid ones, which would otherwise count as newer than the run's own new saves. Rank 0, locked."""
+        here = (self.state["epoch"], self.state["step"]) if self.state is not None else (-1, -1)
+        for path in checkpoint.candidates(ckpt_dir):
+            position = checkpoint.position_of(path)
+            if path == self.source or position is None or position[:2] <= here:
+                continue
+            try:
+                checkpoint.verify(path)
+                suffix, why = checkpoint.ABANDONED_SUFFIX, "further on than the checkpoint resumed from"
+            except checkpoint.CheckpointError as err:
+                suffix = checkpoint.INCOMPLETE_SUFFIX if err.unfinished else checkpoint.CORRUPT_SUFFIX
+                why = err.reason
+            target = checkpoint.set_aside(path, suffix)
+            print(f"hpctrain: moved {path.name} aside to {target.name} ({why})", flush=True)
+
+
+def _restart_count() -> int:
+    """How often a launcher has restarted this job (0: the first attempt)."""
+    count = 0
+    for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        value = os.environ.get(key, "").strip() or "0"
+        if not value.isdigit():
+            raise UserError(f"{key}={value!r} is not a whole number; the launcher sets it: unset it (or set a "
+                            "number) in this environment")
+        count = max(count, int(value))
+    return count
+
+
+def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint | None:
+    """Decide where the run starts. An explicit --resume (latest, or a path) insists on a checkpoint; a restarted
+    attempt (Slurm requeue, torchrun restart) resumes by itself, and starts from the beginning only if no save has
+    ever finished. Neither starts over when every checkpoint there is damaged."""
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    restarted = any(int(os.environ.get(k, "0") or 0) > 0 for k in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
+    restarted = _restart_count() > 0
     if cfg.resume not in (None, "latest"):
-        return checkpoint.load(cfg.resume)
-    if cfg.resume == "latest" or restarted:
-        state = checkpoint.load_latest(ckpt_dir)
-        if state is None and env.rank == 0:
-            print(f"hpctrain: no valid checkpoint in {ckpt_dir}: starting from the beginning", flush=True)
-        return state
-    if checkpoint.candidates(ckpt_dir):
-        raise UserError(f"{run_dir} already holds checkpoints of an earlier run; pass --resume to continue it, "
-                        "or choose another --run-dir for a new run")
-    return None
+        return _explicit_resume(Path(cfg.resume))
+    if cfg.resume is None and not restarted:
+        if checkpoint.candidates(ckpt_dir):
+            raise UserError(f"{run_dir} already holds checkpoints of an earlier run; pass --resume to continue "
+                            "it, or choose another --run-dir for a new run")
+        return None
+    if not run_dir.exists():
+        if not restarted:
+            raise UserError(f"--resume: the run directory {run_dir} does not exist; check --run-dir (a typo?), or "
+                            "drop --resume to start a new run there")
+        return None  # a restarted attempt whose first one never got as far as creating the run directory
+    found = checkpoint.search(ckpt_dir)
+    if found.info is not None:
+        return ResumePoint(found.state, found.info.path)
+    if any(not rejected.unfinished for rejected in found.rejected):
+        why = "this restarted attempt" if restarted and cfg.resume is None else "--resume"
+        raise UserError(f"{why} found no usable checkpoint in {ckpt_dir}: {_list_rejected(found.rejected)}. "
+                        "Nothing was changed. Restore a good copy there, pass --resume PATH to a checkpoint "
+                        "elsewhere, or start over in a new --run-dir")
+    if env.rank == 0:
+        print(f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
+              "beginning", flush=True)
+    return ResumePoint(None, None) if found.rejected else None
 
 
-def _check_resumable(cfg: TrainConfig, state: dict[str, Any]) -> None:
+def _explicit_resume(path: Path) -> ResumePoint:
+    """--resume PATH: a checkpoint file; or a run directory, a checkpoint directory or its `latest` pointer, which
+    mean the newest valid checkpoint in it."""
+    if path.is_file() and path.name == checkpoint.LATEST_POINTER:
+        path = path.parent
+    if not path.is_dir():
+        return ResumePoint(checkpoint.load(path), path)
+    ckpt_dir = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+    found = checkpoint.search(ckpt_dir)
+    if found.info is not None:
+        return ResumePoint(found.state, found.info.path)
+    if not found.rejected:
+        raise UserError(f"--resume {path}: there is no checkpoint in {ckpt_dir}; pass a run directory that holds "
+                        "checkpoints/, a checkpoint directory, or a checkpoint_*.pt file")
+    raise UserError(f"--resume {path} found no usable checkpoint in {ckpt_dir}: {_list_rejected(found.rejected)}. "
+                    "Restore a good copy, or pass another checkpoint")
+
+
+def _list_rejected(rejected: list[checkpoint.Rejected]) -> str:
+    return "; ".join(f"{r.path.name} {r.reason}" for r in rejected)
+
+
+def _check_resumable(cfg: TrainConfig, state: dict[str, Any], source: Path | None) -> None:
+    if state is None:
+        return
     if state.get("format") != CHECKPOINT_FORMAT:
-        raise UserError("the checkpoint was not written by `hpctrain train` (no training position in it); "
+        raise UserError(f"{source} was not written by `hpctrain train` (no training position in it); "
                         "load its weights in your own script with hpctrain.checkpoint.load")
+    missing = [key for key in TRAIN_STATE_KEYS if key not in state]
+    if missing:
+        raise UserError(f"{source} lacks {', '.join(map(repr, missing))}: it is not a complete `hpctrain train` "
+                        "checkpoint; resume from another checkpoint, or start a new --run-dir")
     saved = state["config"]
     changed = [f"{k}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}" for k in RESUME_MUST_MATCH
                if saved.get(k) != getattr(cfg, k)]
     if changed:
         raise UserError("cannot resume with a different " + "; ".join(changed)
                         + ". Pass the same values as the original run, or start a new --run-dir")
+    _check_fits(cfg, state["model"], source)
+
+
+def _check_fits(cfg: TrainConfig, weights: dict[str, Any], source: Path | None) -> None:
+    """The checkpoint's weights must have this recipe's parameter names and shapes (checked on the meta device:
+    nothing is allocated or initialized)."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in get_recipe(cfg.workload, cfg.recipe).build_model()
+                    .state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    problems = [f"{k}: checkpoint {found[k]}, model {shape}" for k, shape in expected.items()
+                if k in found and found[k] != shape]
+    problems += [f"{k} missing" for k in expected if k not in found]
+    problems += [f"{k} unexpected" for k in found if k not in expected]
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise UserError(f"{source} holds a different model than {cfg.workload}/{cfg.recipe} builds ({shown}); "
+                        "resume with the --recipe it was written with, or start a new --run-dir")
 
 
 def _write_run_files(run: Run, hosts: list[str]) -> None:
@@ -464,9 +634,14 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
 
 
 def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[str, Any]) -> Position:
-    model.load_state_dict(state["model"])
-    optimization.optimizer.load_state_dict(state["optimizer"])
-    optimization.scheduler.load_state_dict(state["scheduler"])
+    try:
+        model.load_state_dict(state["model"])
+        optimization.optimizer.load_state_dict(state["optimizer"])
+        optimization.scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"the checkpoint does not fit this run's model or optimizer ({first[:300]}); resume with "
+                        "the --recipe it was written with, or start a new --run-dir") from None
     ranks = state["ranks"]
     if len(ranks) != run.env.world_size and run.is_main:
         print(f"hpctrain: the checkpoint was written by {len(ranks)} process(es), this run has "

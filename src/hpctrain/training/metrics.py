@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hpctrain.fsutil import write_atomic
+from hpctrain.fsutil import append_line, read_text, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
@@ -31,8 +31,7 @@ class MetricsLog:
         self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resumed_step)
 
     def epoch(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))  # never through a symbolic link
         step = record["step"]
         for key, tag in (
             ("train_loss", "train/loss"),
@@ -57,13 +56,13 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
 
 
 def _drop_records_after(path: Path, step: int) -> None:
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line in read_text(path).splitlines() if line.strip() and json.loads(line)["step"] <= step]
     write_atomic(path, "".join(line + "\n" for line in kept).encode())
 
 

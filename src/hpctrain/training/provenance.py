@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.fsutil import write_atomic
+from hpctrain.fsutil import read_text, write_atomic
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -58,10 +58,11 @@ def git_revision(directory: Path | None = None) -> str | None:
 
 
 def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> None:
-    """Append this attempt (one per start or restart) to run_dir/provenance.json, atomically."""
+    """Append this attempt (one per start or restart) to run_dir/provenance.json, atomically; never read or
+    written through a symbolic link."""
     path = run_dir / PROVENANCE_FILE
     try:
-        attempts = json.loads(path.read_text())["attempts"]
+        attempts = json.loads(read_text(path))["attempts"]
     except (OSError, ValueError, KeyError, TypeError):
         attempts = []
     slurm = {key: os.environ[key] for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT",

@@ -113,6 +113,7 @@ def agree(local: StopReason, group: object = None) -> StopReason:
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:
     """Record how the run ended, for the batch script: `preempted` asks for a requeue, `cancelled` does not, and
-    `completed` forbids one (a time-limit warning can reach torchrun after training has finished)."""
+    `completed` forbids one (a time-limit warning can reach torchrun after training has finished). Written by
+    rename: a symbolic link there is replaced, never followed."""
     label = "completed" if reason is StopReason.NONE else reason.label
     write_atomic(run_dir / STOP_REASON_FILE, (label + "\n").encode())
