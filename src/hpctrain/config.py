@@ -114,6 +114,56 @@ def default_run_dir(cfg: TrainConfig, environ: dict[str, str] | None = None) -> 
     return str(Path("runs") / name)
 
 
+# The longest name a run directory holds (checkpoints/checkpoint_step_N.pt.manifest.json and its temporary files).
+_RUN_FILE_NAME_ROOM = 96
+
+
+def check_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """Refuse a run directory that cannot be created or written, before any data loads or workers start.
+
+    Looks only: nothing is created, so a refused command leaves nothing behind."""
+    path = Path(os.path.abspath(run_dir))
+    flag = f"--run-dir {_shorter(str(run_dir))}"
+    if path == path.parent:
+        raise UserError(f"{flag} is the file system root; pass a directory of the run's own, e.g. runs/NAME")
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    name_max = _pathconf(existing, "PC_NAME_MAX", 255)
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(f"{flag}: the name {part[:24]}... has {len(os.fsencode(part))} bytes, more than the "
+                            f"{name_max} this file system allows in one name; choose a shorter --run-dir")
+    path_max = _pathconf(existing, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(str(path))) + _RUN_FILE_NAME_ROOM > path_max:
+        raise UserError(f"{flag} is too long for this file system ({path_max} bytes per path, the run's files "
+                        "included); choose a shorter --run-dir")
+    if not existing.is_dir():
+        kind = "a file" if existing.is_file() else "not a directory"
+        what = f"is {kind}" if existing == path else f"lies under {_shorter(str(existing))}, which is {kind}"
+        raise UserError(f"{flag} {what}; pass a directory (new or existing) as --run-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if _read_only(existing) else "is not writable by this user"
+        where = "" if existing == path else f"cannot be created: {_shorter(str(existing))} "
+        raise UserError(f"{flag} {where}{why}; choose a --run-dir where you can write")
+
+
+def _shorter(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2:]}"
+
+
+def _pathconf(path: Path, name: str, fallback: int) -> int:
+    try:
+        return os.pathconf(path, name)
+    except (OSError, ValueError, AttributeError):
+        return fallback
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
 def _check_float(flag: str, value: float, *, above: float | None = None, at_least: float | None = None,
                  at_most: float, why: str) -> None:
     """A finite number in range; the error names the range and why the upper bound is there."""

@@ -6,7 +6,6 @@ or with DataParallel; what differs is decided once, in `setup_run`, from the con
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import warnings
@@ -25,9 +24,10 @@ from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
+from hpctrain.distributed.probes import restart_count
 from hpctrain.errors import UserError
 from hpctrain.fsutil import write_atomic
-from hpctrain.launch.local import available_cores
+from hpctrain.launch.local import choose_threads
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization, TensorData
 from hpctrain.training import rng
@@ -272,7 +272,7 @@ def setup_run(cfg: TrainConfig) -> Run:
     env = detect(init_method=cfg.dist_init_method)
     device = resolve_device(cfg.device, env)
     strategy = resolve_strategy(cfg.strategy, env, device)
-    torch.set_num_threads(cfg.threads or default_threads(env.local_world_size))
+    torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
     return Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), check_resume_point(cfg, env))
 
 
@@ -315,14 +315,9 @@ def resolve_strategy(requested: str, env: DistEnv, device: torch.device) -> str:
     return requested
 
 
-def default_threads(local_processes: int) -> int:
-    """The cores this process may use, shared among the node's processes."""
-    return max(1, available_cores() // max(1, local_processes))
-
-
 def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> dict[str, Any] | None:
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    restarted = any(int(os.environ.get(k, "0") or 0) > 0 for k in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
+    restarted = restart_count() > 0
     if cfg.resume not in (None, "latest"):
         return checkpoint.load(cfg.resume)
     if cfg.resume == "latest" or restarted:
