@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 
 from hpctrain import __version__
@@ -74,3 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C at any point, start-up (imports, parsing) included: one line, no traceback
         print(f"hpctrain{' ' + command if command else ''}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hpctrain env | head`: the reader has gone, as with any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141
