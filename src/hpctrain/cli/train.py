@@ -11,11 +11,15 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.cli import unrecognized
 from hpctrain.config import DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
 from hpctrain.recipes import WORKLOADS
+
+if TYPE_CHECKING:
+    from hpctrain.distributed import DistEnv, NodePlan
 
 RESUME_LATEST = "latest"
 
@@ -35,9 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     recipe.add_argument("--batch-size", type=int, metavar="N", help="global batch, split over all processes "
                         "(fast: 112, classic: 64)")
     recipe.add_argument("--test-batch-size", type=int, metavar="N", help="images per evaluation batch; changes "
-                        "speed and memory, not results (classic: 1000)")
-    recipe.add_argument("--lr", type=float, metavar="F", help="peak learning rate, above 0 and at most 1000 "
-                        "(fast: SGD with warmup and decay; classic: Adadelta 1.0 decayed 0.7 each epoch)")
+                        "speed and memory, not results (fast: 2000, classic: 1000)")
+    recipe.add_argument("--lr", type=float, metavar="F", help="learning rate, above 0 and at most 1000 (fast: "
+                        "0.15, the SGD peak after warmup; classic: Adadelta 1.0, times 0.7 each epoch)")
     recipe.add_argument("--seed", type=int, default=0, help="fixes initial weights, data order and augmentation: "
                         "the same seed gives the same run (0 to 2**64-1, default 0)")
     where = parser.add_argument_group("where and how")
@@ -138,13 +142,13 @@ def run(args: argparse.Namespace) -> int:
     return spawn(plan, _train_here, (cfg.replace(nproc=None),))
 
 
-def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False):
+def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:
     """Every check that bad input can fail, before data loads or workers start; returns the config with the
     thread count chosen, and the local workers to start (None: train in this process)."""
-    from hpctrain.distributed import detect, restart_count
+    from hpctrain.distributed import detect, resolve_device, restart_count
     from hpctrain.launch.local import check_threads
     from hpctrain.recipes import get_recipe
-    from hpctrain.training.loop import check_resume_point, resolve_config
+    from hpctrain.training.loop import check_resume_point, resolve_config, resolve_strategy
 
     if cfg.nproc is not None and cfg.dist_init_method not in (None, "auto"):
         raise UserError(f"--nproc starts the processes itself and gives them their ranks and a free local port; "
@@ -154,6 +158,8 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False):
     resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe))
     plan = _spawn_plan(cfg)
     env = None if plan is not None else detect(init_method=cfg.dist_init_method)
+    if env is not None:  # this process trains: its device and strategy must work (workers check their own)
+        resolve_strategy(cfg.strategy, env, resolve_device(cfg.device, env))
     if cfg.threads is not None:
         check_threads(cfg.threads)
     if (plan.node_rank if plan is not None else env.rank) == 0:  # only rank 0 writes the run directory
@@ -164,9 +170,9 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False):
     return cfg.replace(threads=_threads(cfg, plan, env)), plan
 
 
-def _threads(cfg: TrainConfig, plan, env) -> int:
-    """--threads, checked; else the free cores shared among this node's processes. Free cores are measured only
-    where no sibling process is starting up beside this one (it would count as busy)."""
+def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> int:
+    """--threads; else the free cores shared among this node's processes. Free cores are measured only where no
+    sibling process is starting up beside this one (it would count as busy)."""
     from hpctrain.launch.local import busy_cores_elsewhere, default_threads
 
     if cfg.threads is not None:
@@ -229,8 +235,8 @@ def _visible_gpus() -> int:
 def _check_nproc(cfg: TrainConfig) -> None:
     gpus = _visible_gpus()
     if cfg.device == "cuda" and not gpus:
-        raise UserError(f"--device cuda, but no GPU is visible here (CUDA_VISIBLE_DEVICES, driver); drop --device "
-                        f"cuda to train --nproc {cfg.nproc} processes on the CPU, or run where GPUs are")
+        raise UserError(f"--device cuda, but no GPU is visible here (no driver, or CUDA_VISIBLE_DEVICES hides them); "
+                        f"drop --device cuda to train {cfg.nproc} processes on the CPU, or run where GPUs are")
     if cfg.device == "cuda" or (cfg.device == "auto" and gpus):
         if cfg.nproc > gpus:
             raise UserError(f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
