@@ -195,8 +195,8 @@ def test_mem_without_a_unit_warns(fake_sbatch: Path, capsys, mem: str, warned: b
 def test_bad_training_options_are_named_without_an_exit_status(fake_sbatch: Path, capsys) -> None:
     assert main(["submit", "--dry-run", "train", "mnist", "--epochz", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == ["hpctrain submit: error: bad training options 'mnist --epochz 2': unrecognized "
-                                "arguments: --epochz 2; see `hpctrain train --help`"]
+    assert err.splitlines() == ["hpctrain submit: error: bad training options: unrecognized arguments: --epochz 2 "
+                                "(did you mean --epochs?); see `hpctrain train --help`"]
 
 
 # ---- the job finds its tools ------------------------------------------------------------------------------------
