@@ -262,7 +262,8 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
         if run.device.type == "cpu" and not torch.isfinite(stats.loss_sum):
             run.stop.request(StopReason.DIVERGED)  # free on the CPU; on a GPU this is checked where it syncs anyway
         if progress:
-            progress.step(position.step_in_epoch, position.step, lambda: _progress_numbers(run, position, stats, started))
+            progress.step(position.step_in_epoch, position.step,
+                          lambda: _progress_numbers(run, position, stats, started))
         reason = agree(run.stop.reason, parts.control)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
         if reason is not StopReason.NONE or (periodic and not last):
