@@ -304,13 +304,14 @@ def test_signals_after_the_end_do_not_change_the_exit_status(fashion_data_dir, t
     process = start_hpctrain("train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir",
                              str(run_dir), "--recipe", "classic", "--epochs", "1", "--nproc", nproc,
                              env={HOLD_AT_END_ENV: "3"})
-    output = []
+    output, sent = [], False
     try:
         for line in process.stdout:  # the launcher's hold comes last (after its workers'); with 1 process, the only
             output.append(line)
             if f"holding 3 s at the end (pid {process.pid}," in line:
                 for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
                     process.send_signal(signum)
+                sent = True
                 break
             if nproc == "2" and "holding 3 s at the end" in line:
                 process.send_signal(signal.SIGTERM)  # forwarded to workers that have finished
@@ -319,6 +320,7 @@ def test_signals_after_the_end_do_not_change_the_exit_status(fashion_data_dir, t
     finally:
         if process.poll() is None:
             process.kill()
+    assert sent, "".join(output)
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
 
 
