@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -356,12 +357,14 @@ def running(pid: int) -> bool:
 
 def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
+    # Far more epochs than can finish within the wait below: workers that outlive the launcher are seen alive.
     process = start_hpctrain("train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir",
-                             str(run_dir), "--recipe", "classic", "--epochs", "3", "--train-limit", "4096",
+                             str(run_dir), "--recipe", "classic", "--epochs", "1000", "--train-limit", "4096",
                              "--checkpoint-every", "2", "--nproc", "2")
+    workers: list[int] = []
     try:
         for line in process.stdout:
-            if "epoch 1/3 step 5/" in line:
+            if "epoch 1/1000 step 5/" in line:
                 break
         workers = children(process.pid)
         assert len(workers) == 2, workers
@@ -374,6 +377,9 @@ def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+        for pid in workers:  # never leave a stray worker behind, whatever failed
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
     before = tree_digest(run_dir)
     time.sleep(2)
     assert tree_digest(run_dir) == before, "the run dir changed after the launcher and its workers were gone"
