@@ -6,11 +6,13 @@ or with DataParallel; what differs is decided once, in `setup_run`, from the con
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import socket
 import sys
+import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,8 @@ TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", 
                     "config")
 # Fields that fix which data, model and batch order a run has: a checkpoint cannot continue under other values.
 RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "batch_size", "train_limit", "seed")
+# What torch's DDP prints on every rank when find_unused_parameters finds none (see `_wrap`: we set it on purpose).
+UNUSED_PARAMETERS_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 
 @dataclass
@@ -122,7 +126,6 @@ def train(cfg: TrainConfig) -> RunResult:
             result = _train(run)
             if run.writer is not None:
                 run.writer.wait()  # the last checkpoint is durable before the process reports success
-            return result
         except RuntimeError as err:
             if run.env.is_distributed and looks_like_peer_failure(err):
                 raise explain_failure(err, run.env, run.cfg.dist_timeout) from err
@@ -132,6 +135,9 @@ def train(cfg: TrainConfig) -> RunResult:
                 run.writer.close()
             destroy_process_group()
             run.release()
+        _report_end(run, result)
+        run.stop.finish()  # from here on, a late signal cannot turn this outcome into a death by signal
+        return result
 
 
 @dataclass
@@ -169,7 +175,11 @@ def _train(run: Run) -> RunResult:
             progress.end_epoch()
         if reason is not StopReason.NONE:
             break
-        record = _finish_epoch(run, parts, position, stats)
+        finished = _finish_epoch(run, parts, position, stats)
+        if _diverged(run, parts, finished["train_loss"], finished["test_loss"]):
+            reason = StopReason.DIVERGED  # nothing of this epoch is kept: no checkpoint, no metrics record
+            break
+        record = finished
         position.next_epoch()
         _save(run, parts, position, end_of_epoch=True)
         if metrics:
@@ -180,13 +190,32 @@ def _train(run: Run) -> RunResult:
 
     if run.is_main:
         write_stop_reason(run.run_dir, reason)
-        if reason is not StopReason.NONE:
-            why = f"{run.stop.signal_name or 'a signal'} on some rank"
-            run.say(f"stopped ({reason.label}, {why}) at global step {position.step} after writing a checkpoint; "
-                    f"continue with `--resume` and the same --run-dir {run.run_dir}")
     if metrics:
         metrics.close()
     return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+
+
+def _report_end(run: Run, result: RunResult) -> None:
+    """The last lines: how the run ended, where its run directory and newest checkpoint are, what to do next."""
+    if not run.is_main:
+        return
+    latest = checkpoint.find_latest(run.run_dir / CHECKPOINT_DIR)
+    where = f"run dir {run.run_dir}, last checkpoint {latest.path if latest is not None else '(none)'}"
+    reason = result.stop_reason
+    if reason is StopReason.NONE:
+        run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
+    elif reason is StopReason.DIVERGED:
+        print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
+              f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
+              f"lower --lr (this run: {run.cfg.lr:g}), or continue from that checkpoint with `--resume --lr LOWER`",
+              file=sys.stderr, flush=True)
+    else:
+        if run.stop.signal_name is not None:
+            why = f"{run.stop.signal_name} received"
+        else:  # only possible with several processes: the vote carries the reason, not the signal
+            why = "a signal reached another process"
+        run.say(f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
+                f"Continue with `--resume` and the same --run-dir")
 
 
 def _build(run: Run) -> tuple[Parts, Position]:
@@ -226,12 +255,13 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
 
 def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress | None,
                  ) -> tuple[StopReason, EpochStats]:
-    """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint)."""
+    """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint,
+    unless the loss became non-finite: then nothing is written)."""
     cfg, env, plan, optimization = run.cfg, run.env, parts.plan, parts.optimization
     order = plan.order(position.epoch).to(run.device)
     stats = EpochStats(torch.tensor(position.loss_sum, device=run.device), 0, position.epoch_train_seconds)
     parts.wrapped.train()
-    started = time.perf_counter()
+    started: float | None = time.perf_counter()  # None while the training clock is stopped
     while position.step_in_epoch < plan.steps_per_epoch:
         indices = plan.rank_indices(order, position.step_in_epoch, env.rank)
         parts.generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, env.rank))
@@ -246,20 +276,51 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
         position.step_in_epoch += 1
         stats.images += len(indices) * env.world_size
         stats.loss_sum += loss.detach()
+        last = position.step_in_epoch == plan.steps_per_epoch
+        if last:  # the epoch's training time ends here: its final progress line and its summary agree exactly
+            position.epoch_train_seconds += _elapsed(started, run.device)
+            started = None
+        if run.device.type == "cpu" and not torch.isfinite(stats.loss_sum):
+            run.stop.request(StopReason.DIVERGED)  # free on the CPU; on a GPU this is checked where it syncs anyway
         if progress:
-            progress.step(position.step_in_epoch, position.step, len(indices), env.world_size,
-                          lambda: stats.loss_sum.item() / position.step_in_epoch)
+            progress.step(position.step_in_epoch, position.step,
+                          lambda: _progress_numbers(run, position, stats, started))
         reason = agree(run.stop.reason, parts.control)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
-        if reason is not StopReason.NONE or (periodic and position.step_in_epoch < plan.steps_per_epoch):
-            position.epoch_train_seconds += _elapsed(started, run.device)
+        if reason is not StopReason.NONE or (periodic and not last):
+            if started is not None:
+                position.epoch_train_seconds += _elapsed(started, run.device)
             position.loss_sum = stats.loss_sum.item()
+            if reason is StopReason.DIVERGED or _diverged(run, parts, position.loss_sum):
+                return StopReason.DIVERGED, stats
             _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
-            started = time.perf_counter()  # checkpoint writes do not count as training time
             if reason is not StopReason.NONE:
                 return reason, stats
-    position.epoch_train_seconds += _elapsed(started, run.device)
+            started = time.perf_counter()  # checkpoint writes do not count as training time
     return StopReason.NONE, stats
+
+
+def _progress_numbers(run: Run, position: Position, stats: EpochStats, started: float | None) -> tuple[float, float]:
+    """The running mean loss and images/s for a progress line. images/s here and in the epoch summary measure the
+    same thing: the images all ranks trained on in this attempt's share of the epoch, per second of training time
+    (checkpoint writes and evaluation excluded)."""
+    loss = stats.loss_sum.item() / position.step_in_epoch  # reads a device tensor: the GPU has caught up after this
+    if not math.isfinite(loss):
+        run.stop.request(StopReason.DIVERGED)
+    running = time.perf_counter() - started if started is not None else 0.0
+    return loss, _images_per_s(stats, position.epoch_train_seconds + running)
+
+
+def _images_per_s(stats: EpochStats, epoch_train_seconds: float) -> float:
+    return stats.images / max(epoch_train_seconds - stats.seconds_before, 1e-9)
+
+
+def _diverged(run: Run, parts: Parts, *losses: float) -> bool:
+    """Whether any rank saw a non-finite loss (those given) or holds non-finite weights: one small vote, so every
+    rank decides the same before a checkpoint is written. Called only where the loop synchronizes anyway."""
+    weights = [p.detach() for p in parts.model.parameters()]
+    finite = all(math.isfinite(x) for x in losses) and bool(torch.stack([w.isfinite().all() for w in weights]).all())
+    return agree(StopReason.NONE if finite else StopReason.DIVERGED, parts.control) is StopReason.DIVERGED
 
 
 def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats) -> dict[str, Any]:
@@ -269,14 +330,13 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
     test_loss, test_accuracy = evaluate(run, parts)
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
-    attempt_seconds = position.epoch_train_seconds - stats.seconds_before
     return {
         "epoch": position.epoch + 1,
         "step": position.step,
         "train_loss": train_loss,
         "test_loss": test_loss,
         "test_accuracy": test_accuracy,
-        "images_per_s": stats.images / max(attempt_seconds, 1e-9),
+        "images_per_s": _images_per_s(stats, position.epoch_train_seconds),
         "epoch_seconds": position.epoch_train_seconds,
         "world_size": run.env.world_size,
         "lr": optimization.optimizer.param_groups[0]["lr"],
@@ -528,12 +588,41 @@ def _wrap(model: nn.Module, run: Run) -> nn.Module:
         # process, and gloo's sum order depends on the grouping, so a resumed run's first step would reduce in a
         # different order than the uninterrupted run's. find_unused_parameters keeps the initial grouping for
         # good (at the cost of one autograd-graph walk per step, small next to a CPU step).
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")
-            return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        _drop_first_forward_stderr(wrapped, UNUSED_PARAMETERS_WARNING)
+        return wrapped
     if run.strategy == "dp":
         return nn.DataParallel(model)
     return model
+
+
+def _drop_first_forward_stderr(module: nn.Module, text: str) -> None:
+    """Drop the lines holding `text` that the module's first forward pass writes to stderr; pass on the others.
+
+    For DDP's find_unused_parameters warning, which it prints once per process, from C++, on the first forward:
+    straight to file descriptor 2, where Python's warnings filters never see it, and so once on every rank."""
+    capture: list[Any] = []
+
+    def start(*_: Any) -> None:
+        sys.stderr.flush()
+        capture[:] = [os.dup(2), tempfile.TemporaryFile()]
+        os.dup2(capture[1].fileno(), 2)
+
+    def stop(*_: Any) -> None:
+        hooks.close()  # once
+        saved, file = capture
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        with file:
+            file.seek(0)
+            kept = [line for line in file.read().splitlines(keepends=True) if text.encode() not in line]
+        if kept:
+            os.write(2, b"".join(kept))
+
+    hooks = contextlib.ExitStack()
+    hooks.callback(module.register_forward_pre_hook(start).remove)
+    hooks.callback(module.register_forward_hook(stop, always_call=True).remove)
 
 
 def _control_group(run: Run) -> Any:
@@ -632,6 +721,8 @@ def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict
               f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not", flush=True)
     mine = ranks[run.env.rank % len(ranks)]
     rng.restore(mine["rng"])
-    loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else 0.0
+    # The epoch's mean divides by every step of it: at another process count, each rank continues from the
+    # saved ranks' mean sum, so the mean over the new ranks still counts every earlier step once.
+    loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else sum(r["loss_sum"] for r in ranks) / len(ranks)
     return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
                     float(loss_sum))
