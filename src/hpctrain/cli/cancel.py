@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.cluster.jobs import cancel, get_job
+    from hpctrain.schedulers.slurm.jobs import cancel, get_job
     from hpctrain.errors import UserError
 
     before = get_job(args.job)

@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.cluster.query import ClusterInfo, query_cluster
+    from hpctrain.schedulers.slurm.query import ClusterInfo, query_cluster
     from hpctrain.errors import UserError
 
     info = query_cluster()
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info.to_dict(), indent=2))
         return 0
-    from hpctrain.cluster.display import console, nodes_table, partitions_table
+    from hpctrain.schedulers.slurm.display import console, nodes_table, partitions_table
 
     out = console()
     out.print(nodes_table(info))

@@ -18,8 +18,8 @@ def _write(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.cluster.jobs import check_job_id, get_job
-    from hpctrain.cluster.output import follow, output_candidates
+    from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
+    from hpctrain.schedulers.slurm.output import follow, output_candidates
     from hpctrain.errors import UserError
 
     job_id = check_job_id(args.job)

@@ -17,9 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.cluster.display import console, jobs_table
-    from hpctrain.cluster.jobs import get_job, list_jobs
-    from hpctrain.cluster.records import format_duration
+    from hpctrain.schedulers.slurm.display import console, jobs_table
+    from hpctrain.schedulers.slurm.jobs import get_job, list_jobs
+    from hpctrain.schedulers.slurm.records import format_duration
     from hpctrain.errors import UserError
 
     if args.job is None:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import (
+from hpctrain.jobs import load_job_file
+from hpctrain.jobs.spec import (
     ENVIRONMENT_KINDS,
     LAUNCHERS,
     JobSpec,
     from_mapping,
-    load_job_file,
     local_problems,
     mem_warning,
 )
@@ -207,23 +207,11 @@ def _path_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
 
 
-def job_paths(job: JobSpec) -> list[str]:
-    """Paths the job will read, for the checks: the user's script. (Container images and venvs are checked by
-    local_problems, a recipe's dataset by local_check, each with a message of its own.)"""
-    paths: list[str] = []
-    if not job.is_recipe and job.environment.kind not in ("apptainer", "pyxis"):  # paths in an image: not visible here
-        argv = list(job.command)
-        if argv and Path(argv[0]).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
-            paths.append(argv[1])
-        elif "/" in argv[0]:
-            paths.append(argv[0])
-    return paths
-
-
 def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[str]:
     """Every problem visible without the cluster: missing image/venv/script, a recipe whose dataset is not in its
     data dir or that wants CUDA without GPUs, a command the job will not find on its PATH."""
-    from hpctrain.cluster.checks import check_here
+    from hpctrain.schedulers.slurm.checks import check_here
+    from hpctrain.schedulers.slurm.scheduler import requirements
 
     problems = local_problems(job)
     if job.is_recipe:
@@ -238,7 +226,7 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
         if cfg.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
             problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
                             "(or --gres shard:N), or train with --device cpu")
-    problems += check_here(_requirements(job))
+    problems += check_here(requirements(job))
     problems += program_problems(job, environ)
     return problems
 
@@ -246,7 +234,7 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
 def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
-    from hpctrain.launch.environments import get_environment
+    from hpctrain.schedulers.slurm.environments import get_environment
 
     problems = []
     if job.python is not None and not os.access(os.path.expanduser(job.python), os.X_OK):
@@ -277,30 +265,11 @@ def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def _requirements(job: JobSpec):
-    from hpctrain.cluster.checks import Requirements
-
-    r = job.resources
-    return Requirements(
-        partition=job.partition,
-        nodes=r.nodes,
-        tasks_per_node=r.nproc_per_node,
-        cpus_per_task=r.cpus_per_task,
-        gpus_per_node=r.gpus_per_node,
-        gpu_type=r.gpu_type,
-        shards_per_node=r.shards_per_node,
-        mem_mb_per_node=r.mem_mb or None,  # --mem 0 asks for whatever each node has
-        time_limit_s=job.time_limit_s,
-        paths=tuple(job_paths(job)),
-    )
-
-
 def cluster_check(job: JobSpec) -> list[str]:
-    """Ask the live cluster whether it can run the job (hpctrain.cluster.checks)."""
-    from hpctrain.cluster.checks import check_cluster
-    from hpctrain.cluster.query import query_cluster
+    """Ask the live cluster whether it can run the job (hpctrain.schedulers.slurm.checks)."""
+    from hpctrain.schedulers import get_scheduler
 
-    return check_cluster(_requirements(job), query_cluster())
+    return get_scheduler("slurm").check(job)
 
 
 def job_warnings(job: JobSpec) -> list[str]:
@@ -323,7 +292,7 @@ def report_warnings(command: str, job: JobSpec) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.launch import slurm
+    from hpctrain.schedulers.slurm import render as slurm
 
     job = job_from_args(args)
     script = slurm.render_sbatch(job)
@@ -353,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"hpctrain submit: job {job_id} queued{where}", file=sys.stderr, flush=True)
     if not args.wait:
         return 0
-    from hpctrain.cluster.jobs import wait_for_job
+    from hpctrain.schedulers.slurm.jobs import wait_for_job
 
     def show(info) -> None:
         why = f" ({info.reason})" if info.pending and info.reason and info.reason != "None" else ""
@@ -372,7 +341,7 @@ def _record(run_dir: Path, job: JobSpec, script: str) -> None:
     """Keep what was submitted beside the run's results (provenance; resubmit with --job-file job.yaml)."""
     import yaml
 
-    from hpctrain.launch.slurm import write_script
+    from hpctrain.schedulers.slurm.render import write_script
 
     description = job.to_dict()
     if job.is_recipe:

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns_label
 
