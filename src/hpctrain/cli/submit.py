@@ -185,6 +185,8 @@ def _job(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> JobS
         if "name" not in data:  # squeue then says what runs, rather than "hpctrain"
             cfg = recipe_config(cmd[2:])
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
+    elif data.get("run_dir") is None and scheduler == "kubernetes":
+        data["run_dir"] = "runs/%j"  # %j is the job name there, unique in its namespace
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
         data["run_dir"] = f"runs/{_path_safe(data.get('name', 'hpctrain'))}-%j"
     if scheduler == "slurm" and _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
