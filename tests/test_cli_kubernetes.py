@@ -195,3 +195,11 @@ def test_slurm_records_map_onto_the_neutral_status() -> None:
     timeout = job_status(JobInfo(job_id="9", name="x", state="TIMEOUT", exit_code=0))
     assert timeout.state == base.FAILED and timeout.finished
     assert job_status(JobInfo(job_id="9", name="x", state="CANCELLED")).state == base.CANCELLED
+
+
+@pytest.mark.parametrize("key,value", [("partition", "gpu"), ("launcher", "srun"), ("max_requeues", 1)])
+def test_slurm_keys_in_a_kubernetes_job_file_are_refused(tmp_path: Path, key: str, value: object) -> None:
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"scheduler": "kubernetes", key: value, "command": ["python3", "x.py"],
+                                                      "kubernetes": {"image": IMAGE}}))
+    line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
+    assert f"({key} in a job file) is Slurm's: drop it for Kubernetes" in line

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    scheduler, backend = backend_for(args, {"signal": "--signal", "full": "--full"})
+    _, backend = backend_for(args, {"signal": "--signal", "full": "--full"})
     if backend is None:
         return _run_slurm(args)
     from hpctrain.errors import UserError

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    scheduler, backend = backend_for(args, {"partition": "--partition"})
+    _, backend = backend_for(args, {"partition": "--partition"})
     if backend is None:
         return _run_slurm(args)
     from dataclasses import asdict

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    scheduler, backend = backend_for(args, {"all_users": "--all-users"})
+    _, backend = backend_for(args, {"all_users": "--all-users"})
     if backend is not None:
         return _run_backend(args, backend)
     return _run_slurm(args)
