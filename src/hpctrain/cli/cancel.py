@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, backend = backend_for(args, {"signal": "--signal", "full": "--full"})
+    backend = backend_for(args, {"signal": "--signal", "full": "--full"})
     if backend is None:
         return _run_slurm(args)
     from hpctrain.errors import UserError

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, backend = backend_for(args, {"partition": "--partition"})
+    backend = backend_for(args, {"partition": "--partition"})
     if backend is None:
         return _run_slurm(args)
     from dataclasses import asdict

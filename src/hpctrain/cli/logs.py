@@ -26,7 +26,7 @@ def _write(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, backend = backend_for(args, {"err": "--err"})
+    backend = backend_for(args, {"err": "--err"})
     if backend is None:
         return _run_slurm(args)
     for line in backend.logs(args.job, follow=args.follow, replica=args.replica):

@@ -132,10 +132,8 @@ def get_backend(args: argparse.Namespace, scheduler: str, fields: Mapping[str, A
 
 
 def backend_for(args: argparse.Namespace, slurm_only: Mapping[str, str]):
-    """For status, logs, cancel and cluster: (scheduler name, backend or None for Slurm, whose CLI output is its
-    own). Checks the flags first."""
+    """For status, logs, cancel and cluster: the chosen backend, or None for Slurm, whose CLI output (tables,
+    JSON, messages) is its own. Checks the flags first."""
     scheduler = choose_scheduler(args)
-    refuse_foreign_flags(args, scheduler, slurm_only, {**CONNECTION_FLAGS, **{"replica": "--replica"}})
-    if scheduler == "slurm":
-        return scheduler, None
-    return scheduler, get_backend(args, scheduler)
+    refuse_foreign_flags(args, scheduler, slurm_only, {**CONNECTION_FLAGS, "replica": "--replica"})
+    return None if scheduler == "slurm" else get_backend(args, scheduler)

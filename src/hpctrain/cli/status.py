@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _, backend = backend_for(args, {"all_users": "--all-users"})
+    backend = backend_for(args, {"all_users": "--all-users"})
     if backend is not None:
         return _run_backend(args, backend)
     return _run_slurm(args)
