@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch.job import JobSpec, Resources
+from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import CANCELLED, RUNNING, SUCCEEDED
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions

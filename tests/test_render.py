@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch.job import EnvironmentSpec, JobSpec, Resources
-from hpctrain.launch.slurm import render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"

@@ -15,7 +15,7 @@ from hpctrain.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hpctrain.cli.train", "train a built-in recipe (mnist) here: CPU, GPUs, or many processes"),
     "download": ("hpctrain.cli.download", "fetch and verify a dataset before the job (compute nodes are often offline)"),
-    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm job (a built-in recipe, or any command after --)"),
+    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm or Kubernetes job (a built-in recipe, or any command after --)"),
     "check": ("hpctrain.cli.check", "validate a job against the live cluster without submitting it"),
     "status": ("hpctrain.cli.status", "show jobs: state, pending reason, nodes, elapsed time, restarts"),
     "logs": ("hpctrain.cli.logs", "print (or follow) a job's output file(s)"),
@@ -34,13 +34,15 @@ DESCRIPTION = (
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with the arguments of subcommand `only` (None: none of them, which is all `hpctrain --help`
+    needs; importing every subcommand module would cost seconds)."""
     parser = argparse.ArgumentParser(prog="hpctrain", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         sub_parser.set_defaults(parser_=sub_parser)  # so an unknown option is reported by the command's parser
-        if only is None or only == name:
+        if only == name:
             importlib.import_module(module_name).add_arguments(sub_parser)
     return parser
 

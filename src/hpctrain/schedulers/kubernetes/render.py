@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns_label
 
@@ -95,6 +95,12 @@ def container_command(job: JobSpec, options: KubernetesOptions) -> list[str]:
     return (["torchrun", "--no-python"] if wrap else []) + list(job.command)
 
 
+# JobSpec fields that only Slurm reads (flag for the message), refused when not at their default.
+_SLURM_ONLY = {"partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output",
+               "error": "--error", "launcher": "--launcher", "rdzv_port": "--rdzv-port",
+               "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions"}
+
+
 def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     check_dns_label("--job-name", job.name, "pick a name such as mnist-run-1")
     if len(job.name) > 50:
@@ -117,6 +123,10 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
                         "environment: drop it and give --image")
     if job.sbatch_extra:
         raise UserError("--sbatch options are Slurm's: drop them for Kubernetes")
+    defaults = JobSpec(command=job.command)
+    for name, flag in _SLURM_ONLY.items():
+        if getattr(job, name) != getattr(defaults, name):
+            raise UserError(f"{flag} ({name} in a job file) is Slurm's: drop it for Kubernetes")
     if options.api == "trainjob":
         if options.priority_class is not None:
             raise UserError("a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "

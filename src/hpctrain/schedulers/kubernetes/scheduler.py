@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered, ReplicaStatus
 from hpctrain.schedulers.kubernetes import render as r

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.launch.environments import get_environment, quote_path
-from hpctrain.launch.job import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
+from hpctrain.schedulers.slurm.environments import get_environment, quote_path
+from hpctrain.jobs.spec import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
 
 # The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
 PORT_BASE = 20000
