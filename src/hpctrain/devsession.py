@@ -38,7 +38,8 @@ _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 
 JUPYTER_COMMAND = (
     "bash", "-c",
-    'exec jupyter lab --no-browser --ip=0.0.0.0 --port="$HPCTRAIN_PORT" --port-retries=0',
+    'root=""; if [ "$(id -u)" = 0 ]; then root=--allow-root; fi; '
+    'exec jupyter lab --no-browser --ip=0.0.0.0 --port="$HPCTRAIN_PORT" --port-retries=0 $root',
 )
 SSHD_COMMAND = (
     "bash", "-c",
@@ -240,6 +241,11 @@ class SessionView:
     idle_s: int | None
     """Seconds since Jupyter's last activity (kernels, terminals, API use); None when unknown."""
     connection: dict[str, Any]
+
+
+def recorded_schedulers(root: Path | None = None) -> set[str]:
+    root = root or state_root("dev")
+    return {str((read_json(p) or {}).get("scheduler")) for p in root.glob(f"*/{CONNECTION_FILE}")}
 
 
 def list_sessions(root: Path | None = None, core: Any = None, probe: bool = True) -> list[SessionView]:

@@ -190,9 +190,8 @@ def _list(args: argparse.Namespace) -> int:
     from hpctrain import devsession
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
-    core = None
-    if args.scheduler == "kubernetes":
-        core = core_of(args)
+    recorded = devsession.recorded_schedulers()
+    core = core_of(args) if "kubernetes" in recorded or args.scheduler == "kubernetes" else None
     sessions = devsession.list_sessions(core=core)
     if not sessions:
         print("no dev sessions (start one with `hpctrain dev start NAME`)")

@@ -76,7 +76,8 @@ def tcp_banner(host: str, port: int, timeout: float = 5.0) -> bytes:
 
 def login_host() -> str:
     """This machine's name as users reach it (the login node hpctrain runs on)."""
-    return socket.getfqdn() or socket.gethostname()
+    name = socket.getfqdn()
+    return name if name and name not in ("localhost", "localhost.localdomain") else socket.gethostname()
 
 
 @dataclass(frozen=True)

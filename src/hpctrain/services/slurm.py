@@ -75,7 +75,9 @@ def render_service_script(service: ServiceJob) -> str:
     state = shlex.quote(service.state_dir)
     out = ["#!/bin/bash", f"# Rendered by hpctrain: service {service.name}."]
     out += sbatch_directives(job)
-    out += ["", "set -uo pipefail", "umask 077", f"state_dir={state}", ""]
+    out += ["", "set -uo pipefail", "umask 077", f"state_dir={state}",
+            "# slurmd created the output file before this script ran: make it private too.",
+            'chmod 600 "$state_dir/slurm-${SLURM_JOB_ID}.out" 2>/dev/null || true', ""]
     out += env.setup_lines()
     out += port_lines(service.port)
     out += ["export HPCTRAIN_PORT=\"$port\"", *service.setup, ""]
