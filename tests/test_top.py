@@ -24,6 +24,17 @@ def test_report_says_when_all_gpus_sit_idle() -> None:
     assert not any("warning" in line for line in report(parse_probe("0: @node n\n0: @gpu 0, 50, 1, 2\n"), None, "j"))
 
 
+def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
+    from hpctrain.launch.job import JobSpec
+    from hpctrain.launch.slurm import render_sbatch
+    from hpctrain.top import parse_run_dir
+
+    for given, expected in (("runs/mnist-%j", "/scratch/proj/runs/mnist-77"), ("~/my runs/%j", "/home/u/my runs/77")):
+        script = render_sbatch(JobSpec(command=("python", "train.py"), run_dir=given))
+        assert parse_run_dir(script, "77", "/scratch/proj", home="/home/u") == Path(expected)
+    assert parse_run_dir("#!/bin/bash\nsleep 1\n", "77", "/w") is None
+
+
 @pytest.mark.slurm
 def test_top_of_a_running_job(slurm_cluster, tmp_path: Path) -> None:
     bin_dir = install(tmp_path / "bin")

@@ -145,12 +145,16 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
     """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
     batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
     result = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        return None
-    for line in result.stdout.splitlines():
+    return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None
+
+
+def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | None = None) -> Path | None:
+    """The `run_dir=...` line hpctrain.launch.slurm renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
+    for line in script.splitlines():
         if line.startswith("run_dir="):
+            text = line[len("run_dir="):].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))
             try:
-                words = shlex.split(line[len("run_dir="):].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", str(Path.home())))
+                words = shlex.split(text)
             except ValueError:
                 return None
             if len(words) == 1:
