@@ -13,7 +13,6 @@ real tool does in the documented cases the tests need:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import stat
-import subprocess
 import time
 from pathlib import Path
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError
 from hpctrain.fsutil import write_atomic
 
 HOME_ENV = "HPCTRAIN_HOME"
