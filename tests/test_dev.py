@@ -34,6 +34,20 @@ def test_script_reads_the_token_from_a_private_file_and_quotes_paths(tmp_path: P
     assert "sshd" in render_dev_script(DevConfig("nb", service="ssh"), state)
 
 
+@pytest.mark.parametrize("service", ["jupyter", "ssh"])
+def test_scripts_pass_shellcheck(tmp_path: Path, service: str) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (scripts/test.sh installs it)")
+    cfg = DevConfig("nb", service=service, environment=EnvironmentSpec("apptainer", image="a.sif", mounts=("/d:/d",)))
+    script = tmp_path / "dev.sbatch"
+    script.write_text(render_dev_script(cfg, tmp_path / "state"))
+    result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout
+
+
 def test_bad_names_and_services_are_refused() -> None:
     for bad in ("Nb", "a b", "x" * 41, "-x"):
         with pytest.raises(UserError, match="session name"):

@@ -73,7 +73,9 @@ def render_service_script(service: ServiceJob) -> str:
     job = service.job_spec()
     env = get_environment(job.environment)
     state = shlex.quote(service.state_dir)
-    out = ["#!/bin/bash", f"# Rendered by hpctrain: service {service.name}."]
+    out = ["#!/bin/bash", f"# Rendered by hpctrain: service {service.name}.",
+           "# The server's command is single-quoted on purpose: $HPCTRAIN_PORT expands in the job step.",
+           "# shellcheck disable=SC2016"]
     out += sbatch_directives(job)
     out += ["", "set -uo pipefail", "umask 077", f"state_dir={state}",
             "# slurmd created the output file before this script ran: make it private too.",
