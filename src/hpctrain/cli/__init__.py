@@ -22,6 +22,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("hpctrain.cli.cancel", "cancel a job; training checkpoints before it stops"),
     "cluster": ("hpctrain.cli.cluster", "per-node table of state, CPUs, memory, GPUs and shards in use"),
     "debug": ("hpctrain.cli.debug", "rehearse trouble: `debug preempt JOB` sends the time-limit warning now"),
+    "dev": ("hpctrain.cli.dev", "interactive JupyterLab or sshd on a compute node or pod: dev start|list|stop NAME"),
+    "tensorboard": ("hpctrain.cli.tensorboard", "TensorBoard on runs' tb/ folders, here or as a small job on the cluster"),
+    "image": ("hpctrain.cli.image", "pull a docker:// image once into an apptainer .sif or enroot .sqsh; list images"),
+    "top": ("hpctrain.cli.top", "GPU use, CPU load and images/s of a running job, per node"),
     "env": ("hpctrain.cli.env", "print versions, GPUs and the detected distributed environment for bug reports"),
 }
 
