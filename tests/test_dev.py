@@ -15,7 +15,7 @@ import pytest
 from around_helpers import all_cmdlines, cli_env, hpctrain, venv_args
 from hpctrain.devsession import DevConfig, render_dev_pod, render_dev_script
 from hpctrain.errors import UserError
-from hpctrain.launch.job import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.services.common import http_get
 

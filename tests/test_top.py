@@ -25,8 +25,8 @@ def test_report_says_when_all_gpus_sit_idle() -> None:
 
 
 def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
-    from hpctrain.launch.job import JobSpec
-    from hpctrain.launch.slurm import render_sbatch
+    from hpctrain.jobs.spec import JobSpec
+    from hpctrain.schedulers.slurm.render import render_sbatch
     from hpctrain.top import parse_run_dir
 
     for given, expected in (("runs/mnist-%j", "/scratch/proj/runs/mnist-77"), ("~/my runs/%j", "/home/u/my runs/77")):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
 from hpctrain.services.common import Endpoint, http_get, private_dir, read_json, state_root, tcp_banner, write_private
 
@@ -134,7 +134,7 @@ def _refuse_running(state_dir: Path) -> None:
 def _alive(conn: dict[str, Any]) -> bool:
     if conn.get("scheduler") != "slurm":
         return True  # Kubernetes: the pod's name is taken until it is deleted; create() says so
-    from hpctrain.cluster.jobs import get_job
+    from hpctrain.schedulers.slurm.jobs import get_job
 
     info = get_job(str(conn.get("job_id")))
     return info is not None and not info.finished
@@ -278,7 +278,7 @@ def _view(state_dir: Path, conn: dict[str, Any], core: Any, probe: bool) -> Sess
             except ApiException as err:
                 state = "GONE" if err.status == 404 else f"UNKNOWN ({err.status})"
         return SessionView(name, "kubernetes", where, state, age, None, None, conn)
-    from hpctrain.cluster.jobs import get_job
+    from hpctrain.schedulers.slurm.jobs import get_job
 
     job_id = str(conn.get("job_id"))
     info = get_job(job_id)
@@ -338,7 +338,7 @@ def stop(name: str, root: Path | None = None, core: Any = None, wait_s: float = 
 
 
 def _stop_job(job_id: str, wait_s: float) -> str:
-    from hpctrain.cluster.jobs import cancel, get_job
+    from hpctrain.schedulers.slurm.jobs import cancel, get_job
 
     info = get_job(job_id)
     if info is None or info.finished:

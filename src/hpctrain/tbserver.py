@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
 from hpctrain.services.common import Endpoint, http_get, private_dir, state_root
 from hpctrain.training.metrics import TENSORBOARD_DIR

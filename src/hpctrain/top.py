@@ -97,8 +97,8 @@ def _parse_gpu(line: str) -> GpuSample | None:
 
 
 def sample_slurm(job_id: str) -> tuple[Any, list[NodeSample]]:
-    from hpctrain.cluster.commands import slurm
-    from hpctrain.cluster.jobs import get_job
+    from hpctrain.schedulers.slurm.commands import slurm
+    from hpctrain.schedulers.slurm.jobs import get_job
 
     info = get_job(job_id)
     if info is None:
@@ -149,7 +149,7 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
 
 
 def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | None = None) -> Path | None:
-    """The `run_dir=...` line hpctrain.launch.slurm renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
+    """The `run_dir=...` line hpctrain.schedulers.slurm.render renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
     for line in script.splitlines():
         if line.startswith("run_dir="):
             text = line[len("run_dir="):].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))

@@ -86,7 +86,7 @@ def format_age(seconds: int | None) -> str:
 def environment_from_args(args: argparse.Namespace) -> Any:
     """--image/--conda-env/--venv/--module/--mount -> EnvironmentSpec (Slurm)."""
     from hpctrain.images import docker_pull_hint
-    from hpctrain.launch.job import EnvironmentSpec
+    from hpctrain.jobs.spec import EnvironmentSpec
 
     chosen = [f for f, v in (("--image", args.image), ("--conda-env", args.conda_env), ("--venv", args.venv)) if v]
     if len(chosen) > 1:
@@ -108,7 +108,7 @@ def environment_from_args(args: argparse.Namespace) -> Any:
 
 def config_from_args(args: argparse.Namespace, kubernetes: bool) -> Any:
     from hpctrain.devsession import DevConfig
-    from hpctrain.launch.job import EnvironmentSpec, Resources, parse_gres
+    from hpctrain.jobs.spec import EnvironmentSpec, Resources, parse_gres
 
     gpus, gpu_type, shards = parse_gres(args.gres) if args.gres else (0, None, 0)
     if gpus:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import Resources, parse_time_limit
+from hpctrain.jobs.spec import Resources, parse_time_limit
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.render import _quantity_mb, _volumes
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.launch.environments import get_environment
-from hpctrain.launch.job import EnvironmentSpec, JobSpec, Resources
-from hpctrain.launch.slurm import sbatch_directives, step_command
-from hpctrain.launch.slurm import submit as sbatch_submit
+from hpctrain.schedulers.slurm.environments import get_environment
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
+from hpctrain.schedulers.slurm.render import submit as sbatch_submit
 from hpctrain.services.common import Endpoint, read_json
 
 ENDPOINT_FILE = "endpoint.json"
@@ -128,7 +128,7 @@ def wait_ready(
 ) -> Endpoint:
     """Poll until the job runs, has written its endpoint, and `ready(endpoint)` holds. Raises UserError when the
     job ends first (with the tail of its output) or when timeout_s passes (the job is left queued or running)."""
-    from hpctrain.cluster.jobs import get_job
+    from hpctrain.schedulers.slurm.jobs import get_job
 
     deadline = time.monotonic() + timeout_s
     last_state = None
