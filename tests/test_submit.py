@@ -255,3 +255,10 @@ def test_a_job_file_interpreter_with_another_environment_is_refused(fake_sbatch:
     (tmp_path / "job.yaml").write_text("command: [x]\npython: /usr/bin/python3\nenvironment: {kind: venv, venv: v}\n")
     assert main(["submit", "--dry-run", "--job-file", "job.yaml"]) == 2
     assert "a venv environment brings its own hpctrain and torchrun" in capsys.readouterr().err
+
+
+def test_a_docker_image_reference_gets_the_pull_command_instead_of_failing_on_the_node(fake_sbatch: Path, capsys) -> None:
+    assert main(["submit", "--dry-run", "--image", "docker://nvcr.io/nvidia/pytorch:24.04-py3", "--", "python", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert "hpctrain image pull docker://nvcr.io/nvidia/pytorch:24.04-py3 --to DIR" in err
+    assert len(err.splitlines()) == 1

@@ -285,6 +285,7 @@ def test_progress_and_summary_agree_and_the_last_line_says_where_everything_is(f
         assert len(progress) == len(summary) == 1, result.stdout + result.stderr
         rate = re.search(r"([\d,]+) img/s", progress[0]).group(1)
         assert f", {rate} images/s," in summary[0], (progress[0], summary[0])
+    assert f"hpctrain: TensorBoard: hpctrain tensorboard {run_dir}" in result.stdout.splitlines()  # how to watch it
     last = result.stdout.strip().splitlines()[-1]
     assert last == (f"hpctrain: completed 2 epoch(s), global step 16; run dir {run_dir}, last checkpoint "
                     f"{run_dir / 'checkpoints' / 'checkpoint_epoch_2.pt'}")

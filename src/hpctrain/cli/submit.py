@@ -217,6 +217,11 @@ def _infer_kind(env: dict[str, Any]) -> str:
     if env.get("venv"):
         return "venv"
     if env.get("image"):
+        from hpctrain.images import docker_pull_hint
+
+        hint = docker_pull_hint(str(env["image"]))
+        if hint:
+            raise UserError(hint)
         if str(env["image"]).endswith(".sif"):
             return "apptainer"
         raise UserError(f"--image {env['image']!r}: say which runtime with --env-kind apptainer or --env-kind pyxis")

@@ -247,6 +247,9 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
     run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
+    from hpctrain.tbserver import train_hint
+
+    run.say(train_hint(run.run_dir))
     if run.resume_from is not None:
         run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
                 f"{plan.steps_per_epoch} (global step {position.step})")
