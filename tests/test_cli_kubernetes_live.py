@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from k8s_fixtures import CONTEXT, LocalK8s
 from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace
+from kubeflow_standin import wait_for as _wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 DEADLINE_S = 180  # a bound on waiting, never asserted on
@@ -30,15 +29,9 @@ def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=DEADLINE_S)
 
 
-def wait_for(what: str, predicate: Callable[[], object], standin: KubeflowStandIn) -> object:
-    end = time.monotonic() + DEADLINE_S
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        assert not standin.errors, standin.errors
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
+
+def wait_for(what, predicate, standin, timeout=DEADLINE_S):
+    return _wait_for(what, predicate, standin, timeout)
 
 
 @pytest.fixture

@@ -57,5 +57,5 @@ def _sample_kubernetes(args: argparse.Namespace):
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 
     sched = KubernetesScheduler(KubernetesOptions(namespace=args.namespace), context=args.context)
-    sched._get(args.job)
-    return top.sample_pods(sched.core, sched._pods(args.job))
+    sched.get_object(args.job)
+    return top.sample_pods(sched.core, sched.pods_of(args.job))

@@ -13,7 +13,7 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import Resources, parse_time_limit
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.render import _quantity_mb, _volumes
+from hpctrain.schedulers.kubernetes.render import pod_placement, pod_volumes, quantity_mb
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
 SERVICE_LABEL = "hpctrain.io/service"
@@ -39,7 +39,7 @@ class ServicePod:
 def resources_of(r: Resources) -> dict[str, str]:
     out = {"cpu": str(r.cpus_per_task)}
     if r.mem_mb:
-        out["memory"] = _quantity_mb(r.mem_mb)
+        out["memory"] = quantity_mb(r.mem_mb)
     if r.gpus_per_node:
         out["nvidia.com/gpu"] = str(r.gpus_per_node)
     if r.shards_per_node:
@@ -51,7 +51,7 @@ def render_pod(pod: ServicePod, options: KubernetesOptions) -> dict[str, Any]:
     """The Pod manifest. Pure."""
     if not options.image:
         raise UserError(f"a {pod.kind} pod needs a container image: add --image (e.g. --image quay.io/jupyter/pytorch-notebook)")
-    volumes, mounts = _volumes(options)
+    volumes, mounts = pod_volumes(options)
     env = [{"name": k, "value": v} for k, v in pod.env]
     env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": pod.name, "key": key}}} for var, key in pod.secret_env]
     requests = resources_of(pod.resources)
@@ -71,14 +71,7 @@ def render_pod(pod: ServicePod, options: KubernetesOptions) -> dict[str, Any]:
         spec["volumes"] = volumes
     if pod.time is not None:
         spec["activeDeadlineSeconds"] = parse_time_limit(pod.time)
-    if options.node_selector:
-        spec["nodeSelector"] = options.node_selector_map
-    if options.tolerations:
-        spec["tolerations"] = options.toleration_list
-    if options.service_account:
-        spec["serviceAccountName"] = options.service_account
-    if options.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
+    spec.update(pod_placement(options))
     labels = {**MANAGED_BY, **options.label_map, SERVICE_LABEL: pod.kind, NAME_LABEL: pod.name}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels}, "spec": spec}

@@ -28,7 +28,7 @@ from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
-from hpctrain.distributed.probes import restart_count
+from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
 from hpctrain.launch.local import choose_threads
@@ -477,10 +477,11 @@ class ResumePoint:
 
 def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint | None:
     """Decide where the run starts. An explicit --resume (latest, or a path) insists on a checkpoint; a restarted
-    attempt (Slurm requeue, torchrun restart) resumes by itself, and starts from the beginning only if no save has
-    ever finished. Neither starts over when every checkpoint there is damaged."""
+    attempt (Slurm requeue, torchrun restart, a Kubernetes pod with HPCTRAIN_AUTO_RESUME=1) resumes by itself, and
+    starts from the beginning only if no save has ever finished. Neither starts over when every checkpoint there is
+    damaged."""
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    restarted = restart_count() > 0
+    restarted = may_be_a_restart()
     if cfg.resume not in (None, "latest"):
         return _explicit_resume(Path(cfg.resume))
     if cfg.resume is None and not restarted:

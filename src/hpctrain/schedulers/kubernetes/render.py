@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from hpctrain.distributed.probes import AUTO_RESUME_VAR
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
@@ -139,7 +140,7 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
             raise UserError(f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them")
 
 
-def _quantity_mb(mb: int) -> str:
+def quantity_mb(mb: int) -> str:
     return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
 
 
@@ -148,7 +149,7 @@ def resources_per_pod(job: JobSpec) -> dict[str, str]:
     r = job.resources
     out = {"cpu": str(r.cpus_per_task * r.nproc_per_node)}
     if r.mem_mb:
-        out["memory"] = _quantity_mb(r.mem_mb)
+        out["memory"] = quantity_mb(r.mem_mb)
     if r.gpus_per_node:
         out["nvidia.com/gpu"] = str(r.gpus_per_node)
     return out
@@ -159,6 +160,8 @@ def _env(job: JobSpec) -> list[dict[str, str]]:
     directory = run_dir(job)
     if directory is not None:
         env.append({"name": "HPCTRAIN_RUN_DIR", "value": directory})
+    # A container restarted in place (restartPolicy OnFailure) is told nothing: let it resume from its checkpoint.
+    env.append({"name": AUTO_RESUME_VAR, "value": "1"})
     return env
 
 
@@ -171,7 +174,7 @@ def _volume(index: int, v: Volume) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": v.source, "type": "Directory"}}
 
 
-def _volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def pod_volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, container volumeMounts)"""
     volumes, mounts = [], []
     if options.shm is not None:
@@ -185,6 +188,13 @@ def _volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dic
 
 def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     """Pod spec fields shared by both APIs (apart from containers and volumes)."""
+    out = pod_placement(options)
+    out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
+    return out
+
+
+def pod_placement(options: KubernetesOptions) -> dict[str, Any]:
+    """Where and as whom a pod runs: node selector, tolerations, service account, image pull secrets."""
     out: dict[str, Any] = {}
     if options.node_selector:
         out["nodeSelector"] = options.node_selector_map
@@ -194,7 +204,6 @@ def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         out["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
         out["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
-    out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
     return out
 
 
@@ -205,7 +214,7 @@ def _metadata(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
 def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     r = job.resources
     group, version, _, kind = PYTORCHJOB_API
-    volumes, mounts = _volumes(options)
+    volumes, mounts = pod_volumes(options)
     container: dict[str, Any] = {
         "name": CONTAINER_PYTORCHJOB,
         "image": options.image,
@@ -240,7 +249,7 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
 def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     r = job.resources
     group, version, _, kind = TRAINJOB_API
-    volumes, mounts = _volumes(options)
+    volumes, mounts = pod_volumes(options)
     trainer: dict[str, Any] = {
         "image": options.image,
         "command": container_command(job, options),
