@@ -49,8 +49,9 @@ class LocalSlurm:
                 return field.split("=", 1)[1]
         return "GONE"
 
-    def wait_state(self, job_id: str, states: set[str], timeout_s: float = 240.0) -> str:
-        """Wait until the job is in one of `states` (other tests may hold the CPUs for a while); fail after timeout."""
+    def wait_state(self, job_id: str, states: set[str], timeout_s: float = 600.0) -> str:
+        """Wait until the job is in one of `states` (other tests, on another pytest worker too, may hold the nodes
+        for a few minutes); fail after timeout."""
         deadline = time.monotonic() + timeout_s
         state = self.state(job_id)
         while state not in states:
@@ -114,7 +115,7 @@ class LocalSlurm:
             wait_delivered(pids, signum, timeout_s, job_id)
         return result
 
-    def training_pids(self, job_id: str, processes: int, timeout_s: float = 240.0) -> list[int]:
+    def training_pids(self, job_id: str, processes: int, timeout_s: float = 600.0) -> list[int]:
         """The pids of the job's `hpctrain train` processes (not srun, torchrun or the batch shell that start them):
         the nodes of the local cluster are this host, so they are in /proc."""
         deadline = time.monotonic() + timeout_s

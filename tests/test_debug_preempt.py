@@ -126,7 +126,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
     run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
     try:
         # Warn it once training has taken its first steps (a progress line per step: --log-interval 0).
-        _wait(lambda: log.exists() and "epoch 1/2 step" in log.read_text(), "the first training step", 300, job_id, log)
+        _wait(lambda: log.exists() and "epoch 1/2 step" in log.read_text(), "the first training step", 600, job_id, log)
         # The training is paused while the warning travels (LocalSlurm.interrupt_mid_run), so it lands mid-epoch
         # however fast this CPU trains; `--follow` runs on until the job has requeued itself.
         preempt = slurm_cluster.interrupt_mid_run(job_id, 1, signal.SIGUSR1, lambda: subprocess.Popen(
@@ -220,7 +220,7 @@ def test_preempt_delivers_to_where_the_script_asks(slurm_cluster, tmp_path: Path
     job_id = slurm_cluster.sbatch("-J", "h6-where", "-o", "out-%j.txt", "job.sh", cwd=tmp_path)
     log = tmp_path / f"out-{job_id}.txt"
     try:
-        _wait(lambda: (tmp_path / "step.txt.started").exists(), "the step starting", 240, job_id, log)
+        _wait(lambda: (tmp_path / "step.txt.started").exists(), "the step starting", 600, job_id, log)
         sent = hpctrain("debug", "preempt", job_id)
         assert sent.returncode == 0, sent.stderr
         target = "its batch shell" if batch else "its job steps"

@@ -35,7 +35,7 @@ TRAIN = ["--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", s
          "--threads", "1", "--log-interval", "5"]
 # The number of epochs only has to leave room for a stop inside the run: the interruptions land a few steps in.
 SINGLE_EPOCHS = 4
-DDP_EPOCHS = 3
+DDP_EPOCHS = 2
 # A limit that no attempt reaches by itself; the warning (hpctrain's default grace, 120 s) is brought on by the test.
 TIME_LIMIT = ["--time", "30"]
 JOB_DEADLINE_S = 800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
@@ -72,6 +72,16 @@ def reference_run(run_dir: Path, data_dir: Path, epochs: int, nproc: int = 1, ex
 @pytest.fixture(scope="module")
 def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
     return reference_run(tmp_path_factory.mktemp("reference") / "run", fashion_data_dir, SINGLE_EPOCHS)
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory, fashion_data_dir: Path) -> Path:
+    """One uninterrupted local 4-process run, shared: its final weights are what the 2x2 Slurm job must end with,
+    and its mid-epoch checkpoints are where the local resume test starts (checkpoints do not change the numbers)."""
+    run_dir = tmp_path_factory.mktemp("ddp-reference") / "run"
+    reference_run(run_dir, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40",
+                                                                         "--keep-checkpoints", "9"])
+    return run_dir
 
 
 def scontrol_fields(job_id: str) -> dict[str, str]:
@@ -194,10 +204,10 @@ def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
 
 
 def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
-        slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
+        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path) -> None:
     # Same global batch, split over 4 ranks in both. gloo's sums are the same whether the 4 ranks sit on one node
     # or on two: before its first resume the 2x2 job's per-epoch losses equal the local run's to the last bit.
-    reference = reference_run(tmp_path / "reference", fashion_data_dir, DDP_EPOCHS, nproc=4)
+    reference = final_weights(ddp_reference)
     job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
                  "--nproc-per-node", "2", *TIME_LIMIT, "--max-requeues", "8")
     job.wait_for_log("epoch 1/")
@@ -208,14 +218,15 @@ def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
     assert_time_limit_run(job, DDP_EPOCHS, reference)
 
 
-def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(tmp_path: Path, fashion_data_dir: Path) -> None:
+def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(tmp_path: Path, fashion_data_dir: Path,
+                                                                 ddp_reference: Path) -> None:
     """The DDP resume contract in its smallest form, without Slurm: 4 local processes, resumed from a mid-epoch
     checkpoint of an uninterrupted run, end with its weights (DDP must not regroup its gradient buckets)."""
-    whole = tmp_path / "whole"
-    reference_run(whole, fashion_data_dir, 2, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"])
-    mid_epoch = whole / "checkpoints" / "checkpoint_step_40.pt"
-    resumed = reference_run(tmp_path / "resumed", fashion_data_dir, 2, nproc=4, extra=["--resume", str(mid_epoch)])
-    assert_bitwise_equal(resumed, final_weights(whole))
+    mid_epoch = ddp_reference / "checkpoints" / "checkpoint_step_40.pt"
+    assert 0 < 40 % STEPS_PER_EPOCH, "step 40 must lie inside an epoch"
+    resumed = reference_run(tmp_path / "resumed", fashion_data_dir, DDP_EPOCHS, nproc=4,
+                            extra=["--resume", str(mid_epoch)])
+    assert_bitwise_equal(resumed, final_weights(ddp_reference))
 
 
 def test_scontrol_requeue_of_a_running_job_resumes_exactly(

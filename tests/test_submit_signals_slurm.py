@@ -75,7 +75,7 @@ def test_time_limit_warning_reaches_every_worker_and_requeues(slurm, slurm_clust
     job_id, run_dir = submit_worker(tmp_path, "--time", "30", "--max-requeues", "1", launcher=launcher)
     # Attempt 1: once every worker has its handler, Slurm's time-limit pass warns the batch shell (the test brings
     # the limit close: no race with the workers' start-up on a slow or busy CPU); every worker must see USR1.
-    wait_for(lambda: len(list(run_dir.glob("started-0-*"))) == 4, "4 workers starting", 240, job_id, tmp_path)
+    wait_for(lambda: len(list(run_dir.glob("started-0-*"))) == 4, "4 workers starting", 600, job_id, tmp_path)
     slurm_cluster.warn_soon(job_id)
     wait_for(lambda: len(list(run_dir.glob("signals-0-*"))) == 4, "the warning reaching 4 workers", 240, job_id, tmp_path)
     # (slurmstepd may deliver it to the whole process tree as well as torchrun forwarding it: twice is fine,
@@ -96,7 +96,7 @@ def test_time_limit_warning_reaches_every_worker_and_requeues(slurm, slurm_clust
 
 def test_scancel_reaches_workers_as_term_and_does_not_requeue(slurm, tmp_path: Path) -> None:
     job_id, run_dir = submit_worker(tmp_path, "--time", "10")
-    wait_for(lambda: len(list(run_dir.glob("started-0-*"))) == 4, "4 workers starting", 240, job_id, tmp_path)
+    wait_for(lambda: len(list(run_dir.glob("started-0-*"))) == 4, "4 workers starting", 600, job_id, tmp_path)
     subprocess.run(["scancel", job_id], check=True)
     wait_gone(job_id, timeout=120)
     signals = sorted(p.read_text() for p in run_dir.glob("signals-0-*"))
