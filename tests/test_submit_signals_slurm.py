@@ -149,15 +149,19 @@ def test_recipe_outlives_its_time_limit_by_requeueing(slurm, slurm_cluster, tmp_
 
 
 CRASHER = """\
-import os, signal, time
+import glob, os, signal, time
 run_dir, rank = os.environ["HPCTRAIN_RUN_DIR"], os.environ["RANK"]
-open(os.path.join(run_dir, f"ran-{rank}-{os.getpid()}"), "w").close()
 marker = os.path.join(run_dir, "killed")
-if rank == "3" and not os.path.exists(marker):
-    open(marker, "w").close()
-    time.sleep(1)
-    os.kill(os.getpid(), signal.SIGKILL)  # a worker dies hard, once
-time.sleep(3)  # the others are still running when it dies
+first_group = not os.path.exists(marker)
+open(os.path.join(run_dir, f"ran-{rank}-{os.getpid()}"), "w").close()
+if first_group:
+    if rank == "3":
+        # A worker dies hard, once, when every rank of the group is running, however slowly they started.
+        while len(glob.glob(os.path.join(run_dir, "ran-*"))) < 4:
+            time.sleep(0.1)
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(300)  # until the agents stop the group to restart it (the bound is for a broken test only)
 """
 
 
