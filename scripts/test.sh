@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (as root) and run the whole test suite, the Slurm end-to-end tests included:
 # Debian packages (Python, Slurm, munge, shellcheck, Fashion-MNIST), hpctrain with its test extras in a virtual
-# environment (see scripts/lib/venv.sh), a two-node Slurm cluster on this host (scripts/local-slurm.sh), then pytest:
-# the Slurm tests on one worker, the local tests beside them (pytest-xdist). Extra arguments go to pytest.
+# environment (see scripts/lib/venv.sh), a two-node Slurm cluster on this host (scripts/local-slurm.sh), then pytest
+# on several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
+# requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
+# HPCTRAIN_TEST_WORKERS sets their number (default 3). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -21,7 +23,7 @@ use_python_env "$PWD"
 bash scripts/local-slurm.sh up
 
 status=0
-"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-3}" --dist loadgroup --durations=30 "$@" || status=$?
+"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-3}" --durations=30 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests; that is a failure here" >&2
     exit 1

@@ -12,18 +12,6 @@ import pytest
 # The `slurm_cluster` fixture and its LocalSlurm helper (starts scripts/local-slurm.sh when the cluster is down).
 pytest_plugins = ["slurm_fixtures"]
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's `--dist loadgroup` (scripts/test.sh), the Slurm tests run on two workers of their own:
-    the time-limit and preemption cases in one, the other cluster tests in the other, each in file order, while
-    the remaining workers take the local tests. Most of a Slurm test's time is spent waiting for Slurm (requeue
-    holds, scheduling passes), so the two cluster workers overlap their waits with each other and with the
-    CPU-bound local tests. Without xdist the mark does nothing."""
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            group = "slurm-preemption" if item.path.name == "test_preemption_slurm.py" else "slurm"
-            item.add_marker(pytest.mark.xdist_group(group))
-
 FASHION_MNIST_SOURCE = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_FILES = (
     "train-images-idx3-ubyte.gz",

@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
 
@@ -69,19 +72,34 @@ def reference_run(run_dir: Path, data_dir: Path, epochs: int, nproc: int = 1, ex
     return final_weights(run_dir)
 
 
-@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """A run directory made once per test session and shared by every pytest-xdist worker (scripts/test.sh runs
+    several): the first to ask makes it under a file lock, the others wait for it and reuse it. Do not modify it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above the workers' own
+    run_dir, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            make(run_dir)
+            done.write_text("")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
-    return reference_run(tmp_path_factory.mktemp("reference") / "run", fashion_data_dir, SINGLE_EPOCHS)
+    run_dir = shared_run(tmp_path_factory, "single-reference",
+                         lambda path: reference_run(path, fashion_data_dir, SINGLE_EPOCHS))
+    return final_weights(run_dir)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory, fashion_data_dir: Path) -> Path:
     """One uninterrupted local 4-process run, shared: its final weights are what the 2x2 Slurm job must end with,
     and its mid-epoch checkpoints are where the local resume test starts (checkpoints do not change the numbers)."""
-    run_dir = tmp_path_factory.mktemp("ddp-reference") / "run"
-    reference_run(run_dir, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40",
-                                                                         "--keep-checkpoints", "9"])
-    return run_dir
+    return shared_run(tmp_path_factory, "ddp-reference", lambda path: reference_run(
+        path, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"]))
 
 
 def scontrol_fields(job_id: str) -> dict[str, str]:
