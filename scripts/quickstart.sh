@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Install hpctrain, fetch and verify Fashion-MNIST, and train the default recipe on this machine (CPU or GPUs).
+# Install hpctrain into a virtual environment (.venv here, or the active venv/conda env; see scripts/lib/venv.sh),
+# fetch and verify Fashion-MNIST, and train the default recipe on this machine (CPU or GPUs).
 # Extra arguments go to `hpctrain train mnist` (e.g. --recipe classic, --nproc 2, --epochs 3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PIP_BREAK_SYSTEM_PACKAGES=1
-python3 -m pip install -q -e .
+# shellcheck source=scripts/lib/venv.sh
+source scripts/lib/venv.sh
+use_python_env "$PWD"
+"$PYTHON" -m pip install -q -e .
 # Debian and Ubuntu package Fashion-MNIST; hpctrain uses that copy when it is there, else the public mirrors.
 if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null ||
@@ -12,3 +15,6 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$(id -u)" -eq 0 ] && command
 fi
 hpctrain download fashion-mnist --data-dir data
 hpctrain train mnist --dataset fashion-mnist --data-dir data --run-dir "runs/quickstart-$(date +%Y%m%d-%H%M%S)" "$@"
+if [ -z "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}${HPCTRAIN_VENV:-}" ]; then
+    echo "quickstart: hpctrain is installed in .venv; for the next commands: source .venv/bin/activate"
+fi

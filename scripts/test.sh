@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (as root) and run the whole test suite, the Slurm end-to-end tests included:
-# Debian packages (Slurm, munge, shellcheck, Fashion-MNIST), hpctrain with its test extras, a two-node Slurm
-# cluster on this host (scripts/local-slurm.sh), then pytest. Extra arguments go to pytest.
+# Debian packages (Python, Slurm, munge, shellcheck, Fashion-MNIST), hpctrain with its test extras in a virtual
+# environment (see scripts/lib/venv.sh), a two-node Slurm cluster on this host (scripts/local-slurm.sh), a real
+# Kubernetes API server with the Kubeflow CRDs (scripts/local-k8s.sh; its first run builds kube-apiserver from
+# Debian's source package and caches it outside the checkout), then pytest
+# on several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
+# requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
+# HPCTRAIN_TEST_WORKERS sets their number (default 3). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "scripts/test.sh: run as root: it installs Debian packages and starts a local Slurm cluster" >&2
+    echo "scripts/test.sh: run as root: it installs Debian packages and starts a local Slurm cluster and API server" >&2
     exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive PIP_BREAK_SYSTEM_PACKAGES=1
+export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends slurm-wlm munge shellcheck dataset-fashion-mnist git >/dev/null
-python3 -m pip install -q -e '.[dev]'
+apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates procps git \
+    slurm-wlm munge shellcheck dataset-fashion-mnist >/dev/null
+# shellcheck source=scripts/lib/venv.sh
+source scripts/lib/venv.sh
+use_python_env "$PWD"
+"$PYTHON" -m pip install -q -e '.[dev,k8s]'
 bash scripts/local-slurm.sh up
+bash scripts/local-k8s.sh up
 
 status=0
-python3 -m pytest "$@" || status=$?
+"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-3}" --durations=30 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests; that is a failure here" >&2
     exit 1

@@ -7,17 +7,24 @@ with the script's output when the cluster cannot come up. It never stops the clu
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,9 @@ class LocalSlurm:
                 return field.split("=", 1)[1]
         return "GONE"
 
-    def wait_state(self, job_id: str, states: set[str], timeout_s: float = 240.0) -> str:
-        """Wait until the job is in one of `states` (other tests may hold the CPUs for a while); fail after timeout."""
+    def wait_state(self, job_id: str, states: set[str], timeout_s: float = 600.0) -> str:
+        """Wait until the job is in one of `states` (other tests, on another pytest worker too, may hold the nodes
+        for a few minutes); fail after timeout."""
         deadline = time.monotonic() + timeout_s
         state = self.state(job_id)
         while state not in states:
@@ -55,6 +63,94 @@ class LocalSlurm:
 
     def cancel_quietly(self, job_id: str) -> None:
         subprocess.run(["scancel", job_id], capture_output=True, check=False)
+
+    def fields(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as a dict (empty once the controller forgot the job or when it did not answer)."""
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False).stdout
+        return dict(word.split("=", 1) for word in out.split() if "=" in word)
+
+    def warn_soon(self, job_id: str) -> None:
+        """Make Slurm's own time-limit warning (`--signal=B:USR1@GRACE`) come now rather than at a moment fixed by
+        the submitted limit: the running job's limit becomes its run time plus 90-150 s. Slurm's time-limit pass
+        (every 30 s) warns a job when fewer than GRACE + 30 s are left, so with GRACE >= 120 (hpctrain's default)
+        the warning arrives within about 30 s, and the job still has a minute or more to checkpoint and requeue.
+
+        A test calls this once the run is under way, so the interruption lands mid-run however fast or slow the
+        CPU is; after the requeue, `restore_time_limit` gives the next attempt all the time it needs."""
+        run_s = _seconds(self.fields(job_id).get("RunTime", ""))
+        if run_s is None:
+            pytest.fail(f"job {job_id} has no RunTime: {self.fields(job_id)}")
+        minutes = math.ceil((run_s + WARN_MARGIN_S) / 60)
+        self._set_time_limit(job_id, minutes)
+
+    def restore_time_limit(self, job_id: str, minutes: int = 30, restarts: int = 1, timeout_s: float = 600.0) -> None:
+        """Wait until the job has been requeued `restarts` times and give it back a long limit, so that the next
+        attempt runs to its end whatever the CPU's speed. A requeued job waits at least 30 s (BeginTime, the
+        credential lifetime) before it starts again: ample time to change its limit first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fields = self.fields(job_id)
+            if int(fields.get("Restarts", "0")) >= restarts and fields.get("JobState") in ("PENDING", "RUNNING"):
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id} was not requeued within {timeout_s:.0f} s: {fields}")
+            time.sleep(0.5)
+        self._set_time_limit(job_id, minutes)
+
+    def warn_mid_run(self, job_id: str, processes: int) -> None:
+        """Slurm's own time-limit warning, landing mid-run on a CPU of any speed: `warn_soon` brings the warning on
+        while the job's `processes` training processes are paused (see `interrupt_mid_run`). Call it once training
+        is under way (a progress line in the job's log)."""
+        self.interrupt_mid_run(job_id, processes, signal.SIGUSR1, lambda: self.warn_soon(job_id))
+
+    def interrupt_mid_run(self, job_id: str, processes: int, signum: int, interrupt: Callable[[], T],
+                          timeout_s: float = 240.0) -> T:
+        """Pause (SIGSTOP) the job's `processes` training processes, call `interrupt()` (which makes Slurm send
+        `signum` to them), and let them go on once every one holds `signum` pending (or Slurm itself continued
+        them, as it does before SIGTERM). The run then stops at its next step boundary, a step or two after the
+        moment the test chose, however many steps a second this machine trains. Returns what `interrupt` returned."""
+        pids = self.training_pids(job_id, processes)
+        with paused(pids):
+            result = interrupt()
+            wait_delivered(pids, signum, timeout_s, job_id)
+        return result
+
+    def training_pids(self, job_id: str, processes: int, timeout_s: float = 600.0) -> list[int]:
+        """The pids of the job's `hpctrain train` processes (not srun, torchrun or the batch shell that start them):
+        the nodes of the local cluster are this host, so they are in /proc."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pids = [pid for pid, argv in _job_processes(job_id) if _is_training(argv)]
+            if len(pids) == processes:
+                return pids
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id}: {len(pids)} training process(es) found, expected {processes}")
+            time.sleep(0.5)
+
+    def _set_time_limit(self, job_id: str, minutes: int) -> None:
+        # scontrol may time out on a busy controller: try a few times.
+        for _ in range(5):
+            result = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
+                                    capture_output=True, text=True, check=False)
+            if result.returncode == 0:
+                return
+            time.sleep(1)
+        pytest.fail(f"scontrol update JobId={job_id} TimeLimit={minutes} failed: {result.stderr.strip()}")
+
+
+# How far the time limit is put beyond the job's run time by warn_soon: at least this, at most a minute more.
+WARN_MARGIN_S = 90
+
+_RUN_TIME = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def _seconds(run_time: str) -> int | None:
+    """Slurm's [D-][HH:]MM:SS as seconds."""
+    match = _RUN_TIME.match(run_time)
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +169,64 @@ def slurm_cluster() -> LocalSlurm:
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is not on PATH although the cluster is up: install slurm-client")
     return LocalSlurm(script=SCRIPT)
+
+
+def _job_processes(job_id: str) -> Iterator[tuple[int, list[str]]]:
+    """(pid, argv) of every process on this host that runs in Slurm job `job_id`."""
+    wanted = f"SLURM_JOB_ID={job_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if wanted not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        yield int(entry.name), argv
+
+
+def _is_training(argv: list[str]) -> bool:
+    """`hpctrain train ...` or `python -m hpctrain train ...`, but not a launcher (srun, torchrun) that starts it."""
+    names = [Path(a).name for a in argv]
+    if not names or names[0] == "srun" or "torchrun" in names or "torch.distributed.run" in names:
+        return False
+    return any(a == "train" and i > 0 and names[i - 1] == "hpctrain" for i, a in enumerate(argv))
+
+
+@contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """Stop the processes (SIGSTOP) for the block: signals sent to them meanwhile wait, pending, until they go on."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def _delivered(pid: int, bit: int) -> bool:
+    """The stopped process holds the signal pending (its own set or its threads'), or is no longer stopped
+    (continued by the sender: Slurm sends SIGCONT before SIGTERM), or is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return True
+    fields = dict(line.split(":", 1) for line in status if ":" in line)
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return bool(pending & bit) or not fields["State"].strip().startswith("T")
+
+
+def wait_delivered(pids: list[int], signum: int, timeout_s: float, job_id: str) -> None:
+    """Wait until `signum` has reached every one of the (stopped) processes."""
+    bit = 1 << (signum - 1)
+    deadline = time.monotonic() + timeout_s
+    while not all(_delivered(pid, bit) for pid in pids):
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id}: {signal.Signals(signum).name} did not reach its training processes "
+                        f"{pids} within {timeout_s:.0f} s")
+        time.sleep(0.2)

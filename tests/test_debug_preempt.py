@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -125,11 +126,16 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
     run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
     try:
         # Warn it once training has taken its first steps (a progress line per step: --log-interval 0).
-        _wait(lambda: log.exists() and "epoch 1/2 step" in log.read_text(), "the first training step", 300, job_id, log)
-        preempt = hpctrain("debug", "preempt", job_id, "--follow", "--timeout", "180")
-        assert preempt.returncode == 0, preempt.stdout + preempt.stderr + log.read_text()
-        assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would 120 s before its time limit" in preempt.stdout
-        assert f"job {job_id} checkpointed and requeued itself (restart 1)" in preempt.stdout
+        _wait(lambda: log.exists() and "epoch 1/2 step" in log.read_text(), "the first training step", 600, job_id, log)
+        # The training is paused while the warning travels (LocalSlurm.interrupt_mid_run), so it lands mid-epoch
+        # however fast this CPU trains; `--follow` runs on until the job has requeued itself.
+        preempt = slurm_cluster.interrupt_mid_run(job_id, 1, signal.SIGUSR1, lambda: subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", "debug", "preempt", job_id, "--follow", "--timeout", "300"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        stdout, stderr = preempt.communicate(timeout=400)
+        assert preempt.returncode == 0, stdout + stderr + log.read_text()
+        assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would 120 s before its time limit" in stdout
+        assert f"job {job_id} checkpointed and requeued itself (restart 1)" in stdout
         first_attempt = log.read_text()
         assert "stopped (preempted, SIGUSR1" in first_attempt and "requeueing job" in first_attempt, first_attempt
         assert not (run_dir / "metrics.jsonl").exists() or json.loads(
@@ -214,7 +220,7 @@ def test_preempt_delivers_to_where_the_script_asks(slurm_cluster, tmp_path: Path
     job_id = slurm_cluster.sbatch("-J", "h6-where", "-o", "out-%j.txt", "job.sh", cwd=tmp_path)
     log = tmp_path / f"out-{job_id}.txt"
     try:
-        _wait(lambda: (tmp_path / "step.txt.started").exists(), "the step starting", 240, job_id, log)
+        _wait(lambda: (tmp_path / "step.txt.started").exists(), "the step starting", 600, job_id, log)
         sent = hpctrain("debug", "preempt", job_id)
         assert sent.returncode == 0, sent.stderr
         target = "its batch shell" if batch else "its job steps"

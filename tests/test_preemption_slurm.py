@@ -4,11 +4,10 @@ uninterrupted local run of the same configuration, and every attempt resumed at 
 previous one wrote.
 
 The jobs are small (classic recipe, a few thousand Fashion-MNIST images, one torch thread per process) so that the
-numerics of a Slurm job and of a local run are the same. Slurm sends the time-limit warning from a check that runs
-every 30 s, as soon as fewer than GRACE + 30 s are left: with a limit L the warning arrives between L - GRACE - 30
-and L - GRACE seconds after an attempt starts. The limits below keep that after the workers have started, and the
-trainings long enough (on a 2-core machine training 500-1,000 images/s) that the first attempt is always
-interrupted; on a much faster machine raise the epochs.
+numerics of a Slurm job and of a local run are the same. Nothing here depends on how fast the CPU trains: the
+time-limit jobs are warned by Slurm itself, but at a moment the test chooses (`LocalSlurm.warn_mid_run` pauses the
+training, shortens the job's limit until Slurm's time-limit pass sends the warning, and lets the training go on once
+the warning is pending), and the requeued attempt gets a long limit back, so it always completes.
 """
 
 from __future__ import annotations
@@ -16,13 +15,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
 
@@ -33,14 +36,12 @@ TRAIN_LIMIT = 4096
 STEPS_PER_EPOCH = TRAIN_LIMIT // 64
 TRAIN = ["--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", str(TRAIN_LIMIT), "--test-limit", "500",
          "--threads", "1", "--log-interval", "5"]
-# Single process: warning 15-45 s into each attempt (start-up takes 5-10 s); training 40-80 s.
-SINGLE_EPOCHS = 10
-SINGLE_LIMIT = ["--time", "2", "--signal-grace", "75"]
-# 2 nodes x 2 processes under torchrun start more slowly (~25 s): warning 45-75 s in; training ~70 s on an idle
-# machine (10 epochs finished inside 45 s there), so the first attempt is always interrupted.
-DDP_EPOCHS = 16
-DDP_LIMIT = ["--time", "2", "--signal-grace", "75"]
-JOB_DEADLINE_S = 600  # requeues, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
+# The number of epochs only has to leave room for a stop inside the run: the interruptions land a few steps in.
+SINGLE_EPOCHS = 4
+DDP_EPOCHS = 2
+# A limit that no attempt reaches by itself; the warning (hpctrain's default grace, 120 s) is brought on by the test.
+TIME_LIMIT = ["--time", "30"]
+JOB_DEADLINE_S = 800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
 
 _RESUMED = re.compile(r"hpctrain: resumed at epoch (\d+), step (\d+) of (\d+) \(global step (\d+)\)")
 _STOPPED = re.compile(r"hpctrain: stopped \((\w+), [^)]*\) at global step (\d+) after writing a checkpoint")
@@ -71,9 +72,34 @@ def reference_run(run_dir: Path, data_dir: Path, epochs: int, nproc: int = 1, ex
     return final_weights(run_dir)
 
 
-@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """A run directory made once per test session and shared by every pytest-xdist worker (scripts/test.sh runs
+    several): the first to ask makes it under a file lock, the others wait for it and reuse it. Do not modify it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above the workers' own
+    run_dir, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            make(run_dir)
+            done.write_text("")
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
-    return reference_run(tmp_path_factory.mktemp("reference") / "run", fashion_data_dir, SINGLE_EPOCHS)
+    run_dir = shared_run(tmp_path_factory, "single-reference",
+                         lambda path: reference_run(path, fashion_data_dir, SINGLE_EPOCHS))
+    return final_weights(run_dir)
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory, fashion_data_dir: Path) -> Path:
+    """One uninterrupted local 4-process run, shared: its final weights are what the 2x2 Slurm job must end with,
+    and its mid-epoch checkpoints are where the local resume test starts (checkpoints do not change the numbers)."""
+    return shared_run(tmp_path_factory, "ddp-reference", lambda path: reference_run(
+        path, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"]))
 
 
 def scontrol_fields(job_id: str) -> dict[str, str]:
@@ -106,7 +132,7 @@ class Job:
         while text not in self.log:
             if time.monotonic() > deadline or not in_queue(self.job_id):
                 self.fail(f"{text!r} never appeared in its log")
-            time.sleep(0.5)
+            time.sleep(0.2)
 
     def follow(self, timeout: float = JOB_DEADLINE_S) -> None:
         """Wait until the job has left the queue. Each requeued attempt waits in Slurm's BeginTime hold until
@@ -187,32 +213,38 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
 
 def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
         slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
-    job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", *SINGLE_LIMIT,
-                 "--max-requeues", "8")
+    job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", *TIME_LIMIT, "--max-requeues", "8")
+    job.wait_for_log("epoch 1/")  # a progress line: training is under way
+    slurm_cluster.warn_mid_run(job.job_id, processes=1)
+    slurm_cluster.restore_time_limit(job.job_id)
     job.follow()
     assert_time_limit_run(job, SINGLE_EPOCHS, single_reference)
 
 
 def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
-        slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
+        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path) -> None:
     # Same global batch, split over 4 ranks in both. gloo's sums are the same whether the 4 ranks sit on one node
     # or on two: before its first resume the 2x2 job's per-epoch losses equal the local run's to the last bit.
-    reference = reference_run(tmp_path / "reference", fashion_data_dir, DDP_EPOCHS, nproc=4)
+    reference = final_weights(ddp_reference)
     job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
-                 "--nproc-per-node", "2", *DDP_LIMIT, "--max-requeues", "8")
+                 "--nproc-per-node", "2", *TIME_LIMIT, "--max-requeues", "8")
+    job.wait_for_log("epoch 1/")
+    slurm_cluster.warn_mid_run(job.job_id, processes=4)
+    slurm_cluster.restore_time_limit(job.job_id)
     job.follow()
     assert "4 process(es), ddp" in job.log, job.log
     assert_time_limit_run(job, DDP_EPOCHS, reference)
 
 
-def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(tmp_path: Path, fashion_data_dir: Path) -> None:
+def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(tmp_path: Path, fashion_data_dir: Path,
+                                                                 ddp_reference: Path) -> None:
     """The DDP resume contract in its smallest form, without Slurm: 4 local processes, resumed from a mid-epoch
     checkpoint of an uninterrupted run, end with its weights (DDP must not regroup its gradient buckets)."""
-    whole = tmp_path / "whole"
-    reference_run(whole, fashion_data_dir, 2, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"])
-    mid_epoch = whole / "checkpoints" / "checkpoint_step_40.pt"
-    resumed = reference_run(tmp_path / "resumed", fashion_data_dir, 2, nproc=4, extra=["--resume", str(mid_epoch)])
-    assert_bitwise_equal(resumed, final_weights(whole))
+    mid_epoch = ddp_reference / "checkpoints" / "checkpoint_step_40.pt"
+    assert 0 < 40 % STEPS_PER_EPOCH, "step 40 must lie inside an epoch"
+    resumed = reference_run(tmp_path / "resumed", fashion_data_dir, DDP_EPOCHS, nproc=4,
+                            extra=["--resume", str(mid_epoch)])
+    assert_bitwise_equal(resumed, final_weights(ddp_reference))
 
 
 def test_scontrol_requeue_of_a_running_job_resumes_exactly(
@@ -221,7 +253,8 @@ def test_scontrol_requeue_of_a_running_job_resumes_exactly(
     and the next attempt resumes on its own (SLURM_RESTART_COUNT > 0)."""
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
     job.wait_for_log("epoch 1/")  # a progress line: training is under way
-    subprocess.run(["scontrol", "requeue", job.job_id], check=True, capture_output=True)
+    slurm_cluster.interrupt_mid_run(job.job_id, 1, signal.SIGTERM, lambda: subprocess.run(
+        ["scontrol", "requeue", job.job_id], check=True, capture_output=True))
     job.follow()
     log = job.log
     parts = attempts(log)
@@ -241,7 +274,12 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
 
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
     job.wait_for_log("epoch 1/")
-    ok(hpctrain("cancel", job.job_id, "--wait", "60", cwd=tmp_path))
+    # `cancel --wait` returns once the job has ended: it runs on while the training, paused, receives the SIGTERM.
+    cancel = slurm_cluster.interrupt_mid_run(job.job_id, 1, signal.SIGTERM, lambda: subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "cancel", job.job_id, "--wait", "120"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out, err = cancel.communicate(timeout=300)
+    assert cancel.returncode == 0, out + err
     job.follow(timeout=120)
     log = job.log
     assert len(attempts(log)) == 1 and "requeueing" not in log, log

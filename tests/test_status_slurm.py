@@ -103,7 +103,7 @@ def test_signal_is_delivered_without_ending_the_job(slurm_cluster, tmp_path: Pat
         result = hpctrain("cancel", job, "--signal", "USR1", "--full")
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == f"sent USR1 to job {job} (its steps and batch shell; it was RUNNING)"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while "got USR1" not in out.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "got USR1" in out.read_text()
@@ -145,7 +145,7 @@ def test_cancel_delivers_sigterm_to_the_jobs_python(slurm_cluster, tmp_path: Pat
             time.sleep(0.1)
         result = hpctrain("cancel", job)
         assert result.stdout.strip() == f"job {job}: RUNNING -> CANCELLED", result.stderr
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60  # a bound for a broken test only: a busy machine may be slow to answer
         while "got SIGTERM" not in out.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         lines = out.read_text().splitlines()
