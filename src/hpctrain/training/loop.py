@@ -30,8 +30,9 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
 from hpctrain.launch.local import available_cores
 from hpctrain.recipes import Recipe, get_recipe
-from hpctrain.recipes.base import Optimization, TensorData
+from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
+from hpctrain.training.data_source import DataSource
 from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
@@ -69,6 +70,7 @@ class Position:
     step_in_epoch: int = 0  # optimizer steps completed in the epoch in progress
     epoch_train_seconds: float = 0.0  # training time spent in the epoch in progress before the last checkpoint
     loss_sum: float = 0.0  # this rank's sum of training losses in the epoch in progress (for the epoch's mean)
+    best_accuracy: float = -1.0  # the best test accuracy at an epoch end so far (for checkpoint_best.pt)
 
     def next_epoch(self) -> None:
         self.epoch += 1
@@ -137,7 +139,7 @@ def train(cfg: TrainConfig) -> RunResult:
 class Parts:
     """What the loop works with, built once per attempt by `_build`."""
 
-    data: TensorData
+    data: DataSource
     plan: EpochPlan
     model: nn.Module  # the plain module: what checkpoints hold
     wrapped: nn.Module  # what trains: DDP/DataParallel around `model`, or `model` itself
@@ -153,6 +155,7 @@ class EpochStats:
     loss_sum: torch.Tensor
     images: int = 0
     seconds_before: float = 0.0  # training seconds the epoch had when this attempt took it up
+    data_wait_seconds: float = 0.0  # this attempt's time spent waiting for training input
 
 
 def _train(run: Run) -> RunResult:
@@ -169,8 +172,12 @@ def _train(run: Run) -> RunResult:
         if reason is not StopReason.NONE:
             break
         record = _finish_epoch(run, parts, position, stats)
+        improved = record["test_accuracy"] > position.best_accuracy
+        position.best_accuracy = max(position.best_accuracy, record["test_accuracy"])
         position.next_epoch()
         _save(run, parts, position, end_of_epoch=True)
+        if improved and run.recipe.keeps_best:
+            _keep_best(run, position)
         if metrics:
             metrics.epoch(record)
             run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
@@ -190,10 +197,8 @@ def _train(run: Run) -> RunResult:
 
 def _build(run: Run) -> tuple[Parts, Position]:
     cfg, recipe, device = run.cfg, run.recipe, run.device
-    data = recipe.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)
-    if cfg.test_limit is not None:
-        data.test_images, data.test_labels = data.test_images[: cfg.test_limit], data.test_labels[: cfg.test_limit]
-    plan = EpochPlan(len(data.train_labels), cfg.batch_size, run.env.world_size, cfg.seed)
+    data = recipe.data_source(cfg, device, run.env)
+    plan = EpochPlan(data.num_train, cfg.batch_size, run.env.world_size, cfg.seed)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in every strategy
     model = recipe.build_model().to(device)
     optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, plan.steps_per_epoch)
@@ -217,6 +222,9 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
     run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
+    scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
+    if scaling:
+        run.say(scaling)
     if run.resume_from is not None:
         run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
                 f"{plan.steps_per_epoch} (global step {position.step})")
@@ -227,15 +235,15 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
                  ) -> tuple[StopReason, EpochStats]:
     """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint)."""
     cfg, env, plan, optimization = run.cfg, run.env, parts.plan, parts.optimization
-    order = plan.order(position.epoch).to(run.device)
+    batches = parts.data.train_batches(plan, position.epoch, position.step_in_epoch, env.rank)
     stats = EpochStats(torch.tensor(position.loss_sum, device=run.device), 0, position.epoch_train_seconds)
     parts.wrapped.train()
     started = time.perf_counter()
-    while position.step_in_epoch < plan.steps_per_epoch:
-        indices = plan.rank_indices(order, position.step_in_epoch, env.rank)
+    for inputs, labels in batches:
         parts.generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, env.rank))
-        images = run.recipe.augment(parts.data.train_images[indices], parts.generator)
-        loss = run.recipe.loss(parts.wrapped(images), parts.data.train_labels[indices])
+        images = run.recipe.augment(inputs, parts.generator)
+        with run.recipe.autocast(run.device):
+            loss = run.recipe.loss(parts.wrapped(images), labels)
         optimization.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimization.optimizer.step()
@@ -243,10 +251,10 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
             optimization.scheduler.step()
         position.step += 1
         position.step_in_epoch += 1
-        stats.images += len(indices) * env.world_size
+        stats.images += len(labels) * env.world_size
         stats.loss_sum += loss.detach()
         if progress:
-            progress.step(position.step_in_epoch, position.step, len(indices), env.world_size,
+            progress.step(position.step_in_epoch, position.step, len(labels), env.world_size,
                           lambda: stats.loss_sum.item() / position.step_in_epoch)
         reason = agree(run.stop.reason, parts.control)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
@@ -256,8 +264,10 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
             _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
             started = time.perf_counter()  # checkpoint writes do not count as training time
             if reason is not StopReason.NONE:
+                stats.data_wait_seconds = batches.wait_seconds
                 return reason, stats
     position.epoch_train_seconds += _elapsed(started, run.device)
+    stats.data_wait_seconds = batches.wait_seconds
     return StopReason.NONE, stats
 
 
@@ -265,7 +275,7 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
     """Evaluate, step an epoch-wise schedule, and return the epoch's metrics record."""
     optimization = parts.optimization
     train_loss = _mean_over_ranks(stats.loss_sum, position.step_in_epoch, run.device)
-    test_loss, test_accuracy = evaluate(run, parts)
+    scores = evaluate(run, parts)
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
     attempt_seconds = position.epoch_train_seconds - stats.seconds_before
@@ -273,10 +283,12 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
         "epoch": position.epoch + 1,
         "step": position.step,
         "train_loss": train_loss,
-        "test_loss": test_loss,
-        "test_accuracy": test_accuracy,
+        "test_loss": scores["test_loss"],
+        "test_accuracy": scores["test_accuracy"],
+        **({"test_top5": scores["test_top5"]} if run.recipe.reports_top5 else {}),
         "images_per_s": stats.images / max(attempt_seconds, 1e-9),
         "epoch_seconds": position.epoch_train_seconds,
+        "data_wait_seconds": stats.data_wait_seconds,
         "world_size": run.env.world_size,
         "lr": optimization.optimizer.param_groups[0]["lr"],
     }
@@ -288,7 +300,7 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
 def setup_run(cfg: TrainConfig) -> Run:
     """Resolve the config, environment, device and strategy, lock the run directory and validate the resume point:
     everything that can fail on bad input happens here, before any run file is written."""
-    recipe = get_recipe(cfg.workload, cfg.recipe)
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
     cfg = resolve_config(cfg, recipe)
     env = detect(init_method=cfg.dist_init_method)
     device = resolve_device(cfg.device, env)
@@ -505,7 +517,8 @@ def _check_fits(cfg: TrainConfig, weights: dict[str, Any], source: Path | None) 
     """The checkpoint's weights must have this recipe's parameter names and shapes (checked on the meta device:
     nothing is allocated or initialized)."""
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in get_recipe(cfg.workload, cfg.recipe).build_model()
+        expected = {k: tuple(v.shape) for k, v in get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+                    .build_model()
                     .state_dict().items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     problems = [f"{k}: checkpoint {found[k]}, model {shape}" for k, shape in expected.items()
@@ -576,25 +589,29 @@ def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> f
 
 
 @torch.inference_mode()
-def evaluate(run: Run, parts: Parts) -> tuple[float, float]:
-    """Test loss and accuracy over the whole test set: each rank takes a contiguous shard, sums are all-reduced."""
+def evaluate(run: Run, parts: Parts) -> dict[str, float]:
+    """Test loss, top-1 and top-5 accuracy over the whole test set. Each rank scores its own share (every sample on
+    exactly one rank; ranks may have different batch counts), then one all-reduce sums losses, hits and counts.
+    Samples labelled below 0 (images skipped as unreadable) count nowhere."""
     # DataParallel spreads evaluation over the GPUs too; DDP's wrapper would only add hooks.
     model = parts.wrapped if run.strategy == "dp" else parts.model
-    data, recipe = parts.data, run.recipe
+    recipe = run.recipe
     model.eval()
-    n = len(data.test_labels)
-    world, rank = run.env.world_size, run.env.rank
-    lo, hi = n * rank // world, n * (rank + 1) // world
-    sums = torch.zeros(2, dtype=torch.float64, device=run.device)
-    for start in range(lo, hi, run.cfg.test_batch_size):
-        end = min(start + run.cfg.test_batch_size, hi)
-        output = recipe.predict(model, data.test_images[start:end])
-        target = data.test_labels[start:end]
-        sums[0] += F.cross_entropy(output.float(), target, reduction="sum").double()
+    sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # loss, top-1 hits, top-5 hits, samples
+    for images, target in parts.data.eval_batches(run.env.world_size, run.env.rank, run.cfg.test_batch_size):
+        with recipe.autocast(run.device):
+            output = recipe.predict(model, images)
+        output = output.float()
+        sums[0] += F.cross_entropy(output, target, reduction="sum").double()
         sums[1] += (output.argmax(dim=1) == target).sum()
+        top = output.topk(min(5, output.shape[1]), dim=1).indices
+        sums[2] += (top == target.unsqueeze(1)).any(dim=1).sum()
+        sums[3] += (target >= 0).sum()
     if run.env.is_distributed:
         dist.all_reduce(sums)
-    return float(sums[0]) / n, float(sums[1]) / n
+    n = max(float(sums[3]), 1.0)
+    return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
+            "test_images": int(sums[3])}
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -619,6 +636,7 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
             "step": position.step,
             "step_in_epoch": position.step_in_epoch,
             "epoch_train_seconds": position.epoch_train_seconds,
+            "best_accuracy": position.best_accuracy,
             "world_size": run.env.world_size,
             "ranks": gathered,
             "config": run.cfg.to_dict(),
@@ -650,4 +668,16 @@ def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict
     rng.restore(mine["rng"])
     loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else 0.0
     return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
-                    float(loss_sum))
+                    float(loss_sum), float(state.get("best_accuracy", -1.0)))
+
+
+def _keep_best(run: Run, position: Position) -> None:
+    """Copy the epoch checkpoint just written to checkpoint_best.pt (with its manifest): never pruned, never
+    `latest`. Rank 0; waits for a background save of that checkpoint first."""
+    if not run.is_main:
+        return
+    if run.writer is not None:
+        run.writer.wait()
+    ckpt_dir = run.run_dir / CHECKPOINT_DIR
+    source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
+    checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)
