@@ -81,3 +81,17 @@ def test_inconsistent_environment_is_reported_not_raised(args, variables, messag
     error_line = next(line for line in proc.stdout.splitlines() if line.startswith("distributed:  error: "))
     assert message in error_line
     assert "torch:" in proc.stdout  # the rest of the report is still there
+
+
+def test_provenance_records_the_versions_env_shows() -> None:
+    """One function for both: provenance.json once held `nccl: null` and cuDNN as a raw number like 92400."""
+    from hpctrain.training.provenance import versions
+
+    info = json.loads(hpctrain_env("--json").stdout)
+    recorded = versions()
+    assert (recorded["cudnn"], recorded["nccl"], recorded["cuda"], recorded["torchvision"]) == (
+        info["cudnn"], info["nccl"], info["torch_cuda_build"], info["torchvision"])
+    if torch.backends.cudnn.is_available():
+        assert recorded["cudnn"].count(".") == 2, recorded["cudnn"]
+    if torch.distributed.is_nccl_available():  # the build carries NCCL even where no GPU is visible
+        assert recorded["nccl"] is not None

@@ -62,3 +62,9 @@ def test_kubeflow_pod_with_several_processes_fans_out(monkeypatch, clean_env):
     assert node.worker_environ(3)["RANK"] == "7"
     with pytest.raises(UserError, match="contradicts PET_NPROC_PER_NODE"):
         plan(monkeypatch, 4, nproc=2)
+
+
+def test_nproc_with_cuda_but_no_gpus_says_none_is_visible(monkeypatch, clean_env):
+    with pytest.raises(UserError, match="no GPU is visible here.*drop --device cuda") as caught:
+        plan(monkeypatch, 0, nproc=2, device="cuda")
+    assert "--nproc 0" not in str(caught.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -12,6 +13,12 @@ from hpctrain.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
 STRATEGIES = ("auto", "single", "dp", "ddp")
+
+# Bounds that refuse typos and overflow while leaving room for every real run.
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range; negative seeds would alias seed + 2**64
+MAX_LR = 1e3  # real schedules stay below ~30 (LARS at 32k batches); Adadelta's 1.0 is the largest built-in default
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600.0  # a week
+MAX_LOG_INTERVAL_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -62,14 +69,18 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
-        if self.lr is not None and not self.lr > 0:
-            raise UserError(f"--lr must be a positive number (got {self.lr})")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise UserError(f"--seed must be a whole number from 0 to 2**64-1 = {MAX_SEED} (got {_short(self.seed)})")
+        if self.lr is not None:
+            _check_float("--lr", self.lr, above=0, at_most=MAX_LR, why="a larger learning rate only diverges")
         if self.checkpoint_every < 0:
             raise UserError(f"--checkpoint-every must be 0 (off) or a number of steps (got {self.checkpoint_every})")
         if self.keep_checkpoints < 1:
             raise UserError(f"--keep-checkpoints must be at least 1 (got {self.keep_checkpoints})")
-        if self.dist_timeout <= 0:
-            raise UserError(f"--dist-timeout must be a positive number of seconds (got {self.dist_timeout})")
+        _check_float("--dist-timeout", self.dist_timeout, above=0, at_most=MAX_DIST_TIMEOUT_S,
+                     why="a collective waiting longer for a rank is a hang; the unit is seconds")
+        _check_float("--log-interval", self.log_interval, at_least=0, at_most=MAX_LOG_INTERVAL_S,
+                     why="the unit is seconds; 0 prints every step")
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
@@ -101,6 +112,74 @@ def default_run_dir(cfg: TrainConfig, environ: dict[str, str] | None = None) -> 
         task = environ.get("SLURM_ARRAY_TASK_ID")
         name += f"-{job_id}" + (f"_{task}" if task and environ.get("SLURM_ARRAY_JOB_ID") else "")
     return str(Path("runs") / name)
+
+
+# The longest name a run directory holds (checkpoints/checkpoint_step_N.pt.manifest.json and its temporary files).
+_RUN_FILE_NAME_ROOM = 96
+
+
+def check_run_dir(run_dir: str | os.PathLike[str]) -> None:
+    """Refuse a run directory that cannot be created or written, before any data loads or workers start.
+
+    Looks only: nothing is created, so a refused command leaves nothing behind."""
+    path = Path(os.path.abspath(run_dir))
+    flag = f"--run-dir {_shorter(str(run_dir))}"
+    if path == path.parent:
+        raise UserError(f"{flag} is the file system root; pass a directory of the run's own, e.g. runs/NAME")
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    name_max = _pathconf(existing, "PC_NAME_MAX", 255)
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(f"{flag}: the name {part[:24]}... has {len(os.fsencode(part))} bytes, more than the "
+                            f"{name_max} this file system allows in one name; choose a shorter --run-dir")
+    path_max = _pathconf(existing, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(str(path))) + _RUN_FILE_NAME_ROOM > path_max:
+        raise UserError(f"{flag} is too long for this file system ({path_max} bytes per path, the run's files "
+                        "included); choose a shorter --run-dir")
+    if not existing.is_dir():
+        kind = "a file" if existing.is_file() else "not a directory"
+        what = f"is {kind}" if existing == path else f"lies under {_shorter(str(existing))}, which is {kind}"
+        raise UserError(f"{flag} {what}; pass a directory (new or existing) as --run-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if _read_only(existing) else "is not writable by this user"
+        where = "" if existing == path else f"cannot be created: {_shorter(str(existing))} "
+        raise UserError(f"{flag} {where}{why}; choose a --run-dir where you can write")
+
+
+def _shorter(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2:]}"
+
+
+def _pathconf(path: Path, name: str, fallback: int) -> int:
+    try:
+        return os.pathconf(path, name)
+    except (OSError, ValueError, AttributeError):
+        return fallback
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def _check_float(flag: str, value: float, *, above: float | None = None, at_least: float | None = None,
+                 at_most: float, why: str) -> None:
+    """A finite number in range; the error names the range and why the upper bound is there."""
+    low_ok = (above is None or value > above) and (at_least is None or value >= at_least)
+    if math.isfinite(value) and low_ok and value <= at_most:
+        return
+    low = f"above {above:g}" if above is not None else f"at least {at_least:g}"
+    raise UserError(f"{flag} must be a finite number {low} and at most {at_most:g} ({why}); got {value!r}")
+
+
+def _short(value: int) -> str:
+    """A user's number for a message, never unbounded (a 5,000-digit seed stays one short line)."""
+    if abs(value) < 10**30:
+        return str(value)
+    digits = int(abs(value).bit_length() * math.log10(2)) + 1
+    return f"a {'negative ' if value < 0 else ''}number of about {digits} digits"
 
 
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

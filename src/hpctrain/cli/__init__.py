@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import sys
 
 from hpctrain import __version__
@@ -24,29 +26,55 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+DESCRIPTION = (
+    "Train PyTorch models on shared clusters: the same job on a laptop CPU, GPUs and several nodes, started here, "
+    "by torchrun, by srun or by a Kubeflow PyTorchJob; Slurm jobs checked before they queue, stopped jobs resumed "
+    "exactly. `hpctrain COMMAND --help` explains a command."
+)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpctrain", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hpctrain", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        sub_parser.set_defaults(parser_=sub_parser)  # so an unknown option is reported by the command's parser
         if only is None or only == name:
             importlib.import_module(module_name).add_arguments(sub_parser)
     return parser
 
 
+def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the closest option for each unknown one."""
+    known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    unknown = [extra.split("=", 1)[0] for extra in extras if extra.startswith("-")]
+    hints = [(name, difflib.get_close_matches(name, known, n=1, cutoff=0.6)) for name in unknown]
+    said = [f"did you mean {close[0]}?" if len(unknown) == 1 else f"{name}: did you mean {close[0]}?"
+            for name, close in hints if close]
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(said)})" if said else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Import only the chosen subcommand's module: `hpctrain cluster` must not pay for importing torch.
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only=chosen if chosen in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
-    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    command = None
     try:
+        # Import only the chosen subcommand's module: `hpctrain cluster` must not pay for importing torch.
+        chosen = next((a for a in argv if not a.startswith("-")), None)
+        parser = build_parser(only=chosen if chosen in SUBCOMMANDS else None)
+        args, extras = parser.parse_known_args(argv)
+        command = args.command
+        if extras:
+            args.parser_.error(unrecognized(args.parser_, extras))
+        del args.parser_
+        module = importlib.import_module(SUBCOMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except UserError as err:
-        print(f"hpctrain {args.command}: error: {err}", file=sys.stderr)
+        print(f"hpctrain {command}: error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print(f"hpctrain {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C at any point, start-up (imports, parsing) included: one line, no traceback
+        print(f"hpctrain{' ' + command if command else ''}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hpctrain env | head`: the reader has gone, as with any Unix tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141

@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from importlib import metadata
 from typing import Any
 
 # Variables that decide detection; echoed so a report shows what the launcher really set.
@@ -48,20 +47,21 @@ def collect(init_method: str | None = None) -> dict[str, Any]:
     """Gather the report; each probe that can fail records its error instead of raising."""
     import torch
 
-    from hpctrain import __version__
+    from hpctrain.training.provenance import package_version, versions
 
+    shared = versions()  # the same figures every run records in provenance.json
     info: dict[str, Any] = {
-        "hpctrain": __version__,
+        "hpctrain": shared["hpctrain"],
         "python": f"{platform.python_version()} ({platform.python_implementation()}) {sys.executable}",
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "torch": torch.__version__,
-        "torch_cuda_build": torch.version.cuda,
+        "torch": shared["torch"],
+        "torch_cuda_build": shared["cuda"],
         "cuda_available": torch.cuda.is_available(),
-        "cudnn": _cudnn_version(torch),
-        "nccl": _nccl_version(torch),
-        "torchvision": _package_version("torchvision"),
-        "tensorboard": _package_version("tensorboard"),
+        "cudnn": shared["cudnn"],
+        "nccl": shared["nccl"],
+        "torchvision": shared["torchvision"],
+        "tensorboard": package_version("tensorboard"),
         "slurm": _slurm_version(),
         "gpus": _gpus(torch),
         "launcher_variables": {name: os.environ[name] for name in _LAUNCHER_VARS if name in os.environ},
@@ -120,37 +120,6 @@ def _distributed(init_method: str | None) -> dict[str, Any]:
     except UserError as err:
         device = f"error: {err}"
     return {"distributed": {**dataclasses.asdict(env), "summary": env.describe()}, "device_auto": device}
-
-
-def _package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _cudnn_version(torch: Any) -> str | None:
-    try:
-        number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    except Exception:  # a broken cuDNN install must not stop the report
-        return None
-    if not number:
-        return None
-    # cuDNN 9 encodes major*10000 + minor*100 + patch; earlier versions major*1000 + minor*100 + patch.
-    major, rest = divmod(number, 10000 if number >= 90000 else 1000)
-    return f"{major}.{rest // 100}.{rest % 100}"
-
-
-def _nccl_version(torch: Any) -> str | None:
-    try:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_nccl_available()):
-            return None
-        version = torch.cuda.nccl.version()
-    except Exception:  # no NCCL in this build, or it cannot load
-        return None
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _slurm_version() -> str | None:

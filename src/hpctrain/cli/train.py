@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hpctrain.config import DEVICES, STRATEGIES, TrainConfig
+from hpctrain.cli import unrecognized
+from hpctrain.config import DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
 from hpctrain.recipes import WORKLOADS
+
+if TYPE_CHECKING:
+    from hpctrain.distributed import DistEnv, NodePlan
 
 RESUME_LATEST = "latest"
 
@@ -20,7 +27,7 @@ RESUME_LATEST = "latest"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=list(WORKLOADS), help="built-in workload")
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", default="mnist", help="mnist or fashion-mnist (default: mnist)")
+    data.add_argument("--dataset", help="mnist or fashion-mnist (default: mnist)")
     data.add_argument("--data-dir", help="directory holding DATASET/ as `hpctrain download` leaves it "
                       "(default: $HPCTRAIN_DATA_DIR, else ./data)")
     data.add_argument("--train-limit", type=int, metavar="N", help="use only the first N training images")
@@ -28,26 +35,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     recipe = parser.add_argument_group("recipe (unset values take the recipe's defaults)")
     recipe.add_argument("--recipe", default="fast", help="fast (ours, the default) or classic (the pytorch/examples "
                         "MNIST tutorial: its CNN, Adadelta lr 1.0, StepLR 0.7, batch 64)")
-    recipe.add_argument("--epochs", type=int, metavar="N")
-    recipe.add_argument("--batch-size", type=int, metavar="N", help="global batch, split over all processes")
-    recipe.add_argument("--test-batch-size", type=int, metavar="N")
-    recipe.add_argument("--lr", type=float, metavar="F")
-    recipe.add_argument("--seed", type=int, default=0)
+    recipe.add_argument("--epochs", type=int, metavar="N", help="passes over the training set (fast: 1, classic: 14)")
+    recipe.add_argument("--batch-size", type=int, metavar="N", help="global batch, split over all processes "
+                        "(fast: 112, classic: 64)")
+    recipe.add_argument("--test-batch-size", type=int, metavar="N", help="images per evaluation batch; changes "
+                        "speed and memory, not results (fast: 2000, classic: 1000)")
+    recipe.add_argument("--lr", type=float, metavar="F", help="learning rate, above 0 and at most 1000 (fast: "
+                        "0.15, the SGD peak after warmup; classic: Adadelta 1.0, times 0.7 each epoch)")
+    recipe.add_argument("--seed", type=int, default=0, help="fixes initial weights, data order and augmentation: "
+                        "the same seed gives the same run (0 to 2**64-1, default 0)")
     where = parser.add_argument_group("where and how")
     where.add_argument("--run-dir", help="config, metrics, TensorBoard files, checkpoints "
                        "(default: runs/WORKLOAD-DATASET[-SLURM_JOB_ID])")
-    where.add_argument("--device", choices=DEVICES, default="auto")
+    where.add_argument("--device", choices=DEVICES, default="auto", help="cuda: this process's GPU (one per "
+                       "process); cpu; auto (default): a GPU when one is visible, else the CPU")
     where.add_argument("--strategy", choices=STRATEGIES, default="auto",
                        help="single process, DataParallel (dp) or DistributedDataParallel (ddp); auto: ddp when "
                        "there are several processes, else single")
     where.add_argument("--nproc", type=int, metavar="N", help="start N local worker processes (DDP): one per GPU, "
                        "or N CPU processes with gloo")
     where.add_argument("--dist-init-method", metavar="env|slurm|tcp://HOST:PORT|file://PATH",
-                       help="override how processes find each other (default: detected)")
+                       help="for processes started by torchrun, srun or by hand: override how they find each other "
+                       "(default: detected); --nproc chooses its own")
     where.add_argument("--dist-timeout", type=float, default=600.0, metavar="S",
                        help="seconds a collective waits for a missing rank before failing (default: 600)")
-    where.add_argument("--threads", type=int, metavar="N", help="torch threads per process (default: the cores "
-                       "this process may use, divided among the local processes)")
+    where.add_argument("--threads", type=int, metavar="N", help="torch threads per process, at most the cores it "
+                       "may use (default: those cores not kept busy by other programs at the start, divided among "
+                       "the local processes)")
     ckpt = parser.add_argument_group("checkpoints")
     ckpt.add_argument("--resume", nargs="?", const=RESUME_LATEST, metavar="PATH",
                       help="continue from the newest valid checkpoint in the run dir, or from PATH")
@@ -65,7 +79,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {
         "workload": args.workload,
         "recipe": args.recipe,
-        "dataset": args.dataset,
         "run_dir": args.run_dir,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
@@ -86,8 +99,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "async_checkpoints": not args.sync_checkpoints,
         "log_interval": args.log_interval,
     }
-    if args.data_dir is not None:
-        values["data_dir"] = args.data_dir
+    for name in ("dataset", "data_dir"):  # unset: TrainConfig's default
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
     return TrainConfig(**values)
 
 
@@ -98,28 +112,88 @@ def config_from_argv(argv: list[str]) -> TrainConfig:
     parser = _RaisingParser(prog="hpctrain train", exit_on_error=False)
     add_arguments(parser)
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            parser.error(unrecognized(parser, extras))
     except argparse.ArgumentError as err:
-        raise UserError(f"bad training options {' '.join(argv)!r}: {err}; see `hpctrain train --help`") from None
+        raise UserError(f"bad training options: {err}; see `hpctrain train --help`") from None
     return config_from_args(args)
 
 
 class _RaisingParser(argparse.ArgumentParser):
-    """Reports every parse error as an exception (argparse itself prints usage and exits with status 2 for some)."""
+    """Errors become UserError (one line, no usage text, no exit status in the message)."""
 
-    def error(self, message: str):
-        raise argparse.ArgumentError(None, message)
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(f"bad training options: {message}; see `hpctrain train --help`")
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    plan = _spawn_plan(cfg)
+    try:
+        cfg, plan = _preflight(cfg, dataset_defaulted=args.dataset is None)
+    except UserError:
+        if _other_local_rank():
+            raise SystemExit(UserError.exit_code) from None  # the node's local rank 0 says it, once
+        raise
     if plan is None:
         return _train_here(cfg)
     from hpctrain.launch.local import spawn
 
-    _prevalidate(cfg)
     return spawn(plan, _train_here, (cfg.replace(nproc=None),))
+
+
+def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:
+    """Every check that bad input can fail, before data loads or workers start; returns the config with the
+    thread count chosen, and the local workers to start (None: train in this process)."""
+    from hpctrain.distributed import detect, resolve_device, restart_count
+    from hpctrain.launch.local import check_threads
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.loop import check_resume_point, check_run_dir_free, resolve_config, resolve_strategy
+
+    if cfg.nproc is not None and cfg.dist_init_method not in (None, "auto"):
+        raise UserError(f"--nproc starts the processes itself and gives them their ranks and a free local port; "
+                        f"--dist-init-method {cfg.dist_init_method} is for processes started elsewhere (torchrun, "
+                        "srun, or by hand with RANK and WORLD_SIZE set): drop one of the two")
+    restart_count()  # a malformed SLURM_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT fails here, not mid-start
+    resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe))
+    plan = _spawn_plan(cfg)
+    env = None if plan is not None else detect(init_method=cfg.dist_init_method)
+    if env is not None:  # this process trains: its device and strategy must work (workers check their own)
+        resolve_strategy(cfg.strategy, env, resolve_device(cfg.device, env))
+    if cfg.threads is not None:
+        check_threads(cfg.threads)
+    if (plan.node_rank if plan is not None else env.rank) == 0:  # only rank 0 writes the run directory
+        check_run_dir(resolved.run_dir)
+    _check_dataset(cfg, dataset_defaulted)
+    if plan is not None:  # a single process locks the run dir and checks its resume point itself, before it loads the data
+        check_run_dir_free(Path(resolved.run_dir))
+        check_resume_point(resolved, detect())
+    return cfg.replace(threads=_threads(cfg, plan, env)), plan
+
+
+def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> int:
+    """--threads; else the free cores shared among this node's processes. Free cores are measured only where no
+    sibling process is starting up beside this one (it would count as busy)."""
+    from hpctrain.launch.local import busy_cores_elsewhere, default_threads
+
+    if cfg.threads is not None:
+        return cfg.threads
+    local = plan.nproc_per_node if plan is not None else env.local_world_size
+    if plan is None and local > 1:
+        return default_threads(local)
+    busy = busy_cores_elsewhere()
+    threads, idle = default_threads(local, busy), default_threads(local)
+    if threads < idle:
+        print(f"hpctrain: other programs keep {busy:.1f} of this process's cores busy: training with {threads} "
+              f"thread(s) per process rather than {idle}, which would wait on each other (--threads N to choose)",
+              file=sys.stderr, flush=True)
+    return threads
+
+
+def _other_local_rank() -> bool:
+    """A process a launcher started beside this node's local rank 0 (which reports the node's start-up errors)."""
+    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")).strip()
+    return local_rank not in ("", "0")
 
 
 def _train_here(cfg: TrainConfig) -> int:
@@ -161,6 +235,9 @@ def _visible_gpus() -> int:
 
 def _check_nproc(cfg: TrainConfig) -> None:
     gpus = _visible_gpus()
+    if cfg.device == "cuda" and not gpus:
+        raise UserError(f"--device cuda, but no GPU is visible here (no driver, or CUDA_VISIBLE_DEVICES hides them); "
+                        f"drop --device cuda to train {cfg.nproc} processes on the CPU, or run where GPUs are")
     if cfg.device == "cuda" or (cfg.device == "auto" and gpus):
         if cfg.nproc > gpus:
             raise UserError(f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
@@ -174,19 +251,31 @@ def _check_nproc(cfg: TrainConfig) -> None:
                         f"use --nproc {cores} or fewer")
 
 
-def _prevalidate(cfg: TrainConfig) -> None:
-    """Catch bad input once, here, rather than once per worker."""
-    from hpctrain.data import find_dataset_files, get_dataset_spec
+def _check_dataset(cfg: TrainConfig, dataset_defaulted: bool) -> None:
+    """The dataset's files are in --data-dir; if not, name the fix (another dataset there, or the download)."""
+    from hpctrain.data import DATASETS, find_dataset_files, get_dataset_spec
 
     data_dir = Path(cfg.data_dir)
+    download = f"`hpctrain download {cfg.dataset} --data-dir {shlex.quote(str(data_dir))}`"
     if not data_dir.is_dir():
-        raise UserError(f"--data-dir {data_dir} does not exist; run `hpctrain download {cfg.dataset} --data-dir "
-                        f"{data_dir}` first, or point --data-dir at the directory that holds the data")
-    find_dataset_files(get_dataset_spec(cfg.dataset), data_dir)
-    from hpctrain.distributed import detect
-    from hpctrain.training.loop import check_resume_point, check_run_dir_free, resolve_config
-    from hpctrain.recipes import get_recipe
+        raise UserError(f"--data-dir {data_dir} does not exist; run {download} first, or point --data-dir at the "
+                        "directory that holds the data")
+    try:
+        find_dataset_files(get_dataset_spec(cfg.dataset), data_dir)
+    except UserError:
+        present = [name for name in DATASETS if name != cfg.dataset and _has_dataset(name, data_dir)]
+        if not present:
+            raise
+        default = " (the default --dataset)" if dataset_defaulted else ""
+        raise UserError(f"dataset {cfg.dataset}{default} is not in {data_dir}, but {present[0]} is: pass --dataset "
+                        f"{present[0]}, or run {download}") from None
 
-    resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe))
-    check_run_dir_free(Path(resolved.run_dir))  # before starting workers: rank 0 takes the lock itself
-    check_resume_point(resolved, detect())
+
+def _has_dataset(name: str, data_dir: Path) -> bool:
+    from hpctrain.data import find_dataset_files, get_dataset_spec
+
+    try:
+        find_dataset_files(get_dataset_spec(name), data_dir / name)  # its own folder: mnist and fashion-mnist
+        return True  # share file names, so a bare data dir cannot tell them apart
+    except UserError:
+        return False

@@ -12,11 +12,11 @@ Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 _NO_CLIENT = (
     "`{cmd}` was not found: hpctrain needs the Slurm client commands on PATH. Run it on a login node of your "
-    "cluster, or load Slurm's module first (`module load slurm`)"
+    "cluster (after `module load slurm` where the cluster uses modules)"
 )
 _NO_CONTROLLER = (
-    "`{line}` could not reach the Slurm controller ({err}). Check `scontrol ping` and ask your cluster's admins "
-    "whether slurmctld is up (a local test cluster from an hpctrain checkout: `scripts/local-slurm.sh up`)"
+    "`{line}` could not reach the Slurm controller ({err}). Check `scontrol ping`; if it fails too, the "
+    "controller is down or unreachable from this host: ask the cluster's administrators"
 )
 
 

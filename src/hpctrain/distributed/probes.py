@@ -19,7 +19,7 @@ from hpctrain.distributed.environment import DistEnv, NodePlan, Vars
 from hpctrain.distributed.hostlist import expand_tasks_per_node, first_host
 from hpctrain.errors import UserError
 
-__all__ = ["PROBES", "Probe", "detect", "kubeflow_node_plan", "slurm_port"]
+__all__ = ["PROBES", "RESTART_COUNT_VARS", "Probe", "detect", "kubeflow_node_plan", "restart_count", "slurm_port"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,9 @@ PORT_BASE = 20000
 PORT_SPAN = 12000
 
 INIT_METHOD_FORMS = "env, slurm, tcp://HOST:PORT or file:///shared/path"
+
+# Set by Slurm on a requeued job and by torchrun on a restarted worker group: a later attempt of the same run.
+RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 
 
 class Probe(Protocol):
@@ -322,6 +325,14 @@ def detect(environ: Mapping[str, str] | None = None, init_method: str | None = N
     else:
         raise UserError(f"--dist-init-method {choice!r} is not understood; use {INIT_METHOD_FORMS}")
     return _checked(env)
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many times the launcher has restarted this run (0: the first attempt); a malformed count is an error
+    naming the variable, never a guess."""
+    v = Vars(os.environ if environ is None else environ)
+    why = "the number of earlier attempts, set by the launcher"
+    return max(v.number(name, hint=why) or 0 for name in RESTART_COUNT_VARS)
 
 
 def _first_match(environ: Mapping[str, str], probes: tuple[Probe, ...]) -> DistEnv:

@@ -26,9 +26,10 @@ from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
+from hpctrain.distributed.probes import restart_count
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
-from hpctrain.launch.local import available_cores
+from hpctrain.launch.local import choose_threads
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
@@ -305,7 +306,7 @@ def setup_run(cfg: TrainConfig) -> Run:
     env = detect(init_method=cfg.dist_init_method)
     device = resolve_device(cfg.device, env)
     strategy = resolve_strategy(cfg.strategy, env, device)
-    torch.set_num_threads(cfg.threads or default_threads(env.local_world_size))
+    torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
     run_dir = Path(cfg.run_dir)
     # Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
     # ones it moves aside) cannot change under it. A directory that does not exist yet holds nothing to resume and
@@ -397,11 +398,6 @@ def resolve_strategy(requested: str, env: DistEnv, device: torch.device) -> str:
     return requested
 
 
-def default_threads(local_processes: int) -> int:
-    """The cores this process may use, shared among the node's processes."""
-    return max(1, available_cores() // max(1, local_processes))
-
-
 @dataclass
 class ResumePoint:
     """The checkpoint a run continues from, and what in the run's checkpoint directory must make way for it."""
@@ -428,24 +424,12 @@ class ResumePoint:
             print(f"hpctrain: moved {path.name} aside to {target.name} ({why})", flush=True)
 
 
-def _restart_count() -> int:
-    """How often a launcher has restarted this job (0: the first attempt)."""
-    count = 0
-    for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
-        value = os.environ.get(key, "").strip() or "0"
-        if not value.isdigit():
-            raise UserError(f"{key}={value!r} is not a whole number; the launcher sets it: unset it (or set a "
-                            "number) in this environment")
-        count = max(count, int(value))
-    return count
-
-
 def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint | None:
     """Decide where the run starts. An explicit --resume (latest, or a path) insists on a checkpoint; a restarted
     attempt (Slurm requeue, torchrun restart) resumes by itself, and starts from the beginning only if no save has
     ever finished. Neither starts over when every checkpoint there is damaged."""
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    restarted = _restart_count() > 0
+    restarted = restart_count() > 0
     if cfg.resume not in (None, "latest"):
         return _explicit_resume(Path(cfg.resume))
     if cfg.resume is None and not restarted:

@@ -19,28 +19,56 @@ PROVENANCE_FILE = "provenance.json"
 
 
 def versions() -> dict[str, str | None]:
+    """Versions of what trains, as `hpctrain env` shows them (None: not in this build or not loadable)."""
     import torch
 
-    info: dict[str, str | None] = {
+    from hpctrain import __version__
+
+    return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
-        "nccl": None,
+        "cudnn": cudnn_version(),
+        "nccl": nccl_version(),
+        "torchvision": package_version("torchvision"),  # the installed version, without importing torchvision
+        "hpctrain": __version__,
     }
-    try:  # the installed version, without paying seconds for importing torchvision
-        info["torchvision"] = importlib.metadata.version("torchvision")
-    except importlib.metadata.PackageNotFoundError:
-        info["torchvision"] = None
-    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
-        try:
-            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except (RuntimeError, AttributeError):
-            pass
-    from hpctrain import __version__
 
-    info["hpctrain"] = __version__
-    return info
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cudnn_version() -> str | None:
+    """cuDNN as MAJOR.MINOR.PATCH (torch reports one number)."""
+    import torch
+
+    try:
+        number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception:  # a broken cuDNN install must not stop the report
+        return None
+    if not number:
+        return None
+    # cuDNN 9 encodes major*10000 + minor*100 + patch; earlier versions major*1000 + minor*100 + patch.
+    major, rest = divmod(number, 10000 if number >= 90000 else 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def nccl_version() -> str | None:
+    """The NCCL this torch build carries (known without a GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        if not (dist.is_available() and dist.is_nccl_available()):
+            return None
+        version = torch.cuda.nccl.version()
+    except Exception:  # no NCCL in this build, or it cannot load
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def git_revision(directory: Path | None = None) -> str | None:
