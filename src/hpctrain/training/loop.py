@@ -219,7 +219,8 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     cfg, plan = run.cfg, parts.plan
     _write_run_files(run, hosts)
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
-    progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss)
+    progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss,
+                        every_steps=cfg.print_freq)
     where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
     run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
@@ -305,6 +306,7 @@ def setup_run(cfg: TrainConfig) -> Run:
     cfg = resolve_config(cfg, recipe)
     env = detect(init_method=cfg.dist_init_method)
     device = resolve_device(cfg.device, env)
+    check_dist_backend(cfg, device)
     strategy = resolve_strategy(cfg.strategy, env, device)
     torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
     run_dir = Path(cfg.run_dir)
@@ -438,7 +440,7 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
                             "it, or choose another --run-dir for a new run")
         return None
     if not run_dir.exists():
-        if not restarted:
+        if not restarted and not cfg.fresh_if_missing:
             raise UserError(f"--resume: the run directory {run_dir} does not exist; check --run-dir (a typo?), or "
                             "drop --resume to start a new run there")
         return None  # a restarted attempt whose first one never got as far as creating the run directory
@@ -665,3 +667,41 @@ def _keep_best(run: Run, position: Position) -> None:
     ckpt_dir = run.run_dir / CHECKPOINT_DIR
     source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
     checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)
+
+
+def check_dist_backend(cfg: TrainConfig, device: torch.device) -> None:
+    """--dist-backend is accepted for compatibility, when it is the backend this device gets anyway."""
+    needed = "nccl" if device.type == "cuda" else "gloo"
+    if cfg.dist_backend is not None and cfg.dist_backend != needed:
+        raise UserError(f"--dist-backend {cfg.dist_backend} on {device.type}: hpctrain uses {needed} there; "
+                        f"drop --dist-backend (or pass {needed})")
+
+
+def evaluate_checkpoint(cfg: TrainConfig) -> dict[str, float]:
+    """--evaluate: score the checkpoint --resume names (a file, or the newest in a run/checkpoint directory) on the
+    evaluation set, on every process of the job; writes nothing."""
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+    cfg = resolve_config(cfg, recipe)
+    if cfg.resume is None:
+        raise UserError("--evaluate scores a checkpoint: pass --resume PATH (a checkpoint file or a run directory)")
+    env = detect(init_method=cfg.dist_init_method)
+    device = resolve_device(cfg.device, env)
+    check_dist_backend(cfg, device)
+    strategy = resolve_strategy(cfg.strategy, env, device)
+    source = Path(cfg.run_dir) if cfg.resume == "latest" else Path(cfg.resume)
+    point = _explicit_resume(source)
+    _check_fits(cfg, point.state["model"], point.source)
+    run = Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), None)
+    with run.stop:
+        init_process_group(env, device, cfg.dist_timeout)
+        try:
+            model = recipe.build_model().to(device)
+            model.load_state_dict(point.state["model"])
+            data = recipe.data_source(cfg, device, env)
+            scores = evaluate(run, Parts(data, None, model, model, None, None, None))  # type: ignore[arg-type]
+        finally:
+            destroy_process_group()
+    top5 = f", top-5 {100 * scores['test_top5']:.2f}%" if recipe.reports_top5 else ""
+    run.say(f"evaluated {point.source} on {scores['test_images']} images: loss {scores['test_loss']:.4f}, "
+            f"top-1 {100 * scores['test_accuracy']:.2f}%{top5}")
+    return scores

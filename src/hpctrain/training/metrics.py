@@ -71,8 +71,9 @@ class Progress:
     something is shown, so the GPU is not synchronized every step."""
 
     def __init__(self, epochs: int, steps_per_epoch: int, interval_s: float, interactive: bool | None = None,
-                 on_report: Callable[[int, float], None] | None = None) -> None:
+                 on_report: Callable[[int, float], None] | None = None, every_steps: int | None = None) -> None:
         self.epochs = epochs
+        self.every_steps = every_steps  # report every N steps instead of every interval_s (--print-freq)
         self.steps_per_epoch = steps_per_epoch
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.interval_s = 0.25 if self.interactive else interval_s
@@ -100,7 +101,9 @@ class Progress:
     def step(self, step_in_epoch: int, global_step: int, images_per_rank_step: int, world_size: int,
              running_loss: Callable[[], float]) -> None:
         now = time.monotonic()
-        if now - self._last < self.interval_s and step_in_epoch != self.steps_per_epoch:
+        due = (step_in_epoch % self.every_steps == 0 if self.every_steps and not self.interactive
+               else now - self._last >= self.interval_s)
+        if not due and step_in_epoch != self.steps_per_epoch:
             return
         self._last = now
         loss = running_loss()
