@@ -270,6 +270,9 @@ def _spawn_plan(cfg: TrainConfig):
         if cfg.nproc is not None and cfg.nproc != node.nproc_per_node:
             raise UserError(f"--nproc {cfg.nproc} contradicts PET_NPROC_PER_NODE={node.nproc_per_node}; drop one")
         return node
+    node = _slurm_gpu_plan(cfg)
+    if node is not None:
+        return node
     env = detect(init_method=cfg.dist_init_method)
     if cfg.nproc is None:
         gpus = _visible_gpus() if cfg.device != "cpu" else 0
@@ -283,6 +286,19 @@ def _spawn_plan(cfg: TrainConfig):
     if cfg.strategy in ("single", "dp") and cfg.nproc > 1:
         raise UserError(f"--nproc {cfg.nproc} starts DDP workers; use --strategy ddp or auto, not {cfg.strategy}")
     return local_plan(cfg.nproc)
+
+
+def _slurm_gpu_plan(cfg: TrainConfig):
+    """An srun task that owns several GPUs starts one worker per GPU (see slurm_node_plan)."""
+    from hpctrain.distributed import slurm_node_plan
+
+    if cfg.device == "cpu" or not ({"SLURM_STEP_ID", "SLURM_STEPID"} & os.environ.keys()):
+        return None
+    node = slurm_node_plan(os.environ, _visible_gpus())
+    if node is not None and cfg.nproc is not None and cfg.nproc != node.nproc_per_node:
+        raise UserError(f"--nproc {cfg.nproc} contradicts the {node.nproc_per_node} GPUs this srun task owns; "
+                        "drop --nproc")
+    return node
 
 
 def _visible_gpus() -> int:
