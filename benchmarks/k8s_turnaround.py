@@ -57,7 +57,7 @@ def main() -> int:
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
 
-    from hpctrain.launch.job import JobSpec, Resources
+    from hpctrain.jobs.spec import JobSpec, Resources
     from hpctrain.schedulers.kubernetes.options import KubernetesOptions
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
     from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace
@@ -100,7 +100,7 @@ def main() -> int:
                 cold = (
                     "import sys, time; start = time.perf_counter()\n"
                     "from hpctrain.schedulers import get_scheduler\n"
-                    "from hpctrain.launch.job import JobSpec\n"
+                    "from hpctrain.jobs.spec import JobSpec\n"
                     f"s = get_scheduler('kubernetes', context={CONTEXT!r}, namespace={namespace!r}, image='example.invalid/x:1')\n"
                     "job = JobSpec(command=('hpctrain', 'train', 'mnist'), name=sys.argv[1])\n"
                     "s.submit(job, s.render(job)); s.custom.get_namespaced_custom_object('kubeflow.org', 'v1', "
@@ -126,7 +126,7 @@ def main() -> int:
     figures["hpctrain --help"] = times
     lazy = subprocess.run([sys.executable, "-c",
                            "import sys, hpctrain.cli\nfrom hpctrain.schedulers import get_scheduler\n"
-                           "from hpctrain.launch.job import JobSpec\n"
+                           "from hpctrain.jobs.spec import JobSpec\n"
                            "get_scheduler('kubernetes', image='x:1').render(JobSpec(command=('hpctrain',)))\n"
                            "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))"],
                           check=True, capture_output=True, text=True).stdout.strip()

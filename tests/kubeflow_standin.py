@@ -475,3 +475,18 @@ def delete_namespace(api_client: Any, name: str) -> None:
     core.delete_collection_namespaced_event(name)
     core.delete_namespace(name)
     core.replace_namespace_finalize(name, {"metadata": {"name": name}, "spec": {"finalizers": []}})
+
+
+def wait_for(what: str, predicate, standin: KubeflowStandIn, timeout: float, poll: float = 0.2):
+    """Poll `predicate` until it returns something true (returned), failing the test after `timeout` seconds or as
+    soon as the stand-in reports an error of its own. The timeout only bounds the wait; nothing asserts on time."""
+    import pytest
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        assert not standin.errors, standin.errors
+        time.sleep(poll)
+    pytest.fail(f"timed out waiting for {what}")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cluster.checks import Requirements, check_job
-from hpctrain.cluster.query import ClusterInfo, NodeInfo, PartitionInfo, parse_nodes, parse_partitions
+from hpctrain.schedulers.slurm.checks import Requirements, check_job
+from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo, parse_nodes, parse_partitions
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -166,7 +166,7 @@ def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> Non
     """scripts/local-slurm.sh exists in a checkout of hpctrain, not in an installed one: never the advice."""
     import subprocess
 
-    from hpctrain.cluster.commands import slurm
+    from hpctrain.schedulers.slurm.commands import slurm
     from hpctrain.errors import UserError
 
     def missing(argv, **kw):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.cluster.gres import GresEntry, job_shards_by_gpu, node_usage, parse_gres, split_top_level
+from hpctrain.schedulers.slurm.gres import GresEntry, job_shards_by_gpu, node_usage, parse_gres, split_top_level
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cluster.commands import slurm
-from hpctrain.cluster.query import ClusterInfo, fill_shard_use, parse_nodes, parse_partitions, parse_shard_use
-from hpctrain.cluster.records import format_duration, parse_duration, parse_mem_mb, parse_record
+from hpctrain.schedulers.slurm.commands import slurm
+from hpctrain.schedulers.slurm.query import ClusterInfo, fill_shard_use, parse_nodes, parse_partitions, parse_shard_use
+from hpctrain.schedulers.slurm.records import format_duration, parse_duration, parse_mem_mb, parse_record
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -141,8 +141,8 @@ def test_cluster_commands_do_not_import_torch() -> None:
 
     modules = [
         "hpctrain.cli.status", "hpctrain.cli.logs", "hpctrain.cli.cancel", "hpctrain.cli.cluster",
-        "hpctrain.cluster.checks", "hpctrain.cluster.jobs", "hpctrain.cluster.query", "hpctrain.cluster.output",
-        "hpctrain.cluster.display",
+        "hpctrain.schedulers.slurm.checks", "hpctrain.schedulers.slurm.jobs", "hpctrain.schedulers.slurm.query", "hpctrain.schedulers.slurm.output",
+        "hpctrain.schedulers.slurm.display",
     ]
     code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cluster.checks import Requirements, check_job
-from hpctrain.cluster.query import query_cluster
+from hpctrain.schedulers.slurm.checks import Requirements, check_job
+from hpctrain.schedulers.slurm.query import query_cluster
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 
 pytestmark = pytest.mark.slurm

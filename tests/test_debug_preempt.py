@@ -15,8 +15,8 @@ import pytest
 
 from hpctrain.cli.debug import TimeLimitWarning, _job_warning, parse_signal_option, scancel_argv, warning_from_script
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec
-from hpctrain.launch.slurm import render_sbatch
+from hpctrain.jobs.spec import JobSpec
+from hpctrain.schedulers.slurm.render import render_sbatch
 
 
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:

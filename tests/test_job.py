@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import (
+from hpctrain.jobs import load_job_file
+from hpctrain.jobs.spec import (
     VALID_KEYS,
     EnvironmentSpec,
     JobSpec,
     Resources,
     format_time_limit,
     from_mapping,
-    load_job_file,
     local_problems,
     parse_gres,
     parse_mem_mb,

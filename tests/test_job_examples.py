@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.launch.job import from_mapping, load_job_file
+from hpctrain.jobs import from_mapping, load_job_file
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "jobs").glob("*.[yt]*ml"))
 SIGNATURE = {

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec, Resources
+from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import CANCELLED, FAILED, RUNNING
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import from_mapping
+from hpctrain.jobs.spec import from_mapping
 from hpctrain.schedulers import SCHEDULERS, blocking, detect, get_scheduler
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, parse_quantity, parse_toleration, parse_volume
 from hpctrain.schedulers.kubernetes.params import parse_params, parse_params_text
@@ -168,7 +168,7 @@ def test_blocking_ignores_warnings() -> None:
 def test_kubernetes_client_is_imported_only_when_used() -> None:
     code = ("import sys; import hpctrain.cli, hpctrain.schedulers;"
             "from hpctrain.schedulers import get_scheduler;"
-            "from hpctrain.launch.job import JobSpec;"
+            "from hpctrain.jobs.spec import JobSpec;"
             "s = get_scheduler('kubernetes', image='img:1'); s.render(JobSpec(command=('hpctrain', 'train', 'mnist')));"
             "print(sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

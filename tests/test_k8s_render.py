@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import EnvironmentSpec, JobSpec, Resources
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.render import container_command, render, rendered
 from hpctrain.schedulers.kubernetes.validate import to_json_schema, validate_manifest

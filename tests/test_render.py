@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.launch.job import EnvironmentSpec, JobSpec, Resources
-from hpctrain.launch.slurm import render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
@@ -141,11 +141,13 @@ open(os.path.join(out, "ready"), "w").close()
 deadline = time.time() + 30
 while not got and time.time() < deadline:
     time.sleep(0.05)
-if mode in ("preempt", "completed-then-failed") and os.environ.get("HPCTRAIN_RUN_DIR"):
+if mode in ("preempt", "completed-then-failed", "diverged") and os.environ.get("HPCTRAIN_RUN_DIR"):
     os.makedirs(os.environ["HPCTRAIN_RUN_DIR"], exist_ok=True)
     with open(os.path.join(os.environ["HPCTRAIN_RUN_DIR"], "stop_reason"), "w") as f:
         if mode == "completed-then-failed":  # training finished; torchrun then died on the late warning
             f.write("completed")
+        elif mode == "diverged":  # the loss became non-finite (exit 3), then the warning came
+            f.write("diverged")
         else:
             f.write("preempted" if got == ["SIGUSR1"] else "cancelled")
 sys.exit(0 if mode == "preempt" else 3)
@@ -280,11 +282,12 @@ def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, 
         assert code == 1 and "requeue budget (3) is used up" in output
 
 
-def test_a_completed_run_is_not_requeued_when_a_late_warning_fails_the_step(fake_slurm) -> None:
+@pytest.mark.parametrize("mode", ["completed-then-failed", "diverged"])
+def test_a_completed_or_diverged_run_is_not_requeued_when_a_warning_fails_the_step(fake_slurm, mode: str) -> None:
     tmp_path, env, out = fake_slurm
     job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
                   run_dir="runs/r-%j", signal_grace=60)
-    code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, "completed-then-failed")
+    code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, mode)
     assert not (out / "scontrol").exists(), output
     assert code == 3 and "requeueing" not in output
 

@@ -103,10 +103,19 @@ def test_resume_of_a_run_dir_that_does_not_exist_is_refused(fashion_data_dir, tm
     assert not typo.exists()
 
 
-def test_a_requeued_attempt_into_a_run_dir_not_yet_made_starts_fresh(fashion_data_dir, tmp_path):
+@pytest.mark.parametrize("restart", [{"SLURM_RESTART_COUNT": "2"}, {"HPCTRAIN_AUTO_RESUME": "1"}])
+def test_a_requeued_attempt_into_a_run_dir_not_yet_made_starts_fresh(fashion_data_dir, tmp_path, restart):
     run_dir = tmp_path / "new"
-    train(fashion_data_dir, run_dir, "--epochs", "1", "--train-limit", "128", env={"SLURM_RESTART_COUNT": "2"})
+    train(fashion_data_dir, run_dir, "--epochs", "1", "--train-limit", "128", env=restart)
     assert [r["epoch"] for r in read_metrics(run_dir)] == [1]
+
+
+def test_a_pod_restarted_in_place_resumes_without_being_told(fashion_data_dir, run_copy):
+    """Kubernetes restarts a failed container with nothing in its environment to say so; the rendered pods carry
+    HPCTRAIN_AUTO_RESUME=1, so the same command resumes instead of refusing a run dir that holds checkpoints."""
+    result = train(fashion_data_dir, run_copy, "--epochs", "2", env={"HPCTRAIN_AUTO_RESUME": "1"})
+    assert "resumed at epoch 2, step 0" in result.stdout
+    assert [r["epoch"] for r in read_metrics(run_copy)] == [1, 2]
 
 
 def test_resume_of_a_complete_run_says_so_and_how_to_extend_it(fashion_data_dir, run_copy):

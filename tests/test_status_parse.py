@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.cluster.jobs import (
+from hpctrain.schedulers.slurm.jobs import (
     JobInfo,
     check_job_id,
     parse_exit_code,
@@ -19,7 +19,7 @@ from hpctrain.cluster.jobs import (
     parse_squeue,
     wait_for_job,
 )
-from hpctrain.cluster.output import expand_pattern, follow, output_candidates
+from hpctrain.schedulers.slurm.output import expand_pattern, follow, output_candidates
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cluster.jobs import wait_for_job
+from hpctrain.schedulers.slurm.jobs import wait_for_job
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 
 pytestmark = pytest.mark.slurm

@@ -195,8 +195,8 @@ def test_mem_without_a_unit_warns(fake_sbatch: Path, capsys, mem: str, warned: b
 def test_bad_training_options_are_named_without_an_exit_status(fake_sbatch: Path, capsys) -> None:
     assert main(["submit", "--dry-run", "train", "mnist", "--epochz", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines() == ["hpctrain submit: error: bad training options 'mnist --epochz 2': unrecognized "
-                                "arguments: --epochz 2; see `hpctrain train --help`"]
+    assert err.splitlines() == ["hpctrain submit: error: bad training options: unrecognized arguments: --epochz 2 "
+                                "(did you mean --epochs?); see `hpctrain train --help`"]
 
 
 # ---- the job finds its tools ------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, cap
 
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
     from hpctrain.cli.submit import program_problems
-    from hpctrain.launch.job import EnvironmentSpec, JobSpec
+    from hpctrain.jobs.spec import EnvironmentSpec, JobSpec
 
     tools = tmp_path / "tools"
     _executable(tools / "mytool")
@@ -255,3 +255,10 @@ def test_a_job_file_interpreter_with_another_environment_is_refused(fake_sbatch:
     (tmp_path / "job.yaml").write_text("command: [x]\npython: /usr/bin/python3\nenvironment: {kind: venv, venv: v}\n")
     assert main(["submit", "--dry-run", "--job-file", "job.yaml"]) == 2
     assert "a venv environment brings its own hpctrain and torchrun" in capsys.readouterr().err
+
+
+def test_a_docker_image_reference_gets_the_pull_command_instead_of_failing_on_the_node(fake_sbatch: Path, capsys) -> None:
+    assert main(["submit", "--dry-run", "--image", "docker://nvcr.io/nvidia/pytorch:24.04-py3", "--", "python", "x.py"]) == 2
+    err = capsys.readouterr().err
+    assert "hpctrain image pull docker://nvcr.io/nvidia/pytorch:24.04-py3 --to DIR" in err
+    assert len(err.splitlines()) == 1

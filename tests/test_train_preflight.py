@@ -277,7 +277,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
 
 
 def test_slurm_errors_point_at_nothing_that_only_a_checkout_has(tmp_path, monkeypatch):
-    from hpctrain.cluster.commands import slurm
+    from hpctrain.schedulers.slurm.commands import slurm
 
     monkeypatch.setenv("PATH", str(tmp_path))  # a real lookup that finds no sbatch
     with pytest.raises(UserError) as caught:

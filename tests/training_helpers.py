@@ -34,8 +34,9 @@ def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300, env: dic
                           text=True, timeout=timeout)
 
 
-def start_hpctrain(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    environ = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
+def start_hpctrain(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                   ) -> subprocess.Popen[str]:
+    environ = {**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 

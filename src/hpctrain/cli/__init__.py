@@ -15,13 +15,17 @@ from hpctrain.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hpctrain.cli.train", "train a built-in recipe (mnist) here: CPU, GPUs, or many processes"),
     "download": ("hpctrain.cli.download", "fetch and verify a dataset before the job (compute nodes are often offline)"),
-    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm job (a built-in recipe, or any command after --)"),
+    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm or Kubernetes job (a built-in recipe, or any command after --)"),
     "check": ("hpctrain.cli.check", "validate a job against the live cluster without submitting it"),
     "status": ("hpctrain.cli.status", "show jobs: state, pending reason, nodes, elapsed time, restarts"),
     "logs": ("hpctrain.cli.logs", "print (or follow) a job's output file(s)"),
     "cancel": ("hpctrain.cli.cancel", "cancel a job; training checkpoints before it stops"),
     "cluster": ("hpctrain.cli.cluster", "per-node table of state, CPUs, memory, GPUs and shards in use"),
     "debug": ("hpctrain.cli.debug", "rehearse trouble: `debug preempt JOB` sends the time-limit warning now"),
+    "dev": ("hpctrain.cli.dev", "interactive JupyterLab or sshd on a compute node or pod: dev start|list|stop NAME"),
+    "tensorboard": ("hpctrain.cli.tensorboard", "TensorBoard on runs' tb/ folders, here or as a small job on the cluster"),
+    "image": ("hpctrain.cli.image", "pull a docker:// image once into an apptainer .sif or enroot .sqsh; list images"),
+    "top": ("hpctrain.cli.top", "GPU use, CPU load and images/s of a running job, per node"),
     "env": ("hpctrain.cli.env", "print versions, GPUs and the detected distributed environment for bug reports"),
 }
 
@@ -34,13 +38,15 @@ DESCRIPTION = (
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with the arguments of subcommand `only` (None: none of them, which is all `hpctrain --help`
+    needs; importing every subcommand module would cost seconds)."""
     parser = argparse.ArgumentParser(prog="hpctrain", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         sub_parser.set_defaults(parser_=sub_parser)  # so an unknown option is reported by the command's parser
-        if only is None or only == name:
+        if only == name:
             importlib.import_module(module_name).add_arguments(sub_parser)
     return parser
 

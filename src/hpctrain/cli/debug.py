@@ -125,7 +125,7 @@ def _job_warning(job_id: str, signal: str | None, steps: bool) -> TimeLimitWarni
     if steps:
         raise UserError("--steps only says where a --signal you name goes; add --signal SIG, or leave both out "
                         "to send what the job's script asks for")
-    from hpctrain.cluster.commands import slurm
+    from hpctrain.schedulers.slurm.commands import slurm
 
     result = slurm(["scontrol", "write", "batch_script", job_id, "-"], check=False)
     if result.returncode != 0:
@@ -144,8 +144,8 @@ def _job_warning(job_id: str, signal: str | None, steps: bool) -> TimeLimitWarni
 
 
 def preempt(args: argparse.Namespace) -> int:
-    from hpctrain.cluster.commands import command_error, slurm
-    from hpctrain.cluster.jobs import check_job_id, get_job
+    from hpctrain.schedulers.slurm.commands import command_error, slurm
+    from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
 
     job_id = check_job_id(args.job)
     before = get_job(job_id)
@@ -183,7 +183,7 @@ def preempt(args: argparse.Namespace) -> int:
 
 def _follow(job_id: str, restarts: int, timeout_s: float) -> int:
     """Wait until the job requeues itself (its restart count grows) or ends; 0 for a requeue."""
-    from hpctrain.cluster.jobs import get_job
+    from hpctrain.schedulers.slurm.jobs import get_job
 
     deadline = time.monotonic() + max(0.0, timeout_s)
     last_state = None

@@ -1,15 +1,23 @@
-"""`hpctrain logs JOB [-f] [--err]`: print a job's output file, or follow it until the job ends."""
+"""`hpctrain logs JOB [-f] [--err | --replica NAME]`: print a job's output, or follow it until the job ends.
+
+Slurm: the job's output file (--err: its stderr file). Kubernetes: one replica's container log through the API
+server (default: rank 0, master-0; --replica worker-1 for another).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
-    parser.add_argument("--err", action="store_true", help="the job's stderr file instead of its stdout")
+    parser.add_argument("--err", action="store_true", help="Slurm: the job's stderr file instead of its stdout")
+    parser.add_argument("--replica", metavar="NAME", help="Kubernetes: the replica whose log to show (master-0, worker-1; default: rank 0)")
+    add_connection_arguments(parser)
 
 
 def _write(text: str) -> None:
@@ -18,8 +26,17 @@ def _write(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.cluster.jobs import check_job_id, get_job
-    from hpctrain.cluster.output import follow, output_candidates
+    backend = backend_for(args, {"err": "--err"})
+    if backend is None:
+        return _run_slurm(args)
+    for line in backend.logs(args.job, follow=args.follow, replica=args.replica):
+        print(line, flush=args.follow)
+    return 0
+
+
+def _run_slurm(args: argparse.Namespace) -> int:
+    from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
+    from hpctrain.schedulers.slurm.output import follow, output_candidates
     from hpctrain.errors import UserError
 
     job_id = check_job_id(args.job)

@@ -1,9 +1,11 @@
-"""`hpctrain submit`: describe a job (flags and/or a job file), check it, render it, and queue it with sbatch.
+"""`hpctrain submit`: describe a job (flags and/or a job file), check it, render it, and queue it on Slurm (sbatch)
+or Kubernetes (a Kubeflow PyTorchJob or TrainJob).
 
     hpctrain submit [job options] train mnist [train options]     # a built-in recipe
     hpctrain submit [job options] -- python my_train.py --lr 0.1   # any command
+    hpctrain submit --scheduler kubernetes --image IMG [...] train mnist
 
-The job options are shared with `hpctrain check` (add_job_arguments / job_from_args).
+The job options are shared with `hpctrain check` (add_job_arguments / submission_from_args).
 """
 
 from __future__ import annotations
@@ -13,26 +15,46 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.cli.scheduling import (
+    KUBERNETES_JOB_FLAGS,
+    add_kubernetes_job_arguments,
+    choose_scheduler,
+    get_backend,
+    kubernetes_fields,
+    refuse_foreign_flags,
+)
 from hpctrain.errors import UserError
-from hpctrain.launch.job import (
+from hpctrain.jobs import JobFile, read_job_file
+from hpctrain.jobs.spec import (
     ENVIRONMENT_KINDS,
     LAUNCHERS,
     JobSpec,
     from_mapping,
-    load_job_file,
     local_problems,
     mem_warning,
 )
+
+# dest -> flag: what only Slurm understands (given with --scheduler kubernetes: an error naming the fix).
+SLURM_ONLY_FLAGS = {
+    "partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output", "error": "--error",
+    "sbatch_extra": "--sbatch", "gpu_type": "--gpu-type", "gres": "--gres", "kind": "--env-kind", "modules": "--module",
+    "conda_env": "--conda-env", "venv": "--venv", "mounts": "--mount", "workdir": "--container-workdir",
+    "launcher": "--launcher", "rdzv_port": "--rdzv-port", "max_requeues": "--max-requeues",
+    "max_preemptions": "--max-preemptions",
+}
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Job options; every one left out keeps the job file's value (or the default)."""
     g = parser.add_argument_group("job")
-    g.add_argument("--job-file", metavar="PATH", help="YAML or TOML job description; flags given here override it")
+    g.add_argument("--job-file", metavar="PATH",
+                   help="YAML or TOML job description, or a Kubernetes platform's key=value .params file; flags given here override it")
     g.add_argument("--job-name", "-J", dest="name", metavar="NAME", help="job name (default: hpctrain)")
     g.add_argument("--partition", "-p", metavar="NAME")
     g.add_argument("--account", "-A", metavar="NAME")
@@ -43,8 +65,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sbatch", dest="sbatch_extra", action="append", metavar="OPTION",
                    help="extra sbatch option for an #SBATCH line, e.g. --sbatch=--exclusive (repeatable)")
     g.add_argument("--setenv", dest="env", action="append", metavar="NAME=VALUE", help="environment variable for the job (repeatable)")
-    r = parser.add_argument_group("resources (per node)")
-    r.add_argument("--nodes", "-N", type=int, metavar="N")
+    r = parser.add_argument_group("resources (per node; on Kubernetes per pod)")
+    r.add_argument("--nodes", "-N", type=int, metavar="N", help="nodes (Slurm) or worker pods (Kubernetes)")
     r.add_argument("--nproc-per-node", "--ntasks-per-node", dest="nproc_per_node", type=int, metavar="N",
                    help="training processes per node (one per GPU)")
     r.add_argument("--gpus-per-node", type=int, metavar="N")
@@ -58,7 +80,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--module", dest="modules", action="append", metavar="NAME", help="`module load NAME` first (repeatable)")
     e.add_argument("--conda-env", metavar="NAME|PREFIX")
     e.add_argument("--venv", metavar="DIR")
-    e.add_argument("--image", metavar="IMAGE", help="apptainer .sif, or enroot image for pyxis")
+    e.add_argument("--image", metavar="IMAGE",
+                   help="Slurm: apptainer .sif, or enroot image for pyxis; Kubernetes: the container image of every pod")
     e.add_argument("--mount", dest="mounts", action="append", metavar="SRC[:DST]", help="container bind mount (repeatable)")
     e.add_argument("--container-workdir", dest="workdir", metavar="DIR")
     l = parser.add_argument_group("launch")
@@ -72,6 +95,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                    help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)")
     l.add_argument("--max-restarts", type=int, metavar="N",
                    help="torchrun: restart the workers up to N times after one dies (default 0)")
+    add_kubernetes_job_arguments(parser)
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER,
                         help="`train RECIPE [train options]`, or `-- COMMAND ...` for your own program")
 
@@ -79,7 +103,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
     parser.add_argument("--dry-run", action="store_true",
-                        help="check the job here (not against the cluster), print the sbatch command and the script; submit nothing")
+                        help="check the job here (not against the cluster), print the sbatch command and script "
+                             "(Slurm) or the manifest (Kubernetes); submit nothing")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its exit status")
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
@@ -90,9 +115,39 @@ _JOB_FLAGS = ("name", "partition", "account", "qos", "time", "output", "error", 
 _ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
 
 
+@dataclass(frozen=True)
+class Submission:
+    """What the flags and the job file ask for: the neutral job, the scheduler, and that scheduler's options."""
+
+    job: JobSpec
+    scheduler: str
+    kubernetes: dict[str, Any] = field(default_factory=dict)
+    """KubernetesOptions fields (the job file's, then the flags'); empty for Slurm."""
+
+
+def submission_from_args(args: argparse.Namespace, dry_run: bool = False) -> Submission:
+    """Job file, then flags on top; the scheduler from --scheduler, the file or this machine."""
+    job_file = read_job_file(args.job_file) if args.job_file else JobFile(job={})
+    scheduler = choose_scheduler(args, job_file.scheduler, fallback="slurm" if dry_run else None)
+    if job_file.kubernetes and scheduler != "kubernetes":
+        raise UserError(f"job file {args.job_file} holds Kubernetes options ({', '.join(sorted(job_file.kubernetes))}) "
+                        f"but the job goes to {scheduler}: pass --scheduler kubernetes, or remove them")
+    refuse_foreign_flags(args, scheduler, SLURM_ONLY_FLAGS, KUBERNETES_JOB_FLAGS)
+    options: dict[str, Any] = {}
+    if scheduler == "kubernetes":
+        options = kubernetes_fields(args, KUBERNETES_JOB_FLAGS, job_file.kubernetes)
+        if args.image is not None:
+            options["image"] = args.image
+    job = _job(args, dict(job_file.job), scheduler)
+    return Submission(job=job, scheduler=scheduler, kubernetes=options)
+
+
 def job_from_args(args: argparse.Namespace) -> JobSpec:
-    """Job file, then flags on top; then the command (a recipe is validated like `hpctrain train` would)."""
-    data: dict[str, Any] = load_job_file(args.job_file) if args.job_file else {}
+    return submission_from_args(args, dry_run=getattr(args, "dry_run", False)).job
+
+
+def _job(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> JobSpec:
+    """The JobSpec: job file data, flags on top; then the command (a recipe is validated like `hpctrain train` would)."""
     source = f"job file {args.job_file}" if args.job_file else "job"
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     for key in _JOB_FLAGS + _RESOURCE_FLAGS:
@@ -114,7 +169,8 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
                 raise UserError(f"--setenv {item!r}: write NAME=VALUE")
             env[key] = value
         data["env"] = env
-    data["environment"] = _environment_data(data.get("environment"), args)
+    if scheduler == "slurm":  # on Kubernetes --image is the pods' image (KubernetesOptions), the only environment
+        data["environment"] = _environment_data(data.get("environment"), args)
     command = _command(args.job_command)
     if command:
         data["command"] = list(command)
@@ -129,9 +185,11 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         if "name" not in data:  # squeue then says what runs, rather than "hpctrain"
             cfg = recipe_config(cmd[2:])
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
+    elif data.get("run_dir") is None and scheduler == "kubernetes":
+        data["run_dir"] = "runs/%j"  # %j is the job name there, unique in its namespace
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
         data["run_dir"] = f"runs/{_path_safe(data.get('name', 'hpctrain'))}-%j"
-    if _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
+    if scheduler == "slurm" and _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
         # The job runs hpctrain and torchrun with this interpreter: a venv called by path, not activated, works.
         data["python"] = os.path.abspath(sys.executable)
     return from_mapping(data, source)
@@ -159,6 +217,11 @@ def _infer_kind(env: dict[str, Any]) -> str:
     if env.get("venv"):
         return "venv"
     if env.get("image"):
+        from hpctrain.images import docker_pull_hint
+
+        hint = docker_pull_hint(str(env["image"]))
+        if hint:
+            raise UserError(hint)
         if str(env["image"]).endswith(".sif"):
             return "apptainer"
         raise UserError(f"--image {env['image']!r}: say which runtime with --env-kind apptainer or --env-kind pyxis")
@@ -207,23 +270,11 @@ def _path_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
 
 
-def job_paths(job: JobSpec) -> list[str]:
-    """Paths the job will read, for the checks: the user's script. (Container images and venvs are checked by
-    local_problems, a recipe's dataset by local_check, each with a message of its own.)"""
-    paths: list[str] = []
-    if not job.is_recipe and job.environment.kind not in ("apptainer", "pyxis"):  # paths in an image: not visible here
-        argv = list(job.command)
-        if argv and Path(argv[0]).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
-            paths.append(argv[1])
-        elif "/" in argv[0]:
-            paths.append(argv[0])
-    return paths
-
-
 def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[str]:
     """Every problem visible without the cluster: missing image/venv/script, a recipe whose dataset is not in its
     data dir or that wants CUDA without GPUs, a command the job will not find on its PATH."""
-    from hpctrain.cluster.checks import check_here
+    from hpctrain.schedulers.slurm.checks import check_here
+    from hpctrain.schedulers.slurm.scheduler import requirements
 
     problems = local_problems(job)
     if job.is_recipe:
@@ -238,7 +289,7 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
         if cfg.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
             problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
                             "(or --gres shard:N), or train with --device cpu")
-    problems += check_here(_requirements(job))
+    problems += check_here(requirements(job))
     problems += program_problems(job, environ)
     return problems
 
@@ -246,7 +297,7 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
 def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
-    from hpctrain.launch.environments import get_environment
+    from hpctrain.schedulers.slurm.environments import get_environment
 
     problems = []
     if job.python is not None and not os.access(os.path.expanduser(job.python), os.X_OK):
@@ -277,30 +328,11 @@ def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def _requirements(job: JobSpec):
-    from hpctrain.cluster.checks import Requirements
-
-    r = job.resources
-    return Requirements(
-        partition=job.partition,
-        nodes=r.nodes,
-        tasks_per_node=r.nproc_per_node,
-        cpus_per_task=r.cpus_per_task,
-        gpus_per_node=r.gpus_per_node,
-        gpu_type=r.gpu_type,
-        shards_per_node=r.shards_per_node,
-        mem_mb_per_node=r.mem_mb or None,  # --mem 0 asks for whatever each node has
-        time_limit_s=job.time_limit_s,
-        paths=tuple(job_paths(job)),
-    )
-
-
 def cluster_check(job: JobSpec) -> list[str]:
-    """Ask the live cluster whether it can run the job (hpctrain.cluster.checks)."""
-    from hpctrain.cluster.checks import check_cluster
-    from hpctrain.cluster.query import query_cluster
+    """Ask the live cluster whether it can run the job (hpctrain.schedulers.slurm.checks)."""
+    from hpctrain.schedulers import get_scheduler
 
-    return check_cluster(_requirements(job), query_cluster())
+    return get_scheduler("slurm").check(job)
 
 
 def job_warnings(job: JobSpec) -> list[str]:
@@ -323,9 +355,15 @@ def report_warnings(command: str, job: JobSpec) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.launch import slurm
+    submission = submission_from_args(args, dry_run=args.dry_run)
+    if submission.scheduler == "slurm":
+        return _run_slurm(args, submission.job)
+    return _run_backend(args, submission)
 
-    job = job_from_args(args)
+
+def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
+    from hpctrain.schedulers.slurm import render as slurm
+
     script = slurm.render_sbatch(job)
     report_warnings("submit", job)
     problems = local_check(job)
@@ -353,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"hpctrain submit: job {job_id} queued{where}", file=sys.stderr, flush=True)
     if not args.wait:
         return 0
-    from hpctrain.cluster.jobs import wait_for_job
+    from hpctrain.schedulers.slurm.jobs import wait_for_job
 
     def show(info) -> None:
         why = f" ({info.reason})" if info.pending and info.reason and info.reason != "None" else ""
@@ -368,11 +406,103 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+KUBERNETES_DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
+                           "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
+                           "same options runs them")
+
+
+def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
+    """Kubernetes (and any backend whose CLI needs nothing of its own): render, check, submit through the
+    Scheduler interface."""
+    from hpctrain.schedulers import base
+
+    job = submission.job
+    sched = get_backend(args, submission.scheduler, submission.kubernetes)
+    rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
+    report_warnings("submit", job)
+    if args.dry_run:
+        sys.stdout.write(rendered.text)
+        report_problems("submit", [KUBERNETES_DRY_RUN_NOTE])
+        return 0
+    if not args.no_check:
+        problems = sched.check(job)
+        report_problems("submit", [p for p in problems if p.startswith(base.WARNING_PREFIX)])
+        if blocking := base.blocking(problems):
+            report_problems("submit", blocking + ["nothing was submitted (fix the above, or pass --no-check to skip "
+                                                  "the cluster checks)"])
+            return 2
+    job_id = sched.submit(job, rendered)
+    where = _record_rendered(job, rendered, submission)
+    print(job_id, flush=True)
+    namespace = submission.kubernetes.get("namespace", "default")
+    print(f"hpctrain submit: {rendered.payload['kind'] if isinstance(rendered.payload, dict) else 'job'} {job_id} "
+          f"created in namespace {namespace}{where}", file=sys.stderr, flush=True)
+    if not args.wait:
+        return 0
+    return wait_and_report(sched, job_id, "submit")
+
+
+def wait_and_report(sched: Any, job_id: str, command: str, poll_s: float = 2.0) -> int:
+    """Poll `status` until the job ends, saying each change; the job's exit status (1 when it did not succeed
+    and none is known)."""
+    from hpctrain.schedulers import base
+
+    last: tuple[str, int] | None = None
+    while True:
+        try:
+            status = sched.status(job_id)
+        except UserError:
+            if last is None:
+                raise
+            print(f"hpctrain {command}: job {job_id} is gone (deleted before it ended)", file=sys.stderr)
+            return 1
+        if (status.state, status.restarts) != last:
+            why = f" ({'; '.join(status.pending_reasons)})" if status.pending_reasons else ""
+            again = f", {status.restarts} restart(s)" if status.restarts else ""
+            print(f"hpctrain {command}: job {job_id} {status.state}{why}{again}", file=sys.stderr, flush=True)
+            last = (status.state, status.restarts)
+        if status.finished:
+            break
+        time.sleep(poll_s)
+    code = status.exit_code if status.exit_code is not None else (0 if status.state == base.SUCCEEDED else 1)
+    if code == 0 and status.state != base.SUCCEEDED:
+        code = 1
+    print(f"hpctrain {command}: job {job_id} ended {status.state} with exit status {code}", file=sys.stderr)
+    return code
+
+
+def _record_rendered(job: JobSpec, rendered: Any, submission: Submission) -> str:
+    """Keep the manifest and the job description (job.yaml; resubmit with --job-file) in the run directory, as
+    the pods see it (%j is the job name), when that path is reachable here (a shared volume mounted on this
+    machine too, or a relative path). Returns a note for the submit message."""
+    import yaml
+
+    from hpctrain.fsutil import write_atomic
+
+    if job.run_dir is None:
+        return ""
+    directory = Path(job.run_dir.replace("%j", job.name))
+    description = job.to_dict()
+    if job.is_recipe:
+        del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
+    description["scheduler"] = submission.scheduler
+    description["kubernetes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in submission.kubernetes.items()}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / rendered.filename, rendered.text.encode())
+        write_atomic(directory / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode())
+    except OSError as err:
+        print(f"hpctrain submit: warning: could not record the manifest in {directory} ({err.strerror or err}); "
+              f"`kubectl get -o yaml` shows what was created", file=sys.stderr)
+        return ""
+    return f"; manifest and job description in {directory}/"
+
+
 def _record(run_dir: Path, job: JobSpec, script: str) -> None:
     """Keep what was submitted beside the run's results (provenance; resubmit with --job-file job.yaml)."""
     import yaml
 
-    from hpctrain.launch.slurm import write_script
+    from hpctrain.schedulers.slurm.render import write_script
 
     description = job.to_dict()
     if job.is_recipe:

@@ -335,6 +335,17 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     return max(v.number(name, hint=why) or 0 for name in RESTART_COUNT_VARS)
 
 
+AUTO_RESUME_VAR = "HPCTRAIN_AUTO_RESUME"
+"""Set to 1 by a launcher that may restart the run without saying so (a Kubernetes pod restarted in place carries
+no restart count): the run then resumes from its newest checkpoint when there is one, as a restarted attempt does."""
+
+
+def may_be_a_restart(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process may be a later attempt of its run: a launcher's restart count above 0, or AUTO_RESUME_VAR."""
+    environ = os.environ if environ is None else environ
+    return restart_count(environ) > 0 or environ.get(AUTO_RESUME_VAR, "").strip() == "1"
+
+
 def _first_match(environ: Mapping[str, str], probes: tuple[Probe, ...]) -> DistEnv:
     for probe in probes:
         env = probe.detect(environ)

@@ -1,2 +1,2 @@
-"""Launching jobs: the job description (job.py), environments (environments.py), Slurm rendering and thin
-submission (slurm.py), local process spawning (local.py). Import the submodule you need; nothing here imports torch."""
+"""Launching processes here: local.py spawns --nproc local workers. (Jobs are described in hpctrain.jobs and
+submitted through hpctrain.schedulers.) Nothing here imports torch."""

@@ -8,6 +8,7 @@ so `hpctrain.distributed.detect()` finds it like any other launcher.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -19,9 +20,13 @@ from typing import Any, Callable
 
 from hpctrain.distributed import NodePlan
 from hpctrain.errors import UserError
+from hpctrain.training.stopping import hold_at_end
 
 # Workers get this long to checkpoint and exit after a sibling failed before they are killed.
 FAILURE_GRACE_S = 30.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Signals the launcher passes on to its workers (which checkpoint and stop): scancel, time-limit warning, Ctrl-C.
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def available_cores() -> int:
@@ -111,7 +116,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str]) -> None:
+def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str], parent: int) -> None:
+    _die_with_parent(parent)
+    # Our own session, as torchrun's workers have: a terminal's Ctrl-C (SIGINT to its foreground process group)
+    # reaches only the launcher, which forwards it once, so a single Ctrl-C never counts twice in a worker.
+    os.setsid()
     os.environ.update(env)
     try:
         code = target(*args)
@@ -119,6 +128,19 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
         print(f"hpctrain (rank {env['RANK']}): error: {err}", file=sys.stderr, flush=True)
         code = err.exit_code
     sys.exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its launcher dies (Linux), so a worker whose launcher was killed
+    never trains or writes on. SIGKILL, not SIGTERM: nobody is left to wait for a checkpoint, and the last one is
+    whole either way (checkpoints are written to a temporary name and renamed)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: nothing watches the launcher
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(128 + signal.SIGKILL)
 
 
 def local_plan(nproc: int) -> NodePlan:
@@ -129,30 +151,37 @@ def local_plan(nproc: int) -> NodePlan:
 def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> int:
     """Run target(*args) in plan.nproc_per_node fresh processes; return the first non-zero exit status, else 0.
 
-    SIGTERM and SIGUSR1 sent to this process are forwarded to the workers (they checkpoint and stop); SIGINT from a
-    terminal reaches them directly through the process group. If a worker fails, the others get SIGTERM, then
-    SIGKILL after a grace period, so a crash never leaves the rest waiting in a collective forever.
+    The workers run in their own session and die with this process (SIGKILL, on Linux). SIGTERM, SIGUSR1 and
+    SIGINT sent to this process (a terminal's Ctrl-C included) are forwarded to them: they checkpoint and stop. If a
+    worker fails, the others get SIGTERM, then SIGKILL after a grace period, so a crash never leaves the rest
+    waiting in a collective forever. Once all workers have exited those signals are ignored until this process
+    exits: the outcome is settled, and a late signal must not turn it into a death by signal.
     """
     context = multiprocessing.get_context("spawn")
     workers = [
-        context.Process(target=_worker, args=(target, args, plan.worker_environ(i)), name=f"hpctrain-rank{i}")
+        context.Process(target=_worker, args=(target, args, plan.worker_environ(i), os.getpid()),
+                        name=f"hpctrain-rank{i}")
         for i in range(plan.nproc_per_node)
     ]
-    for worker in workers:
-        worker.start()
 
     def forward(signum: int, frame: Any) -> None:
         for worker in workers:
             if worker.is_alive() and worker.pid is not None:
                 os.kill(worker.pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        return _wait(workers)
-    finally:
+        for worker in workers:
+            worker.start()
+        status = _wait(workers)
+    except BaseException:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        raise
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
+    hold_at_end()
+    return status
 
 
 def _wait(workers: list[Any]) -> int:

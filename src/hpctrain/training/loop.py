@@ -6,11 +6,13 @@ or with DataParallel; what differs is decided once, in `setup_run`, from the con
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import socket
 import sys
+import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
-from hpctrain.distributed.probes import restart_count
+from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
 from hpctrain.launch.local import choose_threads
@@ -51,6 +53,8 @@ TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", 
                     "config")
 # Fields that fix which data, model and batch order a run has: a checkpoint cannot continue under other values.
 RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "batch_size", "train_limit", "seed")
+# What torch's DDP prints on every rank when find_unused_parameters finds none (see `_wrap`: we set it on purpose).
+UNUSED_PARAMETERS_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 
 @dataclass
@@ -124,7 +128,6 @@ def train(cfg: TrainConfig) -> RunResult:
             result = _train(run)
             if run.writer is not None:
                 run.writer.wait()  # the last checkpoint is durable before the process reports success
-            return result
         except RuntimeError as err:
             if run.env.is_distributed and looks_like_peer_failure(err):
                 raise explain_failure(err, run.env, run.cfg.dist_timeout) from err
@@ -134,6 +137,9 @@ def train(cfg: TrainConfig) -> RunResult:
                 run.writer.close()
             destroy_process_group()
             run.release()
+        _report_end(run, result)
+        run.stop.finish()  # from here on, a late signal cannot turn this outcome into a death by signal
+        return result
 
 
 @dataclass
@@ -172,7 +178,11 @@ def _train(run: Run) -> RunResult:
             progress.end_epoch()
         if reason is not StopReason.NONE:
             break
-        record = _finish_epoch(run, parts, position, stats)
+        finished = _finish_epoch(run, parts, position, stats)
+        if _diverged(run, parts, finished["train_loss"], finished["test_loss"]):
+            reason = StopReason.DIVERGED  # nothing of this epoch is kept: no checkpoint, no metrics record
+            break
+        record = finished
         improved = record["test_accuracy"] > position.best_accuracy
         position.best_accuracy = max(position.best_accuracy, record["test_accuracy"])
         position.next_epoch()
@@ -187,13 +197,32 @@ def _train(run: Run) -> RunResult:
 
     if run.is_main:
         write_stop_reason(run.run_dir, reason)
-        if reason is not StopReason.NONE:
-            why = f"{run.stop.signal_name or 'a signal'} on some rank"
-            run.say(f"stopped ({reason.label}, {why}) at global step {position.step} after writing a checkpoint; "
-                    f"continue with `--resume` and the same --run-dir {run.run_dir}")
     if metrics:
         metrics.close()
     return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+
+
+def _report_end(run: Run, result: RunResult) -> None:
+    """The last lines: how the run ended, where its run directory and newest checkpoint are, what to do next."""
+    if not run.is_main:
+        return
+    latest = checkpoint.find_latest(run.run_dir / CHECKPOINT_DIR)
+    where = f"run dir {run.run_dir}, last checkpoint {latest.path if latest is not None else '(none)'}"
+    reason = result.stop_reason
+    if reason is StopReason.NONE:
+        run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
+    elif reason is StopReason.DIVERGED:
+        print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
+              f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
+              f"lower --lr (this run: {run.cfg.lr:g}), or continue from that checkpoint with `--resume --lr LOWER`",
+              file=sys.stderr, flush=True)
+    else:
+        if run.stop.signal_name is not None:
+            why = f"{run.stop.signal_name} received"
+        else:  # only possible with several processes: the vote carries the reason, not the signal
+            why = "a signal reached another process"
+        run.say(f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
+                f"Continue with `--resume` and the same --run-dir")
 
 
 def _build(run: Run) -> tuple[Parts, Position]:
@@ -227,6 +256,9 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
     if scaling:
         run.say(scaling)
+    from hpctrain.tbserver import train_hint
+
+    run.say(train_hint(run.run_dir))
     if run.resume_from is not None:
         run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
                 f"{plan.steps_per_epoch} (global step {position.step})")
@@ -235,12 +267,13 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
 
 def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress | None,
                  ) -> tuple[StopReason, EpochStats]:
-    """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint)."""
+    """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint,
+    unless the loss became non-finite: then nothing is written)."""
     cfg, env, plan, optimization = run.cfg, run.env, parts.plan, parts.optimization
     batches = parts.data.train_batches(plan, position.epoch, position.step_in_epoch, env.rank)
     stats = EpochStats(torch.tensor(position.loss_sum, device=run.device), 0, position.epoch_train_seconds)
     parts.wrapped.train()
-    started = time.perf_counter()
+    started: float | None = time.perf_counter()  # None while the training clock is stopped
     for inputs, labels in batches:
         parts.generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, env.rank))
         images = run.recipe.augment(inputs, parts.generator)
@@ -255,22 +288,53 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
         position.step_in_epoch += 1
         stats.images += len(labels) * env.world_size
         stats.loss_sum += loss.detach()
+        last = position.step_in_epoch == plan.steps_per_epoch
+        if last:  # the epoch's training time ends here: its final progress line and its summary agree exactly
+            position.epoch_train_seconds += _elapsed(started, run.device)
+            started = None
+        if run.device.type == "cpu" and not torch.isfinite(stats.loss_sum):
+            run.stop.request(StopReason.DIVERGED)  # free on the CPU; on a GPU this is checked where it syncs anyway
         if progress:
-            progress.step(position.step_in_epoch, position.step, len(labels), env.world_size,
-                          lambda: stats.loss_sum.item() / position.step_in_epoch)
+            progress.step(position.step_in_epoch, position.step,
+                          lambda: _progress_numbers(run, position, stats, started))
         reason = agree(run.stop.reason, parts.control)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
-        if reason is not StopReason.NONE or (periodic and position.step_in_epoch < plan.steps_per_epoch):
-            position.epoch_train_seconds += _elapsed(started, run.device)
+        if reason is not StopReason.NONE or (periodic and not last):
+            if started is not None:
+                position.epoch_train_seconds += _elapsed(started, run.device)
             position.loss_sum = stats.loss_sum.item()
+            if reason is StopReason.DIVERGED or _diverged(run, parts, position.loss_sum):
+                return StopReason.DIVERGED, stats
             _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
-            started = time.perf_counter()  # checkpoint writes do not count as training time
             if reason is not StopReason.NONE:
                 stats.data_wait_seconds = batches.wait_seconds
                 return reason, stats
-    position.epoch_train_seconds += _elapsed(started, run.device)
+            started = time.perf_counter()  # checkpoint writes do not count as training time
     stats.data_wait_seconds = batches.wait_seconds
     return StopReason.NONE, stats
+
+
+def _progress_numbers(run: Run, position: Position, stats: EpochStats, started: float | None) -> tuple[float, float]:
+    """The running mean loss and images/s for a progress line. images/s here and in the epoch summary measure the
+    same thing: the images all ranks trained on in this attempt's share of the epoch, per second of training time
+    (checkpoint writes and evaluation excluded)."""
+    loss = stats.loss_sum.item() / position.step_in_epoch  # reads a device tensor: the GPU has caught up after this
+    if not math.isfinite(loss):
+        run.stop.request(StopReason.DIVERGED)
+    running = time.perf_counter() - started if started is not None else 0.0
+    return loss, _images_per_s(stats, position.epoch_train_seconds + running)
+
+
+def _images_per_s(stats: EpochStats, epoch_train_seconds: float) -> float:
+    return stats.images / max(epoch_train_seconds - stats.seconds_before, 1e-9)
+
+
+def _diverged(run: Run, parts: Parts, *losses: float) -> bool:
+    """Whether any rank saw a non-finite loss (those given) or holds non-finite weights: one small vote, so every
+    rank decides the same before a checkpoint is written. Called only where the loop synchronizes anyway."""
+    weights = [p.detach() for p in parts.model.parameters()]
+    finite = all(math.isfinite(x) for x in losses) and bool(torch.stack([w.isfinite().all() for w in weights]).all())
+    return agree(StopReason.NONE if finite else StopReason.DIVERGED, parts.control) is StopReason.DIVERGED
 
 
 def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats) -> dict[str, Any]:
@@ -280,7 +344,6 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
     scores = evaluate(run, parts)
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
-    attempt_seconds = position.epoch_train_seconds - stats.seconds_before
     return {
         "epoch": position.epoch + 1,
         "step": position.step,
@@ -288,7 +351,7 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
         "test_loss": scores["test_loss"],
         "test_accuracy": scores["test_accuracy"],
         **({"test_top5": scores["test_top5"]} if run.recipe.reports_top5 else {}),
-        "images_per_s": stats.images / max(attempt_seconds, 1e-9),
+        "images_per_s": _images_per_s(stats, position.epoch_train_seconds),
         "epoch_seconds": position.epoch_train_seconds,
         "data_wait_seconds": stats.data_wait_seconds,
         "world_size": run.env.world_size,
@@ -428,10 +491,11 @@ class ResumePoint:
 
 def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint | None:
     """Decide where the run starts. An explicit --resume (latest, or a path) insists on a checkpoint; a restarted
-    attempt (Slurm requeue, torchrun restart) resumes by itself, and starts from the beginning only if no save has
-    ever finished. Neither starts over when every checkpoint there is damaged."""
+    attempt (Slurm requeue, torchrun restart, a Kubernetes pod with HPCTRAIN_AUTO_RESUME=1) resumes by itself, and
+    starts from the beginning only if no save has ever finished. Neither starts over when every checkpoint there is
+    damaged."""
     ckpt_dir = run_dir / CHECKPOINT_DIR
-    restarted = restart_count() > 0
+    restarted = may_be_a_restart()
     if cfg.resume not in (None, "latest"):
         return _explicit_resume(Path(cfg.resume))
     if cfg.resume is None and not restarted:
@@ -543,12 +607,41 @@ def _wrap(model: nn.Module, run: Run) -> nn.Module:
         # process, and gloo's sum order depends on the grouping, so a resumed run's first step would reduce in a
         # different order than the uninterrupted run's. find_unused_parameters keeps the initial grouping for
         # good (at the cost of one autograd-graph walk per step, small next to a CPU step).
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")
-            return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+        _drop_first_forward_stderr(wrapped, UNUSED_PARAMETERS_WARNING)
+        return wrapped
     if run.strategy == "dp":
         return nn.DataParallel(model)
     return model
+
+
+def _drop_first_forward_stderr(module: nn.Module, text: str) -> None:
+    """Drop the lines holding `text` that the module's first forward pass writes to stderr; pass on the others.
+
+    For DDP's find_unused_parameters warning, which it prints once per process, from C++, on the first forward:
+    straight to file descriptor 2, where Python's warnings filters never see it, and so once on every rank."""
+    capture: list[Any] = []
+
+    def start(*_: Any) -> None:
+        sys.stderr.flush()
+        capture[:] = [os.dup(2), tempfile.TemporaryFile()]
+        os.dup2(capture[1].fileno(), 2)
+
+    def stop(*_: Any) -> None:
+        hooks.close()  # once
+        saved, file = capture
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        with file:
+            file.seek(0)
+            kept = [line for line in file.read().splitlines(keepends=True) if text.encode() not in line]
+        if kept:
+            os.write(2, b"".join(kept))
+
+    hooks = contextlib.ExitStack()
+    hooks.callback(module.register_forward_pre_hook(start).remove)
+    hooks.callback(module.register_forward_hook(stop, always_call=True).remove)
 
 
 def _control_group(run: Run) -> Any:
@@ -652,7 +745,9 @@ def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict
               f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not", flush=True)
     mine = ranks[run.env.rank % len(ranks)]
     rng.restore(mine["rng"])
-    loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else 0.0
+    # The epoch's mean divides by every step of it: at another process count, each rank continues from the
+    # saved ranks' mean sum, so the mean over the new ranks still counts every earlier step once.
+    loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else sum(r["loss_sum"] for r in ranks) / len(ranks)
     return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
                     float(loss_sum), float(state.get("best_accuracy", -1.0)))
 

@@ -27,8 +27,11 @@ class MetricsLog:
         self.path = run_dir / METRICS_FILE
         if resumed_step is not None:
             _drop_records_after(self.path, resumed_step)
-        # purge_step hides scalars a killed attempt logged after the checkpoint we resume from.
-        self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=resumed_step)
+        # purge_step hides scalars a killed attempt logged after the checkpoint we resume from. Those logged *at* its
+        # step came before it was written (that step's running loss; the epoch's scalars for an epoch-end one) and
+        # stay: TensorBoard's reader drops every event whose step is at least purge_step.
+        purge_step = resumed_step + 1 if resumed_step is not None else None
+        self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=purge_step)
 
     def epoch(self, record: dict[str, Any]) -> None:
         append_line(self.path, json.dumps(record))  # never through a symbolic link
@@ -67,8 +70,8 @@ def _drop_records_after(path: Path, step: int) -> None:
 
 
 class Progress:
-    """Per-step progress. `step()` is called every step and is cheap; the loss (a device tensor) is read only when
-    something is shown, so the GPU is not synchronized every step."""
+    """Per-step progress. `step()` is called every step and is cheap; its numbers (running loss, images/s) are asked
+    for only when something is shown, so the GPU is not synchronized every step."""
 
     def __init__(self, epochs: int, steps_per_epoch: int, interval_s: float, interactive: bool | None = None,
                  on_report: Callable[[int, float], None] | None = None, every_steps: int | None = None) -> None:
@@ -82,12 +85,10 @@ class Progress:
         self._task: Any = None
         self._last = 0.0
         self._epoch = 0
-        self._epoch_start = 0.0
-        self._first_step = 0
 
     def start_epoch(self, epoch: int, first_step: int) -> None:
-        self._epoch, self._first_step = epoch, first_step
-        self._epoch_start = self._last = time.monotonic()
+        self._epoch = epoch
+        self._last = time.monotonic()
         if self.interactive:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
@@ -98,17 +99,15 @@ class Progress:
             self._task = self._bar.add_task("", total=self.steps_per_epoch, completed=first_step, epoch=epoch,
                                             epochs=self.epochs, status="")
 
-    def step(self, step_in_epoch: int, global_step: int, images_per_rank_step: int, world_size: int,
-             running_loss: Callable[[], float]) -> None:
+    def step(self, step_in_epoch: int, global_step: int, numbers: Callable[[], tuple[float, float]]) -> None:
+        """`numbers()` gives the running loss and images/s (the caller's measure, the same as its epoch summary's)."""
         now = time.monotonic()
         due = (step_in_epoch % self.every_steps == 0 if self.every_steps and not self.interactive
                else now - self._last >= self.interval_s)
         if not due and step_in_epoch != self.steps_per_epoch:
             return
         self._last = now
-        loss = running_loss()
-        done = step_in_epoch - self._first_step
-        rate = done * images_per_rank_step * world_size / max(now - self._epoch_start, 1e-9)
+        loss, rate = numbers()
         status = f"loss {loss:.4f}  {rate:,.0f} img/s"
         if self.on_report is not None:
             self.on_report(global_step, loss)

@@ -9,13 +9,22 @@ every rank (one collective) whether any of them was told to stop, so all ranks c
     SIGTERM  ``scancel``, a node shutdown, torchrun stopping its workers: checkpoint and stop, no requeue.
     SIGINT   Ctrl-C: like SIGTERM; a second Ctrl-C interrupts at once.
 
+Once the run has ended (`StopRequest.finish`), these signals are ignored until the process exits: the outcome is
+written, and a time-limit warning or scancel arriving in the last moments must not turn a completed run into one
+killed by a signal (exit 138/143, a failed job).
+
+A run whose loss becomes non-finite stops too (`StopReason.DIVERGED`), through the same vote, without a checkpoint.
+
 Users' own training scripts can use `StopRequest` the same way (see examples/).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
+import time
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
@@ -26,6 +35,11 @@ from hpctrain.fsutil import write_atomic
 EXIT_COMPLETED = 0
 EXIT_PREEMPTED = 75
 EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
+EXIT_DIVERGED = 3  # the loss became non-finite: restarting the same way would fail the same way
+
+# Tests only: seconds a process waits once its outcome is settled (after `finish`), so a test can signal a finished
+# process deterministically. Unset in real runs.
+HOLD_AT_END_ENV = "HPCTRAIN_TEST_HOLD_AT_END"
 
 STOP_REASON_FILE = "stop_reason"
 
@@ -36,10 +50,12 @@ class StopReason(IntEnum):
     NONE = 0
     PREEMPTED = 1
     CANCELLED = 2
+    DIVERGED = 3  # not a signal: the loss became non-finite; no checkpoint may be written after it
 
     @property
     def exit_code(self) -> int:
-        return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED}.get(self, EXIT_CANCELLED)
+        return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED,
+                StopReason.DIVERGED: EXIT_DIVERGED}.get(self, EXIT_CANCELLED)
 
     @property
     def label(self) -> str:
@@ -60,6 +76,7 @@ class StopRequest:
         self._reason = StopReason.NONE
         self._signal: int | None = None
         self._previous: dict[int, object] = {}
+        self._finished = False
 
     @property
     def reason(self) -> StopReason:
@@ -74,6 +91,8 @@ class StopRequest:
             self._reason, self._signal = reason, signum
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._finished:
+            return
         if signum == signal.SIGINT and self._reason >= StopReason.CANCELLED:
             raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the checkpoint
         self.request(_SIGNAL_REASONS[signum], signum)
@@ -89,6 +108,19 @@ class StopRequest:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._previous.clear()
+
+    def finish(self) -> None:
+        """The run's outcome is settled: ignore these signals from now until the process exits.
+
+        Not `uninstall`: the previous (default) actions would let a late SIGUSR1/SIGTERM kill a finished process.
+        SIG_IGN rather than a Python handler, because Python resets its handlers to the default action while the
+        interpreter shuts down, and the kernel-level ignore also covers those last moments."""
+        self._finished = True
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for signum in self._previous:
+                signal.signal(signum, signal.SIG_IGN)
+            self._previous.clear()
+        hold_at_end()
 
     def __enter__(self) -> StopRequest:
         return self.install()
@@ -109,6 +141,15 @@ def agree(local: StopReason, group: object = None) -> StopReason:
     vote = torch.tensor([int(local)], dtype=torch.int64)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
     return StopReason(int(vote.item()))
+
+
+def hold_at_end() -> None:
+    """Tests only (HPCTRAIN_TEST_HOLD_AT_END=SECONDS): wait after the outcome is settled, saying so on stderr."""
+    seconds = float(os.environ.get(HOLD_AT_END_ENV) or 0)
+    if seconds > 0:
+        print(f"hpctrain: holding {seconds:g} s at the end (pid {os.getpid()}, {HOLD_AT_END_ENV})", file=sys.stderr,
+              flush=True)
+        time.sleep(seconds)
 
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:

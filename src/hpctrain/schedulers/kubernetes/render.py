@@ -34,8 +34,9 @@ from typing import Any
 
 import yaml
 
+from hpctrain.distributed.probes import AUTO_RESUME_VAR
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns_label
 
@@ -95,6 +96,12 @@ def container_command(job: JobSpec, options: KubernetesOptions) -> list[str]:
     return (["torchrun", "--no-python"] if wrap else []) + list(job.command)
 
 
+# JobSpec fields that only Slurm reads (flag for the message), refused when not at their default.
+_SLURM_ONLY = {"partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output",
+               "error": "--error", "launcher": "--launcher", "rdzv_port": "--rdzv-port",
+               "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions"}
+
+
 def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     check_dns_label("--job-name", job.name, "pick a name such as mnist-run-1")
     if len(job.name) > 50:
@@ -117,6 +124,10 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
                         "environment: drop it and give --image")
     if job.sbatch_extra:
         raise UserError("--sbatch options are Slurm's: drop them for Kubernetes")
+    defaults = JobSpec(command=job.command)
+    for name, flag in _SLURM_ONLY.items():
+        if getattr(job, name) != getattr(defaults, name):
+            raise UserError(f"{flag} ({name} in a job file) is Slurm's: drop it for Kubernetes")
     if options.api == "trainjob":
         if options.priority_class is not None:
             raise UserError("a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "
@@ -129,7 +140,7 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
             raise UserError(f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them")
 
 
-def _quantity_mb(mb: int) -> str:
+def quantity_mb(mb: int) -> str:
     return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
 
 
@@ -138,7 +149,7 @@ def resources_per_pod(job: JobSpec) -> dict[str, str]:
     r = job.resources
     out = {"cpu": str(r.cpus_per_task * r.nproc_per_node)}
     if r.mem_mb:
-        out["memory"] = _quantity_mb(r.mem_mb)
+        out["memory"] = quantity_mb(r.mem_mb)
     if r.gpus_per_node:
         out["nvidia.com/gpu"] = str(r.gpus_per_node)
     return out
@@ -149,6 +160,8 @@ def _env(job: JobSpec) -> list[dict[str, str]]:
     directory = run_dir(job)
     if directory is not None:
         env.append({"name": "HPCTRAIN_RUN_DIR", "value": directory})
+    # A container restarted in place (restartPolicy OnFailure) is told nothing: let it resume from its checkpoint.
+    env.append({"name": AUTO_RESUME_VAR, "value": "1"})
     return env
 
 
@@ -161,7 +174,7 @@ def _volume(index: int, v: Volume) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": v.source, "type": "Directory"}}
 
 
-def _volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def pod_volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(pod volumes, container volumeMounts)"""
     volumes, mounts = [], []
     if options.shm is not None:
@@ -175,6 +188,13 @@ def _volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dic
 
 def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     """Pod spec fields shared by both APIs (apart from containers and volumes)."""
+    out = pod_placement(options)
+    out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
+    return out
+
+
+def pod_placement(options: KubernetesOptions) -> dict[str, Any]:
+    """Where and as whom a pod runs: node selector, tolerations, service account, image pull secrets."""
     out: dict[str, Any] = {}
     if options.node_selector:
         out["nodeSelector"] = options.node_selector_map
@@ -184,7 +204,6 @@ def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         out["serviceAccountName"] = options.service_account
     if options.image_pull_secrets:
         out["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
-    out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
     return out
 
 
@@ -195,7 +214,7 @@ def _metadata(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
 def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     r = job.resources
     group, version, _, kind = PYTORCHJOB_API
-    volumes, mounts = _volumes(options)
+    volumes, mounts = pod_volumes(options)
     container: dict[str, Any] = {
         "name": CONTAINER_PYTORCHJOB,
         "image": options.image,
@@ -230,7 +249,7 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
 def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     r = job.resources
     group, version, _, kind = TRAINJOB_API
-    volumes, mounts = _volumes(options)
+    volumes, mounts = pod_volumes(options)
     trainer: dict[str, Any] = {
         "image": options.image,
         "command": container_command(job, options),

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.launch.job import JobSpec
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered, ReplicaStatus
 from hpctrain.schedulers.kubernetes import render as r
@@ -333,7 +333,7 @@ class KubernetesScheduler:
 
     # ---- follow ----------------------------------------------------------------------------------------------
 
-    def _get(self, job_id: str) -> dict[str, Any]:
+    def get_object(self, job_id: str) -> dict[str, Any]:
         from kubernetes.client.rest import ApiException
 
         try:
@@ -344,14 +344,14 @@ class KubernetesScheduler:
                                 "check the name and --namespace (hpctrain status lists the jobs)") from None
             raise _api_error(err, f"reading {self.kind} {job_id}") from None
 
-    def _pods(self, job_id: str) -> list[Any]:
+    def pods_of(self, job_id: str) -> list[Any]:
         selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector}={job_id}").items
         return sorted(pods, key=lambda p: _replica_key(_replica_name(p)))
 
     def status(self, job_id: str) -> JobStatus:
-        obj = self._get(job_id)
-        pods = self._pods(job_id)
+        obj = self.get_object(job_id)
+        pods = self.pods_of(job_id)
         replicas = tuple(_replica_status(p) for p in pods)
         conditions = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
         states = _PYTORCHJOB_STATES if self.options.api == "pytorchjob" else _TRAINJOB_STATES
@@ -408,8 +408,8 @@ class KubernetesScheduler:
     def logs(self, job_id: str, follow: bool = False, replica: str | None = None) -> Iterator[str]:
         from kubernetes.client.rest import ApiException
 
-        self._get(job_id)
-        pods = self._pods(job_id)
+        self.get_object(job_id)
+        pods = self.pods_of(job_id)
         names = [_replica_name(p) for p in pods]
         if not pods:
             raise UserError(f"{job_id} has no pods yet: see `hpctrain status {job_id}` for why")

@@ -7,9 +7,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from hpctrain.cluster.jobs import JobInfo
-from hpctrain.cluster.query import ClusterInfo, NodeInfo
-from hpctrain.cluster.records import format_duration
+from hpctrain.schedulers.slurm.jobs import JobInfo
+from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
+from hpctrain.schedulers.slurm.records import format_duration
 
 
 def console() -> Console:

@@ -11,9 +11,9 @@ import subprocess
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from hpctrain.cluster.commands import Runner, slurm
-from hpctrain.cluster.gres import even_split, job_shards_by_gpu, node_usage
-from hpctrain.cluster.records import field_groups, null, parse_duration, parse_int, parse_mem_mb, parse_records
+from hpctrain.schedulers.slurm.commands import Runner, slurm
+from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
+from hpctrain.schedulers.slurm.records import field_groups, null, parse_duration, parse_int, parse_mem_mb, parse_records
 from hpctrain.distributed.hostlist import expand_hostlist
 
 

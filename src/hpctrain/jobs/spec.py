@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError, brief
-from hpctrain.launch.jobfile import load_job_file  # noqa: F401 - re-exported: reading the file lives there
 
 LAUNCHERS = ("torchrun", "srun", "single")
 ENVIRONMENT_KINDS = ("none", "modules", "conda", "venv", "apptainer", "pyxis")
@@ -273,7 +272,8 @@ _EXAMPLES = {"conda_env": "--conda-env myenv", "venv": "--venv ~/venvs/train", "
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One Slurm job: resources, environment, launcher and the command every process runs."""
+    """One job: resources, environment, launcher and the command every process runs (see hpctrain.jobs for the
+    fields only Slurm reads)."""
 
     command: tuple[str, ...]
     """argv of one training process, e.g. ("hpctrain", "train", "mnist", "--epochs", "1") or ("python", "train.py")."""

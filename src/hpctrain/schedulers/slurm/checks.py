@@ -11,8 +11,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hpctrain.cluster.query import ClusterInfo, NodeInfo, PartitionInfo
-from hpctrain.cluster.records import format_duration
+from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+from hpctrain.schedulers.slurm.records import format_duration
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,15 @@
-"""Reading a job file (YAML or TOML) into plain data, refusing anything that could make the read itself costly.
+"""Reading a job file (YAML, TOML, or a Kubernetes platform's key=value .params file) into plain data, refusing
+anything that could make the read itself costly.
 
 A job file is a few lines written by a person. What is refused here, each with a one-line UserError:
 files above MAX_JOB_FILE_BYTES (a job file pointing at /dev/zero), text that is not UTF-8, YAML anchors and
 aliases (nested aliases expand a few hundred bytes into gigabytes: "billion laughs"), and nesting so deep
-that the parsers recurse out of the stack. `job.from_mapping` validates the data that comes back.
+that the parsers recurse out of the stack. `spec.from_mapping` validates the job data that comes back.
+
+Besides the JobSpec keys, a YAML/TOML job file may name its scheduler (`scheduler: kubernetes`) and hold the
+Kubernetes options in a `kubernetes:` section (`namespace`, `shm`, `volumes`, ... as KubernetesOptions names
+them). A .params file is read by the Kubernetes backend's parser (hpctrain.schedulers.kubernetes.params) and is
+always for Kubernetes.
 """
 
 from __future__ import annotations
@@ -11,12 +17,15 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
 
 MAX_JOB_FILE_BYTES = 1 << 20
 SUFFIXES = (".toml", ".yaml", ".yml")
+PARAMS_SUFFIX = ".params"
+SCHEDULER_NAMES = ("slurm", "kubernetes")
 
 
 def _job_yaml_loader():
@@ -88,7 +97,8 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (.yaml/.yml) or TOML (.toml) job file into plain data; job.from_mapping validates it."""
     path = Path(path)
     if path.suffix not in SUFFIXES:
-        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear")
+        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear "
+                        f"(or {PARAMS_SUFFIX} for a Kubernetes platform's key=value params file)")
     text = _read_text(path)
     try:
         data = _parse(path, text)
@@ -99,3 +109,49 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"job file {path}: expected a mapping of job options at the top level")
     return data
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """A job file split into the scheduler-neutral job and the scheduler's own part."""
+
+    job: dict[str, Any]
+    """JobSpec fields, for spec.from_mapping."""
+    scheduler: str | None = None
+    """The file's `scheduler:` (a .params file: kubernetes); None: not said."""
+    kubernetes: dict[str, Any] = field(default_factory=dict)
+    """KubernetesOptions fields (its `kubernetes:` section, or what a .params file says)."""
+
+
+def read_job_file(path: str | Path) -> JobFile:
+    """Read any job file: YAML/TOML (load_job_file) or .params (the Kubernetes platform's format)."""
+    path = Path(path)
+    if path.suffix == PARAMS_SUFFIX:
+        from hpctrain.schedulers.kubernetes.params import parse_params
+
+        job, options = parse_params(path)
+        return JobFile(job=job, scheduler="kubernetes", kubernetes=options)
+    data = {str(k).replace("-", "_"): v for k, v in load_job_file(path).items()}
+    scheduler = data.pop("scheduler", None)
+    if scheduler is not None and scheduler not in SCHEDULER_NAMES:
+        raise UserError(f"job file {path}: scheduler {scheduler!r} is unknown: use {' or '.join(SCHEDULER_NAMES)}")
+    section = data.pop("kubernetes", None)
+    kubernetes = _kubernetes_section(path, section) if section is not None else {}
+    if kubernetes and scheduler == "slurm":
+        raise UserError(f"job file {path} says scheduler: slurm but has a kubernetes: section; remove one of them")
+    return JobFile(job=data, scheduler=scheduler, kubernetes=kubernetes)
+
+
+def _kubernetes_section(path: Path, section: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+
+    valid = sorted(f.name for f in fields(KubernetesOptions))
+    if not isinstance(section, dict):
+        raise UserError(f"job file {path}: kubernetes must be a mapping of options ({', '.join(valid)})")
+    data = {str(k).replace("-", "_"): v for k, v in section.items() if v is not None}
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise UserError(f"job file {path}: unknown kubernetes key(s) {', '.join(unknown)}; valid keys: {', '.join(valid)}")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from hpctrain.cluster.commands import Runner, command_error, slurm
-from hpctrain.cluster.records import null, parse_duration, parse_int, parse_records
+from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
+from hpctrain.schedulers.slurm.records import null, parse_duration, parse_int, parse_records
 from hpctrain.errors import UserError
 
 # States after which a job never runs again (a requeued job goes back to PENDING instead).

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from hpctrain.cluster.jobs import JobInfo
+from hpctrain.schedulers.slurm.jobs import JobInfo
 
 
 def expand_pattern(pattern: str, job_id: str, name: str | None = None, user: str | None = None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from hpctrain.launch.job import EnvironmentSpec
+from hpctrain.jobs.spec import EnvironmentSpec
 
 
 def quote_path(path: str) -> str:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.launch.environments import get_environment, quote_path
-from hpctrain.launch.job import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
+from hpctrain.schedulers.slurm.environments import get_environment, quote_path
+from hpctrain.jobs.spec import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
 
 # The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
 PORT_BASE = 20000
@@ -242,8 +242,9 @@ def render_sbatch(job: JobSpec) -> str:
         requeues = "$own_requeues" if job.run_dir is not None else "${SLURM_RESTART_COUNT:-0}"
         next_requeue = "$((own_requeues + 1))" if job.run_dir is not None else "$((${SLURM_RESTART_COUNT:-0} + 1))"
         out += [
-            "# A run that completed is never requeued, even if torchrun then failed on the warning.",
-            'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" != completed ] &&',
+            "# A run that completed is never requeued, even if torchrun then failed on the warning; nor is one whose",
+            "# loss diverged (it would only diverge again).",
+            'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" != completed ] && [ "$stop_reason" != diverged ] &&',
             '    { [ "$stop_reason" = preempted ] || [ "$status" -ne 0 ]; }; then',
             f'    if [ "{requeues}" -lt {job.max_requeues} ]; then',
             f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue {next_requeue} of {job.max_requeues})"',

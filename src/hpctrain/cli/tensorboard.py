@@ -1,0 +1,75 @@
+"""`hpctrain tensorboard RUN_DIR... [--port N] [--on-cluster]`: watch runs in TensorBoard.
+
+Here: TensorBoard's own server on 127.0.0.1 (until Ctrl-C). With --on-cluster: a small CPU job (Slurm) or pod
+(Kubernetes) reading the shared folder; it prints the tunnel or port-forward command, and `hpctrain cancel JOB`
+stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hpctrain.cli.dev import add_scheduler_arguments, core_of, k8s_options, scheduler_of
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their tb/ folders are read)")
+    parser.add_argument("--port", type=int, help="port here (default: a free one)")
+    parser.add_argument("--on-cluster", action="store_true", help="run TensorBoard as a small CPU job or pod on the cluster")
+    parser.add_argument("--time", default="08:00:00", help="--on-cluster: time limit (default: 08:00:00)")
+    parser.add_argument("--partition", help="--on-cluster (Slurm): partition")
+    parser.add_argument("--account", help="--on-cluster (Slurm): account")
+    parser.add_argument("--venv", help="--on-cluster (Slurm): environment with tensorboard installed")
+    parser.add_argument("--conda-env", help="--on-cluster (Slurm): conda environment with tensorboard")
+    parser.add_argument("--image", help="--on-cluster: container image with tensorboard (.sif on Slurm, an image on Kubernetes)")
+    parser.add_argument("--module", action="append", default=[], help="--on-cluster (Slurm): module to load")
+    parser.add_argument("--mount", action="append", default=[], help="--on-cluster (Slurm containers): bind mount")
+    parser.add_argument("--volume", action="append", default=[], help="--on-cluster (Kubernetes): volume holding the runs")
+    parser.add_argument("--wait", type=float, default=600.0, metavar="S", help="seconds to wait for it to answer")
+    parser.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host)")
+    add_scheduler_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hpctrain import tbserver
+
+    if not args.on_cluster:
+        spec = tbserver.logdir_spec(args.run_dirs)
+        proc, url = tbserver.serve_local(spec, args.port)
+        print(f"TensorBoard at {url} ({len(args.run_dirs)} run(s)); Ctrl-C stops it", flush=True)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(timeout=30)
+            return 0
+    if scheduler_of(args) == "kubernetes":
+        return _kubernetes(args)
+    from hpctrain.cli.dev import environment_from_args
+    from hpctrain.services.common import login_host
+
+    tb = tbserver.ClusterTensorBoard(spec=tbserver.logdir_spec(args.run_dirs), environment=environment_from_args(args),
+                                     time=args.time, partition=args.partition, account=args.account)
+    job_id, endpoint = tbserver.start_slurm(tb, args.wait)
+    local = args.port or endpoint.port
+    print(f"\nTensorBoard is up on {endpoint.node}:{endpoint.port} (job {job_id}). On your machine, open the tunnel:")
+    print(f"  {endpoint.tunnel_command(args.login_host or login_host(), local)}")
+    print(f"then open:\n  http://localhost:{local}/")
+    print(f"Stop it with: hpctrain cancel {job_id}")
+    return 0
+
+
+def _kubernetes(args: argparse.Namespace) -> int:
+    from hpctrain import tbserver
+    from hpctrain.services import kubernetes as k8s
+
+    spec = tbserver.logdir_spec(args.run_dirs, check_exists=False)
+    options = k8s_options(args, image=args.image, volumes=tuple(args.volume))
+    pod = tbserver.service_pod(spec, args.time)
+    k8s.create(core_of(args), k8s.render_pod(pod, options))
+    local = args.port or tbserver.POD_PORT
+    print(f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:")
+    print(f"  {k8s.port_forward_command(options.namespace, pod.name, local, tbserver.POD_PORT)}")
+    print(f"then open:\n  http://localhost:{local}/")
+    print(f"Stop it with: kubectl delete pod -n {options.namespace} {pod.name}")
+    return 0

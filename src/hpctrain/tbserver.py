@@ -1,0 +1,144 @@
+"""TensorBoard on runs' `tb/` folders: here (the tensorboard package's own server, bound to 127.0.0.1), or as a
+small CPU job / pod on the cluster reading the shared folder, reached through a tunnel.
+
+Several runs are compared side by side, each named by its folder (`--logdir_spec name1:dir1,name2:dir2`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.errors import UserError
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.services import slurm as service_slurm
+from hpctrain.services.common import Endpoint, http_get, private_dir, state_root
+from hpctrain.training.metrics import TENSORBOARD_DIR
+
+POD_PORT = 6006
+
+
+def train_hint(run_dir: str | Path) -> str:
+    """The line `hpctrain train` prints at start: how to watch this run."""
+    return f"TensorBoard: hpctrain tensorboard {shlex.quote(str(run_dir))}"
+
+
+def event_dir(run_dir: Path) -> Path:
+    """RUN_DIR/tb when it exists (what hpctrain writes), else the folder itself (a tb/ folder or any log dir)."""
+    tb = run_dir / TENSORBOARD_DIR
+    return tb if tb.is_dir() else run_dir
+
+
+def run_names(run_dirs: list[Path]) -> list[str]:
+    """Each run named by its folder; equal names get their parent's name in front, then a counter."""
+    folders = [d.parent if d.name == TENSORBOARD_DIR else d for d in run_dirs]
+    plain = [f.name or "run" for f in folders]
+    names = [f"{f.parent.name}/{n}" if plain.count(n) > 1 else n for f, n in zip(folders, plain)]
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}-{seen[name]}")
+    return out
+
+
+def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
+    """`name1:dir1,name2:dir2` for TensorBoard's --logdir_spec. Paths are used as given (on the cluster they
+    must be the paths the job sees)."""
+    if not run_dirs:
+        raise UserError("give at least one run directory, e.g. hpctrain tensorboard runs/mnist")
+    dirs = [Path(d).expanduser() for d in run_dirs]
+    if check_exists:
+        missing = [str(d) for d in dirs if not d.is_dir()]
+        if missing:
+            raise UserError(f"{', '.join(missing)}: no such run directory; give folders that `hpctrain train --run-dir` wrote")
+        dirs = [event_dir(d.resolve()) for d in dirs]
+    bad = [str(d) for d in dirs if "," in str(d)]
+    if bad:
+        raise UserError(f"{bad[0]}: TensorBoard separates runs with commas, so a path cannot contain one; rename or link the folder")
+    names = [n.replace(":", "_").replace(",", "_") for n in run_names(dirs)]
+    return ",".join(f"{name}:{d}" for name, d in zip(names, dirs))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def tensorboard_argv(spec: str, port: int, host: str = "127.0.0.1", python: str = sys.executable) -> list[str]:
+    return [python, "-m", "tensorboard.main", "--logdir_spec", spec, "--port", str(port), "--host", host,
+            "--reload_interval", "10"]
+
+
+def ready(host: str, port: int) -> bool:
+    return http_get(f"http://{host}:{port}/data/runs")[0] == 200
+
+
+def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
+    """Start TensorBoard here and return (process, url) once it answers; the caller waits on or stops it."""
+    port = port or free_port()
+    proc = subprocess.Popen(tensorboard_argv(spec, port), stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + wait_s
+    while not ready("127.0.0.1", port):
+        if proc.poll() is not None:
+            raise UserError(f"tensorboard exited (status {proc.returncode}) before it answered; its messages are above "
+                            f"(port {port} in use? choose another with --port)")
+        if time.monotonic() >= deadline:
+            proc.terminate()
+            raise UserError(f"tensorboard did not answer on port {port} within {wait_s:g} s")
+        time.sleep(0.5)
+    return proc, f"http://127.0.0.1:{port}/"
+
+
+# ---- on the cluster -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterTensorBoard:
+    spec: str
+    environment: EnvironmentSpec = EnvironmentSpec()
+    time: str | None = "08:00:00"
+    partition: str | None = None
+    account: str | None = None
+    mem: str | None = "2G"
+
+
+def service_job(tb: ClusterTensorBoard, state_dir: Path) -> service_slurm.ServiceJob:
+    command = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec "$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
+                             '--port "$HPCTRAIN_PORT" --reload_interval 30')
+    return service_slurm.ServiceJob(
+        name="tensorboard", state_dir=str(state_dir), command=command,
+        resources=Resources(cpus_per_task=1, mem=tb.mem), environment=tb.environment,
+        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",), partition=tb.partition, account=tb.account,
+        time=tb.time,
+    )
+
+
+def new_state_dir() -> Path:
+    root = private_dir(state_root("tensorboard"))
+    return private_dir(root / time.strftime(f"%Y%m%d-%H%M%S-{secrets.token_hex(3)}"))
+
+
+def start_slurm(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple[str, Endpoint]:
+    state_dir = new_state_dir()
+    service = service_job(tb, state_dir)
+    job_id = service_slurm.submit(service, service_slurm.render_service_script(service))
+    say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
+    endpoint = service_slurm.wait_ready(state_dir, job_id, lambda ep: ready(ep.node, ep.port), wait_s,
+                                        on_state=lambda s: say(f"  job {job_id}: {s}"))
+    return job_id, endpoint
+
+
+def service_pod(spec: str, time_limit: str | None):
+    from hpctrain.services.kubernetes import ServicePod
+
+    command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(POD_PORT))
+    return ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command, port=POD_PORT,
+                      resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit)

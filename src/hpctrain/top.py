@@ -1,0 +1,188 @@
+"""`hpctrain top JOB`: is a running job using what it holds? Per node: GPU utilization and memory (nvidia-smi on
+the job's own nodes), CPU load, and the run's latest step and images/s from its metrics.jsonl.
+
+On Slurm one probe step runs beside the job's own (`srun --jobid=JOB --overlap`, one task per node, `--label`d so
+each line names its task); on Kubernetes the same probe runs in each pod through the API server's exec stream
+(what `kubectl exec` does).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+
+NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
+IDLE_UTIL = 5
+"""A GPU below this utilization (percent) counts as idle."""
+PROBE = (
+    'printf "@node %s\\n" "${SLURMD_NODENAME:-$(hostname)}"; '
+    'printf "@cpus %s\\n" "$(getconf _NPROCESSORS_ONLN)"; '
+    'printf "@load %s\\n" "$(cat /proc/loadavg)"; '
+    f"if command -v nvidia-smi >/dev/null 2>&1; then {shlex.join(NVIDIA_SMI)} | sed 's/^/@gpu /'; "
+    'else echo "@nogpu"; fi'
+)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    util: int
+    """percent"""
+    mem_used_mib: int
+    mem_total_mib: int
+
+    @property
+    def idle(self) -> bool:
+        return self.util < IDLE_UTIL
+
+
+@dataclass
+class NodeSample:
+    node: str
+    cpus: int | None = None
+    load1: float | None = None
+    gpus: list[GpuSample] = field(default_factory=list)
+    nvidia_smi: bool = True
+
+
+def probe_argv(job_id: str, nodes: int) -> list[str]:
+    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={nodes}", "--ntasks-per-node=1", "--label",
+            "bash", "-c", PROBE]
+
+
+def parse_probe(text: str, labelled: bool = True) -> list[NodeSample]:
+    """Lines `TASK: @kind value` (srun --label) or `@kind value` (one pod) -> one sample per task."""
+    by_task: dict[str, NodeSample] = {}
+    for raw in text.splitlines():
+        task, line = ("0", raw.strip())
+        if labelled:
+            task, sep, line = raw.partition(":")
+            if not sep:
+                continue
+            task, line = task.strip(), line.strip()
+        kind, _, value = line.partition(" ")
+        sample = by_task.setdefault(task, NodeSample(node=f"task {task}"))
+        if kind == "@node":
+            sample.node = value.strip()
+        elif kind == "@cpus" and value.strip().isdigit():
+            sample.cpus = int(value)
+        elif kind == "@load":
+            try:
+                sample.load1 = float(value.split()[0])
+            except (ValueError, IndexError):
+                pass
+        elif kind == "@nogpu":
+            sample.nvidia_smi = False
+        elif kind == "@gpu":
+            gpu = _parse_gpu(value)
+            if gpu is not None:
+                sample.gpus.append(gpu)
+    return sorted(by_task.values(), key=lambda s: s.node)
+
+
+def _parse_gpu(line: str) -> GpuSample | None:
+    """One line of nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits,
+    e.g. `0, 87, 30512, 81559`; `[N/A]` (e.g. MIG) becomes 0."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 4:
+        return None
+    nums = [int(float(p)) if p.replace(".", "", 1).isdigit() else 0 for p in parts]
+    return GpuSample(*nums)
+
+
+def sample_slurm(job_id: str) -> tuple[Any, list[NodeSample]]:
+    from hpctrain.schedulers.slurm.commands import slurm
+    from hpctrain.schedulers.slurm.jobs import get_job
+
+    info = get_job(job_id)
+    if info is None:
+        raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
+    if info.state != "RUNNING":
+        raise UserError(f"job {job_id} is {info.state}, not running: `hpctrain top` looks at running jobs only")
+    result = slurm(probe_argv(info.job_id, info.num_nodes or 1), check=False)
+    samples = parse_probe(result.stdout)
+    if not samples:
+        err = " ".join((result.stderr or "").split()) or f"exit status {result.returncode}"
+        raise UserError(f"could not run the probe step in job {job_id} ({err}); the job may be ending")
+    return info, samples
+
+
+def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) -> list[NodeSample]:
+    """The probe in each running pod through the API server's exec stream (what `kubectl exec` does)."""
+    from kubernetes.stream import stream
+
+    out = []
+    for pod in pods:
+        if (pod.status.phase if pod.status else None) != "Running":
+            continue
+        text = stream(core.connect_get_namespaced_pod_exec, pod.metadata.name, pod.metadata.namespace,
+                      container=container, command=["sh", "-c", PROBE], stderr=True, stdin=False, stdout=True, tty=False)
+        for sample in parse_probe(text, labelled=False):
+            sample.node = f"{pod.spec.node_name or '?'} ({pod.metadata.name})"
+            out.append(sample)
+    return out
+
+
+def latest_metrics(run_dir: Path | None) -> dict[str, Any] | None:
+    if run_dir is None:
+        return None
+    from hpctrain.training.metrics import read_metrics
+
+    try:
+        records = read_metrics(run_dir)
+    except (OSError, ValueError):
+        return None
+    return records[-1] if records else None
+
+
+def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
+    """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
+    batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
+    result = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False)
+    return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None
+
+
+def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | None = None) -> Path | None:
+    """The `run_dir=...` line hpctrain.schedulers.slurm.render renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
+    for line in script.splitlines():
+        if line.startswith("run_dir="):
+            text = line[len("run_dir="):].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))
+            try:
+                words = shlex.split(text)
+            except ValueError:
+                return None
+            if len(words) == 1:
+                path = Path(words[0])
+                return path if path.is_absolute() or work_dir is None else Path(work_dir) / path
+    return None
+
+
+def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label: str) -> list[str]:
+    """The screen: a line per GPU, a line per node, the run's progress, and a plain verdict on idle GPUs."""
+    lines = [f"{'NODE':24s} {'GPU':>3s} {'UTIL':>5s} {'MEMORY':>17s}   CPU LOAD"]
+    held = idle = 0
+    for s in samples:
+        load = f"{s.load1:.2f}" + (f" / {s.cpus} CPUs" if s.cpus else "") if s.load1 is not None else "-"
+        if not s.nvidia_smi:
+            lines.append(f"{s.node:24s} {'-':>3s} {'-':>5s} {'no nvidia-smi':>17s}   {load}")
+        for g in s.gpus:
+            held += 1
+            idle += g.idle
+            mem = f"{g.mem_used_mib:,}/{g.mem_total_mib:,} MiB"
+            lines.append(f"{s.node:24s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}")
+    if metrics:
+        rate = metrics.get("images_per_s")
+        lines.append(f"run: step {metrics.get('step')}, epoch {metrics.get('epoch')}"
+                     + (f", {rate:,.0f} images/s" if isinstance(rate, (int, float)) else "") + " (latest metrics.jsonl record)")
+    if held and idle == held:
+        lines.append(f"warning: {job_label} holds {held} GPU(s) and none is working (all below {IDLE_UTIL}% utilization): "
+                     "it may be loading data, stuck, or finished its work; if so, cancel it to free them")
+    elif idle:
+        lines.append(f"warning: {idle} of the {held} GPUs held by {job_label} sit idle (below {IDLE_UTIL}% utilization)")
+    return lines

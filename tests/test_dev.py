@@ -1,0 +1,152 @@
+"""`hpctrain dev start|list|stop`: the rendered batch script and pod (pure), a real JupyterLab in a job on the
+local Slurm cluster, and the session's Pod and Secret on the local Kubernetes API server (no kubelet runs there:
+the pod is created, listed and deleted, never started; that it serves is covered by the Slurm test)."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from around_helpers import all_cmdlines, cli_env, hpctrain, venv_args
+from hpctrain.devsession import DevConfig, render_dev_pod, render_dev_script
+from hpctrain.errors import UserError
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.services.common import http_get
+
+
+def test_script_reads_the_token_from_a_private_file_and_quotes_paths(tmp_path: Path) -> None:
+    state = tmp_path / "it's here"
+    cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, shards_per_node=8, mem="8G"),
+                    environment=EnvironmentSpec("venv", venv="~/venvs/my env"))
+    script = render_dev_script(cfg, state)
+    assert "umask 077" in script
+    assert '"$(cat "$state_dir/token")"' in script and "export JUPYTER_TOKEN" in script
+    assert "state_dir=" + "'" in script and "it'\"'\"'s here" in script  # shlex-quoted
+    assert "#SBATCH --gres=shard:8" in script and "#SBATCH --cpus-per-task=4" in script
+    assert "source \"$HOME\"/'venvs/my env/bin/activate'" in script
+    assert "--token" not in script and "token=" not in script.replace("JUPYTER_TOKEN=", "")
+    assert "sshd" in render_dev_script(DevConfig("nb", service="ssh"), state)
+
+
+@pytest.mark.parametrize("service", ["jupyter", "ssh"])
+def test_scripts_pass_shellcheck(tmp_path: Path, service: str) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (scripts/test.sh installs it)")
+    cfg = DevConfig("nb", service=service, environment=EnvironmentSpec("apptainer", image="a.sif", mounts=("/d:/d",)))
+    script = tmp_path / "dev.sbatch"
+    script.write_text(render_dev_script(cfg, tmp_path / "state"))
+    result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout
+
+
+def test_bad_names_and_services_are_refused() -> None:
+    for bad in ("Nb", "a b", "x" * 41, "-x"):
+        with pytest.raises(UserError, match="session name"):
+            DevConfig(bad)
+    with pytest.raises(UserError, match="--service"):
+        DevConfig("nb", service="vnc")
+
+
+def test_cli_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
+    env = cli_env(tmp_path)
+    result = hpctrain("dev", "start", "Bad Name", "--scheduler", "slurm", "--dry-run", env=env)
+    assert result.returncode == 2 and "session name" in result.stderr and "Traceback" not in result.stderr
+    result = hpctrain("dev", "start", "nb", "--scheduler", "slurm", "--image", "docker://pytorch/pytorch:2.3.0", env=env)
+    assert result.returncode == 2 and "hpctrain image pull" in result.stderr
+    assert not (tmp_path / "dev").exists()
+
+
+def test_pod_reads_the_token_from_its_secret() -> None:
+    cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, gpus_per_node=1, mem="16G"), time="2:00:00")
+    pod = render_dev_pod(cfg, KubernetesOptions(namespace="team", image="quay.io/jupyter/pytorch-notebook", shm="4Gi",
+                                                volumes=("pvc:data:/data",)))
+    container = pod["spec"]["containers"][0]
+    assert container["env"] == [{"name": "JUPYTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "dev-nb", "key": "token"}}}]
+    assert container["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"] or any(
+        m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
+    assert pod["spec"]["activeDeadlineSeconds"] == 7200
+    assert "token" not in json.dumps(container["command"])
+
+
+@pytest.mark.slurm
+def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "home")
+    started = hpctrain("dev", "start", "nb", "--scheduler", "slurm", "--cpus", "1", "--wait", "500", *venv_args(),
+                       env=env, cwd=tmp_path)
+    state = tmp_path / "home" / "dev" / "nb"
+    conn = json.loads((state / "connection.json").read_text()) if (state / "connection.json").exists() else {}
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        token = (state / "token").read_text().strip()
+        # Private: the folder 0700, the files with the token 0600, the job's output too.
+        assert stat.S_IMODE(state.stat().st_mode) == 0o700
+        for name in ("token", "connection.json", f"slurm-{conn['job_id']}.out"):
+            assert stat.S_IMODE((state / name).stat().st_mode) == 0o600, name
+        # It answers over HTTP with the token, and only with it.
+        assert http_get(f"http://{conn['node']}:{conn['port']}/api/status", token)[0] == 200
+        assert http_get(f"http://{conn['node']}:{conn['port']}/api/status")[0] == 403
+        # The token is on no command line of any process on this host (ps shows them).
+        assert not [c for c in all_cmdlines() if token in c]
+        tunnel = f"ssh -N -L {conn['port']}:{conn['node']}:{conn['port']} "
+        assert tunnel in started.stdout and f"http://localhost:{conn['port']}/lab?token={token}" in started.stdout
+        time.sleep(2)
+        listed = hpctrain("dev", "list", "--idle-warn", "1s", "--scheduler", "slurm", env=env)
+        assert listed.returncode == 0, listed.stderr
+        assert re.search(rf"^nb\s+slurm\s+{conn['job_id']}\s+RUNNING\s", listed.stdout, re.M), listed.stdout
+        assert "nb has been idle" in listed.stderr
+        quiet = hpctrain("dev", "list", "--idle-warn", "1h", "--scheduler", "slurm", env=env)
+        assert "idle" not in quiet.stderr
+        stopped = hpctrain("dev", "stop", "nb", env=env)
+        assert stopped.returncode == 0 and "cancelled" in stopped.stdout, stopped.stdout + stopped.stderr
+        assert slurm_cluster.state(conn["job_id"]) in ("CANCELLED", "COMPLETED", "GONE")
+        assert not (state / "token").exists() and not (state / "connection.json").exists()
+        assert hpctrain("dev", "list", "--scheduler", "slurm", env=env).stdout.startswith("no dev sessions")
+    finally:
+        if conn.get("job_id"):
+            slurm_cluster.cancel_quietly(conn["job_id"])
+
+
+@pytest.mark.k8s
+def test_session_pod_and_secret_on_kubernetes(k8s_cluster, tmp_path: Path) -> None:
+    from kubernetes import client
+
+    from kubeflow_standin import create_namespace, delete_namespace
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    core = client.CoreV1Api(api)
+    env = cli_env(tmp_path / "home")
+    k8s = ["--scheduler", "kubernetes", "--namespace", namespace, "--context", k8s_cluster.context]
+    try:
+        started = hpctrain("dev", "start", "nb", *k8s, "--image", "quay.io/jupyter/pytorch-notebook", "--shm", "1Gi",
+                           "--cpus", "2", "--mem", "4G", "--wait", "0", env=env)
+        assert started.returncode == 0, started.stderr
+        assert f"kubectl port-forward -n {namespace} pod/dev-nb 8888:8888" in started.stdout
+        token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
+        pod = core.read_namespaced_pod("dev-nb", namespace)
+        assert pod.spec.containers[0].resources.limits == {"cpu": "2", "memory": "4Gi"}
+        assert token not in json.dumps(api.sanitize_for_serialization(pod))
+        secret = core.read_namespaced_secret("dev-nb", namespace)
+        import base64
+
+        assert base64.b64decode(secret.data["token"]).decode() == token
+        again = hpctrain("dev", "start", "nb", *k8s, "--image", "img", "--wait", "0", env=env)
+        assert again.returncode == 2 and "already exists" in again.stderr
+        listed = hpctrain("dev", "list", *k8s, env=env)
+        assert re.search(rf"^nb\s+kubernetes\s+{namespace}/dev-nb\s+PENDING", listed.stdout, re.M), listed.stdout
+        stopped = hpctrain("dev", "stop", "nb", *k8s, env=env)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not core.list_namespaced_pod(namespace).items
+        assert not [s for s in core.list_namespaced_secret(namespace).items if s.metadata.name == "dev-nb"]
+    finally:
+        delete_namespace(api, namespace)

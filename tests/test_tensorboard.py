@@ -1,0 +1,108 @@
+"""`hpctrain tensorboard`: TensorBoard's own server on real event files (written by hpctrain's MetricsLog), here and
+as a job on the local Slurm cluster; the scalars it serves over HTTP are compared with what TensorBoard's
+EventAccumulator reads from the files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from around_helpers import cli_env, hpctrain, venv_args
+from hpctrain.errors import UserError
+from hpctrain.services.common import http_get
+from hpctrain.tbserver import logdir_spec, train_hint
+
+TAG = "train/loss"
+
+
+def make_run(directory: Path, losses: list[float]) -> Path:
+    from hpctrain.training.metrics import MetricsLog
+
+    directory.mkdir(parents=True)
+    log = MetricsLog(directory, resumed_step=None)
+    for step, loss in enumerate(losses):
+        log.epoch({"step": (step + 1) * 10, "epoch": step, "train_loss": loss, "images_per_s": 100.0 + step})
+    log.close()
+    return directory
+
+
+def expected(run_dir: Path) -> list[list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [[e.step, pytest.approx(e.value, rel=1e-6)] for e in acc.Scalars(TAG)]
+
+
+def served(base: str, run: str) -> list[list[float]]:
+    query = urllib.parse.urlencode({"run": run, "tag": TAG})
+    status, body = http_get(f"{base}/data/plugin/scalars/scalars?{query}")
+    assert status == 200, status
+    return [[step, value] for _wall, step, value in json.loads(body)]
+
+
+def test_spec_names_runs_by_folder_and_refuses_commas(tmp_path: Path) -> None:
+    a = make_run(tmp_path / "a" / "mnist", [1.0])
+    b = make_run(tmp_path / "b" / "mnist", [2.0])
+    assert logdir_spec([a, b]) == f"a/mnist:{a}/tb,b/mnist:{b}/tb"
+    with pytest.raises(UserError, match="no such run directory"):
+        logdir_spec([tmp_path / "missing"])
+    comma = tmp_path / "x,y"
+    comma.mkdir()
+    with pytest.raises(UserError, match="comma"):
+        logdir_spec([comma])
+    assert train_hint("runs/my run") == "TensorBoard: hpctrain tensorboard 'runs/my run'"
+
+
+def test_local_server_serves_the_event_files(tmp_path: Path) -> None:
+    one = make_run(tmp_path / "one", [2.5, 1.25, 0.75])
+    two = make_run(tmp_path / "two", [3.0, 2.0])
+    proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "tensorboard", str(one), str(two)],
+                            env=cli_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"TensorBoard at (http://127\.0\.0\.1:\d+)/", line)
+        assert match, line
+        base = match[1]
+        status, body = http_get(f"{base}/data/runs")
+        # TensorBoard names a run NAME/SUBFOLDER within each named log dir: the event files sit in tb/ itself.
+        assert status == 200 and set(json.loads(body)) == {"one/.", "two/."}
+        for run_dir in (one, two):
+            # TensorBoard loads in the background: poll (bounded) until all points are in.
+            deadline = time.monotonic() + 120
+            while len(served(base, f"{run_dir.name}/.")) < len(expected(run_dir)) and time.monotonic() < deadline:
+                time.sleep(1)
+            assert served(base, f"{run_dir.name}/.") == expected(run_dir)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.slurm
+def test_on_cluster_job_serves_the_shared_folder(slurm_cluster, tmp_path: Path) -> None:
+    run = make_run(tmp_path / "shared" / "mnist", [0.5, 0.25])
+    env = cli_env(tmp_path / "home")
+    result = hpctrain("tensorboard", str(run), "--on-cluster", "--scheduler", "slurm", "--wait", "500", *venv_args(), env=env)
+    job = re.search(r"hpctrain cancel (\d+)", result.stdout)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        up = re.search(r"up on (\S+):(\d+) \(job", result.stdout)
+        assert up and f"ssh -N -L {up[2]}:{up[1]}:{up[2]} " in result.stdout
+        base = f"http://{up[1]}:{up[2]}"
+        deadline = time.monotonic() + 120
+        while len(served(base, "mnist/.")) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert served(base, "mnist/.") == expected(run)
+        cancelled = hpctrain("cancel", job[1], env=env)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert slurm_cluster.state(job[1]) in ("CANCELLED", "COMPLETED", "GONE")
+    finally:
+        if job:
+            slurm_cluster.cancel_quietly(job[1])
