@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import threading
 import time
@@ -45,6 +46,7 @@ LATEST_POINTER = "latest"
 CORRUPT_SUFFIX = ".corrupt"  # a damaged checkpoint moved aside
 INCOMPLETE_SUFFIX = ".incomplete"  # a checkpoint whose save did not finish (no manifest), moved aside
 ABANDONED_SUFFIX = ".abandoned"  # a valid checkpoint moved aside: a run resumed from an older one took its place
+BEST_NAME = "checkpoint_best.pt"  # a copy of the best epoch's checkpoint: outside the pruned, resumable series
 _NAME = re.compile(r"^checkpoint_(epoch|step)_(\d+)\.pt$")
 # Another host's temporary may belong to a live save on a shared filesystem: only this old is it surely stale.
 FOREIGN_TEMPORARY_MAX_AGE_S = 3600.0
@@ -152,6 +154,30 @@ def save(
     if keep is not None:
         _prune(directory, keep, newest_valid=path)
     return path
+
+
+def copy_checkpoint(source: Path, target: Path) -> Path:
+    """Copy a verified checkpoint to `target` atomically, with its own manifest (same digest, size and position).
+
+    For names outside the numbered series (checkpoint_best.pt): `latest` is not touched and pruning never sees it.
+    """
+    info = verify(source)
+    tmp = _temporary(target)
+    try:
+        shutil.copyfile(source, tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if is_no_space(err):
+            raise _disk_full(target, err) from err
+        raise
+    manifest = json.loads(_manifest_path(source).read_text())
+    manifest.update(file=target.name, sha256=info.sha256, size=info.size, written_at=time.time())
+    write_atomic(_manifest_path(target), json.dumps(manifest, indent=1).encode(), _temporary(_manifest_path(target)))
+    fsync_dir(target.parent)
+    return target
 
 
 def _disk_full(path: Path, err: BaseException) -> CheckpointError:

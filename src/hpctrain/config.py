@@ -61,6 +61,33 @@ class TrainConfig:
     """torch intra-op threads per process; default: the cores this process may use, divided among local workers."""
     dist_timeout: float = 600.0
     """Seconds a collective may wait for a missing rank before the run fails."""
+    # ---- image workloads (imagenet); see hpctrain.recipes.imagenet
+    val_path: str | None = None
+    """Validation images when not DATA/val (class folders, or flat with val_labels)."""
+    val_labels: str | None = None
+    """Label file of a flat validation folder (ILSVRC LOC_val_solution.csv or `file label` lines)."""
+    arch: str | None = None
+    """torchvision classification model name (default resnet50)."""
+    workers: int | None = None
+    """Data worker processes per training process (default: the cores shared among local processes, at most 8)."""
+    momentum: float | None = None
+    weight_decay: float | None = None
+    synthetic: bool = False
+    """Random images of the right shape instead of files (throughput tests)."""
+    evaluate: bool = False
+    """Only evaluate the checkpoint given by --resume, then exit."""
+    skip_bad_images: bool = False
+    data_backend: str = "auto"
+    image_size: int | None = None
+    """Training crop side (fixed; default: the recipe's, with progressive resizing for fast)."""
+    val_size: int | None = None
+    """Evaluation crop side (default 224, from a resize to val_size x 256/224)."""
+    dist_backend: str | None = None
+    """nccl or gloo: accepted when it is the one the device needs (nccl for GPUs, gloo for the CPU)."""
+    print_freq: int | None = None
+    """A progress line every N steps (instead of every log_interval seconds)."""
+    fresh_if_missing: bool = False
+    """--resume into a run directory that does not exist yet starts a new run there (--checkpoints-path)."""
 
     def __post_init__(self) -> None:
         _check_choice("--device", self.device, DEVICES)
@@ -81,6 +108,8 @@ class TrainConfig:
                      why="a collective waiting longer for a rank is a hang; the unit is seconds")
         _check_float("--log-interval", self.log_interval, at_least=0, at_most=MAX_LOG_INTERVAL_S,
                      why="the unit is seconds; 0 prints every step")
+
+        _check_image_options(self)
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
@@ -185,3 +214,19 @@ def _short(value: int) -> str:
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise UserError(f"{flag} must be one of {', '.join(choices)} (got {value!r})")
+
+
+def _check_image_options(cfg: TrainConfig) -> None:
+    if cfg.workers is not None and cfg.workers < 0:
+        raise UserError(f"--workers must be 0 (decode in the training process) or more (got {cfg.workers})")
+    for flag, value in (("--momentum", cfg.momentum), ("--weight-decay", cfg.weight_decay)):
+        if value is not None:
+            _check_float(flag, value, at_least=0, at_most=1, why="SGD's momentum and decay are fractions")
+    for flag, value in (("--image-size", cfg.image_size), ("--val-size", cfg.val_size)):
+        if value is not None and not 16 <= value <= 4096:
+            raise UserError(f"{flag} must be a side in pixels from 16 to 4096 (got {value})")
+    if cfg.print_freq is not None and cfg.print_freq < 1:
+        raise UserError(f"--print-freq must be at least 1 step (got {cfg.print_freq})")
+    _check_choice("--data-backend", cfg.data_backend, ("auto", "cpu", "dali", "nvjpeg"))
+    if cfg.dist_backend is not None:
+        _check_choice("--dist-backend", cfg.dist_backend, ("nccl", "gloo"))

@@ -26,6 +26,8 @@ RESUME_LATEST = "latest"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", choices=list(WORKLOADS), help="built-in workload")
+    parser.add_argument("data", nargs="?", metavar="DATA", help="imagenet: the image folder (DATA/train/<class>/*, "
+                        "DATA/val/<class>/*); mnist uses --data-dir")
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", help="mnist or fashion-mnist (default: mnist)")
     data.add_argument("--data-dir", help="directory holding DATASET/ as `hpctrain download` leaves it "
@@ -73,6 +75,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "the state to CPU, so training pauses only for the copy)")
     parser.add_argument("--log-interval", type=float, default=10.0, metavar="S",
                         help="seconds between progress lines in batch logs (default: 10)")
+    add_image_arguments(parser)
+
+
+def add_image_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of image workloads (imagenet), including the pytorch/examples imagenet script's names."""
+    image = parser.add_argument_group("imagenet")
+    image.add_argument("--val-path", metavar="DIR", help="validation images, if not DATA/val")
+    image.add_argument("--val-labels", metavar="FILE", help="labels of a flat validation folder: LOC_val_solution.csv "
+                       "or `file label` lines")
+    image.add_argument("-a", "--arch", metavar="NAME", help="torchvision classification model (default resnet50)")
+    image.add_argument("-j", "--workers", type=int, metavar="N", help="data worker processes per training process "
+                       "(default: the cores per process, at most 8)")
+    image.add_argument("-p", "--print-freq", type=int, metavar="N", help="a progress line every N steps")
+    image.add_argument("--momentum", type=float, metavar="M", help="SGD momentum (default 0.9)")
+    image.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, metavar="W",
+                       help="weight decay (default 1e-4; the fast recipe exempts norms and biases)")
+    image.add_argument("--dist-backend", choices=("nccl", "gloo"), help="accepted for compatibility: hpctrain uses "
+                       "nccl on GPUs and gloo on the CPU, and refuses the other")
+    image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints);"
+                       " with --resume, a DIR that does not exist yet starts a new run")
+    image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files)")
+    image.add_argument("--evaluate", action="store_true", help="only evaluate a checkpoint (--resume PATH) and exit")
+    image.add_argument("--skip-bad-images", action="store_true", help="count and report unreadable images instead "
+                       "of stopping at the first")
+    image.add_argument("--data-backend", choices=("auto", "cpu", "dali", "nvjpeg"), default="auto",
+                       help="image decoding: cpu worker processes (auto picks it; dali/nvjpeg are not in this build)")
+    image.add_argument("--image-size", type=int, metavar="PX", help="training crop side (default: the recipe's)")
+    image.add_argument("--val-size", type=int, metavar="PX", help="evaluation crop side (default 224)")
+
+
+def _image_values(args: argparse.Namespace) -> dict:
+    """The image options as TrainConfig fields; DATA and --checkpoints-path mapped onto data_dir and run_dir."""
+    values = {name: getattr(args, name) for name in ("val_path", "val_labels", "arch", "workers", "momentum",
+                                                     "weight_decay", "synthetic", "evaluate", "skip_bad_images",
+                                                     "data_backend", "image_size", "val_size", "dist_backend",
+                                                     "print_freq")}
+    if args.data is not None:
+        if args.workload != "imagenet":
+            raise UserError(f"DATA {args.data!r}: {args.workload} takes no data path; use --data-dir DIR")
+        if args.data_dir is not None:
+            raise UserError("DATA and --data-dir both name the image folder; drop --data-dir")
+        values["data_dir"] = args.data
+    elif args.workload == "imagenet" and args.data_dir is None and not args.synthetic:
+        raise UserError("hpctrain train imagenet needs DATA, the image folder (DATA/train/<class>/*), or --synthetic")
+    if args.workload == "imagenet" and args.dataset is None:
+        values["dataset"] = "imagenet"
+    if args.checkpoints_path is not None:
+        if args.run_dir is not None:
+            raise UserError("--checkpoints-path and --run-dir name the same directory; drop one")
+        values["run_dir"] = args.checkpoints_path
+        values["fresh_if_missing"] = args.resume is not None
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -102,6 +156,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for name in ("dataset", "data_dir"):  # unset: TrainConfig's default
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    values.update(_image_values(args))
     return TrainConfig(**values)
 
 
@@ -155,7 +210,7 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
                         f"--dist-init-method {cfg.dist_init_method} is for processes started elsewhere (torchrun, "
                         "srun, or by hand with RANK and WORLD_SIZE set): drop one of the two")
     restart_count()  # a malformed SLURM_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT fails here, not mid-start
-    resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe))
+    resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe).for_config(cfg))
     plan = _spawn_plan(cfg)
     env = None if plan is not None else detect(init_method=cfg.dist_init_method)
     if env is not None:  # this process trains: its device and strategy must work (workers check their own)
@@ -197,8 +252,11 @@ def _other_local_rank() -> bool:
 
 
 def _train_here(cfg: TrainConfig) -> int:
-    from hpctrain.training.loop import train
+    from hpctrain.training.loop import evaluate_checkpoint, train
 
+    if cfg.evaluate:
+        evaluate_checkpoint(cfg)
+        return 0
     return train(cfg).stop_reason.exit_code
 
 
@@ -211,6 +269,9 @@ def _spawn_plan(cfg: TrainConfig):
     if node is not None:
         if cfg.nproc is not None and cfg.nproc != node.nproc_per_node:
             raise UserError(f"--nproc {cfg.nproc} contradicts PET_NPROC_PER_NODE={node.nproc_per_node}; drop one")
+        return node
+    node = _slurm_gpu_plan(cfg)
+    if node is not None:
         return node
     env = detect(init_method=cfg.dist_init_method)
     if cfg.nproc is None:
@@ -225,6 +286,19 @@ def _spawn_plan(cfg: TrainConfig):
     if cfg.strategy in ("single", "dp") and cfg.nproc > 1:
         raise UserError(f"--nproc {cfg.nproc} starts DDP workers; use --strategy ddp or auto, not {cfg.strategy}")
     return local_plan(cfg.nproc)
+
+
+def _slurm_gpu_plan(cfg: TrainConfig):
+    """An srun task that owns several GPUs starts one worker per GPU (see slurm_node_plan)."""
+    from hpctrain.distributed import slurm_node_plan
+
+    if cfg.device == "cpu" or not ({"SLURM_STEP_ID", "SLURM_STEPID"} & os.environ.keys()):
+        return None
+    node = slurm_node_plan(os.environ, _visible_gpus())
+    if node is not None and cfg.nproc is not None and cfg.nproc != node.nproc_per_node:
+        raise UserError(f"--nproc {cfg.nproc} contradicts the {node.nproc_per_node} GPUs this srun task owns; "
+                        "drop --nproc")
+    return node
 
 
 def _visible_gpus() -> int:
@@ -255,6 +329,8 @@ def _check_dataset(cfg: TrainConfig, dataset_defaulted: bool) -> None:
     """The dataset's files are in --data-dir; if not, name the fix (another dataset there, or the download)."""
     from hpctrain.data import DATASETS, find_dataset_files, get_dataset_spec
 
+    if cfg.dataset not in DATASETS:
+        return  # image folders: the recipe checked them (for_config)
     data_dir = Path(cfg.data_dir)
     download = f"`hpctrain download {cfg.dataset} --data-dir {shlex.quote(str(data_dir))}`"
     if not data_dir.is_dir():

@@ -470,3 +470,45 @@ def kubeflow_node_plan(environ: Mapping[str, str] | None = None) -> NodePlan | N
             "address and a free port"
         )
     return NodePlan(num_nodes, node_rank, nproc, master_addr, master_port)
+
+
+def slurm_node_plan(environ: Mapping[str, str], visible_gpus: int) -> NodePlan | None:
+    """Workers an srun task must start itself because it owns several GPUs, or None.
+
+    `srun --ntasks-per-node=1 --gpus-per-task=G` (or --gpus-per-node=G with one task per node) starts one process
+    per node that sees G GPUs; DDP wants one process per GPU. As for Kubeflow's PET_NPROC_PER_NODE, the task then
+    starts G workers: node rank = SLURM_NODEID, world = nodes x G, rendezvous at the task's own MASTER_ADDR/PORT
+    (the head node and the job's derived port). A single task on a single node returns None here (the local
+    one-process-per-GPU plan covers it). Several tasks per node that each own several GPUs are refused: their
+    ranks cannot be renumbered per GPU without talking, and one GPU per task would leave the rest idle.
+    """
+    v = Vars(environ)
+    if not (v.has("SLURM_STEP_ID") or v.has("SLURM_STEPID")):
+        return None
+    if v.has("LOCAL_RANK") or v.has("TORCHELASTIC_RUN_ID") or v.text("HPCTRAIN_LAUNCHER") == "spawn":
+        return None  # already a worker (torchrun or our spawner under srun)
+    per_task_text = v.text("SLURM_GPUS_PER_TASK") or ""
+    count = per_task_text.rsplit(":", 1)[-1]
+    per_task = int(count) if count.isdigit() else None
+    env = SlurmProbe().detect(environ)
+    assert env is not None
+    if env.local_world_size > 1:
+        if per_task is not None and per_task > 1:
+            raise UserError(
+                f"each of the {env.local_world_size} tasks on this node owns {per_task} GPUs "
+                f"(SLURM_GPUS_PER_TASK={per_task_text}), but hpctrain trains with one process per GPU: use "
+                f"--ntasks-per-node={env.local_world_size * per_task} --gpus-per-task=1, or --ntasks-per-node=1 "
+                f"--gpus-per-task={per_task} (the task then starts one worker per GPU)"
+            )
+        return None
+    gpus = per_task if per_task is not None and 0 < per_task <= visible_gpus else visible_gpus
+    if gpus <= 1 or env.world_size == 1:
+        return None
+    if env.world_size != env.num_nodes:
+        raise UserError(
+            f"this node runs one task with {gpus} GPUs but the job has {env.world_size} tasks on {env.num_nodes} "
+            "node(s): an uneven layout hpctrain cannot spread one process per GPU over; use the same "
+            "--ntasks-per-node on every node (1 with --gpus-per-task=G, or G with --gpus-per-task=1)"
+        )
+    assert env.master_addr is not None and env.master_port is not None
+    return NodePlan(env.num_nodes, env.node_rank, gpus, env.master_addr, env.master_port)

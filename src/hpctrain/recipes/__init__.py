@@ -8,7 +8,7 @@ from hpctrain.errors import UserError
 from hpctrain.recipes.base import Recipe
 
 # workload -> module; the module's RECIPES maps variant name -> Recipe instance.
-WORKLOADS = {"mnist": "hpctrain.recipes.mnist"}
+WORKLOADS = {"mnist": "hpctrain.recipes.mnist", "imagenet": "hpctrain.recipes.imagenet"}
 
 
 def get_recipe(workload: str, variant: str) -> Recipe:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+from hpctrain.training.data_source import DataSource, TimedBatches
+
+if TYPE_CHECKING:
+    from hpctrain.config import TrainConfig
+    from hpctrain.training.sampler import EpochPlan
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,33 @@ class TensorData:
     test_images: torch.Tensor
     test_labels: torch.Tensor
 
+    # ---- the DataSource protocol (training/data_source.py)
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_labels)
+
+    @property
+    def num_eval(self) -> int:
+        return len(self.test_labels)
+
+    def train_batches(self, plan: EpochPlan, epoch: int, start_step: int, rank: int) -> TimedBatches:
+        def batches():
+            order = plan.order(epoch).to(self.train_images.device)
+            for step in range(start_step, plan.steps_per_epoch):
+                indices = plan.rank_indices(order, step, rank)
+                yield self.train_images[indices], self.train_labels[indices]
+
+        return TimedBatches(batches())
+
+    def eval_batches(self, world_size: int, rank: int, batch_size: int) -> TimedBatches:
+        """A contiguous shard per rank (every sample once across ranks), in batches of `batch_size`."""
+        n = len(self.test_labels)
+        lo, hi = n * rank // world_size, n * (rank + 1) // world_size
+        return TimedBatches((self.test_images[start : min(start + batch_size, hi)],
+                             self.test_labels[start : min(start + batch_size, hi)])
+                            for start in range(lo, hi, batch_size))
+
 
 @dataclass
 class Optimization:
@@ -43,10 +78,31 @@ class Recipe(ABC):
     description: str
     defaults: Defaults
     datasets: tuple[str, ...]
+    reports_top5 = False  # evaluation records top-5 accuracy too (many-class workloads)
+    keeps_best = False  # keep checkpoint_best.pt (the best test accuracy) beside the newest checkpoints
 
-    @abstractmethod
+    def for_config(self, cfg: TrainConfig) -> Recipe:
+        """The recipe as this run's options shape it (model architecture, image sizes); default: unchanged."""
+        return self
+
+    def data_source(self, cfg: TrainConfig, device: torch.device, env: Any) -> DataSource:
+        """What the loop trains on. Default: `load_data`'s tensors, the test set cut to --test-limit."""
+        data = self.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)
+        if cfg.test_limit is not None:
+            data.test_images, data.test_labels = data.test_images[: cfg.test_limit], data.test_labels[: cfg.test_limit]
+        return data
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Around forward and loss in training and evaluation (mixed precision); default: none."""
+        return contextlib.nullcontext()
+
+    def describe_scaling(self, cfg: TrainConfig, world_size: int) -> str | None:
+        """An extra startup line (batch split, scaled learning rate), or None."""
+        return None
+
     def load_data(self, dataset: str, data_dir: str, device: torch.device, train_limit: int | None) -> TensorData:
-        """Training and test tensors, preprocessed once, on `device`."""
+        """Training and test tensors, preprocessed once, on `device` (recipes whose data fits in memory)."""
+        raise NotImplementedError(f"{type(self).__name__} streams its data: use data_source()")
 
     @abstractmethod
     def build_model(self) -> nn.Module: ...

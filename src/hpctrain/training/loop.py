@@ -33,8 +33,9 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
 from hpctrain.launch.local import choose_threads
 from hpctrain.recipes import Recipe, get_recipe
-from hpctrain.recipes.base import Optimization, TensorData
+from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
+from hpctrain.training.data_source import DataSource
 from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
@@ -74,6 +75,7 @@ class Position:
     step_in_epoch: int = 0  # optimizer steps completed in the epoch in progress
     epoch_train_seconds: float = 0.0  # training time spent in the epoch in progress before the last checkpoint
     loss_sum: float = 0.0  # this rank's sum of training losses in the epoch in progress (for the epoch's mean)
+    best_accuracy: float = -1.0  # the best test accuracy at an epoch end so far (for checkpoint_best.pt)
 
     def next_epoch(self) -> None:
         self.epoch += 1
@@ -144,7 +146,7 @@ def train(cfg: TrainConfig) -> RunResult:
 class Parts:
     """What the loop works with, built once per attempt by `_build`."""
 
-    data: TensorData
+    data: DataSource
     plan: EpochPlan
     model: nn.Module  # the plain module: what checkpoints hold
     wrapped: nn.Module  # what trains: DDP/DataParallel around `model`, or `model` itself
@@ -160,6 +162,7 @@ class EpochStats:
     loss_sum: torch.Tensor
     images: int = 0
     seconds_before: float = 0.0  # training seconds the epoch had when this attempt took it up
+    data_wait_seconds: float = 0.0  # this attempt's time spent waiting for training input
 
 
 def _train(run: Run) -> RunResult:
@@ -180,8 +183,12 @@ def _train(run: Run) -> RunResult:
             reason = StopReason.DIVERGED  # nothing of this epoch is kept: no checkpoint, no metrics record
             break
         record = finished
+        improved = record["test_accuracy"] > position.best_accuracy
+        position.best_accuracy = max(position.best_accuracy, record["test_accuracy"])
         position.next_epoch()
         _save(run, parts, position, end_of_epoch=True)
+        if improved and run.recipe.keeps_best:
+            _keep_best(run, position)
         if metrics:
             metrics.epoch(record)
             run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
@@ -220,10 +227,8 @@ def _report_end(run: Run, result: RunResult) -> None:
 
 def _build(run: Run) -> tuple[Parts, Position]:
     cfg, recipe, device = run.cfg, run.recipe, run.device
-    data = recipe.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)
-    if cfg.test_limit is not None:
-        data.test_images, data.test_labels = data.test_images[: cfg.test_limit], data.test_labels[: cfg.test_limit]
-    plan = EpochPlan(len(data.train_labels), cfg.batch_size, run.env.world_size, cfg.seed)
+    data = recipe.data_source(cfg, device, run.env)
+    plan = EpochPlan(data.num_train, cfg.batch_size, run.env.world_size, cfg.seed)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in every strategy
     model = recipe.build_model().to(device)
     optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, plan.steps_per_epoch)
@@ -243,10 +248,14 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     cfg, plan = run.cfg, parts.plan
     _write_run_files(run, hosts)
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
-    progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss)
+    progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss,
+                        every_steps=cfg.print_freq)
     where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
     run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
+    scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
+    if scaling:
+        run.say(scaling)
     from hpctrain.tbserver import train_hint
 
     run.say(train_hint(run.run_dir))
@@ -261,15 +270,15 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
     """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint,
     unless the loss became non-finite: then nothing is written)."""
     cfg, env, plan, optimization = run.cfg, run.env, parts.plan, parts.optimization
-    order = plan.order(position.epoch).to(run.device)
+    batches = parts.data.train_batches(plan, position.epoch, position.step_in_epoch, env.rank)
     stats = EpochStats(torch.tensor(position.loss_sum, device=run.device), 0, position.epoch_train_seconds)
     parts.wrapped.train()
     started: float | None = time.perf_counter()  # None while the training clock is stopped
-    while position.step_in_epoch < plan.steps_per_epoch:
-        indices = plan.rank_indices(order, position.step_in_epoch, env.rank)
+    for inputs, labels in batches:
         parts.generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, env.rank))
-        images = run.recipe.augment(parts.data.train_images[indices], parts.generator)
-        loss = run.recipe.loss(parts.wrapped(images), parts.data.train_labels[indices])
+        images = run.recipe.augment(inputs, parts.generator)
+        with run.recipe.autocast(run.device):
+            loss = run.recipe.loss(parts.wrapped(images), labels)
         optimization.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimization.optimizer.step()
@@ -277,7 +286,7 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
             optimization.scheduler.step()
         position.step += 1
         position.step_in_epoch += 1
-        stats.images += len(indices) * env.world_size
+        stats.images += len(labels) * env.world_size
         stats.loss_sum += loss.detach()
         last = position.step_in_epoch == plan.steps_per_epoch
         if last:  # the epoch's training time ends here: its final progress line and its summary agree exactly
@@ -298,8 +307,10 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
                 return StopReason.DIVERGED, stats
             _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
             if reason is not StopReason.NONE:
+                stats.data_wait_seconds = batches.wait_seconds
                 return reason, stats
             started = time.perf_counter()  # checkpoint writes do not count as training time
+    stats.data_wait_seconds = batches.wait_seconds
     return StopReason.NONE, stats
 
 
@@ -330,17 +341,19 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
     """Evaluate, step an epoch-wise schedule, and return the epoch's metrics record."""
     optimization = parts.optimization
     train_loss = _mean_over_ranks(stats.loss_sum, position.step_in_epoch, run.device)
-    test_loss, test_accuracy = evaluate(run, parts)
+    scores = evaluate(run, parts)
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
     return {
         "epoch": position.epoch + 1,
         "step": position.step,
         "train_loss": train_loss,
-        "test_loss": test_loss,
-        "test_accuracy": test_accuracy,
+        "test_loss": scores["test_loss"],
+        "test_accuracy": scores["test_accuracy"],
+        **({"test_top5": scores["test_top5"]} if run.recipe.reports_top5 else {}),
         "images_per_s": _images_per_s(stats, position.epoch_train_seconds),
         "epoch_seconds": position.epoch_train_seconds,
+        "data_wait_seconds": stats.data_wait_seconds,
         "world_size": run.env.world_size,
         "lr": optimization.optimizer.param_groups[0]["lr"],
     }
@@ -352,10 +365,11 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
 def setup_run(cfg: TrainConfig) -> Run:
     """Resolve the config, environment, device and strategy, lock the run directory and validate the resume point:
     everything that can fail on bad input happens here, before any run file is written."""
-    recipe = get_recipe(cfg.workload, cfg.recipe)
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
     cfg = resolve_config(cfg, recipe)
     env = detect(init_method=cfg.dist_init_method)
     device = resolve_device(cfg.device, env)
+    check_dist_backend(cfg, device)
     strategy = resolve_strategy(cfg.strategy, env, device)
     torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
     run_dir = Path(cfg.run_dir)
@@ -490,7 +504,7 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
                             "it, or choose another --run-dir for a new run")
         return None
     if not run_dir.exists():
-        if not restarted:
+        if not restarted and not cfg.fresh_if_missing:
             raise UserError(f"--resume: the run directory {run_dir} does not exist; check --run-dir (a typo?), or "
                             "drop --resume to start a new run there")
         return None  # a restarted attempt whose first one never got as far as creating the run directory
@@ -553,7 +567,8 @@ def _check_fits(cfg: TrainConfig, weights: dict[str, Any], source: Path | None) 
     """The checkpoint's weights must have this recipe's parameter names and shapes (checked on the meta device:
     nothing is allocated or initialized)."""
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in get_recipe(cfg.workload, cfg.recipe).build_model()
+        expected = {k: tuple(v.shape) for k, v in get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+                    .build_model()
                     .state_dict().items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     problems = [f"{k}: checkpoint {found[k]}, model {shape}" for k, shape in expected.items()
@@ -653,25 +668,29 @@ def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> f
 
 
 @torch.inference_mode()
-def evaluate(run: Run, parts: Parts) -> tuple[float, float]:
-    """Test loss and accuracy over the whole test set: each rank takes a contiguous shard, sums are all-reduced."""
+def evaluate(run: Run, parts: Parts) -> dict[str, float]:
+    """Test loss, top-1 and top-5 accuracy over the whole test set. Each rank scores its own share (every sample on
+    exactly one rank; ranks may have different batch counts), then one all-reduce sums losses, hits and counts.
+    Samples labelled below 0 (images skipped as unreadable) count nowhere."""
     # DataParallel spreads evaluation over the GPUs too; DDP's wrapper would only add hooks.
     model = parts.wrapped if run.strategy == "dp" else parts.model
-    data, recipe = parts.data, run.recipe
+    recipe = run.recipe
     model.eval()
-    n = len(data.test_labels)
-    world, rank = run.env.world_size, run.env.rank
-    lo, hi = n * rank // world, n * (rank + 1) // world
-    sums = torch.zeros(2, dtype=torch.float64, device=run.device)
-    for start in range(lo, hi, run.cfg.test_batch_size):
-        end = min(start + run.cfg.test_batch_size, hi)
-        output = recipe.predict(model, data.test_images[start:end])
-        target = data.test_labels[start:end]
-        sums[0] += F.cross_entropy(output.float(), target, reduction="sum").double()
+    sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # loss, top-1 hits, top-5 hits, samples
+    for images, target in parts.data.eval_batches(run.env.world_size, run.env.rank, run.cfg.test_batch_size):
+        with recipe.autocast(run.device):
+            output = recipe.predict(model, images)
+        output = output.float()
+        sums[0] += F.cross_entropy(output, target, reduction="sum").double()
         sums[1] += (output.argmax(dim=1) == target).sum()
+        top = output.topk(min(5, output.shape[1]), dim=1).indices
+        sums[2] += (top == target.unsqueeze(1)).any(dim=1).sum()
+        sums[3] += (target >= 0).sum()
     if run.env.is_distributed:
         dist.all_reduce(sums)
-    return float(sums[0]) / n, float(sums[1]) / n
+    n = max(float(sums[3]), 1.0)
+    return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
+            "test_images": int(sums[3])}
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -696,6 +715,7 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
             "step": position.step,
             "step_in_epoch": position.step_in_epoch,
             "epoch_train_seconds": position.epoch_train_seconds,
+            "best_accuracy": position.best_accuracy,
             "world_size": run.env.world_size,
             "ranks": gathered,
             "config": run.cfg.to_dict(),
@@ -729,4 +749,54 @@ def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict
     # saved ranks' mean sum, so the mean over the new ranks still counts every earlier step once.
     loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else sum(r["loss_sum"] for r in ranks) / len(ranks)
     return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
-                    float(loss_sum))
+                    float(loss_sum), float(state.get("best_accuracy", -1.0)))
+
+
+def _keep_best(run: Run, position: Position) -> None:
+    """Copy the epoch checkpoint just written to checkpoint_best.pt (with its manifest): never pruned, never
+    `latest`. Rank 0; waits for a background save of that checkpoint first."""
+    if not run.is_main:
+        return
+    if run.writer is not None:
+        run.writer.wait()
+    ckpt_dir = run.run_dir / CHECKPOINT_DIR
+    source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
+    checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)
+
+
+def check_dist_backend(cfg: TrainConfig, device: torch.device) -> None:
+    """--dist-backend is accepted for compatibility, when it is the backend this device gets anyway."""
+    needed = "nccl" if device.type == "cuda" else "gloo"
+    if cfg.dist_backend is not None and cfg.dist_backend != needed:
+        raise UserError(f"--dist-backend {cfg.dist_backend} on {device.type}: hpctrain uses {needed} there; "
+                        f"drop --dist-backend (or pass {needed})")
+
+
+def evaluate_checkpoint(cfg: TrainConfig) -> dict[str, float]:
+    """--evaluate: score the checkpoint --resume names (a file, or the newest in a run/checkpoint directory) on the
+    evaluation set, on every process of the job; writes nothing."""
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+    cfg = resolve_config(cfg, recipe)
+    if cfg.resume is None:
+        raise UserError("--evaluate scores a checkpoint: pass --resume PATH (a checkpoint file or a run directory)")
+    env = detect(init_method=cfg.dist_init_method)
+    device = resolve_device(cfg.device, env)
+    check_dist_backend(cfg, device)
+    strategy = resolve_strategy(cfg.strategy, env, device)
+    source = Path(cfg.run_dir) if cfg.resume == "latest" else Path(cfg.resume)
+    point = _explicit_resume(source)
+    _check_fits(cfg, point.state["model"], point.source)
+    run = Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), None)
+    with run.stop:
+        init_process_group(env, device, cfg.dist_timeout)
+        try:
+            model = recipe.build_model().to(device)
+            model.load_state_dict(point.state["model"])
+            data = recipe.data_source(cfg, device, env)
+            scores = evaluate(run, Parts(data, None, model, model, None, None, None))  # type: ignore[arg-type]
+        finally:
+            destroy_process_group()
+    top5 = f", top-5 {100 * scores['test_top5']:.2f}%" if recipe.reports_top5 else ""
+    run.say(f"evaluated {point.source} on {scores['test_images']} images: loss {scores['test_loss']:.4f}, "
+            f"top-1 {100 * scores['test_accuracy']:.2f}%{top5}")
+    return scores

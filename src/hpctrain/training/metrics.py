@@ -74,8 +74,9 @@ class Progress:
     for only when something is shown, so the GPU is not synchronized every step."""
 
     def __init__(self, epochs: int, steps_per_epoch: int, interval_s: float, interactive: bool | None = None,
-                 on_report: Callable[[int, float], None] | None = None) -> None:
+                 on_report: Callable[[int, float], None] | None = None, every_steps: int | None = None) -> None:
         self.epochs = epochs
+        self.every_steps = every_steps  # report every N steps instead of every interval_s (--print-freq)
         self.steps_per_epoch = steps_per_epoch
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.interval_s = 0.25 if self.interactive else interval_s
@@ -101,7 +102,9 @@ class Progress:
     def step(self, step_in_epoch: int, global_step: int, numbers: Callable[[], tuple[float, float]]) -> None:
         """`numbers()` gives the running loss and images/s (the caller's measure, the same as its epoch summary's)."""
         now = time.monotonic()
-        if now - self._last < self.interval_s and step_in_epoch != self.steps_per_epoch:
+        due = (step_in_epoch % self.every_steps == 0 if self.every_steps and not self.interactive
+               else now - self._last >= self.interval_s)
+        if not due and step_in_epoch != self.steps_per_epoch:
             return
         self._last = now
         loss, rate = numbers()
