@@ -181,4 +181,4 @@ def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> Non
 
     with pytest.raises(UserError) as err:
         slurm(["squeue"], run=down)
-    assert "scontrol ping" in str(err.value) and "from an hpctrain checkout" in str(err.value)
+    assert "scontrol ping" in str(err.value) and "local-slurm.sh" not in str(err.value)
