@@ -194,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
         return _train_here(cfg)
     from hpctrain.launch.local import spawn
 
-    return spawn(plan, _train_here, (cfg.replace(nproc=None),))
+    # The workers learn their ranks from the spawner; a --dist-init-method slurm that made this srun task fan out
+    # (one worker per GPU it owns) described the task, not them.
+    return spawn(plan, _train_here, (cfg.replace(nproc=None, dist_init_method=None),))
 
 
 def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:
