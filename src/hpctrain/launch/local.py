@@ -127,7 +127,12 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
     except UserError as err:
         print(f"hpctrain (rank {env['RANK']}): error: {err}", file=sys.stderr, flush=True)
         code = err.exit_code
-    sys.exit(code)
+    # Leave without the interpreter's teardown: everything the run writes is closed and durable by now, and under
+    # load a worker's teardown was seen to abort (SIGABRT, "terminate called without an active exception") while
+    # C++ threads of torch's process groups were being destroyed, turning a completed run into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _die_with_parent(parent: int) -> None:
