@@ -137,7 +137,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
         assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would 120 s before its time limit" in stdout
         assert f"job {job_id} checkpointed and requeued itself (restart 1)" in stdout
         first_attempt = log.read_text()
-        assert "stopped (preempted, SIGUSR1" in first_attempt and "requeueing job" in first_attempt, first_attempt
+        assert "stopped (preempted: SIGUSR1" in first_attempt and "requeueing job" in first_attempt, first_attempt
         assert not (run_dir / "metrics.jsonl").exists() or json.loads(
             (run_dir / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] < 2, "finished before the warning"
 

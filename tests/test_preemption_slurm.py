@@ -44,7 +44,7 @@ TIME_LIMIT = ["--time", "30"]
 JOB_DEADLINE_S = 800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
 
 _RESUMED = re.compile(r"hpctrain: resumed at epoch (\d+), step (\d+) of (\d+) \(global step (\d+)\)")
-_STOPPED = re.compile(r"hpctrain: stopped \((\w+), [^)]*\) at global step (\d+) after writing a checkpoint")
+_STOPPED = re.compile(r"hpctrain: stopped \((\w+): [^)]*\) at global step (\d+) after writing a checkpoint")
 _EPOCH_DONE = re.compile(r"hpctrain: epoch (\d+)/\d+: train loss")
 _ATTEMPT = re.compile(r"^hpctrain: job \d+ attempt (\d+) on ", re.MULTILINE)
 

@@ -6,6 +6,7 @@ record the signals they get; the training loop's own handling is tested with the
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -141,7 +142,7 @@ def test_recipe_outlives_its_time_limit_by_requeueing(slurm, slurm_cluster, tmp_
     assert "ended COMPLETED" in err and "attempt 2" in err, err
     log = job_log(tmp_path, job_id)
     assert "requeueing job" in log and "attempt 2" in log, log
-    assert "resumed at epoch 1" in log, log
+    assert re.search(r"resumed at epoch [1-9]\d*, step \d+ of", log), log  # wherever the warning landed
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert metrics and metrics[-1]["epoch"] == RECIPE_EPOCHS, metrics
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
