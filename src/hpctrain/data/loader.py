@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -36,6 +35,7 @@ from hpctrain.data.decode import BadImageError, CropSpec, load_crop
 from hpctrain.data.imagefolder import ImageSet, find_image_folders
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
+from hpctrain.training.data_source import timed
 from hpctrain.training.sampler import EpochPlan, mix_seed
 
 IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
@@ -88,23 +88,17 @@ class Batches:
         return self._steps
 
     def __iter__(self) -> Iterator[Batch]:
-        started = time.perf_counter()
-        iterator = iter(self._batches)  # starts the worker processes: counted as waiting
-        self.wait_seconds += time.perf_counter() - started
-        while True:
-            started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                self.wait_seconds += time.perf_counter() - started
+        for batch in timed(self._batches, self._waited):
             if batch.bad:
                 if not self._skip_bad_images:
                     path, message = batch.bad[0]
                     raise UserError(message)
                 self.bad_images.extend(path for path, _ in batch.bad)
             yield batch
+
+    def _waited(self, seconds: float) -> None:
+        self.wait_seconds += seconds
+
 
 
 class BatchSource(Protocol):

@@ -43,6 +43,23 @@ class DataSource(Protocol):
         different numbers of batches (so no per-batch collectives)."""
 
 
+def timed(items: Iterable, waited: Callable[[float], None]) -> Iterator:
+    """Yield from `items`, reporting to `waited(seconds)` the time spent getting each one (and starting the
+    iteration, which for a DataLoader starts its worker processes): the training loop's data wait."""
+    started = time.perf_counter()
+    iterator = iter(items)
+    waited(time.perf_counter() - started)
+    while True:
+        started = time.perf_counter()
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            waited(time.perf_counter() - started)
+        yield item
+
+
 class TimedBatches:
     """Wraps an iterable of (inputs, labels) and adds the time spent in `next()` to `wait_seconds`."""
 
@@ -51,18 +68,10 @@ class TimedBatches:
         self.wait_seconds = 0.0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        started = time.perf_counter()
-        iterator = iter(self._batches)
-        self.wait_seconds += time.perf_counter() - started
-        while True:
-            started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                self.wait_seconds += time.perf_counter() - started
-            yield batch
+        yield from timed(self._batches, self._waited)
+
+    def _waited(self, seconds: float) -> None:
+        self.wait_seconds += seconds
 
 
 class _DeviceBatches:
