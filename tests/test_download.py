@@ -455,22 +455,29 @@ def test_cli_bad_arguments_exit_non_zero(tmp_path):
     assert result.returncode == 2 and "pass --data-dir with a writable directory" in result.stderr
 
 
+def start_download_until_bytes_arrive(data_dir, mirror: str, capture: bool) -> subprocess.Popen:
+    """`hpctrain download fashion-mnist` from `mirror` in a subprocess, returned once its partial file has bytes."""
+    output = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else \
+        {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir",
+                             str(data_dir), "--mirror", mirror], **output)
+    target = data_dir / "fashion-mnist"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        parts = list(target.glob(".*.part")) if target.is_dir() else []
+        if parts and parts[0].stat().st_size > 0:
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=30)
+    pytest.fail("the download never started")
+
+
 def test_cli_killed_mid_download_leaves_no_final_file(tmp_path, misbehaving_server, http_mirror, fashion_mnist_source):
     slow, _ = misbehaving_server(fashion_mnist_source, "slow")
     target = tmp_path / "fashion-mnist"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    proc = start_download_until_bytes_arrive(tmp_path, slow, capture=False)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until bytes are arriving
-            parts = list(target.glob(".*.part")) if target.is_dir() else []
-            if parts and parts[0].stat().st_size > 0:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the download never started")
         assert proc.poll() is None, "the download finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -561,19 +568,8 @@ def test_cli_trickling_mirror_fails_with_the_fix(tmp_path, misbehaving_server, f
 def test_cli_sigterm_removes_the_partial_download(tmp_path, misbehaving_server, fashion_mnist_source):
     slow, _ = misbehaving_server(fashion_mnist_source, "slow")
     target = tmp_path / "fashion-mnist"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = start_download_until_bytes_arrive(tmp_path, slow, capture=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until bytes are arriving
-            parts = list(target.glob(".*.part")) if target.is_dir() else []
-            if parts and parts[0].stat().st_size > 0:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the download never started")
         assert proc.poll() is None, "the download finished before it could be terminated"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)

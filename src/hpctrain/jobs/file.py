@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.jobs.spec import known_keys
 
 MAX_JOB_FILE_BYTES = 1 << 20
 SUFFIXES = (".toml", ".yaml", ".yml")
@@ -150,8 +151,5 @@ def _kubernetes_section(path: Path, section: Any) -> dict[str, Any]:
     valid = sorted(f.name for f in fields(KubernetesOptions))
     if not isinstance(section, dict):
         raise UserError(f"job file {path}: kubernetes must be a mapping of options ({', '.join(valid)})")
-    data = {str(k).replace("-", "_"): v for k, v in section.items() if v is not None}
-    unknown = sorted(set(data) - set(valid))
-    if unknown:
-        raise UserError(f"job file {path}: unknown kubernetes key(s) {', '.join(unknown)}; valid keys: {', '.join(valid)}")
+    data = known_keys(section, valid, f"job file {path}: unknown kubernetes key(s)")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -419,16 +420,24 @@ _STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output"
 _LIST_KEYS = {"command", "sbatch_extra"}
 
 
+def known_keys(values: dict[Any, Any], valid: Iterable[str], unknown_message: str) -> dict[str, Any]:
+    """`values` with '-' in keys read as '_' and null values dropped (null means "the default"); keys outside
+    `valid` are a UserError that starts with `unknown_message` and lists the valid ones."""
+    valid = sorted(valid)
+    data = {str(k).replace("-", "_"): v for k, v in values.items() if v is not None}
+    unknown = sorted(set(data) - set(valid))
+    if unknown:
+        raise UserError(f"{unknown_message} {', '.join(unknown)}; valid keys: {', '.join(valid)}")
+    return data
+
+
 def from_mapping(values: dict[str, Any], source: str = "job") -> JobSpec:
     """Build a JobSpec from job-file data (keys as in VALID_KEYS; '-' may stand for '_'). Unknown keys and wrong
     types are UserErrors that name the key and the fix."""
     if not isinstance(values, dict):
         raise UserError(f"{source}: expected a mapping of job options (e.g. `nodes: 2`), got {type(values).__name__}")
     # A key set to null means "the default", so a written-out description (to_dict) reads back unchanged.
-    data = {str(k).replace("-", "_"): v for k, v in values.items() if v is not None}
-    unknown = sorted(set(data) - set(VALID_KEYS))
-    if unknown:
-        raise UserError(f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(VALID_KEYS)}")
+    data = known_keys(values, VALID_KEYS, f"{source}: unknown key(s)")
     for key, value in data.items():
         _check_type(source, key, value)
     if "time" in data and isinstance(data["time"], int):
@@ -457,10 +466,7 @@ def _environment_from(source: str, value: Any) -> EnvironmentSpec:
         return EnvironmentSpec(kind=value)
     if not isinstance(value, dict):
         raise UserError(f"{source}: environment must be a kind ({', '.join(ENVIRONMENT_KINDS)}) or a mapping with keys {', '.join(sorted(_ENV_KEYS))}")
-    data = {str(k).replace("-", "_"): v for k, v in value.items() if v is not None}
-    unknown = sorted(set(data) - _ENV_KEYS)
-    if unknown:
-        raise UserError(f"{source}: unknown environment key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(_ENV_KEYS))}")
+    data = known_keys(value, _ENV_KEYS, f"{source}: unknown environment key(s)")
     for key in ("modules", "mounts"):
         if key in data:
             if isinstance(data[key], str):
