@@ -41,19 +41,26 @@ class BadImageError(UserError):
 
 
 def load_crop(path: str, spec: CropSpec, seed: int, epoch: int, index: int, out: np.ndarray) -> None:
-    """Decode `path`, crop it as `spec` says for sample `index` of `epoch`, and write it into `out` (H, W, 3)."""
+    """Decode the file `path`, crop it as `spec` says for sample `index` of `epoch`, and write it into `out`."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as err:
         raise BadImageError(path, err.strerror or str(err)) from err
+    decode_crop(data, path, spec, seed, epoch, index, out)
+
+
+def decode_crop(data: bytes, name: str, spec: CropSpec, seed: int, epoch: int, index: int,
+                out: np.ndarray) -> None:
+    """Decode the encoded image `data` (called `name` in errors), crop it as `spec` says for sample `index` of
+    `epoch`, and write it into `out` (H, W, 3)."""
     try:
         image, crop, scale = _decode(data, spec, seed, epoch, index)
         _crop_resize(image, crop, scale, out)
     except BadImageError:
         raise
     except Exception as err:  # decoders raise ValueError, OSError, PIL and cv2 errors: all mean "bad file"
-        raise BadImageError(path, f"{type(err).__name__}: {err}") from err
+        raise BadImageError(name, f"{type(err).__name__}: {err}") from err
 
 
 def _decode(data: bytes, spec: CropSpec, seed: int, epoch: int,

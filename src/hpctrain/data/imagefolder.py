@@ -18,12 +18,14 @@ forked data workers then share them without copy-on-read page duplication.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hpctrain.data.decode import BadImageError
 from hpctrain.errors import UserError
 
 # torchvision's IMG_EXTENSIONS, compared case-insensitively (ImageNet's files end in .JPEG).
@@ -43,6 +45,23 @@ class ImageSet:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def name(self, index: int) -> str:
+        """How sample `index` is named in messages (its path)."""
+        return str(self.paths[index])
+
+    def read(self, index: int) -> bytes:
+        """The encoded bytes of sample `index` (what a decoder needs); BadImageError if they cannot be read."""
+        path = str(self.paths[index])
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as err:
+            raise BadImageError(path, err.strerror or str(err)) from err
+
+    def subset(self, keep: np.ndarray) -> ImageSet:
+        """The samples at positions `keep`, in that order."""
+        return dataclasses.replace(self, paths=self.paths[keep], labels=self.labels[keep])
 
 
 @dataclass(frozen=True)

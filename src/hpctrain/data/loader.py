@@ -29,10 +29,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 
-from hpctrain.data.decode import BadImageError, CropSpec, load_crop
-from hpctrain.data.imagefolder import ImageSet, find_image_folders
+from hpctrain.data.decode import BadImageError, CropSpec, decode_crop
+from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.training.data_source import timed
@@ -114,10 +115,26 @@ class BatchSource(Protocol):
     def eval_batches(self, world_size: int, rank: int, batch_size: int) -> Batches: ...
 
 
+class EncodedImages(Protocol):
+    """Where encoded samples come from: an image folder (`ImageSet`, one file each) or any other store of encoded
+    images with labels (e.g. packed shards). Sample i is `read(i)` (bytes a decoder takes) with `labels[i]`."""
+
+    labels: np.ndarray  # int64, index into `classes`
+    classes: tuple[str, ...]
+
+    def __len__(self) -> int: ...
+
+    def name(self, index: int) -> str: ...
+
+    def read(self, index: int) -> bytes: ...
+
+    def subset(self, keep: np.ndarray) -> EncodedImages: ...
+
+
 class ImageBatchDataset(torch.utils.data.Dataset):
     """Map-style dataset whose items are whole batches: `dataset[BatchRequest]` -> `Batch`."""
 
-    def __init__(self, images: ImageSet, spec: CropSpec, seed: int) -> None:
+    def __init__(self, images: EncodedImages, spec: CropSpec, seed: int) -> None:
         self.images = images
         self.spec = spec
         self.seed = seed
@@ -132,20 +149,21 @@ class ImageBatchDataset(torch.utils.data.Dataset):
         labels = torch.from_numpy(self.images.labels[list(request.indices)])
         bad = []
         for slot, index in enumerate(request.indices):
-            path = str(self.images.paths[index])
             try:
-                load_crop(path, self.spec, self.seed, request.epoch, index, pixels[slot])
+                data = self.images.read(index)
+                decode_crop(data, self.images.name(index), self.spec, self.seed, request.epoch, index,
+                            pixels[slot])
             except BadImageError as err:
                 pixels[slot] = 0
                 labels[slot] = IGNORE_LABEL
-                bad.append((path, str(err)))
+                bad.append((err.path, str(err)))
         return Batch(out, labels, tuple(bad))
 
 
 class ImageFolderSource:
     """Training and validation batches decoded from image files (see the module docstring)."""
 
-    def __init__(self, train: ImageSet, val: ImageSet | None, config: LoaderConfig, seed: int,
+    def __init__(self, train: EncodedImages, val: EncodedImages | None, config: LoaderConfig, seed: int,
                  train_crop: CropSpec | None = None, eval_crop: CropSpec | None = None) -> None:
         self.train = train
         self.val = val
@@ -323,6 +341,7 @@ __all__ = [
     "BatchRequest",
     "BatchSource",
     "Batches",
+    "EncodedImages",
     "ImageBatchDataset",
     "ImageFolderSource",
     "LoaderConfig",

@@ -229,7 +229,7 @@ def _subset(images: ImageSet, limit: int | None) -> ImageSet:
     if limit is None or limit >= len(images):
         return images
     keep = (np.arange(limit) * len(images)) // limit
-    return dataclasses.replace(images, paths=images.paths[keep], labels=images.labels[keep])
+    return images.subset(keep)
 
 
 def _count_classes(cfg) -> int:  # type: ignore[no-untyped-def]
