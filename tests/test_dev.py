@@ -34,7 +34,7 @@ def test_script_reads_the_token_from_a_private_file_and_quotes_paths(tmp_path: P
     assert "sshd" in render_dev_script(DevConfig("nb", service="ssh"), state)
 
 
-@pytest.mark.parametrize("service", ["jupyter", "ssh"])
+@pytest.mark.parametrize("service", ["jupyter", "ssh", "code"])
 def test_scripts_pass_shellcheck(tmp_path: Path, service: str) -> None:
     import shutil
     import subprocess

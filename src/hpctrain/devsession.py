@@ -1,4 +1,5 @@
-"""Interactive development sessions: JupyterLab (or sshd) on a compute node or in a pod, reached through a tunnel.
+"""Interactive development sessions: JupyterLab, an sshd of the user's own, or a VS Code tunnel on a compute node
+(JupyterLab also in a pod), reached through a tunnel.
 
     cfg = DevConfig(name="explore", cpus=4, gpus_per_node=1, mem="16G", environment=EnvironmentSpec("venv", venv="~/venvs/t"))
     script = render_dev_script(cfg, state_dir)       # pure: what `hpctrain dev start --dry-run` prints
@@ -9,15 +10,28 @@
 State lives in HPCTRAIN_HOME/dev/NAME (0700): `token` and `connection.json` (0600), the batch script, the job's
 output, and `endpoint.json` written by the job. The token is made here (secrets.token_urlsafe), read by the job
 from its 0600 file into JUPYTER_TOKEN, and never appears on a command line.
+
+--service ssh: start makes a host key for the session (ssh-keygen, on the login node, so that the host key is known
+before the first login: `known_hosts` and the printed fingerprint), copies the user's public key (--ssh-key, else
+the first of ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub) to `authorized_keys`, and writes `sshd_config`; the
+job runs `sshd -D -f sshd_config` as the user on a free port (as root too, where clusters run jobs as root: then
+only that user may log in, with a key).
+
+--service code: the job runs `code tunnel --accept-server-license-terms --name NAME` (the VS Code CLI, which must be
+on the compute node's PATH); start shows its device-login line and waits for its vscode.dev URL.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import hashlib
 import json
 import re
 import secrets
+import shlex
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +43,7 @@ from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
 from hpctrain.services.common import Endpoint, http_get, private_dir, read_json, state_root, tcp_banner, write_private
 
-SERVICES = ("jupyter", "ssh")
+SERVICES = ("jupyter", "ssh", "code")
 CONNECTION_FILE = "connection.json"
 TOKEN_FILE = "token"
 JUPYTER_POD_PORT = 8888
@@ -43,10 +57,21 @@ JUPYTER_COMMAND = (
 )
 SSHD_COMMAND = (
     "bash", "-c",
-    'exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /dev/null -p "$HPCTRAIN_PORT" '
-    '-h "$HPCTRAIN_STATE_DIR/ssh_host_ed25519_key" -o PidFile=none -o UsePAM=no '
-    '-o PasswordAuthentication=no -o AuthorizedKeysFile=.ssh/authorized_keys',
+    'exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f "$HPCTRAIN_STATE_DIR/sshd_config" -p "$HPCTRAIN_PORT"',
 )
+CODE_COMMAND = (
+    "bash", "-c",
+    'if ! command -v code >/dev/null 2>&1; then '
+    'echo "hpctrain: the VS Code CLI (code) is not on PATH on $(hostname): install it there (the standalone CLI from '
+    'the VS Code download page), load its module with --module, or use --service ssh" >&2; exit 127; fi; '
+    'exec code tunnel --accept-server-license-terms --name "$HPCTRAIN_TUNNEL_NAME"',
+)
+SSH_HOST_KEY = "ssh_host_ed25519_key"
+SSH_PUBLIC_KEYS = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
+"""Looked for in ~/.ssh, in this order, when --ssh-key is not given."""
+CODE_LOGIN_RE = re.compile(r"To grant access to the server, please log into (?P<url>\S+) and use code (?P<code>\S+)")
+CODE_URL_RE = re.compile(r"Open this link in your browser (?P<url>https://\S+)")
+TUNNEL_NAME_MAX = 20
 
 
 @dataclass(frozen=True)
@@ -58,11 +83,19 @@ class DevConfig:
     time: str | None = DEFAULT_TIME
     partition: str | None = None
     account: str | None = None
+    port: int | None = None
+    """The server's port: None picks a free one on Slurm and 8888 in a pod."""
+    ssh_key: Path | None = None
+    """--service ssh: the public key to log in with; None: the first of ~/.ssh/SSH_PUBLIC_KEYS."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
         if self.service not in SERVICES:
-            raise UserError(f"--service {self.service!r} is unknown: use jupyter or ssh")
+            raise UserError(f"--service {self.service!r} is unknown: use {', '.join(SERVICES)}")
+        if self.port is not None and not 1024 <= self.port <= 65535:
+            raise UserError(f"--port {self.port}: use a port from 1024 to 65535")
+        if self.ssh_key is not None and self.service != "ssh":
+            raise UserError("--ssh-key is for --service ssh: drop it, or add --service ssh")
 
     @property
     def job_name(self) -> str:
@@ -79,11 +112,21 @@ def session_dir(name: str, root: Path | None = None) -> Path:
     return (root or state_root("dev")) / check_name(name)
 
 
+def tunnel_name(session: str) -> str:
+    """The VS Code tunnel's name: `dev-SESSION`, cut to the CLI's 20 characters with a short hash of the session
+    name in place of the cut, so that two long names stay apart. Session names are [a-z0-9-], valid here too."""
+    name = f"dev-{check_name(session)}"
+    if len(name) <= TUNNEL_NAME_MAX:
+        return name
+    digest = hashlib.sha256(session.encode()).hexdigest()[:4]
+    return f"{name[:TUNNEL_NAME_MAX - 5].rstrip('-')}-{digest}"
+
+
 # ---- Slurm --------------------------------------------------------------------------------------------------
 
 
 def service_job(cfg: DevConfig, state_dir: Path) -> service_slurm.ServiceJob:
-    setup = [f"export HPCTRAIN_STATE_DIR=\"$state_dir\""]
+    setup = ["export HPCTRAIN_STATE_DIR=\"$state_dir\""]
     if cfg.service == "jupyter":
         setup += [
             "# The token comes from a private file into the environment: never on a command line.",
@@ -92,17 +135,19 @@ def service_job(cfg: DevConfig, state_dir: Path) -> service_slurm.ServiceJob:
             'export JUPYTER_RUNTIME_DIR="$state_dir/runtime"',
         ]
         command = JUPYTER_COMMAND
-    else:
+    elif cfg.service == "ssh":
         setup += [
-            "# A host key for this session only; log in with your own key (~/.ssh/authorized_keys).",
-            'if [ ! -f "$state_dir/ssh_host_ed25519_key" ]; then',
-            '    ssh-keygen -q -t ed25519 -N "" -f "$state_dir/ssh_host_ed25519_key"',
-            "fi",
+            "# sshd run by root wants its privilege-separation folder (made by the package's service unit).",
+            'if [ "$(id -u)" = 0 ] && [ ! -d /run/sshd ]; then mkdir -m 0755 /run/sshd; fi',
         ]
         command = SSHD_COMMAND
+    else:
+        setup += [f"export HPCTRAIN_TUNNEL_NAME={shlex.quote(tunnel_name(cfg.name))}"]
+        command = CODE_COMMAND
     return service_slurm.ServiceJob(
         name=cfg.job_name, state_dir=str(state_dir), command=command, resources=cfg.resources,
         environment=cfg.environment, setup=tuple(setup), partition=cfg.partition, account=cfg.account, time=cfg.time,
+        port=cfg.port,
     )
 
 
@@ -140,6 +185,107 @@ def _alive(conn: dict[str, Any]) -> bool:
     return info is not None and not info.finished
 
 
+def find_public_key(given: Path | None, home: Path | None = None) -> Path:
+    """--ssh-key, else the first of ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub; checked to be a public key."""
+    if given is None:
+        ssh_dir = (home or Path.home()) / ".ssh"
+        found = [ssh_dir / n for n in SSH_PUBLIC_KEYS if (ssh_dir / n).is_file()]
+        if not found:
+            raise UserError(f"no SSH public key in {ssh_dir} ({', '.join(SSH_PUBLIC_KEYS)}): make one with "
+                            "`ssh-keygen -t ed25519`, or name yours with --ssh-key FILE.pub")
+        given = found[0]
+    try:
+        text = given.expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"--ssh-key {given}: cannot read it ({err}): give the public key file (FILE.pub)") from None
+    keys = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if "PRIVATE KEY" in text or not keys or not all(_PUBKEY_RE.match(k) for k in keys):
+        raise UserError(f"--ssh-key {given}: not an OpenSSH public key: give the .pub file (one line such as "
+                        "`ssh-ed25519 AAAA... you@laptop`), never the private key")
+    return given.expanduser()
+
+
+_PUBKEY_RE = re.compile(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-\S+)\s+[A-Za-z0-9+/=]+(\s.*)?$")
+
+
+def render_sshd_config(state_dir: Path, user: str) -> str:
+    """The session's sshd_config. Pure. Only `user` may log in, only with the keys in `authorized_keys`.
+    StrictModes is off because it checks every folder above the key file up to the home folder, and HPCTRAIN_HOME
+    may live elsewhere (scratch): the file is hpctrain's own copy in its 0700 folder."""
+    if any(c in str(state_dir) for c in '"\\\n'):
+        raise UserError(f"{state_dir}: sshd cannot read a path with quotes, backslashes or newlines: set HPCTRAIN_HOME "
+                        "to a plain folder")
+    keys = str(state_dir / "authorized_keys").replace("%", "%%")
+    return "\n".join([
+        "# Rendered by hpctrain for one dev session: an sshd of the user's own, on the job's node.",
+        f'HostKey "{state_dir / SSH_HOST_KEY}"',
+        f'AuthorizedKeysFile "{keys}"',
+        f"AllowUsers {user}",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        "StrictModes no",
+        "UsePAM no",
+        "PidFile none",
+        "PrintMotd no",
+        "X11Forwarding no",
+        "AllowTcpForwarding yes",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+def _prepare_ssh(cfg: DevConfig, state_dir: Path) -> str:
+    """authorized_keys, a fresh host key and sshd_config in the state folder; returns the host's public key line."""
+    if shutil.which("ssh-keygen") is None:
+        raise UserError("ssh-keygen is not on PATH: install the OpenSSH client (openssh-client), or use --service jupyter")
+    public = find_public_key(cfg.ssh_key)
+    write_private(state_dir / "authorized_keys", public.read_text(encoding="utf-8").strip() + "\n")
+    host_key = state_dir / SSH_HOST_KEY
+    for old in (host_key, host_key.with_name(host_key.name + ".pub")):
+        old.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hpctrain-dev-{cfg.name}", "-f", str(host_key)],
+                   check=True, capture_output=True)
+    write_private(state_dir / "sshd_config", render_sshd_config(state_dir, getpass.getuser()))
+    return host_key.with_name(host_key.name + ".pub").read_text(encoding="utf-8").strip()
+
+
+def ssh_alias(name: str) -> str:
+    return f"hpctrain-dev-{name}"
+
+
+def ssh_config_snippet(name: str, node: str, port: int, user: str, login: str) -> str:
+    """The ~/.ssh/config block for the session (VS Code Remote-SSH reads it too). Pure."""
+    lines = [f"Host {ssh_alias(name)}", f"    HostName {node}", f"    Port {port}", f"    User {user}",
+             f"    ProxyJump {login}", f"    HostKeyAlias {ssh_alias(name)}"]
+    return "\n".join(lines) + "\n"
+
+
+class CodeTunnelWatch:
+    """Readiness of `code tunnel`: its vscode.dev URL in the job's output. Says the device-login line once, as soon
+    as it appears, because the URL only comes after the user has logged in."""
+
+    def __init__(self, state_dir: Path, job_id: str, say: Callable[[str], None]) -> None:
+        self.path = state_dir / f"slurm-{job_id}.out"
+        self.say = say
+        self.login: str | None = None
+        self.url: str | None = None
+
+    def __call__(self, endpoint: Endpoint) -> bool:
+        try:
+            text = self.path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        login = CODE_LOGIN_RE.search(text)
+        if login and self.login is None:
+            self.login = login.group(0)
+            self.say(f"  VS Code asks you to log in: open {login['url']} and enter the code {login['code']}")
+        url = CODE_URL_RE.search(text)
+        self.url = url["url"] if url else None
+        return self.url is not None
+
+
 def start_slurm(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_port: int | None,
                 say: Callable[[str], None] = print) -> dict[str, Any]:
     """Submit the session, wait until its server answers, record and return its connection details."""
@@ -151,6 +297,7 @@ def start_slurm(cfg: DevConfig, root: Path | None, login: str, wait_s: float, lo
     write_private(state_dir / TOKEN_FILE, token + "\n")
     for stale in (service_slurm.ENDPOINT_FILE,):
         (state_dir / stale).unlink(missing_ok=True)
+    host_key = _prepare_ssh(cfg, state_dir) if cfg.service == "ssh" else None
     service = service_job(cfg, state_dir)
     script = service_slurm.render_service_script(service)
     write_private(state_dir / "dev.sbatch", script)
@@ -159,16 +306,34 @@ def start_slurm(cfg: DevConfig, root: Path | None, login: str, wait_s: float, lo
                             "login_host": login, "created": _now()}
     write_private(state_dir / CONNECTION_FILE, conn)
     say(f"dev session {cfg.name}: job {job_id} submitted; waiting for {cfg.service} to answer (up to {wait_s:g} s)")
-    ready = jupyter_ready(token) if cfg.service == "jupyter" else ssh_ready
+    watch = CodeTunnelWatch(state_dir, job_id, say) if cfg.service == "code" else None
+    ready = {"jupyter": jupyter_ready(token), "ssh": ssh_ready}.get(cfg.service, watch)
     endpoint = service_slurm.wait_ready(state_dir, job_id, ready, wait_s, on_state=lambda s: say(f"  job {job_id}: {s}"))
     local = local_port or endpoint.port
     conn.update(node=endpoint.node, port=endpoint.port, local_port=local, tunnel=endpoint.tunnel_command(login, local))
     if cfg.service == "jupyter":
         conn["url"] = f"http://localhost:{local}/lab?token={token}"
+    elif cfg.service == "ssh":
+        user = getpass.getuser()
+        write_private(state_dir / "known_hosts", f"{ssh_alias(cfg.name)} {' '.join(host_key.split()[:2])}\n")
+        conn.update(
+            user=user, host_key=host_key, host_key_fingerprint=_fingerprint(state_dir / (SSH_HOST_KEY + ".pub")),
+            ssh=shlex.join(["ssh", "-J", login, "-p", str(endpoint.port), f"{user}@{endpoint.node}"]),
+            ssh_config=ssh_config_snippet(cfg.name, endpoint.node, endpoint.port, user, login),
+            known_hosts=f"{ssh_alias(cfg.name)} {' '.join(host_key.split()[:2])}",
+        )
     else:
-        conn["ssh"] = f"ssh -p {local} localhost"
+        assert watch is not None
+        conn.update(url=watch.url, tunnel_name=tunnel_name(cfg.name), login_prompt=watch.login)
+        conn.pop("tunnel")  # the VS Code tunnel service carries the traffic: no ssh -L
     write_private(state_dir / CONNECTION_FILE, conn)
     return conn
+
+
+def _fingerprint(public_key: Path) -> str:
+    result = subprocess.run(["ssh-keygen", "-l", "-f", str(public_key)], capture_output=True, text=True, check=False)
+    words = result.stdout.split()
+    return words[1] if len(words) > 1 else "?"
 
 
 # ---- Kubernetes ---------------------------------------------------------------------------------------------
@@ -178,12 +343,15 @@ def service_pod(cfg: DevConfig) -> Any:
     from hpctrain.services.kubernetes import ServicePod
 
     if cfg.service != "jupyter":
-        raise UserError("--service ssh runs on Slurm only: on Kubernetes use `kubectl exec -it POD -- bash`")
+        raise UserError(f"--service {cfg.service} runs on Slurm only: on Kubernetes use --service jupyter, or "
+                        "`kubectl exec -it POD -- bash` in a pod of yours")
     if cfg.environment.kind != "none":
         raise UserError("--conda-env/--venv/--module apply to Slurm: on Kubernetes the --image is the environment")
-    command = ("jupyter", "lab", "--no-browser", "--ip=0.0.0.0", f"--port={JUPYTER_POD_PORT}", "--port-retries=0")
-    return ServicePod(name=cfg.job_name, kind="dev", command=command, port=JUPYTER_POD_PORT, resources=cfg.resources,
-                      time=cfg.time, secret_env=(("JUPYTER_TOKEN", "token"),))
+    port = cfg.port or JUPYTER_POD_PORT
+    command = ("jupyter", "lab", "--no-browser", "--ip=0.0.0.0", f"--port={port}", "--port-retries=0")
+    # /api answers without the token: the kubelet's readiness probe needs none.
+    return ServicePod(name=cfg.job_name, kind="dev", command=command, port=port, resources=cfg.resources,
+                      time=cfg.time, secret_env=(("JUPYTER_TOKEN", "token"),), ready_path="/api")
 
 
 def render_dev_pod(cfg: DevConfig, options: Any) -> dict[str, Any]:
@@ -205,24 +373,32 @@ def start_kubernetes(cfg: DevConfig, options: Any, core: Any, root: Path | None,
     token = secrets.token_urlsafe(32)
     k8s.create(core, pod, k8s.render_secret(spec, options, {"token": token}))
     write_private(state_dir / TOKEN_FILE, token + "\n")
-    local = local_port or JUPYTER_POD_PORT
+    local = local_port or spec.port
     conn: dict[str, Any] = {
         "name": cfg.name, "scheduler": "kubernetes", "service": cfg.service, "namespace": options.namespace,
         "pod": spec.name, "created": _now(), "local_port": local,
-        "port_forward": k8s.port_forward_command(options.namespace, spec.name, local, JUPYTER_POD_PORT),
+        "port_forward": k8s.port_forward_command(options.namespace, spec.name, local, spec.port),
         "url": f"http://localhost:{local}/lab?token={token}",
     }
     write_private(state_dir / CONNECTION_FILE, conn)
-    say(f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}")
+    say(f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}; waiting until JupyterLab "
+        f"is ready (up to {wait_s:g} s)")
     deadline = time.monotonic() + wait_s
     while wait_s > 0:
-        state = k8s.pod_state(core.read_namespaced_pod(spec.name, options.namespace))
-        if state == "Running":
+        live = core.read_namespaced_pod(spec.name, options.namespace)
+        state = k8s.pod_state(live)
+        if state == "Running" and k8s.pod_ready(live):
+            conn["pod_ip"] = live.status.pod_ip
+            write_private(state_dir / CONNECTION_FILE, conn)
             break
-        if state in ("Succeeded", "Failed") or time.monotonic() >= deadline:
-            raise UserError(f"pod {spec.name} is {state} after {wait_s:g} s: see `kubectl describe pod -n "
-                            f"{options.namespace} {spec.name}`; stop it with `hpctrain dev stop {cfg.name} --scheduler kubernetes`")
-        time.sleep(2.0)
+        if state in ("Succeeded", "Failed", "Terminating"):
+            raise UserError(f"pod {spec.name} is {state} before JupyterLab was ready: see `kubectl logs -n "
+                            f"{options.namespace} {spec.name}`; forget it with `hpctrain dev stop {cfg.name} --scheduler kubernetes`")
+        if time.monotonic() >= deadline:
+            raise UserError(f"pod {spec.name} is {state} and not ready after {wait_s:g} s; it is left in place: wait "
+                            f"longer with --wait, see `kubectl describe pod -n {options.namespace} {spec.name}`, or stop "
+                            f"it with `hpctrain dev stop {cfg.name} --scheduler kubernetes`")
+        time.sleep(1.0)
     return conn
 
 
@@ -354,7 +530,8 @@ def _stop_job(job_id: str, wait_s: float) -> str:
 
 
 def _forget(state_dir: Path) -> None:
-    for name in (CONNECTION_FILE, TOKEN_FILE, service_slurm.ENDPOINT_FILE):
+    for name in (CONNECTION_FILE, TOKEN_FILE, service_slurm.ENDPOINT_FILE, SSH_HOST_KEY, SSH_HOST_KEY + ".pub",
+                 "authorized_keys", "known_hosts", "sshd_config"):
         (state_dir / name).unlink(missing_ok=True)
     shutil.rmtree(state_dir / "runtime", ignore_errors=True)
 

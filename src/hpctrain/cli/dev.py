@@ -1,4 +1,5 @@
-"""`hpctrain dev start|list|stop NAME`: an interactive JupyterLab (or sshd) on a compute node or in a pod.
+"""`hpctrain dev start|list|stop NAME`: an interactive JupyterLab (or sshd, or a VS Code tunnel) on a compute node,
+or JupyterLab in a pod.
 
     hpctrain dev start explore --gpus-per-node 1 --cpus 8 --mem 32G --time 4:00:00 --venv ~/venvs/torch
     hpctrain dev list --idle-warn 1h
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -28,9 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     start = sub.add_parser("start", help="start a session and print how to reach it")
     start.add_argument("name", metavar="NAME", help="session name (lower-case letters, digits, -)")
-    start.add_argument("--service", choices=("jupyter", "ssh"), default="jupyter",
-                       help="jupyter: JupyterLab with a random token (default); ssh: an sshd of your own (Slurm only; "
-                            "use it with VS Code Remote-SSH)")
+    start.add_argument("--service", choices=("jupyter", "ssh", "code"), default="jupyter",
+                       help="jupyter: JupyterLab with a random token (default); ssh: an sshd of your own, for ssh and "
+                            "VS Code Remote-SSH (Slurm only); code: a VS Code tunnel (`code tunnel`, which must be "
+                            "installed on the compute nodes; Slurm only)")
+    start.add_argument("--ssh-key", type=Path, metavar="FILE.pub",
+                       help="--service ssh: the public key you will log in with, from the machine you connect from "
+                            "(default: the first of ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub here)")
+    start.add_argument("--port", type=int, help="the server's port (default: a free one on Slurm, 8888 in a pod)")
     start.add_argument("--cpus", type=int, default=2, help="CPUs (default: 2)")
     start.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="whole GPUs")
     start.add_argument("--gpu-type", help="GPU type, as `sinfo -o %%G` shows it")
@@ -125,7 +132,8 @@ def config_from_args(args: argparse.Namespace, kubernetes: bool) -> Any:
             raise UserError("--shm/--volume apply to Kubernetes: on Slurm use --mount with a container --image")
         environment = environment_from_args(args)
     return DevConfig(name=args.name, service=args.service, resources=resources, environment=environment,
-                     time=args.time, partition=args.partition, account=args.account)
+                     time=args.time, partition=args.partition, account=args.account, port=args.port,
+                     ssh_key=args.ssh_key)
 
 
 def k8s_options(args: argparse.Namespace, **extra: Any) -> Any:
@@ -174,12 +182,24 @@ def _start(args: argparse.Namespace) -> int:
         print(devsession.render_dev_script(cfg, state_dir), end="")
         return 0
     conn = devsession.start_slurm(cfg, None, args.login_host or login_host(), args.wait, args.local_port)
-    print(f"\n{cfg.service} is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). On your machine, open the tunnel:")
-    print(f"  {conn['tunnel']}")
-    if cfg.service == "jupyter":
-        print(f"then open:\n  {conn['url']}")
+    if cfg.service == "code":
+        print(f"\nThe VS Code tunnel {conn['tunnel_name']} is up (job {conn['job_id']} on {conn['node']}). Open:")
+        print(f"  {conn['url']}")
+        print(f"or in VS Code: Remote Explorer > Tunnels > {conn['tunnel_name']} (signed in with the same account)")
+        if conn.get("login_prompt"):
+            print(f"(it asked you to sign in: {conn['login_prompt']})")
+    elif cfg.service == "ssh":
+        print(f"\nsshd is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). Log in through the login node:")
+        print(f"  {conn['ssh']}")
+        print(f"Its host key, made for this session: {conn['host_key_fingerprint']} (ED25519). For VS Code Remote-SSH, "
+              f"add to ~/.ssh/config:\n")
+        print(conn["ssh_config"])
+        print(f"and to ~/.ssh/known_hosts:\n  {conn['known_hosts']}\nthen connect to {devsession.ssh_alias(cfg.name)}.")
+        print(f"(or, with a tunnel: {conn['tunnel']}, then ssh -p {conn['local_port']} {conn['user']}@localhost)")
     else:
-        print(f"then log in:\n  {conn['ssh']}\n(VS Code: Remote-SSH to localhost, port {conn['local_port']})")
+        print(f"\n{cfg.service} is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). On your machine, open the tunnel:")
+        print(f"  {conn['tunnel']}")
+        print(f"then open:\n  {conn['url']}")
     print(f"Details (private): {state_dir / devsession.CONNECTION_FILE}")
     print(f"Stop it when done, so that it stops holding the node: hpctrain dev stop {cfg.name}")
     return 0

@@ -34,6 +34,8 @@ class ServicePod:
     secret_env: tuple[tuple[str, str], ...] = ()
     """(variable, key) pairs read from the pod's Secret `name` (e.g. the Jupyter token)."""
     env: tuple[tuple[str, str], ...] = ()
+    ready_path: str | None = None
+    """An HTTP path that answers 200 once the server is up: the container's readinessProbe."""
 
 
 def resources_of(r: Resources) -> dict[str, str]:
@@ -62,6 +64,8 @@ def render_pod(pod: ServicePod, options: KubernetesOptions) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": pod.port}],
         "resources": {"requests": requests, "limits": requests},
     }
+    if pod.ready_path is not None:
+        container["readinessProbe"] = {"httpGet": {"path": pod.ready_path, "port": "http"}, "periodSeconds": 2}
     if env:
         container["env"] = env
     if mounts:
@@ -135,6 +139,12 @@ def pod_state(pod: Any) -> str:
     if pod.metadata.deletion_timestamp is not None:
         return "Terminating"
     return (pod.status.phase if pod.status else None) or "Pending"
+
+
+def pod_ready(pod: Any) -> bool:
+    """The pod's Ready condition (its readiness probe passed)."""
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 def _delete_quietly(delete_fn: Any, name: str, namespace: str) -> bool:
