@@ -490,3 +490,123 @@ def wait_for(what: str, predicate, standin: KubeflowStandIn, timeout: float, pol
         assert not standin.errors, standin.errors
         time.sleep(poll)
     pytest.fail(f"timed out waiting for {what}")
+
+
+# ---- plain Pods (hpctrain's dev and TensorBoard pods): scheduler and kubelet only ---------------------------
+
+SERVICE_POD_LABEL = "hpctrain.io/service"
+
+
+class ServicePodStandIn(KubeflowStandIn):
+    """A TEST-ONLY FAKE of kube-scheduler and the kubelet for plain Pods that carry hpctrain's service label (dev
+    sessions, TensorBoard on the cluster); no Kubeflow controller is involved. Each pass it binds such pods to its
+    Node (the Binding API, as the scheduler does), runs the first container's command + args as a local process
+    (the environment of the test, `extra_env`, then the container's env with `value` and `secretKeyRef` resolved
+    from the Secret, HOME set to a fresh folder of the pod's own), probes its readinessProbe's httpGet on the pod IP
+    (127.0.0.1: the processes share this host's network), and writes phase, podIP, the Ready condition and the
+    container status back through the API. Deleting a pod stops its process as for job pods (SIGTERM, then
+    SIGKILL after the grace period). It does not enforce resources or activeDeadlineSeconds."""
+
+    def __init__(self, api_client: Any, namespace: str, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        super().__init__(api_client, namespace, workdir, node_labels={"hpctrain-test/standin": "service-pods"})
+        self.extra_env = dict(extra_env or {})
+        self.reported: dict[str, tuple[str, bool]] = {}  # pod uid -> (phase, ready) last written
+
+    def reconcile(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        for pod in self.core.list_namespaced_pod(self.namespace, label_selector=SERVICE_POD_LABEL).items:
+            try:
+                self._serve_pod(pod)
+            except ApiException as err:
+                if err.status not in (404, 409):
+                    raise
+
+    def _serve_pod(self, pod: Any) -> None:
+        if not pod.spec.node_name:
+            if not pod.metadata.deletion_timestamp:
+                self.core.create_namespaced_pod_binding(
+                    pod.metadata.name, self.namespace, {"apiVersion": "v1", "kind": "Binding",
+                                                        "metadata": {"name": pod.metadata.name},
+                                                        "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}},
+                    _preload_content=False)
+            else:
+                self._delete_pod(pod.metadata.name, grace=0)
+            return
+        if pod.spec.node_name != self.node:
+            return
+        uid = pod.metadata.uid
+        proc = self.procs.get(uid)
+        if pod.metadata.deletion_timestamp:
+            self._terminate(pod, proc)
+            return
+        if proc is None:
+            if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                return
+            with self._lock:
+                proc = self.procs[uid] = self._start_container(pod)
+        if proc.done:
+            return
+        code = proc.popen.poll()
+        if code is not None:
+            proc.done = True
+            self._write_status(pod, proc, "Succeeded" if code == 0 else "Failed", False, exit_code=128 - code if code < 0 else code)
+            return
+        self._write_status(pod, proc, "Running", self._probe(pod))
+
+    def _start_container(self, pod: Any) -> _Process:
+        import base64
+
+        container = pod.spec.containers[0]
+        cwd = self.workdir / "pods" / pod.metadata.name
+        cwd.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "KUBECONFIG"))}
+        env.update(self.extra_env, HOME=str(cwd), HOSTNAME=pod.metadata.name)
+        for e in container.env or []:
+            if e.value_from is not None and e.value_from.secret_key_ref is not None:
+                ref = e.value_from.secret_key_ref
+                secret = self.core.read_namespaced_secret(ref.name, self.namespace)
+                env[e.name] = base64.b64decode(secret.data[ref.key]).decode()
+            else:
+                env[e.name] = e.value or ""
+        log = self.log_path(pod.metadata.name)
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(list(container.command or []) + list(container.args or []), env=env, cwd=cwd,
+                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return _Process(popen=popen, log=log)
+
+    def _probe(self, pod: Any) -> bool:
+        import urllib.error
+        import urllib.request
+
+        container = pod.spec.containers[0]
+        probe = container.readiness_probe
+        if probe is None or probe.http_get is None:
+            return True
+        port = probe.http_get.port
+        if isinstance(port, str) and not port.isdigit():
+            port = next(p.container_port for p in container.ports or [] if p.name == port)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe.http_get.path or '/'}", timeout=2) as response:
+                return 200 <= response.status < 400
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def _write_status(self, pod: Any, proc: _Process, phase: str, ready: bool, exit_code: int | None = None) -> None:
+        if self.reported.get(pod.metadata.uid) == (phase, ready):
+            return
+        container = pod.spec.containers[0]
+        if exit_code is None:
+            state: dict[str, Any] = {"running": {"startedAt": proc.started}}
+        else:
+            state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                    "startedAt": proc.started, "finishedAt": now()}}
+        ready_text = "True" if ready else "False"
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+            "phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": proc.started,
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": ready_text},
+                           {"type": "ContainersReady", "status": ready_text}],
+            "containerStatuses": [{"name": container.name, "image": container.image, "imageID": "", "restartCount": 0,
+                                   "ready": ready, "state": state}],
+        }})
+        self.reported[pod.metadata.uid] = (phase, ready)

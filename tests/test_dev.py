@@ -1,10 +1,11 @@
 """`hpctrain dev start|list|stop`: the rendered batch script and pod (pure), a real JupyterLab in a job on the
-local Slurm cluster, and the session's Pod and Secret on the local Kubernetes API server (no kubelet runs there:
-the pod is created, listed and deleted, never started; that it serves is covered by the Slurm test)."""
+local Slurm cluster, and a real JupyterLab in a session Pod on the local Kubernetes API server, run by the test
+stand-in for the scheduler and kubelet (tests/kubeflow_standin.py: no kubelet can run here)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import time
@@ -70,7 +71,9 @@ def test_pod_reads_the_token_from_its_secret() -> None:
     pod = render_dev_pod(cfg, KubernetesOptions(namespace="team", image="quay.io/jupyter/pytorch-notebook", shm="4Gi",
                                                 volumes=("pvc:data:/data",)))
     container = pod["spec"]["containers"][0]
-    assert container["env"] == [{"name": "JUPYTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "dev-nb", "key": "token"}}}]
+    assert container["env"] == [{"name": "HPCTRAIN_PORT", "value": "8888"},
+                                {"name": "JUPYTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "dev-nb", "key": "token"}}}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/api", "port": "http"}
     assert container["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"] or any(
         m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
@@ -117,36 +120,79 @@ def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.k8s
-def test_session_pod_and_secret_on_kubernetes(k8s_cluster, tmp_path: Path) -> None:
+def test_jupyterlab_pod_on_kubernetes(k8s_cluster, tmp_path: Path) -> None:
+    """A real JupyterLab (the tests' own, from the venv) runs as the pod's container in the ServicePodStandIn,
+    which plays kube-scheduler and the kubelet (none runs here) through the real API server."""
+    import base64
+    import sys
+
     from kubernetes import client
 
-    from kubeflow_standin import create_namespace, delete_namespace
+    from kubeflow_standin import ServicePodStandIn, create_namespace, delete_namespace, free_port, wait_for
 
     api = k8s_cluster.api_client()
     namespace = create_namespace(api)
     core = client.CoreV1Api(api)
     env = cli_env(tmp_path / "home")
     k8s = ["--scheduler", "kubernetes", "--namespace", namespace, "--context", k8s_cluster.context]
+    port = free_port()
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    standin = ServicePodStandIn(api, namespace, tmp_path / "standin", extra_env={"PATH": path}).start()
     try:
         started = hpctrain("dev", "start", "nb", *k8s, "--image", "quay.io/jupyter/pytorch-notebook", "--shm", "1Gi",
-                           "--cpus", "2", "--mem", "4G", "--wait", "0", env=env)
-        assert started.returncode == 0, started.stderr
-        assert f"kubectl port-forward -n {namespace} pod/dev-nb 8888:8888" in started.stdout
+                           "--cpus", "2", "--mem", "4G", "--port", str(port), "--local-port", "9999", "--wait", "300",
+                           env=env)
+        assert started.returncode == 0, started.stdout + started.stderr + str(standin.errors)
+        assert f"kubectl port-forward -n {namespace} pod/dev-nb 9999:{port}" in started.stdout
         token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
+        assert f"http://localhost:9999/lab?token={token}" in started.stdout
         pod = core.read_namespaced_pod("dev-nb", namespace)
         assert pod.spec.containers[0].resources.limits == {"cpu": "2", "memory": "4Gi"}
         assert token not in json.dumps(api.sanitize_for_serialization(pod))
         secret = core.read_namespaced_secret("dev-nb", namespace)
-        import base64
-
         assert base64.b64decode(secret.data["token"]).decode() == token
+        # The server in the pod took its token from the Secret: it answers with it, and only with it.
+        assert http_get(f"http://{pod.status.pod_ip}:{port}/api/status", token)[0] == 200
+        assert http_get(f"http://{pod.status.pod_ip}:{port}/api/status")[0] == 403
         again = hpctrain("dev", "start", "nb", *k8s, "--image", "img", "--wait", "0", env=env)
         assert again.returncode == 2 and "already exists" in again.stderr
         listed = hpctrain("dev", "list", *k8s, env=env)
-        assert re.search(rf"^nb\s+kubernetes\s+{namespace}/dev-nb\s+PENDING", listed.stdout, re.M), listed.stdout
+        assert re.search(rf"^nb\s+kubernetes\s+{namespace}/dev-nb\s+RUNNING", listed.stdout, re.M), listed.stdout
         stopped = hpctrain("dev", "stop", "nb", *k8s, env=env)
         assert stopped.returncode == 0, stopped.stderr
-        assert not core.list_namespaced_pod(namespace).items
         assert not [s for s in core.list_namespaced_secret(namespace).items if s.metadata.name == "dev-nb"]
+        wait_for("the pod to be gone", lambda: not core.list_namespaced_pod(namespace).items, standin, timeout=120)
+        assert not standin.running("dev-nb")
+        assert hpctrain("dev", "list", *k8s, env=env).stdout.startswith("no dev sessions")
+    finally:
+        standin.stop()
+        delete_namespace(api, namespace)
+
+
+@pytest.mark.k8s
+def test_cancel_deletes_a_service_pod_and_its_secret(k8s_cluster, tmp_path: Path) -> None:
+    """`hpctrain cancel NAME` on Kubernetes: a dev or TensorBoard pod (no job object) goes with its Secret. No pod
+    runs (no kubelet): deleting one the API server has never seen bound is immediate."""
+    from kubernetes import client
+
+    from hpctrain.services import kubernetes as k8s
+    from kubeflow_standin import create_namespace, delete_namespace
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    core = client.CoreV1Api(api)
+    env = cli_env(tmp_path / "home")
+    where = ["--scheduler", "kubernetes", "--namespace", namespace, "--context", k8s_cluster.context]
+    try:
+        spec = k8s.ServicePod(name="dev-gone", kind="dev", command=("sleep", "1"), port=8888)
+        options = KubernetesOptions(namespace=namespace, image="img")
+        k8s.create(core, k8s.render_pod(spec, options), k8s.render_secret(spec, options, {"token": "t"}))
+        cancelled = hpctrain("cancel", "dev-gone", *where, env=env)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        assert f"dev pod {namespace}/dev-gone and its secret deleted" in cancelled.stdout
+        assert not core.list_namespaced_pod(namespace).items
+        assert not [s for s in core.list_namespaced_secret(namespace).items if s.metadata.name == "dev-gone"]
+        missing = hpctrain("cancel", "dev-gone", *where, env=env)
+        assert missing.returncode == 2 and "no PyTorchJob named 'dev-gone'" in missing.stderr, missing.stderr
     finally:
         delete_namespace(api, namespace)

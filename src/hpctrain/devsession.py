@@ -348,10 +348,11 @@ def service_pod(cfg: DevConfig) -> Any:
     if cfg.environment.kind != "none":
         raise UserError("--conda-env/--venv/--module apply to Slurm: on Kubernetes the --image is the environment")
     port = cfg.port or JUPYTER_POD_PORT
-    command = ("jupyter", "lab", "--no-browser", "--ip=0.0.0.0", f"--port={port}", "--port-retries=0")
+    # The command of Slurm sessions: --allow-root where the image runs as root (many PyTorch images do).
     # /api answers without the token: the kubelet's readiness probe needs none.
-    return ServicePod(name=cfg.job_name, kind="dev", command=command, port=port, resources=cfg.resources,
-                      time=cfg.time, secret_env=(("JUPYTER_TOKEN", "token"),), ready_path="/api")
+    return ServicePod(name=cfg.job_name, kind="dev", command=JUPYTER_COMMAND, port=port, resources=cfg.resources,
+                      time=cfg.time, secret_env=(("JUPYTER_TOKEN", "token"),), env=(("HPCTRAIN_PORT", str(port)),),
+                      ready_path="/api")
 
 
 def render_dev_pod(cfg: DevConfig, options: Any) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """`hpctrain cancel JOB [--signal SIG]`: cancel the job and say what became of it.
 
 Kubernetes: the job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace
-at submit) to write a checkpoint before SIGKILL.
+at submit) to write a checkpoint before SIGKILL. A service pod of hpctrain's (a dev session, a TensorBoard started
+with --on-cluster) is deleted with its Secret.
 
 Slurm, plain cancel: Slurm sends SIGTERM to the job's processes (hpctrain's training loop checkpoints and exits), then
 SIGKILL after the cluster's KillWait. With --signal: only that signal is sent and the job goes on running unless
@@ -31,7 +32,14 @@ def run(args: argparse.Namespace) -> int:
     if backend is None:
         return _run_slurm(args)
     from hpctrain.errors import UserError
+    from hpctrain.services import kubernetes as service_pods
 
+    pod = service_pods.find(backend.core, backend.namespace, args.job)
+    if pod is not None:  # a dev session or cluster TensorBoard: a pod and its Secret, no job object
+        service_pods.delete(backend.core, backend.namespace, args.job)
+        kind = pod.metadata.labels.get(service_pods.SERVICE_LABEL)
+        print(f"{kind} pod {backend.namespace}/{args.job} and its secret deleted")
+        return 0
     before = backend.status(args.job)
     if before.finished:
         print(f"job {before.job_id} already ended ({before.state}); nothing to cancel")

@@ -129,6 +129,19 @@ def delete(core: Any, namespace: str, name: str) -> bool:
     return _delete_quietly(core.delete_namespaced_secret, name, namespace) or found
 
 
+def find(core: Any, namespace: str, name: str) -> Any | None:
+    """The service pod (dev, tensorboard) of that name, or None when there is none (or the pod is not hpctrain's)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise UserError(f"reading pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+    return pod if SERVICE_LABEL in (pod.metadata.labels or {}) else None
+
+
 def list_pods(core: Any, namespace: str, kind: str) -> list[Any]:
     return sorted(core.list_namespaced_pod(namespace, label_selector=f"{SERVICE_LABEL}={kind}").items,
                   key=lambda p: p.metadata.name)
