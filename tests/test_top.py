@@ -68,3 +68,41 @@ def slurm_cluster_node(cluster, job: str) -> str:
 
     out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True, check=False).stdout
     return out.strip()
+
+
+@pytest.mark.k8s
+def test_top_on_kubernetes_says_why_exec_failed(k8s_cluster, tmp_path: Path) -> None:
+    """exec needs a kubelet, and none can run here: the pod is bound to a Node object whose kubelet port nobody
+    listens on, so the real API server fails to dial it, as it would with a dead kubelet. `top` must say so in one
+    clear message (exit 2), not with a traceback."""
+    from kubernetes import client
+
+    from kubeflow_standin import create_namespace, delete_namespace, free_port
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    node = f"no-kubelet-{namespace}"
+    try:
+        core.create_node({"metadata": {"name": node}})
+        core.patch_node_status(node, {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                                                 "daemonEndpoints": {"kubeletEndpoint": {"Port": free_port()}}}})
+        custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "busy"},
+            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {
+                "containers": [{"name": "pytorch", "image": "img", "command": ["sleep", "600"]}]}}}}}})
+        core.create_namespaced_pod(namespace, {
+            "metadata": {"name": "busy-master-0", "labels": {"training.kubeflow.org/job-name": "busy"}},
+            "spec": {"nodeName": node, "containers": [{"name": "pytorch", "image": "img"}]}})
+        core.patch_namespaced_pod_status("busy-master-0", namespace, {"status": {"phase": "Running"}})
+        result = hpctrain("top", "busy", "--scheduler", "kubernetes", "--namespace", namespace,
+                          "--context", k8s_cluster.context, env=cli_env(tmp_path / "home"))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        assert "cannot run the probe in pod busy-master-0 through the API server's exec" in result.stderr
+        assert "error dialing backend" in result.stderr  # the API server's own reason, not the raw handshake
+        assert f"kubectl exec -n {namespace} busy-master-0 -- true" in result.stderr
+    finally:
+        core.delete_node(node)
+        delete_namespace(api, namespace)

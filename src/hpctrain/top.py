@@ -8,6 +8,8 @@ each line names its task); on Kubernetes the same probe runs in each pod through
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import subprocess
 from collections.abc import Iterable
@@ -121,12 +123,35 @@ def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) ->
     for pod in pods:
         if (pod.status.phase if pod.status else None) != "Running":
             continue
-        text = stream(core.connect_get_namespaced_pod_exec, pod.metadata.name, pod.metadata.namespace,
-                      container=container, command=["sh", "-c", PROBE], stderr=True, stdin=False, stdout=True, tty=False)
+        try:
+            text = stream(core.connect_get_namespaced_pod_exec, pod.metadata.name, pod.metadata.namespace,
+                          container=container, command=["sh", "-c", PROBE], stderr=True, stdin=False, stdout=True,
+                          tty=False)
+        except Exception as err:  # noqa: BLE001 - the client raises ApiException or websocket/socket errors here
+            raise UserError(exec_failed_message(pod.metadata.namespace, pod.metadata.name, err)) from None
         for sample in parse_probe(text, labelled=False):
             sample.node = f"{pod.spec.node_name or '?'} ({pod.metadata.name})"
             out.append(sample)
     return out
+
+
+def exec_failed_message(namespace: str, pod: str, err: BaseException) -> str:
+    """What to tell the user when exec into a pod fails (no kubelet answering, no pods/exec permission, ...)."""
+    status = getattr(err, "status", None)
+    detail = " ".join(str(getattr(err, "reason", None) or getattr(err, "body", None) or err or type(err).__name__).split())
+    # A failed websocket handshake carries the API server's Status object: its message says why.
+    found = re.search(r'\{"kind":\s*"Status".*\}', detail)
+    if found:
+        try:
+            detail = str(json.loads(found.group(0)).get("message") or detail)
+        except ValueError:
+            pass
+    if status == 403:
+        detail = f"forbidden: your account may not use pods/exec in namespace {namespace} ({detail})"
+    return (f"cannot run the probe in pod {pod} through the API server's exec (what `kubectl exec` does): "
+            f"{detail[:300] or type(err).__name__}. `hpctrain top` needs exec on Kubernetes: check that "
+            f"`kubectl exec -n {namespace} {pod} -- true` works (the node's kubelet must answer, and you need the "
+            "pods/exec permission)")
 
 
 def latest_metrics(run_dir: Path | None) -> dict[str, Any] | None:
