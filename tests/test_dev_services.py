@@ -13,6 +13,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -64,6 +65,8 @@ def test_tunnel_names_fit_the_vs_code_cli() -> None:
 
 @pytest.mark.slurm
 def test_ssh_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
+    if not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()) or not shutil.which("ssh"):
+        pytest.fail("openssh-server and openssh-client must be installed (scripts/test.sh installs them)")
     key = keypair(tmp_path / "keys")
     env = cli_env(tmp_path / "home")
     started = hpctrain("dev", "start", "sh", "--service", "ssh", "--ssh-key", f"{key}.pub", "--scheduler", "slurm",
@@ -84,7 +87,7 @@ def test_ssh_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
         config.write_text(conn["ssh_config"] + f"    IdentityFile {key}\n    IdentitiesOnly yes\n")
         login = subprocess.run(
             ["ssh", "-F", str(config), "-o", "ProxyJump=none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-             "-o", f"UserKnownHostsFile={state / 'known_hosts'}", f"hpctrain-dev-sh", "echo logged-in-$((6*7)) as $(id -un)"],
+             "-o", f"UserKnownHostsFile={state / 'known_hosts'}", "hpctrain-dev-sh", "echo logged-in-$((6*7)) as $(id -un)"],
             capture_output=True, text=True, timeout=60, check=False)
         assert login.returncode == 0, login.stderr
         assert login.stdout.strip() == f"logged-in-42 as {user}"
