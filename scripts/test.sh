@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine (as root) and run the whole test suite, the Slurm end-to-end tests included:
-# Debian packages (Python, Slurm, munge, shellcheck, Fashion-MNIST), hpctrain with its test extras in a virtual
-# environment (see scripts/lib/venv.sh), a two-node Slurm cluster on this host (scripts/local-slurm.sh), a real
-# Kubernetes API server with the Kubeflow CRDs (scripts/local-k8s.sh; its first run builds kube-apiserver from
-# Debian's source package and caches it outside the checkout), then pytest
-# on several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
+# Debian packages (Python, Slurm, munge, shellcheck, Fashion-MNIST, OpenSSH for the ssh dev session), hpctrain
+# with its test extras in a virtual environment (see scripts/lib/venv.sh), a two-node Slurm cluster on this host
+# (scripts/local-slurm.sh), a real Kubernetes API server with the Kubeflow CRDs (scripts/local-k8s.sh; its first
+# run builds kube-apiserver from Debian's source package and caches it outside the checkout), then pytest on
+# several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
 # requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
 # HPCTRAIN_TEST_WORKERS sets their number (default 3). Extra arguments go to pytest.
 set -euo pipefail
@@ -17,7 +17,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates procps git \
-    slurm-wlm munge shellcheck dataset-fashion-mnist >/dev/null
+    slurm-wlm munge shellcheck dataset-fashion-mnist openssh-server openssh-client >/dev/null
 # shellcheck source=scripts/lib/venv.sh
 source scripts/lib/venv.sh
 use_python_env "$PWD"

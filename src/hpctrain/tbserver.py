@@ -141,4 +141,4 @@ def service_pod(spec: str, time_limit: str | None):
 
     command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(POD_PORT))
     return ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command, port=POD_PORT,
-                      resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit)
+                      resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit, ready_path="/")

@@ -71,5 +71,5 @@ def _kubernetes(args: argparse.Namespace) -> int:
     print(f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:")
     print(f"  {k8s.port_forward_command(options.namespace, pod.name, local, tbserver.POD_PORT)}")
     print(f"then open:\n  http://localhost:{local}/")
-    print(f"Stop it with: kubectl delete pod -n {options.namespace} {pod.name}")
+    print(f"Stop it with: hpctrain cancel {pod.name} --scheduler kubernetes --namespace {options.namespace}")
     return 0
