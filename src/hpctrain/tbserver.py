@@ -59,6 +59,8 @@ def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
         if missing:
             raise UserError(f"{', '.join(missing)}: no such run directory; give folders that `hpctrain train --run-dir` wrote")
         dirs = [event_dir(d.resolve()) for d in dirs]
+    else:  # the cluster's paths; where this host sees the same folder (a NAS mounted everywhere), its tb/ is used
+        dirs = [event_dir(d) for d in dirs]
     bad = [str(d) for d in dirs if "," in str(d)]
     if bad:
         raise UserError(f"{bad[0]}: TensorBoard separates runs with commas, so a path cannot contain one; rename or link the folder")
