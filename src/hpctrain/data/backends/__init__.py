@@ -73,13 +73,13 @@ def dali_install_hint() -> str:
     import torch
 
     major = (torch.version.cuda or "12").split(".")[0]
-    return f"pip install nvidia-dali-cuda{major}0"
+    return f"pip install nvidia-dali-cuda{major}0 (or 'hpctrain[dali-cuda{major}0]')"
 
 
 def require_dali() -> None:
     if not dali_installed():
-        raise UserError(f"--data-backend dali needs NVIDIA DALI, which is not installed: {dali_install_hint()} "
-                        "(or pip install 'hpctrain[dali]'), or use --data-backend nvjpeg or cpu")
+        raise UserError(f"--data-backend dali needs NVIDIA DALI, which is not installed: {dali_install_hint()}, "
+                        "or use --data-backend nvjpeg or cpu")
 
 
 def make_loader(choice: BackendChoice, train, val, config, seed: int, train_crop, eval_crop,  # type: ignore[no-untyped-def]
