@@ -83,7 +83,8 @@ def run(args: argparse.Namespace, data: Path | None, arch: str, backend: str | N
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
     row = {"arch": arch, "backend": backend or "synthetic", "device": args.device, "batch": args.batch_size,
-           "image_size": args.image_size, "workers": args.workers, "wall_seconds": round(time.perf_counter() - started, 1)}
+           "image_size": args.image_size, "workers": args.workers,
+           "wall_seconds": round(time.perf_counter() - started, 1)}
     chosen = [line for line in result.stdout.splitlines() if "data backend" in line]
     if chosen:
         row["backend_line"] = chosen[0]

@@ -165,3 +165,24 @@ def test_missing_dali_names_the_pip_command_and_help_never_imports_it(fashion_fo
     result = subprocess.run([sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and "--data-backend" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_jpeg_with_a_good_header_and_truncated_data(photo_folders: Path, tmp_path: Path, backend: str) -> None:
+    """The header parses, the data stops early. nvjpeg hands the sample to the CPU decoder, so --skip-bad-images
+    skips it as the cpu backend does; DALI cannot skip a sample inside its batch, so the pass stops with an error
+    naming the file (found by the CPU decoder) and the way around."""
+    data = tmp_path / "data"
+    subprocess.run(["cp", "-r", str(photo_folders), str(data)], check=True)
+    folder = data / "val" / "n0002_color"
+    bad = folder / "truncated.JPEG"
+    bad.write_bytes(sorted(folder.iterdir())[0].read_bytes()[:3000])
+    if backend == "dali":
+        with pytest.raises(UserError, match=rf"{bad}: NVIDIA DALI cannot decode this image.*--data-backend cpu"):
+            list(_loader(backend, data, skip=True).eval_batches(1, 0, 8))
+        return
+    with pytest.raises(UserError, match=rf"{bad}: cannot decode this image"):
+        list(_loader(backend, data).eval_batches(1, 0, 8))
+    batches = _loader(backend, data, skip=True).eval_batches(1, 0, 8)
+    list(batches)
+    assert batches.bad_images == [str(bad)]

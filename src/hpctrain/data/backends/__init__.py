@@ -82,8 +82,8 @@ def require_dali() -> None:
                         "or use --data-backend nvjpeg or cpu")
 
 
-def make_loader(choice: BackendChoice, train, val, config, seed: int, train_crop, eval_crop,  # type: ignore[no-untyped-def]
-                device):
+def make_loader(choice: BackendChoice, train, val, config, seed: int,  # type: ignore[no-untyped-def]
+                train_crop, eval_crop, device):
     """The streaming loader (see `hpctrain.data.loader.BatchSource`) of backend `choice` on `device`."""
     if choice.name == "dali":
         from hpctrain.data.backends.dali import DaliSource

@@ -66,8 +66,8 @@ class DaliFeed:
 class DaliSource(ImageFolderSource):
     """`ImageFolderSource`'s requests and crops, decoded by a DALI pipeline (on `device` when it is a GPU)."""
 
-    def __init__(self, train, val, config: LoaderConfig, seed: int, train_crop=None, eval_crop=None,  # type: ignore[no-untyped-def]
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(self, train, val, config: LoaderConfig, seed: int,  # type: ignore[no-untyped-def]
+                 train_crop=None, eval_crop=None, device: torch.device | str = "cpu") -> None:
         super().__init__(train, val, config, seed, train_crop, eval_crop)
         self.device = torch.device(device)
 
@@ -86,7 +86,8 @@ class DaliSource(ImageFolderSource):
             raise UserError("no validation images: add DATA/val/<class>/* or pass --val-path DIR")
         return self._pass(self.val, self.eval_crop, eval_requests(len(self.val), world_size, rank, batch_size))
 
-    def _pass(self, images, spec: CropSpec, requests: Sequence[BatchRequest]) -> Batches:  # type: ignore[no-untyped-def]
+    def _pass(self, images, spec: CropSpec,  # type: ignore[no-untyped-def]
+              requests: Sequence[BatchRequest]) -> Batches:
         epoch = requests[0].epoch if requests else 0
         table = RequestTable.of(epoch, [r.indices for r in requests])
         height, width = spec.size

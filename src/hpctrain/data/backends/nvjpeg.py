@@ -79,8 +79,8 @@ class EncodedBatchDataset(torch.utils.data.Dataset):
 class NvjpegSource(ImageFolderSource):
     """`ImageFolderSource`'s batches (same requests, crops, bad-image handling), decoded on `device`."""
 
-    def __init__(self, train, val, config: LoaderConfig, seed: int, train_crop=None, eval_crop=None,  # type: ignore[no-untyped-def]
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(self, train, val, config: LoaderConfig, seed: int,  # type: ignore[no-untyped-def]
+                 train_crop=None, eval_crop=None, device: torch.device | str = "cpu") -> None:
         super().__init__(train, val, config, seed, train_crop, eval_crop)
         self.device = torch.device(device)
 
