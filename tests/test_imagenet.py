@@ -152,7 +152,6 @@ def test_checkpoints_path_with_resume_starts_fresh_when_missing(fashion_folders,
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--data-backend", "dali"], "not available in this build"),
     (["--arch", "resnet_nope"], "not a torchvision classification model"),
     (["--dist-backend", "nccl"], "--dist-backend nccl on cpu"),
     (["--workers", "-1"], "--workers must be 0"),

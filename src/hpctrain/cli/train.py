@@ -100,7 +100,9 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--skip-bad-images", action="store_true", help="count and report unreadable images instead "
                        "of stopping at the first")
     image.add_argument("--data-backend", choices=("auto", "cpu", "dali", "nvjpeg"), default="auto",
-                       help="image decoding: cpu worker processes (auto picks it; dali/nvjpeg are not in this build)")
+                       help="image decoding: cpu (worker processes), nvjpeg (on the GPU, torchvision), dali (NVIDIA "
+                       "DALI: pip install nvidia-dali-cuda120, or -cuda130 for a CUDA 13 torch); auto picks dali, "
+                       "else nvjpeg on a CUDA GPU, else cpu")
     image.add_argument("--image-size", type=int, metavar="PX", help="training crop side (default: the recipe's)")
     image.add_argument("--val-size", type=int, metavar="PX", help="evaluation crop side (default 224)")
 

@@ -33,9 +33,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpctrain.data.backends import choose_backend, make_loader, require_dali
 from hpctrain.data.imagefolder import ImageSet, find_image_folders
-from hpctrain.data.loader import (ImageFolderSource, LoaderConfig, SyntheticSource, check_shared_memory,
-                                  to_device)
+from hpctrain.data.loader import LoaderConfig, SyntheticSource, check_shared_memory, to_device
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.recipes.base import Defaults, Optimization, Recipe, keep_freed_memory
@@ -43,7 +43,6 @@ from hpctrain.recipes.mnist import warmup_linear_decay
 from hpctrain.training.data_source import StreamingSource
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_VAL_IMAGES, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
-DATA_BACKENDS = ("auto", "cpu", "dali", "nvjpeg")
 LR_REFERENCE_BATCH = 256
 
 
@@ -118,8 +117,8 @@ class ImageNetRecipe(Recipe):
                                   processes_per_node=env.local_world_size)
             per_process = max(cfg.batch_size // env.world_size, cfg.test_batch_size)
             check_shared_memory(per_process * side * side * 3, config)  # before training, not at epoch 1's end
-            loader = ImageFolderSource(
-                _subset(found.train, cfg.train_limit), _subset(found.val, cfg.test_limit), config, cfg.seed,
+            loader = image_loader(
+                cfg, device, env, _subset(found.train, cfg.train_limit), _subset(found.val, cfg.test_limit), config,
                 train_crop=RandomResizedCrop((sizes.train, sizes.train)),
                 eval_crop=CenterCrop((sizes.val, sizes.val), sizes.val_resize))
         move = functools.partial(to_device, device=device, channels_last=self.channels_last)
@@ -247,10 +246,19 @@ def _count_classes(cfg) -> int:  # type: ignore[no-untyped-def]
 
 
 def _check_backend(cfg) -> None:  # type: ignore[no-untyped-def]
-    backend = cfg.data_backend
-    if backend in ("dali", "nvjpeg"):
-        raise UserError(f"--data-backend {backend} decodes JPEGs on a GPU and is not available in this build of "
-                        "hpctrain; use --data-backend cpu (or auto, which picks cpu)")
+    """Before anything is written: --data-backend dali needs DALI installed (the device is not known yet)."""
+    if cfg.data_backend == "dali" and not cfg.synthetic:
+        require_dali()
+
+
+def image_loader(cfg, device, env, train, val, config, train_crop, eval_crop):  # type: ignore[no-untyped-def]
+    """The streaming loader of the --data-backend `cfg` asks for (auto: the fastest on `device`), said in one line
+    by the first process. GPU backends decode on `device` when it is a CUDA GPU, else on the CPU."""
+    choice = choose_backend(cfg.data_backend, device.type)
+    if env.rank == 0:
+        print(f"hpctrain: {choice.describe()}", flush=True)
+    decode_on = device if device.type == "cuda" else torch.device("cpu")
+    return make_loader(choice, train, val, config, cfg.seed, train_crop, eval_crop, decode_on)
 
 
 RECIPES: dict[str, Recipe] = {"classic": ClassicRecipe(), "fast": FastRecipe()}
