@@ -327,10 +327,24 @@ class KubernetesScheduler:
                 raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
                                 f"another --job-name, or cancel the old one (hpctrain cancel {job.name})") from None
             if err.status == 404:
-                raise UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
-                                "run `hpctrain check` to see which") from None
+                raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
         return created["metadata"]["name"]
+
+    def _missing_on_create(self) -> UserError:
+        """The API server answers 404 to a create when the CRD or the namespace is missing: say which."""
+        from kubernetes.client.rest import ApiException
+
+        problems: list[str] = []
+        try:
+            problems += self._crd_problems()
+            self._namespace_problems(problems)
+        except ApiException:
+            pass
+        if problems:
+            return UserError(problems[0])
+        return UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
+                         "run `hpctrain check` to see which")
 
     # ---- follow ----------------------------------------------------------------------------------------------
 
