@@ -157,6 +157,13 @@ class KubernetesScheduler:
             problems.append(str(_api_error(err, "checking the cluster")))
         return problems
 
+    def local_check(self, job: JobSpec) -> list[str]:
+        """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
+        `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
+        from hpctrain.schedulers.kubernetes.local import local_problems
+
+        return local_problems(job, self.options)
+
     def _pure_problems(self, job: JobSpec) -> list[str]:
         problems = []
         memory = job.resources.mem_mb
