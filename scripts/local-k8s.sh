@@ -29,6 +29,8 @@
 #   HPCTRAIN_K8S_APISERVER  use this kube-apiserver binary instead of building one
 #   HPCTRAIN_K8S_CONTEXT    kubeconfig context name (default hpctrain-local)
 #   HPCTRAIN_K8S_WAIT       seconds to wait for readiness (default 60)
+#   HPCTRAIN_K8S_NO_CRDS    1: install no Kubeflow CRDs (a second server, for tests of a cluster without
+#                           Kubeflow; give it its own HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,6 +41,7 @@ STATE_DIR="${HPCTRAIN_K8S_DIR:-/var/lib/hpctrain-k8s}"
 CACHE_DIR="${HPCTRAIN_K8S_CACHE:-/var/cache/hpctrain}"
 CONTEXT="${HPCTRAIN_K8S_CONTEXT:-hpctrain-local}"
 WAIT_S="${HPCTRAIN_K8S_WAIT:-60}"
+NO_CRDS="${HPCTRAIN_K8S_NO_CRDS:-0}"
 LOCK_FILE=/run/lock/hpctrain-local-k8s.lock
 GO_BIN=/usr/lib/go-1.19/bin
 REFLECT2_DEB=/usr/share/gocode/src/github.com/modern-go/reflect2
@@ -360,6 +363,15 @@ install_crds() {
 
 report() {
     say "up: $(server_url) (context $CONTEXT; kubeconfig also in $STATE_DIR/kubeconfig)"
+    crd_status
+}
+
+# The CRDs' state; with HPCTRAIN_K8S_NO_CRDS=1 there are none to report.
+crd_status() {
+    if [ "$NO_CRDS" = 1 ]; then
+        say "no Kubeflow CRDs (HPCTRAIN_K8S_NO_CRDS=1)"
+        return 0
+    fi
     kubeapi crd-status "$STATE_DIR/kubeconfig" "${CRD_NAMES[@]}"
 }
 
@@ -378,7 +390,7 @@ cmd_up() {
 
     if is_up; then
         kubeapi has-context "$CONTEXT" "$(default_kubeconfig)" || write_kubeconfigs
-        kubeapi crd-status "$STATE_DIR/kubeconfig" "${CRD_NAMES[@]}" >/dev/null || install_crds
+        crd_status >/dev/null || install_crds
         say "already up"
         report
         return 0
@@ -398,7 +410,7 @@ cmd_up() {
     make_credentials
     start_daemons "$binary"
     write_kubeconfigs
-    install_crds
+    [ "$NO_CRDS" = 1 ] || install_crds
     report
 }
 
@@ -435,7 +447,7 @@ cmd_status() {
         return 1
     fi
     say "up: $(server_url), context $CONTEXT"
-    kubeapi crd-status "$STATE_DIR/kubeconfig" "${CRD_NAMES[@]}"
+    crd_status
 }
 
 case "${1:-}" in

@@ -67,3 +67,38 @@ def k8s_cluster() -> LocalK8s:
         if up.returncode != 0:
             pytest.fail(f"`scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")
     return LocalK8s(script=SCRIPT)
+
+
+CRDLESS_CONTEXT = "hpctrain-crdless"
+
+
+@dataclass(frozen=True)
+class CrdlessK8s:
+    """A second, throw-away API server without any Kubeflow CRD, reached only through its own kubeconfig file
+    (`KUBECONFIG=kubeconfig`), so the shared server and the default kubeconfig are never touched."""
+
+    kubeconfig: Path
+    context: str = CRDLESS_CONTEXT
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+
+@pytest.fixture(scope="session")
+def k8s_crdless(k8s_cluster: LocalK8s, tmp_path_factory: pytest.TempPathFactory):
+    """Start a second etcd + kube-apiserver (the cached binary of the shared one, other ports, its own state dir)
+    with HPCTRAIN_K8S_NO_CRDS=1; stop it and remove its state after the session. Needs the shared server's
+    build, hence `k8s_cluster` first."""
+    if os.geteuid() != 0:
+        pytest.fail("starting a second local Kubernetes API server needs root (as scripts/local-k8s.sh up does)")
+    base = tmp_path_factory.mktemp("k8s-crdless")
+    env = {**os.environ, "HPCTRAIN_K8S_DIR": str(base / "state"), "HPCTRAIN_K8S_NO_CRDS": "1",
+           "HPCTRAIN_K8S_CONTEXT": CRDLESS_CONTEXT, "KUBECONFIG": str(base / "kubeconfig")}
+    up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, check=False,
+                        timeout=UP_TIMEOUT_S)
+    try:
+        if up.returncode != 0:
+            pytest.fail(f"a CRD-less `scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")
+        yield CrdlessK8s(kubeconfig=base / "kubeconfig")
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, text=True, check=False, timeout=120)

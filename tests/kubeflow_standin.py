@@ -25,6 +25,7 @@ It polls (every POLL_S) rather than watching: simpler, and fast enough for tests
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import http.server
 import os
 import signal
@@ -131,7 +132,7 @@ class KubeflowStandIn:
             try:
                 self.reconcile()
             except Exception as err:  # noqa: BLE001 - a test reads .errors; the loop keeps going
-                self.errors.append(repr(err))
+                self.errors.append(f"{err!r} {getattr(err, 'body', '') or ''}".strip())
             self._stop.wait(POLL_S)
 
     # ---- one pass ----------------------------------------------------------------------------------------
@@ -330,14 +331,18 @@ class KubeflowStandIn:
             self._set_condition(job, "Restarting", "PyTorchJobRestarting",
                                 f"PyTorchJob {job['metadata']['name']} is restarting because {pod.metadata.name} exited.")
 
+    def _container(self, pod: Any) -> Any:
+        """The container the stand-in runs (one per pod): Kubeflow v1's `pytorch`."""
+        return next(c for c in pod.spec.containers if c.name == "pytorch")
+
     def log_path(self, pod_name: str) -> Path:
         return self.workdir / "logs" / f"{self.namespace}_{pod_name}.log"
 
     def _run(self, pod: Any, restarts: int, previous: tuple[int, str] | None = None) -> _Process:
-        container = next(c for c in pod.spec.containers if c.name == "pytorch")
+        container = self._container(pod)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update({e.name: e.value for e in container.env or []})
+        env.update(_container_env(pod, container))
         argv = list(container.command or []) + list(container.args or [])
         log = self.log_path(pod.metadata.name)
         cwd = self.workdir / "pods" / pod.metadata.name
@@ -348,8 +353,8 @@ class KubeflowStandIn:
         return _Process(popen=popen, log=log, restarts=restarts)
 
     def _container_status(self, pod: Any, proc: _Process, state: dict[str, Any], last: tuple[int, str] | None) -> dict[str, Any]:
-        container = next(c for c in pod.spec.containers if c.name == "pytorch")
-        status = {"name": "pytorch", "image": container.image, "imageID": "", "restartCount": proc.restarts,
+        container = self._container(pod)
+        status = {"name": container.name, "image": container.image, "imageID": "", "restartCount": proc.restarts,
                   "ready": "running" in state, "state": state}
         if last is not None:
             status["lastState"] = {"terminated": {"exitCode": last[0], "reason": "Error", "startedAt": last[1], "finishedAt": now()}}
@@ -430,6 +435,26 @@ class KubeflowStandIn:
         threading.Thread(target=server.serve_forever, name="standin-kubelet", daemon=True).start()
         self._server = server
         return server.server_address[1]
+
+
+def _container_env(pod: Any, container: Any) -> dict[str, str]:
+    """The container's env as the kubelet sets it: plain values, and the downward API's metadata fields
+    (`metadata.name`, `metadata.namespace`, `metadata.labels['K']`, `metadata.annotations['K']`)."""
+    env = {}
+    for e in container.env or []:
+        ref = e.value_from.field_ref if e.value_from is not None else None
+        if ref is None:
+            env[e.name] = e.value or ""
+            continue
+        path = ref.field_path
+        if path in ("metadata.name", "metadata.namespace"):
+            env[e.name] = getattr(pod.metadata, path.split(".")[1])
+        elif path.startswith(("metadata.labels['", "metadata.annotations['")) and path.endswith("']"):
+            field, key = path[len("metadata."):-2].split("['", 1)
+            env[e.name] = (getattr(pod.metadata, field) or {}).get(key, "")
+        else:
+            raise ValueError(f"the stand-in kubelet cannot resolve fieldRef {path!r} of {pod.metadata.name}")
+    return env
 
 
 def _exit_code(pod: Any) -> int | None:
@@ -610,3 +635,201 @@ class ServicePodStandIn(KubeflowStandIn):
                                    "ready": ready, "state": state}],
         }})
         self.reported[pod.metadata.uid] = (phase, ready)
+
+
+# ---- Kubeflow Trainer v2: TrainJobs (a second, separate part of the fake) ----------------------------------------
+
+TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+# Pod labels and annotations JobSet and the Job controller set (jobset api/jobset/v1alpha2; k8s batch/v1).
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
+REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+JOB_KEY = "jobset.sigs.k8s.io/job-key"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+# The trainer's torch plugin: the replicated job and container of the trainer nodes, and torchrun's variables.
+NODE = "node"
+TRAINER_PORT = 29500
+JOB_BACKOFF_LIMIT = 6  # a batch/v1 Job's default; the torch-distributed runtime sets none
+
+
+class TrainerStandIn(KubeflowStandIn):
+    """Also plays Kubeflow Trainer v2 (TrainJob, trainer.kubeflow.org/v1alpha1), JobSet and the Job controller.
+
+    A TEST-ONLY FAKE, like the rest of this module. For a TrainJob the real chain is TrainJob -> JobSet (same name)
+    -> one Indexed batch/v1 Job per replicated job (`<job>-node-0`, completions = parallelism = numNodes) -> pods.
+    The JobSet CRD is not on the test server and 1.20 has no Indexed Jobs, so this fake skips the middle objects
+    and creates what the Job controller would: pods `<job>-node-0-<index>-<suffix>` with hostname
+    `<job>-node-0-<index>` and subdomain `<job>`, JobSet's and the Job controller's labels and annotations
+    (jobset-name, replicatedjob-name=node, job-index, restart-attempt, batch.kubernetes.io/job-completion-index...),
+    owned directly by the TrainJob. The `node` container is the runtime's (torch-distributed) with the TrainJob's
+    trainer (image, command, args, env, resourcesPerNode) and the runtimePatches' pod template merged in, and the
+    variables the torch plugin injects: PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (from the completion-index
+    annotation, as a fieldRef), PET_MASTER_ADDR, PET_MASTER_PORT, plus the Job controller's JOB_COMPLETION_INDEX.
+    PET_MASTER_ADDR is 127.0.0.1 and the port a free one (Trainer: `<job>-node-0-0.<job>` and 29500), since
+    the pods are local processes. restartPolicy OnFailure (JobSet's webhook default) within the Job's default
+    backoffLimit of 6. Status as the controller writes it: conditions Complete (all pods succeeded; reason
+    AllJobsCompleted) or Failed (reason FailedJobs; the other pods are then deleted, as the Job controller does)
+    copied from the JobSet, and jobsStatus; a TrainJob has no Running condition.
+    """
+
+    def reconcile(self) -> None:
+        from kubernetes.client.rest import ApiException
+
+        super().reconcile()
+        jobs = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS)["items"]
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=JOBSET_NAME).items
+        by_job: dict[str, list[Any]] = {}
+        for pod in pods:
+            by_job.setdefault(pod.metadata.labels[JOBSET_NAME], []).append(pod)
+        live = {j["metadata"]["name"] for j in jobs}
+        for job in jobs:
+            mine = by_job.get(job["metadata"]["name"], [])
+            if job["metadata"].get("deletionTimestamp"):
+                self._collect_trainjob(job, mine)
+            else:
+                self._control_trainjob(job, mine)
+        for name, orphans in by_job.items():
+            if name not in live:
+                for pod in orphans:
+                    if not pod.metadata.deletion_timestamp:
+                        self._delete_pod(pod.metadata.name, grace=None)
+        for pod in pods:
+            try:
+                self._kubelet(pod)
+            except ApiException as err:
+                if err.status not in (404, 409):
+                    raise
+
+    def _collect_trainjob(self, job: dict[str, Any], pods: list[Any]) -> None:
+        for pod in pods:
+            if not pod.metadata.deletion_timestamp:
+                self._delete_pod(pod.metadata.name, grace=None)
+        if not pods and job["metadata"].get("finalizers"):
+            self.custom.patch_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS,
+                                                       job["metadata"]["name"], {"metadata": {"finalizers": None}})
+
+    def _control_trainjob(self, job: dict[str, Any], pods: list[Any]) -> None:
+        conditions = (job.get("status") or {}).get("conditions") or []
+        if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conditions):
+            for pod in pods:  # the Job controller removes the active pods of a failed Job
+                if pod.status and pod.status.phase in ("Pending", "Running") and not pod.metadata.deletion_timestamp:
+                    self._delete_pod(pod.metadata.name, grace=None)
+            return
+        trainer = job["spec"].get("trainer") or {}
+        nnodes = int(trainer.get("numNodes", 1))
+        indexes = {int(p.metadata.annotations[COMPLETION_INDEX]) for p in pods}
+        for index in range(nnodes):
+            if index not in indexes:
+                self._create_trainjob_pod(job, index, nnodes)
+        phases = [p.status.phase if p.status else "Pending" for p in pods]
+        failed, succeeded = "Failed" in phases, len(pods) == nnodes and phases.count("Succeeded") == nnodes
+        # JobSet's replicatedJobsStatus counts child Jobs (here the one Job), not pods.
+        counts = {"active": int(not failed and any(ph in ("Pending", "Running") for ph in phases)),
+                  "ready": int(not failed and phases.count("Running") + phases.count("Succeeded") >= nnodes),
+                  "succeeded": int(succeeded), "failed": int(failed), "suspended": 0}
+        status = {"jobsStatus": [{"name": NODE, **counts}]}
+        if failed:
+            status["conditions"] = conditions + [_condition("Failed", "FailedJobs", "jobset failed due to one or more job failures")]
+        elif succeeded:
+            status["conditions"] = conditions + [_condition("Complete", "AllJobsCompleted", "jobset completed successfully")]
+        if status != {k: (job.get("status") or {}).get(k) for k in status}:
+            self.custom.patch_namespaced_custom_object_status(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS,
+                                                              job["metadata"]["name"], {"status": status})
+
+    def _runtime_pod_template(self, job: dict[str, Any]) -> dict[str, Any]:
+        """The `node` replicated job's pod template: the runtime's, with the TrainJob's runtimePatches merged in."""
+        ref = job["spec"]["runtimeRef"]
+        if ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime":
+            runtime = self.custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", ref["name"])
+        else:
+            runtime = self.custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace,
+                                                               "trainingruntimes", ref["name"])
+        spec = runtime["spec"]
+        for patch in job["spec"].get("runtimePatches") or []:
+            spec = _merge(spec, patch.get("trainingRuntimeSpec") or {})
+        rjob = next(r for r in spec["template"]["spec"]["replicatedJobs"] if r["name"] == NODE)
+        return rjob["template"]["spec"]["template"]
+
+    def _create_trainjob_pod(self, job: dict[str, Any], index: int, nnodes: int) -> None:
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        trainer = job["spec"].get("trainer") or {}
+        template = self._runtime_pod_template(job)
+        port = self.ports.setdefault(uid, free_port())
+        pod_spec = dict(template.get("spec") or {})
+        containers = []
+        for c in pod_spec.get("containers") or []:
+            c = dict(c)
+            if c["name"] == NODE:
+                for key in ("image", "command", "args"):
+                    if key in trainer:
+                        c[key] = trainer[key]
+                if "resourcesPerNode" in trainer:
+                    c["resources"] = trainer["resourcesPerNode"]
+                nproc = trainer.get("numProcPerNode", "auto")
+                c["env"] = list(c.get("env") or []) + list(trainer.get("env") or []) + [
+                    {"name": "PET_NNODES", "value": str(nnodes)},
+                    {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
+                    {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}},
+                    {"name": "PET_MASTER_ADDR", "value": "127.0.0.1"},
+                    {"name": "PET_MASTER_PORT", "value": str(port)},
+                    {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}},
+                ]
+                c["ports"] = [{"containerPort": TRAINER_PORT}]
+            containers.append(c)
+        job_name = f"{name}-{NODE}-0"
+        pod_spec.update(containers=containers, nodeName=self.node, hostname=f"{job_name}-{index}", subdomain=name,
+                        restartPolicy=pod_spec.get("restartPolicy") or "OnFailure")
+        jobset = {JOBSET_NAME: name, JOBSET_UID: uid, REPLICATED_JOB: NODE, REPLICATED_JOB_REPLICAS: "1",
+                  GLOBAL_REPLICAS: "1", JOB_INDEX: "0", JOB_GLOBAL_INDEX: "0", RESTART_ATTEMPT: "0",
+                  JOB_KEY: hashlib.sha1(f"{self.namespace}/{job_name}".encode()).hexdigest()}
+        batch = {"batch.kubernetes.io/job-name": job_name, "job-name": job_name, COMPLETION_INDEX: str(index)}
+        labels = {**((template.get("metadata") or {}).get("labels") or {}), **jobset, **batch}
+        owner = {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob", "name": name, "uid": uid,
+                 "controller": True, "blockOwnerDeletion": True}
+        self.core.create_namespaced_pod(self.namespace, {
+            "metadata": {"name": f"{job_name}-{index}-{uuid.uuid4().hex[:5]}", "labels": labels,
+                         "annotations": {**jobset, COMPLETION_INDEX: str(index)}, "ownerReferences": [owner]},
+            "spec": pod_spec})
+
+    # ---- the kubelet part, for the `node` container ------------------------------------------------------
+
+    def _container(self, pod: Any) -> Any:
+        if JOBSET_NAME not in (pod.metadata.labels or {}):
+            return super()._container(pod)
+        return next(c for c in pod.spec.containers if c.name == NODE)
+
+    def _may_restart(self, pod: Any, code: int) -> bool:
+        labels = pod.metadata.labels or {}
+        if JOBSET_NAME not in labels:
+            return super()._may_restart(pod, code)
+        if pod.spec.restart_policy != "OnFailure":
+            return False
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{JOBSET_NAME}={labels[JOBSET_NAME]}").items
+        return sum(self.procs[p.metadata.uid].restarts for p in pods if p.metadata.uid in self.procs) < JOB_BACKOFF_LIMIT
+
+    def _mark_restarting(self, pod: Any) -> None:
+        if JOBSET_NAME not in (pod.metadata.labels or {}):
+            super()._mark_restarting(pod)
+        # A TrainJob has no Restarting condition: the restart shows in the pod's restartCount only.
+
+
+def _condition(ctype: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": ctype, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now()}
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    """A strategic merge, as far as runtime patches need it: maps merge key by key, lists of named items merge by
+    name, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: _merge(base[k], v) if k in base else v for k, v in patch.items()}}
+    if (isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x for x in base + patch)):
+        merged = {x["name"]: x for x in base}
+        for x in patch:
+            merged[x["name"]] = _merge(merged[x["name"]], x) if x["name"] in merged else x
+        return list(merged.values())
+    return patch

@@ -216,7 +216,7 @@ def test_submit_creates_the_object_and_refuses_a_duplicate(ctx: Ctx) -> None:
     assert trainjob.submit(spec, trainjob.render(spec)) == "mnist-v2"
     assert [s.job_id for s in trainjob.list_jobs()] == ["mnist-v2"]
     missing = ctx.scheduler(namespace=f"{ctx.namespace}-gone")
-    with pytest.raises(UserError, match="namespace .* or the CRD is missing"):
+    with pytest.raises(UserError, match="namespace .*-gone.* does not exist: create it"):
         missing.submit(job(), missing.render(job()))
 
 

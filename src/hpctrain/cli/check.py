@@ -50,7 +50,7 @@ def _check_backend(args: argparse.Namespace, submission) -> int:
     job = submission.job
     sched = get_backend(args, submission.scheduler, submission.kubernetes)
     rendered = sched.render(job)  # what the scheduler cannot express fails here, one line
-    problems = sched.check(job)
+    problems = (sched.local_check(job) if hasattr(sched, "local_check") else []) + sched.check(job)
     report_problems("check", problems)
     if blocking(problems):
         return 2

@@ -422,8 +422,14 @@ def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
     report_warnings("submit", job)
     if args.dry_run:
         sys.stdout.write(rendered.text)
-        report_problems("submit", [KUBERNETES_DRY_RUN_NOTE])
-        return 0
+        problems = sched.local_check(job) if hasattr(sched, "local_check") else []
+        verdict = ["a real submit would refuse this job (exit status 2)"] if base.blocking(problems) else []
+        report_problems("submit", problems + verdict + [KUBERNETES_DRY_RUN_NOTE])
+        return 2 if verdict else 0
+    local = sched.local_check(job) if hasattr(sched, "local_check") else []
+    if base.blocking(local):
+        report_problems("submit", base.blocking(local) + ["nothing was submitted (fix the above)"])
+        return 2
     if not args.no_check:
         problems = sched.check(job)
         report_problems("submit", [p for p in problems if p.startswith(base.WARNING_PREFIX)])

@@ -25,6 +25,7 @@ UNKNOWN = "UNKNOWN"
 FINISHED_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 WARNING_PREFIX = "warning: "
+NOTE_PREFIX = "note: "  # a check that could not run (and why); does not block either
 
 
 @dataclass(frozen=True)
@@ -140,5 +141,5 @@ class Scheduler(Protocol):
 
 
 def blocking(problems: list[str]) -> list[str]:
-    """The problems from `check` that must stop a submission (all but warnings)."""
-    return [p for p in problems if not p.startswith(WARNING_PREFIX)]
+    """The problems from `check` that must stop a submission (all but warnings and notes)."""
+    return [p for p in problems if not p.startswith((WARNING_PREFIX, NOTE_PREFIX))]

@@ -28,6 +28,7 @@ PYTORCHJOB_SELECTOR = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 TRAINJOB_SELECTOR = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 _PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
@@ -155,6 +156,13 @@ class KubernetesScheduler:
         except ApiException as err:
             problems.append(str(_api_error(err, "checking the cluster")))
         return problems
+
+    def local_check(self, job: JobSpec) -> list[str]:
+        """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
+        `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
+        from hpctrain.schedulers.kubernetes.local import local_problems
+
+        return local_problems(job, self.options)
 
     def _pure_problems(self, job: JobSpec) -> list[str]:
         problems = []
@@ -326,10 +334,24 @@ class KubernetesScheduler:
                 raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
                                 f"another --job-name, or cancel the old one (hpctrain cancel {job.name})") from None
             if err.status == 404:
-                raise UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
-                                "run `hpctrain check` to see which") from None
+                raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
         return created["metadata"]["name"]
+
+    def _missing_on_create(self) -> UserError:
+        """The API server answers 404 to a create when the CRD or the namespace is missing: say which."""
+        from kubernetes.client.rest import ApiException
+
+        problems: list[str] = []
+        try:
+            problems += self._crd_problems()
+            self._namespace_problems(problems)
+        except ApiException:
+            pass
+        if problems:
+            return UserError(problems[0])
+        return UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
+                         "run `hpctrain check` to see which")
 
     # ---- follow ----------------------------------------------------------------------------------------------
 
@@ -353,16 +375,9 @@ class KubernetesScheduler:
         obj = self.get_object(job_id)
         pods = self.pods_of(job_id)
         replicas = tuple(_replica_status(p) for p in pods)
-        conditions = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
-        states = _PYTORCHJOB_STATES if self.options.api == "pytorchjob" else _TRAINJOB_STATES
-        state, message = base.PENDING, None
-        for c in conditions:  # the controllers append: the last true condition is the current one
-            if c.get("type") in states:
-                state, message = states[c["type"]], c.get("message")
+        state, message = _object_state(obj, self.options.api)
         if state == base.PENDING and any(p.phase == "Running" for p in replicas):
             state = base.RUNNING
-        if obj["metadata"].get("deletionTimestamp"):
-            state, message = base.CANCELLED, "being deleted (hpctrain cancel): pods stop and checkpoint"
         exit_code = None
         if state in (base.SUCCEEDED, base.FAILED):
             codes = [p.exit_code for p in replicas if p.exit_code is not None]
@@ -390,13 +405,7 @@ class KubernetesScheduler:
         items = self.custom.list_namespaced_custom_object(self.group, self.version, self.namespace, self.plural)["items"]
         out = []
         for obj in items:
-            states = _PYTORCHJOB_STATES if self.options.api == "pytorchjob" else _TRAINJOB_STATES
-            state = base.PENDING
-            for c in (obj.get("status") or {}).get("conditions") or []:
-                if c.get("status") == "True" and c.get("type") in states:
-                    state = states[c["type"]]
-            if obj["metadata"].get("deletionTimestamp"):
-                state = base.CANCELLED
+            state, _ = _object_state(obj, self.options.api)
             spec = obj.get("spec", {})
             if self.options.api == "pytorchjob":
                 count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
@@ -476,12 +485,32 @@ class KubernetesScheduler:
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
 
 
+def _object_state(obj: dict[str, Any], api: str) -> tuple[str, str | None]:
+    """(state, message) of a PyTorchJob or TrainJob object from its status. The controllers append conditions: the
+    last true one is the current one. A TrainJob has no Running condition: it runs when its JobSet's child Jobs
+    are ready (status.jobsStatus, counted in Jobs: all of a Job's pods running or done)."""
+    status = obj.get("status") or {}
+    states = _PYTORCHJOB_STATES if api == "pytorchjob" else _TRAINJOB_STATES
+    state, message = base.PENDING, None
+    for c in status.get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") in states:
+            state, message = states[c["type"]], c.get("message")
+    if api == "trainjob" and state == base.PENDING and any(j.get("ready") for j in status.get("jobsStatus") or []):
+        state = base.RUNNING
+    if obj["metadata"].get("deletionTimestamp"):
+        state, message = base.CANCELLED, "being deleted (hpctrain cancel): pods stop and checkpoint"
+    return state, message
+
+
 def _replica_name(pod: Any) -> str:
+    """`master-0`, `worker-N` (PyTorchJob), `node-N` (TrainJob: JobSet's replicated job and the pod's completion
+    index, a label only since Kubernetes 1.28 and an annotation before), else the pod's name."""
     labels = pod.metadata.labels or {}
     if REPLICA_TYPE_LABEL in labels:
         return f"{labels[REPLICA_TYPE_LABEL].lower()}-{labels.get(REPLICA_INDEX_LABEL, '0')}"
-    if COMPLETION_INDEX_LABEL in labels:
-        return f"node-{labels[COMPLETION_INDEX_LABEL]}"
+    index = labels.get(COMPLETION_INDEX_LABEL, (pod.metadata.annotations or {}).get(COMPLETION_INDEX_LABEL))
+    if index is not None:
+        return f"{labels.get(REPLICATED_JOB_LABEL, r.CONTAINER_TRAINJOB)}-{index}"
     return pod.metadata.name
 
 
