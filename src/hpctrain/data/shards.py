@@ -34,6 +34,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -529,7 +530,7 @@ class _StarPool:
     """A process pool whose imap unpacks argument tuples, terminated (not joined) when left by an exception."""
 
     def __init__(self, workers: int) -> None:
-        self.pool = multiprocessing.get_context("fork").Pool(workers)
+        self.pool = multiprocessing.get_context("fork").Pool(workers, initializer=_plain_signals)
 
     def imap(self, function: Callable, work, chunksize: int = 1) -> Iterator:
         return self.pool.imap(functools.partial(_star, function), work, chunksize)
@@ -540,6 +541,12 @@ class _StarPool:
     def __exit__(self, *exc) -> None:
         self.pool.terminate()
         self.pool.join()
+
+
+def _plain_signals() -> None:
+    """In an encoding process: SIGTERM (the pool's terminate) just ends it, Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _star(function: Callable, item: tuple):  # type: ignore[no-untyped-def]
