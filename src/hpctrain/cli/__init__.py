@@ -15,6 +15,7 @@ from hpctrain.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hpctrain.cli.train", "train a built-in recipe (mnist) here: CPU, GPUs, or many processes"),
     "download": ("hpctrain.cli.download", "fetch and verify a dataset before the job (compute nodes are often offline)"),
+    "prepare": ("hpctrain.cli.prepare", "pack image folders into verified tar shards for shared file systems (NFS, Lustre)"),
     "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm or Kubernetes job (a built-in recipe, or any command after --)"),
     "check": ("hpctrain.cli.check", "validate a job against the live cluster without submitting it"),
     "status": ("hpctrain.cli.status", "show jobs: state, pending reason, nodes, elapsed time, restarts"),

@@ -34,8 +34,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpctrain.data.backends import choose_backend, make_loader, require_dali
-from hpctrain.data.imagefolder import ImageSet, find_image_folders
-from hpctrain.data.loader import LoaderConfig, SyntheticSource, check_shared_memory, to_device
+from hpctrain.data.imagefolder import find_image_folders, scan_validation
+from hpctrain.data.loader import EncodedImages, LoaderConfig, SyntheticSource, check_shared_memory, to_device
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.recipes.base import Defaults, Optimization, Recipe, keep_freed_memory
@@ -108,17 +108,14 @@ class ImageNetRecipe(Recipe):
             loader = SyntheticSource(cfg.train_limit or IMAGENET_TRAIN_IMAGES, cfg.test_limit or IMAGENET_VAL_IMAGES,
                                      self.num_classes, (sizes.train, sizes.train), cfg.seed, pin_memory=cuda)
         else:
-            found = find_image_folders(cfg.data_dir, cfg.val_path, cfg.val_labels)
-            if found.val is None:
-                raise UserError(f"{cfg.data_dir} has no val/ folder: add DATA/val/<class>/* or pass --val-path DIR "
-                                "(with --val-labels FILE for a flat folder)")
+            train, val = _encoded_images(cfg)
             workers = cfg.workers if cfg.workers is not None else default_workers(env.local_world_size)
             config = LoaderConfig(workers=workers, pin_memory=cuda, skip_bad_images=cfg.skip_bad_images,
                                   processes_per_node=env.local_world_size)
             per_process = max(cfg.batch_size // env.world_size, cfg.test_batch_size)
             check_shared_memory(per_process * side * side * 3, config)  # before training, not at epoch 1's end
             loader = image_loader(
-                cfg, device, env, _subset(found.train, cfg.train_limit), _subset(found.val, cfg.test_limit), config,
+                cfg, device, env, _subset(train, cfg.train_limit), _subset(val, cfg.test_limit), config,
                 train_crop=RandomResizedCrop((sizes.train, sizes.train)),
                 eval_crop=CenterCrop((sizes.val, sizes.val), sizes.val_resize))
         move = functools.partial(to_device, device=device, channels_last=self.channels_last)
@@ -223,7 +220,26 @@ def default_workers(local_processes: int) -> int:
     return max(1, min(8, available_cores() // max(1, local_processes)))
 
 
-def _subset(images: ImageSet, limit: int | None) -> ImageSet:
+def _encoded_images(cfg) -> tuple[EncodedImages, EncodedImages]:  # type: ignore[no-untyped-def]
+    """Training and validation samples: from the shards of a directory `hpctrain prepare` wrote, or from image
+    folders (validation from --val-path, when given, in either case)."""
+    from hpctrain.data import shards
+
+    if shards.is_prepared(cfg.data_dir):
+        prepared = shards.open_prepared(cfg.data_dir)
+        train, val = prepared.train, prepared.val
+        if cfg.val_path is not None:
+            val = scan_validation(Path(cfg.val_path), train.classes, cfg.val_labels)
+    else:
+        found = find_image_folders(cfg.data_dir, cfg.val_path, cfg.val_labels)
+        train, val = found.train, found.val
+    if val is None:
+        raise UserError(f"{cfg.data_dir} has no val/ folder: add DATA/val/<class>/* or pass --val-path DIR "
+                        "(with --val-labels FILE for a flat folder)")
+    return train, val
+
+
+def _subset(images: EncodedImages, limit: int | None) -> EncodedImages:
     """The first `limit` samples of an evenly spaced selection (every class keeps its share), or all of them."""
     if limit is None or limit >= len(images):
         return images
@@ -235,6 +251,10 @@ def _count_classes(cfg) -> int:  # type: ignore[no-untyped-def]
     """The number of class folders in DATA/train (the model's output size), or 1000 for --synthetic."""
     if cfg.synthetic:
         return IMAGENET_CLASSES
+    from hpctrain.data import shards
+
+    if shards.is_prepared(cfg.data_dir):
+        return len(shards.open_prepared(cfg.data_dir).classes)
     train = Path(cfg.data_dir) / "train"
     if not train.is_dir():
         raise UserError(f"{cfg.data_dir} has no train/ folder: expected DATA/train/<class>/<image> (and DATA/val/"
