@@ -61,6 +61,22 @@ def test_dry_run_of_a_recipe_prints_a_valid_pytorchjob(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
+def test_a_recipe_without_run_dir_trains_where_the_job_says(tmp_path: Path) -> None:
+    """The pods' recipe writes to the job's run dir, runs/JOBNAME (HPCTRAIN_RUN_DIR), which `hpctrain status` reads;
+    the name is not doubled (runs/mnist-fashion-mnist, not runs/mnist-fashion-mnist-mnist-fashion-mnist)."""
+    from hpctrain.cli.train import config_from_argv
+    from hpctrain.config import default_run_dir
+
+    proc = hpctrain("submit", "--scheduler", "kubernetes", "--dry-run", "--image", IMAGE,
+                    "train", "mnist", "--dataset", "fashion-mnist", cwd=tmp_path)
+    container = manifest_of(proc)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["HPCTRAIN_RUN_DIR"] == "runs/mnist-fashion-mnist"
+    cfg = config_from_argv(["mnist", "--dataset", "fashion-mnist"])
+    assert default_run_dir(cfg, environ=env) == "runs/mnist-fashion-mnist"  # what the pod's `hpctrain train` uses
+    assert default_run_dir(cfg, environ={"SLURM_JOB_ID": "7"}) == "runs/mnist-fashion-mnist-7"
+
+
 def test_dry_run_trainjob_of_any_command(tmp_path: Path) -> None:
     proc = hpctrain("submit", "--scheduler", "kubernetes", "--k8s-api", "trainjob", "--dry-run", "--image", IMAGE,
                     "--nodes", "2", "--gpus-per-node", "1", "--nproc-per-node", "1", "--job-name", "ddp",

@@ -133,8 +133,11 @@ class TrainConfig:
 
 
 def default_run_dir(cfg: TrainConfig, environ: dict[str, str] | None = None) -> str:
-    """Deterministic, so every rank of a job (and every requeued attempt) agrees on it without talking."""
+    """Deterministic, so every rank of a job (and every requeued attempt) agrees on it without talking. Inside a job
+    that hpctrain submitted, the job's run directory (HPCTRAIN_RUN_DIR: where `hpctrain status` looks)."""
     environ = os.environ if environ is None else environ
+    if environ.get("HPCTRAIN_RUN_DIR"):
+        return environ["HPCTRAIN_RUN_DIR"]
     name = f"{cfg.workload}-{cfg.dataset}"
     job_id = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID")
     if job_id:

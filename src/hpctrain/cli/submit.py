@@ -181,7 +181,7 @@ def _job(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> JobS
     if is_recipe:
         if data.get("run_dir") is not None:
             raise UserError("--run-dir of a built-in recipe goes after the recipe: `train mnist --run-dir DIR`")
-        data["run_dir"] = _recipe_run_dir(cmd[2:])
+        data["run_dir"] = _recipe_run_dir(cmd[2:], scheduler)
         if "name" not in data:  # squeue then says what runs, rather than "hpctrain"
             cfg = recipe_config(cmd[2:])
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
@@ -243,11 +243,14 @@ def _command(rest: list[str]) -> tuple[str, ...]:
     )
 
 
-def _recipe_run_dir(train_argv: list[str]) -> str:
-    """The run dir that the training inside the job will use, with %j for the job id (see config.default_run_dir)."""
+def _recipe_run_dir(train_argv: list[str], scheduler: str | None) -> str:
+    """The run dir that the training inside the job will use, with %j for the job id (see config.default_run_dir).
+    On Kubernetes the job name already says what runs (and is unique in its namespace): runs/JOBNAME."""
     cfg = recipe_config(train_argv)
     if cfg.run_dir is not None:
         return cfg.run_dir
+    if scheduler == "kubernetes":
+        return "runs/%j"
     from hpctrain.config import default_run_dir
 
     return default_run_dir(cfg, environ={}) + "-%j"
