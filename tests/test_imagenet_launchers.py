@@ -1,0 +1,164 @@
+"""`hpctrain train imagenet` runs unchanged under every launcher: torchrun --standalone, multi-node torchrun (a
+static and a c10d rendezvous, two agents on this host), srun with --dist-init-method slurm on the local Slurm
+cluster, and `hpctrain submit --nodes 2 --nproc-per-node 2`, interrupted by Slurm's time-limit warning once and
+requeued.
+
+Each run is the same small computation (resnet18 at 32 pixels on the Fashion-MNIST JPEG folders, one torch thread
+and one data worker per process, gloo): whatever starts its processes, it must end with the weights, bitwise, of
+the same run started by `--nproc` (two processes) or by a local torchrun (four), and its metrics must record the
+world size. Also: the checks a resume makes for image runs (--arch, --image-size, --val-size), and `-b`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.training.metrics import read_metrics
+from image_fixtures import fashion_folders  # noqa: F401
+from test_preemption_slurm import Job, attempts, shared_run
+from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok
+
+# 128 training images, global batch 16: 8 steps an epoch; 40 validation images.
+TINY = ["-a", "resnet18", "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
+        "-b", "16", "-j", "1", "--train-limit", "128", "--test-limit", "40"]
+STEPS_PER_EPOCH = 128 // 16
+# The 2 x 2 Slurm job: two epochs of 160 images (10 steps each), so that the warning lands inside the run.
+JOB_TRAIN = [*TINY[:-4], "--train-limit", "160", "--test-limit", "40", "--epochs", "2"]
+JOB_STEPS_PER_EPOCH = 160 // 16
+
+
+def train_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), *extra]
+
+
+def run_torchrun(launcher: list[str], data: Path, run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "hpctrain",
+               *train_args(data, run_dir, "--epochs", "1")]
+    return ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=timeout))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolved(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())["resolved"]
+
+
+def epoch_records(run_dir: Path) -> list[dict]:
+    return [record for record in read_metrics(run_dir) if "test_loss" in record]
+
+
+def assert_two_process_run(run_dir: Path, launcher: str, reference: Path) -> None:
+    """One epoch by two DDP processes that `launcher` started: the same weights as `--nproc 2`."""
+    assert [(r["epoch"], r["step"], r["world_size"]) for r in epoch_records(run_dir)] == [(1, STEPS_PER_EPOCH, 2)]
+    assert (resolved(run_dir)["launcher"], resolved(run_dir)["world_size"]) == (launcher, 2)
+    provenance = json.loads((run_dir / "provenance.json").read_text())["attempts"]
+    assert [(a["launcher"], a["world_size"]) for a in provenance] == [(launcher, 2)]
+    assert_bitwise_equal(final_weights(run_dir), final_weights(reference))
+
+
+@pytest.fixture(scope="session")
+def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: F811
+    """One epoch with `--nproc 2`, made once per session (shared by the xdist workers)."""
+    return shared_run(tmp_path_factory, "imagenet-nproc2-reference", lambda run_dir: ok(hpctrain(
+        *train_args(fashion_folders, run_dir, "--epochs", "1", "--nproc", "2"))))
+
+
+@pytest.mark.slow
+def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    result = run_torchrun(["--standalone", "--nproc-per-node", "2"], fashion_folders, run_dir)
+    assert "global batch 16 = 2 process(es) x 8" in result.stdout, result.stdout
+    assert_two_process_run(run_dir, "torchrun", nproc2_reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_node_torchrun_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path, rendezvous):  # noqa: F811
+    """Two torchrun agents, one per "node" (both on this host), one worker each: a world of 2 over 2 nodes."""
+    run_dir, port = tmp_path / "run", free_port()
+    agents = []
+    for node in (0, 1):
+        if rendezvous == "static":
+            meet = ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        else:  # c10d ranks the agents itself (it ignores --node-rank)
+            meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet,
+                   "-m", "hpctrain", *train_args(fashion_folders, run_dir, "--epochs", "1")]
+        agents.append(subprocess.Popen(command, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True))
+    try:
+        outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    assert sum("global batch 16 = 2 process(es) x 8" in out for out in outputs) == 1, outputs  # rank 0 says it
+    assert_two_process_run(run_dir, "torchrun", nproc2_reference)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(slurm_cluster, fashion_folders,  # noqa: F811
+                                                                     nproc2_reference, tmp_path):
+    """The seed script's srun form: one task per node, each finding its rank in Slurm's variables."""
+    run_dir = tmp_path / "run"
+    command = ["srun", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--job-name=hpctrain-test", sys.executable,
+               "-m", "hpctrain", *train_args(fashion_folders, run_dir, "--epochs", "1", "--dist-init-method", "slurm")]
+    result = ok(subprocess.run(command, cwd=tmp_path, env=clean_environ(), capture_output=True, text=True,
+                               timeout=600))
+    assert result.stdout.count("global batch 16 = 2 process(es) x 8") == 1, result.stdout
+    provenance = json.loads((run_dir / "provenance.json").read_text())["attempts"]
+    assert provenance[0]["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]", provenance
+    assert_two_process_run(run_dir, "slurm", nproc2_reference)
+
+
+@pytest.fixture(scope="session")
+def four_process_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: F811
+    """The 2 x 2 job's computation, uninterrupted, by four local processes (torchrun: `--nproc 4` refuses more
+    processes than this 2-core machine has cores)."""
+    def make(run_dir: Path) -> None:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
+                   "hpctrain", "train", "imagenet", str(fashion_folders), *JOB_TRAIN, "--run-dir", str(run_dir)]
+        ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=600))
+
+    return shared_run(tmp_path_factory, "imagenet-4-process-reference", make)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_submit_2x2_imagenet_job_requeued_by_its_time_limit_resumes_exactly(
+        slurm_cluster, fashion_folders, four_process_reference, tmp_path) -> None:  # noqa: F811
+    result = ok(hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nodes", "2",
+                         "--nproc-per-node", "2", "--time", "30", "--max-requeues", "4", "train", "imagenet",
+                         str(fashion_folders), *JOB_TRAIN, cwd=tmp_path))
+    job_id = result.stdout.strip()
+    assert job_id.isdigit(), result.stdout
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"imagenet-imagenet-{job_id}")
+    job.wait_for_log("epoch 1/2 step 1/")  # training is under way: the warning lands inside the run
+    slurm_cluster.warn_mid_run(job_id, processes=4)
+    slurm_cluster.restore_time_limit(job_id)
+    job.follow()
+    log = job.log
+    parts = attempts(log)
+    assert len(parts) == 2 and "time-limit warning (USR1)" in parts[0], log
+    assert "stopped (preempted" in parts[0] and "resumed at epoch" in parts[1], log
+    assert "step finished with exit status 0" in parts[1], log
+    records = epoch_records(job.run_dir)
+    assert [(r["epoch"], r["step"], r["world_size"]) for r in records] == \
+        [(1, JOB_STEPS_PER_EPOCH, 4), (2, 2 * JOB_STEPS_PER_EPOCH, 4)], records
+    provenance = json.loads((job.run_dir / "provenance.json").read_text())["attempts"]
+    assert [(a["launcher"], a["world_size"]) for a in provenance] == [("torchrun", 4)] * 2, provenance
+    assert_bitwise_equal(final_weights(job.run_dir), final_weights(four_process_reference))
