@@ -1,5 +1,5 @@
-"""`hpctrain train imagenet` runs unchanged under every launcher: torchrun --standalone, multi-node torchrun (a
-static and a c10d rendezvous, two agents on this host), srun with --dist-init-method slurm on the local Slurm
+"""`hpctrain train imagenet` runs unchanged under every launcher: torchrun --standalone, multi-node torchrun (a c10d
+rendezvous, two agents on this host), srun with --dist-init-method slurm on the local Slurm
 cluster, and `hpctrain submit --nodes 2 --nproc-per-node 2`, interrupted by Slurm's time-limit warning once and
 requeued.
 
@@ -37,12 +37,6 @@ def train_args(data: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), *extra]
 
 
-def run_torchrun(launcher: list[str], data: Path, run_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "hpctrain",
-               *train_args(data, run_dir, "--epochs", "1")]
-    return ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=timeout))
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,31 +64,34 @@ def assert_two_process_run(run_dir: Path, launcher: str, reference: Path) -> Non
 
 @pytest.fixture(scope="session")
 def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: F811
-    """One epoch with `--nproc 2`, made once per session (shared by the xdist workers)."""
+    """One epoch with `--nproc 2`, made once per session (shared by the xdist workers): what every two-process
+    launcher below must end with."""
     return shared_run(tmp_path_factory, "imagenet-nproc2-reference", lambda run_dir: ok(hpctrain(
         *train_args(fashion_folders, run_dir, "--epochs", "1", "--nproc", "2"))))
 
 
 @pytest.mark.slow
 def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path):  # noqa: F811
-    run_dir = tmp_path / "run"
-    result = run_torchrun(["--standalone", "--nproc-per-node", "2"], fashion_folders, run_dir)
+    """The seed script's first form (README): torchrun --standalone, --resume --checkpoints-path DIR, DIR new."""
+    run_dir = tmp_path / "checkpoints"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+               "-m", "hpctrain", "train", "imagenet", str(fashion_folders), *TINY, "--epochs", "1", "--resume",
+               "--checkpoints-path", str(run_dir)]
+    result = ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=300))
     assert "global batch 16 = 2 process(es) x 8" in result.stdout, result.stdout
     assert_two_process_run(run_dir, "torchrun", nproc2_reference)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
-def test_two_node_torchrun_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path, rendezvous):  # noqa: F811
-    """Two torchrun agents, one per "node" (both on this host), one worker each: a world of 2 over 2 nodes."""
+def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(fashion_folders, nproc2_reference,  # noqa: F811
+                                                                  tmp_path):
+    """Two torchrun agents meeting at a c10d rendezvous, one per "node" (both on this host), one worker each: a
+    world of 2 over 2 nodes. (c10d ranks the agents itself: it ignores --node-rank.)"""
     run_dir, port = tmp_path / "run", free_port()
     agents = []
-    for node in (0, 1):
-        if rendezvous == "static":
-            meet = ["--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port)]
-        else:  # c10d ranks the agents itself (it ignores --node-rank)
-            meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name]
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet,
+    for _ in range(2):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name,
                    "-m", "hpctrain", *train_args(fashion_folders, run_dir, "--epochs", "1")]
         agents.append(subprocess.Popen(command, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        text=True))
@@ -113,10 +110,13 @@ def test_two_node_torchrun_equals_nproc_two(fashion_folders, nproc2_reference, t
 @pytest.mark.slurm
 def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(slurm_cluster, fashion_folders,  # noqa: F811
                                                                      nproc2_reference, tmp_path):
-    """The seed script's srun form: one task per node, each finding its rank in Slurm's variables."""
-    run_dir = tmp_path / "run"
+    """The seed script's srun form (README): one task per node, each finding its rank in Slurm's variables; --val-path,
+    --checkpoints-path DIR --resume with DIR new. (No GPUs here: a task owning several is tested in
+    test_slurm_gpu_fanout.py.)"""
+    run_dir = tmp_path / "checkpoints"
     command = ["srun", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--job-name=hpctrain-test", sys.executable,
-               "-m", "hpctrain", *train_args(fashion_folders, run_dir, "--epochs", "1", "--dist-init-method", "slurm")]
+               "-m", "hpctrain", "train", "imagenet", str(fashion_folders), "--val-path", str(fashion_folders / "val"),
+               "--dist-init-method", "slurm", "--checkpoints-path", str(run_dir), *TINY, "--epochs", "1", "--resume"]
     result = ok(subprocess.run(command, cwd=tmp_path, env=clean_environ(), capture_output=True, text=True,
                                timeout=600))
     assert result.stdout.count("global batch 16 = 2 process(es) x 8") == 1, result.stdout
@@ -162,3 +162,13 @@ def test_submit_2x2_imagenet_job_requeued_by_its_time_limit_resumes_exactly(
     provenance = json.loads((job.run_dir / "provenance.json").read_text())["attempts"]
     assert [(a["launcher"], a["world_size"]) for a in provenance] == [("torchrun", 4)] * 2, provenance
     assert_bitwise_equal(final_weights(job.run_dir), final_weights(four_process_reference))
+
+
+def test_submit_checks_the_image_folder_before_queueing(fashion_folders, tmp_path):  # noqa: F811
+    """`submit ... train imagenet DATA` checks DATA/train as the job will read it (not a downloaded dataset)."""
+    submit = ["submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "--time", "10", "train", "imagenet"]
+    good = ok(hpctrain(*submit, str(fashion_folders), *JOB_TRAIN, cwd=tmp_path))
+    assert "train imagenet" in good.stdout and "refuse" not in good.stderr, good.stderr
+    missing = hpctrain(*submit, str(tmp_path / "nowhere"), *JOB_TRAIN, cwd=tmp_path)
+    assert missing.returncode == 2 and "nowhere has no train/ folder" in missing.stderr, missing.stderr
+    assert "Traceback" not in missing.stderr
