@@ -172,3 +172,80 @@ def test_submit_checks_the_image_folder_before_queueing(fashion_folders, tmp_pat
     missing = hpctrain(*submit, str(tmp_path / "nowhere"), *JOB_TRAIN, cwd=tmp_path)
     assert missing.returncode == 2 and "nowhere has no train/ folder" in missing.stderr, missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+# ---------------------------------------------------------------- what a resumed image run must keep
+
+SYNTHETIC = ["--synthetic", "--train-limit", "32", "--test-limit", "16", "--threads", "1", "-b", "16", "-j", "0"]
+SHAPE = {"-a": "resnet18", "--image-size": "32", "--val-size": "32"}
+
+
+def shaped(**changes: str | None) -> list[str]:
+    """SHAPE's options with some changed (None: left out, the recipe's default)."""
+    values = {**SHAPE, **{f"--{k.replace('_', '-')}" if k != "a" else "-a": v for k, v in changes.items()}}
+    return [word for flag, value in values.items() if value is not None for word in (flag, value)]
+
+
+def test_resume_refuses_another_arch_or_image_size_naming_the_checkpoints_values(tmp_path):
+    from hpctrain.cli.train import config_from_argv
+    from hpctrain.distributed import detect
+    from hpctrain.errors import UserError
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.loop import check_resume_point, resolve_config
+    from training_helpers import tree_digest
+
+    run_dir = tmp_path / "run"
+    ok(hpctrain("train", "imagenet", *SYNTHETIC, *shaped(), "--epochs", "1", "--run-dir", str(run_dir)))
+    before = tree_digest(run_dir)
+    for options, difference, fix in [
+        (shaped(a="resnet34"), "--arch: checkpoint resnet18, now resnet34", "(--arch resnet18)"),
+        (shaped(image_size="64"), "--image-size: checkpoint 32, now 64", "(--image-size 32)"),
+    ]:  # the command line: exit status 2, one line, nothing changed
+        result = hpctrain("train", "imagenet", *SYNTHETIC, *options, "--epochs", "2", "--resume", "--run-dir",
+                          str(run_dir))
+        assert result.returncode == 2, (options, result.stdout, result.stderr)
+        assert difference in result.stderr and fix in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and "state_dict" not in result.stderr, result.stderr
+        assert tree_digest(run_dir) == before, options
+    for options, difference in [  # the same check, in this process
+        (shaped(image_size=None), "--image-size: checkpoint 32, now unset (the recipe's default)"),
+        (shaped(val_size="48"), "--val-size: checkpoint 32, now 48"),
+        (shaped(a=None), "--arch: checkpoint resnet18, now resnet50"),
+    ]:
+        cfg = config_from_argv(["imagenet", *SYNTHETIC, *options, "--resume", "--run-dir", str(run_dir)])
+        with pytest.raises(UserError, match=difference.replace("(", r"\(").replace(")", r"\)")):
+            check_resume_point(resolve_config(cfg, get_recipe("imagenet", "fast").for_config(cfg)), detect())
+    # --evaluate does not resume a run, but a checkpoint of another model is refused the same way.
+    result = hpctrain("train", "imagenet", *SYNTHETIC, *shaped(a="resnet34"), "--evaluate", "--resume", str(run_dir),
+                      "--run-dir", str(tmp_path / "unused"))
+    assert result.returncode == 2 and "use the options it was made with (--arch resnet18)" in result.stderr, \
+        result.stderr
+    # The same options resume.
+    resumed = ok(hpctrain("train", "imagenet", *SYNTHETIC, *shaped(), "--epochs", "2", "--resume", "--run-dir",
+                          str(run_dir)))
+    assert "resumed at epoch 2" in resumed.stdout
+
+
+@pytest.mark.parametrize("recipe,image_size", [("classic", 224), ("fast", None)])
+def test_the_run_config_records_the_arch_and_sizes_the_recipe_chose(recipe, image_size):
+    """Left unset, --arch and the crop sides are written out as used: a resume with `-a resnet50` (the default,
+    named) continues a run that did not name it. The fast recipe's progressive resizing has no one image size."""
+    from hpctrain.config import TrainConfig
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.loop import resolve_config
+
+    cfg = TrainConfig(workload="imagenet", dataset="imagenet", recipe=recipe, synthetic=True)
+    resolved = resolve_config(cfg, get_recipe("imagenet", recipe).for_config(cfg))
+    assert (resolved.arch, resolved.image_size, resolved.val_size) == ("resnet50", image_size, 224)
+    named = cfg.replace(arch="resnet50", val_size=224)
+    assert resolve_config(named, get_recipe("imagenet", recipe).for_config(named)) == resolved
+
+
+@pytest.mark.parametrize("workload", ["imagenet", "mnist"])
+def test_b_is_the_global_batch_size(workload):
+    from hpctrain.cli.train import config_from_argv
+
+    extra = ["--synthetic"] if workload == "imagenet" else []
+    assert config_from_argv([workload, "-b", "64", *extra]).batch_size == 64
+    help_text = ok(hpctrain("train", "--help")).stdout
+    assert "-b N, --batch-size N" in help_text and "GLOBAL batch" in help_text
