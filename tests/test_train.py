@@ -199,7 +199,7 @@ def test_resume_with_another_batch_size_is_refused(fashion_data_dir, tmp_path):
     train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "1")
     result = train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "2", "--resume",
                    "--batch-size", "32", expect=2)
-    assert "batch_size: checkpoint 64, now 32" in result.stderr
+    assert "--batch-size: checkpoint 64, now 32" in result.stderr and "(--batch-size 64)" in result.stderr
 
 
 def test_train_help_lists_the_options_the_issue_names():

@@ -269,6 +269,18 @@ def recipe_config(train_argv: list[str]):
     return cfg
 
 
+def _check_recipe_data(cfg) -> None:  # type: ignore[no-untyped-def]
+    """The recipe's data is where the job will look: a downloaded dataset's files, or an image folder (which the
+    image recipe checks as it reads its classes)."""
+    from hpctrain.data import DATASETS, find_dataset_files, get_dataset_spec
+    from hpctrain.recipes import get_recipe
+
+    if cfg.dataset in DATASETS:
+        find_dataset_files(get_dataset_spec(cfg.dataset), cfg.data_dir)
+    else:
+        get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+
+
 def _path_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
 
@@ -281,11 +293,9 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
 
     problems = local_problems(job)
     if job.is_recipe:
-        from hpctrain.data import find_dataset_files, get_dataset_spec
-
         cfg = recipe_config(list(job.command[2:]))
         try:
-            find_dataset_files(get_dataset_spec(cfg.dataset), cfg.data_dir)
+            _check_recipe_data(cfg)
         except UserError as err:
             problems.append(str(err))
         r = job.resources

@@ -85,6 +85,11 @@ class Recipe(ABC):
         """The recipe as this run's options shape it (model architecture, image sizes); default: unchanged."""
         return self
 
+    def resolved_options(self) -> dict[str, Any]:
+        """Config fields this recipe (shaped by `for_config`) fills in when the user left them unset, written out
+        so that the run's config.yaml and checkpoints say what was used; default: none."""
+        return {}
+
     def data_source(self, cfg: TrainConfig, device: torch.device, env: Any) -> DataSource:
         """What the loop trains on. Default: `load_data`'s tensors, the test set cut to --test-limit."""
         data = self.load_data(cfg.dataset, cfg.data_dir, device, cfg.train_limit)

@@ -98,6 +98,11 @@ class ImageNetRecipe(Recipe):
     def default_sizes(self, val: int, resize: int) -> ImageSizes:
         return ImageSizes(224, val, resize)
 
+    def resolved_options(self) -> dict:
+        """The model and the crop sides in use (a progressive ramp leaves image_size unset: no one side)."""
+        sizes = self.sizes()
+        return {"arch": self.arch, "image_size": None if sizes.ramp else sizes.train, "val_size": sizes.val}
+
     def data_source(self, cfg, device, env):  # type: ignore[no-untyped-def]
         sizes = self.sizes()
         side = max(sizes.train, sizes.ramp[1] if sizes.ramp else 0)

@@ -51,8 +51,10 @@ RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_
 # What a `hpctrain train` checkpoint holds besides the model.
 TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
                     "config")
-# Fields that fix which data, model and batch order a run has: a checkpoint cannot continue under other values.
-RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "batch_size", "train_limit", "seed")
+# Fields that fix which data, model, crops and batch order a run has: a checkpoint cannot continue under other
+# values (an image size changed mid-run would change every later crop: no exact resume; none has an override).
+RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "synthetic", "batch_size", "train_limit", "seed", "arch",
+                     "image_size", "val_size")
 # What torch's DDP prints on every rank when find_unused_parameters finds none (see `_wrap`: we set it on purpose).
 UNUSED_PARAMETERS_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
@@ -443,6 +445,7 @@ def resolve_config(cfg: TrainConfig, recipe: Recipe) -> TrainConfig:
         lr=cfg.lr or d.lr,
         test_batch_size=cfg.test_batch_size or d.test_batch_size,
         run_dir=cfg.run_dir or default_run_dir(cfg),
+        **{name: value for name, value in recipe.resolved_options().items() if getattr(cfg, name) is None},
     )
 
 
@@ -555,17 +558,37 @@ def _check_resumable(cfg: TrainConfig, state: dict[str, Any], source: Path | Non
         raise UserError(f"{source} lacks {', '.join(map(repr, missing))}: it is not a complete `hpctrain train` "
                         "checkpoint; resume from another checkpoint, or start a new --run-dir")
     saved = state["config"]
-    changed = [f"{k}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}" for k in RESUME_MUST_MATCH
-               if saved.get(k) != getattr(cfg, k)]
+    changed = [k for k in RESUME_MUST_MATCH if saved.get(k) != getattr(cfg, k)]
     if changed:
-        raise UserError("cannot resume with a different " + "; ".join(changed)
-                        + ". Pass the same values as the original run, or start a new --run-dir")
+        differences = "; ".join(f"{_flag(k)}: checkpoint {_shown(saved.get(k))}, now {_shown(getattr(cfg, k))}"
+                                for k in changed)
+        original = " ".join(_as_option(k, saved.get(k)) for k in changed)
+        raise UserError(f"cannot resume {source} with a different {differences}. Resume with the values it was made "
+                        f"with ({original}), or start a new --run-dir")
     _check_fits(cfg, state["model"], source)
 
 
-def _check_fits(cfg: TrainConfig, weights: dict[str, Any], source: Path | None) -> None:
+def _flag(name: str) -> str:
+    return "workload" if name == "workload" else "--" + name.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    return "unset (the recipe's default)" if value is None else str(value)
+
+
+def _as_option(name: str, value: Any) -> str:
+    """How to ask for `value` again on the command line."""
+    if name == "workload":
+        return f"`train {value}`"
+    if isinstance(value, bool):
+        return _flag(name) if value else f"no {_flag(name)}"
+    return f"no {_flag(name)}" if value is None else f"{_flag(name)} {value}"
+
+
+def _check_fits(cfg: TrainConfig, weights: dict[str, Any], source: Path | None,
+                saved: dict[str, Any] | None = None) -> None:
     """The checkpoint's weights must have this recipe's parameter names and shapes (checked on the meta device:
-    nothing is allocated or initialized)."""
+    nothing is allocated or initialized). `saved`: the checkpoint's config, to name the options it was made with."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
                     .build_model()
@@ -577,8 +600,11 @@ def _check_fits(cfg: TrainConfig, weights: dict[str, Any], source: Path | None) 
     problems += [f"{k} unexpected" for k in found if k not in expected]
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        made_with = " ".join(_as_option(k, saved.get(k)) for k in ("recipe", "arch")
+                             if saved and saved.get(k) is not None and saved.get(k) != getattr(cfg, k))
+        fix = f"use the options it was made with ({made_with})" if made_with else "use the --recipe it was made with"
         raise UserError(f"{source} holds a different model than {cfg.workload}/{cfg.recipe} builds ({shown}); "
-                        "resume with the --recipe it was written with, or start a new --run-dir")
+                        f"{fix}, or start a new --run-dir")
 
 
 def _write_run_files(run: Run, hosts: list[str]) -> None:
@@ -785,7 +811,7 @@ def evaluate_checkpoint(cfg: TrainConfig) -> dict[str, float]:
     strategy = resolve_strategy(cfg.strategy, env, device)
     source = Path(cfg.run_dir) if cfg.resume == "latest" else Path(cfg.resume)
     point = _explicit_resume(source)
-    _check_fits(cfg, point.state["model"], point.source)
+    _check_fits(cfg, point.state["model"], point.source, point.state.get("config"))
     run = Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), None)
     with run.stop:
         init_process_group(env, device, cfg.dist_timeout)
