@@ -106,3 +106,16 @@ def test_submit_refuses_a_missing_dataset_before_the_cluster_is_asked(k8s_cluste
         assert jobs["items"] == [] and not (nas / "runs").exists()
     finally:
         delete_namespace(api, namespace)
+
+
+def test_an_image_folder_on_a_host_volume_is_checked_by_the_image_recipe(tmp_path: Path) -> None:
+    """train imagenet DATA: the recipe's own data check (DATA/train class folders), not a dataset download's."""
+    nas = tmp_path / "nas"
+    (nas / "imagenet" / "train" / "n01440764").mkdir(parents=True)
+    train = ["--", "hpctrain", "train", "imagenet", "--run-dir", "/mnt/nas/runs/r1"]
+    ok = dry_run(tmp_path, "--volume", f"host:{nas}:/mnt/nas", *train, "/mnt/nas/imagenet")
+    assert ok.returncode == 0, ok.stderr
+    missing = dry_run(tmp_path, "--volume", f"host:{nas}:/mnt/nas", *train, "/mnt/nas/other")
+    assert missing.returncode == 2, missing.stderr
+    assert "the pods will not find dataset imagenet in --data-dir /mnt/nas/other" in missing.stderr, missing.stderr
+    assert "has no train/ folder" in missing.stderr, missing.stderr

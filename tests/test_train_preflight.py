@@ -291,3 +291,16 @@ def test_slurm_errors_point_at_nothing_that_only_a_checkout_has(tmp_path, monkey
         assert "scripts/" not in message
     sources = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
     assert not [p for p in sources.rglob("*.py") if "scripts/local-slurm.sh" in p.read_text()]
+
+
+def test_data_may_follow_the_options(tmp_path: Path) -> None:
+    """`train imagenet --epochs 30 DATA`, as the seed scripts write it: argparse alone leaves DATA unrecognized
+    after an option; hpctrain gives it to DATA, in the CLI and in `submit`'s check of the training options."""
+    from hpctrain.cli.train import config_from_argv
+
+    data = tmp_path / "images"
+    assert config_from_argv(["imagenet", "--epochs", "3", str(data)]).data_dir == str(data)
+    result = hpctrain("train", "imagenet", "--epochs", "3", str(data), cwd=tmp_path)
+    refused(result, f"{data} has no train/ folder")  # DATA was read: the error is about its content
+    result = hpctrain("train", "imagenet", "--epochs", "3", str(data), "extra", cwd=tmp_path)
+    refused(result, "unrecognized arguments: extra")

@@ -62,6 +62,20 @@ def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(said)})" if said else "")
 
 
+def late_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> list[str]:
+    """argparse fills positionals only from the first run of them, so in `train imagenet --epochs 2 DATA` the
+    DATA comes back among the unknown words. Give such words to the optional positionals still unset; return the
+    rest (then really unknown)."""
+    slots = [a for a in parser._actions if not a.option_strings and a.nargs == "?" and getattr(args, a.dest) is None]
+    rest = []
+    for word in extras:
+        if slots and not word.startswith("-"):
+            setattr(args, slots.pop(0).dest, word)
+        else:
+            rest.append(word)
+    return rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = None
@@ -71,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(only=chosen if chosen in SUBCOMMANDS else None)
         args, extras = parser.parse_known_args(argv)
         command = args.command
+        extras = late_positionals(args.parser_, args, extras)
         if extras:
             args.parser_.error(unrecognized(args.parser_, extras))
         del args.parser_

@@ -269,18 +269,6 @@ def recipe_config(train_argv: list[str]):
     return cfg
 
 
-def _check_recipe_data(cfg) -> None:  # type: ignore[no-untyped-def]
-    """The recipe's data is where the job will look: a downloaded dataset's files, or an image folder (which the
-    image recipe checks as it reads its classes)."""
-    from hpctrain.data import DATASETS, find_dataset_files, get_dataset_spec
-    from hpctrain.recipes import get_recipe
-
-    if cfg.dataset in DATASETS:
-        find_dataset_files(get_dataset_spec(cfg.dataset), cfg.data_dir)
-    else:
-        get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
-
-
 def _path_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
 
@@ -288,6 +276,7 @@ def _path_safe(name: str) -> str:
 def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[str]:
     """Every problem visible without the cluster: missing image/venv/script, a recipe whose dataset is not in its
     data dir or that wants CUDA without GPUs, a command the job will not find on its PATH."""
+    from hpctrain.recipes import get_recipe
     from hpctrain.schedulers.slurm.checks import check_here
     from hpctrain.schedulers.slurm.scheduler import requirements
 
@@ -295,7 +284,7 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
     if job.is_recipe:
         cfg = recipe_config(list(job.command[2:]))
         try:
-            _check_recipe_data(cfg)
+            get_recipe(cfg.workload, cfg.recipe).check_data(cfg)
         except UserError as err:
             problems.append(str(err))
         r = job.resources

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain.cli import unrecognized
+from hpctrain.cli import late_positionals, unrecognized
 from hpctrain.config import DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
 from hpctrain.recipes import WORKLOADS
@@ -171,6 +171,7 @@ def config_from_argv(argv: list[str]) -> TrainConfig:
     add_arguments(parser)
     try:
         args, extras = parser.parse_known_args(argv)
+        extras = late_positionals(parser, args, extras)
         if extras:
             parser.error(unrecognized(parser, extras))
     except argparse.ArgumentError as err:

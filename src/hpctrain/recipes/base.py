@@ -85,6 +85,13 @@ class Recipe(ABC):
         """The recipe as this run's options shape it (model architecture, image sizes); default: unchanged."""
         return self
 
+    def check_data(self, cfg: TrainConfig) -> None:
+        """UserError unless the data this run will read is there: run where the job is submitted, before it
+        queues, and without what only the training side needs (a GPU, DALI). Default: the downloaded dataset."""
+        from hpctrain.data import find_dataset_files, get_dataset_spec
+
+        find_dataset_files(get_dataset_spec(cfg.dataset), cfg.data_dir)
+
     def resolved_options(self) -> dict[str, Any]:
         """Config fields this recipe (shaped by `for_config`) fills in when the user left them unset, written out
         so that the run's config.yaml and checkpoints say what was used; default: none."""

@@ -85,6 +85,9 @@ class ImageNetRecipe(Recipe):
         _check_backend(cfg)
         return type(self)(cfg)
 
+    def check_data(self, cfg) -> None:  # type: ignore[no-untyped-def]
+        _count_classes(cfg)  # DATA/train's class folders, or a prepared directory's index
+
     # ---------------------------------------------------------------- data
 
     def sizes(self) -> ImageSizes:

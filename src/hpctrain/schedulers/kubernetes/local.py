@@ -18,6 +18,8 @@ Problems are lines naming the fix; skipped checks are lines starting with base.N
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import posixpath
 from collections.abc import Callable, Sequence
@@ -63,14 +65,14 @@ def _dataset_problems(job: JobSpec, volumes: Sequence[Volume]) -> list[str]:
     if not job.is_recipe:
         return []
     from hpctrain.cli.submit import recipe_config
-    from hpctrain.data import find_dataset_files, get_dataset_spec
+    from hpctrain.recipes import get_recipe
 
     cfg = recipe_config(list(job.command[2:]))
     here, why = path_here(str(cfg.data_dir), volumes)
     if here is None:
         return [f"{NOTE_PREFIX}skipped the check for dataset {cfg.dataset}: --data-dir {why}"]
     try:
-        find_dataset_files(get_dataset_spec(cfg.dataset), Path(here))
+        get_recipe(cfg.workload, cfg.recipe).check_data(dataclasses.replace(cfg, data_dir=here))
     except UserError as err:
         where = f" (seen here as {here})" if here != posixpath.normpath(str(cfg.data_dir)) else ""
         return [f"the pods will not find dataset {cfg.dataset} in --data-dir {cfg.data_dir}{where}: {err}"]
