@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,23 +139,31 @@ class KubeflowStandIn:
     # ---- one pass ----------------------------------------------------------------------------------------
 
     def reconcile(self) -> None:
+        self._reconcile_jobs((GROUP, VERSION, PLURAL), OPERATOR_LABEL, _owner_uid, lambda job: job["metadata"]["uid"],
+                             self._control)
+
+    def _reconcile_jobs(self, resource: tuple[str, str, str], pod_selector: str, pod_key: Callable[[Any], Any],
+                        job_key: Callable[[dict[str, Any]], Any], control: Callable[[dict[str, Any], list[Any]], None],
+                        ) -> None:
+        """One pass for the jobs of one custom resource (group, version, plural): their controller (`control`), the
+        garbage collector for deleted jobs and orphaned pods, and the kubelet for their pods. `pod_key` and
+        `job_key` say which job a pod belongs to."""
         from kubernetes.client.rest import ApiException
 
-        jobs = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_LABEL).items
-        by_job: dict[str, list[Any]] = {}
+        jobs = self.custom.list_namespaced_custom_object(*resource[:2], self.namespace, resource[2])["items"]
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=pod_selector).items
+        by_job: dict[Any, list[Any]] = {}
         for pod in pods:
-            owner = next((o.uid for o in pod.metadata.owner_references or []), None)
-            by_job.setdefault(owner, []).append(pod)
-        live = {j["metadata"]["uid"] for j in jobs}
+            by_job.setdefault(pod_key(pod), []).append(pod)
+        live = {job_key(j) for j in jobs}
         for job in jobs:
-            mine = by_job.get(job["metadata"]["uid"], [])
+            mine = by_job.get(job_key(job), [])
             if job["metadata"].get("deletionTimestamp"):
-                self._collect(job, mine)
+                self._collect(resource, job, mine)
             else:
-                self._control(job, mine)
-        for owner, orphans in by_job.items():
-            if owner not in live:
+                control(job, mine)
+        for key, orphans in by_job.items():
+            if key not in live:
                 for pod in orphans:
                     if not pod.metadata.deletion_timestamp:
                         self._delete_pod(pod.metadata.name, grace=None)
@@ -167,12 +176,13 @@ class KubeflowStandIn:
 
     # ---- garbage collector ---------------------------------------------------------------------------
 
-    def _collect(self, job: dict[str, Any], pods: list[Any]) -> None:
+    def _collect(self, resource: tuple[str, str, str], job: dict[str, Any], pods: list[Any]) -> None:
         for pod in pods:
             if not pod.metadata.deletion_timestamp:
                 self._delete_pod(pod.metadata.name, grace=None)
         if not pods and job["metadata"].get("finalizers"):
-            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"],
+            group, version, plural = resource
+            self.custom.patch_namespaced_custom_object(group, version, self.namespace, plural, job["metadata"]["name"],
                                                        {"metadata": {"finalizers": None}})
 
     def _delete_pod(self, name: str, grace: int | None) -> None:
@@ -457,6 +467,10 @@ def _container_env(pod: Any, container: Any) -> dict[str, str]:
     return env
 
 
+def _owner_uid(pod: Any) -> str | None:
+    return next((o.uid for o in pod.metadata.owner_references or []), None)
+
+
 def _exit_code(pod: Any) -> int | None:
     for cs in (pod.status.container_statuses or []) if pod.status else []:
         if cs.state and cs.state.terminated:
@@ -678,40 +692,10 @@ class TrainerStandIn(KubeflowStandIn):
     """
 
     def reconcile(self) -> None:
-        from kubernetes.client.rest import ApiException
-
         super().reconcile()
-        jobs = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS)["items"]
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=JOBSET_NAME).items
-        by_job: dict[str, list[Any]] = {}
-        for pod in pods:
-            by_job.setdefault(pod.metadata.labels[JOBSET_NAME], []).append(pod)
-        live = {j["metadata"]["name"] for j in jobs}
-        for job in jobs:
-            mine = by_job.get(job["metadata"]["name"], [])
-            if job["metadata"].get("deletionTimestamp"):
-                self._collect_trainjob(job, mine)
-            else:
-                self._control_trainjob(job, mine)
-        for name, orphans in by_job.items():
-            if name not in live:
-                for pod in orphans:
-                    if not pod.metadata.deletion_timestamp:
-                        self._delete_pod(pod.metadata.name, grace=None)
-        for pod in pods:
-            try:
-                self._kubelet(pod)
-            except ApiException as err:
-                if err.status not in (404, 409):
-                    raise
-
-    def _collect_trainjob(self, job: dict[str, Any], pods: list[Any]) -> None:
-        for pod in pods:
-            if not pod.metadata.deletion_timestamp:
-                self._delete_pod(pod.metadata.name, grace=None)
-        if not pods and job["metadata"].get("finalizers"):
-            self.custom.patch_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS,
-                                                       job["metadata"]["name"], {"metadata": {"finalizers": None}})
+        self._reconcile_jobs((TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS), JOBSET_NAME,
+                             lambda pod: pod.metadata.labels[JOBSET_NAME], lambda job: job["metadata"]["name"],
+                             self._control_trainjob)
 
     def _control_trainjob(self, job: dict[str, Any], pods: list[Any]) -> None:
         conditions = (job.get("status") or {}).get("conditions") or []
