@@ -6,7 +6,8 @@
 # run builds kube-apiserver from Debian's source package and caches it outside the checkout), then pytest on
 # several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
 # requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
-# HPCTRAIN_TEST_WORKERS sets their number (default 3). Extra arguments go to pytest.
+# HPCTRAIN_TEST_WORKERS sets their number (default 4; with --dist worksteal a free worker takes queued tests from a
+# busy one, so the workers finish together). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -26,7 +27,7 @@ bash scripts/local-slurm.sh up
 bash scripts/local-k8s.sh up
 
 status=0
-"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-3}" --durations=30 "$@" || status=$?
+"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-4}" --dist worksteal --durations=30 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests; that is a failure here" >&2
     exit 1

@@ -125,43 +125,27 @@ def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(slurm_clust
     assert_two_process_run(run_dir, "slurm", nproc2_reference)
 
 
-@pytest.fixture(scope="session")
-def four_process_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: F811
-    """The 2 x 2 job's computation, uninterrupted, by four local processes (torchrun: `--nproc 4` refuses more
-    processes than this 2-core machine has cores)."""
-    def make(run_dir: Path) -> None:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
-                   "hpctrain", "train", "imagenet", str(fashion_folders), *JOB_TRAIN, "--run-dir", str(run_dir)]
-        ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=600))
-
-    return shared_run(tmp_path_factory, "imagenet-4-process-reference", make)
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_submit_2x2_imagenet_job_requeued_by_its_time_limit_resumes_exactly(
-        slurm_cluster, fashion_folders, four_process_reference, tmp_path) -> None:  # noqa: F811
+def test_submit_2x2_imagenet_job_trains_with_four_processes(slurm_cluster, fashion_folders, tmp_path) -> None:  # noqa: F811
+    """`hpctrain submit --nodes 2 --nproc-per-node 2 ... train imagenet DATA`: torchrun on both nodes, one group of
+    four. (Requeue and exact resume through Slurm are tested with MNIST, test_preemption_slurm.py, on the same
+    engine; imagenet's own exact resume in test_imagenet.py.)"""
     result = ok(hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nodes", "2",
-                         "--nproc-per-node", "2", "--time", "30", "--max-requeues", "4", "train", "imagenet",
-                         str(fashion_folders), *JOB_TRAIN, cwd=tmp_path))
+                         "--nproc-per-node", "2", "--time", "30", "train", "imagenet", str(fashion_folders),
+                         *JOB_TRAIN[:-1], "1", cwd=tmp_path))
     job_id = result.stdout.strip()
     assert job_id.isdigit(), result.stdout
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"imagenet-imagenet-{job_id}")
-    job.wait_for_log("epoch 1/2 step 1/")  # training is under way: the warning lands inside the run
-    slurm_cluster.warn_mid_run(job_id, processes=4)
-    slurm_cluster.restore_time_limit(job_id)
     job.follow()
-    log = job.log
-    parts = attempts(log)
-    assert len(parts) == 2 and "time-limit warning (USR1)" in parts[0], log
-    assert "stopped (preempted" in parts[0] and "resumed at epoch" in parts[1], log
-    assert "step finished with exit status 0" in parts[1], log
+    [part] = attempts(job.log)
+    assert "step finished with exit status 0" in part, job.log
     records = epoch_records(job.run_dir)
-    assert [(r["epoch"], r["step"], r["world_size"]) for r in records] == \
-        [(1, JOB_STEPS_PER_EPOCH, 4), (2, 2 * JOB_STEPS_PER_EPOCH, 4)], records
+    assert [(r["epoch"], r["step"], r["world_size"]) for r in records] == [(1, JOB_STEPS_PER_EPOCH, 4)], records
+    assert 0.0 <= records[0]["test_accuracy"] <= 1.0 and "test_top5" in records[0], records
     provenance = json.loads((job.run_dir / "provenance.json").read_text())["attempts"]
-    assert [(a["launcher"], a["world_size"]) for a in provenance] == [("torchrun", 4)] * 2, provenance
-    assert_bitwise_equal(final_weights(job.run_dir), final_weights(four_process_reference))
+    assert [(a["launcher"], a["world_size"]) for a in provenance] == [("torchrun", 4)], provenance
+    assert provenance[0]["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]", provenance
 
 
 def test_submit_checks_the_image_folder_before_queueing(fashion_folders, tmp_path):  # noqa: F811

@@ -67,9 +67,10 @@ def late_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     DATA comes back among the unknown words. Give such words to the optional positionals still unset; return the
     rest (then really unknown)."""
     slots = [a for a in parser._actions if not a.option_strings and a.nargs == "?" and getattr(args, a.dest) is None]
-    rest = []
+    rest: list[str] = []
     for word in extras:
-        if slots and not word.startswith("-"):
+        after_unknown_option = bool(rest) and rest[-1].startswith("-") and "=" not in rest[-1]
+        if slots and not word.startswith("-") and not after_unknown_option:  # `--epochz 2`: 2 is --epochz's
             setattr(args, slots.pop(0).dest, word)
         else:
             rest.append(word)
