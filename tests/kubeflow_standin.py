@@ -15,7 +15,9 @@ their parts through that real API, just enough for end-to-end tests of hpctrain'
   test, plus the container's env), their phase, restart count and exit code are patched into the pod's status;
   a pod being deleted gets SIGTERM, SIGKILL after its terminationGracePeriodSeconds, and is then removed. Its
   Node object points the API server at a small HTTPS server here, so `kubectl logs` / read_namespaced_pod_log
-  really go through the API server (which proxies to "the kubelet", as it does in a cluster).
+  and `kubectl exec` / connect_get_namespaced_pod_exec really go through the API server (which proxies to "the
+  kubelet", as it does in a cluster). exec runs the command as one more local process with the container's
+  environment and answers over WebSocket with the `v4.channel.k8s.io` subprotocol (no SPDY, no stdin or tty).
 * garbage collector: a job being deleted in the foreground loses its pods first, then its finalizer; pods
   whose job is gone are deleted. `delete_namespace` plays the namespace controller for test cleanup.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import http.server
+import json
 import os
 import signal
 import socket
@@ -350,9 +353,7 @@ class KubeflowStandIn:
 
     def _run(self, pod: Any, restarts: int, previous: tuple[int, str] | None = None) -> _Process:
         container = self._container(pod)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(_container_env(pod, container))
+        env = self._env(pod, container)
         argv = list(container.command or []) + list(container.args or [])
         log = self.log_path(pod.metadata.name)
         cwd = self.workdir / "pods" / pod.metadata.name
@@ -361,6 +362,14 @@ class KubeflowStandIn:
             popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         return _Process(popen=popen, log=log, restarts=restarts)
+
+    def _env(self, pod: Any, container: Any) -> dict[str, str]:
+        """The environment of the container's processes: the test's, less what would confuse torch.distributed,
+        plus the container's env."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(_container_env(pod, container))
+        return env
 
     def _container_status(self, pod: Any, proc: _Process, state: dict[str, Any], last: tuple[int, str] | None) -> dict[str, Any]:
         container = self._container(pod)
@@ -416,6 +425,9 @@ class KubeflowStandIn:
             def do_GET(self) -> None:  # /containerLogs/NAMESPACE/POD/CONTAINER?follow=true
                 url = urllib.parse.urlsplit(self.path)
                 parts = url.path.strip("/").split("/")
+                if len(parts) == 4 and parts[0] == "exec":
+                    standin._serve_exec(self, parts[1], parts[2], parts[3], urllib.parse.parse_qs(url.query))
+                    return
                 if len(parts) != 4 or parts[0] != "containerLogs" or not standin.log_path(parts[2]).exists():
                     self.send_error(404, "no such container log")
                     return
@@ -434,6 +446,8 @@ class KubeflowStandIn:
                             break
                         time.sleep(0.1)
 
+            do_POST = do_GET  # kubectl's SPDY exec (refused: WebSocket only)
+
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
@@ -445,6 +459,99 @@ class KubeflowStandIn:
         threading.Thread(target=server.serve_forever, name="standin-kubelet", daemon=True).start()
         self._server = server
         return server.server_address[1]
+
+    # ---- the kubelet's exec endpoint: /exec/NAMESPACE/POD/CONTAINER?command=...&output=1&error=1 -----------------
+
+    def _serve_exec(self, request: http.server.BaseHTTPRequestHandler, namespace: str, pod_name: str, container_name: str,
+                    query: dict[str, list[str]]) -> None:
+        """Run `command` beside the pod's container and answer as the kubelet does to a WebSocket client.
+
+        The API server passes the client's upgrade request through unchanged (UpgradeAwareHandler), so the handshake
+        seen here is the client's own. Remote command protocol v4 over WebSocket: every binary message starts with
+        its channel (1 stdout, 2 stderr, 3 the final metav1.Status: Success, or Failure with reason NonZeroExitCode
+        and an ExitCode cause), then the server closes. Only what `hpctrain top` and kubectl's non-interactive exec
+        need: no stdin, no tty, no SPDY; the command runs to its end before its output is sent."""
+        from wsproto.connection import Connection, ConnectionType
+        from wsproto.events import BytesMessage, CloseConnection
+        from wsproto.utilities import generate_accept_token
+
+        headers = request.headers
+        offered = [p.strip() for p in (headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+        if (headers.get("Upgrade") or "").lower() != "websocket" or EXEC_PROTOCOL not in offered:
+            request.send_error(400, f"the stand-in kubelet answers exec over WebSocket ({EXEC_PROTOCOL}) only")
+            return
+        pod = self._exec_target(namespace, pod_name)
+        container = next((c for c in pod.spec.containers if c.name == container_name), None) if pod else None
+        if pod is None or container is None:
+            request.send_error(404, f"container {container_name} of pod {namespace}/{pod_name} is not running here")
+            return
+        argv = query.get("command") or []
+        request.protocol_version = "HTTP/1.1"
+        request.send_response(101)
+        request.send_header("Upgrade", "websocket")
+        request.send_header("Connection", "Upgrade")
+        request.send_header("Sec-WebSocket-Accept", generate_accept_token(headers["Sec-WebSocket-Key"].encode()).decode())
+        request.send_header("Sec-WebSocket-Protocol", EXEC_PROTOCOL)
+        request.end_headers()
+        request.close_connection = True
+        ws = Connection(ConnectionType.SERVER)
+        cwd = self.workdir / "pods" / pod_name
+        cwd.mkdir(parents=True, exist_ok=True)
+        try:
+            done = subprocess.run(argv, env=self._env(pod, container), cwd=cwd, capture_output=True,
+                                  stdin=subprocess.DEVNULL, timeout=60, check=False)
+            streams = [(1, done.stdout if query.get("output") == ["1"] else b""),
+                       (2, done.stderr if query.get("error") == ["1"] else b"")]
+            status = _exec_status(done.returncode)
+        except (OSError, IndexError):  # no such executable (or no command): the runtime's error, as the kubelet wraps it
+            streams, status = [], _exec_internal_error(f'exec: "{argv[0] if argv else ""}": executable file not found in $PATH')
+        for channel, data in streams + [(3, json.dumps(status).encode())]:
+            if data:
+                request.wfile.write(ws.send(BytesMessage(data=bytes([channel]) + data)))
+        request.wfile.write(ws.send(CloseConnection(code=1000)))
+        request.connection.settimeout(10)
+        try:  # the client answers the close; wait for it, as a WebSocket server does, before the socket closes
+            while (chunk := request.rfile.read1(65536)):
+                ws.receive_data(chunk)
+                if any(isinstance(event, CloseConnection) for event in ws.events()):
+                    break
+        except OSError:
+            pass
+
+    def _exec_target(self, namespace: str, pod_name: str) -> Any | None:
+        """The pod, when it is this stand-in's and its container is running."""
+        from kubernetes.client.rest import ApiException
+
+        if namespace != self.namespace:
+            return None
+        try:
+            pod = self.core.read_namespaced_pod(pod_name, namespace)
+        except ApiException:
+            return None
+        with self._lock:
+            proc = self.procs.get(pod.metadata.uid)
+            alive = proc is not None and proc.popen.poll() is None
+        return pod if alive and pod.spec.node_name == self.node else None
+
+
+EXEC_PROTOCOL = "v4.channel.k8s.io"
+
+
+def _exec_status(code: int) -> dict[str, Any]:
+    """The metav1.Status the kubelet ends an exec with (remote command protocol v4)."""
+    if code == 0:
+        return {"metadata": {}, "status": "Success"}
+    code = 128 - code if code < 0 else code
+    return {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "message": f"command terminated with non-zero exit code: exit status {code}",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+
+
+def _exec_internal_error(reason: str) -> dict[str, Any]:
+    """The Status the kubelet ends an exec with when the runtime could not start the command (an InternalError)."""
+    message = f"error executing command in container: {reason}"
+    return {"metadata": {}, "status": "Failure", "code": 500, "reason": "InternalError",
+            "message": f"Internal error occurred: {message}", "details": {"causes": [{"message": message}]}}
 
 
 def _container_env(pod: Any, container: Any) -> dict[str, str]:

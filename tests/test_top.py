@@ -1,10 +1,13 @@
 """`hpctrain top JOB`: the probe step runs inside a real job on the local Slurm cluster, through
-`srun --jobid --overlap`; nvidia-smi is a STAND-IN (tests/standins.py: no GPU or driver here) that prints the
-documented `--format=csv,noheader,nounits` lines, and records that it was called with the query hpctrain needs."""
+`srun --jobid --overlap`, and in each pod of a job on the local Kubernetes API server through its real exec
+stream (answered by the kubelet of tests/kubeflow_standin.py, a stand-in: no kubelet can run here). nvidia-smi is
+a STAND-IN (tests/standins.py: no GPU or driver here) that prints the documented `--format=csv,noheader,nounits`
+lines, and records that it was called with the query hpctrain needs."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,26 @@ def test_report_says_when_all_gpus_sit_idle() -> None:
     assert [s.node for s in idle] == ["node1", "node2"]
     assert "holds 2 GPU(s) and none is working" in report(idle, None, "job 7")[-1]
     assert not any("warning" in line for line in report(parse_probe("0: @node n\n0: @gpu 0, 50, 1, 2\n"), None, "j"))
+
+
+def test_report_columns_fit_pod_names() -> None:
+    """On Kubernetes a node is shown as `NODE (POD)`, longer than a Slurm node name: the columns still line up."""
+    samples = parse_probe("0: @node standin-1 (imagenet-resnet50-worker-12)\n0: @gpu 0, 97, 70000, 81559\n"
+                          "1: @node n2\n1: @gpu 0, 0, 3, 81559\n")
+    header, *rows = report(samples, None, "job j")[:3]
+    assert [row.index("%") for row in rows] == [header.index("UTIL") + 3] * 2
+    assert [row.index("MiB") for row in rows] == [header.index("MEMORY") + 3] * 2
+
+
+def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
+    from hpctrain.top import exec_failure
+
+    assert exec_failure('{"metadata":{},"status":"Success"}') is None
+    assert exec_failure("") is None
+    failed = json.dumps({"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+                         "message": "command terminated with non-zero exit code: exit status 3",
+                         "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}})
+    assert exec_failure(failed) == "command terminated with non-zero exit code: exit status 3"
 
 
 def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
@@ -105,4 +128,69 @@ def test_top_on_kubernetes_says_why_exec_failed(k8s_cluster, tmp_path: Path) -> 
         assert f"kubectl exec -n {namespace} busy-master-0 -- true" in result.stderr
     finally:
         core.delete_node(node)
+        delete_namespace(api, namespace)
+
+
+@pytest.mark.k8s
+def test_top_on_kubernetes_runs_the_probe_in_each_pod(k8s_cluster, tmp_path: Path) -> None:
+    """The probe goes through the real API server's pods/exec to the stand-in kubelet, which runs it beside each
+    pod's container with that container's environment. nvidia-smi is the stand-in of tests/standins.py (no GPU or
+    nvidia-smi here), on the PATH of the pod spec as it would be in the image; each replica reports its own GPUs, so
+    the lines prove that every pod was asked, and asked with its own environment."""
+    from kubernetes import client
+
+    from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    bin_dir = install(tmp_path / "bin")
+    log = tmp_path / "calls.jsonl"
+
+    def replica(gpus: str) -> dict:
+        env = [{"name": "PATH", "value": f"{bin_dir}:/usr/bin:/bin"}, {"name": "STANDIN_LOG", "value": str(log)},
+               {"name": "STANDIN_GPUS", "value": gpus}]
+        return {"replicas": 1, "template": {"spec": {"containers": [
+            {"name": "pytorch", "image": "img", "command": ["sleep", "600"], "env": env}]}}}
+
+    standin = KubeflowStandIn(api, namespace, tmp_path / "standin", node_labels={"hpctrain-test-node": namespace}).start()
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "gpus"},
+            "spec": {"pytorchReplicaSpecs": {"Master": replica("0, 97, 70000, 81559"),
+                                             "Worker": replica("0, 0, 3, 81559")}}})
+        core = client.CoreV1Api(api)
+        wait_for("both pods running", lambda: [p.status.phase for p in core.list_namespaced_pod(namespace).items]
+                 == ["Running", "Running"], standin, timeout=60)
+        result = hpctrain("top", "gpus", "--scheduler", "kubernetes", "--namespace", namespace,
+                          "--context", k8s_cluster.context, env=cli_env(tmp_path / "home"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        master = [line for line in lines if "(gpus-master-0)" in line]
+        worker = [line for line in lines if "(gpus-worker-0)" in line]
+        assert len(master) == 1 and len(worker) == 1, result.stdout
+        assert master[0].startswith(standin.node) and "97%" in master[0] and "70,000/81,559 MiB" in master[0]
+        assert "IDLE" not in master[0]
+        assert "0%" in worker[0] and "3/81,559 MiB" in worker[0] and worker[0].endswith("IDLE")
+        assert "1 of the 2 GPUs held by job gpus sit idle" in lines[-1]
+        smi = [c for c in calls(log) if c[0] == "nvidia-smi"]
+        assert len(smi) == 2 and all(c[1:] == list(NVIDIA_SMI[1:]) for c in smi)
+
+        # An image without a shell (distroless): exec itself works, the probe cannot start; one clear error.
+        sleep = shutil.which("sleep")
+        client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "noshell"},
+            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [
+                {"name": "pytorch", "image": "distroless", "command": [sleep, "600"],
+                 "env": [{"name": "PATH", "value": str(tmp_path / "empty")}]}]}}}}}})
+        wait_for("the shell-less pod running", lambda: [p.status.phase for p in core.list_namespaced_pod(
+            namespace, label_selector="training.kubeflow.org/job-name=noshell").items] == ["Running"], standin, timeout=60)
+        failed = hpctrain("top", "noshell", "--scheduler", "kubernetes", "--namespace", namespace,
+                          "--context", k8s_cluster.context, env=cli_env(tmp_path / "home"))
+        assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stdout + failed.stderr
+        assert 'the probe failed in pod noshell-master-0: Internal error occurred: error executing command in ' \
+               'container: exec: "sh": executable file not found in $PATH' in failed.stderr
+        assert "needs a POSIX shell" in failed.stderr
+        assert not standin.errors, standin.errors
+    finally:
+        standin.stop()
         delete_namespace(api, namespace)

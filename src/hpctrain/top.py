@@ -21,6 +21,8 @@ from hpctrain.errors import UserError
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
 IDLE_UTIL = 5
+PROBE_TIMEOUT_S = 60
+"""How long the probe may take in one pod (exec on Kubernetes)."""
 """A GPU below this utilization (percent) counts as idle."""
 PROBE = (
     'printf "@node %s\\n" "${SLURMD_NODENAME:-$(hostname)}"; '
@@ -116,23 +118,67 @@ def sample_slurm(job_id: str) -> tuple[Any, list[NodeSample]]:
 
 
 def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) -> list[NodeSample]:
-    """The probe in each running pod through the API server's exec stream (what `kubectl exec` does)."""
-    from kubernetes.stream import stream
-
+    """The probe in each running pod through the API server's exec stream (what `kubectl exec` does), in
+    `container` (None: the training container hpctrain renders, or the pod's only one)."""
     out = []
     for pod in pods:
         if (pod.status.phase if pod.status else None) != "Running":
             continue
-        try:
-            text = stream(core.connect_get_namespaced_pod_exec, pod.metadata.name, pod.metadata.namespace,
-                          container=container, command=["sh", "-c", PROBE], stderr=True, stdin=False, stdout=True,
-                          tty=False)
-        except Exception as err:  # noqa: BLE001 - the client raises ApiException or websocket/socket errors here
-            raise UserError(exec_failed_message(pod.metadata.namespace, pod.metadata.name, err)) from None
-        for sample in parse_probe(text, labelled=False):
-            sample.node = f"{pod.spec.node_name or '?'} ({pod.metadata.name})"
+        name, namespace = pod.metadata.name, pod.metadata.namespace
+        stdout, status = _exec_probe(core, namespace, name, container or training_container(pod))
+        samples = parse_probe(stdout, labelled=False)
+        if not samples:
+            raise UserError(f"the probe failed in pod {name}: {exec_failure(status) or 'it printed nothing'}. "
+                            "`hpctrain top` runs `sh -c` with getconf, cat and nvidia-smi in the pod's training "
+                            f"container: its image needs a POSIX shell (try `kubectl exec -n {namespace} {name} -- sh -c true`)")
+        for sample in samples:
+            sample.node = f"{pod.spec.node_name or '?'} ({name})"
             out.append(sample)
     return out
+
+
+def training_container(pod: Any) -> str | None:
+    """The container hpctrain's jobs train in (Kubeflow v1's `pytorch`, Trainer v2's `node`), so that sidecars
+    (a service mesh's proxy, a log shipper) do not make exec ask which one; None leaves the choice to the API server."""
+    from hpctrain.schedulers.kubernetes.render import CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB
+
+    names = [c.name for c in (pod.spec.containers or [])] if pod.spec else []
+    return next((n for n in (CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB) if n in names), None)
+
+
+def _exec_probe(core: Any, namespace: str, pod: str, container: str | None) -> tuple[str, str]:
+    """Run PROBE in the pod; its stdout and the final Status JSON of the exec stream (channel 3)."""
+    from kubernetes.stream import stream
+    from kubernetes.stream.ws_client import ERROR_CHANNEL
+
+    kwargs = {"container": container} if container else {}
+    try:
+        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=["sh", "-c", PROBE], stderr=True,
+                    stdin=False, stdout=True, tty=False, _preload_content=False, **kwargs)
+        try:
+            ws.run_forever(timeout=PROBE_TIMEOUT_S)
+            if ws.is_open():
+                raise UserError(f"the probe in pod {pod} did not finish within {PROBE_TIMEOUT_S} s (nvidia-smi can "
+                                f"hang on a failing GPU): try `kubectl exec -n {namespace} {pod} -- nvidia-smi`")
+            return ws.read_stdout(), ws.read_channel(ERROR_CHANNEL)
+        finally:
+            ws.close()
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the client raises ApiException or websocket/socket errors here
+        raise UserError(exec_failed_message(namespace, pod, err)) from None
+
+
+def exec_failure(status: str) -> str | None:
+    """The reason in the Status that ends an exec stream (remote command protocol v4: `{"status": "Success"}`, or
+    Failure with a message and, for a non-zero exit, an ExitCode cause); None on success or when absent."""
+    try:
+        parsed = json.loads(status) if status.strip() else {}
+    except ValueError:
+        return " ".join(status.split())[:300] or None
+    if not isinstance(parsed, dict) or parsed.get("status", "Success") == "Success":
+        return None
+    return " ".join(str(parsed.get("message") or parsed.get("reason") or "exec failed").split())[:300]
 
 
 def exec_failed_message(namespace: str, pod: str, err: BaseException) -> str:
@@ -190,17 +236,18 @@ def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | No
 
 def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label: str) -> list[str]:
     """The screen: a line per GPU, a line per node, the run's progress, and a plain verdict on idle GPUs."""
-    lines = [f"{'NODE':24s} {'GPU':>3s} {'UTIL':>5s} {'MEMORY':>17s}   CPU LOAD"]
+    width = max([24] + [len(s.node) for s in samples])  # pods show as `NODE (POD)`
+    lines = [f"{'NODE':{width}s} {'GPU':>3s} {'UTIL':>5s} {'MEMORY':>17s}   CPU LOAD"]
     held = idle = 0
     for s in samples:
         load = f"{s.load1:.2f}" + (f" / {s.cpus} CPUs" if s.cpus else "") if s.load1 is not None else "-"
         if not s.nvidia_smi:
-            lines.append(f"{s.node:24s} {'-':>3s} {'-':>5s} {'no nvidia-smi':>17s}   {load}")
+            lines.append(f"{s.node:{width}s} {'-':>3s} {'-':>5s} {'no nvidia-smi':>17s}   {load}")
         for g in s.gpus:
             held += 1
             idle += g.idle
             mem = f"{g.mem_used_mib:,}/{g.mem_total_mib:,} MiB"
-            lines.append(f"{s.node:24s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}")
+            lines.append(f"{s.node:{width}s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}")
     if metrics:
         rate = metrics.get("images_per_s")
         lines.append(f"run: step {metrics.get('step')}, epoch {metrics.get('epoch')}"
