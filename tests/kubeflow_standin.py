@@ -15,9 +15,10 @@ their parts through that real API, just enough for end-to-end tests of hpctrain'
   test, plus the container's env), their phase, restart count and exit code are patched into the pod's status;
   a pod being deleted gets SIGTERM, SIGKILL after its terminationGracePeriodSeconds, and is then removed. Its
   Node object points the API server at a small HTTPS server here, so `kubectl logs` / read_namespaced_pod_log
-  and `kubectl exec` / connect_get_namespaced_pod_exec really go through the API server (which proxies to "the
-  kubelet", as it does in a cluster). exec runs the command as one more local process with the container's
-  environment and answers over WebSocket with the `v4.channel.k8s.io` subprotocol (no SPDY, no stdin or tty).
+  and the Python client's exec (connect_get_namespaced_pod_exec, what `hpctrain top` uses) really go through the
+  API server (which proxies to "the kubelet", as it does in a cluster). exec runs the command as one more local
+  process with the container's environment and answers over WebSocket with the `v4.channel.k8s.io` subprotocol;
+  no SPDY, stdin or tty, so kubectl 1.32's `exec` (which ends up on SPDY against this 1.20 server) is refused.
 * garbage collector: a job being deleted in the foreground loses its pods first, then its finalizer; pods
   whose job is gone are deleted. `delete_namespace` plays the namespace controller for test cleanup.
 
@@ -446,7 +447,7 @@ class KubeflowStandIn:
                             break
                         time.sleep(0.1)
 
-            do_POST = do_GET  # kubectl's SPDY exec (refused: WebSocket only)
+            do_POST = do_GET  # an SPDY exec (kubectl's) is a POST: refused with a reason
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
