@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from hpctrain.schedulers.kubernetes.scheduler import _replica_name
 from k8s_fixtures import CONTEXT, LocalK8s
 from kubeflow_standin import TrainerStandIn, create_namespace, delete_namespace
 from kubeflow_standin import wait_for as _wait_for
+from standins import install
 
 DEADLINE_S = 300  # a bound on waiting on a loaded 2-core machine, never asserted on
 IMAGE = "example.invalid/hpctrain:test"
@@ -67,8 +67,11 @@ def status_of(c, name: str, cwd: Path) -> dict:
 @pytest.mark.slow
 def test_trainjob_submit_status_logs_cancel(cluster, tmp_path: Path) -> None:
     c = cluster
-    submitted = hpctrain("submit", *c.job, "--nodes", "2", "--signal-grace", "5", "--job-name", "tj-live", "--",
-                         sys.executable, "-c", SLEEPER, cwd=tmp_path)
+    bin_dir = install(tmp_path / "bin")
+    submitted = hpctrain("submit", *c.job, "--nodes", "2", "--signal-grace", "5", "--job-name", "tj-live",
+                         "--setenv", f"PATH={bin_dir}:{os.environ['PATH']}", "--setenv", "STANDIN_GPUS=0, 97, 70000, 81559",
+                         "--setenv", f"STANDIN_LOG={tmp_path / 'calls.jsonl'}",
+                         "--", sys.executable, "-c", SLEEPER, cwd=tmp_path)
     assert submitted.returncode == 0 and submitted.stdout == "tj-live\n", submitted.stderr
     assert (c.shared / "runs" / "tj-live" / "trainjob.yaml").is_file()
 
@@ -90,6 +93,14 @@ def test_trainjob_submit_status_logs_cancel(cluster, tmp_path: Path) -> None:
     assert wait_for("node 1's log", lambda: "hello from rank 1 node rank 1" in log_of("--replica", "node-1"), c.standin)
     bad = hpctrain("logs", "tj-live", "--replica", "worker-0", *c.where, cwd=tmp_path)
     assert bad.returncode == 2 and "use one of node-0, node-1" in bad.stderr, bad.stderr
+
+    # `top` finds a TrainJob by its name alone and runs its probe in each node's pod (exec to the stand-in kubelet;
+    # nvidia-smi is the stand-in of tests/standins.py, on the PATH the job was given: no GPU here).
+    where = [w for w in c.where if w not in ("--k8s-api", "trainjob")]
+    top = hpctrain("top", "tj-live", *where, cwd=tmp_path)
+    assert top.returncode == 0, top.stdout + top.stderr
+    pods = [line for line in top.stdout.splitlines() if "(tj-live-node-0-" in line]
+    assert len(pods) == 2 and all("97%" in line and "70,000/81,559 MiB" in line for line in pods), top.stdout
 
     cancelled = hpctrain("cancel", "tj-live", "--wait", str(DEADLINE_S), *c.where, cwd=tmp_path)
     assert cancelled.returncode == 0 and "RUNNING -> deleted" in cancelled.stdout, cancelled

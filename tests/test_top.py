@@ -25,6 +25,9 @@ def test_report_says_when_all_gpus_sit_idle() -> None:
     assert [s.node for s in idle] == ["node1", "node2"]
     assert "holds 2 GPU(s) and none is working" in report(idle, None, "job 7")[-1]
     assert not any("warning" in line for line in report(parse_probe("0: @node n\n0: @gpu 0, 50, 1, 2\n"), None, "j"))
+    # Every node gets a line, also when it shows no GPU: no nvidia-smi, or one that listed nothing (it failed).
+    assert "no nvidia-smi" in report(parse_probe("0: @node n1\n0: @load 0.5 0.4 0.3 1/9 7\n0: @nogpu\n"), None, "j")[1]
+    assert "nvidia-smi: none" in report(parse_probe("0: @node n1\n0: @load 0.5 0.4 0.3 1/9 7\n"), None, "j")[1]
 
 
 def test_report_columns_fit_pod_names() -> None:

@@ -21,9 +21,9 @@ from hpctrain.errors import UserError
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
 IDLE_UTIL = 5
+"""A GPU below this utilization (percent) counts as idle."""
 PROBE_TIMEOUT_S = 60
 """How long the probe may take in one pod (exec on Kubernetes)."""
-"""A GPU below this utilization (percent) counts as idle."""
 PROBE = (
     'printf "@node %s\\n" "${SLURMD_NODENAME:-$(hostname)}"; '
     'printf "@cpus %s\\n" "$(getconf _NPROCESSORS_ONLN)"; '
@@ -243,6 +243,8 @@ def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label:
         load = f"{s.load1:.2f}" + (f" / {s.cpus} CPUs" if s.cpus else "") if s.load1 is not None else "-"
         if not s.nvidia_smi:
             lines.append(f"{s.node:{width}s} {'-':>3s} {'-':>5s} {'no nvidia-smi':>17s}   {load}")
+        elif not s.gpus:  # nvidia-smi is there but listed nothing (it failed, or the node has no usable GPU)
+            lines.append(f"{s.node:{width}s} {'-':>3s} {'-':>5s} {'nvidia-smi: none':>17s}   {load}")
         for g in s.gpus:
             held += 1
             idle += g.idle

@@ -56,6 +56,16 @@ def _sample_kubernetes(args: argparse.Namespace):
     from hpctrain.schedulers.kubernetes.options import KubernetesOptions
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 
-    sched = KubernetesScheduler(KubernetesOptions(namespace=args.namespace), context=args.context)
-    sched.get_object(args.job)
-    return top.sample_pods(sched.core, sched.pods_of(args.job))
+    from hpctrain.errors import UserError
+
+    for api in ("pytorchjob", "trainjob"):  # a job name is one job in its namespace, of either kind
+        sched = KubernetesScheduler(KubernetesOptions(namespace=args.namespace, api=api), context=args.context)
+        try:
+            sched.get_object(args.job)
+        except UserError as err:
+            if not str(err).startswith("no "):
+                raise
+            continue
+        return top.sample_pods(sched.core, sched.pods_of(args.job))
+    raise UserError(f"no PyTorchJob or TrainJob named {args.job!r} in namespace {sched.namespace}: check the name "
+                    "and --namespace (hpctrain status lists the jobs)")
