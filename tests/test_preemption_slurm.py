@@ -197,8 +197,11 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
     stops = check_resumes(log)
     preempted = [(step, in_epoch) for reason, step, in_epoch in stops if reason == "preempted"]
     assert preempted, f"no attempt checkpointed after the warning:\n{log}"
-    # The warning comes at an arbitrary moment: the stop checkpoints land inside epochs, not at their ends.
-    assert any(0 < in_epoch < STEPS_PER_EPOCH for _, in_epoch in preempted), (preempted, log)
+    # The stop checkpoint lands where the warning came: usually inside an epoch, but at its end when the processes
+    # were paused during evaluation (the progress line the test waits for can be the epoch's last one on a loaded
+    # machine). Either way the next attempt resumes from it (check_resumes) and ends with the reference weights;
+    # the mid-epoch case on its own is test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally.
+    assert all(0 <= in_epoch < STEPS_PER_EPOCH for _, in_epoch in preempted), (preempted, log)
     assert "step finished with exit status 0" in parts[-1], log
     # A run that had finished is never requeued (see DDP_REQUEUE_AFTER_COMPLETION).
     assert f"resumed at epoch {epochs + 1}," not in log, log
