@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from training_helpers import hpctrain, ok, signal_after
 
 FASHION_CLASSES = ("tshirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
 RGB_PHOTOS = ("astronaut", "chelsea", "coffee", "hubble_deep_field", "ihc", "motorcycle_left", "motorcycle_right",
@@ -121,3 +124,23 @@ def flatten_val(data: Path, out: Path) -> list[tuple[str, str]]:
         os.symlink(path, flat / f"{image_id}{path.suffix}")
         entries.append((image_id, path.parent.name))
     return entries
+
+
+# ---- `hpctrain train imagenet` runs on these folders: a tiny model, so that a run takes seconds -----------------
+
+TINY = ["--arch", "resnet18", "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
+        "--batch-size", "32"]
+
+
+def train(data, run_dir, *extra, expect=0, timeout=300):
+    result = hpctrain("train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), *extra, timeout=timeout)
+    if expect == 0:
+        return ok(result)
+    assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def interrupt(data, run_dir, *extra, after_line="epoch 1/2 step 3/"):
+    """An imagenet run stopped by SIGUSR1 (a time-limit warning) a few steps into epoch 1: (exit status, output)."""
+    return signal_after(["train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), "--epochs", "2", *extra],
+                        after_line, signal.SIGUSR1)

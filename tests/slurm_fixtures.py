@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
@@ -230,3 +231,68 @@ def wait_delivered(pids: list[int], signum: int, timeout_s: float, job_id: str) 
             pytest.fail(f"job {job_id}: {signal.Signals(signum).name} did not reach its training processes "
                         f"{pids} within {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+# ---- jobs the tests submit, and runs shared by the whole session -----------------------------------------------
+
+JOB_DEADLINE_S = 800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
+_ATTEMPT = re.compile(r"^hpctrain: job \d+ attempt (\d+) on ", re.MULTILINE)
+
+
+def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """A run directory made once per test session and shared by every pytest-xdist worker (scripts/test.sh runs
+    several): the first to ask makes it under a file lock, the others wait for it and reuse it. Do not modify it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above the workers' own
+    run_dir, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            make(run_dir)
+            done.write_text("")
+    return run_dir
+
+
+def in_queue(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
+    return job_id in out.split()
+
+
+@dataclass
+class Job:
+    job_id: str
+    cwd: Path
+    run_dir: Path
+
+    @property
+    def log(self) -> str:
+        path = self.cwd / f"job-{self.job_id}.out"
+        return path.read_text() if path.exists() else "(no log yet)"
+
+    def fail(self, what: str) -> None:
+        subprocess.run(["scancel", self.job_id], capture_output=True)
+        pytest.fail(f"job {self.job_id}: {what}\n{self.log}")
+
+    def wait_for_log(self, text: str, timeout: float = JOB_DEADLINE_S) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log:
+            if time.monotonic() > deadline or not in_queue(self.job_id):
+                self.fail(f"{text!r} never appeared in its log")
+            time.sleep(0.2)
+
+    def follow(self, timeout: float = JOB_DEADLINE_S) -> None:
+        """Wait until the job has left the queue. Each requeued attempt waits in Slurm's BeginTime hold until
+        the old attempt's credential expires (30 s on the local cluster): releasing it sooner by hand gets it
+        killed ("Job credential revoked")."""
+        deadline = time.monotonic() + timeout
+        while in_queue(self.job_id):
+            if time.monotonic() > deadline:
+                self.fail(f"still queued after {timeout} s")
+            time.sleep(1)
+
+
+def attempts(log: str) -> list[str]:
+    """The job log split at each attempt's first line (the batch script writes one per attempt)."""
+    starts = [m.start() for m in _ATTEMPT.finditer(log)]
+    return [log[a:b] for a, b in zip(starts, starts[1:] + [len(log)])]

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from image_fixtures import fashion_folders, photo_folders  # noqa: F401
-from test_imagenet import interrupt, train
+from image_fixtures import fashion_folders, interrupt, photo_folders, train  # noqa: F401
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights
 
 from hpctrain.data.backends import choose_backend, make_loader

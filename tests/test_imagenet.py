@@ -9,7 +9,6 @@ or the realistic photo folders; one thread per process.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -17,21 +16,8 @@ import pytest
 import torch
 
 from hpctrain.training.metrics import read_metrics
-from image_fixtures import fashion_folders, photo_folders  # noqa: F401
-from training_helpers import (assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, start_hpctrain,
-                              tree_digest)
-
-TINY = ["--arch", "resnet18", "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
-        "--batch-size", "32"]
-
-
-def train(data, run_dir, *extra, expect=0, timeout=300):
-    result = hpctrain("train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), *extra, timeout=timeout)
-    if expect == 0:
-        return ok(result)
-    assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
+from image_fixtures import TINY, fashion_folders, interrupt, photo_folders, train  # noqa: F401
+from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, tree_digest
 
 def test_train_imagenet_one_epoch_on_photos_records_top5_data_wait_and_best(photo_folders, tmp_path):
     run_dir = tmp_path / "run"
@@ -45,23 +31,6 @@ def test_train_imagenet_one_epoch_on_photos_records_top5_data_wait_and_best(phot
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "checkpoint_epoch_1.pt"
     best = torch.load(run_dir / "checkpoints" / "checkpoint_best.pt", weights_only=True)
     assert_bitwise_equal(best["model"], final_weights(run_dir))
-
-
-def interrupt(data, run_dir, *extra, after_line="epoch 1/2 step 3/"):
-    process = start_hpctrain("train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), "--epochs", "2",
-                             *extra)
-    output = []
-    try:
-        for line in process.stdout:
-            output.append(line)
-            if after_line in line:
-                process.send_signal(signal.SIGUSR1)
-                break
-        output.extend(process.stdout)
-        return process.wait(timeout=120), "".join(output)
-    finally:
-        if process.poll() is None:
-            process.kill()
 
 
 @pytest.mark.parametrize("processes", [[], ["--nproc", "2"]], ids=["1-process", "2-ddp-processes"])

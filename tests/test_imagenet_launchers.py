@@ -21,7 +21,7 @@ import pytest
 
 from hpctrain.training.metrics import read_metrics
 from image_fixtures import fashion_folders  # noqa: F401
-from test_preemption_slurm import Job, attempts, shared_run
+from slurm_fixtures import Job, attempts, shared_run
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok
 
 # 128 training images, global batch 16: 8 steps an epoch; 40 validation images.

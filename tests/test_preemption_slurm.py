@@ -15,18 +15,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
+from slurm_fixtures import Job, attempts, shared_run
 from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -41,12 +37,10 @@ SINGLE_EPOCHS = 4
 DDP_EPOCHS = 2
 # A limit that no attempt reaches by itself; the warning (hpctrain's default grace, 120 s) is brought on by the test.
 TIME_LIMIT = ["--time", "30"]
-JOB_DEADLINE_S = 800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
 
 _RESUMED = re.compile(r"hpctrain: resumed at epoch (\d+), step (\d+) of (\d+) \(global step (\d+)\)")
 _STOPPED = re.compile(r"hpctrain: stopped \((\w+): [^)]*\) at global step (\d+) after writing a checkpoint")
 _EPOCH_DONE = re.compile(r"hpctrain: epoch (\d+)/\d+: train loss")
-_ATTEMPT = re.compile(r"^hpctrain: job \d+ attempt (\d+) on ", re.MULTILINE)
 
 
 # ---------------------------------------------------------------- helpers
@@ -72,21 +66,6 @@ def reference_run(run_dir: Path, data_dir: Path, epochs: int, nproc: int = 1, ex
     return final_weights(run_dir)
 
 
-def shared_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
-    """A run directory made once per test session and shared by every pytest-xdist worker (scripts/test.sh runs
-    several): the first to ask makes it under a file lock, the others wait for it and reuse it. Do not modify it."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's directory, above the workers' own
-    run_dir, done = root / name, root / f"{name}.done"
-    with FileLock(str(root / f"{name}.lock")):
-        if not done.exists():
-            shutil.rmtree(run_dir, ignore_errors=True)
-            make(run_dir)
-            done.write_text("")
-    return run_dir
-
-
 @pytest.fixture(scope="session")
 def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
     run_dir = shared_run(tmp_path_factory, "single-reference",
@@ -107,56 +86,12 @@ def scontrol_fields(job_id: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in out.split() if "=" in word)
 
 
-def in_queue(job_id: str) -> bool:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
-    return job_id in out.split()
-
-
-@dataclass
-class Job:
-    job_id: str
-    cwd: Path
-    run_dir: Path
-
-    @property
-    def log(self) -> str:
-        path = self.cwd / f"job-{self.job_id}.out"
-        return path.read_text() if path.exists() else "(no log yet)"
-
-    def fail(self, what: str) -> None:
-        subprocess.run(["scancel", self.job_id], capture_output=True)
-        pytest.fail(f"job {self.job_id}: {what}\n{self.log}")
-
-    def wait_for_log(self, text: str, timeout: float = JOB_DEADLINE_S) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log:
-            if time.monotonic() > deadline or not in_queue(self.job_id):
-                self.fail(f"{text!r} never appeared in its log")
-            time.sleep(0.2)
-
-    def follow(self, timeout: float = JOB_DEADLINE_S) -> None:
-        """Wait until the job has left the queue. Each requeued attempt waits in Slurm's BeginTime hold until
-        the old attempt's credential expires (30 s on the local cluster): releasing it sooner by hand gets it
-        killed ("Job credential revoked")."""
-        deadline = time.monotonic() + timeout
-        while in_queue(self.job_id):
-            if time.monotonic() > deadline:
-                self.fail(f"still queued after {timeout} s")
-            time.sleep(1)
-
-
 def submit(tmp_path: Path, data_dir: Path, epochs: int, *options: str) -> Job:
     result = hpctrain("submit", "--output", "job-%j.out", *options, "train", "mnist", *TRAIN, "--data-dir",
                       str(data_dir), "--epochs", str(epochs), cwd=tmp_path)
     job_id = ok(result).stdout.strip()
     assert job_id.isdigit(), result.stdout
     return Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}")
-
-
-def attempts(log: str) -> list[str]:
-    """The job log split at each attempt's first line (the batch script writes one per attempt)."""
-    starts = [m.start() for m in _ATTEMPT.finditer(log)]
-    return [log[a:b] for a, b in zip(starts, starts[1:] + [len(log)])]
 
 
 def check_resumes(log: str) -> list[tuple[str, int, int]]:

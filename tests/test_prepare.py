@@ -24,8 +24,7 @@ from hpctrain.data.shards import INDEX_NAME, open_prepared
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.training.sampler import EpochPlan
-from image_fixtures import fashion_folders, photo_folders  # noqa: F401
-from test_imagenet import interrupt, train
+from image_fixtures import fashion_folders, interrupt, photo_folders, train  # noqa: F401
 from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, start_hpctrain, tree_digest
 
 

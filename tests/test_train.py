@@ -16,7 +16,8 @@ import yaml
 
 from hpctrain.training.metrics import read_metrics
 from hpctrain.training.stopping import HOLD_AT_END_ENV
-from training_helpers import QUICK, assert_bitwise_equal, final_weights, hpctrain, ok, start_hpctrain, tree_digest
+from training_helpers import (QUICK, assert_bitwise_equal, final_weights, hpctrain, ok, signal_after, start_hpctrain,
+                              tree_digest)
 
 METRIC_KEYS = {"epoch", "step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds",
                "world_size"}
@@ -76,20 +77,8 @@ def test_resume_after_an_epoch_is_bitwise_equal_to_an_uninterrupted_run(fashion_
 
 def interrupt(data_dir, run_dir, signum, *extra, after_line="epoch 1/2 step 3/"):
     """Start a run, send `signum` once it has trained a few steps, and return its exit status and output."""
-    process = start_hpctrain("train", "mnist", *QUICK, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-                             "--epochs", "2", *extra)
-    output = []
-    try:
-        for line in process.stdout:
-            output.append(line)
-            if after_line in line:
-                process.send_signal(signum)
-                break
-        output.extend(process.stdout)
-        return process.wait(timeout=120), "".join(output)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    return signal_after(["train", "mnist", *QUICK, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
+                         "--epochs", "2", *extra], after_line, signum)
 
 
 @pytest.mark.parametrize("signum,code,reason", [(signal.SIGUSR1, 75, "preempted"), (signal.SIGTERM, 143, "cancelled")])

@@ -41,6 +41,24 @@ def start_hpctrain(*args: str, cwd: Path | None = None, env: dict[str, str] | No
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def signal_after(args: list[str], after_line: str, signum: int) -> tuple[int, str]:
+    """Run `hpctrain *args`, send it `signum` once a line containing `after_line` is out, and return its exit status
+    and whole output. The moment is chosen by what the run printed, not by time."""
+    process = start_hpctrain(*args)
+    output = []
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if after_line in line:
+                process.send_signal(signum)
+                break
+        output.extend(process.stdout)
+        return process.wait(timeout=120), "".join(output)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     return result
