@@ -19,6 +19,22 @@ from hpctrain.errors import UserError
 _DURATION_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
 
 
+def add_service_job_arguments(parser: argparse.ArgumentParser, wait_help: str) -> None:
+    """Where a service job or pod (`dev start`, `tensorboard --on-cluster`) runs, with which software, and how
+    long `start` waits for its server (`wait_help`): the flags both share."""
+    parser.add_argument("--partition", help="Slurm: partition")
+    parser.add_argument("--account", help="Slurm: account")
+    parser.add_argument("--image", help="Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image")
+    parser.add_argument("--conda-env", help="Slurm: activate this conda environment")
+    parser.add_argument("--venv", help="Slurm: activate this virtual environment")
+    parser.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
+    parser.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
+    parser.add_argument("--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)")
+    parser.add_argument("--wait", type=float, default=600.0, metavar="S",
+                        help=wait_help)
+    parser.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
+
+
 def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", choices=("slurm", "kubernetes"),
                         help="where to run (default: slurm when sbatch is on PATH, else kubernetes with a kubeconfig)")
@@ -44,19 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
     start.add_argument("--mem", help="memory, e.g. 16G")
     start.add_argument("--time", default="04:00:00", help="time limit (default: 04:00:00); the session ends then")
-    start.add_argument("--partition", help="Slurm partition")
-    start.add_argument("--account", help="Slurm account")
-    start.add_argument("--image", help="Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image")
-    start.add_argument("--conda-env", help="Slurm: activate this conda environment")
-    start.add_argument("--venv", help="Slurm: activate this virtual environment")
-    start.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
-    start.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
+    add_service_job_arguments(start, "seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do "
+                                     "not wait)")
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
-    start.add_argument("--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)")
-    start.add_argument("--wait", type=float, default=600.0, metavar="S",
-                       help="seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do not wait)")
     start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
-    start.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
     add_scheduler_arguments(start)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.dev import add_scheduler_arguments, core_of, k8s_options, scheduler_of
+from hpctrain.cli.dev import add_scheduler_arguments, add_service_job_arguments, core_of, k8s_options, scheduler_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,16 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port here (default: a free one)")
     parser.add_argument("--on-cluster", action="store_true", help="run TensorBoard as a small CPU job or pod on the cluster")
     parser.add_argument("--time", default="08:00:00", help="--on-cluster: time limit (default: 08:00:00)")
-    parser.add_argument("--partition", help="--on-cluster (Slurm): partition")
-    parser.add_argument("--account", help="--on-cluster (Slurm): account")
-    parser.add_argument("--venv", help="--on-cluster (Slurm): environment with tensorboard installed")
-    parser.add_argument("--conda-env", help="--on-cluster (Slurm): conda environment with tensorboard")
-    parser.add_argument("--image", help="--on-cluster: container image with tensorboard (.sif on Slurm, an image on Kubernetes)")
-    parser.add_argument("--module", action="append", default=[], help="--on-cluster (Slurm): module to load")
-    parser.add_argument("--mount", action="append", default=[], help="--on-cluster (Slurm containers): bind mount")
-    parser.add_argument("--volume", action="append", default=[], help="--on-cluster (Kubernetes): volume holding the runs")
-    parser.add_argument("--wait", type=float, default=600.0, metavar="S", help="seconds to wait for it to answer")
-    parser.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host)")
+    cluster = parser.add_argument_group("--on-cluster (its environment must have tensorboard installed; "
+                                        "on Kubernetes, a --volume holds the runs)")
+    add_service_job_arguments(cluster, "Slurm: seconds to wait for TensorBoard to answer (default: 600)")
     add_scheduler_arguments(parser)
 
 
