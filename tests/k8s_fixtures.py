@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,12 @@ def k8s_crdless(k8s_cluster: LocalK8s, tmp_path_factory: pytest.TempPathFactory)
         yield CrdlessK8s(kubeconfig=base / "kubeconfig")
     finally:
         subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
+DEADLINE_S = 300  # a bound on waiting for the CLI or the stand-in on a loaded 2-core machine, never asserted on
+
+
+def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`hpctrain ARGS` as a user runs it, in `cwd`."""
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=DEADLINE_S)

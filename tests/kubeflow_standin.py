@@ -287,18 +287,26 @@ class KubeflowStandIn:
 
     # ---- kubelet -----------------------------------------------------------------------------------
 
-    def _kubelet(self, pod: Any) -> None:
+    def _tracked(self, pod: Any) -> tuple[str, _Process | None] | None:
+        """The pod's uid and process (None: not started yet), for a pod of this node that needs the kubelet; None
+        for another node's pod, one being deleted (its process is stopped here) or one that ended before."""
         if pod.spec.node_name != self.node:
-            return
+            return None
         uid = pod.metadata.uid
         proc = self.procs.get(uid)
         if pod.metadata.deletion_timestamp:
             self._terminate(pod, proc)
+            return None
+        if proc is None and pod.status and pod.status.phase in ("Succeeded", "Failed"):
+            return None
+        return uid, proc
+
+    def _kubelet(self, pod: Any) -> None:
+        tracked = self._tracked(pod)
+        if tracked is None:
             return
-        phase = pod.status.phase if pod.status else None
+        uid, proc = tracked
         if proc is None:
-            if phase in ("Succeeded", "Failed"):
-                return
             with self._lock:
                 self.procs[uid] = self._run(pod, restarts=0)
             self._report_running(pod, self.procs[uid])
@@ -624,7 +632,7 @@ def delete_namespace(api_client: Any, name: str) -> None:
     core.replace_namespace_finalize(name, {"metadata": {"name": name}, "spec": {"finalizers": []}})
 
 
-def wait_for(what: str, predicate, standin: KubeflowStandIn, timeout: float, poll: float = 0.2):
+def wait_for(what: str, predicate, standin: KubeflowStandIn, timeout: float = 300, poll: float = 0.2):
     """Poll `predicate` until it returns something true (returned), failing the test after `timeout` seconds or as
     soon as the stand-in reports an error of its own. The timeout only bounds the wait; nothing asserts on time."""
     import pytest
@@ -680,16 +688,11 @@ class ServicePodStandIn(KubeflowStandIn):
             else:
                 self._delete_pod(pod.metadata.name, grace=0)
             return
-        if pod.spec.node_name != self.node:
+        tracked = self._tracked(pod)
+        if tracked is None:
             return
-        uid = pod.metadata.uid
-        proc = self.procs.get(uid)
-        if pod.metadata.deletion_timestamp:
-            self._terminate(pod, proc)
-            return
+        uid, proc = tracked
         if proc is None:
-            if pod.status and pod.status.phase in ("Succeeded", "Failed"):
-                return
             with self._lock:
                 proc = self.procs[uid] = self._start_container(pod)
         if proc.done:

@@ -8,30 +8,20 @@ can run here): each pod's command runs as a local process, so the "shared volume
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from k8s_fixtures import CONTEXT, LocalK8s
-from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace
-from kubeflow_standin import wait_for as _wait_for
+from k8s_fixtures import CONTEXT, DEADLINE_S, LocalK8s, hpctrain
+from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-DEADLINE_S = 180  # a bound on waiting, never asserted on
 IMAGE = "example.invalid/hpctrain:test"
 SLEEPER = "import os, time; print('hello from rank', os.environ['RANK'], flush=True); time.sleep(300)"
 
 
-def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=DEADLINE_S)
 
-
-
-def wait_for(what, predicate, standin, timeout=DEADLINE_S):
-    return _wait_for(what, predicate, standin, timeout)
 
 
 @pytest.fixture

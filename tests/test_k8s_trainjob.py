@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,24 +20,15 @@ from types import SimpleNamespace
 import pytest
 
 from hpctrain.schedulers.kubernetes.scheduler import _replica_name
-from k8s_fixtures import CONTEXT, LocalK8s
-from kubeflow_standin import TrainerStandIn, create_namespace, delete_namespace
-from kubeflow_standin import wait_for as _wait_for
+from k8s_fixtures import CONTEXT, DEADLINE_S, LocalK8s, hpctrain
+from kubeflow_standin import TrainerStandIn, create_namespace, delete_namespace, wait_for
 from standins import install
 
-DEADLINE_S = 300  # a bound on waiting on a loaded 2-core machine, never asserted on
 IMAGE = "example.invalid/hpctrain:test"
 SLEEPER = ("import os, time; print('hello from rank', os.environ['RANK'], 'node rank', os.environ['PET_NODE_RANK'], "
            "flush=True); time.sleep(300)")
 
 
-def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=DEADLINE_S)
-
-
-def wait_for(what, predicate, standin, timeout=DEADLINE_S):
-    return _wait_for(what, predicate, standin, timeout)
 
 
 @pytest.fixture
