@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,56 @@ def test_a_hung_rank_is_named_instead_of_hanging(fashion_data_dir, tmp_path):
         if process.poll() is None:
             process.kill()
     message = next(line for line in output if "a collective failed" in line)
-    assert "rank(s) 1 of 2 did not answer" in message and "--dist-timeout" in message
+    assert f"rank(s) 1 (on {socket.gethostname()}) of 2 did not answer" in message and "--dist-timeout" in message
+
+
+# Where rank 1 (or 0) freezes, the recipe that has a collective there, and what the surviving rank must name.
+# `classic` has no BatchNorm, so only `fast` (BatchNorm buffers) broadcasts in DDP's forward.
+VANISH_CASES = [
+    ("host-names", 1, "classic", 1, "in the start-up exchange of host names"),
+    ("ddp-init", 1, "classic", 1, "in DDP's start-up broadcast of the model"),
+    ("forward", 1, "fast", 2, "in step 2's forward pass"),
+    ("backward", 1, "classic", 3, "in step 3's gradient all-reduce (backward)"),
+    ("stop-vote", 1, "classic", 3, "in the stop vote after step 3"),
+    ("stop-vote", 0, "classic", 2, "in the stop vote after step 2"),
+    ("loss-average", 1, "classic", 1, "in the epoch's training-loss average"),
+    ("evaluation", 1, "classic", 1, "in evaluation's all-reduce"),
+    ("checkpoint-gather", 1, "classic", 1, "in the checkpoint's gather of rank states at step 8"),
+    ("checkpoint-barrier", 1, "classic", 1, "in the barrier after the checkpoint at step 8"),
+]
+
+
+@pytest.mark.parametrize(("site", "rank", "recipe", "call", "named"), VANISH_CASES,
+                         ids=[f"{c[0]}-rank{c[1]}" for c in VANISH_CASES])
+def test_a_rank_that_freezes_at_any_collective_is_named(fashion_data_dir, tmp_path, site, rank, recipe, call,
+                                                        named):
+    """One rank freezes (SIGSTOP, by itself) exactly before one collective, so the other rank's timeout happens
+    there and nowhere else: each place gets hpctrain's one-line explanation naming the collective, the missing
+    rank and its host, never the backend's traceback (gloo's "Application timeout caused pair closure" inside
+    backward() once escaped as a raw RuntimeError and failed CI by luck)."""
+    env = {**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_VANISH_RANK": str(rank),
+           "HPCTRAIN_TEST_VANISH_AT": site, "HPCTRAIN_TEST_VANISH_CALL": str(call)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
+         "0", str(Path(__file__).with_name("vanishing_rank.py")), "train", "mnist", *QUICK, "--recipe", recipe,
+         "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run"), "--dist-timeout", "5"],
+        env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output: list[str] = []
+    try:
+        wait_for(process, f"stops before {site}", output)
+        frozen = worker_pid(rank, process.pid)
+        wait_for(process, "a collective failed", output)
+        os.kill(frozen, signal.SIGKILL)
+        output.extend(process.stdout)
+        assert process.wait(timeout=120) != 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = "".join(output)
+    message = next(line for line in output if "a collective failed" in line)
+    assert named in message, text
+    assert f"rank(s) {rank} (on {socket.gethostname()}) of 2 did not answer" in message, text
+    assert "RuntimeError" not in text and "DistBackendError" not in text, text  # no worker's raw traceback
 
 
 def test_torchrun_restarts_a_killed_worker_and_the_group_resumes(fashion_data_dir, tmp_path):

@@ -1,21 +1,50 @@
 """When a collective fails (a peer crashed, was killed, or hangs past the timeout), say which rank went missing.
 
-The backends' own errors name a socket ("Connection closed by peer [10.1.2.3]:41234") or only a timeout. After
-the failure the process group itself is unusable, but the rendezvous store (a separate TCP connection) usually
-still works: every surviving rank writes a roll-call key there, waits briefly for the others, and the ranks whose
-keys never appear are the missing ones.
+The backends' own errors name a socket ("Connection closed by peer [10.1.2.3]:41234") or only a timeout, and
+which collective times out first is a matter of timing: the gradient all-reduce inside `loss.backward()`, the stop
+vote, evaluation's sums or a checkpoint's gather. So every collective of the loop runs inside `collective(what)`,
+which marks a failure there as a peer failure whatever the backend's words, and `peer_failures` turns it into one
+message naming the collective, the missing ranks and their hosts.
+
+After the failure the process group itself is unusable, but the rendezvous store (a separate TCP connection)
+usually still works: every surviving rank writes a roll-call key there, waits briefly for the others, and the
+ranks whose keys never appear are the missing ones. Each rank leaves its host name in the store when it joins
+(`announce`), so the message can say where the missing one ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import time
+from collections.abc import Iterator
 
 from hpctrain.distributed.environment import DistEnv
 from hpctrain.errors import UserError
 
 ROLL_CALL_MAX_S = 30.0
+
+# What the backends say when a peer has gone, collected from their sources:
+# - gloo (gloo/transport/tcp/pair.cc, unbound_buffer.cc): "Timed out waiting 5000ms for recv operation to
+#   complete", "Application timeout caused pair closure" (every other pending operation of a context whose peer
+#   timed out), "Connection closed by peer [addr]", "Read error [addr]: Connection reset by peer", "Read timeout",
+#   "Write timeout", "writev [addr]: Broken pipe";
+# - torch's ProcessGroupNCCL: "Watchdog caught collective operation timeout: WorkNCCL(...) ran for N
+#   milliseconds", "NCCL communicator was aborted on rank N", "ncclRemoteError: A call failed possibly due to a
+#   network error or a remote process exiting prematurely", "Some NCCL operations have failed or timed out",
+#   "NCCL operation timed out";
+# - torch's TCPStore: "Socket Timeout", "Failed to recv, got 0 bytes. Connection was likely closed".
+PEER_FAILURE_SIGNS = (
+    "Timed out waiting", "Application timeout caused pair closure", "Connection closed by peer", "Read error",
+    "Read timeout", "Write timeout", "writev", "Connection reset by peer", "Broken pipe",
+    "collective operation timeout", "NCCL communicator was aborted", "ncclRemoteError",
+    "NCCL operations have failed or timed out", "NCCL operation timed out",
+    "Socket Timeout", "Connection was likely closed", "Timed out", "timed out",
+)
+
+_HOST_KEY = "hpctrain/host"
 
 
 class CollectiveFailure(UserError):
@@ -24,19 +53,68 @@ class CollectiveFailure(UserError):
     exit_code = 1
 
 
+class PeerLost(RuntimeError):
+    """A collective failed: raised by `collective` in place of the backend's error, caught by `peer_failures`."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__(f"{what}: {error}")
+        self.what = what
+        self.error = error
+
+
 def looks_like_peer_failure(err: BaseException) -> bool:
     """A distributed error caused by another process (as opposed to a bug in this one)."""
     import torch.distributed as dist
 
-    if isinstance(err, getattr(dist, "DistError", ())):
+    if isinstance(err, PeerLost | getattr(dist, "DistError", PeerLost)):
         return True
     text = str(err)
-    return any(sign in text for sign in ("Timed out", "timed out", "Connection closed by peer",
-                                         "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted"))
+    return any(sign in text for sign in PEER_FAILURE_SIGNS)
 
 
-def missing_ranks(env: DistEnv, wait_s: float) -> list[int] | None:
-    """Roll call through the default store; None when the store is gone too (it lives with rank 0 or the agent).
+@contextlib.contextmanager
+def collective(what: str, *, only_known: bool = False) -> Iterator[None]:
+    """Run one collective (or a step that contains one): any error inside is taken as a peer failure in `what`.
+
+    `only_known`: for code that also computes (DDP's backward holds the gradient all-reduce, its forward the
+    buffer broadcast), only errors that read like a peer failure are; a bug there keeps its own traceback."""
+    try:
+        yield
+    except PeerLost:
+        raise
+    except Exception as err:
+        if only_known and not looks_like_peer_failure(err):
+            raise
+        raise PeerLost(what, err) from err
+
+
+@contextlib.contextmanager
+def peer_failures(env: DistEnv, timeout_s: float) -> Iterator[None]:
+    """Turn a failed collective inside into a `CollectiveFailure` that names the missing ranks (a no-op for one
+    process)."""
+    try:
+        yield
+    except PeerLost as lost:
+        raise explain(lost.error, env, timeout_s, lost.what) from lost.error
+    except RuntimeError as err:  # a collective outside `collective()`: recognized by the backend's words
+        if env.is_distributed and looks_like_peer_failure(err):
+            raise explain(err, env, timeout_s) from err
+        raise
+
+
+def announce(env: DistEnv) -> None:
+    """Leave this rank's host name in the default store (after joining the group), for `explain`."""
+    if not env.is_distributed:
+        return
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):  # only a message gets poorer without it
+        dist.distributed_c10d._get_default_store().set(f"{_HOST_KEY}/{env.rank}", socket.gethostname())
+
+
+def missing_ranks(env: DistEnv, wait_s: float) -> dict[int, str | None] | None:
+    """Roll call through the default store: each missing rank with its host (None if unknown); None when the
+    store is gone too (it lives with rank 0 or the agent).
 
     A process fails at most once, so one roll call per attempt (torchrun restarts keep their store: the restart
     count keeps attempts apart)."""
@@ -50,14 +128,19 @@ def missing_ranks(env: DistEnv, wait_s: float) -> list[int] | None:
         while True:
             absent = [r for r in range(env.world_size) if not store.check([f"{prefix}/{r}"])]
             if not absent or time.monotonic() > deadline:
-                return absent
+                break
             time.sleep(0.2)
+        hosts: dict[int, str | None] = {}
+        for r in absent:
+            key = f"{_HOST_KEY}/{r}"
+            hosts[r] = store.get(key).decode(errors="replace") if store.check([key]) else None
+        return hosts
     except Exception:  # the store's own errors vary by transport; any of them means no answer
         return None
 
 
-def explain(err: BaseException, env: DistEnv, timeout_s: float) -> CollectiveFailure:
-    """A message naming the missing ranks and what to do."""
+def explain(err: BaseException, env: DistEnv, timeout_s: float, what: str | None = None) -> CollectiveFailure:
+    """A message naming the collective, the missing ranks with their hosts, and what to do."""
     absent = missing_ranks(env, min(timeout_s, ROLL_CALL_MAX_S))
     text = str(err).strip()
     # Drop the backend's source location ("[.../gloo/transport/tcp/pair.cc:561] ") from the first line.
@@ -65,11 +148,13 @@ def explain(err: BaseException, env: DistEnv, timeout_s: float) -> CollectiveFai
     if absent is None:
         who = "the rendezvous store is unreachable too, so rank 0 (or the launcher hosting the store) is gone"
     elif absent:
-        who = f"rank(s) {', '.join(map(str, absent))} of {env.world_size} did not answer: they crashed, were killed or hang"
+        ranks = ", ".join(f"{r} (on {host})" if host else str(r) for r, host in absent.items())
+        who = f"rank(s) {ranks} of {env.world_size} did not answer: they crashed, were killed or hang"
     else:
         who = "every rank answered the roll call afterwards, so a rank was only slower than the timeout"
+    where = f" in {what}" if what else ""
     return CollectiveFailure(
-        f"a collective failed on rank {env.rank} ({first_line}); {who}. Look at those ranks' output "
+        f"a collective failed on rank {env.rank}{where} ({first_line}); {who}. Look at those ranks' output "
         f"first; raise --dist-timeout (now {timeout_s:g} s) if they were only slow; the run resumes from its "
         "newest checkpoint with --resume (or by itself under torchrun --max-restarts or a requeue)"
     )

@@ -26,8 +26,7 @@ from torch.nn import functional as F
 from hpctrain import checkpoint
 from hpctrain.config import TrainConfig, default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
-from hpctrain.distributed.failures import explain as explain_failure
-from hpctrain.distributed.failures import looks_like_peer_failure
+from hpctrain.distributed.failures import announce, collective, peer_failures
 from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
@@ -124,16 +123,14 @@ def train(cfg: TrainConfig) -> RunResult:
         return RunResult(run.run_dir, run.resume_from["epoch"], run.resume_from["step"], StopReason.NONE)
     with run.stop:
         init_process_group(run.env, run.device, run.cfg.dist_timeout)
+        announce(run.env)
         if run.is_main and run.cfg.async_checkpoints:
             run.writer = checkpoint.AsyncCheckpointer()
         try:
-            result = _train(run)
+            with peer_failures(run.env, run.cfg.dist_timeout):
+                result = _train(run)
             if run.writer is not None:
                 run.writer.wait()  # the last checkpoint is durable before the process reports success
-        except RuntimeError as err:
-            if run.env.is_distributed and looks_like_peer_failure(err):
-                raise explain_failure(err, run.env, run.cfg.dist_timeout) from err
-            raise
         finally:
             if run.writer is not None:
                 run.writer.close()
@@ -279,10 +276,12 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
     for inputs, labels in batches:
         parts.generator.manual_seed(mix_seed(cfg.seed, position.epoch, position.step, env.rank))
         images = run.recipe.augment(inputs, parts.generator)
-        with run.recipe.autocast(run.device):
-            loss = run.recipe.loss(parts.wrapped(images), labels)
+        step = position.step + 1
+        with run.recipe.autocast(run.device), collective(f"step {step}'s forward pass", only_known=True):
+            loss = run.recipe.loss(parts.wrapped(images), labels)  # DDP broadcasts buffers (BatchNorm) here
         optimization.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        with collective(f"step {step}'s gradient all-reduce (backward)", only_known=True):
+            loss.backward()
         optimization.optimizer.step()
         if optimization.scheduler_interval == "step":
             optimization.scheduler.step()
@@ -299,7 +298,8 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
         if progress:
             progress.step(position.step_in_epoch, position.step,
                           lambda: _progress_numbers(run, position, stats, started))
-        reason = agree(run.stop.reason, parts.control)
+        with collective(f"the stop vote after step {position.step}"):
+            reason = agree(run.stop.reason, parts.control)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
         if reason is not StopReason.NONE or (periodic and not last):
             if started is not None:
@@ -336,7 +336,8 @@ def _diverged(run: Run, parts: Parts, *losses: float) -> bool:
     rank decides the same before a checkpoint is written. Called only where the loop synchronizes anyway."""
     weights = [p.detach() for p in parts.model.parameters()]
     finite = all(math.isfinite(x) for x in losses) and bool(torch.stack([w.isfinite().all() for w in weights]).all())
-    return agree(StopReason.NONE if finite else StopReason.DIVERGED, parts.control) is StopReason.DIVERGED
+    with collective("the divergence vote"):
+        return agree(StopReason.NONE if finite else StopReason.DIVERGED, parts.control) is StopReason.DIVERGED
 
 
 def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats) -> dict[str, Any]:
@@ -621,24 +622,30 @@ def _all_hostnames(env: DistEnv) -> list[str]:
     if not env.is_distributed:
         return [host]
     hosts: list[Any] = [None] * env.world_size
-    dist.all_gather_object(hosts, host)
+    with collective("the start-up exchange of host names"):
+        dist.all_gather_object(hosts, host)
     return sorted(set(hosts))
 
 
 def _wrap(model: nn.Module, run: Run) -> nn.Module:
     if run.strategy == "ddp" and run.env.is_distributed:
-        if run.device.type == "cuda":
-            return nn.parallel.DistributedDataParallel(model, device_ids=[run.device.index])
-        # On CPU the resume contract is bitwise. DDP regroups its gradient buckets after the first step of every
-        # process, and gloo's sum order depends on the grouping, so a resumed run's first step would reduce in a
-        # different order than the uninterrupted run's. find_unused_parameters keeps the initial grouping for
-        # good (at the cost of one autograd-graph walk per step, small next to a CPU step).
-        wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
-        _drop_first_forward_stderr(wrapped, UNUSED_PARAMETERS_WARNING)
-        return wrapped
+        with collective("DDP's start-up broadcast of the model", only_known=True):
+            return _ddp(model, run)
     if run.strategy == "dp":
         return nn.DataParallel(model)
     return model
+
+
+def _ddp(model: nn.Module, run: Run) -> nn.Module:
+    if run.device.type == "cuda":
+        return nn.parallel.DistributedDataParallel(model, device_ids=[run.device.index])
+    # On CPU the resume contract is bitwise. DDP regroups its gradient buckets after the first step of every
+    # process, and gloo's sum order depends on the grouping, so a resumed run's first step would reduce in a
+    # different order than the uninterrupted run's. find_unused_parameters keeps the initial grouping for
+    # good (at the cost of one autograd-graph walk per step, small next to a CPU step).
+    wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    _drop_first_forward_stderr(wrapped, UNUSED_PARAMETERS_WARNING)
+    return wrapped
 
 
 def _drop_first_forward_stderr(module: nn.Module, text: str) -> None:
@@ -674,7 +681,8 @@ def _control_group(run: Run) -> Any:
     """A gloo group for the per-step stop vote, so it never waits on the GPU stream (NCCL would)."""
     if not run.env.is_distributed:
         return None
-    return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+    with collective("creating the stop vote's gloo group"):
+        return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
 
 def _elapsed(started: float, device: torch.device) -> float:
@@ -686,7 +694,8 @@ def _elapsed(started: float, device: torch.device) -> float:
 def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> float:
     both = torch.stack([total.double(), torch.tensor(float(count), device=device, dtype=torch.float64)])
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(both)
+        with collective("the epoch's training-loss average"):
+            dist.all_reduce(both)
     return float(both[0] / both[1]) if both[1] > 0 else float("nan")
 
 
@@ -713,7 +722,8 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
         sums[2] += (top == target.unsqueeze(1)).any(dim=1).sum()
         sums[3] += (target >= 0).sum()
     if run.env.is_distributed:
-        dist.all_reduce(sums)
+        with collective("evaluation's all-reduce"):
+            dist.all_reduce(sums)
     n = max(float(sums[3]), 1.0)
     return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
             "test_images": int(sums[3])}
@@ -728,7 +738,8 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
     per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum}
     if run.env.is_distributed:
         gathered: list[Any] = [None] * run.env.world_size
-        dist.all_gather_object(gathered, per_rank)
+        with collective(f"the checkpoint's gather of rank states at step {position.step}"):
+            dist.all_gather_object(gathered, per_rank)
     else:
         gathered = [per_rank]
     if run.is_main:
@@ -753,7 +764,8 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
         if run.writer is not None and durable:
             run.writer.wait()
     if run.env.is_distributed:
-        dist.barrier()  # nobody runs ahead of the save (or exits before a durable one)
+        with collective(f"the barrier after the checkpoint at step {position.step}"):
+            dist.barrier()  # nobody runs ahead of the save (or exits before a durable one)
 
 
 def _restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[str, Any]) -> Position:
@@ -815,11 +827,13 @@ def evaluate_checkpoint(cfg: TrainConfig) -> dict[str, float]:
     run = Run(cfg, recipe, env, device, strategy, Path(cfg.run_dir), None)
     with run.stop:
         init_process_group(env, device, cfg.dist_timeout)
+        announce(env)
         try:
             model = recipe.build_model().to(device)
             model.load_state_dict(point.state["model"])
             data = recipe.data_source(cfg, device, env)
-            scores = evaluate(run, Parts(data, None, model, model, None, None, None))  # type: ignore[arg-type]
+            with peer_failures(env, cfg.dist_timeout):
+                scores = evaluate(run, Parts(data, None, model, model, None, None, None))  # type: ignore[arg-type]
         finally:
             destroy_process_group()
     top5 = f", top-5 {100 * scores['test_top5']:.2f}%" if recipe.reports_top5 else ""
