@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import threading
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 # The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down).
 pytest_plugins = ["slurm_fixtures", "k8s_fixtures"]
 
-FASHION_MNIST_SOURCE = Path("/usr/share/datasets/fashion-mnist")
+# Debian's package; a machine without it (the GPU machine of benchmarks/gpu_check.sh) names a copy.
+FASHION_MNIST_SOURCE = Path(os.environ.get("HPCTRAIN_TEST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"))
 FASHION_MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",

