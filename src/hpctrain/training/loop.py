@@ -39,7 +39,7 @@ from hpctrain.training.data_source import DataSource
 from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
-from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, write_stop_reason
+from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, vote_group, write_stop_reason
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
@@ -671,10 +671,11 @@ def _drop_first_forward_stderr(module: nn.Module, text: str) -> None:
 
 
 def _control_group(run: Run) -> Any:
-    """A gloo group for the per-step stop vote, so it never waits on the GPU stream (NCCL would)."""
+    """The per-step stop vote's group (a gloo one, so it never waits on the GPU stream), made here at setup, a
+    point every rank passes, rather than at the first vote."""
     if not run.env.is_distributed:
         return None
-    return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+    return vote_group()
 
 
 def _elapsed(started: float, device: torch.device) -> float:
