@@ -185,3 +185,31 @@ def test_jpeg_with_a_good_header_and_truncated_data(photo_folders: Path, tmp_pat
     batches = _loader(backend, data, skip=True).eval_batches(1, 0, 8)
     list(batches)
     assert batches.bad_images == [str(bad)]
+
+
+def test_what_dali_pickles_to_each_spawned_worker_grows_with_the_paths_bytes_not_the_longest_path() -> None:
+    """DALI starts its Python workers with spawn on a GPU and pickles the feed (the whole image list with it) to each
+    of them, once per pass. Synthetic ImageNet-like listing, one long path among them: what is pickled must be about
+    the paths' UTF-8 bytes plus a few 8-byte numbers per sample (offset, label, this pass's index), whereas a
+    fixed-width unicode array costs 4 bytes x the longest path for every sample (here ~25 times more)."""
+    import pickle
+
+    import numpy as np
+
+    from hpctrain.data.backends.dali import DaliFeed
+    from hpctrain.data.backends.encoded import RequestTable
+    from hpctrain.data.imagefolder import ImageSet
+    from hpctrain.data.packed import PackedStrings
+
+    n = 20_000
+    paths = [f"/datasets/imagenet/train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG" for i in range(n)]
+    paths[n // 2] = "/datasets/imagenet/train/" + "deep/" * 60 + "long.JPEG"
+    images = ImageSet("/datasets/imagenet/train", PackedStrings.of(paths), np.arange(n, dtype=np.int64) % 1000,
+                      tuple(f"n{c:08d}" for c in range(1000)))
+    table = RequestTable.of(1, [tuple(range(start, min(start + 256, n))) for start in range(0, n, 256)])
+    feed = DaliFeed(images, TRAIN_CROP, 3, table)
+    path_bytes = sum(len(p.encode()) for p in paths)
+    pickled = len(pickle.dumps(feed))
+    assert pickled <= path_bytes + 32 * n + 64 * 1024, (pickled, path_bytes)
+    clone = pickle.loads(pickle.dumps(feed))
+    assert clone.images.name(n // 2) == paths[n // 2] and clone.images.name(7) == paths[7]
