@@ -374,6 +374,7 @@ def setup_run(cfg: TrainConfig) -> Run:
     check_dist_backend(cfg, device)
     strategy = resolve_strategy(cfg.strategy, env, device)
     torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
+    torch.backends.cudnn.benchmark = cudnn_benchmark(recipe, device)
     run_dir = Path(cfg.run_dir)
     # Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
     # ones it moves aside) cannot change under it. A directory that does not exist yet holds nothing to resume and
@@ -668,6 +669,12 @@ def _drop_first_forward_stderr(module: nn.Module, text: str) -> None:
     hooks = contextlib.ExitStack()
     hooks.callback(module.register_forward_pre_hook(start).remove)
     hooks.callback(module.register_forward_hook(stop, always_call=True).remove)
+
+
+def cudnn_benchmark(recipe: Any, device: torch.device) -> bool:
+    """Whether cuDNN should time its algorithms and pick the fastest: the recipe says (`Recipe.cudnn_benchmark`),
+    on CUDA devices only; off elsewhere, so a CPU run (the exact-resume tests) never depends on it."""
+    return bool(recipe.cudnn_benchmark) and device.type == "cuda"
 
 
 def _control_group(run: Run) -> Any:
