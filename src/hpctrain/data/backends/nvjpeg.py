@@ -149,8 +149,8 @@ def crop_resize_batch(pictures: Sequence[torch.Tensor], boxes: torch.Tensor, siz
         box = boxes[chosen].double()
         with warnings.catch_warnings():  # torch calls its nested tensors a prototype; padding a list is all we use
             warnings.simplefilter("ignore", UserWarning)
-            stacked = torch.nested.nested_tensor([pictures[i] for i in group]).to_padded_tensor(0)
-        stacked = stacked.float()
+            stacked = torch.nested.nested_tensor([pictures[i] for i in group], dtype=torch.float32)
+        stacked = stacked.to_padded_tensor(0.0)  # (k, 3, tallest, widest): a float32 copy, the only one
         rows = _resize_weights(box[:, 0], box[:, 2], stacked.shape[2], height)
         columns = _resize_weights(box[:, 1], box[:, 3], stacked.shape[3], width)
         columns = torch.where(box[:, 4, None, None] != 0, columns.flip(1), columns)
