@@ -185,3 +185,114 @@ def test_jpeg_with_a_good_header_and_truncated_data(photo_folders: Path, tmp_pat
     batches = _loader(backend, data, skip=True).eval_batches(1, 0, 8)
     list(batches)
     assert batches.bad_images == [str(bad)]
+
+
+def test_what_dali_pickles_to_each_spawned_worker_grows_with_the_paths_bytes_not_the_longest_path() -> None:
+    """DALI starts its Python workers with spawn on a GPU and pickles the feed (the whole image list with it) to each
+    of them, once per pass. Synthetic ImageNet-like listing, one long path among them: what is pickled must be about
+    the paths' UTF-8 bytes plus a few 8-byte numbers per sample (offset, label, this pass's index), whereas a
+    fixed-width unicode array costs 4 bytes x the longest path for every sample (here ~25 times more)."""
+    import pickle
+
+    import numpy as np
+
+    from hpctrain.data.backends.dali import DaliFeed
+    from hpctrain.data.backends.encoded import RequestTable
+    from hpctrain.data.imagefolder import ImageSet
+    from hpctrain.data.packed import PackedStrings
+
+    n = 20_000
+    paths = [f"/datasets/imagenet/train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG" for i in range(n)]
+    paths[n // 2] = "/datasets/imagenet/train/" + "deep/" * 60 + "long.JPEG"
+    images = ImageSet("/datasets/imagenet/train", PackedStrings.of(paths), np.arange(n, dtype=np.int64) % 1000,
+                      tuple(f"n{c:08d}" for c in range(1000)))
+    table = RequestTable.of(1, [tuple(range(start, min(start + 256, n))) for start in range(0, n, 256)])
+    feed = DaliFeed(images, TRAIN_CROP, 3, table)
+    path_bytes = sum(len(p.encode()) for p in paths)
+    pickled = len(pickle.dumps(feed))
+    assert pickled <= path_bytes + 32 * n + 64 * 1024, (pickled, path_bytes)
+    clone = pickle.loads(pickle.dumps(feed))
+    assert clone.images.name(n // 2) == paths[n // 2] and clone.images.name(7) == paths[7]
+
+
+def _old_crop_resize(picture: torch.Tensor, box: list[int], size: tuple[int, int]) -> torch.Tensor:
+    """The nvjpeg backend's former per-image path (a dozen tensor operations per image), the reference."""
+    top, left, height, width, flip = box
+    patch = picture[:, top : top + height, left : left + width].unsqueeze(0).float()
+    resized = torch.nn.functional.interpolate(patch, size=size, mode="bilinear", antialias=True,
+                                              align_corners=False)[0]
+    if flip:
+        resized = resized.flip(-1)
+    return resized.permute(1, 2, 0).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _random_crops(count: int, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Images of assorted sizes (smooth, like photographs, plus noise) and crop boxes, shrinking and enlarging."""
+    gen = torch.Generator().manual_seed(seed)
+    pictures, boxes = [], []
+    for _ in range(count):
+        h, w = (int(v) for v in torch.randint(20, 160, (2,), generator=gen))
+        smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 6, 6, generator=gen) * 255, size=(h, w),
+                                                 mode="bicubic", align_corners=False)[0]
+        pictures.append((smooth + torch.randn(3, h, w, generator=gen) * 20).round().clamp(0, 255).to(torch.uint8))
+        ch, cw = (int(torch.randint(1, side + 1, (1,), generator=gen)) for side in (h, w))
+        top, left = int(torch.randint(0, h - ch + 1, (1,), generator=gen)), int(torch.randint(0, w - cw + 1, (1,),
+                                                                                             generator=gen))
+        boxes.append((top, left, ch, cw, int(torch.randint(0, 2, (1,), generator=gen))))
+    return pictures, torch.tensor(boxes, dtype=torch.int64)
+
+
+def test_nvjpeg_batched_crop_resize_equals_the_per_image_path() -> None:
+    """The batched resize (two matrix products with torch's antialiasing weights) against the former per-image
+    F.interpolate path: the same pixels, except a value on a rounding tie (x.5) may land one level apart (the sums
+    run in another order)."""
+    from hpctrain.data.backends import nvjpeg
+
+    pictures, boxes = _random_crops(40, seed=5)
+    size = (32, 48)
+    batched = nvjpeg.crop_resize_batch(pictures, boxes, size)
+    reference = torch.stack([_old_crop_resize(p, b, size) for p, b in zip(pictures, boxes.tolist())])
+    difference = (batched.int() - reference.int()).abs()
+    assert difference.max() <= 1
+    assert (difference == 0).float().mean() > 0.999
+
+
+def test_nvjpeg_batched_crop_resize_groups_images_to_bound_the_padding(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.data.backends import nvjpeg
+
+    pictures, boxes = _random_crops(12, seed=6)
+    whole = nvjpeg.crop_resize_batch(pictures, boxes, (24, 24))
+    monkeypatch.setattr(nvjpeg, "PADDED_BYTES", 160 * 160 * 3 * 4 * 2)  # two of the largest images per group
+    shapes = [tuple(p.shape[1:]) for p in pictures]
+    groups = nvjpeg._size_groups(shapes)
+    assert len(groups) > 1 and sorted(i for g in groups for i in g) == list(range(12))
+    for group in groups:
+        assert len(group) * max(shapes[i][0] for i in group) * max(shapes[i][1] for i in group) * 12 <= \
+            nvjpeg.PADDED_BYTES
+    assert torch.equal(nvjpeg.crop_resize_batch(pictures, boxes, (24, 24)), whole)
+
+
+def test_nvjpeg_crop_resize_makes_as_many_torch_calls_for_64_images_as_for_4() -> None:
+    """The training thread's work per batch must not grow with the batch size in Python: counted here as the torch
+    functions called from Python (each a kernel launch or more on a GPU), for 4 and for 64 images. Reading a
+    tensor's attributes (`.shape`: each image's size, once per image) launches nothing and is not counted."""
+    from torch.overrides import TorchFunctionMode
+
+    from hpctrain.data.backends import nvjpeg
+
+    class CountCalls(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if getattr(func, "__name__", "") != "__get__":
+                CountCalls.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for count in (4, 64):
+        pictures, boxes = _random_crops(count, seed=count)
+        CountCalls.calls = 0
+        with CountCalls():
+            nvjpeg.crop_resize_batch(pictures, boxes, (32, 32))
+        counts.append(CountCalls.calls)
+    assert counts[0] == counts[1]

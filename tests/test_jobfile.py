@@ -111,3 +111,31 @@ def test_yaml_syntax_errors_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not valid YAML") as err:
         load_job_file(path)
     assert "\n" not in str(err.value)
+
+
+def test_toml_job_files_read_on_python_3_10_through_tomli(tmp_path: Path) -> None:
+    """pyproject says Python >= 3.10, where the standard library has no tomllib. Only 3.11 runs here, so a child
+    interpreter is made to look like 3.10: tomllib hidden, sys.version_info 3.10, and `tomli` offered (tomllib is
+    tomli 2.0 taken into the standard library, with the same loads/TOMLDecodeError; the real tomli is not installed
+    here). What is checked for real: that hpctrain imports and reads a TOML job file, and rejects a bad one, that way."""
+    good, bad = tmp_path / "job.toml", tmp_path / "bad.toml"
+    good.write_text('name = "demo"\ncommand = ["python", "train.py"]\n')
+    bad.write_text("name = \n")
+    code = (
+        "import sys, tomllib\n"
+        "sys.modules['tomli'] = tomllib\n"
+        "sys.modules['tomllib'] = None\n"
+        "sys.version_info = (3, 10, 14, 'final', 0)\n"
+        "from hpctrain.errors import UserError\n"
+        "from hpctrain.jobs import load_job_file\n"
+        "print(load_job_file(sys.argv[1])['name'])\n"
+        "try:\n"
+        "    load_job_file(sys.argv[2])\n"
+        "except UserError as err:\n"
+        "    print(err)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(good), str(bad)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "demo" and "is not valid TOML" in lines[1]

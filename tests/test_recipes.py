@@ -343,3 +343,16 @@ def test_fast_recipe_trains_on_fewer_images_than_one_batch(fashion_data_dir):
     data = recipe.load_data("fashion-mnist", str(fashion_data_dir), CPU, 100)
     model = train(recipe, data, epochs=1, batch_size=256, lr=0.2)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_cudnn_benchmark_is_the_recipes_choice_and_only_on_cuda() -> None:
+    """ImageNet's convolutional recipes time cuDNN's algorithms (a few fixed input shapes); MNIST's does not; and
+    never off CUDA. What runs here: the decision; the flag's effect needs a GPU."""
+    from hpctrain.training.loop import cudnn_benchmark
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    for recipe in ("fast", "classic"):
+        assert cudnn_benchmark(get_recipe("imagenet", recipe), cuda) is True
+        assert cudnn_benchmark(get_recipe("imagenet", recipe), cpu) is False
+    for recipe in ("fast", "classic"):
+        assert cudnn_benchmark(get_recipe("mnist", recipe), cuda) is False

@@ -11,8 +11,9 @@ Layouts understood (the ones ImageNet users have):
 
 Class indices are always the training set's: class folder names sorted, as torchvision does, so a checkpoint's
 outputs mean the same classes whatever the validation layout. Sample lists are sorted by path, so they are the
-same on every rank and every run. Paths and labels are held in numpy arrays, not lists of Python objects:
-forked data workers then share them without copy-on-read page duplication.
+same on every rank and every run. Paths and labels are held in flat numpy arrays (paths as `PackedStrings`), not
+lists of Python objects: forked data workers then share them without copy-on-read page duplication, and spawned
+ones (DALI's) receive each path's UTF-8 bytes, not a fixed-width unicode array sized by the longest path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.data.decode import BadImageError
+from hpctrain.data.packed import PackedStrings
 from hpctrain.errors import UserError
 
 # torchvision's IMG_EXTENSIONS, compared case-insensitively (ImageNet's files end in .JPEG).
@@ -39,7 +41,7 @@ class ImageSet:
     """Image files and their class indices, sorted by path."""
 
     root: str
-    paths: np.ndarray  # str, absolute
+    paths: PackedStrings  # absolute
     labels: np.ndarray  # int64, index into `classes`
     classes: tuple[str, ...]
 
@@ -48,11 +50,11 @@ class ImageSet:
 
     def name(self, index: int) -> str:
         """How sample `index` is named in messages (its path)."""
-        return str(self.paths[index])
+        return self.paths[index]
 
     def read(self, index: int) -> bytes:
         """The encoded bytes of sample `index` (what a decoder needs); BadImageError if they cannot be read."""
-        path = str(self.paths[index])
+        path = self.paths[index]
         try:
             with open(path, "rb") as f:
                 return f.read()
@@ -124,7 +126,7 @@ def scan_class_folders(root: str | os.PathLike, classes: tuple[str, ...] | None 
             )
         paths.extend(files)
         labels.extend([index[name]] * len(files))
-    return ImageSet(str(root), np.array(paths), np.array(labels, dtype=np.int64), classes)
+    return ImageSet(str(root), PackedStrings.of(paths), np.array(labels, dtype=np.int64), classes)
 
 
 def scan_validation(val_dir: Path, classes: tuple[str, ...], labels_file: str | os.PathLike | None) -> ImageSet:
@@ -167,7 +169,7 @@ def read_flat_validation(val_dir: Path, labels_file: Path, classes: tuple[str, .
         )
     if not files:
         raise UserError(f"{val_dir}: no images ({', '.join(IMAGE_EXTENSIONS)}) in the validation folder")
-    return ImageSet(str(val_dir), np.array(files), np.array([labelled[p] for p in files], dtype=np.int64), classes)
+    return ImageSet(str(val_dir), PackedStrings.of(files), np.array([labelled[p] for p in files], dtype=np.int64), classes)
 
 
 def _parse_label_file(path: Path, text: str, classes: tuple[str, ...]) -> list[tuple[str, int]]:

@@ -44,6 +44,7 @@ import numpy as np
 
 from hpctrain.data.decode import BadImageError
 from hpctrain.data.imagefolder import ImageSet, find_image_folders
+from hpctrain.data.packed import PackedStrings
 from hpctrain.errors import UserError
 from hpctrain.fsutil import fsync_dir, write_atomic
 
@@ -79,7 +80,7 @@ class ShardImages:
     offsets: np.ndarray  # int64, byte offset of the image data in its shard
     sizes: np.ndarray  # int64
     labels: np.ndarray  # int64, index into `classes`
-    paths: np.ndarray  # str, the original path relative to SRC
+    paths: PackedStrings  # the original path relative to SRC
     classes: tuple[str, ...]
     _files: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # pid -> {shard: fd}
 
@@ -156,7 +157,7 @@ def open_prepared(path: str | os.PathLike) -> PreparedData:
         splits[split] = ShardImages(
             str(root), names, np.asarray(samples["shard"], dtype=np.int32),
             np.asarray(samples["offset"], dtype=np.int64), np.asarray(samples["size"], dtype=np.int64),
-            np.asarray(samples["label"], dtype=np.int64), np.asarray(samples["path"], dtype=str),
+            np.asarray(samples["label"], dtype=np.int64), PackedStrings.of(samples["path"]),
             tuple(entry["classes"]))
     if "train" not in splits:
         raise UserError(f"{root}/{INDEX_NAME} has no train split; {PREPARE_HINT}")

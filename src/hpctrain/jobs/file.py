@@ -15,13 +15,18 @@ always for Kubernetes.
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import known_keys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser as published before it joined the standard library
+    import tomli as tomllib
 
 MAX_JOB_FILE_BYTES = 1 << 20
 SUFFIXES = (".toml", ".yaml", ".yml")

@@ -80,6 +80,10 @@ class Recipe(ABC):
     datasets: tuple[str, ...]
     reports_top5 = False  # evaluation records top-5 accuracy too (many-class workloads)
     keeps_best = False  # keep checkpoint_best.pt (the best test accuracy) beside the newest checkpoints
+    # torch.backends.cudnn.benchmark on CUDA: cuDNN times its convolution algorithms once per input shape and keeps
+    # the fastest. Worth it for convolutional models fed a few fixed shapes; its choice may differ between attempts,
+    # so GPU weights are not bitwise reproducible across a resume (README: Checkpoints and exact resume).
+    cudnn_benchmark = False
 
     def for_config(self, cfg: TrainConfig) -> Recipe:
         """The recipe as this run's options shape it (model architecture, image sizes); default: unchanged."""

@@ -38,7 +38,7 @@ from hpctrain.training.data_source import DataSource
 from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
-from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, write_stop_reason
+from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, vote_group, write_stop_reason
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
@@ -375,6 +375,7 @@ def setup_run(cfg: TrainConfig) -> Run:
     check_dist_backend(cfg, device)
     strategy = resolve_strategy(cfg.strategy, env, device)
     torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
+    torch.backends.cudnn.benchmark = cudnn_benchmark(recipe, device)
     run_dir = Path(cfg.run_dir)
     # Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
     # ones it moves aside) cannot change under it. A directory that does not exist yet holds nothing to resume and
@@ -677,12 +678,19 @@ def _drop_first_forward_stderr(module: nn.Module, text: str) -> None:
     hooks.callback(module.register_forward_hook(stop, always_call=True).remove)
 
 
+def cudnn_benchmark(recipe: Any, device: torch.device) -> bool:
+    """Whether cuDNN should time its algorithms and pick the fastest: the recipe says (`Recipe.cudnn_benchmark`),
+    on CUDA devices only; off elsewhere, so a CPU run (the exact-resume tests) never depends on it."""
+    return bool(recipe.cudnn_benchmark) and device.type == "cuda"
+
+
 def _control_group(run: Run) -> Any:
-    """A gloo group for the per-step stop vote, so it never waits on the GPU stream (NCCL would)."""
+    """The per-step stop vote's group (a gloo one, so it never waits on the GPU stream), made here at setup, a
+    point every rank passes, rather than at the first vote."""
     if not run.env.is_distributed:
         return None
     with collective("creating the stop vote's gloo group"):
-        return dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+        return vote_group()
 
 
 def _elapsed(started: float, device: torch.device) -> float:

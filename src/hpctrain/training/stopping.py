@@ -131,16 +131,77 @@ class StopRequest:
 
 def agree(local: StopReason, group: object = None) -> StopReason:
     """Every rank learns the strongest stop reason any rank has seen: one small all-reduce when a process group is
-    initialized, nothing otherwise. Call it at the same point (a step boundary) on every rank. Pass a gloo group
-    when the default one is NCCL, so the vote does not wait for the GPU."""
+    initialized, nothing otherwise. Call it at the same point (a step boundary) on every rank.
+
+    Right on any backend by construction: without `group`, the vote goes over `vote_group()` (the default group if
+    it can all-reduce CPU tensors, else a gloo side group made once, here, on the first vote); with a `group`, the
+    vote's tensor is put on a device that group's backend accepts (`vote_device_type`), e.g. the current GPU for an
+    NCCL group (which then costs a GPU synchronisation per call)."""
     import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return local
-    vote = torch.tensor([int(local)], dtype=torch.int64)
+    if group is None:
+        group = vote_group()
+    device_type = vote_device_type(dist.get_backend(group), _backend_capability())
+    device = torch.device(device_type, _current_index(device_type)) if device_type != "cpu" else torch.device("cpu")
+    vote = torch.tensor([int(local)], dtype=torch.int64, device=device)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
     return StopReason(int(vote.item()))
+
+
+# The side group `vote_group` made, with the default group it was made for (a new default group, after
+# destroy_process_group + init_process_group, needs a new one).
+_side_group: tuple[object, object] | None = None
+
+
+def vote_group() -> object:
+    """The group the stop vote runs on: the default group when its backend all-reduces CPU tensors (gloo, or
+    torch's "cpu:gloo,cuda:nccl"), else a gloo group over the same ranks, made on the first call and kept.
+
+    Why not vote on the GPU over NCCL: reading the vote back (`.item()`) waits for everything queued on the GPU,
+    so the CPU could no longer run ahead of the GPU by a step; a gloo vote costs a TCP round trip between hosts
+    instead, while the GPU keeps working. `new_group` is a collective: the first call must happen at the same point
+    on every rank (the first `agree`, or the training loop's setup, is such a point)."""
+    import torch.distributed as dist
+
+    global _side_group
+    world = dist.group.WORLD
+    if vote_device_type(dist.get_backend(world), _backend_capability()) == "cpu":
+        return world
+    if _side_group is None or _side_group[0] is not world:
+        _side_group = (world, dist.new_group(backend="gloo"))
+    return _side_group[1]
+
+
+def vote_device_type(backend: str, capability: dict[str, list[str]]) -> str:
+    """The device type for a collective's tensor on a group with this backend: "cpu" when the backend takes CPU
+    tensors, else the first device type it supports ("cuda" for nccl). `backend` is what
+    torch.distributed.get_backend returns: a name ("nccl") or a per-device list ("cpu:gloo,cuda:nccl");
+    `capability` is torch's table of the device types each backend name supports. An unknown name counts as CPU."""
+    backend = backend.lower()
+    if ":" in backend:
+        devices = [part.split(":", 1)[0].strip() for part in backend.split(",")]
+    else:
+        devices = capability.get(backend) or ["cpu"]
+    return "cpu" if "cpu" in devices else devices[0]
+
+
+def _backend_capability() -> dict[str, list[str]]:
+    import torch.distributed as dist
+
+    known = getattr(dist.Backend, "backend_capability", None)
+    return known if isinstance(known, dict) else {"gloo": ["cpu", "cuda"], "nccl": ["cuda"], "mpi": ["cpu", "cuda"]}
+
+
+def _current_index(device_type: str) -> int | None:
+    """This process's current device of that type (set by `torch.cuda.set_device` in init_process_group)."""
+    import torch
+
+    module = getattr(torch, device_type, None)
+    current = getattr(module, "current_device", None)
+    return int(current()) if callable(current) else None
 
 
 def hold_at_end() -> None:

@@ -4,19 +4,20 @@ DataLoader workers read each sample's encoded bytes and header and choose its cr
 batch's JPEGs as one concatenated byte tensor; no decoding happens there, except for the samples a GPU JPEG decoder
 does not take (PNGs and other formats, CMYK/YCCK JPEGs), which the CPU decoder crops as the cpu backend does. In the
 training process the JPEGs are decoded together by ``torchvision.io.decode_jpeg(list, device=...)`` (nvJPEG on a
-CUDA device, libjpeg-turbo on the CPU, which is how the tests run it), each decoded image's crop box is resized to
-the output size (bilinear with antialiasing, rounded back to uint8) and mirrored if its crop says so. The result is
-the uint8 NHWC batch every backend hands to `to_device`.
+CUDA device, libjpeg-turbo on the CPU, which is how the tests run it), and the crop boxes are resized to the output
+size (bilinear with antialiasing, rounded back to uint8) and mirrored where the crop says so, for the whole batch at
+once (`crop_resize_batch`: a few batched operations, not a dozen kernels per image launched from the training
+thread). The result is the uint8 NHWC batch every backend hands to `to_device`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from hpctrain.data.backends.encoded import read_window
 from hpctrain.data.decode import BadImageError, decode_crop
@@ -116,24 +117,75 @@ def decode_batch(batch: EncodedBatch, dataset: EncodedBatchDataset, epoch: int, 
             pictures = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
         except RuntimeError:  # one of them is broken: decode one by one, the CPU decoder judges the failures
             pictures = [_decode_one(jpeg, device) for jpeg in jpegs]
-        size = tuple(out.shape[1:3])
-        for slot, box, picture in zip(batch.jpeg_slots.tolist(), batch.boxes.tolist(), pictures):
-            if picture is None:
-                index = int(batch.indices[slot])
-                _decode_on_cpu(dataset, index, epoch, slot, out, labels, bad)
-            else:
-                out[slot] = crop_resize(picture, box, size)  # type: ignore[arg-type]
+        slots = batch.jpeg_slots
+        decoded = [i for i, picture in enumerate(pictures) if picture is not None]
+        if decoded:
+            chosen = torch.tensor(decoded, dtype=torch.int64)
+            out[slots[chosen].to(device)] = crop_resize_batch([pictures[i] for i in decoded], batch.boxes[chosen],
+                                                              tuple(out.shape[1:3]))  # type: ignore[arg-type]
+        for i in sorted(set(range(len(pictures))) - set(decoded)):  # rare: JPEGs the device decoder rejected
+            slot = int(slots[i])
+            _decode_on_cpu(dataset, int(batch.indices[slot]), epoch, slot, out, labels, bad)
     return Batch(out, labels, tuple(bad))
 
 
-def crop_resize(picture: torch.Tensor, box: Sequence[int], size: tuple[int, int]) -> torch.Tensor:
-    """uint8 (3, H, W) -> the box (top, left, height, width, flip) resized to `size`, as uint8 (h, w, 3)."""
-    top, left, height, width, flip = box
-    patch = picture[:, top : top + height, left : left + width].unsqueeze(0).float()
-    resized = F.interpolate(patch, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
-    if flip:
-        resized = resized.flip(-1)
-    return resized.permute(1, 2, 0).round_().clamp_(0, 255).to(torch.uint8)
+# Most bytes of float32 input pixels one `crop_resize_batch` step pads its images to (several steps otherwise).
+PADDED_BYTES = 512 * 1024 * 1024
+
+
+def crop_resize_batch(pictures: Sequence[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 (3, H_i, W_i) images of any sizes and their boxes (k, 5: top, left, height, width, flip) -> each box
+    resized to `size` (bilinear with antialiasing, as ``F.interpolate(..., antialias=True)``) and mirrored where
+    flip is set, as uint8 (k, h, w, 3). A few batched operations for the whole batch, not a dozen per image: a
+    separable resize is two matrix products, rows = Wy @ image @ Wx^T, whose weights hold the crop window and the
+    mirroring, so the images are only stacked (padded with zeros that get weight 0), never cut one by one.
+    Images are grouped by size so that padding stays under PADDED_BYTES per group."""
+    height, width = size
+    device = pictures[0].device
+    result = torch.empty((len(pictures), height, width, 3), dtype=torch.uint8, device=device)
+    boxes = boxes.to(device)
+    for group in _size_groups([tuple(p.shape[1:]) for p in pictures]):
+        chosen = torch.tensor(group, dtype=torch.int64, device=device)
+        box = boxes[chosen].double()
+        with warnings.catch_warnings():  # torch calls its nested tensors a prototype; padding a list is all we use
+            warnings.simplefilter("ignore", UserWarning)
+            stacked = torch.nested.nested_tensor([pictures[i] for i in group], dtype=torch.float32)
+        stacked = stacked.to_padded_tensor(0.0)  # (k, 3, tallest, widest): a float32 copy, the only one
+        rows = _resize_weights(box[:, 0], box[:, 2], stacked.shape[2], height)
+        columns = _resize_weights(box[:, 1], box[:, 3], stacked.shape[3], width)
+        columns = torch.where(box[:, 4, None, None] != 0, columns.flip(1), columns)
+        resized = rows.unsqueeze(1) @ stacked @ columns.transpose(1, 2).unsqueeze(1)
+        result[chosen] = resized.permute(0, 2, 3, 1).round_().clamp_(0, 255).to(torch.uint8)
+    return result
+
+
+def _resize_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
+    """(k, out_size, in_size) float32: output pixel i of window k is the weighted sum of input pixels, weights as in
+    torch's antialiased bilinear resize (PIL's): a triangle centred at start + (i + 0.5) * scale, half-width one
+    input pixel, `scale` times wider when shrinking, zero outside the window [start, start + length), rows summing
+    to one."""
+    scale = (length / out_size)[:, None, None]
+    centers = start[:, None, None] + scale * (torch.arange(out_size, dtype=torch.float64, device=start.device)[:, None]
+                                              + 0.5)
+    positions = torch.arange(in_size, dtype=torch.float64, device=start.device) + 0.5
+    weights = (1 - (positions - centers).abs() / scale.clamp(min=1.0)).clamp_(min=0)
+    weights *= (positions >= start[:, None, None]) & (positions < (start + length)[:, None, None])
+    return (weights / weights.sum(-1, keepdim=True)).float()
+
+
+def _size_groups(shapes: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """Positions of `shapes` (H, W) in groups of similar size whose padded float32 RGB stack fits PADDED_BYTES."""
+    groups: list[list[int]] = []
+    tallest = widest = 0
+    for i in sorted(range(len(shapes)), key=lambda i: shapes[i]):
+        h, w = max(tallest, shapes[i][0]), max(widest, shapes[i][1])
+        if groups and (len(groups[-1]) + 1) * h * w * 3 * 4 <= PADDED_BYTES:
+            groups[-1].append(i)
+            tallest, widest = h, w
+        else:
+            groups.append([i])
+            tallest, widest = shapes[i]
+    return groups
 
 
 def _decode_one(jpeg: torch.Tensor, device: torch.device) -> torch.Tensor | None:

@@ -1,12 +1,12 @@
 """Parse Slurm GRES strings as sinfo and scontrol print them (node Gres=, GresUsed=, a job's GRES=).
 
-Forms seen in the field and on the local cluster (Slurm 22.05 up to current):
+Forms seen in the field and on the local cluster (Slurm 20.11 up to current; tests/data/slurm/ has them by version):
 
     gpu:2,shard:128                                   configured, untyped
     gpu:Quadro_RTX_4000:2,shard:Quadro_RTX_4000:128   configured, typed
     gpu:a100:4(S:0-1)                                 with socket affinity
-    gpu:1,shard:(null):1(IDX:0)                       in use (22.05): GPU indexes
-    gpu:Quadro_RTX_4000:1(IDX:0),shard:Quadro_RTX_4000:32(0/64,32/64)   in use (23.02+): shards per GPU
+    gpu:1,shard:(null):1(IDX:0)                       in use (22.05-23.02): GPU indexes
+    gpu:Quadro_RTX_4000:1(IDX:0),shard:Quadro_RTX_4000:32(0/64,32/64)   in use (23.11+): shards per GPU
     (null)                                            none
 
 Commas separate entries but also appear inside parentheses (`IDX:0-1,3`), so the split is done by hand.
@@ -134,9 +134,9 @@ def gres_count(entries: list[GresEntry], name: str) -> int:
 def node_usage(gres: str | None, gres_used: str | None) -> GpuUsage:
     """Combine a node's Gres= and GresUsed= into totals and use per GPU.
 
-    Shards in use are exact only when Slurm prints them per GPU (`32(0/64,32/64)`, Slurm 23.02+). Slurm 22.05
-    prints `shard:(null):1(IDX:0)`, where 1 counts GPUs that carry shards: then shards_used is None and the caller
-    fills it from the running jobs (see query.py)."""
+    Shards in use are exact only when Slurm prints them per GPU (`32(0/64,32/64)`, Slurm 23.11+). Slurm 22.05
+    and 23.02 print `shard:(null):1(IDX:0)`, where 1 counts GPUs that carry shards: then shards_used is None and
+    the caller fills it from the running jobs (see query.py)."""
     total = parse_gres(gres)
     used = parse_gres(gres_used)
     gpus_total = gres_count(total, "gpu")

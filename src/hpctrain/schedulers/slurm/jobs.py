@@ -84,8 +84,11 @@ def parse_exit_code(text: str | None) -> int | None:
 
 
 def _state_word(text: str | None) -> str:
-    # sacct says `CANCELLED by 0`; squeue and scontrol say CANCELLED.
-    return (text or "UNKNOWN").split()[0].upper() if (text or "").strip() else "UNKNOWN"
+    """Slurm's state word as it is, upper case: sacct says `CANCELLED by 0` where squeue and scontrol say CANCELLED,
+    and a column too narrow ends it with `+` (`CANCELLED+`). A state this module does not know (each Slurm release
+    may add one: RESV_DEL_HOLD in 20.11's list, EXPEDITING in 25.11) is kept as printed, never an error."""
+    words = (text or "").split()
+    return (words[0].upper().rstrip("+") or "UNKNOWN") if words else "UNKNOWN"
 
 
 def _user(text: str | None) -> str | None:
@@ -100,6 +103,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
         if "JobId" not in rec:
             continue
         state = _state_word(rec.get("JobState"))
+        stdout = null(rec.get("StdOut"))
         jobs.append(
             JobInfo(
                 job_id=rec["JobId"],
@@ -108,18 +112,18 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 reason=null(rec.get("Reason")) if null(rec.get("Reason")) != "None" else None,
                 nodes=null(rec.get("NodeList")),
                 num_nodes=parse_int(rec.get("NumNodes"), 0) or None,
-                elapsed_s=parse_duration(rec.get("RunTime")),
+                elapsed_s=_duration_or_none(rec.get("RunTime")),  # INVALID when the clocks disagree
                 restarts=parse_int(rec.get("Restarts")),
                 exit_code=parse_exit_code(rec.get("ExitCode")) if state in TERMINAL_STATES else None,
                 partition=null(rec.get("Partition")),
                 user=_user(rec.get("UserId")),
-                stdout=null(rec.get("StdOut")),
-                stderr=null(rec.get("StdErr")),
+                stdout=stdout,
+                stderr=null(rec.get("StdErr")) or stdout,  # 25.11 leaves StdErr= empty when it goes to StdOut
                 work_dir=null(rec.get("WorkDir")),
                 submit_time=null(rec.get("SubmitTime")),
                 start_time=null(rec.get("StartTime")) if rec.get("StartTime") != "Unknown" else None,
                 end_time=null(rec.get("EndTime")) if rec.get("EndTime") != "Unknown" else None,
-                time_limit_s=parse_duration(rec.get("TimeLimit")),
+                time_limit_s=_duration_or_none(rec.get("TimeLimit")),  # also Partition_Limit: none of its own
                 source="scontrol",
             )
         )

@@ -2,7 +2,8 @@
 
 Parsing is pure (`parse_partitions`, `parse_nodes`, `parse_shard_use`); `query_cluster` runs
 `scontrol show partition -o`, `scontrol -d show node -o` and, only where this Slurm does not print shards in use
-per GPU (22.05), `scontrol -d show job -o` to count them from the running jobs.
+per GPU (before 23.11), `scontrol -d show job -o` to count them from the running jobs. The forms each Slurm release
+prints, 20.11 to 25.11, are in tests/data/slurm/ with their sources.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class NodeInfo:
     @property
     def usable(self) -> bool:
         """Can take new work now (not down, drained, failing or powered off)."""
-        bad = ("down", "drain", "fail", "maint", "future", "power", "inval", "reboot", "not_responding")
+        bad = ("down", "drain", "fail", "maint", "future", "power", "inval", "reboot", "not_responding", "blocked")
         return not any(b in self.state for b in bad) and not self.state.endswith("*")
 
 
@@ -111,7 +112,8 @@ def parse_nodes(text: str) -> list[NodeInfo]:
         if "NodeName" not in rec:
             continue
         usage = node_usage(rec.get("Gres"), rec.get("GresUsed"))
-        cpus_total = parse_int(rec.get("CPUTot"))
+        # CPUEfctv (22.05+): CPUTot less the cores kept for the system (CoreSpecCount); 20.11 and 21.08 lack it.
+        cpus_total = parse_int(rec.get("CPUEfctv"), parse_int(rec.get("CPUTot")))
         out.append(
             NodeInfo(
                 name=rec["NodeName"],

@@ -27,6 +27,8 @@ SCRIPT_FILENAME = "job.sbatch"
 _STATES = {
     "PENDING": base.PENDING, "CONFIGURING": base.PENDING, "RUNNING": base.RUNNING, "COMPLETING": base.RUNNING,
     "REQUEUED": base.RESTARTING, "REQUEUE_HOLD": base.RESTARTING, "REQUEUE_FED": base.RESTARTING,
+    "EXPEDITING": base.RESTARTING,  # 25.11: an expedited requeue under way
+    "RESV_DEL_HOLD": base.PENDING,  # held: its reservation was deleted
     "RESIZING": base.RUNNING, "SIGNALING": base.RUNNING, "STAGE_OUT": base.RUNNING,
     "SUSPENDED": base.SUSPENDED, "STOPPED": base.SUSPENDED,
     "COMPLETED": base.SUCCEEDED, "CANCELLED": base.CANCELLED,
@@ -37,6 +39,8 @@ _STATES = {
 
 
 def neutral_state(slurm_state: str) -> str:
+    """A state this table does not know (a newer Slurm's) is UNKNOWN here; Slurm's own word is shown as it is by
+    `hpctrain status`."""
     return _STATES.get(slurm_state, base.UNKNOWN)
 
 

@@ -1,0 +1,89 @@
+"""The stop vote (`hpctrain.training.agree`) on a default group that cannot all-reduce CPU tensors, as NCCL on GPUs.
+
+NCCL cannot run here (no GPU). What runs for real: two processes whose default group is a real torch.distributed
+group over gloo's transport, registered under a backend name that declares only the "cuda" device
+(`Backend.register_backend(..., devices=["cuda"])`), so torch refuses a CPU tensor on it with the very error NCCL
+gives ("No backend type associated with device type cpu"). The vote must not send a CPU tensor there: the library
+makes its own gloo side group and votes on it. What does not run: a vote over a real NCCL group; for that case
+(a caller passing an NCCL group explicitly) only the device choice is checked, as the pure function
+`vote_device_type`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from hpctrain.training.stopping import vote_device_type
+from training_helpers import clean_environ
+
+WORKER = r"""
+import datetime, json, sys
+import torch.distributed as dist
+from hpctrain.training import StopReason, agree, vote_group
+
+def cuda_only(store, rank, size, timeout):  # gloo's transport, but torch knows it only for CUDA tensors, as NCCL
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+dist.Backend.register_backend("cudaonly", cuda_only, devices=["cuda"])
+rank = int(sys.argv[2])
+dist.init_process_group("cudaonly", init_method=sys.argv[1], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+first = agree(StopReason.PREEMPTED if rank == 1 else StopReason.NONE)
+second = agree(StopReason.NONE)
+group = vote_group()
+print(json.dumps({"default": dist.get_backend(), "vote_group": dist.get_backend(group),
+                  "same_group_again": group is vote_group(), "first": first.label, "second": second.label}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, str(script), init, str(rank)], env=clean_environ(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, err  # before the fix: "No backend type associated with device type cpu"
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    for result in results:
+        assert result == {"default": "cudaonly", "vote_group": "gloo", "same_group_again": True,
+                          "first": "preempted", "second": "none"}
+
+
+@pytest.mark.parametrize(
+    ("backend", "device_type"),
+    [
+        ("gloo", "cpu"),
+        ("nccl", "cuda"),  # an NCCL group passed to agree() explicitly: the vote's tensor goes to the GPU
+        ("NCCL", "cuda"),
+        ("cpu:gloo,cuda:nccl", "cpu"),  # torch's default for init_process_group() without a backend
+        ("cuda:nccl", "cuda"),
+        ("xccl", "xpu"),
+        ("mpi", "cpu"),
+        ("someone-elses-backend", "cpu"),
+    ],
+)
+def test_vote_device_follows_the_groups_backend(backend: str, device_type: str) -> None:
+    capability = {"gloo": ["cpu", "cuda"], "nccl": ["cuda"], "xccl": ["xpu"], "mpi": ["cpu", "cuda"]}
+    assert vote_device_type(backend, capability) == device_type
+
+
+def test_the_installed_torch_table_says_nccl_takes_only_gpu_tensors() -> None:
+    """The table agree() reads from torch itself: NCCL must map to the GPU there, gloo to the CPU."""
+    assert vote_device_type("nccl", dist.Backend.backend_capability) == "cuda"
+    assert vote_device_type("gloo", dist.Backend.backend_capability) == "cpu"
