@@ -53,7 +53,7 @@ def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: 
     results = []
     for proc in procs:
         try:
-            out, err = proc.communicate(timeout=120)
+            out, err = proc.communicate(timeout=600)
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
