@@ -117,6 +117,10 @@ class ImageNetRecipe(Recipe):
                                      self.num_classes, (sizes.train, sizes.train), cfg.seed, pin_memory=cuda)
         else:
             train, val = _encoded_images(cfg)
+            if cfg.workers is not None:
+                from hpctrain.launch.local import check_worker_count
+
+                check_worker_count("--workers", cfg.workers)
             workers = cfg.workers if cfg.workers is not None else default_workers(env.local_world_size)
             config = LoaderConfig(workers=workers, pin_memory=cuda, skip_bad_images=cfg.skip_bad_images,
                                   processes_per_node=env.local_world_size)

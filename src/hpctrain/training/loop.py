@@ -36,7 +36,7 @@ from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
 from hpctrain.training.data_source import DataSource
-from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
+from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
 from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, write_stop_reason
@@ -48,6 +48,8 @@ CHECKPOINT_FORMAT = "hpctrain-train-v1"
 LOCK_FILE = ".hpctrain.lock"
 # Files of the run directory that hpctrain writes itself: never through a symbolic link.
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE)
+# Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere.
+RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR)
 # What a `hpctrain train` checkpoint holds besides the model.
 TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
                     "config")
@@ -381,11 +383,13 @@ def setup_run(cfg: TrainConfig) -> Run:
     locked_first = env.rank == 0 and run_dir.is_dir()
     lock = _lock_run_dir(run_dir) if locked_first else None
     try:
+        if locked_first:  # before the checkpoints are read (and damaged ones moved aside) through a linked folder
+            refuse_symlinks(run_dir, RUN_DIRECTORIES)
         point = _resume_point(cfg, env)
         if env.rank == 0:
             if not locked_first:
                 lock = _lock_run_dir(run_dir)
-            refuse_symlinks(run_dir, RUN_FILES)
+            refuse_symlinks(run_dir, RUN_FILES + RUN_DIRECTORIES)
             if point is not None:
                 point.tidy(run_dir / CHECKPOINT_DIR)
     except BaseException:
