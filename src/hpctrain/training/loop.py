@@ -167,6 +167,7 @@ class EpochStats:
     images: int = 0
     seconds_before: float = 0.0  # training seconds the epoch had when this attempt took it up
     data_wait_seconds: float = 0.0  # this attempt's time spent waiting for training input
+    bad_images: list[str] = field(default_factory=list)  # this rank's unreadable images (--skip-bad-images)
 
 
 def _train(run: Run) -> RunResult:
@@ -312,9 +313,11 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
             _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
             if reason is not StopReason.NONE:
                 stats.data_wait_seconds = batches.wait_seconds
+                stats.bad_images = list(getattr(batches, "bad_images", []))
                 return reason, stats
             started = time.perf_counter()  # checkpoint writes do not count as training time
     stats.data_wait_seconds = batches.wait_seconds
+    stats.bad_images = list(getattr(batches, "bad_images", []))
     return StopReason.NONE, stats
 
 
@@ -348,6 +351,7 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
     scores = evaluate(run, parts)
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
+    skipped = _report_bad_images(run, stats.bad_images + scores.pop("bad_images")) if run.cfg.skip_bad_images else {}
     return {
         "epoch": position.epoch + 1,
         "step": position.step,
@@ -360,7 +364,22 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
         "data_wait_seconds": stats.data_wait_seconds,
         "world_size": run.env.world_size,
         "lr": optimization.optimizer.param_groups[0]["lr"],
+        **skipped,
     }
+
+
+def _report_bad_images(run: Run, names: list[str]) -> dict[str, int]:
+    """--skip-bad-images: how many images all ranks left out this epoch (training and evaluation), said with the
+    first few names (this rank's) and returned for the epoch's metrics record. A collective: every rank calls it."""
+    count = torch.tensor([float(len(names))], dtype=torch.float64, device=run.device)
+    if run.env.is_distributed:
+        dist.all_reduce(count)
+    total = int(count.item())
+    if total:
+        shown = ", ".join(names[:3]) + (" ..." if total > 3 else "")
+        run.say(f"skipped {total} unreadable image(s) this epoch (--skip-bad-images; counted in metrics.jsonl as "
+                f"bad_images): {shown}")
+    return {"bad_images": total}
 
 
 # ---------------------------------------------------------------- set-up
@@ -707,7 +726,8 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
     recipe = run.recipe
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # loss, top-1 hits, top-5 hits, samples
-    for images, target in parts.data.eval_batches(run.env.world_size, run.env.rank, run.cfg.test_batch_size):
+    batches = parts.data.eval_batches(run.env.world_size, run.env.rank, run.cfg.test_batch_size)
+    for images, target in batches:
         with recipe.autocast(run.device):
             output = recipe.predict(model, images)
         output = output.float()
@@ -720,7 +740,7 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
         dist.all_reduce(sums)
     n = max(float(sums[3]), 1.0)
     return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
-            "test_images": int(sums[3])}
+            "test_images": int(sums[3]), "bad_images": list(getattr(batches, "bad_images", []))}
 
 
 # ---------------------------------------------------------------- checkpoints
