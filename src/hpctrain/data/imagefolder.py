@@ -225,41 +225,42 @@ def _find_solution_file(val_dir: Path) -> Path:
 def _image_files(folder: Path) -> list[str]:
     """The image files under `folder`, following directory links (datasets are often assembled from links), sorted.
 
-    A link to a folder that encloses it (`ln -s .. loop`) would list the same images forever, and as another
-    class's: refused, naming the link. A folder reached a second time by another link is listed once."""
+    A link to a folder that encloses it (`ln -s .. loop`) would list the same images forever, and other classes'
+    images as this one's: refused, naming the link. A folder reached a second time (by another link, a bind mount)
+    is listed once, by the first path in name order."""
     found: list[str] = []
     visited: set[tuple[int, int]] = set()
-    pending = [(str(folder), frozenset[tuple[int, int]]())]
+    pending = [str(folder)]
     while pending:
-        directory, ancestors = pending.pop()
+        directory = pending.pop()
         try:
             info = os.stat(directory)
             entries = sorted(os.scandir(directory), key=lambda e: e.name, reverse=True)  # popped in name order
         except OSError:
             continue  # unreadable: skipped, as os.walk does
-        here = (info.st_dev, info.st_ino)
-        if here in visited:
+        if (info.st_dev, info.st_ino) in visited:
             continue
-        visited.add(here)
-        inside = ancestors | {here}
+        visited.add((info.st_dev, info.st_ino))
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             try:
-                target = entry.stat() if entry.is_dir() else None
-                key = (target.st_dev, target.st_ino) if target is not None else None
+                is_dir = entry.is_dir()
             except OSError:
-                continue  # a broken link
-            if key is None:
+                continue
+            if not is_dir:
                 if entry.name.lower().endswith(IMAGE_EXTENSIONS):
                     found.append(entry.path)
-            elif key in inside:
-                raise UserError(f"{entry.path} is a link to {os.readlink(entry.path) if entry.is_symlink() else '?'}, "
-                                "a folder that contains it: following it would list the same images forever; "
-                                "remove the link")
+            elif entry.is_symlink() and _encloses(os.path.realpath(entry.path), os.path.realpath(directory)):
+                raise UserError(f"{entry.path} is a link to {os.readlink(entry.path)}, a folder that contains it: "
+                                "following it would list images again and again, under this class; remove the link")
             else:
-                pending.append((entry.path, inside))
+                pending.append(entry.path)
     return sorted(os.path.abspath(p) for p in found)
+
+
+def _encloses(outer: str, inner: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
 def _some(names: list[str], limit: int = 3) -> str:

@@ -566,7 +566,10 @@ class _ShardWriter:
     def abandon(self) -> None:
         """After an error or an interruption: the unfinished shard is removed (complete ones stay for a rerun)."""
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:
+                pass  # flushing the rest fails on a full disk; the file goes anyway
         if self.temporary is not None:
             self.temporary.unlink(missing_ok=True)
         self.tar = self.file = self.temporary = None
