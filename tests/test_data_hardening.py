@@ -22,7 +22,7 @@ from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.shards import INDEX_NAME, PrepareConfig, open_prepared, verify
 from hpctrain.errors import UserError
 from hpctrain.fsutil import FileRefused, read_regular
-from image_fixtures import fashion_folders  # noqa: F401
+from image_fixtures import fashion_folders, train  # noqa: F401
 from training_helpers import hpctrain, tree_digest
 
 
@@ -198,6 +198,17 @@ def test_worker_counts_are_bounded_by_the_usable_cores(fashion_folders, tmp_path
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"--workers 100000: more than {limit} processes" in result.stderr and f"at most {limit}" in result.stderr
     assert tree_digest(tmp_path) == before
+
+
+def test_train_data_workers_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):  # noqa: F811
+    """Guards issue 17: `train imagenet -j 100000` was refused only for /dev/shm, suggesting "--workers 10710" on
+    2 cores."""
+    from hpctrain.launch.local import WORKERS_PER_CORE, available_cores
+
+    limit = WORKERS_PER_CORE * available_cores()
+    result = train(small_source(fashion_folders, tmp_path / "src"), tmp_path / "run", "-j", "100000", expect=2)
+    assert f"--workers 100000: more than {limit} processes" in result.stderr and "Traceback" not in result.stderr
+    assert "/dev/shm" not in result.stderr
 
 
 # ---------------------------------------------------------------- folder layout
