@@ -261,10 +261,11 @@ def _samples_problem(samples: object, shards: list[dict], num_classes: int) -> s
     lengths = {len(samples[c]) for c in columns}
     if len(lengths) != 1:
         return "the sample columns differ in length"
-    for column in columns[:4]:
-        if not all(_whole(v) for v in samples[column]):
+    for column in columns[:4]:  # set(map(type)), min and max run in C: ImageNet's 1.28M samples take milliseconds
+        values = samples[column]
+        if values and (set(map(type, values)) != {int} or min(values) < 0 or max(values) >= 2**62):
             return f"sample column {column} holds something other than whole numbers >= 0"
-    if not all(isinstance(p, str) for p in samples["path"]):
+    if set(map(type, samples["path"])) - {str}:
         return "sample column path holds something other than strings"
     shard = np.asarray(samples["shard"], dtype=np.int64)
     offset = np.asarray(samples["offset"], dtype=np.int64)
