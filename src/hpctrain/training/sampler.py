@@ -1,12 +1,12 @@
 """Which training samples each rank sees at each step: pure arithmetic on (seed, epoch, step).
 
 The global batch order of an epoch is one permutation drawn from a generator seeded by (seed, epoch), the same on
-every rank. Global batch k is split into world_size equal, disjoint slices, one per rank (a last partial batch of one sample per
-rank joins the batch before it: see steps_per_epoch). So, like
+every rank. Global batch k is split into world_size equal, disjoint slices, one per rank. So, like
 DistributedSampler: the ranks' shards are disjoint and together cover the epoch, and they are reshuffled every epoch
 by a shared seed. Unlike it, the order depends only on the global batch, not on the number of processes, so a
 4-process run and a 1-process run with the same global batch see the same batches, and a run resumed mid-epoch
-knows its position from the step counter alone.
+knows its position from the step counter alone. (One exception: a last partial batch of one sample per process
+joins the batch before it, see steps_per_epoch; whether that happens depends on the number of processes.)
 """
 
 from __future__ import annotations
