@@ -47,6 +47,14 @@ def test_public_key_is_found_or_refused(tmp_path: Path) -> None:
         find_public_key(private)
 
 
+def test_an_ssh_key_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """Guards issue 17: `--ssh-key /dev/zero` was read until memory ran out (a FIFO would hang)."""
+    os.mkfifo(tmp_path / "fifo.pub")
+    for given in (Path("/dev/zero"), tmp_path / "fifo.pub"):
+        with pytest.raises(UserError, match="--ssh-key .*: not a regular file"):
+            find_public_key(given)
+
+
 def test_sshd_config_lets_only_the_user_in_with_a_key(tmp_path: Path) -> None:
     text = render_sshd_config(tmp_path / "a 50% dir", "alice")
     assert f'AuthorizedKeysFile "{tmp_path}/a 50%% dir/authorized_keys"' in text

@@ -105,3 +105,22 @@ def test_build_and_an_invalid_file(tools: dict, tmp_path: Path) -> None:
     (tmp_path / "img" / "ubuntu_22.04.sif").write_bytes(b"")
     result = hpctrain("image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path / "img"), env=tools["env"])
     assert result.returncode == 2 and "not a valid .sif image" in result.stderr
+
+
+def test_a_definition_file_named_like_an_option_reaches_apptainer_as_a_file(tools: dict, tmp_path: Path) -> None:
+    """Guards issue 17: `image build --output x.sif -- --force` ran `apptainer build ... --force`, the file's name
+    read as an option. Paths now reach the tool as `./NAME` (the same file, never an option)."""
+    (tmp_path / "--force").write_text("Bootstrap: docker\nFrom: ubuntu:22.04\n")
+    result = hpctrain("image", "build", "--output", "x.sif", "--", "--force", env=tools["env"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [call] = calls(tools["log"])
+    assert call[-1] == "./--force" and not any(arg.startswith("-") for arg in call[2:])
+    assert image_format(tmp_path / "x.sif") == "sif"
+
+
+def test_pull_of_an_image_whose_file_name_is_too_long_is_a_clear_error(tools: dict, tmp_path: Path) -> None:
+    """Guards issue 17: `image pull docker://<300-character name>` died with OSError 'File name too long'."""
+    result = hpctrain("image", "pull", f"docker://{'a' * 300}", "--to", str(tmp_path / "img"), env=tools["env"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "more than the 255 this file system allows" in result.stderr and "--output FILE" in result.stderr
+    assert not tools["log"].exists() or not calls(tools["log"])

@@ -95,7 +95,7 @@ def test_an_endless_file_is_read_only_up_to_the_cap(tmp_path: Path, suffix: str)
     os.symlink("/dev/zero", endless)  # an uncapped read never returns: the memory limit makes that a failure
     result = submit_dry_run(endless, memory_limit=1 << 30)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and "larger than 1 MiB" in result.stderr
+    assert result.stderr.count("\n") == 1 and "not a regular file (a character device)" in result.stderr
 
 
 def test_a_file_at_the_cap_is_still_read(tmp_path: Path) -> None:
@@ -139,3 +139,35 @@ def test_toml_job_files_read_on_python_3_10_through_tomli(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "demo" and "is not valid TOML" in lines[1]
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "large"])
+def test_a_params_file_is_capped_and_must_be_a_regular_file(tmp_path: Path, kind: str) -> None:
+    """Guards issue 17: a `.params` job file -> /dev/zero was read forever and a 300 MB one took over a minute
+    (YAML/TOML were capped at 1 MiB, .params was not); a FIFO would hang. Same rules for every job file now."""
+    params = tmp_path / "job.params"
+    if kind == "dev-zero":
+        os.symlink("/dev/zero", params)
+    elif kind == "fifo":
+        os.mkfifo(params)
+    else:
+        with open(params, "wb") as handle:
+            handle.truncate(300 * MAX_JOB_FILE_BYTES)
+    result = submit_dry_run(params, memory_limit=1 << 30)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    expected = "is larger than 1 MiB" if kind == "large" else "not a regular file"
+    assert result.stderr.count("\n") == 1 and expected in result.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"worker_count=1\nname=caf\xff\n", "is not UTF-8 text (byte 0xff at offset 23); save it as UTF-8"),
+    (b"worker_count=1\nworker_memory=1e100000\n", "worker_memory='1e100000' is more than 1000000 GB"),
+])
+def test_params_file_values_that_tracebacked_are_clear_errors(tmp_path: Path, content: bytes, message: str) -> None:
+    """Guards issue 17: a .params file with byte 0xff (UnicodeDecodeError) and `worker_memory=1e100000`
+    (ValueError: integer string conversion limit) ended in tracebacks."""
+    params = tmp_path / "job.params"
+    params.write_bytes(content)
+    result = submit_dry_run(params)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert message in result.stderr and result.stderr.count("\n") == 1

@@ -253,6 +253,28 @@ def test_a_symlinked_run_file_is_refused_and_its_target_untouched(fashion_data_d
     assert target.read_text() == "do not touch\n"
 
 
+@pytest.mark.parametrize("name", ["checkpoints", "tb"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_symlinked_run_folder_is_refused_and_its_target_untouched(fashion_data_dir, one_epoch, tmp_path, name,
+                                                                    resume):
+    """Guards issue 17: `ln -s /elsewhere/ck RUN/checkpoints` put checkpoints, manifests and `latest` in
+    /elsewhere/ck, exit 0 (the same for tb/). The run's folders are never written (nor read) through a link."""
+    elsewhere = tmp_path / "elsewhere"
+    if resume:  # a run with checkpoints whose folder was replaced by a link to a copy of it
+        run_dir = tmp_path / "run"
+        shutil.copytree(one_epoch, run_dir)
+        shutil.move(run_dir / name, elsewhere)
+    else:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        elsewhere.mkdir()
+    (run_dir / name).symlink_to(elsewhere)
+    before = tree_digest(elsewhere)
+    result = train(fashion_data_dir, run_dir, "--epochs", "2", *(["--resume"] if resume else []), expect=2)
+    assert f"{run_dir / name} is a symbolic link" in result.stderr and "this folder itself" in result.stderr
+    assert tree_digest(elsewhere) == before
+
+
 def test_run_file_helpers_never_follow_links(tmp_path):
     target = tmp_path / "target"
     target.write_text("x\n")

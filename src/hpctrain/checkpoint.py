@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import torch
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import free_bytes, fsync_dir, is_no_space, write_atomic
+from hpctrain.fsutil import free_bytes, fsync_dir, is_no_space, refuse_symlinks, write_atomic
 
 FORMAT_VERSION = 1
 MANIFEST_SUFFIX = ".manifest.json"
@@ -105,6 +105,7 @@ def save(
     """
     _check_arguments(name, keep)
     directory = Path(directory)
+    refuse_symlinks(directory.parent, (directory.name,))  # checkpoints are never written through a linked folder
     directory.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(directory)
     path = directory / name

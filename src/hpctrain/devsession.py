@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import FileRefused, read_regular
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
 from hpctrain.services.common import Endpoint, http_get, private_dir, read_json, state_root, tcp_banner, write_private
@@ -68,6 +69,7 @@ CODE_COMMAND = (
 )
 SSH_HOST_KEY = "ssh_host_ed25519_key"
 SSH_PUBLIC_KEYS = ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")
+MAX_PUBLIC_KEY_BYTES = 1 << 20  # an authorized_keys-style list of public keys; a key is under 1 KiB
 """Looked for in ~/.ssh, in this order, when --ssh-key is not given."""
 CODE_LOGIN_RE = re.compile(r"To grant access to the server, please log into (?P<url>\S+) and use code (?P<code>\S+)")
 CODE_URL_RE = re.compile(r"Open this link in your browser (?P<url>https://\S+)")
@@ -195,7 +197,9 @@ def find_public_key(given: Path | None, home: Path | None = None) -> Path:
                             "`ssh-keygen -t ed25519`, or name yours with --ssh-key FILE.pub")
         given = found[0]
     try:
-        text = given.expanduser().read_text(encoding="utf-8")
+        text = read_regular(given.expanduser(), MAX_PUBLIC_KEY_BYTES).decode("utf-8")
+    except FileRefused as err:
+        raise UserError(f"--ssh-key {given}: {err.reason}: give the public key file (FILE.pub)") from None
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(f"--ssh-key {given}: cannot read it ({err}): give the public key file (FILE.pub)") from None
     keys = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from hpctrain.errors import UserError
@@ -49,14 +50,70 @@ def read_text(path: Path) -> str:
         return handle.read()
 
 
+class FileRefused(UserError):
+    """A file `read_regular` will not read: not a regular file, or larger than the caller's cap. `reason` says
+    which, without the path (callers that name the file their own way use it)."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.path = os.fspath(path)
+        self.reason = reason
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of the regular file `path` (a symbolic link is followed to one), at most `limit` of them.
+
+    Files named by users or found in datasets are read through here: a FIFO would block the read forever and a
+    device such as /dev/zero never ends, so anything but a regular file is refused (FileRefused), as is a file
+    larger than `limit` (the read never holds more than `limit` + 1 bytes, even if the file grows meanwhile).
+    The open does not block on a FIFO (O_NONBLOCK, which changes nothing for a regular file). An OSError is
+    raised as it is (missing file, no permission), for the caller to word."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefused(path, f"not a regular file ({_kind(info.st_mode)}); give a file")
+        if info.st_size > limit:
+            raise FileRefused(path, f"{format_bytes(info.st_size)}, more than the {format_bytes(limit)} read at most")
+        with open(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FileRefused(path, f"grew past the {format_bytes(limit)} read at most while being read")
+    return data
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB', for messages."""
+    if n < 1024:
+        return f"{n} bytes"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024:
+            break
+    return f"{size:.3g} {unit}"
+
+
 def refuse_symlinks(directory: Path, names: tuple[str, ...]) -> None:
-    """UserError if any of `names` in `directory` is a symbolic link: hpctrain writes those files itself."""
+    """UserError if any of `names` in `directory` is a symbolic link: hpctrain writes those files (and folders)
+    itself."""
     for name in names:
         path = directory / name
         if path.is_symlink():
+            what = "folder" if path.is_dir() else "file"
             raise UserError(
-                f"{path} is a symbolic link (to {os.readlink(path)}); hpctrain writes this file itself and never "
-                "through a link. Remove the link (copy the file it points to in its place if you need its "
+                f"{path} is a symbolic link (to {os.readlink(path)}); hpctrain writes this {what} itself and never "
+                f"through a link. Remove the link (copy the {what} it points to in its place if you need its "
                 "contents), or choose another --run-dir"
             )
 

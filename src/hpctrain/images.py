@@ -152,12 +152,33 @@ def choose_format(requested: str | None, which: Callable[[str], str | None] = sh
 
 def pull_argv(fmt: str, ref: ImageRef, dest: Path) -> list[str]:
     if fmt == "sif":
-        return ["apptainer", "pull", str(dest), ref.docker_uri()]
-    return ["enroot", "import", "--output", str(dest), ref.enroot_uri()]
+        return ["apptainer", "pull", _operand(str(dest)), ref.docker_uri()]
+    return ["enroot", "import", "--output", _operand(str(dest)), ref.enroot_uri()]
 
 
 def build_argv(definition: str, dest: Path, fakeroot: bool) -> list[str]:
-    return ["apptainer", "build", *(["--fakeroot"] if fakeroot else []), str(dest), definition]
+    source = definition if "://" in definition else _operand(definition)  # docker://... is a reference, not a file
+    return ["apptainer", "build", *(["--fakeroot"] if fakeroot else []), _operand(str(dest)), source]
+
+
+def _operand(path: str) -> str:
+    """A file path as an operand no tool can take for an option: `--force` (a file of that name) becomes
+    `./--force`, the same file."""
+    return f"./{path}" if path.startswith("-") else path
+
+
+def _check_name(dest: Path, flag: str) -> None:
+    """Refuse a file name longer than the file system takes (a 300-character image name): a clear error, not
+    OSError 'File name too long' from the first look at it."""
+    parent = next((p for p in (dest.parent, *dest.parents) if os.path.isdir(p)), Path("."))
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max((len(os.fsencode(part)) for part in (_partial(dest).name, *dest.parts)), default=0)
+    if longest > limit:
+        raise UserError(f"{dest.name[:40]}...: a file name of {longest} bytes, more than the {limit} this file system "
+                        f"allows; name the image file yourself with {flag} FILE")
 
 
 def refuse_in_allocation(force: bool, environ: Mapping[str, str] | None = None) -> None:
@@ -180,6 +201,7 @@ class PullResult:
 def pull(ref: ImageRef, to: Path, fmt: str, output: Path | None = None, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> PullResult:
     """Pull `ref` into to/NAME_TAG.FMT (or `output`), unless a valid image is already there."""
     dest = output or to / ref.filename(fmt)
+    _check_name(dest, "--output")
     if dest.exists():
         found = image_format(dest)
         if found == fmt and dest.stat().st_size > 0:
@@ -196,6 +218,7 @@ def build(definition: str, dest: Path, fakeroot: bool, run: Callable[..., subpro
         raise UserError(f"--output {dest}: `image build` makes apptainer images; name the file *.sif")
     if shutil.which("apptainer") is None:
         raise UserError("`image build` needs apptainer on PATH: load its module (e.g. `module load apptainer`)")
+    _check_name(dest, "--output")
     if dest.exists():
         raise UserError(f"{dest} exists: remove it first, or choose another --output")
     dest.parent.mkdir(parents=True, exist_ok=True)

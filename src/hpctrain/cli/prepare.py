@@ -69,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if len(args.paths) != 2:
         raise UserError("give SRC and OUT: hpctrain prepare imagenet SRC OUT (or --verify OUT)")
     src, out = (Path(p) for p in args.paths)
+    if args.workers is not None:
+        from hpctrain.launch.local import check_worker_count
+
+        check_worker_count("--workers", args.workers)
     cfg = shards.PrepareConfig(
         src=src, out=out, max_side=None if args.keep_size else args.max_side, jpeg_quality=args.jpeg_quality,
         shard_size=shards.parse_size(args.shard_size), val_path=Path(args.val_path) if args.val_path else None,
@@ -89,10 +93,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"{split}: {len(entry['samples']['label'])} images in {len(entry['shards'])} shard(s), "
               f"{total / 1e9:.2f} GB, verified")
         if entry["skipped"]:
-            print(f"  skipped {len(entry['skipped'])} unreadable image(s): {', '.join(entry['skipped'][:5])}"
+            shown = ", ".join(_printable(name) for name in entry["skipped"][:5])
+            print(f"  skipped {len(entry['skipped'])} unreadable image(s): {shown}"
                   f"{' ...' if len(entry['skipped']) > 5 else ''}")
     print(f"train from it with: hpctrain train imagenet {out}")
     return 0
+
+
+def _printable(name: str) -> str:
+    """A file name for the terminal: bytes that are not UTF-8 (kept by Python as surrogates) shown as \\xNN."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _cores() -> int:

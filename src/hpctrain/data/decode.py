@@ -19,8 +19,13 @@ import numpy as np
 
 from hpctrain.data.transforms import Crop
 from hpctrain.errors import UserError
+from hpctrain.fsutil import FileRefused, read_regular
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+MAX_IMAGE_BYTES = 64 << 20
+"""The largest image file read (64 MiB: ImageNet's largest is about 15 MB; a 100-megapixel JPEG is ~30 MB). A
+larger file, or anything that is not a regular file (a FIFO, /dev/zero behind a link), is a bad image: refused
+by name, or left out with --skip-bad-images."""
 
 
 class CropSpec(Protocol):
@@ -38,16 +43,22 @@ class BadImageError(UserError):
             "or pass --skip-bad-images to train without it"
         )
         self.path = path
+        self.reason = reason
 
 
 def load_crop(path: str, spec: CropSpec, seed: int, epoch: int, index: int, out: np.ndarray) -> None:
     """Decode the file `path`, crop it as `spec` says for sample `index` of `epoch`, and write it into `out`."""
+    decode_crop(read_image_file(path), path, spec, seed, epoch, index, out)
+
+
+def read_image_file(path: str) -> bytes:
+    """The bytes of the image file `path`: a regular file of at most MAX_IMAGE_BYTES, else BadImageError."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        return read_regular(path, MAX_IMAGE_BYTES)
+    except FileRefused as err:
+        raise BadImageError(path, err.reason) from err
     except OSError as err:
         raise BadImageError(path, err.strerror or str(err)) from err
-    decode_crop(data, path, spec, seed, epoch, index, out)
 
 
 def decode_crop(data: bytes, name: str, spec: CropSpec, seed: int, epoch: int, index: int,

@@ -26,13 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.data.decode import BadImageError
+from hpctrain.data.decode import read_image_file
 from hpctrain.data.packed import PackedStrings
 from hpctrain.errors import UserError
+from hpctrain.fsutil import FileRefused, read_regular
 
 # torchvision's IMG_EXTENSIONS, compared case-insensitively (ImageNet's files end in .JPEG).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 ILSVRC_SOLUTION = "LOC_val_solution.csv"
+MAX_LABEL_FILE_BYTES = 64 << 20  # ILSVRC's LOC_val_solution.csv is 2.5 MB
 LAYOUT_HINT = "expected DATA/train/<class>/<image> (and DATA/val/<class>/<image> or --val-path DIR)"
 
 
@@ -54,12 +56,7 @@ class ImageSet:
 
     def read(self, index: int) -> bytes:
         """The encoded bytes of sample `index` (what a decoder needs); BadImageError if they cannot be read."""
-        path = self.paths[index]
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as err:
-            raise BadImageError(path, err.strerror or str(err)) from err
+        return read_image_file(str(self.paths[index]))
 
     def subset(self, keep: np.ndarray) -> ImageSet:
         """The samples at positions `keep`, in that order."""
@@ -142,7 +139,9 @@ def scan_validation(val_dir: Path, classes: tuple[str, ...], labels_file: str | 
 def read_flat_validation(val_dir: Path, labels_file: Path, classes: tuple[str, ...]) -> ImageSet:
     """Flat validation images labelled by `labels_file` (ILSVRC solution CSV or ``file label`` lines)."""
     try:
-        text = labels_file.read_text(encoding="utf-8")
+        text = read_regular(labels_file, MAX_LABEL_FILE_BYTES).decode("utf-8")
+    except FileRefused as err:
+        raise UserError(f"{labels_file}: cannot use it as the validation label file ({err.reason})") from None
     except OSError as err:
         raise UserError(f"{labels_file}: cannot read the validation label file ({err.strerror or err})") from err
     except UnicodeDecodeError as err:
@@ -226,12 +225,44 @@ def _find_solution_file(val_dir: Path) -> Path:
 
 
 def _image_files(folder: Path) -> list[str]:
+    """The image files under `folder`, following directory links (datasets are often assembled from links), sorted.
+
+    A link to a folder that encloses it (`ln -s .. loop`) would list the same images forever, and other classes'
+    images as this one's: refused, naming the link. A folder reached a second time (by another link, a bind mount)
+    is listed once, by the first path in name order."""
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        found.extend(os.path.join(dirpath, f) for f in filenames
-                     if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."))
+    visited: set[tuple[int, int]] = set()
+    pending = [str(folder)]
+    while pending:
+        directory = pending.pop()
+        try:
+            info = os.stat(directory)
+            entries = sorted(os.scandir(directory), key=lambda e: e.name, reverse=True)  # popped in name order
+        except OSError:
+            continue  # unreadable: skipped, as os.walk does
+        if (info.st_dev, info.st_ino) in visited:
+            continue
+        visited.add((info.st_dev, info.st_ino))
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                continue
+            if not is_dir:
+                if entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                    found.append(entry.path)
+            elif entry.is_symlink() and _encloses(os.path.realpath(entry.path), os.path.realpath(directory)):
+                raise UserError(f"{entry.path} is a link to {os.readlink(entry.path)}, a folder that contains it: "
+                                "following it would list images again and again, under this class; remove the link")
+            else:
+                pending.append(entry.path)
     return sorted(os.path.abspath(p) for p in found)
+
+
+def _encloses(outer: str, inner: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
 def _some(names: list[str], limit: int = 3) -> str:

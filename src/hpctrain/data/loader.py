@@ -190,7 +190,7 @@ class ImageFolderSource:
         crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
         requests = TrainRequests(plan, epoch, start_step, rank)
         dataset = ImageBatchDataset(self.train, crop, self.seed)
-        return self._stream(dataset, requests, plan.global_batch // plan.world_size)
+        return self._stream(dataset, requests, plan.largest_rank_batch)
 
     def eval_batches(self, world_size: int, rank: int, batch_size: int) -> Batches:
         if self.val is None:

@@ -42,11 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.data.decode import BadImageError
+from hpctrain.data.decode import MAX_IMAGE_BYTES, BadImageError, read_image_file
 from hpctrain.data.imagefolder import ImageSet, find_image_folders
 from hpctrain.data.packed import PackedStrings
 from hpctrain.errors import UserError
-from hpctrain.fsutil import fsync_dir, write_atomic
+from hpctrain.fsutil import FileRefused, fsync_dir, is_no_space, read_regular, write_atomic
 
 FORMAT = "hpctrain-shards"
 VERSION = 1
@@ -60,6 +60,7 @@ DEFAULT_SHARD_SIZE = 10**9
 TAR_BLOCK = 512
 OPEN_SHARDS = 256  # shard files one process keeps open at most (the least recently opened is closed first)
 PREPARE_HINT = "run `hpctrain prepare imagenet SRC OUT` to (re)build it"
+MAX_INDEX_BYTES = 1 << 30  # ImageNet's index is about 100 MB
 
 
 def is_prepared(path: str | os.PathLike) -> bool:
@@ -153,6 +154,11 @@ def open_prepared(path: str | os.PathLike) -> PreparedData:
         if missing:
             raise UserError(f"{root}: {len(missing)} shard(s) listed in {INDEX_NAME} are missing, e.g. "
                             f"{missing[0]}; copy them back or {PREPARE_HINT}")
+        resized = [s["name"] for s in entry["shards"] if (root / s["name"]).stat().st_size != s["bytes"]]
+        if resized:  # a sample's read would then end early, or read another sample's bytes
+            raise UserError(f"{root / resized[0]}: its size differs from the one {INDEX_NAME} records (a truncated "
+                            f"or replaced copy?); copy it again, check with `hpctrain prepare imagenet --verify "
+                            f"{root}`, or {PREPARE_HINT}")
         samples = entry["samples"]
         splits[split] = ShardImages(
             str(root), names, np.asarray(samples["shard"], dtype=np.int32),
@@ -177,16 +183,125 @@ def load_index(root: Path) -> dict:
 @functools.lru_cache(maxsize=4)
 def _load_index(path: str, mtime_ns: int, size: int) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            index = json.load(f)
-    except (OSError, ValueError) as err:
+        index = json.loads(read_regular(path, MAX_INDEX_BYTES))
+    except FileRefused as err:
+        raise UserError(f"{path}: not a usable index ({err.reason}); {PREPARE_HINT}") from None
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise UserError(f"{path}: unreadable index ({err}); {PREPARE_HINT}") from err
+    except RecursionError:
+        raise UserError(f"{path}: unreadable index (nested too deeply); {PREPARE_HINT}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise UserError(f"{path} is not an hpctrain shard index; {PREPARE_HINT}")
     if index.get("version") != VERSION:
-        raise UserError(f"{path} has shard format version {index.get('version')}, this hpctrain reads version "
-                        f"{VERSION}; {PREPARE_HINT} with this version")
+        raise UserError(f"{path} has shard format version {_brief(index.get('version'))}, this hpctrain reads "
+                        f"version {VERSION}; {PREPARE_HINT} with this version")
+    problem = _index_problem(index)
+    if problem:
+        raise UserError(f"{path}: damaged index ({problem}); {PREPARE_HINT}")
     return index
+
+
+def _index_problem(index: dict) -> str | None:
+    """What is wrong with the structure of a parsed index (None: nothing). Everything training and --verify rely
+    on is checked here, once, so that neither reads outside OUT, the wrong shard, or a short column:
+
+    - options: a mapping; splits: a non-empty mapping of known split names, with a train split;
+    - per split: classes, a non-empty list of distinct strings (the same for every split); shards, a list of
+      {name, bytes, sha256, samples} whose name is a plain file name in OUT (no `/`, not `.` or `..`: never an
+      absolute path or one that climbs out); samples, five columns of one length: shard (an index into shards),
+      offset and size (whole numbers, the image inside its shard and at most MAX_IMAGE_BYTES), label (an index
+      into classes) and path (strings); each shard's `samples` count matches the samples pointing at it;
+      skipped, a list of strings when present.
+    """
+    if not isinstance(index.get("options"), dict):
+        return "options is not a mapping"
+    splits = index.get("splits")
+    if not isinstance(splits, dict) or "train" not in splits:
+        return "no train split"
+    unknown = [name for name in splits if name not in SPLITS]
+    if unknown:
+        return f"unknown split {_brief(unknown[0])}"
+    classes = None
+    for split, entry in splits.items():
+        problem = _split_problem(entry, classes)
+        if problem:
+            return f"{split}: {problem}"
+        classes = entry["classes"]
+    return None
+
+
+def _split_problem(entry: object, classes: list | None) -> str | None:
+    if not isinstance(entry, dict):
+        return "not a mapping"
+    names = entry.get("classes")
+    if not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
+        return "classes is not a non-empty list of class names"
+    if len(set(names)) != len(names):
+        return "classes names a class twice"
+    if classes is not None and names != classes:
+        return "classes differ from the train split's"
+    shards = entry.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
+        return "shards is not a list of shard records"
+    for number, shard in enumerate(shards):
+        name = shard.get("name")
+        if not isinstance(name, str) or not _plain_name(name):
+            return f"shard {number} is named {_brief(name)}, not a file name inside OUT"
+        if not all(_whole(shard.get(key)) for key in ("bytes", "samples")) or not isinstance(shard.get("sha256"), str):
+            return f"shard {name} lacks a whole bytes/samples count or its sha256"
+    skipped = entry.get("skipped", [])
+    if not isinstance(skipped, list) or not all(isinstance(p, str) for p in skipped):
+        return "skipped is not a list of paths"
+    return _samples_problem(entry.get("samples"), shards, len(names))
+
+
+def _samples_problem(samples: object, shards: list[dict], num_classes: int) -> str | None:
+    columns = ("shard", "offset", "size", "label", "path")
+    if not isinstance(samples, dict) or not all(isinstance(samples.get(c), list) for c in columns):
+        return f"samples lacks one of the columns {', '.join(columns)}"
+    lengths = {len(samples[c]) for c in columns}
+    if len(lengths) != 1:
+        return "the sample columns differ in length"
+    for column in columns[:4]:  # set(map(type)), min and max run in C: ImageNet's 1.28M samples take milliseconds
+        values = samples[column]
+        if values and (set(map(type, values)) != {int} or min(values) < 0 or max(values) >= 2**62):
+            return f"sample column {column} holds something other than whole numbers >= 0"
+    if set(map(type, samples["path"])) - {str}:
+        return "sample column path holds something other than strings"
+    shard = np.asarray(samples["shard"], dtype=np.int64)
+    offset = np.asarray(samples["offset"], dtype=np.int64)
+    size = np.asarray(samples["size"], dtype=np.int64)
+    label = np.asarray(samples["label"], dtype=np.int64)
+    if len(shard) and shard.max() >= len(shards):
+        return f"a sample points at shard {int(shard.max())}, but there are {len(shards)}"
+    if len(label) and label.max() >= num_classes:
+        return f"a sample has label {int(label.max())}, but there are {num_classes} classes"
+    if len(size) and size.max() > MAX_IMAGE_BYTES:
+        return f"a sample's size {int(size.max())} exceeds the {MAX_IMAGE_BYTES} bytes an image may have"
+    ends = np.asarray([s["bytes"] for s in shards], dtype=np.int64)
+    if len(shard) and (offset + size > ends[shard]).any():
+        return "a sample lies beyond the end of its shard"
+    counts = np.bincount(shard, minlength=len(shards))
+    wrong = [s["name"] for s, n in zip(shards, counts.tolist()) if s["samples"] != n]
+    if wrong:
+        return f"shard {wrong[0]}'s sample count differs from the samples placed in it"
+    return None
+
+
+def _whole(value: object) -> bool:
+    """A JSON whole number >= 0 that fits an int64 (a bool is not one)."""
+    return type(value) is int and 0 <= value < 2**62
+
+
+def _plain_name(name: str) -> bool:
+    """A file name directly inside OUT: no directory part, not `.` or `..`, no NUL."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
+def _brief(value: object) -> str:
+    """A value from the index for a message, never long."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ---------------------------------------------------------------- writing
@@ -216,8 +331,15 @@ class PrepareConfig:
             raise UserError(f"--workers {self.workers}: use 1 or more encoding processes")
         if self.out.exists() and not self.out.is_dir():
             raise UserError(f"{self.out} exists and is not a directory; choose a new OUT directory")
-        if self.src.resolve() == self.out.resolve():
+        src, out = self.src.resolve(), self.out.resolve()
+        if src == out:
             raise UserError(f"OUT {self.out} is SRC; write the shards to a directory of their own")
+        if out.is_relative_to(src):  # SRC would gain a class (or split) folder of shards
+            raise UserError(f"OUT {self.out} lies inside SRC {self.src}; write the shards to a directory outside it")
+        if src.is_relative_to(out):
+            raise UserError(f"SRC {self.src} lies inside OUT {self.out}; write the shards to a directory of their own")
+        if self.val_path is not None and out.is_relative_to(self.val_path.resolve()):
+            raise UserError(f"OUT {self.out} lies inside --val-path {self.val_path}; write the shards outside it")
 
     def options(self) -> dict:
         """What decides the output's bytes, recorded in the manifest and the index."""
@@ -288,8 +410,20 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
         reporter.note("verifying what was written")
         verify(cfg.out, reporter)
         return index
+    except OSError as err:  # the unfinished shard is already removed (_write_split); complete ones stay
+        raise _write_error(cfg.out, err) from None
     finally:
         lock.release()
+
+
+def _write_error(out: Path, err: OSError) -> UserError:
+    """A one-line error for a failed write into OUT (a full disk, above all), saying how to continue."""
+    again = "rerun the same command to continue from the complete shards"
+    if is_no_space(err):
+        return UserError(f"{out}: {os.strerror(err.errno)} while writing the shards; free space there (or choose an "
+                         f"OUT with room: about the size of SRC at most) and {again}")
+    where = f" ({err.filename})" if err.filename else ""
+    return UserError(f"{out}: cannot write the shards{where}: {err.strerror or err}; fix that and {again}")
 
 
 def _claim(out: Path, manifest: dict) -> None:
@@ -327,8 +461,8 @@ def _remove_temporaries(out: Path) -> None:
 def _listing_digest(images: ImageSet) -> str:
     digest = hashlib.sha256()
     for path, label in zip(images.paths, images.labels):
-        digest.update(f"{os.path.relpath(path, images.root)}\0{label}\n".encode())
-    digest.update("\0".join(images.classes).encode())
+        digest.update(os.fsencode(f"{os.path.relpath(path, images.root)}\0{label}\n"))  # any file name's bytes
+    digest.update(os.fsencode("\0".join(images.classes)))
     return digest.hexdigest()
 
 
@@ -434,7 +568,10 @@ class _ShardWriter:
     def abandon(self) -> None:
         """After an error or an interruption: the unfinished shard is removed (complete ones stay for a rerun)."""
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:
+                pass  # flushing the rest fails on a full disk; the file goes anyway
         if self.temporary is not None:
             self.temporary.unlink(missing_ok=True)
         self.tar = self.file = self.temporary = None
@@ -569,10 +706,9 @@ def _encode(path: str, max_side: int | None, quality: int) -> tuple[bytes, str] 
     from PIL import Image
 
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        return err.strerror or str(err)
+        data = read_image_file(path)
+    except BadImageError as err:
+        return err.reason
     try:
         with Image.open(io.BytesIO(data)) as img:
             kind = img.format

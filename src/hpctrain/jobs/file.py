@@ -2,9 +2,9 @@
 anything that could make the read itself costly.
 
 A job file is a few lines written by a person. What is refused here, each with a one-line UserError:
-files above MAX_JOB_FILE_BYTES (a job file pointing at /dev/zero), text that is not UTF-8, YAML anchors and
-aliases (nested aliases expand a few hundred bytes into gigabytes: "billion laughs"), and nesting so deep
-that the parsers recurse out of the stack. `spec.from_mapping` validates the job data that comes back.
+what is not a regular file (a FIFO; /dev/zero behind a link), files above MAX_JOB_FILE_BYTES, text that is not
+UTF-8 (all three for .params files too), YAML anchors and aliases (nested aliases expand a few hundred bytes into
+gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack. `spec.from_mapping` validates the job data that comes back.
 
 Besides the JobSpec keys, a YAML/TOML job file may name its scheduler (`scheduler: kubernetes`) and hold the
 Kubernetes options in a `kubernetes:` section (`namespace`, `shm`, `volumes`, ... as KubernetesOptions names
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import FileRefused, read_regular
 from hpctrain.jobs.spec import known_keys
 
 if sys.version_info >= (3, 11):
@@ -62,17 +63,24 @@ def _job_yaml_loader():
     return JobLoader
 
 
-def _read_text(path: Path) -> str:
+def read_job_bytes(path: Path) -> bytes:
+    """The bytes of a job file (any format): a regular file of at most MAX_JOB_FILE_BYTES, else a UserError."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_JOB_FILE_BYTES + 1)
-    except OSError as err:
-        raise UserError(f"cannot read job file {path}: {err.strerror or err}; check the --job-file path") from err
-    if len(data) > MAX_JOB_FILE_BYTES:
+        return read_regular(path, MAX_JOB_FILE_BYTES)
+    except FileRefused as err:
+        if err.reason.startswith("not a regular file"):
+            raise UserError(f"job file {path}: {err.reason}; check the --job-file path") from None
         raise UserError(
             f"job file {path} is larger than {MAX_JOB_FILE_BYTES // (1 << 20)} MiB, far more than a job description needs; "
             "check the --job-file path"
-        )
+        ) from None
+    except OSError as err:
+        raise UserError(f"cannot read job file {path}: {err.strerror or err}; check the --job-file path") from err
+
+
+def read_job_text(path: Path) -> str:
+    """The UTF-8 text of a job file (read_job_bytes' checks, then the decoding), else a UserError."""
+    data = read_job_bytes(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -105,7 +113,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if path.suffix not in SUFFIXES:
         raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear "
                         f"(or {PARAMS_SUFFIX} for a Kubernetes platform's key=value params file)")
-    text = _read_text(path)
+    text = read_job_text(path)
     try:
         data = _parse(path, text)
     except RecursionError:

@@ -214,3 +214,20 @@ def _status(exitcode: int | None) -> int:
     if exitcode is None:
         return 1
     return 128 - exitcode if exitcode < 0 else exitcode
+
+
+# ---------------------------------------------------------------- worker process counts
+
+WORKERS_PER_CORE = 4
+"""Helper processes (data workers, encoding processes) allowed per usable core: more only compete for the cores
+(and each costs memory), while a few per core still hide I/O waits on a slow file system."""
+
+
+def check_worker_count(flag: str, workers: int, cores: int | None = None) -> None:
+    """Refuse `workers` helper processes above WORKERS_PER_CORE x the usable cores, naming the maximum."""
+    cores = cores or available_cores()
+    limit = WORKERS_PER_CORE * cores
+    if workers > limit:
+        raise UserError(f"{flag} {workers}: more than {limit} processes ({WORKERS_PER_CORE} per core, {cores} "
+                        f"core(s) usable here) would only compete for the cores; use {flag} {min(cores, limit)}, "
+                        f"or at most {limit}")

@@ -35,7 +35,8 @@ from torch.nn import functional as F
 
 from hpctrain.data.backends import choose_backend, make_loader, require_dali
 from hpctrain.data.imagefolder import find_image_folders, scan_validation
-from hpctrain.data.loader import EncodedImages, LoaderConfig, SyntheticSource, check_shared_memory, to_device
+from hpctrain.data.loader import (IGNORE_LABEL, EncodedImages, LoaderConfig, SyntheticSource, check_shared_memory,
+                                 to_device)
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.recipes.base import Defaults, Optimization, Recipe, keep_freed_memory
@@ -120,6 +121,10 @@ class ImageNetRecipe(Recipe):
                                      self.num_classes, (sizes.train, sizes.train), cfg.seed, pin_memory=cuda)
         else:
             train, val = _encoded_images(cfg)
+            if cfg.workers is not None:
+                from hpctrain.launch.local import check_worker_count
+
+                check_worker_count("--workers", cfg.workers)
             workers = cfg.workers if cfg.workers is not None else default_workers(env.local_world_size)
             config = LoaderConfig(workers=workers, pin_memory=cuda, skip_bad_images=cfg.skip_bad_images,
                                   processes_per_node=env.local_world_size)
@@ -178,6 +183,11 @@ class ImageNetRecipe(Recipe):
                 f"{self.scaled_lr(cfg.lr):g}; train size {train}, eval {sizes.val} (resize {sizes.val_resize})")
 
     def loss(self, output, target):
+        if self.cfg is not None and self.cfg.skip_bad_images:
+            # Unreadable images are labelled IGNORE_LABEL; a batch of nothing else would make the mean 0/0 = nan,
+            # read as divergence. The mean over the readable ones (none: 0, with zero gradients) never is.
+            total = F.cross_entropy(output, target, label_smoothing=self.label_smoothing, reduction="sum")
+            return total / (target != IGNORE_LABEL).sum().clamp(min=1)
         return F.cross_entropy(output, target, label_smoothing=self.label_smoothing)
 
     def autocast(self, device: torch.device):

@@ -35,7 +35,7 @@ from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
 from hpctrain.training.data_source import DataSource
-from hpctrain.training.metrics import METRICS_FILE, MetricsLog, Progress
+from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.sampler import EpochPlan, mix_seed
 from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, vote_group, write_stop_reason
@@ -47,6 +47,8 @@ CHECKPOINT_FORMAT = "hpctrain-train-v1"
 LOCK_FILE = ".hpctrain.lock"
 # Files of the run directory that hpctrain writes itself: never through a symbolic link.
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE)
+# Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere.
+RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR)
 # What a `hpctrain train` checkpoint holds besides the model.
 TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
                     "config")
@@ -162,6 +164,7 @@ class EpochStats:
     images: int = 0
     seconds_before: float = 0.0  # training seconds the epoch had when this attempt took it up
     data_wait_seconds: float = 0.0  # this attempt's time spent waiting for training input
+    bad_images: list[str] = field(default_factory=list)  # this rank's unreadable images (--skip-bad-images)
 
 
 def _train(run: Run) -> RunResult:
@@ -310,9 +313,11 @@ def _train_epoch(run: Run, parts: Parts, position: Position, progress: Progress 
             _save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
             if reason is not StopReason.NONE:
                 stats.data_wait_seconds = batches.wait_seconds
+                stats.bad_images = list(getattr(batches, "bad_images", []))
                 return reason, stats
             started = time.perf_counter()  # checkpoint writes do not count as training time
     stats.data_wait_seconds = batches.wait_seconds
+    stats.bad_images = list(getattr(batches, "bad_images", []))
     return StopReason.NONE, stats
 
 
@@ -347,6 +352,7 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
     scores = evaluate(run, parts)
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
+    skipped = _report_bad_images(run, stats.bad_images + scores.pop("bad_images")) if run.cfg.skip_bad_images else {}
     return {
         "epoch": position.epoch + 1,
         "step": position.step,
@@ -359,7 +365,22 @@ def _finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats)
         "data_wait_seconds": stats.data_wait_seconds,
         "world_size": run.env.world_size,
         "lr": optimization.optimizer.param_groups[0]["lr"],
+        **skipped,
     }
+
+
+def _report_bad_images(run: Run, names: list[str]) -> dict[str, int]:
+    """--skip-bad-images: how many images all ranks left out this epoch (training and evaluation), said with the
+    first few names (this rank's) and returned for the epoch's metrics record. A collective: every rank calls it."""
+    count = torch.tensor([float(len(names))], dtype=torch.float64, device=run.device)
+    if run.env.is_distributed:
+        dist.all_reduce(count)
+    total = int(count.item())
+    if total:
+        shown = ", ".join(names[:3]) + (" ..." if total > 3 else "")
+        run.say(f"skipped {total} unreadable image(s) this epoch (--skip-bad-images; counted in metrics.jsonl as "
+                f"bad_images): {shown}")
+    return {"bad_images": total}
 
 
 # ---------------------------------------------------------------- set-up
@@ -383,11 +404,13 @@ def setup_run(cfg: TrainConfig) -> Run:
     locked_first = env.rank == 0 and run_dir.is_dir()
     lock = _lock_run_dir(run_dir) if locked_first else None
     try:
+        if locked_first:  # before the checkpoints are read (and damaged ones moved aside) through a linked folder
+            refuse_symlinks(run_dir, RUN_DIRECTORIES)
         point = _resume_point(cfg, env)
         if env.rank == 0:
             if not locked_first:
                 lock = _lock_run_dir(run_dir)
-            refuse_symlinks(run_dir, RUN_FILES)
+            refuse_symlinks(run_dir, RUN_FILES + RUN_DIRECTORIES)
             if point is not None:
                 point.tidy(run_dir / CHECKPOINT_DIR)
     except BaseException:
@@ -720,7 +743,8 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
     recipe = run.recipe
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # loss, top-1 hits, top-5 hits, samples
-    for images, target in parts.data.eval_batches(run.env.world_size, run.env.rank, run.cfg.test_batch_size):
+    batches = parts.data.eval_batches(run.env.world_size, run.env.rank, run.cfg.test_batch_size)
+    for images, target in batches:
         with recipe.autocast(run.device):
             output = recipe.predict(model, images)
         output = output.float()
@@ -734,7 +758,7 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
             dist.all_reduce(sums)
     n = max(float(sums[3]), 1.0)
     return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
-            "test_images": int(sums[3])}
+            "test_images": int(sums[3]), "bad_images": list(getattr(batches, "bad_images", []))}
 
 
 # ---------------------------------------------------------------- checkpoints

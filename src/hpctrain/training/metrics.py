@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hpctrain.fsutil import append_line, read_text, write_atomic
+from hpctrain.fsutil import append_line, read_text, refuse_symlinks, write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
@@ -31,6 +31,7 @@ class MetricsLog:
         # step came before it was written (that step's running loss; the epoch's scalars for an epoch-end one) and
         # stay: TensorBoard's reader drops every event whose step is at least purge_step.
         purge_step = resumed_step + 1 if resumed_step is not None else None
+        refuse_symlinks(run_dir, (TENSORBOARD_DIR,))  # event files are never written through a linked folder
         self.tensorboard = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=purge_step)
 
     def epoch(self, record: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ every rank. Global batch k is split into world_size equal, disjoint slices, one 
 DistributedSampler: the ranks' shards are disjoint and together cover the epoch, and they are reshuffled every epoch
 by a shared seed. Unlike it, the order depends only on the global batch, not on the number of processes, so a
 4-process run and a 1-process run with the same global batch see the same batches, and a run resumed mid-epoch
-knows its position from the step counter alone.
+knows its position from the step counter alone. (One exception: a last partial batch of one sample per process
+joins the batch before it, see steps_per_epoch; whether that happens depends on the number of processes.)
 """
 
 from __future__ import annotations
@@ -44,7 +45,20 @@ class EpochPlan:
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.padded_size // self.global_batch)
+        """Global batches per epoch. A last partial batch that would give each process a single sample is folded
+        into the batch before it: BatchNorm cannot train on one sample ("Expected more than 1 value per channel"),
+        so such a batch would stop every run of this size at the same step, resume after resume. Folding (rather
+        than dropping) keeps every sample in the epoch; that one step is world_size samples larger."""
+        steps = -(-self.padded_size // self.global_batch)
+        if steps > 1 and self.padded_size - (steps - 1) * self.global_batch == self.world_size:
+            steps -= 1
+        return steps
+
+    @property
+    def largest_rank_batch(self) -> int:
+        """The most samples one process gets in a step (the folded last step's, if any)."""
+        last = self.padded_size - (self.steps_per_epoch - 1) * self.global_batch
+        return max(self.global_batch, last) // self.world_size
 
     def order(self, epoch: int) -> torch.Tensor:
         """The epoch's global sample order (CPU int64), padded so the last batch splits evenly."""
@@ -56,7 +70,8 @@ class EpochPlan:
     def rank_indices(self, order: torch.Tensor, step_in_epoch: int, rank: int) -> torch.Tensor:
         """This rank's slice of global batch `step_in_epoch` of `order`."""
         start = step_in_epoch * self.global_batch
-        batch = order[start : start + self.global_batch]
+        last = step_in_epoch == self.steps_per_epoch - 1
+        batch = order[start:] if last else order[start : start + self.global_batch]  # the last takes the rest
         per_rank = batch.numel() // self.world_size
         return batch[rank * per_rank : (rank + 1) * per_rank]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.jobs.file import read_job_text
 
 KEYS = ("name", "kind", "worker_count", "worker_cpu", "worker_gpu", "worker_memory", "worker_shared_memory",
         "worker_image", "command", "priority", "workspace_id", "interactive")
@@ -34,6 +35,9 @@ def _whole(key: str, value: str, low: int, problems: list[str]) -> int | None:
     return int(value)
 
 
+MAX_GIGABYTES = 10**6
+
+
 def _gigabytes_mb(key: str, value: str, problems: list[str]) -> int | None:
     try:
         amount = Decimal(value)
@@ -41,6 +45,10 @@ def _gigabytes_mb(key: str, value: str, problems: list[str]) -> int | None:
         amount = Decimal(-1)
     if not amount.is_finite() or amount <= 0:
         problems.append(f"{key}={value!r} must be a positive number of GB (e.g. {key}=4 or {key}=0.5)")
+        return None
+    if amount > MAX_GIGABYTES:  # int() of 1e100000 MB would exceed Python's integer-string limit
+        problems.append(f"{key}={value[:30]!r} is more than {MAX_GIGABYTES} GB (a petabyte) per pod: give the "
+                        "pod's memory in GB")
         return None
     return max(1, int(amount * 1024))
 
@@ -130,8 +138,5 @@ def parse_params_text(text: str, source: str = "params") -> tuple[dict[str, Any]
 
 def parse_params(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"cannot read params file {path}: {err.strerror}; check the --job-file path") from err
+    text = read_job_text(path)  # a regular UTF-8 file of at most 1 MiB, as YAML/TOML job files
     return parse_params_text(text, source=f"params file {path}")
