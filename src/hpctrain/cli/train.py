@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -229,12 +228,13 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
     if plan is not None:  # a single process locks the run dir and checks its resume point itself, before it loads the data
         check_run_dir_free(Path(resolved.run_dir))
         check_resume_point(resolved, detect())
-    return cfg.replace(threads=_threads(cfg, plan, env)), plan
+    return cfg.replace(threads=_threads(cfg, plan, env), threads_chosen=cfg.threads is None), plan
 
 
 def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> int:
     """--threads; else the free cores shared among this node's processes. Free cores are measured only where no
-    sibling process is starting up beside this one (it would count as busy)."""
+    sibling process is starting up beside this one (it would count as busy). A resumed run may still replace this
+    count by the one its checkpoint recorded, and rank 0 says so once (training.loop.resolve_threads)."""
     from hpctrain.launch.local import busy_cores_elsewhere, default_threads
 
     if cfg.threads is not None:
@@ -242,13 +242,7 @@ def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> in
     local = plan.nproc_per_node if plan is not None else env.local_world_size
     if plan is None and local > 1:
         return default_threads(local)
-    busy = busy_cores_elsewhere()
-    threads, idle = default_threads(local, busy), default_threads(local)
-    if threads < idle:
-        print(f"hpctrain: other programs keep {busy:.1f} of this process's cores busy: training with {threads} "
-              f"thread(s) per process rather than {idle}, which would wait on each other (--threads N to choose)",
-              file=sys.stderr, flush=True)
-    return threads
+    return default_threads(local, busy_cores_elsewhere())
 
 
 def _other_local_rank() -> bool:

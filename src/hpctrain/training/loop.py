@@ -31,7 +31,7 @@ from hpctrain.distributed.failures import looks_like_peer_failure
 from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
-from hpctrain.launch.local import choose_threads
+from hpctrain.launch.local import available_cores, choose_threads, default_threads
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
@@ -373,7 +373,6 @@ def setup_run(cfg: TrainConfig) -> Run:
     device = resolve_device(cfg.device, env)
     check_dist_backend(cfg, device)
     strategy = resolve_strategy(cfg.strategy, env, device)
-    torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
     run_dir = Path(cfg.run_dir)
     # Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
     # ones it moves aside) cannot change under it. A directory that does not exist yet holds nothing to resume and
@@ -393,6 +392,9 @@ def setup_run(cfg: TrainConfig) -> Run:
             lock.release()
         raise
     state = point.state if point is not None else None
+    threads = resolve_threads(cfg, env, state)
+    torch.set_num_threads(threads)
+    cfg = cfg.replace(threads=threads)
     run = Run(cfg, recipe, env, device, strategy, run_dir, state, lock=lock)
     if state is not None and state["epoch"] >= cfg.epochs:
         run.complete = True
@@ -402,6 +404,51 @@ def setup_run(cfg: TrainConfig) -> Run:
                 f"global step {state['step']}, and --epochs is {cfg.epochs}; nothing to train. To train further, "
                 f"resume with a larger --epochs (e.g. --resume --epochs {state['epoch'] + 1})")
     return run
+
+
+def resolve_threads(cfg: TrainConfig, env: DistEnv, state: dict[str, Any] | None) -> int:
+    """This process's torch thread count. torch's CPU kernels split their sums by thread, so another count gives
+    other floating-point results: a resumed run keeps the count its checkpoint recorded for this rank (the first
+    attempt's), even when other programs now keep cores busy (slower, never different), unless --threads asks
+    for another (honoured, with a warning that the run is no longer bitwise the uninterrupted one). Rank 0 says
+    what it decided, once for the whole job."""
+    chosen = choose_threads(cfg.threads, env.local_world_size)
+    chosen_by_us = cfg.threads_chosen or cfg.threads is None
+    recorded = _recorded_threads(state, env) if state is not None else None
+    say = (lambda text: print(f"hpctrain: {text}", file=sys.stderr, flush=True)) if env.rank == 0 else (
+        lambda text: None)
+    idle = default_threads(env.local_world_size)
+    if recorded is None or recorded == chosen:
+        if state is None and chosen_by_us and chosen < idle:
+            say(f"other programs keep some of this process's cores busy: training with {chosen} thread(s) per "
+                f"process rather than {idle}, which would wait on each other (--threads N to choose)")
+        return chosen
+    if not chosen_by_us:
+        say(f"warning: --threads {chosen}, but this run was trained with {recorded} thread(s) per process: torch "
+            f"sums in another order with another count, so from here on the run is no longer bitwise the same as "
+            f"an uninterrupted one (drop --threads to continue with {recorded})")
+        return chosen
+    cores = available_cores()
+    if recorded > cores:
+        say(f"warning: this run was trained with {recorded} thread(s) per process, but only {cores} core(s) are "
+            f"usable here: continuing with {cores}, so the run is no longer bitwise the same as an uninterrupted "
+            f"one (resume where {recorded} cores are free to keep it exact)")
+        return cores
+    if recorded > chosen:
+        say(f"warning: other programs keep some of this process's cores busy, but this run was trained with "
+            f"{recorded} thread(s) per process: continuing with {recorded} so the results stay exactly those of an "
+            f"uninterrupted run (slower while the cores are busy; --threads {chosen} is faster but changes results)")
+    return recorded
+
+
+def _recorded_threads(state: dict[str, Any], env: DistEnv) -> int | None:
+    """The thread count this rank trained with: its own record in the checkpoint (same process count), else the
+    one the run's config recorded; None for checkpoints that recorded neither."""
+    ranks = state.get("ranks") or []
+    if len(ranks) == env.world_size and isinstance(ranks[env.rank], dict) and ranks[env.rank].get("threads"):
+        return int(ranks[env.rank]["threads"])
+    recorded = state.get("config", {}).get("threads")
+    return int(recorded) if isinstance(recorded, int) and recorded > 0 else None
 
 
 def check_resume_point(cfg: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
@@ -725,7 +772,7 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
 def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False) -> None:
     """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes, in the background
     unless `durable` (the run is about to stop) or --sync-checkpoints."""
-    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum}
+    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum, "threads": torch.get_num_threads()}
     if run.env.is_distributed:
         gathered: list[Any] = [None] * run.env.world_size
         dist.all_gather_object(gathered, per_rank)
