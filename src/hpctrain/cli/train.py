@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the same seed gives the same run (0 to 2**64-1, default 0)")
     where = parser.add_argument_group("where and how")
     where.add_argument("--run-dir", help="config, metrics, TensorBoard files, checkpoints "
-                       "(default: runs/WORKLOAD-DATASET[-SLURM_JOB_ID])")
+                       "(default: runs/WORKLOAD-DATA[-RECIPE][-SLURM_JOB_ID]: DATA is the dataset or the image "
+                       "folder's name, -RECIPE only when not fast)")
     where.add_argument("--device", choices=DEVICES, default="auto", help="cuda: this process's GPU (one per "
                        "process); cpu; auto (default): a GPU when one is visible, else the CPU")
     where.add_argument("--strategy", choices=STRATEGIES, default="auto",

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpctrain import checkpoint
-from hpctrain.config import TrainConfig, default_run_dir
+from hpctrain.config import TrainConfig, data_label, default_run_dir, earlier_default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import explain as explain_failure
 from hpctrain.distributed.failures import looks_like_peer_failure
@@ -253,7 +253,7 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss,
                         every_steps=cfg.print_freq)
     where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
-    run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
+    run.say(f"training {cfg.workload}/{cfg.recipe} on {data_label(cfg)} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
     scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
     if scaling:
@@ -555,8 +555,8 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
         return None
     if not run_dir.exists():
         if not restarted and not cfg.fresh_if_missing:
-            raise UserError(f"--resume: the run directory {run_dir} does not exist; check --run-dir (a typo?), or "
-                            "drop --resume to start a new run there")
+            raise UserError(f"--resume: the run directory {run_dir} does not exist; {_earlier_default(cfg, run_dir)}"
+                            "check --run-dir (a typo?), or drop --resume to start a new run there")
         return None  # a restarted attempt whose first one never got as far as creating the run directory
     found = checkpoint.search(ckpt_dir)
     if found.info is not None:
@@ -570,6 +570,14 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
         print(f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
               "beginning", flush=True)
     return ResumePoint(None, None) if found.rejected else None
+
+
+def _earlier_default(cfg: TrainConfig, run_dir: Path) -> str:
+    """A hint when an older hpctrain's default run directory for these options holds the run."""
+    earlier = Path(earlier_default_run_dir(cfg))
+    if run_dir == Path(default_run_dir(cfg)) and earlier != run_dir and (earlier / CHECKPOINT_DIR).is_dir():
+        return f"earlier hpctrain versions used {earlier} for this run: pass --run-dir {earlier}; else "
+    return ""
 
 
 def _explicit_resume(path: Path) -> ResumePoint:
