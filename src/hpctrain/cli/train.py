@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.cli import late_positionals, unrecognized
-from hpctrain.config import DEVICES, STRATEGIES, TrainConfig, check_run_dir
+from hpctrain.config import DEFAULT_RECIPE, DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
 from hpctrain.recipes import WORKLOADS
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--train-limit", type=int, metavar="N", help="use only the first N training images")
     data.add_argument("--test-limit", type=int, metavar="N", help="evaluate on only the first N test images")
     recipe = parser.add_argument_group("recipe (unset values take the recipe's defaults)")
-    recipe.add_argument("--recipe", default="fast", help="fast (ours, the default) or classic (the pytorch/examples "
+    recipe.add_argument("--recipe", help="fast (ours, the default) or classic (the pytorch/examples "
                         "MNIST tutorial: its CNN, Adadelta lr 1.0, StepLR 0.7, batch 64)")
     recipe.add_argument("--epochs", type=int, metavar="N", help="passes over the training set (fast: 1, classic: 14)")
     recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help="the GLOBAL batch, split over all "
@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "speed and memory, not results (fast: 2000, classic: 1000)")
     recipe.add_argument("--lr", type=float, metavar="F", help="learning rate, above 0 and at most 1000 (fast: "
                         "0.15, the SGD peak after warmup; classic: Adadelta 1.0, times 0.7 each epoch)")
-    recipe.add_argument("--seed", type=int, default=0, help="fixes initial weights, data order and augmentation: "
-                        "the same seed gives the same run (0 to 2**64-1, default 0)")
+    recipe.add_argument("--seed", type=int, help="fixes initial weights, data order and augmentation: "
+                        "the same seed gives the same run (0 to 2**64-1, default 0; see the README for what else "
+                        "must match)")
     where = parser.add_argument_group("where and how")
     where.add_argument("--run-dir", help="config, metrics, TensorBoard files, checkpoints "
                        "(default: runs/WORKLOAD-DATA[-RECIPE][-SLURM_JOB_ID]: DATA is the dataset or the image "
@@ -135,13 +136,13 @@ def _image_values(args: argparse.Namespace) -> dict:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {
         "workload": args.workload,
-        "recipe": args.recipe,
+        "recipe": args.recipe or DEFAULT_RECIPE,
         "run_dir": args.run_dir,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "test_batch_size": args.test_batch_size,
         "lr": args.lr,
-        "seed": args.seed,
+        "seed": args.seed if args.seed is not None else 0,
         "train_limit": args.train_limit,
         "test_limit": args.test_limit,
         "device": args.device,
@@ -188,6 +189,10 @@ class _RaisingParser(argparse.ArgumentParser):
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if cfg.resume is not None:
+        from hpctrain.training.loop import RECORDED_DEFAULTS, with_recorded_settings
+
+        cfg = with_recorded_settings(cfg, {name for name in RECORDED_DEFAULTS if _unset(getattr(args, name, None))})
     try:
         cfg, plan = _preflight(cfg, dataset_defaulted=args.dataset is None)
     except UserError:
@@ -201,6 +206,11 @@ def run(args: argparse.Namespace) -> int:
     # The workers learn their ranks from the spawner; a --dist-init-method slurm that made this srun task fan out
     # (one worker per GPU it owns) described the task, not them.
     return spawn(plan, _train_here, (cfg.replace(nproc=None, dist_init_method=None),))
+
+
+def _unset(value: object) -> bool:
+    """An option the command line left out: None, or a store_true flag not given (0 is a value)."""
+    return value is None or value is False
 
 
 def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:

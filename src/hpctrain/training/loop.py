@@ -55,6 +55,11 @@ TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", 
 # values (an image size changed mid-run would change every later crop: no exact resume; none has an override).
 RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "synthetic", "batch_size", "train_limit", "seed", "arch",
                      "image_size", "val_size")
+# What a --resume or --evaluate takes from its checkpoint's config when the command line leaves it unset: the
+# run's own settings, so that resuming needs no flag repeated (a flag given that contradicts RESUME_MUST_MATCH is
+# still refused; --epochs and --lr given are honoured: extending a run, lowering the rate after a divergence).
+RECORDED_DEFAULTS = (*RESUME_MUST_MATCH, "epochs", "lr", "test_batch_size", "test_limit", "momentum",
+                     "weight_decay")
 # What torch's DDP prints on every rank when find_unused_parameters finds none (see `_wrap`: we set it on purpose).
 UNUSED_PARAMETERS_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
@@ -570,6 +575,29 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
         print(f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
               "beginning", flush=True)
     return ResumePoint(None, None) if found.rejected else None
+
+
+def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
+    """For --resume and --evaluate: `cfg` with the settings its checkpoint recorded in place of those the user left
+    unset (`unset`: config field names), and the run directory it was found in. Unchanged where no usable checkpoint
+    is found: the run's own checks then say why."""
+    if cfg.resume is None:
+        return cfg
+    run_dir = Path(cfg.run_dir or default_run_dir(cfg))
+    try:
+        if cfg.resume == "latest":
+            state = checkpoint.search(run_dir / CHECKPOINT_DIR).state
+        else:
+            state = _explicit_resume(Path(cfg.resume)).state
+    except UserError:
+        return cfg
+    saved = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        return cfg
+    changes = {name: saved[name] for name in RECORDED_DEFAULTS if name in unset and name in saved}
+    if cfg.resume == "latest" and cfg.run_dir is None:
+        changes["run_dir"] = str(run_dir)
+    return cfg.replace(**changes)
 
 
 def _earlier_default(cfg: TrainConfig, run_dir: Path) -> str:
