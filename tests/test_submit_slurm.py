@@ -187,7 +187,7 @@ def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: P
                     "--output", "job-%j.out", "--time", "10", *train, cwd=tmp_path)
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
-    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
+    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
     metrics = read_metrics(run_dir)
     assert metrics and metrics[-1]["world_size"] == 4, metrics
     assert (run_dir / "job.sbatch").exists() and (run_dir / "job.yaml").exists()

@@ -38,6 +38,7 @@ from hpctrain.jobs.spec import (
     from_mapping,
     local_problems,
     mem_warning,
+    missing_prerequisites,
 )
 
 # dest -> flag: what only Slurm understands (given with --scheduler kubernetes: an error naming the fix).
@@ -296,6 +297,19 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
     return problems
 
 
+def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[str]]:
+    """Split a --dry-run's problems into those that make it exit 2 and notes: the image or venv made once before the
+    first submit (an example's placeholder, or not pulled yet) and, while a venv is missing, the programs that only
+    it would provide. A real submit and `hpctrain check` still refuse both."""
+    missing = missing_prerequisites(job)
+    if not missing:
+        return problems, []
+    venv_missing = job.environment.kind == "venv" and any(m.startswith("venv ") for m in missing)
+    noted = [p for p in problems if p in missing or (venv_missing and "is not on the PATH the job will have" in p)]
+    notes = [f"note: {p} (a real submit refuses until then)" for p in noted]
+    return [p for p in problems if p not in noted], notes
+
+
 def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
@@ -373,8 +387,9 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
         # The script is shown whatever the checks say (it is what the user asked to read); the exit status is a
         # real submit's verdict on everything that can be checked without the cluster.
         sys.stdout.write(slurm.dry_run_text(job, script))
+        problems, notes = dry_run_notes(job, problems)
         verdict = ["a real submit would refuse this job (exit status 2)"] if problems else []
-        report_problems("submit", problems + verdict + [SKIPPED_IN_DRY_RUN])
+        report_problems("submit", problems + verdict + notes + [SKIPPED_IN_DRY_RUN])
         return 2 if problems else 0
     if not args.no_check:
         problems += (cluster_problems := cluster_check(job))
