@@ -97,7 +97,9 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
                        "nccl on GPUs and gloo on the CPU, and refuses the other")
     image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints);"
                        " with --resume, a DIR that does not exist yet starts a new run")
-    image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files)")
+    image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files), as many "
+                       "as ImageNet has: 1,281,167 per epoch and 50,000 for evaluation; --train-limit N and "
+                       "--test-limit N cap them")
     image.add_argument("--evaluate", action="store_true", help="only evaluate a checkpoint (--resume PATH) and exit")
     image.add_argument("--skip-bad-images", action="store_true", help="count and report unreadable images instead "
                        "of stopping at the first")

@@ -263,6 +263,8 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
     if scaling:
         run.say(scaling)
+    for warning in run.recipe.warnings(cfg, plan.num_samples, plan.steps_per_epoch):
+        print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
     from hpctrain.tbserver import train_hint
 
     run.say(train_hint(run.run_dir))
