@@ -54,3 +54,12 @@ def test_the_fast_recipe_warns_of_a_batch_larger_than_the_data_and_a_warmup_of_a
 def test_synthetic_help_says_how_many_images_and_what_caps_them() -> None:
     text = ok(hpctrain("train", "--help")).stdout
     assert "1,281,167 per epoch" in " ".join(text.split()) and "--train-limit N" in text
+
+
+def test_top5_is_shown_only_with_more_than_five_classes(tmp_path: Path) -> None:
+    for classes, shown in ((4, False), (5, False), (6, True)):
+        data = tmp_path / str(classes)
+        for c in range(classes):
+            (data / "train" / f"class{c}").mkdir(parents=True)
+        cfg = TrainConfig(workload="imagenet", dataset="imagenet", data_dir=str(data))
+        assert get_recipe("imagenet", "fast").for_config(cfg).reports_top5 is shown, classes

@@ -95,3 +95,26 @@ def test_an_explicit_other_threads_on_resume_is_honoured_with_a_warning(fashion_
     assert "--threads 1, but this run was trained with 2 thread(s) per process" in resumed.stderr
     assert "drop --threads to continue with 2" in resumed.stderr
     assert yaml.safe_load((parts / "config.yaml").read_text())["threads"] == 1
+
+
+def env(rank: int, world_size: int = 2):  # type: ignore[no-untyped-def]
+    from hpctrain.distributed import DistEnv
+
+    return DistEnv("slurm", rank, world_size, 0, 1, rank, world_size, "node1", 29500, "env://")
+
+
+def test_busy_cores_are_said_once_by_rank_zero_and_only_when_they_changed_the_choice(capsys, monkeypatch) -> None:
+    from hpctrain.config import TrainConfig
+    from hpctrain.launch import local
+    from hpctrain.training import loop
+
+    monkeypatch.setattr(local, "available_cores", lambda: 4)
+    monkeypatch.setattr(loop, "available_cores", lambda: 4)
+    lowered = TrainConfig(threads=2, threads_chosen=True)  # the default would be 4: busy cores lowered it
+    assert loop.resolve_threads(lowered, env(1), None) == 2
+    assert capsys.readouterr().err == ""  # another rank (another node of the job) says nothing
+    assert loop.resolve_threads(lowered, env(0), None) == 2
+    assert capsys.readouterr().err.count("other programs keep some of this process's cores busy") == 1
+    assert loop.resolve_threads(TrainConfig(threads=4, threads_chosen=True), env(0), None) == 4
+    assert loop.resolve_threads(TrainConfig(threads=2), env(0), None) == 2  # --threads 2 given: nothing to say
+    assert capsys.readouterr().err == ""

@@ -95,8 +95,9 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
                        help="weight decay (default 1e-4; the fast recipe exempts norms and biases)")
     image.add_argument("--dist-backend", choices=("nccl", "gloo"), help="accepted for compatibility: hpctrain uses "
                        "nccl on GPUs and gloo on the CPU, and refuses the other")
-    image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints);"
-                       " with --resume, a DIR that does not exist yet starts a new run")
+    image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints, "
+                       "or in DIR itself when it is named checkpoints); with --resume, a DIR that does not exist yet "
+                       "starts a new run")
     image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files), as many "
                        "as ImageNet has: 1,281,167 per epoch and 50,000 for evaluation; --train-limit N and "
                        "--test-limit N cap them")

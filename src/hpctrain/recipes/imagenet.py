@@ -69,7 +69,6 @@ class ImageSizes:
 
 class ImageNetRecipe(Recipe):
     datasets = ("imagenet",)
-    reports_top5 = True
     keeps_best = True
     momentum = 0.9
     weight_decay = 1e-4
@@ -82,6 +81,11 @@ class ImageNetRecipe(Recipe):
         self.cfg = cfg
         self.arch = (cfg.arch if cfg is not None and cfg.arch else "resnet50")
         self.num_classes = _count_classes(cfg) if cfg is not None else IMAGENET_CLASSES
+
+    @property
+    def reports_top5(self) -> bool:  # type: ignore[override]
+        """Top-5 accuracy only where it says something: with 5 classes or fewer it is always 100%."""
+        return self.num_classes > 5
 
     def for_config(self, cfg) -> ImageNetRecipe:  # type: ignore[no-untyped-def]
         _check_backend(cfg)

@@ -64,6 +64,12 @@ RECORDED_DEFAULTS = (*RESUME_MUST_MATCH, "epochs", "lr", "test_batch_size", "tes
 UNUSED_PARAMETERS_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 
+def checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run's checkpoint files go: RUN_DIR/checkpoints. A run directory itself named `checkpoints` (the seed
+    scripts' `--checkpoints-path ./checkpoints`) holds them directly, not in checkpoints/checkpoints."""
+    return run_dir if run_dir.name == CHECKPOINT_DIR else run_dir / CHECKPOINT_DIR
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -213,7 +219,7 @@ def _report_end(run: Run, result: RunResult) -> None:
     """The last lines: how the run ended, where its run directory and newest checkpoint are, what to do next."""
     if not run.is_main:
         return
-    latest = checkpoint.find_latest(run.run_dir / CHECKPOINT_DIR)
+    latest = checkpoint.find_latest(checkpoint_dir(run.run_dir))
     where = f"run dir {run.run_dir}, last checkpoint {latest.path if latest is not None else '(none)'}"
     reason = result.stop_reason
     if reason is StopReason.NONE:
@@ -393,7 +399,7 @@ def setup_run(cfg: TrainConfig) -> Run:
                 lock = _lock_run_dir(run_dir)
             refuse_symlinks(run_dir, RUN_FILES)
             if point is not None:
-                point.tidy(run_dir / CHECKPOINT_DIR)
+                point.tidy(checkpoint_dir(run_dir))
     except BaseException:
         if lock is not None:
             lock.release()
@@ -551,7 +557,7 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
     attempt (Slurm requeue, torchrun restart, a Kubernetes pod with HPCTRAIN_AUTO_RESUME=1) resumes by itself, and
     starts from the beginning only if no save has ever finished. Neither starts over when every checkpoint there is
     damaged."""
-    ckpt_dir = run_dir / CHECKPOINT_DIR
+    ckpt_dir = checkpoint_dir(run_dir)
     restarted = may_be_a_restart()
     if cfg.resume not in (None, "latest"):
         return _explicit_resume(Path(cfg.resume))
@@ -588,7 +594,7 @@ def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
     run_dir = Path(cfg.run_dir or default_run_dir(cfg))
     try:
         if cfg.resume == "latest":
-            state = checkpoint.search(run_dir / CHECKPOINT_DIR).state
+            state = checkpoint.search(checkpoint_dir(run_dir)).state
         else:
             state = _explicit_resume(Path(cfg.resume)).state
     except UserError:
@@ -833,7 +839,7 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
         }
         name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
         save = run.writer.save if run.writer is not None else checkpoint.save
-        save(state, run.run_dir / CHECKPOINT_DIR, name, epoch=position.epoch, step=position.step,
+        save(state, checkpoint_dir(run.run_dir), name, epoch=position.epoch, step=position.step,
              world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
         if run.writer is not None and durable:
             run.writer.wait()
@@ -870,7 +876,7 @@ def _keep_best(run: Run, position: Position) -> None:
         return
     if run.writer is not None:
         run.writer.wait()
-    ckpt_dir = run.run_dir / CHECKPOINT_DIR
+    ckpt_dir = checkpoint_dir(run.run_dir)
     source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
     checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)
 
