@@ -115,12 +115,12 @@ def test_the_server_dies_with_hpctrain_tensorboard_and_prints_its_url_once(tmp_p
         servers = children(proc.pid)
         assert len(servers) == 1 and alive(servers[0]), servers
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode in (128 + signum, -signum), (proc.returncode, err)
+        assert proc.wait(timeout=60) in (128 + signum, -signum)
         deadline = time.monotonic() + 60  # the kernel signals the server; it takes a moment to exit
         while alive(servers[0]) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not alive(servers[0]), "TensorBoard kept serving after hpctrain tensorboard ended"
+        out, err = proc.communicate(timeout=60)  # the server held the pipes too: read them once it is gone
         # One URL (hpctrain's), no TensorFlow or loader notes from TensorBoard's start-up.
         assert "http://" not in out + err and "TensorFlow installation not found" not in err, err
     finally:
