@@ -235,7 +235,16 @@ def _report_end(run: Run, result: RunResult) -> None:
         else:  # only possible with several processes: the vote carries the reason, not the signal
             why = "a signal reached another process"
         run.say(f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
-                f"Continue with `--resume` and the same --run-dir")
+                f"{_how_to_continue(reason)}")
+
+
+def _how_to_continue(reason: StopReason) -> str:
+    """After a stop: inside a Slurm job that hpctrain submitted, a time-limit warning makes the batch script requeue
+    the job, and the next attempt resumes by itself; anywhere else, the user continues the run."""
+    if reason is StopReason.PREEMPTED and os.environ.get("SLURM_JOB_ID") and os.environ.get("HPCTRAIN_RUN_DIR"):
+        return ("The job's batch script requeues the job (within its --max-requeues) and the next attempt resumes "
+                "from that checkpoint by itself; nothing to do")
+    return "Continue with `--resume` and the same --run-dir"
 
 
 def _build(run: Run) -> tuple[Parts, Position]:
