@@ -107,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check the job here (not against the cluster), print the sbatch command and script "
                              "(Slurm) or the manifest (Kubernetes); submit nothing")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its exit status")
+    parser.add_argument("--follow", action="store_true", help="--wait, and print the job's output as it grows "
+                        "(Slurm: its --output file, from the first attempt on; `hpctrain logs -f JOB` does the same "
+                        "for a job already queued)")
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
 
@@ -406,7 +409,7 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
     print(job_id, flush=True)
     where = f"; script and job description in {run_dir}/" if run_dir else ""
     print(f"hpctrain submit: job {job_id} queued{where}", file=sys.stderr, flush=True)
-    if not args.wait:
+    if not (args.wait or args.follow):
         return 0
     from hpctrain.schedulers.slurm.jobs import wait_for_job
 
@@ -415,12 +418,39 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
         again = f", attempt {info.restarts + 1}" if info.restarts else ""
         print(f"hpctrain submit: job {job_id} {info.state}{why}{again}", file=sys.stderr, flush=True)
 
-    info = wait_for_job(job_id, on_change=show)
+    if args.follow:
+        _follow_slurm_job(job_id, show)
+    info = wait_for_job(job_id, on_change=None if args.follow else show)
     code = info.exit_code if info.exit_code is not None else 1
     if code == 0 and str(info.state).upper() != "COMPLETED":
         code = 1
     print(f"hpctrain submit: job {job_id} ended {info.state} with exit status {code}", file=sys.stderr)
     return code
+
+
+def _follow_slurm_job(job_id: str, show: Any) -> None:
+    """Copy the job's output file to stdout as it grows until the job ends, saying each state change on stderr."""
+    from hpctrain.schedulers.slurm.jobs import get_job
+    from hpctrain.schedulers.slurm.output import follow, output_candidates
+
+    seen: list[tuple[str, int]] = []
+    first = get_job(job_id)
+    target = output_candidates(job_id, first, "stdout")[0]
+
+    def finished() -> bool:
+        info = get_job(job_id)
+        if info is None:
+            return True
+        if not seen or seen[-1] != (info.state, info.restarts):
+            seen.append((info.state, info.restarts))
+            show(info)
+        return info.finished
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    follow(target, write, finished)
 
 
 KUBERNETES_DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
@@ -460,7 +490,10 @@ def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
     namespace = submission.kubernetes.get("namespace", "default")
     print(f"hpctrain submit: {rendered.payload['kind'] if isinstance(rendered.payload, dict) else 'job'} {job_id} "
           f"created in namespace {namespace}{where}", file=sys.stderr, flush=True)
-    if not args.wait:
+    if args.follow:
+        print(f"hpctrain submit: --follow prints Slurm jobs' output; here it waits like --wait (the log: "
+              f"`hpctrain logs -f {job_id}` with the same --scheduler and --namespace)", file=sys.stderr, flush=True)
+    if not (args.wait or args.follow):
         return 0
     return wait_and_report(sched, job_id, "submit")
 
