@@ -601,6 +601,8 @@ def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
     if cfg.resume is None:
         return cfg
     run_dir = Path(cfg.run_dir or default_run_dir(cfg))
+    quiet = checkpoint.log.disabled  # the run itself reports damaged checkpoints, once
+    checkpoint.log.disabled = True
     try:
         if cfg.resume == "latest":
             state = checkpoint.search(checkpoint_dir(run_dir)).state
@@ -608,6 +610,8 @@ def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
             state = _explicit_resume(Path(cfg.resume)).state
     except UserError:
         return cfg
+    finally:
+        checkpoint.log.disabled = quiet
     saved = state.get("config") if isinstance(state, dict) else None
     if not isinstance(saved, dict):
         return cfg
