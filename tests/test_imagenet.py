@@ -120,11 +120,6 @@ def test_checkpoints_path_with_resume_starts_fresh_when_missing(fashion_folders,
     assert "resumed at epoch 2" in again.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--arch", "resnet_nope"], "not a torchvision classification model"),
-    (["--dist-backend", "nccl"], "--dist-backend nccl on cpu"),
-    (["--workers", "-1"], "--workers must be 0"),
-])
 def test_checkpoints_path_named_checkpoints_holds_the_checkpoint_files_itself(fashion_folders, tmp_path):
     # The seed scripts' `--checkpoints-path ./checkpoints`: once ./checkpoints/checkpoints/checkpoint_*.pt.
     quick = ["--epochs", "1", "-j", "0", "--train-limit", "64", "--test-limit", "20"]
@@ -138,6 +133,11 @@ def test_checkpoints_path_named_checkpoints_holds_the_checkpoint_files_itself(fa
     assert (tmp_path / "checkpoints" / "checkpoint_epoch_2.pt").is_file()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--arch", "resnet_nope"], "not a torchvision classification model"),
+    (["--dist-backend", "nccl"], "--dist-backend nccl on cpu"),
+    (["--workers", "-1"], "--workers must be 0"),
+])
 def test_bad_imagenet_options_fail_clearly_and_touch_nothing(fashion_folders, tmp_path, args, message):
     run_dir = tmp_path / "run"
     result = hpctrain("train", "imagenet", str(fashion_folders), *TINY, "--device", "cpu", "--run-dir",
