@@ -123,7 +123,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     log = tmp_path / f"job-{job_id}.out"
-    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
+    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
     try:
         # Warn it once training has taken its first steps (a progress line per step: --log-interval 0).
         _wait(lambda: log.exists() and "epoch 1/2 step" in log.read_text(), "the first training step", 600, job_id, log)

@@ -120,6 +120,19 @@ def test_checkpoints_path_with_resume_starts_fresh_when_missing(fashion_folders,
     assert "resumed at epoch 2" in again.stdout
 
 
+def test_checkpoints_path_named_checkpoints_holds_the_checkpoint_files_itself(fashion_folders, tmp_path):
+    # The seed scripts' `--checkpoints-path ./checkpoints`: once ./checkpoints/checkpoints/checkpoint_*.pt.
+    quick = ["--epochs", "1", "-j", "0", "--train-limit", "64", "--test-limit", "20"]
+    ok(hpctrain("train", "imagenet", str(fashion_folders), *TINY, *quick, "--checkpoints-path", "./checkpoints",
+                "--resume", cwd=tmp_path))
+    assert (tmp_path / "checkpoints" / "checkpoint_epoch_1.pt").is_file()
+    assert not (tmp_path / "checkpoints" / "checkpoints").exists()
+    again = ok(hpctrain("train", "imagenet", str(fashion_folders), *TINY, *quick[2:], "--epochs", "2",
+                        "--checkpoints-path", "./checkpoints", "--resume", cwd=tmp_path))
+    assert "resumed at epoch 2" in again.stdout
+    assert (tmp_path / "checkpoints" / "checkpoint_epoch_2.pt").is_file()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--arch", "resnet_nope"], "not a torchvision classification model"),
     (["--dist-backend", "nccl"], "--dist-backend nccl on cpu"),

@@ -136,7 +136,7 @@ def test_submit_2x2_imagenet_job_trains_with_four_processes(slurm_cluster, fashi
                          *JOB_TRAIN[:-1], "1", cwd=tmp_path))
     job_id = result.stdout.strip()
     assert job_id.isdigit(), result.stdout
-    job = Job(job_id, tmp_path, tmp_path / "runs" / f"imagenet-imagenet-{job_id}")
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"imagenet-{fashion_folders.name}-{job_id}")
     job.follow()
     [part] = attempts(job.log)
     assert "step finished with exit status 0" in part, job.log

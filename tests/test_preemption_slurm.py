@@ -91,7 +91,7 @@ def submit(tmp_path: Path, data_dir: Path, epochs: int, *options: str) -> Job:
                       str(data_dir), "--epochs", str(epochs), cwd=tmp_path)
     job_id = ok(result).stdout.strip()
     assert job_id.isdigit(), result.stdout
-    return Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}")
+    return Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
 
 
 def check_resumes(log: str) -> list[tuple[str, int, int]]:

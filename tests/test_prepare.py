@@ -191,3 +191,10 @@ def test_training_refuses_an_index_of_another_format_version(fashion_folders, tm
     (out / INDEX_NAME).write_text(json.dumps(index))
     result = train(out, tmp_path / "run", "--epochs", "1", expect=2)
     assert "val-000000.tar" in result.stderr and "hpctrain prepare" in result.stderr
+
+
+def test_prepare_reports_sizes_people_read(fashion_folders, tmp_path):  # noqa: F811
+    # 300 small JPEGs are a few hundred kB: once reported as "0.00 GB".
+    result = prepare(fashion_folders, tmp_path / "out", "--keep-size", "--shard-size", "1MB")
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("train:")]
+    assert line.endswith(" kB, verified") and "GB" not in line, line

@@ -50,7 +50,7 @@ def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, fashion_data_
                  "--data-dir", str(fashion_data_dir)])
     out = capsys.readouterr().out
     assert code == 0
-    assert 'run_dir=runs/mnist-fashion-mnist-"${SLURM_JOB_ID}"' in out
+    assert 'run_dir=runs/mnist-fashion-mnist-classic-"${SLURM_JOB_ID}"' in out
     assert "#SBATCH --job-name=mnist-fashion-mnist\n" in out
     python = shlex.quote(os.path.abspath(sys.executable))
     assert (f"srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 {python} -m hpctrain train mnist --recipe classic "
@@ -123,7 +123,7 @@ def test_submit_records_script_and_description(fake_sbatch: Path, tmp_path: Path
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.out == "777\n"
-    run_dir = tmp_path / "runs" / "mnist-fashion-mnist-777"
+    run_dir = tmp_path / "runs" / "mnist-fashion-mnist-classic-777"
     assert (run_dir / "job.sbatch").read_text().startswith("#!/bin/bash\n")
     assert fake_sbatch.read_text() == "--parsable\n"
     # the recorded description resubmits the same job
@@ -152,8 +152,6 @@ SKIPPED = "--dry-run skipped the checks that need the live cluster"
         (["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", "nodata"], "hpctrain download fashion-mnist"),
         (["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", "{data}", "--device", "cuda"],
          "train --device cuda, but the job asks for no GPUs"),
-        (["--venv", "novenv", "--", "python", "x.py"], "venv novenv has no bin/activate"),
-        (["--image", "none.sif", "--", "python", "x.py"], "apptainer image none.sif does not exist"),
         (["--", "python", "missing.py"], "missing.py: not found"),
         (["--", "./missing-tool"], "./missing-tool: not found"),
     ],
@@ -168,6 +166,24 @@ def test_dry_run_refuses_what_a_real_submit_refuses(fake_sbatch: Path, fashion_d
     assert SKIPPED in captured.err
     assert captured.out.startswith("# sbatch --parsable")  # the script is still shown, for reading
     assert main(["submit", "--no-check", *argv]) == 2  # the same verdict as a real submit
+    assert message in capsys.readouterr().err
+    assert not fake_sbatch.exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--venv", "novenv", "--", "python", "x.py"], "venv novenv has no bin/activate"),
+    (["--image", "none.sif", "--", "python", "x.py"], "apptainer image none.sif does not exist"),
+])
+def test_dry_run_notes_an_image_or_venv_not_made_yet_which_a_real_submit_refuses(
+        fake_sbatch: Path, capsys, tmp_path: Path, monkeypatch, argv: list[str], message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("print('hi')\n")
+    assert main(["submit", "--dry-run", *argv]) == 0
+    captured = capsys.readouterr()
+    assert f"note: {message}" in captured.err and "a real submit refuses until then" in captured.err
+    assert "a real submit would refuse this job" not in captured.err
+    assert captured.out.startswith("# sbatch --parsable")
+    assert main(["submit", "--no-check", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not fake_sbatch.exists()
 

@@ -124,7 +124,7 @@ def test_recipe_outlives_its_time_limit_by_requeueing(slurm, slurm_cluster, tmp_
     assert proc.stdout is not None
     job_id = proc.stdout.readline().strip()
     assert job_id.isdigit(), proc.communicate()[1]
-    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
+    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
     wait_for(lambda: "epoch 1/" in job_log(tmp_path, job_id), "training", 300, job_id, tmp_path)  # a progress line
     slurm_cluster.warn_mid_run(job_id, processes=1)
     # A requeued job is held (reason BeginTime) until the old attempt's credential expires (30 s here); releasing

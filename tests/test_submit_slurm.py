@@ -112,6 +112,15 @@ def test_cpu_only_single_job_and_exit_status(slurm, tmp_path: Path) -> None:
     assert "exit status 3" in proc.stderr
 
 
+def test_follow_prints_the_jobs_output_while_it_waits(slurm, tmp_path: Path) -> None:
+    proc = hpctrain("submit", "--follow", "--launcher", "single", "--output", "job-%j.out", "--",
+                    sys.executable, "-c", "print('hello from the job', flush=True)", cwd=tmp_path)
+    job_id, *log = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
+    assert "hello from the job" in log, proc.stdout
+    assert f"job {job_id} ended COMPLETED with exit status 0" in proc.stderr
+
+
 def test_shard_job_holds_its_shards_while_running(slurm, tmp_path: Path) -> None:
     release = tmp_path / "release"
     script = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.2)\n"
@@ -187,7 +196,7 @@ def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: P
                     "--output", "job-%j.out", "--time", "10", *train, cwd=tmp_path)
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
-    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}"
+    run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
     metrics = read_metrics(run_dir)
     assert metrics and metrics[-1]["world_size"] == 4, metrics
     assert (run_dir / "job.sbatch").exists() and (run_dir / "job.yaml").exists()

@@ -49,7 +49,7 @@ def test_a_torchrun_job_finds_the_tools_that_submitted_it(slurm_cluster, tmp_pat
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     log = job_log(tmp_path, job_id)
     assert "No such file or directory" not in log, log
-    metrics = read_metrics(tmp_path / "runs" / f"mnist-fashion-mnist-{job_id}")
+    metrics = read_metrics(tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
     assert metrics and metrics[-1]["world_size"] == 4, metrics
 
 

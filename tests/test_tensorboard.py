@@ -5,7 +5,9 @@ EventAccumulator reads from the files."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -83,6 +85,51 @@ def test_local_server_serves_the_event_files(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its (new) parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_server_dies_with_hpctrain_tensorboard_and_prints_its_url_once(tmp_path: Path, signum) -> None:
+    one = make_run(tmp_path / "one", [2.5])
+    proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "tensorboard", str(one)], env=cli_env(tmp_path / "home"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    servers: list[int] = []
+    try:
+        line = proc.stdout.readline()
+        assert "TensorBoard at http://127.0.0.1:" in line, line
+        servers = children(proc.pid)
+        assert len(servers) == 1 and alive(servers[0]), servers
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) in (128 + signum, -signum)
+        deadline = time.monotonic() + 60  # the kernel signals the server; it takes a moment to exit
+        while alive(servers[0]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(servers[0]), "TensorBoard kept serving after hpctrain tensorboard ended"
+        out, err = proc.communicate(timeout=60)  # the server held the pipes too: read them once it is gone
+        # One URL (hpctrain's), no TensorFlow or loader notes from TensorBoard's start-up.
+        assert "http://" not in out + err and "TensorFlow installation not found" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in servers:  # never leave a server running, whatever failed above
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slurm

@@ -66,8 +66,9 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from hpctrain import checkpoint
+    from hpctrain.training.loop import checkpoint_dir
 
-    info = checkpoint.find_latest(run_dir / "checkpoints")
+    info = checkpoint.find_latest(checkpoint_dir(run_dir))
     assert info is not None, f"no valid checkpoint in {run_dir}"
     return checkpoint.load(info.path)["model"]
 

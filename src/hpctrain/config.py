@@ -13,6 +13,7 @@ from hpctrain.errors import UserError
 
 DEVICES = ("auto", "cpu", "cuda")
 STRATEGIES = ("auto", "single", "dp", "ddp")
+DEFAULT_RECIPE = "fast"
 
 # Bounds that refuse typos and overflow while leaving room for every real run.
 MAX_SEED = 2**64 - 1  # torch.manual_seed's range; negative seeds would alias seed + 2**64
@@ -27,12 +28,12 @@ class TrainConfig:
 
     workload: str = "mnist"
     """Built-in workload: data + model family (mnist; later imagenet)."""
-    recipe: str = "fast"
+    recipe: str = DEFAULT_RECIPE
     """Variant of the workload: `fast` (ours) or `classic` (the pytorch/examples tutorial)."""
     dataset: str = "mnist"
     data_dir: str = field(default_factory=lambda: os.environ.get("HPCTRAIN_DATA_DIR", "data"))
     run_dir: str | None = None
-    """Where config, metrics, TensorBoard files and checkpoints go; default runs/<workload>-<dataset>[-<job id>]."""
+    """Where config, metrics, TensorBoard files and checkpoints go; default runs/<workload>-<data>[-<recipe>][-<job id>] (see run_name)."""
     epochs: int | None = None
     batch_size: int | None = None
     """Global batch: split evenly across processes, so results do not depend on the process count."""
@@ -59,6 +60,9 @@ class TrainConfig:
     """Seconds between plain progress lines when stderr is not a terminal (batch logs)."""
     threads: int | None = None
     """torch intra-op threads per process; default: the cores this process may use, divided among local workers."""
+    threads_chosen: bool = False
+    """`threads` was chosen by hpctrain (no --threads): a resumed run takes the count its checkpoint recorded, since
+    another count changes torch's floating-point results (see training.loop.resolve_threads)."""
     dist_timeout: float = 600.0
     """Seconds a collective may wait for a missing rank before the run fails."""
     # ---- image workloads (imagenet); see hpctrain.recipes.imagenet
@@ -138,12 +142,36 @@ def default_run_dir(cfg: TrainConfig, environ: dict[str, str] | None = None) -> 
     environ = os.environ if environ is None else environ
     if environ.get("HPCTRAIN_RUN_DIR"):
         return environ["HPCTRAIN_RUN_DIR"]
-    name = f"{cfg.workload}-{cfg.dataset}"
+    name = run_name(cfg)
     job_id = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID")
     if job_id:
         task = environ.get("SLURM_ARRAY_TASK_ID")
         name += f"-{job_id}" + (f"_{task}" if task and environ.get("SLURM_ARRAY_JOB_ID") else "")
     return str(Path("runs") / name)
+
+
+def data_label(cfg: TrainConfig) -> str:
+    """What the run trains on, for its default run directory and start-up line: the dataset's name, or an image
+    folder's own name (`runs/imagenet-tiny-imagenet`, not `imagenet` for every folder), or `synthetic`."""
+    if cfg.dataset != "imagenet":
+        return cfg.dataset
+    if cfg.synthetic:
+        return "synthetic"
+    return Path(os.path.abspath(cfg.data_dir)).name or "imagenet"
+
+
+def run_name(cfg: TrainConfig) -> str:
+    """WORKLOAD-DATA, and -RECIPE for a recipe other than the default: two recipes never share a default run
+    directory (a second recipe's run there would be refused, and its --resume would refuse the first's
+    checkpoints)."""
+    name = f"{cfg.workload}-{data_label(cfg)}"
+    return name if cfg.recipe == DEFAULT_RECIPE else f"{name}-{cfg.recipe}"
+
+
+def earlier_default_run_dir(cfg: TrainConfig) -> str:
+    """The default run directory hpctrain used before run_name (WORKLOAD-DATASET for every recipe and folder), to
+    point a --resume of an older run at it."""
+    return str(Path("runs") / f"{cfg.workload}-{cfg.dataset}")
 
 
 # The longest name a run directory holds (checkpoints/checkpoint_step_N.pt.manifest.json and its temporary files).

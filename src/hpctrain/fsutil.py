@@ -258,3 +258,12 @@ def _read_fd(fd: int) -> str:
         return os.pread(fd, 4096, 0).decode(errors="replace")
     except OSError:
         return ""
+
+
+def human_bytes(n: float) -> str:
+    """A byte count for people, in decimal units as disks and --shard-size count: 512 B, 1.9 MB, 1.3 GB."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

@@ -6,11 +6,15 @@ Several runs are compared side by side, each named by its folder (`--logdir_spec
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 import secrets
 import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +22,7 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
-from hpctrain.services.common import Endpoint, http_get, private_dir, state_root
+from hpctrain.services.common import Endpoint, die_with_parent, http_get, private_dir, state_root
 from hpctrain.training.metrics import TENSORBOARD_DIR
 
 POD_PORT = 6006
@@ -83,10 +87,32 @@ def ready(host: str, port: int) -> bool:
     return http_get(f"http://{host}:{port}/data/runs")[0] == 200
 
 
-def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[subprocess.Popen[bytes], str]:
-    """Start TensorBoard here and return (process, url) once it answers; the caller waits on or stops it."""
+# TensorBoard's start-up lines that say nothing to an hpctrain user: it runs without TensorFlow on purpose, its
+# experimental loader note, its own URL line (hpctrain prints the URL, once) and its goodbye on SIGTERM.
+_NOISE = re.compile(r"TensorFlow installation not found|^NOTE: Using experimental fast data loading|"
+                    r"^\s+\"--load_fast=false\" and report issues|^\s+https://github\.com/tensorflow/tensorboard/issues/"
+                    r"|^TensorBoard \S+ at https?://|^TensorBoard caught SIG\w+; exiting|^\s*$")
+
+
+def is_noise(line: str) -> bool:
+    """Whether a line of TensorBoard's stderr is one of the start-up lines hpctrain leaves out."""
+    return bool(_NOISE.search(line))
+
+
+def _forward_stderr(stream) -> None:  # type: ignore[no-untyped-def]
+    for line in stream:
+        if not is_noise(line):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[subprocess.Popen[str], str]:
+    """Start TensorBoard here and return (process, url) once it answers; the caller waits on or stops it. The
+    server dies with this process (SIGTERM from the kernel, however this process ends)."""
     port = port or free_port()
-    proc = subprocess.Popen(tensorboard_argv(spec, port), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(tensorboard_argv(spec, port), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    threading.Thread(target=_forward_stderr, args=(proc.stderr,), name="tensorboard-stderr", daemon=True).start()
     deadline = time.monotonic() + wait_s
     while not ready("127.0.0.1", port):
         if proc.poll() is not None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import human_bytes
 
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     for split, entry in index["splits"].items():
         total = sum(shard["bytes"] for shard in entry["shards"])
         print(f"{split}: {len(entry['samples']['label'])} images in {len(entry['shards'])} shard(s), "
-              f"{total / 1e9:.2f} GB, verified")
+              f"{human_bytes(total)}, verified")
         if entry["skipped"]:
             shown = ", ".join(_printable(name) for name in entry["skipped"][:5])
             print(f"  skipped {len(entry['skipped'])} unreadable image(s): {shown}"

@@ -38,6 +38,7 @@ from hpctrain.jobs.spec import (
     from_mapping,
     local_problems,
     mem_warning,
+    missing_prerequisites,
 )
 
 # dest -> flag: what only Slurm understands (given with --scheduler kubernetes: an error naming the fix).
@@ -106,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="check the job here (not against the cluster), print the sbatch command and script "
                              "(Slurm) or the manifest (Kubernetes); submit nothing")
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its exit status")
+    parser.add_argument("--follow", action="store_true", help="--wait, and print the job's output as it grows "
+                        "(Slurm: its --output file, from the first attempt on; `hpctrain logs -f JOB` does the same "
+                        "for a job already queued)")
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
 
@@ -296,6 +300,19 @@ def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[s
     return problems
 
 
+def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[str]]:
+    """Split a --dry-run's problems into those that make it exit 2 and notes: the image or venv made once before the
+    first submit (an example's placeholder, or not pulled yet) and, while a venv is missing, the programs that only
+    it would provide. A real submit and `hpctrain check` still refuse both."""
+    missing = missing_prerequisites(job)
+    if not missing:
+        return problems, []
+    venv_missing = job.environment.kind == "venv" and any(m.startswith("venv ") for m in missing)
+    noted = [p for p in problems if p in missing or (venv_missing and "is not on the PATH the job will have" in p)]
+    notes = [f"note: {p} (a real submit refuses until then)" for p in noted]
+    return [p for p in problems if p not in noted], notes
+
+
 def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
@@ -373,8 +390,9 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
         # The script is shown whatever the checks say (it is what the user asked to read); the exit status is a
         # real submit's verdict on everything that can be checked without the cluster.
         sys.stdout.write(slurm.dry_run_text(job, script))
+        problems, notes = dry_run_notes(job, problems)
         verdict = ["a real submit would refuse this job (exit status 2)"] if problems else []
-        report_problems("submit", problems + verdict + [SKIPPED_IN_DRY_RUN])
+        report_problems("submit", problems + verdict + notes + [SKIPPED_IN_DRY_RUN])
         return 2 if problems else 0
     if not args.no_check:
         problems += (cluster_problems := cluster_check(job))
@@ -391,7 +409,7 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
     print(job_id, flush=True)
     where = f"; script and job description in {run_dir}/" if run_dir else ""
     print(f"hpctrain submit: job {job_id} queued{where}", file=sys.stderr, flush=True)
-    if not args.wait:
+    if not (args.wait or args.follow):
         return 0
     from hpctrain.schedulers.slurm.jobs import wait_for_job
 
@@ -400,12 +418,39 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
         again = f", attempt {info.restarts + 1}" if info.restarts else ""
         print(f"hpctrain submit: job {job_id} {info.state}{why}{again}", file=sys.stderr, flush=True)
 
-    info = wait_for_job(job_id, on_change=show)
+    if args.follow:
+        _follow_slurm_job(job_id, show)
+    info = wait_for_job(job_id, on_change=None if args.follow else show)
     code = info.exit_code if info.exit_code is not None else 1
     if code == 0 and str(info.state).upper() != "COMPLETED":
         code = 1
     print(f"hpctrain submit: job {job_id} ended {info.state} with exit status {code}", file=sys.stderr)
     return code
+
+
+def _follow_slurm_job(job_id: str, show: Any) -> None:
+    """Copy the job's output file to stdout as it grows until the job ends, saying each state change on stderr."""
+    from hpctrain.schedulers.slurm.jobs import get_job
+    from hpctrain.schedulers.slurm.output import follow, output_candidates
+
+    seen: list[tuple[str, int]] = []
+    first = get_job(job_id)
+    target = output_candidates(job_id, first, "stdout")[0]
+
+    def finished() -> bool:
+        info = get_job(job_id)
+        if info is None:
+            return True
+        if not seen or seen[-1] != (info.state, info.restarts):
+            seen.append((info.state, info.restarts))
+            show(info)
+        return info.finished
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    follow(target, write, finished)
 
 
 KUBERNETES_DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
@@ -445,7 +490,10 @@ def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
     namespace = submission.kubernetes.get("namespace", "default")
     print(f"hpctrain submit: {rendered.payload['kind'] if isinstance(rendered.payload, dict) else 'job'} {job_id} "
           f"created in namespace {namespace}{where}", file=sys.stderr, flush=True)
-    if not args.wait:
+    if args.follow:
+        print(f"hpctrain submit: --follow prints Slurm jobs' output; here it waits like --wait (the log: "
+              f"`hpctrain logs -f {job_id}` with the same --scheduler and --namespace)", file=sys.stderr, flush=True)
+    if not (args.wait or args.follow):
         return 0
     return wait_and_report(sched, job_id, "submit")
 

@@ -8,6 +8,7 @@ stops it.
 from __future__ import annotations
 
 import argparse
+import signal
 
 from hpctrain.cli.dev import add_scheduler_arguments, add_service_job_arguments, core_of, k8s_options, scheduler_of
 
@@ -28,6 +29,14 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.on_cluster:
         spec = tbserver.logdir_spec(args.run_dirs)
+        stopped: list[int] = []
+
+        def stop(signum: int, frame: object) -> None:
+            stopped.append(signum)
+            raise KeyboardInterrupt
+
+        for signum in (signal.SIGTERM, signal.SIGHUP):  # a kill or a closed terminal stops the server too
+            signal.signal(signum, stop)
         proc, url = tbserver.serve_local(spec, args.port)
         print(f"TensorBoard at {url} ({len(args.run_dirs)} run(s)); Ctrl-C stops it", flush=True)
         try:
@@ -35,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             proc.terminate()
             proc.wait(timeout=30)
-            return 0
+            return 128 + stopped[0] if stopped else 0
     if scheduler_of(args) == "kubernetes":
         return _kubernetes(args)
     from hpctrain.cli.dev import environment_from_args

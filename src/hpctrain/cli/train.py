@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.cli import late_positionals, unrecognized
-from hpctrain.config import DEVICES, STRATEGIES, TrainConfig, check_run_dir
+from hpctrain.config import DEFAULT_RECIPE, DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
 from hpctrain.recipes import WORKLOADS
 
@@ -35,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--train-limit", type=int, metavar="N", help="use only the first N training images")
     data.add_argument("--test-limit", type=int, metavar="N", help="evaluate on only the first N test images")
     recipe = parser.add_argument_group("recipe (unset values take the recipe's defaults)")
-    recipe.add_argument("--recipe", default="fast", help="fast (ours, the default) or classic (the pytorch/examples "
+    recipe.add_argument("--recipe", help="fast (ours, the default) or classic (the pytorch/examples "
                         "MNIST tutorial: its CNN, Adadelta lr 1.0, StepLR 0.7, batch 64)")
     recipe.add_argument("--epochs", type=int, metavar="N", help="passes over the training set (fast: 1, classic: 14)")
     recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help="the GLOBAL batch, split over all "
@@ -45,11 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "speed and memory, not results (fast: 2000, classic: 1000)")
     recipe.add_argument("--lr", type=float, metavar="F", help="learning rate, above 0 and at most 1000 (fast: "
                         "0.15, the SGD peak after warmup; classic: Adadelta 1.0, times 0.7 each epoch)")
-    recipe.add_argument("--seed", type=int, default=0, help="fixes initial weights, data order and augmentation: "
-                        "the same seed gives the same run (0 to 2**64-1, default 0)")
+    recipe.add_argument("--seed", type=int, help="fixes initial weights, data order and augmentation: "
+                        "the same seed gives the same run (0 to 2**64-1, default 0; see the README for what else "
+                        "must match)")
     where = parser.add_argument_group("where and how")
     where.add_argument("--run-dir", help="config, metrics, TensorBoard files, checkpoints "
-                       "(default: runs/WORKLOAD-DATASET[-SLURM_JOB_ID])")
+                       "(default: runs/WORKLOAD-DATA[-RECIPE][-SLURM_JOB_ID]: DATA is the dataset or the image "
+                       "folder's name, -RECIPE only when not fast)")
     where.add_argument("--device", choices=DEVICES, default="auto", help="cuda: this process's GPU (one per "
                        "process); cpu; auto (default): a GPU when one is visible, else the CPU")
     where.add_argument("--strategy", choices=STRATEGIES, default="auto",
@@ -94,9 +95,12 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
                        help="weight decay (default 1e-4; the fast recipe exempts norms and biases)")
     image.add_argument("--dist-backend", choices=("nccl", "gloo"), help="accepted for compatibility: hpctrain uses "
                        "nccl on GPUs and gloo on the CPU, and refuses the other")
-    image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints);"
-                       " with --resume, a DIR that does not exist yet starts a new run")
-    image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files)")
+    image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints, "
+                       "or in DIR itself when it is named checkpoints); with --resume, a DIR that does not exist yet "
+                       "starts a new run")
+    image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files), as many "
+                       "as ImageNet has: 1,281,167 per epoch and 50,000 for evaluation; --train-limit N and "
+                       "--test-limit N cap them")
     image.add_argument("--evaluate", action="store_true", help="only evaluate a checkpoint (--resume PATH) and exit")
     image.add_argument("--skip-bad-images", action="store_true", help="count and report unreadable images instead "
                        "of stopping at the first")
@@ -135,13 +139,13 @@ def _image_values(args: argparse.Namespace) -> dict:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {
         "workload": args.workload,
-        "recipe": args.recipe,
+        "recipe": args.recipe or DEFAULT_RECIPE,
         "run_dir": args.run_dir,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "test_batch_size": args.test_batch_size,
         "lr": args.lr,
-        "seed": args.seed,
+        "seed": args.seed if args.seed is not None else 0,
         "train_limit": args.train_limit,
         "test_limit": args.test_limit,
         "device": args.device,
@@ -188,6 +192,10 @@ class _RaisingParser(argparse.ArgumentParser):
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if cfg.resume is not None:
+        from hpctrain.training.loop import RECORDED_DEFAULTS, with_recorded_settings
+
+        cfg = with_recorded_settings(cfg, {name for name in RECORDED_DEFAULTS if _unset(getattr(args, name, None))})
     try:
         cfg, plan = _preflight(cfg, dataset_defaulted=args.dataset is None)
     except UserError:
@@ -201,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
     # The workers learn their ranks from the spawner; a --dist-init-method slurm that made this srun task fan out
     # (one worker per GPU it owns) described the task, not them.
     return spawn(plan, _train_here, (cfg.replace(nproc=None, dist_init_method=None),))
+
+
+def _unset(value: object) -> bool:
+    """An option the command line left out: None, or a store_true flag not given (0 is a value)."""
+    return value is None or value is False
 
 
 def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:
@@ -229,12 +242,13 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
     if plan is not None:  # a single process locks the run dir and checks its resume point itself, before it loads the data
         check_run_dir_free(Path(resolved.run_dir))
         check_resume_point(resolved, detect())
-    return cfg.replace(threads=_threads(cfg, plan, env)), plan
+    return cfg.replace(threads=_threads(cfg, plan, env), threads_chosen=cfg.threads is None), plan
 
 
 def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> int:
     """--threads; else the free cores shared among this node's processes. Free cores are measured only where no
-    sibling process is starting up beside this one (it would count as busy)."""
+    sibling process is starting up beside this one (it would count as busy). A resumed run may still replace this
+    count by the one its checkpoint recorded, and rank 0 says so once (training.loop.resolve_threads)."""
     from hpctrain.launch.local import busy_cores_elsewhere, default_threads
 
     if cfg.threads is not None:
@@ -242,13 +256,7 @@ def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> in
     local = plan.nproc_per_node if plan is not None else env.local_world_size
     if plan is None and local > 1:
         return default_threads(local)
-    busy = busy_cores_elsewhere()
-    threads, idle = default_threads(local, busy), default_threads(local)
-    if threads < idle:
-        print(f"hpctrain: other programs keep {busy:.1f} of this process's cores busy: training with {threads} "
-              f"thread(s) per process rather than {idle}, which would wait on each other (--threads N to choose)",
-              file=sys.stderr, flush=True)
-    return threads
+    return default_threads(local, busy_cores_elsewhere())
 
 
 def _other_local_rank() -> bool:

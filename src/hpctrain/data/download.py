@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Iterable
 from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec, get_dataset_spec
 from hpctrain.data.idx import GZIP_MAGIC, read_idx
 from hpctrain.errors import UserError
-from hpctrain.fsutil import fsync_dir
+from hpctrain.fsutil import fsync_dir, human_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +137,7 @@ class _PlainReporter:
         self._print(f"warning: {self.dataset}: {message}")
 
     def begin(self, name: str, url: str, total: int | None) -> None:
-        size = f" ({_human(total)})" if total is not None else ""
+        size = f" ({human_bytes(total)})" if total is not None else ""
         self.info(f"downloading {url}{size}")
 
     def advance(self, n: int) -> None:
@@ -145,7 +145,7 @@ class _PlainReporter:
 
     def end(self, name: str, ok: bool, size: int) -> None:
         if ok:
-            self.info(f"{name}: {_human(size)}, verified")
+            self.info(f"{name}: {human_bytes(size)}, verified")
 
 
 class _RichReporter(_PlainReporter):
@@ -199,14 +199,6 @@ class _RichReporter(_PlainReporter):
         self.task = None
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "kB", "MB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
 def _reporter(dataset: str, progress: bool | None) -> _PlainReporter:
     if progress is None:
         progress = sys.stderr.isatty()
@@ -256,12 +248,12 @@ def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> U
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         what = "the file system is full" if err.errno == errno.ENOSPC else "the disk quota is used up"
         try:
-            free = f", {_human(shutil.disk_usage(where).free)} free"
+            free = f", {human_bytes(shutil.disk_usage(where).free)} free"
         except OSError:
             free = ""
         return UserError(
-            f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {_human(received)}; "
-            f"the file needs up to {_human(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
+            f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {human_bytes(received)}; "
+            f"the file needs up to {human_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
         )
     return UserError(f"cannot write {final.name} into {where}: {err.strerror or err}; pass --data-dir with a writable directory")
 

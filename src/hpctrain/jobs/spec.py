@@ -500,8 +500,9 @@ def _env_value(source: str, key: str, value: Any) -> str:
     return str(value)
 
 
-def local_problems(job: JobSpec) -> list[str]:
-    """Paths that must exist here before submitting (the submit host shares the file system with the nodes)."""
+def missing_prerequisites(job: JobSpec) -> list[str]:
+    """The job's environment made once before the first submit (a container image file, a venv) that is not here
+    yet: a real submit refuses, a --dry-run only notes it (the script can be read before the image is pulled)."""
     problems = []
     env = job.environment
     if env.kind == "apptainer" and env.image and not Path(env.image).expanduser().is_file():
@@ -510,6 +511,12 @@ def local_problems(job: JobSpec) -> list[str]:
         problems.append(f"enroot image {env.image} does not exist: import it first (enroot import ...) or fix --image")
     if env.kind == "venv" and env.venv and not (Path(env.venv).expanduser() / "bin" / "activate").is_file():
         problems.append(f"venv {env.venv} has no bin/activate: create it (python -m venv {env.venv}) or fix --venv")
+    return problems
+
+
+def local_problems(job: JobSpec) -> list[str]:
+    """Paths that must exist here before submitting (the submit host shares the file system with the nodes)."""
+    problems = missing_prerequisites(job)
     for flag, pattern in (("--output", job.output), ("--error", job.error)):
         parent = Path(pattern).expanduser().parent if pattern else None
         if parent is not None and "%" not in str(parent) and not parent.is_dir():

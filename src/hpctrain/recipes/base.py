@@ -116,6 +116,15 @@ class Recipe(ABC):
         """An extra startup line (batch split, scaled learning rate), or None."""
         return None
 
+    def warnings(self, cfg: TrainConfig, num_train: int, steps_per_epoch: int) -> list[str]:
+        """Start-up warnings about settings that train badly on this much data (the run goes on). Default: a
+        global batch larger than the training set (every epoch is then one padded step)."""
+        if cfg.batch_size <= num_train:
+            return []
+        return [f"the global batch ({cfg.batch_size}) exceeds the {num_train} training images: each epoch is a "
+                f"single step over a padded batch, and the recipe's learning rate is scaled for {cfg.batch_size} "
+                f"images; pass -b {max(1, num_train // 10)} or so (a tenth of the images) for a small data set"]
+
     def load_data(self, dataset: str, data_dir: str, device: torch.device, train_limit: int | None) -> TensorData:
         """Training and test tensors, preprocessed once, on `device` (recipes whose data fits in memory)."""
         raise NotImplementedError(f"{type(self).__name__} streams its data: use data_source()")

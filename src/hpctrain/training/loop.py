@@ -24,13 +24,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpctrain import checkpoint
-from hpctrain.config import TrainConfig, default_run_dir
+from hpctrain.config import TrainConfig, data_label, default_run_dir, earlier_default_run_dir
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import announce, collective, peer_failures
 from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
-from hpctrain.launch.local import choose_threads
+from hpctrain.launch.local import available_cores, choose_threads, default_threads
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
@@ -56,8 +56,19 @@ TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", 
 # values (an image size changed mid-run would change every later crop: no exact resume; none has an override).
 RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "synthetic", "batch_size", "train_limit", "seed", "arch",
                      "image_size", "val_size")
+# What a --resume or --evaluate takes from its checkpoint's config when the command line leaves it unset: the
+# run's own settings, so that resuming needs no flag repeated (a flag given that contradicts RESUME_MUST_MATCH is
+# still refused; --epochs and --lr given are honoured: extending a run, lowering the rate after a divergence).
+RECORDED_DEFAULTS = (*RESUME_MUST_MATCH, "epochs", "lr", "test_batch_size", "test_limit", "momentum",
+                     "weight_decay")
 # What torch's DDP prints on every rank when find_unused_parameters finds none (see `_wrap`: we set it on purpose).
 UNUSED_PARAMETERS_WARNING = "find_unused_parameters=True was specified in DDP constructor"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run's checkpoint files go: RUN_DIR/checkpoints. A run directory itself named `checkpoints` (the seed
+    scripts' `--checkpoints-path ./checkpoints`) holds them directly, not in checkpoints/checkpoints."""
+    return run_dir if run_dir.name == CHECKPOINT_DIR else run_dir / CHECKPOINT_DIR
 
 
 @dataclass
@@ -208,7 +219,7 @@ def _report_end(run: Run, result: RunResult) -> None:
     """The last lines: how the run ended, where its run directory and newest checkpoint are, what to do next."""
     if not run.is_main:
         return
-    latest = checkpoint.find_latest(run.run_dir / CHECKPOINT_DIR)
+    latest = checkpoint.find_latest(checkpoint_dir(run.run_dir))
     where = f"run dir {run.run_dir}, last checkpoint {latest.path if latest is not None else '(none)'}"
     reason = result.stop_reason
     if reason is StopReason.NONE:
@@ -224,7 +235,16 @@ def _report_end(run: Run, result: RunResult) -> None:
         else:  # only possible with several processes: the vote carries the reason, not the signal
             why = "a signal reached another process"
         run.say(f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
-                f"Continue with `--resume` and the same --run-dir")
+                f"{_how_to_continue(reason)}")
+
+
+def _how_to_continue(reason: StopReason) -> str:
+    """After a stop: inside a Slurm job that hpctrain submitted, a time-limit warning makes the batch script requeue
+    the job, and the next attempt resumes by itself; anywhere else, the user continues the run."""
+    if reason is StopReason.PREEMPTED and os.environ.get("SLURM_JOB_ID") and os.environ.get("HPCTRAIN_RUN_DIR"):
+        return ("The job's batch script requeues the job (within its --max-requeues) and the next attempt resumes "
+                "from that checkpoint by itself; nothing to do")
+    return "Continue with `--resume` and the same --run-dir"
 
 
 def _build(run: Run) -> tuple[Parts, Position]:
@@ -253,11 +273,13 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss,
                         every_steps=cfg.print_freq)
     where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
-    run.say(f"training {cfg.workload}/{cfg.recipe} on {cfg.dataset} ({plan.num_samples} images) with {where}; "
+    run.say(f"training {cfg.workload}/{cfg.recipe} on {data_label(cfg)} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
     scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
     if scaling:
         run.say(scaling)
+    for warning in run.recipe.warnings(cfg, plan.num_samples, plan.steps_per_epoch):
+        print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
     from hpctrain.tbserver import train_hint
 
     run.say(train_hint(run.run_dir))
@@ -395,7 +417,6 @@ def setup_run(cfg: TrainConfig) -> Run:
     device = resolve_device(cfg.device, env)
     check_dist_backend(cfg, device)
     strategy = resolve_strategy(cfg.strategy, env, device)
-    torch.set_num_threads(choose_threads(cfg.threads, env.local_world_size))
     torch.backends.cudnn.benchmark = cudnn_benchmark(recipe, device)
     run_dir = Path(cfg.run_dir)
     # Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
@@ -412,12 +433,15 @@ def setup_run(cfg: TrainConfig) -> Run:
                 lock = _lock_run_dir(run_dir)
             refuse_symlinks(run_dir, RUN_FILES + RUN_DIRECTORIES)
             if point is not None:
-                point.tidy(run_dir / CHECKPOINT_DIR)
+                point.tidy(checkpoint_dir(run_dir))
     except BaseException:
         if lock is not None:
             lock.release()
         raise
     state = point.state if point is not None else None
+    threads = resolve_threads(cfg, env, state)
+    torch.set_num_threads(threads)
+    cfg = cfg.replace(threads=threads)
     run = Run(cfg, recipe, env, device, strategy, run_dir, state, lock=lock)
     if state is not None and state["epoch"] >= cfg.epochs:
         run.complete = True
@@ -427,6 +451,51 @@ def setup_run(cfg: TrainConfig) -> Run:
                 f"global step {state['step']}, and --epochs is {cfg.epochs}; nothing to train. To train further, "
                 f"resume with a larger --epochs (e.g. --resume --epochs {state['epoch'] + 1})")
     return run
+
+
+def resolve_threads(cfg: TrainConfig, env: DistEnv, state: dict[str, Any] | None) -> int:
+    """This process's torch thread count. torch's CPU kernels split their sums by thread, so another count gives
+    other floating-point results: a resumed run keeps the count its checkpoint recorded for this rank (the first
+    attempt's), even when other programs now keep cores busy (slower, never different), unless --threads asks
+    for another (honoured, with a warning that the run is no longer bitwise the uninterrupted one). Rank 0 says
+    what it decided, once for the whole job."""
+    chosen = choose_threads(cfg.threads, env.local_world_size)
+    chosen_by_us = cfg.threads_chosen or cfg.threads is None
+    recorded = _recorded_threads(state, env) if state is not None else None
+    say = (lambda text: print(f"hpctrain: {text}", file=sys.stderr, flush=True)) if env.rank == 0 else (
+        lambda text: None)
+    idle = default_threads(env.local_world_size)
+    if recorded is None or recorded == chosen:
+        if state is None and chosen_by_us and chosen < idle:
+            say(f"other programs keep some of this process's cores busy: training with {chosen} thread(s) per "
+                f"process rather than {idle}, which would wait on each other (--threads N to choose)")
+        return chosen
+    if not chosen_by_us:
+        say(f"warning: --threads {chosen}, but this run was trained with {recorded} thread(s) per process: torch "
+            f"sums in another order with another count, so from here on the run is no longer bitwise the same as "
+            f"an uninterrupted one (drop --threads to continue with {recorded})")
+        return chosen
+    cores = available_cores()
+    if recorded > cores:
+        say(f"warning: this run was trained with {recorded} thread(s) per process, but only {cores} core(s) are "
+            f"usable here: continuing with {cores}, so the run is no longer bitwise the same as an uninterrupted "
+            f"one (resume where {recorded} cores are free to keep it exact)")
+        return cores
+    if recorded > chosen:
+        say(f"warning: other programs keep some of this process's cores busy, but this run was trained with "
+            f"{recorded} thread(s) per process: continuing with {recorded} so the results stay exactly those of an "
+            f"uninterrupted run (slower while the cores are busy; --threads {chosen} is faster but changes results)")
+    return recorded
+
+
+def _recorded_threads(state: dict[str, Any], env: DistEnv) -> int | None:
+    """The thread count this rank trained with: its own record in the checkpoint (same process count), else the
+    one the run's config recorded; None for checkpoints that recorded neither."""
+    ranks = state.get("ranks") or []
+    if len(ranks) == env.world_size and isinstance(ranks[env.rank], dict) and ranks[env.rank].get("threads"):
+        return int(ranks[env.rank]["threads"])
+    recorded = state.get("config", {}).get("threads")
+    return int(recorded) if isinstance(recorded, int) and recorded > 0 else None
 
 
 def check_resume_point(cfg: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
@@ -522,7 +591,7 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
     attempt (Slurm requeue, torchrun restart, a Kubernetes pod with HPCTRAIN_AUTO_RESUME=1) resumes by itself, and
     starts from the beginning only if no save has ever finished. Neither starts over when every checkpoint there is
     damaged."""
-    ckpt_dir = run_dir / CHECKPOINT_DIR
+    ckpt_dir = checkpoint_dir(run_dir)
     restarted = may_be_a_restart()
     if cfg.resume not in (None, "latest"):
         return _explicit_resume(Path(cfg.resume))
@@ -533,8 +602,8 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
         return None
     if not run_dir.exists():
         if not restarted and not cfg.fresh_if_missing:
-            raise UserError(f"--resume: the run directory {run_dir} does not exist; check --run-dir (a typo?), or "
-                            "drop --resume to start a new run there")
+            raise UserError(f"--resume: the run directory {run_dir} does not exist; {_earlier_default(cfg, run_dir)}"
+                            "check --run-dir (a typo?), or drop --resume to start a new run there")
         return None  # a restarted attempt whose first one never got as far as creating the run directory
     found = checkpoint.search(ckpt_dir)
     if found.info is not None:
@@ -548,6 +617,41 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
         print(f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
               "beginning", flush=True)
     return ResumePoint(None, None) if found.rejected else None
+
+
+def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
+    """For --resume and --evaluate: `cfg` with the settings its checkpoint recorded in place of those the user left
+    unset (`unset`: config field names), and the run directory it was found in. Unchanged where no usable checkpoint
+    is found: the run's own checks then say why."""
+    if cfg.resume is None:
+        return cfg
+    run_dir = Path(cfg.run_dir or default_run_dir(cfg))
+    quiet = checkpoint.log.disabled  # the run itself reports damaged checkpoints, once
+    checkpoint.log.disabled = True
+    try:
+        if cfg.resume == "latest":
+            state = checkpoint.search(checkpoint_dir(run_dir)).state
+        else:
+            state = _explicit_resume(Path(cfg.resume)).state
+    except UserError:
+        return cfg
+    finally:
+        checkpoint.log.disabled = quiet
+    saved = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(saved, dict):
+        return cfg
+    changes = {name: saved[name] for name in RECORDED_DEFAULTS if name in unset and name in saved}
+    if cfg.resume == "latest" and cfg.run_dir is None:
+        changes["run_dir"] = str(run_dir)
+    return cfg.replace(**changes)
+
+
+def _earlier_default(cfg: TrainConfig, run_dir: Path) -> str:
+    """A hint when an older hpctrain's default run directory for these options holds the run."""
+    earlier = Path(earlier_default_run_dir(cfg))
+    if run_dir == Path(default_run_dir(cfg)) and earlier != run_dir and (earlier / CHECKPOINT_DIR).is_dir():
+        return f"earlier hpctrain versions used {earlier} for this run: pass --run-dir {earlier}; else "
+    return ""
 
 
 def _explicit_resume(path: Path) -> ResumePoint:
@@ -767,7 +871,7 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
 def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False) -> None:
     """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes, in the background
     unless `durable` (the run is about to stop) or --sync-checkpoints."""
-    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum}
+    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum, "threads": torch.get_num_threads()}
     if run.env.is_distributed:
         gathered: list[Any] = [None] * run.env.world_size
         with collective(f"the checkpoint's gather of rank states at step {position.step}"):
@@ -791,7 +895,7 @@ def _save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durabl
         }
         name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
         save = run.writer.save if run.writer is not None else checkpoint.save
-        save(state, run.run_dir / CHECKPOINT_DIR, name, epoch=position.epoch, step=position.step,
+        save(state, checkpoint_dir(run.run_dir), name, epoch=position.epoch, step=position.step,
              world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
         if run.writer is not None and durable:
             run.writer.wait()
@@ -829,7 +933,7 @@ def _keep_best(run: Run, position: Position) -> None:
         return
     if run.writer is not None:
         run.writer.wait()
-    ckpt_dir = run.run_dir / CHECKPOINT_DIR
+    ckpt_dir = checkpoint_dir(run.run_dir)
     source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
     checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)
 

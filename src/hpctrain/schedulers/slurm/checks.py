@@ -228,7 +228,8 @@ def _describe(req: Requirements) -> str:
 
 def _check_paths(paths: Iterable[str]) -> list[str]:
     return [
-        f"{p}: not found; the job reads it, so create it (e.g. `hpctrain download` for a dataset) or fix the path"
+        f"{p}: not found; the job runs this program or script, so it must exist at that path (relative to the "
+        f"directory you submit from, which the job starts in): fix the path, or write or copy it there first"
         for p in paths
         if p and not os.path.exists(os.path.expanduser(p))
     ]
