@@ -20,6 +20,8 @@ from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.distributed import process_group
 from hpctrain.training.sampler import EpochPlan
 
+pytestmark = pytest.mark.floor
+
 CPU = torch.device("cpu")
 
 

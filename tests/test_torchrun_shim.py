@@ -22,7 +22,7 @@ import pytest
 
 from hpctrain.schedulers.slurm.render import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.floor]
 
 WORKER = """\
 import os, signal, sys, time
