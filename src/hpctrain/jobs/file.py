@@ -15,10 +15,15 @@ always for Kubernetes.
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
+    import tomli as tomllib
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import known_keys
