@@ -8,6 +8,8 @@
 # requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
 # HPCTRAIN_TEST_WORKERS sets their number (default 4; with --dist worksteal a free worker takes queued tests from a
 # busy one, so the workers finish together). Extra arguments go to pytest.
+# Alongside, the tests marked `floor` run a second time in the floor environment (scripts/lib/floor.sh: the oldest
+# supported torch, torchvision and Python), in a second pytest at the same time; HPCTRAIN_FLOOR=0 skips it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -26,8 +28,32 @@ use_python_env "$PWD"
 bash scripts/local-slurm.sh up
 bash scripts/local-k8s.sh up
 
+floor_pid=""
+if [ "${HPCTRAIN_FLOOR:-1}" != 0 ]; then
+    # shellcheck source=scripts/lib/floor.sh
+    source scripts/lib/floor.sh
+    use_floor_env "$PWD"
+    export HPCTRAIN_FLOOR_PYTHON=$FLOOR_PYTHON # also read by the main run (tests/test_torchrun_shim.py)
+    floor_tmp=$(mktemp -d)
+    "$FLOOR_PYTHON" -m pytest -p no:cacheprovider -n 2 --dist worksteal --basetemp="$floor_tmp/t" -m floor \
+        >"$floor_tmp/log" 2>&1 &
+    floor_pid=$!
+fi
+
 status=0
 "$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-4}" --dist worksteal --durations=30 "$@" || status=$?
+if [ -n "$floor_pid" ]; then
+    floor_status=0
+    wait "$floor_pid" || floor_status=$?
+    echo "scripts/test.sh: the floor environment's tests ($FLOOR_PYTHON -m pytest -m floor):"
+    tail -n 40 "$floor_tmp/log"
+    if [ "$floor_status" -ne 0 ]; then
+        echo "scripts/test.sh: the floor environment's tests failed (exit $floor_status); whole log: $floor_tmp/log" >&2
+        if [ "$status" -eq 0 ]; then
+            status=$floor_status
+        fi
+    fi
+fi
 if [ "$status" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests; that is a failure here" >&2
     exit 1

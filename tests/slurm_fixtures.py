@@ -188,9 +188,12 @@ def _job_processes(job_id: str) -> Iterator[tuple[int, list[str]]]:
 
 
 def _is_training(argv: list[str]) -> bool:
-    """`hpctrain train ...` or `python -m hpctrain train ...`, but not a launcher (srun, torchrun) that starts it."""
+    """`hpctrain train ...` or `python -m hpctrain train ...`, but not a launcher (srun, torchrun) that starts it:
+    the batch script's torchrun runs as `python3 -c "$hpctrain_torchrun" ... --no-python hpctrain train ...`."""
     names = [Path(a).name for a in argv]
     if not names or names[0] == "srun" or "torchrun" in names or "torch.distributed.run" in names:
+        return False
+    if "--no-python" in argv:
         return False
     return any(a == "train" and i > 0 and names[i - 1] == "hpctrain" for i, a in enumerate(argv))
 

@@ -25,6 +25,7 @@ def losses(output: str) -> list[float]:
     return [float(m) for m in re.findall(r"^epoch \d+ loss ([0-9.e-]+)$", output, re.MULTILINE)]
 
 
+@pytest.mark.floor
 @pytest.mark.slow
 def test_example_under_torchrun_then_resumed_single_process(tmp_path: Path) -> None:
     out = run(

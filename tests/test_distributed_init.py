@@ -83,6 +83,7 @@ def check_world(results: list[dict], launcher: str, init_method: str) -> None:
         assert r["env"]["init_method"] == init_method
 
 
+@pytest.mark.floor
 @pytest.mark.slow
 @pytest.mark.parametrize("style", ["torchrun", "kubeflow"])
 def test_two_processes_meet_via_env(tmp_path: Path, style: str) -> None:

@@ -33,6 +33,7 @@ def test_train_imagenet_one_epoch_on_photos_records_top5_data_wait_and_best(phot
     assert_bitwise_equal(best["model"], final_weights(run_dir))
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("processes", [[], ["--nproc", "2"]], ids=["1-process", "2-ddp-processes"])
 def test_resume_mid_epoch_with_two_data_workers_is_bitwise_exact(fashion_folders, tmp_path, processes):
     whole, parts = tmp_path / "whole", tmp_path / "parts"

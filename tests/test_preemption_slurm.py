@@ -129,6 +129,10 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
     parts = attempts(log)
     assert len(parts) >= 2, f"the first attempt was never interrupted (make the training longer):\n{log}"
     assert "time-limit warning (USR1)" in parts[0] and "requeueing job" in parts[0], log
+    # A planned stop reads as one: no traceback (torchrun's SignalException), no failed step before the requeue.
+    assert "Traceback" not in log and "SignalException" not in log and not re.search(r"exit code 1\b", log), log
+    if "torchrun rendezvous" in parts[0]:
+        assert "stopped its workers on SIGUSR1 as planned (exit status 75)" in parts[0], log
     stops = check_resumes(log)
     preempted = [(step, in_epoch) for reason, step, in_epoch in stops if reason == "preempted"]
     assert preempted, f"no attempt checkpointed after the warning:\n{log}"
@@ -159,6 +163,7 @@ def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
     assert_time_limit_run(job, SINGLE_EPOCHS, single_reference)
 
 
+@pytest.mark.floor
 def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
         slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path) -> None:
     # Same global batch, split over 4 ranks in both. gloo's sums are the same whether the 4 ranks sit on one node
@@ -238,3 +243,20 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
     assert metrics_epochs(job.run_dir)[-1] == SINGLE_EPOCHS
     assert_bitwise_equal(final_weights(job.run_dir), single_reference)
+
+
+def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(slurm_cluster, tmp_path: Path,
+                                                                fashion_data_dir: Path) -> None:
+    """A cancel is planned: the workers checkpoint and stop (143) and nothing in the log looks like a crash (before:
+    each torchrun agent's SignalException traceback). Slurm ends the job itself (CANCELLED) once its KillWait is
+    over, so the agents' and the batch script's last lines may or may not make it into the log."""
+    job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
+                 "--nproc-per-node", "2", "--time", "20")
+    job.wait_for_log("epoch 1/")
+    ok(hpctrain("cancel", job.job_id, "--wait", "120", cwd=tmp_path, timeout=300))
+    job.follow(timeout=120)
+    log = job.log
+    assert "Traceback" not in log and "SignalException" not in log and not re.search(r"exit code 1\b", log), log
+    assert re.search(r"stopped \(cancelled: SIGTERM received\) at global step \d+ after writing a checkpoint", log), log
+    assert "requeueing" not in log and "stopped its workers on SIGUSR1" not in log, log
+    assert (job.run_dir / "stop_reason").read_text().strip() == "cancelled", log

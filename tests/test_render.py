@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
-from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.schedulers.slurm.render import TORCHRUN_SHIM, render_sbatch, sbatch_argv, step_command, submit
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
@@ -108,7 +108,7 @@ def test_resources_render_per_launcher() -> None:
     assert "#SBATCH --ntasks=1" in single and "apptainer exec --nv" in single
     assert "apptainer exec --bind" in render_sbatch(golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
     no_signal = render_sbatch(torch_job.replace(signal_grace=0))
-    assert "--signal" not in no_signal and "--requeue" not in no_signal and "scontrol requeue" not in no_signal
+    assert "#SBATCH --signal" not in no_signal and "--requeue" not in no_signal and "scontrol requeue" not in no_signal
 
 
 def test_sbatch_lines_quote_as_sbatch_reads_them() -> None:
@@ -137,6 +137,8 @@ def handler(signum, frame):
         f.write(signal.Signals(signum).name + "\n")
 signal.signal(signal.SIGUSR1, handler)
 signal.signal(signal.SIGTERM, handler)
+with open(os.path.join(out, "srun.pid"), "w") as f:
+    f.write(str(os.getpid()))
 open(os.path.join(out, "ready"), "w").close()
 deadline = time.time() + 30
 while not got and time.time() < deadline:
@@ -159,6 +161,12 @@ if [ "$1" = show ] && [ "$2" = hostnames ]; then printf 'node7\nnode8\n'; exit 0
 printf '%s\n' "$*" >> "$FAKE_OUT/scontrol"
 '''
 
+FAKE_SCANCEL = r'''#!/bin/sh
+# Stand-in for scancel: records its arguments and, as Slurm would, signals the step (the stand-in srun).
+printf '%s\n' "$*" >> "$FAKE_OUT/scancel"
+case "$1" in --signal=*) kill -s "${1#--signal=}" "$(cat "$FAKE_OUT/srun.pid")" ;; esac
+'''
+
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path):
@@ -166,6 +174,7 @@ def fake_slurm(tmp_path: Path):
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(FAKE_SRUN.replace("{python}", sys.executable))
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scancel").write_text(FAKE_SCANCEL)
     for p in bin_dir.iterdir():
         p.chmod(0o755)
     out = tmp_path / "out"
@@ -312,14 +321,25 @@ def test_scancel_term_is_forwarded_and_never_requeues(fake_slurm) -> None:
                   run_dir="runs/r-%j", signal_grace=60)
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGTERM, "fail")
     assert (out / "signals").read_text() == "SIGTERM\n", output
+    # through Slurm, not as a TERM to srun (which srun turns into a SIGKILL of the step: no checkpoint)
+    assert (out / "scancel").read_text() == "--signal=TERM 4242\n", output
     assert not (out / "scontrol").exists(), output
     assert code == 3  # the step's own status is the job's
 
 
-def test_torchrun_forwards_usr1_to_workers() -> None:
+def test_torchrun_signal_flags_are_decided_in_the_job() -> None:
+    """torchrun < 2.9 rejects --signals-to-handle: the step never passes it itself; the script's torchrun shim gets
+    the signals and the shutdown timeout as its first two arguments and asks the job's torchrun (test_torchrun_shim.py
+    runs it)."""
     words = step_command(JobSpec(command=("x",), signal_grace=120))
-    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in words
-    assert words.index("--no-python") > words.index("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    assert not [w for w in words if w.startswith(("--signals-to-handle", "--shutdown-timeout"))]
+    shim = words.index('"$hpctrain_torchrun"')
+    assert words[shim - 2:shim + 3] == ["python3", "-c", '"$hpctrain_torchrun"', "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "110"]
+    assert words.index("--no-python") > shim
+    no_warning = step_command(JobSpec(command=("x",), signal_grace=0))
+    assert no_warning[no_warning.index('"$hpctrain_torchrun"') + 1:][:2] == ["''", "0"]
+    text = render_sbatch(JobSpec(command=("x",), signal_grace=120))
+    assert "hpctrain_torchrun='" + TORCHRUN_SHIM + "'" in text
 
 
 def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
@@ -410,7 +430,7 @@ def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> No
     python = "/opt/my env/bin/python3"
     recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
     words = step_command(recipe)
-    assert words[words.index("--kill-on-bad-exit=1") + 1:][:3] == ["'/opt/my env/bin/python3'", "-m", "torch.distributed.run"]
+    assert words[words.index("--kill-on-bad-exit=1") + 1:][:3] == ["'/opt/my env/bin/python3'", "-c", '"$hpctrain_torchrun"']
     assert words[words.index("--no-python") + 1:][:4] == ["'/opt/my env/bin/python3'", "-m", "hpctrain", "train"]
     srun = step_command(recipe.replace(launcher="srun", resources=Resources(nproc_per_node=2)))
     assert "torchrun" not in " ".join(srun) and "torch.distributed.run" not in srun
@@ -418,7 +438,7 @@ def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> No
     assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
     # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
     plain = step_command(JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]))
-    assert "torchrun" in plain and plain[plain.index("--no-python") + 1] == "hpctrain"
+    assert plain[plain.index('"$hpctrain_torchrun"') - 2] == "python3" and plain[plain.index("--no-python") + 1] == "hpctrain"
 
 
 @pytest.mark.parametrize("env", ["venv", "conda", "apptainer", "pyxis", "modules"])

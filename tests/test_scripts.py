@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "scripts" / "lib" / "venv.sh"
-SCRIPTS = [ROOT / "scripts" / "quickstart.sh", ROOT / "scripts" / "test.sh", LIB, ROOT / ".ci" / "run"]
+SCRIPTS = [ROOT / "scripts" / "quickstart.sh", ROOT / "scripts" / "test.sh", LIB, ROOT / "scripts" / "lib" / "floor.sh",
+           ROOT / ".ci" / "run"]
 
 
 def test_shellcheck_clean() -> None:

@@ -32,6 +32,7 @@ def train(data_dir, run_dir, *extra, expect=0, timeout=300):
     return result
 
 
+@pytest.mark.floor
 def test_run_directory_holds_config_metrics_tensorboard_checkpoints_provenance(fashion_data_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -81,6 +82,7 @@ def interrupt(data_dir, run_dir, signum, *extra, after_line="epoch 1/2 step 3/")
                          "--epochs", "2", *extra], after_line, signum)
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("signum,code,reason", [(signal.SIGUSR1, 75, "preempted"), (signal.SIGTERM, 143, "cancelled")])
 def test_signal_mid_epoch_checkpoints_and_resume_is_bitwise_exact(fashion_data_dir, tmp_path, signum, code, reason):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -103,6 +105,7 @@ def test_signal_mid_epoch_checkpoints_and_resume_is_bitwise_exact(fashion_data_d
     assert [r["step"] for r in read_metrics(parts)] == [r["step"] for r in read_metrics(whole)]
 
 
+@pytest.mark.floor
 def test_ddp_on_two_cpu_processes_matches_a_single_process(fashion_data_dir, tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     common = ("--recipe", "classic", "--epochs", "1", "--train-limit", "2048", "--test-limit", "1000")

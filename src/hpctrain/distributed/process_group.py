@@ -13,6 +13,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from hpctrain import compat
 from hpctrain.distributed.environment import DistEnv
 from hpctrain.distributed.probes import detect
 from hpctrain.errors import UserError
@@ -147,7 +148,7 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 60
             rank=env.rank,
             world_size=env.world_size,
             timeout=timeout,
-            device_id=device if device.type == "cuda" else None,
+            **_device_id_argument(device),
             **_rendezvous_arguments(url, env, timeout),
         )
     except Exception as err:  # torch raises DistNetworkError, DistStoreError, RuntimeError, ValueError
@@ -155,6 +156,22 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 60
         if explained is None:
             raise
         raise UserError(explained) from err
+
+
+def _device_id_argument(device: torch.device) -> dict[str, object]:
+    """device_id=GPU (eager NCCL initialisation: a broken GPU or network fails here, not at the first collective)
+    where torch has it (2.3+); nothing for the CPU (gloo) or an older torch, which creates NCCL at the first
+    collective. A gloo group made later with new_group(backend="gloo") is separate from the NCCL one either way."""
+    if device.type != "cuda":
+        return {}
+    if not compat.init_takes_device_id():
+        import torch
+
+        compat.say_once("device_id", f"torch {torch.__version__} has no init_process_group(device_id=) (torch >= 2.3):"
+                        " NCCL starts at the first collective instead of at start-up, so a GPU or network problem "
+                        "shows there")
+        return {}
+    return {"device_id": device}
 
 
 def _rendezvous_arguments(url: str, env: DistEnv, timeout: datetime.timedelta) -> dict[str, object]:

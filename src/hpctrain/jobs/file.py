@@ -20,6 +20,11 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
+    import tomli as tomllib
+
 from hpctrain.errors import UserError
 from hpctrain.fsutil import FileRefused, read_regular
 from hpctrain.jobs.spec import known_keys

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hpctrain import compat
 from hpctrain.data.backends.encoded import read_window
 from hpctrain.data.decode import BadImageError, decode_crop
 from hpctrain.data.loader import (IGNORE_LABEL, Batch, BatchRequest, Batches, ImageBatchDataset, ImageFolderSource,
@@ -113,9 +114,19 @@ def decode_batch(batch: EncodedBatch, dataset: EncodedBatchDataset, epoch: int, 
     bad = list(batch.bad)
     if len(batch.jpeg_slots):
         jpegs = list(torch.split(batch.data, batch.jpeg_sizes.tolist()))
-        try:
-            pictures = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:  # one of them is broken: decode one by one, the CPU decoder judges the failures
+        pictures: list[torch.Tensor | None] | None = None
+        if compat.batched_decode_jpeg():
+            try:
+                pictures = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
+            except RuntimeError:  # one of them is broken: decode one by one, the CPU decoder judges the failures
+                pass
+        else:
+            import torchvision
+
+            compat.say_once("decode_jpeg", f"torchvision {torchvision.__version__} decodes one JPEG per call "
+                            "(batched decode_jpeg needs torchvision >= 0.19): the nvjpeg backend decodes image by "
+                            "image, slower on a GPU")
+        if pictures is None:
             pictures = [_decode_one(jpeg, device) for jpeg in jpegs]
         slots = batch.jpeg_slots
         decoded = [i for i, picture in enumerate(pictures) if picture is not None]

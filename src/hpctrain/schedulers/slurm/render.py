@@ -6,8 +6,11 @@ were checked by JobSpec (sbatch parses those lines itself, so a shell quote woul
 
 The script starts the job step in the background and waits for it, so that its traps run at once:
   * SIGUSR1 (asked for with --signal=B:USR1@GRACE before the time limit) is forwarded to srun, which forwards it
-    to every task; under torchrun the agents forward it to their workers (--signals-to-handle).
-  * SIGTERM (scancel) is forwarded too; the training loop checkpoints and stops, and the job is not requeued.
+    to every process of the step (slurmstepd signals the whole step, workers included). torchrun runs through
+    TORCHRUN_SHIM, which asks the job's own torchrun for --signals-to-handle and otherwise handles USR1 itself, and
+    ends a planned stop with the planned status (75 or 143) and one log line instead of torchrun's traceback.
+  * SIGTERM that reaches only the batch shell is passed to the step with `scancel --signal=TERM` (srun would turn a
+    TERM into a SIGKILL of the step); the training loop checkpoints and stops, and the job is not requeued.
   * After a warning, if the run stopped early (RUN_DIR/stop_reason says "preempted", or the step failed), the
     script requeues the job itself, within --max-requeues; the requeued attempt resumes from its checkpoint.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.training.stopping import EXIT_PREEMPTED
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.jobs.spec import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
 
@@ -29,6 +33,47 @@ PORT_SPAN = 20000
 PORT_TRIES = 200
 REQUEUE_COUNT_FILE = "requeue_count"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# torchrun's own shutdown timeout before --shutdown-timeout existed (torch < 2.9): workers get this long to stop.
+TORCHRUN_FIXED_SHUTDOWN_S = 30
+
+# torchrun, run as a few lines of Python in the job's own environment (its torch decides, not the submitting
+# host's): argv is SIGNALS SHUTDOWN_TIMEOUT TORCHRUN_ARGS... (SIGNALS empty: no time-limit warning is expected).
+#  * Feature detection: torchrun learned --signals-to-handle and --shutdown-timeout in torch 2.9. An older one is
+#    given an agent handler for the extra signals (USR1) that does what the flag does, and node 0 says once in the
+#    job log what is lost: the workers get torchrun's fixed 30 s to stop instead of SHUTDOWN_TIMEOUT.
+#  * A planned stop (the agent told to stop by USR1 or TERM) ends with one line and the planned status (75 after
+#    the time-limit warning, 128+N after signal N: 143 for TERM) instead of torchrun's SignalException traceback.
+# Double quotes only: the script holds it in single quotes.
+_TORCHRUN_SHIM_TEMPLATE = """\
+import os, signal, sys
+import torch
+from torch.distributed import run
+from torch.distributed.elastic.multiprocessing.api import SignalException
+signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+node = os.environ.get("SLURMD_NODENAME", "?")
+if signals:
+    usage = run.get_args_parser().format_help()
+    if "--signals-to-handle" in usage and "--shutdown-timeout" in usage:
+        args = ["--signals-to-handle=" + signals, "--shutdown-timeout=" + timeout] + args
+    else:
+        def stop(signum, frame):
+            raise SignalException("Process %d got signal: %d" % (os.getpid(), signum), sigval=signal.Signals(signum))
+        for name in signals.split(","):
+            signal.signal(getattr(signal, name), stop)
+        if os.environ.get("SLURM_NODEID", "0") == "0":
+            print("hpctrain: torchrun of torch %s has no --signals-to-handle (torch >= 2.9): hpctrain handles %s in"
+                  " its agents instead; what is lost: stopping workers get torchrun fixed %d s before SIGKILL, not"
+                  " the %s s asked for" % (torch.__version__, signals, FIXED_S, timeout), flush=True)
+try:
+    run.main(args)
+except SignalException as err:
+    status = PREEMPTED_STATUS if err.sigval == signal.SIGUSR1 else 128 + int(err.sigval)
+    print("hpctrain: torchrun on %s stopped its workers on %s as planned (exit status %d)"
+          % (node, err.sigval.name, status), flush=True)
+    sys.exit(status)
+"""
+TORCHRUN_SHIM = _TORCHRUN_SHIM_TEMPLATE.replace("FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S)).replace(
+    "PREEMPTED_STATUS", str(EXIT_PREEMPTED))
 
 
 def _q(word: str) -> str:
@@ -86,8 +131,14 @@ def step_command(job: JobSpec) -> list[str]:
     words += env.srun_options(gpus)
     words += env.command_prefix(gpus)
     if job.launcher == "torchrun":
+        # TORCHRUN_SHIM (the script's $hpctrain_torchrun) decides about the signal flags with the job's torchrun.
+        signals, timeout = (TORCHRUN_SIGNALS, max(10, job.signal_grace - 10)) if job.signal_grace else ("", 0)
         words += [
-            *_tool(job, "torchrun"),
+            _q(job.python) if job.python is not None else "python3",
+            "-c",
+            '"$hpctrain_torchrun"',
+            _q(signals),
+            str(timeout),
             '--nnodes="$SLURM_NNODES"',
             f"--nproc-per-node={r.nproc_per_node}",
             "--rdzv-backend=c10d",
@@ -96,20 +147,17 @@ def step_command(job: JobSpec) -> list[str]:
         ]
         if job.max_restarts:
             words.append(f"--max-restarts={job.max_restarts}")
-        if job.signal_grace:
-            # torchrun forwards only TERM/INT/HUP/QUIT by default; USR1 would kill the agent instead.
-            words += [f"--signals-to-handle={TORCHRUN_SIGNALS}", f"--shutdown-timeout={max(10, job.signal_grace - 10)}"]
         words.append("--no-python")
     words += _command_words(job)
     return words
 
 
 # The tools of the submitting Python, run as modules of its interpreter (JobSpec.python) rather than found on PATH.
-_TOOL_MODULES = {"torchrun": "torch.distributed.run", "hpctrain": "hpctrain"}
+_TOOL_MODULES = {"hpctrain": "hpctrain"}
 
 
 def _tool(job: JobSpec, name: str) -> list[str]:
-    """`torchrun` or `hpctrain` as shell words: `PYTHON -m MODULE` when the job knows its interpreter."""
+    """`hpctrain` as shell words: `PYTHON -m MODULE` when the job knows its interpreter."""
     if job.python is None:
         return [name]
     return [_q(job.python), "-m", _TOOL_MODULES[name]]
@@ -168,7 +216,8 @@ def render_sbatch(job: JobSpec) -> str:
         'step_pid=""',
         "trap 'warned=1; echo \"hpctrain: time-limit warning (USR1): asking the run to checkpoint and stop\"; "
         "if [ -n \"$step_pid\" ]; then kill -USR1 \"$step_pid\" 2>/dev/null; fi' USR1",
-        "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then kill -TERM \"$step_pid\" 2>/dev/null; else exit 143; fi' TERM INT",
+        # srun would turn a TERM into a SIGKILL of the step: ask Slurm to pass it on (scancel itself already has).
+        "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then scancel --signal=TERM \"$SLURM_JOB_ID\" 2>/dev/null; else exit 143; fi' TERM INT",
         "",
         'echo "hpctrain: job ${SLURM_JOB_ID} attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on ${SLURM_JOB_NODELIST}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"',
     ]
@@ -210,6 +259,11 @@ def render_sbatch(job: JobSpec) -> str:
                 "done",
             ]
         out.append('echo "hpctrain: torchrun rendezvous at ${head_node}:${rdzv_port}"')
+        out += [
+            "# torchrun runs through these lines of Python in the job's environment: they ask its torchrun for the",
+            "# signal flags (torch >= 2.9) or handle the signals themselves, and end a planned stop without a traceback.",
+            "hpctrain_torchrun='" + TORCHRUN_SHIM + "'",
+        ]
     out += [
         "",
         "# The step runs in the background so that the traps run as soon as a signal arrives.",

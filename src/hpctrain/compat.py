@@ -1,0 +1,50 @@
+"""Features that the supported torch and torchvision range (README, "Supported versions") does not all have.
+
+Each is detected in the running process (a job runs the torch of its own environment, not the submitting host's),
+and a missing one gets a fallback that works plus one line, once per job, saying what is lost:
+
+    torch.distributed.init_process_group(device_id=...)   torch >= 2.3   eager NCCL initialisation
+    torchvision.io.decode_jpeg(list_of_jpegs, ...)         torchvision >= 0.19   one batched GPU decode per batch
+
+(torchrun's --signals-to-handle, torch >= 2.9, is decided in the batch script: schedulers/slurm/render.py.)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import re
+import sys
+
+_said: set[str] = set()
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """"2.2.2+cu121" -> (2, 2); (0, 0) when unreadable (then every feature check says no)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+@functools.cache
+def init_takes_device_id() -> bool:
+    """torch >= 2.3: init_process_group(device_id=...) binds the group to one GPU and creates NCCL at once."""
+    import torch.distributed as dist
+
+    return "device_id" in inspect.signature(dist.init_process_group).parameters
+
+
+@functools.cache
+def batched_decode_jpeg() -> bool:
+    """torchvision >= 0.19: decode_jpeg takes a list of JPEGs and decodes them in one call (nvJPEG's batched API)."""
+    import torchvision
+
+    return version_tuple(torchvision.__version__) >= (0, 19)
+
+
+def say_once(key: str, message: str) -> None:
+    """One line on stderr per process and key, only from the job's first process (RANK unset or 0)."""
+    if key in _said or os.environ.get("RANK", "0") != "0":
+        return
+    _said.add(key)
+    print(f"hpctrain: note: {message}", file=sys.stderr, flush=True)

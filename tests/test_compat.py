@@ -1,0 +1,80 @@
+"""Fallbacks for features the oldest supported torch/torchvision lack (hpctrain.compat): each is detected in the
+running process, the fallback gives the same result, and one line says what is lost. Run with today's torch they
+exercise the fallback by turning the detection off; under the floor environment (scripts/test.sh runs the
+floor-marked tests with it) the real old torch and torchvision take these paths."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from image_fixtures import photo_folders  # noqa: F401
+
+from hpctrain import compat
+from hpctrain.data.backends import choose_backend, make_loader
+from hpctrain.data.imagefolder import find_image_folders
+from hpctrain.data.loader import LoaderConfig
+from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
+from hpctrain.distributed import process_group
+from hpctrain.training.sampler import EpochPlan
+
+pytestmark = pytest.mark.floor
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_notices(monkeypatch):
+    monkeypatch.setattr(compat, "_said", set())
+    monkeypatch.delenv("RANK", raising=False)
+
+
+def test_version_tuple() -> None:
+    assert compat.version_tuple("2.2.2+cu121") == (2, 2) and compat.version_tuple("0.19.0a0") == (0, 19)
+    assert compat.version_tuple("weird") == (0, 0)
+
+
+def test_device_id_is_passed_only_where_torch_takes_it(monkeypatch, capsys) -> None:
+    import torch.distributed as dist
+
+    assert compat.init_takes_device_id() == ("device_id" in inspect.signature(dist.init_process_group).parameters)
+    gpu = torch.device("cuda", 1)
+    assert process_group._device_id_argument(CPU) == {}  # gloo: never (torch 2.2 has no such keyword at all)
+    monkeypatch.setattr(compat, "init_takes_device_id", lambda: True)
+    assert process_group._device_id_argument(gpu) == {"device_id": gpu}
+    monkeypatch.setattr(compat, "init_takes_device_id", lambda: False)
+    assert process_group._device_id_argument(gpu) == {} and process_group._device_id_argument(gpu) == {}
+    err = capsys.readouterr().err
+    assert err.count("has no init_process_group(device_id=) (torch >= 2.3)") == 1, err  # once
+    assert "NCCL starts at the first collective" in err
+
+
+def test_only_the_first_rank_says_it(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("RANK", "3")
+    compat.say_once("x", "something")
+    assert capsys.readouterr().err == ""
+
+
+def _first_batch(data: Path):  # type: ignore[no-untyped-def]
+    found = find_image_folders(data)
+    source = make_loader(choose_backend("nvjpeg", "cpu"), found.train, found.val, LoaderConfig(), 3,
+                         RandomResizedCrop(size=(64, 64)), CenterCrop(size=(56, 56), resize=64), CPU)
+    plan = EpochPlan(len(found.train), 16, 1, 3)
+    batch = next(iter(source.train_batches(plan, 1, 0, 0)))
+    return batch.images.clone(), batch.labels.clone()
+
+
+def test_nvjpeg_decodes_image_by_image_without_batched_decode_jpeg(photo_folders: Path, monkeypatch, capsys) -> None:
+    """torchvision < 0.19 takes one JPEG per decode_jpeg call: same pixels, one image at a time, said once."""
+    monkeypatch.setattr(compat, "batched_decode_jpeg", lambda: False)
+    images, labels = _first_batch(photo_folders)
+    again = _first_batch(photo_folders)
+    err = capsys.readouterr().err
+    assert err.count("batched decode_jpeg needs torchvision >= 0.19") == 1, err
+    if compat.version_tuple(__import__("torchvision").__version__) >= (0, 19):
+        monkeypatch.setattr(compat, "batched_decode_jpeg", lambda: True)
+        batched = _first_batch(photo_folders)
+        assert torch.equal(batched[0], images) and torch.equal(batched[1], labels)
+    assert torch.equal(again[0], images)

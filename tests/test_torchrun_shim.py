@@ -1,0 +1,115 @@
+"""The batch script's torchrun shim (render.TORCHRUN_SHIM) with a real torchrun and real workers, without Slurm.
+
+It must decide about torchrun's signal flags with the torch it runs under (they exist from torch 2.9; an older
+torchrun stops with "unrecognized arguments"), pass a time-limit warning (USR1) or a cancel (TERM) to the workers,
+let them finish their checkpoint, and end with the planned status and one line: no SignalException traceback.
+The test sends the signal to the agent only; on Slurm, slurmstepd signals the workers too (the shim must not depend
+on that). The old-torchrun path runs twice: with this torch made to look old (its parser's help without the flags),
+and, when HPCTRAIN_FLOOR_PYTHON names the floor environment's interpreter (scripts/test.sh sets it), with the
+floor torch itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.schedulers.slurm.render import TORCHRUN_SHIM, TORCHRUN_SIGNALS
+
+pytestmark = [pytest.mark.slow, pytest.mark.floor]
+
+WORKER = """\
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+out, rank = sys.argv[1], os.environ["RANK"]
+open(os.path.join(out, "ready-" + rank), "w").close()
+deadline = time.time() + 120  # only for a broken test
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+time.sleep(1.5)  # the checkpoint
+with open(os.path.join(out, "stopped-" + rank), "w") as f:
+    f.write(signal.Signals(got[0]).name if got else "none")
+sys.exit(75 if got and got[0] == signal.SIGUSR1 else 143)
+"""
+
+# Makes this torch's torchrun look like one older than 2.9 to the shim's feature detection.
+LOOK_OLD = """\
+import torch.distributed.run as _run
+_parser = _run.get_args_parser
+def _old_parser():
+    parser = _parser()
+    parser.format_help = lambda: "usage: torchrun [-h] [--nnodes NNODES] ..."
+    return parser
+_run.get_args_parser = _old_parser
+"""
+
+FLOOR_PYTHON = os.environ.get("HPCTRAIN_FLOOR_PYTHON")
+VARIANTS = ["this-torch", "looks-old", "floor-torch"]
+
+
+def run_shim(tmp_path: Path, variant: str, sig: signal.Signals) -> tuple[int, str, Path]:
+    python, code = sys.executable, TORCHRUN_SHIM
+    if variant == "looks-old":
+        code = LOOK_OLD + TORCHRUN_SHIM
+    elif variant == "floor-torch":
+        if not FLOOR_PYTHON:
+            pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
+        python = FLOOR_PYTHON
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = {**os.environ, "SLURM_NODEID": "0", "SLURMD_NODENAME": "node1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [python, "-c", code, TORCHRUN_SIGNALS, "20", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+         "--no-python", python, str(tmp_path / "worker.py"), str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while len(list(out.glob("ready-*"))) < 2:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the workers did not start:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=120)
+    return proc.returncode, output, out
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_time_limit_warning_stops_workers_cleanly_with_status_75(tmp_path: Path, variant: str) -> None:
+    code, output, out = run_shim(tmp_path, variant, signal.SIGUSR1)
+    assert code == 75, output
+    assert "Traceback" not in output and "SignalException" not in output, output
+    assert "hpctrain: torchrun on node1 stopped its workers on SIGUSR1 as planned (exit status 75)" in output, output
+    # every worker got the warning and finished its checkpoint before the agent ended
+    assert sorted(p.read_text() for p in out.glob("stopped-*")) == ["SIGUSR1", "SIGUSR1"], output
+    lost = "has no --signals-to-handle (torch >= 2.9)"
+    if variant == "this-torch":
+        assert lost not in output
+    else:  # said once, with what is lost
+        assert output.count(lost) == 1 and "fixed 30 s before SIGKILL, not the 20 s asked for" in output, output
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cancel_stops_workers_cleanly_with_status_143(tmp_path: Path, variant: str) -> None:
+    code, output, out = run_shim(tmp_path, variant, signal.SIGTERM)
+    assert code == 143, output
+    assert "Traceback" not in output and "SignalException" not in output, output
+    assert "stopped its workers on SIGTERM as planned (exit status 143)" in output, output
+    assert sorted(p.read_text() for p in out.glob("stopped-*")) == ["SIGTERM", "SIGTERM"], output
+
+
+def test_floor_torchrun_rejects_the_signal_flags() -> None:
+    """Why the shim exists: the floor torch's torchrun stops at the flags newer ones take."""
+    if not FLOOR_PYTHON:
+        pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
+    proc = subprocess.run([FLOOR_PYTHON, "-m", "torch.distributed.run", f"--signals-to-handle={TORCHRUN_SIGNALS}",
+                           "--no-python", "true"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "unrecognized arguments" in proc.stderr, proc.stderr
