@@ -29,11 +29,6 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import FileRefused, read_regular
 from hpctrain.jobs.spec import known_keys
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser as published before it joined the standard library
-    import tomli as tomllib
-
 MAX_JOB_FILE_BYTES = 1 << 20
 SUFFIXES = (".toml", ".yaml", ".yml")
 PARAMS_SUFFIX = ".params"
