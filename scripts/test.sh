@@ -18,21 +18,50 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+# stage NAME: the time since the last stage ended, for the CI log (where a run's time goes).
+stage_start=$SECONDS
+stage() {
+    echo "scripts/test.sh: stage $1: $((SECONDS - stage_start)) s"
+    stage_start=$SECONDS
+}
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates procps git \
     slurm-wlm munge shellcheck dataset-fashion-mnist openssh-server openssh-client >/dev/null
+stage apt
+# The slow parts of a fresh machine's set-up overlap: the API server's first build (CPU) runs while the two Python
+# environments download (network); each logs to a file of its own, shown if it fails.
+setup_logs=$(mktemp -d)
+bash scripts/local-k8s.sh up >"$setup_logs/k8s" 2>&1 &
+k8s_pid=$!
+floor_env_pid=""
+if [ "${HPCTRAIN_FLOOR:-1}" != 0 ]; then
+    # shellcheck source=scripts/lib/floor.sh
+    source scripts/lib/floor.sh
+    (use_floor_env "$PWD") >"$setup_logs/floor" 2>&1 &
+    floor_env_pid=$!
+fi
 # shellcheck source=scripts/lib/venv.sh
 source scripts/lib/venv.sh
 use_python_env "$PWD"
 "$PYTHON" -m pip install -q -e '.[dev,k8s]'
+stage venv
 bash scripts/local-slurm.sh up
-bash scripts/local-k8s.sh up
+stage slurm
+waited() { # waited PID NAME: wait for a background set-up step; on failure show its log and stop
+    if ! wait "$1"; then
+        echo "scripts/test.sh: $2 failed:" >&2
+        cat "$setup_logs/$2" >&2
+        exit 1
+    fi
+    tail -n 3 "$setup_logs/$2"
+    stage "$2"
+}
+waited "$k8s_pid" k8s
 
 floor_pid=""
-if [ "${HPCTRAIN_FLOOR:-1}" != 0 ]; then
-    # shellcheck source=scripts/lib/floor.sh
-    source scripts/lib/floor.sh
-    use_floor_env "$PWD"
+if [ -n "$floor_env_pid" ]; then
+    waited "$floor_env_pid" floor
+    FLOOR_PYTHON=$(floor_python)
     export HPCTRAIN_FLOOR_PYTHON=$FLOOR_PYTHON # also read by the main run (tests/test_torchrun_shim.py)
     floor_tmp=$(mktemp -d)
     "$FLOOR_PYTHON" -m pytest -p no:cacheprovider -n 2 --dist worksteal --basetemp="$floor_tmp/t" -m floor \
@@ -58,4 +87,5 @@ if [ "$status" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests; that is a failure here" >&2
     exit 1
 fi
+stage pytest
 exit "$status"

@@ -5,7 +5,7 @@
 # /var/cache/hpctrain/venv-floor): its first build downloads about 2.8 GB (torch 2.2's CUDA wheels: PyPI's Linux
 # torch needs the nvidia-* packages even to import) and takes about 5 minutes; later runs only reinstall hpctrain.
 # The tests marked `floor` then run with its interpreter (pytest -m floor), the Slurm jobs they submit included.
-# use_floor_env ROOT sets FLOOR_PYTHON.
+# use_floor_env ROOT makes or updates it; floor_python prints its interpreter.
 
 # Python 3.10 (the floor) when this machine has one: on PATH, or installed by pyenv; else python3, with a note.
 floor_base_python() {
@@ -21,6 +21,10 @@ floor_base_python() {
     command -v python3
 }
 
+floor_python() {
+    echo "${HPCTRAIN_FLOOR_VENV:-/var/cache/hpctrain/venv-floor}/bin/python"
+}
+
 use_floor_env() {
     local root=$1 prefix=${HPCTRAIN_FLOOR_VENV:-/var/cache/hpctrain/venv-floor} base
     if ! "$prefix/bin/python" -c '' 2>/dev/null; then
@@ -31,6 +35,4 @@ use_floor_env() {
     echo "$(basename "$0"): floor environment $prefix ($("$prefix/bin/python" --version 2>&1))"
     "$prefix/bin/python" -m pip install -q -c "$root/scripts/floor-constraints.txt" -e "$root" \
         pytest pytest-timeout pytest-xdist filelock scikit-image
-    # shellcheck disable=SC2034 # read by scripts/test.sh
-    FLOOR_PYTHON=$prefix/bin/python
 }
