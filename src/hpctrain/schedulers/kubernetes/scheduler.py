@@ -8,7 +8,6 @@ and the rest of hpctrain never load it.
 from __future__ import annotations
 
 import functools
-import os
 import posixpath
 from collections.abc import Iterator
 from decimal import Decimal
@@ -38,11 +37,9 @@ _TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed
 
 
 def _api_error(err: Any, what: str) -> UserError:
-    reason = getattr(err, "reason", None) or str(err)
-    status = getattr(err, "status", None)
-    if status == 403:
-        return UserError(f"{what}: forbidden ({reason}); ask your cluster admin for the permission, or use another --namespace")
-    return UserError(f"{what}: the API server answered {status} {reason}")
+    from hpctrain.schedulers.kubernetes.client import describe_api_error
+
+    return UserError(describe_api_error(err, what))
 
 
 def _cpu(value: Any) -> Decimal:
@@ -102,33 +99,37 @@ class KubernetesScheduler:
 
     @functools.cached_property
     def api_client(self) -> Any:
+        """The given client as is (tests), else one from the kubeconfig with timeouts and a size cap
+        (schedulers.kubernetes.client)."""
         if self._given_client is not None:
             return self._given_client
-        try:
-            from kubernetes import config
-        except ImportError:
-            raise UserError("the Kubernetes scheduler needs the kubernetes client: pip install 'hpctrain[k8s]'") from None
-        try:
-            if self.context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config()
-                from kubernetes import client
+        from hpctrain.schedulers.kubernetes.client import load_api_client
 
-                return client.ApiClient()
-            return config.new_client_from_config(context=self.context)
-        except config.ConfigException as err:
-            raise UserError(f"cannot load a kubeconfig ({err}): set KUBECONFIG or ~/.kube/config, or name a --context") from None
+        return load_api_client(self.context)
 
     @functools.cached_property
     def core(self) -> Any:
         from kubernetes import client
 
-        return client.CoreV1Api(self.api_client)
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.CoreV1Api(self.api_client))
 
     @functools.cached_property
     def custom(self) -> Any:
         from kubernetes import client
 
-        return client.CustomObjectsApi(self.api_client)
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.CustomObjectsApi(self.api_client))
+
+    @functools.cached_property
+    def extensions(self) -> Any:
+        from kubernetes import client
+
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.ApiextensionsV1Api(self.api_client))
 
     @property
     def namespace(self) -> str:
@@ -190,12 +191,11 @@ class KubernetesScheduler:
                    for v in self.options.parsed_volumes)
 
     def _crd_problems(self) -> list[str]:
-        from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         name = f"{self.plural}.{self.group}"
         try:
-            crd = client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition(name)
+            crd = self.extensions.read_custom_resource_definition(name)
         except ApiException as err:
             if err.status != 404:
                 raise
