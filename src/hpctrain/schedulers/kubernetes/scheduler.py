@@ -135,6 +135,18 @@ class KubernetesScheduler:
     def namespace(self) -> str:
         return self.options.namespace
 
+    def command(self, name: str, *words: str) -> str:
+        """`hpctrain NAME ... WORDS` with the flags that find this job again (scheduler, namespace, context, API):
+        every command this backend suggests works when pasted, wherever the defaults point."""
+        import shlex
+
+        flags = ["--scheduler", "kubernetes", "--namespace", self.namespace]
+        if self.context:
+            flags += ["--context", self.context]
+        if self.options.api != "pytorchjob":
+            flags += ["--k8s-api", self.options.api]
+        return shlex.join(["hpctrain", name, *flags, *words])
+
     # ---- render, check, submit -------------------------------------------------------------------------------
 
     def render(self, job: JobSpec) -> Rendered:
@@ -164,6 +176,12 @@ class KubernetesScheduler:
         from hpctrain.schedulers.kubernetes.local import local_problems
 
         return local_problems(job, self.options)
+
+    def path_here(self, pod_path: str) -> tuple[str | None, str]:
+        """(where this machine sees what the pods see at `pod_path`, or None; why not): see local.path_here."""
+        from hpctrain.schedulers.kubernetes.local import path_here
+
+        return path_here(pod_path, self.options.parsed_volumes)
 
     def _pure_problems(self, job: JobSpec) -> list[str]:
         problems = []
@@ -332,7 +350,7 @@ class KubernetesScheduler:
         except ApiException as err:
             if err.status == 409:
                 raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
-                                f"another --job-name, or cancel the old one (hpctrain cancel {job.name})") from None
+                                f"another --job-name, or cancel the old one ({self.command('cancel', job.name)})") from None
             if err.status == 404:
                 raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
@@ -351,7 +369,7 @@ class KubernetesScheduler:
         if problems:
             return UserError(problems[0])
         return UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
-                         "run `hpctrain check` to see which")
+                         f"run `{self.command('check')}` with the job's options to see which")
 
     # ---- follow ----------------------------------------------------------------------------------------------
 
@@ -362,8 +380,8 @@ class KubernetesScheduler:
             return self.custom.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, job_id)
         except ApiException as err:
             if err.status == 404:
-                raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: "
-                                "check the name and --namespace (hpctrain status lists the jobs)") from None
+                raise base.JobNotFound(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: check the name "
+                                       f"and --namespace (`{self.command('status')}` lists the jobs)") from None
             raise _api_error(err, f"reading {self.kind} {job_id}") from None
 
     def pods_of(self, job_id: str) -> list[Any]:
@@ -403,6 +421,11 @@ class KubernetesScheduler:
 
     def list_jobs(self) -> list[JobSummary]:
         items = self.custom.list_namespaced_custom_object(self.group, self.version, self.namespace, self.plural)["items"]
+        if not items:  # the API lists nothing, not an error, in a namespace that does not exist
+            problems: list[str] = []
+            self._namespace_problems(problems)
+            if problems:
+                raise UserError(problems[0])
         out = []
         for obj in items:
             state, _ = _object_state(obj, self.options.api)
@@ -421,7 +444,7 @@ class KubernetesScheduler:
         pods = self.pods_of(job_id)
         names = [_replica_name(p) for p in pods]
         if not pods:
-            raise UserError(f"{job_id} has no pods yet: see `hpctrain status {job_id}` for why")
+            raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
         pod = pods[0] if replica is None else next((p for p in pods if _replica_name(p) == replica), None)
         if pod is None:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
@@ -431,7 +454,7 @@ class KubernetesScheduler:
                                                      follow=follow, _preload_content=False)
         except ApiException as err:
             raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
-                            f"have started; see `hpctrain status {job_id}`") from None
+                            f"have started; see `{self.command('status', job_id)}`") from None
         return _lines(resp)
 
     def cancel(self, job_id: str) -> None:
