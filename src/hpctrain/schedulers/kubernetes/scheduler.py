@@ -449,13 +449,17 @@ class KubernetesScheduler:
         if pod is None:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
+        # Following waits for new lines as long as the job runs (as kubectl logs -f): a connect timeout, no read timeout.
+        from hpctrain.schedulers.kubernetes.client import Limits
+
+        timeout = {"_request_timeout": (Limits.from_environ().timeout_s, None)} if follow else {}
         try:
             resp = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, container=container,
-                                                     follow=follow, _preload_content=False)
+                                                     follow=follow, _preload_content=False, **timeout)
         except ApiException as err:
             raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
                             f"have started; see `{self.command('status', job_id)}`") from None
-        return _lines(resp)
+        return _lines(resp, pod.metadata.name)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
@@ -566,7 +570,9 @@ def _replica_status(pod: Any) -> ReplicaStatus:
                          exit_code=exit_code, reason=reason)
 
 
-def _lines(resp: Any) -> Iterator[str]:
+def _lines(resp: Any, pod: str) -> Iterator[str]:
+    import urllib3
+
     buffer = b""
     try:
         for chunk in resp.stream(amt=65536, decode_content=True):
@@ -576,5 +582,8 @@ def _lines(resp: Any) -> Iterator[str]:
                 yield line.decode("utf-8", "replace")
         if buffer:
             yield buffer.decode("utf-8", "replace")
+    except urllib3.exceptions.HTTPError as err:
+        raise UserError(f"the log of pod {pod} broke off ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
+                        "run the command again") from None
     finally:
         resp.release_conn()
