@@ -15,10 +15,9 @@ import pytest
 import yaml
 
 from around_helpers import cli_env
-from hpctrain.devsession import DevConfig, check_program
+from hpctrain.devsession import DevConfig
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec
-from hpctrain.schedulers.kubernetes.kubeconfig import context_namespace, default_namespace
 
 IMAGE = "example.invalid/hpctrain:test"
 K8S_DRY = ("submit", "--dry-run", "--scheduler", "kubernetes", "--image", IMAGE)
@@ -118,6 +117,8 @@ def test_the_kubeconfig_contexts_namespace_is_the_default(tmp_path: Path) -> Non
 
 
 def test_context_namespace_merges_kubeconfig_files_as_kubectl(tmp_path: Path) -> None:
+    from hpctrain.schedulers.kubernetes.kubeconfig import context_namespace, default_namespace
+
     first = kubeconfig(tmp_path / "a", "first-ns", current="other")
     second = tmp_path / "b"
     second.write_text("{not yaml")
@@ -138,6 +139,8 @@ def test_hpctrain_scheduler_picks_the_scheduler(tmp_path: Path) -> None:
 # ---- dev start without JupyterLab (item 4) ----------------------------------------------------------------------
 
 def test_dev_start_refuses_an_environment_without_jupyterlab(tmp_path: Path) -> None:
+    from hpctrain.devsession import check_program
+
     venv = tmp_path / "bare-venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text("")
