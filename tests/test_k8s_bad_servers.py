@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("kubernetes")
+pytestmark = [pytest.mark.slow]  # each case runs the CLI against a server that makes it wait for its timeout
 
 IMAGE = "example.invalid/hpctrain:test"
 STATUS_403 = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
