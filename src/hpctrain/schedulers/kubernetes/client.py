@@ -300,8 +300,8 @@ class _Translating:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._api, name)
-        if not callable(attr) or name.startswith("_"):
-            return attr
+        if not callable(attr) or name.startswith(("_", "connect_")):
+            return attr  # connect_* (exec, attach, port-forward) go through kubernetes.stream, whose callers judge errors
         from kubernetes.client.rest import ApiException
 
         def call(*args: Any, **kwargs: Any) -> Any:
