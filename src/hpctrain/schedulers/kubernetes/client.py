@@ -142,7 +142,11 @@ class _BoundedPool:
         import urllib3
 
         if kwargs.get("timeout") is None:
-            kwargs["timeout"] = urllib3.Timeout(connect=self.limits.timeout_s, read=self.limits.timeout_s)
+            # A followed stream (logs -f, watch) waits for new lines as long as the job runs, as kubectl does: only
+            # its connection and headers are bounded (the deadline below).
+            following = re.search(r"[?&](follow|watch)=true(&|$)", url) is not None
+            kwargs["timeout"] = urllib3.Timeout(connect=self.limits.timeout_s,
+                                                read=None if following else self.limits.timeout_s)
         kwargs["preload_content"] = False  # read here, bounded, when the client asks for .data
         deadline = time.monotonic() + self.limits.deadline_s
         try:

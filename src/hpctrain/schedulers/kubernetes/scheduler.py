@@ -449,13 +449,9 @@ class KubernetesScheduler:
         if pod is None:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
-        # Following waits for new lines as long as the job runs (as kubectl logs -f): a connect timeout, no read timeout.
-        from hpctrain.schedulers.kubernetes.client import Limits
-
-        timeout = {"_request_timeout": (Limits.from_environ().timeout_s, None)} if follow else {}
-        try:
+        try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
             resp = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, container=container,
-                                                     follow=follow, _preload_content=False, **timeout)
+                                                     follow=follow, _preload_content=False)
         except ApiException as err:
             raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
                             f"have started; see `{self.command('status', job_id)}`") from None
