@@ -52,3 +52,12 @@ def test_check_and_submit_name_the_missing_crd(k8s_crdless: CrdlessK8s, tmp_path
     forced = hpctrain(k8s_crdless, "submit", "--no-check", *job(k8s_crdless, api, "no-crd"), cwd=tmp_path)
     assert forced.returncode == 2 and line in forced.stderr and "Traceback" not in forced.stderr, forced
     assert not (tmp_path / "runs").exists()
+
+
+def test_cluster_without_nodes_says_so(k8s_crdless: CrdlessK8s, tmp_path: Path) -> None:
+    """This server has no kubelet and no test registers a node on it: `cluster` says there is none and what that
+    means, rather than printing a bare header."""
+    proc = hpctrain(k8s_crdless, "cluster", "--scheduler", "kubernetes", "--context", k8s_crdless.context, cwd=tmp_path)
+    assert proc.returncode == 0, proc
+    assert proc.stdout.startswith("no nodes: the cluster has no node registered, so no pod can run"), proc.stdout
+    assert "NODE" not in proc.stdout

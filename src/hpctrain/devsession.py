@@ -24,6 +24,7 @@ on the compute node's PATH); start shows its device-login line and waits for its
 from __future__ import annotations
 
 import datetime as dt
+import os
 import getpass
 import hashlib
 import json
@@ -33,7 +34,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,9 +291,29 @@ class CodeTunnelWatch:
         return self.url is not None
 
 
+def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse, before queueing, a JupyterLab session whose environment has no JupyterLab: the job would wait in the
+    queue only to fail with `jupyter: not found`. sbatch passes this shell's PATH on, plus the --venv's or conda
+    prefix's bin/ (as `submit` checks its programs); with modules or a container the PATH is not known here."""
+    from hpctrain.extras import install_command
+    from hpctrain.schedulers.slurm.environments import get_environment
+
+    if cfg.service != "jupyter":
+        return
+    dirs = get_environment(cfg.environment).search_path(environ.get("PATH", os.defpath))
+    if dirs is None or shutil.which("jupyter-lab", path=os.pathsep.join(os.path.expanduser(d) for d in dirs)):
+        return
+    where = (f"{dirs[0]} or this shell's PATH" if cfg.environment.kind in ("venv", "conda")
+             else "this shell's PATH, which the job inherits")
+    raise UserError(f"JupyterLab is not in the session's environment (no jupyter-lab on {where}), so the job would fail "
+                    f"with `jupyter: not found`: install it there ({install_command('jupyter')}), name the environment "
+                    "that has it (--venv DIR or --conda-env PREFIX), or use --service ssh")
+
+
 def start_slurm(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_port: int | None,
                 say: Callable[[str], None] = print) -> dict[str, Any]:
     """Submit the session, wait until its server answers, record and return its connection details."""
+    check_program(cfg)
     state_dir = session_dir(cfg.name, root)
     private_dir(state_dir.parent)
     private_dir(state_dir)

@@ -18,14 +18,16 @@ from hpctrain.errors import UserError
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
-def write_atomic(path: Path, data: bytes, temporary: Path | None = None) -> None:
+def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: int = 0o666) -> None:
     """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file.
 
     The rename replaces a symbolic link at `path` itself (never its target), and the temporary is opened without
-    following a link either."""
+    following a link either. `mode`: 0o600 for a file that holds secrets (set as is; the default 0o666 goes through the umask)."""
     tmp = temporary or path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        if mode != 0o666:
+            os.fchmod(fd, mode)  # also when a stale temporary existed (O_CREAT keeps its old mode)
         with open(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

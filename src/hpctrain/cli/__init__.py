@@ -95,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"hpctrain {command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except ImportError as err:  # an optional dependency (hpctrain[k8s], [jupyter], [dali]) that is not installed
+        from hpctrain.extras import missing_extra
+
+        error = missing_extra(err)
+        if error is None:
+            raise
+        print(f"hpctrain{' ' + command if command else ''}: error: {error}", file=sys.stderr)
+        return error.exit_code
     except KeyboardInterrupt:  # Ctrl-C at any point, start-up (imports, parsing) included: one line, no traceback
         print(f"hpctrain{' ' + command if command else ''}: interrupted", file=sys.stderr)
         return 130

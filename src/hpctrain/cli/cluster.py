@@ -28,6 +28,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(view), indent=2))
         return 0
+    if not view.nodes:
+        print("no nodes: the cluster has no node registered, so no pod can run until one joins (a node registers "
+              "when its kubelet starts); ask the cluster admin")
+        for line in view.quota:
+            print(f"quota: {line}")
+        return 0
     gib = 2**30
     rows = [("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE")] + [
         (n.name, f"{n.cpu_requested:g}/{n.cpu_allocatable:g}",

@@ -37,8 +37,10 @@ def add_service_job_arguments(parser: argparse.ArgumentParser, wait_help: str) -
 
 def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", choices=("slurm", "kubernetes"),
-                        help="where to run (default: slurm when sbatch is on PATH, else kubernetes with a kubeconfig)")
-    parser.add_argument("--namespace", default="default", help="Kubernetes namespace (default: default)")
+                        help="where to run (default: $HPCTRAIN_SCHEDULER, else slurm when sbatch is on PATH, else "
+                             "kubernetes with a kubeconfig)")
+    parser.add_argument("--namespace",
+                        help="Kubernetes namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
     parser.add_argument("--context", help="Kubernetes context of the kubeconfig (default: its current context)")
 
 
@@ -146,13 +148,15 @@ def config_from_args(args: argparse.Namespace, kubernetes: bool) -> Any:
 def k8s_options(args: argparse.Namespace, **extra: Any) -> Any:
     from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 
-    return KubernetesOptions(namespace=args.namespace, **extra)
+    from hpctrain.schedulers.kubernetes.kubeconfig import default_namespace
+
+    return KubernetesOptions(namespace=args.namespace or default_namespace(args.context), **extra)
 
 
 def scheduler_of(args: argparse.Namespace) -> str:
-    from hpctrain.schedulers import detect
+    from hpctrain.cli.scheduling import choose_scheduler
 
-    return args.scheduler or detect()
+    return choose_scheduler(args)
 
 
 def core_of(args: argparse.Namespace) -> Any:

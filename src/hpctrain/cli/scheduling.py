@@ -8,12 +8,14 @@ hpctrain.schedulers.get_scheduler, so a Slurm user never loads the Kubernetes cl
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from hpctrain.errors import UserError
 
 SCHEDULER_NAMES = ("slurm", "kubernetes")
+SCHEDULER_ENV = "HPCTRAIN_SCHEDULER"  # the default scheduler of this shell (a login node that has both)
 
 # dest -> flag, for the options every command that talks to a cluster takes.
 CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context": "--context"}
@@ -49,15 +51,16 @@ KUBERNETES_FIELDS = {"k8s_api": "api"}
 def add_scheduler_argument(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g = parser.add_argument_group("scheduler")
     g.add_argument("--scheduler", choices=SCHEDULER_NAMES,
-                   help="where the job runs (default: the job file's `scheduler:`, else slurm when sbatch is on PATH, "
-                        "else kubernetes when a kubeconfig is found)")
+                   help="where the job runs (default: the job file's `scheduler:`, else $HPCTRAIN_SCHEDULER, else slurm "
+                        "when sbatch is on PATH, else kubernetes when a kubeconfig is found)")
     return g
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """--scheduler plus the Kubernetes options that say where jobs are (status, logs, cancel, cluster)."""
     g = add_scheduler_argument(parser)
-    g.add_argument("--namespace", metavar="NAME", help="Kubernetes: the namespace (default: default)")
+    g.add_argument("--namespace", metavar="NAME",
+                   help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
     g.add_argument("--k8s-api", dest="k8s_api", choices=("pytorchjob", "trainjob"),
                    help="Kubernetes: Kubeflow PyTorchJob (default) or Trainer v2 TrainJob")
     g.add_argument("--context", metavar="NAME", help="Kubernetes: the kubeconfig context (default: the current one)")
@@ -82,12 +85,17 @@ def add_kubernetes_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None, fallback: str | None = None) -> str:
-    """--scheduler, else the job file's, else the one found here; `fallback` when none is found (submit --dry-run
-    renders without a cluster, so it falls back to Slurm as it always did)."""
+    """--scheduler, else the job file's, else $HPCTRAIN_SCHEDULER, else the one found here; `fallback` when none
+    is found (submit --dry-run renders without a cluster, so it falls back to Slurm as it always did)."""
     if getattr(args, "scheduler", None):
         return args.scheduler
     if file_scheduler:
         return file_scheduler
+    if os.environ.get(SCHEDULER_ENV):
+        if os.environ[SCHEDULER_ENV] not in SCHEDULER_NAMES:
+            raise UserError(f"{SCHEDULER_ENV}={os.environ[SCHEDULER_ENV]!r} is unknown: set it to "
+                            f"{' or '.join(SCHEDULER_NAMES)}, or unset it")
+        return os.environ[SCHEDULER_ENV]
     from hpctrain.schedulers import detect
 
     try:

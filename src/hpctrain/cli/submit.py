@@ -29,7 +29,7 @@ from hpctrain.cli.scheduling import (
     kubernetes_fields,
     refuse_foreign_flags,
 )
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, redact
 from hpctrain.jobs import JobFile, read_job_file
 from hpctrain.jobs.spec import (
     ENVIRONMENT_KINDS,
@@ -389,7 +389,7 @@ def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
     if args.dry_run:
         # The script is shown whatever the checks say (it is what the user asked to read); the exit status is a
         # real submit's verdict on everything that can be checked without the cluster.
-        sys.stdout.write(slurm.dry_run_text(job, script))
+        sys.stdout.write(redact(slurm.dry_run_text(job, script)))  # the files keep the values: they are 0600
         problems, notes = dry_run_notes(job, problems)
         verdict = ["a real submit would refuse this job (exit status 2)"] if problems else []
         report_problems("submit", problems + verdict + notes + [SKIPPED_IN_DRY_RUN])
@@ -468,7 +468,7 @@ def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
     rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
     report_warnings("submit", job)
     if args.dry_run:
-        sys.stdout.write(rendered.text)
+        sys.stdout.write(redact(rendered.text))  # URL passwords (--setenv HTTPS_PROXY=...) stay off the screen
         problems = sched.local_check(job) if hasattr(sched, "local_check") else []
         verdict = ["a real submit would refuse this job (exit status 2)"] if base.blocking(problems) else []
         report_problems("submit", problems + verdict + [KUBERNETES_DRY_RUN_NOTE])
@@ -485,14 +485,16 @@ def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
                                                   "the cluster checks)"])
             return 2
     job_id = sched.submit(job, rendered)
-    where = _record_rendered(job, rendered, submission)
+    where = _record_rendered(job, rendered, submission, sched)
     print(job_id, flush=True)
-    namespace = submission.kubernetes.get("namespace", "default")
     print(f"hpctrain submit: {rendered.payload['kind'] if isinstance(rendered.payload, dict) else 'job'} {job_id} "
-          f"created in namespace {namespace}{where}", file=sys.stderr, flush=True)
+          f"created in namespace {sched.namespace}{where}", file=sys.stderr, flush=True)
+    if hasattr(sched, "command"):  # the flags that find it again, whatever the defaults are later
+        print(f"hpctrain submit: follow it with `{sched.command('status', job_id)}` (and logs, cancel)",
+              file=sys.stderr, flush=True)
     if args.follow:
         print(f"hpctrain submit: --follow prints Slurm jobs' output; here it waits like --wait (the log: "
-              f"`hpctrain logs -f {job_id}` with the same --scheduler and --namespace)", file=sys.stderr, flush=True)
+              f"`{sched.command('logs', job_id)} -f`)", file=sys.stderr, flush=True)
     if not (args.wait or args.follow):
         return 0
     return wait_and_report(sched, job_id, "submit")
@@ -507,7 +509,7 @@ def wait_and_report(sched: Any, job_id: str, command: str, poll_s: float = 2.0) 
     while True:
         try:
             status = sched.status(job_id)
-        except UserError:
+        except base.JobNotFound:
             if last is None:
                 raise
             print(f"hpctrain {command}: job {job_id} is gone (deleted before it ended)", file=sys.stderr)
@@ -527,17 +529,26 @@ def wait_and_report(sched: Any, job_id: str, command: str, poll_s: float = 2.0) 
     return code
 
 
-def _record_rendered(job: JobSpec, rendered: Any, submission: Submission) -> str:
-    """Keep the manifest and the job description (job.yaml; resubmit with --job-file) in the run directory, as
-    the pods see it (%j is the job name), when that path is reachable here (a shared volume mounted on this
-    machine too, or a relative path). Returns a note for the submit message."""
+def _record_rendered(job: JobSpec, rendered: Any, submission: Submission, sched: Any) -> str:
+    """Keep the manifest and the job description (job.yaml; resubmit with --job-file) in the run directory, where
+    it is really visible here: a relative run dir (recorded in this directory), or one on a --volume whose path
+    this machine sees too (a host: volume's host path). Never at a container path that does not exist here.
+    Both files hold the --setenv values: readable by the owner only. Returns a note for the submit message."""
     import yaml
 
     from hpctrain.fsutil import write_atomic
 
     if job.run_dir is None:
         return ""
-    directory = Path(job.run_dir.replace("%j", job.name))
+    pod_path = job.run_dir.replace("%j", job.name)
+    if pod_path.startswith("/"):
+        here, why = sched.path_here(pod_path)
+        if here is None:
+            return (f"; the manifest and job description were not recorded here ({why}): "
+                    f"`kubectl get {rendered.payload['kind'].lower()} -n {sched.namespace} {job.name} -o yaml` shows them")
+        directory = Path(here)
+    else:
+        directory = Path(pod_path)
     description = job.to_dict()
     if job.is_recipe:
         del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
@@ -545,13 +556,14 @@ def _record_rendered(job: JobSpec, rendered: Any, submission: Submission) -> str
     description["kubernetes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in submission.kubernetes.items()}
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / rendered.filename, rendered.text.encode())
-        write_atomic(directory / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode())
+        write_atomic(directory / rendered.filename, rendered.text.encode(), mode=0o600)
+        write_atomic(directory / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)
     except OSError as err:
         print(f"hpctrain submit: warning: could not record the manifest in {directory} ({err.strerror or err}); "
               f"`kubectl get -o yaml` shows what was created", file=sys.stderr)
         return ""
-    return f"; manifest and job description in {directory}/"
+    seen = f" (the pods' {pod_path})" if pod_path.startswith("/") and str(directory) != pod_path else ""
+    return f"; manifest and job description in {directory}/{seen}"
 
 
 def _record(run_dir: Path, job: JobSpec, script: str) -> None:
@@ -565,4 +577,6 @@ def _record(run_dir: Path, job: JobSpec, script: str) -> None:
         del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
     run_dir.mkdir(parents=True, exist_ok=True)
     write_script(run_dir / "job.sbatch", script)
-    (run_dir / "job.yaml").write_text(yaml.safe_dump(description, sort_keys=False), encoding="utf-8")
+    from hpctrain.fsutil import write_atomic
+
+    write_atomic(run_dir / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)  # --setenv values

@@ -58,13 +58,15 @@ def _sample_kubernetes(args: argparse.Namespace):
 
     from hpctrain.errors import UserError
 
+    from hpctrain.schedulers.base import JobNotFound
+    from hpctrain.schedulers.kubernetes.kubeconfig import default_namespace
+
+    namespace = args.namespace or default_namespace(args.context)
     for api in ("pytorchjob", "trainjob"):  # a job name is one job in its namespace, of either kind
-        sched = KubernetesScheduler(KubernetesOptions(namespace=args.namespace, api=api), context=args.context)
+        sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, api=api), context=args.context)
         try:
             sched.get_object(args.job)
-        except UserError as err:
-            if not str(err).startswith("no "):
-                raise
+        except JobNotFound:
             continue
         return top.sample_pods(sched.core, sched.pods_of(args.job))
     raise UserError(f"no PyTorchJob or TrainJob named {args.job!r} in namespace {sched.namespace}: check the name "

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec, get_dataset_spec
 from hpctrain.data.idx import GZIP_MAGIC, read_idx
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, redact
 from hpctrain.fsutil import fsync_dir, human_bytes
 
 if TYPE_CHECKING:
@@ -45,12 +45,7 @@ SIZE_CAP_SLACK = 64 << 10
 # A transfer averaging fewer bytes per second than this over a --timeout window is abandoned (a trickle of one
 # byte per second never trips the per-read timeout).
 DEFAULT_MIN_RATE = 1000.0
-_CREDENTIALS_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):[^/\s]*@")
-
-
-def redact(text: str) -> str:
-    """Hide the password of every URL in `text`: scheme://user:secret@host -> scheme://user:***@host."""
-    return _CREDENTIALS_RE.sub(r"\g<scheme>:***@", text)
+# redact: hide URL passwords in what is printed (shared with `submit --dry-run`, hence in hpctrain.errors).
 
 
 def max_download_bytes(fspec: FileSpec) -> int:

@@ -37,7 +37,7 @@ SCHEDULER_NAMES = ("slurm", "kubernetes")
 
 def _job_yaml_loader():
     """PyYAML's SafeLoader, minus YAML 1.1's base-60 numbers (`time: 30:00` must stay the string "30:00"),
-    and refusing anchors and aliases."""
+    and refusing anchors, aliases and a key given twice."""
     import yaml
 
     int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
@@ -51,6 +51,21 @@ def _job_yaml_loader():
                     event.start_mark,
                 )
             return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):
+            # PyYAML keeps the last of two equal keys; a job file with `nodes:` twice is a mistake to point out.
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is given twice: keep one", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
 
     JobLoader.yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag not in (int_tag, float_tag)]

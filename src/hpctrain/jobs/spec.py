@@ -59,15 +59,29 @@ def format_time_limit(seconds: int) -> str:
     return f"{days}-{hms}" if days else hms
 
 
+# Upper bounds of what one job can ask for: far beyond any machine, and low enough that a typo (or a hostile job
+# file) never reaches a manifest, a sbatch line or an integer overflow downstream.
+MAX_NODES = 100_000
+MAX_PROCS_PER_NODE = 1024
+MAX_GPUS_PER_NODE = 1024
+MAX_CPUS_PER_TASK = 16_384
+MAX_MEM_MB = 1 << 30  # 1 PiB per node
+
+
 def parse_mem_mb(text: str) -> int:
     """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes (0: the whole node). Units K/M/G/T; default M."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
-    if not m:
+    if not m or len(m["n"]) > 30:
         raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)")
-    if int(m["n"]) == 0:
+    n = int(m["n"])
+    if n == 0:
         return 0  # sbatch's --mem=0: all the memory of each node
-    factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[m["unit"].upper()]
-    return max(1, int(int(m["n"]) * factor))
+    unit = m["unit"].upper()
+    mb = -(-n // 1024) if unit == "K" else n * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]  # integers only
+    if mb > MAX_MEM_MB:
+        raise UserError(f"memory {text!r} is more than {MAX_MEM_MB >> 20}T per node, far beyond any machine: give the "
+                        "memory of one node (e.g. --mem 64G)")
+    return mb
 
 
 def parse_gres(text: str) -> tuple[int, str | None, int]:
@@ -198,6 +212,8 @@ class Resources:
                 raise UserError(f"{_flag(name)} must be a whole number (got {value!r})")
             if value < low:
                 raise UserError(f"{_flag(name)} must be at least {low} (got {value})")
+            if value > _MAXIMA[name]:
+                raise UserError(f"{_flag(name)} {value} is more than {_MAXIMA[name]}, beyond any cluster: check the value")
         if self.gpus_per_node and self.shards_per_node:
             raise UserError("ask for whole GPUs (--gpus-per-node) or shards (--gres shard:N), not both")
         if self.gpu_type is not None:
@@ -268,6 +284,8 @@ class EnvironmentSpec:
             raise UserError(f"--container-workdir {self.workdir!r} must be an absolute path inside the container")
 
 
+_MAXIMA = {"nodes": MAX_NODES, "nproc_per_node": MAX_PROCS_PER_NODE, "cpus_per_task": MAX_CPUS_PER_TASK,
+           "gpus_per_node": MAX_GPUS_PER_NODE, "shards_per_node": MAX_GPUS_PER_NODE * 1024}
 _EXAMPLES = {"conda_env": "--conda-env myenv", "venv": "--venv ~/venvs/train", "image": "--image pytorch.sif"}
 
 

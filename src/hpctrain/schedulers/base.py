@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hpctrain.errors import UserError
+
 # Neutral job states. A backend maps its own vocabulary onto these (Kubeflow's Created -> PENDING, ...).
 PENDING = "PENDING"
 RUNNING = "RUNNING"
@@ -26,6 +28,11 @@ FINISHED_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 WARNING_PREFIX = "warning: "
 NOTE_PREFIX = "note: "  # a check that could not run (and why); does not block either
+
+
+class JobNotFound(UserError):
+    """The scheduler does not know the job (never submitted, or deleted): `cancel` and `submit --wait` tell "gone"
+    apart from a failure to ask."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ VOLUME_FORMS = "pvc:CLAIM:/mount[:ro], nfs:SERVER:/export/path:/mount[:ro] or ho
 
 def parse_quantity(text: str | int | float) -> Decimal:
     """A Kubernetes quantity (`500m`, `4`, `16Gi`, `8G`) -> its value (cores or bytes). Raises ValueError."""
-    m = _QUANTITY_RE.match(str(text).strip())
+    m = _QUANTITY_RE.match(str(text).strip()) if len(str(text)) <= 64 else None
     if not m:
         raise ValueError(f"{text!r} is not a Kubernetes quantity")
     try:
@@ -169,6 +169,8 @@ class KubernetesOptions:
                 raise UserError(f"--shm {self.shm!r} is not a size: use a Kubernetes quantity such as 8Gi or 512Mi") from None
             if size < 2**20:
                 raise UserError(f"--shm {self.shm!r} is below 1Mi: give the size with a unit, e.g. --shm 8Gi")
+            if size > 2**50:
+                raise UserError(f"--shm {self.shm!r} is more than 1Pi, beyond any node: give a size such as --shm 8Gi")
         if self.priority_class is not None:
             check_dns_subdomain("--priority-class", self.priority_class, "use a name `kubectl get priorityclasses` lists")
         if self.service_account is not None:

@@ -26,10 +26,11 @@ KEYS = ("name", "kind", "worker_count", "worker_cpu", "worker_gpu", "worker_memo
 KINDS = {"pytorchjob": "pytorchjob", "trainjob": "trainjob"}
 PRIORITY_LABEL = "hpctrain.io/priority"
 _INT_RE = re.compile(r"^[0-9]+$")
+MAX_GB = 1 << 20  # 1 PiB: beyond any node (the job's own bounds, hpctrain.jobs.spec, then apply)
 
 
 def _whole(key: str, value: str, low: int, problems: list[str]) -> int | None:
-    if not _INT_RE.match(value) or int(value) < low:
+    if not _INT_RE.match(value) or len(value) > 30 or int(value) < low:  # no huge int() to convert
         problems.append(f"{key}={value!r} must be a whole number >= {low}")
         return None
     return int(value)
@@ -43,8 +44,8 @@ def _gigabytes_mb(key: str, value: str, problems: list[str]) -> int | None:
         amount = Decimal(value)
     except InvalidOperation:
         amount = Decimal(-1)
-    if not amount.is_finite() or amount <= 0:
-        problems.append(f"{key}={value!r} must be a positive number of GB (e.g. {key}=4 or {key}=0.5)")
+    if not amount.is_finite() or amount <= 0 or amount > MAX_GB:
+        problems.append(f"{key}={value!r} must be a positive number of GB, at most {MAX_GB} (e.g. {key}=4 or {key}=0.5)")
         return None
     if amount > MAX_GIGABYTES:  # int() of 1e100000 MB would exceed Python's integer-string limit
         problems.append(f"{key}={value[:30]!r} is more than {MAX_GIGABYTES} GB (a petabyte) per pod: give the "

@@ -8,7 +8,6 @@ and the rest of hpctrain never load it.
 from __future__ import annotations
 
 import functools
-import os
 import posixpath
 from collections.abc import Iterator
 from decimal import Decimal
@@ -38,11 +37,9 @@ _TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed
 
 
 def _api_error(err: Any, what: str) -> UserError:
-    reason = getattr(err, "reason", None) or str(err)
-    status = getattr(err, "status", None)
-    if status == 403:
-        return UserError(f"{what}: forbidden ({reason}); ask your cluster admin for the permission, or use another --namespace")
-    return UserError(f"{what}: the API server answered {status} {reason}")
+    from hpctrain.schedulers.kubernetes.client import describe_api_error
+
+    return UserError(describe_api_error(err, what))
 
 
 def _cpu(value: Any) -> Decimal:
@@ -102,37 +99,53 @@ class KubernetesScheduler:
 
     @functools.cached_property
     def api_client(self) -> Any:
+        """The given client as is (tests), else one from the kubeconfig with timeouts and a size cap
+        (schedulers.kubernetes.client)."""
         if self._given_client is not None:
             return self._given_client
-        try:
-            from kubernetes import config
-        except ImportError:
-            raise UserError("the Kubernetes scheduler needs the kubernetes client: pip install 'hpctrain[k8s]'") from None
-        try:
-            if self.context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config()
-                from kubernetes import client
+        from hpctrain.schedulers.kubernetes.client import load_api_client
 
-                return client.ApiClient()
-            return config.new_client_from_config(context=self.context)
-        except config.ConfigException as err:
-            raise UserError(f"cannot load a kubeconfig ({err}): set KUBECONFIG or ~/.kube/config, or name a --context") from None
+        return load_api_client(self.context)
 
     @functools.cached_property
     def core(self) -> Any:
         from kubernetes import client
 
-        return client.CoreV1Api(self.api_client)
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.CoreV1Api(self.api_client))
 
     @functools.cached_property
     def custom(self) -> Any:
         from kubernetes import client
 
-        return client.CustomObjectsApi(self.api_client)
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.CustomObjectsApi(self.api_client))
+
+    @functools.cached_property
+    def extensions(self) -> Any:
+        from kubernetes import client
+
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.ApiextensionsV1Api(self.api_client))
 
     @property
     def namespace(self) -> str:
         return self.options.namespace
+
+    def command(self, name: str, *words: str) -> str:
+        """`hpctrain NAME ... WORDS` with the flags that find this job again (scheduler, namespace, context, API):
+        every command this backend suggests works when pasted, wherever the defaults point."""
+        import shlex
+
+        flags = ["--scheduler", "kubernetes", "--namespace", self.namespace]
+        if self.context:
+            flags += ["--context", self.context]
+        if self.options.api != "pytorchjob":
+            flags += ["--k8s-api", self.options.api]
+        return shlex.join(["hpctrain", name, *flags, *words])
 
     # ---- render, check, submit -------------------------------------------------------------------------------
 
@@ -164,6 +177,12 @@ class KubernetesScheduler:
 
         return local_problems(job, self.options)
 
+    def path_here(self, pod_path: str) -> tuple[str | None, str]:
+        """(where this machine sees what the pods see at `pod_path`, or None; why not): see local.path_here."""
+        from hpctrain.schedulers.kubernetes.local import path_here
+
+        return path_here(pod_path, self.options.parsed_volumes)
+
     def _pure_problems(self, job: JobSpec) -> list[str]:
         problems = []
         memory = job.resources.mem_mb
@@ -190,12 +209,11 @@ class KubernetesScheduler:
                    for v in self.options.parsed_volumes)
 
     def _crd_problems(self) -> list[str]:
-        from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         name = f"{self.plural}.{self.group}"
         try:
-            crd = client.ApiextensionsV1Api(self.api_client).read_custom_resource_definition(name)
+            crd = self.extensions.read_custom_resource_definition(name)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -332,7 +350,7 @@ class KubernetesScheduler:
         except ApiException as err:
             if err.status == 409:
                 raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
-                                f"another --job-name, or cancel the old one (hpctrain cancel {job.name})") from None
+                                f"another --job-name, or cancel the old one ({self.command('cancel', job.name)})") from None
             if err.status == 404:
                 raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
@@ -351,7 +369,7 @@ class KubernetesScheduler:
         if problems:
             return UserError(problems[0])
         return UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
-                         "run `hpctrain check` to see which")
+                         f"run `{self.command('check')}` with the job's options to see which")
 
     # ---- follow ----------------------------------------------------------------------------------------------
 
@@ -362,8 +380,8 @@ class KubernetesScheduler:
             return self.custom.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, job_id)
         except ApiException as err:
             if err.status == 404:
-                raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: "
-                                "check the name and --namespace (hpctrain status lists the jobs)") from None
+                raise base.JobNotFound(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: check the name "
+                                       f"and --namespace (`{self.command('status')}` lists the jobs)") from None
             raise _api_error(err, f"reading {self.kind} {job_id}") from None
 
     def pods_of(self, job_id: str) -> list[Any]:
@@ -403,6 +421,11 @@ class KubernetesScheduler:
 
     def list_jobs(self) -> list[JobSummary]:
         items = self.custom.list_namespaced_custom_object(self.group, self.version, self.namespace, self.plural)["items"]
+        if not items:  # the API lists nothing, not an error, in a namespace that does not exist
+            problems: list[str] = []
+            self._namespace_problems(problems)
+            if problems:
+                raise UserError(problems[0])
         out = []
         for obj in items:
             state, _ = _object_state(obj, self.options.api)
@@ -421,18 +444,18 @@ class KubernetesScheduler:
         pods = self.pods_of(job_id)
         names = [_replica_name(p) for p in pods]
         if not pods:
-            raise UserError(f"{job_id} has no pods yet: see `hpctrain status {job_id}` for why")
+            raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
         pod = pods[0] if replica is None else next((p for p in pods if _replica_name(p) == replica), None)
         if pod is None:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
-        try:
+        try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
             resp = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, container=container,
                                                      follow=follow, _preload_content=False)
         except ApiException as err:
             raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
-                            f"have started; see `hpctrain status {job_id}`") from None
-        return _lines(resp)
+                            f"have started; see `{self.command('status', job_id)}`") from None
+        return _lines(resp, pod.metadata.name)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
@@ -543,7 +566,9 @@ def _replica_status(pod: Any) -> ReplicaStatus:
                          exit_code=exit_code, reason=reason)
 
 
-def _lines(resp: Any) -> Iterator[str]:
+def _lines(resp: Any, pod: str) -> Iterator[str]:
+    import urllib3
+
     buffer = b""
     try:
         for chunk in resp.stream(amt=65536, decode_content=True):
@@ -553,5 +578,8 @@ def _lines(resp: Any) -> Iterator[str]:
                 yield line.decode("utf-8", "replace")
         if buffer:
             yield buffer.decode("utf-8", "replace")
+    except urllib3.exceptions.HTTPError as err:
+        raise UserError(f"the log of pod {pod} broke off ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
+                        "run the command again") from None
     finally:
         resp.release_conn()
