@@ -13,7 +13,6 @@ import gzip
 import hashlib
 import http.client
 import os
-import re
 import shutil
 import sys
 import tempfile

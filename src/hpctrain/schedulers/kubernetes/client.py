@@ -194,8 +194,6 @@ class _BoundedResponse:
     def data(self) -> bytes:
         import time
 
-        import urllib3
-
         if self._data is None:
             left = max(0.0, self._deadline - time.monotonic())
             # On the deadline the reading thread still holds the response (closing it would wait for that read):
