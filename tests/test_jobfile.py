@@ -161,7 +161,7 @@ def test_a_params_file_is_capped_and_must_be_a_regular_file(tmp_path: Path, kind
 
 @pytest.mark.parametrize("content,message", [
     (b"worker_count=1\nname=caf\xff\n", "is not UTF-8 text (byte 0xff at offset 23); save it as UTF-8"),
-    (b"worker_count=1\nworker_memory=1e100000\n", "worker_memory='1e100000' is more than 1000000 GB"),
+    (b"worker_count=1\nworker_memory=1e100000\n", "worker_memory='1e100000' must be a positive number of GB, at most 1048576"),
 ])
 def test_params_file_values_that_tracebacked_are_clear_errors(tmp_path: Path, content: bytes, message: str) -> None:
     """Guards issue 17: a .params file with byte 0xff (UnicodeDecodeError) and `worker_memory=1e100000`

@@ -13,7 +13,8 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.spec import from_mapping
 from hpctrain.schedulers import SCHEDULERS, blocking, detect, get_scheduler
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, parse_quantity, parse_toleration, parse_volume
-from hpctrain.schedulers.kubernetes.params import parse_params, parse_params_text
+from hpctrain.jobs.file import read_job_file
+from hpctrain.schedulers.kubernetes.params import parse_params_text
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -96,7 +97,8 @@ interactive=false
 def test_params_platform_example(tmp_path: Path) -> None:
     path = tmp_path / "job.params"
     path.write_text("# the platform's example\n\n" + PAI_EXAMPLE)
-    job_fields, option_fields = parse_params(path)
+    read = read_job_file(path)
+    job_fields, option_fields = read.job, read.kubernetes
     assert job_fields == {"name": "yourtaskname", "nodes": 1, "nproc_per_node": 1, "cpus_per_task": 4, "mem": "4096M",
                           "command": ["python3", "/mnt/user/NAME/mnist.py", "--backend", "nccl", "--epochs=10"]}
     assert option_fields == {"api": "pytorchjob", "shm": "4Gi", "image": "master0:5000/eflops/pytorch:v1",
@@ -137,8 +139,8 @@ def test_params_refused(text: str, messages: list[str]) -> None:
 
 
 def test_params_unreadable(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="cannot read params file"):
-        parse_params(tmp_path / "missing.params")
+    with pytest.raises(UserError, match="cannot read job file"):
+        read_job_file(tmp_path / "missing.params")
 
 
 def test_registry_and_detect(tmp_path: Path) -> None:

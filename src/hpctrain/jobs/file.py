@@ -156,9 +156,10 @@ def read_job_file(path: str | Path) -> JobFile:
     """Read any job file: YAML/TOML (load_job_file) or .params (the Kubernetes platform's format)."""
     path = Path(path)
     if path.suffix == PARAMS_SUFFIX:
-        from hpctrain.schedulers.kubernetes.params import parse_params
+        from hpctrain.schedulers.kubernetes.params import parse_params_text
 
-        job, options = parse_params(path)
+        # A regular UTF-8 file of at most 1 MiB, as YAML/TOML job files.
+        job, options = parse_params_text(read_job_text(path), source=f"params file {path}")
         return JobFile(job=job, scheduler="kubernetes", kubernetes=options)
     data = {str(k).replace("-", "_"): v for k, v in load_job_file(path).items()}
     scheduler = data.pop("scheduler", None)
