@@ -82,6 +82,12 @@ def run_shim(tmp_path: Path, variant: str, sig: signal.Signals) -> tuple[int, st
     return proc.returncode, output, out
 
 
+def _has_signal_flags() -> bool:
+    from torch.distributed import run
+
+    return "--signals-to-handle" in run.get_args_parser().format_help()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_time_limit_warning_stops_workers_cleanly_with_status_75(tmp_path: Path, variant: str) -> None:
     code, output, out = run_shim(tmp_path, variant, signal.SIGUSR1)
@@ -91,7 +97,7 @@ def test_time_limit_warning_stops_workers_cleanly_with_status_75(tmp_path: Path,
     # every worker got the warning and finished its checkpoint before the agent ended
     assert sorted(p.read_text() for p in out.glob("stopped-*")) == ["SIGUSR1", "SIGUSR1"], output
     lost = "has no --signals-to-handle (torch >= 2.9)"
-    if variant == "this-torch":
+    if variant == "this-torch" and _has_signal_flags():  # under the floor environment's pytest, this torch is old
         assert lost not in output
     else:  # said once, with what is lost
         assert output.count(lost) == 1 and "fixed 30 s before SIGKILL, not the 20 s asked for" in output, output
