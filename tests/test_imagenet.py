@@ -24,8 +24,11 @@ def test_train_imagenet_one_epoch_on_photos_records_top5_data_wait_and_best(phot
     result = train(photo_folders, run_dir, "--epochs", "1", "-j", "2", "--batch-size", "8")
     assert "global batch 8 = 1 process(es) x 8" in result.stdout and "-> 0.015625" in result.stdout
     [record] = read_metrics(run_dir)
-    assert {"test_top5", "data_wait_seconds", "test_accuracy"} <= record.keys()
-    assert record["data_wait_seconds"] >= 0 and 0 <= record["test_accuracy"] <= record["test_top5"] <= 1
+    assert {"data_wait_seconds", "test_accuracy"} <= record.keys()
+    # the photos are 5 classes or fewer: top-5 would be 100% and is left out (test_imagenet_first_try shows it
+    # with more classes)
+    assert "test_top5" not in record
+    assert record["data_wait_seconds"] >= 0 and 0 <= record["test_accuracy"] <= 1
     names = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
     assert names == ["checkpoint_best.pt", "checkpoint_epoch_1.pt"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "checkpoint_epoch_1.pt"
