@@ -6,24 +6,14 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from training_helpers import QUICK, start_hpctrain
+from training_helpers import QUICK, signal_after
 
 
 def stopped_line(data_dir: Path, run_dir: Path, env: dict[str, str]) -> str:
-    process = start_hpctrain("train", "mnist", *QUICK, "--recipe", "classic", "--epochs", "1", "--data-dir",
-                             str(data_dir), "--run-dir", str(run_dir), env=env)
-    output = []
-    try:
-        for line in process.stdout:
-            output.append(line)
-            if "epoch 1/1 step 2/" in line:
-                process.send_signal(signal.SIGUSR1)
-                break
-        output.extend(process.stdout)
-        assert process.wait(timeout=120) == 75, "".join(output)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    status, text = signal_after(["train", "mnist", *QUICK, "--recipe", "classic", "--epochs", "1", "--data-dir",
+                                 str(data_dir), "--run-dir", str(run_dir)], "epoch 1/1 step 2/", signal.SIGUSR1, env)
+    assert status == 75, text
+    output = text.splitlines(keepends=True)
     [line] = [line for line in output if line.startswith("hpctrain: stopped (preempted")]
     return line
 

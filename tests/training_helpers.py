@@ -41,10 +41,11 @@ def start_hpctrain(*args: str, cwd: Path | None = None, env: dict[str, str] | No
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def signal_after(args: list[str], after_line: str, signum: int) -> tuple[int, str]:
+def signal_after(args: list[str], after_line: str, signum: int, env: dict[str, str] | None = None,
+                 ) -> tuple[int, str]:
     """Run `hpctrain *args`, send it `signum` once a line containing `after_line` is out, and return its exit status
     and whole output. The moment is chosen by what the run printed, not by time."""
-    process = start_hpctrain(*args)
+    process = start_hpctrain(*args, env=env)
     output = []
     try:
         for line in process.stdout:
