@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,22 +52,33 @@ def worker_pid(rank: int, parent: int) -> int:
     raise AssertionError(f"no worker with RANK={rank}")
 
 
-def test_a_hung_rank_is_named_instead_of_hanging(fashion_data_dir, tmp_path):
-    process = torchrun(fashion_data_dir, tmp_path / "run", "--max-restarts", "0", "--train-limit", "4096",
-                       "--dist-timeout", "5")
+def collective_failure(process: subprocess.Popen[str], frozen_after: str, frozen: Callable[[], int],
+                       ) -> tuple[list[str], str]:
+    """Once `frozen_after` is out, `frozen()` gives the pid of the rank that stopped answering; wait for the other
+    rank's explanation, then kill the frozen one. The whole output and the explanation's line."""
     output: list[str] = []
     try:
-        wait_for(process, "step 3/", output)
-        hung = worker_pid(1, process.pid)
-        os.kill(hung, signal.SIGSTOP)  # alive but silent: what a deadlocked or swapped-out rank looks like
+        wait_for(process, frozen_after, output)
+        pid = frozen()
         wait_for(process, "a collective failed", output)
-        os.kill(hung, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         output.extend(process.stdout)
         assert process.wait(timeout=120) != 0
     finally:
         if process.poll() is None:
             process.kill()
-    message = next(line for line in output if "a collective failed" in line)
+    return output, next(line for line in output if "a collective failed" in line)
+
+
+def test_a_hung_rank_is_named_instead_of_hanging(fashion_data_dir, tmp_path):
+    process = torchrun(fashion_data_dir, tmp_path / "run", "--max-restarts", "0", "--train-limit", "4096",
+                       "--dist-timeout", "5")
+    def freeze() -> int:
+        hung = worker_pid(1, process.pid)
+        os.kill(hung, signal.SIGSTOP)  # alive but silent: what a deadlocked or swapped-out rank looks like
+        return hung
+
+    output, message = collective_failure(process, "step 3/", freeze)
     assert f"rank(s) 1 (on {socket.gethostname()}) of 2 did not answer" in message and "--dist-timeout" in message
 
 
@@ -101,19 +113,8 @@ def test_a_rank_that_freezes_at_any_collective_is_named(fashion_data_dir, tmp_pa
          "0", str(Path(__file__).with_name("vanishing_rank.py")), "train", "mnist", *QUICK, "--recipe", recipe,
          "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run"), "--dist-timeout", "5"],
         env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    output: list[str] = []
-    try:
-        wait_for(process, f"stops before {site}", output)
-        frozen = worker_pid(rank, process.pid)
-        wait_for(process, "a collective failed", output)
-        os.kill(frozen, signal.SIGKILL)
-        output.extend(process.stdout)
-        assert process.wait(timeout=120) != 0
-    finally:
-        if process.poll() is None:
-            process.kill()
+    output, message = collective_failure(process, f"stops before {site}", lambda: worker_pid(rank, process.pid))
     text = "".join(output)
-    message = next(line for line in output if "a collective failed" in line)
     assert named in message, text
     assert f"rank(s) {rank} (on {socket.gethostname()}) of 2 did not answer" in message, text
     assert "RuntimeError" not in text and "DistBackendError" not in text, text  # no worker's raw traceback

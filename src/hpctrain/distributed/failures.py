@@ -36,12 +36,12 @@ ROLL_CALL_MAX_S = 30.0
 #   network error or a remote process exiting prematurely", "Some NCCL operations have failed or timed out",
 #   "NCCL operation timed out";
 # - torch's TCPStore: "Socket Timeout", "Failed to recv, got 0 bytes. Connection was likely closed".
+# ("Timed out"/"timed out" cover gloo's "Timed out waiting" and NCCL's "... failed or timed out".)
 PEER_FAILURE_SIGNS = (
-    "Timed out waiting", "Application timeout caused pair closure", "Connection closed by peer", "Read error",
+    "Timed out", "timed out", "Application timeout caused pair closure", "Connection closed by peer", "Read error",
     "Read timeout", "Write timeout", "writev", "Connection reset by peer", "Broken pipe",
     "collective operation timeout", "NCCL communicator was aborted", "ncclRemoteError",
-    "NCCL operations have failed or timed out", "NCCL operation timed out",
-    "Socket Timeout", "Connection was likely closed", "Timed out", "timed out",
+    "Socket Timeout", "Connection was likely closed",
 )
 
 _HOST_KEY = "hpctrain/host"
