@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.debug import TimeLimitWarning, _job_warning, parse_signal_option, scancel_argv, warning_from_script
+from hpctrain.schedulers.slurm.preempt import TimeLimitWarning, _job_warning, parse_signal_option, scancel_argv, warning_from_script
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.slurm.render import render_sbatch

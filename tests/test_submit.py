@@ -235,7 +235,7 @@ def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, cap
 
 
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
-    from hpctrain.cli.submit import program_problems
+    from hpctrain.schedulers.slurm.local import program_problems
     from hpctrain.jobs.spec import EnvironmentSpec, JobSpec
 
     tools = tmp_path / "tools"

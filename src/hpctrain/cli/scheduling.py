@@ -1,8 +1,10 @@
 """Choosing the scheduler for a command: `--scheduler slurm|kubernetes`, else the job file's `scheduler:`, else the
 one found here (hpctrain.schedulers.detect), and the flags that only one of them understands.
 
-Shared by submit, check, status, logs, cancel and cluster. Imports no backend: the chosen one is loaded by
-hpctrain.schedulers.get_scheduler, so a Slurm user never loads the Kubernetes client.
+Shared by submit, check, status, logs, cancel, cluster and debug. Names no scheduler: which flags belong to which
+backend, and what they become, is each backend's BackendInfo (hpctrain.schedulers.backend_info). Imports no
+backend's client: the chosen one is loaded by hpctrain.schedulers.get_scheduler, so a Slurm user never loads the
+Kubernetes client.
 """
 
 from __future__ import annotations
@@ -13,39 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers import OFFLINE_DEFAULT, SCHEDULERS, backend_info
 
-SCHEDULER_NAMES = ("slurm", "kubernetes")
+SCHEDULER_NAMES = tuple(SCHEDULERS)
 SCHEDULER_ENV = "HPCTRAIN_SCHEDULER"  # the default scheduler of this shell (a login node that has both)
-
-# dest -> flag, for the options every command that talks to a cluster takes.
-CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context": "--context"}
-# dest -> flag: the Kubernetes options of a job (KubernetesOptions fields in KUBERNETES_FIELDS).
-KUBERNETES_JOB_FLAGS = {
-    **CONNECTION_FLAGS,
-    "shm": "--shm",
-    "priority_class": "--priority-class",
-    "volumes": "--volume",
-    "node_selector": "--node-selector",
-    "tolerations": "--toleration",
-    "service_account": "--service-account",
-    "image_pull_secrets": "--image-pull-secret",
-    "labels": "--label",
-}
-# What a Slurm flag's user wants on Kubernetes.
-KUBERNETES_WAY = {
-    "--mount": "Kubernetes mounts volumes with --volume",
-    "--env-kind": "on Kubernetes the image is the environment: --image",
-    "--module": "on Kubernetes the image is the environment: --image",
-    "--conda-env": "on Kubernetes the image is the environment: --image",
-    "--venv": "on Kubernetes the image is the environment: --image",
-    "--gres": "ask for whole GPUs with --gpus-per-node",
-    "--gpu-type": "pick the GPU model with --node-selector nvidia.com/gpu.product=MODEL",
-    "--partition": "pick nodes with --node-selector and --toleration",
-    "--max-requeues": "Kubernetes restarts failed pods within --max-restarts",
-    "--max-preemptions": "Kubernetes restarts failed pods within --max-restarts",
-}
-# argparse dest -> KubernetesOptions field (where they differ; --image is handled by submit).
-KUBERNETES_FIELDS = {"k8s_api": "api"}
 
 
 def add_scheduler_argument(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -84,9 +57,9 @@ def add_kubernetes_job_arguments(parser: argparse.ArgumentParser) -> None:
                    help="extra label on the job and its pods (repeatable)")
 
 
-def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None, fallback: str | None = None) -> str:
-    """--scheduler, else the job file's, else $HPCTRAIN_SCHEDULER, else the one found here; `fallback` when none
-    is found (submit --dry-run renders without a cluster, so it falls back to Slurm as it always did)."""
+def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None, offline: bool = False) -> str:
+    """--scheduler, else the job file's, else $HPCTRAIN_SCHEDULER, else the one found here; with `offline` (submit
+    --dry-run renders without a cluster) schedulers.OFFLINE_DEFAULT when none is found, as it always did."""
     if getattr(args, "scheduler", None):
         return args.scheduler
     if file_scheduler:
@@ -101,47 +74,46 @@ def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None
     try:
         return detect()
     except UserError:
-        if fallback is None:
+        if not offline:
             raise
-        return fallback
+        return OFFLINE_DEFAULT
 
 
-def refuse_foreign_flags(args: argparse.Namespace, scheduler: str, slurm_only: Mapping[str, str],
-                         kubernetes_only: Mapping[str, str]) -> None:
-    """A flag of the other scheduler is an error that names the fix (not silently ignored)."""
-    foreign, owner = (kubernetes_only, "kubernetes") if scheduler == "slurm" else (slurm_only, "slurm")
-    for dest, flag in foreign.items():
-        if getattr(args, dest, None) not in (None, False):
-            way = f" ({KUBERNETES_WAY[flag]})" if owner == "slurm" and flag in KUBERNETES_WAY else ""
-            raise UserError(f"{flag} is a {'Kubernetes' if owner == 'kubernetes' else 'Slurm'} option but the job goes "
-                            f"to {scheduler}: drop {flag}{way}, or pass --scheduler {owner}")
-
-
-def kubernetes_fields(args: argparse.Namespace, flags: Mapping[str, str], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """KubernetesOptions fields: `base` (a job file's), with every flag given on top."""
-    fields = dict(base or {})
-    for dest in flags:
-        if dest == "context":
+def refuse_foreign_flags(args: argparse.Namespace, scheduler: str) -> None:
+    """A flag that only another scheduler understands is an error that names the fix (not silently ignored)."""
+    chosen = backend_info(scheduler)
+    for other in SCHEDULERS:
+        if other == scheduler:
             continue
+        owner = backend_info(other)
+        for dest, flag in owner.flags.items():
+            if getattr(args, dest, None) not in (None, False):
+                way = f" ({chosen.hints[flag]})" if flag in chosen.hints else ""
+                raise UserError(f"{flag} is a {owner.title} option but the job goes to {scheduler}: drop {flag}{way}, "
+                                f"or pass --scheduler {other}")
+
+
+def backend_options(args: argparse.Namespace, scheduler: str, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The chosen backend's own options (its create() keywords but --context): `base` (a job file's), with every
+    flag given on top."""
+    fields = dict(base or {})
+    for dest, name in backend_info(scheduler).option_fields.items():
         value = getattr(args, dest, None)
         if value is not None:
-            fields[KUBERNETES_FIELDS.get(dest, dest)] = tuple(value) if isinstance(value, list) else value
+            fields[name] = tuple(value) if isinstance(value, list) else value
     return fields
 
 
 def get_backend(args: argparse.Namespace, scheduler: str, fields: Mapping[str, Any] | None = None):
-    """The chosen backend, built with its options."""
+    """The chosen backend, built with its options (from the flags when `fields` is None)."""
     from hpctrain.schedulers import get_scheduler
 
-    if scheduler == "kubernetes":
-        fields = kubernetes_fields(args, CONNECTION_FLAGS) if fields is None else fields
-        return get_scheduler("kubernetes", context=getattr(args, "context", None), **fields)
-    return get_scheduler("slurm")
+    fields = backend_options(args, scheduler) if fields is None else fields
+    return get_scheduler(scheduler, context=getattr(args, "context", None), **fields)
 
 
-def backend_for(args: argparse.Namespace, slurm_only: Mapping[str, str]):
-    """For status, logs, cancel and cluster: the chosen backend, or None for Slurm, whose CLI output (tables,
-    JSON, messages) is its own. Checks the flags first."""
+def backend_for(args: argparse.Namespace):
+    """For status, logs, cancel, cluster and debug: the chosen backend, after checking that no flag is another's."""
     scheduler = choose_scheduler(args)
-    refuse_foreign_flags(args, scheduler, slurm_only, {**CONNECTION_FLAGS, "replica": "--replica"})
-    return None if scheduler == "slurm" else get_backend(args, scheduler)
+    refuse_foreign_flags(args, scheduler)
+    return get_backend(args, scheduler)

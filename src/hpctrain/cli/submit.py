@@ -5,7 +5,10 @@ or Kubernetes (a Kubeflow PyTorchJob or TrainJob).
     hpctrain submit [job options] -- python my_train.py --lr 0.1   # any command
     hpctrain submit --scheduler kubernetes --image IMG [...] train mnist
 
-The job options are shared with `hpctrain check` (add_job_arguments / submission_from_args).
+One path for every scheduler, through hpctrain.schedulers.base.Scheduler: render, local_check (+ check), submit,
+record, then `wait` for --wait/--follow. What differs per scheduler is the backend's (its BackendInfo for the job's
+defaults, its methods for what is said). The job options are shared with `hpctrain check` (add_job_arguments /
+submission_from_args).
 """
 
 from __future__ import annotations
@@ -13,42 +16,23 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
+import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hpctrain.cli.scheduling import (
-    KUBERNETES_JOB_FLAGS,
     add_kubernetes_job_arguments,
+    backend_options,
     choose_scheduler,
     get_backend,
-    kubernetes_fields,
     refuse_foreign_flags,
 )
 from hpctrain.errors import UserError, redact
 from hpctrain.jobs import JobFile, read_job_file
-from hpctrain.jobs.spec import (
-    ENVIRONMENT_KINDS,
-    LAUNCHERS,
-    JobSpec,
-    from_mapping,
-    local_problems,
-    mem_warning,
-    missing_prerequisites,
-)
-
-# dest -> flag: what only Slurm understands (given with --scheduler kubernetes: an error naming the fix).
-SLURM_ONLY_FLAGS = {
-    "partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output", "error": "--error",
-    "sbatch_extra": "--sbatch", "gpu_type": "--gpu-type", "gres": "--gres", "kind": "--env-kind", "modules": "--module",
-    "conda_env": "--conda-env", "venv": "--venv", "mounts": "--mount", "workdir": "--container-workdir",
-    "launcher": "--launcher", "rdzv_port": "--rdzv-port", "max_requeues": "--max-requeues",
-    "max_preemptions": "--max-preemptions",
-}
+from hpctrain.jobs.spec import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, from_mapping, mem_warning, missing_prerequisites
+from hpctrain.schedulers import SCHEDULERS, backend_info, base
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,32 +109,36 @@ class Submission:
 
     job: JobSpec
     scheduler: str
-    kubernetes: dict[str, Any] = field(default_factory=dict)
-    """KubernetesOptions fields (the job file's, then the flags'); empty for Slurm."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """The backend's own options (the job file's section, then the flags'): KubernetesOptions fields; none for
+    Slurm, whose options are the JobSpec's."""
+    recipe: Any = None
+    """The TrainConfig of a built-in recipe's options, parsed as `hpctrain train` will in the job; None for a
+    command."""
 
 
 def submission_from_args(args: argparse.Namespace, dry_run: bool = False) -> Submission:
     """Job file, then flags on top; the scheduler from --scheduler, the file or this machine."""
     job_file = read_job_file(args.job_file) if args.job_file else JobFile(job={})
-    scheduler = choose_scheduler(args, job_file.scheduler, fallback="slurm" if dry_run else None)
-    if job_file.kubernetes and scheduler != "kubernetes":
-        raise UserError(f"job file {args.job_file} holds Kubernetes options ({', '.join(sorted(job_file.kubernetes))}) "
-                        f"but the job goes to {scheduler}: pass --scheduler kubernetes, or remove them")
-    refuse_foreign_flags(args, scheduler, SLURM_ONLY_FLAGS, KUBERNETES_JOB_FLAGS)
-    options: dict[str, Any] = {}
-    if scheduler == "kubernetes":
-        options = kubernetes_fields(args, KUBERNETES_JOB_FLAGS, job_file.kubernetes)
-        if args.image is not None:
-            options["image"] = args.image
-    job = _job(args, dict(job_file.job), scheduler)
-    return Submission(job=job, scheduler=scheduler, kubernetes=options)
+    scheduler = choose_scheduler(args, job_file.scheduler, offline=dry_run)
+    info = backend_info(scheduler)
+    file_options = job_file.kubernetes  # the one backend section a job file has (JobFile)
+    if file_options and not info.file_options:
+        owner = next(backend_info(name) for name in SCHEDULERS if backend_info(name).file_options)
+        raise UserError(f"job file {args.job_file} holds {owner.title} options ({', '.join(sorted(file_options))}) "
+                        f"but the job goes to {scheduler}: pass --scheduler {owner.name}, or remove them")
+    refuse_foreign_flags(args, scheduler)
+    options = backend_options(args, scheduler, file_options) if info.option_fields else {}
+    job = _job(args, dict(job_file.job), info)
+    recipe = recipe_config(list(job.command[2:])) if job.is_recipe else None
+    return Submission(job=job, scheduler=scheduler, options=options, recipe=recipe)
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:
     return submission_from_args(args, dry_run=getattr(args, "dry_run", False)).job
 
 
-def _job(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> JobSpec:
+def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo) -> JobSpec:
     """The JobSpec: job file data, flags on top; then the command (a recipe is validated like `hpctrain train` would)."""
     source = f"job file {args.job_file}" if args.job_file else "job"
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
@@ -173,7 +161,7 @@ def _job(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> JobS
                 raise UserError(f"--setenv {item!r}: write NAME=VALUE")
             env[key] = value
         data["env"] = env
-    if scheduler == "slurm":  # on Kubernetes --image is the pods' image (KubernetesOptions), the only environment
+    if info.shares_file_system:  # elsewhere --image is the backend's option (the pods' image), the only environment
         data["environment"] = _environment_data(data.get("environment"), args)
     command = _command(args.job_command)
     if command:
@@ -185,15 +173,15 @@ def _job(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> JobS
     if is_recipe:
         if data.get("run_dir") is not None:
             raise UserError("--run-dir of a built-in recipe goes after the recipe: `train mnist --run-dir DIR`")
-        data["run_dir"] = _recipe_run_dir(cmd[2:], scheduler)
+        data["run_dir"] = _recipe_run_dir(cmd[2:], info)
         if "name" not in data:  # squeue then says what runs, rather than "hpctrain"
             cfg = recipe_config(cmd[2:])
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
-    elif data.get("run_dir") is None and scheduler == "kubernetes":
+    elif data.get("run_dir") is None and info.run_dir_by_name:
         data["run_dir"] = "runs/%j"  # %j is the job name there, unique in its namespace
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
         data["run_dir"] = f"runs/{_path_safe(data.get('name', 'hpctrain'))}-%j"
-    if scheduler == "slurm" and _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
+    if info.shares_file_system and _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
         # The job runs hpctrain and torchrun with this interpreter: a venv called by path, not activated, works.
         data["python"] = os.path.abspath(sys.executable)
     return from_mapping(data, source)
@@ -247,13 +235,14 @@ def _command(rest: list[str]) -> tuple[str, ...]:
     )
 
 
-def _recipe_run_dir(train_argv: list[str], scheduler: str | None) -> str:
+def _recipe_run_dir(train_argv: list[str], info: base.BackendInfo) -> str:
     """The run dir that the training inside the job will use, with %j for the job id (see config.default_run_dir).
-    On Kubernetes the job name already says what runs (and is unique in its namespace): runs/JOBNAME."""
+    Where job ids are names (Kubernetes), the name already says what runs (and is unique in its namespace):
+    runs/JOBNAME."""
     cfg = recipe_config(train_argv)
     if cfg.run_dir is not None:
         return cfg.run_dir
-    if scheduler == "kubernetes":
+    if info.run_dir_by_name:
         return "runs/%j"
     from hpctrain.config import default_run_dir
 
@@ -277,29 +266,6 @@ def _path_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "job"
 
 
-def local_check(job: JobSpec, environ: Mapping[str, str] = os.environ) -> list[str]:
-    """Every problem visible without the cluster: missing image/venv/script, a recipe whose dataset is not in its
-    data dir or that wants CUDA without GPUs, a command the job will not find on its PATH."""
-    from hpctrain.recipes import get_recipe
-    from hpctrain.schedulers.slurm.checks import check_here
-    from hpctrain.schedulers.slurm.scheduler import requirements
-
-    problems = local_problems(job)
-    if job.is_recipe:
-        cfg = recipe_config(list(job.command[2:]))
-        try:
-            get_recipe(cfg.workload, cfg.recipe).check_data(cfg)
-        except UserError as err:
-            problems.append(str(err))
-        r = job.resources
-        if cfg.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
-            problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
-                            "(or --gres shard:N), or train with --device cpu")
-    problems += check_here(requirements(job))
-    problems += program_problems(job, environ)
-    return problems
-
-
 def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[str]]:
     """Split a --dry-run's problems into those that make it exit 2 and notes: the image or venv made once before the
     first submit (an example's placeholder, or not pulled yet) and, while a venv is missing, the programs that only
@@ -313,54 +279,9 @@ def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[st
     return [p for p in problems if p not in noted], notes
 
 
-def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
-    """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
-    (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
-    from hpctrain.schedulers.slurm.environments import get_environment
-
-    problems = []
-    if job.python is not None and not os.access(os.path.expanduser(job.python), os.X_OK):
-        problems.append(f"python {job.python} is not an executable here, so the job cannot start it either; fix the "
-                        "path, or remove python from the job file to run with the Python that submits")
-    dirs = get_environment(job.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
-    if dirs is None:
-        return problems
-    names = ["torchrun"] if job.launcher == "torchrun" and job.python is None else []
-    first = job.command[0]
-    if "/" not in first and not (first == "hpctrain" and job.python is not None):
-        names.append(first)
-    search = os.pathsep.join(os.path.expanduser(d) for d in dirs)
-    for name in dict.fromkeys(names):
-        if shutil.which(name, path=search) is not None:
-            continue
-        if name.startswith("python"):
-            fix = f"name the interpreter by its absolute path (e.g. -- {sys.executable} ...)"
-        elif job.environment.kind == "none":
-            fix = ("activate the environment that has it before submitting, name that environment (--venv DIR or "
-                   "--conda-env), or give the program's absolute path")
-        else:
-            fix = "install it into that environment, or give the program's absolute path"
-        where = "this shell's PATH, which sbatch passes on" if job.environment.kind == "none" else (
-            f"{dirs[0]} and this shell's PATH")
-        problems.append(f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
-                        f"`execve(): {name}: No such file or directory`; {fix}")
-    return problems
-
-
-def cluster_check(job: JobSpec) -> list[str]:
-    """Ask the live cluster whether it can run the job (hpctrain.schedulers.slurm.checks)."""
-    from hpctrain.schedulers import get_scheduler
-
-    return get_scheduler("slurm").check(job)
-
-
 def job_warnings(job: JobSpec) -> list[str]:
     """What is allowed but most likely not meant."""
     return [w for w in (mem_warning(job.resources.mem),) if w]
-
-
-SKIPPED_IN_DRY_RUN = ("--dry-run skipped the checks that need the live cluster (partition, time limit, nodes and their "
-                      "GPUs, CPUs and memory); `hpctrain check` with the same options runs them")
 
 
 def report_problems(command: str, problems: list[str]) -> None:
@@ -375,136 +296,58 @@ def report_warnings(command: str, job: JobSpec) -> None:
 
 def run(args: argparse.Namespace) -> int:
     submission = submission_from_args(args, dry_run=args.dry_run)
-    if submission.scheduler == "slurm":
-        return _run_slurm(args, submission.job)
-    return _run_backend(args, submission)
-
-
-def _run_slurm(args: argparse.Namespace, job: JobSpec) -> int:
-    from hpctrain.schedulers.slurm import render as slurm
-
-    script = slurm.render_sbatch(job)
-    report_warnings("submit", job)
-    problems = local_check(job)
-    if args.dry_run:
-        # The script is shown whatever the checks say (it is what the user asked to read); the exit status is a
-        # real submit's verdict on everything that can be checked without the cluster.
-        sys.stdout.write(redact(slurm.dry_run_text(job, script)))  # the files keep the values: they are 0600
-        problems, notes = dry_run_notes(job, problems)
-        verdict = ["a real submit would refuse this job (exit status 2)"] if problems else []
-        report_problems("submit", problems + verdict + notes + [SKIPPED_IN_DRY_RUN])
-        return 2 if problems else 0
-    if not args.no_check:
-        problems += (cluster_problems := cluster_check(job))
-    else:
-        cluster_problems = []
-    if problems:
-        hint = " (fix the above, or pass --no-check to skip the cluster checks)" if cluster_problems else " (fix the above)"
-        report_problems("submit", problems + ["nothing was submitted" + hint])
-        return 2
-    job_id = slurm.submit(job, script)
-    run_dir = Path(job.run_dir.replace("%j", job_id)) if job.run_dir else None
-    if run_dir is not None:
-        _record(run_dir, job, script)
-    print(job_id, flush=True)
-    where = f"; script and job description in {run_dir}/" if run_dir else ""
-    print(f"hpctrain submit: job {job_id} queued{where}", file=sys.stderr, flush=True)
-    if not (args.wait or args.follow):
-        return 0
-    from hpctrain.schedulers.slurm.jobs import wait_for_job
-
-    def show(info) -> None:
-        why = f" ({info.reason})" if info.pending and info.reason and info.reason != "None" else ""
-        again = f", attempt {info.restarts + 1}" if info.restarts else ""
-        print(f"hpctrain submit: job {job_id} {info.state}{why}{again}", file=sys.stderr, flush=True)
-
-    if args.follow:
-        _follow_slurm_job(job_id, show)
-    info = wait_for_job(job_id, on_change=None if args.follow else show)
-    code = info.exit_code if info.exit_code is not None else 1
-    if code == 0 and str(info.state).upper() != "COMPLETED":
-        code = 1
-    print(f"hpctrain submit: job {job_id} ended {info.state} with exit status {code}", file=sys.stderr)
-    return code
-
-
-def _follow_slurm_job(job_id: str, show: Any) -> None:
-    """Copy the job's output file to stdout as it grows until the job ends, saying each state change on stderr."""
-    from hpctrain.schedulers.slurm.jobs import get_job
-    from hpctrain.schedulers.slurm.output import follow, output_candidates
-
-    seen: list[tuple[str, int]] = []
-    first = get_job(job_id)
-    target = output_candidates(job_id, first, "stdout")[0]
-
-    def finished() -> bool:
-        info = get_job(job_id)
-        if info is None:
-            return True
-        if not seen or seen[-1] != (info.state, info.restarts):
-            seen.append((info.state, info.restarts))
-            show(info)
-        return info.finished
-
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    follow(target, write, finished)
-
-
-KUBERNETES_DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
-                           "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
-                           "same options runs them")
-
-
-def _run_backend(args: argparse.Namespace, submission: Submission) -> int:
-    """Kubernetes (and any backend whose CLI needs nothing of its own): render, check, submit through the
-    Scheduler interface."""
-    from hpctrain.schedulers import base
-
     job = submission.job
-    sched = get_backend(args, submission.scheduler, submission.kubernetes)
+    sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
     report_warnings("submit", job)
+    problems = sched.local_check(job, submission.recipe)
     if args.dry_run:
-        sys.stdout.write(redact(rendered.text))  # URL passwords (--setenv HTTPS_PROXY=...) stay off the screen
-        problems = sched.local_check(job) if hasattr(sched, "local_check") else []
+        # The script or manifest is shown whatever the checks say (it is what the user asked to read); the exit
+        # status is a real submit's verdict on everything that can be checked without the cluster.
+        sys.stdout.write(redact(rendered.preview or rendered.text))  # the files keep the values: they are 0600
+        problems, notes = dry_run_notes(job, problems)
         verdict = ["a real submit would refuse this job (exit status 2)"] if base.blocking(problems) else []
-        report_problems("submit", problems + verdict + [KUBERNETES_DRY_RUN_NOTE])
+        report_problems("submit", problems + verdict + notes + [sched.dry_run_note])
         return 2 if verdict else 0
-    local = sched.local_check(job) if hasattr(sched, "local_check") else []
-    if base.blocking(local):
-        report_problems("submit", base.blocking(local) + ["nothing was submitted (fix the above)"])
+    cluster = [] if args.no_check else sched.check(job)
+    report_problems("submit", [p for p in problems + cluster if p.startswith(base.WARNING_PREFIX)])
+    if blocking := base.blocking(problems + cluster):
+        hint = " (fix the above, or pass --no-check to skip the cluster checks)" if base.blocking(cluster) else " (fix the above)"
+        report_problems("submit", blocking + ["nothing was submitted" + hint])
         return 2
-    if not args.no_check:
-        problems = sched.check(job)
-        report_problems("submit", [p for p in problems if p.startswith(base.WARNING_PREFIX)])
-        if blocking := base.blocking(problems):
-            report_problems("submit", blocking + ["nothing was submitted (fix the above, or pass --no-check to skip "
-                                                  "the cluster checks)"])
-            return 2
     job_id = sched.submit(job, rendered)
-    where = _record_rendered(job, rendered, submission, sched)
+    said = sched.record(job, rendered, job_id, _description(submission))
     print(job_id, flush=True)
-    print(f"hpctrain submit: {rendered.payload['kind'] if isinstance(rendered.payload, dict) else 'job'} {job_id} "
-          f"created in namespace {sched.namespace}{where}", file=sys.stderr, flush=True)
-    if hasattr(sched, "command"):  # the flags that find it again, whatever the defaults are later
-        print(f"hpctrain submit: follow it with `{sched.command('status', job_id)}` (and logs, cancel)",
-              file=sys.stderr, flush=True)
-    if args.follow:
-        print(f"hpctrain submit: --follow prints Slurm jobs' output; here it waits like --wait (the log: "
-              f"`{sched.command('logs', job_id)} -f`)", file=sys.stderr, flush=True)
+    report_problems("submit", said)
     if not (args.wait or args.follow):
         return 0
-    return wait_and_report(sched, job_id, "submit")
+    return wait(sched, job_id, "submit", follow=args.follow)
 
 
-def wait_and_report(sched: Any, job_id: str, command: str, poll_s: float = 2.0) -> int:
-    """Poll `status` until the job ends, saying each change; the job's exit status (1 when it did not succeed
+def _description(submission: Submission) -> dict[str, Any]:
+    """job.yaml: the job as a job file (resubmit with --job-file), with the backend's options in its section."""
+    description = submission.job.to_dict()
+    if submission.job.is_recipe:
+        del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
+    if backend_info(submission.scheduler).file_options:
+        description["scheduler"] = submission.scheduler
+        description[submission.scheduler] = {k: list(v) if isinstance(v, tuple) else v
+                                             for k, v in submission.options.items()}
+    return description
+
+
+def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: float = 2.0) -> int:
+    """Poll `status` until the job ends, saying each change on stderr; with `follow`, copy the job's output to
+    stdout meanwhile (where the backend can follow a queued job). The job's exit status (1 when it did not succeed
     and none is known)."""
-    from hpctrain.schedulers import base
-
+    follower = None
+    if follow:
+        note = sched.follow_note(job_id)
+        if note:
+            report_problems(command, [note])
+        else:
+            follower = threading.Thread(target=_copy_output, args=(sched, job_id, command), daemon=True)
+            follower.start()
     last: tuple[str, int] | None = None
     while True:
         try:
@@ -514,69 +357,24 @@ def wait_and_report(sched: Any, job_id: str, command: str, poll_s: float = 2.0) 
                 raise
             print(f"hpctrain {command}: job {job_id} is gone (deleted before it ended)", file=sys.stderr)
             return 1
-        if (status.state, status.restarts) != last:
-            why = f" ({'; '.join(status.pending_reasons)})" if status.pending_reasons else ""
-            again = f", {status.restarts} restart(s)" if status.restarts else ""
-            print(f"hpctrain {command}: job {job_id} {status.state}{why}{again}", file=sys.stderr, flush=True)
-            last = (status.state, status.restarts)
+        if (status.shown_state, status.restarts) != last:
+            print(f"hpctrain {command}: job {job_id} {sched.progress(status)}", file=sys.stderr, flush=True)
+            last = (status.shown_state, status.restarts)
         if status.finished:
             break
         time.sleep(poll_s)
+    if follower is not None:
+        follower.join()  # the follower reads the rest once it sees the job ended
     code = status.exit_code if status.exit_code is not None else (0 if status.state == base.SUCCEEDED else 1)
     if code == 0 and status.state != base.SUCCEEDED:
         code = 1
-    print(f"hpctrain {command}: job {job_id} ended {status.state} with exit status {code}", file=sys.stderr)
+    print(f"hpctrain {command}: job {job_id} ended {status.shown_state} with exit status {code}", file=sys.stderr)
     return code
 
 
-def _record_rendered(job: JobSpec, rendered: Any, submission: Submission, sched: Any) -> str:
-    """Keep the manifest and the job description (job.yaml; resubmit with --job-file) in the run directory, where
-    it is really visible here: a relative run dir (recorded in this directory), or one on a --volume whose path
-    this machine sees too (a host: volume's host path). Never at a container path that does not exist here.
-    Both files hold the --setenv values: readable by the owner only. Returns a note for the submit message."""
-    import yaml
-
-    from hpctrain.fsutil import write_atomic
-
-    if job.run_dir is None:
-        return ""
-    pod_path = job.run_dir.replace("%j", job.name)
-    if pod_path.startswith("/"):
-        here, why = sched.path_here(pod_path)
-        if here is None:
-            return (f"; the manifest and job description were not recorded here ({why}): "
-                    f"`kubectl get {rendered.payload['kind'].lower()} -n {sched.namespace} {job.name} -o yaml` shows them")
-        directory = Path(here)
-    else:
-        directory = Path(pod_path)
-    description = job.to_dict()
-    if job.is_recipe:
-        del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
-    description["scheduler"] = submission.scheduler
-    description["kubernetes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in submission.kubernetes.items()}
+def _copy_output(sched: Any, job_id: str, command: str) -> None:
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / rendered.filename, rendered.text.encode(), mode=0o600)
-        write_atomic(directory / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)
-    except OSError as err:
-        print(f"hpctrain submit: warning: could not record the manifest in {directory} ({err.strerror or err}); "
-              f"`kubectl get -o yaml` shows what was created", file=sys.stderr)
-        return ""
-    seen = f" (the pods' {pod_path})" if pod_path.startswith("/") and str(directory) != pod_path else ""
-    return f"; manifest and job description in {directory}/{seen}"
-
-
-def _record(run_dir: Path, job: JobSpec, script: str) -> None:
-    """Keep what was submitted beside the run's results (provenance; resubmit with --job-file job.yaml)."""
-    import yaml
-
-    from hpctrain.schedulers.slurm.render import write_script
-
-    description = job.to_dict()
-    if job.is_recipe:
-        del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_script(run_dir / "job.sbatch", script)
-    from hpctrain.fsutil import write_atomic
-
-    write_atomic(run_dir / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)  # --setenv values
+        for line in sched.logs(job_id, follow=True):
+            print(line, flush=True)
+    except UserError as err:
+        report_problems(command, [f"warning: {err}"])

@@ -3,10 +3,11 @@
     from hpctrain.schedulers import get_scheduler, detect
     sched = get_scheduler(detect(), namespace="team-a")   # keyword options go to the backend's create()
     rendered = sched.render(job)                          # pure: --dry-run prints rendered.text
-    problems = sched.check(job)                           # live
+    problems = sched.local_check(job) + sched.check(job)  # here, then live
     job_id = sched.submit(job, rendered)
 
-Importing this package imports no backend: a Slurm user never loads the Kubernetes client.
+Importing this package imports no backend: a Slurm user never loads the Kubernetes client. `backend_info(name)`
+imports only the backend package's INFO (the flags it owns, its job defaults), not its client.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import (
+    BackendInfo,
     ClusterView,
     JobStatus,
     JobSummary,
@@ -30,16 +32,25 @@ from hpctrain.schedulers.base import (
     blocking,
 )
 
-# name -> module with a `create(**options) -> Scheduler` function.
+# name -> module with a `create(**options) -> Scheduler` function and INFO, a BackendInfo.
 SCHEDULERS: dict[str, str] = {
     "slurm": "hpctrain.schedulers.slurm",
     "kubernetes": "hpctrain.schedulers.kubernetes",
 }
+OFFLINE_DEFAULT = "slurm"
+"""What `submit --dry-run` renders for when no scheduler is found here (it needs no cluster), as it always did."""
 
 __all__ = [
-    "SCHEDULERS", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Rendered", "ReplicaStatus", "Scheduler",
-    "blocking", "detect", "get_scheduler", "kubeconfig_present",
+    "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Rendered",
+    "ReplicaStatus", "Scheduler", "backend_info", "blocking", "detect", "get_scheduler", "kubeconfig_present",
 ]
+
+
+def backend_info(name: str) -> BackendInfo:
+    """The BackendInfo of the backend registered as `name` (its package, not its client)."""
+    if name not in SCHEDULERS:
+        raise UserError(f"--scheduler {name!r} is unknown: use one of {', '.join(SCHEDULERS)}")
+    return importlib.import_module(SCHEDULERS[name]).INFO
 
 
 def get_scheduler(name: str, **options: Any) -> Scheduler:

@@ -1,16 +1,21 @@
 """The scheduler interface: what every backend (Slurm, Kubernetes) offers, and the neutral data it returns.
 
 Modelled on TorchX's scheduler split: `render` is pure (it gives `--dry-run` its text and never talks to the
-cluster), `check` asks the live cluster whether the job can run, `submit` is thin (it sends what `render`
-produced), and `status`/`list_jobs`/`logs`/`cancel`/`cluster` follow jobs after submission. Backends keep their
-own options (a Slurm partition, a Kubernetes namespace) in the object a backend's `create()` returns; the
-JobSpec is the scheduler-neutral part.
+cluster), `local_check` looks at what the submit host can see, `check` asks the live cluster whether the job can
+run, `submit` is thin (it sends what `render` produced), and `status`/`list_jobs`/`logs`/`cancel`/`cluster`
+follow jobs after submission. Backends keep their own options (a Slurm partition, a Kubernetes namespace) in the
+object a backend's `create()` returns; the JobSpec is the scheduler-neutral part.
+
+What each scheduler shows in its own way (Slurm's status table and JSON, Kubernetes' pod view, how a cancel
+unfolds) is the backend's too: the `report_*` methods print it, so the CLI never names a scheduler. What the CLI
+must know before a backend exists (which flags are whose, how a job's defaults differ) is a BackendInfo, declared
+by each backend package as INFO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from hpctrain.errors import UserError
@@ -43,6 +48,8 @@ class Rendered:
     text: str
     filename: str
     payload: Any = None
+    preview: str | None = None
+    """What `--dry-run` prints when it is more than `text` (Slurm: the sbatch command line, then the script)."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +78,23 @@ class JobStatus:
     """Why the job or its replicas wait (scheduler events, quota), one line each."""
     message: str | None = None
     """The scheduler's own last word on the job (a condition message, Slurm's Reason)."""
+    label: str | None = None
+    """The state in the scheduler's own words where they say more than `state` (Slurm's TIMEOUT, COMPLETING)."""
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED_STATES
+
+    @property
+    def shown_state(self) -> str:
+        return self.label or self.state
+
+
+def progress(status: JobStatus) -> str:
+    """`RUNNING`, `PENDING (why)`, `RUNNING, 2 restart(s)`: how `submit --wait` says a change of state."""
+    why = f" ({'; '.join(status.pending_reasons)})" if status.pending_reasons else ""
+    again = f", {status.restarts} restart(s)" if status.restarts else ""
+    return f"{status.shown_state}{why}{again}"
 
 
 @dataclass(frozen=True)
@@ -119,32 +139,90 @@ class ClusterView:
     """Quota use, one line per limit, e.g. `team-a/compute requests.cpu: 6 of 8 used`."""
 
 
+@dataclass(frozen=True)
+class BackendInfo:
+    """What the CLI knows of a backend before building it (from flags that may belong to another one): declared by
+    each backend package as INFO, imported without the backend's client."""
+
+    name: str
+    title: str
+    """The name in messages: Slurm, Kubernetes."""
+    flags: Mapping[str, str] = field(default_factory=dict)
+    """argparse dest -> flag, for every command-line option only this backend understands (any command)."""
+    hints: Mapping[str, str] = field(default_factory=dict)
+    """flag of another backend -> how this backend says the same thing (`--partition` -> use --node-selector)."""
+    option_fields: Mapping[str, str] = field(default_factory=dict)
+    """argparse dest -> keyword of the backend's create(): its own options (a namespace, an image)."""
+    file_options: bool = False
+    """A job file's section named after the backend holds its options (`kubernetes:`)."""
+    shares_file_system: bool = True
+    """The job runs on machines that share this one's file system and programs (a Slurm login node): its environment
+    (--venv, --conda-env, --module, an apptainer --image) and interpreter are paths valid here."""
+    run_dir_by_name: bool = False
+    """Job ids are the job names (unique per namespace): the default run dir is runs/%j."""
+
+
 class Scheduler(Protocol):
     """One backend. Job ids are the scheduler's own (a Slurm job id, a Kubernetes object name)."""
 
     name: str
+    dry_run_note: str
+    """What `submit --dry-run` did not check (it needs the live cluster), and which command does."""
 
     def render(self, job: Any) -> Rendered:
         """Pure: the same job gives the same text; raises UserError for what this scheduler cannot express."""
+
+    def local_check(self, job: Any, recipe: Any = None) -> list[str]:
+        """What the submit host can tell about `job` without the cluster: paths, programs, a recipe's dataset.
+        `recipe` is the TrainConfig of a built-in recipe's options (parsed by the caller, None for a command).
+        Lines as for `check`; NOTE_PREFIX lines say what could not be checked here."""
 
     def check(self, job: Any) -> list[str]:
         """Ask the live cluster whether `job` can run; one line per problem, naming the fix. Lines starting with
         WARNING_PREFIX do not block a submission (see `blocking`)."""
 
+    def summary(self, job: Any, rendered: Rendered) -> str:
+        """One line for `check` when the job fits: what it asks for, in this scheduler's terms."""
+
     def submit(self, job: Any, rendered: Rendered) -> str:
         """Send `rendered` (from `render(job)`); returns the job id."""
 
-    def status(self, job_id: str) -> JobStatus: ...
+    def record(self, job: Any, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
+        """Keep what was submitted (rendered text, `description` as job.yaml) in the run directory where this
+        machine sees it; the lines `submit` says about the new job (where it is recorded, how to follow it)."""
+
+    def follow_note(self, job_id: str) -> str | None:
+        """None when `logs(job_id, follow=True)` can follow a job just queued; else what `submit --follow` does
+        instead (it waits like --wait)."""
+
+    def status(self, job_id: str) -> JobStatus:
+        """Raises JobNotFound when the scheduler does not know the job."""
+
+    def progress(self, status: JobStatus) -> str:
+        """The state as `submit --wait` says it (base.progress, or the scheduler's own words)."""
 
     def list_jobs(self) -> list[JobSummary]: ...
 
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None) -> Iterator[str]:
-        """Lines (without newline) of one replica's output; the first replica (rank 0) when None."""
+    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
+             say: Callable[[str], None] | None = None) -> Iterator[str]:
+        """Lines (without newline) of one replica's output (the first one, rank 0, when None); `stream` stderr where
+        the scheduler keeps it apart. `say` hears what happens meanwhile (waiting for the output, the job ended)."""
 
     def cancel(self, job_id: str) -> None:
         """Ask the job to stop: processes get SIGTERM and time to checkpoint."""
 
     def cluster(self) -> ClusterView: ...
+
+    # What `hpctrain status`, `cluster`, `cancel` and `debug preempt` print: each scheduler's own view.
+
+    def report_status(self, job_id: str | None, as_json: bool, all_users: bool = False) -> None: ...
+
+    def report_cluster(self, as_json: bool, partition: str | None = None) -> None: ...
+
+    def report_cancel(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False) -> int: ...
+
+    def preempt(self, job_id: str, signal: str | None, steps: bool, follow: bool, timeout_s: float) -> int:
+        """Send a running job the warning its time limit would send, now (`hpctrain debug preempt`)."""
 
 
 def blocking(problems: list[str]) -> list[str]:

@@ -7,7 +7,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.schedulers.base import BackendInfo
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+
+# dest -> flag: where the jobs are (every command that talks to the cluster), then the options of a job.
+CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context": "--context"}
+JOB_FLAGS = {
+    "shm": "--shm", "priority_class": "--priority-class", "volumes": "--volume", "node_selector": "--node-selector",
+    "tolerations": "--toleration", "service_account": "--service-account",
+    "image_pull_secrets": "--image-pull-secret", "labels": "--label",
+}
+
+INFO = BackendInfo(
+    name="kubernetes",
+    title="Kubernetes",
+    flags={**CONNECTION_FLAGS, **JOB_FLAGS, "replica": "--replica"},
+    hints={  # what a Slurm flag's user wants here
+        "--mount": "Kubernetes mounts volumes with --volume",
+        "--env-kind": "on Kubernetes the image is the environment: --image",
+        "--module": "on Kubernetes the image is the environment: --image",
+        "--conda-env": "on Kubernetes the image is the environment: --image",
+        "--venv": "on Kubernetes the image is the environment: --image",
+        "--gres": "ask for whole GPUs with --gpus-per-node",
+        "--gpu-type": "pick the GPU model with --node-selector nvidia.com/gpu.product=MODEL",
+        "--partition": "pick nodes with --node-selector and --toleration",
+        "--max-requeues": "Kubernetes restarts failed pods within --max-restarts",
+        "--max-preemptions": "Kubernetes restarts failed pods within --max-restarts",
+    },
+    # KubernetesOptions fields (--context is create()'s own keyword); on Kubernetes --image is the pods' image
+    option_fields={"namespace": "namespace", "k8s_api": "api", **{dest: dest for dest in JOB_FLAGS}, "image": "image"},
+    file_options=True,
+    shares_file_system=False,
+    run_dir_by_name=True,
+)
 
 
 def create(options: KubernetesOptions | None = None, context: str | None = None, **fields: Any):
@@ -27,4 +59,4 @@ def create(options: KubernetesOptions | None = None, context: str | None = None,
     return KubernetesScheduler(options, context=context)
 
 
-__all__ = ["KubernetesOptions", "create"]
+__all__ = ["INFO", "KubernetesOptions", "create"]

@@ -19,11 +19,11 @@ Problems are lines naming the fix; skipped checks are lines starting with base.N
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import posixpath
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
@@ -51,23 +51,22 @@ def path_here(pod_path: str, volumes: Sequence[Volume], ismount: Callable[[str],
     return path, ""
 
 
-def local_problems(job: JobSpec, options: KubernetesOptions) -> list[str]:
-    """Problems found here, and a NOTE_PREFIX line for each check that could not run here."""
+def local_problems(job: JobSpec, options: KubernetesOptions, recipe: Any = None) -> list[str]:
+    """Problems found here, and a NOTE_PREFIX line for each check that could not run here. `recipe`: the TrainConfig
+    of a built-in recipe's options (the caller parses them as `hpctrain train` will), None for a command."""
     volumes = options.parsed_volumes
     lines = [f"{NOTE_PREFIX}skipped the check for programs on PATH: the pods run image {options.image}, which has "
              "its own PATH"]
-    lines += _dataset_problems(job, volumes)
+    lines += _dataset_problems(recipe, volumes)
     lines += _run_dir_problems(job, volumes)
     return lines
 
 
-def _dataset_problems(job: JobSpec, volumes: Sequence[Volume]) -> list[str]:
-    if not job.is_recipe:
+def _dataset_problems(cfg: Any, volumes: Sequence[Volume]) -> list[str]:
+    if cfg is None:
         return []
-    from hpctrain.cli.submit import recipe_config
     from hpctrain.recipes import get_recipe
 
-    cfg = recipe_config(list(job.command[2:]))
     here, why = path_here(str(cfg.data_dir), volumes)
     if here is None:
         return [f"{NOTE_PREFIX}skipped the check for dataset {cfg.dataset}: --data-dir {why}"]

@@ -1,4 +1,5 @@
-"""The live side of the Kubernetes backend: check, submit, status, list, logs, cancel and the cluster view.
+"""The live side of the Kubernetes backend: check, submit, status, list, logs, cancel and the cluster view
+(what the CLI prints of them: display.py; the checks on the submit host: local.py).
 
 Through the official `kubernetes` client, configured from the kubeconfig (its current context, or `context`)
 or from the in-cluster service account. The client is imported on first live use, so rendering (`--dry-run`)
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -86,8 +87,15 @@ def _tolerated(taint: Any, tolerations: list[dict[str, str]]) -> bool:
     return False
 
 
+DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
+                "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
+                "same options runs them")
+
+
 class KubernetesScheduler:
     name = "kubernetes"
+    dry_run_note = DRY_RUN_NOTE
+    progress = staticmethod(base.progress)
 
     def __init__(self, options: KubernetesOptions, context: str | None = None, api_client: Any = None) -> None:
         self.options = options
@@ -170,12 +178,31 @@ class KubernetesScheduler:
             problems.append(str(_api_error(err, "checking the cluster")))
         return problems
 
-    def local_check(self, job: JobSpec) -> list[str]:
+    def local_check(self, job: JobSpec, recipe: Any = None) -> list[str]:
         """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
         `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
         from hpctrain.schedulers.kubernetes.local import local_problems
 
-        return local_problems(job, self.options)
+        return local_problems(job, self.options, recipe)
+
+    def summary(self, job: JobSpec, rendered: Rendered) -> str:
+        r = job.resources
+        payload = rendered.payload if isinstance(rendered.payload, dict) else {}
+        namespace = payload.get("metadata", {}).get("namespace")
+        return (f"{job.name}: {payload.get('kind', 'job')}, {r.nodes} pod(s) x {r.nproc_per_node} process(es)"
+                + (f", namespace {namespace}" if namespace else "")
+                + (f", {r.gpus_per_node} GPU(s) per pod" if r.gpus_per_node else "")
+                + (f", time {job.time}" if job.time else ""))
+
+    def record(self, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
+        from hpctrain.schedulers.kubernetes.display import record
+
+        return record(self, job, rendered, job_id, description)
+
+    def follow_note(self, job_id: str) -> str | None:
+        """A job just created has no pods to read a log from: `submit --follow` waits like --wait."""
+        return (f"--follow prints Slurm jobs' output; here it waits like --wait (the log: "
+                f"`{self.command('logs', job_id)} -f`)")
 
     def path_here(self, pod_path: str) -> tuple[str | None, str]:
         """(where this machine sees what the pods see at `pod_path`, or None; why not): see local.path_here."""
@@ -437,9 +464,12 @@ class KubernetesScheduler:
             out.append(JobSummary(obj["metadata"]["name"], state, obj["metadata"].get("creationTimestamp"), count))
         return sorted(out, key=lambda s: s.created or "")
 
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None) -> Iterator[str]:
+    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
+             say: Callable[[str], None] | None = None) -> Iterator[str]:
         from kubernetes.client.rest import ApiException
 
+        if stream != "stdout":
+            raise UserError("a container's log holds its stdout and stderr together: drop --err")
         self.get_object(job_id)
         pods = self.pods_of(job_id)
         names = [_replica_name(p) for p in pods]
@@ -472,6 +502,36 @@ class KubernetesScheduler:
             if err.status == 404:
                 raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel") from None
             raise _api_error(err, f"cancelling {self.kind} {job_id}") from None
+
+    # ---- what the CLI prints (display.py) ----------------------------------------------------------------------
+
+    def report_status(self, job_id: str | None, as_json: bool, all_users: bool = False) -> None:
+        """Without a job: the namespace's PyTorchJobs (or TrainJobs); with one: its conditions, each replica's pod
+        phase, node and restarts, and why it waits (scheduler events)."""
+        from hpctrain.schedulers.kubernetes import display
+
+        if job_id is None:
+            display.print_jobs(self.list_jobs(), as_json, self.namespace)
+        else:
+            display.print_job(self.status(job_id), as_json)
+
+    def report_cluster(self, as_json: bool, partition: str | None = None) -> None:
+        from hpctrain.schedulers.kubernetes import display
+
+        display.print_cluster(self.cluster(), as_json)
+
+    def report_cancel(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False) -> int:
+        """The job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace at
+        submit) to write a checkpoint before SIGKILL."""
+        from hpctrain.schedulers.kubernetes import display
+
+        return display.cancel(self, job_id, wait_s)
+
+    def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
+                timeout_s: float = 600.0) -> int:
+        raise UserError("a Kubernetes job has no time-limit warning to rehearse: `hpctrain cancel` (its pods get "
+                        "SIGTERM and --signal-grace to checkpoint) or deleting one pod (`kubectl delete pod`) "
+                        "rehearses a restart")
 
     # ---- cluster view ----------------------------------------------------------------------------------------
 

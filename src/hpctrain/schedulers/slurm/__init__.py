@@ -6,7 +6,9 @@
     query.py         partitions and nodes (scontrol), gres.py their GPUs and shards
     jobs.py          one job or the queue (scontrol, squeue, sacct), wait, scancel
     output.py        where a job's output file is, following it as it grows
-    display.py       the rich tables of `hpctrain status` and `hpctrain cluster`
+    local.py         the checks on the submit host: paths, programs on the job's PATH, a recipe's dataset
+    display.py       what `hpctrain status`, `cluster` and `cancel` print: rich tables, JSON, the cancel's course
+    preempt.py       `hpctrain debug preempt`: the time-limit warning of the job's own script, sent now
     records.py       Slurm's record and duration formats;  commands.py  runs the Slurm client commands
     scheduler.py     SlurmScheduler: the interface, delegating to the modules above
 
@@ -17,13 +19,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.schedulers.base import BackendInfo
 
-def create(**options: Any):
+INFO = BackendInfo(
+    name="slurm",
+    title="Slurm",
+    flags={
+        # submit and check: the job
+        "partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output", "error": "--error",
+        "sbatch_extra": "--sbatch", "gpu_type": "--gpu-type", "gres": "--gres", "kind": "--env-kind",
+        "modules": "--module", "conda_env": "--conda-env", "venv": "--venv", "mounts": "--mount",
+        "workdir": "--container-workdir", "launcher": "--launcher", "rdzv_port": "--rdzv-port",
+        "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions",
+        # status, logs, cancel (cluster's --partition is the job's)
+        "all_users": "--all-users", "err": "--err", "signal": "--signal", "full": "--full",
+    },
+    shares_file_system=True,
+)
+
+
+def create(context: str | None = None, **options: Any):
     """The registry's entry point: `get_scheduler("slurm")`. Slurm takes its options (partition, account, ...)
-    from the JobSpec, so there are none here but the command runner tests may inject (`run=`)."""
+    from the JobSpec, so there are none here but the command runner tests may inject (`run=`); it has no
+    contexts (the CLI refuses --context before it gets here)."""
     from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
 
     return SlurmScheduler(**options)
 
 
-__all__ = ["create"]
+__all__ = ["INFO", "create"]

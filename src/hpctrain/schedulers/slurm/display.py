@@ -1,12 +1,17 @@
-"""Rich tables for `hpctrain cluster` and `hpctrain status`: pure functions from parsed data to a Table."""
+"""What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as rich tables (pure
+functions from parsed data to a Table) or JSON, and the details of one job. SlurmScheduler.report_status and
+report_cluster call the print_* functions here."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.schedulers.slurm.records import format_duration
@@ -87,3 +92,60 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
             str(j.restarts),
         )
     return table
+
+
+def print_jobs(jobs: list[JobInfo], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([j.to_dict() for j in jobs], indent=2))
+    elif not jobs:
+        print("no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)")
+    else:
+        console().print(jobs_table(jobs))
+
+
+def not_found(job_id: str) -> UserError:
+    """Neither the controller nor accounting knows the job: say where its traces may still be."""
+    records = sorted(str(p) for p in Path.cwd().glob(f"runs/*-{job_id}/job.yaml"))
+    seen = f"; its submission record is {records[0]}" if records else ""
+    return UserError(
+        f"job {job_id} not found: Slurm forgets ended jobs after a few minutes and accounting (sacct) does not "
+        f"know it either{seen}; `hpctrain logs {job_id}` still looks for its output"
+    )
+
+
+def print_job(job: JobInfo, as_json: bool) -> None:
+    """One job in full: its table row, then partition, exit status, times and output files."""
+    if as_json:
+        print(json.dumps(job.to_dict(), indent=2))
+        return
+    out = console()
+    out.print(jobs_table([job]))
+    details = [
+        ("partition", job.partition),
+        ("exit status", None if job.exit_code is None else str(job.exit_code)),
+        ("time limit", format_duration(job.time_limit_s) if job.source == "scontrol" else None),
+        ("submitted", job.submit_time),
+        ("started", job.start_time),
+        ("ended", job.end_time),
+        ("stdout", job.stdout),
+        ("stderr", job.stderr if job.stderr != job.stdout else None),
+    ]
+    for key, value in details:
+        if value:
+            out.print(f"{key + ':':12} {value}", highlight=False, soft_wrap=True)
+
+
+def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None) -> None:
+    """The nodes and partitions (only those of `partition` when given)."""
+    if partition:
+        part = info.partition(partition)
+        if part is None:
+            names = ", ".join(p.name for p in info.partitions)
+            raise UserError(f"--partition {partition}: no such partition; choose one of: {names}")
+        info = ClusterInfo(partitions=(part,), nodes=tuple(info.nodes_in(part)))
+    if as_json:
+        print(json.dumps(info.to_dict(), indent=2))
+        return
+    out = console()
+    out.print(nodes_table(info))
+    out.print(partitions_table(info))

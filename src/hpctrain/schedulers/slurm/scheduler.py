@@ -1,9 +1,10 @@
 """SlurmScheduler: hpctrain's scheduler interface (hpctrain.schedulers.base.Scheduler) over the Slurm modules.
 
-Each method delegates: render -> render.render_sbatch, check -> checks.check_cluster on query.query_cluster,
-submit -> render.submit, status/list_jobs/cancel -> jobs, logs -> output, cluster -> query. Slurm's own records
-(JobInfo, ClusterInfo) map onto the neutral dataclasses here; `hpctrain status` and `hpctrain cluster` print the
-Slurm records themselves (display.py), so their tables and JSON stay Slurm's.
+Each method delegates: render -> render.render_sbatch, local_check -> local, check -> checks.check_cluster on
+query.query_cluster, submit -> render.submit, status/list_jobs/cancel -> jobs, logs -> output, cluster -> query,
+preempt -> preempt. Slurm's own records (JobInfo, ClusterInfo) map onto the neutral dataclasses here; `hpctrain
+status` and `hpctrain cluster` print the Slurm records themselves (report_status/report_cluster -> display.py),
+so their tables and JSON stay Slurm's.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import queue
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
@@ -23,6 +26,8 @@ from hpctrain.schedulers.slurm.checks import Requirements, check_cluster
 from hpctrain.schedulers.slurm.commands import Runner
 
 SCRIPT_FILENAME = "job.sbatch"
+DRY_RUN_NOTE = ("--dry-run skipped the checks that need the live cluster (partition, time limit, nodes and their "
+                "GPUs, CPUs and memory); `hpctrain check` with the same options runs them")
 
 _STATES = {
     "PENDING": base.PENDING, "CONFIGURING": base.PENDING, "RUNNING": base.RUNNING, "COMPLETING": base.RUNNING,
@@ -83,52 +88,166 @@ def job_status(info: jobs.JobInfo) -> JobStatus:
                                   exit_code=info.exit_code),)
     waiting = info.pending and info.reason and info.reason != "None"
     return JobStatus(job_id=info.job_id, state=state, exit_code=info.exit_code, restarts=info.restarts,
-                     replicas=replicas, pending_reasons=(info.reason,) if waiting else (), message=info.reason)
+                     replicas=replicas, pending_reasons=(info.reason,) if waiting else (), message=info.reason,
+                     label=info.state)
+
+
+def _not_found(job_id: str) -> base.JobNotFound:
+    return base.JobNotFound(f"job {job_id} not found: it ended a while ago or the id is wrong (see `hpctrain status`)")
 
 
 class SlurmScheduler:
     name = "slurm"
+    dry_run_note = DRY_RUN_NOTE
 
     def __init__(self, run: Runner = subprocess.run) -> None:
         self.run = run
 
     def render(self, job: JobSpec) -> Rendered:
-        return Rendered(text=render.render_sbatch(job), filename=SCRIPT_FILENAME)
+        script = render.render_sbatch(job)
+        return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))
+
+    def local_check(self, job: JobSpec, recipe: Any = None) -> list[str]:
+        from hpctrain.schedulers.slurm.local import local_check
+
+        return local_check(job, requirements(job), recipe)
 
     def check(self, job: JobSpec) -> list[str]:
         return check_cluster(requirements(job), query.query_cluster(run=self.run))
 
+    def summary(self, job: JobSpec, rendered: Rendered) -> str:
+        r = job.resources
+        return (f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {job.launcher}"
+                + (f", partition {job.partition}" if job.partition else "")
+                + (f", gres {r.gres}" if r.gres else "")
+                + (f", time {job.time}" if job.time else ""))
+
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
         return render.submit(job, rendered.text, run=self.run)
+
+    def record(self, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
+        """The script (job.sbatch) and job.yaml beside the run's results (provenance; resubmit with --job-file):
+        the run directory is on the file system the nodes share."""
+        if not job.run_dir:
+            return [f"job {job_id} queued"]
+        import yaml
+
+        from hpctrain.fsutil import write_atomic
+
+        run_dir = Path(job.run_dir.replace("%j", job_id))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        render.write_script(run_dir / rendered.filename, rendered.text)
+        write_atomic(run_dir / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)  # --setenv values
+        return [f"job {job_id} queued; script and job description in {run_dir}/"]
+
+    def follow_note(self, job_id: str) -> str | None:
+        return None  # the output file is followed from the first attempt on, even before it exists
 
     def _info(self, job_id: str) -> jobs.JobInfo:
         info = jobs.get_job(job_id, run=self.run)
         if info is None:
-            raise UserError(f"job {job_id} not found: it ended a while ago or the id is wrong (see `hpctrain status`)")
+            raise _not_found(job_id)
         return info
 
     def status(self, job_id: str) -> JobStatus:
         return job_status(self._info(job_id))
 
+    def progress(self, status: JobStatus) -> str:
+        """Slurm's own state word, why it waits, and which attempt this is (a requeue starts the next)."""
+        why = f" ({status.message})" if status.pending_reasons and status.message else ""
+        again = f", attempt {status.restarts + 1}" if status.restarts else ""
+        return f"{status.shown_state}{why}{again}"
+
     def list_jobs(self) -> list[JobSummary]:
         return [JobSummary(j.job_id, neutral_state(j.state), j.submit_time, j.num_nodes or 0)
                 for j in jobs.list_jobs(run=self.run)]
 
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None) -> Iterator[str]:
+    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
+             say: Callable[[str], None] | None = None) -> Iterator[str]:
+        """The job's output file (stream stderr: its --error file), found where the controller or the submission
+        record says it is; followed until the job ends, even before the file exists."""
         if replica is not None:
             raise UserError("a Slurm job writes one output file for all its nodes: drop --replica")
+        say = say or (lambda line: None)
         job_id = jobs.check_job_id(job_id)
         info = jobs.get_job(job_id, run=self.run)
-        candidates = output.output_candidates(job_id, info)
+        candidates = output.output_candidates(job_id, info, stream)
         path = next((p for p in candidates if p.is_file()), None)
+        if stream == "stderr" and info is not None and info.stderr and info.stderr == info.stdout:
+            say(f"job {job_id} writes stderr to the same file as stdout")
         if follow and info is not None and not info.finished:
-            return _follow_lines(path or candidates[0], lambda: (now := jobs.get_job(job_id, run=self.run)) is None or now.finished)
+            target = path or candidates[0]
+            if path is None:
+                say(f"waiting for {target} (job {job_id} is {info.state})")
+            return self._follow(job_id, target, say)
         if path is None:
-            raise UserError(f"no output file for job {job_id} (looked at {', '.join(str(p) for p in candidates)})")
+            where = ", ".join(str(p) for p in candidates)
+            if info is not None and not info.finished:
+                raise UserError(f"job {job_id} is {info.state} and has written no output yet ({where}); use -f to "
+                                "wait for it")
+            raise UserError(f"no output file for job {job_id} (looked at {where}); run this in the directory you "
+                            "submitted from, or pass the job's --output path to `cat`")
         return _file_lines(path)
+
+    def _follow(self, job_id: str, target: Path, say: Callable[[str], None]) -> Iterator[str]:
+        yield from _follow_lines(target, lambda: (now := jobs.get_job(job_id, run=self.run)) is None or now.finished)
+        last = jobs.get_job(job_id, run=self.run)
+        say(f"job {job_id} ended: {last.state if last is not None else 'gone'}")
 
     def cancel(self, job_id: str) -> None:
         jobs.cancel(job_id, run=self.run)
+
+    def report_status(self, job_id: str | None, as_json: bool, all_users: bool = False) -> None:
+        """Without a job: your jobs that the controller knows (squeue); with one: that job in full (scontrol, or
+        sacct where the cluster keeps accounting), with its exit status and output files."""
+        from hpctrain.schedulers.slurm import display
+
+        if job_id is None:
+            display.print_jobs(jobs.list_jobs(all_users=all_users, run=self.run), as_json)
+            return
+        info = jobs.get_job(job_id, run=self.run)
+        if info is None:
+            raise display.not_found(job_id)
+        display.print_job(info, as_json)
+
+    def report_cluster(self, as_json: bool, partition: str | None = None) -> None:
+        from hpctrain.schedulers.slurm import display
+
+        display.print_cluster(query.query_cluster(run=self.run), as_json, partition)
+
+    def report_cancel(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False) -> int:
+        """scancel: SIGTERM to the job's processes (hpctrain's loop checkpoints), SIGKILL after KillWait; with
+        `signal`, only that signal (to the batch shell too with `full`). Waits up to `wait_s` to say the outcome."""
+        before = jobs.get_job(job_id, run=self.run)
+        if before is None:
+            raise _not_found(job_id)
+        if before.finished:
+            print(f"job {before.job_id} already ended ({before.state}); nothing to cancel")
+            return 0
+        jobs.cancel(before.job_id, signal=signal, full=full, run=self.run)
+        if signal:
+            target = "its steps and batch shell" if full else "its steps"
+            print(f"sent {signal.upper()} to job {before.job_id} ({target}; it was {before.state})")
+            return 0
+        deadline = time.monotonic() + max(0.0, wait_s)
+        while True:
+            after = jobs.get_job(before.job_id, run=self.run)
+            if after is None or after.finished or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if after is None:
+            print(f"job {before.job_id}: {before.state} -> ended (Slurm no longer lists it)")
+        elif after.finished:
+            print(f"job {before.job_id}: {before.state} -> {after.state}")
+        else:
+            print(f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its processes)")
+        return 0
+
+    def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
+                timeout_s: float = 600.0) -> int:
+        from hpctrain.schedulers.slurm.preempt import preempt
+
+        return preempt(job_id, signal=signal, steps=steps, follow=follow, timeout_s=timeout_s)
 
     def cluster(self) -> ClusterView:
         info = query.query_cluster(run=self.run)

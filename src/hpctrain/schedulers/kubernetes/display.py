@@ -1,0 +1,159 @@
+"""What the Kubernetes backend shows and keeps for the CLI: `hpctrain status` (the jobs of a namespace, or one job
+with each replica's pod: phase, node, restarts, exit status, why it waits), `hpctrain cluster` (allocatable against
+requested per node, quota use), how a cancel unfolds (pods stopping, the object gone), and the record of a
+submission in the run directory. KubernetesScheduler's report_*/record methods call these.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hpctrain.jobs.spec import JobSpec
+from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Rendered
+
+
+def print_rows(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def print_jobs(jobs: list[JobSummary], as_json: bool, namespace: str) -> None:
+    if as_json:
+        print(json.dumps([asdict(j) for j in jobs], indent=2))
+    elif not jobs:
+        print(f"no jobs in namespace {namespace}")
+    else:
+        print_rows([("JOB", "STATE", "REPLICAS", "CREATED")]
+                   + [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs])
+
+
+def print_job(status: JobStatus, as_json: bool) -> None:
+    """The job's state, then one row per replica (pod), then why it waits."""
+    if as_json:
+        print(json.dumps({**asdict(status), "finished": status.finished}, indent=2))
+        return
+    exit_code = "" if status.exit_code is None else f", exit status {status.exit_code}"
+    restarts = f", {status.restarts} restart(s)" if status.restarts else ""
+    print(f"{status.job_id}: {status.state}{exit_code}{restarts}")
+    if status.message:
+        print(f"message: {status.message}")
+    if status.replicas:
+        print_rows([("REPLICA", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON")] + [
+            (r.name, r.phase, r.node or "-", str(r.restarts), "-" if r.exit_code is None else str(r.exit_code), r.reason or "")
+            for r in status.replicas])
+    for reason in status.pending_reasons:
+        print(f"waiting: {reason}")
+
+
+def print_cluster(view: ClusterView, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(asdict(view), indent=2))
+        return
+    if not view.nodes:
+        print("no nodes: the cluster has no node registered, so no pod can run until one joins (a node registers "
+              "when its kubelet starts); ask the cluster admin")
+    else:
+        gib = 2**30
+        print_rows([("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE")] + [
+            (n.name, f"{n.cpu_requested:g}/{n.cpu_allocatable:g}",
+             f"{n.memory_requested / gib:.1f}/{n.memory_allocatable / gib:.1f}Gi",
+             f"{n.gpus_requested}/{n.gpus_allocatable}", "yes" if n.schedulable else "no")
+            for n in view.nodes])
+    for line in view.quota:
+        print(f"quota: {line}")
+
+
+def _pods(count: int) -> str:
+    return f"{count} pod{'s' if count != 1 else ''}" if count else "no pods"
+
+
+def cancel(sched: Any, job_id: str, wait_s: float) -> int:
+    """Delete the job, then say what happens while waiting: its pods stopping, then the object gone. A job still
+    there when the wait runs out is reported as still terminating, with exit status 1."""
+    before = sched.status(job_id)
+    if before.finished:
+        print(f"job {before.job_id} already ended ({before.state}); nothing to cancel")
+        return 0
+    sched.cancel(before.job_id)
+    pods = len(before.replicas)
+    wait = max(0.0, wait_s)
+    if wait == 0:
+        print(f"job {before.job_id}: deletion requested ({_pods(pods)} stopping; see `{sched.command('status', before.job_id)}`)")
+        return 0
+
+    def say(text: str) -> None:
+        print(f"hpctrain cancel: {text}", file=sys.stderr, flush=True)
+
+    say(f"deleting job {before.job_id} ({before.state}); " + (
+        f"its {_pods(pods)} get SIGTERM and their grace period to checkpoint; waiting up to {wait:g} s" if pods else
+        f"it has no pods; waiting up to {wait:g} s for the API server to remove it"))
+    deadline = time.monotonic() + wait
+    left = pods
+    while True:
+        try:
+            now = sched.status(before.job_id)
+        except JobNotFound:
+            print(f"job {before.job_id}: {before.state} -> deleted" + (" (its pods are gone)" if pods else ""))
+            return 0
+        if len(now.replicas) != left:
+            left = len(now.replicas)
+            say(f"{_pods(left)} still stopping" if left else "its pods are gone; waiting for the job object to go")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if left:
+        why = (f"{_pods(left)} still stopping (within their grace period, or stuck on a node that does not answer)")
+    else:
+        why = ("it has no pods left, but the object remains: a foreground deletion ends when Kubernetes' garbage "
+               "collector (part of kube-controller-manager) removes it; if that does not happen, ask the cluster admin")
+    print(f"job {before.job_id}: still terminating after {wait:g} s: {why}; `{sched.command('status', before.job_id)}` "
+          "shows when it is gone")
+    return 1
+
+
+def record(sched: Any, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
+    """Keep the manifest and the job description (job.yaml; resubmit with --job-file) in the run directory, where
+    it is really visible here: a relative run dir (recorded in this directory), or one on a --volume whose path
+    this machine sees too (a host: volume's host path). Never at a container path that does not exist here.
+    Both files hold the --setenv values: readable by the owner only. Returns the lines `submit` says."""
+    kind = rendered.payload["kind"] if isinstance(rendered.payload, dict) else "job"
+    lines: list[str] = []  # a warning when the files could not be written
+    where = _record_files(sched, job, rendered, description, kind, lines)
+    return lines + [f"{kind} {job_id} created in namespace {sched.namespace}{where}",
+                    # the flags that find it again, whatever the defaults are later
+                    f"follow it with `{sched.command('status', job_id)}` (and logs, cancel)"]
+
+
+def _record_files(sched: Any, job: JobSpec, rendered: Rendered, description: dict[str, Any], kind: str,
+                  lines: list[str]) -> str:
+    import yaml
+
+    from hpctrain.fsutil import write_atomic
+
+    if job.run_dir is None:
+        return ""
+    pod_path = job.run_dir.replace("%j", job.name)
+    if pod_path.startswith("/"):
+        here, why = sched.path_here(pod_path)
+        if here is None:
+            return (f"; the manifest and job description were not recorded here ({why}): "
+                    f"`kubectl get {kind.lower()} -n {sched.namespace} {job.name} -o yaml` shows them")
+        directory = Path(here)
+    else:
+        directory = Path(pod_path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / rendered.filename, rendered.text.encode(), mode=0o600)
+        write_atomic(directory / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)
+    except OSError as err:
+        lines.append(f"warning: could not record the manifest in {directory} ({err.strerror or err}); "
+                     "`kubectl get -o yaml` shows what was created")
+        return ""
+    seen = f" (the pods' {pod_path})" if pod_path.startswith("/") and str(directory) != pod_path else ""
+    return f"; manifest and job description in {directory}/{seen}"
