@@ -9,7 +9,6 @@ and the rest of hpctrain never load it.
 from __future__ import annotations
 
 import functools
-import posixpath
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -19,10 +18,9 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered, ReplicaStatus
 from hpctrain.schedulers.kubernetes import render as r
+from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, parse_quantity
-from hpctrain.schedulers.kubernetes.validate import validate_manifest
 
-GPU = "nvidia.com/gpu"
 # Pod labels set by the controllers, used to find a job's pods.
 PYTORCHJOB_SELECTOR = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
@@ -35,12 +33,6 @@ _PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restart
                       "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
 _TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed": base.FAILED,
                     "Suspended": base.SUSPENDED}
-
-
-def _api_error(err: Any, what: str) -> UserError:
-    from hpctrain.schedulers.kubernetes.client import describe_api_error
-
-    return UserError(describe_api_error(err, what))
 
 
 def _cpu(value: Any) -> Decimal:
@@ -66,33 +58,12 @@ def pod_requests(pod: Any) -> dict[str, Decimal]:
     return total
 
 
-def _fmt_cpu(value: Decimal | float) -> str:
-    return f"{float(value):g}"
-
-
-def _fmt_bytes(value: Decimal | int) -> str:
-    value = int(value)
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
-        if value >= size:
-            return f"{value / size:.3g}{unit}"
-    return f"{value}"
-
-
-def _tolerated(taint: Any, tolerations: list[dict[str, str]]) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t["effect"] != taint.effect:
-            continue
-        if t["key"] == taint.key and (t["operator"] == "Exists" or t.get("value") == (taint.value or "")):
-            return True
-    return False
-
-
 DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
                 "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
                 "same options runs them")
 
 
-class KubernetesScheduler:
+class KubernetesScheduler(LiveChecks):
     name = "kubernetes"
     dry_run_note = DRY_RUN_NOTE
     progress = staticmethod(base.progress)
@@ -160,24 +131,6 @@ class KubernetesScheduler:
     def render(self, job: JobSpec) -> Rendered:
         return r.rendered(job, self.options)
 
-    def check(self, job: JobSpec) -> list[str]:
-        from kubernetes.client.rest import ApiException
-
-        rendered = self.render(job)
-        problems = [f"the rendered {self.kind} does not match its CRD schema ({line}): this is a bug in hpctrain, please report it"
-                    for line in validate_manifest(rendered.payload)]
-        problems += self._pure_problems(job)
-        try:
-            problems += self._crd_problems()
-            namespace_ok = self._namespace_problems(problems)
-            problems += self._node_problems(job)
-            if namespace_ok:
-                problems += self._quota_problems(job)
-                problems += self._volume_problems(job)
-        except ApiException as err:
-            problems.append(str(_api_error(err, "checking the cluster")))
-        return problems
-
     def local_check(self, job: JobSpec, recipe: Any = None) -> list[str]:
         """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
         `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
@@ -209,164 +162,6 @@ class KubernetesScheduler:
         from hpctrain.schedulers.kubernetes.local import path_here
 
         return path_here(pod_path, self.options.parsed_volumes)
-
-    def _pure_problems(self, job: JobSpec) -> list[str]:
-        problems = []
-        memory = job.resources.mem_mb
-        shm = self.options.shm_bytes
-        if shm is not None and memory and shm > memory * 2**20:
-            problems.append(f"--shm {self.options.shm} exceeds the pod's memory --mem {job.resources.mem}: /dev/shm "
-                            "counts against the pod's memory; lower --shm or raise --mem")
-        directory = r.run_dir(job)
-        if directory is None:
-            problems.append(f"{base.WARNING_PREFIX}no --run-dir: checkpoints stay inside the pod and are lost when it "
-                            "restarts; set --run-dir on a volume every replica mounts (--volume)")
-        elif not self._on_shared_volume(directory):
-            mounts = ", ".join(v.mount for v in self.options.parsed_volumes if v.shared) or "none"
-            problems.append(f"{base.WARNING_PREFIX}--run-dir {directory} is not on a volume all replicas share "
-                            f"(shared mounts: {mounts}): restarted pods cannot resume and rank 0's checkpoint is "
-                            "invisible to the others; put it under a --volume mount path")
-        return problems
-
-    def _on_shared_volume(self, directory: str) -> bool:
-        if not directory.startswith("/"):
-            return False
-        path = posixpath.normpath(directory)
-        return any(v.shared and not v.read_only and (path + "/").startswith(posixpath.normpath(v.mount) + "/")
-                   for v in self.options.parsed_volumes)
-
-    def _crd_problems(self) -> list[str]:
-        from kubernetes.client.rest import ApiException
-
-        name = f"{self.plural}.{self.group}"
-        try:
-            crd = self.extensions.read_custom_resource_definition(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            other = "trainjob" if self.options.api == "pytorchjob" else "pytorchjob"
-            return [f"the Kubeflow {self.kind} CRD ({name}) is not installed: install Kubeflow's "
-                    f"{'training-operator v1' if self.kind == 'PyTorchJob' else 'Trainer v2'}, or use --k8s-api {other}"]
-        established = any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
-        if not established:
-            return [f"the {self.kind} CRD ({name}) is not Established yet: wait, or ask the admin to check it"]
-        if self.options.api == "trainjob":
-            try:
-                self.custom.get_cluster_custom_object(self.group, self.version, "clustertrainingruntimes", self.options.runtime)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
-                return [f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes "
-                        "or pick one `kubectl get clustertrainingruntimes` lists"]
-        return []
-
-    def _namespace_problems(self, problems: list[str]) -> bool:
-        from kubernetes.client.rest import ApiException
-
-        try:
-            self.core.read_namespace(self.namespace)
-        except ApiException as err:
-            if err.status == 404:
-                problems.append(f"namespace {self.namespace!r} does not exist: create it (kubectl create namespace "
-                                f"{self.namespace}) or pick another --namespace")
-                return False
-            if err.status != 403:  # not allowed to read namespaces: the later calls tell
-                raise
-        return True
-
-    def _node_problems(self, job: JobSpec) -> list[str]:
-        want = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
-        selector = self.options.node_selector_map
-        tolerations = self.options.toleration_list
-        node_objects = self.core.list_node().items
-        view = self._cluster_view(node_objects, quota=False)
-        labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
-        taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}
-        candidates = [n for n in view.nodes if n.schedulable
-                      and all(labels[n.name].get(k) == v for k, v in selector.items())
-                      and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])]
-        ask = f"cpu {_fmt_cpu(want['cpu'])}" + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "") + \
-              (f", {GPU} {int(want[GPU])}" if GPU in want else "")
-        if not candidates:
-            why = "no schedulable node" if not selector and not tolerations else \
-                  "no schedulable node matches --node-selector and tolerates its taints with --toleration"
-            return [f"{why} ({len(view.nodes)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
-
-        def fits(n: NodeView, free: bool) -> bool:
-            cpu, mem, gpu = (n.cpu_free, n.memory_free, n.gpus_free) if free else \
-                            (n.cpu_allocatable, n.memory_allocatable, n.gpus_allocatable)
-            return (Decimal(str(cpu)) >= want["cpu"] and mem >= want.get("memory", 0) and gpu >= want.get(GPU, 0))
-
-        if any(fits(n, free=True) for n in candidates):
-            return []
-        best = max(candidates, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
-        free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
-        if any(fits(n, free=False) for n in candidates):
-            return [f"no node has room for one worker pod ({ask}) now; the freest, {best.name}, has {free} free: "
-                    "the pod will wait until running pods end; ask for less per pod, or wait"]
-        biggest = max(candidates, key=lambda n: (n.gpus_allocatable, n.cpu_allocatable, n.memory_allocatable))
-        return [f"one worker pod asks for {ask}, more than any node offers (largest: {biggest.name} with cpu "
-                f"{_fmt_cpu(biggest.cpu_allocatable)}, memory {_fmt_bytes(biggest.memory_allocatable)}, {GPU} "
-                f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
-                "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"]
-
-    def _quota_problems(self, job: JobSpec) -> list[str]:
-        per_pod = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
-        pods = job.resources.nodes
-        total = {k: v * pods for k, v in per_pod.items()}
-        asks = {
-            "pods": Decimal(pods), "count/pods": Decimal(pods),
-            "requests.cpu": total["cpu"], "cpu": total["cpu"], "limits.cpu": total["cpu"],
-            "requests.memory": total.get("memory"), "memory": total.get("memory"), "limits.memory": total.get("memory"),
-            f"requests.{GPU}": total.get(GPU, Decimal(0)), f"limits.{GPU}": total.get(GPU, Decimal(0)),
-            f"count/{self.plural}.{self.group}": Decimal(1),
-        }
-        problems = []
-        for quota in self.core.list_namespaced_resource_quota(self.namespace).items:
-            hard = (quota.status.hard if quota.status and quota.status.hard else quota.spec.hard) or {}
-            used = (quota.status.used if quota.status else None) or {}
-            for key, limit in hard.items():
-                ask = asks.get(key)
-                if key in ("requests.memory", "memory", "limits.memory") and ask is None:
-                    problems.append(f"namespace {self.namespace} has a memory quota ({quota.metadata.name}: {key}): "
-                                    "pods must state their memory; give --mem")
-                    continue
-                if ask is None or ask == 0:
-                    continue
-                limit_q, used_q = parse_quantity(limit), parse_quantity(used.get(key, "0"))
-                show = _fmt_bytes if "memory" in key else _fmt_cpu
-                if ask > limit_q:
-                    problems.append(f"the job asks for {key} {show(ask)} but the quota {quota.metadata.name} of namespace "
-                                    f"{self.namespace} allows {show(limit_q)} in all: it can never run; ask for less "
-                                    "(fewer --nodes or less per pod) or ask for a larger quota")
-                elif used_q + ask > limit_q:
-                    problems.append(f"{base.WARNING_PREFIX}the job will queue until {show(used_q + ask - limit_q)} of "
-                                    f"{key} is freed in namespace {self.namespace} (quota {quota.metadata.name}: "
-                                    f"{show(used_q)} of {show(limit_q)} used, the job needs {show(ask)})")
-        return problems
-
-    def _volume_problems(self, job: JobSpec) -> list[str]:
-        from kubernetes.client.rest import ApiException
-
-        problems = []
-        directory = r.run_dir(job)
-        for v in self.options.parsed_volumes:
-            if v.kind != "pvc":
-                continue
-            try:
-                pvc = self.core.read_namespaced_persistent_volume_claim(v.source, self.namespace)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
-                problems.append(f"PersistentVolumeClaim {v.source!r} does not exist in namespace {self.namespace}: "
-                                "create it or fix --volume pvc:NAME:/mount")
-                continue
-            modes = set(pvc.spec.access_modes or [])
-            holds_run_dir = directory is not None and (posixpath.normpath(directory) + "/").startswith(posixpath.normpath(v.mount) + "/")
-            if job.resources.nodes > 1 and holds_run_dir and "ReadWriteMany" not in modes:
-                problems.append(f"{base.WARNING_PREFIX}PVC {v.source} holds the run dir but its access modes are "
-                                f"{', '.join(sorted(modes)) or 'none'}: pods on different nodes need ReadWriteMany")
-        return problems
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
         from kubernetes.client.rest import ApiException
