@@ -93,11 +93,13 @@ def refuse_foreign_flags(args: argparse.Namespace, scheduler: str) -> None:
                                 f"or pass --scheduler {other}")
 
 
-def backend_options(args: argparse.Namespace, scheduler: str, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def backend_options(args: argparse.Namespace, scheduler: str, base: Mapping[str, Any] | None = None,
+                    job: bool = True) -> dict[str, Any]:
     """The chosen backend's own options (its create() keywords but --context): `base` (a job file's), with every
-    flag given on top."""
+    flag given on top; those of a job, or (job=False) only those that say where the jobs are."""
+    info = backend_info(scheduler)
     fields = dict(base or {})
-    for dest, name in backend_info(scheduler).option_fields.items():
+    for dest, name in (info.option_fields if job else info.connection_fields).items():
         value = getattr(args, dest, None)
         if value is not None:
             fields[name] = tuple(value) if isinstance(value, list) else value
@@ -105,10 +107,10 @@ def backend_options(args: argparse.Namespace, scheduler: str, base: Mapping[str,
 
 
 def get_backend(args: argparse.Namespace, scheduler: str, fields: Mapping[str, Any] | None = None):
-    """The chosen backend, built with its options (from the flags when `fields` is None)."""
+    """The chosen backend, built with its options (when `fields` is None: where the jobs are, from the flags)."""
     from hpctrain.schedulers import get_scheduler
 
-    fields = backend_options(args, scheduler) if fields is None else fields
+    fields = backend_options(args, scheduler, job=False) if fields is None else fields
     return get_scheduler(scheduler, context=getattr(args, "context", None), **fields)
 
 

@@ -151,8 +151,10 @@ class BackendInfo:
     """argparse dest -> flag, for every command-line option only this backend understands (any command)."""
     hints: Mapping[str, str] = field(default_factory=dict)
     """flag of another backend -> how this backend says the same thing (`--partition` -> use --node-selector)."""
+    connection_fields: Mapping[str, str] = field(default_factory=dict)
+    """argparse dest -> keyword of the backend's create(), for where jobs are (a namespace): every command."""
     option_fields: Mapping[str, str] = field(default_factory=dict)
-    """argparse dest -> keyword of the backend's create(): its own options (a namespace, an image)."""
+    """The same for a job's options (the connection's, an image, volumes): submit and check."""
     file_options: bool = False
     """A job file's section named after the backend holds its options (`kubernetes:`)."""
     shares_file_system: bool = True

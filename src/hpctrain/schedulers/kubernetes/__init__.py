@@ -35,6 +35,7 @@ INFO = BackendInfo(
         "--max-preemptions": "Kubernetes restarts failed pods within --max-restarts",
     },
     # KubernetesOptions fields (--context is create()'s own keyword); on Kubernetes --image is the pods' image
+    connection_fields={"namespace": "namespace", "k8s_api": "api"},
     option_fields={"namespace": "namespace", "k8s_api": "api", **{dest: dest for dest in JOB_FLAGS}, "image": "image"},
     file_options=True,
     shares_file_system=False,
