@@ -1,6 +1,14 @@
 """Kubernetes: Kubeflow PyTorchJob / Trainer v2 TrainJob behind hpctrain's scheduler interface.
 
+    options.py, params.py  KubernetesOptions and a platform's .params files;  kubeconfig.py  the default namespace
+    render.py, validate.py the manifest from a JobSpec (pure), checked against the CRDs' schemas
+    local.py               the checks on the submit host;  checks.py  those against the live cluster
+    scheduler.py           KubernetesScheduler: submit, status, logs, cancel, the cluster view
+    display.py             what `status`, `cluster` and `cancel` print, and the submission's record
+    client.py              the API client: timeouts, size caps, errors in one line
+
 Importing this package does not import the `kubernetes` client; `KubernetesScheduler` loads it on first use.
+INFO tells the CLI which flags are this backend's and what they become.
 """
 
 from __future__ import annotations
