@@ -142,11 +142,6 @@ def find(core: Any, namespace: str, name: str) -> Any | None:
     return pod if SERVICE_LABEL in (pod.metadata.labels or {}) else None
 
 
-def list_pods(core: Any, namespace: str, kind: str) -> list[Any]:
-    return sorted(core.list_namespaced_pod(namespace, label_selector=f"{SERVICE_LABEL}={kind}").items,
-                  key=lambda p: p.metadata.name)
-
-
 def pod_state(pod: Any) -> str:
     """Pending, Running, Succeeded, Failed; a pod being deleted is Terminating."""
     if pod.metadata.deletion_timestamp is not None:
