@@ -91,14 +91,6 @@ def port_forward_command(namespace: str, pod_name: str, local_port: int, port: i
     return shlex.join(["kubectl", "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}"])
 
 
-def core_api(api_client: Any = None, context: str | None = None) -> Any:
-    """CoreV1Api from the given client, or from the kubeconfig as the Kubernetes scheduler loads it."""
-    from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
-
-    sched = KubernetesScheduler(KubernetesOptions(), context=context, api_client=api_client)
-    return sched.core
-
-
 def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None) -> None:
     """Create the Secret (if any), then the Pod. A name in use is a clear error and changes nothing; a Secret whose
     Pod could not be created is removed again."""
