@@ -32,8 +32,12 @@ COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND
 
 def service_job(cfg: DevConfig, state_dir: Path) -> service_slurm.ServiceJob:
     setup = ["export HPCTRAIN_STATE_DIR=\"$state_dir\""]
-    setup += {"jupyter": lambda: jupyter.setup_lines(TOKEN_FILE), "ssh": lambda: list(ssh.SETUP_LINES),
-              "code": lambda: code.setup_lines(cfg.name)}[cfg.service]()
+    if cfg.service == "jupyter":
+        setup += jupyter.setup_lines(TOKEN_FILE)
+    elif cfg.service == "ssh":
+        setup += ssh.SETUP_LINES
+    else:
+        setup += code.setup_lines(cfg.name)
     return service_slurm.ServiceJob(
         name=cfg.job_name, state_dir=str(state_dir), command=COMMANDS[cfg.service], resources=cfg.resources,
         environment=cfg.environment, setup=tuple(setup), partition=cfg.partition, account=cfg.account, time=cfg.time,
