@@ -1,5 +1,5 @@
 """What the commands around the job (dev, tensorboard, top) share: the backend's services for the chosen scheduler,
-and the flags that say where a service job or pod runs and with which software (hpctrain.services.Placement)."""
+and the flags that say where a service job or pod runs and with which software (hpctrain.around.Placement)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
 
 
 def placement_from_args(args: argparse.Namespace) -> Any:
-    from hpctrain.services.base import Placement
+    from hpctrain.around.base import Placement
 
     return Placement(image=args.image, conda_env=args.conda_env, venv=args.venv, modules=tuple(args.module),
                      mounts=tuple(args.mount), partition=args.partition, account=args.account,
@@ -34,6 +34,6 @@ def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:
     """The services of `scheduler` (default: the one --scheduler, $HPCTRAIN_SCHEDULER or this host picks), on the
     connection --namespace and --context name."""
     from hpctrain.cli.scheduling import choose_scheduler, get_backend
-    from hpctrain.services import services_for
+    from hpctrain.around import services_for
 
     return services_for(get_backend(args, scheduler or choose_scheduler(args)))

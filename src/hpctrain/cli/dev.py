@@ -5,7 +5,7 @@ or JupyterLab in a pod.
     hpctrain dev list --idle-warn 1h
     hpctrain dev stop explore
 
-The chosen backend's services (hpctrain.services) start, show and stop sessions; the sessions themselves are in
+The chosen backend's services (hpctrain.around) start, show and stop sessions; the sessions themselves are in
 hpctrain.sessions.
 """
 

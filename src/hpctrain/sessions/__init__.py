@@ -14,7 +14,7 @@
     view = slurm.view(state_dir, conn, probe=True)      # state, age, idle time from Jupyter's /api/status
     slurm.stop(state_dir, conn)                         # scancel (or delete the pod): the node is free again
 
-The CLI reaches these through the backend's services (hpctrain.services.services_for), never by name.
+The CLI reaches these through the backend's services (hpctrain.around.services_for), never by name.
 
 State lives in HPCTRAIN_HOME/dev/NAME (0700): `token` and `connection.json` (0600), the batch script, the job's
 output, and `endpoint.json` written by the job. The token is made here (secrets.token_urlsafe), read by the job

@@ -1,4 +1,4 @@
-"""The commands around the job on Slurm (hpctrain.services.base.Services): dev sessions as batch jobs, TensorBoard
+"""The commands around the job on Slurm (hpctrain.around.base.Services): dev sessions as batch jobs, TensorBoard
 as a small CPU job reached through an ssh tunnel, and `top`'s probe as a step beside the job's own
 (`srun --jobid=JOB --overlap`, one task per node, `--label`d so that each line names its task)."""
 
@@ -16,7 +16,7 @@ from hpctrain import tbserver
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
-from hpctrain.services.base import Placement
+from hpctrain.around.base import Placement
 from hpctrain.services.common import Endpoint, login_host, private_dir, state_root
 from hpctrain.sessions import slurm as sessions
 from hpctrain.sessions.config import DevConfig, SessionView, session_dir

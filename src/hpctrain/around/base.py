@@ -1,6 +1,6 @@
 """What each backend offers the commands around the job (`dev`, `tensorboard --on-cluster`, `top`), so that those
 commands never name a scheduler: they pick the backend as every job command does (cli.scheduling), ask
-hpctrain.services.services_for for its services, and print what these return. What a backend shows (a tunnel or
+hpctrain.around.services_for for its services, and print what these return. What a backend shows (a tunnel or
 a port-forward, a job id or a pod) is its own.
 """
 

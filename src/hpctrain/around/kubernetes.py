@@ -1,4 +1,4 @@
-"""The commands around the job on Kubernetes (hpctrain.services.base.Services): dev sessions and TensorBoard as
+"""The commands around the job on Kubernetes (hpctrain.around.base.Services): dev sessions and TensorBoard as
 pods reached through `kubectl port-forward`, and `top`'s probe run in each pod of the job through the API server's
 exec stream (what `kubectl exec` does). The Kubernetes client is imported on first use only."""
 
@@ -17,7 +17,7 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
-from hpctrain.services.base import Placement
+from hpctrain.around.base import Placement
 from hpctrain.sessions import kubernetes as sessions
 from hpctrain.sessions.config import DevConfig, SessionView
 from hpctrain.top import PROBE, NodeSample, TopSample, parse_probe
