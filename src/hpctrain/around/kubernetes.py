@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import tbserver
+from hpctrain.around.base import Placement
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
-from hpctrain.around.base import Placement
 from hpctrain.sessions import kubernetes as sessions
 from hpctrain.sessions.config import DevConfig, SessionView
 from hpctrain.top import PROBE, NodeSample, TopSample, parse_probe
@@ -65,7 +65,7 @@ class KubernetesServices:
 
     def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
                     port: int | None) -> list[str]:
-        self.environment(placement)
+        self.environment(placement)  # the Slurm flags are refused, as for `dev start`
         options = self.options(placement)
         pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
         k8s.create(self.scheduler.core, k8s.render_pod(pod, options))

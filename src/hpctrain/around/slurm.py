@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import tbserver
+from hpctrain.around.base import Placement
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
-from hpctrain.around.base import Placement
 from hpctrain.services.common import Endpoint, login_host, private_dir, state_root
 from hpctrain.sessions import slurm as sessions
 from hpctrain.sessions.config import DevConfig, SessionView, session_dir
