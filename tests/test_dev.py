@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from around_helpers import all_cmdlines, cli_env, hpctrain, venv_args
-from hpctrain.devsession import DevConfig, render_dev_pod, render_dev_script
+from hpctrain.sessions.config import DevConfig
+from hpctrain.sessions.kubernetes import render_dev_pod
+from hpctrain.sessions.slurm import render_dev_script
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from around_helpers import cli_env, hpctrain
-from hpctrain.devsession import DevConfig, find_public_key, render_sshd_config, tunnel_name
+from hpctrain.sessions.code import tunnel_name
+from hpctrain.sessions.config import DevConfig
+from hpctrain.sessions.ssh import find_public_key, render_sshd_config
 from hpctrain.errors import UserError
 from hpctrain.services.common import tcp_banner
 

@@ -63,6 +63,17 @@ def test_spec_names_runs_by_folder_and_refuses_commas(tmp_path: Path) -> None:
     assert train_hint("runs/my run") == "TensorBoard: hpctrain tensorboard 'runs/my run'"
 
 
+def test_on_cluster_refuses_the_other_schedulers_flags(tmp_path: Path) -> None:
+    """--venv means nothing to a TensorBoard pod (the --image is its environment): refused with the fix before any
+    cluster is asked (the kubeconfig named here does not exist), as `dev start` refuses it."""
+    run = make_run(tmp_path / "mnist", [1.0])
+    env = cli_env(tmp_path / "home", KUBECONFIG=str(tmp_path / "no-kubeconfig"))
+    result = hpctrain("tensorboard", str(run), "--on-cluster", "--scheduler", "kubernetes", "--image", "img",
+                      "--venv", str(tmp_path), env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the environment" in result.stderr
+
+
 def test_local_server_serves_the_event_files(tmp_path: Path) -> None:
     one = make_run(tmp_path / "one", [2.5, 1.25, 0.75])
     two = make_run(tmp_path / "two", [3.0, 2.0])

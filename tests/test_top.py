@@ -40,7 +40,7 @@ def test_report_columns_fit_pod_names() -> None:
 
 
 def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
-    from hpctrain.top import exec_failure
+    from hpctrain.around.kubernetes import exec_failure
 
     assert exec_failure('{"metadata":{},"status":"Success"}') is None
     assert exec_failure("") is None
@@ -53,7 +53,7 @@ def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
 def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
     from hpctrain.jobs.spec import JobSpec
     from hpctrain.schedulers.slurm.render import render_sbatch
-    from hpctrain.top import parse_run_dir
+    from hpctrain.around.slurm import parse_run_dir
 
     for given, expected in (("runs/mnist-%j", "/scratch/proj/runs/mnist-77"), ("~/my runs/%j", "/home/u/my runs/77")):
         script = render_sbatch(JobSpec(command=("python", "train.py"), run_dir=given))

@@ -1,5 +1,6 @@
-"""TensorBoard on runs' `tb/` folders: here (the tensorboard package's own server, bound to 127.0.0.1), or as a
-small CPU job / pod on the cluster reading the shared folder, reached through a tunnel.
+"""TensorBoard on runs' `tb/` folders: here (the tensorboard package's own server, bound to 127.0.0.1), and what
+a TensorBoard on the cluster needs from here (the runs' --logdir_spec, the readiness check). The
+small CPU job or pod on the cluster that reads the shared folder is the backend's (hpctrain.around).
 
 Several runs are compared side by side, each named by its folder (`--logdir_spec name1:dir1,name2:dir2`).
 """
@@ -9,23 +10,17 @@ from __future__ import annotations
 import functools
 import os
 import re
-import secrets
 import shlex
 import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, Resources
-from hpctrain.services import slurm as service_slurm
-from hpctrain.services.common import Endpoint, die_with_parent, http_get, private_dir, state_root
+from hpctrain.services.common import die_with_parent, http_get
 from hpctrain.training.metrics import TENSORBOARD_DIR
-
-POD_PORT = 6006
 
 
 def train_hint(run_dir: str | Path) -> str:
@@ -123,50 +118,3 @@ def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[sub
             raise UserError(f"tensorboard did not answer on port {port} within {wait_s:g} s")
         time.sleep(0.5)
     return proc, f"http://127.0.0.1:{port}/"
-
-
-# ---- on the cluster -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClusterTensorBoard:
-    spec: str
-    environment: EnvironmentSpec = EnvironmentSpec()
-    time: str | None = "08:00:00"
-    partition: str | None = None
-    account: str | None = None
-    mem: str | None = "2G"
-
-
-def service_job(tb: ClusterTensorBoard, state_dir: Path) -> service_slurm.ServiceJob:
-    command = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec "$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
-                             '--port "$HPCTRAIN_PORT" --reload_interval 30')
-    return service_slurm.ServiceJob(
-        name="tensorboard", state_dir=str(state_dir), command=command,
-        resources=Resources(cpus_per_task=1, mem=tb.mem), environment=tb.environment,
-        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",), partition=tb.partition, account=tb.account,
-        time=tb.time,
-    )
-
-
-def new_state_dir() -> Path:
-    root = private_dir(state_root("tensorboard"))
-    return private_dir(root / time.strftime(f"%Y%m%d-%H%M%S-{secrets.token_hex(3)}"))
-
-
-def start_slurm(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple[str, Endpoint]:
-    state_dir = new_state_dir()
-    service = service_job(tb, state_dir)
-    job_id = service_slurm.submit(service, service_slurm.render_service_script(service))
-    say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
-    endpoint = service_slurm.wait_ready(state_dir, job_id, lambda ep: ready(ep.node, ep.port), wait_s,
-                                        on_state=lambda s: say(f"  job {job_id}: {s}"))
-    return job_id, endpoint
-
-
-def service_pod(spec: str, time_limit: str | None):
-    from hpctrain.services.kubernetes import ServicePod
-
-    command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(POD_PORT))
-    return ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command, port=POD_PORT,
-                      resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit, ready_path="/")

@@ -4,6 +4,9 @@ or JupyterLab in a pod.
     hpctrain dev start explore --gpus-per-node 1 --cpus 8 --mem 32G --time 4:00:00 --venv ~/venvs/torch
     hpctrain dev list --idle-warn 1h
     hpctrain dev stop explore
+
+The chosen backend's services (hpctrain.around) start, show and stop sessions; the sessions themselves are in
+hpctrain.sessions.
 """
 
 from __future__ import annotations
@@ -14,34 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpctrain.cli.around import add_placement_arguments, placement_from_args, services_of
+from hpctrain.cli.scheduling import add_connection_arguments
 from hpctrain.errors import UserError
 
 _DURATION_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
-
-
-def add_service_job_arguments(parser: argparse.ArgumentParser, wait_help: str) -> None:
-    """Where a service job or pod (`dev start`, `tensorboard --on-cluster`) runs, with which software, and how
-    long `start` waits for its server (`wait_help`): the flags both share."""
-    parser.add_argument("--partition", help="Slurm: partition")
-    parser.add_argument("--account", help="Slurm: account")
-    parser.add_argument("--image", help="Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image")
-    parser.add_argument("--conda-env", help="Slurm: activate this conda environment")
-    parser.add_argument("--venv", help="Slurm: activate this virtual environment")
-    parser.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
-    parser.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
-    parser.add_argument("--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)")
-    parser.add_argument("--wait", type=float, default=600.0, metavar="S",
-                        help=wait_help)
-    parser.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
-
-
-def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scheduler", choices=("slurm", "kubernetes"),
-                        help="where to run (default: $HPCTRAIN_SCHEDULER, else slurm when sbatch is on PATH, else "
-                             "kubernetes with a kubeconfig)")
-    parser.add_argument("--namespace",
-                        help="Kubernetes namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
-    parser.add_argument("--context", help="Kubernetes context of the kubeconfig (default: its current context)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,21 +42,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
     start.add_argument("--mem", help="memory, e.g. 16G")
     start.add_argument("--time", default="04:00:00", help="time limit (default: 04:00:00); the session ends then")
-    add_service_job_arguments(start, "seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do "
-                                     "not wait)")
+    add_placement_arguments(start, "seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do "
+                                   "not wait)")
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
     start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
-    add_scheduler_arguments(start)
+    add_connection_arguments(start, k8s_api=False)
 
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
     listing.add_argument("--idle-warn", default="1h", metavar="DURATION",
                          help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)")
-    add_scheduler_arguments(listing)
+    add_connection_arguments(listing, k8s_api=False)
 
     stop = sub.add_parser("stop", help="stop a session and free its node or pod")
     stop.add_argument("name", metavar="NAME")
-    add_scheduler_arguments(stop)
+    add_connection_arguments(stop, k8s_api=False)
 
 
 def parse_duration_s(text: str, flag: str) -> float:
@@ -99,70 +79,18 @@ def format_age(seconds: int | None) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def environment_from_args(args: argparse.Namespace) -> Any:
-    """--image/--conda-env/--venv/--module/--mount -> EnvironmentSpec (Slurm)."""
-    from hpctrain.images import docker_pull_hint
-    from hpctrain.jobs.spec import EnvironmentSpec
-
-    chosen = [f for f, v in (("--image", args.image), ("--conda-env", args.conda_env), ("--venv", args.venv)) if v]
-    if len(chosen) > 1:
-        raise UserError(f"{' and '.join(chosen)}: choose one environment")
-    modules = tuple(args.module)
-    mounts = tuple(args.mount)
-    if args.image:
-        hint = docker_pull_hint(args.image)
-        if hint:
-            raise UserError(hint)
-        kind = "apptainer" if args.image.endswith(".sif") else "pyxis"
-        return EnvironmentSpec(kind=kind, image=args.image, modules=modules, mounts=mounts)
-    if args.conda_env:
-        return EnvironmentSpec(kind="conda", conda_env=args.conda_env, modules=modules, mounts=mounts)
-    if args.venv:
-        return EnvironmentSpec(kind="venv", venv=args.venv, modules=modules, mounts=mounts)
-    return EnvironmentSpec(kind="modules" if modules else "none", modules=modules, mounts=mounts)
-
-
-def config_from_args(args: argparse.Namespace, kubernetes: bool) -> Any:
-    from hpctrain.devsession import DevConfig
-    from hpctrain.jobs.spec import EnvironmentSpec, Resources, parse_gres
+def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
+    from hpctrain.jobs.spec import Resources, parse_gres
+    from hpctrain.sessions.config import DevConfig
 
     gpus, gpu_type, shards = parse_gres(args.gres) if args.gres else (0, None, 0)
     if gpus:
         raise UserError(f"--gres {args.gres}: ask for whole GPUs with --gpus-per-node N; --gres is for shard:N")
     resources = Resources(cpus_per_task=args.cpus, gpus_per_node=args.gpus_per_node, gpu_type=args.gpu_type,
                           shards_per_node=shards, mem=args.mem)
-    if kubernetes:
-        if args.conda_env or args.venv or args.module or args.mount:
-            raise UserError("--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
-                            "environment and --volume mounts storage")
-        environment = EnvironmentSpec()
-    else:
-        if args.shm or args.volume:
-            raise UserError("--shm/--volume apply to Kubernetes: on Slurm use --mount with a container --image")
-        environment = environment_from_args(args)
     return DevConfig(name=args.name, service=args.service, resources=resources, environment=environment,
                      time=args.time, partition=args.partition, account=args.account, port=args.port,
                      ssh_key=args.ssh_key)
-
-
-def k8s_options(args: argparse.Namespace, **extra: Any) -> Any:
-    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-
-    from hpctrain.schedulers.kubernetes.kubeconfig import default_namespace
-
-    return KubernetesOptions(namespace=args.namespace or default_namespace(args.context), **extra)
-
-
-def scheduler_of(args: argparse.Namespace) -> str:
-    from hpctrain.cli.scheduling import choose_scheduler
-
-    return choose_scheduler(args)
-
-
-def core_of(args: argparse.Namespace) -> Any:
-    from hpctrain.services.kubernetes import core_api
-
-    return core_api(context=args.context)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,59 +98,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from hpctrain import devsession
-    from hpctrain.services.common import login_host
-
-    scheduler = scheduler_of(args)
-    cfg = config_from_args(args, kubernetes=scheduler == "kubernetes")
-    if scheduler == "kubernetes":
-        options = k8s_options(args, image=args.image, shm=args.shm, volumes=tuple(args.volume))
-        if args.dry_run:
-            from hpctrain.schedulers.kubernetes.render import render_yaml
-
-            print(render_yaml(devsession.render_dev_pod(cfg, options)), end="")
-            return 0
-        conn = devsession.start_kubernetes(cfg, options, core_of(args), None, args.wait, args.local_port)
-        print("\nOn your machine, forward the port (keep it running):")
-        print(f"  {conn['port_forward']}")
-        print(f"then open:\n  {conn['url']}")
-        print(f"Stop it when done: hpctrain dev stop {cfg.name} --scheduler kubernetes")
-        return 0
-    state_dir = devsession.session_dir(cfg.name)
+    services = services_of(args)
+    placement = placement_from_args(args)
+    cfg = config_from_args(args, services.environment(placement))
     if args.dry_run:
-        print(devsession.render_dev_script(cfg, state_dir), end="")
+        print(services.dev_render(cfg, placement), end="")
         return 0
-    conn = devsession.start_slurm(cfg, None, args.login_host or login_host(), args.wait, args.local_port)
-    if cfg.service == "code":
-        print(f"\nThe VS Code tunnel {conn['tunnel_name']} is up (job {conn['job_id']} on {conn['node']}). Open:")
-        print(f"  {conn['url']}")
-        print(f"or in VS Code: Remote Explorer > Tunnels > {conn['tunnel_name']} (signed in with the same account)")
-        if conn.get("login_prompt"):
-            print(f"(it asked you to sign in: {conn['login_prompt']})")
-    elif cfg.service == "ssh":
-        print(f"\nsshd is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). Log in through the login node:")
-        print(f"  {conn['ssh']}")
-        print(f"Its host key, made for this session: {conn['host_key_fingerprint']} (ED25519). For VS Code Remote-SSH, "
-              f"add to ~/.ssh/config:\n")
-        print(conn["ssh_config"])
-        print(f"and to ~/.ssh/known_hosts:\n  {conn['known_hosts']}\nthen connect to {devsession.ssh_alias(cfg.name)}.")
-        print(f"(or, with a tunnel: {conn['tunnel']}, then ssh -p {conn['local_port']} {conn['user']}@localhost)")
-    else:
-        print(f"\n{cfg.service} is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). On your machine, open the tunnel:")
-        print(f"  {conn['tunnel']}")
-        print(f"then open:\n  {conn['url']}")
-    print(f"Details (private): {state_dir / devsession.CONNECTION_FILE}")
-    print(f"Stop it when done, so that it stops holding the node: hpctrain dev stop {cfg.name}")
+    print("\n".join(services.dev_start(cfg, placement, args.wait, args.local_port)))
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    from hpctrain import devsession
+    from hpctrain.sessions.config import recorded
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
-    recorded = devsession.recorded_schedulers()
-    core = core_of(args) if "kubernetes" in recorded or args.scheduler == "kubernetes" else None
-    sessions = devsession.list_sessions(core=core)
+    backends: dict[str, Any] = {}
+    sessions = []
+    for state_dir, conn in recorded():
+        scheduler = str(conn.get("scheduler"))
+        if scheduler not in backends:
+            backends[scheduler] = services_of(args, scheduler)
+        sessions.append(backends[scheduler].dev_view(state_dir, conn, probe=True))
     if not sessions:
         print("no dev sessions (start one with `hpctrain dev start NAME`)")
         return 0
@@ -247,10 +143,8 @@ _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from hpctrain import devsession
-    from hpctrain.services.common import read_json
+    from hpctrain.sessions.config import connection
 
-    conn = read_json(devsession.session_dir(args.name) / devsession.CONNECTION_FILE) or {}
-    core = core_of(args) if conn.get("scheduler") == "kubernetes" else None
-    print(f"dev session {args.name}: {devsession.stop(args.name, core=core)}")
+    state_dir, conn = connection(args.name)
+    print(f"dev session {args.name}: {services_of(args, str(conn.get('scheduler'))).dev_stop(state_dir, conn)}")
     return 0

@@ -29,13 +29,15 @@ def add_scheduler_argument(parser: argparse.ArgumentParser) -> argparse._Argumen
     return g
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """--scheduler plus the Kubernetes options that say where jobs are (status, logs, cancel, cluster)."""
+def add_connection_arguments(parser: argparse.ArgumentParser, k8s_api: bool = True) -> None:
+    """--scheduler plus the Kubernetes options that say where jobs are (status, logs, cancel, cluster; without
+    --k8s-api for the commands around the job: dev, tensorboard, top)."""
     g = add_scheduler_argument(parser)
     g.add_argument("--namespace", metavar="NAME",
                    help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
-    g.add_argument("--k8s-api", dest="k8s_api", choices=("pytorchjob", "trainjob"),
-                   help="Kubernetes: Kubeflow PyTorchJob (default) or Trainer v2 TrainJob")
+    if k8s_api:
+        g.add_argument("--k8s-api", dest="k8s_api", choices=("pytorchjob", "trainjob"),
+                       help="Kubernetes: Kubeflow PyTorchJob (default) or Trainer v2 TrainJob")
     g.add_argument("--context", metavar="NAME", help="Kubernetes: the kubeconfig context (default: the current one)")
 
 

@@ -91,14 +91,6 @@ def port_forward_command(namespace: str, pod_name: str, local_port: int, port: i
     return shlex.join(["kubectl", "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}"])
 
 
-def core_api(api_client: Any = None, context: str | None = None) -> Any:
-    """CoreV1Api from the given client, or from the kubeconfig as the Kubernetes scheduler loads it."""
-    from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
-
-    sched = KubernetesScheduler(KubernetesOptions(), context=context, api_client=api_client)
-    return sched.core
-
-
 def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None) -> None:
     """Create the Secret (if any), then the Pod. A name in use is a clear error and changes nothing; a Secret whose
     Pod could not be created is removed again."""
@@ -140,11 +132,6 @@ def find(core: Any, namespace: str, name: str) -> Any | None:
             return None
         raise UserError(f"reading pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
     return pod if SERVICE_LABEL in (pod.metadata.labels or {}) else None
-
-
-def list_pods(core: Any, namespace: str, kind: str) -> list[Any]:
-    return sorted(core.list_namespaced_pod(namespace, label_selector=f"{SERVICE_LABEL}={kind}").items,
-                  key=lambda p: p.metadata.name)
 
 
 def pod_state(pod: Any) -> str:

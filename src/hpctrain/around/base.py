@@ -1,0 +1,67 @@
+"""What each backend offers the commands around the job (`dev`, `tensorboard --on-cluster`, `top`), so that those
+commands never name a scheduler: they pick the backend as every job command does (cli.scheduling), ask
+hpctrain.around.services_for for its services, and print what these return. What a backend shows (a tunnel or
+a port-forward, a job id or a pod) is its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hpctrain.jobs.spec import EnvironmentSpec
+    from hpctrain.sessions.config import DevConfig, SessionView
+    from hpctrain.top import TopSample
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and with which software a service (a dev session, a cluster TensorBoard) runs: the flags `dev start`
+    and `tensorboard --on-cluster` share. Each backend takes what it understands and refuses the other's flags with
+    the fix."""
+
+    image: str | None = None
+    """Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image."""
+    conda_env: str | None = None
+    venv: str | None = None
+    modules: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+    """Slurm containers: SRC[:DST] binds."""
+    partition: str | None = None
+    account: str | None = None
+    volumes: tuple[str, ...] = ()
+    """Kubernetes: pvc:CLAIM:/mount, nfs:..., host:..."""
+    shm: str | None = None
+    """Kubernetes: the size of /dev/shm."""
+    login_host: str | None = None
+    """Slurm: the login node the user's machine reaches with ssh (None: this host's name)."""
+
+
+class Services(Protocol):
+    """One backend's services. Built on the backend's Scheduler (its connection: a kubeconfig context, a namespace)."""
+
+    name: str
+
+    def environment(self, placement: Placement) -> EnvironmentSpec:
+        """The session's software environment from the flags; the other backend's flags are refused."""
+
+    def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
+        """Pure: what `dev start --dry-run` prints (the batch script or the pod manifest)."""
+
+    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
+        """Start the session and wait until its server answers; the lines that say how to reach it."""
+
+    def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
+        """A recorded session's row in `dev list`, with its live state."""
+
+    def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
+        """Stop the session, free what it holds and forget its secrets; says what happened."""
+
+    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
+                    port: int | None) -> list[str]:
+        """Start TensorBoard on the runs as a small CPU job or pod; the lines that say how to reach and stop it."""
+
+    def top(self, job: str, find_run_dir: bool) -> TopSample:
+        """Run the probe on each node (pod) of the running job; its run directory too when `find_run_dir`."""

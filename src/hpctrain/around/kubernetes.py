@@ -1,0 +1,185 @@
+"""The commands around the job on Kubernetes (hpctrain.around.base.Services): dev sessions and TensorBoard as
+pods reached through `kubectl port-forward`, and `top`'s probe run in each pod of the job through the API server's
+exec stream (what `kubectl exec` does). The Kubernetes client is imported on first use only."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hpctrain import tbserver
+from hpctrain.around.base import Placement
+from hpctrain.errors import UserError
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
+from hpctrain.services import kubernetes as k8s
+from hpctrain.sessions import kubernetes as sessions
+from hpctrain.sessions.config import DevConfig, SessionView
+from hpctrain.top import PROBE, NodeSample, TopSample, parse_probe
+
+TENSORBOARD_PORT = 6006
+PROBE_TIMEOUT_S = 60
+"""How long the probe may take in one pod."""
+
+
+def create(scheduler: Any) -> KubernetesServices:
+    return KubernetesServices(scheduler)
+
+
+class KubernetesServices:
+    name = "kubernetes"
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        """A KubernetesScheduler: its namespace, context and (lazily loaded) client."""
+
+    def options(self, placement: Placement) -> KubernetesOptions:
+        return KubernetesOptions(namespace=self.scheduler.namespace, image=placement.image, shm=placement.shm,
+                                 volumes=tuple(placement.volumes))
+
+    def environment(self, placement: Placement) -> EnvironmentSpec:
+        if placement.conda_env or placement.venv or placement.modules or placement.mounts:
+            raise UserError("--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
+                            "environment and --volume mounts storage")
+        return EnvironmentSpec()
+
+    def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
+        from hpctrain.schedulers.kubernetes.render import render_yaml
+
+        return render_yaml(sessions.render_dev_pod(cfg, self.options(placement)))
+
+    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
+        conn = sessions.start(cfg, self.options(placement), self.scheduler.core, None, wait_s, local_port)
+        return sessions.instructions(cfg, conn)
+
+    def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
+        return sessions.view(state_dir, conn, self.scheduler.core)
+
+    def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
+        return sessions.stop(state_dir, conn, self.scheduler.core)
+
+    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
+                    port: int | None) -> list[str]:
+        self.environment(placement)  # the Slurm flags are refused, as for `dev start`
+        options = self.options(placement)
+        pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
+        k8s.create(self.scheduler.core, k8s.render_pod(pod, options))
+        local = port or TENSORBOARD_PORT
+        return [f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
+                f"  {k8s.port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT)}",
+                f"then open:\n  http://localhost:{local}/",
+                f"Stop it with: hpctrain cancel {pod.name} --scheduler kubernetes --namespace {options.namespace}"]
+
+    def top(self, job: str, find_run_dir: bool) -> TopSample:
+        from hpctrain.schedulers import get_scheduler
+        from hpctrain.schedulers.base import JobNotFound
+
+        sched = self.scheduler
+        for api in sorted(APIS, key=lambda a: a != sched.options.api):  # a job name is one job, of either kind
+            found = sched if api == sched.options.api else get_scheduler(
+                "kubernetes", options=replace(sched.options, api=api), context=sched.context)
+            try:
+                found.get_object(job)
+            except JobNotFound:
+                continue
+            return TopSample(f"job {job}", sample_pods(found.core, found.pods_of(job)))
+        raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
+                        "and --namespace (hpctrain status lists the jobs)")
+
+
+def tensorboard_pod(spec: str, time_limit: str | None) -> k8s.ServicePod:
+    command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))
+    return k8s.ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command,
+                          port=TENSORBOARD_PORT, resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit,
+                          ready_path="/")
+
+
+# ---- top: the probe in each pod, through the exec stream -------------------------------------------------------
+
+
+def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) -> list[NodeSample]:
+    """The probe in each running pod through the API server's exec stream (what `kubectl exec` does), in
+    `container` (None: the training container hpctrain renders, or the pod's only one)."""
+    out = []
+    for pod in pods:
+        if (pod.status.phase if pod.status else None) != "Running":
+            continue
+        name, namespace = pod.metadata.name, pod.metadata.namespace
+        stdout, status = _exec_probe(core, namespace, name, container or training_container(pod))
+        samples = parse_probe(stdout, labelled=False)
+        if not samples:
+            raise UserError(f"the probe failed in pod {name}: {exec_failure(status) or 'it printed nothing'}. "
+                            "`hpctrain top` runs `sh -c` with getconf, cat and nvidia-smi in the pod's training "
+                            f"container: its image needs a POSIX shell (try `kubectl exec -n {namespace} {name} -- sh -c true`)")
+        for sample in samples:
+            sample.node = f"{pod.spec.node_name or '?'} ({name})"
+            out.append(sample)
+    return out
+
+
+def training_container(pod: Any) -> str | None:
+    """The container hpctrain's jobs train in (Kubeflow v1's `pytorch`, Trainer v2's `node`), so that sidecars
+    (a service mesh's proxy, a log shipper) do not make exec ask which one; None leaves the choice to the API server."""
+    from hpctrain.schedulers.kubernetes.render import CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB
+
+    names = [c.name for c in (pod.spec.containers or [])] if pod.spec else []
+    return next((n for n in (CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB) if n in names), None)
+
+
+def _exec_probe(core: Any, namespace: str, pod: str, container: str | None) -> tuple[str, str]:
+    """Run PROBE in the pod; its stdout and the final Status JSON of the exec stream (channel 3)."""
+    from kubernetes.stream import stream
+    from kubernetes.stream.ws_client import ERROR_CHANNEL
+
+    kwargs = {"container": container} if container else {}
+    try:
+        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=["sh", "-c", PROBE], stderr=True,
+                    stdin=False, stdout=True, tty=False, _preload_content=False, **kwargs)
+        try:
+            ws.run_forever(timeout=PROBE_TIMEOUT_S)
+            if ws.is_open():
+                raise UserError(f"the probe in pod {pod} did not finish within {PROBE_TIMEOUT_S} s (nvidia-smi can "
+                                f"hang on a failing GPU): try `kubectl exec -n {namespace} {pod} -- nvidia-smi`")
+            return ws.read_stdout(), ws.read_channel(ERROR_CHANNEL)
+        finally:
+            ws.close()
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the client raises ApiException or websocket/socket errors here
+        raise UserError(exec_failed_message(namespace, pod, err)) from None
+
+
+def exec_failure(status: str) -> str | None:
+    """The reason in the Status that ends an exec stream (remote command protocol v4: `{"status": "Success"}`, or
+    Failure with a message and, for a non-zero exit, an ExitCode cause); None on success or when absent."""
+    try:
+        parsed = json.loads(status) if status.strip() else {}
+    except ValueError:
+        return " ".join(status.split())[:300] or None
+    if not isinstance(parsed, dict) or parsed.get("status", "Success") == "Success":
+        return None
+    return " ".join(str(parsed.get("message") or parsed.get("reason") or "exec failed").split())[:300]
+
+
+def exec_failed_message(namespace: str, pod: str, err: BaseException) -> str:
+    """What to tell the user when exec into a pod fails (no kubelet answering, no pods/exec permission, ...)."""
+    status = getattr(err, "status", None)
+    detail = " ".join(str(getattr(err, "reason", None) or getattr(err, "body", None) or err or type(err).__name__).split())
+    # A failed websocket handshake carries the API server's Status object: its message says why.
+    found = re.search(r'\{"kind":\s*"Status".*\}', detail)
+    if found:
+        try:
+            detail = str(json.loads(found.group(0)).get("message") or detail)
+        except ValueError:
+            pass
+    if status == 403:
+        detail = f"forbidden: your account may not use pods/exec in namespace {namespace} ({detail})"
+    return (f"cannot run the probe in pod {pod} through the API server's exec (what `kubectl exec` does): "
+            f"{detail[:300] or type(err).__name__}. `hpctrain top` needs exec on Kubernetes: check that "
+            f"`kubectl exec -n {namespace} {pod} -- true` works (the node's kubelet must answer, and you need the "
+            "pods/exec permission)")

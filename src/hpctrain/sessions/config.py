@@ -1,0 +1,118 @@
+"""What a dev session is, whatever runs it: its configuration, its name, its private state folder and the files
+in it, and the row `hpctrain dev list` shows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.services.common import private_dir, read_json, state_root
+
+SERVICES = ("jupyter", "ssh", "code")
+CONNECTION_FILE = "connection.json"
+TOKEN_FILE = "token"
+DEFAULT_TIME = "04:00:00"
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class DevConfig:
+    name: str
+    service: str = "jupyter"
+    resources: Resources = field(default_factory=lambda: Resources(cpus_per_task=2))
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    time: str | None = DEFAULT_TIME
+    partition: str | None = None
+    account: str | None = None
+    port: int | None = None
+    """The server's port: None picks a free one on Slurm and 8888 in a pod."""
+    ssh_key: Path | None = None
+    """--service ssh: the public key to log in with; None: the first of ~/.ssh/SSH_PUBLIC_KEYS."""
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        if self.service not in SERVICES:
+            raise UserError(f"--service {self.service!r} is unknown: use {', '.join(SERVICES)}")
+        if self.port is not None and not 1024 <= self.port <= 65535:
+            raise UserError(f"--port {self.port}: use a port from 1024 to 65535")
+        if self.ssh_key is not None and self.service != "ssh":
+            raise UserError("--ssh-key is for --service ssh: drop it, or add --service ssh")
+
+    @property
+    def job_name(self) -> str:
+        return f"dev-{self.name}"
+
+
+@dataclass(frozen=True)
+class SessionView:
+    name: str
+    scheduler: str
+    where: str
+    """job id or namespace/pod"""
+    state: str
+    age_s: int | None
+    endpoint: str | None
+    idle_s: int | None
+    """Seconds since Jupyter's last activity (kernels, terminals, API use); None when unknown."""
+    connection: dict[str, Any]
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise UserError(f"session name {name!r}: use lower-case letters, digits and -, at most 40 characters (e.g. explore-1)")
+    return name
+
+
+def session_dir(name: str, root: Path | None = None) -> Path:
+    return (root or state_root("dev")) / check_name(name)
+
+
+def make_session_dir(name: str, root: Path | None = None) -> Path:
+    """The session's state folder, created 0700 (and its parent): it will hold the token."""
+    state_dir = session_dir(name, root)
+    private_dir(state_dir.parent)
+    return private_dir(state_dir)
+
+
+def connection(name: str, root: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """The state folder and recorded connection of session `name`; an error naming the fix when there is none."""
+    state_dir = session_dir(name, root)
+    conn = read_json(state_dir / CONNECTION_FILE)
+    if conn is None:
+        raise UserError(f"no dev session named {name!r}: see `hpctrain dev list`")
+    return state_dir, conn
+
+
+def recorded(root: Path | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(state folder, connection) of every session recorded under root, by name."""
+    root = root or state_root("dev")
+    for conn_path in sorted(root.glob(f"*/{CONNECTION_FILE}")):
+        conn = read_json(conn_path)
+        if conn is not None:
+            yield conn_path.parent, conn
+
+
+def read_token(state_dir: Path) -> str | None:
+    try:
+        return (state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def forget(state_dir: Path, files: Iterable[str] = ()) -> None:
+    """Remove the session's connection, token and secrets (`files`: a backend's or service's own), so that the
+    name is free again and nothing secret is left behind."""
+    for name in (CONNECTION_FILE, TOKEN_FILE, *files):
+        (state_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(state_dir / "runtime", ignore_errors=True)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()

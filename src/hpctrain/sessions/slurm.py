@@ -1,0 +1,189 @@
+"""A dev session as a Slurm batch job (JupyterLab, sshd or a VS Code tunnel): render its script (pure), start it
+and wait until its server answers, show its state and idle time, stop it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.services import slurm as service_slurm
+from hpctrain.services.common import read_json, write_private
+from hpctrain.sessions import code, jupyter, ssh
+from hpctrain.sessions.config import (
+    CONNECTION_FILE,
+    TOKEN_FILE,
+    DevConfig,
+    SessionView,
+    forget,
+    make_session_dir,
+    now,
+    read_token,
+    session_dir,
+)
+
+COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND}
+
+
+def service_job(cfg: DevConfig, state_dir: Path) -> service_slurm.ServiceJob:
+    setup = ["export HPCTRAIN_STATE_DIR=\"$state_dir\""]
+    if cfg.service == "jupyter":
+        setup += jupyter.setup_lines(TOKEN_FILE)
+    elif cfg.service == "ssh":
+        setup += ssh.SETUP_LINES
+    else:
+        setup += code.setup_lines(cfg.name)
+    return service_slurm.ServiceJob(
+        name=cfg.job_name, state_dir=str(state_dir), command=COMMANDS[cfg.service], resources=cfg.resources,
+        environment=cfg.environment, setup=tuple(setup), partition=cfg.partition, account=cfg.account, time=cfg.time,
+        port=cfg.port,
+    )
+
+
+def render_dev_script(cfg: DevConfig, state_dir: Path) -> str:
+    """The batch script of a session. Pure."""
+    return service_slurm.render_service_script(service_job(cfg, state_dir))
+
+
+def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse, before queueing, a JupyterLab session whose environment has no JupyterLab: the job would wait in the
+    queue only to fail with `jupyter: not found`. sbatch passes this shell's PATH on, plus the --venv's or conda
+    prefix's bin/ (as `submit` checks its programs); with modules or a container the PATH is not known here."""
+    from hpctrain.extras import install_command
+    from hpctrain.schedulers.slurm.environments import get_environment
+
+    if cfg.service != "jupyter":
+        return
+    dirs = get_environment(cfg.environment).search_path(environ.get("PATH", os.defpath))
+    if dirs is None or shutil.which("jupyter-lab", path=os.pathsep.join(os.path.expanduser(d) for d in dirs)):
+        return
+    where = (f"{dirs[0]} or this shell's PATH" if cfg.environment.kind in ("venv", "conda")
+             else "this shell's PATH, which the job inherits")
+    raise UserError(f"JupyterLab is not in the session's environment (no jupyter-lab on {where}), so the job would fail "
+                    f"with `jupyter: not found`: install it there ({install_command('jupyter')}), name the environment "
+                    "that has it (--venv DIR or --conda-env PREFIX), or use --service ssh")
+
+
+def _refuse_running(state_dir: Path) -> None:
+    """A session of this name that still runs must be stopped first; a stale one is cleared away."""
+    conn = read_json(state_dir / CONNECTION_FILE)
+    if conn is None:
+        return
+    if _alive(conn):
+        where = f"job {conn.get('job_id')}" if conn.get("scheduler") == "slurm" else f"pod {conn.get('pod')}"
+        raise UserError(f"dev session {state_dir.name} is already running ({where}): use it (`hpctrain dev list`) "
+                        f"or stop it first (`hpctrain dev stop {state_dir.name}`)")
+    (state_dir / CONNECTION_FILE).unlink(missing_ok=True)
+
+
+def _alive(conn: dict[str, Any]) -> bool:
+    if conn.get("scheduler") != "slurm":
+        return True  # Kubernetes: the pod's name is taken until it is deleted; create() says so
+    from hpctrain.schedulers.slurm.jobs import get_job
+
+    info = get_job(str(conn.get("job_id")))
+    return info is not None and not info.finished
+
+
+def start(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_port: int | None,
+          say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Submit the session, wait until its server answers, record and return its connection details."""
+    check_program(cfg)
+    state_dir = make_session_dir(cfg.name, root)
+    _refuse_running(state_dir)
+    token = secrets.token_urlsafe(32)
+    write_private(state_dir / TOKEN_FILE, token + "\n")
+    (state_dir / service_slurm.ENDPOINT_FILE).unlink(missing_ok=True)
+    host_key = ssh.prepare(cfg.name, cfg.ssh_key, state_dir) if cfg.service == "ssh" else None
+    service = service_job(cfg, state_dir)
+    script = service_slurm.render_service_script(service)
+    write_private(state_dir / "dev.sbatch", script)
+    job_id = service_slurm.submit(service, script)
+    conn: dict[str, Any] = {"name": cfg.name, "scheduler": "slurm", "service": cfg.service, "job_id": job_id,
+                            "login_host": login, "created": now()}
+    write_private(state_dir / CONNECTION_FILE, conn)
+    say(f"dev session {cfg.name}: job {job_id} submitted; waiting for {cfg.service} to answer (up to {wait_s:g} s)")
+    watch = code.TunnelWatch(state_dir / f"slurm-{job_id}.out", say) if cfg.service == "code" else None
+    ready = {"jupyter": jupyter.ready(token), "ssh": ssh.ready}.get(cfg.service, watch)
+    endpoint = service_slurm.wait_ready(state_dir, job_id, ready, wait_s, on_state=lambda s: say(f"  job {job_id}: {s}"))
+    local = local_port or endpoint.port
+    conn.update(node=endpoint.node, port=endpoint.port, local_port=local, tunnel=endpoint.tunnel_command(login, local))
+    if cfg.service == "jupyter":
+        conn["url"] = jupyter.url(local, token)
+    elif cfg.service == "ssh":
+        assert host_key is not None
+        conn.update(ssh.connection(cfg.name, state_dir, host_key, endpoint, login))
+    else:
+        assert watch is not None
+        conn.update(url=watch.url, tunnel_name=code.tunnel_name(cfg.name), login_prompt=watch.login)
+        conn.pop("tunnel")  # the VS Code tunnel service carries the traffic: no ssh -L
+    write_private(state_dir / CONNECTION_FILE, conn)
+    return conn
+
+
+def instructions(cfg: DevConfig, conn: dict[str, Any], root: Path | None = None) -> list[str]:
+    """How to reach the session, as `dev start` prints it."""
+    if cfg.service == "code":
+        lines = [f"\nThe VS Code tunnel {conn['tunnel_name']} is up (job {conn['job_id']} on {conn['node']}). Open:",
+                 f"  {conn['url']}",
+                 f"or in VS Code: Remote Explorer > Tunnels > {conn['tunnel_name']} (signed in with the same account)"]
+        if conn.get("login_prompt"):
+            lines.append(f"(it asked you to sign in: {conn['login_prompt']})")
+    elif cfg.service == "ssh":
+        lines = [
+            f"\nsshd is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). Log in through the login node:",
+            f"  {conn['ssh']}",
+            f"Its host key, made for this session: {conn['host_key_fingerprint']} (ED25519). For VS Code Remote-SSH, "
+            f"add to ~/.ssh/config:\n",
+            conn["ssh_config"],
+            f"and to ~/.ssh/known_hosts:\n  {conn['known_hosts']}\nthen connect to {ssh.alias(cfg.name)}.",
+            f"(or, with a tunnel: {conn['tunnel']}, then ssh -p {conn['local_port']} {conn['user']}@localhost)",
+        ]
+    else:
+        lines = [f"\n{cfg.service} is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). On your machine, "
+                 "open the tunnel:", f"  {conn['tunnel']}", f"then open:\n  {conn['url']}"]
+    return lines + [f"Details (private): {session_dir(cfg.name, root) / CONNECTION_FILE}",
+                    f"Stop it when done, so that it stops holding the node: hpctrain dev stop {cfg.name}"]
+
+
+def view(state_dir: Path, conn: dict[str, Any], probe: bool = True) -> SessionView:
+    """The session's row in `dev list`: the job's state and age, and Jupyter's idle time when `probe` reaches it."""
+    from hpctrain.schedulers.slurm.jobs import get_job
+
+    job_id = str(conn.get("job_id"))
+    info = get_job(job_id)
+    state = info.state if info else "GONE"
+    age = info.elapsed_s if info else None
+    endpoint = f"{conn['node']}:{conn['port']}" if conn.get("node") else None
+    idle = None
+    if probe and state == "RUNNING" and conn.get("service") == "jupyter" and conn.get("node"):
+        idle = jupyter.idle_seconds(conn["node"], int(conn["port"]), read_token(state_dir))
+    return SessionView(str(conn.get("name", state_dir.name)), "slurm", job_id, state, age, endpoint, idle, conn)
+
+
+def stop(state_dir: Path, conn: dict[str, Any], wait_s: float = 60.0) -> str:
+    """Cancel the job and forget the session's secrets; returns what happened."""
+    what = _stop_job(str(conn["job_id"]), wait_s)
+    forget(state_dir, (service_slurm.ENDPOINT_FILE, *ssh.FILES))
+    return what
+
+
+def _stop_job(job_id: str, wait_s: float) -> str:
+    from hpctrain.schedulers.slurm.jobs import cancel, get_job
+
+    info = get_job(job_id)
+    if info is None or info.finished:
+        return f"job {job_id} had already ended"
+    cancel(job_id)
+    deadline = time.monotonic() + wait_s
+    while info is not None and not info.finished and time.monotonic() < deadline:
+        time.sleep(1.0)
+        info = get_job(job_id)
+    if info is not None and not info.finished:
+        return f"job {job_id} cancelled; Slurm is still stopping it ({info.state})"
+    return f"job {job_id} cancelled; its node is free"
