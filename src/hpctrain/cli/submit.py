@@ -30,9 +30,9 @@ from hpctrain.cli.scheduling import (
     refuse_foreign_flags,
 )
 from hpctrain.errors import UserError, redact
-from hpctrain.jobs import JobFile, read_job_file
 from hpctrain.jobs.spec import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, from_mapping, mem_warning, missing_prerequisites
-from hpctrain.schedulers import SCHEDULERS, backend_info, base
+from hpctrain.schedulers import backend_info, base
+from hpctrain.schedulers.job_file import JobFile, read_job_file
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,9 +122,9 @@ def submission_from_args(args: argparse.Namespace, dry_run: bool = False) -> Sub
     job_file = read_job_file(args.job_file) if args.job_file else JobFile(job={})
     scheduler = choose_scheduler(args, job_file.scheduler, offline=dry_run)
     info = backend_info(scheduler)
-    file_options = job_file.kubernetes  # the one backend section a job file has (JobFile)
-    if file_options and not info.file_options:
-        owner = next(backend_info(name) for name in SCHEDULERS if backend_info(name).file_options)
+    file_options = job_file.options
+    if job_file.section is not None and job_file.section != scheduler:
+        owner = backend_info(job_file.section)
         raise UserError(f"job file {args.job_file} holds {owner.title} options ({', '.join(sorted(file_options))}) "
                         f"but the job goes to {scheduler}: pass --scheduler {owner.name}, or remove them")
     refuse_foreign_flags(args, scheduler)
@@ -329,7 +329,7 @@ def _description(submission: Submission) -> dict[str, Any]:
     description = submission.job.to_dict()
     if submission.job.is_recipe:
         del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
-    if backend_info(submission.scheduler).file_options:
+    if backend_info(submission.scheduler).file_section is not None:
         description["scheduler"] = submission.scheduler
         description[submission.scheduler] = {k: list(v) if isinstance(v, tuple) else v
                                              for k, v in submission.options.items()}

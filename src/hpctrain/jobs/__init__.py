@@ -1,13 +1,13 @@
 """The scheduler-neutral job description: what runs (command, environment/image), on what (resources per node or
 pod), for how long and with which restart budgets. spec.py holds the typed JobSpec and its validation; file.py
-reads job files (YAML, TOML, or a Kubernetes platform's key=value .params file).
+reads job files (YAML, TOML) safely; hpctrain.schedulers.job_file splits off a backend's section.
 
 A few JobSpec fields only mean something to Slurm (partition, account, qos, output/error, sbatch_extra, launcher,
 the environment kinds other than none, requeue budgets); the Kubernetes backend refuses those it cannot express,
 with the Kubernetes way. Scheduler-specific options (a Kubernetes namespace, volumes) live in each backend.
 """
 
-from hpctrain.jobs.file import JobFile, load_job_file, read_job_file
+from hpctrain.jobs.file import load_job_file
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources, from_mapping
 
-__all__ = ["EnvironmentSpec", "JobFile", "JobSpec", "Resources", "from_mapping", "load_job_file", "read_job_file"]
+__all__ = ["EnvironmentSpec", "JobSpec", "Resources", "from_mapping", "load_job_file"]

@@ -6,10 +6,9 @@ what is not a regular file (a FIFO; /dev/zero behind a link), files above MAX_JO
 UTF-8 (all three for .params files too), YAML anchors and aliases (nested aliases expand a few hundred bytes into
 gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack. `spec.from_mapping` validates the job data that comes back.
 
-Besides the JobSpec keys, a YAML/TOML job file may name its scheduler (`scheduler: kubernetes`) and hold the
-Kubernetes options in a `kubernetes:` section (`namespace`, `shm`, `volumes`, ... as KubernetesOptions names
-them). A .params file is read by the Kubernetes backend's parser (hpctrain.schedulers.kubernetes.params) and is
-always for Kubernetes.
+Besides the JobSpec keys, a YAML/TOML job file may name its scheduler and hold a section of that scheduler's
+options: hpctrain.schedulers.job_file splits them off, and reads a backend's own format (a .params file) with
+read_job_text's checks.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -27,12 +25,10 @@ else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import FileRefused, read_regular
-from hpctrain.jobs.spec import known_keys
 
 MAX_JOB_FILE_BYTES = 1 << 20
 SUFFIXES = (".toml", ".yaml", ".yml")
 PARAMS_SUFFIX = ".params"
-SCHEDULER_NAMES = ("slurm", "kubernetes")
 
 
 def _job_yaml_loader():
@@ -138,47 +134,3 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"job file {path}: expected a mapping of job options at the top level")
     return data
-
-
-@dataclass(frozen=True)
-class JobFile:
-    """A job file split into the scheduler-neutral job and the scheduler's own part."""
-
-    job: dict[str, Any]
-    """JobSpec fields, for spec.from_mapping."""
-    scheduler: str | None = None
-    """The file's `scheduler:` (a .params file: kubernetes); None: not said."""
-    kubernetes: dict[str, Any] = field(default_factory=dict)
-    """KubernetesOptions fields (its `kubernetes:` section, or what a .params file says)."""
-
-
-def read_job_file(path: str | Path) -> JobFile:
-    """Read any job file: YAML/TOML (load_job_file) or .params (the Kubernetes platform's format)."""
-    path = Path(path)
-    if path.suffix == PARAMS_SUFFIX:
-        from hpctrain.schedulers.kubernetes.params import parse_params_text
-
-        # A regular UTF-8 file of at most 1 MiB, as YAML/TOML job files.
-        job, options = parse_params_text(read_job_text(path), source=f"params file {path}")
-        return JobFile(job=job, scheduler="kubernetes", kubernetes=options)
-    data = {str(k).replace("-", "_"): v for k, v in load_job_file(path).items()}
-    scheduler = data.pop("scheduler", None)
-    if scheduler is not None and scheduler not in SCHEDULER_NAMES:
-        raise UserError(f"job file {path}: scheduler {scheduler!r} is unknown: use {' or '.join(SCHEDULER_NAMES)}")
-    section = data.pop("kubernetes", None)
-    kubernetes = _kubernetes_section(path, section) if section is not None else {}
-    if kubernetes and scheduler == "slurm":
-        raise UserError(f"job file {path} says scheduler: slurm but has a kubernetes: section; remove one of them")
-    return JobFile(job=data, scheduler=scheduler, kubernetes=kubernetes)
-
-
-def _kubernetes_section(path: Path, section: Any) -> dict[str, Any]:
-    from dataclasses import fields
-
-    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-
-    valid = sorted(f.name for f in fields(KubernetesOptions))
-    if not isinstance(section, dict):
-        raise UserError(f"job file {path}: kubernetes must be a mapping of options ({', '.join(valid)})")
-    data = known_keys(section, valid, f"job file {path}: unknown kubernetes key(s)")
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}

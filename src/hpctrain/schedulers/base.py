@@ -155,8 +155,13 @@ class BackendInfo:
     """argparse dest -> keyword of the backend's create(), for where jobs are (a namespace): every command."""
     option_fields: Mapping[str, str] = field(default_factory=dict)
     """The same for a job's options (the connection's, an image, volumes): submit and check."""
-    file_options: bool = False
-    """A job file's section named after the backend holds its options (`kubernetes:`)."""
+    file_section: Callable[[str, Any], dict[str, Any]] | None = None
+    """Reads a job file's section named after the backend (`kubernetes:`) into its options: (source, section) ->
+    fields; None: the backend has no section."""
+    file_formats: Mapping[str, Callable[[str, str], tuple[dict[str, Any], dict[str, Any]]]] = \
+        field(default_factory=dict)
+    """Job file suffix -> parser of the backend's own job file format (`.params`): (text, source) -> (JobSpec
+    fields, the backend's options). Such a file is always for this backend."""
     shares_file_system: bool = True
     """The job runs on machines that share this one's file system and programs (a Slurm login node): its environment
     (--venv, --conda-env, --module, an apptainer --image) and interpreter are paths valid here."""
