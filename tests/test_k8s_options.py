@@ -13,7 +13,7 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.spec import from_mapping
 from hpctrain.schedulers import SCHEDULERS, blocking, detect, get_scheduler
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, parse_quantity, parse_toleration, parse_volume
-from hpctrain.jobs.file import read_job_file
+from hpctrain.schedulers.job_file import read_job_file
 from hpctrain.schedulers.kubernetes.params import parse_params_text
 
 
@@ -98,7 +98,7 @@ def test_params_platform_example(tmp_path: Path) -> None:
     path = tmp_path / "job.params"
     path.write_text("# the platform's example\n\n" + PAI_EXAMPLE)
     read = read_job_file(path)
-    job_fields, option_fields = read.job, read.kubernetes
+    job_fields, option_fields = read.job, read.options
     assert job_fields == {"name": "yourtaskname", "nodes": 1, "nproc_per_node": 1, "cpus_per_task": 4, "mem": "4096M",
                           "command": ["python3", "/mnt/user/NAME/mnist.py", "--backend", "nccl", "--epochs=10"]}
     assert option_fields == {"api": "pytorchjob", "shm": "4Gi", "image": "master0:5000/eflops/pytorch:v1",
