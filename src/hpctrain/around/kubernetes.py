@@ -91,6 +91,15 @@ class KubernetesServices:
         raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
                         "and --namespace (hpctrain status lists the jobs)")
 
+    def stop(self, name: str) -> str | None:
+        sched = self.scheduler
+        pod = k8s.find(sched.core, sched.namespace, name)
+        if pod is None:
+            return None
+        k8s.delete(sched.core, sched.namespace, name)
+        kind = pod.metadata.labels.get(k8s.SERVICE_LABEL)
+        return f"{kind} pod {sched.namespace}/{name} and its secret deleted"
+
 
 def tensorboard_pod(spec: str, time_limit: str | None) -> k8s.ServicePod:
     command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))

@@ -67,6 +67,9 @@ class SlurmServices:
         run_dir = run_dir_of(info.job_id, info.work_dir) if find_run_dir else None
         return TopSample(f"job {info.job_id}", samples, run_dir)
 
+    def stop(self, name: str) -> str | None:
+        return None  # every service is a batch job: scancel stops it
+
 
 def environment(placement: Placement) -> EnvironmentSpec:
     """--image/--conda-env/--venv/--module/--mount -> EnvironmentSpec; the Kubernetes flags are refused."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import os
 import signal
@@ -109,23 +108,3 @@ def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
         return
     if os.getppid() != parent:
         os._exit(128 + signum)
-
-
-def stop_service(sched: Any, name: str) -> str | None:
-    """`hpctrain cancel NAME` of a service (a dev session, a cluster TensorBoard) that runs beside the scheduler's
-    jobs rather than as one: where the backend's service module keeps such services apart (on Kubernetes a bare pod
-    with its Secret: `find` and `delete` in hpctrain.services.kubernetes), delete it and return what to say. None
-    when `name` is no such service (on Slurm every service is a job): the scheduler cancels it."""
-    try:
-        module = importlib.import_module(f"hpctrain.services.{sched.name}")
-    except ModuleNotFoundError:
-        return None
-    find, delete = getattr(module, "find", None), getattr(module, "delete", None)
-    if find is None or delete is None:
-        return None
-    pod = find(sched.core, sched.namespace, name)
-    if pod is None:
-        return None
-    delete(sched.core, sched.namespace, name)
-    kind = pod.metadata.labels.get(module.SERVICE_LABEL)
-    return f"{kind} pod {sched.namespace}/{name} and its secret deleted"
