@@ -32,7 +32,6 @@ def is_prepared(path: str | os.PathLike) -> bool:
     return (Path(path) / INDEX_NAME).is_file()
 
 
-
 def load_index(root: Path) -> dict:
     """The parsed index of a prepared directory (cached by file identity: the recipe and the loader both ask)."""
     path = root / INDEX_NAME
@@ -165,7 +164,6 @@ def _brief(value: object) -> str:
     """A value from the index for a message, never long."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
 
 
 def shard_name(split: str, number: int) -> str:
