@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hpctrain import compat
+from hpctrain.distributed.detect import detect
 from hpctrain.distributed.environment import DistEnv
-from hpctrain.distributed.probes import detect
 from hpctrain.errors import UserError
 
 if TYPE_CHECKING:
