@@ -15,7 +15,6 @@ import gzip
 import hashlib
 import http.client
 import os
-import shutil
 import tempfile
 import time
 import urllib.error
@@ -29,7 +28,7 @@ from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec
 from hpctrain.data.download_progress import PlainReporter, reporter_for
 from hpctrain.data.idx import GZIP_MAGIC
 from hpctrain.errors import UserError, redact
-from hpctrain.fsutil import fsync_dir, human_bytes
+from hpctrain.fsutil import free_bytes, fsync_dir, human_bytes, is_no_space
 
 CHUNK = 1 << 20
 SCHEMES = ("http", "https", "file")
@@ -139,12 +138,10 @@ def _open(url: str, timeout: float):
 def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> UserError:
     """A failure to write here is not the mirror's fault: say what it is, and stop trying other mirrors."""
     where = final.parent
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+    if is_no_space(err):
         what = "the file system is full" if err.errno == errno.ENOSPC else "the disk quota is used up"
-        try:
-            free = f", {human_bytes(shutil.disk_usage(where).free)} free"
-        except OSError:
-            free = ""
+        room = free_bytes(where)
+        free = f", {human_bytes(room)} free" if room is not None else ""
         return UserError(
             f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {human_bytes(received)}; "
             f"the file needs up to {human_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
