@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from hpctrain import checkpoint
-from hpctrain.checkpoint import CheckpointError
+from hpctrain.checkpoint import CheckpointError, writing
+from hpctrain.fsutil import sha256_file
 
 
 def make_state(seed: int = 0) -> dict:
@@ -75,7 +76,7 @@ def test_round_trip(tmp_path):
     assert written["format_version"] == checkpoint.FORMAT_VERSION
     assert written["file"] == "checkpoint_epoch_1.pt" and written["sha256"] == info.sha256
     # The checksum was computed while writing: it must equal one computed from the file afterwards.
-    assert checkpoint._sha256(path) == (info.sha256, info.size)
+    assert sha256_file(path) == (info.sha256, info.size)
     assert (tmp_path / "ckpt" / "latest").read_text() == "checkpoint_epoch_1.pt\n"
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "checkpoint_epoch_1.pt", "checkpoint_epoch_1.pt.manifest.json", "latest"
@@ -383,7 +384,7 @@ def test_refusing_unsafe_contents_never_suggests_weights_only_false(tmp_path):
 
 
 def test_stale_temporaries_are_removed_but_live_ones_kept(tmp_path):
-    host = checkpoint._HOST
+    host = writing._HOST
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)  # a process that has exited
     live_pid = os.getppid()
@@ -406,5 +407,5 @@ def test_stale_temporaries_are_removed_but_live_ones_kept(tmp_path):
 
 def test_temporaries_never_count_as_checkpoints(tmp_path):
     path = save_at(tmp_path, 1)
-    (tmp_path / f".checkpoint_step_9.pt.tmp-{checkpoint._HOST}-{os.getpid()}-1").write_bytes(path.read_bytes())
+    (tmp_path / f".checkpoint_step_9.pt.tmp-{writing._HOST}-{os.getpid()}-1").write_bytes(path.read_bytes())
     assert checkpoint.candidates(tmp_path) == [path]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from hpctrain import checkpoint
-from hpctrain.checkpoint import AsyncCheckpointer, CheckpointError
+from hpctrain.checkpoint import AsyncCheckpointer, CheckpointError, background
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def held_writer(monkeypatch):
             raise RuntimeError("test never released the writer")
         return real_save(state, directory, name, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "save", held_save)
+    monkeypatch.setattr(background, "save", held_save)  # the function AsyncCheckpointer calls
     yield release, started
     release.set()
 

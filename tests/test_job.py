@@ -8,18 +8,9 @@ import pytest
 
 from hpctrain.errors import UserError
 from hpctrain.jobs import load_job_file
-from hpctrain.jobs.spec import (
-    VALID_KEYS,
-    EnvironmentSpec,
-    JobSpec,
-    Resources,
-    format_time_limit,
-    from_mapping,
-    local_problems,
-    parse_gres,
-    parse_mem_mb,
-    parse_time_limit,
-)
+from hpctrain.jobs.mapping import VALID_KEYS, from_mapping
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources, local_problems
+from hpctrain.jobs.values import format_time_limit, parse_gres, parse_mem_mb, parse_time_limit
 
 
 @pytest.mark.parametrize(

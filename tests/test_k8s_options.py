@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import from_mapping
+from hpctrain.jobs.mapping import from_mapping
 from hpctrain.schedulers import SCHEDULERS, blocking, detect, get_scheduler
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, parse_quantity, parse_toleration, parse_volume
 from hpctrain.schedulers.job_file import read_job_file

@@ -118,22 +118,8 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
-    @property
-    def run_path(self) -> Path:
-        if self.run_dir is None:
-            raise RuntimeError("run_dir is resolved by resolve_run_dir() before training starts")
-        return Path(self.run_dir)
-
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise UserError(f"unknown config keys {unknown}; valid keys: {sorted(known)}")
-        return cls(**values)
 
 
 def default_run_dir(cfg: TrainConfig, environ: dict[str, str] | None = None) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 from hpctrain.errors import UserError
 
@@ -145,6 +147,22 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class FileDigest(NamedTuple):
+    sha256: str  # hex digest
+    size: int  # bytes read
+
+
+def sha256_file(path: Path) -> FileDigest:
+    """The sha256 of the file at `path` and the number of bytes it held, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return FileDigest(digest.hexdigest(), size)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -80,7 +80,8 @@ def format_age(seconds: int | None) -> str:
 
 
 def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
-    from hpctrain.jobs.spec import Resources, parse_gres
+    from hpctrain.jobs.spec import Resources
+    from hpctrain.jobs.values import parse_gres
     from hpctrain.sessions.config import DevConfig
 
     gpus, gpu_type, shards = parse_gres(args.gres) if args.gres else (0, None, 0)

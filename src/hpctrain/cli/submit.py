@@ -30,7 +30,9 @@ from hpctrain.cli.scheduling import (
     refuse_foreign_flags,
 )
 from hpctrain.errors import UserError, redact
-from hpctrain.jobs.spec import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, from_mapping, mem_warning, missing_prerequisites
+from hpctrain.jobs.mapping import from_mapping
+from hpctrain.jobs.spec import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, missing_prerequisites
+from hpctrain.jobs.values import mem_warning
 from hpctrain.schedulers import backend_info, base
 from hpctrain.schedulers.job_file import JobFile, read_job_file
 

@@ -1,8 +1,10 @@
-"""Fetch and verify dataset files, and load them as tensors.
+"""Fetch and verify dataset files: `download` tries each mirror in turn, `check_file` says whether a file holds
+a dataset file's published data.
 
 Downloads are atomic: bytes go to a hidden temporary file next to the target, are fsynced and
 verified, and only then renamed into place, so a job never sees a half-written or corrupt file
 under the final name, even when several users or array tasks download into a shared directory.
+Progress is shown by hpctrain.data.download_progress; loading the files is hpctrain.data.idx_dataset's.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ import gzip
 import hashlib
 import http.client
 import os
-import shutil
-import sys
 import tempfile
 import time
 import urllib.error
@@ -22,15 +22,13 @@ import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec, get_dataset_spec
-from hpctrain.data.idx import GZIP_MAGIC, read_idx
+from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec
+from hpctrain.data.download_progress import PlainReporter, reporter_for
+from hpctrain.data.idx import GZIP_MAGIC
 from hpctrain.errors import UserError, redact
-from hpctrain.fsutil import fsync_dir, human_bytes
-
-if TYPE_CHECKING:
-    import torch
+from hpctrain.fsutil import free_bytes, fsync_dir, human_bytes, is_no_space
 
 CHUNK = 1 << 20
 SCHEMES = ("http", "https", "file")
@@ -45,15 +43,11 @@ SIZE_CAP_SLACK = 64 << 10
 # byte per second never trips the per-read timeout).
 DEFAULT_MIN_RATE = 1000.0
 # redact: hide URL passwords in what is printed (shared with `submit --dry-run`, hence in hpctrain.errors).
-
-
 def max_download_bytes(fspec: FileSpec) -> int:
     return SIZE_CAP_FACTOR * fspec.raw_size + SIZE_CAP_SLACK
 
 
 # ---------------------------------------------------------------- verification
-
-
 def _md5() -> "hashlib._Hash":
     # usedforsecurity=False: a plain md5() is refused on FIPS-mode hosts, common on clusters.
     return hashlib.md5(usedforsecurity=False)
@@ -106,102 +100,7 @@ def check_file(path: os.PathLike | str, fspec: FileSpec) -> str | None:
     return f"checksum mismatch: md5 {digest}, expected {fspec.raw_md5} (or archive md5 {fspec.gz_md5})"
 
 
-# ---------------------------------------------------------------- progress reporting
-
-
-class _PlainReporter:
-    """One line per event on stderr: readable in batch job logs, unlike a redrawn bar."""
-
-    def __init__(self, dataset: str) -> None:
-        self.dataset = dataset
-
-    def __enter__(self) -> _PlainReporter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def _print(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    def info(self, message: str) -> None:
-        self._print(f"{self.dataset}: {message}")
-
-    def warn(self, message: str) -> None:
-        self._print(f"warning: {self.dataset}: {message}")
-
-    def begin(self, name: str, url: str, total: int | None) -> None:
-        size = f" ({human_bytes(total)})" if total is not None else ""
-        self.info(f"downloading {url}{size}")
-
-    def advance(self, n: int) -> None:
-        pass
-
-    def end(self, name: str, ok: bool, size: int) -> None:
-        if ok:
-            self.info(f"{name}: {human_bytes(size)}, verified")
-
-
-class _RichReporter(_PlainReporter):
-    def __init__(self, dataset: str) -> None:
-        super().__init__(dataset)
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        self.console = Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-        )
-        self.task = None
-
-    def __enter__(self) -> _RichReporter:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def _print(self, message: str) -> None:
-        from rich.text import Text
-
-        # Text, not markup: URLs and error messages may contain [brackets].
-        self.progress.console.print(Text(message, style="yellow" if message.startswith("warning") else ""))
-
-    def begin(self, name: str, url: str, total: int | None) -> None:
-        self.task = self.progress.add_task(f"{self.dataset}/{name}", total=total)
-
-    def advance(self, n: int) -> None:
-        self.progress.update(self.task, advance=n)
-
-    def end(self, name: str, ok: bool, size: int) -> None:
-        if self.task is not None and not ok:
-            self.progress.remove_task(self.task)  # a failed attempt should not look finished
-        elif self.task is not None:
-            self.progress.update(self.task, total=size, completed=size)
-        self.task = None
-
-
-def _reporter(dataset: str, progress: bool | None) -> _PlainReporter:
-    if progress is None:
-        progress = sys.stderr.isatty()
-    return _RichReporter(dataset) if progress else _PlainReporter(dataset)
-
-
 # ---------------------------------------------------------------- download
-
-
 def normalize_mirror(mirror: str) -> str:
     """Return `mirror` as a base URL ending in '/'. A local directory path becomes a file:// URL."""
     scheme = urllib.parse.urlsplit(mirror).scheme.lower()
@@ -239,12 +138,10 @@ def _open(url: str, timeout: float):
 def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> UserError:
     """A failure to write here is not the mirror's fault: say what it is, and stop trying other mirrors."""
     where = final.parent
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+    if is_no_space(err):
         what = "the file system is full" if err.errno == errno.ENOSPC else "the disk quota is used up"
-        try:
-            free = f", {human_bytes(shutil.disk_usage(where).free)} free"
-        except OSError:
-            free = ""
+        room = free_bytes(where)
+        free = f", {human_bytes(room)} free" if room is not None else ""
         return UserError(
             f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {human_bytes(received)}; "
             f"the file needs up to {human_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
@@ -259,7 +156,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _fetch_one(
-    url: str, fspec: FileSpec, final: Path, timeout: float, min_rate: float, reporter: _PlainReporter
+    url: str, fspec: FileSpec, final: Path, timeout: float, min_rate: float, reporter: PlainReporter
 ) -> str | None:
     """Try one URL; on success `final` holds a verified copy. Return None, or what went wrong with the mirror.
     Raises UserError for what no other mirror can fix (this side cannot write the file)."""
@@ -377,7 +274,7 @@ def download(
         raise UserError(f"cannot create {target_dir}: {err.strerror}; pass --data-dir with a writable directory")
 
     paths: list[Path] = []
-    with _reporter(spec.name, progress) as reporter:
+    with reporter_for(spec.name, progress) as reporter:
         for role in ROLES:
             fspec = spec.files[role]
             final = target_dir / fspec.archive_name
@@ -417,7 +314,7 @@ def _remove_stale_parts(final: Path) -> None:
             pass  # gone already, or not ours to delete
 
 
-def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: _PlainReporter) -> Path | None:
+def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: PlainReporter) -> Path | None:
     # An uncompressed copy counts too: some users gunzip the files, and load_dataset reads either.
     for path in (target_dir / fspec.archive_name, target_dir / fspec.name):
         if not path.is_file():
@@ -438,61 +335,3 @@ def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: _PlainReporter)
             ) from err
         reporter.warn(f"{path} is not valid ({problem}); moved it to {aside.name}, downloading it again")
     return None
-
-
-# ---------------------------------------------------------------- loading
-
-
-def _candidate_dirs(spec: DatasetSpec, data_dir: Path) -> list[Path]:
-    dirs = [data_dir / spec.name, data_dir]
-    if spec.torchvision_folder:
-        dirs.append(data_dir / spec.torchvision_folder / "raw")
-    return dirs
-
-
-def find_dataset_files(spec: DatasetSpec, data_dir: os.PathLike | str) -> dict[str, Path]:
-    """Locate the four files: the first candidate directory holding all of them (.gz or not) wins."""
-    data_dir = Path(data_dir)
-    partial: list[str] = []
-    for directory in _candidate_dirs(spec, data_dir):
-        found: dict[str, Path] = {}
-        for role, fspec in spec.files.items():
-            for path in (directory / fspec.archive_name, directory / fspec.name):
-                if path.is_file():
-                    found[role] = path
-                    break
-        if len(found) == len(spec.files):
-            return found
-        if found:
-            missing = [spec.files[r].archive_name for r in spec.files if r not in found]
-            partial.append(f"{directory}/ lacks {', '.join(missing)}")
-    looked = ", ".join(f"{d}/" for d in _candidate_dirs(spec, data_dir))
-    detail = f" ({'; '.join(partial)})" if partial else ""
-    raise UserError(
-        f"dataset {spec.name} not found in {looked}{detail}; "
-        f"run `hpctrain download {spec.name} --data-dir {data_dir}` first (on a login node if compute nodes are offline)"
-    )
-
-
-def load_dataset(name: str | DatasetSpec, data_dir: os.PathLike | str) -> dict[str, torch.Tensor]:
-    """Load train/test images (uint8, N x H x W) and labels (int64, N) as tensors, without copying per sample."""
-    import torch
-
-    spec = name if isinstance(name, DatasetSpec) else get_dataset_spec(name)
-    files = find_dataset_files(spec, data_dir)
-    tensors = {role: read_idx(path) for role, path in files.items()}
-    for split in ("train", "test"):
-        images, labels = tensors[f"{split}_images"], tensors[f"{split}_labels"]
-        images_path, labels_path = files[f"{split}_images"], files[f"{split}_labels"]
-        if images.dim() != 3 or labels.dim() != 1:
-            raise UserError(
-                f"{images_path} / {labels_path}: expected N x H x W images and N labels, got shapes "
-                f"{tuple(images.shape)} and {tuple(labels.shape)}; re-run `hpctrain download {spec.name}`"
-            )
-        if images.shape[0] != labels.shape[0]:
-            raise UserError(
-                f"{images_path} has {images.shape[0]} images but {labels_path} has {labels.shape[0]} labels; "
-                f"the files do not belong together: re-run `hpctrain download {spec.name}`"
-            )
-        tensors[f"{split}_labels"] = labels.to(torch.int64)
-    return tensors

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from hpctrain.distributed.environment import LAUNCHERS, DistEnv, NodePlan
 from hpctrain.distributed.hostlist import expand_hostlist, expand_tasks_per_node, first_host
-from hpctrain.distributed.probes import PROBES, detect, kubeflow_node_plan, restart_count, slurm_node_plan, slurm_port
+from hpctrain.distributed.detect import detect
+from hpctrain.distributed.probes import PROBES, kubeflow_node_plan, restart_count, slurm_node_plan, slurm_port
 from hpctrain.distributed.process_group import (
     all_reduce_mean,
     barrier,

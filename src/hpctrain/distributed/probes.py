@@ -1,17 +1,17 @@
-"""`detect()`: an ordered list of probes, each reading one launcher's variables into a `DistEnv`.
+"""The launcher probes: each reads one launcher's variables into a `DistEnv` (and PROBES is their order), plus
+the other answers those variables give: a node's plan of workers to start, a restart count, the derived port.
 
 Order matters and follows the launchers' nesting: our own spawner and torchrun set RANK/LOCAL_RANK for each
 worker even inside a Slurm allocation, so they are asked before Slurm; Slurm before the generic
 RANK/WORLD_SIZE convention (Kubeflow PyTorchJob); a single process last. Every probe is a pure function of
-the mapping it is given, so tests pass plain dicts instead of patching os.environ.
+the mapping it is given, so tests pass plain dicts instead of patching os.environ. `detect()`
+(hpctrain.distributed.detect) asks them, or follows --dist-init-method.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
-import urllib.parse
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -19,7 +19,17 @@ from hpctrain.distributed.environment import DistEnv, NodePlan, Vars
 from hpctrain.distributed.hostlist import expand_tasks_per_node, first_host
 from hpctrain.errors import UserError
 
-__all__ = ["PROBES", "RESTART_COUNT_VARS", "Probe", "detect", "kubeflow_node_plan", "restart_count", "slurm_port"]
+__all__ = [
+    "AUTO_RESUME_VAR",
+    "PROBES",
+    "RESTART_COUNT_VARS",
+    "Probe",
+    "kubeflow_node_plan",
+    "may_be_a_restart",
+    "restart_count",
+    "slurm_node_plan",
+    "slurm_port",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +37,6 @@ log = logging.getLogger(__name__)
 # registered ranges most services use, below Linux's default ephemeral range (32768+).
 PORT_BASE = 20000
 PORT_SPAN = 12000
-
-INIT_METHOD_FORMS = "env, slurm, tcp://HOST:PORT or file:///shared/path"
 
 # Set by Slurm on a requeued job and by torchrun on a restarted worker group: a later attempt of the same run.
 RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
@@ -45,7 +53,7 @@ def _rendezvous(world_size: int) -> str | None:
     return "env://" if world_size > 1 else None
 
 
-def _torchrun_style(v: Vars, launcher: str) -> DistEnv:
+def torchrun_style(v: Vars, launcher: str) -> DistEnv:
     """RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK, as torchrun and our spawner set them."""
     why = "--dist-init-method env reads it" if launcher == "explicit" else f"{launcher} sets it for every worker"
     world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
@@ -91,7 +99,7 @@ class SpawnProbe:
             return None
         if marker != "spawn":
             raise UserError(f"HPCTRAIN_LAUNCHER={marker!r} is not understood (only 'spawn'); unset it")
-        return _torchrun_style(v, "spawn")
+        return torchrun_style(v, "spawn")
 
 
 class TorchrunProbe:
@@ -103,7 +111,7 @@ class TorchrunProbe:
         v = Vars(environ)
         if not (v.has("TORCHELASTIC_RUN_ID") or v.has("LOCAL_RANK", "RANK", "WORLD_SIZE")):
             return None
-        env = _torchrun_style(v, "torchrun")
+        env = torchrun_style(v, "torchrun")
         _check_torchrun_under_srun(v)
         _check_exported_in_batch_script(v, env)
         return env
@@ -262,10 +270,10 @@ class KubeflowProbe:
                 "--nnodes=$PET_NNODES --node-rank=$PET_NODE_RANK --master-addr=$MASTER_ADDR "
                 "--master-port=$MASTER_PORT script.py), use `hpctrain train`, which starts them, or set nprocPerNode to 1"
             )
-        return _per_node(v, "kubeflow")
+        return per_node(v, "kubeflow")
 
 
-def _per_node(v: Vars, launcher: str) -> DistEnv:
+def per_node(v: Vars, launcher: str) -> DistEnv:
     why = "the launcher sets RANK and WORLD_SIZE for each node"
     world_size = v.required_int("WORLD_SIZE", why=why, minimum=1)
     rank = v.required_int("RANK", why=why)
@@ -305,28 +313,6 @@ class SingleProcessProbe:
 PROBES: tuple[Probe, ...] = (SpawnProbe(), TorchrunProbe(), SlurmProbe(), KubeflowProbe(), SingleProcessProbe())
 
 
-def detect(environ: Mapping[str, str] | None = None, init_method: str | None = None) -> DistEnv:
-    """Work out this process's rank, world and rendezvous; raise UserError (naming the fix) on inconsistencies.
-
-    `init_method` is `--dist-init-method`: None or "auto" probes the launchers in order; "env" reads
-    RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; "slurm" insists on an srun task; "tcp://HOST:PORT" and
-    "file:///PATH" take rank and world size from the launcher but meet at the given URL.
-    """
-    environ = os.environ if environ is None else environ
-    choice = (init_method or "auto").strip()
-    if choice == "auto":
-        env = _first_match(environ, PROBES)
-    elif choice in ("env", "env://"):
-        env = _explicit_env(Vars(environ))
-    elif choice == "slurm":
-        env = _first_match(environ, (SlurmProbe(required=True),))  # raises unless this is an srun task
-    elif choice.startswith(("tcp://", "file://")):
-        env = _with_url(environ, choice)
-    else:
-        raise UserError(f"--dist-init-method {choice!r} is not understood; use {INIT_METHOD_FORMS}")
-    return _checked(env)
-
-
 def restart_count(environ: Mapping[str, str] | None = None) -> int:
     """How many times the launcher has restarted this run (0: the first attempt); a malformed count is an error
     naming the variable, never a guess."""
@@ -344,79 +330,6 @@ def may_be_a_restart(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process may be a later attempt of its run: a launcher's restart count above 0, or AUTO_RESUME_VAR."""
     environ = os.environ if environ is None else environ
     return restart_count(environ) > 0 or environ.get(AUTO_RESUME_VAR, "").strip() == "1"
-
-
-def _first_match(environ: Mapping[str, str], probes: tuple[Probe, ...]) -> DistEnv:
-    for probe in probes:
-        env = probe.detect(environ)
-        if env is not None:
-            return env
-    raise AssertionError("the last probe always matches")
-
-
-def _explicit_env(v: Vars) -> DistEnv:
-    if not v.has("RANK", "WORLD_SIZE"):
-        raise UserError(
-            "--dist-init-method env needs RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT) in the environment; "
-            "set them, or use --dist-init-method auto to let hpctrain find the launcher"
-        )
-    env = _torchrun_style(v, "explicit") if v.has("LOCAL_RANK") else _per_node(v, "explicit")
-    return env
-
-
-def _with_url(environ: Mapping[str, str], url: str) -> DistEnv:
-    """Rank and world size from the launcher; the rendezvous from the URL."""
-    topology = _first_match(environ, PROBES[:-1] + (_NoLauncher(url),))
-    if url.startswith("tcp://"):
-        host, port = parse_tcp_url(url)
-        return dataclasses.replace(topology, master_addr=host, master_port=port, init_method=url)
-    parts = urllib.parse.urlsplit(url)
-    path = parts.path
-    if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-        raise UserError(f"{url!r} needs an absolute path: file:///shared/dir/rendezvous (three slashes)")
-    return dataclasses.replace(topology, master_addr=None, master_port=None, init_method=url)
-
-
-class _NoLauncher:
-    name = "none"
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def detect(self, environ: Mapping[str, str]) -> DistEnv:
-        raise UserError(
-            f"--dist-init-method {self.url} says where the processes meet, but no launcher told this process its "
-            "rank and world size: start it with torchrun or srun, or set RANK, WORLD_SIZE (and LOCAL_RANK, "
-            "LOCAL_WORLD_SIZE) yourself"
-        )
-
-
-def parse_tcp_url(url: str) -> tuple[str, int]:
-    parts = urllib.parse.urlsplit(url)
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:  # port not a number or out of range
-        host, port = None, None
-    if not host or port is None or port < 1 or parts.path not in ("", "/"):
-        raise UserError(f"{url!r} is not tcp://HOST:PORT with a port in 1-65535 (e.g. tcp://node1:29500)")
-    return host, port
-
-
-def _checked(env: DistEnv) -> DistEnv:
-    """A world of one needs no rendezvous; a bigger one must have a rendezvous that can work."""
-    if not env.is_distributed:
-        return dataclasses.replace(env, init_method=None)
-    if env.init_method == "env://":
-        missing = [name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port))
-                   if value is None]
-        if missing:
-            raise UserError(
-                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set but this is rank "
-                f"{env.rank} of {env.world_size} ({env.launcher}): set MASTER_ADDR to rank 0's host and MASTER_PORT "
-                "to a free port on it, or pass --dist-init-method tcp://HOST:PORT (never guessed as localhost: "
-                "each node would form its own world)"
-            )
-    return env
 
 
 def kubeflow_node_plan(environ: Mapping[str, str] | None = None) -> NodePlan | None:

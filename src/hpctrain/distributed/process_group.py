@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hpctrain import compat
+from hpctrain.distributed.detect import detect
 from hpctrain.distributed.environment import DistEnv
-from hpctrain.distributed.probes import detect
 from hpctrain.errors import UserError
 
 if TYPE_CHECKING:
@@ -44,7 +44,10 @@ _PER_NODE_SOURCE = {
 
 
 def resolve_device(requested: str, env: DistEnv) -> torch.device:
-    """The device this process should use: "auto" picks this rank's GPU when CUDA works, else the CPU."""
+    """The device this process should use: "auto" picks this rank's GPU when CUDA works, else the CPU.
+
+    `hpctrain train --device` offers auto, cpu and cuda; "cuda:N" (one process per node only) comes from users'
+    own scripts through `setup(device=...)`, as examples/ddp_user_script.py's --device does."""
     import torch
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

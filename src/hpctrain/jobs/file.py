@@ -4,7 +4,7 @@ anything that could make the read itself costly.
 A job file is a few lines written by a person. What is refused here, each with a one-line UserError:
 what is not a regular file (a FIFO; /dev/zero behind a link), files above MAX_JOB_FILE_BYTES, text that is not
 UTF-8 (all three for .params files too), YAML anchors and aliases (nested aliases expand a few hundred bytes into
-gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack. `spec.from_mapping` validates the job data that comes back.
+gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack. `mapping.from_mapping` validates the job data that comes back.
 
 Besides the JobSpec keys, a YAML/TOML job file may name its scheduler and hold a section of that scheduler's
 options: hpctrain.schedulers.job_file splits them off, and reads a backend's own format (a .params file) with

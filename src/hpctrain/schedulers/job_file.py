@@ -20,7 +20,7 @@ class JobFile:
     """A job file split into the scheduler-neutral job and the scheduler's own part."""
 
     job: dict[str, Any]
-    """JobSpec fields, for spec.from_mapping."""
+    """JobSpec fields, for jobs.mapping.from_mapping."""
     scheduler: str | None = None
     """The file's `scheduler:` (a backend's own format: that backend); None: not said."""
     options: dict[str, Any] = field(default_factory=dict)

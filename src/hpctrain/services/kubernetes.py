@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import Resources, parse_time_limit
+from hpctrain.jobs.spec import Resources
+from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.render import pod_placement, pod_volumes, quantity_mb
 

@@ -57,7 +57,7 @@ def read_file_section(source: str, section: Any) -> dict[str, Any]:
     """A job file's `kubernetes:` section: KubernetesOptions fields (lists become tuples)."""
     from dataclasses import fields
 
-    from hpctrain.jobs.spec import known_keys
+    from hpctrain.jobs.mapping import known_keys
 
     valid = sorted(f.name for f in fields(KubernetesOptions))
     if not isinstance(section, dict):

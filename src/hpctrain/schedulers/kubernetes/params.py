@@ -6,7 +6,7 @@
     command=python3 train.py --epochs 10                      priority=1 (a label)
     workspace_id=team-a (the namespace)                        interactive=false
 
-`parse_params_text` returns (job fields for hpctrain.jobs.spec.from_mapping, KubernetesOptions fields), so the same
+`parse_params_text` returns (job fields for hpctrain.jobs.mapping.from_mapping, KubernetesOptions fields), so the same
 checks as for YAML/TOML job files follow. Every unknown key and every wrong value is named in one error.
 """
 

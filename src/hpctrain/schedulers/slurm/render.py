@@ -25,7 +25,8 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.training.stopping import EXIT_PREEMPTED
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
-from hpctrain.jobs.spec import JobSpec, format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
+from hpctrain.jobs.spec import JobSpec
+from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
 
 # The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
 PORT_BASE = 20000
