@@ -256,9 +256,9 @@ def recipe_config(train_argv: list[str]):
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:
         raise UserError("--nproc starts local processes; in a Slurm job use --nproc-per-node (and --nodes) of hpctrain submit")
-    from hpctrain.recipes import get_recipe
+    from hpctrain.recipes import recipe_info
 
-    get_recipe(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue
+    recipe_info(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue
     return cfg
 
 
