@@ -82,7 +82,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                    help="torchrun: restart the workers up to N times after one dies (default 0)")
     add_kubernetes_job_arguments(parser)
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER,
-                        help="`train RECIPE [train options]`, or `-- COMMAND ...` for your own program")
+                        help="`train WORKLOAD [train options]` (`hpctrain train --help`), or `-- COMMAND ...` for your own program")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,35 +15,34 @@ from typing import TYPE_CHECKING
 from hpctrain.cli import late_positionals, unrecognized
 from hpctrain.config import DEFAULT_RECIPE, DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
-from hpctrain.recipes import WORKLOADS
+from hpctrain.recipes import CATALOG, RecipeInfo
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from hpctrain.distributed import DistEnv, NodePlan
 
 RESUME_LATEST = "latest"
+# A run's checkpoint folder and its pointer to the newest checkpoint (training.loop.CHECKPOINT_DIR and
+# checkpoint.LATEST_POINTER, which import torch): what a --resume PATH names.
+_CHECKPOINT_DIR, _LATEST_POINTER = "checkpoints", "latest"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", choices=list(WORKLOADS), help="built-in workload")
-    parser.add_argument("data", nargs="?", metavar="DATA", help="imagenet: the image folder (DATA/train/<class>/*, "
-                        "DATA/val/<class>/*); mnist uses --data-dir")
+    shown = workload_help(list(CATALOG))  # until a WORKLOAD is parsed (_Workload)
+    parser.add_argument("workload", choices=list(CATALOG), action=_Workload, help="built-in workload")
+    parser.add_argument("data", nargs="?", metavar="DATA", help=shown["data"])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", help="mnist or fashion-mnist (default: mnist)")
-    data.add_argument("--data-dir", help="directory holding DATASET/ as `hpctrain download` leaves it "
-                      "(default: $HPCTRAIN_DATA_DIR, else ./data)")
+    data.add_argument("--dataset", help=shown["dataset"])
+    data.add_argument("--data-dir", help=shown["data_dir"])
     data.add_argument("--train-limit", type=int, metavar="N", help="use only the first N training images")
     data.add_argument("--test-limit", type=int, metavar="N", help="evaluate on only the first N test images")
     recipe = parser.add_argument_group("recipe (unset values take the recipe's defaults)")
-    recipe.add_argument("--recipe", help="fast (ours, the default) or classic (the pytorch/examples "
-                        "MNIST tutorial: its CNN, Adadelta lr 1.0, StepLR 0.7, batch 64)")
-    recipe.add_argument("--epochs", type=int, metavar="N", help="passes over the training set (fast: 1, classic: 14)")
-    recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help="the GLOBAL batch, split over all "
-                        "processes (not per process, unlike some scripts' -b); mnist fast: 112, classic: 64; "
-                        "imagenet fast: 1024, classic: 256")
-    recipe.add_argument("--test-batch-size", type=int, metavar="N", help="images per evaluation batch; changes "
-                        "speed and memory, not results (fast: 2000, classic: 1000)")
-    recipe.add_argument("--lr", type=float, metavar="F", help="learning rate, above 0 and at most 1000 (fast: "
-                        "0.15, the SGD peak after warmup; classic: Adadelta 1.0, times 0.7 each epoch)")
+    recipe.add_argument("--recipe", help=shown["recipe"])
+    recipe.add_argument("--epochs", type=int, metavar="N", help=shown["epochs"])
+    recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help=shown["batch_size"])
+    recipe.add_argument("--test-batch-size", type=int, metavar="N", help=shown["test_batch_size"])
+    recipe.add_argument("--lr", type=float, metavar="F", help=shown["lr"])
     recipe.add_argument("--seed", type=int, help="fixes initial weights, data order and augmentation: "
                         "the same seed gives the same run (0 to 2**64-1, default 0; see the README for what else "
                         "must match)")
@@ -67,8 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "may use (default: those cores not kept busy by other programs at the start, divided among "
                        "the local processes)")
     ckpt = parser.add_argument_group("checkpoints")
-    ckpt.add_argument("--resume", nargs="?", const=RESUME_LATEST, metavar="PATH",
-                      help="continue from the newest valid checkpoint in the run dir, or from PATH")
+    ckpt.add_argument("--resume", nargs="?", const=RESUME_LATEST, metavar="PATH", help=shown["resume"])
     ckpt.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                       help="also checkpoint every STEPS optimizer steps (default: only at epoch ends)")
     ckpt.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K (default 3)")
@@ -112,6 +110,115 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--val-size", type=int, metavar="PX", help="evaluation crop side (default 224)")
 
 
+class _Workload(argparse.Action):
+    """The WORKLOAD positional, which also tailors the help of the options that depend on it: `train imagenet
+    --help` shows imagenet's datasets and recipe defaults (`train --help`, every workload's)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        texts = workload_help([str(values)])
+        for action in parser._actions:
+            if action.dest in texts:
+                action.help = texts[action.dest]
+
+
+def workload_help(workloads: list[str]) -> dict[str, str]:
+    """The help of the options whose meaning or defaults depend on the workload (argparse dest -> text), for one
+    workload or, with several, for each of them."""
+    one = workloads[0] if len(workloads) == 1 else None
+
+    def defaults(value: Callable[[RecipeInfo], str]) -> str:
+        """`fast: 1, classic: 14` for one workload; `mnist fast: 1, classic: 14; imagenet ...` for several."""
+        listed = [(w, ", ".join(f"{name}: {value(info)}" for name, info in _recipes(w))) for w in workloads]
+        return listed[0][1] if one else "; ".join(f"{w} {text}" for w, text in listed)
+
+    def lr(info: RecipeInfo) -> str:
+        return f"{info.defaults.lr}" + (f" ({info.lr_note})" if one and info.lr_note else "")
+
+    lr_note = f"; {CATALOG[one].lr_note}" if one and CATALOG[one].lr_note else ""
+    recipes = (" or ".join(f"{name} ({'the default: ' if name == DEFAULT_RECIPE else ''}{info.description})"
+                           for name, info in _recipes(one)) if one else
+               f"{DEFAULT_RECIPE} (the default) or another of the workload's recipes ("
+               + "; ".join(f"{w}: {', '.join(name for name, _ in _recipes(w))}" for w in workloads)
+               + "); `hpctrain train WORKLOAD --help` describes them")
+    texts = {
+        "data": _data_help(one),
+        "dataset": "; ".join(f"{'' if one else w + ': '}{_dataset_help(w)}" for w in workloads),
+        "data_dir": _data_dir_help(one),
+        "recipe": recipes,
+        "epochs": f"passes over the training set ({defaults(lambda i: str(i.defaults.epochs))})",
+        "batch_size": "the GLOBAL batch, split over all processes (not per process, unlike some scripts' -b); "
+                      + defaults(lambda i: str(i.defaults.batch_size)),
+        "test_batch_size": "images per evaluation batch; changes speed and memory, not results "
+                           f"({defaults(lambda i: str(i.defaults.test_batch_size))})",
+        "lr": f"learning rate, above 0 and at most 1000 ({defaults(lr)}){lr_note}",
+        "resume": _resume_help(one),
+    }
+    return {dest: text.replace("%", "%%") for dest, text in texts.items()}  # argparse expands %(...)s in help
+
+
+def _resume_help(workload: str | None) -> str:
+    text = ("continue from the newest valid checkpoint in the run dir, or from PATH: a checkpoint file, a checkpoints "
+            "folder or a run directory")
+    readers = [w for w, info in CATALOG.items() if info.image_folder and workload in (None, w)]
+    if not readers:
+        return text
+    return (f"{text}. For {', '.join(readers)}, while DATA is missing (no --data-dir, "
+            "no --synthetic), a PATH that names no checkpoint (no file, no *.pt or `latest`, no folder holding "
+            "checkpoints) is DATA: `--resume DATA` resumes the newest checkpoint")
+
+
+def _recipes(workload: str) -> list[tuple[str, RecipeInfo]]:
+    """The workload's recipes, the default first."""
+    return sorted(CATALOG[workload].recipes.items(), key=lambda item: item[0] != DEFAULT_RECIPE)
+
+
+def _dataset_help(workload: str) -> str:
+    datasets = CATALOG[workload].datasets
+    if len(datasets) == 1:
+        return f"{datasets[0]}, the only one" + (" (its images are DATA)" if CATALOG[workload].image_folder else "")
+    return f"{' or '.join(datasets)} (default: {datasets[0]})"
+
+
+def _data_help(workload: str | None) -> str:
+    folder = ("the image folder (DATA/train/<class>/*, DATA/val/<class>/*), or a directory `hpctrain prepare` "
+              "wrote")
+    if workload is None:
+        readers = [w for w, info in CATALOG.items() if info.image_folder]
+        others = [w for w, info in CATALOG.items() if not info.image_folder]
+        return f"{', '.join(readers)}: {folder}; {', '.join(others)}: none (--data-dir instead)"
+    return folder if CATALOG[workload].image_folder else f"none: {workload} reads --data-dir"
+
+
+def _data_dir_help(workload: str | None) -> str:
+    downloaded = ("directory holding DATASET/ as `hpctrain download` leaves it (default: $HPCTRAIN_DATA_DIR, else "
+                  "./data)")
+    if workload is None:
+        return downloaded + "; for a workload that reads DATA, the same as DATA"
+    return "the same as DATA (give one of the two)" if CATALOG[workload].image_folder else downloaded
+
+
+def _data_after_resume(args: argparse.Namespace) -> argparse.Namespace:
+    """`train imagenet --resume DATA`: argparse gives the word after --resume to it (its PATH is optional). Where
+    the workload reads DATA and nothing else names it (no DATA, --data-dir or --synthetic), a --resume value that
+    names no checkpoint is DATA, and --resume means the newest checkpoint in the run dir."""
+    word = args.resume
+    if (word in (None, RESUME_LATEST) or args.data is not None or args.data_dir is not None or args.synthetic
+            or not CATALOG[args.workload].image_folder or _names_checkpoints(Path(word))):
+        return args
+    return argparse.Namespace(**{**vars(args), "data": word, "resume": RESUME_LATEST})
+
+
+def _names_checkpoints(path: Path) -> bool:
+    """Whether `path` is something --resume PATH reads: a file (a checkpoint, a `latest` pointer), a *.pt name, or
+    a folder of checkpoints (a run directory holding checkpoints/, or checkpoints/ itself)."""
+    if path.suffix == ".pt" or path.name in (_LATEST_POINTER, _CHECKPOINT_DIR) or path.is_file():
+        return True
+    return path.is_dir() and ((path / _CHECKPOINT_DIR).is_dir() or (path / _LATEST_POINTER).is_file()
+                              or any(path.glob("checkpoint_*.pt")))
+
+
 def _image_values(args: argparse.Namespace) -> dict:
     """The image options as TrainConfig fields; DATA and --checkpoints-path mapped onto data_dir and run_dir."""
     values = {name: getattr(args, name) for name in ("val_path", "val_labels", "arch", "workers", "momentum",
@@ -137,6 +244,7 @@ def _image_values(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    args = _data_after_resume(args)
     values = {
         "workload": args.workload,
         "recipe": args.recipe or DEFAULT_RECIPE,
