@@ -13,6 +13,7 @@ INFO tells the CLI which flags are this backend's and what they become.
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from hpctrain.schedulers.base import BackendInfo
@@ -25,6 +26,14 @@ JOB_FLAGS = {
     "tolerations": "--toleration", "service_account": "--service-account",
     "image_pull_secrets": "--image-pull-secret", "labels": "--label", "runtime": "--runtime",
 }
+
+def client_version() -> str | None:
+    """The installed `kubernetes` Python client's version (hpctrain[k8s]), read from its metadata, not imported."""
+    try:
+        return metadata.version("kubernetes")
+    except metadata.PackageNotFoundError:
+        return None
+
 
 INFO = BackendInfo(
     name="kubernetes",
@@ -48,7 +57,9 @@ INFO = BackendInfo(
     file_options=True,
     shares_file_system=False,
     run_dir_by_name=True,
+    client_version=client_version,
 )
+
 
 
 def create(options: KubernetesOptions | None = None, context: str | None = None, **fields: Any):
