@@ -10,20 +10,23 @@ import sys
 
 from hpctrain import __version__
 from hpctrain.errors import UserError
+from hpctrain.recipes.catalog import CATALOG
 
 # name -> (module, one-line help). A module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("hpctrain.cli.train", "train a built-in recipe (mnist, imagenet) here: CPU, GPUs, or many processes"),
+    "train": ("hpctrain.cli.train", f"train a built-in workload ({', '.join(CATALOG)}) with one of its recipes here: "
+                                    "CPU, GPUs, or many processes"),
     "download": ("hpctrain.cli.download", "fetch and verify a dataset before the job (compute nodes are often offline)"),
     "prepare": ("hpctrain.cli.prepare", "pack image folders into verified tar shards for shared file systems (NFS, Lustre)"),
-    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm or Kubernetes job (a built-in recipe, or any command after --)"),
+    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm or Kubernetes job (a built-in workload, or any command after --)"),
     "check": ("hpctrain.cli.check", "validate a job against the live cluster without submitting it"),
     "status": ("hpctrain.cli.status", "show jobs: state, pending reason, nodes, elapsed time, restarts"),
     "logs": ("hpctrain.cli.logs", "print (or follow) a job's output file(s)"),
     "cancel": ("hpctrain.cli.cancel", "cancel a job; training checkpoints before it stops"),
     "cluster": ("hpctrain.cli.cluster", "per-node table of state, CPUs, memory, GPUs and shards in use"),
     "debug": ("hpctrain.cli.debug", "rehearse trouble: `debug preempt JOB` sends the time-limit warning now"),
-    "dev": ("hpctrain.cli.dev", "interactive JupyterLab, sshd or VS Code tunnel on a compute node or pod: dev start|list|stop NAME"),
+    "dev": ("hpctrain.cli.dev", "interactive JupyterLab, sshd or VS Code tunnel on a compute node, or JupyterLab in "
+                                "a pod: dev start|list|stop NAME"),
     "tensorboard": ("hpctrain.cli.tensorboard", "TensorBoard on runs' tb/ folders, here or as a small job on the cluster"),
     "image": ("hpctrain.cli.image", "pull a docker:// image once into an apptainer .sif or enroot .sqsh; list images"),
     "top": ("hpctrain.cli.top", "GPU use, CPU load and images/s of a running job, per node"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.cli.around import add_placement_arguments, placement_from_args, services_of
-from hpctrain.cli.scheduling import add_connection_arguments
+from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 from hpctrain.errors import UserError
 
 _DURATION_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
@@ -47,16 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
     start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
-    add_connection_arguments(start, k8s_api=False)
+    add_connection_arguments(start, k8s_api=False, scheduler_help=chosen_scheduler_help("where the session runs"))
 
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
     listing.add_argument("--idle-warn", default="1h", metavar="DURATION",
                          help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)")
-    add_connection_arguments(listing, k8s_api=False)
+    add_connection_arguments(listing, k8s_api=False,
+                             scheduler_help="only the sessions started on this scheduler (default: every session, each "
+                                            "asked through the scheduler it was started on)")
 
     stop = sub.add_parser("stop", help="stop a session and free its node or pod")
     stop.add_argument("name", metavar="NAME")
-    add_connection_arguments(stop, k8s_api=False)
+    add_connection_arguments(stop, k8s_api=False,
+                             scheduler_help="the scheduler the session was started on (default: the one recorded "
+                                            "then; another is refused)")
 
 
 def parse_duration_s(text: str, flag: str) -> float:
@@ -117,11 +121,14 @@ def _list(args: argparse.Namespace) -> int:
     sessions = []
     for state_dir, conn in recorded():
         scheduler = str(conn.get("scheduler"))
+        if args.scheduler not in (None, scheduler):
+            continue
         if scheduler not in backends:
             backends[scheduler] = services_of(args, scheduler)
         sessions.append(backends[scheduler].dev_view(state_dir, conn, probe=True))
     if not sessions:
-        print("no dev sessions (start one with `hpctrain dev start NAME`)")
+        where = f" on {args.scheduler}" if args.scheduler else ""
+        print(f"no dev sessions{where} (start one with `hpctrain dev start NAME`)")
         return 0
     rows = [("NAME", "SCHEDULER", "JOB/POD", "STATE", "AGE", "ENDPOINT", "IDLE")]
     warnings = []
@@ -147,5 +154,8 @@ def _stop(args: argparse.Namespace) -> int:
     from hpctrain.sessions.config import connection
 
     state_dir, conn = connection(args.name)
+    if args.scheduler not in (None, str(conn.get("scheduler"))):
+        raise UserError(f"dev session {args.name} runs on {conn.get('scheduler')}, not {args.scheduler}: drop "
+                        "--scheduler (stop finds the session's own)")
     print(f"dev session {args.name}: {services_of(args, str(conn.get('scheduler'))).dev_stop(state_dir, conn)}")
     return 0

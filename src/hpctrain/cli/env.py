@@ -11,11 +11,11 @@ import dataclasses
 import json
 import os
 import platform
-import shutil
 import socket
-import subprocess
 import sys
 from typing import Any
+
+from hpctrain.schedulers import SCHEDULERS, backend_info
 
 # Variables that decide detection; echoed so a report shows what the launcher really set.
 _LAUNCHER_VARS = (
@@ -62,7 +62,7 @@ def collect(init_method: str | None = None) -> dict[str, Any]:
         "nccl": shared["nccl"],
         "torchvision": shared["torchvision"],
         "tensorboard": package_version("tensorboard"),
-        "slurm": _slurm_version(),
+        **_scheduler_clients(),
         "gpus": _gpus(torch),
         "launcher_variables": {name: os.environ[name] for name in _LAUNCHER_VARS if name in os.environ},
     }
@@ -87,8 +87,8 @@ def render(info: dict[str, Any]) -> str:
         f"NCCL:         {shown(info['nccl'])}",
         f"torchvision:  {shown(info['torchvision'])}",
         f"tensorboard:  {shown(info['tensorboard'])}",
-        f"Slurm client: {shown(info['slurm'])}",
     ]
+    lines += [f"{backend_info(name).title + ' client:':<13} {shown(info[name])}" for name in SCHEDULERS]
     gpus = info["gpus"]
     lines.append(f"GPUs visible: {len(gpus)}" + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
                                                  if "CUDA_VISIBLE_DEVICES" in os.environ else ""))
@@ -122,15 +122,9 @@ def _distributed(init_method: str | None) -> dict[str, Any]:
     return {"distributed": {**dataclasses.asdict(env), "summary": env.describe()}, "device_auto": device}
 
 
-def _slurm_version() -> str | None:
-    sinfo = shutil.which("sinfo")
-    if sinfo is None:
-        return None
-    try:
-        proc = subprocess.run([sinfo, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
+def _scheduler_clients() -> dict[str, str | None]:
+    """Each scheduler backend's client version here (None: not installed), keyed by the backend's name."""
+    return {name: backend_info(name).client_version() for name in SCHEDULERS}
 
 
 def _gpus(torch: Any) -> list[dict[str, Any]]:

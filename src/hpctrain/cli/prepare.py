@@ -19,6 +19,9 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import human_bytes
 
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+# hpctrain.data.shards' DEFAULT_MAX_SIDE and DEFAULT_JPEG_QUALITY, repeated so that `prepare --help` does not import
+# the shard writer (and, through its decoder, torch); tests/test_cli_torch_free.py checks that they agree.
+DEFAULT_MAX_SIDE, DEFAULT_JPEG_QUALITY = 320, 95
 
 
 class _Terminated(BaseException):
@@ -31,16 +34,16 @@ def _on_sigterm(signum, frame) -> None:  # type: ignore[no-untyped-def]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from hpctrain.data.shards import DEFAULT_JPEG_QUALITY, DEFAULT_MAX_SIDE
-
     parser.add_argument("dataset", choices=["imagenet"], help="what SRC holds: imagenet (any image folders in "
                         "the layouts `hpctrain train imagenet` reads)")
     parser.add_argument("paths", nargs="+", metavar="SRC OUT", help="SRC: the image folder (SRC/train/<class>/*, "
                         "SRC/val/<class>/* or --val-path); OUT: the new directory of shards (with --verify: OUT only)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--max-side", type=int, default=DEFAULT_MAX_SIDE, metavar="N",
-                      help=f"shrink images whose shorter side exceeds N pixels to N (default {DEFAULT_MAX_SIDE}); "
-                      "smaller JPEGs and PNGs are stored byte for byte")
+                      help=f"limit the SHORTER side (default {DEFAULT_MAX_SIDE}): an image whose shorter side exceeds "
+                      "N pixels is scaled down to a shorter side of N, keeping its aspect ratio (its longer side may "
+                      "stay above N). JPEGs and PNGs within N are stored byte for byte; every other image is "
+                      "re-encoded (JPEG at --jpeg-quality, other formats as PNG)")
     size.add_argument("--keep-size", action="store_true", help="store every image file as it is")
     parser.add_argument("--jpeg-quality", type=int, default=DEFAULT_JPEG_QUALITY, metavar="Q",
                         help=f"quality of re-encoded (shrunk) JPEGs (default {DEFAULT_JPEG_QUALITY})")

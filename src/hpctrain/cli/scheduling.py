@@ -21,18 +21,25 @@ SCHEDULER_NAMES = tuple(SCHEDULERS)
 SCHEDULER_ENV = "HPCTRAIN_SCHEDULER"  # the default scheduler of this shell (a login node that has both)
 
 
-def add_scheduler_argument(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def chosen_scheduler_help(what: str, job_file: bool = False) -> str:
+    """--scheduler's help: `what` it chooses, and how choose_scheduler picks one when it is left out (`job_file`:
+    the command reads a job file's `scheduler:` first)."""
+    first = "the job file's `scheduler:`, else " if job_file else ""
+    return (f"{what} (default: {first}${SCHEDULER_ENV}, else slurm when sbatch is on PATH, else kubernetes when a "
+            "kubeconfig is found)")
+
+
+def add_scheduler_argument(parser: argparse.ArgumentParser, help_text: str) -> argparse._ArgumentGroup:
     g = parser.add_argument_group("scheduler")
-    g.add_argument("--scheduler", choices=SCHEDULER_NAMES,
-                   help="where the job runs (default: the job file's `scheduler:`, else $HPCTRAIN_SCHEDULER, else slurm "
-                        "when sbatch is on PATH, else kubernetes when a kubeconfig is found)")
+    g.add_argument("--scheduler", choices=SCHEDULER_NAMES, help=help_text)
     return g
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser, k8s_api: bool = True) -> None:
-    """--scheduler plus the Kubernetes options that say where jobs are (status, logs, cancel, cluster; without
-    --k8s-api for the commands around the job: dev, tensorboard, top)."""
-    g = add_scheduler_argument(parser)
+def add_connection_arguments(parser: argparse.ArgumentParser, k8s_api: bool = True,
+                             scheduler_help: str = chosen_scheduler_help("where the jobs are")) -> None:
+    """--scheduler (its help: `scheduler_help`) plus the Kubernetes options that say where jobs are (status, logs,
+    cancel, cluster; without --k8s-api for the commands around the job: dev, tensorboard, top)."""
+    g = add_scheduler_argument(parser, scheduler_help)
     g.add_argument("--namespace", metavar="NAME",
                    help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
     if k8s_api:
@@ -42,7 +49,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser, k8s_api: bool = Tr
 
 
 def add_kubernetes_job_arguments(parser: argparse.ArgumentParser) -> None:
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, scheduler_help=chosen_scheduler_help("where the job runs", job_file=True))
     k = parser.add_argument_group("kubernetes (with --scheduler kubernetes; --nodes counts worker pods)")
     k.add_argument("--shm", metavar="SIZE", help="size of /dev/shm, an in-memory volume (e.g. 8Gi): DataLoader workers need it")
     k.add_argument("--priority-class", metavar="NAME", help="the pods' PriorityClass")
@@ -57,6 +64,8 @@ def add_kubernetes_job_arguments(parser: argparse.ArgumentParser) -> None:
                    help="secret for pulling --image from a private registry (repeatable)")
     k.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE",
                    help="extra label on the job and its pods (repeatable)")
+    k.add_argument("--runtime", metavar="NAME", help="--k8s-api trainjob: the ClusterTrainingRuntime the TrainJob runs "
+                   "on (default: torch-distributed; `kubectl get clustertrainingruntimes` lists them)")
 
 
 def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None, offline: bool = False) -> str:

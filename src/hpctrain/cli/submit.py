@@ -84,7 +84,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                    help="torchrun: restart the workers up to N times after one dies (default 0)")
     add_kubernetes_job_arguments(parser)
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER,
-                        help="`train RECIPE [train options]`, or `-- COMMAND ...` for your own program")
+                        help="`train WORKLOAD [train options]` (`hpctrain train --help`), or `-- COMMAND ...` for your own program")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -258,9 +258,9 @@ def recipe_config(train_argv: list[str]):
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:
         raise UserError("--nproc starts local processes; in a Slurm job use --nproc-per-node (and --nodes) of hpctrain submit")
-    from hpctrain.recipes import get_recipe
+    from hpctrain.recipes import recipe_info
 
-    get_recipe(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue
+    recipe_info(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue
     return cfg
 
 

@@ -11,7 +11,7 @@ import argparse
 import signal
 
 from hpctrain.cli.around import add_placement_arguments, placement_from_args, services_of
-from hpctrain.cli.scheduling import add_connection_arguments
+from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group("--on-cluster (its environment must have tensorboard installed; "
                                         "on Kubernetes, a --volume holds the runs)")
     add_placement_arguments(cluster, "Slurm: seconds to wait for TensorBoard to answer (default: 600)")
-    add_connection_arguments(parser, k8s_api=False)
+    add_connection_arguments(parser, k8s_api=False,
+                             scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hpctrain.cli.around import services_of
-from hpctrain.cli.scheduling import add_connection_arguments
+from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch", action="store_true", help="refresh until the job ends or Ctrl-C")
     parser.add_argument("--interval", type=float, default=5.0, metavar="S", help="--watch: seconds between samples")
     parser.add_argument("--count", type=int, metavar="N", help="--watch: stop after N samples")
-    add_connection_arguments(parser, k8s_api=False)
+    add_connection_arguments(parser, k8s_api=False, scheduler_help=chosen_scheduler_help("where JOB runs"))
 
 
 def run(args: argparse.Namespace) -> int:

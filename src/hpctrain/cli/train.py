@@ -13,37 +13,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.cli import late_positionals, unrecognized
+from hpctrain.cli.workload_help import WorkloadAction, workload_help
 from hpctrain.config import DEFAULT_RECIPE, DEVICES, STRATEGIES, TrainConfig, check_run_dir
 from hpctrain.errors import UserError
-from hpctrain.recipes import WORKLOADS
+from hpctrain.recipes import CATALOG
 
 if TYPE_CHECKING:
     from hpctrain.distributed import DistEnv, NodePlan
 
 RESUME_LATEST = "latest"
+# A run's checkpoint folder and its pointer to the newest checkpoint (training.loop.CHECKPOINT_DIR and
+# checkpoint.LATEST_POINTER, which import torch): what a --resume PATH names.
+_CHECKPOINT_DIR, _LATEST_POINTER = "checkpoints", "latest"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workload", choices=list(WORKLOADS), help="built-in workload")
-    parser.add_argument("data", nargs="?", metavar="DATA", help="imagenet: the image folder (DATA/train/<class>/*, "
-                        "DATA/val/<class>/*); mnist uses --data-dir")
+    shown = workload_help(list(CATALOG))  # until a WORKLOAD is parsed (WorkloadAction)
+    parser.add_argument("workload", choices=list(CATALOG), action=WorkloadAction, help="built-in workload")
+    parser.add_argument("data", nargs="?", metavar="DATA", help=shown["data"])
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", help="mnist or fashion-mnist (default: mnist)")
-    data.add_argument("--data-dir", help="directory holding DATASET/ as `hpctrain download` leaves it "
-                      "(default: $HPCTRAIN_DATA_DIR, else ./data)")
+    data.add_argument("--dataset", help=shown["dataset"])
+    data.add_argument("--data-dir", help=shown["data_dir"])
     data.add_argument("--train-limit", type=int, metavar="N", help="use only the first N training images")
     data.add_argument("--test-limit", type=int, metavar="N", help="evaluate on only the first N test images")
     recipe = parser.add_argument_group("recipe (unset values take the recipe's defaults)")
-    recipe.add_argument("--recipe", help="fast (ours, the default) or classic (the pytorch/examples "
-                        "MNIST tutorial: its CNN, Adadelta lr 1.0, StepLR 0.7, batch 64)")
-    recipe.add_argument("--epochs", type=int, metavar="N", help="passes over the training set (fast: 1, classic: 14)")
-    recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help="the GLOBAL batch, split over all "
-                        "processes (not per process, unlike some scripts' -b); mnist fast: 112, classic: 64; "
-                        "imagenet fast: 1024, classic: 256")
-    recipe.add_argument("--test-batch-size", type=int, metavar="N", help="images per evaluation batch; changes "
-                        "speed and memory, not results (fast: 2000, classic: 1000)")
-    recipe.add_argument("--lr", type=float, metavar="F", help="learning rate, above 0 and at most 1000 (fast: "
-                        "0.15, the SGD peak after warmup; classic: Adadelta 1.0, times 0.7 each epoch)")
+    recipe.add_argument("--recipe", help=shown["recipe"])
+    recipe.add_argument("--epochs", type=int, metavar="N", help=shown["epochs"])
+    recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help=shown["batch_size"])
+    recipe.add_argument("--test-batch-size", type=int, metavar="N", help=shown["test_batch_size"])
+    recipe.add_argument("--lr", type=float, metavar="F", help=shown["lr"])
     recipe.add_argument("--seed", type=int, help="fixes initial weights, data order and augmentation: "
                         "the same seed gives the same run (0 to 2**64-1, default 0; see the README for what else "
                         "must match)")
@@ -67,8 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "may use (default: those cores not kept busy by other programs at the start, divided among "
                        "the local processes)")
     ckpt = parser.add_argument_group("checkpoints")
-    ckpt.add_argument("--resume", nargs="?", const=RESUME_LATEST, metavar="PATH",
-                      help="continue from the newest valid checkpoint in the run dir, or from PATH")
+    ckpt.add_argument("--resume", nargs="?", const=RESUME_LATEST, metavar="PATH", help=shown["resume"])
     ckpt.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                       help="also checkpoint every STEPS optimizer steps (default: only at epoch ends)")
     ckpt.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K (default 3)")
@@ -112,6 +109,26 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     image.add_argument("--val-size", type=int, metavar="PX", help="evaluation crop side (default 224)")
 
 
+def _data_after_resume(args: argparse.Namespace) -> argparse.Namespace:
+    """`train imagenet --resume DATA`: argparse gives the word after --resume to it (its PATH is optional). Where
+    the workload reads DATA and nothing else names it (no DATA, --data-dir or --synthetic), a --resume value that
+    names no checkpoint is DATA, and --resume means the newest checkpoint in the run dir."""
+    word = args.resume
+    if (word in (None, RESUME_LATEST) or args.data is not None or args.data_dir is not None or args.synthetic
+            or not CATALOG[args.workload].image_folder or _names_checkpoints(Path(word))):
+        return args
+    return argparse.Namespace(**{**vars(args), "data": word, "resume": RESUME_LATEST})
+
+
+def _names_checkpoints(path: Path) -> bool:
+    """Whether `path` is something --resume PATH reads: a file (a checkpoint, a `latest` pointer), a *.pt name, or
+    a folder of checkpoints (a run directory holding checkpoints/, or checkpoints/ itself)."""
+    if path.suffix == ".pt" or path.name in (_LATEST_POINTER, _CHECKPOINT_DIR) or path.is_file():
+        return True
+    return path.is_dir() and ((path / _CHECKPOINT_DIR).is_dir() or (path / _LATEST_POINTER).is_file()
+                              or any(path.glob("checkpoint_*.pt")))
+
+
 def _image_values(args: argparse.Namespace) -> dict:
     """The image options as TrainConfig fields; DATA and --checkpoints-path mapped onto data_dir and run_dir."""
     values = {name: getattr(args, name) for name in ("val_path", "val_labels", "arch", "workers", "momentum",
@@ -137,6 +154,7 @@ def _image_values(args: argparse.Namespace) -> dict:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    args = _data_after_resume(args)
     values = {
         "workload": args.workload,
         "recipe": args.recipe or DEFAULT_RECIPE,

@@ -1,23 +1,64 @@
-"""Built-in workloads, registered by name and imported only when used (an ImageNet recipe must not cost MNIST users)."""
+"""Built-in workloads, registered by name and imported only when used (an ImageNet recipe must not cost MNIST users).
+
+Importing this package does not import torch: what the command line needs (names, defaults, descriptions) is in
+`catalog`; `get_recipe` imports a workload's module, and `Recipe` (hpctrain.recipes.base) is loaded on first use.
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import UserError
-from hpctrain.recipes.base import Recipe
+from hpctrain.recipes.catalog import CATALOG, Defaults, RecipeInfo, WorkloadInfo
+
+if TYPE_CHECKING:
+    from hpctrain.config import TrainConfig
+    from hpctrain.recipes.base import Recipe
 
 # workload -> module; the module's RECIPES maps variant name -> Recipe instance.
-WORKLOADS = {"mnist": "hpctrain.recipes.mnist", "imagenet": "hpctrain.recipes.imagenet"}
+WORKLOADS: dict[str, str] = {name: info.module for name, info in CATALOG.items()}
 
 
-def get_recipe(workload: str, variant: str) -> Recipe:
-    if workload not in WORKLOADS:
-        raise UserError(f"unknown workload {workload!r}; built-in workloads: {', '.join(WORKLOADS)}")
-    variants = importlib.import_module(WORKLOADS[workload]).RECIPES
+def workload_info(workload: str) -> WorkloadInfo:
+    if workload not in CATALOG:
+        raise UserError(f"unknown workload {workload!r}; built-in workloads: {', '.join(CATALOG)}")
+    return CATALOG[workload]
+
+
+def recipe_info(workload: str, variant: str) -> RecipeInfo:
+    """A recipe's defaults and description, without importing it; UserError naming the choices for an unknown one."""
+    variants = workload_info(workload).recipes
     if variant not in variants:
         raise UserError(f"unknown --recipe {variant!r} for {workload}; choose one of: {', '.join(variants)}")
     return variants[variant]
 
 
-__all__ = ["Recipe", "WORKLOADS", "get_recipe"]
+def get_recipe(workload: str, variant: str) -> Recipe:
+    recipe_info(workload, variant)
+    return importlib.import_module(WORKLOADS[workload]).RECIPES[variant]
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """UserError unless the data `cfg` will read is there: for `hpctrain submit` and `check`, before the job
+    queues (Recipe.check_data). A dataset `hpctrain download` fetched is checked without importing the recipe (and
+    torch); an image folder by its recipe."""
+    if not workload_info(cfg.workload).image_folder:
+        from hpctrain.data import find_dataset_files, get_dataset_spec
+
+        find_dataset_files(get_dataset_spec(cfg.dataset), cfg.data_dir)
+        return
+    get_recipe(cfg.workload, cfg.recipe).check_data(cfg)
+
+
+def __getattr__(name: str) -> Any:
+    """`from hpctrain.recipes import Recipe` loads hpctrain.recipes.base (and torch) only then."""
+    if name == "Recipe":
+        from hpctrain.recipes.base import Recipe
+
+        return Recipe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CATALOG", "Defaults", "Recipe", "RecipeInfo", "WORKLOADS", "WorkloadInfo", "check_data", "get_recipe",
+           "recipe_info", "workload_info"]

@@ -14,19 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hpctrain.recipes.catalog import Defaults
 from hpctrain.training.data_source import DataSource, TimedBatches
 
 if TYPE_CHECKING:
     from hpctrain.config import TrainConfig
     from hpctrain.training.sampler import EpochPlan
-
-
-@dataclass(frozen=True)
-class Defaults:
-    epochs: int
-    batch_size: int
-    lr: float
-    test_batch_size: int
 
 
 @dataclass

@@ -39,7 +39,8 @@ from hpctrain.data.loader import (IGNORE_LABEL, EncodedImages, LoaderConfig, Syn
                                  to_device)
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
-from hpctrain.recipes.base import Defaults, Optimization, Recipe, keep_freed_memory
+from hpctrain.recipes.base import Optimization, Recipe, keep_freed_memory
+from hpctrain.recipes.catalog import CATALOG
 from hpctrain.recipes.mnist import warmup_linear_decay
 from hpctrain.training.data_source import StreamingSource
 
@@ -47,6 +48,7 @@ IMAGENET_TRAIN_IMAGES, IMAGENET_VAL_IMAGES, IMAGENET_CLASSES = 1_281_167, 50_000
 LR_REFERENCE_BATCH = 256
 # Fewer warmup steps than this to the fast recipe's peak rate diverge from scratch on small data (a start-up warning).
 MIN_WARMUP_STEPS = 50
+WORKLOAD = CATALOG["imagenet"]  # each recipe's defaults and description, shown by `hpctrain train imagenet --help`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +71,7 @@ class ImageSizes:
 
 
 class ImageNetRecipe(Recipe):
-    datasets = ("imagenet",)
+    datasets = WORKLOAD.datasets
     keeps_best = True
     # A few fixed input shapes per run (fast: 160 and 192 training crops, 224 evaluation, and each last partial
     # batch), each timed once; convolutions dominate a ResNet step.
@@ -206,8 +208,8 @@ class ClassicRecipe(ImageNetRecipe):
     """pytorch/examples imagenet/main.py: SGD 0.1 momentum 0.9 wd 1e-4, lr / 10 every 30 epochs, batch 256."""
 
     name = "classic"
-    description = "pytorch/examples imagenet: SGD 0.1, step /10 every 30 epochs, batch 256, 90 epochs"
-    defaults = Defaults(epochs=90, batch_size=256, lr=0.1, test_batch_size=256)
+    description = WORKLOAD.recipes["classic"].description
+    defaults = WORKLOAD.recipes["classic"].defaults
 
     def build_optimization(self, model, lr, epochs, steps_per_epoch):
         momentum, _ = self._momentum_and_decay()
@@ -219,8 +221,8 @@ class FastRecipe(ImageNetRecipe):
     """Ours, anchored on FFCV's (see the module docstring)."""
 
     name = "fast"
-    description = "FFCV-style: label smoothing, no wd on norms, warmup + linear decay, 160->192 resizing, 16 epochs"
-    defaults = Defaults(epochs=16, batch_size=1024, lr=0.5, test_batch_size=256)
+    description = WORKLOAD.recipes["fast"].description
+    defaults = WORKLOAD.recipes["fast"].defaults
     label_smoothing = 0.1
     decay_norms = False
     channels_last = True

@@ -13,12 +13,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from hpctrain.data import load_dataset
-from hpctrain.recipes.base import Defaults, Optimization, Recipe, TensorData, keep_freed_memory
+from hpctrain.recipes.base import Optimization, Recipe, TensorData, keep_freed_memory
+from hpctrain.recipes.catalog import CATALOG
 
 # Mean and standard deviation of MNIST's training pixels, as the tutorial uses them (also for Fashion-MNIST).
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 # Per-dataset statistics of the training pixels, for the fast recipe.
 PIXEL_STATS = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
+WORKLOAD = CATALOG["mnist"]  # each recipe's defaults and description, shown by `hpctrain train mnist --help`
 
 
 def load_tensors(
@@ -116,9 +118,9 @@ class ClassicRecipe(Recipe):
     """The tutorial exactly: Adadelta lr 1.0, StepLR(1, gamma 0.7), batch 64, test batch 1000, 14 epochs."""
 
     name = "classic"
-    description = "pytorch/examples MNIST tutorial: its CNN, Adadelta, StepLR"
-    defaults = Defaults(epochs=14, batch_size=64, lr=1.0, test_batch_size=1000)
-    datasets = ("mnist", "fashion-mnist")
+    description = WORKLOAD.recipes["classic"].description
+    defaults = WORKLOAD.recipes["classic"].defaults
+    datasets = WORKLOAD.datasets
 
     def load_data(self, dataset, data_dir, device, train_limit):
         return load_tensors(dataset, data_dir, device, train_limit)
@@ -205,11 +207,11 @@ class FastRecipe(Recipe):
     """
 
     name = "fast"
-    description = "small BN CNN, bf16 where fast, SGD-Nesterov warmup/decay: ~90% Fashion-MNIST in one epoch"
+    description = WORKLOAD.recipes["fast"].description
     # Batch 112 at lr 0.15 beat batch 64 at lr 0.1 on time (3.4 vs 4.3 s) and matched it on accuracy (seeds 0-2:
     # 90.53, 90.20, 90.17%); see docs/benchmarks.md.
-    defaults = Defaults(epochs=1, batch_size=112, lr=0.15, test_batch_size=2000)
-    datasets = ("mnist", "fashion-mnist")
+    defaults = WORKLOAD.recipes["fast"].defaults
+    datasets = WORKLOAD.datasets
     widths = (16, 32, 64)
     momentum = 0.9
     weight_decay = 5e-4

@@ -167,6 +167,9 @@ class BackendInfo:
     (--venv, --conda-env, --module, an apptainer --image) and interpreter are paths valid here."""
     run_dir_by_name: bool = False
     """Job ids are the job names (unique per namespace): the default run dir is runs/%j."""
+    client_version: Callable[[], str | None] = lambda: None
+    """The version of this backend's client here, for `hpctrain env` (None: not installed); quick, never raises,
+    imports no client."""
 
 
 class Scheduler(Protocol):

@@ -13,6 +13,7 @@ INFO tells the CLI which flags are this backend's and what they become.
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -24,8 +25,17 @@ CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context
 JOB_FLAGS = {
     "shm": "--shm", "priority_class": "--priority-class", "volumes": "--volume", "node_selector": "--node-selector",
     "tolerations": "--toleration", "service_account": "--service-account",
-    "image_pull_secrets": "--image-pull-secret", "labels": "--label",
+    "image_pull_secrets": "--image-pull-secret", "labels": "--label", "runtime": "--runtime",
 }
+
+
+def client_version() -> str | None:
+    """The installed `kubernetes` Python client's version (hpctrain[k8s]), read from its metadata, not imported."""
+    try:
+        return metadata.version("kubernetes")
+    except metadata.PackageNotFoundError:
+        return None
+
 
 INFO = BackendInfo(
     name="kubernetes",
@@ -50,6 +60,7 @@ INFO = BackendInfo(
     file_formats={".params": lambda text, source: read_params(text, source)},
     shares_file_system=False,
     run_dir_by_name=True,
+    client_version=client_version,
 )
 
 

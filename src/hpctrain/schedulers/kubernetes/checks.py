@@ -114,8 +114,9 @@ class LiveChecks:
             except ApiException as err:
                 if err.status != 404:
                     raise
-                return [f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes "
-                        "or pick one `kubectl get clustertrainingruntimes` lists"]
+                return [f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes, "
+                        "or pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
+                        "`kubectl get clustertrainingruntimes` lists"]
         return []
 
     def _namespace_problems(self, problems: list[str]) -> bool:

@@ -65,13 +65,13 @@ def local_problems(job: JobSpec, options: KubernetesOptions, recipe: Any = None)
 def _dataset_problems(cfg: Any, volumes: Sequence[Volume]) -> list[str]:
     if cfg is None:
         return []
-    from hpctrain.recipes import get_recipe
+    from hpctrain.recipes import check_data
 
     here, why = path_here(str(cfg.data_dir), volumes)
     if here is None:
         return [f"{NOTE_PREFIX}skipped the check for dataset {cfg.dataset}: --data-dir {why}"]
     try:
-        get_recipe(cfg.workload, cfg.recipe).check_data(dataclasses.replace(cfg, data_dir=here))
+        check_data(dataclasses.replace(cfg, data_dir=here))
     except UserError as err:
         where = f" (seen here as {here})" if here != posixpath.normpath(str(cfg.data_dir)) else ""
         return [f"the pods will not find dataset {cfg.dataset} in --data-dir {cfg.data_dir}{where}: {err}"]

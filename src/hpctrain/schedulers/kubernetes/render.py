@@ -138,6 +138,9 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
         reserved = sorted(k for k, _ in job.env if k.startswith("PET_"))
         if reserved:
             raise UserError(f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them")
+    elif options.runtime != KubernetesOptions.runtime:
+        raise UserError(f"--runtime {options.runtime} (runtime in a job file) names a TrainJob's ClusterTrainingRuntime; "
+                        "a PyTorchJob has none: drop it, or use --k8s-api trainjob")
 
 
 def quantity_mb(mb: int) -> str:

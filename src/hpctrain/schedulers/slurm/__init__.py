@@ -17,9 +17,24 @@ Nothing here imports torch or the Kubernetes client.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from typing import Any
 
 from hpctrain.schedulers.base import BackendInfo
+
+
+def client_version() -> str | None:
+    """`sinfo --version` (e.g. "slurm 23.11.4"), or None where the Slurm client is not installed or does not answer."""
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return None
+    try:
+        proc = subprocess.run([sinfo, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
 
 INFO = BackendInfo(
     name="slurm",
@@ -35,6 +50,7 @@ INFO = BackendInfo(
         "all_users": "--all-users", "err": "--err", "signal": "--signal", "full": "--full",
     },
     shares_file_system=True,
+    client_version=client_version,
 )
 
 

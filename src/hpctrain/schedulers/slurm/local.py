@@ -24,10 +24,10 @@ def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
     PATH."""
     problems = local_problems(job)
     if recipe is not None:
-        from hpctrain.recipes import get_recipe
+        from hpctrain.recipes import check_data
 
         try:
-            get_recipe(recipe.workload, recipe.recipe).check_data(recipe)
+            check_data(recipe)
         except UserError as err:
             problems.append(str(err))
         r = job.resources
