@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hpctrain.training.data_source import DataSource, TimedBatches
+from hpctrain.data.source import DataSource, TimedBatches
 
 if TYPE_CHECKING:
     from hpctrain.config import TrainConfig
-    from hpctrain.training.sampler import EpochPlan
+    from hpctrain.data.sampler import EpochPlan
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TensorData:
     test_images: torch.Tensor
     test_labels: torch.Tensor
 
-    # ---- the DataSource protocol (training/data_source.py)
+    # ---- the DataSource protocol (data/source.py)
 
     @property
     def num_train(self) -> int:

@@ -37,11 +37,11 @@ from hpctrain.data.backends import choose_backend, make_loader, require_dali
 from hpctrain.data.imagefolder import find_image_folders, scan_validation
 from hpctrain.data.loader import (IGNORE_LABEL, EncodedImages, LoaderConfig, SyntheticSource, check_shared_memory,
                                  to_device)
+from hpctrain.data.source import StreamingSource
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.recipes.base import Defaults, Optimization, Recipe, keep_freed_memory
 from hpctrain.recipes.mnist import warmup_linear_decay
-from hpctrain.training.data_source import StreamingSource
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_VAL_IMAGES, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
 LR_REFERENCE_BATCH = 256

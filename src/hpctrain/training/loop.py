@@ -25,6 +25,8 @@ from torch.nn import functional as F
 
 from hpctrain import checkpoint
 from hpctrain.config import TrainConfig, data_label, default_run_dir, earlier_default_run_dir
+from hpctrain.data.sampler import EpochPlan, mix_seed
+from hpctrain.data.source import DataSource
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import announce, collective, peer_failures
 from hpctrain.distributed.probes import may_be_a_restart
@@ -34,10 +36,8 @@ from hpctrain.launch.local import available_cores, choose_threads, default_threa
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
-from hpctrain.training.data_source import DataSource
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR, MetricsLog, Progress
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
-from hpctrain.training.sampler import EpochPlan, mix_seed
 from hpctrain.training.stopping import STOP_REASON_FILE, StopReason, StopRequest, agree, vote_group, write_stop_reason
 
 CONFIG_FILE = "config.yaml"
