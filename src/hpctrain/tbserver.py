@@ -11,13 +11,13 @@ import functools
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
 from hpctrain.services.common import die_with_parent, http_get
 from hpctrain.training.metrics import TENSORBOARD_DIR
@@ -65,12 +65,6 @@ def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
         raise UserError(f"{bad[0]}: TensorBoard separates runs with commas, so a path cannot contain one; rename or link the folder")
     names = [n.replace(":", "_").replace(",", "_") for n in run_names(dirs)]
     return ",".join(f"{name}:{d}" for name, d in zip(names, dirs))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def tensorboard_argv(spec: str, port: int, host: str = "127.0.0.1", python: str = sys.executable) -> list[str]:

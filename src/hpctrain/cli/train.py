@@ -220,7 +220,7 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
     """Every check that bad input can fail, before data loads or workers start; returns the config with the
     thread count chosen, and the local workers to start (None: train in this process)."""
     from hpctrain.distributed import detect, resolve_device, restart_count
-    from hpctrain.launch.local import check_threads
+    from hpctrain.distributed.cores import check_threads
     from hpctrain.recipes import get_recipe
     from hpctrain.training.loop import check_resume_point, check_run_dir_free, resolve_config, resolve_strategy
 
@@ -249,7 +249,7 @@ def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> in
     """--threads; else the free cores shared among this node's processes. Free cores are measured only where no
     sibling process is starting up beside this one (it would count as busy). A resumed run may still replace this
     count by the one its checkpoint recorded, and rank 0 says so once (training.loop.resolve_threads)."""
-    from hpctrain.launch.local import busy_cores_elsewhere, default_threads
+    from hpctrain.distributed.cores import busy_cores_elsewhere, default_threads
 
     if cfg.threads is not None:
         return cfg.threads
@@ -331,7 +331,7 @@ def _check_nproc(cfg: TrainConfig) -> None:
             raise UserError(f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
                             f"use --nproc {gpus} or fewer, or --device cpu")
         return
-    from hpctrain.launch.local import available_cores
+    from hpctrain.distributed.cores import available_cores
 
     cores = available_cores()
     if cfg.nproc > cores:

@@ -128,7 +128,7 @@ class ImageNetRecipe(Recipe):
         else:
             train, val = _encoded_images(cfg)
             if cfg.workers is not None:
-                from hpctrain.launch.local import check_worker_count
+                from hpctrain.distributed.cores import check_worker_count
 
                 check_worker_count("--workers", cfg.workers)
             workers = cfg.workers if cfg.workers is not None else default_workers(env.local_world_size)
@@ -255,7 +255,7 @@ class FastRecipe(ImageNetRecipe):
 
 def default_workers(local_processes: int) -> int:
     """Data workers per training process: the node's cores shared among its processes, at most 8."""
-    from hpctrain.launch.local import available_cores
+    from hpctrain.distributed.cores import available_cores
 
     return max(1, min(8, available_cores() // max(1, local_processes)))
 

@@ -28,11 +28,11 @@ from hpctrain.config import TrainConfig, data_label, default_run_dir, earlier_de
 from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.data.source import DataSource
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group, resolve_device
+from hpctrain.distributed.cores import available_cores, choose_threads, default_threads
 from hpctrain.distributed.failures import announce, collective, peer_failures
 from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, refuse_symlinks, write_atomic
-from hpctrain.launch.local import available_cores, choose_threads, default_threads
 from hpctrain.recipes import Recipe, get_recipe
 from hpctrain.recipes.base import Optimization
 from hpctrain.training import rng
