@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -21,11 +20,6 @@ from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
 from hpctrain.services.common import die_with_parent, http_get
 from hpctrain.training.metrics import TENSORBOARD_DIR
-
-
-def train_hint(run_dir: str | Path) -> str:
-    """The line `hpctrain train` prints at start: how to watch this run."""
-    return f"TensorBoard: hpctrain tensorboard {shlex.quote(str(run_dir))}"
 
 
 def event_dir(run_dir: Path) -> Path:
