@@ -36,8 +36,8 @@ import torch
 
 from hpctrain.data.imagefolder import ImageSet, scan_class_folders
 from hpctrain.data.loader import ImageFolderSource, LoaderConfig
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
-from hpctrain.training.sampler import EpochPlan
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

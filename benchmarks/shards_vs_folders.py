@@ -28,9 +28,9 @@ from pathlib import Path
 
 from hpctrain.data.imagefolder import scan_class_folders
 from hpctrain.data.loader import ImageFolderSource, LoaderConfig
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.shards import PrepareConfig, open_prepared, prepare
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
-from hpctrain.training.sampler import EpochPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from imagenet_input import cpu_model, generate  # noqa: E402

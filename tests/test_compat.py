@@ -16,9 +16,9 @@ from hpctrain import compat
 from hpctrain.data.backends import choose_backend, make_loader
 from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.loader import LoaderConfig
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.distributed import process_group
-from hpctrain.training.sampler import EpochPlan
 
 pytestmark = pytest.mark.floor
 

@@ -20,9 +20,9 @@ from training_helpers import assert_bitwise_equal, clean_environ, final_weights
 from hpctrain.data.backends import choose_backend, make_loader
 from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.loader import IGNORE_LABEL, ImageFolderSource, LoaderConfig, to_device
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
-from hpctrain.training.sampler import EpochPlan
 
 GPU_BACKENDS = ("dali", "nvjpeg")
 TRAIN_CROP = RandomResizedCrop(size=(64, 64))

@@ -190,7 +190,7 @@ def test_val_labels_that_are_not_a_regular_file_are_refused(fashion_folders, tmp
 
 def test_worker_counts_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):  # noqa: F811
     """Guards issue 17: `prepare -j 100000` forked until the load average was 358."""
-    from hpctrain.launch.local import WORKERS_PER_CORE, available_cores
+    from hpctrain.distributed.cores import WORKERS_PER_CORE, available_cores
 
     limit = WORKERS_PER_CORE * available_cores()
     before = tree_digest(tmp_path)
@@ -203,7 +203,7 @@ def test_worker_counts_are_bounded_by_the_usable_cores(fashion_folders, tmp_path
 def test_train_data_workers_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):  # noqa: F811
     """Guards issue 17: `train imagenet -j 100000` was refused only for /dev/shm, suggesting "--workers 10710" on
     2 cores."""
-    from hpctrain.launch.local import WORKERS_PER_CORE, available_cores
+    from hpctrain.distributed.cores import WORKERS_PER_CORE, available_cores
 
     limit = WORKERS_PER_CORE * available_cores()
     result = train(small_source(fashion_folders, tmp_path / "src"), tmp_path / "run", "-j", "100000", expect=2)

@@ -23,9 +23,9 @@ from hpctrain.data.loader import (
     eval_shard,
     to_device,
 )
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.transforms import CenterCrop, Crop, RandomResizedCrop, center_box, random_resized_box
 from hpctrain.errors import UserError
-from hpctrain.training.sampler import EpochPlan
 
 SMALL = RandomResizedCrop(size=(64, 64))
 SMALL_EVAL = CenterCrop(size=(56, 56), resize=64)

@@ -175,7 +175,8 @@ def test_resume_refuses_another_arch_or_image_size_naming_the_checkpoints_values
     from hpctrain.distributed import detect
     from hpctrain.errors import UserError
     from hpctrain.recipes import get_recipe
-    from hpctrain.training.loop import check_resume_point, resolve_config
+    from hpctrain.training.resume import check_resume_point
+    from hpctrain.training.setup import resolve_config
     from training_helpers import tree_digest
 
     run_dir = tmp_path / "run"
@@ -198,7 +199,8 @@ def test_resume_refuses_another_arch_or_image_size_naming_the_checkpoints_values
     ]:
         cfg = config_from_argv(["imagenet", *SYNTHETIC, *options, "--resume", "--run-dir", str(run_dir)])
         with pytest.raises(UserError, match=difference.replace("(", r"\(").replace(")", r"\)")):
-            check_resume_point(resolve_config(cfg, get_recipe("imagenet", "fast").for_config(cfg)), detect())
+            recipe = get_recipe("imagenet", "fast").for_config(cfg)
+            check_resume_point(resolve_config(cfg, recipe), recipe, detect())
     # --evaluate does not resume a run, but a checkpoint of another model is refused the same way.
     result = hpctrain("train", "imagenet", *SYNTHETIC, *shaped(a="resnet34"), "--evaluate", "--resume", str(run_dir),
                       "--run-dir", str(tmp_path / "unused"))
@@ -216,7 +218,7 @@ def test_the_run_config_records_the_arch_and_sizes_the_recipe_chose(recipe, imag
     named) continues a run that did not name it. The fast recipe's progressive resizing has no one image size."""
     from hpctrain.config import TrainConfig
     from hpctrain.recipes import get_recipe
-    from hpctrain.training.loop import resolve_config
+    from hpctrain.training.setup import resolve_config
 
     cfg = TrainConfig(workload="imagenet", dataset="imagenet", recipe=recipe, synthetic=True)
     resolved = resolve_config(cfg, get_recipe("imagenet", recipe).for_config(cfg))

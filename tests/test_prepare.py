@@ -20,10 +20,10 @@ import torch
 
 from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.loader import ImageFolderSource, LoaderConfig
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.shards import INDEX_NAME, open_prepared
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
-from hpctrain.training.sampler import EpochPlan
 from image_fixtures import fashion_folders, interrupt, photo_folders, train  # noqa: F401
 from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, start_hpctrain, tree_digest
 

@@ -348,7 +348,7 @@ def test_fast_recipe_trains_on_fewer_images_than_one_batch(fashion_data_dir):
 def test_cudnn_benchmark_is_the_recipes_choice_and_only_on_cuda() -> None:
     """ImageNet's convolutional recipes time cuDNN's algorithms (a few fixed input shapes); MNIST's does not; and
     never off CUDA. What runs here: the decision; the flag's effect needs a GPU."""
-    from hpctrain.training.loop import cudnn_benchmark
+    from hpctrain.training.setup import cudnn_benchmark
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     for recipe in ("fast", "classic"):

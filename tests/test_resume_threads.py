@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from hpctrain.launch.local import available_cores
+from hpctrain.distributed.cores import available_cores
 from training_helpers import QUICK, assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, start_hpctrain
 
 CORES = available_cores()
@@ -29,7 +29,7 @@ CHOSEN = [a for a in QUICK if a not in ("--threads", "1")] + ["--recipe", "class
 # attempt measures the real load below).
 IDLE_FIRST_ATTEMPT = """
 import sys
-import hpctrain.launch.local as local
+import hpctrain.distributed.cores as local
 local.busy_cores_elsewhere = lambda *args, **kwargs: 0.0
 from hpctrain.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -116,8 +116,8 @@ def env(rank: int, world_size: int = 2):  # type: ignore[no-untyped-def]
 
 def test_busy_cores_are_said_once_by_rank_zero_and_only_when_they_changed_the_choice(capsys, monkeypatch) -> None:
     from hpctrain.config import TrainConfig
-    from hpctrain.launch import local
-    from hpctrain.training import loop
+    from hpctrain.distributed import cores as local
+    from hpctrain.training import setup as loop
 
     monkeypatch.setattr(local, "available_cores", lambda: 4)
     monkeypatch.setattr(loop, "available_cores", lambda: 4)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.errors import UserError
-from hpctrain.training.sampler import EpochPlan, mix_seed
 
 
 def epoch_shards(plan: EpochPlan, epoch: int) -> list[list[int]]:

@@ -15,9 +15,44 @@ import torch
 import yaml
 
 from hpctrain.training.metrics import read_metrics
-from hpctrain.training.stopping import HOLD_AT_END_ENV
 from training_helpers import (QUICK, assert_bitwise_equal, final_weights, hpctrain, ok, signal_after, start_hpctrain,
                               tree_digest)
+
+# A test-only startup file (Python imports `sitecustomize` at start): each hpctrain process waits HOLD_AT_END seconds
+# once its outcome is settled (a training process after `StopRequest.finish`, the --nproc launcher once its workers
+# have exited), saying so on stderr, so that a test can signal a finished process deterministically.
+HOLD_AT_END_HOOK = '''
+import os, sys, time
+
+import hpctrain.launch.local as local
+from hpctrain.training.stopping import StopRequest
+
+SECONDS = float(os.environ["HOLD_AT_END"])
+
+
+def holding(function):
+    def held(*args, **kwargs):
+        result = function(*args, **kwargs)
+        print(f"hpctrain: holding {SECONDS:g} s at the end (pid {os.getpid()}, test hook)", file=sys.stderr,
+              flush=True)
+        time.sleep(SECONDS)
+        return result
+    return held
+
+
+StopRequest.finish = holding(StopRequest.finish)
+local.spawn = holding(local.spawn)
+'''
+
+
+def hold_at_end(tmp_path: Path, seconds: float) -> dict[str, str]:
+    """The environment that makes hpctrain's processes hold `seconds` at their end (HOLD_AT_END_HOOK)."""
+    hook = tmp_path / "hold_at_end"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_AT_END_HOOK)
+    return {"HOLD_AT_END": str(seconds),
+            "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
 
 METRIC_KEYS = {"epoch", "step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds",
                "world_size"}
@@ -293,11 +328,11 @@ def test_ddp_on_cpu_prints_no_unused_parameters_warning(fashion_data_dir, tmp_pa
 @pytest.mark.parametrize("nproc", ["1", "2"])
 def test_signals_after_the_end_do_not_change_the_exit_status(fashion_data_dir, tmp_path, nproc):
     """SIGTERM/SIGUSR1/SIGINT arriving once the run has completed (a late time-limit warning, scancel) are ignored.
-    HPCTRAIN_TEST_HOLD_AT_END makes each process wait at its end, so the signals arrive there."""
+    A startup hook (`hold_at_end`) makes each process wait at its end, so the signals arrive there."""
     run_dir = tmp_path / "run"
     process = start_hpctrain("train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir",
                              str(run_dir), "--recipe", "classic", "--epochs", "1", "--nproc", nproc,
-                             env={HOLD_AT_END_ENV: "3"})
+                             env=hold_at_end(tmp_path, 3))
     output, sent = [], False
     try:
         for line in process.stdout:  # the launcher's hold comes last (after its workers'); with 1 process, the only

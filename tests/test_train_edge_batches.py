@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.data.imagefolder import find_image_folders
+from hpctrain.data.sampler import EpochPlan
 from hpctrain.training.metrics import read_metrics
-from hpctrain.training.sampler import EpochPlan
 from image_fixtures import fashion_folders, train  # noqa: F401
 from training_helpers import QUICK, hpctrain, ok
 

@@ -17,8 +17,8 @@ import yaml
 
 from hpctrain import config
 from hpctrain.config import TrainConfig
+from hpctrain.distributed import cores as local
 from hpctrain.errors import UserError
-from hpctrain.launch import local
 from training_helpers import QUICK, clean_environ, hpctrain, ok
 
 CORES = len(os.sched_getaffinity(0))

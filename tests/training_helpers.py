@@ -67,7 +67,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from hpctrain import checkpoint
-    from hpctrain.training.loop import checkpoint_dir
+    from hpctrain.training.rundir import checkpoint_dir
 
     info = checkpoint.find_latest(checkpoint_dir(run_dir))
     assert info is not None, f"no valid checkpoint in {run_dir}"

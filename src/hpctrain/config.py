@@ -62,7 +62,7 @@ class TrainConfig:
     """torch intra-op threads per process; default: the cores this process may use, divided among local workers."""
     threads_chosen: bool = False
     """`threads` was chosen by hpctrain (no --threads): a resumed run takes the count its checkpoint recorded, since
-    another count changes torch's floating-point results (see training.loop.resolve_threads)."""
+    another count changes torch's floating-point results (see training.setup.resolve_threads)."""
     dist_timeout: float = 600.0
     """Seconds a collective may wait for a missing rank before the run fails."""
     # ---- image workloads (imagenet); see hpctrain.recipes.imagenet

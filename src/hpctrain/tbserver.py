@@ -10,22 +10,16 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shlex
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
 from hpctrain.services.common import die_with_parent, http_get
 from hpctrain.training.metrics import TENSORBOARD_DIR
-
-
-def train_hint(run_dir: str | Path) -> str:
-    """The line `hpctrain train` prints at start: how to watch this run."""
-    return f"TensorBoard: hpctrain tensorboard {shlex.quote(str(run_dir))}"
 
 
 def event_dir(run_dir: Path) -> Path:
@@ -65,12 +59,6 @@ def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
         raise UserError(f"{bad[0]}: TensorBoard separates runs with commas, so a path cannot contain one; rename or link the folder")
     names = [n.replace(":", "_").replace(",", "_") for n in run_names(dirs)]
     return ",".join(f"{name}:{d}" for name, d in zip(names, dirs))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def tensorboard_argv(spec: str, port: int, host: str = "127.0.0.1", python: str = sys.executable) -> list[str]:

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give SRC and OUT: hpctrain prepare imagenet SRC OUT (or --verify OUT)")
     src, out = (Path(p) for p in args.paths)
     if args.workers is not None:
-        from hpctrain.launch.local import check_worker_count
+        from hpctrain.distributed.cores import check_worker_count
 
         check_worker_count("--workers", args.workers)
     cfg = shards.PrepareConfig(
@@ -110,7 +110,7 @@ def _printable(name: str) -> str:
 
 
 def _cores() -> int:
-    from hpctrain.launch.local import available_cores
+    from hpctrain.distributed.cores import available_cores
 
     return available_cores()
 

@@ -211,7 +211,7 @@ class _RaisingParser(argparse.ArgumentParser):
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.resume is not None:
-        from hpctrain.training.loop import RECORDED_DEFAULTS, with_recorded_settings
+        from hpctrain.training.resume import RECORDED_DEFAULTS, with_recorded_settings
 
         cfg = with_recorded_settings(cfg, {name for name in RECORDED_DEFAULTS if _unset(getattr(args, name, None))})
     try:
@@ -238,16 +238,19 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
     """Every check that bad input can fail, before data loads or workers start; returns the config with the
     thread count chosen, and the local workers to start (None: train in this process)."""
     from hpctrain.distributed import detect, resolve_device, restart_count
-    from hpctrain.launch.local import check_threads
+    from hpctrain.distributed.cores import check_threads
     from hpctrain.recipes import get_recipe
-    from hpctrain.training.loop import check_resume_point, check_run_dir_free, resolve_config, resolve_strategy
+    from hpctrain.training.resume import check_resume_point
+    from hpctrain.training.rundir import check_run_dir_free
+    from hpctrain.training.setup import resolve_config, resolve_strategy
 
     if cfg.nproc is not None and cfg.dist_init_method not in (None, "auto"):
         raise UserError(f"--nproc starts the processes itself and gives them their ranks and a free local port; "
                         f"--dist-init-method {cfg.dist_init_method} is for processes started elsewhere (torchrun, "
                         "srun, or by hand with RANK and WORLD_SIZE set): drop one of the two")
     restart_count()  # a malformed SLURM_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT fails here, not mid-start
-    resolved = resolve_config(cfg, get_recipe(cfg.workload, cfg.recipe).for_config(cfg))
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+    resolved = resolve_config(cfg, recipe)
     plan = _spawn_plan(cfg)
     env = None if plan is not None else detect(init_method=cfg.dist_init_method)
     if env is not None:  # this process trains: its device and strategy must work (workers check their own)
@@ -259,15 +262,15 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
     _check_dataset(cfg, dataset_defaulted)
     if plan is not None:  # a single process locks the run dir and checks its resume point itself, before it loads the data
         check_run_dir_free(Path(resolved.run_dir))
-        check_resume_point(resolved, detect())
+        check_resume_point(resolved, recipe, detect())
     return cfg.replace(threads=_threads(cfg, plan, env), threads_chosen=cfg.threads is None), plan
 
 
 def _threads(cfg: TrainConfig, plan: NodePlan | None, env: DistEnv | None) -> int:
     """--threads; else the free cores shared among this node's processes. Free cores are measured only where no
     sibling process is starting up beside this one (it would count as busy). A resumed run may still replace this
-    count by the one its checkpoint recorded, and rank 0 says so once (training.loop.resolve_threads)."""
-    from hpctrain.launch.local import busy_cores_elsewhere, default_threads
+    count by the one its checkpoint recorded, and rank 0 says so once (training.setup.resolve_threads)."""
+    from hpctrain.distributed.cores import busy_cores_elsewhere, default_threads
 
     if cfg.threads is not None:
         return cfg.threads
@@ -284,12 +287,15 @@ def _other_local_rank() -> bool:
 
 
 def _train_here(cfg: TrainConfig) -> int:
-    from hpctrain.training.loop import evaluate_checkpoint, train
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.evaluation import evaluate_checkpoint
+    from hpctrain.training.loop import train
 
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
     if cfg.evaluate:
-        evaluate_checkpoint(cfg)
+        evaluate_checkpoint(cfg, recipe)
         return 0
-    return train(cfg).stop_reason.exit_code
+    return train(cfg, recipe).stop_reason.exit_code
 
 
 def _spawn_plan(cfg: TrainConfig):
@@ -349,7 +355,7 @@ def _check_nproc(cfg: TrainConfig) -> None:
             raise UserError(f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
                             f"use --nproc {gpus} or fewer, or --device cpu")
         return
-    from hpctrain.launch.local import available_cores
+    from hpctrain.distributed.cores import available_cores
 
     cores = available_cores()
     if cfg.nproc > cores:

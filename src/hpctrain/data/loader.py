@@ -34,10 +34,10 @@ import torch
 
 from hpctrain.data.decode import BadImageError, CropSpec, decode_crop
 from hpctrain.data.imagefolder import find_image_folders
+from hpctrain.data.sampler import EpochPlan, mix_seed
+from hpctrain.data.source import timed
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
-from hpctrain.training.data_source import timed
-from hpctrain.training.sampler import EpochPlan, mix_seed
 
 IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

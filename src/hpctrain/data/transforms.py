@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpctrain.training.sampler import mix_seed
+from hpctrain.data.sampler import mix_seed
 
 # A separate stream from the sampler's (seed, epoch) and the loop's (seed, epoch, step, rank) generators.
 CROP_STREAM = 0x1C80

@@ -1,4 +1,7 @@
-"""What a recipe is: data + model + optimizer + defaults. The loop, checkpoints and distribution are shared."""
+"""What a recipe is: data + model + optimizer + defaults. The loop, checkpoints and distribution are shared.
+
+`Recipe` here implements the loop's protocol (`hpctrain.training.workload.Recipe`), with defaults for most of it.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hpctrain.recipes.catalog import Defaults
-from hpctrain.training.data_source import DataSource, TimedBatches
+from hpctrain.data.source import DataSource, TimedBatches
+from hpctrain.training.workload import Defaults, Optimization
 
 if TYPE_CHECKING:
     from hpctrain.config import TrainConfig
-    from hpctrain.training.sampler import EpochPlan
+    from hpctrain.data.sampler import EpochPlan
 
 
 @dataclass
@@ -31,7 +34,7 @@ class TensorData:
     test_images: torch.Tensor
     test_labels: torch.Tensor
 
-    # ---- the DataSource protocol (training/data_source.py)
+    # ---- the DataSource protocol (data/source.py)
 
     @property
     def num_train(self) -> int:
@@ -57,13 +60,6 @@ class TensorData:
         return TimedBatches((self.test_images[start : min(start + batch_size, hi)],
                              self.test_labels[start : min(start + batch_size, hi)])
                             for start in range(lo, hi, batch_size))
-
-
-@dataclass
-class Optimization:
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scheduler_interval: str  # "epoch" or "step": when the loop calls scheduler.step()
 
 
 class Recipe(ABC):

@@ -11,16 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Defaults:
-    """What a run of a recipe takes for the options left unset."""
-
-    epochs: int
-    batch_size: int
-    """The global batch (split over all processes)."""
-    lr: float
-    test_batch_size: int
+from hpctrain.training.workload import Defaults
 
 
 @dataclass(frozen=True)

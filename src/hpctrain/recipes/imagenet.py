@@ -37,12 +37,12 @@ from hpctrain.data.backends import choose_backend, make_loader, require_dali
 from hpctrain.data.imagefolder import find_image_folders, scan_validation
 from hpctrain.data.loader import (IGNORE_LABEL, EncodedImages, LoaderConfig, SyntheticSource, check_shared_memory,
                                  to_device)
+from hpctrain.data.source import StreamingSource
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
 from hpctrain.recipes.base import Optimization, Recipe, keep_freed_memory
 from hpctrain.recipes.catalog import CATALOG
 from hpctrain.recipes.mnist import warmup_linear_decay
-from hpctrain.training.data_source import StreamingSource
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_VAL_IMAGES, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
 LR_REFERENCE_BATCH = 256
@@ -130,7 +130,7 @@ class ImageNetRecipe(Recipe):
         else:
             train, val = _encoded_images(cfg)
             if cfg.workers is not None:
-                from hpctrain.launch.local import check_worker_count
+                from hpctrain.distributed.cores import check_worker_count
 
                 check_worker_count("--workers", cfg.workers)
             workers = cfg.workers if cfg.workers is not None else default_workers(env.local_world_size)
@@ -257,7 +257,7 @@ class FastRecipe(ImageNetRecipe):
 
 def default_workers(local_processes: int) -> int:
     """Data workers per training process: the node's cores shared among its processes, at most 8."""
-    from hpctrain.launch.local import available_cores
+    from hpctrain.distributed.cores import available_cores
 
     return max(1, min(8, available_cores() // max(1, local_processes)))
 

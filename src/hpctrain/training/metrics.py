@@ -1,4 +1,5 @@
-"""Where a run's numbers go: metrics.jsonl (one object per epoch), TensorBoard scalars under tb/, and live progress.
+"""Where a run's numbers go: metrics.jsonl (one object per epoch), TensorBoard scalars under tb/ (and the start-up
+line that says how to watch them), and live progress.
 
 Only rank 0 constructs these. Progress is a rich bar on an interactive terminal and plain lines every few seconds
 in a batch log, so `slurm-*.out` holds readable lines rather than carriage-return spam.
@@ -7,6 +8,7 @@ in a batch log, so `slurm-*.out` holds readable lines rather than carriage-retur
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,11 @@ from hpctrain.fsutil import append_line, read_text, refuse_symlinks, write_atomi
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
+
+
+def train_hint(run_dir: str | Path) -> str:
+    """The line `hpctrain train` prints at start: how to watch this run."""
+    return f"TensorBoard: hpctrain tensorboard {shlex.quote(str(run_dir))}"
 
 
 class MetricsLog:

@@ -20,11 +20,8 @@ Users' own training scripts can use `StopRequest` the same way (see examples/).
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
-import time
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
@@ -36,10 +33,6 @@ EXIT_COMPLETED = 0
 EXIT_PREEMPTED = 75
 EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
 EXIT_DIVERGED = 3  # the loss became non-finite: restarting the same way would fail the same way
-
-# Tests only: seconds a process waits once its outcome is settled (after `finish`), so a test can signal a finished
-# process deterministically. Unset in real runs.
-HOLD_AT_END_ENV = "HPCTRAIN_TEST_HOLD_AT_END"
 
 STOP_REASON_FILE = "stop_reason"
 
@@ -120,7 +113,6 @@ class StopRequest:
             for signum in self._previous:
                 signal.signal(signum, signal.SIG_IGN)
             self._previous.clear()
-        hold_at_end()
 
     def __enter__(self) -> StopRequest:
         return self.install()
@@ -202,15 +194,6 @@ def _current_index(device_type: str) -> int | None:
     module = getattr(torch, device_type, None)
     current = getattr(module, "current_device", None)
     return int(current()) if callable(current) else None
-
-
-def hold_at_end() -> None:
-    """Tests only (HPCTRAIN_TEST_HOLD_AT_END=SECONDS): wait after the outcome is settled, saying so on stderr."""
-    seconds = float(os.environ.get(HOLD_AT_END_ENV) or 0)
-    if seconds > 0:
-        print(f"hpctrain: holding {seconds:g} s at the end (pid {os.getpid()}, {HOLD_AT_END_ENV})", file=sys.stderr,
-              flush=True)
-        time.sleep(seconds)
 
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from hpctrain.training.sampler import EpochPlan
+from hpctrain.data.sampler import EpochPlan
 
 
 class Batches(Protocol):

@@ -1,0 +1,97 @@
+"""The loop's checkpoints: what one holds, writing it (every rank contributes, rank 0 writes), restoring a position
+from it, and keeping the best one. Choosing which checkpoint a run continues from is `resume.py`'s job; the files'
+format and atomic writes are `hpctrain.checkpoint`'s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain import checkpoint
+from hpctrain.distributed.failures import collective
+from hpctrain.errors import UserError
+from hpctrain.training import rng
+from hpctrain.training.parts import Parts
+from hpctrain.training.run import Position, Run
+from hpctrain.training.rundir import checkpoint_dir
+from hpctrain.training.workload import Optimization
+
+CHECKPOINT_FORMAT = "hpctrain-train-v1"
+# What a `hpctrain train` checkpoint holds besides the model.
+TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
+                    "config")
+
+
+def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False) -> None:
+    """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes, in the background
+    unless `durable` (the run is about to stop) or --sync-checkpoints."""
+    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum, "threads": torch.get_num_threads()}
+    if run.env.is_distributed:
+        gathered: list[Any] = [None] * run.env.world_size
+        with collective(f"the checkpoint's gather of rank states at step {position.step}"):
+            dist.all_gather_object(gathered, per_rank)
+    else:
+        gathered = [per_rank]
+    if run.is_main:
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "model": parts.model.state_dict(),
+            "optimizer": parts.optimization.optimizer.state_dict(),
+            "scheduler": parts.optimization.scheduler.state_dict(),
+            "epoch": position.epoch,
+            "step": position.step,
+            "step_in_epoch": position.step_in_epoch,
+            "epoch_train_seconds": position.epoch_train_seconds,
+            "best_accuracy": position.best_accuracy,
+            "world_size": run.env.world_size,
+            "ranks": gathered,
+            "config": run.cfg.to_dict(),
+        }
+        name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
+        write = run.writer.save if run.writer is not None else checkpoint.save
+        write(state, checkpoint_dir(run.run_dir), name, epoch=position.epoch, step=position.step,
+              world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
+        if run.writer is not None and durable:
+            run.writer.wait()
+    if run.env.is_distributed:
+        with collective(f"the barrier after the checkpoint at step {position.step}"):
+            dist.barrier()  # nobody runs ahead of the save (or exits before a durable one)
+
+
+def restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[str, Any]) -> Position:
+    """Load `state` (a checkpoint resumed from) into the model, the optimization and this rank's random streams;
+    return the loop's position in it."""
+    try:
+        model.load_state_dict(state["model"])
+        optimization.optimizer.load_state_dict(state["optimizer"])
+        optimization.scheduler.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"the checkpoint does not fit this run's model or optimizer ({first[:300]}); resume with "
+                        "the --recipe it was written with, or start a new --run-dir") from None
+    ranks = state["ranks"]
+    if len(ranks) != run.env.world_size and run.is_main:
+        print(f"hpctrain: the checkpoint was written by {len(ranks)} process(es), this run has "
+              f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not", flush=True)
+    mine = ranks[run.env.rank % len(ranks)]
+    rng.restore(mine["rng"])
+    # The epoch's mean divides by every step of it: at another process count, each rank continues from the
+    # saved ranks' mean sum, so the mean over the new ranks still counts every earlier step once.
+    loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else sum(r["loss_sum"] for r in ranks) / len(ranks)
+    return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
+                    float(loss_sum), float(state.get("best_accuracy", -1.0)))
+
+
+def keep_best(run: Run, position: Position) -> None:
+    """Copy the epoch checkpoint just written to checkpoint_best.pt (with its manifest): never pruned, never
+    `latest`. Rank 0; waits for a background save of that checkpoint first."""
+    if not run.is_main:
+        return
+    if run.writer is not None:
+        run.writer.wait()
+    ckpt_dir = checkpoint_dir(run.run_dir)
+    source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
+    checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)

@@ -1,0 +1,75 @@
+"""What a run directory holds (config.yaml, checkpoints/, tb/, metrics, provenance, the lock), who may write it (the
+lock), and writing its start-up files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import yaml
+
+from hpctrain.distributed import DistEnv
+from hpctrain.distributed.failures import collective
+from hpctrain.fsutil import DirectoryLock, LocksUnsupported, write_atomic
+from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
+from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
+from hpctrain.training.run import Run
+from hpctrain.training.stopping import STOP_REASON_FILE
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+# Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
+LOCK_FILE = ".hpctrain.lock"
+# Files of the run directory that hpctrain writes itself: never through a symbolic link.
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE)
+# Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere.
+RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR)
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run's checkpoint files go: RUN_DIR/checkpoints. A run directory itself named `checkpoints` (the seed
+    scripts' `--checkpoints-path ./checkpoints`) holds them directly, not in checkpoints/checkpoints."""
+    return run_dir if run_dir.name == CHECKPOINT_DIR else run_dir / CHECKPOINT_DIR
+
+
+def check_run_dir_free(run_dir: Path) -> None:
+    """UserError if another run holds `run_dir`'s lock (for a launcher to check before it starts workers)."""
+    if run_dir.is_dir():
+        lock_run_dir(run_dir).release()
+
+
+def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
+    """This process's exclusive lock on `run_dir` (UserError naming the holder if another run has it); None, with a
+    warning, where the file system has no locks."""
+    holder = (f"pid {os.getpid()} on {socket.gethostname()}, started "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    try:
+        return DirectoryLock.acquire(run_dir, LOCK_FILE, holder)
+    except LocksUnsupported as err:
+        print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
+        return None
+
+
+def write_run_files(run: Run, hosts: list[str]) -> None:
+    """config.yaml (the options and what was resolved from them) and this attempt's provenance record. Rank 0."""
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    config = {**run.cfg.to_dict(), "resolved": {"strategy": run.strategy, "device": str(run.device),
+                                                "world_size": run.env.world_size, "launcher": run.env.launcher}}
+    write_atomic(run.run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False).encode())
+    record_attempt(run.run_dir, hosts, {"launcher": run.env.launcher, "world_size": run.env.world_size})
+
+
+def all_hostnames(env: DistEnv) -> list[str]:
+    """The job's host names, sorted, once each: a collective when distributed (every rank calls it)."""
+    host = socket.gethostname()
+    if not env.is_distributed:
+        return [host]
+    hosts: list[Any] = [None] * env.world_size
+    with collective("the start-up exchange of host names"):
+        dist.all_gather_object(hosts, host)
+    return sorted(set(hosts))
