@@ -29,7 +29,8 @@ def test_the_readmes_quick_first_try_learns_on_a_small_folder(fashion_folders: P
     assert "warning" not in result.stderr, result.stderr
     records = read_metrics(tmp_path / "runs" / "first-try")
     assert len(records) == 3
-    # 10 classes: chance is 10%.
+    # 10 classes: chance is 10%. Measured with batch 16: 0.32-0.48 over seeds 0-2 and 1-2 threads (batch 32 gave
+    # 0.14-0.19 with the same data: too few steps for the BatchNorm statistics the evaluation uses).
     assert records[-1]["test_accuracy"] >= 0.3, records
 
 
