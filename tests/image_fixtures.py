@@ -128,7 +128,12 @@ def flatten_val(data: Path, out: Path) -> list[tuple[str, str]]:
 
 # ---- `hpctrain train imagenet` runs on these folders: a tiny model, so that a run takes seconds -----------------
 
-TINY = ["--arch", "resnet18", "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
+# The tests of the mechanics (resume, launchers, backends, validation) train this torchvision model: BatchNorm,
+# depthwise and grouped convolutions and a channel shuffle, 0.35 M parameters (resnet18: 11 M). A run of two epochs
+# on the folders takes 4.5 s here against 7 s with resnet18, and writes 1.5 MB checkpoints instead of 90 MB. The
+# tests that claim learning (test_fast_recipe_learns_fashion_from_jpegs, the README's first try) train resnet18.
+TINY_ARCH = "shufflenet_v2_x0_5"
+TINY = ["--arch", TINY_ARCH, "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
         "--batch-size", "32"]
 
 

@@ -3,7 +3,7 @@ rendezvous, two agents on this host), srun with --dist-init-method slurm on the 
 cluster, and `hpctrain submit --nodes 2 --nproc-per-node 2`, interrupted by Slurm's time-limit warning once and
 requeued.
 
-Each run is the same small computation (resnet18 at 32 pixels on the Fashion-MNIST JPEG folders, one torch thread
+Each run is the same small computation (image_fixtures.TINY_ARCH at 32 pixels on the Fashion-MNIST JPEG folders, one torch thread
 and one data worker per process, gloo): whatever starts its processes, it must end with the weights, bitwise, of
 the same run started by `--nproc` (two processes) or by a local torchrun (four), and its metrics must record the
 world size. Also: the checks a resume makes for image runs (--arch, --image-size, --val-size), and `-b`.
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from hpctrain.training.metrics import read_metrics
-from image_fixtures import fashion_folders  # noqa: F401
+from image_fixtures import TINY_ARCH, fashion_folders  # noqa: F401
 from slurm_fixtures import Job, attempts, shared_run
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok
 
 # 128 training images, global batch 16: 8 steps an epoch; 40 validation images.
-TINY = ["-a", "resnet18", "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
+TINY = ["-a", TINY_ARCH, "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
         "-b", "16", "-j", "1", "--train-limit", "128", "--test-limit", "40"]
 STEPS_PER_EPOCH = 128 // 16
 # The 2 x 2 Slurm job: two epochs of 160 images (10 steps each), so that the warning lands inside the run.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.training.metrics import read_metrics
-from image_fixtures import TINY, fashion_folders, train  # noqa: F401
+from image_fixtures import TINY, TINY_ARCH, fashion_folders, train  # noqa: F401
 from training_helpers import hpctrain, ok
 
 
@@ -20,7 +20,7 @@ def test_imagenet_resume_and_evaluate_need_no_model_flags(fashion_folders: Path,
     resumed = ok(hpctrain("train", "imagenet", str(fashion_folders), "--run-dir", str(run_dir), "--resume",
                           "--epochs", "2", "--threads", "1", "-j", "0", "--log-interval", "0", cwd=tmp_path))
     assert "resumed at epoch 2" in resumed.stdout, resumed.stdout
-    assert "resnet18" in resumed.stdout and "global batch 32" in resumed.stdout, resumed.stdout
+    assert TINY_ARCH in resumed.stdout and "global batch 32" in resumed.stdout, resumed.stdout
     assert [(r["epoch"], r["step"]) for r in read_metrics(run_dir)] == [(1, 3), (2, 6)]
 
     evaluated = ok(hpctrain("train", "imagenet", str(fashion_folders), "--evaluate", "--resume", str(best),
@@ -30,7 +30,7 @@ def test_imagenet_resume_and_evaluate_need_no_model_flags(fashion_folders: Path,
     # A flag given that contradicts the checkpoint is still refused, naming its value.
     refused = hpctrain("train", "imagenet", str(fashion_folders), "--run-dir", str(run_dir), "--resume",
                        "--epochs", "3", "-a", "resnet34", "--threads", "1", cwd=tmp_path)
-    assert refused.returncode == 2 and "(--arch resnet18)" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and f"(--arch {TINY_ARCH})" in refused.stderr, refused.stderr
 
 
 def test_mnist_resume_takes_the_dataset_recipe_and_limits_from_the_checkpoint(fashion_data_dir, tmp_path: Path) -> None:

@@ -22,7 +22,9 @@ import pytest
 
 from hpctrain.schedulers.slurm.render import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 
-pytestmark = [pytest.mark.slow, pytest.mark.floor]
+# Not marked floor: the main run already runs the shim under the floor torch (the floor-torch variant); in the
+# floor run itself every variant would repeat one of those.
+pytestmark = [pytest.mark.slow]
 
 WORKER = """\
 import os, signal, sys, time

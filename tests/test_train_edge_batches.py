@@ -1,5 +1,5 @@
 """Batches at the edges of an epoch and of readability (issue 17 §3), run for real: `hpctrain train` on real JPEG
-folders (tests/image_fixtures.py) and on Fashion-MNIST, one thread, a tiny resnet18 at 32 pixels."""
+folders (tests/image_fixtures.py) and on Fashion-MNIST, one thread, a small torchvision model at 32 pixels."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def test_a_last_batch_of_one_sample_per_process_joins_the_batch_before(num_sampl
 
 
 def test_imagenet_with_a_remainder_of_one_image_completes(fashion_folders, tmp_path):  # noqa: F811
-    """The issue's case end to end: 13 training images, -b 4, resnet18 (BatchNorm): the run completes."""
+    """The issue's case end to end: 13 training images, -b 4, a BatchNorm model (TINY_ARCH; its last BatchNorm sees
+    1x1 maps, where one sample is an error): the run completes."""
     src = tmp_path / "data"
     for split, counts in (("train", {"bag": 7, "boot": 6}), ("val", {"bag": 2, "boot": 2})):
         for cls, count in counts.items():

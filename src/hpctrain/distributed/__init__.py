@@ -5,6 +5,11 @@
 
 `detect()` reads the launcher's variables (pure, no torch import); `resolve_device()` and
 `init_process_group()` import torch when called. See examples/ddp_user_script.py.
+
+Modules: environment.py (DistEnv, NodePlan), detect.py (detect() and --dist-init-method), probes.py (what each
+launcher's variables say: node plans, restart counts, the derived port), hostlist.py (Slurm hostlists),
+process_group.py (device, process group, small collectives), failures.py (a collective's failure named as the
+missing rank), cores.py (the CPU cores a process may use and the thread count), ports.py (a free TCP port).
 """
 
 from __future__ import annotations
