@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -12,6 +13,22 @@ import pytest
 
 # The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down).
 pytest_plugins = ["slurm_fixtures", "k8s_fixtures"]
+
+# Signals whose action hpctrain's code changes in-process: the training loop's StopRequest and the local launcher
+# leave them ignored once a run is settled ("until the process exits"). In a pytest worker that would last for
+# every later test, and the processes those tests start inherit an ignored SIGINT (Python then raises no
+# KeyboardInterrupt) or SIGTERM: each test starts and ends with the worker's own actions.
+_RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+
+
+@pytest.fixture(autouse=True)
+def _signal_actions_restored():
+    before = {signum: signal.getsignal(signum) for signum in _RESTORED_SIGNALS}
+    yield
+    for signum, action in before.items():
+        if signal.getsignal(signum) is not action and action is not None:
+            signal.signal(signum, action)
+
 
 # Debian's package; a machine without it (the GPU machine of benchmarks/gpu_check.sh) names a copy.
 FASHION_MNIST_SOURCE = Path(os.environ.get("HPCTRAIN_TEST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"))

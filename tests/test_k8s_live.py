@@ -165,8 +165,9 @@ def test_check_names_missing_namespace_pvc_runtime_and_bad_shm(ctx: Ctx) -> None
     assert len(blocking(problems)) == 2
 
     problems = ctx.scheduler(api="trainjob", runtime="no-such-runtime", volumes=("nfs:nas:/export:/mnt/runs",)).check(job())
-    assert problems == ["the ClusterTrainingRuntime 'no-such-runtime' does not exist: install Trainer's runtimes or "
-                        "pick one `kubectl get clustertrainingruntimes` lists"]
+    assert problems == ["the ClusterTrainingRuntime 'no-such-runtime' does not exist: install Trainer's runtimes, or "
+                        "pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
+                        "`kubectl get clustertrainingruntimes` lists"]
     assert ctx.scheduler(api="trainjob", volumes=("nfs:nas:/export:/mnt/runs",)).check(job()) == []
 
 

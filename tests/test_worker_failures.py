@@ -138,3 +138,40 @@ def test_torchrun_restarts_a_killed_worker_and_the_group_resumes(fashion_data_di
     assert "resumed at epoch 1, step 8 of 32" in text or "resumed at epoch 1, step 12 of 32" in text, text
     records = read_metrics(run_dir)
     assert [r["epoch"] for r in records] == [1, 2] and records[-1]["step"] == 64
+
+
+# ---------------------------------------------------------------- a rank whose torch never leaves the process group
+
+NEVER_LEAVES = '''
+import time
+
+import torch.distributed as dist
+
+import hpctrain.distributed.process_group as process_group
+
+process_group.DESTROY_TIMEOUT_S = 2.0
+
+
+def _never_returns(*args, **kwargs):  # torch's shutdown hang (pytorch/pytorch#75097), made certain
+    time.sleep(3600)
+
+
+dist.destroy_process_group = _never_returns
+'''
+
+
+def test_a_finished_run_whose_process_group_never_shuts_down_still_exits(fashion_data_dir: Path, tmp_path: Path):
+    """Both ranks of a finished `--nproc 2` run hang inside torch's destroy_process_group (a startup file makes it
+    never return, and shortens hpctrain's wait to 2 s): each says so once and exits with the run's status, instead
+    of holding the allocation until the time limit."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(NEVER_LEAVES)
+    env = {**clean_environ(), "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    result = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "train", "mnist", "--data-dir", str(fashion_data_dir), *QUICK,
+         "--nproc", "2", "--epochs", "1", "--run-dir", str(tmp_path / "run")],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("leaving the process group did not finish within 2 s") == 2, result.stderr
+    assert "completed 1 epoch(s)" in result.stdout

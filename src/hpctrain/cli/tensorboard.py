@@ -42,11 +42,13 @@ def run(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGHUP):  # a kill or a closed terminal stops the server too
         signal.signal(signum, stop)
-    proc, url = tbserver.serve_local(spec, args.port)
-    print(f"TensorBoard at {url} ({len(args.run_dirs)} run(s)); Ctrl-C stops it", flush=True)
-    try:
+    proc = None
+    try:  # a signal at any point from here on stops the server (which also dies with this process) and says how
+        proc, url = tbserver.serve_local(spec, args.port)
+        print(f"TensorBoard at {url} ({len(args.run_dirs)} run(s)); Ctrl-C stops it", flush=True)
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
         return 128 + stopped[0] if stopped else 0

@@ -287,6 +287,9 @@ def _other_local_rank() -> bool:
 
 
 def _train_here(cfg: TrainConfig) -> int:
+    """Train (or evaluate) in this process; its exit status. A process whose torch never finished leaving the
+    process group ends right here (process_group.exit_status), whoever started it."""
+    from hpctrain.distributed.process_group import exit_status
     from hpctrain.recipes import get_recipe
     from hpctrain.training.evaluation import evaluate_checkpoint
     from hpctrain.training.loop import train
@@ -294,8 +297,8 @@ def _train_here(cfg: TrainConfig) -> int:
     recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
     if cfg.evaluate:
         evaluate_checkpoint(cfg, recipe)
-        return 0
-    return train(cfg, recipe).stop_reason.exit_code
+        return exit_status(0)
+    return exit_status(train(cfg, recipe).stop_reason.exit_code)
 
 
 def _spawn_plan(cfg: TrainConfig):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
+import threading
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -25,6 +27,7 @@ __all__ = [
     "all_reduce_mean",
     "barrier",
     "destroy_process_group",
+    "exit_status",
     "init_process_group",
     "pick_device",
     "resolve_device",
@@ -247,12 +250,50 @@ def _explain_init_failure(err: Exception, env: DistEnv, url: str, timeout_s: flo
     return None
 
 
+DESTROY_TIMEOUT_S = 60.0
+"""How long leaving the process group may take. It takes milliseconds; now and then torch's own
+`destroy_process_group` never returns on one rank of a job that finished (pytorch/pytorch#75097; seen here with
+torch 2.2 and gloo), and the job would hold its nodes until the time limit."""
+_left_hanging = False
+
+
 def destroy_process_group() -> None:
-    """Leave the process group if there is one (safe to call always, e.g. in `finally`)."""
+    """Leave the process group if there is one (safe to call always, e.g. in `finally`). When torch's shutdown of it
+    does not return within DESTROY_TIMEOUT_S, say so and go on: `exit_status` then ends the process without waiting
+    for it (hpctrain's own commands do)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    global _left_hanging
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    failure: list[BaseException] = []
+
+    def leave() -> None:
+        try:
+            dist.destroy_process_group()
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+            failure.append(err)
+
+    worker = threading.Thread(target=leave, name="hpctrain-leave-process-group", daemon=True)
+    worker.start()
+    worker.join(DESTROY_TIMEOUT_S)
+    if worker.is_alive():
+        _left_hanging = True
+        print(f"hpctrain: warning: leaving the process group did not finish within {DESTROY_TIMEOUT_S:g} s (a "
+              "PyTorch shutdown hang, pytorch/pytorch#75097); the process ends without waiting for it",
+              file=sys.stderr, flush=True)
+    elif failure:
+        raise failure[0]
+
+
+def exit_status(status: int) -> int:
+    """`status`, or, when leaving the process group hung (destroy_process_group), the process ends here with it: a
+    thread stuck inside torch would stop the interpreter from exiting."""
+    if _left_hanging:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 def setup(
