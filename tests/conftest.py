@@ -21,6 +21,13 @@ pytest_plugins = ["slurm_fixtures", "k8s_fixtures"]
 _RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
+# A CI script that runs the suite in the background (`cmd &` in a shell without job control) starts it with SIGINT
+# ignored, and every process a test starts inherits that: Python then installs no KeyboardInterrupt handler, and
+# the tests of Ctrl-C would test nothing. The workers take Python's own action, which a child does not inherit.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _signal_actions_restored():
     before = {signum: signal.getsignal(signum) for signum in _RESTORED_SIGNALS}
