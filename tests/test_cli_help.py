@@ -158,3 +158,12 @@ def test_env_reports_each_scheduler_clients_version(capsys) -> None:
     info = json.loads(capsys.readouterr().out)
     assert {name: info[name] for name in SCHEDULERS} == {name: backend_info(name).client_version()
                                                           for name in SCHEDULERS}
+
+
+def test_the_names_resume_recognizes_are_the_run_directorys_own():
+    """cli/train.py repeats two names so that parsing needs no torch; they must stay the loop's and the checkpoint's."""
+    from hpctrain import checkpoint
+    from hpctrain.cli import train
+    from hpctrain.training.rundir import CHECKPOINT_DIR
+
+    assert (train._CHECKPOINT_DIR, train._LATEST_POINTER) == (CHECKPOINT_DIR, checkpoint.LATEST_POINTER)

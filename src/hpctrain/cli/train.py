@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from hpctrain.distributed import DistEnv, NodePlan
 
 RESUME_LATEST = "latest"
-# A run's checkpoint folder and its pointer to the newest checkpoint (training.loop.CHECKPOINT_DIR and
+# A run's checkpoint folder and its pointer to the newest checkpoint (training.rundir.CHECKPOINT_DIR and
 # checkpoint.LATEST_POINTER, which import torch): what a --resume PATH names.
 _CHECKPOINT_DIR, _LATEST_POINTER = "checkpoints", "latest"
 
