@@ -42,16 +42,15 @@ def read_job_file(path: str | Path) -> JobFile:
     if scheduler is not None and scheduler not in SCHEDULERS:
         raise UserError(f"job file {path}: scheduler {scheduler!r} is unknown: use {' or '.join(SCHEDULERS)}")
     sections = {name: data.pop(name) for name in SCHEDULERS if name in data}
-    readable = {name: backend_info(name).file_section for name in sections}
-    for name, read in readable.items():
-        if read is None:
-            raise UserError(f"job file {path}: {name} has no options section; its options are the job's own keys")
     if len(sections) > 1:
         raise UserError(f"job file {path} has sections for {' and '.join(sections)}; keep the one of its scheduler")
     if not sections:
         return JobFile(job=data, scheduler=scheduler)
     (name, section), = sections.items()
+    read = backend_info(name).file_section
+    if read is None:
+        raise UserError(f"job file {path}: {name} has no options section; its options are the job's own keys")
     if scheduler is not None and scheduler != name:
         raise UserError(f"job file {path} says scheduler: {scheduler} but has a {name}: section; remove one of them")
-    options = readable[name](f"job file {path}", section)
+    options = read(f"job file {path}", section)
     return JobFile(job=data, scheduler=scheduler, options=options, section=name if options else None)

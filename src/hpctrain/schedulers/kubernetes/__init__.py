@@ -19,6 +19,7 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import BackendInfo
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.params import parse_params_text
 
 # dest -> flag: where the jobs are (every command that talks to the cluster), then the options of a job.
 CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context": "--context"}
@@ -35,6 +36,19 @@ def client_version() -> str | None:
         return metadata.version("kubernetes")
     except metadata.PackageNotFoundError:
         return None
+
+
+def read_file_section(source: str, section: Any) -> dict[str, Any]:
+    """A job file's `kubernetes:` section: KubernetesOptions fields (lists become tuples)."""
+    from dataclasses import fields
+
+    from hpctrain.jobs.mapping import known_keys
+
+    valid = sorted(f.name for f in fields(KubernetesOptions))
+    if not isinstance(section, dict):
+        raise UserError(f"{source}: kubernetes must be a mapping of options ({', '.join(valid)})")
+    data = known_keys(section, valid, f"{source}: unknown kubernetes key(s)")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
 
 
 INFO = BackendInfo(
@@ -56,32 +70,12 @@ INFO = BackendInfo(
     # KubernetesOptions fields (--context is create()'s own keyword); on Kubernetes --image is the pods' image
     connection_fields={"namespace": "namespace", "k8s_api": "api"},
     option_fields={"namespace": "namespace", "k8s_api": "api", **{dest: dest for dest in JOB_FLAGS}, "image": "image"},
-    file_section=lambda source, section: read_file_section(source, section),
-    file_formats={".params": lambda text, source: read_params(text, source)},
+    file_section=read_file_section,
+    file_formats={".params": parse_params_text},  # (text, source): no client, no torch
     shares_file_system=False,
     run_dir_by_name=True,
     client_version=client_version,
 )
-
-
-def read_file_section(source: str, section: Any) -> dict[str, Any]:
-    """A job file's `kubernetes:` section: KubernetesOptions fields (lists become tuples)."""
-    from dataclasses import fields
-
-    from hpctrain.jobs.mapping import known_keys
-
-    valid = sorted(f.name for f in fields(KubernetesOptions))
-    if not isinstance(section, dict):
-        raise UserError(f"{source}: kubernetes must be a mapping of options ({', '.join(valid)})")
-    data = known_keys(section, valid, f"{source}: unknown kubernetes key(s)")
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-
-
-def read_params(text: str, source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A Kubernetes platform's key=value .params file: (JobSpec fields, KubernetesOptions fields)."""
-    from hpctrain.schedulers.kubernetes.params import parse_params_text
-
-    return parse_params_text(text, source=source)
 
 
 def create(options: KubernetesOptions | None = None, context: str | None = None, **fields: Any):
