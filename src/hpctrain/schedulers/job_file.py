@@ -49,7 +49,7 @@ def read_job_file(path: str | Path) -> JobFile:
     (name, section), = sections.items()
     read = backend_info(name).file_section
     if read is None:
-        raise UserError(f"job file {path}: {name} has no options section; its options are the job's own keys")
+        raise UserError(f"job file {path}: {name} has no options section; move its keys to the top level of the file")
     if scheduler is not None and scheduler != name:
         raise UserError(f"job file {path} says scheduler: {scheduler} but has a {name}: section; remove one of them")
     options = read(f"job file {path}", section)
