@@ -22,12 +22,11 @@ WORKER = r"""
 import dataclasses, json, sys
 import torch
 import torch.distributed as dist
-from hpctrain.distributed import all_reduce_mean, barrier, destroy_process_group, setup
+from hpctrain.distributed import all_gather_object, all_reduce_mean, barrier, destroy_process_group, setup
 
 env, device = setup(device="cpu", timeout_s=60, init_method=sys.argv[1] if len(sys.argv) > 1 else None)
 mean = all_reduce_mean(torch.tensor([float(env.rank + 1)])).item()
-ranks = [None] * env.world_size
-dist.all_gather_object(ranks, env.rank)
+ranks = all_gather_object(env.rank)
 barrier()
 print(json.dumps({"env": dataclasses.asdict(env), "mean": mean, "ranks": ranks, "backend": dist.get_backend()}))
 destroy_process_group()

@@ -6,7 +6,7 @@ group over gloo's transport, registered under a backend name that declares only 
 gives ("No backend type associated with device type cpu"). The vote must not send a CPU tensor there: the library
 makes its own gloo side group and votes on it. What does not run: a vote over a real NCCL group; for that case
 (a caller passing an NCCL group explicitly) only the device choice is checked, as the pure function
-`vote_device_type`.
+`device_type_for`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from hpctrain.training.stopping import vote_device_type
+from hpctrain.distributed.collectives import device_type_for
 from training_helpers import clean_environ
 
 WORKER = r"""
@@ -80,10 +80,10 @@ def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: 
 )
 def test_vote_device_follows_the_groups_backend(backend: str, device_type: str) -> None:
     capability = {"gloo": ["cpu", "cuda"], "nccl": ["cuda"], "xccl": ["xpu"], "mpi": ["cpu", "cuda"]}
-    assert vote_device_type(backend, capability) == device_type
+    assert device_type_for(backend, capability) == device_type
 
 
 def test_the_installed_torch_table_says_nccl_takes_only_gpu_tensors() -> None:
     """The table agree() reads from torch itself: NCCL must map to the GPU there, gloo to the CPU."""
-    assert vote_device_type("nccl", dist.Backend.backend_capability) == "cuda"
-    assert vote_device_type("gloo", dist.Backend.backend_capability) == "cpu"
+    assert device_type_for("nccl", dist.Backend.backend_capability) == "cuda"
+    assert device_type_for("gloo", dist.Backend.backend_capability) == "cpu"

@@ -30,22 +30,28 @@ def _float64_of(n: int) -> Callable[..., bool]:
     return lambda tensor, *_, **__: tensor.dtype == torch.float64 and tensor.numel() == n
 
 
-# site: (owner, attribute, which calls count) — what hpctrain's loop calls at each collective.
-SITES: dict[str, tuple[Any, str, Callable[..., bool]]] = {
-    "host-names": (dist, "all_gather_object", lambda objects, obj, *_, **__: isinstance(obj, str)),
-    "ddp-init": (DistributedDataParallel, "__init__", lambda *_, **__: True),
-    "forward": (DistributedDataParallel, "forward", lambda *_, **__: True),
-    "backward": (torch.Tensor, "backward", lambda *_, **__: True),
-    "stop-vote": (dist, "all_reduce", _int64_vote),
-    "loss-average": (dist, "all_reduce", _float64_of(2)),
-    "evaluation": (dist, "all_reduce", _float64_of(4)),
-    "checkpoint-gather": (dist, "all_gather_object", lambda objects, obj, *_, **__: isinstance(obj, dict)),
-    "checkpoint-barrier": (dist, "barrier", lambda *_, **__: True),
+def _size_exchange(outputs: list[torch.Tensor], tensor: torch.Tensor, *_: Any, **__: Any) -> bool:
+    """The first all-gather of hpctrain's `all_gather_object`: every rank's pickle size."""
+    return tensor.dtype == torch.int64 and tensor.numel() == 1
+
+
+# site: (owner, attribute, which calls count, how many of those come before the site's first) — what hpctrain's
+# loop calls at each collective.
+SITES: dict[str, tuple[Any, str, Callable[..., bool], int]] = {
+    "host-names": (dist, "all_gather", _size_exchange, 0),
+    "ddp-init": (DistributedDataParallel, "__init__", lambda *_, **__: True, 0),
+    "forward": (DistributedDataParallel, "forward", lambda *_, **__: True, 0),
+    "backward": (torch.Tensor, "backward", lambda *_, **__: True, 0),
+    "stop-vote": (dist, "all_reduce", _int64_vote, 0),
+    "loss-average": (dist, "all_reduce", _float64_of(2), 0),
+    "evaluation": (dist, "all_reduce", _float64_of(4), 0),
+    "checkpoint-gather": (dist, "all_gather", _size_exchange, 1),  # after the host names' exchange
+    "checkpoint-barrier": (dist, "barrier", lambda *_, **__: True, 0),
 }
 
 
 def install(site: str, nth: int) -> None:
-    owner, name, matches = SITES[site]
+    owner, name, matches, before = SITES[site]
     original = getattr(owner, name)
     calls = 0
 
@@ -54,7 +60,7 @@ def install(site: str, nth: int) -> None:
         nonlocal calls
         if matches(*args, **kwargs):
             calls += 1
-            if calls == nth:
+            if calls == before + nth:
                 print(f"vanishing_rank: rank {os.environ['RANK']} stops before {site} (call {nth})", flush=True)
                 os.kill(os.getpid(), signal.SIGSTOP)
         return original(*args, **kwargs)

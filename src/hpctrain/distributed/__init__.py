@@ -8,7 +8,8 @@
 
 Modules: environment.py (DistEnv, NodePlan), detect.py (detect() and --dist-init-method), probes.py (what each
 launcher's variables say: node plans, restart counts, the derived port), hostlist.py (Slurm hostlists),
-process_group.py (device, process group, small collectives), failures.py (a collective's failure named as the
+process_group.py (device and process group), collectives.py (the collectives hpctrain runs, safe to end a
+process group right after), failures.py (a collective's failure named as the
 missing rank), cores.py (the CPU cores a process may use and the thread count), ports.py (a free TCP port).
 """
 
@@ -18,9 +19,8 @@ from hpctrain.distributed.environment import LAUNCHERS, DistEnv, NodePlan
 from hpctrain.distributed.hostlist import expand_hostlist, expand_tasks_per_node, first_host
 from hpctrain.distributed.detect import detect
 from hpctrain.distributed.probes import PROBES, kubeflow_node_plan, restart_count, slurm_node_plan, slurm_port
+from hpctrain.distributed.collectives import all_gather_object, all_reduce, all_reduce_mean, barrier
 from hpctrain.distributed.process_group import (
-    all_reduce_mean,
-    barrier,
     destroy_process_group,
     init_process_group,
     pick_device,
@@ -33,6 +33,8 @@ __all__ = [
     "PROBES",
     "DistEnv",
     "NodePlan",
+    "all_gather_object",
+    "all_reduce",
     "all_reduce_mean",
     "barrier",
     "destroy_process_group",

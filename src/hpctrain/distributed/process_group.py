@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "all_reduce_mean",
-    "barrier",
     "destroy_process_group",
     "exit_status",
     "init_process_group",
@@ -307,22 +305,3 @@ def setup(
     chosen = resolve_device(device, env)
     init_process_group(env, chosen, timeout_s)
     return env, chosen
-
-
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Mean of `tensor` over all ranks (a new tensor; the input unchanged). Identity for a single process."""
-    import torch.distributed as dist
-
-    result = tensor.detach().clone()
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(result, op=dist.ReduceOp.SUM)
-        result /= dist.get_world_size()
-    return result
-
-
-def barrier() -> None:
-    """Wait for all ranks (no-op for a single process)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from hpctrain import checkpoint
+from hpctrain.distributed import all_gather_object, barrier
 from hpctrain.distributed.failures import collective
 from hpctrain.errors import UserError
 from hpctrain.training import rng
@@ -30,9 +30,8 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
     unless `durable` (the run is about to stop) or --sync-checkpoints."""
     per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum, "threads": torch.get_num_threads()}
     if run.env.is_distributed:
-        gathered: list[Any] = [None] * run.env.world_size
         with collective(f"the checkpoint's gather of rank states at step {position.step}"):
-            dist.all_gather_object(gathered, per_rank)
+            gathered = all_gather_object(per_rank)
     else:
         gathered = [per_rank]
     if run.is_main:
@@ -58,7 +57,7 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
             run.writer.wait()
     if run.env.is_distributed:
         with collective(f"the barrier after the checkpoint at step {position.step}"):
-            dist.barrier()  # nobody runs ahead of the save (or exits before a durable one)
+            barrier()  # nobody runs ahead of the save (or exits before a durable one)
 
 
 def restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[str, Any]) -> Position:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hpctrain.data.sampler import mix_seed
+from hpctrain.distributed import all_reduce
 from hpctrain.distributed.failures import collective
 from hpctrain.training.checkpoints import save
 from hpctrain.training.evaluation import evaluate
@@ -148,7 +148,7 @@ def _report_bad_images(run: Run, names: list[str]) -> dict[str, int]:
     first few names (this rank's) and returned for the epoch's metrics record. A collective: every rank calls it."""
     count = torch.tensor([float(len(names))], dtype=torch.float64, device=run.device)
     if run.env.is_distributed:
-        dist.all_reduce(count)
+        all_reduce(count)
     total = int(count.item())
     if total:
         shown = ", ".join(names[:3]) + (" ..." if total > 3 else "")
@@ -165,7 +165,6 @@ def _elapsed(started: float, device: torch.device) -> float:
 
 def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> float:
     both = torch.stack([total.double(), torch.tensor(float(count), device=device, dtype=torch.float64)])
-    if dist.is_available() and dist.is_initialized():
-        with collective("the epoch's training-loss average"):
-            dist.all_reduce(both)
+    with collective("the epoch's training-loss average"):
+        all_reduce(both)
     return float(both[0] / both[1]) if both[1] > 0 else float("nan")

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.nn import functional as F
 
 from hpctrain.config import TrainConfig
-from hpctrain.distributed import destroy_process_group, detect, init_process_group, resolve_device
+from hpctrain.distributed import all_reduce, destroy_process_group, detect, init_process_group, resolve_device
 from hpctrain.distributed.failures import announce, collective, peer_failures
 from hpctrain.errors import UserError
 from hpctrain.training.parts import Parts
@@ -42,7 +41,7 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
         sums[3] += (target >= 0).sum()
     if run.env.is_distributed:
         with collective("evaluation's all-reduce"):
-            dist.all_reduce(sums)
+            all_reduce(sums)
     n = max(float(sums[3]), 1.0)
     return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
             "test_images": int(sums[3]), "bad_images": list(getattr(batches, "bad_images", []))}

@@ -8,12 +8,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import torch.distributed as dist
 import yaml
 
-from hpctrain.distributed import DistEnv
+from hpctrain.distributed import DistEnv, all_gather_object
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, write_atomic
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
@@ -69,7 +67,6 @@ def all_hostnames(env: DistEnv) -> list[str]:
     host = socket.gethostname()
     if not env.is_distributed:
         return [host]
-    hosts: list[Any] = [None] * env.world_size
     with collective("the start-up exchange of host names"):
-        dist.all_gather_object(hosts, host)
+        hosts = all_gather_object(host)
     return sorted(set(hosts))

@@ -127,19 +127,20 @@ def agree(local: StopReason, group: object = None) -> StopReason:
 
     Right on any backend by construction: without `group`, the vote goes over `vote_group()` (the default group if
     it can all-reduce CPU tensors, else a gloo side group made once, here, on the first vote); with a `group`, the
-    vote's tensor is put on a device that group's backend accepts (`vote_device_type`), e.g. the current GPU for an
+    vote's tensor is put on a device that group's backend accepts (`collective_device`), e.g. the current GPU for an
     NCCL group (which then costs a GPU synchronisation per call)."""
     import torch
     import torch.distributed as dist
+
+    from hpctrain.distributed import all_reduce
+    from hpctrain.distributed.collectives import collective_device
 
     if not (dist.is_available() and dist.is_initialized()):
         return local
     if group is None:
         group = vote_group()
-    device_type = vote_device_type(dist.get_backend(group), _backend_capability())
-    device = torch.device(device_type, _current_index(device_type)) if device_type != "cpu" else torch.device("cpu")
-    vote = torch.tensor([int(local)], dtype=torch.int64, device=device)
-    dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group)
+    vote = torch.tensor([int(local)], dtype=torch.int64, device=collective_device(group))
+    all_reduce(vote, op="max", group=group)
     return StopReason(int(vote.item()))
 
 
@@ -158,42 +159,15 @@ def vote_group() -> object:
     on every rank (the first `agree`, or the training loop's setup, is such a point)."""
     import torch.distributed as dist
 
+    from hpctrain.distributed.collectives import collective_device_type
+
     global _side_group
     world = dist.group.WORLD
-    if vote_device_type(dist.get_backend(world), _backend_capability()) == "cpu":
+    if collective_device_type(world) == "cpu":
         return world
     if _side_group is None or _side_group[0] is not world:
         _side_group = (world, dist.new_group(backend="gloo"))
     return _side_group[1]
-
-
-def vote_device_type(backend: str, capability: dict[str, list[str]]) -> str:
-    """The device type for a collective's tensor on a group with this backend: "cpu" when the backend takes CPU
-    tensors, else the first device type it supports ("cuda" for nccl). `backend` is what
-    torch.distributed.get_backend returns: a name ("nccl") or a per-device list ("cpu:gloo,cuda:nccl");
-    `capability` is torch's table of the device types each backend name supports. An unknown name counts as CPU."""
-    backend = backend.lower()
-    if ":" in backend:
-        devices = [part.split(":", 1)[0].strip() for part in backend.split(",")]
-    else:
-        devices = capability.get(backend) or ["cpu"]
-    return "cpu" if "cpu" in devices else devices[0]
-
-
-def _backend_capability() -> dict[str, list[str]]:
-    import torch.distributed as dist
-
-    known = getattr(dist.Backend, "backend_capability", None)
-    return known if isinstance(known, dict) else {"gloo": ["cpu", "cuda"], "nccl": ["cuda"], "mpi": ["cpu", "cuda"]}
-
-
-def _current_index(device_type: str) -> int | None:
-    """This process's current device of that type (set by `torch.cuda.set_device` in init_process_group)."""
-    import torch
-
-    module = getattr(torch, device_type, None)
-    current = getattr(module, "current_device", None)
-    return int(current()) if callable(current) else None
 
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:
