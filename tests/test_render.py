@@ -107,8 +107,11 @@ def test_resources_render_per_launcher() -> None:
     single = render_sbatch(golden_job("single", "apptainer", "gpu2"))
     assert "#SBATCH --ntasks=1" in single and "apptainer exec --nv" in single
     assert "apptainer exec --bind" in render_sbatch(golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
-    no_signal = render_sbatch(torch_job.replace(signal_grace=0))
-    assert "#SBATCH --signal" not in no_signal and "--requeue" not in no_signal and "scontrol requeue" not in no_signal
+    no_signal = render_sbatch(torch_job.replace(signal_grace=0))  # no time-limit warning: requeued after a hang only
+    assert "#SBATCH --signal" not in no_signal and "#SBATCH --requeue" in no_signal
+    assert no_signal.count("scontrol requeue") == 1 and '[ "$stop_reason" = hung ]' in no_signal
+    never = render_sbatch(torch_job.replace(signal_grace=0, max_hang_restarts=0))
+    assert "--requeue" not in never and "scontrol requeue" not in never
 
 
 def test_sbatch_lines_quote_as_sbatch_reads_them() -> None:

@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from around_helpers import cli_env, hpctrain
-from hpctrain.top import NVIDIA_SMI, parse_probe, report
+from hpctrain.health import ProgressRecorder, read_progress
+from hpctrain.top import NVIDIA_SMI, parse_probe, rank_lines, report
 from standins import calls, install
+
+
+def test_rank_lines_show_each_rank_the_slowest_and_a_straggler(tmp_path: Path) -> None:
+    for rank, forward_s in ((0, 0.010), (1, 0.011), (2, 0.050)):  # rank 2 computes five times as long
+        ProgressRecorder(tmp_path, rank, 3, "a" if rank < 2 else "b", 100, interval_s=0.0).step(
+            2, 150, 50, 32, 0.1, 0.001, forward_s)
+    records = read_progress(tmp_path)
+    lines = rank_lines(records, records[0].updated + 3)
+    assert lines[0].split() == ["RANK", "HOST", "PHASE", "EPOCH", "STEP", "STEP", "ms", "INPUT", "ms", "FWD", "ms",
+                                "IMG/S", "AGE"]
+    assert lines[3].split() == ["2", "b", "training", "2", "150", "100.0", "1.0", "50.0", "320", "3s"]
+    assert "images/s per node: a 640, b 320" in lines
+    assert "slowest: rank 2 on b, 51.0 ms of its own per step (most of it compute (forward pass))" in lines
+    assert lines[-1].startswith("straggler: rank 2 on b is a straggler")
+    assert rank_lines([], 0.0) == []
 
 
 def test_report_says_when_all_gpus_sit_idle() -> None:
@@ -68,6 +86,9 @@ def test_top_of_a_running_job(slurm_cluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 120, "epoch": 2, "images_per_s": 2345.0}) + "\n")
+    for rank, data_s in ((0, 0.002), (1, 0.080)):  # the live records two ranks of a run leave; rank 1 starves
+        recorder = ProgressRecorder(run_dir, rank, 2, f"host{rank}", 100, interval_s=0.0)
+        recorder.step(1, 120, 20, 64, 0.1, data_s, 0.01)
     # The job's steps see PATH and STANDIN_* of the srun that starts them (srun exports the caller's environment).
     env = cli_env(tmp_path / "home", path_prefix=bin_dir, STANDIN_LOG=str(log), STANDIN_GPUS="0, 0, 3, 81559;1, 0, 3, 81559")
     job = slurm_cluster.sbatch("--job-name=top-test", "--cpus-per-task=1", "--wrap", "sleep 600", cwd=tmp_path)
@@ -77,7 +98,9 @@ def test_top_of_a_running_job(slurm_cluster, tmp_path: Path) -> None:
                           "--interval", "1", env=env)
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count(f"job {job} at ") == 2
-        assert "step 120, epoch 2, 2,345 images/s" in result.stdout
+        assert "RANK HOST " in result.stdout and "images/s per node: host0 640, host1 640" in result.stdout
+        assert "slowest: rank 1 on host1, 90.0 ms of its own per step (most of it input)" in result.stdout
+        assert "straggler: rank 1 on host1 is a straggler" in result.stdout
         assert f"job {job} holds 2 GPU(s) and none is working" in result.stdout
         node = slurm_cluster_node(slurm_cluster, job)
         assert any(line.startswith(node) and "IDLE" in line for line in result.stdout.splitlines())
@@ -85,6 +108,19 @@ def test_top_of_a_running_job(slurm_cluster, tmp_path: Path) -> None:
         assert len(smi) == 2 and all(c[1:] == list(NVIDIA_SMI[1:]) for c in smi)
         gone = hpctrain("top", "999999", "--scheduler", "slurm", env=env)
         assert gone.returncode == 2 and "not found" in gone.stderr
+        # --watch outlives the job: it ends cleanly, saying so
+        watching = subprocess.Popen([sys.executable, "-m", "hpctrain", "top", job, "--scheduler", "slurm",
+                                     "--watch", "--interval", "1"], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            first = watching.stdout.readline()
+            assert first.startswith(f"job {job} at "), first + watching.stderr.read()
+            slurm_cluster.cancel_quietly(job)
+            out, err = watching.communicate(timeout=120)
+        finally:
+            watching.kill()
+        assert watching.returncode == 0, out + err
+        assert f"job {job} is " in out and "not running" in out and out.rstrip().endswith("top ends"), out
     finally:
         slurm_cluster.cancel_quietly(job)
 

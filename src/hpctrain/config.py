@@ -65,6 +65,9 @@ class TrainConfig:
     another count changes torch's floating-point results (see training.setup.resolve_threads)."""
     dist_timeout: float = 600.0
     """Seconds a collective may wait for a missing rank before the run fails."""
+    hang_timeout: float | None = None
+    """Seconds without a completed step that end the attempt as hung (stacks and a report in RUN/hang/); None:
+    automatic (hpctrain.health.watchdog), 0: off."""
     # ---- image workloads (imagenet); see hpctrain.recipes.imagenet
     val_path: str | None = None
     """Validation images when not DATA/val (class folders, or flat with val_labels)."""
@@ -110,6 +113,9 @@ class TrainConfig:
             raise UserError(f"--keep-checkpoints must be at least 1 (got {self.keep_checkpoints})")
         _check_float("--dist-timeout", self.dist_timeout, above=0, at_most=MAX_DIST_TIMEOUT_S,
                      why="a collective waiting longer for a rank is a hang; the unit is seconds")
+        if self.hang_timeout is not None:
+            _check_float("--hang-timeout", self.hang_timeout, at_least=0, at_most=MAX_DIST_TIMEOUT_S,
+                         why="seconds without a completed step; 0 turns the watchdog off")
         _check_float("--log-interval", self.log_interval, at_least=0, at_most=MAX_LOG_INTERVAL_S,
                      why="the unit is seconds; 0 prints every step")
 

@@ -20,11 +20,13 @@ from hpctrain.errors import UserError
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
-def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: int = 0o666) -> None:
+def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: int = 0o666,
+                 durable: bool = True) -> None:
     """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file.
 
     The rename replaces a symbolic link at `path` itself (never its target), and the temporary is opened without
-    following a link either. `mode`: 0o600 for a file that holds secrets (set as is; the default 0o666 goes through the umask)."""
+    following a link either. `mode`: 0o600 for a file that holds secrets (set as is; the default 0o666 goes through the umask).
+    `durable=False` skips the fsync, for a file rewritten every few seconds that a crash may lose (live progress)."""
     tmp = temporary or path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
@@ -33,7 +35,8 @@ def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: i
         with open(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)  # a link there is removed itself, its target untouched

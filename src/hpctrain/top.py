@@ -10,9 +10,14 @@ pod through the API server's exec stream (what `kubectl exec` does).
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.health import RankProgress
+from hpctrain.health.view import rank_lines
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
 IDLE_UTIL = 5
@@ -97,6 +102,10 @@ def _parse_gpu(line: str) -> GpuSample | None:
     return GpuSample(*nums)
 
 
+class JobNotRunning(UserError):
+    """The job is not (or no longer) running: nothing to sample. `top --watch` ends on it once it has shown one."""
+
+
 def latest_metrics(run_dir: Path | None) -> dict[str, Any] | None:
     if run_dir is None:
         return None
@@ -109,8 +118,10 @@ def latest_metrics(run_dir: Path | None) -> dict[str, Any] | None:
     return records[-1] if records else None
 
 
-def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label: str) -> list[str]:
-    """The screen: a line per GPU, a line per node, the run's progress, and a plain verdict on idle GPUs."""
+def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label: str,
+           ranks: list[RankProgress] | None = None, now: float | None = None) -> list[str]:
+    """The screen: a line per GPU, a line per node, the run's progress (the ranks' live records when there are
+    any, else the latest metrics.jsonl record), and a plain verdict on idle GPUs."""
     width = max([24] + [len(s.node) for s in samples])  # pods show as `NODE (POD)`
     lines = [f"{'NODE':{width}s} {'GPU':>3s} {'UTIL':>5s} {'MEMORY':>17s}   CPU LOAD"]
     held = idle = 0
@@ -125,7 +136,9 @@ def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label:
             idle += g.idle
             mem = f"{g.mem_used_mib:,}/{g.mem_total_mib:,} MiB"
             lines.append(f"{s.node:{width}s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}")
-    if metrics:
+    if ranks:
+        lines += rank_lines(ranks, time.time() if now is None else now)
+    elif metrics:
         rate = metrics.get("images_per_s")
         lines.append(f"run: step {metrics.get('step')}, epoch {metrics.get('epoch')}"
                      + (f", {rate:,.0f} images/s" if isinstance(rate, (int, float)) else "") + " (latest metrics.jsonl record)")

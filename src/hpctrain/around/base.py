@@ -66,6 +66,10 @@ class Services(Protocol):
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         """Run the probe on each node (pod) of the running job; its run directory too when `find_run_dir`."""
 
+    def run_dir(self, job: str) -> Path | None:
+        """The run directory of a job hpctrain submitted, as this machine sees it; None when the backend cannot
+        tell (the caller asks for --run-dir)."""
+
     def stop(self, name: str) -> str | None:
         """`hpctrain cancel NAME` of a service that runs beside the scheduler's jobs rather than as one (on Kubernetes
         a dev or TensorBoard pod with its Secret): stop it and say so. None when `name` is no such service: the

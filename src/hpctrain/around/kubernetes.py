@@ -20,7 +20,7 @@ from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
 from hpctrain.sessions import kubernetes as sessions
 from hpctrain.sessions.config import DevConfig, SessionView
-from hpctrain.top import PROBE, NodeSample, TopSample, parse_probe
+from hpctrain.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
 
 TENSORBOARD_PORT = 6006
 PROBE_TIMEOUT_S = 60
@@ -87,9 +87,16 @@ class KubernetesServices:
                 found.get_object(job)
             except JobNotFound:
                 continue
-            return TopSample(f"job {job}", sample_pods(found.core, found.pods_of(job)))
+            samples = sample_pods(found.core, found.pods_of(job))
+            if not samples:
+                raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
+                                    "(`hpctrain status` says where it is)")
+            return TopSample(f"job {job}", samples)
         raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
                         "and --namespace (hpctrain status lists the jobs)")
+
+    def run_dir(self, job: str) -> Path | None:
+        return None  # the pods' run directory lies on their volume, which this machine need not see
 
     def stop(self, name: str) -> str | None:
         sched = self.scheduler

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from hpctrain.services import slurm as service_slurm
 from hpctrain.services.common import Endpoint, login_host, private_dir, state_root
 from hpctrain.sessions import slurm as sessions
 from hpctrain.sessions.config import DevConfig, SessionView, session_dir
-from hpctrain.top import PROBE, NodeSample, TopSample, parse_probe
+from hpctrain.schedulers.slurm.run_dir import parse_run_dir, run_dir_of
+from hpctrain.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
 
 TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec "$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
                                      '--port "$HPCTRAIN_PORT" --reload_interval 30')
@@ -66,6 +66,14 @@ class SlurmServices:
         info, samples = sample(job)
         run_dir = run_dir_of(info.job_id, info.work_dir) if find_run_dir else None
         return TopSample(f"job {info.job_id}", samples, run_dir)
+
+    def run_dir(self, job: str) -> Path | None:
+        from hpctrain.schedulers.slurm.jobs import get_job
+
+        info = get_job(job)
+        if info is None:
+            raise UserError(f"job {job} not found: check the id with `hpctrain status`")
+        return run_dir_of(info.job_id, info.work_dir)
 
     def stop(self, name: str) -> str | None:
         return None  # every service is a batch job: scancel stops it
@@ -150,32 +158,10 @@ def sample(job_id: str) -> tuple[Any, list[NodeSample]]:
     if info is None:
         raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
     if info.state != "RUNNING":
-        raise UserError(f"job {job_id} is {info.state}, not running: `hpctrain top` looks at running jobs only")
+        raise JobNotRunning(f"job {job_id} is {info.state}, not running: `hpctrain top` looks at running jobs only")
     result = slurm(probe_argv(info.job_id, info.num_nodes or 1), check=False)
     samples = parse_probe(result.stdout)
     if not samples:
         err = " ".join((result.stderr or "").split()) or f"exit status {result.returncode}"
         raise UserError(f"could not run the probe step in job {job_id} ({err}); the job may be ending")
     return info, samples
-
-
-def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
-    """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
-    batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
-    result = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False)
-    return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None
-
-
-def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | None = None) -> Path | None:
-    """The `run_dir=...` line hpctrain.schedulers.slurm.render renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
-    for line in script.splitlines():
-        if line.startswith("run_dir="):
-            text = line[len("run_dir="):].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))
-            try:
-                words = shlex.split(text)
-            except ValueError:
-                return None
-            if len(words) == 1:
-                path = Path(words[0])
-                return path if path.is_absolute() or work_dir is None else Path(work_dir) / path
-    return None

@@ -1,11 +1,15 @@
 """`hpctrain debug preempt JOB`: send a running job the warning its time limit would send, now, to rehearse
 checkpoint, requeue and resume. The scheduler does it (Scheduler.preempt; Slurm's in
 hpctrain.schedulers.slurm.preempt reads the signal from the job's own batch script).
+
+`hpctrain debug stacks JOB`: every rank of a running job writes its Python stacks (hpctrain.health.stacks).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
 from hpctrain.cli.scheduling import add_connection_arguments, backend_for
 from hpctrain.errors import UserError
@@ -35,10 +39,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     preempt.add_argument("--timeout", type=float, default=600.0, metavar="S",
                          help="with --follow: give up waiting after S seconds (default: 600)")
     add_connection_arguments(preempt)
+    stacks = actions.add_parser(
+        "stacks",
+        help="every rank of a running training job writes the Python stacks of all its threads: stuck or just slow?",
+        description=(
+            "Ask every rank of JOB (an `hpctrain train` run, or a script using hpctrain.training's watch) for the "
+            "Python stacks of all its threads. The request is a file in the run directory, which every rank's "
+            "watchdog thread checks each second; each answers in RUN/stacks/rank-N.txt, also while its main thread "
+            "is blocked in a collective or in I/O. A rank that does not answer is frozen or gone."
+        ),
+    )
+    stacks.add_argument("job", metavar="JOB", help="job id (Slurm) or job name (Kubernetes)")
+    stacks.add_argument("--run-dir", type=Path, help="the run's directory (default: read from the job's batch script "
+                        "when hpctrain submitted it; on Kubernetes give it as this machine sees the shared volume)")
+    stacks.add_argument("--wait", type=float, default=15.0, metavar="S",
+                        help="how long to wait for every rank's answer (default: 15)")
+    add_connection_arguments(stacks)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "preempt":
         return backend_for(args).preempt(args.job, signal=args.signal, steps=args.steps, follow=args.follow,
                                          timeout_s=args.timeout)
+    if args.action == "stacks":
+        return _stacks(args)
     raise UserError(f"unknown debug action {args.action!r}: use `hpctrain debug preempt JOB`")  # argparse prevents it
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    from hpctrain.cli.around import services_of
+    from hpctrain.health import read_progress, request_stacks
+    from hpctrain.health.stacks import answers
+
+    if args.wait <= 0:
+        raise UserError("--wait must be above 0 (seconds)")
+    run_dir = args.run_dir or services_of(args).run_dir(args.job)
+    if run_dir is None:
+        raise UserError(f"cannot tell the run directory of {args.job}: give it with --run-dir")
+    ranks = read_progress(run_dir)
+    if not ranks:
+        raise UserError(f"{run_dir} has no progress records (RUN/progress/): the run has not started training, "
+                        "or it is not an hpctrain run")
+    asked = request_stacks(run_dir)
+    deadline = time.monotonic() + args.wait
+    while len(got := answers(run_dir, asked)) < ranks[0].world_size and time.monotonic() < deadline:
+        time.sleep(0.5)
+    answered = {int(path.stem.split("-")[1]) for path in got}
+    for path in got:
+        print(path)
+    silent = [r.where() for r in ranks if r.rank not in answered]
+    if silent:
+        print(f"no answer within {args.wait:g} s from: {', '.join(silent)} (frozen, stopped or gone; "
+              "`hpctrain status` and its log say more)")
+    return 0 if answered else 1

@@ -80,6 +80,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     l.add_argument("--max-requeues", type=int, metavar="N", help="requeues after time-limit warnings (default 3)")
     l.add_argument("--max-preemptions", type=int, metavar="N",
                    help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)")
+    l.add_argument("--max-hang-restarts", type=int, metavar="N",
+                   help="new starts after hpctrain's hang watchdog ended an attempt (`train --hang-timeout`); it "
+                   "resumes from its checkpoint (default 2; Slurm: needs the run directory)")
     l.add_argument("--max-restarts", type=int, metavar="N",
                    help="torchrun: restart the workers up to N times after one dies (default 0)")
     add_kubernetes_job_arguments(parser)
@@ -101,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 _RESOURCE_FLAGS = ("nodes", "nproc_per_node", "gpus_per_node", "gpu_type", "gres", "cpus_per_task", "mem")
 _JOB_FLAGS = ("name", "partition", "account", "qos", "time", "output", "error", "launcher", "run_dir", "rdzv_port",
-              "signal_grace", "max_requeues", "max_preemptions", "max_restarts")
+              "signal_grace", "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts")
 _ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
 
 

@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hpctrain import top
     from hpctrain.errors import UserError
+    from hpctrain.health import read_progress
 
     if args.interval <= 0 or (args.count is not None and args.count < 1):
         raise UserError("--interval must be above 0 and --count at least 1")
@@ -33,9 +34,16 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir
     shown = 0
     while True:
-        sample = services.top(args.job, find_run_dir=run_dir is None and shown == 0)
+        try:
+            sample = services.top(args.job, find_run_dir=run_dir is None and shown == 0)
+        except top.JobNotRunning as ended:
+            if not shown:
+                raise
+            print(f"{ended}; top ends", flush=True)  # --watch outlived the job: that is its normal end
+            return 0
         run_dir = run_dir or sample.run_dir
-        lines = top.report(sample.nodes, top.latest_metrics(run_dir), sample.label)
+        ranks = read_progress(run_dir) if run_dir is not None else []
+        lines = top.report(sample.nodes, top.latest_metrics(run_dir), sample.label, ranks)
         if args.watch and sys.stdout.isatty():
             print("\033[H\033[J", end="")
         if args.watch:

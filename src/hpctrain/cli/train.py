@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "(default: detected); --nproc chooses its own")
     where.add_argument("--dist-timeout", type=float, default=600.0, metavar="S",
                        help="seconds a collective waits for a missing rank before failing (default: 600)")
+    where.add_argument("--hang-timeout", type=float, metavar="S",
+                       help="end the attempt as hung when no step completes for S seconds: every rank writes its "
+                       "stacks to RUN/hang/ and a report names the rank that never arrived; a submitted job then "
+                       "restarts from its checkpoint (default: 20 times the slowest step so far, at least 120; "
+                       "evaluation and checkpoints get --dist-timeout; 0: off)")
     where.add_argument("--threads", type=int, metavar="N", help="torch threads per process, at most the cores it "
                        "may use (default: those cores not kept busy by other programs at the start, divided among "
                        "the local processes)")
@@ -172,6 +177,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "resume": args.resume,
         "dist_init_method": args.dist_init_method,
         "dist_timeout": args.dist_timeout,
+        "hang_timeout": args.hang_timeout,
         "threads": args.threads,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,

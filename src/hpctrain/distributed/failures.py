@@ -77,7 +77,13 @@ def collective(what: str, *, only_known: bool = False) -> Iterator[None]:
     """Run one collective (or a step that contains one): any error inside is taken as a peer failure in `what`.
 
     `only_known`: for code that also computes (DDP's backward holds the gradient all-reduce, its forward the
-    buffer broadcast), only errors that read like a peer failure are; a bug there keeps its own traceback."""
+    buffer broadcast), only errors that read like a peer failure are; a bug there keeps its own traceback.
+
+    While inside, `current_collective()` names it and counts it (the hang watchdog reads both from its own
+    thread: every rank enters the same collectives in the same order, so a rank that entered fewer is behind)."""
+    global _current, _entered
+    outer, _current = _current, what
+    _entered += 1
     try:
         yield
     except PeerLost:
@@ -86,6 +92,18 @@ def collective(what: str, *, only_known: bool = False) -> Iterator[None]:
         if only_known and not looks_like_peer_failure(err):
             raise
         raise PeerLost(what, err) from err
+    finally:
+        _current = outer
+
+
+_current: str | None = None
+_entered = 0
+
+
+def current_collective() -> tuple[str | None, int]:
+    """The `collective()` the main thread is in now, if any ("the stop vote after step 12", ...), and how many
+    this process has entered so far."""
+    return _current, _entered
 
 
 @contextlib.contextmanager

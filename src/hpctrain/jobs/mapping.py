@@ -20,7 +20,7 @@ _ENV_KEYS = {f.name for f in fields(EnvironmentSpec)}
 _JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
 VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
 _INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpus_per_task", "rdzv_port", "signal_grace",
-             "max_requeues", "max_preemptions", "max_restarts"}
+             "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts"}
 _STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output", "error", "run_dir", "gpu_type", "mem", "gres",
              "python"}
 _LIST_KEYS = {"command", "sbatch_extra"}

@@ -165,6 +165,8 @@ class JobSpec:
     """How often the job may requeue itself after a time-limit warning."""
     max_preemptions: int = 10
     """How often the job may start again after Slurm requeued it on its own (preemption, node failure)."""
+    max_hang_restarts: int = 2
+    """How often the job may start again after hpctrain's hang watchdog ended an attempt (needs run_dir)."""
     max_restarts: int = 0
     """torchrun only: restart the worker group this often after a worker dies (it resumes from its checkpoint)."""
     python: str | None = None
@@ -222,7 +224,7 @@ class JobSpec:
             raise UserError(f"--run-dir must be a non-empty path (got {self.run_dir!r})")
         if self.rdzv_port is not None and (isinstance(self.rdzv_port, bool) or not isinstance(self.rdzv_port, int) or not 1024 <= self.rdzv_port <= 65535):
             raise UserError(f"--rdzv-port must be a port number between 1024 and 65535 (got {self.rdzv_port!r})")
-        for name in ("signal_grace", "max_requeues", "max_preemptions", "max_restarts"):
+        for name in ("signal_grace", "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{_flag(name)} must be a whole number >= 0 (got {value!r})")

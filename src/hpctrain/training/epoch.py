@@ -19,6 +19,7 @@ from hpctrain.training.metrics import Progress
 from hpctrain.training.parts import Parts
 from hpctrain.training.run import Position, Run
 from hpctrain.training.stopping import StopReason, agree
+from hpctrain.training.watch import RankWatch
 
 
 @dataclass
@@ -32,15 +33,16 @@ class EpochStats:
     bad_images: list[str] = field(default_factory=list)  # this rank's unreadable images (--skip-bad-images)
 
 
-def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress | None,
+def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress | None, watch: RankWatch,
                 ) -> tuple[StopReason, EpochStats]:
     """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint,
-    unless the loss became non-finite: then nothing is written)."""
+    unless the loss became non-finite: then nothing is written). Each step is reported to `watch`."""
     cfg, env, plan = run.cfg, run.env, parts.plan
     batches = parts.data.train_batches(plan, position.epoch, position.step_in_epoch, env.rank)
     stats = EpochStats(torch.tensor(position.loss_sum, device=run.device), 0, position.epoch_train_seconds)
     parts.wrapped.train()
     started: float | None = time.perf_counter()  # None while the training clock is stopped
+    watch.epoch_started(batches.wait_seconds)
     for inputs, labels in batches:
         loss = _step(run, parts, position, inputs, labels)
         stats.images += len(labels) * env.world_size
@@ -56,6 +58,7 @@ def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress |
                           lambda: _progress_numbers(run, position, stats, started))
         with collective(f"the stop vote after step {position.step}"):
             reason = agree(run.stop.reason, parts.control)
+        watch.step(position.epoch, position.step, position.step_in_epoch, len(labels), batches.wait_seconds)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
         if reason is not StopReason.NONE or (periodic and not last):
             if started is not None:
@@ -63,7 +66,8 @@ def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress |
             position.loss_sum = stats.loss_sum.item()
             if reason is StopReason.DIVERGED or diverged(run, parts, position.loss_sum):
                 return StopReason.DIVERGED, stats
-            save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
+            with watch.long_phase("checkpointing"):
+                save(run, parts, position, end_of_epoch=False, durable=reason is not StopReason.NONE)
             if reason is not StopReason.NONE:
                 stats.data_wait_seconds = batches.wait_seconds
                 stats.bad_images = list(getattr(batches, "bad_images", []))
@@ -119,11 +123,14 @@ def diverged(run: Run, parts: Parts, *losses: float) -> bool:
         return agree(StopReason.NONE if finite else StopReason.DIVERGED, parts.control) is StopReason.DIVERGED
 
 
-def finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats) -> dict[str, Any]:
-    """Evaluate, step an epoch-wise schedule, and return the epoch's metrics record."""
+def finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats, watch: RankWatch) -> dict[str, Any]:
+    """Evaluate, step an epoch-wise schedule, and return the epoch's metrics record (with the stragglers rank 0
+    named during the epoch, if any)."""
     optimization = parts.optimization
     train_loss = _mean_over_ranks(stats.loss_sum, position.step_in_epoch, run.device)
-    scores = evaluate(run, parts)
+    with watch.long_phase("evaluating"):
+        scores = evaluate(run, parts)
+    stragglers = watch.take_reported()
     if optimization.scheduler_interval == "epoch":
         optimization.scheduler.step()
     skipped = _report_bad_images(run, stats.bad_images + scores.pop("bad_images")) if run.cfg.skip_bad_images else {}
@@ -140,6 +147,7 @@ def finish_epoch(run: Run, parts: Parts, position: Position, stats: EpochStats) 
         "world_size": run.env.world_size,
         "lr": optimization.optimizer.param_groups[0]["lr"],
         **skipped,
+        **({"stragglers": stragglers} if stragglers else {}),
     }
 
 

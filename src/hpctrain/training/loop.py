@@ -11,6 +11,7 @@ detected environment. The pieces, each in its own module of this package:
     epoch.py        one epoch's steps, its evaluation and metrics record; the divergence vote
     evaluation.py   test loss and accuracy; --evaluate
     checkpoints.py  saving, restoring and keeping the best of the loop's checkpoints
+    watch.py        this rank's live progress record, hang watchdog and stack requests; rank 0's straggler check
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from hpctrain.training.run import Position, Run
 from hpctrain.training.rundir import all_hostnames, checkpoint_dir, write_run_files
 from hpctrain.training.setup import setup_run
 from hpctrain.training.stopping import StopReason, write_stop_reason
+from hpctrain.training.watch import RankWatch
 from hpctrain.training.workload import Recipe
 
 
@@ -76,19 +78,35 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
 
 
 def _train(run: Run) -> RunResult:
-    cfg = run.cfg
     parts, position = _build(run)
     metrics, progress = _start_reporting(run, parts, position)
+    watch = RankWatch(run, parts.model, parts.plan.steps_per_epoch)
+    reason = StopReason.CANCELLED  # what the progress record says if an exception ends the loop
+    try:
+        reason, record = _epochs(run, parts, position, metrics, progress, watch)
+    finally:
+        watch.close("finished" if reason is StopReason.NONE else "stopped")
+    if run.is_main:
+        write_stop_reason(run.run_dir, reason)
+    if metrics:
+        metrics.close()
+    return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+
+
+def _epochs(run: Run, parts: Parts, position: Position, metrics: MetricsLog | None, progress: Progress | None,
+            watch: RankWatch) -> tuple[StopReason, dict[str, Any] | None]:
+    """Epoch after epoch until the configured count or a stop; returns why it ended and the last epoch's record."""
+    cfg = run.cfg
     reason, record = StopReason.NONE, None
     while position.epoch < cfg.epochs:
         if progress:
             progress.start_epoch(position.epoch + 1, position.step_in_epoch)
-        reason, stats = train_epoch(run, parts, position, progress)
+        reason, stats = train_epoch(run, parts, position, progress, watch)
         if progress:
             progress.end_epoch()
         if reason is not StopReason.NONE:
             break
-        finished = finish_epoch(run, parts, position, stats)
+        finished = finish_epoch(run, parts, position, stats, watch)
         if diverged(run, parts, finished["train_loss"], finished["test_loss"]):
             reason = StopReason.DIVERGED  # nothing of this epoch is kept: no checkpoint, no metrics record
             break
@@ -96,20 +114,16 @@ def _train(run: Run) -> RunResult:
         improved = record["test_accuracy"] > position.best_accuracy
         position.best_accuracy = max(position.best_accuracy, record["test_accuracy"])
         position.next_epoch()
-        save(run, parts, position, end_of_epoch=True)
-        if improved and run.recipe.keeps_best:
-            keep_best(run, position)
+        with watch.long_phase("checkpointing"):
+            save(run, parts, position, end_of_epoch=True)
+            if improved and run.recipe.keeps_best:
+                keep_best(run, position)
         if metrics:
             metrics.epoch(record)
             run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
                     f"{record['test_loss']:.4f}, test accuracy {100 * record['test_accuracy']:.2f}%, "
                     f"{record['images_per_s']:,.0f} images/s, {record['epoch_seconds']:.1f} s")
-
-    if run.is_main:
-        write_stop_reason(run.run_dir, reason)
-    if metrics:
-        metrics.close()
-    return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+    return reason, record
 
 
 def _build(run: Run) -> tuple[Parts, Position]:

@@ -33,6 +33,9 @@ EXIT_COMPLETED = 0
 EXIT_PREEMPTED = 75
 EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
 EXIT_DIVERGED = 3  # the loss became non-finite: restarting the same way would fail the same way
+# The hang watchdog ended the attempt (no step within the hang limit). 128 + SIGALRM, the watchdog's alarm: a
+# status of 128 and above is one Kubeflow's ExitCode restart policy retries, and the batch script restarts it too.
+EXIT_HUNG = 142
 
 STOP_REASON_FILE = "stop_reason"
 
@@ -44,11 +47,12 @@ class StopReason(IntEnum):
     PREEMPTED = 1
     CANCELLED = 2
     DIVERGED = 3  # not a signal: the loss became non-finite; no checkpoint may be written after it
+    HUNG = 4  # not a signal and never voted: the hang watchdog ended the attempt
 
     @property
     def exit_code(self) -> int:
         return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED,
-                StopReason.DIVERGED: EXIT_DIVERGED}.get(self, EXIT_CANCELLED)
+                StopReason.DIVERGED: EXIT_DIVERGED, StopReason.HUNG: EXIT_HUNG}.get(self, EXIT_CANCELLED)
 
     @property
     def label(self) -> str:

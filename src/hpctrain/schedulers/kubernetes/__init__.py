@@ -66,6 +66,7 @@ INFO = BackendInfo(
         "--partition": "pick nodes with --node-selector and --toleration",
         "--max-requeues": "Kubernetes restarts failed pods within --max-restarts",
         "--max-preemptions": "Kubernetes restarts failed pods within --max-restarts",
+        "--max-hang-restarts": "Kubernetes restarts failed pods within --max-restarts (a hung attempt exits 142)",
     },
     # KubernetesOptions fields (--context is create()'s own keyword); on Kubernetes --image is the pods' image
     connection_fields={"namespace": "namespace", "k8s_api": "api"},

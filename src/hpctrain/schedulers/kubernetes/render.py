@@ -99,7 +99,8 @@ def container_command(job: JobSpec, options: KubernetesOptions) -> list[str]:
 # JobSpec fields that only Slurm reads (flag for the message), refused when not at their default.
 _SLURM_ONLY = {"partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output",
                "error": "--error", "launcher": "--launcher", "rdzv_port": "--rdzv-port",
-               "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions"}
+               "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions",
+               "max_hang_restarts": "--max-hang-restarts"}
 
 
 def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:

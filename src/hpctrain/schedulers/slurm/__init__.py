@@ -46,6 +46,7 @@ INFO = BackendInfo(
         "modules": "--module", "conda_env": "--conda-env", "venv": "--venv", "mounts": "--mount",
         "workdir": "--container-workdir", "launcher": "--launcher", "rdzv_port": "--rdzv-port",
         "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions",
+        "max_hang_restarts": "--max-hang-restarts",
         # status, logs, cancel (cluster's --partition is the job's)
         "all_users": "--all-users", "err": "--err", "signal": "--signal", "full": "--full",
     },

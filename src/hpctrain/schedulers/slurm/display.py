@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -113,10 +115,16 @@ def not_found(job_id: str) -> UserError:
     )
 
 
-def print_job(job: JobInfo, as_json: bool) -> None:
-    """One job in full: its table row, then partition, exit status, times and output files."""
+def print_job(job: JobInfo, as_json: bool, run_dir: Path | None = None) -> None:
+    """One job in full: its table row, then partition, exit status, times and output files; with the run directory
+    of a job hpctrain submitted, each rank's live progress and how a hung attempt ended (hpctrain.health)."""
+    from hpctrain.health import read_progress
+    from hpctrain.health.view import hang_lines, rank_lines
+
+    ranks = read_progress(run_dir) if run_dir is not None else []
     if as_json:
-        print(json.dumps(job.to_dict(), indent=2))
+        extra = {"run_dir": str(run_dir), "ranks": [asdict(r) for r in ranks]} if run_dir is not None else {}
+        print(json.dumps({**job.to_dict(), **extra}, indent=2))
         return
     out = console()
     out.print(jobs_table([job]))
@@ -133,6 +141,10 @@ def print_job(job: JobInfo, as_json: bool) -> None:
     for key, value in details:
         if value:
             out.print(f"{key + ':':12} {value}", highlight=False, soft_wrap=True)
+    if run_dir is not None:
+        out.print(f"{'run dir:':12} {run_dir}", highlight=False, soft_wrap=True)
+        for line in hang_lines(run_dir) + rank_lines(ranks, time.time()):
+            out.print(line, highlight=False, soft_wrap=True)
 
 
 def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None) -> None:

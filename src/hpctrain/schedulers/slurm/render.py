@@ -33,6 +33,7 @@ PORT_BASE = 20000
 PORT_SPAN = 20000
 PORT_TRIES = 200
 REQUEUE_COUNT_FILE = "requeue_count"
+HANG_RESTARTS_FILE = "hang_restarts"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # torchrun's own shutdown timeout before --shutdown-timeout existed (torch < 2.9): workers get this long to stop.
 TORCHRUN_FIXED_SHUTDOWN_S = 30
@@ -108,7 +109,9 @@ def sbatch_directives(job: JobSpec) -> list[str]:
         opts.append(("--error", job.error))
     if job.signal_grace:
         # B: the batch shell gets the warning and forwards it (a plain --signal would bypass our traps).
-        opts += [("--signal", f"B:USR1@{job.signal_grace}"), ("--requeue", None), ("--open-mode", "append")]
+        opts.append(("--signal", f"B:USR1@{job.signal_grace}"))
+    if _requeues_itself(job):
+        opts += [("--requeue", None), ("--open-mode", "append")]
     lines = [f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts]
     lines += [f"#SBATCH {render_sbatch_option(extra)}" for extra in job.sbatch_extra]
     return lines
@@ -226,7 +229,7 @@ def render_sbatch(job: JobSpec) -> str:
     if job.run_dir is not None:
         out.append(f"run_dir={_run_dir_words(job.run_dir)}")
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
-        if job.signal_grace:
+        if _requeues_itself(job):
             out += _restart_budget_lines(job)
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
@@ -280,26 +283,42 @@ def render_sbatch(job: JobSpec) -> str:
         "status=0",
         'wait "$step_pid" || status=$?',
     ]
-    if job.signal_grace:
-        out += [
-            "",
-            "# Requeue after a time-limit warning if the run stopped early; never after scancel; within a budget.",
-            'stop_reason=""',
-        ]
+    if job.signal_grace or _requeues_itself(job):
+        out += ["", 'stop_reason=""']
         if job.run_dir is not None:
             out += [
                 'if [ -f "$run_dir/stop_reason" ]; then',
                 '    stop_reason=$(cat "$run_dir/stop_reason")',
                 "fi",
             ]
+    if job.run_dir is not None and job.max_hang_restarts:
+        n = job.max_hang_restarts
+        out += [
+            "# The run's hang watchdog ended the attempt (no step within --hang-timeout; RUN/hang/report.txt names",
+            "# the rank that never arrived): start again from the checkpoint, within --max-hang-restarts.",
+            'if [ "$cancelled" = 0 ] && [ "$stop_reason" = hung ]; then',
+            f'    if [ "$hang_restarts" -lt {n} ]; then',
+            f'        echo "hpctrain: the run hung (see $run_dir/hang/report.txt); requeueing job ${{SLURM_JOB_ID}}'
+            f' (hang restart $((hang_restarts + 1)) of {n})"',
+            f'        echo "$((hang_restarts + 1))" >"$run_dir/{HANG_RESTARTS_FILE}"',
+            '        scontrol requeue "$SLURM_JOB_ID"',
+            "        exit 0",
+            "    fi",
+            f'    echo "hpctrain: the run hung and the hang-restart budget ({n}, --max-hang-restarts) is used up; not'
+            ' requeueing" >&2',
+            "fi",
+        ]
+    if job.signal_grace:
+        out += ["", "# Requeue after a time-limit warning if the run stopped early; never after scancel; within a budget."]
         # With a run directory the script counts its own requeues there (Slurm's restart count also includes the
         # requeues of preemptions); without one, Slurm's count is all there is.
         requeues = "$own_requeues" if job.run_dir is not None else "${SLURM_RESTART_COUNT:-0}"
         next_requeue = "$((own_requeues + 1))" if job.run_dir is not None else "$((${SLURM_RESTART_COUNT:-0} + 1))"
         out += [
             "# A run that completed is never requeued, even if torchrun then failed on the warning; nor is one whose",
-            "# loss diverged (it would only diverge again).",
+            "# loss diverged (it would only diverge again), nor one that hung (its own budget is above).",
             'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" != completed ] && [ "$stop_reason" != diverged ] &&',
+            '    [ "$stop_reason" != hung ] &&',
             '    { [ "$stop_reason" = preempted ] || [ "$status" -ne 0 ]; }; then',
             f'    if [ "{requeues}" -lt {job.max_requeues} ]; then',
             f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue {next_requeue} of {job.max_requeues})"',
@@ -321,16 +340,25 @@ def render_sbatch(job: JobSpec) -> str:
     return "\n".join(out)
 
 
+def _requeues_itself(job: JobSpec) -> bool:
+    """The script may requeue its job: after a time-limit warning, or after a hang (that needs the run directory,
+    where the watchdog leaves its stop reason)."""
+    return bool(job.signal_grace or (job.run_dir is not None and job.max_hang_restarts))
+
+
 def _restart_budget_lines(job: JobSpec) -> list[str]:
-    """Separate budgets: this script's own requeues (after time-limit warnings) are counted in the run directory;
-    the rest of Slurm's restart count are Slurm's own requeues (preemption, node failure)."""
+    """Separate budgets: this script's own requeues (after time-limit warnings, after hangs) are counted in the run
+    directory; the rest of Slurm's restart count are Slurm's own requeues (preemption, node failure)."""
     return [
         "",
-        "# Restart budgets: time-limit requeues (counted here) and Slurm's own requeues (preemption, node failure).",
+        "# Restart budgets: time-limit and hang requeues (counted here) and Slurm's own requeues (preemption, node",
+        "# failure).",
         'mkdir -p "$run_dir"',
         f'own_requeues=$(cat "$run_dir/{REQUEUE_COUNT_FILE}" 2>/dev/null || true)',
         'case "$own_requeues" in "" | *[!0-9]*) own_requeues=0 ;; esac',
-        "slurm_requeues=$((${SLURM_RESTART_COUNT:-0} - own_requeues))",
+        f'hang_restarts=$(cat "$run_dir/{HANG_RESTARTS_FILE}" 2>/dev/null || true)',
+        'case "$hang_restarts" in "" | *[!0-9]*) hang_restarts=0 ;; esac',
+        "slurm_requeues=$((${SLURM_RESTART_COUNT:-0} - own_requeues - hang_restarts))",
         f'if [ "$slurm_requeues" -gt {job.max_preemptions} ]; then',
         f'    echo "hpctrain: Slurm has requeued this job $slurm_requeues times (preemption, node failure), more than'
         f' the budget of {job.max_preemptions} (--max-preemptions); not starting again" >&2',

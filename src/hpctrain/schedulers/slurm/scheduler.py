@@ -208,7 +208,9 @@ class SlurmScheduler:
         info = jobs.get_job(job_id, run=self.run)
         if info is None:
             raise display.not_found(job_id)
-        display.print_job(info, as_json)
+        from hpctrain.schedulers.slurm.run_dir import run_dir_of
+
+        display.print_job(info, as_json, run_dir_of(info.job_id, info.work_dir))
 
     def report_cluster(self, as_json: bool, partition: str | None = None) -> None:
         from hpctrain.schedulers.slurm import display

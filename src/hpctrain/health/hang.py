@@ -1,0 +1,89 @@
+"""The hang report: from the ranks' progress records, which rank never arrived where the others wait.
+
+When a rank's watchdog fires it writes its record with phase "hung" and, when it was inside a collective, that
+collective's name (`waiting_in`). Given a few seconds for the other ranks' watchdogs to do the same, the records say:
+
+- ranks waiting in a collective: they are the victims, unless they entered fewer collectives than the others
+  (every rank enters the same ones, in the same order): such a rank is behind, stuck in the compute or input
+  around a collective the others have passed (a forward pass that never returns), and is a culprit;
+- ranks whose watchdog fired outside any collective (stuck reading input, on a file system, in compute): culprits;
+- ranks that wrote nothing since the hang began (a frozen or stopped process, a node gone): culprits;
+- ranks with no record at all: culprits.
+
+When every rank waits in a collective and none is missing, no rank is to blame: the transport or the collective
+backend itself hangs, and the report says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.health.progress import RankProgress
+from hpctrain.health.stacks import HANG_DIR
+
+REPORT_FILE = "report.txt"
+REPORT_GRACE_S = 6.0
+"""How long the first rank to notice waits for the other ranks' watchdogs before it writes the report."""
+
+
+@dataclass(frozen=True)
+class HangReport:
+    step: int  # the last step any rank completed
+    culprits: list[str]  # "rank R on HOST", the rank(s) that never arrived
+    lines: list[str]  # the report, one line a rank, then the verdict
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+    def summary(self) -> str:
+        """One line for `hpctrain status` and the job log."""
+        if not self.culprits:
+            return f"hung at step {self.step}: every rank waits in a collective; none is missing"
+        return f"hung at step {self.step}: {', '.join(self.culprits)} never arrived"
+
+
+def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, limit_s: float, run_dir: Path,
+                now: float) -> HangReport:
+    """The report, from every rank's newest record (read `REPORT_GRACE_S` after the first rank noticed)."""
+    by_rank = {r.rank: r for r in records}
+    waiting = [r for r in records if r.phase == "hung" and r.waiting_in]
+    step = max((r.step for r in records), default=0)
+    furthest = max((r.collectives for r in waiting if r.collectives is not None), default=None)
+    behind = {r.rank for r in waiting if r.collectives is not None and furthest is not None and r.collectives < furthest}
+    ahead = [r for r in waiting if r.rank not in behind]
+    where = Counter(r.waiting_in for r in ahead).most_common(1)[0][0] if ahead else None
+    lines = [f"hang: no training step completed for {quiet_s:.0f} s (limit {limit_s:.0f} s; --hang-timeout)"]
+    culprits = []
+    for rank in range(world_size):
+        r = by_rank.get(rank)
+        stacks = run_dir / HANG_DIR / f"rank-{rank}.txt"
+        if r is None:
+            culprits.append(f"rank {rank}")
+            lines.append(f"  rank {rank}: never wrote a progress record (it did not start, or its node cannot "
+                         "write the run directory)")
+        elif r.rank in behind:
+            culprits.append(r.where())
+            lines.append(f"  {r.where()}: behind the others, still in {r.waiting_in}; stacks in {stacks}")
+        elif r.phase == "hung" and r.waiting_in:
+            lines.append(f"  {r.where()}: waits in {r.waiting_in}; stacks in {stacks}")
+        elif r.phase == "hung":
+            culprits.append(r.where())
+            lines.append(f"  {r.where()}: stuck at step {r.step} outside any collective (its input, a file "
+                         f"system, or compute); stacks in {stacks}")
+        else:
+            culprits.append(r.where())
+            lines.append(f"  {r.where()}: last seen {r.age_s(now):.0f} s ago at step {r.step}, {r.phase}: the "
+                         "process is frozen, stopped or gone (its watchdog did not answer; no stacks)")
+    if culprits:
+        lines.append(f"culprit: {', '.join(culprits)} never arrived"
+                     + (f" in {where}, where the other ranks wait" if where else ""))
+    else:
+        lines.append("culprit: none found: every rank waits in a collective, so the network or the collective "
+                     "backend itself hangs (see the stacks)")
+    return HangReport(step, culprits, lines)
+
+
+def report_path(run_dir: Path) -> Path:
+    return run_dir / HANG_DIR / REPORT_FILE

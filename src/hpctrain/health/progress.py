@@ -1,0 +1,136 @@
+"""Live per-rank progress: every rank replaces its own small file, RUN/progress/rank-N.json, every few seconds.
+
+No collective and no coordination: a rank that stops making progress simply stops updating its file, and that is
+what the hang report and `hpctrain top` read. A record holds the rank's position and, over the steps since its
+previous record, its mean step time split into what the rank spends on its own before it can wait for anyone:
+waiting for input (`data_s`) and computing the forward pass (`compute_s`). In data-parallel training every rank's
+step takes as long as the slowest rank's, so the step time names no straggler; a rank's own time does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from hpctrain.fsutil import read_text, write_atomic
+
+PROGRESS_DIR = "progress"
+PROGRESS_INTERVAL_S = 5.0
+"""How often a rank replaces its record while it trains."""
+
+PHASES = ("starting", "training", "evaluating", "checkpointing", "hung", "stopped", "finished")
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    phase: str
+    epoch: int = 0  # the epoch in progress, from 1
+    step: int = 0  # optimizer steps completed in the run
+    step_in_epoch: int = 0
+    steps_per_epoch: int = 0
+    steps: int = 0  # how many steps the means below cover (0: none since the previous record)
+    step_s: float | None = None  # mean seconds per step
+    data_s: float | None = None  # mean seconds per step spent waiting for input
+    compute_s: float | None = None  # mean seconds per step in the model's forward pass (no waiting for other ranks)
+    images_per_s: float | None = None  # this rank's own images per second
+    waiting_in: str | None = None  # the collective this rank was in when it wrote this (set when it hung)
+    collectives: int | None = None  # how many collectives it had entered by then (ranks enter the same ones)
+    updated: float = 0.0  # time.time() of the write
+
+    @property
+    def own_s(self) -> float | None:
+        """Seconds per step this rank spends before it can wait for another: input plus forward pass."""
+        if self.data_s is None or self.compute_s is None:
+            return None
+        return self.data_s + self.compute_s
+
+    def age_s(self, now: float | None = None) -> float:
+        return max(0.0, (time.time() if now is None else now) - self.updated)
+
+    def where(self) -> str:
+        return f"rank {self.rank} on {self.host}"
+
+
+def progress_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / PROGRESS_DIR / f"rank-{rank}.json"
+
+
+def read_progress(run_dir: str | Path) -> list[RankProgress]:
+    """Every rank's newest record, by rank. Records of an earlier attempt with more ranks than the newest are left
+    out (a rank number beyond the newest record's world size); unreadable files are skipped."""
+    folder = Path(run_dir) / PROGRESS_DIR
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    known = {f.name for f in fields(RankProgress)}
+    records = []
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        try:
+            raw = json.loads(read_text(folder / name))
+            records.append(RankProgress(**{k: v for k, v in raw.items() if k in known}))
+        except (OSError, ValueError, TypeError):
+            continue
+    if not records:
+        return []
+    newest = max(records, key=lambda r: r.updated)
+    return sorted((r for r in records if r.rank < newest.world_size), key=lambda r: r.rank)
+
+
+class ProgressRecorder:
+    """One rank's writer. `step()` is called once per step and costs a few additions; the file is replaced at
+    most every `interval_s` (and at once on a change of phase)."""
+
+    def __init__(self, run_dir: Path, rank: int, world_size: int, host: str, steps_per_epoch: int,
+                 interval_s: float = PROGRESS_INTERVAL_S) -> None:
+        self.path = progress_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.record = RankProgress(rank, world_size, host, os.getpid(), "starting", steps_per_epoch=steps_per_epoch)
+        self.interval_s = interval_s
+        self._sums = [0, 0.0, 0.0, 0.0, 0]  # steps, step, data, compute seconds, images
+        self._last_write = 0.0
+
+    def step(self, epoch: int, step: int, step_in_epoch: int, images: int, step_s: float, data_s: float,
+             compute_s: float) -> None:
+        sums = self._sums
+        sums[0] += 1
+        sums[1] += step_s
+        sums[2] += data_s
+        sums[3] += compute_s
+        sums[4] += images
+        r = self.record
+        r.epoch, r.step, r.step_in_epoch = epoch, step, step_in_epoch
+        if r.phase != "training" or time.monotonic() - self._last_write >= self.interval_s:
+            self.write("training")  # at once after another phase, then every interval_s
+
+    def phase(self, phase: str, waiting_in: str | None = None, collectives: int | None = None) -> None:
+        """Enter `phase` ("evaluating", "checkpointing", ...) and write the record now."""
+        self.write(phase, waiting_in, collectives)
+
+    def write(self, phase: str, waiting_in: str | None = None, collectives: int | None = None) -> None:
+        steps, step_s, data_s, compute_s, images = self._sums
+        r = self.record
+        r.phase, r.waiting_in, r.collectives, r.steps = phase, waiting_in, collectives, steps
+        if steps:
+            r.step_s, r.data_s, r.compute_s = step_s / steps, data_s / steps, compute_s / steps
+            r.images_per_s = images / step_s if step_s > 0 else None
+        r.updated = time.time()
+        self._sums = [0, 0.0, 0.0, 0.0, 0]
+        self._last_write = time.monotonic()
+        try:
+            write_atomic(self.path, json.dumps(asdict(r)).encode(), durable=False)
+        except OSError:
+            pass  # progress is advisory: a full disk or a vanished directory must not stop training
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self.record)

@@ -1,0 +1,55 @@
+"""The ranks' health as lines of text, for `hpctrain top` and `hpctrain status`: each rank's live record, images/s
+per node, the slowest rank and what it waits on, any straggler, and how a hung attempt ended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpctrain.fsutil import read_text
+from hpctrain.health.hang import report_path
+from hpctrain.health.progress import RankProgress
+from hpctrain.health.stragglers import find_stragglers
+
+__all__ = ["hang_lines", "rank_lines"]
+
+
+def rank_lines(records: list[RankProgress], now: float) -> list[str]:
+    """The ranks' live progress records (hpctrain.health): a line per rank, images/s per node, the slowest rank and
+    what it waits on, and any straggler."""
+    if not records:
+        return []
+    width = max(4, *(len(r.host) for r in records))
+    lines = [f"{'RANK':>4s} {'HOST':{width}s} {'PHASE':13s} {'EPOCH':>5s} {'STEP':>7s} {'STEP ms':>8s} "
+             f"{'INPUT ms':>8s} {'FWD ms':>7s} {'IMG/S':>8s} {'AGE':>5s}"]
+    for r in records:
+        ms = [f"{v * 1000:.1f}" if v is not None else "-" for v in (r.step_s, r.data_s, r.compute_s)]
+        rate = f"{r.images_per_s:,.0f}" if r.images_per_s is not None else "-"
+        lines.append(f"{r.rank:>4d} {r.host:{width}s} {r.phase:13s} {r.epoch:>5d} {r.step:>7d} {ms[0]:>8s} "
+                     f"{ms[1]:>8s} {ms[2]:>7s} {rate:>8s} {r.age_s(now):>4.0f}s")
+    per_node: dict[str, float] = {}
+    for r in records:
+        if r.images_per_s is not None:
+            per_node[r.host] = per_node.get(r.host, 0.0) + r.images_per_s
+    if per_node:
+        lines.append("images/s per node: " + ", ".join(f"{host} {rate:,.0f}" for host, rate in per_node.items()))
+    timed = [r for r in records if r.own_s is not None and r.step_s]
+    if len(timed) > 1:
+        slowest = max(timed, key=lambda r: r.own_s or 0.0)
+        own = slowest.own_s or 0.0
+        waits = "input" if (slowest.data_s or 0.0) >= (slowest.compute_s or 0.0) else "compute (forward pass)"
+        lines.append(f"slowest: {slowest.where()}, {own * 1000:.1f} ms of its own per step (most of it {waits})")
+    lines += [f"straggler: {s.describe()}" for s in find_stragglers(records, now)]
+    return lines
+
+
+def hang_lines(run_dir: Path) -> list[str]:
+    """When the run's last attempt ended hung (its stop_reason): the report's verdict and where the stacks are."""
+    try:
+        if read_text(run_dir / "stop_reason").strip() != "hung":
+            return []
+        report = read_text(report_path(run_dir)).splitlines()
+    except OSError:
+        return []
+    verdict = next((line for line in report if line.startswith("culprit:")), "culprit: (the report has none)")
+    return [f"hung: {report[0].removeprefix('hang: ')}" if report else "hung", verdict,
+            f"stacks and the full report: {report_path(run_dir).parent}/"]

@@ -1,0 +1,96 @@
+"""The hang watchdog: a thread in every rank that takes no part in training and notices when no step completes.
+
+The loop calls `beat()` after every step. When none comes within the limit, the watchdog calls `on_hang` once (in
+its own thread: the main thread is the one that is stuck) and stops. The limit:
+
+- `timeout_s` given (`--hang-timeout S`): that, between steps; 0 turns the watchdog off.
+- automatic (the default): HANG_STEP_FACTOR times the slowest step seen so far (the first step, which includes
+  warm-up, not counted), and never less than HANG_FLOOR_S;
+- before the second step completes (the first includes warm-up), and inside `long_phase()` (evaluation, a
+  checkpoint write), `long_s`: those are legitimately long and have no step to measure by. The loop passes its
+  --dist-timeout plus LONG_MARGIN_S: there, a rank that never arrives is named by the collective's own timeout
+  (hpctrain.distributed.failures) and the watchdog is the backstop for what no collective waits on.
+
+The same thread runs the `ticks` it is given (answering `hpctrain debug stacks` requests) once per poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+HANG_FLOOR_S = 120.0
+HANG_STEP_FACTOR = 20.0
+LONG_MARGIN_S = 60.0
+POLL_S = 1.0
+
+
+class Watchdog:
+    def __init__(self, timeout_s: float | None, long_s: float, on_hang: Callable[[float, float], None],
+                 ticks: tuple[Callable[[], None], ...] = (), poll_s: float = POLL_S) -> None:
+        self.timeout_s = timeout_s
+        self.long_s = long_s
+        self.on_hang = on_hang  # (seconds since the last step, the limit it passed)
+        self.ticks = ticks
+        self.poll_s = poll_s
+        self._last = time.monotonic()
+        self._beats = 0
+        self._slowest = 0.0
+        self._long = 0  # nesting depth of long_phase()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hpctrain-watchdog", daemon=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout_s != 0
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self.poll_s)
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if self._beats >= 1:  # the first step's time includes warm-up; later ones set the pace
+            self._slowest = max(self._slowest, now - self._last)
+        self._beats += 1
+        self._last = now
+
+    @contextlib.contextmanager
+    def long_phase(self) -> Iterator[None]:
+        self._long += 1
+        try:
+            yield
+        finally:
+            self._long -= 1
+            self._last = time.monotonic()  # the phase's time is not the next step's
+
+    def limit(self) -> float:
+        """The seconds without a step that count as a hang now."""
+        if self._long or self._beats == 0:
+            return self.long_s
+        if self._beats < 2:
+            return self.long_s
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return max(HANG_FLOOR_S, HANG_STEP_FACTOR * self._slowest)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            for tick in self.ticks:
+                try:
+                    tick()
+                except OSError:
+                    pass  # a stack request that cannot be answered must not stop the watch
+            if not self.enabled:
+                continue
+            quiet, limit = time.monotonic() - self._last, self.limit()
+            if quiet > limit:
+                self.on_hang(quiet, limit)
+                return

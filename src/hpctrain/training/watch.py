@@ -1,0 +1,162 @@
+"""The loop's side of hpctrain.health: this rank's live progress record, its hang watchdog and stack requests, and
+on rank 0 the straggler check.
+
+Per step the loop hands over what it measured (the step's time, its wait for input, its forward pass); that costs
+a few additions. Files are written every few seconds, by each rank into its own file: no collective, no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hpctrain.distributed.failures import current_collective
+from hpctrain.fsutil import write_atomic
+from hpctrain.health.hang import REPORT_GRACE_S, hang_report, report_path
+from hpctrain.health.progress import PROGRESS_INTERVAL_S, ProgressRecorder, read_progress
+from hpctrain.health.stacks import HANG_DIR, StackRequests, dump_stacks
+from hpctrain.health.stragglers import Straggler, find_stragglers
+from hpctrain.health.watchdog import LONG_MARGIN_S, Watchdog
+from hpctrain.training.run import Run
+from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason
+
+STRAGGLER_CHECK_S = 30.0
+"""How often rank 0 compares the ranks' records; a straggler is reported when two checks in a row name it."""
+
+
+class ForwardClock:
+    """Seconds of the model's last forward pass, timed by hooks on the model inside DDP (so DDP's own buffer
+    broadcast, which waits for the other ranks, is not counted). On a GPU, by CUDA events read back only when they
+    have completed (no synchronization): the value may lag a step behind."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.seconds = 0.0
+        self._cuda = device.type == "cuda"
+        self._started = 0.0
+        self._events: tuple[Any, Any] | None = None
+        self._pending: tuple[Any, Any] | None = None
+        self._hooks = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._end)]
+
+    def _start(self, *_: Any) -> None:
+        if self._cuda:
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        else:
+            self._started = time.perf_counter()
+
+    def _end(self, *_: Any) -> None:
+        if self._cuda and self._events is not None:
+            self._events[1].record()
+            self._pending, self._events = self._events, None
+        elif not self._cuda:
+            self.seconds = time.perf_counter() - self._started
+
+    def read(self) -> float:
+        if self._pending is not None and self._pending[1].query():
+            self.seconds = self._pending[0].elapsed_time(self._pending[1]) / 1000.0
+            self._pending = None
+        return self.seconds
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+class RankWatch:
+    """Started once the process group is up; `close()` in the loop's `finally`."""
+
+    def __init__(self, run: Run, model: torch.nn.Module, steps_per_epoch: int) -> None:
+        self.run = run
+        self.host = socket.gethostname()
+        env = run.env
+        self.progress = ProgressRecorder(run.run_dir, env.rank, env.world_size, self.host, steps_per_epoch,
+                                         PROGRESS_INTERVAL_S)
+        self.progress.phase("starting")
+        self.clock = ForwardClock(model, run.device)
+        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
+                                 ticks=(StackRequests(run.run_dir, env.rank, self.host).check,))
+        self.watchdog.start()
+        self._step_started = time.perf_counter()
+        self._data_before = 0.0
+        self._next_check = time.monotonic() + STRAGGLER_CHECK_S
+        self._suspects: set[int] = set()
+        self.reported: list[Straggler] = []  # rank 0: stragglers named so far this epoch (for its metrics record)
+
+    def epoch_started(self, data_wait_s: float) -> None:
+        self._step_started = time.perf_counter()
+        self._data_before = data_wait_s
+
+    def step(self, epoch: int, step: int, step_in_epoch: int, images: int, data_wait_s: float) -> None:
+        """After each step (`epoch`: epochs completed, as the loop's Position counts): `images` this rank trained
+        on, `data_wait_s` its input wait so far this epoch."""
+        now = time.perf_counter()
+        self.watchdog.beat()
+        self.progress.step(epoch + 1, step, step_in_epoch, images, now - self._step_started,
+                           data_wait_s - self._data_before, self.clock.read())
+        self._step_started, self._data_before = now, data_wait_s
+        if self.run.is_main and self.run.env.is_distributed and time.monotonic() >= self._next_check:
+            self._check_stragglers()
+
+    @contextlib.contextmanager
+    def long_phase(self, phase: str) -> Iterator[None]:
+        """Evaluation or a checkpoint: recorded as such, with the long allowance."""
+        self.progress.phase(phase)
+        with self.watchdog.long_phase():
+            yield
+        self._step_started = time.perf_counter()
+
+    def close(self, phase: str) -> None:
+        self.watchdog.stop()
+        self.clock.remove()
+        self.progress.phase(phase)
+
+    def _check_stragglers(self) -> None:
+        self._next_check = time.monotonic() + STRAGGLER_CHECK_S
+        found = {s.rank: s for s in find_stragglers(read_progress(self.run.run_dir))}
+        for rank in sorted(found.keys() & self._suspects):  # named twice in a row: persistent
+            if all(s.rank != rank for s in self.reported):
+                self.reported.append(found[rank])
+                print(f"hpctrain: warning: {found[rank].describe()}", file=sys.stderr, flush=True)
+        self._suspects = set(found)
+
+    def take_reported(self) -> list[dict[str, object]]:
+        taken, self.reported = self.reported, []
+        return [s.as_dict() for s in taken]
+
+    def _on_hang(self, quiet_s: float, limit_s: float) -> None:
+        """In the watchdog's thread, while the main thread is stuck: stacks, record, report, and end the process."""
+        run, env = self.run, self.run.env
+        waiting, entered = current_collective()
+        stacks = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
+        try:
+            dump_stacks(stacks, f"rank {env.rank} on {self.host} (pid {os.getpid()}): no training step for "
+                                f"{quiet_s:.0f} s" + (f", waiting in {waiting}" if waiting else ""))
+        except OSError as err:
+            print(f"hpctrain: rank {env.rank}: could not write its stacks to {stacks}: {err}", file=sys.stderr)
+        self.progress.phase("hung", waiting_in=waiting, collectives=entered)
+        print(f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
+              f"s)" + (f", waiting in {waiting}" if waiting else ", outside any collective")
+              + f"; stacks in {stacks}", file=sys.stderr, flush=True)
+        if env.is_distributed:
+            time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
+        records = read_progress(run.run_dir)
+        first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
+        if first == env.rank:  # one report, from the lowest rank that noticed
+            report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time())
+            try:
+                write_atomic(report_path(run.run_dir), report.text().encode())
+                write_stop_reason(run.run_dir, StopReason.HUNG)
+            except OSError as err:
+                print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
+            print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr,
+                  flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_HUNG)

@@ -1,0 +1,61 @@
+"""Test-only entry point: `hpctrain` with one slow rank, for the straggler tests.
+
+torchrun starts this file in place of `-m hpctrain`. The rank named by HPCTRAIN_TEST_AILING_RANK sleeps
+HPCTRAIN_TEST_AILING_S seconds per training step, either while the loop waits for its input
+(HPCTRAIN_TEST_AILING=input: inside the data source's timed `next()`) or inside the model's forward pass
+(HPCTRAIN_TEST_AILING=compute), as a rank with a starved DataLoader or a throttled processor would. Every rank
+also writes its progress record and compares records more often than hpctrain does, so a test need not train for
+a minute. Nothing of this ships in hpctrain: it patches module attributes from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import hpctrain.data.source as source
+import hpctrain.recipes.mnist as mnist
+import hpctrain.training.watch as watch
+
+
+def _slow_input(delay: float) -> None:
+    timed = source.timed
+
+    def slow(items: Iterable, waited: Any) -> Iterator:
+        def sleepy() -> Iterator:
+            for item in items:
+                time.sleep(delay)  # inside the `next()` that timed() measures
+                yield item
+        return timed(sleepy(), waited)
+
+    source.timed = slow
+
+
+def _slow_compute(delay: float) -> None:
+    for net in (mnist.TutorialNet, mnist.FastNet):
+        forward = net.forward
+
+        def slow(self: Any, x: Any, _forward: Any = forward) -> Any:
+            if self.training:
+                time.sleep(delay)
+            return _forward(self, x)
+
+        net.forward = slow
+
+
+def main() -> int:
+    watch.PROGRESS_INTERVAL_S = 0.5
+    watch.STRAGGLER_CHECK_S = 1.5
+    if os.environ.get("RANK") == os.environ.get("HPCTRAIN_TEST_AILING_RANK"):
+        delay = float(os.environ["HPCTRAIN_TEST_AILING_S"])
+        {"input": _slow_input, "compute": _slow_compute}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
+    from hpctrain.cli import main as hpctrain_main
+
+    return hpctrain_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

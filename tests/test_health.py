@@ -1,0 +1,290 @@
+"""Sick ranks (hpctrain.health, hpctrain.training.watch): live per-rank progress, stragglers, the hang watchdog and
+its report, stack requests.
+
+The pure parts (the straggler rule, the hang report, the watchdog's limit) are checked on records made here. The
+rest runs for real: two gloo ranks under torchrun training MNIST, one of them stopped with SIGSTOP (alive, silent,
+as a rank stuck in a dead NIC or a swapped-out node) or slowed on its input or its forward pass by
+tests/ailing_rank.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.health import (
+    ProgressRecorder,
+    RankProgress,
+    Watchdog,
+    find_stragglers,
+    hang_report,
+    read_progress,
+    request_stacks,
+)
+from hpctrain.health.stacks import StackRequests, answers
+from hpctrain.health.watchdog import HANG_FLOOR_S, HANG_STEP_FACTOR
+from hpctrain.training.stopping import EXIT_HUNG
+from training_helpers import QUICK, clean_environ, hpctrain
+
+HOST = socket.gethostname()
+NOW = 1_000_000.0
+
+
+def record(rank: int, data_s: float, compute_s: float, step_s: float = 0.1, phase: str = "training",
+           waiting_in: str | None = None, step: int = 7, age: float = 1.0, world: int = 4,
+           collectives: int | None = None) -> RankProgress:
+    return RankProgress(rank, world, f"node{rank}", 100 + rank, phase, 1, step, step, 50, 10, step_s, data_s,
+                        compute_s, 640.0, waiting_in, collectives, NOW - age)
+
+
+# ---- stragglers
+
+
+def test_a_rank_slow_on_input_is_named_with_its_cause() -> None:
+    records = [record(0, 0.002, 0.02), record(1, 0.002, 0.021), record(2, 0.060, 0.02), record(3, 0.003, 0.019)]
+    [found] = find_stragglers(records, now=NOW)
+    assert (found.rank, found.host, found.cause) == (2, "node2", "input")
+    assert "rank 2 on node2 is a straggler" in found.describe() and "waiting for input" in found.describe()
+
+
+def test_a_rank_slow_in_compute_is_named_with_its_cause() -> None:
+    [found] = find_stragglers([record(0, 0.002, 0.02), record(1, 0.002, 0.05)], now=NOW)
+    assert (found.rank, found.cause) == (1, "compute")
+
+
+def test_even_ranks_and_tiny_differences_name_nobody() -> None:
+    assert find_stragglers([record(0, 0.002, 0.020), record(1, 0.002, 0.022)], now=NOW) == []
+    # twice as slow, but 2 ms of a 100 ms step is noise
+    assert find_stragglers([record(0, 0.0005, 0.0005), record(1, 0.001, 0.002)], now=NOW) == []
+
+
+def test_stale_records_and_a_single_rank_are_not_compared() -> None:
+    assert find_stragglers([record(0, 0.002, 0.02), record(1, 0.2, 0.02, age=600)], now=NOW) == []
+    assert find_stragglers([record(0, 0.2, 0.02)], now=NOW) == []
+
+
+# ---- the hang report
+
+
+def test_the_report_names_a_silent_rank_as_the_culprit(tmp_path: Path) -> None:
+    records = [record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", step=8, world=2),
+               record(1, 0, 0, step=7, age=40, world=2)]
+    report = hang_report(records, 2, 30, 10, tmp_path, NOW)
+    assert report.culprits == ["rank 1 on node1"]
+    assert report.summary() == "hung at step 8: rank 1 on node1 never arrived"
+    text = report.text()
+    assert "rank 0 on node0: waits in the stop vote after step 8;" in text
+    assert "culprit: rank 1 on node1 never arrived in the stop vote after step 8, where the other ranks wait" in text
+    assert "rank 1 on node1: last seen 40 s ago at step 7" in text
+
+
+def test_the_report_names_a_rank_stuck_outside_a_collective_and_a_missing_one(tmp_path: Path) -> None:
+    records = [record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", step=8, world=3),
+               record(1, 0, 0, phase="hung", step=7, world=3)]
+    report = hang_report(records, 3, 30, 10, tmp_path, NOW)
+    assert report.culprits == ["rank 1 on node1", "rank 2"]
+    assert "outside any collective" in report.text() and "rank 2: never wrote a progress record" in report.text()
+
+
+def test_when_every_rank_waits_in_the_same_place_nobody_is_blamed(tmp_path: Path) -> None:
+    records = [record(r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8, world=2,
+                      collectives=30) for r in range(2)]
+    report = hang_report(records, 2, 30, 10, tmp_path, NOW)
+    assert report.culprits == [] and "none found" in report.text()
+
+
+def test_a_rank_behind_the_others_is_the_culprit_even_inside_a_collective_context(tmp_path: Path) -> None:
+    # rank 2's forward pass never returned (it counts as DDP's forward collective); the others wait in backward
+    records = [record(r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8,
+                      world=3, collectives=31) for r in (0, 1)]
+    records.append(record(2, 0, 0, phase="hung", waiting_in="step 9's forward pass", step=8, world=3, collectives=30))
+    report = hang_report(records, 3, 30, 10, tmp_path, NOW)
+    assert report.culprits == ["rank 2 on node2"]
+    assert "rank 2 on node2: behind the others, still in step 9's forward pass" in report.text()
+    assert "never arrived in step 9's gradient all-reduce (backward), where the other ranks wait" in report.text()
+
+
+def test_status_lines_of_a_run_that_ended_hung(tmp_path: Path) -> None:
+    from hpctrain.health.hang import report_path
+    from hpctrain.health.view import hang_lines
+
+    records = [record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", world=2), record(1, 0, 0, world=2)]
+    report_path(tmp_path).parent.mkdir()
+    report_path(tmp_path).write_text(hang_report(records, 2, 30, 10, tmp_path, NOW).text())
+    (tmp_path / "stop_reason").write_text("hung\n")
+    assert hang_lines(tmp_path) == [
+        "hung: no training step completed for 30 s (limit 10 s; --hang-timeout)",
+        "culprit: rank 1 on node1 never arrived in the stop vote after step 8, where the other ranks wait",
+        f"stacks and the full report: {tmp_path / 'hang'}/"]
+    (tmp_path / "stop_reason").write_text("completed\n")  # a later attempt finished: nothing to say
+    assert hang_lines(tmp_path) == []
+
+
+# ---- progress records
+
+
+def test_records_are_written_read_and_filtered(tmp_path: Path) -> None:
+    rec = ProgressRecorder(tmp_path, 1, 2, "here", 50, interval_s=0.0)
+    rec.step(1, 1, 1, 32, 0.1, 0.02, 0.03)
+    rec.step(1, 2, 2, 32, 0.3, 0.04, 0.05)  # interval 0: written at every step, with that step's means
+    [r] = read_progress(tmp_path)
+    assert (r.rank, r.step, r.steps, r.phase) == (1, 2, 1, "training")
+    assert r.step_s == pytest.approx(0.3) and r.images_per_s == pytest.approx(32 / 0.3)
+    (tmp_path / "progress" / "rank-0.json").write_text("{not json")
+    (tmp_path / "progress" / "rank-5.json").write_text(json.dumps({**rec.as_dict(), "rank": 5, "updated": 1.0}))
+    assert [r.rank for r in read_progress(tmp_path)] == [1]  # junk skipped; rank 5 is beyond the world of 2
+    rec.phase("evaluating")
+    [r] = read_progress(tmp_path)
+    assert r.phase == "evaluating" and r.step_s == pytest.approx(0.3)  # the last timings stay
+
+
+def test_the_first_step_after_another_phase_is_written_at_once(tmp_path: Path) -> None:
+    rec = ProgressRecorder(tmp_path, 0, 1, "here", 50, interval_s=3600.0)
+    rec.step(1, 1, 1, 32, 0.1, 0.0, 0.0)
+    rec.step(1, 2, 2, 32, 0.1, 0.0, 0.0)  # within the interval: not written
+    assert read_progress(tmp_path)[0].step == 1
+    rec.phase("evaluating")
+    rec.step(2, 3, 1, 32, 0.1, 0.0, 0.0)
+    assert read_progress(tmp_path)[0].step == 3
+
+
+# ---- the watchdog
+
+
+def test_the_automatic_limit_follows_the_slowest_step() -> None:
+    dog = Watchdog(None, 500.0, lambda *_: None)
+    assert dog.limit() == 500.0  # no step yet
+    dog.beat()
+    dog._last -= 30.0  # a 30 s step
+    dog.beat()
+    assert dog.limit() == pytest.approx(max(HANG_FLOOR_S, HANG_STEP_FACTOR * 30.0), abs=0.1)
+    with dog.long_phase():
+        assert dog.limit() == 500.0
+    assert Watchdog(0, 500.0, lambda *_: None).enabled is False
+
+
+def test_the_watchdog_fires_once_when_steps_stop() -> None:
+    fired: list[tuple[float, float]] = []
+    dog = Watchdog(0.3, 60.0, lambda quiet, limit: fired.append((quiet, limit)), poll_s=0.05).start()
+    try:
+        for _ in range(5):
+            dog.beat()
+            time.sleep(0.05)
+        assert fired == []
+        time.sleep(1.0)
+        assert len(fired) == 1 and fired[0][0] > 0.3 and fired[0][1] == 0.3
+    finally:
+        dog.stop()
+
+
+def test_a_stack_request_is_answered_with_every_threads_stack(tmp_path: Path) -> None:
+    answering = StackRequests(tmp_path, 3, "here")
+    parked = threading.Event()
+    thread = threading.Thread(target=parked.wait, name="parked-thread", daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        asked = request_stacks(tmp_path)
+        answering.check()
+        [answer] = answers(tmp_path, asked)
+        text = answer.read_text()
+        assert answer.name == "rank-3.txt" and text.startswith("rank 3 on here")
+        assert "test_a_stack_request_is_answered" in text and "in wait" in text  # this thread and the parked one
+        answer.unlink()
+        answering.check()  # the same request is answered once
+        assert answers(tmp_path, asked) == []
+    finally:
+        parked.set()
+
+
+# ---- for real: two ranks under torchrun
+
+
+def torchrun(data_dir: Path, run_dir: Path, *args: str, env: dict[str, str] | None = None,
+             entry: tuple[str, ...] = ("-m", "hpctrain")) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
+         "0", *entry, "train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir),
+         "--run-dir", str(run_dir), *args],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})}, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+
+
+def lines_until(process: subprocess.Popen[str], text: str, output: list[str]) -> None:
+    for line in process.stdout:
+        output.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} never appeared:\n{''.join(output)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frozen", [0, 1])
+def test_a_frozen_rank_is_found_named_and_the_attempt_ends_as_hung(fashion_data_dir, tmp_path, frozen) -> None:
+    run_dir = tmp_path / "run"
+    process = torchrun(fashion_data_dir, run_dir, "--train-limit", "8192", "--hang-timeout", "4")
+    output: list[str] = []
+    try:
+        lines_until(process, "step 3/", output)
+        pid = next(r.pid for r in read_progress(run_dir) if r.rank == frozen)
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        lines_until(process, "hpctrain: culprit:", output)
+        detected_s = time.monotonic() - started
+        os.kill(pid, signal.SIGKILL)
+        output.extend(process.stdout)
+        assert process.wait(timeout=120) != 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = "".join(output)
+    other = 1 - frozen
+    report = (run_dir / "hang" / "report.txt").read_text()
+    assert f"culprit: rank {frozen} on {HOST} never arrived in " in report, text
+    assert f"rank {other} on {HOST}: waits in " in report
+    assert f"rank {frozen} on {HOST}: last seen" in report and "no stacks" in report
+    stacks = (run_dir / "hang" / f"rank-{other}.txt").read_text()
+    assert stacks.startswith(f"rank {other} on {HOST}") and "hpctrain/training/" in stacks
+    assert not (run_dir / "hang" / f"rank-{frozen}.txt").exists()
+    assert (run_dir / "stop_reason").read_text().strip() == "hung"
+    assert f"exitcode  : {EXIT_HUNG} " in text  # torchrun's summary of the rank whose watchdog ended it
+    assert detected_s < 4 + 6 + 15  # the limit, the report's grace, and slack for a loaded machine
+    print(f"hang of rank {frozen} reported {detected_s:.1f} s after SIGSTOP")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cause", ["input", "compute"])
+def test_a_slow_rank_is_named_as_the_straggler_with_its_cause(fashion_data_dir, tmp_path, cause) -> None:
+    run_dir = tmp_path / "run"
+    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": cause, "HPCTRAIN_TEST_AILING_S": "0.03"}
+    process = torchrun(fashion_data_dir, run_dir, "--train-limit", "6144", "--epochs", "1", env=env,
+                       entry=(str(Path(__file__).with_name("ailing_rank.py")),))
+    output_lines: list[str] = []
+    lines_until(process, "epoch 1/1 step", output_lines)
+    if cause == "input":  # while it trains: `hpctrain debug stacks`, answered by both ranks' watchdog threads
+        asked = hpctrain("debug", "stacks", "any-job", "--run-dir", str(run_dir), "--wait", "30")
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        files = [Path(line) for line in asked.stdout.split()]
+        assert [f.name for f in files] == ["rank-0.txt", "rank-1.txt"], asked.stdout
+        for f in files:  # the main thread, in the loop, and the watchdog's thread that wrote it
+            assert "hpctrain/training/" in f.read_text() and "hpctrain/health/watchdog.py" in f.read_text()
+    rest, _ = process.communicate(timeout=300)
+    output = "".join(output_lines) + rest
+    assert process.returncode == 0, output
+    warnings = [line for line in output.splitlines() if "is a straggler" in line]
+    assert warnings and all(f"rank 1 on {HOST} is a straggler" in w for w in warnings), output
+    what = "waiting for input" if cause == "input" else "computing (forward pass)"
+    assert what in warnings[0]
+    [epoch] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(s["rank"], s["cause"]) for s in epoch["stragglers"]] == [(1, cause)]
+    records = read_progress(run_dir)
+    assert [r.phase for r in records] == ["finished", "finished"]

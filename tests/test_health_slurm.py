@@ -1,0 +1,62 @@
+"""A hung rank in a Slurm job, on the real local cluster: the job's hang watchdog names the rank that never
+arrived, ends the attempt as hung, the batch script requeues the job (within --max-hang-restarts), and the next
+attempt resumes from the newest checkpoint and ends with the weights of an uninterrupted run.
+
+The hang: one rank of a 2-process torchrun job is stopped with SIGSTOP (alive and silent, as a rank stuck on a dead
+NIC or a swapped-out node). The nodes of the local cluster are this host, so its pid is the one in the rank's
+progress record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.health import read_progress
+from slurm_fixtures import Job, attempts
+from test_preemption_slurm import _RESUMED, TRAIN, reference_run
+from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+EPOCHS = 2
+
+
+def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(slurm_cluster, tmp_path: Path,
+                                                                   fashion_data_dir: Path) -> None:
+    reference = reference_run(tmp_path / "reference", fashion_data_dir, EPOCHS, nproc=2)
+    result = hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nproc-per-node", "2",
+                      "--time", "20", "--max-hang-restarts", "1", "train", "mnist", *TRAIN, "--data-dir",
+                      str(fashion_data_dir), "--epochs", str(EPOCHS), "--checkpoint-every", "16",
+                      "--hang-timeout", "5", cwd=tmp_path)
+    job_id = ok(result).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    job.wait_for_log("epoch 1/")  # a progress line: training is under way
+    deadline = time.monotonic() + 60
+    while not (records := [r for r in read_progress(job.run_dir) if r.rank == 1 and r.phase == "training"]):
+        assert time.monotonic() < deadline, f"rank 1 never wrote a training record:\n{job.log}"
+        time.sleep(0.2)
+    os.kill(records[0].pid, signal.SIGSTOP)
+    job.follow()
+
+    log = job.log
+    first, *later = attempts(log)
+    host = socket.gethostname()
+    assert f"hpctrain: culprit: rank 1 on {host} never arrived in " in first, log
+    assert f"requeueing job {job_id} (hang restart 1 of 1)" in first, log
+    assert later and "step finished with exit status 0" in later[-1], log
+    resumed = _RESUMED.search(later[0])  # from the newest periodic checkpoint (every 16 steps) of the first
+    assert resumed and int(resumed.group(4)) % 16 == 0, log
+    assert (job.run_dir / "hang" / "report.txt").read_text().count("culprit: rank 1") == 1
+    assert (job.run_dir / "hang_restarts").read_text().strip() == "1"
+    assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
+    assert_bitwise_equal(final_weights(job.run_dir), reference)
+    status = ok(hpctrain("status", job_id, "--scheduler", "slurm")).stdout  # the controller still knows the job
+    assert f"run dir:" in status and str(job.run_dir.name) in status
+    rows = [line.split() for line in status.splitlines() if line.split()[:2] in (["0", host], ["1", host])]
+    assert [row[2] for row in rows] == ["finished", "finished"], status
