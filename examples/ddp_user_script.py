@@ -13,13 +13,18 @@ is the few lines around them.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
+import time
+from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain import checkpoint
 from hpctrain.distributed import all_reduce_mean, barrier, destroy_process_group, setup
+from hpctrain.health import ProgressRecorder, Watchdog, dump_stacks
 from hpctrain.training import StopReason, StopRequest, agree
 
 
@@ -37,6 +42,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dist-init-method", default=None, help="env, slurm, tcp://HOST:PORT or file:///PATH")
+    parser.add_argument("--hang-timeout", type=float, default=None,
+                        help="seconds without a step that count as a hang (default: derived from the step times)")
     args = parser.parse_args()
 
     # 1. Who am I, which device, join the group (a no-op when this is the only process).
@@ -75,16 +82,31 @@ def main() -> None:
         x, y = make_data()
         x, y = x[env.rank :: env.world_size].to(device), y[env.rank :: env.world_size].to(device)
         batches = range(0, len(x), 64)
+
+        # 5. Health: a live record per rank (RUN/progress/rank-N.json, what `hpctrain top` shows) and a watchdog
+        # thread that, when no step completes in time, leaves this rank's stacks in RUN/hang/ and ends the process.
+        progress = ProgressRecorder(Path(args.run_dir), env.rank, env.world_size, socket.gethostname(), len(batches))
+
+        def hung(quiet_s: float, limit_s: float) -> None:
+            where = Path(args.run_dir) / "hang" / f"rank-{env.rank}.txt"
+            dump_stacks(where, f"rank {env.rank}: no step for {quiet_s:.0f} s (limit {limit_s:.0f} s)")
+            progress.phase("hung")
+            os._exit(142)
+
+        watchdog = Watchdog(args.hang_timeout, long_s=660.0, on_hang=hung).start()
         for epoch in range(start_epoch, args.epochs):
             for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
-                i = batches[b]
+                i, started = batches[b], time.perf_counter()
                 loss = torch.nn.functional.mse_loss(trained(x[i : i + 64]), y[i : i + 64])
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                # 5. At each step boundary, all ranks agree whether any was told to stop (one tiny collective; on
+                # 6. At each step boundary, all ranks agree whether any was told to stop (one tiny collective; on
                 # NCCL, agree() votes over a gloo group it makes itself, so the vote never waits for the GPU).
                 reason = agree(stop.reason)
+                watchdog.beat()
+                progress.step(epoch + 1, epoch * len(batches) + b + 1, b + 1, len(x[i : i + 64]),
+                              time.perf_counter() - started, data_s=0.0, compute_s=0.0)
                 if reason is not StopReason.NONE:
                     save(epoch, b + 1, f"checkpoint_step_{epoch * len(batches) + b + 1}.pt")
                     print(f"[rank {env.rank}] stopping ({reason.label}) after a checkpoint", flush=True)
@@ -93,6 +115,8 @@ def main() -> None:
             save(epoch + 1, 0, f"checkpoint_epoch_{epoch + 1}.pt")
             if env.is_main:
                 print(f"epoch {epoch + 1} loss {mean_loss:.6f}", flush=True)
+        watchdog.stop()
+        progress.phase("finished")
     finally:
         stop.uninstall()
         destroy_process_group()

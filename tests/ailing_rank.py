@@ -3,7 +3,9 @@
 torchrun starts this file in place of `-m hpctrain`. The rank named by HPCTRAIN_TEST_AILING_RANK sleeps
 HPCTRAIN_TEST_AILING_S seconds per training step, either while the loop waits for its input
 (HPCTRAIN_TEST_AILING=input: inside the data source's timed `next()`) or inside the model's forward pass
-(HPCTRAIN_TEST_AILING=compute), as a rank with a starved DataLoader or a throttled processor would. Every rank
+(HPCTRAIN_TEST_AILING=compute), as a rank with a starved DataLoader or a throttled processor would; or, with
+HPCTRAIN_TEST_AILING=stall, its forward pass never returns once it has trained HPCTRAIN_TEST_AILING_S steps (a
+kernel or a file system that stopped answering: the process lives, its watchdog thread too). Every rank
 also writes its progress record and compares records more often than hpctrain does, so a test need not train for
 a minute. Nothing of this ships in hpctrain: it patches module attributes from outside.
 """
@@ -46,12 +48,27 @@ def _slow_compute(delay: float) -> None:
         net.forward = slow
 
 
+def _stall(after_steps: float) -> None:
+    for net in (mnist.TutorialNet, mnist.FastNet):
+        forward = net.forward
+        seen = {"steps": 0}
+
+        def stalled(self: Any, x: Any, _forward: Any = forward, _seen: dict = seen) -> Any:
+            if self.training:
+                _seen["steps"] += 1
+                while _seen["steps"] > after_steps:
+                    time.sleep(3600)
+            return _forward(self, x)
+
+        net.forward = stalled
+
+
 def main() -> int:
     watch.PROGRESS_INTERVAL_S = 0.5
     watch.STRAGGLER_CHECK_S = 1.5
     if os.environ.get("RANK") == os.environ.get("HPCTRAIN_TEST_AILING_RANK"):
         delay = float(os.environ["HPCTRAIN_TEST_AILING_S"])
-        {"input": _slow_input, "compute": _slow_compute}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
+        {"input": _slow_input, "compute": _slow_compute, "stall": _stall}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
     from hpctrain.cli import main as hpctrain_main
 
     return hpctrain_main(sys.argv[1:])

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import checkpoint
+from hpctrain.health import read_progress
 from training_helpers import clean_environ
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_user_script.py"
@@ -39,6 +40,8 @@ def test_example_under_torchrun_then_resumed_single_process(tmp_path: Path) -> N
     assert len(first) == 2 and first[1] < first[0]  # the two ranks trained one model together
     ckpt_dir = tmp_path / "run" / "checkpoints"
     assert checkpoint.find_latest(ckpt_dir).world_size == 2
+    records = read_progress(tmp_path / "run")  # the example's live records (hpctrain.health)
+    assert [(r.rank, r.phase, r.step) for r in records] == [(0, "finished", 64), (1, "finished", 64)]
 
     # The DDP checkpoint resumes in a single process, which trains one more epoch.
     out = run([sys.executable, str(EXAMPLE), "--run-dir", "run", "--epochs", "3", "--device", "cpu"], tmp_path)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.training.metrics import read_metrics
-from training_helpers import QUICK, clean_environ
+from training_helpers import QUICK, clean_environ, until_explained, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +26,6 @@ def torchrun(data_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str
          "-m", "hpctrain", "train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir),
          "--run-dir", str(run_dir), *extra[2:]],
         env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for(process: subprocess.Popen[str], text: str, output: list[str]) -> None:
-    for line in process.stdout:
-        output.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"{text!r} never appeared:\n{''.join(output)}")
 
 
 def worker_pid(rank: int, parent: int) -> int:
@@ -56,17 +48,7 @@ def collective_failure(process: subprocess.Popen[str], frozen_after: str, frozen
                        ) -> tuple[list[str], str]:
     """Once `frozen_after` is out, `frozen()` gives the pid of the rank that stopped answering; wait for the other
     rank's explanation, then kill the frozen one. The whole output and the explanation's line."""
-    output: list[str] = []
-    try:
-        wait_for(process, frozen_after, output)
-        pid = frozen()
-        wait_for(process, "a collective failed", output)
-        os.kill(pid, signal.SIGKILL)
-        output.extend(process.stdout)
-        assert process.wait(timeout=120) != 0
-    finally:
-        if process.poll() is None:
-            process.kill()
+    output = until_explained(process, frozen_after, frozen, "a collective failed")
     return output, next(line for line in output if "a collective failed" in line)
 
 

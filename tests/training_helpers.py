@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -84,3 +86,30 @@ def tree_digest(directory: Path) -> dict[str, str]:
     """Every file under `directory` with its content hash: to show that a failed command changed nothing."""
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def wait_for(process: subprocess.Popen[str], text: str, output: list[str]) -> None:
+    """Read `process`'s output (collected into `output`) until a line holds `text`; fail if it ends first."""
+    for line in process.stdout:
+        output.append(line)
+        if text in line:
+            return
+    raise AssertionError(f"{text!r} never appeared:\n{''.join(output)}")
+
+
+def until_explained(process: subprocess.Popen[str], frozen_after: str, frozen: Callable[[], int],
+                    explained: str) -> list[str]:
+    """Once `frozen_after` is out, `frozen()` stops a rank and gives its pid; read on until a surviving rank's line
+    holds `explained`, then kill the frozen rank and collect the rest. The whole output."""
+    output: list[str] = []
+    try:
+        wait_for(process, frozen_after, output)
+        pid = frozen()
+        wait_for(process, explained, output)
+        os.kill(pid, signal.SIGKILL)
+        output.extend(process.stdout)
+        assert process.wait(timeout=120) != 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return output

@@ -37,7 +37,7 @@ from hpctrain.training.run import Position, Run
 from hpctrain.training.rundir import all_hostnames, checkpoint_dir, write_run_files
 from hpctrain.training.setup import setup_run
 from hpctrain.training.stopping import StopReason, write_stop_reason
-from hpctrain.training.watch import RankWatch
+from hpctrain.training.watch import RankWatch, enable_flight_recorder
 from hpctrain.training.workload import Recipe
 
 
@@ -58,6 +58,7 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
         run.release()
         return RunResult(run.run_dir, run.resume_from["epoch"], run.resume_from["step"], StopReason.NONE)
     with run.stop:
+        enable_flight_recorder(run)
         init_process_group(run.env, run.device, run.cfg.dist_timeout)
         announce(run.env)
         if run.is_main and run.cfg.async_checkpoints:

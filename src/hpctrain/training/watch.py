@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,45 @@ from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason
 
 STRAGGLER_CHECK_S = 30.0
 """How often rank 0 compares the ranks' records; a straggler is reported when two checks in a row name it."""
+
+
+# NCCL's flight recorder (torch's ring buffer of the last collectives per rank): its variables were renamed from
+# TORCH_NCCL_* to TORCH_FR_* in 2025; both are set, neither overrides a value the user set.
+FLIGHT_RECORDER_ENV = (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_FR_BUFFER_SIZE", "2000"),
+                       ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"))
+FLIGHT_RECORDER_FILES = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+FLIGHT_RECORDER_PREFIX = "nccl-trace-rank-"
+
+
+def enable_flight_recorder(run: Run, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """On a GPU run, before the process group starts: NCCL's flight recorder on, dumping into RUN/hang/ when torch's
+    own collective timeout fires (a rank's file: nccl-trace-rank-N). The hang watchdog dumps it too (`_on_hang`)."""
+    if run.device.type != "cuda":
+        return
+    for name, value in FLIGHT_RECORDER_ENV:
+        environ.setdefault(name, value)
+    prefix = str(run.run_dir / HANG_DIR / FLIGHT_RECORDER_PREFIX)
+    for name in FLIGHT_RECORDER_FILES:
+        environ.setdefault(name, prefix)
+    (run.run_dir / HANG_DIR).mkdir(parents=True, exist_ok=True)
+
+
+def dump_flight_recorder(path: Path) -> bool:
+    """The NCCL flight recorder's buffer of this process (torch's pickled trace) to `path`; False where this torch
+    has no recorder or no NCCL group ran."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return False
+    dump = getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_nccl_trace", None)
+    if dump is None:
+        return False
+    try:
+        data = dump()
+    except Exception:  # noqa: BLE001 - an empty or disabled recorder raises; the stacks are written either way
+        return False
+    write_atomic(path, bytes(data))
+    return True
 
 
 class ForwardClock:
@@ -141,6 +181,9 @@ class RankWatch:
         except OSError as err:
             print(f"hpctrain: rank {env.rank}: could not write its stacks to {stacks}: {err}", file=sys.stderr)
         self.progress.phase("hung", waiting_in=waiting, collectives=entered)
+        recorder = run.run_dir / HANG_DIR / f"{FLIGHT_RECORDER_PREFIX}{env.rank}"
+        if run.device.type == "cuda" and dump_flight_recorder(recorder):
+            print(f"hpctrain: rank {env.rank}: NCCL's flight recorder in {recorder}", file=sys.stderr)
         print(f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
               f"s)" + (f", waiting in {waiting}" if waiting else ", outside any collective")
               + f"; stacks in {stacks}", file=sys.stderr, flush=True)
