@@ -29,12 +29,14 @@ def one(args: argparse.Namespace, run_dir: Path, victim: int, after_steps: int) 
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
                "--max-restarts", "0", "-m", "hpctrain", "train", "mnist", "--recipe", "classic", "--dataset",
                "fashion-mnist", "--data-dir", str(args.data_dir), "--train-limit", "30000", "--threads", "1",
+               "--batch-size", str(32 * args.nproc),
                "--log-interval", "0", "--run-dir", str(run_dir), "--hang-timeout", str(args.hang_timeout)]
     process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
-    stopped_at, pid, culprit = None, None, ""
+    stopped_at, pid, culprit, seen = None, None, "", []
     try:
         for line in process.stdout:
+            seen.append(line)
             if stopped_at is None and f"step {after_steps}/" in line:
                 pid = next(r.pid for r in read_progress(run_dir) if r.rank == victim)
                 os.kill(pid, signal.SIGSTOP)
@@ -42,7 +44,9 @@ def one(args: argparse.Namespace, run_dir: Path, victim: int, after_steps: int) 
             if "hpctrain: culprit:" in line:
                 culprit = line.split("culprit:", 1)[1].strip()
                 break
-        latency = time.monotonic() - stopped_at if stopped_at is not None else float("nan")
+        if stopped_at is None or not culprit:
+            raise SystemExit("the run ended before the hang was injected or reported:\n" + "".join(seen[-30:]))
+        latency = time.monotonic() - stopped_at
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGKILL)

@@ -5,7 +5,9 @@ HPCTRAIN_TEST_AILING_S seconds per training step, either while the loop waits fo
 (HPCTRAIN_TEST_AILING=input: inside the data source's timed `next()`) or inside the model's forward pass
 (HPCTRAIN_TEST_AILING=compute), as a rank with a starved DataLoader or a throttled processor would; or, with
 HPCTRAIN_TEST_AILING=stall, its forward pass never returns once it has trained HPCTRAIN_TEST_AILING_S steps (a
-kernel or a file system that stopped answering: the process lives, its watchdog thread too). Every rank
+kernel or a file system that stopped answering: the process lives, its watchdog thread too). With
+HPCTRAIN_TEST_AILING=sick-gemm the rank's preflight GEMM reports a twentieth of its rate (a throttled device);
+HPCTRAIN_TEST_AILING_ONCE=1 keeps any of these to a Slurm job's first attempt (a node that is left out after it). Every rank
 also writes its progress record and compares records more often than hpctrain does, so a test need not train for
 a minute. Nothing of this ships in hpctrain: it patches module attributes from outside.
 """
@@ -63,12 +65,22 @@ def _stall(after_steps: float) -> None:
         net.forward = stalled
 
 
+def _sick_gemm(_: float) -> None:
+    import hpctrain.training.preflight as preflight
+
+    measure = preflight.gemm_gflops
+    preflight.gemm_gflops = lambda *args, **kwargs: measure(*args, **kwargs) / 20
+
+
 def main() -> int:
     watch.PROGRESS_INTERVAL_S = 0.5
     watch.STRAGGLER_CHECK_S = 1.5
-    if os.environ.get("RANK") == os.environ.get("HPCTRAIN_TEST_AILING_RANK"):
-        delay = float(os.environ["HPCTRAIN_TEST_AILING_S"])
-        {"input": _slow_input, "compute": _slow_compute, "stall": _stall}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
+    later_attempt = os.environ.get("SLURM_RESTART_COUNT", "0") != "0"
+    if os.environ.get("RANK") == os.environ.get("HPCTRAIN_TEST_AILING_RANK") and not (
+            later_attempt and os.environ.get("HPCTRAIN_TEST_AILING_ONCE") == "1"):
+        delay = float(os.environ.get("HPCTRAIN_TEST_AILING_S", "0"))
+        {"input": _slow_input, "compute": _slow_compute, "stall": _stall,
+         "sick-gemm": _sick_gemm}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
     from hpctrain.cli import main as hpctrain_main
 
     return hpctrain_main(sys.argv[1:])

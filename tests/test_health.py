@@ -32,7 +32,7 @@ from hpctrain.health import (
 )
 from hpctrain.health.stacks import StackRequests, answers
 from hpctrain.health.watchdog import HANG_FLOOR_S, HANG_STEP_FACTOR
-from hpctrain.training.stopping import EXIT_HUNG
+from hpctrain.training.stopping import EXIT_HUNG, EXIT_SICK_NODE
 from training_helpers import QUICK, clean_environ, hpctrain, until_explained, wait_for
 
 HOST = socket.gethostname()
@@ -102,6 +102,19 @@ def test_when_every_rank_waits_in_the_same_place_nobody_is_blamed(tmp_path: Path
     assert report.culprits == [] and "none found" in report.text()
 
 
+def test_a_victim_left_behind_by_a_half_done_collective_is_not_blamed(tmp_path: Path) -> None:
+    # rank 2 stopped inside the stop vote after step 5: rank 0 had all it needed from it and went on to step 6's
+    # backward; rank 1 still waits in the vote. Seen in benchmarks/hang_detection.py with three ranks.
+    records = [record(0, 0, 0, phase="hung", waiting_in="step 6's gradient all-reduce (backward)", step=6, world=3,
+                      collectives=20),
+               record(1, 0, 0, phase="hung", waiting_in="the stop vote after step 5", step=5, world=3,
+                      collectives=18),
+               record(2, 0, 0, step=5, age=12, world=3)]
+    report = hang_report(records, 3, 30, 10, tmp_path, NOW)
+    assert report.culprits == ["rank 2 on node2"]
+    assert "rank 1 on node1: waits in the stop vote after step 5, one collective behind the others" in report.text()
+
+
 def test_a_rank_behind_the_others_is_the_culprit_even_inside_a_collective_context(tmp_path: Path) -> None:
     # rank 2's forward pass never returned (it counts as DDP's forward collective); the others wait in backward
     records = [record(r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8,
@@ -145,6 +158,24 @@ def test_gpu_runs_get_the_nccl_flight_recorder_without_overriding_the_user(tmp_p
     cpu: dict[str, str] = {}
     enable_flight_recorder(SimpleNamespace(device=torch.device("cpu"), run_dir=tmp_path), cpu)
     assert cpu == {}
+
+
+# ---- the preflight's verdict
+
+
+def test_a_slow_or_failed_rank_makes_its_node_sick() -> None:
+    from hpctrain.health.preflight import RankCheck, judge
+
+    checks = [RankCheck(0, "n1", 100.0), RankCheck(1, "n1", 96.0), RankCheck(2, "n2", 30.0),
+              RankCheck(3, "n3", None, "RuntimeError: CUDA error: an illegal memory access")]
+    verdict = judge(checks, 1.5)
+    assert verdict.bad_nodes == ["n2", "n3"] and verdict.median_gflops == 96.0
+    assert verdict.lines() == [
+        "preflight: node n2 is sick: rank 2's GEMM runs at 30.0 GFLOP/s, 31% of the median rank's 96.0 (below 50%)",
+        "preflight: node n3 is sick: rank 3's check failed: RuntimeError: CUDA error: an illegal memory access"]
+    fine = judge(checks[:2] + [RankCheck(2, "n2", 60.0)], 1.5)
+    assert fine.bad == {} and fine.lines() == [
+        "preflight: 3 rank(s) on 2 node(s) passed (96.0 GFLOP/s median GEMM, all-reduce 1.50 GB/s)"]
 
 
 # ---- progress records
@@ -275,6 +306,29 @@ def test_a_rank_whose_forward_pass_never_returns_is_named_as_behind(fashion_data
     assert f"culprit: rank 1 on {HOST} never arrived in step 6's gradient all-reduce (backward)" in report, output
     stacks = (run_dir / "hang" / "rank-1.txt").read_text()  # its watchdog answered: the stack shows where it is
     assert "in stalled" in stacks and "ailing_rank.py" in stacks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sick", [False, True])
+def test_the_preflight_passes_or_stops_before_the_first_step_naming_the_node(fashion_data_dir, tmp_path, sick):
+    run_dir = tmp_path / "run"
+    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "sick-gemm"} if sick else {}
+    process = torchrun(fashion_data_dir, run_dir, "--epochs", "1", "--preflight", env=env,
+                       entry=(str(Path(__file__).with_name("ailing_rank.py")),))
+    output, _ = process.communicate(timeout=300)
+    record = json.loads((run_dir / "preflight.json").read_text())
+    assert [c["rank"] for c in record["checks"]] == [0, 1] and record["allreduce_gbps"] > 0
+    if not sick:
+        assert process.returncode == 0, output
+        assert "hpctrain: preflight: 2 rank(s) on 1 node(s) passed" in output
+        assert not (run_dir / "bad_nodes").exists()
+        return
+    assert process.returncode != 0 and f"exitcode  : {EXIT_SICK_NODE} " in output, output
+    assert f"hpctrain: preflight: node {HOST} is sick: rank 1's GEMM runs at " in output
+    assert f"the preflight found sick node(s) before the first step: {HOST} " in output
+    assert (run_dir / "bad_nodes").read_text() == f"{HOST}\n"
+    assert (run_dir / "stop_reason").read_text().strip() == "sick_node"
+    assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
 
 
 @pytest.mark.slow

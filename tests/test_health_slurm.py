@@ -1,6 +1,9 @@
-"""A hung rank in a Slurm job, on the real local cluster: the job's hang watchdog names the rank that never
-arrived, ends the attempt as hung, the batch script requeues the job (within --max-hang-restarts), and the next
-attempt resumes from the newest checkpoint and ends with the weights of an uninterrupted run.
+"""Sick ranks and nodes in Slurm jobs, on the real local cluster.
+
+A hung rank: the job's hang watchdog names the rank that never arrived, ends the attempt as hung, the batch script
+requeues the job (within --max-hang-restarts), and the next attempt resumes from the newest checkpoint and ends
+with the weights of an uninterrupted run. A sick node: the preflight names it, and the batch script requeues the
+job with the node excluded.
 
 The hang: one rank of a 2-process torchrun job is stopped with SIGSTOP (alive and silent, as a rank stuck on a dead
 NIC or a swapped-out node). The nodes of the local cluster are this host, so its pid is the one in the rank's
@@ -10,8 +13,10 @@ progress record.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -60,3 +65,31 @@ def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(slurm_cluster
     assert f"run dir:" in status and str(job.run_dir.name) in status
     rows = [line.split() for line in status.splitlines() if line.split()[:2] in (["0", host], ["1", host])]
     assert [row[2] for row in rows] == ["finished", "finished"], status
+
+
+def test_a_sick_node_found_by_the_preflight_is_left_out_of_the_requeued_job(slurm_cluster, tmp_path: Path,
+                                                                              fashion_data_dir: Path) -> None:
+    # Whatever node the first attempt lands on is "sick": one of its devices is slow (tests/ailing_rank.py: rank 1's
+    # preflight GEMM reports a twentieth of its rate, in the first attempt only). The local cluster has two nodes,
+    # so the requeued attempt has one left.
+    wrapper = Path(__file__).with_name("ailing_rank.py")
+    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "sick-gemm", "HPCTRAIN_TEST_AILING_ONCE": "1"}
+    result = hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nproc-per-node", "2",
+                      "--time", "20", "--run-dir", "runs/sick-%j", "--", sys.executable, str(wrapper), "train",
+                      "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "1", "--preflight",
+                      cwd=tmp_path, env=env)
+    job_id = ok(result).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"sick-{job_id}")
+    job.follow()
+
+    log = job.log
+    first, *later = attempts(log)
+    sick = re.search(r"hpctrain: preflight: node (node\d) is sick: rank \d's GEMM runs at", first)
+    assert sick, log
+    node = sick.group(1)
+    assert f"requeueing job {job_id} without {node} (restart 1 of 2)" in first, log
+    assert later and f"attempt 2 on {node}" not in later[0] and "attempt 2 on node" in later[0], log
+    assert "preflight: 2 rank(s) on 1 node(s) passed" in later[0] and "step finished with exit status 0" in later[-1]
+    assert (job.run_dir / "excluded_nodes").read_text() == f"{node}\n"
+    assert not (job.run_dir / "bad_nodes").exists()  # the passing preflight removed the first attempt's finding
+    assert (job.run_dir / "stop_reason").read_text().strip() == "completed"

@@ -109,7 +109,8 @@ def test_resources_render_per_launcher() -> None:
     assert "apptainer exec --bind" in render_sbatch(golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
     no_signal = render_sbatch(torch_job.replace(signal_grace=0))  # no time-limit warning: requeued after a hang only
     assert "#SBATCH --signal" not in no_signal and "#SBATCH --requeue" in no_signal
-    assert no_signal.count("scontrol requeue") == 1 and '[ "$stop_reason" = hung ]' in no_signal
+    assert no_signal.count('scontrol requeue "') == 1 and '[ "$stop_reason" = hung ]' in no_signal
+    assert "scontrol requeuehold" in no_signal and '[ "$stop_reason" = sick_node ]' in no_signal
     never = render_sbatch(torch_job.replace(signal_grace=0, max_hang_restarts=0))
     assert "--requeue" not in never and "scontrol requeue" not in never
 

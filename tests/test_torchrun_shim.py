@@ -121,3 +121,28 @@ def test_floor_torchrun_rejects_the_signal_flags() -> None:
     proc = subprocess.run([FLOOR_PYTHON, "-m", "torch.distributed.run", f"--signals-to-handle={TORCHRUN_SIGNALS}",
                            "--no-python", "true"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "unrecognized arguments" in proc.stderr, proc.stderr
+
+
+ENDS_ON_PURPOSE = """\
+import os, sys, time
+if os.environ["RANK"] == "0":
+    sys.exit(int(sys.argv[1]))  # a hang watchdog's 142 or a failed preflight's 144
+time.sleep(60)  # the other worker: torchrun stops it
+"""
+
+
+@pytest.mark.parametrize("status", [142, 144, 1])
+def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path, status: int) -> None:
+    (tmp_path / "worker.py").write_text(ENDS_ON_PURPOSE)
+    env = {**os.environ, "SLURM_NODEID": "0", "SLURMD_NODENAME": "node1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", TORCHRUN_SHIM, "", "20", "--standalone", "--nnodes=1", "--nproc-per-node=2",
+         "--no-python", sys.executable, str(tmp_path / "worker.py"), str(status)],
+        env=env, capture_output=True, text=True, timeout=180)
+    output = result.stdout + result.stderr
+    if status == 1:  # a real failure keeps torchrun's own report
+        assert result.returncode == 1 and "ChildFailedError" in output, output
+        return
+    assert result.returncode == status, output
+    assert "Traceback" not in output and "ChildFailedError" not in output, output
+    assert f"hpctrain: torchrun on node1: a worker ended the attempt on purpose (exit status {status}" in output

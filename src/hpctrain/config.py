@@ -65,6 +65,9 @@ class TrainConfig:
     another count changes torch's floating-point results (see training.setup.resolve_threads)."""
     dist_timeout: float = 600.0
     """Seconds a collective may wait for a missing rank before the run fails."""
+    preflight: bool | None = None
+    """Check every rank's device and the job's all-reduce before the first step (hpctrain.training.preflight);
+    None: when the job spans several nodes."""
     hang_timeout: float | None = None
     """Seconds without a completed step that end the attempt as hung (stacks and a report in RUN/hang/); None:
     automatic (hpctrain.health.watchdog), 0: off."""

@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "(default: detected); --nproc chooses its own")
     where.add_argument("--dist-timeout", type=float, default=600.0, metavar="S",
                        help="seconds a collective waits for a missing rank before failing (default: 600)")
+    where.add_argument("--preflight", action=argparse.BooleanOptionalAction,
+                       help="before the first step, time a few seconds of matrix products on every rank and one "
+                       "all-reduce; a node far below the others (under half the median rank's rate) or failing "
+                       "ends the attempt, named, and a Slurm job requeues itself without it (RUN/preflight.json; "
+                       "default: on for jobs on several nodes)")
     where.add_argument("--hang-timeout", type=float, metavar="S",
                        help="end the attempt as hung when no step completes for S seconds: every rank writes its "
                        "stacks to RUN/hang/ and a report names the rank that never arrived; a submitted job then "
@@ -178,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "dist_init_method": args.dist_init_method,
         "dist_timeout": args.dist_timeout,
         "hang_timeout": args.hang_timeout,
+        "preflight": args.preflight,
         "threads": args.threads,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,

@@ -3,12 +3,14 @@
 When a rank's watchdog fires it writes its record with phase "hung" and, when it was inside a collective, that
 collective's name (`waiting_in`). Given a few seconds for the other ranks' watchdogs to do the same, the records say:
 
-- ranks waiting in a collective: they are the victims, unless they entered fewer collectives than the others
-  (every rank enters the same ones, in the same order): such a rank is behind, stuck in the compute or input
-  around a collective the others have passed (a forward pass that never returns), and is a culprit;
 - ranks whose watchdog fired outside any collective (stuck reading input, on a file system, in compute): culprits;
 - ranks that wrote nothing since the hang began (a frozen or stopped process, a node gone): culprits;
-- ranks with no record at all: culprits.
+- ranks with no record at all: culprits;
+- ranks waiting in a collective: victims. A victim may wait one collective behind the others: a rank that
+  vanished in the middle of a collective can have given some ranks all they needed from it and others not.
+- Only when no rank is silent or missing: a rank that entered fewer collectives than the others (every rank
+  enters the same ones, in the same order) is behind them, stuck in the compute around a collective the others
+  have passed (a forward pass that never returns), and is the culprit.
 
 When every rank waits in a collective and none is missing, no rank is to blame: the transport or the collective
 backend itself hangs, and the report says so.
@@ -53,6 +55,7 @@ def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, li
     furthest = max((r.collectives for r in waiting if r.collectives is not None), default=None)
     behind = {r.rank for r in waiting if r.collectives is not None and furthest is not None and r.collectives < furthest}
     ahead = [r for r in waiting if r.rank not in behind]
+    silent = any(by_rank.get(rank) is None or by_rank[rank].phase != "hung" for rank in range(world_size))
     where = Counter(r.waiting_in for r in ahead).most_common(1)[0][0] if ahead else None
     lines = [f"hang: no training step completed for {quiet_s:.0f} s (limit {limit_s:.0f} s; --hang-timeout)"]
     culprits = []
@@ -63,6 +66,9 @@ def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, li
             culprits.append(f"rank {rank}")
             lines.append(f"  rank {rank}: never wrote a progress record (it did not start, or its node cannot "
                          "write the run directory)")
+        elif r.rank in behind and silent:
+            lines.append(f"  {r.where()}: waits in {r.waiting_in}, one collective behind the others (the missing "
+                         f"rank left it half done); stacks in {stacks}")
         elif r.rank in behind:
             culprits.append(r.where())
             lines.append(f"  {r.where()}: behind the others, still in {r.waiting_in}; stacks in {stacks}")

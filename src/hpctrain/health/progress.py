@@ -22,7 +22,7 @@ PROGRESS_DIR = "progress"
 PROGRESS_INTERVAL_S = 5.0
 """How often a rank replaces its record while it trains."""
 
-PHASES = ("starting", "training", "evaluating", "checkpointing", "hung", "stopped", "finished")
+PHASES = ("starting", "preflight", "training", "evaluating", "checkpointing", "hung", "stopped", "finished")
 
 
 @dataclass

@@ -12,6 +12,7 @@ detected environment. The pieces, each in its own module of this package:
     evaluation.py   test loss and accuracy; --evaluate
     checkpoints.py  saving, restoring and keeping the best of the loop's checkpoints
     watch.py        this rank's live progress record, hang watchdog and stack requests; rank 0's straggler check
+    preflight.py    --preflight: every rank's GEMM rate and the job's all-reduce, judged before the first step
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from hpctrain.config import TrainConfig, data_label
 from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.distributed import destroy_process_group, init_process_group
 from hpctrain.distributed.failures import announce, peer_failures
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
+from hpctrain.training import preflight
 from hpctrain.training.checkpoints import keep_best, restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
@@ -82,9 +85,12 @@ def _train(run: Run) -> RunResult:
     parts, position = _build(run)
     metrics, progress = _start_reporting(run, parts, position)
     watch = RankWatch(run, parts.model, parts.plan.steps_per_epoch)
-    reason = StopReason.CANCELLED  # what the progress record says if an exception ends the loop
+    reason, record = StopReason.CANCELLED, None  # what the progress record says if an exception ends the loop
     try:
-        reason, record = _epochs(run, parts, position, metrics, progress, watch)
+        if _preflight_fails(run, watch):
+            reason = StopReason.SICK_NODE
+        else:
+            reason, record = _epochs(run, parts, position, metrics, progress, watch)
     finally:
         watch.close("finished" if reason is StopReason.NONE else "stopped")
     if run.is_main:
@@ -92,6 +98,14 @@ def _train(run: Run) -> RunResult:
     if metrics:
         metrics.close()
     return RunResult(run.run_dir, position.epoch, position.step, reason, record)
+
+
+def _preflight_fails(run: Run, watch: RankWatch) -> bool:
+    """--preflight (hpctrain.training.preflight), when wanted: whether it found a sick node."""
+    if not preflight.wanted(run):
+        return False
+    with watch.long_phase("preflight"):
+        return bool(preflight.run_preflight(run).bad)
 
 
 def _epochs(run: Run, parts: Parts, position: Position, metrics: MetricsLog | None, progress: Progress | None,
@@ -176,6 +190,11 @@ def _report_end(run: Run, result: RunResult) -> None:
     reason = result.stop_reason
     if reason is StopReason.NONE:
         run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
+    elif reason is StopReason.SICK_NODE:
+        print(f"hpctrain train: error: the preflight found sick node(s) before the first step: "
+              f"{', '.join(_bad_nodes(run))} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain submit` "
+              "on Slurm requeues itself without them (within --max-hang-restarts); elsewhere, start it again away "
+              "from them", file=sys.stderr, flush=True)
     elif reason is StopReason.DIVERGED:
         print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
               f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
@@ -188,6 +207,13 @@ def _report_end(run: Run, result: RunResult) -> None:
             why = "a signal reached another process"
         run.say(f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
                 f"{_how_to_continue(reason)}")
+
+
+def _bad_nodes(run: Run) -> list[str]:
+    try:
+        return (run.run_dir / BAD_NODES_FILE).read_text().split()
+    except OSError:
+        return ["(see the preflight's record)"]
 
 
 def _how_to_continue(reason: StopReason) -> str:

@@ -14,6 +14,9 @@ import yaml
 from hpctrain.distributed import DistEnv, all_gather_object
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, write_atomic
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
+from hpctrain.health.progress import PROGRESS_DIR
+from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.run import Run
@@ -24,9 +27,10 @@ CHECKPOINT_DIR = "checkpoints"
 # Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
 LOCK_FILE = ".hpctrain.lock"
 # Files of the run directory that hpctrain writes itself: never through a symbolic link.
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE)
-# Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere.
-RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE, PREFLIGHT_FILE, BAD_NODES_FILE)
+# Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere (and a
+# linked progress/, hang/ or stacks/ the ranks' records and stacks).
+RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR, PROGRESS_DIR, HANG_DIR, STACKS_DIR)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

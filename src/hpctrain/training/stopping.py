@@ -36,6 +36,8 @@ EXIT_DIVERGED = 3  # the loss became non-finite: restarting the same way would f
 # The hang watchdog ended the attempt (no step within the hang limit). 128 + SIGALRM, the watchdog's alarm: a
 # status of 128 and above is one Kubeflow's ExitCode restart policy retries, and the batch script restarts it too.
 EXIT_HUNG = 142
+# The preflight found a sick node (RUN/bad_nodes): the batch script requeues the job without it. >= 128 as well.
+EXIT_SICK_NODE = 144
 
 STOP_REASON_FILE = "stop_reason"
 
@@ -48,11 +50,13 @@ class StopReason(IntEnum):
     CANCELLED = 2
     DIVERGED = 3  # not a signal: the loss became non-finite; no checkpoint may be written after it
     HUNG = 4  # not a signal and never voted: the hang watchdog ended the attempt
+    SICK_NODE = 5  # not a signal: the preflight, which every rank judges alike, found a sick node
 
     @property
     def exit_code(self) -> int:
         return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED,
-                StopReason.DIVERGED: EXIT_DIVERGED, StopReason.HUNG: EXIT_HUNG}.get(self, EXIT_CANCELLED)
+                StopReason.DIVERGED: EXIT_DIVERGED, StopReason.HUNG: EXIT_HUNG,
+                StopReason.SICK_NODE: EXIT_SICK_NODE}.get(self, EXIT_CANCELLED)
 
     @property
     def label(self) -> str:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.training.stopping import EXIT_PREEMPTED
+from hpctrain.health.preflight import BAD_NODES_FILE
+from hpctrain.training.stopping import EXIT_HUNG, EXIT_PREEMPTED, EXIT_SICK_NODE
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
@@ -34,6 +35,7 @@ PORT_SPAN = 20000
 PORT_TRIES = 200
 REQUEUE_COUNT_FILE = "requeue_count"
 HANG_RESTARTS_FILE = "hang_restarts"
+EXCLUDED_NODES_FILE = "excluded_nodes"  # every node a preflight of this run found sick, one a line
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # torchrun's own shutdown timeout before --shutdown-timeout existed (torch < 2.9): workers get this long to stop.
 TORCHRUN_FIXED_SHUTDOWN_S = 30
@@ -44,13 +46,16 @@ TORCHRUN_FIXED_SHUTDOWN_S = 30
 #    given an agent handler for the extra signals (USR1) that does what the flag does, and node 0 says once in the
 #    job log what is lost: the workers get torchrun's fixed 30 s to stop instead of SHUTDOWN_TIMEOUT.
 #  * A planned stop (the agent told to stop by USR1 or TERM) ends with one line and the planned status (75 after
-#    the time-limit warning, 128+N after signal N: 143 for TERM) instead of torchrun's SignalException traceback.
+#    the time-limit warning, 128+N after signal N: 143 for TERM) instead of torchrun's SignalException traceback;
+#    so does an attempt a worker ended on purpose (142: its hang watchdog; 144: the preflight found a sick node),
+#    instead of torchrun's ChildFailedError traceback.
 # Double quotes only: the script holds it in single quotes.
 _TORCHRUN_SHIM_TEMPLATE = """\
 import os, signal, sys
 import torch
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 node = os.environ.get("SLURMD_NODENAME", "?")
 if signals:
@@ -73,9 +78,16 @@ except SignalException as err:
     print("hpctrain: torchrun on %s stopped its workers on %s as planned (exit status %d)"
           % (node, err.sigval.name, status), flush=True)
     sys.exit(status)
+except ChildFailedError as err:
+    planned = sorted({f.exitcode for f in err.failures.values()} & {PLANNED_STATUSES})
+    if not planned:
+        raise
+    print("hpctrain: torchrun on %s: a worker ended the attempt on purpose (exit status %d: 142 hung, 144 sick"
+          " node; the run directory says more)" % (node, planned[0]), flush=True)
+    sys.exit(planned[0])
 """
 TORCHRUN_SHIM = _TORCHRUN_SHIM_TEMPLATE.replace("FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S)).replace(
-    "PREEMPTED_STATUS", str(EXIT_PREEMPTED))
+    "PREEMPTED_STATUS", str(EXIT_PREEMPTED)).replace("PLANNED_STATUSES", f"{EXIT_HUNG}, {EXIT_SICK_NODE}")
 
 
 def _q(word: str) -> str:
@@ -307,6 +319,25 @@ def render_sbatch(job: JobSpec) -> str:
             f'    echo "hpctrain: the run hung and the hang-restart budget ({n}, --max-hang-restarts) is used up; not'
             ' requeueing" >&2',
             "fi",
+            "# The preflight found sick nodes (RUN/bad_nodes): requeue without them, within the same budget. A running",
+            "# job's excluded nodes cannot change: hold it on requeue, change them, release it (TERM, which the",
+            "# requeue sends this script, is ignored from here: these three commands must all run).",
+            f'if [ "$cancelled" = 0 ] && [ "$stop_reason" = sick_node ] && [ -s "$run_dir/{BAD_NODES_FILE}" ]; then',
+            f'    if [ "$hang_restarts" -lt {n} ]; then',
+            f'        excluded=$(cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null | sort -u | paste -sd, -)',
+            f'        echo "$excluded" | tr , "\\n" >"$run_dir/{EXCLUDED_NODES_FILE}"',
+            f'        echo "$((hang_restarts + 1))" >"$run_dir/{HANG_RESTARTS_FILE}"',
+            f'        echo "hpctrain: the preflight found sick node(s); requeueing job ${{SLURM_JOB_ID}} without $excluded'
+            f' (restart $((hang_restarts + 1)) of {n})"',
+            "        trap '' TERM INT USR1",
+            '        scontrol requeuehold "$SLURM_JOB_ID"',
+            '        scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded"',
+            '        scontrol release "$SLURM_JOB_ID"',
+            "        exit 0",
+            "    fi",
+            f'    echo "hpctrain: the preflight found sick node(s) and the restart budget ({n}, --max-hang-restarts) is'
+            ' used up; not requeueing" >&2',
+            "fi",
         ]
     if job.signal_grace:
         out += ["", "# Requeue after a time-limit warning if the run stopped early; never after scancel; within a budget."]
@@ -316,9 +347,10 @@ def render_sbatch(job: JobSpec) -> str:
         next_requeue = "$((own_requeues + 1))" if job.run_dir is not None else "$((${SLURM_RESTART_COUNT:-0} + 1))"
         out += [
             "# A run that completed is never requeued, even if torchrun then failed on the warning; nor is one whose",
-            "# loss diverged (it would only diverge again), nor one that hung (its own budget is above).",
+            "# loss diverged (it would only diverge again), nor one that hung or found a sick node (their own budget",
+            "# is above).",
             'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" != completed ] && [ "$stop_reason" != diverged ] &&',
-            '    [ "$stop_reason" != hung ] &&',
+            '    [ "$stop_reason" != hung ] && [ "$stop_reason" != sick_node ] &&',
             '    { [ "$stop_reason" = preempted ] || [ "$status" -ne 0 ]; }; then',
             f'    if [ "{requeues}" -lt {job.max_requeues} ]; then',
             f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue {next_requeue} of {job.max_requeues})"',

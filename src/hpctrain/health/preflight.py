@@ -1,0 +1,65 @@
+"""The preflight verdict: from every rank's few seconds of matrix multiplication (and whether its checks ran at
+all), which nodes are far slower than the others or broken. Pure: the measuring is hpctrain.training.preflight's.
+
+A rank is slow when its GEMM rate is below SLOW_SHARE of the median rank's; a node is named when one of its ranks
+is slow or failed. Half the median is far outside what the same hardware shows (a few percent), and well inside
+what a thermally throttled GPU, a GPU that fell back to a low clock, or a CPU node shared with another job show.
+The all-reduce's bandwidth is one figure for the whole job (all ranks take part in one collective), recorded for
+comparison between runs, and never blamed on a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+PREFLIGHT_FILE = "preflight.json"
+BAD_NODES_FILE = "bad_nodes"
+SLOW_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class RankCheck:
+    rank: int
+    node: str
+    gemm_gflops: float | None  # None: the GEMM failed (see error)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    checks: list[RankCheck]
+    median_gflops: float | None
+    allreduce_gbps: float | None
+    bad: dict[str, list[str]] = field(default_factory=dict)  # node -> why
+
+    @property
+    def bad_nodes(self) -> list[str]:
+        return sorted(self.bad)
+
+    def lines(self) -> list[str]:
+        if not self.bad:
+            rate = f"{self.median_gflops:,.1f} GFLOP/s median GEMM" if self.median_gflops else "no GEMM rate"
+            bandwidth = f", all-reduce {self.allreduce_gbps:.2f} GB/s" if self.allreduce_gbps else ""
+            return [f"preflight: {len(self.checks)} rank(s) on {len({c.node for c in self.checks})} node(s) passed "
+                    f"({rate}{bandwidth})"]
+        return [f"preflight: node {node} is sick: {'; '.join(why)}" for node, why in sorted(self.bad.items())]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checks": [asdict(c) for c in self.checks], "median_gflops": self.median_gflops,
+                "allreduce_gbps": self.allreduce_gbps, "slow_share": SLOW_SHARE, "bad_nodes": self.bad}
+
+
+def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
+    rates = [c.gemm_gflops for c in checks if c.gemm_gflops is not None]
+    typical = median(rates) if rates else None
+    bad: dict[str, list[str]] = {}
+    for c in sorted(checks, key=lambda c: c.rank):
+        if c.gemm_gflops is None:
+            bad.setdefault(c.node, []).append(f"rank {c.rank}'s check failed: {c.error or 'no result'}")
+        elif typical and c.gemm_gflops < SLOW_SHARE * typical:
+            bad.setdefault(c.node, []).append(
+                f"rank {c.rank}'s GEMM runs at {c.gemm_gflops:,.1f} GFLOP/s, {c.gemm_gflops / typical:.0%} of the "
+                f"median rank's {typical:,.1f} (below {SLOW_SHARE:.0%})")
+    return Verdict(checks, typical, allreduce_gbps, bad)

@@ -1,0 +1,104 @@
+"""`--preflight`: before the first step, every rank runs a few seconds of matrix multiplication on its device and
+all ranks one all-reduce that measures the job's bandwidth; the results are gathered and judged the same way on
+every rank (hpctrain.health.preflight), so all agree without another vote. Rank 0 writes RUN/preflight.json and,
+when a node is sick, RUN/bad_nodes, which the Slurm batch script reads to requeue the job without those nodes.
+
+On by default when the job spans several nodes: that is where a bad node hides among good ones after a long queue
+wait, and where comparing nodes means something. A single node cannot be compared with itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+
+import torch
+
+from hpctrain.distributed import all_gather_object, all_reduce
+from hpctrain.distributed.collectives import collective_device
+from hpctrain.distributed.failures import collective
+from hpctrain.fsutil import write_atomic
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, RankCheck, Verdict, judge
+from hpctrain.training.run import Run
+
+GEMM_S = 2.0
+"""Seconds of GEMM per rank (after a warm-up)."""
+ALLREDUCE_BYTES = {"cpu": 8 << 20, "cuda": 64 << 20}
+ALLREDUCE_REPEATS = 5
+
+
+def wanted(run: Run) -> bool:
+    """--preflight / --no-preflight, else on for a job on several nodes."""
+    chosen = run.cfg.preflight
+    return run.env.num_nodes > 1 if chosen is None else bool(chosen)
+
+
+def node_name() -> str:
+    """The node as its scheduler names it (Slurm's SLURMD_NODENAME is what --exclude takes), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def gemm_gflops(device: torch.device, seconds: float = GEMM_S) -> float:
+    """This device's rate of square matrix products (bf16 on a GPU, fp32 on the CPU), in GFLOP/s."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    out = torch.empty_like(a)
+    torch.matmul(a, b, out=out)  # warm-up: kernels chosen, memory touched
+    _sync(device)
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for _ in range(10 if device.type == "cuda" else 1):
+            torch.matmul(a, b, out=out)
+            count += 1
+        _sync(device)
+    return 2.0 * n**3 * count / (time.perf_counter() - started) / 1e9
+
+
+def allreduce_gbps(run: Run) -> float | None:
+    """The job's all-reduce rate (bytes reduced per second, per rank), None for one process."""
+    if not run.env.is_distributed:
+        return None
+    device = collective_device()
+    size = ALLREDUCE_BYTES.get(device.type, ALLREDUCE_BYTES["cpu"])
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    all_reduce(tensor)  # warm-up: the connections are made
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(ALLREDUCE_REPEATS):
+        all_reduce(tensor)
+    _sync(device)
+    return size * ALLREDUCE_REPEATS / (time.perf_counter() - started) / 1e9
+
+
+def run_preflight(run: Run) -> Verdict:
+    """Measure, gather, judge; rank 0 records it and says it. Every rank calls it (collectives inside)."""
+    error, rate = None, None
+    try:
+        rate = gemm_gflops(run.device)
+    except Exception as err:  # noqa: BLE001 - a broken device is the finding, not a crash of the check
+        error = f"{type(err).__name__}: {err}"[:300]
+    with collective("the preflight's all-reduce"):
+        bandwidth = allreduce_gbps(run)
+    mine = asdict(RankCheck(run.env.rank, node_name(), rate, error))
+    with collective("the preflight's exchange of results"):
+        checks = [RankCheck(**c) for c in all_gather_object(mine)]
+    verdict = judge(checks, bandwidth)
+    if run.is_main:
+        write_atomic(run.run_dir / PREFLIGHT_FILE, (json.dumps(verdict.as_dict(), indent=2) + "\n").encode())
+        if verdict.bad:
+            write_atomic(run.run_dir / BAD_NODES_FILE, "".join(f"{node}\n" for node in verdict.bad_nodes).encode())
+        else:
+            (run.run_dir / BAD_NODES_FILE).unlink(missing_ok=True)  # an earlier attempt's finding is not this one's
+        for line in verdict.lines():
+            run.say(line)
+    return verdict
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
