@@ -12,6 +12,7 @@ progress record.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -93,3 +94,16 @@ def test_a_sick_node_found_by_the_preflight_is_left_out_of_the_requeued_job(slur
     assert (job.run_dir / "excluded_nodes").read_text() == f"{node}\n"
     assert not (job.run_dir / "bad_nodes").exists()  # the passing preflight removed the first attempt's finding
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
+
+
+def test_check_preflight_runs_the_check_as_a_job_of_its_own(slurm_cluster, tmp_path: Path,
+                                                            fashion_data_dir: Path) -> None:
+    result = hpctrain("check", "--preflight", "--launcher", "torchrun", "--nodes", "2", "--nproc-per-node", "1",
+                      "--time", "20", "train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), cwd=tmp_path,
+                      timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("ok: ") and "preflight: job " in result.stdout
+    assert "preflight: 2 rank(s) on 2 node(s) passed (" in result.stdout, result.stdout
+    [record] = list((tmp_path / "runs").glob("*-preflight/preflight.json"))
+    assert sorted(c["node"] for c in json.loads(record.read_text())["checks"]) == ["node1", "node2"]
+    assert not list((tmp_path / "runs").glob("*-preflight/metrics.jsonl"))  # nothing was trained

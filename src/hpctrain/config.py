@@ -68,6 +68,8 @@ class TrainConfig:
     preflight: bool | None = None
     """Check every rank's device and the job's all-reduce before the first step (hpctrain.training.preflight);
     None: when the job spans several nodes."""
+    preflight_only: bool = False
+    """Run the preflight and stop without training (what `hpctrain check --preflight` submits)."""
     hang_timeout: float | None = None
     """Seconds without a completed step that end the attempt as hung (stacks and a report in RUN/hang/); None:
     automatic (hpctrain.health.watchdog), 0: off."""
@@ -116,6 +118,8 @@ class TrainConfig:
             raise UserError(f"--keep-checkpoints must be at least 1 (got {self.keep_checkpoints})")
         _check_float("--dist-timeout", self.dist_timeout, above=0, at_most=MAX_DIST_TIMEOUT_S,
                      why="a collective waiting longer for a rank is a hang; the unit is seconds")
+        if self.preflight_only and self.preflight is False:
+            raise UserError("--preflight-only runs the preflight: drop --no-preflight")
         if self.hang_timeout is not None:
             _check_float("--hang-timeout", self.hang_timeout, at_least=0, at_most=MAX_DIST_TIMEOUT_S,
                          why="seconds without a completed step; 0 turns the watchdog off")

@@ -3,19 +3,34 @@
 Takes the same options as `hpctrain submit` (Slurm or `--scheduler kubernetes`); prints one line per problem
 (each naming the fix) and exits 2, or says that the job fits and exits 0. Warnings (lines starting with
 `warning:`) and notes (`note:`, a check that could not run here) do not fail the check.
+
+`--preflight` then does submit something: the training's preflight (hpctrain.training.preflight) as a short job of
+its own, with the job's nodes and resources, training nothing; it waits for it and says which nodes are sick.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from hpctrain.cli.scheduling import get_backend
-from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args
+from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args, wait
+from hpctrain.errors import UserError
+from hpctrain.health.preflight import PREFLIGHT_FILE, RankCheck, judge
 from hpctrain.schedulers.base import blocking
+from hpctrain.schedulers import backend_info
+
+PREFLIGHT_TIME = "15"
+"""The preflight job's time limit (minutes): start-up, a few seconds of checks, and the queue's own slack."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
+    parser.add_argument("--preflight", action="store_true",
+                        help="then run the training's preflight as a short job of its own on the job's nodes and "
+                        "resources, without training (every rank's GEMM rate and the job's all-reduce, as `train "
+                        "--preflight`), wait for it, and exit 2 when a node is sick")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,4 +44,27 @@ def run(args: argparse.Namespace) -> int:
     if blocking(problems):
         return 2
     print(f"ok: {sched.summary(job, rendered)}")
-    return 0
+    if not args.preflight:
+        return 0
+    return _preflight(sched, job, submission.scheduler)
+
+
+def _preflight(sched, job, scheduler: str) -> int:  # type: ignore[no-untyped-def]
+    if not job.is_recipe:
+        raise UserError("--preflight runs the training's own check: give `train WORKLOAD [train options]` as the "
+                        "command, as the job itself would run it")
+    run_dir = f"{job.run_dir}-preflight" if job.run_dir else None
+    probe = job.replace(name=f"{job.name}-preflight", command=(*job.command, "--preflight-only"), time=PREFLIGHT_TIME,
+                        signal_grace=0, max_hang_restarts=0, run_dir=run_dir)
+    job_id = sched.submit(probe, sched.render(probe))
+    print(f"preflight: job {job_id} checks the nodes it gets", flush=True)
+    status = wait(sched, job_id, "check")
+    record = Path(run_dir.replace("%j", job_id)) / PREFLIGHT_FILE if run_dir else None
+    if record is None or not backend_info(scheduler).shares_file_system or not record.is_file():
+        where = f" ({record} on the job's file system)" if record is not None else ""
+        print(f"preflight: job {job_id} ended with exit status {status}{where}")
+        return 0 if status == 0 else 2
+    recorded = json.loads(record.read_text())
+    verdict = judge([RankCheck(**c) for c in recorded["checks"]], recorded["allreduce_gbps"])
+    print("\n".join(verdict.lines()) + f"\npreflight: the figures are in {record}", flush=True)
+    return 2 if verdict.bad or status != 0 else 0

@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "all-reduce; a node far below the others (under half the median rank's rate) or failing "
                        "ends the attempt, named, and a Slurm job requeues itself without it (RUN/preflight.json; "
                        "default: on for jobs on several nodes)")
+    where.add_argument("--preflight-only", action="store_true",
+                       help="run the preflight and stop, training nothing (what `hpctrain check --preflight` submits)")
     where.add_argument("--hang-timeout", type=float, metavar="S",
                        help="end the attempt as hung when no step completes for S seconds: every rank writes its "
                        "stacks to RUN/hang/ and a report names the rank that never arrived; a submitted job then "
@@ -184,6 +186,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "dist_timeout": args.dist_timeout,
         "hang_timeout": args.hang_timeout,
         "preflight": args.preflight,
+        "preflight_only": args.preflight_only,
         "threads": args.threads,
         "checkpoint_every": args.checkpoint_every,
         "keep_checkpoints": args.keep_checkpoints,

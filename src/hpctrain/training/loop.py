@@ -82,6 +82,11 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
 
 
 def _train(run: Run) -> RunResult:
+    if run.cfg.preflight_only:  # before any data is read or model built: only the devices and the network
+        reason = StopReason.SICK_NODE if preflight.run_preflight(run).bad else StopReason.NONE
+        if run.is_main:
+            write_stop_reason(run.run_dir, reason)
+        return RunResult(run.run_dir, 0, 0, reason)
     parts, position = _build(run)
     metrics, progress = _start_reporting(run, parts, position)
     watch = RankWatch(run, parts.model, parts.plan.steps_per_epoch)
@@ -188,7 +193,9 @@ def _report_end(run: Run, result: RunResult) -> None:
     latest = checkpoint.find_latest(checkpoint_dir(run.run_dir))
     where = f"run dir {run.run_dir}, last checkpoint {latest.path if latest is not None else '(none)'}"
     reason = result.stop_reason
-    if reason is StopReason.NONE:
+    if reason is StopReason.NONE and run.cfg.preflight_only:
+        run.say(f"preflight only: every node passed, nothing trained; {run.run_dir / PREFLIGHT_FILE}")
+    elif reason is StopReason.NONE:
         run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
     elif reason is StopReason.SICK_NODE:
         print(f"hpctrain train: error: the preflight found sick node(s) before the first step: "

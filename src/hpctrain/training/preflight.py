@@ -33,7 +33,7 @@ ALLREDUCE_REPEATS = 5
 def wanted(run: Run) -> bool:
     """--preflight / --no-preflight, else on for a job on several nodes."""
     chosen = run.cfg.preflight
-    return run.env.num_nodes > 1 if chosen is None else bool(chosen)
+    return run.cfg.preflight_only or (run.env.num_nodes > 1 if chosen is None else bool(chosen))
 
 
 def node_name() -> str:
