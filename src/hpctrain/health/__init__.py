@@ -5,6 +5,8 @@
     watchdog.py     the thread that notices when no step completes
     hang.py         the hang report: which rank never arrived where the others wait
     stacks.py       every thread's Python stack to a file, on a hang or on request (`hpctrain debug stacks`)
+    preflight.py    the preflight's verdict: which nodes' devices are far slower than the others, or broken
+    view.py         all of this as lines of text, for `hpctrain top` and `hpctrain status`
 
 Used by the training loop (hpctrain.training.watch) and readable by anyone's script; torch is not imported here.
 """
