@@ -178,6 +178,23 @@ def test_a_slow_or_failed_rank_makes_its_node_sick() -> None:
         "preflight: 3 rank(s) on 2 node(s) passed (96.0 GFLOP/s median GEMM, all-reduce 1.50 GB/s)"]
 
 
+def test_the_preflight_is_on_by_default_only_for_gpu_jobs_on_several_nodes() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from hpctrain.training.preflight import wanted
+
+    def run(nodes: int, device: str, chosen: bool | None = None, only: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(cfg=SimpleNamespace(preflight=chosen, preflight_only=only),
+                               env=SimpleNamespace(num_nodes=nodes), device=torch.device(device))
+
+    assert wanted(run(2, "cuda")) and not wanted(run(1, "cuda"))
+    assert not wanted(run(4, "cpu"))  # shared CPU nodes: a busy neighbour is not a sick node
+    assert wanted(run(1, "cpu", chosen=True)) and not wanted(run(2, "cuda", chosen=False))
+    assert wanted(run(1, "cpu", only=True))
+
+
 # ---- progress records
 
 

@@ -67,7 +67,7 @@ class TrainConfig:
     """Seconds a collective may wait for a missing rank before the run fails."""
     preflight: bool | None = None
     """Check every rank's device and the job's all-reduce before the first step (hpctrain.training.preflight);
-    None: when the job spans several nodes."""
+    None: for a GPU job on several nodes."""
     preflight_only: bool = False
     """Run the preflight and stop without training (what `hpctrain check --preflight` submits)."""
     hang_timeout: float | None = None

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="before the first step, time a few seconds of matrix products on every rank and one "
                        "all-reduce; a node far below the others (under half the median rank's rate) or failing "
                        "ends the attempt, named, and a Slurm job requeues itself without it (RUN/preflight.json; "
-                       "default: on for jobs on several nodes)")
+                       "default: on for GPU jobs on several nodes)")
     where.add_argument("--preflight-only", action="store_true",
                        help="run the preflight and stop, training nothing (what `hpctrain check --preflight` submits)")
     where.add_argument("--hang-timeout", type=float, metavar="S",

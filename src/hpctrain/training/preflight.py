@@ -3,8 +3,11 @@ all ranks one all-reduce that measures the job's bandwidth; the results are gath
 every rank (hpctrain.health.preflight), so all agree without another vote. Rank 0 writes RUN/preflight.json and,
 when a node is sick, RUN/bad_nodes, which the Slurm batch script reads to requeue the job without those nodes.
 
-On by default when the job spans several nodes: that is where a bad node hides among good ones after a long queue
-wait, and where comparing nodes means something. A single node cannot be compared with itself.
+On by default for GPU jobs on several nodes: that is where a bad node hides among good ones after a long queue wait,
+and where comparing nodes means something (a single node cannot be compared with itself). Not for CPU jobs: CPU
+nodes are often shared, and a rank whose cores another job keeps busy runs its GEMM at a fraction of the others'
+rate without anything being wrong with the node (seen on our own test machine: a 2-node CPU job excluded a node
+that way, and could then no longer be scheduled). Ask for it with --preflight where CPU nodes are dedicated.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ ALLREDUCE_REPEATS = 5
 
 
 def wanted(run: Run) -> bool:
-    """--preflight / --no-preflight, else on for a job on several nodes."""
+    """--preflight / --no-preflight, else on for a GPU job on several nodes."""
     chosen = run.cfg.preflight
-    return run.cfg.preflight_only or (run.env.num_nodes > 1 if chosen is None else bool(chosen))
+    if chosen is None:
+        chosen = run.env.num_nodes > 1 and run.device.type == "cuda"
+    return run.cfg.preflight_only or bool(chosen)
 
 
 def node_name() -> str:

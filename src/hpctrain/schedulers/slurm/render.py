@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.health.preflight import BAD_NODES_FILE
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.training.stopping import EXIT_HUNG, EXIT_PREEMPTED, EXIT_SICK_NODE
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.jobs.spec import JobSpec
@@ -323,8 +323,15 @@ def render_sbatch(job: JobSpec) -> str:
             "# job's excluded nodes cannot change: hold it on requeue, change them, release it (TERM, which the",
             "# requeue sends this script, is ignored from here: these three commands must all run).",
             f'if [ "$cancelled" = 0 ] && [ "$stop_reason" = sick_node ] && [ -s "$run_dir/{BAD_NODES_FILE}" ]; then',
-            f'    if [ "$hang_restarts" -lt {n} ]; then',
-            f'        excluded=$(cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null | sort -u | paste -sd, -)',
+            f'    excluded=$(cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null | sort -u | paste -sd, -)',
+            "    # A job that would no longer fit in its partition without them would wait forever: end it instead.",
+            '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null | awk \'{n += $1} END {print n + 0}\')',
+            '    left=$((partition_nodes - $(echo "$excluded" | tr , "\\n" | grep -c .)))',
+            f'    if [ "$left" -lt "${{SLURM_JOB_NUM_NODES:-1}}" ]; then',
+            f'        echo "hpctrain: the preflight found sick node(s) ($excluded); without them partition'
+            f' ${{SLURM_JOB_PARTITION:-?}} has $left node(s), fewer than the job\'s ${{SLURM_JOB_NUM_NODES:-1}}: not'
+            f' requeueing (see $run_dir/{PREFLIGHT_FILE})" >&2',
+            f'    elif [ "$hang_restarts" -lt {n} ]; then',
             f'        echo "$excluded" | tr , "\\n" >"$run_dir/{EXCLUDED_NODES_FILE}"',
             f'        echo "$((hang_restarts + 1))" >"$run_dir/{HANG_RESTARTS_FILE}"',
             f'        echo "hpctrain: the preflight found sick node(s); requeueing job ${{SLURM_JOB_ID}} without $excluded'
@@ -334,9 +341,10 @@ def render_sbatch(job: JobSpec) -> str:
             '        scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded"',
             '        scontrol release "$SLURM_JOB_ID"',
             "        exit 0",
+            "    else",
+            f'        echo "hpctrain: the preflight found sick node(s) and the restart budget ({n}, --max-hang-restarts)'
+            ' is used up; not requeueing" >&2',
             "    fi",
-            f'    echo "hpctrain: the preflight found sick node(s) and the restart budget ({n}, --max-hang-restarts) is'
-            ' used up; not requeueing" >&2',
             "fi",
         ]
     if job.signal_grace:
