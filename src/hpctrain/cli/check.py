@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args, wait
 from hpctrain.errors import UserError
 from hpctrain.health.preflight import PREFLIGHT_FILE, RankCheck, judge
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import blocking
 from hpctrain.schedulers import backend_info
 
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     return _preflight(sched, job, submission.scheduler)
 
 
-def _preflight(sched, job, scheduler: str) -> int:  # type: ignore[no-untyped-def]
+def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
     if not job.is_recipe:
         raise UserError("--preflight runs the training's own check: give `train WORKLOAD [train options]` as the "
                         "command, as the job itself would run it")

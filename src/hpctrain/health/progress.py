@@ -22,8 +22,6 @@ PROGRESS_DIR = "progress"
 PROGRESS_INTERVAL_S = 5.0
 """How often a rank replaces its record while it trains."""
 
-PHASES = ("starting", "preflight", "training", "evaluating", "checkpointing", "hung", "stopped", "finished")
-
 
 @dataclass
 class RankProgress:
@@ -31,7 +29,7 @@ class RankProgress:
     world_size: int
     host: str
     pid: int
-    phase: str
+    phase: str  # starting, preflight, training, evaluating, checkpointing, hung, stopped or finished
     epoch: int = 0  # the epoch in progress, from 1
     step: int = 0  # optimizer steps completed in the run
     step_in_epoch: int = 0
