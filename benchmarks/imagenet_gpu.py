@@ -12,6 +12,7 @@ DIR/val or the training folder reused for the short validation), or --images rea
 the photographs bundled in scikit-image (tests/image_fixtures.py; needs the dev extra).
 
     python benchmarks/imagenet_gpu.py                                  # one GPU, 3000 generated JPEGs
+    python benchmarks/imagenet_gpu.py --images 1500 --copies 8 --steps 40   # longer epochs, 1500 distinct JPEGs
     python benchmarks/imagenet_gpu.py --data /path/imagenet --workers 16 --steps 100 --archs resnet50
     python benchmarks/imagenet_gpu.py --device cpu --steps 2           # smoke run without a GPU (tiny sizes)
 """
@@ -34,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="an ImageFolder (DATA/train/<class>/*); default: generated JPEGs")
     parser.add_argument("--images", type=int, help="JPEGs to generate without --data (default 3000; cpu: 64)")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="hard links of each generated JPEG under other names: a long epoch from few generated "
+                             "files (each is still read and decoded every time; default 1)")
     parser.add_argument("--archs", help="comma-separated torchvision models (default resnet50,resnet18; cpu: resnet18)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, of cpu,nvjpeg,dali")
     parser.add_argument("--no-synthetic", action="store_true", help="skip the --synthetic rows")
@@ -59,14 +63,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def generate(folder: Path, count: int) -> Path:
-    """DATA/train/<3 classes>/*.JPEG of realistic photos; DATA/val is the training folder (validation is short)."""
+def generate(folder: Path, count: int, copies: int = 1) -> Path:
+    """DATA/train/<3 classes>/*.JPEG of realistic photos, each also under `copies - 1` other names (hard links);
+    DATA/val is the training folder (validation is short)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from image_fixtures import GRAY_PHOTOS, RGB_PHOTOS, write_photo_jpegs
 
     classes = [("n01_a", RGB_PHOTOS[:5]), ("n02_b", RGB_PHOTOS[5:]), ("n03_gray", GRAY_PHOTOS[:4] + RGB_PHOTOS[:2])]
     for c, (name, photos) in enumerate(classes):
-        write_photo_jpegs(folder / "train" / name, count // len(classes), seed=c, names=photos)
+        for path in write_photo_jpegs(folder / "train" / name, count // len(classes), seed=c, names=photos):
+            for copy in range(1, copies):
+                os.link(path, path.with_name(f"{path.stem}_copy{copy}{path.suffix}"))
     (folder / "val").symlink_to(folder / "train")
     return folder
 
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| arch | input | images/s | data-wait fraction | epoch s |\n|---|---|---:|---:|---:|", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="imagenet-gpu-") as scratch:
-        data = args.data or generate(Path(scratch) / "data", args.images)
+        data = args.data or generate(Path(scratch) / "data", args.images, args.copies)
         for arch in args.archs:
             inputs: list[tuple[Path | None, str | None]] = [] if args.no_synthetic else [(None, None)]
             inputs += [(data, backend) for backend in args.backends]

@@ -4,10 +4,10 @@ hpctrain's training loop votes after every step (`hpctrain.training.stopping.agr
 gloo, also when the job trains over NCCL) so that a signal any rank sees stops every rank after the same step. This
 measures what that costs a training step, in one run, interleaved:
 
-    none   no vote: the step alone
-    vote   agree() after every step, as the training loop calls it
-    async  the vote's all-reduce started after a step and waited for after the next one (what an overlapped vote
-           would cost; hpctrain does not do this, it would stop one step later)
+    none        no vote: the step alone
+    agree       `agree()` after every step: a blocking vote (what the loop did until the vote was overlapped)
+    stepvote    `StepVote.after_step()` after every step, as the training loop calls it: a vote every few steps,
+                as many as fit in StepVote.PERIOD_S (the ranks agree on the count in each vote)
 
 Two processes on one host. Rank 0 trains the fast recipe's model (FastNet, batch 112, channels_last, bf16 autocast
 where the device computes in it, fused SGD with Nesterov momentum) on --device from random images kept on that
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-MODES = ("none", "vote", "async")
+MODES = ("none", "agree", "stepvote")
 
 
 def free_port() -> int:
@@ -45,7 +45,7 @@ def free_port() -> int:
 def rank_main(rank: int, args: argparse.Namespace, port: int, results: object) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     from hpctrain.recipes.mnist import FastNet
-    from hpctrain.training.stopping import StopReason, agree
+    from hpctrain.training.stopping import StepVote, StopReason, agree
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -74,18 +74,14 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, results: object) -
         dist.barrier()
         sync()
         started = time.perf_counter()
-        pending = None
+        vote = StepVote()
         for i in range(args.steps):
             if trains:
                 step(i)
-            if mode == "vote":
+            if mode == "agree":
                 agree(StopReason.NONE)
-            elif mode == "async":
-                if pending is not None:
-                    pending.wait()
-                pending = dist.all_reduce(torch.zeros(1, dtype=torch.int64), op=dist.ReduceOp.MAX, async_op=True)
-        if pending is not None:
-            pending.wait()
+            elif mode == "stepvote":
+                vote.after_step(StopReason.NONE)
         sync()
         return (time.perf_counter() - started) / args.steps
 

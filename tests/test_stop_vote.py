@@ -87,3 +87,51 @@ def test_the_installed_torch_table_says_nccl_takes_only_gpu_tensors() -> None:
     """The table agree() reads from torch itself: NCCL must map to the GPU there, gloo to the CPU."""
     assert device_type_for("nccl", dist.Backend.backend_capability) == "cuda"
     assert device_type_for("gloo", dist.Backend.backend_capability) == "cpu"
+
+
+CADENCE_WORKER = r"""
+import datetime, json, sys, time
+import torch.distributed as dist
+from hpctrain.training import StopReason
+from hpctrain.training.stopping import StepVote
+
+rank = int(sys.argv[2])
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+StepVote.PERIOD_S = 0.1
+vote, voted, stopped = StepVote(), [], None
+for step in range(1, 400):
+    time.sleep(0.004 if rank == 0 else 0.02)  # rank 1 is five times slower: the slowest pace sets the cadence
+    local = StopReason.PREEMPTED if rank == 1 and step >= 50 else StopReason.NONE
+    reason = vote.after_step(local, settle=step % 40 == 0)  # step 40: an epoch's last step
+    if vote._since == 0:
+        voted.append([step, vote.every])
+    if reason is not StopReason.NONE:
+        stopped = [step, reason.label]
+        break
+print(json.dumps({"voted": voted, "stopped": stopped}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_step_vote_ranks_vote_at_the_same_steps_and_stop_together_within_the_period(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(CADENCE_WORKER)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, str(script), init, str(rank)], env=clean_environ(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0] == results[1], "the ranks voted at different steps or stopped apart"
+    voted, (stop_step, label) = results[0]["voted"], results[0]["stopped"]
+    assert label == "preempted"
+    steps = [step for step, _ in voted]
+    assert 40 in steps, "the epoch's last step always votes"
+    assert steps[0] == 1 and len(steps) < stop_step / 2, f"voted at {steps}: not fewer than every step"
+    every_before_stop = [every for step, every in voted if step < stop_step][-1]
+    assert 2 <= every_before_stop <= 5, voted  # 0.1 s of 20 ms steps; a loaded machine gives fewer
+    assert 50 <= stop_step < 50 + every_before_stop, f"the signal at step 50 stopped the ranks at {stop_step}"

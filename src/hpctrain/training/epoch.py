@@ -18,7 +18,7 @@ from hpctrain.training.evaluation import evaluate
 from hpctrain.training.metrics import Progress
 from hpctrain.training.parts import Parts
 from hpctrain.training.run import Position, Run
-from hpctrain.training.stopping import StopReason, agree
+from hpctrain.training.stopping import StepVote, StopReason, agree
 from hpctrain.training.watch import RankWatch
 
 
@@ -43,6 +43,7 @@ def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress |
     parts.wrapped.train()
     started: float | None = time.perf_counter()  # None while the training clock is stopped
     watch.epoch_started(batches.wait_seconds)
+    vote = StepVote(parts.control)
     for inputs, labels in batches:
         loss = _step(run, parts, position, inputs, labels)
         stats.images += len(labels) * env.world_size
@@ -57,7 +58,7 @@ def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress |
             progress.step(position.step_in_epoch, position.step,
                           lambda: _progress_numbers(run, position, stats, started))
         with collective(f"the stop vote after step {position.step}"):
-            reason = agree(run.stop.reason, parts.control)
+            reason = vote.after_step(run.stop.reason, settle=last)
         watch.step(position.epoch, position.step, position.step_in_epoch, len(labels), batches.wait_seconds)
         periodic = cfg.checkpoint_every and position.step % cfg.checkpoint_every == 0
         if reason is not StopReason.NONE or (periodic and not last):

@@ -106,8 +106,9 @@ def resolve_strategy(requested: str, env: DistEnv, device: torch.device) -> str:
             raise UserError("--strategy dp drives all GPUs of a node from one process, but this is one of "
                             f"{env.world_size} processes; use --strategy ddp (one process per GPU)")
         if gpus < 2:
-            raise UserError(f"--strategy dp needs several GPUs in one process, found {gpus}; on CPU use "
-                            "--strategy ddp --nproc N, or --strategy single")
+            fix = ("on one GPU use --strategy single (DataParallel over one GPU is the same, slower)" if gpus == 1
+                   else "on CPU use --strategy ddp --nproc N, or --strategy single")
+            raise UserError(f"--strategy dp needs several GPUs in one process, found {gpus}; {fix}")
     return requested
 
 
