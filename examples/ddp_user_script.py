@@ -5,8 +5,8 @@
     srun -N2 --ntasks-per-node=1 python examples/ddp_user_script.py --run-dir runs/demo
 
 Launching it again with the same --run-dir resumes from the newest complete checkpoint, whatever the
-number of processes was before. SIGUSR1 (Slurm's time-limit warning) or SIGTERM (scancel) makes every rank stop at
-the same step boundary after a checkpoint, so a resumed run loses nothing. The model and data are toys; the point
+number of processes was before. SIGUSR1 (Slurm's time-limit warning) or SIGTERM (scancel) makes every rank stop after
+the same step, with a checkpoint, so a resumed run loses nothing. The model and data are toys; the point
 is the few lines around them.
 """
 
@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hpctrain import checkpoint
 from hpctrain.distributed import all_reduce_mean, barrier, destroy_process_group, setup
 from hpctrain.health import ProgressRecorder, Watchdog, dump_stacks
-from hpctrain.training import StopReason, StopRequest, agree
+from hpctrain.training import StepVote, StopReason, StopRequest
 
 
 def make_data(n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,15 +95,17 @@ def main() -> None:
 
         watchdog = Watchdog(args.hang_timeout, long_s=660.0, on_hang=hung).start()
         for epoch in range(start_epoch, args.epochs):
+            vote = StepVote()
             for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
                 i, started = batches[b], time.perf_counter()
                 loss = torch.nn.functional.mse_loss(trained(x[i : i + 64]), y[i : i + 64])
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                # 6. At each step boundary, all ranks agree whether any was told to stop (one tiny collective; on
-                # NCCL, agree() votes over a gloo group it makes itself, so the vote never waits for the GPU).
-                reason = agree(stop.reason)
+                # 6. All ranks agree whether any was told to stop: one tiny collective every few steps (as many as
+                # fit in 50 ms; always on an epoch's last step), at the same steps on every rank. On NCCL the vote
+                # goes over a gloo group made for it, so it never waits for the GPU.
+                reason = vote.after_step(stop.reason, settle=b + 1 == len(batches))
                 watchdog.beat()
                 progress.step(epoch + 1, epoch * len(batches) + b + 1, b + 1, len(x[i : i + 64]),
                               time.perf_counter() - started, data_s=0.0, compute_s=0.0)

@@ -17,10 +17,12 @@ from hpctrain.training.stopping import (
     EXIT_CANCELLED,
     EXIT_COMPLETED,
     EXIT_PREEMPTED,
+    StepVote,
     StopReason,
     StopRequest,
     agree,
     vote_group,
 )
 
-__all__ = ["EXIT_CANCELLED", "EXIT_COMPLETED", "EXIT_PREEMPTED", "StopReason", "StopRequest", "agree", "vote_group"]
+__all__ = ["EXIT_CANCELLED", "EXIT_COMPLETED", "EXIT_PREEMPTED", "StepVote", "StopReason", "StopRequest", "agree",
+           "vote_group"]
