@@ -172,7 +172,8 @@ def test_a_slow_or_failed_rank_makes_its_node_sick() -> None:
     assert verdict.bad_nodes == ["n2", "n3"] and verdict.median_gflops == 96.0
     assert verdict.lines() == [
         "preflight: node n2 is sick: rank 2's GEMM runs at 30.0 GFLOP/s, 31% of the median rank's 96.0 (below 50%)",
-        "preflight: node n3 is sick: rank 3's check failed: RuntimeError: CUDA error: an illegal memory access"]
+        "preflight: node n3 is sick: rank 3's check failed: RuntimeError: CUDA error: an illegal memory access",
+        "preflight: submit away from them with --exclude-nodes n2,n3"]
     fine = judge(checks[:2] + [RankCheck(2, "n2", 60.0)], 1.5)
     assert fine.bad == {} and fine.lines() == [
         "preflight: 3 rank(s) on 2 node(s) passed (96.0 GFLOP/s median GEMM, all-reduce 1.50 GB/s)"]

@@ -154,6 +154,20 @@ def test_check_node_selector_taints_and_cordons(ctx: Ctx) -> None:
     assert "more than any node offers" in problems[0] and "nvidia.com/gpu 4" in problems[0]
 
 
+def test_check_leaves_out_excluded_nodes(ctx: Ctx) -> None:
+    sick, well = ctx.node(cpu="16"), ctx.node(cpu="4")
+    ctx.pvc("runs")
+    sched = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",))
+    assert sched.check(job(cpus=8, mem="1G")) == []  # fits on the big node
+    problems = sched.check(job(cpus=8, mem="1G", exclude_nodes=(sick,)))
+    assert len(problems) == 1 and "more than any node offers" in problems[0], problems  # the small one is left
+    problems = sched.check(job(cpus=2, mem="1G", exclude_nodes=(sick, well)))
+    assert len(problems) == 1 and problems[0].startswith(
+        f"no schedulable node matches --node-selector and tolerates its taints with --toleration outside "
+        f"--exclude-nodes {sick},{well} ("), problems
+    assert problems[0].endswith("exclude fewer nodes, or fix --node-selector/--toleration")
+
+
 def test_check_names_missing_namespace_pvc_runtime_and_bad_shm(ctx: Ctx) -> None:
     ctx.node()
     problems = ctx.scheduler(namespace=f"{ctx.namespace}-missing").check(job())

@@ -122,6 +122,29 @@ def test_schema_translation() -> None:
     assert schema["properties"]["map"]["additionalProperties"] == {"type": "string"}
 
 
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_excluded_nodes_become_a_required_node_affinity(api: str) -> None:
+    manifest = render(_job_for(api, "gpu", "multi").replace(exclude_nodes=("gpu07", "gpu12")), golden_options(api, "plain"))
+    assert validate_manifest(manifest) == []
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu07", "gpu12"]}]}]}}}
+    found = list(_find_key(manifest, "affinity"))
+    assert found and all(a == affinity for a in found), found
+    assert len(found) == (2 if api == "pytorchjob" else 1)  # Master and Worker; the runtime patch's one pod spec
+    assert not list(_find_key(render(_job_for(api, "gpu", "multi"), golden_options(api, "plain")), "affinity"))
+
+
+def _find_key(value, key: str):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == key:
+                yield v
+            yield from _find_key(v, key)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _find_key(item, key)
+
+
 def test_unknown_kind_is_named() -> None:
     assert "no vendored CRD" in validate_manifest({"apiVersion": "batch/v1", "kind": "Job"})[0]
 

@@ -115,6 +115,29 @@ def test_resources_render_per_launcher() -> None:
     assert "--requeue" not in never and "scontrol requeue" not in never
 
 
+def test_excluded_nodes_are_excluded_and_stay_excluded_after_a_sick_node_requeue(tmp_path: Path) -> None:
+    job = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j", exclude_nodes=("node07", "node12"))
+    script = render_sbatch(job)
+    assert "#SBATCH --exclude=node07,node12\n" in script
+    # The requeue after a sick node replaces the job's excluded list (scontrol update ExcNodeList): it must hold the
+    # job's own exclusions, those of earlier requeues and the new finding. Run the script's own line.
+    [line] = [line for line in script.splitlines() if line.strip().startswith("excluded=")]
+    (tmp_path / "bad_nodes").write_text("node03\n")
+    (tmp_path / "excluded_nodes").write_text("node01\n")
+    out = subprocess.run(["bash", "-c", f"run_dir={tmp_path}\n{line}\necho \"$excluded\""], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "node01,node03,node07,node12"
+    assert "--exclude" not in render_sbatch(job.replace(exclude_nodes=()))
+
+
+@pytest.mark.parametrize("bad", ["node[1-3]", "a b", "-x", "", "n;rm"])
+def test_exclude_nodes_takes_plain_node_names(bad: str) -> None:
+    from hpctrain.errors import UserError
+
+    with pytest.raises(UserError, match="is not a node name; give names as sinfo or `kubectl get nodes` shows"):
+        JobSpec(command=("true",), exclude_nodes=(bad,))
+
+
 def test_sbatch_lines_quote_as_sbatch_reads_them() -> None:
     text = render_sbatch(JobSpec(command=("true",), name="it's $(x) `y`", output="logs/a b-%j.out"))
     assert "#SBATCH --job-name=\"it's $(x) `y`\"" in text

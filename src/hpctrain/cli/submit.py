@@ -51,6 +51,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--error", "-e", metavar="PATTERN", help="error file (default: with the output)")
     g.add_argument("--sbatch", dest="sbatch_extra", action="append", metavar="OPTION",
                    help="extra sbatch option for an #SBATCH line, e.g. --sbatch=--exclusive (repeatable)")
+    g.add_argument("--exclude-nodes", dest="exclude_nodes", action="append", metavar="NODE[,NODE...]",
+                   help="never run on these nodes, e.g. those a preflight found sick (Slurm: --exclude; Kubernetes: "
+                        "a node affinity); repeatable")
     g.add_argument("--setenv", dest="env", action="append", metavar="NAME=VALUE", help="environment variable for the job (repeatable)")
     r = parser.add_argument_group("resources (per node; on Kubernetes per pod)")
     r.add_argument("--nodes", "-N", type=int, metavar="N", help="nodes (Slurm) or worker pods (Kubernetes)")
@@ -158,6 +161,8 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
             data[key] = value
     if args.sbatch_extra:
         data["sbatch_extra"] = list(args.sbatch_extra)
+    if args.exclude_nodes:
+        data["exclude_nodes"] = [node.strip() for item in args.exclude_nodes for node in item.split(",") if node.strip()]
     if args.env:
         env = dict(data.get("env") or {}) if isinstance(data.get("env"), dict) else {}
         for item in args.env:

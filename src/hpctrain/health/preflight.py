@@ -44,7 +44,8 @@ class Verdict:
             bandwidth = f", all-reduce {self.allreduce_gbps:.2f} GB/s" if self.allreduce_gbps else ""
             return [f"preflight: {len(self.checks)} rank(s) on {len({c.node for c in self.checks})} node(s) passed "
                     f"({rate}{bandwidth})"]
-        return [f"preflight: node {node} is sick: {'; '.join(why)}" for node, why in sorted(self.bad.items())]
+        return [f"preflight: node {node} is sick: {'; '.join(why)}" for node, why in sorted(self.bad.items())] + [
+            f"preflight: submit away from them with --exclude-nodes {','.join(self.bad_nodes)}"]
 
     def as_dict(self) -> dict[str, Any]:
         return {"checks": [asdict(c) for c in self.checks], "median_gflops": self.median_gflops,

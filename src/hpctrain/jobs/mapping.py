@@ -23,7 +23,7 @@ _INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpu
              "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts"}
 _STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output", "error", "run_dir", "gpu_type", "mem", "gres",
              "python"}
-_LIST_KEYS = {"command", "sbatch_extra"}
+_LIST_KEYS = {"command", "sbatch_extra", "exclude_nodes"}
 
 
 def known_keys(values: dict[Any, Any], valid: Iterable[str], unknown_message: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from hpctrain.jobs.values import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     MAX_PROCS_PER_NODE,
+    check_node_name,
     check_sbatch_value,
     parse_mem_mb,
     parse_sbatch_option,
@@ -153,6 +154,9 @@ class JobSpec:
     error: str | None = None
     sbatch_extra: tuple[str, ...] = ()
     """More sbatch options, one per #SBATCH line, e.g. "--exclusive" or "--constraint=a100"."""
+    exclude_nodes: tuple[str, ...] = ()
+    """Nodes the job must not run on, by name (Slurm: --exclude; Kubernetes: a required node affinity, hostname not
+    in them), e.g. those a preflight found sick (RUN/bad_nodes)."""
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables exported before the command starts."""
     run_dir: str | None = None
@@ -190,6 +194,8 @@ class JobSpec:
                 check_sbatch_value(_flag(name), value)
         if self.time is not None:
             parse_time_limit(self.time)
+        for node in self.exclude_nodes:
+            check_node_name(node)
         if self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r} is unknown: use one of {', '.join(LAUNCHERS)}")
         r = self.resources

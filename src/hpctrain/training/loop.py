@@ -200,8 +200,9 @@ def _report_end(run: Run, result: RunResult) -> None:
     elif reason is StopReason.SICK_NODE:
         print(f"hpctrain train: error: the preflight found sick node(s) before the first step: "
               f"{', '.join(_bad_nodes(run))} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain submit` "
-              "on Slurm requeues itself without them (within --max-hang-restarts); elsewhere, start it again away "
-              "from them", file=sys.stderr, flush=True)
+              "on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again away from "
+              f"them: `hpctrain submit --exclude-nodes {','.join(_bad_nodes(run))} ...` with `train ... --resume` if "
+              "it has checkpoints", file=sys.stderr, flush=True)
     elif reason is StopReason.DIVERGED:
         print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
               f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "

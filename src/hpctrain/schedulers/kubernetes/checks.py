@@ -141,7 +141,8 @@ class LiveChecks:
         view = self._cluster_view(node_objects, quota=False)
         labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
         taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}
-        candidates = [n for n in view.nodes if n.schedulable
+        excluded = set(job.exclude_nodes)
+        candidates = [n for n in view.nodes if n.schedulable and n.name not in excluded
                       and all(labels[n.name].get(k) == v for k, v in selector.items())
                       and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])]
         ask = f"cpu {_fmt_cpu(want['cpu'])}" + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "") + \
@@ -149,6 +150,9 @@ class LiveChecks:
         if not candidates:
             why = "no schedulable node" if not selector and not tolerations else \
                   "no schedulable node matches --node-selector and tolerates its taints with --toleration"
+            if excluded:
+                return [f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({len(view.nodes)} node(s) in "
+                        "the cluster): exclude fewer nodes, or fix --node-selector/--toleration"]
             return [f"{why} ({len(view.nodes)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
 
         def fits(n: NodeView, free: bool) -> bool:

@@ -45,6 +45,7 @@ TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
 CONTAINER_PYTORCHJOB = "pytorch"  # the PyTorchJob controller finds the training container by this name
 CONTAINER_TRAINJOB = "node"  # the torch-distributed runtime's replicated job and container are called `node`
+HOSTNAME_LABEL = "kubernetes.io/hostname"  # the well-known node label --exclude-nodes matches
 RESTART_POLICY = "OnFailure"  # see the module docstring: ExitCode would treat exit 75 as permanent
 SHM_VOLUME = "dshm"
 DEFAULT_GRACE_S = 30  # Kubernetes' own default, when --signal-grace is 0
@@ -193,6 +194,10 @@ def pod_volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[
 def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     """Pod spec fields shared by both APIs (apart from containers and volumes)."""
     out = pod_placement(options)
+    if job.exclude_nodes:  # --exclude-nodes: the scheduler must not place any pod there
+        out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(job.exclude_nodes)}]},
+        ]}}}
     out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
     return out
 

@@ -102,6 +102,8 @@ def sbatch_directives(job: JobSpec) -> list[str]:
         value = getattr(job, name)
         if value is not None:
             opts.append((f"--{name}", value))
+    if job.exclude_nodes:
+        opts.append(("--exclude", ",".join(job.exclude_nodes)))
     if job.time is not None:
         opts.append(("--time", format_time_limit(parse_time_limit(job.time))))
     if job.launcher == "single":
@@ -323,7 +325,7 @@ def render_sbatch(job: JobSpec) -> str:
             "# job's excluded nodes cannot change: hold it on requeue, change them, release it (TERM, which the",
             "# requeue sends this script, is ignored from here: these three commands must all run).",
             f'if [ "$cancelled" = 0 ] && [ "$stop_reason" = sick_node ] && [ -s "$run_dir/{BAD_NODES_FILE}" ]; then',
-            f'    excluded=$(cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null | sort -u | paste -sd, -)',
+            f"    excluded=$({_excluded_sources(job)} | sort -u | paste -sd, -)",
             "    # A job that would no longer fit in its partition without them would wait forever: end it instead.",
             '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null | awk \'{n += $1} END {print n + 0}\')',
             '    left=$((partition_nodes - $(echo "$excluded" | tr , "\\n" | grep -c .)))',
@@ -378,6 +380,16 @@ def render_sbatch(job: JobSpec) -> str:
         ]
     out += ['echo "hpctrain: step finished with exit status ${status}"', 'exit "$status"', ""]
     return "\n".join(out)
+
+
+def _excluded_sources(job: JobSpec) -> str:
+    """Shell words that print the nodes a requeue after a sick node must exclude, one a line: those of earlier
+    requeues, the preflight's new finding, and the job's own --exclude-nodes (`scontrol update ExcNodeList`
+    replaces the list)."""
+    files = f'cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null'
+    if not job.exclude_nodes:
+        return files
+    return f"( {files}; printf '%s\\n' {' '.join(shlex.quote(n) for n in job.exclude_nodes)}; )"
 
 
 def _requeues_itself(job: JobSpec) -> bool:
