@@ -107,3 +107,13 @@ def test_check_preflight_runs_the_check_as_a_job_of_its_own(slurm_cluster, tmp_p
     [record] = list((tmp_path / "runs").glob("*-preflight/preflight.json"))
     assert sorted(c["node"] for c in json.loads(record.read_text())["checks"]) == ["node1", "node2"]
     assert not list((tmp_path / "runs").glob("*-preflight/metrics.jsonl"))  # nothing was trained
+
+
+def test_exclude_nodes_keeps_the_job_off_them(slurm_cluster, tmp_path: Path) -> None:
+    # Both nodes of the local cluster are free; excluded, node1 is never used, whichever Slurm would pick first.
+    for excluded, expected in (("node1", "node2"), ("node2", "node1")):
+        result = hpctrain("submit", "--launcher", "single", "--time", "5", "--output", f"job-{excluded}.out",
+                          "--exclude-nodes", excluded, "--wait", "--", "sh", "-c", 'echo "ran on $SLURMD_NODENAME"',
+                          cwd=tmp_path, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"ran on {expected}\n" in (tmp_path / f"job-{excluded}.out").read_text()
