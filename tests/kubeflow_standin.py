@@ -67,6 +67,7 @@ class _Process:
 
     popen: subprocess.Popen
     log: Path
+    termination_log: Path  # the container's /dev/termination-log (the kubelet mounts a fresh one per container)
     restarts: int = 0
     started: str = field(default_factory=now)
     term_sent: float | None = None
@@ -318,8 +319,8 @@ class KubeflowStandIn:
         if code != 0 and self._may_restart(pod, code):
             self._mark_restarting(pod)
             with self._lock:
-                self.procs[uid] = self._run(pod, restarts=proc.restarts + 1, previous=(code, proc.started))
-            self._report_running(pod, self.procs[uid], last=(code, proc.started))
+                self.procs[uid] = self._run(pod, restarts=proc.restarts + 1)
+            self._report_running(pod, self.procs[uid], last=(code, proc.started, _said(proc)))
             return
         proc.done = True
         self._report_terminated(pod, proc, code)
@@ -360,17 +361,22 @@ class KubeflowStandIn:
     def log_path(self, pod_name: str) -> Path:
         return self.workdir / "logs" / f"{self.namespace}_{pod_name}.log"
 
-    def _run(self, pod: Any, restarts: int, previous: tuple[int, str] | None = None) -> _Process:
+    def _run(self, pod: Any, restarts: int) -> _Process:
         container = self._container(pod)
         env = self._env(pod, container)
         argv = list(container.command or []) + list(container.args or [])
         log = self.log_path(pod.metadata.name)
         cwd = self.workdir / "pods" / pod.metadata.name
         cwd.mkdir(parents=True, exist_ok=True)
+        # A process cannot see a bind-mounted /dev/termination-log here: hpctrain's own setting for another
+        # terminationMessagePath points it at this container's file instead.
+        termination_log = cwd / f"termination-log-{restarts}"
+        termination_log.write_bytes(b"")
+        env["HPCTRAIN_TERMINATION_LOG"] = str(termination_log)
         with open(log, "ab") as out:
             popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
-        return _Process(popen=popen, log=log, restarts=restarts)
+        return _Process(popen=popen, log=log, termination_log=termination_log, restarts=restarts)
 
     def _env(self, pod: Any, container: Any) -> dict[str, str]:
         """The environment of the container's processes: the test's, less what would confuse torch.distributed,
@@ -380,15 +386,17 @@ class KubeflowStandIn:
         env.update(_container_env(pod, container))
         return env
 
-    def _container_status(self, pod: Any, proc: _Process, state: dict[str, Any], last: tuple[int, str] | None) -> dict[str, Any]:
+    def _container_status(self, pod: Any, proc: _Process, state: dict[str, Any],
+                          last: tuple[int, str, str] | None) -> dict[str, Any]:
         container = self._container(pod)
         status = {"name": container.name, "image": container.image, "imageID": "", "restartCount": proc.restarts,
                   "ready": "running" in state, "state": state}
         if last is not None:
-            status["lastState"] = {"terminated": {"exitCode": last[0], "reason": "Error", "startedAt": last[1], "finishedAt": now()}}
+            status["lastState"] = {"terminated": {"exitCode": last[0], "reason": "Error", "startedAt": last[1],
+                                                  "finishedAt": now(), **({"message": last[2]} if last[2] else {})}}
         return status
 
-    def _report_running(self, pod: Any, proc: _Process, last: tuple[int, str] | None = None) -> None:
+    def _report_running(self, pod: Any, proc: _Process, last: tuple[int, str, str] | None = None) -> None:
         self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
             "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": proc.started,
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
@@ -397,7 +405,8 @@ class KubeflowStandIn:
 
     def _report_terminated(self, pod: Any, proc: _Process, code: int) -> None:
         state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                "startedAt": proc.started, "finishedAt": now()}}
+                                "startedAt": proc.started, "finishedAt": now(),
+                                **({"message": _said(proc)} if _said(proc) else {})}}
         self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
             "phase": "Succeeded" if code == 0 else "Failed",
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
@@ -564,8 +573,8 @@ def _exec_internal_error(reason: str) -> dict[str, Any]:
 
 
 def _container_env(pod: Any, container: Any) -> dict[str, str]:
-    """The container's env as the kubelet sets it: plain values, and the downward API's metadata fields
-    (`metadata.name`, `metadata.namespace`, `metadata.labels['K']`, `metadata.annotations['K']`)."""
+    """The container's env as the kubelet sets it: plain values, and the downward API's fields (`metadata.name`,
+    `metadata.namespace`, `metadata.labels['K']`, `metadata.annotations['K']`, `spec.nodeName`)."""
     env = {}
     for e in container.env or []:
         ref = e.value_from.field_ref if e.value_from is not None else None
@@ -575,12 +584,22 @@ def _container_env(pod: Any, container: Any) -> dict[str, str]:
         path = ref.field_path
         if path in ("metadata.name", "metadata.namespace"):
             env[e.name] = getattr(pod.metadata, path.split(".")[1])
+        elif path == "spec.nodeName":
+            env[e.name] = pod.spec.node_name or ""
         elif path.startswith(("metadata.labels['", "metadata.annotations['")) and path.endswith("']"):
             field, key = path[len("metadata."):-2].split("['", 1)
             env[e.name] = (getattr(pod.metadata, field) or {}).get(key, "")
         else:
             raise ValueError(f"the stand-in kubelet cannot resolve fieldRef {path!r} of {pod.metadata.name}")
     return env
+
+
+def _said(proc: _Process) -> str:
+    """The container's termination message, as the kubelet reads it (at most 4096 bytes)."""
+    try:
+        return proc.termination_log.read_bytes()[:4096].decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _owner_uid(pod: Any) -> str | None:
@@ -723,7 +742,7 @@ class ServicePodStandIn(KubeflowStandIn):
         with open(log, "ab") as out:
             popen = subprocess.Popen(list(container.command or []) + list(container.args or []), env=env, cwd=cwd,
                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        return _Process(popen=popen, log=log)
+        return _Process(popen=popen, log=log, termination_log=cwd / "termination-log")
 
     def _probe(self, pod: Any) -> bool:
         import urllib.error

@@ -376,3 +376,32 @@ def test_a_slow_rank_is_named_as_the_straggler_with_its_cause(fashion_data_dir, 
     assert [(s["rank"], s["cause"]) for s in epoch["stragglers"]] == [(1, cause)]
     records = read_progress(run_dir)
     assert [r.phase for r in records] == ["finished", "finished"]
+
+
+def test_termination_message_only_where_a_container_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.training.stopping import write_termination_message
+
+    target = tmp_path / "termination-log"
+    monkeypatch.delenv("HPCTRAIN_TERMINATION_LOG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    write_termination_message("sick_node: n1")  # not in a container: nothing, anywhere
+    monkeypatch.setenv("HPCTRAIN_TERMINATION_LOG", str(target))
+    write_termination_message("x" * 5000)
+    assert target.read_bytes() == b"x" * 4096  # what the kubelet keeps
+    write_termination_message("sick_node: n1,n2")
+    assert target.read_text() == "sick_node: n1,n2"  # replaced, not appended
+
+
+def test_status_names_what_replicas_said_and_the_flag_for_sick_nodes() -> None:
+    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import ended_lines
+
+    said = ("sick_node: gpu07", "sick_node: gpu07", "hung at step 5: rank 1 on w-1 never arrived; the report: R")
+    status = JobStatus(job_id="j", state="FAILED", replicas=tuple(
+        ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)))
+    assert ended_lines(status) == [
+        "ended: worker-0, worker-1: sick_node: gpu07",
+        "ended: worker-2: hung at step 5: rank 1 on w-1 never arrived; the report: R",
+        "sick node(s) gpu07: pods restart in place, on the same nodes; submit again away from them with `hpctrain "
+        "submit --exclude-nodes gpu07 ...` (and `train ... --resume` to continue from the newest checkpoint)"]
+    assert ended_lines(JobStatus(job_id="j", state="RUNNING")) == []

@@ -123,3 +123,32 @@ def test_exit_75_is_retried_within_the_restart_budget(cluster, tmp_path: Path, b
     status = wait_for("the job to finish", lambda: (s := sched.status("preempted")).finished
                       and all(r.phase in ("Succeeded", "Failed") for r in s.replicas) and s, standin)
     assert (status.state, status.exit_code, status.restarts) == (state, exit_code, budget)
+
+
+def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(cluster, tmp_path: Path,
+                                                                               fashion_data_dir: Path) -> None:
+    """The preflight's finding reaches `hpctrain status` through the pods' own status (their termination message),
+    with no run directory to read: the node the pods ran on (spec.nodeName, not the pod's host name) and the
+    --exclude-nodes to submit with. Rank 1's preflight GEMM reports a twentieth of its rate (tests/ailing_rank.py)."""
+    from hpctrain.schedulers.kubernetes.display import ended_lines
+
+    api, namespace, tag, standin = cluster
+    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
+                                volumes=(f"host:{tmp_path}:{tmp_path}",), node_selector=(f"hpctrain-test-node={tag}",))
+    sched = KubernetesScheduler(options, api_client=api)
+    wrapper = Path(__file__).with_name("ailing_rank.py")
+    command = (sys.executable, str(wrapper), "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
+               "--data-dir", str(fashion_data_dir), "--train-limit", "256", "--test-limit", "100", "--epochs", "1",
+               "--threads", "1", "--preflight", "--run-dir", str(tmp_path / "run"))
+    job = JobSpec(command=command, name="sick", run_dir=str(tmp_path / "run"), max_restarts=0,
+                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")),
+                  resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+    sched.submit(job, sched.render(job))
+    status = wait_for("the job to fail", lambda: (s := sched.status("sick")).finished
+                      and all(r.phase in ("Succeeded", "Failed") for r in s.replicas) and s, standin)
+    assert status.state == "FAILED" and status.exit_code == 144, status
+    assert [r.message for r in status.replicas] == [f"sick_node: {standin.node}"] * 2, status
+    lines = ended_lines(status)
+    assert lines[0] == f"ended: master-0, worker-0: sick_node: {standin.node}", lines
+    assert f"submit again away from them with `hpctrain submit --exclude-nodes {standin.node} ...`" in lines[1]
+    assert (tmp_path / "run" / "bad_nodes").read_text() == f"{standin.node}\n"

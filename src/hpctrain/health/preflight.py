@@ -16,6 +16,9 @@ from typing import Any
 
 PREFLIGHT_FILE = "preflight.json"
 BAD_NODES_FILE = "bad_nodes"
+# The node a process runs on, as its scheduler names it, where the host name is something else: a Kubernetes pod's
+# host name is the pod's, so hpctrain's pods get their node's name (spec.nodeName) in this variable.
+NODE_NAME_ENV = "HPCTRAIN_NODE_NAME"
 SLOW_SHARE = 0.5
 
 

@@ -64,6 +64,9 @@ class ReplicaStatus:
     exit_code: int | None = None
     reason: str | None = None
     """Why it waits or ended: ContainerCreating, OOMKilled, Unschedulable, ..."""
+    message: str | None = None
+    """What the process said last as it ended (Kubernetes: the container's termination message), e.g.
+    "sick_node: node07" from the preflight."""
 
 
 @dataclass(frozen=True)

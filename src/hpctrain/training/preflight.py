@@ -24,8 +24,9 @@ from hpctrain.distributed import all_gather_object, all_reduce
 from hpctrain.distributed.collectives import collective_device
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, RankCheck, Verdict, judge
+from hpctrain.health.preflight import BAD_NODES_FILE, NODE_NAME_ENV, PREFLIGHT_FILE, RankCheck, Verdict, judge
 from hpctrain.training.run import Run
+from hpctrain.training.stopping import StopReason, write_termination_message
 
 GEMM_S = 2.0
 """Seconds of GEMM per rank (after a warm-up)."""
@@ -42,8 +43,9 @@ def wanted(run: Run) -> bool:
 
 
 def node_name() -> str:
-    """The node as its scheduler names it (Slurm's SLURMD_NODENAME is what --exclude takes), else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    """The node as its scheduler names it, what --exclude-nodes takes: Slurm's SLURMD_NODENAME, a Kubernetes pod's
+    node (HPCTRAIN_NODE_NAME, which hpctrain's pods get from spec.nodeName), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 def gemm_gflops(device: torch.device, seconds: float = GEMM_S) -> float:
@@ -93,6 +95,8 @@ def run_preflight(run: Run) -> Verdict:
     with collective("the preflight's exchange of results"):
         checks = [RankCheck(**c) for c in all_gather_object(mine)]
     verdict = judge(checks, bandwidth)
+    if verdict.bad:  # every pod's own status says it (Kubernetes), whichever node is the sick one
+        write_termination_message(f"{StopReason.SICK_NODE.label}: {','.join(verdict.bad_nodes)}")
     if run.is_main:
         write_atomic(run.run_dir / PREFLIGHT_FILE, (json.dumps(verdict.as_dict(), indent=2) + "\n").encode())
         if verdict.bad:

@@ -21,6 +21,7 @@ Users' own training scripts can use `StopRequest` the same way (see examples/).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from enum import IntEnum
@@ -226,6 +227,27 @@ def vote_group() -> object:
     if _side_group is None or _side_group[0] is not world:
         _side_group = (world, dist.new_group(backend="gloo"))
     return _side_group[1]
+
+
+# Kubernetes keeps what a container writes to its terminationMessagePath (by default this file, which the kubelet
+# mounts into every container) in the pod's status, where `hpctrain status` and `kubectl describe pod` show it.
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_ENV = "HPCTRAIN_TERMINATION_LOG"  # another terminationMessagePath, for a pod template that sets one
+TERMINATION_MESSAGE_MAX = 4096  # bytes the kubelet keeps
+
+
+def write_termination_message(text: str) -> None:
+    """Leave `text` ("sick_node: node07", "hung: ...") where Kubernetes reads a container's last words, so that the
+    scheduler side can say why this pod ended without reading the run directory. Only in a container that has the
+    file (or where $HPCTRAIN_TERMINATION_LOG names one): elsewhere nothing is written. Best effort."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or (TERMINATION_LOG if os.environ.get("KUBERNETES_SERVICE_HOST") else "")
+    if not path or (path == TERMINATION_LOG and not os.path.isfile(path)):
+        return
+    try:
+        with open(path, "wb") as f:
+            f.write(text.encode()[:TERMINATION_MESSAGE_MAX])
+    except OSError:
+        pass
 
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:

@@ -26,7 +26,7 @@ from hpctrain.health.stacks import HANG_DIR, StackRequests, dump_stacks
 from hpctrain.health.stragglers import Straggler, find_stragglers
 from hpctrain.health.watchdog import LONG_MARGIN_S, Watchdog
 from hpctrain.training.run import Run
-from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason
+from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason, write_termination_message
 
 STRAGGLER_CHECK_S = 30.0
 """How often rank 0 compares the ranks' records; a straggler is reported when two checks in a row name it."""
@@ -191,8 +191,9 @@ class RankWatch:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
         records = read_progress(run.run_dir)
         first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
+        report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time())
+        write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
         if first == env.rank:  # one report, from the lowest rank that noticed
-            report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time())
             try:
                 write_atomic(report_path(run.run_dir), report.text().encode())
                 write_stop_reason(run.run_dir, StopReason.HUNG)

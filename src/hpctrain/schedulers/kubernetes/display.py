@@ -15,6 +15,9 @@ from typing import Any
 
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Rendered
+from hpctrain.training.stopping import StopReason
+
+SICK_NODE_LABEL = StopReason.SICK_NODE.label
 
 
 def print_rows(rows: list[tuple[str, ...]]) -> None:
@@ -49,6 +52,29 @@ def print_job(status: JobStatus, as_json: bool) -> None:
             for r in status.replicas])
     for reason in status.pending_reasons:
         print(f"waiting: {reason}")
+    for line in ended_lines(status):
+        print(line)
+
+
+def ended_lines(status: JobStatus) -> list[str]:
+    """What the replicas said as they ended (their termination messages), one line each message; after a sick node
+    found by the preflight, the submit flag that keeps the job off it (a pod restarts in place, on the same node)."""
+    said: dict[str, list[str]] = {}
+    for r in status.replicas:
+        if r.message:
+            said.setdefault(r.message.splitlines()[0][:300], []).append(r.name)
+    lines = [f"ended: {', '.join(names)}: {message}" for message, names in said.items()]
+    sick = sorted({node for message in said for node in _sick_nodes(message)})
+    if sick:
+        lines.append(f"sick node(s) {', '.join(sick)}: pods restart in place, on the same nodes; submit again away "
+                     f"from them with `hpctrain submit --exclude-nodes {','.join(sick)} ...` (and `train ... "
+                     "--resume` to continue from the newest checkpoint)")
+    return lines
+
+
+def _sick_nodes(message: str) -> list[str]:
+    kind, _, nodes = message.partition(":")
+    return [n.strip() for n in nodes.split(",") if n.strip()] if kind.strip() == SICK_NODE_LABEL else []
 
 
 def print_cluster(view: ClusterView, as_json: bool) -> None:

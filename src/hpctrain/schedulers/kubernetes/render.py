@@ -36,6 +36,7 @@ import yaml
 
 from hpctrain.distributed.probes import AUTO_RESUME_VAR
 from hpctrain.errors import UserError
+from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns_label
@@ -160,13 +161,15 @@ def resources_per_pod(job: JobSpec) -> dict[str, str]:
     return out
 
 
-def _env(job: JobSpec) -> list[dict[str, str]]:
+def _env(job: JobSpec) -> list[dict[str, Any]]:
     env = [{"name": k, "value": v} for k, v in job.env]
     directory = run_dir(job)
     if directory is not None:
         env.append({"name": "HPCTRAIN_RUN_DIR", "value": directory})
     # A container restarted in place (restartPolicy OnFailure) is told nothing: let it resume from its checkpoint.
     env.append({"name": AUTO_RESUME_VAR, "value": "1"})
+    # The pod's host name is the pod's own: the preflight names a sick node by this (what --exclude-nodes takes).
+    env.append({"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     return env
 
 

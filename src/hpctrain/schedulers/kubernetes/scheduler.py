@@ -401,16 +401,19 @@ def _replica_key(name: str) -> tuple[int, int, str]:
 def _replica_status(pod: Any) -> ReplicaStatus:
     status = pod.status
     phase = (status.phase if status else None) or "Pending"
-    restarts, exit_code, reason = 0, None, status.reason if status else None
+    restarts, exit_code, reason, message = 0, None, status.reason if status else None, None
     for cs in (status.container_statuses or []) if status else []:
         restarts += cs.restart_count or 0
-        state = cs.state
+        state, last = cs.state, cs.last_state.terminated if cs.last_state else None
         if state and state.terminated:
             exit_code, reason = state.terminated.exit_code, state.terminated.reason or reason
+            message = state.terminated.message
         elif state and state.waiting:
             reason = state.waiting.reason or reason
-        elif cs.last_state and cs.last_state.terminated and exit_code is None:
-            exit_code = cs.last_state.terminated.exit_code
+        elif last and exit_code is None:
+            exit_code = last.exit_code
+        if message is None and last is not None:  # restarted in place (or waiting to): the last attempt's words
+            message = last.message
     if phase == "Pending" and reason is None and status:
         for c in status.conditions or []:
             if c.type == "PodScheduled" and c.status == "False":
@@ -418,7 +421,7 @@ def _replica_status(pod: Any) -> ReplicaStatus:
     if pod.metadata.deletion_timestamp:
         reason = "Terminating"
     return ReplicaStatus(name=_replica_name(pod), phase=phase, node=pod.spec.node_name, restarts=restarts,
-                         exit_code=exit_code, reason=reason)
+                         exit_code=exit_code, reason=reason, message=(message or "").strip() or None)
 
 
 def _lines(resp: Any, pod: str) -> Iterator[str]:
