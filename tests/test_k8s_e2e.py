@@ -152,3 +152,42 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(cl
     assert lines[0] == f"ended: master-0, worker-0: sick_node: {standin.node}", lines
     assert f"submit again away from them with `hpctrain submit --exclude-nodes {standin.node} ...`" in lines[1]
     assert (tmp_path / "run" / "bad_nodes").read_text() == f"{standin.node}\n"
+
+
+def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(cluster, k8s_cluster: LocalK8s, tmp_path: Path,
+                                                            fashion_data_dir: Path) -> None:
+    """Without --run-dir (the pods' volume need not be visible where the user is), `hpctrain debug stacks` asks
+    through one pod's exec and prints every rank's answer; `top` shows the ranks' records the same way. Rank 1
+    waits 50 ms for each input batch (tests/ailing_rank.py), so the job trains long enough to be asked."""
+    from around_helpers import cli_env
+    from around_helpers import hpctrain as cli
+    from hpctrain.health import read_progress
+
+    api, namespace, tag, standin = cluster
+    run_dir = tmp_path / "run"
+    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
+                                volumes=(f"host:{tmp_path}:{tmp_path}",), node_selector=(f"hpctrain-test-node={tag}",))
+    sched = KubernetesScheduler(options, api_client=api)
+    wrapper = Path(__file__).with_name("ailing_rank.py")
+    command = (sys.executable, str(wrapper), "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
+               "--data-dir", str(fashion_data_dir), "--train-limit", "12288", "--test-limit", "100", "--epochs", "1",
+               "--threads", "1", "--run-dir", str(run_dir))
+    job = JobSpec(command=command, name="stacks", run_dir=str(run_dir), resources=Resources(nodes=2, mem="2G"),
+                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "input"),
+                       ("HPCTRAIN_TEST_AILING_S", "0.05")))
+    sched.submit(job, sched.render(job))
+    wait_for("both ranks training", lambda: [r.phase for r in read_progress(run_dir)] == ["training", "training"],
+             standin)
+    connection = ["--scheduler", "kubernetes", "--namespace", namespace, "--context", k8s_cluster.context]
+    env = cli_env(tmp_path / "home")
+    asked = cli("debug", "stacks", "stacks", *connection, "--wait", "30", env=env)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    headers = [line for line in asked.stdout.splitlines() if line.startswith("== rank ")]
+    assert headers == [f"== rank {r}, from pod stacks-master-0's RUN/stacks/rank-{r}.txt ==" for r in (0, 1)], \
+        asked.stdout
+    assert asked.stdout.count("hpctrain/health/watchdog.py") >= 2 and "hpctrain/training/" in asked.stdout
+    shown = cli("top", "stacks", *connection, env=env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [row[0] for row in rows] == ["0", "1"] and all(row[2] == "training" for row in rows), shown.stdout
+    sched.cancel("stacks")

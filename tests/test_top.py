@@ -185,9 +185,15 @@ def test_top_on_kubernetes_runs_the_probe_in_each_pod(k8s_cluster, tmp_path: Pat
     bin_dir = install(tmp_path / "bin")
     log = tmp_path / "calls.jsonl"
 
+    run_dir = tmp_path / "run"  # on the pods' volume: the ranks' live records, which only the pods can read
+    for rank, host in ((0, "gpus-master-0"), (1, "gpus-worker-0")):
+        recorder = ProgressRecorder(run_dir, rank, 2, host, steps_per_epoch=100)
+        recorder.step(1, 40 + rank, 40 + rank, 64, 0.05, data_s=0.001, compute_s=0.01)
+        recorder.phase("training")
+
     def replica(gpus: str) -> dict:
         env = [{"name": "PATH", "value": f"{bin_dir}:/usr/bin:/bin"}, {"name": "STANDIN_LOG", "value": str(log)},
-               {"name": "STANDIN_GPUS", "value": gpus}]
+               {"name": "STANDIN_GPUS", "value": gpus}, {"name": "HPCTRAIN_RUN_DIR", "value": str(run_dir)}]
         return {"replicas": 1, "template": {"spec": {"containers": [
             {"name": "pytorch", "image": "img", "command": ["sleep", "600"], "env": env}]}}}
 
@@ -211,6 +217,8 @@ def test_top_on_kubernetes_runs_the_probe_in_each_pod(k8s_cluster, tmp_path: Pat
         assert "IDLE" not in master[0]
         assert "0%" in worker[0] and "3/81,559 MiB" in worker[0] and worker[0].endswith("IDLE")
         assert "1 of the 2 GPUs held by job gpus sit idle" in lines[-1]
+        rows = [line.split() for line in lines if line.split()[:2] in (["0", "gpus-master-0"], ["1", "gpus-worker-0"])]
+        assert [row[2:5] for row in rows] == [["training", "1", "40"], ["training", "1", "41"]], result.stdout
         smi = [c for c in calls(log) if c[0] == "nvidia-smi"]
         assert len(smi) == 2 and all(c[1:] == list(NVIDIA_SMI[1:]) for c in smi)
 

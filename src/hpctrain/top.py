@@ -17,6 +17,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.health import RankProgress
+from hpctrain.health.progress import PROGRESS_DIR, parse_progress
 from hpctrain.health.view import rank_lines
 
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
@@ -28,6 +29,13 @@ PROBE = (
     'printf "@load %s\\n" "$(cat /proc/loadavg)"; '
     f"if command -v nvidia-smi >/dev/null 2>&1; then {shlex.join(NVIDIA_SMI)} | sed 's/^/@gpu /'; "
     'else echo "@nogpu"; fi'
+)
+# Added to the probe of one of a job's pods: the ranks' live records, from the run directory on the pods' volume
+# (HPCTRAIN_RUN_DIR, which hpctrain's pods have), one `@progress JSON` line each.
+PROGRESS_PROBE = (
+    'if [ -n "${HPCTRAIN_RUN_DIR:-}" ]; then '
+    f'for f in "$HPCTRAIN_RUN_DIR"/{PROGRESS_DIR}/rank-*.json; do '
+    '[ -f "$f" ] && printf "@progress %s\n" "$(tr -d "\n" < "$f")"; done; fi'
 )
 
 
@@ -51,6 +59,7 @@ class NodeSample:
     load1: float | None = None
     gpus: list[GpuSample] = field(default_factory=list)
     nvidia_smi: bool = True
+    progress: list[str] = field(default_factory=list)  # the run's rank records this node can read (JSON texts)
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,8 @@ def parse_probe(text: str, labelled: bool = True) -> list[NodeSample]:
             gpu = _parse_gpu(value)
             if gpu is not None:
                 sample.gpus.append(gpu)
+        elif kind == "@progress":
+            sample.progress.append(value)
     return sorted(by_task.values(), key=lambda s: s.node)
 
 
@@ -100,6 +111,12 @@ def _parse_gpu(line: str) -> GpuSample | None:
         return None
     nums = [int(float(p)) if p.replace(".", "", 1).isdigit() else 0 for p in parts]
     return GpuSample(*nums)
+
+
+def ranks_of(samples: list[NodeSample]) -> list[RankProgress]:
+    """The run's rank records as the job's own nodes read them (a pod sees the run directory on its volume; every
+    pod sees every rank's record, and the newest of each counts)."""
+    return parse_progress(text for s in samples for text in s.progress)
 
 
 class JobNotRunning(UserError):

@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from hpctrain.health import RankProgress
     from hpctrain.jobs.spec import EnvironmentSpec
     from hpctrain.sessions.config import DevConfig, SessionView
     from hpctrain.top import TopSample
+
+
+@dataclass(frozen=True)
+class RemoteStacks:
+    """The answers to a stacks request made inside a job: each answering rank's text, by rank, and the ranks the
+    run's live records name (world size and where each runs), so that the silent ones can be named."""
+
+    where: str  # e.g. "pod mnist-master-0"
+    answers: dict[int, str]
+    ranks: list[RankProgress]
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,11 @@ class Services(Protocol):
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         """Run the probe on each node (pod) of the running job; its run directory too when `find_run_dir`."""
+
+    def stacks(self, job: str, wait_s: float) -> RemoteStacks:
+        """`debug stacks` where the run directory is not visible here: ask the job's ranks for their stacks from
+        inside the job (Kubernetes: through a pod's exec) and bring the answers back. A backend whose run
+        directories this machine sees raises UserError (the caller reads them itself)."""
 
     def run_dir(self, job: str) -> Path | None:
         """The run directory of a job hpctrain submitted, as this machine sees it; None when the backend cannot

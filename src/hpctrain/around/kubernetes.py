@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import tbserver
-from hpctrain.around.base import Placement
+from hpctrain.around.base import Placement, RemoteStacks
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
 from hpctrain.sessions import kubernetes as sessions
 from hpctrain.sessions.config import DevConfig, SessionView
-from hpctrain.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
+from hpctrain.health.stacks import REQUEST_FILE, STACKS_DIR
+from hpctrain.top import PROBE, PROGRESS_PROBE, JobNotRunning, NodeSample, TopSample, parse_probe, ranks_of
 
 TENSORBOARD_PORT = 6006
 PROBE_TIMEOUT_S = 60
@@ -76,22 +77,43 @@ class KubernetesServices:
                 f"Stop it with: hpctrain cancel {pod.name} --scheduler kubernetes --namespace {options.namespace}"]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
+        core, pods = self._pods(job)
+        samples = sample_pods(core, pods)
+        if not samples:
+            raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
+                                "(`hpctrain status` says where it is)")
+        return TopSample(f"job {job}", samples)
+
+    def stacks(self, job: str, wait_s: float) -> RemoteStacks:
+        core, pods = self._pods(job)
+        pod = next((p for p in pods if p.status and p.status.phase == "Running"), None)
+        if pod is None:
+            raise JobNotRunning(f"job {job} has no running pod to ask (`hpctrain status` says where it is)")
+        name, container = pod.metadata.name, training_container(pod)
+        stdout, status = _exec_probe(core, pod.metadata.namespace, name, container, PROGRESS_PROBE)
+        ranks = ranks_of(parse_probe(stdout, labelled=False))
+        if not ranks:
+            raise UserError(f"pod {name} sees no rank records (RUN/progress/ under its HPCTRAIN_RUN_DIR): the run "
+                            "has not started training, or it is not an hpctrain run"
+                            + (f" ({exec_failure(status)})" if exec_failure(status) else ""))
+        script = stacks_request(ranks[0].world_size, min(wait_s, PROBE_TIMEOUT_S - 10))
+        stdout, status = _exec_probe(core, pod.metadata.namespace, name, container, script)
+        return RemoteStacks(f"pod {name}", parse_stacks(stdout), ranks)
+
+    def _pods(self, job: str) -> tuple[Any, list[Any]]:
+        """The API client and the pods of `job`, a PyTorchJob or a TrainJob (a job name is one job, of either kind)."""
         from hpctrain.schedulers import get_scheduler
         from hpctrain.schedulers.base import JobNotFound
 
         sched = self.scheduler
-        for api in sorted(APIS, key=lambda a: a != sched.options.api):  # a job name is one job, of either kind
+        for api in sorted(APIS, key=lambda a: a != sched.options.api):
             found = sched if api == sched.options.api else get_scheduler(
                 "kubernetes", options=replace(sched.options, api=api), context=sched.context)
             try:
                 found.get_object(job)
             except JobNotFound:
                 continue
-            samples = sample_pods(found.core, found.pods_of(job))
-            if not samples:
-                raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
-                                    "(`hpctrain status` says where it is)")
-            return TopSample(f"job {job}", samples)
+            return found.core, found.pods_of(job)
         raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
                         "and --namespace (hpctrain status lists the jobs)")
 
@@ -121,12 +143,13 @@ def tensorboard_pod(spec: str, time_limit: str | None) -> k8s.ServicePod:
 def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) -> list[NodeSample]:
     """The probe in each running pod through the API server's exec stream (what `kubectl exec` does), in
     `container` (None: the training container hpctrain renders, or the pod's only one)."""
-    out = []
+    out: list[NodeSample] = []
     for pod in pods:
         if (pod.status.phase if pod.status else None) != "Running":
             continue
         name, namespace = pod.metadata.name, pod.metadata.namespace
-        stdout, status = _exec_probe(core, namespace, name, container or training_container(pod))
+        probe = PROBE if out else f"{PROBE}; {PROGRESS_PROBE}"  # the first pod also reads the ranks' records
+        stdout, status = _exec_probe(core, namespace, name, container or training_container(pod), probe)
         samples = parse_probe(stdout, labelled=False)
         if not samples:
             raise UserError(f"the probe failed in pod {name}: {exec_failure(status) or 'it printed nothing'}. "
@@ -138,6 +161,32 @@ def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) ->
     return out
 
 
+def stacks_request(world_size: int, wait_s: float) -> str:
+    """Shell run in a pod: ask every rank for its stacks (the request file in RUN/stacks/, as `request_stacks`
+    writes it), wait until `world_size` answers are newer than the request or `wait_s` passed, then print each
+    answer after a line `@stacks rank-N.txt`."""
+    folder = f'"$HPCTRAIN_RUN_DIR"/{STACKS_DIR}'
+    return (f'mkdir -p {folder} && date +%s > {folder}/{REQUEST_FILE} || exit 3; n=0; '
+            f'while [ "$n" -lt {max(1, int(wait_s))} ]; do sleep 1; n=$((n + 1)); c=0; '
+            f'for f in {folder}/rank-*.txt; do [ "$f" -nt {folder}/{REQUEST_FILE} ] && c=$((c + 1)); done; '
+            f'[ "$c" -ge {world_size} ] && break; done; '
+            f'for f in {folder}/rank-*.txt; do [ "$f" -nt {folder}/{REQUEST_FILE} ] && '
+            '{ printf "@stacks %s\n" "${f##*/}"; cat "$f"; }; done; exit 0')
+
+
+def parse_stacks(text: str) -> dict[int, str]:
+    """`@stacks rank-N.txt` lines, each followed by that rank's answer -> {N: answer}."""
+    answers: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = re.fullmatch(r"@stacks rank-(\d+)\.txt", line)
+        if match:
+            current = answers.setdefault(int(match.group(1)), [])
+        elif current is not None:
+            current.append(line)
+    return {rank: "\n".join(lines).rstrip("\n") + "\n" for rank, lines in answers.items()}
+
+
 def training_container(pod: Any) -> str | None:
     """The container hpctrain's jobs train in (Kubeflow v1's `pytorch`, Trainer v2's `node`), so that sidecars
     (a service mesh's proxy, a log shipper) do not make exec ask which one; None leaves the choice to the API server."""
@@ -147,14 +196,14 @@ def training_container(pod: Any) -> str | None:
     return next((n for n in (CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB) if n in names), None)
 
 
-def _exec_probe(core: Any, namespace: str, pod: str, container: str | None) -> tuple[str, str]:
-    """Run PROBE in the pod; its stdout and the final Status JSON of the exec stream (channel 3)."""
+def _exec_probe(core: Any, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
+    """Run `probe` in the pod; its stdout and the final Status JSON of the exec stream (channel 3)."""
     from kubernetes.stream import stream
     from kubernetes.stream.ws_client import ERROR_CHANNEL
 
     kwargs = {"container": container} if container else {}
     try:
-        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=["sh", "-c", PROBE], stderr=True,
+        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=["sh", "-c", probe], stderr=True,
                     stdin=False, stdout=True, tty=False, _preload_content=False, **kwargs)
         try:
             ws.run_forever(timeout=PROBE_TIMEOUT_S)

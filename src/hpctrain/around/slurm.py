@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import tbserver
-from hpctrain.around.base import Placement
+from hpctrain.around.base import Placement, RemoteStacks
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.services import slurm as service_slurm
@@ -66,6 +66,9 @@ class SlurmServices:
         info, samples = sample(job)
         run_dir = run_dir_of(info.job_id, info.work_dir) if find_run_dir else None
         return TopSample(f"job {info.job_id}", samples, run_dir)
+
+    def stacks(self, job: str, wait_s: float) -> RemoteStacks:
+        raise UserError(f"cannot tell the run directory of {job}: give it with --run-dir")
 
     def run_dir(self, job: str) -> Path | None:
         from hpctrain.schedulers.slurm.jobs import get_job

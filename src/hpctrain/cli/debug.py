@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from hpctrain.cli.scheduling import add_connection_arguments, backend_for
 from hpctrain.errors import UserError
@@ -51,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     stacks.add_argument("job", metavar="JOB", help="job id (Slurm) or job name (Kubernetes)")
     stacks.add_argument("--run-dir", type=Path, help="the run's directory (default: read from the job's batch script "
-                        "when hpctrain submitted it; on Kubernetes give it as this machine sees the shared volume)")
+                        "when hpctrain submitted it; on Kubernetes, without it, the request goes through a pod of the job, whose "
+                        "exec (as `kubectl exec`) reads the answers from the pods' volume)")
     stacks.add_argument("--wait", type=float, default=15.0, metavar="S",
                         help="how long to wait for every rank's answer (default: 15)")
     add_connection_arguments(stacks)
@@ -69,13 +71,17 @@ def run(args: argparse.Namespace) -> int:
 def _stacks(args: argparse.Namespace) -> int:
     from hpctrain.cli.around import services_of
     from hpctrain.health import read_progress, request_stacks
-    from hpctrain.health.stacks import answers
+    from hpctrain.health.stacks import STACKS_DIR, answers
 
     if args.wait <= 0:
         raise UserError("--wait must be above 0 (seconds)")
-    run_dir = args.run_dir or services_of(args).run_dir(args.job)
-    if run_dir is None:
-        raise UserError(f"cannot tell the run directory of {args.job}: give it with --run-dir")
+    services = services_of(args)
+    run_dir = args.run_dir or services.run_dir(args.job)
+    if run_dir is None:  # the run directory lies where only the job sees it: ask from inside the job
+        remote = services.stacks(args.job, args.wait)
+        for rank, text in sorted(remote.answers.items()):
+            print(f"== rank {rank}, from {remote.where}'s RUN/{STACKS_DIR}/rank-{rank}.txt ==\n{text}")
+        return _silent(remote.ranks, set(remote.answers), args.wait)
     ranks = read_progress(run_dir)
     if not ranks:
         raise UserError(f"{run_dir} has no progress records (RUN/progress/): the run has not started training, "
@@ -87,8 +93,13 @@ def _stacks(args: argparse.Namespace) -> int:
     answered = {int(path.stem.split("-")[1]) for path in got}
     for path in got:
         print(path)
+    return _silent(ranks, answered, args.wait)
+
+
+def _silent(ranks: list[Any], answered: set[int], wait_s: float) -> int:
+    """Name the ranks that did not answer; exit status 1 when none did."""
     silent = [r.where() for r in ranks if r.rank not in answered]
     if silent:
-        print(f"no answer within {args.wait:g} s from: {', '.join(silent)} (frozen, stopped or gone; "
+        print(f"no answer within {wait_s:g} s from: {', '.join(silent)} (frozen, stopped or gone; "
               "`hpctrain status` and its log say more)")
     return 0 if answered else 1

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{ended}; top ends", flush=True)  # --watch outlived the job: that is its normal end
             return 0
         run_dir = run_dir or sample.run_dir
-        ranks = read_progress(run_dir) if run_dir is not None else []
+        ranks = read_progress(run_dir) if run_dir is not None else top.ranks_of(sample.nodes)
         lines = top.report(sample.nodes, top.latest_metrics(run_dir), sample.label, ranks)
         if args.watch and sys.stdout.isatty():
             print("\033[H\033[J", end="")

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from hpctrain.fsutil import read_text, write_atomic
@@ -69,16 +70,30 @@ def read_progress(run_dir: str | Path) -> list[RankProgress]:
         names = sorted(os.listdir(folder))
     except OSError:
         return []
-    known = {f.name for f in fields(RankProgress)}
-    records = []
+    texts = []
     for name in names:
-        if not (name.startswith("rank-") and name.endswith(".json")):
-            continue
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                texts.append(read_text(folder / name))
+            except OSError:
+                continue
+    return parse_progress(texts)
+
+
+def parse_progress(texts: Iterable[str]) -> list[RankProgress]:
+    """The records in `texts` (each one rank's JSON file, read here or through a pod's exec), as `read_progress`
+    gives them: by rank, each rank's newest, without ranks an earlier, larger attempt left; unreadable ones skipped."""
+    known = {f.name for f in fields(RankProgress)}
+    newest_by_rank: dict[int, RankProgress] = {}
+    for text in texts:
         try:
-            raw = json.loads(read_text(folder / name))
-            records.append(RankProgress(**{k: v for k, v in raw.items() if k in known}))
-        except (OSError, ValueError, TypeError):
+            raw = json.loads(text)
+            record = RankProgress(**{k: v for k, v in raw.items() if k in known})
+        except (ValueError, TypeError, AttributeError):
             continue
+        if record.rank not in newest_by_rank or record.updated > newest_by_rank[record.rank].updated:
+            newest_by_rank[record.rank] = record
+    records = list(newest_by_rank.values())
     if not records:
         return []
     newest = max(records, key=lambda r: r.updated)
