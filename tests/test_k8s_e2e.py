@@ -132,17 +132,10 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(cl
     --exclude-nodes to submit with. Rank 1's preflight GEMM reports a twentieth of its rate (tests/ailing_rank.py)."""
     from hpctrain.schedulers.kubernetes.display import ended_lines
 
-    api, namespace, tag, standin = cluster
-    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
-                                volumes=(f"host:{tmp_path}:{tmp_path}",), node_selector=(f"hpctrain-test-node={tag}",))
-    sched = KubernetesScheduler(options, api_client=api)
-    wrapper = Path(__file__).with_name("ailing_rank.py")
-    command = (sys.executable, str(wrapper), "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
-               "--data-dir", str(fashion_data_dir), "--train-limit", "256", "--test-limit", "100", "--epochs", "1",
-               "--threads", "1", "--preflight", "--run-dir", str(tmp_path / "run"))
-    job = JobSpec(command=command, name="sick", run_dir=str(tmp_path / "run"), max_restarts=0,
-                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")),
-                  resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+    sched, standin = _scheduler(cluster, tmp_path), cluster[3]
+    job = JobSpec(command=(*_ailing_mnist(fashion_data_dir, tmp_path / "run", 256), "--preflight"), name="sick",
+                  run_dir=str(tmp_path / "run"), max_restarts=0, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")))
     sched.submit(job, sched.render(job))
     status = wait_for("the job to fail", lambda: (s := sched.status("sick")).finished
                       and all(r.phase in ("Succeeded", "Failed") for r in s.replicas) and s, standin)
@@ -157,24 +150,18 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(cl
 def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(cluster, k8s_cluster: LocalK8s, tmp_path: Path,
                                                             fashion_data_dir: Path) -> None:
     """Without --run-dir (the pods' volume need not be visible where the user is), `hpctrain debug stacks` asks
-    through one pod's exec and prints every rank's answer; `top` shows the ranks' records the same way. Rank 1
-    waits 50 ms for each input batch (tests/ailing_rank.py), so the job trains long enough to be asked."""
+    through one pod's exec and prints every rank's answer; `top` shows the ranks' records the same way. Rank 1's
+    forward pass never returns after 3 steps (tests/ailing_rank.py: the job stays up, a rank blocked in its
+    compute and one in a collective, until the hang watchdog's 120 s, long after the test cancelled it)."""
     from around_helpers import cli_env
     from around_helpers import hpctrain as cli
     from hpctrain.health import read_progress
 
-    api, namespace, tag, standin = cluster
-    run_dir = tmp_path / "run"
-    options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
-                                volumes=(f"host:{tmp_path}:{tmp_path}",), node_selector=(f"hpctrain-test-node={tag}",))
-    sched = KubernetesScheduler(options, api_client=api)
-    wrapper = Path(__file__).with_name("ailing_rank.py")
-    command = (sys.executable, str(wrapper), "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
-               "--data-dir", str(fashion_data_dir), "--train-limit", "12288", "--test-limit", "100", "--epochs", "1",
-               "--threads", "1", "--run-dir", str(run_dir))
-    job = JobSpec(command=command, name="stacks", run_dir=str(run_dir), resources=Resources(nodes=2, mem="2G"),
-                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "input"),
-                       ("HPCTRAIN_TEST_AILING_S", "0.05")))
+    namespace, standin, run_dir = cluster[1], cluster[3], tmp_path / "run"
+    sched = _scheduler(cluster, tmp_path)
+    job = JobSpec(command=_ailing_mnist(fashion_data_dir, run_dir, 12288), name="stacks", signal_grace=5, run_dir=str(run_dir), resources=Resources(nodes=2, mem="2G"),
+                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "stall"),
+                       ("HPCTRAIN_TEST_AILING_S", "3")))
     sched.submit(job, sched.render(job))
     wait_for("both ranks training", lambda: [r.phase for r in read_progress(run_dir)] == ["training", "training"],
              standin)
@@ -191,3 +178,18 @@ def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(cluster, k8s_cluster
     rows = [line.split() for line in shown.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
     assert [row[0] for row in rows] == ["0", "1"] and all(row[2] == "training" for row in rows), shown.stdout
     sched.cancel("stacks")
+
+
+def _scheduler(cluster, tmp_path: Path) -> KubernetesScheduler:
+    """The scheduler of the test's namespace, its pods on the stand-in's node, tmp_path mounted as their volume."""
+    api, namespace, tag, _ = cluster
+    return KubernetesScheduler(KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:test",
+                                                 volumes=(f"host:{tmp_path}:{tmp_path}",),
+                                                 node_selector=(f"hpctrain-test-node={tag}",)), api_client=api)
+
+
+def _ailing_mnist(data_dir: Path, run_dir: Path, train_limit: int) -> tuple[str, ...]:
+    """`hpctrain train mnist` through tests/ailing_rank.py (HPCTRAIN_TEST_AILING* in the job's env pick the ailment)."""
+    return (sys.executable, str(Path(__file__).with_name("ailing_rank.py")), "train", "mnist", "--recipe", "classic",
+            "--dataset", "fashion-mnist", "--data-dir", str(data_dir), "--train-limit", str(train_limit),
+            "--test-limit", "100", "--epochs", "1", "--threads", "1", "--run-dir", str(run_dir))

@@ -43,10 +43,11 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow
-def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: Path) -> None:
+def two_workers(tmp_path: Path, source: str) -> list[dict]:
+    """Run `source` as ranks 0 and 1 of a two-process group (argv: init method, rank); each one's last stdout line
+    as JSON, in rank order."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(source)
     init = f"file://{tmp_path / 'rendezvous'}"
     procs = [subprocess.Popen([sys.executable, str(script), init, str(rank)], env=clean_environ(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
@@ -58,9 +59,15 @@ def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: 
             for p in procs:
                 p.kill()
             raise
-        assert proc.returncode == 0, err  # before the fix: "No backend type associated with device type cpu"
+        assert proc.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
-    for result in results:
+    return results
+
+
+@pytest.mark.slow
+def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: Path) -> None:
+    # Before the fix a worker failed: "No backend type associated with device type cpu".
+    for result in two_workers(tmp_path, WORKER):
         assert result == {"default": "cudaonly", "vote_group": "gloo", "same_group_again": True,
                           "first": "preempted", "second": "none"}
 
@@ -116,16 +123,7 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_step_vote_ranks_vote_at_the_same_steps_and_stop_together_within_the_period(tmp_path: Path) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(CADENCE_WORKER)
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(script), init, str(rank)], env=clean_environ(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = two_workers(tmp_path, CADENCE_WORKER)
     assert results[0] == results[1], "the ranks voted at different steps or stopped apart"
     voted, (stop_step, label) = results[0]["voted"], results[0]["stopped"]
     assert label == "preempted"
