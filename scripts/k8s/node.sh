@@ -22,7 +22,20 @@ PAUSE_IMAGE="localhost/hpctrain/pause:$PAUSE_VERSION"
 TRAINING_IMAGE=localhost/hpctrain/host-python:1
 NODE_DAEMONS=(kube-controller-manager kube-scheduler kubelet containerd)
 
+# The kubelet sets vm.overcommit_memory, kernel.panic and kernel.panic_on_oops; the bridge plugin turns on
+# forwarding. `down` puts back what was there before.
+TOUCHED_SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward)
+
 node_present() { [ -d "$NODE_DIR" ]; }
+
+save_sysctls() {
+    [ -f "$NODE_DIR/sysctl.orig" ] || sysctl "${TOUCHED_SYSCTLS[@]}" | sed 's/ = /=/' >"$NODE_DIR/sysctl.orig"
+}
+
+restore_sysctls() {
+    [ -f "$NODE_DIR/sysctl.orig" ] || return 0
+    xargs sysctl -q -w <"$NODE_DIR/sysctl.orig" >/dev/null || say "warning: could not restore $(cat "$NODE_DIR/sysctl.orig")"
+}
 
 ctr_() { ctr --address "$CTR_SOCK" --namespace k8s.io "$@"; }
 
@@ -212,6 +225,7 @@ start_node() {
     apt_install "${NODE_PACKAGES[@]}"
     command -v kubectl >/dev/null 2>&1 || die "the node parts need kubectl on PATH"
     mkdir -p "$NODE_DIR" "$STATE_DIR/bin"
+    save_sysctls
     start_containerd
     make_images
     start_kubelet
@@ -272,5 +286,6 @@ stop_node() {
     pkill -KILL -f "containerd-shim-runc-v2 .*-address $CTR_SOCK" 2>/dev/null || true
     unmount_node_dir
     ip link del "$BRIDGE" 2>/dev/null || true
+    restore_sysctls
     rm -rf --one-file-system "$NODE_DIR"
 }

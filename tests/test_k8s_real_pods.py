@@ -1,0 +1,92 @@
+"""A real pod on the local cluster's real node (scripts/local-k8s.sh with HPCTRAIN_K8S_NODES=1): the scheduler
+places it, the kubelet starts it in containerd from the local training image (the host's Python, torch and
+hpctrain mounted read-only), its log comes back through the API server, and exec reaches it.
+
+Skipped, with the reason, unless `scripts/local-k8s.sh status` reports the node Ready and names the training
+image: the node parts are opt-in for now, so a plain `up` (as in CI today) has no node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from k8s_fixtures import SCRIPT
+
+CONTEXT = os.environ.get("HPCTRAIN_K8S_CONTEXT", "hpctrain-local")
+NAMESPACE = "default"
+DEADLINE_S = 180  # a bound on waiting on a loaded 2-core machine, never asserted on
+
+
+def node_status() -> tuple[str, str]:
+    """(node name, training image) from `local-k8s.sh status`; skips the test when the node is not Ready."""
+    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, check=False)
+    out = status.stdout + status.stderr
+    node = re.search(r"^local-k8s: node (\S+): Ready", out, re.M)
+    image = re.search(r"^local-k8s: training image: (\S+)$", out, re.M)
+    if status.returncode != 0 or not node or not image:
+        pytest.skip("no Ready real node: start one with `HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up` "
+                    f"(status said: {out.strip().splitlines()[-1] if out.strip() else 'nothing'})")
+    return node.group(1), image.group(1)
+
+
+@pytest.fixture(scope="module")
+def core() -> Any:
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(context=CONTEXT))
+
+
+def wait_until(what: str, check: Any) -> Any:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1)
+    pytest.fail(f"{what} not within {DEADLINE_S} s")
+
+
+@pytest.fixture
+def smoke_pod(core: Any) -> Iterator[tuple[str, str]]:
+    """A running pod of the training image that printed torch's version; deleted afterwards."""
+    node, image = node_status()
+    name = f"smoke-{uuid.uuid4().hex[:8]}"
+    script = "import torch, hpctrain, time; print('imported torch', torch.__version__, flush=True); time.sleep(600)"
+    core.create_namespaced_pod(NAMESPACE, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "main", "image": image, "imagePullPolicy": "Never", "command": ["python", "-c", script]}]},
+    })
+    try:
+        pod = wait_until(f"pod {name} running", lambda: running(core, name))
+        assert pod.spec.node_name == node
+        yield name, node
+    finally:
+        core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+
+
+def running(core: Any, name: str) -> Any:
+    pod = core.read_namespaced_pod(name, NAMESPACE)
+    if pod.status.phase in ("Failed", "Succeeded"):
+        pytest.fail(f"pod {name} ended: {pod.status}")
+    return pod if pod.status.phase == "Running" else None
+
+
+@pytest.mark.k8s
+def test_pod_runs_logs_and_exec(core: Any, smoke_pod: tuple[str, str]) -> None:
+    from kubernetes.stream import stream
+
+    name, _ = smoke_pod
+    log = wait_until("the pod's log", lambda: "imported torch" in (text := core.read_namespaced_pod_log(
+        name, NAMESPACE)) and text)
+    assert re.search(r"imported torch \d+\.\d+", log)
+    out = stream(core.connect_get_namespaced_pod_exec, name, NAMESPACE, command=["python", "-c", "print(6 * 7)"],
+                 stderr=True, stdin=False, stdout=True, tty=False)
+    assert out.strip() == "42"
