@@ -84,6 +84,8 @@ state = "$CTR_DIR/state"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
   netns_mounts_under_state_dir = true
+  # Root here lacks CAP_SYS_RESOURCE: no oom_score_adj below containerd's own (the pause container asks -998).
+  restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
