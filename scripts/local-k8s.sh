@@ -96,7 +96,8 @@ pid_alive() {
     pid=$(tr -dc '0-9' <"$pidfile")
     [ -n "$pid" ] || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-    [ "$comm" = "$name" ]
+    # The kernel keeps 15 characters of a process's name (kube-controller-manager is kube-controller).
+    [ "$comm" = "${name:0:15}" ]
 }
 
 # stop_pid PIDFILE NAME: SIGTERM, wait up to 10 s, then SIGKILL.

@@ -32,7 +32,7 @@ def node_status() -> tuple[str, str]:
     image = re.search(r"^local-k8s: training image: (\S+)$", out, re.M)
     if status.returncode != 0 or not node or not image:
         pytest.skip("no Ready real node: start one with `HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up` "
-                    f"(status said: {out.strip().splitlines()[-1] if out.strip() else 'nothing'})")
+                    f"(status said: {' / '.join(out.strip().splitlines()[-3:]) or 'nothing'})")
     return node.group(1), image.group(1)
 
 
