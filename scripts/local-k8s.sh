@@ -61,7 +61,7 @@ NODE_COMPONENTS=(kubelet kube-scheduler kube-controller-manager pause)
 COMPONENTS=(kube-apiserver "${NODE_COMPONENTS[@]}")
 PAUSE_VERSION=3.4
 
-# shellcheck source=k8s/node.sh
+# shellcheck source=scripts/k8s/node.sh
 . "$HELPERS/node.sh"
 
 say() { printf 'local-k8s: %s\n' "$*"; }
@@ -210,13 +210,13 @@ cache_file() {
 
 # make_components SRC WORK NAME...: build cmd/NAME for each NAME in one make, at the lowest priority.
 make_components() {
-    local src=$1 work=$2 what=() name
+    local src=$1 work=$2 targets=() name
     shift 2
-    for name in "$@"; do what+=("cmd/$name"); done
+    for name in "$@"; do targets+=("cmd/$name"); done
     say "building $* (5-20 minutes each on 2 cores; log: $work/build.log)" >&2
     if ! (cd "$src" &&
         PATH="$GO_BIN:$PATH" CGO_ENABLED=0 GOCACHE="$work/gocache" GOFLAGS="" \
-            nice -n 19 make WHAT="${what[*]}" KUBE_BUILD_PLATFORMS=linux/amd64) >"$work/build.log" 2>&1; then
+            nice -n 19 make WHAT="${targets[*]}" KUBE_BUILD_PLATFORMS=linux/amd64) >"$work/build.log" 2>&1; then
         tail -n 40 "$work/build.log" >&2
         die "building $* failed (see above)"
     fi

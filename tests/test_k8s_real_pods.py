@@ -1,6 +1,7 @@
 """A real pod on the local cluster's real node (scripts/local-k8s.sh with HPCTRAIN_K8S_NODES=1): the scheduler
 places it, the kubelet starts it in containerd from the local training image (the host's Python, torch and
-hpctrain mounted read-only), its log comes back through the API server, and exec reaches it.
+hpctrain mounted read-only), its log comes back through the API server, exec reaches it, and
+`kubectl port-forward` reaches a port it serves.
 
 Skipped, with the reason, unless `scripts/local-k8s.sh status` reports the node Ready and names the training
 image: the node parts are opt-in for now, so a plain `up` (as in CI today) has no node.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -21,6 +23,7 @@ from k8s_fixtures import SCRIPT
 
 CONTEXT = os.environ.get("HPCTRAIN_K8S_CONTEXT", "hpctrain-local")
 NAMESPACE = "default"
+PORT = 8000
 DEADLINE_S = 180  # a bound on waiting on a loaded 2-core machine, never asserted on
 
 
@@ -31,8 +34,10 @@ def node_status() -> tuple[str, str]:
     node = re.search(r"^local-k8s: node (\S+): Ready", out, re.M)
     image = re.search(r"^local-k8s: training image: (\S+)$", out, re.M)
     if status.returncode != 0 or not node or not image:
+        said = [line for line in out.splitlines() if "node" in line or "training image" in line]
+        said = said or out.strip().splitlines()[:1] or ["no node parts: the cluster was started without them"]
         pytest.skip("no Ready real node: start one with `HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up` "
-                    f"(status said: {' / '.join(out.strip().splitlines()[-3:]) or 'nothing'})")
+                    f"(status said: {' / '.join(said)})")
     return node.group(1), image.group(1)
 
 
@@ -55,10 +60,12 @@ def wait_until(what: str, check: Any) -> Any:
 
 @pytest.fixture
 def smoke_pod(core: Any) -> Iterator[tuple[str, str]]:
-    """A running pod of the training image that printed torch's version; deleted afterwards."""
+    """A running pod of the training image that printed torch's version and serves HTTP on PORT; deleted
+    afterwards."""
     node, image = node_status()
     name = f"smoke-{uuid.uuid4().hex[:8]}"
-    script = "import torch, hpctrain, time; print('imported torch', torch.__version__, flush=True); time.sleep(600)"
+    script = ("import torch, hpctrain, http.server as h; print('imported torch', torch.__version__, flush=True); "
+              f"h.HTTPServer(('', {PORT}), h.SimpleHTTPRequestHandler).serve_forever()")
     core.create_namespaced_pod(NAMESPACE, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [
@@ -90,3 +97,33 @@ def test_pod_runs_logs_and_exec(core: Any, smoke_pod: tuple[str, str]) -> None:
     out = stream(core.connect_get_namespaced_pod_exec, name, NAMESPACE, command=["python", "-c", "print(6 * 7)"],
                  stderr=True, stdin=False, stdout=True, tty=False)
     assert out.strip() == "42"
+
+
+@pytest.mark.k8s
+def test_port_forward_reaches_the_pod(smoke_pod: tuple[str, str]) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    name, _ = smoke_pod
+    forward = subprocess.Popen(["kubectl", "--context", CONTEXT, "port-forward", f"pod/{name}", f":{PORT}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        local = re.search(r"Forwarding from 127\.0\.0\.1:(\d+)", line)
+        assert local, f"kubectl port-forward said {line!r}"
+        url = f"http://127.0.0.1:{local.group(1)}/"
+        assert wait_until("the pod's HTTP server through port-forward", lambda: answers(url)) == 200
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+
+
+def answers(url: str) -> int | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except (urllib.error.URLError, ConnectionError):
+        return None  # the server is still importing torch

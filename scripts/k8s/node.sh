@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The node parts of scripts/local-k8s.sh, sourced by it when HPCTRAIN_K8S_NODES=1 (or when they are
 # present, for status and down): containerd with its CRI plugin, a CNI bridge, one kubelet registered
 # as a real node, kube-scheduler, kube-controller-manager, and two local images:
