@@ -32,8 +32,9 @@
 #   HPCTRAIN_K8S_APISERVER  use this kube-apiserver binary instead of building one
 #   HPCTRAIN_K8S_CONTEXT    kubeconfig context name (default hpctrain-local)
 #   HPCTRAIN_K8S_WAIT       seconds to wait for readiness (default 60)
-#   HPCTRAIN_K8S_NODES      1: `up` also starts the node parts (`status` and `down` cover them whenever present)
-#   HPCTRAIN_K8S_POD_CIDR   the pods' addresses (default 100.64.0.0/16, outside the flagged private ranges)
+#   HPCTRAIN_K8S_NODES      1 or 2: `up` also starts that many nodes (hpctrain-node-1, -2), the scheduler
+#                           and the controller manager (`status` and `down` cover them whenever present)
+#   HPCTRAIN_K8S_POD_CIDR   the pods' addresses, a /16 (default 100.64.0.0/16, outside the flagged private ranges)
 #   HPCTRAIN_K8S_NO_CRDS    1: install no Kubeflow CRDs (a second server, for tests of a cluster without
 #                           Kubeflow; give it its own HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG)
 set -euo pipefail
@@ -425,14 +426,13 @@ report() {
     if node_present; then node_status; fi
 }
 
-# With HPCTRAIN_K8S_NODES=1: the node parts, started unless they run and the node is Ready.
-ensure_node() {
-    [ "$NODES" = 1 ] || return 0
-    if node_present && node_daemons_running && node_ready; then
-        return 0
-    fi
-    stop_node
-    start_node
+# With HPCTRAIN_K8S_NODES=N: the node parts, (re)started unless they run with N Ready nodes.
+ensure_nodes() {
+    [ "$NODES" = 0 ] && return 0
+    check_node_settings
+    node_present && nodes_ok "$NODES" && return 0
+    stop_nodes
+    start_nodes
 }
 
 # The CRDs' state; with HPCTRAIN_K8S_NO_CRDS=1 there are none to report.
@@ -460,7 +460,7 @@ cmd_up() {
     if is_up; then
         kubeapi has-context "$CONTEXT" "$(default_kubeconfig)" || write_kubeconfigs
         crd_status >/dev/null || install_crds
-        ensure_node
+        ensure_nodes
         say "already up"
         report
         return 0
@@ -469,7 +469,7 @@ cmd_up() {
     if [ -e "$STATE_DIR" ]; then
         say "cleaning up previous state in $STATE_DIR"
         load_ports || true
-        stop_node
+        stop_nodes
         stop_daemons
         rm -rf --one-file-system "$STATE_DIR"
     fi
@@ -482,7 +482,7 @@ cmd_up() {
     start_daemons "$binary"
     write_kubeconfigs
     [ "$NO_CRDS" = 1 ] || install_crds
-    ensure_node
+    ensure_nodes
     report
 }
 
@@ -491,7 +491,7 @@ cmd_down() {
     check_state_dir
     take_lock
     if [ -e "$STATE_DIR" ]; then
-        stop_node
+        stop_nodes
         say "stopping kube-apiserver and etcd"
         stop_daemons
     fi
