@@ -499,7 +499,7 @@ cmd_down() {
         kubeapi remove-context "$CONTEXT" "$(default_kubeconfig)"
     fi
     rm -rf --one-file-system "$STATE_DIR"
-    say "down (the cached kube-apiserver in $CACHE_DIR stays)"
+    say "down (the cached builds in $CACHE_DIR stay)"
 }
 
 cmd_status() {

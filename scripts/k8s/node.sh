@@ -351,7 +351,7 @@ remove_containers() {
 # the directory can never reach into a mounted file system.
 unmount_node_dir() {
     local m
-    findmnt -rn -o TARGET | grep -F "$NODE_DIR/" | sort -r | while read -r m; do
+    { findmnt -rn -o TARGET | grep -F "$NODE_DIR/" || true; } | sort -r | while read -r m; do
         umount -l "$m" 2>/dev/null || true
     done
     if findmnt -rn -o TARGET | grep -F "$NODE_DIR/" >/dev/null; then
