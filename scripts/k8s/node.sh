@@ -229,6 +229,8 @@ volumePluginDir: $dir/kubelet/volume-plugins
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 evictionHard: {memory.available: 100Mi, nodefs.available: 5%, imagefs.available: 5%}
+# A memory-backed emptyDir (/dev/shm) gets its sizeLimit as the tmpfs size (alpha in 1.20; else half the RAM).
+featureGates: {SizeMemoryBackedVolumes: true}
 EOF
 }
 
