@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Start, stop or inspect a real Kubernetes API server (etcd + kube-apiserver,
 # no kubelet, no controllers) on this one host, for hpctrain's tests and for
-# development.
+# development; with HPCTRAIN_K8S_NODES=1 also a real node (containerd, a
+# kubelet, kube-scheduler, kube-controller-manager, a CNI bridge and local
+# images: scripts/k8s/node.sh), so that pods run in containers.
 #
 #   scripts/local-k8s.sh up      install (if needed), build (if needed) and start it
 #   scripts/local-k8s.sh down    stop it, remove its state and its kubeconfig context
 #   scripts/local-k8s.sh status  print what runs; exit 0 only if it is up and ready
-#   scripts/local-k8s.sh build   only build and cache kube-apiserver (up does it when needed)
+#   scripts/local-k8s.sh build   only build and cache kube-apiserver, kubelet, kube-scheduler,
+#                                kube-controller-manager and the pause program (up builds what it needs)
 #
 # Needs root (up/down) on Debian 12. kube-apiserver 1.20 is built from Debian's
 # `kubernetes` source package (fetched through a temporary deb-src list; the
@@ -29,6 +32,9 @@
 #   HPCTRAIN_K8S_APISERVER  use this kube-apiserver binary instead of building one
 #   HPCTRAIN_K8S_CONTEXT    kubeconfig context name (default hpctrain-local)
 #   HPCTRAIN_K8S_WAIT       seconds to wait for readiness (default 60)
+#   HPCTRAIN_K8S_NODES      1 or 2: `up` also starts that many nodes (hpctrain-node-1, -2), the scheduler
+#                           and the controller manager (`status` and `down` cover them whenever present)
+#   HPCTRAIN_K8S_POD_CIDR   the pods' addresses, a /16 (default 100.64.0.0/16, outside the flagged private ranges)
 #   HPCTRAIN_K8S_NO_CRDS    1: install no Kubeflow CRDs (a second server, for tests of a cluster without
 #                           Kubeflow; give it its own HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG)
 set -euo pipefail
@@ -47,8 +53,17 @@ GO_BIN=/usr/lib/go-1.19/bin
 REFLECT2_DEB=/usr/share/gocode/src/github.com/modern-go/reflect2
 # Debian's python3 with python3-yaml (installed by `up`): the helpers need PyYAML.
 PY=/usr/bin/python3
-BUILD_PACKAGES=(golang-1.19-go golang-github-modern-go-reflect2-dev rsync dpkg-dev make)
+BUILD_PACKAGES=(golang-1.19-go golang-github-modern-go-reflect2-dev rsync dpkg-dev make gcc libc6-dev)
 RUN_PACKAGES=(etcd-server openssl curl python3 python3-yaml)
+# The node parts (HPCTRAIN_K8S_NODES=1): containerd + runc + CNI plugins from Debian, the rest built here.
+NODES="${HPCTRAIN_K8S_NODES:-0}"
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables iproute2 util-linux)
+NODE_COMPONENTS=(kubelet kube-scheduler kube-controller-manager pause)
+COMPONENTS=(kube-apiserver "${NODE_COMPONENTS[@]}")
+PAUSE_VERSION=3.4
+
+# shellcheck source=scripts/k8s/node.sh
+. "$HELPERS/node.sh"
 
 say() { printf 'local-k8s: %s\n' "$*"; }
 die() { printf 'local-k8s: error: %s\n' "$*" >&2; exit 1; }
@@ -82,7 +97,8 @@ pid_alive() {
     pid=$(tr -dc '0-9' <"$pidfile")
     [ -n "$pid" ] || return 1
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-    [ "$comm" = "$name" ]
+    # The kernel keeps 15 characters of a process's name (kube-controller-manager is kube-controller).
+    [ "$comm" = "${name:0:15}" ]
 }
 
 # stop_pid PIDFILE NAME: SIGTERM, wait up to 10 s, then SIGKILL.
@@ -125,7 +141,7 @@ apt_install() {
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# --- building kube-apiserver ------------------------------------------------
+# --- building the Kubernetes programs ------------------------------------------------
 
 # Write deb-src entries for the system's own apt sources into DIR: the same
 # entries, with their type changed. The system's configuration is not touched.
@@ -176,39 +192,88 @@ fetch_source() {
     printf '%s\n' "$version"
 }
 
-# Build kube-apiserver and cache it; print the cached path.
-build_apiserver() {
-    local work version target
+# The vendored reflect2 1.0.1 panics under Go >= 1.18: use Debian's 1.0.2.
+fix_reflect2() {
+    local vendored="$1/vendor/github.com/modern-go/reflect2"
+    [ -d "$vendored" ] || die "the source has no $vendored"
+    find "$vendored" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -delete
+    find "$REFLECT2_DEB" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -exec cp {} "$vendored/" \;
+}
+
+# cache_file SRC NAME VERSION: install SRC as $CACHE_DIR/NAME-VERSION (atomically).
+cache_file() {
+    local target="$CACHE_DIR/$2-$3"
+    mkdir -p "$CACHE_DIR"
+    install -m 0755 "$1" "$target.tmp"
+    mv -f "$target.tmp" "$target"
+    say "cached $target" >&2
+}
+
+# make_components SRC WORK NAME...: build cmd/NAME for each NAME in one make, at the lowest priority.
+make_components() {
+    local src=$1 work=$2 targets=() name
+    shift 2
+    for name in "$@"; do targets+=("cmd/$name"); done
+    say "building $* (5-20 minutes each on 2 cores; log: $work/build.log)" >&2
+    if ! (cd "$src" &&
+        PATH="$GO_BIN:$PATH" CGO_ENABLED=0 GOCACHE="$work/gocache" GOFLAGS="" \
+            nice -n 19 make WHAT="${targets[*]}" KUBE_BUILD_PLATFORMS=linux/amd64) >"$work/build.log" 2>&1; then
+        tail -n 40 "$work/build.log" >&2
+        die "building $* failed (see above)"
+    fi
+}
+
+# The pause program of the pause image, from the source's build/pause (static, as upstream builds it).
+make_pause() {
+    local src=$1 out=$2
+    command -v gcc >/dev/null 2>&1 || die "gcc is missing (packages gcc libc6-dev)"
+    gcc -Os -Wall -Werror -static -DVERSION="v$PAUSE_VERSION-hpctrain" -o "$out" "$src/build/pause/linux/pause.c" ||
+        die "building the pause program failed"
+}
+
+# build_components NAME...: build the named programs (kube-apiserver, kubelet, kube-scheduler,
+# kube-controller-manager, pause) that are not cached yet for the packaged version, and cache them.
+build_components() {
+    local work version name missing=() commands=()
     apt_install "${BUILD_PACKAGES[@]}" >&2
     [ -d "$REFLECT2_DEB" ] || die "$REFLECT2_DEB is missing (package golang-github-modern-go-reflect2-dev)"
     work=$(mktemp -d /var/tmp/hpctrain-k8s-build.XXXXXX)
     # shellcheck disable=SC2064 # expand now
     trap "rm -rf '$work'" EXIT
     version=$(fetch_source "$work")
-    target="$CACHE_DIR/kube-apiserver-$version"
-    if [ -x "$target" ]; then
-        printf '%s\n' "$target"
-        return
+    for name in "$@"; do
+        [ -x "$CACHE_DIR/$name-$version" ] || missing+=("$name")
+    done
+    for name in "${missing[@]}"; do
+        [ "$name" = pause ] || commands+=("$name")
+    done
+    if [ "${#commands[@]}" -gt 0 ]; then
+        fix_reflect2 "$work/src"
+        make_components "$work/src" "$work" "${commands[@]}"
     fi
-    # The vendored reflect2 1.0.1 panics under Go >= 1.18: use Debian's 1.0.2.
-    local vendored="$work/src/vendor/github.com/modern-go/reflect2"
-    [ -d "$vendored" ] || die "the source has no $vendored"
-    find "$vendored" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -delete
-    find "$REFLECT2_DEB" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -exec cp {} "$vendored/" \;
-    say "building kube-apiserver $version (5-20 minutes on 2 cores; log: $work/build.log)" >&2
-    if ! (cd "$work/src" &&
-        PATH="$GO_BIN:$PATH" CGO_ENABLED=0 GOCACHE="$work/gocache" GOFLAGS="" \
-            make WHAT=cmd/kube-apiserver KUBE_BUILD_PLATFORMS=linux/amd64) >"$work/build.log" 2>&1; then
-        tail -n 40 "$work/build.log" >&2
-        die "building kube-apiserver failed (see above)"
-    fi
-    mkdir -p "$CACHE_DIR"
-    install -m 0755 "$work/src/_output/bin/kube-apiserver" "$target.tmp"
-    mv -f "$target.tmp" "$target"
+    for name in "${missing[@]}"; do
+        if [ "$name" = pause ]; then
+            make_pause "$work/src" "$work/pause"
+            cache_file "$work/pause" pause "$version"
+        else
+            cache_file "$work/src/_output/bin/$name" "$name" "$version"
+        fi
+    done
     rm -rf "$work"
     trap - EXIT
-    say "cached $target" >&2
-    printf '%s\n' "$target"
+}
+
+# cached_binary NAME: the newest cached build of NAME; fails when there is none.
+cached_binary() {
+    local cached
+    cached=$(find "$CACHE_DIR" -maxdepth 1 -type f -name "$1-[0-9]*" ! -name '*.tmp' 2>/dev/null | sort -V | tail -n 1 || true)
+    [ -n "$cached" ] && [ -x "$cached" ] || return 1
+    printf '%s\n' "$cached"
+}
+
+# binary NAME: the cached build of NAME, built first when there is none.
+binary() {
+    cached_binary "$1" || { build_components "$1" && cached_binary "$1"; } || die "no $1 after building it"
 }
 
 # The kube-apiserver to run: $HPCTRAIN_K8S_APISERVER, else the newest cached
@@ -219,13 +284,7 @@ apiserver_binary() {
         printf '%s\n' "$HPCTRAIN_K8S_APISERVER"
         return
     fi
-    local cached
-    cached=$(find "$CACHE_DIR" -maxdepth 1 -type f -name 'kube-apiserver-*' ! -name '*.tmp' 2>/dev/null | sort -V | tail -n 1 || true)
-    if [ -n "$cached" ] && [ -x "$cached" ]; then
-        printf '%s\n' "$cached"
-        return
-    fi
-    build_apiserver
+    binary kube-apiserver
 }
 
 # --- running it -----------------------------------------------------------------
@@ -364,6 +423,16 @@ install_crds() {
 report() {
     say "up: $(server_url) (context $CONTEXT; kubeconfig also in $STATE_DIR/kubeconfig)"
     crd_status
+    if node_present; then node_status; fi
+}
+
+# With HPCTRAIN_K8S_NODES=N: the node parts, (re)started unless they run with N Ready nodes.
+ensure_nodes() {
+    [ "$NODES" = 0 ] && return 0
+    check_node_settings
+    node_present && nodes_ok "$NODES" && return 0
+    stop_nodes
+    start_nodes
 }
 
 # The CRDs' state; with HPCTRAIN_K8S_NO_CRDS=1 there are none to report.
@@ -391,6 +460,7 @@ cmd_up() {
     if is_up; then
         kubeapi has-context "$CONTEXT" "$(default_kubeconfig)" || write_kubeconfigs
         crd_status >/dev/null || install_crds
+        ensure_nodes
         say "already up"
         report
         return 0
@@ -399,8 +469,9 @@ cmd_up() {
     if [ -e "$STATE_DIR" ]; then
         say "cleaning up previous state in $STATE_DIR"
         load_ports || true
+        stop_nodes
         stop_daemons
-        rm -rf "$STATE_DIR"
+        rm -rf --one-file-system "$STATE_DIR"
     fi
 
     local binary
@@ -411,6 +482,7 @@ cmd_up() {
     start_daemons "$binary"
     write_kubeconfigs
     [ "$NO_CRDS" = 1 ] || install_crds
+    ensure_nodes
     report
 }
 
@@ -419,14 +491,15 @@ cmd_down() {
     check_state_dir
     take_lock
     if [ -e "$STATE_DIR" ]; then
+        stop_nodes
         say "stopping kube-apiserver and etcd"
         stop_daemons
     fi
     if [ -f "$(default_kubeconfig)" ] && "$PY" -c 'import yaml' 2>/dev/null; then
         kubeapi remove-context "$CONTEXT" "$(default_kubeconfig)"
     fi
-    rm -rf "$STATE_DIR"
-    say "down (the cached kube-apiserver in $CACHE_DIR stays)"
+    rm -rf --one-file-system "$STATE_DIR"
+    say "down (the cached builds in $CACHE_DIR stay)"
 }
 
 cmd_status() {
@@ -447,14 +520,15 @@ cmd_status() {
         return 1
     fi
     say "up: $(server_url), context $CONTEXT"
-    crd_status
+    crd_status || return 1
+    if node_present; then node_status; fi
 }
 
 case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    build) need_root build; apiserver_binary ;;
+    build) need_root build; build_components "${COMPONENTS[@]}"; for c in "${COMPONENTS[@]}"; do cached_binary "$c"; done ;;
     *)
         echo "usage: $0 up|down|status" >&2
         exit 2
