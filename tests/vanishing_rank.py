@@ -23,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def _int64_vote(tensor: torch.Tensor, *_: Any, **__: Any) -> bool:
-    return tensor.dtype == torch.int64 and tensor.numel() == 1
+    """The loop's stop vote (StepVote): the reason and the proposed steps to the next vote."""
+    return tensor.dtype == torch.int64 and tensor.numel() == 2
 
 
 def _float64_of(n: int) -> Callable[..., bool]:
