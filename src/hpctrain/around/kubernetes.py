@@ -166,12 +166,12 @@ def stacks_request(world_size: int, wait_s: float) -> str:
     writes it), wait until `world_size` answers are newer than the request or `wait_s` passed, then print each
     answer after a line `@stacks rank-N.txt`."""
     folder = f'"$HPCTRAIN_RUN_DIR"/{STACKS_DIR}'
-    return (f'mkdir -p {folder} && date +%s > {folder}/{REQUEST_FILE} || exit 3; n=0; '
+    return (f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] && mkdir -p {folder} && date +%s > {folder}/{REQUEST_FILE} || exit 3; n=0; '
             f'while [ "$n" -lt {max(1, int(wait_s))} ]; do sleep 1; n=$((n + 1)); c=0; '
             f'for f in {folder}/rank-*.txt; do [ "$f" -nt {folder}/{REQUEST_FILE} ] && c=$((c + 1)); done; '
             f'[ "$c" -ge {world_size} ] && break; done; '
             f'for f in {folder}/rank-*.txt; do [ "$f" -nt {folder}/{REQUEST_FILE} ] && '
-            '{ printf "@stacks %s\n" "${f##*/}"; cat "$f"; }; done; exit 0')
+            '{ printf "@stacks %s\\n" "${f##*/}"; cat "$f"; }; done; exit 0')
 
 
 def parse_stacks(text: str) -> dict[int, str]:
