@@ -7,6 +7,7 @@ gather: no DataLoader workers, no per-sample transforms.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import nn
@@ -150,15 +151,24 @@ def _conv_pool_block(c_in: int, c_out: int) -> list[nn.Module]:
     ]
 
 
+# oneDNN instruction sets that compute in bfloat16 (ONEDNN_MAX_CPU_ISA names; a cap below them emulates it).
+BF16_ISAS = frozenset({"ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                       "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2"})
+
+
 def bf16_is_fast(device: torch.device) -> bool:
     """Whether bfloat16 convolutions run in hardware here (AMX/AVX512-BF16 CPUs, Ampere+ GPUs).
-    Elsewhere they are emulated and slower than float32, so the fast recipe stays in float32."""
+    Elsewhere they are emulated and slower than float32, so the fast recipe stays in float32. On a CPU, a cap
+    on oneDNN's instruction set below bfloat16's (ONEDNN_MAX_CPU_ISA=AVX2, say) counts as no hardware."""
     if device.type == "cuda":
         try:
             return torch.cuda.is_bf16_supported(including_emulation=False)
         except TypeError:  # torch < 2.3: no emulation to exclude
             return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
+        cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
+        if cap not in BF16_ISAS:
+            return False
         cpu = getattr(torch, "cpu", None)
         probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
         return any(getattr(cpu, probe, lambda: False)() for probe in probes)
