@@ -42,7 +42,7 @@ from test_k8s_real_pods import CONTEXT, node_status
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 DEADLINE_S = 420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
-STEPS = 16  # classic recipe, batch 64: --train-limit 1024 is 16 steps per epoch
+RESUME_LIMIT, STEPS = 12288, 192  # classic recipe, batch 64: 192 steps per epoch, long enough to be cancelled mid-run
 
 
 @dataclass
@@ -148,7 +148,7 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     shared.mkdir()
     run_dir = shared / "resume"
     sched = real.scheduler(f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
-    job = JobSpec(command=mnist(fashion_data_dir, run_dir, 1024, 2), name="resume", run_dir=str(run_dir),
+    job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="resume", run_dir=str(run_dir),
                   signal_grace=60, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
     assert sched.submit(job, sched.render(job)) == "resume"
     real.wait("both pods running", lambda: (s := sched.status("resume")).state == RUNNING
