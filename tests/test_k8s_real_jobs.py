@@ -18,10 +18,12 @@ Each test skips, with the reason, unless `scripts/local-k8s.sh status` reports a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -74,17 +76,22 @@ class Real:
 
 @pytest.fixture
 def real(tmp_path: Path) -> Iterator[Real]:
+    """One test at a time per cluster, across pytest-xdist workers: the node has the machine's few CPUs, a 2-pod
+    job asks for 2, and two jobs whose masters took the CPUs would wait on their workers forever (no gang
+    scheduling); `hpctrain submit` would also refuse a job while the node is full."""
     nodes, image = node_status()
     from kubernetes import config
 
-    api = config.new_client_from_config(context=CONTEXT)
-    namespace = create_namespace(api, prefix="hpct-real")
-    standin = KubeflowStandIn(api, namespace, tmp_path / "standin", kubelet=False).start()
-    try:
-        yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
-    finally:
-        standin.stop()
-        delete_namespace(api, namespace)
+    with open(Path(tempfile.gettempdir()) / f"hpctrain-real-node-{CONTEXT}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        api = config.new_client_from_config(context=CONTEXT)
+        namespace = create_namespace(api, prefix="hpct-real")
+        standin = KubeflowStandIn(api, namespace, tmp_path / "standin", kubelet=False).start()
+        try:
+            yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
+        finally:
+            standin.stop()
+            delete_namespace(api, namespace)
 
 
 def mnist(data_dir: Path, run_dir: Path, train_limit: int, epochs: int) -> tuple[str, ...]:
