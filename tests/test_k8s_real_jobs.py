@@ -13,7 +13,8 @@ PyTorchJob into its pods and sets the job's conditions from their phases. No Kub
 since the cluster has no DNS.
 
 Each test skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready node and a training image
-(HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG pick a cluster other than the default one).
+(tests/test_k8s_real_pods.py: HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT name a cluster with the node
+beside the default one; else HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG pick the cluster).
 """
 
 from __future__ import annotations
