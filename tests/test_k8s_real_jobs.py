@@ -270,3 +270,34 @@ def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
     assert {master.spec.node_name, worker.spec.node_name} <= real.nodes
     assert [(a.ip, a.hostnames) for a in worker.spec.host_aliases] == [(master.status.pod_ip, ["addr-master-0"])]
     assert "\n".join(sched.logs("addr", replica="worker-0")).strip() == "addr-master-0 23456"
+
+
+def test_dev_start_jupyterlab_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+    """`hpctrain dev start`: a plain pod (no stand-in at all) runs the venv's JupyterLab from the training image,
+    with its token from a Secret and the kubelet's readiness probe; the `kubectl port-forward` command hpctrain
+    prints reaches it, the server answers with the token and only with it; `hpctrain dev stop` removes it."""
+    from hpctrain.services.common import http_get
+    from kubeflow_standin import free_port
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    local = free_port()
+    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--cpus", "1", "--mem", "2G",
+                       "--local-port", str(local), "--wait", str(DEADLINE_S))
+    assert started.returncode == 0, started.stdout + started.stderr
+    command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout)[1]
+    token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
+    forward = subprocess.Popen([*command.split()[:2], "--context", CONTEXT, *command.split()[2:]], env=real.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        assert f"Forwarding from 127.0.0.1:{local}" in line, line
+        assert http_get(f"http://127.0.0.1:{local}/api/status", token)[0] == 200
+        assert http_get(f"http://127.0.0.1:{local}/api/status")[0] == 403
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+    stopped = real.cli("dev", "stop", "nb", *real.where)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    real.wait("the pod to be gone", lambda: not real.standin.core.list_namespaced_pod(real.namespace).items)
