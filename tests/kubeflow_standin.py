@@ -23,6 +23,23 @@ their parts through that real API, just enough for end-to-end tests of hpctrain'
   whose job is gone are deleted. `delete_namespace` plays the namespace controller for test cleanup.
 
 It polls (every POLL_S) rather than watching: simpler, and fast enough for tests.
+
+Controllers only (`kubelet=False`), for a cluster with a real node (scripts/local-k8s.sh with HPCTRAIN_K8S_NODES=1:
+a kubelet, kube-scheduler, kube-controller-manager): the stand-in is then just the PyTorchJob controller. It
+creates the same pods with the same names, labels and owner reference, but without nodeName (the real scheduler
+places them) and with Kubeflow's own addressing: MASTER_ADDR = PET_MASTER_ADDR = `<job>-master-0` and port 23456
+(`pytorchjob-port`, added to the container as the operator's defaulting does). Kubeflow resolves that name
+through the master's headless Service and the cluster DNS, and holds the workers back with an init container
+until it resolves; this cluster has no DNS and no kube-proxy, so the stand-in creates the workers once the master
+pod has an address and gives them a hostAliases entry for the name (the master's own name is its pod hostname,
+in the /etc/hosts the kubelet writes). The pod's restartPolicy is the replica's (ExitCode becomes Never), so the
+real kubelet restarts OnFailure containers in place; the controller then does what training-operator v1 does
+(pkg/core PastBackoffLimit, ReconcileJobs, the PyTorchJob UpdateJobStatus): the job fails once the restartCounts
+of its running pods reach runPolicy.backoffLimit ("> 0" for a limit of 0), a Failed pod of an ExitCode replica
+with a retryable code (>= 128) is deleted and made again (condition Restarting), and a failed job keeps its pods
+unless runPolicy.cleanPodPolicy says otherwise (PyTorchJob's default: None). Logs, exec, port-forward, volumes,
+/dev/shm and SIGTERM on deletion are the real kubelet's; the garbage collector and the namespace controller are
+kube-controller-manager's. Conditions are set from the real pods' phases as above.
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 POLL_S = 0.2
 JOB_LABEL = "training.kubeflow.org/job-name"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+MASTER_PORT_NAME, MASTER_PORT = "pytorchjob-port", 23456  # Kubeflow v1's default port (controllers-only mode)
 
 
 def now() -> str:
@@ -75,16 +93,19 @@ class _Process:
 
 
 class KubeflowStandIn:
-    def __init__(self, api_client: Any, namespace: str, workdir: Path, node_labels: dict[str, str],
-                 allocatable: dict[str, str] | None = None) -> None:
+    def __init__(self, api_client: Any, namespace: str, workdir: Path, node_labels: dict[str, str] | None = None,
+                 allocatable: dict[str, str] | None = None, kubelet: bool = True) -> None:
+        """`kubelet=False`: the controllers only, for a cluster whose real kubelet runs the pods (module docstring);
+        there is then no stand-in node (`node` is None) and `workdir` stays unused."""
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.namespace = namespace
         self.workdir = workdir
-        self.node = f"standin-{uuid.uuid4().hex[:8]}"
-        self.node_labels = node_labels
+        self.kubelet = kubelet
+        self.node: str | None = f"standin-{uuid.uuid4().hex[:8]}" if kubelet else None
+        self.node_labels = node_labels or {}
         self.allocatable = allocatable or {"cpu": "16", "memory": "64Gi", "pods": "110"}
         self.procs: dict[str, _Process] = {}  # pod uid -> process
         self.ports: dict[str, int] = {}  # job uid -> MASTER_PORT
@@ -97,6 +118,13 @@ class KubeflowStandIn:
     # ---- life cycle --------------------------------------------------------------------------------------
 
     def start(self) -> KubeflowStandIn:
+        if self.kubelet:
+            self._start_node()
+        self._thread.start()
+        return self
+
+    def _start_node(self) -> None:
+        """The fake kubelet's Node, pointing the API server at this stand-in's log and exec server."""
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         port = self._start_log_server()
         self.core.create_node({"metadata": {"name": self.node, "labels": self.node_labels}})
@@ -109,8 +137,6 @@ class KubeflowStandIn:
         }})
         # TaintNodesByCondition tainted the new node not-ready; lift it, as the node lifecycle controller would.
         self.core.patch_node(self.node, {"spec": {"taints": None}})
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
         self._stop.set()
@@ -122,6 +148,8 @@ class KubeflowStandIn:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.node is None:
+            return
         try:
             self.core.delete_node(self.node)
         except Exception:  # noqa: BLE001 - best effort at teardown
@@ -151,8 +179,9 @@ class KubeflowStandIn:
                         job_key: Callable[[dict[str, Any]], Any], control: Callable[[dict[str, Any], list[Any]], None],
                         ) -> None:
         """One pass for the jobs of one custom resource (group, version, plural): their controller (`control`), the
-        garbage collector for deleted jobs and orphaned pods, and the kubelet for their pods. `pod_key` and
-        `job_key` say which job a pod belongs to."""
+        garbage collector for deleted jobs and orphaned pods, and the kubelet for their pods (the last two only
+        with the fake kubelet: else kube-controller-manager and the real kubelet do them). `pod_key` and `job_key`
+        say which job a pod belongs to."""
         from kubernetes.client.rest import ApiException
 
         jobs = self.custom.list_namespaced_custom_object(*resource[:2], self.namespace, resource[2])["items"]
@@ -163,10 +192,12 @@ class KubeflowStandIn:
         live = {job_key(j) for j in jobs}
         for job in jobs:
             mine = by_job.get(job_key(job), [])
-            if job["metadata"].get("deletionTimestamp"):
-                self._collect(resource, job, mine)
-            else:
+            if not job["metadata"].get("deletionTimestamp"):
                 control(job, mine)
+            elif self.kubelet:
+                self._collect(resource, job, mine)
+        if not self.kubelet:
+            return
         for key, orphans in by_job.items():
             if key not in live:
                 for pod in orphans:
@@ -212,10 +243,15 @@ class KubeflowStandIn:
         nproc = spec.get("nprocPerNode", "1")
         nnodes = sum(int(r.get("replicas", 1)) for r in replicas.values())
         world = nnodes * (int(nproc) if str(nproc).isdigit() else 1)
-        port = self.ports.setdefault(uid, free_port())
+        master = f"{name}-master-0"
+        if self.kubelet:  # the "pods" are local processes: the master listens on this host, on a free port
+            address, port = "127.0.0.1", self.ports.setdefault(uid, free_port())
+        else:
+            address, port = master, MASTER_PORT
         existing = {p.metadata.name: p for p in pods}
         if not conditions:
             self._set_condition(job, "Created", "PyTorchJobCreated", f"PyTorchJob {name} is created.")
+        master_ip = _pod_ip(existing.get(master))
         for rtype in ("Master", "Worker"):
             if rtype not in replicas:
                 continue
@@ -223,14 +259,17 @@ class KubeflowStandIn:
                 pod_name = f"{name}-{rtype.lower()}-{index}"
                 if pod_name in existing:
                     continue
+                if not self.kubelet and rtype == "Worker" and "Master" in replicas and master_ip is None:
+                    continue  # Kubeflow's init container holds workers until the master's name resolves
                 rank = index if rtype == "Master" else index + (1 if "Master" in replicas else 0)
                 self._create_pod(job, rtype, index, pod_name, {
-                    "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port), "WORLD_SIZE": str(world),
+                    "PYTHONUNBUFFERED": "1", "MASTER_ADDR": address, "MASTER_PORT": str(port),
+                    "PET_MASTER_ADDR": address, "PET_MASTER_PORT": str(port), "WORLD_SIZE": str(world),
                     "RANK": str(rank), "PET_NODE_RANK": str(rank), "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": str(nproc),
-                })
+                }, master_ip if rtype == "Worker" else None)
+        if not self.kubelet and self._operator_restarts(job, pods):
+            return
         phases = {p.metadata.name: (p.status.phase if p.status else None) for p in pods}
-        master = f"{name}-master-0"
         failed = [p for p in pods if p.status and p.status.phase == "Failed"]
         if phases.get(master) == "Succeeded":
             self._set_condition(job, "Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {name} is successfully completed.")
@@ -241,7 +280,40 @@ class KubeflowStandIn:
         elif pods and len(pods) == nnodes and all(ph == "Running" for ph in phases.values()):
             self._set_condition(job, "Running", "PyTorchJobRunning", f"PyTorchJob {name} is running.")
 
-    def _create_pod(self, job: dict[str, Any], rtype: str, index: int, pod_name: str, injected: dict[str, str]) -> None:
+    def _operator_restarts(self, job: dict[str, Any], pods: list[Any]) -> bool:
+        """Controllers-only mode: training-operator v1's part of restarts (module docstring); True when it ended the
+        pass (the job failed, or a pod is being made again)."""
+        name, spec = job["metadata"]["name"], job["spec"]
+        replicas, run_policy = spec["pytorchReplicaSpecs"], spec.get("runPolicy") or {}
+        if _past_backoff_limit(replicas, run_policy.get("backoffLimit"), pods):
+            self._set_condition(job, "Failed", "PyTorchJobFailed",
+                                f"Job {name} has failed because it has reached the specified backoff limit")
+            self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
+            return True
+        for pod in pods:
+            rtype = pod.metadata.labels["training.kubeflow.org/replica-type"].capitalize()
+            code = _exit_code(pod)
+            if (pod.status and pod.status.phase == "Failed" and not pod.metadata.deletion_timestamp
+                    and replicas[rtype].get("restartPolicy") == "ExitCode" and code is not None and code >= 128):
+                self._delete_pod(pod.metadata.name, grace=None)
+                self._set_condition(job, "Restarting", "PyTorchJobRestarting",
+                                    f"PyTorchJob {name} is restarting because 1 {rtype} replica(s) failed.")
+                return True
+        return False
+
+    def _clean_pods(self, policy: str, pods: list[Any]) -> None:
+        """runPolicy.cleanPodPolicy of a finished job: None keeps its pods, Running deletes the running and pending
+        ones, All every one."""
+        for pod in pods:
+            phase = pod.status.phase if pod.status else "Pending"
+            if policy == "All" or (policy == "Running" and phase in ("Running", "Pending")):
+                self._delete_pod(pod.metadata.name, grace=None)
+
+    def _create_pod(self, job: dict[str, Any], rtype: str, index: int, pod_name: str, injected: dict[str, str],
+                    master_ip: str | None = None) -> None:
+        """The pod of one replica. With the fake kubelet it is bound to the stand-in's node; else the scheduler
+        places it, its container gets Kubeflow's port and a worker gets the master's name as a host alias
+        (`master_ip`; the cluster has no DNS)."""
         replica = job["spec"]["pytorchReplicaSpecs"][rtype]
         template = replica["template"]
         pod_spec = dict(template["spec"])
@@ -250,10 +322,16 @@ class KubeflowStandIn:
             c = dict(c)
             if c["name"] == "pytorch":
                 c["env"] = list(c.get("env", [])) + [{"name": k, "value": v} for k, v in injected.items()]
+                if not self.kubelet and not any(p.get("name") == MASTER_PORT_NAME for p in c.get("ports") or []):
+                    c["ports"] = list(c.get("ports") or []) + [{"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT}]
             containers.append(c)
         policy = replica.get("restartPolicy", "Never")
-        pod_spec.update(containers=containers, nodeName=self.node,
-                        restartPolicy={"ExitCode": "Never"}.get(policy, policy))
+        pod_spec.update(containers=containers, restartPolicy={"ExitCode": "Never"}.get(policy, policy))
+        if self.kubelet:
+            pod_spec["nodeName"] = self.node
+        elif master_ip is not None:
+            pod_spec["hostAliases"] = list(pod_spec.get("hostAliases") or []) + [
+                {"ip": master_ip, "hostnames": [f"{job['metadata']['name']}-master-0"]}]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels.update({JOB_LABEL: job["metadata"]["name"], OPERATOR_LABEL: "pytorchjob-controller",
                        "training.kubeflow.org/replica-type": rtype.lower(),
@@ -602,6 +680,24 @@ def _said(proc: _Process) -> str:
         return ""
 
 
+def _pod_ip(pod: Any | None) -> str | None:
+    return pod.status.pod_ip if pod is not None and pod.status else None
+
+
+def _past_backoff_limit(replicas: dict[str, Any], limit: int | None, pods: list[Any]) -> bool:
+    """training-operator v1's PastBackoffLimit: the restartCounts of the running pods of replicas restarted by the
+    kubelet or the operator (OnFailure, Always, ExitCode) reach the limit (exceed it, for a limit of 0)."""
+    if limit is None:
+        return False
+    counted = {rtype.lower() for rtype, spec in replicas.items()
+               if spec.get("restartPolicy", "Never") in ("OnFailure", "Always", "ExitCode")}
+    restarts = sum(cs.restart_count or 0 for pod in pods
+                   if pod.metadata.labels.get("training.kubeflow.org/replica-type") in counted
+                   and pod.status and pod.status.phase == "Running"
+                   for cs in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []))
+    return restarts > 0 if limit == 0 else restarts >= limit
+
+
 def _owner_uid(pod: Any) -> str | None:
     return next((o.uid for o in pod.metadata.owner_references or []), None)
 
@@ -820,6 +916,13 @@ class TrainerStandIn(KubeflowStandIn):
     AllJobsCompleted) or Failed (reason FailedJobs; the other pods are then deleted, as the Job controller does)
     copied from the JobSet, and jobsStatus; a TrainJob has no Running condition.
     """
+
+    def start(self) -> TrainerStandIn:
+        if not self.kubelet:
+            raise ValueError("TrainerStandIn needs its fake kubelet (kubelet=True): with a real node the pods would "
+                             "need JobSet's headless Service and a cluster DNS for PET_MASTER_ADDR")
+        super().start()
+        return self
 
     def reconcile(self) -> None:
         super().reconcile()

@@ -4,7 +4,9 @@ hpctrain mounted read-only), its log comes back through the API server, exec rea
 `kubectl port-forward` reaches a port it serves.
 
 Skipped, with the reason, unless `scripts/local-k8s.sh status` reports the node Ready and names the training
-image: the node parts are opt-in for now, so a plain `up` (as in CI today) has no node.
+image: the node parts are opt-in for now, so a plain `up` (as in CI today) has no node. The cluster is the one of
+HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT when set (a second cluster with the node, beside the one the
+stand-in tests use), else that of HPCTRAIN_K8S_DIR and HPCTRAIN_K8S_CONTEXT (default: the default cluster).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import pytest
 
 from k8s_fixtures import SCRIPT
 
-CONTEXT = os.environ.get("HPCTRAIN_K8S_CONTEXT", "hpctrain-local")
+NODE_DIR = os.environ.get("HPCTRAIN_K8S_NODE_DIR")  # the state dir of the cluster with the node, if not the default one
+CONTEXT = os.environ.get("HPCTRAIN_K8S_NODE_CONTEXT") or os.environ.get("HPCTRAIN_K8S_CONTEXT", "hpctrain-local")
 NAMESPACE = "default"
 PORT = 8000
 DEADLINE_S = 180  # a bound on waiting on a loaded 2-core machine, never asserted on
@@ -30,7 +33,8 @@ DEADLINE_S = 180  # a bound on waiting on a loaded 2-core machine, never asserte
 
 def node_status() -> tuple[set[str], str]:
     """(Ready node names, training image) from `local-k8s.sh status`; skips the test without a Ready node."""
-    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, check=False)
+    env = dict(os.environ, HPCTRAIN_K8S_DIR=NODE_DIR) if NODE_DIR else None
+    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, check=False, env=env)
     out = status.stdout + status.stderr
     nodes = set(re.findall(r"^local-k8s: node (\S+): Ready$", out, re.M))
     image = re.search(r"^local-k8s: training image: (\S+)$", out, re.M)

@@ -1,0 +1,303 @@
+"""hpctrain's Kubernetes backend end to end on REAL pods: scripts/local-k8s.sh with HPCTRAIN_K8S_NODES=1 runs a
+kubelet (node hpctrain-node-1) with containerd, kube-scheduler and kube-controller-manager beside the API server,
+and every job here goes through hpctrain's own KubernetesScheduler or CLI, in the training image that `status`
+names (the host's Python, torch and hpctrain mounted read-only into an almost empty root).
+
+Real: scheduling (and a pod that does not fit staying Pending with the scheduler's reason), the containers, their
+environment, hostPath volumes and the memory-backed /dev/shm, the pod network between the two pods (gloo), logs and
+exec through the API server to the kubelet, deletion with a grace period (SIGTERM to the container), the garbage
+collector's foreground deletion of a job's pods, `kubectl port-forward`.
+Still a stand-in: the Kubeflow PyTorchJob controller (tests/kubeflow_standin.py with kubelet=False), which turns a
+PyTorchJob into its pods and sets the job's conditions from their phases. No Kubeflow controller can be built here
+(it needs the Go module proxy). It addresses the master by Kubeflow's name `<job>-master-0` through a host alias,
+since the cluster has no DNS.
+
+Each test skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready node and a training image
+(tests/test_k8s_real_pods.py: HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT name a cluster with the node
+beside the default one; else HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG pick the cluster).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from around_helpers import cli_env, hpctrain
+from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.schedulers.base import RUNNING, SUCCEEDED
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
+from test_k8s_real_pods import CONTEXT, node_status
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+DEADLINE_S = 420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
+RESUME_LIMIT, STEPS = 12288, 192  # classic recipe, batch 64: 192 steps per epoch, long enough to be cancelled mid-run
+
+
+@dataclass
+class Real:
+    """One test's namespace on the real node, with the controllers-only stand-in running."""
+
+    api: Any
+    namespace: str
+    image: str
+    nodes: set[str]
+    standin: KubeflowStandIn
+    env: dict[str, str]
+
+    @property
+    def where(self) -> list[str]:
+        """The CLI's flags that reach this namespace."""
+        return ["--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", self.namespace]
+
+    def scheduler(self, *volumes: str, shm: str | None = None) -> KubernetesScheduler:
+        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm)
+        return KubernetesScheduler(options, context=CONTEXT)
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return hpctrain(*args, env=self.env)
+
+    def wait(self, what: str, predicate: Any) -> Any:
+        return wait_for(what, predicate, self.standin, timeout=DEADLINE_S, poll=1.0)
+
+
+@pytest.fixture
+def real(tmp_path: Path) -> Iterator[Real]:
+    """One test at a time per cluster, across pytest-xdist workers: the node has the machine's few CPUs, a 2-pod
+    job asks for 2, and two jobs whose masters took the CPUs would wait on their workers forever (no gang
+    scheduling); `hpctrain submit` would also refuse a job while the node is full."""
+    nodes, image = node_status()
+    from kubernetes import config
+
+    with open(Path(tempfile.gettempdir()) / f"hpctrain-real-node-{CONTEXT}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        api = config.new_client_from_config(context=CONTEXT)
+        namespace = create_namespace(api, prefix="hpct-real")
+        standin = KubeflowStandIn(api, namespace, tmp_path / "standin", kubelet=False).start()
+        try:
+            yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
+        finally:
+            standin.stop()
+            delete_namespace(api, namespace)
+
+
+def mnist(data_dir: Path, run_dir: Path, train_limit: int, epochs: int) -> tuple[str, ...]:
+    """`hpctrain train mnist` as the pods run it (the image's python, hpctrain from the mounted checkout)."""
+    return ("python", "-m", "hpctrain", "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
+            "--data-dir", str(data_dir), "--train-limit", str(train_limit), "--test-limit", "200", "--epochs",
+            str(epochs), "--threads", "1", "--log-interval", "1", "--run-dir", str(run_dir))
+
+
+def finished(sched: KubernetesScheduler, job: str) -> Any:
+    status = sched.status(job)
+    return status.finished and all(r.phase in ("Succeeded", "Failed") for r in status.replicas) and status
+
+
+def test_mnist_on_two_real_pods_completes_with_world_size_2(real: Real, tmp_path: Path, fashion_data_dir: Path) -> None:
+    """`hpctrain submit --wait` of a 2-pod PyTorchJob `train mnist`: the scheduler places both pods on the real
+    node, the kubelet starts them from the training image with the Fashion-MNIST data (read-only) and the run
+    directory on hostPath volumes, rank 1 reaches rank 0 over the pod network, and the job completes.
+    Stand-in: the PyTorchJob controller only."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    submitted = real.cli("submit", *real.where, "--image", real.image, "--job-name", "mnist-real",
+                         "--volume", f"host:{fashion_data_dir}:{fashion_data_dir}:ro", "--volume", f"host:{runs}:{runs}",
+                         "--nodes", "2", "--cpus-per-task", "1", "--mem", "2G", "--run-dir", f"{runs}/%j",
+                         "--wait", "--", *mnist(fashion_data_dir, runs / "mnist-real", 1024, 1))
+    shown = real.cli("status", "mnist-real", "--json", *real.where)
+    log = real.cli("logs", "mnist-real", *real.where).stdout
+    assert submitted.returncode == 0, (submitted.stdout, submitted.stderr, shown.stdout, log)
+    status = json.loads(shown.stdout)
+    assert status["state"] == SUCCEEDED and [r["name"] for r in status["replicas"]] == ["master-0", "worker-0"], status
+    assert {r["node"] for r in status["replicas"]} <= real.nodes, status
+    assert "with 2 process(es), ddp, cpu" in log, log
+    assert "hpctrain: epoch 1/1: train loss" in log, log
+    assert (runs / "mnist-real" / "stop_reason").read_text().strip() == "completed"
+    worker = real.cli("logs", "mnist-real", "--replica", "worker-0", *real.where).stdout
+    assert "Traceback" not in log + worker, log + worker
+
+
+def test_shm_is_a_memory_volume_of_the_asked_size(real: Real) -> None:
+    """--shm 256Mi: inside the real container /dev/shm is a tmpfs of exactly 256 MiB (the kubelet sizes a
+    memory-backed emptyDir by its sizeLimit, feature gate SizeMemoryBackedVolumes). No stand-in involved but the
+    PyTorchJob controller."""
+    sched = real.scheduler(shm="256Mi")
+    probe = ("import os; s = os.statvfs('/dev/shm'); kinds = [l.split()[2] for l in open('/proc/mounts') "
+             "if l.split()[1] == '/dev/shm']; print('shm', s.f_frsize * s.f_blocks, kinds, flush=True)")
+    job = JobSpec(command=("python", "-c", probe), name="shm", resources=Resources(nodes=1, mem="1G"))
+    assert sched.submit(job, sched.render(job)) == "shm"
+    status = real.wait("the job to finish", lambda: finished(sched, "shm"))
+    log = "\n".join(sched.logs("shm"))
+    assert status.state == SUCCEEDED, (status, log)
+    assert f"shm {256 * 2**20} ['tmpfs']" in log, log
+
+
+def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_path: Path, fashion_data_dir: Path) -> None:
+    """While a 2-pod `train mnist` trains: `hpctrain top` runs its probe in both pods through real exec
+    (API server -> kubelet -> containerd); `hpctrain cancel` deletes the job in the foreground, kube-controller-
+    manager's garbage collector deletes the pods with their grace period (--signal-grace), the kubelet sends
+    SIGTERM, the run writes a checkpoint and stop_reason `cancelled`; the same job submitted again resumes from
+    it and completes. Stand-in: the PyTorchJob controller only."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    run_dir = shared / "resume"
+    sched = real.scheduler(f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
+    job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="resume", run_dir=str(run_dir),
+                  signal_grace=60, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+    assert sched.submit(job, sched.render(job)) == "resume"
+    real.wait("both pods running", lambda: (s := sched.status("resume")).state == RUNNING
+              and [r.phase for r in s.replicas] == ["Running", "Running"])
+
+    # The master's log, followed through the API server until its container ends (its pod is gone after).
+    lines: list[str] = []
+    follower = threading.Thread(target=lambda: lines.extend(sched.logs("resume", follow=True, replica="master-0")),
+                                daemon=True)
+    follower.start()
+    real.wait("training under way", lambda: any(re.match(rf"epoch 1/2 step \d+/{STEPS}", line) for line in lines))
+
+    top = real.cli("top", "resume", *real.where)
+    assert top.returncode == 0, top.stdout + top.stderr
+    for pod in ("resume-master-0", "resume-worker-0"):
+        assert f"({pod})" in top.stdout, top.stdout  # a row `NODE (POD)`: the probe ran in that pod
+    ranks = [line.split() for line in top.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+    assert [row[0] for row in ranks] == ["0", "1"], top.stdout
+
+    cancelled = real.cli("cancel", "resume", "--wait", str(DEADLINE_S), *real.where)
+    assert cancelled.returncode == 0 and "-> deleted" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    follower.join(timeout=60)
+    log = "\n".join(lines)
+    assert re.search(r"hpctrain: stopped \(cancelled: [^)]*\) at global step \d+ after writing a checkpoint", log), log
+    assert (run_dir / "stop_reason").read_text().strip() == "cancelled"
+    assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written on SIGTERM"
+
+    assert sched.submit(job, sched.render(job)) == "resume"
+    status = real.wait("the resubmitted job to finish", lambda: finished(sched, "resume"))
+    log = "\n".join(sched.logs("resume"))
+    assert status.state == SUCCEEDED and [r.phase for r in status.replicas] == ["Succeeded", "Succeeded"], (status, log)
+    assert re.search(rf"hpctrain: resumed at epoch [12], step \d+ of {STEPS}", log), log
+    assert "hpctrain: epoch 2/2: train loss" in log, log
+    assert (run_dir / "stop_reason").read_text().strip() == "completed"
+
+
+def test_a_job_that_does_not_fit_stays_pending_with_the_schedulers_reason(real: Real) -> None:
+    """64 CPUs per pod on a node of a few: `hpctrain check` says no node offers that (from the real node's
+    allocatable), and once submitted the pod stays Pending while `hpctrain status` shows kube-scheduler's own
+    FailedScheduling event. Stand-in: the PyTorchJob controller only."""
+    job = ["--image", real.image, "--job-name", "too-big", "--nodes", "1", "--cpus-per-task", "64", "--mem", "1G",
+           "--", "python", "-c", "print('never')"]
+    checked = real.cli("check", *real.where, *job)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    node = sorted(real.nodes)[0]
+    assert f"more than any node offers (largest: {node} with cpu" in checked.stdout + checked.stderr, checked
+
+    sched = real.scheduler()
+    spec = JobSpec(command=("python", "-c", "print('never')"), name="too-big", resources=Resources(nodes=1, cpus_per_task=64, mem="1G"))
+    sched.submit(spec, sched.render(spec))
+    reason = re.compile(r"too-big-master-0: FailedScheduling: 0/\d+ nodes are available: \d+ Insufficient cpu")
+    shown = real.wait("the scheduler's reason in `hpctrain status`",
+                      lambda: reason.search((s := real.cli("status", "too-big", *real.where)).stdout) and s)
+    assert shown.stdout.startswith("too-big: PENDING"), shown.stdout
+    status = sched.status("too-big")
+    assert [(r.phase, r.reason) for r in status.replicas] == [("Pending", "Unschedulable")], status
+
+
+def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+    """`hpctrain tensorboard --on-cluster`: a plain pod (no stand-in at all: the scheduler places it, the kubelet
+    runs the venv's TensorBoard from the training image, the run on a hostPath volume) reached through the
+    `kubectl port-forward` command hpctrain prints; it serves the run's scalars; `hpctrain cancel` removes it."""
+    from test_tensorboard import expected, make_run, served
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    shared = tmp_path / "shared"
+    run = make_run(shared / "mnist", [0.5, 0.25])
+    started = real.cli("tensorboard", str(run), "--on-cluster", *real.where, "--image", real.image,
+                       "--volume", f"host:{shared}:{shared}")
+    assert started.returncode == 0, started.stdout + started.stderr
+    name = re.search(r"TensorBoard pod (\S+) created", started.stdout)[1]
+    command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/{name} \d+:\d+)", started.stdout)[1]
+    core = real.standin.core
+    real.wait("the TensorBoard pod to be ready", lambda: any(
+        c.type == "Ready" and c.status == "True" for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []))
+    local = command.split()[-1].split(":")[0]
+    forward = subprocess.Popen([*command.split()[:2], "--context", CONTEXT, *command.split()[2:]], env=real.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        assert f"Forwarding from 127.0.0.1:{local}" in line, line
+        base = f"http://127.0.0.1:{local}"
+        deadline = time.monotonic() + 120
+        while len(served(base, "mnist/.")) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert served(base, "mnist/.") == expected(run)
+        with urllib.request.urlopen(base + "/", timeout=30) as response:
+            assert response.status == 200
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+    cancelled = real.cli("cancel", name, *real.where)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    real.wait("the pod to be gone", lambda: not core.list_namespaced_pod(real.namespace).items)
+
+
+def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
+    """The controllers-only stand-in's pods carry no nodeName, Kubeflow's master address and port, and the host
+    alias that replaces the cluster DNS for the workers; the scheduler binds them to the real node."""
+    sched = real.scheduler()
+    # The master waits a little, as a training's rendezvous would: the stand-in makes workers once it has an address.
+    probe = "import os, time; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True); time.sleep(5)"
+    job = JobSpec(command=("python", "-c", probe),
+                  name="addr", resources=Resources(nodes=2, mem="512M"))
+    sched.submit(job, sched.render(job))
+    real.wait("the job to finish", lambda: finished(sched, "addr"))
+    pods = {p.metadata.name: p for p in real.standin.core.list_namespaced_pod(real.namespace).items}
+    master, worker = pods["addr-master-0"], pods["addr-worker-0"]
+    assert {master.spec.node_name, worker.spec.node_name} <= real.nodes
+    assert [(a.ip, a.hostnames) for a in worker.spec.host_aliases] == [(master.status.pod_ip, ["addr-master-0"])]
+    assert "\n".join(sched.logs("addr", replica="worker-0")).strip() == "addr-master-0 23456"
+
+
+def test_dev_start_jupyterlab_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+    """`hpctrain dev start`: a plain pod (no stand-in at all) runs the venv's JupyterLab from the training image,
+    with its token from a Secret and the kubelet's readiness probe; the `kubectl port-forward` command hpctrain
+    prints reaches it, the server answers with the token and only with it; `hpctrain dev stop` removes it."""
+    from hpctrain.services.common import http_get
+    from kubeflow_standin import free_port
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    local = free_port()
+    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--cpus", "1", "--mem", "2G",
+                       "--local-port", str(local), "--wait", str(DEADLINE_S))
+    assert started.returncode == 0, started.stdout + started.stderr
+    command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout)[1]
+    token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
+    forward = subprocess.Popen([*command.split()[:2], "--context", CONTEXT, *command.split()[2:]], env=real.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        assert f"Forwarding from 127.0.0.1:{local}" in line, line
+        assert http_get(f"http://127.0.0.1:{local}/api/status", token)[0] == 200
+        assert http_get(f"http://127.0.0.1:{local}/api/status")[0] == 403
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+    stopped = real.cli("dev", "stop", "nb", *real.where)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    real.wait("the pod to be gone", lambda: not real.standin.core.list_namespaced_pod(real.namespace).items)
