@@ -412,7 +412,9 @@ class KubeflowStandIn:
         retryable = policy in ("OnFailure", "Always") or (policy == "ExitCode" and code >= 128)
         limit = (job["spec"].get("runPolicy") or {}).get("backoffLimit")
         used = sum(self.procs[u].restarts for u in self._job_pod_uids(pod))
-        return retryable and (limit is None or used < limit)
+        # As training-operator v1 counts: the job fails once its pods' restarts reach the limit, so a restart that
+        # would reach it is the last thing that happens (none at all for a limit of 0).
+        return retryable and (limit is None or used + 1 < limit)
 
     def _job_pod_uids(self, pod: Any) -> list[str]:
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_LABEL}={pod.metadata.labels[JOB_LABEL]}").items

@@ -154,7 +154,8 @@ def test_pytorchjob_mapping() -> None:
     master, worker = m["spec"]["pytorchReplicaSpecs"]["Master"], m["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert (master["replicas"], worker["replicas"]) == (1, 2)  # 3 pods: one master, two workers
     assert master["restartPolicy"] == worker["restartPolicy"] == "OnFailure"  # 75 (preempted) must be retried
-    assert m["spec"]["runPolicy"] == {"backoffLimit": 3, "activeDeadlineSeconds": 7200}
+    # --max-restarts 3: the operator fails the job when restarts reach backoffLimit, so 3 restarts need 4
+    assert m["spec"]["runPolicy"] == {"backoffLimit": 4, "activeDeadlineSeconds": 7200}
     assert m["spec"]["nprocPerNode"] == "2"
     pod = master["template"]["spec"]
     container = pod["containers"][0]

@@ -6,7 +6,7 @@ machine. What Kubernetes cannot express (Slurm shards, --mem 0) is a UserError n
 Mapping (one pod per --nodes; the pod runs --nproc-per-node processes):
   resources       requests = limits (a Guaranteed pod): cpu = cpus_per_task x nproc_per_node, memory = --mem,
                   nvidia.com/gpu = --gpus-per-node
-  --time          activeDeadlineSeconds;  --max-restarts -> runPolicy.backoffLimit (PyTorchJob)
+  --time          activeDeadlineSeconds;  --max-restarts N -> runPolicy.backoffLimit N + 1 (PyTorchJob; 0 for 0)
   --signal-grace  terminationGracePeriodSeconds: the time a pod has after SIGTERM (cancel, eviction) to checkpoint
   --shm           an emptyDir with medium Memory at /dev/shm (the container default of 64M kills DataLoader
                   workers with "Bus error")
@@ -18,7 +18,9 @@ a cancel). Kubeflow's restartPolicy ExitCode treats only exit codes >= 128 as re
 would end a preempted job (75) for good. We therefore render restartPolicy OnFailure: every non-zero exit
 restarts the replica, within backoffLimit, and the restarted process resumes from the newest checkpoint in the
 run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that budget is
---max-restarts (default 0: no restart at all).
+--max-restarts (default 0: no restart at all). training-operator v1 fails a job once the restart counts of its
+running pods *reach* backoffLimit (common/job.go, PastBackoffLimit: `result >= backoffLimit`; `> 0` for 0), i.e.
+at the Nth restart of a limit N, so N restarts that each may run to the end need a limit of N + 1.
 
 Processes. A pod runs the command once. `hpctrain ...` commands fan out themselves: they read RANK, WORLD_SIZE
 and PET_NPROC_PER_NODE (PyTorchJob) and start the local workers (hpctrain.distributed.kubeflow_node_plan).
@@ -247,7 +249,7 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     replicas = {"Master": {"replicas": 1, "restartPolicy": RESTART_POLICY, "template": template}}
     if r.nodes > 1:
         replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": RESTART_POLICY, "template": template}
-    run_policy: dict[str, Any] = {"backoffLimit": job.max_restarts}
+    run_policy: dict[str, Any] = {"backoffLimit": job.max_restarts + 1 if job.max_restarts else 0}
     if job.time_limit_s is not None:
         run_policy["activeDeadlineSeconds"] = job.time_limit_s
     return {
