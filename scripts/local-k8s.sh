@@ -271,6 +271,14 @@ cached_binary() {
     printf '%s\n' "$cached"
 }
 
+# build_missing NAME...: build, in one make, those of the named programs that have no cached build (nothing,
+# not even the source's download, when all have one).
+build_missing() {
+    local name missing=()
+    for name in "$@"; do cached_binary "$name" >/dev/null || missing+=("$name"); done
+    [ "${#missing[@]}" -eq 0 ] || build_components "${missing[@]}"
+}
+
 # binary NAME: the cached build of NAME, built first when there is none.
 binary() {
     cached_binary "$1" || { build_components "$1" && cached_binary "$1"; } || die "no $1 after building it"
@@ -475,6 +483,8 @@ cmd_up() {
     fi
 
     local binary
+    # With nodes, every program they need too, in one build (one make shares the compilation).
+    [ "$NODES" = 0 ] || [ -n "${HPCTRAIN_K8S_APISERVER:-}" ] || build_missing "${COMPONENTS[@]}"
     binary=$(apiserver_binary)
     say "kube-apiserver: $binary"
     mkdir -p "$STATE_DIR"
@@ -528,7 +538,7 @@ case "${1:-}" in
     up) cmd_up ;;
     down) cmd_down ;;
     status) cmd_status ;;
-    build) need_root build; build_components "${COMPONENTS[@]}"; for c in "${COMPONENTS[@]}"; do cached_binary "$c"; done ;;
+    build) need_root build; build_missing "${COMPONENTS[@]}"; for c in "${COMPONENTS[@]}"; do cached_binary "$c"; done ;;
     *)
         echo "usage: $0 up|down|status" >&2
         exit 2

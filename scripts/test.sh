@@ -31,7 +31,13 @@ stage apt
 # The slow parts of a fresh machine's set-up overlap: the API server's first build (CPU) runs while the two Python
 # environments download (network); each logs to a file of its own, shown if it fails.
 setup_logs=$(mktemp -d)
-bash scripts/local-k8s.sh up >"$setup_logs/k8s" 2>&1 &
+# Two API servers: one with a real node (containerd, a kubelet, the scheduler and the controller manager; the
+# tests in tests/test_k8s_real_*.py), and the default one without, whose pods the Kubeflow stand-in runs as local
+# processes (the other Kubernetes tests). The node's cluster comes first: it builds every program in one make;
+# the default one last, so that its context is the current one.
+export HPCTRAIN_K8S_NODE_DIR=/var/lib/hpctrain-k8s-node HPCTRAIN_K8S_NODE_CONTEXT=hpctrain-node
+(HPCTRAIN_K8S_DIR=$HPCTRAIN_K8S_NODE_DIR HPCTRAIN_K8S_CONTEXT=$HPCTRAIN_K8S_NODE_CONTEXT HPCTRAIN_K8S_NODES=1 \
+    bash scripts/local-k8s.sh up && bash scripts/local-k8s.sh up) >"$setup_logs/k8s" 2>&1 &
 k8s_pid=$!
 floor_env_pid=""
 if [ "${HPCTRAIN_FLOOR:-1}" != 0 ]; then

@@ -12,9 +12,9 @@ PyTorchJob into its pods and sets the job's conditions from their phases. No Kub
 (it needs the Go module proxy). It addresses the master by Kubeflow's name `<job>-master-0` through a host alias,
 since the cluster has no DNS.
 
-Each test skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready node and a training image
-(tests/test_k8s_real_pods.py: HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT name a cluster with the node
-beside the default one; else HPCTRAIN_K8S_DIR, HPCTRAIN_K8S_CONTEXT and KUBECONFIG pick the cluster).
+The cluster is chosen as in tests/test_k8s_real_pods.py: HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT name
+the one with the node (scripts/test.sh starts it; then a missing node fails each test); without them each test
+skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready node and a training image.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ places it, the kubelet starts it in containerd from the local training image (th
 hpctrain mounted read-only), its log comes back through the API server, exec reaches it, and
 `kubectl port-forward` reaches a port it serves.
 
-Skipped, with the reason, unless `scripts/local-k8s.sh status` reports the node Ready and names the training
-image: the node parts are opt-in for now, so a plain `up` (as in CI today) has no node. The cluster is the one of
-HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT when set (a second cluster with the node, beside the one the
-stand-in tests use), else that of HPCTRAIN_K8S_DIR and HPCTRAIN_K8S_CONTEXT (default: the default cluster).
+The cluster is the one of HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT when set (scripts/test.sh starts it:
+a second cluster with the node, beside the one the stand-in tests use); then a node that is not Ready fails the
+test. Without them (a developer's plain `up`, which has no node) the tests skip, with the reason, unless
+`scripts/local-k8s.sh status` of HPCTRAIN_K8S_DIR reports a Ready node and names the training image.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ def node_status() -> tuple[set[str], str]:
     if status.returncode != 0 or not nodes or not image:
         said = [line for line in out.splitlines() if "node" in line or "training image" in line]
         said = said or out.strip().splitlines()[:1] or ["no node parts: the cluster was started without them"]
+        if NODE_DIR:  # the cluster was started to have the node (scripts/test.sh): its absence is a failure
+            pytest.fail(f"the cluster of HPCTRAIN_K8S_NODE_DIR={NODE_DIR} has no Ready node (status said: "
+                        f"{' / '.join(said)})")
         pytest.skip("no Ready real node: start one with `HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up` "
                     f"(status said: {' / '.join(said)})")
     return nodes, image.group(1)
