@@ -19,6 +19,7 @@ skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready nod
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import re
@@ -233,23 +234,13 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path
     core = real.standin.core
     real.wait("the TensorBoard pod to be ready", lambda: any(
         c.type == "Ready" and c.status == "True" for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []))
-    local = command.split()[-1].split(":")[0]
-    forward = subprocess.Popen([*command.split()[:2], "--context", CONTEXT, *command.split()[2:]], env=real.env,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert forward.stdout is not None
-        line = forward.stdout.readline()
-        assert f"Forwarding from 127.0.0.1:{local}" in line, line
-        base = f"http://127.0.0.1:{local}"
+    with port_forward(real, command) as base:
         deadline = time.monotonic() + 120
         while len(served(base, "mnist/.")) < 2 and time.monotonic() < deadline:
             time.sleep(1)
         assert served(base, "mnist/.") == expected(run)
         with urllib.request.urlopen(base + "/", timeout=30) as response:
             assert response.status == 200
-    finally:
-        forward.terminate()
-        forward.wait(timeout=30)
     cancelled = real.cli("cancel", name, *real.where)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     real.wait("the pod to be gone", lambda: not core.list_namespaced_pod(real.namespace).items)
@@ -287,17 +278,27 @@ def test_dev_start_jupyterlab_through_a_real_port_forward(real: Real, tmp_path: 
     assert started.returncode == 0, started.stdout + started.stderr
     command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout)[1]
     token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
-    forward = subprocess.Popen([*command.split()[:2], "--context", CONTEXT, *command.split()[2:]], env=real.env,
+    with port_forward(real, command) as base:
+        assert http_get(f"{base}/api/status", token)[0] == 200
+        assert http_get(f"{base}/api/status")[0] == 403
+    stopped = real.cli("dev", "stop", "nb", *real.where)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    real.wait("the pod to be gone", lambda: not real.standin.core.list_namespaced_pod(real.namespace).items)
+
+
+@contextlib.contextmanager
+def port_forward(real: Real, command: str) -> Iterator[str]:
+    """Run the `kubectl port-forward -n NS pod/NAME LOCAL:PORT` command hpctrain printed, against the real-node
+    cluster's context, until it says it forwards; the local base URL while it runs."""
+    words = command.split()
+    local = words[-1].split(":")[0]
+    forward = subprocess.Popen([*words[:2], "--context", CONTEXT, *words[2:]], env=real.env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert forward.stdout is not None
         line = forward.stdout.readline()
         assert f"Forwarding from 127.0.0.1:{local}" in line, line
-        assert http_get(f"http://127.0.0.1:{local}/api/status", token)[0] == 200
-        assert http_get(f"http://127.0.0.1:{local}/api/status")[0] == 403
+        yield f"http://127.0.0.1:{local}"
     finally:
         forward.terminate()
         forward.wait(timeout=30)
-    stopped = real.cli("dev", "stop", "nb", *real.where)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    real.wait("the pod to be gone", lambda: not real.standin.core.list_namespaced_pod(real.namespace).items)
