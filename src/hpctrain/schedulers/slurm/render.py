@@ -383,9 +383,8 @@ def render_sbatch(job: JobSpec) -> str:
 
 
 def _excluded_sources(job: JobSpec) -> str:
-    """Shell words that print the nodes a requeue after a sick node must exclude, one a line: those of earlier
-    requeues, the preflight's new finding, and the job's own --exclude-nodes (`scontrol update ExcNodeList`
-    replaces the list)."""
+    """Shell words printing the nodes a sick-node requeue excludes: earlier requeues', the preflight's new finding,
+    and the job's own --exclude-nodes (`scontrol update ExcNodeList` replaces the list), one a line."""
     files = f'cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null'
     if not job.exclude_nodes:
         return files
