@@ -25,6 +25,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -65,8 +66,9 @@ class Real:
         """The CLI's flags that reach this namespace."""
         return ["--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", self.namespace]
 
-    def scheduler(self, *volumes: str, shm: str | None = None) -> KubernetesScheduler:
-        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm)
+    def scheduler(self, *volumes: str, shm: str | None = None, priority_class: str | None = None) -> KubernetesScheduler:
+        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm,
+                                    priority_class=priority_class)
         return KubernetesScheduler(options, context=CONTEXT)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -192,6 +194,60 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     assert re.search(rf"hpctrain: resumed at epoch [12], step \d+ of {STEPS}", log), log
     assert "hpctrain: epoch 2/2: train loss" in log, log
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
+
+
+def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(real: Real, tmp_path: Path,
+                                                                            fashion_data_dir: Path) -> None:
+    """kube-scheduler's own preemption: a low-priority 2-pod `train mnist` holds the node's CPUs; a high-priority job
+    asking for all of them makes the scheduler evict both pods (graceful deletion: SIGTERM, the run checkpoints);
+    the controller makes the pods again, they wait Pending until the high-priority job has finished, then resume by
+    themselves (HPCTRAIN_AUTO_RESUME) and end with the weights of an uninterrupted local 2-process run, bitwise.
+    Stand-in: the PyTorchJob controller only."""
+    from kubernetes import client
+
+    from hpctrain.health import read_progress
+    from training_helpers import assert_bitwise_equal, clean_environ, final_weights, ok
+
+    scheduling, core = client.SchedulingV1Api(real.api), client.CoreV1Api(real.api)
+    low, high = f"{real.namespace}-low", f"{real.namespace}-high"
+    for name, value in ((low, 1000), (high, 1_000_000)):
+        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    try:
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        run_dir = shared / "low"
+        volumes = (f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
+        cpus = min(int(float(core.read_node(n).status.allocatable["cpu"])) for n in real.nodes)
+        job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="low", run_dir=str(run_dir),
+                      signal_grace=60, resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem="2G"))
+        low_sched = real.scheduler(*volumes, priority_class=low)
+        low_sched.submit(job, low_sched.render(job))
+        real.wait("the low-priority job training", lambda: any(
+            r.phase == "training" and r.step >= 5 for r in read_progress(run_dir)))
+
+        big = JobSpec(command=("python", "-c", "import time; time.sleep(5)"), name="high",
+                      resources=Resources(nodes=1, cpus_per_task=cpus, mem="1G"))
+        high_sched = real.scheduler(priority_class=high)
+        high_sched.submit(big, high_sched.render(big))
+        real.wait("the preempted run's checkpoint", lambda: (run_dir / "stop_reason").is_file()
+                  and (run_dir / "stop_reason").read_text().strip() == "cancelled")
+        assert real.wait("the high-priority job to finish", lambda: finished(high_sched, "high")).state == SUCCEEDED
+        events = core.list_namespaced_event(real.namespace).items
+        assert any(e.reason == "Preempted" for e in events), [(e.reason, e.message) for e in events]
+
+        status = real.wait("the low-priority job to finish", lambda: finished(low_sched, "low"))
+        log = "\n".join(low_sched.logs("low"))
+        assert status.state == SUCCEEDED, (status, log)
+        assert re.search(rf"hpctrain: resumed at epoch [12], step \d+ of {STEPS}", log), log
+        assert (run_dir / "stop_reason").read_text().strip() == "completed"
+    finally:
+        for name in (low, high):
+            scheduling.delete_priority_class(name)
+    reference = tmp_path / "reference"
+    ok(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                       *mnist(fashion_data_dir, reference, RESUME_LIMIT, 2)[1:]], env=clean_environ(),
+                      capture_output=True, text=True, timeout=DEADLINE_S))
+    assert_bitwise_equal(final_weights(run_dir), final_weights(reference))
 
 
 def test_a_job_that_does_not_fit_stays_pending_with_the_schedulers_reason(real: Real) -> None:
