@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -33,17 +32,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from hpctrain.distributed.ports import free_port  # noqa: E402
+
 MODES = ("none", "agree", "stepvote")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_main(rank: int, args: argparse.Namespace, port: int, results: object) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # a spawned process starts afresh
     from hpctrain.recipes.mnist import FastNet
     from hpctrain.training.stopping import StepVote, StopReason, agree
 

@@ -314,11 +314,14 @@ def test_a_frozen_rank_is_found_named_and_the_attempt_ends_as_hung(fashion_data_
 @pytest.mark.slow
 def test_a_rank_whose_forward_pass_never_returns_is_named_as_behind(fashion_data_dir, tmp_path) -> None:
     run_dir = tmp_path / "run"
-    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "stall", "HPCTRAIN_TEST_AILING_S": "5"}
+    said = tmp_path / "termination-log"  # what a Kubernetes pod's status would show (its terminationMessagePath)
+    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "stall", "HPCTRAIN_TEST_AILING_S": "5",
+           "HPCTRAIN_TERMINATION_LOG": str(said)}
     process = torchrun(fashion_data_dir, run_dir, "--train-limit", "8192", "--hang-timeout", "4", env=env,
                        entry=(str(Path(__file__).with_name("ailing_rank.py")),))
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0, output
+    assert said.read_text().startswith("hung at step ") and said.read_text().endswith("hang/report.txt"), output
     report = (run_dir / "hang" / "report.txt").read_text()
     assert f"rank 1 on {HOST}: behind the others, still in step 6's forward pass" in report, output
     assert f"culprit: rank 1 on {HOST} never arrived in step 6's gradient all-reduce (backward)" in report, output

@@ -130,6 +130,24 @@ def test_excluded_nodes_are_excluded_and_stay_excluded_after_a_sick_node_requeue
     assert "--exclude" not in render_sbatch(job.replace(exclude_nodes=()))
 
 
+@pytest.mark.parametrize(("sinfo", "expected"), [("echo 2", "end"), ("echo 3", "requeue"), ("exit 1", "requeue")])
+def test_a_sick_node_requeue_ends_the_job_only_when_the_partition_is_known_to_be_too_small(
+        tmp_path: Path, sinfo: str, expected: str) -> None:
+    """2 nodes needed, 1 excluded: a partition of 2 cannot hold the job any more (end it), one of 3 can; and when
+    sinfo says nothing (missing, or failing), nothing is known, so the requeue goes ahead."""
+    script = render_sbatch(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j",
+                                   resources=Resources(nodes=2)))
+    lines = [line.strip() for line in script.splitlines()
+             if line.strip().startswith(("partition_nodes=", "left=", 'if [ "$partition_nodes"'))]
+    assert len(lines) == 3, script
+    (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{sinfo}\n")
+    (tmp_path / "sinfo").chmod(0o755)
+    body = "\n".join([*lines[:2], f"{lines[2]} echo end; else echo requeue; fi"])
+    out = subprocess.run(["bash", "-c", f"excluded=node1\nSLURM_JOB_NUM_NODES=2\n{body}"], capture_output=True,
+                         text=True, check=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    assert out.strip() == expected
+
+
 @pytest.mark.parametrize("bad", ["node[1-3]", "a b", "-x", "", "n;rm"])
 def test_exclude_nodes_takes_plain_node_names(bad: str) -> None:
     from hpctrain.errors import UserError

@@ -105,7 +105,7 @@ from hpctrain.training.stopping import StepVote
 rank = int(sys.argv[2])
 dist.init_process_group("gloo", init_method=sys.argv[1], rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=60))
-StepVote.PERIOD_S = 0.1
+StepVote.PERIOD_S = 0.3  # 15 of rank 1's 20 ms steps: a loaded machine (slower steps) still leaves several
 vote, voted, stopped = StepVote(), [], None
 for step in range(1, 400):
     time.sleep(0.004 if rank == 0 else 0.02)  # rank 1 is five times slower: the slowest pace sets the cadence
@@ -131,5 +131,5 @@ def test_step_vote_ranks_vote_at_the_same_steps_and_stop_together_within_the_per
     assert 40 in steps, "the epoch's last step always votes"
     assert steps[0] == 1 and len(steps) < stop_step / 2, f"voted at {steps}: not fewer than every step"
     every_before_stop = [every for step, every in voted if step < stop_step][-1]
-    assert 2 <= every_before_stop <= 5, voted  # 0.1 s of 20 ms steps; a loaded machine gives fewer
+    assert 2 <= every_before_stop <= 15, voted  # 0.3 s of 20 ms steps; a loaded machine gives fewer
     assert 50 <= stop_step < 50 + every_before_stop, f"the signal at step 50 stopped the ranks at {stop_step}"

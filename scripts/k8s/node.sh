@@ -300,7 +300,9 @@ start_nodes() {
     local t0=$SECONDS i
     check_node_settings
     apt_install "${NODE_PACKAGES[@]}"
-    command -v kubectl >/dev/null 2>&1 || die "the node parts need kubectl on PATH"
+    # kubectl waits for the nodes here; a fresh Debian machine has none: Debian's own matches the server (1.20).
+    command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
+    command -v kubectl >/dev/null 2>&1 || die "the node parts need kubectl on PATH (Debian package kubernetes-client)"
     ensure_hosts_entries
     link_binaries
     mkdir -p "$NODE_DIR"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any
 
 from hpctrain.fsutil import read_text, write_atomic

@@ -198,11 +198,12 @@ def _report_end(run: Run, result: RunResult) -> None:
     elif reason is StopReason.NONE:
         run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
     elif reason is StopReason.SICK_NODE:
+        bad = _bad_nodes(run)
         print(f"hpctrain train: error: the preflight found sick node(s) before the first step: "
-              f"{', '.join(_bad_nodes(run))} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain submit` "
-              "on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again away from "
-              f"them: `hpctrain submit --exclude-nodes {','.join(_bad_nodes(run))} ...` with `train ... --resume` if "
-              "it has checkpoints", file=sys.stderr, flush=True)
+              f"{', '.join(bad) or '(see the record)'} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain "
+              "submit` on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again "
+              f"away from them: `hpctrain submit --exclude-nodes {','.join(bad) or 'NODE,...'} ...` with `train ... "
+              "--resume` if it has checkpoints", file=sys.stderr, flush=True)
     elif reason is StopReason.DIVERGED:
         print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
               f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
@@ -221,7 +222,7 @@ def _bad_nodes(run: Run) -> list[str]:
     try:
         return (run.run_dir / BAD_NODES_FILE).read_text().split()
     except OSError:
-        return ["(see the preflight's record)"]
+        return []
 
 
 def _how_to_continue(reason: StopReason) -> str:

@@ -326,10 +326,10 @@ def render_sbatch(job: JobSpec) -> str:
             "# requeue sends this script, is ignored from here: these three commands must all run).",
             f'if [ "$cancelled" = 0 ] && [ "$stop_reason" = sick_node ] && [ -s "$run_dir/{BAD_NODES_FILE}" ]; then',
             f"    excluded=$({_excluded_sources(job)} | sort -u | paste -sd, -)",
-            "    # A job that would no longer fit in its partition without them would wait forever: end it instead.",
+            "    # A job no longer fitting its partition without them would wait forever: end it (sinfo silent: requeue).",
             '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null | awk \'{n += $1} END {print n + 0}\')',
             '    left=$((partition_nodes - $(echo "$excluded" | tr , "\\n" | grep -c .)))',
-            f'    if [ "$left" -lt "${{SLURM_JOB_NUM_NODES:-1}}" ]; then',
+            f'    if [ "$partition_nodes" -gt 0 ] && [ "$left" -lt "${{SLURM_JOB_NUM_NODES:-1}}" ]; then',
             f'        echo "hpctrain: the preflight found sick node(s) ($excluded); without them partition'
             f' ${{SLURM_JOB_PARTITION:-?}} has $left node(s), fewer than the job\'s ${{SLURM_JOB_NUM_NODES:-1}}: not'
             f' requeueing (see $run_dir/{PREFLIGHT_FILE})" >&2',

@@ -1,0 +1,38 @@
+"""The benchmarks this project's figures come from still run: each in its smallest form, on the CPU (their figures
+come from real runs, recorded in docs/benchmarks.md; these only keep the scripts from rotting between GPU leases)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training_helpers import clean_environ
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=clean_environ(), capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_stop_vote_benchmark_measures_each_mode() -> None:
+    result = bench("benchmarks/stop_vote.py", "--device", "cpu", "--steps", "5", "--blocks", "1")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["none", "agree", "stepvote"], result.stdout
+
+
+@pytest.mark.slow
+def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path) -> None:
+    out = tmp_path / "rows.jsonl"
+    result = bench("benchmarks/imagenet_gpu.py", "--device", "cpu", "--steps", "2", "--images", "6", "--copies", "3",
+                   "--backends", "cpu", "--no-synthetic", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["backend"] == "cpu" and row["images_per_s"] > 0 and "error" not in row, row
