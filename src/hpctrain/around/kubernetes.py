@@ -94,7 +94,8 @@ class KubernetesServices:
         ranks = ranks_of(parse_probe(stdout, labelled=False))
         if not ranks:
             raise UserError(f"pod {name} sees no rank records (RUN/progress/ under its HPCTRAIN_RUN_DIR): the run "
-                            "has not started training, or it is not an hpctrain run"
+                            "has not started training (ask again once `hpctrain logs` shows steps), or it is not an "
+                            "hpctrain run (use its own tools)"
                             + (f" ({exec_failure(status)})" if exec_failure(status) else ""))
         script = stacks_request(ranks[0].world_size, min(wait_s, PROBE_TIMEOUT_S - 10))
         stdout, status = _exec_probe(core, pod.metadata.namespace, name, container, script)
