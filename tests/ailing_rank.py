@@ -7,7 +7,8 @@ HPCTRAIN_TEST_AILING_S seconds per training step, either while the loop waits fo
 HPCTRAIN_TEST_AILING=stall, its forward pass never returns once it has trained HPCTRAIN_TEST_AILING_S steps (a
 kernel or a file system that stopped answering: the process lives, its watchdog thread too). With
 HPCTRAIN_TEST_AILING=sick-gemm the rank's preflight GEMM reports a twentieth of its rate (a throttled device);
-HPCTRAIN_TEST_AILING_ONCE=1 keeps any of these to a Slurm job's first attempt (a node that is left out after it). Every rank
+HPCTRAIN_TEST_AILING_ONCE=1 keeps any of these to a Slurm job's first attempt (a node that is left out after it), or,
+where HPCTRAIN_TEST_AILING_MARKER names a file, to the attempt that made it (a restarted pod's container). Every rank
 also writes its progress record and compares records more often than hpctrain does, so a test need not train for
 a minute. Nothing of this ships in hpctrain: it patches module attributes from outside.
 """
@@ -76,8 +77,13 @@ def main() -> int:
     watch.PROGRESS_INTERVAL_S = 0.5
     watch.STRAGGLER_CHECK_S = 1.5
     later_attempt = os.environ.get("SLURM_RESTART_COUNT", "0") != "0"
+    marker = os.environ.get("HPCTRAIN_TEST_AILING_MARKER")  # a Kubernetes container restarts in place, env unchanged
+    if marker:
+        later_attempt = later_attempt or os.path.exists(marker)
     if os.environ.get("RANK") == os.environ.get("HPCTRAIN_TEST_AILING_RANK") and not (
             later_attempt and os.environ.get("HPCTRAIN_TEST_AILING_ONCE") == "1"):
+        if marker:
+            open(marker, "w").close()
         delay = float(os.environ.get("HPCTRAIN_TEST_AILING_S", "0"))
         {"input": _slow_input, "compute": _slow_compute, "stall": _stall,
          "sick-gemm": _sick_gemm}[os.environ["HPCTRAIN_TEST_AILING"]](delay)

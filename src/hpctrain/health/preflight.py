@@ -10,6 +10,8 @@ comparison between runs, and never blamed on a node.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
@@ -67,3 +69,10 @@ def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
                 f"rank {c.rank}'s GEMM runs at {c.gemm_gflops:,.1f} GFLOP/s, {c.gemm_gflops / typical:.0%} of the "
                 f"median rank's {typical:,.1f} (below {SLOW_SHARE:.0%})")
     return Verdict(checks, typical, allreduce_gbps, bad)
+
+
+def node_name() -> str:
+    """The node as its scheduler names it, what --exclude-nodes takes: Slurm's SLURMD_NODENAME, a Kubernetes pod's
+    node (HPCTRAIN_NODE_NAME, which hpctrain's pods get from spec.nodeName), else the host name. Every report that
+    names where a rank runs (preflight, hang, stragglers, `top`) uses it: a pod's own host name is no node."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get(NODE_NAME_ENV) or socket.gethostname()

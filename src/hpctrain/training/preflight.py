@@ -13,8 +13,6 @@ that way, and could then no longer be scheduled). Ask for it with --preflight wh
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from dataclasses import asdict
 
@@ -24,7 +22,7 @@ from hpctrain.distributed import all_gather_object, all_reduce
 from hpctrain.distributed.collectives import collective_device
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.preflight import BAD_NODES_FILE, NODE_NAME_ENV, PREFLIGHT_FILE, RankCheck, Verdict, judge
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, RankCheck, Verdict, judge, node_name
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import StopReason, write_termination_message
 
@@ -40,12 +38,6 @@ def wanted(run: Run) -> bool:
     if chosen is None:
         chosen = run.env.num_nodes > 1 and run.device.type == "cuda"
     return run.cfg.preflight_only or bool(chosen)
-
-
-def node_name() -> str:
-    """The node as its scheduler names it, what --exclude-nodes takes: Slurm's SLURMD_NODENAME, a Kubernetes pod's
-    node (HPCTRAIN_NODE_NAME, which hpctrain's pods get from spec.nodeName), else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or os.environ.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 def gemm_gflops(device: torch.device, seconds: float = GEMM_S) -> float:

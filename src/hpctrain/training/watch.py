@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import torch
 from hpctrain.distributed.failures import current_collective
 from hpctrain.fsutil import write_atomic
 from hpctrain.health.hang import REPORT_GRACE_S, hang_report, report_path
+from hpctrain.health.preflight import node_name
 from hpctrain.health.progress import PROGRESS_INTERVAL_S, ProgressRecorder, read_progress
 from hpctrain.health.stacks import HANG_DIR, StackRequests, dump_stacks
 from hpctrain.health.stragglers import Straggler, find_stragglers
@@ -114,7 +114,7 @@ class RankWatch:
 
     def __init__(self, run: Run, model: torch.nn.Module, steps_per_epoch: int) -> None:
         self.run = run
-        self.host = socket.gethostname()
+        self.host = node_name()
         env = run.env
         self.progress = ProgressRecorder(run.run_dir, env.rank, env.world_size, self.host, steps_per_epoch,
                                          PROGRESS_INTERVAL_S)
