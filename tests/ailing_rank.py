@@ -6,7 +6,9 @@ HPCTRAIN_TEST_AILING_S seconds per training step, either while the loop waits fo
 (HPCTRAIN_TEST_AILING=compute), as a rank with a starved DataLoader or a throttled processor would; or, with
 HPCTRAIN_TEST_AILING=stall, its forward pass never returns once it has trained HPCTRAIN_TEST_AILING_S steps (a
 kernel or a file system that stopped answering: the process lives, its watchdog thread too). With
-HPCTRAIN_TEST_AILING=sick-gemm the rank's preflight GEMM reports a twentieth of its rate (a throttled device);
+HPCTRAIN_TEST_AILING=sick-gemm the rank's preflight GEMM reports a twentieth of its rate (a throttled device), and
+with sick-link its link test a twentieth of its exchanges' rates (a degraded NIC); HPCTRAIN_TEST_NODE_PER_RANK=1
+makes every rank of a local run a node of its own (nodeRANK);
 HPCTRAIN_TEST_AILING_ONCE=1 keeps any of these to a Slurm job's first attempt (a node that is left out after it), or,
 where HPCTRAIN_TEST_AILING_MARKER names a file, to the attempt that made it (a restarted pod's container). Every rank
 also writes its progress record and compares records more often than hpctrain does, so a test need not train for
@@ -73,8 +75,17 @@ def _sick_gemm(_: float) -> None:
     preflight.gemm_gflops = lambda *args, **kwargs: measure(*args, **kwargs) / 20
 
 
+def _sick_link(_: float) -> None:
+    import hpctrain.training.preflight as preflight
+
+    measure = preflight.link_gbps
+    preflight.link_gbps = lambda *args: {peer: rate / 20 for peer, rate in measure(*args).items()}
+
+
 def main() -> int:
     watch.PROGRESS_INTERVAL_S = 0.5
+    if os.environ.get("HPCTRAIN_TEST_NODE_PER_RANK") == "1":  # every rank plays a node of its own: node0, node1, ...
+        os.environ["HPCTRAIN_NODE_NAME"] = f"node{os.environ['RANK']}"
     watch.STRAGGLER_CHECK_S = 1.5
     later_attempt = os.environ.get("SLURM_RESTART_COUNT", "0") != "0"
     marker = os.environ.get("HPCTRAIN_TEST_AILING_MARKER")  # a Kubernetes container restarts in place, env unchanged
@@ -86,7 +97,7 @@ def main() -> int:
             open(marker, "w").close()
         delay = float(os.environ.get("HPCTRAIN_TEST_AILING_S", "0"))
         {"input": _slow_input, "compute": _slow_compute, "stall": _stall,
-         "sick-gemm": _sick_gemm}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
+         "sick-gemm": _sick_gemm, "sick-link": _sick_link}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
     from hpctrain.cli import main as hpctrain_main
 
     return hpctrain_main(sys.argv[1:])

@@ -179,6 +179,37 @@ def test_a_slow_or_failed_rank_makes_its_node_sick() -> None:
         "preflight: 3 rank(s) on 2 node(s) passed (96.0 GFLOP/s median GEMM, all-reduce 1.50 GB/s)"]
 
 
+def test_a_node_whose_every_link_is_slow_is_sick_and_one_slow_link_blames_nobody() -> None:
+    from hpctrain.health.preflight import RankCheck, judge
+
+    def ring(rates: dict[tuple[str, str], float]) -> list[RankCheck]:  # both ends report each link; b's end is slower
+        checks: dict[str, dict[str, float]] = {}
+        for (a, b), rate in rates.items():
+            checks.setdefault(a, {})[b] = rate * 1.1
+            checks.setdefault(b, {})[a] = rate
+        return [RankCheck(i, node, 100.0, None, links) for i, (node, links) in enumerate(sorted(checks.items()))]
+
+    three = judge(ring({("n0", "n1"): 10.0, ("n1", "n2"): 2.0, ("n2", "n0"): 3.0}), 1.0)
+    assert three.links == {"n0-n1": 10.0, "n1-n2": 2.0, "n0-n2": 3.0}  # the slower end's figure
+    assert three.bad == {"n2": ["its links run at n0 3.00, n1 2.00 GB/s, below 50% of the fastest link's 10.00"]}
+    four = judge(ring({("n0", "n1"): 10.0, ("n1", "n2"): 2.0, ("n2", "n3"): 9.0, ("n3", "n0"): 9.5}), 1.0)
+    assert four.bad == {} and "4 node link(s) 2.00-10.00 GB/s" in four.lines()[0]  # n1-n2 alone: neither is blamed
+    two = judge(ring({("n0", "n1"): 0.01}), 1.0)
+    assert two.bad == {}  # one link: nothing to compare it with
+
+
+def test_the_link_test_pairs_node_leaders_around_a_ring_one_pair_per_rank_per_round() -> None:
+    from hpctrain.health.preflight import link_pairs
+
+    assert link_pairs(["a", "a"]) == []
+    assert link_pairs(["a", "a", "b", "b"]) == [[(0, 2)]]
+    assert link_pairs(["a", "b", "c"]) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    assert link_pairs(["a", "a", "b", "b", "c", "c", "d", "d"]) == [[(0, 2), (4, 6)], [(2, 4), (6, 0)]]
+    five = link_pairs(list("abcde"))
+    assert sorted(p for r in five for p in r) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 0)] and len(five) == 3
+    assert all(len({rank for pair in r for rank in pair}) == 2 * len(r) for r in five)
+
+
 def test_the_preflight_is_on_by_default_only_for_gpu_jobs_on_several_nodes() -> None:
     from types import SimpleNamespace
 
@@ -350,6 +381,27 @@ def test_the_preflight_passes_or_stops_before_the_first_step_naming_the_node(fas
     assert (run_dir / "bad_nodes").read_text() == f"{HOST}\n"
     assert (run_dir / "stop_reason").read_text().strip() == "sick_node"
     assert not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text().strip()
+
+
+@pytest.mark.slow
+def test_the_preflight_names_the_node_whose_links_are_slow(fashion_data_dir, tmp_path) -> None:
+    """Three processes, each playing a node of its own (tests/ailing_rank.py); rank 2's link test reports a
+    twentieth of its exchanges' rates, so both of node2's links are slow and node0-node1's is not."""
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "--max-restarts",
+         "0", str(Path(__file__).with_name("ailing_rank.py")), "train", "mnist", *QUICK, "--recipe", "classic",
+         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--epochs", "1", "--batch-size", "66",
+         "--preflight"],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_NODE_PER_RANK": "1",
+             "HPCTRAIN_TEST_AILING_RANK": "2", "HPCTRAIN_TEST_AILING": "sick-link"},
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output, _ = process.communicate(timeout=300)
+    record = json.loads((run_dir / "preflight.json").read_text())
+    assert sorted(record["links_gbps"]) == ["node0-node1", "node0-node2", "node1-node2"], record
+    assert process.returncode != 0 and f"exitcode  : {EXIT_SICK_NODE} " in output, output
+    assert "hpctrain: preflight: node node2 is sick: its links run at node0 " in output, output
+    assert (run_dir / "bad_nodes").read_text() == "node2\n"
 
 
 @pytest.mark.slow

@@ -82,6 +82,20 @@ def barrier() -> None:
         dist.barrier()
 
 
+def exchange(tensor: torch.Tensor, received: torch.Tensor, peer: int, first: bool) -> None:
+    """Send `tensor` to rank `peer` and receive its tensor into `received` (same size): the rank with `first` sends
+    first, its peer receives first, so the two never wait on each other. Point to point: no other rank takes part."""
+    import torch.distributed as dist
+
+    _hold(tensor, received)
+    if first:
+        dist.send(tensor, peer)
+        dist.recv(received, peer)
+    else:
+        dist.recv(received, peer)
+        dist.send(tensor, peer)
+
+
 def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's `obj` (picklable), in rank order: torch's `all_gather_object`, with tensors kept here.
 

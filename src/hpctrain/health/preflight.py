@@ -4,8 +4,14 @@ all), which nodes are far slower than the others or broken. Pure: the measuring 
 A rank is slow when its GEMM rate is below SLOW_SHARE of the median rank's; a node is named when one of its ranks
 is slow or failed. Half the median is far outside what the same hardware shows (a few percent), and well inside
 what a thermally throttled GPU, a GPU that fell back to a low clock, or a CPU node shared with another job show.
-The all-reduce's bandwidth is one figure for the whole job (all ranks take part in one collective), recorded for
-comparison between runs, and never blamed on a node.
+
+Links. The all-reduce's bandwidth is one figure for the whole job (all ranks take part in one collective), recorded
+for comparison between runs, never blamed on a node. To find a node with a bad link, the first rank of each node
+(its leader) exchanges a buffer with the next node's leader, around a ring (`link_pairs`): every node has two
+measured links (one with two nodes). A link's rate is the slower of its two ends' figures. A node is named when
+*all* its links run below SLOW_SHARE of the fastest link in the job: one slow link between two good nodes blames
+neither, and with two nodes (one link) nothing can be told apart, so nothing is blamed. The fastest link, not the
+median, is the yardstick: in a ring of three, one bad node makes two of the three links slow.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class RankCheck:
     node: str
     gemm_gflops: float | None  # None: the GEMM failed (see error)
     error: str | None = None
+    links: dict[str, float] = field(default_factory=dict)  # a node's leader: peer node -> GB/s of their exchange
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Verdict:
     median_gflops: float | None
     allreduce_gbps: float | None
     bad: dict[str, list[str]] = field(default_factory=dict)  # node -> why
+    links: dict[str, float] = field(default_factory=dict)  # "NODE-NODE" -> GB/s (the slower end's figure)
 
     @property
     def bad_nodes(self) -> list[str]:
@@ -47,6 +55,9 @@ class Verdict:
         if not self.bad:
             rate = f"{self.median_gflops:,.1f} GFLOP/s median GEMM" if self.median_gflops else "no GEMM rate"
             bandwidth = f", all-reduce {self.allreduce_gbps:.2f} GB/s" if self.allreduce_gbps else ""
+            if self.links:
+                low, high = min(self.links.values()), max(self.links.values())
+                bandwidth += f", {len(self.links)} node link(s) {low:.2f}-{high:.2f} GB/s"
             return [f"preflight: {len(self.checks)} rank(s) on {len({c.node for c in self.checks})} node(s) passed "
                     f"({rate}{bandwidth})"]
         return [f"preflight: node {node} is sick: {'; '.join(why)}" for node, why in sorted(self.bad.items())] + [
@@ -54,7 +65,8 @@ class Verdict:
 
     def as_dict(self) -> dict[str, Any]:
         return {"checks": [asdict(c) for c in self.checks], "median_gflops": self.median_gflops,
-                "allreduce_gbps": self.allreduce_gbps, "slow_share": SLOW_SHARE, "bad_nodes": self.bad}
+                "allreduce_gbps": self.allreduce_gbps, "links_gbps": self.links, "slow_share": SLOW_SHARE,
+                "bad_nodes": self.bad}
 
 
 def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
@@ -68,7 +80,47 @@ def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
             bad.setdefault(c.node, []).append(
                 f"rank {c.rank}'s GEMM runs at {c.gemm_gflops:,.1f} GFLOP/s, {c.gemm_gflops / typical:.0%} of the "
                 f"median rank's {typical:,.1f} (below {SLOW_SHARE:.0%})")
-    return Verdict(checks, typical, allreduce_gbps, bad)
+    links = _links(checks)
+    fastest = max(links.values(), default=0.0)
+    for node in sorted({c.node for c in checks}):
+        own = {pair: rate for pair, rate in links.items() if node in pair}
+        if len(links) > 1 and own and all(rate < SLOW_SHARE * fastest for rate in own.values()):
+            peers = ", ".join(f"{'-'.join(n for n in pair if n != node)} {rate:.2f}" for pair, rate in sorted(own.items()))
+            bad.setdefault(node, []).append(f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest "
+                                            f"link's {fastest:.2f}")
+    return Verdict(checks, typical, allreduce_gbps, bad, {"-".join(pair): rate for pair, rate in links.items()})
+
+
+def _links(checks: list[RankCheck]) -> dict[tuple[str, str], float]:
+    """Each measured link between two nodes, by its sorted pair of names: the slower of its two ends' figures."""
+    links: dict[tuple[str, str], float] = {}
+    for c in checks:
+        for peer, rate in c.links.items():
+            a, b = sorted((c.node, peer))
+            links[(a, b)] = min(rate, links.get((a, b), rate))
+    return links
+
+
+def link_pairs(nodes: list[str]) -> list[list[tuple[int, int]]]:
+    """The link test's rounds of rank pairs, from each rank's node (by rank): the lowest rank of each node leads
+    it; leaders pair with the next node's leader around a ring (one pair for two nodes), and no rank is in two
+    pairs of one round (at most three rounds). Every rank computes the same rounds, so the pairs meet in order."""
+    leaders: dict[str, int] = {}
+    for rank, node in enumerate(nodes):
+        leaders.setdefault(node, rank)
+    ring = list(leaders.values())
+    edges = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring) if len(ring) > 2 else len(ring) - 1)]
+    rounds: list[list[tuple[int, int]]] = []
+    while edges:
+        busy: set[int] = set()
+        this, edges_left = [], []
+        for a, b in edges:
+            (edges_left if a in busy or b in busy else this).append((a, b))
+            if (a, b) in this:
+                busy |= {a, b}
+        rounds.append(this)
+        edges = edges_left
+    return rounds
 
 
 def node_name() -> str:

@@ -1,6 +1,7 @@
-"""`--preflight`: before the first step, every rank runs a few seconds of matrix multiplication on its device and
-all ranks one all-reduce that measures the job's bandwidth; the results are gathered and judged the same way on
-every rank (hpctrain.health.preflight), so all agree without another vote. Rank 0 writes RUN/preflight.json and,
+"""`--preflight`: before the first step, every rank runs a few seconds of matrix multiplication on its device, all
+ranks one all-reduce that measures the job's bandwidth, and each node's first rank exchanges a buffer with its
+neighbour nodes' (a ring: which node has a bad link); the results are gathered and judged the same way on every
+rank (hpctrain.health.preflight), so all agree without another vote. Rank 0 writes RUN/preflight.json and,
 when a node is sick, RUN/bad_nodes, which the Slurm batch script reads to requeue the job without those nodes.
 
 On by default for GPU jobs on several nodes: that is where a bad node hides among good ones after a long queue wait,
@@ -19,10 +20,10 @@ from dataclasses import asdict
 import torch
 
 from hpctrain.distributed import all_gather_object, all_reduce
-from hpctrain.distributed.collectives import collective_device
+from hpctrain.distributed.collectives import collective_device, exchange
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, RankCheck, Verdict, judge, node_name
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, RankCheck, Verdict, judge, link_pairs, node_name
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import StopReason, write_termination_message
 
@@ -74,6 +75,30 @@ def allreduce_gbps(run: Run) -> float | None:
     return size * ALLREDUCE_REPEATS / (time.perf_counter() - started) / 1e9
 
 
+def link_gbps(nodes: list[str], rank: int) -> dict[str, float]:
+    """This rank's exchanges with the leaders of its neighbour nodes (`link_pairs`), GB/s each way per peer node;
+    {} for a rank that leads no node or a job on one node."""
+    rates: dict[str, float] = {}
+    pairs = [pair for round_ in link_pairs(nodes) for pair in round_ if rank in pair]
+    if not pairs:
+        return rates
+    device = collective_device()
+    size = ALLREDUCE_BYTES.get(device.type, ALLREDUCE_BYTES["cpu"])
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    received = torch.empty_like(tensor)
+    for a, b in pairs:
+        peer = b if rank == a else a
+        with collective(f"the preflight's link test with rank {peer} on {nodes[peer]}"):
+            exchange(tensor, received, peer, first=rank == a)  # warm-up: the connection is made
+            _sync(device)
+            started = time.perf_counter()
+            for _ in range(ALLREDUCE_REPEATS):
+                exchange(tensor, received, peer, first=rank == a)
+            _sync(device)
+        rates[nodes[peer]] = 2 * size * ALLREDUCE_REPEATS / (time.perf_counter() - started) / 1e9
+    return rates
+
+
 def run_preflight(run: Run) -> Verdict:
     """Measure, gather, judge; rank 0 records it and says it. Every rank calls it (collectives inside)."""
     error, rate = None, None
@@ -83,7 +108,14 @@ def run_preflight(run: Run) -> Verdict:
         error = f"{type(err).__name__}: {err}"[:300]
     with collective("the preflight's all-reduce"):
         bandwidth = allreduce_gbps(run)
-    mine = asdict(RankCheck(run.env.rank, node_name(), rate, error))
+    node = node_name()
+    if run.env.is_distributed:
+        with collective("the preflight's exchange of node names"):
+            nodes = all_gather_object(node)
+        links = link_gbps(nodes, run.env.rank)
+    else:
+        links = {}
+    mine = asdict(RankCheck(run.env.rank, node, rate, error, links))
     with collective("the preflight's exchange of results"):
         checks = [RankCheck(**c) for c in all_gather_object(mine)]
     verdict = judge(checks, bandwidth)
