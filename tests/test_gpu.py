@@ -134,3 +134,34 @@ def test_imagenet_backends_on_the_gpu_resume_exactly(photo_folders, tmp_path, ba
     run_to_run, resumed = worst_difference(whole, again), worst_difference(whole, cut)
     assert resumed <= max(10 * run_to_run, 1e-6), (
         f"{backend}: resumed weights differ by up to {resumed:g}; two uninterrupted runs by {run_to_run:g}")
+
+
+def test_health_cuda_paths_time_the_forward_pass_and_dump_the_flight_recorder(tmp_path, monkeypatch):
+    """The health package's CUDA paths, in this process: the forward-pass clock's CUDA events, the preflight's bf16
+    GEMM, and NCCL's flight recorder (switched on by the variables hpctrain sets for GPU runs) dumped as the hang
+    watchdog dumps it. One GPU: a world of one rank (NCCL refuses two ranks on one GPU)."""
+    import pickle
+
+    import torch.distributed as dist
+
+    from hpctrain.training.preflight import gemm_gflops
+    from hpctrain.training.watch import FLIGHT_RECORDER_ENV, ForwardClock, dump_flight_recorder
+
+    for name, value in FLIGHT_RECORDER_ENV:
+        monkeypatch.setenv(name, value)
+    model = torch.nn.Linear(4096, 4096).cuda()
+    clock = ForwardClock(model, torch.device("cuda"))
+    model(torch.randn(512, 4096, device="cuda"))
+    torch.cuda.synchronize()
+    assert clock.read() > 0.0
+    assert gemm_gflops(torch.device("cuda"), seconds=0.5) > 1000  # any data-centre GPU: tens of TFLOP/s in bf16
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        tensor = torch.ones(1 << 20, device="cuda")
+        dist.all_reduce(tensor)
+        torch.cuda.synchronize()
+        assert dump_flight_recorder(tmp_path / "nccl-trace-rank-0")
+        trace = pickle.loads((tmp_path / "nccl-trace-rank-0").read_bytes())  # noqa: S301 - torch's own dump
+        assert "all_reduce" in str(trace).lower().replace("allreduce", "all_reduce"), str(trace)[:2000]
+    finally:
+        dist.destroy_process_group()
