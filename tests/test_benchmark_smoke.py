@@ -29,6 +29,13 @@ def test_stop_vote_benchmark_measures_each_mode() -> None:
 
 
 @pytest.mark.slow
+def test_preflight_links_benchmark_times_a_ring_of_three() -> None:
+    result = bench("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "benchmarks/preflight_links.py")
+    assert result.returncode == 0, result.stderr
+    assert "link test, 3 nodes: " in result.stdout and "rank 0's links: node1 " in result.stdout, result.stdout
+
+
+@pytest.mark.slow
 def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
     result = bench("benchmarks/imagenet_gpu.py", "--device", "cpu", "--steps", "2", "--images", "6", "--copies", "3",
