@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -91,10 +92,12 @@ def _forward_stderr(stream) -> None:  # type: ignore[no-untyped-def]
 
 def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[subprocess.Popen[str], str]:
     """Start TensorBoard here and return (process, url) once it answers; the caller waits on or stops it. The
-    server dies with this process (SIGTERM from the kernel, however this process ends)."""
+    server dies with this process, however this process ends: the kernel sends it SIGKILL. Not SIGTERM: TensorBoard
+    has nothing to save, and its SIGTERM handler first writes to its stderr, a pipe whose reader (this process) is
+    gone by then; on a loaded CI machine a server once went on serving for over a minute after that."""
     port = port or free_port()
     proc = subprocess.Popen(tensorboard_argv(spec, port), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                            preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGKILL))
     threading.Thread(target=_forward_stderr, args=(proc.stderr,), name="tensorboard-stderr", daemon=True).start()
     deadline = time.monotonic() + wait_s
     while not ready("127.0.0.1", port):
