@@ -67,6 +67,7 @@ POLL_S = 0.2
 JOB_LABEL = "training.kubeflow.org/job-name"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
 MASTER_PORT_NAME, MASTER_PORT = "pytorchjob-port", 23456  # Kubeflow v1's default port (controllers-only mode)
+EVENT_REPEAT_S = 5.0  # how often a repeated Warning event's count is bumped (the operator requeues with a backoff)
 
 
 def now() -> str:
@@ -114,6 +115,7 @@ class KubeflowStandIn:
         self._thread = threading.Thread(target=self._loop, name="kubeflow-standin", daemon=True)
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
+        self._events: dict[tuple[str, str, str], tuple[str, float, int]] = {}  # (job uid, reason, message) -> (event, when, count)
 
     # ---- life cycle --------------------------------------------------------------------------------------
 
@@ -314,6 +316,8 @@ class KubeflowStandIn:
         """The pod of one replica. With the fake kubelet it is bound to the stand-in's node; else the scheduler
         places it, its container gets Kubeflow's port and a worker gets the master's name as a host alias
         (`master_ip`; the cluster has no DNS)."""
+        from kubernetes.client.rest import ApiException
+
         replica = job["spec"]["pytorchReplicaSpecs"][rtype]
         template = replica["template"]
         pod_spec = dict(template["spec"])
@@ -340,8 +344,35 @@ class KubeflowStandIn:
             labels["training.kubeflow.org/job-role"] = "master"
         owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob", "name": job["metadata"]["name"],
                  "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-        self.core.create_namespaced_pod(self.namespace, {
-            "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [owner]}, "spec": pod_spec})
+        try:
+            self.core.create_namespaced_pod(self.namespace, {
+                "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [owner]}, "spec": pod_spec})
+        except ApiException as err:
+            if err.status not in (403, 422):  # refused by admission (a quota) or validation: the job's event, below
+                raise
+            self._warn(job, "FailedCreatePod", f"Error creating: {_api_message(err)}")
+
+    def _warn(self, job: dict[str, Any], reason: str, message: str) -> None:
+        """A Warning event on the job, as training-operator v1's pod control records a refused pod create
+        (pkg/controller.v1/control/pod_control.go: reason FailedCreatePod, "Error creating: <the API's error>").
+        Repeats bump the event's count, as client-go's recorder does, at most every EVENT_REPEAT_S."""
+        key = (job["metadata"]["uid"], reason, message)
+        seen = self._events.get(key)
+        if seen is not None and time.monotonic() - seen[1] < EVENT_REPEAT_S:
+            return
+        involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": job.get("kind", "PyTorchJob"),
+                    "name": job["metadata"]["name"], "namespace": self.namespace, "uid": job["metadata"]["uid"]}
+        if seen is None:
+            name = f"{job['metadata']['name']}.{uuid.uuid4().hex[:16]}"
+            self.core.create_namespaced_event(self.namespace, {
+                "metadata": {"name": name}, "involvedObject": involved, "type": "Warning", "reason": reason,
+                "message": message, "count": 1, "firstTimestamp": now(), "lastTimestamp": now(),
+                "source": {"component": f"{involved['kind'].lower()}-controller"}})
+            self._events[key] = (name, time.monotonic(), 1)
+            return
+        name, _, count = seen
+        self.core.patch_namespaced_event(name, self.namespace, {"count": count + 1, "lastTimestamp": now()})
+        self._events[key] = (name, time.monotonic(), count + 1)
 
     def _set_condition(self, job: dict[str, Any], ctype: str, reason: str, message: str) -> None:
         status = job.setdefault("status", {})
@@ -698,6 +729,14 @@ def _past_backoff_limit(replicas: dict[str, Any], limit: int | None, pods: list[
                    and pod.status and pod.status.phase == "Running"
                    for cs in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []))
     return restarts > 0 if limit == 0 else restarts >= limit
+
+
+def _api_message(err: Any) -> str:
+    """The API server's own words for a refused request (the Status' message), as client-go's error prints them."""
+    try:
+        return json.loads(err.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return str(err.reason)
 
 
 def _owner_uid(pod: Any) -> str | None:

@@ -272,6 +272,41 @@ def test_a_job_that_does_not_fit_stays_pending_with_the_schedulers_reason(real: 
     assert [(r.phase, r.reason) for r in status.replicas] == [("Pending", "Unschedulable")], status
 
 
+def test_a_job_over_the_namespace_quota_stays_pending_with_the_quota_reason(real: Real) -> None:
+    """A ResourceQuota of 500m CPU in the job's namespace (kube-controller-manager's quota controller fills in its
+    status) and a 1-pod job asking for 1 CPU: `hpctrain check` says the quota can never allow it; once submitted,
+    the API server's quota admission refuses the controller's pod, the controller records that as a Warning event
+    on the job (FailedCreatePod, as training-operator v1 does), and `hpctrain status` shows it as the reason the job
+    waits, with the fix. Stand-in: the PyTorchJob controller only."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(real.api)
+    core.create_namespaced_resource_quota(real.namespace, {"metadata": {"name": "team"}, "spec": {"hard": {"requests.cpu": "500m"}}})
+    real.wait("the quota controller's status of the quota",
+              lambda: (core.read_namespaced_resource_quota("team", real.namespace).status.hard or {}).get("requests.cpu"))
+    job = ["--image", real.image, "--job-name", "over-quota", "--nodes", "1", "--cpus-per-task", "1", "--mem", "1G",
+           "--", "python", "-c", "print('never')"]
+    checked = real.cli("check", *real.where, *job)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert (f"the job asks for requests.cpu 1 but the quota team of namespace {real.namespace} allows 0.5 in all: it "
+            "can never run") in checked.stdout + checked.stderr, checked
+
+    sched = real.scheduler()
+    spec = JobSpec(command=("python", "-c", "print('never')"), name="over-quota", resources=Resources(nodes=1, cpus_per_task=1, mem="1G"))
+    sched.submit(spec, sched.render(spec))
+    shown = real.wait("the quota's refusal in `hpctrain status`",
+                      lambda: "exceeded quota" in (s := real.cli("status", "over-quota", *real.where)).stdout and s)
+    assert shown.stdout.startswith("over-quota: PENDING"), shown.stdout
+    assert re.search(r"^waiting: over-quota: FailedCreatePod: Error creating: pods \"over-quota-master-0\" is forbidden: "
+                     r"exceeded quota: team, requested: requests.cpu=1, used: requests.cpu=0, limited: requests.cpu=500m "
+                     r"-- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit with less "
+                     r"\(fewer --nodes or less per pod\) or ask for a larger quota \(`hpctrain cluster ", shown.stdout, re.M), shown.stdout
+    assert "is the PyTorchJob operator running?" not in shown.stdout, shown.stdout
+    assert sched.pods_of("over-quota") == []
+    cluster = real.cli("cluster", *real.where)
+    assert f"quota: {real.namespace}/team requests.cpu: 0 of 500m used" in cluster.stdout, cluster.stdout + cluster.stderr
+
+
 def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
     """`hpctrain tensorboard --on-cluster`: a plain pod (no stand-in at all: the scheduler places it, the kubelet
     runs the venv's TensorBoard from the training image, the run on a hostPath volume) reached through the
