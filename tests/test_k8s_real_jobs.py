@@ -20,82 +20,28 @@ skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready nod
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from around_helpers import cli_env, hpctrain
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers.base import RUNNING, SUCCEEDED
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
-from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
-from test_k8s_real_pods import CONTEXT, node_status
+from real_node import DEADLINE_S, Real, real  # noqa: F401 - `real` is the fixture: the whole node
+from test_k8s_real_pods import CONTEXT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-DEADLINE_S = 420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
 RESUME_LIMIT, STEPS = 12288, 192  # classic recipe, batch 64: 192 steps per epoch, long enough to be cancelled mid-run
-
-
-@dataclass
-class Real:
-    """One test's namespace on the real node, with the controllers-only stand-in running."""
-
-    api: Any
-    namespace: str
-    image: str
-    nodes: set[str]
-    standin: KubeflowStandIn
-    env: dict[str, str]
-
-    @property
-    def where(self) -> list[str]:
-        """The CLI's flags that reach this namespace."""
-        return ["--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", self.namespace]
-
-    def scheduler(self, *volumes: str, shm: str | None = None, priority_class: str | None = None) -> KubernetesScheduler:
-        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm,
-                                    priority_class=priority_class)
-        return KubernetesScheduler(options, context=CONTEXT)
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return hpctrain(*args, env=self.env)
-
-    def wait(self, what: str, predicate: Any) -> Any:
-        return wait_for(what, predicate, self.standin, timeout=DEADLINE_S, poll=1.0)
-
-
-@pytest.fixture
-def real(tmp_path: Path) -> Iterator[Real]:
-    """One test at a time per cluster, across pytest-xdist workers: the node has the machine's few CPUs, a 2-pod
-    job asks for 2, and two jobs whose masters took the CPUs would wait on their workers forever (no gang
-    scheduling); `hpctrain submit` would also refuse a job while the node is full."""
-    nodes, image = node_status()
-    from kubernetes import config
-
-    with open(Path(tempfile.gettempdir()) / f"hpctrain-real-node-{CONTEXT}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        api = config.new_client_from_config(context=CONTEXT)
-        namespace = create_namespace(api, prefix="hpct-real")
-        standin = KubeflowStandIn(api, namespace, tmp_path / "standin", kubelet=False).start()
-        try:
-            yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
-        finally:
-            standin.stop()
-            delete_namespace(api, namespace)
 
 
 def mnist(data_dir: Path, run_dir: Path, train_limit: int, epochs: int) -> tuple[str, ...]:

@@ -414,7 +414,7 @@ def _replica_status(pod: Any) -> ReplicaStatus:
             message = state.terminated.message
         elif state and state.waiting:
             reason = state.waiting.reason or reason
-        elif last and exit_code is None:
+        if last and exit_code is None:  # running again, or waiting to (CrashLoopBackOff): the last attempt's code
             exit_code = last.exit_code
         if message is None and last is not None:  # restarted in place (or waiting to): the last attempt's words
             message = last.message
