@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import RUNNING, SUCCEEDED
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from real_node import DEADLINE_S, Real, real  # noqa: F401 - `real` is the fixture: the whole node
@@ -100,13 +101,15 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     (API server -> kubelet -> containerd); `hpctrain cancel` deletes the job in the foreground, kube-controller-
     manager's garbage collector deletes the pods with their grace period (--signal-grace), the kubelet sends
     SIGTERM, the run writes a checkpoint and stop_reason `cancelled`; the same job submitted again resumes from
-    it and completes. Stand-in: the PyTorchJob controller only."""
+    it and completes (this was tests/test_k8s_e2e.py's cancel-and-resume on the fake kubelet). Stand-in: the
+    PyTorchJob controller only."""
     shared = tmp_path / "shared"
     shared.mkdir()
     run_dir = shared / "resume"
     sched = real.scheduler(f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
     job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="resume", run_dir=str(run_dir),
                   signal_grace=60, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+    assert blocking(sched.check(job)) == [], sched.check(job)
     assert sched.submit(job, sched.render(job)) == "resume"
     real.wait("both pods running", lambda: (s := sched.status("resume")).state == RUNNING
               and [r.phase for r in s.replicas] == ["Running", "Running"])
@@ -129,9 +132,11 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     assert cancelled.returncode == 0 and "-> deleted" in cancelled.stdout, cancelled.stdout + cancelled.stderr
     follower.join(timeout=60)
     log = "\n".join(lines)
+    assert "with 2 process(es), ddp, cpu" in log and "Traceback" not in log, log
     assert re.search(r"hpctrain: stopped \(cancelled: [^)]*\) at global step \d+ after writing a checkpoint", log), log
     assert (run_dir / "stop_reason").read_text().strip() == "cancelled"
     assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written on SIGTERM"
+    assert not sched.list_jobs()
 
     assert sched.submit(job, sched.render(job)) == "resume"
     status = real.wait("the resubmitted job to finish", lambda: finished(sched, "resume"))
