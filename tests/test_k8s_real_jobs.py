@@ -38,7 +38,7 @@ from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import RUNNING, SUCCEEDED
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
-from real_node import DEADLINE_S, Real, real  # noqa: F401 - `real` is the fixture: the whole node
+from real_node import DEADLINE_S, Real, real, real_cpu  # noqa: F401 - fixtures: the whole node, one CPU of it
 from test_k8s_real_pods import CONTEXT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -258,12 +258,14 @@ def test_a_job_over_the_namespace_quota_stays_pending_with_the_quota_reason(real
     assert f"quota: {real.namespace}/team requests.cpu: 0 of 500m used" in cluster.stdout, cluster.stdout + cluster.stderr
 
 
-def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_path: Path) -> None:
     """`hpctrain tensorboard --on-cluster`: a plain pod (no stand-in at all: the scheduler places it, the kubelet
     runs the venv's TensorBoard from the training image, the run on a hostPath volume) reached through the
-    `kubectl port-forward` command hpctrain prints; it serves the run's scalars; `hpctrain cancel` removes it."""
+    `kubectl port-forward` command hpctrain prints; it serves the run's scalars; `hpctrain cancel` removes it. One
+    CPU: it shares the node."""
     from test_tensorboard import expected, make_run, served
 
+    real = real_cpu
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
     shared = tmp_path / "shared"
@@ -273,6 +275,7 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path
     assert started.returncode == 0, started.stdout + started.stderr
     name = re.search(r"TensorBoard pod (\S+) created", started.stdout)[1]
     command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/{name} \d+:\d+)", started.stdout)[1]
+    assert f"hpctrain cancel {name} --scheduler kubernetes --namespace {real.namespace}" in started.stdout
     core = real.standin.core
     real.wait("the TensorBoard pod to be ready", lambda: any(
         c.type == "Ready" and c.status == "True" for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []))
@@ -305,27 +308,43 @@ def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
     assert "\n".join(sched.logs("addr", replica="worker-0")).strip() == "addr-master-0 23456"
 
 
-def test_dev_start_jupyterlab_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_path: Path) -> None:
     """`hpctrain dev start`: a plain pod (no stand-in at all) runs the venv's JupyterLab from the training image,
-    with its token from a Secret and the kubelet's readiness probe; the `kubectl port-forward` command hpctrain
-    prints reaches it, the server answers with the token and only with it; `hpctrain dev stop` removes it."""
+    with its token from a Secret (never in the pod's spec) and the kubelet's readiness probe; the `kubectl
+    port-forward` command hpctrain prints reaches it, the server answers with the token and only with it; `dev list`
+    shows it; `hpctrain dev stop` removes it and its Secret. One CPU: it shares the node."""
+    import base64
+
     from hpctrain.services.common import http_get
     from kubeflow_standin import free_port
 
+    real = real_cpu
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
     local = free_port()
-    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--cpus", "1", "--mem", "2G",
-                       "--local-port", str(local), "--wait", str(DEADLINE_S))
+    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--shm", "1Gi", "--cpus", "1",
+                       "--mem", "2G", "--local-port", str(local), "--wait", str(DEADLINE_S))
     assert started.returncode == 0, started.stdout + started.stderr
     command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout)[1]
     token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
+    assert f"http://localhost:{local}/lab?token={token}" in started.stdout
+    core = real.standin.core
+    pod = core.read_namespaced_pod("dev-nb", real.namespace)
+    assert pod.spec.containers[0].resources.limits == {"cpu": "1", "memory": "2Gi"}
+    assert token not in json.dumps(real.api.sanitize_for_serialization(pod))
+    assert base64.b64decode(core.read_namespaced_secret("dev-nb", real.namespace).data["token"]).decode() == token
     with port_forward(real, command) as base:
         assert http_get(f"{base}/api/status", token)[0] == 200
         assert http_get(f"{base}/api/status")[0] == 403
+    again = real.cli("dev", "start", "nb", *real.where, "--image", "img", "--wait", "0")
+    assert again.returncode == 2 and "already exists" in again.stderr
+    listed = real.cli("dev", "list", *real.where)
+    assert re.search(rf"^nb\s+kubernetes\s+{real.namespace}/dev-nb\s+RUNNING", listed.stdout, re.M), listed.stdout
     stopped = real.cli("dev", "stop", "nb", *real.where)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    real.wait("the pod to be gone", lambda: not real.standin.core.list_namespaced_pod(real.namespace).items)
+    assert not [s for s in core.list_namespaced_secret(real.namespace).items if s.metadata.name == "dev-nb"]
+    real.wait("the pod to be gone", lambda: not core.list_namespaced_pod(real.namespace).items)
+    assert real.cli("dev", "list", *real.where).stdout.startswith("no dev sessions")
 
 
 @contextlib.contextmanager
