@@ -102,7 +102,7 @@ def real_namespace(tmp_path: Path, cpus: int | None) -> Iterator[Real]:
     with node_share(cpus):
         api = config.new_client_from_config(context=CONTEXT)
         namespace = create_namespace(api, prefix="hpct-real")
-        standin = KubeflowStandIn(api, namespace, tmp_path / "standin", kubelet=False).start()
+        standin = KubeflowStandIn(api, namespace).start()
         try:
             yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
         finally:

@@ -7,7 +7,7 @@ Real: scheduling (and a pod that does not fit staying Pending with the scheduler
 environment, hostPath volumes and the memory-backed /dev/shm, the pod network between the two pods (gloo), logs and
 exec through the API server to the kubelet, deletion with a grace period (SIGTERM to the container), the garbage
 collector's foreground deletion of a job's pods, `kubectl port-forward`.
-Still a stand-in: the Kubeflow PyTorchJob controller (tests/kubeflow_standin.py with kubelet=False), which turns a
+Still a stand-in: the Kubeflow PyTorchJob controller (tests/kubeflow_standin.py, a controller only), which turns a
 PyTorchJob into its pods and sets the job's conditions from their phases. No Kubeflow controller can be built here
 (it needs the Go module proxy). It addresses the master by Kubeflow's name `<job>-master-0` through a host alias,
 since the cluster has no DNS.
