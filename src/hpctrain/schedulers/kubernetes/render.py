@@ -18,8 +18,7 @@ a cancel). Kubeflow's restartPolicy ExitCode treats only exit codes >= 128 as re
 would end a preempted job (75) for good. We therefore render restartPolicy OnFailure: every non-zero exit
 restarts the replica, within backoffLimit, and the restarted process resumes from the newest checkpoint in the
 run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that budget is
---max-restarts (default 0: no restart at all, so restartPolicy Never: the kubelet restarts an OnFailure container
-at once, before the operator can fail the job at a limit of 0). training-operator v1 fails a job once the restart counts of its
+--max-restarts (default 0: no restart at all). training-operator v1 fails a job once the restart counts of its
 running pods *reach* backoffLimit (common/job.go, PastBackoffLimit: `result >= backoffLimit`; `> 0` for 0), i.e.
 at the Nth restart of a limit N, so N restarts that each may run to the end need a limit of N + 1.
 
@@ -247,11 +246,9 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     if options.priority_class:
         pod_spec["priorityClassName"] = options.priority_class
     template = {"metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}
-    # No restart budget: Never, since a kubelet restarts an OnFailure container at once, before the operator sees it
-    policy = RESTART_POLICY if job.max_restarts else "Never"
-    replicas = {"Master": {"replicas": 1, "restartPolicy": policy, "template": template}}
+    replicas = {"Master": {"replicas": 1, "restartPolicy": RESTART_POLICY, "template": template}}
     if r.nodes > 1:
-        replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": policy, "template": template}
+        replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": RESTART_POLICY, "template": template}
     run_policy: dict[str, Any] = {"backoffLimit": job.max_restarts + 1 if job.max_restarts else 0}
     if job.time_limit_s is not None:
         run_policy["activeDeadlineSeconds"] = job.time_limit_s
