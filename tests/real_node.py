@@ -9,7 +9,8 @@ through the same lock files), so a test says how much of it its pods take:
   took the CPUs would wait on their workers forever: no gang scheduling).
 * `real_cpu` -- one CPU: pods that together ask for at most 1 CPU (a 1-pod job). The node lock shared, plus one of
   NODE_CPUS slot locks, so such tests run side by side up to the node's CPUs.
-* `real_free` -- pods that ask for no CPU at all (no requests): the node lock shared, no slot.
+* `real_free` -- pods that ask for no CPU at all (no requests): no lock. They take no room from any other test's
+  pods, so they run beside everything, Pending and preemption tests included (the scheduler counts requests).
 
 The cluster is chosen as in tests/test_k8s_real_pods.py: HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT name
 the one with the node (scripts/test.sh starts it; then a missing node fails each test); without them each test
@@ -77,6 +78,9 @@ def _lock(name: str) -> Path:
 @contextlib.contextmanager
 def node_share(cpus: int | None) -> Iterator[None]:
     """Hold the part of the node that `cpus` names (WHOLE, 1 or 0), across processes (module docstring)."""
+    if cpus == 0:
+        yield
+        return
     with open(_lock(""), "w") as node, contextlib.ExitStack() as stack:
         fcntl.flock(node, fcntl.LOCK_EX if cpus is WHOLE else fcntl.LOCK_SH)
         if cpus:
