@@ -31,9 +31,9 @@ stage apt
 # The slow parts of a fresh machine's set-up overlap: the API server's first build (CPU) runs while the two Python
 # environments download (network); each logs to a file of its own, shown if it fails.
 setup_logs=$(mktemp -d)
-# Two API servers: one with a real node (containerd, a kubelet, the scheduler and the controller manager; the
-# tests in tests/test_k8s_real_*.py), and the default one without, whose pods the Kubeflow stand-in runs as local
-# processes (the other Kubernetes tests). The node's cluster comes first: it builds every program in one make;
+# Two API servers: one with a real node (containerd, a kubelet, the scheduler and the controller manager; every
+# test whose pods must run: tests/real_node.py), and the default one without, for the tests that need only API
+# objects (and the TrainJob tests, whose pods tests/trainer_standin.py runs as local processes). The node's cluster comes first: it builds every program in one make;
 # the default one last, so that its context is the current one.
 export HPCTRAIN_K8S_NODE_DIR=/var/lib/hpctrain-k8s-node HPCTRAIN_K8S_NODE_CONTEXT=hpctrain-node
 (HPCTRAIN_K8S_DIR=$HPCTRAIN_K8S_NODE_DIR HPCTRAIN_K8S_CONTEXT=$HPCTRAIN_K8S_NODE_CONTEXT HPCTRAIN_K8S_NODES=1 \

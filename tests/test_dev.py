@@ -1,11 +1,10 @@
 """`hpctrain dev start|list|stop`: the rendered batch script and pod (pure), a real JupyterLab in a job on the
-local Slurm cluster, and a real JupyterLab in a session Pod on the local Kubernetes API server, run by the test
-stand-in for the scheduler and kubelet (tests/kubeflow_standin.py: no kubelet can run here)."""
+local Slurm cluster, and `cancel` of a session Pod on the local Kubernetes API server. The real JupyterLab in a
+session Pod on the cluster's real node is tests/test_k8s_real_jobs.py's test_dev_start_jupyterlab_through_a_real_port_forward."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 import time
@@ -119,56 +118,6 @@ def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
     finally:
         if conn.get("job_id"):
             slurm_cluster.cancel_quietly(conn["job_id"])
-
-
-@pytest.mark.k8s
-def test_jupyterlab_pod_on_kubernetes(k8s_cluster, tmp_path: Path) -> None:
-    """A real JupyterLab (the tests' own, from the venv) runs as the pod's container in the ServicePodStandIn,
-    which plays kube-scheduler and the kubelet (none runs here) through the real API server."""
-    import base64
-    import sys
-
-    from kubernetes import client
-
-    from kubeflow_standin import ServicePodStandIn, create_namespace, delete_namespace, free_port, wait_for
-
-    api = k8s_cluster.api_client()
-    namespace = create_namespace(api)
-    core = client.CoreV1Api(api)
-    env = cli_env(tmp_path / "home")
-    k8s = ["--scheduler", "kubernetes", "--namespace", namespace, "--context", k8s_cluster.context]
-    port = free_port()
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    standin = ServicePodStandIn(api, namespace, tmp_path / "standin", extra_env={"PATH": path}).start()
-    try:
-        started = hpctrain("dev", "start", "nb", *k8s, "--image", "quay.io/jupyter/pytorch-notebook", "--shm", "1Gi",
-                           "--cpus", "2", "--mem", "4G", "--port", str(port), "--local-port", "9999", "--wait", "300",
-                           env=env)
-        assert started.returncode == 0, started.stdout + started.stderr + str(standin.errors)
-        assert f"kubectl port-forward -n {namespace} pod/dev-nb 9999:{port}" in started.stdout
-        token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
-        assert f"http://localhost:9999/lab?token={token}" in started.stdout
-        pod = core.read_namespaced_pod("dev-nb", namespace)
-        assert pod.spec.containers[0].resources.limits == {"cpu": "2", "memory": "4Gi"}
-        assert token not in json.dumps(api.sanitize_for_serialization(pod))
-        secret = core.read_namespaced_secret("dev-nb", namespace)
-        assert base64.b64decode(secret.data["token"]).decode() == token
-        # The server in the pod took its token from the Secret: it answers with it, and only with it.
-        assert http_get(f"http://{pod.status.pod_ip}:{port}/api/status", token)[0] == 200
-        assert http_get(f"http://{pod.status.pod_ip}:{port}/api/status")[0] == 403
-        again = hpctrain("dev", "start", "nb", *k8s, "--image", "img", "--wait", "0", env=env)
-        assert again.returncode == 2 and "already exists" in again.stderr
-        listed = hpctrain("dev", "list", *k8s, env=env)
-        assert re.search(rf"^nb\s+kubernetes\s+{namespace}/dev-nb\s+RUNNING", listed.stdout, re.M), listed.stdout
-        stopped = hpctrain("dev", "stop", "nb", *k8s, env=env)
-        assert stopped.returncode == 0, stopped.stderr
-        assert not [s for s in core.list_namespaced_secret(namespace).items if s.metadata.name == "dev-nb"]
-        wait_for("the pod to be gone", lambda: not core.list_namespaced_pod(namespace).items, standin, timeout=120)
-        assert not standin.running("dev-nb")
-        assert hpctrain("dev", "list", *k8s, env=env).stdout.startswith("no dev sessions")
-    finally:
-        standin.stop()
-        delete_namespace(api, namespace)
 
 
 @pytest.mark.k8s

@@ -288,6 +288,13 @@ def test_status_parses_conditions_pods_and_events(ctx: Ctx) -> None:
     assert status.restarts == 2 and status.exit_code is None and not status.finished
     assert status.pending_reasons == (f"{worker1}: FailedScheduling: 0/1 nodes are available: 1 Insufficient cpu.",)
 
+    # What a real kubelet reports once the backoff limit failed the job: the container waits to restart
+    # (CrashLoopBackOff) and only its last state holds the exit code, which the job's status must still give.
+    ctx.core.patch_namespaced_pod_status(worker0, ctx.namespace, {"status": {"phase": "Running", "containerStatuses": [{
+        "name": "pytorch", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 1,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})
+    assert [(r.exit_code, r.reason) for r in sched.status("mnist").replicas][1] == (3, "CrashLoopBackOff")
     ctx.core.patch_namespaced_pod_status(master, ctx.namespace, {"status": {"phase": "Failed", "containerStatuses": [{
         "name": "pytorch", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 2,
         "state": {"terminated": {"exitCode": 2, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})

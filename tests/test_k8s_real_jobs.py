@@ -7,7 +7,7 @@ Real: scheduling (and a pod that does not fit staying Pending with the scheduler
 environment, hostPath volumes and the memory-backed /dev/shm, the pod network between the two pods (gloo), logs and
 exec through the API server to the kubelet, deletion with a grace period (SIGTERM to the container), the garbage
 collector's foreground deletion of a job's pods, `kubectl port-forward`.
-Still a stand-in: the Kubeflow PyTorchJob controller (tests/kubeflow_standin.py with kubelet=False), which turns a
+Still a stand-in: the Kubeflow PyTorchJob controller (tests/kubeflow_standin.py, a controller only), which turns a
 PyTorchJob into its pods and sets the job's conditions from their phases. No Kubeflow controller can be built here
 (it needs the Go module proxy). It addresses the master by Kubeflow's name `<job>-master-0` through a host alias,
 since the cluster has no DNS.
@@ -20,82 +20,29 @@ skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready nod
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from around_helpers import cli_env, hpctrain
 from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import RUNNING, SUCCEEDED
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
-from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
-from test_k8s_real_pods import CONTEXT, node_status
+from real_node import DEADLINE_S, Real, real, real_cpu  # noqa: F401 - fixtures: the whole node, one CPU of it
+from test_k8s_real_pods import CONTEXT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-DEADLINE_S = 420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
 RESUME_LIMIT, STEPS = 12288, 192  # classic recipe, batch 64: 192 steps per epoch, long enough to be cancelled mid-run
-
-
-@dataclass
-class Real:
-    """One test's namespace on the real node, with the controllers-only stand-in running."""
-
-    api: Any
-    namespace: str
-    image: str
-    nodes: set[str]
-    standin: KubeflowStandIn
-    env: dict[str, str]
-
-    @property
-    def where(self) -> list[str]:
-        """The CLI's flags that reach this namespace."""
-        return ["--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", self.namespace]
-
-    def scheduler(self, *volumes: str, shm: str | None = None, priority_class: str | None = None) -> KubernetesScheduler:
-        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm,
-                                    priority_class=priority_class)
-        return KubernetesScheduler(options, context=CONTEXT)
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return hpctrain(*args, env=self.env)
-
-    def wait(self, what: str, predicate: Any) -> Any:
-        return wait_for(what, predicate, self.standin, timeout=DEADLINE_S, poll=1.0)
-
-
-@pytest.fixture
-def real(tmp_path: Path) -> Iterator[Real]:
-    """One test at a time per cluster, across pytest-xdist workers: the node has the machine's few CPUs, a 2-pod
-    job asks for 2, and two jobs whose masters took the CPUs would wait on their workers forever (no gang
-    scheduling); `hpctrain submit` would also refuse a job while the node is full."""
-    nodes, image = node_status()
-    from kubernetes import config
-
-    with open(Path(tempfile.gettempdir()) / f"hpctrain-real-node-{CONTEXT}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        api = config.new_client_from_config(context=CONTEXT)
-        namespace = create_namespace(api, prefix="hpct-real")
-        standin = KubeflowStandIn(api, namespace, tmp_path / "standin", kubelet=False).start()
-        try:
-            yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
-        finally:
-            standin.stop()
-            delete_namespace(api, namespace)
 
 
 def mnist(data_dir: Path, run_dir: Path, train_limit: int, epochs: int) -> tuple[str, ...]:
@@ -154,13 +101,15 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     (API server -> kubelet -> containerd); `hpctrain cancel` deletes the job in the foreground, kube-controller-
     manager's garbage collector deletes the pods with their grace period (--signal-grace), the kubelet sends
     SIGTERM, the run writes a checkpoint and stop_reason `cancelled`; the same job submitted again resumes from
-    it and completes. Stand-in: the PyTorchJob controller only."""
+    it and completes (this was tests/test_k8s_e2e.py's cancel-and-resume on the fake kubelet). Stand-in: the
+    PyTorchJob controller only."""
     shared = tmp_path / "shared"
     shared.mkdir()
     run_dir = shared / "resume"
     sched = real.scheduler(f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
     job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="resume", run_dir=str(run_dir),
                   signal_grace=60, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+    assert blocking(sched.check(job)) == [], sched.check(job)
     assert sched.submit(job, sched.render(job)) == "resume"
     real.wait("both pods running", lambda: (s := sched.status("resume")).state == RUNNING
               and [r.phase for r in s.replicas] == ["Running", "Running"])
@@ -183,9 +132,11 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     assert cancelled.returncode == 0 and "-> deleted" in cancelled.stdout, cancelled.stdout + cancelled.stderr
     follower.join(timeout=60)
     log = "\n".join(lines)
+    assert "with 2 process(es), ddp, cpu" in log and "Traceback" not in log, log
     assert re.search(r"hpctrain: stopped \(cancelled: [^)]*\) at global step \d+ after writing a checkpoint", log), log
     assert (run_dir / "stop_reason").read_text().strip() == "cancelled"
     assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written on SIGTERM"
+    assert not sched.list_jobs()
 
     assert sched.submit(job, sched.render(job)) == "resume"
     status = real.wait("the resubmitted job to finish", lambda: finished(sched, "resume"))
@@ -272,12 +223,49 @@ def test_a_job_that_does_not_fit_stays_pending_with_the_schedulers_reason(real: 
     assert [(r.phase, r.reason) for r in status.replicas] == [("Pending", "Unschedulable")], status
 
 
-def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+def test_a_job_over_the_namespace_quota_stays_pending_with_the_quota_reason(real: Real) -> None:
+    """A ResourceQuota of 500m CPU in the job's namespace (kube-controller-manager's quota controller fills in its
+    status) and a 1-pod job asking for 1 CPU: `hpctrain check` says the quota can never allow it; once submitted,
+    the API server's quota admission refuses the controller's pod, the controller records that as a Warning event
+    on the job (FailedCreatePod, as training-operator v1 does), and `hpctrain status` shows it as the reason the job
+    waits, with the fix. Stand-in: the PyTorchJob controller only."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(real.api)
+    core.create_namespaced_resource_quota(real.namespace, {"metadata": {"name": "team"}, "spec": {"hard": {"requests.cpu": "500m"}}})
+    real.wait("the quota controller's status of the quota",
+              lambda: (core.read_namespaced_resource_quota("team", real.namespace).status.hard or {}).get("requests.cpu"))
+    job = ["--image", real.image, "--job-name", "over-quota", "--nodes", "1", "--cpus-per-task", "1", "--mem", "1G",
+           "--", "python", "-c", "print('never')"]
+    checked = real.cli("check", *real.where, *job)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert (f"the job asks for requests.cpu 1 but the quota team of namespace {real.namespace} allows 0.5 in all: it "
+            "can never run") in checked.stdout + checked.stderr, checked
+
+    sched = real.scheduler()
+    spec = JobSpec(command=("python", "-c", "print('never')"), name="over-quota", resources=Resources(nodes=1, cpus_per_task=1, mem="1G"))
+    sched.submit(spec, sched.render(spec))
+    shown = real.wait("the quota's refusal in `hpctrain status`",
+                      lambda: "exceeded quota" in (s := real.cli("status", "over-quota", *real.where)).stdout and s)
+    assert shown.stdout.startswith("over-quota: PENDING"), shown.stdout
+    assert re.search(r"^waiting: over-quota: FailedCreatePod: Error creating: pods \"over-quota-master-0\" is forbidden: "
+                     r"exceeded quota: team, requested: requests.cpu=1, used: requests.cpu=0, limited: requests.cpu=500m "
+                     r"-- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit with less "
+                     r"\(fewer --nodes or less per pod\) or ask for a larger quota \(`hpctrain cluster ", shown.stdout, re.M), shown.stdout
+    assert "is the PyTorchJob operator running?" not in shown.stdout, shown.stdout
+    assert sched.pods_of("over-quota") == []
+    cluster = real.cli("cluster", *real.where)
+    assert f"quota: {real.namespace}/team requests.cpu: 0 of 500m used" in cluster.stdout, cluster.stdout + cluster.stderr
+
+
+def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_path: Path) -> None:
     """`hpctrain tensorboard --on-cluster`: a plain pod (no stand-in at all: the scheduler places it, the kubelet
     runs the venv's TensorBoard from the training image, the run on a hostPath volume) reached through the
-    `kubectl port-forward` command hpctrain prints; it serves the run's scalars; `hpctrain cancel` removes it."""
+    `kubectl port-forward` command hpctrain prints; it serves the run's scalars; `hpctrain cancel` removes it. One
+    CPU: it shares the node."""
     from test_tensorboard import expected, make_run, served
 
+    real = real_cpu
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
     shared = tmp_path / "shared"
@@ -287,6 +275,7 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real: Real, tmp_path
     assert started.returncode == 0, started.stdout + started.stderr
     name = re.search(r"TensorBoard pod (\S+) created", started.stdout)[1]
     command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/{name} \d+:\d+)", started.stdout)[1]
+    assert f"hpctrain cancel {name} --scheduler kubernetes --namespace {real.namespace}" in started.stdout
     core = real.standin.core
     real.wait("the TensorBoard pod to be ready", lambda: any(
         c.type == "Ready" and c.status == "True" for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []))
@@ -319,27 +308,43 @@ def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
     assert "\n".join(sched.logs("addr", replica="worker-0")).strip() == "addr-master-0 23456"
 
 
-def test_dev_start_jupyterlab_through_a_real_port_forward(real: Real, tmp_path: Path) -> None:
+def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_path: Path) -> None:
     """`hpctrain dev start`: a plain pod (no stand-in at all) runs the venv's JupyterLab from the training image,
-    with its token from a Secret and the kubelet's readiness probe; the `kubectl port-forward` command hpctrain
-    prints reaches it, the server answers with the token and only with it; `hpctrain dev stop` removes it."""
+    with its token from a Secret (never in the pod's spec) and the kubelet's readiness probe; the `kubectl
+    port-forward` command hpctrain prints reaches it, the server answers with the token and only with it; `dev list`
+    shows it; `hpctrain dev stop` removes it and its Secret. One CPU: it shares the node."""
+    import base64
+
     from hpctrain.services.common import http_get
     from kubeflow_standin import free_port
 
+    real = real_cpu
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
     local = free_port()
-    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--cpus", "1", "--mem", "2G",
-                       "--local-port", str(local), "--wait", str(DEADLINE_S))
+    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--shm", "1Gi", "--cpus", "1",
+                       "--mem", "2G", "--local-port", str(local), "--wait", str(DEADLINE_S))
     assert started.returncode == 0, started.stdout + started.stderr
     command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout)[1]
     token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
+    assert f"http://localhost:{local}/lab?token={token}" in started.stdout
+    core = real.standin.core
+    pod = core.read_namespaced_pod("dev-nb", real.namespace)
+    assert pod.spec.containers[0].resources.limits == {"cpu": "1", "memory": "2Gi"}
+    assert token not in json.dumps(real.api.sanitize_for_serialization(pod))
+    assert base64.b64decode(core.read_namespaced_secret("dev-nb", real.namespace).data["token"]).decode() == token
     with port_forward(real, command) as base:
         assert http_get(f"{base}/api/status", token)[0] == 200
         assert http_get(f"{base}/api/status")[0] == 403
+    again = real.cli("dev", "start", "nb", *real.where, "--image", "img", "--wait", "0")
+    assert again.returncode == 2 and "already exists" in again.stderr
+    listed = real.cli("dev", "list", *real.where)
+    assert re.search(rf"^nb\s+kubernetes\s+{real.namespace}/dev-nb\s+RUNNING", listed.stdout, re.M), listed.stdout
     stopped = real.cli("dev", "stop", "nb", *real.where)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    real.wait("the pod to be gone", lambda: not real.standin.core.list_namespaced_pod(real.namespace).items)
+    assert not [s for s in core.list_namespaced_secret(real.namespace).items if s.metadata.name == "dev-nb"]
+    real.wait("the pod to be gone", lambda: not core.list_namespaced_pod(real.namespace).items)
+    assert real.cli("dev", "list", *real.where).stdout.startswith("no dev sessions")
 
 
 @contextlib.contextmanager

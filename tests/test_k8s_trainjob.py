@@ -2,8 +2,8 @@
 (scripts/local-k8s.sh), named by its kubeconfig context so no other cluster is ever touched: submit, status, logs
 (with --replica), cancel, and a 2-node `hpctrain train mnist` (gloo on CPU) that runs to completion.
 
-The pods are made and run by tests/kubeflow_standin.py's TrainerStandIn, a test-only fake of the Trainer v2
-controller, JobSet, the Job controller and the kubelet (none can run here): it creates the pods a TrainJob implies,
+The pods are made and run by tests/trainer_standin.py's TrainerStandIn, a test-only fake of the Trainer v2
+controller, JobSet, the Job controller and the kubelet (why these tests are not on the real node: its docstring): it creates the pods a TrainJob implies,
 with JobSet's labels and the torch plugin's PET_* variables, and runs each pod's command as a local process. The
 TrainJob's multi-node command is `torchrun --no-python ...` (as rendered), so `torchrun` must be on the "image's"
 PATH: the pods get this interpreter's bin directory first. The "shared volume" is a directory of this machine.
@@ -21,7 +21,8 @@ import pytest
 
 from hpctrain.schedulers.kubernetes.scheduler import _replica_name
 from k8s_fixtures import CONTEXT, DEADLINE_S, LocalK8s, hpctrain
-from kubeflow_standin import TrainerStandIn, create_namespace, delete_namespace, wait_for
+from kubeflow_standin import create_namespace, delete_namespace, wait_for
+from trainer_standin import TrainerStandIn
 from standins import install
 
 IMAGE = "example.invalid/hpctrain:test"

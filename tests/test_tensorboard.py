@@ -1,6 +1,7 @@
 """`hpctrain tensorboard`: TensorBoard's own server on real event files (written by hpctrain's MetricsLog), here and
 as a job on the local Slurm cluster; the scalars it serves over HTTP are compared with what TensorBoard's
-EventAccumulator reads from the files."""
+EventAccumulator reads from the files. The TensorBoard pod on the local Kubernetes cluster's real node is
+tests/test_k8s_real_jobs.py's test_tensorboard_on_cluster_through_a_real_port_forward."""
 
 from __future__ import annotations
 
@@ -165,46 +166,3 @@ def test_on_cluster_job_serves_the_shared_folder(slurm_cluster, tmp_path: Path) 
     finally:
         if job:
             slurm_cluster.cancel_quietly(job[1])
-
-
-@pytest.mark.k8s
-def test_on_cluster_pod_serves_the_shared_folder(k8s_cluster, tmp_path: Path) -> None:
-    """`tensorboard --on-cluster --scheduler kubernetes`: the pod's TensorBoard (the tests' own, from the venv) runs
-    in the ServicePodStandIn, which plays kube-scheduler and the kubelet (none runs here) through the real API
-    server; it serves the shared folder's scalars, and `hpctrain cancel` removes the pod."""
-    from kubernetes import client
-
-    from kubeflow_standin import ServicePodStandIn, create_namespace, delete_namespace, wait_for
-
-    api = k8s_cluster.api_client()
-    namespace = create_namespace(api)
-    core = client.CoreV1Api(api)
-    run = make_run(tmp_path / "shared" / "mnist", [0.5, 0.25])
-    env = cli_env(tmp_path / "home")
-    k8s = ["--scheduler", "kubernetes", "--namespace", namespace, "--context", k8s_cluster.context]
-    path = f"{Path(sys.executable).parent}:{env['PATH']}"
-    standin = ServicePodStandIn(api, namespace, tmp_path / "standin", extra_env={"PATH": path}).start()
-    try:
-        started = hpctrain("tensorboard", str(run), "--on-cluster", *k8s, "--image", "tensorflow/tensorflow", env=env)
-        assert started.returncode == 0, started.stdout + started.stderr
-        name = re.search(r"TensorBoard pod (\S+) created", started.stdout)[1]
-        assert f"kubectl port-forward -n {namespace} pod/{name} " in started.stdout
-        assert f"hpctrain cancel {name} --scheduler kubernetes --namespace {namespace}" in started.stdout
-
-        def ready() -> bool:
-            pod = core.read_namespaced_pod(name, namespace)
-            return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-        wait_for("the TensorBoard pod to be ready", ready, standin, timeout=180)
-        base = f"http://{core.read_namespaced_pod(name, namespace).status.pod_ip}:6006"
-        deadline = time.monotonic() + 120
-        while len(served(base, "mnist/.")) < 2 and time.monotonic() < deadline:
-            time.sleep(1)
-        assert served(base, "mnist/.") == expected(run)
-        cancelled = hpctrain("cancel", name, *k8s, env=env)
-        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-        wait_for("the pod to be gone", lambda: not core.list_namespaced_pod(namespace).items, standin, timeout=120)
-        assert not standin.running(name)
-    finally:
-        standin.stop()
-        delete_namespace(api, namespace)

@@ -1,12 +1,13 @@
 """`hpctrain top JOB`: the probe step runs inside a real job on the local Slurm cluster, through
 `srun --jobid --overlap`, and in each pod of a job on the local Kubernetes API server through its real exec
-stream (answered by the kubelet of tests/kubeflow_standin.py, a stand-in: no kubelet can run here). nvidia-smi is
+stream (answered by the real kubelet of the local cluster's node, tests/real_node.py). nvidia-smi is
 a STAND-IN (tests/standins.py: no GPU or driver here) that prints the documented `--format=csv,noheader,nounits`
 lines, and records that it was called with the query hpctrain needs."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from around_helpers import cli_env, hpctrain
 from hpctrain.health import ProgressRecorder, read_progress
 from hpctrain.top import NVIDIA_SMI, parse_probe, rank_lines, report
+from real_node import Real, real_free  # noqa: F401 - the fixture: pods that ask for no CPU
 from standins import calls, install
 
 
@@ -171,17 +173,15 @@ def test_top_on_kubernetes_says_why_exec_failed(k8s_cluster, tmp_path: Path) -> 
 
 
 @pytest.mark.k8s
-def test_top_on_kubernetes_runs_the_probe_in_each_pod(k8s_cluster, tmp_path: Path) -> None:
-    """The probe goes through the real API server's pods/exec to the stand-in kubelet, which runs it beside each
-    pod's container with that container's environment. nvidia-smi is the stand-in of tests/standins.py (no GPU or
-    nvidia-smi here), on the PATH of the pod spec as it would be in the image; each replica reports its own GPUs, so
-    the lines prove that every pod was asked, and asked with its own environment."""
+def test_top_on_kubernetes_runs_the_probe_in_each_pod(real_free: Real, tmp_path: Path) -> None:
+    """The probe goes through the real API server's pods/exec to the real kubelet, which runs it in each pod's
+    container (from the training image) with that container's environment. nvidia-smi is the stand-in of
+    tests/standins.py (no GPU or nvidia-smi here), on the PATH of the pod spec as it would be in the image, from a
+    hostPath volume; each replica reports its own GPUs, so the lines prove that every pod was asked, and asked with
+    its own environment. The pods ask for no CPU: they share the node with other tests."""
     from kubernetes import client
 
-    from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
-
-    api = k8s_cluster.api_client()
-    namespace = create_namespace(api)
+    real = real_free
     bin_dir = install(tmp_path / "bin")
     log = tmp_path / "calls.jsonl"
 
@@ -190,54 +190,50 @@ def test_top_on_kubernetes_runs_the_probe_in_each_pod(k8s_cluster, tmp_path: Pat
         recorder = ProgressRecorder(run_dir, rank, 2, host, steps_per_epoch=100)
         recorder.step(1, 40 + rank, 40 + rank, 64, 0.05, data_s=0.001, compute_s=0.01)
         recorder.phase("training")
+    volume = {"volumes": [{"name": "test", "hostPath": {"path": str(tmp_path)}}]}
+    mount = {"volumeMounts": [{"name": "test", "mountPath": str(tmp_path)}]}
 
     def replica(gpus: str) -> dict:
         env = [{"name": "PATH", "value": f"{bin_dir}:/usr/bin:/bin"}, {"name": "STANDIN_LOG", "value": str(log)},
                {"name": "STANDIN_GPUS", "value": gpus}, {"name": "HPCTRAIN_RUN_DIR", "value": str(run_dir)}]
-        return {"replicas": 1, "template": {"spec": {"containers": [
-            {"name": "pytorch", "image": "img", "command": ["sleep", "600"], "env": env}]}}}
+        return {"replicas": 1, "template": {"spec": {**volume, "containers": [
+            {"name": "pytorch", "image": real.image, "command": ["sleep", "600"], "env": env, **mount}]}}}
 
-    standin = KubeflowStandIn(api, namespace, tmp_path / "standin", node_labels={"hpctrain-test-node": namespace}).start()
-    try:
-        client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "gpus"},
-            "spec": {"pytorchReplicaSpecs": {"Master": replica("0, 97, 70000, 81559"),
-                                             "Worker": replica("0, 0, 3, 81559")}}})
-        core = client.CoreV1Api(api)
-        wait_for("both pods running", lambda: [p.status.phase for p in core.list_namespaced_pod(namespace).items]
-                 == ["Running", "Running"], standin, timeout=60)
-        result = hpctrain("top", "gpus", "--scheduler", "kubernetes", "--namespace", namespace,
-                          "--context", k8s_cluster.context, env=cli_env(tmp_path / "home"))
-        assert result.returncode == 0, result.stdout + result.stderr
-        lines = result.stdout.splitlines()
-        master = [line for line in lines if "(gpus-master-0)" in line]
-        worker = [line for line in lines if "(gpus-worker-0)" in line]
-        assert len(master) == 1 and len(worker) == 1, result.stdout
-        assert master[0].startswith(standin.node) and "97%" in master[0] and "70,000/81,559 MiB" in master[0]
-        assert "IDLE" not in master[0]
-        assert "0%" in worker[0] and "3/81,559 MiB" in worker[0] and worker[0].endswith("IDLE")
-        assert "1 of the 2 GPUs held by job gpus sit idle" in lines[-1]
-        rows = [line.split() for line in lines if line.split()[:2] in (["0", "gpus-master-0"], ["1", "gpus-worker-0"])]
-        assert [row[2:5] for row in rows] == [["training", "1", "40"], ["training", "1", "41"]], result.stdout
-        smi = [c for c in calls(log) if c[0] == "nvidia-smi"]
-        assert len(smi) == 2 and all(c[1:] == list(NVIDIA_SMI[1:]) for c in smi)
+    custom, core = client.CustomObjectsApi(real.api), client.CoreV1Api(real.api)
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", real.namespace, "pytorchjobs", {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "gpus"},
+        "spec": {"pytorchReplicaSpecs": {"Master": replica("0, 97, 70000, 81559"),
+                                         "Worker": replica("0, 0, 3, 81559")}}})
+    real.wait("both pods running", lambda: [p.status.phase for p in core.list_namespaced_pod(real.namespace).items]
+              == ["Running", "Running"])
+    result = hpctrain("top", "gpus", *real.where, env=real.env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    master = [line for line in lines if "(gpus-master-0)" in line]
+    worker = [line for line in lines if "(gpus-worker-0)" in line]
+    assert len(master) == 1 and len(worker) == 1, result.stdout
+    assert master[0].startswith(tuple(real.nodes)) and "97%" in master[0] and "70,000/81,559 MiB" in master[0], master
+    assert "IDLE" not in master[0]
+    assert "0%" in worker[0] and "3/81,559 MiB" in worker[0] and worker[0].endswith("IDLE")
+    assert "1 of the 2 GPUs held by job gpus sit idle" in lines[-1]
+    rows = [line.split() for line in lines if line.split()[:2] in (["0", "gpus-master-0"], ["1", "gpus-worker-0"])]
+    assert [row[2:5] for row in rows] == [["training", "1", "40"], ["training", "1", "41"]], result.stdout
+    smi = [c for c in calls(log) if c[0] == "nvidia-smi"]
+    assert len(smi) == 2 and all(c[1:] == list(NVIDIA_SMI[1:]) for c in smi)
 
-        # An image without a shell (distroless): exec itself works, the probe cannot start; one clear error.
-        sleep = shutil.which("sleep")
-        client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "noshell"},
-            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [
-                {"name": "pytorch", "image": "distroless", "command": [sleep, "600"],
-                 "env": [{"name": "PATH", "value": str(tmp_path / "empty")}]}]}}}}}})
-        wait_for("the shell-less pod running", lambda: [p.status.phase for p in core.list_namespaced_pod(
-            namespace, label_selector="training.kubeflow.org/job-name=noshell").items] == ["Running"], standin, timeout=60)
-        failed = hpctrain("top", "noshell", "--scheduler", "kubernetes", "--namespace", namespace,
-                          "--context", k8s_cluster.context, env=cli_env(tmp_path / "home"))
-        assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stdout + failed.stderr
-        assert 'the probe failed in pod noshell-master-0: Internal error occurred: error executing command in ' \
-               'container: exec: "sh": executable file not found in $PATH' in failed.stderr
-        assert "needs a POSIX shell" in failed.stderr
-        assert not standin.errors, standin.errors
-    finally:
-        standin.stop()
-        delete_namespace(api, namespace)
+    # A container without a shell on its PATH (as in a distroless image): exec itself works, the probe cannot
+    # start; one clear error.
+    custom.create_namespaced_custom_object("kubeflow.org", "v1", real.namespace, "pytorchjobs", {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "noshell"},
+        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [
+            {"name": "pytorch", "image": real.image, "command": [shutil.which("sleep") or "/usr/bin/sleep", "600"],
+             "env": [{"name": "PATH", "value": str(tmp_path / "empty")}]}]}}}}}})
+    real.wait("the shell-less pod running", lambda: [p.status.phase for p in core.list_namespaced_pod(
+        real.namespace, label_selector="training.kubeflow.org/job-name=noshell").items] == ["Running"])
+    failed = hpctrain("top", "noshell", *real.where, env=real.env)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stdout + failed.stderr
+    # containerd's words, through the kubelet and the API server
+    assert re.search(r'the probe failed in pod noshell-master-0: Internal error occurred: error executing command in '
+                     r'container: .*exec: "sh": executable file not found in \$PATH', failed.stderr), failed.stderr
+    assert "needs a POSIX shell" in failed.stderr
+    assert not real.standin.errors, real.standin.errors

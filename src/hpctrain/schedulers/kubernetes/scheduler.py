@@ -224,7 +224,7 @@ class KubernetesScheduler(LiveChecks):
             exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
         waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
-        if state == base.PENDING and not pods:
+        if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
             reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
         return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=sum(p.restarts for p in replicas),
                          replicas=replicas, pending_reasons=reasons, message=message)
@@ -237,6 +237,10 @@ class KubernetesScheduler(LiveChecks):
             obj = e.involved_object
             if e.type == "Warning" and (obj.name in waiting or (obj.kind == self.kind and obj.name == job_id)):
                 line = f"{obj.name}: {e.reason}: {e.message}"
+                if "exceeded quota" in (e.message or ""):  # the API server's quota admission refused the controller
+                    line += (f" -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
+                             f"with less (fewer --nodes or less per pod) or ask for a larger quota (`{self.command('cluster')}` "
+                             "shows its use)")
                 if line not in lines:
                     lines.append(line)
         return tuple(lines)
@@ -410,7 +414,7 @@ def _replica_status(pod: Any) -> ReplicaStatus:
             message = state.terminated.message
         elif state and state.waiting:
             reason = state.waiting.reason or reason
-        elif last and exit_code is None:
+        if last and exit_code is None:  # running again, or waiting to (CrashLoopBackOff): the last attempt's code
             exit_code = last.exit_code
         if message is None and last is not None:  # restarted in place (or waiting to): the last attempt's words
             message = last.message

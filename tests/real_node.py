@@ -1,0 +1,132 @@
+"""A test's namespace on the local cluster's REAL node (scripts/local-k8s.sh with HPCTRAIN_K8S_NODES=1: a kubelet with
+containerd, kube-scheduler, kube-controller-manager), with the controllers-only Kubeflow stand-in running in it.
+
+The node has the machine's few CPUs (2 on CI) and is shared by the pytest-xdist workers (and by anyone else's tests
+through the same lock files), so a test says how much of it its pods take:
+
+* `real` -- the whole node: pods that together ask for more than one CPU (a 2-pod hpctrain job asks for 2), tests
+  of Pending or preemption. An exclusive lock: no other real-node test runs meanwhile (two 2-pod jobs whose masters
+  took the CPUs would wait on their workers forever: no gang scheduling).
+* `real_cpu` -- one CPU: pods that together ask for at most 1 CPU (a 1-pod job). The node lock shared, plus one of
+  NODE_CPUS slot locks, so such tests run side by side up to the node's CPUs.
+* `real_free` -- pods that ask for no CPU at all (no requests): no lock. They take no room from any other test's
+  pods, so they run beside everything, Pending and preemption tests included (the scheduler counts requests).
+
+The cluster is chosen as in tests/test_k8s_real_pods.py: HPCTRAIN_K8S_NODE_DIR and HPCTRAIN_K8S_NODE_CONTEXT name
+the one with the node (scripts/test.sh starts it; then a missing node fails each test); without them each test
+skips, with the reason, unless `scripts/local-k8s.sh status` reports a Ready node and a training image.
+The pods run the image's python (the host's venv mounted read-only) with hpctrain from the checkout that started the
+cluster; a test's own files reach them through hostPath volumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from around_helpers import cli_env, hpctrain
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
+from test_k8s_real_pods import CONTEXT, node_status
+
+DEADLINE_S = 420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
+NODE_CPUS = 2  # the slots of `real_cpu`: the CI node's allocatable CPUs
+WHOLE = None
+
+
+@dataclass
+class Real:
+    """One test's namespace on the real node, with the controllers-only stand-in running."""
+
+    api: Any
+    namespace: str
+    image: str
+    nodes: set[str]
+    standin: KubeflowStandIn
+    env: dict[str, str]
+
+    @property
+    def where(self) -> list[str]:
+        """The CLI's flags that reach this namespace."""
+        return ["--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", self.namespace]
+
+    def scheduler(self, *volumes: str, shm: str | None = None, priority_class: str | None = None) -> KubernetesScheduler:
+        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm,
+                                    priority_class=priority_class)
+        return KubernetesScheduler(options, context=CONTEXT)
+
+    def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return hpctrain(*args, env=self.env, cwd=cwd)
+
+    def wait(self, what: str, predicate: Any) -> Any:
+        return wait_for(what, predicate, self.standin, timeout=DEADLINE_S, poll=1.0)
+
+
+def _lock(name: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"hpctrain-real-node-{CONTEXT}{name}.lock"
+
+
+@contextlib.contextmanager
+def node_share(cpus: int | None) -> Iterator[None]:
+    """Hold the part of the node that `cpus` names (WHOLE, 1 or 0), across processes (module docstring)."""
+    if cpus == 0:
+        yield
+        return
+    with open(_lock(""), "w") as node, contextlib.ExitStack() as stack:
+        fcntl.flock(node, fcntl.LOCK_EX if cpus is WHOLE else fcntl.LOCK_SH)
+        if cpus:
+            slots = [stack.enter_context(open(_lock(f"-cpu{i}"), "w")) for i in range(NODE_CPUS)]
+            if not any(_try_lock(slot) for slot in slots):  # every slot taken: wait on the first
+                fcntl.flock(slots[0], fcntl.LOCK_EX)
+        yield
+
+
+def _try_lock(f: Any) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextlib.contextmanager
+def real_namespace(tmp_path: Path, cpus: int | None) -> Iterator[Real]:
+    nodes, image = node_status()
+    from kubernetes import config
+
+    with node_share(cpus):
+        api = config.new_client_from_config(context=CONTEXT)
+        namespace = create_namespace(api, prefix="hpct-real")
+        standin = KubeflowStandIn(api, namespace).start()
+        try:
+            yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
+        finally:
+            standin.stop()
+            delete_namespace(api, namespace)
+
+
+@pytest.fixture
+def real(tmp_path: Path) -> Iterator[Real]:
+    with real_namespace(tmp_path, WHOLE) as r:
+        yield r
+
+
+@pytest.fixture
+def real_cpu(tmp_path: Path) -> Iterator[Real]:
+    with real_namespace(tmp_path, 1) as r:
+        yield r
+
+
+@pytest.fixture
+def real_free(tmp_path: Path) -> Iterator[Real]:
+    with real_namespace(tmp_path, 0) as r:
+        yield r
