@@ -19,7 +19,8 @@ import pytest
 
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers.base import SUCCEEDED
-from test_k8s_real_jobs import DEADLINE_S, Real, finished, real  # noqa: F401  (real: the fixture)
+from real_node import DEADLINE_S, Real, real  # noqa: F401 - the fixture: the whole node (2 pods of 1 CPU)
+from test_k8s_real_jobs import finished
 from test_preemption_slurm import _RESUMED, TRAIN
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights, ok
 
