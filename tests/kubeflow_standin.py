@@ -25,7 +25,7 @@ records it. It keeps the job's conditions (Created, Running, Restarting, Succeed
 
 It polls (every POLL_S) rather than watching: simpler, and fast enough for tests. The helpers at the end make and
 remove test namespaces (also on the API-server-only cluster, which has no namespace controller) and wait.
-Kubeflow Trainer v2's TrainJobs have their own, older fake (tests/trainer_standin.py), which still plays the kubelet.
+Kubeflow Trainer v2's TrainJobs have their controllers in tests/trainer_standin.py, which extends this one.
 """
 
 from __future__ import annotations

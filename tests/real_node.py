@@ -99,14 +99,15 @@ def _try_lock(f: Any) -> bool:
 
 
 @contextlib.contextmanager
-def real_namespace(tmp_path: Path, cpus: int | None) -> Iterator[Real]:
+def real_namespace(tmp_path: Path, cpus: int | None, controllers: type[KubeflowStandIn] = KubeflowStandIn) -> Iterator[Real]:
+    """A namespace on the node with the stand-in `controllers` (a subclass plays more of them) running in it."""
     nodes, image = node_status()
     from kubernetes import config
 
     with node_share(cpus):
         api = config.new_client_from_config(context=CONTEXT)
         namespace = create_namespace(api, prefix="hpct-real")
-        standin = KubeflowStandIn(api, namespace).start()
+        standin = controllers(api, namespace).start()
         try:
             yield Real(api, namespace, image, nodes, standin, cli_env(tmp_path / "home"))
         finally:

@@ -28,6 +28,7 @@ REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 TRAINJOB_SELECTOR = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
 _PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
                       "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
@@ -226,7 +227,8 @@ class KubernetesScheduler(LiveChecks):
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
             reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
-        return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=sum(p.restarts for p in replicas),
+        restarts = sum(p.restarts for p in replicas) + _jobset_restarts(pods)
+        return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=restarts,
                          replicas=replicas, pending_reasons=reasons, message=message)
 
     def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
@@ -394,6 +396,12 @@ def _replica_name(pod: Any) -> str:
     if index is not None:
         return f"{labels.get(REPLICATED_JOB_LABEL, r.CONTAINER_TRAINJOB)}-{index}"
     return pod.metadata.name
+
+
+def _jobset_restarts(pods: list[Any]) -> int:
+    """How often a TrainJob's JobSet recreated its pods (failurePolicy.maxRestarts): the restart-attempt label of
+    its newest pods. Those pods are new, so their restartCounts (the in-place restarts) do not count it."""
+    return max((int((p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, "0")) for p in pods), default=0)
 
 
 def _replica_key(name: str) -> tuple[int, int, str]:
