@@ -4,16 +4,19 @@ Figures (seconds, medians over --runs):
   submit -> exists        KubernetesScheduler.submit() until a GET of the object succeeds (warm client)
   cold submit -> exists   the same in a fresh interpreter, including importing the client and loading the
                           kubeconfig (what one `hpctrain submit` pays)
-  cancel -> pods gone     cancel() until the job object and all its pods are gone; the pods are run by the
-                          test stand-in (tests/kubeflow_standin.py, a fake kubelet/controller polling every
-                          0.2 s) and exit on SIGTERM at once, so this is the API round trips plus its polling
+  cancel -> pods gone     cancel() until the job object and all its pods are gone: the garbage collector
+                          deletes the pods, the real kubelet sends SIGTERM, the containers exit at once; the
+                          pods come from the PyTorchJob controller's stand-in (tests/kubeflow_standin.py)
   import hpctrain.cli     `python -c "import hpctrain.cli"`: the CLI's start-up
   ... + kubernetes        the same plus `import kubernetes`: what start-up would cost if the client were not lazy
   hpctrain --help         the console entry point, end to end
 A check that the lazy import holds: after `import hpctrain.cli, hpctrain.schedulers` and rendering a job for
 Kubernetes no `kubernetes` module is loaded.
 
-Needs the local API server (scripts/local-k8s.sh up) and the k8s extra (pip install -e '.[k8s]').
+Needs the local cluster with a node (HPCTRAIN_K8S_DIR=/var/lib/hpctrain-k8s-node HPCTRAIN_K8S_CONTEXT=hpctrain-node
+HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up, as scripts/test.sh starts it; HPCTRAIN_K8S_NODE_DIR and
+HPCTRAIN_K8S_NODE_CONTEXT name another) with nothing else running on it (a 2-pod job takes its 2 CPUs), and the k8s
+extra (pip install -e '.[k8s]').
 
     python benchmarks/k8s_turnaround.py --runs 5
 """
@@ -32,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-CONTEXT = "hpctrain-local"
+CONTEXT = os.environ.get("HPCTRAIN_K8S_NODE_CONTEXT", "hpctrain-node")
+NODE_DIR = os.environ.get("HPCTRAIN_K8S_NODE_DIR", "/var/lib/hpctrain-k8s-node")
 SLEEPER = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\ntime.sleep(600)\n"
 
 
@@ -49,6 +53,16 @@ def python_time(code: str, runs: int) -> list[float]:
     return times
 
 
+def training_image() -> str:
+    """The node's training image, as `scripts/local-k8s.sh status` names it."""
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "local-k8s.sh"), "status"], capture_output=True, text=True,
+                         env=dict(os.environ, HPCTRAIN_K8S_DIR=NODE_DIR)).stdout
+    images = [line.rsplit(": ", 1)[1] for line in out.splitlines() if line.startswith("local-k8s: training image: ")]
+    if not images:
+        sys.exit(f"k8s_turnaround: no training image in {NODE_DIR} (is the cluster with a node up?):\n{out}")
+    return images[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -62,6 +76,7 @@ def main() -> int:
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
     from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace
 
+    image = training_image()
     api = config.new_client_from_config(context=CONTEXT)
     custom = client.CustomObjectsApi(api)
     core = client.CoreV1Api(api)
@@ -69,13 +84,11 @@ def main() -> int:
     figures: dict[str, list[float]] = {"submit -> exists": [], "cold submit -> exists": [], "cancel -> pods gone": []}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            standin = KubeflowStandIn(api, namespace, Path(tmp), node_labels={"hpctrain-bench": namespace}).start()
+            standin = KubeflowStandIn(api, namespace, Path(tmp)).start()
             try:
-                options = KubernetesOptions(namespace=namespace, image="example.invalid/hpctrain:bench",
-                                            node_selector=(f"hpctrain-bench={namespace}",))
-                sched = KubernetesScheduler(options, api_client=api)
+                sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=image), api_client=api)
                 for i in range(args.runs):
-                    job = JobSpec(command=(sys.executable, "-c", SLEEPER), name=f"bench-{i}", signal_grace=30,
+                    job = JobSpec(command=("python", "-c", SLEEPER), name=f"bench-{i}", signal_grace=30,
                                   resources=Resources(nodes=2, mem="100M"))
                     rendered = sched.render(job)
                     start = time.perf_counter()
@@ -101,8 +114,8 @@ def main() -> int:
                     "import sys, time; start = time.perf_counter()\n"
                     "from hpctrain.schedulers import get_scheduler\n"
                     "from hpctrain.jobs.spec import JobSpec\n"
-                    f"s = get_scheduler('kubernetes', context={CONTEXT!r}, namespace={namespace!r}, image='example.invalid/x:1')\n"
-                    "job = JobSpec(command=('hpctrain', 'train', 'mnist'), name=sys.argv[1])\n"
+                    f"s = get_scheduler('kubernetes', context={CONTEXT!r}, namespace={namespace!r}, image={image!r})\n"
+                    "job = JobSpec(command=('true',), name=sys.argv[1])\n"
                     "s.submit(job, s.render(job)); s.custom.get_namespaced_custom_object('kubeflow.org', 'v1', "
                     f"{namespace!r}, 'pytorchjobs', sys.argv[1])\n"
                     "print(time.perf_counter() - start)\n"

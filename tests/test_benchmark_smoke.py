@@ -43,3 +43,17 @@ def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path
     assert result.returncode == 0, result.stdout + result.stderr
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["backend"] == "cpu" and row["images_per_s"] > 0 and "error" not in row, row
+
+
+@pytest.mark.k8s
+@pytest.mark.slow
+def test_k8s_turnaround_benchmark_runs_on_the_real_node() -> None:
+    from real_node import WHOLE, node_share
+    from test_k8s_real_pods import node_status
+
+    node_status()  # skips without a Ready node (where scripts/test.sh started one: fails)
+    with node_share(WHOLE):  # its 2-pod job takes the node's CPUs
+        result = bench("benchmarks/k8s_turnaround.py", "--runs", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "cancel -> pods gone" in result.stdout, result.stdout
+    assert "kubernetes imported by the CLI and a Kubernetes render: False" in result.stdout, result.stdout
