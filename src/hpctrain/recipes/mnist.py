@@ -277,10 +277,10 @@ class FastRecipe(Recipe):
         return model.to(memory_format=torch.channels_last)
 
     def build_optimization(self, model, lr, epochs, steps_per_epoch):
-        # No weight decay on biases and batch-norm parameters: it only fights their scale.
-        trained = [p for p in model.parameters() if p.requires_grad]  # not the whitened first layer
-        decay = [p for p in trained if p.ndim > 1]
-        no_decay = [p for p in trained if p.ndim <= 1]
+        # No weight decay on biases and batch-norm parameters: it only fights their scale. The frozen first layer
+        # stays in its group but never gets a gradient, and SGD leaves a parameter without one untouched.
+        decay = [p for p in model.parameters() if p.ndim > 1]
+        no_decay = [p for p in model.parameters() if p.ndim <= 1]
         groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         try:  # one kernel per parameter instead of several: half the optimizer's time per step
             optimizer = torch.optim.SGD(groups, lr=lr, momentum=self.momentum, nesterov=True, fused=True)
