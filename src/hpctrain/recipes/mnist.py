@@ -175,9 +175,31 @@ def bf16_is_fast(device: torch.device) -> bool:
     return False
 
 
+def patch_whitening(images: torch.Tensor, filters: int, eps: float = 1e-2) -> torch.Tensor:
+    """3x3 convolution filters [filters, 1, 3, 3] that whiten the 3x3 patches of `images` ([N, 1, H, W]): the
+    top filters // 2 principal directions of the patch covariance, each scaled by 1 / sqrt(its variance + eps),
+    and their negatives (ReLU comes later, so each direction keeps both signs). Computed in float64 on the CPU,
+    a thousand images at a time."""
+    if filters < 2 or filters % 2:
+        raise ValueError(f"patch whitening makes filters in +/- pairs: an even count, got {filters}")
+    cov = torch.zeros(9, 9, dtype=torch.float64)
+    count = 0
+    for chunk in images.detach().cpu().float().split(1000):
+        padded = F.pad(chunk[:, 0], (1, 1, 1, 1))  # [n, H + 2, W + 2]; F.unfold does the same, many times slower
+        height, width = chunk.shape[-2:]
+        shifted = [padded[:, i : i + height, j : j + width] for i in range(3) for j in range(3)]
+        patches = torch.stack(shifted, dim=-1).reshape(-1, 9).double()
+        cov += patches.T @ patches
+        count += len(patches)
+    variances, directions = torch.linalg.eigh(cov / max(count, 1))  # ascending
+    top = directions.flip(1)[:, : filters // 2] / (variances.flip(0)[: filters // 2] + eps).sqrt()
+    return torch.cat([top, -top], dim=1).T.reshape(filters, 1, 3, 3).float()
+
+
 class FastNet(nn.Module):
     """Three conv-pool-BN-ReLU blocks (28 -> 14 -> 7 -> 3) and a linear layer; bfloat16 autocast inside
-    forward where the hardware computes in it, float32 logits out."""
+    forward where the hardware computes in it, float32 logits out. `whiten(filters)` fixes the first convolution's
+    filters (patch_whitening's) and freezes them."""
 
     def __init__(self, widths: tuple[int, int, int] = (16, 32, 64), num_classes: int = 10) -> None:
         super().__init__()
@@ -185,6 +207,13 @@ class FastNet(nn.Module):
         self.features = nn.Sequential(*_conv_pool_block(1, w1), *_conv_pool_block(w1, w2), *_conv_pool_block(w2, w3))
         self.head = nn.Linear(w3 * 3 * 3, num_classes)
         self._bf16: dict[torch.device, bool] = {}
+
+    def whiten(self, filters: torch.Tensor) -> None:
+        """Fixed first-layer filters (from patch_whitening): copied in and no longer trained."""
+        stem = self.features[0]
+        with torch.no_grad():
+            stem.weight.copy_(filters)
+        stem.weight.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device not in self._bf16:
@@ -222,7 +251,11 @@ class FastRecipe(Recipe):
     # 90.53, 90.20, 90.17%); see docs/benchmarks.md.
     defaults = WORKLOAD.recipes["fast"].defaults
     datasets = WORKLOAD.datasets
-    widths = (16, 32, 64)
+    # 8 whitened, frozen first-layer filters instead of 16 trained ones, and 24 second-layer filters instead of 32:
+    # about 40% less work per image in float32, the same accuracy (CLI, seeds 0-4: 90.05-90.45%, median 90.38%);
+    # see docs/benchmarks.md.
+    widths = (8, 24, 64)
+    whitening_images = 5000  # the first this many training images set the first layer's filters
     momentum = 0.9
     weight_decay = 5e-4
     warmup_fraction = 0.2
@@ -231,18 +264,25 @@ class FastRecipe(Recipe):
     def __init__(self, flips: bool = False) -> None:
         self.wants_flips = flips
         self.flips = flips
+        self.stem: torch.Tensor | None = None  # the first layer's filters, once the training images are known
 
     def load_data(self, dataset, data_dir, device, train_limit):
         # Decided here, where the dataset is known: digits must not be mirrored.
         self.flips = self.wants_flips and dataset != "mnist"
         mean, std = PIXEL_STATS[dataset]
-        return load_tensors(dataset, data_dir, device, train_limit, mean, std)
+        data = load_tensors(dataset, data_dir, device, train_limit, mean, std)
+        self.stem = patch_whitening(data.train_images[: self.whitening_images], self.widths[0])
+        return data
 
     def build_model(self) -> nn.Module:
-        return FastNet(self.widths).to(memory_format=torch.channels_last)
+        model = FastNet(self.widths)
+        # Frozen even without data (a model built only to load a checkpoint): the optimizer's groups never change.
+        model.whiten(self.stem if self.stem is not None else model.features[0].weight.detach().clone())
+        return model.to(memory_format=torch.channels_last)
 
     def build_optimization(self, model, lr, epochs, steps_per_epoch):
-        # No weight decay on biases and batch-norm parameters: it only fights their scale.
+        # No weight decay on biases and batch-norm parameters: it only fights their scale. The frozen first layer
+        # stays in its group but never gets a gradient, and SGD leaves a parameter without one untouched.
         decay = [p for p in model.parameters() if p.ndim > 1]
         no_decay = [p for p in model.parameters() if p.ndim <= 1]
         groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
