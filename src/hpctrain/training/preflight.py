@@ -76,8 +76,8 @@ def allreduce_gbps(run: Run) -> float | None:
 
 
 def link_gbps(nodes: list[str], rank: int) -> dict[str, float]:
-    """This rank's exchanges with the leaders of its neighbour nodes (`link_pairs`), GB/s each way per peer node;
-    {} for a rank that leads no node or a job on one node."""
+    """This rank's exchanges with the leaders of its neighbour nodes (`link_pairs`): per peer node, the bytes sent
+    and received per second, in GB/s; {} for a rank that leads no node or a job on one node."""
     rates: dict[str, float] = {}
     pairs = [pair for round_ in link_pairs(nodes) for pair in round_ if rank in pair]
     if not pairs:
