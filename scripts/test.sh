@@ -76,10 +76,7 @@ if [ -n "$floor_env_pid" ]; then
 fi
 
 status=0
-# Each test's time is kept outside the checkout, and the next run starts the longest first, spread over the workers
-# (tests/schedule_by_duration.py): the suite's tail is then a short test, not a 2-minute one collected last.
-HPCTRAIN_TEST_DURATIONS=${HPCTRAIN_TEST_DURATIONS:-/var/cache/hpctrain/test-durations.json} \
-    "$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-4}" --dist worksteal --durations=30 "$@" || status=$?
+"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-4}" --dist worksteal --durations=30 "$@" || status=$?
 if [ -n "$floor_pid" ]; then
     floor_status=0
     wait "$floor_pid" || floor_status=$?

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-# The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down), and
-# the order of the tests by their last durations (tests/schedule_by_duration.py).
-pytest_plugins = ["slurm_fixtures", "k8s_fixtures", "schedule_by_duration"]
+# The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down).
+pytest_plugins = ["slurm_fixtures", "k8s_fixtures"]
 
 # Signals whose action hpctrain's code changes in-process: the training loop's StopRequest and the local launcher
 # leave them ignored once a run is settled ("until the process exits"). In a pytest worker that would last for
