@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpctrain.schedulers.kubernetes.scheduler import _jobset_restarts, _replica_name
+from hpctrain.schedulers.kubernetes.objects import jobset_restarts, replica_name
 from real_node import DEADLINE_S, WHOLE, Real, real_namespace
 from standins import install
 from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TrainerStandIn
@@ -189,20 +189,20 @@ def _pod(labels: dict[str, str], annotations: dict[str, str] | None = None) -> S
     return SimpleNamespace(metadata=SimpleNamespace(name="x-node-0-1-abcde", labels=labels, annotations=annotations))
 
 
-def test_trainjob_replica_names_come_from_the_completion_index_label_or_annotation() -> None:
+def test_trainjobreplica_names_come_from_the_completion_index_label_or_annotation() -> None:
     """Before Kubernetes 1.28 the Job controller sets the completion index only as an annotation."""
     rjob = {"jobset.sigs.k8s.io/replicatedjob-name": "node"}
     index = {"batch.kubernetes.io/job-completion-index": "1"}
-    assert _replica_name(_pod({**rjob, **index}, index)) == "node-1"
-    assert _replica_name(_pod(rjob, index)) == "node-1"
-    assert _replica_name(_pod({"jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer"}, {
+    assert replica_name(_pod({**rjob, **index}, index)) == "node-1"
+    assert replica_name(_pod(rjob, index)) == "node-1"
+    assert replica_name(_pod({"jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer"}, {
         "batch.kubernetes.io/job-completion-index": "0"})) == "dataset-initializer-0"
-    assert _replica_name(_pod({})) == "x-node-0-1-abcde"
+    assert replica_name(_pod({})) == "x-node-0-1-abcde"
 
 
 def test_trainjob_restarts_count_the_jobsets_recreations() -> None:
     """JobSet's failurePolicy restarts make new pods (restartCount 0): their restart-attempt label counts them."""
     attempt = "jobset.sigs.k8s.io/restart-attempt"
-    assert _jobset_restarts([_pod({attempt: "2"}), _pod({attempt: "2"})]) == 2
-    assert _jobset_restarts([_pod({}), _pod({"jobset.sigs.k8s.io/replicatedjob-name": "node"})]) == 0
-    assert _jobset_restarts([]) == 0
+    assert jobset_restarts([_pod({attempt: "2"}), _pod({attempt: "2"})]) == 2
+    assert jobset_restarts([_pod({}), _pod({"jobset.sigs.k8s.io/replicatedjob-name": "node"})]) == 0
+    assert jobset_restarts([]) == 0

@@ -1,5 +1,6 @@
 """The live side of the Kubernetes backend: check, submit, status, list, logs, cancel and the cluster view
-(what the CLI prints of them: display.py; the checks on the submit host: local.py).
+(what the CLI prints of them: display.py; the checks on the submit host: local.py; reading the objects it fetches:
+objects.py).
 
 Through the official `kubernetes` client, configured from the kubeconfig (its current context, or `context`)
 or from the in-cluster service account. The client is imported on first live use, so rendering (`--dry-run`)
@@ -16,48 +17,21 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
-from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered, ReplicaStatus
+from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions, parse_quantity
-
-# Pod labels set by the controllers, used to find a job's pods.
-PYTORCHJOB_SELECTOR = "training.kubeflow.org/job-name"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-TRAINJOB_SELECTOR = "jobset.sigs.k8s.io/jobset-name"
-REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
-
-_PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
-                      "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
-_TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed": base.FAILED,
-                    "Suspended": base.SUSPENDED}
-
-
-def _cpu(value: Any) -> Decimal:
-    return parse_quantity(value) if value is not None else Decimal(0)
-
-
-def pod_requests(pod: Any) -> dict[str, Decimal]:
-    """What a pod takes from its node: the sum over containers (requests, else limits), at least the largest
-    init container, as the scheduler counts it."""
-    def one(container: Any) -> dict[str, Decimal]:
-        res = container.resources
-        req = dict((res.limits or {}) if res else {})
-        req.update((res.requests or {}) if res else {})
-        return {k: parse_quantity(v) for k, v in req.items()}
-
-    total: dict[str, Decimal] = {}
-    for c in pod.spec.containers or []:
-        for k, v in one(c).items():
-            total[k] = total.get(k, Decimal(0)) + v
-    for c in pod.spec.init_containers or []:
-        for k, v in one(c).items():
-            total[k] = max(total.get(k, Decimal(0)), v)
-    return total
-
+from hpctrain.schedulers.kubernetes.objects import (
+    PYTORCHJOB_SELECTOR,
+    TRAINJOB_SELECTOR,
+    jobset_restarts,
+    object_state,
+    pod_requests,
+    quantity_or_zero,
+    replica_key,
+    replica_name,
+    replica_status,
+)
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 
 DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
                 "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
@@ -210,13 +184,13 @@ class KubernetesScheduler(LiveChecks):
     def pods_of(self, job_id: str) -> list[Any]:
         selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector}={job_id}").items
-        return sorted(pods, key=lambda p: _replica_key(_replica_name(p)))
+        return sorted(pods, key=lambda p: replica_key(replica_name(p)))
 
     def status(self, job_id: str) -> JobStatus:
         obj = self.get_object(job_id)
         pods = self.pods_of(job_id)
-        replicas = tuple(_replica_status(p) for p in pods)
-        state, message = _object_state(obj, self.options.api)
+        replicas = tuple(replica_status(p) for p in pods)
+        state, message = object_state(obj, self.options.api)
         if state == base.PENDING and any(p.phase == "Running" for p in replicas):
             state = base.RUNNING
         exit_code = None
@@ -227,7 +201,7 @@ class KubernetesScheduler(LiveChecks):
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
             reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
-        restarts = sum(p.restarts for p in replicas) + _jobset_restarts(pods)
+        restarts = sum(p.restarts for p in replicas) + jobset_restarts(pods)
         return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=restarts,
                          replicas=replicas, pending_reasons=reasons, message=message)
 
@@ -256,7 +230,7 @@ class KubernetesScheduler(LiveChecks):
                 raise UserError(problems[0])
         out = []
         for obj in items:
-            state, _ = _object_state(obj, self.options.api)
+            state, _ = object_state(obj, self.options.api)
             spec = obj.get("spec", {})
             if self.options.api == "pytorchjob":
                 count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
@@ -273,10 +247,10 @@ class KubernetesScheduler(LiveChecks):
             raise UserError("a container's log holds its stdout and stderr together: drop --err")
         self.get_object(job_id)
         pods = self.pods_of(job_id)
-        names = [_replica_name(p) for p in pods]
+        names = [replica_name(p) for p in pods]
         if not pods:
             raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
-        pod = pods[0] if replica is None else next((p for p in pods if _replica_name(p) == replica), None)
+        pod = pods[0] if replica is None else next((p for p in pods if replica_name(p) == replica), None)
         if pod is None:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
@@ -354,9 +328,9 @@ class KubernetesScheduler(LiveChecks):
             u = used.get(n.metadata.name, {})
             nodes.append(NodeView(
                 name=n.metadata.name,
-                cpu_allocatable=float(_cpu(alloc.get("cpu"))), cpu_requested=float(u.get("cpu", 0)),
-                memory_allocatable=int(_cpu(alloc.get("memory"))), memory_requested=int(u.get("memory", 0)),
-                gpus_allocatable=int(_cpu(alloc.get(GPU))), gpus_requested=int(u.get(GPU, 0)),
+                cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))), cpu_requested=float(u.get("cpu", 0)),
+                memory_allocatable=int(quantity_or_zero(alloc.get("memory"))), memory_requested=int(u.get("memory", 0)),
+                gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))), gpus_requested=int(u.get(GPU, 0)),
                 schedulable=not (n.spec and n.spec.unschedulable),
             ))
         lines: list[str] = []
@@ -367,73 +341,6 @@ class KubernetesScheduler(LiveChecks):
                 for key in sorted(hard):
                     lines.append(f"{self.namespace}/{q.metadata.name} {key}: {use.get(key, '0')} of {hard[key]} used")
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
-
-
-def _object_state(obj: dict[str, Any], api: str) -> tuple[str, str | None]:
-    """(state, message) of a PyTorchJob or TrainJob object from its status. The controllers append conditions: the
-    last true one is the current one. A TrainJob has no Running condition: it runs when its JobSet's child Jobs
-    are ready (status.jobsStatus, counted in Jobs: all of a Job's pods running or done)."""
-    status = obj.get("status") or {}
-    states = _PYTORCHJOB_STATES if api == "pytorchjob" else _TRAINJOB_STATES
-    state, message = base.PENDING, None
-    for c in status.get("conditions") or []:
-        if c.get("status") == "True" and c.get("type") in states:
-            state, message = states[c["type"]], c.get("message")
-    if api == "trainjob" and state == base.PENDING and any(j.get("ready") for j in status.get("jobsStatus") or []):
-        state = base.RUNNING
-    if obj["metadata"].get("deletionTimestamp"):
-        state, message = base.CANCELLED, "being deleted (hpctrain cancel): pods stop and checkpoint"
-    return state, message
-
-
-def _replica_name(pod: Any) -> str:
-    """`master-0`, `worker-N` (PyTorchJob), `node-N` (TrainJob: JobSet's replicated job and the pod's completion
-    index, a label only since Kubernetes 1.28 and an annotation before), else the pod's name."""
-    labels = pod.metadata.labels or {}
-    if REPLICA_TYPE_LABEL in labels:
-        return f"{labels[REPLICA_TYPE_LABEL].lower()}-{labels.get(REPLICA_INDEX_LABEL, '0')}"
-    index = labels.get(COMPLETION_INDEX_LABEL, (pod.metadata.annotations or {}).get(COMPLETION_INDEX_LABEL))
-    if index is not None:
-        return f"{labels.get(REPLICATED_JOB_LABEL, r.CONTAINER_TRAINJOB)}-{index}"
-    return pod.metadata.name
-
-
-def _jobset_restarts(pods: list[Any]) -> int:
-    """How often a TrainJob's JobSet recreated its pods (failurePolicy.maxRestarts): the restart-attempt label of
-    its newest pods. Those pods are new, so their restartCounts (the in-place restarts) do not count it."""
-    return max((int((p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, "0")) for p in pods), default=0)
-
-
-def _replica_key(name: str) -> tuple[int, int, str]:
-    kind, _, index = name.rpartition("-")
-    order = {"master": 0, "node": 1, "worker": 2}.get(kind, 3)
-    return order, int(index) if index.isdigit() else 0, name
-
-
-def _replica_status(pod: Any) -> ReplicaStatus:
-    status = pod.status
-    phase = (status.phase if status else None) or "Pending"
-    restarts, exit_code, reason, message = 0, None, status.reason if status else None, None
-    for cs in (status.container_statuses or []) if status else []:
-        restarts += cs.restart_count or 0
-        state, last = cs.state, cs.last_state.terminated if cs.last_state else None
-        if state and state.terminated:
-            exit_code, reason = state.terminated.exit_code, state.terminated.reason or reason
-            message = state.terminated.message
-        elif state and state.waiting:
-            reason = state.waiting.reason or reason
-        if last and exit_code is None:  # running again, or waiting to (CrashLoopBackOff): the last attempt's code
-            exit_code = last.exit_code
-        if message is None and last is not None:  # restarted in place (or waiting to): the last attempt's words
-            message = last.message
-    if phase == "Pending" and reason is None and status:
-        for c in status.conditions or []:
-            if c.type == "PodScheduled" and c.status == "False":
-                reason = c.reason
-    if pod.metadata.deletion_timestamp:
-        reason = "Terminating"
-    return ReplicaStatus(name=_replica_name(pod), phase=phase, node=pod.spec.node_name, restarts=restarts,
-                         exit_code=exit_code, reason=reason, message=(message or "").strip() or None)
 
 
 def _lines(resp: Any, pod: str) -> Iterator[str]:

@@ -1,0 +1,119 @@
+"""Reading the Kubeflow objects and their pods: a PyTorchJob's or TrainJob's state from its conditions, each pod's
+replica name, phase, restarts, exit status and last words, and what a pod takes from its node. Pure: functions of
+the API objects the scheduler (scheduler.py) has fetched.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from hpctrain.schedulers import base
+from hpctrain.schedulers.base import ReplicaStatus
+from hpctrain.schedulers.kubernetes.options import parse_quantity
+from hpctrain.schedulers.kubernetes.render import CONTAINER_TRAINJOB
+
+# Pod labels set by the controllers, used to find a job's pods.
+PYTORCHJOB_SELECTOR = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+TRAINJOB_SELECTOR = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+_PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
+                      "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
+_TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed": base.FAILED,
+                    "Suspended": base.SUSPENDED}
+
+
+def quantity_or_zero(value: Any) -> Decimal:
+    """A resource quantity (CPU, memory, GPUs) as a number; an absent one is 0."""
+    return parse_quantity(value) if value is not None else Decimal(0)
+
+
+def pod_requests(pod: Any) -> dict[str, Decimal]:
+    """What a pod takes from its node: the sum over containers (requests, else limits), at least the largest
+    init container, as the scheduler counts it."""
+    def one(container: Any) -> dict[str, Decimal]:
+        res = container.resources
+        req = dict((res.limits or {}) if res else {})
+        req.update((res.requests or {}) if res else {})
+        return {k: parse_quantity(v) for k, v in req.items()}
+
+    total: dict[str, Decimal] = {}
+    for c in pod.spec.containers or []:
+        for k, v in one(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in pod.spec.init_containers or []:
+        for k, v in one(c).items():
+            total[k] = max(total.get(k, Decimal(0)), v)
+    return total
+
+
+def object_state(obj: dict[str, Any], api: str) -> tuple[str, str | None]:
+    """(state, message) of a PyTorchJob or TrainJob object from its status. The controllers append conditions: the
+    last true one is the current one. A TrainJob has no Running condition: it runs when its JobSet's child Jobs
+    are ready (status.jobsStatus, counted in Jobs: all of a Job's pods running or done)."""
+    status = obj.get("status") or {}
+    states = _PYTORCHJOB_STATES if api == "pytorchjob" else _TRAINJOB_STATES
+    state, message = base.PENDING, None
+    for c in status.get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") in states:
+            state, message = states[c["type"]], c.get("message")
+    if api == "trainjob" and state == base.PENDING and any(j.get("ready") for j in status.get("jobsStatus") or []):
+        state = base.RUNNING
+    if obj["metadata"].get("deletionTimestamp"):
+        state, message = base.CANCELLED, "being deleted (hpctrain cancel): pods stop and checkpoint"
+    return state, message
+
+
+def replica_name(pod: Any) -> str:
+    """`master-0`, `worker-N` (PyTorchJob), `node-N` (TrainJob: JobSet's replicated job and the pod's completion
+    index, a label only since Kubernetes 1.28 and an annotation before), else the pod's name."""
+    labels = pod.metadata.labels or {}
+    if REPLICA_TYPE_LABEL in labels:
+        return f"{labels[REPLICA_TYPE_LABEL].lower()}-{labels.get(REPLICA_INDEX_LABEL, '0')}"
+    index = labels.get(COMPLETION_INDEX_LABEL, (pod.metadata.annotations or {}).get(COMPLETION_INDEX_LABEL))
+    if index is not None:
+        return f"{labels.get(REPLICATED_JOB_LABEL, CONTAINER_TRAINJOB)}-{index}"
+    return pod.metadata.name
+
+
+def jobset_restarts(pods: list[Any]) -> int:
+    """How often a TrainJob's JobSet recreated its pods (failurePolicy.maxRestarts): the restart-attempt label of
+    its newest pods. Those pods are new, so their restartCounts (the in-place restarts) do not count it."""
+    return max((int((p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, "0")) for p in pods), default=0)
+
+
+def replica_key(name: str) -> tuple[int, int, str]:
+    kind, _, index = name.rpartition("-")
+    order = {"master": 0, "node": 1, "worker": 2}.get(kind, 3)
+    return order, int(index) if index.isdigit() else 0, name
+
+
+def replica_status(pod: Any) -> ReplicaStatus:
+    status = pod.status
+    phase = (status.phase if status else None) or "Pending"
+    restarts, exit_code, reason, message = 0, None, status.reason if status else None, None
+    for cs in (status.container_statuses or []) if status else []:
+        restarts += cs.restart_count or 0
+        state, last = cs.state, cs.last_state.terminated if cs.last_state else None
+        if state and state.terminated:
+            exit_code, reason = state.terminated.exit_code, state.terminated.reason or reason
+            message = state.terminated.message
+        elif state and state.waiting:
+            reason = state.waiting.reason or reason
+        if last and exit_code is None:  # running again, or waiting to (CrashLoopBackOff): the last attempt's code
+            exit_code = last.exit_code
+        if message is None and last is not None:  # restarted in place (or waiting to): the last attempt's words
+            message = last.message
+    if phase == "Pending" and reason is None and status:
+        for c in status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                reason = c.reason
+    if pod.metadata.deletion_timestamp:
+        reason = "Terminating"
+    return ReplicaStatus(name=replica_name(pod), phase=phase, node=pod.spec.node_name, restarts=restarts,
+                         exit_code=exit_code, reason=reason, message=(message or "").strip() or None)
