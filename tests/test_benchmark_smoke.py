@@ -29,6 +29,15 @@ def test_stop_vote_benchmark_measures_each_mode() -> None:
 
 
 @pytest.mark.slow
+def test_mnist_step_cost_benchmark_compares_the_two_networks() -> None:
+    result = bench("benchmarks/mnist_step_cost.py", "--threads", "1", "--steps", "2", "--rounds", "1")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" us per image")[0].rsplit(None, 1) for line in result.stdout.splitlines() if "us per image" in line]
+    assert [name.strip() for name, _ in rows] == ["before (16, 32, 64 trained)", "now (8 frozen, 24, 64)"], result.stdout
+    assert all(float(us) > 0 for _, us in rows), result.stdout
+
+
+@pytest.mark.slow
 def test_preflight_links_benchmark_times_a_ring_of_three() -> None:
     result = bench("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "benchmarks/preflight_links.py")
     assert result.returncode == 0, result.stderr
