@@ -59,7 +59,9 @@ def training_image() -> str:
                          env=dict(os.environ, HPCTRAIN_K8S_DIR=NODE_DIR)).stdout
     images = [line.rsplit(": ", 1)[1] for line in out.splitlines() if line.startswith("local-k8s: training image: ")]
     if not images:
-        sys.exit(f"k8s_turnaround: no training image in {NODE_DIR} (is the cluster with a node up?):\n{out}")
+        sys.exit(f"k8s_turnaround: no training image in {NODE_DIR}: start the cluster with a node first "
+                 f"(HPCTRAIN_K8S_DIR={NODE_DIR} HPCTRAIN_K8S_CONTEXT={CONTEXT} HPCTRAIN_K8S_NODES=1 "
+                 f"scripts/local-k8s.sh up)\n{out}")
     return images[0]
 
 
