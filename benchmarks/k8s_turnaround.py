@@ -28,7 +28,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -85,48 +84,47 @@ def main() -> int:
     namespace = create_namespace(api, prefix="hpct-bench")
     figures: dict[str, list[float]] = {"submit -> exists": [], "cold submit -> exists": [], "cancel -> pods gone": []}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            standin = KubeflowStandIn(api, namespace, Path(tmp)).start()
-            try:
-                sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=image), api_client=api)
-                for i in range(args.runs):
-                    job = JobSpec(command=("python", "-c", SLEEPER), name=f"bench-{i}", signal_grace=30,
-                                  resources=Resources(nodes=2, mem="100M"))
-                    rendered = sched.render(job)
-                    start = time.perf_counter()
-                    sched.submit(job, rendered)
-                    custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job.name)
-                    figures["submit -> exists"].append(time.perf_counter() - start)
-                    while [r.phase for r in sched.status(job.name).replicas] != ["Running", "Running"]:
-                        time.sleep(0.05)
-                    start = time.perf_counter()
-                    sched.cancel(job.name)
-                    while True:
-                        pods = core.list_namespaced_pod(namespace, label_selector=f"training.kubeflow.org/job-name={job.name}").items
-                        try:
-                            custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job.name)
-                            gone = False
-                        except ApiException as err:
-                            gone = err.status == 404
-                        if gone and not pods:
-                            break
-                        time.sleep(0.02)
-                    figures["cancel -> pods gone"].append(time.perf_counter() - start)
-                cold = (
-                    "import sys, time; start = time.perf_counter()\n"
-                    "from hpctrain.schedulers import get_scheduler\n"
-                    "from hpctrain.jobs.spec import JobSpec\n"
-                    f"s = get_scheduler('kubernetes', context={CONTEXT!r}, namespace={namespace!r}, image={image!r})\n"
-                    "job = JobSpec(command=('true',), name=sys.argv[1])\n"
-                    "s.submit(job, s.render(job)); s.custom.get_namespaced_custom_object('kubeflow.org', 'v1', "
-                    f"{namespace!r}, 'pytorchjobs', sys.argv[1])\n"
-                    "print(time.perf_counter() - start)\n"
-                )
-                for i in range(args.runs):
-                    out = subprocess.run([sys.executable, "-c", cold, f"cold-{i}"], check=True, capture_output=True, text=True)
-                    figures["cold submit -> exists"].append(float(out.stdout.strip()))
-            finally:
-                standin.stop()
+        standin = KubeflowStandIn(api, namespace).start()
+        try:
+            sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=image), api_client=api)
+            for i in range(args.runs):
+                job = JobSpec(command=("python", "-c", SLEEPER), name=f"bench-{i}", signal_grace=30,
+                              resources=Resources(nodes=2, mem="100M"))
+                rendered = sched.render(job)
+                start = time.perf_counter()
+                sched.submit(job, rendered)
+                custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job.name)
+                figures["submit -> exists"].append(time.perf_counter() - start)
+                while [r.phase for r in sched.status(job.name).replicas] != ["Running", "Running"]:
+                    time.sleep(0.05)
+                start = time.perf_counter()
+                sched.cancel(job.name)
+                while True:
+                    pods = core.list_namespaced_pod(namespace, label_selector=f"training.kubeflow.org/job-name={job.name}").items
+                    try:
+                        custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job.name)
+                        gone = False
+                    except ApiException as err:
+                        gone = err.status == 404
+                    if gone and not pods:
+                        break
+                    time.sleep(0.02)
+                figures["cancel -> pods gone"].append(time.perf_counter() - start)
+            cold = (
+                "import sys, time; start = time.perf_counter()\n"
+                "from hpctrain.schedulers import get_scheduler\n"
+                "from hpctrain.jobs.spec import JobSpec\n"
+                f"s = get_scheduler('kubernetes', context={CONTEXT!r}, namespace={namespace!r}, image={image!r})\n"
+                "job = JobSpec(command=('true',), name=sys.argv[1])\n"
+                "s.submit(job, s.render(job)); s.custom.get_namespaced_custom_object('kubeflow.org', 'v1', "
+                f"{namespace!r}, 'pytorchjobs', sys.argv[1])\n"
+                "print(time.perf_counter() - start)\n"
+            )
+            for i in range(args.runs):
+                out = subprocess.run([sys.executable, "-c", cold, f"cold-{i}"], check=True, capture_output=True, text=True)
+                figures["cold submit -> exists"].append(float(out.stdout.strip()))
+        finally:
+            standin.stop()
     finally:
         delete_namespace(api, namespace)
 

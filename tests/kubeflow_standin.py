@@ -36,7 +36,6 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
@@ -58,14 +57,13 @@ def free_port() -> int:
 
 
 class KubeflowStandIn:
-    def __init__(self, api_client: Any, namespace: str, workdir: Path | None = None) -> None:
-        """The PyTorchJob controller of `namespace` (module docstring); `workdir` is unused (kept for callers)."""
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        """The PyTorchJob controller of `namespace` (module docstring)."""
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.namespace = namespace
-        self.workdir = workdir
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubeflow-standin", daemon=True)

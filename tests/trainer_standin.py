@@ -61,8 +61,8 @@ class TrainerStandIn(KubeflowStandIn):
     """The PyTorchJob controller of tests/kubeflow_standin.py, plus Trainer v2, JobSet and the Job controller for the
     namespace's TrainJobs (module docstring)."""
 
-    def __init__(self, api_client: Any, namespace: str, workdir: Any = None) -> None:
-        super().__init__(api_client, namespace, workdir)
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        super().__init__(api_client, namespace)
         self._attempts: dict[str, int] = {}  # TrainJob uid -> the JobSet's restarts so far
 
     def reconcile(self) -> None:

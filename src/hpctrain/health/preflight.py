@@ -115,8 +115,10 @@ def link_pairs(nodes: list[str]) -> list[list[tuple[int, int]]]:
         busy: set[int] = set()
         this, edges_left = [], []
         for a, b in edges:
-            (edges_left if a in busy or b in busy else this).append((a, b))
-            if (a, b) in this:
+            if a in busy or b in busy:
+                edges_left.append((a, b))
+            else:
+                this.append((a, b))
                 busy |= {a, b}
         rounds.append(this)
         edges = edges_left
