@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.render import TORCHRUN_SHIM, TORCHRUN_SIGNALS
+from hpctrain.schedulers.slurm.render import EXIT_BARRIER, TORCHRUN_SHIM, TORCHRUN_SIGNALS
 
 # Not marked floor: the main run already runs the shim under the floor torch (the floor-torch variant); in the
 # floor run itself every variant would repeat one of those.
@@ -146,3 +146,75 @@ def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path
     assert result.returncode == status, output
     assert "Traceback" not in output and "ChildFailedError" not in output, output
     assert f"hpctrain: torchrun on node1: a worker ended the attempt on purpose (exit status {status}" in output
+
+
+# Two agents at torchrun's exit barrier over a real TCPStore, the one not hosting the store slower to read (1 s
+# before each store call after its own arrival, as on a loaded node). The host is group rank 1: torch assigns
+# group ranks by sorting the agents' host names and process ids, so the store's host need not be rank 0, which
+# torch's own barrier before 2.4 takes it for. argv: WHICH (torch: torch's own barrier, as
+# of the floor torch; ours: render.EXIT_BARRIER), ROLE (host or other), the port file.
+BARRIER_RACE = EXIT_BARRIER + """
+import datetime, sys, time
+from pathlib import Path
+from torch.distributed import TCPStore
+which, role, port_file = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+host = role == "host"
+if host:
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=30))
+    port_file.write_text(str(store.port))
+else:
+    store = TCPStore("127.0.0.1", int(port_file.read_text()), is_master=False, timeout=datetime.timedelta(seconds=30))
+
+class SlowReader:
+    def __init__(self, store):
+        self.store, self.arrived = store, False
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            if self.arrived:
+                time.sleep(1.0)
+            result = getattr(self.store, name)(*args, **kwargs)
+            self.arrived = self.arrived or name in ("set", "add")
+            return result
+        return call
+
+agent = store if host else SlowReader(store)
+if which == "torch":
+    from torch.distributed.elastic.utils import store as store_util
+    store_util.barrier(agent, 1 if host else 0, 2, key_prefix="exit", barrier_timeout=30)
+else:
+    exit_barrier(agent, 1 if host else 0, 2, "exit", 30, hosts_store=host)
+print(role, "left the barrier", flush=True)
+"""
+
+
+def _barrier_race(tmp_path: Path, python: str, which: str) -> tuple[subprocess.CompletedProcess, str]:
+    (tmp_path / "race.py").write_text(BARRIER_RACE)
+    port_file = tmp_path / "port"
+    host = subprocess.Popen([python, str(tmp_path / "race.py"), which, "host", str(port_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text():
+        assert host.poll() is None and time.monotonic() < deadline, host.communicate()[0]
+        time.sleep(0.05)
+    other = subprocess.run([python, str(tmp_path / "race.py"), which, "other", str(port_file)],
+                           capture_output=True, text=True, timeout=120)
+    return other, host.communicate(timeout=60)[0]
+
+
+@pytest.mark.parametrize("python", ["this-torch", "floor-torch"])
+def test_the_store_host_leaves_the_exit_barrier_last(tmp_path: Path, python: str) -> None:
+    if python == "floor-torch" and not FLOOR_PYTHON:
+        pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
+    other, host_output = _barrier_race(tmp_path, FLOOR_PYTHON if python == "floor-torch" else sys.executable, "ours")
+    assert other.returncode == 0 and "other left the barrier" in other.stdout, other.stdout + other.stderr
+    assert "host left the barrier" in host_output, host_output
+
+
+def test_the_floor_torchs_own_exit_barrier_loses_a_slow_agent(tmp_path: Path) -> None:
+    """Why the shim replaces the barrier before torch 2.4: a host that is not group rank 0 leaves while the other
+    agent still reads, which ends that agent's good job with a DistNetworkError traceback."""
+    if not FLOOR_PYTHON:
+        pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
+    other, host_output = _barrier_race(tmp_path, FLOOR_PYTHON, "torch")
+    assert "host left the barrier" in host_output, host_output
+    assert other.returncode != 0 and "other left the barrier" not in other.stdout, other.stdout + other.stderr

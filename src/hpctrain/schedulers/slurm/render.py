@@ -49,15 +49,40 @@ TORCHRUN_FIXED_SHUTDOWN_S = 30
 #    the time-limit warning, 128+N after signal N: 143 for TERM) instead of torchrun's SignalException traceback;
 #    so does an attempt a worker ended on purpose (142: its hang watchdog; 144: the preflight found a sick node),
 #    instead of torchrun's ChildFailedError traceback.
+#  * The first node of the step (SLURM_NODEID 0, the script's $head_node) hosts the rendezvous store, said with
+#    is_host rather than left to torch's guess from host names (a Slurm node name need not be one of them).
+#  * Before torch 2.4 the agents' exit barrier kept group rank 0 to the last, taking it for the store's host; but
+#    group ranks follow sorted host names and process ids, so a host of another rank could leave while an agent
+#    still read: that agent's good job ended with a DistNetworkError traceback ("Connection reset by peer"). There
+#    EXIT_BARRIER replaces it: the store's host leaves last, whatever its rank.
 # Double quotes only: the script holds it in single quotes.
+EXIT_BARRIER = """\
+def exit_barrier(store, rank, world_size, key_prefix, barrier_timeout=300.0, hosts_store=True):
+    import datetime, time
+    store.set_timeout(datetime.timedelta(seconds=barrier_timeout))
+    if store.add(key_prefix + "/arrived", 1) == world_size:
+        store.set(key_prefix + "/all", "1")
+    store.wait([key_prefix + "/all"])
+    deadline, left = time.monotonic() + barrier_timeout, store.add(key_prefix + "/left", 1)
+    while hosts_store and left < world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = store.add(key_prefix + "/left", 0)
+"""
 _TORCHRUN_SHIM_TEMPLATE = """\
-import os, signal, sys
+import functools, os, signal, sys
 import torch
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.utils import store as store_util
 signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 node = os.environ.get("SLURMD_NODENAME", "?")
+hosts_store = os.environ.get("SLURM_NODEID", "0") == "0"
+if any(arg.startswith("--rdzv-endpoint") for arg in args):
+    args = ["--rdzv-conf=is_host=" + str(int(hosts_store))] + args
+if not hasattr(store_util, "_barrier_nonblocking"):
+EXIT_BARRIER_INDENTED
+    store_util.barrier = functools.partial(exit_barrier, hosts_store=hosts_store)
 if signals:
     usage = run.get_args_parser().format_help()
     if "--signals-to-handle" in usage and "--shutdown-timeout" in usage:
@@ -86,7 +111,9 @@ except ChildFailedError as err:
           " node; the run directory says more)" % (node, planned[0]), flush=True)
     sys.exit(planned[0])
 """
-TORCHRUN_SHIM = _TORCHRUN_SHIM_TEMPLATE.replace("FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S)).replace(
+TORCHRUN_SHIM = _TORCHRUN_SHIM_TEMPLATE.replace(
+    "EXIT_BARRIER_INDENTED\n", "".join("    " + line + "\n" for line in EXIT_BARRIER.splitlines())).replace(
+    "FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S)).replace(
     "PREEMPTED_STATUS", str(EXIT_PREEMPTED)).replace("PLANNED_STATUSES", f"{EXIT_HUNG}, {EXIT_SICK_NODE}")
 
 
@@ -279,7 +306,8 @@ def render_sbatch(job: JobSpec) -> str:
         out.append('echo "hpctrain: torchrun rendezvous at ${head_node}:${rdzv_port}"')
         out += [
             "# torchrun runs through these lines of Python in the job's environment: they ask its torchrun for the",
-            "# signal flags (torch >= 2.9) or handle the signals themselves, and end a planned stop without a traceback.",
+            "# signal flags (torch >= 2.9) or handle the signals themselves, end a planned stop without a traceback,",
+            "# and keep the rendezvous store's host (the first node) to the last on every torch.",
             "hpctrain_torchrun='" + TORCHRUN_SHIM + "'",
         ]
     out += [
