@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
-from hpctrain.schedulers.slurm.render import TORCHRUN_SHIM, render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"

@@ -1,4 +1,4 @@
-"""The batch script's torchrun shim (render.TORCHRUN_SHIM) with a real torchrun and real workers, without Slurm.
+"""The batch script's torchrun shim (torchrun_shim.TORCHRUN_SHIM) with a real torchrun and real workers, without Slurm.
 
 It must decide about torchrun's signal flags with the torch it runs under (they exist from torch 2.9; an older
 torchrun stops with "unrecognized arguments"), pass a time-limit warning (USR1) or a cancel (TERM) to the workers,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.render import EXIT_BARRIER, TORCHRUN_SHIM, TORCHRUN_SIGNALS
+from hpctrain.schedulers.slurm.torchrun_shim import EXIT_BARRIER, TORCHRUN_SHIM, TORCHRUN_SIGNALS
 
 # Not marked floor: the main run already runs the shim under the floor torch (the floor-torch variant); in the
 # floor run itself every variant would repeat one of those.
@@ -152,7 +152,7 @@ def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path
 # before each store call after its own arrival, as on a loaded node). The host is group rank 1: torch assigns
 # group ranks by sorting the agents' host names and process ids, so the store's host need not be rank 0, which
 # torch's own barrier before 2.4 takes it for. argv: WHICH (torch: torch's own barrier, as
-# of the floor torch; ours: render.EXIT_BARRIER), ROLE (host or other), the port file.
+# of the floor torch; ours: torchrun_shim.EXIT_BARRIER), ROLE (host or other), the port file.
 BARRIER_RACE = EXIT_BARRIER + """
 import datetime, sys, time
 from pathlib import Path

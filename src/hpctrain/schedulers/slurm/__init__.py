@@ -1,6 +1,7 @@
 """Slurm behind hpctrain's scheduler interface.
 
     render.py        the sbatch script from a JobSpec (pure) and `sbatch --parsable` (thin)
+    torchrun_shim.py the lines of Python the script runs torchrun through, on every torch from the floor up
     environments.py  how the script prepares a node: modules, conda, venv, apptainer, pyxis
     checks.py        can this cluster run the job (partition, time limit, nodes, GPUs, paths)
     query.py         partitions and nodes (scontrol), gres.py their GPUs and shards
