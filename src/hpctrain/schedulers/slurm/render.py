@@ -7,8 +7,9 @@ were checked by JobSpec (sbatch parses those lines itself, so a shell quote woul
 The script starts the job step in the background and waits for it, so that its traps run at once:
   * SIGUSR1 (asked for with --signal=B:USR1@GRACE before the time limit) is forwarded to srun, which forwards it
     to every process of the step (slurmstepd signals the whole step, workers included). torchrun runs through
-    TORCHRUN_SHIM (torchrun_shim.py), which asks the job's own torchrun for --signals-to-handle and otherwise handles USR1 itself, and
-    ends a planned stop with the planned status (75 or 143) and one log line instead of torchrun's traceback.
+    TORCHRUN_SHIM (torchrun_shim.py), which asks the job's own torchrun for --signals-to-handle and otherwise
+    handles USR1 itself, and ends a planned stop with the planned status (75 or 143) and one log line instead of
+    torchrun's traceback.
   * SIGTERM that reaches only the batch shell is passed to the step with `scancel --signal=TERM` (srun would turn a
     TERM into a SIGKILL of the step); the training loop checkpoints and stops, and the job is not requeued.
   * After a warning, if the run stopped early (RUN_DIR/stop_reason says "preempted", or the step failed), the
