@@ -148,13 +148,13 @@ def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path
     assert f"hpctrain: torchrun on node1: a worker ended the attempt on purpose (exit status {status}" in output
 
 
-# Two agents at torchrun's exit barrier over a real TCPStore, the one not hosting the store slower to read (1 s
-# before each store call after its own arrival, as on a loaded node). The host is group rank 1: torch assigns
+# Two agents at torchrun's exit barrier over a real TCPStore, the one not hosting the store slower to read (1.5
+# s before each store call after its own arrival, as on a loaded node). The host is group rank 1: torch assigns
 # group ranks by sorting the agents' host names and process ids, so the store's host need not be rank 0, which
 # torch's own barrier before 2.4 takes it for. argv: WHICH (torch: torch's own barrier, as
 # of the floor torch; ours: torchrun_shim.EXIT_BARRIER), ROLE (host or other), the port file.
 BARRIER_RACE = EXIT_BARRIER + """
-import datetime, sys, time
+import datetime, os, sys, time
 from pathlib import Path
 from torch.distributed import TCPStore
 which, role, port_file = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -171,7 +171,7 @@ class SlowReader:
     def __getattr__(self, name):
         def call(*args, **kwargs):
             if self.arrived:
-                time.sleep(1.0)
+                time.sleep(1.5)
             result = getattr(self.store, name)(*args, **kwargs)
             self.arrived = self.arrived or name in ("set", "add")
             return result
@@ -184,6 +184,7 @@ if which == "torch":
 else:
     exit_barrier(agent, 1 if host else 0, 2, "exit", 30, hosts_store=host)
 print(role, "left the barrier", flush=True)
+os._exit(0)  # as an agent leaving: its store goes at once, not after a slow interpreter shutdown
 """
 
 
