@@ -10,7 +10,8 @@ Modules: environment.py (DistEnv, NodePlan), detect.py (detect() and --dist-init
 launcher's variables say: node plans, restart counts, the derived port), hostlist.py (Slurm hostlists),
 process_group.py (device and process group), collectives.py (the collectives hpctrain runs, safe to end a
 process group right after), failures.py (a collective's failure named as the
-missing rank), cores.py (the CPU cores a process may use and the thread count), ports.py (a free TCP port).
+missing rank), cores.py (the CPU cores a process may use and the thread count), ports.py (a free TCP port),
+lifetime.py (a child that dies with its parent).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ so `hpctrain.distributed.detect()` finds it like any other launcher.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -17,18 +16,20 @@ import time
 from typing import Any, Callable
 
 from hpctrain.distributed import NodePlan
+from hpctrain.distributed.lifetime import die_with_parent
 from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
 
 # Workers get this long to checkpoint and exit after a sibling failed before they are killed.
 FAILURE_GRACE_S = 30.0
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Signals the launcher passes on to its workers (which checkpoint and stop): scancel, time-limit warning, Ctrl-C.
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str], parent: int) -> None:
-    _die_with_parent(parent)
+    # SIGKILL when the launcher dies, so a worker whose launcher was killed never trains or writes on: nobody is
+    # left to wait for a checkpoint, and the last one is whole either way (written to a temporary name, renamed).
+    die_with_parent(parent, signal.SIGKILL)
     # Our own session, as torchrun's workers have: a terminal's Ctrl-C (SIGINT to its foreground process group)
     # reaches only the launcher, which forwards it once, so a single Ctrl-C never counts twice in a worker.
     os.setsid()
@@ -44,19 +45,6 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when its launcher dies (Linux), so a worker whose launcher was killed
-    never trains or writes on. SIGKILL, not SIGTERM: nobody is left to wait for a checkpoint, and the last one is
-    whole either way (checkpoints are written to a temporary name and renamed)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: nothing watches the launcher
-        return
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        os._exit(128 + signal.SIGKILL)
 
 
 def local_plan(nproc: int) -> NodePlan:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import shlex
 import socket
 import urllib.error
@@ -92,19 +90,3 @@ class Endpoint:
         """The exact `ssh -L` command that forwards localhost:LOCAL on the user's machine to the service."""
         local = local_port or self.port
         return shlex.join(["ssh", "-N", "-L", f"{local}:{self.node}:{self.port}", login])
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(parent: int, signum: int = signal.SIGTERM) -> None:
-    """For Popen(preexec_fn=...): have the kernel send the child `signum` when the process that started it dies,
-    however it dies (a SIGTERM or SIGKILL to `hpctrain tensorboard` must not leave a server behind). Linux only;
-    elsewhere nothing watches. Runs in the forked child before exec: exits at once if the parent is already gone."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os._exit(128 + signum)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -63,16 +64,8 @@ def allreduce_gbps(run: Run) -> float | None:
     """The job's all-reduce rate (bytes reduced per second, per rank), None for one process."""
     if not run.env.is_distributed:
         return None
-    device = collective_device()
-    size = ALLREDUCE_BYTES.get(device.type, ALLREDUCE_BYTES["cpu"])
-    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-    all_reduce(tensor)  # warm-up: the connections are made
-    _sync(device)
-    started = time.perf_counter()
-    for _ in range(ALLREDUCE_REPEATS):
-        all_reduce(tensor)
-    _sync(device)
-    return size * ALLREDUCE_REPEATS / (time.perf_counter() - started) / 1e9
+    tensor = _buffer()
+    return tensor.nbytes / _seconds_per_repeat(lambda: all_reduce(tensor), tensor.device) / 1e9
 
 
 def link_gbps(nodes: list[str], rank: int) -> dict[str, float]:
@@ -82,21 +75,32 @@ def link_gbps(nodes: list[str], rank: int) -> dict[str, float]:
     pairs = [pair for round_ in link_pairs(nodes) for pair in round_ if rank in pair]
     if not pairs:
         return rates
-    device = collective_device()
-    size = ALLREDUCE_BYTES.get(device.type, ALLREDUCE_BYTES["cpu"])
-    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    tensor = _buffer()
     received = torch.empty_like(tensor)
     for a, b in pairs:
         peer = b if rank == a else a
         with collective(f"the preflight's link test with rank {peer} on {nodes[peer]}"):
-            exchange(tensor, received, peer, first=rank == a)  # warm-up: the connection is made
-            _sync(device)
-            started = time.perf_counter()
-            for _ in range(ALLREDUCE_REPEATS):
-                exchange(tensor, received, peer, first=rank == a)
-            _sync(device)
-        rates[nodes[peer]] = 2 * size * ALLREDUCE_REPEATS / (time.perf_counter() - started) / 1e9
+            seconds = _seconds_per_repeat(lambda: exchange(tensor, received, peer, first=rank == a), tensor.device)
+        rates[nodes[peer]] = 2 * tensor.nbytes / seconds / 1e9
     return rates
+
+
+def _buffer() -> torch.Tensor:
+    """The all-reduce's and link test's buffer on the collectives' device (ALLREDUCE_BYTES)."""
+    device = collective_device()
+    size = ALLREDUCE_BYTES.get(device.type, ALLREDUCE_BYTES["cpu"])
+    return torch.ones(size // 4, dtype=torch.float32, device=device)
+
+
+def _seconds_per_repeat(op: Callable[[], None], device: torch.device) -> float:
+    """`op`'s time, the mean of ALLREDUCE_REPEATS runs after one warm-up run (which makes the connections)."""
+    op()
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(ALLREDUCE_REPEATS):
+        op()
+    _sync(device)
+    return (time.perf_counter() - started) / ALLREDUCE_REPEATS
 
 
 def run_preflight(run: Run) -> Verdict:
