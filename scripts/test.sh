@@ -32,8 +32,8 @@ stage apt
 # environments download (network); each logs to a file of its own, shown if it fails.
 setup_logs=$(mktemp -d)
 # Two API servers: one with a real node (containerd, a kubelet, the scheduler and the controller manager; every
-# test whose pods must run: tests/real_node.py), and the default one without, for the tests that need only API
-# objects (and the TrainJob tests, whose pods tests/trainer_standin.py runs as local processes). The node's cluster comes first: it builds every program in one make;
+# test whose pods must run, TrainJobs included: tests/real_node.py), and the default one without, for the tests
+# that need only API objects. The node's cluster comes first: it builds every program in one make;
 # the default one last, so that its context is the current one.
 export HPCTRAIN_K8S_NODE_DIR=/var/lib/hpctrain-k8s-node HPCTRAIN_K8S_NODE_CONTEXT=hpctrain-node
 (HPCTRAIN_K8S_DIR=$HPCTRAIN_K8S_NODE_DIR HPCTRAIN_K8S_CONTEXT=$HPCTRAIN_K8S_NODE_CONTEXT HPCTRAIN_K8S_NODES=1 \
