@@ -127,3 +127,17 @@ def test_port_forward_reaches_the_pod(core: Any, smoke_pod: str) -> None:
     finally:
         forward.terminate()
         forward.wait(timeout=30)
+
+
+def test_the_kubelet_never_collects_the_local_images() -> None:
+    """The local images cannot be pulled again: a kubelet with image garbage collection on (at 85% of a disk other
+    files fill) once removed the pause and training images between two CI runs. The live configuration, from the
+    kubelet itself (its /configz through the API server's node proxy)."""
+    import json
+
+    nodes, _ = node_status()
+    for node in nodes:
+        raw = subprocess.run(["kubectl", "--context", CONTEXT, "get", "--raw", f"/api/v1/nodes/{node}/proxy/configz"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        config = json.loads(raw)["kubeletconfig"]
+        assert config["imageGCHighThresholdPercent"] == 100, config

@@ -229,6 +229,11 @@ volumePluginDir: $dir/kubelet/volume-plugins
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
 evictionHard: {memory.available: 100Mi, nodefs.available: 5%, imagefs.available: 5%}
+# No image garbage collection: the local images cannot be pulled again, and the disk is the machine's own (other
+# files fill it): at 85% a kubelet removed the pause and training images between two CI runs, and every later pod
+# failed. 100 never triggers it.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 # A memory-backed emptyDir (/dev/shm) gets its sizeLimit as the tmpfs size (alpha in 1.20; else half the RAM).
 featureGates: {SizeMemoryBackedVolumes: true}
 EOF
@@ -284,16 +289,24 @@ node_ready() {
     [ "$(kubectl_ get node "$(node_name "$1")" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
-# All node parts run, one node per number up to $1, and every node is Ready.
+# All node parts run, one node per number up to $1, every node is Ready, runs the kubelet configuration this
+# script writes now (one started by an older script is restarted) and holds both local images.
 nodes_ok() {
-    local want=$1 i
+    local want=$1 i dir
     [ "$(node_numbers | wc -l)" -eq "$want" ] || return 1
     pid_alive "$NODE_DIR/kube-scheduler.pid" kube-scheduler || return 1
     pid_alive "$NODE_DIR/kube-controller-manager.pid" kube-controller-manager || return 1
     for ((i = 1; i <= want; i++)); do
-        pid_alive "$(node_dir "$i")/containerd.pid" containerd && pid_alive "$(node_dir "$i")/kubelet.pid" kubelet &&
-            node_ready "$i" || return 1
+        dir=$(node_dir "$i")
+        pid_alive "$dir/containerd.pid" containerd && pid_alive "$dir/kubelet.pid" kubelet && node_ready "$i" &&
+            grep -qx 'imageGCHighThresholdPercent: 100' "$dir/kubelet/config.yaml" && images_present "$i" || return 1
     done
+}
+
+images_present() {
+    local listed
+    listed=$(ctr_ "$1" images ls -q 2>/dev/null) || return 1
+    grep -qx "$PAUSE_IMAGE" <<<"$listed" && grep -qx "$TRAINING_IMAGE" <<<"$listed"
 }
 
 start_nodes() {
@@ -336,6 +349,10 @@ node_status() {
         say "training image: $TRAINING_IMAGE"
     else
         say "training image: missing ($TRAINING_IMAGE is not in containerd)"
+        ok=1
+    fi
+    if ! ctr_ 1 images ls -q 2>/dev/null | grep -x "$PAUSE_IMAGE" >/dev/null; then
+        say "pause image: missing ($PAUSE_IMAGE is not in containerd: no pod can start)"
         ok=1
     fi
     return "$ok"
