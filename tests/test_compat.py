@@ -78,3 +78,40 @@ def test_nvjpeg_decodes_image_by_image_without_batched_decode_jpeg(photo_folders
         batched = _first_batch(photo_folders)
         assert torch.equal(batched[0], images) and torch.equal(batched[1], labels)
     assert torch.equal(again[0], images)
+
+
+def test_numpy_mismatch_names_torch_before_2_3_beside_numpy_2() -> None:
+    line = compat.numpy_mismatch("2.2.2+cu121", "2.2.6")
+    assert line == ("torch 2.2.2+cu121 was built against NumPy 1.x but NumPy 2.2.6 is installed, so torch cannot use "
+                    "NumPy: pip install 'numpy<2' (or a torch >= 2.3)")
+    assert compat.numpy_mismatch("2.2.2", "1.26.4") is None and compat.numpy_mismatch("2.3.0", "2.0.1") is None
+    assert compat.numpy_mismatch(None, "2.0.0") is None and compat.numpy_mismatch("weird", "2.0.0") is None
+
+
+def test_env_and_check_name_a_numpy_2_beside_the_floor_torch(tmp_path: Path) -> None:
+    """The real mismatch: the floor environment's torch 2.2 with a real NumPy 2 in front of its NumPy 1.x (what a
+    plain `pip install` did to NGC 24.01's environment). `hpctrain env` and `hpctrain check` say it in one line."""
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    if compat.version_tuple(torch.__version__) >= (2, 3):
+        pytest.skip(f"needs a torch before 2.3 (the floor environment); this is {torch.__version__}")
+    numpy2 = tmp_path / "numpy2"
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(numpy2),
+                          "numpy>=2,<2.3"], capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    src = Path(__file__).resolve().parents[1] / "src"
+    installed = importlib.metadata.version("torch")
+    env = {**os.environ, "PYTHONPATH": f"{numpy2}{os.pathsep}{src}"}
+    shown = subprocess.run([sys.executable, "-m", "hpctrain", "env"], env=env, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    line = next(line for line in shown.stdout.splitlines() if line.startswith("NumPy:"))
+    assert line.startswith("NumPy:        2.") and (
+        f"(problem: torch {installed} was built against NumPy 1.x but NumPy 2.") in line, line
+    checked = subprocess.run([sys.executable, "-m", "hpctrain", "check", "--scheduler", "kubernetes", "--image", "img",
+                              "--context", "hpctrain-absent", "--", "python", "-c", "pass"],
+                             env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert (f"hpctrain check: warning: here, torch {installed} was built against NumPy 1.x but NumPy 2."
+            in checked.stderr), checked.stderr

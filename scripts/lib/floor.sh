@@ -33,6 +33,13 @@ use_floor_env() {
         "$base" -m venv --clear "$prefix"
     fi
     echo "$(basename "$0"): floor environment $prefix ($("$prefix/bin/python" --version 2>&1))"
-    "$prefix/bin/python" -m pip install -q -c "$root/scripts/floor-constraints.txt" -e "$root" \
+    # The environment a user has (torch 2.2 with NumPy 1.x, as NGC 24.01 ships it), then hpctrain installed the
+    # README's way, without the constraints file: it must keep that NumPy (tests/test_floor_install.py asks pip for
+    # an environment without opencv each run, as this install does only when the environment is new).
+    "$prefix/bin/python" -m pip install -q -c "$root/scripts/floor-constraints.txt" torch torchvision numpy
+    "$prefix/bin/python" -m pip install -q -e "$root"
+    "$prefix/bin/python" -c 'import numpy, sys; sys.exit(f"a plain install replaced NumPy 1.x with {numpy.__version__}"
+                                                        if int(numpy.__version__.split(".")[0]) >= 2 else 0)'
+    "$prefix/bin/python" -m pip install -q -c "$root/scripts/floor-constraints.txt" \
         pytest pytest-timeout pytest-xdist filelock scikit-image
 }

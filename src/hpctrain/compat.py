@@ -48,3 +48,29 @@ def say_once(key: str, message: str) -> None:
         return
     _said.add(key)
     print(f"hpctrain: note: {message}", file=sys.stderr, flush=True)
+
+
+def numpy_mismatch(torch_version: str | None, numpy_version: str | None) -> str | None:
+    """torch before 2.3 was built against NumPy 1.x: beside NumPy 2 its NumPy bridge fails in every process
+    (torch.from_numpy, a DataLoader collating NumPy arrays), after a long warning at import. One line naming the
+    fix, or None (also when a version is missing or unreadable)."""
+    if not torch_version or not numpy_version or version_tuple(torch_version) == (0, 0):
+        return None
+    if version_tuple(torch_version) < (2, 3) and version_tuple(numpy_version) >= (2, 0):
+        return (f"torch {torch_version} was built against NumPy 1.x but NumPy {numpy_version} is installed, so torch "
+                "cannot use NumPy: pip install 'numpy<2' (or a torch >= 2.3)")
+    return None
+
+
+def installed_numpy_mismatch() -> str | None:
+    """numpy_mismatch for the torch and NumPy installed in this environment, read from their metadata (imports
+    neither)."""
+    import importlib.metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return numpy_mismatch(version("torch"), version("numpy"))

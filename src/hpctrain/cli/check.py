@@ -17,6 +17,7 @@ from typing import Any
 
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args, wait
+from hpctrain.compat import installed_numpy_mismatch
 from hpctrain.errors import UserError
 from hpctrain.health.preflight import PREFLIGHT_FILE, RankCheck, judge
 from hpctrain.jobs.spec import JobSpec
@@ -39,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     submission = submission_from_args(args)
     job = submission.job
     report_warnings("check", job)
+    mismatch = installed_numpy_mismatch()
+    if mismatch:  # this environment's: the job's own when it runs the same one
+        report_problems("check", [f"warning: here, {mismatch}"])
     sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # what the scheduler cannot express fails here, one line
     problems = sched.local_check(job, submission.recipe) + sched.check(job)

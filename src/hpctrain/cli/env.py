@@ -62,6 +62,8 @@ def collect(init_method: str | None = None) -> dict[str, Any]:
         "nccl": shared["nccl"],
         "torchvision": shared["torchvision"],
         "tensorboard": package_version("tensorboard"),
+        "numpy": package_version("numpy"),
+        "numpy_problem": _numpy_problem(torch),
         **_scheduler_clients(),
         "gpus": _gpus(torch),
         "launcher_variables": {name: os.environ[name] for name in _LAUNCHER_VARS if name in os.environ},
@@ -87,6 +89,7 @@ def render(info: dict[str, Any]) -> str:
         f"NCCL:         {shown(info['nccl'])}",
         f"torchvision:  {shown(info['torchvision'])}",
         f"tensorboard:  {shown(info['tensorboard'])}",
+        f"NumPy:        {shown(info['numpy'])}" + (f" (problem: {info['numpy_problem']})" if info["numpy_problem"] else ""),
     ]
     lines += [f"{backend_info(name).title + ' client:':<13} {shown(info[name])}" for name in SCHEDULERS]
     gpus = info["gpus"]
@@ -120,6 +123,24 @@ def _distributed(init_method: str | None) -> dict[str, Any]:
     except UserError as err:
         device = f"error: {err}"
     return {"distributed": {**dataclasses.asdict(env), "summary": env.describe()}, "device_auto": device}
+
+
+def _numpy_problem(torch: Any) -> str | None:
+    """Why torch cannot use the NumPy installed here (a torch built against NumPy 1.x beside NumPy 2), or None."""
+    from hpctrain.compat import installed_numpy_mismatch
+
+    problem = installed_numpy_mismatch()
+    if problem is not None:
+        return problem
+    try:
+        import numpy
+
+        torch.from_numpy(numpy.zeros(1))
+    except ImportError:
+        return None
+    except Exception as err:  # noqa: BLE001 - whatever the bridge raises is the report
+        return f"torch cannot use NumPy here ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+    return None
 
 
 def _scheduler_clients() -> dict[str, str | None]:
