@@ -13,8 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "scripts" / "lib" / "venv.sh"
+TORCH_LIB = ROOT / "scripts" / "lib" / "torch.sh"
 SCRIPTS = [ROOT / "scripts" / "quickstart.sh", ROOT / "scripts" / "test.sh", LIB, ROOT / "scripts" / "lib" / "floor.sh",
-           ROOT / ".ci" / "run"]
+           ROOT / ".ci" / "run", TORCH_LIB]
 
 
 def test_shellcheck_clean() -> None:
@@ -74,3 +75,52 @@ def test_hpctrain_venv_wins_and_is_created_outside_the_checkout(tmp_path: Path) 
     result = choose(tmp_path / "checkout", HPCTRAIN_VENV=str(cache), VIRTUAL_ENV=str(active))
     assert chosen(result)[0] == str(cache / "bin" / "python")
     assert not (tmp_path / "checkout" / ".venv").exists()
+
+
+def torch_choice(python: str, path: Path, **env: str) -> tuple[str, list[str]]:
+    """What quickstart's choose_torch says and the `pip install` arguments it builds, with PATH `path` first."""
+    environ = {k: v for k, v in os.environ.items() if k != "HPCTRAIN_TORCH_INDEX_URL"}
+    environ.update(env, PATH=f"{path}{os.pathsep}/usr/bin:/bin")
+    script = f'source {TORCH_LIB}; choose_torch "$1"; for a in "${{TORCH_INSTALL[@]}}"; do echo "$a"; done'
+    result = subprocess.run(["bash", "-c", script, "torch-test", python], env=environ, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    said, *args = result.stdout.splitlines()
+    return said, args
+
+
+def test_quickstart_says_which_torch_build_and_takes_a_cpu_index_from_the_user(tmp_path: Path) -> None:
+    # A fresh environment without torch, on a machine without a GPU (no nvidia-smi), then with one (a stand-in
+    # nvidia-smi: there is no GPU here) and then with the user's index; an environment with torch keeps it.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python, nogpu, gpu = str(bare / "bin" / "python"), tmp_path / "nogpu", tmp_path / "gpu"
+    nogpu.mkdir()
+    gpu.mkdir()
+    smi = gpu / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-1)'\n")
+    smi.chmod(0o755)
+    said, args = torch_choice(python, nogpu)
+    assert said == ("quickstart: installing pip's default torch, the CUDA build (about 5.7 GB), though nvidia-smi "
+                    "shows no NVIDIA GPU here; for a CPU-only build, set HPCTRAIN_TORCH_INDEX_URL to a package index "
+                    "that serves one (README, Quick start)") and args == []
+    said, args = torch_choice(python, gpu)
+    assert said == ("quickstart: installing pip's default torch, the CUDA build (about 5.7 GB): this machine has 2 "
+                    "NVIDIA GPU(s)") and args == []
+    index = tmp_path / "my index"
+    (index / "simple").mkdir(parents=True)
+    url = (index / "simple").as_uri()
+    said, args = torch_choice(python, nogpu, HPCTRAIN_TORCH_INDEX_URL=url)
+    assert said == f"quickstart: installing torch and torchvision from HPCTRAIN_TORCH_INDEX_URL={url} (the build that index serves)"
+    assert args == ["--index-url", url, "torch", "torchvision"]
+    # pip, run with those arguments for the bare environment, asks that index and no other (it is empty: nothing
+    # found, nothing installed)
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--no-deps", *args], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""})
+    assert pip.returncode != 0 and "No matching distribution found for torch" in pip.stderr, pip.stderr
+    said, args = torch_choice(sys.executable, nogpu, HPCTRAIN_TORCH_INDEX_URL=url)
+    import torch
+
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    assert said == f"quickstart: keeping torch {torch.__version__} ({build}), which this environment already has"
+    assert args == []
