@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -274,8 +275,10 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_
                        "--volume", f"host:{shared}:{shared}")
     assert started.returncode == 0, started.stdout + started.stderr
     name = re.search(r"TensorBoard pod (\S+) created", started.stdout)[1]
-    command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/{name} \d+:\d+)", started.stdout)[1]
-    assert f"hpctrain cancel {name} --scheduler kubernetes --namespace {real.namespace}" in started.stdout
+    command = re.search(rf"(kubectl --context {CONTEXT} port-forward -n {real.namespace} pod/{name} \d+:\d+)",
+                        started.stdout)[1]
+    stop = re.search(r"Stop it with: (.*)", started.stdout)[1]
+    assert stop == f"hpctrain cancel --scheduler kubernetes --namespace {real.namespace} --context {CONTEXT} {name}"
     core = real.standin.core
     real.wait("the TensorBoard pod to be ready", lambda: any(
         c.type == "Ready" and c.status == "True" for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []))
@@ -286,7 +289,7 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_
         assert served(base, "mnist/.") == expected(run)
         with urllib.request.urlopen(base + "/", timeout=30) as response:
             assert response.status == 200
-    cancelled = real.cli("cancel", name, *real.where)
+    cancelled = real.cli(*shlex.split(stop)[1:])  # the printed command, as pasted
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     real.wait("the pod to be gone", lambda: not core.list_namespaced_pod(real.namespace).items)
 
@@ -325,7 +328,10 @@ def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_pa
     started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--shm", "1Gi", "--cpus", "1",
                        "--mem", "2G", "--local-port", str(local), "--wait", str(DEADLINE_S))
     assert started.returncode == 0, started.stdout + started.stderr
-    command = re.search(rf"(kubectl port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout)[1]
+    command = re.search(rf"(kubectl --context {CONTEXT} port-forward -n {real.namespace} pod/dev-nb {local}:\d+)",
+                        started.stdout)[1]
+    stop = re.search(r"Stop it when done: (.*)", started.stdout)[1]
+    assert stop == f"hpctrain dev stop --scheduler kubernetes --namespace {real.namespace} --context {CONTEXT} nb"
     token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
     assert f"http://localhost:{local}/lab?token={token}" in started.stdout
     core = real.standin.core
@@ -340,7 +346,7 @@ def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_pa
     assert again.returncode == 2 and "already exists" in again.stderr
     listed = real.cli("dev", "list", *real.where)
     assert re.search(rf"^nb\s+kubernetes\s+{real.namespace}/dev-nb\s+RUNNING", listed.stdout, re.M), listed.stdout
-    stopped = real.cli("dev", "stop", "nb", *real.where)
+    stopped = real.cli(*shlex.split(stop)[1:])  # the printed command, as pasted
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not [s for s in core.list_namespaced_secret(real.namespace).items if s.metadata.name == "dev-nb"]
     real.wait("the pod to be gone", lambda: not core.list_namespaced_pod(real.namespace).items)
@@ -349,11 +355,11 @@ def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_pa
 
 @contextlib.contextmanager
 def port_forward(real: Real, command: str) -> Iterator[str]:
-    """Run the `kubectl port-forward -n NS pod/NAME LOCAL:PORT` command hpctrain printed, against the real-node
-    cluster's context, until it says it forwards; the local base URL while it runs."""
-    words = command.split()
+    """Run the `kubectl --context CTX port-forward -n NS pod/NAME LOCAL:PORT` command hpctrain printed, as printed,
+    until it says it forwards; the local base URL while it runs."""
+    words = shlex.split(command)
     local = words[-1].split(":")[0]
-    forward = subprocess.Popen([*words[:2], "--context", CONTEXT, *words[2:]], env=real.env,
+    forward = subprocess.Popen(words, env=real.env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert forward.stdout is not None
@@ -363,3 +369,44 @@ def port_forward(real: Real, command: str) -> Iterator[str]:
     finally:
         forward.terminate()
         forward.wait(timeout=30)
+
+
+def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real, tmp_path: Path) -> None:
+    """A PyTorchJob that failed (--max-restarts 0: the kubelet restarted its crashing container once, which ends
+    the job) keeps its object and its pod, which the kubelet goes on restarting: `submit` of the same name is
+    refused with a `cancel` command, that command (as printed) deletes what is left, the garbage collector takes the
+    pod; `submit --replace` does the same by itself and creates the new job. One pod: one CPU of the node."""
+    real = real_cpu
+    sched = real.scheduler()
+    failing = ["--", "python", "-c", "import sys, time; time.sleep(1); sys.exit(3)"]
+
+    def submit(*flags: str) -> subprocess.CompletedProcess[str]:
+        return real.cli("submit", "--no-check", *real.where, "--image", real.image, "--job-name", "ended-1",
+                        "--launcher", "single", "--mem", "512M", *flags, cwd=tmp_path)
+
+    def ended() -> Any:
+        status = sched.status("ended-1")
+        return status.finished and status
+
+    assert submit(*failing).returncode == 0
+    assert real.wait("the job to fail", ended).state == "FAILED"
+    assert sched.pods_of("ended-1"), "the failed job keeps its pod (cleanPodPolicy None)"
+    again = submit(*failing)
+    assert again.returncode == 2, again.stdout + again.stderr
+    cancel = re.search(r"cancel the old one \(`(hpctrain cancel [^`]*)`\), or pass --replace", again.stderr)
+    assert cancel, again.stderr
+    cancelled = real.cli(*shlex.split(cancel[1])[1:], "--wait", str(DEADLINE_S))  # as printed, on a loaded machine
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert re.search(r"hpctrain cancel: job ended-1 has ended \(FAILED\); deleting its object and its 1 pod", cancelled.stderr)
+    assert cancelled.stdout == "job ended-1: FAILED -> deleted (its pods are gone)\n", cancelled.stdout
+    assert not sched.list_jobs() and not sched.pods_of("ended-1")
+
+    assert submit(*failing).returncode == 0
+    real.wait("the job to fail again", ended)
+    old_uid = sched.get_object("ended-1")["metadata"]["uid"]
+    replaced = submit("--replace", "--", "python", "-c", "print('new', flush=True)")
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "--replace: deleted the earlier PyTorchJob ended-1 (FAILED, 1 pod) first" in replaced.stderr, replaced.stderr
+    assert sched.get_object("ended-1")["metadata"]["uid"] != old_uid
+    status = real.wait("the new job to finish", lambda: finished(sched, "ended-1"))
+    assert status.state == SUCCEEDED and "\n".join(sched.logs("ended-1")).strip() == "new", status

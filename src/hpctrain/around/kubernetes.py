@@ -55,14 +55,26 @@ class KubernetesServices:
         return render_yaml(sessions.render_dev_pod(cfg, self.options(placement)))
 
     def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
-        conn = sessions.start(cfg, self.options(placement), self.scheduler.core, None, wait_s, local_port)
+        sched = self.scheduler
+        conn = sessions.start(cfg, self.options(placement), sched.core, None, wait_s, local_port,
+                              context=sched.context, stop=sched.command("dev stop", cfg.name))
         return sessions.instructions(cfg, conn)
 
     def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
-        return sessions.view(state_dir, conn, self.scheduler.core)
+        return sessions.view(state_dir, conn, self._core_of(conn))
 
     def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
-        return sessions.stop(state_dir, conn, self.scheduler.core)
+        return sessions.stop(state_dir, conn, self._core_of(conn))
+
+    def _core_of(self, conn: dict[str, Any]) -> Any:
+        """The API of the cluster the session was started on: the kubeconfig context recorded then, whatever the
+        current one is now (a `dev stop` through another cluster found no pod and forgot a session still running)."""
+        from hpctrain.schedulers import get_scheduler
+
+        context = conn.get("context")
+        if not context or context == self.scheduler.context:
+            return self.scheduler.core
+        return get_scheduler("kubernetes", options=self.scheduler.options, context=context).core
 
     def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
                     port: int | None) -> list[str]:
@@ -71,24 +83,26 @@ class KubernetesServices:
         pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
         k8s.create(self.scheduler.core, k8s.render_pod(pod, options))
         local = port or TENSORBOARD_PORT
+        forward = k8s.port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT, self.scheduler.context)
         return [f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
-                f"  {k8s.port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT)}",
+                f"  {forward}",
                 f"then open:\n  http://localhost:{local}/",
-                f"Stop it with: hpctrain cancel {pod.name} --scheduler kubernetes --namespace {options.namespace}"]
+                f"Stop it with: {self.scheduler.command('cancel', pod.name)}"]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         core, pods = self._pods(job)
         samples = sample_pods(core, pods)
         if not samples:
             raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
-                                "(`hpctrain status` says where it is)")
+                                f"(`{self.scheduler.command('status', job)}` says where it is)")
         return TopSample(f"job {job}", samples)
 
     def stacks(self, job: str, wait_s: float) -> RemoteStacks:
         core, pods = self._pods(job)
         pod = next((p for p in pods if p.status and p.status.phase == "Running"), None)
         if pod is None:
-            raise JobNotRunning(f"job {job} has no running pod to ask (`hpctrain status` says where it is)")
+            raise JobNotRunning(f"job {job} has no running pod to ask (`{self.scheduler.command('status', job)}` "
+                                "says where it is)")
         name, container = pod.metadata.name, training_container(pod)
         stdout, status = _exec_probe(core, pod.metadata.namespace, name, container, PROGRESS_PROBE)
         ranks = ranks_of(parse_probe(stdout, labelled=False))
@@ -116,7 +130,7 @@ class KubernetesServices:
                 continue
             return found.core, found.pods_of(job)
         raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
-                        "and --namespace (hpctrain status lists the jobs)")
+                        f"and --namespace (`{sched.command('status')}` lists the jobs)")
 
     def run_dir(self, job: str) -> Path | None:
         return None  # the pods' run directory lies on their volume, which this machine need not see

@@ -136,15 +136,20 @@ def _list(args: argparse.Namespace) -> int:
         rows.append((s.name, s.scheduler, s.where, s.state, format_age(s.age_s), s.endpoint or "-", format_age(s.idle_s)))
         if s.idle_s is not None and s.idle_s > idle_warn:
             warnings.append(f"warning: {s.name} has been idle for {format_age(s.idle_s)} (no kernel or terminal activity) "
-                            f"while holding its resources: `hpctrain dev stop {s.name}`")
+                            f"while holding its resources: `{_stop_command(s)}`")
         if s.state in ("GONE",) or s.state in _ENDED:
-            warnings.append(f"note: {s.name} has ended ({s.state}); `hpctrain dev stop {s.name}` forgets it")
+            warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     for w in warnings:
         print(w, file=sys.stderr if w.startswith("warning") else sys.stdout)
     return 0
+
+
+def _stop_command(session: Any) -> str:
+    """The `dev stop` the session recorded when it started (with the flags that found its cluster), if any."""
+    return str(session.connection.get("stop") or f"hpctrain dev stop {session.name}")
 
 
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "SUCCEEDED"}

@@ -64,6 +64,9 @@ def add_kubernetes_job_arguments(parser: argparse.ArgumentParser) -> None:
                    help="secret for pulling --image from a private registry (repeatable)")
     k.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE",
                    help="extra label on the job and its pods (repeatable)")
+    k.add_argument("--replace", action="store_true", default=None,
+                   help="submit: a job of the same name in the namespace, running or ended, is deleted first (its "
+                   "pods get SIGTERM and their grace period), then this one is created")
     k.add_argument("--runtime", metavar="NAME", help="--k8s-api trainjob: the ClusterTrainingRuntime the TrainJob runs "
                    "on (default: torch-distributed; `kubectl get clustertrainingruntimes` lists them)")
 

@@ -88,8 +88,10 @@ def render_secret(pod: ServicePod, options: KubernetesOptions, data: dict[str, s
             "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels}, "stringData": data}
 
 
-def port_forward_command(namespace: str, pod_name: str, local_port: int, port: int) -> str:
-    return shlex.join(["kubectl", "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}"])
+def port_forward_command(namespace: str, pod_name: str, local_port: int, port: int, context: str | None = None) -> str:
+    """The `kubectl port-forward` that reaches the pod, with the kubeconfig context it was created through."""
+    where = ["--context", context] if context else []
+    return shlex.join(["kubectl", *where, "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}"])
 
 
 def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None) -> None:

@@ -38,9 +38,12 @@ def render_dev_pod(cfg: DevConfig, options: KubernetesOptions) -> dict[str, Any]
 
 
 def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | None, wait_s: float,
-          local_port: int | None, say: Callable[[str], None] = print) -> dict[str, Any]:
+          local_port: int | None, say: Callable[[str], None] = print, context: str | None = None,
+          stop: str | None = None) -> dict[str, Any]:
     """Create the session's Secret and Pod, wait until JupyterLab is ready (up to wait_s; 0: do not wait), record
-    and return its connection details."""
+    and return its connection details: with the kubeconfig `context` it was created through and `stop`, the
+    `hpctrain dev stop` command with every flag that found the cluster (the caller's)."""
+    stop = stop or f"hpctrain dev stop {cfg.name} --scheduler kubernetes --namespace {options.namespace}"
     state_dir = make_session_dir(cfg.name, root)
     spec = service_pod(cfg)
     pod = k8s.render_pod(spec, options)
@@ -50,8 +53,8 @@ def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | No
     local = local_port or spec.port
     conn: dict[str, Any] = {
         "name": cfg.name, "scheduler": "kubernetes", "service": cfg.service, "namespace": options.namespace,
-        "pod": spec.name, "created": now(), "local_port": local,
-        "port_forward": k8s.port_forward_command(options.namespace, spec.name, local, spec.port),
+        "pod": spec.name, "created": now(), "local_port": local, "context": context, "stop": stop,
+        "port_forward": k8s.port_forward_command(options.namespace, spec.name, local, spec.port, context),
         "url": jupyter.url(local, token),
     }
     write_private(state_dir / CONNECTION_FILE, conn)
@@ -67,11 +70,11 @@ def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | No
             break
         if state in ("Succeeded", "Failed", "Terminating"):
             raise UserError(f"pod {spec.name} is {state} before JupyterLab was ready: see `kubectl logs -n "
-                            f"{options.namespace} {spec.name}`; forget it with `hpctrain dev stop {cfg.name} --scheduler kubernetes`")
+                            f"{options.namespace} {spec.name}`; forget it with `{stop}`")
         if time.monotonic() >= deadline:
             raise UserError(f"pod {spec.name} is {state} and not ready after {wait_s:g} s; it is left in place: wait "
                             f"longer with --wait, see `kubectl describe pod -n {options.namespace} {spec.name}`, or stop "
-                            f"it with `hpctrain dev stop {cfg.name} --scheduler kubernetes`")
+                            f"it with `{stop}`")
         time.sleep(1.0)
     return conn
 
@@ -79,7 +82,7 @@ def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | No
 def instructions(cfg: DevConfig, conn: dict[str, Any]) -> list[str]:
     """How to reach the session, as `dev start` prints it."""
     return ["\nOn your machine, forward the port (keep it running):", f"  {conn['port_forward']}",
-            f"then open:\n  {conn['url']}", f"Stop it when done: hpctrain dev stop {cfg.name} --scheduler kubernetes"]
+            f"then open:\n  {conn['url']}", f"Stop it when done: {conn['stop']}"]
 
 
 def view(state_dir: Path, conn: dict[str, Any], core: Any) -> SessionView:

@@ -26,7 +26,7 @@ CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context
 JOB_FLAGS = {
     "shm": "--shm", "priority_class": "--priority-class", "volumes": "--volume", "node_selector": "--node-selector",
     "tolerations": "--toleration", "service_account": "--service-account",
-    "image_pull_secrets": "--image-pull-secret", "labels": "--label", "runtime": "--runtime",
+    "image_pull_secrets": "--image-pull-secret", "labels": "--label", "runtime": "--runtime", "replace": "--replace",
 }
 
 

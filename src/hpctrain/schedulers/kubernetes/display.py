@@ -101,13 +101,13 @@ def _pods(count: int) -> str:
 
 def cancel(sched: Any, job_id: str, wait_s: float) -> int:
     """Delete the job, then say what happens while waiting: its pods stopping, then the object gone. A job still
-    there when the wait runs out is reported as still terminating, with exit status 1."""
+    there when the wait runs out is reported as still terminating, with exit status 1. A job that has ended is
+    deleted too: its object and pods remain (a failed PyTorchJob keeps them, a surviving master still running), and
+    a new job of its name cannot be created until they are gone."""
     before = sched.status(job_id)
-    if before.finished:
-        print(f"job {before.job_id} already ended ({before.state}); nothing to cancel")
-        return 0
     sched.cancel(before.job_id)
     pods = len(before.replicas)
+    running = sum(1 for p in before.replicas if p.phase in ("Running", "Pending"))
     wait = max(0.0, wait_s)
     if wait == 0:
         print(f"job {before.job_id}: deletion requested ({_pods(pods)} stopping; see `{sched.command('status', before.job_id)}`)")
@@ -116,9 +116,14 @@ def cancel(sched: Any, job_id: str, wait_s: float) -> int:
     def say(text: str) -> None:
         print(f"hpctrain cancel: {text}", file=sys.stderr, flush=True)
 
-    say(f"deleting job {before.job_id} ({before.state}); " + (
-        f"its {_pods(pods)} get SIGTERM and their grace period to checkpoint; waiting up to {wait:g} s" if pods else
-        f"it has no pods; waiting up to {wait:g} s for the API server to remove it"))
+    if before.finished:
+        say(f"job {before.job_id} has ended ({before.state}); deleting its object" + (
+            f" and its {_pods(pods)}" + (f" ({running} still running)" if running else "") if pods else "")
+            + f"; waiting up to {wait:g} s")
+    else:
+        say(f"deleting job {before.job_id} ({before.state}); " + (
+            f"its {_pods(pods)} get SIGTERM and their grace period to checkpoint; waiting up to {wait:g} s" if pods else
+            f"it has no pods; waiting up to {wait:g} s for the API server to remove it"))
     deadline = time.monotonic() + wait
     left = pods
     while True:
@@ -151,6 +156,9 @@ def record(sched: Any, job: JobSpec, rendered: Rendered, job_id: str, descriptio
     kind = rendered.payload["kind"] if isinstance(rendered.payload, dict) else "job"
     lines: list[str] = []  # a warning when the files could not be written
     where = _record_files(sched, job, rendered, description, kind, lines)
+    old = getattr(sched, "replaced", None)
+    if old is not None:
+        lines.append(f"--replace: deleted the earlier {kind} {job_id} ({old.state}, {_pods(len(old.replicas))}) first")
     return lines + [f"{kind} {job_id} created in namespace {sched.namespace}{where}",
                     # the flags that find it again, whatever the defaults are later
                     f"follow it with `{sched.command('status', job_id)}` (and logs, cancel)"]

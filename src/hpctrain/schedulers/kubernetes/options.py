@@ -155,6 +155,8 @@ class KubernetesOptions:
     """Extra KEY=VALUE labels on the job and its pods."""
     runtime: str = "torch-distributed"
     """TrainJob only: the ClusterTrainingRuntime to run on."""
+    replace: bool | None = None
+    """submit: delete a job of the same name first (running or ended, with its pods), then create this one."""
 
     def __post_init__(self) -> None:
         check_dns_label("--namespace", self.namespace, "use the namespace `kubectl get namespaces` lists")
@@ -177,6 +179,8 @@ class KubernetesOptions:
             check_dns_subdomain("--service-account", self.service_account, "use a name `kubectl get serviceaccounts` lists")
         for secret in self.image_pull_secrets:
             check_dns_subdomain("--image-pull-secret", secret, "use a secret name `kubectl get secrets` lists")
+        if self.replace not in (None, True, False):
+            raise UserError(f"replace must be true or false (got {self.replace!r})")
         check_dns_label("runtime", self.runtime, "use a ClusterTrainingRuntime name (e.g. torch-distributed)")
         for name in ("volumes", "node_selector", "tolerations", "image_pull_secrets", "labels"):
             value = getattr(self, name)

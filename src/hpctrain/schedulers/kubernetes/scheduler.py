@@ -33,6 +33,8 @@ from hpctrain.schedulers.kubernetes.objects import (
 )
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 
+REPLACE_WAIT_S = 120
+"""How long `submit --replace` waits for the old job of the name (and its pods) to be gone."""
 DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
                 "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
                 "same options runs them")
@@ -47,6 +49,8 @@ class KubernetesScheduler(LiveChecks):
         self.options = options
         self.context = context
         self._given_client = api_client
+        self.replaced: JobStatus | None = None
+        """The job of the same name that `submit` deleted first (--replace), as it was then."""
         self.group, self.version, self.plural, self.kind = r.api_of(options)
 
     # ---- the client, loaded on first use ---------------------------------------------------------------------
@@ -91,7 +95,8 @@ class KubernetesScheduler(LiveChecks):
 
     def command(self, name: str, *words: str) -> str:
         """`hpctrain NAME ... WORDS` with the flags that find this job again (scheduler, namespace, context, API):
-        every command this backend suggests works when pasted, wherever the defaults point."""
+        every command this backend suggests works when pasted, wherever the defaults point. NAME may be two words
+        (`dev stop`); --k8s-api is left out where it is the default, which the commands around the job use."""
         import shlex
 
         flags = ["--scheduler", "kubernetes", "--namespace", self.namespace]
@@ -99,7 +104,7 @@ class KubernetesScheduler(LiveChecks):
             flags += ["--context", self.context]
         if self.options.api != "pytorchjob":
             flags += ["--k8s-api", self.options.api]
-        return shlex.join(["hpctrain", name, *flags, *words])
+        return shlex.join(["hpctrain", *name.split(), *flags, *words])
 
     # ---- render, check, submit -------------------------------------------------------------------------------
 
@@ -142,16 +147,46 @@ class KubernetesScheduler(LiveChecks):
         from kubernetes.client.rest import ApiException
 
         manifest = rendered.payload
+        create = functools.partial(self.custom.create_namespaced_custom_object, self.group, self.version,
+                                   self.namespace, self.plural, manifest)
         try:
-            created = self.custom.create_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, manifest)
+            try:
+                created = create()
+            except ApiException as err:
+                if err.status != 409 or not self.options.replace:
+                    raise
+                self.replaced = self._delete_and_wait(job.name)
+                created = create()
         except ApiException as err:
             if err.status == 409:
                 raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
-                                f"another --job-name, or cancel the old one ({self.command('cancel', job.name)})") from None
+                                f"another --job-name, cancel the old one (`{self.command('cancel', job.name)}`), or "
+                                "pass --replace") from None
             if err.status == 404:
                 raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
         return created["metadata"]["name"]
+
+    def _delete_and_wait(self, name: str) -> JobStatus | None:
+        """--replace: delete the job of this name, running or ended, with its pods (their grace period to
+        checkpoint), and wait until it is gone; its status as it was (None: it went meanwhile)."""
+        import time
+
+        try:
+            old = self.status(name)
+        except base.JobNotFound:  # gone meanwhile
+            return None
+        self.cancel(name)
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                self.get_object(name)
+            except base.JobNotFound:
+                return old
+            time.sleep(0.5)
+        raise UserError(f"--replace: the old {self.kind} {name} ({old.state}) is still being deleted after "
+                        f"{REPLACE_WAIT_S} s (its pods stopping, or the cluster's garbage collector has not removed it); "
+                        f"nothing new was created: `{self.command('status', name)}` shows when it is gone")
 
     def _missing_on_create(self) -> UserError:
         """The API server answers 404 to a create when the CRD or the namespace is missing: say which."""
