@@ -62,7 +62,7 @@ def test_the_record_goes_where_the_run_dir_is_visible_and_is_private(namespace: 
                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"not recorded here (the host path {missing} of its --volume is not on this machine)" in proc.stderr
-    assert f"kubectl get pytorchjob -n {namespace} rec-2 -o yaml" in proc.stderr
+    assert f"kubectl --context {CONTEXT} get pytorchjob -n {namespace} rec-2 -o yaml" in proc.stderr
     assert not Path(pod_mount).exists() and not Path(missing).exists()
 
 

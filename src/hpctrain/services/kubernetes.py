@@ -6,13 +6,13 @@ Volumes and /dev/shm come from KubernetesOptions exactly as for training jobs (h
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import Resources
 from hpctrain.jobs.values import parse_time_limit
+from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.render import pod_placement, pod_volumes, quantity_mb
 
@@ -90,8 +90,7 @@ def render_secret(pod: ServicePod, options: KubernetesOptions, data: dict[str, s
 
 def port_forward_command(namespace: str, pod_name: str, local_port: int, port: int, context: str | None = None) -> str:
     """The `kubectl port-forward` that reaches the pod, with the kubeconfig context it was created through."""
-    where = ["--context", context] if context else []
-    return shlex.join(["kubectl", *where, "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}"])
+    return kubectl(context, "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}")
 
 
 def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.services import kubernetes as k8s
 from hpctrain.services.common import write_private
@@ -69,11 +70,13 @@ def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | No
             write_private(state_dir / CONNECTION_FILE, conn)
             break
         if state in ("Succeeded", "Failed", "Terminating"):
-            raise UserError(f"pod {spec.name} is {state} before JupyterLab was ready: see `kubectl logs -n "
-                            f"{options.namespace} {spec.name}`; forget it with `{stop}`")
+            logs = kubectl(context, "logs", "-n", options.namespace, spec.name)
+            raise UserError(f"pod {spec.name} is {state} before JupyterLab was ready: see `{logs}`; forget it with "
+                            f"`{stop}`")
         if time.monotonic() >= deadline:
+            describe = kubectl(context, "describe", "pod", "-n", options.namespace, spec.name)
             raise UserError(f"pod {spec.name} is {state} and not ready after {wait_s:g} s; it is left in place: wait "
-                            f"longer with --wait, see `kubectl describe pod -n {options.namespace} {spec.name}`, or stop "
+                            f"longer with --wait, see `{describe}`, or stop "
                             f"it with `{stop}`")
         time.sleep(1.0)
     return conn

@@ -126,8 +126,8 @@ class LiveChecks:
             self.core.read_namespace(self.namespace)
         except ApiException as err:
             if err.status == 404:
-                problems.append(f"namespace {self.namespace!r} does not exist: create it (kubectl create namespace "
-                                f"{self.namespace}) or pick another --namespace")
+                problems.append(f"namespace {self.namespace!r} does not exist: create it "
+                                f"({self.kubectl('create', 'namespace', self.namespace)}) or pick another --namespace")
                 return False
             if err.status != 403:  # not allowed to read namespaces: the later calls tell
                 raise

@@ -177,7 +177,7 @@ def _record_files(sched: Any, job: JobSpec, rendered: Rendered, description: dic
         here, why = sched.path_here(pod_path)
         if here is None:
             return (f"; the manifest and job description were not recorded here ({why}): "
-                    f"`kubectl get {kind.lower()} -n {sched.namespace} {job.name} -o yaml` shows them")
+                    f"`{sched.kubectl('get', kind.lower(), '-n', sched.namespace, job.name, '-o', 'yaml')}` shows them")
         directory = Path(here)
     else:
         directory = Path(pod_path)

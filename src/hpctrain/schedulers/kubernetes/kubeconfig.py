@@ -1,5 +1,5 @@
 """The default namespace, as kubectl finds it: HPCTRAIN_NAMESPACE, else the kubeconfig context's `namespace`, else
-`default`.
+`default`; and the kubectl commands hpctrain suggests, with the context that found the cluster.
 
 Read here with PyYAML rather than through the client, so that `submit --dry-run` (which renders the namespace into
 the manifest) needs neither the `kubernetes` package nor a reachable cluster. A kubeconfig that cannot be read
@@ -9,6 +9,7 @@ gives no namespace here; the client's own load then reports it when a command ta
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,12 @@ NAMESPACE_ENV = "HPCTRAIN_NAMESPACE"
 DEFAULT_NAMESPACE = "default"
 MAX_KUBECONFIG_BYTES = 1 << 20
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def kubectl(context: str | None, *words: str) -> str:
+    """`kubectl [--context CONTEXT] WORDS`, quoted: a suggested command reaches the cluster hpctrain used, whatever
+    the current context is when it is pasted."""
+    return shlex.join(["kubectl", *(["--context", context] if context else []), *words])
 
 
 def kubeconfig_paths(environ: Mapping[str, str]) -> list[Path]:

@@ -106,6 +106,12 @@ class KubernetesScheduler(LiveChecks):
             flags += ["--k8s-api", self.options.api]
         return shlex.join(["hpctrain", *name.split(), *flags, *words])
 
+    def kubectl(self, *words: str) -> str:
+        """`kubectl --context CONTEXT WORDS` (no --context where none was given: the current one)."""
+        from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
+
+        return kubectl(self.context, *words)
+
     # ---- render, check, submit -------------------------------------------------------------------------------
 
     def render(self, job: JobSpec) -> Rendered:
