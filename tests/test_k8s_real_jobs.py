@@ -382,7 +382,7 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
 
     def submit(*flags: str) -> subprocess.CompletedProcess[str]:
         return real.cli("submit", "--no-check", *real.where, "--image", real.image, "--job-name", "ended-1",
-                        "--launcher", "single", "--mem", "512M", *flags, cwd=tmp_path)
+                        "--mem", "512M", *flags, cwd=tmp_path)
 
     def ended() -> Any:
         status = sched.status("ended-1")
@@ -409,4 +409,4 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
     assert "--replace: deleted the earlier PyTorchJob ended-1 (FAILED, 1 pod) first" in replaced.stderr, replaced.stderr
     assert sched.get_object("ended-1")["metadata"]["uid"] != old_uid
     status = real.wait("the new job to finish", lambda: finished(sched, "ended-1"))
-    assert status.state == SUCCEEDED and "\n".join(sched.logs("ended-1")).strip() == "new", status
+    assert status.state == SUCCEEDED and "new" in list(sched.logs("ended-1")), status
