@@ -7,6 +7,7 @@ The Slurm cases run against the real local cluster (its job names are anyone's);
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,51 @@ def test_cluster_prints_node_and_partition_names_as_they_are(capsys) -> None:
     out = capsys.readouterr().out
     for name in HOSTILE_NAMES:
         assert name in out and f"p{name}" in out, out
+
+
+HOSTILE_NODE = "$(touch pwned)"
+
+
+def _pasted(line: str) -> list[str]:
+    """The words a shell gives the suggested command between backquotes in `line` when it is pasted."""
+    command = line.split("`")[1]
+    return shlex.split(command)
+
+
+def test_a_sick_node_named_by_a_pod_reaches_the_suggested_command_only_as_a_node_name() -> None:
+    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import ended_lines
+
+    said = (f"sick_node: gpu07,{HOSTILE_NODE}", "sick_node: node[1-2]", "sick_node: a b;c", "sick_node: n1\nrm -rf x")
+    status = JobStatus(job_id="j", state="FAILED", replicas=tuple(
+        ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)))
+    lines = ended_lines(status)
+    [suggestion] = [line for line in lines if line.startswith("sick node(s)")]
+    assert _pasted(suggestion) == ["hpctrain", "submit", "--exclude-nodes", "gpu07,n1", "..."]
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 3 and any(repr(HOSTILE_NODE) in w for w in warnings), lines
+
+
+def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tmp_path: Path, capsys) -> None:
+    from types import SimpleNamespace
+
+    from hpctrain.training.loop import RunResult, _report_end
+    from hpctrain.training.stopping import StopReason
+
+    (tmp_path / "bad_nodes").write_text(f"node07\n{HOSTILE_NODE}\n`id`\n")
+    run = SimpleNamespace(is_main=True, run_dir=tmp_path, say=print, cfg=SimpleNamespace(preflight_only=False))
+    _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "touch" not in err and "`id`" not in err, err
+    assert _pasted(err.split("elsewhere submit it again away from them: ")[1]) == [
+        "hpctrain", "submit", "--exclude-nodes", "node07", "..."]
+
+
+def test_submits_suggested_command_quotes_the_users_words(capsys) -> None:
+    from hpctrain.cli import main
+
+    assert main(["submit", "--dry-run", "python3", "train.py", "--note", "$(touch pwned); a b"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert _pasted(err.split("put your own command after `--` (")[1]) == [
+        "hpctrain", "submit", "[options]", "--", "python3", "train.py", "--note", "$(touch pwned); a b"]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 
@@ -64,5 +65,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.path} is already there and valid ({images.human_size(result.size)}); nothing to pull")
     else:
         print(f"pulled {result.path} ({images.human_size(result.size)})")
-    print(f"use it with: hpctrain submit --image {result.path} ...")
+    print(f"use it with: hpctrain submit --image {shlex.quote(str(result.path))} ...")
     return 0

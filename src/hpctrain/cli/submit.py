@@ -14,6 +14,7 @@ submission_from_args).
 from __future__ import annotations
 
 import argparse
+import shlex
 import os
 import re
 import sys
@@ -241,7 +242,7 @@ def _command(rest: list[str]) -> tuple[str, ...]:
         return ("hpctrain", *rest)
     raise UserError(
         f"unknown job option or recipe {rest[0]!r}: built-in recipes start with `train` (`train mnist ...`); "
-        f"put your own command after `--` (`hpctrain submit [options] -- {' '.join(rest)}`)"
+        f"put your own command after `--` (`hpctrain submit [options] -- {shlex.join(rest)}`)"
     )
 
 
