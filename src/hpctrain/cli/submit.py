@@ -297,12 +297,12 @@ def job_warnings(job: JobSpec) -> list[str]:
 
 def report_problems(command: str, problems: list[str]) -> None:
     for line in problems:
-        print(f"hpctrain {command}: {line}", file=sys.stderr)
+        print(f"hpctrain {command}: {redact(line)}", file=sys.stderr)
 
 
 def report_warnings(command: str, job: JobSpec) -> None:
     for line in job_warnings(job):
-        print(f"hpctrain {command}: warning: {line}", file=sys.stderr)
+        print(f"hpctrain {command}: warning: {redact(line)}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
