@@ -7,9 +7,11 @@ The Slurm cases run against the real local cluster (its job names are anyone's);
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,64 @@ def test_submits_suggested_command_quotes_the_users_words(capsys) -> None:
     assert len(err.strip().splitlines()) == 1, err
     assert _pasted(err.split("put your own command after `--` (")[1]) == [
         "hpctrain", "submit", "[options]", "--", "python3", "train.py", "--note", "$(touch pwned); a b"]
+
+
+def _served_runs(argv: list[str], env: dict[str, str], cwd: Path, port: int) -> set[str]:
+    """Start a TensorBoard command line, wait (bounded) until it answers, and return the runs it serves."""
+    from hpctrain.services.common import http_get
+
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (answer := http_get(f"http://127.0.0.1:{port}/data/runs"))[0] != 200 or not json.loads(answer[1]):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "TensorBoard never answered"
+            time.sleep(0.5)
+        return set(json.loads(answer[1]))
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_a_run_directory_named_like_an_option_reaches_tensorboard_as_a_folder(tmp_path: Path) -> None:
+    """`-x` here (the local server), and the command lines of the Slurm job and the pod, run here as they would
+    run there: each serves the run `-x`, none takes it for an option."""
+    from hpctrain.around.kubernetes import tensorboard_pod
+    from hpctrain.around.slurm import TENSORBOARD_COMMAND
+    from hpctrain.distributed.ports import free_port
+    from hpctrain.tbserver import logdir_spec, tensorboard_argv
+
+    pytest.importorskip("tensorboard")
+    from test_tensorboard import make_run
+
+    run = make_run(tmp_path / "-x", [1.0])
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    spec = logdir_spec([run])  # what `hpctrain tensorboard -- -x` makes of it: `-x:/.../-x/tb`
+    assert spec.startswith("-x:")
+    port = free_port()
+    assert _served_runs(tensorboard_argv(spec, port), env, tmp_path, port) == {"-x/."}
+    port = free_port()
+    slurm_env = {**env, "HPCTRAIN_TB_SPEC": spec, "HPCTRAIN_PORT": str(port)}
+    assert _served_runs(list(TENSORBOARD_COMMAND), slurm_env, tmp_path, port) == {"-x/."}
+    pod = list(tensorboard_pod(spec, None).command)
+    port = free_port()
+    assert _served_runs([*pod[:-1], str(port)], env, tmp_path, port) == {"-x/."}  # the pod's port, here a free one
+
+
+def test_image_list_shows_a_file_whose_time_is_no_date(tmp_path: Path) -> None:
+    """tmpfs keeps any 64-bit time (ext4 clamps it to 2446): the file is made there."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm (tmpfs) to keep an absurd file time")
+    with tempfile.TemporaryDirectory(dir=shm) as folder:
+        for name, mtime in (("far.sif", 10**13), ("past.sqsh", -(10**13)), ("now.sif", None)):
+            (Path(folder) / name).write_bytes(b"x")
+            if mtime is not None:
+                os.utime(Path(folder) / name, (0, mtime))
+        proc = hpctrain("image", "list", folder)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["far.sif", "now.sif", "past.sqsh"], proc.stdout
+    assert "(no valid date)" in lines[0] and "(no valid date)" in lines[2] and "(no valid date)" not in lines[1]

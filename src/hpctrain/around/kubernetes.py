@@ -132,7 +132,7 @@ class KubernetesServices:
 
 
 def tensorboard_pod(spec: str, time_limit: str | None) -> k8s.ServicePod:
-    command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))
+    command = ("tensorboard", f"--logdir_spec={spec}", "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))  # -x: no option
     return k8s.ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command,
                           port=TENSORBOARD_PORT, resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit,
                           ready_path="/")

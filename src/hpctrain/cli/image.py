@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for img in found:
             state = img.fmt or "NOT A VALID IMAGE (remove it and pull again)"
-            print(f"{img.path.name:40s}  {images.human_size(img.size):>10s}  {img.modified:%Y-%m-%d %H:%M}  {state}")
+            when = f"{img.modified:%Y-%m-%d %H:%M}" if img.modified else "(no valid date)"
+            print(f"{img.path.name:40s}  {images.human_size(img.size):>10s}  {when:16s}  {state}")
         return 0
     images.refuse_in_allocation(args.force)
     if args.action == "build":
