@@ -16,6 +16,7 @@ from hpctrain import tbserver
 from hpctrain.around.base import Placement, RemoteStacks
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
 from hpctrain.sessions import kubernetes as sessions
@@ -32,6 +33,7 @@ def create(scheduler: Any) -> KubernetesServices:
     return KubernetesServices(scheduler)
 
 
+@guarded  # an answer of the wrong shape, read in any of its methods, is one line
 class KubernetesServices:
     name = "kubernetes"
 

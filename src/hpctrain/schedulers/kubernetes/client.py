@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hpctrain.errors import UserError, redact
+from hpctrain.schedulers.kubernetes import answers
 
 TIMEOUT_ENV = "HPCTRAIN_K8S_TIMEOUT"
 MAX_RESPONSE_ENV = "HPCTRAIN_K8S_MAX_RESPONSE_MB"
@@ -158,6 +159,7 @@ def harden(api_client: Any, limits: Limits) -> Any:
     rest = api_client.rest_client
     if not isinstance(rest.pool_manager, _BoundedPool):
         rest.pool_manager = _BoundedPool(rest.pool_manager, limits, redact(api_client.configuration.host))
+    answers.check_deserializing(api_client, rest.pool_manager.server)
     return api_client
 
 
@@ -212,7 +214,7 @@ class _BoundedPool:
             response = within(self.limits.deadline_s, lambda: self._pool.request(method, url, **kwargs), self._no_answer)
         except urllib3.exceptions.HTTPError as err:
             raise self._unreachable(err) from None
-        return _BoundedResponse(response, self, deadline)
+        return _BoundedResponse(response, self, deadline, (method, url))
 
     def _no_answer(self) -> UserError:
         return UserError(f"the Kubernetes API server {self.server} did not answer within {self.limits.deadline_s:g} s: {FIX} "
@@ -240,10 +242,11 @@ class _BoundedResponse:
     """A urllib3 response whose `.data` is read within the request's deadline and the size cap; streaming
     (`hpctrain logs`) goes to the response itself."""
 
-    def __init__(self, response: Any, pool: _BoundedPool, deadline: float) -> None:
+    def __init__(self, response: Any, pool: _BoundedPool, deadline: float, asked: tuple[str, str]) -> None:
         self._response = response
         self._pool = pool
         self._deadline = deadline
+        self._asked = asked
         self._data: bytes | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -258,6 +261,7 @@ class _BoundedResponse:
             # On the deadline the reading thread still holds the response (closing it would wait for that read):
             # it is left to end with the command.
             self._data = within(left, self._read, self._pool._no_answer)
+            answers.note(self._pool.server, *self._asked, self._response.status, self._response.headers, self._data)
         return self._data
 
     def _read(self) -> bytes:
