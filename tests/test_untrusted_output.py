@@ -165,3 +165,18 @@ def test_image_list_shows_a_file_whose_time_is_no_date(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["far.sif", "now.sif", "past.sqsh"], proc.stdout
     assert "(no valid date)" in lines[0] and "(no valid date)" in lines[2] and "(no valid date)" not in lines[1]
+
+
+def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
+    """The API server's words (a condition's message, a pod's reason and termination message, an event) printed as
+    plain text: Kubernetes' display writes no markup at all, so brackets stay."""
+    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import print_job
+
+    words = HOSTILE_NAMES
+    status = JobStatus(job_id="job-1", state="FAILED", message=words[0], pending_reasons=(words[1],), replicas=(
+        ReplicaStatus(name="worker-0", phase="Failed", node="n1", reason=words[2], message=words[3]),))
+    print_job(status, as_json=False)
+    out = capsys.readouterr().out
+    for word in words[:4]:
+        assert word in out, out
