@@ -1,7 +1,8 @@
 """What hpctrain prints of text it does not control (job and node names, paths, records read back) is printed as
 that text: never as rich markup, never as an unquoted word of a paste-ready command, never with a URL's password.
 
-The Slurm cases run against the real local cluster (its job names are anyone's); the rest are pure.
+The Slurm cases run against the real local cluster (its job names are anyone's); TensorBoard and `image list` run
+for real here; the rest are pure functions fed hostile text.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.display import print_cluster
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
 
