@@ -250,7 +250,7 @@ class ImageFile:
     path: Path
     fmt: str | None
     size: int
-    modified: dt.datetime
+    modified: dt.datetime | None
 
 
 def list_images(directory: Path) -> list[ImageFile]:
@@ -260,9 +260,16 @@ def list_images(directory: Path) -> list[ImageFile]:
     for path in sorted(directory.iterdir()):
         if path.suffix in (".sif", ".sqsh") and path.is_file() and not path.name.startswith("."):
             st = path.stat()
-            out.append(ImageFile(path, image_format(path), st.st_size,
-                                 dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc)))
+            out.append(ImageFile(path, image_format(path), st.st_size, _modified(st.st_mtime)))
     return out
+
+
+def _modified(mtime: float) -> dt.datetime | None:
+    """A file's modification time; None when it is no date (a file system keeps years far past 9999, or before 1)."""
+    try:
+        return dt.datetime.fromtimestamp(mtime, dt.timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def human_size(n: int) -> str:

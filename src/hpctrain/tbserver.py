@@ -64,7 +64,9 @@ def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
 
 
 def tensorboard_argv(spec: str, port: int, host: str = "127.0.0.1", python: str = sys.executable) -> list[str]:
-    return [python, "-m", "tensorboard.main", "--logdir_spec", spec, "--port", str(port), "--host", host,
+    # `--logdir_spec=SPEC`, one word: a run named -x makes the spec start with a dash, which TensorBoard would take
+    # for an option of its own.
+    return [python, "-m", "tensorboard.main", f"--logdir_spec={spec}", "--port", str(port), "--host", host,
             "--reload_interval", "10"]
 
 

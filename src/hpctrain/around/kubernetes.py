@@ -16,6 +16,7 @@ from hpctrain import tbserver
 from hpctrain.around.base import Placement, RemoteStacks
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
 from hpctrain.sessions import kubernetes as sessions
@@ -32,6 +33,7 @@ def create(scheduler: Any) -> KubernetesServices:
     return KubernetesServices(scheduler)
 
 
+@guarded  # an answer of the wrong shape, read in any of its methods, is one line
 class KubernetesServices:
     name = "kubernetes"
 
@@ -146,7 +148,7 @@ class KubernetesServices:
 
 
 def tensorboard_pod(spec: str, time_limit: str | None) -> k8s.ServicePod:
-    command = ("tensorboard", "--logdir_spec", spec, "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))
+    command = ("tensorboard", f"--logdir_spec={spec}", "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))  # -x: no option
     return k8s.ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command,
                           port=TENSORBOARD_PORT, resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit,
                           ready_path="/")

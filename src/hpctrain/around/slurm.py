@@ -22,7 +22,7 @@ from hpctrain.sessions.config import DevConfig, SessionView, session_dir
 from hpctrain.schedulers.slurm.run_dir import parse_run_dir, run_dir_of
 from hpctrain.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
 
-TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec "$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
+TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
                                      '--port "$HPCTRAIN_PORT" --reload_interval 30')
 
 

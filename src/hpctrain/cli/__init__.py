@@ -9,7 +9,7 @@ import os
 import sys
 
 from hpctrain import __version__
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, redact
 from hpctrain.recipes.catalog import CATALOG
 
 # name -> (module, one-line help). A module defines add_arguments(parser) and run(args) -> int.
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(SUBCOMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except UserError as err:
-        print(f"hpctrain {command}: error: {err}", file=sys.stderr)
+        print(f"hpctrain {command}: error: {redact(str(err))}", file=sys.stderr)  # a URL's password never shows
         return err.exit_code
     except ImportError as err:  # an optional dependency (hpctrain[k8s], [jupyter], [dali]) that is not installed
         from hpctrain.extras import missing_extra

@@ -109,7 +109,10 @@ def _start(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(services.dev_render(cfg, placement), end="")
         return 0
-    print("\n".join(services.dev_start(cfg, placement, args.wait, args.local_port)))
+    from hpctrain.sessions.config import starting
+
+    with starting(cfg.name):  # one `dev start NAME` at a time: a second one is refused before it submits anything
+        print("\n".join(services.dev_start(cfg, placement, args.wait, args.local_port)))
     return 0
 
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for img in found:
             state = img.fmt or "NOT A VALID IMAGE (remove it and pull again)"
-            print(f"{img.path.name:40s}  {images.human_size(img.size):>10s}  {img.modified:%Y-%m-%d %H:%M}  {state}")
+            when = f"{img.modified:%Y-%m-%d %H:%M}" if img.modified else "(no valid date)"
+            print(f"{img.path.name:40s}  {images.human_size(img.size):>10s}  {when:16s}  {state}")
         return 0
     images.refuse_in_allocation(args.force)
     if args.action == "build":
@@ -64,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{result.path} is already there and valid ({images.human_size(result.size)}); nothing to pull")
     else:
         print(f"pulled {result.path} ({images.human_size(result.size)})")
-    print(f"use it with: hpctrain submit --image {result.path} ...")
+    print(f"use it with: hpctrain submit --image {shlex.quote(str(result.path))} ...")
     return 0

@@ -124,7 +124,7 @@ class _Progress:
 
         console = Console(stderr=True)
         self.interactive = console.is_terminal
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                             TimeRemainingColumn(), console=console, disable=not self.interactive)
         self.task = None
         self.bar.start()

@@ -14,6 +14,7 @@ submission_from_args).
 from __future__ import annotations
 
 import argparse
+import shlex
 import os
 import re
 import sys
@@ -241,7 +242,7 @@ def _command(rest: list[str]) -> tuple[str, ...]:
         return ("hpctrain", *rest)
     raise UserError(
         f"unknown job option or recipe {rest[0]!r}: built-in recipes start with `train` (`train mnist ...`); "
-        f"put your own command after `--` (`hpctrain submit [options] -- {' '.join(rest)}`)"
+        f"put your own command after `--` (`hpctrain submit [options] -- {shlex.join(rest)}`)"
     )
 
 
@@ -296,12 +297,12 @@ def job_warnings(job: JobSpec) -> list[str]:
 
 def report_problems(command: str, problems: list[str]) -> None:
     for line in problems:
-        print(f"hpctrain {command}: {line}", file=sys.stderr)
+        print(f"hpctrain {command}: {redact(line)}", file=sys.stderr)
 
 
 def report_warnings(command: str, job: JobSpec) -> None:
     for line in job_warnings(job):
-        print(f"hpctrain {command}: warning: {line}", file=sys.stderr)
+        print(f"hpctrain {command}: warning: {redact(line)}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

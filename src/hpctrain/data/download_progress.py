@@ -59,7 +59,7 @@ class RichReporter(PlainReporter):
 
         self.console = Console(stderr=True)
         self.progress = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),  # a file name, shown as it is
             BarColumn(),
             DownloadColumn(),
             TransferSpeedColumn(),

@@ -21,7 +21,16 @@ from __future__ import annotations
 import itertools
 import re
 
-__all__ = ["expand_hostlist", "expand_tasks_per_node", "first_host"]
+__all__ = ["expand_hostlist", "expand_tasks_per_node", "first_host", "is_node_name"]
+
+# A node's name as Slurm and Kubernetes (kubernetes.io/hostname) both write it: letters, digits, '.', '-', '_'.
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}", re.ASCII)
+
+
+def is_node_name(name: object) -> bool:
+    """Whether `name` is one plain node name (no list, range, pattern, space or shell character): what a node name
+    read from a pod, a record or a file must be before hpctrain prints it in a command or acts on it."""
+    return isinstance(name, str) and _NODE_NAME.fullmatch(name) is not None
 
 # One parsed range: (low, high, width) where width is the zero-pad width.
 _Range = tuple[int, int, int]

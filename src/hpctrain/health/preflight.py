@@ -130,3 +130,9 @@ def node_name() -> str:
     node (HPCTRAIN_NODE_NAME, which hpctrain's pods get from spec.nodeName), else the host name. Every report that
     names where a rank runs (preflight, hang, stragglers, `top`) uses it: a pod's own host name is no node."""
     return os.environ.get("SLURMD_NODENAME") or os.environ.get(NODE_NAME_ENV) or socket.gethostname()
+
+
+CHECK_ID_ENV = "HPCTRAIN_PREFLIGHT_ID"
+"""`hpctrain check --preflight` gives its preflight job a fresh id in this variable; rank 0 writes it into
+preflight.json as `check_id`, and the check believes only a record with its own id (the run directory may hold an
+earlier check's record, from another job of the same name)."""

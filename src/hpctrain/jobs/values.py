@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.errors import UserError
 
 # Slurm's accepted time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
@@ -110,13 +111,9 @@ def check_sbatch_value(what: str, value: str) -> None:
         raise UserError(f"{what} {value!r} cannot be written on an #SBATCH line: remove backslashes, and use only one kind of quote")
 
 
-# A node's name as Slurm and Kubernetes (kubernetes.io/hostname) both write it: letters, digits, '.', '-', '_'.
-_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-
-
 def check_node_name(name: str) -> None:
     """One node named by --exclude-nodes: a plain name (no list, range or pattern)."""
-    if not isinstance(name, str) or not _NODE_NAME_RE.match(name):
+    if not is_node_name(name):
         raise UserError(f"--exclude-nodes: {name!r} is not a node name; give names as sinfo or `kubectl get nodes` "
                         "shows them, comma-separated (e.g. --exclude-nodes node07,node12), without ranges")
 

@@ -4,9 +4,12 @@ in it, and the row `hpctrain dev list` shows."""
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from hpctrain.services.common import private_dir, read_json, state_root
 SERVICES = ("jupyter", "ssh", "code")
 CONNECTION_FILE = "connection.json"
 TOKEN_FILE = "token"
+START_LOCK = "start.lock"
 DEFAULT_TIME = "04:00:00"
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 
@@ -79,6 +83,32 @@ def make_session_dir(name: str, root: Path | None = None) -> Path:
     state_dir = session_dir(name, root)
     private_dir(state_dir.parent)
     return private_dir(state_dir)
+
+
+@contextmanager
+def starting(name: str, root: Path | None = None) -> Iterator[Path]:
+    """Hold the session's start lock (an exclusive flock on STATE/start.lock) while it starts: a second `dev start`
+    of the same name at the same time is refused before it submits anything, instead of submitting a second job
+    that shares the first's token file and record. The kernel lets go of the lock when this process ends."""
+    state_dir = make_session_dir(name, root)
+    path = state_dir / START_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as err:
+        raise UserError(f"dev session {name}: cannot open its lock {path} ({err.strerror or err}): remove what is "
+                        "there (it must be a plain file)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"dev session {name} is being started right now by another `hpctrain dev start`: wait "
+                            f"for it, then see `hpctrain dev list`; or start this one under another name") from None
+        except OSError as err:  # a file system without locks
+            raise UserError(f"dev session {name}: cannot lock {path} ({err.strerror or err}): point HPCTRAIN_HOME at "
+                            "a file system with file locks") from None
+        yield state_dir
+    finally:
+        os.close(fd)
 
 
 def connection(name: str, root: Path | None = None) -> tuple[Path, dict[str, Any]]:

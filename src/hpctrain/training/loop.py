@@ -18,6 +18,7 @@ detected environment. The pieces, each in its own module of this package:
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from hpctrain.config import TrainConfig, data_label
 from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.distributed import destroy_process_group, init_process_group
 from hpctrain.distributed.failures import announce, peer_failures
+from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.training import preflight
 from hpctrain.training.checkpoints import keep_best, restore, save
@@ -198,12 +200,14 @@ def _report_end(run: Run, result: RunResult) -> None:
     elif reason is StopReason.NONE:
         run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
     elif reason is StopReason.SICK_NODE:
-        bad = _bad_nodes(run)
+        bad = [node for node in _bad_nodes(run) if is_node_name(node)]  # a file's words: only names are printed
+        exclude = shlex.join(["hpctrain", "submit", "--exclude-nodes", ",".join(bad)]) if bad else \
+            "hpctrain submit --exclude-nodes NODE,..."
         print(f"hpctrain train: error: the preflight found sick node(s) before the first step: "
               f"{', '.join(bad) or '(see the record)'} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain "
               "submit` on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again "
-              f"away from them: `hpctrain submit --exclude-nodes {','.join(bad) or 'NODE,...'} ...` with `train ... "
-              "--resume` if it has checkpoints", file=sys.stderr, flush=True)
+              f"away from them: `{exclude} ...` with `train ... --resume` if it has checkpoints", file=sys.stderr,
+              flush=True)
     elif reason is StopReason.DIVERGED:
         print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
               f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "

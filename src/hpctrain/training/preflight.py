@@ -14,6 +14,7 @@ that way, and could then no longer be scheduled). Ask for it with --preflight wh
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -24,7 +25,7 @@ from hpctrain.distributed import all_gather_object, all_reduce
 from hpctrain.distributed.collectives import collective_device, exchange
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, RankCheck, Verdict, judge, link_pairs, node_name
+from hpctrain.health.preflight import BAD_NODES_FILE, CHECK_ID_ENV, PREFLIGHT_FILE, RankCheck, Verdict, judge, link_pairs, node_name
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import StopReason, write_termination_message
 
@@ -126,7 +127,8 @@ def run_preflight(run: Run) -> Verdict:
     if verdict.bad:  # every pod's own status says it (Kubernetes), whichever node is the sick one
         write_termination_message(f"{StopReason.SICK_NODE.label}: {','.join(verdict.bad_nodes)}")
     if run.is_main:
-        write_atomic(run.run_dir / PREFLIGHT_FILE, (json.dumps(verdict.as_dict(), indent=2) + "\n").encode())
+        record = {**verdict.as_dict(), "check_id": os.environ.get(CHECK_ID_ENV)}  # the check that asked, if any
+        write_atomic(run.run_dir / PREFLIGHT_FILE, (json.dumps(record, indent=2) + "\n").encode())
         if verdict.bad:
             write_atomic(run.run_dir / BAD_NODES_FILE, "".join(f"{node}\n" for node in verdict.bad_nodes).encode())
         else:

@@ -6,6 +6,7 @@
     scheduler.py           KubernetesScheduler: submit, status, logs, cancel, the cluster view
     display.py             what `status`, `cluster` and `cancel` print, and the submission's record
     client.py              the API client: timeouts, size caps, errors in one line
+    answers.py             answers of the wrong shape (HTML, empty, nested, wrong types) as one line
 
 Importing this package does not import the `kubernetes` client; `KubernetesScheduler` loads it on first use.
 INFO tells the CLI which flags are this backend's and what they become.

@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, redact
+from hpctrain.schedulers.kubernetes import answers
 
 TIMEOUT_ENV = "HPCTRAIN_K8S_TIMEOUT"
 MAX_RESPONSE_ENV = "HPCTRAIN_K8S_MAX_RESPONSE_MB"
@@ -68,16 +72,46 @@ class Limits:
 
 
 def load_api_client(context: str | None = None, limits: Limits | None = None) -> Any:
-    """An ApiClient from the kubeconfig (its current context, or `context`) or the in-cluster service account."""
+    """An ApiClient from the kubeconfig (its current context, or `context`) or the in-cluster service account.
+
+    Loading runs the kubeconfig's exec credential plugin, if it names one (a program that prints a token), outside
+    the bounded requests: it gets the deadline of one answer, and one that never returns ends the command naming
+    it (the plugin, a child of this process, is stopped)."""
     from kubernetes import client, config
     import yaml
 
-    try:
+    limits = limits or Limits.from_environ()
+
+    def load() -> Any:
         if context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config()
-            api_client = client.ApiClient()
-        else:
-            api_client = config.new_client_from_config(context=context)
+            return client.ApiClient()
+        return config.new_client_from_config(context=context)
+
+    before = _children()
+
+    def hung() -> UserError:
+        # The client logs the plugin's end as an error of its own (on the root logger): this line says it instead.
+        logging.getLogger().addFilter(lambda record: not record.getMessage().startswith("exec: "))
+        for pid in _children() - before:  # the plugin that never returned: started here, by this load
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        plugin = exec_plugin(context)
+        named = f"its exec credential plugin ({plugin})" if plugin else "loading it"
+        return UserError(f"the kubeconfig ({kubeconfig_files()}) did not load within {limits.deadline_s:g} s: {named} "
+                         f"never returned; run the plugin by hand to see what it waits for (a login?), or allow more "
+                         f"time: {TIMEOUT_ENV}=SECONDS (loading gets {ANSWER_DEADLINE_FACTOR} times that)")
+
+    try:
+        api_client = within(limits.deadline_s, load, hung)
+    except IsADirectoryError as err:
+        raise UserError(f"the kubeconfig {err.filename} is a directory: point KUBECONFIG at the kubeconfig file in it "
+                        "(e.g. its config)") from None
+    except OSError as err:
+        raise UserError(f"cannot read the kubeconfig {err.filename or kubeconfig_files()} ({err.strerror or err}): fix "
+                        "it, or point KUBECONFIG at a working one") from None
     except config.ConfigException as err:
         raise UserError(f"cannot load a kubeconfig ({_one_line(err)}): set KUBECONFIG or ~/.kube/config, or name a --context") from None
     except yaml.YAMLError as err:
@@ -86,7 +120,35 @@ def load_api_client(context: str | None = None, limits: Limits | None = None) ->
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise UserError(f"the kubeconfig ({kubeconfig_files()}) is not a valid kubeconfig ({type(err).__name__}: "
                         f"{_one_line(err)[:200]}): fix it, or point KUBECONFIG at a working one") from None
-    return harden(api_client, limits or Limits.from_environ())
+    return harden(api_client, limits)
+
+
+def _children() -> set[int]:
+    """The pids of this process's children, as each of its threads started them (Linux' /proc/self/task/*/children;
+    none found where that does not exist)."""
+    found: set[int] = set()
+    for listing in Path("/proc/self/task").glob("*/children"):
+        try:
+            found.update(int(pid) for pid in listing.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def exec_plugin(context: str | None) -> str | None:
+    """The command of the exec credential plugin the kubeconfig's context (or current context) runs, if any; read
+    without running it. None when there is none, or the kubeconfig cannot tell."""
+    from kubernetes.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION, KubeConfigMerger
+
+    try:
+        merged = KubeConfigMerger(os.environ.get("KUBECONFIG") or KUBE_CONFIG_DEFAULT_LOCATION).config
+        name = context or merged.safe_get("current-context")
+        ctx = next(c for c in merged["contexts"] if c.safe_get("name") == name)
+        user = next(u for u in merged["users"] if u.safe_get("name") == ctx["context"].safe_get("user"))
+        command = user["user"]["exec"]["command"]
+    except Exception:  # noqa: BLE001 - only to name the plugin in an error already on its way
+        return None
+    return command if isinstance(command, str) else None
 
 
 def kubeconfig_files(environ: Mapping[str, str] | None = None) -> str:
@@ -98,7 +160,8 @@ def harden(api_client: Any, limits: Limits) -> Any:
     """Route every request of `api_client` through the bounds above (see the module docstring)."""
     rest = api_client.rest_client
     if not isinstance(rest.pool_manager, _BoundedPool):
-        rest.pool_manager = _BoundedPool(rest.pool_manager, limits, api_client.configuration.host)
+        rest.pool_manager = _BoundedPool(rest.pool_manager, limits, redact(api_client.configuration.host))
+    answers.check_deserializing(api_client, rest.pool_manager.server)
     return api_client
 
 
@@ -153,7 +216,7 @@ class _BoundedPool:
             response = within(self.limits.deadline_s, lambda: self._pool.request(method, url, **kwargs), self._no_answer)
         except urllib3.exceptions.HTTPError as err:
             raise self._unreachable(err) from None
-        return _BoundedResponse(response, self, deadline)
+        return _BoundedResponse(response, self, deadline, (method, url))
 
     def _no_answer(self) -> UserError:
         return UserError(f"the Kubernetes API server {self.server} did not answer within {self.limits.deadline_s:g} s: {FIX} "
@@ -181,10 +244,11 @@ class _BoundedResponse:
     """A urllib3 response whose `.data` is read within the request's deadline and the size cap; streaming
     (`hpctrain logs`) goes to the response itself."""
 
-    def __init__(self, response: Any, pool: _BoundedPool, deadline: float) -> None:
+    def __init__(self, response: Any, pool: _BoundedPool, deadline: float, asked: tuple[str, str]) -> None:
         self._response = response
         self._pool = pool
         self._deadline = deadline
+        self._asked = asked
         self._data: bytes | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -199,6 +263,7 @@ class _BoundedResponse:
             # On the deadline the reading thread still holds the response (closing it would wait for that read):
             # it is left to end with the command.
             self._data = within(left, self._read, self._pool._no_answer)
+            answers.note(self._pool.server, *self._asked, self._response.status, self._response.headers, self._data)
         return self._data
 
     def _read(self) -> bytes:

@@ -7,12 +7,14 @@ submission in the run directory. KubernetesScheduler's report_*/record methods c
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Rendered
 from hpctrain.training.stopping import StopReason
@@ -58,17 +60,22 @@ def print_job(status: JobStatus, as_json: bool) -> None:
 
 def ended_lines(status: JobStatus) -> list[str]:
     """What the replicas said as they ended (their termination messages), one line each message; after a sick node
-    found by the preflight, the submit flag that keeps the job off it (a pod restarts in place, on the same node)."""
+    found by the preflight, the submit flag that keeps the job off it (a pod restarts in place, on the same node).
+    A termination message is the pod's to write: a "node" in it that is no node name is named as such, never put in
+    the paste-ready command."""
     said: dict[str, list[str]] = {}
     for r in status.replicas:
         if r.message:
             said.setdefault(r.message.splitlines()[0][:300], []).append(r.name)
     lines = [f"ended: {', '.join(names)}: {message}" for message, names in said.items()]
-    sick = sorted({node for message in said for node in _sick_nodes(message)})
+    named = {node for message in said for node in _sick_nodes(message)}
+    sick = sorted(node for node in named if is_node_name(node))
     if sick:
+        command = shlex.join(["hpctrain", "submit", "--exclude-nodes", ",".join(sick)])
         lines.append(f"sick node(s) {', '.join(sick)}: pods restart in place, on the same nodes; submit again away "
-                     f"from them with `hpctrain submit --exclude-nodes {','.join(sick)} ...` (and `train ... "
-                     "--resume` to continue from the newest checkpoint)")
+                     f"from them with `{command} ...` (and `train ... --resume` to continue from the newest checkpoint)")
+    for node in sorted(named - set(sick)):
+        lines.append(f"warning: a replica named {node[:100]!r} as a sick node, which is not a node name; left out")
     return lines
 
 

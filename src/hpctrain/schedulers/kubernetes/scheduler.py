@@ -19,6 +19,7 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered
 from hpctrain.schedulers.kubernetes import render as r
+from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.objects import (
     PYTORCHJOB_SELECTOR,
@@ -40,6 +41,7 @@ DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need
                 "same options runs them")
 
 
+@guarded  # an answer of the wrong shape, read in any of its methods, is one line (answers.py)
 class KubernetesScheduler(LiveChecks):
     name = "kubernetes"
     dry_run_note = DRY_RUN_NOTE

@@ -1,6 +1,10 @@
 """What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as rich tables (pure
 functions from parsed data to a Table) or JSON, and the details of one job. SlurmScheduler.report_status and
-report_cluster call the print_* functions here."""
+report_cluster call the print_* functions here.
+
+Every cell and line is a rich Text, never a markup string: job names, node names, paths and the run directory's
+records are anyone's text (`exp[bs=64]` is a job name, not a style), and with `--all-users` one user's job name
+must not change or break what another user sees."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.jobs import JobInfo
@@ -24,6 +29,11 @@ def console() -> Console:
     if sys.stdout.isatty():
         return Console()
     return Console(width=200, no_color=True, soft_wrap=False)
+
+
+def _row(*cells: str) -> list[Text]:
+    """Cells as plain text: brackets and all, printed as they are."""
+    return [Text(cell) for cell in cells]
 
 
 def _mem(mb: int) -> str:
@@ -52,7 +62,7 @@ def nodes_table(info: ClusterInfo) -> Table:
     for col in ("node", "state", "partitions", "CPUs", "memory", "GPUs", "shards"):
         table.add_column(col, overflow="fold")
     for n in info.nodes:
-        table.add_row(
+        table.add_row(*_row(
             n.name,
             n.state,
             ",".join(n.partitions),
@@ -60,7 +70,7 @@ def nodes_table(info: ClusterInfo) -> Table:
             f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}",
             gpus_cell(n),
             shards_cell(n),
-        )
+        ))
     return table
 
 
@@ -69,12 +79,12 @@ def partitions_table(info: ClusterInfo) -> Table:
     for col in ("partition", "state", "max time", "nodes"):
         table.add_column(col, overflow="fold")
     for p in info.partitions:
-        table.add_row(
+        table.add_row(*_row(
             p.name + (" (default)" if p.default else ""),
             p.state,
             "no limit" if p.max_time_s is None else format_duration(p.max_time_s),
             str(len(p.nodes)),
-        )
+        ))
     return table
 
 
@@ -84,7 +94,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
         table.add_column(col, overflow="fold")
     for j in jobs:
         nodes = j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else "")
-        table.add_row(
+        table.add_row(*_row(
             j.job_id,
             j.name,
             j.state,
@@ -92,7 +102,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
             nodes,
             "" if j.elapsed_s is None else format_duration(j.elapsed_s),
             str(j.restarts),
-        )
+        ))
     return table
 
 
@@ -140,11 +150,11 @@ def print_job(job: JobInfo, as_json: bool, run_dir: Path | None = None) -> None:
     ]
     for key, value in details:
         if value:
-            out.print(f"{key + ':':12} {value}", highlight=False, soft_wrap=True)
+            out.print(Text(f"{key + ':':12} {value}"), soft_wrap=True)
     if run_dir is not None:
-        out.print(f"{'run dir:':12} {run_dir}", highlight=False, soft_wrap=True)
+        out.print(Text(f"{'run dir:':12} {run_dir}"), soft_wrap=True)
         for line in hang_lines(run_dir) + rank_lines(ranks, time.time()):
-            out.print(line, highlight=False, soft_wrap=True)
+            out.print(Text(line), soft_wrap=True)
 
 
 def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None) -> None:

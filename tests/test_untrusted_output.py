@@ -1,0 +1,182 @@
+"""What hpctrain prints of text it does not control (job and node names, paths, records read back) is printed as
+that text: never as rich markup, never as an unquoted word of a paste-ready command, never with a URL's password.
+
+The Slurm cases run against the real local cluster (its job names are anyone's); TensorBoard and `image list` run
+for real here; the rest are pure functions fed hostile text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.schedulers.slurm.display import print_cluster
+from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+
+HOSTILE_NAMES = ("exp[bs=64]", "[/data/x]", "[bold red]loud[/]", "a[/]b", "[link=http://x]y")
+
+
+def hpctrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.slurm
+def test_status_prints_job_names_as_they_are(slurm_cluster, tmp_path: Path) -> None:
+    jobs = [slurm_cluster.sbatch("-J", name, "--hold", "-o", "/dev/null", "--wrap", "true", cwd=tmp_path)
+            for name in HOSTILE_NAMES]
+    try:
+        for listing in (hpctrain("status"), hpctrain("status", "--all-users")):
+            assert listing.returncode == 0 and "Traceback" not in listing.stderr, listing
+            for name in HOSTILE_NAMES:
+                assert name in listing.stdout, listing.stdout
+        for job, name in zip(jobs, HOSTILE_NAMES):
+            one = hpctrain("status", job)
+            assert one.returncode == 0 and "Traceback" not in one.stderr, one
+            assert name in one.stdout, one.stdout
+    finally:
+        for job in jobs:
+            slurm_cluster.cancel_quietly(job)
+
+
+def test_cluster_prints_node_and_partition_names_as_they_are(capsys) -> None:
+    nodes = tuple(NodeInfo(name=name, state="idle", partitions=(f"p{name}",), cpus_total=4, cpus_alloc=0,
+                           mem_mb_total=1024, mem_mb_alloc=0, gpu_type=f"t{name}", gpus_total=1, gpus_used=0,
+                           shards_total=0, shards_used=None, shards_per_gpu=None) for name in HOSTILE_NAMES)
+    parts = tuple(PartitionInfo(name=f"p{name}", state="up", default=False, max_time_s=None, nodes=(name,))
+                  for name in HOSTILE_NAMES)
+    print_cluster(ClusterInfo(partitions=parts, nodes=nodes), as_json=False)
+    out = capsys.readouterr().out
+    for name in HOSTILE_NAMES:
+        assert name in out and f"p{name}" in out, out
+
+
+HOSTILE_NODE = "$(touch pwned)"
+
+
+def _pasted(line: str) -> list[str]:
+    """The words a shell gives the suggested command between backquotes in `line` when it is pasted."""
+    command = line.split("`")[1]
+    return shlex.split(command)
+
+
+def test_a_sick_node_named_by_a_pod_reaches_the_suggested_command_only_as_a_node_name() -> None:
+    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import ended_lines
+
+    said = (f"sick_node: gpu07,{HOSTILE_NODE}", "sick_node: node[1-2]", "sick_node: a b;c", "sick_node: n1\nrm -rf x")
+    status = JobStatus(job_id="j", state="FAILED", replicas=tuple(
+        ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)))
+    lines = ended_lines(status)
+    [suggestion] = [line for line in lines if line.startswith("sick node(s)")]
+    assert _pasted(suggestion) == ["hpctrain", "submit", "--exclude-nodes", "gpu07,n1", "..."]
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 3 and any(repr(HOSTILE_NODE) in w for w in warnings), lines
+
+
+def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tmp_path: Path, capsys) -> None:
+    from types import SimpleNamespace
+
+    from hpctrain.training.loop import RunResult, _report_end
+    from hpctrain.training.stopping import StopReason
+
+    (tmp_path / "bad_nodes").write_text(f"node07\n{HOSTILE_NODE}\n`id`\n")
+    run = SimpleNamespace(is_main=True, run_dir=tmp_path, say=print, cfg=SimpleNamespace(preflight_only=False))
+    _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "touch" not in err and "`id`" not in err, err
+    assert _pasted(err.split("elsewhere submit it again away from them: ")[1]) == [
+        "hpctrain", "submit", "--exclude-nodes", "node07", "..."]
+
+
+def test_submits_suggested_command_quotes_the_users_words(capsys) -> None:
+    from hpctrain.cli import main
+
+    assert main(["submit", "--dry-run", "python3", "train.py", "--note", "$(touch pwned); a b"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert _pasted(err.split("put your own command after `--` (")[1]) == [
+        "hpctrain", "submit", "[options]", "--", "python3", "train.py", "--note", "$(touch pwned); a b"]
+
+
+def _served_runs(argv: list[str], env: dict[str, str], cwd: Path, port: int) -> set[str]:
+    """Start a TensorBoard command line, wait (bounded) until it answers, and return the runs it serves."""
+    from hpctrain.services.common import http_get
+
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (answer := http_get(f"http://127.0.0.1:{port}/data/runs"))[0] != 200 or not json.loads(answer[1]):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "TensorBoard never answered"
+            time.sleep(0.5)
+        return set(json.loads(answer[1]))
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_a_run_directory_named_like_an_option_reaches_tensorboard_as_a_folder(tmp_path: Path) -> None:
+    """`-x` here (the local server), and the command lines of the Slurm job and the pod, run here as they would
+    run there: each serves the run `-x`, none takes it for an option."""
+    from hpctrain.around.kubernetes import tensorboard_pod
+    from hpctrain.around.slurm import TENSORBOARD_COMMAND
+    from hpctrain.distributed.ports import free_port
+    from hpctrain.tbserver import logdir_spec, tensorboard_argv
+
+    pytest.importorskip("tensorboard")
+    from test_tensorboard import make_run
+
+    run = make_run(tmp_path / "-x", [1.0])
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    spec = logdir_spec([run])  # what `hpctrain tensorboard -- -x` makes of it: `-x:/.../-x/tb`
+    assert spec.startswith("-x:")
+    port = free_port()
+    assert _served_runs(tensorboard_argv(spec, port), env, tmp_path, port) == {"-x/."}
+    port = free_port()
+    slurm_env = {**env, "HPCTRAIN_TB_SPEC": spec, "HPCTRAIN_PORT": str(port)}
+    assert _served_runs(list(TENSORBOARD_COMMAND), slurm_env, tmp_path, port) == {"-x/."}
+    pod = list(tensorboard_pod(spec, None).command)
+    port = free_port()
+    assert _served_runs([*pod[:-1], str(port)], env, tmp_path, port) == {"-x/."}  # the pod's port, here a free one
+
+
+def test_image_list_shows_a_file_whose_time_is_no_date(tmp_path: Path) -> None:
+    """tmpfs keeps any 64-bit time (ext4 clamps it to 2446): the file is made there."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm (tmpfs) to keep an absurd file time")
+    with tempfile.TemporaryDirectory(dir=shm) as folder:
+        for name, mtime in (("far.sif", 10**13), ("past.sqsh", -(10**13)), ("now.sif", None)):
+            (Path(folder) / name).write_bytes(b"x")
+            if mtime is not None:
+                os.utime(Path(folder) / name, (0, mtime))
+        proc = hpctrain("image", "list", folder)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["far.sif", "now.sif", "past.sqsh"], proc.stdout
+    assert "(no valid date)" in lines[0] and "(no valid date)" in lines[2] and "(no valid date)" not in lines[1]
+
+
+def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
+    """The API server's words (a condition's message, a pod's reason and termination message, an event) printed as
+    plain text: Kubernetes' display writes no markup at all, so brackets stay."""
+    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import print_job
+
+    words = HOSTILE_NAMES
+    status = JobStatus(job_id="job-1", state="FAILED", message=words[0], pending_reasons=(words[1],), replicas=(
+        ReplicaStatus(name="worker-0", phase="Failed", node="n1", reason=words[2], message=words[3]),))
+    print_job(status, as_json=False)
+    out = capsys.readouterr().out
+    for word in words[:4]:
+        assert word in out, out
