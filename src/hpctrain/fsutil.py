@@ -79,7 +79,7 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(path, f"not a regular file ({_kind(info.st_mode)}); give a file")
+            raise FileRefused(path, f"not a regular file ({file_kind(info.st_mode)}); give a file")
         if info.st_size > limit:
             raise FileRefused(path, f"{format_bytes(info.st_size)}, more than the {format_bytes(limit)} read at most")
         with open(fd, "rb", closefd=False) as handle:
@@ -91,7 +91,8 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     return data
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this st_mode is, for messages: 'a directory', 'a FIFO', ..."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
