@@ -7,6 +7,7 @@ system: every file hpctrain reads back from it is untrusted input. All such read
     read_text(path, limit, within=RUN_DIR)    ... decoded as strict UTF-8
     read_json(path, limit, within=RUN_DIR)    ... parsed as JSON (no NaN or Infinity, nesting at most MAX_DEPTH)
     read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl); an unfinished last line dropped
+    parse_json(text, source), parse_json_lines(text, source)   the same for text that came another way
     parse_record(cls, value, what)            a JSON object -> the dataclass `cls`, every field's type checked
 
 Each raises `BadRunFile` (a UserError, so the CLI prints its one line naming the file) for a file that exists but
@@ -91,32 +92,37 @@ def read_json(path: str | os.PathLike, limit: int, within: str | os.PathLike | N
     return parse_json(read_text(path, limit, within), path)
 
 
-def read_json_lines(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None
-                    ) -> list[tuple[int, Any | BadRunFile]]:
-    """(line number, value) for each non-blank line of a JSON-lines file; a line that is not JSON gives its
+def read_json_lines(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None,
+                    allow_nan: bool = False) -> list[tuple[int, Any | BadRunFile]]:
+    """`read_text`, parsed by `parse_json_lines`."""
+    return parse_json_lines(read_text(path, limit, within), path, allow_nan)
+
+
+def parse_json_lines(text: str, source: str | os.PathLike, allow_nan: bool = False
+                     ) -> list[tuple[int, Any | BadRunFile]]:
+    """(line number, value) for each non-blank line of JSON-lines `text`; a line that is not JSON gives its
     BadRunFile as the value (the caller skips or keeps it). A last line without its newline is an append cut short
-    (a killed writer) and left out."""
-    text = read_text(path, limit, within)
+    (a killed writer) and left out. `allow_nan`: NaN and Infinity are numbers (Python's json writes them)."""
     lines = text.split("\n")
     lines.pop()  # "" after a final newline, else the unfinished last line
     found: list[tuple[int, Any | BadRunFile]] = []
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
-                found.append((number, parse_json(line, f"{os.fspath(path)}, line {number}")))
+                found.append((number, parse_json(line, f"{os.fspath(source)}, line {number}", allow_nan)))
             except BadRunFile as err:
                 found.append((number, err))
     return found
 
 
-def parse_json(text: str, source: str | os.PathLike) -> Any:
-    """`text` as JSON, refusing NaN and Infinity (not JSON, though Python writes them) and nesting beyond MAX_DEPTH.
-    `source` names where the text came from in the BadRunFile."""
+def parse_json(text: str, source: str | os.PathLike, allow_nan: bool = False) -> Any:
+    """`text` as JSON, refusing NaN and Infinity (not JSON, though Python writes them; `allow_nan` takes them) and
+    nesting beyond MAX_DEPTH. `source` names where the text came from in the BadRunFile."""
     depth = _max_depth(text)
     if depth > MAX_DEPTH:
         raise BadRunFile(source, f"JSON nested {depth} levels deep, more than the {MAX_DEPTH} allowed")
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=None if allow_nan else _no_constant)
     except (ValueError, RecursionError) as err:
         raise BadRunFile(source, f"not valid JSON ({_first_line(err)})") from None
 
@@ -133,7 +139,8 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise BadRunFile(source, f"has no {field.name!r}")
             continue
-        problem = _check_type(value[field.name], hints[field.name]) or _check_bounds(value[field.name], field)
+        problem = (_check_type(value[field.name], hints[field.name], field.metadata.get("readback_multiline", False))
+                   or _check_bounds(value[field.name], field))
         if problem:
             raise BadRunFile(source, f"{field.name!r} {problem}")
         given[field.name] = value[field.name]
@@ -145,9 +152,10 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
     return record
 
 
-def bounds(lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
-    """Field metadata for `parse_record`: the value (a number, or a string's or list's length) lies in [lo, hi]."""
-    return {"readback_bounds": (lo, hi)}
+def bounds(lo: float | None = None, hi: float | None = None, multiline: bool = False) -> dict[str, Any]:
+    """Field metadata for `parse_record`: the value (a number, or a string's or list's length) lies in [lo, hi];
+    `multiline`: a string may hold newlines and tabs (an error message), else no control character at all."""
+    return {"readback_bounds": (lo, hi), "readback_multiline": multiline}
 
 
 # ---------------------------------------------------------------- internals
@@ -195,6 +203,8 @@ def _no_constant(name: str) -> Any:
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')
 _BRACKET = re.compile(r"[\[\]{}]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1: a terminal's escapes among them
+_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the same, but for newline and tab
 
 
 def _max_depth(text: str) -> int:
@@ -222,14 +232,14 @@ def _json_kind(value: Any) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
-def _check_type(value: Any, hint: Any) -> str | None:
+def _check_type(value: Any, hint: Any, multiline: bool = False) -> str | None:
     """Why `value` (parsed JSON) does not fit the annotation `hint`; None when it does."""
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
-        problems = [_check_type(value, option) for option in options if option is not type(None)]
+        problems = [_check_type(value, option, multiline) for option in options if option is not type(None)]
         return None if any(p is None for p in problems) else problems[0]
     if hint is Any:
         return None
@@ -247,13 +257,14 @@ def _check_type(value: Any, hint: Any) -> str | None:
             return f"is a {_json_kind(value)} ({_short(value)}), not a string"
         if len(value) > MAX_STRING:
             return f"is a string of {len(value)} characters, more than {MAX_STRING}"
-        return None if value.isprintable() else f"holds control characters ({_short(value)})"
+        control = _CONTROL_IN_TEXT if multiline else _CONTROL
+        return None if not control.search(value) else f"holds control characters ({_short(value)})"
     if origin is list:
         if not isinstance(value, list):
             return f"is a {_json_kind(value)}, not an array"
         (item,) = typing.get_args(hint) or (Any,)
         for index, element in enumerate(value):
-            if problem := _check_type(element, item):
+            if problem := _check_type(element, item, multiline):
                 return f"item {index} {problem}"
         return None
     if origin is dict:
@@ -261,7 +272,7 @@ def _check_type(value: Any, hint: Any) -> str | None:
             return f"is a {_json_kind(value)}, not an object"
         _, item = typing.get_args(hint) or (str, Any)
         for key, element in value.items():
-            if problem := _check_type(element, item):
+            if problem := _check_type(element, item, multiline):
                 return f"key {_short(key)} {problem}"
         return None
     raise TypeError(f"parse_record cannot check the annotation {hint!r}")  # a programming error, not bad input

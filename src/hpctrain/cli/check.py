@@ -11,14 +11,13 @@ its own, with the job's nodes and resources, training nothing; it waits for it a
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args, wait
 from hpctrain.errors import UserError
-from hpctrain.health.preflight import PREFLIGHT_FILE, RankCheck, judge
+from hpctrain.health.preflight import PREFLIGHT_FILE, read_verdict
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import blocking
 from hpctrain.schedulers import backend_info
@@ -66,7 +65,6 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
         where = f" ({record} on the job's file system)" if record is not None else ""
         print(f"preflight: job {job_id} ended with exit status {status}{where}")
         return 0 if status == 0 else 2
-    recorded = json.loads(record.read_text())
-    verdict = judge([RankCheck(**c) for c in recorded["checks"]], recorded["allreduce_gbps"])
+    verdict = read_verdict(record)  # BadRunFile (a UserError) names a damaged record
     print("\n".join(verdict.lines()) + f"\npreflight: the figures are in {record}", flush=True)
     return 2 if verdict.bad or status != 0 else 0
