@@ -9,6 +9,7 @@ system: every file hpctrain reads back from it is untrusted input. All such read
     read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl); an unfinished last line dropped
     parse_json(text, source), parse_json_lines(text, source)   the same for text that came another way
     parse_record(cls, value, what)            a JSON object -> the dataclass `cls`, every field's type checked
+    check_value(value, annotation)            why a value does not fit a type annotation (None if it does)
 
 Each raises `BadRunFile` (a UserError, so the CLI prints its one line naming the file) for a file that exists but
 cannot be used: not a regular file (a FIFO is never waited on, a directory or device never read), a symbolic link
@@ -150,6 +151,12 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
     if problem:
         raise BadRunFile(source, problem)
     return record
+
+
+def check_value(value: Any, annotation: Any) -> str | None:
+    """Why `value` does not fit `annotation` (as `parse_record` checks a field: "is a string ('3'), not a whole
+    number"); None when it does. For values read back some other way (a checkpoint's recorded settings)."""
+    return _check_type(value, annotation)
 
 
 def bounds(lo: float | None = None, hi: float | None = None, multiline: bool = False) -> dict[str, Any]:
