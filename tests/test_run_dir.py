@@ -264,7 +264,7 @@ def test_a_lock_path_that_is_a_fifo_or_a_directory_is_refused_in_one_line(fashio
         DirectoryLock.acquire(run_dir, ".hpctrain.lock", "me")
     result = train(fashion_data_dir, run_dir, "--epochs", "1", expect=2)
     [line] = result.stderr.strip().splitlines()
-    assert f"{lock} is a" in line and "remove it" in line, line
+    assert f"{lock} is a" in line and "remove it" in line, line  # before anything waits on it
 
 
 def test_a_run_whose_lock_file_is_deleted_stops_at_its_next_checkpoint(fashion_data_dir, tmp_path):
@@ -289,6 +289,47 @@ def test_a_run_whose_lock_file_is_deleted_stops_at_its_next_checkpoint(fashion_d
     assert f"{run_dir / '.hpctrain.lock'} was removed while this run held it" in stderr, stderr
     assert "stops without writing its checkpoint at step 8" in stderr, stderr
     assert not list((run_dir / "checkpoints").glob("checkpoint_*.pt"))
+
+
+# ---------------------------------------------------------------- paths of the wrong kind
+
+
+def _make(path, kind):
+    if kind == "file":
+        path.write_text("in the way\n")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("name,kind", [("checkpoints", "file"), ("metrics.jsonl", "directory"),
+                                       ("stop_reason", "directory"), ("provenance.json", "fifo")])
+def test_a_run_path_of_the_wrong_kind_is_refused_before_the_first_step(fashion_data_dir, tmp_path, name, kind):
+    """Guards issue 29 (A6): these were found only after the epoch's work (the epoch lost), or blocked forever."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _make(run_dir / name, kind)
+    result = train(fashion_data_dir, run_dir, "--epochs", "1", expect=2)
+    [line] = result.stderr.strip().splitlines()
+    assert f"{run_dir / name} is a" in line and "the run writes a" in line, line
+    assert "step 1/" not in result.stdout + result.stderr
+
+
+def test_every_path_a_run_writes_is_checked_for_its_kind(tmp_path):
+    from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, check_run_paths
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    check_run_paths(run_dir)  # nothing there yet: nothing in the way
+    for name in RUN_FILES + RUN_DIRECTORIES:
+        for kind in ("fifo", "directory" if name in RUN_FILES else "file"):
+            _make(run_dir / name, kind)
+            with pytest.raises(UserError, match=f"^{run_dir / name} is a"):
+                check_run_paths(run_dir)
+            (run_dir / name).rmdir() if kind == "directory" else (run_dir / name).unlink()
+        _make(run_dir / name, "directory" if name in RUN_DIRECTORIES else "file")
+    check_run_paths(run_dir)  # each of the right kind
 
 
 # ---------------------------------------------------------------- symbolic links
