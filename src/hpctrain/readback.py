@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import math
 import os
@@ -133,7 +134,7 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
     the module's docstring). BadRunFile naming `source` and the first wrong field otherwise."""
     if not isinstance(value, dict):
         raise BadRunFile(source, f"a JSON {_json_kind(value)} where an object was expected")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     given = {}
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         if field.name not in value:
@@ -166,6 +167,12 @@ def bounds(lo: float | None = None, hi: float | None = None, multiline: bool = F
 
 
 # ---------------------------------------------------------------- internals
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    """A record class's field annotations, resolved once (records are parsed by the thousand)."""
+    return typing.get_type_hints(cls)
 
 
 def _open(path: Path, within: Path | None) -> int:

@@ -104,9 +104,12 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> No
         attempts = []
     except BadRunFile as err:  # kept aside as it is; a new record starts with this attempt
         aside = path.with_name(PROVENANCE_FILE + ".unreadable")
-        os.replace(path, aside)
-        print(f"hpctrain: warning: {err}; moved aside to {aside.name}, a new record starts with this attempt",
-              file=sys.stderr, flush=True)
+        try:
+            os.replace(path, aside)
+            kept = f"moved aside to {aside.name}"
+        except OSError as failed:
+            kept = f"not moved aside ({os.strerror(failed.errno or 0)}), so replaced"
+        print(f"hpctrain: warning: {err}; {kept}, a new record starts with this attempt", file=sys.stderr, flush=True)
         attempts = []
     slurm = {key: os.environ[key] for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT",
                                               "SLURM_CLUSTER_NAME") if key in os.environ}
