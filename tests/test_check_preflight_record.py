@@ -36,5 +36,5 @@ def test_check_preflight_never_prints_a_record_that_is_not_its_own(slurm_cluster
     lines = [line for line in result.stdout.splitlines() if "runs/fixed-preflight/preflight.json" in line]
     assert len(lines) == 1, result
     line = lines[0]
-    why = "is an earlier run's, not this check's" if record == "stale" else "is not JSON (damaged)"
+    why = "is unusable: an earlier run's, not this check's" if record == "stale" else "is unusable: not valid JSON"
     assert line.startswith("preflight: job ") and why in line and line.endswith("no verdict (see the job's output)")

@@ -198,3 +198,21 @@ def test_prepare_reports_sizes_people_read(fashion_folders, tmp_path):  # noqa: 
     result = prepare(fashion_folders, tmp_path / "out", "--keep-size", "--shard-size", "1MB")
     [line] = [line for line in result.stdout.splitlines() if line.startswith("train:")]
     assert line.endswith(" kB, verified") and "GB" not in line, line
+
+
+def test_prepare_on_a_file_system_without_locks_says_so_in_one_line(fashion_folders, tmp_path, monkeypatch, capsys):
+    """A file system mounted without locks (NFS `nolock`, Lustre without `flock`) refuses flock with ENOLCK. No such
+    mount can be made here, so flock itself is replaced by one that refuses as such a file system does."""
+    import errno
+    import fcntl
+
+    from hpctrain.cli import main
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert main(["prepare", "imagenet", str(fashion_folders), str(tmp_path / "out"), "-j", "1"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "this file system refuses flock" in warnings[0], warnings
+    assert (tmp_path / "out" / INDEX_NAME).is_file()

@@ -4,6 +4,10 @@ only a flag given that contradicts the checkpoint is refused (issue 17, section 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
 
 from hpctrain.training.metrics import read_metrics
 from image_fixtures import TINY, TINY_ARCH, fashion_folders, train  # noqa: F401
@@ -42,3 +46,81 @@ def test_mnist_resume_takes_the_dataset_recipe_and_limits_from_the_checkpoint(fa
     ok(hpctrain("train", "mnist", "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--resume",
                 "--epochs", "2", "--threads", "1"))
     assert [(r["epoch"], r["step"]) for r in read_metrics(run_dir)] == [(1, 2), (2, 4)]
+
+
+# ---- a checkpoint's recorded settings and state are checked like the command line's (issue 29, A3)
+
+
+def _crafted(tmp_path: Path, state_changes: dict[str, Any], config_changes: dict[str, Any]) -> Path:
+    """A checkpoint as `hpctrain train` writes one (format, counters, per-rank states, config), passing its checksum,
+    with some recorded values replaced."""
+    from hpctrain import checkpoint
+    from hpctrain.config import TrainConfig
+    from hpctrain.training import rng
+    from hpctrain.training.checkpoints import CHECKPOINT_FORMAT
+
+    config = {**TrainConfig(dataset="fashion-mnist", epochs=2, train_limit=128, threads=1).to_dict(),
+              **config_changes}
+    state = {"format": CHECKPOINT_FORMAT, "model": {}, "optimizer": {}, "scheduler": {}, "epoch": 1, "step": 2,
+             "step_in_epoch": 0, "epoch_train_seconds": 0.0, "best_accuracy": 0.5, "world_size": 1,
+             "ranks": [{"rng": rng.capture(), "loss_sum": 0.0, "threads": 1}], "config": config, **state_changes}
+    return checkpoint.save(state, tmp_path / "run" / "checkpoints", "checkpoint_epoch_1.pt", epoch=1, step=2)
+
+
+def _rank(**changes: Any) -> dict[str, Any]:
+    """One saved process's state as `save` gathers it, with `changes`."""
+    from hpctrain.training import rng
+
+    return {"rng": rng.capture(), "loss_sum": 0.0, "threads": 1, **changes}
+
+
+BAD_RECORDS = {
+    "epochs as a string": ({}, {"epochs": "3"}, "setting epochs is a string ('3'), not a whole number; it cannot be "
+                           "resumed as it is: give --epochs on the command line"),
+    "a float seed": ({}, {"seed": 1.5}, "setting seed is a number (1.5), not a whole number"),
+    "a negative epoch count": ({}, {"epochs": -3}, "--epochs must be at least 1 (got -3)"),
+    "a negative thread count": ({"ranks": [_rank(threads=-2)]}, {}, "ranks[0].threads is -2, not a thread count"),
+    "a non-numeric thread count": ({}, {"threads": "many"}, "setting threads is 'many', not a thread count"),
+    "an empty per-rank list": ({"ranks": []}, {}, "ranks is [], not a list of the saved processes' states"),
+    "a dict for the per-rank list": ({"ranks": {"0": {}}}, {}, "ranks is {'0': {}}, not a list"),
+    "a 3-byte RNG state": ({"ranks": [_rank(rng={**_rank()["rng"], "torch": torch.zeros(3, dtype=torch.uint8)})]}, {},
+                           "ranks[0].rng has a torch generator state of shape (3,)"),
+    "a non-numeric loss sum": ({"ranks": [_rank(loss_sum="low")]}, {}, "ranks[0].loss_sum is 'low', not a number"),
+    "a string step": ({"step": "2"}, {}, "its recorded step is '2', not a whole number of at least 0"),
+}
+
+
+@pytest.mark.parametrize("how", list(BAD_RECORDS))
+def test_recorded_settings_of_the_wrong_type_or_value_are_refused_naming_checkpoint_and_field(
+        tmp_path: Path, how: str) -> None:
+    from hpctrain.config import TrainConfig
+    from hpctrain.errors import UserError
+    from hpctrain.training.resume import RECORDED_DEFAULTS, with_recorded_settings
+
+    state_changes, config_changes, expected = BAD_RECORDS[how]
+    path = _crafted(tmp_path, state_changes, config_changes)
+    cfg = TrainConfig(dataset="fashion-mnist", resume=str(path), threads=1)
+    with pytest.raises(UserError) as refused:
+        with_recorded_settings(cfg, set(RECORDED_DEFAULTS))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: its recorded ") and expected in message and "\n" not in message, message
+
+
+def test_a_sound_crafted_checkpoint_passes_and_a_flag_replaces_a_bad_overridable_setting(tmp_path: Path) -> None:
+    from hpctrain.config import TrainConfig
+    from hpctrain.training.resume import RECORDED_DEFAULTS, with_recorded_settings
+
+    path = _crafted(tmp_path, {}, {})
+    cfg = with_recorded_settings(TrainConfig(resume=str(path)), set(RECORDED_DEFAULTS))
+    assert (cfg.epochs, cfg.dataset, cfg.train_limit) == (2, "fashion-mnist", 128)
+    path = _crafted(tmp_path, {}, {"epochs": "3"})
+    given = with_recorded_settings(TrainConfig(resume=str(path), epochs=4), set(RECORDED_DEFAULTS) - {"epochs"})
+    assert given.epochs == 4  # --epochs given: the recorded one is not used, so not in the way
+
+
+def test_resume_from_a_checkpoint_with_a_bad_setting_says_one_line_before_anything_starts(tmp_path: Path) -> None:
+    path = _crafted(tmp_path, {}, {"epochs": "3"})
+    refused = hpctrain("train", "mnist", "--resume", str(path), "--threads", "1", cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert str(path) in line and "setting epochs is a string ('3')" in line, line

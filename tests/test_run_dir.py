@@ -6,6 +6,7 @@ test needs checkpoints."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from hpctrain import checkpoint
+from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryInUse, DirectoryLock, append_line, read_text, write_atomic
 from hpctrain.training.metrics import read_metrics
 from training_helpers import QUICK, hpctrain, ok, start_hpctrain, tree_digest
@@ -237,6 +239,97 @@ def test_the_lock_is_dropped_when_its_holder_is_killed(tmp_path):
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_a_lost_lock_is_noticed_and_its_successors_file_left_alone(tmp_path):
+    """Deleting a held lock file (a clean-up of "stale" locks) lets a second process lock a new file there."""
+    lock = DirectoryLock.acquire(tmp_path, ".lock", "first")
+    assert lock.lost() is None
+    (tmp_path / ".lock").unlink()
+    assert lock.lost() == "removed"
+    second = DirectoryLock.acquire(tmp_path, ".lock", "second")  # what a second --resume then does
+    assert lock.lost() == "replaced by another file" and second.lost() is None
+    lock.release()
+    assert read_text(tmp_path / ".lock") == "second\n"  # the first's release leaves the second's file alone
+    second.release()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_lock_path_that_is_a_fifo_or_a_directory_is_refused_in_one_line(fashion_data_dir, tmp_path, kind):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lock = run_dir / ".hpctrain.lock"
+    os.mkfifo(lock) if kind == "fifo" else lock.mkdir()
+    with pytest.raises(UserError, match=f"is a {'FIFO' if kind == 'fifo' else 'directory'}, not the lock file"):
+        DirectoryLock.acquire(run_dir, ".hpctrain.lock", "me")
+    result = train(fashion_data_dir, run_dir, "--epochs", "1", expect=2)
+    [line] = result.stderr.strip().splitlines()
+    assert f"{lock} is a" in line and "remove it" in line, line  # before anything waits on it
+
+
+def test_a_run_whose_lock_file_is_deleted_stops_at_its_next_checkpoint(fashion_data_dir, tmp_path):
+    """Guards issue 29 (A5): with the lock file deleted, a second `--resume` could lock a new one and train in the
+    same directory at once, interleaving checkpoints and metrics. The run checks its lock at every checkpoint."""
+    run_dir = tmp_path / "run"
+    first = start_hpctrain("train", "mnist", *QUICK, *CLASSIC, "--data-dir", str(fashion_data_dir),
+                           "--run-dir", str(run_dir), "--epochs", "3")
+    try:
+        for line in first.stdout:
+            if "step 1/" in line:
+                break
+        first.send_signal(signal.SIGSTOP)  # mid-epoch 1, before its checkpoint: the test cannot race it
+        (run_dir / ".hpctrain.lock").unlink()
+        first.send_signal(signal.SIGCONT)
+        stderr, _ = first.communicate(timeout=300)  # stderr joins stdout
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=60)
+    assert first.returncode == 2 and "Traceback" not in stderr, stderr
+    assert f"{run_dir / '.hpctrain.lock'} was removed while this run held it" in stderr, stderr
+    assert "stops without writing its checkpoint at step 8" in stderr, stderr
+    assert not list((run_dir / "checkpoints").glob("checkpoint_*.pt"))
+
+
+# ---------------------------------------------------------------- paths of the wrong kind
+
+
+def _make(path, kind):
+    if kind == "file":
+        path.write_text("in the way\n")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("name,kind", [("checkpoints", "file"), ("metrics.jsonl", "directory"),
+                                       ("stop_reason", "directory"), ("provenance.json", "fifo")])
+def test_a_run_path_of_the_wrong_kind_is_refused_before_the_first_step(fashion_data_dir, tmp_path, name, kind):
+    """Guards issue 29 (A6): these were found only after the epoch's work (the epoch lost), or blocked forever."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _make(run_dir / name, kind)
+    result = train(fashion_data_dir, run_dir, "--epochs", "1", expect=2)
+    [line] = result.stderr.strip().splitlines()
+    assert f"{run_dir / name} is a" in line and "the run writes a" in line, line
+    assert "step 1/" not in result.stdout + result.stderr
+
+
+def test_every_path_a_run_writes_is_checked_for_its_kind(tmp_path):
+    from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, check_run_paths
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    check_run_paths(run_dir)  # nothing there yet: nothing in the way
+    for name in RUN_FILES + RUN_DIRECTORIES:
+        for kind in ("fifo", "directory" if name in RUN_FILES else "file"):
+            _make(run_dir / name, kind)
+            with pytest.raises(UserError, match=f"^{run_dir / name} is a"):
+                check_run_paths(run_dir)
+            (run_dir / name).rmdir() if kind == "directory" else (run_dir / name).unlink()
+        _make(run_dir / name, "directory" if name in RUN_DIRECTORIES else "file")
+    check_run_paths(run_dir)  # each of the right kind
 
 
 # ---------------------------------------------------------------- symbolic links

@@ -79,7 +79,7 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(path, f"not a regular file ({_kind(info.st_mode)}); give a file")
+            raise FileRefused(path, f"not a regular file ({file_kind(info.st_mode)}); give a file")
         if info.st_size > limit:
             raise FileRefused(path, f"{format_bytes(info.st_size)}, more than the {format_bytes(limit)} read at most")
         with open(fd, "rb", closefd=False) as handle:
@@ -91,7 +91,8 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     return data
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this st_mode is, for messages: 'a directory', 'a FIFO', ..."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -223,12 +224,18 @@ class DirectoryLock:
     def _acquire(cls, directory: Path, name: str, holder: str, created: list[Path]) -> DirectoryLock:
         path = directory / name
         while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:  # O_NONBLOCK: a FIFO planted there is opened without waiting for a writer, then refused
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
             except OSError as err:
                 if err.errno == errno.ELOOP:
                     refuse_symlinks(directory, (name,))
+                if err.errno == errno.EISDIR:
+                    raise _not_a_lock(path, "a directory") from None
                 raise
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                os.close(fd)
+                raise _not_a_lock(path, file_kind(mode))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
@@ -256,16 +263,38 @@ class DirectoryLock:
         os.pwrite(fd, (holder + "\n").encode(), 0)
         return cls(path, fd, created)
 
+    def lost(self) -> str | None:
+        """Why this lock no longer keeps other processes out, or None while it does: the file at the path was
+        removed or replaced (a clean-up of "stale" locks), so a second process can lock a new file there."""
+        if self._fd is None:
+            return "it was released"
+        held = os.fstat(self._fd)
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return "removed"
+        except OSError as err:
+            return f"unreadable ({os.strerror(err.errno or 0)})"
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            return "replaced by another file"
+        return None
+
     def release(self) -> None:
         if self._fd is None:
             return
         try:
-            self.path.unlink(missing_ok=True)
+            if self.lost() is None:  # a file that replaced ours is another process's lock: left alone
+                self.path.unlink(missing_ok=True)
         except OSError:
             pass
         os.close(self._fd)  # closing drops the lock
         self._fd = None
         _remove_empty(self._created)  # a run refused before it wrote anything leaves no directory behind
+
+
+def _not_a_lock(path: Path, kind: str) -> UserError:
+    return UserError(f"{path} is {kind}, not the lock file hpctrain keeps there: something else made it; remove it "
+                     "(or choose another directory) and run this again")
 
 
 def _remove_empty(directories: list[Path]) -> None:

@@ -126,11 +126,12 @@ class JobNotRunning(UserError):
 def latest_metrics(run_dir: Path | None) -> dict[str, Any] | None:
     if run_dir is None:
         return None
+    from hpctrain.readback import BadRunFile
     from hpctrain.training.metrics import read_metrics
 
     try:
-        records = read_metrics(run_dir)
-    except (OSError, ValueError):
+        records = read_metrics(run_dir)  # lines that are not records skipped
+    except (OSError, BadRunFile):
         return None
     return records[-1] if records else None
 

@@ -8,7 +8,6 @@ it refused; `find_latest` and `load_latest` are its two common questions.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,10 @@ from hpctrain.checkpoint.files import (
     Rejected,
     load_verified,
     log,
-    manifest_path,
+    read_manifest,
     verify,
 )
+from hpctrain.readback import BadRunFile
 
 
 def candidates(directory: str | Path) -> list[Path]:
@@ -98,7 +98,7 @@ def _order_of(path: Path, match: re.Match) -> tuple[int, int, bool]:
     is_epoch = match.group(1) == "epoch"
     number = int(match.group(2))
     try:
-        manifest = json.loads(manifest_path(path).read_text())
+        manifest = read_manifest(path)
         return int(manifest["epoch"]), int(manifest["step"]), is_epoch
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, BadRunFile, ValueError, KeyError, TypeError):
         return (number, -1, True) if is_epoch else (-1, number, False)

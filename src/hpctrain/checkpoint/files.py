@@ -8,7 +8,6 @@ or chooses among several (see `discovery`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -20,6 +19,7 @@ import torch
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import fsync_dir, sha256_file
+from hpctrain.readback import BadRunFile, read_json
 
 FORMAT_VERSION = 1
 MANIFEST_SUFFIX = ".manifest.json"
@@ -28,6 +28,7 @@ CORRUPT_SUFFIX = ".corrupt"  # a damaged checkpoint moved aside
 INCOMPLETE_SUFFIX = ".incomplete"  # a checkpoint whose save did not finish (no manifest), moved aside
 ABANDONED_SUFFIX = ".abandoned"  # a valid checkpoint moved aside: a run resumed from an older one took its place
 BEST_NAME = "checkpoint_best.pt"  # a copy of the best epoch's checkpoint: outside the pruned, resumable series
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few hundred bytes; read back at most this much
 NAME_PATTERN = re.compile(r"^checkpoint_(epoch|step)_(\d+)\.pt$")  # the numbered, resumable series
 
 # One logger for the package (hpctrain.checkpoint.log): the training loop silences it while it looks ahead.
@@ -124,14 +125,16 @@ def _check_manifest_and_size(path: Path) -> CheckpointInfo:
         raise _rejected(path, "is empty (0 bytes): its save never wrote anything, or it is not a checkpoint")
     manifest_file = manifest_path(path)
     try:
-        manifest = json.loads(manifest_file.read_text())
+        manifest = read_manifest(path)
     except FileNotFoundError:
         if not NAME_PATTERN.match(path.name):
             raise _rejected(path, f"is not an hpctrain checkpoint (it has no manifest {manifest_file.name})",
                             "pass a checkpoint_*.pt file written by hpctrain, or the run directory") from None
         raise _rejected(path, f"has no manifest ({manifest_file.name}): its save did not finish",
                         unfinished=True) from None
-    except (OSError, ValueError) as err:
+    except BadRunFile as err:
+        raise _rejected(path, f"has an unreadable manifest: {manifest_file.name} is unreadable ({err.reason})") from err
+    except OSError as err:
         raise _rejected(path, f"has an unreadable manifest: {manifest_file.name} is unreadable ({err})") from err
     try:
         if not isinstance(manifest, dict):
@@ -148,6 +151,14 @@ def _check_manifest_and_size(path: Path) -> CheckpointInfo:
     if size != expected_size:
         raise _rejected(path, f"is {size} bytes but its manifest says {expected_size}: truncated or overwritten")
     return CheckpointInfo(path, *info_fields, expected_digest, size)
+
+
+def read_manifest(path: Path) -> Any:
+    """The parsed manifest of the checkpoint `path`: FileNotFoundError without one, BadRunFile for one that cannot
+    be read (a link, a special file, over MAX_MANIFEST_BYTES, not UTF-8 or not JSON). Its fields are the caller's
+    to check."""
+    manifest = manifest_path(path)
+    return read_json(manifest, MAX_MANIFEST_BYTES, within=manifest.parent)
 
 
 def set_aside(path: Path, suffix: str) -> Path:

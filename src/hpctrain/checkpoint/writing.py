@@ -32,6 +32,7 @@ from hpctrain.checkpoint.files import (
     CheckpointError,
     log,
     manifest_path,
+    read_manifest,
     set_aside,
     validity,
     verify,
@@ -127,7 +128,7 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
         if is_no_space(err):
             raise _disk_full(target, err) from err
         raise
-    manifest = json.loads(manifest_path(source).read_text())
+    manifest = read_manifest(source)  # hpctrain's own, just written and verified
     manifest.update(file=target.name, sha256=info.sha256, size=info.size, written_at=time.time())
     write_atomic(manifest_path(target), json.dumps(manifest, indent=1).encode(), _temporary(manifest_path(target)))
     fsync_dir(target.parent)

@@ -11,7 +11,6 @@ its own, with the job's nodes and resources, training nothing; it waits for it a
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,13 @@ from typing import Any
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args, wait
 from hpctrain.compat import installed_numpy_mismatch
-from hpctrain.distributed.hostlist import is_node_name
-from hpctrain.errors import UserError, brief
-from hpctrain.fsutil import read_regular
-from hpctrain.health.preflight import CHECK_ID_ENV, PREFLIGHT_FILE, RankCheck, Verdict, judge
+from hpctrain.errors import UserError
+from hpctrain.health.preflight import CHECK_ID_ENV, PREFLIGHT_FILE, read_verdict
+from hpctrain.readback import BadRunFile
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import blocking
 from hpctrain.schedulers import backend_info
 
-MAX_RECORD_BYTES = 16 << 20
-"""The most of a preflight record read (a few hundred bytes a rank)."""
 PREFLIGHT_TIME = "15"
 """The preflight job's time limit (minutes): start-up, a few seconds of checks, and the queue's own slack."""
 
@@ -76,33 +72,12 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
         where = f" ({record} on the job's file system)" if record is not None else ""
         print(f"preflight: job {job_id} ended with exit status {status}{where}")
         return 0 if status == 0 else 2
-    verdict = _recorded_verdict(record, check_id)
-    if isinstance(verdict, str):
-        print(f"preflight: job {job_id} ended with exit status {status}, and its record {record} {verdict}; no "
+    try:
+        verdict = read_verdict(record, check_id=check_id)
+    except BadRunFile as err:  # damaged, or an earlier check's record
+        print(f"preflight: job {job_id} ended with exit status {status}, and its record {record} is unusable: {err.reason}; no "
               "verdict (see the job's output)", flush=True)
         return 2
     print("\n".join(verdict.lines()) + f"\npreflight: the figures are in {record}", flush=True)
     return 2 if verdict.bad or status != 0 else 0
 
-
-def _recorded_verdict(record: Path, check_id: str) -> Verdict | str:
-    """The verdict in the preflight job's record, when it is this check's; else why not (a few words)."""
-    try:
-        recorded = json.loads(read_regular(record, MAX_RECORD_BYTES))
-    except UserError as err:  # not a regular file, or too large
-        return f"cannot be read ({getattr(err, 'reason', err)})"
-    except OSError as err:
-        return f"cannot be read ({err.strerror or err})"
-    except (ValueError, RecursionError):
-        return "is not JSON (damaged)"
-    if not isinstance(recorded, dict):
-        return "is damaged (not a JSON object)"
-    if recorded.get("check_id") != check_id:
-        return "is an earlier run's, not this check's (its check id differs)"
-    try:
-        checks = [RankCheck(**c) for c in recorded["checks"]]
-        if not checks or not all(isinstance(c.node, str) and is_node_name(c.node) for c in checks):
-            raise ValueError("no checks, or a node that is no node name")
-        return judge(checks, recorded["allreduce_gbps"])
-    except (KeyError, TypeError, ValueError, ArithmeticError) as err:
-        return f"is damaged ({type(err).__name__}: {brief(str(err))})"

@@ -256,7 +256,7 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
     from hpctrain.distributed.cores import check_threads
     from hpctrain.recipes import get_recipe
     from hpctrain.training.resume import check_resume_point
-    from hpctrain.training.rundir import check_run_dir_free
+    from hpctrain.training.rundir import check_run_dir_free, check_run_paths
     from hpctrain.training.setup import resolve_config, resolve_strategy
 
     if cfg.nproc is not None and cfg.dist_init_method not in (None, "auto"):
@@ -274,6 +274,7 @@ def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[Train
         check_threads(cfg.threads)
     if (plan.node_rank if plan is not None else env.rank) == 0:  # only rank 0 writes the run directory
         check_run_dir(resolved.run_dir)
+        check_run_paths(Path(resolved.run_dir))
     _check_dataset(cfg, dataset_defaulted)
     if plan is not None:  # a single process locks the run dir and checks its resume point itself, before it loads the data
         check_run_dir_free(Path(resolved.run_dir))

@@ -26,6 +26,8 @@ from hpctrain.health.progress import RankProgress
 from hpctrain.health.stacks import HANG_DIR
 
 REPORT_FILE = "report.txt"
+MAX_REPORT_BYTES = 4 << 20
+"""A report is a line per rank: this is room for far more ranks than any job has (read back at most this much)."""
 REPORT_GRACE_S = 6.0
 """How long the first rank to notice waits for the other ranks' watchdogs before it writes the report."""
 

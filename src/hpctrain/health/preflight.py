@@ -19,11 +19,17 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from statistics import median
 from typing import Any
 
+from hpctrain.readback import BadRunFile, bounds, parse_record, read_json
+
 PREFLIGHT_FILE = "preflight.json"
 BAD_NODES_FILE = "bad_nodes"
+# Read back at most this much: a check is a few hundred bytes a rank, a bad node's name a line.
+MAX_PREFLIGHT_BYTES = 16 << 20
+MAX_BAD_NODES_BYTES = 1 << 20
 # The node a process runs on, as its scheduler names it, where the host name is something else: a Kubernetes pod's
 # host name is the pod's, so hpctrain's pods get their node's name (spec.nodeName) in this variable.
 NODE_NAME_ENV = "HPCTRAIN_NODE_NAME"
@@ -32,11 +38,27 @@ SLOW_SHARE = 0.5
 
 @dataclass(frozen=True)
 class RankCheck:
-    rank: int
-    node: str
-    gemm_gflops: float | None  # None: the GEMM failed (see error)
-    error: str | None = None
-    links: dict[str, float] = field(default_factory=dict)  # a node's leader: peer node -> GB/s of their exchange
+    rank: int = field(metadata=bounds(0, None))
+    node: str = field(metadata=bounds(1, 255))
+    gemm_gflops: float | None = field(metadata=bounds(0, None))  # None: the GEMM failed (see error)
+    error: str | None = field(default=None, metadata=bounds(multiline=True))
+    # a node's leader: peer node -> GB/s of their exchange
+    links: dict[str, float] = field(default_factory=dict)
+
+    def check(self) -> str | None:
+        """For `parse_record` (a record read back): what the types alone do not say."""
+        if any(rate < 0 for rate in self.links.values()):
+            return "a link's rate is negative"
+        return None
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """What `read_verdict` needs of RUN/preflight.json (the rest is recomputed by `judge`)."""
+
+    checks: list[dict[str, Any]] = field(metadata=bounds(1, None))
+    allreduce_gbps: float | None = field(default=None, metadata=bounds(0, None))
+    check_id: str | None = None  # the `hpctrain check --preflight` that asked for it (CHECK_ID_ENV), if one did
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,19 @@ def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
             bad.setdefault(node, []).append(f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest "
                                             f"link's {fastest:.2f}")
     return Verdict(checks, typical, allreduce_gbps, bad, {"-".join(pair): rate for pair, rate in links.items()})
+
+
+def read_verdict(path: Path, within: Path | None = None, check_id: str | None = None) -> Verdict:
+    """The verdict recorded in a preflight.json (`judge` applied again to its checks). BadRunFile (one line naming
+    the file and what is wrong) for a file that is not one, or, given `check_id`, for another check's record;
+    FileNotFoundError when there is none."""
+    recorded = parse_record(_Recorded, read_json(path, MAX_PREFLIGHT_BYTES, within), path)
+    if check_id is not None and recorded.check_id != check_id:
+        raise BadRunFile(path, "an earlier run's, not this check's (its check id differs)")
+    checks = [parse_record(RankCheck, check, f"{path}, check {i + 1}") for i, check in enumerate(recorded.checks)]
+    if len({c.rank for c in checks}) != len(checks):
+        raise BadRunFile(path, "names a rank twice")
+    return judge(checks, recorded.allreduce_gbps)
 
 
 def _links(checks: list[RankCheck]) -> dict[tuple[str, str], float]:

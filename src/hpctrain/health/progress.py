@@ -12,37 +12,53 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.fsutil import read_text, write_atomic
+from hpctrain.fsutil import write_atomic
+from hpctrain.readback import BadRunFile, bounds, parse_json, parse_record, read_text
 
 PROGRESS_DIR = "progress"
 PROGRESS_INTERVAL_S = 5.0
 """How often a rank replaces its record while it trains."""
+MAX_RECORD_BYTES = 64 * 1024
+"""A record is a few hundred bytes; a larger file is not one (read back at most this much)."""
+MAX_WORLD_SIZE = 1 << 20
 
 
 @dataclass
 class RankProgress:
-    rank: int
-    world_size: int
-    host: str
-    pid: int
-    phase: str  # starting, preflight, training, evaluating, checkpointing, hung, stopped or finished
-    epoch: int = 0  # the epoch in progress, from 1
-    step: int = 0  # optimizer steps completed in the run
-    step_in_epoch: int = 0
-    steps_per_epoch: int = 0
-    steps: int = 0  # how many steps the means below cover (0: none since the previous record)
-    step_s: float | None = None  # mean seconds per step
-    data_s: float | None = None  # mean seconds per step spent waiting for input
-    compute_s: float | None = None  # mean seconds per step in the model's forward pass (no waiting for other ranks)
-    images_per_s: float | None = None  # this rank's own images per second
+    """One rank's record. Read back through `parse_record` (hpctrain.readback): each field's type and bounds are
+    checked, so a record of the wrong shape is skipped whole rather than met later as a wrong type."""
+
+    rank: int = field(metadata=bounds(0, MAX_WORLD_SIZE - 1))
+    world_size: int = field(metadata=bounds(1, MAX_WORLD_SIZE))
+    host: str = field(metadata=bounds(1, 255))
+    pid: int = field(metadata=bounds(0, None))
+    phase: str = field(metadata=bounds(1, 32))  # starting, preflight, training, evaluating, checkpointing, hung, ...
+    epoch: int = field(default=0, metadata=bounds(0, None))  # the epoch in progress, from 1
+    step: int = field(default=0, metadata=bounds(0, None))  # optimizer steps completed in the run
+    step_in_epoch: int = field(default=0, metadata=bounds(0, None))
+    steps_per_epoch: int = field(default=0, metadata=bounds(0, None))
+    # how many steps the means below cover (0: none since the previous record)
+    steps: int = field(default=0, metadata=bounds(0, None))
+    step_s: float | None = field(default=None, metadata=bounds(0, None))  # mean seconds per step (above 0)
+    data_s: float | None = field(default=None, metadata=bounds(0, None))  # ... spent waiting for input
+    compute_s: float | None = field(default=None, metadata=bounds(0, None))  # ... in the model's forward pass
+    images_per_s: float | None = field(default=None, metadata=bounds(0, None))  # this rank's own images per second
     waiting_in: str | None = None  # the collective this rank was in when it wrote this (set when it hung)
-    collectives: int | None = None  # how many collectives it had entered by then (ranks enter the same ones)
-    updated: float = 0.0  # time.time() of the write
+    collectives: int | None = field(default=None, metadata=bounds(0, None))  # collectives entered by then
+    updated: float = field(default=0.0, metadata=bounds(0, None))  # time.time() of the write
+
+    def check(self) -> str | None:
+        """For `parse_record`: what relates fields."""
+        if self.rank >= self.world_size:
+            return f"rank {self.rank} is not below its world size {self.world_size}"
+        if self.step_s == 0:
+            return "'step_s' is 0: a step takes some time"
+        return None
 
     @property
     def own_s(self) -> float | None:
@@ -62,9 +78,10 @@ def progress_path(run_dir: Path, rank: int) -> Path:
     return run_dir / PROGRESS_DIR / f"rank-{rank}.json"
 
 
-def read_progress(run_dir: str | Path) -> list[RankProgress]:
+def read_progress(run_dir: str | Path, on_bad: Callable[[BadRunFile], None] | None = None) -> list[RankProgress]:
     """Every rank's newest record, by rank. Records of an earlier attempt with more ranks than the newest are left
-    out (a rank number beyond the newest record's world size); unreadable files are skipped."""
+    out (a rank number beyond the newest record's world size). A file that is not a valid record (special, a link,
+    too large, not JSON, a field of the wrong type or out of bounds) is skipped, and given to `on_bad` if set."""
     folder = Path(run_dir) / PROGRESS_DIR
     try:
         names = sorted(os.listdir(folder))
@@ -74,22 +91,28 @@ def read_progress(run_dir: str | Path) -> list[RankProgress]:
     for name in names:
         if name.startswith("rank-") and name.endswith(".json"):
             try:
-                texts.append(read_text(folder / name))
+                texts.append((read_text(folder / name, MAX_RECORD_BYTES, within=run_dir), folder / name))
+            except BadRunFile as err:
+                if on_bad is not None:
+                    on_bad(err)
             except OSError:
-                continue
-    return parse_progress(texts)
+                continue  # removed meanwhile
+    return parse_progress(texts, on_bad)
 
 
-def parse_progress(texts: Iterable[str]) -> list[RankProgress]:
-    """The records in `texts` (each one rank's JSON file, read here or through a pod's exec), as `read_progress`
-    gives them: by rank, each rank's newest, without ranks an earlier, larger attempt left; unreadable ones skipped."""
-    known = {f.name for f in fields(RankProgress)}
+def parse_progress(texts: Iterable[str | tuple[str, str | os.PathLike]],
+                   on_bad: Callable[[BadRunFile], None] | None = None) -> list[RankProgress]:
+    """The records in `texts` (each one rank's JSON file, read here or through a pod's exec; or (text, where it came
+    from)), as `read_progress` gives them: by rank, each rank's newest, without ranks an earlier, larger attempt
+    left; invalid ones skipped (and given to `on_bad`)."""
     newest_by_rank: dict[int, RankProgress] = {}
-    for text in texts:
+    for item in texts:
+        text, source = item if isinstance(item, tuple) else (item, "a progress record")
         try:
-            raw = json.loads(text)
-            record = RankProgress(**{k: v for k, v in raw.items() if k in known})
-        except (ValueError, TypeError, AttributeError):
+            record = parse_record(RankProgress, parse_json(text, source), source)
+        except BadRunFile as err:
+            if on_bad is not None:
+                on_bad(err)
             continue
         if record.rank not in newest_by_rank or record.updated > newest_by_rank[record.rank].updated:
             newest_by_rank[record.rank] = record

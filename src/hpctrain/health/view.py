@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpctrain.fsutil import read_text
-from hpctrain.health.hang import report_path
+from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
 from hpctrain.health.progress import RankProgress
 from hpctrain.health.stragglers import find_stragglers
+from hpctrain.readback import BadRunFile, read_text
 
 __all__ = ["hang_lines", "rank_lines"]
 
@@ -45,9 +45,11 @@ def rank_lines(records: list[RankProgress], now: float) -> list[str]:
 def hang_lines(run_dir: Path) -> list[str]:
     """When the run's last attempt ended hung (its stop_reason): the report's verdict and where the stacks are."""
     try:
-        if read_text(run_dir / "stop_reason").strip() != "hung":
+        if read_text(run_dir / "stop_reason", 4096, within=run_dir).strip() != "hung":
             return []
-        report = read_text(report_path(run_dir)).splitlines()
+        report = read_text(report_path(run_dir), MAX_REPORT_BYTES, within=run_dir).splitlines()
+    except BadRunFile as err:
+        return [f"skipped: {err}"]
     except OSError:
         return []
     verdict = next((line for line in report if line.startswith("culprit:")), "culprit: (the report has none)")

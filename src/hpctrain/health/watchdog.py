@@ -17,6 +17,7 @@ The same thread runs the `ticks` it is given (answering `hpctrain debug stacks` 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ class Watchdog:
         self._beats = 0
         self._slowest = 0.0
         self._long = 0  # nesting depth of long_phase()
+        self._warned: set[object] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpctrain-watchdog", daemon=True)
 
@@ -71,6 +73,11 @@ class Watchdog:
             self._long -= 1
             self._last = time.monotonic()  # the phase's time is not the next step's
 
+    def _warn_once(self, key: object, line: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            print(line, file=sys.stderr, flush=True)
+
     def limit(self) -> float:
         """The seconds without a step that count as a hang now."""
         if self._long or self._beats == 0:
@@ -86,8 +93,10 @@ class Watchdog:
             for tick in self.ticks:
                 try:
                     tick()
-                except OSError:
-                    pass  # a stack request that cannot be answered must not stop the watch
+                except Exception as err:  # noqa: BLE001 - nothing a tick meets (files others wrote) stops the watch
+                    what = getattr(tick, "__qualname__", "task")
+                    self._warn_once((tick, type(err)), f"hpctrain: warning: the watchdog's {what} failed "
+                                    f"({type(err).__name__}: {err}); the watch goes on")
             if not self.enabled:
                 continue
             quiet, limit = time.monotonic() - self._last, self.limit()

@@ -20,6 +20,7 @@ from hpctrain.training.rundir import checkpoint_dir
 from hpctrain.training.workload import Optimization
 
 CHECKPOINT_FORMAT = "hpctrain-train-v1"
+LOCK_LOST = "lock_lost"  # rank 0's word on its run directory lock, in the checkpoint's gather (never saved)
 # What a `hpctrain train` checkpoint holds besides the model.
 TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
                     "config")
@@ -28,12 +29,21 @@ TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", 
 def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False) -> None:
     """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes, in the background
     unless `durable` (the run is about to stop) or --sync-checkpoints."""
-    per_rank = {"rng": rng.capture(), "loss_sum": position.loss_sum, "threads": torch.get_num_threads()}
+    per_rank: dict[str, Any] = {"rng": rng.capture(), "loss_sum": position.loss_sum,
+                                "threads": torch.get_num_threads()}
+    if run.is_main and run.lock is not None:
+        per_rank[LOCK_LOST] = run.lock.lost()  # rides on the gather: every rank learns it, no extra collective
     if run.env.is_distributed:
         with collective(f"the checkpoint's gather of rank states at step {position.step}"):
             gathered = all_gather_object(per_rank)
     else:
         gathered = [per_rank]
+    lost = [g.pop(LOCK_LOST, None) for g in gathered][0]
+    if lost:
+        raise UserError(f"{run.lock.path if run.lock else 'the run directory lock'} was {lost} while this run held "
+                        f"it (a clean-up of stale locks?): another run may now be writing {run.run_dir}, so this "
+                        f"one stops without writing its checkpoint at step {position.step}. Make sure no other run "
+                        "uses that directory, then continue with --resume")
     if run.is_main:
         state = {
             "format": CHECKPOINT_FORMAT,

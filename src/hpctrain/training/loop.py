@@ -32,7 +32,8 @@ from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.distributed import destroy_process_group, init_process_group
 from hpctrain.distributed.failures import announce, peer_failures
 from hpctrain.distributed.hostlist import is_node_name
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
+from hpctrain.health.preflight import BAD_NODES_FILE, MAX_BAD_NODES_BYTES, PREFLIGHT_FILE
+from hpctrain.readback import BadRunFile, read_text
 from hpctrain.training import preflight
 from hpctrain.training.checkpoints import keep_best, restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
@@ -224,8 +225,8 @@ def _report_end(run: Run, result: RunResult) -> None:
 
 def _bad_nodes(run: Run) -> list[str]:
     try:
-        return (run.run_dir / BAD_NODES_FILE).read_text().split()
-    except OSError:
+        return read_text(run.run_dir / BAD_NODES_FILE, MAX_BAD_NODES_BYTES, within=run.run_dir).split()
+    except (OSError, BadRunFile):  # the message then points to the preflight's record
         return []
 
 

@@ -14,9 +14,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from hpctrain.fsutil import append_line, read_text, refuse_symlinks, write_atomic
+from hpctrain.errors import brief
+from hpctrain.fsutil import append_line, refuse_symlinks, write_atomic
+from hpctrain.readback import BadRunFile, parse_json_lines, read_text
 
 METRICS_FILE = "metrics.jsonl"
+MAX_METRICS_BYTES = 64 << 20
+"""Read back at most this much of metrics.jsonl (a record is under 1 kB: tens of thousands of epochs)."""
+# The record's numbers (`finish_epoch`): a number or null each (NaN too: a diverged epoch's loss).
+_NUMBERS = ("train_loss", "test_loss", "test_accuracy", "test_top5", "images_per_s", "epoch_seconds",
+            "data_wait_seconds", "lr")
 TENSORBOARD_DIR = "tb"
 
 
@@ -63,17 +70,57 @@ class MetricsLog:
         self.tensorboard.close()
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
+def read_metrics(run_dir: str | Path, on_bad: Callable[[BadRunFile], None] | None = None) -> list[dict[str, Any]]:
+    """The epoch records of RUN/metrics.jsonl, oldest first; none when there is no file. A line that is not a
+    record is skipped (and given to `on_bad`); a file that cannot be read (special, a link, too large, not UTF-8)
+    raises BadRunFile."""
+    records = []
+    for _, value in _lines(Path(run_dir) / METRICS_FILE, None):
+        if isinstance(value, BadRunFile):
+            if on_bad is not None:
+                on_bad(value)
+        else:
+            records.append(value)
+    return records
+
+
+def _lines(path: Path, text: list[str] | None) -> list[tuple[int, dict[str, Any] | BadRunFile]]:
+    """metrics.jsonl's lines, parsed and checked (BadRunFile for one that is not a record); `text`, if given, gets
+    the file's lines as read."""
+    try:
+        read = read_text(path, MAX_METRICS_BYTES, within=path.parent)
+    except FileNotFoundError:
         return []
-    return [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
+    if text is not None:
+        text += read.split("\n")
+    return [(number, value if isinstance(value, BadRunFile) else _checked(value, f"{path}, line {number}"))
+            for number, value in parse_json_lines(read, path, allow_nan=True)]
+
+
+def _checked(value: Any, source: str) -> dict[str, Any] | BadRunFile:
+    """`value` if it is an epoch record (an object with a whole `step`, and numbers or null where the loop writes
+    them), else the BadRunFile saying why."""
+    if not isinstance(value, dict):
+        return BadRunFile(source, "not a JSON object")
+    for key in ("step", "epoch", "world_size"):
+        number = value.get(key)
+        if (key == "step" or number is not None) and (type(number) is not int or number < 0):
+            return BadRunFile(source, f"{key!r} is {brief(number, 40)}, not a whole number of at least 0")
+    for key in _NUMBERS:
+        number = value.get(key)
+        if number is not None and (isinstance(number, bool) or not isinstance(number, (int, float))):
+            return BadRunFile(source, f"{key!r} is {brief(number, 40)}, not a number")
+    return value
 
 
 def _drop_records_after(path: Path, step: int) -> None:
-    if not path.exists():
+    """A resumed run's metrics.jsonl without the records a killed attempt wrote after the checkpoint at `step`. A
+    line cut short by the kill is dropped; other lines that are not records are kept as they are."""
+    text: list[str] = []
+    lines = _lines(path, text)
+    if not text:
         return
-    kept = [line for line in read_text(path).splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    kept = [text[number - 1] for number, value in lines if isinstance(value, BadRunFile) or value["step"] <= step]
     write_atomic(path, "".join(line + "\n" for line in kept).encode())
 
 

@@ -10,12 +10,21 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.fsutil import read_text, write_atomic
+from hpctrain.fsutil import write_atomic
+from hpctrain.readback import BadRunFile, parse_record, read_json
 
 PROVENANCE_FILE = "provenance.json"
+MAX_PROVENANCE_BYTES = 64 << 20
+"""Read back at most this much (an attempt's record is a few kB, with a thousand hosts some tens of kB)."""
+
+
+@dataclass
+class _Provenance:
+    attempts: list[dict[str, Any]]
 
 
 def versions() -> dict[str, str | None]:
@@ -90,8 +99,17 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> No
     written through a symbolic link."""
     path = run_dir / PROVENANCE_FILE
     try:
-        attempts = json.loads(read_text(path))["attempts"]
-    except (OSError, ValueError, KeyError, TypeError):
+        attempts = parse_record(_Provenance, read_json(path, MAX_PROVENANCE_BYTES, within=run_dir), path).attempts
+    except FileNotFoundError:
+        attempts = []
+    except BadRunFile as err:  # kept aside as it is; a new record starts with this attempt
+        aside = path.with_name(PROVENANCE_FILE + ".unreadable")
+        try:
+            os.replace(path, aside)
+            kept = f"moved aside to {aside.name}"
+        except OSError as failed:
+            kept = f"not moved aside ({os.strerror(failed.errno or 0)}), so replaced"
+        print(f"hpctrain: warning: {err}; {kept}, a new record starts with this attempt", file=sys.stderr, flush=True)
         attempts = []
     slurm = {key: os.environ[key] for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT",
                                               "SLURM_CLUSTER_NAME") if key in os.environ}

@@ -13,8 +13,9 @@ from hpctrain import checkpoint
 from hpctrain.config import TrainConfig, default_run_dir, earlier_default_run_dir
 from hpctrain.distributed import DistEnv
 from hpctrain.distributed.probes import may_be_a_restart
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, brief
 from hpctrain.training.checkpoints import CHECKPOINT_FORMAT, TRAIN_STATE_KEYS
+from hpctrain.training.recorded import check_state, check_types, settings_with
 from hpctrain.training.rundir import CHECKPOINT_DIR, checkpoint_dir
 from hpctrain.training.workload import Recipe
 
@@ -25,8 +26,8 @@ RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "synthetic", "batch_size",
 # What a --resume or --evaluate takes from its checkpoint's config when the command line leaves it unset: the
 # run's own settings, so that resuming needs no flag repeated (a flag given that contradicts RESUME_MUST_MATCH is
 # still refused; --epochs and --lr given are honoured: extending a run, lowering the rate after a divergence).
-RECORDED_DEFAULTS = (*RESUME_MUST_MATCH, "epochs", "lr", "test_batch_size", "test_limit", "momentum",
-                     "weight_decay")
+OVERRIDABLE = ("epochs", "lr", "test_batch_size", "test_limit", "momentum", "weight_decay")
+RECORDED_DEFAULTS = (*RESUME_MUST_MATCH, *OVERRIDABLE)
 
 
 @dataclass
@@ -114,9 +115,11 @@ def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
     checkpoint.log.disabled = True
     try:
         if cfg.resume == "latest":
-            state = checkpoint.search(checkpoint_dir(run_dir)).state
+            found = checkpoint.search(checkpoint_dir(run_dir))
+            state, source = found.state, found.info.path if found.info is not None else None
         else:
-            state = explicit_resume(Path(cfg.resume)).state
+            point = explicit_resume(Path(cfg.resume))
+            state, source = point.state, point.source
     except UserError:
         return cfg
     finally:
@@ -124,10 +127,13 @@ def with_recorded_settings(cfg: TrainConfig, unset: set[str]) -> TrainConfig:
     saved = state.get("config") if isinstance(state, dict) else None
     if not isinstance(saved, dict):
         return cfg
+    if state.get("format") == CHECKPOINT_FORMAT and all(key in state for key in TRAIN_STATE_KEYS):
+        check_state(state, source)  # before anything starts, not when the loop restores it
     changes = {name: saved[name] for name in RECORDED_DEFAULTS if name in unset and name in saved}
+    cfg = settings_with(cfg, changes, source, overridable=OVERRIDABLE)
     if cfg.resume == "latest" and cfg.run_dir is None:
-        changes["run_dir"] = str(run_dir)
-    return cfg.replace(**changes)
+        cfg = cfg.replace(run_dir=str(run_dir))
+    return cfg
 
 
 def _earlier_default(cfg: TrainConfig, run_dir: Path) -> str:
@@ -171,6 +177,11 @@ def _check_resumable(cfg: TrainConfig, recipe: Recipe, state: dict[str, Any], so
         raise UserError(f"{source} lacks {', '.join(map(repr, missing))}: it is not a complete `hpctrain train` "
                         "checkpoint; resume from another checkpoint, or start a new --run-dir")
     saved = state["config"]
+    if not isinstance(saved, dict):
+        raise UserError(f"{source}: its recorded settings are {brief(saved, 40)}, not settings; resume from another "
+                        "checkpoint, or start a new --run-dir")
+    check_state(state, source)
+    check_types({k: saved[k] for k in RESUME_MUST_MATCH if k in saved}, source)
     changed = [k for k in RESUME_MUST_MATCH if saved.get(k) != getattr(cfg, k)]
     if changed:
         differences = "; ".join(f"{_flag(k)}: checkpoint {_shown(saved.get(k))}, now {_shown(getattr(cfg, k))}"

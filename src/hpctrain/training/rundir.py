@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,8 @@ import yaml
 
 from hpctrain.distributed import DistEnv, all_gather_object
 from hpctrain.distributed.failures import collective
-from hpctrain.fsutil import DirectoryLock, LocksUnsupported, write_atomic
+from hpctrain.errors import UserError
+from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_atomic
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.health.progress import PROGRESS_DIR
 from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
@@ -37,6 +39,28 @@ def checkpoint_dir(run_dir: Path) -> Path:
     """Where a run's checkpoint files go: RUN_DIR/checkpoints. A run directory itself named `checkpoints` (the seed
     scripts' `--checkpoints-path ./checkpoints`) holds them directly, not in checkpoints/checkpoints."""
     return run_dir if run_dir.name == CHECKPOINT_DIR else run_dir / CHECKPOINT_DIR
+
+
+def check_run_paths(run_dir: Path) -> None:
+    """UserError naming the first path the run will write that exists as the wrong kind of file (a `checkpoints`
+    that is a file, a `metrics.jsonl` or `stop_reason` that is a folder, a `provenance.json` that is a FIFO, ...):
+    found before the first step, not after an epoch's work, and never waited on. Looks only (lstat)."""
+    folders = [run_dir / name for name in RUN_DIRECTORIES if name != CHECKPOINT_DIR] + [checkpoint_dir(run_dir)]
+    wanted_kinds = [*((run_dir / name, stat.S_ISREG) for name in RUN_FILES), *((p, stat.S_ISDIR) for p in folders)]
+    for path, wanted in wanted_kinds:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            return  # the run directory itself is a file: config.check_run_dir says so
+        if stat.S_ISLNK(mode):
+            continue  # refuse_symlinks names those, with their target
+        if not wanted(mode):
+            needed = "a folder" if wanted is stat.S_ISDIR else "a regular file"
+            kind = file_kind(mode) if not stat.S_ISREG(mode) else "a file"
+            raise UserError(f"{path} is {kind}, but the run writes {needed} there; remove it or move it away (or "
+                            "choose another --run-dir), then start again")
 
 
 def check_run_dir_free(run_dir: Path) -> None:

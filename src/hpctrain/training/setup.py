@@ -17,7 +17,7 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, refuse_symlinks
 from hpctrain.training.resume import ResumePoint, resume_point
 from hpctrain.training.run import Run
-from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, checkpoint_dir, lock_run_dir
+from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, check_run_paths, checkpoint_dir, lock_run_dir
 from hpctrain.training.stopping import StopReason, write_stop_reason
 from hpctrain.training.workload import Recipe
 
@@ -66,6 +66,7 @@ def _claim_run_dir(cfg: TrainConfig, recipe: Recipe, env: DistEnv, run_dir: Path
             if not locked_first:
                 lock = lock_run_dir(run_dir)
             refuse_symlinks(run_dir, RUN_FILES + RUN_DIRECTORIES)
+            check_run_paths(run_dir)
             if point is not None:
                 point.tidy(checkpoint_dir(run_dir))
     except BaseException:

@@ -25,6 +25,7 @@ from hpctrain.health.progress import PROGRESS_INTERVAL_S, ProgressRecorder, read
 from hpctrain.health.stacks import HANG_DIR, StackRequests, dump_stacks
 from hpctrain.health.stragglers import Straggler, find_stragglers
 from hpctrain.health.watchdog import LONG_MARGIN_S, Watchdog
+from hpctrain.readback import BadRunFile
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason, write_termination_message
 
@@ -127,6 +128,7 @@ class RankWatch:
         self._data_before = 0.0
         self._next_check = time.monotonic() + STRAGGLER_CHECK_S
         self._suspects: set[int] = set()
+        self._warned: set[str] = set()  # bad progress records already named
         self.reported: list[Straggler] = []  # rank 0: stragglers named so far this epoch (for its metrics record)
 
     def epoch_started(self, data_wait_s: float) -> None:
@@ -158,13 +160,25 @@ class RankWatch:
         self.progress.phase(phase)
 
     def _check_stragglers(self) -> None:
+        """Rank 0, every STRAGGLER_CHECK_S. The records are other processes' files: nothing in them may stop
+        training, so a bad one is skipped with a warning (once per file) and any failure here is a warning."""
         self._next_check = time.monotonic() + STRAGGLER_CHECK_S
-        found = {s.rank: s for s in find_stragglers(read_progress(self.run.run_dir))}
+        try:
+            found = {s.rank: s for s in find_stragglers(read_progress(self.run.run_dir, self._bad_record))}
+        except Exception as err:  # noqa: BLE001 - advisory: the training step goes on
+            print(f"hpctrain: warning: the straggler check failed ({type(err).__name__}: {err}); training goes on",
+                  file=sys.stderr, flush=True)
+            return
         for rank in sorted(found.keys() & self._suspects):  # named twice in a row: persistent
             if all(s.rank != rank for s in self.reported):
                 self.reported.append(found[rank])
                 print(f"hpctrain: warning: {found[rank].describe()}", file=sys.stderr, flush=True)
         self._suspects = set(found)
+
+    def _bad_record(self, err: BadRunFile) -> None:
+        if err.path not in self._warned:
+            self._warned.add(err.path)
+            print(f"hpctrain: warning: skipped a progress record: {err}", file=sys.stderr, flush=True)
 
     def take_reported(self) -> list[dict[str, object]]:
         taken, self.reported = self.reported, []
@@ -189,11 +203,16 @@ class RankWatch:
               + f"; stacks in {stacks}", file=sys.stderr, flush=True)
         if env.is_distributed:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
-        records = read_progress(run.run_dir)
-        first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
-        report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time())
-        write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
-        if first == env.rank:  # one report, from the lowest rank that noticed
+        try:  # the other ranks' records are files anyone may have written: the rank exits EXIT_HUNG regardless
+            records = read_progress(run.run_dir, self._bad_record)
+            first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
+            report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time())
+            write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
+        except Exception as err:  # noqa: BLE001
+            print(f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
+                  file=sys.stderr, flush=True)
+            first, report = -1, None
+        if report is not None and first == env.rank:  # one report, from the lowest rank that noticed
             try:
                 write_atomic(report_path(run.run_dir), report.text().encode())
                 write_stop_reason(run.run_dir, StopReason.HUNG)

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,15 @@ from hpctrain.data.shards.encode import encode_image, encoder_pool
 from hpctrain.data.shards.index import FORMAT, INDEX_NAME, VERSION, load_index, shard_members, shard_name
 from hpctrain.data.shards.verify import Reporter, verify
 from hpctrain.errors import UserError
-from hpctrain.fsutil import DirectoryInUse, DirectoryLock, fsync_dir, is_no_space, sha256_file, write_atomic
+from hpctrain.fsutil import (
+    DirectoryInUse,
+    DirectoryLock,
+    LocksUnsupported,
+    fsync_dir,
+    is_no_space,
+    sha256_file,
+    write_atomic,
+)
 
 MANIFEST_NAME = ".hpctrain-prepare.json"
 LOCK_NAME = ".hpctrain-prepare.lock"
@@ -107,11 +116,14 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
     sets = {"train": found.train, **({"val": found.val} if found.val is not None else {})}
     manifest = {"format": FORMAT, "version": VERSION, "options": cfg.options(),
                 "source": {split: _listing_digest(images) for split, images in sets.items()}}
+    lock: DirectoryLock | None = None
     try:
         lock = DirectoryLock.acquire(cfg.out, LOCK_NAME, f"hpctrain prepare, pid {os.getpid()}")
     except DirectoryInUse:
         raise UserError(f"{cfg.out} is being written by another `hpctrain prepare`; wait for it to finish, or "
                         "stop it and run this again (it continues where that one stopped)") from None
+    except LocksUnsupported as err:  # as a training run does: go on, having said what is not guarded
+        print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
     try:
         _claim(cfg.out, manifest)
         _remove_temporaries(cfg.out)
@@ -131,7 +143,8 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
     except OSError as err:  # the unfinished shard is already removed (_write_split); complete ones stay
         raise _write_error(cfg.out, err) from None
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _write_error(out: Path, err: OSError) -> UserError:

@@ -1,0 +1,361 @@
+"""Files read back from a run directory are untrusted (hpctrain.readback): every reader of one is fed malformed,
+oversized, deeply nested, invalid UTF-8, wrong-typed, NaN and special files (a FIFO, a directory, a link out of the
+run directory, a huge sparse file), and must end in its one expected way: a valid result that what comes after it
+can use, or one line naming the file. Never a traceback, never a wait on a FIFO, never more read than the cap.
+
+A seeded generator (not a property-testing library) makes the shapes: the same cases on every run, about a hundred
+per reader, in a few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain import checkpoint
+from hpctrain.health import Watchdog, find_stragglers, hang_report, read_progress
+from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
+from hpctrain.health.preflight import MAX_PREFLIGHT_BYTES, PREFLIGHT_FILE, read_verdict
+from hpctrain.health.progress import MAX_RECORD_BYTES, ProgressRecorder, RankProgress, progress_path
+from hpctrain.health.view import hang_lines, rank_lines
+from hpctrain.readback import BadRunFile, parse_json, read_json, read_text
+from hpctrain.training.metrics import METRICS_FILE, read_metrics
+from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
+
+SEED = 29
+CASES = 60
+
+VALID_PROGRESS = {"rank": 1, "world_size": 2, "host": "node1", "pid": 12, "phase": "training", "epoch": 1,
+                  "step": 7, "step_in_epoch": 7, "steps_per_epoch": 50, "steps": 10, "step_s": 0.1,
+                  "data_s": 0.01, "compute_s": 0.02, "images_per_s": 640.0, "waiting_in": None,
+                  "collectives": None, "updated": 1_000_000.0}
+VALID_PREFLIGHT = {"checks": [{"rank": 0, "node": "node0", "gemm_gflops": 100.0, "error": None, "links": {}},
+                              {"rank": 1, "node": "node1", "gemm_gflops": 98.0, "error": None, "links": {}}],
+                   "allreduce_gbps": 1.5}
+VALID_METRICS = {"epoch": 1, "step": 50, "train_loss": 0.5, "test_loss": 0.4, "test_accuracy": 0.9,
+                 "images_per_s": 1000.0, "epoch_seconds": 3.0, "lr": 0.1}
+# What a field may be replaced with: every JSON type, out-of-range numbers, NaN, control characters, huge values.
+ODD_VALUES: list[Any] = ["1", "", 1.5, -1, 0, 10**30, -1e-9, None, True, False, [], [1], {}, {"a": 1}, "x" * 5000,
+                         "\x1b[31mred", "a\nb", math.nan, math.inf, -math.inf, 1e308]
+
+
+@contextlib.contextmanager
+def deadline(seconds: float = 5.0) -> Iterator[None]:
+    """Fail (rather than hang the suite) if the block blocks: SIGALRM interrupts a blocked open or read."""
+    def expired(*_: Any) -> None:
+        raise TimeoutError(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def bytes_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many bytes the code under test reads through os.read (readback's only read)."""
+    counted = [0]
+    real = os.read
+
+    def counting(fd: int, n: int) -> bytes:
+        data = real(fd, n)
+        counted[0] += len(data)
+        return data
+
+    monkeypatch.setattr(os, "read", counting)
+    return counted
+
+
+def mutations(valid: dict[str, Any], rng: random.Random) -> Iterator[tuple[str, bytes]]:
+    """(what, file contents): the valid record with one field replaced, dropped, or nested; cut short; garbage."""
+    keys = list(valid)
+    for key in keys:
+        for value in ODD_VALUES:
+            yield f"{key}={value!r:.20}", json.dumps({**valid, key: value}).encode()
+    for _ in range(CASES):
+        text = json.dumps(valid)
+        choice = rng.randrange(6)
+        if choice == 0:
+            yield "cut short", text[: rng.randrange(len(text))].encode()
+        elif choice == 1:
+            yield "random bytes", rng.randbytes(rng.randrange(1, 200))
+        elif choice == 2:
+            depth = rng.choice([33, 100, 5000, 200_000])
+            yield f"nested {depth}", ("[" * depth + "]" * depth).encode()
+        elif choice == 3:
+            yield "invalid UTF-8", text.encode()[:-2] + b"\xff\xfe" + text.encode()[-2:]
+        elif choice == 4:
+            yield "not an object", json.dumps(rng.choice([[valid], "text", 3, None, True])).encode()
+        else:
+            dropped = rng.choice(keys)
+            yield f"without {dropped}", json.dumps({k: v for k, v in valid.items() if k != dropped}).encode()
+
+
+def special(path: Path, kind: str, outside: Path, valid: bytes) -> None:
+    """Make `path` a file of `kind` (the outside file, linked to, holds a valid record: a link must not be read)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "link out":
+        outside.write_bytes(valid)
+        path.symlink_to(outside)
+    elif kind == "sparse 1 TiB":
+        with open(path, "wb") as handle:
+            handle.truncate(1 << 40)
+    elif kind == "over the cap":
+        path.write_bytes(b" " * (1 << 21) + valid)  # valid JSON, but larger than any cap below 2 MiB
+
+
+SPECIAL = ["fifo", "directory", "link out", "sparse 1 TiB"]
+
+
+def one_line_naming(err: BaseException, path: Path) -> None:
+    text = str(err)
+    assert "\n" not in text and str(path) in text and "Traceback" not in text
+
+
+# ---- the reader itself
+
+
+def test_the_reader_never_blocks_follows_links_or_reads_past_its_cap(tmp_path: Path, bytes_read: list[int]) -> None:
+    run = tmp_path / "run"
+    valid = json.dumps(VALID_PROGRESS).encode()
+    for kind in [*SPECIAL, "over the cap"]:
+        path = run / kind.replace(" ", "-")
+        special(path, kind, tmp_path / "outside.json", valid)
+        before = bytes_read[0]
+        with deadline(), pytest.raises(BadRunFile) as caught:
+            read_json(path, 1 << 20, within=run)
+        one_line_naming(caught.value, path)
+        assert bytes_read[0] - before <= (1 << 20) + 1, kind
+    # a folder on the way that is a link out of the run directory: not followed either
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "rank-0.json").write_bytes(valid)
+    (run / "progress").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(BadRunFile, match="symbolic link"):
+        read_json(run / "progress" / "rank-0.json", 1 << 20, within=run)
+    with pytest.raises(FileNotFoundError):  # not there yet: the caller's ordinary case, not a bad file
+        read_text(run / "missing", 10, within=run)
+
+
+def test_json_is_parsed_strictly_and_without_recursion() -> None:
+    for text in ["NaN", '{"a": Infinity}', "[" * 100_000 + "]" * 100_000, '{"a": 1', "\"\\ud800\"x"]:
+        with pytest.raises(BadRunFile):
+            parse_json(text, "x")
+    assert parse_json(json.dumps({"s": "[{" * 50}), "x") == {"s": "[{" * 50}  # brackets in a string do not nest
+
+
+# ---- each reader of the run directory
+
+
+def test_progress_records_of_any_shape_are_skipped_or_usable(tmp_path: Path, bytes_read: list[int]) -> None:
+    rng = random.Random(SEED)
+    valid = json.dumps(VALID_PROGRESS).encode()
+    for n, (what, data) in enumerate(mutations(VALID_PROGRESS, rng)):
+        run = tmp_path / f"run{n}"
+        path = progress_path(run, 1)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+        ProgressRecorder(run, 0, 2, "node0", 50).write("training")  # a good record beside it
+        bad: list[BadRunFile] = []
+        with deadline():
+            records = read_progress(run, bad.append)
+        if bad:  # refused: one line naming the file, and the good record still read
+            [err] = bad
+            one_line_naming(err, path)
+            assert [r.rank for r in records] == [0], what
+        usable(records, what)
+    for kind in SPECIAL:
+        run = tmp_path / kind.replace(" ", "-")
+        special(progress_path(run, 1), kind, tmp_path / "outside.json", valid)
+        bad = []
+        before = bytes_read[0]
+        with deadline():
+            assert read_progress(run, bad.append) == []
+        [err] = bad
+        one_line_naming(err, progress_path(run, 1))
+        assert bytes_read[0] - before <= MAX_RECORD_BYTES + 1
+
+
+def usable(records: list[RankProgress], what: str) -> None:
+    """What reads the records after read_progress works on them: the straggler check, the hang report, `top`."""
+    for r in records:
+        assert type(r.rank) is int and type(r.world_size) is int and 0 <= r.rank < r.world_size, what
+        assert isinstance(r.updated, (int, float)) and math.isfinite(r.updated), what
+        for value in (r.step_s, r.data_s, r.compute_s, r.images_per_s):
+            assert value is None or (not isinstance(value, bool) and math.isfinite(value) and value >= 0), what
+    find_stragglers(records, now=1_000_001.0)
+    hang_report(records, 2, 30.0, 10.0, Path("run"), 1_000_001.0)
+    rank_lines(records, 1_000_001.0)
+
+
+def test_a_damaged_preflight_record_is_refused_in_one_line(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    for n, (what, data) in enumerate(mutations(VALID_PREFLIGHT, rng)):
+        path = tmp_path / f"{n}" / PREFLIGHT_FILE
+        path.parent.mkdir()
+        path.write_bytes(data)
+        with deadline():
+            try:
+                verdict = read_verdict(path)
+            except BadRunFile as err:
+                one_line_naming(err, path)
+                continue
+        verdict.lines()  # accepted: it must print
+    checks = VALID_PREFLIGHT["checks"]
+    for field, value in [("rank", "1"), ("gemm_gflops", -5.0), ("links", {"node9": -1.0}), ("node", ["n"]),
+                         ("error", {"x": 1})]:
+        path = tmp_path / f"{field}.json"
+        path.write_text(json.dumps({**VALID_PREFLIGHT, "checks": [{**checks[0], field: value}, checks[1]]}))
+        with pytest.raises(BadRunFile, match="check 1"):
+            read_verdict(path)
+    for kind in SPECIAL:
+        path = tmp_path / kind.replace(" ", "-") / PREFLIGHT_FILE
+        special(path, kind, tmp_path / "outside.json", json.dumps(VALID_PREFLIGHT).encode())
+        with deadline(), pytest.raises(BadRunFile) as caught:
+            read_verdict(path, within=path.parent)
+        one_line_naming(caught.value, path)
+    assert MAX_PREFLIGHT_BYTES < 1 << 40
+
+
+def test_metrics_lines_that_are_not_records_are_skipped_and_a_bad_file_refused(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    good = json.dumps(VALID_METRICS)
+    for n, (what, data) in enumerate(mutations(VALID_METRICS, rng)):
+        run = tmp_path / f"{n}"
+        run.mkdir()
+        (run / METRICS_FILE).write_bytes(good.encode() + b"\n" + data.replace(b"\n", b" ") + b"\n" + good.encode())
+        bad: list[BadRunFile] = []
+        with deadline():
+            try:
+                records = read_metrics(run, bad.append)
+            except BadRunFile as err:  # the whole file: not UTF-8
+                assert what == "invalid UTF-8" or what == "random bytes", what
+                one_line_naming(err, run / METRICS_FILE)
+                continue
+        assert records[0] == VALID_METRICS  # the last line, without its newline, is a cut-short append: left out
+        assert len(records) + len(bad) == 2, what
+        for record in records:
+            assert type(record["step"]) is int and record["step"] >= 0, what
+        for err in bad:
+            assert "\n" not in str(err) and f"{run / METRICS_FILE}, line 2" in str(err), what
+    for kind in SPECIAL:
+        run = tmp_path / kind.replace(" ", "-")
+        special(run / METRICS_FILE, kind, tmp_path / "outside.json", good.encode() + b"\n")
+        with deadline(), pytest.raises(BadRunFile) as caught:
+            read_metrics(run)
+        one_line_naming(caught.value, run / METRICS_FILE)
+
+
+def test_status_says_in_one_line_that_a_hang_report_or_stop_reason_is_unreadable(tmp_path: Path) -> None:
+    for name in ("stop_reason", "hang/report.txt"):
+        for kind in [*SPECIAL, "invalid UTF-8"]:
+            run = tmp_path / name.replace("/", "-") / kind.replace(" ", "-")
+            run.mkdir(parents=True)
+            (run / "stop_reason").write_text("hung\n")
+            report_path(run).parent.mkdir()
+            report_path(run).write_text("hang: no training step completed for 30 s\nculprit: rank 1\n")
+            (run / name).unlink()
+            if kind == "invalid UTF-8":
+                (run / name).write_bytes(b"hung\xff\n")
+            else:
+                special(run / name, kind, tmp_path / "outside.txt", b"hung\n")
+            with deadline():
+                [line] = hang_lines(run)
+            assert line.startswith(f"skipped: {run / name}: "), line
+    assert MAX_REPORT_BYTES < 1 << 40
+
+
+def test_an_unreadable_provenance_record_is_set_aside_and_a_new_one_started(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = random.Random(SEED)
+    shapes = [("not an object", b"[]"), ("attempts a string", b'{"attempts": "x"}'), ("nested", b"[" * 10_000),
+              ("invalid UTF-8", b'{"attempts": ["\xff"]}'), ("random", rng.randbytes(64))]
+    for n, (what, data) in enumerate(shapes):
+        run = tmp_path / f"{n}"
+        run.mkdir()
+        (run / PROVENANCE_FILE).write_bytes(data)
+        with deadline():
+            record_attempt(run, ["here"], {})
+        assert len(json.loads((run / PROVENANCE_FILE).read_text())["attempts"]) == 1, what
+        assert (run / f"{PROVENANCE_FILE}.unreadable").read_bytes() == data, what
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"hpctrain: warning: {run / PROVENANCE_FILE}: "), line
+    run = tmp_path / "fifo"
+    run.mkdir()
+    os.mkfifo(run / PROVENANCE_FILE)
+    with deadline():
+        record_attempt(run, ["here"], {})  # set aside, not waited on
+    assert (run / f"{PROVENANCE_FILE}.unreadable").is_fifo()
+
+
+def test_a_checkpoint_manifest_of_any_shape_is_rejected_not_a_traceback(tmp_path: Path) -> None:
+    import torch
+
+    from hpctrain.checkpoint.files import manifest_path
+
+    path = checkpoint.save({"model": {"w": torch.zeros(2)}}, tmp_path, "checkpoint_epoch_1.pt", epoch=1, step=5)
+    manifest = manifest_path(path)
+    valid = json.loads(manifest.read_text())
+    rng = random.Random(SEED)
+    for what, data in [*mutations(valid, rng)][::7]:
+        manifest.write_bytes(data)
+        with deadline():
+            try:
+                checkpoint.verify(path)
+            except checkpoint.CheckpointError as err:
+                assert "\n" not in str(err) and "Traceback" not in str(err), what
+    for kind in SPECIAL:
+        manifest.unlink() if not manifest.is_dir() else manifest.rmdir()
+        special(manifest, kind, tmp_path / "outside.json", json.dumps(valid).encode())
+        with deadline(), pytest.raises(checkpoint.CheckpointError, match="unreadable manifest"):
+            checkpoint.verify(path)
+
+
+# ---- what must survive any record: rank 0's straggler check and the watchdog
+
+
+def test_records_that_crashed_the_straggler_check_are_skipped(tmp_path: Path) -> None:
+    """A step time of -1 beside one of 1 made the median step 0 (ZeroDivisionError in rank 0's check, mid-epoch);
+    a rank written as a string failed the comparison with the world size (TypeError)."""
+    for odd in ({"step_s": -0.1, "data_s": 0.5}, {"rank": "0"}, {"world_size": "2"}, {"updated": "now"},
+                {"data_s": None, "x": 1}):
+        run = tmp_path / json.dumps(odd).replace("/", "")
+        for rank in (0, 1):
+            path = progress_path(run, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({**VALID_PROGRESS, "rank": rank, **(odd if rank == 0 else {})}))
+        usable(read_progress(run), str(odd))
+
+
+def test_the_watchdog_outlives_a_task_that_fails_and_still_reports_a_hang(capsys: pytest.CaptureFixture[str]) -> None:
+    """A stack request it could not parse used to end the watchdog's thread: a later real hang went unreported."""
+    def failing() -> None:
+        raise ValueError("a record of the wrong shape")
+
+    fired = threading.Event()
+    dog = Watchdog(0.5, 60.0, lambda *_: fired.set(), ticks=(failing,), poll_s=0.05)
+    dog.beat()
+    dog.beat()
+    dog.start()
+    try:
+        assert fired.wait(10), "the watchdog died with its task"
+    finally:
+        dog.stop()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "ValueError" in line]
+    assert len(lines) == 1 and "the watch goes on" in lines[0]  # said once, not at every poll
