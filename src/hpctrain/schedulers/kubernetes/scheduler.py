@@ -85,6 +85,14 @@ class KubernetesScheduler(LiveChecks):
 
         return translating(client.ApiextensionsV1Api(self.api_client))
 
+    @functools.cached_property
+    def scheduling(self) -> Any:
+        from kubernetes import client
+
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.SchedulingV1Api(self.api_client))
+
     @property
     def namespace(self) -> str:
         return self.options.namespace
@@ -143,7 +151,10 @@ class KubernetesScheduler(LiveChecks):
 
         manifest = rendered.payload
         try:
-            created = self.custom.create_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, manifest)
+            # Strict: a server that knows fieldValidation (Kubernetes 1.25+) refuses a field the cluster's CRD lacks
+            # instead of dropping it; an older one ignores the parameter, and `check` compares the served schema.
+            created = self.custom.create_namespaced_custom_object(self.group, self.version, self.namespace, self.plural,
+                                                                  manifest, field_validation="Strict")
         except ApiException as err:
             if err.status == 409:
                 raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
