@@ -19,11 +19,10 @@ Restarts. Exit status 75 is hpctrain's "preempted, resume me" (EX_TEMPFAIL); 143
 a cancel). Kubeflow's restartPolicy ExitCode treats only exit codes >= 128 as retryable and 1-127 as permanent
 (training-operator v1.x, pkg/util/train/train_util.go: IsRetryableExitCode returns exitCode >= 128), so it
 would end a preempted job (75) for good. We therefore render restartPolicy OnFailure: every non-zero exit
-restarts the replica, within backoffLimit, and the restarted process resumes from the newest checkpoint in the
-run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that budget is
---max-restarts (default 0: no restart at all). training-operator v1 fails a job once the restart counts of its
-running pods *reach* backoffLimit (common/job.go, PastBackoffLimit: `result >= backoffLimit`; `> 0` for 0), i.e.
-at the Nth restart of a limit N, so N restarts that each may run to the end need a limit of N + 1.
+restarts the replica, within backoffLimit (restart_budget), and the restarted process resumes from the newest
+checkpoint in the run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that
+budget is --max-restarts (default 0: the job fails at the first restart). An evicted pod (preemption) is made
+again by the controller, a new pod with no restarts, so it costs nothing.
 
 Processes. A pod runs the command once. `hpctrain ...` commands fan out themselves: they read RANK, WORLD_SIZE
 and PET_NPROC_PER_NODE (PyTorchJob) and start the local workers (hpctrain.distributed.kubeflow_node_plan).
@@ -31,11 +30,14 @@ Other commands with several processes per pod, and every multi-process TrainJob 
 PET_* variables), run under `torchrun --no-python`, which takes --nnodes, --nproc-per-node, --node-rank and the
 master address from the PET_* variables Kubeflow sets.
 
-Ended jobs. runPolicy.cleanPodPolicy Running: when a PyTorchJob ends (succeeded, failed at its backoffLimit, past
+Ended jobs. runPolicy.cleanPodPolicy Running: when a PyTorchJob ends (succeeded, failed, past its backoffLimit or
 activeDeadlineSeconds) the controller deletes its running and pending pods, so nothing keeps a GPU, and keeps the
 Succeeded/Failed ones, whose logs stay readable (training-operator v1.9, pkg/controller.v1/common/job.go
-deletePodsAndServices; the defaulter's None, pkg/apis/kubeflow.org/v1/pytorch_defaults.go, deletes nothing, and from
-v1.9.4 a job failed at its deadline or backoff limit is left with its OnFailure pods running on their GPUs).
+DeletePodsAndServices; the defaulter's None, pkg/apis/kubeflow.org/v1/pytorch_defaults.go, deletes nothing, and from
+v1.9.4 a job failed at its deadline or backoff limit is left with its OnFailure pods running on their GPUs). The
+pods of a job that failed at its backoff limit are restarting in place, so they are running and go, logs and all, as
+every pod of such a job did up to v1.9.3 whatever the policy (ReconcileJobs deleted them before the job was marked
+Failed, when DeletePodsAndServices ignores the policy): `status` then knows no exit status.
 
 INIT. training-operator v1 adds an init container `init-pytorch` to every Worker pod (pkg/controller.v1/pytorch/
 initcontainer.go, v1.7-v1.9): the operator's --pytorch-init-container-image (default alpine:3.10), requests below its
