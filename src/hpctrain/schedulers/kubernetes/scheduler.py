@@ -315,9 +315,9 @@ class KubernetesScheduler(LiveChecks):
 
     def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
                 timeout_s: float = 600.0) -> int:
-        raise UserError("a Kubernetes job has no time-limit warning to rehearse: `hpctrain cancel` (its pods get "
-                        "SIGTERM and --signal-grace to checkpoint) or deleting one pod (`kubectl delete pod`) "
-                        "rehearses a restart")
+        raise UserError("a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), "
+                        "not from outside: `hpctrain cancel` (its pods get SIGTERM and --signal-grace to checkpoint) "
+                        "or deleting one pod (`kubectl delete pod`) rehearses a restart")
 
     # ---- cluster view ----------------------------------------------------------------------------------------
 
