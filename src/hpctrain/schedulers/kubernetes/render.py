@@ -217,7 +217,7 @@ def longest_derived_name(name: str, api: str, nodes: int) -> str:
     """The longest pod or Service name Kubeflow derives from the job name (see MAX_NAME)."""
     if api == "pytorchjob":
         return f"{name}-worker-{nodes - 2}" if nodes > 1 else f"{name}-master-0"
-    return f"{name}-{CONTAINER_TRAINJOB}-0-{nodes - 1}-abcde"
+    return f"{name}-{CONTAINER_TRAINJOB}-0-{nodes - 1}-xxxxx"  # xxxxx: the pod name's random suffix
 
 
 def restart_budget(job: JobSpec) -> int:
