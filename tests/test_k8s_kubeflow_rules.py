@@ -254,6 +254,15 @@ def test_the_wait_for_master_code_resolves_and_waits(tmp_path) -> None:
     code = init["command"][2]
     done = subprocess.run([sys.executable, "-c", code, "localhost"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == ""
+    # a name that never resolves: it keeps waiting (no exit, so no restart to count) and says for what
+    waiting = subprocess.Popen([sys.executable, "-c", code, "mnist-master-0.invalid"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stdout.readline() == "hpctrain: waiting for mnist-master-0.invalid\n"
+        assert waiting.stdout.readline() == "hpctrain: waiting for mnist-master-0.invalid\n"
+        assert waiting.poll() is None
+    finally:
+        waiting.kill()
+        waiting.wait()
 
 
 # ---- 8. --time: the job's own timer, and a backstop deadline --------------------------------------------------------
