@@ -245,7 +245,7 @@ def test_workers_wait_for_the_master_in_their_own_init_container() -> None:
     assert "initContainers" not in render(job(nodes=1), options())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
 
 
-def test_the_wait_for_master_code_resolves_and_waits(tmp_path) -> None:
+def test_the_wait_for_master_code_resolves_and_waits() -> None:
     """The init container's program, run here: it ends once the name resolves (localhost does)."""
     import subprocess
     import sys
