@@ -379,8 +379,8 @@ def test_a_params_priority_is_a_label_and_check_names_the_clusters_priority_clas
     assert _priority_check({}) == []
 
 
-def test_golden_copies_are_independent() -> None:
-    """Master and Worker templates differ only by the worker's init container."""
+def test_master_and_worker_templates_differ_only_by_the_init_container() -> None:
+    """The Worker template is the Master's plus the init container (the Master must not wait for itself)."""
     manifest = render(job(nodes=2), options())
     master, worker = (copy.deepcopy(s) for s in pod_specs(manifest).values())
     worker.pop("initContainers")
