@@ -49,13 +49,14 @@ def test_dry_run_of_a_recipe_prints_a_valid_pytorchjob(tmp_path: Path) -> None:
     manifest = manifest_of(proc)
     assert manifest["kind"] == "PyTorchJob" and manifest["metadata"]["namespace"] == "team-a"
     spec = manifest["spec"]
-    assert spec["runPolicy"]["activeDeadlineSeconds"] == 3600
+    assert spec["runPolicy"]["activeDeadlineSeconds"] == 3600 + 24 * 3600  # a backstop: --time is the job's own timer
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     container = spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["image"] == IMAGE
     assert container["command"] == ["hpctrain", "train", "mnist", "--epochs", "1", "--run-dir", "/shared/runs/mnist"]
     assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
     assert {"name": "HPCTRAIN_RUN_DIR", "value": "/shared/runs/mnist"} in container["env"]
+    assert {"name": "HPCTRAIN_TIME_LIMIT_S", "value": "3600"} in container["env"]
     assert "live cluster" in proc.stderr
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 

@@ -185,6 +185,32 @@ def test_check_names_missing_namespace_pvc_runtime_and_bad_shm(ctx: Ctx) -> None
     assert ctx.scheduler(api="trainjob", volumes=("nfs:nas:/export:/mnt/runs",)).check(job()) == []
 
 
+def test_check_reads_the_served_crd_and_the_clusters_priority_classes(ctx: Ctx) -> None:
+    """The served TrainJob CRD (Trainer v2.3.0's, CEL stripped for this 1.20 server) declares every field hpctrain
+    writes, the backstop deadline and the runtime patch included (test_k8s_kubeflow_rules.py has the older releases);
+    --priority-class must name a PriorityClass of the cluster, and a params file's priority=N is only a label."""
+    from kubernetes import client
+
+    ctx.node()
+    shared = ("nfs:nas:/export:/mnt/runs",)
+    assert ctx.scheduler(api="trainjob", volumes=shared).check(job(time="01:00:00", exclude_nodes=("gpu07",))) == []
+    scheduling = client.SchedulingV1Api(ctx.api)
+    name = f"{ctx.tag}-batch"
+    scheduling.create_priority_class({"metadata": {"name": name}, "value": 1000})
+    try:
+        assert ctx.scheduler(volumes=shared, priority_class=name).check(job()) == []
+        [refused] = ctx.scheduler(volumes=shared, priority_class=f"{name}-x").check(job())
+        assert re.fullmatch(rf"PriorityClass '{name}-x' does not exist \(the cluster has: .*\b{name} \(1000\).*\): the "
+                            r"API server would refuse every pod of the job; pick one of these with --priority-class", refused)
+        [warned] = ctx.scheduler(volumes=shared, labels=("hpctrain.io/priority=3",)).check(job())
+        assert warned.startswith("warning: priority=3 (the params file) is only the label hpctrain.io/priority: it does "
+                                 "not change scheduling; to schedule by priority add --priority-class NAME (this "
+                                 "cluster has: system-node-critical (2000001000), system-cluster-critical (2000000000)")
+        assert blocking([warned]) == []
+    finally:
+        scheduling.delete_priority_class(name)
+
+
 def test_check_warns_when_the_run_dir_is_not_shared(ctx: Ctx) -> None:
     ctx.node()
     ctx.pvc("scratch", mode="ReadWriteOnce")

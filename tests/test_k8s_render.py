@@ -127,7 +127,7 @@ def test_excluded_nodes_become_a_required_node_affinity(api: str) -> None:
     manifest = render(_job_for(api, "gpu", "multi").replace(exclude_nodes=("gpu07", "gpu12")), golden_options(api, "plain"))
     assert validate_manifest(manifest) == []
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu07", "gpu12"]}]}]}}}
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu07", "gpu12"]}]}]}}}
     found = list(_find_key(manifest, "affinity"))
     assert found and all(a == affinity for a in found), found
     assert len(found) == (2 if api == "pytorchjob" else 1)  # Master and Worker; the runtime patch's one pod spec
@@ -154,8 +154,10 @@ def test_pytorchjob_mapping() -> None:
     master, worker = m["spec"]["pytorchReplicaSpecs"]["Master"], m["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert (master["replicas"], worker["replicas"]) == (1, 2)  # 3 pods: one master, two workers
     assert master["restartPolicy"] == worker["restartPolicy"] == "OnFailure"  # 75 (preempted) must be retried
-    # --max-restarts 3: the operator fails the job when restarts reach backoffLimit, so 3 restarts need 4
-    assert m["spec"]["runPolicy"] == {"backoffLimit": 4, "activeDeadlineSeconds": 7200}
+    # --max-restarts 3 on 3 pods: 3 incidents that restart every pod are 9 restarts, and the operator fails the job
+    # when they *reach* backoffLimit; --time 2:00:00 per attempt (4 attempts) plus a day for the queue
+    assert m["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 10,
+                                      "activeDeadlineSeconds": 4 * 7200 + 24 * 3600}
     assert m["spec"]["nprocPerNode"] == "2"
     pod = master["template"]["spec"]
     container = pod["containers"][0]
@@ -187,8 +189,8 @@ def test_container_command(api: str, command: tuple, nodes: int, nproc: int, exp
     ({"resources": Resources(shards_per_node=4)}, "pytorchjob", "ask for whole GPUs"),
     ({"resources": Resources(gpus_per_node=1, gpu_type="a100")}, "pytorchjob", "--node-selector nvidia.com/gpu.product"),
     ({"resources": Resources(mem="0")}, "pytorchjob", "--mem 0"),
-    ({"name": "Mnist_Run"}, "pytorchjob", "not a valid Kubernetes name"),
-    ({"name": "a" * 51}, "pytorchjob", "at most 50"),
+    ({"name": "Mnist_Run"}, "pytorchjob", "not a valid Kubeflow job name"),
+    ({"name": "a" * 55}, "pytorchjob", "use at most 54"),
     ({"environment": EnvironmentSpec(kind="conda", conda_env="x")}, "pytorchjob", "the image is the environment"),
     ({"sbatch_extra": ("--exclusive",)}, "pytorchjob", "--sbatch options are Slurm's"),
     ({"max_restarts": 2}, "trainjob", "restart budget from the runtime"),

@@ -87,7 +87,8 @@ def test_slurm_says_the_wait_in_its_own_words() -> None:
 def test_debug_preempt_goes_to_the_chosen_scheduler(tmp_path: Path) -> None:
     proc = hpctrain_cli("debug", "preempt", "j", "--scheduler", "kubernetes", cwd=tmp_path, HPCTRAIN_NAMESPACE="ns")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "a Kubernetes job has no time-limit warning to rehearse" in proc.stderr
+    assert "a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), not from outside" \
+        in proc.stderr
     signal = hpctrain_cli("debug", "preempt", "j", "--scheduler", "kubernetes", "--signal", "USR1", cwd=tmp_path)
     assert "--signal is a Slurm option but the job goes to kubernetes" in signal.stderr
 

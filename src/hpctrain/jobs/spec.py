@@ -145,7 +145,8 @@ class JobSpec:
     account: str | None = None
     qos: str | None = None
     time: str | None = None
-    """Time limit in a Slurm form (HH:MM:SS, D-HH, ...); None: the partition's default."""
+    """Time limit in a Slurm form (HH:MM:SS, D-HH, ...); None: the partition's default. The training time of one
+    attempt on either scheduler, warned signal_grace seconds before its end (Kubernetes: by the job's own timer)."""
     resources: Resources = field(default_factory=Resources)
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
     launcher: str = "torchrun"
@@ -155,8 +156,8 @@ class JobSpec:
     sbatch_extra: tuple[str, ...] = ()
     """More sbatch options, one per #SBATCH line, e.g. "--exclusive" or "--constraint=a100"."""
     exclude_nodes: tuple[str, ...] = ()
-    """Nodes the job must not run on, by name (Slurm: --exclude; Kubernetes: a required node affinity, hostname not
-    in them), e.g. those a preflight found sick (RUN/bad_nodes)."""
+    """Nodes the job must not run on, by name (Slurm: --exclude; Kubernetes: a required node affinity, the Node's
+    metadata.name not in them), e.g. those a preflight found sick (RUN/bad_nodes)."""
     env: tuple[tuple[str, str], ...] = ()
     """Environment variables exported before the command starts."""
     run_dir: str | None = None

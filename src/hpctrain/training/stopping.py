@@ -10,6 +10,10 @@ checkpoint the same step and exit.
     SIGTERM  ``scancel``, a node shutdown, torchrun stopping its workers: checkpoint and stop, no requeue.
     SIGINT   Ctrl-C: like SIGTERM; a second Ctrl-C interrupts at once.
 
+On Kubernetes the job's own timer plays Slurm's part: a pod rendered with --time carries HPCTRAIN_TIME_LIMIT_S (the
+training time of one attempt) and HPCTRAIN_TIME_WARNING_S (--signal-grace), and `install` arms a timer that asks the
+run to stop, as SIGUSR1 would, that many seconds before the limit, counted from this process's start.
+
 Once the run has ended (`StopRequest.finish`), these signals are ignored until the process exits: the outcome is
 written, and a time-limit warning or scancel arriving in the last moments must not turn a completed run into one
 killed by a signal (exit 138/143, a failed job).
@@ -23,7 +27,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+import time
+from collections.abc import Mapping
 from enum import IntEnum
 from pathlib import Path
 from types import FrameType
@@ -42,6 +49,8 @@ EXIT_HUNG = 142
 EXIT_SICK_NODE = 144
 
 STOP_REASON_FILE = "stop_reason"
+TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kubernetes.render
+TIME_WARNING_ENV = "HPCTRAIN_TIME_WARNING_S"
 
 
 class StopReason(IntEnum):
@@ -80,6 +89,7 @@ class StopRequest:
         self._signal: int | None = None
         self._previous: dict[int, object] = {}
         self._finished = False
+        self._timer: threading.Timer | None = None
 
     @property
     def reason(self) -> StopReason:
@@ -100,14 +110,46 @@ class StopRequest:
             raise KeyboardInterrupt  # the second Ctrl-C: the user does not want to wait for the checkpoint
         self.request(_SIGNAL_REASONS[signum], signum)
 
-    def install(self) -> StopRequest:
-        """Install the handlers (main thread only; elsewhere this is a no-op and signals keep their defaults)."""
+    def install(self, environ: Mapping[str, str] | None = None) -> StopRequest:
+        """Install the handlers (main thread only; elsewhere this is a no-op and signals keep their defaults), and
+        the time-limit timer where the environment asks for one (see the module docstring)."""
         if threading.current_thread() is threading.main_thread():
             for signum in _SIGNAL_REASONS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+        self.arm_time_limit(os.environ if environ is None else environ)
         return self
 
+    def arm_time_limit(self, environ: Mapping[str, str], started: float | None = None) -> float | None:
+        """Ask for a stop (PREEMPTED: checkpoint, exit 75) HPCTRAIN_TIME_WARNING_S seconds before the end of
+        HPCTRAIN_TIME_LIMIT_S seconds after `started` (default: this process's start). Returns the delay, or None
+        when no timer is asked for (no limit, or a warning of 0 s, which on Slurm too means no warning)."""
+        try:
+            limit, warning = int(environ.get(TIME_LIMIT_ENV, "")), int(environ.get(TIME_WARNING_ENV, "0"))
+        except ValueError:
+            return None
+        if limit <= 0 or warning <= 0 or self._timer is not None:
+            return None
+        begun = process_start_time() if started is None else started
+        delay = max(0.0, begun + limit - warning - time.time())
+
+        def time_up() -> None:
+            if not self._finished:
+                print(f"hpctrain: the time limit ({limit} s of training, {TIME_LIMIT_ENV}) ends in {warning} s: "
+                      "checkpointing and stopping", file=sys.stderr, flush=True)
+                self.request(StopReason.PREEMPTED)
+
+        self._timer = threading.Timer(delay, time_up)
+        self._timer.daemon = True
+        self._timer.start()
+        return delay
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def uninstall(self) -> None:
+        self._disarm()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._previous.clear()
@@ -119,6 +161,7 @@ class StopRequest:
         SIG_IGN rather than a Python handler, because Python resets its handlers to the default action while the
         interpreter shuts down, and the kernel-level ignore also covers those last moments."""
         self._finished = True
+        self._disarm()
         if self._previous and threading.current_thread() is threading.main_thread():
             for signum in self._previous:
                 signal.signal(signum, signal.SIG_IGN)
@@ -129,6 +172,18 @@ class StopRequest:
 
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
+
+
+def process_start_time() -> float:
+    """When this process started (seconds since the epoch), from /proc on Linux; now elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rpartition(")")[2].split()[19])  # field 22, starttime, after the command name
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def agree(local: StopReason, group: object = None) -> StopReason:

@@ -6,6 +6,7 @@ PVCs exist and can be shared; and the warnings that need no cluster (a run dir o
 from __future__ import annotations
 
 import posixpath
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -15,9 +16,20 @@ from hpctrain.schedulers import base
 from hpctrain.schedulers.base import NodeView
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.options import parse_quantity
-from hpctrain.schedulers.kubernetes.validate import validate_manifest
+from hpctrain.schedulers.kubernetes.params import PRIORITY_LABEL
+from hpctrain.schedulers.kubernetes.validate import unknown_fields, validate_manifest
 
 GPU = "nvidia.com/gpu"
+# The first release whose CRD declares a field hpctrain renders (the CRDs of kubeflow/trainer at each tag:
+# manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml): v2.0.x and v2.1.x have no runtimePatches and no
+# activeDeadlineSeconds (v2.1 has podTemplateOverrides instead); v2.2's runtime patch has no
+# terminationGracePeriodSeconds. Every field of a PyTorchJob hpctrain renders is in training-operator v1.7's CRD.
+FIELD_RELEASES = (
+    ("spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec"
+     ".terminationGracePeriodSeconds", "Kubeflow Trainer v2.3.0"),
+    ("spec.runtimePatches", "Kubeflow Trainer v2.2.0"),
+    ("spec.activeDeadlineSeconds", "Kubeflow Trainer v2.2.0"),
+)
 
 
 def _api_error(err: Any, what: str) -> UserError:
@@ -58,7 +70,8 @@ class LiveChecks:
                     for line in validate_manifest(rendered.payload)]
         problems += self._pure_problems(job)
         try:
-            problems += self._crd_problems()
+            problems += self._crd_problems(rendered.payload)
+            problems += self._priority_problems()
             namespace_ok = self._namespace_problems(problems)
             problems += self._node_problems(job)
             if namespace_ok:
@@ -93,7 +106,7 @@ class LiveChecks:
         return any(v.shared and not v.read_only and (path + "/").startswith(posixpath.normpath(v.mount) + "/")
                    for v in self.options.parsed_volumes)
 
-    def _crd_problems(self) -> list[str]:
+    def _crd_problems(self, manifest: dict[str, Any] | None = None) -> list[str]:
         from kubernetes.client.rest import ApiException
 
         name = f"{self.plural}.{self.group}"
@@ -108,6 +121,10 @@ class LiveChecks:
         established = any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
         if not established:
             return [f"the {self.kind} CRD ({name}) is not Established yet: wait, or ask the admin to check it"]
+        if manifest is not None:
+            dropped = self._dropped_fields(crd, manifest)
+            if dropped:
+                return dropped
         if self.options.api == "trainjob":
             try:
                 self.custom.get_cluster_custom_object(self.group, self.version, "clustertrainingruntimes", self.options.runtime)
@@ -117,6 +134,53 @@ class LiveChecks:
                 return [f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes, "
                         "or pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
                         "`kubectl get clustertrainingruntimes` lists"]
+        return []
+
+    def _dropped_fields(self, crd: Any, manifest: dict[str, Any]) -> list[str]:
+        """The served CRD's schema against the manifest: a field it does not declare would be dropped without a word
+        by an API server that predates fieldValidation=Strict (Kubernetes < 1.25), and refused by a newer one."""
+        served = self.extensions.api_client.sanitize_for_serialization(crd)
+        version = next((v for v in served.get("spec", {}).get("versions", [])
+                        if v.get("name") == self.version and v.get("served")), None)
+        name = f"{self.plural}.{self.group}"
+        if version is None:
+            return [f"the cluster's {self.kind} CRD ({name}) does not serve {self.group}/{self.version}, the version "
+                    f"hpctrain writes: upgrade Kubeflow {'Trainer to v2.2.0' if self.kind == 'TrainJob' else 'training-operator'} or later"]
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if not schema:
+            return []
+        paths = unknown_fields(manifest, schema)
+        if not paths:
+            return []
+        needed = [release for field, release in FIELD_RELEASES if any(p.startswith(field) for p in paths)]
+        release = f"{needed[0]} or later" if needed else "a newer Kubeflow release"
+        shown = ", ".join(sorted({re.sub(r"\[\d+\]", "[]", p) for p in paths})[:3])
+        return [f"the cluster's {self.kind} CRD ({name}) has no field {shown}, which this job needs (the API server "
+                f"would drop it): the job needs {release}; ask the admin to upgrade"]
+
+    def _priority_problems(self) -> list[str]:
+        """--priority-class must name a PriorityClass (the API server refuses pods that name another, so the job would
+        wait with no pod); a params file's priority=N is only a label: say which classes would schedule by priority."""
+        from kubernetes.client.rest import ApiException
+
+        wanted = self.options.priority_class
+        labelled = self.options.label_map.get(PRIORITY_LABEL)
+        if wanted is None and labelled is None:
+            return []
+        try:
+            classes = {c.metadata.name: c.value for c in self.scheduling.list_priority_class().items}
+        except ApiException as err:
+            if err.status == 403:  # not allowed to list them: the pods' admission tells
+                return []
+            raise
+        offered = ", ".join(f"{n} ({v})" for n, v in sorted(classes.items(), key=lambda kv: -kv[1])) or "none"
+        if wanted is not None and wanted not in classes:
+            return [f"PriorityClass {wanted!r} does not exist (the cluster has: {offered}): the API server would refuse "
+                    "every pod of the job; pick one of these with --priority-class"]
+        if wanted is None:
+            return [f"{base.WARNING_PREFIX}priority={labelled} (the params file) is only the label {PRIORITY_LABEL}: it "
+                    f"does not change scheduling; to schedule by priority add --priority-class NAME (this cluster has: "
+                    f"{offered})"]
         return []
 
     def _namespace_problems(self, problems: list[str]) -> bool:

@@ -16,6 +16,7 @@ TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 # Kubernetes name rules (apimachinery validation): DNS-1123 labels and subdomains.
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a label that starts with a letter
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)$")
@@ -43,6 +44,13 @@ def check_dns_label(what: str, value: str, fix: str) -> None:
     if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL_RE.match(value):
         raise UserError(f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits and -, "
                         f"starting and ending with a letter or digit, at most 63 characters): {fix}")
+
+
+def check_dns1035_label(what: str, value: str, fix: str) -> None:
+    """A DNS-1035 label (apimachinery IsDNS1035Label): what Kubeflow requires of a job's name."""
+    if not isinstance(value, str) or len(value) > 63 or not _DNS1035_LABEL_RE.match(value):
+        raise UserError(f"{what} {value!r} is not a valid Kubeflow job name (lower-case letters, digits and -, "
+                        f"starting with a letter and ending with a letter or digit, at most 63 characters): {fix}")
 
 
 def check_dns_subdomain(what: str, value: str, fix: str) -> None:

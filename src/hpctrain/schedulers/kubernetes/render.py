@@ -4,9 +4,12 @@ Pure: the manifest depends only on the JobSpec and the KubernetesOptions, never 
 machine. What Kubernetes cannot express (Slurm shards, --mem 0) is a UserError naming the Kubernetes way.
 
 Mapping (one pod per --nodes; the pod runs --nproc-per-node processes):
-  resources       requests = limits (a Guaranteed pod): cpu = cpus_per_task x nproc_per_node, memory = --mem,
-                  nvidia.com/gpu = --gpus-per-node
-  --time          activeDeadlineSeconds;  --max-restarts N -> runPolicy.backoffLimit N + 1 (PyTorchJob; 0 for 0)
+  resources       requests = limits: cpu = cpus_per_task x nproc_per_node, memory = --mem, nvidia.com/gpu =
+                  --gpus-per-node (a Guaranteed pod with --mem, except a PyTorchJob worker: see INIT below)
+  --time          training time per attempt, as on Slurm: HPCTRAIN_TIME_LIMIT_S and HPCTRAIN_TIME_WARNING_S (=
+                  --signal-grace) tell the job's own timer (hpctrain.training.stopping) when to checkpoint and stop;
+                  activeDeadlineSeconds is only a backstop (backstop_deadline_s), with room for the queue
+  --max-restarts  N whole-job incidents: runPolicy.backoffLimit N x pods + 1 (PyTorchJob; 0 for 0; restart_budget)
   --signal-grace  terminationGracePeriodSeconds: the time a pod has after SIGTERM (cancel, eviction) to checkpoint
   --shm           an emptyDir with medium Memory at /dev/shm (the container default of 64M kills DataLoader
                   workers with "Bus error")
@@ -16,17 +19,34 @@ Restarts. Exit status 75 is hpctrain's "preempted, resume me" (EX_TEMPFAIL); 143
 a cancel). Kubeflow's restartPolicy ExitCode treats only exit codes >= 128 as retryable and 1-127 as permanent
 (training-operator v1.x, pkg/util/train/train_util.go: IsRetryableExitCode returns exitCode >= 128), so it
 would end a preempted job (75) for good. We therefore render restartPolicy OnFailure: every non-zero exit
-restarts the replica, within backoffLimit, and the restarted process resumes from the newest checkpoint in the
-run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that budget is
---max-restarts (default 0: no restart at all). training-operator v1 fails a job once the restart counts of its
-running pods *reach* backoffLimit (common/job.go, PastBackoffLimit: `result >= backoffLimit`; `> 0` for 0), i.e.
-at the Nth restart of a limit N, so N restarts that each may run to the end need a limit of N + 1.
+restarts the replica, within backoffLimit (restart_budget), and the restarted process resumes from the newest
+checkpoint in the run directory. The price: a bad argument (exit 2) is retried too, until the budget is spent; that
+budget is --max-restarts (default 0: the job fails at the first restart). An evicted pod (preemption) is made
+again by the controller, a new pod with no restarts, so it costs nothing.
 
 Processes. A pod runs the command once. `hpctrain ...` commands fan out themselves: they read RANK, WORLD_SIZE
 and PET_NPROC_PER_NODE (PyTorchJob) and start the local workers (hpctrain.distributed.kubeflow_node_plan).
 Other commands with several processes per pod, and every multi-process TrainJob (whose runtime sets only the
 PET_* variables), run under `torchrun --no-python`, which takes --nnodes, --nproc-per-node, --node-rank and the
 master address from the PET_* variables Kubeflow sets.
+
+Ended jobs. runPolicy.cleanPodPolicy Running: when a PyTorchJob ends (succeeded, failed, past its backoffLimit or
+activeDeadlineSeconds) the controller deletes its running and pending pods, so nothing keeps a GPU, and keeps the
+Succeeded/Failed ones, whose logs stay readable (training-operator v1.9, pkg/controller.v1/common/job.go
+DeletePodsAndServices; the defaulter's None, pkg/apis/kubeflow.org/v1/pytorch_defaults.go, deletes nothing, and from
+v1.9.4 a job failed at its deadline or backoff limit is left with its OnFailure pods running on their GPUs). The
+pods of a job that failed at its backoff limit are restarting in place, so they are running and go, logs and all, as
+every pod of such a job did up to v1.9.3 whatever the policy (ReconcileJobs deleted them before the job was marked
+Failed, when DeletePodsAndServices ignores the policy): `status` then knows no exit status.
+
+INIT. training-operator v1 adds an init container `init-pytorch` to every Worker pod (pkg/controller.v1/pytorch/
+initcontainer.go, v1.7-v1.9): the operator's --pytorch-init-container-image (default alpine:3.10), requests below its
+limits (so the worker pod is Burstable), looping `nslookup JOB-master-0` --pytorch-init-container-max-tries times (100,
+about 200 s), then failing. A failed init container restarts, and once the pod runs its restarts count in the backoff
+limit (pkg/core/job.go PastBackoffLimit sums init and main containers of running pods), so a worker that waits longer
+for a master still Pending would fail a job with --max-restarts 0. hpctrain's worker template therefore starts with
+its own init container `wait-for-master` (the job's image, requests = limits) that waits for the master's name
+without a limit; the operator's then resolves it at its first try. Only activeDeadlineSeconds bounds that wait.
 """
 
 from __future__ import annotations
@@ -41,17 +61,39 @@ from hpctrain.errors import UserError
 from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns_label
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns1035_label
+from hpctrain.training.stopping import TIME_LIMIT_ENV, TIME_WARNING_ENV
 
 PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
 CONTAINER_PYTORCHJOB = "pytorch"  # the PyTorchJob controller finds the training container by this name
 CONTAINER_TRAINJOB = "node"  # the torch-distributed runtime's replicated job and container are called `node`
-HOSTNAME_LABEL = "kubernetes.io/hostname"  # the well-known node label --exclude-nodes matches
 RESTART_POLICY = "OnFailure"  # see the module docstring: ExitCode would treat exit 75 as permanent
+CLEAN_POD_POLICY = "Running"  # see the module docstring: frees the GPUs of an ended job, keeps its logs
 SHM_VOLUME = "dshm"
 DEFAULT_GRACE_S = 30  # Kubernetes' own default, when --signal-grace is 0
+# Trainer's JobSet plugin refuses a runtime patch whose manager is not a domain-prefixed path such as acme.io/foo
+# (kubeflow/trainer v2.2.0+, pkg/runtime/framework/plugins/jobset/jobset.go: validation.IsDomainPrefixedPath).
+PATCH_MANAGER = "hpctrain.io/hpctrain"
+QUEUE_SLACK_S = 24 * 3600  # the backstop deadline's room for queueing (PyTorchJob: from the first reconcile)
+INIT_CONTAINER = "wait-for-master"
+INIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
+# Waits, without a limit, until the master's name (argv[1]) resolves: a Python every training image has, and no
+# shell, so the job name is an argument, never code.
+WAIT_FOR_MASTER = ("import socket, sys, time\n"
+                   "while True:\n"
+                   "    try:\n"
+                   "        socket.getaddrinfo(sys.argv[1], None)\n"
+                   "        break\n"
+                   "    except OSError:\n"
+                   "        print('hpctrain: waiting for', sys.argv[1], flush=True)\n"
+                   "        time.sleep(2)\n")
+# The longest names Kubeflow derives from a job's name must stay DNS labels (at most 63 characters):
+# PyTorchJob: pods and Services JOB-master-0, JOB-worker-N (training-operator v1, common/util replica names);
+# TrainJob: JobSet's webhook checks JOB-node-0-<numNodes - 1> plus a 5-character random suffix (kubernetes-sigs/jobset
+# v0.12.0, pkg/webhooks/jobset_webhook.go, placement.GenPodName + "-abcde").
+MAX_NAME = 63
 
 
 def api_of(options: KubernetesOptions) -> tuple[str, str, str, str]:
@@ -97,7 +139,27 @@ def container_command(job: JobSpec, options: KubernetesOptions) -> list[str]:
         wrap = r.nproc_per_node > 1 and not is_hpctrain_command(job.command)
     else:
         wrap = r.nodes * r.nproc_per_node > 1
-    return (["torchrun", "--no-python"] if wrap else []) + list(job.command)
+    return (["torchrun", "--no-python"] if wrap else []) + _recipe_command(job)
+
+
+def _recipe_command(job: JobSpec) -> list[str]:
+    """The command, with a recipe's --run-dir expanded as the pods see it (%j: the job name), as the Slurm renderer
+    expands it to the job id: the recipe then trains where HPCTRAIN_RUN_DIR, `status` and resubmission look."""
+    command = list(job.command)
+    directory = run_dir(job)
+    if not job.is_recipe or directory is None:
+        return command
+    out = command[:2]
+    args = iter(command[2:])
+    for arg in args:
+        if arg == "--run-dir":
+            out += [arg, directory]
+            next(args, None)
+        elif arg.startswith("--run-dir="):
+            out.append(f"--run-dir={directory}")
+        else:
+            out.append(arg)
+    return out
 
 
 # JobSpec fields that only Slurm reads (flag for the message), refused when not at their default.
@@ -108,11 +170,14 @@ _SLURM_ONLY = {"partition": "--partition", "account": "--account", "qos": "--qos
 
 
 def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
-    check_dns_label("--job-name", job.name, "pick a name such as mnist-run-1")
-    if len(job.name) > 50:
-        # Pod and service names append -master-0 / -worker-NNN / -node-0-0 and must stay within 63 characters.
-        raise UserError(f"--job-name {job.name!r} is {len(job.name)} characters; Kubeflow appends replica suffixes "
-                        "to pod names, which must stay within 63: use at most 50")
+    # PyTorchJob: the webhook's NameIsDNS1035Label (training-operator v1.9, pkg/webhooks/pytorch/pytorchjob_webhook.go);
+    # TrainJob: the CRD's CEL rule `self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')` (Trainer v2.3.0).
+    check_dns1035_label("--job-name", job.name, "pick a name such as mnist-run-1")
+    longest = longest_derived_name(job.name, options.api, job.resources.nodes)
+    if len(longest) > MAX_NAME:
+        limit = len(job.name) - (len(longest) - MAX_NAME)
+        raise UserError(f"--job-name {job.name!r} is {len(job.name)} characters; Kubeflow names this job's pods like "
+                        f"{longest} ({len(longest)} characters, at most {MAX_NAME} allowed): use at most {limit}")
     if options.image is None:
         raise UserError("Kubernetes runs every replica in a container: give --image (an image with PyTorch and hpctrain)")
     r = job.resources
@@ -148,6 +213,32 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
                         "a PyTorchJob has none: drop it, or use --k8s-api trainjob")
 
 
+def longest_derived_name(name: str, api: str, nodes: int) -> str:
+    """The longest pod or Service name Kubeflow derives from the job name (see MAX_NAME)."""
+    if api == "pytorchjob":
+        return f"{name}-worker-{nodes - 2}" if nodes > 1 else f"{name}-master-0"
+    return f"{name}-{CONTAINER_TRAINJOB}-0-{nodes - 1}-xxxxx"  # xxxxx: the pod name's random suffix
+
+
+def restart_budget(job: JobSpec) -> int:
+    """runPolicy.backoffLimit for --max-restarts N whole-job incidents. training-operator v1 compares the limit
+    with the restart counts summed over every container of every running pod and fails the job when the sum *reaches*
+    it (v1.9, pkg/core/job.go PastBackoffLimit: `result >= backoffLimit`, `> 0` for 0). One incident (a rank dies,
+    the others' collectives fail) restarts every pod once: N incidents are N x pods restarts, which must stay below
+    the limit. An incident that restarts fewer pods costs less, so at least N incidents fit."""
+    return job.max_restarts * job.resources.nodes + 1 if job.max_restarts else 0
+
+
+def backstop_deadline_s(job: JobSpec) -> int | None:
+    """activeDeadlineSeconds: a backstop behind the job's own timer, never the time limit itself. Kubernetes counts
+    it from the job's start (PyTorchJob: status.startTime, set at the first reconcile, before any pod is scheduled;
+    TrainJob: its creation), queueing included; each attempt (the first and one per allowed restart) may train for
+    --time, and QUEUE_SLACK_S leaves room for the queue."""
+    if job.time_limit_s is None:
+        return None
+    return job.time_limit_s * (job.max_restarts + 1) + QUEUE_SLACK_S
+
+
 def quantity_mb(mb: int) -> str:
     return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
 
@@ -172,6 +263,9 @@ def _env(job: JobSpec) -> list[dict[str, Any]]:
     env.append({"name": AUTO_RESUME_VAR, "value": "1"})
     # The pod's host name is the pod's own: the preflight names a sick node by this (what --exclude-nodes takes).
     env.append({"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    if job.time_limit_s is not None:  # the job's own timer: warn --signal-grace before the end of --time
+        env.append({"name": TIME_LIMIT_ENV, "value": str(job.time_limit_s)})
+        env.append({"name": TIME_WARNING_ENV, "value": str(job.signal_grace)})
     return env
 
 
@@ -200,8 +294,10 @@ def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     """Pod spec fields shared by both APIs (apart from containers and volumes)."""
     out = pod_placement(options)
     if job.exclude_nodes:  # --exclude-nodes: the scheduler must not place any pod there
+        # By the Node object's own name (matchFields metadata.name), not the kubernetes.io/hostname label, which
+        # may differ from it and, as a label value, cannot hold names over 63 characters.
         out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(job.exclude_nodes)}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": list(job.exclude_nodes)}]},
         ]}}}
     out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
     return out
@@ -248,16 +344,25 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     template = {"metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}
     replicas = {"Master": {"replicas": 1, "restartPolicy": RESTART_POLICY, "template": template}}
     if r.nodes > 1:
-        replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": RESTART_POLICY, "template": template}
-    run_policy: dict[str, Any] = {"backoffLimit": job.max_restarts + 1 if job.max_restarts else 0}
-    if job.time_limit_s is not None:
-        run_policy["activeDeadlineSeconds"] = job.time_limit_s
+        worker = {"metadata": template["metadata"], "spec": {"initContainers": [_wait_for_master(job, options)], **pod_spec}}
+        replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": RESTART_POLICY, "template": worker}
+    run_policy: dict[str, Any] = {"cleanPodPolicy": CLEAN_POD_POLICY, "backoffLimit": restart_budget(job)}
+    deadline = backstop_deadline_s(job)
+    if deadline is not None:
+        run_policy["activeDeadlineSeconds"] = deadline
     return {
         "apiVersion": f"{group}/{version}",
         "kind": kind,
         "metadata": _metadata(job, options),
         "spec": {"nprocPerNode": str(r.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
     }
+
+
+def _wait_for_master(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
+    """A worker's first init container: waits for the master's name (see INIT in the module docstring)."""
+    return {"name": INIT_CONTAINER, "image": options.image,
+            "command": ["python3", "-c", WAIT_FOR_MASTER, f"{job.name}-master-0"],
+            "resources": {"requests": dict(INIT_RESOURCES), "limits": dict(INIT_RESOURCES)}}
 
 
 def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
@@ -283,13 +388,14 @@ def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         "runtimeRef": {"apiGroup": group, "kind": "ClusterTrainingRuntime", "name": options.runtime},
         "trainer": trainer,
         "runtimePatches": [{
-            "manager": "hpctrain",
+            "manager": PATCH_MANAGER,
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
                 {"name": CONTAINER_TRAINJOB, "template": {"spec": {"template": {
                     "metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}}}},
             ]}}},
         }],
     }
-    if job.time_limit_s is not None:
-        spec["activeDeadlineSeconds"] = job.time_limit_s
+    deadline = backstop_deadline_s(job)
+    if deadline is not None:
+        spec["activeDeadlineSeconds"] = deadline
     return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": _metadata(job, options), "spec": spec}

@@ -91,6 +91,14 @@ class KubernetesScheduler(LiveChecks):
 
         return translating(client.ApiextensionsV1Api(self.api_client))
 
+    @functools.cached_property
+    def scheduling(self) -> Any:
+        from kubernetes import client
+
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        return translating(client.SchedulingV1Api(self.api_client))
+
     @property
     def namespace(self) -> str:
         return self.options.namespace
@@ -155,8 +163,10 @@ class KubernetesScheduler(LiveChecks):
         from kubernetes.client.rest import ApiException
 
         manifest = rendered.payload
+        # Strict: a server that knows fieldValidation (Kubernetes 1.25+) refuses a field the cluster's CRD lacks
+        # instead of dropping it; an older one ignores the parameter, and `check` compares the served schema.
         create = functools.partial(self.custom.create_namespaced_custom_object, self.group, self.version,
-                                   self.namespace, self.plural, manifest)
+                                   self.namespace, self.plural, manifest, field_validation="Strict")
         try:
             try:
                 created = create()
@@ -347,9 +357,9 @@ class KubernetesScheduler(LiveChecks):
 
     def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
                 timeout_s: float = 600.0) -> int:
-        raise UserError("a Kubernetes job has no time-limit warning to rehearse: `hpctrain cancel` (its pods get "
-                        "SIGTERM and --signal-grace to checkpoint) or deleting one pod (`kubectl delete pod`) "
-                        "rehearses a restart")
+        raise UserError("a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), "
+                        "not from outside: `hpctrain cancel` (its pods get SIGTERM and --signal-grace to checkpoint) "
+                        "or deleting one pod (`kubectl delete pod`) rehearses a restart")
 
     # ---- cluster view ----------------------------------------------------------------------------------------
 

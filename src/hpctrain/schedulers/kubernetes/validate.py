@@ -60,3 +60,26 @@ def validate_manifest(manifest: dict[str, Any]) -> list[str]:
         return [f"apiVersion/kind {key[0]}/{key[1]} has no vendored CRD: hpctrain validates {known}"]
     errors = sorted(_validator(CRD_FILES[key]).iter_errors(manifest), key=lambda e: list(map(str, e.absolute_path)))
     return [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors]
+
+
+def unknown_fields(manifest: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """The paths (`spec.runtimePatches`) of the manifest's fields that a CRD's structural schema does not declare:
+    what the API server prunes without a word (or, asked for fieldValidation=Strict, refuses)."""
+    if not isinstance(schema, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    out: list[str] = []
+    if isinstance(manifest, dict):
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in manifest.items():
+            where = f"{path}.{key}" if path else key
+            if properties is not None and key in properties:
+                out += unknown_fields(value, properties[key], where)
+            elif isinstance(extra, dict):
+                out += unknown_fields(value, extra, where)
+            elif properties is not None and extra is not True:
+                out.append(where)
+    elif isinstance(manifest, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(manifest):
+            out += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return out
