@@ -128,3 +128,22 @@ def test_a_bad_node_list_is_read_as_hostlists_and_never_excludes_more_than_the_p
     job = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j", resources=Resources(nodes=2))
     assert _excluded(tmp_path, job, bad, partition) == expected
     assert not (tmp_path / "pwned").exists()
+
+
+def test_submit_says_in_one_line_what_the_warning_will_do(tmp_path: Path) -> None:
+    from hpctrain.schedulers.slurm.local import warning_note
+
+    (tmp_path / "lib.py").write_text("from hpctrain.training import StopRequest\nstop = StopRequest().install()\n")
+    (tmp_path / "plain.py").write_text("import time\ntime.sleep(9)\n")
+    job = _job()
+    [uses] = warning_note(job, (str(tmp_path / "lib.py"),))
+    assert uses == (f"note: time limit: SIGUSR1 60 s before it goes to your program once it installs "
+                    f"hpctrain.training.StopRequest (as {tmp_path / 'lib.py'} does); the job requeues itself only if "
+                    "the program then says its state is saved (announce_stop), at most 3 times")
+    [plain] = warning_note(job, (str(tmp_path / "plain.py"),))
+    assert plain.startswith(f"note: time limit: {tmp_path / 'plain.py'} does not use hpctrain.training.StopRequest, "
+                            "which says it handles SIGUSR1; a program that does not say so gets no SIGUSR1")
+    assert warning_note(job.replace(signal_grace=0)) == [
+        "note: time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
+    [recipe] = warning_note(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j"))
+    assert "the run gets SIGUSR1 120 s before it, checkpoints and stops" in recipe

@@ -194,9 +194,11 @@ def test_dry_run_says_which_checks_it_skipped(fake_sbatch: Path, fashion_data_di
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.out.startswith("# sbatch --parsable")
-    assert [line for line in captured.err.splitlines()] == [f"hpctrain submit: {SKIPPED} (partition, time limit, nodes "
-                                                            "and their GPUs, CPUs and memory); `hpctrain check` with "
-                                                            "the same options runs them"]
+    assert [line for line in captured.err.splitlines()] == [
+        "hpctrain submit: note: time limit: the run gets SIGUSR1 120 s before it, checkpoints and stops, and the job "
+        "requeues itself (at most 3 times, --max-requeues)",
+        f"hpctrain submit: {SKIPPED} (partition, time limit, nodes and their GPUs, CPUs and memory); `hpctrain check` "
+        "with the same options runs them"]
 
 
 @pytest.mark.parametrize("mem,warned", [("16", True), ("512", True), ("4000", False), ("16G", False), ("0", False)])

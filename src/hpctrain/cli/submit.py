@@ -320,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         report_problems("submit", problems + verdict + notes + [sched.dry_run_note])
         return 2 if verdict else 0
     cluster = [] if args.no_check else sched.check(job)
-    report_problems("submit", [p for p in problems + cluster if p.startswith(base.WARNING_PREFIX)])
+    report_problems("submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.NOTE_PREFIX))])
     if blocking := base.blocking(problems + cluster):
         hint = " (fix the above, or pass --no-check to skip the cluster checks)" if base.blocking(cluster) else " (fix the above)"
         report_problems("submit", blocking + ["nothing was submitted" + hint])
