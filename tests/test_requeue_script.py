@@ -147,3 +147,27 @@ def test_submit_says_in_one_line_what_the_warning_will_do(tmp_path: Path) -> Non
         "note: time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
     [recipe] = warning_note(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j"))
     assert "the run gets SIGUSR1 120 s before it, checkpoints and stops" in recipe
+
+
+def test_a_recipe_into_a_run_directory_of_an_earlier_run_is_refused_before_queueing(tmp_path: Path, monkeypatch,
+                                                                                    capsys) -> None:
+    """`train` refuses a run directory with checkpoints unless --resume: the check says so before the queue does."""
+    from hpctrain.checkpoint.files import NAME_PATTERN
+    from hpctrain.cli import main
+    from hpctrain.schedulers.slurm import local
+    from hpctrain.training.rundir import CHECKPOINT_DIR
+
+    assert (local.CHECKPOINT_NAME.pattern, local.CHECKPOINT_DIR) == (NAME_PATTERN.pattern, CHECKPOINT_DIR)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "done" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "done" / "checkpoints" / "checkpoint_epoch_1.pt").write_bytes(b"x")
+    argv = ["submit", "--dry-run", "train", "imagenet", "--synthetic", "--run-dir", "done"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert ("hpctrain submit: --run-dir done already holds checkpoints of an earlier run, which the job's `train` "
+            "would refuse after waiting in the queue: pass --resume (after the recipe: `train imagenet --resume ...`) "
+            "to continue it, or choose another --run-dir for a new run") in err
+    main([*argv, "--resume"])
+    assert "already holds checkpoints" not in capsys.readouterr().err
+    assert main(["submit", "--dry-run", "train", "imagenet", "--synthetic", "--run-dir", "new"]) == 0, capsys.readouterr().err

@@ -6,9 +6,11 @@ them (SlurmScheduler.local_check); checks.py holds those against the live cluste
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -31,6 +33,7 @@ def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
             check_data(recipe)
         except UserError as err:
             problems.append(str(err))
+        problems += earlier_run_problems(job, recipe)
         r = job.resources
         if recipe.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
             problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
@@ -41,6 +44,28 @@ def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
 
 
 SCRIPT_SCAN_BYTES = 1 << 20
+# hpctrain.checkpoint.files.NAME_PATTERN and training.rundir.CHECKPOINT_DIR (both modules import torch, which the
+# submitting host need not have); tests/test_requeue_script.py checks that they agree.
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(epoch|step)_(\d+)\.pt$")
+CHECKPOINT_DIR = "checkpoints"
+
+
+def earlier_run_problems(job: JobSpec, recipe: Any) -> list[str]:
+    """A recipe's run directory that already holds an earlier run's checkpoints, without --resume: `train` refuses
+    it, and so does the check, before the job waits in the queue. (A run directory with %j is new for every job.)"""
+    if recipe.resume is not None or job.run_dir is None or "%j" in job.run_dir:
+        return []
+    run_dir = Path(os.path.expanduser(job.run_dir))
+    folder = run_dir if run_dir.name == CHECKPOINT_DIR else run_dir / CHECKPOINT_DIR
+    try:
+        held = any(CHECKPOINT_NAME.match(entry.name) for entry in os.scandir(folder))
+    except OSError:
+        return []
+    if not held:
+        return []
+    return [f"--run-dir {job.run_dir} already holds checkpoints of an earlier run, which the job's `train` would "
+            f"refuse after waiting in the queue: pass --resume (after the recipe: `train {recipe.workload} --resume "
+            "...`) to continue it, or choose another --run-dir for a new run"]
 
 
 def warning_note(job: JobSpec, paths: tuple[str, ...] = ()) -> list[str]:
