@@ -18,6 +18,7 @@ from hpctrain.jobs.spec import JobSpec, local_problems
 from hpctrain.schedulers.base import NOTE_PREFIX
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
+from hpctrain.schedulers.slurm.interpreter import interpreter_problems
 
 
 def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
@@ -41,6 +42,17 @@ def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
     problems += check_here(requirements)
     problems += program_problems(job, environ)
     return problems + warning_note(job, requirements.paths)
+
+
+def _python_of(first: str, search: str) -> str | None:
+    """The interpreter a command's first word names (`python3`, `/opt/venv/bin/python`), as the job's PATH finds
+    it; None for another program."""
+    if not os.path.basename(first).startswith("python"):
+        return None
+    if "/" in first:
+        path = os.path.expanduser(first)
+        return path if os.access(path, os.X_OK) else None
+    return shutil.which(first, path=search)
 
 
 SCRIPT_SCAN_BYTES = 1 << 20
@@ -113,6 +125,9 @@ def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     if "/" not in first and not (first == "hpctrain" and job.python is not None):
         names.append(first)
     search = os.pathsep.join(os.path.expanduser(d) for d in dirs)
+    interpreter = job.python if job.is_recipe else _python_of(first, search)
+    if interpreter is not None:
+        problems += interpreter_problems(job, interpreter, {**environ, **dict(job.env), "PATH": search})
     for name in dict.fromkeys(names):
         if shutil.which(name, path=search) is not None:
             continue
