@@ -39,11 +39,6 @@ def restart_budget(job: JobSpec) -> int:
         job.max_preemptions)
 
 
-def passes_warning_on(job: JobSpec) -> bool:
-    """Whether the script can pass the warning on (a user's command: once it has said so in its run directory)."""
-    return job.is_recipe or job.run_dir is not None
-
-
 def warning_lines(job: JobSpec) -> list[str]:
     """The shell functions the USR1 trap calls: pass the warning on to the step, or say why not."""
     if job.is_recipe:
