@@ -299,3 +299,18 @@ def test_a_docker_image_reference_gets_the_pull_command_instead_of_failing_on_th
     err = capsys.readouterr().err
     assert "hpctrain image pull docker://nvcr.io/nvidia/pytorch:24.04-py3 --to DIR" in err
     assert len(err.splitlines()) == 1
+
+
+def test_train_synthetic_on_the_cpu_says_how_long_an_epoch_takes(capsys, monkeypatch) -> None:
+    from hpctrain.cli.train import _warn_synthetic_on_cpu, config_from_argv
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    _warn_synthetic_on_cpu(config_from_argv(["imagenet", "--synthetic", "--device", "cpu"]), None)
+    err = capsys.readouterr().err
+    assert err.startswith("hpctrain: warning: --synthetic on the CPU: an epoch is 1,281,167 images of resnet50 at "
+                          "224 px, about "), err
+    _warn_synthetic_on_cpu(config_from_argv(["imagenet", "--synthetic", "--device", "cpu", "--train-limit", "256"]),
+                           None)
+    assert capsys.readouterr().err == ""
