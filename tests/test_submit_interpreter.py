@@ -50,6 +50,8 @@ def test_a_python_without_torch_on_the_jobs_path_is_refused_naming_the_fix(bare_
 
 def test_a_module_the_script_imports_that_the_jobs_python_lacks_is_named(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
+    """Only torch blocks: a script may extend sys.path to find its other modules, which is read here only roughly."""
     (tmp_path / "train.py").write_text("import torch\nimport no_such_package_here\n")
-    assert main(["submit", "--dry-run", "--", sys.executable, "train.py"]) == 2
-    assert "cannot import no_such_package_here, which train.py imports" in capsys.readouterr().err
+    assert main(["submit", "--dry-run", "--", sys.executable, "train.py"]) == 0
+    assert (f"hpctrain submit: warning: {sys.executable} (the Python the job will run) cannot import "
+            "no_such_package_here, which train.py imports") in capsys.readouterr().err

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.base import NOTE_PREFIX
+from hpctrain.schedulers.base import NOTE_PREFIX, WARNING_PREFIX
 
 PROBE_TIMEOUT_S = 120.0
 SCRIPT_READ_BYTES = 1 << 20
@@ -70,7 +70,7 @@ def script_imports(path: Path) -> list[str]:
 
 def interpreter_problems(job: JobSpec, interpreter: str, environ: Mapping[str, str]) -> list[str]:
     """One line naming the fix when `interpreter` (the job's, resolved as its PATH finds it) lacks a module the
-    job needs; a note when it could not be asked."""
+    job needs (torch: refused; another module: a warning); a note when it could not be asked."""
     script, modules = needed_modules(job)
     if not modules:
         return []
@@ -84,12 +84,14 @@ def interpreter_problems(job: JobSpec, interpreter: str, environ: Mapping[str, s
         return [f"{NOTE_PREFIX}could not ask {interpreter} whether it has {', '.join(modules)} ({err})"]
     if not missing:
         return []
+    # Only torch blocks: a script may find its other modules in ways read here only roughly (a sys.path it extends).
+    prefix = "" if "torch" in missing else WARNING_PREFIX
     what = "torch, which every hpctrain training needs" if job.is_recipe else (
         f"{', '.join(missing)}, which {script or job.command[2]} imports")
     here = "" if _missing(sys.executable, where, missing, environ) else (
         f"; the Python running hpctrain has {'it' if len(missing) == 1 else 'them'}: -- {sys.executable} "
         f"{' '.join(job.command[1:2])} ...")
-    return [f"{interpreter} (the Python the job will run) cannot import {what}, so the job would fail at once with "
+    return [f"{prefix}{interpreter} (the Python the job will run) cannot import {what}, so the job would fail at once with "
             f"\"No module named '{missing[0]}'\": activate the environment that has it before submitting (source "
             f"VENV/bin/activate), name it (--venv DIR or --conda-env), or run that environment's python by its "
             f"path{here}"]
@@ -100,7 +102,8 @@ class BrokenTorch(Exception):
 
 
 def _missing(interpreter: str, where: str, modules: list[str], environ: Mapping[str, str]) -> list[str]:
-    if os.path.realpath(interpreter) == os.path.realpath(sys.executable):
+    if os.path.realpath(interpreter) == os.path.realpath(sys.executable) and environ.get("PYTHONPATH") == os.environ.get(
+            "PYTHONPATH"):
         return [m for m in modules if importlib.util.find_spec(m) is None
                 and importlib.machinery.PathFinder.find_spec(m, [where]) is None]
     proc = subprocess.run([interpreter, "-c", PROBE, where, *modules], capture_output=True, text=True,
