@@ -4,28 +4,29 @@
     torchrun --standalone --nproc-per-node 2 examples/ddp_user_script.py --run-dir runs/demo
     srun -N2 --ntasks-per-node=1 python examples/ddp_user_script.py --run-dir runs/demo
 
+    hpctrain submit --nodes 2 --nproc-per-node 2 --time 30 -- python examples/ddp_user_script.py
+
 Launching it again with the same --run-dir resumes from the newest complete checkpoint, whatever the
 number of processes was before. SIGUSR1 (Slurm's time-limit warning) or SIGTERM (scancel) makes every rank stop after
-the same step, with a checkpoint, so a resumed run loses nothing. The model and data are toys; the point
-is the few lines around them.
+the same step, with a checkpoint, so a resumed run loses nothing; under `hpctrain submit` the job then requeues
+itself (the script said it handles SIGUSR1 by installing StopRequest, and that its state is saved with
+announce_stop). A rank that hangs is reported as the built-in recipes' are (health_watch). The model and data are
+toys; the point is the few lines around them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
-import time
-from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain import checkpoint
 from hpctrain.distributed import all_reduce_mean, barrier, destroy_process_group, setup
-from hpctrain.health import ProgressRecorder, Watchdog, dump_stacks
-from hpctrain.training import StepVote, StopReason, StopRequest
+from hpctrain.training import StepVote, StopReason, StopRequest, announce_stop
+from hpctrain.training.script_watch import health_watch
 
 
 def make_data(n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +39,10 @@ def make_data(n: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", required=True, help="checkpoints go to RUN_DIR/checkpoints (shared by all nodes)")
+    job_run_dir = os.environ.get("HPCTRAIN_RUN_DIR")  # the job's run directory, under `hpctrain submit`
+    parser.add_argument("--run-dir", required=job_run_dir is None, default=job_run_dir,
+                        help="checkpoints go to RUN_DIR/checkpoints (shared by all nodes; default under `hpctrain "
+                        "submit`: the job's run directory)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dist-init-method", default=None, help="env, slurm, tcp://HOST:PORT or file:///PATH")
@@ -83,42 +87,42 @@ def main() -> None:
         x, y = x[env.rank :: env.world_size].to(device), y[env.rank :: env.world_size].to(device)
         batches = range(0, len(x), 64)
 
-        # 5. Health: a live record per rank (RUN/progress/rank-N.json, what `hpctrain top` shows) and a watchdog
-        # thread that, when no step completes in time, leaves this rank's stacks in RUN/hang/ and ends the process.
-        progress = ProgressRecorder(Path(args.run_dir), env.rank, env.world_size, socket.gethostname(), len(batches))
-
-        def hung(quiet_s: float, limit_s: float) -> None:
-            where = Path(args.run_dir) / "hang" / f"rank-{env.rank}.txt"
-            dump_stacks(where, f"rank {env.rank}: no step for {quiet_s:.0f} s (limit {limit_s:.0f} s)")
-            progress.phase("hung")
-            os._exit(142)
-
-        watchdog = Watchdog(args.hang_timeout, long_s=660.0, on_hang=hung).start()
-        for epoch in range(start_epoch, args.epochs):
-            vote = StepVote()
-            for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
-                i, started = batches[b], time.perf_counter()
-                loss = torch.nn.functional.mse_loss(trained(x[i : i + 64]), y[i : i + 64])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                # 6. All ranks agree whether any was told to stop: one tiny collective every few steps (as many as
-                # fit in 50 ms; always on an epoch's last step), at the same steps on every rank. On NCCL the vote
-                # goes over a gloo group made for it, so it never waits for the GPU.
-                reason = vote.after_step(stop.reason, settle=b + 1 == len(batches))
-                watchdog.beat()
-                progress.step(epoch + 1, epoch * len(batches) + b + 1, b + 1, len(x[i : i + 64]),
-                              time.perf_counter() - started, data_s=0.0, compute_s=0.0)
-                if reason is not StopReason.NONE:
-                    save(epoch, b + 1, f"checkpoint_step_{epoch * len(batches) + b + 1}.pt")
-                    print(f"[rank {env.rank}] stopping ({reason.label}) after a checkpoint", flush=True)
-                    sys.exit(reason.exit_code)  # 75 after a time-limit warning, 143 after SIGTERM
-            mean_loss = all_reduce_mean(loss).item()
-            save(epoch + 1, 0, f"checkpoint_epoch_{epoch + 1}.pt")
+        # 5. Health, as the built-in recipes have it: a live record per rank (RUN/progress/, what `hpctrain top`
+        # shows), answers to `hpctrain debug stacks`, and on a hang every rank's stacks in RUN/hang/, a report naming
+        # the rank that never arrived, and exit status 142 (under `hpctrain submit`: a restart from the checkpoint).
+        watch = health_watch(args.run_dir, env, device, model, len(batches), hang_timeout=args.hang_timeout)
+        phase = "stopped"
+        try:
+            for epoch in range(start_epoch, args.epochs):
+                vote = StepVote()
+                for b in range(start_batch if epoch == start_epoch else 0, len(batches)):
+                    i = batches[b]
+                    loss = torch.nn.functional.mse_loss(trained(x[i : i + 64]), y[i : i + 64])
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    # 6. All ranks agree whether any was told to stop: one tiny collective every few steps (as many
+                    # as fit in 50 ms; always on an epoch's last step), at the same steps on every rank. On NCCL the
+                    # vote goes over a gloo group made for it, so it never waits for the GPU.
+                    reason = vote.after_step(stop.reason, settle=b + 1 == len(batches))
+                    watch.step(epoch, epoch * len(batches) + b + 1, b + 1, len(x[i : i + 64]), data_wait_s=0.0)
+                    if reason is not StopReason.NONE:
+                        with watch.long_phase("checkpoint"):
+                            save(epoch, b + 1, f"checkpoint_step_{epoch * len(batches) + b + 1}.pt")
+                        if env.is_main:  # the state is saved: say so, for the batch script (preempted: requeue me)
+                            announce_stop(reason, args.run_dir)
+                        print(f"[rank {env.rank}] stopping ({reason.label}) after a checkpoint", flush=True)
+                        sys.exit(reason.exit_code)  # 75 after a time-limit warning, 143 after SIGTERM
+                mean_loss = all_reduce_mean(loss).item()
+                with watch.long_phase("checkpoint"):
+                    save(epoch + 1, 0, f"checkpoint_epoch_{epoch + 1}.pt")
+                if env.is_main:
+                    print(f"epoch {epoch + 1} loss {mean_loss:.6f}", flush=True)
             if env.is_main:
-                print(f"epoch {epoch + 1} loss {mean_loss:.6f}", flush=True)
-        watchdog.stop()
-        progress.phase("finished")
+                announce_stop(StopReason.NONE, args.run_dir)  # completed: never requeued
+            phase = "finished"
+        finally:
+            watch.close(phase)
     finally:
         stop.uninstall()
         destroy_process_group()

@@ -114,3 +114,17 @@ def test_sbatch_agrees_with_the_checks(slurm_cluster, tmp_path: Path) -> None:
         assert reason == ["PENDING", "PartitionTimeLimit"]
     finally:
         slurm_cluster.cancel_quietly(job)
+
+
+def test_check_without_a_command_checks_the_resources_as_the_docs_show(slurm_cluster, tmp_path: Path) -> None:
+    """docs/slurm.md shows `hpctrain check` with job options only; it used to fail with "no command"."""
+    ok = hpctrain("check", "--partition", "short", "--nodes", "2", "--gpus-per-node", "2", "--nproc-per-node", "2",
+                  "--time", "20:00", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == ("ok: hpctrain: 2 node(s) x 2 process(es), launcher torchrun, partition short, gres gpu:2, "
+                         "time 20:00 (the resources only: add `-- COMMAND ...` or `train WORKLOAD ...` to check the "
+                         "program too)\n")
+    assert ok.stderr == ""
+    too_long = hpctrain("check", "--partition", "short", "--time", "1-00:00:00", cwd=tmp_path)
+    assert too_long.returncode == 2 and "partition short allows at most 00:30:00" in too_long.stderr
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -72,8 +72,8 @@ def test_scancel_targets_the_batch_shell_only_for_b_warnings() -> None:
 
 
 def test_named_signal_needs_no_script_and_steps_needs_a_signal() -> None:
-    assert _job_warning("42", "sigusr1", steps=False) == TimeLimitWarning("USR1", True)
-    assert _job_warning("42", "USR2", steps=True) == TimeLimitWarning("USR2", False)
+    assert _job_warning("42", "sigusr1", steps=False) == (TimeLimitWarning("USR1", True), "")
+    assert _job_warning("42", "USR2", steps=True) == (TimeLimitWarning("USR2", False), "")
     with pytest.raises(UserError, match="--signal 'US R1'"):
         _job_warning("42", "US R1", steps=False)
     with pytest.raises(UserError, match="add --signal SIG"):
@@ -135,7 +135,7 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
         stdout, stderr = preempt.communicate(timeout=400)
         assert preempt.returncode == 0, stdout + stderr + log.read_text()
         assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would 120 s before its time limit" in stdout
-        assert f"job {job_id} checkpointed and requeued itself (restart 1)" in stdout
+        assert f"job {job_id} requeued itself after its program said it stopped with its state saved (restart 1)" in stdout
         first_attempt = log.read_text()
         assert "stopped (preempted: SIGUSR1" in first_attempt and "requeueing job" in first_attempt, first_attempt
         assert not (run_dir / "metrics.jsonl").exists() or json.loads(

@@ -194,18 +194,39 @@ def test_dry_run_says_which_checks_it_skipped(fake_sbatch: Path, fashion_data_di
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.out.startswith("# sbatch --parsable")
-    assert [line for line in captured.err.splitlines()] == [f"hpctrain submit: {SKIPPED} (partition, time limit, nodes "
-                                                            "and their GPUs, CPUs and memory); `hpctrain check` with "
-                                                            "the same options runs them"]
+    assert [line for line in captured.err.splitlines()] == [
+        "hpctrain submit: note: time limit: the run gets SIGUSR1 120 s before it, checkpoints and stops, and the job "
+        "requeues itself (at most 3 times, --max-requeues)",
+        f"hpctrain submit: {SKIPPED} (partition, time limit, nodes and their GPUs, CPUs and memory); `hpctrain check` "
+        "with the same options runs them"]
 
 
-@pytest.mark.parametrize("mem,warned", [("16", True), ("512", True), ("4000", False), ("16G", False), ("0", False)])
-def test_mem_without_a_unit_warns(fake_sbatch: Path, capsys, mem: str, warned: bool) -> None:
-    assert main(["submit", "--dry-run", "--mem", mem, "--", "true"]) == 0
+@pytest.mark.parametrize("mem,refused", [("16", True), ("512", True), ("4000", False), ("16G", False), ("0", False)])
+def test_mem_without_a_unit_below_a_gigabyte_is_refused(fake_sbatch: Path, capsys, mem: str, refused: bool) -> None:
+    """sbatch reads a bare number as megabytes: --mem 16 is surely meant as 16G; it used to be a warning only."""
+    assert main(["submit", "--dry-run", "--mem", mem, "--", "true"]) == (2 if refused else 0)
     err = capsys.readouterr().err
-    assert ("warning: --mem" in err) == warned, err
-    if warned:
-        assert f"means {mem} MB" in err and f"--mem {mem}G" in err
+    if refused:
+        assert err.splitlines() == [f"hpctrain submit: error: --mem {mem} has no unit, and sbatch would read it as "
+                                    f"{mem} MB, too little for any training job: write --mem {mem}G for {mem} GB "
+                                    f"(or --mem {mem}M if you do mean megabytes)"]
+        assert not fake_sbatch.exists()
+    else:
+        assert "--mem" not in err
+
+
+def test_synthetic_on_cpus_says_how_long_an_epoch_takes(fake_sbatch: Path, capsys) -> None:
+    assert main(["submit", "--dry-run", "--nproc-per-node", "4", "--cpus-per-task", "4", "train", "imagenet",
+                 "--synthetic"]) == 0
+    err = capsys.readouterr().err
+    assert ("hpctrain submit: warning: --synthetic on the CPU: an epoch is 1,281,167 images of resnet50 at 224 px, "
+            "about 5.5 h on 16 core(s) (estimated at 50 GFLOP/s a core); cap it with --train-limit N (about 5 "
+            "minutes: --train-limit 19512), or train on GPUs") in err
+    assert main(["submit", "--dry-run", "--gpus-per-node", "1", "--nproc-per-node", "1", "train", "imagenet",
+                 "--synthetic"]) == 0
+    assert "--synthetic on the CPU" not in capsys.readouterr().err
+    assert main(["submit", "--dry-run", "train", "imagenet", "--synthetic", "--train-limit", "1000"]) == 0
+    assert "--synthetic on the CPU" not in capsys.readouterr().err
 
 
 def test_bad_training_options_are_named_without_an_exit_status(fake_sbatch: Path, capsys) -> None:
@@ -278,3 +299,18 @@ def test_a_docker_image_reference_gets_the_pull_command_instead_of_failing_on_th
     err = capsys.readouterr().err
     assert "hpctrain image pull docker://nvcr.io/nvidia/pytorch:24.04-py3 --to DIR" in err
     assert len(err.splitlines()) == 1
+
+
+def test_train_synthetic_on_the_cpu_says_how_long_an_epoch_takes(capsys, monkeypatch) -> None:
+    from hpctrain.cli.train import _warn_synthetic_on_cpu, config_from_argv
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    _warn_synthetic_on_cpu(config_from_argv(["imagenet", "--synthetic", "--device", "cpu"]), None)
+    err = capsys.readouterr().err
+    assert err.startswith("hpctrain: warning: --synthetic on the CPU: an epoch is 1,281,167 images of resnet50 at "
+                          "224 px, about "), err
+    _warn_synthetic_on_cpu(config_from_argv(["imagenet", "--synthetic", "--device", "cpu", "--train-limit", "256"]),
+                           None)
+    assert capsys.readouterr().err == ""

@@ -26,6 +26,7 @@ signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))
 signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
 run_dir = os.environ["HPCTRAIN_RUN_DIR"]
 rank = os.environ.get("RANK") or os.environ["SLURM_PROCID"]  # torchrun, or one srun task per process
+open(os.path.join(run_dir, "handles_signals"), "w").close()  # says it handles USR1, as StopRequest().install() does
 attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
 open(os.path.join(run_dir, f"started-{attempt}-{rank}"), "w").close()
 if attempt == "0":
@@ -105,6 +106,37 @@ def test_scancel_reaches_workers_as_term_and_does_not_requeue(slurm, tmp_path: P
     assert (run_dir / "stop_reason").read_text() == "cancelled"
     assert "requeueing" not in job_log(tmp_path, job_id)
     assert scontrol_field(job_id, "Restarts") in ("0", None)
+
+
+IGNORES = """\
+import os, pathlib, time
+pathlib.Path(os.environ["HPCTRAIN_RUN_DIR"], "started").touch()
+time.sleep(600)  # never handles SIGUSR1: Python's default action for it ends the process
+"""
+
+
+def test_a_program_that_never_said_it_handles_the_warning_is_not_sent_it_nor_requeued(slurm, tmp_path: Path) -> None:
+    (tmp_path / "ignores.py").write_text(IGNORES)
+    proc = hpctrain("submit", "--nodes", "1", "--nproc-per-node", "1", "--job-name", "ign", "--output", "job-%j.out", "--time", "10",
+                    "--", sys.executable, "ignores.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert ("hpctrain submit: note: time limit: ignores.py does not use hpctrain.training.StopRequest, which says it "
+            "handles SIGUSR1; a program that does not say so gets no SIGUSR1") in proc.stderr
+    job_id = proc.stdout.strip()
+    run_dir = tmp_path / "runs" / f"ign-{job_id}"
+    try:
+        wait_for(lambda: (run_dir / "started").exists(), "the program starting", 600, job_id, tmp_path)
+        preempt = hpctrain("debug", "preempt", job_id, "--follow", "--timeout", "60", cwd=tmp_path)
+        assert preempt.returncode == 1, preempt.stdout + preempt.stderr
+        assert f"job {job_id}'s program has not said it handles USR1" in preempt.stdout
+        assert "requeued itself" not in preempt.stdout
+        wait_for(lambda: "not passed on" in job_log(tmp_path, job_id), "the batch script's word", 60, job_id, tmp_path)
+        assert scontrol_field(job_id, "JobState") == "RUNNING", job_log(tmp_path, job_id)  # alive, not killed
+        assert scontrol_field(job_id, "Restarts") == "0"
+    finally:
+        subprocess.run(["scancel", job_id])
+    wait_gone(job_id, timeout=120)
+    assert "requeueing" not in job_log(tmp_path, job_id)
 
 
 # The warning lands a few steps into epoch 1 (LocalSlurm.warn_mid_run), whatever the CPU's speed: a short run will do.

@@ -22,7 +22,7 @@ from hpctrain.errors import UserError
 from hpctrain.health.preflight import CHECK_ID_ENV, PREFLIGHT_FILE, read_verdict
 from hpctrain.readback import BadRunFile
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.base import blocking
+from hpctrain.schedulers.base import NOTE_PREFIX, blocking
 from hpctrain.schedulers import backend_info
 
 PREFLIGHT_TIME = "15"
@@ -38,18 +38,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    submission = submission_from_args(args)
+    submission = submission_from_args(args, command_optional=not args.preflight)
     job = submission.job
-    report_warnings("check", job)
+    report_warnings("check", job, submission.recipe)
     mismatch = installed_numpy_mismatch()
     if mismatch:  # this environment's: the job's own when it runs the same one
         report_problems("check", [f"warning: here, {mismatch}"])
     sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # what the scheduler cannot express fails here, one line
     problems = sched.local_check(job, submission.recipe) + sched.check(job)
+    if submission.resources_only:  # what is said about the placeholder command is not the user's concern
+        problems = [p for p in problems if not p.startswith(NOTE_PREFIX)]
     report_problems("check", problems)
     if blocking(problems):
         return 2
+    if submission.resources_only:
+        print(f"ok: {sched.summary(job, rendered)} (the resources only: add `-- COMMAND ...` or `train WORKLOAD "
+              "...` to check the program too)")
+        return 0
     print(f"ok: {sched.summary(job, rendered)}")
     if not args.preflight:
         return 0

@@ -100,6 +100,7 @@ def _silent(ranks: list[Any], answered: set[int], wait_s: float) -> int:
     """Name the ranks that did not answer; exit status 1 when none did."""
     silent = [r.where() for r in ranks if r.rank not in answered]
     if silent:
-        print(f"no answer within {wait_s:g} s from: {', '.join(silent)} (frozen, stopped or gone; "
+        print(f"no answer within {wait_s:g} s from: {', '.join(silent)} (frozen, stopped or gone, or a script "
+              "without hpctrain's health watch, which answers: hpctrain.training.script_watch.health_watch; "
               "`hpctrain status` and its log say more)")
     return 0 if answered else 1

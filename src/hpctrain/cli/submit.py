@@ -33,7 +33,6 @@ from hpctrain.cli.scheduling import (
 from hpctrain.errors import UserError, redact
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, missing_prerequisites
-from hpctrain.jobs.values import mem_warning
 from hpctrain.schedulers import backend_info, base
 from hpctrain.schedulers.job_file import JobFile, read_job_file
 
@@ -124,10 +123,17 @@ class Submission:
     recipe: Any = None
     """The TrainConfig of a built-in recipe's options, parsed as `hpctrain train` will in the job; None for a
     command."""
+    resources_only: bool = False
+    """No command was given (`hpctrain check` of the resources alone): the job's command is a placeholder."""
 
 
-def submission_from_args(args: argparse.Namespace, dry_run: bool = False) -> Submission:
-    """Job file, then flags on top; the scheduler from --scheduler, the file or this machine."""
+# The command of a job that `hpctrain check` checks for its resources alone.
+PLACEHOLDER_COMMAND = ("true",)
+
+
+def submission_from_args(args: argparse.Namespace, dry_run: bool = False, command_optional: bool = False) -> Submission:
+    """Job file, then flags on top; the scheduler from --scheduler, the file or this machine. `command_optional`:
+    without a command, the job runs PLACEHOLDER_COMMAND and says so (`resources_only`)."""
     job_file = read_job_file(args.job_file) if args.job_file else JobFile(job={})
     scheduler = choose_scheduler(args, job_file.scheduler, offline=dry_run)
     info = backend_info(scheduler)
@@ -138,9 +144,13 @@ def submission_from_args(args: argparse.Namespace, dry_run: bool = False) -> Sub
                         f"but the job goes to {scheduler}: pass --scheduler {owner.name}, or remove them")
     refuse_foreign_flags(args, scheduler)
     options = backend_options(args, scheduler, file_options) if info.option_fields else {}
-    job = _job(args, dict(job_file.job), info)
+    data = dict(job_file.job)
+    resources_only = command_optional and not args.job_command and not data.get("command")
+    if resources_only:
+        data["command"] = list(PLACEHOLDER_COMMAND)
+    job = _job(args, data, info)
     recipe = recipe_config(list(job.command[2:])) if job.is_recipe else None
-    return Submission(job=job, scheduler=scheduler, options=options, recipe=recipe)
+    return Submission(job=job, scheduler=scheduler, options=options, recipe=recipe, resources_only=resources_only)
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:
@@ -290,9 +300,16 @@ def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[st
     return [p for p in problems if p not in noted], notes
 
 
-def job_warnings(job: JobSpec) -> list[str]:
-    """What is allowed but most likely not meant."""
-    return [w for w in (mem_warning(job.resources.mem),) if w]
+def job_warnings(job: JobSpec, recipe: Any = None) -> list[str]:
+    """What is allowed but most likely not meant: a built-in recipe's --synthetic epoch on CPUs (hours)."""
+    r = job.resources
+    if recipe is None or r.gpus_per_node or r.shards_per_node:
+        return []
+    from hpctrain.recipes import synthetic_cpu_warning
+
+    processes = r.nodes * (1 if job.launcher == "single" else r.nproc_per_node)
+    warning = synthetic_cpu_warning(recipe, processes * r.cpus_per_task)
+    return [warning] if warning else []
 
 
 def report_problems(command: str, problems: list[str]) -> None:
@@ -300,8 +317,8 @@ def report_problems(command: str, problems: list[str]) -> None:
         print(f"hpctrain {command}: {redact(line)}", file=sys.stderr)
 
 
-def report_warnings(command: str, job: JobSpec) -> None:
-    for line in job_warnings(job):
+def report_warnings(command: str, job: JobSpec, recipe: Any = None) -> None:
+    for line in job_warnings(job, recipe):
         print(f"hpctrain {command}: warning: {redact(line)}", file=sys.stderr)
 
 
@@ -310,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
     job = submission.job
     sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
-    report_warnings("submit", job)
+    report_warnings("submit", job, submission.recipe)
     problems = sched.local_check(job, submission.recipe)
     if args.dry_run:
         # The script or manifest is shown whatever the checks say (it is what the user asked to read); the exit
@@ -321,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         report_problems("submit", problems + verdict + notes + [sched.dry_run_note])
         return 2 if verdict else 0
     cluster = [] if args.no_check else sched.check(job)
-    report_problems("submit", [p for p in problems + cluster if p.startswith(base.WARNING_PREFIX)])
+    report_problems("submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.NOTE_PREFIX))])
     if blocking := base.blocking(problems + cluster):
         hint = " (fix the above, or pass --no-check to skip the cluster checks)" if base.blocking(cluster) else " (fix the above)"
         report_problems("submit", blocking + ["nothing was submitted" + hint])

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.cli import late_positionals, unrecognized
 from hpctrain.cli.workload_help import WorkloadAction, workload_help
@@ -311,10 +312,27 @@ def _train_here(cfg: TrainConfig) -> int:
     from hpctrain.training.loop import train
 
     recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+    _warn_synthetic_on_cpu(cfg, recipe)
     if cfg.evaluate:
         evaluate_checkpoint(cfg, recipe)
         return exit_status(0)
     return exit_status(train(cfg, recipe).stop_reason.exit_code)
+
+
+def _warn_synthetic_on_cpu(cfg: TrainConfig, recipe: Any) -> None:
+    """--synthetic on the CPU: say, once per run, that an epoch takes hours (an estimate) before it starts."""
+    if not getattr(cfg, "synthetic", False) or _other_local_rank() or os.environ.get("RANK", "0") != "0":
+        return
+    import torch
+
+    from hpctrain.recipes import synthetic_cpu_warning
+
+    if cfg.device not in ("cpu", "auto") or (cfg.device == "auto" and torch.cuda.is_available()):
+        return
+    sizes = getattr(recipe, "sizes", None)
+    warning = synthetic_cpu_warning(cfg, len(os.sched_getaffinity(0)), sizes().train if sizes else None)
+    if warning:
+        print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _spawn_plan(cfg: TrainConfig):

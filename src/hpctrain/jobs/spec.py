@@ -22,6 +22,7 @@ from hpctrain.jobs.values import (
     MAX_PROCS_PER_NODE,
     check_node_name,
     check_sbatch_value,
+    mem_problem,
     parse_mem_mb,
     parse_sbatch_option,
     parse_time_limit,
@@ -67,6 +68,8 @@ class Resources:
                 raise UserError(f"--gpu-type {self.gpu_type!r}: use the GPU type that `sinfo -o %G` shows (letters, digits, _ . -)")
         if self.mem is not None:
             parse_mem_mb(self.mem)
+            if problem := mem_problem(self.mem):
+                raise UserError(problem)
 
     @property
     def mem_mb(self) -> int | None:

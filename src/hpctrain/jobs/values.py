@@ -172,13 +172,15 @@ def render_sbatch_option(text: str) -> str:
     return f"{name}={sbatch_value(value)}" if name.startswith("--") else f"{name} {sbatch_value(value)}"
 
 
-def mem_warning(mem: str | None) -> str | None:
-    """A warning for a memory size without a unit that is surely not meant as megabytes (--mem 16 is 16 MB)."""
+def mem_problem(mem: str | None) -> str | None:
+    """A memory size without a unit that is surely not meant as megabytes (--mem 16 is 16 MB to sbatch): refused,
+    naming both readings."""
     m = _MEM_RE.match(mem.strip()) if isinstance(mem, str) else None
     if m is None or m["unit"] or not 0 < int(m["n"]) < 1024:
         return None
     n = int(m["n"])
-    return f"--mem {mem} means {n} MB (sbatch reads a size without a unit as megabytes); for {n} GB write --mem {n}G"
+    return (f"--mem {mem} has no unit, and sbatch would read it as {n} MB, too little for any training job: write "
+            f"--mem {n}G for {n} GB (or --mem {n}M if you do mean megabytes)")
 
 
 def sbatch_value(value: str) -> str:

@@ -34,6 +34,30 @@ def recipe_info(workload: str, variant: str) -> RecipeInfo:
     return variants[variant]
 
 
+SYNTHETIC_TRAIN_IMAGES = 1_281_167  # an epoch of --synthetic: recipes.imagenet.IMAGENET_TRAIN_IMAGES (imports torch)
+# Training GFLOP per image at 224 px: torchvision's forward GFLOPS for the model, times 3 (forward and backward).
+TRAIN_GFLOP_224 = {"resnet18": 5.5, "resnet34": 11.0, "resnet50": 12.3, "resnet101": 23.4, "resnet152": 34.7}
+CPU_GFLOPS_PER_CORE = 50.0  # a generous rate for one core's share of a convolution's training step
+
+
+def synthetic_cpu_warning(cfg: TrainConfig, cores: int, side: int | None = None) -> str | None:
+    """For --synthetic on the CPU: how long one epoch takes (an estimate, from the model's arithmetic), when that is
+    long; None otherwise."""
+    if not getattr(cfg, "synthetic", False) or cfg.evaluate:
+        return None
+    images = cfg.train_limit or SYNTHETIC_TRAIN_IMAGES
+    arch = cfg.arch or "resnet50"
+    side = side or cfg.image_size or 224
+    per_image = TRAIN_GFLOP_224.get(arch, TRAIN_GFLOP_224["resnet50"]) * (side / 224) ** 2
+    seconds = images * per_image / (max(1, cores) * CPU_GFLOPS_PER_CORE)
+    if seconds < 15 * 60:
+        return None
+    five_minutes = max(1, int(300 * max(1, cores) * CPU_GFLOPS_PER_CORE / per_image))
+    return (f"--synthetic on the CPU: an epoch is {images:,} images of {arch} at {side} px, about {seconds / 3600:.1f} h "
+            f"on {cores} core(s) (estimated at {CPU_GFLOPS_PER_CORE:g} GFLOP/s a core); cap it with --train-limit N "
+            f"(about 5 minutes: --train-limit {five_minutes}), or train on GPUs")
+
+
 def get_recipe(workload: str, variant: str) -> Recipe:
     recipe_info(workload, variant)
     return importlib.import_module(WORKLOADS[workload]).RECIPES[variant]

@@ -21,8 +21,9 @@ from hpctrain.training.stopping import (
     StopReason,
     StopRequest,
     agree,
+    announce_stop,
     vote_group,
 )
 
 __all__ = ["EXIT_CANCELLED", "EXIT_COMPLETED", "EXIT_PREEMPTED", "StepVote", "StopReason", "StopRequest", "agree",
-           "vote_group"]
+           "announce_stop", "vote_group"]

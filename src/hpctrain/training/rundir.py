@@ -22,14 +22,15 @@ from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.run import Run
-from hpctrain.training.stopping import STOP_REASON_FILE
+from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
 # Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
 LOCK_FILE = ".hpctrain.lock"
 # Files of the run directory that hpctrain writes itself: never through a symbolic link.
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, LOCK_FILE, PREFLIGHT_FILE, BAD_NODES_FILE)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, SIGNALS_FILE, LOCK_FILE, PREFLIGHT_FILE,
+             BAD_NODES_FILE)
 # Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere (and a
 # linked progress/, hang/ or stacks/ the ranks' records and stacks).
 RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR, PROGRESS_DIR, HANG_DIR, STACKS_DIR)

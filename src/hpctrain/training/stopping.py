@@ -20,7 +20,12 @@ killed by a signal (exit 138/143, a failed job).
 
 A run whose loss becomes non-finite stops too (`StopReason.DIVERGED`), through the same vote, without a checkpoint.
 
-Users' own training scripts can use `StopRequest` the same way (see examples/).
+Users' own training scripts can use `StopRequest` the same way (see examples/). Under `hpctrain submit` (which
+exports HPCTRAIN_RUN_DIR) two words in that directory tell the batch script what the program can do and did:
+`install()` leaves SIGNALS_FILE ("this program handles SIGUSR1: pass the time-limit warning on"; a program that
+never says so is not sent it, since Python's default action for SIGUSR1 ends the process), and `announce_stop()`
+leaves STOP_REASON_FILE once the stop's state is saved ("preempted": requeue me). The job is requeued after a
+warning only on that word.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ EXIT_SICK_NODE = 144
 STOP_REASON_FILE = "stop_reason"
 TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kubernetes.render
 TIME_WARNING_ENV = "HPCTRAIN_TIME_WARNING_S"
+SIGNALS_FILE = "handles_signals"  # the program's word that it handles SIGUSR1 (read by the Slurm batch script)
+RUN_DIR_ENV = "HPCTRAIN_RUN_DIR"  # the job's run directory, exported by the batch script hpctrain renders
 
 
 class StopReason(IntEnum):
@@ -112,10 +119,14 @@ class StopRequest:
 
     def install(self, environ: Mapping[str, str] | None = None) -> StopRequest:
         """Install the handlers (main thread only; elsewhere this is a no-op and signals keep their defaults), and
-        the time-limit timer where the environment asks for one (see the module docstring)."""
+        the time-limit timer where the environment asks for one (see the module docstring).
+
+        Inside a job's run directory ($HPCTRAIN_RUN_DIR), also say that this program now handles SIGUSR1, so that
+        the batch script passes the time-limit warning on to it (see the module's docstring)."""
         if threading.current_thread() is threading.main_thread():
             for signum in _SIGNAL_REASONS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            _announce_signals()
         self.arm_time_limit(os.environ if environ is None else environ)
         return self
 
@@ -303,6 +314,34 @@ def write_termination_message(text: str) -> None:
             f.write(text.encode()[:TERMINATION_MESSAGE_MAX])
     except OSError:
         pass
+
+
+def _job_run_dir() -> Path | None:
+    value = os.environ.get(RUN_DIR_ENV)
+    return Path(value) if value else None
+
+
+def _announce_signals() -> None:
+    """Leave SIGNALS_FILE in the job's run directory (once: every rank checks, the first writes). Best effort: a
+    run directory that cannot be written only means the warning is not passed on."""
+    run_dir = _job_run_dir()
+    if run_dir is None or os.path.lexists(run_dir / SIGNALS_FILE):
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / SIGNALS_FILE, b"USR1 TERM INT\n")
+    except OSError:
+        pass
+
+
+def announce_stop(reason: StopReason, run_dir: Path | str | None = None) -> None:
+    """Say how the run ended, where the batch script of `hpctrain submit` reads it: `run_dir`, else the job's run
+    directory ($HPCTRAIN_RUN_DIR); nothing outside a job when `run_dir` is not given. Call it on one rank, after the
+    stop's checkpoint is saved: `preempted` (a time-limit warning, `reason.exit_code` 75) is the only word on which
+    the job is requeued, so it must mean "my state is saved, start me again"."""
+    folder = Path(run_dir) if run_dir is not None else _job_run_dir()
+    if folder is not None:
+        write_stop_reason(folder, reason)
 
 
 def write_stop_reason(run_dir: Path, reason: StopReason) -> None:

@@ -6,15 +6,19 @@ them (SlurmScheduler.local_check); checks.py holds those against the live cluste
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, local_problems
+from hpctrain.schedulers.base import NOTE_PREFIX
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
+from hpctrain.schedulers.slurm.interpreter import interpreter_problems
 
 
 def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
@@ -30,13 +34,80 @@ def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
             check_data(recipe)
         except UserError as err:
             problems.append(str(err))
+        problems += earlier_run_problems(job, recipe)
         r = job.resources
         if recipe.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
             problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
                             "(or --gres shard:N), or train with --device cpu")
     problems += check_here(requirements)
     problems += program_problems(job, environ)
-    return problems
+    return problems + warning_note(job, requirements.paths)
+
+
+def _python_of(first: str, search: str) -> str | None:
+    """The interpreter a command's first word names (`python3`, `/opt/venv/bin/python`), as the job's PATH finds
+    it; None for another program."""
+    if not os.path.basename(first).startswith("python"):
+        return None
+    if "/" in first:
+        path = os.path.expanduser(first)
+        return path if os.access(path, os.X_OK) else None
+    return shutil.which(first, path=search)
+
+
+SCRIPT_SCAN_BYTES = 1 << 20
+# hpctrain.checkpoint.files.NAME_PATTERN and training.rundir.CHECKPOINT_DIR (both modules import torch, which the
+# submitting host need not have); tests/test_requeue_script.py checks that they agree.
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(epoch|step)_(\d+)\.pt$")
+CHECKPOINT_DIR = "checkpoints"
+
+
+def earlier_run_problems(job: JobSpec, recipe: Any) -> list[str]:
+    """A recipe's run directory that already holds an earlier run's checkpoints, without --resume: `train` refuses
+    it, and so does the check, before the job waits in the queue. (A run directory with %j is new for every job.)"""
+    if recipe.resume is not None or job.run_dir is None or "%j" in job.run_dir:
+        return []
+    run_dir = Path(os.path.expanduser(job.run_dir))
+    folder = run_dir if run_dir.name == CHECKPOINT_DIR else run_dir / CHECKPOINT_DIR
+    try:
+        held = any(CHECKPOINT_NAME.match(entry.name) for entry in os.scandir(folder))
+    except OSError:
+        return []
+    if not held:
+        return []
+    return [f"--run-dir {job.run_dir} already holds checkpoints of an earlier run, which the job's `train` would "
+            f"refuse after waiting in the queue: pass --resume (after the recipe: `train {recipe.workload} --resume "
+            "...`) to continue it, or choose another --run-dir for a new run"]
+
+
+def warning_note(job: JobSpec, paths: tuple[str, ...] = ()) -> list[str]:
+    """One line saying what the time-limit warning will do to this job (submit prints it before queueing)."""
+    if not job.signal_grace:
+        return [f"{NOTE_PREFIX}time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
+    grace = job.signal_grace
+    if job.is_recipe:
+        return [f"{NOTE_PREFIX}time limit: the run gets SIGUSR1 {grace} s before it, checkpoints and stops, and the "
+                f"job requeues itself (at most {job.max_requeues} times, --max-requeues)"]
+    if job.run_dir is None:
+        return [f"{NOTE_PREFIX}time limit: your program gets no SIGUSR1 (the job has no run directory in which it "
+                "could say it handles it) and runs until the limit, without a requeue"]
+    script = next((p for p in paths if p.endswith(".py")), None)
+    if script is not None and _mentions(script, b"StopRequest"):
+        return [f"{NOTE_PREFIX}time limit: SIGUSR1 {grace} s before it goes to your program once it installs "
+                f"hpctrain.training.StopRequest (as {script} does); the job requeues itself only if the program then "
+                f"says its state is saved (announce_stop), at most {job.max_requeues} times"]
+    said = f"{script} does not use" if script is not None else "only a program that installs"
+    return [f"{NOTE_PREFIX}time limit: {said} hpctrain.training.StopRequest, which says it handles SIGUSR1; "
+            "a program that does not say so gets no SIGUSR1 (it would end it, with nothing saved) and runs until the "
+            "limit, without a requeue (docs/slurm.md: your own script)"]
+
+
+def _mentions(path: str, word: bytes) -> bool:
+    try:
+        with open(os.path.expanduser(path), "rb") as handle:
+            return word in handle.read(SCRIPT_SCAN_BYTES)
+    except OSError:
+        return False
 
 
 def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
@@ -54,6 +125,9 @@ def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     if "/" not in first and not (first == "hpctrain" and job.python is not None):
         names.append(first)
     search = os.pathsep.join(os.path.expanduser(d) for d in dirs)
+    interpreter = job.python if job.is_recipe else _python_of(first, search)
+    if interpreter is not None:
+        problems += interpreter_problems(job, interpreter, {**environ, **dict(job.env), "PATH": search})
     for name in dict.fromkeys(names):
         if shutil.which(name, path=search) is not None:
             continue

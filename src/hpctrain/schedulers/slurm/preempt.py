@@ -13,10 +13,13 @@ import re
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import command_error, slurm
 from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
+from hpctrain.schedulers.slurm.run_dir import parse_run_dir
+from hpctrain.training.stopping import SIGNALS_FILE
 
 _SIGNAL_OPTION_RE = re.compile(r"^(?:(?P<flags>[RB]+):)?(?P<sig>(?:SIG)?[A-Z][A-Z0-9]*|\d{1,2})(?:@(?P<secs>\d+))?$")
 # Seconds a job must have been running before its batch shell is warned (see preempt()).
@@ -85,13 +88,14 @@ def scancel_argv(job_id: str, warning: TimeLimitWarning) -> list[str]:
     return argv + [job_id]
 
 
-def _job_warning(job_id: str, signal: str | None, steps: bool) -> TimeLimitWarning:
-    """The warning to send: the --signal option given here, else the one in the job's batch script."""
+def _job_warning(job_id: str, signal: str | None, steps: bool) -> tuple[TimeLimitWarning, str]:
+    """The warning to send: the --signal option given here, else the one in the job's batch script; and that
+    script ("" when not read)."""
     if signal is not None:
         sig = signal.strip().upper()
         if not _SIGNAL_NAME_RE.match(sig):
             raise UserError(f"--signal {signal!r}: give a signal name or number, e.g. --signal USR1")
-        return TimeLimitWarning(signal=sig.removeprefix("SIG"), batch_shell=not steps)
+        return TimeLimitWarning(signal=sig.removeprefix("SIG"), batch_shell=not steps), ""
     if steps:
         raise UserError("--steps only says where a --signal you name goes; add --signal SIG, or leave both out "
                         "to send what the job's script asks for")
@@ -108,7 +112,19 @@ def _job_warning(job_id: str, signal: str | None, steps: bool) -> TimeLimitWarni
             f"the default; or #SBATCH --signal=B:USR1@120). If it got --signal on sbatch's command line, name it: "
             f"hpctrain debug preempt {job_id} --signal USR1 [--steps]"
         )
-    return warning
+    return warning, result.stdout
+
+
+def unannounced_program(script: str, job_id: str, work_dir: str | None) -> Path | None:
+    """For a user's command that hpctrain's batch script passes the warning on to only once the program said it
+    handles it (RUN/handles_signals, left by hpctrain.training.StopRequest): the run directory, when the program
+    has not said so. None otherwise."""
+    if f'[ -f "$run_dir/{SIGNALS_FILE}" ]' not in script:
+        return None
+    run_dir = parse_run_dir(script, job_id, work_dir)
+    if run_dir is None or (run_dir / SIGNALS_FILE).is_file():
+        return None
+    return run_dir
 
 
 def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
@@ -126,7 +142,8 @@ def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow:
         reason = f", reason {before.reason}" if before.reason else ""
         raise UserError(f"job {job_id} is {before.state}{reason}: the warning goes to a running job's processes; "
                         f"wait until `hpctrain status {job_id}` shows RUNNING")
-    warning = _job_warning(job_id, signal, steps)
+    warning, script = _job_warning(job_id, signal, steps)
+    unannounced = unannounced_program(script, job_id, before.work_dir) if warning.batch_shell else None
     if warning.batch_shell and before.elapsed_s is not None and before.elapsed_s < SETTLE_S:
         # A batch shell that has not installed its trap yet dies of USR1 (bash's default action): the job would
         # fail instead of rehearsing. (Scripts should set their traps first; Slurm's own warning seldom comes
@@ -143,6 +160,11 @@ def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow:
         raise UserError(command_error(argv, result))
     when = f" {warning.seconds_before} s before its time limit" if warning.seconds_before is not None else ""
     print(f"sent {warning.signal} to job {job_id} ({warning.target}), as Slurm would{when}")
+    if unannounced is not None:
+        print(f"job {job_id}'s program has not said it handles {warning.signal} (hpctrain.training.StopRequest leaves "
+              f"{unannounced / SIGNALS_FILE}), so its batch script does not pass the warning on: it runs until its "
+              "time limit and is not requeued (nothing would be saved)")
+        return 1 if follow else 0
     if not follow:
         print(f"follow it with `hpctrain status {job_id}` and `hpctrain logs {job_id} -f`")
         return 0
@@ -169,7 +191,8 @@ def _follow(job_id: str, restarts: int, timeout_s: float) -> int:
             last_state = info.state
         if info.restarts > restarts:
             held = " Slurm holds a requeued job (BeginTime) for a while before it starts again." if info.pending else ""
-            print(f"job {job_id} checkpointed and requeued itself (restart {info.restarts}).{held}")
+            print(f"job {job_id} requeued itself after its program said it stopped with its state saved (restart "
+                  f"{info.restarts}).{held}")
             return 0
         if info.finished:
             code = "" if info.exit_code is None else f", exit status {info.exit_code}"

@@ -6,13 +6,14 @@ were checked by JobSpec (sbatch parses those lines itself, so a shell quote woul
 
 The script starts the job step in the background and waits for it, so that its traps run at once:
   * SIGUSR1 (asked for with --signal=B:USR1@GRACE before the time limit) is forwarded to srun, which forwards it
-    to every process of the step (slurmstepd signals the whole step, workers included). torchrun runs through
+    to every process of the step (slurmstepd signals the whole step, workers included): always to a built-in
+    recipe, to a user's command only once it has said it handles it (requeue.py). torchrun runs through
     TORCHRUN_SHIM (torchrun_shim.py), which asks the job's own torchrun for --signals-to-handle and otherwise
     handles USR1 itself, and ends a planned stop with the planned status (75 or 143) and one log line instead of
     torchrun's traceback.
   * SIGTERM that reaches only the batch shell is passed to the step with `scancel --signal=TERM` (srun would turn a
     TERM into a SIGKILL of the step); the training loop checkpoints and stops, and the job is not requeued.
-  * After a warning, if the run stopped early (RUN_DIR/stop_reason says "preempted", or the step failed), the
+  * After a warning, if the run said it stopped with its state saved (RUN_DIR/stop_reason says "preempted"), the
     script requeues the job itself, within --max-requeues; the requeued attempt resumes from its checkpoint.
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
+from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
@@ -34,9 +35,8 @@ from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sba
 PORT_BASE = 20000
 PORT_SPAN = 20000
 PORT_TRIES = 200
-REQUEUE_COUNT_FILE = "requeue_count"
-HANG_RESTARTS_FILE = "hang_restarts"
-EXCLUDED_NODES_FILE = "excluded_nodes"  # every node a preflight of this run found sick, one a line
+
+
 def _q(word: str) -> str:
     return shlex.quote(word)
 
@@ -71,7 +71,7 @@ def sbatch_directives(job: JobSpec) -> list[str]:
     if job.signal_grace:
         # B: the batch shell gets the warning and forwards it (a plain --signal would bypass our traps).
         opts.append(("--signal", f"B:USR1@{job.signal_grace}"))
-    if _requeues_itself(job):
+    if requeue.requeues_itself(job):
         opts += [("--requeue", None), ("--open-mode", "append")]
     lines = [f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts]
     lines += [f"#SBATCH {render_sbatch_option(extra)}" for extra in job.sbatch_extra]
@@ -159,11 +159,40 @@ def _run_dir_words(run_dir: str) -> str:
     return '"${SLURM_JOB_ID}"'.join(quoted)
 
 
+def _comment_text(text: str) -> str:
+    """User text for a comment line: a line break (or any control character) must not end the comment."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def summary_lines(job: JobSpec) -> list[str]:
+    """What the job runs and asks for, at the top of the script: the rest is the machinery around it."""
+    r = job.resources
+    layout = "1 process" if job.launcher == "single" else f"{r.nodes} node(s) x {r.nproc_per_node} process(es)"
+    asks = [f"{layout} ({job.launcher})", f"{r.cpus_per_task} CPU(s) per process"]
+    asks += [f"--gres {r.gres}"] if r.gres else []
+    asks += [f"--mem {r.mem}"] if r.mem is not None else []
+    asks += [f"--time {job.time}"] if job.time is not None else []
+    asks += [f"--partition {job.partition}"] if job.partition is not None else []
+    if not job.signal_grace:
+        warning = "no time-limit warning"
+    elif job.is_recipe:
+        warning = f"SIGUSR1 {job.signal_grace} s before the time limit: checkpoint, stop, requeue"
+    else:
+        warning = (f"SIGUSR1 {job.signal_grace} s before the time limit, only if the program said it handles it; "
+                   "requeued only if it said it saved its state")
+    return [
+        f"# Job:       {_comment_text(shlex.join(job.command))}",
+        f"# Resources: {_comment_text(', '.join(asks))}",
+        f"# Run dir:   {_comment_text(job.run_dir) if job.run_dir is not None else '(none)'}; {warning}",
+    ]
+
+
 def render_sbatch(job: JobSpec) -> str:
     """The complete batch script for `job`. Pure: same JobSpec, same text."""
     env = get_environment(job.environment)
     out: list[str] = [
         "#!/bin/bash",
+        *summary_lines(job),
         "# Rendered by hpctrain (hpctrain submit --dry-run shows this script).",
         "# Values are single-quoted on purpose: a $ in them is literal text.",
         "# shellcheck disable=SC2016",
@@ -179,8 +208,8 @@ def render_sbatch(job: JobSpec) -> str:
         "warned=0",
         "cancelled=0",
         'step_pid=""',
-        "trap 'warned=1; echo \"hpctrain: time-limit warning (USR1): asking the run to checkpoint and stop\"; "
-        "if [ -n \"$step_pid\" ]; then kill -USR1 \"$step_pid\" 2>/dev/null; fi' USR1",
+        *requeue.warning_lines(job),
+        "trap 'warned=1; forward_warning' USR1",
         # srun would turn a TERM into a SIGKILL of the step: ask Slurm to pass it on (scancel itself already has).
         "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then scancel --signal=TERM \"$SLURM_JOB_ID\" 2>/dev/null; else exit 143; fi' TERM INT",
         "",
@@ -190,8 +219,8 @@ def render_sbatch(job: JobSpec) -> str:
     if job.run_dir is not None:
         out.append(f"run_dir={_run_dir_words(job.run_dir)}")
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
-        if _requeues_itself(job):
-            out += _restart_budget_lines(job)
+        if requeue.requeues_itself(job):
+            out += ["", *requeue.helper_lines(), *requeue.restart_budget_lines(job)]
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()
@@ -236,7 +265,7 @@ def render_sbatch(job: JobSpec) -> str:
         " ".join(step_command(job)) + " &",
         "step_pid=$!",
         'if [ "$warned" = 1 ]; then',
-        '    kill -USR1 "$step_pid" 2>/dev/null',
+        "    forward_warning",
         "fi",
         "# wait returns early whenever a trap runs: keep waiting until the step has really ended.",
         'while kill -0 "$step_pid" 2>/dev/null; do',
@@ -245,125 +274,14 @@ def render_sbatch(job: JobSpec) -> str:
         "status=0",
         'wait "$step_pid" || status=$?',
     ]
-    if job.signal_grace or _requeues_itself(job):
-        out += ["", 'stop_reason=""']
-        if job.run_dir is not None:
-            out += [
-                'if [ -f "$run_dir/stop_reason" ]; then',
-                '    stop_reason=$(cat "$run_dir/stop_reason")',
-                "fi",
-            ]
+    if job.signal_grace or requeue.requeues_itself(job):
+        out += requeue.stop_reason_lines(job)
     if job.run_dir is not None and job.max_hang_restarts:
-        n = job.max_hang_restarts
-        out += [
-            "# The run's hang watchdog ended the attempt (no step within --hang-timeout; RUN/hang/report.txt names",
-            "# the rank that never arrived): start again from the checkpoint, within --max-hang-restarts.",
-            'if [ "$cancelled" = 0 ] && [ "$stop_reason" = hung ]; then',
-            f'    if [ "$hang_restarts" -lt {n} ]; then',
-            f'        echo "hpctrain: the run hung (see $run_dir/hang/report.txt); requeueing job ${{SLURM_JOB_ID}}'
-            f' (hang restart $((hang_restarts + 1)) of {n})"',
-            f'        echo "$((hang_restarts + 1))" >"$run_dir/{HANG_RESTARTS_FILE}"',
-            '        scontrol requeue "$SLURM_JOB_ID"',
-            "        exit 0",
-            "    fi",
-            f'    echo "hpctrain: the run hung and the hang-restart budget ({n}, --max-hang-restarts) is used up; not'
-            ' requeueing" >&2',
-            "fi",
-            "# The preflight found sick nodes (RUN/bad_nodes): requeue without them, within the same budget. A running",
-            "# job's excluded nodes cannot change: hold it on requeue, change them, release it (TERM, which the",
-            "# requeue sends this script, is ignored from here: these three commands must all run).",
-            f'if [ "$cancelled" = 0 ] && [ "$stop_reason" = sick_node ] && [ -s "$run_dir/{BAD_NODES_FILE}" ]; then',
-            f"    excluded=$({_excluded_sources(job)} | sort -u | paste -sd, -)",
-            "    # A job no longer fitting its partition without them would wait forever: end it (sinfo silent: requeue).",
-            '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null | awk \'{n += $1} END {print n + 0}\')',
-            '    left=$((partition_nodes - $(echo "$excluded" | tr , "\\n" | grep -c .)))',
-            f'    if [ "$partition_nodes" -gt 0 ] && [ "$left" -lt "${{SLURM_JOB_NUM_NODES:-1}}" ]; then',
-            f'        echo "hpctrain: the preflight found sick node(s) ($excluded); without them partition'
-            f' ${{SLURM_JOB_PARTITION:-?}} has $left node(s), fewer than the job\'s ${{SLURM_JOB_NUM_NODES:-1}}: not'
-            f' requeueing (see $run_dir/{PREFLIGHT_FILE})" >&2',
-            f'    elif [ "$hang_restarts" -lt {n} ]; then',
-            f'        echo "$excluded" | tr , "\\n" >"$run_dir/{EXCLUDED_NODES_FILE}"',
-            f'        echo "$((hang_restarts + 1))" >"$run_dir/{HANG_RESTARTS_FILE}"',
-            f'        echo "hpctrain: the preflight found sick node(s); requeueing job ${{SLURM_JOB_ID}} without $excluded'
-            f' (restart $((hang_restarts + 1)) of {n})"',
-            "        trap '' TERM INT USR1",
-            '        scontrol requeuehold "$SLURM_JOB_ID"',
-            '        scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded"',
-            '        scontrol release "$SLURM_JOB_ID"',
-            "        exit 0",
-            "    else",
-            f'        echo "hpctrain: the preflight found sick node(s) and the restart budget ({n}, --max-hang-restarts)'
-            ' is used up; not requeueing" >&2',
-            "    fi",
-            "fi",
-        ]
+        out += requeue.hang_lines(job)
     if job.signal_grace:
-        out += ["", "# Requeue after a time-limit warning if the run stopped early; never after scancel; within a budget."]
-        # With a run directory the script counts its own requeues there (Slurm's restart count also includes the
-        # requeues of preemptions); without one, Slurm's count is all there is.
-        requeues = "$own_requeues" if job.run_dir is not None else "${SLURM_RESTART_COUNT:-0}"
-        next_requeue = "$((own_requeues + 1))" if job.run_dir is not None else "$((${SLURM_RESTART_COUNT:-0} + 1))"
-        out += [
-            "# A run that completed is never requeued, even if torchrun then failed on the warning; nor is one whose",
-            "# loss diverged (it would only diverge again), nor one that hung or found a sick node (their own budget",
-            "# is above).",
-            'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" != completed ] && [ "$stop_reason" != diverged ] &&',
-            '    [ "$stop_reason" != hung ] && [ "$stop_reason" != sick_node ] &&',
-            '    { [ "$stop_reason" = preempted ] || [ "$status" -ne 0 ]; }; then',
-            f'    if [ "{requeues}" -lt {job.max_requeues} ]; then',
-            f'        echo "hpctrain: requeueing job ${{SLURM_JOB_ID}} (requeue {next_requeue} of {job.max_requeues})"',
-        ]
-        if job.run_dir is not None:
-            out.append(f'        echo "{next_requeue}" >"$run_dir/{REQUEUE_COUNT_FILE}"')
-        out += [
-            '        scontrol requeue "$SLURM_JOB_ID"',
-            "        exit 0",
-            "    fi",
-            f'    echo "hpctrain: the requeue budget ({job.max_requeues}) is used up; not requeueing" >&2',
-            "    # The run stopped before it finished: never report that as success.",
-            '    if [ "$status" -eq 0 ]; then',
-            "        status=1",
-            "    fi",
-            "fi",
-        ]
+        out += requeue.warning_requeue_lines(job)
     out += ['echo "hpctrain: step finished with exit status ${status}"', 'exit "$status"', ""]
     return "\n".join(out)
-
-
-def _excluded_sources(job: JobSpec) -> str:
-    """Shell words printing the nodes a sick-node requeue excludes: earlier requeues', the preflight's new finding,
-    and the job's own --exclude-nodes (`scontrol update ExcNodeList` replaces the list), one a line."""
-    files = f'cat "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}" 2>/dev/null'
-    if not job.exclude_nodes:
-        return files
-    return f"( {files}; printf '%s\\n' {' '.join(shlex.quote(n) for n in job.exclude_nodes)}; )"
-
-
-def _requeues_itself(job: JobSpec) -> bool:
-    """The script may requeue its job: after a time-limit warning, or after a hang (that needs the run directory,
-    where the watchdog leaves its stop reason)."""
-    return bool(job.signal_grace or (job.run_dir is not None and job.max_hang_restarts))
-
-
-def _restart_budget_lines(job: JobSpec) -> list[str]:
-    """Separate budgets: this script's own requeues (after time-limit warnings, after hangs) are counted in the run
-    directory; the rest of Slurm's restart count are Slurm's own requeues (preemption, node failure)."""
-    return [
-        "",
-        "# Restart budgets: time-limit and hang requeues (counted here) and Slurm's own requeues (preemption, node",
-        "# failure).",
-        'mkdir -p "$run_dir"',
-        f'own_requeues=$(cat "$run_dir/{REQUEUE_COUNT_FILE}" 2>/dev/null || true)',
-        'case "$own_requeues" in "" | *[!0-9]*) own_requeues=0 ;; esac',
-        f'hang_restarts=$(cat "$run_dir/{HANG_RESTARTS_FILE}" 2>/dev/null || true)',
-        'case "$hang_restarts" in "" | *[!0-9]*) hang_restarts=0 ;; esac',
-        "slurm_requeues=$((${SLURM_RESTART_COUNT:-0} - own_requeues - hang_restarts))",
-        f'if [ "$slurm_requeues" -gt {job.max_preemptions} ]; then',
-        f'    echo "hpctrain: Slurm has requeued this job $slurm_requeues times (preemption, node failure), more than'
-        f' the budget of {job.max_preemptions} (--max-preemptions); not starting again" >&2',
-        "    exit 1",
-        "fi",
-    ]
 
 
 def sbatch_argv(job: JobSpec) -> list[str]:
