@@ -175,8 +175,8 @@ def patch_whitening(images: torch.Tensor, filters: int, eps: float = 1e-2) -> to
 
 class FastNet(nn.Module):
     """Three conv-pool-BN-ReLU blocks (28 -> 14 -> 7 -> 3) and a linear layer; autocast inside forward to the type
-    `hpctrain.training.precision` picks for the device (bf16, fp16 or none), float32 logits out. `whiten(filters)` fixes the first convolution's
-    filters (patch_whitening's) and freezes them."""
+    `hpctrain.training.precision` picks for the device (bf16, fp16 or none), float32 logits out. `whiten(filters)`
+    fixes the first convolution's filters (patch_whitening's) and freezes them."""
 
     def __init__(self, widths: tuple[int, int, int] = (16, 32, 64), num_classes: int = 10) -> None:
         super().__init__()
