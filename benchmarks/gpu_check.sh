@@ -64,9 +64,9 @@ if [[ "${GPU_CHECK_REHEARSE:-}" == 1 ]] || ! python3 -c 'import sys, torch; sys.
     step machine 60 bash -c 'nproc; lscpu | head -20; python3 -c "import torch; print(torch.__version__)"'
     step machine 60 python3 -m hpctrain env
     step tests 120 python3 -m pytest -p no:cacheprovider -m gpu -v -rs -n 0 tests/test_gpu.py
-    step stop_vote 60 python3 benchmarks/stop_vote.py --device cpu --steps 5 --blocks 1
+    step stop_vote 90 python3 benchmarks/stop_vote.py --device cpu --steps 2 --blocks 1
     step checkpoint_pause 90 python3 benchmarks/checkpoint_pause.py --device cpu --workloads mnist --checkpoints 2 \
-        --repeats 1
+        --steps-between 2 --repeats 1
     step mnist_speed 150 python3 benchmarks/mnist_speed.py --data-dir .gpudata --device cpu --repeats 1 \
         --fast-epochs 1 --skip tutorial,classic
     step imagenet 150 python3 benchmarks/imagenet_gpu.py --device cpu --images 32 --steps 2 --archs resnet18 \
