@@ -58,7 +58,8 @@ step() {  # step NAME LIMIT COMMAND...: output in $OUT/NAME.txt, exit status and
     echo "$name: exit $status, $((SECONDS - start)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
 }
 dali=$(python3 -c 'import nvidia.dali' 2>/dev/null && echo ,dali)
-if [[ "${GPU_CHECK_REHEARSE:-}" == 1 ]] || ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+has_cuda() { python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; }
+if [[ "${GPU_CHECK_REHEARSE:-}" == 1 ]] || ! has_cuda; then
     echo "rehearsal on the CPU: no CUDA device (or GPU_CHECK_REHEARSE=1); small CPU forms of every step" \
         | tee -a "$OUT/summary.txt"
     step machine 60 bash -c 'nproc; lscpu | head -20; python3 -c "import torch; print(torch.__version__)"'
