@@ -81,9 +81,9 @@ def machine(device: str) -> dict[str, str]:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = str(torch.version.cuda)
-    from hpctrain.recipes.mnist import bf16_is_fast
+    from hpctrain.training.precision import precision_for
 
-    info["bf16 in hardware (fast recipe uses it)"] = str(bf16_is_fast(torch.device(device)))
+    info["fast recipe computes in"] = precision_for(torch.device(device)).why
     return info
 
 

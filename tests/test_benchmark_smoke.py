@@ -29,12 +29,14 @@ def test_stop_vote_benchmark_measures_each_mode() -> None:
 
 
 @pytest.mark.slow
-def test_mnist_step_cost_benchmark_compares_the_two_networks() -> None:
+def test_mnist_step_cost_benchmark_compares_the_two_networks_and_the_two_types() -> None:
     result = bench("benchmarks/mnist_step_cost.py", "--threads", "1", "--steps", "2", "--rounds", "1")
     assert result.returncode == 0, result.stderr
     rows = [line.split(" us per image")[0].rsplit(None, 1) for line in result.stdout.splitlines() if "us per image" in line]
-    assert [name.strip() for name, _ in rows] == ["before (16, 32, 64 trained)", "now (8 frozen, 24, 64)"], result.stdout
+    assert [name.strip() for name, _ in rows] == ["before (16, 32, 64 trained)", "now (8 frozen, 24, 64)",
+                                                  "now, float32", "now, bfloat16 autocast"], result.stdout
     assert all(float(us) > 0 for _, us in rows), result.stdout
+    assert "bfloat16 / float32 step time: " in result.stdout and "the table picked " in result.stdout, result.stdout
 
 
 @pytest.mark.slow

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.distributed import all_gather_object, all_reduce, destroy_process_group
-from hpctrain.distributed.collectives import held_count
+from hpctrain.distributed import collectives
+from hpctrain.distributed.collectives import held_bytes, held_count
 from training_helpers import clean_environ
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
@@ -84,7 +85,15 @@ def test_product_code_runs_collectives_only_through_the_collectives_module() -> 
     assert direct == {}, "use hpctrain.distributed.collectives (see its docstring for why)"
 
 
-def test_a_collectives_tensors_outlive_it(tmp_path: Path) -> None:
+@pytest.fixture
+def deadlock_era(monkeypatch):
+    """This torch treated as one from before the destructor fix (torch < 2.8), so that tensors are kept here too."""
+    monkeypatch.setattr(collectives, "FIXED_IN", (99, 0))
+    monkeypatch.setattr(collectives, "_held", collectives.deque())
+    monkeypatch.setattr(collectives, "_held_bytes", 0)
+
+
+def test_a_collectives_tensors_outlive_it(tmp_path: Path, deadlock_era) -> None:
     dist.init_process_group("gloo", init_method=(tmp_path / "rdzv").as_uri(), rank=0, world_size=1)
     try:
         before = held_count()
@@ -97,6 +106,46 @@ def test_a_collectives_tensors_outlive_it(tmp_path: Path) -> None:
         assert kept() is not None
         assert held_count() == before + 1
         assert all_gather_object({"a": [1, 2]}) == [{"a": [1, 2]}]
+    finally:
+        destroy_process_group()
+
+
+def test_kept_tensors_are_bounded_in_bytes_and_the_newest_is_always_kept(tmp_path: Path, deadlock_era,
+                                                                         monkeypatch) -> None:
+    """The count bound alone (64 collectives, or all of the last 10 s) let a loop of large all-reduces pin tens of
+    GB; now the bytes kept never pass HOLD_BYTES, except the newest collective's own, kept until the next one."""
+    monkeypatch.setattr(collectives, "HOLD_BYTES", 1 << 20)
+    dist.init_process_group("gloo", init_method=(tmp_path / "rdzv").as_uri(), rank=0, world_size=1)
+    try:
+        for _ in range(10):
+            all_reduce(torch.ones(64 << 10))  # 256 KiB each, dropped by the caller at once
+            assert held_bytes() <= 1 << 20
+        assert held_count() == 4
+        big = torch.ones(1 << 20)  # 4 MiB: over the bound on its own
+        kept = weakref.ref(big)
+        all_reduce(big)
+        del big
+        gc.collect()
+        assert kept() is not None and held_count() == 1 and held_bytes() == 4 << 20
+        all_reduce(torch.ones(1))
+        gc.collect()
+        assert kept() is None and held_count() == 1
+    finally:
+        destroy_process_group()
+
+
+def test_nothing_is_kept_where_the_deadlock_cannot_happen(tmp_path: Path) -> None:
+    """torch >= 2.8 (pytorch#154976) and NCCL: no tensor kept. Per-device backends: only gloo's device counts."""
+    assert collectives.holds_for("gloo", "cpu") and not collectives.holds_for("nccl", "cuda")
+    assert collectives.holds_for("cpu:gloo,cuda:nccl", "cpu")
+    assert not collectives.holds_for("cpu:gloo,cuda:nccl", "cuda")
+    if collectives.version_tuple(torch.__version__) < collectives.FIXED_IN:
+        pytest.skip(f"torch {torch.__version__} has the deadlock: its gloo collectives keep their tensors")
+    dist.init_process_group("gloo", init_method=(tmp_path / "rdzv").as_uri(), rank=0, world_size=1)
+    try:
+        before = held_count()
+        all_reduce(torch.ones(4))
+        assert held_count() == before
     finally:
         destroy_process_group()
 

@@ -122,7 +122,7 @@ def test_backend_choice() -> None:
     for backend in GPU_BACKENDS:
         choice = choose_backend(backend, "cpu")
         assert choice.name == backend and "meant for CUDA GPUs" in choice.why
-    assert choose_backend("auto", "cuda").name == "dali"
+    assert choose_backend("auto", "cuda", prove=lambda name: None).name == "dali"
     assert choose_backend("nvjpeg", "cuda").why == "as asked: JPEGs are decoded on the GPU"
     with pytest.raises(UserError, match="choose one of auto, cpu, dali, nvjpeg"):
         choose_backend("opencv", "cpu")
@@ -296,3 +296,63 @@ def test_nvjpeg_crop_resize_makes_as_many_torch_calls_for_64_images_as_for_4() -
             nvjpeg.crop_resize_batch(pictures, boxes, (32, 32))
         counts.append(CountCalls.calls)
     assert counts[0] == counts[1]
+
+
+def proven_except(*failing: str):  # noqa: ANN201
+    """A stand-in for the GPU proof (no GPU here): the backends named fail their test decode."""
+    tried = []
+
+    def prove(name: str) -> str | None:
+        tried.append(name)
+        return "its test decode failed: CUDA error: no kernel image is available" if name in failing else None
+
+    return prove, tried
+
+
+@pytest.mark.parametrize(("version", "failing", "chosen", "tried", "said"), [
+    ("2.4.0", (), "dali", ["dali"], "auto: NVIDIA DALI 2.4.0 decoded its test JPEGs right on this GPU"),
+    # NGC PyTorch 24.05 ships DALI 1.37: its fn.decoders.image_slice has no adjust_orientation argument
+    ("1.37.0", (), "nvjpeg", ["nvjpeg"], "auto: NVIDIA DALI 1.37.0 is older than 2.0, whose decoder arguments the "
+                                         "dali backend uses; nvjpeg decoded its test JPEGs right on this GPU"),
+    ("2.4.0", ("dali",), "nvjpeg", ["dali", "nvjpeg"], "auto: dali on this GPU: its test decode failed: CUDA error: "
+                                                       "no kernel image is available; nvjpeg decoded"),
+    ("2.4.0", ("dali", "nvjpeg"), "cpu", ["dali", "nvjpeg"], "; data worker processes decode on the CPU"),
+    (None, (), "nvjpeg", ["nvjpeg"], "auto: NVIDIA DALI is not installed (pip install nvidia-dali-cuda"),
+])
+def test_auto_picks_only_a_checked_dali_and_a_backend_proven_on_the_gpu(monkeypatch, version, failing, chosen,
+                                                                        tried, said) -> None:
+    """auto took DALI whenever it imported on a CUDA device, whatever its version, and never checked a GPU decode."""
+    from hpctrain.data import backends
+
+    monkeypatch.setattr(backends, "dali_version", lambda: version)
+    prove, seen = proven_except(*failing)
+    choice = choose_backend("auto", "cuda", prove=prove)
+    assert (choice.name, seen) == (chosen, tried)
+    assert said in choice.why, choice.why
+    assert "\n" not in choice.describe()
+
+
+def test_an_old_dali_asked_for_is_refused_with_the_upgrade(monkeypatch) -> None:
+    from hpctrain.data import backends
+
+    monkeypatch.setattr(backends, "dali_version", lambda: "1.37.0")
+    with pytest.raises(UserError, match=r"needs NVIDIA DALI >= 2.0 \(its decoder arguments\), and 1.37.0 is "
+                                        r"installed: pip install -U nvidia-dali-cuda"):
+        choose_backend("dali", "cuda")
+
+
+@pytest.mark.parametrize("backend", ["nvjpeg", "dali"])
+def test_the_gpu_proof_passes_on_the_cpu_variants_and_catches_a_wrong_decode(monkeypatch, backend) -> None:
+    """The proof's own decoders, run on the CPU (torchvision's CPU decode_jpeg; DALI's CPU pipeline with the dali
+    backend's decoder arguments): right pixels pass; a decoder that returns another image fails, in one phrase."""
+    import torch
+
+    from hpctrain.data.backends import proof
+
+    assert proof.prove(backend, torch.device("cpu")) is None
+    real = proof.DECODERS[backend]
+    monkeypatch.setitem(proof.DECODERS, backend, lambda jpegs, device: [255 - p for p in real(jpegs, device)])
+    assert "differs from Pillow's by" in proof.prove(backend, torch.device("cpu"))
+    monkeypatch.setitem(proof.DECODERS, backend, lambda jpegs, device: 1 / 0)
+    assert proof.prove(backend, torch.device("cpu")) == "its test decode failed: division by zero"
+

@@ -5,7 +5,9 @@ What each covers: NCCL process-group init (device_id) and the stop vote on an NC
 example under torchrun); DDP and DataParallel on GPUs; bf16 autocast and channels_last (the fast recipes); the
 dataset held on the GPU (mnist); pinned copies in the asynchronous checkpointer and CUDA RNG state in checkpoints
 (every resume test); `hpctrain env`; imagenet's transfers with each data backend (cpu workers, nvjpeg's GPU
-decode_jpeg, dali's mixed decoder with spawn workers).
+decode_jpeg, dali's mixed decoder with spawn workers). Issue 33 added the last five: the GPU's native autocast type
+and fp16 with a gradient scaler, auto's proven backend, nvjpeg on its own stream against the CPU decoder, the
+forward clock under DataParallel and NCCL collectives keeping no tensors.
 """
 
 from __future__ import annotations
@@ -163,5 +165,125 @@ def test_health_cuda_paths_time_the_forward_pass_and_dump_the_flight_recorder(tm
         assert dump_flight_recorder(tmp_path / "nccl-trace-rank-0")
         trace = pickle.loads((tmp_path / "nccl-trace-rank-0").read_bytes())  # noqa: S301 - torch's own dump
         assert "all_reduce" in str(trace).lower().replace("allreduce", "all_reduce"), str(trace)[:2000]
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------- issue 33
+
+
+def test_the_fast_recipes_compute_in_the_gpus_native_type(fashion_data_dir, tmp_path):
+    """bf16 from sm80, fp16 with a gradient scaler on sm70/75, fp32 below (hpctrain.training.precision), said in the
+    start-up line; the mnist fast recipe trains in it."""
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.precision import cuda_precision
+
+    expected = cuda_precision(torch.cuda.get_device_capability(0))
+    cuda = torch.device("cuda", 0)
+    assert get_recipe("imagenet", "fast").precision(cuda) == expected
+    assert get_recipe("mnist", "fast").precision(cuda) == expected
+    result = ok(hpctrain("train", "mnist", *GPU_QUICK, "--epochs", "1", "--device", "cuda",
+                         "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run")))
+    assert f"cuda ({expected.why})" in result.stdout, result.stdout
+
+
+def test_float16_steps_with_a_gradient_scaler_on_the_gpu():
+    """The V100/T4 path on whatever GPU this is: FastNet in fp16 autocast, scaled gradients, finite losses."""
+    from hpctrain.recipes.mnist import FastNet
+    from hpctrain.training.precision import Precision, grad_scaler
+
+    cuda = torch.device("cuda", 0)
+    fp16 = Precision(torch.float16, "test")
+    model = FastNet((8, 24, 64)).to(cuda, memory_format=torch.channels_last)
+    model._precision[cuda] = fp16
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = grad_scaler(fp16, cuda)
+    images, labels = torch.randn(112, 1, 28, 28, device=cuda), torch.randint(0, 10, (112,), device=cuda)
+    losses = []
+    for _ in range(20):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+    assert scaler.get_scale() > 0
+
+
+def test_auto_picks_a_backend_proven_on_this_gpu():
+    """The proof decodes test JPEGs on this GPU; auto takes dali (DALI >= 2.0 installed) or nvjpeg, never one
+    that failed it."""
+    from hpctrain.compat import version_tuple
+    from hpctrain.data.backends import MIN_DALI, choose_backend, dali_version
+    from hpctrain.data.backends.proof import prove
+
+    cuda = torch.device("cuda", 0)
+    assert prove("nvjpeg", cuda) is None
+    choice = choose_backend("auto", "cuda")
+    version = dali_version()
+    if version is not None and version_tuple(version) >= MIN_DALI:
+        assert prove("dali", cuda) is None
+        assert choice.name == "dali", choice.why
+    else:
+        assert choice.name == "nvjpeg", choice.why
+    print(choice.describe())
+
+
+def test_nvjpeg_on_its_own_stream_gives_the_cpu_decoders_batches(photo_folders):  # noqa: F811
+    """Decoding on a stream of its own, ordered by events with the training stream (data/backends/streams.py),
+    while a training-sized matmul keeps the training stream busy: every batch matches the CPU variant's pixels
+    (libjpeg-turbo) within a few levels, epoch after epoch."""
+    from hpctrain.data.backends import choose_backend, make_loader
+    from hpctrain.data.imagefolder import find_image_folders
+    from hpctrain.data.loader import LoaderConfig
+    from hpctrain.data.sampler import EpochPlan
+    from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
+
+    found = find_image_folders(photo_folders)
+    crops = RandomResizedCrop(size=(64, 64)), CenterCrop(size=(56, 56), resize=64)
+
+    def batches(device):
+        source = make_loader(choose_backend("nvjpeg", device.type), found.train, found.val, LoaderConfig(workers=2),
+                             3, *crops, device)
+        plan = EpochPlan(len(found.train), 4, 1, 3)
+        busy = torch.randn(2048, 2048, device="cuda")
+        out = []
+        for epoch in range(2):
+            for batch in source.train_batches(plan, epoch, 0, 0):
+                busy = busy @ busy.T / 2048  # the step's kernels, queued on the training stream
+                out.append(batch[0].float().cpu())
+        torch.cuda.synchronize()
+        return out
+
+    gpu, cpu = batches(torch.device("cuda", 0)), batches(torch.device("cpu"))
+    assert len(gpu) == len(cpu) > 0
+    worst = max(float((a - b).abs().mean()) for a, b in zip(gpu, cpu))
+    assert worst < 4.0, f"the GPU's batches differ from the CPU's by {worst:.2f} levels on average"
+
+
+def test_forward_clock_under_dataparallel_and_no_tensors_kept_on_nccl():
+    """DataParallel over every GPU (replica threads when there are two or more) times its forward pass; an NCCL
+    group's collectives keep no tensors (hpctrain.distributed.collectives keeps them only for gloo on old torch)."""
+    import torch.distributed as dist
+
+    from hpctrain.distributed import all_reduce
+    from hpctrain.distributed.collectives import held_count
+    from hpctrain.training.watch import ForwardClock
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    clock = ForwardClock(model, torch.device("cuda", 0))
+    wrapped = torch.nn.DataParallel(model)
+    for _ in range(3):
+        wrapped(torch.randn(256 * max(gpus(), 1), 1024, device="cuda"))
+    torch.cuda.synchronize()
+    assert clock.read() > 0.0
+    clock.remove()
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        before = held_count()
+        all_reduce(torch.ones(1 << 20, device="cuda"))
+        torch.cuda.synchronize()
+        assert held_count() == before
     finally:
         dist.destroy_process_group()

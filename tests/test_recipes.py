@@ -356,22 +356,3 @@ def test_cudnn_benchmark_is_the_recipes_choice_and_only_on_cuda() -> None:
         assert cudnn_benchmark(get_recipe("imagenet", recipe), cpu) is False
     for recipe in ("fast", "classic"):
         assert cudnn_benchmark(get_recipe("mnist", recipe), cuda) is False
-
-
-@pytest.mark.parametrize(("cap", "fast"), [("AVX2", False), ("avx512_core", False), ("SSE41", False),
-                                           ("AVX512_CORE_BF16", None), ("ALL", None), (None, None)])
-def test_a_capped_onednn_instruction_set_keeps_the_cpu_in_float32(monkeypatch, cap, fast) -> None:
-    """ONEDNN_MAX_CPU_ISA below bfloat16's (what a user sets to compare with an AVX2 machine, or to work around a
-    oneDNN bug) makes bf16 emulated, so the fast recipe stays in float32; at or above it, the hardware decides."""
-    import torch
-
-    from hpctrain.recipes.mnist import bf16_is_fast
-
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    if cap is None:
-        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    else:
-        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    hardware = any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-    assert bf16_is_fast(torch.device("cpu")) is (hardware if fast is None else fast)

@@ -1,13 +1,16 @@
-"""The collectives hpctrain runs, each keeping the tensors it hands to torch alive for a while after it returns.
+"""The collectives hpctrain runs, each keeping the tensors it hands to torch alive for a while after it returns, on
+the torch versions and backends where that is needed.
 
-Why they are kept: before the mid-2025 fix (pytorch/pytorch#154976; the hazard is pytorch#56297), a gloo process
-group's destructor waits for its worker threads while it holds Python's GIL. A worker thread lets go of a
-collective's tensors only *after* the caller has been told the collective is done. When the caller has dropped its
-own reference by then (a temporary, as inside torch's `all_gather_object`), the worker's release is the last one and
-needs the GIL to free the Python object; if `destroy_process_group` is running at that moment, neither thread can go
-on and the process hangs for good, with its allocation. Seen in our floor CI (torch 2.2, gloo): a two-process job
-whose last collectives were a gather and a barrier never exited, about one run in five on a loaded machine. With
-every tensor of a recent collective still referenced from here, the worker's release is never the last one.
+Why they are kept: before pytorch/pytorch#154976 (merged 2025-06-04, so torch 2.8 and later have it; the hazard is
+pytorch#56297), a gloo process group's destructor waits for its worker threads while it holds Python's GIL. A
+worker thread lets go of a collective's tensors only *after* the caller has been told the collective is done. When
+the caller has dropped its own reference by then (a temporary, as inside torch's `all_gather_object`), the worker's
+release is the last one and needs the GIL to free the Python object; if `destroy_process_group` is running at that
+moment, neither thread can go on and the process hangs for good, with its allocation. Seen in our floor CI (torch
+2.2, gloo): a two-process job whose last collectives were a gather and a barrier never exited, about one run in five
+on a loaded machine. With every tensor of a recent collective still referenced from here, the worker's release is
+never the last one. NCCL's groups hand tensors to no such worker thread; torch >= 2.8 releases the GIL first: there,
+nothing is kept.
 
 Every collective in hpctrain's product code goes through this module (tests/test_collectives.py checks the sources).
 """
@@ -19,32 +22,71 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.compat import version_tuple
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["all_gather_object", "all_reduce", "all_reduce_mean", "barrier", "collective_device",
-           "collective_device_type", "device_type_for"]
+           "collective_device_type", "device_type_for", "holds_for"]
 
-# A collective's tensors stay referenced while they are among the HOLD_COUNT most recent or younger than HOLD_S
-# seconds, and never beyond the HOLD_MAX most recent. A worker thread releases them microseconds after the
-# collective completes; seconds cover a thread the operating system left waiting on a loaded machine. The tensors
-# are small (votes, sums, pickled rank states), so even a loop voting thousands of times a second keeps a few MB.
+# Where kept (gloo, torch < 2.8), a collective's tensors stay referenced while they are among the HOLD_COUNT most
+# recent or younger than HOLD_S seconds, never beyond the HOLD_MAX most recent, and never beyond HOLD_BYTES in all:
+# the most recent collective's tensors are always kept (until the next one), older ones are let go first. A worker
+# thread releases them microseconds after the collective completes; seconds cover a thread the operating system
+# left waiting on a loaded machine. Most are small (votes, sums, pickled rank states); the preflight's buffers
+# (64-192 MiB) and a user's all_reduce of a large tensor are not, hence the bound in bytes.
 HOLD_S = 10.0
 HOLD_COUNT = 64
 HOLD_MAX = 20_000
-_held: deque[tuple[float, tuple[Any, ...]]] = deque()
+HOLD_BYTES = 64 << 20
+FIXED_IN = (2, 8)  # the first torch whose process-group destructor releases the GIL (pytorch#154976)
+_held: deque[tuple[float, int, tuple[Any, ...]]] = deque()
+_held_bytes = 0
 
 
-def _hold(*tensors: Any) -> None:
+def _hold(group: Any, *tensors: Any) -> None:
+    global _held_bytes
+    if not _needs_hold(group, tensors[0].device.type):
+        return
     now = time.monotonic()
-    _held.append((now, tensors))
-    while len(_held) > HOLD_MAX or (len(_held) > HOLD_COUNT and now - _held[0][0] > HOLD_S):
-        _held.popleft()
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    _held.append((now, size, tensors))
+    _held_bytes += size
+    while len(_held) > 1 and (len(_held) > HOLD_MAX or _held_bytes > HOLD_BYTES
+                              or (len(_held) > HOLD_COUNT and now - _held[0][0] > HOLD_S)):
+        _held_bytes -= _held.popleft()[1]
+
+
+def _needs_hold(group: Any, device_type: str) -> bool:
+    """Whether a collective on `group` of tensors on `device_type` needs them kept: gloo carries it, on a torch
+    before the fix. With "cpu:gloo,cuda:nccl", CUDA tensors go to NCCL: not kept."""
+    import torch
+    import torch.distributed as dist
+
+    if version_tuple(torch.__version__) >= FIXED_IN:
+        return False
+    return holds_for(str(dist.get_backend(group)), device_type)
+
+
+def holds_for(backend: str, device_type: str) -> bool:
+    """Whether `backend` (torch.distributed.get_backend's name, or a per-device list such as "cpu:gloo,cuda:nccl")
+    carries `device_type`'s tensors over gloo."""
+    backend = backend.lower()
+    if ":" not in backend:
+        return backend == "gloo"
+    per_device = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
+    return per_device.get(device_type, "").strip() == "gloo"
 
 
 def held_count() -> int:
     """How many collectives' tensors are being kept (for tests)."""
     return len(_held)
+
+
+def held_bytes() -> int:
+    """The bytes of the tensors being kept (for tests)."""
+    return _held_bytes
 
 
 def _is_initialized() -> bool:
@@ -59,7 +101,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", group: Any = None) -> torc
     import torch.distributed as dist
 
     if _is_initialized():
-        _hold(tensor)
+        _hold(group, tensor)
         dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()), group=group)
     return tensor
 
@@ -87,7 +129,7 @@ def exchange(tensor: torch.Tensor, received: torch.Tensor, peer: int, first: boo
     first, its peer receives first, so the two never wait on each other. Point to point: no other rank takes part."""
     import torch.distributed as dist
 
-    _hold(tensor, received)
+    _hold(None, tensor, received)
     if first:
         dist.send(tensor, peer)
         dist.recv(received, peer)
@@ -111,13 +153,13 @@ def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
-    _hold(size, *sizes)
+    _hold(group, size, *sizes)
     dist.all_gather(sizes, size, group=group)
     lengths = [int(s.item()) for s in sizes]
     padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
     padded[: payload.numel()] = payload.to(device)
     gathered = [torch.empty_like(padded) for _ in range(world)]
-    _hold(padded, *gathered)
+    _hold(group, padded, *gathered)
     dist.all_gather(gathered, padded, group=group)
     return [pickle.loads(t[:n].cpu().numpy().tobytes()) for t, n in zip(gathered, lengths)]  # noqa: S301 - our ranks
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hpctrain.data.source import DataSource, TimedBatches
+from hpctrain.training.precision import Precision
 from hpctrain.training.workload import Defaults, Optimization
 
 if TYPE_CHECKING:
@@ -98,8 +99,13 @@ class Recipe(ABC):
         return data
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """Around forward and loss in training and evaluation (mixed precision); default: none."""
-        return contextlib.nullcontext()
+        """Around forward and loss in training and evaluation (mixed precision); default: `precision`'s."""
+        return self.precision(device).autocast(device.type)
+
+    def precision(self, device: torch.device) -> Precision:
+        """The floating-point type training computes in on `device`; default: float32. Recipes that use mixed
+        precision return `hpctrain.training.precision.precision_for(device)`: one rule for every recipe."""
+        return Precision(None, "fp32")
 
     def describe_scaling(self, cfg: TrainConfig, world_size: int) -> str | None:
         """An extra startup line (batch split, scaled learning rate), or None."""

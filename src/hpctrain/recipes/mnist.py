@@ -6,8 +6,8 @@ gather: no DataLoader workers, no per-sample transforms.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 
 import torch
 from torch import nn
@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from hpctrain.data import load_dataset
 from hpctrain.recipes.base import Optimization, Recipe, TensorData, keep_freed_memory
 from hpctrain.recipes.catalog import CATALOG
+from hpctrain.training.precision import Precision, precision_for
 
 # Mean and standard deviation of MNIST's training pixels, as the tutorial uses them (also for Fashion-MNIST).
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -151,30 +152,6 @@ def _conv_pool_block(c_in: int, c_out: int) -> list[nn.Module]:
     ]
 
 
-# oneDNN instruction sets that compute in bfloat16 (ONEDNN_MAX_CPU_ISA names; a cap below them emulates it).
-BF16_ISAS = frozenset({"ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
-                       "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2"})
-
-
-def bf16_is_fast(device: torch.device) -> bool:
-    """Whether bfloat16 convolutions run in hardware here (AMX/AVX512-BF16 CPUs, Ampere+ GPUs).
-    Elsewhere they are emulated and slower than float32, so the fast recipe stays in float32. On a CPU, a cap
-    on oneDNN's instruction set below bfloat16's (ONEDNN_MAX_CPU_ISA=AVX2, say) counts as no hardware."""
-    if device.type == "cuda":
-        try:
-            return torch.cuda.is_bf16_supported(including_emulation=False)
-        except TypeError:  # torch < 2.3: no emulation to exclude
-            return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").strip().upper()
-        if cap not in BF16_ISAS:
-            return False
-        cpu = getattr(torch, "cpu", None)
-        probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-        return any(getattr(cpu, probe, lambda: False)() for probe in probes)
-    return False
-
-
 def patch_whitening(images: torch.Tensor, filters: int, eps: float = 1e-2) -> torch.Tensor:
     """3x3 convolution filters [filters, 1, 3, 3] that whiten the 3x3 patches of `images` ([N, 1, H, W]): the
     top filters // 2 principal directions of the patch covariance, each scaled by 1 / sqrt(its variance + eps),
@@ -197,16 +174,16 @@ def patch_whitening(images: torch.Tensor, filters: int, eps: float = 1e-2) -> to
 
 
 class FastNet(nn.Module):
-    """Three conv-pool-BN-ReLU blocks (28 -> 14 -> 7 -> 3) and a linear layer; bfloat16 autocast inside
-    forward where the hardware computes in it, float32 logits out. `whiten(filters)` fixes the first convolution's
-    filters (patch_whitening's) and freezes them."""
+    """Three conv-pool-BN-ReLU blocks (28 -> 14 -> 7 -> 3) and a linear layer; autocast inside forward to the type
+    `hpctrain.training.precision` picks for the device (bf16, fp16 or none), float32 logits out. `whiten(filters)`
+    fixes the first convolution's filters (patch_whitening's) and freezes them."""
 
     def __init__(self, widths: tuple[int, int, int] = (16, 32, 64), num_classes: int = 10) -> None:
         super().__init__()
         w1, w2, w3 = widths
         self.features = nn.Sequential(*_conv_pool_block(1, w1), *_conv_pool_block(w1, w2), *_conv_pool_block(w2, w3))
         self.head = nn.Linear(w3 * 3 * 3, num_classes)
-        self._bf16: dict[torch.device, bool] = {}
+        self._precision: dict[torch.device, Precision] = {}
 
     def whiten(self, filters: torch.Tensor) -> None:
         """Fixed first-layer filters (from patch_whitening): copied in and no longer trained."""
@@ -216,9 +193,9 @@ class FastNet(nn.Module):
         stem.weight.requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device not in self._bf16:
-            self._bf16[x.device] = bf16_is_fast(x.device)
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self._bf16[x.device]):
+        if x.device not in self._precision:
+            self._precision[x.device] = precision_for(x.device)
+        with self._precision[x.device].autocast(x.device.type):
             return self.head(torch.flatten(self.features(x), 1)).float()
 
 
@@ -294,6 +271,13 @@ class FastRecipe(Recipe):
         warmup = max(1, round(self.warmup_fraction * total))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup, total))
         return Optimization(optimizer, scheduler, "step")
+
+    def precision(self, device: torch.device) -> Precision:
+        # FastNet autocasts inside its forward (so a DataParallel replica does too), to this same type.
+        return precision_for(device)
+
+    def autocast(self, device: torch.device):
+        return contextlib.nullcontext()
 
     def augment(self, images, generator):
         if not self.flips:

@@ -59,6 +59,8 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
             "ranks": gathered,
             "config": run.cfg.to_dict(),
         }
+        if parts.optimization.scaler is not None:  # float16: the loss scale and its growth counter
+            state["scaler"] = parts.optimization.scaler.state_dict()
         name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
         write = run.writer.save if run.writer is not None else checkpoint.save
         write(state, checkpoint_dir(run.run_dir), name, epoch=position.epoch, step=position.step,
@@ -77,6 +79,8 @@ def restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[
         model.load_state_dict(state["model"])
         optimization.optimizer.load_state_dict(state["optimizer"])
         optimization.scheduler.load_state_dict(state["scheduler"])
+        if optimization.scaler is not None and "scaler" in state:
+            optimization.scaler.load_state_dict(state["scaler"])
     except (RuntimeError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"the checkpoint does not fit this run's model or optimizer ({first[:300]}); resume with "

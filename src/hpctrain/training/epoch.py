@@ -90,9 +90,14 @@ def _step(run: Run, parts: Parts, position: Position, inputs: torch.Tensor, labe
     with run.recipe.autocast(run.device), collective(f"step {step}'s forward pass", only_known=True):
         loss = run.recipe.loss(parts.wrapped(images), labels)  # DDP broadcasts buffers (BatchNorm) here
     optimization.optimizer.zero_grad(set_to_none=True)
+    scaler = optimization.scaler  # float16 only (hpctrain.training.precision): gradients scaled, skipped when inf
     with collective(f"step {step}'s gradient all-reduce (backward)", only_known=True):
-        loss.backward()
-    optimization.optimizer.step()
+        (loss if scaler is None else scaler.scale(loss)).backward()
+    if scaler is None:
+        optimization.optimizer.step()
+    else:
+        scaler.step(optimization.optimizer)
+        scaler.update()
     if optimization.scheduler_interval == "step":
         optimization.scheduler.step()
     position.step += 1

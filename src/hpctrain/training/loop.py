@@ -38,6 +38,7 @@ from hpctrain.training import preflight
 from hpctrain.training.checkpoints import keep_best, restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
+from hpctrain.training.precision import grad_scaler
 from hpctrain.training.parts import Parts, control_group, wrap
 from hpctrain.training.run import Position, Run
 from hpctrain.training.rundir import all_hostnames, checkpoint_dir, write_run_files
@@ -156,6 +157,7 @@ def _build(run: Run) -> tuple[Parts, Position]:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank and in every strategy
     model = recipe.build_model().to(device)
     optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, plan.steps_per_epoch)
+    optimization.scaler = grad_scaler(recipe.precision(device), device)  # before restore: a checkpoint holds its state
     if run.resume_from is not None:
         position = restore(run, model, optimization, run.resume_from)
     else:
@@ -174,7 +176,8 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
     progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss,
                         every_steps=cfg.print_freq)
-    where = f"{run.env.world_size} process(es), {run.strategy}, {run.device.type}"
+    where = (f"{run.env.world_size} process(es), {run.strategy}, {run.device.type} "
+             f"({run.recipe.precision(run.device).why})")
     run.say(f"training {cfg.workload}/{cfg.recipe} on {data_label(cfg)} ({plan.num_samples} images) with {where}; "
             f"run dir {run.run_dir}")
     scaling = run.recipe.describe_scaling(cfg, run.env.world_size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,35 +76,60 @@ def dump_flight_recorder(path: Path) -> bool:
 class ForwardClock:
     """Seconds of the model's last forward pass, timed by hooks on the model inside DDP (so DDP's own buffer
     broadcast, which waits for the other ranks, is not counted). On a GPU, by CUDA events read back only when they
-    have completed (no synchronization): the value may lag a step behind."""
+    have completed (no synchronization): the value may lag a step behind.
+
+    Under DataParallel (--strategy dp) the hooks fire in each replica's thread at once (the replicas share the
+    module's hooks): each thread times its own replica, under a lock, and a forward pass counts as its slowest
+    replica's time (each replica's CUDA events are on its own GPU, so only times within one thread compare)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         self.seconds = 0.0
         self._cuda = device.type == "cuda"
-        self._started = 0.0
-        self._events: tuple[Any, Any] | None = None
-        self._pending: tuple[Any, Any] | None = None
+        self._lock = threading.Lock()
+        self._started: dict[int, Any] = {}  # thread -> its replica's start (perf_counter, or a CUDA event)
+        self._running = 0  # replicas inside forward now
+        self._round: list[Any] = []  # this forward pass's finished replicas: seconds, or (start, end) CUDA events
+        self._pending: list[Any] = []  # the last pass's CUDA event pairs, read once they have completed
         self._hooks = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._end)]
 
     def _start(self, *_: Any) -> None:
         if self._cuda:
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self._events[0].record()
+            start: Any = torch.cuda.Event(enable_timing=True)
+            start.record()
         else:
-            self._started = time.perf_counter()
+            start = time.perf_counter()
+        with self._lock:
+            if self._running == 0:
+                self._round = []
+            if threading.get_ident() not in self._started:  # else its last forward raised: it was counted then
+                self._running += 1
+            self._started[threading.get_ident()] = start
 
     def _end(self, *_: Any) -> None:
-        if self._cuda and self._events is not None:
-            self._events[1].record()
-            self._pending, self._events = self._events, None
-        elif not self._cuda:
-            self.seconds = time.perf_counter() - self._started
+        if self._cuda:
+            end: Any = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            end = time.perf_counter()
+        with self._lock:
+            start = self._started.pop(threading.get_ident(), None)
+            if start is None:
+                return
+            self._running -= 1
+            self._round.append((start, end) if self._cuda else end - start)
+            if self._running > 0:
+                return
+            if self._cuda:
+                self._pending = self._round
+            else:
+                self.seconds = max(self._round)
 
     def read(self) -> float:
-        if self._pending is not None and self._pending[1].query():
-            self.seconds = self._pending[0].elapsed_time(self._pending[1]) / 1000.0
-            self._pending = None
-        return self.seconds
+        with self._lock:
+            if self._pending and all(end.query() for _, end in self._pending):
+                self.seconds = max(start.elapsed_time(end) for start, end in self._pending) / 1000.0
+                self._pending = []
+            return self.seconds
 
     def remove(self) -> None:
         for hook in self._hooks:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # annotations only: the recipe catalog (names and defaults) i
 
     from hpctrain.config import TrainConfig
     from hpctrain.data.source import DataSource
+    from hpctrain.training.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Optimization:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scheduler_interval: str  # "epoch" or "step": when the loop calls scheduler.step()
+    scaler: Any = None  # a torch GradScaler where the recipe computes in float16 (set by the loop), else None
 
 
 class Recipe(Protocol):
@@ -77,6 +79,9 @@ class Recipe(Protocol):
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         """Around forward and loss in training and evaluation (mixed precision)."""
+
+    def precision(self, device: torch.device) -> Precision:
+        """The floating-point type training computes in on `device` (float16 gets a gradient scaler)."""
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from hpctrain.compat import version_tuple
 from hpctrain.errors import UserError
 
 DATA_BACKENDS = ("auto", "cpu", "dali", "nvjpeg")
@@ -33,22 +35,29 @@ class BackendChoice:
         return f"data backend {self.name} ({self.why})"
 
 
-def choose_backend(requested: str, device_type: str) -> BackendChoice:
+# The oldest NVIDIA DALI whose fn.decoders.image_slice takes the arguments the dali backend passes: adjust_orientation
+# came with the nvImageCodec-based decoders, fn.decoders from DALI 2.0 (in 1.x only fn.experimental.decoders had it;
+# 1.x's fn.decoders disregard EXIF and reject the argument); jpeg_fancy_upsampling is older (NVIDIA/DALI#4662, 2023).
+# NGC PyTorch images before 2025 ship a DALI 1.x.
+MIN_DALI = (2, 0)
+
+
+def choose_backend(requested: str, device_type: str,
+                   prove: Callable[[str], str | None] | None = None) -> BackendChoice:
     """The backend for `--data-backend requested` on a `device_type` ("cuda", "cpu", ...) training device.
 
-    auto: dali when it is installed and the device is a CUDA GPU, else nvjpeg on a CUDA GPU, else cpu. dali and
-    nvjpeg asked for on another device run their CPU variants (decoding on the CPU): they are meant for GPUs.
+    auto on a CUDA GPU: the first of dali and nvjpeg that is usable (dali: installed, version >= MIN_DALI) and
+    proves itself on this GPU (`prove(name)`: None, or what went wrong; default: `proof.prove` on the current
+    GPU), else cpu; the reason says why each one before it was passed over. auto elsewhere: cpu. dali and nvjpeg
+    asked for on another device run their CPU variants (decoding on the CPU): they are meant for GPUs.
     """
     if requested not in DATA_BACKENDS:
         raise UserError(f"--data-backend {requested!r}: choose one of {', '.join(DATA_BACKENDS)}")
     cuda = device_type == "cuda"
     if requested == "auto":
-        if cuda and dali_installed():
-            return BackendChoice("dali", "auto: NVIDIA DALI is installed and training runs on a CUDA GPU")
-        if cuda:
-            return BackendChoice("nvjpeg", f"auto: training runs on a CUDA GPU and NVIDIA DALI is not installed "
-                                           f"({dali_install_hint()} to use it)")
-        return BackendChoice("cpu", f"auto: training runs on {device_type}, GPU decoding needs a CUDA device")
+        if not cuda:
+            return BackendChoice("cpu", f"auto: training runs on {device_type}, GPU decoding needs a CUDA device")
+        return _auto_on_gpu(prove or _prove_on_current_gpu)
     if requested == "dali":
         require_dali()
     if requested == "cpu":
@@ -59,13 +68,47 @@ def choose_backend(requested: str, device_type: str) -> BackendChoice:
                                     f"training runs on {device_type}; --data-backend cpu is faster there")
 
 
+def _auto_on_gpu(prove: Callable[[str], str | None]) -> BackendChoice:
+    passed_over = []
+    version = dali_version()
+    if version is None:
+        passed_over.append(f"NVIDIA DALI is not installed ({dali_install_hint()} to use it)")
+    elif version_tuple(version) < MIN_DALI:
+        passed_over.append(f"NVIDIA DALI {version} is older than {MIN_DALI[0]}.{MIN_DALI[1]}, whose decoder "
+                           "arguments the dali backend uses")
+    else:
+        failure = prove("dali")
+        if failure is None:
+            return BackendChoice("dali", f"auto: NVIDIA DALI {version} decoded its test JPEGs right on this GPU")
+        passed_over.append(f"dali on this GPU: {failure}")
+    failure = prove("nvjpeg")
+    if failure is None:
+        return BackendChoice("nvjpeg", f"auto: {'; '.join(passed_over)}; nvjpeg decoded its test JPEGs right on "
+                                       "this GPU")
+    passed_over.append(f"nvjpeg on this GPU: {failure}")
+    return BackendChoice("cpu", f"auto: {'; '.join(passed_over)}; data worker processes decode on the CPU")
+
+
+def _prove_on_current_gpu(name: str) -> str | None:
+    import torch
+
+    from hpctrain.data.backends.proof import prove
+
+    return prove(name, torch.device("cuda", torch.cuda.current_device()))
+
+
 @functools.cache
-def dali_installed() -> bool:
+def dali_version() -> str | None:
+    """The installed NVIDIA DALI's version, or None when it does not import."""
     try:
-        importlib.import_module("nvidia.dali")
+        dali = importlib.import_module("nvidia.dali")
     except ImportError:
-        return False
-    return True
+        return None
+    return str(getattr(dali, "__version__", "0.0"))
+
+
+def dali_installed() -> bool:
+    return dali_version() is not None
 
 
 def dali_install_hint() -> str:
@@ -77,9 +120,14 @@ def dali_install_hint() -> str:
 
 
 def require_dali() -> None:
-    if not dali_installed():
+    version = dali_version()
+    if version is None:
         raise UserError(f"--data-backend dali needs NVIDIA DALI, which is not installed: {dali_install_hint()}, "
                         "or use --data-backend nvjpeg or cpu")
+    if version_tuple(version) < MIN_DALI:
+        upgrade = dali_install_hint().replace("pip install", "pip install -U", 1)
+        raise UserError(f"--data-backend dali needs NVIDIA DALI >= {MIN_DALI[0]}.{MIN_DALI[1]} (its decoder "
+                        f"arguments), and {version} is installed: {upgrade}, or use --data-backend nvjpeg or cpu")
 
 
 def make_loader(choice: BackendChoice, train, val, config, seed: int,  # type: ignore[no-untyped-def]
@@ -98,5 +146,5 @@ def make_loader(choice: BackendChoice, train, val, config, seed: int,  # type: i
     return ImageFolderSource(train, val, config, seed, train_crop, eval_crop)
 
 
-__all__ = ["DATA_BACKENDS", "BackendChoice", "choose_backend", "dali_install_hint", "dali_installed", "make_loader",
-           "require_dali"]
+__all__ = ["DATA_BACKENDS", "MIN_DALI", "BackendChoice", "choose_backend", "dali_install_hint", "dali_installed",
+           "dali_version", "make_loader", "require_dali"]

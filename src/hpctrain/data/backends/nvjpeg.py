@@ -7,7 +7,8 @@ training process the JPEGs are decoded together by ``torchvision.io.decode_jpeg(
 CUDA device, libjpeg-turbo on the CPU, which is how the tests run it), and the crop boxes are resized to the output
 size (bilinear with antialiasing, rounded back to uint8) and mirrored where the crop says so, for the whole batch at
 once (`crop_resize_batch`: a few batched operations, not a dozen kernels per image launched from the training
-thread). The result is the uint8 NHWC batch every backend hands to `to_device`.
+thread). The result is the uint8 NHWC batch every backend hands to `to_device`. On a GPU each batch is decoded on a
+CUDA stream of its own, after the previous step's kernels and before the step that uses it (`streams.DecodeStream`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from hpctrain import compat
 from hpctrain.data.backends.encoded import read_window
+from hpctrain.data.backends.streams import DecodeStream
 from hpctrain.data.decode import BadImageError, decode_crop
 from hpctrain.data.loader import (IGNORE_LABEL, Batch, BatchRequest, Batches, ImageBatchDataset, ImageFolderSource,
                                   LoaderConfig, TrainRequests, _as_is, _empty_uint8, check_shared_memory)
@@ -101,8 +103,15 @@ class NvjpegSource(ImageFolderSource):
     def _decoded(self, loader: Iterable[EncodedBatch], dataset: EncodedBatchDataset,
                  requests: Sequence[BatchRequest] | TrainRequests) -> Iterator[Batch]:
         epoch = requests.epoch if isinstance(requests, TrainRequests) else 0
+        order = DecodeStream(self.device) if self.device.type == "cuda" else None
         for batch in loader:
-            yield decode_batch(batch, dataset, epoch, self.device)
+            if order is None:
+                yield decode_batch(batch, dataset, epoch, self.device)
+                continue
+            with order.batch() as used:  # on a stream of its own, after the previous step's kernels (streams.py)
+                decoded = decode_batch(batch, dataset, epoch, self.device)
+                used(decoded.images)
+            yield decoded
 
 
 def decode_batch(batch: EncodedBatch, dataset: EncodedBatchDataset, epoch: int, device: torch.device) -> Batch:
