@@ -46,8 +46,10 @@ def merge(base: Any, patch: Any) -> Any:
 
 def trainer_pod_template(job: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
     """The `node` pod template Trainer makes: the runtime's, the TrainJob's runtimePatches merged in, and the trainer's
-    image, command, args, env and resourcesPerNode on the `node` container (Trainer v2.3.0
-    pkg/runtime/framework/plugins/jobset/builder.go Trainer(): env upserted, resources applied)."""
+    image, command, args and env on the `node` container (Trainer v2.3.0 pkg/runtime/framework/plugins/jobset/
+    builder.go Trainer(): env upserted by name), resourcesPerNode merged into the runtime's resources key by key
+    (pkg/runtime/core/trainingruntime.go with pkg/util/trainingruntime MergeResourceRequirements, a strategic
+    merge)."""
     spec = copy.deepcopy(runtime["spec"])
     for patch in (job.get("spec") or {}).get("runtimePatches") or []:
         spec = merge(spec, patch.get("trainingRuntimeSpec") or {})
@@ -60,7 +62,7 @@ def trainer_pod_template(job: dict[str, Any], runtime: dict[str, Any]) -> dict[s
             if trainer.get("env"):
                 c["env"] = merge(c.get("env") or [], trainer["env"])
             if "resourcesPerNode" in trainer:
-                c["resources"] = trainer["resourcesPerNode"]
+                c["resources"] = merge(c.get("resources") or {}, trainer["resourcesPerNode"])
     return template
 
 
