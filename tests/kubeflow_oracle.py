@@ -68,7 +68,7 @@ def trainer_pod_template(job: dict[str, Any], runtime: dict[str, Any]) -> dict[s
 
 def _pod_template(template: dict[str, Any], where: str) -> list[str]:
     return [f"core/v1 {v} {where}: {p}" for v in kubernetes_openapi.VERSIONS
-            for p in kubernetes_openapi.validate(template, "PodTemplateSpec", v)]
+            for p in kubernetes_openapi.validate(template, "PodTemplateSpec", v)] + rules.pod_spec(template.get("spec") or {}, f"{where}.spec")
 
 
 def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = None) -> list[str]:
@@ -78,7 +78,8 @@ def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = N
     if kind in ("Pod", "Secret", "Service"):
         name_rule = rules.dns1035_label if kind == "Service" else rules.dns1123_subdomain
         return (rules.object_meta(obj, name_rule, "K8S pkg/apis/core/validation/validation.go")
-                + [f"core/v1 {v}: {p}" for v in kubernetes_openapi.VERSIONS for p in kubernetes_openapi.validate(obj, kind, v)])
+                + [f"core/v1 {v}: {p}" for v in kubernetes_openapi.VERSIONS for p in kubernetes_openapi.validate(obj, kind, v)]
+                + (rules.pod_spec(obj.get("spec") or {}, "spec") if kind == "Pod" else []))
     out = [f"CRD {p}" for p in kubeflow_crds.validate(obj)] + rules.custom_resource_meta(obj)
     if kind == "PyTorchJob":
         out += rules.pytorchjob_webhook(obj) + rules.pytorchjob_children(obj)

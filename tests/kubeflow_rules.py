@@ -110,6 +110,50 @@ def pod_template_meta(template: dict[str, Any], where: str) -> list[str]:
                   (template.get("metadata") or {}).get("labels"))
 
 
+def pod_spec(spec: dict[str, Any], where: str) -> list[str]:
+    """ValidatePodSpec's rules on placement (pkg/apis/core/validation/validation.go, 1.35): nodeSelector labels;
+    required node affinity: matchExpressions with a qualified-name key and, for In/NotIn, at least one value, each a
+    valid label value (new pods since 1.32: AllowInvalidLabelValueInRequiredNodeAffinity is false for them);
+    matchFields only on metadata.name, In/NotIn with exactly one value, a DNS-1123 subdomain
+    (ValidateNodeSelectorRequirement, ValidateNodeFieldSelectorRequirement); toleration values are label values."""
+    source = "K8S pkg/apis/core/validation/validation.go"
+    out = labels(source, f"{where}.nodeSelector", spec.get("nodeSelector"))
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is not None:
+        terms = required.get("nodeSelectorTerms") or []
+        if not terms:
+            out.append(f"{source}: {where}.affinity...nodeSelectorTerms: Required value: must have at least one node selector term")
+        for i, term in enumerate(terms):
+            at = f"{where}.affinity.nodeAffinity.required.nodeSelectorTerms[{i}]"
+            for j, rq in enumerate(term.get("matchExpressions") or []):
+                values, op = rq.get("values") or [], rq.get("operator")
+                if op in ("In", "NotIn") and not values:
+                    out.append(f"{source}: {at}.matchExpressions[{j}].values: Required value")
+                elif op not in ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"):
+                    out.append(f"{source}: {at}.matchExpressions[{j}].operator: Invalid value: {op!r}")
+                out += _each(source, f"{at}.matchExpressions[{j}].key", rq.get("key", ""), qualified_name(rq.get("key", "")))
+                for k, value in enumerate(values):
+                    out += _each(source, f"{at}.matchExpressions[{j}].values[{k}]", value, label_value(value))
+            for j, rq in enumerate(term.get("matchFields") or []):
+                values = rq.get("values") or []
+                if rq.get("operator") not in ("In", "NotIn"):
+                    out.append(f"{source}: {at}.matchFields[{j}].operator: Invalid value: not a valid selector operator")
+                elif len(values) != 1:
+                    out.append(f"{source}: {at}.matchFields[{j}].values: Required value: must be only one value when "
+                               "`operator` is 'In' or 'NotIn' for node field selector")
+                if rq.get("key") != "metadata.name":
+                    out.append(f"{source}: {at}.matchFields[{j}].key: Invalid value: not a valid field selector key")
+                for k, value in enumerate(values):
+                    out += _each(source, f"{at}.matchFields[{j}].values[{k}]", value, dns1123_subdomain(value))
+    for i, toleration in enumerate(spec.get("tolerations") or []):
+        value = toleration.get("value") or ""
+        out += _each(source, f"{where}.tolerations[{i}].value", value, label_value(value))
+    if spec.get("priorityClassName"):
+        name = spec["priorityClassName"]
+        out += _each(source, f"{where}.priorityClassName", name, dns1123_subdomain(name))
+    return out
+
+
 # ---- TO: training-operator v1.9.4 ----------------------------------------------------------------------------
 
 _TO_WEBHOOK = "TO pkg/webhooks/pytorch/pytorchjob_webhook.go"

@@ -31,6 +31,8 @@ VOLUMES = ("pvc:team-runs:/mnt/share/team", "nfs:nas.example.com:/export/users:/
 ITEM1 = pytest.mark.xfail(strict=True, reason="issue 31 item 1: TrainJob runtimePatches[].manager 'hpctrain' is not a "
                                               "domain-prefixed path (Trainer v2.3.0 JobSet plugin)")
 ITEM5 = "issue 31 item 5: a 49-50 character TrainJob name makes JobSet pod names of more than 63 characters"
+ITEM9 = ("issue 31 item 9: --exclude-nodes puts node names in a kubernetes.io/hostname label match; a name over "
+         "63 characters is not a label value (refused since Kubernetes 1.32)")
 ITEM6 = "issue 31 item 6: a name starting with a digit is refused by the PyTorchJob webhook and a TrainJob CEL rule"
 
 
@@ -96,6 +98,16 @@ NAMES = [
 @pytest.mark.parametrize("nodes", [1, 100])
 def test_job_names(api: str, name: str, nodes: int) -> None:
     assert_accepted_or_refused(lambda: [render(_job(api, nodes, 0, 1, name=name), _options(api, 1))])
+
+
+LONG_NODE = "gpu-node-0017.rack-12.zone-b.cluster.research-computing.example.org"  # a DNS name of 68 characters
+
+
+@pytest.mark.xfail(strict=True, reason=ITEM9)
+@pytest.mark.parametrize("api", [pytest.param("pytorchjob"), pytest.param("trainjob", marks=ITEM1)])
+def test_exclude_long_node_names(api: str) -> None:
+    job = _job(api, 2, 0, 0).replace(exclude_nodes=(LONG_NODE, "gpu-node-7"))
+    assert_accepted_or_refused(lambda: [render(job, _options(api, 0))])
 
 
 PARAMS = {
@@ -171,6 +183,12 @@ BROKEN = [
     ("pytorchjob", lambda m: _template(m)["spec"]["containers"][0].update(cmd=["x"]), "Additional properties"),
     ("pytorchjob", lambda m: _template(m)["metadata"]["labels"].update(team="v" * 64), "team]: Invalid value"),
     ("pytorchjob", lambda m: _template(m)["spec"]["volumes"][0].pop("name"), "'name' is a required property"),
+    ("pytorchjob", lambda m: _template(m)["spec"].update(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["a", "b"]}]}]}}}),
+     "must be only one value when `operator` is 'In' or 'NotIn' for node field selector"),
+    ("pytorchjob", lambda m: _template(m)["spec"].update(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [LONG_NODE]}]}]}}}),
+     "matchExpressions[0].values[0]: Invalid value"),
     ("trainjob", lambda m: m["metadata"].update(name="9lives"), "metadata.name must match RFC 1035 DNS label format"),
     ("trainjob", lambda m: m["spec"]["runtimePatches"][0].update(manager="hpctrain"), "must be a domain-prefixed path"),
     ("trainjob", lambda m: m["metadata"].update(name="n" * 49), "pod names generated for this JobSet will exceed 63 characters"),
