@@ -223,3 +223,12 @@ def test_oracle_refuses_pods() -> None:
     problems = kubeflow_oracle.refusals(pod)
     assert any("containerPort: 'http' is not of type 'integer'" in p for p in problems), problems
     assert any("metadata.name: Invalid value: 'Tb_1'" in p for p in problems), problems
+
+
+def test_vendored_runtime_passes_its_crd() -> None:
+    """The oracle's default runtime (Trainer v2.3.0's torch-distributed) is itself what its CRD accepts."""
+    runtime = kubeflow_oracle.default_runtimes()["torch-distributed"]
+    assert kubeflow_oracle.refusals(runtime) == []
+    broken = copy.deepcopy(runtime)
+    broken["spec"]["template"]["spec"]["replicatedJobs"].append(copy.deepcopy(broken["spec"]["template"]["spec"]["replicatedJobs"][0]))
+    assert any("Duplicate value" in p for p in kubeflow_oracle.refusals(broken))

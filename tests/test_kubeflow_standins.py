@@ -80,12 +80,20 @@ def pods(s: KubeflowStandIn) -> dict[str, Any]:
     return {p.metadata.name: p for p in s.core.list_namespaced_pod(s.namespace).items if not p.metadata.deletion_timestamp}
 
 
-def set_phase(s: KubeflowStandIn, pod: str, phase: str, restarts: int = 0, reason: str | None = None) -> None:
-    statuses = [{"name": c.name, "image": IMAGE, "imageID": "", "ready": phase == "Running", "restartCount": restarts,
-                 "state": {"running": {}} if phase == "Running" else {"terminated": {"exitCode": 0 if phase == "Succeeded" else 137}}}
-                for c in s.core.read_namespaced_pod(pod, s.namespace).spec.containers]
-    s.core.patch_namespaced_pod_status(pod, s.namespace, {"status": {
-        "phase": phase, "reason": reason, "podIP": "10.0.0.9", "containerStatuses": statuses}})
+def set_phase(s: KubeflowStandIn, pod: str, phase: str, restarts: int = 0, reason: str | None = None,
+              init_restarts: int | None = None) -> None:
+    """The status a kubelet would write: `restarts` on the first container; an init container's status when
+    `init_restarts` is given."""
+    def status(name: str, count: int, state: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "image": IMAGE, "imageID": "", "ready": phase == "Running", "restartCount": count, "state": state}
+
+    state = {"running": {}} if phase == "Running" else {"terminated": {"exitCode": 0 if phase == "Succeeded" else 137}}
+    containers = s.core.read_namespaced_pod(pod, s.namespace).spec.containers
+    body: dict[str, Any] = {"phase": phase, "reason": reason, "podIP": "10.0.0.9",
+                            "containerStatuses": [status(c.name, restarts if i == 0 else 0, state) for i, c in enumerate(containers)]}
+    if init_restarts is not None:
+        body["initContainerStatuses"] = [status("init-pytorch", init_restarts, {"terminated": {"exitCode": 0}})]
+    s.core.patch_namespaced_pod_status(pod, s.namespace, {"status": body})
 
 
 def test_webhook_refusals_end_the_job_without_pods(standin: TrainerStandIn) -> None:
@@ -125,6 +133,24 @@ def test_pytorchjob_services_env_and_eviction(standin: TrainerStandIn) -> None:
     standin.reconcile()
     assert "pj-master-0" in pods(standin) and pods(standin)["pj-master-0"].status.phase in (None, "Pending")
     assert last_condition(standin, "PyTorchJob", "pj")["type"] != "Failed"
+
+
+def test_pytorchjob_backoff_counts_running_pods_init_containers_included(standin: TrainerStandIn) -> None:
+    """training-operator v1.9.4 PastBackoffLimit: the restarts of Running pods' containers and init containers (the
+    real workers' init-pytorch restarts count too), `>= backoffLimit`."""
+    create(standin, pytorchjob("pj-backoff", workers=2, run_policy={"backoffLimit": 3}))
+    standin.reconcile()
+    set_phase(standin, "pj-backoff-master-0", "Running")
+    standin.reconcile()  # the workers, now that the master has an address
+    set_phase(standin, "pj-backoff-worker-0", "Succeeded", restarts=5)  # a finished pod's restarts do not count
+    set_phase(standin, "pj-backoff-worker-1", "Running", restarts=1, init_restarts=1)
+    standin.reconcile()
+    assert last_condition(standin, "PyTorchJob", "pj-backoff")["type"] != "Failed"
+    set_phase(standin, "pj-backoff-worker-1", "Running", restarts=1, init_restarts=2)
+    standin.reconcile()
+    condition = last_condition(standin, "PyTorchJob", "pj-backoff")
+    assert (condition["type"], condition["message"]) == (
+        "Failed", "Job pj-backoff has failed because it has reached the specified backoff limit")
 
 
 @pytest.mark.parametrize("policy,kept", [(None, True), ("Running", False)])
