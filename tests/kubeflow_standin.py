@@ -256,7 +256,8 @@ class KubeflowStandIn:
         from kubernetes.client.rest import ApiException
 
         try:
-            self.core.delete_namespaced_service(name, self.namespace)
+            # The 1.20 server answers a Status, which this client would read as a Service: not read.
+            self.core.delete_namespaced_service(name, self.namespace, _preload_content=False)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -419,7 +420,7 @@ def delete_namespace(api_client: Any, name: str) -> None:
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     for service in core.list_namespaced_service(name).items:  # no deletecollection for Services before 1.30
         try:
-            core.delete_namespaced_service(service.metadata.name, name)
+            core.delete_namespaced_service(service.metadata.name, name, _preload_content=False)  # a Status (1.20)
         except ApiException as err:
             if err.status != 404:
                 raise
