@@ -23,6 +23,24 @@ runPolicy.cleanPodPolicy says otherwise (PyTorchJob's default: None). A pod the 
 ResourceQuota's admission) becomes a Warning event FailedCreatePod on the job, as the operator's pod control
 records it. It keeps the job's conditions (Created, Running, Restarting, Succeeded, Failed) from the pods' phases.
 
+What a real cluster refuses, it refuses: every job it sees first goes through tests/kubeflow_oracle.py (the CRD's
+schema and CEL rules, the admission webhooks, core/v1's OpenAPI). A real API server would have refused the create;
+here the object exists already, so the stand-in records the refusal in .errors (which fails the test) and marks the
+job Failed (reason AdmissionRefused) with no pods, so a waiting CLI ends.
+
+More of training-operator v1.9.4 it models, each from its source (github.com/kubeflow/trainer, tag v1.9.4):
+* the variables go into every container of the pod (pkg/controller.v1/pytorch/envvar.go setPodEnv loops over all
+  containers); the port only into the `pytorch` container (the defaulter's setDefaultPort)
+* a headless Service per replica, named as its pod, selecting it by the job-name, replica-type and replica-index
+  labels, with the job's port and no publishNotReadyAddresses (pkg/controller.v1/common/service.go CreateNewService)
+* runPolicy.cleanPodPolicy defaults to None (pkg/apis/kubeflow.org/v1/pytorch_defaults.go); a finished job's
+  pods and their Services are deleted by it, Running taking the Running and Pending ones
+  (pkg/controller.v1/common/job.go DeletePodsAndServices, called whenever the job is finished)
+* runPolicy.activeDeadlineSeconds counts from status.startTime, set at the first reconcile (queue time included):
+  past it the job fails "because it was active longer than specified deadline" (pkg/core/job.go PastActiveDeadline)
+* a Failed pod of an OnFailure or Always replica (evicted, or its node lost) is deleted and made again, the job
+  Restarting (pkg/controller.v1/common/pod.go ReconcilePods), as for ExitCode with a retryable code
+
 It polls (every POLL_S) rather than watching: simpler, and fast enough for tests. The helpers at the end make and
 remove test namespaces (also on the API-server-only cluster, which has no namespace controller) and wait.
 Kubeflow Trainer v2's TrainJobs have their controllers in tests/trainer_standin.py, which extends this one.
@@ -38,11 +56,15 @@ import time
 import uuid
 from typing import Any
 
+import kubeflow_oracle
+
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 POLL_S = 0.2
 JOB_LABEL = "training.kubeflow.org/job-name"
 OPERATOR_LABEL = "training.kubeflow.org/operator-name"
 MASTER_PORT_NAME, MASTER_PORT = "pytorchjob-port", 23456  # Kubeflow v1's default port (controllers-only mode)
+REPLICA_TYPE, REPLICA_INDEX = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
+ADMISSION_REFUSED = "AdmissionRefused"  # the stand-in's reason: a real cluster would have refused the create
 EVENT_REPEAT_S = 5.0  # how often a repeated Warning event's count is bumped (the operator requeues with a backoff)
 
 
@@ -68,6 +90,7 @@ class KubeflowStandIn:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubeflow-standin", daemon=True)
         self._events: dict[tuple[str, str, str], tuple[str, float, int]] = {}  # (job uid, reason, message) -> (event, when, count)
+        self._admitted: dict[str, bool] = {}  # job uid -> what the oracle said
 
     # ---- life cycle --------------------------------------------------------------------------------------
 
@@ -98,9 +121,29 @@ class KubeflowStandIn:
     def reconcile(self) -> None:
         jobs = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_LABEL).items
+        services = {s.metadata.name for s in self.core.list_namespaced_service(self.namespace, label_selector=JOB_LABEL).items}
         for job in jobs:
-            if not job["metadata"].get("deletionTimestamp"):  # a deleted job's pods are the garbage collector's
-                self._control(job, [p for p in pods if _owner_uid(p) == job["metadata"]["uid"]])
+            # A deleted job's pods are the garbage collector's; a refused one has none.
+            if not job["metadata"].get("deletionTimestamp") and self.admitted(job):
+                self._control(job, [p for p in pods if _owner_uid(p) == job["metadata"]["uid"]], services)
+
+    def admitted(self, job: dict[str, Any], runtimes: dict[str, Any] | None = None) -> bool:
+        """Whether a real cluster would have created `job` (tests/kubeflow_oracle.py), decided once per job; a
+        refusal goes to .errors and ends the job (module docstring)."""
+        uid = job["metadata"]["uid"]
+        if uid not in self._admitted:
+            meta = {k: v for k, v in job["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
+            submitted = {"apiVersion": job["apiVersion"], "kind": job["kind"], "metadata": meta, "spec": job["spec"]}
+            problems = kubeflow_oracle.refusals(submitted, runtimes)
+            self._admitted[uid] = not problems
+            if problems:
+                message = f"a real cluster refuses {job['kind']} {meta['name']}: " + "; ".join(problems)
+                self.errors.append(message)
+                self.refuse(job, message)
+        return self._admitted[uid]
+
+    def refuse(self, job: dict[str, Any], message: str) -> None:
+        self._set_condition(job, "Failed", ADMISSION_REFUSED, message)
 
     def _delete_pod(self, name: str, grace: int | None) -> None:
         from kubernetes.client.rest import ApiException
@@ -113,11 +156,13 @@ class KubeflowStandIn:
 
     # ---- controller --------------------------------------------------------------------------------
 
-    def _control(self, job: dict[str, Any], pods: list[Any]) -> None:
+    def _control(self, job: dict[str, Any], pods: list[Any], services: set[str]) -> None:
         name, spec = job["metadata"]["name"], job["spec"]
+        run_policy = spec.get("runPolicy") or {}
         conditions = (job.get("status") or {}).get("conditions") or []
         finished = any(c["type"] in ("Succeeded", "Failed") and c["status"] == "True" for c in conditions)
         if finished:
+            self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
             return
         replicas = spec["pytorchReplicaSpecs"]
         nproc = spec.get("nprocPerNode", "1")
@@ -128,12 +173,19 @@ class KubeflowStandIn:
         existing = {p.metadata.name: p for p in pods}
         if not conditions:
             self._set_condition(job, "Created", "PyTorchJobCreated", f"PyTorchJob {name} is created.")
+        if _past_deadline(run_policy.get("activeDeadlineSeconds"), (job.get("status") or {}).get("startTime")):
+            self._set_condition(job, "Failed", "PyTorchJobFailed",
+                                f"Job {name} has failed because it was active longer than specified deadline")
+            self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
+            return
         master_ip = _pod_ip(existing.get(master))
         for rtype in ("Master", "Worker"):
             if rtype not in replicas:
                 continue
             for index in range(int(replicas[rtype].get("replicas", 1))):
                 pod_name = f"{name}-{rtype.lower()}-{index}"
+                if pod_name not in services:
+                    self._create_service(job, rtype, index, pod_name)
                 if pod_name in existing:
                     continue
                 if rtype == "Worker" and "Master" in replicas and master_ip is None:
@@ -168,10 +220,10 @@ class KubeflowStandIn:
             self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
             return True
         for pod in pods:
-            rtype = pod.metadata.labels["training.kubeflow.org/replica-type"].capitalize()
-            code = _exit_code(pod)
-            if (pod.status and pod.status.phase == "Failed" and not pod.metadata.deletion_timestamp
-                    and replicas[rtype].get("restartPolicy") == "ExitCode" and code is not None and code >= 128):
+            rtype = pod.metadata.labels[REPLICA_TYPE].capitalize()
+            code, policy = _exit_code(pod), replicas[rtype].get("restartPolicy")
+            retry = policy in ("OnFailure", "Always") or (policy == "ExitCode" and code is not None and code >= 128)
+            if pod.status and pod.status.phase == "Failed" and not pod.metadata.deletion_timestamp and retry:
                 self._delete_pod(pod.metadata.name, grace=None)
                 self._set_condition(job, "Restarting", "PyTorchJobRestarting",
                                     f"PyTorchJob {name} is restarting because 1 {rtype} replica(s) failed.")
@@ -180,11 +232,35 @@ class KubeflowStandIn:
 
     def _clean_pods(self, policy: str, pods: list[Any]) -> None:
         """runPolicy.cleanPodPolicy of a finished job: None keeps its pods, Running deletes the running and pending
-        ones, All every one."""
+        ones, All every one; a pod's Service goes with it."""
         for pod in pods:
             phase = pod.status.phase if pod.status else "Pending"
-            if policy == "All" or (policy == "Running" and phase in ("Running", "Pending")):
+            if (policy == "All" or (policy == "Running" and phase in ("Running", "Pending"))) and not pod.metadata.deletion_timestamp:
                 self._delete_pod(pod.metadata.name, grace=None)
+                self._delete_service(pod.metadata.name)
+
+    def _create_service(self, job: dict[str, Any], rtype: str, index: int, name: str) -> None:
+        """The replica's headless Service (module docstring), owned by the job."""
+        from kubernetes.client.rest import ApiException
+
+        selector = {JOB_LABEL: job["metadata"]["name"], REPLICA_TYPE: rtype.lower(), REPLICA_INDEX: str(index)}
+        try:
+            self.core.create_namespaced_service(self.namespace, {
+                "metadata": {"name": name, "labels": selector, "ownerReferences": [_owner(job)]},
+                "spec": {"clusterIP": "None", "selector": selector, "ports": [{"name": MASTER_PORT_NAME, "port": MASTER_PORT}]}})
+        except ApiException as err:
+            if err.status != 409:  # an earlier job's of the same name, not yet collected: the next pass retries
+                raise
+
+    def _delete_service(self, name: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            # The 1.20 server answers a Status, which this client would read as a Service: not read.
+            self.core.delete_namespaced_service(name, self.namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
     def _create_pod(self, job: dict[str, Any], rtype: str, index: int, pod_name: str, injected: dict[str, str],
                     master_ip: str | None = None) -> None:
@@ -198,8 +274,8 @@ class KubeflowStandIn:
         containers = []
         for c in pod_spec["containers"]:
             c = dict(c)
+            c["env"] = list(c.get("env", [])) + [{"name": k, "value": v} for k, v in injected.items()]
             if c["name"] == "pytorch":
-                c["env"] = list(c.get("env", [])) + [{"name": k, "value": v} for k, v in injected.items()]
                 if not any(p.get("name") == MASTER_PORT_NAME for p in c.get("ports") or []):
                     c["ports"] = list(c.get("ports") or []) + [{"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT}]
             containers.append(c)
@@ -210,15 +286,12 @@ class KubeflowStandIn:
                 {"ip": master_ip, "hostnames": [f"{job['metadata']['name']}-master-0"]}]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels.update({JOB_LABEL: job["metadata"]["name"], OPERATOR_LABEL: "pytorchjob-controller",
-                       "training.kubeflow.org/replica-type": rtype.lower(),
-                       "training.kubeflow.org/replica-index": str(index)})
+                       REPLICA_TYPE: rtype.lower(), REPLICA_INDEX: str(index)})
         if rtype == "Master":
             labels["training.kubeflow.org/job-role"] = "master"
-        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob", "name": job["metadata"]["name"],
-                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
         try:
             self.core.create_namespaced_pod(self.namespace, {
-                "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [owner]}, "spec": pod_spec})
+                "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [_owner(job)]}, "spec": pod_spec})
         except ApiException as err:
             if err.status not in (403, 422):  # refused by admission (a quota) or validation: the job's event, below
                 raise
@@ -267,6 +340,19 @@ class KubeflowStandIn:
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"],
                                                           {"status": status})
 
+def _owner(job: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _past_deadline(seconds: int | None, start: str | None) -> bool:
+    """PastActiveDeadline: activeDeadlineSeconds have passed since startTime (the first reconcile)."""
+    if seconds is None or start is None:
+        return False
+    started = dt.datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() >= int(seconds)
+
+
 def _pod_ip(pod: Any | None) -> str | None:
     return pod.status.pod_ip if pod is not None and pod.status else None
 
@@ -279,7 +365,7 @@ def _past_backoff_limit(replicas: dict[str, Any], limit: int | None, pods: list[
     counted = {rtype.lower() for rtype, spec in replicas.items()
                if spec.get("restartPolicy", "Never") in ("OnFailure", "Always", "ExitCode")}
     restarts = sum(cs.restart_count or 0 for pod in pods
-                   if pod.metadata.labels.get("training.kubeflow.org/replica-type") in counted
+                   if pod.metadata.labels.get(REPLICA_TYPE) in counted
                    and pod.status and pod.status.phase == "Running"
                    for cs in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []))
     return restarts > 0 if limit == 0 else restarts >= limit
@@ -332,6 +418,12 @@ def delete_namespace(api_client: Any, name: str) -> None:
                 if err.status != 404:
                     raise
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    for service in core.list_namespaced_service(name).items:  # no deletecollection for Services before 1.30
+        try:
+            core.delete_namespaced_service(service.metadata.name, name, _preload_content=False)  # a Status (1.20)
+        except ApiException as err:
+            if err.status != 404:
+                raise
     for pvc in core.list_namespaced_persistent_volume_claim(name).items:
         if pvc.metadata.finalizers:
             core.patch_namespaced_persistent_volume_claim(pvc.metadata.name, name, {"metadata": {"finalizers": None}})

@@ -28,15 +28,31 @@ OnFailure, a Job's backoffLimit is 6, no failurePolicy):
   fails with reason ReachedMaxRestarts after that.
 The TrainJob's status is the JobSet's, as Trainer copies it: conditions Complete (AllJobsCompleted) or Failed, and
 jobsStatus counted in Jobs; a TrainJob has no Running condition. It polls like the PyTorchJob stand-in.
+
+As there, every TrainJob first goes through tests/kubeflow_oracle.py, with the cluster's own ClusterTrainingRuntimes:
+Trainer's and JobSet's webhooks refuse what the stand-in refuses (Failed, reason AdmissionRefused, in .errors).
+What else it models, from the sources (Trainer v2.3.0, JobSet v0.12.0, Kubernetes' Job controller):
+* the pod template is the oracle's trainer_pod_template: the runtime's, the patches merged in, trainer env
+  upserted by name and resourcesPerNode merged into the runtime's resources (not replacing them)
+* JobSet's headless Service `<job>` for the pods' subdomain, publishNotReadyAddresses true (JobSet's webhook
+  default, pkg/webhooks/jobset_webhook.go Default)
+* spec.activeDeadlineSeconds counts from the TrainJob's creationTimestamp (queue time included): past it the job is
+  Failed, reason DeadlineExceeded, "TrainJob exceeded its active deadline", and its JobSet (so every pod) deleted
+  (Trainer pkg/controller/trainjob_controller.go reconcileDeadline)
+* the Job's backoff counts the restarts of its Running and Pending pods' containers and init containers only (a
+  Succeeded pod's earlier restarts no longer count), `>= backoffLimit` (`> 0` for 0), plus its Failed pods
+  against `> backoffLimit` (Kubernetes pkg/controller/job/job_controller.go pastBackoffLimitOnFailure)
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import uuid
 from typing import Any
 
-from kubeflow_standin import KubeflowStandIn, now
+import kubeflow_oracle
+from kubeflow_standin import ADMISSION_REFUSED, KubeflowStandIn, now
 
 TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 # Pod labels and annotations JobSet and the Job controller set (jobset api/jobset/v1alpha2; k8s batch/v1).
@@ -64,16 +80,31 @@ class TrainerStandIn(KubeflowStandIn):
     def __init__(self, api_client: Any, namespace: str) -> None:
         super().__init__(api_client, namespace)
         self._attempts: dict[str, int] = {}  # TrainJob uid -> the JobSet's restarts so far
+        self._services: set[str] = set()  # the uids of the TrainJobs whose JobSet Service is made
 
     def reconcile(self) -> None:
         super().reconcile()
         jobs = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS)["items"]
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=JOBSET_NAME).items
+        runtimes = None
+        if any(job["metadata"]["uid"] not in self._admitted for job in jobs):
+            listed = self.custom.list_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes")
+            runtimes = {r["metadata"]["name"]: r for r in listed["items"]}
         for job in jobs:
-            if not job["metadata"].get("deletionTimestamp"):  # a deleted job's pods are the garbage collector's
+            # A deleted job's pods are the garbage collector's; a refused one has none.
+            if not job["metadata"].get("deletionTimestamp") and self.admitted(job, runtimes):
                 mine = [p for p in pods if p.metadata.labels[JOBSET_NAME] == job["metadata"]["name"]
                         and p.metadata.labels.get(JOBSET_UID) == job["metadata"]["uid"]]
                 self._control_trainjob(job, mine)
+
+    def refuse(self, job: dict[str, Any], message: str) -> None:
+        if job["kind"] != "TrainJob":
+            return super().refuse(job, message)
+        self._set_trainjob_status(job, {"conditions": [_condition("Failed", ADMISSION_REFUSED, message)]})
+
+    def _set_trainjob_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS,
+                                                          job["metadata"]["name"], {"status": status})
 
     # ---- JobSet and Trainer: the set's status, its restarts ----------------------------------------------
 
@@ -82,14 +113,21 @@ class TrainerStandIn(KubeflowStandIn):
         if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conditions):
             self._delete_active(pods)  # the Job controller removes the active pods of a failed Job
             return
-        spec = self._runtime_spec(job)
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        if deadline and _age_s(job["metadata"]["creationTimestamp"]) > int(deadline):
+            self._set_trainjob_status(job, {"conditions": conditions + [
+                _condition("Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")]})
+            self._delete_all(pods)  # Trainer deletes the JobSet: its Jobs and their pods go
+            return
+        runtime, spec = self._runtime_spec(job)
+        self._jobset_service(job)
         attempt = self._attempts.get(job["metadata"]["uid"], 0)
         current = [p for p in pods if int(p.metadata.labels.get(RESTART_ATTEMPT, "0")) == attempt]
         if len(current) < len(pods):  # a restart: the new attempt's pods wait until the earlier ones are gone
             self._delete_all([p for p in pods if p not in current])
             return
         nnodes = int((job["spec"].get("trainer") or {}).get("numNodes", 1))
-        outcome = self._job_outcome(job, spec, current, nnodes, attempt)
+        outcome = self._job_outcome(job, runtime, spec, current, nnodes, attempt)
         counts = {"active": int(outcome is None and any(_phase(p) in ACTIVE for p in current)),
                   "ready": int(outcome is None and sum(_phase(p) in ("Running", "Succeeded") for p in current) >= nnodes),
                   "succeeded": int(outcome == "Complete"), "failed": int(outcome == "Failed"), "suspended": 0}
@@ -107,11 +145,29 @@ class TrainerStandIn(KubeflowStandIn):
         elif outcome == "Complete":
             status["conditions"] = conditions + [_condition("Complete", "AllJobsCompleted", "jobset completed successfully")]
         if status != {k: (job.get("status") or {}).get(k) for k in status}:
-            self.custom.patch_namespaced_custom_object_status(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS,
-                                                              job["metadata"]["name"], {"status": status})
+            self._set_trainjob_status(job, status)
 
-    def _runtime_spec(self, job: dict[str, Any]) -> dict[str, Any]:
-        """The runtime's spec with the TrainJob's runtimePatches merged in."""
+    def _jobset_service(self, job: dict[str, Any]) -> None:
+        """JobSet's headless Service for the pods' subdomain (module docstring), made once."""
+        from kubernetes.client.rest import ApiException
+
+        name = job["metadata"]["name"]
+        if job["metadata"]["uid"] in self._services:
+            return
+        owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": name, "uid": job["metadata"]["uid"],
+                 "controller": True, "blockOwnerDeletion": True}
+        try:
+            self.core.create_namespaced_service(self.namespace, {
+                "metadata": {"name": name, "labels": {JOBSET_NAME: name}, "ownerReferences": [owner]},
+                "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: name}, "publishNotReadyAddresses": True}})
+        except ApiException as err:
+            if err.status != 409:  # an earlier job's of the same name, not yet collected: the next pass retries
+                raise
+            return
+        self._services.add(job["metadata"]["uid"])
+
+    def _runtime_spec(self, job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The runtime, and its spec with the TrainJob's runtimePatches merged in."""
         ref = job["spec"]["runtimeRef"]
         if ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime":
             runtime = self.custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", ref["name"])
@@ -120,18 +176,20 @@ class TrainerStandIn(KubeflowStandIn):
                                                                "trainingruntimes", ref["name"])
         spec = runtime["spec"]
         for patch in job["spec"].get("runtimePatches") or []:
-            spec = _merge(spec, patch.get("trainingRuntimeSpec") or {})
-        return spec
+            spec = kubeflow_oracle.merge(spec, patch.get("trainingRuntimeSpec") or {})
+        return runtime, spec
 
     # ---- the Job controller of `<job>-node-0` ------------------------------------------------------------
 
-    def _job_outcome(self, job: dict[str, Any], spec: dict[str, Any], pods: list[Any], nnodes: int,
-                     attempt: int) -> str | None:
+    def _job_outcome(self, job: dict[str, Any], runtime: dict[str, Any], spec: dict[str, Any], pods: list[Any],
+                     nnodes: int, attempt: int) -> str | None:
         """Make the pods the Job lacks; "Complete" or "Failed" once the Job is (backoffLimit), else None."""
         job_spec = _node_job(spec)["template"]["spec"]
         limit = int(job_spec.get("backoffLimit", JOB_BACKOFF_LIMIT))
-        failures = sum(_restarts(p) for p in pods) + sum(_phase(p) == "Failed" for p in pods)
-        if failures > limit or (failures and failures == limit and _restart_policy(job_spec) == "OnFailure"):
+        restarts = sum(_restarts(p) for p in pods if _phase(p) in ACTIVE)
+        failed = sum(_phase(p) == "Failed" for p in pods)
+        on_failure = _restart_policy(job_spec) == "OnFailure" and (restarts > 0 if limit == 0 else restarts >= limit)
+        if failed > limit or on_failure:
             return "Failed"
         by_index: dict[int, list[Any]] = {}
         for pod in pods:
@@ -143,7 +201,7 @@ class TrainerStandIn(KubeflowStandIn):
             if not any(_phase(p) in ACTIVE or _phase(p) == "Succeeded" for p in by_index.get(index, [])):
                 if index == 0 or node0:  # the other nodes reach node 0 by a host alias to its pod IP
                     master_ip = node0[0].status.pod_ip if index and node0 else None
-                    self._create_trainjob_pod(job, spec, index, nnodes, attempt, master_ip)
+                    self._create_trainjob_pod(job, runtime, spec, index, nnodes, attempt, master_ip)
         return None
 
     def _delete_all(self, pods: list[Any]) -> None:
@@ -156,11 +214,11 @@ class TrainerStandIn(KubeflowStandIn):
             if _phase(pod) in ACTIVE and not pod.metadata.deletion_timestamp:
                 self._delete_pod(pod.metadata.name, grace=None)
 
-    def _create_trainjob_pod(self, job: dict[str, Any], spec: dict[str, Any], index: int, nnodes: int, attempt: int,
-                             master_ip: str | None) -> None:
+    def _create_trainjob_pod(self, job: dict[str, Any], runtime: dict[str, Any], spec: dict[str, Any], index: int,
+                             nnodes: int, attempt: int, master_ip: str | None) -> None:
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
         trainer = job["spec"].get("trainer") or {}
-        template = _node_job(spec)["template"]["spec"]["template"]
+        template = kubeflow_oracle.trainer_pod_template(job, runtime)
         job_name = f"{name}-{NODE}-0"
         master = f"{job_name}-0.{name}"
         index_ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
@@ -169,12 +227,7 @@ class TrainerStandIn(KubeflowStandIn):
         for c in pod_spec.get("containers") or []:
             c = dict(c)
             if c["name"] == NODE:
-                for key in ("image", "command", "args"):
-                    if key in trainer:
-                        c[key] = trainer[key]
-                if "resourcesPerNode" in trainer:
-                    c["resources"] = trainer["resourcesPerNode"]
-                c["env"] = list(c.get("env") or []) + list(trainer.get("env") or []) + [
+                c["env"] = list(c.get("env") or []) + [
                     {"name": "PET_NNODES", "value": str(nnodes)},
                     {"name": "PET_NPROC_PER_NODE", "value": str(trainer.get("numProcPerNode", "auto"))},
                     {"name": "PET_NODE_RANK", "valueFrom": index_ref},
@@ -215,21 +268,15 @@ def _phase(pod: Any) -> str:
 
 
 def _restarts(pod: Any) -> int:
-    return sum(cs.restart_count or 0 for cs in (pod.status.container_statuses or [])) if pod.status else 0
+    """Restarts of the pod's containers and init containers."""
+    statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []) if pod.status else []
+    return sum(cs.restart_count or 0 for cs in statuses)
+
+
+def _age_s(timestamp: str) -> float:
+    created = dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    return (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
 
 
 def _condition(ctype: str, reason: str, message: str) -> dict[str, str]:
     return {"type": ctype, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now()}
-
-
-def _merge(base: Any, patch: Any) -> Any:
-    """A strategic merge, as far as runtime patches need it: maps merge key by key, lists of named items merge by
-    name, anything else is replaced."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        return {**base, **{k: _merge(base[k], v) if k in base else v for k, v in patch.items()}}
-    if (isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x for x in base + patch)):
-        merged = {x["name"]: x for x in base}
-        for x in patch:
-            merged[x["name"]] = _merge(merged[x["name"]], x) if x["name"] in merged else x
-        return list(merged.values())
-    return patch

@@ -1,0 +1,225 @@
+"""The Kubeflow stand-ins (tests/kubeflow_standin.py, tests/trainer_standin.py) behave as the real controllers where
+hpctrain depends on them, against the real local API server (scripts/local-k8s.sh; no kubelet: pod phases and
+restart counts are written here through the status subresource, as the kubelet would). Each pass is run by hand
+(`reconcile()`), so nothing waits on the stand-in's thread.
+
+* they refuse what the real admission webhooks refuse (tests/kubeflow_oracle.py): the job ends AdmissionRefused,
+  without pods, and the refusal is in .errors, which fails an end-to-end test
+* PyTorchJob (training-operator v1.9.4): a headless Service per replica, the variables in every container, an
+  evicted OnFailure pod made again, activeDeadlineSeconds from startTime, cleanPodPolicy None by default
+* TrainJob (Trainer v2.3.0, JobSet v0.12.0, the Job controller): resources merged into the runtime's, JobSet's
+  Service, the Job's backoff counting only active pods' restarts, activeDeadlineSeconds
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from k8s_fixtures import LocalK8s
+from kubeflow_standin import GROUP, PLURAL, VERSION, KubeflowStandIn, create_namespace, delete_namespace
+from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, TrainerStandIn
+
+pytestmark = pytest.mark.k8s
+IMAGE = "example.invalid/pytorch:latest"
+CONTAINER = {"name": "pytorch", "image": IMAGE, "command": ["python", "train.py"],
+             "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}
+SIDECAR = {"name": "sidecar", "image": IMAGE, "command": ["sleep", "inf"]}
+
+
+@pytest.fixture
+def standin(k8s_cluster: LocalK8s) -> Iterator[TrainerStandIn]:
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api, "hpct-standin")
+    try:
+        yield TrainerStandIn(api, namespace)  # not started: the tests run its passes
+    finally:
+        delete_namespace(api, namespace)
+
+
+def pytorchjob(name: str, workers: int = 1, run_policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    template = {"spec": {"containers": [CONTAINER, SIDECAR]}}
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+    if workers:
+        replicas["Worker"] = {"replicas": workers, "restartPolicy": "OnFailure", "template": template}
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob", "metadata": {"name": name},
+            "spec": {"runPolicy": run_policy or {}, "pytorchReplicaSpecs": replicas}}
+
+
+def trainjob(name: str, manager: str = "hpctrain.io/submit", runtime: str = "torch-distributed", **spec: Any) -> dict[str, Any]:
+    patch_pod = {"containers": [{"name": "node", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+                 "volumes": [{"name": "data", "emptyDir": {}}]}
+    return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime", "name": runtime},
+                     "trainer": {"image": IMAGE, "command": ["python", "train.py"], "numNodes": 2,
+                                 "resourcesPerNode": {"limits": {"cpu": "2"}}},
+                     "runtimePatches": [{"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                         {"name": "node", "template": {"spec": {"template": {"spec": patch_pod}}}}]}}}}], **spec}}
+
+
+def create(s: KubeflowStandIn, obj: dict[str, Any]) -> None:
+    group, version, plural = (GROUP, VERSION, PLURAL) if obj["kind"] == "PyTorchJob" else (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS)
+    s.custom.create_namespaced_custom_object(group, version, s.namespace, plural, obj)
+
+
+def get(s: KubeflowStandIn, kind: str, name: str) -> dict[str, Any]:
+    group, version, plural = (GROUP, VERSION, PLURAL) if kind == "PyTorchJob" else (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS)
+    return s.custom.get_namespaced_custom_object(group, version, s.namespace, plural, name)
+
+
+def last_condition(s: KubeflowStandIn, kind: str, name: str) -> dict[str, Any]:
+    conditions = [c for c in (get(s, kind, name).get("status") or {}).get("conditions") or [] if c["status"] == "True"]
+    return conditions[-1] if conditions else {}
+
+
+def pods(s: KubeflowStandIn) -> dict[str, Any]:
+    return {p.metadata.name: p for p in s.core.list_namespaced_pod(s.namespace).items if not p.metadata.deletion_timestamp}
+
+
+def set_phase(s: KubeflowStandIn, pod: str, phase: str, restarts: int = 0, reason: str | None = None,
+              init_restarts: int | None = None) -> None:
+    """The status a kubelet would write: `restarts` on the first container; an init container's status when
+    `init_restarts` is given."""
+    def status(name: str, count: int, state: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "image": IMAGE, "imageID": "", "ready": phase == "Running", "restartCount": count, "state": state}
+
+    state = {"running": {}} if phase == "Running" else {"terminated": {"exitCode": 0 if phase == "Succeeded" else 137}}
+    containers = s.core.read_namespaced_pod(pod, s.namespace).spec.containers
+    body: dict[str, Any] = {"phase": phase, "reason": reason, "podIP": "10.0.0.9",
+                            "containerStatuses": [status(c.name, restarts if i == 0 else 0, state) for i, c in enumerate(containers)]}
+    if init_restarts is not None:
+        body["initContainerStatuses"] = [status("init-pytorch", init_restarts, {"terminated": {"exitCode": 0}})]
+    s.core.patch_namespaced_pod_status(pod, s.namespace, {"status": body})
+
+
+def test_webhook_refusals_end_the_job_without_pods(standin: TrainerStandIn) -> None:
+    """Without the oracle the stand-ins made pods for both (there was no admission at all)."""
+    create(standin, pytorchjob("7run"))
+    create(standin, trainjob("tj-bad", manager="hpctrain"))
+    standin.reconcile()
+    assert not pods(standin)
+    assert last_condition(standin, "PyTorchJob", "7run")["reason"] == "AdmissionRefused"
+    assert last_condition(standin, "TrainJob", "tj-bad")["reason"] == "AdmissionRefused"
+    assert any(e.startswith("a real cluster refuses PyTorchJob 7run: TO pkg/webhooks/pytorch/pytorchjob_webhook.go: "
+                            "metadata.name") for e in standin.errors), standin.errors
+    assert any("TrainJob tj-bad: TR pkg/runtime/framework/plugins/jobset/jobset.go: spec.runtimePatches.manager"
+               in e for e in standin.errors), standin.errors
+    standin.errors.clear()
+    standin.reconcile()  # decided once: no second refusal, still no pods
+    assert not standin.errors and not pods(standin)
+
+
+def test_pytorchjob_services_env_and_eviction(standin: TrainerStandIn) -> None:
+    create(standin, pytorchjob("pj", workers=2))
+    standin.reconcile()
+    services = {s.metadata.name: s for s in standin.core.list_namespaced_service(standin.namespace).items}
+    assert sorted(services) == ["pj-master-0", "pj-worker-0", "pj-worker-1"]
+    master_svc = services["pj-master-0"].spec
+    assert master_svc.cluster_ip == "None" and not master_svc.publish_not_ready_addresses
+    assert master_svc.selector == {"training.kubeflow.org/job-name": "pj", "training.kubeflow.org/replica-type": "master",
+                                   "training.kubeflow.org/replica-index": "0"}
+    master = pods(standin)["pj-master-0"]
+    for container in master.spec.containers:  # every container, the sidecar too
+        assert {"MASTER_ADDR", "WORLD_SIZE", "RANK"} <= {e.name for e in container.env}, container.name
+    assert not standin.errors, standin.errors
+
+    set_phase(standin, "pj-master-0", "Failed", reason="Evicted")  # an OnFailure pod evicted: made again
+    standin.reconcile()
+    assert last_condition(standin, "PyTorchJob", "pj")["type"] == "Restarting"
+    standin.reconcile()
+    assert "pj-master-0" in pods(standin) and pods(standin)["pj-master-0"].status.phase in (None, "Pending")
+    assert last_condition(standin, "PyTorchJob", "pj")["type"] != "Failed"
+
+
+def test_pytorchjob_backoff_counts_running_pods_init_containers_included(standin: TrainerStandIn) -> None:
+    """training-operator v1.9.4 PastBackoffLimit: the restarts of Running pods' containers and init containers (the
+    real workers' init-pytorch restarts count too), `>= backoffLimit`."""
+    create(standin, pytorchjob("pj-backoff", workers=2, run_policy={"backoffLimit": 3}))
+    standin.reconcile()
+    set_phase(standin, "pj-backoff-master-0", "Running")
+    standin.reconcile()  # the workers, now that the master has an address
+    set_phase(standin, "pj-backoff-worker-0", "Succeeded", restarts=5)  # a finished pod's restarts do not count
+    set_phase(standin, "pj-backoff-worker-1", "Running", restarts=1, init_restarts=1)
+    standin.reconcile()
+    assert last_condition(standin, "PyTorchJob", "pj-backoff")["type"] != "Failed"
+    set_phase(standin, "pj-backoff-worker-1", "Running", restarts=1, init_restarts=2)
+    standin.reconcile()
+    condition = last_condition(standin, "PyTorchJob", "pj-backoff")
+    assert (condition["type"], condition["message"]) == (
+        "Failed", "Job pj-backoff has failed because it has reached the specified backoff limit")
+
+
+@pytest.mark.parametrize("policy,kept", [(None, True), ("Running", False)])
+def test_pytorchjob_deadline_and_clean_pod_policy(standin: TrainerStandIn, policy: str | None, kept: bool) -> None:
+    run_policy = {"activeDeadlineSeconds": 1, **({"cleanPodPolicy": policy} if policy else {})}
+    create(standin, pytorchjob("pj-deadline", workers=0, run_policy=run_policy))
+    standin.reconcile()
+    set_phase(standin, "pj-deadline-master-0", "Running")
+    time.sleep(1.5)  # past the deadline (a wait, not a measurement)
+    standin.reconcile()
+    condition = last_condition(standin, "PyTorchJob", "pj-deadline")
+    assert condition["type"] == "Failed"
+    assert condition["message"] == "Job pj-deadline has failed because it was active longer than specified deadline"
+    standin.reconcile()
+    assert ("pj-deadline-master-0" in pods(standin)) is kept  # v1.9.4's default None keeps a running pod
+
+
+@pytest.fixture
+def sized_runtime(standin: TrainerStandIn) -> Iterator[str]:
+    """The cluster's torch-distributed runtime with memory set on its node container (cluster-scoped: a unique name,
+    removed afterwards)."""
+    runtime = standin.custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", "torch-distributed")
+    name = f"hpctrain-test-{standin.namespace}"
+    spec = copy.deepcopy(runtime["spec"])
+    node = spec["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    node["resources"] = {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+    standin.custom.create_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime", "metadata": {"name": name},
+        "spec": spec})
+    try:
+        yield name
+    finally:
+        standin.custom.delete_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", name)
+
+
+def test_trainjob_resources_service_and_backoff(standin: TrainerStandIn, sized_runtime: str) -> None:
+    create(standin, trainjob("tj", runtime=sized_runtime))
+    standin.reconcile()
+    assert not standin.errors, standin.errors
+    (pod,) = pods(standin).values()  # node 0 first; the others once it has an address
+    container = next(c for c in pod.spec.containers if c.name == "node")
+    # resourcesPerNode (limits cpu 2) merged into the runtime's, key by key: before, it replaced them.
+    assert container.resources.limits == {"memory": "1Gi", "cpu": "2"}
+    assert container.resources.requests["memory"] == "1Gi"
+    service = standin.core.read_namespaced_service("tj", standin.namespace).spec
+    assert service.cluster_ip == "None" and service.publish_not_ready_addresses is True
+
+    set_phase(standin, pod.metadata.name, "Running")
+    standin.reconcile()
+    assert len(pods(standin)) == 2
+    first, second = sorted(pods(standin))
+    # 6 restarts (the Job's default backoffLimit) on a pod that then succeeded no longer count (Job controller:
+    # Running and Pending pods only); before, every pod's restarts were summed and the job failed.
+    set_phase(standin, first, "Succeeded", restarts=6)
+    set_phase(standin, second, "Running", restarts=1)
+    standin.reconcile()
+    assert last_condition(standin, "TrainJob", "tj").get("type") != "Failed"
+    set_phase(standin, second, "Running", restarts=6)
+    standin.reconcile()
+    assert last_condition(standin, "TrainJob", "tj")["type"] == "Failed"
+
+
+def test_trainjob_deadline_counts_from_creation(standin: TrainerStandIn) -> None:
+    create(standin, trainjob("tj-deadline", activeDeadlineSeconds=1))
+    standin.reconcile()
+    assert pods(standin)
+    time.sleep(2.1)  # past the deadline, whole seconds of creationTimestamp included (a wait, not a measurement)
+    standin.reconcile()
+    condition = last_condition(standin, "TrainJob", "tj-deadline")
+    assert (condition["type"], condition["reason"], condition["message"]) == (
+        "Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")
+    assert not pods(standin)
