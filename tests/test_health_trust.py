@@ -1,0 +1,142 @@
+"""The hang watchdog and stack requests against what others leave in the run directory and against time (issue 29):
+links and FIFOs where stacks are asked for and answered, a client whose clock is off, a job suspended and continued,
+a file system that blocks while a hang is reported, a single process that hangs, and the best checkpoint's copy.
+
+Real processes and real signals: a suspended job is a process stopped with SIGSTOP and continued with SIGCONT, as
+`scontrol suspend`/`resume` do. A blocked file system is a real FIFO where it can be, and otherwise (a hung NFS
+server cannot run here) an fsync that never returns, patched in by tests/ailing_rank.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.checkpoint.files import manifest_path
+from hpctrain.errors import UserError
+from hpctrain.health import ProgressRecorder, RankProgress, hang_report, request_stacks
+from hpctrain.health import stacks as stacks_module
+from hpctrain.health.stacks import StackRequests, answers
+from hpctrain.training.stopping import EXIT_HUNG
+from training_helpers import QUICK, clean_environ, hpctrain, wait_for
+
+HOST = socket.gethostname()
+AILING = str(Path(__file__).with_name("ailing_rank.py"))
+
+
+def _outside(tmp_path: Path) -> Path:
+    victim = tmp_path / "outside" / "precious.txt"
+    victim.parent.mkdir()
+    victim.write_text("keep me\n")
+    return victim
+
+
+# ---- A4: no link is followed, no special file blocks
+
+
+def test_requests_and_answers_replace_links_never_write_through_them(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "stacks").mkdir(parents=True)
+    victim = _outside(tmp_path)
+    (run / "stacks" / "request").symlink_to(victim)
+    (run / "stacks" / "rank-0.txt").symlink_to(victim)
+    rank = StackRequests(run, 0, "here")
+    token = request_stacks(run)
+    rank.check()
+    assert victim.read_text() == "keep me\n"
+    for name in ("request", "rank-0.txt"):
+        assert not (run / "stacks" / name).is_symlink()
+    assert answers(run, token) == [run / "stacks" / "rank-0.txt"]
+
+
+def test_a_linked_stacks_folder_is_refused_and_never_written(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "stacks").symlink_to(elsewhere, target_is_directory=True)
+    rank = StackRequests(run, 0, "here")
+    with pytest.raises(UserError, match="stacks is a symbolic link"):
+        request_stacks(run)
+    (elsewhere / "request").write_text("planted-token\n")  # whoever made the link asks through it
+    rank.check()
+    assert sorted(os.listdir(elsewhere)) == ["request"]
+
+
+def test_debug_stacks_refuses_a_linked_stacks_folder_in_one_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "progress").mkdir(parents=True)
+    ProgressRecorder(run, 0, 1, "node0", 10).phase("training")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "stacks").symlink_to(elsewhere, target_is_directory=True)
+    result = hpctrain("debug", "stacks", "1", "--run-dir", str(run), "--wait", "1", "--scheduler", "slurm")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr == (f"hpctrain debug: error: {run}/stacks is a symbolic link (to {elsewhere}); hpctrain "
+                             "writes this folder itself and never through a link. Remove the link (copy the folder "
+                             "it points to in its place if you need its contents), or choose another --run-dir\n")
+    assert os.listdir(elsewhere) == []
+
+
+def test_fifos_where_requests_and_answers_go_block_nothing(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "stacks").mkdir(parents=True)
+    os.mkfifo(run / "stacks" / "request")
+    os.mkfifo(run / "stacks" / "rank-0.txt")
+    rank = StackRequests(run, 0, "here")
+    done: list[str] = []
+
+    def ask_and_answer() -> None:
+        token = request_stacks(run)
+        rank.check()
+        done.extend(str(p) for p in answers(run, token))
+
+    worker = threading.Thread(target=ask_and_answer, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "a FIFO in stacks/ blocked the request or the answer"
+    assert done == [str(run / "stacks" / "rank-0.txt")]
+    os.mkfifo(run / "stacks" / ".request.tmp")  # a FIFO as the request itself: a rank reads nothing from it
+    os.replace(run / "stacks" / ".request.tmp", run / "stacks" / "request")
+    worker = threading.Thread(target=rank.check, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+
+
+# ---- B9: no clock decides what answers a request
+
+
+@pytest.mark.parametrize("offset_s", [5.0, -3600.0])
+def test_answers_count_whatever_the_asking_machines_clock_says(tmp_path: Path, monkeypatch, offset_s) -> None:
+    """A login node 5 s ahead of the file server (or an hour behind the compute nodes) asks for stacks."""
+    rank = StackRequests(tmp_path, 2, "node2")
+    real = time.time
+    with monkeypatch.context() as patched:
+        patched.setattr(stacks_module.time, "time", lambda: real() + offset_s)
+        token = request_stacks(tmp_path)
+    rank.check()
+    with monkeypatch.context() as patched:
+        patched.setattr(stacks_module.time, "time", lambda: real() + offset_s)
+        got = answers(tmp_path, token)
+    assert got == [tmp_path / "stacks" / "rank-2.txt"]
+    assert got[0].read_text().startswith(f"rank 2 on node2 (pid {os.getpid()}), on request {token}\n")
+
+
+def test_an_answer_to_an_earlier_request_does_not_count(tmp_path: Path) -> None:
+    rank = StackRequests(tmp_path, 0, "here")
+    first = request_stacks(tmp_path)
+    rank.check()
+    second = request_stacks(tmp_path)
+    assert answers(tmp_path, first) and answers(tmp_path, second) == []
+    rank.check()
+    assert answers(tmp_path, second) == [tmp_path / "stacks" / "rank-0.txt"]
