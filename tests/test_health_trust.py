@@ -140,3 +140,76 @@ def test_an_answer_to_an_earlier_request_does_not_count(tmp_path: Path) -> None:
     assert answers(tmp_path, first) and answers(tmp_path, second) == []
     rank.check()
     assert answers(tmp_path, second) == [tmp_path / "stacks" / "rank-0.txt"]
+
+
+# ---- B7: a suspended process is not a hung one
+
+PHASE_SCRIPT = textwrap.dedent("""
+    import os, sys
+    from hpctrain.health import Watchdog
+
+    def hung(quiet, limit):
+        print(f"hung after {quiet:.1f} s (limit {limit:.0f} s)", flush=True)
+        os._exit(142)
+
+    dog = Watchdog(1.0, 2.0, hung, poll_s=0.1).start()
+    for _ in range(3):
+        dog.beat()
+    for phase in ("checkpointing", "evaluating"):
+        with dog.long_phase():
+            print(phase, flush=True)
+            sys.stdin.readline()  # the phase lasts until the test says
+    print("done", flush=True)
+""")
+
+
+def test_a_process_suspended_in_a_long_phase_is_not_hung_when_it_continues(tmp_path: Path) -> None:
+    """Stopped for twice its long-phase limit and continued: the phase ends normally. Then a phase that truly
+    never ends: the watchdog still fires."""
+    process = subprocess.Popen([sys.executable, "-c", PHASE_SCRIPT], env={**clean_environ(), "PYTHONUNBUFFERED": "1"},
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    try:
+        wait_for(process, "checkpointing", output)
+        process.send_signal(signal.SIGSTOP)  # as `scontrol suspend` does to every process of the job
+        time.sleep(4.0)
+        process.send_signal(signal.SIGCONT)
+        time.sleep(1.0)  # the watchdog polls ten times: were the stop counted, it would fire now
+        try:
+            process.stdin.write("\n")
+            process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it is gone: it took the stop for a hang (the output says so below)
+        wait_for(process, "evaluating", output)  # the second phase is never ended: a real hang
+        output.extend(process.stdout)
+        assert process.wait(timeout=60) == 142, "".join(output)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = "".join(output)
+    assert text.count("hung after") == 1 and text.index("evaluating") < text.index("hung after"), text
+
+
+@pytest.mark.slow
+def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_data_dir, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "train", "mnist", *QUICK, "--train-limit", "2048", "--recipe", "classic",
+         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--hang-timeout", "3", "--print-freq", "4",
+         "--epochs", "1"],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    output: list[str] = []
+    try:
+        wait_for(process, "step 8/", output)
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(8.0)
+        process.send_signal(signal.SIGCONT)
+        output.extend(process.stdout)
+        code = process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = "".join(output)
+    assert code == 0 and "no training step" not in text, text
+    assert not (run_dir / "hang" / "report.txt").exists()
