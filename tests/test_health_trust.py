@@ -142,6 +142,21 @@ def test_an_answer_to_an_earlier_request_does_not_count(tmp_path: Path) -> None:
     assert answers(tmp_path, second) == [tmp_path / "stacks" / "rank-0.txt"]
 
 
+# ---- B10: a single process that hangs is itself the culprit
+
+
+def test_a_single_process_report_names_the_process_itself_and_where() -> None:
+    record = RankProgress(0, 1, "node0", 100, "hung", 1, 6, 6, 50, waiting_in="step 6's forward pass",
+                          updated=1000.0)
+    report = hang_report([record], 1, 130.0, 120.0, Path("/run"), 1001.0, here="stalled (ailing_rank.py:70)")
+    verdict = report.lines[-1]
+    assert verdict.startswith("culprit: the process itself (rank 0 on node0, the only one) is stuck in step 6's "
+                              "forward pass, at stalled (ailing_rank.py:70)"), report.text()
+    assert "network" not in verdict.split(";")[0] and "collective backend" not in report.text()
+    assert report.summary() == ("hung at step 6: the process itself (rank 0 on node0, the only one) is stuck in "
+                                "step 6's forward pass, at stalled (ailing_rank.py:70)")
+
+
 # ---- B7: a suspended process is not a hung one
 
 PHASE_SCRIPT = textwrap.dedent("""
@@ -213,3 +228,25 @@ def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_da
     text = "".join(output)
     assert code == 0 and "no training step" not in text, text
     assert not (run_dir / "hang" / "report.txt").exists()
+
+
+# ---- B8 and B10 for real: a hang reported while the file system blocks
+
+
+@pytest.mark.slow
+def test_a_hang_is_said_and_ends_the_process_even_when_its_files_block(fashion_data_dir, tmp_path) -> None:
+    """One process whose forward pass never returns, on a file system whose fsync under RUN/hang/ never returns."""
+    run_dir = tmp_path / "run"
+    env = {**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_AILING": "stall", "HPCTRAIN_TEST_AILING_S": "5",
+           "HPCTRAIN_TEST_HUNG_FS": "1"}
+    result = subprocess.run(
+        [sys.executable, AILING, "train", "mnist", *QUICK, "--train-limit", "2048", "--recipe", "classic",
+         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--hang-timeout", "3"],
+        env=env, text=True, capture_output=True, timeout=300)
+    text = result.stdout + result.stderr
+    assert result.returncode == EXIT_HUNG, text
+    assert f"hpctrain: rank 0 on {HOST}: no training step for " in text
+    assert ("hpctrain: culprit: the process itself (rank 0 on " + HOST + ", the only one) is stuck in step 6's "
+            "forward pass, at stalled (") in text and "ailing_rank.py:" in text
+    assert "were not written within 3 s (its file system blocks?); ending without them" in text
+    assert not (run_dir / "hang" / "report.txt").exists()  # its fsync never returned
