@@ -250,3 +250,24 @@ def test_a_hang_is_said_and_ends_the_process_even_when_its_files_block(fashion_d
             "forward pass, at stalled (") in text and "ailing_rank.py:" in text
     assert "were not written within 3 s (its file system blocks?); ending without them" in text
     assert not (run_dir / "hang" / "report.txt").exists()  # its fsync never returned
+
+
+# ---- B11: keeping the best checkpoint is no pause for anyone
+
+
+@pytest.mark.slow
+def test_keeping_the_best_checkpoint_does_not_make_the_other_ranks_wait(fashion_data_dir, tmp_path) -> None:
+    """Rank 0's background writes take 8 s longer than the 3 s hang limit: an improved epoch must not hold rank 1
+    up after the checkpoint's barrier."""
+    run_dir = tmp_path / "run"
+    env = {**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_AILING_RANK": "0",
+           "HPCTRAIN_TEST_AILING": "slow-writes", "HPCTRAIN_TEST_AILING_S": "8"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
+         "0", AILING, "train", "mnist", *QUICK, "--recipe", "classic", "--epochs", "2",
+         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--hang-timeout", "3"],
+        env=env, text=True, capture_output=True, timeout=300)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0 and "no training step" not in text, text
+    best = run_dir / "checkpoints" / "checkpoint_best.pt"
+    assert best.is_file() and manifest_path(best).is_file(), text

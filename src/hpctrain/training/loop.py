@@ -32,7 +32,7 @@ from hpctrain.distributed import destroy_process_group, init_process_group
 from hpctrain.distributed.failures import announce, peer_failures
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.training import preflight
-from hpctrain.training.checkpoints import keep_best, restore, save
+from hpctrain.training.checkpoints import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
 from hpctrain.training.parts import Parts, control_group, wrap
@@ -135,9 +135,7 @@ def _epochs(run: Run, parts: Parts, position: Position, metrics: MetricsLog | No
         position.best_accuracy = max(position.best_accuracy, record["test_accuracy"])
         position.next_epoch()
         with watch.long_phase("checkpointing"):
-            save(run, parts, position, end_of_epoch=True)
-            if improved and run.recipe.keeps_best:
-                keep_best(run, position)
+            save(run, parts, position, end_of_epoch=True, best=improved and run.recipe.keeps_best)
         if metrics:
             metrics.epoch(record)
             run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
