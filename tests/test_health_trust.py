@@ -142,6 +142,37 @@ def test_an_answer_to_an_earlier_request_does_not_count(tmp_path: Path) -> None:
     assert answers(tmp_path, second) == [tmp_path / "stacks" / "rank-0.txt"]
 
 
+def test_the_pods_exec_script_asks_and_counts_the_same_way(tmp_path: Path) -> None:
+    """The shell `debug stacks` runs in a pod (Kubernetes, no --run-dir), run here by a real sh: it replaces a
+    linked request, counts only answers to its own token, and a FIFO among the answers blocks nothing."""
+    from hpctrain.around.kubernetes import parse_stacks, stacks_request
+
+    run = tmp_path / "run"
+    (run / "stacks").mkdir(parents=True)
+    victim = _outside(tmp_path)
+    (run / "stacks" / "request").symlink_to(victim)
+    (run / "stacks" / "rank-1.txt").write_text("rank 1 on node1 (pid 1), on request an-old-token\n")
+    os.mkfifo(run / "stacks" / "rank-7.txt")
+    ranks = [StackRequests(run, rank, f"node{rank}") for rank in (0, 1)]
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.wait(0.1):
+            for rank in ranks:
+                rank.check()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        shell = subprocess.run(["sh", "-c", stacks_request(2, 20)], env={**os.environ, "HPCTRAIN_RUN_DIR": str(run)},
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        stop.set()
+    got = parse_stacks(shell.stdout)
+    assert shell.returncode == 0 and sorted(got) == [0, 1], shell
+    assert all(got[r].startswith(f"rank {r} on node{r} (pid {os.getpid()}), on request ") for r in (0, 1))
+    assert victim.read_text() == "keep me\n"
+
+
 # ---- B10: a single process that hangs is itself the culprit
 
 

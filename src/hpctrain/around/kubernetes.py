@@ -166,7 +166,8 @@ def stacks_request(world_size: int, wait_s: float) -> str:
     """Shell run in a pod: ask every rank for its stacks (a fresh token in RUN/stacks/request, written and renamed
     as `request_stacks` does; a linked stacks/ is refused), wait until `world_size` answers name the token or
     `wait_s` passed, then print each answer after a line `@stacks rank-N.txt`. No file times are compared."""
-    answered = (f'[ -f "$f" ] && [ ! -L "$f" ] && head -n 1 "$f" | grep -qF "{ANSWER_PREFIX}$t"')
+    answered = (f'[ -f "$f" ] && [ ! -L "$f" ] && IFS= read -r l < "$f" && case "$l" in *"{ANSWER_PREFIX}$t") '
+                'true;; *) false;; esac')  # shell builtins only: an image may lack grep; `od` missing leaves time+pid
     return (f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] || exit 3; d="$HPCTRAIN_RUN_DIR"/{STACKS_DIR}; '
             '[ -L "$d" ] && exit 3; mkdir -p "$d" || exit 3; [ -L "$d/request" ] && rm -f "$d/request"; '
             '[ -d "$d/request" ] && exit 3; '
