@@ -113,6 +113,21 @@ def test_fifos_where_requests_and_answers_go_block_nothing(tmp_path: Path) -> No
     assert not worker.is_alive()
 
 
+def test_a_fifo_planted_at_a_run_files_temporary_blocks_no_write(tmp_path: Path) -> None:
+    """The temporaries' names are predictable (the pid is in every progress record): the hang report, progress
+    records and stop_reason are written through fsutil.write_atomic, which must create its temporary afresh."""
+    from hpctrain.fsutil import write_atomic
+
+    report = tmp_path / "hang" / "report.txt"
+    report.parent.mkdir()
+    os.mkfifo(report.with_name(f".report.txt.tmp-{os.getpid()}"))
+    worker = threading.Thread(target=write_atomic, args=(report, b"hang: ...\n"), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "write_atomic opened a FIFO at its temporary's name"
+    assert report.read_text() == "hang: ...\n"
+
+
 # ---- B9: no clock decides what answers a request
 
 
