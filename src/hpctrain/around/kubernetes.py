@@ -21,7 +21,7 @@ from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
 from hpctrain.services import kubernetes as k8s
 from hpctrain.sessions import kubernetes as sessions
 from hpctrain.sessions.config import DevConfig, SessionView
-from hpctrain.health.stacks import REQUEST_FILE, STACKS_DIR
+from hpctrain.health.stacks import ANSWER_PREFIX, REQUEST_FILE, STACKS_DIR
 from hpctrain.top import PROBE, PROGRESS_PROBE, JobNotRunning, NodeSample, TopSample, parse_probe, ranks_of
 
 TENSORBOARD_PORT = 6006
@@ -179,15 +179,21 @@ def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) ->
 
 
 def stacks_request(world_size: int, wait_s: float) -> str:
-    """Shell run in a pod: ask every rank for its stacks (the request file in RUN/stacks/, as `request_stacks`
-    writes it), wait until `world_size` answers are newer than the request or `wait_s` passed, then print each
-    answer after a line `@stacks rank-N.txt`."""
-    folder = f'"$HPCTRAIN_RUN_DIR"/{STACKS_DIR}'
-    return (f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] && mkdir -p {folder} && date +%s > {folder}/{REQUEST_FILE} || exit 3; n=0; '
+    """Shell run in a pod: ask every rank for its stacks (a fresh token in RUN/stacks/request, written and renamed
+    as `request_stacks` does; a linked stacks/ is refused), wait until `world_size` answers name the token or
+    `wait_s` passed, then print each answer after a line `@stacks rank-N.txt`. No file times are compared."""
+    answered = (f'[ -f "$f" ] && [ ! -L "$f" ] && IFS= read -r l < "$f" && case "$l" in *"{ANSWER_PREFIX}$t") '
+                'true;; *) false;; esac')  # shell builtins only: an image may lack grep; `od` missing leaves time+pid
+    return (f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] || exit 3; d="$HPCTRAIN_RUN_DIR"/{STACKS_DIR}; '
+            '[ -L "$d" ] && exit 3; mkdir -p "$d" || exit 3; [ -L "$d/request" ] && rm -f "$d/request"; '
+            '[ -d "$d/request" ] && exit 3; '
+            't="$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d \' \\n\')"; set -C; '
+            f'printf "%s\\n" "$t" > "$d/.{REQUEST_FILE}.$t.tmp" && mv -f "$d/.{REQUEST_FILE}.$t.tmp" '
+            f'"$d/{REQUEST_FILE}" || exit 3; n=0; '
             f'while [ "$n" -lt {max(1, int(wait_s))} ]; do sleep 1; n=$((n + 1)); c=0; '
-            f'for f in {folder}/rank-*.txt; do [ "$f" -nt {folder}/{REQUEST_FILE} ] && c=$((c + 1)); done; '
+            f'for f in "$d"/rank-*.txt; do {answered} && c=$((c + 1)); done; '
             f'[ "$c" -ge {world_size} ] && break; done; '
-            f'for f in {folder}/rank-*.txt; do [ "$f" -nt {folder}/{REQUEST_FILE} ] && '
+            f'for f in "$d"/rank-*.txt; do {answered} && '
             '{ printf "@stacks %s\\n" "${f##*/}"; cat "$f"; }; done; exit 0')
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hpctrain.checkpoint.files import CheckpointError
-from hpctrain.checkpoint.writing import check_arguments, save
+from hpctrain.checkpoint.writing import check_arguments, copy_checkpoint, save
 
 
 def snapshot(state: Any) -> Any:
@@ -62,6 +62,14 @@ def _copy_to_cpu(tensor: torch.Tensor, pending: list[bool]) -> torch.Tensor:
     return tensor.to("cpu")
 
 
+def _save_and_keep(state: dict[str, Any], directory: str | Path, name: str, also_as: str | None,
+                   **kwargs: Any) -> Path:
+    path = save(state, directory, name, **kwargs)
+    if also_as is not None:
+        copy_checkpoint(path, path.with_name(also_as))
+    return path
+
+
 class AsyncCheckpointer:
     """Saves checkpoints in a background thread, so training pauses only for the copy of its state to CPU.
 
@@ -91,13 +99,17 @@ class AsyncCheckpointer:
         step: int,
         world_size: int = 1,
         keep: int | None = None,
+        also_as: str | None = None,
     ) -> Path:
+        """`also_as`: once written, the checkpoint is also kept under that name in the same directory (the best
+        epoch's, `copy_checkpoint`), in the background as well: nobody waits for it."""
         self.wait()
         check_arguments(name, keep)  # save() checks too, but here it is before the copy and in the caller's thread
         copied = snapshot(state)
         self._target = Path(directory) / name
         self._future = self._executor.submit(
-            save, copied, directory, name, epoch=epoch, step=step, world_size=world_size, keep=keep
+            _save_and_keep, copied, directory, name, also_as, epoch=epoch, step=step, world_size=world_size,
+            keep=keep,
         )
         return self._target
 

@@ -115,13 +115,20 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
     """Copy a verified checkpoint to `target` atomically, with its own manifest (same digest, size and position).
 
     For names outside the numbered series (checkpoint_best.pt): `latest` is not touched and pruning never sees it.
+    The copy is a hard link where the file system has them (no data is copied; a checkpoint file is never changed
+    in place, only replaced, so the two names cannot diverge, and pruning the source leaves the copy whole).
     """
     info = verify(source)
     tmp = _temporary(target)
     try:
-        shutil.copyfile(source, tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        try:
+            os.link(source, tmp, follow_symlinks=False)
+        except OSError as err:
+            if is_no_space(err):
+                raise
+            shutil.copyfile(source, tmp)  # no hard links here (or not across these names): a real copy
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException as err:
         tmp.unlink(missing_ok=True)

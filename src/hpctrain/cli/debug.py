@@ -86,9 +86,9 @@ def _stacks(args: argparse.Namespace) -> int:
     if not ranks:
         raise UserError(f"{run_dir} has no progress records (RUN/progress/): the run has not started training, "
                         "or it is not an hpctrain run")
-    asked = request_stacks(run_dir)
+    token = request_stacks(run_dir)  # answers name it: no clock (this machine's or the file server's) is compared
     deadline = time.monotonic() + args.wait
-    while len(got := answers(run_dir, asked)) < ranks[0].world_size and time.monotonic() < deadline:
+    while len(got := answers(run_dir, token)) < ranks[0].world_size and time.monotonic() < deadline:
         time.sleep(0.5)
     answered = {int(path.stem.split("-")[1]) for path in got}
     for path in got:

@@ -13,7 +13,9 @@ collective's name (`waiting_in`). Given a few seconds for the other ranks' watch
   have passed (a forward pass that never returns), and is the culprit.
 
 When every rank waits in a collective and none is missing, no rank is to blame: the transport or the collective
-backend itself hangs, and the report says so.
+backend itself hangs, and the report says so. A run of one process has no peer and no network to wait for: the
+process itself is stuck, and the report says where (the collective context it was in, and its main thread's
+innermost frame, `here`).
 """
 
 from __future__ import annotations
@@ -37,20 +39,26 @@ class HangReport:
     step: int  # the last step any rank completed
     culprits: list[str]  # "rank R on HOST", the rank(s) that never arrived
     lines: list[str]  # the report, one line a rank, then the verdict
+    alone: str | None = None  # a single process's verdict: where it is stuck
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
 
     def summary(self) -> str:
         """One line for `hpctrain status` and the job log."""
+        if self.alone:
+            return f"hung at step {self.step}: {self.alone}"
         if not self.culprits:
             return f"hung at step {self.step}: every rank waits in a collective; none is missing"
         return f"hung at step {self.step}: {', '.join(self.culprits)} never arrived"
 
 
 def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, limit_s: float, run_dir: Path,
-                now: float) -> HangReport:
-    """The report, from every rank's newest record (read `REPORT_GRACE_S` after the first rank noticed)."""
+                now: float, here: str | None = None) -> HangReport:
+    """The report, from every rank's newest record (read `REPORT_GRACE_S` after the first rank noticed); `here`:
+    where the reporting process's main thread is (`function (file:line)`), for a run of one process."""
+    if world_size == 1:
+        return _alone(records, quiet_s, limit_s, run_dir, here)
     by_rank = {r.rank: r for r in records}
     waiting = [r for r in records if r.phase == "hung" and r.waiting_in]
     step = max((r.step for r in records), default=0)
@@ -91,6 +99,24 @@ def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, li
         lines.append("culprit: none found: every rank waits in a collective, so the network or the collective "
                      "backend itself hangs (see the stacks)")
     return HangReport(step, culprits, lines)
+
+
+def _alone(records: list[RankProgress], quiet_s: float, limit_s: float, run_dir: Path,
+           here: str | None) -> HangReport:
+    """A single process's report: nobody else to wait for, so the process itself is stuck, and where."""
+    record = next((r for r in records if r.rank == 0), None)
+    who = record.where() if record else "rank 0"
+    step = record.step if record else 0
+    inside = (f"in {record.waiting_in}" if record and record.waiting_in
+              else "outside any collective (its input, a file system, or compute)")
+    at = f", at {here}" if here else ""
+    stacks = run_dir / HANG_DIR / "rank-0.txt"
+    stuck = f"the process itself ({who}, the only one) is stuck {inside}{at}"
+    lines = [f"hang: no training step completed for {quiet_s:.0f} s (limit {limit_s:.0f} s; --hang-timeout)",
+             f"  {who}: stuck at step {step} {inside}{at}; stacks in {stacks}",
+             f"culprit: {stuck}; one process waits for no network or other rank: its stack in {stacks} shows "
+             "what it waits for"]
+    return HangReport(step, [who], lines, alone=stuck)
 
 
 def report_path(run_dir: Path) -> Path:

@@ -11,7 +11,13 @@ its own thread: the main thread is the one that is stuck) and stops. The limit:
   --dist-timeout plus LONG_MARGIN_S: there, a rank that never arrives is named by the collective's own timeout
   (hpctrain.distributed.failures) and the watchdog is the backstop for what no collective waits on.
 
-The same thread runs the `ticks` it is given (answering `hpctrain debug stacks` requests) once per poll.
+A stopped process is not a hung one: a job suspended (SIGSTOP, as Slurm's `scontrol suspend` and
+`PreemptMode=SUSPEND` stop every process of it) and continued finds its clock jumped, for every thread alike. The
+watchdog sees it as its own sleep overshooting: the seconds it was not running, as the training thread was not, are
+no one's fault and do not count as quiet (a hang of another rank still does: that rank's peers ran meanwhile).
+
+The `ticks` it is given (answering `hpctrain debug stacks` requests) run once per poll on a thread of their own, so
+a request file on a blocked file system silences the answers, never the watch.
 """
 
 from __future__ import annotations
@@ -36,13 +42,15 @@ class Watchdog:
         self.on_hang = on_hang  # (seconds since the last step, the limit it passed)
         self.ticks = ticks
         self.poll_s = poll_s
-        self._last = time.monotonic()
+        self._mark = (time.monotonic(), 0.0)  # the last step's time, and `_stopped` then (one assignment: no race)
+        self._stopped = 0.0  # seconds this thread overslept so far: the process was stopped (or starved)
         self._beats = 0
         self._slowest = 0.0
         self._long = 0  # nesting depth of long_phase()
         self._warned: set[object] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="hpctrain-watchdog", daemon=True)
+        self._ticker = threading.Thread(target=self._tick, name="hpctrain-stack-requests", daemon=True)
 
     @property
     def enabled(self) -> bool:
@@ -50,6 +58,8 @@ class Watchdog:
 
     def start(self) -> Watchdog:
         self._thread.start()
+        if self.ticks:
+            self._ticker.start()
         return self
 
     def stop(self) -> None:
@@ -60,9 +70,9 @@ class Watchdog:
     def beat(self) -> None:
         now = time.monotonic()
         if self._beats >= 1:  # the first step's time includes warm-up; later ones set the pace
-            self._slowest = max(self._slowest, now - self._last)
+            self._slowest = max(self._slowest, self.quiet(now))
         self._beats += 1
-        self._last = now
+        self._mark = (now, self._stopped)
 
     @contextlib.contextmanager
     def long_phase(self) -> Iterator[None]:
@@ -71,7 +81,7 @@ class Watchdog:
             yield
         finally:
             self._long -= 1
-            self._last = time.monotonic()  # the phase's time is not the next step's
+            self._mark = (time.monotonic(), self._stopped)  # the phase's time is not the next step's
 
     def _warn_once(self, key: object, line: str) -> None:
         if key not in self._warned:
@@ -88,7 +98,25 @@ class Watchdog:
             return self.timeout_s
         return max(HANG_FLOOR_S, HANG_STEP_FACTOR * self._slowest)
 
+    def quiet(self, now: float) -> float:
+        """Seconds since the last step (or phase) that this process was running."""
+        last, stopped_then = self._mark
+        return now - last - (self._stopped - stopped_then)
+
     def _watch(self) -> None:
+        before = time.monotonic()
+        while not self._stop.wait(self.poll_s):
+            now = time.monotonic()
+            self._stopped += max(0.0, now - before - self.poll_s)  # asleep longer than asked: we were not running
+            before = now
+            if not self.enabled:
+                continue
+            quiet, limit = self.quiet(now), self.limit()
+            if quiet > limit:
+                self.on_hang(quiet, limit)
+                return
+
+    def _tick(self) -> None:
         while not self._stop.wait(self.poll_s):
             for tick in self.ticks:
                 try:
@@ -97,9 +125,3 @@ class Watchdog:
                     what = getattr(tick, "__qualname__", "task")
                     self._warn_once((tick, type(err)), f"hpctrain: warning: the watchdog's {what} failed "
                                     f"({type(err).__name__}: {err}); the watch goes on")
-            if not self.enabled:
-                continue
-            quiet, limit = time.monotonic() - self._last, self.limit()
-            if quiet > limit:
-                self.on_hang(quiet, limit)
-                return

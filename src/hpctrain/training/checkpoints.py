@@ -26,9 +26,12 @@ TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", 
                     "config")
 
 
-def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False) -> None:
+def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False,
+         best: bool = False) -> None:
     """All ranks contribute their own state (RNG streams, loss sum: one gather); rank 0 writes, in the background
-    unless `durable` (the run is about to stop) or --sync-checkpoints."""
+    unless `durable` (the run is about to stop) or --sync-checkpoints. `best`: the checkpoint is also kept as
+    checkpoint_best.pt (never pruned, never `latest`): by the background writer after its write, or before the
+    barrier when writing in the foreground, so no rank waits for rank 0 outside the checkpoint's long phase."""
     per_rank: dict[str, Any] = {"rng": rng.capture(), "loss_sum": position.loss_sum,
                                 "threads": torch.get_num_threads()}
     if run.is_main and run.lock is not None:
@@ -62,11 +65,17 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
         if parts.optimization.scaler is not None:  # float16: the loss scale and its growth counter
             state["scaler"] = parts.optimization.scaler.state_dict()
         name = checkpoint.checkpoint_name(position.epoch, position.step, end_of_epoch)
-        write = run.writer.save if run.writer is not None else checkpoint.save
-        write(state, checkpoint_dir(run.run_dir), name, epoch=position.epoch, step=position.step,
-              world_size=run.env.world_size, keep=run.cfg.keep_checkpoints)
-        if run.writer is not None and durable:
-            run.writer.wait()
+        also_as = checkpoint.BEST_NAME if best else None
+        where = dict(epoch=position.epoch, step=position.step, world_size=run.env.world_size,
+                     keep=run.cfg.keep_checkpoints)
+        if run.writer is not None:
+            run.writer.save(state, checkpoint_dir(run.run_dir), name, also_as=also_as, **where)
+            if durable:
+                run.writer.wait()
+        else:
+            path = checkpoint.save(state, checkpoint_dir(run.run_dir), name, **where)
+            if also_as:
+                checkpoint.copy_checkpoint(path, path.with_name(also_as))
     if run.env.is_distributed:
         with collective(f"the barrier after the checkpoint at step {position.step}"):
             barrier()  # nobody runs ahead of the save (or exits before a durable one)
@@ -96,15 +105,3 @@ def restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[
     loss_sum = mine["loss_sum"] if len(ranks) == run.env.world_size else sum(r["loss_sum"] for r in ranks) / len(ranks)
     return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
                     float(loss_sum), float(state.get("best_accuracy", -1.0)))
-
-
-def keep_best(run: Run, position: Position) -> None:
-    """Copy the epoch checkpoint just written to checkpoint_best.pt (with its manifest): never pruned, never
-    `latest`. Rank 0; waits for a background save of that checkpoint first."""
-    if not run.is_main:
-        return
-    if run.writer is not None:
-        run.writer.wait()
-    ckpt_dir = checkpoint_dir(run.run_dir)
-    source = ckpt_dir / checkpoint.checkpoint_name(position.epoch, position.step, True)
-    checkpoint.copy_checkpoint(source, ckpt_dir / checkpoint.BEST_NAME)

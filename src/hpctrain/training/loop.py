@@ -35,7 +35,7 @@ from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.health.preflight import BAD_NODES_FILE, MAX_BAD_NODES_BYTES, PREFLIGHT_FILE
 from hpctrain.readback import BadRunFile, read_text
 from hpctrain.training import preflight
-from hpctrain.training.checkpoints import keep_best, restore, save
+from hpctrain.training.checkpoints import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
 from hpctrain.training.precision import grad_scaler
@@ -139,9 +139,7 @@ def _epochs(run: Run, parts: Parts, position: Position, metrics: MetricsLog | No
         position.best_accuracy = max(position.best_accuracy, record["test_accuracy"])
         position.next_epoch()
         with watch.long_phase("checkpointing"):
-            save(run, parts, position, end_of_epoch=True)
-            if improved and run.recipe.keeps_best:
-                keep_best(run, position)
+            save(run, parts, position, end_of_epoch=True, best=improved and run.recipe.keeps_best)
         if metrics:
             metrics.epoch(record)
             run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "

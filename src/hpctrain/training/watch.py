@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -19,11 +20,12 @@ from typing import Any
 import torch
 
 from hpctrain.distributed.failures import current_collective
+from hpctrain.errors import UserError
 from hpctrain.fsutil import write_atomic
 from hpctrain.health.hang import REPORT_GRACE_S, hang_report, report_path
 from hpctrain.health.preflight import node_name
 from hpctrain.health.progress import PROGRESS_INTERVAL_S, ProgressRecorder, read_progress
-from hpctrain.health.stacks import HANG_DIR, StackRequests, dump_stacks
+from hpctrain.health.stacks import HANG_DIR, StackRequests, capture_stacks, dump_stacks, main_thread_at
 from hpctrain.health.stragglers import Straggler, find_stragglers
 from hpctrain.health.watchdog import LONG_MARGIN_S, Watchdog
 from hpctrain.readback import BadRunFile
@@ -32,6 +34,10 @@ from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason,
 
 STRAGGLER_CHECK_S = 30.0
 """How often rank 0 compares the ranks' records; a straggler is reported when two checks in a row name it."""
+HANG_FILES_DEADLINE_S = 30.0
+"""Once a hang is noticed and said: how long writing its files may take (after REPORT_GRACE_S on several ranks)
+before the process ends with EXIT_HUNG without them."""
+ALARM_MARGIN_S = 10.0
 
 
 # NCCL's flight recorder (torch's ring buffer of the last collectives per rank): its variables were renamed from
@@ -211,41 +217,73 @@ class RankWatch:
         return [s.as_dict() for s in taken]
 
     def _on_hang(self, quiet_s: float, limit_s: float) -> None:
-        """In the watchdog's thread, while the main thread is stuck: stacks, record, report, and end the process."""
+        """In the watchdog's thread, while the main thread is stuck: say so first, then the files (stacks, record,
+        report) on a thread of their own under a deadline, and end the process with EXIT_HUNG either way: a file
+        system that blocks (a hung NFS server) must not keep a hung rank alive, nor silence its report."""
         run, env = self.run, self.run.env
         waiting, entered = current_collective()
-        stacks = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
+        here = main_thread_at()
+        stacks = capture_stacks()  # in memory: nothing before the deadline is armed waits on a file system
+        deadline = HANG_FILES_DEADLINE_S + (REPORT_GRACE_S if env.is_distributed else 0.0)
+        _arm_alarm(deadline + ALARM_MARGIN_S)
+        path = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
+        print(f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
+              f"s)" + (f", waiting in {waiting}" if waiting else ", outside any collective")
+              + (f", at {here}" if here and not env.is_distributed else "") + f"; stacks in {path}",
+              file=sys.stderr, flush=True)
+        work = threading.Thread(target=self._hang_files, name="hpctrain-hang-report", daemon=True,
+                                args=(quiet_s, limit_s, waiting, entered, here, stacks))
+        work.start()
+        work.join(deadline)
+        if work.is_alive():
+            print(f"hpctrain: rank {env.rank}: the hang's files in {run.run_dir} were not written within "
+                  f"{deadline:.0f} s (its file system blocks?); ending without them", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_HUNG)
+
+    def _hang_files(self, quiet_s: float, limit_s: float, waiting: str | None, entered: int, here: str | None,
+                    stacks: str) -> None:
+        """The hang's file work, on a thread of its own: this rank's stacks and record; after `REPORT_GRACE_S`, the
+        report from every rank's record (by the lowest rank that noticed)."""
+        run, env = self.run, self.run.env
+        path = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
         try:
-            dump_stacks(stacks, f"rank {env.rank} on {self.host} (pid {os.getpid()}): no training step for "
-                                f"{quiet_s:.0f} s" + (f", waiting in {waiting}" if waiting else ""))
-        except OSError as err:
-            print(f"hpctrain: rank {env.rank}: could not write its stacks to {stacks}: {err}", file=sys.stderr)
+            dump_stacks(path, f"rank {env.rank} on {self.host} (pid {os.getpid()}): no training step for "
+                              f"{quiet_s:.0f} s" + (f", waiting in {waiting}" if waiting else ""), stacks)
+        except (OSError, UserError) as err:
+            print(f"hpctrain: rank {env.rank}: could not write its stacks to {path}: {err}", file=sys.stderr)
         self.progress.phase("hung", waiting_in=waiting, collectives=entered)
         recorder = run.run_dir / HANG_DIR / f"{FLIGHT_RECORDER_PREFIX}{env.rank}"
         if run.device.type == "cuda" and dump_flight_recorder(recorder):
             print(f"hpctrain: rank {env.rank}: NCCL's flight recorder in {recorder}", file=sys.stderr)
-        print(f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
-              f"s)" + (f", waiting in {waiting}" if waiting else ", outside any collective")
-              + f"; stacks in {stacks}", file=sys.stderr, flush=True)
         if env.is_distributed:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
         try:  # the other ranks' records are files anyone may have written: the rank exits EXIT_HUNG regardless
             records = read_progress(run.run_dir, self._bad_record)
             first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
-            report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time())
+            report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time(), here)
             write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
         except Exception as err:  # noqa: BLE001
             print(f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
                   file=sys.stderr, flush=True)
             first, report = -1, None
         if report is not None and first == env.rank:  # one report, from the lowest rank that noticed
+            print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr,
+                  flush=True)
             try:
                 write_atomic(report_path(run.run_dir), report.text().encode())
                 write_stop_reason(run.run_dir, StopReason.HUNG)
             except OSError as err:
                 print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
-            print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr,
-                  flush=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_HUNG)
+
+
+def _arm_alarm(seconds: float) -> None:
+    """The last resort: the kernel ends the process with SIGALRM (a shell's status 142, EXIT_HUNG) after `seconds`,
+    should even the deadline's own thread not run again (a thread blocked in a file system while holding the
+    interpreter's lock). Only where nobody else handles SIGALRM."""
+    try:
+        if signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+    except (OSError, ValueError):
+        pass
