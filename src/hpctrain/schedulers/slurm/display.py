@@ -1,5 +1,5 @@
 """What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as rich tables (pure
-functions from parsed data to a Table) or JSON, and the details of one job. SlurmScheduler.report_status and
+functions from parsed data to a Table, printed plain above a few hundred rows: hpctrain.schedulers.tables) or JSON, and the details of one job. SlurmScheduler.report_status and
 report_cluster call the print_* functions here."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.tables import print_table
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.schedulers.slurm.records import format_duration
@@ -102,7 +103,7 @@ def print_jobs(jobs: list[JobInfo], as_json: bool) -> None:
     elif not jobs:
         print("no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)")
     else:
-        console().print(jobs_table(jobs))
+        print_table(jobs_table(jobs), console())  # thousands of rows: plain, rich would take seconds
 
 
 def not_found(job_id: str) -> UserError:
@@ -159,5 +160,5 @@ def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None
         print(json.dumps(info.to_dict(), indent=2))
         return
     out = console()
-    out.print(nodes_table(info))
+    print_table(nodes_table(info), out)
     out.print(partitions_table(info))

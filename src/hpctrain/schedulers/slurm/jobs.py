@@ -12,7 +12,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
@@ -60,7 +60,8 @@ class JobInfo:
         return self.state == "PENDING"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "finished": self.finished}
+        # Its values are plain already: a shallow copy (asdict deep-copies each, 100,000 jobs for --all-users).
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "finished": self.finished}
 
 
 def check_job_id(job_id: str) -> str:
