@@ -12,8 +12,10 @@ Slurm release (tests/data/slurm/ has the field-by-field sources):
 
 The cluster at size N has N nodes of 8 H100s (and 512 shards from 22.05 on), 10 N jobs in the queue (a tenth
 running, the rest pending; a tenth of the running ones on shards), N of them the caller's. Each command runs
-as a fresh `hpctrain` process (start-up included) at each size; the figures are the median of --repeat runs and
-the fit says which of constant, N, N log N and N^2 describes the time best (least squares, a + b f(N)).
+as a fresh `hpctrain` process (start-up included) at each size; the figures are the median of --repeat runs of its
+CPU time (user + system, the stand-ins' `cat` included) beside the wall time, which on a shared, loaded machine
+mostly measures the others' load; the fit says which of constant, N, N log N and N^2 describes the CPU time best
+(least squares, a + b f(N)).
 
     python benchmarks/scale_views.py                         # 2,500 / 5,000 / 10,000 nodes, 3 versions
     python benchmarks/scale_views.py --sizes 1000,2000 --versions 25.11 --repeat 1
@@ -211,8 +213,10 @@ def commands(workdir: Path) -> dict[str, list[str]]:
     }
 
 
-def run_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int, int]:
-    """Wall seconds, peak RSS in MB, exit status and output bytes of one command."""
+def run_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, float, int, int]:
+    """CPU seconds (user + system, the stand-in commands included), wall seconds, peak RSS in MB, exit status and
+    output bytes of one command. On a shared machine the CPU time is the figure to compare: the wall time grows
+    with everyone else's load."""
     start = time.perf_counter()
     with open(os.devnull, "wb") as sink, tempfile.TemporaryFile() as out:
         proc = subprocess.Popen([sys.executable, "-m", "hpctrain", *argv], env=env, cwd=cwd, stdout=out, stderr=sink)
@@ -220,7 +224,7 @@ def run_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, fl
         seconds = time.perf_counter() - start
         size = out.tell()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return seconds, usage.ru_maxrss / 1024, proc.returncode, size
+    return usage.ru_utime + usage.ru_stime, seconds, usage.ru_maxrss / 1024, proc.returncode, size
 
 
 GROWTHS = {"constant": lambda n: 0.0, "N": lambda n: n, "N log N": lambda n: n * math.log(n), "N^2": lambda n: n * n}
@@ -252,7 +256,11 @@ def main() -> int:
     parser.add_argument("--versions", default=",".join(VERSIONS))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated command labels (prefixes) to run")
+    parser.add_argument("--write", nargs=4, metavar=("DIR", "VERSION", "N", "USER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write:
+        write_cluster(Path(args.write[0]), args.write[1], int(args.write[2]), args.write[3])
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     versions = [v for v in args.versions.split(",") if v]
     me = getpass.getuser()
@@ -264,7 +272,9 @@ def main() -> int:
         (work / "train.py").write_text("print('hello')\n")
         for version in versions:
             for n in sizes:
-                data = write_cluster(root, version, n, me)
+                # Written by a child process: a process started later inherits no peak RSS from the writer.
+                subprocess.run([sys.executable, __file__, "--write", str(root), version, str(n), me], check=True)
+                data = root / f"{version}-{n}"
                 env = {**os.environ, "PATH": f"{data / 'bin'}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "200"}
                 env.pop("KUBECONFIG", None)
                 for label, argv in commands(work).items():
@@ -272,14 +282,16 @@ def main() -> int:
                         continue
                     (data / "calls.log").write_text("")
                     runs = [run_once(argv, env, work) for _ in range(args.repeat)]
-                    secs = statistics.median(r[0] for r in runs)
-                    rss = max(r[1] for r in runs)
+                    cpu = statistics.median(r[0] for r in runs)
+                    wall = statistics.median(r[1] for r in runs)
+                    rss = max(r[2] for r in runs)
                     calls = len((data / "calls.log").read_text().splitlines()) // args.repeat
-                    rc = runs[-1][2]
-                    results.setdefault((version, label), []).append(secs)
-                    print(f"{version:6} N={n:6} {label:34} {secs:7.2f} s  {rss:6.0f} MB  {calls} Slurm call(s)  "
-                          f"out {runs[-1][3] / 1e6:6.2f} MB" + (f"  EXIT {rc}" if rc else ""), flush=True)
-    print("\nfitted growth against N (nodes; jobs are 10 N):")
+                    rc = runs[-1][3]
+                    results.setdefault((version, label), []).append(cpu)
+                    print(f"{version:6} N={n:6} {label:30} CPU {cpu:6.2f} s  wall {wall:6.2f} s  {rss:5.0f} MB  "
+                          f"{calls} Slurm call(s)  out {runs[-1][4] / 1e6:5.2f} MB" + (f"  EXIT {rc}" if rc else ""),
+                          flush=True)
+    print("\nCPU seconds at each size, and the growth fitted to them (N nodes; 10 N jobs):")
     for (version, label), times in results.items():
         print(f"{version:6} {label:34} " + " / ".join(f"{t:.2f}" for t in times) + f" s  -> {fit(sizes, times)}")
     return 0

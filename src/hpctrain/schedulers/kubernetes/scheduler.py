@@ -20,6 +20,7 @@ from hpctrain.schedulers import base
 from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
+from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.objects import (
     PYTORCHJOB_SELECTOR,
     TRAINJOB_SELECTOR,
@@ -263,7 +264,7 @@ class KubernetesScheduler(LiveChecks):
         return tuple(lines)
 
     def list_jobs(self) -> list[JobSummary]:
-        items = self.custom.list_namespaced_custom_object(self.group, self.version, self.namespace, self.plural)["items"]
+        items = list_all(self.custom.list_namespaced_custom_object, self.group, self.version, self.namespace, self.plural)
         if not items:  # the API lists nothing, not an error, in a namespace that does not exist
             problems: list[str] = []
             self._namespace_problems(problems)
@@ -352,10 +353,12 @@ class KubernetesScheduler(LiveChecks):
     # ---- cluster view ----------------------------------------------------------------------------------------
 
     def cluster(self) -> ClusterView:
-        return self._cluster_view(self.core.list_node().items, quota=True)
+        return self._cluster_view(list_all(self.core.list_node), quota=True)
 
     def _cluster_view(self, node_objects: list[Any], quota: bool) -> ClusterView:
-        pods = self.core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+        # Only pods bound to a node and not ended take from a node; the API server filters, a page at a time.
+        pods = list_all(self.core.list_pod_for_all_namespaces,
+                        field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
         used: dict[str, dict[str, Decimal]] = {}
         for pod in pods:
             if not pod.spec.node_name:

@@ -1,6 +1,6 @@
-"""What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as rich tables (pure
-functions from parsed data to a Table, printed plain above a few hundred rows: hpctrain.schedulers.tables) or JSON, and the details of one job. SlurmScheduler.report_status and
-report_cluster call the print_* functions here."""
+"""What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as tables (pure functions
+from parsed data to rows; rich lays out a short table, a long one is printed plain: hpctrain.schedulers.tables) or
+JSON, and the details of one job. SlurmScheduler.report_status and report_cluster call the print_* functions here."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers.tables import print_table
+from hpctrain.schedulers.tables import print_table, rich_table
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.schedulers.slurm.records import format_duration
@@ -48,21 +48,17 @@ def gpus_cell(node: NodeInfo) -> str:
     return f"{node.gpus_used}/{node.gpus_total}{kind}"
 
 
+NODE_COLUMNS = ("node", "state", "partitions", "CPUs", "memory", "GPUs", "shards")
+JOB_COLUMNS = ("job", "name", "state", "reason", "nodes", "elapsed", "restarts")
+
+
+def node_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
+    return [(n.name, n.state, ",".join(n.partitions), f"{n.cpus_alloc}/{n.cpus_total}",
+             f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}", gpus_cell(n), shards_cell(n)) for n in info.nodes]
+
+
 def nodes_table(info: ClusterInfo) -> Table:
-    table = Table(title="nodes (used/total)", title_justify="left")
-    for col in ("node", "state", "partitions", "CPUs", "memory", "GPUs", "shards"):
-        table.add_column(col, overflow="fold")
-    for n in info.nodes:
-        table.add_row(
-            n.name,
-            n.state,
-            ",".join(n.partitions),
-            f"{n.cpus_alloc}/{n.cpus_total}",
-            f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}",
-            gpus_cell(n),
-            shards_cell(n),
-        )
-    return table
+    return rich_table(NODE_COLUMNS, node_rows(info), title="nodes (used/total)")
 
 
 def partitions_table(info: ClusterInfo) -> Table:
@@ -79,22 +75,15 @@ def partitions_table(info: ClusterInfo) -> Table:
     return table
 
 
+def job_rows(jobs: list[JobInfo]) -> list[tuple[str, ...]]:
+    return [(j.job_id, j.name, j.state,
+             j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
+             j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else ""),
+             "" if j.elapsed_s is None else format_duration(j.elapsed_s), str(j.restarts)) for j in jobs]
+
+
 def jobs_table(jobs: list[JobInfo]) -> Table:
-    table = Table()
-    for col in ("job", "name", "state", "reason", "nodes", "elapsed", "restarts"):
-        table.add_column(col, overflow="fold")
-    for j in jobs:
-        nodes = j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else "")
-        table.add_row(
-            j.job_id,
-            j.name,
-            j.state,
-            j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
-            nodes,
-            "" if j.elapsed_s is None else format_duration(j.elapsed_s),
-            str(j.restarts),
-        )
-    return table
+    return rich_table(JOB_COLUMNS, job_rows(jobs))
 
 
 def print_jobs(jobs: list[JobInfo], as_json: bool) -> None:
@@ -103,7 +92,7 @@ def print_jobs(jobs: list[JobInfo], as_json: bool) -> None:
     elif not jobs:
         print("no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)")
     else:
-        print_table(jobs_table(jobs), console())  # thousands of rows: plain, rich would take seconds
+        print_table(JOB_COLUMNS, job_rows(jobs), console())  # thousands of rows: plain
 
 
 def not_found(job_id: str) -> UserError:
@@ -160,5 +149,5 @@ def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None
         print(json.dumps(info.to_dict(), indent=2))
         return
     out = console()
-    print_table(nodes_table(info), out)
+    print_table(NODE_COLUMNS, node_rows(info), out, title="nodes (used/total)")  # thousands of nodes: plain
     out.print(partitions_table(info))

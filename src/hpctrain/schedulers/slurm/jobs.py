@@ -7,6 +7,7 @@ few minutes after it ends, MinJobAge), `squeue` (listing), and `sacct` only when
 
 from __future__ import annotations
 
+import functools
 import getpass
 import re
 import subprocess
@@ -176,6 +177,7 @@ def parse_squeue(text: str) -> list[JobInfo]:
     return jobs
 
 
+@functools.lru_cache(maxsize=8192)  # squeue repeats time limits and many elapsed times across 100,000 jobs
 def _duration_or_none(text: str | None) -> int | None:
     try:
         return parse_duration(text)
