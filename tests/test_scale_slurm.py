@@ -8,6 +8,7 @@ line), through a recording runner in place of subprocess.run. The harness itself
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -127,3 +128,19 @@ def test_status_asks_squeue_for_the_callers_jobs_only() -> None:
     run = Recorder("25.11", 40)
     mine = list_jobs(user=ME, run=run)
     assert len(mine) == 40 and any(a == f"--user={ME}" for a in run.calls[0])
+
+
+def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """json's indented printer is pure Python (1.6 s for 100,000 jobs): a long list gets one compact record a line,
+    still the same JSON document."""
+    everyone, _ = scale.squeue_rows(RICH_ROWS, ME)
+    jobs = parse_squeue(everyone)
+    display.print_jobs(jobs, as_json=True)
+    out = capsys.readouterr().out
+    assert json.loads(out) == [j.to_dict() for j in jobs] and len(out.splitlines()) == len(jobs) + 2
+    info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
+                             nodes=tuple(query.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))))
+    display.print_cluster(info, as_json=True)
+    out = capsys.readouterr().out
+    assert json.loads(out) == json.loads(json.dumps(info.to_dict()))
+    assert sum(line.startswith('    {"name": "gpu') for line in out.splitlines()) == RICH_ROWS + 1  # a node a line

@@ -9,6 +9,7 @@ as rich strips them from its Text.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Sequence
@@ -53,3 +54,15 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]], console: 
     if title:
         console.file.write(title + "\n")
     plain_table([tuple(columns), *rows], out=console.file)
+
+
+def json_text(value: Any) -> str:
+    """`value` as JSON for --json: indented as json.dumps(indent=2) prints it, except that a list of more than
+    RICH_ROWS records gets one compact record a line (json's indented printer is pure Python, several times slower
+    than its compact one: 1.6 s for 100,000 jobs). The same data either way; only the spacing differs."""
+    if isinstance(value, list) and len(value) > RICH_ROWS:
+        return "[\n  " + ",\n  ".join(json.dumps(item) for item in value) + "\n]" if value else "[]"
+    if isinstance(value, dict) and any(isinstance(v, list) and len(v) > RICH_ROWS for v in value.values()):
+        parts = [f"  {json.dumps(k)}: " + json_text(v).replace("\n", "\n  ") for k, v in value.items()]
+        return "{\n" + ",\n".join(parts) + "\n}"
+    return json.dumps(value, indent=2)

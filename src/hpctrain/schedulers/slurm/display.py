@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers.tables import print_table, rich_table
+from hpctrain.schedulers.tables import json_text, print_table, rich_table
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.schedulers.slurm.records import format_duration
@@ -88,7 +88,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
 
 def print_jobs(jobs: list[JobInfo], as_json: bool) -> None:
     if as_json:
-        print(json.dumps([j.to_dict() for j in jobs], indent=2))
+        print(json_text([j.to_dict() for j in jobs]))
     elif not jobs:
         print("no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)")
     else:
@@ -146,7 +146,7 @@ def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None
             raise UserError(f"--partition {partition}: no such partition; choose one of: {names}")
         info = ClusterInfo(partitions=(part,), nodes=tuple(info.nodes_in(part)))
     if as_json:
-        print(json.dumps(info.to_dict(), indent=2))
+        print(json_text(info.to_dict()))
         return
     out = console()
     print_table(NODE_COLUMNS, node_rows(info), out, title="nodes (used/total)")  # thousands of nodes: plain
