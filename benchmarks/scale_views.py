@@ -230,24 +230,27 @@ def run_once(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, fl
 GROWTHS = {"constant": lambda n: 0.0, "N": lambda n: n, "N log N": lambda n: n * math.log(n), "N^2": lambda n: n * n}
 
 
+NOISE_S = 0.05  # the spread of one CPU-time figure on a loaded machine, about
+
+
 def fit(sizes: list[int], times: list[float]) -> str:
-    """The growth whose least-squares line a + b f(N) leaves the smallest residual (b >= 0), with its slope."""
-    best = None
+    """Least squares a + b f(N) (b >= 0) for each growth; the simplest growth whose residual is within the noise
+    (NOISE_S a point) of the best one's, with its slope: three noisy points must not pass for a curve."""
+    fits = []
     for name, f in GROWTHS.items():
         xs = [f(n) for n in sizes]
         mx, my = statistics.fmean(xs), statistics.fmean(times)
         sxx = sum((x - mx) ** 2 for x in xs)
         b = 0.0 if sxx == 0 else max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, times)) / sxx)
         a = my - b * mx
-        residual = sum((a + b * x - y) ** 2 for x, y in zip(xs, times))
-        if best is None or residual < best[0] - 1e-12:
-            best = (residual, name, a, b)
-    _, name, a, b = best  # type: ignore[misc]
+        fits.append((sum((a + b * x - y) ** 2 for x, y in zip(xs, times)), name, a, b))
+    best = min(r for r, *_ in fits)
+    _, name, a, b = next(f for f in fits if f[0] <= best + NOISE_S**2 * len(sizes))
     if name == "constant":
-        return "constant"
+        return f"constant ({a:.2f} s)"
     per = {"N": "per 1k nodes", "N log N": "per 1k N log N", "N^2": "per 1M N^2"}[name]
     scale = {"N": 1e3, "N log N": 1e3 * math.log(1e4), "N^2": 1e6}[name]
-    return f"{name} ({a:.2f} s + {b * scale:.2f} s {per})"
+    return f"{name} ({a:.2f} s + {b * scale:.3f} s {per})"
 
 
 def main() -> int:
