@@ -106,3 +106,8 @@ def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pyt
     node_lists = recording.lists_of("/api/v1/nodes")
     assert len(node_lists) >= 3 and all(q["limit"] == ["2"] for q in node_lists)
     assert all(q["limit"] == ["2"] for q in recording.lists_of("/api/v1/pods"))
+
+    recording.gets.clear()
+    assert sched.list_jobs() == []  # `hpctrain status`: the namespace's PyTorchJobs, a page at a time too
+    job_lists = [q for p, q in recording.gets if p.endswith("/pytorchjobs")]
+    assert job_lists and all(q["limit"] == ["2"] for q in job_lists)
