@@ -111,3 +111,11 @@ def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pyt
     assert sched.list_jobs() == []  # `hpctrain status`: the namespace's PyTorchJobs, a page at a time too
     job_lists = [q for p, q in recording.gets if p.endswith("/pytorchjobs")]
     assert job_lists and all(q["limit"] == ["2"] for q in job_lists)
+
+    job_id = sched.submit(job, sched.render(job))  # the object only: no controller makes its pods here
+    recording.gets.clear()
+    assert sched.status(job_id).state == "PENDING"  # `hpctrain status JOB`: its pods and the warnings, paged
+    pod_lists = recording.lists_of(f"/api/v1/namespaces/{namespace}/pods")
+    event_lists = recording.lists_of(f"/api/v1/namespaces/{namespace}/events")
+    assert pod_lists and all(q["limit"] == ["2"] and "labelSelector" in q for q in pod_lists)
+    assert event_lists and all(q["limit"] == ["2"] and q["fieldSelector"] == ["type=Warning"] for q in event_lists)

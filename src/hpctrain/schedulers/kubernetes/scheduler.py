@@ -225,7 +225,7 @@ class KubernetesScheduler(LiveChecks):
 
     def pods_of(self, job_id: str) -> list[Any]:
         selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{selector}={job_id}").items
+        pods = list_all(self.core.list_namespaced_pod, self.namespace, label_selector=f"{selector}={job_id}")
         return sorted(pods, key=lambda p: replica_key(replica_name(p)))
 
     def status(self, job_id: str) -> JobStatus:
@@ -249,7 +249,8 @@ class KubernetesScheduler(LiveChecks):
 
     def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
         waiting = {p.metadata.name for p in pods if p.status is None or p.status.phase == "Pending"}
-        events = self.core.list_namespaced_event(self.namespace).items
+        # Only warnings (the server filters), a page at a time: a busy namespace keeps thousands of events.
+        events = list_all(self.core.list_namespaced_event, self.namespace, field_selector="type=Warning")
         lines = []
         for e in sorted(events, key=lambda e: str(e.last_timestamp or e.metadata.creation_timestamp or "")):
             obj = e.involved_object
