@@ -144,3 +144,20 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert json.loads(out) == json.loads(json.dumps(info.to_dict()))
     assert sum(line.startswith('    {"name": "gpu') for line in out.splitlines()) == RICH_ROWS + 1  # a node a line
+
+
+@pytest.mark.slow
+def test_the_harness_runs_in_its_smallest_form() -> None:
+    """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, the fit), tiny sizes."""
+    import os
+    import sys
+
+    result = subprocess.run([sys.executable, "benchmarks/scale_views.py", "--sizes", "10,20", "--versions", "22.05",
+                             "--repeat", "1", "--only", "cluster,status (N"], cwd=Path(__file__).parents[1],
+                            env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if " N=" in line]
+    assert len(rows) == 6 and not any("EXIT" in row for row in rows), result.stdout
+    assert "3 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[2], result.stdout  # cluster on 22.05; status
+    assert "fitted" in result.stdout or "growth fitted" in result.stdout, result.stdout
