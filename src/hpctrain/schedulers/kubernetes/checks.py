@@ -15,6 +15,7 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import NodeView
 from hpctrain.schedulers.kubernetes import render as r
+from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.options import parse_quantity
 from hpctrain.schedulers.kubernetes.params import PRIORITY_LABEL
 from hpctrain.schedulers.kubernetes.validate import unknown_fields, validate_manifest
@@ -201,7 +202,7 @@ class LiveChecks:
         want = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
-        node_objects = self.core.list_node().items
+        node_objects = list_all(self.core.list_node)  # a page at a time; the message counts every node
         view = self._cluster_view(node_objects, quota=False)
         labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
         taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}

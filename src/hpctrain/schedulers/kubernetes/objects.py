@@ -33,20 +33,21 @@ def quantity_or_zero(value: Any) -> Decimal:
     return parse_quantity(value) if value is not None else Decimal(0)
 
 
-def pod_requests(pod: Any) -> dict[str, Decimal]:
-    """What a pod takes from its node: the sum over containers (requests, else limits), at least the largest
-    init container, as the scheduler counts it."""
-    def one(container: Any) -> dict[str, Decimal]:
-        res = container.resources
-        req = dict((res.limits or {}) if res else {})
-        req.update((res.requests or {}) if res else {})
+def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
+    """What a pod (its JSON, as the API server sends it) takes from its node: the sum over containers (requests,
+    else limits), at least the largest init container, as the scheduler counts it."""
+    def one(container: dict[str, Any]) -> dict[str, Decimal]:
+        res = container.get("resources") or {}
+        req = dict(res.get("limits") or {})
+        req.update(res.get("requests") or {})
         return {k: parse_quantity(v) for k, v in req.items()}
 
+    spec = pod.get("spec") or {}
     total: dict[str, Decimal] = {}
-    for c in pod.spec.containers or []:
+    for c in spec.get("containers") or []:
         for k, v in one(c).items():
             total[k] = total.get(k, Decimal(0)) + v
-    for c in pod.spec.init_containers or []:
+    for c in spec.get("initContainers") or []:
         for k, v in one(c).items():
             total[k] = max(total.get(k, Decimal(0)), v)
     return total

@@ -1,6 +1,6 @@
-"""What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as rich tables (pure
-functions from parsed data to a Table) or JSON, and the details of one job. SlurmScheduler.report_status and
-report_cluster call the print_* functions here.
+"""What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as tables (pure functions
+from parsed data to rows; rich lays out a short table, a long one is printed plain: hpctrain.schedulers.tables) or
+JSON, and the details of one job. SlurmScheduler.report_status and report_cluster call the print_* functions here.
 
 Every cell and line is a rich Text, never a markup string: job names, node names, paths and the run directory's
 records are anyone's text (`exp[bs=64]` is a job name, not a style), and with `--all-users` one user's job name
@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.tables import json_text, print_table, rich_table
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.schedulers.slurm.records import format_duration
@@ -57,21 +58,17 @@ def gpus_cell(node: NodeInfo) -> str:
     return f"{node.gpus_used}/{node.gpus_total}{kind}"
 
 
+NODE_COLUMNS = ("node", "state", "partitions", "CPUs", "memory", "GPUs", "shards")
+JOB_COLUMNS = ("job", "name", "state", "reason", "nodes", "elapsed", "restarts")
+
+
+def node_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
+    return [(n.name, n.state, ",".join(n.partitions), f"{n.cpus_alloc}/{n.cpus_total}",
+             f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}", gpus_cell(n), shards_cell(n)) for n in info.nodes]
+
+
 def nodes_table(info: ClusterInfo) -> Table:
-    table = Table(title="nodes (used/total)", title_justify="left")
-    for col in ("node", "state", "partitions", "CPUs", "memory", "GPUs", "shards"):
-        table.add_column(col, overflow="fold")
-    for n in info.nodes:
-        table.add_row(*_row(
-            n.name,
-            n.state,
-            ",".join(n.partitions),
-            f"{n.cpus_alloc}/{n.cpus_total}",
-            f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}",
-            gpus_cell(n),
-            shards_cell(n),
-        ))
-    return table
+    return rich_table(NODE_COLUMNS, node_rows(info), title="nodes (used/total)")
 
 
 def partitions_table(info: ClusterInfo) -> Table:
@@ -88,31 +85,24 @@ def partitions_table(info: ClusterInfo) -> Table:
     return table
 
 
+def job_rows(jobs: list[JobInfo]) -> list[tuple[str, ...]]:
+    return [(j.job_id, j.name, j.state,
+             j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
+             j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else ""),
+             "" if j.elapsed_s is None else format_duration(j.elapsed_s), str(j.restarts)) for j in jobs]
+
+
 def jobs_table(jobs: list[JobInfo]) -> Table:
-    table = Table()
-    for col in ("job", "name", "state", "reason", "nodes", "elapsed", "restarts"):
-        table.add_column(col, overflow="fold")
-    for j in jobs:
-        nodes = j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else "")
-        table.add_row(*_row(
-            j.job_id,
-            j.name,
-            j.state,
-            j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
-            nodes,
-            "" if j.elapsed_s is None else format_duration(j.elapsed_s),
-            str(j.restarts),
-        ))
-    return table
+    return rich_table(JOB_COLUMNS, job_rows(jobs))
 
 
 def print_jobs(jobs: list[JobInfo], as_json: bool) -> None:
     if as_json:
-        print(json.dumps([j.to_dict() for j in jobs], indent=2))
+        print(json_text([j.to_dict() for j in jobs]))
     elif not jobs:
         print("no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)")
     else:
-        console().print(jobs_table(jobs))
+        print_table(JOB_COLUMNS, job_rows(jobs), console())  # thousands of rows: plain
 
 
 def not_found(job_id: str) -> UserError:
@@ -166,8 +156,8 @@ def print_cluster(info: ClusterInfo, as_json: bool, partition: str | None = None
             raise UserError(f"--partition {partition}: no such partition; choose one of: {names}")
         info = ClusterInfo(partitions=(part,), nodes=tuple(info.nodes_in(part)))
     if as_json:
-        print(json.dumps(info.to_dict(), indent=2))
+        print(json_text(info.to_dict()))
         return
     out = console()
-    out.print(nodes_table(info))
+    print_table(NODE_COLUMNS, node_rows(info), out, title="nodes (used/total)")  # thousands of nodes: plain
     out.print(partitions_table(info))

@@ -15,6 +15,7 @@ Pure functions only.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -131,8 +132,9 @@ def gres_count(entries: list[GresEntry], name: str) -> int:
     return sum(e.count for e in entries if e.name == name)
 
 
+@functools.lru_cache(maxsize=4096)  # a big cluster's nodes share a few dozen forms: each is parsed once
 def node_usage(gres: str | None, gres_used: str | None) -> GpuUsage:
-    """Combine a node's Gres= and GresUsed= into totals and use per GPU.
+    """Combine a node's Gres= and GresUsed= into totals and use per GPU (pure; the result is immutable).
 
     Shards in use are exact only when Slurm prints them per GPU (`32(0/64,32/64)`, Slurm 23.11+). Slurm 22.05
     and 23.02 print `shard:(null):1(IDX:0)`, where 1 counts GPUs that carry shards: then shards_used is None and

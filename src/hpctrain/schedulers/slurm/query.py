@@ -2,14 +2,19 @@
 
 Parsing is pure (`parse_partitions`, `parse_nodes`, `parse_shard_use`); `query_cluster` runs
 `scontrol show partition -o`, `scontrol -d show node -o` and, only where this Slurm does not print shards in use
-per GPU (before 23.11), `scontrol -d show job -o` to count them from the running jobs. The forms each Slurm release
-prints, 20.11 to 25.11, are in tests/data/slurm/ with their sources.
+per GPU (before 23.11) and the caller shows them (`hpctrain cluster`, not the checks: they need only the totals),
+`scontrol -d show job -o` to count them from the running jobs. The forms each Slurm release prints, 20.11 to 25.11,
+are in tests/data/slurm/ with their sources.
+
+At scale (10,000 nodes, 100,000 queued jobs: benchmarks/scale_views.py) each parser is one pass over its text, and
+of the job records only the running ones that hold shards are parsed field by field.
 """
 
 from __future__ import annotations
 
 import subprocess
-from dataclasses import asdict, dataclass, replace
+import re
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, slurm
@@ -70,9 +75,15 @@ class ClusterInfo:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for `--json` (tuples become lists)."""
         return {
-            "partitions": [asdict(p) for p in self.partitions],
-            "nodes": [{**asdict(n), "usable": n.usable} for n in self.nodes],
+            "partitions": [_shallow(p) for p in self.partitions],
+            "nodes": [{**_shallow(n), "usable": n.usable} for n in self.nodes],
         }
+
+
+def _shallow(record: PartitionInfo | NodeInfo) -> dict[str, Any]:
+    """A record's fields as a dict; its values are already plain (dataclasses.asdict deep-copies each one, several
+    times slower for 10,000 nodes)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 def _expand(nodes: str | None) -> tuple[str, ...]:
@@ -134,12 +145,15 @@ def parse_nodes(text: str) -> list[NodeInfo]:
     return out
 
 
+_HOLDING_STATE_RE = re.compile(r"(?:^|\s)JobState=(?:RUNNING|COMPLETING|SUSPENDED)(?:\s|$)")
+
+
 def parse_shard_use(text: str) -> dict[str, dict[int, int]]:
-    """Shards held by running jobs, per node and GPU index, from `scontrol -d show job -o`."""
+    """Shards held by running jobs, per node and GPU index, from `scontrol -d show job -o`. A record that names no
+    shard, or whose job holds nothing (pending, ended), is passed over without being split into fields."""
     use: dict[str, dict[int, int]] = {}
     for line in text.splitlines():
-        rec_state = next((r.get("JobState") for r in parse_records(line)), None)
-        if rec_state not in {"RUNNING", "COMPLETING", "SUSPENDED"}:
+        if "shard" not in line or not _HOLDING_STATE_RE.search(line):
             continue
         for group in field_groups(line, "Nodes", ("CPU_IDs", "Mem", "GRES")):
             by_gpu = job_shards_by_gpu(group.get("GRES"))
@@ -163,11 +177,13 @@ def fill_shard_use(nodes: list[NodeInfo], use: dict[str, dict[int, int]]) -> lis
     return out
 
 
-def query_cluster(run: Runner = subprocess.run) -> ClusterInfo:
-    """Ask the live cluster. Raises UserError when the Slurm client is missing or the controller is down."""
+def query_cluster(run: Runner = subprocess.run, shard_use: bool = True) -> ClusterInfo:
+    """Ask the live cluster. Raises UserError when the Slurm client is missing or the controller is down.
+    shard_use=False leaves the shards in use unknown (None) where this Slurm does not print them, and so never lists
+    the jobs: the checks need only each node's totals."""
     partitions = parse_partitions(slurm(["scontrol", "show", "partition", "-o"], run=run).stdout)
     nodes = parse_nodes(slurm(["scontrol", "-d", "show", "node", "-o"], run=run).stdout)
-    if any(n.shards_total and n.shards_used is None for n in nodes):
+    if shard_use and any(n.shards_total and n.shards_used is None for n in nodes):
         jobs = slurm(["scontrol", "-d", "show", "job", "-o"], run=run).stdout
         nodes = fill_shard_use(nodes, parse_shard_use(jobs))
     return ClusterInfo(partitions=tuple(partitions), nodes=tuple(nodes))

@@ -113,7 +113,7 @@ class SlurmScheduler:
         return local_check(job, requirements(job), recipe)
 
     def check(self, job: JobSpec) -> list[str]:
-        return check_cluster(requirements(job), query.query_cluster(run=self.run))
+        return check_cluster(requirements(job), query.query_cluster(run=self.run, shard_use=False))
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r = job.resources
@@ -252,7 +252,7 @@ class SlurmScheduler:
         return preempt(job_id, signal=signal, steps=steps, follow=follow, timeout_s=timeout_s)
 
     def cluster(self) -> ClusterView:
-        info = query.query_cluster(run=self.run)
+        info = query.query_cluster(run=self.run, shard_use=False)  # the neutral view has no shards
         return ClusterView(nodes=tuple(
             NodeView(name=n.name, cpu_allocatable=float(n.cpus_total), cpu_requested=float(n.cpus_alloc),
                      memory_allocatable=n.mem_mb_total * 2**20, memory_requested=n.mem_mb_alloc * 2**20,

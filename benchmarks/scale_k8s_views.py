@@ -1,0 +1,114 @@
+"""What `hpctrain cluster`, `check` and `status` cost on a big Kubernetes cluster, and how it grows.
+
+The local API server (scripts/local-k8s.sh, context hpctrain-local; no kubelet needed) is filled with N Node objects
+(8 GPUs, 96 CPUs each; cordoned and tainted, so nothing else is placed there) and 8 N Pods bound to them by
+spec.nodeName, half of them ended (Succeeded), in a namespace and with a node label of the harness's own; everything
+is deleted afterwards. Each command then runs as a fresh `hpctrain` process; the figures are its CPU time (user +
+system) and wall time (tests/test_scale_k8s.py counts the requests and their page sizes). --compare SRC runs
+each command a second time with PYTHONPATH=SRC (another checkout's src/, e.g. the code before a change).
+
+A 2-core machine creates about a few hundred objects a second, so the default sizes stop at 1,000 nodes and 8,000
+pods; 10,000 nodes and 80,000 pods are extrapolated from the fitted growth (benchmarks/scale_views.py's fit).
+
+    python benchmarks/scale_k8s_views.py                      # 250 / 500 / 1,000 nodes
+    python benchmarks/scale_k8s_views.py --sizes 100,200 --context hpctrain-local
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from scale_views import fit, run_once  # noqa: E402
+
+LABEL = "hpctrain-scale-bench"
+IMAGE = "example.invalid/pytorch:latest"
+PODS_PER_NODE = 8
+
+
+def fill(core: Any, namespace: str, tag: str, start: int, stop: int) -> list[str]:
+    """Nodes start..stop-1 and their pods (half Running-bound, half Succeeded)."""
+    names = [f"{tag}-{i:05d}" for i in range(start, stop)]
+    alloc = {"cpu": "96", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": "8"}
+
+    def one(name: str) -> None:
+        core.create_node({"metadata": {"name": name, "labels": {LABEL: tag}}, "spec": {
+            "unschedulable": True, "taints": [{"key": LABEL, "effect": "NoSchedule"}]},
+            "status": {"capacity": alloc, "allocatable": alloc}})
+        for p in range(PODS_PER_NODE):
+            req = {"cpu": "12", "memory": "100Gi", "nvidia.com/gpu": "1"}
+            pod = f"{name}-p{p}"
+            core.create_namespaced_pod(namespace, {"metadata": {"name": pod, "labels": {LABEL: tag}}, "spec": {
+                "nodeName": name, "containers": [{"name": "c", "image": IMAGE,
+                                                  "resources": {"requests": req, "limits": req}}]}})
+            if p % 2:
+                core.patch_namespaced_pod_status(pod, namespace, {"status": {"phase": "Succeeded"}})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, names))
+    return names
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="250,500,1000")
+    parser.add_argument("--context", default="hpctrain-local")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--compare", metavar="SRC", help="also run each command with PYTHONPATH=SRC")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(context=args.context)
+    core = client.CoreV1Api(api)
+    tag = f"scale-{uuid.uuid4().hex[:6]}"
+    namespace = tag
+    core.create_namespace({"metadata": {"name": namespace}})
+    nodes: list[str] = []
+    results: dict[str, list[float]] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            (work / "train.py").write_text("print('hello')\n")
+            base = ["--scheduler", "kubernetes", "--context", args.context, "--namespace", namespace]
+            job = ["--nodes", "1000", "--nproc-per-node", "8", "--gpus-per-node", "8", "--image", IMAGE,
+                   "--node-selector", f"{LABEL}={tag}", "--", "python", "train.py"]
+            commands = {"cluster": ["cluster", *base], "cluster --json": ["cluster", "--json", *base],
+                        "status": ["status", *base], "check 1000x8 GPUs": ["check", *base, *job]}
+            envs = {"": {**os.environ}}
+            if args.compare:
+                envs[" (compare)"] = {**os.environ, "PYTHONPATH": args.compare}
+            for n in sizes:
+                nodes += fill(core, namespace, tag, len(nodes), n)
+                for label, argv in commands.items():
+                    for suffix, env in envs.items():
+                        runs = [run_once(argv, env, work) for _ in range(args.repeat)]
+                        cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+                        results.setdefault(label + suffix, []).append(cpu)
+                        print(f"N={n:6} pods={PODS_PER_NODE * n:6} {label + suffix:28} CPU {cpu:6.2f} s  wall "
+                              f"{wall:6.2f} s  {runs[-1][2]:5.0f} MB  exit {runs[-1][3]}", flush=True)
+    finally:
+        # This API server has no namespace controller: empty the namespace by hand, then let it go.
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        core.delete_collection_namespaced_event(namespace)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(core.delete_node, nodes))
+        core.delete_namespace(namespace)
+        core.replace_namespace_finalize(namespace, {"metadata": {"name": namespace}, "spec": {"finalizers": []}})
+    print("\nCPU seconds at each size, and the growth fitted to them (N nodes, 8 N pods):")
+    for label, times in results.items():
+        print(f"{label:28} " + " / ".join(f"{t:.2f}" for t in times) + f" s  -> {fit(sizes, times)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

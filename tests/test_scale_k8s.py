@@ -1,0 +1,121 @@
+"""Growth of `hpctrain cluster`, `check` and `status` on a big Kubernetes cluster, pinned by counting the requests
+they make to the real local API server (scripts/local-k8s.sh) and the page size of each, not by timing.
+
+Every list goes out `limit` objects at a time (PAGE_SIZE, made 2 here so that a few objects make several pages)
+and the pod list asks the server for only the pods bound to a node and not ended. A 10,000-node cluster then costs
+N / PAGE_SIZE requests of bounded size instead of one answer that outgrows the client's cap
+(benchmarks/scale_k8s_views.py measures the time).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.schedulers.kubernetes import client as k8s_client
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+from k8s_fixtures import LocalK8s
+from kubeflow_standin import create_namespace, delete_namespace
+
+pytestmark = pytest.mark.k8s
+LABEL = "hpctrain-test-node"
+IMAGE = "example.invalid/pytorch:latest"
+
+
+class Recording:
+    """The ApiClient's pool manager, keeping (path, query) of every GET it sends."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.gets: list[tuple[str, dict[str, list[str]]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "GET":
+            parts = urlsplit(url)
+            self.gets.append((parts.path, parse_qs(parts.query, keep_blank_values=True)))
+        return self._pool.request(method, url, *args, **kwargs)
+
+    def lists_of(self, path: str) -> list[dict[str, list[str]]]:
+        return [query for p, query in self.gets if p == path]
+
+
+@pytest.fixture
+def small_cluster(k8s_cluster: LocalK8s):
+    """Five nodes of the test's own label (unschedulable and tainted: nothing else lands there), a pod bound to
+    each, and one pod bound to none, in a namespace of its own; all removed afterwards."""
+    from kubernetes import client
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    core = client.CoreV1Api(api)
+    nodes = [f"{namespace}-page-{i}" for i in range(5)]
+    try:
+        for name in nodes:
+            core.create_node({"metadata": {"name": name, "labels": {LABEL: namespace}}, "spec": {
+                "unschedulable": True, "taints": [{"key": "hpctrain-test", "effect": "NoSchedule"}]}})
+            alloc = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+            core.patch_node_status(name, {"status": {"capacity": alloc, "allocatable": alloc}})
+        for i, node in enumerate([*nodes, None]):
+            spec: dict[str, Any] = {"containers": [{"name": "c", "image": IMAGE, "resources": {
+                "requests": {"cpu": "1", "memory": "1Gi"}}}]}
+            if node:
+                spec["nodeName"] = node
+            core.create_namespaced_pod(namespace, {"metadata": {"name": f"filler-{i}"}, "spec": spec})
+        yield api, namespace, nodes
+    finally:
+        delete_namespace(api, namespace)
+        for name in nodes:
+            try:
+                core.delete_node(name)
+            except client.ApiException:
+                pass
+
+
+def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    api, namespace, nodes = small_cluster
+    monkeypatch.setattr(k8s_client, "PAGE_SIZE", 2)
+    recording = Recording(api.rest_client.pool_manager)
+    monkeypatch.setattr(api.rest_client, "pool_manager", recording)
+    sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=IMAGE,
+                                                  node_selector=(f"{LABEL}={namespace}",)), api_client=api)
+
+    view = sched.cluster()
+    node_lists, pod_lists = recording.lists_of("/api/v1/nodes"), recording.lists_of("/api/v1/pods")
+    assert len(node_lists) == math.ceil(len(view.nodes) / 2) >= 3  # the pages of one consistent list
+    assert all(q["limit"] == ["2"] for q in node_lists + pod_lists)
+    assert [("continue" in q) for q in node_lists] == [False] + [True] * (len(node_lists) - 1)
+    assert len(pod_lists) >= 3  # the 5 bound pods at least, 2 a page
+    assert all(q["fieldSelector"] == ["spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"]
+               for q in pod_lists)
+    mine = [n for n in view.nodes if n.name in nodes]
+    assert [(n.cpu_requested, n.cpu_allocatable) for n in mine] == [(1.0, 8.0)] * 5
+
+    recording.gets.clear()
+    job = JobSpec(command=("hpctrain", "train", "mnist"), name="mnist",
+                  resources=Resources(nodes=1, cpus_per_task=2, mem="2G"))
+    problems = sched.check(job)
+    assert any("no schedulable node" in p for p in problems)  # its nodes are cordoned
+    node_lists = recording.lists_of("/api/v1/nodes")
+    assert len(node_lists) >= 3 and all(q["limit"] == ["2"] for q in node_lists)
+    assert all(q["limit"] == ["2"] for q in recording.lists_of("/api/v1/pods"))
+
+    recording.gets.clear()
+    assert sched.list_jobs() == []  # `hpctrain status`: the namespace's PyTorchJobs, a page at a time too
+    job_lists = [q for p, q in recording.gets if p.endswith("/pytorchjobs")]
+    assert job_lists and all(q["limit"] == ["2"] for q in job_lists)
+
+    job_id = sched.submit(job, sched.render(job))  # the object only: no controller makes its pods here
+    recording.gets.clear()
+    assert sched.status(job_id).state == "PENDING"  # `hpctrain status JOB`: its pods and the warnings, paged
+    pod_lists = recording.lists_of(f"/api/v1/namespaces/{namespace}/pods")
+    event_lists = recording.lists_of(f"/api/v1/namespaces/{namespace}/events")
+    assert pod_lists and all(q["limit"] == ["2"] and "labelSelector" in q for q in pod_lists)
+    assert event_lists and all(q["limit"] == ["2"] and q["fieldSelector"] == ["type=Warning"] for q in event_lists)

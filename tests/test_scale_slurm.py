@@ -1,0 +1,163 @@
+"""Growth of `hpctrain check`, `cluster` and `status` on a big Slurm cluster, pinned by counting, not timing.
+
+A 10,000-node Slurm cannot run here: the answers come from benchmarks/scale_views.py's generators, which write
+what `scontrol`/`squeue` print in the forms of tests/data/slurm/ (the first test checks they parse one record a
+line), through a recording runner in place of subprocess.run. The harness itself times the commands.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpctrain.schedulers.slurm import display, query, records
+from hpctrain.schedulers.slurm.jobs import list_jobs, parse_scontrol_jobs, parse_squeue
+from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
+from hpctrain.schedulers.tables import RICH_ROWS
+from hpctrain.jobs.spec import JobSpec, Resources
+
+_spec = importlib.util.spec_from_file_location("scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py")
+scale = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scale)  # type: ignore[union-attr]
+ME = "alice"
+
+
+class Recorder:
+    """subprocess.run for the Slurm commands: answers from a fake cluster of `n` nodes (10 n jobs), keeps argv."""
+
+    def __init__(self, version: str, n: int) -> None:
+        self.answers = {"partition": scale.partitions_text(n), "node": scale.nodes_text(version, n),
+                        "job": scale.jobs_text(n, ME) if version == "22.05" else ""}
+        self.squeue_all, self.squeue_mine = scale.squeue_rows(n, ME)
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, **kwargs):
+        self.calls.append(list(argv))
+        if argv[0] == "squeue":
+            out = self.squeue_mine if any(a.startswith("--user=") for a in argv) else self.squeue_all
+        else:
+            out = self.answers[argv[argv.index("show") + 1]]
+        return subprocess.CompletedProcess(argv, 0, stdout=out, stderr="")
+
+
+def test_the_harness_prints_what_hpctrain_parses() -> None:
+    for version in scale.VERSIONS:
+        nodes = query.parse_nodes(scale.nodes_text(version, 40))
+        assert len(nodes) == 40 and all(n.gpus_total == 8 for n in nodes)
+        assert any(n.shards_used is None for n in nodes) == (version == "22.05")  # 22.05: GPUs with shards
+    assert [p.name for p in query.parse_partitions(scale.partitions_text(40))] == ["gpu", "debug"]
+    assert len(parse_scontrol_jobs(scale.jobs_text(40, ME))) == 400
+    everyone, mine = scale.squeue_rows(40, ME)
+    assert len(parse_squeue(everyone)) == 400 and {j.user for j in parse_squeue(mine)} == {ME}
+
+
+def _big_job() -> JobSpec:
+    return JobSpec(name="big", command=("python", "train.py"), partition="gpu",
+                   resources=Resources(nodes=1000, nproc_per_node=8, gpus_per_node=8))
+
+
+@pytest.mark.parametrize("version", ["22.05", "25.11"])
+def test_check_of_a_whole_gpu_job_never_lists_the_jobs(version: str) -> None:
+    """The checks need each node's shard totals, never the shards in use: on 22.05 (shards in use not printed per
+    GPU) the job list used to be read and parsed whole for every check, 100,000 records on a big cluster."""
+    for n in (40, 80):
+        run = Recorder(version, n)
+        SlurmScheduler(run=run).check(_big_job())
+        assert run.calls == [["scontrol", "show", "partition", "-o"], ["scontrol", "-d", "show", "node", "-o"]]
+
+
+def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records split into fields by `hpctrain cluster` on 22.05: one per node and partition, and one per running job
+    on shards; the pending and whole-GPU jobs (nine in ten of the queue) are passed over."""
+    split = {"n": 0}
+    real_record, real_groups = records.parse_record, query.field_groups
+
+    def counting_record(line: str) -> dict[str, str]:
+        split["n"] += 1
+        return real_record(line)
+
+    def counting_groups(line: str, first: str, keys: tuple[str, ...]):
+        split["n"] += 1
+        return real_groups(line, first, keys)
+
+    monkeypatch.setattr(records, "parse_record", counting_record)
+    monkeypatch.setattr(query, "field_groups", counting_groups)
+    for n in (40, 80):
+        run = Recorder("22.05", n)
+        split["n"] = 0
+        info = query.query_cluster(run=run)
+        shard_jobs = sum(1 for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line
+                         and "GRES=shard" in line)
+        assert shard_jobs and split["n"] == n + 2 + shard_jobs
+        assert sum(node.shards_used or 0 for node in info.nodes) == 16 * shard_jobs
+
+
+def test_long_tables_are_printed_plain_one_line_a_row(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Rich lays a table out at about 0.7 ms a row (7 s for 10,000 nodes): above RICH_ROWS rows the same header
+    and cells are printed as plain aligned text. Names stay text: markup is not read, control characters are `?`."""
+    def no_rich_layout(*args, **kwargs):
+        raise AssertionError("a rich table was laid out")
+
+    n = RICH_ROWS  # 10 n jobs in the queue, n of them the caller's
+    everyone, _ = scale.squeue_rows(n, ME)
+    jobs = parse_squeue(everyone)
+    jobs[0] = replace(jobs[0], name="[bold]x[/bold]\x1b[2J")
+    monkeypatch.setattr("rich.table.Table.__rich_console__", no_rich_layout)
+    display.print_jobs(jobs, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(jobs) + 1 and lines[0].split() == ["job", "name", "state", "reason", "nodes", "elapsed", "restarts"]
+    assert lines[1].split()[:2] == [jobs[0].job_id, "[bold]x[/bold]?[2J"]
+    info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
+                             nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))))
+    monkeypatch.setattr(display, "partitions_table", lambda info: "partitions")
+    display.print_cluster(info, as_json=False)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "nodes (used/total)" and len(out) == 1 + 1 + n + 1 + 1
+    assert out[2].split() == ["gpu00001", "mixed", "gpu", "48/96", "878.9G/1953.1G", "4/8", "h100", "56/512", "(gpu0:",
+                              "0/64,", "gpu1:", "0/64,", "gpu2:", "0/64,", "gpu3:", "0/64,", "gpu4:", "16/64,", "gpu5:",
+                              "40/64,", "gpu6:", "0/64,", "gpu7:", "0/64)"]
+
+
+def test_status_asks_squeue_for_the_callers_jobs_only() -> None:
+    run = Recorder("25.11", 40)
+    mine = list_jobs(user=ME, run=run)
+    assert len(mine) == 40 and any(a == f"--user={ME}" for a in run.calls[0])
+
+
+def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """json's indented printer is pure Python (1.6 s for 100,000 jobs): a long list gets one compact record a line,
+    still the same JSON document."""
+    everyone, _ = scale.squeue_rows(RICH_ROWS, ME)
+    jobs = parse_squeue(everyone)
+    display.print_jobs(jobs, as_json=True)
+    out = capsys.readouterr().out
+    assert json.loads(out) == [j.to_dict() for j in jobs] and len(out.splitlines()) == len(jobs) + 2
+    info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
+                             nodes=tuple(query.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))))
+    display.print_cluster(info, as_json=True)
+    out = capsys.readouterr().out
+    assert json.loads(out) == json.loads(json.dumps(info.to_dict()))
+    assert sum(line.startswith('    {"name": "gpu') for line in out.splitlines()) == RICH_ROWS + 1  # a node a line
+
+
+@pytest.mark.slow
+def test_the_harness_runs_in_its_smallest_form() -> None:
+    """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, the fit), tiny sizes."""
+    import os
+    import sys
+
+    result = subprocess.run([sys.executable, "benchmarks/scale_views.py", "--sizes", "10,20", "--versions", "22.05",
+                             "--repeat", "1", "--only", "cluster,status (N"], cwd=Path(__file__).parents[1],
+                            env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if " N=" in line]
+    assert len(rows) == 6 and not any("EXIT" in row for row in rows), result.stdout
+    assert "3 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[2], result.stdout  # cluster on 22.05; status
+    assert "fitted" in result.stdout or "growth fitted" in result.stdout, result.stdout
