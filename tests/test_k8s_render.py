@@ -127,7 +127,8 @@ def test_excluded_nodes_become_a_required_node_affinity(api: str) -> None:
     manifest = render(_job_for(api, "gpu", "multi").replace(exclude_nodes=("gpu07", "gpu12")), golden_options(api, "plain"))
     assert validate_manifest(manifest) == []
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu07", "gpu12"]}]}]}}}
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu07"]},
+                         {"key": "metadata.name", "operator": "NotIn", "values": ["gpu12"]}]}]}}}
     found = list(_find_key(manifest, "affinity"))
     assert found and all(a == affinity for a in found), found
     assert len(found) == (2 if api == "pytorchjob" else 1)  # Master and Worker; the runtime patch's one pod spec

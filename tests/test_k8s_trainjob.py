@@ -31,10 +31,6 @@ SLEEPER = ("import os, time; print('hello from rank', os.environ['RANK'], 'node 
 # The torch-distributed runtime with a budget a test can use up quickly: its pods are not restarted in place
 # (restartPolicy Never, the Job's backoffLimit 0) and JobSet recreates the whole set once (failurePolicy).
 RESTART_ONCE = "hpctrain-test-restart-once"
-# The stand-in refuses what Trainer v2.3.0's webhook refuses (tests/kubeflow_oracle.py): today's runtimePatches
-# manager. Drop the mark once hpctrain renders a domain-prefixed manager.
-REFUSED_ITEM1 = pytest.mark.xfail(strict=True, reason="issue 31 item 1: Trainer's webhook refuses runtimePatches "
-                                                      "manager 'hpctrain' (not a domain-prefixed path)")
 
 
 def _with_trainer(tmp_path: Path, cpus: int | None) -> Iterator[SimpleNamespace]:
@@ -90,7 +86,6 @@ def status_of(c: SimpleNamespace, name: str) -> dict:
 
 @pytest.mark.k8s
 @pytest.mark.slow
-@REFUSED_ITEM1
 def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: Path) -> None:
     c = cluster
     bin_dir = install(c.shared / "bin")
@@ -139,7 +134,6 @@ def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: 
 
 @pytest.mark.k8s
 @pytest.mark.slow
-@REFUSED_ITEM1
 def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: SimpleNamespace, tmp_path: Path) -> None:
     """A pod that keeps failing uses up the runtime's budget: JobSet recreates the set once (failurePolicy
     maxRestarts 1; the pods are not restarted in place), then the TrainJob gets Failed and `submit --wait` exits
@@ -158,7 +152,6 @@ def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: Simple
 
 @pytest.mark.k8s
 @pytest.mark.slow
-@REFUSED_ITEM1
 def test_trainjob_two_node_mnist_completes(cluster: SimpleNamespace, tmp_path: Path, fashion_data_dir: Path) -> None:
     c = cluster
     run_dir = c.shared / "runs" / "tj-mnist"

@@ -4,8 +4,9 @@ admission webhooks of training-operator v1.9.4, Trainer v2.3.0 and JobSet v0.12.
 cited, and core/v1's OpenAPI of Kubernetes 1.29 and 1.35. Offline and pure: no cluster.
 
 The property: for every input, hpctrain either refuses it with a UserError (one line naming the fix) or renders
-objects a real cluster accepts. Cases today's renderer gets wrong are xfail(strict=True) with the item of issue 31
-that fixes them; when the fix lands they pass, strict xfail turns that into a failure, and the mark goes.
+objects a real cluster accepts. The renderer of issue 31's first wave failed these cases (items 1, 5, 6, 9: a
+manager that is no domain-prefixed path, JobSet pod names over 63 characters, a leading digit, node names as label
+values); the tests were written against it as strict xfails, and pass since the fixes.
 
 The second half shows that the oracle can refuse: each rule, broken on purpose, is caught.
 """
@@ -28,12 +29,6 @@ from hpctrain.schedulers.kubernetes.render import render
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 COMMAND = ("hpctrain", "train", "mnist", "--epochs", "1")
 VOLUMES = ("pvc:team-runs:/mnt/share/team", "nfs:nas.example.com:/export/users:/mnt/user:ro", "host:/mnt/datasets:/data:ro")
-ITEM1 = pytest.mark.xfail(strict=True, reason="issue 31 item 1: TrainJob runtimePatches[].manager 'hpctrain' is not a "
-                                              "domain-prefixed path (Trainer v2.3.0 JobSet plugin)")
-ITEM5 = "issue 31 item 5: a 49-50 character TrainJob name makes JobSet pod names of more than 63 characters"
-ITEM9 = ("issue 31 item 9: --exclude-nodes puts node names in a kubernetes.io/hostname label match; a name over "
-         "63 characters is not a label value (refused since Kubernetes 1.32)")
-ITEM6 = "issue 31 item 6: a name starting with a digit is refused by the PyTorchJob webhook and a TrainJob CEL rule"
 
 
 def assert_accepted_or_refused(make) -> None:
@@ -76,25 +71,16 @@ MATRIX = [(api, nodes, gpus, variant) for api in ("pytorchjob", "trainjob") for 
           for gpus in (0, 8) for variant in range(4)]
 
 
-@pytest.mark.parametrize("api,nodes,gpus,variant", [
-    pytest.param(*case, marks=[ITEM1] if case[0] == "trainjob" else []) for case in MATRIX
-], ids=[f"{a}-{n}n-{g}g-v{v}" for a, n, g, v in MATRIX])
+@pytest.mark.parametrize("api,nodes,gpus,variant", MATRIX, ids=[f"{a}-{n}n-{g}g-v{v}" for a, n, g, v in MATRIX])
 def test_training_job_matrix(api: str, nodes: int, gpus: int, variant: int) -> None:
     assert_accepted_or_refused(lambda: [render(_job(api, nodes, gpus, variant), _options(api, variant))])
 
 
-NAMES = [
-    ("pytorchjob", "a" * 50, []),
-    ("pytorchjob", "7run", [pytest.mark.xfail(strict=True, reason=ITEM6)]),
-    ("trainjob", "a" * 47, [ITEM1]),
-    ("trainjob", "b" * 49, [pytest.mark.xfail(strict=True, reason=ITEM5), ITEM1]),
-    ("trainjob", "c" * 50, [pytest.mark.xfail(strict=True, reason=ITEM5), ITEM1]),
-    ("trainjob", "7run", [pytest.mark.xfail(strict=True, reason=ITEM6), ITEM1]),
-]
+NAMES = [("pytorchjob", "a" * 50), ("pytorchjob", "7run"), ("trainjob", "a" * 47), ("trainjob", "b" * 49),
+         ("trainjob", "c" * 50), ("trainjob", "7run")]
 
 
-@pytest.mark.parametrize("api,name", [pytest.param(a, n, marks=m) for a, n, m in NAMES],
-                         ids=[f"{a}-{n[:8]}-{len(n)}" for a, n, _ in NAMES])
+@pytest.mark.parametrize("api,name", NAMES, ids=[f"{a}-{n[:8]}-{len(n)}" for a, n in NAMES])
 @pytest.mark.parametrize("nodes", [1, 100])
 def test_job_names(api: str, name: str, nodes: int) -> None:
     assert_accepted_or_refused(lambda: [render(_job(api, nodes, 0, 1, name=name), _options(api, 1))])
@@ -103,8 +89,7 @@ def test_job_names(api: str, name: str, nodes: int) -> None:
 LONG_NODE = "gpu-node-0017.rack-12.zone-b.cluster.research-computing.example.org"  # a DNS name of 68 characters
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM9)
-@pytest.mark.parametrize("api", [pytest.param("pytorchjob"), pytest.param("trainjob", marks=ITEM1)])
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_exclude_long_node_names(api: str) -> None:
     job = _job(api, 2, 0, 0).replace(exclude_nodes=(LONG_NODE, "gpu-node-7"))
     assert_accepted_or_refused(lambda: [render(job, _options(api, 0))])
@@ -119,7 +104,7 @@ PARAMS = {
 }
 
 
-@pytest.mark.parametrize("api", [pytest.param("pytorchjob"), pytest.param("trainjob", marks=ITEM1)])
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_params_file(api: str) -> None:
     def make() -> list[dict[str, Any]]:
         job_fields, option_fields = parse_params_text(PARAMS[api], source="job.params")

@@ -295,9 +295,12 @@ def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     out = pod_placement(options)
     if job.exclude_nodes:  # --exclude-nodes: the scheduler must not place any pod there
         # By the Node object's own name (matchFields metadata.name), not the kubernetes.io/hostname label, which
-        # may differ from it and, as a label value, cannot hold names over 63 characters.
+        # may differ from it and, as a label value, cannot hold names over 63 characters. One requirement per node
+        # (a term's requirements are ANDed): the API server takes exactly one value for an In/NotIn on a node field
+        # (validateNodeFieldSelectorRequirement, pkg/apis/core/validation/validation.go).
+        not_on = [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in job.exclude_nodes]
         out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": list(job.exclude_nodes)}]},
+            {"matchFields": not_on},
         ]}}}
     out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
     return out
