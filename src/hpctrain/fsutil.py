@@ -77,19 +77,32 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     The open does not block on a FIFO (O_NONBLOCK, which changes nothing for a regular file). An OSError is
     raised as it is (missing file, no permission), for the caller to word."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    return read_open_file(fd, path, limit)
+
+
+def read_open_file(fd: int, path: str | os.PathLike, limit: int, refused: type[FileRefused] = FileRefused,
+                   hint: str = "; give a file") -> bytes:
+    """`read_regular` of a file already open as `fd` (closed here), for callers that open it their own way (without
+    following links: hpctrain.readback). Refusals are `refused(path, reason)`, a kind other than a regular file's
+    reason ending in `hint`."""
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise FileRefused(path, f"not a regular file ({file_kind(info.st_mode)}); give a file")
+            raise refused(path, f"not a regular file ({file_kind(info.st_mode)}){hint}")
         if info.st_size > limit:
-            raise FileRefused(path, f"{format_bytes(info.st_size)}, more than the {format_bytes(limit)} read at most")
-        with open(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
+            raise refused(path, f"{format_bytes(info.st_size)}, more than the {format_bytes(limit)} read at most")
+        chunks, size = [], 0
+        while size <= limit:  # os.read: never more than limit + 1 bytes held, even if the file grows meanwhile
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
     finally:
         os.close(fd)
-    if len(data) > limit:
-        raise FileRefused(path, f"grew past the {format_bytes(limit)} read at most while being read")
-    return data
+    if size > limit:
+        raise refused(path, f"grew past the {format_bytes(limit)} read at most while being read")
+    return b"".join(chunks)
 
 
 def file_kind(mode: int) -> str:

@@ -32,13 +32,12 @@ import json
 import math
 import os
 import re
-import stat
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from hpctrain.fsutil import FileRefused, file_kind, format_bytes
+from hpctrain.fsutil import FileRefused, read_open_file
 
 MAX_DEPTH = 32
 """JSON nesting deeper than this is refused (hpctrain's own records nest three levels at most)."""
@@ -63,26 +62,11 @@ def read_bytes(path: str | os.PathLike, limit: int, within: str | os.PathLike | 
     except OSError as err:
         raise BadRunFile(path, _why(err)) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BadRunFile(path, f"not a regular file ({file_kind(info.st_mode)})")
-        if info.st_size > limit:
-            raise BadRunFile(path, f"{format_bytes(info.st_size)}, more than the {format_bytes(limit)} read at most")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        return read_open_file(fd, path, limit, BadRunFile, hint="")
+    except BadRunFile:
+        raise
     except OSError as err:
         raise BadRunFile(path, _why(err)) from None
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise BadRunFile(path, f"grew past the {format_bytes(limit)} read at most while being read")
-    return b"".join(chunks)
-
 
 def read_text(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> str:
     """`read_bytes`, decoded as UTF-8 (BadRunFile for any invalid byte)."""
