@@ -23,6 +23,9 @@ from urllib.parse import urlsplit
 
 from hpctrain.errors import UserError, brief
 
+FIX = ("check that the cluster is up and that the kubeconfig names its API server (kubectl config view --minify), "
+       "or pick another --context")
+
 WRONG_SHAPE = (TypeError, AttributeError, KeyError, IndexError, ValueError, LookupError, RecursionError)
 _HEAD = 120
 
@@ -61,7 +64,6 @@ def note(server: str, method: str, url: str, status: int, headers: Any, data: by
 
 
 def bad_answer(server: str | None, why: str) -> UserError:
-    from hpctrain.schedulers.kubernetes.client import FIX
 
     last = SEEN.last
     server = server or (last.server if last else "(unknown)")

@@ -40,7 +40,7 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_RESPONSE_MB = 256
 ANSWER_DEADLINE_FACTOR = 4
 CHUNK = 1 << 16
-FIX = "check that the cluster is up and that the kubeconfig names its API server (kubectl config view --minify), or pick another --context"
+FIX = answers.FIX  # what to check when the API server does not answer as one
 
 T = TypeVar("T")
 
