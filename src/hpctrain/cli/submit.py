@@ -338,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
         report_problems("submit", problems + verdict + notes + [sched.dry_run_note])
         return 2 if verdict else 0
     cluster = [] if args.no_check else sched.check(job)
-    report_problems("submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.NOTE_PREFIX))])
+    # Warnings, and what the job will do at its time limit; notes on checks that could not run are `check`'s to say.
+    report_problems("submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.TIME_LIMIT_NOTE))])
     if blocking := base.blocking(problems + cluster):
         hint = " (fix the above, or pass --no-check to skip the cluster checks)" if base.blocking(cluster) else " (fix the above)"
         report_problems("submit", blocking + ["nothing was submitted" + hint])

@@ -33,6 +33,9 @@ FINISHED_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 WARNING_PREFIX = "warning: "
 NOTE_PREFIX = "note: "  # a check that could not run (and why); does not block either
+# What the scheduler will do with the job at its time limit (a note `submit` says too, before queueing; `check` says
+# every note).
+TIME_LIMIT_NOTE = NOTE_PREFIX + "time limit: "
 
 
 class JobNotFound(UserError):

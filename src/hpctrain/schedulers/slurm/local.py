@@ -15,7 +15,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, local_problems
-from hpctrain.schedulers.base import NOTE_PREFIX
+from hpctrain.schedulers.base import TIME_LIMIT_NOTE
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.interpreter import interpreter_problems
@@ -83,21 +83,21 @@ def earlier_run_problems(job: JobSpec, recipe: Any) -> list[str]:
 def warning_note(job: JobSpec, paths: tuple[str, ...] = ()) -> list[str]:
     """One line saying what the time-limit warning will do to this job (submit prints it before queueing)."""
     if not job.signal_grace:
-        return [f"{NOTE_PREFIX}time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
+        return [f"{TIME_LIMIT_NOTE}no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
     grace = job.signal_grace
     if job.is_recipe:
-        return [f"{NOTE_PREFIX}time limit: the run gets SIGUSR1 {grace} s before it, checkpoints and stops, and the "
+        return [f"{TIME_LIMIT_NOTE}the run gets SIGUSR1 {grace} s before it, checkpoints and stops, and the "
                 f"job requeues itself (at most {job.max_requeues} times, --max-requeues)"]
     if job.run_dir is None:
-        return [f"{NOTE_PREFIX}time limit: your program gets no SIGUSR1 (the job has no run directory in which it "
+        return [f"{TIME_LIMIT_NOTE}your program gets no SIGUSR1 (the job has no run directory in which it "
                 "could say it handles it) and runs until the limit, without a requeue"]
     script = next((p for p in paths if p.endswith(".py")), None)
     if script is not None and _mentions(script, b"StopRequest"):
-        return [f"{NOTE_PREFIX}time limit: SIGUSR1 {grace} s before it goes to your program once it installs "
+        return [f"{TIME_LIMIT_NOTE}SIGUSR1 {grace} s before it goes to your program once it installs "
                 f"hpctrain.training.StopRequest (as {script} does); the job requeues itself only if the program then "
                 f"says its state is saved (announce_stop), at most {job.max_requeues} times"]
     said = f"{script} does not use" if script is not None else "only a program that installs"
-    return [f"{NOTE_PREFIX}time limit: {said} hpctrain.training.StopRequest, which says it handles SIGUSR1; "
+    return [f"{TIME_LIMIT_NOTE}{said} hpctrain.training.StopRequest, which says it handles SIGUSR1; "
             "a program that does not say so gets no SIGUSR1 (it would end it, with nothing saved) and runs until the "
             "limit, without a requeue (docs/slurm.md: your own script)"]
 
