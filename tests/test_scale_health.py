@@ -11,6 +11,7 @@ gives. benchmarks/scale_health.py measures the time.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from statistics import StatisticsError, median
 
 import pytest
@@ -32,25 +33,25 @@ class Timing(float):
     def _count(self) -> None:
         OPS[0] += 1
 
-    def __add__(self, other: float) -> Timing:  # type: ignore[override]
+    def __add__(self, other: float) -> Timing:
         self._count()
         return Timing(float(self) + float(other))
 
-    __radd__ = __add__  # type: ignore[assignment]
+    __radd__ = __add__
 
-    def __lt__(self, other: float) -> bool:  # type: ignore[override]
+    def __lt__(self, other: float) -> bool:
         self._count()
         return float(self) < float(other)
 
-    def __gt__(self, other: float) -> bool:  # type: ignore[override]
+    def __gt__(self, other: float) -> bool:
         self._count()
         return float(self) > float(other)
 
-    def __le__(self, other: float) -> bool:  # type: ignore[override]
+    def __le__(self, other: float) -> bool:
         self._count()
         return float(self) <= float(other)
 
-    def __ge__(self, other: float) -> bool:  # type: ignore[override]
+    def __ge__(self, other: float) -> bool:
         self._count()
         return float(self) >= float(other)
 
@@ -84,14 +85,14 @@ def ranks(n: int, seed: int = 0) -> list[RankProgress]:
     return records
 
 
-def counted(work, *args) -> int:  # type: ignore[no-untyped-def]
+def counted(work: Callable[..., object], *args: object) -> int:
     OPS[0] = 0
     work(*args)
     return OPS[0]
 
 
 @pytest.mark.parametrize("view", [find_stragglers, rank_lines], ids=["straggler check", "status/top rank lines"])
-def test_the_straggler_check_and_the_rank_lines_grow_as_n_log_n(view) -> None:  # type: ignore[no-untyped-def]
+def test_the_straggler_check_and_the_rank_lines_grow_as_n_log_n(view: Callable[..., object]) -> None:
     small, large = counted(view, ranks(1000), NOW), counted(view, ranks(2000), NOW)
     assert find_stragglers(ranks(2000), NOW)  # the inputs name stragglers: their extra medians are counted too
     assert large / small < MOST_GROWTH, f"{small} operations at 1,000 ranks, {large} at 2,000"
@@ -131,15 +132,15 @@ def plain_stragglers(records: list[RankProgress], now: float) -> list[Straggler]
              if r.data_s is not None and r.compute_s is not None and r.step_s and r.age_s(now) <= STALE_S]
     if len(timed) < 2:
         return []
-    step = median(r.step_s for r in timed)  # type: ignore[type-var]
+    step = median(r.step_s for r in timed)
     found = []
     for r in timed:
         others = [o for o in timed if o.rank != r.rank]
-        typical = median(o.data_s + o.compute_s for o in others)  # type: ignore[operator]
-        own = r.data_s + r.compute_s  # type: ignore[operator]
+        typical = median(o.data_s + o.compute_s for o in others)
+        own = r.data_s + r.compute_s
         if own >= STRAGGLER_FACTOR * typical and own - typical >= NOISE_SHARE * step:
-            extra_data = r.data_s - median(o.data_s for o in others)  # type: ignore[operator,type-var]
-            extra_compute = r.compute_s - median(o.compute_s for o in others)  # type: ignore[operator,type-var]
+            extra_data = r.data_s - median(o.data_s for o in others)
+            extra_compute = r.compute_s - median(o.compute_s for o in others)
             cause = "input" if extra_data >= extra_compute else "compute"
             found.append(Straggler(r.rank, r.host, cause, own, typical, min(1.0, (own - typical) / step), step))
     return found
@@ -187,7 +188,8 @@ def plain_bad_links(checks: list[RankCheck]) -> dict[str, list[str]]:
     for node in sorted({c.node for c in checks}):
         own = {pair: rate for pair, rate in links.items() if node in pair}
         if len(links) > 1 and own and all(rate < SLOW_SHARE * fastest for rate in own.values()):
-            peers = ", ".join(f"{'-'.join(n for n in pair if n != node)} {rate:.2f}" for pair, rate in sorted(own.items()))
+            peers = ", ".join(f"{'-'.join(n for n in pair if n != node)} {rate:.2f}"
+                              for pair, rate in sorted(own.items()))
             bad[node] = [f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest link's {fastest:.2f}"]
     return bad
 
