@@ -68,3 +68,12 @@ def test_k8s_turnaround_benchmark_runs_on_the_real_node() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "cancel -> pods gone" in result.stdout, result.stdout
     assert "kubernetes imported by the CLI and a Kubernetes render: False" in result.stdout, result.stdout
+
+
+def test_scale_health_benchmark_times_each_call_before_and_now() -> None:
+    # "before" is this same tree here: the point is that the compare path runs
+    result = bench("benchmarks/scale_health.py", "--sizes", "16,32", "--repeat", "1", "--compare", str(ROOT / "src"))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert rows == ["what", "straggler check (rank 0)", "status/top rank lines", "preflight judge (N nodes)",
+                    "preflight link pairs (N nodes)"], result.stdout

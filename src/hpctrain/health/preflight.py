@@ -104,8 +104,12 @@ def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
                 f"median rank's {typical:,.1f} (below {SLOW_SHARE:.0%})")
     links = _links(checks)
     fastest = max(links.values(), default=0.0)
+    by_node: dict[str, dict[tuple[str, str], float]] = {}  # node -> its own links: one pass, not one per node
+    for pair, rate in links.items():
+        for end in pair:
+            by_node.setdefault(end, {})[pair] = rate
     for node in sorted({c.node for c in checks}):
-        own = {pair: rate for pair, rate in links.items() if node in pair}
+        own = by_node.get(node, {})
         if len(links) > 1 and own and all(rate < SLOW_SHARE * fastest for rate in own.values()):
             peers = ", ".join(f"{'-'.join(n for n in pair if n != node)} {rate:.2f}" for pair, rate in sorted(own.items()))
             bad.setdefault(node, []).append(f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest "
