@@ -21,6 +21,7 @@ from real_node import Real, real, real_cpu  # noqa: F401 - fixtures: the whole n
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 TESTS = Path(__file__).parent
+SRC = TESTS.parent / "src"  # this checkout's hpctrain, which the pods run (see _scheduler)
 
 
 PREEMPTED_ONCE = """\
@@ -76,7 +77,7 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(re
     sched, node = _scheduler(real, tmp_path, fashion_data_dir), sorted(real.nodes)[0]
     job = JobSpec(command=(*_ailing_mnist(fashion_data_dir, tmp_path / "run", 256), "--preflight"), name="sick",
                   run_dir=str(tmp_path / "run"), max_restarts=0, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
-                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")))
+                  env=(*THIS_CHECKOUT, ("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")))
     manifest = sched.render(job)
     # The job fails at the first restart (no budget); the kubelet keeps restarting the containers meanwhile. The
     # termination messages are read from pods a failed job keeps: those of cleanPodPolicy None (training-operator
@@ -105,7 +106,7 @@ def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(real: Real, tmp_path
     run_dir = tmp_path / "run"
     sched = _scheduler(real, tmp_path, fashion_data_dir)
     job = JobSpec(command=_ailing_mnist(fashion_data_dir, run_dir, 12288), name="stacks", signal_grace=5, run_dir=str(run_dir), resources=Resources(nodes=2, mem="2G"),
-                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "stall"),
+                  env=(*THIS_CHECKOUT, ("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "stall"),
                        ("HPCTRAIN_TEST_AILING_S", "3")))
     sched.submit(job, sched.render(job))
     real.wait("both ranks training", lambda: [r.phase for r in read_progress(run_dir)] == ["training", "training"])
@@ -122,10 +123,18 @@ def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(real: Real, tmp_path
     sched.cancel("stacks")
 
 
+# The image's PYTHONPATH names the src/ of the checkout that started the node, which may be another one (a CI base
+# at an older commit): the ranks would then speak an older hpctrain's protocol to this checkout's CLI (an older rank
+# answers `debug stacks` without the request's token, and every rank looks frozen). THIS_CHECKOUT in a job's env
+# and _scheduler's volume make the pods run the hpctrain under test.
+THIS_CHECKOUT = (("PYTHONPATH", str(SRC)),)
+
+
 def _scheduler(real: Real, tmp_path: Path, data_dir: Path) -> KubernetesScheduler:
-    """The scheduler of the test's namespace: tmp_path (the run), the data (read-only) and tests/ (ailing_rank.py,
-    read-only) mounted as the pods' volumes."""
-    return real.scheduler(f"host:{tmp_path}:{tmp_path}", f"host:{data_dir}:{data_dir}:ro", f"host:{TESTS}:{TESTS}:ro")
+    """The scheduler of the test's namespace: tmp_path (the run), the data (read-only), tests/ (ailing_rank.py,
+    read-only) and this checkout's src/ (read-only; a job's env adds THIS_CHECKOUT) mounted as the pods' volumes."""
+    return real.scheduler(f"host:{tmp_path}:{tmp_path}", f"host:{data_dir}:{data_dir}:ro", f"host:{TESTS}:{TESTS}:ro",
+                          f"host:{SRC}:{SRC}:ro")
 
 
 def _ailing_mnist(data_dir: Path, run_dir: Path, train_limit: int) -> tuple[str, ...]:
