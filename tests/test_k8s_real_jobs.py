@@ -296,14 +296,33 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_
 
 def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
     """The controllers-only stand-in's pods carry no nodeName, Kubeflow's master address and port, and the host
-    alias that replaces the cluster DNS for the workers; the scheduler binds them to the real node."""
+    alias that replaces the cluster DNS for the workers; the scheduler binds them to the real node, and the worker
+    reaches the master by that name over the pod network."""
     sched = real.scheduler()
-    # The master waits a little, as a training's rendezvous would: the stand-in makes workers once it has an address.
-    probe = "import os, time; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], flush=True); time.sleep(5)"
+    # The master waits for the worker, as a training's rendezvous would (the stand-in makes workers once the master
+    # has an address), and outlives it: once the master succeeds the job has succeeded, and cleanPodPolicy Running
+    # has the operator delete a worker still running, its container and log with it (training-operator v1.9.x,
+    # PyTorchJob's UpdateJobStatus: the master's success is the job's; common/job.go DeletePodsAndServices).
+    probe = ("import os, socket, time\n"
+             "addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])\n"
+             "print(addr, port, flush=True)\n"
+             "if os.environ['RANK'] == '0':\n"
+             "    server = socket.create_server(('', port)); server.settimeout(120)\n"
+             "    peer = server.accept()[0]; peer.settimeout(120); peer.recv(1)\n"  # b'' once the worker is gone
+             "    time.sleep(5)\n"  # for the kubelet to report the worker Succeeded before the master
+             "else:\n"
+             "    for _ in range(600):\n"
+             "        try:\n"
+             "            socket.create_connection((addr, port), timeout=5).close(); break\n"
+             "        except OSError:\n"
+             "            time.sleep(0.2)\n"
+             "    else:\n"
+             "        raise SystemExit('the master never listened')\n")
     job = JobSpec(command=("python", "-c", probe),
                   name="addr", resources=Resources(nodes=2, mem="512M"))
     sched.submit(job, sched.render(job))
-    real.wait("the job to finish", lambda: finished(sched, "addr"))
+    status = real.wait("the job to finish", lambda: finished(sched, "addr"))
+    assert status.state == SUCCEEDED and [r.phase for r in status.replicas] == ["Succeeded", "Succeeded"], status
     pods = {p.metadata.name: p for p in real.standin.core.list_namespaced_pod(real.namespace).items}
     master, worker = pods["addr-master-0"], pods["addr-worker-0"]
     assert {master.spec.node_name, worker.spec.node_name} <= real.nodes
