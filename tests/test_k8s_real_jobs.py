@@ -392,9 +392,11 @@ def port_forward(real: Real, command: str) -> Iterator[str]:
 
 def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real, tmp_path: Path) -> None:
     """A PyTorchJob that failed (--max-restarts 0: the kubelet restarted its crashing container once, which ends
-    the job) keeps its object and its pod, which the kubelet goes on restarting: `submit` of the same name is
-    refused with a `cancel` command, that command (as printed) deletes what is left, the garbage collector takes the
-    pod; `submit --replace` does the same by itself and creates the new job. One pod: one CPU of the node."""
+    the job) keeps its object, so its name stays taken: `submit` of the same name is refused with a `cancel`
+    command, that command (as printed) deletes what is left, the garbage collector takes any pod; `submit --replace`
+    does the same by itself and creates the new job. Its restarting pod may be gone already or not: cleanPodPolicy
+    Running has the operator (here the stand-in) delete it once the job has failed, so the pod counts are either.
+    One pod: one CPU of the node."""
     real = real_cpu
     sched = real.scheduler()
     failing = ["--", "python", "-c", "import sys, time; time.sleep(1); sys.exit(3)"]
@@ -409,15 +411,15 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
 
     assert submit(*failing).returncode == 0
     assert real.wait("the job to fail", ended).state == "FAILED"
-    assert sched.pods_of("ended-1"), "the failed job keeps its pod (cleanPodPolicy None)"
+    assert sched.get_object("ended-1"), "a failed job keeps its object: the name stays taken"
     again = submit(*failing)
     assert again.returncode == 2, again.stdout + again.stderr
     cancel = re.search(r"cancel the old one \(`(hpctrain cancel [^`]*)`\), or pass --replace", again.stderr)
     assert cancel, again.stderr
     cancelled = real.cli(*shlex.split(cancel[1])[1:], "--wait", str(DEADLINE_S))  # as printed, on a loaded machine
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
-    assert re.search(r"hpctrain cancel: job ended-1 has ended \(FAILED\); deleting its object and its 1 pod", cancelled.stderr)
-    assert cancelled.stdout == "job ended-1: FAILED -> deleted (its pods are gone)\n", cancelled.stdout
+    assert re.search(r"hpctrain cancel: job ended-1 has ended \(FAILED\); deleting its object", cancelled.stderr)
+    assert re.fullmatch(r"job ended-1: FAILED -> deleted( \(its pods are gone\))?\n", cancelled.stdout), cancelled.stdout
     assert not sched.list_jobs() and not sched.pods_of("ended-1")
 
     assert submit(*failing).returncode == 0
@@ -425,7 +427,8 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
     old_uid = sched.get_object("ended-1")["metadata"]["uid"]
     replaced = submit("--replace", "--", "python", "-c", "print('new', flush=True)")
     assert replaced.returncode == 0, replaced.stdout + replaced.stderr
-    assert "--replace: deleted the earlier PyTorchJob ended-1 (FAILED, 1 pod) first" in replaced.stderr, replaced.stderr
+    assert re.search(r"--replace: deleted the earlier PyTorchJob ended-1 \(FAILED, (no pods|1 pod)\) first", replaced.stderr), \
+        replaced.stderr
     assert sched.get_object("ended-1")["metadata"]["uid"] != old_uid
     status = real.wait("the new job to finish", lambda: finished(sched, "ended-1"))
     assert status.state == SUCCEEDED and "new" in list(sched.logs("ended-1")), status
