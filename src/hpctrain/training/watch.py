@@ -98,12 +98,16 @@ class ForwardClock:
         self._pending: list[Any] = []  # the last pass's CUDA event pairs, read once they have completed
         self._hooks = [model.register_forward_pre_hook(self._start), model.register_forward_hook(self._end)]
 
+    def _now(self) -> Any:
+        """A point in time on this replica's clock: a recorded CUDA event, or perf_counter seconds."""
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
     def _start(self, *_: Any) -> None:
-        if self._cuda:
-            start: Any = torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            start = time.perf_counter()
+        start = self._now()
         with self._lock:
             if self._running == 0:
                 self._round = []
@@ -112,11 +116,7 @@ class ForwardClock:
             self._started[threading.get_ident()] = start
 
     def _end(self, *_: Any) -> None:
-        if self._cuda:
-            end: Any = torch.cuda.Event(enable_timing=True)
-            end.record()
-        else:
-            end = time.perf_counter()
+        end = self._now()
         with self._lock:
             start = self._started.pop(threading.get_ident(), None)
             if start is None:
