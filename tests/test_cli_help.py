@@ -128,7 +128,7 @@ def test_scheduler_help_mentions_a_job_file_only_where_one_is_read(capsys, argv:
 def test_dev_list_shows_only_the_chosen_schedulers_sessions(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    from hpctrain.sessions.config import state_root
+    from hpctrain.servers.sessions import state_root
 
     session = state_root("dev") / "nb"
     session.mkdir(parents=True)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from around_helpers import all_cmdlines, cli_env, hpctrain, venv_args
-from hpctrain.sessions.config import DevConfig
-from hpctrain.sessions.kubernetes import render_dev_pod
-from hpctrain.sessions.slurm import render_dev_script
+from hpctrain.servers.sessions import DevConfig
+from hpctrain.schedulers.kubernetes.dev import render_dev_pod
+from hpctrain.schedulers.slurm.dev import render_dev_script
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.services.common import http_get
+from hpctrain.servers.common import http_get
 
 
 def test_script_reads_the_token_from_a_private_file_and_quotes_paths(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_cancel_deletes_a_service_pod_and_its_secret(k8s_cluster, tmp_path: Path
     runs (no kubelet): deleting one the API server has never seen bound is immediate."""
     from kubernetes import client
 
-    from hpctrain.services import kubernetes as k8s
+    from hpctrain.schedulers.kubernetes import services as k8s
     from kubeflow_standin import create_namespace, delete_namespace
 
     api = k8s_cluster.api_client()

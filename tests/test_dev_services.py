@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from around_helpers import cli_env, hpctrain
-from hpctrain.sessions.code import tunnel_name
-from hpctrain.sessions.config import DevConfig
-from hpctrain.sessions.ssh import find_public_key, render_sshd_config
+from hpctrain.servers.code import tunnel_name
+from hpctrain.servers.sessions import DevConfig
+from hpctrain.servers.ssh import find_public_key, render_sshd_config
 from hpctrain.errors import UserError
-from hpctrain.services.common import tcp_banner
+from hpctrain.servers.common import tcp_banner
 
 
 def keypair(where: Path) -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from around_helpers import cli_env, hpctrain
-from hpctrain.sessions.config import START_LOCK, TOKEN_FILE, starting
+from hpctrain.servers.sessions import START_LOCK, TOKEN_FILE, starting
 
 
 def test_a_second_dev_start_of_one_name_is_refused_while_the_first_starts(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from around_helpers import cli_env
-from hpctrain.sessions.config import DevConfig
+from hpctrain.servers.sessions import DevConfig
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec
 
@@ -139,7 +139,7 @@ def test_hpctrain_scheduler_picks_the_scheduler(tmp_path: Path) -> None:
 # ---- dev start without JupyterLab (item 4) ----------------------------------------------------------------------
 
 def test_dev_start_refuses_an_environment_without_jupyterlab(tmp_path: Path) -> None:
-    from hpctrain.sessions.slurm import check_program
+    from hpctrain.schedulers.slurm.dev import check_program
 
     venv = tmp_path / "bare-venv"
     (venv / "bin").mkdir(parents=True)

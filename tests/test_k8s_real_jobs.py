@@ -337,7 +337,7 @@ def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_pa
     shows it; `hpctrain dev stop` removes it and its Secret. One CPU: it shares the node."""
     import base64
 
-    from hpctrain.services.common import http_get
+    from hpctrain.servers.common import http_get
     from kubeflow_standin import free_port
 
     real = real_cpu

@@ -117,10 +117,10 @@ def test_params_file(api: str) -> None:
 
 @pytest.mark.parametrize("variant", range(3))
 def test_dev_and_tensorboard_pods(variant: int) -> None:
-    from hpctrain.around.kubernetes import tensorboard_pod
-    from hpctrain.services import kubernetes as k8s
-    from hpctrain.sessions.config import DevConfig
-    from hpctrain.sessions.kubernetes import render_dev_pod, service_pod
+    from hpctrain.schedulers.kubernetes.pods import tensorboard_pod
+    from hpctrain.schedulers.kubernetes import services as k8s
+    from hpctrain.servers.sessions import DevConfig
+    from hpctrain.schedulers.kubernetes.dev import render_dev_pod, service_pod
 
     options = KubernetesOptions(namespace="team-a", image=IMAGE, **({"shm": "2Gi", "volumes": VOLUMES} if variant else {}),
                                 **({"node_selector": ("pool=cpu",), "labels": ("team=vision",)} if variant == 2 else {}))
@@ -198,7 +198,7 @@ def test_oracle_refuses(api: str, mutate, expected: str) -> None:
 
 
 def test_oracle_refuses_pods() -> None:
-    from hpctrain.services import kubernetes as k8s
+    from hpctrain.schedulers.kubernetes import services as k8s
 
     pod = k8s.render_pod(k8s.ServicePod(name="tb-1", kind="tensorboard", command=("tensorboard",), port=6006),
                          KubernetesOptions(image=IMAGE))

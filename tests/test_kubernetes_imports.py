@@ -1,5 +1,5 @@
-"""Where the Kubernetes client may be imported (README, Layout): only in schedulers/kubernetes/ and in the
-kubernetes.py modules of around/, services/ and sessions/, each on first use, so that a Slurm user never loads it."""
+"""Where the Kubernetes client may be imported (README, Layout): only in schedulers/kubernetes/, each on first use,
+so that a Slurm user never loads it."""
 
 from __future__ import annotations
 
@@ -26,18 +26,17 @@ def imports_kubernetes(path: Path) -> list[int]:
 
 def allowed(path: Path) -> bool:
     rel = path.relative_to(SRC)
-    return rel.parts[:2] == ("schedulers", "kubernetes") or (
-        len(rel.parts) == 2 and rel.parts[0] in ("around", "services", "sessions") and rel.name == "kubernetes.py")
+    return rel.parts[:2] == ("schedulers", "kubernetes")
 
 
 def test_only_the_kubernetes_modules_import_the_client() -> None:
     found = {str(p.relative_to(SRC)): imports_kubernetes(p) for p in sorted(SRC.rglob("*.py"))}
     assert {p for p, lines in found.items() if lines and not allowed(SRC / p)} == set()
-    assert found["around/kubernetes.py"] and found["sessions/kubernetes.py"]  # the check sees imports
+    assert found["schedulers/kubernetes/pods.py"] and found["schedulers/kubernetes/dev.py"]  # the check sees imports
 
 
 def test_the_commands_around_the_job_on_slurm_never_load_the_client(tmp_path: Path) -> None:
-    """`dev start --dry-run --scheduler slurm` (JupyterLab, sshd) goes through the backends' registry (hpctrain.around), which loads only
+    """`dev start --dry-run --scheduler slurm` (JupyterLab, sshd) goes through the schedulers' registry (hpctrain.schedulers), which loads only
     the chosen backend: the Kubernetes client stays unloaded."""
     code = ("import sys\nfrom hpctrain.cli import main\n"
             "assert main(['dev', 'start', 'nb', '--scheduler', 'slurm', '--dry-run']) == 0\n"

@@ -51,8 +51,8 @@ def test_the_job_commands_name_no_scheduler() -> None:
 
 LOWER_LAYERS = """
 import importlib, pkgutil, sys
-import hpctrain.schedulers, hpctrain.services
-for package in (hpctrain.schedulers, hpctrain.services):
+import hpctrain.schedulers, hpctrain.servers
+for package in (hpctrain.schedulers, hpctrain.servers):
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         importlib.import_module(info.name)
 # The Kubernetes local check of a recipe job parses nothing itself: the caller hands it the recipe's config.

@@ -19,8 +19,8 @@ import pytest
 
 from around_helpers import cli_env, hpctrain, venv_args
 from hpctrain.errors import UserError
-from hpctrain.services.common import http_get
-from hpctrain.tbserver import logdir_spec
+from hpctrain.servers.common import http_get
+from hpctrain.servers.tensorboard import logdir_spec
 from hpctrain.training.metrics import train_hint
 
 TAG = "train/loss"

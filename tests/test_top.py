@@ -17,7 +17,7 @@ import pytest
 
 from around_helpers import cli_env, hpctrain
 from hpctrain.health import ProgressRecorder, read_progress
-from hpctrain.top import NVIDIA_SMI, parse_probe, rank_lines, report
+from hpctrain.servers.top import NVIDIA_SMI, parse_probe, rank_lines, report
 from real_node import Real, real_free  # noqa: F401 - the fixture: pods that ask for no CPU
 from standins import calls, install
 
@@ -60,7 +60,7 @@ def test_report_columns_fit_pod_names() -> None:
 
 
 def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
-    from hpctrain.around.kubernetes import exec_failure
+    from hpctrain.schedulers.kubernetes.pods import exec_failure
 
     assert exec_failure('{"metadata":{},"status":"Success"}') is None
     assert exec_failure("") is None
@@ -73,7 +73,7 @@ def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
 def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
     from hpctrain.jobs.spec import JobSpec
     from hpctrain.schedulers.slurm.render import render_sbatch
-    from hpctrain.around.slurm import parse_run_dir
+    from hpctrain.schedulers.slurm.around import parse_run_dir
 
     for given, expected in (("runs/mnist-%j", "/scratch/proj/runs/mnist-77"), ("~/my runs/%j", "/home/u/my runs/77")):
         script = render_sbatch(JobSpec(command=("python", "train.py"), run_dir=given))

@@ -108,7 +108,7 @@ def test_submits_suggested_command_quotes_the_users_words(capsys) -> None:
 
 def _served_runs(argv: list[str], env: dict[str, str], cwd: Path, port: int) -> set[str]:
     """Start a TensorBoard command line, wait (bounded) until it answers, and return the runs it serves."""
-    from hpctrain.services.common import http_get
+    from hpctrain.servers.common import http_get
 
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -126,10 +126,10 @@ def _served_runs(argv: list[str], env: dict[str, str], cwd: Path, port: int) -> 
 def test_a_run_directory_named_like_an_option_reaches_tensorboard_as_a_folder(tmp_path: Path) -> None:
     """`-x` here (the local server), and the command lines of the Slurm job and the pod, run here as they would
     run there: each serves the run `-x`, none takes it for an option."""
-    from hpctrain.around.kubernetes import tensorboard_pod
-    from hpctrain.around.slurm import TENSORBOARD_COMMAND
+    from hpctrain.schedulers.kubernetes.pods import tensorboard_pod
+    from hpctrain.schedulers.slurm.around import TENSORBOARD_COMMAND
     from hpctrain.distributed.ports import free_port
-    from hpctrain.tbserver import logdir_spec, tensorboard_argv
+    from hpctrain.servers.tensorboard import logdir_spec, tensorboard_argv
 
     pytest.importorskip("tensorboard")
     from test_tensorboard import make_run

@@ -18,12 +18,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hpctrain.around.base import Placement, Services
+from hpctrain.schedulers.services import Placement, Services
 
 # scheduler name -> module with a `create(scheduler) -> Services` function.
 BACKENDS: dict[str, str] = {
-    "slurm": "hpctrain.around.slurm",
-    "kubernetes": "hpctrain.around.kubernetes",
+    "slurm": "hpctrain.schedulers.slurm.around",
+    "kubernetes": "hpctrain.schedulers.kubernetes.pods",
 }
 
 __all__ = ["BACKENDS", "Placement", "Services", "services_for"]

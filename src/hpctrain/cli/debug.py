@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _stacks(args: argparse.Namespace) -> int:
-    from hpctrain.cli.around import services_of
+    from hpctrain.cli.services import services_of
     from hpctrain.health import read_progress, request_stacks
     from hpctrain.health.stacks import STACKS_DIR, answers
 

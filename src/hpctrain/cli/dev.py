@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain.cli.around import add_placement_arguments, placement_from_args, services_of
+from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of
 from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 from hpctrain.errors import UserError
 
@@ -86,7 +86,7 @@ def format_age(seconds: int | None) -> str:
 def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
     from hpctrain.jobs.spec import Resources
     from hpctrain.jobs.values import parse_gres
-    from hpctrain.sessions.config import DevConfig
+    from hpctrain.servers.sessions import DevConfig
 
     gpus, gpu_type, shards = parse_gres(args.gres) if args.gres else (0, None, 0)
     if gpus:
@@ -109,7 +109,7 @@ def _start(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(services.dev_render(cfg, placement), end="")
         return 0
-    from hpctrain.sessions.config import starting
+    from hpctrain.servers.sessions import starting
 
     with starting(cfg.name):  # one `dev start NAME` at a time: a second one is refused before it submits anything
         print("\n".join(services.dev_start(cfg, placement, args.wait, args.local_port)))
@@ -117,7 +117,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from hpctrain.sessions.config import recorded
+    from hpctrain.servers.sessions import recorded
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
     backends: dict[str, Any] = {}
@@ -159,7 +159,7 @@ _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from hpctrain.sessions.config import connection
+    from hpctrain.servers.sessions import connection
 
     state_dir, conn = connection(args.name)
     if args.scheduler not in (None, str(conn.get("scheduler"))):

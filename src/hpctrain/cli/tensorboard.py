@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from hpctrain.cli.around import add_placement_arguments, placement_from_args, services_of
+from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of
 from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         services = services_of(args)
         print("\n".join(services.tensorboard(args.run_dirs, args.time, placement_from_args(args), args.wait, args.port)))
         return 0
-    from hpctrain import tbserver
+    from hpctrain.servers import tensorboard as tbserver
 
     spec = tbserver.logdir_spec(args.run_dirs)
     stopped: list[int] = []

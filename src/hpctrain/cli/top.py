@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.cli.around import services_of
+from hpctrain.cli.services import services_of
 from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain import top
+    from hpctrain.servers import top
     from hpctrain.errors import UserError
     from hpctrain.health import read_progress
 

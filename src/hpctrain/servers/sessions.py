@@ -16,7 +16,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
-from hpctrain.services.common import private_dir, read_json, state_root
+from hpctrain.servers.common import private_dir, read_json, state_root
 
 SERVICES = ("jupyter", "ssh", "code")
 CONNECTION_FILE = "connection.json"

@@ -12,17 +12,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpctrain import tbserver
-from hpctrain.around.base import Placement, RemoteStacks
+from hpctrain.servers import tensorboard as tbserver
+from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
-from hpctrain.services import kubernetes as k8s
-from hpctrain.sessions import kubernetes as sessions
-from hpctrain.sessions.config import DevConfig, SessionView
+from hpctrain.schedulers.kubernetes import services as k8s
+from hpctrain.schedulers.kubernetes import dev as sessions
+from hpctrain.servers.sessions import DevConfig, SessionView
 from hpctrain.health.stacks import ANSWER_PREFIX, REQUEST_FILE, STACKS_DIR
-from hpctrain.top import PROBE, PROGRESS_PROBE, JobNotRunning, NodeSample, TopSample, parse_probe, ranks_of
+from hpctrain.servers.top import PROBE, PROGRESS_PROBE, JobNotRunning, NodeSample, TopSample, parse_probe, ranks_of
 
 TENSORBOARD_PORT = 6006
 PROBE_TIMEOUT_S = 60

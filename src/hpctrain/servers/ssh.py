@@ -17,7 +17,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import FileRefused, read_regular
-from hpctrain.services.common import Endpoint, tcp_banner, write_private
+from hpctrain.servers.common import Endpoint, tcp_banner, write_private
 
 COMMAND = (
     "bash", "-c",

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from collections.abc import Callable
 
-from hpctrain.services.common import Endpoint, http_get
+from hpctrain.servers.common import Endpoint, http_get
 
 POD_PORT = 8888
 COMMAND = (

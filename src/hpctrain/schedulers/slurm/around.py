@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain import tbserver
-from hpctrain.around.base import Placement, RemoteStacks
+from hpctrain.servers import tensorboard as tbserver
+from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
-from hpctrain.services import slurm as service_slurm
-from hpctrain.services.common import Endpoint, login_host, private_dir, state_root
-from hpctrain.sessions import slurm as sessions
-from hpctrain.sessions.config import DevConfig, SessionView, session_dir
+from hpctrain.schedulers.slurm import services as service_slurm
+from hpctrain.servers.common import Endpoint, login_host, private_dir, state_root
+from hpctrain.schedulers.slurm import dev as sessions
+from hpctrain.servers.sessions import DevConfig, SessionView, session_dir
 from hpctrain.schedulers.slurm.run_dir import parse_run_dir, run_dir_of
-from hpctrain.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
+from hpctrain.servers.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
 
 TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
                                      '--port "$HPCTRAIN_PORT" --reload_interval 30')

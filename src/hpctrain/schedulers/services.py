@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from hpctrain.health import RankProgress
     from hpctrain.jobs.spec import EnvironmentSpec
-    from hpctrain.sessions.config import DevConfig, SessionView
-    from hpctrain.top import TopSample
+    from hpctrain.servers.sessions import DevConfig, SessionView
+    from hpctrain.servers.top import TopSample
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
-from hpctrain.services.common import Endpoint, read_json
+from hpctrain.servers.common import Endpoint, read_json
 
 ENDPOINT_FILE = "endpoint.json"
 PORT_BASE = 20000

@@ -23,7 +23,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
 
 
 def placement_from_args(args: argparse.Namespace) -> Any:
-    from hpctrain.around.base import Placement
+    from hpctrain.schedulers.services import Placement
 
     return Placement(image=args.image, conda_env=args.conda_env, venv=args.venv, modules=tuple(args.module),
                      mounts=tuple(args.mount), partition=args.partition, account=args.account,

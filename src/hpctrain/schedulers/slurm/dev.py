@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.services import slurm as service_slurm
-from hpctrain.services.common import read_json, write_private
-from hpctrain.sessions import code, jupyter, ssh
-from hpctrain.sessions.config import (
+from hpctrain.schedulers.slurm import services as service_slurm
+from hpctrain.servers.common import read_json, write_private
+from hpctrain.servers import code, jupyter, ssh
+from hpctrain.servers.sessions import (
     CONNECTION_FILE,
     TOKEN_FILE,
     DevConfig,

@@ -20,7 +20,7 @@ from pathlib import Path
 from hpctrain.distributed.lifetime import die_with_parent
 from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
-from hpctrain.services.common import http_get
+from hpctrain.servers.common import http_get
 from hpctrain.training.metrics import TENSORBOARD_DIR
 
 

@@ -13,10 +13,10 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.services import kubernetes as k8s
-from hpctrain.services.common import write_private
-from hpctrain.sessions import jupyter
-from hpctrain.sessions.config import CONNECTION_FILE, TOKEN_FILE, DevConfig, SessionView, forget, make_session_dir, now
+from hpctrain.schedulers.kubernetes import services as k8s
+from hpctrain.servers.common import write_private
+from hpctrain.servers import jupyter
+from hpctrain.servers.sessions import CONNECTION_FILE, TOKEN_FILE, DevConfig, SessionView, forget, make_session_dir, now
 
 
 def service_pod(cfg: DevConfig) -> k8s.ServicePod:

@@ -10,8 +10,8 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from hpctrain.services.common import Endpoint
-from hpctrain.sessions.config import check_name
+from hpctrain.servers.common import Endpoint
+from hpctrain.servers.sessions import check_name
 
 COMMAND = (
     "bash", "-c",
