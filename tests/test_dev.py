@@ -14,8 +14,8 @@ import pytest
 
 from around_helpers import all_cmdlines, cli_env, hpctrain, venv_args
 from hpctrain.servers.sessions import DevConfig
-from hpctrain.schedulers.kubernetes.dev import render_dev_pod
-from hpctrain.schedulers.slurm.dev import render_dev_script
+from hpctrain.schedulers.kubernetes.services import render_dev_pod
+from hpctrain.schedulers.slurm.services import render_dev_script
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
@@ -126,6 +126,7 @@ def test_cancel_deletes_a_service_pod_and_its_secret(k8s_cluster, tmp_path: Path
     runs (no kubelet): deleting one the API server has never seen bound is immediate."""
     from kubernetes import client
 
+    from hpctrain.schedulers.kubernetes import pods
     from hpctrain.schedulers.kubernetes import services as k8s
     from kubeflow_standin import create_namespace, delete_namespace
 
@@ -137,7 +138,7 @@ def test_cancel_deletes_a_service_pod_and_its_secret(k8s_cluster, tmp_path: Path
     try:
         spec = k8s.ServicePod(name="dev-gone", kind="dev", command=("sleep", "1"), port=8888)
         options = KubernetesOptions(namespace=namespace, image="img")
-        k8s.create(core, k8s.render_pod(spec, options), k8s.render_secret(spec, options, {"token": "t"}))
+        pods.create(core, k8s.render_pod(spec, options), k8s.render_secret(spec, options, {"token": "t"}))
         cancelled = hpctrain("cancel", "dev-gone", *where, env=env)
         assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
         assert f"dev pod {namespace}/dev-gone and its secret deleted" in cancelled.stdout

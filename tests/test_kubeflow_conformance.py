@@ -117,10 +117,10 @@ def test_params_file(api: str) -> None:
 
 @pytest.mark.parametrize("variant", range(3))
 def test_dev_and_tensorboard_pods(variant: int) -> None:
-    from hpctrain.schedulers.kubernetes.pods import tensorboard_pod
+    from hpctrain.schedulers.kubernetes.services import tensorboard_pod
     from hpctrain.schedulers.kubernetes import services as k8s
     from hpctrain.servers.sessions import DevConfig
-    from hpctrain.schedulers.kubernetes.dev import render_dev_pod, service_pod
+    from hpctrain.schedulers.kubernetes.services import render_dev_pod, service_pod
 
     options = KubernetesOptions(namespace="team-a", image=IMAGE, **({"shm": "2Gi", "volumes": VOLUMES} if variant else {}),
                                 **({"node_selector": ("pool=cpu",), "labels": ("team=vision",)} if variant == 2 else {}))

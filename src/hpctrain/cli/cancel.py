@@ -2,7 +2,7 @@
 
 Kubernetes: the job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace
 at submit) to write a checkpoint before SIGKILL. A service pod of hpctrain's (a dev session, a TensorBoard started
-with --on-cluster) is deleted with its Secret (hpctrain.around's Services.stop).
+with --on-cluster) is deleted with its Secret (the scheduler's services: Services.stop).
 
 Slurm, plain cancel: Slurm sends SIGTERM to the job's processes (hpctrain's training loop checkpoints and exits), then
 SIGKILL after the cluster's KillWait. With --signal: only that signal is sent and the job goes on running unless
@@ -29,10 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpctrain.around import services_for
-
     backend = backend_for(args)
-    stopped = services_for(backend).stop(args.job)
+    stopped = backend.services().stop(args.job)
     if stopped is not None:  # a dev session or cluster TensorBoard that is no job of the scheduler
         print(stopped)
         return 0

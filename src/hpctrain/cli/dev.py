@@ -5,8 +5,8 @@ or JupyterLab in a pod.
     hpctrain dev list --idle-warn 1h
     hpctrain dev stop explore
 
-The chosen backend's services (hpctrain.around) start, show and stop sessions; the sessions themselves are in
-hpctrain.sessions.
+The chosen scheduler's services (Scheduler.services(): schedulers/<backend>/services.py) start, show and stop
+sessions; what a session is, whatever the scheduler, is in hpctrain.servers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What the commands around the job (dev, tensorboard, top) share: the backend's services for the chosen scheduler,
-and the flags that say where a service job or pod runs and with which software (hpctrain.around.Placement)."""
+"""What the commands around the job (dev, tensorboard, top, debug stacks) share: the chosen scheduler's services
+(hpctrain.schedulers.services.Services), and the flags that say where a service job or pod runs and with which
+software (hpctrain.schedulers.services.Placement)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,5 @@ def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:
     """The services of `scheduler` (default: the one --scheduler, $HPCTRAIN_SCHEDULER or this host picks), on the
     connection --namespace and --context name."""
     from hpctrain.cli.scheduling import choose_scheduler, get_backend
-    from hpctrain.around import services_for
 
-    return services_for(get_backend(args, scheduler or choose_scheduler(args)))
+    return get_backend(args, scheduler or choose_scheduler(args)).services()

@@ -1,7 +1,7 @@
 """`hpctrain tensorboard RUN_DIR... [--port N] [--on-cluster]`: watch runs in TensorBoard.
 
 Here: TensorBoard's own server on 127.0.0.1 (until Ctrl-C). With --on-cluster: a small CPU job (Slurm) or pod
-(Kubernetes) reading the shared folder, started by the chosen backend's services (hpctrain.around); it prints
+(Kubernetes) reading the shared folder, started by the chosen scheduler's services (Scheduler.services()); it prints
 the tunnel or port-forward command, and `hpctrain cancel JOB` stops it.
 """
 

@@ -1,6 +1,6 @@
 """`hpctrain top JOB [--watch]`: GPU utilization and memory, CPU load and the run's images/s, per node.
 
-The chosen backend's services run the probe on the job's nodes (hpctrain.around); hpctrain.top reads it."""
+The chosen scheduler's services run the probe on the job's nodes; hpctrain.servers.top reads it."""
 
 from __future__ import annotations
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpctrain.errors import UserError
+
+if TYPE_CHECKING:
+    from hpctrain.schedulers.services import Services
 
 # Neutral job states. A backend maps its own vocabulary onto these (Kubeflow's Created -> PENDING, ...).
 PENDING = "PENDING"
@@ -184,6 +187,10 @@ class Scheduler(Protocol):
     name: str
     dry_run_note: str
     """What `submit --dry-run` did not check (it needs the live cluster), and which command does."""
+
+    def services(self) -> Services:
+        """What the commands around a job (`dev`, `tensorboard --on-cluster`, `top`, `debug stacks`, `cancel` of a
+        service) ask of this backend, on this scheduler's connection (hpctrain.schedulers.services)."""
 
     def render(self, job: Any) -> Rendered:
         """Pure: the same job gives the same text; raises UserError for what this scheduler cannot express."""

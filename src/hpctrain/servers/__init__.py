@@ -1,20 +1,16 @@
-"""Interactive development sessions: JupyterLab, an sshd of the user's own, or a VS Code tunnel on a compute node
-(JupyterLab also in a pod), reached through a tunnel. One module per service, one per backend:
+"""What the services around a job run and show, whatever the scheduler: the servers of interactive development
+sessions (JupyterLab, an sshd of the user's own, a VS Code tunnel), TensorBoard, and `top`'s per-node probe. How each
+runs on a cluster (a Slurm batch job, a pod) is the scheduler's: schedulers/slurm/services.py and
+schedulers/kubernetes/services.py build on these modules, and the CLI reaches them through
+`get_scheduler(name).services()` (hpctrain.schedulers.services.Services), never by name.
 
-    config.py      DevConfig, session names, the state folder and its files, SessionView (neutral)
+    common.py      state directories (0700) and private files (0600), HTTP/TCP readiness probes, the ssh -L tunnel
+    sessions.py    DevConfig, session names, the state folder and its files, SessionView, the start lock
     jupyter.py     JupyterLab: its command, readiness and idle time (Jupyter's /api/status)
     ssh.py         sshd: the user's public key, a host key per session, sshd_config, the ~/.ssh/config block
     code.py        VS Code tunnel: its command, its name, its device-login line and URL in the job's output
-    slurm.py       a session as a Slurm job (all three services): render, start, view, stop
-    kubernetes.py  a session as a pod (JupyterLab): render, start, view, stop
-
-    cfg = DevConfig("explore", resources=Resources(cpus_per_task=4, gpus_per_node=1), environment=EnvironmentSpec("venv", venv="~/t"))
-    script = slurm.render_dev_script(cfg, state_dir)    # pure: what `hpctrain dev start --dry-run` prints
-    conn = slurm.start(cfg, ...)                        # submit, wait until the server answers with the token
-    view = slurm.view(state_dir, conn, probe=True)      # state, age, idle time from Jupyter's /api/status
-    slurm.stop(state_dir, conn)                         # scancel (or delete the pod): the node is free again
-
-The CLI reaches these through the backend's services (hpctrain.around.services_for), never by name.
+    tensorboard.py TensorBoard here (127.0.0.1), and what one on the cluster needs: --logdir_spec, readiness
+    top.py         `hpctrain top`: the probe script, what it prints parsed, and the screen made of it
 
 State lives in HPCTRAIN_HOME/dev/NAME (0700): `token` and `connection.json` (0600), the batch script, the job's
 output, and `endpoint.json` written by the job. The token is made here (secrets.token_urlsafe), read by the job

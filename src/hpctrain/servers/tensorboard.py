@@ -1,6 +1,6 @@
 """TensorBoard on runs' `tb/` folders: here (the tensorboard package's own server, bound to 127.0.0.1), and what
 a TensorBoard on the cluster needs from here (the runs' --logdir_spec, the readiness check). The
-small CPU job or pod on the cluster that reads the shared folder is the backend's (hpctrain.around).
+small CPU job or pod on the cluster that reads the shared folder is the backend's (schedulers/<backend>/services.py).
 
 Several runs are compared side by side, each named by its folder (`--logdir_spec name1:dir1,name2:dir2`).
 """

@@ -1,160 +1,93 @@
-"""The commands around the job on Kubernetes (hpctrain.around.base.Services): dev sessions and TensorBoard as
-pods reached through `kubectl port-forward`, and `top`'s probe run in each pod of the job through the API server's
-exec stream (what `kubectl exec` does). The Kubernetes client is imported on first use only."""
+"""Single pods through the API server: create, find and delete a service pod (a dev session, a cluster
+TensorBoard) with its Secret, read its state; and run a probe in a job's pods through the exec stream (what
+`kubectl exec` does) for `top` and `debug stacks`. The Kubernetes client is imported on first use only."""
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Iterable
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from hpctrain.servers import tensorboard as tbserver
-from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, Resources
-from hpctrain.schedulers.kubernetes.answers import guarded
-from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
-from hpctrain.schedulers.kubernetes import services as k8s
-from hpctrain.schedulers.kubernetes import dev as sessions
-from hpctrain.servers.sessions import DevConfig, SessionView
 from hpctrain.health.stacks import ANSWER_PREFIX, REQUEST_FILE, STACKS_DIR
-from hpctrain.servers.top import PROBE, PROGRESS_PROBE, JobNotRunning, NodeSample, TopSample, parse_probe, ranks_of
+from hpctrain.servers.top import PROBE, PROGRESS_PROBE, NodeSample, parse_probe
 
-TENSORBOARD_PORT = 6006
+SERVICE_LABEL = "hpctrain.io/service"
+"""Label on every service pod: its kind (dev, tensorboard)."""
 PROBE_TIMEOUT_S = 60
 """How long the probe may take in one pod."""
 
 
-def create(scheduler: Any) -> KubernetesServices:
-    return KubernetesServices(scheduler)
+def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None) -> None:
+    """Create the Secret (if any), then the Pod. A name in use is a clear error and changes nothing; a Secret whose
+    Pod could not be created is removed again."""
+    from kubernetes.client.rest import ApiException
+
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    in_use = UserError(f"{name} already exists in namespace {namespace}: stop it first, or choose another name")
+    if secret is not None:
+        try:
+            core.create_namespaced_secret(namespace, secret)
+        except ApiException as err:
+            if err.status == 409:
+                raise in_use from None
+            raise UserError(f"creating secret {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+    try:
+        core.create_namespaced_pod(namespace, pod)
+    except ApiException as err:
+        if secret is not None:
+            _delete_quietly(core.delete_namespaced_secret, name, namespace)
+        if err.status == 409:
+            raise in_use from None
+        raise UserError(f"creating pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
 
 
-@guarded  # an answer of the wrong shape, read in any of its methods, is one line
-class KubernetesServices:
-    name = "kubernetes"
+def delete(core: Any, namespace: str, name: str) -> bool:
+    """Delete the pod and its secret; False when neither existed."""
+    found = _delete_quietly(core.delete_namespaced_pod, name, namespace)
+    return _delete_quietly(core.delete_namespaced_secret, name, namespace) or found
 
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-        """A KubernetesScheduler: its namespace, context and (lazily loaded) client."""
 
-    def options(self, placement: Placement) -> KubernetesOptions:
-        return KubernetesOptions(namespace=self.scheduler.namespace, image=placement.image, shm=placement.shm,
-                                 volumes=tuple(placement.volumes))
+def find(core: Any, namespace: str, name: str) -> Any | None:
+    """The service pod (dev, tensorboard) of that name, or None when there is none (or the pod is not hpctrain's)."""
+    from kubernetes.client.rest import ApiException
 
-    def environment(self, placement: Placement) -> EnvironmentSpec:
-        if placement.conda_env or placement.venv or placement.modules or placement.mounts:
-            raise UserError("--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
-                            "environment and --volume mounts storage")
-        return EnvironmentSpec()
-
-    def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
-        from hpctrain.schedulers.kubernetes.render import render_yaml
-
-        return render_yaml(sessions.render_dev_pod(cfg, self.options(placement)))
-
-    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
-        sched = self.scheduler
-        conn = sessions.start(cfg, self.options(placement), sched.core, None, wait_s, local_port,
-                              context=sched.context, stop=sched.command("dev stop", cfg.name))
-        return sessions.instructions(cfg, conn)
-
-    def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
-        return sessions.view(state_dir, conn, self._core_of(conn))
-
-    def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
-        return sessions.stop(state_dir, conn, self._core_of(conn))
-
-    def _core_of(self, conn: dict[str, Any]) -> Any:
-        """The API of the cluster the session was started on: the kubeconfig context recorded then, whatever the
-        current one is now (a `dev stop` through another cluster found no pod and forgot a session still running)."""
-        from hpctrain.schedulers import get_scheduler
-
-        context = conn.get("context")
-        if not context or context == self.scheduler.context:
-            return self.scheduler.core
-        return get_scheduler("kubernetes", options=self.scheduler.options, context=context).core
-
-    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
-                    port: int | None) -> list[str]:
-        self.environment(placement)  # the Slurm flags are refused, as for `dev start`
-        options = self.options(placement)
-        pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
-        k8s.create(self.scheduler.core, k8s.render_pod(pod, options))
-        local = port or TENSORBOARD_PORT
-        forward = k8s.port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT, self.scheduler.context)
-        return [f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
-                f"  {forward}",
-                f"then open:\n  http://localhost:{local}/",
-                f"Stop it with: {self.scheduler.command('cancel', pod.name)}"]
-
-    def top(self, job: str, find_run_dir: bool) -> TopSample:
-        core, pods = self._pods(job)
-        samples = sample_pods(core, pods)
-        if not samples:
-            raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
-                                f"(`{self.scheduler.command('status', job)}` says where it is)")
-        return TopSample(f"job {job}", samples)
-
-    def stacks(self, job: str, wait_s: float) -> RemoteStacks:
-        core, pods = self._pods(job)
-        pod = next((p for p in pods if p.status and p.status.phase == "Running"), None)
-        if pod is None:
-            raise JobNotRunning(f"job {job} has no running pod to ask (`{self.scheduler.command('status', job)}` "
-                                "says where it is)")
-        name, container = pod.metadata.name, training_container(pod)
-        stdout, status = _exec_probe(core, pod.metadata.namespace, name, container, PROGRESS_PROBE)
-        ranks = ranks_of(parse_probe(stdout, labelled=False))
-        if not ranks:
-            raise UserError(f"pod {name} sees no rank records (RUN/progress/ under its HPCTRAIN_RUN_DIR): the run "
-                            "has not started training (ask again once `hpctrain logs` shows steps), or it is not an "
-                            "hpctrain run (use its own tools)"
-                            + (f" ({exec_failure(status)})" if exec_failure(status) else ""))
-        script = stacks_request(ranks[0].world_size, min(wait_s, PROBE_TIMEOUT_S - 10))
-        stdout, status = _exec_probe(core, pod.metadata.namespace, name, container, script)
-        return RemoteStacks(f"pod {name}", parse_stacks(stdout), ranks)
-
-    def _pods(self, job: str) -> tuple[Any, list[Any]]:
-        """The API client and the pods of `job`, a PyTorchJob or a TrainJob (a job name is one job, of either kind)."""
-        from hpctrain.schedulers import get_scheduler
-        from hpctrain.schedulers.base import JobNotFound
-
-        sched = self.scheduler
-        for api in sorted(APIS, key=lambda a: a != sched.options.api):
-            found = sched if api == sched.options.api else get_scheduler(
-                "kubernetes", options=replace(sched.options, api=api), context=sched.context)
-            try:
-                found.get_object(job)
-            except JobNotFound:
-                continue
-            return found.core, found.pods_of(job)
-        raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
-                        f"and --namespace (`{sched.command('status')}` lists the jobs)")
-
-    def run_dir(self, job: str) -> Path | None:
-        return None  # the pods' run directory lies on their volume, which this machine need not see
-
-    def stop(self, name: str) -> str | None:
-        sched = self.scheduler
-        pod = k8s.find(sched.core, sched.namespace, name)
-        if pod is None:
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as err:
+        if err.status == 404:
             return None
-        k8s.delete(sched.core, sched.namespace, name)
-        kind = pod.metadata.labels.get(k8s.SERVICE_LABEL)
-        return f"{kind} pod {sched.namespace}/{name} and its secret deleted"
+        raise UserError(f"reading pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+    return pod if SERVICE_LABEL in (pod.metadata.labels or {}) else None
 
 
-def tensorboard_pod(spec: str, time_limit: str | None) -> k8s.ServicePod:
-    command = ("tensorboard", f"--logdir_spec={spec}", "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))  # -x: no option
-    return k8s.ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command,
-                          port=TENSORBOARD_PORT, resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit,
-                          ready_path="/")
+def pod_state(pod: Any) -> str:
+    """Pending, Running, Succeeded, Failed; a pod being deleted is Terminating."""
+    if pod.metadata.deletion_timestamp is not None:
+        return "Terminating"
+    return (pod.status.phase if pod.status else None) or "Pending"
 
 
-# ---- top: the probe in each pod, through the exec stream -------------------------------------------------------
+def pod_ready(pod: Any) -> bool:
+    """The pod's Ready condition (its readiness probe passed)."""
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _delete_quietly(delete_fn: Any, name: str, namespace: str) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        delete_fn(name, namespace)
+        return True
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise UserError(f"deleting {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+
+
+# ---- top and debug stacks: a probe in each pod, through the exec stream -------------------------------------------
 
 
 def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) -> list[NodeSample]:
@@ -166,7 +99,7 @@ def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) ->
             continue
         name, namespace = pod.metadata.name, pod.metadata.namespace
         probe = PROBE if out else f"{PROBE}; {PROGRESS_PROBE}"  # the first pod also reads the ranks' records
-        stdout, status = _exec_probe(core, namespace, name, container or training_container(pod), probe)
+        stdout, status = exec_probe(core, namespace, name, container or training_container(pod), probe)
         samples = parse_probe(stdout, labelled=False)
         if not samples:
             raise UserError(f"the probe failed in pod {name}: {exec_failure(status) or 'it printed nothing'}. "
@@ -219,7 +152,7 @@ def training_container(pod: Any) -> str | None:
     return next((n for n in (CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB) if n in names), None)
 
 
-def _exec_probe(core: Any, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
+def exec_probe(core: Any, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
     """Run `probe` in the pod; its stdout and the final Status JSON of the exec stream (channel 3)."""
     from kubernetes.stream import stream
     from kubernetes.stream.ws_client import ERROR_CHANNEL

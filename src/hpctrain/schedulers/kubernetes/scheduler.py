@@ -123,6 +123,12 @@ class KubernetesScheduler(LiveChecks):
 
         return kubectl(self.context, *words)
 
+    def services(self) -> Any:
+        """What `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Kubernetes (schedulers.services)."""
+        from hpctrain.schedulers.kubernetes.services import KubernetesServices
+
+        return KubernetesServices(self)
+
     # ---- render, check, submit -------------------------------------------------------------------------------
 
     def render(self, job: JobSpec) -> Rendered:

@@ -1,25 +1,43 @@
-"""A service in a Kubernetes pod: render the Pod (and the Secret holding its token) as plain dicts (pure), create,
-find and delete them through the official client, and the `kubectl port-forward` command that reaches it.
+"""The services around the jobs on Kubernetes (hpctrain.schedulers.services.Services), what `dev`, `tensorboard
+--on-cluster`, `top` and `debug stacks` ask of this backend: KubernetesServices, reached through
+KubernetesScheduler.services().
 
-Volumes and /dev/shm come from KubernetesOptions exactly as for training jobs (hpctrain.schedulers.kubernetes).
+Each service is a server in a pod: render the Pod (and the Secret holding its token) as plain dicts (pure), create it
+(pods.py: create, find and delete through the official client) and reach it with `kubectl port-forward`. Dev sessions
+(JupyterLab) and TensorBoard are such pods; `top`'s probe and `debug stacks` run in the job's own pods through the API
+server's exec stream (pods.py). Volumes and /dev/shm come from KubernetesOptions exactly as for training jobs. The
+Kubernetes client is imported on first use only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import datetime as dt
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import Resources
+from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
+from hpctrain.schedulers.kubernetes import pods
+from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.render import pod_placement, pod_volumes, quantity_mb
+from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
+from hpctrain.schedulers.kubernetes.pods import SERVICE_LABEL
+from hpctrain.schedulers.kubernetes.render import pod_placement, pod_volumes, quantity_mb, render_yaml
+from hpctrain.schedulers.services import Placement, RemoteStacks
+from hpctrain.servers import jupyter
+from hpctrain.servers import tensorboard as tbserver
+from hpctrain.servers.common import write_private
+from hpctrain.servers.sessions import CONNECTION_FILE, TOKEN_FILE, DevConfig, SessionView, forget, make_session_dir, now
+from hpctrain.servers.top import PROGRESS_PROBE, JobNotRunning, TopSample, parse_probe, ranks_of
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
-SERVICE_LABEL = "hpctrain.io/service"
-"""Label on every service pod: its kind (dev, tensorboard)."""
 NAME_LABEL = "hpctrain.io/name"
+TENSORBOARD_PORT = 6006
 
 
 @dataclass(frozen=True)
@@ -93,69 +111,219 @@ def port_forward_command(namespace: str, pod_name: str, local_port: int, port: i
     return kubectl(context, "port-forward", "-n", namespace, f"pod/{pod_name}", f"{local_port}:{port}")
 
 
-def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None) -> None:
-    """Create the Secret (if any), then the Pod. A name in use is a clear error and changes nothing; a Secret whose
-    Pod could not be created is removed again."""
-    from kubernetes.client.rest import ApiException
-
-    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-    in_use = UserError(f"{name} already exists in namespace {namespace}: stop it first, or choose another name")
-    if secret is not None:
-        try:
-            core.create_namespaced_secret(namespace, secret)
-        except ApiException as err:
-            if err.status == 409:
-                raise in_use from None
-            raise UserError(f"creating secret {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
-    try:
-        core.create_namespaced_pod(namespace, pod)
-    except ApiException as err:
-        if secret is not None:
-            _delete_quietly(core.delete_namespaced_secret, name, namespace)
-        if err.status == 409:
-            raise in_use from None
-        raise UserError(f"creating pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+# ---- what `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Kubernetes ---------------------------
 
 
-def delete(core: Any, namespace: str, name: str) -> bool:
-    """Delete the pod and its secret; False when neither existed."""
-    found = _delete_quietly(core.delete_namespaced_pod, name, namespace)
-    return _delete_quietly(core.delete_namespaced_secret, name, namespace) or found
+@guarded  # an answer of the wrong shape, read in any of its methods, is one line
+class KubernetesServices:
+    """Kubernetes' hpctrain.schedulers.services.Services, on the KubernetesScheduler that made it."""
 
+    name = "kubernetes"
 
-def find(core: Any, namespace: str, name: str) -> Any | None:
-    """The service pod (dev, tensorboard) of that name, or None when there is none (or the pod is not hpctrain's)."""
-    from kubernetes.client.rest import ApiException
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        """A KubernetesScheduler: its namespace, context and (lazily loaded) client."""
 
-    try:
-        pod = core.read_namespaced_pod(name, namespace)
-    except ApiException as err:
-        if err.status == 404:
+    def options(self, placement: Placement) -> KubernetesOptions:
+        return KubernetesOptions(namespace=self.scheduler.namespace, image=placement.image, shm=placement.shm,
+                                 volumes=tuple(placement.volumes))
+
+    def environment(self, placement: Placement) -> EnvironmentSpec:
+        if placement.conda_env or placement.venv or placement.modules or placement.mounts:
+            raise UserError("--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
+                            "environment and --volume mounts storage")
+        return EnvironmentSpec()
+
+    def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
+        return render_yaml(render_dev_pod(cfg, self.options(placement)))
+
+    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
+        sched = self.scheduler
+        conn = start(cfg, self.options(placement), sched.core, None, wait_s, local_port,
+                     context=sched.context, stop=sched.command("dev stop", cfg.name))
+        return instructions(cfg, conn)
+
+    def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
+        return view(state_dir, conn, self._core_of(conn))
+
+    def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
+        return stop(state_dir, conn, self._core_of(conn))
+
+    def _core_of(self, conn: dict[str, Any]) -> Any:
+        """The API of the cluster the session was started on: the kubeconfig context recorded then, whatever the
+        current one is now (a `dev stop` through another cluster found no pod and forgot a session still running)."""
+        from hpctrain.schedulers.kubernetes import create
+
+        context = conn.get("context")
+        if not context or context == self.scheduler.context:
+            return self.scheduler.core
+        return create(options=self.scheduler.options, context=context).core
+
+    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
+                    port: int | None) -> list[str]:
+        self.environment(placement)  # the Slurm flags are refused, as for `dev start`
+        options = self.options(placement)
+        pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
+        pods.create(self.scheduler.core, render_pod(pod, options))
+        local = port or TENSORBOARD_PORT
+        forward = port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT, self.scheduler.context)
+        return [f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
+                f"  {forward}",
+                f"then open:\n  http://localhost:{local}/",
+                f"Stop it with: {self.scheduler.command('cancel', pod.name)}"]
+
+    def top(self, job: str, find_run_dir: bool) -> TopSample:
+        core, job_pods = self._pods(job)
+        samples = pods.sample_pods(core, job_pods)
+        if not samples:
+            raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
+                                f"(`{self.scheduler.command('status', job)}` says where it is)")
+        return TopSample(f"job {job}", samples)
+
+    def stacks(self, job: str, wait_s: float) -> RemoteStacks:
+        core, job_pods = self._pods(job)
+        pod = next((p for p in job_pods if p.status and p.status.phase == "Running"), None)
+        if pod is None:
+            raise JobNotRunning(f"job {job} has no running pod to ask (`{self.scheduler.command('status', job)}` "
+                                "says where it is)")
+        name, container = pod.metadata.name, pods.training_container(pod)
+        stdout, status = pods.exec_probe(core, pod.metadata.namespace, name, container, PROGRESS_PROBE)
+        ranks = ranks_of(parse_probe(stdout, labelled=False))
+        if not ranks:
+            raise UserError(f"pod {name} sees no rank records (RUN/progress/ under its HPCTRAIN_RUN_DIR): the run "
+                            "has not started training (ask again once `hpctrain logs` shows steps), or it is not an "
+                            "hpctrain run (use its own tools)"
+                            + (f" ({pods.exec_failure(status)})" if pods.exec_failure(status) else ""))
+        script = pods.stacks_request(ranks[0].world_size, min(wait_s, pods.PROBE_TIMEOUT_S - 10))
+        stdout, status = pods.exec_probe(core, pod.metadata.namespace, name, container, script)
+        return RemoteStacks(f"pod {name}", pods.parse_stacks(stdout), ranks)
+
+    def _pods(self, job: str) -> tuple[Any, list[Any]]:
+        """The API client and the pods of `job`, a PyTorchJob or a TrainJob (a job name is one job, of either kind)."""
+        from hpctrain.schedulers.base import JobNotFound
+        from hpctrain.schedulers.kubernetes import create
+
+        sched = self.scheduler
+        for api in sorted(APIS, key=lambda a: a != sched.options.api):
+            found = sched if api == sched.options.api else create(options=replace(sched.options, api=api),
+                                                                   context=sched.context)
+            try:
+                found.get_object(job)
+            except JobNotFound:
+                continue
+            return found.core, found.pods_of(job)
+        raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
+                        f"and --namespace (`{sched.command('status')}` lists the jobs)")
+
+    def run_dir(self, job: str) -> Path | None:
+        return None  # the pods' run directory lies on their volume, which this machine need not see
+
+    def stop(self, name: str) -> str | None:
+        sched = self.scheduler
+        pod = pods.find(sched.core, sched.namespace, name)
+        if pod is None:
             return None
-        raise UserError(f"reading pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
-    return pod if SERVICE_LABEL in (pod.metadata.labels or {}) else None
+        pods.delete(sched.core, sched.namespace, name)
+        kind = pod.metadata.labels.get(SERVICE_LABEL)
+        return f"{kind} pod {sched.namespace}/{name} and its secret deleted"
 
 
-def pod_state(pod: Any) -> str:
-    """Pending, Running, Succeeded, Failed; a pod being deleted is Terminating."""
-    if pod.metadata.deletion_timestamp is not None:
-        return "Terminating"
-    return (pod.status.phase if pod.status else None) or "Pending"
+def tensorboard_pod(spec: str, time_limit: str | None) -> ServicePod:
+    command = ("tensorboard", f"--logdir_spec={spec}", "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))  # -x: no option
+    return ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command,
+                      port=TENSORBOARD_PORT, resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit,
+                      ready_path="/")
 
 
-def pod_ready(pod: Any) -> bool:
-    """The pod's Ready condition (its readiness probe passed)."""
-    conditions = (pod.status.conditions if pod.status else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+# ---- dev sessions as pods (JupyterLab) ----------------------------------------------------------------------------
 
 
-def _delete_quietly(delete_fn: Any, name: str, namespace: str) -> bool:
+def service_pod(cfg: DevConfig) -> ServicePod:
+    if cfg.service != "jupyter":
+        raise UserError(f"--service {cfg.service} runs on Slurm only: on Kubernetes use --service jupyter, or "
+                        "`kubectl exec -it POD -- bash` in a pod of yours")
+    if cfg.environment.kind != "none":
+        raise UserError("--conda-env/--venv/--module apply to Slurm: on Kubernetes the --image is the environment")
+    port = cfg.port or jupyter.POD_PORT
+    # The command of Slurm sessions: --allow-root where the image runs as root (many PyTorch images do).
+    # /api answers without the token: the kubelet's readiness probe needs none.
+    return ServicePod(name=cfg.job_name, kind="dev", command=jupyter.COMMAND, port=port, resources=cfg.resources,
+                          time=cfg.time, secret_env=(("JUPYTER_TOKEN", "token"),), env=(("HPCTRAIN_PORT", str(port)),),
+                          ready_path="/api")
+
+
+def render_dev_pod(cfg: DevConfig, options: KubernetesOptions) -> dict[str, Any]:
+    """The session's Pod manifest (its token comes from the Secret of the same name). Pure."""
+    return render_pod(service_pod(cfg), options)
+
+
+def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | None, wait_s: float,
+          local_port: int | None, say: Callable[[str], None] = print, context: str | None = None,
+          stop: str | None = None) -> dict[str, Any]:
+    """Create the session's Secret and Pod, wait until JupyterLab is ready (up to wait_s; 0: do not wait), record
+    and return its connection details: with the kubeconfig `context` it was created through and `stop`, the
+    `hpctrain dev stop` command with every flag that found the cluster (the caller's)."""
+    stop = stop or f"hpctrain dev stop {cfg.name} --scheduler kubernetes --namespace {options.namespace}"
+    state_dir = make_session_dir(cfg.name, root)
+    spec = service_pod(cfg)
+    pod = render_pod(spec, options)
+    token = secrets.token_urlsafe(32)
+    pods.create(core, pod, render_secret(spec, options, {"token": token}))
+    write_private(state_dir / TOKEN_FILE, token + "\n")
+    local = local_port or spec.port
+    conn: dict[str, Any] = {
+        "name": cfg.name, "scheduler": "kubernetes", "service": cfg.service, "namespace": options.namespace,
+        "pod": spec.name, "created": now(), "local_port": local, "context": context, "stop": stop,
+        "port_forward": port_forward_command(options.namespace, spec.name, local, spec.port, context),
+        "url": jupyter.url(local, token),
+    }
+    write_private(state_dir / CONNECTION_FILE, conn)
+    say(f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}; waiting until JupyterLab "
+        f"is ready (up to {wait_s:g} s)")
+    deadline = time.monotonic() + wait_s
+    while wait_s > 0:
+        live = core.read_namespaced_pod(spec.name, options.namespace)
+        state = pods.pod_state(live)
+        if state == "Running" and pods.pod_ready(live):
+            conn["pod_ip"] = live.status.pod_ip
+            write_private(state_dir / CONNECTION_FILE, conn)
+            break
+        if state in ("Succeeded", "Failed", "Terminating"):
+            logs = kubectl(context, "logs", "-n", options.namespace, spec.name)
+            raise UserError(f"pod {spec.name} is {state} before JupyterLab was ready: see `{logs}`; forget it with "
+                            f"`{stop}`")
+        if time.monotonic() >= deadline:
+            describe = kubectl(context, "describe", "pod", "-n", options.namespace, spec.name)
+            raise UserError(f"pod {spec.name} is {state} and not ready after {wait_s:g} s; it is left in place: wait "
+                            f"longer with --wait, see `{describe}`, or stop "
+                            f"it with `{stop}`")
+        time.sleep(1.0)
+    return conn
+
+
+def instructions(cfg: DevConfig, conn: dict[str, Any]) -> list[str]:
+    """How to reach the session, as `dev start` prints it."""
+    return ["\nOn your machine, forward the port (keep it running):", f"  {conn['port_forward']}",
+            f"then open:\n  {conn['url']}", f"Stop it when done: {conn['stop']}"]
+
+
+def view(state_dir: Path, conn: dict[str, Any], core: Any) -> SessionView:
+    """The session's row in `dev list`: the pod's state and age."""
     from kubernetes.client.rest import ApiException
 
     try:
-        delete_fn(name, namespace)
-        return True
+        pod = core.read_namespaced_pod(conn["pod"], conn["namespace"])
+        state = pods.pod_state(pod).upper()
+        created = pod.metadata.creation_timestamp
+        age = int((dt.datetime.now(dt.timezone.utc) - created).total_seconds()) if created else None
     except ApiException as err:
-        if err.status == 404:
-            return False
-        raise UserError(f"deleting {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+        state, age = ("GONE" if err.status == 404 else f"UNKNOWN ({err.status})"), None
+    where = f"{conn.get('namespace')}/{conn.get('pod')}"
+    return SessionView(str(conn.get("name", state_dir.name)), "kubernetes", where, state, age, None, None, conn)
+
+
+def stop(state_dir: Path, conn: dict[str, Any], core: Any) -> str:
+    """Delete the pod and its secret and forget the session's token; returns what happened."""
+    found = pods.delete(core, conn["namespace"], conn["pod"])
+    forget(state_dir)
+    return f"pod {conn['namespace']}/{conn['pod']} deleted" if found else f"pod {conn['pod']} was already gone"

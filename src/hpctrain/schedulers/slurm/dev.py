@@ -1,53 +1,20 @@
-"""A dev session as a Slurm batch job (JupyterLab, sshd or a VS Code tunnel): render its script (pure), start it
-and wait until its server answers, show its state and idle time, stop it."""
+"""A dev session on Slurm beside its job (which services.py renders, submits and starts): whether its environment
+has JupyterLab, whether a session of its name still runs, how to reach it, its row in `dev list` (state, age, idle
+time), and cancelling its job."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers.slurm import services as service_slurm
-from hpctrain.servers.common import read_json, write_private
-from hpctrain.servers import code, jupyter, ssh
-from hpctrain.servers.sessions import (
-    CONNECTION_FILE,
-    TOKEN_FILE,
-    DevConfig,
-    SessionView,
-    forget,
-    make_session_dir,
-    now,
-    read_token,
-    session_dir,
-)
-
-COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND}
-
-
-def service_job(cfg: DevConfig, state_dir: Path) -> service_slurm.ServiceJob:
-    setup = ["export HPCTRAIN_STATE_DIR=\"$state_dir\""]
-    if cfg.service == "jupyter":
-        setup += jupyter.setup_lines(TOKEN_FILE)
-    elif cfg.service == "ssh":
-        setup += ssh.SETUP_LINES
-    else:
-        setup += code.setup_lines(cfg.name)
-    return service_slurm.ServiceJob(
-        name=cfg.job_name, state_dir=str(state_dir), command=COMMANDS[cfg.service], resources=cfg.resources,
-        environment=cfg.environment, setup=tuple(setup), partition=cfg.partition, account=cfg.account, time=cfg.time,
-        port=cfg.port,
-    )
-
-
-def render_dev_script(cfg: DevConfig, state_dir: Path) -> str:
-    """The batch script of a session. Pure."""
-    return service_slurm.render_service_script(service_job(cfg, state_dir))
+from hpctrain.servers import jupyter, ssh
+from hpctrain.servers.common import read_json
+from hpctrain.servers.sessions import CONNECTION_FILE, DevConfig, SessionView, read_token, session_dir
 
 
 def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> None:
@@ -69,7 +36,7 @@ def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> No
                     "that has it (--venv DIR or --conda-env PREFIX), or use --service ssh")
 
 
-def _refuse_running(state_dir: Path) -> None:
+def refuse_running(state_dir: Path) -> None:
     """A session of this name that still runs must be stopped first; a stale one is cleared away."""
     conn = read_json(state_dir / CONNECTION_FILE)
     if conn is None:
@@ -88,42 +55,6 @@ def _alive(conn: dict[str, Any]) -> bool:
 
     info = get_job(str(conn.get("job_id")))
     return info is not None and not info.finished
-
-
-def start(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_port: int | None,
-          say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Submit the session, wait until its server answers, record and return its connection details."""
-    check_program(cfg)
-    state_dir = make_session_dir(cfg.name, root)
-    _refuse_running(state_dir)
-    token = secrets.token_urlsafe(32)
-    write_private(state_dir / TOKEN_FILE, token + "\n")
-    (state_dir / service_slurm.ENDPOINT_FILE).unlink(missing_ok=True)
-    host_key = ssh.prepare(cfg.name, cfg.ssh_key, state_dir) if cfg.service == "ssh" else None
-    service = service_job(cfg, state_dir)
-    script = service_slurm.render_service_script(service)
-    write_private(state_dir / "dev.sbatch", script)
-    job_id = service_slurm.submit(service, script)
-    conn: dict[str, Any] = {"name": cfg.name, "scheduler": "slurm", "service": cfg.service, "job_id": job_id,
-                            "login_host": login, "created": now()}
-    write_private(state_dir / CONNECTION_FILE, conn)
-    say(f"dev session {cfg.name}: job {job_id} submitted; waiting for {cfg.service} to answer (up to {wait_s:g} s)")
-    watch = code.TunnelWatch(state_dir / f"slurm-{job_id}.out", say) if cfg.service == "code" else None
-    ready = {"jupyter": jupyter.ready(token), "ssh": ssh.ready}.get(cfg.service, watch)
-    endpoint = service_slurm.wait_ready(state_dir, job_id, ready, wait_s, on_state=lambda s: say(f"  job {job_id}: {s}"))
-    local = local_port or endpoint.port
-    conn.update(node=endpoint.node, port=endpoint.port, local_port=local, tunnel=endpoint.tunnel_command(login, local))
-    if cfg.service == "jupyter":
-        conn["url"] = jupyter.url(local, token)
-    elif cfg.service == "ssh":
-        assert host_key is not None
-        conn.update(ssh.connection(cfg.name, state_dir, host_key, endpoint, login))
-    else:
-        assert watch is not None
-        conn.update(url=watch.url, tunnel_name=code.tunnel_name(cfg.name), login_prompt=watch.login)
-        conn.pop("tunnel")  # the VS Code tunnel service carries the traffic: no ssh -L
-    write_private(state_dir / CONNECTION_FILE, conn)
-    return conn
 
 
 def instructions(cfg: DevConfig, conn: dict[str, Any], root: Path | None = None) -> list[str]:
@@ -166,14 +97,7 @@ def view(state_dir: Path, conn: dict[str, Any], probe: bool = True) -> SessionVi
     return SessionView(str(conn.get("name", state_dir.name)), "slurm", job_id, state, age, endpoint, idle, conn)
 
 
-def stop(state_dir: Path, conn: dict[str, Any], wait_s: float = 60.0) -> str:
-    """Cancel the job and forget the session's secrets; returns what happened."""
-    what = _stop_job(str(conn["job_id"]), wait_s)
-    forget(state_dir, (service_slurm.ENDPOINT_FILE, *ssh.FILES))
-    return what
-
-
-def _stop_job(job_id: str, wait_s: float) -> str:
+def stop_job(job_id: str, wait_s: float) -> str:
     from hpctrain.schedulers.slurm.jobs import cancel, get_job
 
     info = get_job(job_id)

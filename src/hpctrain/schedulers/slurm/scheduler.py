@@ -103,6 +103,12 @@ class SlurmScheduler:
     def __init__(self, run: Runner = subprocess.run) -> None:
         self.run = run
 
+    def services(self) -> Any:
+        """What `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Slurm (schedulers.services)."""
+        from hpctrain.schedulers.slurm.services import SlurmServices
+
+        return SlurmServices(self)
+
     def render(self, job: JobSpec) -> Rendered:
         script = render.render_sbatch(job)
         return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))

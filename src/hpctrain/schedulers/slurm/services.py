@@ -1,4 +1,10 @@
-"""A service in a Slurm batch job: render the script (pure), submit it (thin), wait until the server answers.
+"""The services around the jobs on Slurm (hpctrain.schedulers.services.Services), what `dev`, `tensorboard
+--on-cluster`, `top` and `debug stacks` ask of this backend: SlurmServices, reached through SlurmScheduler.services().
+
+Each service is a server in a Slurm batch job: render the script (pure), submit it (thin), wait until the server
+answers. Dev sessions (JupyterLab, sshd, a VS Code tunnel; their views and stopping in dev.py) and TensorBoard are
+such jobs; `top`'s probe runs as a step beside the job's own (`srun --jobid=JOB --overlap`, one task per node,
+`--label`d so that each line names its task).
 
 The job picks a free port on its node, writes `endpoint.json` (job id, node, port) into the service's state
 directory, and starts the server as a job step, so that containers (apptainer, pyxis) and the environment
@@ -9,23 +15,43 @@ environment variables the server reads (visible only to the user, unlike argv in
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.slurm import dev
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
-from hpctrain.servers.common import Endpoint, read_json
+from hpctrain.schedulers.slurm.run_dir import run_dir_of
+from hpctrain.schedulers.services import Placement, RemoteStacks
+from hpctrain.servers import code, jupyter, ssh
+from hpctrain.servers import tensorboard as tbserver
+from hpctrain.servers.common import Endpoint, login_host, private_dir, read_json, state_root, write_private
+from hpctrain.servers.sessions import (
+    CONNECTION_FILE,
+    TOKEN_FILE,
+    DevConfig,
+    SessionView,
+    forget,
+    make_session_dir,
+    now,
+    session_dir,
+)
+from hpctrain.servers.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
 
 ENDPOINT_FILE = "endpoint.json"
 PORT_BASE = 20000
 PORT_SPAN = 20000
 PORT_TRIES = 200
+TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
+                                     '--port "$HPCTRAIN_PORT" --reload_interval 30')
 
 
 @dataclass(frozen=True)
@@ -156,3 +182,216 @@ def output_tail(state_dir: Path, job_id: str, lines: int = 15) -> str:
     except OSError:
         return f"(no output file {path})"
     return "\n".join(f"  | {line}" for line in text[-lines:])
+
+
+# ---- what `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Slurm --------------------------------
+
+
+class SlurmServices:
+    """Slurm's hpctrain.schedulers.services.Services, on the SlurmScheduler that made it."""
+
+    name = "slurm"
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def environment(self, placement: Placement) -> EnvironmentSpec:
+        return environment(placement)
+
+    def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
+        return render_dev_script(cfg, session_dir(cfg.name))
+
+    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
+        conn = start(cfg, None, placement.login_host or login_host(), wait_s, local_port)
+        return dev.instructions(cfg, conn)
+
+    def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
+        return dev.view(state_dir, conn, probe)
+
+    def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
+        return stop(state_dir, conn)
+
+    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
+                    port: int | None) -> list[str]:
+        tb = ClusterTensorBoard(spec=tbserver.logdir_spec(run_dirs), environment=environment(placement), time=time,
+                                partition=placement.partition, account=placement.account)
+        job_id, endpoint = start_tensorboard(tb, wait_s)
+        local = port or endpoint.port
+        return [f"\nTensorBoard is up on {endpoint.node}:{endpoint.port} (job {job_id}). On your machine, open the tunnel:",
+                f"  {endpoint.tunnel_command(placement.login_host or login_host(), local)}",
+                f"then open:\n  http://localhost:{local}/", f"Stop it with: hpctrain cancel {job_id}"]
+
+    def top(self, job: str, find_run_dir: bool) -> TopSample:
+        info, samples = sample(job)
+        run_dir = run_dir_of(info.job_id, info.work_dir) if find_run_dir else None
+        return TopSample(f"job {info.job_id}", samples, run_dir)
+
+    def stacks(self, job: str, wait_s: float) -> RemoteStacks:
+        raise UserError(f"cannot tell the run directory of {job}: give it with --run-dir")
+
+    def run_dir(self, job: str) -> Path | None:
+        from hpctrain.schedulers.slurm.jobs import get_job
+
+        info = get_job(job)
+        if info is None:
+            raise UserError(f"job {job} not found: check the id with `hpctrain status`")
+        return run_dir_of(info.job_id, info.work_dir)
+
+    def stop(self, name: str) -> str | None:
+        return None  # every service is a batch job: scancel stops it
+
+
+def environment(placement: Placement) -> EnvironmentSpec:
+    """--image/--conda-env/--venv/--module/--mount -> EnvironmentSpec; the Kubernetes flags are refused."""
+    from hpctrain.images import docker_pull_hint
+
+    if placement.shm or placement.volumes:
+        raise UserError("--shm/--volume apply to Kubernetes: on Slurm use --mount with a container --image")
+    chosen = [f for f, v in (("--image", placement.image), ("--conda-env", placement.conda_env),
+                             ("--venv", placement.venv)) if v]
+    if len(chosen) > 1:
+        raise UserError(f"{' and '.join(chosen)}: choose one environment")
+    modules, mounts = tuple(placement.modules), tuple(placement.mounts)
+    if placement.image:
+        hint = docker_pull_hint(placement.image)
+        if hint:
+            raise UserError(hint)
+        kind = "apptainer" if placement.image.endswith(".sif") else "pyxis"
+        return EnvironmentSpec(kind=kind, image=placement.image, modules=modules, mounts=mounts)
+    if placement.conda_env:
+        return EnvironmentSpec(kind="conda", conda_env=placement.conda_env, modules=modules, mounts=mounts)
+    if placement.venv:
+        return EnvironmentSpec(kind="venv", venv=placement.venv, modules=modules, mounts=mounts)
+    return EnvironmentSpec(kind="modules" if modules else "none", modules=modules, mounts=mounts)
+
+
+# ---- dev sessions as jobs (their views and stopping: dev.py) ------------------------------------------------------
+
+COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND}
+
+
+def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
+    setup = ["export HPCTRAIN_STATE_DIR=\"$state_dir\""]
+    if cfg.service == "jupyter":
+        setup += jupyter.setup_lines(TOKEN_FILE)
+    elif cfg.service == "ssh":
+        setup += ssh.SETUP_LINES
+    else:
+        setup += code.setup_lines(cfg.name)
+    return ServiceJob(
+        name=cfg.job_name, state_dir=str(state_dir), command=COMMANDS[cfg.service], resources=cfg.resources,
+        environment=cfg.environment, setup=tuple(setup), partition=cfg.partition, account=cfg.account, time=cfg.time,
+        port=cfg.port,
+    )
+
+
+def render_dev_script(cfg: DevConfig, state_dir: Path) -> str:
+    """The batch script of a session. Pure."""
+    return render_service_script(service_job(cfg, state_dir))
+
+
+def start(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_port: int | None,
+          say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Submit the session, wait until its server answers, record and return its connection details."""
+    dev.check_program(cfg)
+    state_dir = make_session_dir(cfg.name, root)
+    dev.refuse_running(state_dir)
+    token = secrets.token_urlsafe(32)
+    write_private(state_dir / TOKEN_FILE, token + "\n")
+    (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    host_key = ssh.prepare(cfg.name, cfg.ssh_key, state_dir) if cfg.service == "ssh" else None
+    service = service_job(cfg, state_dir)
+    script = render_service_script(service)
+    write_private(state_dir / "dev.sbatch", script)
+    job_id = submit(service, script)
+    conn: dict[str, Any] = {"name": cfg.name, "scheduler": "slurm", "service": cfg.service, "job_id": job_id,
+                            "login_host": login, "created": now()}
+    write_private(state_dir / CONNECTION_FILE, conn)
+    say(f"dev session {cfg.name}: job {job_id} submitted; waiting for {cfg.service} to answer (up to {wait_s:g} s)")
+    watch = code.TunnelWatch(state_dir / f"slurm-{job_id}.out", say) if cfg.service == "code" else None
+    ready = {"jupyter": jupyter.ready(token), "ssh": ssh.ready}.get(cfg.service, watch)
+    endpoint = wait_ready(state_dir, job_id, ready, wait_s, on_state=lambda s: say(f"  job {job_id}: {s}"))
+    local = local_port or endpoint.port
+    conn.update(node=endpoint.node, port=endpoint.port, local_port=local, tunnel=endpoint.tunnel_command(login, local))
+    if cfg.service == "jupyter":
+        conn["url"] = jupyter.url(local, token)
+    elif cfg.service == "ssh":
+        assert host_key is not None
+        conn.update(ssh.connection(cfg.name, state_dir, host_key, endpoint, login))
+    else:
+        assert watch is not None
+        conn.update(url=watch.url, tunnel_name=code.tunnel_name(cfg.name), login_prompt=watch.login)
+        conn.pop("tunnel")  # the VS Code tunnel service carries the traffic: no ssh -L
+    write_private(state_dir / CONNECTION_FILE, conn)
+    return conn
+
+
+def stop(state_dir: Path, conn: dict[str, Any], wait_s: float = 60.0) -> str:
+    """Cancel the job and forget the session's secrets; returns what happened."""
+    what = dev.stop_job(str(conn["job_id"]), wait_s)
+    forget(state_dir, (ENDPOINT_FILE, *ssh.FILES))
+    return what
+
+
+# ---- TensorBoard as a job -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterTensorBoard:
+    """TensorBoard's job: the runs' --logdir_spec (paths as the job sees them), its environment and limits."""
+
+    spec: str
+    environment: EnvironmentSpec = EnvironmentSpec()
+    time: str | None = "08:00:00"
+    partition: str | None = None
+    account: str | None = None
+    mem: str | None = "2G"
+
+
+def tensorboard_job(tb: ClusterTensorBoard, state_dir: Path) -> ServiceJob:
+    return ServiceJob(
+        name="tensorboard", state_dir=str(state_dir), command=TENSORBOARD_COMMAND,
+        resources=Resources(cpus_per_task=1, mem=tb.mem), environment=tb.environment,
+        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",), partition=tb.partition, account=tb.account,
+        time=tb.time,
+    )
+
+
+def new_state_dir() -> Path:
+    root = private_dir(state_root("tensorboard"))
+    return private_dir(root / time.strftime(f"%Y%m%d-%H%M%S-{secrets.token_hex(3)}"))
+
+
+def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple[str, Endpoint]:
+    state_dir = new_state_dir()
+    service = tensorboard_job(tb, state_dir)
+    job_id = submit(service, render_service_script(service))
+    say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
+    endpoint = wait_ready(state_dir, job_id, lambda ep: tbserver.ready(ep.node, ep.port), wait_s,
+                          on_state=lambda s: say(f"  job {job_id}: {s}"))
+    return job_id, endpoint
+
+
+# ---- top: a probe step beside the job's own -----------------------------------------------------------------------
+
+
+def probe_argv(job_id: str, nodes: int) -> list[str]:
+    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={nodes}", "--ntasks-per-node=1", "--label",
+            "bash", "-c", PROBE]
+
+
+def sample(job_id: str) -> tuple[Any, list[NodeSample]]:
+    from hpctrain.schedulers.slurm.commands import slurm
+    from hpctrain.schedulers.slurm.jobs import get_job
+
+    info = get_job(job_id)
+    if info is None:
+        raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
+    if info.state != "RUNNING":
+        raise JobNotRunning(f"job {job_id} is {info.state}, not running: `hpctrain top` looks at running jobs only")
+    result = slurm(probe_argv(info.job_id, info.num_nodes or 1), check=False)
+    samples = parse_probe(result.stdout)
+    if not samples:
+        err = " ".join((result.stderr or "").split()) or f"exit status {result.returncode}"
+        raise UserError(f"could not run the probe step in job {job_id} ({err}); the job may be ending")
+    return info, samples
