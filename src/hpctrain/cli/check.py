@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
         report_problems("check", [f"warning: here, {mismatch}"])
     sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # what the scheduler cannot express fails here, one line
-    problems = sched.local_check(job, submission.recipe) + sched.check(job)
+    from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
+
+    problems = sched.local_check(job, submission.recipe, check_data=check_data) + sched.check(job)
     if submission.resources_only:  # what is said about the placeholder command is not the user's concern
         problems = [p for p in problems if not p.startswith(NOTE_PREFIX)]
     report_problems("check", problems)

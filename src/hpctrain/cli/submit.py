@@ -328,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
     sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
     report_warnings("submit", job, submission.recipe)
-    problems = sched.local_check(job, submission.recipe)
+    from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
+
+    problems = sched.local_check(job, submission.recipe, check_data=check_data)
     if args.dry_run:
         # The script or manifest is shown whatever the checks say (it is what the user asked to read); the exit
         # status is a real submit's verdict on everything that can be checked without the cluster.

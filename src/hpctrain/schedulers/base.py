@@ -195,10 +195,13 @@ class Scheduler(Protocol):
     def render(self, job: Any) -> Rendered:
         """Pure: the same job gives the same text; raises UserError for what this scheduler cannot express."""
 
-    def local_check(self, job: Any, recipe: Any = None) -> list[str]:
+    def local_check(self, job: Any, recipe: Any = None,
+                    check_data: Callable[[Any], None] | None = None) -> list[str]:
         """What the submit host can tell about `job` without the cluster: paths, programs, a recipe's dataset.
-        `recipe` is the TrainConfig of a built-in recipe's options (parsed by the caller, None for a command).
-        Lines as for `check`; NOTE_PREFIX lines say what could not be checked here."""
+        `recipe` is the TrainConfig of a built-in recipe's options (parsed by the caller, None for a command), and
+        `check_data` the recipes' data check (hpctrain.recipes.check_data: a UserError unless the data `recipe` reads
+        is there), which the backend calls on the paths as this machine sees them. Lines as for `check`;
+        NOTE_PREFIX lines say what could not be checked here."""
 
     def check(self, job: Any) -> list[str]:
         """Ask the live cluster whether `job` can run; one line per problem, naming the fix. Lines starting with

@@ -36,49 +36,27 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from enum import IntEnum
 from pathlib import Path
 from types import FrameType
 
 from hpctrain.fsutil import write_atomic
 
-# Exit statuses that tell the batch script why the run ended. 75 is EX_TEMPFAIL: "try again later".
-EXIT_COMPLETED = 0
-EXIT_PREEMPTED = 75
-EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a process ended by SIGTERM
-EXIT_DIVERGED = 3  # the loss became non-finite: restarting the same way would fail the same way
-# The hang watchdog ended the attempt (no step within the hang limit). 128 + SIGALRM, the watchdog's alarm: a
-# status of 128 and above is one Kubeflow's ExitCode restart policy retries, and the batch script restarts it too.
-EXIT_HUNG = 142
-# The preflight found a sick node (RUN/bad_nodes): the batch script requeues the job without it. >= 128 as well.
-EXIT_SICK_NODE = 144
-
-STOP_REASON_FILE = "stop_reason"
-TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kubernetes.render
-TIME_WARNING_ENV = "HPCTRAIN_TIME_WARNING_S"
-SIGNALS_FILE = "handles_signals"  # the program's word that it handles SIGUSR1 (read by the Slurm batch script)
-RUN_DIR_ENV = "HPCTRAIN_RUN_DIR"  # the job's run directory, exported by the batch script hpctrain renders
-
-
-class StopReason(IntEnum):
-    """Ordered by precedence: when ranks disagree, the highest wins (a cancel beats a time-limit warning)."""
-
-    NONE = 0
-    PREEMPTED = 1
-    CANCELLED = 2
-    DIVERGED = 3  # not a signal: the loss became non-finite; no checkpoint may be written after it
-    HUNG = 4  # not a signal and never voted: the hang watchdog ended the attempt
-    SICK_NODE = 5  # not a signal: the preflight, which every rank judges alike, found a sick node
-
-    @property
-    def exit_code(self) -> int:
-        return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED,
-                StopReason.DIVERGED: EXIT_DIVERGED, StopReason.HUNG: EXIT_HUNG,
-                StopReason.SICK_NODE: EXIT_SICK_NODE}.get(self, EXIT_CANCELLED)
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
+# The exit statuses, stop reasons and the words and variables a run shares with the script that started it live in
+# hpctrain.stops, which the schedulers import too; these names stay importable from here.
+from hpctrain.stops import (  # `X as X`: re-exported
+    EXIT_CANCELLED as EXIT_CANCELLED,
+    EXIT_COMPLETED as EXIT_COMPLETED,
+    EXIT_DIVERGED as EXIT_DIVERGED,
+    EXIT_HUNG as EXIT_HUNG,
+    EXIT_PREEMPTED as EXIT_PREEMPTED,
+    EXIT_SICK_NODE as EXIT_SICK_NODE,
+    RUN_DIR_ENV as RUN_DIR_ENV,
+    SIGNALS_FILE as SIGNALS_FILE,
+    STOP_REASON_FILE as STOP_REASON_FILE,
+    TIME_LIMIT_ENV as TIME_LIMIT_ENV,
+    TIME_WARNING_ENV as TIME_WARNING_ENV,
+    StopReason as StopReason,
+)
 
 
 _SIGNAL_REASONS = {

@@ -17,7 +17,7 @@ from typing import Any
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Rendered
-from hpctrain.training.stopping import StopReason
+from hpctrain.stops import StopReason
 
 SICK_NODE_LABEL = StopReason.SICK_NODE.label
 

@@ -51,25 +51,27 @@ def path_here(pod_path: str, volumes: Sequence[Volume], ismount: Callable[[str],
     return path, ""
 
 
-def local_problems(job: JobSpec, options: KubernetesOptions, recipe: Any = None) -> list[str]:
+def local_problems(job: JobSpec, options: KubernetesOptions, recipe: Any = None,
+                   check_data: Callable[[Any], None] | None = None) -> list[str]:
     """Problems found here, and a NOTE_PREFIX line for each check that could not run here. `recipe`: the TrainConfig
-    of a built-in recipe's options (the caller parses them as `hpctrain train` will), None for a command."""
+    of a built-in recipe's options (the caller parses them as `hpctrain train` will), None for a command;
+    `check_data`: the recipes' data check (hpctrain.recipes.check_data), run on the data dir as seen here."""
     volumes = options.parsed_volumes
     lines = [f"{NOTE_PREFIX}skipped the check for programs on PATH: the pods run image {options.image}, which has "
              "its own PATH"]
-    lines += _dataset_problems(recipe, volumes)
+    lines += _dataset_problems(recipe, volumes, check_data)
     lines += _run_dir_problems(job, volumes)
     return lines
 
 
-def _dataset_problems(cfg: Any, volumes: Sequence[Volume]) -> list[str]:
+def _dataset_problems(cfg: Any, volumes: Sequence[Volume], check_data: Callable[[Any], None] | None) -> list[str]:
     if cfg is None:
         return []
-    from hpctrain.recipes import check_data
-
     here, why = path_here(str(cfg.data_dir), volumes)
     if here is None:
         return [f"{NOTE_PREFIX}skipped the check for dataset {cfg.dataset}: --data-dir {why}"]
+    if check_data is None:
+        return []
     try:
         check_data(dataclasses.replace(cfg, data_dir=here))
     except UserError as err:

@@ -62,7 +62,7 @@ from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns1035_label
-from hpctrain.training.stopping import TIME_LIMIT_ENV, TIME_WARNING_ENV
+from hpctrain.stops import TIME_LIMIT_ENV, TIME_WARNING_ENV
 
 PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")

@@ -134,12 +134,13 @@ class KubernetesScheduler(LiveChecks):
     def render(self, job: JobSpec) -> Rendered:
         return r.rendered(job, self.options)
 
-    def local_check(self, job: JobSpec, recipe: Any = None) -> list[str]:
+    def local_check(self, job: JobSpec, recipe: Any = None,
+                    check_data: Callable[[Any], None] | None = None) -> list[str]:
         """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
         `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
         from hpctrain.schedulers.kubernetes.local import local_problems
 
-        return local_problems(job, self.options, recipe)
+        return local_problems(job, self.options, recipe, check_data)
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r = job.resources

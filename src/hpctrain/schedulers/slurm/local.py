@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +22,15 @@ from hpctrain.schedulers.slurm.interpreter import interpreter_problems
 
 
 def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
-                environ: Mapping[str, str] = os.environ) -> list[str]:
+                environ: Mapping[str, str] = os.environ, check_data: Callable[[Any], None] | None = None) -> list[str]:
     """Every problem visible without the cluster: missing image/venv/script, a recipe (`recipe`, its TrainConfig)
-    whose dataset is not in its data dir or that wants CUDA without GPUs, a command the job will not find on its
-    PATH."""
+    whose dataset is not in its data dir (`check_data`: the recipes' data check, hpctrain.recipes.check_data) or
+    that wants CUDA without GPUs, a command the job will not find on its PATH."""
     problems = local_problems(job)
     if recipe is not None:
-        from hpctrain.recipes import check_data
-
         try:
-            check_data(recipe)
+            if check_data is not None:
+                check_data(recipe)
         except UserError as err:
             problems.append(str(err))
         problems += earlier_run_problems(job, recipe)

@@ -19,7 +19,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import command_error, slurm
 from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
 from hpctrain.schedulers.slurm.run_dir import parse_run_dir
-from hpctrain.training.stopping import SIGNALS_FILE
+from hpctrain.stops import SIGNALS_FILE
 
 _SIGNAL_OPTION_RE = re.compile(r"^(?:(?P<flags>[RB]+):)?(?P<sig>(?:SIG)?[A-Z][A-Z0-9]*|\d{1,2})(?:@(?P<secs>\d+))?$")
 # Seconds a job must have been running before its batch shell is warned (see preempt()).

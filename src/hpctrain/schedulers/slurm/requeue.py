@@ -19,7 +19,7 @@ import shlex
 
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
+from hpctrain.stops import SIGNALS_FILE, STOP_REASON_FILE
 
 REQUEUE_COUNT_FILE = "requeue_count"
 HANG_RESTARTS_FILE = "hang_restarts"

@@ -113,10 +113,11 @@ class SlurmScheduler:
         script = render.render_sbatch(job)
         return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))
 
-    def local_check(self, job: JobSpec, recipe: Any = None) -> list[str]:
+    def local_check(self, job: JobSpec, recipe: Any = None,
+                    check_data: Callable[[Any], None] | None = None) -> list[str]:
         from hpctrain.schedulers.slurm.local import local_check
 
-        return local_check(job, requirements(job), recipe)
+        return local_check(job, requirements(job), recipe, check_data=check_data)
 
     def check(self, job: JobSpec) -> list[str]:
         return check_cluster(requirements(job), query.query_cluster(run=self.run, shard_use=False))

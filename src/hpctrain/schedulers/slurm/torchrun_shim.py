@@ -7,7 +7,7 @@ up: it detects what the job's torchrun can do rather than trusting the submittin
 
 from __future__ import annotations
 
-from hpctrain.training.stopping import EXIT_HUNG, EXIT_PREEMPTED, EXIT_SICK_NODE
+from hpctrain.stops import EXIT_HUNG, EXIT_PREEMPTED, EXIT_SICK_NODE
 
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # torchrun's own shutdown timeout before --shutdown-timeout existed (torch < 2.9): workers get this long to stop.
