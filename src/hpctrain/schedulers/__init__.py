@@ -5,6 +5,11 @@
     rendered = sched.render(job)                          # pure: --dry-run prints rendered.text
     problems = sched.local_check(job) + sched.check(job)  # here, then live
     job_id = sched.submit(job, rendered)
+    services = sched.services()                           # dev, tensorboard --on-cluster, top (services.py)
+
+Each backend is one package (slurm/, kubernetes/) holding all hpctrain knows of its scheduler: its jobs, its dev
+sessions, TensorBoard and `top` services, its cluster view. Adding a scheduler is a folder, a line in SCHEDULERS
+and its tests; the backends import nothing of each other (pyproject's import-linter contracts).
 
 Importing this package imports no backend: a Slurm user never loads the Kubernetes client. `backend_info(name)`
 imports only the backend package's INFO (the flags it owns, its job defaults), not its client.
