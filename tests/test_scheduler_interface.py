@@ -100,3 +100,18 @@ def test_a_foreign_flag_is_refused_with_the_chosen_backends_way(tmp_path: Path, 
     assert proc.returncode == 2, proc.stderr
     assert f"{flag} is a Kubernetes option" not in proc.stderr
     assert f"{flag} is a Slurm option but the job goes to kubernetes: drop {flag} (" in proc.stderr and hint in proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_backend_offers_the_whole_services_interface_through_its_scheduler(name: str) -> None:
+    """`dev`, `tensorboard --on-cluster`, `top`, `debug stacks` and `cancel` of a service reach a backend's services
+    through the one registry (get_scheduler(name).services()), and each backend's offer all of Services."""
+    from hpctrain.schedulers import get_scheduler
+    from hpctrain.schedulers.services import Services
+
+    services = get_scheduler(name, **({"namespace": "team-a"} if name == "kubernetes" else {})).services()
+    members = [m for m, _ in inspect.getmembers(Services) if not m.startswith("_")] + list(Services.__annotations__)
+    assert {"dev_render", "dev_start", "tensorboard", "top", "stacks", "stop"} <= set(members)
+    assert [m for m in members if not hasattr(services, m)] == []
+    assert services.name == name
+    assert type(services).__module__ == f"{SCHEDULERS[name]}.services"  # in the backend's own package
