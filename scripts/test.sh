@@ -76,7 +76,12 @@ if [ -n "$floor_env_pid" ]; then
 fi
 
 status=0
+# Each test's CPU (tests/cpu_report.py): on 2 cores the suite is CPU-bound, so this, not --durations, says what to cut.
+export HPCTRAIN_TEST_CPU_REPORT="${HPCTRAIN_TEST_CPU_REPORT:-$(mktemp -d)/cpu.jsonl}"
 "$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-4}" --dist worksteal --durations=30 "$@" || status=$?
+if [ -s "$HPCTRAIN_TEST_CPU_REPORT" ]; then
+    "$PYTHON" tests/cpu_report.py "$HPCTRAIN_TEST_CPU_REPORT" 25 || true
+fi
 if [ -n "$floor_pid" ]; then
     floor_status=0
     wait "$floor_pid" || floor_status=$?

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-# The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down).
-pytest_plugins = ["slurm_fixtures", "k8s_fixtures"]
+# The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down);
+# cpu_report: HPCTRAIN_TEST_CPU_REPORT=FILE records each test's CPU (where the suite's time goes).
+pytest_plugins = ["slurm_fixtures", "k8s_fixtures", "cpu_report"]
 
 # Signals whose action hpctrain's code changes in-process: the training loop's StopRequest and the local launcher
 # leave them ignored once a run is settled ("until the process exits"). In a pytest worker that would last for
