@@ -80,10 +80,6 @@ def test_resource_validation_messages() -> None:
 def test_job_validation_messages() -> None:
     with pytest.raises(UserError, match="no command"):
         JobSpec(command=())
-    with pytest.raises(UserError, match="control characters"):
-        JobSpec(command=("x",), name="two\nlines")
-    with pytest.raises(UserError, match="one kind of quote"):
-        JobSpec(command=("x",), name="a'b\"c")
     with pytest.raises(UserError, match="set --nproc-per-node 4"):
         JobSpec(command=("x",), resources=Resources(nproc_per_node=2, gpus_per_node=4))
     with pytest.raises(UserError, match="--launcher single runs one process"):
@@ -94,8 +90,6 @@ def test_job_validation_messages() -> None:
         JobSpec(command=("x",), time="1", signal_grace=120)
     with pytest.raises(UserError, match="environment variable name"):
         JobSpec(command=("x",), env=(("1BAD", "x"),))
-    with pytest.raises(UserError, match="must start with -"):
-        JobSpec(command=("x",), sbatch_extra=("exclusive",))
     # one process driving several GPUs (DataParallel) is allowed
     JobSpec(command=("x",), launcher="single", resources=Resources(gpus_per_node=4))
 

@@ -472,7 +472,26 @@ def test_an_extra_sbatch_value_that_smuggles_a_second_option_is_refused(extra: s
     from hpctrain.errors import UserError
 
     with pytest.raises(UserError, match=re.escape(message)):
-        JobSpec(command=("true",), sbatch_extra=(extra,))
+        render_sbatch(JobSpec(command=("true",), sbatch_extra=(extra,)))
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"name": "two\nlines"}, "--job-name 'two\\nlines' contains control characters"),
+    ({"name": "a'b\"c"}, "use only one kind of quote"),
+    ({"partition": "gpu\\a"}, "--partition 'gpu\\\\a' cannot be written on an #SBATCH line"),
+    ({"output": "out\t%j"}, "--output 'out\\t%j' contains control characters"),
+    ({"sbatch_extra": ("exclusive",)}, "must start with -"),
+    ({"python": "/opt/py\\thon"}, "python '/opt/py\\\\thon' cannot be written on an #SBATCH line"),
+])
+def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: str) -> None:
+    """The JobSpec holds these (another scheduler has rules of its own); Slurm's render refuses them, naming the
+    flag, before any script exists."""
+    from hpctrain.errors import UserError
+
+    job = JobSpec(command=("true",), **fields)
+    with pytest.raises(UserError) as err:
+        render_sbatch(job)
+    assert message in str(err.value)
 
 
 # ---- the job finds the tools that submitted it ----------------------------------------------------------------

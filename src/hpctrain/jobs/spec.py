@@ -21,10 +21,8 @@ from hpctrain.jobs.values import (
     MAX_NODES,
     MAX_PROCS_PER_NODE,
     check_node_name,
-    check_sbatch_value,
     mem_problem,
     parse_mem_mb,
-    parse_sbatch_option,
     parse_time_limit,
 )
 
@@ -187,15 +185,15 @@ class JobSpec:
             raise UserError("no command: give a recipe (`train mnist ...`) or a command after `--` (`-- python train.py`)")
         if any("\0" in a for a in self.command):
             raise UserError("the command contains a NUL character, which no process argument can hold")
+        # The scheduler checks what its own forms can hold (Slurm: #SBATCH lines; Kubernetes: object names).
         if not isinstance(self.name, str):
             raise UserError(f"job name must be a string (got {self.name!r})")
-        check_sbatch_value("--job-name", self.name)
+        if not self.name:
+            raise UserError("--job-name is empty: give a name or leave the option out")
         for name in ("partition", "account", "qos", "output", "error", "time"):
             value = getattr(self, name)
-            if value is not None:
-                if not isinstance(value, str):
-                    raise UserError(f"{_flag(name)} must be a string (got {value!r})")
-                check_sbatch_value(_flag(name), value)
+            if value is not None and not isinstance(value, str):
+                raise UserError(f"{_flag(name)} must be a string (got {value!r})")
         if self.time is not None:
             parse_time_limit(self.time)
         for node in self.exclude_nodes:
@@ -214,12 +212,11 @@ class JobSpec:
                 f"DDP wants one process per GPU, so set --nproc-per-node {r.gpus_per_node} "
                 "(or --launcher single for one process driving all GPUs with DataParallel)"
             )
-        for line in self.sbatch_extra:
-            parse_sbatch_option(line)
+        if not isinstance(self.sbatch_extra, tuple) or not all(isinstance(line, str) for line in self.sbatch_extra):
+            raise UserError(f"extra sbatch options must be strings such as --exclusive (got {self.sbatch_extra!r})")
         if self.python is not None:
             if not isinstance(self.python, str) or not self.python.startswith("/"):
                 raise UserError(f"python must be the absolute path of a Python interpreter (got {self.python!r})")
-            check_sbatch_value("python", self.python)
             if self.environment.kind != "none":
                 raise UserError(
                     f"python {self.python} is the interpreter for environment kind none; a {self.environment.kind} "

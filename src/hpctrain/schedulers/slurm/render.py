@@ -2,7 +2,7 @@
 
 render_sbatch() reads nothing but its argument: no cluster queries, no clock, no paths of the submitting machine
 beyond those the user gave. Every user value in the script body goes through shlex.quote; values on #SBATCH lines
-were checked by JobSpec (sbatch parses those lines itself, so a shell quote would not help there).
+are checked by directives.check_job (sbatch parses those lines itself, so a shell quote would not help there).
 
 The script starts the job step in the background and waits for it, so that its traps run at once:
   * SIGUSR1 (asked for with --signal=B:USR1@GRACE before the time limit) is forwarded to srun, which forwards it
@@ -29,7 +29,8 @@ from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
+from hpctrain.jobs.values import format_time_limit, parse_time_limit
+from hpctrain.schedulers.slurm.directives import check_job, render_sbatch_option, sbatch_value
 
 # The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
 PORT_BASE = 20000
@@ -42,7 +43,9 @@ def _q(word: str) -> str:
 
 
 def sbatch_directives(job: JobSpec) -> list[str]:
-    """The #SBATCH options, in a fixed order (golden files depend on it)."""
+    """The #SBATCH options, in a fixed order (golden files depend on it); values sbatch could not read back
+    faithfully are refused here (directives.check_job)."""
+    check_job(job)
     r = job.resources
     opts: list[tuple[str, str | None]] = [("--job-name", job.name)]
     for name in ("partition", "account", "qos"):
