@@ -140,7 +140,7 @@ def _list(args: argparse.Namespace) -> int:
         if s.idle_s is not None and s.idle_s > idle_warn:
             warnings.append(f"warning: {s.name} has been idle for {format_age(s.idle_s)} (no kernel or terminal activity) "
                             f"while holding its resources: `{_stop_command(s)}`")
-        if s.state in ("GONE",) or s.state in _ENDED:
+        if s.ended:
             warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -153,9 +153,6 @@ def _list(args: argparse.Namespace) -> int:
 def _stop_command(session: Any) -> str:
     """The `dev stop` the session recorded when it started (with the flags that found its cluster), if any."""
     return str(session.connection.get("stop") or f"hpctrain dev stop {session.name}")
-
-
-_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "SUCCEEDED"}
 
 
 def _stop(args: argparse.Namespace) -> int:
