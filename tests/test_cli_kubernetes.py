@@ -236,3 +236,16 @@ def test_a_kubernetes_job_meets_kubernetes_rules_not_sbatch_ones(tmp_path: Path,
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert expected in line
     assert "SBATCH" not in line
+
+
+def test_a_kubernetes_job_yaml_of_an_earlier_version_still_resubmits(tmp_path: Path) -> None:
+    """Before SlurmOptions, job.yaml held every JobSpec field, Slurm's too, at their defaults: such a file still
+    resubmits to Kubernetes (a Slurm key at its default is no option); a value set is refused with the fix."""
+    earlier = {"command": ["python3", "x.py"], "name": "older", "partition": None, "account": None, "qos": None,
+               "launcher": "torchrun", "output": None, "error": None, "sbatch_extra": [], "rdzv_port": None,
+               "max_requeues": 3, "max_preemptions": 10, "scheduler": "kubernetes", "kubernetes": {"image": IMAGE}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(earlier))
+    assert manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))["metadata"]["name"] == "older"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**earlier, "sbatch_extra": ["--exclusive"]}))
+    line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
+    assert "--sbatch (sbatch_extra in a job file) is Slurm's: drop it for Kubernetes" in line

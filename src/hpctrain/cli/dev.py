@@ -47,18 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
     start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
-    add_connection_arguments(start, k8s_api=False, scheduler_help=chosen_scheduler_help("where the session runs"))
+    add_connection_arguments(start, role="services", scheduler_help=chosen_scheduler_help("where the session runs"))
 
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
     listing.add_argument("--idle-warn", default="1h", metavar="DURATION",
                          help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)")
-    add_connection_arguments(listing, k8s_api=False,
+    add_connection_arguments(listing, role="services",
                              scheduler_help="only the sessions started on this scheduler (default: every session, each "
                                             "asked through the scheduler it was started on)")
 
     stop = sub.add_parser("stop", help="stop a session and free its node or pod")
     stop.add_argument("name", metavar="NAME")
-    add_connection_arguments(stop, k8s_api=False,
+    add_connection_arguments(stop, role="services",
                              scheduler_help="the scheduler the session was started on (default: the one recorded "
                                             "then; another is refused)")
 

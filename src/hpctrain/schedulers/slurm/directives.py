@@ -1,9 +1,9 @@
 """What can be written on an #SBATCH line, and the job's values Slurm writes there, checked by Slurm.
 
 sbatch reads #SBATCH lines with its own parser, not a shell: a value must not hold control characters (a second
-line), backslashes or both kinds of quote, and an extra option (--sbatch) must be exactly one option. `check_job`
-runs these rules on a JobSpec's values before any line is rendered; another backend never sees them (it has rules
-of its own for the same values, e.g. a Kubernetes name).
+line), backslashes or both kinds of quote, and an extra option (--sbatch) must be exactly one option. SlurmOptions
+runs these rules on its values, `check_job_values` on a JobSpec's before any line is rendered; another backend
+never sees them (it has rules of its own for the same values, e.g. a Kubernetes name).
 """
 
 from __future__ import annotations
@@ -18,16 +18,12 @@ from hpctrain.jobs.spec import JobSpec
 SBATCH_SAFE_RE = re.compile(r"^[A-Za-z0-9_.,:=/%@+-]+$")
 
 
-def check_job(job: JobSpec) -> None:
-    """The job's values that go on #SBATCH lines (name, partition, account, qos, output/error, extra options) and
-    the interpreter path the script calls: refused with the fix when sbatch could not read them back faithfully."""
+def check_job_values(job: JobSpec) -> None:
+    """The job's own values that go on #SBATCH lines (its name, time limit) or into the script's interpreter call:
+    refused with the fix when sbatch could not read them back faithfully. (SlurmOptions checks its own values.)"""
     check_sbatch_value("--job-name", job.name)
-    for name in ("partition", "account", "qos", "output", "error", "time"):
-        value = getattr(job, name)
-        if value is not None:
-            check_sbatch_value("--" + name, value)
-    for line in job.sbatch_extra:
-        parse_sbatch_option(line)
+    if job.time is not None:
+        check_sbatch_value("--time", job.time)
     if job.python is not None:
         check_sbatch_value("python", job.python)
 
