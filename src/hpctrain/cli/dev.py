@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
     start.add_argument("--mem", help="memory, e.g. 16G")
     start.add_argument("--time", default="04:00:00", help="time limit (default: 04:00:00); the session ends then")
-    add_placement_arguments(start, "seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do "
-                                   "not wait)")
+    add_placement_arguments(start, wait_help="seconds to wait for the server to answer (default: 600; 0 on "
+                                             "Kubernetes: do not wait)")
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
     start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
