@@ -121,6 +121,7 @@ def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.k8s
+@pytest.mark.slurm
 def test_dev_list_notes_a_session_whose_job_has_ended(slurm_cluster, tmp_path: Path) -> None:
     """Which states mean "ended" is the backend's (SessionView.ended): a session whose job finished, and one whose
     job the scheduler forgot, are each noted with the `dev stop` that forgets them."""
