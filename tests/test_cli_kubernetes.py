@@ -245,7 +245,8 @@ def test_a_kubernetes_job_yaml_of_an_earlier_version_still_resubmits(tmp_path: P
                "launcher": "torchrun", "output": None, "error": None, "sbatch_extra": [], "rdzv_port": None,
                "max_requeues": 3, "max_preemptions": 10, "scheduler": "kubernetes", "kubernetes": {"image": IMAGE}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(earlier))
-    assert manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))["metadata"]["name"] == "older"
+    manifest = manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
+    assert manifest["metadata"]["name"] == "older"
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({**earlier, "sbatch_extra": ["--exclusive"]}))
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert "--sbatch (sbatch_extra in a job file) is Slurm's: drop it for Kubernetes" in line

@@ -58,7 +58,8 @@ def test_the_harness_prints_what_hpctrain_parses() -> None:
 
 
 def _big_job() -> JobSpec:
-    return JobSpec(name="big", command=("python", "train.py"), resources=Resources(nodes=1000, nproc_per_node=8, gpus_per_node=8))
+    return JobSpec(name="big", command=("python", "train.py"),
+                   resources=Resources(nodes=1000, nproc_per_node=8, gpus_per_node=8))
 
 
 @pytest.mark.parametrize("version", ["22.05", "25.11"])

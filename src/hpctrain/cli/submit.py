@@ -237,7 +237,8 @@ def recipe_config(train_argv: list[str]):
 
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:
-        raise UserError("--nproc starts local processes; in a job use --nproc-per-node (and --nodes) of hpctrain submit")
+        raise UserError("--nproc starts local processes; in a job use --nproc-per-node (and --nodes) of hpctrain "
+                        "submit")
     from hpctrain.recipes import recipe_info
 
     recipe_info(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue

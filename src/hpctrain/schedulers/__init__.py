@@ -43,7 +43,8 @@ DETECTION = "slurm when sbatch is on PATH, else kubernetes when a kubeconfig is 
 """How `detect` chooses, for help texts."""
 
 __all__ = [
-    "DETECTION", "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Rendered",
+    "DETECTION", "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView",
+    "Rendered",
     "ReplicaStatus", "Scheduler", "backend_info", "blocking", "detect", "get_scheduler", "kubeconfig_present",
 ]
 

@@ -78,15 +78,16 @@ def read_file_section(source: str, section: Any) -> dict[str, Any]:
         raise UserError(f"{source}: slurm must be a mapping of options ({', '.join(FILE_KEYS)})")
     data = known_keys(section, FILE_KEYS, f"{source}: unknown slurm key(s)")
     for key, value in data.items():
+        got = f"(got {brief(value)}, a {type(value).__name__})"
         if key == "sbatch_extra":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise UserError(f"{source}: {key} must be a list of strings (got {brief(value)}, a {type(value).__name__})")
+                raise UserError(f"{source}: {key} must be a list of strings {got}")
             data[key] = tuple(value)
         elif key in ("rdzv_port", "max_requeues", "max_preemptions"):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise UserError(f"{source}: {key} must be a whole number (got {brief(value)}, a {type(value).__name__})")
+                raise UserError(f"{source}: {key} must be a whole number {got}")
         elif not isinstance(value, str):
-            raise UserError(f"{source}: {key} must be a string (got {brief(value)}, a {type(value).__name__})")
+            raise UserError(f"{source}: {key} must be a string {got}")
     return data
 
 
@@ -98,8 +99,8 @@ def check_job(job: JobSpec, options: SlurmOptions) -> None:
     r = job.resources
     if options.launcher == "single" and (r.nodes != 1 or r.nproc_per_node != 1):
         raise UserError(
-            f"--launcher single runs one process, but the job asks for {r.nodes} node(s) x {r.nproc_per_node} process(es): "
-            "use --launcher torchrun or srun, or --nodes 1 --nproc-per-node 1"
+            f"--launcher single runs one process, but the job asks for {r.nodes} node(s) x {r.nproc_per_node} "
+            "process(es): use --launcher torchrun or srun, or --nodes 1 --nproc-per-node 1"
         )
     if r.gpus_per_node and options.launcher != "single" and r.nproc_per_node != r.gpus_per_node:
         raise UserError(
