@@ -76,6 +76,11 @@ def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) 
         ("nodes: -2\ncommand: [x]\n", "--nodes must be at least 1"),
         ("time: 1h\ncommand: [x]\n", "is not a Slurm time"),
         ("command: [x]\nenvironment: {kind: apptainer, image: missing.sif}\n", "apptainer image missing.sif does not exist"),
+        ("command: [x]\nslurm: {partitio: gpu}\n", "job file job.yaml: unknown slurm key(s) partitio; valid keys: account,"),
+        ("command: [x]\nslurm: {max_requeues: many}\n", "job file job.yaml: max_requeues must be a whole number (got"),
+        ("command: [x]\npartition: 5\n", "job file job.yaml: partition must be a string (got 5, a int)"),
+        ("command: [x]\nslurm: {launcher: mpirun}\n", "--launcher 'mpirun' is unknown: use one of torchrun, srun, single"),
+        ("command: [x]\nslurm: [gpu]\n", "job file job.yaml: slurm must be a mapping of options (partition,"),
     ],
 )
 def test_bad_job_files_exit_2_and_submit_nothing(fake_sbatch: Path, tmp_path: Path, capsys, job_file: str, message: str) -> None:
