@@ -219,3 +219,34 @@ def test_slurm_keys_in_a_kubernetes_job_file_are_refused(tmp_path: Path, key: st
                                                       "kubernetes": {"image": IMAGE}}))
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert f"({key} in a job file) is Slurm's: drop it for Kubernetes" in line
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("name", "mnist\\run", "--job-name 'mnist\\\\run' is not a valid Kubeflow job name"),
+    ("partition", "gpu\\a", "--partition (partition in a job file) is Slurm's: drop it for Kubernetes"),
+    ("output", "out\t%j", "--output (output in a job file) is Slurm's: drop it for Kubernetes"),
+])
+def test_a_kubernetes_job_meets_kubernetes_rules_not_sbatch_ones(tmp_path: Path, key: str, value: str,
+                                                                 expected: str) -> None:
+    """What an #SBATCH line can hold is Slurm's rule: a Kubernetes job's name is refused by the Kubeflow name rule,
+    and a Slurm-only value by "drop it", not by "cannot be written on an #SBATCH line" that points the user at a
+    scheduler the job does not go to."""
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"scheduler": "kubernetes", key: value,
+                                                      "command": ["python3", "x.py"], "kubernetes": {"image": IMAGE}}))
+    line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
+    assert expected in line
+    assert "SBATCH" not in line
+
+
+def test_a_kubernetes_job_yaml_of_an_earlier_version_still_resubmits(tmp_path: Path) -> None:
+    """Before SlurmOptions, job.yaml held every JobSpec field, Slurm's too, at their defaults: such a file still
+    resubmits to Kubernetes (a Slurm key at its default is no option); a value set is refused with the fix."""
+    earlier = {"command": ["python3", "x.py"], "name": "older", "partition": None, "account": None, "qos": None,
+               "launcher": "torchrun", "output": None, "error": None, "sbatch_extra": [], "rdzv_port": None,
+               "max_requeues": 3, "max_preemptions": 10, "scheduler": "kubernetes", "kubernetes": {"image": IMAGE}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(earlier))
+    manifest = manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
+    assert manifest["metadata"]["name"] == "older"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**earlier, "sbatch_extra": ["--exclusive"]}))
+    line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
+    assert "--sbatch (sbatch_extra in a job file) is Slurm's: drop it for Kubernetes" in line

@@ -121,6 +121,24 @@ def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
 
 
 @pytest.mark.k8s
+@pytest.mark.slurm
+def test_dev_list_notes_a_session_whose_job_has_ended(slurm_cluster, tmp_path: Path) -> None:
+    """Which states mean "ended" is the backend's (SessionView.ended): a session whose job finished, and one whose
+    job the scheduler forgot, are each noted with the `dev stop` that forgets them."""
+    env = cli_env(tmp_path / "home")
+    job_id = slurm_cluster.sbatch("--wrap", "true", "--output", "/dev/null", cwd=tmp_path)
+    slurm_cluster.wait_state(job_id, {"COMPLETED"})
+    for name, recorded_id in (("done", job_id), ("forgotten", "999999999")):
+        state = tmp_path / "home" / "dev" / name
+        state.mkdir(parents=True)
+        (state / "connection.json").write_text(json.dumps({"name": name, "scheduler": "slurm", "job_id": recorded_id,
+                                                           "service": "jupyter"}))
+    listed = hpctrain("dev", "list", "--scheduler", "slurm", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "note: done has ended (COMPLETED); `hpctrain dev stop done` forgets it" in listed.stdout, listed.stdout
+    assert "note: forgotten has ended (GONE); `hpctrain dev stop forgotten` forgets it" in listed.stdout, listed.stdout
+
+
 def test_cancel_deletes_a_service_pod_and_its_secret(k8s_cluster, tmp_path: Path) -> None:
     """`hpctrain cancel NAME` on Kubernetes: a dev or TensorBoard pod (no job object) goes with its Secret. No pod
     runs (no kubelet): deleting one the API server has never seen bound is immediate."""

@@ -9,7 +9,10 @@ import pytest
 from hpctrain.errors import UserError
 from hpctrain.jobs import load_job_file
 from hpctrain.jobs.mapping import VALID_KEYS, from_mapping
-from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources, local_problems
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources, missing_prerequisites
+from hpctrain.schedulers.slurm.local import output_problems
+from hpctrain.schedulers.slurm.options import SlurmOptions, read_file_section
+from hpctrain.schedulers.slurm.render import render_sbatch
 from hpctrain.jobs.values import format_time_limit, parse_gres, parse_mem_mb, parse_time_limit
 
 
@@ -80,24 +83,22 @@ def test_resource_validation_messages() -> None:
 def test_job_validation_messages() -> None:
     with pytest.raises(UserError, match="no command"):
         JobSpec(command=())
-    with pytest.raises(UserError, match="control characters"):
-        JobSpec(command=("x",), name="two\nlines")
-    with pytest.raises(UserError, match="one kind of quote"):
-        JobSpec(command=("x",), name="a'b\"c")
-    with pytest.raises(UserError, match="set --nproc-per-node 4"):
-        JobSpec(command=("x",), resources=Resources(nproc_per_node=2, gpus_per_node=4))
-    with pytest.raises(UserError, match="--launcher single runs one process"):
-        JobSpec(command=("x",), launcher="single", resources=Resources(nodes=2))
-    with pytest.raises(UserError, match="use one of torchrun, srun, single"):
-        JobSpec(command=("x",), launcher="mpirun")
     with pytest.raises(UserError, match="lower --signal-grace or raise --time"):
         JobSpec(command=("x",), time="1", signal_grace=120)
     with pytest.raises(UserError, match="environment variable name"):
         JobSpec(command=("x",), env=(("1BAD", "x"),))
-    with pytest.raises(UserError, match="must start with -"):
-        JobSpec(command=("x",), sbatch_extra=("exclusive",))
+
+
+def test_slurm_checks_the_launcher_against_the_resources() -> None:
+    """How processes start is Slurm's option (SlurmOptions.launcher): Slurm checks it with the job's resources."""
+    with pytest.raises(UserError, match="set --nproc-per-node 4"):
+        render_sbatch(JobSpec(command=("x",), resources=Resources(nproc_per_node=2, gpus_per_node=4)))
+    with pytest.raises(UserError, match="--launcher single runs one process"):
+        render_sbatch(JobSpec(command=("x",), resources=Resources(nodes=2)), SlurmOptions(launcher="single"))
+    with pytest.raises(UserError, match="use one of torchrun, srun, single"):
+        SlurmOptions(launcher="mpirun")
     # one process driving several GPUs (DataParallel) is allowed
-    JobSpec(command=("x",), launcher="single", resources=Resources(gpus_per_node=4))
+    render_sbatch(JobSpec(command=("x",), resources=Resources(gpus_per_node=4)), SlurmOptions(launcher="single"))
 
 
 def test_environment_validation_messages() -> None:
@@ -117,13 +118,13 @@ def test_local_problems_find_missing_images(tmp_path: Path) -> None:
     sif = tmp_path / "ok.sif"
     sif.write_bytes(b"")
     ok = JobSpec(command=("x",), environment=EnvironmentSpec(kind="apptainer", image=str(sif)))
-    assert local_problems(ok) == []
+    assert missing_prerequisites(ok) == []
     missing = ok.replace(environment=EnvironmentSpec(kind="apptainer", image=str(tmp_path / "nope.sif")))
-    assert local_problems(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull it first (apptainer pull ...) or fix --image"]
+    assert missing_prerequisites(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull it first (apptainer pull ...) or fix --image"]
     registry = JobSpec(command=("x",), environment=EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3"))
-    assert local_problems(registry) == []  # a registry reference is pulled by enroot on the node
+    assert missing_prerequisites(registry) == []  # a registry reference is pulled by enroot on the node
     sqsh = registry.replace(environment=EnvironmentSpec(kind="pyxis", image=str(tmp_path / "x.sqsh")))
-    assert "enroot image" in local_problems(sqsh)[0]
+    assert "enroot image" in missing_prerequisites(sqsh)[0]
 
 
 # ---- job files ------------------------------------------------------------------------------------------
@@ -173,7 +174,11 @@ modules = ["cuda/12.4"]
 def test_job_file_formats_agree(tmp_path: Path, suffix: str, text: str) -> None:
     path = tmp_path / f"job{suffix}"
     path.write_text(text)
-    job = from_mapping(load_job_file(path))
+    data = load_job_file(path)
+    # Slurm's options at the top level, where job files kept them before the `slurm:` section
+    assert read_file_section("job", {k: data.pop(k) for k in ("partition", "launcher")}) == {
+        "partition": "debug", "launcher": "srun"}
+    job = from_mapping(data)
     assert job.time_limit_s == 1800
     assert job.resources == Resources(nodes=2, nproc_per_node=2, gpus_per_node=2, gpu_type="a100", cpus_per_task=4, mem="16G")
     assert job.environment == EnvironmentSpec(kind="conda", conda_env="train", modules=("cuda/12.4",))
@@ -184,7 +189,7 @@ def test_job_file_formats_agree(tmp_path: Path, suffix: str, text: str) -> None:
 def test_to_dict_round_trips() -> None:
     job = JobSpec(command=("python", "x.py"), time="1-00", resources=Resources(nodes=2, nproc_per_node=2, gpus_per_node=2),
                   environment=EnvironmentSpec(kind="pyxis", image="img", mounts=("/a:/b",), workdir="/w"),
-                  env=(("A", "1"),), sbatch_extra=("--exclusive",))
+                  env=(("A", "1"),))
     assert from_mapping(job.to_dict()) == job
 
 
@@ -225,11 +230,11 @@ def test_job_file_syntax_and_suffix_errors(tmp_path: Path) -> None:
 
 def test_local_problems_find_missing_log_directories(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
-    ok = JobSpec(command=("x",), output=str(tmp_path / "logs" / "%x-%j.out"))
-    assert local_problems(ok) == []
-    missing = JobSpec(command=("x",), error=str(tmp_path / "nope" / "%j.err"))
-    assert local_problems(missing) == [
+    ok = SlurmOptions(output=str(tmp_path / "logs" / "%x-%j.out"))
+    assert output_problems(ok) == []
+    missing = SlurmOptions(error=str(tmp_path / "nope" / "%j.err"))
+    assert output_problems(missing) == [
         f"--error {tmp_path / 'nope' / '%j.err'}: directory {tmp_path / 'nope'} does not exist and sbatch will not create it; "
         f"mkdir -p {tmp_path / 'nope'}"
     ]
-    assert local_problems(JobSpec(command=("x",), output="job-%j.out")) == []  # the submit directory
+    assert output_problems(SlurmOptions(output="job-%j.out")) == []  # the submit directory

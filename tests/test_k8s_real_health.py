@@ -37,7 +37,7 @@ def test_a_hung_rank_is_named_and_the_restarted_pods_resume_exactly(real: Real, 
     train = ("train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "1", "--run-dir", str(run_dir),
              "--checkpoint-every", "16")
     job = JobSpec(command=("python", str(TESTS / "ailing_rank.py"), *train, "--hang-timeout", "5"), name="hung",
-                  run_dir=str(run_dir), max_restarts=2, launcher="torchrun",
+                  run_dir=str(run_dir), max_restarts=2,
                   resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
                   env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "stall"),
                        ("HPCTRAIN_TEST_AILING_S", "20"), ("HPCTRAIN_TEST_AILING_ONCE", "1"),

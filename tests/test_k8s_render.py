@@ -193,7 +193,7 @@ def test_container_command(api: str, command: tuple, nodes: int, nproc: int, exp
     ({"name": "Mnist_Run"}, "pytorchjob", "not a valid Kubeflow job name"),
     ({"name": "a" * 55}, "pytorchjob", "use at most 54"),
     ({"environment": EnvironmentSpec(kind="conda", conda_env="x")}, "pytorchjob", "the image is the environment"),
-    ({"sbatch_extra": ("--exclusive",)}, "pytorchjob", "--sbatch options are Slurm's"),
+    ({"resources": Resources(nproc_per_node=2, gpus_per_node=4)}, "pytorchjob", "set --nproc-per-node 4"),
     ({"max_restarts": 2}, "trainjob", "restart budget from the runtime"),
     ({"env": (("PET_NNODES", "2"),)}, "trainjob", "PET_* variables are set by the Trainer runtime"),
 ])

@@ -20,6 +20,7 @@ import pytest
 
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm import requeue
+from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions
 from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM
 
@@ -40,10 +41,16 @@ RESOURCES = {"cpu": {}, "gpu2": {"gpus_per_node": 2}, "shard16": {"shards_per_no
 GOLDEN_PYTHON = "/opt/python/bin/python3"
 
 
-def golden_job(launcher: str, env: str, res: str) -> JobSpec:
+def slurm_job(**fields) -> tuple[JobSpec, SlurmOptions]:
+    """A JobSpec and its SlurmOptions from one set of keywords (SlurmOptions' own go to it)."""
+    return (JobSpec(**{k: v for k, v in fields.items() if k not in FILE_KEYS}),
+            SlurmOptions(**{k: v for k, v in fields.items() if k in FILE_KEYS}))
+
+
+def golden_job(launcher: str, env: str, res: str) -> tuple[JobSpec, SlurmOptions]:
     multi = launcher != "single"
     nproc = 2 if multi else 1
-    return JobSpec(
+    return slurm_job(
         command=("hpctrain", "train", "mnist", "--dataset", "fashion-mnist", "--epochs", "1"),
         name=f"mnist-{launcher}-{env}-{res}",
         partition="debug",
@@ -64,7 +71,7 @@ CASES = [(l, e, r) for l in ("torchrun", "srun", "single") for e in ENVIRONMENTS
 
 @pytest.mark.parametrize("launcher,env,res", CASES, ids=["-".join(c) for c in CASES])
 def test_golden(launcher: str, env: str, res: str) -> None:
-    script = render_sbatch(golden_job(launcher, env, res))
+    script = render_sbatch(*golden_job(launcher, env, res))
     path = GOLDEN_DIR / f"{launcher}-{env}-{res}.sbatch"
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,28 +99,28 @@ def test_goldens_pass_bash_n_and_shellcheck() -> None:
 
 def test_render_is_pure_and_has_no_local_paths() -> None:
     job = golden_job("torchrun", "venv", "gpu2")
-    assert render_sbatch(job) == render_sbatch(job)
-    text = render_sbatch(job)
+    assert render_sbatch(*job) == render_sbatch(*job)
+    text = render_sbatch(*job)
     assert str(Path.cwd()) not in text and str(Path.home()) not in text
     assert '"$HOME"/venvs/hpctrain/bin/activate' in text
 
 
 def test_resources_render_per_launcher() -> None:
-    torch_job = golden_job("torchrun", "none", "gpu2")
-    text = render_sbatch(torch_job)
+    torch_job, slurm = golden_job("torchrun", "none", "gpu2")
+    text = render_sbatch(torch_job, slurm)
     # torchrun: one task per node holding the CPUs of both workers
     assert "#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=2\n#SBATCH --gres=gpu:2\n" in text
-    srun_text = render_sbatch(golden_job("srun", "none", "shard16"))
+    srun_text = render_sbatch(*golden_job("srun", "none", "shard16"))
     assert "#SBATCH --ntasks-per-node=2\n#SBATCH --cpus-per-task=1\n#SBATCH --gres=shard:16\n" in srun_text
     assert "#SBATCH --time=00:30:00" in srun_text
-    single = render_sbatch(golden_job("single", "apptainer", "gpu2"))
+    single = render_sbatch(*golden_job("single", "apptainer", "gpu2"))
     assert "#SBATCH --ntasks=1" in single and "apptainer exec --nv" in single
-    assert "apptainer exec --bind" in render_sbatch(golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
-    no_signal = render_sbatch(torch_job.replace(signal_grace=0))  # no time-limit warning: requeued after a hang only
+    assert "apptainer exec --bind" in render_sbatch(*golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
+    no_signal = render_sbatch(torch_job.replace(signal_grace=0), slurm)  # no time-limit warning: requeued after a hang only
     assert "#SBATCH --signal" not in no_signal and "#SBATCH --requeue" in no_signal
     assert no_signal.count('scontrol requeue "') == 1 and '[ "$stop_reason" = hung ]' in no_signal
     assert "scontrol requeuehold" in no_signal and '[ "$stop_reason" = sick_node ]' in no_signal
-    never = render_sbatch(torch_job.replace(signal_grace=0, max_hang_restarts=0))
+    never = render_sbatch(torch_job.replace(signal_grace=0, max_hang_restarts=0), slurm)
     assert "--requeue" not in never and "scontrol requeue" not in never
 
 
@@ -160,7 +167,7 @@ def test_exclude_nodes_takes_plain_node_names(bad: str) -> None:
 
 
 def test_sbatch_lines_quote_as_sbatch_reads_them() -> None:
-    text = render_sbatch(JobSpec(command=("true",), name="it's $(x) `y`", output="logs/a b-%j.out"))
+    text = render_sbatch(*slurm_job(command=("true",), name="it's $(x) `y`", output="logs/a b-%j.out"))
     assert "#SBATCH --job-name=\"it's $(x) `y`\"" in text
     assert '#SBATCH --output="logs/a b-%j.out"' in text
     text = render_sbatch(JobSpec(command=("true",), name='say "hi"'))
@@ -248,11 +255,11 @@ HOSTILE = ["it's", '"dq"', "$(touch pwned)", "`touch pwned2`", "a\nb", "$HOME", 
 def test_hostile_arguments_arrive_literally(fake_slurm, launcher: str) -> None:
     tmp_path, env, out = fake_slurm
     nodes, nproc = (1, 1) if launcher == "single" else (2, 2)
-    job = JobSpec(command=("python", "train.py", *HOSTILE), name="q'uote $(x)", launcher=launcher,
+    job = slurm_job(command=("python", "train.py", *HOSTILE), name="q'uote $(x)", launcher=launcher,
                   resources=Resources(nodes=nodes, nproc_per_node=nproc), env=(("MSG", "$(touch pwned3) 'x'"),),
                   run_dir="runs/odd dir $(x)-%j", signal_grace=0)
     script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(job))
+    script.write_text(render_sbatch(*job))
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = json.loads((out / "srun.json").read_text())
@@ -302,9 +309,10 @@ def test_busy_rendezvous_port_is_skipped(fake_slurm) -> None:
     assert port != first and first < port < first + 200
 
 
-def _run_and_signal(tmp_path: Path, env: dict, out: Path, job: JobSpec, sig: signal.Signals, mode: str):
+def _run_and_signal(tmp_path: Path, env: dict, out: Path, job: tuple[JobSpec, SlurmOptions], sig: signal.Signals,
+                    mode: str):
     (tmp_path / "runs").mkdir(exist_ok=True)
-    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
     proc = subprocess.Popen(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "FAKE_MODE": mode},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
@@ -329,7 +337,7 @@ def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, 
     if own_requeues is not None:
         count_file.parent.mkdir(parents=True)
         count_file.write_text(own_requeues + "\n")
-    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
                   run_dir="runs/r-%j", signal_grace=60, max_requeues=3)
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, "preempt")
     assert (out / "signals").read_text() == "SIGUSR1\n", output
@@ -345,7 +353,7 @@ def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, 
 @pytest.mark.parametrize("mode", ["completed-then-failed", "diverged"])
 def test_a_completed_or_diverged_run_is_not_requeued_when_a_warning_fails_the_step(fake_slurm, mode: str) -> None:
     tmp_path, env, out = fake_slurm
-    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
                   run_dir="runs/r-%j", signal_grace=60)
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, mode)
     assert not (out / "scontrol").exists(), output
@@ -356,9 +364,9 @@ def test_slurm_requeues_beyond_their_budget_stop_the_job_before_it_runs(fake_slu
     tmp_path, env, out = fake_slurm
     (tmp_path / "runs" / "r-4242").mkdir(parents=True)
     (tmp_path / "runs" / "r-4242" / "requeue_count").write_text("1\n")
-    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
                   run_dir="runs/r-%j", signal_grace=60, max_preemptions=2)
-    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
     proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "4"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
@@ -368,7 +376,7 @@ def test_slurm_requeues_beyond_their_budget_stop_the_job_before_it_runs(fake_slu
 
 def test_scancel_term_is_forwarded_and_never_requeues(fake_slurm) -> None:
     tmp_path, env, out = fake_slurm
-    job = JobSpec(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
                   run_dir="runs/r-%j", signal_grace=60)
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGTERM, "fail")
     assert (out / "signals").read_text() == "SIGTERM\n", output
@@ -414,11 +422,11 @@ def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
 
 
 def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
-    job = JobSpec(command=("python", "x.py", *HOSTILE), name="a'b $(x) `y` #z;|&", output="o ut-%j.log",
+    job = slurm_job(command=("python", "x.py", *HOSTILE), name="a'b $(x) `y` #z;|&", output="o ut-%j.log",
                   env=(("A", "$(x) 'y' \"z\""),), run_dir="~/r un/$(x)-%j", sbatch_extra=("--comment='hello world'",),
                   environment=EnvironmentSpec(kind="conda", conda_env="~/my env", modules=("a/1",)))
     path = tmp_path / "job.sbatch"
-    path.write_text(render_sbatch(job))
+    path.write_text(render_sbatch(*job))
     proc = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
@@ -430,7 +438,7 @@ def test_max_restarts_reaches_torchrun_only() -> None:
     from hpctrain.errors import UserError
 
     with pytest.raises(UserError, match="use --launcher torchrun"):
-        JobSpec(command=("x",), launcher="srun", max_restarts=1)
+        render_sbatch(*slurm_job(command=("x",), launcher="srun", max_restarts=1))
 
 
 # ---- one option per --sbatch value ----------------------------------------------------------------------------
@@ -446,7 +454,7 @@ def test_max_restarts_reaches_torchrun_only() -> None:
     ("--nice=-5", "#SBATCH --nice=-5"),
 ])
 def test_an_extra_sbatch_option_renders_as_one_option(extra: str, line: str) -> None:
-    text = render_sbatch(JobSpec(command=("true",), sbatch_extra=(extra,)))
+    text = render_sbatch(JobSpec(command=("true",)), SlurmOptions(sbatch_extra=(extra,)))
     assert line + "\n" in text
 
 
@@ -472,7 +480,25 @@ def test_an_extra_sbatch_value_that_smuggles_a_second_option_is_refused(extra: s
     from hpctrain.errors import UserError
 
     with pytest.raises(UserError, match=re.escape(message)):
-        JobSpec(command=("true",), sbatch_extra=(extra,))
+        SlurmOptions(sbatch_extra=(extra,))
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"name": "two\nlines"}, "--job-name 'two\\nlines' contains control characters"),
+    ({"name": "a'b\"c"}, "use only one kind of quote"),
+    ({"partition": "gpu\\a"}, "--partition 'gpu\\\\a' cannot be written on an #SBATCH line"),
+    ({"output": "out\t%j"}, "--output 'out\\t%j' contains control characters"),
+    ({"sbatch_extra": ("exclusive",)}, "must start with -"),
+    ({"python": "/opt/py\\thon"}, "python '/opt/py\\\\thon' cannot be written on an #SBATCH line"),
+])
+def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: str) -> None:
+    """Slurm refuses them, naming the flag, before any script exists: SlurmOptions its own values, render the
+    JobSpec's (which holds them for every scheduler; another has rules of its own)."""
+    from hpctrain.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        render_sbatch(*slurm_job(command=("true",), **fields))
+    assert message in str(err.value)
 
 
 # ---- the job finds the tools that submitted it ----------------------------------------------------------------
@@ -483,9 +509,9 @@ def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> No
     words = step_command(recipe)
     assert words[words.index("--kill-on-bad-exit=1") + 1:][:3] == ["'/opt/my env/bin/python3'", "-c", '"$hpctrain_torchrun"']
     assert words[words.index("--no-python") + 1:][:4] == ["'/opt/my env/bin/python3'", "-m", "hpctrain", "train"]
-    srun = step_command(recipe.replace(launcher="srun", resources=Resources(nproc_per_node=2)))
+    srun = step_command(recipe.replace(resources=Resources(nproc_per_node=2)), SlurmOptions(launcher="srun"))
     assert "torchrun" not in " ".join(srun) and "torch.distributed.run" not in srun
-    own = step_command(JobSpec(command=("python", "x.py"), python=python, launcher="srun"))
+    own = step_command(*slurm_job(command=("python", "x.py"), python=python, launcher="srun"))
     assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
     # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
     plain = step_command(JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]))
@@ -515,13 +541,13 @@ def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: 
 
     tmp_path, env, out = fake_slurm
     run_dir = "runs/r-%j" if train_args else "runs/mnist-fashion-mnist-%j"
-    job = JobSpec(command=("hpctrain", "train", "mnist", *train_args, "--epochs", "1"), launcher="srun",
+    job = slurm_job(command=("hpctrain", "train", "mnist", *train_args, "--epochs", "1"), launcher="srun",
                   resources=Resources(nodes=1, nproc_per_node=1), run_dir=run_dir, signal_grace=60)
     (tmp_path / "bin" / "srun").write_text(
         f"#!{sys.executable}\nimport json, os, sys\n"
         "json.dump({'argv': sys.argv[1:], 'env': os.environ['HPCTRAIN_RUN_DIR']}, open(os.environ['FAKE_OUT'] + '/step.json', 'w'))\n"
     )
-    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
     proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     step = json.loads((out / "step.json").read_text())

@@ -16,14 +16,15 @@ import pytest
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.render import render_sbatch
-from test_render import _run_and_signal, fake_slurm  # noqa: F401 - the fixture
+from hpctrain.schedulers.slurm.options import SlurmOptions
+from test_render import _run_and_signal, fake_slurm, slurm_job  # noqa: F401 - the fixture
 
 RUN = Path("runs") / "r-4242"
 
 
-def _job(**changes) -> JobSpec:
-    return JobSpec(command=("python3", "my_train.py"), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
-                   run_dir="runs/r-%j", signal_grace=60, **changes)
+def _job(**changes) -> tuple[JobSpec, SlurmOptions]:
+    return slurm_job(command=("python3", "my_train.py"), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
+                     run_dir="runs/r-%j", signal_grace=60, **changes)
 
 
 def _requeued(out: Path) -> bool:
@@ -81,7 +82,7 @@ def test_a_fifo_for_a_counter_or_stop_reason_does_not_hang_the_script(fake_slurm
     (tmp_path / RUN).mkdir(parents=True)
     for name in ("requeue_count", "hang_restarts", "excluded_nodes"):
         os.mkfifo(tmp_path / RUN / name)
-    (tmp_path / "job.sbatch").write_text(render_sbatch(_job()))
+    (tmp_path / "job.sbatch").write_text(render_sbatch(*_job()))
     proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -91,7 +92,7 @@ def test_restarts_beyond_every_budget_together_end_the_job_whatever_the_run_dire
     (tmp_path / RUN).mkdir(parents=True)
     (tmp_path / RUN / "requeue_count").write_text("900\n")  # a count that would excuse any number of restarts
     job = _job(max_requeues=1, max_hang_restarts=1, max_preemptions=1)
-    (tmp_path / "job.sbatch").write_text(render_sbatch(job))
+    (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
     proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "4"},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and "more than all its budgets together allow (3:" in proc.stderr
@@ -135,17 +136,17 @@ def test_submit_says_in_one_line_what_the_warning_will_do(tmp_path: Path) -> Non
 
     (tmp_path / "lib.py").write_text("from hpctrain.training import StopRequest\nstop = StopRequest().install()\n")
     (tmp_path / "plain.py").write_text("import time\ntime.sleep(9)\n")
-    job = _job()
-    [uses] = warning_note(job, (str(tmp_path / "lib.py"),))
+    job, options = _job()
+    [uses] = warning_note(job, options, (str(tmp_path / "lib.py"),))
     assert uses == (f"note: time limit: SIGUSR1 60 s before it goes to your program once it installs "
                     f"hpctrain.training.StopRequest (as {tmp_path / 'lib.py'} does); the job requeues itself only if "
                     "the program then says its state is saved (announce_stop), at most 3 times")
-    [plain] = warning_note(job, (str(tmp_path / "plain.py"),))
+    [plain] = warning_note(job, options, (str(tmp_path / "plain.py"),))
     assert plain.startswith(f"note: time limit: {tmp_path / 'plain.py'} does not use hpctrain.training.StopRequest, "
                             "which says it handles SIGUSR1; a program that does not say so gets no SIGUSR1")
-    assert warning_note(job.replace(signal_grace=0)) == [
+    assert warning_note(job.replace(signal_grace=0), options) == [
         "note: time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
-    [recipe] = warning_note(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j"))
+    [recipe] = warning_note(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j"), SlurmOptions())
     assert "the run gets SIGUSR1 120 s before it, checkpoints and stops" in recipe
 
 

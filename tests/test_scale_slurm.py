@@ -17,6 +17,7 @@ import pytest
 
 from hpctrain.schedulers.slurm import display, query, records
 from hpctrain.schedulers.slurm.jobs import list_jobs, parse_scontrol_jobs, parse_squeue
+from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
 from hpctrain.schedulers.tables import RICH_ROWS
 from hpctrain.jobs.spec import JobSpec, Resources
@@ -57,7 +58,7 @@ def test_the_harness_prints_what_hpctrain_parses() -> None:
 
 
 def _big_job() -> JobSpec:
-    return JobSpec(name="big", command=("python", "train.py"), partition="gpu",
+    return JobSpec(name="big", command=("python", "train.py"),
                    resources=Resources(nodes=1000, nproc_per_node=8, gpus_per_node=8))
 
 
@@ -67,7 +68,7 @@ def test_check_of_a_whole_gpu_job_never_lists_the_jobs(version: str) -> None:
     GPU) the job list used to be read and parsed whole for every check, 100,000 records on a big cluster."""
     for n in (40, 80):
         run = Recorder(version, n)
-        SlurmScheduler(run=run).check(_big_job())
+        SlurmScheduler(SlurmOptions(partition="gpu"), run=run).check(_big_job())
         assert run.calls == [["scontrol", "show", "partition", "-o"], ["scontrol", "-d", "show", "node", "-o"]]
 
 

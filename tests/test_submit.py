@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpctrain.cli import main
 
@@ -75,6 +76,11 @@ def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) 
         ("nodes: -2\ncommand: [x]\n", "--nodes must be at least 1"),
         ("time: 1h\ncommand: [x]\n", "is not a Slurm time"),
         ("command: [x]\nenvironment: {kind: apptainer, image: missing.sif}\n", "apptainer image missing.sif does not exist"),
+        ("command: [x]\nslurm: {partitio: gpu}\n", "job file job.yaml: unknown slurm key(s) partitio; valid keys: account,"),
+        ("command: [x]\nslurm: {max_requeues: many}\n", "job file job.yaml: max_requeues must be a whole number (got"),
+        ("command: [x]\npartition: 5\n", "job file job.yaml: partition must be a string (got 5, a int)"),
+        ("command: [x]\nslurm: {launcher: mpirun}\n", "--launcher 'mpirun' is unknown: use one of torchrun, srun, single"),
+        ("command: [x]\nslurm: [gpu]\n", "job file job.yaml: slurm must be a mapping of options (partition,"),
     ],
 )
 def test_bad_job_files_exit_2_and_submit_nothing(fake_sbatch: Path, tmp_path: Path, capsys, job_file: str, message: str) -> None:
@@ -130,6 +136,32 @@ def test_submit_records_script_and_description(fake_sbatch: Path, tmp_path: Path
     capsys.readouterr()
     assert main(["submit", "--dry-run", "--job-file", str(run_dir / "job.yaml")]) == 0
     assert capsys.readouterr().out.split("\n", 1)[1] == (run_dir / "job.sbatch").read_text() + "EOF\n"
+
+
+SLURM_KEYS = {"partition": "debug", "account": "team", "output": "logs/o-%j.out", "launcher": "srun",
+              "sbatch_extra": ["--exclusive"], "max_requeues": 1}
+
+
+@pytest.mark.parametrize("layout", ["top level", "slurm section"])
+def test_slurm_options_in_a_job_file_and_in_job_yaml(fake_sbatch: Path, tmp_path: Path, capsys, layout: str) -> None:
+    """Slurm's options (SlurmOptions) stand at a job file's top level, as they always did, or in its `slurm:`
+    section; the job.yaml that submit records keeps them in that section and resubmits the same script."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "train.py").write_text("")
+    job = {"name": "opts", "command": ["python", "train.py"], "nodes": 2, "time": "10"}
+    job.update(SLURM_KEYS if layout == "top level" else {"slurm": SLURM_KEYS})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    assert main(["submit", "--no-check", "--job-file", "job.yaml"]) == 0, capsys.readouterr().err
+    script = (tmp_path / "runs" / "opts-777" / "job.sbatch").read_text()
+    for line in ("#SBATCH --partition=debug", "#SBATCH --account=team", "#SBATCH --output=logs/o-%j.out",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", "own_requeues\" -lt 1 ]"):
+        assert line in script, line
+    recorded = yaml.safe_load((tmp_path / "runs" / "opts-777" / "job.yaml").read_text())
+    assert recorded["scheduler"] == "slurm" and recorded["slurm"] == SLURM_KEYS
+    assert not set(SLURM_KEYS) & set(recorded)
+    capsys.readouterr()
+    assert main(["submit", "--dry-run", "--job-file", str(tmp_path / "runs" / "opts-777" / "job.yaml")]) == 0
+    assert capsys.readouterr().out.split("\n", 1)[1] == script + "EOF\n"
 
 
 def test_cli_entry_point_exit_status(fake_sbatch: Path, tmp_path: Path) -> None:
@@ -257,6 +289,7 @@ def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, cap
 
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
     from hpctrain.schedulers.slurm.local import program_problems
+    from hpctrain.schedulers.slurm.options import SlurmOptions
     from hpctrain.jobs.spec import EnvironmentSpec, JobSpec
 
     tools = tmp_path / "tools"
@@ -278,7 +311,8 @@ def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
     _executable(venv / "bin" / "hpctrain")
     assert program_problems(in_venv, bare) == []
     # python by name, not on the PATH: the fix names this interpreter
-    [problem] = program_problems(JobSpec(command=("python", "x.py"), launcher="srun", python=sys.executable), bare)
+    [problem] = program_problems(JobSpec(command=("python", "x.py"), python=sys.executable), bare,
+                                 SlurmOptions(launcher="srun"))
     assert f"-- {sys.executable} ..." in problem
     # modules and containers bring their own PATH: nothing is claimed
     for env in (EnvironmentSpec(kind="modules", modules=("x",)), EnvironmentSpec(kind="pyxis", image="repo#img")):

@@ -1,6 +1,6 @@
 """`hpctrain check [job options]`: validate a job against the live cluster and submit nothing.
 
-Takes the same options as `hpctrain submit` (Slurm or `--scheduler kubernetes`); prints one line per problem
+Takes the same options as `hpctrain submit` (any scheduler); prints one line per problem
 (each naming the fix) and exits 2, or says that the job fits and exits 0. Warnings (lines starting with
 `warning:`) and notes (`note:`, a check that could not run here) do not fail the check.
 
@@ -75,9 +75,11 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
     job_id = sched.submit(probe, sched.render(probe))
     print(f"preflight: job {job_id} checks the nodes it gets", flush=True)
     status = wait(sched, job_id, "check")
-    record = Path(run_dir.replace("%j", job_id)) / PREFLIGHT_FILE if run_dir else None
-    if record is None or not backend_info(scheduler).shares_file_system or not record.is_file():
-        where = f" ({record} on the job's file system)" if record is not None else ""
+    here = backend_info(scheduler).local_run_dir(run_dir.replace("%j", job_id)) if run_dir else None
+    record = here / PREFLIGHT_FILE if here is not None else None
+    if record is None or not record.is_file():
+        shown = Path(run_dir.replace("%j", job_id)) / PREFLIGHT_FILE if run_dir else None
+        where = f" ({shown} on the job's file system)" if shown is not None else ""
         print(f"preflight: job {job_id} ended with exit status {status}{where}")
         return 0 if status == 0 else 2
     try:

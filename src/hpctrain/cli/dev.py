@@ -42,23 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
     start.add_argument("--mem", help="memory, e.g. 16G")
     start.add_argument("--time", default="04:00:00", help="time limit (default: 04:00:00); the session ends then")
-    add_placement_arguments(start, "seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do "
-                                   "not wait)")
+    add_placement_arguments(start, wait_help="seconds to wait for the server to answer (default: 600; 0 on "
+                                             "Kubernetes: do not wait)")
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
     start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
-    add_connection_arguments(start, k8s_api=False, scheduler_help=chosen_scheduler_help("where the session runs"))
+    add_connection_arguments(start, role="services", scheduler_help=chosen_scheduler_help("where the session runs"))
 
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
     listing.add_argument("--idle-warn", default="1h", metavar="DURATION",
                          help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)")
-    add_connection_arguments(listing, k8s_api=False,
+    add_connection_arguments(listing, role="services",
                              scheduler_help="only the sessions started on this scheduler (default: every session, each "
                                             "asked through the scheduler it was started on)")
 
     stop = sub.add_parser("stop", help="stop a session and free its node or pod")
     stop.add_argument("name", metavar="NAME")
-    add_connection_arguments(stop, k8s_api=False,
+    add_connection_arguments(stop, role="services",
                              scheduler_help="the scheduler the session was started on (default: the one recorded "
                                             "then; another is refused)")
 
@@ -140,7 +140,7 @@ def _list(args: argparse.Namespace) -> int:
         if s.idle_s is not None and s.idle_s > idle_warn:
             warnings.append(f"warning: {s.name} has been idle for {format_age(s.idle_s)} (no kernel or terminal activity) "
                             f"while holding its resources: `{_stop_command(s)}`")
-        if s.state in ("GONE",) or s.state in _ENDED:
+        if s.ended:
             warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -153,9 +153,6 @@ def _list(args: argparse.Namespace) -> int:
 def _stop_command(session: Any) -> str:
     """The `dev stop` the session recorded when it started (with the flags that found its cluster), if any."""
     return str(session.connection.get("stop") or f"hpctrain dev stop {session.name}")
-
-
-_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "SUCCEEDED"}
 
 
 def _stop(args: argparse.Namespace) -> int:

@@ -1,10 +1,10 @@
-"""Choosing the scheduler for a command: `--scheduler slurm|kubernetes`, else the job file's `scheduler:`, else the
-one found here (hpctrain.schedulers.detect), and the flags that only one of them understands.
+"""Choosing the scheduler for a command: `--scheduler NAME`, else the job file's `scheduler:`, else the one found
+here (hpctrain.schedulers.detect), and the flags that only one of them understands.
 
-Shared by submit, check, status, logs, cancel, cluster and debug. Names no scheduler: which flags belong to which
-backend, and what they become, is each backend's BackendInfo (hpctrain.schedulers.backend_info). Imports no
-backend's client: the chosen one is loaded by hpctrain.schedulers.get_scheduler, so a Slurm user never loads the
-Kubernetes client.
+Shared by submit, check, status, logs, cancel, cluster, debug, dev, tensorboard and top. Names no scheduler: which
+flags each backend adds, which belong to which backend and what they become, is each backend's BackendInfo
+(hpctrain.schedulers.backend_info). Imports no backend's client: the chosen one is loaded by
+hpctrain.schedulers.get_scheduler, so a user of one scheduler never loads another's client.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers import OFFLINE_DEFAULT, SCHEDULERS, backend_info
+from hpctrain.schedulers import DETECTION, OFFLINE_DEFAULT, SCHEDULERS, backend_info
 
 SCHEDULER_NAMES = tuple(SCHEDULERS)
 SCHEDULER_ENV = "HPCTRAIN_SCHEDULER"  # the default scheduler of this shell (a login node that has both)
@@ -25,8 +25,7 @@ def chosen_scheduler_help(what: str, job_file: bool = False) -> str:
     """--scheduler's help: `what` it chooses, and how choose_scheduler picks one when it is left out (`job_file`:
     the command reads a job file's `scheduler:` first)."""
     first = "the job file's `scheduler:`, else " if job_file else ""
-    return (f"{what} (default: {first}${SCHEDULER_ENV}, else slurm when sbatch is on PATH, else kubernetes when a "
-            "kubeconfig is found)")
+    return f"{what} (default: {first}${SCHEDULER_ENV}, else {DETECTION})"
 
 
 def add_scheduler_argument(parser: argparse.ArgumentParser, help_text: str) -> argparse._ArgumentGroup:
@@ -35,40 +34,20 @@ def add_scheduler_argument(parser: argparse.ArgumentParser, help_text: str) -> a
     return g
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser, k8s_api: bool = True,
+def add_connection_arguments(parser: argparse.ArgumentParser, role: str = "jobs",
                              scheduler_help: str = chosen_scheduler_help("where the jobs are")) -> None:
-    """--scheduler (its help: `scheduler_help`) plus the Kubernetes options that say where jobs are (status, logs,
-    cancel, cluster; without --k8s-api for the commands around the job: dev, tensorboard, top)."""
-    g = add_scheduler_argument(parser, scheduler_help)
-    g.add_argument("--namespace", metavar="NAME",
-                   help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
-    if k8s_api:
-        g.add_argument("--k8s-api", dest="k8s_api", choices=("pytorchjob", "trainjob"),
-                       help="Kubernetes: Kubeflow PyTorchJob (default) or Trainer v2 TrainJob")
-    g.add_argument("--context", metavar="NAME", help="Kubernetes: the kubeconfig context (default: the current one)")
+    """--scheduler (its help: `scheduler_help`) plus each backend's flags for the command's `role`: `jobs`
+    (status, logs, cancel, cluster, debug: where the jobs are), `services` (dev, tensorboard, top) or `job` (submit,
+    check: where the job goes and its options); see BackendInfo.add_arguments."""
+    group = add_scheduler_argument(parser, scheduler_help)
+    for name in SCHEDULERS:
+        backend_info(name).add_arguments(parser, group, role)
 
 
-def add_kubernetes_job_arguments(parser: argparse.ArgumentParser) -> None:
-    add_connection_arguments(parser, scheduler_help=chosen_scheduler_help("where the job runs", job_file=True))
-    k = parser.add_argument_group("kubernetes (with --scheduler kubernetes; --nodes counts worker pods)")
-    k.add_argument("--shm", metavar="SIZE", help="size of /dev/shm, an in-memory volume (e.g. 8Gi): DataLoader workers need it")
-    k.add_argument("--priority-class", metavar="NAME", help="the pods' PriorityClass")
-    k.add_argument("--volume", dest="volumes", action="append", metavar="SPEC",
-                   help="pvc:CLAIM:/mount, nfs:SERVER:/export:/mount or host:/node/path:/mount, each with an optional :ro (repeatable)")
-    k.add_argument("--node-selector", dest="node_selector", action="append", metavar="KEY=VALUE",
-                   help="run only on nodes with this label (repeatable)")
-    k.add_argument("--toleration", dest="tolerations", action="append", metavar="KEY[=VALUE][:EFFECT]",
-                   help="tolerate a node taint (repeatable)")
-    k.add_argument("--service-account", metavar="NAME")
-    k.add_argument("--image-pull-secret", dest="image_pull_secrets", action="append", metavar="NAME",
-                   help="secret for pulling --image from a private registry (repeatable)")
-    k.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE",
-                   help="extra label on the job and its pods (repeatable)")
-    k.add_argument("--replace", action="store_true", default=None,
-                   help="submit: a job of the same name in the namespace, running or ended, is deleted first (its "
-                   "pods get SIGTERM and their grace period), then this one is created")
-    k.add_argument("--runtime", metavar="NAME", help="--k8s-api trainjob: the ClusterTrainingRuntime the TrainJob runs "
-                   "on (default: torch-distributed; `kubectl get clustertrainingruntimes` lists them)")
+def add_job_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
+    """submit and check: --scheduler, and each backend's flags for where the job goes and its options."""
+    add_connection_arguments(parser, role="job",
+                             scheduler_help=chosen_scheduler_help("where the job runs", job_file=True))
 
 
 def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None, offline: bool = False) -> str:

@@ -1,21 +1,20 @@
-"""`hpctrain submit`: describe a job (flags and/or a job file), check it, render it, and queue it on Slurm (sbatch)
-or Kubernetes (a Kubeflow PyTorchJob or TrainJob).
+"""`hpctrain submit`: describe a job (flags and/or a job file), check it, render it, and queue it on the chosen
+scheduler.
 
     hpctrain submit [job options] train mnist [train options]     # a built-in recipe
     hpctrain submit [job options] -- python my_train.py --lr 0.1   # any command
-    hpctrain submit --scheduler kubernetes --image IMG [...] train mnist
+    hpctrain submit --scheduler NAME [its options] train mnist
 
 One path for every scheduler, through hpctrain.schedulers.base.Scheduler: render, local_check (+ check), submit,
-record, then `wait` for --wait/--follow. What differs per scheduler is the backend's (its BackendInfo for the job's
-defaults, its methods for what is said). The job options are shared with `hpctrain check` (add_job_arguments /
-submission_from_args).
+record, then `wait` for --wait/--follow. What differs per scheduler is the backend's: its BackendInfo adds its
+flags, reads its job-file section, completes the job's defaults; its methods say what is said. The job options are
+shared with `hpctrain check` (add_job_arguments / submission_from_args).
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import os
 import re
 import sys
 import threading
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.cli.scheduling import (
-    add_kubernetes_job_arguments,
+    add_job_scheduler_arguments,
     backend_options,
     choose_scheduler,
     get_backend,
@@ -32,8 +31,8 @@ from hpctrain.cli.scheduling import (
 )
 from hpctrain.errors import UserError, redact
 from hpctrain.jobs.mapping import from_mapping
-from hpctrain.jobs.spec import ENVIRONMENT_KINDS, LAUNCHERS, JobSpec, missing_prerequisites
-from hpctrain.schedulers import backend_info, base
+from hpctrain.jobs.spec import ENVIRONMENT_KINDS, JobSpec, missing_prerequisites
+from hpctrain.schedulers import SCHEDULERS, backend_info, base
 from hpctrain.schedulers.job_file import JobFile, read_job_file
 
 
@@ -43,14 +42,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--job-file", metavar="PATH",
                    help="YAML or TOML job description, or a Kubernetes platform's key=value .params file; flags given here override it")
     g.add_argument("--job-name", "-J", dest="name", metavar="NAME", help="job name (default: hpctrain)")
-    g.add_argument("--partition", "-p", metavar="NAME")
-    g.add_argument("--account", "-A", metavar="NAME")
-    g.add_argument("--qos", "-q", metavar="NAME")
     g.add_argument("--time", "-t", metavar="TIME", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
-    g.add_argument("--output", "-o", metavar="PATTERN", help="output file (sbatch --output; %%j = job id)")
-    g.add_argument("--error", "-e", metavar="PATTERN", help="error file (default: with the output)")
-    g.add_argument("--sbatch", dest="sbatch_extra", action="append", metavar="OPTION",
-                   help="extra sbatch option for an #SBATCH line, e.g. --sbatch=--exclusive (repeatable)")
     g.add_argument("--exclude-nodes", dest="exclude_nodes", action="append", metavar="NODE[,NODE...]",
                    help="never run on these nodes, e.g. those a preflight found sick (Slurm: --exclude; Kubernetes: "
                         "a node affinity); repeatable")
@@ -75,20 +67,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--mount", dest="mounts", action="append", metavar="SRC[:DST]", help="container bind mount (repeatable)")
     e.add_argument("--container-workdir", dest="workdir", metavar="DIR")
     l = parser.add_argument_group("launch")
-    l.add_argument("--launcher", choices=LAUNCHERS,
-                   help="torchrun: one torchrun per node; srun: one task per process; single: one process (default: torchrun)")
     l.add_argument("--run-dir", metavar="DIR", help="run directory of a command after -- (%%j = job id; default runs/NAME-%%j)")
-    l.add_argument("--rdzv-port", type=int, metavar="PORT", help="torchrun rendezvous port (default: a free one)")
     l.add_argument("--signal-grace", type=int, metavar="S", help="SIGUSR1 this many seconds before the time limit (default 120; 0: off)")
-    l.add_argument("--max-requeues", type=int, metavar="N", help="requeues after time-limit warnings (default 3)")
-    l.add_argument("--max-preemptions", type=int, metavar="N",
-                   help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)")
     l.add_argument("--max-hang-restarts", type=int, metavar="N",
                    help="new starts after hpctrain's hang watchdog ended an attempt (`train --hang-timeout`); it "
                    "resumes from its checkpoint (default 2; Slurm: needs the run directory)")
     l.add_argument("--max-restarts", type=int, metavar="N",
                    help="torchrun: restart the workers up to N times after one dies (default 0)")
-    add_kubernetes_job_arguments(parser)
+    add_job_scheduler_arguments(parser)
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER,
                         help="`train WORKLOAD [train options]` (`hpctrain train --help`), or `-- COMMAND ...` for your own program")
 
@@ -106,9 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _RESOURCE_FLAGS = ("nodes", "nproc_per_node", "gpus_per_node", "gpu_type", "gres", "cpus_per_task", "mem")
-_JOB_FLAGS = ("name", "partition", "account", "qos", "time", "output", "error", "launcher", "run_dir", "rdzv_port",
-              "signal_grace", "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts")
-_ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
+_JOB_FLAGS = ("name", "time", "run_dir", "signal_grace", "max_hang_restarts", "max_restarts")
 
 
 @dataclass(frozen=True)
@@ -118,8 +102,8 @@ class Submission:
     job: JobSpec
     scheduler: str
     options: dict[str, Any] = field(default_factory=dict)
-    """The backend's own options (the job file's section, then the flags'): KubernetesOptions fields; none for
-    Slurm, whose options are the JobSpec's."""
+    """The backend's own options (the job file's section or its top-level keys, then the flags'): the fields of
+    its options object, for its create()."""
     recipe: Any = None
     """The TrainConfig of a built-in recipe's options, parsed as `hpctrain train` will in the job; None for a
     command."""
@@ -143,14 +127,37 @@ def submission_from_args(args: argparse.Namespace, dry_run: bool = False, comman
         raise UserError(f"job file {args.job_file} holds {owner.title} options ({', '.join(sorted(file_options))}) "
                         f"but the job goes to {scheduler}: pass --scheduler {owner.name}, or remove them")
     refuse_foreign_flags(args, scheduler)
-    options = backend_options(args, scheduler, file_options) if info.option_fields else {}
     data = dict(job_file.job)
+    file_options = {**_top_level_options(args, data, scheduler), **file_options}
+    options = backend_options(args, scheduler, file_options)
     resources_only = command_optional and not args.job_command and not data.get("command")
     if resources_only:
         data["command"] = list(PLACEHOLDER_COMMAND)
     job = _job(args, data, info)
     recipe = recipe_config(list(job.command[2:])) if job.is_recipe else None
     return Submission(job=job, scheduler=scheduler, options=options, recipe=recipe, resources_only=resources_only)
+
+
+def _top_level_options(args: argparse.Namespace, data: dict[str, Any], scheduler: str) -> dict[str, Any]:
+    """A backend's options at the job file's top level (where job files kept them before sections), taken out of
+    `data`: the chosen backend's, read as its section is; another backend's are refused with the fix unless at
+    their defaults (a job.yaml of an earlier version holds them all)."""
+    chosen = backend_info(scheduler)
+    found: dict[str, Any] = {}
+    for name in SCHEDULERS:
+        owner = backend_info(name)
+        keys = {k: data.pop(k) for k in list(data) if str(k).replace("-", "_") in owner.file_keys}
+        if name == scheduler and keys and owner.file_section is not None:
+            found = owner.file_section(f"job file {args.job_file}", keys)
+        for key, value in sorted(keys.items()) if name != scheduler else ():
+            if _as_data(value) != _as_data(owner.file_keys[str(key).replace("-", "_")]):
+                flag = owner.flags.get(str(key).replace("-", "_"), f"--{key}")
+                raise UserError(f"{flag} ({key} in a job file) is {owner.title}'s: drop it for {chosen.title}")
+    return found
+
+
+def _as_data(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:
@@ -170,8 +177,6 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
                 for k in ("gpus_per_node", "gpu_type", "shards_per_node"):
                     data.pop(k, None)
             data[key] = value
-    if args.sbatch_extra:
-        data["sbatch_extra"] = list(args.sbatch_extra)
     if args.exclude_nodes:
         data["exclude_nodes"] = [node.strip() for item in args.exclude_nodes for node in item.split(",") if node.strip()]
     if args.env:
@@ -182,8 +187,7 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
                 raise UserError(f"--setenv {item!r}: write NAME=VALUE")
             env[key] = value
         data["env"] = env
-    if info.shares_file_system:  # elsewhere --image is the backend's option (the pods' image), the only environment
-        data["environment"] = _environment_data(data.get("environment"), args)
+    data = info.complete_job(data, vars(args))  # the environment its flags describe, the interpreter
     command = _command(args.job_command)
     if command:
         data["command"] = list(command)
@@ -198,49 +202,9 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
         if "name" not in data:  # squeue then says what runs, rather than "hpctrain"
             cfg = recipe_config(cmd[2:])
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
-    elif data.get("run_dir") is None and info.run_dir_by_name:
-        data["run_dir"] = "runs/%j"  # %j is the job name there, unique in its namespace
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
-        data["run_dir"] = f"runs/{_path_safe(data.get('name', 'hpctrain'))}-%j"
-    if info.shares_file_system and _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
-        # The job runs hpctrain and torchrun with this interpreter: a venv called by path, not activated, works.
-        data["python"] = os.path.abspath(sys.executable)
+        data["run_dir"] = info.run_dir_pattern(f"runs/{_path_safe(data.get('name', 'hpctrain'))}")
     return from_mapping(data, source)
-
-
-def _environment_kind(value: Any) -> Any:
-    return value if isinstance(value, str) else dict(value or {}).get("kind", "none")
-
-
-def _environment_data(file_value: Any, args: argparse.Namespace) -> Any:
-    given = {k: getattr(args, k) for k in _ENV_FLAGS if getattr(args, k) is not None}
-    if not given:
-        return file_value
-    env = {"kind": file_value} if isinstance(file_value, str) else dict(file_value or {})
-    env = {str(k).replace("-", "_"): v for k, v in env.items()}
-    env.update(given)
-    if "kind" not in given and env.get("kind", "none") == "none":
-        env["kind"] = _infer_kind(env)
-    return env
-
-
-def _infer_kind(env: dict[str, Any]) -> str:
-    if env.get("conda_env"):
-        return "conda"
-    if env.get("venv"):
-        return "venv"
-    if env.get("image"):
-        from hpctrain.images import docker_pull_hint
-
-        hint = docker_pull_hint(str(env["image"]))
-        if hint:
-            raise UserError(hint)
-        if str(env["image"]).endswith(".sif"):
-            return "apptainer"
-        raise UserError(f"--image {env['image']!r}: say which runtime with --env-kind apptainer or --env-kind pyxis")
-    if env.get("modules"):
-        return "modules"
-    return "none"
 
 
 def _command(rest: list[str]) -> tuple[str, ...]:
@@ -257,17 +221,14 @@ def _command(rest: list[str]) -> tuple[str, ...]:
 
 
 def _recipe_run_dir(train_argv: list[str], info: base.BackendInfo) -> str:
-    """The run dir that the training inside the job will use, with %j for the job id (see config.default_run_dir).
-    Where job ids are names (Kubernetes), the name already says what runs (and is unique in its namespace):
-    runs/JOBNAME."""
+    """The run dir that the training inside the job will use, with %j for the job id (see config.default_run_dir),
+    in the backend's pattern (where job ids are names, the name alone says what runs: runs/%j)."""
     cfg = recipe_config(train_argv)
     if cfg.run_dir is not None:
         return cfg.run_dir
-    if info.run_dir_by_name:
-        return "runs/%j"
     from hpctrain.config import default_run_dir
 
-    return default_run_dir(cfg, environ={}) + "-%j"
+    return info.run_dir_pattern(default_run_dir(cfg, environ={}))
 
 
 def recipe_config(train_argv: list[str]):
@@ -276,7 +237,8 @@ def recipe_config(train_argv: list[str]):
 
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:
-        raise UserError("--nproc starts local processes; in a Slurm job use --nproc-per-node (and --nodes) of hpctrain submit")
+        raise UserError("--nproc starts local processes; in a job use --nproc-per-node (and --nodes) of hpctrain "
+                        "submit")
     from hpctrain.recipes import recipe_info
 
     recipe_info(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue
@@ -307,7 +269,7 @@ def job_warnings(job: JobSpec, recipe: Any = None) -> list[str]:
         return []
     from hpctrain.recipes import synthetic_cpu_warning
 
-    processes = r.nodes * (1 if job.launcher == "single" else r.nproc_per_node)
+    processes = r.nodes * r.nproc_per_node  # a single-process launcher asks for 1 x 1
     warning = synthetic_cpu_warning(recipe, processes * r.cpus_per_task)
     return [warning] if warning else []
 
@@ -360,8 +322,8 @@ def _description(submission: Submission) -> dict[str, Any]:
     description = submission.job.to_dict()
     if submission.job.is_recipe:
         del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
-    if backend_info(submission.scheduler).file_section is not None:
-        description["scheduler"] = submission.scheduler
+    description["scheduler"] = submission.scheduler
+    if submission.options:
         description[submission.scheduler] = {k: list(v) if isinstance(v, tuple) else v
                                              for k, v in submission.options.items()}
     return description

@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time", default="08:00:00", help="--on-cluster: time limit (default: 08:00:00)")
     cluster = parser.add_argument_group("--on-cluster (its environment must have tensorboard installed; "
                                         "on Kubernetes, a --volume holds the runs)")
-    add_placement_arguments(cluster, "Slurm: seconds to wait for TensorBoard to answer (default: 600)")
-    add_connection_arguments(parser, k8s_api=False,
+    add_placement_arguments(cluster, wait_help="Slurm: seconds to wait for TensorBoard to answer (default: 600)")
+    add_connection_arguments(parser, role="services",
                              scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs"))
 
 

@@ -1,11 +1,12 @@
 """The scheduler-neutral job description: what runs (command, environment/image), on what (resources per node or
 pod), for how long and with which restart budgets. spec.py holds the typed JobSpec and its validation, values.py the
-Slurm forms of its values (time, memory, gres, #SBATCH options), mapping.py builds it from plain data; file.py
-reads job files (YAML, TOML) safely; hpctrain.schedulers.job_file splits off a backend's section.
+textual forms of its values (time, memory, gres), mapping.py builds it from plain data; file.py reads job files
+(YAML, TOML) safely; hpctrain.schedulers.job_file splits off a backend's section.
 
-A few JobSpec fields only mean something to Slurm (partition, account, qos, output/error, sbatch_extra, launcher,
-the environment kinds other than none, requeue budgets); the Kubernetes backend refuses those it cannot express,
-with the Kubernetes way. Scheduler-specific options (a Kubernetes namespace, volumes) live in each backend.
+Scheduler-specific options live in each backend, which checks them and the JobSpec against its own forms:
+SlurmOptions (partition, account, qos, output/error, extra #SBATCH options, launcher, requeue budgets) and
+KubernetesOptions (namespace, image, volumes, ...). A backend refuses what it cannot express (the environment kinds
+other than none on Kubernetes, shards, a GPU type), with its own way.
 """
 
 from hpctrain.jobs.file import load_job_file

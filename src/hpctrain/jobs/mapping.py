@@ -1,4 +1,5 @@
-"""Building a JobSpec from plain data: a job file's mapping and/or CLI flags, keys as in VALID_KEYS.
+"""Building a JobSpec from plain data: a job file's mapping and/or CLI flags, keys as in VALID_KEYS (a backend's
+options, e.g. a Slurm partition, are its own: hpctrain.schedulers.job_file and the CLI take them out first).
 
 Unknown keys and wrong types are UserErrors that name the key and the fix (and list the valid keys); a null
 value means "the default", so what `JobSpec.to_dict` writes reads back unchanged. The values themselves are
@@ -19,11 +20,10 @@ _RESOURCE_KEYS = {f.name for f in fields(Resources)}
 _ENV_KEYS = {f.name for f in fields(EnvironmentSpec)}
 _JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
 VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
-_INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpus_per_task", "rdzv_port", "signal_grace",
-             "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts"}
-_STR_KEYS = {"name", "partition", "account", "qos", "time", "launcher", "output", "error", "run_dir", "gpu_type", "mem", "gres",
-             "python"}
-_LIST_KEYS = {"command", "sbatch_extra", "exclude_nodes"}
+_INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpus_per_task", "signal_grace",
+             "max_hang_restarts", "max_restarts"}
+_STR_KEYS = {"name", "time", "run_dir", "gpu_type", "mem", "gres", "python"}
+_LIST_KEYS = {"command", "exclude_nodes"}
 
 
 def known_keys(values: dict[Any, Any], valid: Iterable[str], unknown_message: str) -> dict[str, Any]:

@@ -1,9 +1,12 @@
-"""The job description: typed, frozen, validated once where it is built (CLI flags and/or a job file).
+"""The scheduler-neutral job description: typed, frozen, validated once where it is built (CLI flags and/or a job
+file).
 
-Everything downstream (render, check, submit) trusts a JobSpec. Validation here is pure: it looks at values,
-not at the file system or the cluster; `local_problems()` checks the paths that must exist before submitting.
-The textual forms of the values (time, memory, gres, #SBATCH options) are read in `values`; plain data (a job
-file, flags) becomes a JobSpec in `mapping`.
+What runs (command, environment), on what (resources per node or pod), for how long, with which restart budgets
+and where its run directory is. A scheduler's own options (SlurmOptions, KubernetesOptions) are its backend's, and
+each backend checks what its own forms can hold (#SBATCH lines, object names). Validation here is pure: it looks
+at values, not at the file system or the cluster; `missing_prerequisites()` checks what must exist before
+submitting. The textual forms of the values (time, memory, gres) are read in `values`; plain data (a job file,
+flags) becomes a JobSpec in `mapping`.
 """
 
 from __future__ import annotations
@@ -21,14 +24,11 @@ from hpctrain.jobs.values import (
     MAX_NODES,
     MAX_PROCS_PER_NODE,
     check_node_name,
-    check_sbatch_value,
     mem_problem,
     parse_mem_mb,
-    parse_sbatch_option,
     parse_time_limit,
 )
 
-LAUNCHERS = ("torchrun", "srun", "single")
 ENVIRONMENT_KINDS = ("none", "modules", "conda", "venv", "apptainer", "pyxis")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -138,26 +138,16 @@ _EXAMPLES = {"conda_env": "--conda-env myenv", "venv": "--venv ~/venvs/train", "
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One job: resources, environment, launcher and the command every process runs (see hpctrain.jobs for the
-    fields only Slurm reads)."""
+    """One job: resources, environment and the command every process runs, on any scheduler."""
 
     command: tuple[str, ...]
     """argv of one training process, e.g. ("hpctrain", "train", "mnist", "--epochs", "1") or ("python", "train.py")."""
     name: str = "hpctrain"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
     time: str | None = None
     """Time limit in a Slurm form (HH:MM:SS, D-HH, ...); None: the partition's default. The training time of one
     attempt on either scheduler, warned signal_grace seconds before its end (Kubernetes: by the job's own timer)."""
     resources: Resources = field(default_factory=Resources)
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
-    launcher: str = "torchrun"
-    output: str | None = None
-    """Output file pattern (sbatch --output; %j is the job id). None: slurm-%j.out in the submit directory."""
-    error: str | None = None
-    sbatch_extra: tuple[str, ...] = ()
-    """More sbatch options, one per #SBATCH line, e.g. "--exclusive" or "--constraint=a100"."""
     exclude_nodes: tuple[str, ...] = ()
     """Nodes the job must not run on, by name (Slurm: --exclude; Kubernetes: a required node affinity, the Node's
     metadata.name not in them), e.g. those a preflight found sick (RUN/bad_nodes)."""
@@ -165,18 +155,12 @@ class JobSpec:
     """Environment variables exported before the command starts."""
     run_dir: str | None = None
     """Run directory of the job (exported as HPCTRAIN_RUN_DIR); the requeue logic reads its stop_reason."""
-    rdzv_port: int | None = None
-    """torchrun rendezvous port; None: the first free port from a job-specific start on the head node."""
     signal_grace: int = 120
     """Seconds before the time limit at which the job gets SIGUSR1 to checkpoint; 0: no warning, no requeue."""
-    max_requeues: int = 3
-    """How often the job may requeue itself after a time-limit warning."""
-    max_preemptions: int = 10
-    """How often the job may start again after Slurm requeued it on its own (preemption, node failure)."""
     max_hang_restarts: int = 2
     """How often the job may start again after hpctrain's hang watchdog ended an attempt (needs run_dir)."""
     max_restarts: int = 0
-    """torchrun only: restart the worker group this often after a worker dies (it resumes from its checkpoint)."""
+    """Restart the worker group this often after a worker dies (it resumes from its checkpoint)."""
     python: str | None = None
     """Environment kind none: the absolute path of the Python that runs hpctrain and torchrun in the job
     (`PYTHON -m hpctrain`, `PYTHON -m torch.distributed.run`); `hpctrain submit` sets it to its own interpreter, so
@@ -187,39 +171,21 @@ class JobSpec:
             raise UserError("no command: give a recipe (`train mnist ...`) or a command after `--` (`-- python train.py`)")
         if any("\0" in a for a in self.command):
             raise UserError("the command contains a NUL character, which no process argument can hold")
+        # The scheduler checks what its own forms can hold (Slurm: #SBATCH lines; Kubernetes: object names).
         if not isinstance(self.name, str):
             raise UserError(f"job name must be a string (got {self.name!r})")
-        check_sbatch_value("--job-name", self.name)
-        for name in ("partition", "account", "qos", "output", "error", "time"):
-            value = getattr(self, name)
-            if value is not None:
-                if not isinstance(value, str):
-                    raise UserError(f"{_flag(name)} must be a string (got {value!r})")
-                check_sbatch_value(_flag(name), value)
+        if not self.name:
+            raise UserError("--job-name is empty: give a name or leave the option out")
         if self.time is not None:
+            if not isinstance(self.time, str):
+                raise UserError(f"--time must be a string (got {self.time!r})")
             parse_time_limit(self.time)
         for node in self.exclude_nodes:
             check_node_name(node)
-        if self.launcher not in LAUNCHERS:
-            raise UserError(f"--launcher {self.launcher!r} is unknown: use one of {', '.join(LAUNCHERS)}")
-        r = self.resources
-        if self.launcher == "single" and (r.nodes != 1 or r.nproc_per_node != 1):
-            raise UserError(
-                f"--launcher single runs one process, but the job asks for {r.nodes} node(s) x {r.nproc_per_node} process(es): "
-                "use --launcher torchrun or srun, or --nodes 1 --nproc-per-node 1"
-            )
-        if r.gpus_per_node and self.launcher != "single" and r.nproc_per_node != r.gpus_per_node:
-            raise UserError(
-                f"--nproc-per-node {r.nproc_per_node} does not match --gpus-per-node {r.gpus_per_node}: "
-                f"DDP wants one process per GPU, so set --nproc-per-node {r.gpus_per_node} "
-                "(or --launcher single for one process driving all GPUs with DataParallel)"
-            )
-        for line in self.sbatch_extra:
-            parse_sbatch_option(line)
+        # How processes start on a node (and so whether the GPUs match them) is each backend's to check.
         if self.python is not None:
             if not isinstance(self.python, str) or not self.python.startswith("/"):
                 raise UserError(f"python must be the absolute path of a Python interpreter (got {self.python!r})")
-            check_sbatch_value("python", self.python)
             if self.environment.kind != "none":
                 raise UserError(
                     f"python {self.python} is the interpreter for environment kind none; a {self.environment.kind} "
@@ -232,14 +198,10 @@ class JobSpec:
                 raise UserError(f"environment variable {key} must have a string value (got {value!r})")
         if self.run_dir is not None and (not isinstance(self.run_dir, str) or not self.run_dir):
             raise UserError(f"--run-dir must be a non-empty path (got {self.run_dir!r})")
-        if self.rdzv_port is not None and (isinstance(self.rdzv_port, bool) or not isinstance(self.rdzv_port, int) or not 1024 <= self.rdzv_port <= 65535):
-            raise UserError(f"--rdzv-port must be a port number between 1024 and 65535 (got {self.rdzv_port!r})")
-        for name in ("signal_grace", "max_requeues", "max_preemptions", "max_hang_restarts", "max_restarts"):
+        for name in ("signal_grace", "max_hang_restarts", "max_restarts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{_flag(name)} must be a whole number >= 0 (got {value!r})")
-        if self.max_restarts and self.launcher != "torchrun":
-            raise UserError("--max-restarts restarts torchrun's worker group: use --launcher torchrun, or drop it")
         if self.signal_grace and self.time is not None and self.signal_grace >= parse_time_limit(self.time):
             raise UserError(
                 f"--signal-grace {self.signal_grace} s is not shorter than the time limit {self.time}: "
@@ -291,16 +253,6 @@ def missing_prerequisites(job: JobSpec) -> list[str]:
         problems.append(f"enroot image {env.image} does not exist: import it first (enroot import ...) or fix --image")
     if env.kind == "venv" and env.venv and not (Path(env.venv).expanduser() / "bin" / "activate").is_file():
         problems.append(f"venv {env.venv} has no bin/activate: create it (python -m venv {env.venv}) or fix --venv")
-    return problems
-
-
-def local_problems(job: JobSpec) -> list[str]:
-    """Paths that must exist here before submitting (the submit host shares the file system with the nodes)."""
-    problems = missing_prerequisites(job)
-    for flag, pattern in (("--output", job.output), ("--error", job.error)):
-        parent = Path(pattern).expanduser().parent if pattern else None
-        if parent is not None and "%" not in str(parent) and not parent.is_dir():
-            problems.append(f"{flag} {pattern}: directory {parent} does not exist and sbatch will not create it; mkdir -p {parent}")
     return problems
 
 

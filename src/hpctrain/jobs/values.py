@@ -1,14 +1,13 @@
-"""A job's values in their textual forms, as Slurm writes them: time limits, memory sizes, `--gres` and extra
-#SBATCH options (parsing, checking, formatting, quoting), and the upper bounds of what one job may ask for.
+"""A job's values in their textual forms: time limits, memory sizes and `--gres` (read in the forms Slurm users
+type, which the Kubernetes backend reads too), and the upper bounds of what one job may ask for.
 
-Pure functions of their text; a value that cannot be read or written faithfully is a UserError that shows the
-accepted forms. The Kubernetes backend reads time limits and memory sizes in the same forms.
+Pure functions of their text; a value that cannot be read faithfully is a UserError that shows the accepted forms.
+What can be written on an #SBATCH line is Slurm's to check (hpctrain.schedulers.slurm.directives).
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.errors import UserError
@@ -17,8 +16,6 @@ from hpctrain.errors import UserError
 _TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 _TIME_RE = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 _MEM_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
-# Values written unquoted after #SBATCH; anything else is double- or single-quoted (see sbatch_value).
-SBATCH_SAFE_RE = re.compile(r"^[A-Za-z0-9_.,:=/%@+-]+$")
 
 
 def parse_time_limit(text: str) -> int:
@@ -96,80 +93,11 @@ def parse_gres(text: str) -> tuple[int, str | None, int]:
     return gpus, gpu_type, shards
 
 
-def _check_no_control_characters(what: str, value: str) -> None:
-    bad = sorted({repr(c) for c in value if ord(c) < 32 or ord(c) == 127})
-    if bad:
-        raise UserError(f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one #SBATCH line; remove them")
-
-
-def check_sbatch_value(what: str, value: str) -> None:
-    """#SBATCH lines are parsed by sbatch, not by a shell: refuse what cannot be written there faithfully."""
-    if not value:
-        raise UserError(f"{what} is empty: give a value or leave the option out")
-    _check_no_control_characters(what, value)
-    if "\\" in value or ('"' in value and "'" in value):
-        raise UserError(f"{what} {value!r} cannot be written on an #SBATCH line: remove backslashes, and use only one kind of quote")
-
-
 def check_node_name(name: str) -> None:
     """One node named by --exclude-nodes: a plain name (no list, range or pattern)."""
     if not is_node_name(name):
         raise UserError(f"--exclude-nodes: {name!r} is not a node name; give names as sinfo or `kubectl get nodes` "
                         "shows them, comma-separated (e.g. --exclude-nodes node07,node12), without ranges")
-
-
-_LONG_OPTION_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9-]*$")
-_SHORT_OPTION_RE = re.compile(r"^-[A-Za-z]$")
-
-
-def parse_sbatch_option(text: str) -> tuple[str, str | None]:
-    """One extra sbatch option, as the user would type it after sbatch, -> (option, value or None).
-
-    Exactly one option: `--flag`, `--name=VALUE`, `--name VALUE`, `-X` or `-X VALUE` (shell quoting allowed:
-    `--comment='two words'`). A separate VALUE must not start with '-' (write `--nice=-5`); a short option with
-    its value attached (`-Ca100`) is refused, because `-vH` would be two options. Anything else, e.g.
-    `--comment --output=/x`, would put a second option on the #SBATCH line and is refused."""
-    what = f"--sbatch {text!r}"
-    if not isinstance(text, str):
-        raise UserError(f"extra sbatch option {text!r} must be a string such as --exclusive or --constraint=a100")
-    _check_no_control_characters("--sbatch", text)
-    try:
-        words = shlex.split(text)
-    except ValueError as err:
-        raise UserError(f"{what}: {err} (unbalanced quotes); quote a value with spaces once: --comment='two words'") from None
-    usage = "one sbatch option per --sbatch: --flag, --name=VALUE, --name VALUE or -X VALUE"
-    if not words:
-        raise UserError(f"{what} is empty: give {usage}")
-    first, rest = words[0], words[1:]
-    if first.startswith("--") and "=" in first and not rest:
-        name, _, value = first.partition("=")
-        if _LONG_OPTION_RE.match(name):
-            check_sbatch_value(f"{what}: the value", value)
-            return name, value
-    elif _LONG_OPTION_RE.match(first) or _SHORT_OPTION_RE.match(first):
-        if not rest:
-            return first, None
-        if len(rest) == 1 and not rest[0].startswith("-"):
-            check_sbatch_value(f"{what}: the value", rest[0])
-            return first, rest[0]
-    if not first.startswith("-"):
-        raise UserError(f"{what} must start with - (e.g. --sbatch=--exclusive or --sbatch=--constraint=a100)")
-    looks_like_option = [bool(_LONG_OPTION_RE.match(w.partition("=")[0]) or _SHORT_OPTION_RE.match(w)) for w in words]
-    if len(words) == 2 and looks_like_option[0] and not looks_like_option[1] and "=" not in first:
-        raise UserError(f"{what}: the value {rest[0]!r} starts with '-'; attach it with = ({first}={rest[0]})")
-    if len(words) > 1 and all(w.startswith("-") for w in words):
-        raise UserError(f"{what} holds {len(words)} options; give {usage}, and repeat --sbatch for each one")
-    if len(words) > 2 or (len(words) == 2 and "=" in first):
-        raise UserError(f"{what} is {len(words)} words; give {usage} (quote a value with spaces: --comment='two words')")
-    raise UserError(f"{what} is not one sbatch option; give {usage} (a short option takes its value after a space: -C a100)")
-
-
-def render_sbatch_option(text: str) -> str:
-    """An extra option as written after #SBATCH (text was accepted by parse_sbatch_option)."""
-    name, value = parse_sbatch_option(text)
-    if value is None:
-        return name
-    return f"{name}={sbatch_value(value)}" if name.startswith("--") else f"{name} {sbatch_value(value)}"
 
 
 def mem_problem(mem: str | None) -> str | None:
@@ -181,10 +109,3 @@ def mem_problem(mem: str | None) -> str | None:
     n = int(m["n"])
     return (f"--mem {mem} has no unit, and sbatch would read it as {n} MB, too little for any training job: write "
             f"--mem {n}G for {n} GB (or --mem {n}M if you do mean megabytes)")
-
-
-def sbatch_value(value: str) -> str:
-    """Quote a checked value for an #SBATCH line the way sbatch's own parser undoes it."""
-    if SBATCH_SAFE_RE.match(value):
-        return value
-    return f"'{value}'" if '"' in value else f'"{value}"'

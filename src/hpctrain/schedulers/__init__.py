@@ -44,9 +44,12 @@ SCHEDULERS: dict[str, str] = {
 }
 OFFLINE_DEFAULT = "slurm"
 """What `submit --dry-run` renders for when no scheduler is found here (it needs no cluster), as it always did."""
+DETECTION = "slurm when sbatch is on PATH, else kubernetes when a kubeconfig is found"
+"""How `detect` chooses, for help texts."""
 
 __all__ = [
-    "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Rendered",
+    "DETECTION", "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView",
+    "Rendered",
     "ReplicaStatus", "Scheduler", "backend_info", "blocking", "detect", "get_scheduler", "kubeconfig_present",
 ]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpctrain.errors import UserError
@@ -163,19 +164,31 @@ class BackendInfo:
     connection_fields: Mapping[str, str] = field(default_factory=dict)
     """argparse dest -> keyword of the backend's create(), for where jobs are (a namespace): every command."""
     option_fields: Mapping[str, str] = field(default_factory=dict)
-    """The same for a job's options (the connection's, an image, volumes): submit and check."""
+    """The same for a job's options (the connection's, an image, volumes; a partition, the launcher): submit and
+    check."""
     file_section: Callable[[str, Any], dict[str, Any]] | None = None
-    """Reads a job file's section named after the backend (`kubernetes:`) into its options: (source, section) ->
-    fields; None: the backend has no section."""
+    """Reads a job file's section named after the backend (`kubernetes:`, `slurm:`) into its options: (source,
+    section) -> fields; None: the backend has no section."""
+    file_keys: Mapping[str, Any] = field(default_factory=dict)
+    """Keys of that section also read at a job file's top level (where job files kept them before sections), with
+    their defaults: a key at its default is no option (another backend's job file may hold it)."""
     file_formats: Mapping[str, Callable[[str, str], tuple[dict[str, Any], dict[str, Any]]]] = \
         field(default_factory=dict)
     """Job file suffix -> parser of the backend's own job file format (`.params`): (text, source) -> (JobSpec
     fields, the backend's options). Such a file is always for this backend."""
-    shares_file_system: bool = True
-    """The job runs on machines that share this one's file system and programs (a Slurm login node): its environment
-    (--venv, --conda-env, --module, an apptainer --image) and interpreter are paths valid here."""
-    run_dir_by_name: bool = False
-    """Job ids are the job names (unique per namespace): the default run dir is runs/%j."""
+    add_arguments: Callable[[Any, Any, str], None] = lambda parser, group, role: None
+    """(parser, its scheduler argument group, role) adds this backend's own flags to a command: role `job` (submit,
+    check: where the job goes and its options), `jobs` (status, logs, cancel, cluster, debug: where the jobs are) or
+    `services` (dev, tensorboard, top: the same without the kind of job)."""
+    complete_job: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] = lambda data, flags: data
+    """(the job's data: the job file's, the neutral flags on top; every flag by argparse dest) -> the job data with
+    what this backend adds: the environment its flags describe (--venv, --env-kind, ...) and the interpreter, where
+    the job runs on machines that share this one's file system and programs."""
+    run_dir_pattern: Callable[[str], str] = lambda stem: f"{stem}-%j"
+    """A job's default run directory from its stem (runs/NAME, a recipe's runs/WORKLOAD-...); %j: the job id."""
+    local_run_dir: Callable[[str], Path | None] = lambda run_dir: Path(run_dir)
+    """Where this machine reads a submitted job's run directory (%j filled in); None where it cannot (the run
+    directory is on the pods' volumes)."""
     client_version: Callable[[], str | None] = lambda: None
     """The version of this backend's client here, for `hpctrain env` (None: not installed); quick, never raises,
     imports no client."""

@@ -66,6 +66,9 @@ class SessionView:
     idle_s: int | None
     """Seconds since Jupyter's last activity (kernels, terminals, API use); None when unknown."""
     connection: dict[str, Any]
+    ended: bool = False
+    """The scheduler says the session's job or pod has ended or is gone (`dev list` notes that `dev stop` forgets
+    it): each backend knows its own states."""
 
 
 def check_name(name: str) -> str:

@@ -1,6 +1,7 @@
 """Kubernetes: Kubeflow PyTorchJob / Trainer v2 TrainJob behind hpctrain's scheduler interface.
 
     options.py, params.py  KubernetesOptions and a platform's .params files;  kubeconfig.py  the default namespace
+    flags.py               the flags Kubernetes owns (where the jobs are, a job's options)
     render.py, validate.py the manifest from a JobSpec (pure), checked against the CRDs' schemas
     local.py               the checks on the submit host;  checks.py  those against the live cluster
     scheduler.py           KubernetesScheduler: submit, status, logs, cancel, the cluster view
@@ -19,6 +20,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import BackendInfo
+from hpctrain.schedulers.kubernetes.flags import add_arguments
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.params import parse_params_text
 
@@ -74,8 +76,11 @@ INFO = BackendInfo(
     option_fields={"namespace": "namespace", "k8s_api": "api", **{dest: dest for dest in JOB_FLAGS}, "image": "image"},
     file_section=read_file_section,
     file_formats={".params": parse_params_text},  # (text, source): no client, no torch
-    shares_file_system=False,
-    run_dir_by_name=True,
+    add_arguments=add_arguments,
+    # The pods have the image's programs and the volumes' files, not this machine's: --image is an option, and
+    # the job's run directory is not read here.
+    run_dir_pattern=lambda stem: "runs/%j",  # %j is the job name: it says what runs and is unique in its namespace
+    local_run_dir=lambda run_dir: None,
     client_version=client_version,
 )
 

@@ -163,10 +163,7 @@ def _recipe_command(job: JobSpec) -> list[str]:
 
 
 # JobSpec fields that only Slurm reads (flag for the message), refused when not at their default.
-_SLURM_ONLY = {"partition": "--partition", "account": "--account", "qos": "--qos", "output": "--output",
-               "error": "--error", "launcher": "--launcher", "rdzv_port": "--rdzv-port",
-               "max_requeues": "--max-requeues", "max_preemptions": "--max-preemptions",
-               "max_hang_restarts": "--max-hang-restarts"}
+_SLURM_ONLY = {"max_hang_restarts": "--max-hang-restarts"}
 
 
 def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
@@ -192,8 +189,9 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     if job.environment.kind != "none" or job.environment.modules:
         raise UserError(f"--env-kind {job.environment.kind} prepares a Slurm node; on Kubernetes the image is the "
                         "environment: drop it and give --image")
-    if job.sbatch_extra:
-        raise UserError("--sbatch options are Slurm's: drop them for Kubernetes")
+    if r.gpus_per_node and r.nproc_per_node != r.gpus_per_node:
+        raise UserError(f"--nproc-per-node {r.nproc_per_node} does not match --gpus-per-node {r.gpus_per_node}: "
+                        f"DDP wants one process per GPU, so set --nproc-per-node {r.gpus_per_node}")
     defaults = JobSpec(command=job.command)
     for name, flag in _SLURM_ONLY.items():
         if getattr(job, name) != getattr(defaults, name):

@@ -319,7 +319,8 @@ def view(state_dir: Path, conn: dict[str, Any], core: Any) -> SessionView:
     except ApiException as err:
         state, age = ("GONE" if err.status == 404 else f"UNKNOWN ({err.status})"), None
     where = f"{conn.get('namespace')}/{conn.get('pod')}"
-    return SessionView(str(conn.get("name", state_dir.name)), "kubernetes", where, state, age, None, None, conn)
+    return SessionView(str(conn.get("name", state_dir.name)), "kubernetes", where, state, age, None, None, conn,
+                       ended=state in ("GONE", "SUCCEEDED", "FAILED"))  # a pod's phases, upper-cased
 
 
 def stop(state_dir: Path, conn: dict[str, Any], core: Any) -> str:

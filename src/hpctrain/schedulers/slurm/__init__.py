@@ -1,6 +1,9 @@
 """Slurm behind hpctrain's scheduler interface.
 
-    render.py        the sbatch script from a JobSpec (pure) and `sbatch --parsable` (thin)
+    options.py       SlurmOptions: partition, account, qos, output/error, extra options, launcher, budgets
+    flags.py         the flags Slurm owns, and the environment and interpreter it adds to a job
+    directives.py    what an #SBATCH line can hold: checks, extra options, quoting
+    render.py        the sbatch script from a JobSpec and SlurmOptions (pure) and `sbatch --parsable` (thin)
     torchrun_shim.py the lines of Python the script runs torchrun through, on every torch from the floor up
     environments.py  how the script prepares a node: modules, conda, venv, apptainer, pyxis
     checks.py        can this cluster run the job (partition, time limit, nodes, GPUs, paths)
@@ -20,9 +23,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from hpctrain.schedulers.base import BackendInfo
+from hpctrain.schedulers.slurm.flags import add_arguments, complete_job
+from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
 
 
 def client_version() -> str | None:
@@ -35,6 +41,11 @@ def client_version() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def local_run_dir(run_dir: str) -> Path:
+    """The login node shares the nodes' file system: a job's run directory is read here as it is."""
+    return Path(run_dir)
 
 
 INFO = BackendInfo(
@@ -51,18 +62,28 @@ INFO = BackendInfo(
         # status, logs, cancel (cluster's --partition is the job's)
         "all_users": "--all-users", "err": "--err", "signal": "--signal", "full": "--full",
     },
-    shares_file_system=True,
+    option_fields={name: name for name in FILE_KEYS},  # SlurmOptions fields, flags by the same dest
+    file_section=read_file_section,
+    file_keys=FILE_KEYS,
+    add_arguments=add_arguments,
+    complete_job=complete_job,
+    run_dir_pattern=lambda stem: f"{stem}-%j",
+    local_run_dir=local_run_dir,
     client_version=client_version,
 )
 
 
-def create(context: str | None = None, **options: Any):
-    """The registry's entry point: `get_scheduler("slurm")`. Slurm takes its options (partition, account, ...)
-    from the JobSpec, so there are none here but the command runner tests may inject (`run=`); it has no
-    contexts (the CLI refuses --context before it gets here)."""
+def create(options: SlurmOptions | None = None, context: str | None = None, run: Any = None, **fields: Any):
+    """The registry's entry point: `get_scheduler("slurm", partition="gpu")` or `get_scheduler("slurm",
+    options=SlurmOptions(...))`; `run` is the command runner tests may inject. Slurm has no contexts (the CLI
+    refuses --context before it gets here)."""
     from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
 
-    return SlurmScheduler(**options)
+    if options is None:
+        options = SlurmOptions(**fields)
+    elif fields:
+        raise TypeError("give SlurmOptions or its fields, not both")
+    return SlurmScheduler(options) if run is None else SlurmScheduler(options, run=run)
 
 
-__all__ = ["INFO", "create"]
+__all__ = ["INFO", "SlurmOptions", "create"]

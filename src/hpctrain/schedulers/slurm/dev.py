@@ -84,17 +84,18 @@ def instructions(cfg: DevConfig, conn: dict[str, Any], root: Path | None = None)
 
 def view(state_dir: Path, conn: dict[str, Any], probe: bool = True) -> SessionView:
     """The session's row in `dev list`: the job's state and age, and Jupyter's idle time when `probe` reaches it."""
-    from hpctrain.schedulers.slurm.jobs import get_job
+    from hpctrain.schedulers.slurm.jobs import GONE, TERMINAL_STATES, get_job
 
     job_id = str(conn.get("job_id"))
     info = get_job(job_id)
-    state = info.state if info else "GONE"
+    state = info.state if info else GONE
     age = info.elapsed_s if info else None
     endpoint = f"{conn['node']}:{conn['port']}" if conn.get("node") else None
     idle = None
     if probe and state == "RUNNING" and conn.get("service") == "jupyter" and conn.get("node"):
         idle = jupyter.idle_seconds(conn["node"], int(conn["port"]), read_token(state_dir))
-    return SessionView(str(conn.get("name", state_dir.name)), "slurm", job_id, state, age, endpoint, idle, conn)
+    return SessionView(str(conn.get("name", state_dir.name)), "slurm", job_id, state, age, endpoint, idle, conn,
+                       ended=state == GONE or state in TERMINAL_STATES)
 
 
 def stop_job(job_id: str, wait_s: float) -> str:

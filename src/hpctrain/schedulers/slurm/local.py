@@ -14,19 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import JobSpec, local_problems
+from hpctrain.jobs.spec import JobSpec, missing_prerequisites
 from hpctrain.schedulers.base import TIME_LIMIT_NOTE
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.interpreter import interpreter_problems
+from hpctrain.schedulers.slurm.options import SlurmOptions
 
 
-def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
+def local_check(job: JobSpec, options: SlurmOptions, requirements: Requirements, recipe: Any = None,
                 environ: Mapping[str, str] = os.environ, check_data: Callable[[Any], None] | None = None) -> list[str]:
-    """Every problem visible without the cluster: missing image/venv/script, a recipe (`recipe`, its TrainConfig)
-    whose dataset is not in its data dir (`check_data`: the recipes' data check, hpctrain.recipes.check_data) or
-    that wants CUDA without GPUs, a command the job will not find on its PATH."""
-    problems = local_problems(job)
+    """Every problem visible without the cluster: missing image/venv/script or output directory, a recipe
+    (`recipe`, its TrainConfig) whose dataset is not in its data dir (`check_data`: the recipes' data check,
+    hpctrain.recipes.check_data) or that wants CUDA without GPUs, a command the job will not find on its PATH."""
+    problems = missing_prerequisites(job) + output_problems(options)
     if recipe is not None:
         try:
             if check_data is not None:
@@ -39,8 +40,19 @@ def local_check(job: JobSpec, requirements: Requirements, recipe: Any = None,
             problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
                             "(or --gres shard:N), or train with --device cpu")
     problems += check_here(requirements)
-    problems += program_problems(job, environ)
-    return problems + warning_note(job, requirements.paths)
+    problems += program_problems(job, environ, options)
+    return problems + warning_note(job, options, requirements.paths)
+
+
+def output_problems(options: SlurmOptions) -> list[str]:
+    """--output/--error in a directory that does not exist: sbatch would not create it, and the job would fail
+    without a word (the submit host shares the file system with the nodes)."""
+    problems = []
+    for flag, pattern in (("--output", options.output), ("--error", options.error)):
+        parent = Path(pattern).expanduser().parent if pattern else None
+        if parent is not None and "%" not in str(parent) and not parent.is_dir():
+            problems.append(f"{flag} {pattern}: directory {parent} does not exist and sbatch will not create it; mkdir -p {parent}")
+    return problems
 
 
 def _python_of(first: str, search: str) -> str | None:
@@ -79,14 +91,14 @@ def earlier_run_problems(job: JobSpec, recipe: Any) -> list[str]:
             "...`) to continue it, or choose another --run-dir for a new run"]
 
 
-def warning_note(job: JobSpec, paths: tuple[str, ...] = ()) -> list[str]:
+def warning_note(job: JobSpec, options: SlurmOptions, paths: tuple[str, ...] = ()) -> list[str]:
     """One line saying what the time-limit warning will do to this job (submit prints it before queueing)."""
     if not job.signal_grace:
         return [f"{TIME_LIMIT_NOTE}no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
     grace = job.signal_grace
     if job.is_recipe:
         return [f"{TIME_LIMIT_NOTE}the run gets SIGUSR1 {grace} s before it, checkpoints and stops, and the "
-                f"job requeues itself (at most {job.max_requeues} times, --max-requeues)"]
+                f"job requeues itself (at most {options.max_requeues} times, --max-requeues)"]
     if job.run_dir is None:
         return [f"{TIME_LIMIT_NOTE}your program gets no SIGUSR1 (the job has no run directory in which it "
                 "could say it handles it) and runs until the limit, without a requeue"]
@@ -94,7 +106,7 @@ def warning_note(job: JobSpec, paths: tuple[str, ...] = ()) -> list[str]:
     if script is not None and _mentions(script, b"StopRequest"):
         return [f"{TIME_LIMIT_NOTE}SIGUSR1 {grace} s before it goes to your program once it installs "
                 f"hpctrain.training.StopRequest (as {script} does); the job requeues itself only if the program then "
-                f"says its state is saved (announce_stop), at most {job.max_requeues} times"]
+                f"says its state is saved (announce_stop), at most {options.max_requeues} times"]
     said = f"{script} does not use" if script is not None else "only a program that installs"
     return [f"{TIME_LIMIT_NOTE}{said} hpctrain.training.StopRequest, which says it handles SIGUSR1; "
             "a program that does not say so gets no SIGUSR1 (it would end it, with nothing saved) and runs until the "
@@ -109,7 +121,7 @@ def _mentions(path: str, word: bytes) -> bool:
         return False
 
 
-def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
+def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOptions | None = None) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
     problems = []
@@ -119,7 +131,8 @@ def program_problems(job: JobSpec, environ: Mapping[str, str]) -> list[str]:
     dirs = get_environment(job.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
     if dirs is None:
         return problems
-    names = ["torchrun"] if job.launcher == "torchrun" and job.python is None else []
+    launcher = (SlurmOptions() if options is None else options).launcher
+    names = ["torchrun"] if launcher == "torchrun" and job.python is None else []
     first = job.command[0]
     if "/" not in first and not (first == "hpctrain" and job.python is not None):
         names.append(first)

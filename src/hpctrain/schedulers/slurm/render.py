@@ -2,7 +2,7 @@
 
 render_sbatch() reads nothing but its argument: no cluster queries, no clock, no paths of the submitting machine
 beyond those the user gave. Every user value in the script body goes through shlex.quote; values on #SBATCH lines
-were checked by JobSpec (sbatch parses those lines itself, so a shell quote would not help there).
+are checked by directives.check_job (sbatch parses those lines itself, so a shell quote would not help there).
 
 The script starts the job step in the background and waits for it, so that its traps run at once:
   * SIGUSR1 (asked for with --signal=B:USR1@GRACE before the time limit) is forwarded to srun, which forwards it
@@ -29,7 +29,9 @@ from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
+from hpctrain.jobs.values import format_time_limit, parse_time_limit
+from hpctrain.schedulers.slurm.directives import render_sbatch_option, sbatch_value
+from hpctrain.schedulers.slurm.options import SlurmOptions, check_job
 
 # The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
 PORT_BASE = 20000
@@ -41,21 +43,24 @@ def _q(word: str) -> str:
     return shlex.quote(word)
 
 
-def sbatch_directives(job: JobSpec) -> list[str]:
-    """The #SBATCH options, in a fixed order (golden files depend on it)."""
+def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list[str]:
+    """The #SBATCH options, in a fixed order (golden files depend on it); what Slurm cannot run or sbatch could not
+    read back faithfully is refused here (options.check_job). `options` None: SlurmOptions' defaults."""
+    options = SlurmOptions() if options is None else options
+    check_job(job, options)
     r = job.resources
     opts: list[tuple[str, str | None]] = [("--job-name", job.name)]
     for name in ("partition", "account", "qos"):
-        value = getattr(job, name)
+        value = getattr(options, name)
         if value is not None:
             opts.append((f"--{name}", value))
     if job.exclude_nodes:
         opts.append(("--exclude", ",".join(job.exclude_nodes)))
     if job.time is not None:
         opts.append(("--time", format_time_limit(parse_time_limit(job.time))))
-    if job.launcher == "single":
+    if options.launcher == "single":
         opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
-    elif job.launcher == "torchrun":
+    elif options.launcher == "torchrun":
         # One task per node runs torchrun; it needs the CPUs of all its workers.
         opts += [("--nodes", str(r.nodes)), ("--ntasks-per-node", "1"), ("--cpus-per-task", str(r.cpus_per_task * r.nproc_per_node))]
     else:
@@ -64,38 +69,39 @@ def sbatch_directives(job: JobSpec) -> list[str]:
         opts.append(("--gres", r.gres))
     if r.mem is not None:
         opts.append(("--mem", r.mem))
-    if job.output is not None:
-        opts.append(("--output", job.output))
-    if job.error is not None:
-        opts.append(("--error", job.error))
+    if options.output is not None:
+        opts.append(("--output", options.output))
+    if options.error is not None:
+        opts.append(("--error", options.error))
     if job.signal_grace:
         # B: the batch shell gets the warning and forwards it (a plain --signal would bypass our traps).
         opts.append(("--signal", f"B:USR1@{job.signal_grace}"))
     if requeue.requeues_itself(job):
         opts += [("--requeue", None), ("--open-mode", "append")]
     lines = [f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts]
-    lines += [f"#SBATCH {render_sbatch_option(extra)}" for extra in job.sbatch_extra]
+    lines += [f"#SBATCH {render_sbatch_option(extra)}" for extra in options.sbatch_extra]
     return lines
 
 
-def step_command(job: JobSpec) -> list[str]:
-    """The srun line as shell words (quoted), without the trailing `&`."""
+def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]:
+    """The srun line as shell words (quoted), without the trailing `&`. `options` None: SlurmOptions' defaults."""
+    launcher = (SlurmOptions() if options is None else options).launcher
     r = job.resources
     env = get_environment(job.environment)
     gpus = bool(r.gpus_per_node or r.shards_per_node)
     words = ["srun"]
-    if job.launcher == "single":
+    if launcher == "single":
         words += ["--nodes=1", "--ntasks=1"]
-    elif job.launcher == "torchrun":
+    elif launcher == "torchrun":
         words += ["--ntasks-per-node=1"]
     else:
         words += [f"--ntasks-per-node={r.nproc_per_node}"]
     # Slurm 22.05+ no longer passes the batch's --cpus-per-task on to srun: say it again.
-    cpus = r.cpus_per_task * (r.nproc_per_node if job.launcher == "torchrun" else 1)
+    cpus = r.cpus_per_task * (r.nproc_per_node if launcher == "torchrun" else 1)
     words += [f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
     words += env.srun_options(gpus)
     words += env.command_prefix(gpus)
-    if job.launcher == "torchrun":
+    if launcher == "torchrun":
         # TORCHRUN_SHIM (the script's $hpctrain_torchrun) decides about the signal flags with the job's torchrun.
         signals, timeout = (TORCHRUN_SIGNALS, max(10, job.signal_grace - 10)) if job.signal_grace else ("", 0)
         words += [
@@ -164,15 +170,15 @@ def _comment_text(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
-def summary_lines(job: JobSpec) -> list[str]:
+def summary_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """What the job runs and asks for, at the top of the script: the rest is the machinery around it."""
     r = job.resources
-    layout = "1 process" if job.launcher == "single" else f"{r.nodes} node(s) x {r.nproc_per_node} process(es)"
-    asks = [f"{layout} ({job.launcher})", f"{r.cpus_per_task} CPU(s) per process"]
+    layout = "1 process" if options.launcher == "single" else f"{r.nodes} node(s) x {r.nproc_per_node} process(es)"
+    asks = [f"{layout} ({options.launcher})", f"{r.cpus_per_task} CPU(s) per process"]
     asks += [f"--gres {r.gres}"] if r.gres else []
     asks += [f"--mem {r.mem}"] if r.mem is not None else []
     asks += [f"--time {job.time}"] if job.time is not None else []
-    asks += [f"--partition {job.partition}"] if job.partition is not None else []
+    asks += [f"--partition {options.partition}"] if options.partition is not None else []
     if not job.signal_grace:
         warning = "no time-limit warning"
     elif job.is_recipe:
@@ -187,17 +193,20 @@ def summary_lines(job: JobSpec) -> list[str]:
     ]
 
 
-def render_sbatch(job: JobSpec) -> str:
-    """The complete batch script for `job`. Pure: same JobSpec, same text."""
+def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
+    """The complete batch script for `job` with Slurm's `options` (None: their defaults). Pure: same JobSpec and
+    options, same text."""
+    options = SlurmOptions() if options is None else options
+    check_job(job, options)  # what Slurm cannot run is refused before anything is rendered
     env = get_environment(job.environment)
     out: list[str] = [
         "#!/bin/bash",
-        *summary_lines(job),
+        *summary_lines(job, options),
         "# Rendered by hpctrain (hpctrain submit --dry-run shows this script).",
         "# Values are single-quoted on purpose: a $ in them is literal text.",
         "# shellcheck disable=SC2016",
     ]
-    out += sbatch_directives(job)
+    out += sbatch_directives(job, options)
     out += [
         "",
         "# No `set -e`: the step's exit status is collected and acted on below.",
@@ -220,13 +229,13 @@ def render_sbatch(job: JobSpec) -> str:
         out.append(f"run_dir={_run_dir_words(job.run_dir)}")
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
         if requeue.requeues_itself(job):
-            out += ["", *requeue.helper_lines(), *requeue.restart_budget_lines(job)]
+            out += ["", *requeue.helper_lines(), *requeue.restart_budget_lines(job, options)]
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()
     if setup:
         out += ["", f"# Environment: {job.environment.kind}"] + setup
-    if job.launcher == "torchrun":
+    if options.launcher == "torchrun":
         out += [
             "",
             "# torchrun's c10d rendezvous lives on the first node of the allocation, where this script runs.",
@@ -236,8 +245,8 @@ def render_sbatch(job: JobSpec) -> str:
             "    exit 1",
             "fi",
         ]
-        if job.rdzv_port is not None:
-            out.append(f"rdzv_port={job.rdzv_port}")
+        if options.rdzv_port is not None:
+            out.append(f"rdzv_port={options.rdzv_port}")
         else:
             out += [
                 "# A port in use (another job on this node) is skipped: walk up to the first one nobody listens on.",
@@ -262,7 +271,7 @@ def render_sbatch(job: JobSpec) -> str:
     out += [
         "",
         "# The step runs in the background so that the traps run as soon as a signal arrives.",
-        " ".join(step_command(job)) + " &",
+        " ".join(step_command(job, options)) + " &",
         "step_pid=$!",
         'if [ "$warned" = 1 ]; then',
         "    forward_warning",
@@ -277,9 +286,9 @@ def render_sbatch(job: JobSpec) -> str:
     if job.signal_grace or requeue.requeues_itself(job):
         out += requeue.stop_reason_lines(job)
     if job.run_dir is not None and job.max_hang_restarts:
-        out += requeue.hang_lines(job)
+        out += requeue.hang_lines(job, options)
     if job.signal_grace:
-        out += requeue.warning_requeue_lines(job)
+        out += requeue.warning_requeue_lines(job, options)
     out += ['echo "hpctrain: step finished with exit status ${status}"', 'exit "$status"', ""]
     return "\n".join(out)
 

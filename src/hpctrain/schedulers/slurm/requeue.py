@@ -19,6 +19,7 @@ import shlex
 
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.jobs.spec import JobSpec
+from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.stops import SIGNALS_FILE, STOP_REASON_FILE
 
 REQUEUE_COUNT_FILE = "requeue_count"
@@ -33,10 +34,10 @@ def requeues_itself(job: JobSpec) -> bool:
     return bool(job.signal_grace or (job.run_dir is not None and job.max_hang_restarts))
 
 
-def restart_budget(job: JobSpec) -> int:
+def restart_budget(job: JobSpec, options: SlurmOptions) -> int:
     """Restarts of every kind together: the bound on Slurm's restart count that no file can reset."""
-    return (job.max_requeues if job.signal_grace else 0) + (job.max_hang_restarts if job.run_dir else 0) + (
-        job.max_preemptions)
+    return (options.max_requeues if job.signal_grace else 0) + (job.max_hang_restarts if job.run_dir else 0) + (
+        options.max_preemptions)
 
 
 def warning_lines(job: JobSpec) -> list[str]:
@@ -106,11 +107,11 @@ def helper_lines() -> list[str]:
     ]
 
 
-def restart_budget_lines(job: JobSpec) -> list[str]:
+def restart_budget_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Separate budgets: this script's own requeues (after time-limit warnings, after hangs) are counted in the run
     directory; the rest of Slurm's restart count are Slurm's own requeues (preemption, node failure). All of them
     together are bounded by Slurm's count alone."""
-    total = restart_budget(job)
+    total = restart_budget(job, options)
     return [
         "",
         "# Restart budgets: time-limit and hang requeues (counted here) and Slurm's own requeues (preemption, node",
@@ -122,9 +123,9 @@ def restart_budget_lines(job: JobSpec) -> list[str]:
         'case "$restarts" in "" | *[!0-9]* | ??????????*) restarts=0 ;; esac',
         "restarts=$((10#$restarts))",
         "slurm_requeues=$((restarts - own_requeues - hang_restarts))",
-        f'if [ "$slurm_requeues" -gt {job.max_preemptions} ]; then',
+        f'if [ "$slurm_requeues" -gt {options.max_preemptions} ]; then',
         f'    echo "hpctrain: Slurm has requeued this job $slurm_requeues times (preemption, node failure), more than'
-        f' the budget of {job.max_preemptions} (--max-preemptions); not starting again" >&2',
+        f' the budget of {options.max_preemptions} (--max-preemptions); not starting again" >&2',
         "    exit 1",
         "fi",
         f'if [ "$restarts" -gt {total} ]; then',
@@ -148,9 +149,9 @@ def stop_reason_lines(job: JobSpec) -> list[str]:
     return lines
 
 
-def hang_lines(job: JobSpec) -> list[str]:
+def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Requeue after a hang or a sick node, within --max-hang-restarts (and the total budget)."""
-    n, total = job.max_hang_restarts, restart_budget(job)
+    n, total = job.max_hang_restarts, restart_budget(job, options)
     return [
         "# The run's hang watchdog ended the attempt (no step within --hang-timeout; RUN/hang/report.txt names",
         "# the rank that never arrived): start again from the checkpoint, within --max-hang-restarts.",
@@ -199,7 +200,7 @@ def hang_lines(job: JobSpec) -> list[str]:
     ]
 
 
-def warning_requeue_lines(job: JobSpec) -> list[str]:
+def warning_requeue_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Requeue after a time-limit warning: only when the program said it stopped with its state saved."""
     out = ["", "# Requeue after a time-limit warning only when the program said it stopped with its state saved",
            "# (stop_reason `preempted`); never after scancel; within a budget."]
@@ -210,17 +211,17 @@ def warning_requeue_lines(job: JobSpec) -> list[str]:
             ' run directory in which the program could say it saved its state: not requeueing" >&2',
             "fi",
         ]
-    total = restart_budget(job)
+    total = restart_budget(job, options)
     return out + [
         'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" = preempted ]; then',
-        f'    if [ "$own_requeues" -lt {job.max_requeues} ] && [ "$restarts" -lt {total} ] &&',
+        f'    if [ "$own_requeues" -lt {options.max_requeues} ] && [ "$restarts" -lt {total} ] &&',
         f'        write_count "$run_dir/{REQUEUE_COUNT_FILE}" "$((own_requeues + 1))"; then',
         f'        echo "hpctrain: the run stopped with its state saved; requeueing job ${{SLURM_JOB_ID}} (requeue'
-        f' $((own_requeues + 1)) of {job.max_requeues})"',
+        f' $((own_requeues + 1)) of {options.max_requeues})"',
         '        scontrol requeue "$SLURM_JOB_ID"',
         "        exit 0",
         "    fi",
-        f'    echo "hpctrain: the requeue budget ({job.max_requeues}) is used up; not requeueing" >&2',
+        f'    echo "hpctrain: the requeue budget ({options.max_requeues}) is used up; not requeueing" >&2',
         "    # The run stopped before it finished: never report that as success.",
         '    if [ "$status" -eq 0 ]; then',
         "        status=1",

@@ -24,6 +24,7 @@ from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeVie
 from hpctrain.schedulers.slurm import jobs, output, query, render
 from hpctrain.schedulers.slurm.checks import Requirements, check_cluster
 from hpctrain.schedulers.slurm.commands import Runner
+from hpctrain.schedulers.slurm.options import SlurmOptions
 
 SCRIPT_FILENAME = "job.sbatch"
 DRY_RUN_NOTE = ("--dry-run skipped the checks that need the live cluster (partition, time limit, nodes and their "
@@ -62,10 +63,10 @@ def job_paths(job: JobSpec) -> list[str]:
     return paths
 
 
-def requirements(job: JobSpec) -> Requirements:
+def requirements(job: JobSpec, options: SlurmOptions) -> Requirements:
     r = job.resources
     return Requirements(
-        partition=job.partition,
+        partition=options.partition,
         nodes=r.nodes,
         tasks_per_node=r.nproc_per_node,
         cpus_per_task=r.cpus_per_task,
@@ -100,7 +101,9 @@ class SlurmScheduler:
     name = "slurm"
     dry_run_note = DRY_RUN_NOTE
 
-    def __init__(self, run: Runner = subprocess.run) -> None:
+    def __init__(self, options: SlurmOptions | None = None, run: Runner = subprocess.run) -> None:
+        self.options = SlurmOptions() if options is None else options
+        """This backend's options of the jobs it renders and submits (a partition, the launcher, ...)."""
         self.run = run
 
     def services(self) -> Any:
@@ -110,22 +113,22 @@ class SlurmScheduler:
         return SlurmServices(self)
 
     def render(self, job: JobSpec) -> Rendered:
-        script = render.render_sbatch(job)
+        script = render.render_sbatch(job, self.options)
         return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))
 
     def local_check(self, job: JobSpec, recipe: Any = None,
                     check_data: Callable[[Any], None] | None = None) -> list[str]:
         from hpctrain.schedulers.slurm.local import local_check
 
-        return local_check(job, requirements(job), recipe, check_data=check_data)
+        return local_check(job, self.options, requirements(job, self.options), recipe, check_data=check_data)
 
     def check(self, job: JobSpec) -> list[str]:
-        return check_cluster(requirements(job), query.query_cluster(run=self.run, shard_use=False))
+        return check_cluster(requirements(job, self.options), query.query_cluster(run=self.run, shard_use=False))
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r = job.resources
-        return (f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {job.launcher}"
-                + (f", partition {job.partition}" if job.partition else "")
+        return (f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {self.options.launcher}"
+                + (f", partition {self.options.partition}" if self.options.partition else "")
                 + (f", gres {r.gres}" if r.gres else "")
                 + (f", time {job.time}" if job.time else ""))
 

@@ -27,6 +27,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm import dev
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
 from hpctrain.schedulers.slurm.run_dir import run_dir_of
@@ -74,10 +75,14 @@ class ServiceJob:
     def job_spec(self) -> JobSpec:
         """The JobSpec whose #SBATCH lines and srun step this service uses (validates every value)."""
         return JobSpec(
-            command=self.command, name=self.name, partition=self.partition, account=self.account, time=self.time,
-            resources=replace(self.resources, nodes=1, nproc_per_node=1), environment=self.environment,
-            launcher="single", output=str(Path(self.state_dir) / "slurm-%j.out"), signal_grace=0,
+            command=self.command, name=self.name, time=self.time,
+            resources=replace(self.resources, nodes=1, nproc_per_node=1), environment=self.environment, signal_grace=0,
         )
+
+    def slurm_options(self) -> SlurmOptions:
+        """One process, its output in the state folder, where the user asked for it."""
+        return SlurmOptions(partition=self.partition, account=self.account, launcher="single",
+                            output=str(Path(self.state_dir) / "slurm-%j.out"))
 
 
 def port_lines(port: int | None) -> list[str]:
@@ -102,7 +107,7 @@ def render_service_script(service: ServiceJob) -> str:
     out = ["#!/bin/bash", f"# Rendered by hpctrain: service {service.name}.",
            "# The server's command is single-quoted on purpose: $HPCTRAIN_PORT expands in the job step.",
            "# shellcheck disable=SC2016"]
-    out += sbatch_directives(job)
+    out += sbatch_directives(job, service.slurm_options())
     out += ["", "set -uo pipefail", "umask 077", f"state_dir={state}",
             "# slurmd created the output file before this script ran: make it private too.",
             'chmod 600 "$state_dir/slurm-${SLURM_JOB_ID}.out" 2>/dev/null || true', ""]
@@ -118,7 +123,7 @@ def render_service_script(service: ServiceJob) -> str:
         "",
         "step_pid=\"\"",
         "trap 'if [ -n \"$step_pid\" ]; then kill -TERM \"$step_pid\" 2>/dev/null; fi' TERM INT",
-        " ".join(step_command(job)) + " &",
+        " ".join(step_command(job, service.slurm_options())) + " &",
         "step_pid=$!",
         'wait "$step_pid"; status=$?',
         "# A trap interrupts the first wait: wait again while the step stops.",

@@ -1,0 +1,87 @@
+"""The command-line flags Slurm owns, and what Slurm adds to a job described by flags and/or a job file.
+
+The CLI names no scheduler: it asks each backend's INFO to add its flags (add_arguments) and to complete the job
+data (complete_job). Slurm's jobs run on nodes that share the login node's file system and programs, so the
+environment flags (--env-kind, --module, --conda-env, --venv, an apptainer or enroot --image) describe paths
+valid here, and a job without an environment runs the Python that submitted it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from hpctrain.errors import UserError
+from hpctrain.schedulers.slurm.options import LAUNCHERS
+
+ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
+"""argparse dests of the environment flags (`hpctrain submit`'s environment group): EnvironmentSpec fields."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, role: str) -> None:
+    """Slurm's own flags for submit and check (role `job`); the other commands take none but their own."""
+    if role != "job":
+        return
+    g = parser.add_argument_group("slurm (with --scheduler slurm)")
+    g.add_argument("--partition", "-p", metavar="NAME")
+    g.add_argument("--account", "-A", metavar="NAME")
+    g.add_argument("--qos", "-q", metavar="NAME")
+    g.add_argument("--output", "-o", metavar="PATTERN", help="output file (sbatch --output; %%j = job id)")
+    g.add_argument("--error", "-e", metavar="PATTERN", help="error file (default: with the output)")
+    g.add_argument("--sbatch", dest="sbatch_extra", action="append", metavar="OPTION",
+                   help="extra sbatch option for an #SBATCH line, e.g. --sbatch=--exclusive (repeatable)")
+    g.add_argument("--launcher", choices=LAUNCHERS,
+                   help="torchrun: one torchrun per node; srun: one task per process; single: one process (default: torchrun)")
+    g.add_argument("--rdzv-port", type=int, metavar="PORT", help="torchrun rendezvous port (default: a free one)")
+    g.add_argument("--max-requeues", type=int, metavar="N", help="requeues after time-limit warnings (default 3)")
+    g.add_argument("--max-preemptions", type=int, metavar="N",
+                   help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)")
+
+
+def complete_job(data: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The job data with the environment the flags describe (on top of the job file's), and the Python of this
+    hpctrain where the job has no environment of its own: the job runs hpctrain and torchrun with it, so that a
+    venv called by path, not activated, works."""
+    data = dict(data)
+    data["environment"] = _environment_data(data.get("environment"), flags)
+    if _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
+        data["python"] = os.path.abspath(sys.executable)
+    return data
+
+
+def _environment_kind(value: Any) -> Any:
+    return value if isinstance(value, str) else dict(value or {}).get("kind", "none")
+
+
+def _environment_data(file_value: Any, flags: Mapping[str, Any]) -> Any:
+    given = {k: flags.get(k) for k in ENV_FLAGS if flags.get(k) is not None}
+    if not given:
+        return file_value
+    env = {"kind": file_value} if isinstance(file_value, str) else dict(file_value or {})
+    env = {str(k).replace("-", "_"): v for k, v in env.items()}
+    env.update(given)
+    if "kind" not in given and env.get("kind", "none") == "none":
+        env["kind"] = _infer_kind(env)
+    return env
+
+
+def _infer_kind(env: dict[str, Any]) -> str:
+    if env.get("conda_env"):
+        return "conda"
+    if env.get("venv"):
+        return "venv"
+    if env.get("image"):
+        from hpctrain.images import docker_pull_hint
+
+        hint = docker_pull_hint(str(env["image"]))
+        if hint:
+            raise UserError(hint)
+        if str(env["image"]).endswith(".sif"):
+            return "apptainer"
+        raise UserError(f"--image {env['image']!r}: say which runtime with --env-kind apptainer or --env-kind pyxis")
+    if env.get("modules"):
+        return "modules"
+    return "none"
