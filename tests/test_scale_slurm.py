@@ -18,7 +18,7 @@ import pytest
 from hpctrain.schedulers.slurm import display, query, records
 from hpctrain.schedulers.slurm.jobs import list_jobs, parse_scontrol_jobs, parse_squeue
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
-from hpctrain.schedulers.tables import RICH_ROWS
+from hpctrain.cli.tables import RICH_ROWS
 from hpctrain.jobs.spec import JobSpec, Resources
 
 _spec = importlib.util.spec_from_file_location("scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py")

@@ -1,5 +1,5 @@
 """What `hpctrain status` and `hpctrain cluster` print for Slurm: Slurm's own records as tables (pure functions
-from parsed data to rows; rich lays out a short table, a long one is printed plain: hpctrain.schedulers.tables) or
+from parsed data to rows; rich lays out a short table, a long one is printed plain: hpctrain.cli.tables) or
 JSON, and the details of one job. SlurmScheduler.report_status and report_cluster call the print_* functions here.
 
 Every cell and line is a rich Text, never a markup string: job names, node names, paths and the run directory's
@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers.tables import json_text, print_table, rich_table
+from hpctrain.cli.tables import json_text, print_table, rich_table
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.schedulers.slurm.records import format_duration
