@@ -26,9 +26,12 @@ from hpctrain.schedulers.base import (
     JobStatus,
     JobSummary,
     NodeView,
+    Outcome,
     Rendered,
     ReplicaStatus,
     Scheduler,
+    Table,
+    View,
     blocking,
 )
 
@@ -41,8 +44,9 @@ OFFLINE_DEFAULT = "slurm"
 """What `submit --dry-run` renders for when no scheduler is found here (it needs no cluster), as it always did."""
 
 __all__ = [
-    "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Rendered",
-    "ReplicaStatus", "Scheduler", "backend_info", "blocking", "detect", "get_scheduler", "kubeconfig_present",
+    "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView", "Outcome",
+    "Rendered", "ReplicaStatus", "Scheduler", "Table", "View", "backend_info", "blocking", "detect", "get_scheduler",
+    "kubeconfig_present",
 ]
 
 
