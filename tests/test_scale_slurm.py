@@ -117,7 +117,7 @@ def test_long_tables_are_printed_plain_one_line_a_row(monkeypatch: pytest.Monkey
     info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
                              nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))))
     view = display.cluster_view(info)  # its partitions table (two rows, laid out by rich) as one line
-    show(replace(view, parts=(*view.parts[:-1], "partitions")), as_json=False)
+    show(replace(view, parts=(*view.text_parts()[:-1], "partitions")), as_json=False)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "nodes (used/total)" and len(out) == 1 + 1 + n + 1 + 1
     assert out[2].split() == ["gpu00001", "mixed", "gpu", "48/96", "878.9G/1953.1G", "4/8", "h100", "56/512", "(gpu0:",

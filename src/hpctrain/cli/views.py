@@ -29,17 +29,17 @@ def console() -> Console:
 def show(view: View, as_json: bool) -> None:
     """Print `view`: its records as JSON, or its parts in order (tables and lines)."""
     if as_json:
-        print(json_text(view.records))
+        print(json_text(view.json_records()))
         return
     if view.plain:
-        for part in view.parts:
+        for part in view.text_parts():
             if isinstance(part, Table):
                 plain_table([tuple(part.columns), *part.rows])
             else:
                 print(part)
         return
     out = console()
-    for part in view.parts:
+    for part in view.text_parts():
         if isinstance(part, Table):
             print_table(part.columns, part.rows, out, title=part.title)
         else:

@@ -160,13 +160,21 @@ class Table:
 @dataclass(frozen=True)
 class View:
     """What `hpctrain status` or `cluster` shows, as data: `records` is the --json document (JSON-able: the records'
-    dicts, a list of them or one), `parts` what a person reads, in order: Tables and lines of text."""
+    dicts, a list of them or one), `parts` what a person reads, in order: Tables and lines of text. Either may be
+    given as a function that makes it, called only for the form shown: 100,000 jobs are not made both into dicts
+    and into rows."""
 
     records: Any
-    parts: tuple[Table | str, ...] = ()
+    parts: tuple[Table | str, ...] | Callable[[], tuple[Table | str, ...]] = ()
     plain: bool = False
     """Tables always as aligned text and lines as they are (kubectl's look); else a short table is laid out by rich
     and lines are printed as rich text."""
+
+    def json_records(self) -> Any:
+        return self.records() if callable(self.records) else self.records
+
+    def text_parts(self) -> tuple[Table | str, ...]:
+        return self.parts() if callable(self.parts) else self.parts
 
 
 @dataclass(frozen=True)

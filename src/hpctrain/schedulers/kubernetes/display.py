@@ -26,9 +26,11 @@ SICK_NODE_LABEL = StopReason.SICK_NODE.label
 def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
     if not jobs:
         return View(records=[], parts=(f"no jobs in namespace {namespace}",), plain=True)
-    rows = [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs]
-    return View(records=[asdict(j) for j in jobs], parts=(Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows),),
-                plain=True)
+    def rows() -> list[tuple[str, ...]]:
+        return [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs]
+
+    return View(records=lambda: [asdict(j) for j in jobs], parts=lambda: (
+        Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows()),), plain=True)
 
 
 def job_view(status: JobStatus) -> View:
@@ -74,6 +76,10 @@ def _sick_nodes(message: str) -> list[str]:
 
 
 def cluster_view(view: ClusterView) -> View:
+    return View(records=lambda: asdict(view), parts=lambda: _cluster_parts(view), plain=True)
+
+
+def _cluster_parts(view: ClusterView) -> tuple[Table | str, ...]:
     if not view.nodes:
         parts: list[Table | str] = [
             "no nodes: the cluster has no node registered, so no pod can run until one joins (a node registers "
@@ -86,7 +92,7 @@ def cluster_view(view: ClusterView) -> View:
              f"{n.gpus_requested}/{n.gpus_allocatable}", "yes" if n.schedulable else "no")
             for n in view.nodes])]
     parts += [f"quota: {line}" for line in view.quota]
-    return View(records=asdict(view), parts=tuple(parts), plain=True)
+    return tuple(parts)
 
 
 def _pods(count: int) -> str:

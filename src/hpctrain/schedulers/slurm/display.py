@@ -72,7 +72,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
 
 def jobs_view(jobs: list[JobInfo]) -> View:
     """The job list: a row a job (thousands of rows: the CLI prints them plain)."""
-    return View(records=[j.to_dict() for j in jobs], parts=(jobs_table(jobs),) if jobs else (NO_JOBS,))
+    return View(records=lambda: [j.to_dict() for j in jobs], parts=lambda: (jobs_table(jobs),) if jobs else (NO_JOBS,))
 
 
 def not_found(job_id: str) -> UserError:
@@ -117,5 +117,6 @@ def cluster_view(info: ClusterInfo, partition: str | None = None) -> View:
             names = ", ".join(p.name for p in info.partitions)
             raise UserError(f"--partition {partition}: no such partition; choose one of: {names}")
         info = ClusterInfo(partitions=(part,), nodes=tuple(info.nodes_in(part)))
-    return View(records=info.to_dict(), parts=(Table(NODE_COLUMNS, node_rows(info), title="nodes (used/total)"),
-                                               Table(PARTITION_COLUMNS, partition_rows(info), title="partitions")))
+    return View(records=info.to_dict, parts=lambda: (
+        Table(NODE_COLUMNS, node_rows(info), title="nodes (used/total)"),
+        Table(PARTITION_COLUMNS, partition_rows(info), title="partitions")))
