@@ -181,3 +181,19 @@ def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
     out = capsys.readouterr().out
     for word in words[:4]:
         assert word in out, out
+
+
+def test_kubernetes_tables_show_a_control_character_as_a_question_mark(capsys) -> None:
+    """A pod's reason or node name from the server holding an escape sequence reaches the terminal as `?`, as in
+    Slurm's tables: both backends' tables go through one printer (hpctrain.cli.tables.plain_table) since the CLI
+    prints them; Kubernetes' own column printer wrote the escape sequence as it was."""
+    from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import cluster_view, job_view
+
+    status = JobStatus(job_id="job-1", state="PENDING", replicas=(
+        ReplicaStatus(name="worker-0", phase="Pending", node="n1\x1b]0;x\x07", reason="Back\x1b[2JOff"),))
+    show(job_view(status), as_json=False)
+    show(cluster_view(ClusterView(nodes=(NodeView("n\x1b[31m1", 4, 0, 2**30, 0),))), as_json=False)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out, repr(out)
+    assert "n1?]0;x?" in out and "Back?[2JOff" in out and "n?[31m1" in out, out
