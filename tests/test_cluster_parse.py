@@ -142,7 +142,7 @@ def test_cluster_commands_do_not_import_torch() -> None:
     modules = [
         "hpctrain.cli.status", "hpctrain.cli.logs", "hpctrain.cli.cancel", "hpctrain.cli.cluster",
         "hpctrain.schedulers.slurm.checks", "hpctrain.schedulers.slurm.jobs", "hpctrain.schedulers.slurm.query", "hpctrain.schedulers.slurm.output",
-        "hpctrain.schedulers.slurm.display",
+        "hpctrain.schedulers.slurm.display", "hpctrain.cli.views",
     ]
     code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

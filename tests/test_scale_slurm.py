@@ -19,7 +19,8 @@ from hpctrain.schedulers.slurm import display, query, records
 from hpctrain.schedulers.slurm.jobs import list_jobs, parse_scontrol_jobs, parse_squeue
 from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
-from hpctrain.schedulers.tables import RICH_ROWS
+from hpctrain.cli.tables import RICH_ROWS
+from hpctrain.cli.views import show
 from hpctrain.jobs.spec import JobSpec, Resources
 
 _spec = importlib.util.spec_from_file_location("scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py")
@@ -110,14 +111,14 @@ def test_long_tables_are_printed_plain_one_line_a_row(monkeypatch: pytest.Monkey
     jobs = parse_squeue(everyone)
     jobs[0] = replace(jobs[0], name="[bold]x[/bold]\x1b[2J")
     monkeypatch.setattr("rich.table.Table.__rich_console__", no_rich_layout)
-    display.print_jobs(jobs, as_json=False)
+    show(display.jobs_view(jobs), as_json=False)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(jobs) + 1 and lines[0].split() == ["job", "name", "state", "reason", "nodes", "elapsed", "restarts"]
     assert lines[1].split()[:2] == [jobs[0].job_id, "[bold]x[/bold]?[2J"]
     info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
                              nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))))
-    monkeypatch.setattr(display, "partitions_table", lambda info: "partitions")
-    display.print_cluster(info, as_json=False)
+    view = display.cluster_view(info)  # its partitions table (two rows, laid out by rich) as one line
+    show(replace(view, parts=(*view.text_parts()[:-1], "partitions")), as_json=False)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "nodes (used/total)" and len(out) == 1 + 1 + n + 1 + 1
     assert out[2].split() == ["gpu00001", "mixed", "gpu", "48/96", "878.9G/1953.1G", "4/8", "h100", "56/512", "(gpu0:",
@@ -136,12 +137,12 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
     still the same JSON document."""
     everyone, _ = scale.squeue_rows(RICH_ROWS, ME)
     jobs = parse_squeue(everyone)
-    display.print_jobs(jobs, as_json=True)
+    show(display.jobs_view(jobs), as_json=True)
     out = capsys.readouterr().out
     assert json.loads(out) == [j.to_dict() for j in jobs] and len(out.splitlines()) == len(jobs) + 2
     info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
                              nodes=tuple(query.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))))
-    display.print_cluster(info, as_json=True)
+    show(display.cluster_view(info), as_json=True)
     out = capsys.readouterr().out
     assert json.loads(out) == json.loads(json.dumps(info.to_dict()))
     assert sum(line.startswith('    {"name": "gpu') for line in out.splitlines()) == RICH_ROWS + 1  # a node a line

@@ -31,7 +31,7 @@ def hpctrain_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProce
 def test_every_backend_offers_the_whole_interface() -> None:
     members = [name for name, _ in inspect.getmembers(base.Scheduler) if not name.startswith("_")]
     members += list(base.Scheduler.__annotations__)
-    assert {"local_check", "report_status", "report_cluster", "report_cancel", "preempt"} <= set(members)
+    assert {"local_check", "status_view", "cluster_view", "cancel_and_wait", "preempt"} <= set(members)
     for name, module in SCHEDULERS.items():
         sched = __import__(module, fromlist=["create"])
         cls = {"slurm": SlurmScheduler}.get(name) or __import__(f"{module}.scheduler", fromlist=["x"]).KubernetesScheduler

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.cli import views
+from hpctrain.cli.tables import rich_table
 from hpctrain.schedulers import base
 from hpctrain.schedulers.slurm import display
 from hpctrain.schedulers.slurm.jobs import _id_key, parse_sacct, parse_scontrol_jobs, parse_squeue
@@ -113,9 +115,9 @@ def test_25_11_new_and_unknown_states_and_a_blank_stderr() -> None:
     listed = parse_squeue(read("25.11", "squeue.txt")) + parse_sacct(read("25.11", "sacct.txt"))
     assert {j.state for j in listed} >= {"EXPEDITING", "FUTURE_STATE_X", "SOME_NEW_STATE", "PREEMPTED"}
     table = display.jobs_table(listed)
-    console = display.console()
+    console = views.console()
     with console.capture() as captured:
-        console.print(table)
+        console.print(rich_table(table.columns, table.rows))
     assert "FUTURE_STATE_X" in captured.get() and "SOME_NEW_STATE" in captured.get()  # shown as Slurm says it
     nodes = parse_nodes(read("25.11", "nodes.txt"))
     assert [(n.state, n.usable) for n in nodes] == [("allocated", True), ("idle+blocked", False)]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.display import print_cluster
+from hpctrain.cli.views import show
+from hpctrain.schedulers.slurm.display import cluster_view
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
 
 HOSTILE_NAMES = ("exp[bs=64]", "[/data/x]", "[bold red]loud[/]", "a[/]b", "[link=http://x]y")
@@ -52,7 +53,7 @@ def test_cluster_prints_node_and_partition_names_as_they_are(capsys) -> None:
                            shards_total=0, shards_used=None, shards_per_gpu=None) for name in HOSTILE_NAMES)
     parts = tuple(PartitionInfo(name=f"p{name}", state="up", default=False, max_time_s=None, nodes=(name,))
                   for name in HOSTILE_NAMES)
-    print_cluster(ClusterInfo(partitions=parts, nodes=nodes), as_json=False)
+    show(cluster_view(ClusterInfo(partitions=parts, nodes=nodes)), as_json=False)
     out = capsys.readouterr().out
     for name in HOSTILE_NAMES:
         assert name in out and f"p{name}" in out, out
@@ -171,12 +172,28 @@ def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
     """The API server's words (a condition's message, a pod's reason and termination message, an event) printed as
     plain text: Kubernetes' display writes no markup at all, so brackets stay."""
     from hpctrain.schedulers.base import JobStatus, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import print_job
+    from hpctrain.schedulers.kubernetes.display import job_view
 
     words = HOSTILE_NAMES
     status = JobStatus(job_id="job-1", state="FAILED", message=words[0], pending_reasons=(words[1],), replicas=(
         ReplicaStatus(name="worker-0", phase="Failed", node="n1", reason=words[2], message=words[3]),))
-    print_job(status, as_json=False)
+    show(job_view(status), as_json=False)
     out = capsys.readouterr().out
     for word in words[:4]:
         assert word in out, out
+
+
+def test_kubernetes_tables_show_a_control_character_as_a_question_mark(capsys) -> None:
+    """A pod's reason or node name from the server holding an escape sequence reaches the terminal as `?`, as in
+    Slurm's tables: both backends' tables go through one printer (hpctrain.cli.tables.plain_table) since the CLI
+    prints them; Kubernetes' own column printer wrote the escape sequence as it was."""
+    from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import cluster_view, job_view
+
+    status = JobStatus(job_id="job-1", state="PENDING", replicas=(
+        ReplicaStatus(name="worker-0", phase="Pending", node="n1\x1b]0;x\x07", reason="Back\x1b[2JOff"),))
+    show(job_view(status), as_json=False)
+    show(cluster_view(ClusterView(nodes=(NodeView("n\x1b[31m1", 4, 0, 2**30, 0),))), as_json=False)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out, repr(out)
+    assert "n1?]0;x?" in out and "Back?[2JOff" in out and "n?[31m1" in out, out

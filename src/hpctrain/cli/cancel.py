@@ -1,4 +1,5 @@
-"""`hpctrain cancel JOB [--signal SIG]`: cancel the job and say what became of it (Scheduler.report_cancel).
+"""`hpctrain cancel JOB [--signal SIG]`: cancel the job and say what became of it (Scheduler.cancel_and_wait;
+its progress on stderr, the outcome on stdout).
 
 Kubernetes: the job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace
 at submit) to write a checkpoint before SIGKILL. A service pod of hpctrain's (a dev session, a TensorBoard started
@@ -34,4 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if stopped is not None:  # a dev session or cluster TensorBoard that is no job of the scheduler
         print(stopped)
         return 0
-    return backend.report_cancel(args.job, wait_s=args.wait, signal=args.signal, full=args.full)
+    from hpctrain.cli.views import progress_to_stderr, tell
+
+    return tell(backend.cancel_and_wait(args.job, wait_s=args.wait, signal=args.signal, full=args.full,
+                                        say=progress_to_stderr("cancel")))

@@ -1,5 +1,5 @@
 """`hpctrain cluster [--json]`: what the cluster has and what is in use, as the chosen scheduler shows it
-(Scheduler.report_cluster).
+(Scheduler.cluster_view, printed by hpctrain.cli.views).
 
 Slurm: per-node state, CPUs, memory, GPUs and shards (per GPU) in use, and the partitions.
 Kubernetes: per node, allocatable against requested CPU, memory and GPUs; the namespace's quota use.
@@ -19,5 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    backend_for(args).report_cluster(as_json=args.json, partition=args.partition)
+    from hpctrain.cli.views import show
+
+    show(backend_for(args).cluster_view(partition=args.partition), as_json=args.json)
     return 0

@@ -61,8 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "preempt":
-        return backend_for(args).preempt(args.job, signal=args.signal, steps=args.steps, follow=args.follow,
-                                         timeout_s=args.timeout)
+        from hpctrain.cli.views import progress_to_stdout, tell
+
+        return tell(backend_for(args).preempt(args.job, signal=args.signal, steps=args.steps, follow=args.follow,
+                                              timeout_s=args.timeout, say=progress_to_stdout))
     if args.action == "stacks":
         return _stacks(args)
     raise UserError(f"unknown debug action {args.action!r}: use `hpctrain debug preempt JOB`")  # argparse prevents it

@@ -8,9 +8,9 @@ for another).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.cli.views import progress_to_stderr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,14 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
 
 
-def _say(text: str) -> None:
-    print(f"hpctrain logs: {text}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
     backend = backend_for(args)
     lines = backend.logs(args.job, follow=args.follow, replica=args.replica, stream="stderr" if args.err else "stdout",
-                         say=_say)
+                         say=progress_to_stderr("logs"))
     for line in lines:
         print(line, flush=args.follow)
     return 0

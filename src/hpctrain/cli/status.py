@@ -1,9 +1,10 @@
 """`hpctrain status [JOB] [--json]`: jobs with state, pending reason, nodes, elapsed time and restarts.
 
-The chosen scheduler shows them in its own terms (Scheduler.report_status). Slurm: without JOB, your jobs that
-the controller knows (squeue); with JOB, that job in full (scontrol, or sacct where the cluster keeps accounting),
-including its exit status and output files. Kubernetes: without JOB, the namespace's PyTorchJobs (or TrainJobs);
-with JOB, its conditions, each replica's pod phase, node and restarts, and why it waits (scheduler events).
+The chosen scheduler returns them in its own terms (Scheduler.status_view) and hpctrain.cli.views prints them.
+Slurm: without JOB, your jobs that the controller knows (squeue); with JOB, that job in full (scontrol, or sacct
+where the cluster keeps accounting), including its exit status and output files. Kubernetes: without JOB, the
+namespace's PyTorchJobs (or TrainJobs); with JOB, its conditions, each replica's pod phase, node and restarts, and
+why it waits (scheduler events).
 """
 
 from __future__ import annotations
@@ -21,5 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    backend_for(args).report_status(args.job, as_json=args.json, all_users=args.all_users)
+    from hpctrain.cli.views import show
+
+    show(backend_for(args).status_view(args.job, all_users=args.all_users), as_json=args.json)
     return 0

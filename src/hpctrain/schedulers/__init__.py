@@ -31,9 +31,12 @@ from hpctrain.schedulers.base import (
     JobStatus,
     JobSummary,
     NodeView,
+    Outcome,
     Rendered,
     ReplicaStatus,
     Scheduler,
+    Table,
+    View,
     blocking,
 )
 
@@ -49,8 +52,8 @@ DETECTION = "slurm when sbatch is on PATH, else kubernetes when a kubeconfig is 
 
 __all__ = [
     "DETECTION", "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView",
-    "Rendered",
-    "ReplicaStatus", "Scheduler", "backend_info", "blocking", "detect", "get_scheduler", "kubeconfig_present",
+    "Outcome", "Rendered", "ReplicaStatus", "Scheduler", "Table", "View", "backend_info", "blocking", "detect",
+    "get_scheduler", "kubeconfig_present",
 ]
 
 

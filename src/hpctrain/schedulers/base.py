@@ -7,14 +7,16 @@ follow jobs after submission. Backends keep their own options (a Slurm partition
 object a backend's `create()` returns; the JobSpec is the scheduler-neutral part.
 
 What each scheduler shows in its own way (Slurm's status table and JSON, Kubernetes' pod view, how a cancel
-unfolds) is the backend's too: the `report_*` methods print it, so the CLI never names a scheduler. What the CLI
+unfolds) is the backend's data, never its printing: `status_view` and `cluster_view` return a View (the records
+for --json, Tables and lines for people), `cancel_and_wait` and `preempt` an Outcome; the CLI formats them
+(hpctrain.cli.views), so no backend writes to stdout and the CLI never names a scheduler. What the CLI
 must know before a backend exists (which flags are whose, how a job's defaults differ) is a BackendInfo, declared
 by each backend package as INFO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -150,6 +152,44 @@ class ClusterView:
 
 
 @dataclass(frozen=True)
+class Table:
+    """Records as rows of text cells under a header (a job a row, a node a row), for a person to read; the CLI
+    lays it out. Cells are text, never markup."""
+
+    columns: tuple[str, ...]
+    rows: Sequence[Sequence[str]]
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """What `hpctrain status` or `cluster` shows, as data: `records` is the --json document (JSON-able: the records'
+    dicts, a list of them or one), `parts` what a person reads, in order: Tables and lines of text. Either may be
+    given as a function that makes it, called only for the form shown: 100,000 jobs are not made both into dicts
+    and into rows."""
+
+    records: Any
+    parts: tuple[Table | str, ...] | Callable[[], tuple[Table | str, ...]] = ()
+    plain: bool = False
+    """Tables always as aligned text and lines as they are (kubectl's look); else a short table is laid out by rich
+    and lines are printed as rich text."""
+
+    def json_records(self) -> Any:
+        return self.records() if callable(self.records) else self.records
+
+    def text_parts(self) -> tuple[Table | str, ...]:
+        return self.parts() if callable(self.parts) else self.parts
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of an action on a job (`cancel`, `debug preempt`): the lines that say it, and the exit status."""
+
+    lines: tuple[str, ...]
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
 class BackendInfo:
     """What the CLI knows of a backend before building it (from flags that may belong to another one): declared by
     each backend package as INFO, imported without the backend's client."""
@@ -252,15 +292,20 @@ class Scheduler(Protocol):
 
     def cluster(self) -> ClusterView: ...
 
-    # What `hpctrain status`, `cluster`, `cancel` and `debug preempt` print: each scheduler's own view.
+    # What `hpctrain status`, `cluster`, `cancel` and `debug preempt` show: each scheduler's own view, as data
+    # that the CLI formats (hpctrain.cli.views). `say` hears what happens meanwhile, as for `logs`.
 
-    def report_status(self, job_id: str | None, as_json: bool, all_users: bool = False) -> None: ...
+    def status_view(self, job_id: str | None, all_users: bool = False) -> View:
+        """Without a job: the jobs (yours, or everyone's with `all_users`); with one: that job in full."""
 
-    def report_cluster(self, as_json: bool, partition: str | None = None) -> None: ...
+    def cluster_view(self, partition: str | None = None) -> View: ...
 
-    def report_cancel(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False) -> int: ...
+    def cancel_and_wait(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False,
+                        say: Callable[[str], None] | None = None) -> Outcome:
+        """Cancel the job (or only send it `signal`) and wait up to `wait_s` to say what became of it."""
 
-    def preempt(self, job_id: str, signal: str | None, steps: bool, follow: bool, timeout_s: float) -> int:
+    def preempt(self, job_id: str, signal: str | None, steps: bool, follow: bool, timeout_s: float,
+                say: Callable[[str], None] | None = None) -> Outcome:
         """Send a running job the warning its time limit would send, now (`hpctrain debug preempt`)."""
 
 

@@ -5,7 +5,7 @@
     render.py, validate.py the manifest from a JobSpec (pure), checked against the CRDs' schemas
     local.py               the checks on the submit host;  checks.py  those against the live cluster
     scheduler.py           KubernetesScheduler: submit, status, logs, cancel, the cluster view
-    display.py             what `status`, `cluster` and `cancel` print, and the submission's record
+    display.py             what `status`, `cluster` and `cancel` show, as data, and the submission's record
     client.py              the API client: timeouts, size caps, errors in one line
     answers.py             answers of the wrong shape (HTML, empty, nested, wrong types) as one line
 

@@ -1,61 +1,52 @@
-"""What the Kubernetes backend shows and keeps for the CLI: `hpctrain status` (the jobs of a namespace, or one job
-with each replica's pod: phase, node, restarts, exit status, why it waits), `hpctrain cluster` (allocatable against
-requested per node, quota use), how a cancel unfolds (pods stopping, the object gone), and the record of a
-submission in the run directory. KubernetesScheduler's report_*/record methods call these.
+"""What the Kubernetes backend shows and keeps for the CLI, as data: `hpctrain status` (the jobs of a namespace, or
+one job with each replica's pod: phase, node, restarts, exit status, why it waits), `hpctrain cluster`
+(allocatable against requested per node, quota use), each a View the CLI prints (hpctrain.cli.views: kubectl's
+look, plain aligned columns); how a cancel unfolds (pods stopping, the object gone: said as it happens, then an
+Outcome), and the record of a submission in the run directory. KubernetesScheduler's *_view, cancel_and_wait and
+record methods call these.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Rendered
+from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Outcome, Rendered, Table, View
 from hpctrain.stops import StopReason
 
 SICK_NODE_LABEL = StopReason.SICK_NODE.label
 
 
-def print_rows(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
+    if not jobs:
+        return View(records=[], parts=(f"no jobs in namespace {namespace}",), plain=True)
+    def rows() -> list[tuple[str, ...]]:
+        return [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs]
+
+    return View(records=lambda: [asdict(j) for j in jobs], parts=lambda: (
+        Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows()),), plain=True)
 
 
-def print_jobs(jobs: list[JobSummary], as_json: bool, namespace: str) -> None:
-    if as_json:
-        print(json.dumps([asdict(j) for j in jobs], indent=2))
-    elif not jobs:
-        print(f"no jobs in namespace {namespace}")
-    else:
-        print_rows([("JOB", "STATE", "REPLICAS", "CREATED")]
-                   + [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs])
-
-
-def print_job(status: JobStatus, as_json: bool) -> None:
+def job_view(status: JobStatus) -> View:
     """The job's state, then one row per replica (pod), then why it waits."""
-    if as_json:
-        print(json.dumps({**asdict(status), "finished": status.finished}, indent=2))
-        return
     exit_code = "" if status.exit_code is None else f", exit status {status.exit_code}"
     restarts = f", {status.restarts} restart(s)" if status.restarts else ""
-    print(f"{status.job_id}: {status.state}{exit_code}{restarts}")
+    parts: list[Table | str] = [f"{status.job_id}: {status.state}{exit_code}{restarts}"]
     if status.message:
-        print(f"message: {status.message}")
+        parts.append(f"message: {status.message}")
     if status.replicas:
-        print_rows([("REPLICA", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON")] + [
-            (r.name, r.phase, r.node or "-", str(r.restarts), "-" if r.exit_code is None else str(r.exit_code), r.reason or "")
-            for r in status.replicas])
-    for reason in status.pending_reasons:
-        print(f"waiting: {reason}")
-    for line in ended_lines(status):
-        print(line)
+        parts.append(Table(("REPLICA", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"), [
+            (r.name, r.phase, r.node or "-", str(r.restarts), "-" if r.exit_code is None else str(r.exit_code),
+             r.reason or "") for r in status.replicas]))
+    parts += [f"waiting: {reason}" for reason in status.pending_reasons]
+    parts += ended_lines(status)
+    return View(records={**asdict(status), "finished": status.finished}, parts=tuple(parts), plain=True)
 
 
 def ended_lines(status: JobStatus) -> list[str]:
@@ -84,29 +75,31 @@ def _sick_nodes(message: str) -> list[str]:
     return [n.strip() for n in nodes.split(",") if n.strip()] if kind.strip() == SICK_NODE_LABEL else []
 
 
-def print_cluster(view: ClusterView, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(asdict(view), indent=2))
-        return
+def cluster_view(view: ClusterView) -> View:
+    return View(records=lambda: asdict(view), parts=lambda: _cluster_parts(view), plain=True)
+
+
+def _cluster_parts(view: ClusterView) -> tuple[Table | str, ...]:
     if not view.nodes:
-        print("no nodes: the cluster has no node registered, so no pod can run until one joins (a node registers "
-              "when its kubelet starts); ask the cluster admin")
+        parts: list[Table | str] = [
+            "no nodes: the cluster has no node registered, so no pod can run until one joins (a node registers "
+            "when its kubelet starts); ask the cluster admin"]
     else:
         gib = 2**30
-        print_rows([("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE")] + [
+        parts = [Table(("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE"), [
             (n.name, f"{n.cpu_requested:g}/{n.cpu_allocatable:g}",
              f"{n.memory_requested / gib:.1f}/{n.memory_allocatable / gib:.1f}Gi",
              f"{n.gpus_requested}/{n.gpus_allocatable}", "yes" if n.schedulable else "no")
-            for n in view.nodes])
-    for line in view.quota:
-        print(f"quota: {line}")
+            for n in view.nodes])]
+    parts += [f"quota: {line}" for line in view.quota]
+    return tuple(parts)
 
 
 def _pods(count: int) -> str:
     return f"{count} pod{'s' if count != 1 else ''}" if count else "no pods"
 
 
-def cancel(sched: Any, job_id: str, wait_s: float) -> int:
+def cancel(sched: Any, job_id: str, wait_s: float, say: Callable[[str], None]) -> Outcome:
     """Delete the job, then say what happens while waiting: its pods stopping, then the object gone. A job still
     there when the wait runs out is reported as still terminating, with exit status 1. A job that has ended is
     deleted too: its object and pods remain (a failed PyTorchJob keeps them, a surviving master still running), and
@@ -117,12 +110,8 @@ def cancel(sched: Any, job_id: str, wait_s: float) -> int:
     running = sum(1 for p in before.replicas if p.phase in ("Running", "Pending"))
     wait = max(0.0, wait_s)
     if wait == 0:
-        print(f"job {before.job_id}: deletion requested ({_pods(pods)} stopping; see `{sched.command('status', before.job_id)}`)")
-        return 0
-
-    def say(text: str) -> None:
-        print(f"hpctrain cancel: {text}", file=sys.stderr, flush=True)
-
+        return Outcome((f"job {before.job_id}: deletion requested ({_pods(pods)} stopping; see "
+                        f"`{sched.command('status', before.job_id)}`)",))
     if before.finished:
         say(f"job {before.job_id} has ended ({before.state}); deleting its object" + (
             f" and its {_pods(pods)}" + (f" ({running} still running)" if running else "") if pods else "")
@@ -137,8 +126,8 @@ def cancel(sched: Any, job_id: str, wait_s: float) -> int:
         try:
             now = sched.status(before.job_id)
         except JobNotFound:
-            print(f"job {before.job_id}: {before.state} -> deleted" + (" (its pods are gone)" if pods else ""))
-            return 0
+            gone = " (its pods are gone)" if pods else ""
+            return Outcome((f"job {before.job_id}: {before.state} -> deleted{gone}",))
         if len(now.replicas) != left:
             left = len(now.replicas)
             say(f"{_pods(left)} still stopping" if left else "its pods are gone; waiting for the job object to go")
@@ -150,9 +139,8 @@ def cancel(sched: Any, job_id: str, wait_s: float) -> int:
     else:
         why = ("it has no pods left, but the object remains: a foreground deletion ends when Kubernetes' garbage "
                "collector (part of kube-controller-manager) removes it; if that does not happen, ask the cluster admin")
-    print(f"job {before.job_id}: still terminating after {wait:g} s: {why}; `{sched.command('status', before.job_id)}` "
-          "shows when it is gone")
-    return 1
+    return Outcome((f"job {before.job_id}: still terminating after {wait:g} s: {why}; "
+                    f"`{sched.command('status', before.job_id)}` shows when it is gone",), 1)
 
 
 def record(sched: Any, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:

@@ -1,6 +1,6 @@
 """The live side of the Kubernetes backend: check, submit, status, list, logs, cancel and the cluster view
-(what the CLI prints of them: display.py; the checks on the submit host: local.py; reading the objects it fetches:
-objects.py).
+(what the CLI shows of them, as data: display.py; the checks on the submit host: local.py; reading the objects it
+fetches: objects.py).
 
 Through the official `kubernetes` client, configured from the kubeconfig (its current context, or `context`)
 or from the in-cluster service account. The client is imported on first live use, so rendering (`--dry-run`)
@@ -17,7 +17,7 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
-from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered
+from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Outcome, Rendered, View
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
@@ -340,32 +340,32 @@ class KubernetesScheduler(LiveChecks):
                 raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel") from None
             raise _api_error(err, f"cancelling {self.kind} {job_id}") from None
 
-    # ---- what the CLI prints (display.py) ----------------------------------------------------------------------
+    # ---- what the CLI shows (display.py makes it a View or an Outcome) ------------------------------------------
 
-    def report_status(self, job_id: str | None, as_json: bool, all_users: bool = False) -> None:
+    def status_view(self, job_id: str | None, all_users: bool = False) -> View:
         """Without a job: the namespace's PyTorchJobs (or TrainJobs); with one: its conditions, each replica's pod
         phase, node and restarts, and why it waits (scheduler events)."""
         from hpctrain.schedulers.kubernetes import display
 
         if job_id is None:
-            display.print_jobs(self.list_jobs(), as_json, self.namespace)
-        else:
-            display.print_job(self.status(job_id), as_json)
+            return display.jobs_view(self.list_jobs(), self.namespace)
+        return display.job_view(self.status(job_id))
 
-    def report_cluster(self, as_json: bool, partition: str | None = None) -> None:
+    def cluster_view(self, partition: str | None = None) -> View:
         from hpctrain.schedulers.kubernetes import display
 
-        display.print_cluster(self.cluster(), as_json)
+        return display.cluster_view(self.cluster())
 
-    def report_cancel(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False) -> int:
+    def cancel_and_wait(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False,
+                        say: Callable[[str], None] | None = None) -> Outcome:
         """The job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace at
         submit) to write a checkpoint before SIGKILL."""
         from hpctrain.schedulers.kubernetes import display
 
-        return display.cancel(self, job_id, wait_s)
+        return display.cancel(self, job_id, wait_s, say or (lambda line: None))
 
     def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
-                timeout_s: float = 600.0) -> int:
+                timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> Outcome:
         raise UserError("a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), "
                         "not from outside: `hpctrain cancel` (its pods get SIGTERM and --signal-grace to checkpoint) "
                         "or deleting one pod (`kubectl delete pod`) rehearses a restart")

@@ -11,8 +11,9 @@
     jobs.py          one job or the queue (scontrol, squeue, sacct), wait, scancel
     output.py        where a job's output file is, following it as it grows
     local.py         the checks on the submit host: paths, programs on the job's PATH, a recipe's dataset
-    display.py       what `hpctrain status`, `cluster` and `cancel` print: rich tables, JSON, the cancel's course
+    display.py       what `hpctrain status` and `cluster` show, as data (a View: records, tables, lines)
     preempt.py       `hpctrain debug preempt`: the time-limit warning of the job's own script, sent now
+                     (nothing here prints: the CLI formats what these return, hpctrain.cli.views)
     records.py       Slurm's record and duration formats;  commands.py  runs the Slurm client commands
     scheduler.py     SlurmScheduler: the interface, delegating to the modules above
 

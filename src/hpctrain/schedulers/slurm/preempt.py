@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.base import Outcome
 from hpctrain.schedulers.slurm.commands import command_error, slurm
 from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
 from hpctrain.schedulers.slurm.run_dir import parse_run_dir
@@ -128,9 +130,11 @@ def unannounced_program(script: str, job_id: str, work_dir: str | None) -> Path 
 
 
 def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
-            timeout_s: float = 600.0) -> int:
+            timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> Outcome:
     """Send the warning (the job's own, or `signal` to the batch shell, or to the steps with `steps`); with
-    `follow`, wait up to `timeout_s` until the job has requeued itself (0) or ended (1)."""
+    `follow`, wait up to `timeout_s` until the job has requeued itself (exit status 0) or ended (1). `say` hears
+    what happens meanwhile (the warning sent, each change of state), as it happens."""
+    say = say or (lambda line: None)
     job_id = check_job_id(job_id)
     before = get_job(job_id)
     if before is None:
@@ -149,7 +153,7 @@ def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow:
         # fail instead of rehearsing. (Scripts should set their traps first; Slurm's own warning seldom comes
         # this early, since the grace period is shorter than the time limit.)
         wait = SETTLE_S - before.elapsed_s
-        print(f"job {job_id} started {before.elapsed_s} s ago: waiting {wait} s for its batch script to set up", flush=True)
+        say(f"job {job_id} started {before.elapsed_s} s ago: waiting {wait} s for its batch script to set up")
         time.sleep(wait)
 
     argv = scancel_argv(job_id, warning)
@@ -159,19 +163,18 @@ def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow:
             raise UserError(f"job {job_id} ended before the warning reached it (see `hpctrain status {job_id}`)")
         raise UserError(command_error(argv, result))
     when = f" {warning.seconds_before} s before its time limit" if warning.seconds_before is not None else ""
-    print(f"sent {warning.signal} to job {job_id} ({warning.target}), as Slurm would{when}")
+    say(f"sent {warning.signal} to job {job_id} ({warning.target}), as Slurm would{when}")
     if unannounced is not None:
-        print(f"job {job_id}'s program has not said it handles {warning.signal} (hpctrain.training.StopRequest leaves "
-              f"{unannounced / SIGNALS_FILE}), so its batch script does not pass the warning on: it runs until its "
-              "time limit and is not requeued (nothing would be saved)")
-        return 1 if follow else 0
+        return Outcome((f"job {job_id}'s program has not said it handles {warning.signal} (hpctrain.training."
+                        f"StopRequest leaves {unannounced / SIGNALS_FILE}), so its batch script does not pass the "
+                        "warning on: it runs until its time limit and is not requeued (nothing would be saved)",),
+                       1 if follow else 0)
     if not follow:
-        print(f"follow it with `hpctrain status {job_id}` and `hpctrain logs {job_id} -f`")
-        return 0
-    return _follow(job_id, before.restarts, timeout_s)
+        return Outcome((f"follow it with `hpctrain status {job_id}` and `hpctrain logs {job_id} -f`",))
+    return _follow(job_id, before.restarts, timeout_s, say)
 
 
-def _follow(job_id: str, restarts: int, timeout_s: float) -> int:
+def _follow(job_id: str, restarts: int, timeout_s: float, say: Callable[[str], None]) -> Outcome:
     """Wait until the job requeues itself (its restart count grows) or ends; 0 for a requeue."""
     deadline = time.monotonic() + max(0.0, timeout_s)
     last_state = None
@@ -184,21 +187,19 @@ def _follow(job_id: str, restarts: int, timeout_s: float) -> int:
             time.sleep(1.0)  # a busy controller times out now and then; ask again
             continue
         if info is None:
-            print(f"job {job_id} ended and Slurm no longer lists it; see `hpctrain logs {job_id}`")
-            return 1
+            return Outcome((f"job {job_id} ended and Slurm no longer lists it; see `hpctrain logs {job_id}`",), 1)
         if info.state != last_state:
-            print(f"job {job_id}: {info.state}" + (f" ({info.reason})" if info.reason else ""), flush=True)
+            say(f"job {job_id}: {info.state}" + (f" ({info.reason})" if info.reason else ""))
             last_state = info.state
         if info.restarts > restarts:
             held = " Slurm holds a requeued job (BeginTime) for a while before it starts again." if info.pending else ""
-            print(f"job {job_id} requeued itself after its program said it stopped with its state saved (restart "
-                  f"{info.restarts}).{held}")
-            return 0
+            return Outcome((f"job {job_id} requeued itself after its program said it stopped with its state saved "
+                            f"(restart {info.restarts}).{held}",))
         if info.finished:
             code = "" if info.exit_code is None else f", exit status {info.exit_code}"
-            print(f"job {job_id} ended ({info.state}{code}) without requeueing: it may have finished already, or "
-                  f"its script does not requeue after the warning; see `hpctrain logs {job_id}`")
-            return 1
+            return Outcome((f"job {job_id} ended ({info.state}{code}) without requeueing: it may have finished "
+                            "already, or its script does not requeue after the warning; "
+                            f"see `hpctrain logs {job_id}`",), 1)
         if time.monotonic() >= deadline:
             raise UserError(f"job {job_id} is still {info.state} and has not requeued after {timeout_s:g} s; "
                             f"see `hpctrain logs {job_id}`")

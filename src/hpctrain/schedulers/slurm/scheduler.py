@@ -3,8 +3,8 @@
 Each method delegates: render -> render.render_sbatch, local_check -> local, check -> checks.check_cluster on
 query.query_cluster, submit -> render.submit, status/list_jobs/cancel -> jobs, logs -> output, cluster -> query,
 preempt -> preempt. Slurm's own records (JobInfo, ClusterInfo) map onto the neutral dataclasses here; `hpctrain
-status` and `hpctrain cluster` print the Slurm records themselves (report_status/report_cluster -> display.py),
-so their tables and JSON stay Slurm's.
+status` and `hpctrain cluster` show the Slurm records themselves (status_view/cluster_view -> display.py, which
+makes them a View for the CLI to print), so their tables and JSON stay Slurm's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,16 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
-from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Rendered, ReplicaStatus
+from hpctrain.schedulers.base import (
+    ClusterView,
+    JobStatus,
+    JobSummary,
+    NodeView,
+    Outcome,
+    Rendered,
+    ReplicaStatus,
+    View,
+)
 from hpctrain.schedulers.slurm import jobs, output, query, render
 from hpctrain.schedulers.slurm.checks import Requirements, check_cluster
 from hpctrain.schedulers.slurm.commands import Runner
@@ -207,40 +216,38 @@ class SlurmScheduler:
     def cancel(self, job_id: str) -> None:
         jobs.cancel(job_id, run=self.run)
 
-    def report_status(self, job_id: str | None, as_json: bool, all_users: bool = False) -> None:
+    def status_view(self, job_id: str | None, all_users: bool = False) -> View:
         """Without a job: your jobs that the controller knows (squeue); with one: that job in full (scontrol, or
         sacct where the cluster keeps accounting), with its exit status and output files."""
         from hpctrain.schedulers.slurm import display
 
         if job_id is None:
-            display.print_jobs(jobs.list_jobs(all_users=all_users, run=self.run), as_json)
-            return
+            return display.jobs_view(jobs.list_jobs(all_users=all_users, run=self.run))
         info = jobs.get_job(job_id, run=self.run)
         if info is None:
             raise display.not_found(job_id)
         from hpctrain.schedulers.slurm.run_dir import run_dir_of
 
-        display.print_job(info, as_json, run_dir_of(info.job_id, info.work_dir))
+        return display.job_view(info, run_dir_of(info.job_id, info.work_dir))
 
-    def report_cluster(self, as_json: bool, partition: str | None = None) -> None:
+    def cluster_view(self, partition: str | None = None) -> View:
         from hpctrain.schedulers.slurm import display
 
-        display.print_cluster(query.query_cluster(run=self.run), as_json, partition)
+        return display.cluster_view(query.query_cluster(run=self.run), partition)
 
-    def report_cancel(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False) -> int:
+    def cancel_and_wait(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False,
+                        say: Callable[[str], None] | None = None) -> Outcome:
         """scancel: SIGTERM to the job's processes (hpctrain's loop checkpoints), SIGKILL after KillWait; with
         `signal`, only that signal (to the batch shell too with `full`). Waits up to `wait_s` to say the outcome."""
         before = jobs.get_job(job_id, run=self.run)
         if before is None:
             raise _not_found(job_id)
         if before.finished:
-            print(f"job {before.job_id} already ended ({before.state}); nothing to cancel")
-            return 0
+            return Outcome((f"job {before.job_id} already ended ({before.state}); nothing to cancel",))
         jobs.cancel(before.job_id, signal=signal, full=full, run=self.run)
         if signal:
             target = "its steps and batch shell" if full else "its steps"
-            print(f"sent {signal.upper()} to job {before.job_id} ({target}; it was {before.state})")
-            return 0
+            return Outcome((f"sent {signal.upper()} to job {before.job_id} ({target}; it was {before.state})",))
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
             after = jobs.get_job(before.job_id, run=self.run)
@@ -248,18 +255,17 @@ class SlurmScheduler:
                 break
             time.sleep(0.5)
         if after is None:
-            print(f"job {before.job_id}: {before.state} -> ended (Slurm no longer lists it)")
-        elif after.finished:
-            print(f"job {before.job_id}: {before.state} -> {after.state}")
-        else:
-            print(f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its processes)")
-        return 0
+            return Outcome((f"job {before.job_id}: {before.state} -> ended (Slurm no longer lists it)",))
+        if after.finished:
+            return Outcome((f"job {before.job_id}: {before.state} -> {after.state}",))
+        return Outcome((f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its "
+                        "processes)",))
 
     def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
-                timeout_s: float = 600.0) -> int:
+                timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> Outcome:
         from hpctrain.schedulers.slurm.preempt import preempt
 
-        return preempt(job_id, signal=signal, steps=steps, follow=follow, timeout_s=timeout_s)
+        return preempt(job_id, signal=signal, steps=steps, follow=follow, timeout_s=timeout_s, say=say)
 
     def cluster(self) -> ClusterView:
         info = query.query_cluster(run=self.run, shard_use=False)  # the neutral view has no shards

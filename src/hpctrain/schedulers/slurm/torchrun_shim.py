@@ -3,6 +3,10 @@
 The batch script holds TORCHRUN_SHIM in single quotes and runs it as `python -c "$hpctrain_torchrun" SIGNALS
 SHUTDOWN_TIMEOUT TORCHRUN_ARGS...` on every node (render.step_command). It works on every torch from the floor
 up: it detects what the job's torchrun can do rather than trusting the submitting machine's torch.
+
+It is text, part of the Slurm batch script (its golden files hold it), not a program hpctrain runs: the lines it
+prints are the job's own, in the job's log, so it stays beside render.py rather than under launch/ (which runs
+local processes from hpctrain itself), and the rule that nothing under schedulers/ prints does not reach into it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,66 @@
+"""How the CLI prints what a scheduler returns: a View (`hpctrain status`, `cluster`) as JSON or as tables and
+lines, and an Outcome (`cancel`, `debug preempt`) as its lines and exit status. The backends return these records
+(hpctrain.schedulers.base) and never write to stdout; every byte the user reads is written here.
+
+A View's tables go through hpctrain.cli.tables: rich lays out up to RICH_ROWS rows, a longer table is printed as
+plain aligned text (rich costs about 0.7 ms a row), and a plain View (kubectl's look) always is. Its --json is
+json_text: indented, or one compact record a line for a long list. Cells and lines are text, never markup.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.text import Text
+
+from hpctrain.cli.tables import json_text, plain_table, print_table
+from hpctrain.schedulers.base import Outcome, Table, View
+
+
+def console() -> Console:
+    """stdout console; when piped or captured, wide enough that no cell is cut (logs and CI read it whole)."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=200, no_color=True, soft_wrap=False)
+
+
+def show(view: View, as_json: bool) -> None:
+    """Print `view`: its records as JSON, or its parts in order (tables and lines)."""
+    if as_json:
+        print(json_text(view.json_records()))
+        return
+    if view.plain:
+        for part in view.text_parts():
+            if isinstance(part, Table):
+                plain_table([tuple(part.columns), *part.rows])
+            else:
+                print(part)
+        return
+    out = console()
+    for part in view.text_parts():
+        if isinstance(part, Table):
+            print_table(part.columns, part.rows, out, title=part.title)
+        else:
+            out.print(Text(part), soft_wrap=True)
+
+
+def tell(outcome: Outcome) -> int:
+    """Print what became of the action; its exit status."""
+    for line in outcome.lines:
+        print(line)
+    return outcome.exit_code
+
+
+def progress_to_stderr(command: str) -> Callable[[str], None]:
+    """A `say` for a backend's progress lines: `hpctrain COMMAND: ...` on stderr, at once."""
+    def say(text: str) -> None:
+        print(f"hpctrain {command}: {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def progress_to_stdout(text: str) -> None:
+    """A `say` whose lines are part of the command's output (`debug preempt`: the warning sent, each new state)."""
+    print(text, flush=True)
