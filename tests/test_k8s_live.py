@@ -461,3 +461,63 @@ def test_a_failed_jobs_exit_status_comes_from_the_operators_events_or_is_said_un
             "lastTimestamp": at, "involvedObject": involved, "source": {"component": "pytorchjob-controller"}})
     assert sched.status("mnist").exit_code == 137  # the newest non-zero one of this job
     assert wait(sched, "mnist", "submit", poll_s=0.01) == 137
+
+
+# ---- a TrainJob's restart budget: hpctrain's own TrainingRuntime ----------------------------------------------
+
+def _runtimes(ctx: Ctx) -> dict[str, dict[str, Any]]:
+    from kubernetes import client
+
+    listed = client.CustomObjectsApi(ctx.api).list_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes")["items"]
+    return {r["metadata"]["name"]: r for r in listed}
+
+
+def test_trainjob_max_restarts_runs_on_its_own_runtime_owned_by_the_job(ctx: Ctx) -> None:
+    """submit makes the runtime first (Trainer refuses a TrainJob whose TrainingRuntime is missing), then the job, then
+    makes the job the runtime's owner (the garbage collector removes it with the job; this server runs none). A
+    submit refused on the way leaves no runtime; a runtime hpctrain made earlier for the name is replaced; one it did
+    not make is refused, untouched."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(ctx.api)
+    sched = ctx.scheduler(api="trainjob")
+    spec = job(nodes=2, max_restarts=2)
+    assert sched.submit(spec, sched.render(spec)) == "mnist"
+    trainjob = sched.get_object("mnist")
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "hpctrain-mnist"}
+    runtime = _runtimes(ctx)["hpctrain-mnist"]
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+    assert runtime["metadata"]["ownerReferences"] == [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                                       "name": "mnist", "uid": trainjob["metadata"]["uid"]}]
+    # The same name again, without --replace: refused, the job's runtime untouched.
+    with pytest.raises(UserError, match="a TrainJob named 'mnist' already exists"):
+        sched.submit(spec.replace(max_restarts=3), sched.render(spec.replace(max_restarts=3)))
+    assert _runtimes(ctx)["hpctrain-mnist"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+
+    # A refused TrainJob (here: the server's 409 for a name taken by a job on the cluster's runtime) takes its new
+    # runtime away again.
+    plain = job(name="other")
+    sched.submit(plain, sched.render(plain))
+    budgeted = plain.replace(max_restarts=1)
+    with pytest.raises(UserError, match="a TrainJob named 'other' already exists"):
+        sched.submit(budgeted, sched.render(budgeted))
+    assert "hpctrain-other" not in _runtimes(ctx)
+
+    # A runtime left by a submit that died before its TrainJob existed: replaced.
+    stale = sched.render(job(name="stale", max_restarts=1)).text.split("---\n")[0]
+    import yaml
+
+    body = yaml.safe_load(stale)
+    body["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] = 9
+    custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes", body)
+    assert sched.submit(job(name="stale", max_restarts=1), sched.render(job(name="stale", max_restarts=1))) == "stale"
+    assert _runtimes(ctx)["hpctrain-stale"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 1
+
+    # One that is not hpctrain's: refused and left as it was.
+    body["metadata"] = {"name": "hpctrain-theirs", "labels": {"team": "vision"}}
+    custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes", body)
+    with pytest.raises(UserError, match="has a TrainingRuntime 'hpctrain-theirs' that hpctrain did not make"):
+        sched.submit(job(name="theirs", max_restarts=1), sched.render(job(name="theirs", max_restarts=1)))
+    assert "theirs" not in [s.job_id for s in sched.list_jobs()]
+    assert _runtimes(ctx)["hpctrain-theirs"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 9

@@ -10,7 +10,6 @@ and the rest of hpctrain never load it.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -24,20 +23,20 @@ from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.objects import (
+    EXITED_WITH_CODE,
     PYTORCHJOB_SELECTOR,
     TRAINJOB_SELECTOR,
     jobset_restarts,
     object_state,
     pod_requests,
     quantity_or_zero,
+    recorded_exit_code,
     replica_key,
     replica_name,
     replica_status,
 )
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 
-EXITED_WITH_CODE = "ExitedWithCode"  # training-operator v1's event reason for a terminated training container
-_EXIT_CODE = re.compile(r"exited with code (-?[0-9]+)$")
 REPLACE_WAIT_S = 120
 """How long `submit --replace` waits for the old job of the name (and its pods) to be gone."""
 DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
@@ -164,6 +163,13 @@ class KubernetesScheduler(LiveChecks):
         return path_here(pod_path, self.options.parsed_volumes)
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
+        from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
+
+        runtime = own_runtime(job, self.options)  # a TrainJob's restart budget: its own TrainingRuntime, made first
+        create = functools.partial(self._create, job, rendered)
+        return create() if runtime is None else submit_with(self, job, runtime, create)
+
+    def _create(self, job: JobSpec, rendered: Rendered) -> str:
         from kubernetes.client.rest import ApiException
 
         manifest = rendered.payload
@@ -255,7 +261,9 @@ class KubernetesScheduler(LiveChecks):
             codes = [p.exit_code for p in replicas if p.exit_code is not None]
             exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
         if exit_code is None and state == base.FAILED and self.options.api == "pytorchjob":
-            exit_code = self._recorded_exit_code(obj)  # its pods went (cleanPodPolicy): the operator's events
+            # Its pods went (cleanPodPolicy): the operator's ExitedWithCode events on it (objects.recorded_exit_code).
+            exit_code = recorded_exit_code(list_all(self.core.list_namespaced_event, self.namespace, field_selector=(
+                f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}")))
         waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
@@ -263,20 +271,6 @@ class KubernetesScheduler(LiveChecks):
         restarts = sum(p.restarts for p in replicas) + jobset_restarts(pods)
         return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=restarts,
                          replicas=replicas, pending_reasons=reasons, message=message)
-
-    def _recorded_exit_code(self, obj: dict[str, Any]) -> int | None:
-        """The last non-zero exit code training-operator v1 recorded for the job: on each reconcile that finds a pod's
-        `pytorch` container terminated it records a Normal event ExitedWithCode, "Pod: NS.POD exited with code N",
-        on the job (pkg/controller.v1/common/pod.go ReconcilePods, v1.7-v1.9.4). None without one (events expire,
-        an hour by default)."""
-        events = list_all(self.core.list_namespaced_event, self.namespace, field_selector=(
-            f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}"))
-        codes = []
-        for e in events:
-            match = _EXIT_CODE.search(e.message or "")
-            if match and int(match.group(1)):
-                codes.append((str(e.last_timestamp or e.event_time or e.metadata.creation_timestamp or ""), int(match.group(1))))
-        return max(codes)[1] if codes else None
 
     def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
         waiting = {p.metadata.name for p in pods if p.status is None or p.status.phase == "Pending"}
