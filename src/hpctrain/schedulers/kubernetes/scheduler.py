@@ -22,6 +22,7 @@ from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.client import list_all
+from hpctrain.schedulers.kubernetes.logstream import log_lines
 from hpctrain.schedulers.kubernetes.objects import (
     EXITED_WITH_CODE,
     PYTORCHJOB_SELECTOR,
@@ -328,7 +329,7 @@ class KubernetesScheduler(LiveChecks):
         except ApiException as err:
             raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
                             f"have started; see `{self.command('status', job_id)}`") from None
-        return _lines(resp, pod.metadata.name)
+        return log_lines(resp, pod.metadata.name)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
@@ -414,21 +415,3 @@ class KubernetesScheduler(LiveChecks):
                     lines.append(f"{self.namespace}/{q.metadata.name} {key}: {use.get(key, '0')} of {hard[key]} used")
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
 
-
-def _lines(resp: Any, pod: str) -> Iterator[str]:
-    import urllib3
-
-    buffer = b""
-    try:
-        for chunk in resp.stream(amt=65536, decode_content=True):
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for line in complete:
-                yield line.decode("utf-8", "replace")
-        if buffer:
-            yield buffer.decode("utf-8", "replace")
-    except urllib3.exceptions.HTTPError as err:
-        raise UserError(f"the log of pod {pod} broke off ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
-                        "run the command again") from None
-    finally:
-        resp.release_conn()
