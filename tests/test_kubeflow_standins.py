@@ -256,3 +256,29 @@ def test_trainjob_on_hpctrains_own_runtime_restarts_the_set_max_restarts_times(s
     condition = last_condition(standin, "TrainJob", "tj-budget")
     assert (condition["type"], condition["reason"]) == ("Failed", "ReachedMaxRestarts"), condition
     assert sched.status("tj-budget").state == "FAILED"
+
+
+def test_pytorchjob_records_exit_codes_that_outlive_the_pods(standin: TrainerStandIn) -> None:
+    """training-operator v1 records "Pod: NS.POD exited with code N" (event ExitedWithCode on the job) whenever it
+    finds the `pytorch` container terminated; after the job fails at its backoff limit and cleanPodPolicy Running took
+    the restarting pod, `status` still gives the code from that event."""
+    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+
+    create(standin, pytorchjob("pj-exit", workers=0, run_policy={"backoffLimit": 1, "cleanPodPolicy": "Running"}))
+    standin.reconcile()
+    master = "pj-exit-master-0"
+    container = {"name": "pytorch", "image": IMAGE, "imageID": "", "ready": False}
+    standin.core.patch_namespaced_pod_status(master, standin.namespace, {"status": {"phase": "Running", "containerStatuses": [
+        dict(container, restartCount=0, state={"terminated": {"exitCode": 3, "reason": "Error"}})]}})
+    standin.reconcile()  # between the exit and the kubelet's restart: the operator records the code
+    standin.core.patch_namespaced_pod_status(master, standin.namespace, {"status": {"phase": "Running", "containerStatuses": [
+        dict(container, restartCount=1, state={"waiting": {"reason": "CrashLoopBackOff"}})]}})
+    standin.reconcile()  # the restart reaches the backoff limit: Failed, the running pod deleted
+    assert last_condition(standin, "PyTorchJob", "pj-exit")["type"] == "Failed"
+    assert not pods(standin)
+    events = standin.core.list_namespaced_event(standin.namespace, field_selector="reason=ExitedWithCode").items
+    assert [(e.type, e.message) for e in events] == [("Normal", f"Pod: {standin.namespace}.{master} exited with code 3")]
+    sched = KubernetesScheduler(KubernetesOptions(namespace=standin.namespace), api_client=standin.custom.api_client)
+    status = sched.status("pj-exit")
+    assert (status.state, status.replicas, status.exit_code) == ("FAILED", (), 3)
