@@ -129,6 +129,27 @@ def test_trainjob_max_restarts_is_its_own_runtimes_jobset_restart_limit(nodes: i
         render(spec, options("trainjob", runtime="torch-gpu"))
 
 
+def test_a_namespace_that_forbids_runtimes_is_said_with_the_way_out() -> None:
+    """A shared cluster may let its users create TrainJobs but not TrainingRuntimes: the API server's 403 (a recorded
+    answer) is one line naming --max-restarts, and no TrainJob is created."""
+    from types import SimpleNamespace
+
+    from kubernetes.client.rest import ApiException
+
+    from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
+
+    def forbidden(*args: Any) -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    created: list[str] = []
+    sched = SimpleNamespace(namespace="team-a", custom=SimpleNamespace(create_namespaced_custom_object=forbidden))
+    spec = job(max_restarts=1)
+    with pytest.raises(UserError, match=r"^creating the TrainJob's own TrainingRuntime hpctrain-mnist \(its --max-restarts "
+                                        r"budget\) in namespace team-a is forbidden \(403\): .* or drop --max-restarts"):
+        submit_with(sched, spec, own_runtime(spec, options("trainjob", namespace="team-a")), lambda: created.append("x"))
+    assert created == []
+
+
 # ---- 4. older Trainer releases: `check` reads the served schema ------------------------------------------------------
 
 def _served_crd(drop: tuple[str, ...]) -> Any:

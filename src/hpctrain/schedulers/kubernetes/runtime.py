@@ -92,6 +92,10 @@ def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
         create()
         return
     except ApiException as err:
+        if err.status == 403:  # shared clusters may let users make jobs but not runtimes
+            raise UserError(f"creating the TrainJob's own TrainingRuntime {name} (its --max-restarts budget) in namespace "
+                            f"{sched.namespace} is forbidden (403): ask the admin for the right to create trainingruntimes "
+                            "there, or drop --max-restarts (the job then has its runtime's budget)") from None
         if err.status != 409:
             raise
     old = sched.custom.get_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, name)
