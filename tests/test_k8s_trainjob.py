@@ -112,8 +112,8 @@ def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: 
 def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: SimpleNamespace, tmp_path: Path) -> None:
     """--max-restarts 1 on a TrainJob: it runs on hpctrain's own TrainingRuntime (restartPolicy Never, the Job's
     backoffLimit 0, JobSet failurePolicy maxRestarts 1), so a pod that keeps failing has JobSet recreate the set once
-    (no in-place restart), then the TrainJob gets Failed and `submit --wait` exits with the pod's status. Cancelling
-    the job has the garbage collector remove the runtime with it (its owner)."""
+    (no in-place restart), then the TrainJob gets Failed and `submit --wait` exits with the pod's status. --replace
+    makes the new job its own runtime; cancelling the job has the garbage collector remove the runtime (its owner)."""
     from kubernetes.client.rest import ApiException
 
     c = cluster_cpu
@@ -136,7 +136,15 @@ def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: Simple
                 return None
             raise
 
-    assert runtime()["metadata"]["ownerReferences"][0]["name"] == "tj-exit-3"
+    first = runtime()["metadata"]["ownerReferences"][0]
+    assert first["name"] == "tj-exit-3"
+    # --replace with another budget: the old job goes (and its runtime with it), the new one gets its own runtime.
+    again = c.real.cli("submit", *c.job, "--max-restarts", "2", "--replace", "--job-name", "tj-exit-3", "--",
+                       "python", "-c", "import time; time.sleep(300)", cwd=tmp_path)
+    assert again.returncode == 0 and "--replace: deleted the earlier TrainJob tj-exit-3 (FAILED" in again.stderr, again.stderr
+    new = runtime()
+    assert new["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+    assert new["metadata"]["ownerReferences"][0]["uid"] != first["uid"]
     cancelled = c.real.cli("cancel", "tj-exit-3", "--wait", str(DEADLINE_S), *c.where)
     assert cancelled.returncode == 0, cancelled
     c.real.wait("the runtime to go with its job", lambda: runtime() is None)
