@@ -40,9 +40,8 @@ More of training-operator v1.9.4 it models, each from its source (github.com/kub
   past it the job fails "because it was active longer than specified deadline" (pkg/core/job.go PastActiveDeadline)
 * a Failed pod of an OnFailure or Always replica (evicted, or its node lost) is deleted and made again, the job
   Restarting (pkg/controller.v1/common/pod.go ReconcilePods), as for ExitCode with a retryable code
-* a pod whose `pytorch` container it finds terminated gets a Normal event ExitedWithCode on the job, "Pod: NS.POD
-  exited with code N" (the same ReconcilePods, for every container status it reads: the stand-in looks at the
-  `pytorch` container's current state, as the operator's default container)
+* a pod whose `pytorch` container it finds terminated: a Normal event ExitedWithCode, "Pod: NS.POD exited with code
+  N" (the same ReconcilePods)
 
 It polls (every POLL_S) rather than watching: simpler, and fast enough for tests. The helpers at the end make and
 remove test namespaces (also on the API-server-only cluster, which has no namespace controller) and wait.
@@ -190,10 +189,8 @@ class KubeflowStandIn:
                 if pod_name not in services:
                     self._create_service(job, rtype, index, pod_name)
                 if pod_name in existing:
-                    code = _exit_code(existing[pod_name], container="pytorch")
-                    if code is not None:  # the operator's record of it (module docstring)
-                        self._warn(job, "ExitedWithCode", f"Pod: {self.namespace}.{pod_name} exited with code {code}",
-                                   kind="Normal")
+                    if (code := _exit_code(existing[pod_name], container="pytorch")) is not None:  # docstring
+                        self._warn(job, "ExitedWithCode", f"Pod: {self.namespace}.{pod_name} exited with code {code}", "Normal")
                     continue
                 if rtype == "Worker" and "Master" in replicas and master_ip is None:
                     continue  # Kubeflow's init container holds workers until the master's name resolves
@@ -305,10 +302,9 @@ class KubeflowStandIn:
             self._warn(job, "FailedCreatePod", f"Error creating: {_api_message(err)}")
 
     def _warn(self, job: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
-        """A Warning event on the job, as training-operator v1's pod control records a refused pod create
-        (pkg/controller.v1/control/pod_control.go: reason FailedCreatePod, "Error creating: <the API's error>"), or
-        another `kind` of event. Repeats bump the event's count, as client-go's recorder does, at most every
-        EVENT_REPEAT_S."""
+        """A Warning (or `kind`) event on the job, as training-operator v1's pod control records a refused pod create
+        (pkg/controller.v1/control/pod_control.go: reason FailedCreatePod, "Error creating: <the API's error>").
+        Repeats bump the event's count, as client-go's recorder does, at most every EVENT_REPEAT_S."""
         key = (job["metadata"]["uid"], reason, message)
         seen = self._events.get(key)
         if seen is not None and time.monotonic() - seen[1] < EVENT_REPEAT_S:
