@@ -73,7 +73,7 @@ def _pod_template(template: dict[str, Any], where: str) -> list[str]:
 
 def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Every reason a real cluster would refuse creating `obj`, one line each; `runtimes` are the cluster's
-    ClusterTrainingRuntimes by name (default: the vendored torch-distributed)."""
+    ClusterTrainingRuntimes and the namespace's TrainingRuntimes by name (default: the vendored torch-distributed)."""
     kind = obj.get("kind")
     if kind in ("Pod", "Secret", "Service"):
         name_rule = rules.dns1035_label if kind == "Service" else rules.dns1123_subdomain
@@ -85,6 +85,12 @@ def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = N
         out += rules.pytorchjob_webhook(obj) + rules.pytorchjob_children(obj)
         for rtype, rspec in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items():
             out += _pod_template((rspec or {}).get("template") or {}, f"spec.pytorchReplicaSpecs[{rtype}].template")
+    elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        out += rules.trainingruntime_webhook(obj)
+        rjobs = ((((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs")) or []
+        for rjob in rjobs:
+            out += _pod_template(((rjob.get("template") or {}).get("spec") or {}).get("template") or {},
+                                 f"spec.template.spec.replicatedJobs[{rjob.get('name')}].template")
     elif kind == "TrainJob":
         runtimes = default_runtimes() if runtimes is None else runtimes
         webhook = rules.trainjob_webhook(obj, runtimes)

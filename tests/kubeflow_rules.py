@@ -225,6 +225,8 @@ def pytorchjob_children(job: dict[str, Any]) -> list[str]:
 _TR_JOBSET = "TR pkg/runtime/framework/plugins/jobset/jobset.go"
 _TR_TORCH = "TR pkg/runtime/framework/plugins/torch/torch.go"
 _TR_RUNTIME = "TR pkg/runtime/core/clustertrainingruntime.go"
+_TR_NS_RUNTIME = "TR pkg/runtime/core/trainingruntime.go"
+_TR_RUNTIME_WEBHOOK = "TR pkg/webhooks/trainingruntime_webhook.go"
 TORCHRUN_RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 """TorchRunReservedEnvNames (pkg/constants/constants.go)."""
 NO_ENV_PATCH = ("dataset-initializer", "model-initializer", "node")
@@ -241,15 +243,24 @@ def _replicated_jobs(runtime_spec: dict[str, Any]) -> dict[str, set[str]]:
 
 
 def trainjob_webhook(job: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> list[str]:
-    """TrainJobValidator.ValidateCreate (TR pkg/webhooks/trainjob_webhook.go): the referenced ClusterTrainingRuntime
-    must exist, then the runtime's plugins validate (JobSet, Torch; the rules for initializers, torchtune, MPI,
-    XGBoost and Flux do not apply to what hpctrain renders)."""
+    """TrainJobValidator.ValidateCreate (TR pkg/webhooks/trainjob_webhook.go): the referenced runtime must exist (a
+    ClusterTrainingRuntime, or a TrainingRuntime in the TrainJob's namespace: ValidateObjects of
+    pkg/runtime/core/clustertrainingruntime.go and trainingruntime.go), then the runtime's plugins validate (JobSet,
+    Torch; the rules for initializers, torchtune, MPI, XGBoost and Flux do not apply to what hpctrain renders).
+    `runtimes`: the cluster's runtimes of either kind by name."""
     spec = job.get("spec") or {}
     ref = spec.get("runtimeRef") or {}
-    if ref.get("kind", "ClusterTrainingRuntime") != "ClusterTrainingRuntime" or ref.get("name") not in runtimes:
-        return [f"{_TR_RUNTIME}: spec.RuntimeRef: Invalid value: {ref!r}: specified clusterTrainingRuntime must be "
-                "created before the TrainJob is created"]
-    runtime = runtimes[ref["name"]]["spec"]
+    kind = ref.get("kind", "ClusterTrainingRuntime")
+    if kind not in ("ClusterTrainingRuntime", "TrainingRuntime") or ref.get("apiGroup", "trainer.kubeflow.org") != "trainer.kubeflow.org":
+        return [f"TR pkg/webhooks/trainjob_webhook.go: unsupported runtime: {ref.get('apiGroup')}/{kind}"]
+    found = runtimes.get(ref.get("name"))
+    namespace = (job.get("metadata") or {}).get("namespace")
+    if (found is None or found.get("kind", "ClusterTrainingRuntime") != kind
+            or (kind == "TrainingRuntime" and (found.get("metadata") or {}).get("namespace") != namespace)):
+        source, what = (_TR_RUNTIME, "clusterTrainingRuntime") if kind == "ClusterTrainingRuntime" else (_TR_NS_RUNTIME, "trainingRuntime")
+        return [f"{source}: spec.runtimeRef: Invalid value: {ref!r}: specified {what} must be created before the "
+                "TrainJob is created"]
+    runtime = found["spec"]
     rjobs = _replicated_jobs(runtime)
     out: list[str] = []
     # JobSet plugin, Validate: the patch's manager, and patches only of what the runtime has.
@@ -282,6 +293,29 @@ def trainjob_webhook(job: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -
         if reserved:
             out.append(f"{_TR_TORCH}: spec.trainer.env: Invalid value: must not have reserved envs, invalid envs "
                        f"configured: {reserved}")
+    return out
+
+
+def trainingruntime_webhook(runtime: dict[str, Any]) -> list[str]:
+    """TrainingRuntimeValidator.ValidateCreate (TR pkg/webhooks/trainingruntime_webhook.go validateReplicatedJobs;
+    Trainer's ClusterTrainingRuntime webhook applies the same): a replicated job labelled as a TrainJob ancestor
+    (trainer, model-initializer, dataset-initializer) has replicas 1 (JobSet's default when unset) and the
+    container its ancestor needs (trainer: `node`)."""
+    expected = {"trainer": "node", "model-initializer": "model-initializer", "dataset-initializer": "dataset-initializer"}
+    out = []
+    rjobs = ((((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs")) or []
+    for i, rjob in enumerate(rjobs):
+        template = rjob.get("template") or {}
+        ancestor = ((template.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/trainjob-ancestor-step")
+        if ancestor not in expected:
+            continue
+        where = f"spec.template.spec.replicatedJobs[{i}]"
+        if int(rjob.get("replicas", 1)) != 1:
+            out.append(f"{_TR_RUNTIME_WEBHOOK}: {where}.replicas: Invalid value: {rjob.get('replicas')}: always must be 1")
+        pod = (((template.get("spec") or {}).get("template") or {}).get("spec")) or {}
+        if not any(c.get("name") == expected[ancestor] for c in pod.get("containers") or []):
+            out.append(f"{_TR_RUNTIME_WEBHOOK}: {where}.template.spec.template.spec.containers: Invalid value: must "
+                       f"contain the required container for the ancestor: {ancestor}")
     return out
 
 

@@ -40,6 +40,8 @@ More of training-operator v1.9.4 it models, each from its source (github.com/kub
   past it the job fails "because it was active longer than specified deadline" (pkg/core/job.go PastActiveDeadline)
 * a Failed pod of an OnFailure or Always replica (evicted, or its node lost) is deleted and made again, the job
   Restarting (pkg/controller.v1/common/pod.go ReconcilePods), as for ExitCode with a retryable code
+* a pod whose `pytorch` container it finds terminated: a Normal event ExitedWithCode, "Pod: NS.POD exited with code
+  N" (the same ReconcilePods)
 
 It polls (every POLL_S) rather than watching: simpler, and fast enough for tests. The helpers at the end make and
 remove test namespaces (also on the API-server-only cluster, which has no namespace controller) and wait.
@@ -187,6 +189,8 @@ class KubeflowStandIn:
                 if pod_name not in services:
                     self._create_service(job, rtype, index, pod_name)
                 if pod_name in existing:
+                    if (code := _exit_code(existing[pod_name], container="pytorch")) is not None:  # docstring
+                        self._warn(job, "ExitedWithCode", f"Pod: {self.namespace}.{pod_name} exited with code {code}", "Normal")
                     continue
                 if rtype == "Worker" and "Master" in replicas and master_ip is None:
                     continue  # Kubeflow's init container holds workers until the master's name resolves
@@ -297,8 +301,8 @@ class KubeflowStandIn:
                 raise
             self._warn(job, "FailedCreatePod", f"Error creating: {_api_message(err)}")
 
-    def _warn(self, job: dict[str, Any], reason: str, message: str) -> None:
-        """A Warning event on the job, as training-operator v1's pod control records a refused pod create
+    def _warn(self, job: dict[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
+        """A Warning (or `kind`) event on the job, as training-operator v1's pod control records a refused pod create
         (pkg/controller.v1/control/pod_control.go: reason FailedCreatePod, "Error creating: <the API's error>").
         Repeats bump the event's count, as client-go's recorder does, at most every EVENT_REPEAT_S."""
         key = (job["metadata"]["uid"], reason, message)
@@ -310,7 +314,7 @@ class KubeflowStandIn:
         if seen is None:
             name = f"{job['metadata']['name']}.{uuid.uuid4().hex[:16]}"
             self.core.create_namespaced_event(self.namespace, {
-                "metadata": {"name": name}, "involvedObject": involved, "type": "Warning", "reason": reason,
+                "metadata": {"name": name}, "involvedObject": involved, "type": kind, "reason": reason,
                 "message": message, "count": 1, "firstTimestamp": now(), "lastTimestamp": now(),
                 "source": {"component": f"{involved['kind'].lower()}-controller"}})
             self._events[key] = (name, time.monotonic(), 1)
@@ -383,9 +387,9 @@ def _owner_uid(pod: Any) -> str | None:
     return next((o.uid for o in pod.metadata.owner_references or []), None)
 
 
-def _exit_code(pod: Any) -> int | None:
+def _exit_code(pod: Any, container: str | None = None) -> int | None:
     for cs in (pod.status.container_statuses or []) if pod.status else []:
-        if cs.state and cs.state.terminated:
+        if cs.state and cs.state.terminated and container in (None, cs.name):
             return cs.state.terminated.exit_code
     return None
 

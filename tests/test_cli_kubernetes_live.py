@@ -76,7 +76,9 @@ def test_submit_wait_exits_with_the_jobs_status(real_cpu: Real, tmp_path: Path) 
                     "--job-name", "exit-3", "--wait", "--", "python", "-c", "import sys; sys.exit(3)", cwd=tmp_path)
     assert not real.standin.errors, real.standin.errors
     # The controller fails the job at the container's first restart and, with cleanPodPolicy Running, deletes the
-    # restarted pod: the exit status is the container's while --wait still sees the pod, else unknown (1).
+    # restarted pod: the exit status is the one --wait saw on the pod, or the operator recorded (an ExitedWithCode
+    # event, when its pass fell between the exit and the kubelet's restart); with neither, --wait says so and exits 1.
     assert proc.returncode in (3, 1), proc.stderr
-    assert f"job exit-3 ended FAILED with exit status {proc.returncode}" in proc.stderr
+    assert ("job exit-3 ended FAILED with exit status 3" if proc.returncode == 3
+            else "job exit-3 ended FAILED; hpctrain could not learn its exit status") in proc.stderr, proc.stderr
     assert (tmp_path / "runs" / "exit-3" / "pytorchjob.yaml").is_file()  # the default run dir, relative: recorded here

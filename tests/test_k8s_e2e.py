@@ -66,6 +66,29 @@ def test_a_job_past_its_restart_budget_leaves_no_running_pod(real_cpu: Real, tmp
     assert (tmp_path / "attempted-0").is_file()  # the first attempt ran and exited 75
 
 
+def test_a_job_past_its_deadline_leaves_no_running_pod(real_cpu: Real, tmp_path: Path) -> None:
+    """A PyTorchJob past runPolicy.activeDeadlineSeconds: the controller fails it ("active longer than specified
+    deadline", counted from status.startTime) and cleanPodPolicy Running has it delete the running pod, which would
+    otherwise train on (here sleep 10 minutes; on a GPU node, holding its GPUs); the real kubelet stops it. hpctrain
+    renders the deadline as a backstop of --time x attempts + 24 h; the test shortens the rendered one to 5 s so that it
+    passes in seconds. One 1-CPU pod: one CPU of the node."""
+    real = real_cpu
+    sched = real.scheduler(f"host:{tmp_path}:{tmp_path}")
+    job = JobSpec(command=("python", "-c", "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(600)",
+                           str(tmp_path / "started")), name="expiring", run_dir=str(tmp_path), signal_grace=5, time="00:10:00",
+                  resources=Resources(nodes=1, mem="1G"))
+    manifest = sched.render(job)
+    run_policy = manifest.payload["spec"]["runPolicy"]
+    assert run_policy["cleanPodPolicy"] == "Running" and run_policy["activeDeadlineSeconds"] == 600 + 24 * 3600
+    run_policy["activeDeadlineSeconds"] = 5
+    sched.submit(job, manifest)
+    real.wait("the pod to start", lambda: (tmp_path / "started").is_file())
+    status = real.wait("the job to fail", lambda: (s := sched.status("expiring")).state == "FAILED" and s)
+    assert "active longer than specified deadline" in (status.message or ""), status
+    real.wait("its pod to be deleted", lambda: sched.pods_of("expiring") == [])
+    assert sched.status("expiring").state == "FAILED"
+
+
 def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(real: Real, tmp_path: Path,
                                                                                fashion_data_dir: Path) -> None:
     """The preflight's finding reaches `hpctrain status` through the pods' own status (their termination message),

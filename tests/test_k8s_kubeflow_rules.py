@@ -96,6 +96,60 @@ def test_max_restarts_counts_incidents_that_restart_every_pod(nodes: int, max_re
     assert past_backoff_limit(limit, [max_restarts + 1] * nodes)
 
 
+@pytest.mark.parametrize("nodes", [1, 4])
+@pytest.mark.parametrize("max_restarts", [1, 3])
+def test_trainjob_max_restarts_is_its_own_runtimes_jobset_restart_limit(nodes: int, max_restarts: int) -> None:
+    """A TrainJob's --max-restarts N: the job runs on hpctrain's own TrainingRuntime, whose JobSet restarts the whole
+    set on any failed pod (the node Job's backoffLimit 0, pods never restarted in place) while fewer than N restarts
+    were made, and fails after (JobSet v0.12.0 pkg/controllers/failure_policy.go restartJobSetActionApplier:
+    `RestartsCountTowardsMax >= MaxRestarts` fails the set): one incident, however many pods it took, costs one."""
+    from hpctrain.schedulers.kubernetes.render import rendered
+    from hpctrain.schedulers.kubernetes.runtime import own_runtime
+
+    spec = job(nodes=nodes, max_restarts=max_restarts, command=("python", "train.py"))
+    out = rendered(spec, options("trainjob", namespace="team-a"))
+    runtime, trainjob = yaml.safe_load_all(out.text)
+    assert runtime == own_runtime(spec, options("trainjob", namespace="team-a")) and trainjob == out.payload
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                              "name": "hpctrain-mnist"}
+    assert runtime["metadata"] == {"name": "hpctrain-mnist", "namespace": "team-a", "labels": {
+        "app.kubernetes.io/managed-by": "hpctrain", "hpctrain.io/job": "mnist", "trainer.kubeflow.org/framework": "torch"}}
+    jobset = runtime["spec"]["template"]["spec"]
+    assert jobset["failurePolicy"] == {"maxRestarts": max_restarts}
+    node = jobset["replicatedJobs"][0]["template"]["spec"]
+    assert (node["backoffLimit"], node["template"]["spec"]["restartPolicy"]) == (0, "Never")
+    # Each attempt may train for --time: the backstop deadline grows with the budget, as a PyTorchJob's does.
+    timed = render(spec.replace(time="01:00:00"), options("trainjob"))
+    assert timed["spec"]["activeDeadlineSeconds"] == 3600 * (max_restarts + 1) + 24 * 3600
+    # Without a budget the job stays on the cluster's runtime, and the text is the TrainJob alone.
+    plain = rendered(spec.replace(max_restarts=0), options("trainjob"))
+    assert plain.payload["spec"]["runtimeRef"]["kind"] == "ClusterTrainingRuntime" and "---" not in plain.text
+    with pytest.raises(UserError, match="--max-restarts runs a TrainJob on hpctrain's own TrainingRuntime .* not on "
+                                        "--runtime torch-gpu: drop one of them"):
+        render(spec, options("trainjob", runtime="torch-gpu"))
+
+
+def test_a_namespace_that_forbids_runtimes_is_said_with_the_way_out() -> None:
+    """A shared cluster may let its users create TrainJobs but not TrainingRuntimes: the API server's 403 (a recorded
+    answer) is one line naming --max-restarts, and no TrainJob is created."""
+    from types import SimpleNamespace
+
+    from kubernetes.client.rest import ApiException
+
+    from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
+
+    def forbidden(*args: Any) -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    created: list[str] = []
+    sched = SimpleNamespace(namespace="team-a", custom=SimpleNamespace(create_namespaced_custom_object=forbidden))
+    spec = job(max_restarts=1)
+    with pytest.raises(UserError, match=r"^creating the TrainJob's own TrainingRuntime hpctrain-mnist \(its --max-restarts "
+                                        r"budget\) in namespace team-a is forbidden \(403\): .* or drop --max-restarts"):
+        submit_with(sched, spec, own_runtime(spec, options("trainjob", namespace="team-a")), lambda: created.append("x"))
+    assert created == []
+
+
 # ---- 4. older Trainer releases: `check` reads the served schema ------------------------------------------------------
 
 def _served_crd(drop: tuple[str, ...]) -> Any:

@@ -366,3 +366,158 @@ def test_cluster_view_numbers(ctx: Ctx) -> None:
     assert (na.gpus_allocatable, na.gpus_requested, na.gpus_free) == (4, 1, 3)
     assert (nb.cpu_requested, nb.memory_requested, nb.gpus_allocatable) == (1.0, 2**30, 0)
     assert view.quota == (f"{ctx.namespace}/team pods: 4 of 20 used", f"{ctx.namespace}/team requests.cpu: 3500m of 10 used")
+
+
+# ---- submit --wait: the exit status of a job whose pods went as it failed ------------------------------------
+
+FAILED_AT_LIMIT = "Job mnist has failed because it has reached the specified backoff limit"  # TO v1.9.4 common/job.go
+
+
+class _Operator:
+    """training-operator v1.9.4's answers for a job with --max-restarts 1 that fails at its backoff limit, one step
+    per `status` poll: the master runs; its container exits 3 and the kubelet restarts it in place (restartCount 1,
+    CrashLoopBackOff, the code in lastState); the restart count reaches the limit, so the operator marks the job
+    Failed and cleanPodPolicy Running deletes the restarting pod with its status (pkg/core/job.go PastBackoffLimit,
+    pkg/controller.v1/common/job.go ReconcileJobs then DeletePodsAndServices). `wait` asks the real scheduler, on
+    the real API server, between the steps."""
+
+    def __init__(self, ctx: Ctx, sched: KubernetesScheduler) -> None:
+        self.ctx, self.sched, self.step = ctx, sched, 0
+        self.master = _kubeflow_pod(ctx, ctx.node(), "master", 0)
+
+    def _container(self, **state: Any) -> dict[str, Any]:
+        return {"name": "pytorch", "image": IMAGE, "imageID": "", "ready": "running" in state.get("state", {}), **state}
+
+    def _conditions(self, *extra: dict[str, str]) -> None:
+        from kubernetes import client
+
+        conditions = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "message": "created"},
+                      {"type": "Running", "status": "False" if extra else "True", "reason": "PyTorchJobRunning",
+                       "message": "PyTorchJob mnist is running."}, *extra]
+        client.CustomObjectsApi(self.ctx.api).patch_namespaced_custom_object_status(
+            "kubeflow.org", "v1", self.ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}})
+
+    def status(self, job_id: str) -> Any:
+        core, ns = self.ctx.core, self.ctx.namespace
+        if self.step == 0:
+            core.patch_namespaced_pod_status(self.master, ns, {"status": {"phase": "Running", "containerStatuses": [
+                self._container(restartCount=0, state={"running": {"startedAt": now()}})]}})
+            self._conditions()
+        elif self.step == 1:
+            core.patch_namespaced_pod_status(self.master, ns, {"status": {"phase": "Running", "containerStatuses": [
+                self._container(restartCount=1, state={"waiting": {"reason": "CrashLoopBackOff"}}, lastState={
+                    "terminated": {"exitCode": 3, "reason": "Error", "startedAt": now(), "finishedAt": now()}})]}})
+        elif self.step == 2:
+            self._conditions({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": FAILED_AT_LIMIT})
+            core.delete_namespaced_pod(self.master, ns, grace_period_seconds=0)
+        self.step += 1
+        return self.sched.status(job_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sched, name)
+
+
+def test_wait_keeps_the_exit_status_of_a_job_whose_pods_went_as_it_failed(ctx: Ctx, capsys: Any) -> None:
+    from hpctrain.cli.submit import wait
+
+    sched = ctx.scheduler()
+    spec = job(nodes=1, max_restarts=1)
+    sched.submit(spec, sched.render(spec))
+    operator = _Operator(ctx, sched)
+    assert wait(operator, "mnist", "submit", poll_s=0.01) == 3
+    assert operator.step == 3 and sched.status("mnist").replicas == ()  # the end was seen with no pod left
+    assert capsys.readouterr().err.splitlines()[-1] == "hpctrain submit: job mnist ended FAILED with exit status 3"
+
+
+def test_a_failed_jobs_exit_status_comes_from_the_operators_events_or_is_said_unknown(ctx: Ctx, capsys: Any) -> None:
+    """When `wait` saw no pod (it started after the end, or the pod went between two polls), the exit status is the
+    last non-zero one of training-operator's ExitedWithCode events on the job (pkg/controller.v1/common/pod.go
+    ReconcilePods: "Pod: NS.POD exited with code N", a Normal event on the PyTorchJob); with none, `wait` says that
+    it could not learn it."""
+    from kubernetes import client
+
+    from hpctrain.cli.submit import wait
+
+    sched = ctx.scheduler()
+    spec = job(nodes=1, max_restarts=1)
+    sched.submit(spec, sched.render(spec))
+    client.CustomObjectsApi(ctx.api).patch_namespaced_custom_object_status(
+        "kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": [
+            {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": FAILED_AT_LIMIT}]}})
+    assert sched.status("mnist").exit_code is None
+    assert wait(sched, "mnist", "submit", poll_s=0.01) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "hpctrain submit: job mnist ended FAILED; hpctrain could not learn its exit status (its processes' records "
+        "are gone and the scheduler kept none): exiting with 1")
+
+    uid = sched.get_object("mnist")["metadata"]["uid"]
+    for i, (code, seconds) in enumerate([(3, 10), (0, 20), (137, 30), (5, 40)]):
+        involved = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "mnist", "namespace": ctx.namespace,
+                    "uid": uid if i < 3 else "an-earlier-job-of-the-name"}
+        at = f"2026-01-01T00:00:{seconds}Z"
+        ctx.core.create_namespaced_event(ctx.namespace, {
+            "metadata": {"name": f"mnist.{i}"}, "type": "Normal", "reason": "ExitedWithCode", "count": 1,
+            "message": f"Pod: {ctx.namespace}.mnist-master-0 exited with code {code}", "firstTimestamp": at,
+            "lastTimestamp": at, "involvedObject": involved, "source": {"component": "pytorchjob-controller"}})
+    assert sched.status("mnist").exit_code == 137  # the newest non-zero one of this job
+    assert wait(sched, "mnist", "submit", poll_s=0.01) == 137
+
+
+# ---- a TrainJob's restart budget: hpctrain's own TrainingRuntime ----------------------------------------------
+
+def _runtimes(ctx: Ctx) -> dict[str, dict[str, Any]]:
+    from kubernetes import client
+
+    listed = client.CustomObjectsApi(ctx.api).list_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes")["items"]
+    return {r["metadata"]["name"]: r for r in listed}
+
+
+def test_trainjob_max_restarts_runs_on_its_own_runtime_owned_by_the_job(ctx: Ctx) -> None:
+    """submit makes the runtime first (Trainer refuses a TrainJob whose TrainingRuntime is missing), then the job, then
+    makes the job the runtime's owner (the garbage collector removes it with the job; this server runs none). A
+    submit refused on the way leaves no runtime; a runtime hpctrain made earlier for the name is replaced; one it did
+    not make is refused, untouched."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(ctx.api)
+    sched = ctx.scheduler(api="trainjob")
+    spec = job(nodes=2, max_restarts=2)
+    assert sched.submit(spec, sched.render(spec)) == "mnist"
+    trainjob = sched.get_object("mnist")
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "hpctrain-mnist"}
+    runtime = _runtimes(ctx)["hpctrain-mnist"]
+    assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+    assert runtime["metadata"]["ownerReferences"] == [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                                       "name": "mnist", "uid": trainjob["metadata"]["uid"]}]
+    # The same name again, without --replace: refused, the job's runtime untouched.
+    with pytest.raises(UserError, match="a TrainJob named 'mnist' already exists"):
+        sched.submit(spec.replace(max_restarts=3), sched.render(spec.replace(max_restarts=3)))
+    assert _runtimes(ctx)["hpctrain-mnist"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+
+    # A refused TrainJob (here: the server's 409 for a name taken by a job on the cluster's runtime) takes its new
+    # runtime away again.
+    plain = job(name="other")
+    sched.submit(plain, sched.render(plain))
+    budgeted = plain.replace(max_restarts=1)
+    with pytest.raises(UserError, match="a TrainJob named 'other' already exists"):
+        sched.submit(budgeted, sched.render(budgeted))
+    assert "hpctrain-other" not in _runtimes(ctx)
+
+    # A runtime left by a submit that died before its TrainJob existed: replaced.
+    stale = sched.render(job(name="stale", max_restarts=1)).text.split("---\n")[0]
+    import yaml
+
+    body = yaml.safe_load(stale)
+    body["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] = 9
+    custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes", body)
+    assert sched.submit(job(name="stale", max_restarts=1), sched.render(job(name="stale", max_restarts=1))) == "stale"
+    assert _runtimes(ctx)["hpctrain-stale"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 1
+
+    # One that is not hpctrain's: refused and left as it was.
+    body["metadata"] = {"name": "hpctrain-theirs", "labels": {"team": "vision"}}
+    custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes", body)
+    with pytest.raises(UserError, match="has a TrainingRuntime 'hpctrain-theirs' that hpctrain did not make"):
+        sched.submit(job(name="theirs", max_restarts=1), sched.render(job(name="theirs", max_restarts=1)))
+    assert "theirs" not in [s.job_id for s in sched.list_jobs()]
+    assert _runtimes(ctx)["hpctrain-theirs"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 9

@@ -194,7 +194,6 @@ def test_container_command(api: str, command: tuple, nodes: int, nproc: int, exp
     ({"name": "a" * 55}, "pytorchjob", "use at most 54"),
     ({"environment": EnvironmentSpec(kind="conda", conda_env="x")}, "pytorchjob", "the image is the environment"),
     ({"resources": Resources(nproc_per_node=2, gpus_per_node=4)}, "pytorchjob", "set --nproc-per-node 4"),
-    ({"max_restarts": 2}, "trainjob", "restart budget from the runtime"),
     ({"env": (("PET_NNODES", "2"),)}, "trainjob", "PET_* variables are set by the Trainer runtime"),
 ])
 def test_render_refuses_what_kubernetes_cannot_express(change: dict, api: str, message: str) -> None:

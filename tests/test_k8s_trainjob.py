@@ -13,7 +13,6 @@ takes the whole node (`real`): 1 CPU per pod.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,15 +21,13 @@ from types import SimpleNamespace
 import pytest
 
 from hpctrain.schedulers.kubernetes.objects import jobset_restarts, replica_name
-from real_node import DEADLINE_S, WHOLE, Real, real_namespace
+from real_node import DEADLINE_S, WHOLE, real_namespace
 from standins import install
 from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TrainerStandIn
 
 SLEEPER = ("import os, time; print('hello from rank', os.environ['RANK'], 'node rank', os.environ['PET_NODE_RANK'], "
            "flush=True); time.sleep(300)")
-# The torch-distributed runtime with a budget a test can use up quickly: its pods are not restarted in place
-# (restartPolicy Never, the Job's backoffLimit 0) and JobSet recreates the whole set once (failurePolicy).
-RESTART_ONCE = "hpctrain-test-restart-once"
+
 
 
 def _with_trainer(tmp_path: Path, cpus: int | None) -> Iterator[SimpleNamespace]:
@@ -54,28 +51,6 @@ def cluster(tmp_path: Path) -> Iterator[SimpleNamespace]:
 def cluster_cpu(tmp_path: Path) -> Iterator[SimpleNamespace]:
     """A namespace with the Trainer stand-in, holding one CPU of the node (1-pod jobs)."""
     yield from _with_trainer(tmp_path, 1)
-
-
-def restart_once_runtime(real: Real) -> str:
-    """The cluster's torch-distributed runtime as RESTART_ONCE (made once; every test makes the same)."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    custom = client.CustomObjectsApi(real.api)
-    spec = copy.deepcopy(custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes",
-                                                          "torch-distributed")["spec"])
-    node = next(r for r in spec["template"]["spec"]["replicatedJobs"] if r["name"] == "node")
-    node["template"]["spec"]["backoffLimit"] = 0
-    node["template"]["spec"]["template"]["spec"]["restartPolicy"] = "Never"
-    spec["template"]["spec"]["failurePolicy"] = {"maxRestarts": 1}
-    body = {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime",
-            "metadata": {"name": RESTART_ONCE}, "spec": spec}
-    try:
-        custom.create_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", body)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    return RESTART_ONCE
 
 
 def status_of(c: SimpleNamespace, name: str) -> dict:
@@ -135,19 +110,44 @@ def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: 
 @pytest.mark.k8s
 @pytest.mark.slow
 def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: SimpleNamespace, tmp_path: Path) -> None:
-    """A pod that keeps failing uses up the runtime's budget: JobSet recreates the set once (failurePolicy
-    maxRestarts 1; the pods are not restarted in place), then the TrainJob gets Failed and `submit --wait` exits
-    with the pod's status."""
+    """--max-restarts 1 on a TrainJob: it runs on hpctrain's own TrainingRuntime (restartPolicy Never, the Job's
+    backoffLimit 0, JobSet failurePolicy maxRestarts 1), so a pod that keeps failing has JobSet recreate the set once
+    (no in-place restart), then the TrainJob gets Failed and `submit --wait` exits with the pod's status. --replace
+    makes the new job its own runtime; cancelling the job has the garbage collector remove the runtime (its owner)."""
+    from kubernetes.client.rest import ApiException
+
     c = cluster_cpu
-    runtime = restart_once_runtime(c.real)
-    proc = c.real.cli("submit", *c.job, "--runtime", runtime, "--job-name", "tj-exit-3", "--wait", "--",
+    proc = c.real.cli("submit", *c.job, "--max-restarts", "1", "--job-name", "tj-exit-3", "--wait", "--",
                       "python", "-c", "import sys; sys.exit(3)", cwd=tmp_path)
     assert not c.standin.errors, c.standin.errors
     assert proc.returncode == 3, proc.stderr
+    assert "its restart budget is its own TrainingRuntime hpctrain-tj-exit-3, owned by the TrainJob" in proc.stderr
     assert "job tj-exit-3 ended FAILED with exit status 3" in proc.stderr
     status = status_of(c, "tj-exit-3")
     assert status["message"] == "jobset failed due to reaching max number of restarts", status
     assert [r["name"] for r in status["replicas"]] == ["node-0"] and status["restarts"] == 1, status
+
+    def runtime() -> dict | None:
+        try:
+            return c.standin.custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, c.namespace,
+                                                                 "trainingruntimes", "hpctrain-tj-exit-3")
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    first = runtime()["metadata"]["ownerReferences"][0]
+    assert first["name"] == "tj-exit-3"
+    # --replace with another budget: the old job goes (and its runtime with it), the new one gets its own runtime.
+    again = c.real.cli("submit", *c.job, "--max-restarts", "2", "--replace", "--job-name", "tj-exit-3", "--",
+                       "python", "-c", "import time; time.sleep(300)", cwd=tmp_path)
+    assert again.returncode == 0 and "--replace: deleted the earlier TrainJob tj-exit-3 (FAILED" in again.stderr, again.stderr
+    new = runtime()
+    assert new["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
+    assert new["metadata"]["ownerReferences"][0]["uid"] != first["uid"]
+    cancelled = c.real.cli("cancel", "tj-exit-3", "--wait", str(DEADLINE_S), *c.where)
+    assert cancelled.returncode == 0, cancelled
+    c.real.wait("the runtime to go with its job", lambda: runtime() is None)
 
 
 @pytest.mark.k8s

@@ -25,6 +25,7 @@ from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.params import parse_params_text
 from hpctrain.schedulers.kubernetes.render import render
+from hpctrain.schedulers.kubernetes.runtime import own_runtime
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 COMMAND = ("hpctrain", "train", "mnist", "--epochs", "1")
@@ -32,14 +33,22 @@ VOLUMES = ("pvc:team-runs:/mnt/share/team", "nfs:nas.example.com:/export/users:/
 
 
 def assert_accepted_or_refused(make) -> None:
-    """`make()` renders objects; hpctrain may refuse (UserError), else the oracle must accept every object."""
+    """`make()` renders objects; hpctrain may refuse (UserError), else the oracle must accept every object, a
+    TrainJob with the runtimes rendered beside it (hpctrain's own TrainingRuntime) as the cluster's."""
     try:
         objects = make()
     except UserError as err:
         assert "\n" not in str(err) and str(err), err
         return
+    runtimes = {**kubeflow_oracle.default_runtimes(),
+                **{o["metadata"]["name"]: o for o in objects if o["kind"] == "TrainingRuntime"}}
     for obj in objects:
-        assert kubeflow_oracle.refusals(obj) == [], obj["kind"]
+        assert kubeflow_oracle.refusals(obj, runtimes) == [], obj["kind"]
+
+
+def rendered_objects(job: JobSpec, options: KubernetesOptions) -> list[dict[str, Any]]:
+    """What `submit` creates: the job, after its own TrainingRuntime where it has one (TrainJob --max-restarts)."""
+    return [o for o in (own_runtime(job, options), render(job, options)) if o is not None]
 
 
 # ---- training jobs: both APIs, 1 to 100 nodes, GPUs, storage, placement, budgets ----------------------------
@@ -53,7 +62,7 @@ def _job(api: str, nodes: int, gpus: int, variant: int, name: str | None = None)
         run_dir="/mnt/share/team/runs/%j" if variant % 2 else None,
         env=(("OMP_NUM_THREADS", "4"),) if variant % 3 == 0 else (),
         exclude_nodes=("gpu-node-7", "gpu-node-12") if variant % 2 == 0 else (),
-        max_restarts=(0, 3, 1)[variant % 3] if api == "pytorchjob" else 0,
+        max_restarts=(0, 3, 1)[variant % 3],
         signal_grace=(0, 120)[variant % 2],
     )
 
@@ -73,7 +82,7 @@ MATRIX = [(api, nodes, gpus, variant) for api in ("pytorchjob", "trainjob") for 
 
 @pytest.mark.parametrize("api,nodes,gpus,variant", MATRIX, ids=[f"{a}-{n}n-{g}g-v{v}" for a, n, g, v in MATRIX])
 def test_training_job_matrix(api: str, nodes: int, gpus: int, variant: int) -> None:
-    assert_accepted_or_refused(lambda: [render(_job(api, nodes, gpus, variant), _options(api, variant))])
+    assert_accepted_or_refused(lambda: rendered_objects(_job(api, nodes, gpus, variant), _options(api, variant)))
 
 
 NAMES = [("pytorchjob", "a" * 50), ("pytorchjob", "7run"), ("trainjob", "a" * 47), ("trainjob", "b" * 49),
@@ -83,7 +92,7 @@ NAMES = [("pytorchjob", "a" * 50), ("pytorchjob", "7run"), ("trainjob", "a" * 47
 @pytest.mark.parametrize("api,name", NAMES, ids=[f"{a}-{n[:8]}-{len(n)}" for a, n in NAMES])
 @pytest.mark.parametrize("nodes", [1, 100])
 def test_job_names(api: str, name: str, nodes: int) -> None:
-    assert_accepted_or_refused(lambda: [render(_job(api, nodes, 0, 1, name=name), _options(api, 1))])
+    assert_accepted_or_refused(lambda: rendered_objects(_job(api, nodes, 0, 1, name=name), _options(api, 1)))
 
 
 LONG_NODE = "gpu-node-0017.rack-12.zone-b.cluster.research-computing.example.org"  # a DNS name of 68 characters
@@ -92,7 +101,7 @@ LONG_NODE = "gpu-node-0017.rack-12.zone-b.cluster.research-computing.example.org
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_exclude_long_node_names(api: str) -> None:
     job = _job(api, 2, 0, 0).replace(exclude_nodes=(LONG_NODE, "gpu-node-7"))
-    assert_accepted_or_refused(lambda: [render(job, _options(api, 0))])
+    assert_accepted_or_refused(lambda: rendered_objects(job, _options(api, 0)))
 
 
 PARAMS = {
@@ -142,7 +151,7 @@ def _pytorchjob() -> dict[str, Any]:
 
 
 def _trainjob() -> dict[str, Any]:
-    manifest = render(_job("trainjob", 3, 2, 1), _options("trainjob", 1))
+    manifest = render(_job("trainjob", 3, 2, 1).replace(max_restarts=0), _options("trainjob", 1))  # on the cluster's runtime
     for patch in manifest["spec"]["runtimePatches"]:
         patch["manager"] = "hpctrain.io/submit"  # a domain-prefixed path: the base case is accepted
     return manifest
@@ -217,3 +226,34 @@ def test_vendored_runtime_passes_its_crd() -> None:
     broken = copy.deepcopy(runtime)
     broken["spec"]["template"]["spec"]["replicatedJobs"].append(copy.deepcopy(broken["spec"]["template"]["spec"]["replicatedJobs"][0]))
     assert any("Duplicate value" in p for p in kubeflow_oracle.refusals(broken))
+
+
+def _own_runtime_job() -> tuple[dict[str, Any], dict[str, Any]]:
+    job, options = _job("trainjob", 3, 2, 2), _options("trainjob", 1)
+    assert job.max_restarts == 1
+    return own_runtime(job, options), render(job, options)
+
+
+RUNTIME_BROKEN = [
+    (lambda rt, tj: rt["spec"]["template"]["spec"]["replicatedJobs"][0].update(replicas=2), "replicas: Invalid value: 2: always must be 1"),
+    (lambda rt, tj: rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0].update(name="trainer"),
+     "must contain the required container for the ancestor: trainer"),
+    (lambda rt, tj: rt["spec"]["template"]["spec"]["failurePolicy"].update(maxRestarts="3"), "'3' is not of type 'integer'"),
+    (lambda rt, tj: rt["spec"]["template"]["spec"]["failurePolicy"].update(restarts=1), "Additional properties"),
+    (lambda rt, tj: rt["metadata"].update(namespace="team-b"), "specified trainingRuntime must be created before the TrainJob"),
+    (lambda rt, tj: tj["spec"]["runtimeRef"].update(name="hpctrain-other"), "specified trainingRuntime must be created before the TrainJob"),
+    (lambda rt, tj: tj["spec"]["runtimeRef"].update(kind="ClusterTrainingRuntime"), "specified clusterTrainingRuntime must be created"),
+]
+
+
+@pytest.mark.parametrize("mutate,expected", RUNTIME_BROKEN, ids=[e[:40] for _, e in RUNTIME_BROKEN])
+def test_oracle_refuses_a_broken_own_runtime(mutate, expected: str) -> None:
+    """hpctrain's own TrainingRuntime (TrainJob --max-restarts) and the TrainJob on it pass, each rule broken fails:
+    Trainer's TrainingRuntime webhook, the CRD's schema, and the TrainJob validator's lookup of a namespaced runtime
+    (the same namespace, the same kind)."""
+    runtime, trainjob = _own_runtime_job()
+    runtimes = lambda rt: {**kubeflow_oracle.default_runtimes(), rt["metadata"]["name"]: rt}  # noqa: E731
+    assert kubeflow_oracle.refusals(runtime) == [] and kubeflow_oracle.refusals(trainjob, runtimes(runtime)) == []
+    mutate(runtime, trainjob)
+    problems = kubeflow_oracle.refusals(runtime) + kubeflow_oracle.refusals(trainjob, runtimes(runtime))
+    assert any(expected in p for p in problems), problems

@@ -8,7 +8,8 @@ restart counts are written here through the status subresource, as the kubelet w
 * PyTorchJob (training-operator v1.9.4): a headless Service per replica, the variables in every container, an
   evicted OnFailure pod made again, activeDeadlineSeconds from startTime, cleanPodPolicy None by default
 * TrainJob (Trainer v2.3.0, JobSet v0.12.0, the Job controller): resources merged into the runtime's, JobSet's
-  Service, the Job's backoff counting only active pods' restarts, activeDeadlineSeconds
+  Service, the Job's backoff counting only active pods' restarts, activeDeadlineSeconds, and JobSet's
+  failurePolicy.maxRestarts on hpctrain's own namespaced TrainingRuntime (TrainJob --max-restarts)
 """
 
 from __future__ import annotations
@@ -223,3 +224,61 @@ def test_trainjob_deadline_counts_from_creation(standin: TrainerStandIn) -> None
     assert (condition["type"], condition["reason"], condition["message"]) == (
         "Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")
     assert not pods(standin)
+
+
+def test_trainjob_on_hpctrains_own_runtime_restarts_the_set_max_restarts_times(standin: TrainerStandIn) -> None:
+    """`submit --k8s-api trainjob --max-restarts 2`: the TrainJob on hpctrain's own TrainingRuntime (namespaced, made
+    first and admitted by the oracle). A failed pod (restartPolicy Never, the Job's backoffLimit 0) fails the Job, and
+    JobSet deletes and recreates the whole set, restart-attempt + 1, while fewer than maxRestarts restarts were made;
+    the third failure fails it, ReachedMaxRestarts (JobSet v0.12.0 pkg/controllers/failure_policy.go
+    restartJobSetActionApplier). Node 1 failing counts as node 0 would: one restart per incident."""
+    from hpctrain.jobs.spec import JobSpec, Resources
+    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+
+    sched = KubernetesScheduler(KubernetesOptions(namespace=standin.namespace, api="trainjob", image=IMAGE),
+                                api_client=standin.custom.api_client)
+    job = JobSpec(command=("python", "train.py"), name="tj-budget", max_restarts=2,
+                  resources=Resources(nodes=2, cpus_per_task=1, mem="1G"))
+    sched.submit(job, sched.render(job))
+    for attempt, failing in ((0, 0), (1, 1), (2, 0)):
+        standin.reconcile()  # node 0
+        (node0,) = pods(standin).values()
+        set_phase(standin, node0.metadata.name, "Running")
+        standin.reconcile()  # node 1, once node 0 has an address
+        assert not standin.errors, standin.errors
+        current = sorted(pods(standin).values(), key=lambda p: p.metadata.annotations["batch.kubernetes.io/job-completion-index"])
+        assert [p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] for p in current] == [str(attempt)] * 2
+        assert current[0].spec.restart_policy == "Never"
+        assert last_condition(standin, "TrainJob", "tj-budget").get("type") != "Failed"
+        set_phase(standin, current[failing].metadata.name, "Failed")
+        standin.reconcile()  # the Job fails: JobSet restarts the set, or fails it at the limit
+    condition = last_condition(standin, "TrainJob", "tj-budget")
+    assert (condition["type"], condition["reason"]) == ("Failed", "ReachedMaxRestarts"), condition
+    assert sched.status("tj-budget").state == "FAILED"
+
+
+def test_pytorchjob_records_exit_codes_that_outlive_the_pods(standin: TrainerStandIn) -> None:
+    """training-operator v1 records "Pod: NS.POD exited with code N" (event ExitedWithCode on the job) whenever it
+    finds the `pytorch` container terminated; after the job fails at its backoff limit and cleanPodPolicy Running took
+    the restarting pod, `status` still gives the code from that event."""
+    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
+
+    create(standin, pytorchjob("pj-exit", workers=0, run_policy={"backoffLimit": 1, "cleanPodPolicy": "Running"}))
+    standin.reconcile()
+    master = "pj-exit-master-0"
+    container = {"name": "pytorch", "image": IMAGE, "imageID": "", "ready": False}
+    standin.core.patch_namespaced_pod_status(master, standin.namespace, {"status": {"phase": "Running", "containerStatuses": [
+        dict(container, restartCount=0, state={"terminated": {"exitCode": 3, "reason": "Error"}})]}})
+    standin.reconcile()  # between the exit and the kubelet's restart: the operator records the code
+    standin.core.patch_namespaced_pod_status(master, standin.namespace, {"status": {"phase": "Running", "containerStatuses": [
+        dict(container, restartCount=1, state={"waiting": {"reason": "CrashLoopBackOff"}})]}})
+    standin.reconcile()  # the restart reaches the backoff limit: Failed, the running pod deleted
+    assert last_condition(standin, "PyTorchJob", "pj-exit")["type"] == "Failed"
+    assert not pods(standin)
+    events = standin.core.list_namespaced_event(standin.namespace, field_selector="reason=ExitedWithCode").items
+    assert [(e.type, e.message) for e in events] == [("Normal", f"Pod: {standin.namespace}.{master} exited with code 3")]
+    sched = KubernetesScheduler(KubernetesOptions(namespace=standin.namespace), api_client=standin.custom.api_client)
+    status = sched.status("pj-exit")
+    assert (status.state, status.replicas, status.exit_code) == ("FAILED", (), 3)

@@ -25,7 +25,11 @@ OnFailure, a Job's backoffLimit is 6, no failurePolicy):
 * JobSet: a failed child Job fails the JobSet (reason FailedJobs) without a failurePolicy; with one, while
   fewer than failurePolicy.maxRestarts restarts were made it recreates the whole set (every pod deleted, then made
   again with restart-attempt + 1: JobSet deletes and recreates its child Jobs, so no kubelet back-off applies), and
-  fails with reason ReachedMaxRestarts after that.
+  fails with reason ReachedMaxRestarts after that (kubernetes-sigs/jobset v0.12.0, pkg/controllers/failure_policy.go:
+  executeFailurePolicy, no rule matching -> the default action RestartJobSet; restartJobSetActionApplier fails the
+  set once `RestartsCountTowardsMax >= MaxRestarts`, else failurePolicyRecreateAll counts one more restart).
+  The runtime is the TrainJob's runtimeRef: a ClusterTrainingRuntime, or a TrainingRuntime of the namespace
+  (hpctrain's own for --max-restarts, schedulers/kubernetes/runtime.py).
 The TrainJob's status is the JobSet's, as Trainer copies it: conditions Complete (AllJobsCompleted) or Failed, and
 jobsStatus counted in Jobs; a TrainJob has no Running condition. It polls like the PyTorchJob stand-in.
 
@@ -87,9 +91,10 @@ class TrainerStandIn(KubeflowStandIn):
         jobs = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS)["items"]
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=JOBSET_NAME).items
         runtimes = None
-        if any(job["metadata"]["uid"] not in self._admitted for job in jobs):
+        if any(job["metadata"]["uid"] not in self._admitted for job in jobs):  # the cluster's and the namespace's
             listed = self.custom.list_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes")
-            runtimes = {r["metadata"]["name"]: r for r in listed["items"]}
+            mine = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, "trainingruntimes")
+            runtimes = {r["metadata"]["name"]: r for r in listed["items"] + mine["items"]}
         for job in jobs:
             # A deleted job's pods are the garbage collector's; a refused one has none.
             if not job["metadata"].get("deletionTimestamp") and self.admitted(job, runtimes):

@@ -331,8 +331,9 @@ def _description(submission: Submission) -> dict[str, Any]:
 
 def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: float = 2.0) -> int:
     """Poll `status` until the job ends, saying each change on stderr; with `follow`, copy the job's output to
-    stdout meanwhile (where the backend can follow a queued job). The job's exit status (1 when it did not succeed
-    and none is known)."""
+    stdout meanwhile (where the backend can follow a queued job). The job's exit status: its own, else the last
+    non-zero one a replica showed while it ran (a Kubernetes job's pods may be deleted as it fails); 1 when it did not
+    succeed and none is known, said so."""
     follower = None
     if follow:
         note = sched.follow_note(job_id)
@@ -342,6 +343,7 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
             follower = threading.Thread(target=_copy_output, args=(sched, job_id, command), daemon=True)
             follower.start()
     last: tuple[str, int] | None = None
+    seen: int | None = None  # the last non-zero exit code a replica showed: its pods may go with the job's end
     while True:
         try:
             status = sched.status(job_id)
@@ -350,6 +352,7 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
                 raise
             print(f"hpctrain {command}: job {job_id} is gone (deleted before it ended)", file=sys.stderr)
             return 1
+        seen = next((r.exit_code for r in status.replicas if r.exit_code), seen)
         if (status.shown_state, status.restarts) != last:
             print(f"hpctrain {command}: job {job_id} {sched.progress(status)}", file=sys.stderr, flush=True)
             last = (status.shown_state, status.restarts)
@@ -358,9 +361,14 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
         time.sleep(poll_s)
     if follower is not None:
         follower.join()  # the follower reads the rest once it sees the job ended
-    code = status.exit_code if status.exit_code is not None else (0 if status.state == base.SUCCEEDED else 1)
-    if code == 0 and status.state != base.SUCCEEDED:
-        code = 1
+    code = status.exit_code
+    if not code and status.state != base.SUCCEEDED:
+        code = seen or code
+    if code is None and status.state != base.SUCCEEDED:
+        print(f"hpctrain {command}: job {job_id} ended {status.shown_state}; hpctrain could not learn its exit status "
+              "(its processes' records are gone and the scheduler kept none): exiting with 1", file=sys.stderr)
+        return 1
+    code = code or (0 if status.state == base.SUCCEEDED else 1)
     print(f"hpctrain {command}: job {job_id} ended {status.shown_state} with exit status {code}", file=sys.stderr)
     return code
 

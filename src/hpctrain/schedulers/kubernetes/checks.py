@@ -126,7 +126,16 @@ class LiveChecks:
             dropped = self._dropped_fields(crd, manifest)
             if dropped:
                 return dropped
-        if self.options.api == "trainjob":
+        own = ((manifest or {}).get("spec") or {}).get("runtimeRef", {}).get("kind") == "TrainingRuntime"
+        if own:  # --max-restarts: hpctrain makes the job's own TrainingRuntime (runtime.py): its CRD must be served
+            try:
+                self.extensions.read_custom_resource_definition(f"trainingruntimes.{self.group}")
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                return [f"the cluster has no TrainingRuntime CRD (trainingruntimes.{self.group}), which --max-restarts "
+                        "needs for the TrainJob's own runtime: drop --max-restarts, or ask the admin to install Trainer's"]
+        elif self.options.api == "trainjob":
             try:
                 self.custom.get_cluster_custom_object(self.group, self.version, "clustertrainingruntimes", self.options.runtime)
             except ApiException as err:

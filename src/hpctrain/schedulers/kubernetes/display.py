@@ -154,6 +154,10 @@ def record(sched: Any, job: JobSpec, rendered: Rendered, job_id: str, descriptio
     old = getattr(sched, "replaced", None)
     if old is not None:
         lines.append(f"--replace: deleted the earlier {kind} {job_id} ({old.state}, {_pods(len(old.replicas))}) first")
+    ref = (rendered.payload.get("spec") or {}).get("runtimeRef") or {} if isinstance(rendered.payload, dict) else {}
+    if ref.get("kind") == "TrainingRuntime":  # --max-restarts: the job's own runtime (runtime.py), made before it
+        lines.append(f"its restart budget is its own TrainingRuntime {ref['name']}, owned by the {kind}: cancelling or "
+                     "deleting the job removes it too")
     return lines + [f"{kind} {job_id} created in namespace {sched.namespace}{where}",
                     # the flags that find it again, whatever the defaults are later
                     f"follow it with `{sched.command('status', job_id)}` (and logs, cancel)"]

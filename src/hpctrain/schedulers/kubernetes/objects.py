@@ -5,6 +5,7 @@ the API objects the scheduler (scheduler.py) has fetched.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +22,9 @@ TRAINJOB_SELECTOR = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+EXITED_WITH_CODE = "ExitedWithCode"  # training-operator v1's event reason for a terminated training container
+_EXIT_CODE = re.compile(r"exited with code (-?[0-9]+)$")
 
 _PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
                       "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
@@ -118,3 +122,17 @@ def replica_status(pod: Any) -> ReplicaStatus:
         reason = "Terminating"
     return ReplicaStatus(name=replica_name(pod), phase=phase, node=pod.spec.node_name, restarts=restarts,
                          exit_code=exit_code, reason=reason, message=(message or "").strip() or None)
+
+
+def recorded_exit_code(events: list[Any]) -> int | None:
+    """The newest non-zero exit code among training-operator v1's ExitedWithCode events on a job: on each reconcile
+    that finds a pod's `pytorch` container terminated it records "Pod: NS.POD exited with code N" (a Normal event;
+    pkg/controller.v1/common/pod.go ReconcilePods, v1.7-v1.9.4). None without one (events expire, an hour by
+    default)."""
+    codes = []
+    for e in events:
+        match = _EXIT_CODE.search(e.message or "")
+        if match and int(match.group(1)):
+            when = e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+            codes.append((str(when or ""), int(match.group(1))))
+    return max(codes)[1] if codes else None

@@ -9,7 +9,8 @@ Mapping (one pod per --nodes; the pod runs --nproc-per-node processes):
   --time          training time per attempt, as on Slurm: HPCTRAIN_TIME_LIMIT_S and HPCTRAIN_TIME_WARNING_S (=
                   --signal-grace) tell the job's own timer (hpctrain.training.stopping) when to checkpoint and stop;
                   activeDeadlineSeconds is only a backstop (backstop_deadline_s), with room for the queue
-  --max-restarts  N whole-job incidents: runPolicy.backoffLimit N x pods + 1 (PyTorchJob; 0 for 0; restart_budget)
+  --max-restarts  N whole-job incidents: runPolicy.backoffLimit N x pods + 1 (PyTorchJob; 0 for 0; restart_budget);
+                  a TrainJob runs on hpctrain's own TrainingRuntime with JobSet failurePolicy.maxRestarts N (runtime.py)
   --signal-grace  terminationGracePeriodSeconds: the time a pod has after SIGTERM (cancel, eviction) to checkpoint
   --shm           an emptyDir with medium Memory at /dev/shm (the container default of 64M kills DataLoader
                   workers with "Bus error")
@@ -62,6 +63,7 @@ from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns1035_label
+from hpctrain.schedulers.kubernetes.runtime import own_runtime, runtime_name
 from hpctrain.stops import TIME_LIMIT_ENV, TIME_WARNING_ENV
 
 PYTORCHJOB_API = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
@@ -119,8 +121,11 @@ def render_yaml(manifest: dict[str, Any]) -> str:
 
 
 def rendered(job: JobSpec, options: KubernetesOptions) -> Rendered:
+    """The manifest; a TrainJob with --max-restarts has its own TrainingRuntime first in the text (runtime.py)."""
     manifest = render(job, options)
-    return Rendered(text=render_yaml(manifest), filename=f"{manifest['kind'].lower()}.yaml", payload=manifest)
+    runtime = own_runtime(job, options)
+    text = render_yaml(manifest) if runtime is None else render_yaml(runtime) + "---\n" + render_yaml(manifest)
+    return Rendered(text=text, filename=f"{manifest['kind'].lower()}.yaml", payload=manifest)
 
 
 def run_dir(job: JobSpec) -> str | None:
@@ -200,9 +205,9 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
         if options.priority_class is not None:
             raise UserError("a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "
                             "or use --k8s-api pytorchjob")
-        if job.max_restarts:
-            raise UserError("a TrainJob takes its restart budget from the runtime (its JobSet failurePolicy): drop "
-                            "--max-restarts, or use --k8s-api pytorchjob, whose backoffLimit it sets")
+        if job.max_restarts and options.runtime != KubernetesOptions.runtime:
+            raise UserError(f"--max-restarts runs a TrainJob on hpctrain's own TrainingRuntime (the restart budget is "
+                            f"the runtime's), not on --runtime {options.runtime}: drop one of them")
         reserved = sorted(k for k, _ in job.env if k.startswith("PET_"))
         if reserved:
             raise UserError(f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them")
@@ -386,7 +391,8 @@ def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         pod_spec["volumes"] = volumes
         pod_spec["containers"] = [{"name": CONTAINER_TRAINJOB, "volumeMounts": mounts}]
     spec: dict[str, Any] = {
-        "runtimeRef": {"apiGroup": group, "kind": "ClusterTrainingRuntime", "name": options.runtime},
+        "runtimeRef": ({"apiGroup": group, "kind": "ClusterTrainingRuntime", "name": options.runtime} if not job.max_restarts
+                       else {"apiGroup": group, "kind": "TrainingRuntime", "name": runtime_name(job.name)}),
         "trainer": trainer,
         "runtimePatches": [{
             "manager": PATCH_MANAGER,

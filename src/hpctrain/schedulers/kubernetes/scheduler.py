@@ -22,13 +22,16 @@ from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.client import list_all
+from hpctrain.schedulers.kubernetes.logstream import log_lines
 from hpctrain.schedulers.kubernetes.objects import (
+    EXITED_WITH_CODE,
     PYTORCHJOB_SELECTOR,
     TRAINJOB_SELECTOR,
     jobset_restarts,
     object_state,
     pod_requests,
     quantity_or_zero,
+    recorded_exit_code,
     replica_key,
     replica_name,
     replica_status,
@@ -168,6 +171,13 @@ class KubernetesScheduler(LiveChecks):
         return path_here(pod_path, self.options.parsed_volumes)
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
+        from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
+
+        runtime = own_runtime(job, self.options)  # a TrainJob's restart budget: its own TrainingRuntime, made first
+        create = functools.partial(self._create, job, rendered)
+        return create() if runtime is None else submit_with(self, job, runtime, create)
+
+    def _create(self, job: JobSpec, rendered: Rendered) -> str:
         from kubernetes.client.rest import ApiException
 
         manifest = rendered.payload
@@ -258,6 +268,10 @@ class KubernetesScheduler(LiveChecks):
         if state in (base.SUCCEEDED, base.FAILED):
             codes = [p.exit_code for p in replicas if p.exit_code is not None]
             exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
+        if exit_code is None and state == base.FAILED and self.options.api == "pytorchjob":
+            # Its pods went (cleanPodPolicy): the operator's ExitedWithCode events on it (objects.recorded_exit_code).
+            exit_code = recorded_exit_code(list_all(self.core.list_namespaced_event, self.namespace, field_selector=(
+                f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}")))
         waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
@@ -322,7 +336,7 @@ class KubernetesScheduler(LiveChecks):
         except ApiException as err:
             raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
                             f"have started; see `{self.command('status', job_id)}`") from None
-        return _lines(resp, pod.metadata.name)
+        return log_lines(resp, pod.metadata.name)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
@@ -408,21 +422,3 @@ class KubernetesScheduler(LiveChecks):
                     lines.append(f"{self.namespace}/{q.metadata.name} {key}: {use.get(key, '0')} of {hard[key]} used")
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
 
-
-def _lines(resp: Any, pod: str) -> Iterator[str]:
-    import urllib3
-
-    buffer = b""
-    try:
-        for chunk in resp.stream(amt=65536, decode_content=True):
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for line in complete:
-                yield line.decode("utf-8", "replace")
-        if buffer:
-            yield buffer.decode("utf-8", "replace")
-    except urllib3.exceptions.HTTPError as err:
-        raise UserError(f"the log of pod {pod} broke off ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
-                        "run the command again") from None
-    finally:
-        resp.release_conn()
