@@ -22,7 +22,15 @@ import torch
 from hpctrain.distributed.failures import current_collective
 from hpctrain.errors import UserError
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.hang import REPORT_GRACE_S, hang_report, report_path
+from hpctrain.health.hang import (
+    REPORT_GRACE_S,
+    await_summary,
+    claim_report,
+    forget_report_claim,
+    hang_report,
+    publish_summary,
+    report_path,
+)
 from hpctrain.health.preflight import node_name
 from hpctrain.health.progress import PROGRESS_INTERVAL_S, ProgressRecorder, read_progress
 from hpctrain.health.stacks import HANG_DIR, StackRequests, capture_stacks, dump_stacks, main_thread_at
@@ -38,6 +46,8 @@ HANG_FILES_DEADLINE_S = 30.0
 """Once a hang is noticed and said: how long writing its files may take (after REPORT_GRACE_S on several ranks)
 before the process ends with EXIT_HUNG without them."""
 ALARM_MARGIN_S = 10.0
+SUMMARY_WAIT_S = HANG_FILES_DEADLINE_S - 5.0
+"""How long a rank that did not write the report waits for the reporter's verdict (its own last words)."""
 
 
 # NCCL's flight recorder (torch's ring buffer of the last collectives per rank): its variables were renamed from
@@ -152,6 +162,8 @@ class RankWatch:
         self.progress = ProgressRecorder(run.run_dir, env.rank, env.world_size, self.host, steps_per_epoch,
                                          PROGRESS_INTERVAL_S)
         self.progress.phase("starting")
+        if run.is_main:  # every rank of this attempt is here: a hang claim or verdict left there is an earlier one's
+            forget_report_claim(run.run_dir)
         self.clock = ForwardClock(model, run.device)
         self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
                                  ticks=(StackRequests(run.run_dir, env.rank, self.host).check,))
@@ -259,23 +271,27 @@ class RankWatch:
             print(f"hpctrain: rank {env.rank}: NCCL's flight recorder in {recorder}", file=sys.stderr)
         if env.is_distributed:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
+            if not claim_report(run.run_dir):  # another rank reads the records and writes the report
+                summary = await_summary(run.run_dir, SUMMARY_WAIT_S)
+                write_termination_message(f"{summary or f'hung at step {self.progress.record.step}'}; the report: "
+                                          f"{report_path(run.run_dir)}")
+                return
         try:  # the other ranks' records are files anyone may have written: the rank exits EXIT_HUNG regardless
             records = read_progress(run.run_dir, self._bad_record)
-            first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
             report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time(), here)
             write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
         except Exception as err:  # noqa: BLE001
             print(f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
                   file=sys.stderr, flush=True)
-            first, report = -1, None
-        if report is not None and first == env.rank:  # one report, from the lowest rank that noticed
-            print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr,
-                  flush=True)
-            try:
-                write_atomic(report_path(run.run_dir), report.text().encode())
-                write_stop_reason(run.run_dir, StopReason.HUNG)
-            except OSError as err:
-                print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
+            return
+        print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr, flush=True)
+        try:
+            write_atomic(report_path(run.run_dir), report.text().encode())
+            if env.is_distributed:
+                publish_summary(run.run_dir, report.summary())
+            write_stop_reason(run.run_dir, StopReason.HUNG)
+        except (OSError, UserError) as err:
+            print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
 
 
 def _arm_alarm(seconds: float) -> None:
