@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from collections.abc import Callable
 from statistics import StatisticsError, median
 
@@ -253,3 +254,42 @@ def test_a_hang_report_reads_each_rank_record_once_in_all_not_once_per_rank(tmp_
     culprit = f"hung at step 8: rank {world - 1} on node{(world - 1) // 8} never arrived"
     assert said == [f"{culprit}; the report: {tmp_path / 'hang' / 'report.txt'}"] * (world - 1)
     assert (tmp_path / "stop_reason").read_text() == "hung\n"
+
+
+def test_rank_zeros_training_step_reads_no_progress_record_the_straggler_check_runs_on_the_ticker(
+        tmp_path, monkeypatch) -> None:
+    """Counted, not timed: the straggler check reads N records (and sorts their timings) every 30 s. It must not
+    run in the training step, where every rank would wait for rank 0 meanwhile, but on the watchdog's ticker
+    thread. Before, rank 0's `step()` read every record itself when the check was due."""
+    from types import SimpleNamespace
+
+    from hpctrain.health.progress import ProgressRecorder
+    from hpctrain.training.watch import RankWatch
+
+    world = 8
+    for rank in range(1, world):
+        other = ProgressRecorder(tmp_path, rank, world, "node0", 10)
+        other.step(1, 8, 8, 64, 0.1, 0.01, 0.08 if rank == 5 else 0.02)  # rank 5: a slow forward pass
+        other.write("training")
+    watch = object.__new__(RankWatch)
+    watch.run = SimpleNamespace(run_dir=tmp_path, is_main=True,
+                                env=SimpleNamespace(rank=0, world_size=world, is_distributed=True))
+    watch.progress = ProgressRecorder(tmp_path, 0, world, "node0", 10)
+    watch.watchdog, watch.clock = SimpleNamespace(beat=lambda: None), SimpleNamespace(read=lambda: 0.02)
+    watch._step_started, watch._data_before, watch._next_check = 0.0, 0.0, 0.0  # a check is due
+    watch._suspects, watch._warned, watch.reported, watch._reported_lock = set(), set(), [], threading.Lock()
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    watch.step(0, 9, 9, 64, 0.01)
+    in_step = [name for name in opened if name.startswith("rank-") and name.endswith(".json")]
+    assert in_step == [], f"the training step read {len(in_step)} progress records"
+    watch._straggler_tick()
+    monkeypatch.setattr(os, "open", real_open)
+    assert len([name for name in opened if name.startswith("rank-") and name.endswith(".json")]) == world
+    assert watch._suspects == {5}  # named once: reported when the next check names it again

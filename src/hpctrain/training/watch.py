@@ -1,5 +1,5 @@
 """The loop's side of hpctrain.health: this rank's live progress record, its hang watchdog and stack requests, and
-on rank 0 the straggler check.
+on rank 0 the straggler check (on the watchdog's ticker thread, off the training step).
 
 Per step the loop hands over what it measured (the step's time, its wait for input, its forward pass); that costs
 a few additions. Files are written every few seconds, by each rank into its own file: no collective, no lock.
@@ -165,15 +165,19 @@ class RankWatch:
         if run.is_main:  # every rank of this attempt is here: a hang claim or verdict left there is an earlier one's
             forget_report_claim(run.run_dir)
         self.clock = ForwardClock(model, run.device)
-        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
-                                 ticks=(StackRequests(run.run_dir, env.rank, self.host).check,))
-        self.watchdog.start()
         self._step_started = time.perf_counter()
         self._data_before = 0.0
         self._next_check = time.monotonic() + STRAGGLER_CHECK_S
         self._suspects: set[int] = set()
         self._warned: set[str] = set()  # bad progress records already named
+        self._reported_lock = threading.Lock()  # `reported` is filled on the ticker's thread, taken on the loop's
         self.reported: list[Straggler] = []  # rank 0: stragglers named so far this epoch (for its metrics record)
+        ticks = (StackRequests(run.run_dir, env.rank, self.host).check,)
+        if run.is_main and env.is_distributed:
+            ticks += (self._straggler_tick,)
+        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
+                                 ticks=ticks)
+        self.watchdog.start()
 
     def epoch_started(self, data_wait_s: float) -> None:
         self._step_started = time.perf_counter()
@@ -187,8 +191,6 @@ class RankWatch:
         self.progress.step(epoch + 1, step, step_in_epoch, images, now - self._step_started,
                            data_wait_s - self._data_before, self.clock.read())
         self._step_started, self._data_before = now, data_wait_s
-        if self.run.is_main and self.run.env.is_distributed and time.monotonic() >= self._next_check:
-            self._check_stragglers()
 
     @contextlib.contextmanager
     def long_phase(self, phase: str) -> Iterator[None]:
@@ -203,6 +205,13 @@ class RankWatch:
         self.clock.remove()
         self.progress.phase(phase)
 
+    def _straggler_tick(self) -> None:
+        """Rank 0, once a second on the watchdog's ticker thread: the straggler check when it is due. Off the training
+        thread: the N records it reads (and a file system that is slow to give them) never hold a step, nor the
+        ranks waiting for rank 0's next collective."""
+        if time.monotonic() >= self._next_check:
+            self._check_stragglers()
+
     def _check_stragglers(self) -> None:
         """Rank 0, every STRAGGLER_CHECK_S. The records are other processes' files: nothing in them may stop
         training, so a bad one is skipped with a warning (once per file) and any failure here is a warning."""
@@ -214,8 +223,11 @@ class RankWatch:
                   file=sys.stderr, flush=True)
             return
         for rank in sorted(found.keys() & self._suspects):  # named twice in a row: persistent
-            if all(s.rank != rank for s in self.reported):
-                self.reported.append(found[rank])
+            with self._reported_lock:
+                new = all(s.rank != rank for s in self.reported)
+                if new:
+                    self.reported.append(found[rank])
+            if new:
                 print(f"hpctrain: warning: {found[rank].describe()}", file=sys.stderr, flush=True)
         self._suspects = set(found)
 
@@ -225,7 +237,8 @@ class RankWatch:
             print(f"hpctrain: warning: skipped a progress record: {err}", file=sys.stderr, flush=True)
 
     def take_reported(self) -> list[dict[str, object]]:
-        taken, self.reported = self.reported, []
+        with self._reported_lock:
+            taken, self.reported = self.reported, []
         return [s.as_dict() for s in taken]
 
     def _on_hang(self, quiet_s: float, limit_s: float) -> None:
