@@ -12,7 +12,8 @@ Measured in each rank:
 - the roll call after a failed collective, with the last rank gone: each rank counts itself in and polls the count
   (O(1) requests a poll); only the first to answer then checks each rank's key, once. Before, every rank checked
   every rank's key every 0.2 s: N² requests a poll;
-- a checkpoint's save: the bytes its collectives bring each rank (before: every rank's RNG state, 14.6 KB a rank).
+- a checkpoint's save: the bytes its collectives bring each rank (before: every rank's RNG state, 14.6 KB a rank),
+  the size of rank 0's file (before: the same 14.6 KB a rank in it), and what a resumed rank opens for its part.
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ def test_the_roll_call_costs_each_rank_o1_requests_a_poll_and_one_rank_a_look_at
 
 
 @pytest.mark.slow
-def test_a_checkpoint_brings_each_rank_the_same_few_bytes_at_any_world_size(counted) -> None:
+def test_a_checkpoint_brings_each_rank_the_same_few_bytes_and_a_resume_reads_its_own_part(counted) -> None:
     received = {size: {r["checkpoint_received"] for r in results} for size, results in counted.items()}
     assert received[2] == received[4] and max(received[4]) < 1024, received
     assert len({results[0]["checkpoint_bytes"] for results in counted.values()}) == 1, "the file grew with the world"
+    for size, results in counted.items():
+        for rank, result in enumerate(results):
+            assert result["resume_opened"] == [f"rank-{rank}.pt"], result  # its own part: one file
+            assert result["resumed"] == [size, float(rank), sum(range(size)) / size], result
