@@ -168,14 +168,29 @@ def missing_ranks(env: DistEnv, wait_s: float) -> dict[int, str | None] | None:
                 pass
         hosts: dict[int, str | None] = {}
         for r in range(env.world_size):
-            if not store.check([f"{prefix}/{r}"]):
+            if not _present(store, f"{prefix}/{r}"):
                 key = f"{_HOST_KEY}/{r}"
-                hosts[r] = store.get(key).decode(errors="replace") if store.check([key]) else None
+                hosts[r] = store.get(key).decode(errors="replace") if _present(store, key) else None
         if first:
             store.set(verdict, json.dumps(hosts))
         return hosts
     except Exception:  # the store's own errors vary by transport; any of them means no answer
         return None
+
+
+def _present(store: object, key: str) -> bool:
+    """Whether `key` is in the store, without waiting for it: `check` where torch binds it (not in torch 2.2, whose
+    roll call therefore never answered), else a wait of 10 ms."""
+    import datetime
+
+    check = getattr(store, "check", None)
+    if check is not None:
+        return bool(check([key]))
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=10))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - torch's DistStoreError ("Socket Timeout"), or the store's own
+        return False
+    return True
 
 
 def explain(err: BaseException, env: DistEnv, timeout_s: float, what: str | None = None) -> CollectiveFailure:
