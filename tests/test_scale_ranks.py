@@ -53,6 +53,7 @@ def test_the_vote_groups_sockets_and_store_requests_per_rank_do_not_grow_with_th
 
 
 @pytest.mark.slow
+@pytest.mark.floor  # torch 2.2 binds no Store.check: there the roll call never answered before
 def test_the_roll_call_costs_each_rank_o1_requests_a_poll_and_one_rank_a_look_at_each(counted) -> None:
     for size, results in counted.items():
         survivors = results[:-1]
