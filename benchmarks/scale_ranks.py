@@ -189,7 +189,8 @@ def main() -> int:
     trees = [("now", None)] + ([("before", args.compare)] if args.compare else [])
     for label, src in trees:
         figures = {size: per_rank(run_size(size, src)) for size in sizes}
-        print(f"\n{label}{f' ({src})' if src else ''}: the most one rank paid, at {', '.join(map(str, sizes))} processes")
+        where = f" ({src})" if src else ""
+        print(f"\n{label}{where}: the most one rank paid, at {', '.join(map(str, sizes))} processes")
         print("| what | " + " | ".join(f"N={n}" for n in sizes) + " | growth |")
         print("|---|" + "---:|" * len(sizes) + "---|")
         for name in figures[sizes[0]]:

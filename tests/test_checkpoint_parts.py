@@ -82,3 +82,16 @@ def test_pruning_removes_a_checkpoints_parts_unless_the_best_copy_uses_them(tmp_
     assert checkpoint.load_part(checkpoint.rank_dir(tmp_path / "checkpoint_step_3.pt"), 0) == {"loss_sum": 3.0}
     save(4)
     assert folders() == ["checkpoint_step_3.pt.ranks", "checkpoint_step_4.pt.ranks"]
+
+
+def test_pruning_takes_the_parts_of_a_save_that_never_finished(tmp_path: Path) -> None:
+    """A kill after the ranks wrote their parts but before rank 0's manifest: the file and its parts both go once a
+    newer checkpoint is kept."""
+    cut = tmp_path / "checkpoint_step_1.pt"
+    checkpoint.save_part(cut, 0, {"loss_sum": 1.0})
+    cut.write_bytes(b"half a checkpoint")  # no manifest: a save cut short
+    path = tmp_path / "checkpoint_step_2.pt"
+    checkpoint.save_part(path, 0, {"loss_sum": 2.0})
+    checkpoint.save({"model": {}}, tmp_path, path.name, epoch=0, step=2, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "checkpoint_step_2.pt", "checkpoint_step_2.pt.manifest.json", "checkpoint_step_2.pt.ranks", "latest"]

@@ -6,6 +6,8 @@ save that would replace one moves it aside first (NAME.corrupt), and pruning kee
 checkpoints and leaves damaged ones alone (it judges by the manifest and the size, not the checksum, so it never
 re-reads the kept files). A file without a manifest is a save a kill cut short: pruning removes it once a valid
 checkpoint is newer. Temporaries of killed saves are removed, never those a live process may still be writing.
+A checkpoint's per-rank parts (NAME.ranks/, `ranks`) go with it when it is pruned, unless checkpoint_best.pt, a
+copy of it, still names them; they go when that copy is replaced by a newer best.
 """
 
 from __future__ import annotations
@@ -207,7 +209,7 @@ def _prune(directory: Path, keep: int, newest_valid: Path | None) -> None:
             continue
         # Older valid ones beyond `keep`, and saves a kill cut short before them (they can never become valid).
         # Manifest first: a prune killed half-way leaves an invalid file, never a valid-looking one.
-        parts = _parts_named_by(path)
+        parts = _parts_named_by(path) or (rank_dir(path).name if rank_dir(path).is_dir() else None)  # or a cut save's
         manifest_path(path).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
         if parts:  # its ranks' parts, unless the best checkpoint's copy still uses them

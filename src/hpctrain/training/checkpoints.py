@@ -1,6 +1,6 @@
-"""The loop's checkpoints: what one holds, writing it (every rank writes its own part, rank 0 the rest), restoring a position
-from it, and keeping the best one. Choosing which checkpoint a run continues from is `resume.py`'s job; the files'
-format and atomic writes are `hpctrain.checkpoint`'s."""
+"""The loop's checkpoints: what one holds, writing it (every rank writes its own part, rank 0 the rest), restoring
+a position from it, and keeping the best one. Choosing which checkpoint a run continues from is `resume.py`'s job;
+the files' format and atomic writes are `hpctrain.checkpoint`'s."""
 
 from __future__ import annotations
 

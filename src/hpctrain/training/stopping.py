@@ -286,7 +286,7 @@ def vote_group() -> object:
     The side group connects lazily (`_lazy_gloo_group`): a rank opens sockets only to the peers it exchanges with,
     the two neighbours of gloo's ring all-reduce, so each rank holds O(1) sockets and makes O(1) store requests
     for it, whatever the world size. Made eagerly, as gloo does by default, every rank would connect to every other
-    (N - 1 sockets and about 2 N store requests a rank, N² in all: 64 million requests at 8,000 ranks)."""
+    (N - 1 sockets and about 2 N store requests a rank, N² in all: 7,999 sockets a rank at 8,000 ranks)."""
     import torch.distributed as dist
 
     from hpctrain.distributed.collectives import collective_device_type
