@@ -87,6 +87,10 @@ BAD_RECORDS = {
                            "ranks[0].rng has a torch generator state of shape (3,)"),
     "a non-numeric loss sum": ({"ranks": [_rank(loss_sum="low")]}, {}, "ranks[0].loss_sum is 'low', not a number"),
     "a string step": ({"step": "2"}, {}, "its recorded step is '2', not a whole number of at least 0"),
+    "parts outside the folder": ({"ranks": {"parts": "../elsewhere.ranks", "world_size": 2, "loss_sum_mean": 0.0}},
+                                 {}, "ranks.parts is '../elsewhere.ranks', not the name of a folder of ranks' parts"),
+    "parts of no ranks": ({"ranks": {"parts": "checkpoint_step_2.pt.ranks", "world_size": 0, "loss_sum_mean": 0.0}},
+                          {}, "ranks.world_size is 0, not a number of processes"),
 }
 
 

@@ -10,7 +10,9 @@ gives. benchmarks/scale_health.py measures the time.
 
 from __future__ import annotations
 
+import os
 import random
+import threading
 from collections.abc import Callable
 from statistics import StatisticsError, median
 
@@ -208,3 +210,86 @@ def test_the_preflight_judge_blames_the_nodes_the_plain_rule_blames() -> None:
         assert judge(checks, 1.0).bad == plain_bad_links(checks)
         blamed += bool(plain_bad_links(checks))
     assert blamed > 100
+
+
+@pytest.mark.parametrize("world", [4, 8, 16])
+def test_a_hang_report_reads_each_rank_record_once_in_all_not_once_per_rank(tmp_path, monkeypatch, world) -> None:
+    """The hang's file-system load, counted: every rank but the last (frozen) notices the hang and runs the hang's
+    file work (`RankWatch._hang_files`, here one rank after another in one process, the grace without sleeping).
+    One rank reads the N records and writes the report; the others read its one-line verdict. Before, every rank
+    that noticed read every rank's record: N (N - 1) opens, 240 at 16 ranks, where now there are 16."""
+    from types import SimpleNamespace
+
+    from hpctrain.health.progress import ProgressRecorder
+    from hpctrain.training.watch import RankWatch
+
+    monkeypatch.setenv("HPCTRAIN_TERMINATION_LOG", str(tmp_path / "said"))
+    monkeypatch.setattr("time.sleep", lambda seconds: None)
+    watches = []
+    for rank in range(world):
+        watch = object.__new__(RankWatch)
+        watch.run = SimpleNamespace(run_dir=tmp_path, device=SimpleNamespace(type="cpu"), is_main=rank == 0,
+                                    env=SimpleNamespace(rank=rank, world_size=world, is_distributed=True))
+        watch.host, watch._warned = f"node{rank // 8}", set()
+        watch.progress = ProgressRecorder(tmp_path, rank, world, watch.host, 10)
+        watch.progress.step(1, 8, 8, 64, 0.1, 0.01, 0.02)
+        watches.append(watch)
+    for watch in watches[:-1]:  # what each one's watchdog records as it fires, before the grace ends anywhere
+        watch.progress.phase("hung", waiting_in="the stop vote after step 8", collectives=17)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    said = []
+    for watch in watches[:-1]:
+        watch._hang_files(30.0, 20.0, "the stop vote after step 8", 17, None, "(stacks)\n")
+        said.append((tmp_path / "said").read_text())
+    monkeypatch.setattr(os, "open", real_open)
+    records = [name for name in opened if name.startswith("rank-") and name.endswith(".json")]
+    assert len(records) == world, f"{len(records)} opens of progress records at {world} ranks"
+    culprit = f"hung at step 8: rank {world - 1} on node{(world - 1) // 8} never arrived"
+    assert said == [f"{culprit}; the report: {tmp_path / 'hang' / 'report.txt'}"] * (world - 1)
+    assert (tmp_path / "stop_reason").read_text() == "hung\n"
+
+
+def test_rank_zeros_training_step_reads_no_progress_record_the_straggler_check_runs_on_the_ticker(
+        tmp_path, monkeypatch) -> None:
+    """Counted, not timed: the straggler check reads N records (and sorts their timings) every 30 s. It must not
+    run in the training step, where every rank would wait for rank 0 meanwhile, but on the watchdog's ticker
+    thread. Before, rank 0's `step()` read every record itself when the check was due."""
+    from types import SimpleNamespace
+
+    from hpctrain.health.progress import ProgressRecorder
+    from hpctrain.training.watch import RankWatch
+
+    world = 8
+    for rank in range(1, world):
+        other = ProgressRecorder(tmp_path, rank, world, "node0", 10)
+        other.step(1, 8, 8, 64, 0.1, 0.01, 0.08 if rank == 5 else 0.02)  # rank 5: a slow forward pass
+        other.write("training")
+    watch = object.__new__(RankWatch)
+    watch.run = SimpleNamespace(run_dir=tmp_path, is_main=True,
+                                env=SimpleNamespace(rank=0, world_size=world, is_distributed=True))
+    watch.progress = ProgressRecorder(tmp_path, 0, world, "node0", 10)
+    watch.watchdog, watch.clock = SimpleNamespace(beat=lambda: None), SimpleNamespace(read=lambda: 0.02)
+    watch._step_started, watch._data_before, watch._next_check = 0.0, 0.0, 0.0  # a check is due
+    watch._suspects, watch._warned, watch.reported, watch._reported_lock = set(), set(), [], threading.Lock()
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path, flags, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    watch.step(0, 9, 9, 64, 0.01)
+    in_step = [name for name in opened if name.startswith("rank-") and name.endswith(".json")]
+    assert in_step == [], f"the training step read {len(in_step)} progress records"
+    watch._straggler_tick()
+    monkeypatch.setattr(os, "open", real_open)
+    assert len([name for name in opened if name.startswith("rank-") and name.endswith(".json")]) == world
+    assert watch._suspects == {5}  # named once: reported when the next check names it again

@@ -5,6 +5,7 @@ and a missing one gets a fallback that works plus one line, once per job, saying
 
     torch.distributed.init_process_group(device_id=...)   torch >= 2.3   eager NCCL initialisation
     torchvision.io.decode_jpeg(list_of_jpegs, ...)         torchvision >= 0.19   one batched GPU decode per batch
+    TORCH_GLOO_LAZY_INIT=1 (gloo connects on first use)     torch >= 2.8   the stop vote's gloo group: 2 peers a rank
 
 (torchrun's --signals-to-handle, torch >= 2.9, is decided in the batch script: schedulers/slurm/render.py.)
 """
@@ -32,6 +33,14 @@ def init_takes_device_id() -> bool:
     import torch.distributed as dist
 
     return "device_id" in inspect.signature(dist.init_process_group).parameters
+
+
+def gloo_connects_lazily() -> bool:
+    """torch >= 2.8 (pytorch#151031): a gloo group made while TORCH_GLOO_LAZY_INIT=1 connects a pair of ranks at
+    their first exchange, not every rank to every other at creation."""
+    import torch
+
+    return version_tuple(torch.__version__) >= (2, 8)
 
 
 @functools.cache

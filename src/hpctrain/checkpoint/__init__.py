@@ -4,6 +4,7 @@ Layout of a checkpoint directory::
 
     checkpoint_epoch_2.pt               torch.save'd dict (model, optimizer, scheduler, counters, RNG, config)
     checkpoint_epoch_2.pt.manifest.json written after the .pt is durable: sha256, size, epoch, step, world size
+    checkpoint_epoch_2.pt.ranks/        a job's per-rank parts (RNG, loss sum), each written by its rank (`ranks`)
     latest                              name of the newest complete checkpoint (a convenience; the manifests decide)
 
 A checkpoint counts only if its manifest exists and its checksum matches, so a save killed at any moment
@@ -18,7 +19,8 @@ pruning removes it once a valid checkpoint is newer. Users' own scripts can call
 
 Everything public is importable from here. The modules, each importing only those after it:
 `background` (AsyncCheckpointer), `writing` (save, copy_checkpoint, prune), `discovery` (candidates, search,
-find_latest, load_latest) and `files` (names, manifests, verify, load, set_aside).
+find_latest, load_latest), `ranks` (each rank's own part: save_part, load_part) and `files` (names, manifests,
+verify, load, set_aside).
 """
 
 from hpctrain.checkpoint.background import AsyncCheckpointer, snapshot
@@ -40,6 +42,7 @@ from hpctrain.checkpoint.files import (
     set_aside,
     verify,
 )
+from hpctrain.checkpoint.ranks import load_part, part_path, rank_dir, save_part
 from hpctrain.checkpoint.writing import FOREIGN_TEMPORARY_MAX_AGE_S, copy_checkpoint, prune, save
 
 __all__ = [
@@ -62,10 +65,14 @@ __all__ = [
     "find_latest",
     "load",
     "load_latest",
+    "load_part",
     "log",
     "position_of",
+    "part_path",
     "prune",
+    "rank_dir",
     "save",
+    "save_part",
     "search",
     "set_aside",
     "snapshot",

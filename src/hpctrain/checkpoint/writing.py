@@ -6,6 +6,8 @@ save that would replace one moves it aside first (NAME.corrupt), and pruning kee
 checkpoints and leaves damaged ones alone (it judges by the manifest and the size, not the checksum, so it never
 re-reads the kept files). A file without a manifest is a save a kill cut short: pruning removes it once a valid
 checkpoint is newer. Temporaries of killed saves are removed, never those a live process may still be writing.
+A checkpoint's per-rank parts (NAME.ranks/, `ranks`) go with it when it is pruned, unless checkpoint_best.pt, a
+copy of it, still names them; they go when that copy is replaced by a newer best.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from hpctrain.checkpoint.discovery import candidates
 from hpctrain.checkpoint.files import (
+    BEST_NAME,
     CORRUPT_SUFFIX,
     FORMAT_VERSION,
     LATEST_POINTER,
@@ -37,6 +40,7 @@ from hpctrain.checkpoint.files import (
     validity,
     verify,
 )
+from hpctrain.checkpoint.ranks import RANKS_SUFFIX, rank_dir
 from hpctrain.fsutil import free_bytes, fsync_dir, is_no_space, refuse_symlinks, write_atomic
 
 # Another host's temporary may belong to a live save on a shared filesystem: only this old is it surely stale.
@@ -93,6 +97,8 @@ def save(
         "world_size": world_size,
         "written_at": time.time(),
     }
+    if rank_dir(path).is_dir():  # the ranks' own parts (`ranks`), all written before this save began
+        manifest["ranks"] = rank_dir(path).name
     try:
         write_atomic(manifest_path(path), json.dumps(manifest, indent=1).encode(),
                      _temporary(manifest_path(path)))
@@ -135,11 +141,32 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
         if is_no_space(err):
             raise _disk_full(target, err) from err
         raise
-    manifest = read_manifest(source)  # hpctrain's own, just written and verified
+    replaced = _parts_named_by(target)
+    manifest = read_manifest(source)  # hpctrain's own, just verified; its "ranks" (the parts) stays the source's
     manifest.update(file=target.name, sha256=info.sha256, size=info.size, written_at=time.time())
     write_atomic(manifest_path(target), json.dumps(manifest, indent=1).encode(), _temporary(manifest_path(target)))
     fsync_dir(target.parent)
+    if replaced and replaced != manifest.get("ranks"):
+        _remove_parts(target.parent, replaced, target)  # the copy it replaced held the last use of those parts
     return target
+
+
+def _parts_named_by(path: Path) -> str | None:
+    """The folder of per-rank parts a checkpoint's manifest names (its own, or for a copy its source's)."""
+    try:
+        manifest = read_manifest(path)
+    except Exception:  # no manifest, or not one of ours: it names nothing
+        return None
+    name = manifest.get("ranks") if isinstance(manifest, dict) else None
+    return name if isinstance(name, str) and name.endswith(RANKS_SUFFIX) and "/" not in name else None
+
+
+def _remove_parts(directory: Path, name: str, user: Path | None) -> None:
+    """Remove the per-rank parts folder `name` once neither its own checkpoint nor the copy `user` names it."""
+    own = directory / name.removesuffix(RANKS_SUFFIX)
+    if (own.exists() and _parts_named_by(own) == name) or (user is not None and _parts_named_by(user) == name):
+        return
+    shutil.rmtree(directory / name, ignore_errors=True)
 
 
 def _disk_full(path: Path, err: BaseException) -> CheckpointError:
@@ -182,8 +209,11 @@ def _prune(directory: Path, keep: int, newest_valid: Path | None) -> None:
             continue
         # Older valid ones beyond `keep`, and saves a kill cut short before them (they can never become valid).
         # Manifest first: a prune killed half-way leaves an invalid file, never a valid-looking one.
+        parts = _parts_named_by(path) or (rank_dir(path).name if rank_dir(path).is_dir() else None)  # or a cut save's
         manifest_path(path).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
+        if parts:  # its ranks' parts, unless the best checkpoint's copy still uses them
+            _remove_parts(directory, parts, directory / BEST_NAME)
 
 
 def _temporary(path: Path) -> Path:

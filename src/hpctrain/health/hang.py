@@ -12,6 +12,12 @@ collective's name (`waiting_in`). Given a few seconds for the other ranks' watch
   enters the same ones, in the same order) is behind them, stuck in the compute around a collective the others
   have passed (a forward pass that never returns), and is the culprit.
 
+One rank writes the report: the first of the ranks that noticed to claim it (`claim_report`, an exclusive create of
+one file), after `REPORT_GRACE_S`. It alone reads every rank's record, and leaves the verdict in one line
+(`SUMMARY_FILE`) that the other ranks read (`await_summary`) for their own last words: the file-system load of a
+hang is O(N) opens in all, not every rank reading every rank's record (N², 64 million opens at 8,000 ranks).
+The job's rank 0 removes an earlier attempt's claim and verdict when it starts (`forget_report_claim`).
+
 When every rank waits in a collective and none is missing, no rank is to blame: the transport or the collective
 backend itself hangs, and the report says so. A run of one process has no peer and no network to wait for: the
 process itself is stuck, and the report says where (the collective context it was in, and its main thread's
@@ -20,18 +26,26 @@ innermost frame, `here`).
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.errors import UserError
 from hpctrain.health.progress import RankProgress
-from hpctrain.health.stacks import HANG_DIR
+from hpctrain.health.stacks import HANG_DIR, open_folder, write_in
+from hpctrain.readback import BadRunFile, read_text
 
 REPORT_FILE = "report.txt"
 MAX_REPORT_BYTES = 4 << 20
 """A report is a line per rank: this is room for far more ranks than any job has (read back at most this much)."""
 REPORT_GRACE_S = 6.0
 """How long the first rank to notice waits for the other ranks' watchdogs before it writes the report."""
+CLAIM_FILE = "report.claim"
+SUMMARY_FILE = "summary.txt"
+MAX_SUMMARY_BYTES = 64 * 1024
+SUMMARY_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -121,3 +135,55 @@ def _alone(records: list[RankProgress], quiet_s: float, limit_s: float, run_dir:
 
 def report_path(run_dir: Path) -> Path:
     return run_dir / HANG_DIR / REPORT_FILE
+
+
+def claim_report(run_dir: Path) -> bool:
+    """Whether this rank writes the hang's report: True for the first caller of the attempt (which creates
+    RUN/hang/report.claim exclusively), False for every later one, and for any that cannot create it."""
+    try:
+        folder = open_folder(run_dir, HANG_DIR)
+    except (OSError, UserError):  # UserError: a link or a file there, which the stacks' writer names
+        return False
+    try:
+        fd = os.open(CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=folder)
+    except OSError:
+        return False
+    finally:
+        os.close(folder)
+    os.close(fd)
+    return True
+
+
+def publish_summary(run_dir: Path, summary: str) -> None:
+    """The reporter's verdict, one line, for the other ranks' `await_summary`."""
+    folder = open_folder(run_dir, HANG_DIR)
+    try:
+        write_in(folder, SUMMARY_FILE, (summary + "\n").encode())
+    finally:
+        os.close(folder)
+
+
+def await_summary(run_dir: Path, wait_s: float, poll_s: float = SUMMARY_POLL_S) -> str | None:
+    """The reporter's verdict, once it is there (one look every `poll_s`, at most `wait_s`); None if it never came."""
+    path = run_dir / HANG_DIR / SUMMARY_FILE
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return read_text(path, MAX_SUMMARY_BYTES, within=run_dir).strip() or None
+        except FileNotFoundError:
+            pass
+        except (BadRunFile, OSError):
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
+
+
+def forget_report_claim(run_dir: Path) -> None:
+    """At an attempt's start (rank 0, every rank present): an earlier attempt's claim and verdict are not this one's."""
+    for name in (CLAIM_FILE, SUMMARY_FILE):
+        try:
+            os.unlink(run_dir / HANG_DIR / name)
+        except OSError:
+            pass

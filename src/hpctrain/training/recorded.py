@@ -59,20 +59,38 @@ def check_state(state: dict[str, Any], source: Path | None) -> None:
         if not _number(value) or not math.isfinite(float(value)):
             raise _refused(source, name, f"is {brief(value, 40)}, not a finite number")
     ranks = state.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise _refused(source, "ranks", f"is {brief(ranks, 40)}, not a list of the saved processes' states")
-    for index, rank in enumerate(ranks):
-        field = f"ranks[{index}]"
-        if not isinstance(rank, dict):
-            raise _refused(source, field, f"is {brief(rank, 40)}, not a process's state")
-        if problem := rng.problem(rank.get("rng")):
-            raise _refused(source, f"{field}.rng", problem)
-        if not _number(rank.get("loss_sum")):
-            raise _refused(source, f"{field}.loss_sum", f"is {brief(rank.get('loss_sum'), 40)}, not a number")
-        if not _threads(rank.get("threads")):
-            raise _refused(source, f"{field}.threads", f"is {brief(rank.get('threads'), 40)}, not a thread count")
+    if isinstance(ranks, dict) and "parts" in ranks:  # a job's checkpoint: each rank's part in a file of its own
+        check_parts_record(ranks, source)
+    elif not isinstance(ranks, list) or not ranks:
+        raise _refused(source, "ranks", f"is {brief(ranks, 40)}, not a list of the saved processes' states nor a "
+                       "record of their parts")
+    for index, rank in enumerate(ranks if isinstance(ranks, list) else []):
+        check_part(rank, source, f"ranks[{index}]")
     if not _threads(state["config"].get("threads")):
         raise _refused(source, "setting threads", f"is {brief(state['config'].get('threads'), 40)}, not a thread count")
+
+
+def check_parts_record(ranks: dict[str, Any], source: Path | None) -> None:
+    """What a job's checkpoint says of its ranks' parts: their folder beside it, how many ranks, their mean loss sum."""
+    parts, world, mean = ranks.get("parts"), ranks.get("world_size"), ranks.get("loss_sum_mean")
+    if not (isinstance(parts, str) and parts.endswith(".ranks") and "/" not in parts and parts not in (".", "..")):
+        raise _refused(source, "ranks.parts", f"is {brief(parts, 40)}, not the name of a folder of ranks' parts")
+    if type(world) is not int or world < 1:
+        raise _refused(source, "ranks.world_size", f"is {brief(world, 40)}, not a number of processes")
+    if not _number(mean):
+        raise _refused(source, "ranks.loss_sum_mean", f"is {brief(mean, 40)}, not a number")
+
+
+def check_part(rank: Any, source: Path | None, field: str) -> None:
+    """One rank's saved state: random streams `rng.restore` takes, a numeric loss sum and a positive thread count."""
+    if not isinstance(rank, dict):
+        raise _refused(source, field, f"is {brief(rank, 40)}, not a process's state")
+    if problem := rng.problem(rank.get("rng")):
+        raise _refused(source, f"{field}.rng", problem)
+    if not _number(rank.get("loss_sum")):
+        raise _refused(source, f"{field}.loss_sum", f"is {brief(rank.get('loss_sum'), 40)}, not a number")
+    if not _threads(rank.get("threads")):
+        raise _refused(source, f"{field}.threads", f"is {brief(rank.get('threads'), 40)}, not a thread count")
 
 
 def _threads(value: Any) -> bool:

@@ -15,6 +15,7 @@ from hpctrain.distributed import DistEnv, detect, resolve_device
 from hpctrain.distributed.cores import available_cores, choose_threads, default_threads
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, refuse_symlinks
+from hpctrain.training.checkpoints import saved_part
 from hpctrain.training.resume import ResumePoint, resume_point
 from hpctrain.training.run import Run
 from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, check_run_paths, checkpoint_dir, lock_run_dir
@@ -165,8 +166,8 @@ def resolve_threads(cfg: TrainConfig, env: DistEnv, state: dict[str, Any] | None
 def _recorded_threads(state: dict[str, Any], env: DistEnv) -> int | None:
     """The thread count this rank trained with: its own record in the checkpoint (same process count), else the
     one the run's config recorded; None for checkpoints that recorded neither."""
-    ranks = state.get("ranks") or []
-    if len(ranks) == env.world_size and isinstance(ranks[env.rank], dict) and ranks[env.rank].get("threads"):
-        return int(ranks[env.rank]["threads"])
+    mine, saved = saved_part(state, env.rank)
+    if saved == env.world_size and mine is not None and mine.get("threads"):
+        return int(mine["threads"])
     recorded = state.get("config", {}).get("threads")
     return int(recorded) if isinstance(recorded, int) and recorded > 0 else None

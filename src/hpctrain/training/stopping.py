@@ -259,7 +259,12 @@ def vote_group() -> object:
     Why not vote on the GPU over NCCL: reading the vote back (`.item()`) waits for everything queued on the GPU,
     so the CPU could no longer run ahead of the GPU by a step; a gloo vote costs a TCP round trip between hosts
     instead, while the GPU keeps working. `new_group` is a collective: the first call must happen at the same point
-    on every rank (the first `agree`, or the training loop's setup, is such a point)."""
+    on every rank (the first `agree`, or the training loop's setup, is such a point).
+
+    The side group connects lazily (`_lazy_gloo_group`): a rank opens sockets only to the peers it exchanges with,
+    the two neighbours of gloo's ring all-reduce, so each rank holds O(1) sockets and makes O(1) store requests
+    for it, whatever the world size. Made eagerly, as gloo does by default, every rank would connect to every other
+    (N - 1 sockets and about 2 N store requests a rank, N² in all: 7,999 sockets a rank at 8,000 ranks)."""
     import torch.distributed as dist
 
     from hpctrain.distributed.collectives import collective_device_type
@@ -269,8 +274,36 @@ def vote_group() -> object:
     if collective_device_type(world) == "cpu":
         return world
     if _side_group is None or _side_group[0] is not world:
-        _side_group = (world, dist.new_group(backend="gloo"))
+        _side_group = (world, _lazy_gloo_group())
     return _side_group[1]
+
+
+# Lazy gloo groups, from torch 2.8: torch reads this variable when it makes a gloo group (ProcessGroupGloo's
+# constructor), so it is set only around that call.
+GLOO_LAZY_INIT_ENV = "TORCH_GLOO_LAZY_INIT"
+LARGE_WORLD = 64  # ranks from which an eager (full-mesh) vote group is worth a note
+
+
+def _lazy_gloo_group() -> object:
+    """A gloo group over every rank that connects each pair of ranks at their first exchange (torch >= 2.8), unless
+    the user set TORCH_GLOO_LAZY_INIT themselves (their word stands). On an older torch the group connects eagerly,
+    and a large world is told once what that costs."""
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain import compat
+
+    users_word = GLOO_LAZY_INIT_ENV in os.environ
+    if users_word or not compat.gloo_connects_lazily():
+        if not users_word and dist.get_world_size() >= LARGE_WORLD:
+            compat.say_once("gloo_lazy", f"torch {torch.__version__} connects the stop vote's gloo group at start-up, "
+                            "every rank to every other (torch >= 2.8 connects only the peers a vote uses)")
+        return dist.new_group(backend="gloo")
+    os.environ[GLOO_LAZY_INIT_ENV] = "1"
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        os.environ.pop(GLOO_LAZY_INIT_ENV, None)
 
 
 # Kubernetes keeps what a container writes to its terminationMessagePath (by default this file, which the kubelet

@@ -1,5 +1,5 @@
 """The loop's side of hpctrain.health: this rank's live progress record, its hang watchdog and stack requests, and
-on rank 0 the straggler check.
+on rank 0 the straggler check (on the watchdog's ticker thread, off the training step).
 
 Per step the loop hands over what it measured (the step's time, its wait for input, its forward pass); that costs
 a few additions. Files are written every few seconds, by each rank into its own file: no collective, no lock.
@@ -22,7 +22,15 @@ import torch
 from hpctrain.distributed.failures import current_collective
 from hpctrain.errors import UserError
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.hang import REPORT_GRACE_S, hang_report, report_path
+from hpctrain.health.hang import (
+    REPORT_GRACE_S,
+    await_summary,
+    claim_report,
+    forget_report_claim,
+    hang_report,
+    publish_summary,
+    report_path,
+)
 from hpctrain.health.preflight import node_name
 from hpctrain.health.progress import PROGRESS_INTERVAL_S, ProgressRecorder, read_progress
 from hpctrain.health.stacks import HANG_DIR, StackRequests, capture_stacks, dump_stacks, main_thread_at
@@ -38,6 +46,8 @@ HANG_FILES_DEADLINE_S = 30.0
 """Once a hang is noticed and said: how long writing its files may take (after REPORT_GRACE_S on several ranks)
 before the process ends with EXIT_HUNG without them."""
 ALARM_MARGIN_S = 10.0
+SUMMARY_WAIT_S = HANG_FILES_DEADLINE_S - 5.0
+"""How long a rank that did not write the report waits for the reporter's verdict (its own last words)."""
 
 
 # NCCL's flight recorder (torch's ring buffer of the last collectives per rank): its variables were renamed from
@@ -152,16 +162,22 @@ class RankWatch:
         self.progress = ProgressRecorder(run.run_dir, env.rank, env.world_size, self.host, steps_per_epoch,
                                          PROGRESS_INTERVAL_S)
         self.progress.phase("starting")
+        if run.is_main:  # every rank of this attempt is here: a hang claim or verdict left there is an earlier one's
+            forget_report_claim(run.run_dir)
         self.clock = ForwardClock(model, run.device)
-        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
-                                 ticks=(StackRequests(run.run_dir, env.rank, self.host).check,))
-        self.watchdog.start()
         self._step_started = time.perf_counter()
         self._data_before = 0.0
         self._next_check = time.monotonic() + STRAGGLER_CHECK_S
         self._suspects: set[int] = set()
         self._warned: set[str] = set()  # bad progress records already named
+        self._reported_lock = threading.Lock()  # `reported` is filled on the ticker's thread, taken on the loop's
         self.reported: list[Straggler] = []  # rank 0: stragglers named so far this epoch (for its metrics record)
+        ticks = (StackRequests(run.run_dir, env.rank, self.host).check,)
+        if run.is_main and env.is_distributed:
+            ticks += (self._straggler_tick,)
+        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
+                                 ticks=ticks)
+        self.watchdog.start()
 
     def epoch_started(self, data_wait_s: float) -> None:
         self._step_started = time.perf_counter()
@@ -175,8 +191,6 @@ class RankWatch:
         self.progress.step(epoch + 1, step, step_in_epoch, images, now - self._step_started,
                            data_wait_s - self._data_before, self.clock.read())
         self._step_started, self._data_before = now, data_wait_s
-        if self.run.is_main and self.run.env.is_distributed and time.monotonic() >= self._next_check:
-            self._check_stragglers()
 
     @contextlib.contextmanager
     def long_phase(self, phase: str) -> Iterator[None]:
@@ -191,6 +205,13 @@ class RankWatch:
         self.clock.remove()
         self.progress.phase(phase)
 
+    def _straggler_tick(self) -> None:
+        """Rank 0, once a second on the watchdog's ticker thread: the straggler check when it is due. Off the training
+        thread: the N records it reads (and a file system that is slow to give them) never hold a step, nor the
+        ranks waiting for rank 0's next collective."""
+        if time.monotonic() >= self._next_check:
+            self._check_stragglers()
+
     def _check_stragglers(self) -> None:
         """Rank 0, every STRAGGLER_CHECK_S. The records are other processes' files: nothing in them may stop
         training, so a bad one is skipped with a warning (once per file) and any failure here is a warning."""
@@ -202,8 +223,11 @@ class RankWatch:
                   file=sys.stderr, flush=True)
             return
         for rank in sorted(found.keys() & self._suspects):  # named twice in a row: persistent
-            if all(s.rank != rank for s in self.reported):
-                self.reported.append(found[rank])
+            with self._reported_lock:
+                new = all(s.rank != rank for s in self.reported)
+                if new:
+                    self.reported.append(found[rank])
+            if new:
                 print(f"hpctrain: warning: {found[rank].describe()}", file=sys.stderr, flush=True)
         self._suspects = set(found)
 
@@ -213,7 +237,8 @@ class RankWatch:
             print(f"hpctrain: warning: skipped a progress record: {err}", file=sys.stderr, flush=True)
 
     def take_reported(self) -> list[dict[str, object]]:
-        taken, self.reported = self.reported, []
+        with self._reported_lock:
+            taken, self.reported = self.reported, []
         return [s.as_dict() for s in taken]
 
     def _on_hang(self, quiet_s: float, limit_s: float) -> None:
@@ -259,23 +284,27 @@ class RankWatch:
             print(f"hpctrain: rank {env.rank}: NCCL's flight recorder in {recorder}", file=sys.stderr)
         if env.is_distributed:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
+            if not claim_report(run.run_dir):  # another rank reads the records and writes the report
+                summary = await_summary(run.run_dir, SUMMARY_WAIT_S)
+                write_termination_message(f"{summary or f'hung at step {self.progress.record.step}'}; the report: "
+                                          f"{report_path(run.run_dir)}")
+                return
         try:  # the other ranks' records are files anyone may have written: the rank exits EXIT_HUNG regardless
             records = read_progress(run.run_dir, self._bad_record)
-            first = min((r.rank for r in records if r.phase == "hung"), default=env.rank)
             report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time(), here)
             write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
         except Exception as err:  # noqa: BLE001
             print(f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
                   file=sys.stderr, flush=True)
-            first, report = -1, None
-        if report is not None and first == env.rank:  # one report, from the lowest rank that noticed
-            print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr,
-                  flush=True)
-            try:
-                write_atomic(report_path(run.run_dir), report.text().encode())
-                write_stop_reason(run.run_dir, StopReason.HUNG)
-            except OSError as err:
-                print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
+            return
+        print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr, flush=True)
+        try:
+            write_atomic(report_path(run.run_dir), report.text().encode())
+            if env.is_distributed:
+                publish_summary(run.run_dir, report.summary())
+            write_stop_reason(run.run_dir, StopReason.HUNG)
+        except (OSError, UserError) as err:
+            print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
 
 
 def _arm_alarm(seconds: float) -> None:
