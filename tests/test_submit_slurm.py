@@ -191,7 +191,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: Path, launcher: str) -> None:
     train = ["train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
-             "--train-limit", "2000", "--test-limit", "500", "--epochs", "1"]
+             "--train-limit", "1024", "--test-limit", "300", "--epochs", "1", "--threads", "1"]
     proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", "2", "--nproc-per-node", "2",
                     "--output", "job-%j.out", "--time", "10", *train, cwd=tmp_path)
     job_id = proc.stdout.strip()
