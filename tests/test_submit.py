@@ -336,7 +336,8 @@ def test_a_docker_image_reference_gets_the_pull_command_instead_of_failing_on_th
 
 
 def test_train_synthetic_on_the_cpu_says_how_long_an_epoch_takes(capsys, monkeypatch) -> None:
-    from hpctrain.cli.train import _warn_synthetic_on_cpu, config_from_argv
+    from hpctrain.cli.train import config_from_argv
+    from hpctrain.cli.train_start import _warn_synthetic_on_cpu
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.cli import train as train_cli
+from hpctrain.cli import train_start
 from hpctrain.config import TrainConfig
 from hpctrain.errors import UserError
 
@@ -21,8 +21,8 @@ def clean_env(monkeypatch):
 
 
 def plan(monkeypatch, gpus, **config):
-    monkeypatch.setattr(train_cli, "_visible_gpus", lambda: gpus)
-    return train_cli._spawn_plan(TrainConfig(**config))
+    monkeypatch.setattr(train_start, "_visible_gpus", lambda: gpus)
+    return train_start._spawn_plan(TrainConfig(**config))
 
 
 def test_one_process_without_gpus_or_nproc(monkeypatch, clean_env):
