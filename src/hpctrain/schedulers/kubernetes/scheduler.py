@@ -1,6 +1,6 @@
 """The live side of the Kubernetes backend: check, submit, status, list, logs, cancel and the cluster view
 (what the CLI shows of them, as data: display.py; the checks on the submit host: local.py; reading the objects it
-fetches: objects.py).
+fetches: objects.py; the checks against the cluster: checks.py; status, list, logs and cancel: jobs.py).
 
 Through the official `kubernetes` client, configured from the kubeconfig (its current context, or `context`)
 or from the in-cluster service account. The client is imported on first live use, so rendering (`--dry-run`)
@@ -10,32 +10,20 @@ and the rest of hpctrain never load it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
-from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, Outcome, Rendered, View
+from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, Outcome, Rendered, View
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.client import list_all
-from hpctrain.schedulers.kubernetes.logstream import log_lines
-from hpctrain.schedulers.kubernetes.objects import (
-    EXITED_WITH_CODE,
-    PYTORCHJOB_SELECTOR,
-    TRAINJOB_SELECTOR,
-    jobset_restarts,
-    object_state,
-    pod_requests,
-    quantity_or_zero,
-    recorded_exit_code,
-    replica_key,
-    replica_name,
-    replica_status,
-)
+from hpctrain.schedulers.kubernetes.jobs import LiveJobs
+from hpctrain.schedulers.kubernetes.objects import pod_requests, quantity_or_zero
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 
 REPLACE_WAIT_S = 120
@@ -46,7 +34,7 @@ DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need
 
 
 @guarded  # an answer of the wrong shape, read in any of its methods, is one line (answers.py)
-class KubernetesScheduler(LiveChecks):
+class KubernetesScheduler(LiveChecks, LiveJobs):
     name = "kubernetes"
     dry_run_note = DRY_RUN_NOTE
     progress = staticmethod(base.progress)
@@ -238,121 +226,6 @@ class KubernetesScheduler(LiveChecks):
             return UserError(problems[0])
         return UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
                          f"run `{self.command('check')}` with the job's options to see which")
-
-    # ---- follow ----------------------------------------------------------------------------------------------
-
-    def get_object(self, job_id: str) -> dict[str, Any]:
-        from kubernetes.client.rest import ApiException
-
-        try:
-            return self.custom.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, job_id)
-        except ApiException as err:
-            if err.status == 404:
-                raise base.JobNotFound(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: check the name "
-                                       f"and --namespace (`{self.command('status')}` lists the jobs)") from None
-            raise _api_error(err, f"reading {self.kind} {job_id}") from None
-
-    def pods_of(self, job_id: str) -> list[Any]:
-        selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
-        pods = list_all(self.core.list_namespaced_pod, self.namespace, label_selector=f"{selector}={job_id}")
-        return sorted(pods, key=lambda p: replica_key(replica_name(p)))
-
-    def status(self, job_id: str) -> JobStatus:
-        obj = self.get_object(job_id)
-        pods = self.pods_of(job_id)
-        replicas = tuple(replica_status(p) for p in pods)
-        state, message = object_state(obj, self.options.api)
-        if state == base.PENDING and any(p.phase == "Running" for p in replicas):
-            state = base.RUNNING
-        exit_code = None
-        if state in (base.SUCCEEDED, base.FAILED):
-            codes = [p.exit_code for p in replicas if p.exit_code is not None]
-            exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
-        if exit_code is None and state == base.FAILED and self.options.api == "pytorchjob":
-            # Its pods went (cleanPodPolicy): the operator's ExitedWithCode events on it (objects.recorded_exit_code).
-            exit_code = recorded_exit_code(list_all(self.core.list_namespaced_event, self.namespace, field_selector=(
-                f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}")))
-        waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
-        reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
-        if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
-            reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
-        restarts = sum(p.restarts for p in replicas) + jobset_restarts(pods)
-        return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=restarts,
-                         replicas=replicas, pending_reasons=reasons, message=message)
-
-    def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
-        waiting = {p.metadata.name for p in pods if p.status is None or p.status.phase == "Pending"}
-        # Only warnings (the server filters), a page at a time: a busy namespace keeps thousands of events.
-        events = list_all(self.core.list_namespaced_event, self.namespace, field_selector="type=Warning")
-        lines = []
-        for e in sorted(events, key=lambda e: str(e.last_timestamp or e.metadata.creation_timestamp or "")):
-            obj = e.involved_object
-            if e.type == "Warning" and (obj.name in waiting or (obj.kind == self.kind and obj.name == job_id)):
-                line = f"{obj.name}: {e.reason}: {e.message}"
-                if "exceeded quota" in (e.message or ""):  # the API server's quota admission refused the controller
-                    line += (f" -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
-                             f"with less (fewer --nodes or less per pod) or ask for a larger quota (`{self.command('cluster')}` "
-                             "shows its use)")
-                if line not in lines:
-                    lines.append(line)
-        return tuple(lines)
-
-    def list_jobs(self) -> list[JobSummary]:
-        items = list_all(self.custom.list_namespaced_custom_object, self.group, self.version, self.namespace, self.plural)
-        if not items:  # the API lists nothing, not an error, in a namespace that does not exist
-            problems: list[str] = []
-            self._namespace_problems(problems)
-            if problems:
-                raise UserError(problems[0])
-        out = []
-        for obj in items:
-            state, _ = object_state(obj, self.options.api)
-            spec = obj.get("spec", {})
-            if self.options.api == "pytorchjob":
-                count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
-            else:
-                count = int(spec.get("trainer", {}).get("numNodes", 1))
-            out.append(JobSummary(obj["metadata"]["name"], state, obj["metadata"].get("creationTimestamp"), count))
-        return sorted(out, key=lambda s: s.created or "")
-
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
-             say: Callable[[str], None] | None = None) -> Iterator[str]:
-        from kubernetes.client.rest import ApiException
-
-        if stream != "stdout":
-            raise UserError("a container's log holds its stdout and stderr together: drop --err")
-        self.get_object(job_id)
-        pods = self.pods_of(job_id)
-        names = [replica_name(p) for p in pods]
-        if not pods:
-            raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
-        pod = pods[0] if replica is None else next((p for p in pods if replica_name(p) == replica), None)
-        if pod is None:
-            raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
-        container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
-        try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
-            resp = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, container=container,
-                                                     follow=follow, _preload_content=False)
-        except ApiException as err:
-            raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
-                            f"have started; see `{self.command('status', job_id)}`") from None
-        return log_lines(resp, pod.metadata.name)
-
-    def cancel(self, job_id: str) -> None:
-        """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
-        into the pod template) to write a checkpoint before SIGKILL. Foreground: the job object stays, shown as
-        CANCELLED, until its pods are gone."""
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        try:
-            self.custom.delete_namespaced_custom_object(
-                self.group, self.version, self.namespace, self.plural, job_id,
-                body=client.V1DeleteOptions(propagation_policy="Foreground"))
-        except ApiException as err:
-            if err.status == 404:
-                raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel") from None
-            raise _api_error(err, f"cancelling {self.kind} {job_id}") from None
 
     # ---- what the CLI shows (display.py makes it a View or an Outcome) ------------------------------------------
 
