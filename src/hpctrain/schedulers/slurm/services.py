@@ -3,8 +3,7 @@
 
 Each service is a server in a Slurm batch job: render the script (pure), submit it (thin), wait until the server
 answers. Dev sessions (JupyterLab, sshd, a VS Code tunnel; their views and stopping in dev.py) and TensorBoard are
-such jobs; `top`'s probe runs as a step beside the job's own (`srun --jobid=JOB --overlap`, one task per node,
-`--label`d so that each line names its task).
+such jobs; `top`'s probe runs as a step beside the job's own. TensorBoard and `top`'s probe: monitoring.py.
 
 The job picks a free port on its node, writes `endpoint.json` (job id, node, port) into the service's state
 directory, and starts the server as a job step, so that containers (apptainer, pyxis) and the environment
@@ -34,7 +33,7 @@ from hpctrain.schedulers.slurm.run_dir import run_dir_of
 from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.servers import code, jupyter, ssh
 from hpctrain.servers import tensorboard as tbserver
-from hpctrain.servers.common import Endpoint, login_host, private_dir, read_json, state_root, write_private
+from hpctrain.servers.common import Endpoint, login_host, read_json, write_private
 from hpctrain.servers.sessions import (
     CONNECTION_FILE,
     TOKEN_FILE,
@@ -45,14 +44,12 @@ from hpctrain.servers.sessions import (
     now,
     session_dir,
 )
-from hpctrain.servers.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
+from hpctrain.servers.top import TopSample
 
 ENDPOINT_FILE = "endpoint.json"
 PORT_BASE = 20000
 PORT_SPAN = 20000
 PORT_TRIES = 200
-TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
-                                     '--port "$HPCTRAIN_PORT" --reload_interval 30')
 
 
 @dataclass(frozen=True)
@@ -218,6 +215,8 @@ class SlurmServices:
 
     def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
                     port: int | None) -> list[str]:
+        from hpctrain.schedulers.slurm.monitoring import ClusterTensorBoard, start_tensorboard
+
         tb = ClusterTensorBoard(spec=tbserver.logdir_spec(run_dirs), environment=environment(placement), time=time,
                                 partition=placement.partition, account=placement.account)
         job_id, endpoint = start_tensorboard(tb, wait_s)
@@ -227,6 +226,8 @@ class SlurmServices:
                 f"then open:\n  http://localhost:{local}/", f"Stop it with: hpctrain cancel {job_id}"]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
+        from hpctrain.schedulers.slurm.monitoring import sample
+
         info, samples = sample(job)
         run_dir = run_dir_of(info.job_id, info.work_dir) if find_run_dir else None
         return TopSample(f"job {info.job_id}", samples, run_dir)
@@ -336,67 +337,3 @@ def stop(state_dir: Path, conn: dict[str, Any], wait_s: float = 60.0) -> str:
     what = dev.stop_job(str(conn["job_id"]), wait_s)
     forget(state_dir, (ENDPOINT_FILE, *ssh.FILES))
     return what
-
-
-# ---- TensorBoard as a job -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClusterTensorBoard:
-    """TensorBoard's job: the runs' --logdir_spec (paths as the job sees them), its environment and limits."""
-
-    spec: str
-    environment: EnvironmentSpec = EnvironmentSpec()
-    time: str | None = "08:00:00"
-    partition: str | None = None
-    account: str | None = None
-    mem: str | None = "2G"
-
-
-def tensorboard_job(tb: ClusterTensorBoard, state_dir: Path) -> ServiceJob:
-    return ServiceJob(
-        name="tensorboard", state_dir=str(state_dir), command=TENSORBOARD_COMMAND,
-        resources=Resources(cpus_per_task=1, mem=tb.mem), environment=tb.environment,
-        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",), partition=tb.partition, account=tb.account,
-        time=tb.time,
-    )
-
-
-def new_state_dir() -> Path:
-    root = private_dir(state_root("tensorboard"))
-    return private_dir(root / time.strftime(f"%Y%m%d-%H%M%S-{secrets.token_hex(3)}"))
-
-
-def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple[str, Endpoint]:
-    state_dir = new_state_dir()
-    service = tensorboard_job(tb, state_dir)
-    job_id = submit(service, render_service_script(service))
-    say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
-    endpoint = wait_ready(state_dir, job_id, lambda ep: tbserver.ready(ep.node, ep.port), wait_s,
-                          on_state=lambda s: say(f"  job {job_id}: {s}"))
-    return job_id, endpoint
-
-
-# ---- top: a probe step beside the job's own -----------------------------------------------------------------------
-
-
-def probe_argv(job_id: str, nodes: int) -> list[str]:
-    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={nodes}", "--ntasks-per-node=1", "--label",
-            "bash", "-c", PROBE]
-
-
-def sample(job_id: str) -> tuple[Any, list[NodeSample]]:
-    from hpctrain.schedulers.slurm.commands import slurm
-    from hpctrain.schedulers.slurm.jobs import get_job
-
-    info = get_job(job_id)
-    if info is None:
-        raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
-    if info.state != "RUNNING":
-        raise JobNotRunning(f"job {job_id} is {info.state}, not running: `hpctrain top` looks at running jobs only")
-    result = slurm(probe_argv(info.job_id, info.num_nodes or 1), check=False)
-    samples = parse_probe(result.stdout)
-    if not samples:
-        err = " ".join((result.stderr or "").split()) or f"exit status {result.returncode}"
-        raise UserError(f"could not run the probe step in job {job_id} ({err}); the job may be ending")
-    return info, samples
