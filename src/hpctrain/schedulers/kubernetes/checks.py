@@ -18,6 +18,7 @@ from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.options import parse_quantity
 from hpctrain.schedulers.kubernetes.params import PRIORITY_LABEL
+from hpctrain.schedulers.kubernetes.pod_template import resources_per_pod
 from hpctrain.schedulers.kubernetes.validate import unknown_fields, validate_manifest
 
 GPU = "nvidia.com/gpu"
@@ -208,7 +209,7 @@ class LiveChecks:
         return True
 
     def _node_problems(self, job: JobSpec) -> list[str]:
-        want = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
+        want = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
         node_objects = list_all(self.core.list_node)  # a page at a time; the message counts every node
@@ -248,7 +249,7 @@ class LiveChecks:
                 "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"]
 
     def _quota_problems(self, job: JobSpec) -> list[str]:
-        per_pod = {k: parse_quantity(v) for k, v in r.resources_per_pod(job).items()}
+        per_pod = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
         pods = job.resources.nodes
         total = {k: v * pods for k, v in per_pod.items()}
         asks = {

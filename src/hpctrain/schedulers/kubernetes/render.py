@@ -62,7 +62,8 @@ from hpctrain.errors import UserError
 from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns1035_label
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, check_dns1035_label
+from hpctrain.schedulers.kubernetes.pod_template import pod_extras, pod_volumes, resources_per_pod
 from hpctrain.schedulers.kubernetes.runtime import own_runtime, runtime_name
 from hpctrain.stops import TIME_LIMIT_ENV, TIME_WARNING_ENV
 
@@ -73,8 +74,6 @@ CONTAINER_PYTORCHJOB = "pytorch"  # the PyTorchJob controller finds the training
 CONTAINER_TRAINJOB = "node"  # the torch-distributed runtime's replicated job and container are called `node`
 RESTART_POLICY = "OnFailure"  # see the module docstring: ExitCode would treat exit 75 as permanent
 CLEAN_POD_POLICY = "Running"  # see the module docstring: frees the GPUs of an ended job, keeps its logs
-SHM_VOLUME = "dshm"
-DEFAULT_GRACE_S = 30  # Kubernetes' own default, when --signal-grace is 0
 # Trainer's JobSet plugin refuses a runtime patch whose manager is not a domain-prefixed path such as acme.io/foo
 # (kubeflow/trainer v2.2.0+, pkg/runtime/framework/plugins/jobset/jobset.go: validation.IsDomainPrefixedPath).
 PATCH_MANAGER = "hpctrain.io/hpctrain"
@@ -242,21 +241,6 @@ def backstop_deadline_s(job: JobSpec) -> int | None:
     return job.time_limit_s * (job.max_restarts + 1) + QUEUE_SLACK_S
 
 
-def quantity_mb(mb: int) -> str:
-    return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
-
-
-def resources_per_pod(job: JobSpec) -> dict[str, str]:
-    """What one pod asks for (requests = limits)."""
-    r = job.resources
-    out = {"cpu": str(r.cpus_per_task * r.nproc_per_node)}
-    if r.mem_mb:
-        out["memory"] = quantity_mb(r.mem_mb)
-    if r.gpus_per_node:
-        out["nvidia.com/gpu"] = str(r.gpus_per_node)
-    return out
-
-
 def _env(job: JobSpec) -> list[dict[str, Any]]:
     env = [{"name": k, "value": v} for k, v in job.env]
     directory = run_dir(job)
@@ -270,57 +254,6 @@ def _env(job: JobSpec) -> list[dict[str, Any]]:
         env.append({"name": TIME_LIMIT_ENV, "value": str(job.time_limit_s)})
         env.append({"name": TIME_WARNING_ENV, "value": str(job.signal_grace)})
     return env
-
-
-def _volume(index: int, v: Volume) -> dict[str, Any]:
-    name = f"vol-{index}"
-    if v.kind == "pvc":
-        return {"name": name, "persistentVolumeClaim": {"claimName": v.source, **({"readOnly": True} if v.read_only else {})}}
-    if v.kind == "nfs":
-        return {"name": name, "nfs": {"server": v.server, "path": v.source, **({"readOnly": True} if v.read_only else {})}}
-    return {"name": name, "hostPath": {"path": v.source, "type": "Directory"}}
-
-
-def pod_volumes(options: KubernetesOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(pod volumes, container volumeMounts)"""
-    volumes, mounts = [], []
-    if options.shm is not None:
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": options.shm}})
-        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
-    for i, v in enumerate(options.parsed_volumes):
-        volumes.append(_volume(i, v))
-        mounts.append({"name": f"vol-{i}", "mountPath": v.mount, **({"readOnly": True} if v.read_only else {})})
-    return volumes, mounts
-
-
-def _pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
-    """Pod spec fields shared by both APIs (apart from containers and volumes)."""
-    out = pod_placement(options)
-    if job.exclude_nodes:  # --exclude-nodes: the scheduler must not place any pod there
-        # By the Node object's own name (matchFields metadata.name), not the kubernetes.io/hostname label, which
-        # may differ from it and, as a label value, cannot hold names over 63 characters. One requirement per node
-        # (a term's requirements are ANDed): the API server takes exactly one value for an In/NotIn on a node field
-        # (validateNodeFieldSelectorRequirement, pkg/apis/core/validation/validation.go).
-        not_on = [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in job.exclude_nodes]
-        out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchFields": not_on},
-        ]}}}
-    out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
-    return out
-
-
-def pod_placement(options: KubernetesOptions) -> dict[str, Any]:
-    """Where and as whom a pod runs: node selector, tolerations, service account, image pull secrets."""
-    out: dict[str, Any] = {}
-    if options.node_selector:
-        out["nodeSelector"] = options.node_selector_map
-    if options.tolerations:
-        out["tolerations"] = options.toleration_list
-    if options.service_account:
-        out["serviceAccountName"] = options.service_account
-    if options.image_pull_secrets:
-        out["imagePullSecrets"] = [{"name": s} for s in options.image_pull_secrets]
-    return out
 
 
 def _metadata(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
@@ -342,7 +275,7 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         container["env"] = env
     if mounts:
         container["volumeMounts"] = mounts
-    pod_spec: dict[str, Any] = {"containers": [container], **_pod_extras(job, options)}
+    pod_spec: dict[str, Any] = {"containers": [container], **pod_extras(job, options)}
     if volumes:
         pod_spec["volumes"] = volumes
     if options.priority_class:
@@ -386,7 +319,7 @@ def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     if env:
         trainer["env"] = env
     # v2.3 has no podSpecOverrides: per-job pod settings go in a runtime patch, keyed by its manager.
-    pod_spec: dict[str, Any] = dict(_pod_extras(job, options))
+    pod_spec: dict[str, Any] = dict(pod_extras(job, options))
     if volumes:
         pod_spec["volumes"] = volumes
         pod_spec["containers"] = [{"name": CONTAINER_TRAINJOB, "volumeMounts": mounts}]

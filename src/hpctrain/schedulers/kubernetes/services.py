@@ -25,9 +25,10 @@ from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.kubernetes import pods
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
-from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions
+from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions, quantity_mb
+from hpctrain.schedulers.kubernetes.pod_template import pod_placement, pod_volumes
 from hpctrain.schedulers.kubernetes.pods import SERVICE_LABEL
-from hpctrain.schedulers.kubernetes.render import pod_placement, pod_volumes, quantity_mb, render_yaml
+from hpctrain.schedulers.kubernetes.render import render_yaml
 from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.servers import jupyter
 from hpctrain.servers import tensorboard as tbserver
