@@ -278,7 +278,8 @@ def _executable(path: Path) -> Path:
 
 
 def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, capsys) -> None:
-    from hpctrain.cli.submit import add_arguments, job_from_args
+    from hpctrain.cli.job_options import job_from_args
+    from hpctrain.cli.submit import add_arguments
 
     parser = __import__("argparse").ArgumentParser()
     add_arguments(parser)

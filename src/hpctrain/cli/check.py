@@ -15,8 +15,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from hpctrain.cli.job_options import add_job_arguments, submission_from_args
 from hpctrain.cli.scheduling import get_backend
-from hpctrain.cli.submit import add_job_arguments, report_problems, report_warnings, submission_from_args, wait
+from hpctrain.cli.submit import report_problems, report_warnings, wait
 from hpctrain.compat import installed_numpy_mismatch
 from hpctrain.errors import UserError
 from hpctrain.health.preflight import CHECK_ID_ENV, PREFLIGHT_FILE, read_verdict
