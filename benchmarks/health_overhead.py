@@ -10,7 +10,7 @@ Two measurements, side by side in one run:
     them), the watchdog's beat and the progress record's step (its file written every 5 s, as in training), timed
     over many steps against the same forward without them, as a share of the fast recipe's step from (a).
 
-    python benchmarks/health_overhead.py --data-dir DATA        # DATA/fashion-mnist/*.gz, as `hpctrain download` leaves it
+    python benchmarks/health_overhead.py --data-dir DATA  # DATA/fashion-mnist/*.gz, as `hpctrain download` leaves it
 """
 
 from __future__ import annotations

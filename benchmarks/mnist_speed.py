@@ -13,7 +13,7 @@ time to 90% against the tutorial: the tutorial needs --tutorial-epochs-to-90 epo
 measured images/s; the fast recipe's time is its own full 1-epoch schedule (never a run stopped at the target).
 On a shared machine only these side-by-side ratios mean anything: the load average is printed at start and end.
 
-    python benchmarks/mnist_speed.py --data-dir DATA            # DATA/fashion-mnist/*.gz, as `hpctrain download` leaves it
+    python benchmarks/mnist_speed.py --data-dir DATA  # DATA/fashion-mnist/*.gz, as `hpctrain download` leaves it
     python benchmarks/mnist_speed.py --data-dir DATA --device cuda
 """
 
@@ -255,12 +255,14 @@ def print_results(args: argparse.Namespace, results: dict) -> None:
     print("|---|---:|---:|---:|---:|")
     tutorial = median(results["tutorial"]) if results["tutorial"] else None
     if tutorial:
-        print(f"| (a) tutorial loop (DataLoader, per-sample transforms), batch 64 | {spread(results['tutorial'], ',.0f')} | "
+        print("| (a) tutorial loop (DataLoader, per-sample transforms), batch 64 | "
+              f"{spread(results['tutorial'], ',.0f')} | "
               f"{60_000 / tutorial:.1f} per epoch | | 1.00x |")
     if results["classic"]:
         classic = median(results["classic"])
         ratio = f"{classic / tutorial:.2f}x" if tutorial else ""
-        print(f"| (b) hpctrain --recipe classic (same model, Adadelta, batch 64) | {spread(results['classic'], ',.0f')} | "
+        print("| (b) hpctrain --recipe classic (same model, Adadelta, batch 64) | "
+              f"{spread(results['classic'], ',.0f')} | "
               f"{60_000 / classic:.1f} per epoch | | {ratio} |")
     from hpctrain.recipes.mnist import RECIPES
 

@@ -1,7 +1,8 @@
 """Where the suite's time goes: with HPCTRAIN_TEST_CPU_REPORT=FILE, every test appends one JSON line to FILE (each
 pytest-xdist worker appends, O_APPEND): its id, wall seconds, and the CPU seconds of the worker itself and of the
 child processes the test waited for (getrusage). Jobs the local Slurm cluster or the Kubernetes node ran are not
-children of the worker and are not counted. `python tests/cpu_report.py FILE [TOP]` sums it by file and lists the TOP tests (scripts/test.sh prints it).
+children of the worker and are not counted. `python tests/cpu_report.py FILE [TOP]` sums it by file and lists the
+TOP tests (scripts/test.sh prints it).
 
 The suite is CPU-bound on a 2-core CI machine, so the CPU column, not the wall one, says what a cut would save.
 """

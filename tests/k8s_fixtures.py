@@ -63,7 +63,8 @@ def k8s_cluster() -> LocalK8s:
         if os.environ.get("HPCTRAIN_K8S_OPTIONAL") == "1":
             pytest.skip(f"the local Kubernetes API server is not up (HPCTRAIN_K8S_OPTIONAL=1): {status.stdout.strip()}")
         if os.geteuid() != 0:
-            pytest.fail("the local Kubernetes API server is not up and starting it needs root: run `sudo scripts/local-k8s.sh up`")
+            pytest.fail("the local Kubernetes API server is not up and starting it needs root: "
+                        "run `sudo scripts/local-k8s.sh up`")
         up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=UP_TIMEOUT_S)
         if up.returncode != 0:
             pytest.fail(f"`scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")

@@ -84,7 +84,8 @@ def _each(source: str, where: str, value: str, problems: list[str]) -> list[str]
 
 
 def labels(source: str, where: str, mapping: dict[str, str] | None) -> list[str]:
-    """ValidateLabels (apimachinery pkg/apis/meta/v1/validation): every key a qualified name, every value a label value."""
+    """ValidateLabels (apimachinery pkg/apis/meta/v1/validation): every key a qualified name, every value a label
+    value."""
     out: list[str] = []
     for key, value in (mapping or {}).items():
         out += _each(source, f"{where}[{key}]", key, qualified_name(key))
@@ -122,7 +123,8 @@ def pod_spec(spec: dict[str, Any], where: str) -> list[str]:
     if required is not None:
         terms = required.get("nodeSelectorTerms") or []
         if not terms:
-            out.append(f"{source}: {where}.affinity...nodeSelectorTerms: Required value: must have at least one node selector term")
+            out.append(f"{source}: {where}.affinity...nodeSelectorTerms: Required value: "
+                       "must have at least one node selector term")
         for i, term in enumerate(terms):
             at = f"{where}.affinity.nodeAffinity.required.nodeSelectorTerms[{i}]"
             for j, rq in enumerate(term.get("matchExpressions") or []):
@@ -177,7 +179,8 @@ def pytorchjob_webhook(job: dict[str, Any]) -> list[str]:
     elastic = spec.get("elasticPolicy")
     if elastic is not None:
         if "Worker" not in (replicas or {}):
-            out.append(f"{_TO_WEBHOOK}: spec.pytorchReplicaSpecs[Worker]: Required value: must be configured if elastic policy is used")
+            out.append(f"{_TO_WEBHOOK}: spec.pytorchReplicaSpecs[Worker]: Required value: "
+                       "must be configured if elastic policy is used")
         if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
             out.append(f"{_TO_WEBHOOK}: spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with spec.nprocPerNode")
     if replicas is None:
@@ -230,7 +233,8 @@ _TR_RUNTIME_WEBHOOK = "TR pkg/webhooks/trainingruntime_webhook.go"
 TORCHRUN_RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 """TorchRunReservedEnvNames (pkg/constants/constants.go)."""
 NO_ENV_PATCH = ("dataset-initializer", "model-initializer", "node")
-"""The containers a runtime patch may not give env (pkg/constants/constants.go DatasetInitializer, ModelInitializer, Node)."""
+"""The containers a runtime patch may not give env (pkg/constants/constants.go DatasetInitializer, ModelInitializer,
+Node)."""
 
 
 def _replicated_jobs(runtime_spec: dict[str, Any]) -> dict[str, set[str]]:

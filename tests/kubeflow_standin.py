@@ -209,7 +209,8 @@ class KubeflowStandIn:
         elif failed:
             code = _exit_code(failed[0])
             self._set_condition(job, "Failed", "PyTorchJobFailed",
-                                f"PyTorchJob {name} is failed because 1 {failed[0].metadata.name} replica(s) failed (exit code {code}).")
+                                f"PyTorchJob {name} is failed because 1 {failed[0].metadata.name} replica(s) failed "
+                                f"(exit code {code}).")
         elif pods and len(pods) == nnodes and all(ph == "Running" for ph in phases.values()):
             self._set_condition(job, "Running", "PyTorchJobRunning", f"PyTorchJob {name} is running.")
 

@@ -162,7 +162,8 @@ def slurm_cluster() -> LocalSlurm:
     status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, check=False)
     if status.returncode != 0:
         if os.geteuid() != 0:
-            pytest.fail("the local Slurm cluster is not running and starting it needs root: run `sudo scripts/local-slurm.sh up`")
+            pytest.fail("the local Slurm cluster is not running and starting it needs root: "
+                        "run `sudo scripts/local-slurm.sh up`")
         up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=900)
         if up.returncode != 0:
             pytest.fail(f"`scripts/local-slurm.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")

@@ -76,7 +76,8 @@ def test_submit_dry_run_of_a_recipe_does_not_import_torch(tmp_path: Path, fashio
 
 
 def test_a_recipe_whose_dataset_is_missing_is_refused_without_torch(tmp_path: Path) -> None:
-    """The dataset check (recipes.check_data) and the recipe's name check (recipes.recipe_info) need no recipe module."""
+    """The dataset check (recipes.check_data) and the recipe's name check (recipes.recipe_info) need no recipe
+    module."""
     report = run_reporting(tmp_path, "submit", "--scheduler", "slurm", "--dry-run", "train", "mnist", "--data-dir",
                            str(tmp_path / "nothing"))
     assert report["code"] == 2 and "hpctrain download mnist" in report["stderr"], report["stderr"]

@@ -1,6 +1,7 @@
 """`hpctrain dev start|list|stop`: the rendered batch script and pod (pure), a real JupyterLab in a job on the
 local Slurm cluster, and `cancel` of a session Pod on the local Kubernetes API server. The real JupyterLab in a
-session Pod on the cluster's real node is tests/test_k8s_real_jobs.py's test_dev_start_jupyterlab_through_a_real_port_forward."""
+session Pod on the cluster's real node is tests/test_k8s_real_jobs.py's
+test_dev_start_jupyterlab_through_a_real_port_forward."""
 
 from __future__ import annotations
 

@@ -131,7 +131,8 @@ cat <<'BANNER'
 BANNER
 name=""
 while [ $# -gt 0 ]; do [ "$1" = "--name" ] && name="$2"; shift; done
-echo "[2026-01-05 10:00:00] info Using GitHub for authentication, run \`code tunnel user login --provider <provider>\` option to change this."
+login_hint="run \`code tunnel user login --provider <provider>\` option to change this."
+echo "[2026-01-05 10:00:00] info Using GitHub for authentication, $login_hint"
 echo "To grant access to the server, please log into https://github.com/login/device and use code 3F2A-91BC"
 sleep 2
 echo "[2026-01-05 10:00:09] info Creating tunnel with the name: $name"

@@ -143,7 +143,8 @@ def test_status_lines_of_a_run_that_ended_hung(tmp_path: Path) -> None:
 
 
 def test_gpu_runs_get_the_nccl_flight_recorder_without_overriding_the_user(tmp_path: Path) -> None:
-    # Only the environment is checked: no GPU here to run NCCL (benchmarks/gpu_check.sh runs GPU jobs where one is lent).
+    # Only the environment is checked: no GPU here to run NCCL (benchmarks/gpu_check.sh runs GPU jobs where one is
+    # lent).
     from types import SimpleNamespace
 
     import torch

@@ -2,8 +2,9 @@
 crops, the device-side normalization) under the shared loop, with exact mid-epoch resume, DDP on CPU (gloo),
 --evaluate, --synthetic and validation that scores every image once on any number of ranks.
 
-Small on purpose: a small torchvision model (image_fixtures.TINY_ARCH; resnet18 where learning is claimed) at 32x32 pixels on the Fashion-MNIST JPEG folders (300 training, 100 validation images)
-or the realistic photo folders; one thread per process.
+Small on purpose: a small torchvision model (image_fixtures.TINY_ARCH; resnet18 where learning is claimed) at 32x32
+pixels on the Fashion-MNIST JPEG folders (300 training, 100 validation images) or the realistic photo folders; one
+thread per process.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ rendezvous, two agents on this host), srun with --dist-init-method slurm on the 
 cluster, and `hpctrain submit --nodes 2 --nproc-per-node 2`, interrupted by Slurm's time-limit warning once and
 requeued.
 
-Each run is the same small computation (image_fixtures.TINY_ARCH at 32 pixels on the Fashion-MNIST JPEG folders, one torch thread
-and one data worker per process, gloo): whatever starts its processes, it must end with the weights, bitwise, of
-the same run started by `--nproc` (two processes) or by a local torchrun (four), and its metrics must record the
-world size. Also: the checks a resume makes for image runs (--arch, --image-size, --val-size), and `-b`.
+Each run is the same small computation (image_fixtures.TINY_ARCH at 32 pixels on the Fashion-MNIST JPEG folders, one
+torch thread and one data worker per process, gloo): whatever starts its processes, it must end with the weights,
+bitwise, of the same run started by `--nproc` (two processes) or by a local torchrun (four), and its metrics must
+record the world size. Also: the checks a resume makes for image runs (--arch, --image-size, --val-size), and `-b`.
 """
 
 from __future__ import annotations

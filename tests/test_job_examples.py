@@ -16,8 +16,10 @@ EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "jobs").glob("*.[
 SIGNATURE = {
     "conda": 'conda activate hpctrain',
     "venv": 'source "$HOME"/venvs/hpctrain/bin/activate',
-    "apptainer": "apptainer exec --nv --bind /scratch:/scratch,/project/data:/data:ro --pwd /workspace pytorch.sif python",
-    "pyxis": "--container-image='registry.example.com#team/pytorch:24.01-py3' --container-mounts=/lustre/project:/project",
+    "apptainer": ("apptainer exec --nv --bind /scratch:/scratch,/project/data:/data:ro --pwd /workspace "
+                  "pytorch.sif python"),
+    "pyxis": ("--container-image='registry.example.com#team/pytorch:24.01-py3' "
+              "--container-mounts=/lustre/project:/project"),
     "modules": "module load python/3.11 pytorch/2.4",
 }
 

@@ -47,9 +47,10 @@ def pod_specs(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # ---- 1. runtimePatches[].manager ------------------------------------------------------------------------------------
 
-# apimachinery IsDomainPrefixedPath (k8s.io/apimachinery/pkg/util/validation/field... validation.go): "HOST/PATH", HOST a
-# DNS-1123 subdomain, PATH an HTTP path; Trainer's JobSet plugin applies it to every runtime patch's manager since
-# v2.2.0 (kubeflow/trainer pkg/runtime/framework/plugins/jobset/jobset.go, Validate), under a failurePolicy: Fail webhook.
+# apimachinery IsDomainPrefixedPath (k8s.io/apimachinery/pkg/util/validation/field... validation.go): "HOST/PATH",
+# HOST a DNS-1123 subdomain, PATH an HTTP path; Trainer's JobSet plugin applies it to every runtime patch's manager
+# since v2.2.0 (kubeflow/trainer pkg/runtime/framework/plugins/jobset/jobset.go, Validate), under a failurePolicy:
+# Fail webhook.
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
 
@@ -274,8 +275,9 @@ def test_pytorchjob_names_are_refused_where_a_replica_name_would_exceed_63(nodes
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_a_name_starting_with_a_digit_is_refused(api: str) -> None:
-    """PyTorchJob: the webhook's NameIsDNS1035Label (training-operator v1.9.0 pkg/webhooks/pytorch/pytorchjob_webhook.go);
-    TrainJob: the CRD's CEL rule self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') (Trainer v2.3.0)."""
+    """PyTorchJob: the webhook's NameIsDNS1035Label (training-operator v1.9.0
+    pkg/webhooks/pytorch/pytorchjob_webhook.go); TrainJob: the CRD's CEL rule
+    self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') (Trainer v2.3.0)."""
     with pytest.raises(UserError, match=r"--job-name '1run' is not a valid Kubeflow job name .*starting with a letter"):
         render(job(name="1run"), options(api))
 

@@ -36,12 +36,13 @@ def test_only_the_kubernetes_modules_import_the_client() -> None:
 
 
 def test_the_commands_around_the_job_on_slurm_never_load_the_client(tmp_path: Path) -> None:
-    """`dev start --dry-run --scheduler slurm` (JupyterLab, sshd) goes through the schedulers' registry (hpctrain.schedulers), which loads only
-    the chosen backend: the Kubernetes client stays unloaded."""
+    """`dev start --dry-run --scheduler slurm` (JupyterLab, sshd) goes through the schedulers' registry
+    (hpctrain.schedulers), which loads only the chosen backend: the Kubernetes client stays unloaded."""
     code = ("import sys\nfrom hpctrain.cli import main\n"
             "assert main(['dev', 'start', 'nb', '--scheduler', 'slurm', '--dry-run']) == 0\n"
             "assert main(['dev', 'start', 'nb', '--scheduler', 'slurm', '--service', 'ssh', '--dry-run']) == 0\n"
-            "print('loaded' if any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules) else 'not loaded')\n")
+            "print('loaded' if any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules) "
+            "else 'not loaded')\n")
     result = subprocess.run([sys.executable, "-c", code], env=cli_env(tmp_path / "home"), capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr

@@ -276,7 +276,8 @@ def test_environment_and_run_dir_reach_the_step(fake_slurm) -> None:
     # The stand-in srun records the environment the step would inherit.
     (tmp_path / "bin" / "srun").write_text(
         f"#!{sys.executable}\nimport json, os, sys\n"
-        "json.dump({k: os.environ.get(k) for k in ('MSG', 'HPCTRAIN_RUN_DIR')}, open(os.environ['FAKE_OUT'] + '/env.json', 'w'))\n"
+        "json.dump({k: os.environ.get(k) for k in ('MSG', 'HPCTRAIN_RUN_DIR')}, "
+        "open(os.environ['FAKE_OUT'] + '/env.json', 'w'))\n"
     )
     job = JobSpec(command=("true",), env=(("MSG", "$(touch pwned) 'x' \"y\""),), run_dir="runs/odd dir $(x)-%j", signal_grace=0)
     (tmp_path / "job.sbatch").write_text(render_sbatch(job))
@@ -545,7 +546,8 @@ def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: 
                   resources=Resources(nodes=1, nproc_per_node=1), run_dir=run_dir, signal_grace=60)
     (tmp_path / "bin" / "srun").write_text(
         f"#!{sys.executable}\nimport json, os, sys\n"
-        "json.dump({'argv': sys.argv[1:], 'env': os.environ['HPCTRAIN_RUN_DIR']}, open(os.environ['FAKE_OUT'] + '/step.json', 'w'))\n"
+        "json.dump({'argv': sys.argv[1:], 'env': os.environ['HPCTRAIN_RUN_DIR']}, "
+        "open(os.environ['FAKE_OUT'] + '/step.json', 'w'))\n"
     )
     (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
     proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

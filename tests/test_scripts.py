@@ -111,7 +111,8 @@ def test_quickstart_says_which_torch_build_and_takes_a_cpu_index_from_the_user(t
     (index / "simple").mkdir(parents=True)
     url = (index / "simple").as_uri()
     said, args = torch_choice(python, nogpu, HPCTRAIN_TORCH_INDEX_URL=url)
-    assert said == f"quickstart: installing torch and torchvision from HPCTRAIN_TORCH_INDEX_URL={url} (the build that index serves)"
+    assert said == ("quickstart: installing torch and torchvision from "
+                    f"HPCTRAIN_TORCH_INDEX_URL={url} (the build that index serves)")
     assert args == ["--index-url", url, "torch", "torchvision"]
     # pip, run with those arguments for the bare environment, asks that index and no other (it is empty: nothing
     # found, nothing installed)

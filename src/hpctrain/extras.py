@@ -32,7 +32,8 @@ def missing_extra(err: ImportError) -> UserError | None:
     module (a real bug, which keeps its traceback)."""
     name = getattr(err, "name", None) or ""
     for module, (extra, purpose) in EXTRAS.items():
-        # `import nvidia.dali` without any nvidia package fails on "nvidia"; with another nvidia wheel, on "nvidia.dali".
+        # `import nvidia.dali` without any nvidia package fails on "nvidia"; with another nvidia wheel, on
+        # "nvidia.dali".
         if name and (name == module or name.startswith(module + ".") or module.startswith(name + ".")):
             return UserError(f"{purpose} needs the Python package {module!r}, which is not installed here: "
                              f"{install_command(extra)}")

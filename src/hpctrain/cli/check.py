@@ -86,8 +86,8 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
     try:
         verdict = read_verdict(record, check_id=check_id)
     except BadRunFile as err:  # damaged, or an earlier check's record
-        print(f"preflight: job {job_id} ended with exit status {status}, and its record {record} is unusable: {err.reason}; no "
-              "verdict (see the job's output)", flush=True)
+        print(f"preflight: job {job_id} ended with exit status {status}, and its record {record} is unusable: "
+              f"{err.reason}; no verdict (see the job's output)", flush=True)
         return 2
     print("\n".join(verdict.lines()) + f"\npreflight: the figures are in {record}", flush=True)
     return 2 if verdict.bad or status != 0 else 0

@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_MIN_RATE,
         metavar="BYTES_PER_S",
-        help=f"give up on a mirror that averages fewer bytes/s than this over --timeout seconds (default: {DEFAULT_MIN_RATE:g}; 0: no minimum)",
+        help="give up on a mirror that averages fewer bytes/s than this over --timeout seconds "
+        f"(default: {DEFAULT_MIN_RATE:g}; 0: no minimum)",
     )
 
 

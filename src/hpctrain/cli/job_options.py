@@ -23,7 +23,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Job options; every one left out keeps the job file's value (or the default)."""
     g = parser.add_argument_group("job")
     g.add_argument("--job-file", metavar="PATH",
-                   help="YAML or TOML job description, or a Kubernetes platform's key=value .params file; flags given here override it")
+                   help="YAML or TOML job description, or a Kubernetes platform's key=value .params file; flags "
+                   "given here override it")
     g.add_argument("--job-name", "-J", dest="name", metavar="NAME", help="job name (default: hpctrain)")
     g.add_argument("--time", "-t", metavar="TIME", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
     g.add_argument("--exclude-nodes", dest="exclude_nodes", action="append", metavar="NODE[,NODE...]",
@@ -136,7 +137,8 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
 
 
 def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo) -> JobSpec:
-    """The JobSpec: job file data, flags on top; then the command (a recipe is validated like `hpctrain train` would)."""
+    """The JobSpec: job file data, flags on top; then the command (a recipe is validated like `hpctrain train`
+    would)."""
     source = f"job file {args.job_file}" if args.job_file else "job"
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     for key in _JOB_FLAGS + _RESOURCE_FLAGS:

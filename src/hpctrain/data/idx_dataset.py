@@ -45,7 +45,8 @@ def find_dataset_files(spec: DatasetSpec, data_dir: os.PathLike | str) -> dict[s
     detail = f" ({'; '.join(partial)})" if partial else ""
     raise UserError(
         f"dataset {spec.name} not found in {looked}{detail}; "
-        f"run `hpctrain download {spec.name} --data-dir {data_dir}` first (on a login node if compute nodes are offline)"
+        f"run `hpctrain download {spec.name} --data-dir {data_dir}` first "
+        "(on a login node if compute nodes are offline)"
     )
 
 

@@ -71,7 +71,8 @@ def _environment_from(source: str, value: Any) -> EnvironmentSpec:
     if isinstance(value, str):
         return EnvironmentSpec(kind=value)
     if not isinstance(value, dict):
-        raise UserError(f"{source}: environment must be a kind ({', '.join(ENVIRONMENT_KINDS)}) or a mapping with keys {', '.join(sorted(_ENV_KEYS))}")
+        raise UserError(f"{source}: environment must be a kind ({', '.join(ENVIRONMENT_KINDS)}) or a mapping with "
+                        f"keys {', '.join(sorted(_ENV_KEYS))}")
     data = known_keys(value, _ENV_KEYS, f"{source}: unknown environment key(s)")
     for key in ("modules", "mounts"):
         if key in data:

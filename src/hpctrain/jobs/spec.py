@@ -87,7 +87,8 @@ class Resources:
 
 @dataclass(frozen=True)
 class EnvironmentSpec:
-    """Where the command runs: the host as is, modules, conda, a venv, an apptainer image or an enroot image via pyxis."""
+    """Where the command runs: the host as is, modules, conda, a venv, an apptainer image or an enroot image via
+    pyxis."""
 
     kind: str = "none"
     modules: tuple[str, ...] = ()
@@ -193,7 +194,8 @@ class JobSpec:
                 )
         for key, value in self.env:
             if not _ENV_NAME_RE.match(key):
-                raise UserError(f"environment variable name {key!r} is not valid: use letters, digits and _, not starting with a digit")
+                raise UserError(f"environment variable name {key!r} is not valid: use letters, digits and _, not "
+                                "starting with a digit")
             if not isinstance(value, str) or "\0" in value:
                 raise UserError(f"environment variable {key} must have a string value (got {value!r})")
         if self.run_dir is not None and (not isinstance(self.run_dir, str) or not self.run_dir):

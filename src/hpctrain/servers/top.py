@@ -2,9 +2,10 @@
 the job's own nodes), CPU load, and the run's latest step and images/s from its metrics.jsonl.
 
 Here: the probe script and what it prints, parsed, and the screen made of it. How the probe reaches the job's
-nodes is the backend's (schedulers/<backend>/services.py): on Slurm one probe step runs beside the job's own (`srun --jobid=JOB
---overlap`, one task per node, `--label`d so each line names its task); on Kubernetes the same probe runs in each
-pod through the API server's exec stream (what `kubectl exec` does).
+nodes is the backend's (schedulers/slurm/monitoring.py, schedulers/kubernetes/services.py): on Slurm one probe
+step runs beside the job's own (`srun --jobid=JOB --overlap`, one task per node, `--label`d so each line names its
+task); on Kubernetes the same probe runs in each pod through the API server's exec stream (what `kubectl exec`
+does).
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class LiveChecks:
         from kubernetes.client.rest import ApiException
 
         rendered = self.render(job)
-        problems = [f"the rendered {self.kind} does not match its CRD schema ({line}): this is a bug in hpctrain, please report it"
+        problems = [f"the rendered {self.kind} does not match its CRD schema ({line}): this is a bug in hpctrain, "
+                    "please report it"
                     for line in validate_manifest(rendered.payload)]
         problems += self._pure_problems(job)
         try:
@@ -156,7 +157,8 @@ class LiveChecks:
         name = f"{self.plural}.{self.group}"
         if version is None:
             return [f"the cluster's {self.kind} CRD ({name}) does not serve {self.group}/{self.version}, the version "
-                    f"hpctrain writes: upgrade Kubeflow {'Trainer to v2.2.0' if self.kind == 'TrainJob' else 'training-operator'} or later"]
+                    "hpctrain writes: upgrade Kubeflow "
+                    f"{'Trainer to v2.2.0' if self.kind == 'TrainJob' else 'training-operator'} or later"]
         schema = (version.get("schema") or {}).get("openAPIV3Schema")
         if not schema:
             return []

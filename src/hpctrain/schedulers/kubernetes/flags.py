@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
     k.add_argument("--shm", metavar="SIZE", help="size of /dev/shm, an in-memory volume (e.g. 8Gi): DataLoader workers need it")
     k.add_argument("--priority-class", metavar="NAME", help="the pods' PriorityClass")
     k.add_argument("--volume", dest="volumes", action="append", metavar="SPEC",
-                   help="pvc:CLAIM:/mount, nfs:SERVER:/export:/mount or host:/node/path:/mount, each with an optional :ro (repeatable)")
+                   help="pvc:CLAIM:/mount, nfs:SERVER:/export:/mount or host:/node/path:/mount, each with an "
+                   "optional :ro (repeatable)")
     k.add_argument("--node-selector", dest="node_selector", action="append", metavar="KEY=VALUE",
                    help="run only on nodes with this label (repeatable)")
     k.add_argument("--toleration", dest="tolerations", action="append", metavar="KEY[=VALUE][:EFFECT]",

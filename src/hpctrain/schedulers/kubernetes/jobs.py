@@ -81,9 +81,9 @@ class LiveJobs:
             if e.type == "Warning" and (obj.name in waiting or (obj.kind == self.kind and obj.name == job_id)):
                 line = f"{obj.name}: {e.reason}: {e.message}"
                 if "exceeded quota" in (e.message or ""):  # the API server's quota admission refused the controller
-                    line += (f" -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
-                             f"with less (fewer --nodes or less per pod) or ask for a larger quota (`{self.command('cluster')}` "
-                             "shows its use)")
+                    line += (" -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
+                             "with less (fewer --nodes or less per pod) or ask for a larger quota "
+                             f"(`{self.command('cluster')}` shows its use)")
                 if line not in lines:
                     lines.append(line)
         return tuple(lines)

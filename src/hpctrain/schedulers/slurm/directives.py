@@ -31,7 +31,8 @@ def check_job_values(job: JobSpec) -> None:
 def _check_no_control_characters(what: str, value: str) -> None:
     bad = sorted({repr(c) for c in value if ord(c) < 32 or ord(c) == 127})
     if bad:
-        raise UserError(f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one #SBATCH line; remove them")
+        raise UserError(f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one "
+                        "#SBATCH line; remove them")
 
 
 def check_sbatch_value(what: str, value: str) -> None:

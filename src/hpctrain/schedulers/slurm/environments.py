@@ -68,7 +68,8 @@ class Conda(Environment):
         env = self.spec.conda_env or ""
         return super().setup_lines() + [
             "if ! command -v conda >/dev/null 2>&1; then",
-            '    echo "hpctrain: conda is not on PATH in the batch shell; load its module (--module) or run conda init" >&2',
+            '    echo "hpctrain: conda is not on PATH in the batch shell; load its module (--module) or run '
+            'conda init" >&2',
             "    exit 1",
             "fi",
             'eval "$(conda shell.bash hook)"',
