@@ -29,8 +29,9 @@ from hpctrain.schedulers.kubernetes.objects import (
 
 
 class LiveJobs:
-    """KubernetesScheduler's job methods: they read self.custom and self.core (its API clients), self.options,
-    self.group, self.version, self.plural and self.kind (the job API), and self.command (the commands it suggests)."""
+    """KubernetesScheduler's job methods: they read self.custom and self.core (its API clients), self.options and
+    self.namespace, self.group, self.version, self.plural and self.kind (the job API), self.command (the commands it
+    suggests) and LiveChecks' _namespace_problems (a namespace that does not exist lists no jobs)."""
 
     def get_object(self, job_id: str) -> dict[str, Any]:
         from kubernetes.client.rest import ApiException
