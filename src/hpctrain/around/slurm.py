@@ -19,7 +19,7 @@ from hpctrain.services import slurm as service_slurm
 from hpctrain.services.common import Endpoint, login_host, private_dir, state_root
 from hpctrain.sessions import slurm as sessions
 from hpctrain.sessions.config import DevConfig, SessionView, session_dir
-from hpctrain.schedulers.slurm.run_dir import parse_run_dir, run_dir_of
+from hpctrain.schedulers.slurm.run_dir import run_dir_of
 from hpctrain.top import PROBE, JobNotRunning, NodeSample, TopSample, parse_probe
 
 TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
