@@ -17,15 +17,13 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.environments import get_environment
+from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
 from hpctrain.services.common import Endpoint, read_json
 
 ENDPOINT_FILE = "endpoint.json"
-PORT_BASE = 20000
-PORT_SPAN = 20000
-PORT_TRIES = 200
 
 
 @dataclass(frozen=True)

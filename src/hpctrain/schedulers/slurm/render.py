@@ -24,17 +24,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
-
-# The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
-PORT_BASE = 20000
-PORT_SPAN = 20000
-PORT_TRIES = 200
 
 
 def _q(word: str) -> str:
