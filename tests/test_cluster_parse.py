@@ -10,7 +10,8 @@ import pytest
 
 from hpctrain.schedulers.slurm.commands import slurm
 from hpctrain.schedulers.slurm.query import ClusterInfo, fill_shard_use, parse_nodes, parse_partitions, parse_shard_use
-from hpctrain.schedulers.slurm.records import format_duration, parse_duration, parse_mem_mb, parse_record
+from hpctrain.jobs.values import format_duration
+from hpctrain.schedulers.slurm.records import parse_record, printed_duration, printed_mem_mb
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -47,7 +48,7 @@ def test_record_values_may_contain_spaces_and_equals() -> None:
     ],
 )
 def test_parse_duration(text: str, seconds: int | None) -> None:
-    assert parse_duration(text) == seconds
+    assert printed_duration(text) == seconds
 
 
 def test_duration_round_trip_and_errors() -> None:
@@ -55,12 +56,12 @@ def test_duration_round_trip_and_errors() -> None:
     assert format_duration(1800) == "00:30:00"
     assert format_duration(None) == "UNLIMITED"
     with pytest.raises(ValueError):
-        parse_duration("ten minutes")
+        printed_duration("ten minutes")
 
 
 @pytest.mark.parametrize(("text", "mb"), [("9642", 9642), ("9642M", 9642), ("16G", 16384), ("UNLIMITED", None)])
 def test_parse_mem(text: str, mb: int | None) -> None:
-    assert parse_mem_mb(text) == mb
+    assert printed_mem_mb(text) == mb
 
 
 def test_partitions_recorded() -> None:

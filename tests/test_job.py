@@ -10,7 +10,7 @@ from hpctrain.errors import UserError
 from hpctrain.jobs import load_job_file
 from hpctrain.jobs.mapping import VALID_KEYS, from_mapping
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources, local_problems
-from hpctrain.jobs.values import format_time_limit, parse_gres, parse_mem_mb, parse_time_limit
+from hpctrain.jobs.values import format_duration, parse_gres, parse_mem_mb, parse_time_limit
 
 
 @pytest.mark.parametrize(
@@ -36,9 +36,9 @@ def test_bad_times_name_the_forms(text: str) -> None:
         parse_time_limit(text)
 
 
-def test_format_time_limit() -> None:
-    assert format_time_limit(5400) == "01:30:00"
-    assert format_time_limit(86400 + 62) == "1-00:01:02"
+def test_format_duration() -> None:
+    assert format_duration(5400) == "01:30:00"
+    assert format_duration(86400 + 62) == "1-00:01:02"
 
 
 @pytest.mark.parametrize("text,mb", [("0", 0), ("4000", 4000), ("4000M", 4000), ("16G", 16384), ("1T", 1048576), ("2048K", 2), ("8gb", 8192)])

@@ -71,16 +71,9 @@ def parse_duration_s(text: str, flag: str) -> float:
 
 
 def format_age(seconds: int | None) -> str:
-    if seconds is None:
-        return "-"
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s"
+    from hpctrain.jobs.values import format_duration
+
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def config_from_args(args: argparse.Namespace, environment: Any) -> Any:

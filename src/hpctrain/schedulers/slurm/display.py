@@ -22,7 +22,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.tables import json_text, print_table, rich_table
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
-from hpctrain.schedulers.slurm.records import format_duration
+from hpctrain.jobs.values import format_duration
 
 
 def console() -> Console:

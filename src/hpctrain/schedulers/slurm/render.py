@@ -30,7 +30,7 @@ from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.jobs.values import format_time_limit, parse_time_limit, render_sbatch_option, sbatch_value
+from hpctrain.jobs.values import format_duration, parse_time_limit, render_sbatch_option, sbatch_value
 
 
 def _q(word: str) -> str:
@@ -48,7 +48,7 @@ def sbatch_directives(job: JobSpec) -> list[str]:
     if job.exclude_nodes:
         opts.append(("--exclude", ",".join(job.exclude_nodes)))
     if job.time is not None:
-        opts.append(("--time", format_time_limit(parse_time_limit(job.time))))
+        opts.append(("--time", format_duration(parse_time_limit(job.time))))
     if job.launcher == "single":
         opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
     elif job.launcher == "torchrun":
