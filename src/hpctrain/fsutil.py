@@ -114,16 +114,17 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB', for messages."""
+def format_bytes(n: float) -> str:
+    """A byte count for people, in binary units to 3 significant digits: 512 B, 1.5 KiB, 977 KiB, 1.91 GiB. The one
+    byte formatter of hpctrain's messages and listings (files, downloads, shards, images, caps on reads)."""
     if n < 1024:
-        return f"{n} bytes"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        return f"{int(n)} B"
+    size, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         size /= 1024
-        if size < 1024:
+        if size < 1023.5:  # would still read as 1024 when rounded: the next unit
             break
-    return f"{size:.3g} {unit}"
+    return f"{size:.3g} {unit}" if size < 999.5 else f"{size:.0f} {unit}"
 
 
 def refuse_symlinks(directory: Path, names: tuple[str, ...]) -> None:
@@ -324,12 +325,3 @@ def _read_fd(fd: int) -> str:
         return os.pread(fd, 4096, 0).decode(errors="replace")
     except OSError:
         return ""
-
-
-def human_bytes(n: float) -> str:
-    """A byte count for people, in decimal units as disks and --shard-size count: 512 B, 1.9 MB, 1.3 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"

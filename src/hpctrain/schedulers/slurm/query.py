@@ -19,7 +19,9 @@ from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
-from hpctrain.schedulers.slurm.records import field_groups, null, parse_int, parse_records, printed_duration, printed_mem_mb
+from hpctrain.schedulers.slurm.records import (
+    field_groups, null, parse_int, parse_records, printed_duration, printed_mem_mb,
+)
 from hpctrain.distributed.hostlist import expand_hostlist
 
 
