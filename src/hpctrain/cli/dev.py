@@ -110,6 +110,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from hpctrain.schedulers.tables import plain_table
     from hpctrain.sessions.config import recorded
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
@@ -135,9 +136,7 @@ def _list(args: argparse.Namespace) -> int:
                             f"while holding its resources: `{_stop_command(s)}`")
         if s.state in ("GONE",) or s.state in _ENDED:
             warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    plain_table(rows)
     for w in warnings:
         print(w, file=sys.stderr if w.startswith("warning") else sys.stdout)
     return 0
