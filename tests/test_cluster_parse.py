@@ -23,7 +23,8 @@ def read(name: str) -> str:
 
 def test_record_values_may_contain_spaces_and_equals() -> None:
     rec = parse_record(
-        "NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=9642 CPUs/Task=1 AllocNode:Sid=host:33 TRES=cpu=1,node=1 Power= X=1"
+        "NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=9642 CPUs/Task=1 AllocNode:Sid=host:33 TRES=cpu=1,node=1 "
+        "Power= X=1"
     )
     assert rec["OS"] == "Linux 6.1 #1 SMP"
     assert rec["CPUs/Task"] == "1"
@@ -145,6 +146,7 @@ def test_cluster_commands_do_not_import_torch() -> None:
         "hpctrain.schedulers.slurm.checks", "hpctrain.schedulers.slurm.jobs", "hpctrain.schedulers.slurm.query", "hpctrain.schedulers.slurm.output",
         "hpctrain.schedulers.slurm.display",
     ]
-    code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    code = (f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -119,7 +119,8 @@ def test_local_problems_find_missing_images(tmp_path: Path) -> None:
     ok = JobSpec(command=("x",), environment=EnvironmentSpec(kind="apptainer", image=str(sif)))
     assert local_problems(ok) == []
     missing = ok.replace(environment=EnvironmentSpec(kind="apptainer", image=str(tmp_path / "nope.sif")))
-    assert local_problems(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull it first (apptainer pull ...) or fix --image"]
+    assert local_problems(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull it "
+                                       "first (apptainer pull ...) or fix --image"]
     registry = JobSpec(command=("x",), environment=EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3"))
     assert local_problems(registry) == []  # a registry reference is pulled by enroot on the node
     sqsh = registry.replace(environment=EnvironmentSpec(kind="pyxis", image=str(tmp_path / "x.sqsh")))
@@ -229,7 +230,8 @@ def test_local_problems_find_missing_log_directories(tmp_path: Path) -> None:
     assert local_problems(ok) == []
     missing = JobSpec(command=("x",), error=str(tmp_path / "nope" / "%j.err"))
     assert local_problems(missing) == [
-        f"--error {tmp_path / 'nope' / '%j.err'}: directory {tmp_path / 'nope'} does not exist and sbatch will not create it; "
+        f"--error {tmp_path / 'nope' / '%j.err'}: directory {tmp_path / 'nope'} does not exist and sbatch will not "
+        "create it; "
         f"mkdir -p {tmp_path / 'nope'}"
     ]
     assert local_problems(JobSpec(command=("x",), output="job-%j.out")) == []  # the submit directory

@@ -25,7 +25,8 @@ def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: i
     """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file.
 
     The rename replaces a symbolic link at `path` itself (never its target), and the temporary is created afresh
-    (O_EXCL), so neither a link nor a FIFO at its name is opened. `mode`: 0o600 for a file that holds secrets (set as is; the default 0o666 goes through the umask).
+    (O_EXCL), so neither a link nor a FIFO at its name is opened. `mode`: 0o600 for a file that holds secrets (set
+    as is; the default 0o666 goes through the umask).
     `durable=False` skips the fsync, for a file rewritten every few seconds that a crash may lose (live progress)."""
     tmp = temporary or path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _unlink_quietly(tmp)  # a stale one of this process's name, or a FIFO planted there: opening it could block

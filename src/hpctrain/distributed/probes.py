@@ -266,7 +266,8 @@ class KubeflowProbe:
                 f"PET_NPROC_PER_NODE={plan.nproc_per_node} asks for {plan.nproc_per_node} processes in this pod, "
                 "but it runs one: start the script under torchrun (torchrun --nproc-per-node=$PET_NPROC_PER_NODE "
                 "--nnodes=$PET_NNODES --node-rank=$PET_NODE_RANK --master-addr=$MASTER_ADDR "
-                "--master-port=$MASTER_PORT script.py), use `hpctrain train`, which starts them, or set nprocPerNode to 1"
+                "--master-port=$MASTER_PORT script.py), use `hpctrain train`, which starts them, or set nprocPerNode "
+                "to 1"
             )
         return per_node(v, "kubeflow")
 
@@ -325,7 +326,8 @@ no restart count): the run then resumes from its newest checkpoint when there is
 
 
 def may_be_a_restart(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process may be a later attempt of its run: a launcher's restart count above 0, or AUTO_RESUME_VAR."""
+    """Whether this process may be a later attempt of its run: a launcher's restart count above 0, or
+    AUTO_RESUME_VAR."""
     environ = os.environ if environ is None else environ
     return restart_count(environ) > 0 or environ.get(AUTO_RESUME_VAR, "").strip() == "1"
 

@@ -104,10 +104,12 @@ MAX_MEM_MB = 1 << 30  # 1 PiB per node
 
 
 def parse_mem_mb(text: str) -> int:
-    """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes (0: the whole node). Units K/M/G/T; default M."""
+    """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes (0: the whole node). Units K/M/G/T; default
+    M."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
     if not m or len(m["n"]) > 30:
-        raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)")
+        raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T "
+                        "(e.g. --mem 16G)")
     mb = slurm_size_mb(text)  # 0: sbatch's --mem=0, all the memory of each node
     if mb > MAX_MEM_MB:
         raise UserError(f"memory {text!r} is more than {MAX_MEM_MB >> 20}T per node, far beyond any machine: give the "
@@ -129,7 +131,8 @@ def parse_gres(text: str) -> tuple[int, str | None, int]:
             shards = count
         else:
             raise UserError(
-                f"--gres {text!r}: use gpu:N, gpu:TYPE:N or shard:N with N >= 1 (e.g. --gres gpu:a100:2 or --gres shard:16); "
+                f"--gres {text!r}: use gpu:N, gpu:TYPE:N or shard:N with N >= 1 (e.g. --gres gpu:a100:2 or "
+                "--gres shard:16); "
                 "other generic resources go in an extra #SBATCH line (--sbatch '--gres=...')"
             )
     if gpus and shards:
