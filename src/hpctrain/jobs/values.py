@@ -104,8 +104,7 @@ MAX_MEM_MB = 1 << 30  # 1 PiB per node
 
 
 def parse_mem_mb(text: str) -> int:
-    """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes (0: the whole node). Units K/M/G/T; default
-    M."""
+    """Slurm memory per node (4000, 4000M, 16G, 1T: units K/M/G/T, M by default) -> megabytes (0: the whole node)."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
     if not m or len(m["n"]) > 30:
         raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T "
