@@ -4,9 +4,12 @@ checking, with the project's configuration; the last two tests show on a small f
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("src", "tests", "benchmarks")
@@ -14,6 +17,8 @@ CHECKED = ("src", "tests", "benchmarks")
 
 def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """ruff from this interpreter's environment (the dev extra installs it), with pyproject.toml's settings."""
+    if importlib.util.find_spec("ruff") is None:
+        pytest.fail("ruff is not installed here: it comes with the dev extra (pip install -e '.[dev]')")
     return subprocess.run([sys.executable, "-m", "ruff", *args, "--config", str(ROOT / "pyproject.toml")],
                           cwd=cwd, capture_output=True, text=True, timeout=300)
 
