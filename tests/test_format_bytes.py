@@ -9,11 +9,24 @@ import pytest
 from hpctrain.fsutil import format_bytes
 
 
-@pytest.mark.parametrize(("n", "text"), [
-    (0, "0 B"), (512, "512 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
-    (1_000_000, "977 KiB"), (1_048_575, "1 MiB"), (1_048_576, "1 MiB"), (1023 * 1024, "1023 KiB"),
-    (2_000_000_000, "1.86 GiB"), (5 * 2**40, "5 TiB"), (3 * 2**50, "3 PiB"), (2**70, "1048576 PiB"),
-])
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (512, "512 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (1_000_000, "977 KiB"),
+        (1_048_575, "1 MiB"),
+        (1_048_576, "1 MiB"),
+        (1023 * 1024, "1023 KiB"),
+        (2_000_000_000, "1.86 GiB"),
+        (5 * 2**40, "5 TiB"),
+        (3 * 2**50, "3 PiB"),
+        (2**70, "1048576 PiB"),
+    ],
+)
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
 

@@ -16,7 +16,7 @@ from hpctrain.services.slurm import port_lines
 
 def bash_values(setup: str, line: str, runs: int, name: str) -> list[int]:
     """`line` (an assignment of $name) evaluated by bash `runs` times, after `setup` (the i-th run has $i)."""
-    script = f"for i in $(seq 0 {runs - 1}); do {setup} {line}; echo \"${name}\"; done"
+    script = f'for i in $(seq 0 {runs - 1}); do {setup} {line}; echo "${name}"; done'
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=60).stdout
     return [int(v) for v in out.split()]
 

@@ -15,8 +15,10 @@ from hpctrain.schedulers.slurm import gres
 from hpctrain.schedulers.slurm.records import printed_duration, printed_mem_mb
 
 
-@pytest.mark.parametrize(("text", "mb"), [("1500K", 2), ("1024K", 1), ("1025k", 2), ("16GB", 16384), ("2tb", 2 << 20),
-                                          ("4000", 4000), ("0", 0)])
+@pytest.mark.parametrize(
+    ("text", "mb"),
+    [("1500K", 2), ("1024K", 1), ("1025k", 2), ("16GB", 16384), ("2tb", 2 << 20), ("4000", 4000), ("0", 0)],
+)
 def test_a_size_reads_the_same_from_a_user_and_from_slurm(text, mb):
     assert parse_mem_mb(text) == mb
     assert printed_mem_mb(text) == mb  # 1500K was 1 here (rounded down) and 16GB was refused
@@ -30,8 +32,18 @@ def test_only_slurm_prints_fractions_and_petabytes():
             parse_mem_mb(text)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 5400), ("30:15", 1815), ("01:30:00", 5400), ("2-00", 172800),
-                                               ("1-02:03", 93780), ("1-02:03:04", 93784), (" 5 ", 300)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 5400),
+        ("30:15", 1815),
+        ("01:30:00", 5400),
+        ("2-00", 172800),
+        ("1-02:03", 93780),
+        ("1-02:03:04", 93784),
+        (" 5 ", 300),
+    ],
+)
 def test_a_time_reads_the_same_from_a_user_and_from_slurm(text, seconds):
     assert parse_time_limit(text) == printed_duration(text) == seconds
     assert slurm_round_trip(seconds) == seconds
@@ -55,11 +67,14 @@ def test_every_duration_shown_has_one_form():
     assert format_age(7500) == "02:05:00" and format_age(None) == "-"
 
 
-@pytest.mark.parametrize(("text", "user", "printed"), [
-    ("shard:1K", (0, None, 1024), [gres.GresEntry("shard", None, 1024)]),  # refused from a user before
-    ("gpu:(null):2", (2, None, 0), [gres.GresEntry("gpu", None, 2)]),  # the user's GPU type was "(null)"
-    ("gpu:a100:2", (2, "a100", 0), [gres.GresEntry("gpu", "a100", 2)]),
-])
+@pytest.mark.parametrize(
+    ("text", "user", "printed"),
+    [
+        ("shard:1K", (0, None, 1024), [gres.GresEntry("shard", None, 1024)]),  # refused from a user before
+        ("gpu:(null):2", (2, None, 0), [gres.GresEntry("gpu", None, 2)]),  # the user's GPU type was "(null)"
+        ("gpu:a100:2", (2, "a100", 0), [gres.GresEntry("gpu", "a100", 2)]),
+    ],
+)
 def test_a_gres_reads_the_same_from_a_user_and_from_slurm(text, user, printed):
     assert parse_gres(text) == user
     assert gres.parse_gres(text) == printed

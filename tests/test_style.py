@@ -19,8 +19,13 @@ def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """ruff from this interpreter's environment (the dev extra installs it), with pyproject.toml's settings."""
     if importlib.util.find_spec("ruff") is None:
         pytest.fail("ruff is not installed here: it comes with the dev extra (pip install -e '.[dev]')")
-    return subprocess.run([sys.executable, "-m", "ruff", *args, "--config", str(ROOT / "pyproject.toml")],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--config", str(ROOT / "pyproject.toml")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_ruff_lint_rules_hold():
@@ -30,8 +35,9 @@ def test_ruff_lint_rules_hold():
 
 def test_ruff_format_would_change_nothing():
     result = ruff("format", "--check", "--no-cache", *CHECKED)
-    assert result.returncode == 0, (result.stdout + result.stderr
-                                    + "\nformat them with: python -m ruff format src tests benchmarks")
+    assert result.returncode == 0, (
+        result.stdout + result.stderr + "\nformat them with: python -m ruff format src tests benchmarks"
+    )
 
 
 def test_the_lint_check_catches_a_long_line_and_an_unused_import(tmp_path):
