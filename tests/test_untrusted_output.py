@@ -180,18 +180,3 @@ def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
     out = capsys.readouterr().out
     for word in words[:4]:
         assert word in out, out
-
-
-def test_kubernetes_tables_show_control_characters_as_question_marks(capsys) -> None:
-    """A pod's reason is the server's text: in a table row (one column printer for every plain table,
-    schedulers/tables.py) an escape sequence reaches the terminal as `?`, as rich shows it in Slurm's tables."""
-    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import print_job
-
-    status = JobStatus(job_id="job-1", state="FAILED", replicas=(
-        ReplicaStatus(name="worker-0", phase="Failed", node="n1", reason="Bad\x1b]0;owned\x07\x1b[2J"),))
-    print_job(status, as_json=False)
-    out = capsys.readouterr().out
-    assert "\x1b" not in out and "\x07" not in out, out
-    [row] = [line for line in out.splitlines() if line.startswith("worker-0")]
-    assert row.endswith("Bad?]0;owned??[2J"), row

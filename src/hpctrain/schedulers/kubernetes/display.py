@@ -17,14 +17,15 @@ from typing import Any
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Rendered
-from hpctrain.schedulers.tables import plain_table
 from hpctrain.training.stopping import StopReason
 
 SICK_NODE_LABEL = StopReason.SICK_NODE.label
 
 
 def print_rows(rows: list[tuple[str, ...]]) -> None:
-    plain_table(rows)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 def print_jobs(jobs: list[JobSummary], as_json: bool, namespace: str) -> None:
