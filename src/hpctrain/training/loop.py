@@ -35,7 +35,7 @@ from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.health.preflight import BAD_NODES_FILE, MAX_BAD_NODES_BYTES, PREFLIGHT_FILE
 from hpctrain.readback import BadRunFile, read_text
 from hpctrain.training import preflight
-from hpctrain.training.checkpoints import restore, save
+from hpctrain.training.loop_state import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
 from hpctrain.training.precision import grad_scaler
