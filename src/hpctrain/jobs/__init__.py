@@ -8,7 +8,7 @@ the environment kinds other than none, requeue budgets); the Kubernetes backend 
 with the Kubernetes way. Scheduler-specific options (a Kubernetes namespace, volumes) live in each backend.
 """
 
-from hpctrain.jobs.file import load_job_file
+from hpctrain.jobs.file_reading import load_job_file
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 

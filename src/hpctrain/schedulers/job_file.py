@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.file import load_job_file, read_job_text
+from hpctrain.jobs.file_reading import load_job_file, read_job_text
 from hpctrain.schedulers import SCHEDULERS, backend_info
 
 
