@@ -1,7 +1,7 @@
 """The scheduler-neutral job description: what runs (command, environment/image), on what (resources per node or
 pod), for how long and with which restart budgets. spec.py holds the typed JobSpec and its validation, values.py the
 Slurm forms of its values (time, memory, gres, #SBATCH options), mapping.py builds it from plain data; file.py
-reads job files (YAML, TOML) safely; hpctrain.schedulers.job_file splits off a backend's section.
+reads job files (YAML, TOML) safely; hpctrain.schedulers.job_sections splits off a backend's section.
 
 A few JobSpec fields only mean something to Slurm (partition, account, qos, output/error, sbatch_extra, launcher,
 the environment kinds other than none, requeue budgets); the Kubernetes backend refuses those it cannot express,

@@ -8,7 +8,7 @@ gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out o
 `mapping.from_mapping` validates the job data that comes back.
 
 Besides the JobSpec keys, a YAML/TOML job file may name its scheduler and hold a section of that scheduler's
-options: hpctrain.schedulers.job_file splits them off, and reads a backend's own format (a .params file) with
+options: hpctrain.schedulers.job_sections splits them off, and reads a backend's own format (a .params file) with
 read_job_text's checks.
 """
 

@@ -10,7 +10,7 @@ detected environment. The pieces, each in its own module of this package:
     parts.py        what one attempt trains: data, the wrapped model, optimization, the stop vote's group
     epoch.py        one epoch's steps, its evaluation and metrics record; the divergence vote
     evaluation.py   test loss and accuracy; --evaluate
-    checkpoints.py  saving, restoring and keeping the best of the loop's checkpoints
+    loop_state.py   saving, restoring and keeping the best of the loop's checkpoints
     watch.py        this rank's live progress record, hang watchdog and stack requests; rank 0's straggler check
     preflight.py    --preflight: every rank's GEMM rate and the job's all-reduce, judged before the first step
 """
