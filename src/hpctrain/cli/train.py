@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
 
         cfg = with_recorded_settings(cfg, {name for name in RECORDED_DEFAULTS if _unset(getattr(args, name, None))})
     try:
-        cfg, plan = _preflight(cfg, dataset_defaulted=args.dataset is None)
+        cfg, plan = _refuse_bad_input(cfg, dataset_defaulted=args.dataset is None)
     except UserError:
         if _other_local_rank():
             raise SystemExit(UserError.exit_code) from None  # the node's local rank 0 says it, once
@@ -250,7 +250,7 @@ def _unset(value: object) -> bool:
     return value is None or value is False
 
 
-def _preflight(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:
+def _refuse_bad_input(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple[TrainConfig, NodePlan | None]:
     """Every check that bad input can fail, before data loads or workers start; returns the config with the
     thread count chosen, and the local workers to start (None: train in this process)."""
     from hpctrain.distributed import detect, resolve_device, restart_count

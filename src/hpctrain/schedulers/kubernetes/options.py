@@ -40,6 +40,11 @@ def parse_quantity(text: str | int | float) -> Decimal:
         raise ValueError(f"{text!r} is not a Kubernetes quantity") from err
 
 
+def quantity_mb(mb: int) -> str:
+    """Megabytes -> the exact Kubernetes quantity a manifest carries: `16Gi`, `1536Mi`."""
+    return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
+
+
 def check_dns_label(what: str, value: str, fix: str) -> None:
     if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL_RE.match(value):
         raise UserError(f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits and -, "

@@ -62,7 +62,7 @@ from hpctrain.errors import UserError
 from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns1035_label
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, check_dns1035_label, quantity_mb
 from hpctrain.schedulers.kubernetes.runtime import own_runtime, runtime_name
 from hpctrain.stops import TIME_LIMIT_ENV, TIME_WARNING_ENV
 
@@ -240,10 +240,6 @@ def backstop_deadline_s(job: JobSpec) -> int | None:
     if job.time_limit_s is None:
         return None
     return job.time_limit_s * (job.max_restarts + 1) + QUEUE_SLACK_S
-
-
-def quantity_mb(mb: int) -> str:
-    return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
 
 
 def resources_per_pod(job: JobSpec) -> dict[str, str]:
