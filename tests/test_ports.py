@@ -11,6 +11,7 @@ from hpctrain.distributed.ports import EPHEMERAL_START, PORT_BASE, PORT_SPAN, PO
 from hpctrain.distributed.probes import slurm_port
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.slurm.render import render_sbatch
+from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.services import port_lines
 
 
@@ -26,7 +27,7 @@ def test_the_range_and_its_walk_up_end_below_the_ephemeral_ports():
 
 
 def test_the_batch_scripts_rendezvous_port_is_below_the_ephemeral_range():
-    script = render_sbatch(JobSpec(command=("python", "train.py"), launcher="torchrun"))
+    script = render_sbatch(JobSpec(command=("python", "train.py")), SlurmOptions(launcher="torchrun"))
     line = next(x for x in script.splitlines() if x.startswith("rdzv_port=$(("))
     # Job ids across more than a whole span: each maps into the range (20000 + id % 20000 reached 39999).
     ports = bash_values("SLURM_JOB_ID=$((i * 7 + 1));", line, 4000, "rdzv_port")
