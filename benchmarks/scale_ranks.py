@@ -8,7 +8,7 @@ bytes their collectives bring them. In each rank:
 - vote: the stop vote's side group made as on a GPU job (the default group here is gloo registered for CUDA
   tensors only, as NCCL), then three votes: new sockets and store requests;
 - roll call: `missing_ranks` with the last rank gone (it takes no part): store requests by kind;
-- checkpoint: `training.checkpoints.save` of a small model: bytes received through collectives, the size of
+- checkpoint: `training.loop_state.save` of a small model: bytes received through collectives, the size of
   the checkpoint file rank 0 writes, and the files a resumed rank opens for its own part.
 
 Counts, not times: they do not depend on the machine's load. Each figure is the most one rank paid (one line: all

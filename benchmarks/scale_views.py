@@ -29,7 +29,6 @@ import argparse
 import getpass
 import math
 import os
-import resource
 import shlex
 import statistics
 import subprocess

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpctrain import checkpoint
-from hpctrain.training import checkpoints, rng
+from hpctrain.training import loop_state as checkpoints, rng
 from hpctrain.training.run import Position
 
 

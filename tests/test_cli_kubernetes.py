@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.schedulers.job_file import JobFile, read_job_file
+from hpctrain.schedulers.job_sections import JobFile, read_job_file
 from hpctrain.errors import UserError
 from hpctrain.schedulers import base
 from hpctrain.schedulers.kubernetes.validate import validate_manifest

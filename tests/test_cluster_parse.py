@@ -10,7 +10,8 @@ import pytest
 
 from hpctrain.schedulers.slurm.commands import slurm
 from hpctrain.schedulers.slurm.query import ClusterInfo, fill_shard_use, parse_nodes, parse_partitions, parse_shard_use
-from hpctrain.schedulers.slurm.records import format_duration, parse_duration, parse_mem_mb, parse_record
+from hpctrain.jobs.values import format_duration
+from hpctrain.schedulers.slurm.records import parse_record, printed_duration, printed_mem_mb
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -22,7 +23,8 @@ def read(name: str) -> str:
 
 def test_record_values_may_contain_spaces_and_equals() -> None:
     rec = parse_record(
-        "NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=9642 CPUs/Task=1 AllocNode:Sid=host:33 TRES=cpu=1,node=1 Power= X=1"
+        "NodeName=n1 OS=Linux 6.1 #1 SMP  RealMemory=9642 CPUs/Task=1 AllocNode:Sid=host:33 TRES=cpu=1,node=1 "
+        "Power= X=1"
     )
     assert rec["OS"] == "Linux 6.1 #1 SMP"
     assert rec["CPUs/Task"] == "1"
@@ -47,7 +49,7 @@ def test_record_values_may_contain_spaces_and_equals() -> None:
     ],
 )
 def test_parse_duration(text: str, seconds: int | None) -> None:
-    assert parse_duration(text) == seconds
+    assert printed_duration(text) == seconds
 
 
 def test_duration_round_trip_and_errors() -> None:
@@ -55,12 +57,12 @@ def test_duration_round_trip_and_errors() -> None:
     assert format_duration(1800) == "00:30:00"
     assert format_duration(None) == "UNLIMITED"
     with pytest.raises(ValueError):
-        parse_duration("ten minutes")
+        printed_duration("ten minutes")
 
 
 @pytest.mark.parametrize(("text", "mb"), [("9642", 9642), ("9642M", 9642), ("16G", 16384), ("UNLIMITED", None)])
 def test_parse_mem(text: str, mb: int | None) -> None:
-    assert parse_mem_mb(text) == mb
+    assert printed_mem_mb(text) == mb
 
 
 def test_partitions_recorded() -> None:
@@ -144,6 +146,7 @@ def test_cluster_commands_do_not_import_torch() -> None:
         "hpctrain.schedulers.slurm.checks", "hpctrain.schedulers.slurm.jobs", "hpctrain.schedulers.slurm.query", "hpctrain.schedulers.slurm.output",
         "hpctrain.schedulers.slurm.display", "hpctrain.cli.views",
     ]
-    code = f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    code = (f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -145,7 +145,7 @@ def test_read_regular_refuses_fifos_devices_and_large_files(tmp_path):
     with pytest.raises(FileRefused, match="a character device"):
         read_regular("/dev/zero", 100)
     (tmp_path / "big").write_bytes(b"x" * 101)
-    with pytest.raises(FileRefused, match="101 bytes, more than the 100 bytes"):
+    with pytest.raises(FileRefused, match="101 B, more than the 100 B read"):
         read_regular(tmp_path / "big", 100)
     assert read_regular(tmp_path / "big", 101) == b"x" * 101
 

@@ -63,7 +63,7 @@ def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(slurm_cluster
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
     assert_bitwise_equal(final_weights(job.run_dir), reference)
     status = ok(hpctrain("status", job_id, "--scheduler", "slurm")).stdout  # the controller still knows the job
-    assert f"run dir:" in status and str(job.run_dir.name) in status
+    assert "run dir:" in status and str(job.run_dir.name) in status
     # The requeued attempt may have landed on the other node: the rows name the node each rank ran on last.
     rows = [line.split() for line in status.splitlines()
             if line.split()[:1] in (["0"], ["1"]) and line.split()[1:2] in (["node1"], ["node2"])]

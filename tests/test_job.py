@@ -10,10 +10,10 @@ from hpctrain.errors import UserError
 from hpctrain.jobs import load_job_file
 from hpctrain.jobs.mapping import VALID_KEYS, from_mapping
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources, missing_prerequisites
+from hpctrain.jobs.values import format_duration, parse_gres, parse_mem_mb, parse_time_limit
 from hpctrain.schedulers.slurm.local import output_problems
 from hpctrain.schedulers.slurm.options import SlurmOptions, read_file_section
 from hpctrain.schedulers.slurm.render import render_sbatch
-from hpctrain.jobs.values import format_time_limit, parse_gres, parse_mem_mb, parse_time_limit
 
 
 @pytest.mark.parametrize(
@@ -39,9 +39,9 @@ def test_bad_times_name_the_forms(text: str) -> None:
         parse_time_limit(text)
 
 
-def test_format_time_limit() -> None:
-    assert format_time_limit(5400) == "01:30:00"
-    assert format_time_limit(86400 + 62) == "1-00:01:02"
+def test_format_duration() -> None:
+    assert format_duration(5400) == "01:30:00"
+    assert format_duration(86400 + 62) == "1-00:01:02"
 
 
 @pytest.mark.parametrize("text,mb", [("0", 0), ("4000", 4000), ("4000M", 4000), ("16G", 16384), ("1T", 1048576), ("2048K", 2), ("8gb", 8192)])
@@ -120,7 +120,8 @@ def test_local_problems_find_missing_images(tmp_path: Path) -> None:
     ok = JobSpec(command=("x",), environment=EnvironmentSpec(kind="apptainer", image=str(sif)))
     assert missing_prerequisites(ok) == []
     missing = ok.replace(environment=EnvironmentSpec(kind="apptainer", image=str(tmp_path / "nope.sif")))
-    assert missing_prerequisites(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull it first (apptainer pull ...) or fix --image"]
+    assert missing_prerequisites(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull "
+                                               "it first (apptainer pull ...) or fix --image"]
     registry = JobSpec(command=("x",), environment=EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3"))
     assert missing_prerequisites(registry) == []  # a registry reference is pulled by enroot on the node
     sqsh = registry.replace(environment=EnvironmentSpec(kind="pyxis", image=str(tmp_path / "x.sqsh")))
@@ -234,7 +235,8 @@ def test_local_problems_find_missing_log_directories(tmp_path: Path) -> None:
     assert output_problems(ok) == []
     missing = SlurmOptions(error=str(tmp_path / "nope" / "%j.err"))
     assert output_problems(missing) == [
-        f"--error {tmp_path / 'nope' / '%j.err'}: directory {tmp_path / 'nope'} does not exist and sbatch will not create it; "
+        f"--error {tmp_path / 'nope' / '%j.err'}: directory {tmp_path / 'nope'} does not exist and sbatch will not "
+        "create it; "
         f"mkdir -p {tmp_path / 'nope'}"
     ]
     assert output_problems(SlurmOptions(output="job-%j.out")) == []  # the submit directory

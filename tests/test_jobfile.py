@@ -12,7 +12,7 @@ import pytest
 
 from hpctrain.errors import UserError
 from hpctrain.jobs import from_mapping, load_job_file
-from hpctrain.jobs.file import MAX_JOB_FILE_BYTES
+from hpctrain.jobs.file_reading import MAX_JOB_FILE_BYTES
 
 # 9 levels of 9 aliases each: under 500 bytes of YAML that expand to 9**9 strings when anything walks the value.
 BILLION_LAUGHS = "command: [x]\nnodes: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol]" + "".join(

@@ -16,7 +16,6 @@ import socketserver
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -5,7 +5,6 @@ where jobs go (HPCTRAIN_SCHEDULER, HPCTRAIN_NAMESPACE, the kubeconfig context's 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

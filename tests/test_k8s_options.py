@@ -13,7 +13,7 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.schedulers import SCHEDULERS, blocking, detect, get_scheduler
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, parse_quantity, parse_toleration, parse_volume
-from hpctrain.schedulers.job_file import read_job_file
+from hpctrain.schedulers.job_sections import read_job_file
 from hpctrain.schedulers.kubernetes.params import parse_params_text
 
 

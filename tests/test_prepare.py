@@ -197,7 +197,7 @@ def test_prepare_reports_sizes_people_read(fashion_folders, tmp_path):  # noqa: 
     # 300 small JPEGs are a few hundred kB: once reported as "0.00 GB".
     result = prepare(fashion_folders, tmp_path / "out", "--keep-size", "--shard-size", "1MB")
     [line] = [line for line in result.stdout.splitlines() if line.startswith("train:")]
-    assert line.endswith(" kB, verified") and "GB" not in line, line
+    assert line.endswith(" KiB, verified") and "GiB" not in line, line
 
 
 def test_prepare_on_a_file_system_without_locks_says_so_in_one_line(fashion_folders, tmp_path, monkeypatch, capsys):

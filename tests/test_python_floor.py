@@ -1,6 +1,6 @@
 """requires-python >= 3.10: nothing in the sources may need a newer Python. vermin reads every file and names each
 syntax or standard-library use newer than the target (it found `import tomllib`, Python 3.11, in
-hpctrain/jobs/file.py). The floor environment (scripts/lib/floor.sh) also runs the floor-marked tests on a real
+hpctrain/jobs/file_reading.py). The floor environment (scripts/lib/floor.sh) also runs the floor-marked tests on a real
 Python 3.10 where the machine has one."""
 
 from __future__ import annotations

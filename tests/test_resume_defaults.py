@@ -57,7 +57,7 @@ def _crafted(tmp_path: Path, state_changes: dict[str, Any], config_changes: dict
     from hpctrain import checkpoint
     from hpctrain.config import TrainConfig
     from hpctrain.training import rng
-    from hpctrain.training.checkpoints import CHECKPOINT_FORMAT
+    from hpctrain.training.loop_state import CHECKPOINT_FORMAT
 
     config = {**TrainConfig(dataset="fashion-mnist", epochs=2, train_limit=128, threads=1).to_dict(),
               **config_changes}

@@ -21,7 +21,7 @@ from hpctrain import checkpoint
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryInUse, DirectoryLock, append_line, read_text, write_atomic
 from hpctrain.training.metrics import read_metrics
-from training_helpers import QUICK, hpctrain, ok, start_hpctrain, tree_digest
+from training_helpers import QUICK, hpctrain, start_hpctrain, tree_digest
 
 CLASSIC = ("--recipe", "classic")  # 512 images / batch 64: 8 steps an epoch
 

@@ -33,7 +33,8 @@ class TrainConfig:
     dataset: str = "mnist"
     data_dir: str = field(default_factory=lambda: os.environ.get("HPCTRAIN_DATA_DIR", "data"))
     run_dir: str | None = None
-    """Where config, metrics, TensorBoard files and checkpoints go; default runs/<workload>-<data>[-<recipe>][-<job id>] (see run_name)."""
+    """Where config, metrics, TensorBoard files and checkpoints go; default
+    runs/<workload>-<data>[-<recipe>][-<job id>] (see run_name)."""
     epochs: int | None = None
     batch_size: int | None = None
     """Global batch: split evenly across processes, so results do not depend on the process count."""

@@ -25,7 +25,8 @@ def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: i
     """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file.
 
     The rename replaces a symbolic link at `path` itself (never its target), and the temporary is created afresh
-    (O_EXCL), so neither a link nor a FIFO at its name is opened. `mode`: 0o600 for a file that holds secrets (set as is; the default 0o666 goes through the umask).
+    (O_EXCL), so neither a link nor a FIFO at its name is opened. `mode`: 0o600 for a file that holds secrets (set
+    as is; the default 0o666 goes through the umask).
     `durable=False` skips the fsync, for a file rewritten every few seconds that a crash may lose (live progress)."""
     tmp = temporary or path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _unlink_quietly(tmp)  # a stale one of this process's name, or a FIFO planted there: opening it could block
@@ -114,16 +115,17 @@ def file_kind(mode: int) -> str:
     return "a special file"
 
 
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB', for messages."""
+def format_bytes(n: float) -> str:
+    """A byte count for people, in binary units to 3 significant digits: 512 B, 1.5 KiB, 977 KiB, 1.91 GiB. The one
+    byte formatter of hpctrain's messages and listings (files, downloads, shards, images, caps on reads)."""
     if n < 1024:
-        return f"{n} bytes"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        return f"{int(n)} B"
+    size, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         size /= 1024
-        if size < 1024:
+        if size < 1023.5:  # would still read as 1024 when rounded: the next unit
             break
-    return f"{size:.3g} {unit}"
+    return f"{size:.3g} {unit}" if size < 999.5 else f"{size:.0f} {unit}"
 
 
 def refuse_symlinks(directory: Path, names: tuple[str, ...]) -> None:
@@ -324,12 +326,3 @@ def _read_fd(fd: int) -> str:
         return os.pread(fd, 4096, 0).decode(errors="replace")
     except OSError:
         return ""
-
-
-def human_bytes(n: float) -> str:
-    """A byte count for people, in decimal units as disks and --shard-size count: 512 B, 1.9 MB, 1.3 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"

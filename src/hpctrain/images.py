@@ -270,12 +270,3 @@ def _modified(mtime: float) -> dt.datetime | None:
         return dt.datetime.fromtimestamp(mtime, dt.timezone.utc)
     except (ValueError, OverflowError, OSError):
         return None
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"

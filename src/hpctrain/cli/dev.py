@@ -71,16 +71,9 @@ def parse_duration_s(text: str, flag: str) -> float:
 
 
 def format_age(seconds: int | None) -> str:
-    if seconds is None:
-        return "-"
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s"
+    from hpctrain.jobs.values import format_duration
+
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
@@ -117,6 +110,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from hpctrain.cli.tables import plain_table
     from hpctrain.servers.sessions import recorded
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
@@ -142,9 +136,7 @@ def _list(args: argparse.Namespace) -> int:
                             f"while holding its resources: `{_stop_command(s)}`")
         if s.ended:
             warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    plain_table(rows)
     for w in warnings:
         print(w, file=sys.stderr if w.startswith("warning") else sys.stdout)
     return 0

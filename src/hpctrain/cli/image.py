@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hpctrain import images
     from hpctrain.errors import UserError
+    from hpctrain.fsutil import format_bytes
 
     if args.action == "list":
         found = images.list_images(args.directory)
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         for img in found:
             state = img.fmt or "NOT A VALID IMAGE (remove it and pull again)"
             when = f"{img.modified:%Y-%m-%d %H:%M}" if img.modified else "(no valid date)"
-            print(f"{img.path.name:40s}  {images.human_size(img.size):>10s}  {when:16s}  {state}")
+            print(f"{img.path.name:40s}  {format_bytes(img.size):>10s}  {when:16s}  {state}")
         return 0
     images.refuse_in_allocation(args.force)
     if args.action == "build":
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         elif not Path(args.definition).is_file():
             raise UserError(f"definition file {args.definition} not found: give an apptainer .def file or a docker:// reference")
         result = images.build(args.definition, args.output, args.fakeroot)
-        print(f"built {result.path} ({images.human_size(result.size)}); use it with --image {result.path}")
+        print(f"built {result.path} ({format_bytes(result.size)}); use it with --image {result.path}")
         return 0
     ref = images.parse_ref(args.ref)
     if args.registry_mirror:
@@ -63,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--output {args.output}: a {fmt} image needs a name ending in .{fmt}")
     result = images.pull(ref, args.to, fmt, output=args.output)
     if result.skipped:
-        print(f"{result.path} is already there and valid ({images.human_size(result.size)}); nothing to pull")
+        print(f"{result.path} is already there and valid ({format_bytes(result.size)}); nothing to pull")
     else:
-        print(f"pulled {result.path} ({images.human_size(result.size)})")
+        print(f"pulled {result.path} ({format_bytes(result.size)})")
     print(f"use it with: hpctrain submit --image {shlex.quote(str(result.path))} ...")
     return 0

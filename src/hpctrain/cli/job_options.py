@@ -16,7 +16,7 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import ENVIRONMENT_KINDS, JobSpec
 from hpctrain.schedulers import SCHEDULERS, backend_info, base
-from hpctrain.schedulers.job_file import JobFile, read_job_file
+from hpctrain.schedulers.job_sections import JobFile, read_job_file
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:

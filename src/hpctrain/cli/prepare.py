@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import human_bytes
+from hpctrain.fsutil import format_bytes
 
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 # hpctrain.data.shards' DEFAULT_MAX_SIDE and DEFAULT_JPEG_QUALITY, repeated so that `prepare --help` does not import
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     for split, entry in index["splits"].items():
         total = sum(shard["bytes"] for shard in entry["shards"])
         print(f"{split}: {len(entry['samples']['label'])} images in {len(entry['shards'])} shard(s), "
-              f"{human_bytes(total)}, verified")
+              f"{format_bytes(total)}, verified")
         if entry["skipped"]:
             shown = ", ".join(_printable(name) for name in entry["skipped"][:5])
             print(f"  skipped {len(entry['skipped'])} unreadable image(s): {shown}"

@@ -28,7 +28,7 @@ from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec
 from hpctrain.data.download_progress import PlainReporter, reporter_for
 from hpctrain.data.idx import GZIP_MAGIC
 from hpctrain.errors import UserError, redact
-from hpctrain.fsutil import free_bytes, fsync_dir, human_bytes, is_no_space
+from hpctrain.fsutil import format_bytes, free_bytes, fsync_dir, is_no_space
 
 CHUNK = 1 << 20
 SCHEMES = ("http", "https", "file")
@@ -141,10 +141,10 @@ def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> U
     if is_no_space(err):
         what = "the file system is full" if err.errno == errno.ENOSPC else "the disk quota is used up"
         room = free_bytes(where)
-        free = f", {human_bytes(room)} free" if room is not None else ""
+        free = f", {format_bytes(room)} free" if room is not None else ""
         return UserError(
-            f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {human_bytes(received)}; "
-            f"the file needs up to {human_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
+            f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {format_bytes(received)}; "
+            f"the file needs up to {format_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
         )
     return UserError(f"cannot write {final.name} into {where}: {err.strerror or err}; pass --data-dir with a writable directory")
 

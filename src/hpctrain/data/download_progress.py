@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from hpctrain.fsutil import human_bytes
+from hpctrain.fsutil import format_bytes
 
 
 class PlainReporter:
@@ -33,7 +33,7 @@ class PlainReporter:
         self._print(f"warning: {self.dataset}: {message}")
 
     def begin(self, name: str, url: str, total: int | None) -> None:
-        size = f" ({human_bytes(total)})" if total is not None else ""
+        size = f" ({format_bytes(total)})" if total is not None else ""
         self.info(f"downloading {url}{size}")
 
     def advance(self, n: int) -> None:
@@ -41,7 +41,7 @@ class PlainReporter:
 
     def end(self, name: str, ok: bool, size: int) -> None:
         if ok:
-            self.info(f"{name}: {human_bytes(size)}, verified")
+            self.info(f"{name}: {format_bytes(size)}, verified")
 
 
 class RichReporter(PlainReporter):

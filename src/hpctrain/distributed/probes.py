@@ -17,6 +17,7 @@ from typing import Protocol
 
 from hpctrain.distributed.environment import DistEnv, NodePlan, Vars
 from hpctrain.distributed.hostlist import expand_tasks_per_node, first_host
+from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN
 from hpctrain.errors import UserError
 
 __all__ = [
@@ -33,10 +34,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Ports derived from a Slurm job id fall in [PORT_BASE, PORT_BASE + PORT_SPAN): above the well-known and
-# registered ranges most services use, below Linux's default ephemeral range (32768+).
-PORT_BASE = 20000
-PORT_SPAN = 12000
 
 # Set by Slurm on a requeued job and by torchrun on a restarted worker group: a later attempt of the same run.
 RESTART_COUNT_VARS = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
@@ -151,9 +148,10 @@ def _check_exported_in_batch_script(v: Vars, env: DistEnv) -> None:
 def slurm_port(job_id: int, step_id: int = 0) -> int:
     """Rendezvous port for a Slurm job step when MASTER_PORT is unset.
 
-    Consecutive job ids land 7 ports apart (7 is coprime with the span, so ids only collide 12000 apart)
-    and the first few steps of a job get their own ports. Two jobs that still collide on one node fail
-    at init with a message asking for MASTER_PORT, which always wins.
+    In distributed/ports.py's range, below the ephemeral ports. Consecutive job ids land 7 ports apart (7 is
+    coprime with the span, so ids only collide PORT_SPAN apart) and the first few steps of a job get their own
+    ports. Two jobs that still collide on one node fail at init with a message asking for MASTER_PORT, which
+    always wins.
     """
     return PORT_BASE + (7 * job_id + step_id) % PORT_SPAN
 
@@ -268,7 +266,8 @@ class KubeflowProbe:
                 f"PET_NPROC_PER_NODE={plan.nproc_per_node} asks for {plan.nproc_per_node} processes in this pod, "
                 "but it runs one: start the script under torchrun (torchrun --nproc-per-node=$PET_NPROC_PER_NODE "
                 "--nnodes=$PET_NNODES --node-rank=$PET_NODE_RANK --master-addr=$MASTER_ADDR "
-                "--master-port=$MASTER_PORT script.py), use `hpctrain train`, which starts them, or set nprocPerNode to 1"
+                "--master-port=$MASTER_PORT script.py), use `hpctrain train`, which starts them, or set nprocPerNode "
+                "to 1"
             )
         return per_node(v, "kubeflow")
 
@@ -327,7 +326,8 @@ no restart count): the run then resumes from its newest checkpoint when there is
 
 
 def may_be_a_restart(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process may be a later attempt of its run: a launcher's restart count above 0, or AUTO_RESUME_VAR."""
+    """Whether this process may be a later attempt of its run: a launcher's restart count above 0, or
+    AUTO_RESUME_VAR."""
     environ = os.environ if environ is None else environ
     return restart_count(environ) > 0 or environ.get(AUTO_RESUME_VAR, "").strip() == "1"
 

@@ -1,5 +1,5 @@
 """Building a JobSpec from plain data: a job file's mapping and/or CLI flags, keys as in VALID_KEYS (a backend's
-options, e.g. a Slurm partition, are its own: hpctrain.schedulers.job_file and the CLI take them out first).
+options, e.g. a Slurm partition, are its own: hpctrain.schedulers.job_sections and the CLI take them out first).
 
 Unknown keys and wrong types are UserErrors that name the key and the fix (and list the valid keys); a null
 value means "the default", so what `JobSpec.to_dict` writes reads back unchanged. The values themselves are

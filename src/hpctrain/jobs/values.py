@@ -7,44 +7,88 @@ What can be written on an #SBATCH line is Slurm's to check (hpctrain.schedulers.
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.errors import UserError
 
-# Slurm's accepted time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+# Slurm's time forms (sbatch --time, and what scontrol/squeue print): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
 _TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
-_TIME_RE = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
-_MEM_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
+_TIME_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
+# Slurm's memory sizes: a number (scontrol prints `1.50G`; sbatch takes whole numbers), a unit, an optional B.
+_SIZE_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGTP]?)B?$", re.IGNORECASE)
+_MEM_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)  # what sbatch --mem accepts
+_MB_PER = {"K": Fraction(1, 1024), "": Fraction(1), "M": Fraction(1), "G": Fraction(1024), "T": Fraction(1024**2),
+           "P": Fraction(1024**3)}
+# A GRES count: a number with an optional K, M, G, T or P, each a multiple of 1024 (sbatch --gres documents it).
+_GRES_COUNT_RE = re.compile(r"^(?P<n>\d{1,30})(?P<unit>[KMGTP]?)$", re.IGNORECASE)
+
+
+def slurm_duration_s(text: str) -> int:
+    """A Slurm time in one of its forms -> seconds; ValueError for anything else. A bare number is minutes (as
+    sbatch reads it); with a day, D-HH is hours. The one reader of Slurm times: parse_time_limit (what a user gives)
+    and schedulers/slurm/records.py (what Slurm prints) both go through it."""
+    m = _TIME_RE.match(text.strip()) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"not a Slurm time: {text!r}")
+    parts = [int(p) for p in m["rest"].split(":")]
+    if m["d"] is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = parts + [0] * (3 - len(parts))
+    elif len(parts) == 1:  # MM
+        hours, minutes, seconds = 0, parts[0], 0
+    else:  # MM:SS, HH:MM:SS
+        hours, minutes, seconds = [0] * (3 - len(parts)) + parts
+    return ((int(m["d"] or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def parse_time_limit(text: str) -> int:
     """Slurm time limit -> seconds. A bare number is minutes (as sbatch reads it)."""
-    m = _TIME_RE.match(text.strip()) if isinstance(text, str) else None
-    if not m:
-        raise UserError(f"time limit {text!r} is not a Slurm time: use {_TIME_FORMS} (e.g. --time 01:30:00)")
-    g = {k: int(v) if v is not None else None for k, v in m.groupdict().items()}
-    if g["d"] is not None:
-        days, hours, minutes, seconds = g["d"], g["dh"], g["dm"] or 0, g["ds"] or 0
-    elif g["c"] is not None:
-        days, hours, minutes, seconds = 0, g["a"], g["b"], g["c"]
-    elif g["b"] is not None:
-        days, hours, minutes, seconds = 0, 0, g["a"], g["b"]
-    else:
-        days, hours, minutes, seconds = 0, 0, g["a"], 0
-    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    try:
+        total = slurm_duration_s(text)
+    except ValueError:
+        raise UserError(f"time limit {text!r} is not a Slurm time: use {_TIME_FORMS} (e.g. --time 01:30:00)") from None
     if total <= 0:
         raise UserError(f"time limit {text!r} is zero: give a positive time, e.g. --time 30 (minutes) or 02:00:00")
     return total
 
 
-def format_time_limit(seconds: int) -> str:
-    """Seconds -> D-HH:MM:SS (or HH:MM:SS below a day), the form squeue prints."""
-    days, rest = divmod(seconds, 86400)
+def format_duration(seconds: int | None) -> str:
+    """Seconds -> D-HH:MM:SS (or HH:MM:SS below a day), the form squeue prints; None (no limit) -> UNLIMITED."""
+    if seconds is None:
+        return "UNLIMITED"
+    days, rest = divmod(int(seconds), 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
     hms = f"{hours:02d}:{minutes:02d}:{secs:02d}"
     return f"{days}-{hms}" if days else hms
+
+
+def slurm_size_mb(text: str) -> int:
+    """A Slurm memory size -> whole megabytes, rounded up as sbatch rounds K (1500K is 2 MB): `4000` (M is the
+    default unit), `4000M`, `16G`, `16GB`, `1.50G` as scontrol prints it; ValueError for anything else. The one
+    reader of Slurm sizes: parse_mem_mb (what a user gives) and records.py (what Slurm prints) go through it."""
+    m = _SIZE_RE.match(text.strip()) if isinstance(text, str) else None
+    if not m or len(m["n"]) > 30:
+        raise ValueError(f"not a Slurm memory size: {text!r}")
+    return math.ceil(Fraction(m["n"]) * _MB_PER[m["unit"].upper()])
+
+
+def gres_fields(entry: str) -> tuple[str, str | None, int]:
+    """One GRES entry without its detail in parentheses, `name[:type][:flags]:count`, -> (name, type, count):
+    `gpu:2`, `gpu:a100:2`, `shard:(null):1` (Slurm's "no type"), `bandwidth:lustre:no_consume:4G` (a count with
+    K, M, G, T or P is a multiple of 1024). ValueError for anything else. The one reader of GRES entries:
+    parse_gres (what a user gives) and schedulers/slurm/gres.py (what Slurm prints) go through it."""
+    fields = entry.split(":")
+    if len(fields) < 2 or not fields[0]:
+        raise ValueError(f"GRES entry {entry!r} is not name[:type]:count")
+    m = _GRES_COUNT_RE.match(fields[-1])
+    if not m:
+        raise ValueError(f"bad GRES count {fields[-1]!r} in {entry!r}")
+    # Between name and count: the type, and flags such as no_consume. `(null)` is Slurm's "no type".
+    middle = [f for f in fields[1:-1] if f and f not in {"(null)", "no_consume"}]
+    return fields[0], middle[0] if middle else None, int(m["n"]) * 1024 ** "_KMGTP".find(m["unit"].upper() or "_")
 
 
 # Upper bounds of what one job can ask for: far beyond any machine, and low enough that a typo (or a hostile job
@@ -57,15 +101,12 @@ MAX_MEM_MB = 1 << 30  # 1 PiB per node
 
 
 def parse_mem_mb(text: str) -> int:
-    """Slurm memory (per node): 4000, 4000M, 16G, 1T -> megabytes (0: the whole node). Units K/M/G/T; default M."""
+    """Slurm memory per node (4000, 4000M, 16G, 1T: units K/M/G/T, M by default) -> megabytes (0: the whole node)."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
     if not m or len(m["n"]) > 30:
-        raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)")
-    n = int(m["n"])
-    if n == 0:
-        return 0  # sbatch's --mem=0: all the memory of each node
-    unit = m["unit"].upper()
-    mb = -(-n // 1024) if unit == "K" else n * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]  # integers only
+        raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T "
+                        "(e.g. --mem 16G)")
+    mb = slurm_size_mb(text)  # 0: sbatch's --mem=0, all the memory of each node
     if mb > MAX_MEM_MB:
         raise UserError(f"memory {text!r} is more than {MAX_MEM_MB >> 20}T per node, far beyond any machine: give the "
                         "memory of one node (e.g. --mem 64G)")
@@ -76,16 +117,18 @@ def parse_gres(text: str) -> tuple[int, str | None, int]:
     """`gpu:2`, `gpu:a100:2`, `shard:16` (comma-separated to combine) -> (gpus, gpu type, shards) per node."""
     gpus, gpu_type, shards = 0, None, 0
     for item in str(text).split(","):
-        parts = item.strip().split(":")
-        ok = len(parts) in (2, 3) and parts[-1].isdigit() and int(parts[-1]) > 0 and parts[0] in ("gpu", "shard")
-        if ok and parts[0] == "gpu":
-            gpus = int(parts[-1])
-            gpu_type = parts[1] if len(parts) == 3 else None
-        elif ok and len(parts) == 2:
-            shards = int(parts[1])
+        try:
+            name, kind, count = gres_fields(item.strip())
+        except ValueError:
+            name, kind, count = "", None, 0
+        if name == "gpu" and count > 0 and item.count(":") <= 2:
+            gpus, gpu_type = count, kind
+        elif name == "shard" and count > 0 and item.count(":") == 1:
+            shards = count
         else:
             raise UserError(
-                f"--gres {text!r}: use gpu:N, gpu:TYPE:N or shard:N with N >= 1 (e.g. --gres gpu:a100:2 or --gres shard:16); "
+                f"--gres {text!r}: use gpu:N, gpu:TYPE:N or shard:N with N >= 1 (e.g. --gres gpu:a100:2 or "
+                "--gres shard:16); "
                 "other generic resources go in an extra #SBATCH line (--sbatch '--gres=...')"
             )
     if gpus and shards:

@@ -1,7 +1,7 @@
 """The shared training engine, below the recipes: it trains whatever `Recipe` (workload.py) its caller hands it.
 
     loop.py         `train()`: set up, build, then epoch after epoch until done or stopped (the pieces it calls:
-                    setup.py, resume.py, rundir.py, run.py, parts.py, epoch.py, evaluation.py, checkpoints.py)
+                    setup.py, resume.py, rundir.py, run.py, parts.py, epoch.py, evaluation.py, loop_state.py)
     workload.py     what the loop asks of a recipe: the Recipe protocol, Defaults, Optimization
     stopping.py     stop requests from signals and the ranks' vote on them
     metrics.py      metrics.jsonl, TensorBoard scalars, live progress

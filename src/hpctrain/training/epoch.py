@@ -13,7 +13,7 @@ import torch
 from hpctrain.data.sampler import mix_seed
 from hpctrain.distributed import all_reduce
 from hpctrain.distributed.failures import collective
-from hpctrain.training.checkpoints import save
+from hpctrain.training.loop_state import save
 from hpctrain.training.evaluation import evaluate
 from hpctrain.training.metrics import Progress
 from hpctrain.training.parts import Parts

@@ -10,7 +10,7 @@ detected environment. The pieces, each in its own module of this package:
     parts.py        what one attempt trains: data, the wrapped model, optimization, the stop vote's group
     epoch.py        one epoch's steps, its evaluation and metrics record; the divergence vote
     evaluation.py   test loss and accuracy; --evaluate
-    checkpoints.py  saving, restoring and keeping the best of the loop's checkpoints
+    loop_state.py   saving, restoring and keeping the best of the loop's checkpoints
     watch.py        this rank's live progress record, hang watchdog and stack requests; rank 0's straggler check
     preflight.py    --preflight: every rank's GEMM rate and the job's all-reduce, judged before the first step
 """
@@ -35,7 +35,7 @@ from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.health.preflight import BAD_NODES_FILE, MAX_BAD_NODES_BYTES, PREFLIGHT_FILE
 from hpctrain.readback import BadRunFile, read_text
 from hpctrain.training import preflight
-from hpctrain.training.checkpoints import restore, save
+from hpctrain.training.loop_state import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
 from hpctrain.training.precision import grad_scaler

@@ -1,6 +1,6 @@
 """What a checkpoint recorded, checked before a run uses it: its settings (the defaults of --resume and --evaluate)
 with the command line's own rules, and its training position and per-rank state (counters, random streams, loss
-sums, thread counts) against the shapes `training.checkpoints.save` writes.
+sums, thread counts) against the shapes `training.loop_state.save` writes.
 
 A checkpoint passes its checksum when it is the file that was written, not when what was written makes sense: one
 written by another version, edited, or crafted holds settings of any type. Each is refused here, in one line that

@@ -14,7 +14,7 @@ from hpctrain.config import TrainConfig, default_run_dir, earlier_default_run_di
 from hpctrain.distributed import DistEnv
 from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError, brief
-from hpctrain.training.checkpoints import CHECKPOINT_FORMAT, TRAIN_STATE_KEYS, load_own_part
+from hpctrain.training.loop_state import CHECKPOINT_FORMAT, TRAIN_STATE_KEYS, load_own_part
 from hpctrain.training.recorded import check_state, check_types, settings_with
 from hpctrain.training.rundir import CHECKPOINT_DIR, checkpoint_dir
 from hpctrain.training.workload import Recipe

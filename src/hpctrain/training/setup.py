@@ -15,7 +15,7 @@ from hpctrain.distributed import DistEnv, detect, resolve_device
 from hpctrain.distributed.cores import available_cores, choose_threads, default_threads
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, refuse_symlinks
-from hpctrain.training.checkpoints import saved_part
+from hpctrain.training.loop_state import saved_part
 from hpctrain.training.resume import ResumePoint, resume_point
 from hpctrain.training.run import Run
 from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, check_run_paths, checkpoint_dir, lock_run_dir

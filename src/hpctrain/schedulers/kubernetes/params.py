@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.kubernetes.options import quantity_mb
 
 KEYS = ("name", "kind", "worker_count", "worker_cpu", "worker_gpu", "worker_memory", "worker_shared_memory",
         "worker_image", "command", "priority", "workspace_id", "interactive")
@@ -94,7 +95,7 @@ def parse_params_text(text: str, source: str = "params") -> tuple[dict[str, Any]
     if "worker_shared_memory" in values:
         shm_mb = _gigabytes_mb("worker_shared_memory", values["worker_shared_memory"], problems)
         if shm_mb is not None:
-            options["shm"] = f"{shm_mb // 1024}Gi" if shm_mb % 1024 == 0 else f"{shm_mb}Mi"
+            options["shm"] = quantity_mb(shm_mb)
             if memory_mb is not None and shm_mb > memory_mb:
                 problems.append(f"worker_shared_memory={values['worker_shared_memory']} exceeds worker_memory="
                                 f"{values['worker_memory']}: /dev/shm counts against the pod's memory; lower it")

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
-from hpctrain.schedulers.slurm.records import format_duration
+from hpctrain.jobs.values import format_duration
 
 
 @dataclass(frozen=True)

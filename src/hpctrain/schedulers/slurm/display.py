@@ -17,7 +17,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.base import Table, View
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
-from hpctrain.schedulers.slurm.records import format_duration
+from hpctrain.jobs.values import format_duration
 
 NO_JOBS = "no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)"
 

@@ -9,7 +9,8 @@ Forms seen in the field and on the local cluster (Slurm 20.11 up to current; tes
     gpu:Quadro_RTX_4000:1(IDX:0),shard:Quadro_RTX_4000:32(0/64,32/64)   in use (23.11+): shards per GPU
     (null)                                            none
 
-Commas separate entries but also appear inside parentheses (`IDX:0-1,3`), so the split is done by hand.
+Commas separate entries but also appear inside parentheses (`IDX:0-1,3`), so the split is done by hand. An
+entry's `name[:type]:count` is read by jobs/values.py's gres_fields, which also reads a user's --gres.
 Pure functions only.
 """
 
@@ -19,8 +20,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-_COUNT_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGTP]?)$", re.IGNORECASE)
-_UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+from hpctrain.jobs.values import gres_fields
+
 # The detail in parentheses is the last thing; `(null)` may also appear as the type.
 _ENTRY_RE = re.compile(r"^(?P<head>.+?)(?:\((?P<detail>[^()]*)\))?$")
 _PER_DEVICE_RE = re.compile(r"^\d+/\d+$")
@@ -70,13 +71,6 @@ def parse_index_list(text: str) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def _parse_count(text: str, entry: str) -> int:
-    m = _COUNT_RE.match(text)
-    if not m:
-        raise ValueError(f"bad GRES count {text!r} in {entry!r}")
-    return int(m["n"]) * _UNIT[m["unit"].upper()]
-
-
 def parse_entry(entry: str) -> GresEntry:
     """One GRES entry; raises ValueError on a form it does not know."""
     m = _ENTRY_RE.match(entry)
@@ -85,14 +79,7 @@ def parse_entry(entry: str) -> GresEntry:
     head, detail = m["head"], m["detail"] or ""
     if "(" in head.replace("(null)", "") or ")" in head.replace("(null)", ""):
         raise ValueError(f"unbalanced parenthesis in GRES entry {entry!r}")
-    fields = head.split(":")
-    if len(fields) < 2 or not fields[0]:
-        raise ValueError(f"GRES entry {entry!r} is not name[:type]:count")
-    name, count_text = fields[0], fields[-1]
-    # Between name and count: the type, and flags such as no_consume. `(null)` is Slurm's "no type".
-    middle = [f for f in fields[1:-1] if f and f not in {"(null)", "no_consume"}]
-    gres_type = middle[0] if middle else None
-    count = _parse_count(count_text, entry)
+    name, gres_type, count = gres_fields(head)
     indexes: tuple[int, ...] | None = None
     per_device: tuple[tuple[int, int], ...] | None = None
     if detail:

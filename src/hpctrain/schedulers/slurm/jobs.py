@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
-from hpctrain.schedulers.slurm.records import null, parse_duration, parse_int, parse_records
+from hpctrain.schedulers.slurm.records import null, parse_int, parse_records, printed_duration
 from hpctrain.errors import UserError
 
 # States after which a job never runs again (a requeued job goes back to PENDING instead).
@@ -182,7 +182,7 @@ def parse_squeue(text: str) -> list[JobInfo]:
 @functools.lru_cache(maxsize=8192)  # squeue repeats time limits and many elapsed times across 100,000 jobs
 def _duration_or_none(text: str | None) -> int | None:
     try:
-        return parse_duration(text)
+        return printed_duration(text)
     except ValueError:
         return None
 

@@ -19,7 +19,9 @@ from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
-from hpctrain.schedulers.slurm.records import field_groups, null, parse_duration, parse_int, parse_mem_mb, parse_records
+from hpctrain.schedulers.slurm.records import (
+    field_groups, null, parse_int, parse_records, printed_duration, printed_mem_mb,
+)
 from hpctrain.distributed.hostlist import expand_hostlist
 
 
@@ -107,7 +109,7 @@ def parse_partitions(text: str) -> list[PartitionInfo]:
             PartitionInfo(
                 name=rec["PartitionName"],
                 default=rec.get("Default", "NO").upper() == "YES",
-                max_time_s=parse_duration(rec.get("MaxTime")),
+                max_time_s=printed_duration(rec.get("MaxTime")),
                 nodes=_expand(rec.get("Nodes")),
                 state=rec.get("State", "UNKNOWN").upper(),
                 max_nodes=int(max_nodes) if max_nodes.isdigit() else None,
@@ -132,8 +134,8 @@ def parse_nodes(text: str) -> list[NodeInfo]:
                 partitions=tuple(p for p in (null(rec.get("Partitions")) or "").split(",") if p),
                 cpus_total=cpus_total,
                 cpus_alloc=parse_int(rec.get("CPUAlloc")),
-                mem_mb_total=parse_mem_mb(rec.get("RealMemory")) or 0,
-                mem_mb_alloc=parse_mem_mb(rec.get("AllocMem")) or 0,
+                mem_mb_total=printed_mem_mb(rec.get("RealMemory")) or 0,
+                mem_mb_alloc=printed_mem_mb(rec.get("AllocMem")) or 0,
                 gpu_type=usage.gpu_type,
                 gpus_total=usage.gpus_total,
                 gpus_used=usage.gpus_used,

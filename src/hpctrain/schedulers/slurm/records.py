@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 
+from hpctrain.jobs.values import slurm_duration_s, slurm_size_mb
+
 # A key starts a new field only after whitespace: letters, digits and the odd `/`, `:` or `_`
 # (`CPUs/Task=`, `AllocNode:Sid=`, `NtasksPerN:B:S:C=`).
 _FIELD_RE = re.compile(r"(?:^|\s+)([A-Za-z][A-Za-z0-9_/:]*)=")
-_UNLIMITED = {"UNLIMITED", "INFINITE", "INFINITY"}
-_DURATION_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
+# What Slurm prints for "no value" or "no limit" where a time or a size would stand.
+_UNSET = {"", "UNLIMITED", "INFINITE", "INFINITY", "N/A", "NONE", "(NULL)", "UNKNOWN"}
 
 
 def parse_record(line: str) -> dict[str, str]:
@@ -46,59 +48,20 @@ def parse_records(text: str) -> list[dict[str, str]]:
     return [parse_record(line) for line in text.splitlines() if line.strip() and "=" in line]
 
 
-def parse_duration(text: str | None) -> int | None:
-    """A Slurm duration as scontrol/squeue print it -> seconds; None for UNLIMITED, N/A, NONE or empty.
-
-    Forms: SS is not used by Slurm's printers, so a lone number is minutes (as sbatch reads it); MM:SS;
-    HH:MM:SS; D-HH; D-HH:MM; D-HH:MM:SS."""
-    if text is None:
-        return None
-    value = text.strip()
-    if not value or value.upper() in _UNLIMITED or value.upper() in {"N/A", "NONE", "(NULL)", "UNKNOWN"}:
-        return None
-    m = _DURATION_RE.match(value)
-    if not m:
-        raise ValueError(f"not a Slurm duration: {text!r}")
-    parts = [int(p) for p in m["rest"].split(":")]
-    days = int(m["d"]) if m["d"] else 0
-    if m["d"]:
-        parts += [0] * (3 - len(parts))  # D-HH, D-HH:MM
-        hours, minutes, seconds = parts
-    elif len(parts) == 3:
-        hours, minutes, seconds = parts
-    elif len(parts) == 2:
-        hours, (minutes, seconds) = 0, parts
-    else:
-        hours, minutes, seconds = 0, parts[0], 0
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+def _unset(text: str | None) -> bool:
+    return text is None or text.strip().upper() in _UNSET
 
 
-def format_duration(seconds: int | None) -> str:
-    """Seconds -> `[D-]HH:MM:SS`, the form Slurm prints; None -> `UNLIMITED`."""
-    if seconds is None:
-        return "UNLIMITED"
-    days, rest = divmod(int(seconds), 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    hms = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{hms}" if days else hms
+def printed_duration(text: str | None) -> int | None:
+    """A Slurm duration as scontrol/squeue print it -> seconds; None for UNLIMITED, N/A, NONE or empty. The forms
+    and the arithmetic are jobs/values.py's (slurm_duration_s); ValueError for anything else."""
+    return None if _unset(text) else slurm_duration_s(text)
 
 
-_SIZE_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGTP]?)$", re.IGNORECASE)
-_UNIT_MB = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2, "P": 1024.0**3}
-
-
-def parse_mem_mb(text: str | None) -> int | None:
-    """Memory as Slurm prints it (`9642`, `9642M`, `16G`) -> megabytes; None when unset or unlimited."""
-    if text is None:
-        return None
-    value = text.strip()
-    if not value or value.upper() in _UNLIMITED or value.upper() in {"N/A", "(NULL)"}:
-        return None
-    m = _SIZE_RE.match(value)
-    if not m:
-        raise ValueError(f"not a Slurm memory size: {text!r}")
-    return int(float(m["n"]) * _UNIT_MB[m["unit"].upper()])
+def printed_mem_mb(text: str | None) -> int | None:
+    """Memory as Slurm prints it (`9642`, `9642M`, `16G`, `1.50G`) -> megabytes; None when unset or unlimited. The
+    forms and the arithmetic are jobs/values.py's (slurm_size_mb); ValueError for anything else."""
+    return None if _unset(text) else slurm_size_mb(text)
 
 
 def parse_int(text: str | None, default: int = 0) -> int:

@@ -24,19 +24,15 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.jobs.values import format_time_limit, parse_time_limit
+from hpctrain.jobs.values import format_duration, parse_time_limit
 from hpctrain.schedulers.slurm.directives import render_sbatch_option, sbatch_value
 from hpctrain.schedulers.slurm.options import SlurmOptions, check_job
-
-# The first port tried is 20000 + job id % 20000; the script walks up from there past ports in use.
-PORT_BASE = 20000
-PORT_SPAN = 20000
-PORT_TRIES = 200
 
 
 def _q(word: str) -> str:
@@ -57,7 +53,7 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
     if job.exclude_nodes:
         opts.append(("--exclude", ",".join(job.exclude_nodes)))
     if job.time is not None:
-        opts.append(("--time", format_time_limit(parse_time_limit(job.time))))
+        opts.append(("--time", format_duration(parse_time_limit(job.time))))
     if options.launcher == "single":
         opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
     elif options.launcher == "torchrun":

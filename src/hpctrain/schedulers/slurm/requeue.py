@@ -177,7 +177,7 @@ def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         '    if [ -z "$excluded" ]; then',
         f'        echo "hpctrain: the preflight\'s list of sick nodes ($run_dir/{BAD_NODES_FILE}) names no node; not'
         ' requeueing" >&2',
-        f'    elif [ "$partition_nodes" -gt 0 ] && [ "$left" -lt "${{SLURM_JOB_NUM_NODES:-1}}" ]; then',
+        '    elif [ "$partition_nodes" -gt 0 ] && [ "$left" -lt "${SLURM_JOB_NUM_NODES:-1}" ]; then',
         f'        echo "hpctrain: the preflight found sick node(s) ($excluded); without them partition'
         f' ${{SLURM_JOB_PARTITION:-?}} has $left node(s), fewer than the job\'s ${{SLURM_JOB_NUM_NODES:-1}}: not'
         f' requeueing (see $run_dir/{PREFLIGHT_FILE})" >&2',

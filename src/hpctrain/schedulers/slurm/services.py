@@ -22,10 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
 from hpctrain.errors import UserError
+from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm import dev
 from hpctrain.schedulers.slurm.environments import get_environment
-from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
@@ -47,9 +48,6 @@ from hpctrain.servers.sessions import (
 from hpctrain.servers.top import TopSample
 
 ENDPOINT_FILE = "endpoint.json"
-PORT_BASE = 20000
-PORT_SPAN = 20000
-PORT_TRIES = 200
 
 
 @dataclass(frozen=True)

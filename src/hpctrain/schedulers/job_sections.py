@@ -1,6 +1,6 @@
 """A job file, split into the scheduler-neutral job and one backend's options: `scheduler:` names the backend, a
 section named after it (`kubernetes:`) holds its options, and a backend's own format (a `.params` file) is always
-for that backend. The safe reading of the file itself is hpctrain.jobs.file's; which sections and formats exist
+for that backend. The safe reading of the file itself is hpctrain.jobs.file_reading's; which sections and formats exist
 is what each backend's INFO declares.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.file import load_job_file, read_job_text
+from hpctrain.jobs.file_reading import load_job_file, read_job_text
 from hpctrain.schedulers import SCHEDULERS, backend_info
 
 
@@ -30,7 +30,7 @@ class JobFile:
 
 
 def read_job_file(path: str | Path) -> JobFile:
-    """Read any job file: YAML/TOML (jobs.file.load_job_file) or a backend's own format."""
+    """Read any job file: YAML/TOML (jobs.file_reading.load_job_file) or a backend's own format."""
     path = Path(path)
     for name in SCHEDULERS:
         parse = backend_info(name).file_formats.get(path.suffix)

@@ -4,10 +4,11 @@ anything that could make the read itself costly.
 A job file is a few lines written by a person. What is refused here, each with a one-line UserError:
 what is not a regular file (a FIFO; /dev/zero behind a link), files above MAX_JOB_FILE_BYTES, text that is not
 UTF-8 (all three for .params files too), YAML anchors and aliases (nested aliases expand a few hundred bytes into
-gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack. `mapping.from_mapping` validates the job data that comes back.
+gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack.
+`mapping.from_mapping` validates the job data that comes back.
 
 Besides the JobSpec keys, a YAML/TOML job file may name its scheduler and hold a section of that scheduler's
-options: hpctrain.schedulers.job_file splits them off, and reads a backend's own format (a .params file) with
+options: hpctrain.schedulers.job_sections splits them off, and reads a backend's own format (a .params file) with
 read_job_text's checks.
 """
 
@@ -82,8 +83,8 @@ def read_job_bytes(path: Path) -> bytes:
         if err.reason.startswith("not a regular file"):
             raise UserError(f"job file {path}: {err.reason}; check the --job-file path") from None
         raise UserError(
-            f"job file {path} is larger than {MAX_JOB_FILE_BYTES // (1 << 20)} MiB, far more than a job description needs; "
-            "check the --job-file path"
+            f"job file {path} is larger than {MAX_JOB_FILE_BYTES // (1 << 20)} MiB, far more than a job description "
+            "needs; check the --job-file path"
         ) from None
     except OSError as err:
         raise UserError(f"cannot read job file {path}: {err.strerror or err}; check the --job-file path") from err

@@ -79,7 +79,7 @@ def run_dir_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 def test_unusable_run_dir_is_refused_before_anything_starts(fashion_data_dir, tmp_path, case, extra):
     run_dir, message = run_dir_cases(tmp_path)[case]
     before = sorted(tmp_path.rglob("*"))
-    refused(train(fashion_data_dir, run_dir, *QUICK, *extra), f"--run-dir", message)
+    refused(train(fashion_data_dir, run_dir, *QUICK, *extra), "--run-dir", message)
     assert sorted(tmp_path.rglob("*")) == before
 
 

@@ -1,0 +1,45 @@
+"""The ports a job derives on a shared node (the batch script's torchrun rendezvous, srun's MASTER_PORT, a dev
+session's server) come from one range, distributed/ports.py's, which ends below Linux's ephemeral range
+(32768-60999 by default), walk-up included. The scripts' port lines are run by bash itself."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from hpctrain.distributed.ports import EPHEMERAL_START, PORT_BASE, PORT_SPAN, PORT_TRIES
+from hpctrain.distributed.probes import slurm_port
+from hpctrain.jobs.spec import JobSpec
+from hpctrain.schedulers.slurm.render import render_sbatch
+from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.services import port_lines
+
+
+def bash_values(setup: str, line: str, runs: int, name: str) -> list[int]:
+    """`line` (an assignment of $name) evaluated by bash `runs` times, after `setup` (the i-th run has $i)."""
+    script = f'for i in $(seq 0 {runs - 1}); do {setup} {line}; echo "${name}"; done'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=60).stdout
+    return [int(v) for v in out.split()]
+
+
+def test_the_range_and_its_walk_up_end_below_the_ephemeral_ports():
+    assert 1024 <= PORT_BASE and PORT_BASE + PORT_SPAN - 1 + PORT_TRIES < EPHEMERAL_START == 32768
+
+
+def test_the_batch_scripts_rendezvous_port_is_below_the_ephemeral_range():
+    script = render_sbatch(JobSpec(command=("python", "train.py")), SlurmOptions(launcher="torchrun"))
+    line = next(x for x in script.splitlines() if x.startswith("rdzv_port=$(("))
+    # Job ids across more than a whole span: each maps into the range (20000 + id % 20000 reached 39999).
+    ports = bash_values("SLURM_JOB_ID=$((i * 7 + 1));", line, 4000, "rdzv_port")
+    assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN, (line, max(ports))
+
+
+def test_a_sessions_random_port_is_below_the_ephemeral_range():
+    (line,) = [x for x in port_lines(None) if re.match(r"^port=\$\(\(", x)]
+    ports = bash_values("", line, 2000, "port")  # bash's RANDOM: 0..32767, so every residue is reachable
+    assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN, (line, max(ports))
+
+
+def test_srun_rendezvous_ports_stay_in_the_same_range():
+    ports = {slurm_port(job, step) for job in range(0, 3 * PORT_SPAN, 7) for step in range(3)}
+    assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN

@@ -1,0 +1,58 @@
+"""The style of pyproject.toml's [tool.ruff] holds over src, tests and benchmarks: ruff's lint rules (no line over
+120 columns, pyflakes' rules) and its formatter (`ruff format --check` would change nothing). ruff itself does the
+checking, with the project's configuration; the last two tests show on a small file that each check can fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKED = ("src", "tests", "benchmarks")
+
+
+def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """ruff from this interpreter's environment (the dev extra installs it), with pyproject.toml's settings."""
+    if importlib.util.find_spec("ruff") is None:
+        pytest.fail("ruff is not installed here: it comes with the dev extra (pip install -e '.[dev]')")
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--config", str(ROOT / "pyproject.toml")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_ruff_lint_rules_hold():
+    result = ruff("check", "--no-cache", *CHECKED)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_would_change_nothing():
+    result = ruff("format", "--check", "--no-cache", *CHECKED)
+    assert result.returncode == 0, (
+        result.stdout + result.stderr + "\nformat them with: python -m ruff format src tests benchmarks"
+    )
+
+
+def test_the_lint_check_catches_a_long_line_and_an_unused_import(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import os\n\nLONG = '" + "x" * 112 + "'\nFITS = '" + "x" * 111 + "'\n")  # 121 and 120 columns
+    result = ruff("check", "--no-cache", "--output-format", "concise", sample.name, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sample.py:3:121: E501 Line too long (121 > 120)" in result.stdout
+    assert "sample.py:4:" not in result.stdout
+    assert "sample.py:1:8: F401" in result.stdout
+
+
+def test_the_format_check_catches_unformatted_code(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("x = {  'a':1 }\n")
+    result = ruff("format", "--check", "--no-cache", sample.name, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sample.py" in result.stdout and "1 file would be reformatted" in result.stdout
