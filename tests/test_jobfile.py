@@ -117,7 +117,8 @@ def test_toml_job_files_read_on_python_3_10_through_tomli(tmp_path: Path) -> Non
     """pyproject says Python >= 3.10, where the standard library has no tomllib. Only 3.11 runs here, so a child
     interpreter is made to look like 3.10: tomllib hidden, sys.version_info 3.10, and `tomli` offered (tomllib is
     tomli 2.0 taken into the standard library, with the same loads/TOMLDecodeError; the real tomli is not installed
-    here). What is checked for real: that hpctrain imports and reads a TOML job file, and rejects a bad one, that way."""
+    here). What is checked for real: that hpctrain imports and reads a TOML job file, and rejects a bad one, that
+    way."""
     good, bad = tmp_path / "job.toml", tmp_path / "bad.toml"
     good.write_text('name = "demo"\ncommand = ["python", "train.py"]\n')
     bad.write_text("name = \n")

@@ -98,7 +98,8 @@ def with_mirror(ref: ImageRef, mirror: str) -> ImageRef:
     """The same Docker Hub image through a pull-through mirror (`--registry-mirror HOST[:PORT]`); Docker Hub's
     official images get their implicit `library/` prefix, as mirrors expect."""
     if not _REGISTRY_RE.match(mirror or ""):
-        raise UserError(f"--registry-mirror {mirror!r}: give the mirror's host name (and port), e.g. --registry-mirror mirror.example.org:5000")
+        raise UserError(f"--registry-mirror {mirror!r}: give the mirror's host name (and port), "
+                        "e.g. --registry-mirror mirror.example.org:5000")
     if not ref.on_docker_hub:
         raise UserError(f"--registry-mirror mirrors Docker Hub, but the image comes from {ref.registry}: drop "
                         "--registry-mirror, or write the mirror's own reference for it")
@@ -206,7 +207,8 @@ def pull(ref: ImageRef, to: Path, fmt: str, output: Path | None = None, run: Cal
         found = image_format(dest)
         if found == fmt and dest.stat().st_size > 0:
             return PullResult(dest, fmt, dest.stat().st_size, skipped=True)
-        raise UserError(f"{dest} exists but is not a valid .{fmt} image ({'a .' + found + ' image' if found else 'unknown content'}): "
+        raise UserError(f"{dest} exists but is not a valid .{fmt} image "
+                        f"({'a .' + found + ' image' if found else 'unknown content'}): "
                         "remove it, or choose another --to/--output")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = _partial(dest)

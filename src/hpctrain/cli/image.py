@@ -1,7 +1,8 @@
-"""`hpctrain image pull|build|list`: container images converted once, on the login node, before any job.
+r"""`hpctrain image pull|build|list`: container images converted once, on the login node, before any job.
 
     hpctrain image pull docker://nvcr.io/nvidia/pytorch:24.04-py3 --to ~/images          # .sif or .sqsh
-    hpctrain image pull docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime --to ~/images --registry-mirror mirror.example.org
+    hpctrain image pull docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime --to ~/images \
+        --registry-mirror mirror.example.org
     hpctrain image build train.def --output ~/images/train.sif
     hpctrain image list ~/images
 """

@@ -109,7 +109,8 @@ def normalize_mirror(mirror: str) -> str:
             mirror = Path(mirror).resolve().as_uri()
         else:
             raise UserError(
-                f"mirror {redact(repr(mirror))} is not an http://, https:// or file:// URL (nor an existing directory); "
+                f"mirror {redact(repr(mirror))} is not an http://, https:// or file:// URL "
+                "(nor an existing directory); "
                 "pass e.g. --mirror https://host/path/ or --mirror file:///shared/datasets/mnist/"
             )
     return mirror if mirror.endswith("/") else mirror + "/"
@@ -144,7 +145,8 @@ def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> U
         free = f", {format_bytes(room)} free" if room is not None else ""
         return UserError(
             f"cannot write {final.name} into {where}: {what} ({err.strerror}{free}) after {format_bytes(received)}; "
-            f"the file needs up to {format_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file system with room"
+            f"the file needs up to {format_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file "
+            "system with room"
         )
     return UserError(f"cannot write {final.name} into {where}: {err.strerror or err}; pass --data-dir with a writable directory")
 
@@ -174,11 +176,13 @@ def _fetch_one(
                 length = response.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
                 if total is not None and total > limit:
-                    return f"announces {total} bytes, more than the {limit} a {fspec.raw_size}-byte file may take: not the data file"
+                    return (f"announces {total} bytes, more than the {limit} a {fspec.raw_size}-byte file may take: "
+                            "not the data file")
                 reporter.begin(final.name, redact(url), total)
                 started = True
                 window_start, window_bytes = time.monotonic(), 0
-                # read1: whatever has arrived, so that a trickle returns here and is measured (read() would wait for CHUNK).
+                # read1: whatever has arrived, so that a trickle returns here and is measured (read() would wait
+                # for CHUNK).
                 while chunk := response.read1(CHUNK):
                     try:
                         _write_all(fd, chunk)
@@ -193,7 +197,8 @@ def _fetch_one(
                     if min_rate and elapsed >= timeout:
                         if window_bytes < min_rate * elapsed:
                             return (
-                                f"too slow: {window_bytes / elapsed:.0f} bytes/s over {elapsed:.1f} s, below --min-rate {min_rate:g}; "
+                                f"too slow: {window_bytes / elapsed:.0f} bytes/s over {elapsed:.1f} s, "
+                                f"below --min-rate {min_rate:g}; "
                                 "use a faster --mirror, fetch the files on another machine, or lower --min-rate"
                             )
                         window_start, window_bytes = time.monotonic(), 0

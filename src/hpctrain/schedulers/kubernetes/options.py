@@ -118,7 +118,8 @@ def parse_volume(spec: str) -> Volume:
     else:
         raise UserError(f"--volume {spec!r}: use {VOLUME_FORMS}")
     if not volume.mount.startswith("/") or volume.mount.rstrip("/") in ("", "/dev/shm"):
-        raise UserError(f"--volume {spec!r}: the mount path must be an absolute directory other than / and /dev/shm (use --shm for that)")
+        raise UserError(f"--volume {spec!r}: the mount path must be an absolute directory other than / and /dev/shm "
+                        "(use --shm for that)")
     return volume
 
 

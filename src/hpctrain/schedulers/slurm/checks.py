@@ -193,7 +193,8 @@ def _check_nodes(req: Requirements, partition: PartitionInfo, nodes: list[NodeIn
         most_mem = max(n.mem_mb_total for n in nodes)
         if req.mem_mb_per_node > most_mem:
             per_resource.append(
-                f"--mem {_fmt_mem(req.mem_mb_per_node)}: no node in {where} has more than {_fmt_mem(most_mem)} of memory; "
+                f"--mem {_fmt_mem(req.mem_mb_per_node)}: no node in {where} has more than {_fmt_mem(most_mem)} "
+                "of memory; "
                 f"ask for --mem {_fmt_mem(most_mem)} or less per node"
             )
     problems += per_resource

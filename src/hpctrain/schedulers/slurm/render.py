@@ -216,9 +216,11 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         *requeue.warning_lines(job),
         "trap 'warned=1; forward_warning' USR1",
         # srun would turn a TERM into a SIGKILL of the step: ask Slurm to pass it on (scancel itself already has).
-        "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then scancel --signal=TERM \"$SLURM_JOB_ID\" 2>/dev/null; else exit 143; fi' TERM INT",
+        "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then scancel --signal=TERM \"$SLURM_JOB_ID\" 2>/dev/null; "
+        "else exit 143; fi' TERM INT",
         "",
-        'echo "hpctrain: job ${SLURM_JOB_ID} attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on ${SLURM_JOB_NODELIST}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"',
+        'echo "hpctrain: job ${SLURM_JOB_ID} attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on ${SLURM_JOB_NODELIST}, '
+        '$(date -u +%Y-%m-%dT%H:%M:%SZ)"',
     ]
     exports = list(job.env)
     if job.run_dir is not None:

@@ -172,7 +172,8 @@ def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         f'if [ "$cancelled" = 0 ] && [ "$stop_reason" = sick_node ] && [ -f "$run_dir/{BAD_NODES_FILE}" ]; then',
         f"    excluded=$({_excluded_sources(job)} | sort -u | paste -sd, -)",
         "    # A job no longer fitting its partition without them would wait forever: end it (sinfo silent: requeue).",
-        '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null | awk \'{n += $1} END {print n + 0}\')',
+        '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null '
+        '| awk \'{n += $1} END {print n + 0}\')',
         '    left=$((partition_nodes - $(echo "$excluded" | tr , "\\n" | grep -c .)))',
         '    if [ -z "$excluded" ]; then',
         f'        echo "hpctrain: the preflight\'s list of sick nodes ($run_dir/{BAD_NODES_FILE}) names no node; not'

@@ -89,7 +89,8 @@ def port_lines(port: int | None) -> list[str]:
         "tries=0",
         'while (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; do',
         "    port=$((port + 1)); tries=$((tries + 1))",
-        f'    if [ "$tries" -ge {PORT_TRIES} ]; then echo "hpctrain: no free port found on $(hostname)" >&2; exit 1; fi',
+        f'    if [ "$tries" -ge {PORT_TRIES} ]; then '
+        'echo "hpctrain: no free port found on $(hostname)" >&2; exit 1; fi',
         "done",
     ]
 
@@ -112,7 +113,8 @@ def render_service_script(service: ServiceJob) -> str:
     out += [
         "# Where the server listens, for hpctrain on the login node (written atomically).",
         "node=\"${SLURMD_NODENAME:-$(hostname)}\"",
-        f'printf \'{{"job_id": "%s", "node": "%s", "port": %d}}\\n\' "$SLURM_JOB_ID" "$node" "$port" > "$state_dir/.{ENDPOINT_FILE}.tmp"',
+        'printf \'{"job_id": "%s", "node": "%s", "port": %d}\\n\' "$SLURM_JOB_ID" "$node" "$port" '
+        f'> "$state_dir/.{ENDPOINT_FILE}.tmp"',
         f'mv "$state_dir/.{ENDPOINT_FILE}.tmp" "$state_dir/{ENDPOINT_FILE}"',
         'echo "hpctrain: serving on ${node}:${port} (job ${SLURM_JOB_ID})"',
         "",
