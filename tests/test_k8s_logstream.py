@@ -10,7 +10,8 @@ from __future__ import annotations
 import io
 
 import pytest
-import urllib3
+
+urllib3 = pytest.importorskip("urllib3")  # the kubernetes client's HTTP library (the k8s extra)
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.kubernetes.logstream import log_lines
