@@ -55,8 +55,13 @@ def mnist(device: torch.device) -> Workload:
 
     model = TutorialNet().to(device)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
-    return Workload("MNIST classic CNN + Adadelta", model, optimizer,
-                    torch.randn(64, 1, 28, 28, device=device), torch.randint(0, 10, (64,), device=device))
+    return Workload(
+        "MNIST classic CNN + Adadelta",
+        model,
+        optimizer,
+        torch.randn(64, 1, 28, 28, device=device),
+        torch.randint(0, 10, (64,), device=device),
+    )
 
 
 def resnet50(device: torch.device) -> Workload:
@@ -66,8 +71,13 @@ def resnet50(device: torch.device) -> Workload:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     # Small images keep a CPU step short; the checkpoint is the same size at any resolution.
     size, batch = (224, 64) if device.type == "cuda" else (64, 4)
-    return Workload("ResNet-50 + SGD momentum", model, optimizer,
-                    torch.randn(batch, 3, size, size, device=device), torch.randint(0, 1000, (batch,), device=device))
+    return Workload(
+        "ResNet-50 + SGD momentum",
+        model,
+        optimizer,
+        torch.randn(batch, 3, size, size, device=device),
+        torch.randint(0, 1000, (batch,), device=device),
+    )
 
 
 WORKLOADS = {"mnist": mnist, "resnet50": resnet50}
@@ -78,8 +88,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(work: Workload, mode: str, directory: Path, checkpoints: int, steps_between: int,
-        device: torch.device) -> tuple[float, list[float], int]:
+def run(
+    work: Workload, mode: str, directory: Path, checkpoints: int, steps_between: int, device: torch.device
+) -> tuple[float, list[float], int]:
     """Train checkpoints * steps_between steps, checkpointing after every steps_between (none for "none").
     Returns the wall time, the pause of each checkpoint, and how many saves waited for the previous write."""
     writer = checkpoint.AsyncCheckpointer() if mode == "async" else None
@@ -114,8 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="mnist,resnet50", help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--dir", type=Path, default=None, help="where to write checkpoints (default: a temp dir)")
     parser.add_argument("--checkpoints", type=int, default=8, help="checkpoints per run (default: 8)")
-    parser.add_argument("--steps-between", type=int, default=None,
-                        help="training steps between checkpoints (default: 20 for mnist, 4 for resnet50)")
+    parser.add_argument(
+        "--steps-between",
+        type=int,
+        default=None,
+        help="training steps between checkpoints (default: 20 for mnist, 4 for resnet50)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved (default: 2)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -139,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             waited = 0
             for repeat in range(args.repeats):
                 for mode in ("none", "sync", "async"):  # interleaved, so drifting machine load hits all three
-                    wall, mode_pauses, mode_waited = run(work, mode, Path(tmp) / name, args.checkpoints,
-                                                         steps_between, device)
+                    wall, mode_pauses, mode_waited = run(
+                        work, mode, Path(tmp) / name, args.checkpoints, steps_between, device
+                    )
                     waited += mode_waited
                     times[mode].append(wall)
                     if mode != "none":
@@ -149,18 +165,31 @@ def main(argv: list[str] | None = None) -> int:
             baseline = statistics.median(times["none"])
             for mode in ("sync", "async"):
                 overhead = (statistics.median(times[mode]) - baseline) / args.checkpoints
-                rows.append((work.name, megabytes, mode, statistics.median(pauses[mode]), max(pauses[mode]),
-                             f"{waited}/{len(pauses[mode])}" if mode == "async" else "-", overhead,
-                             baseline / (args.checkpoints * steps_between)))
+                rows.append(
+                    (
+                        work.name,
+                        megabytes,
+                        mode,
+                        statistics.median(pauses[mode]),
+                        max(pauses[mode]),
+                        f"{waited}/{len(pauses[mode])}" if mode == "async" else "-",
+                        overhead,
+                        baseline / (args.checkpoints * steps_between),
+                    )
+                )
             del work
 
-    print(f"\nCheckpoint pause on {device.type} ({torch.get_num_threads()} threads, torch {torch.__version__}), "
-          f"{args.checkpoints} checkpoints x {args.repeats} runs per mode\n")
+    print(
+        f"\nCheckpoint pause on {device.type} ({torch.get_num_threads()} threads, torch {torch.__version__}), "
+        f"{args.checkpoints} checkpoints x {args.repeats} runs per mode\n"
+    )
     print("| state | size | mode | pause, median | pause, max | waited | overhead per checkpoint | step time |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for state, megabytes, mode, median, worst, waited, overhead, step_time in rows:
-        print(f"| {state} | {megabytes:.1f} MB | {mode} | {median * 1e3:.1f} ms | {worst * 1e3:.1f} ms | {waited} | "
-              f"{overhead * 1e3:.0f} ms | {step_time * 1e3:.0f} ms |")
+        print(
+            f"| {state} | {megabytes:.1f} MB | {mode} | {median * 1e3:.1f} ms | {worst * 1e3:.1f} ms | {waited} | "
+            f"{overhead * 1e3:.0f} ms | {step_time * 1e3:.0f} ms |"
+        )
     return 0
 
 

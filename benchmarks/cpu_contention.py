@@ -63,9 +63,28 @@ def images_per_s(data_dir: Path, options: list[str], env: dict[str, str], train_
     environ.update(env)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "hpctrain", "train", "mnist", "--dataset", "fashion-mnist", "--data-dir",
-                   str(data_dir), "--run-dir", str(run_dir), "--epochs", "1", "--train-limit", str(train_limit),
-                   "--test-limit", "1000", "--log-interval", "0", *options]
+        command = [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "train",
+            "mnist",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--epochs",
+            "1",
+            "--train-limit",
+            str(train_limit),
+            "--test-limit",
+            "1000",
+            "--log-interval",
+            "0",
+            *options,
+        ]
         proc = subprocess.run(command, env=environ, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr}")
@@ -78,8 +97,9 @@ def measure(data_dir: Path, busy: int, configs: list[str], repeats: int, train_l
     for process in competitors:
         process.start()
     try:
-        return {name: max(images_per_s(data_dir, *CONFIGS[name], train_limit) for _ in range(repeats))
-                for name in configs}
+        return {
+            name: max(images_per_s(data_dir, *CONFIGS[name], train_limit) for _ in range(repeats)) for name in configs
+        }
     finally:
         for process in competitors:
             process.kill()
@@ -89,8 +109,9 @@ def measure(data_dir: Path, busy: int, configs: list[str], repeats: int, train_l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="holds fashion-mnist/ (hpctrain download)")
-    parser.add_argument("--busy", type=int, action="append", help="busy-loop processes beside the run "
-                        "(repeatable; default: 0 and 1)")
+    parser.add_argument(
+        "--busy", type=int, action="append", help="busy-loop processes beside the run (repeatable; default: 0 and 1)"
+    )
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="default: all")
     parser.add_argument("--repeats", type=int, default=1, help="keep the best of N runs (default 1)")
     parser.add_argument("--train-limit", type=int, default=20000, help="training images per run (default 20000)")
@@ -100,8 +121,10 @@ def main() -> None:
 
     import torch
 
-    print(f"cpu: {cpu_model()}; cores usable: {CORES}; torch {torch.__version__} "
-          f"({torch.__config__.parallel_info().splitlines()[3].strip()}); python {platform.python_version()}")
+    print(
+        f"cpu: {cpu_model()}; cores usable: {CORES}; torch {torch.__version__} "
+        f"({torch.__config__.parallel_info().splitlines()[3].strip()}); python {platform.python_version()}"
+    )
     if hasattr(os, "getloadavg"):
         print(f"load average (1 min) at start: {os.getloadavg()[0]:.1f}")
     results = {busy: measure(args.data_dir, busy, configs, args.repeats, args.train_limit) for busy in busy_counts}

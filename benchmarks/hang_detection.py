@@ -26,13 +26,41 @@ from hpctrain.health import read_progress
 
 def one(args: argparse.Namespace, run_dir: Path, victim: int, after_steps: int) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-               "--max-restarts", "0", "-m", "hpctrain", "train", "mnist", "--recipe", "classic", "--dataset",
-               "fashion-mnist", "--data-dir", str(args.data_dir), "--train-limit", "30000", "--threads", "1",
-               "--batch-size", str(32 * args.nproc),
-               "--log-interval", "0", "--run-dir", str(run_dir), "--hang-timeout", str(args.hang_timeout)]
-    process = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc),
+        "--max-restarts",
+        "0",
+        "-m",
+        "hpctrain",
+        "train",
+        "mnist",
+        "--recipe",
+        "classic",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(args.data_dir),
+        "--train-limit",
+        "30000",
+        "--threads",
+        "1",
+        "--batch-size",
+        str(32 * args.nproc),
+        "--log-interval",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--hang-timeout",
+        str(args.hang_timeout),
+    ]
+    process = subprocess.Popen(
+        command, env={**env, "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     stopped_at, pid, culprit, seen = None, None, "", []
     try:
         for line in process.stdout:
@@ -74,10 +102,15 @@ def main() -> None:
             ok = culprit.startswith(f"rank {victim} on {host} never arrived")
             right += ok
             latencies.append(latency)
-            print(f"  run {n + 1}: stopped rank {victim} after step {after}; reported in {latency:.1f} s: "
-                  f"{'right' if ok else 'WRONG'}: {culprit}", flush=True)
-    print(f"culprit right in {right} of {args.runs}; detection {statistics.median(latencies):.1f} s median, "
-          f"{max(latencies):.1f} s max (limit {args.hang_timeout:g} s); load {os.getloadavg()[0]:.2f}")
+            print(
+                f"  run {n + 1}: stopped rank {victim} after step {after}; reported in {latency:.1f} s: "
+                f"{'right' if ok else 'WRONG'}: {culprit}",
+                flush=True,
+            )
+    print(
+        f"culprit right in {right} of {args.runs}; detection {statistics.median(latencies):.1f} s median, "
+        f"{max(latencies):.1f} s max (limit {args.hang_timeout:g} s); load {os.getloadavg()[0]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -36,13 +36,16 @@ def child(mode: str, argv: list[str]) -> int:
     from hpctrain.cli import main
 
     if mode == "off":
+
         class Nothing:
             reported: list = []
 
             def __init__(self, *_: object) -> None: ...
             def epoch_started(self, *_: object) -> None: ...
             def step(self, *_: object) -> None: ...
-            def take_reported(self) -> list: return []
+            def take_reported(self) -> list:
+                return []
+
             def close(self, *_: object) -> None: ...
 
             @contextlib.contextmanager
@@ -60,17 +63,34 @@ def whole_loop(args: argparse.Namespace) -> dict[str, list[float]]:
         for repeat in range(args.repeats):
             for mode in ("on", "off") if repeat % 2 == 0 else ("off", "on"):
                 run_dir = Path(tmp) / f"{mode}-{repeat}"
-                argv = ["train", "mnist", "--dataset", args.dataset, "--data-dir", str(args.data_dir), "--epochs", "1",
-                        "--run-dir", str(run_dir), "--log-interval", "0", "--sync-checkpoints"]
-                result = subprocess.run([sys.executable, __file__, "--child", mode, "--", *argv], capture_output=True,
-                                        text=True)
+                argv = [
+                    "train",
+                    "mnist",
+                    "--dataset",
+                    args.dataset,
+                    "--data-dir",
+                    str(args.data_dir),
+                    "--epochs",
+                    "1",
+                    "--run-dir",
+                    str(run_dir),
+                    "--log-interval",
+                    "0",
+                    "--sync-checkpoints",
+                ]
+                result = subprocess.run(
+                    [sys.executable, __file__, "--child", mode, "--", *argv], capture_output=True, text=True
+                )
                 if result.returncode != 0:
                     raise SystemExit(f"the {mode} run failed:\n{result.stdout}\n{result.stderr}")
                 record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
                 seconds[mode].append(record["epoch_seconds"])
                 seconds["steps"].append(record["step"])
-                print(f"  {mode:3s} run {repeat + 1}: {record['epoch_seconds']:.2f} s, {record['step']} steps, "
-                      f"{100 * record['test_accuracy']:.2f}%", flush=True)
+                print(
+                    f"  {mode:3s} run {repeat + 1}: {record['epoch_seconds']:.2f} s, {record['step']} steps, "
+                    f"{100 * record['test_accuracy']:.2f}%",
+                    flush=True,
+                )
     return seconds
 
 
@@ -124,12 +144,16 @@ def main() -> None:
     calls = per_step_calls(args.steps)
     seconds = whole_loop(args)
     on, off = statistics.median(seconds["on"]), statistics.median(seconds["off"])
-    print(f"(a) one fast epoch, median of {args.repeats}: health on {on:.2f} s, off {off:.2f} s, "
-          f"on/off = {on / off:.4f}; load {os.getloadavg()[0]:.2f}")
+    print(
+        f"(a) one fast epoch, median of {args.repeats}: health on {on:.2f} s, off {off:.2f} s, "
+        f"on/off = {on / off:.4f}; load {os.getloadavg()[0]:.2f}"
+    )
     step_ms = 1000 * off / seconds["steps"][0]
-    print(f"(b) the health's own calls: {calls['extra_us']:.1f} us per step (an identity forward alone: "
-          f"{calls['bare_us']:.1f} us), {calls['extra_us'] / (10 * step_ms):.3f}% of the fast recipe's "
-          f"{step_ms:.2f} ms step")
+    print(
+        f"(b) the health's own calls: {calls['extra_us']:.1f} us per step (an identity forward alone: "
+        f"{calls['bare_us']:.1f} us), {calls['extra_us'] / (10 * step_ms):.3f}% of the fast recipe's "
+        f"{step_ms:.2f} ms step"
+    )
 
 
 if __name__ == "__main__":

@@ -35,14 +35,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="an ImageFolder (DATA/train/<class>/*); default: generated JPEGs")
     parser.add_argument("--images", type=int, help="JPEGs to generate without --data (default 3000; cpu: 64)")
-    parser.add_argument("--copies", type=int, default=1,
-                        help="hard links of each generated JPEG under other names: a long epoch from few generated "
-                             "files (each is still read and decoded every time; default 1)")
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="hard links of each generated JPEG under other names: a long epoch from few generated "
+        "files (each is still read and decoded every time; default 1)",
+    )
     parser.add_argument("--archs", help="comma-separated torchvision models (default resnet50,resnet18; cpu: resnet18)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, of cpu,nvjpeg,dali")
     parser.add_argument("--no-synthetic", action="store_true", help="skip the --synthetic rows")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: a smoke run with small defaults, to check the script without a GPU")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: a smoke run with small defaults, to check the script without a GPU",
+    )
     parser.add_argument("--batch-size", type=int, help="global batch (default 256; cpu: 8)")
     parser.add_argument("--image-size", type=int, help="training crop side (default 224; cpu: 64)")
     parser.add_argument("--steps", type=int, default=50, help="training steps per epoch (2 epochs per row)")
@@ -81,17 +89,51 @@ def generate(folder: Path, count: int, copies: int = 1) -> Path:
 def run(args: argparse.Namespace, data: Path | None, arch: str, backend: str | None, run_dir: Path) -> dict:
     """One training run; its second epoch's metrics, or the failure."""
     source = ["--synthetic"] if data is None else [str(data), "--data-backend", backend or "auto"]
-    command = [sys.executable, "-m", "hpctrain", "train", "imagenet", *source, "--arch", arch, "--recipe", "fast",
-               "--image-size", str(args.image_size), "--val-size", str(args.image_size),
-               "--batch-size", str(args.batch_size), "--test-batch-size", str(args.batch_size),
-               "--train-limit", str(args.steps * args.batch_size), "--test-limit", str(args.batch_size),
-               "--epochs", "2", "--workers", str(args.workers), "--device", args.device, "--log-interval", "0",
-               "--run-dir", str(run_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "train",
+        "imagenet",
+        *source,
+        "--arch",
+        arch,
+        "--recipe",
+        "fast",
+        "--image-size",
+        str(args.image_size),
+        "--val-size",
+        str(args.image_size),
+        "--batch-size",
+        str(args.batch_size),
+        "--test-batch-size",
+        str(args.batch_size),
+        "--train-limit",
+        str(args.steps * args.batch_size),
+        "--test-limit",
+        str(args.batch_size),
+        "--epochs",
+        "2",
+        "--workers",
+        str(args.workers),
+        "--device",
+        args.device,
+        "--log-interval",
+        "0",
+        "--run-dir",
+        str(run_dir),
+    ]
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
-    row = {"arch": arch, "backend": backend or "synthetic", "device": args.device, "batch": args.batch_size,
-           "image_size": args.image_size, "workers": args.workers,
-           "wall_seconds": round(time.perf_counter() - started, 1)}
+    row = {
+        "arch": arch,
+        "backend": backend or "synthetic",
+        "device": args.device,
+        "batch": args.batch_size,
+        "image_size": args.image_size,
+        "workers": args.workers,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
     chosen = [line for line in result.stdout.splitlines() if "data backend" in line]
     if chosen:
         row["backend_line"] = chosen[0]
@@ -100,8 +142,12 @@ def run(args: argparse.Namespace, data: Path | None, arch: str, backend: str | N
         return {**row, "error": f"exit {result.returncode}: {tail[0]}"}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     last = records[-1]
-    return {**row, "images_per_s": round(last["images_per_s"], 1), "epoch_seconds": round(last["epoch_seconds"], 2),
-            "data_wait_fraction": round(last["data_wait_seconds"] / max(last["epoch_seconds"], 1e-9), 3)}
+    return {
+        **row,
+        "images_per_s": round(last["images_per_s"], 1),
+        "epoch_seconds": round(last["epoch_seconds"], 2),
+        "data_wait_fraction": round(last["data_wait_seconds"] / max(last["epoch_seconds"], 1e-9), 3),
+    }
 
 
 def gpu_name(device: str) -> str:
@@ -114,8 +160,11 @@ def gpu_name(device: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"# {gpu_name(args.device)}; batch {args.batch_size}, {args.image_size} px, {args.workers} data workers, "
-          f"{args.steps} steps/epoch, second epoch of 2", flush=True)
+    print(
+        f"# {gpu_name(args.device)}; batch {args.batch_size}, {args.image_size} px, {args.workers} data workers, "
+        f"{args.steps} steps/epoch, second epoch of 2",
+        flush=True,
+    )
     print("| arch | input | images/s | data-wait fraction | epoch s |\n|---|---|---:|---:|---:|", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="imagenet-gpu-") as scratch:
@@ -129,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
                 if "error" in row:
                     print(f"| {arch} | {row['backend']} | failed: {row['error']} | | |", flush=True)
                 else:
-                    print(f"| {arch} | {row['backend']} | {row['images_per_s']:,.0f} | {row['data_wait_fraction']:.2f} "
-                          f"| {row['epoch_seconds']:.1f} |", flush=True)
+                    print(
+                        f"| {arch} | {row['backend']} | {row['images_per_s']:,.0f} | {row['data_wait_fraction']:.2f} "
+                        f"| {row['epoch_seconds']:.1f} |",
+                        flush=True,
+                    )
     if args.out:
         with args.out.open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -53,8 +53,9 @@ def generate(folder: Path, count: int) -> Path:
 
 
 def hpctrain_pass(images: ImageSet, workers: int, batch: int, train: bool, epoch: int) -> Iterable:
-    source = ImageFolderSource(images, images, LoaderConfig(workers=workers), seed=0,
-                               train_crop=RandomResizedCrop(), eval_crop=CenterCrop())
+    source = ImageFolderSource(
+        images, images, LoaderConfig(workers=workers), seed=0, train_crop=RandomResizedCrop(), eval_crop=CenterCrop()
+    )
     if train:
         return source.train_batches(EpochPlan(len(images), batch, 1, 0), epoch, 0, 0)
     return source.eval_batches(1, 0, batch)
@@ -65,13 +66,15 @@ def torchvision_pass(root: Path, workers: int, batch: int, train: bool, epoch: i
     from torchvision.datasets import ImageFolder
 
     if train:
-        transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                               T.Normalize(MEAN, STD)])
+        transform = T.Compose(
+            [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+        )
     else:
         transform = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
     torch.manual_seed(epoch)
-    return torch.utils.data.DataLoader(ImageFolder(str(root), transform=transform), batch_size=batch,
-                                       shuffle=train, num_workers=workers)
+    return torch.utils.data.DataLoader(
+        ImageFolder(str(root), transform=transform), batch_size=batch, shuffle=train, num_workers=workers
+    )
 
 
 def timed(make: Callable[[], Iterable]) -> tuple[float, int]:
@@ -89,8 +92,9 @@ def cpu_model() -> str:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return platform.processor() or "unknown CPU"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                "unknown CPU")
+    return next(
+        (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "unknown CPU"
+    )
 
 
 def main() -> None:
@@ -112,8 +116,10 @@ def main() -> None:
             images = ImageSet(images.root, images.paths[: args.limit], images.labels[: args.limit], images.classes)
         n = len(images)
         per_core = max(1, args.workers)
-        print(f"CPU: {cpu_model()}; {torch.get_num_threads()} threads available; {n} JPEGs; "
-              f"{args.workers} worker processes; batch {args.batch}; torch {torch.__version__}")
+        print(
+            f"CPU: {cpu_model()}; {torch.get_num_threads()} threads available; {n} JPEGs; "
+            f"{args.workers} worker processes; batch {args.batch}; torch {torch.__version__}"
+        )
         for train in (True, False):
             name = "training (random-resized-crop 224 + flip)" if train else "validation (resize 256 + center 224)"
             ratios, ours, theirs = [], [], []
@@ -127,12 +133,18 @@ def main() -> None:
                 theirs.append(n / t_tv / per_core)
                 ratios.append(t_tv / t_ours)
             print(f"{name}:")
-            print(f"  torchvision ImageFolder + DataLoader  {statistics.median(theirs):7.0f} images/s per core "
-                  f"(rounds: {', '.join(f'{v:.0f}' for v in theirs)})")
-            print(f"  hpctrain streaming pipeline           {statistics.median(ours):7.0f} images/s per core "
-                  f"(rounds: {', '.join(f'{v:.0f}' for v in ours)})")
-            print(f"  ratio hpctrain / torchvision: median {statistics.median(ratios):.2f}x "
-                  f"(rounds: {', '.join(f'{v:.2f}' for v in ratios)})")
+            print(
+                f"  torchvision ImageFolder + DataLoader  {statistics.median(theirs):7.0f} images/s per core "
+                f"(rounds: {', '.join(f'{v:.0f}' for v in theirs)})"
+            )
+            print(
+                f"  hpctrain streaming pipeline           {statistics.median(ours):7.0f} images/s per core "
+                f"(rounds: {', '.join(f'{v:.0f}' for v in ours)})"
+            )
+            print(
+                f"  ratio hpctrain / torchvision: median {statistics.median(ratios):.2f}x "
+                f"(rounds: {', '.join(f'{v:.2f}' for v in ratios)})"
+            )
 
 
 if __name__ == "__main__":

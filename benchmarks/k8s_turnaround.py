@@ -54,13 +54,19 @@ def python_time(code: str, runs: int) -> list[float]:
 
 def training_image() -> str:
     """The node's training image, as `scripts/local-k8s.sh status` names it."""
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "local-k8s.sh"), "status"], capture_output=True, text=True,
-                         env=dict(os.environ, HPCTRAIN_K8S_DIR=NODE_DIR)).stdout
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "local-k8s.sh"), "status"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HPCTRAIN_K8S_DIR=NODE_DIR),
+    ).stdout
     images = [line.rsplit(": ", 1)[1] for line in out.splitlines() if line.startswith("local-k8s: training image: ")]
     if not images:
-        sys.exit(f"k8s_turnaround: no training image in {NODE_DIR}: start the cluster with a node first "
-                 f"(HPCTRAIN_K8S_DIR={NODE_DIR} HPCTRAIN_K8S_CONTEXT={CONTEXT} HPCTRAIN_K8S_NODES=1 "
-                 f"scripts/local-k8s.sh up)\n{out}")
+        sys.exit(
+            f"k8s_turnaround: no training image in {NODE_DIR}: start the cluster with a node first "
+            f"(HPCTRAIN_K8S_DIR={NODE_DIR} HPCTRAIN_K8S_CONTEXT={CONTEXT} HPCTRAIN_K8S_NODES=1 "
+            f"scripts/local-k8s.sh up)\n{out}"
+        )
     return images[0]
 
 
@@ -88,8 +94,12 @@ def main() -> int:
         try:
             sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=image), api_client=api)
             for i in range(args.runs):
-                job = JobSpec(command=("python", "-c", SLEEPER), name=f"bench-{i}", signal_grace=30,
-                              resources=Resources(nodes=2, mem="100M"))
+                job = JobSpec(
+                    command=("python", "-c", SLEEPER),
+                    name=f"bench-{i}",
+                    signal_grace=30,
+                    resources=Resources(nodes=2, mem="100M"),
+                )
                 rendered = sched.render(job)
                 start = time.perf_counter()
                 sched.submit(job, rendered)
@@ -100,7 +110,9 @@ def main() -> int:
                 start = time.perf_counter()
                 sched.cancel(job.name)
                 while True:
-                    pods = core.list_namespaced_pod(namespace, label_selector=f"training.kubeflow.org/job-name={job.name}").items
+                    pods = core.list_namespaced_pod(
+                        namespace, label_selector=f"training.kubeflow.org/job-name={job.name}"
+                    ).items
                     try:
                         custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", job.name)
                         gone = False
@@ -121,7 +133,9 @@ def main() -> int:
                 "print(time.perf_counter() - start)\n"
             )
             for i in range(args.runs):
-                out = subprocess.run([sys.executable, "-c", cold, f"cold-{i}"], check=True, capture_output=True, text=True)
+                out = subprocess.run(
+                    [sys.executable, "-c", cold, f"cold-{i}"], check=True, capture_output=True, text=True
+                )
                 figures["cold submit -> exists"].append(float(out.stdout.strip()))
         finally:
             standin.stop()
@@ -137,14 +151,23 @@ def main() -> int:
         subprocess.run([str(hpctrain), "--help"], check=True, capture_output=True)
         times.append(time.perf_counter() - start)
     figures["hpctrain --help"] = times
-    lazy = subprocess.run([sys.executable, "-c",
-                           "import sys, hpctrain.cli\nfrom hpctrain.schedulers import get_scheduler\n"
-                           "from hpctrain.jobs.spec import JobSpec\n"
-                           "get_scheduler('kubernetes', image='x:1').render(JobSpec(command=('hpctrain',)))\n"
-                           "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    lazy = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, hpctrain.cli\nfrom hpctrain.schedulers import get_scheduler\n"
+            "from hpctrain.jobs.spec import JobSpec\n"
+            "get_scheduler('kubernetes', image='x:1').render(JobSpec(command=('hpctrain',)))\n"
+            "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
-    print(f"{'figure':<24} {'median s':>9}  (runs: {args.runs}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
+    print(
+        f"{'figure':<24} {'median s':>9}  (runs: {args.runs}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs)"
+    )
     for name, values in figures.items():
         print(f"{name:<24} {median(values):>9}")
     print(f"kubernetes imported by the CLI and a Kubernetes render: {lazy}")

@@ -101,8 +101,9 @@ def raw_copy(dataset: str, data_dir: Path, into: Path) -> Path:
     return into
 
 
-def tutorial_images_per_s(dataset: str, data_dir: Path, device: str, images: int, seed: int,
-                          threads: int | None = None) -> float:
+def tutorial_images_per_s(
+    dataset: str, data_dir: Path, device: str, images: int, seed: int, threads: int | None = None
+) -> float:
     """The tutorial's train() over `images` images (one epoch by default), timed from the first batch request.
     `threads`: torch threads for it (None: torch's default, all cores, as the tutorial runs)."""
     default_threads = torch.get_num_threads()
@@ -190,17 +191,33 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True, help="holds fashion-mnist/ (or mnist/)")
     parser.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "mnist"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--images", type=int, default=60_000,
-                        help="training images timed for (a) and (b) (default: one full epoch)")
-    parser.add_argument("--fast-epochs", default="1,5",
-                        help="epoch counts to run the fast recipe for, each a full schedule (default: 1,5: "
-                        "one epoch is the recipe's default, about five reach 92%%)")
-    parser.add_argument("--repeats", type=int, default=3, help="run (a), (b), (c) this many times, interleaved; "
-                        "the table shows the median of each, with the range")
-    parser.add_argument("--threads", type=int, help="torch threads for every part (default: each one's own default: "
-                        "torch's, all cores, for the tutorial; hpctrain's, the cores no other program keeps busy)")
-    parser.add_argument("--tutorial-epochs-to-90", type=int, default=2,
-                        help="epochs the tutorial recipe needs for 90%% test accuracy (default: 2, Fashion-MNIST)")
+    parser.add_argument(
+        "--images", type=int, default=60_000, help="training images timed for (a) and (b) (default: one full epoch)"
+    )
+    parser.add_argument(
+        "--fast-epochs",
+        default="1,5",
+        help="epoch counts to run the fast recipe for, each a full schedule (default: 1,5: "
+        "one epoch is the recipe's default, about five reach 92%%)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="run (a), (b), (c) this many times, interleaved; the table shows the median of each, with the range",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads for every part (default: each one's own default: "
+        "torch's, all cores, for the tutorial; hpctrain's, the cores no other program keeps busy)",
+    )
+    parser.add_argument(
+        "--tutorial-epochs-to-90",
+        type=int,
+        default=2,
+        help="epochs the tutorial recipe needs for 90%% test accuracy (default: 2, Fashion-MNIST)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: tutorial,classic,fast")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
@@ -219,8 +236,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             if "tutorial" not in skip:
-                ips = tutorial_images_per_s(args.dataset, args.data_dir, args.device, args.images, args.seed,
-                                            args.threads)
+                ips = tutorial_images_per_s(
+                    args.dataset, args.data_dir, args.device, args.images, args.seed, args.threads
+                )
                 results["tutorial"].append(ips)
                 print(f"[{repeat + 1}] tutorial loop: {ips:,.0f} images/s", flush=True)
             if "classic" not in skip:
@@ -236,8 +254,11 @@ def main() -> None:
                         seconds += record["epoch_seconds"]
                         points.append((seconds, record["test_accuracy"]))
                     results["fast"][epochs].append(points)
-                    print(f"[{repeat + 1}] hpctrain fast, {epochs} epoch(s): {seconds:.2f} s training, "
-                          f"test accuracy {100 * points[-1][1]:.2f}%", flush=True)
+                    print(
+                        f"[{repeat + 1}] hpctrain fast, {epochs} epoch(s): {seconds:.2f} s training, "
+                        f"test accuracy {100 * points[-1][1]:.2f}%",
+                        flush=True,
+                    )
 
     if hasattr(os, "getloadavg"):
         info["load average (1 min) at end"] = f"{os.getloadavg()[0]:.1f}"
@@ -255,15 +276,19 @@ def print_results(args: argparse.Namespace, results: dict) -> None:
     print("|---|---:|---:|---:|---:|")
     tutorial = median(results["tutorial"]) if results["tutorial"] else None
     if tutorial:
-        print("| (a) tutorial loop (DataLoader, per-sample transforms), batch 64 | "
-              f"{spread(results['tutorial'], ',.0f')} | "
-              f"{60_000 / tutorial:.1f} per epoch | | 1.00x |")
+        print(
+            "| (a) tutorial loop (DataLoader, per-sample transforms), batch 64 | "
+            f"{spread(results['tutorial'], ',.0f')} | "
+            f"{60_000 / tutorial:.1f} per epoch | | 1.00x |"
+        )
     if results["classic"]:
         classic = median(results["classic"])
         ratio = f"{classic / tutorial:.2f}x" if tutorial else ""
-        print("| (b) hpctrain --recipe classic (same model, Adadelta, batch 64) | "
-              f"{spread(results['classic'], ',.0f')} | "
-              f"{60_000 / classic:.1f} per epoch | | {ratio} |")
+        print(
+            "| (b) hpctrain --recipe classic (same model, Adadelta, batch 64) | "
+            f"{spread(results['classic'], ',.0f')} | "
+            f"{60_000 / classic:.1f} per epoch | | {ratio} |"
+        )
     from hpctrain.recipes.mnist import RECIPES
 
     fast_batch = RECIPES["fast"].defaults.batch_size
@@ -275,8 +300,10 @@ def print_results(args: argparse.Namespace, results: dict) -> None:
         seconds = [points[-1][0] for points in runs]
         accuracy = [100 * points[-1][1] for points in runs]
         ips = [60_000 * epochs / s for s in seconds]
-        print(f"| (c) hpctrain fast, {epochs} epoch(s), batch {fast_batch} | {spread(ips, ',.0f')} | "
-              f"{spread(seconds, '.2f')} | {spread(accuracy, '.2f')}% | |")
+        print(
+            f"| (c) hpctrain fast, {epochs} epoch(s), batch {fast_batch} | {spread(ips, ',.0f')} | "
+            f"{spread(seconds, '.2f')} | {spread(accuracy, '.2f')}% | |"
+        )
     for target in (0.90, 0.92):
         if all_points:
             seconds = time_to(all_points, target)
@@ -287,10 +314,12 @@ def print_results(args: argparse.Namespace, results: dict) -> None:
         tutorial_seconds = args.tutorial_epochs_to_90 * 60_000 / tutorial
         fast_seconds = median([points[-1][0] for points in one_epoch])
         accuracy = median([points[-1][1] for points in one_epoch])
-        print(f"\n**Time to 90%**: tutorial {args.tutorial_epochs_to_90} epochs at its median images/s = "
-              f"{tutorial_seconds:.1f} s; fast recipe, its 1-epoch schedule (median accuracy {100 * accuracy:.2f}%) = "
-              f"{fast_seconds:.2f} s: **{tutorial_seconds / fast_seconds:.1f}x shorter**"
-              + ("" if accuracy >= 0.90 else " (but its median accuracy is below 90%)"))
+        print(
+            f"\n**Time to 90%**: tutorial {args.tutorial_epochs_to_90} epochs at its median images/s = "
+            f"{tutorial_seconds:.1f} s; fast recipe, its 1-epoch schedule (median accuracy {100 * accuracy:.2f}%) = "
+            f"{fast_seconds:.2f} s: **{tutorial_seconds / fast_seconds:.1f}x shorter**"
+            + ("" if accuracy >= 0.90 else " (but its median accuracy is below 90%)")
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ from hpctrain.training.precision import Precision, precision_for  # noqa: E402
 CPU = torch.device("cpu")
 
 
-def variant(widths: tuple[int, int, int], frozen: bool, dtype: torch.dtype | None | str = "recipe",
-            ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def variant(
+    widths: tuple[int, int, int],
+    frozen: bool,
+    dtype: torch.dtype | None | str = "recipe",
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     recipe = FastRecipe()
     recipe.widths = widths
     model = recipe.build_model() if frozen else FastNet(widths).to(memory_format=torch.channels_last)
@@ -51,10 +54,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     picked = precision_for(CPU)
-    variants = {"before (16, 32, 64 trained)": variant((16, 32, 64), frozen=False),
-                "now (8 frozen, 24, 64)": variant(FastRecipe.widths, frozen=True),
-                "now, float32": variant(FastRecipe.widths, frozen=True, dtype=None),
-                "now, bfloat16 autocast": variant(FastRecipe.widths, frozen=True, dtype=torch.bfloat16)}
+    variants = {
+        "before (16, 32, 64 trained)": variant((16, 32, 64), frozen=False),
+        "now (8 frozen, 24, 64)": variant(FastRecipe.widths, frozen=True),
+        "now, float32": variant(FastRecipe.widths, frozen=True, dtype=None),
+        "now, bfloat16 autocast": variant(FastRecipe.widths, frozen=True, dtype=torch.bfloat16),
+    }
     images, labels = torch.randn(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
     best = dict.fromkeys(variants, float("inf"))
     for _ in range(args.rounds):

@@ -40,10 +40,27 @@ def progress_texts(n: int) -> list[str]:
             data *= 30
         elif rank % 991 == 7:
             compute *= 3
-        texts.append(json.dumps({"rank": rank, "world_size": n, "host": f"gpu{rank // PER_NODE:05d}", "pid": 1000,
-                                 "phase": "training", "epoch": 1, "step": 500, "step_in_epoch": 500,
-                                 "steps_per_epoch": 1000, "steps": 50, "step_s": 0.1, "data_s": data,
-                                 "compute_s": compute, "images_per_s": 640.0, "updated": NOW - 2}))
+        texts.append(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "world_size": n,
+                    "host": f"gpu{rank // PER_NODE:05d}",
+                    "pid": 1000,
+                    "phase": "training",
+                    "epoch": 1,
+                    "step": 500,
+                    "step_in_epoch": 500,
+                    "steps_per_epoch": 1000,
+                    "steps": 50,
+                    "step_s": 0.1,
+                    "data_s": data,
+                    "compute_s": compute,
+                    "images_per_s": 640.0,
+                    "updated": NOW - 2,
+                }
+            )
+        )
     return texts
 
 
@@ -55,11 +72,14 @@ def checks_of(n: int) -> list[object]:
     slow = {i for i in range(nodes) if i % 101 == 3}
     checks = []
     for i in range(nodes):
-        links = {f"gpu{j % nodes:05d}": (0.5 if i in slow or j % nodes in slow else 10.0) + rnd.random()
-                 for j in (i + 1, i - 1)}
+        links = {
+            f"gpu{j % nodes:05d}": (0.5 if i in slow or j % nodes in slow else 10.0) + rnd.random()
+            for j in (i + 1, i - 1)
+        }
         for k in range(PER_NODE):
-            checks.append(RankCheck(i * PER_NODE + k, f"gpu{i:05d}", 100.0 + rnd.random(), None,
-                                    links if k == 0 else {}))
+            checks.append(
+                RankCheck(i * PER_NODE + k, f"gpu{i:05d}", 100.0 + rnd.random(), None, links if k == 0 else {})
+            )
     return checks
 
 
@@ -75,10 +95,12 @@ def measure(sizes: list[int], repeat: int) -> dict[str, dict[int, float]]:
         records = parse_progress(progress_texts(n))
         checks = checks_of(n)
         nodes = [f"gpu{rank // PER_NODE:05d}" for rank in range(n * PER_NODE)]
-        work = {"straggler check (rank 0)": lambda: find_stragglers(records, NOW),
-                "status/top rank lines": lambda: rank_lines(records, NOW),
-                "preflight judge (N nodes)": lambda: judge(checks, 1.0),
-                "preflight link pairs (N nodes)": lambda: link_pairs(nodes)}
+        work = {
+            "straggler check (rank 0)": lambda: find_stragglers(records, NOW),
+            "status/top rank lines": lambda: rank_lines(records, NOW),
+            "preflight judge (N nodes)": lambda: judge(checks, 1.0),
+            "preflight link pairs (N nodes)": lambda: link_pairs(nodes),
+        }
         for what, call in work.items():
             times = []
             for _ in range(repeat):
@@ -104,8 +126,13 @@ def main() -> int:
     columns = [("now", now)]
     if args.compare:
         env = {**os.environ, "PYTHONPATH": args.compare}
-        child = subprocess.run([sys.executable, __file__, "--sizes", args.sizes, "--repeat", str(args.repeat),
-                                "--json"], env=env, capture_output=True, text=True, check=True)
+        child = subprocess.run(
+            [sys.executable, __file__, "--sizes", args.sizes, "--repeat", str(args.repeat), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         old = {what: {int(n): s for n, s in by_n.items()} for what, by_n in json.loads(child.stdout).items()}
         columns.insert(0, ("before", old))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; median CPU seconds of {args.repeat}")

@@ -40,15 +40,26 @@ def fill(core: Any, namespace: str, tag: str, start: int, stop: int) -> list[str
     alloc = {"cpu": "96", "memory": "2000Gi", "pods": "110", "nvidia.com/gpu": "8"}
 
     def one(name: str) -> None:
-        core.create_node({"metadata": {"name": name, "labels": {LABEL: tag}}, "spec": {
-            "unschedulable": True, "taints": [{"key": LABEL, "effect": "NoSchedule"}]},
-            "status": {"capacity": alloc, "allocatable": alloc}})
+        core.create_node(
+            {
+                "metadata": {"name": name, "labels": {LABEL: tag}},
+                "spec": {"unschedulable": True, "taints": [{"key": LABEL, "effect": "NoSchedule"}]},
+                "status": {"capacity": alloc, "allocatable": alloc},
+            }
+        )
         for p in range(PODS_PER_NODE):
             req = {"cpu": "12", "memory": "100Gi", "nvidia.com/gpu": "1"}
             pod = f"{name}-p{p}"
-            core.create_namespaced_pod(namespace, {"metadata": {"name": pod, "labels": {LABEL: tag}}, "spec": {
-                "nodeName": name, "containers": [{"name": "c", "image": IMAGE,
-                                                  "resources": {"requests": req, "limits": req}}]}})
+            core.create_namespaced_pod(
+                namespace,
+                {
+                    "metadata": {"name": pod, "labels": {LABEL: tag}},
+                    "spec": {
+                        "nodeName": name,
+                        "containers": [{"name": "c", "image": IMAGE, "resources": {"requests": req, "limits": req}}],
+                    },
+                },
+            )
             if p % 2:
                 core.patch_namespaced_pod_status(pod, namespace, {"status": {"phase": "Succeeded"}})
 
@@ -80,10 +91,27 @@ def main() -> int:
             work = Path(tmp)
             (work / "train.py").write_text("print('hello')\n")
             base = ["--scheduler", "kubernetes", "--context", args.context, "--namespace", namespace]
-            job = ["--nodes", "1000", "--nproc-per-node", "8", "--gpus-per-node", "8", "--image", IMAGE,
-                   "--node-selector", f"{LABEL}={tag}", "--", "python", "train.py"]
-            commands = {"cluster": ["cluster", *base], "cluster --json": ["cluster", "--json", *base],
-                        "status": ["status", *base], "check 1000x8 GPUs": ["check", *base, *job]}
+            job = [
+                "--nodes",
+                "1000",
+                "--nproc-per-node",
+                "8",
+                "--gpus-per-node",
+                "8",
+                "--image",
+                IMAGE,
+                "--node-selector",
+                f"{LABEL}={tag}",
+                "--",
+                "python",
+                "train.py",
+            ]
+            commands = {
+                "cluster": ["cluster", *base],
+                "cluster --json": ["cluster", "--json", *base],
+                "status": ["status", *base],
+                "check 1000x8 GPUs": ["check", *base, *job],
+            }
             envs = {"": {**os.environ}}
             if args.compare:
                 envs[" (compare)"] = {**os.environ, "PYTHONPATH": args.compare}
@@ -94,8 +122,11 @@ def main() -> int:
                         runs = [run_once(argv, env, work) for _ in range(args.repeat)]
                         cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
                         results.setdefault(label + suffix, []).append(cpu)
-                        print(f"N={n:6} pods={PODS_PER_NODE * n:6} {label + suffix:28} CPU {cpu:6.2f} s  wall "
-                              f"{wall:6.2f} s  {runs[-1][2]:5.0f} MB  exit {runs[-1][3]}", flush=True)
+                        print(
+                            f"N={n:6} pods={PODS_PER_NODE * n:6} {label + suffix:28} CPU {cpu:6.2f} s  wall "
+                            f"{wall:6.2f} s  {runs[-1][2]:5.0f} MB  exit {runs[-1][3]}",
+                            flush=True,
+                        )
     finally:
         # This API server has no namespace controller: empty the namespace by hand, then let it go.
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)

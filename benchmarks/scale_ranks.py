@@ -135,15 +135,26 @@ os._exit(0)  # no shutdown handshake: the last rank is "gone"
 
 def run_size(size: int, src: str | None) -> list[dict]:
     """Each rank's counts at `size` processes, in rank order; `src`: the hpctrain source tree to import."""
-    environ = {k: v for k, v in os.environ.items()
-               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     if src:
         environ["PYTHONPATH"] = src
     with tempfile.TemporaryDirectory(prefix="scale-ranks-") as folder:
         script = Path(folder) / "worker.py"
         script.write_text(WORKER)
-        procs = [subprocess.Popen([sys.executable, str(script), folder, str(rank), str(size)], env=environ,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(size)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), folder, str(rank), str(size)],
+                env=environ,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(size)
+        ]
         results = []
         try:
             for proc in procs:
@@ -195,8 +206,11 @@ def main() -> int:
         print("|---|" + "---:|" * len(sizes) + "---|")
         for name in figures[sizes[0]]:
             row = [figures[n][name] for n in sizes]
-            print(f"| {name} | " + " | ".join(f"{v:,.0f}" for v in row)
-                  + f" | {growth(row[0], row[-1], sizes[0], sizes[-1])} |")
+            print(
+                f"| {name} | "
+                + " | ".join(f"{v:,.0f}" for v in row)
+                + f" | {growth(row[0], row[-1], sizes[0], sizes[-1])} |"
+            )
     return 0
 
 

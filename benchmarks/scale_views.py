@@ -71,8 +71,11 @@ def nodes_text(version: str, n: int) -> str:
                 if kind == 1:
                     per[4], per[5] = "16/64", "40/64"
                 used += f",shard:h100:{56 if kind == 1 else 0}({','.join(per)})"
-        cpus = "CPUAlloc={a} CPUTot=96".format(a=(96, 48, 0, 0)[kind]) if version == "20.11" else \
-            "CPUAlloc={a} CPUEfctv=96 CPUTot=96".format(a=(96, 48, 0, 0)[kind])
+        cpus = (
+            "CPUAlloc={a} CPUTot=96".format(a=(96, 48, 0, 0)[kind])
+            if version == "20.11"
+            else "CPUAlloc={a} CPUEfctv=96 CPUTot=96".format(a=(96, 48, 0, 0)[kind])
+        )
         name = node_name(i)
         lines.append(
             f"NodeName={name} Arch=x86_64 CoresPerSocket=48 {cpus} CPULoad=12.00 AvailableFeatures=h100 "
@@ -87,8 +90,10 @@ def nodes_text(version: str, n: int) -> str:
 
 
 def partitions_text(n: int) -> str:
-    common = ("AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL QoS=N/A DefaultTime=NONE "
-              "DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED")
+    common = (
+        "AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL QoS=N/A DefaultTime=NONE "
+        "DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED"
+    )
     return (
         f"PartitionName=gpu {common} Default=YES MaxNodes=UNLIMITED MaxTime=2-00:00:00 Nodes=gpu[00001-{n:05d}] "
         f"State=UP TotalCPUs={96 * n} TotalNodes={n}\n"
@@ -114,9 +119,15 @@ def jobs_text(n: int, me: str) -> str:
         node = node_name(1 + 4 * ((j // 10) % max(1, n // 4)))  # the mixed nodes
         shard = state == "RUNNING" and j % 100 == 0
         tres = "gres:shard:16" if shard or (state == "PENDING" and j % 7 == 0) else "gres:gpu:8"
-        per_node = (f"JOB_GRES=shard:16   Nodes={node} CPU_IDs=0-7 Mem=0 GRES=shard:h100:16(IDX:4) "
-                    if shard else (f"JOB_GRES=gpu:8   Nodes={node} CPU_IDs=0-95 Mem=0 GRES=gpu:h100:8(IDX:0-7) "
-                                   if state == "RUNNING" else ""))
+        per_node = (
+            f"JOB_GRES=shard:16   Nodes={node} CPU_IDs=0-7 Mem=0 GRES=shard:h100:16(IDX:4) "
+            if shard
+            else (
+                f"JOB_GRES=gpu:8   Nodes={node} CPU_IDs=0-95 Mem=0 GRES=gpu:h100:8(IDX:0-7) "
+                if state == "RUNNING"
+                else ""
+            )
+        )
         user = _job_user(j, me, n)
         lines.append(
             f"JobId={job_id} JobName=train-{j} UserId={user}(1000) GroupId=users(100) MCS_label=N/A Priority=4294 "
@@ -145,9 +156,22 @@ def squeue_rows(n: int, me: str) -> tuple[str, str]:
         user = _job_user(j, me, n)
         running = state == "RUNNING"
         nodes = node_name(1 + 4 * ((j // 10) % max(1, n // 4))) if running else ""
-        cols = [str(100000 + j), f"train-{j}", state, "None" if running else "Priority", "1", nodes,
-                "1:00:00" if running else "0:00", "0", "gpu", user, "2026-02-01T07:00:00",
-                "2026-02-01T08:00:00" if running else "N/A", "2-00:00:00", f"/home/{user}"]
+        cols = [
+            str(100000 + j),
+            f"train-{j}",
+            state,
+            "None" if running else "Priority",
+            "1",
+            nodes,
+            "1:00:00" if running else "0:00",
+            "0",
+            "gpu",
+            user,
+            "2026-02-01T07:00:00",
+            "2026-02-01T08:00:00" if running else "N/A",
+            "2-00:00:00",
+            f"/home/{user}",
+        ]
         line = SEP.join(cols) + SEP
         all_lines.append(line)
         if user == me:
@@ -197,8 +221,20 @@ esac""",
 
 
 def commands(workdir: Path) -> dict[str, list[str]]:
-    big = ["--nodes", "1000", "--nproc-per-node", "8", "--gpus-per-node", "8", "--partition", "gpu", "--time", "1-00:00:00",
-           "--run-dir", str(workdir / "runs" / "%j")]
+    big = [
+        "--nodes",
+        "1000",
+        "--nproc-per-node",
+        "8",
+        "--gpus-per-node",
+        "8",
+        "--partition",
+        "gpu",
+        "--time",
+        "1-00:00:00",
+        "--run-dir",
+        str(workdir / "runs" / "%j"),
+    ]
     return {
         "start-up (--version)": ["--version"],
         "cluster": ["cluster"],
@@ -290,9 +326,11 @@ def main() -> int:
                     calls = len((data / "calls.log").read_text().splitlines()) // args.repeat
                     rc = runs[-1][3]
                     results.setdefault((version, label), []).append(cpu)
-                    print(f"{version:6} N={n:6} {label:30} CPU {cpu:6.2f} s  wall {wall:6.2f} s  {rss:5.0f} MB  "
-                          f"{calls} Slurm call(s)  out {runs[-1][4] / 1e6:5.2f} MB" + (f"  EXIT {rc}" if rc else ""),
-                          flush=True)
+                    print(
+                        f"{version:6} N={n:6} {label:30} CPU {cpu:6.2f} s  wall {wall:6.2f} s  {rss:5.0f} MB  "
+                        f"{calls} Slurm call(s)  out {runs[-1][4] / 1e6:5.2f} MB" + (f"  EXIT {rc}" if rc else ""),
+                        flush=True,
+                    )
     print("\nCPU seconds at each size, and the growth fitted to them (N nodes; 10 N jobs):")
     for (version, label), times in results.items():
         print(f"{version:6} {label:34} " + " / ".join(f"{t:.2f}" for t in times) + f" s  -> {fit(sizes, times)}")

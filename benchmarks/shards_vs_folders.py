@@ -38,8 +38,9 @@ from imagenet_input import cpu_model, generate  # noqa: E402
 
 def one_pass(images, workers: int, batch: int, epoch: int) -> tuple[float, int]:
     started = time.perf_counter()
-    source = ImageFolderSource(images, None, LoaderConfig(workers=workers), seed=0,
-                               train_crop=RandomResizedCrop(), eval_crop=CenterCrop())
+    source = ImageFolderSource(
+        images, None, LoaderConfig(workers=workers), seed=0, train_crop=RandomResizedCrop(), eval_crop=CenterCrop()
+    )
     count = 0
     for b in source.train_batches(EpochPlan(len(images), batch, 1, 0), epoch, 0, 0):
         count += b.images.shape[0]
@@ -84,10 +85,12 @@ def main() -> None:
         prepare_seconds = time.perf_counter() - started
         shards = open_prepared(out).train
         n = len(folders)
-        print(f"CPU: {cpu_model()}; {n} JPEGs ({sum(map(int, shards.sizes)) / 1e6:.1f} MB) in "
-              f"{len(shards.shard_names)} shard(s), prepared (--keep-size, verified) in {prepare_seconds:.1f} s; "
-              f"{args.workers} worker processes; batch {args.batch}; page cache "
-              f"{'dropped before every pass' if args.drop_caches else 'warm'}")
+        print(
+            f"CPU: {cpu_model()}; {n} JPEGs ({sum(map(int, shards.sizes)) / 1e6:.1f} MB) in "
+            f"{len(shards.shard_names)} shard(s), prepared (--keep-size, verified) in {prepare_seconds:.1f} s; "
+            f"{args.workers} worker processes; batch {args.batch}; page cache "
+            f"{'dropped before every pass' if args.drop_caches else 'warm'}"
+        )
         for images in (folders, shards):
             one_pass(images, args.workers, args.batch, -1)  # warm-up: imports, lazy init (and the cache)
         times: dict[str, list[float]] = {"folders": [], "shards": []}
@@ -100,8 +103,10 @@ def main() -> None:
                 times[name].append(seconds)
         for name, seconds in times.items():
             rates = [n / s for s in seconds]
-            print(f"  {name:8s} first epoch {statistics.median(seconds):6.2f} s   {statistics.median(rates):6.0f} "
-                  f"images/s   (rounds: {', '.join(f'{v:.0f}' for v in rates)})")
+            print(
+                f"  {name:8s} first epoch {statistics.median(seconds):6.2f} s   {statistics.median(rates):6.0f} "
+                f"images/s   (rounds: {', '.join(f'{v:.0f}' for v in rates)})"
+            )
         ratio = statistics.median(f / s for f, s in zip(times["folders"], times["shards"]))
         print(f"  shards / folders speed: median {ratio:.2f}x")
 

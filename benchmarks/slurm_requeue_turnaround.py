@@ -186,8 +186,11 @@ def follow(run: Run, fmt: LogFormat, hpctrain: list[str], poll_s: float, timeout
     """Warn the job after a few steps, release its BeginTime hold, and time the way to the next first step."""
     deadline = time.monotonic() + timeout_s
     while len(fmt.step.findall(read(run.log))) < WARN_AFTER_STEPS:
-        if time.monotonic() > deadline or (fields := scontrol_fields(run.job_id)) == {} or (
-                fields and fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING")):
+        if (
+            time.monotonic() > deadline
+            or (fields := scontrol_fields(run.job_id)) == {}
+            or (fields and fields.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING"))
+        ):
             run.note = "training did not get going"
             return
         time.sleep(poll_s)
@@ -234,8 +237,10 @@ def follow(run: Run, fmt: LogFormat, hpctrain: list[str], poll_s: float, timeout
             break
         time.sleep(poll_s)
     # Let the job finish (it is short), so runs do not overlap and a failed resume shows.
-    while (fields := scontrol_fields(run.job_id)) is None or (fields and fields.get("JobState") not in (
-            "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")):
+    while (fields := scontrol_fields(run.job_id)) is None or (
+        fields
+        and fields.get("JobState") not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    ):
         if time.monotonic() > deadline:
             run.note = "the second attempt did not end in time"
             return
@@ -247,10 +252,36 @@ def follow(run: Run, fmt: LogFormat, hpctrain: list[str], poll_s: float, timeout
 
 def run_hpctrain(args: argparse.Namespace, hpctrain: list[str], workdir: Path) -> Run:
     run = Run("hpctrain", busy=wait_for_quiet_cluster(120))
-    argv = [*hpctrain, "submit", "--launcher", "single", "--time", str(TIME_LIMIT_MIN), "--job-name", "bench-requeue",
-            "--output", "hpctrain-%j.out", "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
-            "--data-dir", str(args.data_dir), "--train-limit", str(TRAIN_LIMIT), "--batch-size", str(BATCH),
-            "--epochs", "1", "--checkpoint-every", "0", "--log-interval", "0"]
+    argv = [
+        *hpctrain,
+        "submit",
+        "--launcher",
+        "single",
+        "--time",
+        str(TIME_LIMIT_MIN),
+        "--job-name",
+        "bench-requeue",
+        "--output",
+        "hpctrain-%j.out",
+        "train",
+        "mnist",
+        "--recipe",
+        "classic",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(args.data_dir),
+        "--train-limit",
+        str(TRAIN_LIMIT),
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        "1",
+        "--checkpoint-every",
+        "0",
+        "--log-interval",
+        "0",
+    ]
     result = subprocess.run(argv, cwd=workdir, capture_output=True, text=True)
     if result.returncode != 0 or not result.stdout.strip().isdigit():
         run.note = f"submit failed: {result.stderr.strip()}"
@@ -265,8 +296,14 @@ def run_submitit(args: argparse.Namespace, hpctrain: list[str], workdir: Path) -
     run = Run("submitit", busy=wait_for_quiet_cluster(120))
     folder = workdir / "submitit"
     executor = submitit.AutoExecutor(folder=str(folder / "%j"), cluster="slurm")
-    executor.update_parameters(name="bench-requeue", timeout_min=TIME_LIMIT_MIN, nodes=1, tasks_per_node=1,
-                               cpus_per_task=1, slurm_partition=args.partition)
+    executor.update_parameters(
+        name="bench-requeue",
+        timeout_min=TIME_LIMIT_MIN,
+        nodes=1,
+        tasks_per_node=1,
+        cpus_per_task=1,
+        slurm_partition=args.partition,
+    )
     checkpoint = folder / f"checkpoint-{time.time_ns()}.pt"
     folder.mkdir(parents=True, exist_ok=True)
     job = executor.submit(SubmititTrainer(str(Path(args.data_dir).resolve()), str(checkpoint)))
@@ -302,22 +339,32 @@ def table(runs: list[Run]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", required=True, type=Path,
-                        help="holds fashion-mnist/ as `hpctrain download fashion-mnist --data-dir DIR` leaves it")
+    parser.add_argument(
+        "--data-dir",
+        required=True,
+        type=Path,
+        help="holds fashion-mnist/ as `hpctrain download fashion-mnist --data-dir DIR` leaves it",
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per tool (default 3)")
     parser.add_argument("--partition", default="debug", help="partition for the submitit job (default debug)")
     parser.add_argument("--poll", type=float, default=0.1, metavar="S", help="poll interval (default 0.1 s)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="give up on a run after S seconds")
-    parser.add_argument("--workdir", type=Path, help="where jobs run (default: a temporary directory visible to "
-                        "the compute nodes)")
+    parser.add_argument(
+        "--workdir", type=Path, help="where jobs run (default: a temporary directory visible to the compute nodes)"
+    )
     args = parser.parse_args(argv)
 
-    problems = [f"{tool} is not on PATH: start the local cluster with scripts/local-slurm.sh up"
-                for tool in ("sbatch", "scontrol", "squeue", "scancel") if shutil.which(tool) is None]
+    problems = [
+        f"{tool} is not on PATH: start the local cluster with scripts/local-slurm.sh up"
+        for tool in ("sbatch", "scontrol", "squeue", "scancel")
+        if shutil.which(tool) is None
+    ]
     if submitit is None:
         problems.append("submitit is not installed: pip install submitit (or pip install -e '.[bench]')")
     if not (args.data_dir / "fashion-mnist").is_dir():
-        problems.append(f"{args.data_dir}/fashion-mnist is missing: hpctrain download fashion-mnist --data-dir {args.data_dir}")
+        problems.append(
+            f"{args.data_dir}/fashion-mnist is missing: hpctrain download fashion-mnist --data-dir {args.data_dir}"
+        )
     if problems:
         sys.exit("cannot run the benchmark:\n  " + "\n  ".join(problems))
     args.data_dir = args.data_dir.resolve()
@@ -334,12 +381,18 @@ def main(argv: list[str] | None = None) -> int:
         run = step(args, hpctrain, workdir)
         runs.append(run)
         status = "ok" if run.ok else f"FAILED ({run.note})"
-        print(f"{run.tool:8} job {run.job_id or '-':>6}: requeued {run.requeued:5.1f} s, running {run.running:5.1f} s, "
-              f"first step {run.first_step:5.1f} s, lost {run.lost} step(s) {status}"
-              f"{' (other jobs were on the cluster)' if run.busy else ''}", file=sys.stderr, flush=True)
+        print(
+            f"{run.tool:8} job {run.job_id or '-':>6}: requeued {run.requeued:5.1f} s, running {run.running:5.1f} s, "
+            f"first step {run.first_step:5.1f} s, lost {run.lost} step(s) {status}"
+            f"{' (other jobs were on the cluster)' if run.busy else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    print(f"\nWarning to the next attempt's first training step (seconds after the warning was sent; {args.runs} runs "
-          f"per tool; BeginTime hold released at once for both; output in {workdir})\n")
+    print(
+        f"\nWarning to the next attempt's first training step (seconds after the warning was sent; {args.runs} runs "
+        f"per tool; BeginTime hold released at once for both; output in {workdir})\n"
+    )
     print(table(runs))
     return 0 if all(r.ok for r in runs) else 1
 

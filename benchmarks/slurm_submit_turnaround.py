@@ -50,8 +50,9 @@ print(f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():g}", flush=
 dist.destroy_process_group()
 """
 EXPECTED_SUM = "sum 6"  # 0 + 1 + 2 + 3
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-                   "BOOT_FAIL", "DEADLINE"})
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
 TIME_LIMIT_MIN = 10
 
 
@@ -143,9 +144,26 @@ def count_sums(paths: list[Path]) -> int:
 
 def run_hpctrain(tools: Tools) -> Run:
     run = Run("hpctrain", busy=wait_for_quiet_cluster(120))
-    argv = [*tools.hpctrain, "submit", "--wait", "--nodes", "2", "--nproc-per-node", "2", "--launcher", "torchrun",
-            "--job-name", "bench-hpctrain", "--output", "hpctrain-%j.out", "--time", str(TIME_LIMIT_MIN),
-            "--", sys.executable, "allreduce.py"]
+    argv = [
+        *tools.hpctrain,
+        "submit",
+        "--wait",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--launcher",
+        "torchrun",
+        "--job-name",
+        "bench-hpctrain",
+        "--output",
+        "hpctrain-%j.out",
+        "--time",
+        str(TIME_LIMIT_MIN),
+        "--",
+        sys.executable,
+        "allreduce.py",
+    ]
     t0 = time.perf_counter()
     process = subprocess.Popen(argv, cwd=tools.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout is not None
@@ -164,8 +182,21 @@ def run_hpctrain(tools: Tools) -> Run:
 
 def run_torchx(tools: Tools) -> Run:
     run = Run("torchx", busy=wait_for_quiet_cluster(120))
-    argv = [*tools.torchx, "run", "--scheduler", "slurm", "--scheduler_args", f"time={TIME_LIMIT_MIN}",
-            "dist.ddp", "-j", "2x2", "--cpu", "2", "--script", "allreduce.py"]
+    argv = [
+        *tools.torchx,
+        "run",
+        "--scheduler",
+        "slurm",
+        "--scheduler_args",
+        f"time={TIME_LIMIT_MIN}",
+        "dist.ddp",
+        "-j",
+        "2x2",
+        "--cpu",
+        "2",
+        "--script",
+        "allreduce.py",
+    ]
     t0 = time.perf_counter()
     # Exits non-zero after submitting when sacct has no accounting to ask; the job id is printed before that.
     result = subprocess.run(argv, cwd=tools.workdir, capture_output=True, text=True)
@@ -218,8 +249,10 @@ def preflight(torchx: list[str]) -> None:
         try:
             socket.gethostbyname(node)
         except OSError:
-            problems.append(f"{node} does not resolve: add `127.0.0.1 node1 node2` to /etc/hosts (torchrun's "
-                            "rendezvous connects to the first node by name)")
+            problems.append(
+                f"{node} does not resolve: add `127.0.0.1 node1 node2` to /etc/hosts (torchrun's "
+                "rendezvous connects to the first node by name)"
+            )
     if not torchx:
         problems.append("torchx is not installed: pip install torchx (or pip install -e '.[bench]')")
     if problems:
@@ -231,8 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per tool (default 5)")
     parser.add_argument("--poll", type=float, default=0.2, metavar="S", help="job state poll interval (default 0.2 s)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="give up on a job after S seconds")
-    parser.add_argument("--workdir", type=Path, help="where jobs run and write their output (default: a temporary "
-                        "directory; it must be visible to the compute nodes)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where jobs run and write their output (default: a temporary "
+        "directory; it must be visible to the compute nodes)",
+    )
     args = parser.parse_args(argv)
 
     torchx_exe = shutil.which("torchx")
@@ -252,11 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         tools.runs.append(run)
         status = "ok" if run.ok else f"FAILED ({run.note})"
         busy = " (other jobs were on the cluster)" if run.busy else ""
-        print(f"{run.tool:8} job {run.job_id or '-':>6}: total {run.ended:5.1f} s, submitted {run.submitted:4.1f} s, "
-              f"started {run.started:5.1f} s {status}{busy}", file=sys.stderr, flush=True)
+        print(
+            f"{run.tool:8} job {run.job_id or '-':>6}: total {run.ended:5.1f} s, submitted {run.submitted:4.1f} s, "
+            f"started {run.started:5.1f} s {status}{busy}",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    print(f"\nSubmit-to-end of a 2-node x 2-process gloo all-reduce job (seconds; {args.runs} runs per tool, "
-          f"job state polled every {args.poll:g} s; output in {workdir})\n")
+    print(
+        f"\nSubmit-to-end of a 2-node x 2-process gloo all-reduce job (seconds; {args.runs} runs per tool, "
+        f"job state polled every {args.poll:g} s; output in {workdir})\n"
+    )
     print(table(tools.runs))
     busy = sum(r.busy for r in tools.runs)
     if busy:

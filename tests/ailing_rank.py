@@ -41,6 +41,7 @@ def _slow_input(delay: float) -> None:
             for item in items:
                 time.sleep(delay)  # inside the `next()` that timed() measures
                 yield item
+
         return timed(sleepy(), waited)
 
     source.timed = slow
@@ -125,12 +126,19 @@ def main() -> int:
     if marker:
         later_attempt = later_attempt or os.path.exists(marker)
     if os.environ.get("RANK") == os.environ.get("HPCTRAIN_TEST_AILING_RANK") and not (
-            later_attempt and os.environ.get("HPCTRAIN_TEST_AILING_ONCE") == "1"):
+        later_attempt and os.environ.get("HPCTRAIN_TEST_AILING_ONCE") == "1"
+    ):
         if marker:
             open(marker, "w").close()
         delay = float(os.environ.get("HPCTRAIN_TEST_AILING_S", "0"))
-        {"input": _slow_input, "compute": _slow_compute, "stall": _stall,
-         "sick-gemm": _sick_gemm, "sick-link": _sick_link, "slow-writes": _slow_writes}[os.environ["HPCTRAIN_TEST_AILING"]](delay)
+        {
+            "input": _slow_input,
+            "compute": _slow_compute,
+            "stall": _stall,
+            "sick-gemm": _sick_gemm,
+            "sick-link": _sick_link,
+            "slow-writes": _slow_writes,
+        }[os.environ["HPCTRAIN_TEST_AILING"]](delay)
     from hpctrain.cli import main as hpctrain_main
 
     return hpctrain_main(sys.argv[1:])

@@ -21,9 +21,18 @@ def cli_env(home: Path, path_prefix: Path | None = None, **extra: str) -> dict[s
     return env
 
 
-def hpctrain(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def hpctrain(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def venv_args() -> list[str]:

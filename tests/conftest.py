@@ -85,9 +85,7 @@ def fashion_mnist_source() -> Path:
     """Directory with the four Fashion-MNIST .gz files (recompressed by Debian: same content)."""
     missing = [name for name in FASHION_MNIST_FILES if not (FASHION_MNIST_SOURCE / name).is_file()]
     if missing:
-        pytest.fail(
-            f"{FASHION_MNIST_SOURCE} lacks {', '.join(missing)}: run `apt-get install dataset-fashion-mnist`"
-        )
+        pytest.fail(f"{FASHION_MNIST_SOURCE} lacks {', '.join(missing)}: run `apt-get install dataset-fashion-mnist`")
     return FASHION_MNIST_SOURCE
 
 

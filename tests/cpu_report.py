@@ -34,8 +34,14 @@ def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001, ANN201 - pytest's 
     wall, (me, children) = time.monotonic(), _cpu()
     yield
     me_after, children_after = _cpu()
-    line = json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - wall, 2),
-                       "cpu": round(me_after - me, 2), "children_cpu": round(children_after - children, 2)})
+    line = json.dumps(
+        {
+            "test": item.nodeid,
+            "wall": round(time.monotonic() - wall, 2),
+            "cpu": round(me_after - me, 2),
+            "children_cpu": round(children_after - children, 2),
+        }
+    )
     fd = os.open(REPORT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
@@ -49,8 +55,12 @@ def summary(path: str, top: int = 40) -> str:
     for row in rows:
         by_file[row["test"].split("::")[0]] += row["cpu"] + row["children_cpu"]
     total = sum(by_file.values())
-    out = [f"{len(rows)} tests, {total:.0f} CPU s (worker + waited-for children), {sum(r['wall'] for r in rows):.0f} "
-           "wall s summed over workers", "", "CPU s  file"]
+    out = [
+        f"{len(rows)} tests, {total:.0f} CPU s (worker + waited-for children), {sum(r['wall'] for r in rows):.0f} "
+        "wall s summed over workers",
+        "",
+        "CPU s  file",
+    ]
     out += [f"{cpu:6.0f}  {name}" for name, cpu in by_file.most_common(top)]
     out += ["", "CPU s  wall s  test"]
     heavy = sorted(rows, key=lambda r: r["cpu"] + r["children_cpu"], reverse=True)[:top]

@@ -20,8 +20,18 @@ import pytest
 from training_helpers import hpctrain, ok, signal_after
 
 FASHION_CLASSES = ("tshirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
-RGB_PHOTOS = ("astronaut", "chelsea", "coffee", "hubble_deep_field", "ihc", "motorcycle_left", "motorcycle_right",
-              "retina", "rocket", "color")
+RGB_PHOTOS = (
+    "astronaut",
+    "chelsea",
+    "coffee",
+    "hubble_deep_field",
+    "ihc",
+    "motorcycle_left",
+    "motorcycle_right",
+    "retina",
+    "rocket",
+    "color",
+)
 GRAY_PHOTOS = ("camera", "moon", "coins", "grass", "gravel", "brick", "cell", "clock_motion")
 
 
@@ -54,8 +64,9 @@ def realistic_variant(photo, rng: random.Random):  # type: ignore[no-untyped-def
     return photo.crop((left, top, left + crop_w, top + crop_h)).resize(target, Image.BILINEAR)
 
 
-def write_photo_jpegs(folder: Path, count: int, seed: int, names: tuple[str, ...] = RGB_PHOTOS,
-                      quality: int = 90, prefix: str = "img") -> list[Path]:
+def write_photo_jpegs(
+    folder: Path, count: int, seed: int, names: tuple[str, ...] = RGB_PHOTOS, quality: int = 90, prefix: str = "img"
+) -> list[Path]:
     """`count` realistic JPEGs under `folder` made from the bundled photographs; deterministic in `seed`."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -74,8 +85,9 @@ def photo_folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tmp_path_factory.mktemp("photos")
     rng = random.Random(0)
     for s, (split, per_class) in enumerate((("train", 8), ("val", 3))):
-        for c, (cls, names) in enumerate((("n0001_color", RGB_PHOTOS[:5]), ("n0002_color", RGB_PHOTOS[5:]),
-                                          ("n0003_gray", GRAY_PHOTOS))):
+        for c, (cls, names) in enumerate(
+            (("n0001_color", RGB_PHOTOS[:5]), ("n0002_color", RGB_PHOTOS[5:]), ("n0003_gray", GRAY_PHOTOS))
+        ):
             folder = data / split / cls
             write_photo_jpegs(folder, per_class, seed=10 * s + c, names=names)
         odd = data / split / "n0004_odd"
@@ -133,8 +145,20 @@ def flatten_val(data: Path, out: Path) -> list[tuple[str, str]]:
 # on the folders takes 4.5 s here against 7 s with resnet18, and writes 1.5 MB checkpoints instead of 90 MB. The
 # tests that claim learning (test_fast_recipe_learns_fashion_from_jpegs, the README's first try) train resnet18.
 TINY_ARCH = "shufflenet_v2_x0_5"
-TINY = ["--arch", TINY_ARCH, "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
-        "--batch-size", "32"]
+TINY = [
+    "--arch",
+    TINY_ARCH,
+    "--image-size",
+    "32",
+    "--val-size",
+    "32",
+    "--threads",
+    "1",
+    "--log-interval",
+    "0",
+    "--batch-size",
+    "32",
+]
 
 
 def train(data, run_dir, *extra, expect=0, timeout=300):
@@ -147,5 +171,8 @@ def train(data, run_dir, *extra, expect=0, timeout=300):
 
 def interrupt(data, run_dir, *extra, after_line="epoch 1/2 step 3/"):
     """An imagenet run stopped by SIGUSR1 (a time-limit warning) a few steps into epoch 1: (exit status, output)."""
-    return signal_after(["train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), "--epochs", "2", *extra],
-                        after_line, signal.SIGUSR1)
+    return signal_after(
+        ["train", "imagenet", str(data), *TINY, "--run-dir", str(run_dir), "--epochs", "2", *extra],
+        after_line,
+        signal.SIGUSR1,
+    )

@@ -63,9 +63,13 @@ def k8s_cluster() -> LocalK8s:
         if os.environ.get("HPCTRAIN_K8S_OPTIONAL") == "1":
             pytest.skip(f"the local Kubernetes API server is not up (HPCTRAIN_K8S_OPTIONAL=1): {status.stdout.strip()}")
         if os.geteuid() != 0:
-            pytest.fail("the local Kubernetes API server is not up and starting it needs root: "
-                        "run `sudo scripts/local-k8s.sh up`")
-        up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=UP_TIMEOUT_S)
+            pytest.fail(
+                "the local Kubernetes API server is not up and starting it needs root: "
+                "run `sudo scripts/local-k8s.sh up`"
+            )
+        up = subprocess.run(
+            ["bash", str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=UP_TIMEOUT_S
+        )
         if up.returncode != 0:
             pytest.fail(f"`scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")
     return LocalK8s(script=SCRIPT)
@@ -94,13 +98,21 @@ def k8s_crdless(k8s_cluster: LocalK8s, tmp_path_factory: pytest.TempPathFactory)
     if os.geteuid() != 0:
         pytest.fail("starting a second local Kubernetes API server needs root (as scripts/local-k8s.sh up does)")
     base = tmp_path_factory.mktemp("k8s-crdless")
-    env = {**os.environ, "HPCTRAIN_K8S_DIR": str(base / "state"), "HPCTRAIN_K8S_NO_CRDS": "1",
-           "HPCTRAIN_K8S_CONTEXT": CRDLESS_CONTEXT, "KUBECONFIG": str(base / "kubeconfig")}
-    up = subprocess.run(["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, check=False,
-                        timeout=UP_TIMEOUT_S)
+    env = {
+        **os.environ,
+        "HPCTRAIN_K8S_DIR": str(base / "state"),
+        "HPCTRAIN_K8S_NO_CRDS": "1",
+        "HPCTRAIN_K8S_CONTEXT": CRDLESS_CONTEXT,
+        "KUBECONFIG": str(base / "kubeconfig"),
+    }
+    up = subprocess.run(
+        ["bash", str(SCRIPT), "up"], env=env, capture_output=True, text=True, check=False, timeout=UP_TIMEOUT_S
+    )
     try:
         if up.returncode != 0:
-            pytest.fail(f"a CRD-less `scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")
+            pytest.fail(
+                f"a CRD-less `scripts/local-k8s.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}"
+            )
         yield CrdlessK8s(kubeconfig=base / "kubeconfig")
     finally:
         subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, text=True, check=False, timeout=120)
@@ -111,5 +123,6 @@ DEADLINE_S = 300  # a bound on waiting for the CLI or the stand-in on a loaded 2
 
 def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`hpctrain ARGS` as a user runs it, in `cwd`."""
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=DEADLINE_S)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=DEADLINE_S
+    )

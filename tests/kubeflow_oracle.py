@@ -36,7 +36,11 @@ def merge(base: Any, patch: Any) -> Any:
     key by key, lists of named items merge by name, anything else is replaced)."""
     if isinstance(base, dict) and isinstance(patch, dict):
         return {**base, **{k: merge(base[k], v) if k in base else v for k, v in patch.items()}}
-    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x for x in base + patch):
+    if (
+        isinstance(base, list)
+        and isinstance(patch, list)
+        and all(isinstance(x, dict) and "name" in x for x in base + patch)
+    ):
         merged = {x["name"]: x for x in base}
         for x in patch:
             merged[x["name"]] = merge(merged[x["name"]], x) if x["name"] in merged else x
@@ -67,8 +71,11 @@ def trainer_pod_template(job: dict[str, Any], runtime: dict[str, Any]) -> dict[s
 
 
 def _pod_template(template: dict[str, Any], where: str) -> list[str]:
-    return [f"core/v1 {v} {where}: {p}" for v in kubernetes_openapi.VERSIONS
-            for p in kubernetes_openapi.validate(template, "PodTemplateSpec", v)] + rules.pod_spec(template.get("spec") or {}, f"{where}.spec")
+    return [
+        f"core/v1 {v} {where}: {p}"
+        for v in kubernetes_openapi.VERSIONS
+        for p in kubernetes_openapi.validate(template, "PodTemplateSpec", v)
+    ] + rules.pod_spec(template.get("spec") or {}, f"{where}.spec")
 
 
 def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = None) -> list[str]:
@@ -77,9 +84,15 @@ def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = N
     kind = obj.get("kind")
     if kind in ("Pod", "Secret", "Service"):
         name_rule = rules.dns1035_label if kind == "Service" else rules.dns1123_subdomain
-        return (rules.object_meta(obj, name_rule, "K8S pkg/apis/core/validation/validation.go")
-                + [f"core/v1 {v}: {p}" for v in kubernetes_openapi.VERSIONS for p in kubernetes_openapi.validate(obj, kind, v)]
-                + (rules.pod_spec(obj.get("spec") or {}, "spec") if kind == "Pod" else []))
+        return (
+            rules.object_meta(obj, name_rule, "K8S pkg/apis/core/validation/validation.go")
+            + [
+                f"core/v1 {v}: {p}"
+                for v in kubernetes_openapi.VERSIONS
+                for p in kubernetes_openapi.validate(obj, kind, v)
+            ]
+            + (rules.pod_spec(obj.get("spec") or {}, "spec") if kind == "Pod" else [])
+        )
     out = [f"CRD {p}" for p in kubeflow_crds.validate(obj)] + rules.custom_resource_meta(obj)
     if kind == "PyTorchJob":
         out += rules.pytorchjob_webhook(obj) + rules.pytorchjob_children(obj)
@@ -89,8 +102,10 @@ def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = N
         out += rules.trainingruntime_webhook(obj)
         rjobs = ((((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs")) or []
         for rjob in rjobs:
-            out += _pod_template(((rjob.get("template") or {}).get("spec") or {}).get("template") or {},
-                                 f"spec.template.spec.replicatedJobs[{rjob.get('name')}].template")
+            out += _pod_template(
+                ((rjob.get("template") or {}).get("spec") or {}).get("template") or {},
+                f"spec.template.spec.replicatedJobs[{rjob.get('name')}].template",
+            )
     elif kind == "TrainJob":
         runtimes = default_runtimes() if runtimes is None else runtimes
         webhook = rules.trainjob_webhook(obj, runtimes)

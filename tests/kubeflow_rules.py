@@ -32,22 +32,37 @@ _HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
 
 def dns1123_label(value: str) -> list[str]:
     """IsDNS1123Label: at most 63 characters, lower-case alphanumerics and '-', alphanumeric at both ends."""
-    out = [] if _DNS1123_LABEL.match(value) else ["a lowercase RFC 1123 label must consist of lower case alphanumeric "
-                                                   "characters or '-', and must start and end with an alphanumeric character"]
+    out = (
+        []
+        if _DNS1123_LABEL.match(value)
+        else [
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric "
+            "characters or '-', and must start and end with an alphanumeric character"
+        ]
+    )
     return out + (["must be no more than 63 characters"] if len(value) > 63 else [])
 
 
 def dns1035_label(value: str) -> list[str]:
     """IsDNS1035Label: as a DNS-1123 label, but starting with a letter."""
-    out = [] if _DNS1035_LABEL.match(value) else ["a DNS-1035 label must consist of lower case alphanumeric characters "
-                                                   "or '-', start with an alphabetic character, and end with an alphanumeric character"]
+    out = (
+        []
+        if _DNS1035_LABEL.match(value)
+        else [
+            "a DNS-1035 label must consist of lower case alphanumeric characters "
+            "or '-', start with an alphabetic character, and end with an alphanumeric character"
+        ]
+    )
     return out + (["must be no more than 63 characters"] if len(value) > 63 else [])
 
 
 def dns1123_subdomain(value: str) -> list[str]:
     """IsDNS1123Subdomain: dot-separated DNS-1123 labels, at most 253 characters."""
-    out = [] if _DNS1123_SUBDOMAIN.match(value) else ["a lowercase RFC 1123 subdomain must consist of lower case "
-                                                       "alphanumeric characters, '-' or '.'"]
+    out = (
+        []
+        if _DNS1123_SUBDOMAIN.match(value)
+        else ["a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"]
+    )
     return out + (["must be no more than 253 characters"] if len(value) > 253 else [])
 
 
@@ -56,16 +71,24 @@ def qualified_name(value: str) -> list[str]:
     prefix, _, name = value.rpartition("/") if "/" in value else ("", "", value)
     out = dns1123_subdomain(prefix) if "/" in value else []
     if not _QUALIFIED_NAME.match(name) or len(name) > 63:
-        out.append("name part must consist of alphanumeric characters, '-', '_' or '.', start and end with an "
-                   "alphanumeric character, and be at most 63 characters")
+        out.append(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', start and end with an "
+            "alphanumeric character, and be at most 63 characters"
+        )
     return out
 
 
 def label_value(value: str) -> list[str]:
     """IsValidLabelValue: empty, or at most 63 alphanumerics, '-', '_', '.', alphanumeric at both ends."""
     ok = _LABEL_VALUE.match(value) and len(value) <= 63
-    return [] if ok else ["a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
-                          "'.', must start and end with an alphanumeric character, and be at most 63 characters"]
+    return (
+        []
+        if ok
+        else [
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or "
+            "'.', must start and end with an alphanumeric character, and be at most 63 characters"
+        ]
+    )
 
 
 def domain_prefixed_path(value: str) -> list[str]:
@@ -96,8 +119,9 @@ def labels(source: str, where: str, mapping: dict[str, str] | None) -> list[str]
 def object_meta(obj: dict[str, Any], name_rule: Any, source: str) -> list[str]:
     """The API server's ObjectMeta checks: the name (by the kind's rule) and the labels."""
     meta = obj.get("metadata") or {}
-    return (_each(source, "metadata.name", meta.get("name", ""), name_rule(meta.get("name", "")))
-            + labels(source, "metadata.labels", meta.get("labels")))
+    return _each(source, "metadata.name", meta.get("name", ""), name_rule(meta.get("name", ""))) + labels(
+        source, "metadata.labels", meta.get("labels")
+    )
 
 
 def custom_resource_meta(obj: dict[str, Any]) -> list[str]:
@@ -107,8 +131,11 @@ def custom_resource_meta(obj: dict[str, Any]) -> list[str]:
 
 def pod_template_meta(template: dict[str, Any], where: str) -> list[str]:
     """Labels of a pod template become the pods' labels (pkg/apis/core/validation/validation.go: ValidateObjectMeta)."""
-    return labels("K8S pkg/apis/core/validation/validation.go", f"{where}.metadata.labels",
-                  (template.get("metadata") or {}).get("labels"))
+    return labels(
+        "K8S pkg/apis/core/validation/validation.go",
+        f"{where}.metadata.labels",
+        (template.get("metadata") or {}).get("labels"),
+    )
 
 
 def pod_spec(spec: dict[str, Any], where: str) -> list[str]:
@@ -119,12 +146,16 @@ def pod_spec(spec: dict[str, Any], where: str) -> list[str]:
     (ValidateNodeSelectorRequirement, ValidateNodeFieldSelectorRequirement); toleration values are label values."""
     source = "K8S pkg/apis/core/validation/validation.go"
     out = labels(source, f"{where}.nodeSelector", spec.get("nodeSelector"))
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
     if required is not None:
         terms = required.get("nodeSelectorTerms") or []
         if not terms:
-            out.append(f"{source}: {where}.affinity...nodeSelectorTerms: Required value: "
-                       "must have at least one node selector term")
+            out.append(
+                f"{source}: {where}.affinity...nodeSelectorTerms: Required value: "
+                "must have at least one node selector term"
+            )
         for i, term in enumerate(terms):
             at = f"{where}.affinity.nodeAffinity.required.nodeSelectorTerms[{i}]"
             for j, rq in enumerate(term.get("matchExpressions") or []):
@@ -133,16 +164,22 @@ def pod_spec(spec: dict[str, Any], where: str) -> list[str]:
                     out.append(f"{source}: {at}.matchExpressions[{j}].values: Required value")
                 elif op not in ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"):
                     out.append(f"{source}: {at}.matchExpressions[{j}].operator: Invalid value: {op!r}")
-                out += _each(source, f"{at}.matchExpressions[{j}].key", rq.get("key", ""), qualified_name(rq.get("key", "")))
+                out += _each(
+                    source, f"{at}.matchExpressions[{j}].key", rq.get("key", ""), qualified_name(rq.get("key", ""))
+                )
                 for k, value in enumerate(values):
                     out += _each(source, f"{at}.matchExpressions[{j}].values[{k}]", value, label_value(value))
             for j, rq in enumerate(term.get("matchFields") or []):
                 values = rq.get("values") or []
                 if rq.get("operator") not in ("In", "NotIn"):
-                    out.append(f"{source}: {at}.matchFields[{j}].operator: Invalid value: not a valid selector operator")
+                    out.append(
+                        f"{source}: {at}.matchFields[{j}].operator: Invalid value: not a valid selector operator"
+                    )
                 elif len(values) != 1:
-                    out.append(f"{source}: {at}.matchFields[{j}].values: Required value: must be only one value when "
-                               "`operator` is 'In' or 'NotIn' for node field selector")
+                    out.append(
+                        f"{source}: {at}.matchFields[{j}].values: Required value: must be only one value when "
+                        "`operator` is 'In' or 'NotIn' for node field selector"
+                    )
                 if rq.get("key") != "metadata.name":
                     out.append(f"{source}: {at}.matchFields[{j}].key: Invalid value: not a valid field selector key")
                 for k, value in enumerate(values):
@@ -169,8 +206,9 @@ def pytorchjob_webhook(job: dict[str, Any]) -> list[str]:
     elasticPolicy a Worker and no nprocPerNode beside elasticPolicy.nProcPerNode; replica types Master and Worker
     only, each with containers, each container with an image, one of them named `pytorch`; Master exactly 1
     replica, Worker at least 1."""
-    out = _each(_TO_WEBHOOK, "metadata.name", job["metadata"].get("name", ""),
-                dns1035_label(job["metadata"].get("name", "")))
+    out = _each(
+        _TO_WEBHOOK, "metadata.name", job["metadata"].get("name", ""), dns1035_label(job["metadata"].get("name", ""))
+    )
     spec = job.get("spec") or {}
     manager = (spec.get("runPolicy") or {}).get("managedBy")
     if manager is not None and manager not in MANAGED_BY:
@@ -179,10 +217,14 @@ def pytorchjob_webhook(job: dict[str, Any]) -> list[str]:
     elastic = spec.get("elasticPolicy")
     if elastic is not None:
         if "Worker" not in (replicas or {}):
-            out.append(f"{_TO_WEBHOOK}: spec.pytorchReplicaSpecs[Worker]: Required value: "
-                       "must be configured if elastic policy is used")
+            out.append(
+                f"{_TO_WEBHOOK}: spec.pytorchReplicaSpecs[Worker]: Required value: "
+                "must be configured if elastic policy is used"
+            )
         if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
-            out.append(f"{_TO_WEBHOOK}: spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with spec.nprocPerNode")
+            out.append(
+                f"{_TO_WEBHOOK}: spec.elasticPolicy.nProcPerNode: Forbidden: must not be used with spec.nprocPerNode"
+            )
     if replicas is None:
         return out + [f"{_TO_WEBHOOK}: spec.pytorchReplicaSpecs: Required value: must be required"]
     for rtype, rspec in replicas.items():
@@ -196,8 +238,10 @@ def pytorchjob_webhook(job: dict[str, Any]) -> list[str]:
             if not c.get("image"):
                 out.append(f"{_TO_WEBHOOK}: {where}.template.spec.containers[{i}].image: Required value")
         if not any(c.get("name") == PYTORCH_CONTAINER for c in containers):
-            out.append(f"{_TO_WEBHOOK}: {where}.template.spec.containers: Required value: must have at least one "
-                       f"container with name {PYTORCH_CONTAINER}")
+            out.append(
+                f"{_TO_WEBHOOK}: {where}.template.spec.containers: Required value: must have at least one "
+                f"container with name {PYTORCH_CONTAINER}"
+            )
         count = (rspec or {}).get("replicas")
         if rtype == "Master" and count != 1:
             out.append(f"{_TO_WEBHOOK}: {where}.replicas: Forbidden: must be 1")
@@ -214,8 +258,12 @@ def pytorchjob_children(job: dict[str, Any]) -> list[str]:
     (pkg/apis/core/validation/validation.go ValidatePodName, ValidateServiceName); the job-name label carries the
     job's name (pkg/controller.v1/common/util.go GenLabels)."""
     name = job["metadata"]["name"]
-    out = _each("K8S pkg/apis/core/validation/validation.go", "pod label training.kubeflow.org/job-name", name,
-                label_value(name))
+    out = _each(
+        "K8S pkg/apis/core/validation/validation.go",
+        "pod label training.kubeflow.org/job-name",
+        name,
+        label_value(name),
+    )
     for rtype, rspec in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items():
         last = f"{name}-{rtype.lower()}-{max(int((rspec or {}).get('replicas') or 1) - 1, 0)}"
         out += _each("K8S pkg/apis/core/validation/validation.go", f"Pod {last}", last, dns1123_subdomain(last))
@@ -255,15 +303,27 @@ def trainjob_webhook(job: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -
     spec = job.get("spec") or {}
     ref = spec.get("runtimeRef") or {}
     kind = ref.get("kind", "ClusterTrainingRuntime")
-    if kind not in ("ClusterTrainingRuntime", "TrainingRuntime") or ref.get("apiGroup", "trainer.kubeflow.org") != "trainer.kubeflow.org":
+    if (
+        kind not in ("ClusterTrainingRuntime", "TrainingRuntime")
+        or ref.get("apiGroup", "trainer.kubeflow.org") != "trainer.kubeflow.org"
+    ):
         return [f"TR pkg/webhooks/trainjob_webhook.go: unsupported runtime: {ref.get('apiGroup')}/{kind}"]
     found = runtimes.get(ref.get("name"))
     namespace = (job.get("metadata") or {}).get("namespace")
-    if (found is None or found.get("kind", "ClusterTrainingRuntime") != kind
-            or (kind == "TrainingRuntime" and (found.get("metadata") or {}).get("namespace") != namespace)):
-        source, what = (_TR_RUNTIME, "clusterTrainingRuntime") if kind == "ClusterTrainingRuntime" else (_TR_NS_RUNTIME, "trainingRuntime")
-        return [f"{source}: spec.runtimeRef: Invalid value: {ref!r}: specified {what} must be created before the "
-                "TrainJob is created"]
+    if (
+        found is None
+        or found.get("kind", "ClusterTrainingRuntime") != kind
+        or (kind == "TrainingRuntime" and (found.get("metadata") or {}).get("namespace") != namespace)
+    ):
+        source, what = (
+            (_TR_RUNTIME, "clusterTrainingRuntime")
+            if kind == "ClusterTrainingRuntime"
+            else (_TR_NS_RUNTIME, "trainingRuntime")
+        )
+        return [
+            f"{source}: spec.runtimeRef: Invalid value: {ref!r}: specified {what} must be created before the "
+            "TrainJob is created"
+        ]
     runtime = found["spec"]
     rjobs = _replicated_jobs(runtime)
     out: list[str] = []
@@ -271,32 +331,46 @@ def trainjob_webhook(job: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -
     for patch in spec.get("runtimePatches") or []:
         manager = patch.get("manager", "")
         out += _each(_TR_JOBSET, "spec.runtimePatches.manager", manager, domain_prefixed_path(manager))
-        patched = ((((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")) or {})
+        patched = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec")) or {}
         for rjob in patched.get("replicatedJobs") or []:
             if rjob.get("name") not in rjobs:
-                out.append(f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have replicated job that "
-                           "doesn't exist in the runtime job template")
+                out.append(
+                    f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have replicated job that "
+                    "doesn't exist in the runtime job template"
+                )
                 continue
             pod = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")) or {}
             for c in pod.get("initContainers") or []:
                 if c.get("name") not in rjobs[rjob["name"]]:
-                    out.append(f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have initContainer that "
-                               f"doesn't exist in the runtime job {rjob['name']}")
+                    out.append(
+                        f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have initContainer that "
+                        f"doesn't exist in the runtime job {rjob['name']}"
+                    )
             for c in pod.get("containers") or []:
                 if c.get("name") not in rjobs[rjob["name"]]:
-                    out.append(f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have container that "
-                               f"doesn't exist in the runtime job {rjob['name']}")
+                    out.append(
+                        f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have container that "
+                        f"doesn't exist in the runtime job {rjob['name']}"
+                    )
                 elif c.get("env") and c["name"] in NO_ENV_PATCH:
-                    out.append(f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have envs for the "
-                               f"{', '.join(NO_ENV_PATCH)} containers")
-            out += pod_template_meta(((rjob.get("template") or {}).get("spec") or {}).get("template") or {},
-                                     f"spec.runtimePatches[{patch.get('manager')}].{rjob['name']}.template")
+                    out.append(
+                        f"{_TR_JOBSET}: spec.runtimePatches: Invalid value: must not have envs for the "
+                        f"{', '.join(NO_ENV_PATCH)} containers"
+                    )
+            out += pod_template_meta(
+                ((rjob.get("template") or {}).get("spec") or {}).get("template") or {},
+                f"spec.runtimePatches[{patch.get('manager')}].{rjob['name']}.template",
+            )
     # Torch plugin, Validate: no torchrun variable in the trainer's env.
     if "torch" in (runtime.get("mlPolicy") or {}):
-        reserved = sorted({e.get("name") for e in (spec.get("trainer") or {}).get("env") or []} & set(TORCHRUN_RESERVED))
+        reserved = sorted(
+            {e.get("name") for e in (spec.get("trainer") or {}).get("env") or []} & set(TORCHRUN_RESERVED)
+        )
         if reserved:
-            out.append(f"{_TR_TORCH}: spec.trainer.env: Invalid value: must not have reserved envs, invalid envs "
-                       f"configured: {reserved}")
+            out.append(
+                f"{_TR_TORCH}: spec.trainer.env: Invalid value: must not have reserved envs, invalid envs "
+                f"configured: {reserved}"
+            )
     return out
 
 
@@ -305,21 +379,31 @@ def trainingruntime_webhook(runtime: dict[str, Any]) -> list[str]:
     Trainer's ClusterTrainingRuntime webhook applies the same): a replicated job labelled as a TrainJob ancestor
     (trainer, model-initializer, dataset-initializer) has replicas 1 (JobSet's default when unset) and the
     container its ancestor needs (trainer: `node`)."""
-    expected = {"trainer": "node", "model-initializer": "model-initializer", "dataset-initializer": "dataset-initializer"}
+    expected = {
+        "trainer": "node",
+        "model-initializer": "model-initializer",
+        "dataset-initializer": "dataset-initializer",
+    }
     out = []
     rjobs = ((((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs")) or []
     for i, rjob in enumerate(rjobs):
         template = rjob.get("template") or {}
-        ancestor = ((template.get("metadata") or {}).get("labels") or {}).get("trainer.kubeflow.org/trainjob-ancestor-step")
+        ancestor = ((template.get("metadata") or {}).get("labels") or {}).get(
+            "trainer.kubeflow.org/trainjob-ancestor-step"
+        )
         if ancestor not in expected:
             continue
         where = f"spec.template.spec.replicatedJobs[{i}]"
         if int(rjob.get("replicas", 1)) != 1:
-            out.append(f"{_TR_RUNTIME_WEBHOOK}: {where}.replicas: Invalid value: {rjob.get('replicas')}: always must be 1")
+            out.append(
+                f"{_TR_RUNTIME_WEBHOOK}: {where}.replicas: Invalid value: {rjob.get('replicas')}: always must be 1"
+            )
         pod = (((template.get("spec") or {}).get("template") or {}).get("spec")) or {}
         if not any(c.get("name") == expected[ancestor] for c in pod.get("containers") or []):
-            out.append(f"{_TR_RUNTIME_WEBHOOK}: {where}.template.spec.template.spec.containers: Invalid value: must "
-                       f"contain the required container for the ancestor: {ancestor}")
+            out.append(
+                f"{_TR_RUNTIME_WEBHOOK}: {where}.template.spec.template.spec.containers: Invalid value: must "
+                f"contain the required container for the ancestor: {ancestor}"
+            )
     return out
 
 
@@ -328,8 +412,11 @@ def trainjob_jobset(job: dict[str, Any], runtime: dict[str, Any]) -> dict[str, A
     (TR pkg/runtime/framework/plugins/jobset/builder.go), each replicated job has 1 replica (builder.go: "Support
     multiple replicas" is a TODO there) and the trainer's job runs numNodes pods as parallelism = completions
     (pkg/runtime/framework/plugins/jobset/jobset.go, from the PodSet's count)."""
-    nodes = int(((job.get("spec") or {}).get("trainer") or {}).get("numNodes")
-                or (runtime["spec"].get("mlPolicy") or {}).get("numNodes") or 1)
+    nodes = int(
+        ((job.get("spec") or {}).get("trainer") or {}).get("numNodes")
+        or (runtime["spec"].get("mlPolicy") or {}).get("numNodes")
+        or 1
+    )
     rjobs = []
     for rjob in ((runtime["spec"].get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
         count = nodes if rjob["name"] == "node" else 1
@@ -355,13 +442,19 @@ def jobset_webhook(jobset: dict[str, Any]) -> list[str]:
         spec = rjob["template"]["spec"]
         longest_job = f"{name}-{rjob['name']}-{int(rjob.get('replicas', 1)) - 1}"
         for problem in dns1035_label(longest_job):
-            problem = "JobSet name is too long, job names generated for this JobSet will exceed 63 characters" \
-                if "63" in problem else problem
+            problem = (
+                "JobSet name is too long, job names generated for this JobSet will exceed 63 characters"
+                if "63" in problem
+                else problem
+            )
             out.append(f"{_JS}: {where}: Invalid value: {longest_job!r}: {problem}")
         if spec.get("completionMode", "Indexed") == "Indexed" and spec.get("completions") is not None:
             pod = f"{longest_job}-{int(spec['completions']) - 1}-abcde"
             for problem in dns1035_label(pod):
-                problem = "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters" \
-                    if "63" in problem else problem
+                problem = (
+                    "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters"
+                    if "63" in problem
+                    else problem
+                )
                 out.append(f"{_JS}: {where}: Invalid value: {longest_job!r}: {problem}")
     return out

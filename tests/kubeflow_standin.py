@@ -91,7 +91,9 @@ class KubeflowStandIn:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubeflow-standin", daemon=True)
-        self._events: dict[tuple[str, str, str], tuple[str, float, int]] = {}  # (job uid, reason, message) -> (event, when, count)
+        self._events: dict[
+            tuple[str, str, str], tuple[str, float, int]
+        ] = {}  # (job uid, reason, message) -> (event, when, count)
         self._admitted: dict[str, bool] = {}  # job uid -> what the oracle said
 
     # ---- life cycle --------------------------------------------------------------------------------------
@@ -123,7 +125,9 @@ class KubeflowStandIn:
     def reconcile(self) -> None:
         jobs = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_LABEL).items
-        services = {s.metadata.name for s in self.core.list_namespaced_service(self.namespace, label_selector=JOB_LABEL).items}
+        services = {
+            s.metadata.name for s in self.core.list_namespaced_service(self.namespace, label_selector=JOB_LABEL).items
+        }
         for job in jobs:
             # A deleted job's pods are the garbage collector's; a refused one has none.
             if not job["metadata"].get("deletionTimestamp") and self.admitted(job):
@@ -176,8 +180,12 @@ class KubeflowStandIn:
         if not conditions:
             self._set_condition(job, "Created", "PyTorchJobCreated", f"PyTorchJob {name} is created.")
         if _past_deadline(run_policy.get("activeDeadlineSeconds"), (job.get("status") or {}).get("startTime")):
-            self._set_condition(job, "Failed", "PyTorchJobFailed",
-                                f"Job {name} has failed because it was active longer than specified deadline")
+            self._set_condition(
+                job,
+                "Failed",
+                "PyTorchJobFailed",
+                f"Job {name} has failed because it was active longer than specified deadline",
+            )
             self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
             return
         master_ip = _pod_ip(existing.get(master))
@@ -190,27 +198,49 @@ class KubeflowStandIn:
                     self._create_service(job, rtype, index, pod_name)
                 if pod_name in existing:
                     if (code := _exit_code(existing[pod_name], container="pytorch")) is not None:  # docstring
-                        self._warn(job, "ExitedWithCode", f"Pod: {self.namespace}.{pod_name} exited with code {code}", "Normal")
+                        self._warn(
+                            job, "ExitedWithCode", f"Pod: {self.namespace}.{pod_name} exited with code {code}", "Normal"
+                        )
                     continue
                 if rtype == "Worker" and "Master" in replicas and master_ip is None:
                     continue  # Kubeflow's init container holds workers until the master's name resolves
                 rank = index if rtype == "Master" else index + (1 if "Master" in replicas else 0)
-                self._create_pod(job, rtype, index, pod_name, {
-                    "PYTHONUNBUFFERED": "1", "MASTER_ADDR": address, "MASTER_PORT": str(port),
-                    "PET_MASTER_ADDR": address, "PET_MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-                    "RANK": str(rank), "PET_NODE_RANK": str(rank), "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": str(nproc),
-                }, master_ip if rtype == "Worker" else None)
+                self._create_pod(
+                    job,
+                    rtype,
+                    index,
+                    pod_name,
+                    {
+                        "PYTHONUNBUFFERED": "1",
+                        "MASTER_ADDR": address,
+                        "MASTER_PORT": str(port),
+                        "PET_MASTER_ADDR": address,
+                        "PET_MASTER_PORT": str(port),
+                        "WORLD_SIZE": str(world),
+                        "RANK": str(rank),
+                        "PET_NODE_RANK": str(rank),
+                        "PET_NNODES": str(nnodes),
+                        "PET_NPROC_PER_NODE": str(nproc),
+                    },
+                    master_ip if rtype == "Worker" else None,
+                )
         if self._operator_restarts(job, pods):
             return
         phases = {p.metadata.name: (p.status.phase if p.status else None) for p in pods}
         failed = [p for p in pods if p.status and p.status.phase == "Failed"]
         if phases.get(master) == "Succeeded":
-            self._set_condition(job, "Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {name} is successfully completed.")
+            self._set_condition(
+                job, "Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {name} is successfully completed."
+            )
         elif failed:
             code = _exit_code(failed[0])
-            self._set_condition(job, "Failed", "PyTorchJobFailed",
-                                f"PyTorchJob {name} is failed because 1 {failed[0].metadata.name} replica(s) failed "
-                                f"(exit code {code}).")
+            self._set_condition(
+                job,
+                "Failed",
+                "PyTorchJobFailed",
+                f"PyTorchJob {name} is failed because 1 {failed[0].metadata.name} replica(s) failed "
+                f"(exit code {code}).",
+            )
         elif pods and len(pods) == nnodes and all(ph == "Running" for ph in phases.values()):
             self._set_condition(job, "Running", "PyTorchJobRunning", f"PyTorchJob {name} is running.")
 
@@ -220,8 +250,12 @@ class KubeflowStandIn:
         name, spec = job["metadata"]["name"], job["spec"]
         replicas, run_policy = spec["pytorchReplicaSpecs"], spec.get("runPolicy") or {}
         if _past_backoff_limit(replicas, run_policy.get("backoffLimit"), pods):
-            self._set_condition(job, "Failed", "PyTorchJobFailed",
-                                f"Job {name} has failed because it has reached the specified backoff limit")
+            self._set_condition(
+                job,
+                "Failed",
+                "PyTorchJobFailed",
+                f"Job {name} has failed because it has reached the specified backoff limit",
+            )
             self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
             return True
         for pod in pods:
@@ -230,8 +264,12 @@ class KubeflowStandIn:
             retry = policy in ("OnFailure", "Always") or (policy == "ExitCode" and code is not None and code >= 128)
             if pod.status and pod.status.phase == "Failed" and not pod.metadata.deletion_timestamp and retry:
                 self._delete_pod(pod.metadata.name, grace=None)
-                self._set_condition(job, "Restarting", "PyTorchJobRestarting",
-                                    f"PyTorchJob {name} is restarting because 1 {rtype} replica(s) failed.")
+                self._set_condition(
+                    job,
+                    "Restarting",
+                    "PyTorchJobRestarting",
+                    f"PyTorchJob {name} is restarting because 1 {rtype} replica(s) failed.",
+                )
                 return True
         return False
 
@@ -240,7 +278,9 @@ class KubeflowStandIn:
         ones, All every one; a pod's Service goes with it."""
         for pod in pods:
             phase = pod.status.phase if pod.status else "Pending"
-            if (policy == "All" or (policy == "Running" and phase in ("Running", "Pending"))) and not pod.metadata.deletion_timestamp:
+            if (
+                policy == "All" or (policy == "Running" and phase in ("Running", "Pending"))
+            ) and not pod.metadata.deletion_timestamp:
                 self._delete_pod(pod.metadata.name, grace=None)
                 self._delete_service(pod.metadata.name)
 
@@ -250,9 +290,17 @@ class KubeflowStandIn:
 
         selector = {JOB_LABEL: job["metadata"]["name"], REPLICA_TYPE: rtype.lower(), REPLICA_INDEX: str(index)}
         try:
-            self.core.create_namespaced_service(self.namespace, {
-                "metadata": {"name": name, "labels": selector, "ownerReferences": [_owner(job)]},
-                "spec": {"clusterIP": "None", "selector": selector, "ports": [{"name": MASTER_PORT_NAME, "port": MASTER_PORT}]}})
+            self.core.create_namespaced_service(
+                self.namespace,
+                {
+                    "metadata": {"name": name, "labels": selector, "ownerReferences": [_owner(job)]},
+                    "spec": {
+                        "clusterIP": "None",
+                        "selector": selector,
+                        "ports": [{"name": MASTER_PORT_NAME, "port": MASTER_PORT}],
+                    },
+                },
+            )
         except ApiException as err:
             if err.status != 409:  # an earlier job's of the same name, not yet collected: the next pass retries
                 raise
@@ -267,8 +315,15 @@ class KubeflowStandIn:
             if err.status != 404:
                 raise
 
-    def _create_pod(self, job: dict[str, Any], rtype: str, index: int, pod_name: str, injected: dict[str, str],
-                    master_ip: str | None = None) -> None:
+    def _create_pod(
+        self,
+        job: dict[str, Any],
+        rtype: str,
+        index: int,
+        pod_name: str,
+        injected: dict[str, str],
+        master_ip: str | None = None,
+    ) -> None:
         """The pod of one replica: the scheduler places it, its container gets Kubeflow's port and a worker gets the
         master's name as a host alias (`master_ip`; the cluster has no DNS)."""
         from kubernetes.client.rest import ApiException
@@ -288,15 +343,24 @@ class KubeflowStandIn:
         pod_spec.update(containers=containers, restartPolicy={"ExitCode": "Never"}.get(policy, policy))
         if master_ip is not None:
             pod_spec["hostAliases"] = list(pod_spec.get("hostAliases") or []) + [
-                {"ip": master_ip, "hostnames": [f"{job['metadata']['name']}-master-0"]}]
+                {"ip": master_ip, "hostnames": [f"{job['metadata']['name']}-master-0"]}
+            ]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
-        labels.update({JOB_LABEL: job["metadata"]["name"], OPERATOR_LABEL: "pytorchjob-controller",
-                       REPLICA_TYPE: rtype.lower(), REPLICA_INDEX: str(index)})
+        labels.update(
+            {
+                JOB_LABEL: job["metadata"]["name"],
+                OPERATOR_LABEL: "pytorchjob-controller",
+                REPLICA_TYPE: rtype.lower(),
+                REPLICA_INDEX: str(index),
+            }
+        )
         if rtype == "Master":
             labels["training.kubeflow.org/job-role"] = "master"
         try:
-            self.core.create_namespaced_pod(self.namespace, {
-                "metadata": {"name": pod_name, "labels": labels, "ownerReferences": [_owner(job)]}, "spec": pod_spec})
+            self.core.create_namespaced_pod(
+                self.namespace,
+                {"metadata": {"name": pod_name, "labels": labels, "ownerReferences": [_owner(job)]}, "spec": pod_spec},
+            )
         except ApiException as err:
             if err.status not in (403, 422):  # refused by admission (a quota) or validation: the job's event, below
                 raise
@@ -310,14 +374,29 @@ class KubeflowStandIn:
         seen = self._events.get(key)
         if seen is not None and time.monotonic() - seen[1] < EVENT_REPEAT_S:
             return
-        involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": job.get("kind", "PyTorchJob"),
-                    "name": job["metadata"]["name"], "namespace": self.namespace, "uid": job["metadata"]["uid"]}
+        involved = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": job.get("kind", "PyTorchJob"),
+            "name": job["metadata"]["name"],
+            "namespace": self.namespace,
+            "uid": job["metadata"]["uid"],
+        }
         if seen is None:
             name = f"{job['metadata']['name']}.{uuid.uuid4().hex[:16]}"
-            self.core.create_namespaced_event(self.namespace, {
-                "metadata": {"name": name}, "involvedObject": involved, "type": kind, "reason": reason,
-                "message": message, "count": 1, "firstTimestamp": now(), "lastTimestamp": now(),
-                "source": {"component": f"{involved['kind'].lower()}-controller"}})
+            self.core.create_namespaced_event(
+                self.namespace,
+                {
+                    "metadata": {"name": name},
+                    "involvedObject": involved,
+                    "type": kind,
+                    "reason": reason,
+                    "message": message,
+                    "count": 1,
+                    "firstTimestamp": now(),
+                    "lastTimestamp": now(),
+                    "source": {"component": f"{involved['kind'].lower()}-controller"},
+                },
+            )
             self._events[key] = (name, time.monotonic(), 1)
             return
         name, _, count = seen
@@ -334,20 +413,36 @@ class KubeflowStandIn:
             if c["type"] in ("Running", "Restarting") and c["type"] != ctype and c["status"] == "True":
                 c.update(status="False", lastTransitionTime=now())
         if current is None:
-            conditions.append({"type": ctype, "status": "True", "reason": reason, "message": message,
-                               "lastUpdateTime": now(), "lastTransitionTime": now()})
+            conditions.append(
+                {
+                    "type": ctype,
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastUpdateTime": now(),
+                    "lastTransitionTime": now(),
+                }
+            )
         else:
             conditions.remove(current)
             conditions.append(dict(current, status="True", reason=reason, message=message, lastTransitionTime=now()))
         if ctype in ("Succeeded", "Failed"):
             status["completionTime"] = now()
         status.setdefault("startTime", now())
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"],
-                                                          {"status": status})
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, PLURAL, job["metadata"]["name"], {"status": status}
+        )
+
 
 def _owner(job: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
-            "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _past_deadline(seconds: int | None, start: str | None) -> bool:
@@ -367,12 +462,17 @@ def _past_backoff_limit(replicas: dict[str, Any], limit: int | None, pods: list[
     kubelet or the operator (OnFailure, Always, ExitCode) reach the limit (exceed it, for a limit of 0)."""
     if limit is None:
         return False
-    counted = {rtype.lower() for rtype, spec in replicas.items()
-               if spec.get("restartPolicy", "Never") in ("OnFailure", "Always", "ExitCode")}
-    restarts = sum(cs.restart_count or 0 for pod in pods
-                   if pod.metadata.labels.get(REPLICA_TYPE) in counted
-                   and pod.status and pod.status.phase == "Running"
-                   for cs in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []))
+    counted = {
+        rtype.lower()
+        for rtype, spec in replicas.items()
+        if spec.get("restartPolicy", "Never") in ("OnFailure", "Always", "ExitCode")
+    }
+    restarts = sum(
+        cs.restart_count or 0
+        for pod in pods
+        if pod.metadata.labels.get(REPLICA_TYPE) in counted and pod.status and pod.status.phase == "Running"
+        for cs in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
+    )
     return restarts > 0 if limit == 0 else restarts >= limit
 
 
@@ -397,6 +497,7 @@ def _exit_code(pod: Any, container: str | None = None) -> int | None:
 
 # ---- test namespaces: created per test, emptied and removed afterwards (no namespace controller runs here) ----
 
+
 def create_namespace(api_client: Any, prefix: str = "hpct") -> str:
     from kubernetes import client
 
@@ -417,7 +518,9 @@ def delete_namespace(api_client: Any, name: str) -> None:
             obj_name = obj["metadata"]["name"]
             try:
                 if obj["metadata"].get("finalizers"):
-                    custom.patch_namespaced_custom_object(group, version, name, plural, obj_name, {"metadata": {"finalizers": None}})
+                    custom.patch_namespaced_custom_object(
+                        group, version, name, plural, obj_name, {"metadata": {"finalizers": None}}
+                    )
                 custom.delete_namespaced_custom_object(group, version, name, plural, obj_name)
             except ApiException as err:
                 if err.status != 404:

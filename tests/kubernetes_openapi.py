@@ -22,8 +22,12 @@ from typing import Any
 OPENAPI_DIR = Path(__file__).parent / "data" / "kubernetes-openapi"
 VERSIONS = ("1.29", "1.35")
 """The Kubernetes releases whose core/v1 OpenAPI is vendored: the oldest and newest covered."""
-KINDS = {"Pod": "io.k8s.api.core.v1.Pod", "PodTemplateSpec": "io.k8s.api.core.v1.PodTemplateSpec",
-         "Secret": "io.k8s.api.core.v1.Secret", "Service": "io.k8s.api.core.v1.Service"}
+KINDS = {
+    "Pod": "io.k8s.api.core.v1.Pod",
+    "PodTemplateSpec": "io.k8s.api.core.v1.PodTemplateSpec",
+    "Secret": "io.k8s.api.core.v1.Secret",
+    "Service": "io.k8s.api.core.v1.Service",
+}
 _INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 _QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 
@@ -83,8 +87,11 @@ def duplicates(schema: dict[str, Any], items: list[Any], where: str) -> list[str
     """The duplicate keys of a list-map (or values of a list-set), as the API server refuses them."""
     kind = schema.get("x-kubernetes-list-type")
     if kind == "map":
-        keys = [tuple(json.dumps(i.get(k), sort_keys=True) for k in schema.get("x-kubernetes-list-map-keys") or ())
-                for i in items if isinstance(i, dict)]
+        keys = [
+            tuple(json.dumps(i.get(k), sort_keys=True) for k in schema.get("x-kubernetes-list-map-keys") or ())
+            for i in items
+            if isinstance(i, dict)
+        ]
     elif kind == "set":
         keys = [json.dumps(i, sort_keys=True) for i in items]
     else:

@@ -38,7 +38,9 @@ from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
 from test_k8s_real_pods import CONTEXT, node_status
 
-DEADLINE_S = 420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
+DEADLINE_S = (
+    420  # a bound on waiting on a loaded 2-core machine (other jobs may hold the node's CPUs); never asserted on
+)
 NODE_CPUS = 2  # the slots of `real_cpu`: the CI node's allocatable CPUs
 WHOLE = None
 
@@ -59,9 +61,12 @@ class Real:
         """The CLI's flags that reach this namespace."""
         return ["--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", self.namespace]
 
-    def scheduler(self, *volumes: str, shm: str | None = None, priority_class: str | None = None) -> KubernetesScheduler:
-        options = KubernetesOptions(namespace=self.namespace, image=self.image, volumes=volumes, shm=shm,
-                                    priority_class=priority_class)
+    def scheduler(
+        self, *volumes: str, shm: str | None = None, priority_class: str | None = None
+    ) -> KubernetesScheduler:
+        options = KubernetesOptions(
+            namespace=self.namespace, image=self.image, volumes=volumes, shm=shm, priority_class=priority_class
+        )
         return KubernetesScheduler(options, context=CONTEXT)
 
     def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -99,7 +104,9 @@ def _try_lock(f: Any) -> bool:
 
 
 @contextlib.contextmanager
-def real_namespace(tmp_path: Path, cpus: int | None, controllers: type[KubeflowStandIn] = KubeflowStandIn) -> Iterator[Real]:
+def real_namespace(
+    tmp_path: Path, cpus: int | None, controllers: type[KubeflowStandIn] = KubeflowStandIn
+) -> Iterator[Real]:
     """A namespace on the node with the stand-in `controllers` (a subclass plays more of them) running in it."""
     nodes, image = node_status()
     from kubernetes import config

@@ -34,15 +34,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     host = urlparse(api.configuration.host).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"run_standins: context {args.context!r} points at {host}, not at a local test cluster: the stand-ins "
-              "are for scripts/local-k8s.sh's clusters only", file=sys.stderr)
+        print(
+            f"run_standins: context {args.context!r} points at {host}, not at a local test cluster: the stand-ins "
+            "are for scripts/local-k8s.sh's clusters only",
+            file=sys.stderr,
+        )
         return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     standins = TrainerStandIn(api, args.namespace).start()
-    print(f"run_standins: TEST-ONLY stand-ins of the Kubeflow PyTorchJob and TrainJob controllers running in "
-          f"namespace {args.namespace} of context {args.context}; Ctrl-C stops them", flush=True)
+    print(
+        f"run_standins: TEST-ONLY stand-ins of the Kubeflow PyTorchJob and TrainJob controllers running in "
+        f"namespace {args.namespace} of context {args.context}; Ctrl-C stops them",
+        flush=True,
+    )
     said = 0
     while not stop.wait(1.0):
         for line in standins.errors[said:]:

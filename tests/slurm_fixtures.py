@@ -44,7 +44,9 @@ class LocalSlurm:
         return result.stdout.strip().split(";")[0]
 
     def state(self, job_id: str) -> str:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+        ).stdout
         for field in out.split():
             if field.startswith("JobState="):
                 return field.split("=", 1)[1]
@@ -57,7 +59,9 @@ class LocalSlurm:
         state = self.state(job_id)
         while state not in states:
             if time.monotonic() > deadline:
-                pytest.fail(f"job {job_id} still {state} after {timeout_s:.0f} s (wanted {sorted(states)}); see `squeue`")
+                pytest.fail(
+                    f"job {job_id} still {state} after {timeout_s:.0f} s (wanted {sorted(states)}); see `squeue`"
+                )
             time.sleep(0.5)
             state = self.state(job_id)
         return state
@@ -67,7 +71,9 @@ class LocalSlurm:
 
     def fields(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (empty once the controller forgot the job or when it did not answer)."""
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+        ).stdout
         return dict(word.split("=", 1) for word in out.split() if "=" in word)
 
     def warn_soon(self, job_id: str) -> None:
@@ -104,8 +110,9 @@ class LocalSlurm:
         is under way (a progress line in the job's log)."""
         self.interrupt_mid_run(job_id, processes, signal.SIGUSR1, lambda: self.warn_soon(job_id))
 
-    def interrupt_mid_run(self, job_id: str, processes: int, signum: int, interrupt: Callable[[], T],
-                          timeout_s: float = 240.0) -> T:
+    def interrupt_mid_run(
+        self, job_id: str, processes: int, signum: int, interrupt: Callable[[], T], timeout_s: float = 240.0
+    ) -> T:
         """Pause (SIGSTOP) the job's `processes` training processes, call `interrupt()` (which makes Slurm send
         `signum` to them), and let them go on once every one holds `signum` pending (or Slurm itself continued
         them, as it does before SIGTERM). The run then stops at its next step boundary, a step or two after the
@@ -131,8 +138,12 @@ class LocalSlurm:
     def _set_time_limit(self, job_id: str, minutes: int) -> None:
         # scontrol may time out on a busy controller: try a few times.
         for _ in range(5):
-            result = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
-                                    capture_output=True, text=True, check=False)
+            result = subprocess.run(
+                ["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if result.returncode == 0:
                 return
             time.sleep(1)
@@ -162,8 +173,10 @@ def slurm_cluster() -> LocalSlurm:
     status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, check=False)
     if status.returncode != 0:
         if os.geteuid() != 0:
-            pytest.fail("the local Slurm cluster is not running and starting it needs root: "
-                        "run `sudo scripts/local-slurm.sh up`")
+            pytest.fail(
+                "the local Slurm cluster is not running and starting it needs root: "
+                "run `sudo scripts/local-slurm.sh up`"
+            )
         up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, check=False, timeout=900)
         if up.returncode != 0:
             pytest.fail(f"`scripts/local-slurm.sh up` failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}")
@@ -232,14 +245,18 @@ def wait_delivered(pids: list[int], signum: int, timeout_s: float, job_id: str) 
     deadline = time.monotonic() + timeout_s
     while not all(_delivered(pid, bit) for pid in pids):
         if time.monotonic() > deadline:
-            pytest.fail(f"job {job_id}: {signal.Signals(signum).name} did not reach its training processes "
-                        f"{pids} within {timeout_s:.0f} s")
+            pytest.fail(
+                f"job {job_id}: {signal.Signals(signum).name} did not reach its training processes "
+                f"{pids} within {timeout_s:.0f} s"
+            )
         time.sleep(0.2)
 
 
 # ---- jobs the tests submit, and runs shared by the whole session -----------------------------------------------
 
-JOB_DEADLINE_S = 800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
+JOB_DEADLINE_S = (
+    800  # requeue holds, other suites sharing the two nodes: generous (under pytest's 900 s), never asserted on
+)
 _ATTEMPT = re.compile(r"^hpctrain: job \d+ attempt (\d+) on ", re.MULTILINE)
 
 

@@ -23,7 +23,9 @@ with open(os.environ["STANDIN_LOG"], "a") as log:
 fail = os.environ.get("STANDIN_FAIL") == "1"
 """
 
-APPTAINER = PROLOGUE + """
+APPTAINER = (
+    PROLOGUE
+    + """
 dest = sys.argv[2] if sys.argv[2] != "--fakeroot" else sys.argv[3]
 print("INFO:    Converting OCI blobs to SIF format")
 print("INFO:    Starting build...")
@@ -34,8 +36,11 @@ with open(dest, "wb") as out:
     out.write(b"SIF_MAGIC\\0" + b"\\0" * 4096)
 print(f"INFO:    Creating SIF file...")
 """
+)
 
-ENROOT = PROLOGUE + """
+ENROOT = (
+    PROLOGUE
+    + """
 assert sys.argv[1] == "import" and sys.argv[2] in ("-o", "--output"), sys.argv
 print(f"[INFO] Querying registry for permission grant")
 print(f"[INFO] Fetching image manifest list")
@@ -45,10 +50,14 @@ with open(sys.argv[3], "wb") as out:
         sys.exit(255)
     out.write(b"hsqs" + b"\\0" * 8192)
 """
+)
 
-NVIDIA_SMI = PROLOGUE + """
+NVIDIA_SMI = (
+    PROLOGUE
+    + """
 print(os.environ.get("STANDIN_GPUS", "").replace(";", "\\n"))
 """
+)
 
 
 def install(bin_dir: Path) -> Path:

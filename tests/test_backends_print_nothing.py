@@ -20,11 +20,18 @@ def terminal_writes(source: str, filename: str = "<source>") -> list[str]:
         what = None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
             what = "print()"
-        elif (isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr", "__stdout__", "__stderr__")
-              and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("stdout", "stderr", "__stdout__", "__stderr__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
             what = f"sys.{node.attr}"
-        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(
-                a.name in ("stdout", "stderr", "__stdout__", "__stderr__") for a in node.names):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "sys"
+            and any(a.name in ("stdout", "stderr", "__stdout__", "__stderr__") for a in node.names)
+        ):
             what = "from sys import stdout/stderr"
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -39,8 +46,10 @@ def test_no_module_under_schedulers_writes_to_the_terminal() -> None:
     modules = sorted(SCHEDULERS.rglob("*.py"))
     assert len(modules) > 20  # the walk sees the backends' packages
     found = [hit for path in modules for hit in terminal_writes(path.read_text(), str(path.relative_to(SCHEDULERS)))]
-    assert found == [], "a backend returns data (hpctrain.schedulers.base: View, Outcome) and the CLI prints it " \
-                        "(hpctrain.cli.views); these write to the terminal themselves:\n" + "\n".join(found)
+    assert found == [], (
+        "a backend returns data (hpctrain.schedulers.base: View, Outcome) and the CLI prints it "
+        "(hpctrain.cli.views); these write to the terminal themselves:\n" + "\n".join(found)
+    )
 
 
 def test_the_walk_finds_each_way_of_writing_and_passes_python_in_a_string() -> None:

@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=clean_environ(), capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=clean_environ(), capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -32,16 +33,24 @@ def test_stop_vote_benchmark_measures_each_mode() -> None:
 def test_mnist_step_cost_benchmark_compares_the_two_networks_and_the_two_types() -> None:
     result = bench("benchmarks/mnist_step_cost.py", "--threads", "1", "--steps", "2", "--rounds", "1")
     assert result.returncode == 0, result.stderr
-    rows = [line.split(" us per image")[0].rsplit(None, 1) for line in result.stdout.splitlines() if "us per image" in line]
-    assert [name.strip() for name, _ in rows] == ["before (16, 32, 64 trained)", "now (8 frozen, 24, 64)",
-                                                  "now, float32", "now, bfloat16 autocast"], result.stdout
+    rows = [
+        line.split(" us per image")[0].rsplit(None, 1) for line in result.stdout.splitlines() if "us per image" in line
+    ]
+    assert [name.strip() for name, _ in rows] == [
+        "before (16, 32, 64 trained)",
+        "now (8 frozen, 24, 64)",
+        "now, float32",
+        "now, bfloat16 autocast",
+    ], result.stdout
     assert all(float(us) > 0 for _, us in rows), result.stdout
     assert "bfloat16 / float32 step time: " in result.stdout and "the table picked " in result.stdout, result.stdout
 
 
 @pytest.mark.slow
 def test_preflight_links_benchmark_times_a_ring_of_three() -> None:
-    result = bench("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "benchmarks/preflight_links.py")
+    result = bench(
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "benchmarks/preflight_links.py"
+    )
     assert result.returncode == 0, result.stderr
     assert "link test, 3 nodes: " in result.stdout and "rank 0's links: node1 " in result.stdout, result.stdout
 
@@ -49,8 +58,22 @@ def test_preflight_links_benchmark_times_a_ring_of_three() -> None:
 @pytest.mark.slow
 def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
-    result = bench("benchmarks/imagenet_gpu.py", "--device", "cpu", "--steps", "2", "--images", "6", "--copies", "3",
-                   "--backends", "cpu", "--no-synthetic", "--out", str(out))
+    result = bench(
+        "benchmarks/imagenet_gpu.py",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--images",
+        "6",
+        "--copies",
+        "3",
+        "--backends",
+        "cpu",
+        "--no-synthetic",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
     assert row["backend"] == "cpu" and row["images_per_s"] > 0 and "error" not in row, row
@@ -76,5 +99,10 @@ def test_scale_health_benchmark_times_each_call_before_and_now() -> None:
     result = bench("benchmarks/scale_health.py", "--sizes", "16,32", "--repeat", "1", "--compare", str(ROOT / "src"))
     assert result.returncode == 0, result.stderr
     rows = [line.split("|")[1].strip() for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert rows == ["what", "straggler check (rank 0)", "status/top rank lines", "preflight judge (N nodes)",
-                    "preflight link pairs (N nodes)"], result.stdout
+    assert rows == [
+        "what",
+        "straggler check (rank 0)",
+        "status/top rank lines",
+        "preflight judge (N nodes)",
+        "preflight link pairs (N nodes)",
+    ], result.stdout

@@ -16,21 +16,45 @@ from training_helpers import hpctrain
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STALE = {"checks": [{"rank": 0, "node": "node9", "gemm_gflops": 1.0, "error": None, "links": {}},
-                    {"rank": 1, "node": "node1", "gemm_gflops": 100.0, "error": None, "links": {}}],
-         "median_gflops": 50.5, "allreduce_gbps": 1.0, "links_gbps": {}, "slow_share": 0.5,
-         "bad_nodes": {"node9": ["rank 0's GEMM runs at 1.0 GFLOP/s"]}}
+STALE = {
+    "checks": [
+        {"rank": 0, "node": "node9", "gemm_gflops": 1.0, "error": None, "links": {}},
+        {"rank": 1, "node": "node1", "gemm_gflops": 100.0, "error": None, "links": {}},
+    ],
+    "median_gflops": 50.5,
+    "allreduce_gbps": 1.0,
+    "links_gbps": {},
+    "slow_share": 0.5,
+    "bad_nodes": {"node9": ["rank 0's GEMM runs at 1.0 GFLOP/s"]},
+}
 
 
 @pytest.mark.parametrize("record", ["stale", "damaged"])
-def test_check_preflight_never_prints_a_record_that_is_not_its_own(slurm_cluster, tmp_path: Path,
-                                                                    fashion_data_dir: Path, record: str) -> None:
+def test_check_preflight_never_prints_a_record_that_is_not_its_own(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, record: str
+) -> None:
     old = tmp_path / "runs" / "fixed-preflight" / "preflight.json"
     old.parent.mkdir(parents=True)
     old.write_text(json.dumps(STALE) if record == "stale" else '{"checks": [{"rank": "zero"')
-    result = hpctrain("check", "--preflight", "--launcher", "single", "--time", "10", "train", "mnist",
-                      "--run-dir", "runs/fixed", *TRAIN, "--data-dir", str(fashion_data_dir), "--resume",
-                      str(tmp_path / "no-such-checkpoint.pt"), cwd=tmp_path, timeout=600)
+    result = hpctrain(
+        "check",
+        "--preflight",
+        "--launcher",
+        "single",
+        "--time",
+        "10",
+        "train",
+        "mnist",
+        "--run-dir",
+        "runs/fixed",
+        *TRAIN,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--resume",
+        str(tmp_path / "no-such-checkpoint.pt"),
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr, result
     assert "node9" not in result.stdout and "passed" not in result.stdout, result.stdout
     lines = [line for line in result.stdout.splitlines() if "runs/fixed-preflight/preflight.json" in line]

@@ -79,7 +79,9 @@ def test_round_trip(tmp_path):
     assert sha256_file(path) == (info.sha256, info.size)
     assert (tmp_path / "ckpt" / "latest").read_text() == "checkpoint_epoch_1.pt\n"
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "checkpoint_epoch_1.pt", "checkpoint_epoch_1.pt.manifest.json", "latest"
+        "checkpoint_epoch_1.pt",
+        "checkpoint_epoch_1.pt.manifest.json",
+        "latest",
     ]
 
 
@@ -337,7 +339,9 @@ def test_search_reports_every_rejected_file_with_its_reason(tmp_path):
     found = checkpoint.search(tmp_path)
     assert found.info.step == 1 and torch.equal(found.state["model"]["w"], torch.full((4,), 1.0))
     assert [(r.path.name, r.unfinished) for r in found.rejected] == [
-        ("checkpoint_step_3.pt", False), ("checkpoint_step_2.pt", True)]
+        ("checkpoint_step_3.pt", False),
+        ("checkpoint_step_2.pt", True),
+    ]
     assert "truncated" in found.rejected[0].reason and "did not finish" in found.rejected[1].reason
     assert all(str(tmp_path) not in r.reason for r in found.rejected)
 
@@ -371,8 +375,9 @@ def test_a_file_that_is_not_a_checkpoint_is_not_called_an_unfinished_save(tmp_pa
 
 
 def test_refusing_unsafe_contents_never_suggests_weights_only_false(tmp_path):
-    path = checkpoint.save({"model": {}, "x": Malicious(tmp_path / "m")}, tmp_path, "checkpoint_step_1.pt",
-                           epoch=0, step=1)
+    path = checkpoint.save(
+        {"model": {}, "x": Malicious(tmp_path / "m")}, tmp_path, "checkpoint_step_1.pt", epoch=0, step=1
+    )
     with pytest.raises(CheckpointError) as caught:
         checkpoint.load(path)
     message = str(caught.value)

@@ -62,7 +62,10 @@ def test_training_continues_while_the_write_is_in_flight(tmp_path, held_writer):
     with AsyncCheckpointer() as writer:
         path = writer.save(
             {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 3},
-            tmp_path, "checkpoint_step_3.pt", epoch=0, step=3,
+            tmp_path,
+            "checkpoint_step_3.pt",
+            epoch=0,
+            step=3,
         )
         assert writer.in_flight and started == ["checkpoint_step_3.pt"]
         assert not path.exists()
@@ -126,8 +129,14 @@ def test_keep_is_checked_before_copying(tmp_path):
 def test_async_saves_prune_like_sync_ones(tmp_path):
     with AsyncCheckpointer() as writer:
         for step in range(1, 6):
-            writer.save({"model": {"w": torch.full((3,), float(step))}}, tmp_path,
-                        checkpoint.checkpoint_name(0, step, False), epoch=0, step=step, keep=2)
+            writer.save(
+                {"model": {"w": torch.full((3,), float(step))}},
+                tmp_path,
+                checkpoint.checkpoint_name(0, step, False),
+                epoch=0,
+                step=step,
+                keep=2,
+            )
     assert [p.name for p in checkpoint.candidates(tmp_path)] == ["checkpoint_step_5.pt", "checkpoint_step_4.pt"]
     assert torch.equal(checkpoint.load_latest(tmp_path)["model"]["w"], torch.full((3,), 5.0))
 
@@ -139,8 +148,14 @@ def test_snapshot_copies_everything_and_keeps_sharing():
     shared = torch.arange(6.0)
     rng = np.random.default_rng(0).bit_generator.state  # nested dicts of ints
     state = collections.OrderedDict(
-        w=shared, tied=shared, view=shared[2:4], pair=Pair(torch.ones(2), [torch.zeros(1), 3]),
-        numpy=np.arange(3), rng=rng, text="x", none=None,
+        w=shared,
+        tied=shared,
+        view=shared[2:4],
+        pair=Pair(torch.ones(2), [torch.zeros(1), 3]),
+        numpy=np.arange(3),
+        rng=rng,
+        text="x",
+        none=None,
     )
     copied = checkpoint.snapshot(state)
     assert type(copied) is collections.OrderedDict and list(copied) == list(state)

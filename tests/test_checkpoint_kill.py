@@ -31,7 +31,7 @@ def _saver(directory: str, ready_fd: int, payload: torch.Tensor, background: boo
     while True:
         step += 1
         new = {"model": {"payload": payload, "step_tensor": torch.full((8,), float(step))}, "step": step}
-        for end_of_epoch in ((False, True) if step % 4 == 0 else (False,)):
+        for end_of_epoch in (False, True) if step % 4 == 0 else (False,):
             name = checkpoint.checkpoint_name(step // 4, step, end_of_epoch)
             if writer is None:
                 checkpoint.save(new, directory, name, epoch=step // 4, step=step, keep=3)
@@ -53,8 +53,13 @@ def _debris(directory) -> bool:
 def test_sigkill_during_saves_always_leaves_a_valid_checkpoint(tmp_path, background):
     rng = random.Random(1234)
     payload = torch.randn(PAYLOAD_FLOATS, generator=torch.Generator().manual_seed(0))
-    checkpoint.save({"model": {"payload": payload, "step_tensor": torch.zeros(8)}, "step": 0}, tmp_path,
-                    checkpoint.checkpoint_name(0, 0, False), epoch=0, step=0)
+    checkpoint.save(
+        {"model": {"payload": payload, "step_tensor": torch.zeros(8)}, "step": 0},
+        tmp_path,
+        checkpoint.checkpoint_name(0, 0, False),
+        epoch=0,
+        step=0,
+    )
     last_step, interrupted_saves, unpruned_rounds = 0, 0, 0
     for round_ in range(ROUNDS):
         ready_r, ready_w = os.pipe()
@@ -96,7 +101,13 @@ def test_sigkill_during_saves_always_leaves_a_valid_checkpoint(tmp_path, backgro
     assert last_step >= ROUNDS  # the children really saved, round after round
     assert interrupted_saves > 0  # and kills did land in the middle of saves
     # The next save clears the dead writers' temporaries.
-    checkpoint.save({"model": {}, "step": last_step + 1}, tmp_path, checkpoint.checkpoint_name(0, last_step + 1, False),
-                    epoch=(last_step + 1) // 4, step=last_step + 1, keep=3)
+    checkpoint.save(
+        {"model": {}, "step": last_step + 1},
+        tmp_path,
+        checkpoint.checkpoint_name(0, last_step + 1, False),
+        epoch=(last_step + 1) // 4,
+        step=last_step + 1,
+        keep=3,
+    )
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert len(checkpoint.candidates(tmp_path)) == 3  # and prunes back to `keep`, however many kills left extra

@@ -46,14 +46,24 @@ def test_a_missing_or_damaged_part_is_refused_naming_the_file(tmp_path: Path) ->
 
 def test_restore_takes_the_mean_loss_sum_when_the_world_changed() -> None:
     part = {"rng": rng.capture(), "loss_sum": 5.0, "threads": 1}
-    state = {"ranks": {"parts": "x.ranks", "world_size": 4, "loss_sum_mean": 2.5}, "own_part": part,
-             "epoch": 0, "step": 3, "step_in_epoch": 3, "epoch_train_seconds": 1.0}
+    state = {
+        "ranks": {"parts": "x.ranks", "world_size": 4, "loss_sum_mean": 2.5},
+        "own_part": part,
+        "epoch": 0,
+        "step": 3,
+        "step_in_epoch": 3,
+        "epoch_train_seconds": 1.0,
+    }
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                 scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1).state_dict())
-    optimization = SimpleNamespace(optimizer=optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1),
-                                   scaler=None)
+    state.update(
+        model=model.state_dict(),
+        optimizer=optimizer.state_dict(),
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1).state_dict(),
+    )
+    optimization = SimpleNamespace(
+        optimizer=optimizer, scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 1), scaler=None
+    )
     for world, expected in ((4, 5.0), (2, 2.5)):
         run = SimpleNamespace(env=SimpleNamespace(rank=1, world_size=world), is_main=False)
         position = checkpoints.restore(run, model, optimization, state)
@@ -94,4 +104,8 @@ def test_pruning_takes_the_parts_of_a_save_that_never_finished(tmp_path: Path) -
     checkpoint.save_part(path, 0, {"loss_sum": 2.0})
     checkpoint.save({"model": {}}, tmp_path, path.name, epoch=0, step=2, keep=1)
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
-        "checkpoint_step_2.pt", "checkpoint_step_2.pt.manifest.json", "checkpoint_step_2.pt.ranks", "latest"]
+        "checkpoint_step_2.pt",
+        "checkpoint_step_2.pt.manifest.json",
+        "checkpoint_step_2.pt.ranks",
+        "latest",
+    ]

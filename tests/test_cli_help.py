@@ -26,7 +26,7 @@ def option_help(text: str, flag: str) -> str:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if re.match(rf"\s+(-\w [^,]+, )?{re.escape(flag)}\b", line))
     entry = [lines[start]]
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip() or re.match(r"\s{1,4}-", line) or not line.startswith(" "):
             break
         entry.append(line)
@@ -43,8 +43,12 @@ def shown_defaults(text: str, flag: str) -> dict[str, str]:
 def test_train_workload_help_shows_that_workloads_defaults(capsys, workload: str) -> None:
     text = help_of(capsys, "train", workload)
     recipes = CATALOG[workload].recipes
-    for flag, field in (("--epochs", "epochs"), ("--batch-size", "batch_size"), ("--lr", "lr"),
-                        ("--test-batch-size", "test_batch_size")):
+    for flag, field in (
+        ("--epochs", "epochs"),
+        ("--batch-size", "batch_size"),
+        ("--lr", "lr"),
+        ("--test-batch-size", "test_batch_size"),
+    ):
         expected = {name: getattr(info.defaults, field) for name, info in recipes.items()}
         shown = shown_defaults(text, flag)
         assert {name: float(shown[name]) for name in expected} == expected, (flag, option_help(text, flag))
@@ -53,7 +57,9 @@ def test_train_workload_help_shows_that_workloads_defaults(capsys, workload: str
         assert f"{name} (" in recipe_help and info.description.replace(" ", "") in recipe_help.replace(" ", "")
     dataset_help = option_help(text, "--dataset")
     assert all(d in dataset_help for d in CATALOG[workload].datasets)
-    others = {d for w, info in CATALOG.items() if w != workload for d in info.datasets} - set(CATALOG[workload].datasets)
+    others = {d for w, info in CATALOG.items() if w != workload for d in info.datasets} - set(
+        CATALOG[workload].datasets
+    )
     assert not [d for d in others if re.search(rf"\b{d}\b", dataset_help)], dataset_help
 
 
@@ -67,8 +73,10 @@ def test_imagenet_help_is_not_mnists(capsys) -> None:
 def test_train_help_without_a_workload_shows_every_workloads_defaults(capsys) -> None:
     epochs = option_help(help_of(capsys, "train"), "--epochs")
     for workload, info in CATALOG.items():
-        listed = ", ".join(f"{name}: {r.defaults.epochs}" for name, r in sorted(
-            info.recipes.items(), key=lambda item: item[0] != "fast"))
+        listed = ", ".join(
+            f"{name}: {r.defaults.epochs}"
+            for name, r in sorted(info.recipes.items(), key=lambda item: item[0] != "fast")
+        )
         assert f"{workload} {listed}" in epochs, epochs
 
 
@@ -91,8 +99,11 @@ def image_folder(root: Path) -> Path:
 
 def test_resume_followed_by_data_keeps_data_as_data(tmp_path: Path) -> None:
     data = image_folder(tmp_path / "imagenet")
-    for argv in (["imagenet", "--resume", str(data)], ["imagenet", "--resume", str(data), "--epochs", "2"],
-                 ["imagenet", "--epochs", "2", "--resume", str(data)]):
+    for argv in (
+        ["imagenet", "--resume", str(data)],
+        ["imagenet", "--resume", str(data), "--epochs", "2"],
+        ["imagenet", "--epochs", "2", "--resume", str(data)],
+    ):
         cfg = config_from_argv(argv)
         assert (cfg.data_dir, cfg.resume) == (str(data), "latest"), argv
 
@@ -102,10 +113,12 @@ def test_resume_still_takes_a_checkpoint_path_before_or_after_data(tmp_path: Pat
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     checkpoint = tmp_path / "elsewhere" / "checkpoint_epoch_3.pt"  # not there (yet): still a checkpoint's name
-    for argv, resume in ((["imagenet", "--resume", str(run_dir), str(data)], run_dir),
-                         (["imagenet", str(data), "--resume", str(run_dir)], run_dir),
-                         (["imagenet", "--resume", str(checkpoint), str(data)], checkpoint),
-                         (["imagenet", str(data), "--resume", str(tmp_path / "typo")], tmp_path / "typo")):
+    for argv, resume in (
+        (["imagenet", "--resume", str(run_dir), str(data)], run_dir),
+        (["imagenet", str(data), "--resume", str(run_dir)], run_dir),
+        (["imagenet", "--resume", str(checkpoint), str(data)], checkpoint),
+        (["imagenet", str(data), "--resume", str(tmp_path / "typo")], tmp_path / "typo"),
+    ):
         cfg = config_from_argv(argv)
         assert (cfg.data_dir, cfg.resume) == (str(data), str(resume)), argv
     synthetic = config_from_argv(["imagenet", "--synthetic", "--resume", str(tmp_path / "typo")])
@@ -116,10 +129,19 @@ def test_resume_still_takes_a_checkpoint_path_before_or_after_data(tmp_path: Pat
 # ---------------------------------------------------------------- --scheduler, --runtime, env
 
 
-@pytest.mark.parametrize("argv,job_file", [
-    (["submit"], True), (["check"], True), (["status"], False), (["top"], False), (["tensorboard"], False),
-    (["dev", "start"], False), (["dev", "list"], False), (["dev", "stop"], False),
-])
+@pytest.mark.parametrize(
+    "argv,job_file",
+    [
+        (["submit"], True),
+        (["check"], True),
+        (["status"], False),
+        (["top"], False),
+        (["tensorboard"], False),
+        (["dev", "start"], False),
+        (["dev", "list"], False),
+        (["dev", "stop"], False),
+    ],
+)
 def test_scheduler_help_mentions_a_job_file_only_where_one_is_read(capsys, argv: list[str], job_file: bool) -> None:
     text = option_help(help_of(capsys, *argv), "--scheduler")
     assert ("job file" in text) == job_file, text
@@ -141,8 +163,16 @@ def test_dev_list_shows_only_the_chosen_schedulers_sessions(tmp_path: Path, monk
 
 def test_trainjob_runtime_has_a_flag(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    common = ["submit", "--scheduler", "kubernetes", "--dry-run", "--image", "registry.example/pytorch:1",
-              "--runtime", "torch-gpu"]
+    common = [
+        "submit",
+        "--scheduler",
+        "kubernetes",
+        "--dry-run",
+        "--image",
+        "registry.example/pytorch:1",
+        "--runtime",
+        "torch-gpu",
+    ]
     assert main([*common, "--k8s-api", "trainjob", "--", "python3", "x.py"]) == 0
     assert "kind: ClusterTrainingRuntime\n    name: torch-gpu\n" in capsys.readouterr().out
     assert main([*common, "--", "python3", "x.py"]) == 2  # a PyTorchJob has no runtime
@@ -156,8 +186,9 @@ def test_env_reports_each_scheduler_clients_version(capsys) -> None:
 
     assert main(["env", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert {name: info[name] for name in SCHEDULERS} == {name: backend_info(name).client_version()
-                                                          for name in SCHEDULERS}
+    assert {name: info[name] for name in SCHEDULERS} == {
+        name: backend_info(name).client_version() for name in SCHEDULERS
+    }
 
 
 def test_the_names_resume_recognizes_are_the_run_directorys_own():

@@ -22,7 +22,9 @@ IMAGE = "registry.example/hpctrain:1"
 
 
 def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def manifest_of(proc: subprocess.CompletedProcess[str]) -> dict:
@@ -42,10 +44,37 @@ def one_error(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_dry_run_of_a_recipe_prints_a_valid_pytorchjob(tmp_path: Path) -> None:
-    proc = hpctrain("submit", "--scheduler", "kubernetes", "--dry-run", "--image", IMAGE, "--nodes", "2",
-                    "--cpus-per-task", "2", "--mem", "4G", "--shm", "1Gi", "--namespace", "team-a",
-                    "--volume", "pvc:shared:/shared", "--time", "01:00:00", "--job-name", "mnist-k8s",
-                    "train", "mnist", "--epochs", "1", "--run-dir", "/shared/runs/mnist", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--scheduler",
+        "kubernetes",
+        "--dry-run",
+        "--image",
+        IMAGE,
+        "--nodes",
+        "2",
+        "--cpus-per-task",
+        "2",
+        "--mem",
+        "4G",
+        "--shm",
+        "1Gi",
+        "--namespace",
+        "team-a",
+        "--volume",
+        "pvc:shared:/shared",
+        "--time",
+        "01:00:00",
+        "--job-name",
+        "mnist-k8s",
+        "train",
+        "mnist",
+        "--epochs",
+        "1",
+        "--run-dir",
+        "/shared/runs/mnist",
+        cwd=tmp_path,
+    )
     manifest = manifest_of(proc)
     assert manifest["kind"] == "PyTorchJob" and manifest["metadata"]["namespace"] == "team-a"
     spec = manifest["spec"]
@@ -67,8 +96,19 @@ def test_a_recipe_without_run_dir_trains_where_the_job_says(tmp_path: Path) -> N
     from hpctrain.cli.train import config_from_argv
     from hpctrain.config import default_run_dir
 
-    proc = hpctrain("submit", "--scheduler", "kubernetes", "--dry-run", "--image", IMAGE,
-                    "train", "mnist", "--dataset", "fashion-mnist", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--scheduler",
+        "kubernetes",
+        "--dry-run",
+        "--image",
+        IMAGE,
+        "train",
+        "mnist",
+        "--dataset",
+        "fashion-mnist",
+        cwd=tmp_path,
+    )
     container = manifest_of(proc)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}  # HPCTRAIN_NODE_NAME: valueFrom
     assert env["HPCTRAIN_RUN_DIR"] == "runs/mnist-fashion-mnist"
@@ -78,9 +118,30 @@ def test_a_recipe_without_run_dir_trains_where_the_job_says(tmp_path: Path) -> N
 
 
 def test_dry_run_trainjob_of_any_command(tmp_path: Path) -> None:
-    proc = hpctrain("submit", "--scheduler", "kubernetes", "--k8s-api", "trainjob", "--dry-run", "--image", IMAGE,
-                    "--nodes", "2", "--gpus-per-node", "1", "--nproc-per-node", "1", "--job-name", "ddp",
-                    "--", "python3", "train.py", "--lr", "0.1", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--scheduler",
+        "kubernetes",
+        "--k8s-api",
+        "trainjob",
+        "--dry-run",
+        "--image",
+        IMAGE,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--job-name",
+        "ddp",
+        "--",
+        "python3",
+        "train.py",
+        "--lr",
+        "0.1",
+        cwd=tmp_path,
+    )
     manifest = manifest_of(proc)
     assert manifest["kind"] == "TrainJob"
     assert manifest["spec"]["trainer"]["numNodes"] == 2
@@ -92,18 +153,28 @@ def test_params_job_file(tmp_path: Path) -> None:
         "name=mnist-params\nkind=PyTorchJob\nworker_count=2\nworker_cpu=4\nworker_gpu=0\nworker_memory=4\n"
         "worker_shared_memory=1\nworker_image=master0:5000/eflops/pytorch:v1\n"
         "command=python3 /mnt/user/me/mnist.py --backend gloo --epochs=10\npriority=1\nworkspace_id=team-b\n"
-        "interactive=false\n")
+        "interactive=false\n"
+    )
     # No --scheduler: a .params file is for Kubernetes, whatever this machine has.
     manifest = manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.params", cwd=tmp_path))
     assert manifest["metadata"]["name"] == "mnist-params" and manifest["metadata"]["namespace"] == "team-b"
     master = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert master["containers"][0]["image"] == "master0:5000/eflops/pytorch:v1"
-    assert master["containers"][0]["command"] == ["python3", "/mnt/user/me/mnist.py", "--backend", "gloo", "--epochs=10"]
+    assert master["containers"][0]["command"] == [
+        "python3",
+        "/mnt/user/me/mnist.py",
+        "--backend",
+        "gloo",
+        "--epochs=10",
+    ]
     assert master["containers"][0]["resources"]["limits"] == {"cpu": "4", "memory": "4Gi"}
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}} in master["volumes"]
     # Flags override the file.
-    manifest = manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.params", "--namespace", "team-c",
-                                    "--nodes", "3", cwd=tmp_path))
+    manifest = manifest_of(
+        hpctrain(
+            "submit", "--dry-run", "--job-file", "job.params", "--namespace", "team-c", "--nodes", "3", cwd=tmp_path
+        )
+    )
     assert manifest["metadata"]["namespace"] == "team-c"
     assert manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
 
@@ -117,10 +188,14 @@ def test_params_job_file_errors_name_every_bad_key(tmp_path: Path) -> None:
 def test_yaml_job_file_names_its_scheduler_and_options(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(
         f"scheduler: kubernetes\nname: from-yaml\nnodes: 2\ncommand: [python3, train.py]\n"
-        f"kubernetes:\n  namespace: team-d\n  image: {IMAGE}\n  volumes: ['host:/mnt/share:/mnt/share']\n")
+        f"kubernetes:\n  namespace: team-d\n  image: {IMAGE}\n  volumes: ['host:/mnt/share:/mnt/share']\n"
+    )
     manifest = manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
-    assert manifest["metadata"] == {"name": "from-yaml", "namespace": "team-d",
-                                    "labels": {"app.kubernetes.io/managed-by": "hpctrain"}}
+    assert manifest["metadata"] == {
+        "name": "from-yaml",
+        "namespace": "team-d",
+        "labels": {"app.kubernetes.io/managed-by": "hpctrain"},
+    }
     pod = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "vol-0", "hostPath": {"path": "/mnt/share", "type": "Directory"}}]
 
@@ -136,15 +211,30 @@ def test_job_file_scheduler_keys_are_checked(tmp_path: Path) -> None:
     assert read_job_file(tmp_path / "c.toml") == JobFile(job={"command": ["x"]})
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--scheduler", "kubernetes", "--image", IMAGE, "--partition", "gpu"], ["--partition is a Slurm option", "--node-selector"]),
-    (["--scheduler", "kubernetes", "--image", IMAGE, "--mount", "/a:/b"], ["--mount is a Slurm option", "--volume"]),
-    (["--scheduler", "kubernetes", "--image", IMAGE, "--sbatch=--exclusive"], ["--sbatch is a Slurm option", "--scheduler slurm"]),
-    (["--scheduler", "slurm", "--namespace", "team-a"], ["--namespace is a Kubernetes option", "--scheduler kubernetes"]),
-    (["--scheduler", "slurm", "--shm", "1Gi"], ["--shm is a Kubernetes option"]),
-    (["--scheduler", "kubernetes", "--gpus-per-node", "1", "--nproc-per-node", "1"], ["give --image"]),
-    (["--scheduler", "kubernetes", "--image", IMAGE, "--shm", "lots"], ["--shm 'lots' is not a size"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (
+            ["--scheduler", "kubernetes", "--image", IMAGE, "--partition", "gpu"],
+            ["--partition is a Slurm option", "--node-selector"],
+        ),
+        (
+            ["--scheduler", "kubernetes", "--image", IMAGE, "--mount", "/a:/b"],
+            ["--mount is a Slurm option", "--volume"],
+        ),
+        (
+            ["--scheduler", "kubernetes", "--image", IMAGE, "--sbatch=--exclusive"],
+            ["--sbatch is a Slurm option", "--scheduler slurm"],
+        ),
+        (
+            ["--scheduler", "slurm", "--namespace", "team-a"],
+            ["--namespace is a Kubernetes option", "--scheduler kubernetes"],
+        ),
+        (["--scheduler", "slurm", "--shm", "1Gi"], ["--shm is a Kubernetes option"]),
+        (["--scheduler", "kubernetes", "--gpus-per-node", "1", "--nproc-per-node", "1"], ["give --image"]),
+        (["--scheduler", "kubernetes", "--image", IMAGE, "--shm", "lots"], ["--shm 'lots' is not a size"]),
+    ],
+)
 def test_flags_of_the_other_scheduler_are_refused(tmp_path: Path, args: list[str], words: list[str]) -> None:
     line = one_error(hpctrain("submit", "--dry-run", *args, "--", "python3", "x.py", cwd=tmp_path))
     assert line.startswith("hpctrain submit: error: ")
@@ -158,15 +248,24 @@ def test_params_file_with_scheduler_slurm_is_refused(tmp_path: Path) -> None:
     assert "holds Kubernetes options" in line and "--scheduler kubernetes" in line
 
 
-@pytest.mark.parametrize("command", [["logs", "1", "--replica", "worker-0"], ["status", "--namespace", "x"],
-                                     ["cluster", "--k8s-api", "trainjob"]])
+@pytest.mark.parametrize(
+    "command",
+    [["logs", "1", "--replica", "worker-0"], ["status", "--namespace", "x"], ["cluster", "--k8s-api", "trainjob"]],
+)
 def test_follow_commands_refuse_kubernetes_flags_on_slurm(tmp_path: Path, command: list[str]) -> None:
     line = one_error(hpctrain(*command, "--scheduler", "slurm", cwd=tmp_path))
     assert "is a Kubernetes option but the job goes to slurm" in line
 
 
-@pytest.mark.parametrize("command", [["cancel", "j", "--signal", "USR1"], ["status", "--all-users"], ["logs", "j", "--err"],
-                                     ["cluster", "--partition", "debug"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cancel", "j", "--signal", "USR1"],
+        ["status", "--all-users"],
+        ["logs", "j", "--err"],
+        ["cluster", "--partition", "debug"],
+    ],
+)
 def test_follow_commands_refuse_slurm_flags_on_kubernetes(tmp_path: Path, command: list[str]) -> None:
     line = one_error(hpctrain(*command, "--scheduler", "kubernetes", cwd=tmp_path))
     assert "is a Slurm option but the job goes to kubernetes" in line
@@ -186,7 +285,9 @@ print('LOADED', code, loaded, file=sys.stderr)
 
 
 def loaded_modules(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
-    proc = subprocess.run([sys.executable, "-c", IMPORTS, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTS, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("LOADED"), proc.stderr
     _, code, names = last.split(" ", 2)
@@ -197,8 +298,9 @@ def test_help_and_status_import_neither_torch_nor_the_kubernetes_client(tmp_path
     assert loaded_modules(tmp_path, "--help") == (0, [])  # no subcommand module either: --help is cheap
     code, names = loaded_modules(tmp_path, "status", "--help")
     assert (code, names) == (0, ["hpctrain.cli.status"])
-    code, names = loaded_modules(tmp_path, "submit", "--scheduler", "kubernetes", "--dry-run", "--image", IMAGE,
-                                 "--", "python3", "x.py")
+    code, names = loaded_modules(
+        tmp_path, "submit", "--scheduler", "kubernetes", "--dry-run", "--image", IMAGE, "--", "python3", "x.py"
+    )
     assert code == 0 and "kubernetes" not in names, names
 
 
@@ -215,24 +317,34 @@ def test_slurm_records_map_onto_the_neutral_status() -> None:
 
 @pytest.mark.parametrize("key,value", [("partition", "gpu"), ("launcher", "srun"), ("max_requeues", 1)])
 def test_slurm_keys_in_a_kubernetes_job_file_are_refused(tmp_path: Path, key: str, value: object) -> None:
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"scheduler": "kubernetes", key: value, "command": ["python3", "x.py"],
-                                                      "kubernetes": {"image": IMAGE}}))
+    (tmp_path / "job.yaml").write_text(
+        yaml.safe_dump(
+            {"scheduler": "kubernetes", key: value, "command": ["python3", "x.py"], "kubernetes": {"image": IMAGE}}
+        )
+    )
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert f"({key} in a job file) is Slurm's: drop it for Kubernetes" in line
 
 
-@pytest.mark.parametrize("key,value,expected", [
-    ("name", "mnist\\run", "--job-name 'mnist\\\\run' is not a valid Kubeflow job name"),
-    ("partition", "gpu\\a", "--partition (partition in a job file) is Slurm's: drop it for Kubernetes"),
-    ("output", "out\t%j", "--output (output in a job file) is Slurm's: drop it for Kubernetes"),
-])
-def test_a_kubernetes_job_meets_kubernetes_rules_not_sbatch_ones(tmp_path: Path, key: str, value: str,
-                                                                 expected: str) -> None:
+@pytest.mark.parametrize(
+    "key,value,expected",
+    [
+        ("name", "mnist\\run", "--job-name 'mnist\\\\run' is not a valid Kubeflow job name"),
+        ("partition", "gpu\\a", "--partition (partition in a job file) is Slurm's: drop it for Kubernetes"),
+        ("output", "out\t%j", "--output (output in a job file) is Slurm's: drop it for Kubernetes"),
+    ],
+)
+def test_a_kubernetes_job_meets_kubernetes_rules_not_sbatch_ones(
+    tmp_path: Path, key: str, value: str, expected: str
+) -> None:
     """What an #SBATCH line can hold is Slurm's rule: a Kubernetes job's name is refused by the Kubeflow name rule,
     and a Slurm-only value by "drop it", not by "cannot be written on an #SBATCH line" that points the user at a
     scheduler the job does not go to."""
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump({"scheduler": "kubernetes", key: value,
-                                                      "command": ["python3", "x.py"], "kubernetes": {"image": IMAGE}}))
+    (tmp_path / "job.yaml").write_text(
+        yaml.safe_dump(
+            {"scheduler": "kubernetes", key: value, "command": ["python3", "x.py"], "kubernetes": {"image": IMAGE}}
+        )
+    )
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert expected in line
     assert "SBATCH" not in line
@@ -241,9 +353,22 @@ def test_a_kubernetes_job_meets_kubernetes_rules_not_sbatch_ones(tmp_path: Path,
 def test_a_kubernetes_job_yaml_of_an_earlier_version_still_resubmits(tmp_path: Path) -> None:
     """Before SlurmOptions, job.yaml held every JobSpec field, Slurm's too, at their defaults: such a file still
     resubmits to Kubernetes (a Slurm key at its default is no option); a value set is refused with the fix."""
-    earlier = {"command": ["python3", "x.py"], "name": "older", "partition": None, "account": None, "qos": None,
-               "launcher": "torchrun", "output": None, "error": None, "sbatch_extra": [], "rdzv_port": None,
-               "max_requeues": 3, "max_preemptions": 10, "scheduler": "kubernetes", "kubernetes": {"image": IMAGE}}
+    earlier = {
+        "command": ["python3", "x.py"],
+        "name": "older",
+        "partition": None,
+        "account": None,
+        "qos": None,
+        "launcher": "torchrun",
+        "output": None,
+        "error": None,
+        "sbatch_extra": [],
+        "rdzv_port": None,
+        "max_requeues": 3,
+        "max_preemptions": 10,
+        "scheduler": "kubernetes",
+        "kubernetes": {"image": IMAGE},
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(earlier))
     manifest = manifest_of(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert manifest["metadata"]["name"] == "older"

@@ -39,16 +39,38 @@ def where(namespace: str) -> list[str]:
 
 
 def submit(namespace: str, name: str, *flags: str, cwd: Path):
-    return hpctrain("submit", "--no-check", *where(namespace), "--image", IMAGE, "--job-name", name, *flags,
-                    "--", sys.executable, "-c", "pass", cwd=cwd)
+    return hpctrain(
+        "submit",
+        "--no-check",
+        *where(namespace),
+        "--image",
+        IMAGE,
+        "--job-name",
+        name,
+        *flags,
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+        cwd=cwd,
+    )
 
 
 def test_the_record_goes_where_the_run_dir_is_visible_and_is_private(namespace: str, tmp_path: Path) -> None:
     nas = tmp_path / "nas"
     nas.mkdir()
     pod_mount = f"/hpct-pod-{uuid.uuid4().hex[:8]}"  # a path only the pods have
-    proc = submit(namespace, "rec-1", "--volume", f"host:{nas}:{pod_mount}", "--run-dir", f"{pod_mount}/runs/%j",
-                  "--setenv", "HTTPS_PROXY=http://user:s3cret@proxy.example:3128", cwd=tmp_path)
+    proc = submit(
+        namespace,
+        "rec-1",
+        "--volume",
+        f"host:{nas}:{pod_mount}",
+        "--run-dir",
+        f"{pod_mount}/runs/%j",
+        "--setenv",
+        "HTTPS_PROXY=http://user:s3cret@proxy.example:3128",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     record = nas / "runs" / "rec-1"
     assert f"manifest and job description in {record}/ (the pods' {pod_mount}/runs/rec-1)" in proc.stderr
@@ -58,8 +80,9 @@ def test_the_record_goes_where_the_run_dir_is_visible_and_is_private(namespace: 
         assert "s3cret" in (record / name).read_text()
 
     missing = f"/hpct-absent-{uuid.uuid4().hex[:8]}"
-    proc = submit(namespace, "rec-2", "--volume", f"host:{missing}:{pod_mount}", "--run-dir", f"{pod_mount}/runs/%j",
-                  cwd=tmp_path)
+    proc = submit(
+        namespace, "rec-2", "--volume", f"host:{missing}:{pod_mount}", "--run-dir", f"{pod_mount}/runs/%j", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"not recorded here (the host path {missing} of its --volume is not on this machine)" in proc.stderr
     assert f"kubectl --context {CONTEXT} get pytorchjob -n {namespace} rec-2 -o yaml" in proc.stderr
@@ -84,7 +107,9 @@ def test_cancel_says_what_happens_and_that_the_job_is_still_terminating(namespac
     proc = hpctrain("cancel", "stuck-1", "--wait", "2", *where(namespace), cwd=tmp_path)
     assert proc.returncode == 1, proc
     assert "hpctrain cancel: deleting job stuck-1 (PENDING); it has no pods; waiting up to 2 s" in proc.stderr
-    assert proc.stdout.startswith("job stuck-1: still terminating after 2 s: it has no pods left, but the object remains")
+    assert proc.stdout.startswith(
+        "job stuck-1: still terminating after 2 s: it has no pods left, but the object remains"
+    )
     assert "garbage collector" in proc.stdout and "pods are stopping" not in proc.stdout
     status = hpctrain("status", "stuck-1", *where(namespace), cwd=tmp_path)
     assert status.stdout.startswith("stuck-1: CANCELLED"), status
@@ -135,12 +160,14 @@ def pasted(line: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPro
     """Run a command hpctrain printed, as a user pastes it into the same shell."""
     words = shlex.split(line)
     assert words[0] == "hpctrain", line
-    return subprocess.run([sys.executable, "-m", "hpctrain", *words[1:]], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *words[1:]], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_printed_commands_work_when_pasted_while_another_context_is_current(
-        k8s_cluster: LocalK8s, namespace: str, elsewhere: dict[str, str], tmp_path: Path) -> None:
+    k8s_cluster: LocalK8s, namespace: str, elsewhere: dict[str, str], tmp_path: Path
+) -> None:
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_cluster.api_client())
@@ -149,8 +176,11 @@ def test_printed_commands_work_when_pasted_while_another_context_is_current(
         return {p.metadata.name for p in core.list_namespaced_pod(namespace).items}
 
     # `dev start` (no node: the pod stays Pending, which is all this needs): its port-forward and its stop command
-    started = pasted(shlex.join(["hpctrain", "dev", "start", "nb", *where(namespace), "--image", IMAGE, "--wait", "0"]),
-                     elsewhere, tmp_path)
+    started = pasted(
+        shlex.join(["hpctrain", "dev", "start", "nb", *where(namespace), "--image", IMAGE, "--wait", "0"]),
+        elsewhere,
+        tmp_path,
+    )
     assert started.returncode == 0, started.stderr
     assert f"kubectl --context {CONTEXT} port-forward -n {namespace} pod/dev-nb 8888:8888" in started.stdout
     stop = re.search(r"Stop it when done: (.*)", started.stdout)[1]
@@ -163,15 +193,24 @@ def test_printed_commands_work_when_pasted_while_another_context_is_current(
     assert "dev-nb" not in pods()
 
     # a plain `dev stop NAME` finds the session's cluster through the context it was started with
-    assert pasted(shlex.join(["hpctrain", "dev", "start", "nb2", *where(namespace), "--image", IMAGE, "--wait", "0"]),
-                  elsewhere, tmp_path).returncode == 0
+    assert (
+        pasted(
+            shlex.join(["hpctrain", "dev", "start", "nb2", *where(namespace), "--image", IMAGE, "--wait", "0"]),
+            elsewhere,
+            tmp_path,
+        ).returncode
+        == 0
+    )
     bare = pasted("hpctrain dev stop nb2", elsewhere, tmp_path)
     assert bare.returncode == 0 and f"pod {namespace}/dev-nb2 deleted" in bare.stdout, bare
     assert "dev-nb2" not in pods()
 
     # `tensorboard --on-cluster`: its stop command
-    board = pasted(shlex.join(["hpctrain", "tensorboard", "runs/x", "--on-cluster", *where(namespace), "--image", IMAGE]),
-                   elsewhere, tmp_path)
+    board = pasted(
+        shlex.join(["hpctrain", "tensorboard", "runs/x", "--on-cluster", *where(namespace), "--image", IMAGE]),
+        elsewhere,
+        tmp_path,
+    )
     assert board.returncode == 0, board.stderr
     name = re.search(r"TensorBoard pod (\S+) created", board.stdout)[1]
     assert f"kubectl --context {CONTEXT} port-forward -n {namespace} pod/{name} 6006:6006" in board.stdout
@@ -181,8 +220,26 @@ def test_printed_commands_work_when_pasted_while_another_context_is_current(
     assert cancelled.returncode == 0 and name not in pods(), cancelled
 
     # a job: `submit`'s follow-up, and `top`'s hint for a job without pods
-    submitted = pasted(shlex.join(["hpctrain", "submit", "--no-check", *where(namespace), "--image", IMAGE,
-                                   "--job-name", "paste-1", "--", sys.executable, "-c", "pass"]), elsewhere, tmp_path)
+    submitted = pasted(
+        shlex.join(
+            [
+                "hpctrain",
+                "submit",
+                "--no-check",
+                *where(namespace),
+                "--image",
+                IMAGE,
+                "--job-name",
+                "paste-1",
+                "--",
+                sys.executable,
+                "-c",
+                "pass",
+            ]
+        ),
+        elsewhere,
+        tmp_path,
+    )
     assert submitted.returncode == 0, submitted.stderr
     follow = re.search(r"follow it with `([^`]*)`", submitted.stderr)[1]
     assert pasted(follow, elsewhere, tmp_path).stdout.startswith("paste-1: PENDING")
@@ -192,8 +249,9 @@ def test_printed_commands_work_when_pasted_while_another_context_is_current(
     assert pasted(hint[1], elsewhere, tmp_path).stdout.startswith("paste-1: PENDING")
 
 
-def test_an_ended_job_is_deleted_by_the_cancel_that_submit_suggests(k8s_cluster: LocalK8s, namespace: str,
-                                                                     tmp_path: Path) -> None:
+def test_an_ended_job_is_deleted_by_the_cancel_that_submit_suggests(
+    k8s_cluster: LocalK8s, namespace: str, tmp_path: Path
+) -> None:
     """A job that ended still has its object (and on a cluster its pods): `submit` of its name is refused with a
     `cancel` command, and that command deletes it rather than saying there is nothing to cancel. The Failed
     condition is set here as Kubeflow's controller would (no controller runs on this server)."""
@@ -201,15 +259,24 @@ def test_an_ended_job_is_deleted_by_the_cancel_that_submit_suggests(k8s_cluster:
 
     assert submit(namespace, "ended-1", cwd=tmp_path).returncode == 0
     custom = client.CustomObjectsApi(k8s_cluster.api_client())
-    condition = {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "worker-0 failed",
-                 "lastTransitionTime": "2026-01-01T00:00:00Z"}
-    custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", namespace, "pytorchjobs", "ended-1",
-                                                 {"status": {"conditions": [condition]}})
+    condition = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "PyTorchJobFailed",
+        "message": "worker-0 failed",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    custom.patch_namespaced_custom_object_status(
+        "kubeflow.org", "v1", namespace, "pytorchjobs", "ended-1", {"status": {"conditions": [condition]}}
+    )
     assert hpctrain("status", "ended-1", *where(namespace), cwd=tmp_path).stdout.startswith("ended-1: FAILED")
     again = submit(namespace, "ended-1", cwd=tmp_path)
     assert again.returncode == 2, again
     cancel = re.search(r"cancel the old one \(`(hpctrain cancel [^`]*)`\), or pass --replace", again.stderr)
-    assert cancel and cancel[1] == f"hpctrain cancel --scheduler kubernetes --namespace {namespace} --context {CONTEXT} ended-1"
+    assert (
+        cancel
+        and cancel[1] == f"hpctrain cancel --scheduler kubernetes --namespace {namespace} --context {CONTEXT} ended-1"
+    )
     proc = hpctrain(*shlex.split(cancel[1])[1:], "--wait", "0", cwd=tmp_path)  # this server never finishes a deletion
     assert proc.returncode == 0, proc
     assert proc.stdout.startswith("job ended-1: deletion requested (no pods stopping"), proc.stdout

@@ -23,9 +23,29 @@ def test_submit_status_logs_cancel_through_the_cli(real: Real, tmp_path: Path) -
     shared = tmp_path / "shared"
     shared.mkdir()
     where, node = real.where, sorted(real.nodes)[0]
-    job = [*where, "--image", real.image, "--node-selector", f"kubernetes.io/hostname={node}",
-           "--volume", f"host:{shared}:{shared}", "--run-dir", f"{shared}/runs/%j", "--nodes", "2", "--mem", "1G",
-           "--signal-grace", "5", "--job-name", "cli-live", "--", "python", "-c", SLEEPER]
+    job = [
+        *where,
+        "--image",
+        real.image,
+        "--node-selector",
+        f"kubernetes.io/hostname={node}",
+        "--volume",
+        f"host:{shared}:{shared}",
+        "--run-dir",
+        f"{shared}/runs/%j",
+        "--nodes",
+        "2",
+        "--mem",
+        "1G",
+        "--signal-grace",
+        "5",
+        "--job-name",
+        "cli-live",
+        "--",
+        "python",
+        "-c",
+        SLEEPER,
+    ]
 
     checked = real.cli("check", *job, cwd=tmp_path)
     assert checked.returncode == 0 and checked.stdout.startswith("ok: cli-live: PyTorchJob, 2 pod(s)"), checked
@@ -44,8 +64,14 @@ def test_submit_status_logs_cancel_through_the_cli(real: Real, tmp_path: Path) -
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    running = real.wait("both pods running", lambda: (s := status())["state"] == "RUNNING"
-                    and [r["phase"] for r in s["replicas"]] == ["Running", "Running"] and s)
+    running = real.wait(
+        "both pods running",
+        lambda: (
+            (s := status())["state"] == "RUNNING"
+            and [r["phase"] for r in s["replicas"]] == ["Running", "Running"]
+            and s
+        ),
+    )
     assert [r["name"] for r in running["replicas"]] == ["master-0", "worker-0"]
     table = real.cli("status", "cli-live", *where, cwd=tmp_path)
     assert table.stdout.startswith("cli-live: RUNNING") and "worker-0" in table.stdout, table
@@ -72,13 +98,30 @@ def test_submit_status_logs_cancel_through_the_cli(real: Real, tmp_path: Path) -
 def test_submit_wait_exits_with_the_jobs_status(real_cpu: Real, tmp_path: Path) -> None:
     """A 1-pod job of 1 CPU: one CPU of the node."""
     real, node = real_cpu, sorted(real_cpu.nodes)[0]
-    proc = real.cli("submit", *real.where, "--image", real.image, "--node-selector", f"kubernetes.io/hostname={node}",
-                    "--job-name", "exit-3", "--wait", "--", "python", "-c", "import sys; sys.exit(3)", cwd=tmp_path)
+    proc = real.cli(
+        "submit",
+        *real.where,
+        "--image",
+        real.image,
+        "--node-selector",
+        f"kubernetes.io/hostname={node}",
+        "--job-name",
+        "exit-3",
+        "--wait",
+        "--",
+        "python",
+        "-c",
+        "import sys; sys.exit(3)",
+        cwd=tmp_path,
+    )
     assert not real.standin.errors, real.standin.errors
     # The controller fails the job at the container's first restart and, with cleanPodPolicy Running, deletes the
     # restarted pod: the exit status is the one --wait saw on the pod, or the operator recorded (an ExitedWithCode
     # event, when its pass fell between the exit and the kubelet's restart); with neither, --wait says so and exits 1.
     assert proc.returncode in (3, 1), proc.stderr
-    assert ("job exit-3 ended FAILED with exit status 3" if proc.returncode == 3
-            else "job exit-3 ended FAILED; hpctrain could not learn its exit status") in proc.stderr, proc.stderr
+    assert (
+        "job exit-3 ended FAILED with exit status 3"
+        if proc.returncode == 3
+        else "job exit-3 ended FAILED; hpctrain could not learn its exit status"
+    ) in proc.stderr, proc.stderr
     assert (tmp_path / "runs" / "exit-3" / "pytorchjob.yaml").is_file()  # the default run dir, relative: recorded here

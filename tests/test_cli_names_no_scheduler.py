@@ -30,11 +30,18 @@ def help_text_nodes(tree: ast.AST) -> set[int]:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 mark(first.value)
-        if isinstance(node, ast.keyword) and node.arg is not None and (
-                node.arg in HELP_KEYWORDS or node.arg.endswith("_help")):
+        if (
+            isinstance(node, ast.keyword)
+            and node.arg is not None
+            and (node.arg in HELP_KEYWORDS or node.arg.endswith("_help"))
+        ):
             mark(node.value)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr == "add_argument_group" and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument_group"
+            and node.args
+        ):
             mark(node.args[0])
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -83,5 +90,10 @@ def run(args, parser):
     if args.scheduler == "slurm":
         parser.add_argument("--k8s-api", choices=("pytorchjob", "trainjob"))
 '''
-    assert scheduler_words(source) == [(3, "import hpctrain.schedulers.kubernetes.options"), (9, "slurm"),
-                                       (10, "--k8s-api"), (10, "pytorchjob"), (10, "trainjob")]
+    assert scheduler_words(source) == [
+        (3, "import hpctrain.schedulers.kubernetes.options"),
+        (9, "slurm"),
+        (10, "--k8s-api"),
+        (10, "pytorchjob"),
+        (10, "trainjob"),
+    ]

@@ -40,8 +40,14 @@ print("REPORT " + json.dumps({"code": code, "torch": "torch" in sys.modules, "st
 
 def run_reporting(tmp_path: Path, *args: str) -> dict:
     env = {**clean_environ(), "HOME": str(tmp_path / "home")}  # no kubeconfig or dev sessions of the user's
-    proc = subprocess.run([sys.executable, "-c", RUN_AND_REPORT, *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_AND_REPORT, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("REPORT "), proc.stderr
     return {**json.loads(last.removeprefix("REPORT ")), "stdout": proc.stdout, "stderr": proc.stderr}
@@ -51,16 +57,20 @@ def assert_no_torch(report: dict) -> None:
     assert not report["torch"], "torch was imported by:\n" + "\n".join(report["stack"] or ["(unknown)"])
 
 
-@pytest.mark.parametrize("args", [
-    ["--help"],
-    ["train", "--help"],
-    ["train", "mnist", "--help"],
-    ["train", "imagenet", "--help"],
-    ["prepare", "--help"],
-    ["submit", "--help"],
-    ["check", "--help"],
-    ["status", "--help"],
-], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["train", "mnist", "--help"],
+        ["train", "imagenet", "--help"],
+        ["prepare", "--help"],
+        ["submit", "--help"],
+        ["check", "--help"],
+        ["status", "--help"],
+    ],
+    ids=" ".join,
+)
 def test_help_does_not_import_torch(tmp_path: Path, args: list[str]) -> None:
     report = run_reporting(tmp_path, *args)
     assert report["code"] == 0 and "usage: hpctrain" in report["stdout"], report["stderr"]
@@ -68,8 +78,23 @@ def test_help_does_not_import_torch(tmp_path: Path, args: list[str]) -> None:
 
 
 def test_submit_dry_run_of_a_recipe_does_not_import_torch(tmp_path: Path, fashion_data_dir: Path) -> None:
-    report = run_reporting(tmp_path, "submit", "--scheduler", "slurm", "--dry-run", "--nodes", "2", "train", "mnist",
-                           "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--epochs", "1")
+    report = run_reporting(
+        tmp_path,
+        "submit",
+        "--scheduler",
+        "slurm",
+        "--dry-run",
+        "--nodes",
+        "2",
+        "train",
+        "mnist",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(fashion_data_dir),
+        "--epochs",
+        "1",
+    )
     assert report["code"] == 0, report["stderr"]
     assert "hpctrain train mnist --dataset fashion-mnist" in report["stdout"]
     assert_no_torch(report)
@@ -78,20 +103,40 @@ def test_submit_dry_run_of_a_recipe_does_not_import_torch(tmp_path: Path, fashio
 def test_a_recipe_whose_dataset_is_missing_is_refused_without_torch(tmp_path: Path) -> None:
     """The dataset check (recipes.check_data) and the recipe's name check (recipes.recipe_info) need no recipe
     module."""
-    report = run_reporting(tmp_path, "submit", "--scheduler", "slurm", "--dry-run", "train", "mnist", "--data-dir",
-                           str(tmp_path / "nothing"))
+    report = run_reporting(
+        tmp_path,
+        "submit",
+        "--scheduler",
+        "slurm",
+        "--dry-run",
+        "train",
+        "mnist",
+        "--data-dir",
+        str(tmp_path / "nothing"),
+    )
     assert report["code"] == 2 and "hpctrain download mnist" in report["stderr"], report["stderr"]
     assert_no_torch(report)
-    report = run_reporting(tmp_path, "submit", "--scheduler", "slurm", "--dry-run", "train", "mnist", "--recipe",
-                           "tutorial")
+    report = run_reporting(
+        tmp_path, "submit", "--scheduler", "slurm", "--dry-run", "train", "mnist", "--recipe", "tutorial"
+    )
     assert report["code"] == 2 and "unknown --recipe 'tutorial' for mnist" in report["stderr"], report["stderr"]
     assert_no_torch(report)
 
 
 def test_check_and_status_do_not_import_torch(tmp_path: Path, fashion_data_dir: Path) -> None:
     """Whether or not a Slurm cluster answers here: neither the job's checks nor the queue's view need torch."""
-    report = run_reporting(tmp_path, "check", "--scheduler", "slurm", "train", "mnist", "--dataset", "fashion-mnist",
-                           "--data-dir", str(fashion_data_dir))
+    report = run_reporting(
+        tmp_path,
+        "check",
+        "--scheduler",
+        "slurm",
+        "train",
+        "mnist",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(fashion_data_dir),
+    )
     assert report["code"] in (0, 2), report["stderr"]
     assert_no_torch(report)
     report = run_reporting(tmp_path, "status", "--scheduler", "slurm")
@@ -104,13 +149,18 @@ def test_prepare_help_shows_the_shard_writers_defaults() -> None:
     from hpctrain.cli import prepare
     from hpctrain.data import shards
 
-    assert (prepare.DEFAULT_MAX_SIDE, prepare.DEFAULT_JPEG_QUALITY) == (shards.DEFAULT_MAX_SIDE,
-                                                                        shards.DEFAULT_JPEG_QUALITY)
+    assert (prepare.DEFAULT_MAX_SIDE, prepare.DEFAULT_JPEG_QUALITY) == (
+        shards.DEFAULT_MAX_SIDE,
+        shards.DEFAULT_JPEG_QUALITY,
+    )
 
 
 def test_importing_the_recipes_package_imports_no_recipe(tmp_path: Path) -> None:
-    code = ("import sys; import hpctrain.recipes as r; assert r.WORKLOADS; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hpctrain.recipes.')))")
-    out = subprocess.run([sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    code = (
+        "import sys; import hpctrain.recipes as r; assert r.WORKLOADS; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hpctrain.recipes.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out.strip() == "['hpctrain.recipes.catalog']"

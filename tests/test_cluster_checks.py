@@ -24,15 +24,31 @@ def local() -> ClusterInfo:
 
 def req(**changes) -> Requirements:
     base = Requirements(
-        partition=None, nodes=1, tasks_per_node=1, cpus_per_task=1, gpus_per_node=0, gpu_type=None,
-        shards_per_node=0, mem_mb_per_node=None, time_limit_s=None, paths=(),
+        partition=None,
+        nodes=1,
+        tasks_per_node=1,
+        cpus_per_task=1,
+        gpus_per_node=0,
+        gpu_type=None,
+        shards_per_node=0,
+        mem_mb_per_node=None,
+        time_limit_s=None,
+        paths=(),
     )
     return replace(base, **changes)
 
 
 def test_a_job_that_fits_has_no_problems(local: ClusterInfo, tmp_path: Path) -> None:
-    ok = req(partition="short", nodes=2, tasks_per_node=2, gpus_per_node=2, shards_per_node=0, mem_mb_per_node=4096,
-             time_limit_s=1800, paths=(str(tmp_path),))
+    ok = req(
+        partition="short",
+        nodes=2,
+        tasks_per_node=2,
+        gpus_per_node=2,
+        shards_per_node=0,
+        mem_mb_per_node=4096,
+        time_limit_s=1800,
+        paths=(str(tmp_path),),
+    )
     assert check_job(ok, local) == []
     assert check_job(req(shards_per_node=16), local) == []  # a busy cluster is no problem: the job waits
 
@@ -94,8 +110,18 @@ def test_shards_memory_and_missing_paths(local: ClusterInfo, tmp_path: Path) -> 
 
 def _node(name: str, cpus: int, gpus: int, gpu_type: str | None, mem_mb: int, partitions=("mixed",)) -> NodeInfo:
     return NodeInfo(
-        name=name, state="idle", partitions=partitions, cpus_total=cpus, cpus_alloc=0, mem_mb_total=mem_mb,
-        mem_mb_alloc=0, gpu_type=gpu_type, gpus_total=gpus, gpus_used=0, shards_total=0, shards_used=0,
+        name=name,
+        state="idle",
+        partitions=partitions,
+        cpus_total=cpus,
+        cpus_alloc=0,
+        mem_mb_total=mem_mb,
+        mem_mb_alloc=0,
+        gpu_type=gpu_type,
+        gpus_total=gpus,
+        gpus_used=0,
+        shards_total=0,
+        shards_used=0,
         shards_per_gpu=None,
     )
 
@@ -178,7 +204,9 @@ def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> Non
     assert "login node" in str(err.value) and "local-slurm.sh" not in str(err.value)
 
     def down(argv, **kw):
-        return subprocess.CompletedProcess(argv, 1, stdout="", stderr="slurm_load_jobs error: Unable to contact slurm controller")
+        return subprocess.CompletedProcess(
+            argv, 1, stdout="", stderr="slurm_load_jobs error: Unable to contact slurm controller"
+        )
 
     with pytest.raises(UserError) as err:
         slurm(["squeue"], run=down)

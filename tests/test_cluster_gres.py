@@ -27,7 +27,10 @@ from hpctrain.schedulers.slurm.gres import GresEntry, job_shards_by_gpu, node_us
         ("gpu:a100:4(S:0-1)", [GresEntry("gpu", "a100", 4)]),
         ("gpu:1,shard:(null):1(IDX:0)", [GresEntry("gpu", None, 1), GresEntry("shard", None, 1, indexes=(0,))]),
         ("gpu:0,shard:(null):0(IDX:N/A)", [GresEntry("gpu", None, 0), GresEntry("shard", None, 0, indexes=())]),
-        ("gpu:a100:3(IDX:0-1,3),mps:400", [GresEntry("gpu", "a100", 3, indexes=(0, 1, 3)), GresEntry("mps", None, 400)]),
+        (
+            "gpu:a100:3(IDX:0-1,3),mps:400",
+            [GresEntry("gpu", "a100", 3, indexes=(0, 1, 3)), GresEntry("mps", None, 400)],
+        ),
         ("bandwidth:lustre:no_consume:4G", [GresEntry("bandwidth", "lustre", 4 * 1024**3)]),
     ],
 )

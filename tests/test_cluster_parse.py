@@ -117,7 +117,12 @@ def test_cluster_info_lookups_and_json() -> None:
     data = json.loads(json.dumps(info.to_dict()))
     assert data["nodes"][0]["shards_per_gpu"] == [[0, 64], [0, 64]]
     assert data["partitions"][1] == {
-        "name": "short", "default": False, "max_time_s": 1800, "nodes": ["node1", "node2"], "state": "UP", "max_nodes": None
+        "name": "short",
+        "default": False,
+        "max_time_s": 1800,
+        "nodes": ["node1", "node2"],
+        "state": "UP",
+        "max_nodes": None,
     }
 
 
@@ -129,7 +134,9 @@ def test_missing_slurm_client_names_the_fix(tmp_path: Path, monkeypatch: pytest.
 
 def test_failing_command_reports_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "scontrol"  # stands in for a controller that is down (the local one must stay up for others)
-    fake.write_text("#!/bin/sh\necho 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'slurm_load_node error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(UserError, match="could not reach the Slurm controller.*scontrol ping"):
@@ -142,11 +149,20 @@ def test_cluster_commands_do_not_import_torch() -> None:
     import sys
 
     modules = [
-        "hpctrain.cli.status", "hpctrain.cli.logs", "hpctrain.cli.cancel", "hpctrain.cli.cluster",
-        "hpctrain.schedulers.slurm.checks", "hpctrain.schedulers.slurm.jobs", "hpctrain.schedulers.slurm.query", "hpctrain.schedulers.slurm.output",
-        "hpctrain.schedulers.slurm.display", "hpctrain.cli.views",
+        "hpctrain.cli.status",
+        "hpctrain.cli.logs",
+        "hpctrain.cli.cancel",
+        "hpctrain.cli.cluster",
+        "hpctrain.schedulers.slurm.checks",
+        "hpctrain.schedulers.slurm.jobs",
+        "hpctrain.schedulers.slurm.query",
+        "hpctrain.schedulers.slurm.output",
+        "hpctrain.schedulers.slurm.display",
+        "hpctrain.cli.views",
     ]
-    code = (f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
-            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    code = (
+        f"import sys, importlib; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

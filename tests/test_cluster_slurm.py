@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slurm
 
 
 def hpctrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cluster_json_shows_both_nodes_and_partitions(slurm_cluster) -> None:
@@ -38,7 +40,9 @@ def test_cluster_json_shows_both_nodes_and_partitions(slurm_cluster) -> None:
 
 
 def test_cluster_shows_shards_in_use_while_a_shard_job_runs(slurm_cluster, tmp_path: Path) -> None:
-    job = slurm_cluster.sbatch("--gres=shard:16", "-J", "h4-shard", "-o", str(tmp_path / "out-%j"), "--wrap", "sleep 30", cwd=tmp_path)
+    job = slurm_cluster.sbatch(
+        "--gres=shard:16", "-J", "h4-shard", "-o", str(tmp_path / "out-%j"), "--wrap", "sleep 30", cwd=tmp_path
+    )
     try:
         slurm_cluster.wait_state(job, {"RUNNING"})
         node = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
@@ -57,14 +61,25 @@ def test_cluster_shows_shards_in_use_while_a_shard_job_runs(slurm_cluster, tmp_p
 
 
 BASE = Requirements(
-    partition=None, nodes=1, tasks_per_node=1, cpus_per_task=1, gpus_per_node=0, gpu_type=None, shards_per_node=0,
-    mem_mb_per_node=None, time_limit_s=None, paths=(),
+    partition=None,
+    nodes=1,
+    tasks_per_node=1,
+    cpus_per_task=1,
+    gpus_per_node=0,
+    gpu_type=None,
+    shards_per_node=0,
+    mem_mb_per_node=None,
+    time_limit_s=None,
+    paths=(),
 )
 
 
 def test_check_job_against_the_live_cluster(slurm_cluster) -> None:
     info = query_cluster()
-    assert check_job(replace(BASE, nodes=2, tasks_per_node=1, gpus_per_node=1, partition="short", time_limit_s=600), info) == []
+    assert (
+        check_job(replace(BASE, nodes=2, tasks_per_node=1, gpus_per_node=1, partition="short", time_limit_s=600), info)
+        == []
+    )
     assert check_job(replace(BASE, gpus_per_node=3, tasks_per_node=3), info)[0] == (
         "--gpus-per-node 3: no node in partition debug has more than 2 GPU(s); ask for at most 2 per node and use "
         "more nodes (--nodes)"
@@ -77,7 +92,9 @@ def test_check_job_against_the_live_cluster(slurm_cluster) -> None:
         "--time 00:45:00: partition short allows at most 00:30:00; ask for --time 00:30:00 or less (checkpoint and "
         "resubmit to go on), or use a partition that allows it: debug (no limit)"
     ]
-    assert check_job(replace(BASE, partition="gpu"), info) == ["--partition gpu: no such partition; choose one of: debug, short"]
+    assert check_job(replace(BASE, partition="gpu"), info) == [
+        "--partition gpu: no such partition; choose one of: debug, short"
+    ]
 
 
 def test_sbatch_agrees_with_the_checks(slurm_cluster, tmp_path: Path) -> None:
@@ -95,19 +112,28 @@ def test_sbatch_agrees_with_the_checks(slurm_cluster, tmp_path: Path) -> None:
         (replace(BASE, tasks_per_node=cpus + 1), [f"--ntasks-per-node={cpus + 1}"], False),
         (replace(BASE, cpus_per_task=cpus + 1), [f"--cpus-per-task={cpus + 1}"], False),
         (replace(BASE, shards_per_node=64, mem_mb_per_node=mem), ["--gres=shard:64", f"--mem={mem}"], True),
-        (replace(BASE, nodes=2, tasks_per_node=2, gpus_per_node=2), ["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"], True),
+        (
+            replace(BASE, nodes=2, tasks_per_node=2, gpus_per_node=2),
+            ["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2"],
+            True,
+        ),
     ]
     for req, args, fits in cases:
         assert (check_job(req, info) == []) == fits, (args, check_job(req, info))
         result = subprocess.run(
-            ["sbatch", "--parsable", "--test-only", *args, "--wrap", "true"], cwd=tmp_path, capture_output=True, text=True
+            ["sbatch", "--parsable", "--test-only", *args, "--wrap", "true"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
         )
         assert (result.returncode == 0) == fits, (args, result.stderr)
     job = slurm_cluster.sbatch("--partition=short", "--time=00:45:00", "-o", "out-%j", "--wrap", "true", cwd=tmp_path)
     try:
         deadline = time.monotonic() + 60
         while True:  # the first answer is PartitionConfig; the scheduler's next pass names the limit
-            reason = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.split()
+            reason = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True
+            ).stdout.split()
             if reason != ["PENDING", "PartitionConfig"] or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -118,12 +144,26 @@ def test_sbatch_agrees_with_the_checks(slurm_cluster, tmp_path: Path) -> None:
 
 def test_check_without_a_command_checks_the_resources_as_the_docs_show(slurm_cluster, tmp_path: Path) -> None:
     """docs/slurm.md shows `hpctrain check` with job options only; it used to fail with "no command"."""
-    ok = hpctrain("check", "--partition", "short", "--nodes", "2", "--gpus-per-node", "2", "--nproc-per-node", "2",
-                  "--time", "20:00", cwd=tmp_path)
+    ok = hpctrain(
+        "check",
+        "--partition",
+        "short",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--time",
+        "20:00",
+        cwd=tmp_path,
+    )
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout == ("ok: hpctrain: 2 node(s) x 2 process(es), launcher torchrun, partition short, gres gpu:2, "
-                         "time 20:00 (the resources only: add `-- COMMAND ...` or `train WORKLOAD ...` to check the "
-                         "program too)\n")
+    assert ok.stdout == (
+        "ok: hpctrain: 2 node(s) x 2 process(es), launcher torchrun, partition short, gres gpu:2, "
+        "time 20:00 (the resources only: add `-- COMMAND ...` or `train WORKLOAD ...` to check the "
+        "program too)\n"
+    )
     assert ok.stderr == ""
     too_long = hpctrain("check", "--partition", "short", "--time", "1-00:00:00", cwd=tmp_path)
     assert too_long.returncode == 2 and "partition short allows at most 00:30:00" in too_long.stderr

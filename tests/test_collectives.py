@@ -29,10 +29,28 @@ from hpctrain.distributed.collectives import held_bytes, held_count
 from training_helpers import clean_environ
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hpctrain"
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
-               "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather",
-               "gather_object", "scatter", "scatter_object_list", "all_to_all", "all_to_all_single", "send", "recv",
-               "isend", "irecv", "batch_isend_irecv"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "all_gather_into_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+}
 
 ROUNDS = r"""
 import json, sys
@@ -68,7 +86,8 @@ def collective_calls(source: str) -> list[str]:
 
 def test_the_scan_finds_a_direct_collective() -> None:
     assert collective_calls("import torch.distributed as dist\ndist.all_gather_object(out, x)\n") == [
-        "dist.all_gather_object"]
+        "dist.all_gather_object"
+    ]
     assert collective_calls("from torch.distributed import broadcast\n") == ["torch.distributed.broadcast"]
     assert collective_calls("dist.get_rank()\n") == []
 
@@ -110,8 +129,9 @@ def test_a_collectives_tensors_outlive_it(tmp_path: Path, deadlock_era) -> None:
         destroy_process_group()
 
 
-def test_kept_tensors_are_bounded_in_bytes_and_the_newest_is_always_kept(tmp_path: Path, deadlock_era,
-                                                                         monkeypatch) -> None:
+def test_kept_tensors_are_bounded_in_bytes_and_the_newest_is_always_kept(
+    tmp_path: Path, deadlock_era, monkeypatch
+) -> None:
     """The count bound alone (64 collectives, or all of the last 10 s) let a loop of large all-reduces pin tens of
     GB; now the bytes kept never pass HOLD_BYTES, except the newest collective's own, kept until the next one."""
     monkeypatch.setattr(collectives, "HOLD_BYTES", 1 << 20)
@@ -162,9 +182,16 @@ def test_many_rounds_of_gather_then_destroy_all_end(tmp_path: Path) -> None:
     rounds = 30
     script = tmp_path / "rounds.py"
     script.write_text(ROUNDS)
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(rounds), str(tmp_path)],
-                              env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), str(rounds), str(tmp_path)],
+            env=clean_environ(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     results = []
     for rank, proc in enumerate(procs):
         try:

@@ -59,8 +59,16 @@ def test_only_the_first_rank_says_it(monkeypatch, capsys) -> None:
 
 def _first_batch(data: Path):  # type: ignore[no-untyped-def]
     found = find_image_folders(data)
-    source = make_loader(choose_backend("nvjpeg", "cpu"), found.train, found.val, LoaderConfig(), 3,
-                         RandomResizedCrop(size=(64, 64)), CenterCrop(size=(56, 56), resize=64), CPU)
+    source = make_loader(
+        choose_backend("nvjpeg", "cpu"),
+        found.train,
+        found.val,
+        LoaderConfig(),
+        3,
+        RandomResizedCrop(size=(64, 64)),
+        CenterCrop(size=(56, 56), resize=64),
+        CPU,
+    )
     plan = EpochPlan(len(found.train), 16, 1, 3)
     batch = next(iter(source.train_batches(plan, 1, 0, 0)))
     return batch.images.clone(), batch.labels.clone()
@@ -82,8 +90,10 @@ def test_nvjpeg_decodes_image_by_image_without_batched_decode_jpeg(photo_folders
 
 def test_numpy_mismatch_names_torch_before_2_3_beside_numpy_2() -> None:
     line = compat.numpy_mismatch("2.2.2+cu121", "2.2.6")
-    assert line == ("torch 2.2.2+cu121 was built against NumPy 1.x but NumPy 2.2.6 is installed, so torch cannot use "
-                    "NumPy: pip install 'numpy<2' (or a torch >= 2.3)")
+    assert line == (
+        "torch 2.2.2+cu121 was built against NumPy 1.x but NumPy 2.2.6 is installed, so torch cannot use "
+        "NumPy: pip install 'numpy<2' (or a torch >= 2.3)"
+    )
     assert compat.numpy_mismatch("2.2.2", "1.26.4") is None and compat.numpy_mismatch("2.3.0", "2.0.1") is None
     assert compat.numpy_mismatch(None, "2.0.0") is None and compat.numpy_mismatch("weird", "2.0.0") is None
 
@@ -99,8 +109,11 @@ def test_env_and_check_name_a_numpy_2_beside_the_floor_torch(tmp_path: Path) -> 
     if compat.version_tuple(torch.__version__) >= (2, 3):
         pytest.skip(f"needs a torch before 2.3 (the floor environment); this is {torch.__version__}")
     numpy2 = tmp_path / "numpy2"
-    got = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(numpy2),
-                          "numpy>=2,<2.3"], capture_output=True, text=True)
+    got = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(numpy2), "numpy>=2,<2.3"],
+        capture_output=True,
+        text=True,
+    )
     assert got.returncode == 0, got.stderr
     src = Path(__file__).resolve().parents[1] / "src"
     installed = importlib.metadata.version("torch")
@@ -108,10 +121,32 @@ def test_env_and_check_name_a_numpy_2_beside_the_floor_torch(tmp_path: Path) -> 
     shown = subprocess.run([sys.executable, "-m", "hpctrain", "env"], env=env, capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     line = next(line for line in shown.stdout.splitlines() if line.startswith("NumPy:"))
-    assert line.startswith("NumPy:        2.") and (
-        f"(problem: torch {installed} was built against NumPy 1.x but NumPy 2.") in line, line
-    checked = subprocess.run([sys.executable, "-m", "hpctrain", "check", "--scheduler", "kubernetes", "--image", "img",
-                              "--context", "hpctrain-absent", "--", "python", "-c", "pass"],
-                             env=env, capture_output=True, text=True, cwd=tmp_path)
-    assert (f"hpctrain check: warning: here, torch {installed} was built against NumPy 1.x but NumPy 2."
-            in checked.stderr), checked.stderr
+    assert (
+        line.startswith("NumPy:        2.")
+        and (f"(problem: torch {installed} was built against NumPy 1.x but NumPy 2.") in line
+    ), line
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "check",
+            "--scheduler",
+            "kubernetes",
+            "--image",
+            "img",
+            "--context",
+            "hpctrain-absent",
+            "--",
+            "python",
+            "-c",
+            "pass",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert (
+        f"hpctrain check: warning: here, torch {installed} was built against NumPy 1.x but NumPy 2." in checked.stderr
+    ), checked.stderr

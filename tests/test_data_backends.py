@@ -50,8 +50,10 @@ def test_first_batches_match_the_cpu_backend(photo_folders: Path, backend: str) 
     plan = EpochPlan(len(find_image_folders(photo_folders).train), 16, 1, 3)
     reference, other = _loader("cpu", photo_folders), _loader(backend, photo_folders)
     assert type(reference) is ImageFolderSource and type(other) is not ImageFolderSource
-    pairs = [(next(iter(source.train_batches(plan, 1, 0, 0))), next(iter(source.eval_batches(1, 0, 16))))
-             for source in (other, reference)]
+    pairs = [
+        (next(iter(source.train_batches(plan, 1, 0, 0))), next(iter(source.eval_batches(1, 0, 16))))
+        for source in (other, reference)
+    ]
     for ours, theirs in zip(*pairs):
         assert ours.images.dtype == torch.uint8 and ours.images.shape == theirs.images.shape
         assert torch.equal(ours.labels, theirs.labels)
@@ -141,28 +143,34 @@ def test_dali_training_resumes_mid_epoch_bitwise_and_auto_says_cpu(fashion_folde
     assert 3 <= int(checkpoint.stem.rsplit("_", 1)[1]) < 6, "stopped inside the first epoch"
     train(fashion_folders, parts, "--epochs", "2", "--resume", *options)
     assert_bitwise_equal(final_weights(whole), final_weights(parts))
-    auto = train(fashion_folders, tmp_path / "auto", "--epochs", "1", "-j", "0", "--train-limit", "32",
-                 "--test-limit", "10")
+    auto = train(
+        fashion_folders, tmp_path / "auto", "--epochs", "1", "-j", "0", "--train-limit", "32", "--test-limit", "10"
+    )
     assert "hpctrain: data backend cpu (auto: training runs on cpu" in auto.stdout
 
 
-def test_missing_dali_names_the_pip_command_and_help_never_imports_it(fashion_folders: Path,
-                                                                     tmp_path: Path) -> None:
+def test_missing_dali_names_the_pip_command_and_help_never_imports_it(fashion_folders: Path, tmp_path: Path) -> None:
     """DALI made unimportable in a child process (sys.modules entry None, as for a package that is not installed)."""
     major = (torch.version.cuda or "12").split(".")[0]
     run_dir = tmp_path / "run"
-    code = ("import sys; sys.modules['nvidia.dali'] = None; from hpctrain.cli import main; "
-            f"sys.exit(main(['train', 'imagenet', {str(fashion_folders)!r}, '--data-backend', 'dali', "
-            f"'--run-dir', {str(run_dir)!r}]))")
-    result = subprocess.run([sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import sys; sys.modules['nvidia.dali'] = None; from hpctrain.cli import main; "
+        f"sys.exit(main(['train', 'imagenet', {str(fashion_folders)!r}, '--data-backend', 'dali', "
+        f"'--run-dir', {str(run_dir)!r}]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stderr
     assert f"pip install nvidia-dali-cuda{major}0" in result.stderr and "Traceback" not in result.stderr
     assert not run_dir.exists()
-    code = ("import sys; from hpctrain.cli import main\ntry: main(['train', '--help'])\nexcept SystemExit: pass\n"
-            "assert 'nvidia.dali' not in sys.modules and 'hpctrain.data.backends.dali' not in sys.modules")
-    result = subprocess.run([sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import sys; from hpctrain.cli import main\ntry: main(['train', '--help'])\nexcept SystemExit: pass\n"
+        "assert 'nvidia.dali' not in sys.modules and 'hpctrain.data.backends.dali' not in sys.modules"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=clean_environ(), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "--data-backend" in result.stdout, result.stderr
 
 
@@ -204,8 +212,12 @@ def test_what_dali_pickles_to_each_spawned_worker_grows_with_the_paths_bytes_not
     n = 20_000
     paths = [f"/datasets/imagenet/train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG" for i in range(n)]
     paths[n // 2] = "/datasets/imagenet/train/" + "deep/" * 60 + "long.JPEG"
-    images = ImageSet("/datasets/imagenet/train", PackedStrings.of(paths), np.arange(n, dtype=np.int64) % 1000,
-                      tuple(f"n{c:08d}" for c in range(1000)))
+    images = ImageSet(
+        "/datasets/imagenet/train",
+        PackedStrings.of(paths),
+        np.arange(n, dtype=np.int64) % 1000,
+        tuple(f"n{c:08d}" for c in range(1000)),
+    )
     table = RequestTable.of(1, [tuple(range(start, min(start + 256, n))) for start in range(0, n, 256)])
     feed = DaliFeed(images, TRAIN_CROP, 3, table)
     path_bytes = sum(len(p.encode()) for p in paths)
@@ -219,8 +231,7 @@ def _old_crop_resize(picture: torch.Tensor, box: list[int], size: tuple[int, int
     """The nvjpeg backend's former per-image path (a dozen tensor operations per image), the reference."""
     top, left, height, width, flip = box
     patch = picture[:, top : top + height, left : left + width].unsqueeze(0).float()
-    resized = torch.nn.functional.interpolate(patch, size=size, mode="bilinear", antialias=True,
-                                              align_corners=False)[0]
+    resized = torch.nn.functional.interpolate(patch, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
     if flip:
         resized = resized.flip(-1)
     return resized.permute(1, 2, 0).round_().clamp_(0, 255).to(torch.uint8)
@@ -232,12 +243,15 @@ def _random_crops(count: int, seed: int) -> tuple[list[torch.Tensor], torch.Tens
     pictures, boxes = [], []
     for _ in range(count):
         h, w = (int(v) for v in torch.randint(20, 160, (2,), generator=gen))
-        smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 6, 6, generator=gen) * 255, size=(h, w),
-                                                 mode="bicubic", align_corners=False)[0]
+        smooth = torch.nn.functional.interpolate(
+            torch.rand(1, 3, 6, 6, generator=gen) * 255, size=(h, w), mode="bicubic", align_corners=False
+        )[0]
         pictures.append((smooth + torch.randn(3, h, w, generator=gen) * 20).round().clamp(0, 255).to(torch.uint8))
         ch, cw = (int(torch.randint(1, side + 1, (1,), generator=gen)) for side in (h, w))
-        top, left = int(torch.randint(0, h - ch + 1, (1,), generator=gen)), int(torch.randint(0, w - cw + 1, (1,),
-                                                                                             generator=gen))
+        top, left = (
+            int(torch.randint(0, h - ch + 1, (1,), generator=gen)),
+            int(torch.randint(0, w - cw + 1, (1,), generator=gen)),
+        )
         boxes.append((top, left, ch, cw, int(torch.randint(0, 2, (1,), generator=gen))))
     return pictures, torch.tensor(boxes, dtype=torch.int64)
 
@@ -267,8 +281,9 @@ def test_nvjpeg_batched_crop_resize_groups_images_to_bound_the_padding(monkeypat
     groups = nvjpeg._size_groups(shapes)
     assert len(groups) > 1 and sorted(i for g in groups for i in g) == list(range(12))
     for group in groups:
-        assert len(group) * max(shapes[i][0] for i in group) * max(shapes[i][1] for i in group) * 12 <= \
-            nvjpeg.PADDED_BYTES
+        assert (
+            len(group) * max(shapes[i][0] for i in group) * max(shapes[i][1] for i in group) * 12 <= nvjpeg.PADDED_BYTES
+        )
     assert torch.equal(nvjpeg.crop_resize_batch(pictures, boxes, (24, 24)), whole)
 
 
@@ -309,18 +324,33 @@ def proven_except(*failing: str):  # noqa: ANN201
     return prove, tried
 
 
-@pytest.mark.parametrize(("version", "failing", "chosen", "tried", "said"), [
-    ("2.4.0", (), "dali", ["dali"], "auto: NVIDIA DALI 2.4.0 decoded its test JPEGs right on this GPU"),
-    # NGC PyTorch 24.05 ships DALI 1.37: its fn.decoders.image_slice has no adjust_orientation argument
-    ("1.37.0", (), "nvjpeg", ["nvjpeg"], "auto: NVIDIA DALI 1.37.0 is older than 2.0, whose decoder arguments the "
-                                         "dali backend uses; nvjpeg decoded its test JPEGs right on this GPU"),
-    ("2.4.0", ("dali",), "nvjpeg", ["dali", "nvjpeg"], "auto: dali on this GPU: its test decode failed: CUDA error: "
-                                                       "no kernel image is available; nvjpeg decoded"),
-    ("2.4.0", ("dali", "nvjpeg"), "cpu", ["dali", "nvjpeg"], "; data worker processes decode on the CPU"),
-    (None, (), "nvjpeg", ["nvjpeg"], "auto: NVIDIA DALI is not installed (pip install nvidia-dali-cuda"),
-])
-def test_auto_picks_only_a_checked_dali_and_a_backend_proven_on_the_gpu(monkeypatch, version, failing, chosen,
-                                                                        tried, said) -> None:
+@pytest.mark.parametrize(
+    ("version", "failing", "chosen", "tried", "said"),
+    [
+        ("2.4.0", (), "dali", ["dali"], "auto: NVIDIA DALI 2.4.0 decoded its test JPEGs right on this GPU"),
+        # NGC PyTorch 24.05 ships DALI 1.37: its fn.decoders.image_slice has no adjust_orientation argument
+        (
+            "1.37.0",
+            (),
+            "nvjpeg",
+            ["nvjpeg"],
+            "auto: NVIDIA DALI 1.37.0 is older than 2.0, whose decoder arguments the "
+            "dali backend uses; nvjpeg decoded its test JPEGs right on this GPU",
+        ),
+        (
+            "2.4.0",
+            ("dali",),
+            "nvjpeg",
+            ["dali", "nvjpeg"],
+            "auto: dali on this GPU: its test decode failed: CUDA error: no kernel image is available; nvjpeg decoded",
+        ),
+        ("2.4.0", ("dali", "nvjpeg"), "cpu", ["dali", "nvjpeg"], "; data worker processes decode on the CPU"),
+        (None, (), "nvjpeg", ["nvjpeg"], "auto: NVIDIA DALI is not installed (pip install nvidia-dali-cuda"),
+    ],
+)
+def test_auto_picks_only_a_checked_dali_and_a_backend_proven_on_the_gpu(
+    monkeypatch, version, failing, chosen, tried, said
+) -> None:
     """auto took DALI whenever it imported on a CUDA device, whatever its version, and never checked a GPU decode."""
     from hpctrain.data import backends
 
@@ -336,8 +366,11 @@ def test_an_old_dali_asked_for_is_refused_with_the_upgrade(monkeypatch) -> None:
     from hpctrain.data import backends
 
     monkeypatch.setattr(backends, "dali_version", lambda: "1.37.0")
-    with pytest.raises(UserError, match=r"needs NVIDIA DALI >= 2.0 \(its decoder arguments\), and 1.37.0 is "
-                                        r"installed: pip install -U nvidia-dali-cuda"):
+    with pytest.raises(
+        UserError,
+        match=r"needs NVIDIA DALI >= 2.0 \(its decoder arguments\), and 1.37.0 is "
+        r"installed: pip install -U nvidia-dali-cuda",
+    ):
         choose_backend("dali", "cuda")
 
 
@@ -355,4 +388,3 @@ def test_the_gpu_proof_passes_on_the_cpu_variants_and_catches_a_wrong_decode(mon
     assert "differs from Pillow's by" in proof.prove(backend, torch.device("cpu"))
     monkeypatch.setitem(proof.DECODERS, backend, lambda jpegs, device: 1 / 0)
     assert proof.prove(backend, torch.device("cpu")) == "its test decode failed: division by zero"
-

@@ -56,6 +56,7 @@ def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:  # type: ignor
 
 def _set(path: str, value):  # type: ignore[no-untyped-def]
     """A change to the index: set the item at `path` (keys separated by `.`, list positions as numbers)."""
+
     def change(index):  # type: ignore[no-untyped-def]
         *parents, last = path.split(".")
         node = index
@@ -68,6 +69,7 @@ def _set(path: str, value):  # type: ignore[no-untyped-def]
         else:
             node[last] = value
         return index
+
     return change
 
 
@@ -87,7 +89,9 @@ INDEX_DAMAGE = {
     "size of 8 GiB": _set("splits.train.samples.size.0", 8 << 30),
     "size of 10**12": _set("splits.train.samples.size.0", 10**12),
     "sample beyond its shard": _set("splits.train.samples.offset.0", 10**9),
-    "200k-deep JSON": lambda index: '{"format": "hpctrain-shards", "version": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}",
+    "200k-deep JSON": lambda index: (
+        '{"format": "hpctrain-shards", "version": 1, "x": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    ),
 }
 
 
@@ -159,8 +163,9 @@ def test_a_fifo_and_dev_zero_named_as_images_are_bad_images_in_prepare(fashion_f
     (src / "train" / "boot" / "huge.JPEG").write_bytes(b"\xff\xd8\xff" + b"\0" * MAX_IMAGE_BYTES)
     result = hpctrain("prepare", "imagenet", str(src), str(tmp_path / "out"), "-j", "1", timeout=120)
     assert result.returncode == 2 and "x.JPEG: cannot decode this image (not a regular file (a FIFO)" in result.stderr
-    result = hpctrain("prepare", "imagenet", str(src), str(tmp_path / "out"), "-j", "2", "--skip-bad-images",
-                      timeout=120)
+    result = hpctrain(
+        "prepare", "imagenet", str(src), str(tmp_path / "out"), "-j", "2", "--skip-bad-images", timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped 3 unreadable image(s): bag/x.JPEG, boot/huge.JPEG, boot/zero.JPEG" in result.stdout
     assert len(open_prepared(tmp_path / "out").train) == 6
@@ -219,8 +224,9 @@ def test_a_directory_link_cycle_in_an_image_folder_is_refused_by_name(fashion_fo
     class a, silently (three such links never finished listing)."""
     src = small_source(fashion_folders, tmp_path / "src")
     (src / "train" / "bag" / "loop").symlink_to("..")
-    with pytest.raises(UserError, match=f"{src / 'train' / 'bag' / 'loop'} is a link to \\.\\., a folder that "
-                                        "contains it"):
+    with pytest.raises(
+        UserError, match=f"{src / 'train' / 'bag' / 'loop'} is a link to \\.\\., a folder that contains it"
+    ):
         find_image_folders(src)
 
 
@@ -272,8 +278,11 @@ def small_tmpfs(tmp_path):
     mounted = []
 
     def make(size_bytes: int) -> Path:
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", f"hpctrain-{uuid.uuid4().hex[:8]}",
-                                 str(mount)], capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", f"hpctrain-{uuid.uuid4().hex[:8]}", str(mount)],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root")
         mounted.append(mount)

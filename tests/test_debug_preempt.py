@@ -14,14 +14,22 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.preempt import TimeLimitWarning, _job_warning, parse_signal_option, scancel_argv, warning_from_script
+from hpctrain.schedulers.slurm.preempt import (
+    TimeLimitWarning,
+    _job_warning,
+    parse_signal_option,
+    scancel_argv,
+    warning_from_script,
+)
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.slurm.render import render_sbatch
 
 
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------- pure parts
@@ -55,15 +63,17 @@ def test_the_warning_of_a_script_that_hpctrain_renders() -> None:
 
 
 def test_warning_from_script_reads_sbatch_lines_as_sbatch_does() -> None:
-    script = "\n".join([
-        "#!/bin/bash",
-        "#SBATCH --job-name='a b' --signal=USR1@30",
-        "",
-        "# a comment between options",
-        "#SBATCH --signal B:USR2@45   # the later one wins",
-        "echo start",
-        "#SBATCH --signal=B:TERM@10",  # after the first command: sbatch ignores it
-    ])
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            "#SBATCH --job-name='a b' --signal=USR1@30",
+            "",
+            "# a comment between options",
+            "#SBATCH --signal B:USR2@45   # the later one wins",
+            "echo start",
+            "#SBATCH --signal=B:TERM@10",  # after the first command: sbatch ignores it
+        ]
+    )
     assert warning_from_script(script) == TimeLimitWarning("USR2", True, 45)
     assert warning_from_script("#!/bin/sh\n# This script was created by sbatch --wrap.\n\nsleep 5\n") is None
     assert warning_from_script("#!/bin/bash\n#SBATCH --signal=B:nonsense!\n") is None
@@ -119,10 +129,34 @@ def _wait(condition, what: str, timeout: float, job_id: str, log: Path) -> None:
 def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
     slurm_cluster, tmp_path: Path, fashion_data_dir: Path
 ) -> None:
-    submitted = hpctrain("submit", "--launcher", "single", "--job-name", "h6-preempt", "--output", "job-%j.out",
-                         "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
-                         "--train-limit", "2048", "--test-limit", "1000", "--epochs", "2", "--recipe", "classic", "--checkpoint-every", "0",
-                         "--log-interval", "0", cwd=tmp_path)
+    submitted = hpctrain(
+        "submit",
+        "--launcher",
+        "single",
+        "--job-name",
+        "h6-preempt",
+        "--output",
+        "job-%j.out",
+        "train",
+        "mnist",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(fashion_data_dir),
+        "--train-limit",
+        "2048",
+        "--test-limit",
+        "1000",
+        "--epochs",
+        "2",
+        "--recipe",
+        "classic",
+        "--checkpoint-every",
+        "0",
+        "--log-interval",
+        "0",
+        cwd=tmp_path,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
     log = tmp_path / f"job-{job_id}.out"
@@ -132,21 +166,39 @@ def test_preempt_rehearsal_checkpoints_mid_epoch_requeues_and_completes(
         _wait(lambda: log.exists() and "epoch 1/2 step" in log.read_text(), "the first training step", 600, job_id, log)
         # The training is paused while the warning travels (LocalSlurm.interrupt_mid_run), so it lands mid-epoch
         # however fast this CPU trains; `--follow` runs on until the job has requeued itself.
-        preempt = slurm_cluster.interrupt_mid_run(job_id, 1, signal.SIGUSR1, lambda: subprocess.Popen(
-            [sys.executable, "-m", "hpctrain", "debug", "preempt", job_id, "--follow", "--timeout", "300"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        preempt = slurm_cluster.interrupt_mid_run(
+            job_id,
+            1,
+            signal.SIGUSR1,
+            lambda: subprocess.Popen(
+                [sys.executable, "-m", "hpctrain", "debug", "preempt", job_id, "--follow", "--timeout", "300"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
         stdout, stderr = preempt.communicate(timeout=400)
         assert preempt.returncode == 0, stdout + stderr + log.read_text()
         assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would 120 s before its time limit" in stdout
-        assert f"job {job_id} requeued itself after its program said it stopped with its state saved (restart 1)" in stdout
+        assert (
+            f"job {job_id} requeued itself after its program said it stopped with its state saved (restart 1)" in stdout
+        )
         first_attempt = log.read_text()
         assert "stopped (preempted: SIGUSR1" in first_attempt and "requeueing job" in first_attempt, first_attempt
-        assert not (run_dir / "metrics.jsonl").exists() or json.loads(
-            (run_dir / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] < 2, "finished before the warning"
+        assert (
+            not (run_dir / "metrics.jsonl").exists()
+            or json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] < 2
+        ), "finished before the warning"
 
         # Slurm holds a requeued job (BeginTime) until the old attempt's credential expires (30 s on the local
         # cluster); releasing it sooner by hand gets it killed ("Job credential revoked"), so the test waits.
-        _wait(lambda: _field(job_id, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "GONE"), "the job's end", 400, job_id, log)
+        _wait(
+            lambda: _field(job_id, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "GONE"),
+            "the job's end",
+            400,
+            job_id,
+            log,
+        )
 
         text = log.read_text()
         assert "attempt 2" in text, text
@@ -175,8 +227,9 @@ def test_preempt_refuses_jobs_that_cannot_be_warned(slurm_cluster, tmp_path: Pat
     unknown = hpctrain("debug", "preempt", "987654321")
     assert unknown.returncode == 2 and "job 987654321 not found" in unknown.stderr
 
-    held = slurm_cluster.sbatch("-J", "h6-held", "--hold", "--signal=B:USR1@60", "-o", "out-%j.txt", "--wrap", "true",
-                                cwd=tmp_path)
+    held = slurm_cluster.sbatch(
+        "-J", "h6-held", "--hold", "--signal=B:USR1@60", "-o", "out-%j.txt", "--wrap", "true", cwd=tmp_path
+    )
     plain = slurm_cluster.sbatch("-J", "h6-plain", "-o", "out-%j.txt", "--wrap", "sleep 120", cwd=tmp_path)
     try:
         pending = hpctrain("debug", "preempt", held)

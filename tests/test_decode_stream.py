@@ -81,14 +81,21 @@ def test_each_batch_is_decoded_on_its_own_stream_between_the_steps(monkeypatch) 
     assert recorder.log == [
         "event1 on training",  # after the previous step's kernels
         "decode waits event1",
-        "enter decode", "decode 1 on decode", "leave decode",
+        "enter decode",
+        "decode 1 on decode",
+        "leave decode",
         "event2 on decode",
         "training waits event2",  # the step starts after the decode
         "images1 used by training",
         "step on images1",
-        "event3 on training", "decode waits event3",  # the next decode waits for that step's kernels
-        "enter decode", "decode 2 on decode", "leave decode",
-        "event4 on decode", "training waits event4", "images2 used by training",
+        "event3 on training",
+        "decode waits event3",  # the next decode waits for that step's kernels
+        "enter decode",
+        "decode 2 on decode",
+        "leave decode",
+        "event4 on decode",
+        "training waits event4",
+        "images2 used by training",
         "step on images2",
     ]
 

@@ -25,8 +25,11 @@ from hpctrain.servers.common import http_get
 
 def test_script_reads_the_token_from_a_private_file_and_quotes_paths(tmp_path: Path) -> None:
     state = tmp_path / "it's here"
-    cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, shards_per_node=8, mem="8G"),
-                    environment=EnvironmentSpec("venv", venv="~/venvs/my env"))
+    cfg = DevConfig(
+        "nb",
+        resources=Resources(cpus_per_task=4, shards_per_node=8, mem="8G"),
+        environment=EnvironmentSpec("venv", venv="~/venvs/my env"),
+    )
     script = render_dev_script(cfg, state)
     assert "umask 077" in script
     assert '"$(cat "$state_dir/token")"' in script and "export JUPYTER_TOKEN" in script
@@ -63,22 +66,31 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
     env = cli_env(tmp_path)
     result = hpctrain("dev", "start", "Bad Name", "--scheduler", "slurm", "--dry-run", env=env)
     assert result.returncode == 2 and "session name" in result.stderr and "Traceback" not in result.stderr
-    result = hpctrain("dev", "start", "nb", "--scheduler", "slurm", "--image", "docker://pytorch/pytorch:2.3.0", env=env)
+    result = hpctrain(
+        "dev", "start", "nb", "--scheduler", "slurm", "--image", "docker://pytorch/pytorch:2.3.0", env=env
+    )
     assert result.returncode == 2 and "hpctrain image pull" in result.stderr
     assert not (tmp_path / "dev").exists()
 
 
 def test_pod_reads_the_token_from_its_secret() -> None:
     cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, gpus_per_node=1, mem="16G"), time="2:00:00")
-    pod = render_dev_pod(cfg, KubernetesOptions(namespace="team", image="quay.io/jupyter/pytorch-notebook", shm="4Gi",
-                                                volumes=("pvc:data:/data",)))
+    pod = render_dev_pod(
+        cfg,
+        KubernetesOptions(
+            namespace="team", image="quay.io/jupyter/pytorch-notebook", shm="4Gi", volumes=("pvc:data:/data",)
+        ),
+    )
     container = pod["spec"]["containers"][0]
-    assert container["env"] == [{"name": "HPCTRAIN_PORT", "value": "8888"},
-                                {"name": "JUPYTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "dev-nb", "key": "token"}}}]
+    assert container["env"] == [
+        {"name": "HPCTRAIN_PORT", "value": "8888"},
+        {"name": "JUPYTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "dev-nb", "key": "token"}}},
+    ]
     assert container["readinessProbe"]["httpGet"] == {"path": "/api", "port": "http"}
     assert container["resources"]["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"] or any(
-        m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
+        m["mountPath"] == "/dev/shm" for m in container["volumeMounts"]
+    )
     assert pod["spec"]["activeDeadlineSeconds"] == 7200
     assert "token" not in json.dumps(container["command"])
 
@@ -86,8 +98,20 @@ def test_pod_reads_the_token_from_its_secret() -> None:
 @pytest.mark.slurm
 def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
     env = cli_env(tmp_path / "home")
-    started = hpctrain("dev", "start", "nb", "--scheduler", "slurm", "--cpus", "1", "--wait", "500", *venv_args(),
-                       env=env, cwd=tmp_path)
+    started = hpctrain(
+        "dev",
+        "start",
+        "nb",
+        "--scheduler",
+        "slurm",
+        "--cpus",
+        "1",
+        "--wait",
+        "500",
+        *venv_args(),
+        env=env,
+        cwd=tmp_path,
+    )
     state = tmp_path / "home" / "dev" / "nb"
     conn = json.loads((state / "connection.json").read_text()) if (state / "connection.json").exists() else {}
     try:
@@ -132,8 +156,9 @@ def test_dev_list_notes_a_session_whose_job_has_ended(slurm_cluster, tmp_path: P
     for name, recorded_id in (("done", job_id), ("forgotten", "999999999")):
         state = tmp_path / "home" / "dev" / name
         state.mkdir(parents=True)
-        (state / "connection.json").write_text(json.dumps({"name": name, "scheduler": "slurm", "job_id": recorded_id,
-                                                           "service": "jupyter"}))
+        (state / "connection.json").write_text(
+            json.dumps({"name": name, "scheduler": "slurm", "job_id": recorded_id, "service": "jupyter"})
+        )
     listed = hpctrain("dev", "list", "--scheduler", "slurm", env=env)
     assert listed.returncode == 0, listed.stderr
     assert "note: done has ended (COMPLETED); `hpctrain dev stop done` forgets it" in listed.stdout, listed.stdout

@@ -79,8 +79,25 @@ def test_ssh_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
         pytest.fail("openssh-server and openssh-client must be installed (scripts/test.sh installs them)")
     key = keypair(tmp_path / "keys")
     env = cli_env(tmp_path / "home")
-    started = hpctrain("dev", "start", "sh", "--service", "ssh", "--ssh-key", f"{key}.pub", "--scheduler", "slurm",
-                       "--cpus", "1", "--wait", "500", "--login-host", "login.example", env=env, cwd=tmp_path)
+    started = hpctrain(
+        "dev",
+        "start",
+        "sh",
+        "--service",
+        "ssh",
+        "--ssh-key",
+        f"{key}.pub",
+        "--scheduler",
+        "slurm",
+        "--cpus",
+        "1",
+        "--wait",
+        "500",
+        "--login-host",
+        "login.example",
+        env=env,
+        cwd=tmp_path,
+    )
     state = tmp_path / "home" / "dev" / "sh"
     conn = json.loads((state / "connection.json").read_text()) if (state / "connection.json").exists() else {}
     try:
@@ -96,17 +113,55 @@ def test_ssh_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
         config = tmp_path / "ssh_config"
         config.write_text(conn["ssh_config"] + f"    IdentityFile {key}\n    IdentitiesOnly yes\n")
         login = subprocess.run(
-            ["ssh", "-F", str(config), "-o", "ProxyJump=none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-             "-o", f"UserKnownHostsFile={state / 'known_hosts'}", "hpctrain-dev-sh", "echo logged-in-$((6*7)) as $(id -un)"],
-            capture_output=True, text=True, timeout=60, check=False)
+            [
+                "ssh",
+                "-F",
+                str(config),
+                "-o",
+                "ProxyJump=none",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                f"UserKnownHostsFile={state / 'known_hosts'}",
+                "hpctrain-dev-sh",
+                "echo logged-in-$((6*7)) as $(id -un)",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert login.returncode == 0, login.stderr
         assert login.stdout.strip() == f"logged-in-42 as {user}"
         # Another key is turned away.
         other = keypair(tmp_path / "other")
         refused = subprocess.run(
-            ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
-             "UserKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-i", str(other), "-p", str(conn["port"]),
-             f"{user}@127.0.0.1", "true"], capture_output=True, text=True, timeout=60, check=False)
+            [
+                "ssh",
+                "-F",
+                "/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-i",
+                str(other),
+                "-p",
+                str(conn["port"]),
+                f"{user}@127.0.0.1",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert refused.returncode == 255 and "Permission denied" in refused.stderr
         stopped = hpctrain("dev", "stop", "sh", env=env)
         assert stopped.returncode == 0 and "cancelled" in stopped.stdout, stopped.stdout + stopped.stderr
@@ -117,7 +172,7 @@ def test_ssh_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
             slurm_cluster.cancel_quietly(conn["job_id"])
 
 
-CODE_STANDIN = r'''#!/bin/sh
+CODE_STANDIN = r"""#!/bin/sh
 # STAND-IN for the VS Code CLI (`code tunnel`), which cannot be installed here: prints what the real one prints.
 printf '%s\n' "$*" >> "$CODE_STANDIN_LOG"
 cat <<'BANNER'
@@ -138,7 +193,7 @@ sleep 2
 echo "[2026-01-05 10:00:09] info Creating tunnel with the name: $name"
 echo "Open this link in your browser https://vscode.dev/tunnel/$name$PWD"
 exec sleep 600
-'''
+"""
 
 
 @pytest.mark.slurm
@@ -151,8 +206,21 @@ def test_code_tunnel_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
     # sbatch exports the caller's environment, PATH included: the job finds the stand-in.
     env = cli_env(tmp_path / "home", path_prefix=bin_dir, CODE_STANDIN_LOG=str(log))
     name = "tunnel-" + "x" * 20
-    started = hpctrain("dev", "start", name, "--service", "code", "--scheduler", "slurm", "--cpus", "1",
-                       "--wait", "500", env=env, cwd=tmp_path)
+    started = hpctrain(
+        "dev",
+        "start",
+        name,
+        "--service",
+        "code",
+        "--scheduler",
+        "slurm",
+        "--cpus",
+        "1",
+        "--wait",
+        "500",
+        env=env,
+        cwd=tmp_path,
+    )
     state = tmp_path / "home" / "dev" / name
     conn = json.loads((state / "connection.json").read_text()) if (state / "connection.json").exists() else {}
     try:
@@ -160,7 +228,9 @@ def test_code_tunnel_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
         tunnel = tunnel_name(name)
         assert log.read_text().split() == ["tunnel", "--accept-server-license-terms", "--name", tunnel]
         assert "open https://github.com/login/device and enter the code 3F2A-91BC" in started.stdout
-        assert f"https://vscode.dev/tunnel/{tunnel}/" in started.stdout and conn["url"].startswith(f"https://vscode.dev/tunnel/{tunnel}/")
+        assert f"https://vscode.dev/tunnel/{tunnel}/" in started.stdout and conn["url"].startswith(
+            f"https://vscode.dev/tunnel/{tunnel}/"
+        )
         stopped = hpctrain("dev", "stop", name, env=env)
         assert stopped.returncode == 0 and "cancelled" in stopped.stdout, stopped.stdout + stopped.stderr
     finally:
@@ -173,7 +243,20 @@ def test_code_tunnel_without_the_cli_is_refused(slurm_cluster, tmp_path: Path) -
     env = cli_env(tmp_path / "home")
     if any(os.access(Path(d) / "code", os.X_OK) for d in env["PATH"].split(os.pathsep) if d):
         pytest.skip("a `code` executable is installed on this machine")
-    started = hpctrain("dev", "start", "nocode", "--service", "code", "--scheduler", "slurm", "--cpus", "1",
-                       "--wait", "500", env=env, cwd=tmp_path)
+    started = hpctrain(
+        "dev",
+        "start",
+        "nocode",
+        "--service",
+        "code",
+        "--scheduler",
+        "slurm",
+        "--cpus",
+        "1",
+        "--wait",
+        "500",
+        env=env,
+        cwd=tmp_path,
+    )
     assert started.returncode == 2, started.stdout + started.stderr
     assert "the VS Code CLI (code) is not on PATH on" in started.stderr and "Traceback" not in started.stderr

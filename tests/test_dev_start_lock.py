@@ -16,12 +16,14 @@ def test_a_second_dev_start_of_one_name_is_refused_while_the_first_starts(tmp_pa
     with starting("twin", home / "dev") as state_dir:
         (state_dir / TOKEN_FILE).write_text("the first start's token\n")
         for scheduler in ("slurm", "kubernetes"):
-            second = hpctrain("dev", "start", "twin", "--scheduler", scheduler, "--wait", "1", "--time", "1",
-                            env=env, cwd=tmp_path)
+            second = hpctrain(
+                "dev", "start", "twin", "--scheduler", scheduler, "--wait", "1", "--time", "1", env=env, cwd=tmp_path
+            )
             assert second.returncode == 2 and "Traceback" not in second.stderr, second
             assert second.stderr.strip() == (
                 "hpctrain dev: error: dev session twin is being started right now by another `hpctrain dev start`: "
-                "wait for it, then see `hpctrain dev list`; or start this one under another name"), second.stderr
+                "wait for it, then see `hpctrain dev list`; or start this one under another name"
+            ), second.stderr
         assert sorted(p.name for p in state_dir.iterdir()) == [START_LOCK, TOKEN_FILE]  # nothing submitted
         assert (state_dir / TOKEN_FILE).read_text() == "the first start's token\n"
     with starting("twin", home / "dev"):  # the lock went with its holder: the name can start again

@@ -85,8 +85,16 @@ CASES = [
         srun_task(3),
         None,
         dict(
-            launcher="slurm", rank=3, world_size=4, local_rank=1, local_world_size=2, node_rank=1, num_nodes=2,
-            master_addr="gpu-a01", master_port=slurm_port(42, 0), init_method="env://",
+            launcher="slurm",
+            rank=3,
+            world_size=4,
+            local_rank=1,
+            local_world_size=2,
+            node_rank=1,
+            num_nodes=2,
+            master_addr="gpu-a01",
+            master_port=slurm_port(42, 0),
+            init_method="env://",
         ),
     ),
     (
@@ -109,8 +117,15 @@ CASES = [
     ),
     (
         "single task of a 4-task job needs no rendezvous",
-        srun_task(0, ntasks=1, per_node="1", nodes=1, SLURM_NTASKS="4", SLURM_STEP_ID="interactive",
-                  SLURM_STEP_NODELIST="gpu-a[01-"),  # nothing about the rendezvous is needed or parsed
+        srun_task(
+            0,
+            ntasks=1,
+            per_node="1",
+            nodes=1,
+            SLURM_NTASKS="4",
+            SLURM_STEP_ID="interactive",
+            SLURM_STEP_NODELIST="gpu-a[01-",
+        ),  # nothing about the rendezvous is needed or parsed
         None,
         dict(launcher="slurm", world_size=1, init_method=None, master_port=None),
     ),
@@ -125,8 +140,16 @@ CASES = [
         torchrun_worker(1),
         None,
         dict(
-            launcher="torchrun", rank=1, world_size=2, local_rank=1, local_world_size=2, node_rank=0, num_nodes=1,
-            master_addr="10.1.2.3", master_port=29500, init_method="env://",
+            launcher="torchrun",
+            rank=1,
+            world_size=2,
+            local_rank=1,
+            local_world_size=2,
+            node_rank=0,
+            num_nodes=1,
+            master_addr="10.1.2.3",
+            master_port=29500,
+            init_method="env://",
         ),
     ),
     (
@@ -152,8 +175,16 @@ CASES = [
         KUBEFLOW_POD,
         None,
         dict(
-            launcher="kubeflow", rank=2, world_size=3, local_rank=0, local_world_size=1, node_rank=2, num_nodes=3,
-            master_addr="job-master-0", master_port=23456, init_method="env://",
+            launcher="kubeflow",
+            rank=2,
+            world_size=3,
+            local_rank=0,
+            local_world_size=1,
+            node_rank=2,
+            num_nodes=3,
+            master_addr="job-master-0",
+            master_port=23456,
+            init_method="env://",
         ),
     ),
     (
@@ -179,8 +210,14 @@ CASES = [
         "tcp override keeps Slurm's ranks",
         srun_task(3),
         "tcp://head.example:4000",
-        dict(launcher="slurm", rank=3, world_size=4, master_addr="head.example", master_port=4000,
-             init_method="tcp://head.example:4000"),
+        dict(
+            launcher="slurm",
+            rank=3,
+            world_size=4,
+            master_addr="head.example",
+            master_port=4000,
+            init_method="tcp://head.example:4000",
+        ),
     ),
     (
         "file override keeps torchrun's ranks",
@@ -197,8 +234,15 @@ CASES = [
     ("auto is the default", torchrun_worker(0), "auto", dict(launcher="torchrun", rank=0)),
     (
         "torchrun variables set per srun task",
-        {**srun_task(3), "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-         "MASTER_ADDR": "gpu-a01", "MASTER_PORT": "29500"},
+        {
+            **srun_task(3),
+            "RANK": "3",
+            "LOCAL_RANK": "1",
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "gpu-a01",
+            "MASTER_PORT": "29500",
+        },
         None,
         dict(launcher="torchrun", rank=3, node_rank=1, num_nodes=2),
     ),
@@ -226,7 +270,13 @@ def test_every_srun_task_agrees_on_the_world() -> None:
         (7, "gpu-a01", slurm_port(42, 0), 4)
     }
     assert [(e.node_rank, e.local_rank, e.local_world_size) for e in envs] == [
-        (0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2), (2, 0, 2), (2, 1, 2), (3, 0, 1)
+        (0, 0, 2),
+        (0, 1, 2),
+        (1, 0, 2),
+        (1, 1, 2),
+        (2, 0, 2),
+        (2, 1, 2),
+        (3, 0, 1),
     ]
 
 
@@ -267,8 +317,15 @@ ERRORS = [
     ),
     (
         "torchrun variables exported in the batch script",
-        {**srun_task(3), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-         "MASTER_ADDR": "gpu-a01", "MASTER_PORT": "29500"},
+        {
+            **srun_task(3),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "gpu-a01",
+            "MASTER_PORT": "29500",
+        },
         None,
         "RANK=0 but this srun task is SLURM_PROCID=3",
     ),
@@ -326,8 +383,13 @@ def test_distenv_rejects_impossible_values() -> None:
 # --- Kubeflow PyTorchJob: when must this pod start its own workers? ---
 
 NEW_OPERATOR = {  # training-operator >= 1.7 with nprocPerNode: "4" and 2 replicas, pod 1
-    "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "8",
-    "PET_NPROC_PER_NODE": "4", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+    "MASTER_ADDR": "job-master-0",
+    "MASTER_PORT": "23456",
+    "RANK": "1",
+    "WORLD_SIZE": "8",
+    "PET_NPROC_PER_NODE": "4",
+    "PET_NNODES": "2",
+    "PET_NODE_RANK": "1",
 }
 
 
@@ -336,8 +398,10 @@ NEW_OPERATOR = {  # training-operator >= 1.7 with nprocPerNode: "4" and 2 replic
     [
         (NEW_OPERATOR, NodePlan(2, 1, 4, "job-master-0", 23456)),
         (NEW_OPERATOR | {"WORLD_SIZE": "2"}, NodePlan(2, 1, 4, "job-master-0", 23456)),  # counts pods
-        ({k: v for k, v in NEW_OPERATOR.items() if k not in ("PET_NNODES", "PET_NODE_RANK")},
-         NodePlan(2, 1, 4, "job-master-0", 23456)),
+        (
+            {k: v for k, v in NEW_OPERATOR.items() if k not in ("PET_NNODES", "PET_NODE_RANK")},
+            NodePlan(2, 1, 4, "job-master-0", 23456),
+        ),
         (NEW_OPERATOR | {"PET_NPROC_PER_NODE": "1"}, None),
         (NEW_OPERATOR | {"PET_NPROC_PER_NODE": "auto"}, None),
         (NEW_OPERATOR | {"LOCAL_RANK": "0"}, None),  # already a torchrun worker
@@ -367,12 +431,8 @@ def test_kubeflow_node_plan_errors(change: dict[str, str], message: str) -> None
 def test_node_plan_workers_detect_as_spawned_ranks() -> None:
     plan = kubeflow_node_plan(NEW_OPERATOR)
     envs = [detect({**NEW_OPERATOR, **plan.worker_environ(i)}) for i in range(plan.nproc_per_node)]
-    assert [(e.launcher, e.rank, e.local_rank, e.node_rank) for e in envs] == [
-        ("spawn", 4 + i, i, 1) for i in range(4)
-    ]
-    assert {(e.world_size, e.num_nodes, e.master_addr, e.master_port) for e in envs} == {
-        (8, 2, "job-master-0", 23456)
-    }
+    assert [(e.launcher, e.rank, e.local_rank, e.node_rank) for e in envs] == [("spawn", 4 + i, i, 1) for i in range(4)]
+    assert {(e.world_size, e.num_nodes, e.master_addr, e.master_port) for e in envs} == {(8, 2, "job-master-0", 23456)}
 
 
 # --- Device choice. No GPU on the test machine: the GPU count is passed in (the rule is what is tested). ---
@@ -400,9 +460,15 @@ def test_pick_device(requested: str, env: DistEnv, gpus: int, environ: dict, exp
 @pytest.mark.parametrize(
     ("requested", "env", "gpus", "environ", "cuda_build", "message"),
     [
-        ("cuda", SLURM_4_PER_NODE, 2, {"CUDA_VISIBLE_DEVICES": "0,1"}, "12.4",
-         "4 processes on this node (SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE) but 2 GPU(s) visible "
-         "(CUDA_VISIBLE_DEVICES=0,1)"),
+        (
+            "cuda",
+            SLURM_4_PER_NODE,
+            2,
+            {"CUDA_VISIBLE_DEVICES": "0,1"},
+            "12.4",
+            "4 processes on this node (SLURM_NTASKS_PER_NODE / SLURM_STEP_TASKS_PER_NODE) but 2 GPU(s) visible "
+            "(CUDA_VISIBLE_DEVICES=0,1)",
+        ),
         ("auto", SLURM_4_PER_NODE, 1, {}, "12.4", "--gpus-per-node=4"),
         ("cuda", detect({}), 0, {}, None, "no CUDA support"),
         ("cuda", detect({}), 0, {"CUDA_VISIBLE_DEVICES": ""}, "12.4", "CUDA_VISIBLE_DEVICES=''"),

@@ -30,8 +30,21 @@ def losses(output: str) -> list[float]:
 @pytest.mark.slow
 def test_example_under_torchrun_then_resumed_single_process(tmp_path: Path) -> None:
     out = run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(EXAMPLE), "--run-dir", "run", "--epochs", "2", "--device", "cpu"],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(EXAMPLE),
+            "--run-dir",
+            "run",
+            "--epochs",
+            "2",
+            "--device",
+            "cpu",
+        ],
         tmp_path,
     )
     assert "[rank 0] rank 0/2 (local 0/2, node 0/1) via torchrun" in out
@@ -82,23 +95,51 @@ def test_a_hung_rank_of_the_example_answers_debug_stacks_and_is_reported_as_the_
 
     (tmp_path / "hanging.py").write_text(HANGING)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "hanging.py",
-         str(EXAMPLE), "--run-dir", "run", "--epochs", "1", "--device", "cpu", "--hang-timeout", "20"],
-        cwd=tmp_path, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "hanging.py",
+            str(EXAMPLE),
+            "--run-dir",
+            "run",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--hang-timeout",
+            "20",
+        ],
+        cwd=tmp_path,
+        env=clean_environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "stuck").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.2)
-        stacks = subprocess.run([sys.executable, "-m", "hpctrain", "debug", "stacks", "1", "--run-dir", "run",
-                                 "--wait", "15"], cwd=tmp_path, env=clean_environ(), capture_output=True, text=True,
-                                timeout=120)
+        stacks = subprocess.run(
+            [sys.executable, "-m", "hpctrain", "debug", "stacks", "1", "--run-dir", "run", "--wait", "15"],
+            cwd=tmp_path,
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert stacks.returncode == 0 and "no answer" not in stacks.stdout, stacks.stdout + stacks.stderr
-    assert "time.sleep" in (tmp_path / "run" / "stacks" / "rank-1.txt").read_text() or "stuck" in (
-        tmp_path / "run" / "stacks" / "rank-1.txt").read_text()
+    assert (
+        "time.sleep" in (tmp_path / "run" / "stacks" / "rank-1.txt").read_text()
+        or "stuck" in (tmp_path / "run" / "stacks" / "rank-1.txt").read_text()
+    )
     assert proc.returncode != 0
     report = (tmp_path / "run" / "hang" / "report.txt").read_text()
     assert "rank 1" in report and "outside any collective" in report, report + output

@@ -34,8 +34,16 @@ destroy_process_group()
 
 # Variables of launchers that may surround the test run itself; the workers must see only what we set.
 LAUNCHER_PREFIXES = ("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER")
-LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT"}
+LAUNCHER_VARS = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
@@ -54,8 +62,13 @@ def run_workers(tmp_path: Path, environs: list[dict[str, str]], *args: str) -> l
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     procs = [
-        subprocess.Popen([sys.executable, str(script), *args], env=clean_environ(**e), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=clean_environ(**e),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for e in environs
     ]
     results = []
@@ -99,7 +112,9 @@ def test_two_processes_meet_via_env(tmp_path: Path, style: str) -> None:
 @pytest.mark.slow
 def test_two_processes_meet_via_file(tmp_path: Path) -> None:
     url = (tmp_path / "rendezvous").as_uri()
-    environs = [{"RANK": str(rank), "WORLD_SIZE": "2"} for rank in range(2)]  # no MASTER_*: the file is the meeting point
+    environs = [
+        {"RANK": str(rank), "WORLD_SIZE": "2"} for rank in range(2)
+    ]  # no MASTER_*: the file is the meeting point
     check_world(run_workers(tmp_path, environs, url), "kubeflow", url)
 
 

@@ -46,7 +46,6 @@ except UserError as err:
 """
 
 
-
 def srun(args: list[str], cwd: Path) -> str:
     cmd = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--time=5", "--job-name=hpctrain-test", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=clean_environ(), capture_output=True, text=True, timeout=400)
@@ -58,8 +57,9 @@ def test_srun_tasks_detect_slurm_and_all_reduce(slurm_cluster: LocalSlurm, tmp_p
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = srun([sys.executable, str(script)], tmp_path)
-    results = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")),
-                     key=lambda r: r["env"]["rank"])
+    results = sorted(
+        (json.loads(line) for line in out.splitlines() if line.startswith("{")), key=lambda r: r["env"]["rank"]
+    )
     assert [r["env"]["rank"] for r in results] == [0, 1]
     job = int(results[0]["job"])
     for rank, r in enumerate(results):
@@ -84,8 +84,12 @@ def test_batch_shell_is_one_process_and_its_srun_tasks_are_the_world(slurm_clust
     (tmp_path / "probe.py").write_text(PROBE)
     py = sys.executable
     job = slurm_cluster.sbatch(
-        "--nodes=2", "--ntasks=2", "--time=5", "--output=job.out",
-        f"--wrap={py} probe.py batch && srun {py} probe.py task", cwd=tmp_path,
+        "--nodes=2",
+        "--ntasks=2",
+        "--time=5",
+        "--output=job.out",
+        f"--wrap={py} probe.py batch && srun {py} probe.py task",
+        cwd=tmp_path,
     )
     state = slurm_cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     out = (tmp_path / "job.out").read_text()
@@ -97,13 +101,18 @@ def test_batch_shell_is_one_process_and_its_srun_tasks_are_the_world(slurm_clust
             seen.setdefault(where, []).append(json.loads(payload))
     # The batch script has SLURM_PROCID=0 and SLURM_NTASKS=2 but is not a task: a single process, not rank 0 of 2.
     assert [(e["launcher"], e["world_size"]) for e in seen["batch"]] == [("none", 1)]
-    assert sorted((e["launcher"], e["rank"], e["world_size"]) for e in seen["task"]) == [("slurm", 0, 2), ("slurm", 1, 2)]
+    assert sorted((e["launcher"], e["rank"], e["world_size"]) for e in seen["task"]) == [
+        ("slurm", 0, 2),
+        ("slurm", 1, 2),
+    ]
 
 
 def test_srun_copies_of_standalone_torchrun_are_refused(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    out = srun([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                "probe.py", "worker"], tmp_path)
+    out = srun(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "probe.py", "worker"],
+        tmp_path,
+    )
     errors = [line for line in out.splitlines() if line.startswith("worker ERROR")]
     assert len(errors) == 2, out  # each copy formed its own world of one; both refuse
     assert all("separate worlds" in line and "SLURM_STEP_NUM_TASKS=2" in line for line in errors)

@@ -15,8 +15,11 @@ DOCKERFILE = ROOT / "examples" / "Dockerfile"
 
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) in order, comments and continuations handled as Docker does."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
-                                          if not line.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
 
 

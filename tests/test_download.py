@@ -34,7 +34,11 @@ def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [sys.executable, "-m", "hpctrain", "download", *args],
-        capture_output=True, text=True, timeout=120, env=env, **kwargs
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        **kwargs,
     )
 
 
@@ -127,7 +131,7 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             try:
                 for start in range(0, len(data), 1 << 16):
-                    self.wfile.write(data[start:start + (1 << 16)])
+                    self.wfile.write(data[start : start + (1 << 16)])
                     self.wfile.flush()
                     time.sleep(0.02)
             except OSError:  # the client went away
@@ -137,7 +141,7 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             try:
                 for i in range(min(len(data), 200)):
-                    self.wfile.write(data[i:i + 1])
+                    self.wfile.write(data[i : i + 1])
                     self.wfile.flush()
                     time.sleep(0.05)
             except OSError:
@@ -253,7 +257,10 @@ def test_cli_progress_bar_on_a_terminal(tmp_path, http_mirror, fashion_mnist_sou
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=env,
     )
     os.close(slave)
     chunks: list[bytes] = []
@@ -457,10 +464,25 @@ def test_cli_bad_arguments_exit_non_zero(tmp_path):
 
 def start_download_until_bytes_arrive(data_dir, mirror: str, capture: bool) -> subprocess.Popen:
     """`hpctrain download fashion-mnist` from `mirror` in a subprocess, returned once its partial file has bytes."""
-    output = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else \
-        {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "download", "fashion-mnist", "--data-dir",
-                             str(data_dir), "--mirror", mirror], **output)
+    output = (
+        {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        if capture
+        else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "download",
+            "fashion-mnist",
+            "--data-dir",
+            str(data_dir),
+            "--mirror",
+            mirror,
+        ],
+        **output,
+    )
     target = data_dir / "fashion-mnist"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -512,8 +534,11 @@ def test_an_installed_system_copy_is_used_before_the_network(tmp_path, http_mirr
 
     web = http_mirror(tmp_path / "empty-web-mirror")
     (tmp_path / "empty-web-mirror").mkdir()
-    spec = dataclasses.replace(get_dataset_spec("fashion-mnist"), mirrors=(web,),
-                               local_copies=(str(tmp_path / "not-installed"), str(fashion_mnist_source)))
+    spec = dataclasses.replace(
+        get_dataset_spec("fashion-mnist"),
+        mirrors=(web,),
+        local_copies=(str(tmp_path / "not-installed"), str(fashion_mnist_source)),
+    )
     paths = download(spec, tmp_path / "data", progress=False)
     assert len(paths) == 4 and all(p.is_file() for p in paths)
     assert http_mirror.requests(web) == [], "the network was not needed"
@@ -556,7 +581,9 @@ def test_a_trickling_mirror_is_abandoned_below_the_minimum_rate(tmp_path, misbeh
 
 def test_cli_trickling_mirror_fails_with_the_fix(tmp_path, misbehaving_server, fashion_mnist_source):
     slow, _ = misbehaving_server(fashion_mnist_source, "trickle")
-    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow, "--timeout", "0.5", "--min-rate", "1000")
+    result = run_cli(
+        "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", slow, "--timeout", "0.5", "--min-rate", "1000"
+    )
     assert result.returncode == 2, result.stderr
     assert f"- {slow}train-images-idx3-ubyte.gz: too slow:" in result.stderr
     assert "lower --min-rate" in result.stderr and "Traceback" not in result.stderr
@@ -610,7 +637,9 @@ def test_cli_password_in_a_mirror_url_is_never_printed(tmp_path, misbehaving_ser
     import base64
 
     url, _ = misbehaving_server(tmp_path / "nothing-here", "short")
-    result = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url.replace("http://", f"http://alice:{secret}@"))
+    result = run_cli(
+        "fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url.replace("http://", f"http://alice:{secret}@")
+    )
     assert result.returncode == 2 and "HTTP error 404" in result.stderr
     assert "s3cr" not in result.stderr and result.stderr.count("alice:***@127.0.0.1") >= 2
     sent = misbehaving_server.handlers[-1].authorization
@@ -622,7 +651,9 @@ def full_disk(tmp_path):
     """A 1 MiB tmpfs: writing a dataset file into it fails with ENOSPC (needs root, as CI runs)."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs to fill up (needs root): {result.stderr.strip()}")
     yield mount_point

@@ -13,18 +13,28 @@ from importlib import metadata
 import pytest
 import torch
 
-LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT"}
+LAUNCHER_VARS = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 
 
 def hpctrain_env(*args: str, **variables: str) -> subprocess.CompletedProcess:
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER"))
     }
     env.update(variables)
-    return subprocess.run([sys.executable, "-m", "hpctrain", "env", *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "env", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def slurm_client_version() -> str | None:
@@ -49,8 +59,15 @@ def test_text_report_has_what_a_bug_report_needs() -> None:
 
 
 def test_json_report_shows_the_detected_torchrun_worker() -> None:
-    proc = hpctrain_env("--json", RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
-                        MASTER_ADDR="head", MASTER_PORT="29400")
+    proc = hpctrain_env(
+        "--json",
+        RANK="1",
+        WORLD_SIZE="2",
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="head",
+        MASTER_PORT="29400",
+    )
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["torch"] == torch.__version__
@@ -63,7 +80,11 @@ def test_json_report_shows_the_detected_torchrun_worker() -> None:
         assert info["cudnn"] is not None and info["nccl"] is not None
     dist = info["distributed"]
     assert (dist["launcher"], dist["rank"], dist["world_size"], dist["master_addr"], dist["master_port"]) == (
-        "torchrun", 1, 2, "head", 29400
+        "torchrun",
+        1,
+        2,
+        "head",
+        29400,
     )
     assert info["launcher_variables"]["MASTER_PORT"] == "29400"
 
@@ -90,7 +111,11 @@ def test_provenance_records_the_versions_env_shows() -> None:
     info = json.loads(hpctrain_env("--json").stdout)
     recorded = versions()
     assert (recorded["cudnn"], recorded["nccl"], recorded["cuda"], recorded["torchvision"]) == (
-        info["cudnn"], info["nccl"], info["torch_cuda_build"], info["torchvision"])
+        info["cudnn"],
+        info["nccl"],
+        info["torch_cuda_build"],
+        info["torchvision"],
+    )
     if torch.backends.cudnn.is_available():
         assert recorded["cudnn"].count(".") == 2, recorded["cudnn"]
     if torch.distributed.is_nccl_available():  # the build carries NCCL even where no GPU is visible

@@ -43,16 +43,36 @@ def test_a_plain_install_beside_torch_2_2_and_numpy_1_keeps_them(tmp_path: Path)
             continue
         info = site / f"{name.replace('-', '_')}-{dist.version}.dist-info"
         info.mkdir(exist_ok=True)
-        (info / "METADATA").write_text(dist.read_text("METADATA") or f"Metadata-Version: 2.1\nName: {name}\n"
-                                       f"Version: {dist.version}\n")
+        (info / "METADATA").write_text(
+            dist.read_text("METADATA") or f"Metadata-Version: 2.1\nName: {name}\nVersion: {dist.version}\n"
+        )
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install",
-                           "--dry-run", "--quiet", "--report", str(report), "-e", str(ROOT)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(target / "bin" / "python"),
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--report",
+            str(report),
+            "-e",
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
-    chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"]
-              for item in json.loads(report.read_text())["install"]}
+    chosen = {
+        item["metadata"]["name"].lower(): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
     assert "opencv-python-headless" in chosen, chosen
     assert "numpy" not in chosen and "torch" not in chosen and "torchvision" not in chosen, (
-        f"a plain install would replace NumPy {numpy} / torch {torch}: {chosen}")
+        f"a plain install would replace NumPy {numpy} / torch {torch}: {chosen}"
+    )
     shutil.rmtree(target)

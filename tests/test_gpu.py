@@ -47,8 +47,23 @@ def worst_difference(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("recipe", ["fast", "classic"])
 def test_mnist_recipes_train_on_one_gpu(fashion_data_dir, tmp_path, recipe):
     run = tmp_path / "run"
-    ok(hpctrain("train", "mnist", *GPU_QUICK, "--recipe", recipe, "--epochs", "1", "--device", "cuda",
-                "--data-dir", str(fashion_data_dir), "--run-dir", str(run)))
+    ok(
+        hpctrain(
+            "train",
+            "mnist",
+            *GPU_QUICK,
+            "--recipe",
+            recipe,
+            "--epochs",
+            "1",
+            "--device",
+            "cuda",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run),
+        )
+    )
     assert resolved(run)["device"].startswith("cuda")
     record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     # It learned, on the GPU: 8 steps on 512 images reach about 40-55% (chance: 10%; the CPU gives 53.6%, an H200
@@ -76,22 +91,60 @@ def test_dataparallel_over_the_gpus(fashion_data_dir, tmp_path):
     """DataParallel over every GPU of the machine; with one GPU, the refusal that names --strategy single."""
     run = tmp_path / "run"
     if gpus() < 2:
-        result = hpctrain("train", "mnist", *GPU_QUICK, "--epochs", "1", "--device", "cuda", "--strategy", "dp",
-                          "--data-dir", str(fashion_data_dir), "--run-dir", str(run))
+        result = hpctrain(
+            "train",
+            "mnist",
+            *GPU_QUICK,
+            "--epochs",
+            "1",
+            "--device",
+            "cuda",
+            "--strategy",
+            "dp",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run),
+        )
         assert result.returncode == 2 and "on one GPU use --strategy single" in result.stderr, result.stderr
         pytest.skip("DataParallel needs two GPUs; one GPU gave the refusal that names --strategy single")
-    ok(hpctrain("train", "mnist", *GPU_QUICK, "--epochs", "1", "--device", "cuda", "--strategy", "dp",
-                "--data-dir", str(fashion_data_dir), "--run-dir", str(run)))
+    ok(
+        hpctrain(
+            "train",
+            "mnist",
+            *GPU_QUICK,
+            "--epochs",
+            "1",
+            "--device",
+            "cuda",
+            "--strategy",
+            "dp",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run),
+        )
+    )
     assert resolved(run)["strategy"] == "dp"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank (it refuses two ranks on one)")
 def test_ddp_over_two_gpus_with_nccl_resumes_exactly(fashion_data_dir, tmp_path):
-    common = ["train", "mnist", *GPU_QUICK, "--epochs", "2", "--nproc", "2", "--device", "cuda",
-              "--data-dir", str(fashion_data_dir)]
+    common = [
+        "train",
+        "mnist",
+        *GPU_QUICK,
+        "--epochs",
+        "2",
+        "--nproc",
+        "2",
+        "--device",
+        "cuda",
+        "--data-dir",
+        str(fashion_data_dir),
+    ]
     ok(hpctrain(*common, "--run-dir", str(tmp_path / "whole")))
-    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/",
-                                  signal.SIGUSR1)
+    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/", signal.SIGUSR1)
     assert status == 75, output
     ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume"))
     assert_bitwise_equal(final_weights(tmp_path / "whole"), final_weights(tmp_path / "cut"))
@@ -101,8 +154,19 @@ def test_library_example_under_torchrun_on_nccl(tmp_path):
     """NCCL init with device_id and the stop vote (agree) on an NCCL default group: a SIGUSR1 mid-run stops every
     rank after a checkpoint, and the relaunch finishes."""
     nproc = str(min(gpus(), 2))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", nproc,
-               str(EXAMPLE), "--run-dir", str(tmp_path / "run"), "--device", "cuda"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        nproc,
+        str(EXAMPLE),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--device",
+        "cuda",
+    ]
     env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -124,18 +188,36 @@ def test_imagenet_backends_on_the_gpu_resume_exactly(photo_folders, tmp_path, ba
     second uninterrupted run. This form has not run on a GPU yet."""
     if backend == "dali":
         pytest.importorskip("nvidia.dali")
-    common = ["train", "imagenet", str(photo_folders), *TINY, "--batch-size", "4", "--epochs", "2", "--device",
-              "cuda", "--data-backend", backend, "-j", "2", "--recipe", "classic", "--lr", "0.01"]
+    common = [
+        "train",
+        "imagenet",
+        str(photo_folders),
+        *TINY,
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--device",
+        "cuda",
+        "--data-backend",
+        backend,
+        "-j",
+        "2",
+        "--recipe",
+        "classic",
+        "--lr",
+        "0.01",
+    ]
     for whole in ("whole", "again"):
         ok(hpctrain(*common, "--run-dir", str(tmp_path / whole), timeout=600))
-    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/",
-                                  signal.SIGUSR1)
+    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/", signal.SIGUSR1)
     assert status == 75, output
     ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume", timeout=600))
     whole, again, cut = (final_weights(tmp_path / name) for name in ("whole", "again", "cut"))
     run_to_run, resumed = worst_difference(whole, again), worst_difference(whole, cut)
     assert resumed <= max(10 * run_to_run, 1e-6), (
-        f"{backend}: resumed weights differ by up to {resumed:g}; two uninterrupted runs by {run_to_run:g}")
+        f"{backend}: resumed weights differ by up to {resumed:g}; two uninterrupted runs by {run_to_run:g}"
+    )
 
 
 def test_health_cuda_paths_time_the_forward_pass_and_dump_the_flight_recorder(tmp_path, monkeypatch):
@@ -182,8 +264,21 @@ def test_the_fast_recipes_compute_in_the_gpus_native_type(fashion_data_dir, tmp_
     cuda = torch.device("cuda", 0)
     assert get_recipe("imagenet", "fast").precision(cuda) == expected
     assert get_recipe("mnist", "fast").precision(cuda) == expected
-    result = ok(hpctrain("train", "mnist", *GPU_QUICK, "--epochs", "1", "--device", "cuda",
-                         "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run")))
+    result = ok(
+        hpctrain(
+            "train",
+            "mnist",
+            *GPU_QUICK,
+            "--epochs",
+            "1",
+            "--device",
+            "cuda",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(tmp_path / "run"),
+        )
+    )
     assert f"cuda ({expected.why})" in result.stdout, result.stdout
 
 
@@ -244,8 +339,9 @@ def test_nvjpeg_on_its_own_stream_gives_the_cpu_decoders_batches(photo_folders):
     crops = RandomResizedCrop(size=(64, 64)), CenterCrop(size=(56, 56), resize=64)
 
     def batches(device):
-        source = make_loader(choose_backend("nvjpeg", device.type), found.train, found.val, LoaderConfig(workers=2),
-                             3, *crops, device)
+        source = make_loader(
+            choose_backend("nvjpeg", device.type), found.train, found.val, LoaderConfig(workers=2), 3, *crops, device
+        )
         plan = EpochPlan(len(found.train), 4, 1, 3)
         busy = torch.randn(2048, 2048, device="cuda")
         out = []

@@ -39,11 +39,37 @@ HOST = socket.gethostname()
 NOW = 1_000_000.0
 
 
-def record(rank: int, data_s: float, compute_s: float, step_s: float = 0.1, phase: str = "training",
-           waiting_in: str | None = None, step: int = 7, age: float = 1.0, world: int = 4,
-           collectives: int | None = None) -> RankProgress:
-    return RankProgress(rank, world, f"node{rank}", 100 + rank, phase, 1, step, step, 50, 10, step_s, data_s,
-                        compute_s, 640.0, waiting_in, collectives, NOW - age)
+def record(
+    rank: int,
+    data_s: float,
+    compute_s: float,
+    step_s: float = 0.1,
+    phase: str = "training",
+    waiting_in: str | None = None,
+    step: int = 7,
+    age: float = 1.0,
+    world: int = 4,
+    collectives: int | None = None,
+) -> RankProgress:
+    return RankProgress(
+        rank,
+        world,
+        f"node{rank}",
+        100 + rank,
+        phase,
+        1,
+        step,
+        step,
+        50,
+        10,
+        step_s,
+        data_s,
+        compute_s,
+        640.0,
+        waiting_in,
+        collectives,
+        NOW - age,
+    )
 
 
 # ---- stragglers
@@ -76,8 +102,10 @@ def test_stale_records_and_a_single_rank_are_not_compared() -> None:
 
 
 def test_the_report_names_a_silent_rank_as_the_culprit(tmp_path: Path) -> None:
-    records = [record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", step=8, world=2),
-               record(1, 0, 0, step=7, age=40, world=2)]
+    records = [
+        record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", step=8, world=2),
+        record(1, 0, 0, step=7, age=40, world=2),
+    ]
     report = hang_report(records, 2, 30, 10, tmp_path, NOW)
     assert report.culprits == ["rank 1 on node1"]
     assert report.summary() == "hung at step 8: rank 1 on node1 never arrived"
@@ -88,16 +116,22 @@ def test_the_report_names_a_silent_rank_as_the_culprit(tmp_path: Path) -> None:
 
 
 def test_the_report_names_a_rank_stuck_outside_a_collective_and_a_missing_one(tmp_path: Path) -> None:
-    records = [record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", step=8, world=3),
-               record(1, 0, 0, phase="hung", step=7, world=3)]
+    records = [
+        record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", step=8, world=3),
+        record(1, 0, 0, phase="hung", step=7, world=3),
+    ]
     report = hang_report(records, 3, 30, 10, tmp_path, NOW)
     assert report.culprits == ["rank 1 on node1", "rank 2"]
     assert "outside any collective" in report.text() and "rank 2: never wrote a progress record" in report.text()
 
 
 def test_when_every_rank_waits_in_the_same_place_nobody_is_blamed(tmp_path: Path) -> None:
-    records = [record(r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8, world=2,
-                      collectives=30) for r in range(2)]
+    records = [
+        record(
+            r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8, world=2, collectives=30
+        )
+        for r in range(2)
+    ]
     report = hang_report(records, 2, 30, 10, tmp_path, NOW)
     assert report.culprits == [] and "none found" in report.text()
 
@@ -105,11 +139,13 @@ def test_when_every_rank_waits_in_the_same_place_nobody_is_blamed(tmp_path: Path
 def test_a_victim_left_behind_by_a_half_done_collective_is_not_blamed(tmp_path: Path) -> None:
     # rank 2 stopped inside the stop vote after step 5: rank 0 had all it needed from it and went on to step 6's
     # backward; rank 1 still waits in the vote. Seen in benchmarks/hang_detection.py with three ranks.
-    records = [record(0, 0, 0, phase="hung", waiting_in="step 6's gradient all-reduce (backward)", step=6, world=3,
-                      collectives=20),
-               record(1, 0, 0, phase="hung", waiting_in="the stop vote after step 5", step=5, world=3,
-                      collectives=18),
-               record(2, 0, 0, step=5, age=12, world=3)]
+    records = [
+        record(
+            0, 0, 0, phase="hung", waiting_in="step 6's gradient all-reduce (backward)", step=6, world=3, collectives=20
+        ),
+        record(1, 0, 0, phase="hung", waiting_in="the stop vote after step 5", step=5, world=3, collectives=18),
+        record(2, 0, 0, step=5, age=12, world=3),
+    ]
     report = hang_report(records, 3, 30, 10, tmp_path, NOW)
     assert report.culprits == ["rank 2 on node2"]
     assert "rank 1 on node1: waits in the stop vote after step 5, one collective behind the others" in report.text()
@@ -117,8 +153,12 @@ def test_a_victim_left_behind_by_a_half_done_collective_is_not_blamed(tmp_path: 
 
 def test_a_rank_behind_the_others_is_the_culprit_even_inside_a_collective_context(tmp_path: Path) -> None:
     # rank 2's forward pass never returned (it counts as DDP's forward collective); the others wait in backward
-    records = [record(r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8,
-                      world=3, collectives=31) for r in (0, 1)]
+    records = [
+        record(
+            r, 0, 0, phase="hung", waiting_in="step 9's gradient all-reduce (backward)", step=8, world=3, collectives=31
+        )
+        for r in (0, 1)
+    ]
     records.append(record(2, 0, 0, phase="hung", waiting_in="step 9's forward pass", step=8, world=3, collectives=30))
     report = hang_report(records, 3, 30, 10, tmp_path, NOW)
     assert report.culprits == ["rank 2 on node2"]
@@ -130,14 +170,18 @@ def test_status_lines_of_a_run_that_ended_hung(tmp_path: Path) -> None:
     from hpctrain.health.hang import report_path
     from hpctrain.health.view import hang_lines
 
-    records = [record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", world=2), record(1, 0, 0, world=2)]
+    records = [
+        record(0, 0, 0, phase="hung", waiting_in="the stop vote after step 8", world=2),
+        record(1, 0, 0, world=2),
+    ]
     report_path(tmp_path).parent.mkdir()
     report_path(tmp_path).write_text(hang_report(records, 2, 30, 10, tmp_path, NOW).text())
     (tmp_path / "stop_reason").write_text("hung\n")
     assert hang_lines(tmp_path) == [
         "hung: no training step completed for 30 s (limit 10 s; --hang-timeout)",
         "culprit: rank 1 on node1 never arrived in the stop vote after step 8, where the other ranks wait",
-        f"stacks and the full report: {tmp_path / 'hang'}/"]
+        f"stacks and the full report: {tmp_path / 'hang'}/",
+    ]
     (tmp_path / "stop_reason").write_text("completed\n")  # a later attempt finished: nothing to say
     assert hang_lines(tmp_path) == []
 
@@ -167,17 +211,23 @@ def test_gpu_runs_get_the_nccl_flight_recorder_without_overriding_the_user(tmp_p
 def test_a_slow_or_failed_rank_makes_its_node_sick() -> None:
     from hpctrain.health.preflight import RankCheck, judge
 
-    checks = [RankCheck(0, "n1", 100.0), RankCheck(1, "n1", 96.0), RankCheck(2, "n2", 30.0),
-              RankCheck(3, "n3", None, "RuntimeError: CUDA error: an illegal memory access")]
+    checks = [
+        RankCheck(0, "n1", 100.0),
+        RankCheck(1, "n1", 96.0),
+        RankCheck(2, "n2", 30.0),
+        RankCheck(3, "n3", None, "RuntimeError: CUDA error: an illegal memory access"),
+    ]
     verdict = judge(checks, 1.5)
     assert verdict.bad_nodes == ["n2", "n3"] and verdict.median_gflops == 96.0
     assert verdict.lines() == [
         "preflight: node n2 is sick: rank 2's GEMM runs at 30.0 GFLOP/s, 31% of the median rank's 96.0 (below 50%)",
         "preflight: node n3 is sick: rank 3's check failed: RuntimeError: CUDA error: an illegal memory access",
-        "preflight: submit away from them with --exclude-nodes n2,n3"]
+        "preflight: submit away from them with --exclude-nodes n2,n3",
+    ]
     fine = judge(checks[:2] + [RankCheck(2, "n2", 60.0)], 1.5)
     assert fine.bad == {} and fine.lines() == [
-        "preflight: 3 rank(s) on 2 node(s) passed (96.0 GFLOP/s median GEMM, all-reduce 1.50 GB/s)"]
+        "preflight: 3 rank(s) on 2 node(s) passed (96.0 GFLOP/s median GEMM, all-reduce 1.50 GB/s)"
+    ]
 
 
 def test_a_node_whose_every_link_is_slow_is_sick_and_one_slow_link_blames_nobody() -> None:
@@ -219,8 +269,11 @@ def test_the_preflight_is_on_by_default_only_for_gpu_jobs_on_several_nodes() -> 
     from hpctrain.training.preflight import wanted
 
     def run(nodes: int, device: str, chosen: bool | None = None, only: bool = False) -> SimpleNamespace:
-        return SimpleNamespace(cfg=SimpleNamespace(preflight=chosen, preflight_only=only),
-                               env=SimpleNamespace(num_nodes=nodes), device=torch.device(device))
+        return SimpleNamespace(
+            cfg=SimpleNamespace(preflight=chosen, preflight_only=only),
+            env=SimpleNamespace(num_nodes=nodes),
+            device=torch.device(device),
+        )
 
     assert wanted(run(2, "cuda")) and not wanted(run(1, "cuda"))
     assert not wanted(run(4, "cpu"))  # shared CPU nodes: a busy neighbour is not a sick node
@@ -308,14 +361,40 @@ def test_a_stack_request_is_answered_with_every_threads_stack(tmp_path: Path) ->
 # ---- for real: two ranks under torchrun
 
 
-def torchrun(data_dir: Path, run_dir: Path, *args: str, env: dict[str, str] | None = None,
-             entry: tuple[str, ...] = ("-m", "hpctrain")) -> subprocess.Popen[str]:
+def torchrun(
+    data_dir: Path,
+    run_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    entry: tuple[str, ...] = ("-m", "hpctrain"),
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
-         "0", *entry, "train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir),
-         "--run-dir", str(run_dir), *args],
-        env={**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})}, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            *entry,
+            "train",
+            "mnist",
+            *QUICK,
+            "--recipe",
+            "classic",
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+            *args,
+        ],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.mark.slow
@@ -347,10 +426,22 @@ def test_a_frozen_rank_is_found_named_and_the_attempt_ends_as_hung(fashion_data_
 def test_a_rank_whose_forward_pass_never_returns_is_named_as_behind(fashion_data_dir, tmp_path) -> None:
     run_dir = tmp_path / "run"
     said = tmp_path / "termination-log"  # what a Kubernetes pod's status would show (its terminationMessagePath)
-    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "stall", "HPCTRAIN_TEST_AILING_S": "5",
-           "HPCTRAIN_TERMINATION_LOG": str(said)}
-    process = torchrun(fashion_data_dir, run_dir, "--train-limit", "8192", "--hang-timeout", "4", env=env,
-                       entry=(str(Path(__file__).with_name("ailing_rank.py")),))
+    env = {
+        "HPCTRAIN_TEST_AILING_RANK": "1",
+        "HPCTRAIN_TEST_AILING": "stall",
+        "HPCTRAIN_TEST_AILING_S": "5",
+        "HPCTRAIN_TERMINATION_LOG": str(said),
+    }
+    process = torchrun(
+        fashion_data_dir,
+        run_dir,
+        "--train-limit",
+        "8192",
+        "--hang-timeout",
+        "4",
+        env=env,
+        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+    )
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0, output
     assert said.read_text().startswith("hung at step ") and said.read_text().endswith("hang/report.txt"), output
@@ -366,8 +457,15 @@ def test_a_rank_whose_forward_pass_never_returns_is_named_as_behind(fashion_data
 def test_the_preflight_passes_or_stops_before_the_first_step_naming_the_node(fashion_data_dir, tmp_path, sick):
     run_dir = tmp_path / "run"
     env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "sick-gemm"} if sick else {}
-    process = torchrun(fashion_data_dir, run_dir, "--epochs", "1", "--preflight", env=env,
-                       entry=(str(Path(__file__).with_name("ailing_rank.py")),))
+    process = torchrun(
+        fashion_data_dir,
+        run_dir,
+        "--epochs",
+        "1",
+        "--preflight",
+        env=env,
+        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+    )
     output, _ = process.communicate(timeout=300)
     record = json.loads((run_dir / "preflight.json").read_text())
     assert [c["rank"] for c in record["checks"]] == [0, 1] and record["allreduce_gbps"] > 0
@@ -390,13 +488,42 @@ def test_the_preflight_names_the_node_whose_links_are_slow(fashion_data_dir, tmp
     twentieth of its exchanges' rates, so both of node2's links are slow and node0-node1's is not."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", "--max-restarts",
-         "0", str(Path(__file__).with_name("ailing_rank.py")), "train", "mnist", *QUICK, "--recipe", "classic",
-         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--epochs", "1", "--batch-size", "66",
-         "--preflight"],
-        env={**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_NODE_PER_RANK": "1",
-             "HPCTRAIN_TEST_AILING_RANK": "2", "HPCTRAIN_TEST_AILING": "sick-link"},
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "3",
+            "--max-restarts",
+            "0",
+            str(Path(__file__).with_name("ailing_rank.py")),
+            "train",
+            "mnist",
+            *QUICK,
+            "--recipe",
+            "classic",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "66",
+            "--preflight",
+        ],
+        env={
+            **clean_environ(),
+            "PYTHONUNBUFFERED": "1",
+            "HPCTRAIN_TEST_NODE_PER_RANK": "1",
+            "HPCTRAIN_TEST_AILING_RANK": "2",
+            "HPCTRAIN_TEST_AILING": "sick-link",
+        },
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     output, _ = process.communicate(timeout=300)
     record = json.loads((run_dir / "preflight.json").read_text())
     assert sorted(record["links_gbps"]) == ["node0-node1", "node0-node2", "node1-node2"], record
@@ -410,8 +537,16 @@ def test_the_preflight_names_the_node_whose_links_are_slow(fashion_data_dir, tmp
 def test_a_slow_rank_is_named_as_the_straggler_with_its_cause(fashion_data_dir, tmp_path, cause) -> None:
     run_dir = tmp_path / "run"
     env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": cause, "HPCTRAIN_TEST_AILING_S": "0.03"}
-    process = torchrun(fashion_data_dir, run_dir, "--train-limit", "6144", "--epochs", "1", env=env,
-                       entry=(str(Path(__file__).with_name("ailing_rank.py")),))
+    process = torchrun(
+        fashion_data_dir,
+        run_dir,
+        "--train-limit",
+        "6144",
+        "--epochs",
+        "1",
+        env=env,
+        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+    )
     output_lines: list[str] = []
     wait_for(process, "epoch 1/1 step", output_lines)
     if cause == "input":  # while it trains: `hpctrain debug stacks`, answered by both ranks' watchdog threads
@@ -453,11 +588,17 @@ def test_status_names_what_replicas_said_and_the_flag_for_sick_nodes() -> None:
     from hpctrain.schedulers.kubernetes.display import ended_lines
 
     said = ("sick_node: gpu07", "sick_node: gpu07", "hung at step 5: rank 1 on w-1 never arrived; the report: R")
-    status = JobStatus(job_id="j", state="FAILED", replicas=tuple(
-        ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)))
+    status = JobStatus(
+        job_id="j",
+        state="FAILED",
+        replicas=tuple(
+            ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)
+        ),
+    )
     assert ended_lines(status) == [
         "ended: worker-0, worker-1: sick_node: gpu07",
         "ended: worker-2: hung at step 5: rank 1 on w-1 never arrived; the report: R",
         "sick node(s) gpu07: pods restart in place, on the same nodes; submit again away from them with `hpctrain "
-        "submit --exclude-nodes gpu07 ...` (and `train ... --resume` to continue from the newest checkpoint)"]
+        "submit --exclude-nodes gpu07 ...` (and `train ... --resume` to continue from the newest checkpoint)",
+    ]
     assert ended_lines(JobStatus(job_id="j", state="RUNNING")) == []

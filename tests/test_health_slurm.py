@@ -32,13 +32,35 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 EPOCHS = 2
 
 
-def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(slurm_cluster, tmp_path: Path,
-                                                                   fashion_data_dir: Path) -> None:
+def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     reference = reference_run(tmp_path / "reference", fashion_data_dir, EPOCHS, nproc=2)
-    result = hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nproc-per-node", "2",
-                      "--time", "20", "--max-hang-restarts", "1", "train", "mnist", *TRAIN, "--data-dir",
-                      str(fashion_data_dir), "--epochs", str(EPOCHS), "--checkpoint-every", "16",
-                      "--hang-timeout", "5", cwd=tmp_path)
+    result = hpctrain(
+        "submit",
+        "--output",
+        "job-%j.out",
+        "--launcher",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        "--time",
+        "20",
+        "--max-hang-restarts",
+        "1",
+        "train",
+        "mnist",
+        *TRAIN,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--epochs",
+        str(EPOCHS),
+        "--checkpoint-every",
+        "16",
+        "--hang-timeout",
+        "5",
+        cwd=tmp_path,
+    )
     job_id = ok(result).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
     job.wait_for_log("epoch 1/")  # a progress line: training is under way
@@ -65,22 +87,48 @@ def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(slurm_cluster
     status = ok(hpctrain("status", job_id, "--scheduler", "slurm")).stdout  # the controller still knows the job
     assert "run dir:" in status and str(job.run_dir.name) in status
     # The requeued attempt may have landed on the other node: the rows name the node each rank ran on last.
-    rows = [line.split() for line in status.splitlines()
-            if line.split()[:1] in (["0"], ["1"]) and line.split()[1:2] in (["node1"], ["node2"])]
+    rows = [
+        line.split()
+        for line in status.splitlines()
+        if line.split()[:1] in (["0"], ["1"]) and line.split()[1:2] in (["node1"], ["node2"])
+    ]
     assert [row[2] for row in rows] == ["finished", "finished"], status
 
 
-def test_a_sick_node_found_by_the_preflight_is_left_out_of_the_requeued_job(slurm_cluster, tmp_path: Path,
-                                                                              fashion_data_dir: Path) -> None:
+def test_a_sick_node_found_by_the_preflight_is_left_out_of_the_requeued_job(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     # Whatever node the first attempt lands on is "sick": one of its devices is slow (tests/ailing_rank.py: rank 1's
     # preflight GEMM reports a twentieth of its rate, in the first attempt only). The local cluster has two nodes,
     # so the requeued attempt has one left.
     wrapper = Path(__file__).with_name("ailing_rank.py")
     env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "sick-gemm", "HPCTRAIN_TEST_AILING_ONCE": "1"}
-    result = hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nproc-per-node", "2",
-                      "--time", "20", "--run-dir", "runs/sick-%j", "--", sys.executable, str(wrapper), "train",
-                      "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "1", "--preflight",
-                      cwd=tmp_path, env=env)
+    result = hpctrain(
+        "submit",
+        "--output",
+        "job-%j.out",
+        "--launcher",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        "--time",
+        "20",
+        "--run-dir",
+        "runs/sick-%j",
+        "--",
+        sys.executable,
+        str(wrapper),
+        "train",
+        "mnist",
+        *TRAIN,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--epochs",
+        "1",
+        "--preflight",
+        cwd=tmp_path,
+        env=env,
+    )
     job_id = ok(result).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"sick-{job_id}")
     job.follow()
@@ -98,11 +146,28 @@ def test_a_sick_node_found_by_the_preflight_is_left_out_of_the_requeued_job(slur
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
 
 
-def test_check_preflight_runs_the_check_as_a_job_of_its_own(slurm_cluster, tmp_path: Path,
-                                                            fashion_data_dir: Path) -> None:
-    result = hpctrain("check", "--preflight", "--launcher", "torchrun", "--nodes", "2", "--nproc-per-node", "1",
-                      "--time", "20", "train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), cwd=tmp_path,
-                      timeout=600)
+def test_check_preflight_runs_the_check_as_a_job_of_its_own(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
+    result = hpctrain(
+        "check",
+        "--preflight",
+        "--launcher",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--time",
+        "20",
+        "train",
+        "mnist",
+        *TRAIN,
+        "--data-dir",
+        str(fashion_data_dir),
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("ok: ") and "preflight: job " in result.stdout
     assert "preflight: 2 rank(s) on 2 node(s) passed (" in result.stdout, result.stdout
@@ -114,8 +179,23 @@ def test_check_preflight_runs_the_check_as_a_job_of_its_own(slurm_cluster, tmp_p
 def test_exclude_nodes_keeps_the_job_off_them(slurm_cluster, tmp_path: Path) -> None:
     # Both nodes of the local cluster are free; excluded, node1 is never used, whichever Slurm would pick first.
     for excluded, expected in (("node1", "node2"), ("node2", "node1")):
-        result = hpctrain("submit", "--launcher", "single", "--time", "5", "--output", f"job-{excluded}.out",
-                          "--exclude-nodes", excluded, "--wait", "--", "sh", "-c", 'echo "ran on $SLURMD_NODENAME"',
-                          cwd=tmp_path, timeout=300)
+        result = hpctrain(
+            "submit",
+            "--launcher",
+            "single",
+            "--time",
+            "5",
+            "--output",
+            f"job-{excluded}.out",
+            "--exclude-nodes",
+            excluded,
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            'echo "ran on $SLURMD_NODENAME"',
+            cwd=tmp_path,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"ran on {expected}\n" in (tmp_path / f"job-{excluded}.out").read_text()

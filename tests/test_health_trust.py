@@ -81,9 +81,11 @@ def test_debug_stacks_refuses_a_linked_stacks_folder_in_one_line(tmp_path: Path)
     (run / "stacks").symlink_to(elsewhere, target_is_directory=True)
     result = hpctrain("debug", "stacks", "1", "--run-dir", str(run), "--wait", "1", "--scheduler", "slurm")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert result.stderr == (f"hpctrain debug: error: {run}/stacks is a symbolic link (to {elsewhere}); hpctrain "
-                             "writes this folder itself and never through a link. Remove the link (copy the folder "
-                             "it points to in its place if you need its contents), or choose another --run-dir\n")
+    assert result.stderr == (
+        f"hpctrain debug: error: {run}/stacks is a symbolic link (to {elsewhere}); hpctrain "
+        "writes this folder itself and never through a link. Remove the link (copy the folder "
+        "it points to in its place if you need its contents), or choose another --run-dir\n"
+    )
     assert os.listdir(elsewhere) == []
 
 
@@ -178,8 +180,13 @@ def test_the_pods_exec_script_asks_and_counts_the_same_way(tmp_path: Path) -> No
 
     threading.Thread(target=answer, daemon=True).start()
     try:
-        shell = subprocess.run(["sh", "-c", stacks_request(2, 20)], env={**os.environ, "HPCTRAIN_RUN_DIR": str(run)},
-                               capture_output=True, text=True, timeout=60)
+        shell = subprocess.run(
+            ["sh", "-c", stacks_request(2, 20)],
+            env={**os.environ, "HPCTRAIN_RUN_DIR": str(run)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         stop.set()
     got = parse_stacks(shell.stdout)
@@ -192,15 +199,18 @@ def test_the_pods_exec_script_asks_and_counts_the_same_way(tmp_path: Path) -> No
 
 
 def test_a_single_process_report_names_the_process_itself_and_where() -> None:
-    record = RankProgress(0, 1, "node0", 100, "hung", 1, 6, 6, 50, waiting_in="step 6's forward pass",
-                          updated=1000.0)
+    record = RankProgress(0, 1, "node0", 100, "hung", 1, 6, 6, 50, waiting_in="step 6's forward pass", updated=1000.0)
     report = hang_report([record], 1, 130.0, 120.0, Path("/run"), 1001.0, here="stalled (ailing_rank.py:70)")
     verdict = report.lines[-1]
-    assert verdict.startswith("culprit: the process itself (rank 0 on node0, the only one) is stuck in step 6's "
-                              "forward pass, at stalled (ailing_rank.py:70)"), report.text()
+    assert verdict.startswith(
+        "culprit: the process itself (rank 0 on node0, the only one) is stuck in step 6's "
+        "forward pass, at stalled (ailing_rank.py:70)"
+    ), report.text()
     assert "network" not in verdict.split(";")[0] and "collective backend" not in report.text()
-    assert report.summary() == ("hung at step 6: the process itself (rank 0 on node0, the only one) is stuck in "
-                                "step 6's forward pass, at stalled (ailing_rank.py:70)")
+    assert report.summary() == (
+        "hung at step 6: the process itself (rank 0 on node0, the only one) is stuck in "
+        "step 6's forward pass, at stalled (ailing_rank.py:70)"
+    )
 
 
 # ---- B7: a suspended process is not a hung one
@@ -227,8 +237,14 @@ PHASE_SCRIPT = textwrap.dedent("""
 def test_a_process_suspended_in_a_long_phase_is_not_hung_when_it_continues(tmp_path: Path) -> None:
     """Stopped for twice its long-phase limit and continued: the phase ends normally. Then a phase that truly
     never ends: the watchdog still fires."""
-    process = subprocess.Popen([sys.executable, "-c", PHASE_SCRIPT], env={**clean_environ(), "PYTHONUNBUFFERED": "1"},
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", PHASE_SCRIPT],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output: list[str] = []
     try:
         wait_for(process, "checkpointing", output)
@@ -255,11 +271,33 @@ def test_a_process_suspended_in_a_long_phase_is_not_hung_when_it_continues(tmp_p
 def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_data_dir, tmp_path) -> None:
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "train", "mnist", *QUICK, "--train-limit", "2048", "--recipe", "classic",
-         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--hang-timeout", "3", "--print-freq", "4",
-         "--epochs", "1"],
-        env={**clean_environ(), "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "train",
+            "mnist",
+            *QUICK,
+            "--train-limit",
+            "2048",
+            "--recipe",
+            "classic",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--hang-timeout",
+            "3",
+            "--print-freq",
+            "4",
+            "--epochs",
+            "1",
+        ],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1"},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     output: list[str] = []
     try:
         wait_for(process, "step 8/", output)
@@ -283,17 +321,43 @@ def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_da
 def test_a_hang_is_said_and_ends_the_process_even_when_its_files_block(fashion_data_dir, tmp_path) -> None:
     """One process whose forward pass never returns, on a file system whose fsync under RUN/hang/ never returns."""
     run_dir = tmp_path / "run"
-    env = {**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_AILING": "stall", "HPCTRAIN_TEST_AILING_S": "5",
-           "HPCTRAIN_TEST_HUNG_FS": "1"}
+    env = {
+        **clean_environ(),
+        "PYTHONUNBUFFERED": "1",
+        "HPCTRAIN_TEST_AILING": "stall",
+        "HPCTRAIN_TEST_AILING_S": "5",
+        "HPCTRAIN_TEST_HUNG_FS": "1",
+    }
     result = subprocess.run(
-        [sys.executable, AILING, "train", "mnist", *QUICK, "--train-limit", "2048", "--recipe", "classic",
-         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--hang-timeout", "3"],
-        env=env, text=True, capture_output=True, timeout=300)
+        [
+            sys.executable,
+            AILING,
+            "train",
+            "mnist",
+            *QUICK,
+            "--train-limit",
+            "2048",
+            "--recipe",
+            "classic",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--hang-timeout",
+            "3",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     text = result.stdout + result.stderr
     assert result.returncode == EXIT_HUNG, text
     assert f"hpctrain: rank 0 on {HOST}: no training step for " in text
-    assert ("hpctrain: culprit: the process itself (rank 0 on " + HOST + ", the only one) is stuck in step 6's "
-            "forward pass, at stalled (") in text and "ailing_rank.py:" in text
+    assert (
+        "hpctrain: culprit: the process itself (rank 0 on " + HOST + ", the only one) is stuck in step 6's "
+        "forward pass, at stalled ("
+    ) in text and "ailing_rank.py:" in text
     assert "were not written within 3 s (its file system blocks?); ending without them" in text
     assert not (run_dir / "hang" / "report.txt").exists()  # its fsync never returned
 
@@ -306,13 +370,43 @@ def test_keeping_the_best_checkpoint_does_not_make_the_other_ranks_wait(fashion_
     """Rank 0's background writes take 8 s longer than the 3 s hang limit: an improved epoch must not hold rank 1
     up after the checkpoint's barrier."""
     run_dir = tmp_path / "run"
-    env = {**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_AILING_RANK": "0",
-           "HPCTRAIN_TEST_AILING": "slow-writes", "HPCTRAIN_TEST_AILING_S": "8"}
+    env = {
+        **clean_environ(),
+        "PYTHONUNBUFFERED": "1",
+        "HPCTRAIN_TEST_AILING_RANK": "0",
+        "HPCTRAIN_TEST_AILING": "slow-writes",
+        "HPCTRAIN_TEST_AILING_S": "8",
+    }
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
-         "0", AILING, "train", "mnist", *QUICK, "--recipe", "classic", "--epochs", "2",
-         "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--hang-timeout", "3"],
-        env=env, text=True, capture_output=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            AILING,
+            "train",
+            "mnist",
+            *QUICK,
+            "--recipe",
+            "classic",
+            "--epochs",
+            "2",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--hang-timeout",
+            "3",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     text = result.stdout + result.stderr
     assert result.returncode == 0 and "no training step" not in text, text
     best = run_dir / "checkpoints" / "checkpoint_best.pt"

@@ -38,7 +38,10 @@ def test_references_enroot_form_and_mirror() -> None:
     assert ngc.filename("sqsh") == "pytorch_24.04-py3.sqsh"
     assert parse_ref("docker://nvcr.io#nvidia/pytorch:24.04-py3") == ngc
     hub = parse_ref("docker://ubuntu:22.04")
-    assert with_mirror(hub, "mirror.example.org:5000").docker_uri() == "docker://mirror.example.org:5000/library/ubuntu:22.04"
+    assert (
+        with_mirror(hub, "mirror.example.org:5000").docker_uri()
+        == "docker://mirror.example.org:5000/library/ubuntu:22.04"
+    )
     with pytest.raises(UserError, match="mirrors Docker Hub"):
         with_mirror(ngc, "mirror.example.org")
     for bad in ("nvcr.io/x:1", "docker://Upper/case", "docker://x:bad tag"):
@@ -49,14 +52,18 @@ def test_references_enroot_form_and_mirror() -> None:
 
 
 def test_pull_sif_then_skip(tools: dict, tmp_path: Path) -> None:
-    result = hpctrain("image", "pull", "docker://nvcr.io/nvidia/pytorch:24.04-py3", "--to", str(tmp_path / "img"), env=tools["env"])
+    result = hpctrain(
+        "image", "pull", "docker://nvcr.io/nvidia/pytorch:24.04-py3", "--to", str(tmp_path / "img"), env=tools["env"]
+    )
     assert result.returncode == 0, result.stderr
     image = tmp_path / "img" / "pytorch_24.04-py3.sif"
     assert image_format(image) == "sif" and f"pulled {image}" in result.stdout and "KiB" in result.stdout
     [call] = calls(tools["log"])
     assert call[:2] == ["apptainer", "pull"] and call[3] == "docker://nvcr.io/nvidia/pytorch:24.04-py3"
     assert Path(call[2]).parent == image.parent and Path(call[2]).name.startswith(".partial-")
-    again = hpctrain("image", "pull", "docker://nvcr.io/nvidia/pytorch:24.04-py3", "--to", str(tmp_path / "img"), env=tools["env"])
+    again = hpctrain(
+        "image", "pull", "docker://nvcr.io/nvidia/pytorch:24.04-py3", "--to", str(tmp_path / "img"), env=tools["env"]
+    )
     assert again.returncode == 0 and "already there and valid" in again.stdout
     assert len(calls(tools["log"])) == 1  # not pulled again
     listed = hpctrain("image", "list", str(tmp_path / "img"), env=tools["env"])
@@ -65,8 +72,16 @@ def test_pull_sif_then_skip(tools: dict, tmp_path: Path) -> None:
 
 def test_pull_sqsh_with_enroot_and_mirror(tools: dict, tmp_path: Path) -> None:
     env = only(tools["env"], "apptainer", tools["bin"])
-    result = hpctrain("image", "pull", "docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime", "--to", str(tmp_path),
-                      "--registry-mirror", "mirror.example.org", env=env)
+    result = hpctrain(
+        "image",
+        "pull",
+        "docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
+        "--to",
+        str(tmp_path),
+        "--registry-mirror",
+        "mirror.example.org",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     [call] = calls(tools["log"])
     assert call[:3] == ["enroot", "import", "--output"]
@@ -76,7 +91,9 @@ def test_pull_sqsh_with_enroot_and_mirror(tools: dict, tmp_path: Path) -> None:
 
 def test_failed_pull_leaves_nothing(tools: dict, tmp_path: Path) -> None:
     env = {**tools["env"], "STANDIN_FAIL": "1"}
-    result = hpctrain("image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path / "img"), "--format", "sif", env=env)
+    result = hpctrain(
+        "image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path / "img"), "--format", "sif", env=env
+    )
     assert result.returncode == 2 and "failed" in result.stderr and "Traceback" not in result.stderr
     assert list((tmp_path / "img").iterdir()) == []
 
@@ -86,7 +103,9 @@ def test_refuses_inside_an_allocation_and_without_tools(tools: dict, tmp_path: P
     result = hpctrain("image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path), env=inside)
     assert result.returncode == 2 and "inside Slurm job 42" in result.stderr and "--force" in result.stderr
     assert calls(tools["log"]) == []
-    assert hpctrain("image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path), "--force", env=inside).returncode == 0
+    assert (
+        hpctrain("image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path), "--force", env=inside).returncode == 0
+    )
     bare = {**tools["env"], "PATH": "/usr/bin:/bin"}
     result = hpctrain("image", "pull", "docker://ubuntu:22.04", "--to", str(tmp_path), env=bare)
     assert result.returncode == 2 and "neither apptainer nor enroot" in result.stderr

@@ -33,8 +33,14 @@ SMALL_EVAL = CenterCrop(size=(56, 56), resize=64)
 
 def _source(data: Path, workers: int = 0, skip: bool = False, seed: int = 3) -> ImageFolderSource:
     found = find_image_folders(data)
-    return ImageFolderSource(found.train, found.val, LoaderConfig(workers=workers, skip_bad_images=skip), seed,
-                             train_crop=SMALL, eval_crop=SMALL_EVAL)
+    return ImageFolderSource(
+        found.train,
+        found.val,
+        LoaderConfig(workers=workers, skip_bad_images=skip),
+        seed,
+        train_crop=SMALL,
+        eval_crop=SMALL_EVAL,
+    )
 
 
 def _epoch(source: ImageFolderSource, plan: EpochPlan, epoch: int, start: int, rank: int) -> list:
@@ -120,8 +126,12 @@ def test_random_resized_crop_bounds_and_torchvision_fallback() -> None:
     assert min(fractions) < 0.12 and max(fractions) > 0.9  # the whole scale range is used
     import torchvision.transforms as T
 
-    cases = [(10, 1000, (0.08, 1.0), (3 / 4, 4 / 3)), (1000, 10, (0.08, 1.0), (3 / 4, 4 / 3)),
-             (20, 20, (0.9, 1.0), (5.0, 6.0)), (30, 40, (1.5, 2.0), (3 / 4, 4 / 3))]
+    cases = [
+        (10, 1000, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (1000, 10, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (20, 20, (0.9, 1.0), (5.0, 6.0)),
+        (30, 40, (1.5, 2.0), (3 / 4, 4 / 3)),
+    ]
     for height, width, scale, ratio in cases:  # no try can succeed: torchvision's deterministic fallback
         expected = T.RandomResizedCrop.get_params(torch.zeros(1, height, width), list(scale), list(ratio))
         assert random_resized_box(height, width, scale, ratio, np.random.default_rng(1)) == tuple(expected)
@@ -171,8 +181,9 @@ def test_batch_content_matches_the_plan_and_crops(photo_folders: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_corrupt_image_stops_the_epoch_naming_it_or_is_skipped(photo_folders: Path, tmp_path: Path,
-                                                             workers: int) -> None:
+def test_corrupt_image_stops_the_epoch_naming_it_or_is_skipped(
+    photo_folders: Path, tmp_path: Path, workers: int
+) -> None:
     data = tmp_path / "data"
     shutil.copytree(photo_folders / "train", data / "train")
     bad = data / "train" / "n0002_color" / "broken.JPEG"
@@ -227,8 +238,11 @@ def test_shared_memory_check(tmp_path: Path) -> None:
     available = stats.f_bavail * stats.f_frsize
     batch = int(available / (3 * 2.5))  # 2 workers' queues fit, 3 do not
     config = LoaderConfig(workers=3, prefetch_factor=2, shm_path=str(tmp_path))
-    with pytest.raises(UserError, match=rf"{tmp_path} has \d+ MiB free, but 1 process\(es\) x 3 data workers x 3 "
-                                        r"batches .* use fewer data workers \(--workers 2\), .*--shm-size"):
+    with pytest.raises(
+        UserError,
+        match=rf"{tmp_path} has \d+ MiB free, but 1 process\(es\) x 3 data workers x 3 "
+        r"batches .* use fewer data workers \(--workers 2\), .*--shm-size",
+    ):
         check_shared_memory(batch, config)
     check_shared_memory(batch, LoaderConfig(workers=2, prefetch_factor=2, shm_path=str(tmp_path)))
     check_shared_memory(10 * available, LoaderConfig(workers=0, shm_path=str(tmp_path)))  # no workers, no shm
@@ -240,8 +254,13 @@ def test_loader_refuses_to_start_workers_without_shared_memory(fashion_folders: 
     found = find_image_folders(fashion_folders)
     available = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
     side = int((available / 3 / 2) ** 0.5) + 1  # one 2-image batch of side x side x 3 overflows
-    source = ImageFolderSource(found.train, found.val, LoaderConfig(workers=1, shm_path=str(tmp_path)), 0,
-                               train_crop=RandomResizedCrop(size=(side, side)))
+    source = ImageFolderSource(
+        found.train,
+        found.val,
+        LoaderConfig(workers=1, shm_path=str(tmp_path)),
+        0,
+        train_crop=RandomResizedCrop(size=(side, side)),
+    )
     with pytest.raises(UserError, match="--shm-size"):
         source.train_batches(EpochPlan(len(found.train), 2, 1, 0), 0, 0, 0)
 
@@ -274,8 +293,9 @@ def _same(a: list, b: list) -> bool:
 
 
 def test_progressive_resizing_keeps_the_crop_boxes(photo_folders: Path) -> None:
-    source = ImageFolderSource.from_folders(photo_folders, None, None, LoaderConfig(workers=0), seed=4,
-                                            train_crop=RandomResizedCrop(size=(96, 96)))
+    source = ImageFolderSource.from_folders(
+        photo_folders, None, None, LoaderConfig(workers=0), seed=4, train_crop=RandomResizedCrop(size=(96, 96))
+    )
     plan = EpochPlan(source.num_train, global_batch=4, world_size=1, seed=4)
     large = next(iter(source.train_batches(plan, 0, 0, 0)))
     small = next(iter(source.train_batches(plan, 0, 0, 0, size=(48, 48))))
@@ -283,6 +303,7 @@ def test_progressive_resizing_keeps_the_crop_boxes(photo_folders: Path) -> None:
     # the same box at half the size: 2x2 averages of the large output are close to the small one
     halved = large.images.float().reshape(4, 48, 2, 48, 2, 3).mean(dim=(2, 4))
     assert (halved - small.images.float()).abs().mean() < 8
-    other_seed = ImageFolderSource.from_folders(photo_folders, None, None, LoaderConfig(workers=0), seed=5,
-                                                train_crop=RandomResizedCrop(size=(48, 48)))
+    other_seed = ImageFolderSource.from_folders(
+        photo_folders, None, None, LoaderConfig(workers=0), seed=5, train_crop=RandomResizedCrop(size=(48, 48))
+    )
     assert (next(iter(other_seed.train_batches(plan, 0, 0, 0))).images.float() - small.images.float()).abs().mean() > 8

@@ -20,6 +20,7 @@ from hpctrain.training.metrics import read_metrics
 from image_fixtures import TINY, fashion_folders, interrupt, photo_folders, train  # noqa: F401
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, tree_digest
 
+
 def test_train_imagenet_one_epoch_on_photos_records_top5_data_wait_and_best(photo_folders, tmp_path):
     run_dir = tmp_path / "run"
     result = train(photo_folders, run_dir, "--epochs", "1", "-j", "2", "--batch-size", "8")
@@ -38,8 +39,10 @@ def test_train_imagenet_one_epoch_on_photos_records_top5_data_wait_and_best(phot
 
 
 # The floor environment runs the DDP case: data workers, DDP and the checkpoint in one (the other adds no torch API).
-@pytest.mark.parametrize("processes", [pytest.param([], id="1-process"),
-                                       pytest.param(["--nproc", "2"], id="2-ddp-processes", marks=pytest.mark.floor)])
+@pytest.mark.parametrize(
+    "processes",
+    [pytest.param([], id="1-process"), pytest.param(["--nproc", "2"], id="2-ddp-processes", marks=pytest.mark.floor)],
+)
 def test_resume_mid_epoch_with_two_data_workers_is_bitwise_exact(fashion_folders, tmp_path, processes):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     workers = ["-j", "2"] if not processes else ["-j", "1"]  # 2 data workers in all, on a 2-core machine
@@ -77,8 +80,22 @@ def test_evaluate_scores_a_checkpoint_and_writes_nothing(fashion_folders, tmp_pa
 
 def test_synthetic_trains_without_files(tmp_path):
     run_dir = tmp_path / "run"
-    result = ok(hpctrain("train", "imagenet", "--synthetic", *TINY, "--run-dir", str(run_dir), "--epochs", "1",
-                         "--train-limit", "64", "--test-limit", "40"))
+    result = ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            "--synthetic",
+            *TINY,
+            "--run-dir",
+            str(run_dir),
+            "--epochs",
+            "1",
+            "--train-limit",
+            "64",
+            "--test-limit",
+            "40",
+        )
+    )
     assert "1000 classes" in result.stdout
     [record] = read_metrics(run_dir)
     assert record["step"] == 2
@@ -93,12 +110,41 @@ def test_validation_scores_every_image_once_on_one_two_and_three_ranks(fashion_f
     lines = {}
     for world in (1, 2, 3):
         port = str(29500 + os.getpid() % 1000 + world)
-        processes = [subprocess.Popen(
-            [sys.executable, "-m", "hpctrain", "train", "imagenet", str(fashion_folders), *TINY, "-j", "0",
-             "--evaluate", "--resume", str(run_dir), "--test-batch-size", "16", "--run-dir", str(tmp_path / "x")],
-            env={**clean_environ(), "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+        processes = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "hpctrain",
+                    "train",
+                    "imagenet",
+                    str(fashion_folders),
+                    *TINY,
+                    "-j",
+                    "0",
+                    "--evaluate",
+                    "--resume",
+                    str(run_dir),
+                    "--test-batch-size",
+                    "16",
+                    "--run-dir",
+                    str(tmp_path / "x"),
+                ],
+                env={
+                    **clean_environ(),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port,
+                },
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(world)
+        ]
         outputs = [p.communicate(timeout=240) for p in processes]
         assert all(p.returncode == 0 for p in processes), outputs
         [line] = [text for text in outputs[0][0].splitlines() if "evaluated" in text]
@@ -112,42 +158,117 @@ def test_fast_recipe_learns_fashion_from_jpegs(fashion_folders, tmp_path):
     """Learning happens through the whole pipeline: 10 epochs on 300 training JPEGs (batch 16, lr 0.25 per 256)
     reach well above chance (10%) on the 100 held-out ones. Threshold: 50% top-1 (measured: 64%)."""
     run_dir = tmp_path / "run"
-    train(fashion_folders, run_dir, "--epochs", "10", "-j", "1", "--batch-size", "16", "--lr", "0.25", "--arch", "resnet18")
+    train(
+        fashion_folders,
+        run_dir,
+        "--epochs",
+        "10",
+        "-j",
+        "1",
+        "--batch-size",
+        "16",
+        "--lr",
+        "0.25",
+        "--arch",
+        "resnet18",
+    )
     assert read_metrics(run_dir)[-1]["test_accuracy"] > 0.5
 
 
 def test_checkpoints_path_with_resume_starts_fresh_when_missing(fashion_folders, tmp_path):
     target = tmp_path / "ckpts"
-    result = ok(hpctrain("train", "imagenet", str(fashion_folders), *TINY, "--epochs", "1", "-j", "0",
-                         "--checkpoints-path", str(target), "--resume", "--train-limit", "64", "--test-limit", "20"))
+    result = ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            *TINY,
+            "--epochs",
+            "1",
+            "-j",
+            "0",
+            "--checkpoints-path",
+            str(target),
+            "--resume",
+            "--train-limit",
+            "64",
+            "--test-limit",
+            "20",
+        )
+    )
     assert (target / "checkpoints" / "checkpoint_epoch_1.pt").is_file(), result.stdout
-    again = ok(hpctrain("train", "imagenet", str(fashion_folders), *TINY, "--epochs", "2", "-j", "0",
-                        "--checkpoints-path", str(target), "--resume", "--train-limit", "64", "--test-limit", "20"))
+    again = ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            *TINY,
+            "--epochs",
+            "2",
+            "-j",
+            "0",
+            "--checkpoints-path",
+            str(target),
+            "--resume",
+            "--train-limit",
+            "64",
+            "--test-limit",
+            "20",
+        )
+    )
     assert "resumed at epoch 2" in again.stdout
 
 
 def test_checkpoints_path_named_checkpoints_holds_the_checkpoint_files_itself(fashion_folders, tmp_path):
     # The seed scripts' `--checkpoints-path ./checkpoints`: once ./checkpoints/checkpoints/checkpoint_*.pt.
     quick = ["--epochs", "1", "-j", "0", "--train-limit", "64", "--test-limit", "20"]
-    ok(hpctrain("train", "imagenet", str(fashion_folders), *TINY, *quick, "--checkpoints-path", "./checkpoints",
-                "--resume", cwd=tmp_path))
+    ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            *TINY,
+            *quick,
+            "--checkpoints-path",
+            "./checkpoints",
+            "--resume",
+            cwd=tmp_path,
+        )
+    )
     assert (tmp_path / "checkpoints" / "checkpoint_epoch_1.pt").is_file()
     assert not (tmp_path / "checkpoints" / "checkpoints").exists()
-    again = ok(hpctrain("train", "imagenet", str(fashion_folders), *TINY, *quick[2:], "--epochs", "2",
-                        "--checkpoints-path", "./checkpoints", "--resume", cwd=tmp_path))
+    again = ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            *TINY,
+            *quick[2:],
+            "--epochs",
+            "2",
+            "--checkpoints-path",
+            "./checkpoints",
+            "--resume",
+            cwd=tmp_path,
+        )
+    )
     assert "resumed at epoch 2" in again.stdout
     assert (tmp_path / "checkpoints" / "checkpoint_epoch_2.pt").is_file()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--arch", "resnet_nope"], "not a torchvision classification model"),
-    (["--dist-backend", "nccl"], "--dist-backend nccl on cpu"),
-    (["--workers", "-1"], "--workers must be 0"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--arch", "resnet_nope"], "not a torchvision classification model"),
+        (["--dist-backend", "nccl"], "--dist-backend nccl on cpu"),
+        (["--workers", "-1"], "--workers must be 0"),
+    ],
+)
 def test_bad_imagenet_options_fail_clearly_and_touch_nothing(fashion_folders, tmp_path, args, message):
     run_dir = tmp_path / "run"
-    result = hpctrain("train", "imagenet", str(fashion_folders), *TINY, "--device", "cpu", "--run-dir",
-                      str(run_dir), *args)
+    result = hpctrain(
+        "train", "imagenet", str(fashion_folders), *TINY, "--device", "cpu", "--run-dir", str(run_dir), *args
+    )
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not run_dir.exists()

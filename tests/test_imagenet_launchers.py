@@ -25,8 +25,26 @@ from slurm_fixtures import Job, attempts, shared_run
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok
 
 # 128 training images, global batch 16: 8 steps an epoch; 40 validation images.
-TINY = ["-a", TINY_ARCH, "--image-size", "32", "--val-size", "32", "--threads", "1", "--log-interval", "0",
-        "-b", "16", "-j", "1", "--train-limit", "128", "--test-limit", "40"]
+TINY = [
+    "-a",
+    TINY_ARCH,
+    "--image-size",
+    "32",
+    "--val-size",
+    "32",
+    "--threads",
+    "1",
+    "--log-interval",
+    "0",
+    "-b",
+    "16",
+    "-j",
+    "1",
+    "--train-limit",
+    "128",
+    "--test-limit",
+    "40",
+]
 STEPS_PER_EPOCH = 128 // 16
 # The 2 x 2 Slurm job: two epochs of 160 images (10 steps each), so that the warning lands inside the run.
 JOB_TRAIN = [*TINY[:-4], "--train-limit", "160", "--test-limit", "40", "--epochs", "2"]
@@ -66,35 +84,75 @@ def assert_two_process_run(run_dir: Path, launcher: str, reference: Path) -> Non
 def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: F811
     """One epoch with `--nproc 2`, made once per session (shared by the xdist workers): what every two-process
     launcher below must end with."""
-    return shared_run(tmp_path_factory, "imagenet-nproc2-reference", lambda run_dir: ok(hpctrain(
-        *train_args(fashion_folders, run_dir, "--epochs", "1", "--nproc", "2"))))
+    return shared_run(
+        tmp_path_factory,
+        "imagenet-nproc2-reference",
+        lambda run_dir: ok(hpctrain(*train_args(fashion_folders, run_dir, "--epochs", "1", "--nproc", "2"))),
+    )
 
 
 @pytest.mark.slow
 def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path):  # noqa: F811
     """The seed script's first form (README): torchrun --standalone, --resume --checkpoints-path DIR, DIR new."""
     run_dir = tmp_path / "checkpoints"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-               "-m", "hpctrain", "train", "imagenet", str(fashion_folders), *TINY, "--epochs", "1", "--resume",
-               "--checkpoints-path", str(run_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hpctrain",
+        "train",
+        "imagenet",
+        str(fashion_folders),
+        *TINY,
+        "--epochs",
+        "1",
+        "--resume",
+        "--checkpoints-path",
+        str(run_dir),
+    ]
     result = ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=300))
     assert "global batch 16 = 2 process(es) x 8" in result.stdout, result.stdout
     assert_two_process_run(run_dir, "torchrun", nproc2_reference)
 
 
 @pytest.mark.slow
-def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(fashion_folders, nproc2_reference,  # noqa: F811
-                                                                  tmp_path):
+def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(
+    fashion_folders,
+    nproc2_reference,  # noqa: F811
+    tmp_path,
+):
     """Two torchrun agents meeting at a c10d rendezvous, one per "node" (both on this host), one worker each: a
     world of 2 over 2 nodes. (c10d ranks the agents itself: it ignores --node-rank.)"""
     run_dir, port = tmp_path / "run", free_port()
     agents = []
     for _ in range(2):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name,
-                   "-m", "hpctrain", *train_args(fashion_folders, run_dir, "--epochs", "1")]
-        agents.append(subprocess.Popen(command, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True))
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            tmp_path.name,
+            "-m",
+            "hpctrain",
+            *train_args(fashion_folders, run_dir, "--epochs", "1"),
+        ]
+        agents.append(
+            subprocess.Popen(command, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     try:
         outputs = [agent.communicate(timeout=300)[0] for agent in agents]
     finally:
@@ -108,17 +166,40 @@ def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(fashion_folders
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(slurm_cluster, fashion_folders,  # noqa: F811
-                                                                     nproc2_reference, tmp_path):
+def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(
+    slurm_cluster,
+    fashion_folders,  # noqa: F811
+    nproc2_reference,
+    tmp_path,
+):
     """The seed script's srun form (README): one task per node, each finding its rank in Slurm's variables; --val-path,
     --checkpoints-path DIR --resume with DIR new. (No GPUs here: a task owning several is tested in
     test_slurm_gpu_fanout.py.)"""
     run_dir = tmp_path / "checkpoints"
-    command = ["srun", "--nodes=2", "--ntasks-per-node=1", "--time=5", "--job-name=hpctrain-test", sys.executable,
-               "-m", "hpctrain", "train", "imagenet", str(fashion_folders), "--val-path", str(fashion_folders / "val"),
-               "--dist-init-method", "slurm", "--checkpoints-path", str(run_dir), *TINY, "--epochs", "1", "--resume"]
-    result = ok(subprocess.run(command, cwd=tmp_path, env=clean_environ(), capture_output=True, text=True,
-                               timeout=600))
+    command = [
+        "srun",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--time=5",
+        "--job-name=hpctrain-test",
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "train",
+        "imagenet",
+        str(fashion_folders),
+        "--val-path",
+        str(fashion_folders / "val"),
+        "--dist-init-method",
+        "slurm",
+        "--checkpoints-path",
+        str(run_dir),
+        *TINY,
+        "--epochs",
+        "1",
+        "--resume",
+    ]
+    result = ok(subprocess.run(command, cwd=tmp_path, env=clean_environ(), capture_output=True, text=True, timeout=600))
     assert result.stdout.count("global batch 16 = 2 process(es) x 8") == 1, result.stdout
     provenance = json.loads((run_dir / "provenance.json").read_text())["attempts"]
     assert provenance[0]["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]", provenance
@@ -131,9 +212,27 @@ def test_submit_2x2_imagenet_job_trains_with_four_processes(slurm_cluster, fashi
     """`hpctrain submit --nodes 2 --nproc-per-node 2 ... train imagenet DATA`: torchrun on both nodes, one group of
     four. (Requeue and exact resume through Slurm are tested with MNIST, test_preemption_slurm.py, on the same
     engine; imagenet's own exact resume in test_imagenet.py.)"""
-    result = ok(hpctrain("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nodes", "2",
-                         "--nproc-per-node", "2", "--time", "30", "train", "imagenet", str(fashion_folders),
-                         *JOB_TRAIN[:-1], "1", cwd=tmp_path))
+    result = ok(
+        hpctrain(
+            "submit",
+            "--output",
+            "job-%j.out",
+            "--launcher",
+            "torchrun",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--time",
+            "30",
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            *JOB_TRAIN[:-1],
+            "1",
+            cwd=tmp_path,
+        )
+    )
     job_id = result.stdout.strip()
     assert job_id.isdigit(), result.stdout
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"imagenet-{fashion_folders.name}-{job_id}")
@@ -186,8 +285,9 @@ def test_resume_refuses_another_arch_or_image_size_naming_the_checkpoints_values
         (shaped(a="resnet34"), "--arch: checkpoint resnet18, now resnet34", "(--arch resnet18)"),
         (shaped(image_size="64"), "--image-size: checkpoint 32, now 64", "(--image-size 32)"),
     ]:  # the command line: exit status 2, one line, nothing changed
-        result = hpctrain("train", "imagenet", *SYNTHETIC, *options, "--epochs", "2", "--resume", "--run-dir",
-                          str(run_dir))
+        result = hpctrain(
+            "train", "imagenet", *SYNTHETIC, *options, "--epochs", "2", "--resume", "--run-dir", str(run_dir)
+        )
         assert result.returncode == 2, (options, result.stdout, result.stderr)
         assert difference in result.stderr and fix in result.stderr, result.stderr
         assert "Traceback" not in result.stderr and "state_dict" not in result.stderr, result.stderr
@@ -202,13 +302,24 @@ def test_resume_refuses_another_arch_or_image_size_naming_the_checkpoints_values
             recipe = get_recipe("imagenet", "fast").for_config(cfg)
             check_resume_point(resolve_config(cfg, recipe), recipe, detect())
     # --evaluate does not resume a run, but a checkpoint of another model is refused the same way.
-    result = hpctrain("train", "imagenet", *SYNTHETIC, *shaped(a="resnet34"), "--evaluate", "--resume", str(run_dir),
-                      "--run-dir", str(tmp_path / "unused"))
-    assert result.returncode == 2 and "use the options it was made with (--arch resnet18)" in result.stderr, \
+    result = hpctrain(
+        "train",
+        "imagenet",
+        *SYNTHETIC,
+        *shaped(a="resnet34"),
+        "--evaluate",
+        "--resume",
+        str(run_dir),
+        "--run-dir",
+        str(tmp_path / "unused"),
+    )
+    assert result.returncode == 2 and "use the options it was made with (--arch resnet18)" in result.stderr, (
         result.stderr
+    )
     # The same options resume.
-    resumed = ok(hpctrain("train", "imagenet", *SYNTHETIC, *shaped(), "--epochs", "2", "--resume", "--run-dir",
-                          str(run_dir)))
+    resumed = ok(
+        hpctrain("train", "imagenet", *SYNTHETIC, *shaped(), "--epochs", "2", "--resume", "--run-dir", str(run_dir))
+    )
     assert "resumed at epoch 2" in resumed.stdout
 
 

@@ -44,7 +44,9 @@ def test_format_duration() -> None:
     assert format_duration(86400 + 62) == "1-00:01:02"
 
 
-@pytest.mark.parametrize("text,mb", [("0", 0), ("4000", 4000), ("4000M", 4000), ("16G", 16384), ("1T", 1048576), ("2048K", 2), ("8gb", 8192)])
+@pytest.mark.parametrize(
+    "text,mb", [("0", 0), ("4000", 4000), ("4000M", 4000), ("16G", 16384), ("1T", 1048576), ("2048K", 2), ("8gb", 8192)]
+)
 def test_mem(text: str, mb: int) -> None:
     assert parse_mem_mb(text) == mb
 
@@ -55,7 +57,9 @@ def test_bad_mem(text: str) -> None:
         parse_mem_mb(text)
 
 
-@pytest.mark.parametrize("text,parsed", [("gpu:2", (2, None, 0)), ("gpu:a100:4", (4, "a100", 0)), ("shard:16", (0, None, 16))])
+@pytest.mark.parametrize(
+    "text,parsed", [("gpu:2", (2, None, 0)), ("gpu:a100:4", (4, "a100", 0)), ("shard:16", (0, None, 16))]
+)
 def test_gres(text: str, parsed) -> None:
     assert parse_gres(text) == parsed
 
@@ -120,9 +124,13 @@ def test_local_problems_find_missing_images(tmp_path: Path) -> None:
     ok = JobSpec(command=("x",), environment=EnvironmentSpec(kind="apptainer", image=str(sif)))
     assert missing_prerequisites(ok) == []
     missing = ok.replace(environment=EnvironmentSpec(kind="apptainer", image=str(tmp_path / "nope.sif")))
-    assert missing_prerequisites(missing) == [f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull "
-                                               "it first (apptainer pull ...) or fix --image"]
-    registry = JobSpec(command=("x",), environment=EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3"))
+    assert missing_prerequisites(missing) == [
+        f"apptainer image {tmp_path / 'nope.sif'} does not exist: build or pull "
+        "it first (apptainer pull ...) or fix --image"
+    ]
+    registry = JobSpec(
+        command=("x",), environment=EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3")
+    )
     assert missing_prerequisites(registry) == []  # a registry reference is pulled by enroot on the node
     sqsh = registry.replace(environment=EnvironmentSpec(kind="pyxis", image=str(tmp_path / "x.sqsh")))
     assert "enroot image" in missing_prerequisites(sqsh)[0]
@@ -178,19 +186,27 @@ def test_job_file_formats_agree(tmp_path: Path, suffix: str, text: str) -> None:
     data = load_job_file(path)
     # Slurm's options at the top level, where job files kept them before the `slurm:` section
     assert read_file_section("job", {k: data.pop(k) for k in ("partition", "launcher")}) == {
-        "partition": "debug", "launcher": "srun"}
+        "partition": "debug",
+        "launcher": "srun",
+    }
     job = from_mapping(data)
     assert job.time_limit_s == 1800
-    assert job.resources == Resources(nodes=2, nproc_per_node=2, gpus_per_node=2, gpu_type="a100", cpus_per_task=4, mem="16G")
+    assert job.resources == Resources(
+        nodes=2, nproc_per_node=2, gpus_per_node=2, gpu_type="a100", cpus_per_task=4, mem="16G"
+    )
     assert job.environment == EnvironmentSpec(kind="conda", conda_env="train", modules=("cuda/12.4",))
     assert job.env == (("OMP_NUM_THREADS", "1"),)
     assert job.command == ("python", "train.py", "--lr", "0.1")
 
 
 def test_to_dict_round_trips() -> None:
-    job = JobSpec(command=("python", "x.py"), time="1-00", resources=Resources(nodes=2, nproc_per_node=2, gpus_per_node=2),
-                  environment=EnvironmentSpec(kind="pyxis", image="img", mounts=("/a:/b",), workdir="/w"),
-                  env=(("A", "1"),))
+    job = JobSpec(
+        command=("python", "x.py"),
+        time="1-00",
+        resources=Resources(nodes=2, nproc_per_node=2, gpus_per_node=2),
+        environment=EnvironmentSpec(kind="pyxis", image="img", mounts=("/a:/b",), workdir="/w"),
+        env=(("A", "1"),),
+    )
     assert from_mapping(job.to_dict()) == job
 
 

@@ -14,12 +14,14 @@ from hpctrain.schedulers.slurm.options import FILE_KEYS
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "jobs").glob("*.[yt]*ml"))
 SIGNATURE = {
-    "conda": 'conda activate hpctrain',
+    "conda": "conda activate hpctrain",
     "venv": 'source "$HOME"/venvs/hpctrain/bin/activate',
-    "apptainer": ("apptainer exec --nv --bind /scratch:/scratch,/project/data:/data:ro --pwd /workspace "
-                  "pytorch.sif python"),
-    "pyxis": ("--container-image='registry.example.com#team/pytorch:24.01-py3' "
-              "--container-mounts=/lustre/project:/project"),
+    "apptainer": (
+        "apptainer exec --nv --bind /scratch:/scratch,/project/data:/data:ro --pwd /workspace pytorch.sif python"
+    ),
+    "pyxis": (
+        "--container-image='registry.example.com#team/pytorch:24.01-py3' --container-mounts=/lustre/project:/project"
+    ),
     "modules": "module load python/3.11 pytorch/2.4",
 }
 
@@ -44,8 +46,9 @@ def test_example_renders(path: Path, capsys, tmp_path: Path, fashion_data_dir: P
     code = main(["submit", "--dry-run", "--job-file", str(path)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert all(line.startswith(("hpctrain submit: note: ", "hpctrain submit: --dry-run skipped"))
-               for line in err.splitlines()), err
+    assert all(
+        line.startswith(("hpctrain submit: note: ", "hpctrain submit: --dry-run skipped")) for line in err.splitlines()
+    ), err
     script = out.split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0]
     kind = _job(path).environment.kind
     assert SIGNATURE[kind] in script

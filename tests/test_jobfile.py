@@ -15,9 +15,11 @@ from hpctrain.jobs import from_mapping, load_job_file
 from hpctrain.jobs.file_reading import MAX_JOB_FILE_BYTES
 
 # 9 levels of 9 aliases each: under 500 bytes of YAML that expand to 9**9 strings when anything walks the value.
-BILLION_LAUGHS = "command: [x]\nnodes: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol]" + "".join(
-    f", &{chr(c)} [{','.join(['*' + chr(c - 1)] * 9)}]" for c in range(ord("b"), ord("j"))
-) + "]\n"
+BILLION_LAUGHS = (
+    "command: [x]\nnodes: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol]"
+    + "".join(f", &{chr(c)} [{','.join(['*' + chr(c - 1)] * 9)}]" for c in range(ord("b"), ord("j")))
+    + "]\n"
+)
 
 
 def submit_dry_run(job_file: Path, memory_limit: int | None = None) -> subprocess.CompletedProcess:
@@ -27,14 +29,20 @@ def submit_dry_run(job_file: Path, memory_limit: int | None = None) -> subproces
 
     return subprocess.run(
         [sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--no-check", "--job-file", str(job_file)],
-        capture_output=True, text=True, timeout=120, cwd=job_file.parent, preexec_fn=limit_memory,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=job_file.parent,
+        preexec_fn=limit_memory,
     )
 
 
 def test_yaml_aliases_and_anchors_are_refused(tmp_path: Path) -> None:
     bomb = tmp_path / "job.yaml"
     bomb.write_text(BILLION_LAUGHS)
-    with pytest.raises(UserError, match=r"anchors \(&name\) and aliases \(\*name\) are not allowed.*write the values out"):
+    with pytest.raises(
+        UserError, match=r"anchors \(&name\) and aliases \(\*name\) are not allowed.*write the values out"
+    ):
         load_job_file(bomb)
     anchor_only = tmp_path / "anchor.yaml"
     anchor_only.write_text("nodes: &n 2\ncommand: [x]\n")
@@ -77,7 +85,9 @@ def test_deep_nesting_is_refused(tmp_path: Path, suffix: str, opening: str, clos
 @pytest.mark.parametrize("suffix", [".yaml", ".toml"])
 def test_text_that_is_not_utf8_is_refused(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"job{suffix}"
-    path.write_bytes("name = 'caf\u00e9'\n".encode("latin-1") if suffix == ".toml" else "name: caf\u00e9\n".encode("latin-1"))
+    path.write_bytes(
+        "name = 'caf\u00e9'\n".encode("latin-1") if suffix == ".toml" else "name: caf\u00e9\n".encode("latin-1")
+    )
     with pytest.raises(UserError, match=r"is not UTF-8 text \(byte 0xe9 at offset \d+\); save it as UTF-8"):
         load_job_file(path)
     result = submit_dry_run(path)
@@ -135,8 +145,7 @@ def test_toml_job_files_read_on_python_3_10_through_tomli(tmp_path: Path) -> Non
         "except UserError as err:\n"
         "    print(err)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(good), str(bad)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code, str(good), str(bad)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "demo" and "is not valid TOML" in lines[1]
@@ -160,10 +169,16 @@ def test_a_params_file_is_capped_and_must_be_a_regular_file(tmp_path: Path, kind
     assert result.stderr.count("\n") == 1 and expected in result.stderr
 
 
-@pytest.mark.parametrize("content,message", [
-    (b"worker_count=1\nname=caf\xff\n", "is not UTF-8 text (byte 0xff at offset 23); save it as UTF-8"),
-    (b"worker_count=1\nworker_memory=1e100000\n", "worker_memory='1e100000' must be a positive number of GB, at most 1048576"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"worker_count=1\nname=caf\xff\n", "is not UTF-8 text (byte 0xff at offset 23); save it as UTF-8"),
+        (
+            b"worker_count=1\nworker_memory=1e100000\n",
+            "worker_memory='1e100000' must be a positive number of GB, at most 1048576",
+        ),
+    ],
+)
 def test_params_file_values_that_tracebacked_are_clear_errors(tmp_path: Path, content: bytes, message: str) -> None:
     """Guards issue 17: a .params file with byte 0xff (UnicodeDecodeError) and `worker_memory=1e100000`
     (ValueError: integer string conversion limit) ended in tracebacks."""

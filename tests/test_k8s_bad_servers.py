@@ -25,16 +25,30 @@ pytest.importorskip("kubernetes")
 pytestmark = [pytest.mark.slow]  # each case runs the CLI against a server that makes it wait for its timeout
 
 IMAGE = "example.invalid/hpctrain:test"
-STATUS_403 = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
-              "message": 'pytorchjobs.kubeflow.org is forbidden: User "bob" cannot list resource "pytorchjobs"'}
-STATUS_500 = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError", "code": 500,
-              "message": "etcdserver: request timed out"}
+STATUS_403 = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "status": "Failure",
+    "reason": "Forbidden",
+    "code": 403,
+    "message": 'pytorchjobs.kubeflow.org is forbidden: User "bob" cannot list resource "pytorchjobs"',
+}
+STATUS_500 = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "status": "Failure",
+    "reason": "InternalError",
+    "code": 500,
+    "message": "etcdserver: request timed out",
+}
 
 
 def _http(status: str, body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-            "Connection: close\r\n\r\n").encode() + data
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + data
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -54,8 +68,9 @@ class _Handler(socketserver.BaseRequestHandler):
                 while not stop.wait(0.2):
                     sock.sendall(b" ")
             elif mode == "endless":
-                sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
-                             b'{"items": [')
+                sock.sendall(
+                    b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{"items": ['
+                )
                 chunk = b'{"metadata": {"name": "x"}},' * 2000
                 while not stop.is_set():
                     sock.sendall(chunk)
@@ -76,12 +91,18 @@ class _Server(socketserver.ThreadingTCPServer):
 
 def _kubeconfig(path: Path, server: str, namespace: str | None = None) -> Path:
     context = {"cluster": "bad", "user": "bad", **({"namespace": namespace} if namespace else {})}
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "bad",
-        "clusters": [{"name": "bad", "cluster": {"server": server}}],
-        "users": [{"name": "bad", "user": {"token": "t"}}],
-        "contexts": [{"name": "bad", "context": context}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "bad",
+                "clusters": [{"name": "bad", "cluster": {"server": server}}],
+                "users": [{"name": "bad", "user": {"token": "t"}}],
+                "contexts": [{"name": "bad", "context": context}],
+            }
+        )
+    )
     return path
 
 
@@ -110,10 +131,16 @@ def _closed_port() -> int:
 
 
 def run_cli(kubeconfig: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HPCTRAIN_K8S_TIMEOUT": "1", "HPCTRAIN_K8S_MAX_RESPONSE_MB": "1"}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "HPCTRAIN_K8S_TIMEOUT": "1",
+        "HPCTRAIN_K8S_MAX_RESPONSE_MB": "1",
+    }
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 K8S = ("--scheduler", "kubernetes")

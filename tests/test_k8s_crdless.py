@@ -21,21 +21,54 @@ IMAGE = "example.invalid/hpctrain:test"
 
 
 def hpctrain(server: CrdlessK8s, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=server.env(), capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        env=server.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def job(server: CrdlessK8s, api: str, name: str) -> list[str]:
-    return ["--scheduler", "kubernetes", "--k8s-api", api, "--context", server.context, "--namespace", "default",
-            "--image", IMAGE, "--job-name", name, "--run-dir", "runs/%j", "--", sys.executable, "-c", "pass"]
+    return [
+        "--scheduler",
+        "kubernetes",
+        "--k8s-api",
+        api,
+        "--context",
+        server.context,
+        "--namespace",
+        "default",
+        "--image",
+        IMAGE,
+        "--job-name",
+        name,
+        "--run-dir",
+        "runs/%j",
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+    ]
 
 
-@pytest.mark.parametrize("api,line", [
-    ("pytorchjob", "the Kubeflow PyTorchJob CRD (pytorchjobs.kubeflow.org) is not installed: install Kubeflow's "
-                   "training-operator v1, or use --k8s-api trainjob"),
-    ("trainjob", "the Kubeflow TrainJob CRD (trainjobs.trainer.kubeflow.org) is not installed: install Kubeflow's "
-                 "Trainer v2, or use --k8s-api pytorchjob"),
-])
+@pytest.mark.parametrize(
+    "api,line",
+    [
+        (
+            "pytorchjob",
+            "the Kubeflow PyTorchJob CRD (pytorchjobs.kubeflow.org) is not installed: install Kubeflow's "
+            "training-operator v1, or use --k8s-api trainjob",
+        ),
+        (
+            "trainjob",
+            "the Kubeflow TrainJob CRD (trainjobs.trainer.kubeflow.org) is not installed: install Kubeflow's "
+            "Trainer v2, or use --k8s-api pytorchjob",
+        ),
+    ],
+)
 def test_check_and_submit_name_the_missing_crd(k8s_crdless: CrdlessK8s, tmp_path: Path, api: str, line: str) -> None:
     checked = hpctrain(k8s_crdless, "check", *job(k8s_crdless, api, "no-crd"), cwd=tmp_path)
     assert checked.returncode == 2 and line in checked.stderr, checked

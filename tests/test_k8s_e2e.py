@@ -40,11 +40,19 @@ def test_exit_75_is_retried_within_the_restart_budget(real_cpu: Real, tmp_path: 
     as long as --max-restarts (backoffLimit) allows. One 1-CPU pod: one CPU of the node."""
     real = real_cpu
     sched = real.scheduler(f"host:{tmp_path}:{tmp_path}")
-    job = JobSpec(command=("python", "-c", PREEMPTED_ONCE), name="preempted", run_dir=str(tmp_path),
-                  max_restarts=1, resources=Resources(nodes=1, mem="1G"), env=(("RETRY_S", "0"),))
+    job = JobSpec(
+        command=("python", "-c", PREEMPTED_ONCE),
+        name="preempted",
+        run_dir=str(tmp_path),
+        max_restarts=1,
+        resources=Resources(nodes=1, mem="1G"),
+        env=(("RETRY_S", "0"),),
+    )
     sched.submit(job, sched.render(job))
-    status = real.wait("the job to finish", lambda: (s := sched.status("preempted")).finished
-                       and all(r.exit_code is not None for r in s.replicas) and s)
+    status = real.wait(
+        "the job to finish",
+        lambda: (s := sched.status("preempted")).finished and all(r.exit_code is not None for r in s.replicas) and s,
+    )
     assert (status.state, status.exit_code, status.restarts) == (SUCCEEDED, 0, 1)
 
 
@@ -55,8 +63,15 @@ def test_a_job_past_its_restart_budget_leaves_no_running_pod(real_cpu: Real, tmp
     goes, with SIGTERM and its grace period, as the real kubelet does it. One 1-CPU pod: one CPU of the node."""
     real = real_cpu
     sched = real.scheduler(f"host:{tmp_path}:{tmp_path}")
-    job = JobSpec(command=("python", "-c", PREEMPTED_ONCE), name="preempted", run_dir=str(tmp_path), signal_grace=5,
-                  max_restarts=0, resources=Resources(nodes=1, mem="1G"), env=(("RETRY_S", "600"),))
+    job = JobSpec(
+        command=("python", "-c", PREEMPTED_ONCE),
+        name="preempted",
+        run_dir=str(tmp_path),
+        signal_grace=5,
+        max_restarts=0,
+        resources=Resources(nodes=1, mem="1G"),
+        env=(("RETRY_S", "600"),),
+    )
     manifest = sched.render(job)
     assert manifest.payload["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
     sched.submit(job, manifest)
@@ -74,9 +89,19 @@ def test_a_job_past_its_deadline_leaves_no_running_pod(real_cpu: Real, tmp_path:
     passes in seconds. One 1-CPU pod: one CPU of the node."""
     real = real_cpu
     sched = real.scheduler(f"host:{tmp_path}:{tmp_path}")
-    job = JobSpec(command=("python", "-c", "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(600)",
-                           str(tmp_path / "started")), name="expiring", run_dir=str(tmp_path), signal_grace=5, time="00:10:00",
-                  resources=Resources(nodes=1, mem="1G"))
+    job = JobSpec(
+        command=(
+            "python",
+            "-c",
+            "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(600)",
+            str(tmp_path / "started"),
+        ),
+        name="expiring",
+        run_dir=str(tmp_path),
+        signal_grace=5,
+        time="00:10:00",
+        resources=Resources(nodes=1, mem="1G"),
+    )
     manifest = sched.render(job)
     run_policy = manifest.payload["spec"]["runPolicy"]
     assert run_policy["cleanPodPolicy"] == "Running" and run_policy["activeDeadlineSeconds"] == 600 + 24 * 3600
@@ -89,8 +114,9 @@ def test_a_job_past_its_deadline_leaves_no_running_pod(real_cpu: Real, tmp_path:
     assert sched.status("expiring").state == "FAILED"
 
 
-def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(real: Real, tmp_path: Path,
-                                                                               fashion_data_dir: Path) -> None:
+def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(
+    real: Real, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     """The preflight's finding reaches `hpctrain status` through the pods' own status (their termination message),
     with no run directory to read: the node the pods ran on (spec.nodeName, not the pod's host name) and the
     --exclude-nodes to submit with. Rank 1's preflight GEMM reports a twentieth of its rate (tests/ailing_rank.py).
@@ -98,9 +124,14 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(re
     from hpctrain.schedulers.kubernetes.display import ended_lines
 
     sched, node = _scheduler(real, tmp_path, fashion_data_dir), sorted(real.nodes)[0]
-    job = JobSpec(command=(*_ailing_mnist(fashion_data_dir, tmp_path / "run", 256), "--preflight"), name="sick",
-                  run_dir=str(tmp_path / "run"), max_restarts=0, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
-                  env=(*THIS_CHECKOUT, ("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")))
+    job = JobSpec(
+        command=(*_ailing_mnist(fashion_data_dir, tmp_path / "run", 256), "--preflight"),
+        name="sick",
+        run_dir=str(tmp_path / "run"),
+        max_restarts=0,
+        resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+        env=(*THIS_CHECKOUT, ("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")),
+    )
     manifest = sched.render(job)
     # The job fails at the first restart (no budget); the kubelet keeps restarting the containers meanwhile. The
     # termination messages are read from pods a failed job keeps: those of cleanPodPolicy None (training-operator
@@ -108,8 +139,10 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(re
     # earlier deleted them whatever the policy); while the job restarts, `status` reads the same messages.
     manifest.payload["spec"]["runPolicy"]["cleanPodPolicy"] = "None"
     sched.submit(job, manifest)
-    status = real.wait("the job to fail", lambda: (s := sched.status("sick")).finished
-                       and all(r.exit_code is not None for r in s.replicas) and s)
+    status = real.wait(
+        "the job to fail",
+        lambda: (s := sched.status("sick")).finished and all(r.exit_code is not None for r in s.replicas) and s,
+    )
     assert status.state == "FAILED" and status.exit_code == 144, status
     assert [r.message for r in status.replicas] == [f"sick_node: {node}"] * 2, status
     lines = ended_lines(status)
@@ -128,16 +161,27 @@ def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(real: Real, tmp_path
 
     run_dir = tmp_path / "run"
     sched = _scheduler(real, tmp_path, fashion_data_dir)
-    job = JobSpec(command=_ailing_mnist(fashion_data_dir, run_dir, 12288), name="stacks", signal_grace=5, run_dir=str(run_dir), resources=Resources(nodes=2, mem="2G"),
-                  env=(*THIS_CHECKOUT, ("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "stall"),
-                       ("HPCTRAIN_TEST_AILING_S", "3")))
+    job = JobSpec(
+        command=_ailing_mnist(fashion_data_dir, run_dir, 12288),
+        name="stacks",
+        signal_grace=5,
+        run_dir=str(run_dir),
+        resources=Resources(nodes=2, mem="2G"),
+        env=(
+            *THIS_CHECKOUT,
+            ("HPCTRAIN_TEST_AILING_RANK", "1"),
+            ("HPCTRAIN_TEST_AILING", "stall"),
+            ("HPCTRAIN_TEST_AILING_S", "3"),
+        ),
+    )
     sched.submit(job, sched.render(job))
     real.wait("both ranks training", lambda: [r.phase for r in read_progress(run_dir)] == ["training", "training"])
     asked = real.cli("debug", "stacks", "stacks", *real.where, "--wait", "30")
     assert asked.returncode == 0, asked.stdout + asked.stderr
     headers = [line for line in asked.stdout.splitlines() if line.startswith("== rank ")]
-    assert headers == [f"== rank {r}, from pod stacks-master-0's RUN/stacks/rank-{r}.txt ==" for r in (0, 1)], \
+    assert headers == [f"== rank {r}, from pod stacks-master-0's RUN/stacks/rank-{r}.txt ==" for r in (0, 1)], (
         asked.stdout
+    )
     assert asked.stdout.count("hpctrain/health/watchdog.py") >= 2 and "hpctrain/training/" in asked.stdout
     shown = real.cli("top", "stacks", *real.where)
     assert shown.returncode == 0, shown.stdout + shown.stderr
@@ -156,12 +200,35 @@ THIS_CHECKOUT = (("PYTHONPATH", str(SRC)),)
 def _scheduler(real: Real, tmp_path: Path, data_dir: Path) -> KubernetesScheduler:
     """The scheduler of the test's namespace: tmp_path (the run), the data (read-only), tests/ (ailing_rank.py,
     read-only) and this checkout's src/ (read-only; a job's env adds THIS_CHECKOUT) mounted as the pods' volumes."""
-    return real.scheduler(f"host:{tmp_path}:{tmp_path}", f"host:{data_dir}:{data_dir}:ro", f"host:{TESTS}:{TESTS}:ro",
-                          f"host:{SRC}:{SRC}:ro")
+    return real.scheduler(
+        f"host:{tmp_path}:{tmp_path}",
+        f"host:{data_dir}:{data_dir}:ro",
+        f"host:{TESTS}:{TESTS}:ro",
+        f"host:{SRC}:{SRC}:ro",
+    )
 
 
 def _ailing_mnist(data_dir: Path, run_dir: Path, train_limit: int) -> tuple[str, ...]:
     """`hpctrain train mnist` through tests/ailing_rank.py (HPCTRAIN_TEST_AILING* in the job's env pick the ailment)."""
-    return ("python", str(TESTS / "ailing_rank.py"), "train", "mnist", "--recipe", "classic",
-            "--dataset", "fashion-mnist", "--data-dir", str(data_dir), "--train-limit", str(train_limit),
-            "--test-limit", "100", "--epochs", "1", "--threads", "1", "--run-dir", str(run_dir))
+    return (
+        "python",
+        str(TESTS / "ailing_rank.py"),
+        "train",
+        "mnist",
+        "--recipe",
+        "classic",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(data_dir),
+        "--train-limit",
+        str(train_limit),
+        "--test-limit",
+        "100",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--run-dir",
+        str(run_dir),
+    )

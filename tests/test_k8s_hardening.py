@@ -27,8 +27,9 @@ def run(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     for name in ("HPCTRAIN_SCHEDULER", "HPCTRAIN_NAMESPACE"):
         if name not in env:
             environ.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300
+    )
 
 
 def one_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -42,14 +43,18 @@ def one_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
 
 # ---- absurd values (item 9) -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("flags", "said"), [
-    (("--nodes", "99999999999999"), "--nodes 99999999999999 is more than 100000"),
-    (("--gpus-per-node", "99999999999999999999"), "--gpus-per-node 99999999999999999999 is more than 1024"),
-    (("--nproc-per-node", "5000"), "--nproc-per-node 5000 is more than 1024"),
-    (("--mem", "99999999999999999999999T"), "is more than 1024T per node"),
-    (("--mem", "99999999999999999999999K"), "is more than 1024T per node"),
-    (("--shm", "99999999999Ei"), "--shm '99999999999Ei' is more than 1Pi"),
-])
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--nodes", "99999999999999"), "--nodes 99999999999999 is more than 100000"),
+        (("--gpus-per-node", "99999999999999999999"), "--gpus-per-node 99999999999999999999 is more than 1024"),
+        (("--nproc-per-node", "5000"), "--nproc-per-node 5000 is more than 1024"),
+        (("--mem", "99999999999999999999999T"), "is more than 1024T per node"),
+        (("--mem", "99999999999999999999999K"), "is more than 1024T per node"),
+        (("--shm", "99999999999Ei"), "--shm '99999999999Ei' is more than 1Pi"),
+    ],
+)
 def test_absurd_resources_are_refused_before_rendering(tmp_path: Path, flags: tuple[str, ...], said: str) -> None:
     proc = run(*K8S_DRY, *flags, "--", "python", "-c", "pass", cwd=tmp_path)
     one_error(proc, said)
@@ -58,8 +63,10 @@ def test_absurd_resources_are_refused_before_rendering(tmp_path: Path, flags: tu
 
 def test_absurd_params_file_values_are_refused(tmp_path: Path) -> None:
     params = tmp_path / "job.params"
-    params.write_text(f"name=big\nworker_image={IMAGE}\nworker_gpu=99999999999999999999\nworker_cpu=99999999999999999999\n"
-                      "command=python -c pass\n")
+    params.write_text(
+        f"name=big\nworker_image={IMAGE}\nworker_gpu=99999999999999999999\nworker_cpu=99999999999999999999\n"
+        "command=python -c pass\n"
+    )
     one_error(run("submit", "--dry-run", "--job-file", str(params), cwd=tmp_path), "more than")
     params.write_text(f"name=big\nworker_image={IMAGE}\nworker_memory=1e100000\ncommand=python -c pass\n")
     one_error(run("submit", "--dry-run", "--job-file", str(params), cwd=tmp_path), "worker_memory='1e100000'")
@@ -67,21 +74,39 @@ def test_absurd_params_file_values_are_refused(tmp_path: Path) -> None:
 
 # ---- a key given twice (item 10) --------------------------------------------------------------------------------
 
+
 def test_a_yaml_job_file_with_a_key_twice_is_refused(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text(f"scheduler: kubernetes\nnodes: 2\ncommand: [python, -c, pass]\nkubernetes: {{image: {IMAGE}}}\nnodes: 4\n")
+    job.write_text(
+        f"scheduler: kubernetes\nnodes: 2\ncommand: [python, -c, pass]\nkubernetes: {{image: {IMAGE}}}\nnodes: 4\n"
+    )
     one_error(run("submit", "--dry-run", "--job-file", str(job), cwd=tmp_path), "'nodes' is given twice", "line 5")
     nested = tmp_path / "nested.yaml"
-    nested.write_text(f"scheduler: kubernetes\ncommand: [python]\nkubernetes:\n  image: {IMAGE}\n  namespace: a\n  namespace: b\n")
+    nested.write_text(
+        f"scheduler: kubernetes\ncommand: [python]\nkubernetes:\n  image: {IMAGE}\n  namespace: a\n  namespace: b\n"
+    )
     one_error(run("submit", "--dry-run", "--job-file", str(nested), cwd=tmp_path), "'namespace' is given twice")
 
 
 # ---- secrets in URLs (item 11) ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("scheduler", [("--scheduler", "kubernetes", "--image", IMAGE), ("--scheduler", "slurm")])
 def test_dry_run_hides_url_passwords(tmp_path: Path, scheduler: tuple[str, ...]) -> None:
-    proc = run("submit", "--dry-run", *scheduler, "--setenv", "HTTPS_PROXY=http://user:s3cret-1@proxy.example:3128",
-               "--", "python", "-c", "pass", "--mirror", "http://bob:s3cret-2@mirror.example/data", cwd=tmp_path)
+    proc = run(
+        "submit",
+        "--dry-run",
+        *scheduler,
+        "--setenv",
+        "HTTPS_PROXY=http://user:s3cret-1@proxy.example:3128",
+        "--",
+        "python",
+        "-c",
+        "pass",
+        "--mirror",
+        "http://bob:s3cret-2@mirror.example/data",
+        cwd=tmp_path,
+    )
     assert "HTTPS_PROXY" in proc.stdout and "--mirror" in proc.stdout, proc
     assert "s3cret" not in proc.stdout + proc.stderr
     assert "http://user:***@proxy.example:3128" in proc.stdout and "http://bob:***@mirror.example/data" in proc.stdout
@@ -89,12 +114,24 @@ def test_dry_run_hides_url_passwords(tmp_path: Path, scheduler: tuple[str, ...])
 
 # ---- where jobs go by default (item 3) --------------------------------------------------------------------------
 
+
 def kubeconfig(path: Path, namespace: str | None, current: str = "work") -> Path:
-    contexts = [{"name": "work", "context": {"cluster": "c", "user": "u", **({"namespace": namespace} if namespace else {})}},
-                {"name": "other", "context": {"cluster": "c", "user": "u", "namespace": "other-ns"}}]
-    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": current, "contexts": contexts,
-                                    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                                    "users": [{"name": "u", "user": {"token": "t"}}]}))
+    contexts = [
+        {"name": "work", "context": {"cluster": "c", "user": "u", **({"namespace": namespace} if namespace else {})}},
+        {"name": "other", "context": {"cluster": "c", "user": "u", "namespace": "other-ns"}},
+    ]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": current,
+                "contexts": contexts,
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
     return path
 
 
@@ -107,10 +144,24 @@ def test_the_kubeconfig_contexts_namespace_is_the_default(tmp_path: Path) -> Non
     config = str(kubeconfig(tmp_path / "config", "team-a"))
     job = (*K8S_DRY, "--", "python", "-c", "pass")
     assert manifest_namespace(run(*job, cwd=tmp_path, KUBECONFIG=config)) == "team-a"
-    assert manifest_namespace(run(*job[:4], "--context", "other", *job[4:], cwd=tmp_path, KUBECONFIG=config)) == "other-ns"
+    assert (
+        manifest_namespace(run(*job[:4], "--context", "other", *job[4:], cwd=tmp_path, KUBECONFIG=config)) == "other-ns"
+    )
     assert manifest_namespace(run(*job, cwd=tmp_path, KUBECONFIG=config, HPCTRAIN_NAMESPACE="env-ns")) == "env-ns"
-    assert manifest_namespace(run(*job[:4], "--namespace", "flag-ns", *job[4:], cwd=tmp_path, KUBECONFIG=config,
-                                  HPCTRAIN_NAMESPACE="env-ns")) == "flag-ns"
+    assert (
+        manifest_namespace(
+            run(
+                *job[:4],
+                "--namespace",
+                "flag-ns",
+                *job[4:],
+                cwd=tmp_path,
+                KUBECONFIG=config,
+                HPCTRAIN_NAMESPACE="env-ns",
+            )
+        )
+        == "flag-ns"
+    )
     plain = str(kubeconfig(tmp_path / "plain", None))
     assert manifest_namespace(run(*job, cwd=tmp_path, KUBECONFIG=plain)) == "default"
 
@@ -129,13 +180,25 @@ def test_context_namespace_merges_kubeconfig_files_as_kubectl(tmp_path: Path) ->
 
 
 def test_hpctrain_scheduler_picks_the_scheduler(tmp_path: Path) -> None:
-    proc = run("submit", "--dry-run", "--image", IMAGE, "--", "python", "-c", "pass", cwd=tmp_path,
-               HPCTRAIN_SCHEDULER="kubernetes", HPCTRAIN_NAMESPACE="env-ns")
+    proc = run(
+        "submit",
+        "--dry-run",
+        "--image",
+        IMAGE,
+        "--",
+        "python",
+        "-c",
+        "pass",
+        cwd=tmp_path,
+        HPCTRAIN_SCHEDULER="kubernetes",
+        HPCTRAIN_NAMESPACE="env-ns",
+    )
     assert yaml.safe_load(proc.stdout)["kind"] == "PyTorchJob", proc
     one_error(run("status", cwd=tmp_path, HPCTRAIN_SCHEDULER="pbs"), "HPCTRAIN_SCHEDULER='pbs' is unknown")
 
 
 # ---- dev start without JupyterLab (item 4) ----------------------------------------------------------------------
+
 
 def test_dev_start_refuses_an_environment_without_jupyterlab(tmp_path: Path) -> None:
     from hpctrain.schedulers.slurm.dev import check_program

@@ -38,16 +38,33 @@ def test_a_password_in_the_servers_url_is_never_printed(tmp_path: Path) -> None:
 def test_an_exec_plugin_that_never_returns_is_named_and_stopped(tmp_path: Path) -> None:
     pid_file = tmp_path / "plugin.pid"
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{_closed_port()}"}}],
-        "users": [{"name": "u", "user": {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "sh",
-            "args": ["-c", f"echo $$ > {pid_file}; exec sleep 600"]}}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{_closed_port()}"}}],
+                "users": [
+                    {
+                        "name": "u",
+                        "user": {
+                            "exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1beta1",
+                                "command": "sh",
+                                "args": ["-c", f"echo $$ > {pid_file}; exec sleep 600"],
+                            }
+                        },
+                    }
+                ],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
     proc = run_cli(kubeconfig, *COMMANDS["status"], cwd=tmp_path)
-    assert_one_line(proc, "did not load within 4 s", "exec credential plugin (sh) never returned", "HPCTRAIN_K8S_TIMEOUT")
+    assert_one_line(
+        proc, "did not load within 4 s", "exec credential plugin (sh) never returned", "HPCTRAIN_K8S_TIMEOUT"
+    )
     plugin = int(pid_file.read_text())
     deadline = time.monotonic() + 60  # init reaps it once hpctrain has gone
     while _alive(plugin) and time.monotonic() < deadline:
@@ -72,6 +89,7 @@ def test_a_kubeconfig_that_is_a_directory(tmp_path: Path) -> None:
 
 # ---- a server that answers every request with the same bad answer ---------------------------------------------------
 
+
 def _nested(depth: int) -> bytes:
     return b'{"items": ' + b"[" * depth + b"]" * depth + b"}"
 
@@ -94,17 +112,38 @@ BAD_ANSWERS: dict[str, tuple[str | None, bytes]] = {  # name -> (Content-Type, b
     "items of numbers": ("application/json", b'{"items": [1, 2], "metadata": {}}'),
     "items empty objects": ("application/json", b'{"kind": "List", "items": [{}], "metadata": {}}'),
     "metadata a string": ("application/json", b'{"metadata": "x", "items": [{"metadata": "x", "status": "x"}]}'),
-    "name a number": ("application/json", b'{"metadata": {"name": 7}, "spec": [], "status": [], "items": '
-                                          b'[{"metadata": {"name": 7}, "spec": 5, "status": {"phase": 9}}]}'),
-    "status a list": ("application/json", b'{"metadata": {"name": "job-1", "namespace": "default"}, "spec": {}, '
-                                          b'"status": [1], "items": [{"metadata": {"name": "n"}, "status": [1]}]}'),
+    "name a number": (
+        "application/json",
+        b'{"metadata": {"name": 7}, "spec": [], "status": [], "items": '
+        b'[{"metadata": {"name": 7}, "spec": 5, "status": {"phase": 9}}]}',
+    ),
+    "status a list": (
+        "application/json",
+        b'{"metadata": {"name": "job-1", "namespace": "default"}, "spec": {}, '
+        b'"status": [1], "items": [{"metadata": {"name": "n"}, "status": [1]}]}',
+    ),
 }
 
 
 def _random_shape(rng, depth: int = 0):  # type: ignore[no-untyped-def]
     """A JSON value with Kubernetes' words in the wrong places: the fuzz part of the answers."""
-    keys = ("items", "metadata", "name", "status", "spec", "phase", "conditions", "containerStatuses", "nodeName",
-            "allocatable", "replicaStatuses", "type", "reason", "message", "kind")
+    keys = (
+        "items",
+        "metadata",
+        "name",
+        "status",
+        "spec",
+        "phase",
+        "conditions",
+        "containerStatuses",
+        "nodeName",
+        "allocatable",
+        "replicaStatuses",
+        "type",
+        "reason",
+        "message",
+        "kind",
+    )
     choice = rng.randrange(7 if depth < 4 else 4)
     if choice == 0:
         return rng.choice([None, True, -1, 2**70, 1.5e308, "", "x" * rng.randrange(1, 50)])
@@ -125,8 +164,12 @@ def _fuzzed_answers(count: int, seed: int = 29) -> dict[str, tuple[str | None, b
     rng = random.Random(seed)
     answers = {}
     for i in range(count):
-        value = {"items": [_random_shape(rng) for _ in range(2)], "metadata": _random_shape(rng),
-                 "status": _random_shape(rng), "spec": _random_shape(rng)}
+        value = {
+            "items": [_random_shape(rng) for _ in range(2)],
+            "metadata": _random_shape(rng),
+            "status": _random_shape(rng),
+            "spec": _random_shape(rng),
+        }
         answers[f"fuzz {i}"] = ("application/json", json.dumps(value).encode())
     return answers
 
@@ -205,8 +248,9 @@ def _in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:  # type:
 
 
 @pytest.mark.parametrize("answer", list(ANSWERS))
-def test_every_command_ends_in_one_line_naming_the_server_whatever_it_answers(answering, answer: str, tmp_path: Path,
-                                                                             monkeypatch, capsys) -> None:
+def test_every_command_ends_in_one_line_naming_the_server_whatever_it_answers(
+    answering, answer: str, tmp_path: Path, monkeypatch, capsys
+) -> None:
     answering.answer = ANSWERS[answer]
     server = f"127.0.0.1:{answering.server_address[1]}"
     kubeconfig = str(_kubeconfig(tmp_path / "kubeconfig", f"http://{server}"))

@@ -29,8 +29,12 @@ IMAGE = "registry.example/hpctrain:1"
 
 
 def job(nodes: int = 1, **kw: Any) -> JobSpec:
-    return JobSpec(command=kw.pop("command", ("hpctrain", "train", "mnist")), name=kw.pop("name", "mnist"),
-                   resources=Resources(nodes=nodes, cpus_per_task=2, mem="4G"), **kw)
+    return JobSpec(
+        command=kw.pop("command", ("hpctrain", "train", "mnist")),
+        name=kw.pop("name", "mnist"),
+        resources=Resources(nodes=nodes, cpus_per_task=2, mem="4G"),
+        **kw,
+    )
 
 
 def options(api: str = "pytorchjob", **kw: Any) -> KubernetesOptions:
@@ -69,6 +73,7 @@ def test_the_runtime_patch_manager_is_a_domain_prefixed_path() -> None:
 
 # ---- 2. cleanPodPolicy --------------------------------------------------------------------------------------------
 
+
 def test_an_ended_pytorchjob_frees_its_pods_and_keeps_finished_ones() -> None:
     """The defaulter sets cleanPodPolicy None (training-operator v1.9, pkg/apis/kubeflow.org/v1/pytorch_defaults.go),
     which deletes nothing when the job ends (pkg/controller.v1/common/job.go): from v1.9.4 a job failed at its
@@ -79,6 +84,7 @@ def test_an_ended_pytorchjob_frees_its_pods_and_keeps_finished_ones() -> None:
 
 
 # ---- 3. backoffLimit: whole-job incidents ---------------------------------------------------------------------------
+
 
 def past_backoff_limit(limit: int, restarts_per_running_pod: list[int]) -> bool:
     """training-operator v1.9.0 pkg/core/job.go PastBackoffLimit: the restart counts of every init and main container
@@ -111,10 +117,20 @@ def test_trainjob_max_restarts_is_its_own_runtimes_jobset_restart_limit(nodes: i
     out = rendered(spec, options("trainjob", namespace="team-a"))
     runtime, trainjob = yaml.safe_load_all(out.text)
     assert runtime == own_runtime(spec, options("trainjob", namespace="team-a")) and trainjob == out.payload
-    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
-                                              "name": "hpctrain-mnist"}
-    assert runtime["metadata"] == {"name": "hpctrain-mnist", "namespace": "team-a", "labels": {
-        "app.kubernetes.io/managed-by": "hpctrain", "hpctrain.io/job": "mnist", "trainer.kubeflow.org/framework": "torch"}}
+    assert trainjob["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+        "name": "hpctrain-mnist",
+    }
+    assert runtime["metadata"] == {
+        "name": "hpctrain-mnist",
+        "namespace": "team-a",
+        "labels": {
+            "app.kubernetes.io/managed-by": "hpctrain",
+            "hpctrain.io/job": "mnist",
+            "trainer.kubeflow.org/framework": "torch",
+        },
+    }
     jobset = runtime["spec"]["template"]["spec"]
     assert jobset["failurePolicy"] == {"maxRestarts": max_restarts}
     node = jobset["replicatedJobs"][0]["template"]["spec"]
@@ -125,8 +141,11 @@ def test_trainjob_max_restarts_is_its_own_runtimes_jobset_restart_limit(nodes: i
     # Without a budget the job stays on the cluster's runtime, and the text is the TrainJob alone.
     plain = rendered(spec.replace(max_restarts=0), options("trainjob"))
     assert plain.payload["spec"]["runtimeRef"]["kind"] == "ClusterTrainingRuntime" and "---" not in plain.text
-    with pytest.raises(UserError, match="--max-restarts runs a TrainJob on hpctrain's own TrainingRuntime .* not on "
-                                        "--runtime torch-gpu: drop one of them"):
+    with pytest.raises(
+        UserError,
+        match="--max-restarts runs a TrainJob on hpctrain's own TrainingRuntime .* not on "
+        "--runtime torch-gpu: drop one of them",
+    ):
         render(spec, options("trainjob", runtime="torch-gpu"))
 
 
@@ -145,13 +164,19 @@ def test_a_namespace_that_forbids_runtimes_is_said_with_the_way_out() -> None:
     created: list[str] = []
     sched = SimpleNamespace(namespace="team-a", custom=SimpleNamespace(create_namespaced_custom_object=forbidden))
     spec = job(max_restarts=1)
-    with pytest.raises(UserError, match=r"^creating the TrainJob's own TrainingRuntime hpctrain-mnist \(its --max-restarts "
-                                        r"budget\) in namespace team-a is forbidden \(403\): .* or drop --max-restarts"):
-        submit_with(sched, spec, own_runtime(spec, options("trainjob", namespace="team-a")), lambda: created.append("x"))
+    with pytest.raises(
+        UserError,
+        match=r"^creating the TrainJob's own TrainingRuntime hpctrain-mnist \(its --max-restarts "
+        r"budget\) in namespace team-a is forbidden \(403\): .* or drop --max-restarts",
+    ):
+        submit_with(
+            sched, spec, own_runtime(spec, options("trainjob", namespace="team-a")), lambda: created.append("x")
+        )
     assert created == []
 
 
 # ---- 4. older Trainer releases: `check` reads the served schema ------------------------------------------------------
+
 
 def _served_crd(drop: tuple[str, ...]) -> Any:
     """The TrainJob CRD as a cluster with an older Trainer serves it: hpctrain's vendored v2.3.0 copy less the fields
@@ -160,15 +185,21 @@ def _served_crd(drop: tuple[str, ...]) -> Any:
     terminationGracePeriodSeconds), as the client's model."""
     from kubernetes.client import ApiClient
 
-    text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds/trainer.kubeflow.org_trainjobs.yaml").read_text()
+    text = (
+        resources.files("hpctrain.schedulers.kubernetes")
+        .joinpath("crds/trainer.kubeflow.org_trainjobs.yaml")
+        .read_text()
+    )
     crd = yaml.safe_load(text)
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     for field in drop:
         if field == "terminationGracePeriodSeconds":
             replicated = spec["runtimePatches"]["items"]["properties"]["trainingRuntimeSpec"]["properties"]["template"][
-                "properties"]["spec"]["properties"]["replicatedJobs"]["items"]["properties"]
+                "properties"
+            ]["spec"]["properties"]["replicatedJobs"]["items"]["properties"]
             del replicated["template"]["properties"]["spec"]["properties"]["template"]["properties"]["spec"][
-                "properties"][field]
+                "properties"
+            ][field]
         else:
             del spec[field]
     crd["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
@@ -196,11 +227,14 @@ def _crd_check(drop: tuple[str, ...], spec: JobSpec) -> list[str]:
     return sched._crd_problems(sched.render(spec).payload)
 
 
-@pytest.mark.parametrize("drop,spec,release", [
-    (("runtimePatches", "activeDeadlineSeconds"), job(), "Kubeflow Trainer v2.2.0 or later"),  # v2.0.x / v2.1.x
-    (("activeDeadlineSeconds",), job(time="01:00:00"), "Kubeflow Trainer v2.2.0 or later"),
-    (("terminationGracePeriodSeconds",), job(), "Kubeflow Trainer v2.3.0 or later"),  # v2.2.x
-])
+@pytest.mark.parametrize(
+    "drop,spec,release",
+    [
+        (("runtimePatches", "activeDeadlineSeconds"), job(), "Kubeflow Trainer v2.2.0 or later"),  # v2.0.x / v2.1.x
+        (("activeDeadlineSeconds",), job(time="01:00:00"), "Kubeflow Trainer v2.2.0 or later"),
+        (("terminationGracePeriodSeconds",), job(), "Kubeflow Trainer v2.3.0 or later"),  # v2.2.x
+    ],
+)
 def test_check_refuses_a_trainjob_whose_fields_the_clusters_trainer_would_drop(drop, spec, release) -> None:
     [line] = _crd_check(drop, spec)
     assert line.startswith("the cluster's TrainJob CRD (trainjobs.trainer.kubeflow.org) has no field spec."), line
@@ -214,14 +248,24 @@ def test_check_accepts_a_trainjob_the_served_schema_holds() -> None:
 
 
 def test_unknown_fields_follow_the_schema() -> None:
-    schema = {"type": "object", "properties": {
-        "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
-        "l": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "string"}}}},
-        "m": {"type": "object", "additionalProperties": {"type": "string"}},
-        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-        "meta": {"type": "object"}}}
-    manifest = {"a": {"b": 1, "c": 2}, "l": [{"x": "1"}, {"y": "2"}], "m": {"k": "v"}, "free": {"z": 1},
-                "meta": {"name": "n"}, "top": 1}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "l": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "string"}}}},
+            "m": {"type": "object", "additionalProperties": {"type": "string"}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "meta": {"type": "object"},
+        },
+    }
+    manifest = {
+        "a": {"b": 1, "c": 2},
+        "l": [{"x": "1"}, {"y": "2"}],
+        "m": {"k": "v"},
+        "free": {"z": 1},
+        "meta": {"name": "n"},
+        "top": 1,
+    }
     assert unknown_fields(manifest, schema) == ["a.c", "l[1].y", "top"]
 
 
@@ -244,6 +288,7 @@ def test_submit_asks_the_api_server_for_strict_field_validation() -> None:
 
 
 # ---- 5./6. job names ------------------------------------------------------------------------------------------------
+
 
 def jobset_pod_name_ok(name: str, num_nodes: int) -> bool:
     """kubernetes-sigs/jobset v0.12.0 pkg/webhooks/jobset_webhook.go: for an indexed replicated job, GenPodName(
@@ -284,6 +329,7 @@ def test_a_name_starting_with_a_digit_is_refused(api: str) -> None:
 
 # ---- 7. the operator's init container ------------------------------------------------------------------------------
 
+
 def test_workers_wait_for_the_master_in_their_own_init_container() -> None:
     """training-operator v1.9.0 pkg/controller.v1/pytorch/initcontainer.go appends `init-pytorch` to every Worker pod:
     `nslookup JOB-master-0` at most --pytorch-init-container-max-tries (100) times, 2 s apart, then exit 1; a failed
@@ -298,7 +344,10 @@ def test_workers_wait_for_the_master_in_their_own_init_container() -> None:
     assert "mnist" not in init["command"][2]  # the name is an argument, never code
     assert init["resources"]["requests"] == init["resources"]["limits"]
     assert validate_manifest(manifest) == []
-    assert "initContainers" not in render(job(nodes=1), options())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert (
+        "initContainers"
+        not in render(job(nodes=1), options())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    )
 
 
 def test_the_wait_for_master_code_resolves_and_waits() -> None:
@@ -311,7 +360,9 @@ def test_the_wait_for_master_code_resolves_and_waits() -> None:
     done = subprocess.run([sys.executable, "-c", code, "localhost"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == ""
     # a name that never resolves: it keeps waiting (no exit, so no restart to count) and says for what
-    waiting = subprocess.Popen([sys.executable, "-c", code, "mnist-master-0.invalid"], stdout=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        [sys.executable, "-c", code, "mnist-master-0.invalid"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert waiting.stdout.readline() == "hpctrain: waiting for mnist-master-0.invalid\n"
         assert waiting.stdout.readline() == "hpctrain: waiting for mnist-master-0.invalid\n"
@@ -323,12 +374,18 @@ def test_the_wait_for_master_code_resolves_and_waits() -> None:
 
 # ---- 8. --time: the job's own timer, and a backstop deadline --------------------------------------------------------
 
+
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_time_is_training_time_with_a_warning_and_the_deadline_only_a_backstop(api: str) -> None:
     manifest = render(job(nodes=2, time="04:00:00", signal_grace=300), options(api))
-    env = {e["name"]: e.get("value") for e in (
-        manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
-        if api == "pytorchjob" else manifest["spec"]["trainer"]["env"])}
+    env = {
+        e["name"]: e.get("value")
+        for e in (
+            manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+            if api == "pytorchjob"
+            else manifest["spec"]["trainer"]["env"]
+        )
+    }
     assert (env["HPCTRAIN_TIME_LIMIT_S"], env["HPCTRAIN_TIME_WARNING_S"]) == ("14400", "300")
     # PyTorchJob counts activeDeadlineSeconds from status.startTime (set at the first reconcile, before scheduling),
     # a TrainJob from its creation: either way queue time is in it, so the deadline leaves a day for the queue.
@@ -361,8 +418,10 @@ def test_the_jobs_own_timer_asks_for_a_checkpoint_and_stop_before_the_limit(capf
         assert _wait_for(lambda: stop.reason is StopReason.PREEMPTED)
     finally:
         stop.uninstall()
-    assert "hpctrain: the time limit (3600 s of training, HPCTRAIN_TIME_LIMIT_S) ends in 120 s: checkpointing and stopping" \
+    assert (
+        "hpctrain: the time limit (3600 s of training, HPCTRAIN_TIME_LIMIT_S) ends in 120 s: checkpointing and stopping"
         in capfd.readouterr().err
+    )
     later = StopRequest()
     try:
         delay = later.arm_time_limit(env, started=time.time())
@@ -371,11 +430,16 @@ def test_the_jobs_own_timer_asks_for_a_checkpoint_and_stop_before_the_limit(capf
     finally:
         later.uninstall()
     assert later._timer is None  # uninstall disarms it
-    for quiet in ({}, {"HPCTRAIN_TIME_LIMIT_S": "3600", "HPCTRAIN_TIME_WARNING_S": "0"}, {"HPCTRAIN_TIME_LIMIT_S": "x"}):
+    for quiet in (
+        {},
+        {"HPCTRAIN_TIME_LIMIT_S": "3600", "HPCTRAIN_TIME_WARNING_S": "0"},
+        {"HPCTRAIN_TIME_LIMIT_S": "x"},
+    ):
         assert StopRequest().arm_time_limit(quiet) is None  # no limit, or --signal-grace 0: no warning, as on Slurm
 
 
 # ---- 9. --exclude-nodes ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_excluded_nodes_are_matched_by_node_name_not_a_label(api: str) -> None:
@@ -388,21 +452,24 @@ def test_excluded_nodes_are_matched_by_node_name_not_a_label(api: str) -> None:
 
 # ---- 10. --run-dir DIR/%j -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 @pytest.mark.parametrize("form", [("--run-dir", "/mnt/runs/%j"), ("--run-dir=/mnt/runs/%j",)])
 def test_a_recipes_run_dir_is_expanded_in_the_command(api: str, form: tuple[str, ...]) -> None:
-    spec = job(nodes=2, name="mnist-7", command=("hpctrain", "train", "mnist", *form, "--epochs", "1"),
-               run_dir="/mnt/runs/%j")
+    spec = job(
+        nodes=2, name="mnist-7", command=("hpctrain", "train", "mnist", *form, "--epochs", "1"), run_dir="/mnt/runs/%j"
+    )
     command = container_command(spec, options(api))
     assert "%j" not in " ".join(command)
     expanded = ["--run-dir", "/mnt/runs/mnist-7"] if len(form) == 2 else ["--run-dir=/mnt/runs/mnist-7"]
-    assert command[command.index("mnist") + 1:] == [*expanded, "--epochs", "1"]
+    assert command[command.index("mnist") + 1 :] == [*expanded, "--epochs", "1"]
     # a user's own command is passed as given (Slurm's renderer expands %j only in a recipe's --run-dir too)
     own = job(command=("python", "train.py", "--out", "/mnt/runs/%j"), run_dir="/mnt/runs/%j")
     assert container_command(own, options(api))[-1] == "/mnt/runs/%j"
 
 
 # ---- 11. params file priority=N -------------------------------------------------------------------------------------
+
 
 class _Scheduling:
     def __init__(self, classes: dict[str, int]) -> None:
@@ -425,13 +492,17 @@ def test_a_params_priority_is_a_label_and_check_names_the_clusters_priority_clas
 
     _, opts = parse_params_text("priority=3\n")
     [line] = _priority_check({"batch-low": 10, "batch-high": 1000}, **opts)
-    assert line == ("warning: priority=3 (the params file) is only the label hpctrain.io/priority: it does not change "
-                    "scheduling; to schedule by priority add --priority-class NAME (this cluster has: batch-high (1000), "
-                    "batch-low (10))")
+    assert line == (
+        "warning: priority=3 (the params file) is only the label hpctrain.io/priority: it does not change "
+        "scheduling; to schedule by priority add --priority-class NAME (this cluster has: batch-high (1000), "
+        "batch-low (10))"
+    )
     assert _priority_check({"batch-low": 10}, **opts, priority_class="batch-low") == []
     [refused] = _priority_check({"batch-low": 10}, priority_class="urgent")
-    assert refused == ("PriorityClass 'urgent' does not exist (the cluster has: batch-low (10)): the API server would "
-                       "refuse every pod of the job; pick one of these with --priority-class")
+    assert refused == (
+        "PriorityClass 'urgent' does not exist (the cluster has: batch-low (10)): the API server would "
+        "refuse every pod of the job; pick one of these with --priority-class"
+    )
     assert _priority_check({}) == []
 
 

@@ -45,39 +45,74 @@ class Ctx:
 
         return client.CoreV1Api(self.api)
 
-    def node(self, cpu: str = "8", memory: str = "32Gi", gpus: int = 0, taints: list | None = None,
-             unschedulable: bool = False) -> str:
+    def node(
+        self,
+        cpu: str = "8",
+        memory: str = "32Gi",
+        gpus: int = 0,
+        taints: list | None = None,
+        unschedulable: bool = False,
+    ) -> str:
         name = f"{self.tag}-n{len(self.nodes)}"
-        self.core.create_node({"metadata": {"name": name, "labels": {NODE_LABEL: self.tag}}, "spec": {"unschedulable": unschedulable}})
+        self.core.create_node(
+            {"metadata": {"name": name, "labels": {NODE_LABEL: self.tag}}, "spec": {"unschedulable": unschedulable}}
+        )
         self.nodes.append(name)
         alloc = {"cpu": cpu, "memory": memory, "pods": "110", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
-        self.core.patch_node_status(name, {"status": {"capacity": alloc, "allocatable": alloc, "conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}]}})
+        self.core.patch_node_status(
+            name,
+            {
+                "status": {
+                    "capacity": alloc,
+                    "allocatable": alloc,
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}
+                    ],
+                }
+            },
+        )
         # The TaintNodesByCondition admission plugin marks a new node not-ready; the node lifecycle controller
         # (absent here) lifts that once the kubelet reports Ready. Set the taints this test wants instead.
         self.core.patch_node(name, {"spec": {"taints": taints or None}})
         return name
 
-    def pod(self, node: str | None, cpu: str = "1", memory: str = "1Gi", gpus: int = 0, name: str | None = None,
-            labels: dict | None = None) -> str:
+    def pod(
+        self,
+        node: str | None,
+        cpu: str = "1",
+        memory: str = "1Gi",
+        gpus: int = 0,
+        name: str | None = None,
+        labels: dict | None = None,
+    ) -> str:
         name = name or f"filler-{uuid.uuid4().hex[:6]}"
         requests = {"cpu": cpu, "memory": memory, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
         container = {"name": "pytorch", "image": IMAGE, "resources": {"requests": requests, "limits": requests}}
         spec: dict[str, Any] = {"containers": [container]}
         if node:
             spec["nodeName"] = node
-        self.core.create_namespaced_pod(self.namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+        self.core.create_namespaced_pod(
+            self.namespace, {"metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+        )
         return name
 
     def pvc(self, name: str, mode: str = "ReadWriteMany") -> None:
-        self.core.create_namespaced_persistent_volume_claim(self.namespace, {
-            "metadata": {"name": name},
-            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}}})
+        self.core.create_namespaced_persistent_volume_claim(
+            self.namespace,
+            {
+                "metadata": {"name": name},
+                "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
 
     def quota(self, hard: dict[str, str], used: dict[str, str]) -> None:
         """A ResourceQuota with the status the quota controller would write."""
-        self.core.create_namespaced_resource_quota(self.namespace, {"metadata": {"name": "team"}, "spec": {"hard": hard}})
-        self.core.patch_namespaced_resource_quota_status("team", self.namespace, {"status": {"hard": hard, "used": used}})
+        self.core.create_namespaced_resource_quota(
+            self.namespace, {"metadata": {"name": "team"}, "spec": {"hard": hard}}
+        )
+        self.core.patch_namespaced_resource_quota_status(
+            "team", self.namespace, {"status": {"hard": hard, "used": used}}
+        )
 
     def scheduler(self, **options: Any) -> KubernetesScheduler:
         options.setdefault("namespace", self.namespace)
@@ -97,11 +132,21 @@ def ctx(k8s_cluster: LocalK8s):
         context.core.delete_node(node)
 
 
-def job(nodes: int = 2, cpus: int = 2, mem: str | None = "8G", gpus: int = 0, run_dir: str | None = "/mnt/runs/%j",
-        **kw: Any) -> JobSpec:
-    return JobSpec(command=("hpctrain", "train", "mnist"), name=kw.pop("name", "mnist"), run_dir=run_dir,
-                   resources=Resources(nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=cpus, mem=mem),
-                   **kw)
+def job(
+    nodes: int = 2,
+    cpus: int = 2,
+    mem: str | None = "8G",
+    gpus: int = 0,
+    run_dir: str | None = "/mnt/runs/%j",
+    **kw: Any,
+) -> JobSpec:
+    return JobSpec(
+        command=("hpctrain", "train", "mnist"),
+        name=kw.pop("name", "mnist"),
+        run_dir=run_dir,
+        resources=Resources(nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=cpus, mem=mem),
+        **kw,
+    )
 
 
 def test_check_accepts_a_job_that_fits(ctx: Ctx) -> None:
@@ -147,7 +192,9 @@ def test_check_node_selector_taints_and_cordons(ctx: Ctx) -> None:
     # The count is of the whole cluster's nodes: other tests' stand-ins add their own meanwhile.
     assert len(problems) == 1 and re.fullmatch(
         r"no schedulable node matches --node-selector and tolerates its taints with --toleration \(\d+ node\(s\) in "
-        r"the cluster\): fix --node-selector/--toleration or ask the admin", problems[0]), problems
+        r"the cluster\): fix --node-selector/--toleration or ask the admin",
+        problems[0],
+    ), problems
     assert ctx.scheduler(volumes=volumes, tolerations=("nvidia.com/gpu:NoSchedule",)).check(job(gpus=2)) == []
     assert ctx.scheduler(volumes=volumes, tolerations=("nvidia.com/gpu=present",)).check(job(gpus=2)) == []
     problems = ctx.scheduler(volumes=volumes, tolerations=("nvidia.com/gpu",)).check(job(gpus=8))
@@ -164,24 +211,32 @@ def test_check_leaves_out_excluded_nodes(ctx: Ctx) -> None:
     problems = sched.check(job(cpus=2, mem="1G", exclude_nodes=(sick, well)))
     assert len(problems) == 1 and problems[0].startswith(
         f"no schedulable node matches --node-selector and tolerates its taints with --toleration outside "
-        f"--exclude-nodes {sick},{well} ("), problems
+        f"--exclude-nodes {sick},{well} ("
+    ), problems
     assert problems[0].endswith("exclude fewer nodes, or fix --node-selector/--toleration")
 
 
 def test_check_names_missing_namespace_pvc_runtime_and_bad_shm(ctx: Ctx) -> None:
     ctx.node()
     problems = ctx.scheduler(namespace=f"{ctx.namespace}-missing").check(job())
-    assert any(f"namespace '{ctx.namespace}-missing' does not exist: create it (kubectl create namespace" in p for p in problems)
+    assert any(
+        f"namespace '{ctx.namespace}-missing' does not exist: create it (kubectl create namespace" in p
+        for p in problems
+    )
 
     problems = ctx.scheduler(volumes=("pvc:nope:/mnt/runs",), shm="16Gi").check(job(mem="8G"))
     assert "PersistentVolumeClaim 'nope' does not exist in namespace" in " | ".join(problems)
     assert "--shm 16Gi exceeds the pod's memory --mem 8G" in " | ".join(problems)
     assert len(blocking(problems)) == 2
 
-    problems = ctx.scheduler(api="trainjob", runtime="no-such-runtime", volumes=("nfs:nas:/export:/mnt/runs",)).check(job())
-    assert problems == ["the ClusterTrainingRuntime 'no-such-runtime' does not exist: install Trainer's runtimes, or "
-                        "pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
-                        "`kubectl get clustertrainingruntimes` lists"]
+    problems = ctx.scheduler(api="trainjob", runtime="no-such-runtime", volumes=("nfs:nas:/export:/mnt/runs",)).check(
+        job()
+    )
+    assert problems == [
+        "the ClusterTrainingRuntime 'no-such-runtime' does not exist: install Trainer's runtimes, or "
+        "pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
+        "`kubectl get clustertrainingruntimes` lists"
+    ]
     assert ctx.scheduler(api="trainjob", volumes=("nfs:nas:/export:/mnt/runs",)).check(job()) == []
 
 
@@ -200,12 +255,17 @@ def test_check_reads_the_served_crd_and_the_clusters_priority_classes(ctx: Ctx) 
     try:
         assert ctx.scheduler(volumes=shared, priority_class=name).check(job()) == []
         [refused] = ctx.scheduler(volumes=shared, priority_class=f"{name}-x").check(job())
-        assert re.fullmatch(rf"PriorityClass '{name}-x' does not exist \(the cluster has: .*\b{name} \(1000\).*\): the "
-                            r"API server would refuse every pod of the job; pick one of these with --priority-class", refused)
+        assert re.fullmatch(
+            rf"PriorityClass '{name}-x' does not exist \(the cluster has: .*\b{name} \(1000\).*\): the "
+            r"API server would refuse every pod of the job; pick one of these with --priority-class",
+            refused,
+        )
         [warned] = ctx.scheduler(volumes=shared, labels=("hpctrain.io/priority=3",)).check(job())
-        assert warned.startswith("warning: priority=3 (the params file) is only the label hpctrain.io/priority: it does "
-                                 "not change scheduling; to schedule by priority add --priority-class NAME (this "
-                                 "cluster has: system-node-critical (2000001000), system-cluster-critical (2000000000)")
+        assert warned.startswith(
+            "warning: priority=3 (the params file) is only the label hpctrain.io/priority: it does "
+            "not change scheduling; to schedule by priority add --priority-class NAME (this "
+            "cluster has: system-node-critical (2000001000), system-cluster-critical (2000000000)"
+        )
         assert blocking([warned]) == []
     finally:
         scheduling.delete_priority_class(name)
@@ -215,13 +275,17 @@ def test_check_warns_when_the_run_dir_is_not_shared(ctx: Ctx) -> None:
     ctx.node()
     ctx.pvc("scratch", mode="ReadWriteOnce")
     problems = ctx.scheduler().check(job())
-    assert problems == ["warning: --run-dir /mnt/runs/mnist is not on a volume all replicas share (shared mounts: none): "
-                        "restarted pods cannot resume and rank 0's checkpoint is invisible to the others; put it under "
-                        "a --volume mount path"]
+    assert problems == [
+        "warning: --run-dir /mnt/runs/mnist is not on a volume all replicas share (shared mounts: none): "
+        "restarted pods cannot resume and rank 0's checkpoint is invisible to the others; put it under "
+        "a --volume mount path"
+    ]
     assert blocking(problems) == []
     problems = ctx.scheduler(volumes=("pvc:scratch:/mnt/runs",)).check(job(nodes=2))
-    assert problems == ["warning: PVC scratch holds the run dir but its access modes are ReadWriteOnce: pods on "
-                        "different nodes need ReadWriteMany"]
+    assert problems == [
+        "warning: PVC scratch holds the run dir but its access modes are ReadWriteOnce: pods on "
+        "different nodes need ReadWriteMany"
+    ]
     assert ctx.scheduler(volumes=("pvc:scratch:/mnt/runs",)).check(job(nodes=1)) == []
     assert "no --run-dir" in ctx.scheduler().check(job(run_dir=None))[0]
 
@@ -230,16 +294,25 @@ def test_check_quota(ctx: Ctx) -> None:
     ctx.node(cpu="32", memory="128Gi")
     ctx.pvc("runs")
     sched = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",))
-    ctx.quota({"requests.cpu": "8", "requests.memory": "64Gi", "pods": "10"}, {"requests.cpu": "6", "requests.memory": "0", "pods": "3"})
+    ctx.quota(
+        {"requests.cpu": "8", "requests.memory": "64Gi", "pods": "10"},
+        {"requests.cpu": "6", "requests.memory": "0", "pods": "3"},
+    )
     problems = sched.check(job(nodes=2, cpus=2, mem="8G"))  # 4 CPUs, 2 free under the quota
-    assert problems == ["warning: the job will queue until 2 of requests.cpu is freed in namespace "
-                        f"{ctx.namespace} (quota team: 6 of 8 used, the job needs 4)"]
+    assert problems == [
+        "warning: the job will queue until 2 of requests.cpu is freed in namespace "
+        f"{ctx.namespace} (quota team: 6 of 8 used, the job needs 4)"
+    ]
     problems = sched.check(job(nodes=3, cpus=4, mem="8G"))  # 12 CPUs: more than the quota allows at all
-    assert problems == [f"the job asks for requests.cpu 12 but the quota team of namespace {ctx.namespace} allows 8 in "
-                        "all: it can never run; ask for less (fewer --nodes or less per pod) or ask for a larger quota"]
+    assert problems == [
+        f"the job asks for requests.cpu 12 but the quota team of namespace {ctx.namespace} allows 8 in "
+        "all: it can never run; ask for less (fewer --nodes or less per pod) or ask for a larger quota"
+    ]
     problems = sched.check(job(nodes=1, cpus=1, mem=None))
-    assert problems == [f"namespace {ctx.namespace} has a memory quota (team: requests.memory): pods must state "
-                        "their memory; give --mem"]
+    assert problems == [
+        f"namespace {ctx.namespace} has a memory quota (team: requests.memory): pods must state "
+        "their memory; give --mem"
+    ]
     assert sched.check(job(nodes=1, cpus=1, mem="1G")) == []
 
 
@@ -250,7 +323,9 @@ def test_submit_creates_the_object_and_refuses_a_duplicate(ctx: Ctx) -> None:
     spec = job(nodes=3, max_restarts=2, time="01:00:00")
     rendered = sched.render(spec)
     assert sched.submit(spec, rendered) == "mnist"
-    stored = client.CustomObjectsApi(ctx.api).get_namespaced_custom_object("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist")
+    stored = client.CustomObjectsApi(ctx.api).get_namespaced_custom_object(
+        "kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist"
+    )
     assert stored["spec"]["runPolicy"].pop("suspend") is False  # the CRD's one default
     assert stored["spec"] == rendered.payload["spec"]  # nothing pruned: every field is one the CRD knows
     assert stored["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "hpctrain"}
@@ -266,8 +341,11 @@ def test_submit_creates_the_object_and_refuses_a_duplicate(ctx: Ctx) -> None:
 
 
 def _kubeflow_pod(ctx: Ctx, node: str | None, rtype: str, index: int) -> str:
-    labels = {"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/replica-type": rtype,
-              "training.kubeflow.org/replica-index": str(index)}
+    labels = {
+        "training.kubeflow.org/job-name": "mnist",
+        "training.kubeflow.org/replica-type": rtype,
+        "training.kubeflow.org/replica-index": str(index),
+    }
     return ctx.pod(node, name=f"mnist-{rtype}-{index}", labels=labels)
 
 
@@ -286,23 +364,77 @@ def test_status_parses_conditions_pods_and_events(ctx: Ctx) -> None:
     master = _kubeflow_pod(ctx, node, "master", 0)
     worker0 = _kubeflow_pod(ctx, node, "worker", 0)
     worker1 = _kubeflow_pod(ctx, None, "worker", 1)
-    ctx.core.patch_namespaced_pod_status(master, ctx.namespace, {"status": {"phase": "Running", "containerStatuses": [{
-        "name": "pytorch", "image": IMAGE, "imageID": "", "ready": True, "restartCount": 2,
-        "state": {"running": {"startedAt": now()}},
-        "lastState": {"terminated": {"exitCode": 75, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})
+    ctx.core.patch_namespaced_pod_status(
+        master,
+        ctx.namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "pytorch",
+                        "image": IMAGE,
+                        "imageID": "",
+                        "ready": True,
+                        "restartCount": 2,
+                        "state": {"running": {"startedAt": now()}},
+                        "lastState": {
+                            "terminated": {"exitCode": 75, "reason": "Error", "startedAt": now(), "finishedAt": now()}
+                        },
+                    }
+                ],
+            }
+        },
+    )
     ctx.core.patch_namespaced_pod_status(worker0, ctx.namespace, {"status": {"phase": "Running"}})
-    ctx.core.patch_namespaced_pod_status(worker1, ctx.namespace, {"status": {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available"}]}})
-    ctx.core.create_namespaced_event(ctx.namespace, {
-        "metadata": {"name": f"{worker1}.1"}, "type": "Warning", "reason": "FailedScheduling", "count": 1,
-        "message": "0/1 nodes are available: 1 Insufficient cpu.", "firstTimestamp": now(), "lastTimestamp": now(),
-        "involvedObject": {"kind": "Pod", "name": worker1, "namespace": ctx.namespace}, "source": {"component": "default-scheduler"}})
-    ctx.core.create_namespaced_event(ctx.namespace, {
-        "metadata": {"name": f"{master}.1"}, "type": "Normal", "reason": "Started", "message": "Started container",
-        "involvedObject": {"kind": "Pod", "name": master, "namespace": ctx.namespace}})
-    conditions = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "message": "created"},
-                  {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "PyTorchJob mnist is running."}]
-    custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}})
+    ctx.core.patch_namespaced_pod_status(
+        worker1,
+        ctx.namespace,
+        {
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/1 nodes are available",
+                    }
+                ],
+            }
+        },
+    )
+    ctx.core.create_namespaced_event(
+        ctx.namespace,
+        {
+            "metadata": {"name": f"{worker1}.1"},
+            "type": "Warning",
+            "reason": "FailedScheduling",
+            "count": 1,
+            "message": "0/1 nodes are available: 1 Insufficient cpu.",
+            "firstTimestamp": now(),
+            "lastTimestamp": now(),
+            "involvedObject": {"kind": "Pod", "name": worker1, "namespace": ctx.namespace},
+            "source": {"component": "default-scheduler"},
+        },
+    )
+    ctx.core.create_namespaced_event(
+        ctx.namespace,
+        {
+            "metadata": {"name": f"{master}.1"},
+            "type": "Normal",
+            "reason": "Started",
+            "message": "Started container",
+            "involvedObject": {"kind": "Pod", "name": master, "namespace": ctx.namespace},
+        },
+    )
+    conditions = [
+        {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "message": "created"},
+        {"type": "Running", "status": "True", "reason": "PyTorchJobRunning", "message": "PyTorchJob mnist is running."},
+    ]
+    custom.patch_namespaced_custom_object_status(
+        "kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}}
+    )
 
     status = sched.status("mnist")
     assert status.state == RUNNING and status.message == "PyTorchJob mnist is running."
@@ -316,17 +448,60 @@ def test_status_parses_conditions_pods_and_events(ctx: Ctx) -> None:
 
     # What a real kubelet reports once the backoff limit failed the job: the container waits to restart
     # (CrashLoopBackOff) and only its last state holds the exit code, which the job's status must still give.
-    ctx.core.patch_namespaced_pod_status(worker0, ctx.namespace, {"status": {"phase": "Running", "containerStatuses": [{
-        "name": "pytorch", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 1,
-        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
-        "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})
+    ctx.core.patch_namespaced_pod_status(
+        worker0,
+        ctx.namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "pytorch",
+                        "image": IMAGE,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 1,
+                        "state": {
+                            "waiting": {
+                                "reason": "CrashLoopBackOff",
+                                "message": "back-off 10s restarting failed container",
+                            }
+                        },
+                        "lastState": {
+                            "terminated": {"exitCode": 3, "reason": "Error", "startedAt": now(), "finishedAt": now()}
+                        },
+                    }
+                ],
+            }
+        },
+    )
     assert [(r.exit_code, r.reason) for r in sched.status("mnist").replicas][1] == (3, "CrashLoopBackOff")
-    ctx.core.patch_namespaced_pod_status(master, ctx.namespace, {"status": {"phase": "Failed", "containerStatuses": [{
-        "name": "pytorch", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 2,
-        "state": {"terminated": {"exitCode": 2, "reason": "Error", "startedAt": now(), "finishedAt": now()}}}]}})
+    ctx.core.patch_namespaced_pod_status(
+        master,
+        ctx.namespace,
+        {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "pytorch",
+                        "image": IMAGE,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 2,
+                        "state": {
+                            "terminated": {"exitCode": 2, "reason": "Error", "startedAt": now(), "finishedAt": now()}
+                        },
+                    }
+                ],
+            }
+        },
+    )
     conditions[1]["status"] = "False"
     conditions.append({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "master failed"})
-    custom.patch_namespaced_custom_object_status("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}})
+    custom.patch_namespaced_custom_object_status(
+        "kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}}
+    )
     status = sched.status("mnist")
     assert (status.state, status.exit_code, status.message, status.finished) == (FAILED, 2, "master failed", True)
     assert status.replicas[0].reason == "Error" and status.pending_reasons == ()
@@ -341,7 +516,9 @@ def test_cancel_deletes_in_the_foreground(ctx: Ctx) -> None:
     sched = ctx.scheduler()
     sched.submit(job(), sched.render(job()))
     sched.cancel("mnist")
-    stored = client.CustomObjectsApi(ctx.api).get_namespaced_custom_object("kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist")
+    stored = client.CustomObjectsApi(ctx.api).get_namespaced_custom_object(
+        "kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist"
+    )
     # No garbage collector runs here, so the object waits for its (absent) pods, marked as being deleted.
     assert stored["metadata"]["deletionTimestamp"] and stored["metadata"]["finalizers"] == ["foregroundDeletion"]
     assert sched.status("mnist").state == CANCELLED
@@ -365,7 +542,10 @@ def test_cluster_view_numbers(ctx: Ctx) -> None:
     assert (na.memory_allocatable, na.memory_requested) == (32 * 2**30, 4 * 2**30 + 512 * 2**20)
     assert (na.gpus_allocatable, na.gpus_requested, na.gpus_free) == (4, 1, 3)
     assert (nb.cpu_requested, nb.memory_requested, nb.gpus_allocatable) == (1.0, 2**30, 0)
-    assert view.quota == (f"{ctx.namespace}/team pods: 4 of 20 used", f"{ctx.namespace}/team requests.cpu: 3500m of 10 used")
+    assert view.quota == (
+        f"{ctx.namespace}/team pods: 4 of 20 used",
+        f"{ctx.namespace}/team requests.cpu: 3500m of 10 used",
+    )
 
 
 # ---- submit --wait: the exit status of a job whose pods went as it failed ------------------------------------
@@ -391,24 +571,62 @@ class _Operator:
     def _conditions(self, *extra: dict[str, str]) -> None:
         from kubernetes import client
 
-        conditions = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "message": "created"},
-                      {"type": "Running", "status": "False" if extra else "True", "reason": "PyTorchJobRunning",
-                       "message": "PyTorchJob mnist is running."}, *extra]
+        conditions = [
+            {"type": "Created", "status": "True", "reason": "PyTorchJobCreated", "message": "created"},
+            {
+                "type": "Running",
+                "status": "False" if extra else "True",
+                "reason": "PyTorchJobRunning",
+                "message": "PyTorchJob mnist is running.",
+            },
+            *extra,
+        ]
         client.CustomObjectsApi(self.ctx.api).patch_namespaced_custom_object_status(
-            "kubeflow.org", "v1", self.ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}})
+            "kubeflow.org", "v1", self.ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": conditions}}
+        )
 
     def status(self, job_id: str) -> Any:
         core, ns = self.ctx.core, self.ctx.namespace
         if self.step == 0:
-            core.patch_namespaced_pod_status(self.master, ns, {"status": {"phase": "Running", "containerStatuses": [
-                self._container(restartCount=0, state={"running": {"startedAt": now()}})]}})
+            core.patch_namespaced_pod_status(
+                self.master,
+                ns,
+                {
+                    "status": {
+                        "phase": "Running",
+                        "containerStatuses": [self._container(restartCount=0, state={"running": {"startedAt": now()}})],
+                    }
+                },
+            )
             self._conditions()
         elif self.step == 1:
-            core.patch_namespaced_pod_status(self.master, ns, {"status": {"phase": "Running", "containerStatuses": [
-                self._container(restartCount=1, state={"waiting": {"reason": "CrashLoopBackOff"}}, lastState={
-                    "terminated": {"exitCode": 3, "reason": "Error", "startedAt": now(), "finishedAt": now()}})]}})
+            core.patch_namespaced_pod_status(
+                self.master,
+                ns,
+                {
+                    "status": {
+                        "phase": "Running",
+                        "containerStatuses": [
+                            self._container(
+                                restartCount=1,
+                                state={"waiting": {"reason": "CrashLoopBackOff"}},
+                                lastState={
+                                    "terminated": {
+                                        "exitCode": 3,
+                                        "reason": "Error",
+                                        "startedAt": now(),
+                                        "finishedAt": now(),
+                                    }
+                                },
+                            )
+                        ],
+                    }
+                },
+            )
         elif self.step == 2:
-            self._conditions({"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": FAILED_AT_LIMIT})
+            self._conditions(
+                {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": FAILED_AT_LIMIT}
+            )
             core.delete_namespaced_pod(self.master, ns, grace_period_seconds=0)
         self.step += 1
         return self.sched.status(job_id)
@@ -442,34 +660,63 @@ def test_a_failed_jobs_exit_status_comes_from_the_operators_events_or_is_said_un
     spec = job(nodes=1, max_restarts=1)
     sched.submit(spec, sched.render(spec))
     client.CustomObjectsApi(ctx.api).patch_namespaced_custom_object_status(
-        "kubeflow.org", "v1", ctx.namespace, "pytorchjobs", "mnist", {"status": {"conditions": [
-            {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": FAILED_AT_LIMIT}]}})
+        "kubeflow.org",
+        "v1",
+        ctx.namespace,
+        "pytorchjobs",
+        "mnist",
+        {
+            "status": {
+                "conditions": [
+                    {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": FAILED_AT_LIMIT}
+                ]
+            }
+        },
+    )
     assert sched.status("mnist").exit_code is None
     assert wait(sched, "mnist", "submit", poll_s=0.01) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         "hpctrain submit: job mnist ended FAILED; hpctrain could not learn its exit status (its processes' records "
-        "are gone and the scheduler kept none): exiting with 1")
+        "are gone and the scheduler kept none): exiting with 1"
+    )
 
     uid = sched.get_object("mnist")["metadata"]["uid"]
     for i, (code, seconds) in enumerate([(3, 10), (0, 20), (137, 30), (5, 40)]):
-        involved = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "mnist", "namespace": ctx.namespace,
-                    "uid": uid if i < 3 else "an-earlier-job-of-the-name"}
+        involved = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "name": "mnist",
+            "namespace": ctx.namespace,
+            "uid": uid if i < 3 else "an-earlier-job-of-the-name",
+        }
         at = f"2026-01-01T00:00:{seconds}Z"
-        ctx.core.create_namespaced_event(ctx.namespace, {
-            "metadata": {"name": f"mnist.{i}"}, "type": "Normal", "reason": "ExitedWithCode", "count": 1,
-            "message": f"Pod: {ctx.namespace}.mnist-master-0 exited with code {code}", "firstTimestamp": at,
-            "lastTimestamp": at, "involvedObject": involved, "source": {"component": "pytorchjob-controller"}})
+        ctx.core.create_namespaced_event(
+            ctx.namespace,
+            {
+                "metadata": {"name": f"mnist.{i}"},
+                "type": "Normal",
+                "reason": "ExitedWithCode",
+                "count": 1,
+                "message": f"Pod: {ctx.namespace}.mnist-master-0 exited with code {code}",
+                "firstTimestamp": at,
+                "lastTimestamp": at,
+                "involvedObject": involved,
+                "source": {"component": "pytorchjob-controller"},
+            },
+        )
     assert sched.status("mnist").exit_code == 137  # the newest non-zero one of this job
     assert wait(sched, "mnist", "submit", poll_s=0.01) == 137
 
 
 # ---- a TrainJob's restart budget: hpctrain's own TrainingRuntime ----------------------------------------------
 
+
 def _runtimes(ctx: Ctx) -> dict[str, dict[str, Any]]:
     from kubernetes import client
 
     listed = client.CustomObjectsApi(ctx.api).list_namespaced_custom_object(
-        "trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes")["items"]
+        "trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes"
+    )["items"]
     return {r["metadata"]["name"]: r for r in listed}
 
 
@@ -485,11 +732,21 @@ def test_trainjob_max_restarts_runs_on_its_own_runtime_owned_by_the_job(ctx: Ctx
     spec = job(nodes=2, max_restarts=2)
     assert sched.submit(spec, sched.render(spec)) == "mnist"
     trainjob = sched.get_object("mnist")
-    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "hpctrain-mnist"}
+    assert trainjob["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+        "name": "hpctrain-mnist",
+    }
     runtime = _runtimes(ctx)["hpctrain-mnist"]
     assert runtime["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
-    assert runtime["metadata"]["ownerReferences"] == [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                                                       "name": "mnist", "uid": trainjob["metadata"]["uid"]}]
+    assert runtime["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "name": "mnist",
+            "uid": trainjob["metadata"]["uid"],
+        }
+    ]
     # The same name again, without --replace: refused, the job's runtime untouched.
     with pytest.raises(UserError, match="a TrainJob named 'mnist' already exists"):
         sched.submit(spec.replace(max_restarts=3), sched.render(spec.replace(max_restarts=3)))

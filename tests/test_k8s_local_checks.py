@@ -15,13 +15,28 @@ NOTE_PATH = "note: skipped the check for programs on PATH: the pods run image im
 
 
 def dry_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--scheduler", "kubernetes",
-                           "--image", "img", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--scheduler", "kubernetes", "--image", "img", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def recipe(data_dir: str, run_dir: str) -> list[str]:
-    return ["--", "hpctrain", "train", "mnist", "--dataset", "fashion-mnist", "--data-dir", data_dir,
-            "--run-dir", run_dir]
+    return [
+        "--",
+        "hpctrain",
+        "train",
+        "mnist",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        data_dir,
+        "--run-dir",
+        run_dir,
+    ]
 
 
 @pytest.fixture
@@ -41,8 +56,10 @@ def test_dataset_and_run_dir_on_a_host_volume_visible_here_are_checked_there(tmp
 
     missing = dry_run(tmp_path, "--volume", f"host:{nas}:/mnt/nas", *recipe("/mnt/nas/nothing", "/mnt/nas/runs/r1"))
     assert missing.returncode == 2, missing.stderr
-    assert (f"hpctrain submit: the pods will not find dataset fashion-mnist in --data-dir /mnt/nas/nothing (seen here "
-            f"as {nas}/nothing): dataset fashion-mnist not found") in missing.stderr, missing.stderr
+    assert (
+        f"hpctrain submit: the pods will not find dataset fashion-mnist in --data-dir /mnt/nas/nothing (seen here "
+        f"as {nas}/nothing): dataset fashion-mnist not found"
+    ) in missing.stderr, missing.stderr
     assert "a real submit would refuse this job (exit status 2)" in missing.stderr
     assert missing.stdout.startswith("apiVersion: kubeflow.org/v1")  # the manifest is still shown
 
@@ -54,23 +71,39 @@ def test_a_run_dir_that_cannot_be_a_directory_is_a_problem(tmp_path: Path, nas: 
     assert f"--run-dir /mnt/nas/runs/r1: {nas}/runs (here) is not a writable directory" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("volume,data_dir,why", [
-    (None, "/data", "--data-dir /data is on no --volume, so it is inside the image"),
-    ("host:/nonexistent-hpctrain-nas:/mnt/nas", "/mnt/nas/data",
-     "--data-dir the host path /nonexistent-hpctrain-nas of its --volume is not on this machine"),
-    ("nfs:nas.example:/export:/mnt/nas", "/mnt/nas/data",
-     "--data-dir its nfs --volume at /mnt/nas is not mounted on this machine"),
-    ("pvc:shared:/mnt/nas", "/mnt/nas/data", "--data-dir its pvc --volume at /mnt/nas is not mounted on this machine"),
-])
-def test_checks_that_cannot_run_here_are_named_as_skipped(tmp_path: Path, volume: str | None, data_dir: str,
-                                                          why: str) -> None:
+@pytest.mark.parametrize(
+    "volume,data_dir,why",
+    [
+        (None, "/data", "--data-dir /data is on no --volume, so it is inside the image"),
+        (
+            "host:/nonexistent-hpctrain-nas:/mnt/nas",
+            "/mnt/nas/data",
+            "--data-dir the host path /nonexistent-hpctrain-nas of its --volume is not on this machine",
+        ),
+        (
+            "nfs:nas.example:/export:/mnt/nas",
+            "/mnt/nas/data",
+            "--data-dir its nfs --volume at /mnt/nas is not mounted on this machine",
+        ),
+        (
+            "pvc:shared:/mnt/nas",
+            "/mnt/nas/data",
+            "--data-dir its pvc --volume at /mnt/nas is not mounted on this machine",
+        ),
+    ],
+)
+def test_checks_that_cannot_run_here_are_named_as_skipped(
+    tmp_path: Path, volume: str | None, data_dir: str, why: str
+) -> None:
     volumes = ["--volume", volume] if volume else []
     proc = dry_run(tmp_path, *volumes, *recipe(data_dir, "runs/r1"))
     assert proc.returncode == 0, proc.stderr
     assert NOTE_PATH in proc.stderr
     assert f"note: skipped the check for dataset fashion-mnist: {why}" in proc.stderr, proc.stderr
-    assert ("note: skipped the check that the run dir is writable: runs/r1 is relative to the pod's working "
-            "directory, inside the image") in proc.stderr, proc.stderr
+    assert (
+        "note: skipped the check that the run dir is writable: runs/r1 is relative to the pod's working "
+        "directory, inside the image"
+    ) in proc.stderr, proc.stderr
 
 
 def test_an_nfs_volume_mounted_here_is_checked_at_its_mount_path(tmp_path: Path) -> None:
@@ -92,17 +125,35 @@ def test_submit_refuses_a_missing_dataset_before_the_cluster_is_asked(k8s_cluste
     api = k8s_cluster.api_client()
     namespace = create_namespace(api, prefix="hpct-local")
     try:
-        args = ["--context", CONTEXT, "--namespace", namespace, "--job-name", "no-data", "--volume",
-                f"host:{nas}:/mnt/nas", *recipe("/mnt/nas/nothing", "/mnt/nas/runs/r1")]
+        args = [
+            "--context",
+            CONTEXT,
+            "--namespace",
+            namespace,
+            "--job-name",
+            "no-data",
+            "--volume",
+            f"host:{nas}:/mnt/nas",
+            *recipe("/mnt/nas/nothing", "/mnt/nas/runs/r1"),
+        ]
         base = [sys.executable, "-m", "hpctrain"]
         sched = ["--scheduler", "kubernetes", "--image", "img"]
-        checked = subprocess.run([*base, "check", *sched, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        checked = subprocess.run(
+            [*base, "check", *sched, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
         assert checked.returncode == 2 and "the pods will not find dataset fashion-mnist" in checked.stderr, checked
         assert NOTE_PATH in checked.stderr
-        submitted = subprocess.run([*base, "submit", *sched, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        submitted = subprocess.run(
+            [*base, "submit", *sched, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
         assert submitted.returncode == 2, submitted
-        assert "the pods will not find dataset fashion-mnist" in submitted.stderr and "nothing was submitted" in submitted.stderr
-        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs")
+        assert (
+            "the pods will not find dataset fashion-mnist" in submitted.stderr
+            and "nothing was submitted" in submitted.stderr
+        )
+        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(
+            "kubeflow.org", "v1", namespace, "pytorchjobs"
+        )
         assert jobs["items"] == [] and not (nas / "runs").exists()
     finally:
         delete_namespace(api, namespace)

@@ -27,8 +27,10 @@ def test_the_kubelets_word_that_the_container_is_gone_is_not_printed_as_the_log(
     with pytest.raises(UserError) as err:
         list(log_lines(answer(GONE), "mnist-worker-0"))
     message = str(err.value)
-    assert message.startswith("the log of pod mnist-worker-0 is gone: the pod was deleted with its container (the "
-                              "kubelet: unable to retrieve container logs for containerd://5f1c0a9e"), message
+    assert message.startswith(
+        "the log of pod mnist-worker-0 is gone: the pod was deleted with its container (the "
+        "kubelet: unable to retrieve container logs for containerd://5f1c0a9e"
+    ), message
     assert "\n" not in message and "`logs -f`" in message
 
 

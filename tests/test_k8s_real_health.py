@@ -29,21 +29,42 @@ pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 TESTS = Path(__file__).parent
 
 
-def test_a_hung_rank_is_named_and_the_restarted_pods_resume_exactly(real: Real, tmp_path: Path,
-                                                                   fashion_data_dir: Path) -> None:
+def test_a_hung_rank_is_named_and_the_restarted_pods_resume_exactly(
+    real: Real, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     run_dir = shared / "run"
-    train = ("train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "1", "--run-dir", str(run_dir),
-             "--checkpoint-every", "16")
-    job = JobSpec(command=("python", str(TESTS / "ailing_rank.py"), *train, "--hang-timeout", "5"), name="hung",
-                  run_dir=str(run_dir), max_restarts=2,
-                  resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
-                  env=(("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "stall"),
-                       ("HPCTRAIN_TEST_AILING_S", "20"), ("HPCTRAIN_TEST_AILING_ONCE", "1"),
-                       ("HPCTRAIN_TEST_AILING_MARKER", str(shared / "ailed"))))
-    sched = real.scheduler(f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}",
-                           f"host:{TESTS}:{TESTS}:ro")
+    train = (
+        "train",
+        "mnist",
+        *TRAIN,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--epochs",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-every",
+        "16",
+    )
+    job = JobSpec(
+        command=("python", str(TESTS / "ailing_rank.py"), *train, "--hang-timeout", "5"),
+        name="hung",
+        run_dir=str(run_dir),
+        max_restarts=2,
+        resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+        env=(
+            ("HPCTRAIN_TEST_AILING_RANK", "1"),
+            ("HPCTRAIN_TEST_AILING", "stall"),
+            ("HPCTRAIN_TEST_AILING_S", "20"),
+            ("HPCTRAIN_TEST_AILING_ONCE", "1"),
+            ("HPCTRAIN_TEST_AILING_MARKER", str(shared / "ailed")),
+        ),
+    )
+    sched = real.scheduler(
+        f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}", f"host:{TESTS}:{TESTS}:ro"
+    )
     sched.submit(job, sched.render(job))
     status = real.wait("the job to finish", lambda: finished(sched, "hung"))
     log = "\n".join(sched.logs("hung"))
@@ -63,7 +84,23 @@ def test_a_hung_rank_is_named_and_the_restarted_pods_resume_exactly(real: Real, 
 
     reference = tmp_path / "reference"
     plain = [a if a != str(run_dir) else str(reference) for a in train]
-    ok(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                       "-m", "hpctrain", *plain], env=clean_environ(), capture_output=True, text=True,
-                      timeout=DEADLINE_S))
+    ok(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "hpctrain",
+                *plain,
+            ],
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+    )
     assert_bitwise_equal(final_weights(run_dir), final_weights(reference))

@@ -48,9 +48,31 @@ RESUME_LIMIT, STEPS = 12288, 192  # classic recipe, batch 64: 192 steps per epoc
 
 def mnist(data_dir: Path, run_dir: Path, train_limit: int, epochs: int) -> tuple[str, ...]:
     """`hpctrain train mnist` as the pods run it (the image's python, hpctrain from the mounted checkout)."""
-    return ("python", "-m", "hpctrain", "train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist",
-            "--data-dir", str(data_dir), "--train-limit", str(train_limit), "--test-limit", "200", "--epochs",
-            str(epochs), "--threads", "1", "--log-interval", "1", "--run-dir", str(run_dir))
+    return (
+        "python",
+        "-m",
+        "hpctrain",
+        "train",
+        "mnist",
+        "--recipe",
+        "classic",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(data_dir),
+        "--train-limit",
+        str(train_limit),
+        "--test-limit",
+        "200",
+        "--epochs",
+        str(epochs),
+        "--threads",
+        "1",
+        "--log-interval",
+        "1",
+        "--run-dir",
+        str(run_dir),
+    )
 
 
 def finished(sched: KubernetesScheduler, job: str) -> Any:
@@ -65,10 +87,29 @@ def test_mnist_on_two_real_pods_completes_with_world_size_2(real: Real, tmp_path
     Stand-in: the PyTorchJob controller only."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    submitted = real.cli("submit", *real.where, "--image", real.image, "--job-name", "mnist-real",
-                         "--volume", f"host:{fashion_data_dir}:{fashion_data_dir}:ro", "--volume", f"host:{runs}:{runs}",
-                         "--nodes", "2", "--cpus-per-task", "1", "--mem", "2G", "--run-dir", f"{runs}/%j",
-                         "--wait", "--", *mnist(fashion_data_dir, runs / "mnist-real", 1024, 1))
+    submitted = real.cli(
+        "submit",
+        *real.where,
+        "--image",
+        real.image,
+        "--job-name",
+        "mnist-real",
+        "--volume",
+        f"host:{fashion_data_dir}:{fashion_data_dir}:ro",
+        "--volume",
+        f"host:{runs}:{runs}",
+        "--nodes",
+        "2",
+        "--cpus-per-task",
+        "1",
+        "--mem",
+        "2G",
+        "--run-dir",
+        f"{runs}/%j",
+        "--wait",
+        "--",
+        *mnist(fashion_data_dir, runs / "mnist-real", 1024, 1),
+    )
     shown = real.cli("status", "mnist-real", "--json", *real.where)
     log = real.cli("logs", "mnist-real", *real.where).stdout
     assert submitted.returncode == 0, (submitted.stdout, submitted.stderr, shown.stdout, log)
@@ -87,8 +128,10 @@ def test_shm_is_a_memory_volume_of_the_asked_size(real: Real) -> None:
     memory-backed emptyDir by its sizeLimit, feature gate SizeMemoryBackedVolumes). No stand-in involved but the
     PyTorchJob controller."""
     sched = real.scheduler(shm="256Mi")
-    probe = ("import os; s = os.statvfs('/dev/shm'); kinds = [l.split()[2] for l in open('/proc/mounts') "
-             "if l.split()[1] == '/dev/shm']; print('shm', s.f_frsize * s.f_blocks, kinds, flush=True)")
+    probe = (
+        "import os; s = os.statvfs('/dev/shm'); kinds = [l.split()[2] for l in open('/proc/mounts') "
+        "if l.split()[1] == '/dev/shm']; print('shm', s.f_frsize * s.f_blocks, kinds, flush=True)"
+    )
     job = JobSpec(command=("python", "-c", probe), name="shm", resources=Resources(nodes=1, mem="1G"))
     assert sched.submit(job, sched.render(job)) == "shm"
     status = real.wait("the job to finish", lambda: finished(sched, "shm"))
@@ -97,7 +140,9 @@ def test_shm_is_a_memory_volume_of_the_asked_size(real: Real) -> None:
     assert f"shm {256 * 2**20} ['tmpfs']" in log, log
 
 
-def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_path: Path, fashion_data_dir: Path) -> None:
+def test_cancel_checkpoints_top_execs_and_resubmission_resumes(
+    real: Real, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     """While a 2-pod `train mnist` trains: `hpctrain top` runs its probe in both pods through real exec
     (API server -> kubelet -> containerd); `hpctrain cancel` deletes the job in the foreground, kube-controller-
     manager's garbage collector deletes the pods with their grace period (--signal-grace), the kubelet sends
@@ -108,17 +153,27 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     shared.mkdir()
     run_dir = shared / "resume"
     sched = real.scheduler(f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
-    job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="resume", run_dir=str(run_dir),
-                  signal_grace=60, resources=Resources(nodes=2, cpus_per_task=1, mem="2G"))
+    job = JobSpec(
+        command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2),
+        name="resume",
+        run_dir=str(run_dir),
+        signal_grace=60,
+        resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+    )
     assert blocking(sched.check(job)) == [], sched.check(job)
     assert sched.submit(job, sched.render(job)) == "resume"
-    real.wait("both pods running", lambda: (s := sched.status("resume")).state == RUNNING
-              and [r.phase for r in s.replicas] == ["Running", "Running"])
+    real.wait(
+        "both pods running",
+        lambda: (
+            (s := sched.status("resume")).state == RUNNING and [r.phase for r in s.replicas] == ["Running", "Running"]
+        ),
+    )
 
     # The master's log, followed through the API server until its container ends (its pod is gone after).
     lines: list[str] = []
-    follower = threading.Thread(target=lambda: lines.extend(sched.logs("resume", follow=True, replica="master-0")),
-                                daemon=True)
+    follower = threading.Thread(
+        target=lambda: lines.extend(sched.logs("resume", follow=True, replica="master-0")), daemon=True
+    )
     follower.start()
     real.wait("training under way", lambda: any(re.match(rf"epoch 1/2 step \d+/{STEPS}", line) for line in lines))
 
@@ -148,8 +203,9 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(real: Real, tmp_p
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
 
 
-def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(real: Real, tmp_path: Path,
-                                                                            fashion_data_dir: Path) -> None:
+def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
+    real: Real, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     """kube-scheduler's own preemption: a low-priority 2-pod `train mnist` holds the node's CPUs; a high-priority job
     asking for all of them makes the scheduler evict both pods (graceful deletion: SIGTERM, the run checkpoints);
     the controller makes the pods again, they wait Pending until the high-priority job has finished, then resume by
@@ -170,19 +226,33 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(re
         run_dir = shared / "low"
         volumes = (f"host:{fashion_data_dir}:{fashion_data_dir}:ro", f"host:{shared}:{shared}")
         cpus = min(int(float(core.read_node(n).status.allocatable["cpu"])) for n in real.nodes)
-        job = JobSpec(command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2), name="low", run_dir=str(run_dir),
-                      signal_grace=60, resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem="2G"))
+        job = JobSpec(
+            command=mnist(fashion_data_dir, run_dir, RESUME_LIMIT, 2),
+            name="low",
+            run_dir=str(run_dir),
+            signal_grace=60,
+            resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem="2G"),
+        )
         low_sched = real.scheduler(*volumes, priority_class=low)
         low_sched.submit(job, low_sched.render(job))
-        real.wait("the low-priority job training", lambda: any(
-            r.phase == "training" and r.step >= 5 for r in read_progress(run_dir)))
+        real.wait(
+            "the low-priority job training",
+            lambda: any(r.phase == "training" and r.step >= 5 for r in read_progress(run_dir)),
+        )
 
-        big = JobSpec(command=("python", "-c", "import time; time.sleep(5)"), name="high",
-                      resources=Resources(nodes=1, cpus_per_task=cpus, mem="1G"))
+        big = JobSpec(
+            command=("python", "-c", "import time; time.sleep(5)"),
+            name="high",
+            resources=Resources(nodes=1, cpus_per_task=cpus, mem="1G"),
+        )
         high_sched = real.scheduler(priority_class=high)
         high_sched.submit(big, high_sched.render(big))
-        real.wait("the preempted run's checkpoint", lambda: (run_dir / "stop_reason").is_file()
-                  and (run_dir / "stop_reason").read_text().strip() == "cancelled")
+        real.wait(
+            "the preempted run's checkpoint",
+            lambda: (
+                (run_dir / "stop_reason").is_file() and (run_dir / "stop_reason").read_text().strip() == "cancelled"
+            ),
+        )
         assert real.wait("the high-priority job to finish", lambda: finished(high_sched, "high")).state == SUCCEEDED
         events = core.list_namespaced_event(real.namespace).items
         assert any(e.reason == "Preempted" for e in events), [(e.reason, e.message) for e in events]
@@ -196,9 +266,23 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(re
         for name in (low, high):
             scheduling.delete_priority_class(name)
     reference = tmp_path / "reference"
-    ok(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                       *mnist(fashion_data_dir, reference, RESUME_LIMIT, 2)[1:]], env=clean_environ(),
-                      capture_output=True, text=True, timeout=DEADLINE_S))
+    ok(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                *mnist(fashion_data_dir, reference, RESUME_LIMIT, 2)[1:],
+            ],
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+    )
     assert_bitwise_equal(final_weights(run_dir), final_weights(reference))
 
 
@@ -206,19 +290,39 @@ def test_a_job_that_does_not_fit_stays_pending_with_the_schedulers_reason(real: 
     """64 CPUs per pod on a node of a few: `hpctrain check` says no node offers that (from the real node's
     allocatable), and once submitted the pod stays Pending while `hpctrain status` shows kube-scheduler's own
     FailedScheduling event. Stand-in: the PyTorchJob controller only."""
-    job = ["--image", real.image, "--job-name", "too-big", "--nodes", "1", "--cpus-per-task", "64", "--mem", "1G",
-           "--", "python", "-c", "print('never')"]
+    job = [
+        "--image",
+        real.image,
+        "--job-name",
+        "too-big",
+        "--nodes",
+        "1",
+        "--cpus-per-task",
+        "64",
+        "--mem",
+        "1G",
+        "--",
+        "python",
+        "-c",
+        "print('never')",
+    ]
     checked = real.cli("check", *real.where, *job)
     assert checked.returncode == 2, checked.stdout + checked.stderr
     node = sorted(real.nodes)[0]
     assert f"more than any node offers (largest: {node} with cpu" in checked.stdout + checked.stderr, checked
 
     sched = real.scheduler()
-    spec = JobSpec(command=("python", "-c", "print('never')"), name="too-big", resources=Resources(nodes=1, cpus_per_task=64, mem="1G"))
+    spec = JobSpec(
+        command=("python", "-c", "print('never')"),
+        name="too-big",
+        resources=Resources(nodes=1, cpus_per_task=64, mem="1G"),
+    )
     sched.submit(spec, sched.render(spec))
     reason = re.compile(r"too-big-master-0: FailedScheduling: 0/\d+ nodes are available: \d+ Insufficient cpu")
-    shown = real.wait("the scheduler's reason in `hpctrain status`",
-                      lambda: reason.search((s := real.cli("status", "too-big", *real.where)).stdout) and s)
+    shown = real.wait(
+        "the scheduler's reason in `hpctrain status`",
+        lambda: reason.search((s := real.cli("status", "too-big", *real.where)).stdout) and s,
+    )
     assert shown.stdout.startswith("too-big: PENDING"), shown.stdout
     status = sched.status("too-big")
     assert [(r.phase, r.reason) for r in status.replicas] == [("Pending", "Unschedulable")], status
@@ -233,30 +337,62 @@ def test_a_job_over_the_namespace_quota_stays_pending_with_the_quota_reason(real
     from kubernetes import client
 
     core = client.CoreV1Api(real.api)
-    core.create_namespaced_resource_quota(real.namespace, {"metadata": {"name": "team"}, "spec": {"hard": {"requests.cpu": "500m"}}})
-    real.wait("the quota controller's status of the quota",
-              lambda: (core.read_namespaced_resource_quota("team", real.namespace).status.hard or {}).get("requests.cpu"))
-    job = ["--image", real.image, "--job-name", "over-quota", "--nodes", "1", "--cpus-per-task", "1", "--mem", "1G",
-           "--", "python", "-c", "print('never')"]
+    core.create_namespaced_resource_quota(
+        real.namespace, {"metadata": {"name": "team"}, "spec": {"hard": {"requests.cpu": "500m"}}}
+    )
+    real.wait(
+        "the quota controller's status of the quota",
+        lambda: (core.read_namespaced_resource_quota("team", real.namespace).status.hard or {}).get("requests.cpu"),
+    )
+    job = [
+        "--image",
+        real.image,
+        "--job-name",
+        "over-quota",
+        "--nodes",
+        "1",
+        "--cpus-per-task",
+        "1",
+        "--mem",
+        "1G",
+        "--",
+        "python",
+        "-c",
+        "print('never')",
+    ]
     checked = real.cli("check", *real.where, *job)
     assert checked.returncode == 2, checked.stdout + checked.stderr
-    assert (f"the job asks for requests.cpu 1 but the quota team of namespace {real.namespace} allows 0.5 in all: it "
-            "can never run") in checked.stdout + checked.stderr, checked
+    assert (
+        f"the job asks for requests.cpu 1 but the quota team of namespace {real.namespace} allows 0.5 in all: it "
+        "can never run"
+    ) in checked.stdout + checked.stderr, checked
 
     sched = real.scheduler()
-    spec = JobSpec(command=("python", "-c", "print('never')"), name="over-quota", resources=Resources(nodes=1, cpus_per_task=1, mem="1G"))
+    spec = JobSpec(
+        command=("python", "-c", "print('never')"),
+        name="over-quota",
+        resources=Resources(nodes=1, cpus_per_task=1, mem="1G"),
+    )
     sched.submit(spec, sched.render(spec))
-    shown = real.wait("the quota's refusal in `hpctrain status`",
-                      lambda: "exceeded quota" in (s := real.cli("status", "over-quota", *real.where)).stdout and s)
+    shown = real.wait(
+        "the quota's refusal in `hpctrain status`",
+        lambda: "exceeded quota" in (s := real.cli("status", "over-quota", *real.where)).stdout and s,
+    )
     assert shown.stdout.startswith("over-quota: PENDING"), shown.stdout
-    assert re.search(r"^waiting: over-quota: FailedCreatePod: Error creating: pods \"over-quota-master-0\" is forbidden: "
-                     r"exceeded quota: team, requested: requests.cpu=1, used: requests.cpu=0, limited: requests.cpu=500m "
-                     r"-- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit with less "
-                     r"\(fewer --nodes or less per pod\) or ask for a larger quota \(`hpctrain cluster ", shown.stdout, re.M), shown.stdout
+    assert re.search(
+        r"^waiting: over-quota: FailedCreatePod: Error creating: pods \"over-quota-master-0\" is forbidden: "
+        r"exceeded quota: team, requested: requests.cpu=1, used: requests.cpu=0, limited: requests.cpu=500m "
+        r"-- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit with less "
+        r"\(fewer --nodes or less per pod\) or ask for a larger quota \(`hpctrain cluster ",
+        shown.stdout,
+        re.M,
+    ), shown.stdout
     assert "is the PyTorchJob operator running?" not in shown.stdout, shown.stdout
     assert sched.pods_of("over-quota") == []
     cluster = real.cli("cluster", *real.where)
-    assert f"quota: {real.namespace}/team requests.cpu: 0 of 500m used" in cluster.stdout, cluster.stdout + cluster.stderr
+    assert f"quota: {real.namespace}/team requests.cpu: 0 of 500m used" in cluster.stdout, (
+        cluster.stdout + cluster.stderr
+    )
 
 
 def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_path: Path) -> None:
@@ -271,17 +407,31 @@ def test_tensorboard_on_cluster_through_a_real_port_forward(real_cpu: Real, tmp_
         pytest.skip("kubectl is not installed")
     shared = tmp_path / "shared"
     run = make_run(shared / "mnist", [0.5, 0.25])
-    started = real.cli("tensorboard", str(run), "--on-cluster", *real.where, "--image", real.image,
-                       "--volume", f"host:{shared}:{shared}")
+    started = real.cli(
+        "tensorboard",
+        str(run),
+        "--on-cluster",
+        *real.where,
+        "--image",
+        real.image,
+        "--volume",
+        f"host:{shared}:{shared}",
+    )
     assert started.returncode == 0, started.stdout + started.stderr
     name = re.search(r"TensorBoard pod (\S+) created", started.stdout)[1]
-    command = re.search(rf"(kubectl --context {CONTEXT} port-forward -n {real.namespace} pod/{name} \d+:\d+)",
-                        started.stdout)[1]
+    command = re.search(
+        rf"(kubectl --context {CONTEXT} port-forward -n {real.namespace} pod/{name} \d+:\d+)", started.stdout
+    )[1]
     stop = re.search(r"Stop it with: (.*)", started.stdout)[1]
     assert stop == f"hpctrain cancel --scheduler kubernetes --namespace {real.namespace} --context {CONTEXT} {name}"
     core = real.standin.core
-    real.wait("the TensorBoard pod to be ready", lambda: any(
-        c.type == "Ready" and c.status == "True" for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []))
+    real.wait(
+        "the TensorBoard pod to be ready",
+        lambda: any(
+            c.type == "Ready" and c.status == "True"
+            for c in core.read_namespaced_pod(name, real.namespace).status.conditions or []
+        ),
+    )
     with port_forward(real, command) as base:
         deadline = time.monotonic() + 120
         while len(served(base, "mnist/.")) < 2 and time.monotonic() < deadline:
@@ -303,23 +453,24 @@ def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
     # has an address), and outlives it: once the master succeeds the job has succeeded, and cleanPodPolicy Running
     # has the operator delete a worker still running, its container and log with it (training-operator v1.9.x,
     # PyTorchJob's UpdateJobStatus: the master's success is the job's; common/job.go DeletePodsAndServices).
-    probe = ("import os, socket, time\n"
-             "addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])\n"
-             "print(addr, port, flush=True)\n"
-             "if os.environ['RANK'] == '0':\n"
-             "    server = socket.create_server(('', port)); server.settimeout(120)\n"
-             "    peer = server.accept()[0]; peer.settimeout(120); peer.recv(1)\n"  # b'' once the worker is gone
-             "    time.sleep(5)\n"  # for the kubelet to report the worker Succeeded before the master
-             "else:\n"
-             "    for _ in range(600):\n"
-             "        try:\n"
-             "            socket.create_connection((addr, port), timeout=5).close(); break\n"
-             "        except OSError:\n"
-             "            time.sleep(0.2)\n"
-             "    else:\n"
-             "        raise SystemExit('the master never listened')\n")
-    job = JobSpec(command=("python", "-c", probe),
-                  name="addr", resources=Resources(nodes=2, mem="512M"))
+    probe = (
+        "import os, socket, time\n"
+        "addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])\n"
+        "print(addr, port, flush=True)\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    server = socket.create_server(('', port)); server.settimeout(120)\n"
+        "    peer = server.accept()[0]; peer.settimeout(120); peer.recv(1)\n"  # b'' once the worker is gone
+        "    time.sleep(5)\n"  # for the kubelet to report the worker Succeeded before the master
+        "else:\n"
+        "    for _ in range(600):\n"
+        "        try:\n"
+        "            socket.create_connection((addr, port), timeout=5).close(); break\n"
+        "        except OSError:\n"
+        "            time.sleep(0.2)\n"
+        "    else:\n"
+        "        raise SystemExit('the master never listened')\n"
+    )
+    job = JobSpec(command=("python", "-c", probe), name="addr", resources=Resources(nodes=2, mem="512M"))
     sched.submit(job, sched.render(job))
     status = real.wait("the job to finish", lambda: finished(sched, "addr"))
     assert status.state == SUCCEEDED and [r.phase for r in status.replicas] == ["Succeeded", "Succeeded"], status
@@ -344,11 +495,28 @@ def test_dev_start_jupyterlab_through_a_real_port_forward(real_cpu: Real, tmp_pa
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed")
     local = free_port()
-    started = real.cli("dev", "start", "nb", *real.where, "--image", real.image, "--shm", "1Gi", "--cpus", "1",
-                       "--mem", "2G", "--local-port", str(local), "--wait", str(DEADLINE_S))
+    started = real.cli(
+        "dev",
+        "start",
+        "nb",
+        *real.where,
+        "--image",
+        real.image,
+        "--shm",
+        "1Gi",
+        "--cpus",
+        "1",
+        "--mem",
+        "2G",
+        "--local-port",
+        str(local),
+        "--wait",
+        str(DEADLINE_S),
+    )
     assert started.returncode == 0, started.stdout + started.stderr
-    command = re.search(rf"(kubectl --context {CONTEXT} port-forward -n {real.namespace} pod/dev-nb {local}:\d+)",
-                        started.stdout)[1]
+    command = re.search(
+        rf"(kubectl --context {CONTEXT} port-forward -n {real.namespace} pod/dev-nb {local}:\d+)", started.stdout
+    )[1]
     stop = re.search(r"Stop it when done: (.*)", started.stdout)[1]
     assert stop == f"hpctrain dev stop --scheduler kubernetes --namespace {real.namespace} --context {CONTEXT} nb"
     token = (tmp_path / "home" / "dev" / "nb" / "token").read_text().strip()
@@ -378,8 +546,7 @@ def port_forward(real: Real, command: str) -> Iterator[str]:
     until it says it forwards; the local base URL while it runs."""
     words = shlex.split(command)
     local = words[-1].split(":")[0]
-    forward = subprocess.Popen(words, env=real.env,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    forward = subprocess.Popen(words, env=real.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert forward.stdout is not None
         line = forward.stdout.readline()
@@ -402,8 +569,19 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
     failing = ["--", "python", "-c", "import sys, time; time.sleep(1); sys.exit(3)"]
 
     def submit(*flags: str) -> subprocess.CompletedProcess[str]:
-        return real.cli("submit", "--no-check", *real.where, "--image", real.image, "--job-name", "ended-1",
-                        "--mem", "512M", *flags, cwd=tmp_path)
+        return real.cli(
+            "submit",
+            "--no-check",
+            *real.where,
+            "--image",
+            real.image,
+            "--job-name",
+            "ended-1",
+            "--mem",
+            "512M",
+            *flags,
+            cwd=tmp_path,
+        )
 
     def ended() -> Any:
         status = sched.status("ended-1")
@@ -419,7 +597,9 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
     cancelled = real.cli(*shlex.split(cancel[1])[1:], "--wait", str(DEADLINE_S))  # as printed, on a loaded machine
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert re.search(r"hpctrain cancel: job ended-1 has ended \(FAILED\); deleting its object", cancelled.stderr)
-    assert re.fullmatch(r"job ended-1: FAILED -> deleted( \(its pods are gone\))?\n", cancelled.stdout), cancelled.stdout
+    assert re.fullmatch(r"job ended-1: FAILED -> deleted( \(its pods are gone\))?\n", cancelled.stdout), (
+        cancelled.stdout
+    )
     assert not sched.list_jobs() and not sched.pods_of("ended-1")
 
     assert submit(*failing).returncode == 0
@@ -427,8 +607,9 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
     old_uid = sched.get_object("ended-1")["metadata"]["uid"]
     replaced = submit("--replace", "--", "python", "-c", "print('new', flush=True)")
     assert replaced.returncode == 0, replaced.stdout + replaced.stderr
-    assert re.search(r"--replace: deleted the earlier PyTorchJob ended-1 \(FAILED, (no pods|1 pod)\) first", replaced.stderr), \
-        replaced.stderr
+    assert re.search(
+        r"--replace: deleted the earlier PyTorchJob ended-1 \(FAILED, (no pods|1 pod)\) first", replaced.stderr
+    ), replaced.stderr
     assert sched.get_object("ended-1")["metadata"]["uid"] != old_uid
     status = real.wait("the new job to finish", lambda: finished(sched, "ended-1"))
     assert status.state == SUCCEEDED and "new" in list(sched.logs("ended-1")), status

@@ -42,10 +42,13 @@ def node_status() -> tuple[set[str], str]:
         said = [line for line in out.splitlines() if "node" in line or "training image" in line]
         said = said or out.strip().splitlines()[:1] or ["no node parts: the cluster was started without them"]
         if NODE_DIR:  # the cluster was started to have the node (scripts/test.sh): its absence is a failure
-            pytest.fail(f"the cluster of HPCTRAIN_K8S_NODE_DIR={NODE_DIR} has no Ready node (status said: "
-                        f"{' / '.join(said)})")
-        pytest.skip("no Ready real node: start one with `HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up` "
-                    f"(status said: {' / '.join(said)})")
+            pytest.fail(
+                f"the cluster of HPCTRAIN_K8S_NODE_DIR={NODE_DIR} has no Ready node (status said: {' / '.join(said)})"
+            )
+        pytest.skip(
+            "no Ready real node: start one with `HPCTRAIN_K8S_NODES=1 scripts/local-k8s.sh up` "
+            f"(status said: {' / '.join(said)})"
+        )
     return nodes, image.group(1)
 
 
@@ -72,14 +75,26 @@ def smoke_pod(core: Any) -> Iterator[str]:
     `serving` once it listens); deleted afterwards."""
     nodes, image = node_status()
     name = f"smoke-{uuid.uuid4().hex[:8]}"
-    script = ("import torch, hpctrain, http.server as h; print('imported torch', torch.__version__, flush=True); "
-              f"s = h.HTTPServer(('', {PORT}), h.SimpleHTTPRequestHandler); print('serving', flush=True); "
-              "s.serve_forever()")
-    core.create_namespaced_pod(NAMESPACE, {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [
-            {"name": "main", "image": image, "imagePullPolicy": "Never", "command": ["python", "-c", script]}]},
-    })
+    script = (
+        "import torch, hpctrain, http.server as h; print('imported torch', torch.__version__, flush=True); "
+        f"s = h.HTTPServer(('', {PORT}), h.SimpleHTTPRequestHandler); print('serving', flush=True); "
+        "s.serve_forever()"
+    )
+    core.create_namespaced_pod(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {"name": "main", "image": image, "imagePullPolicy": "Never", "command": ["python", "-c", script]}
+                ],
+            },
+        },
+    )
     try:
         pod = wait_until(f"pod {name} running", lambda: running(core, name))
         assert pod.spec.node_name in nodes
@@ -100,11 +115,20 @@ def test_pod_runs_logs_and_exec(core: Any, smoke_pod: str) -> None:
     from kubernetes.stream import stream
 
     name = smoke_pod
-    log = wait_until("the pod's log", lambda: "imported torch" in (text := core.read_namespaced_pod_log(
-        name, NAMESPACE)) and text)
+    log = wait_until(
+        "the pod's log", lambda: "imported torch" in (text := core.read_namespaced_pod_log(name, NAMESPACE)) and text
+    )
     assert re.search(r"imported torch \d+\.\d+", log)
-    out = stream(core.connect_get_namespaced_pod_exec, name, NAMESPACE, command=["python", "-c", "print(6 * 7)"],
-                 stderr=True, stdin=False, stdout=True, tty=False)
+    out = stream(
+        core.connect_get_namespaced_pod_exec,
+        name,
+        NAMESPACE,
+        command=["python", "-c", "print(6 * 7)"],
+        stderr=True,
+        stdin=False,
+        stdout=True,
+        tty=False,
+    )
     assert out.strip() == "42"
 
 
@@ -115,8 +139,12 @@ def test_port_forward_reaches_the_pod(core: Any, smoke_pod: str) -> None:
     name = smoke_pod
     # kubectl port-forward gives up on its first refused connection: forward only once the pod listens.
     wait_until("the pod's server", lambda: "serving" in core.read_namespaced_pod_log(name, NAMESPACE))
-    forward = subprocess.Popen(["kubectl", "--context", CONTEXT, "port-forward", f"pod/{name}", f":{PORT}"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    forward = subprocess.Popen(
+        ["kubectl", "--context", CONTEXT, "port-forward", f"pod/{name}", f":{PORT}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert forward.stdout is not None
         line = forward.stdout.readline()
@@ -137,7 +165,12 @@ def test_the_kubelet_never_collects_the_local_images() -> None:
 
     nodes, _ = node_status()
     for node in nodes:
-        raw = subprocess.run(["kubectl", "--context", CONTEXT, "get", "--raw", f"/api/v1/nodes/{node}/proxy/configz"],
-                             capture_output=True, text=True, check=True, timeout=60).stdout
+        raw = subprocess.run(
+            ["kubectl", "--context", CONTEXT, "get", "--raw", f"/api/v1/nodes/{node}/proxy/configz"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
         config = json.loads(raw)["kubeletconfig"]
         assert config["imageGCHighThresholdPercent"] == 100, config

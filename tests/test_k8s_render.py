@@ -23,8 +23,14 @@ UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 STORAGE = {
     "plain": {},
-    "volumes": {"shm": "8Gi", "volumes": ("pvc:team-runs:/mnt/share/team", "nfs:nas.example.com:/export/users:/mnt/user:ro",
-                                          "host:/mnt/datasets:/data:ro")},
+    "volumes": {
+        "shm": "8Gi",
+        "volumes": (
+            "pvc:team-runs:/mnt/share/team",
+            "nfs:nas.example.com:/export/users:/mnt/user:ro",
+            "host:/mnt/datasets:/data:ro",
+        ),
+    },
 }
 
 
@@ -47,8 +53,13 @@ def golden_options(api: str, storage: str) -> KubernetesOptions:
     return KubernetesOptions(namespace="team-a", api=api, image=IMAGE, **STORAGE[storage], **extra)
 
 
-CASES = [(a, c, s, v) for a in ("pytorchjob", "trainjob") for c in ("cpu", "gpu") for s in ("single", "multi")
-         for v in STORAGE]
+CASES = [
+    (a, c, s, v)
+    for a in ("pytorchjob", "trainjob")
+    for c in ("cpu", "gpu")
+    for s in ("single", "multi")
+    for v in STORAGE
+]
 
 
 def _job_for(api: str, res: str, size: str) -> JobSpec:
@@ -69,9 +80,13 @@ def test_golden(api: str, res: str, size: str, storage: str) -> None:
         pytest.fail(f"{path} is missing; create it with: HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
     expected = path.read_text()
     if result.text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), result.text.splitlines(True), str(path), "rendered"))
-        pytest.fail(f"rendered manifest differs from {path.name}:\n{diff}\nIf the change is intended, refresh with: "
-                    f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
+        diff = "".join(
+            difflib.unified_diff(expected.splitlines(True), result.text.splitlines(True), str(path), "rendered")
+        )
+        pytest.fail(
+            f"rendered manifest differs from {path.name}:\n{diff}\nIf the change is intended, refresh with: "
+            f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}"
+        )
 
 
 def test_every_golden_file_validates_against_its_crd() -> None:
@@ -85,21 +100,40 @@ def _base(api: str = "pytorchjob") -> dict:
     return render(golden_job("gpu", "multi").replace(max_restarts=0), golden_options(api, "volumes"))
 
 
-@pytest.mark.parametrize("api,mutate,expected", [
-    ("pytorchjob", lambda m: m["spec"].update(bogus=1), "spec: Additional properties are not allowed ('bogus'"),
-    ("pytorchjob", lambda m: m["spec"]["runPolicy"].update(backofLimit=2), "spec.runPolicy: Additional properties"),
-    ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].update(cmd=["x"]),
-     "spec.pytorchReplicaSpecs.Master.template.spec.containers.0: Additional properties"),
-    ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Worker"].update(replicas="two"),
-     "spec.pytorchReplicaSpecs.Worker.replicas: 'two' is not of type 'integer'"),
-    ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(cpu=[1]),
-     "resources.limits.cpu: [1] is not valid under any of the given schemas"),
-    ("pytorchjob", lambda m: m["spec"].pop("pytorchReplicaSpecs"), "'pytorchReplicaSpecs' is a required property"),
-    ("trainjob", lambda m: m["spec"]["trainer"].update(numWorkers=2), "spec.trainer: Additional properties"),
-    ("trainjob", lambda m: m["spec"].pop("runtimeRef"), "'runtimeRef' is a required property"),
-    ("trainjob", lambda m: m["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
-     ["template"]["spec"]["template"]["spec"].update(priorityClassName="x"), "Additional properties are not allowed ('priorityClassName'"),
-])
+@pytest.mark.parametrize(
+    "api,mutate,expected",
+    [
+        ("pytorchjob", lambda m: m["spec"].update(bogus=1), "spec: Additional properties are not allowed ('bogus'"),
+        ("pytorchjob", lambda m: m["spec"]["runPolicy"].update(backofLimit=2), "spec.runPolicy: Additional properties"),
+        (
+            "pytorchjob",
+            lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].update(cmd=["x"]),
+            "spec.pytorchReplicaSpecs.Master.template.spec.containers.0: Additional properties",
+        ),
+        (
+            "pytorchjob",
+            lambda m: m["spec"]["pytorchReplicaSpecs"]["Worker"].update(replicas="two"),
+            "spec.pytorchReplicaSpecs.Worker.replicas: 'two' is not of type 'integer'",
+        ),
+        (
+            "pytorchjob",
+            lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"][
+                "limits"
+            ].update(cpu=[1]),
+            "resources.limits.cpu: [1] is not valid under any of the given schemas",
+        ),
+        ("pytorchjob", lambda m: m["spec"].pop("pytorchReplicaSpecs"), "'pytorchReplicaSpecs' is a required property"),
+        ("trainjob", lambda m: m["spec"]["trainer"].update(numWorkers=2), "spec.trainer: Additional properties"),
+        ("trainjob", lambda m: m["spec"].pop("runtimeRef"), "'runtimeRef' is a required property"),
+        (
+            "trainjob",
+            lambda m: m["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+                "template"
+            ]["spec"]["template"]["spec"].update(priorityClassName="x"),
+            "Additional properties are not allowed ('priorityClassName'",
+        ),
+    ],
+)
 def test_schema_rejects(api: str, mutate, expected: str) -> None:
     manifest = copy.deepcopy(_base(api))
     assert validate_manifest(manifest) == []
@@ -109,12 +143,21 @@ def test_schema_rejects(api: str, mutate, expected: str) -> None:
 
 
 def test_schema_translation() -> None:
-    schema = to_json_schema({"type": "object", "properties": {
-        "q": {"x-kubernetes-int-or-string": True},
-        "n": {"type": "string", "nullable": True},
-        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"a": {"type": "string"}}},
-        "map": {"type": "object", "additionalProperties": {"type": "string"}},
-    }})
+    schema = to_json_schema(
+        {
+            "type": "object",
+            "properties": {
+                "q": {"x-kubernetes-int-or-string": True},
+                "n": {"type": "string", "nullable": True},
+                "free": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                    "properties": {"a": {"type": "string"}},
+                },
+                "map": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        }
+    )
     assert schema["additionalProperties"] is False
     assert schema["properties"]["q"] == {"anyOf": [{"type": "integer"}, {"type": "string"}]}
     assert schema["properties"]["n"]["type"] == ["string", "null"]
@@ -124,11 +167,24 @@ def test_schema_translation() -> None:
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_excluded_nodes_become_a_required_node_affinity(api: str) -> None:
-    manifest = render(_job_for(api, "gpu", "multi").replace(exclude_nodes=("gpu07", "gpu12")), golden_options(api, "plain"))
+    manifest = render(
+        _job_for(api, "gpu", "multi").replace(exclude_nodes=("gpu07", "gpu12")), golden_options(api, "plain")
+    )
     assert validate_manifest(manifest) == []
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu07"]},
-                         {"key": "metadata.name", "operator": "NotIn", "values": ["gpu12"]}]}]}}}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["gpu07"]},
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["gpu12"]},
+                        ]
+                    }
+                ]
+            }
+        }
+    }
     found = list(_find_key(manifest, "affinity"))
     assert found and all(a == affinity for a in found), found
     assert len(found) == (2 if api == "pytorchjob" else 1)  # Master and Worker; the runtime patch's one pod spec
@@ -157,13 +213,20 @@ def test_pytorchjob_mapping() -> None:
     assert master["restartPolicy"] == worker["restartPolicy"] == "OnFailure"  # 75 (preempted) must be retried
     # --max-restarts 3 on 3 pods: 3 incidents that restart every pod are 9 restarts, and the operator fails the job
     # when they *reach* backoffLimit; --time 2:00:00 per attempt (4 attempts) plus a day for the queue
-    assert m["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 10,
-                                      "activeDeadlineSeconds": 4 * 7200 + 24 * 3600}
+    assert m["spec"]["runPolicy"] == {
+        "cleanPodPolicy": "Running",
+        "backoffLimit": 10,
+        "activeDeadlineSeconds": 4 * 7200 + 24 * 3600,
+    }
     assert m["spec"]["nprocPerNode"] == "2"
     pod = master["template"]["spec"]
     container = pod["containers"][0]
     assert container["name"] == "pytorch"
-    assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    assert (
+        container["resources"]["requests"]
+        == container["resources"]["limits"]
+        == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
+    )
     assert {"name": "HPCTRAIN_RUN_DIR", "value": "/mnt/share/team/runs/mnist-mnist-gpu-multi"} in container["env"]
     assert pod["terminationGracePeriodSeconds"] == 120  # --signal-grace: time to checkpoint after SIGTERM
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
@@ -173,29 +236,51 @@ def test_pytorchjob_mapping() -> None:
     assert master["template"]["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hpctrain"
 
 
-@pytest.mark.parametrize("api,command,nodes,nproc,expected", [
-    ("pytorchjob", ("hpctrain", "train", "mnist"), 2, 2, ["hpctrain", "train", "mnist"]),  # hpctrain fans out itself
-    ("pytorchjob", ("/usr/bin/python3", "-m", "hpctrain", "train"), 1, 2, ["/usr/bin/python3", "-m", "hpctrain", "train"]),
-    ("pytorchjob", ("python", "train.py"), 2, 2, ["torchrun", "--no-python", "python", "train.py"]),
-    ("pytorchjob", ("python", "train.py"), 2, 1, ["python", "train.py"]),  # RANK/WORLD_SIZE per pod
-    ("trainjob", ("hpctrain", "train", "mnist"), 2, 1, ["torchrun", "--no-python", "hpctrain", "train", "mnist"]),
-    ("trainjob", ("python", "train.py"), 1, 1, ["python", "train.py"]),
-])
+@pytest.mark.parametrize(
+    "api,command,nodes,nproc,expected",
+    [
+        (
+            "pytorchjob",
+            ("hpctrain", "train", "mnist"),
+            2,
+            2,
+            ["hpctrain", "train", "mnist"],
+        ),  # hpctrain fans out itself
+        (
+            "pytorchjob",
+            ("/usr/bin/python3", "-m", "hpctrain", "train"),
+            1,
+            2,
+            ["/usr/bin/python3", "-m", "hpctrain", "train"],
+        ),
+        ("pytorchjob", ("python", "train.py"), 2, 2, ["torchrun", "--no-python", "python", "train.py"]),
+        ("pytorchjob", ("python", "train.py"), 2, 1, ["python", "train.py"]),  # RANK/WORLD_SIZE per pod
+        ("trainjob", ("hpctrain", "train", "mnist"), 2, 1, ["torchrun", "--no-python", "hpctrain", "train", "mnist"]),
+        ("trainjob", ("python", "train.py"), 1, 1, ["python", "train.py"]),
+    ],
+)
 def test_container_command(api: str, command: tuple, nodes: int, nproc: int, expected: list[str]) -> None:
     job = JobSpec(command=command, resources=Resources(nodes=nodes, nproc_per_node=nproc))
     assert container_command(job, KubernetesOptions(api=api, image=IMAGE)) == expected
 
 
-@pytest.mark.parametrize("change,api,message", [
-    ({"resources": Resources(shards_per_node=4)}, "pytorchjob", "ask for whole GPUs"),
-    ({"resources": Resources(gpus_per_node=1, gpu_type="a100")}, "pytorchjob", "--node-selector nvidia.com/gpu.product"),
-    ({"resources": Resources(mem="0")}, "pytorchjob", "--mem 0"),
-    ({"name": "Mnist_Run"}, "pytorchjob", "not a valid Kubeflow job name"),
-    ({"name": "a" * 55}, "pytorchjob", "use at most 54"),
-    ({"environment": EnvironmentSpec(kind="conda", conda_env="x")}, "pytorchjob", "the image is the environment"),
-    ({"resources": Resources(nproc_per_node=2, gpus_per_node=4)}, "pytorchjob", "set --nproc-per-node 4"),
-    ({"env": (("PET_NNODES", "2"),)}, "trainjob", "PET_* variables are set by the Trainer runtime"),
-])
+@pytest.mark.parametrize(
+    "change,api,message",
+    [
+        ({"resources": Resources(shards_per_node=4)}, "pytorchjob", "ask for whole GPUs"),
+        (
+            {"resources": Resources(gpus_per_node=1, gpu_type="a100")},
+            "pytorchjob",
+            "--node-selector nvidia.com/gpu.product",
+        ),
+        ({"resources": Resources(mem="0")}, "pytorchjob", "--mem 0"),
+        ({"name": "Mnist_Run"}, "pytorchjob", "not a valid Kubeflow job name"),
+        ({"name": "a" * 55}, "pytorchjob", "use at most 54"),
+        ({"environment": EnvironmentSpec(kind="conda", conda_env="x")}, "pytorchjob", "the image is the environment"),
+        ({"resources": Resources(nproc_per_node=2, gpus_per_node=4)}, "pytorchjob", "set --nproc-per-node 4"),
+        ({"env": (("PET_NNODES", "2"),)}, "trainjob", "PET_* variables are set by the Trainer runtime"),
+    ],
+)
 def test_render_refuses_what_kubernetes_cannot_express(change: dict, api: str, message: str) -> None:
     job = JobSpec(command=("hpctrain", "train", "mnist")).replace(**change)
     with pytest.raises(UserError, match=message.replace("*", r"\*").replace("(", r"\(")):

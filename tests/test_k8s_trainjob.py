@@ -25,9 +25,10 @@ from real_node import DEADLINE_S, WHOLE, real_namespace
 from standins import install
 from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TrainerStandIn
 
-SLEEPER = ("import os, time; print('hello from rank', os.environ['RANK'], 'node rank', os.environ['PET_NODE_RANK'], "
-           "flush=True); time.sleep(300)")
-
+SLEEPER = (
+    "import os, time; print('hello from rank', os.environ['RANK'], 'node rank', os.environ['PET_NODE_RANK'], "
+    "flush=True); time.sleep(300)"
+)
 
 
 def _with_trainer(tmp_path: Path, cpus: int | None) -> Iterator[SimpleNamespace]:
@@ -35,10 +36,22 @@ def _with_trainer(tmp_path: Path, cpus: int | None) -> Iterator[SimpleNamespace]
         shared = tmp_path / "shared"
         shared.mkdir()
         where = [*real.where, "--k8s-api", "trainjob"]
-        job = [*where, "--image", real.image, "--volume", f"host:{shared}:{shared}", "--run-dir", f"{shared}/runs/%j",
-               "--cpus-per-task", "1", "--mem", "1G"]
-        yield SimpleNamespace(real=real, standin=real.standin, namespace=real.namespace, shared=shared, where=where,
-                              job=job)
+        job = [
+            *where,
+            "--image",
+            real.image,
+            "--volume",
+            f"host:{shared}:{shared}",
+            "--run-dir",
+            f"{shared}/runs/%j",
+            "--cpus-per-task",
+            "1",
+            "--mem",
+            "1G",
+        ]
+        yield SimpleNamespace(
+            real=real, standin=real.standin, namespace=real.namespace, shared=shared, where=where, job=job
+        )
 
 
 @pytest.fixture
@@ -64,19 +77,43 @@ def status_of(c: SimpleNamespace, name: str) -> dict:
 def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: Path) -> None:
     c = cluster
     bin_dir = install(c.shared / "bin")
-    submitted = c.real.cli("submit", *c.job, "--nodes", "2", "--signal-grace", "5", "--job-name", "tj-live",
-                           "--setenv", f"PATH={bin_dir}:/var/cache/hpctrain/venv/bin:/usr/local/bin:/usr/bin:/bin",
-                           "--setenv", "STANDIN_GPUS=0, 97, 70000, 81559",
-                           "--setenv", f"STANDIN_LOG={c.shared / 'calls.jsonl'}",
-                           "--", "python", "-c", SLEEPER, cwd=tmp_path)
+    submitted = c.real.cli(
+        "submit",
+        *c.job,
+        "--nodes",
+        "2",
+        "--signal-grace",
+        "5",
+        "--job-name",
+        "tj-live",
+        "--setenv",
+        f"PATH={bin_dir}:/var/cache/hpctrain/venv/bin:/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "STANDIN_GPUS=0, 97, 70000, 81559",
+        "--setenv",
+        f"STANDIN_LOG={c.shared / 'calls.jsonl'}",
+        "--",
+        "python",
+        "-c",
+        SLEEPER,
+        cwd=tmp_path,
+    )
     assert submitted.returncode == 0 and submitted.stdout == "tj-live\n", submitted.stderr
     assert (c.shared / "runs" / "tj-live" / "trainjob.yaml").is_file()
 
-    running = c.real.wait("both pods running", lambda: (s := status_of(c, "tj-live"))["state"] == "RUNNING"
-                          and [r["phase"] for r in s["replicas"]] == ["Running", "Running"] and s)
+    running = c.real.wait(
+        "both pods running",
+        lambda: (
+            (s := status_of(c, "tj-live"))["state"] == "RUNNING"
+            and [r["phase"] for r in s["replicas"]] == ["Running", "Running"]
+            and s
+        ),
+    )
     # The pods are JobSet's: found by jobset-name, named by replicated job and completion index.
     assert [r["name"] for r in running["replicas"]] == ["node-0", "node-1"]
-    pods = c.standin.core.list_namespaced_pod(c.namespace, label_selector="jobset.sigs.k8s.io/jobset-name=tj-live").items
+    pods = c.standin.core.list_namespaced_pod(
+        c.namespace, label_selector="jobset.sigs.k8s.io/jobset-name=tj-live"
+    ).items
     assert sorted(p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in pods) == ["0", "1"]
     assert {r["node"] for r in running["replicas"]} <= c.real.nodes, running
     listing = c.real.cli("status", *c.where)
@@ -117,8 +154,20 @@ def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: Simple
     from kubernetes.client.rest import ApiException
 
     c = cluster_cpu
-    proc = c.real.cli("submit", *c.job, "--max-restarts", "1", "--job-name", "tj-exit-3", "--wait", "--",
-                      "python", "-c", "import sys; sys.exit(3)", cwd=tmp_path)
+    proc = c.real.cli(
+        "submit",
+        *c.job,
+        "--max-restarts",
+        "1",
+        "--job-name",
+        "tj-exit-3",
+        "--wait",
+        "--",
+        "python",
+        "-c",
+        "import sys; sys.exit(3)",
+        cwd=tmp_path,
+    )
     assert not c.standin.errors, c.standin.errors
     assert proc.returncode == 3, proc.stderr
     assert "its restart budget is its own TrainingRuntime hpctrain-tj-exit-3, owned by the TrainJob" in proc.stderr
@@ -129,8 +178,9 @@ def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: Simple
 
     def runtime() -> dict | None:
         try:
-            return c.standin.custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, c.namespace,
-                                                                 "trainingruntimes", "hpctrain-tj-exit-3")
+            return c.standin.custom.get_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, c.namespace, "trainingruntimes", "hpctrain-tj-exit-3"
+            )
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -139,9 +189,23 @@ def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: Simple
     first = runtime()["metadata"]["ownerReferences"][0]
     assert first["name"] == "tj-exit-3"
     # --replace with another budget: the old job goes (and its runtime with it), the new one gets its own runtime.
-    again = c.real.cli("submit", *c.job, "--max-restarts", "2", "--replace", "--job-name", "tj-exit-3", "--",
-                       "python", "-c", "import time; time.sleep(300)", cwd=tmp_path)
-    assert again.returncode == 0 and "--replace: deleted the earlier TrainJob tj-exit-3 (FAILED" in again.stderr, again.stderr
+    again = c.real.cli(
+        "submit",
+        *c.job,
+        "--max-restarts",
+        "2",
+        "--replace",
+        "--job-name",
+        "tj-exit-3",
+        "--",
+        "python",
+        "-c",
+        "import time; time.sleep(300)",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0 and "--replace: deleted the earlier TrainJob tj-exit-3 (FAILED" in again.stderr, (
+        again.stderr
+    )
     new = runtime()
     assert new["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 2
     assert new["metadata"]["ownerReferences"][0]["uid"] != first["uid"]
@@ -156,29 +220,67 @@ def test_trainjob_two_node_mnist_completes(cluster: SimpleNamespace, tmp_path: P
     c = cluster
     run_dir = c.shared / "runs" / "tj-mnist"
     submitted = c.real.cli(
-        "submit", *c.job, "--volume", f"host:{fashion_data_dir}:{fashion_data_dir}:ro", "--nodes", "2",
-        "--job-name", "tj-mnist", "--", "python", "-m", "hpctrain", "train", "mnist", "--recipe", "classic",
-        "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--train-limit", "512", "--test-limit", "100",
-        "--epochs", "1", "--threads", "1", "--log-interval", "1", "--run-dir", str(run_dir), cwd=tmp_path)
+        "submit",
+        *c.job,
+        "--volume",
+        f"host:{fashion_data_dir}:{fashion_data_dir}:ro",
+        "--nodes",
+        "2",
+        "--job-name",
+        "tj-mnist",
+        "--",
+        "python",
+        "-m",
+        "hpctrain",
+        "train",
+        "mnist",
+        "--recipe",
+        "classic",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(fashion_data_dir),
+        "--train-limit",
+        "512",
+        "--test-limit",
+        "100",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--log-interval",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        cwd=tmp_path,
+    )
     assert submitted.returncode == 0, submitted.stderr
 
     # Follow node 0's log to the end (the log stream ends when its container does), through the API server.
-    c.real.wait("node 0 running", lambda: [r["phase"] for r in status_of(c, "tj-mnist")["replicas"]][:1]
-                in (["Running"], ["Succeeded"], ["Failed"]))
+    c.real.wait(
+        "node 0 running",
+        lambda: (
+            [r["phase"] for r in status_of(c, "tj-mnist")["replicas"]][:1] in (["Running"], ["Succeeded"], ["Failed"])
+        ),
+    )
     followed = c.real.cli("logs", "tj-mnist", "-f", "--replica", "node-0", *c.where)
     assert followed.returncode == 0, followed.stderr
     assert "with 2 process(es), ddp, cpu" in followed.stdout, followed.stdout
     assert "hpctrain: epoch 1/1: train loss" in followed.stdout, followed.stdout
 
-    status = c.real.wait("the TrainJob to complete", lambda: (s := status_of(c, "tj-mnist"))["state"]
-                         in ("SUCCEEDED", "FAILED") and s)
+    status = c.real.wait(
+        "the TrainJob to complete", lambda: (s := status_of(c, "tj-mnist"))["state"] in ("SUCCEEDED", "FAILED") and s
+    )
     worker = c.real.cli("logs", "tj-mnist", "--replica", "node-1", *c.where).stdout
     assert status["state"] == "SUCCEEDED" and status["exit_code"] == 0, (status, followed.stdout, worker)
     assert [(r["name"], r["phase"]) for r in status["replicas"]] == [("node-0", "Succeeded"), ("node-1", "Succeeded")]
     # torchrun's agent on node 1 may log its own traceback when node 0's agent (the rendezvous store's host) has
     # already left at the exit barrier: torch's end-of-job race, with the job SUCCEEDED; hpctrain's own never.
-    tracebacks = [line for line in (followed.stdout + worker).splitlines()
-                  if "Traceback" in line and "elastic/agent/server/api.py" not in line]
+    tracebacks = [
+        line
+        for line in (followed.stdout + worker).splitlines()
+        if "Traceback" in line and "elastic/agent/server/api.py" not in line
+    ]
     assert not tracebacks, followed.stdout + worker
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
     table = c.real.cli("status", "tj-mnist", *c.where)
@@ -195,8 +297,15 @@ def test_trainjobreplica_names_come_from_the_completion_index_label_or_annotatio
     index = {"batch.kubernetes.io/job-completion-index": "1"}
     assert replica_name(_pod({**rjob, **index}, index)) == "node-1"
     assert replica_name(_pod(rjob, index)) == "node-1"
-    assert replica_name(_pod({"jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer"}, {
-        "batch.kubernetes.io/job-completion-index": "0"})) == "dataset-initializer-0"
+    assert (
+        replica_name(
+            _pod(
+                {"jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer"},
+                {"batch.kubernetes.io/job-completion-index": "0"},
+            )
+        )
+        == "dataset-initializer-0"
+    )
     assert replica_name(_pod({})) == "x-node-0-1-abcde"
 
 

@@ -27,8 +27,12 @@ from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, TrainerSt
 
 pytestmark = pytest.mark.k8s
 IMAGE = "example.invalid/pytorch:latest"
-CONTAINER = {"name": "pytorch", "image": IMAGE, "command": ["python", "train.py"],
-             "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}}
+CONTAINER = {
+    "name": "pytorch",
+    "image": IMAGE,
+    "command": ["python", "train.py"],
+    "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}},
+}
 SIDECAR = {"name": "sidecar", "image": IMAGE, "command": ["sleep", "inf"]}
 
 
@@ -47,28 +51,63 @@ def pytorchjob(name: str, workers: int = 1, run_policy: dict[str, Any] | None = 
     replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if workers:
         replicas["Worker"] = {"replicas": workers, "restartPolicy": "OnFailure", "template": template}
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob", "metadata": {"name": name},
-            "spec": {"runPolicy": run_policy or {}, "pytorchReplicaSpecs": replicas}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {"runPolicy": run_policy or {}, "pytorchReplicaSpecs": replicas},
+    }
 
 
-def trainjob(name: str, manager: str = "hpctrain.io/submit", runtime: str = "torch-distributed", **spec: Any) -> dict[str, Any]:
-    patch_pod = {"containers": [{"name": "node", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-                 "volumes": [{"name": "data", "emptyDir": {}}]}
-    return {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob", "metadata": {"name": name},
-            "spec": {"runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime", "name": runtime},
-                     "trainer": {"image": IMAGE, "command": ["python", "train.py"], "numNodes": 2,
-                                 "resourcesPerNode": {"limits": {"cpu": "2"}}},
-                     "runtimePatches": [{"manager": manager, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                         {"name": "node", "template": {"spec": {"template": {"spec": patch_pod}}}}]}}}}], **spec}}
+def trainjob(
+    name: str, manager: str = "hpctrain.io/submit", runtime: str = "torch-distributed", **spec: Any
+) -> dict[str, Any]:
+    patch_pod = {
+        "containers": [{"name": "node", "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+    }
+    return {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "ClusterTrainingRuntime", "name": runtime},
+            "trainer": {
+                "image": IMAGE,
+                "command": ["python", "train.py"],
+                "numNodes": 2,
+                "resourcesPerNode": {"limits": {"cpu": "2"}},
+            },
+            "runtimePatches": [
+                {
+                    "manager": manager,
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {"name": "node", "template": {"spec": {"template": {"spec": patch_pod}}}}
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
+            **spec,
+        },
+    }
 
 
 def create(s: KubeflowStandIn, obj: dict[str, Any]) -> None:
-    group, version, plural = (GROUP, VERSION, PLURAL) if obj["kind"] == "PyTorchJob" else (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS)
+    group, version, plural = (
+        (GROUP, VERSION, PLURAL) if obj["kind"] == "PyTorchJob" else (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS)
+    )
     s.custom.create_namespaced_custom_object(group, version, s.namespace, plural, obj)
 
 
 def get(s: KubeflowStandIn, kind: str, name: str) -> dict[str, Any]:
-    group, version, plural = (GROUP, VERSION, PLURAL) if kind == "PyTorchJob" else (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS)
+    group, version, plural = (
+        (GROUP, VERSION, PLURAL) if kind == "PyTorchJob" else (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS)
+    )
     return s.custom.get_namespaced_custom_object(group, version, s.namespace, plural, name)
 
 
@@ -78,20 +117,40 @@ def last_condition(s: KubeflowStandIn, kind: str, name: str) -> dict[str, Any]:
 
 
 def pods(s: KubeflowStandIn) -> dict[str, Any]:
-    return {p.metadata.name: p for p in s.core.list_namespaced_pod(s.namespace).items if not p.metadata.deletion_timestamp}
+    return {
+        p.metadata.name: p for p in s.core.list_namespaced_pod(s.namespace).items if not p.metadata.deletion_timestamp
+    }
 
 
-def set_phase(s: KubeflowStandIn, pod: str, phase: str, restarts: int = 0, reason: str | None = None,
-              init_restarts: int | None = None) -> None:
+def set_phase(
+    s: KubeflowStandIn,
+    pod: str,
+    phase: str,
+    restarts: int = 0,
+    reason: str | None = None,
+    init_restarts: int | None = None,
+) -> None:
     """The status a kubelet would write: `restarts` on the first container; an init container's status when
     `init_restarts` is given."""
+
     def status(name: str, count: int, state: dict[str, Any]) -> dict[str, Any]:
-        return {"name": name, "image": IMAGE, "imageID": "", "ready": phase == "Running", "restartCount": count, "state": state}
+        return {
+            "name": name,
+            "image": IMAGE,
+            "imageID": "",
+            "ready": phase == "Running",
+            "restartCount": count,
+            "state": state,
+        }
 
     state = {"running": {}} if phase == "Running" else {"terminated": {"exitCode": 0 if phase == "Succeeded" else 137}}
     containers = s.core.read_namespaced_pod(pod, s.namespace).spec.containers
-    body: dict[str, Any] = {"phase": phase, "reason": reason, "podIP": "10.0.0.9",
-                            "containerStatuses": [status(c.name, restarts if i == 0 else 0, state) for i, c in enumerate(containers)]}
+    body: dict[str, Any] = {
+        "phase": phase,
+        "reason": reason,
+        "podIP": "10.0.0.9",
+        "containerStatuses": [status(c.name, restarts if i == 0 else 0, state) for i, c in enumerate(containers)],
+    }
     if init_restarts is not None:
         body["initContainerStatuses"] = [status("init-pytorch", init_restarts, {"terminated": {"exitCode": 0}})]
     s.core.patch_namespaced_pod_status(pod, s.namespace, {"status": body})
@@ -105,10 +164,16 @@ def test_webhook_refusals_end_the_job_without_pods(standin: TrainerStandIn) -> N
     assert not pods(standin)
     assert last_condition(standin, "PyTorchJob", "7run")["reason"] == "AdmissionRefused"
     assert last_condition(standin, "TrainJob", "tj-bad")["reason"] == "AdmissionRefused"
-    assert any(e.startswith("a real cluster refuses PyTorchJob 7run: TO pkg/webhooks/pytorch/pytorchjob_webhook.go: "
-                            "metadata.name") for e in standin.errors), standin.errors
-    assert any("TrainJob tj-bad: TR pkg/runtime/framework/plugins/jobset/jobset.go: spec.runtimePatches.manager"
-               in e for e in standin.errors), standin.errors
+    assert any(
+        e.startswith(
+            "a real cluster refuses PyTorchJob 7run: TO pkg/webhooks/pytorch/pytorchjob_webhook.go: metadata.name"
+        )
+        for e in standin.errors
+    ), standin.errors
+    assert any(
+        "TrainJob tj-bad: TR pkg/runtime/framework/plugins/jobset/jobset.go: spec.runtimePatches.manager" in e
+        for e in standin.errors
+    ), standin.errors
     standin.errors.clear()
     standin.reconcile()  # decided once: no second refusal, still no pods
     assert not standin.errors and not pods(standin)
@@ -121,8 +186,11 @@ def test_pytorchjob_services_env_and_eviction(standin: TrainerStandIn) -> None:
     assert sorted(services) == ["pj-master-0", "pj-worker-0", "pj-worker-1"]
     master_svc = services["pj-master-0"].spec
     assert master_svc.cluster_ip == "None" and not master_svc.publish_not_ready_addresses
-    assert master_svc.selector == {"training.kubeflow.org/job-name": "pj", "training.kubeflow.org/replica-type": "master",
-                                   "training.kubeflow.org/replica-index": "0"}
+    assert master_svc.selector == {
+        "training.kubeflow.org/job-name": "pj",
+        "training.kubeflow.org/replica-type": "master",
+        "training.kubeflow.org/replica-index": "0",
+    }
     master = pods(standin)["pj-master-0"]
     for container in master.spec.containers:  # every container, the sidecar too
         assert {"MASTER_ADDR", "WORLD_SIZE", "RANK"} <= {e.name for e in container.env}, container.name
@@ -151,7 +219,9 @@ def test_pytorchjob_backoff_counts_running_pods_init_containers_included(standin
     standin.reconcile()
     condition = last_condition(standin, "PyTorchJob", "pj-backoff")
     assert (condition["type"], condition["message"]) == (
-        "Failed", "Job pj-backoff has failed because it has reached the specified backoff limit")
+        "Failed",
+        "Job pj-backoff has failed because it has reached the specified backoff limit",
+    )
 
 
 @pytest.mark.parametrize("policy,kept", [(None, True), ("Running", False)])
@@ -173,14 +243,24 @@ def test_pytorchjob_deadline_and_clean_pod_policy(standin: TrainerStandIn, polic
 def sized_runtime(standin: TrainerStandIn) -> Iterator[str]:
     """The cluster's torch-distributed runtime with memory set on its node container (cluster-scoped: a unique name,
     removed afterwards)."""
-    runtime = standin.custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", "torch-distributed")
+    runtime = standin.custom.get_cluster_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", "torch-distributed"
+    )
     name = f"hpctrain-test-{standin.namespace}"
     spec = copy.deepcopy(runtime["spec"])
     node = spec["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     node["resources"] = {"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}}
-    standin.custom.create_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", {
-        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "ClusterTrainingRuntime", "metadata": {"name": name},
-        "spec": spec})
+    standin.custom.create_cluster_custom_object(
+        TRAINER_GROUP,
+        TRAINER_VERSION,
+        "clustertrainingruntimes",
+        {
+            "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+            "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
     try:
         yield name
     finally:
@@ -222,7 +302,10 @@ def test_trainjob_deadline_counts_from_creation(standin: TrainerStandIn) -> None
     standin.reconcile()
     condition = last_condition(standin, "TrainJob", "tj-deadline")
     assert (condition["type"], condition["reason"], condition["message"]) == (
-        "Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")
+        "Failed",
+        "DeadlineExceeded",
+        "TrainJob exceeded its active deadline",
+    )
     assert not pods(standin)
 
 
@@ -236,10 +319,16 @@ def test_trainjob_on_hpctrains_own_runtime_restarts_the_set_max_restarts_times(s
     from hpctrain.schedulers.kubernetes.options import KubernetesOptions
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 
-    sched = KubernetesScheduler(KubernetesOptions(namespace=standin.namespace, api="trainjob", image=IMAGE),
-                                api_client=standin.custom.api_client)
-    job = JobSpec(command=("python", "train.py"), name="tj-budget", max_restarts=2,
-                  resources=Resources(nodes=2, cpus_per_task=1, mem="1G"))
+    sched = KubernetesScheduler(
+        KubernetesOptions(namespace=standin.namespace, api="trainjob", image=IMAGE),
+        api_client=standin.custom.api_client,
+    )
+    job = JobSpec(
+        command=("python", "train.py"),
+        name="tj-budget",
+        max_restarts=2,
+        resources=Resources(nodes=2, cpus_per_task=1, mem="1G"),
+    )
     sched.submit(job, sched.render(job))
     for attempt, failing in ((0, 0), (1, 1), (2, 0)):
         standin.reconcile()  # node 0
@@ -247,7 +336,9 @@ def test_trainjob_on_hpctrains_own_runtime_restarts_the_set_max_restarts_times(s
         set_phase(standin, node0.metadata.name, "Running")
         standin.reconcile()  # node 1, once node 0 has an address
         assert not standin.errors, standin.errors
-        current = sorted(pods(standin).values(), key=lambda p: p.metadata.annotations["batch.kubernetes.io/job-completion-index"])
+        current = sorted(
+            pods(standin).values(), key=lambda p: p.metadata.annotations["batch.kubernetes.io/job-completion-index"]
+        )
         assert [p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] for p in current] == [str(attempt)] * 2
         assert current[0].spec.restart_policy == "Never"
         assert last_condition(standin, "TrainJob", "tj-budget").get("type") != "Failed"
@@ -269,16 +360,38 @@ def test_pytorchjob_records_exit_codes_that_outlive_the_pods(standin: TrainerSta
     standin.reconcile()
     master = "pj-exit-master-0"
     container = {"name": "pytorch", "image": IMAGE, "imageID": "", "ready": False}
-    standin.core.patch_namespaced_pod_status(master, standin.namespace, {"status": {"phase": "Running", "containerStatuses": [
-        dict(container, restartCount=0, state={"terminated": {"exitCode": 3, "reason": "Error"}})]}})
+    standin.core.patch_namespaced_pod_status(
+        master,
+        standin.namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    dict(container, restartCount=0, state={"terminated": {"exitCode": 3, "reason": "Error"}})
+                ],
+            }
+        },
+    )
     standin.reconcile()  # between the exit and the kubelet's restart: the operator records the code
-    standin.core.patch_namespaced_pod_status(master, standin.namespace, {"status": {"phase": "Running", "containerStatuses": [
-        dict(container, restartCount=1, state={"waiting": {"reason": "CrashLoopBackOff"}})]}})
+    standin.core.patch_namespaced_pod_status(
+        master,
+        standin.namespace,
+        {
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    dict(container, restartCount=1, state={"waiting": {"reason": "CrashLoopBackOff"}})
+                ],
+            }
+        },
+    )
     standin.reconcile()  # the restart reaches the backoff limit: Failed, the running pod deleted
     assert last_condition(standin, "PyTorchJob", "pj-exit")["type"] == "Failed"
     assert not pods(standin)
     events = standin.core.list_namespaced_event(standin.namespace, field_selector="reason=ExitedWithCode").items
-    assert [(e.type, e.message) for e in events] == [("Normal", f"Pod: {standin.namespace}.{master} exited with code 3")]
+    assert [(e.type, e.message) for e in events] == [
+        ("Normal", f"Pod: {standin.namespace}.{master} exited with code 3")
+    ]
     sched = KubernetesScheduler(KubernetesOptions(namespace=standin.namespace), api_client=standin.custom.api_client)
     status = sched.status("pj-exit")
     assert (status.state, status.replicas, status.exit_code) == ("FAILED", (), 3)

@@ -21,10 +21,18 @@ def lint_imports(src: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(src)}
     # import-linter caches the import graph in .import_linter_cache of the working directory: none here.
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
-                               "sys.argv = ['lint-imports', '--no-cache', sys.argv[1]]; lint_imports_command()",
-         str(ROOT / "pyproject.toml")],
-        env=env, cwd=src, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; "
+            "sys.argv = ['lint-imports', '--no-cache', sys.argv[1]]; lint_imports_command()",
+            str(ROOT / "pyproject.toml"),
+        ],
+        env=env,
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -55,25 +63,50 @@ def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProce
     return lint_imports(copy)
 
 
-@pytest.mark.parametrize(("module", "line", "contract", "refusal"), [
-    # The backends know nothing of each other (either way round).
-    ("schedulers/slurm/render.py", "from hpctrain.schedulers.kubernetes.options import KubernetesOptions",
-     "the scheduler backends are independent of each other",
-     "hpctrain.schedulers.slurm is not allowed to import hpctrain.schedulers.kubernetes"),
-    ("schedulers/kubernetes/render.py", "from hpctrain.schedulers.slurm.gres import parse_gres",
-     "the scheduler backends are independent of each other",
-     "hpctrain.schedulers.kubernetes is not allowed to import hpctrain.schedulers.slurm"),
-    # The CLI reaches a backend through get_scheduler(name) only, never one of its modules.
-    ("cli/dev.py", "from hpctrain.schedulers.slurm.services import SlurmServices",
-     "above schedulers, only its interface", "hpctrain.cli is not allowed to import hpctrain.schedulers.slurm"),
-    ("cli/top.py", "from hpctrain.schedulers.kubernetes import pods",
-     "above schedulers, only its interface", "hpctrain.cli is not allowed to import hpctrain.schedulers.kubernetes"),
-    # The schedulers' old imports of the training side (stop words, exit codes) and of the recipes (the data check).
-    ("schedulers/slurm/requeue.py", "from hpctrain.training.stopping import SIGNALS_FILE",
-     "schedulers do not import training or recipes", "hpctrain.schedulers is not allowed to import hpctrain.training"),
-    ("schedulers/kubernetes/local.py", "from hpctrain.recipes import check_data",
-     "schedulers do not import training or recipes", "hpctrain.schedulers is not allowed to import hpctrain.recipes"),
-])
+@pytest.mark.parametrize(
+    ("module", "line", "contract", "refusal"),
+    [
+        # The backends know nothing of each other (either way round).
+        (
+            "schedulers/slurm/render.py",
+            "from hpctrain.schedulers.kubernetes.options import KubernetesOptions",
+            "the scheduler backends are independent of each other",
+            "hpctrain.schedulers.slurm is not allowed to import hpctrain.schedulers.kubernetes",
+        ),
+        (
+            "schedulers/kubernetes/render.py",
+            "from hpctrain.schedulers.slurm.gres import parse_gres",
+            "the scheduler backends are independent of each other",
+            "hpctrain.schedulers.kubernetes is not allowed to import hpctrain.schedulers.slurm",
+        ),
+        # The CLI reaches a backend through get_scheduler(name) only, never one of its modules.
+        (
+            "cli/dev.py",
+            "from hpctrain.schedulers.slurm.services import SlurmServices",
+            "above schedulers, only its interface",
+            "hpctrain.cli is not allowed to import hpctrain.schedulers.slurm",
+        ),
+        (
+            "cli/top.py",
+            "from hpctrain.schedulers.kubernetes import pods",
+            "above schedulers, only its interface",
+            "hpctrain.cli is not allowed to import hpctrain.schedulers.kubernetes",
+        ),
+        # The schedulers' old imports of the training side (stop words, exit codes) and of the recipes (the data check).
+        (
+            "schedulers/slurm/requeue.py",
+            "from hpctrain.training.stopping import SIGNALS_FILE",
+            "schedulers do not import training or recipes",
+            "hpctrain.schedulers is not allowed to import hpctrain.training",
+        ),
+        (
+            "schedulers/kubernetes/local.py",
+            "from hpctrain.recipes import check_data",
+            "schedulers do not import training or recipes",
+            "hpctrain.schedulers is not allowed to import hpctrain.recipes",
+        ),
+    ],
+)
 def test_each_scheduler_contract_refuses_a_planted_import(tmp_path, module, line, contract, refusal):
     """Each contract can fail: a copy of the tree with one import it forbids breaks that contract (and only it; each
     of these imports goes downwards, so the layers contract alone would let it through)."""
@@ -143,12 +176,26 @@ print(json.dumps({"status": status, "chain": deepest, "visited": sorted(visited)
 """
 
 
-@pytest.mark.parametrize("argv", [
-    ["--scheduler", "slurm", "--venv", "/opt/venv"],
-    ["--scheduler", "slurm", "--service", "ssh", "--image", "/images/torch.sif", "--mount", "/data"],
-    ["--scheduler", "kubernetes", "--namespace", "team-a", "--image", "img:1", "--volume", "pvc:data:/data",
-     "--shm", "1Gi"],
-], ids=["slurm-jupyter", "slurm-ssh-container", "kubernetes"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--scheduler", "slurm", "--venv", "/opt/venv"],
+        ["--scheduler", "slurm", "--service", "ssh", "--image", "/images/torch.sif", "--mount", "/data"],
+        [
+            "--scheduler",
+            "kubernetes",
+            "--namespace",
+            "team-a",
+            "--image",
+            "img:1",
+            "--volume",
+            "pvc:data:/data",
+            "--shm",
+            "1Gi",
+        ],
+    ],
+    ids=["slurm-jupyter", "slurm-ssh-container", "kubernetes"],
+)
 def test_dev_start_crosses_at_most_four_modules(tmp_path, argv):
     """`hpctrain dev start --dry-run` on either scheduler crosses at most 4 modules of hpctrain.
 
@@ -162,10 +209,21 @@ def test_dev_start_crosses_at_most_four_modules(tmp_path, argv):
     these chains. Before issue 30 this measure gave 6 on either scheduler (Slurm: cli.dev > around.slurm >
     sessions.slurm > services.slurm > jobs.spec > jobs.values; Kubernetes: cli.dev > around.kubernetes >
     sessions.kubernetes > services.kubernetes > schedulers.kubernetes.render > .options)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HPCTRAIN_HOME": str(tmp_path / "home"),
-           "KUBECONFIG": str(tmp_path / "no-kubeconfig"), "HPCTRAIN_SCHEDULER": ""}
-    result = subprocess.run([sys.executable, "-c", CROSSINGS, "dev", "start", "nb", "--dry-run", *argv], env=env,
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "HPCTRAIN_HOME": str(tmp_path / "home"),
+        "KUBECONFIG": str(tmp_path / "no-kubeconfig"),
+        "HPCTRAIN_SCHEDULER": "",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", CROSSINGS, "dev", "start", "nb", "--dry-run", *argv],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     measured = json.loads(result.stdout.splitlines()[-1])
     assert measured["status"] == 0 and measured["rendered"], measured

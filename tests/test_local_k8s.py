@@ -42,7 +42,10 @@ def test_server_answers_through_default_kubeconfig(k8s_cluster: LocalK8s) -> Non
 def test_kubeflow_crds_established(k8s_cluster: LocalK8s) -> None:
     from kubernetes import client
 
-    crds = {crd.metadata.name: crd for crd in client.ApiextensionsV1Api(k8s_cluster.api_client()).list_custom_resource_definition().items}
+    crds = {
+        crd.metadata.name: crd
+        for crd in client.ApiextensionsV1Api(k8s_cluster.api_client()).list_custom_resource_definition().items
+    }
     for name in CRD_NAMES:
         assert name in crds, f"CRD {name} is not installed"
         conditions = {c.type: c.status for c in crds[name].status.conditions or []}
@@ -82,8 +85,16 @@ def test_pytorchjob_create_read_delete(k8s_cluster: LocalK8s) -> None:
         "metadata": {"name": name},
         "spec": {
             "pytorchReplicaSpecs": {
-                "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}},
-                "Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}},
+                "Master": {
+                    "replicas": 1,
+                    "restartPolicy": "OnFailure",
+                    "template": {"spec": {"containers": [container]}},
+                },
+                "Worker": {
+                    "replicas": 2,
+                    "restartPolicy": "OnFailure",
+                    "template": {"spec": {"containers": [container]}},
+                },
             },
             "notAField": True,
         },
@@ -96,7 +107,10 @@ def test_pytorchjob_create_read_delete(k8s_cluster: LocalK8s) -> None:
         assert stored["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0] == container
         # The CRD's structural schema is in force: a field it does not know is pruned.
         assert "notAField" not in stored["spec"]
-        names = [item["metadata"]["name"] for item in api.list_namespaced_custom_object(group, version, "default", plural)["items"]]
+        names = [
+            item["metadata"]["name"]
+            for item in api.list_namespaced_custom_object(group, version, "default", plural)["items"]
+        ]
         assert name in names
     finally:
         api.delete_namespaced_custom_object(group, version, "default", plural, name)
@@ -106,7 +120,9 @@ def test_pytorchjob_create_read_delete(k8s_cluster: LocalK8s) -> None:
 
 
 def kubeapi(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HELPERS / "kubeapi.py"), *args], capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, str(HELPERS / "kubeapi.py"), *args], capture_output=True, text=True, check=False
+    )
 
 
 def test_kubeconfig_merge_keeps_other_contexts_and_remove_drops_only_ours(tmp_path: Path) -> None:
@@ -115,8 +131,18 @@ def test_kubeconfig_merge_keeps_other_contexts_and_remove_drops_only_ours(tmp_pa
     token = tmp_path / "token"
     token.write_text("secret\n")
     standalone = tmp_path / "standalone"
-    made = kubeapi("write-kubeconfig", str(standalone), "--context", "hpctrain-local", "--server",
-                   "https://127.0.0.1:6443", "--ca", str(ca), "--token-file", str(token))
+    made = kubeapi(
+        "write-kubeconfig",
+        str(standalone),
+        "--context",
+        "hpctrain-local",
+        "--server",
+        "https://127.0.0.1:6443",
+        "--ca",
+        str(ca),
+        "--token-file",
+        str(token),
+    )
     assert made.returncode == 0, made.stderr
     other = {
         "apiVersion": "v1",
@@ -170,8 +196,12 @@ def walk(node: object):
 
 def test_strip_crds_removes_only_what_the_old_server_rejects(tmp_path: Path) -> None:
     name = "trainer.kubeflow.org_trainjobs.yaml"
-    result = subprocess.run([sys.executable, str(HELPERS / "strip_crds.py"), str(tmp_path), str(CRD_DIR / name)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(HELPERS / "strip_crds.py"), str(tmp_path), str(CRD_DIR / name)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     original = vendored(name)
     stripped = json.loads((tmp_path / "trainer.kubeflow.org_trainjobs.json").read_text())

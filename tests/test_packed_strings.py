@@ -21,8 +21,10 @@ def test_indexing_iteration_and_pickling_give_back_the_strings() -> None:
         packed[5]
 
 
-@pytest.mark.parametrize("key", [np.array([4, 0, 2, 2]), np.array([True, False, True, False, True]), slice(1, 4),
-                                 np.array([], dtype=np.int64)])
+@pytest.mark.parametrize(
+    "key",
+    [np.array([4, 0, 2, 2]), np.array([True, False, True, False, True]), slice(1, 4), np.array([], dtype=np.int64)],
+)
 def test_subsets_are_the_strings_at_those_positions(key) -> None:  # type: ignore[no-untyped-def]
     expected = list(np.array(STRINGS, dtype=object)[key])
     assert list(PackedStrings.of(STRINGS)[key]) == expected

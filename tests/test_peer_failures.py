@@ -51,7 +51,17 @@ def test_only_known_keeps_a_bug_as_it_is():
 
 
 def test_a_single_process_keeps_its_own_error():
-    single = DistEnv(launcher="none", rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                     num_nodes=1, master_addr=None, master_port=None, init_method=None)
+    single = DistEnv(
+        launcher="none",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=None,
+        master_port=None,
+        init_method=None,
+    )
     with pytest.raises(RuntimeError, match="Timed out"), peer_failures(single, 5.0):
         raise RuntimeError("Timed out doing something local")

@@ -40,17 +40,20 @@ def test_each_gpu_generation_computes_in_its_native_type(capability, gpus, dtype
 INTEL, AMD = "GenuineIntel", "AuthenticAMD"
 
 
-@pytest.mark.parametrize(("vendor", "amx", "avx512_bf16", "cap", "dtype"), [
-    (INTEL, True, True, "ALL", torch.bfloat16),  # Sapphire Rapids and later
-    (INTEL, True, True, "avx512_core_amx", torch.bfloat16),
-    (INTEL, True, True, "AVX512_CORE_BF16", None),  # capped below AMX: the Intel no-AMX case
-    (INTEL, False, True, "ALL", None),  # AVX512-BF16 without AMX: fp32 measured 1.3-1.5x faster (issue 33)
-    (AMD, False, True, "ALL", torch.bfloat16),  # Zen 4/5: bf16 measured faster (docs/benchmarks.md)
-    (AMD, False, True, "AVX2", None),  # capped below bf16 instructions
-    (AMD, False, False, "ALL", None),  # Zen 2/3: no bf16 instructions
-    (INTEL, False, False, "ALL", None),
-    ("", False, True, "ALL", None),  # vendor unknown: the Intel rule, float32
-])
+@pytest.mark.parametrize(
+    ("vendor", "amx", "avx512_bf16", "cap", "dtype"),
+    [
+        (INTEL, True, True, "ALL", torch.bfloat16),  # Sapphire Rapids and later
+        (INTEL, True, True, "avx512_core_amx", torch.bfloat16),
+        (INTEL, True, True, "AVX512_CORE_BF16", None),  # capped below AMX: the Intel no-AMX case
+        (INTEL, False, True, "ALL", None),  # AVX512-BF16 without AMX: fp32 measured 1.3-1.5x faster (issue 33)
+        (AMD, False, True, "ALL", torch.bfloat16),  # Zen 4/5: bf16 measured faster (docs/benchmarks.md)
+        (AMD, False, True, "AVX2", None),  # capped below bf16 instructions
+        (AMD, False, False, "ALL", None),  # Zen 2/3: no bf16 instructions
+        (INTEL, False, False, "ALL", None),
+        ("", False, True, "ALL", None),  # vendor unknown: the Intel rule, float32
+    ],
+)
 def test_a_cpu_computes_in_the_type_measured_faster_on_its_kind(vendor, amx, avx512_bf16, cap, dtype) -> None:
     precision = cpu_precision(vendor, amx, avx512_bf16, cap)
     assert precision.dtype == dtype, precision.why
@@ -63,9 +66,17 @@ def test_the_vendor_comes_from_cpuinfo(tmp_path) -> None:
     assert cpu_vendor(str(tmp_path / "missing")) == ""
 
 
-@pytest.mark.parametrize(("workload", "capability", "dtype"), [
-    ("imagenet", (7, 0), torch.float16), ("imagenet", (8, 0), torch.bfloat16), ("imagenet", (6, 0), None),
-    ("mnist", (7, 5), torch.float16), ("mnist", (9, 0), torch.bfloat16), ("mnist", (6, 1), None)])
+@pytest.mark.parametrize(
+    ("workload", "capability", "dtype"),
+    [
+        ("imagenet", (7, 0), torch.float16),
+        ("imagenet", (8, 0), torch.bfloat16),
+        ("imagenet", (6, 0), None),
+        ("mnist", (7, 5), torch.float16),
+        ("mnist", (9, 0), torch.bfloat16),
+        ("mnist", (6, 1), None),
+    ],
+)
 def test_both_fast_recipes_take_the_gpus_type_from_one_rule(monkeypatch, workload, capability, dtype) -> None:
     """The ImageNet fast recipe forced bf16 on any CUDA GPU (torch 2.2 raises on a V100, later torch emulates it);
     now both fast recipes ask the device, and the loop gets a gradient scaler exactly where float16 needs one."""
@@ -93,12 +104,12 @@ def test_the_mnist_model_autocasts_to_the_recipes_type(monkeypatch) -> None:
 
 # A start-up file (Python imports `sitecustomize` first): every hpctrain process computes the fast recipe in float16
 # on the CPU, so that the loop's float16 path (scaler, its checkpointed state) runs here; no V100 in CI.
-FP16_HOOK = '''
+FP16_HOOK = """
 import torch
 import hpctrain.training.precision as precision
 
 precision.precision_for = lambda device: precision.Precision(torch.float16, "fp16 with gradient scaling (test hook)")
-'''
+"""
 
 
 def fp16_env(tmp_path: Path) -> dict[str, str]:
@@ -114,8 +125,9 @@ def test_float16_training_scales_gradients_and_resumes_exactly(fashion_data_dir,
     common = ["train", "mnist", *QUICK, "--epochs", "2", "--data-dir", str(fashion_data_dir)]
     whole = ok(hpctrain(*common, "--run-dir", str(tmp_path / "whole"), env=env))
     assert "fp16 with gradient scaling (test hook)" in whole.stdout, whole.stdout
-    status, output = signal_after([*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/", signal.SIGUSR1,
-                                  env=env)
+    status, output = signal_after(
+        [*common, "--run-dir", str(tmp_path / "cut")], "epoch 1/2 step 2/", signal.SIGUSR1, env=env
+    )
     assert status == 75, output
     ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume", env=env))
     assert_bitwise_equal(final_weights(tmp_path / "whole"), final_weights(tmp_path / "cut"))

@@ -30,8 +30,20 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # The training every job here runs; the local reference runs the same options. 4096 images, batch 64: 64 steps/epoch.
 TRAIN_LIMIT = 4096
 STEPS_PER_EPOCH = TRAIN_LIMIT // 64
-TRAIN = ["--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", str(TRAIN_LIMIT), "--test-limit", "500",
-         "--threads", "1", "--log-interval", "5"]
+TRAIN = [
+    "--recipe",
+    "classic",
+    "--dataset",
+    "fashion-mnist",
+    "--train-limit",
+    str(TRAIN_LIMIT),
+    "--test-limit",
+    "500",
+    "--threads",
+    "1",
+    "--log-interval",
+    "5",
+]
 # The number of epochs only has to leave room for a stop inside the run: the interruptions land a few steps in.
 SINGLE_EPOCHS = 4
 DDP_EPOCHS = 2
@@ -50,26 +62,55 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
 
 
-def reference_run(run_dir: Path, data_dir: Path, epochs: int, nproc: int = 1, extra: tuple[str, ...] | list[str] = (),
-                  ) -> dict:
+def reference_run(
+    run_dir: Path,
+    data_dir: Path,
+    epochs: int,
+    nproc: int = 1,
+    extra: tuple[str, ...] | list[str] = (),
+) -> dict:
     """A local run (uninterrupted unless `extra` says otherwise); its final weights. Several processes are started
     with a local torchrun: `train --nproc 4` refuses to start more processes than a 2-core machine has cores."""
-    args = ["train", "mnist", *TRAIN, "--data-dir", str(data_dir), "--epochs", str(epochs), "--run-dir", str(run_dir),
-            *extra]
+    args = [
+        "train",
+        "mnist",
+        *TRAIN,
+        "--data-dir",
+        str(data_dir),
+        "--epochs",
+        str(epochs),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
     if nproc == 1:
         ok(hpctrain(*args, timeout=600))
     else:
-        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                 f"--nproc-per-node={nproc}", "-m", "hpctrain", *args],
-                                env=clean_env(), capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                "-m",
+                "hpctrain",
+                *args,
+            ],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         ok(result)
     return final_weights(run_dir)
 
 
 @pytest.fixture(scope="session")
 def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
-    run_dir = shared_run(tmp_path_factory, "single-reference",
-                         lambda path: reference_run(path, fashion_data_dir, SINGLE_EPOCHS))
+    run_dir = shared_run(
+        tmp_path_factory, "single-reference", lambda path: reference_run(path, fashion_data_dir, SINGLE_EPOCHS)
+    )
     return final_weights(run_dir)
 
 
@@ -77,8 +118,13 @@ def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
 def ddp_reference(tmp_path_factory, fashion_data_dir: Path) -> Path:
     """One uninterrupted local 4-process run, shared: its final weights are what the 2x2 Slurm job must end with,
     and its mid-epoch checkpoints are where the local resume test starts (checkpoints do not change the numbers)."""
-    return shared_run(tmp_path_factory, "ddp-reference", lambda path: reference_run(
-        path, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"]))
+    return shared_run(
+        tmp_path_factory,
+        "ddp-reference",
+        lambda path: reference_run(
+            path, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"]
+        ),
+    )
 
 
 def scontrol_fields(job_id: str) -> dict[str, str]:
@@ -87,8 +133,20 @@ def scontrol_fields(job_id: str) -> dict[str, str]:
 
 
 def submit(tmp_path: Path, data_dir: Path, epochs: int, *options: str) -> Job:
-    result = hpctrain("submit", "--output", "job-%j.out", *options, "train", "mnist", *TRAIN, "--data-dir",
-                      str(data_dir), "--epochs", str(epochs), cwd=tmp_path)
+    result = hpctrain(
+        "submit",
+        "--output",
+        "job-%j.out",
+        *options,
+        "train",
+        "mnist",
+        *TRAIN,
+        "--data-dir",
+        str(data_dir),
+        "--epochs",
+        str(epochs),
+        cwd=tmp_path,
+    )
     job_id = ok(result).stdout.strip()
     assert job_id.isdigit(), result.stdout
     return Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
@@ -107,8 +165,9 @@ def check_resumes(log: str) -> list[tuple[str, int, int]]:
         else:
             assert resumed, f"attempt {number} did not resume from the checkpoint at global step {saved}:\n{log}"
             epoch, in_epoch, per_epoch, step = map(int, resumed.groups())
-            assert (step, per_epoch) == (saved, STEPS_PER_EPOCH), f"attempt {number}: {resumed.group(0)!r}, " \
-                f"but the newest checkpoint was at global step {saved}:\n{log}"
+            assert (step, per_epoch) == (saved, STEPS_PER_EPOCH), (
+                f"attempt {number}: {resumed.group(0)!r}, but the newest checkpoint was at global step {saved}:\n{log}"
+            )
             assert (epoch - 1) * per_epoch + in_epoch == step, resumed.group(0)
         for done in _EPOCH_DONE.finditer(text):
             saved = int(done.group(1)) * STEPS_PER_EPOCH
@@ -154,7 +213,8 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
 
 
 def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
-        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict
+) -> None:
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", *TIME_LIMIT, "--max-requeues", "8")
     job.wait_for_log("epoch 1/")  # a progress line: training is under way
     slurm_cluster.warn_mid_run(job.job_id, processes=1)
@@ -165,12 +225,25 @@ def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
 
 @pytest.mark.floor
 def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
-        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path) -> None:
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path
+) -> None:
     # Same global batch, split over 4 ranks in both. gloo's sums are the same whether the 4 ranks sit on one node
     # or on two: before its first resume the 2x2 job's per-epoch losses equal the local run's to the last bit.
     reference = final_weights(ddp_reference)
-    job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
-                 "--nproc-per-node", "2", *TIME_LIMIT, "--max-requeues", "8")
+    job = submit(
+        tmp_path,
+        fashion_data_dir,
+        DDP_EPOCHS,
+        "--launcher",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        *TIME_LIMIT,
+        "--max-requeues",
+        "8",
+    )
     job.wait_for_log("epoch 1/")
     slurm_cluster.warn_mid_run(job.job_id, processes=4)
     slurm_cluster.restore_time_limit(job.job_id)
@@ -179,25 +252,32 @@ def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
     assert_time_limit_run(job, DDP_EPOCHS, reference)
 
 
-def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(tmp_path: Path, fashion_data_dir: Path,
-                                                                 ddp_reference: Path) -> None:
+def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(
+    tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path
+) -> None:
     """The DDP resume contract in its smallest form, without Slurm: 4 local processes, resumed from a mid-epoch
     checkpoint of an uninterrupted run, end with its weights (DDP must not regroup its gradient buckets)."""
     mid_epoch = ddp_reference / "checkpoints" / "checkpoint_step_40.pt"
     assert 0 < 40 % STEPS_PER_EPOCH, "step 40 must lie inside an epoch"
-    resumed = reference_run(tmp_path / "resumed", fashion_data_dir, DDP_EPOCHS, nproc=4,
-                            extra=["--resume", str(mid_epoch)])
+    resumed = reference_run(
+        tmp_path / "resumed", fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--resume", str(mid_epoch)]
+    )
     assert_bitwise_equal(resumed, final_weights(ddp_reference))
 
 
 def test_scontrol_requeue_of_a_running_job_resumes_exactly(
-        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict
+) -> None:
     """What preemption with requeue does: Slurm itself requeues the job and sends SIGTERM; the run checkpoints,
     and the next attempt resumes on its own (SLURM_RESTART_COUNT > 0)."""
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
     job.wait_for_log("epoch 1/")  # a progress line: training is under way
-    slurm_cluster.interrupt_mid_run(job.job_id, 1, signal.SIGTERM, lambda: subprocess.run(
-        ["scontrol", "requeue", job.job_id], check=True, capture_output=True))
+    slurm_cluster.interrupt_mid_run(
+        job.job_id,
+        1,
+        signal.SIGTERM,
+        lambda: subprocess.run(["scontrol", "requeue", job.job_id], check=True, capture_output=True),
+    )
     job.follow()
     log = job.log
     parts = attempts(log)
@@ -212,15 +292,25 @@ def test_scontrol_requeue_of_a_running_job_resumes_exactly(
 
 
 def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
-        slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict) -> None:
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict
+) -> None:
     from hpctrain import checkpoint
 
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
     job.wait_for_log("epoch 1/")
     # `cancel --wait` returns once the job has ended: it runs on while the training, paused, receives the SIGTERM.
-    cancel = slurm_cluster.interrupt_mid_run(job.job_id, 1, signal.SIGTERM, lambda: subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "cancel", job.job_id, "--wait", "120"], cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    cancel = slurm_cluster.interrupt_mid_run(
+        job.job_id,
+        1,
+        signal.SIGTERM,
+        lambda: subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", "cancel", job.job_id, "--wait", "120"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
+    )
     out, err = cancel.communicate(timeout=300)
     assert cancel.returncode == 0, out + err
     job.follow(timeout=120)
@@ -236,8 +326,21 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
     assert info is not None and info.step == step < SINGLE_EPOCHS * STEPS_PER_EPOCH, (info, log)
 
     # The same run continues here, to the end, from that checkpoint.
-    resumed = ok(hpctrain("train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs",
-                          str(SINGLE_EPOCHS), "--resume", "--run-dir", str(job.run_dir), timeout=600))
+    resumed = ok(
+        hpctrain(
+            "train",
+            "mnist",
+            *TRAIN,
+            "--data-dir",
+            str(fashion_data_dir),
+            "--epochs",
+            str(SINGLE_EPOCHS),
+            "--resume",
+            "--run-dir",
+            str(job.run_dir),
+            timeout=600,
+        )
+    )
     match = _RESUMED.search(resumed.stdout)
     assert match and int(match.group(4)) == step, resumed.stdout
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
@@ -245,13 +348,25 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
     assert_bitwise_equal(final_weights(job.run_dir), single_reference)
 
 
-def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(slurm_cluster, tmp_path: Path,
-                                                                fashion_data_dir: Path) -> None:
+def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     """A cancel is planned: the workers checkpoint and stop (143) and nothing in the log looks like a crash (before:
     each torchrun agent's SignalException traceback). Slurm ends the job itself (CANCELLED) once its KillWait is
     over, so the agents' and the batch script's last lines may or may not make it into the log."""
-    job = submit(tmp_path, fashion_data_dir, DDP_EPOCHS, "--launcher", "torchrun", "--nodes", "2",
-                 "--nproc-per-node", "2", "--time", "20")
+    job = submit(
+        tmp_path,
+        fashion_data_dir,
+        DDP_EPOCHS,
+        "--launcher",
+        "torchrun",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--time",
+        "20",
+    )
     job.wait_for_log("epoch 1/")
     ok(hpctrain("cancel", job.job_id, "--wait", "120", cwd=tmp_path, timeout=300))
     job.follow(timeout=120)

@@ -70,8 +70,14 @@ def test_webdataset_reads_the_shards_as_the_folders_images_and_labels(photo_fold
 
 
 def first_batches(train_images, val_images, seed=3):
-    source = ImageFolderSource(train_images, val_images, LoaderConfig(workers=0), seed,
-                               train_crop=RandomResizedCrop((64, 64)), eval_crop=CenterCrop((64, 64), 73))
+    source = ImageFolderSource(
+        train_images,
+        val_images,
+        LoaderConfig(workers=0),
+        seed,
+        train_crop=RandomResizedCrop((64, 64)),
+        eval_crop=CenterCrop((64, 64), 73),
+    )
     plan = EpochPlan(len(train_images), 8, 1, seed)
     return next(iter(source.train_batches(plan, 1, 0, 0))), next(iter(source.eval_batches(1, 0, 8)))
 
@@ -160,18 +166,23 @@ def test_bad_image_is_named_or_skipped(fashion_folders, tmp_path):
     assert len(prepared.train) == 8 and "bag/00000_truncated.JPEG" not in set(prepared.train.paths)
 
 
-@pytest.mark.parametrize("case,message", [
-    ("missing-src", "no such directory"),
-    ("out-is-file", "exists and is not a directory"),
-    ("bad-shard-size", "--shard-size '12 parsecs': give a size such as 1GB"),
-    ("verify-missing", "no such directory; give the OUT directory"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("missing-src", "no such directory"),
+        ("out-is-file", "exists and is not a directory"),
+        ("bad-shard-size", "--shard-size '12 parsecs': give a size such as 1GB"),
+        ("verify-missing", "no such directory; give the OUT directory"),
+    ],
+)
 def test_bad_input_fails_clearly_and_writes_nothing(fashion_folders, tmp_path, case, message):
     out = tmp_path / "out"
-    args = {"missing-src": [str(tmp_path / "nowhere"), str(out)],
-            "out-is-file": [str(fashion_folders), str(tmp_path / "file")],
-            "bad-shard-size": [str(fashion_folders), str(out), "--shard-size", "12 parsecs"],
-            "verify-missing": ["--verify", str(out)]}[case]
+    args = {
+        "missing-src": [str(tmp_path / "nowhere"), str(out)],
+        "out-is-file": [str(fashion_folders), str(tmp_path / "file")],
+        "bad-shard-size": [str(fashion_folders), str(out), "--shard-size", "12 parsecs"],
+        "verify-missing": ["--verify", str(out)],
+    }[case]
     (tmp_path / "file").write_text("not a directory\n")
     before = tree_digest(tmp_path)
     result = hpctrain("prepare", "imagenet", *args)

@@ -18,6 +18,10 @@ def test_sources_need_nothing_newer_than_python_3_10() -> None:
     pytest.importorskip("vermin", reason="vermin comes with the dev extra: pip install -e '.[dev]'")
     dirs = [str(ROOT / d) for d in ("src", "tests", "examples", "benchmarks")]
     vermin = Path(sys.executable).with_name("vermin")  # the console script: the package has no __main__
-    proc = subprocess.run([str(vermin), "--target=3.10-", "--violations", "--no-tips",
-                           "--eval-annotations", *dirs], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(vermin), "--target=3.10-", "--violations", "--no-tips", "--eval-annotations", *dirs],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -35,23 +35,72 @@ from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 SEED = 29
 CASES = 60
 
-VALID_PROGRESS = {"rank": 1, "world_size": 2, "host": "node1", "pid": 12, "phase": "training", "epoch": 1,
-                  "step": 7, "step_in_epoch": 7, "steps_per_epoch": 50, "steps": 10, "step_s": 0.1,
-                  "data_s": 0.01, "compute_s": 0.02, "images_per_s": 640.0, "waiting_in": None,
-                  "collectives": None, "updated": 1_000_000.0}
-VALID_PREFLIGHT = {"checks": [{"rank": 0, "node": "node0", "gemm_gflops": 100.0, "error": None, "links": {}},
-                              {"rank": 1, "node": "node1", "gemm_gflops": 98.0, "error": None, "links": {}}],
-                   "allreduce_gbps": 1.5}
-VALID_METRICS = {"epoch": 1, "step": 50, "train_loss": 0.5, "test_loss": 0.4, "test_accuracy": 0.9,
-                 "images_per_s": 1000.0, "epoch_seconds": 3.0, "lr": 0.1}
+VALID_PROGRESS = {
+    "rank": 1,
+    "world_size": 2,
+    "host": "node1",
+    "pid": 12,
+    "phase": "training",
+    "epoch": 1,
+    "step": 7,
+    "step_in_epoch": 7,
+    "steps_per_epoch": 50,
+    "steps": 10,
+    "step_s": 0.1,
+    "data_s": 0.01,
+    "compute_s": 0.02,
+    "images_per_s": 640.0,
+    "waiting_in": None,
+    "collectives": None,
+    "updated": 1_000_000.0,
+}
+VALID_PREFLIGHT = {
+    "checks": [
+        {"rank": 0, "node": "node0", "gemm_gflops": 100.0, "error": None, "links": {}},
+        {"rank": 1, "node": "node1", "gemm_gflops": 98.0, "error": None, "links": {}},
+    ],
+    "allreduce_gbps": 1.5,
+}
+VALID_METRICS = {
+    "epoch": 1,
+    "step": 50,
+    "train_loss": 0.5,
+    "test_loss": 0.4,
+    "test_accuracy": 0.9,
+    "images_per_s": 1000.0,
+    "epoch_seconds": 3.0,
+    "lr": 0.1,
+}
 # What a field may be replaced with: every JSON type, out-of-range numbers, NaN, control characters, huge values.
-ODD_VALUES: list[Any] = ["1", "", 1.5, -1, 0, 10**30, -1e-9, None, True, False, [], [1], {}, {"a": 1}, "x" * 5000,
-                         "\x1b[31mred", "a\nb", math.nan, math.inf, -math.inf, 1e308]
+ODD_VALUES: list[Any] = [
+    "1",
+    "",
+    1.5,
+    -1,
+    0,
+    10**30,
+    -1e-9,
+    None,
+    True,
+    False,
+    [],
+    [1],
+    {},
+    {"a": 1},
+    "x" * 5000,
+    "\x1b[31mred",
+    "a\nb",
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e308,
+]
 
 
 @contextlib.contextmanager
 def deadline(seconds: float = 5.0) -> Iterator[None]:
     """Fail (rather than hang the suite) if the block blocks: SIGALRM interrupts a blocked open or read."""
+
     def expired(*_: Any) -> None:
         raise TimeoutError(f"blocked for more than {seconds} s")
 
@@ -154,7 +203,7 @@ def test_the_reader_never_blocks_follows_links_or_reads_past_its_cap(tmp_path: P
 
 
 def test_json_is_parsed_strictly_and_without_recursion() -> None:
-    for text in ["NaN", '{"a": Infinity}', "[" * 100_000 + "]" * 100_000, '{"a": 1', "\"\\ud800\"x"]:
+    for text in ["NaN", '{"a": Infinity}', "[" * 100_000 + "]" * 100_000, '{"a": 1', '"\\ud800"x']:
         with pytest.raises(BadRunFile):
             parse_json(text, "x")
     assert parse_json(json.dumps({"s": "[{" * 50}), "x") == {"s": "[{" * 50}  # brackets in a string do not nest
@@ -218,8 +267,13 @@ def test_a_damaged_preflight_record_is_refused_in_one_line(tmp_path: Path) -> No
                 continue
         verdict.lines()  # accepted: it must print
     checks = VALID_PREFLIGHT["checks"]
-    for field, value in [("rank", "1"), ("gemm_gflops", -5.0), ("links", {"node9": -1.0}), ("node", ["n"]),
-                         ("error", {"x": 1})]:
+    for field, value in [
+        ("rank", "1"),
+        ("gemm_gflops", -5.0),
+        ("links", {"node9": -1.0}),
+        ("node", ["n"]),
+        ("error", {"x": 1}),
+    ]:
         path = tmp_path / f"{field}.json"
         path.write_text(json.dumps({**VALID_PREFLIGHT, "checks": [{**checks[0], field: value}, checks[1]]}))
         with pytest.raises(BadRunFile, match="check 1"):
@@ -282,10 +336,16 @@ def test_status_says_in_one_line_that_a_hang_report_or_stop_reason_is_unreadable
 
 
 def test_an_unreadable_provenance_record_is_set_aside_and_a_new_one_started(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rng = random.Random(SEED)
-    shapes = [("not an object", b"[]"), ("attempts a string", b'{"attempts": "x"}'), ("nested", b"[" * 10_000),
-              ("invalid UTF-8", b'{"attempts": ["\xff"]}'), ("random", rng.randbytes(64))]
+    shapes = [
+        ("not an object", b"[]"),
+        ("attempts a string", b'{"attempts": "x"}'),
+        ("nested", b"[" * 10_000),
+        ("invalid UTF-8", b'{"attempts": ["\xff"]}'),
+        ("random", rng.randbytes(64)),
+    ]
     for n, (what, data) in enumerate(shapes):
         run = tmp_path / f"{n}"
         run.mkdir()
@@ -333,8 +393,13 @@ def test_a_checkpoint_manifest_of_any_shape_is_rejected_not_a_traceback(tmp_path
 def test_records_that_crashed_the_straggler_check_are_skipped(tmp_path: Path) -> None:
     """A step time of -1 beside one of 1 made the median step 0 (ZeroDivisionError in rank 0's check, mid-epoch);
     a rank written as a string failed the comparison with the world size (TypeError)."""
-    for odd in ({"step_s": -0.1, "data_s": 0.5}, {"rank": "0"}, {"world_size": "2"}, {"updated": "now"},
-                {"data_s": None, "x": 1}):
+    for odd in (
+        {"step_s": -0.1, "data_s": 0.5},
+        {"rank": "0"},
+        {"world_size": "2"},
+        {"updated": "now"},
+        {"data_s": None, "x": 1},
+    ):
         run = tmp_path / json.dumps(odd).replace("/", "")
         for rank in (0, 1):
             path = progress_path(run, rank)
@@ -345,6 +410,7 @@ def test_records_that_crashed_the_straggler_check_are_skipped(tmp_path: Path) ->
 
 def test_the_watchdog_outlives_a_task_that_fails_and_still_reports_a_hang(capsys: pytest.CaptureFixture[str]) -> None:
     """A stack request it could not parse used to end the watchdog's thread: a later real hang went unreported."""
+
     def failing() -> None:
         raise ValueError("a record of the wrong shape")
 

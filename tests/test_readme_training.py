@@ -40,9 +40,17 @@ def test_the_readmes_training_commands_run_in_order(tmp_path: Path, fashion_mnis
     commands = training_block()
     assert len(commands) == 5 and commands[0][:2] == ["hpctrain", "download"], commands
     for command in commands:
-        result = subprocess.run(runnable(command, fashion_mnist_source.as_uri()), cwd=tmp_path, env=clean_environ(),
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, f"{shlex.join(command)}\nexit {result.returncode}\n{result.stdout}\n{result.stderr}"
+        result = subprocess.run(
+            runnable(command, fashion_mnist_source.as_uri()),
+            cwd=tmp_path,
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, (
+            f"{shlex.join(command)}\nexit {result.returncode}\n{result.stdout}\n{result.stderr}"
+        )
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert runs == ["ddp", "mnist-fashion-mnist", "mnist-fashion-mnist-classic", "torchrun"], runs
     for run in runs:

@@ -145,7 +145,11 @@ def test_classic_architecture_is_the_tutorials():
         "fc2.bias": (10,),
     }
     assert (model.conv1.stride, model.conv1.padding, model.conv2.stride, model.conv2.padding) == (
-        (1, 1), (0, 0), (1, 1), (0, 0))
+        (1, 1),
+        (0, 0),
+        (1, 1),
+        (0, 0),
+    )
     assert (model.dropout1.p, model.dropout2.p) == (0.25, 0.5)
     # The tutorial's checkpoints load as they are (same state_dict keys and shapes).
     model.load_state_dict(ReferenceTutorialNet().state_dict())

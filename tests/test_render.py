@@ -33,7 +33,12 @@ ENVIRONMENTS = {
     "conda": EnvironmentSpec(kind="conda", conda_env="hpctrain"),
     "venv": EnvironmentSpec(kind="venv", venv="~/venvs/hpctrain"),
     "apptainer": EnvironmentSpec(kind="apptainer", image="images/pytorch.sif", mounts=("/scratch:/scratch",)),
-    "pyxis": EnvironmentSpec(kind="pyxis", image="registry.example.com#team/pytorch:24.01-py3", mounts=("/scratch:/scratch",), workdir="/workspace"),
+    "pyxis": EnvironmentSpec(
+        kind="pyxis",
+        image="registry.example.com#team/pytorch:24.01-py3",
+        mounts=("/scratch:/scratch",),
+        workdir="/workspace",
+    ),
 }
 RESOURCES = {"cpu": {}, "gpu2": {"gpus_per_node": 2}, "shard16": {"shards_per_node": 16}}
 # Environment kind none runs hpctrain and torchrun with the submitting interpreter (sys.executable at submit time);
@@ -43,8 +48,10 @@ GOLDEN_PYTHON = "/opt/python/bin/python3"
 
 def slurm_job(**fields) -> tuple[JobSpec, SlurmOptions]:
     """A JobSpec and its SlurmOptions from one set of keywords (SlurmOptions' own go to it)."""
-    return (JobSpec(**{k: v for k, v in fields.items() if k not in FILE_KEYS}),
-            SlurmOptions(**{k: v for k, v in fields.items() if k in FILE_KEYS}))
+    return (
+        JobSpec(**{k: v for k, v in fields.items() if k not in FILE_KEYS}),
+        SlurmOptions(**{k: v for k, v in fields.items() if k in FILE_KEYS}),
+    )
 
 
 def golden_job(launcher: str, env: str, res: str) -> tuple[JobSpec, SlurmOptions]:
@@ -56,9 +63,12 @@ def golden_job(launcher: str, env: str, res: str) -> tuple[JobSpec, SlurmOptions
         partition="debug",
         time="30:00",
         launcher=launcher,
-        resources=Resources(nodes=2 if multi else 1, nproc_per_node=nproc, cpus_per_task=1, **{
-            k: (nproc if k == "gpus_per_node" else v) for k, v in RESOURCES[res].items()
-        }),
+        resources=Resources(
+            nodes=2 if multi else 1,
+            nproc_per_node=nproc,
+            cpus_per_task=1,
+            **{k: (nproc if k == "gpus_per_node" else v) for k, v in RESOURCES[res].items()},
+        ),
         environment=ENVIRONMENTS[env],
         python=GOLDEN_PYTHON if env == "none" else None,
         run_dir="runs/mnist-fashion-mnist-%j",
@@ -81,8 +91,10 @@ def test_golden(launcher: str, env: str, res: str) -> None:
     expected = path.read_text()
     if script != expected:
         diff = "".join(difflib.unified_diff(expected.splitlines(True), script.splitlines(True), str(path), "rendered"))
-        pytest.fail(f"rendered script differs from {path.name}:\n{diff}\nIf the change is intended, refresh with: "
-                    f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}")
+        pytest.fail(
+            f"rendered script differs from {path.name}:\n{diff}\nIf the change is intended, refresh with: "
+            f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}"
+        )
 
 
 def test_goldens_pass_bash_n_and_shellcheck() -> None:
@@ -116,7 +128,9 @@ def test_resources_render_per_launcher() -> None:
     single = render_sbatch(*golden_job("single", "apptainer", "gpu2"))
     assert "#SBATCH --ntasks=1" in single and "apptainer exec --nv" in single
     assert "apptainer exec --bind" in render_sbatch(*golden_job("single", "apptainer", "cpu"))  # no --nv without GPUs
-    no_signal = render_sbatch(torch_job.replace(signal_grace=0), slurm)  # no time-limit warning: requeued after a hang only
+    no_signal = render_sbatch(
+        torch_job.replace(signal_grace=0), slurm
+    )  # no time-limit warning: requeued after a hang only
     assert "#SBATCH --signal" not in no_signal and "#SBATCH --requeue" in no_signal
     assert no_signal.count('scontrol requeue "') == 1 and '[ "$stop_reason" = hung ]' in no_signal
     assert "scontrol requeuehold" in no_signal and '[ "$stop_reason" = sick_node ]' in no_signal
@@ -134,27 +148,41 @@ def test_excluded_nodes_are_excluded_and_stay_excluded_after_a_sick_node_requeue
     (tmp_path / "bad_nodes").write_text("node03\n")
     (tmp_path / "excluded_nodes").write_text("node01\n")
     helpers = "\n".join(requeue.helper_lines())
-    out = subprocess.run(["bash", "-c", f"{helpers}\nrun_dir={tmp_path}\n{line}\necho \"$excluded\""], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", f'{helpers}\nrun_dir={tmp_path}\n{line}\necho "$excluded"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "node01,node03,node07,node12"
     assert "--exclude" not in render_sbatch(job.replace(exclude_nodes=()))
 
 
 @pytest.mark.parametrize(("sinfo", "expected"), [("echo 2", "end"), ("echo 3", "requeue"), ("exit 1", "requeue")])
 def test_a_sick_node_requeue_ends_the_job_only_when_the_partition_is_known_to_be_too_small(
-        tmp_path: Path, sinfo: str, expected: str) -> None:
+    tmp_path: Path, sinfo: str, expected: str
+) -> None:
     """2 nodes needed, 1 excluded: a partition of 2 cannot hold the job any more (end it), one of 3 can; and when
     sinfo says nothing (missing, or failing), nothing is known, so the requeue goes ahead."""
-    script = render_sbatch(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j",
-                                   resources=Resources(nodes=2)))
-    lines = [line.strip() for line in script.splitlines()
-             if line.strip().startswith(("partition_nodes=", "left=", 'elif [ "$partition_nodes"'))]
+    script = render_sbatch(
+        JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j", resources=Resources(nodes=2))
+    )
+    lines = [
+        line.strip()
+        for line in script.splitlines()
+        if line.strip().startswith(("partition_nodes=", "left=", 'elif [ "$partition_nodes"'))
+    ]
     assert len(lines) == 3, script
     (tmp_path / "sinfo").write_text(f"#!/bin/sh\n{sinfo}\n")
     (tmp_path / "sinfo").chmod(0o755)
     body = "\n".join([*lines[:2], f"{lines[2].removeprefix('el')} echo end; else echo requeue; fi"])
-    out = subprocess.run(["bash", "-c", f"excluded=node1\nSLURM_JOB_NUM_NODES=2\n{body}"], capture_output=True,
-                         text=True, check=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    out = subprocess.run(
+        ["bash", "-c", f"excluded=node1\nSLURM_JOB_NUM_NODES=2\n{body}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+    ).stdout
     assert out.strip() == expected
 
 
@@ -168,7 +196,7 @@ def test_exclude_nodes_takes_plain_node_names(bad: str) -> None:
 
 def test_sbatch_lines_quote_as_sbatch_reads_them() -> None:
     text = render_sbatch(*slurm_job(command=("true",), name="it's $(x) `y`", output="logs/a b-%j.out"))
-    assert "#SBATCH --job-name=\"it's $(x) `y`\"" in text
+    assert '#SBATCH --job-name="it\'s $(x) `y`"' in text
     assert '#SBATCH --output="logs/a b-%j.out"' in text
     text = render_sbatch(JobSpec(command=("true",), name='say "hi"'))
     assert "#SBATCH --job-name='say \"hi\"'" in text
@@ -213,17 +241,17 @@ if mode in ("preempt", "completed-then-failed", "diverged") and os.environ.get("
 sys.exit(0 if mode == "preempt" else 3)
 '''
 
-FAKE_SCONTROL = r'''#!/bin/sh
+FAKE_SCONTROL = r"""#!/bin/sh
 # Stand-in for scontrol: hostnames of the fake allocation; requeue requests are recorded.
 if [ "$1" = show ] && [ "$2" = hostnames ]; then printf 'node7\nnode8\n'; exit 0; fi
 printf '%s\n' "$*" >> "$FAKE_OUT/scontrol"
-'''
+"""
 
-FAKE_SCANCEL = r'''#!/bin/sh
+FAKE_SCANCEL = r"""#!/bin/sh
 # Stand-in for scancel: records its arguments and, as Slurm would, signals the step (the stand-in srun).
 printf '%s\n' "$*" >> "$FAKE_OUT/scancel"
 case "$1" in --signal=*) kill -s "${1#--signal=}" "$(cat "$FAKE_OUT/srun.pid")" ;; esac
-'''
+"""
 
 
 @pytest.fixture
@@ -255,18 +283,26 @@ HOSTILE = ["it's", '"dq"', "$(touch pwned)", "`touch pwned2`", "a\nb", "$HOME", 
 def test_hostile_arguments_arrive_literally(fake_slurm, launcher: str) -> None:
     tmp_path, env, out = fake_slurm
     nodes, nproc = (1, 1) if launcher == "single" else (2, 2)
-    job = slurm_job(command=("python", "train.py", *HOSTILE), name="q'uote $(x)", launcher=launcher,
-                  resources=Resources(nodes=nodes, nproc_per_node=nproc), env=(("MSG", "$(touch pwned3) 'x'"),),
-                  run_dir="runs/odd dir $(x)-%j", signal_grace=0)
+    job = slurm_job(
+        command=("python", "train.py", *HOSTILE),
+        name="q'uote $(x)",
+        launcher=launcher,
+        resources=Resources(nodes=nodes, nproc_per_node=nproc),
+        env=(("MSG", "$(touch pwned3) 'x'"),),
+        run_dir="runs/odd dir $(x)-%j",
+        signal_grace=0,
+    )
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(*job))
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = json.loads((out / "srun.json").read_text())
-    assert argv[-len(HOSTILE) - 2:] == ["python", "train.py", *HOSTILE]
+    assert argv[-len(HOSTILE) - 2 :] == ["python", "train.py", *HOSTILE]
     assert not list(tmp_path.glob("pwned*"))
     if launcher == "torchrun":
-        assert "--rdzv-endpoint=node7:" + str(20000 + 4242) in argv and "--rdzv-id=4242" in argv and "--nnodes=2" in argv
+        assert (
+            "--rdzv-endpoint=node7:" + str(20000 + 4242) in argv and "--rdzv-id=4242" in argv and "--nnodes=2" in argv
+        )
     expected_ntasks = {"torchrun": "--ntasks-per-node=1", "srun": "--ntasks-per-node=2", "single": "--ntasks=1"}
     assert expected_ntasks[launcher] in argv
 
@@ -279,7 +315,9 @@ def test_environment_and_run_dir_reach_the_step(fake_slurm) -> None:
         "json.dump({k: os.environ.get(k) for k in ('MSG', 'HPCTRAIN_RUN_DIR')}, "
         "open(os.environ['FAKE_OUT'] + '/env.json', 'w'))\n"
     )
-    job = JobSpec(command=("true",), env=(("MSG", "$(touch pwned) 'x' \"y\""),), run_dir="runs/odd dir $(x)-%j", signal_grace=0)
+    job = JobSpec(
+        command=("true",), env=(("MSG", "$(touch pwned) 'x' \"y\""),), run_dir="runs/odd dir $(x)-%j", signal_grace=0
+    )
     (tmp_path / "job.sbatch").write_text(render_sbatch(job))
     proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -310,12 +348,19 @@ def test_busy_rendezvous_port_is_skipped(fake_slurm) -> None:
     assert port != first and first < port < first + 200
 
 
-def _run_and_signal(tmp_path: Path, env: dict, out: Path, job: tuple[JobSpec, SlurmOptions], sig: signal.Signals,
-                    mode: str):
+def _run_and_signal(
+    tmp_path: Path, env: dict, out: Path, job: tuple[JobSpec, SlurmOptions], sig: signal.Signals, mode: str
+):
     (tmp_path / "runs").mkdir(exist_ok=True)
     (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
-    proc = subprocess.Popen(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "FAKE_MODE": mode},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        ["bash", "job.sbatch"],
+        cwd=tmp_path,
+        env={**env, "FAKE_MODE": mode},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not (out / "ready").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
@@ -325,21 +370,31 @@ def _run_and_signal(tmp_path: Path, env: dict, out: Path, job: tuple[JobSpec, Sl
     return proc.returncode, output
 
 
-@pytest.mark.parametrize("restart_count,own_requeues,requeued", [
-    ("0", None, True),
-    ("3", "3", False),  # this script's own budget is spent
-    ("5", "1", True),  # four of the restarts were Slurm's (preemptions): they do not count against --max-requeues
-])
-def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, restart_count: str,
-                                                                    own_requeues: str | None, requeued: bool) -> None:
+@pytest.mark.parametrize(
+    "restart_count,own_requeues,requeued",
+    [
+        ("0", None, True),
+        ("3", "3", False),  # this script's own budget is spent
+        ("5", "1", True),  # four of the restarts were Slurm's (preemptions): they do not count against --max-requeues
+    ],
+)
+def test_time_limit_warning_is_forwarded_and_requeues_within_budget(
+    fake_slurm, restart_count: str, own_requeues: str | None, requeued: bool
+) -> None:
     tmp_path, env, out = fake_slurm
     env = {**env, "SLURM_RESTART_COUNT": restart_count}
     count_file = tmp_path / "runs" / "r-4242" / "requeue_count"
     if own_requeues is not None:
         count_file.parent.mkdir(parents=True)
         count_file.write_text(own_requeues + "\n")
-    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
-                  run_dir="runs/r-%j", signal_grace=60, max_requeues=3)
+    job = slurm_job(
+        command=("true",),
+        launcher="srun",
+        resources=Resources(nodes=1, nproc_per_node=1),
+        run_dir="runs/r-%j",
+        signal_grace=60,
+        max_requeues=3,
+    )
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, "preempt")
     assert (out / "signals").read_text() == "SIGUSR1\n", output
     scontrol = (out / "scontrol").read_text() if (out / "scontrol").exists() else ""
@@ -354,8 +409,13 @@ def test_time_limit_warning_is_forwarded_and_requeues_within_budget(fake_slurm, 
 @pytest.mark.parametrize("mode", ["completed-then-failed", "diverged"])
 def test_a_completed_or_diverged_run_is_not_requeued_when_a_warning_fails_the_step(fake_slurm, mode: str) -> None:
     tmp_path, env, out = fake_slurm
-    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
-                  run_dir="runs/r-%j", signal_grace=60)
+    job = slurm_job(
+        command=("true",),
+        launcher="srun",
+        resources=Resources(nodes=1, nproc_per_node=1),
+        run_dir="runs/r-%j",
+        signal_grace=60,
+    )
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGUSR1, mode)
     assert not (out / "scontrol").exists(), output
     assert code == 3 and "requeueing" not in output
@@ -365,11 +425,23 @@ def test_slurm_requeues_beyond_their_budget_stop_the_job_before_it_runs(fake_slu
     tmp_path, env, out = fake_slurm
     (tmp_path / "runs" / "r-4242").mkdir(parents=True)
     (tmp_path / "runs" / "r-4242" / "requeue_count").write_text("1\n")
-    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
-                  run_dir="runs/r-%j", signal_grace=60, max_preemptions=2)
+    job = slurm_job(
+        command=("true",),
+        launcher="srun",
+        resources=Resources(nodes=1, nproc_per_node=1),
+        run_dir="runs/r-%j",
+        signal_grace=60,
+        max_preemptions=2,
+    )
     (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
-    proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "4"},
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", "job.sbatch"],
+        cwd=tmp_path,
+        env={**env, "SLURM_RESTART_COUNT": "4"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "requeued this job 3 times" in proc.stderr and "--max-preemptions" in proc.stderr
     assert not (out / "ready").exists(), "the step must not start"
@@ -377,8 +449,13 @@ def test_slurm_requeues_beyond_their_budget_stop_the_job_before_it_runs(fake_slu
 
 def test_scancel_term_is_forwarded_and_never_requeues(fake_slurm) -> None:
     tmp_path, env, out = fake_slurm
-    job = slurm_job(command=("true",), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
-                  run_dir="runs/r-%j", signal_grace=60)
+    job = slurm_job(
+        command=("true",),
+        launcher="srun",
+        resources=Resources(nodes=1, nproc_per_node=1),
+        run_dir="runs/r-%j",
+        signal_grace=60,
+    )
     code, output = _run_and_signal(tmp_path, env, out, job, signal.SIGTERM, "fail")
     assert (out / "signals").read_text() == "SIGTERM\n", output
     # through Slurm, not as a TERM to srun (which srun turns into a SIGKILL of the step: no checkpoint)
@@ -394,10 +471,16 @@ def test_torchrun_signal_flags_are_decided_in_the_job() -> None:
     words = step_command(JobSpec(command=("x",), signal_grace=120))
     assert not [w for w in words if w.startswith(("--signals-to-handle", "--shutdown-timeout"))]
     shim = words.index('"$hpctrain_torchrun"')
-    assert words[shim - 2:shim + 3] == ["python3", "-c", '"$hpctrain_torchrun"', "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "110"]
+    assert words[shim - 2 : shim + 3] == [
+        "python3",
+        "-c",
+        '"$hpctrain_torchrun"',
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "110",
+    ]
     assert words.index("--no-python") > shim
     no_warning = step_command(JobSpec(command=("x",), signal_grace=0))
-    assert no_warning[no_warning.index('"$hpctrain_torchrun"') + 1:][:2] == ["''", "0"]
+    assert no_warning[no_warning.index('"$hpctrain_torchrun"') + 1 :][:2] == ["''", "0"]
     text = render_sbatch(JobSpec(command=("x",), signal_grace=120))
     assert "hpctrain_torchrun='" + TORCHRUN_SHIM + "'" in text
 
@@ -423,9 +506,15 @@ def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
 
 
 def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
-    job = slurm_job(command=("python", "x.py", *HOSTILE), name="a'b $(x) `y` #z;|&", output="o ut-%j.log",
-                  env=(("A", "$(x) 'y' \"z\""),), run_dir="~/r un/$(x)-%j", sbatch_extra=("--comment='hello world'",),
-                  environment=EnvironmentSpec(kind="conda", conda_env="~/my env", modules=("a/1",)))
+    job = slurm_job(
+        command=("python", "x.py", *HOSTILE),
+        name="a'b $(x) `y` #z;|&",
+        output="o ut-%j.log",
+        env=(("A", "$(x) 'y' \"z\""),),
+        run_dir="~/r un/$(x)-%j",
+        sbatch_extra=("--comment='hello world'",),
+        environment=EnvironmentSpec(kind="conda", conda_env="~/my env", modules=("a/1",)),
+    )
     path = tmp_path / "job.sbatch"
     path.write_text(render_sbatch(*job))
     proc = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
@@ -444,39 +533,46 @@ def test_max_restarts_reaches_torchrun_only() -> None:
 
 # ---- one option per --sbatch value ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("extra,line", [
-    ("--exclusive", "#SBATCH --exclusive"),
-    ("--constraint=a100", "#SBATCH --constraint=a100"),
-    ("--constraint a100", "#SBATCH --constraint=a100"),
-    ("-C a100", "#SBATCH -C a100"),
-    ("--comment='hello world'", '#SBATCH --comment="hello world"'),
-    ("--comment=\"it's\"", '#SBATCH --comment="it\'s"'),
-    ("--comment='--output=/x'", "#SBATCH --comment=--output=/x"),  # one word for sbatch: a comment
-    ("--nice=-5", "#SBATCH --nice=-5"),
-])
+
+@pytest.mark.parametrize(
+    "extra,line",
+    [
+        ("--exclusive", "#SBATCH --exclusive"),
+        ("--constraint=a100", "#SBATCH --constraint=a100"),
+        ("--constraint a100", "#SBATCH --constraint=a100"),
+        ("-C a100", "#SBATCH -C a100"),
+        ("--comment='hello world'", '#SBATCH --comment="hello world"'),
+        ('--comment="it\'s"', '#SBATCH --comment="it\'s"'),
+        ("--comment='--output=/x'", "#SBATCH --comment=--output=/x"),  # one word for sbatch: a comment
+        ("--nice=-5", "#SBATCH --nice=-5"),
+    ],
+)
 def test_an_extra_sbatch_option_renders_as_one_option(extra: str, line: str) -> None:
     text = render_sbatch(JobSpec(command=("true",)), SlurmOptions(sbatch_extra=(extra,)))
     assert line + "\n" in text
 
 
-@pytest.mark.parametrize("extra,message", [
-    ("--comment --output=/x", "holds 2 options"),
-    ("--constraint=a100 --exclusive", "holds 2 options"),
-    ("--comment=x\n#SBATCH --output=/x", "control characters"),
-    ("--comment=x\r--output=/x", "control characters"),
-    ("--exclusive\n", "control characters"),
-    ("-vH", "is not one sbatch option"),
-    ("-Ca100", "is not one sbatch option"),
-    ("--comment=hello world", "is 2 words"),
-    ("--comment 'a b' --output=/x", "is 3 words"),
-    ("-C a100 -w node1", "is 4 words"),
-    ("--nice -5", "attach it with = (--nice=-5)"),
-    ("--comment='a", "unbalanced quotes"),
-    ("exclusive", "must start with -"),
-    ("", "is empty"),
-    ("--comment=", "is empty"),
-    ("--comment='\\x'", "backslashes"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ("--comment --output=/x", "holds 2 options"),
+        ("--constraint=a100 --exclusive", "holds 2 options"),
+        ("--comment=x\n#SBATCH --output=/x", "control characters"),
+        ("--comment=x\r--output=/x", "control characters"),
+        ("--exclusive\n", "control characters"),
+        ("-vH", "is not one sbatch option"),
+        ("-Ca100", "is not one sbatch option"),
+        ("--comment=hello world", "is 2 words"),
+        ("--comment 'a b' --output=/x", "is 3 words"),
+        ("-C a100 -w node1", "is 4 words"),
+        ("--nice -5", "attach it with = (--nice=-5)"),
+        ("--comment='a", "unbalanced quotes"),
+        ("exclusive", "must start with -"),
+        ("", "is empty"),
+        ("--comment=", "is empty"),
+        ("--comment='\\x'", "backslashes"),
+    ],
+)
 def test_an_extra_sbatch_value_that_smuggles_a_second_option_is_refused(extra: str, message: str) -> None:
     from hpctrain.errors import UserError
 
@@ -484,14 +580,17 @@ def test_an_extra_sbatch_value_that_smuggles_a_second_option_is_refused(extra: s
         SlurmOptions(sbatch_extra=(extra,))
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"name": "two\nlines"}, "--job-name 'two\\nlines' contains control characters"),
-    ({"name": "a'b\"c"}, "use only one kind of quote"),
-    ({"partition": "gpu\\a"}, "--partition 'gpu\\\\a' cannot be written on an #SBATCH line"),
-    ({"output": "out\t%j"}, "--output 'out\\t%j' contains control characters"),
-    ({"sbatch_extra": ("exclusive",)}, "must start with -"),
-    ({"python": "/opt/py\\thon"}, "python '/opt/py\\\\thon' cannot be written on an #SBATCH line"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"name": "two\nlines"}, "--job-name 'two\\nlines' contains control characters"),
+        ({"name": "a'b\"c"}, "use only one kind of quote"),
+        ({"partition": "gpu\\a"}, "--partition 'gpu\\\\a' cannot be written on an #SBATCH line"),
+        ({"output": "out\t%j"}, "--output 'out\\t%j' contains control characters"),
+        ({"sbatch_extra": ("exclusive",)}, "must start with -"),
+        ({"python": "/opt/py\\thon"}, "python '/opt/py\\\\thon' cannot be written on an #SBATCH line"),
+    ],
+)
 def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: str) -> None:
     """Slurm refuses them, naming the flag, before any script exists: SlurmOptions its own values, render the
     JobSpec's (which holds them for every scheduler; another has rules of its own)."""
@@ -504,19 +603,27 @@ def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: st
 
 # ---- the job finds the tools that submitted it ----------------------------------------------------------------
 
+
 def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> None:
     python = "/opt/my env/bin/python3"
     recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
     words = step_command(recipe)
-    assert words[words.index("--kill-on-bad-exit=1") + 1:][:3] == ["'/opt/my env/bin/python3'", "-c", '"$hpctrain_torchrun"']
-    assert words[words.index("--no-python") + 1:][:4] == ["'/opt/my env/bin/python3'", "-m", "hpctrain", "train"]
+    assert words[words.index("--kill-on-bad-exit=1") + 1 :][:3] == [
+        "'/opt/my env/bin/python3'",
+        "-c",
+        '"$hpctrain_torchrun"',
+    ]
+    assert words[words.index("--no-python") + 1 :][:4] == ["'/opt/my env/bin/python3'", "-m", "hpctrain", "train"]
     srun = step_command(recipe.replace(resources=Resources(nproc_per_node=2)), SlurmOptions(launcher="srun"))
     assert "torchrun" not in " ".join(srun) and "torch.distributed.run" not in srun
     own = step_command(*slurm_job(command=("python", "x.py"), python=python, launcher="srun"))
     assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
     # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
     plain = step_command(JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]))
-    assert plain[plain.index('"$hpctrain_torchrun"') - 2] == "python3" and plain[plain.index("--no-python") + 1] == "hpctrain"
+    assert (
+        plain[plain.index('"$hpctrain_torchrun"') - 2] == "python3"
+        and plain[plain.index("--no-python") + 1] == "hpctrain"
+    )
 
 
 @pytest.mark.parametrize("env", ["venv", "conda", "apptainer", "pyxis", "modules"])
@@ -531,19 +638,28 @@ def test_an_interpreter_is_refused_with_an_environment_that_brings_its_own(env: 
 
 # ---- %j in a recipe's run dir: expanded once, by the script ---------------------------------------------------
 
-@pytest.mark.parametrize("train_args", [
-    ("--run-dir", "runs/r-%j"),
-    ("--run-dir=runs/r-%j",),
-    ("--run-d", "runs/r-%j"),  # argparse's abbreviation: the script's value comes last and wins
-    (),  # the recipe's default run dir: runs/mnist-fashion-mnist-%j
-])
+
+@pytest.mark.parametrize(
+    "train_args",
+    [
+        ("--run-dir", "runs/r-%j"),
+        ("--run-dir=runs/r-%j",),
+        ("--run-d", "runs/r-%j"),  # argparse's abbreviation: the script's value comes last and wins
+        (),  # the recipe's default run dir: runs/mnist-fashion-mnist-%j
+    ],
+)
 def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: tuple[str, ...]) -> None:
     from hpctrain.cli.train import config_from_argv
 
     tmp_path, env, out = fake_slurm
     run_dir = "runs/r-%j" if train_args else "runs/mnist-fashion-mnist-%j"
-    job = slurm_job(command=("hpctrain", "train", "mnist", *train_args, "--epochs", "1"), launcher="srun",
-                  resources=Resources(nodes=1, nproc_per_node=1), run_dir=run_dir, signal_grace=60)
+    job = slurm_job(
+        command=("hpctrain", "train", "mnist", *train_args, "--epochs", "1"),
+        launcher="srun",
+        resources=Resources(nodes=1, nproc_per_node=1),
+        run_dir=run_dir,
+        signal_grace=60,
+    )
     (tmp_path / "bin" / "srun").write_text(
         f"#!{sys.executable}\nimport json, os, sys\n"
         "json.dump({'argv': sys.argv[1:], 'env': os.environ['HPCTRAIN_RUN_DIR']}, "
@@ -554,7 +670,7 @@ def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: 
     assert proc.returncode == 0, proc.stderr
     step = json.loads((out / "step.json").read_text())
     argv = step["argv"]
-    train_argv = argv[argv.index("train") + 1:]
+    train_argv = argv[argv.index("train") + 1 :]
     expected = run_dir.replace("%j", "4242")
     assert config_from_argv(train_argv).run_dir == expected == step["env"], train_argv
     if train_args[:1] != ("--run-d",):

@@ -23,8 +23,14 @@ RUN = Path("runs") / "r-4242"
 
 
 def _job(**changes) -> tuple[JobSpec, SlurmOptions]:
-    return slurm_job(command=("python3", "my_train.py"), launcher="srun", resources=Resources(nodes=1, nproc_per_node=1),
-                     run_dir="runs/r-%j", signal_grace=60, **changes)
+    return slurm_job(
+        command=("python3", "my_train.py"),
+        launcher="srun",
+        resources=Resources(nodes=1, nproc_per_node=1),
+        run_dir="runs/r-%j",
+        signal_grace=60,
+        **changes,
+    )
 
 
 def _requeued(out: Path) -> bool:
@@ -93,8 +99,14 @@ def test_restarts_beyond_every_budget_together_end_the_job_whatever_the_run_dire
     (tmp_path / RUN / "requeue_count").write_text("900\n")  # a count that would excuse any number of restarts
     job = _job(max_requeues=1, max_hang_restarts=1, max_preemptions=1)
     (tmp_path / "job.sbatch").write_text(render_sbatch(*job))
-    proc = subprocess.run(["bash", "job.sbatch"], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "4"},
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", "job.sbatch"],
+        cwd=tmp_path,
+        env={**env, "SLURM_RESTART_COUNT": "4"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 1 and "more than all its budgets together allow (3:" in proc.stderr
     assert not (out / "ready").exists(), "the step must not start"
 
@@ -103,29 +115,50 @@ def _excluded(tmp_path: Path, job: JobSpec, bad_nodes: str, partition_nodes: int
     """The sick-node requeue's own lines (with the real scontrol's hostlist expansion), with a partition of
     `partition_nodes`: "end", "requeue" or "empty"."""
     script = render_sbatch(job)
-    lines = [line.strip() for line in script.splitlines()
-             if line.strip().startswith(("excluded=", "partition_nodes=", "left="))]
+    lines = [
+        line.strip()
+        for line in script.splitlines()
+        if line.strip().startswith(("excluded=", "partition_nodes=", "left="))
+    ]
     (tmp_path / "bad_nodes").write_text(bad_nodes)
     (tmp_path / "bin").mkdir(exist_ok=True)
     (tmp_path / "bin" / "sinfo").write_text(f"#!/bin/sh\necho {partition_nodes}\n")
     (tmp_path / "bin" / "sinfo").chmod(0o755)
-    body = "\n".join([*requeue.helper_lines(), f"run_dir={tmp_path}", "SLURM_JOB_NUM_NODES=" + str(job.resources.nodes),
-                      *lines, 'if [ -z "$excluded" ]; then echo empty; elif [ "$partition_nodes" -gt 0 ] && '
-                      '[ "$left" -lt "$SLURM_JOB_NUM_NODES" ]; then echo "end $excluded"; else echo "requeue $excluded"; fi'])
-    return subprocess.run(["bash", "-c", body], capture_output=True, text=True, check=True,
-                          env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}).stdout.strip()
+    body = "\n".join(
+        [
+            *requeue.helper_lines(),
+            f"run_dir={tmp_path}",
+            "SLURM_JOB_NUM_NODES=" + str(job.resources.nodes),
+            *lines,
+            'if [ -z "$excluded" ]; then echo empty; elif [ "$partition_nodes" -gt 0 ] && '
+            '[ "$left" -lt "$SLURM_JOB_NUM_NODES" ]; then echo "end $excluded"; else echo "requeue $excluded"; fi',
+        ]
+    )
+    return subprocess.run(
+        ["bash", "-c", body],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"},
+    ).stdout.strip()
 
 
-@pytest.mark.skipif(subprocess.run(["sh", "-c", "command -v scontrol"], capture_output=True).returncode != 0,
-                    reason="needs Slurm's scontrol (hostlist expansion)")
-@pytest.mark.parametrize(("bad", "partition", "expected"), [
-    ("node[1-2]\n", 3, "end node1,node2"),  # one expression, two nodes: 3 - 2 < 2 nodes the job needs
-    ("node[1-2]\n", 4, "requeue node1,node2"),
-    ("node3\nnode3\n", 3, "requeue node3"),
-    ("$(touch pwned)\n[\n", 3, "empty"),  # names no node: never exclude on garbage
-])
+@pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v scontrol"], capture_output=True).returncode != 0,
+    reason="needs Slurm's scontrol (hostlist expansion)",
+)
+@pytest.mark.parametrize(
+    ("bad", "partition", "expected"),
+    [
+        ("node[1-2]\n", 3, "end node1,node2"),  # one expression, two nodes: 3 - 2 < 2 nodes the job needs
+        ("node[1-2]\n", 4, "requeue node1,node2"),
+        ("node3\nnode3\n", 3, "requeue node3"),
+        ("$(touch pwned)\n[\n", 3, "empty"),  # names no node: never exclude on garbage
+    ],
+)
 def test_a_bad_node_list_is_read_as_hostlists_and_never_excludes_more_than_the_partition_spares(
-        tmp_path: Path, bad: str, partition: int, expected: str) -> None:
+    tmp_path: Path, bad: str, partition: int, expected: str
+) -> None:
     job = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j", resources=Resources(nodes=2))
     assert _excluded(tmp_path, job, bad, partition) == expected
     assert not (tmp_path / "pwned").exists()
@@ -138,20 +171,26 @@ def test_submit_says_in_one_line_what_the_warning_will_do(tmp_path: Path) -> Non
     (tmp_path / "plain.py").write_text("import time\ntime.sleep(9)\n")
     job, options = _job()
     [uses] = warning_note(job, options, (str(tmp_path / "lib.py"),))
-    assert uses == (f"note: time limit: SIGUSR1 60 s before it goes to your program once it installs "
-                    f"hpctrain.training.StopRequest (as {tmp_path / 'lib.py'} does); the job requeues itself only if "
-                    "the program then says its state is saved (announce_stop), at most 3 times")
+    assert uses == (
+        f"note: time limit: SIGUSR1 60 s before it goes to your program once it installs "
+        f"hpctrain.training.StopRequest (as {tmp_path / 'lib.py'} does); the job requeues itself only if "
+        "the program then says its state is saved (announce_stop), at most 3 times"
+    )
     [plain] = warning_note(job, options, (str(tmp_path / "plain.py"),))
-    assert plain.startswith(f"note: time limit: {tmp_path / 'plain.py'} does not use hpctrain.training.StopRequest, "
-                            "which says it handles SIGUSR1; a program that does not say so gets no SIGUSR1")
+    assert plain.startswith(
+        f"note: time limit: {tmp_path / 'plain.py'} does not use hpctrain.training.StopRequest, "
+        "which says it handles SIGUSR1; a program that does not say so gets no SIGUSR1"
+    )
     assert warning_note(job.replace(signal_grace=0), options) == [
-        "note: time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
+        "note: time limit: no warning (--signal-grace 0): the job ends at its limit, and is not requeued"
+    ]
     [recipe] = warning_note(JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/x-%j"), SlurmOptions())
     assert "the run gets SIGUSR1 120 s before it, checkpoints and stops" in recipe
 
 
-def test_a_recipe_into_a_run_directory_of_an_earlier_run_is_refused_before_queueing(tmp_path: Path, monkeypatch,
-                                                                                    capsys) -> None:
+def test_a_recipe_into_a_run_directory_of_an_earlier_run_is_refused_before_queueing(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     """`train` refuses a run directory with checkpoints unless --resume: the check says so before the queue does."""
     from hpctrain.checkpoint.files import NAME_PATTERN
     from hpctrain.cli import main
@@ -166,9 +205,13 @@ def test_a_recipe_into_a_run_directory_of_an_earlier_run_is_refused_before_queue
     argv = ["submit", "--dry-run", "train", "imagenet", "--synthetic", "--run-dir", "done"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert ("hpctrain submit: --run-dir done already holds checkpoints of an earlier run, which the job's `train` "
-            "would refuse after waiting in the queue: pass --resume (after the recipe: `train imagenet --resume ...`) "
-            "to continue it, or choose another --run-dir for a new run") in err
+    assert (
+        "hpctrain submit: --run-dir done already holds checkpoints of an earlier run, which the job's `train` "
+        "would refuse after waiting in the queue: pass --resume (after the recipe: `train imagenet --resume ...`) "
+        "to continue it, or choose another --run-dir for a new run"
+    ) in err
     main([*argv, "--resume"])
     assert "already holds checkpoints" not in capsys.readouterr().err
-    assert main(["submit", "--dry-run", "train", "imagenet", "--synthetic", "--run-dir", "new"]) == 0, capsys.readouterr().err
+    assert main(["submit", "--dry-run", "train", "imagenet", "--synthetic", "--run-dir", "new"]) == 0, (
+        capsys.readouterr().err
+    )

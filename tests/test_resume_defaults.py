@@ -21,30 +21,105 @@ def test_imagenet_resume_and_evaluate_need_no_model_flags(fashion_folders: Path,
     assert best.is_file()
 
     # Only where the run is and how far it should go: arch, image sizes, batch, limits come from the checkpoint.
-    resumed = ok(hpctrain("train", "imagenet", str(fashion_folders), "--run-dir", str(run_dir), "--resume",
-                          "--epochs", "2", "--threads", "1", "-j", "0", "--log-interval", "0", cwd=tmp_path))
+    resumed = ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            "--run-dir",
+            str(run_dir),
+            "--resume",
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+            "-j",
+            "0",
+            "--log-interval",
+            "0",
+            cwd=tmp_path,
+        )
+    )
     assert "resumed at epoch 2" in resumed.stdout, resumed.stdout
     assert TINY_ARCH in resumed.stdout and "global batch 32" in resumed.stdout, resumed.stdout
     assert [(r["epoch"], r["step"]) for r in read_metrics(run_dir)] == [(1, 3), (2, 6)]
 
-    evaluated = ok(hpctrain("train", "imagenet", str(fashion_folders), "--evaluate", "--resume", str(best),
-                            "--threads", "1", "-j", "0", cwd=tmp_path))
+    evaluated = ok(
+        hpctrain(
+            "train",
+            "imagenet",
+            str(fashion_folders),
+            "--evaluate",
+            "--resume",
+            str(best),
+            "--threads",
+            "1",
+            "-j",
+            "0",
+            cwd=tmp_path,
+        )
+    )
     assert f"evaluated {best} on 40 images" in evaluated.stdout, evaluated.stdout
 
     # A flag given that contradicts the checkpoint is still refused, naming its value.
-    refused = hpctrain("train", "imagenet", str(fashion_folders), "--run-dir", str(run_dir), "--resume",
-                       "--epochs", "3", "-a", "resnet34", "--threads", "1", cwd=tmp_path)
+    refused = hpctrain(
+        "train",
+        "imagenet",
+        str(fashion_folders),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "--epochs",
+        "3",
+        "-a",
+        "resnet34",
+        "--threads",
+        "1",
+        cwd=tmp_path,
+    )
     assert refused.returncode == 2 and f"(--arch {TINY_ARCH})" in refused.stderr, refused.stderr
 
 
 def test_mnist_resume_takes_the_dataset_recipe_and_limits_from_the_checkpoint(fashion_data_dir, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    ok(hpctrain("train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--recipe",
-                "classic", "--train-limit", "128", "--test-limit", "100", "--epochs", "1", "--threads", "1",
-                "--run-dir", str(run_dir)))
+    ok(
+        hpctrain(
+            "train",
+            "mnist",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--recipe",
+            "classic",
+            "--train-limit",
+            "128",
+            "--test-limit",
+            "100",
+            "--epochs",
+            "1",
+            "--threads",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        )
+    )
     # Without --dataset the default would be mnist (not in that data dir), without --recipe fast.
-    ok(hpctrain("train", "mnist", "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), "--resume",
-                "--epochs", "2", "--threads", "1"))
+    ok(
+        hpctrain(
+            "train",
+            "mnist",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--resume",
+            "--epochs",
+            "2",
+            "--threads",
+            "1",
+        )
+    )
     assert [(r["epoch"], r["step"]) for r in read_metrics(run_dir)] == [(1, 2), (2, 4)]
 
 
@@ -59,11 +134,22 @@ def _crafted(tmp_path: Path, state_changes: dict[str, Any], config_changes: dict
     from hpctrain.training import rng
     from hpctrain.training.loop_state import CHECKPOINT_FORMAT
 
-    config = {**TrainConfig(dataset="fashion-mnist", epochs=2, train_limit=128, threads=1).to_dict(),
-              **config_changes}
-    state = {"format": CHECKPOINT_FORMAT, "model": {}, "optimizer": {}, "scheduler": {}, "epoch": 1, "step": 2,
-             "step_in_epoch": 0, "epoch_train_seconds": 0.0, "best_accuracy": 0.5, "world_size": 1,
-             "ranks": [{"rng": rng.capture(), "loss_sum": 0.0, "threads": 1}], "config": config, **state_changes}
+    config = {**TrainConfig(dataset="fashion-mnist", epochs=2, train_limit=128, threads=1).to_dict(), **config_changes}
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "model": {},
+        "optimizer": {},
+        "scheduler": {},
+        "epoch": 1,
+        "step": 2,
+        "step_in_epoch": 0,
+        "epoch_train_seconds": 0.0,
+        "best_accuracy": 0.5,
+        "world_size": 1,
+        "ranks": [{"rng": rng.capture(), "loss_sum": 0.0, "threads": 1}],
+        "config": config,
+        **state_changes,
+    }
     return checkpoint.save(state, tmp_path / "run" / "checkpoints", "checkpoint_epoch_1.pt", epoch=1, step=2)
 
 
@@ -75,28 +161,42 @@ def _rank(**changes: Any) -> dict[str, Any]:
 
 
 BAD_RECORDS = {
-    "epochs as a string": ({}, {"epochs": "3"}, "setting epochs is a string ('3'), not a whole number; it cannot be "
-                           "resumed as it is: give --epochs on the command line"),
+    "epochs as a string": (
+        {},
+        {"epochs": "3"},
+        "setting epochs is a string ('3'), not a whole number; it cannot be "
+        "resumed as it is: give --epochs on the command line",
+    ),
     "a float seed": ({}, {"seed": 1.5}, "setting seed is a number (1.5), not a whole number"),
     "a negative epoch count": ({}, {"epochs": -3}, "--epochs must be at least 1 (got -3)"),
     "a negative thread count": ({"ranks": [_rank(threads=-2)]}, {}, "ranks[0].threads is -2, not a thread count"),
     "a non-numeric thread count": ({}, {"threads": "many"}, "setting threads is 'many', not a thread count"),
     "an empty per-rank list": ({"ranks": []}, {}, "ranks is [], not a list of the saved processes' states"),
     "a dict for the per-rank list": ({"ranks": {"0": {}}}, {}, "ranks is {'0': {}}, not a list"),
-    "a 3-byte RNG state": ({"ranks": [_rank(rng={**_rank()["rng"], "torch": torch.zeros(3, dtype=torch.uint8)})]}, {},
-                           "ranks[0].rng has a torch generator state of shape (3,)"),
+    "a 3-byte RNG state": (
+        {"ranks": [_rank(rng={**_rank()["rng"], "torch": torch.zeros(3, dtype=torch.uint8)})]},
+        {},
+        "ranks[0].rng has a torch generator state of shape (3,)",
+    ),
     "a non-numeric loss sum": ({"ranks": [_rank(loss_sum="low")]}, {}, "ranks[0].loss_sum is 'low', not a number"),
     "a string step": ({"step": "2"}, {}, "its recorded step is '2', not a whole number of at least 0"),
-    "parts outside the folder": ({"ranks": {"parts": "../elsewhere.ranks", "world_size": 2, "loss_sum_mean": 0.0}},
-                                 {}, "ranks.parts is '../elsewhere.ranks', not the name of a folder of ranks' parts"),
-    "parts of no ranks": ({"ranks": {"parts": "checkpoint_step_2.pt.ranks", "world_size": 0, "loss_sum_mean": 0.0}},
-                          {}, "ranks.world_size is 0, not a number of processes"),
+    "parts outside the folder": (
+        {"ranks": {"parts": "../elsewhere.ranks", "world_size": 2, "loss_sum_mean": 0.0}},
+        {},
+        "ranks.parts is '../elsewhere.ranks', not the name of a folder of ranks' parts",
+    ),
+    "parts of no ranks": (
+        {"ranks": {"parts": "checkpoint_step_2.pt.ranks", "world_size": 0, "loss_sum_mean": 0.0}},
+        {},
+        "ranks.world_size is 0, not a number of processes",
+    ),
 }
 
 
 @pytest.mark.parametrize("how", list(BAD_RECORDS))
 def test_recorded_settings_of_the_wrong_type_or_value_are_refused_naming_checkpoint_and_field(
-        tmp_path: Path, how: str) -> None:
+    tmp_path: Path, how: str
+) -> None:
     from hpctrain.config import TrainConfig
     from hpctrain.errors import UserError
     from hpctrain.training.resume import RECORDED_DEFAULTS, with_recorded_settings

@@ -38,13 +38,20 @@ sys.exit(main(sys.argv[1:]))
 
 def busy_loops() -> list[subprocess.Popen]:
     """One Python busy loop pinned on each core this process may use."""
-    return [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
-            for cpu in sorted(os.sched_getaffinity(0))]
+    return [
+        subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+        for cpu in sorted(os.sched_getaffinity(0))
+    ]
 
 
 def interrupted_idle_attempt(args: list[str]) -> str:
-    process = subprocess.Popen([sys.executable, "-c", IDLE_FIRST_ATTEMPT, *args], env={**clean_environ(),
-                               "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-c", IDLE_FIRST_ATTEMPT, *args],
+        env={**clean_environ(), "PYTHONUNBUFFERED": "1"},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     output = []
     try:
         for line in process.stdout:
@@ -61,8 +68,9 @@ def interrupted_idle_attempt(args: list[str]) -> str:
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs two usable cores (a busy core must change the default count)")
-def test_resume_while_other_programs_keep_the_cores_busy_is_bitwise_the_uninterrupted_run(fashion_data_dir,
-                                                                                            tmp_path: Path):
+def test_resume_while_other_programs_keep_the_cores_busy_is_bitwise_the_uninterrupted_run(
+    fashion_data_dir, tmp_path: Path
+):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     common = ["train", "mnist", *CHOSEN, "--data-dir", str(fashion_data_dir)]
     interrupted_idle_attempt([*common, "--run-dir", str(parts)])

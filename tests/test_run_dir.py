@@ -27,8 +27,9 @@ CLASSIC = ("--recipe", "classic")  # 512 images / batch 64: 8 steps an epoch
 
 
 def train(data_dir, run_dir, *extra, expect=0, env=None):
-    result = hpctrain("train", "mnist", *QUICK, *CLASSIC, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-                      *extra, env=env)
+    result = hpctrain(
+        "train", "mnist", *QUICK, *CLASSIC, "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra, env=env
+    )
     assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     if expect == 2:
         assert "Traceback" not in result.stderr, result.stderr
@@ -129,10 +130,12 @@ def test_resume_of_a_complete_run_says_so_and_how_to_extend_it(fashion_data_dir,
 
 
 @pytest.mark.parametrize("form", ["run dir", "checkpoints dir", "latest pointer"])
-def test_resume_accepts_a_run_dir_a_checkpoints_dir_or_the_latest_pointer(fashion_data_dir, one_epoch, tmp_path,
-                                                                          form):
-    path = {"run dir": one_epoch, "checkpoints dir": one_epoch / "checkpoints",
-            "latest pointer": one_epoch / "checkpoints" / "latest"}[form]
+def test_resume_accepts_a_run_dir_a_checkpoints_dir_or_the_latest_pointer(fashion_data_dir, one_epoch, tmp_path, form):
+    path = {
+        "run dir": one_epoch,
+        "checkpoints dir": one_epoch / "checkpoints",
+        "latest pointer": one_epoch / "checkpoints" / "latest",
+    }[form]
     result = train(fashion_data_dir, tmp_path / "continued", "--epochs", "2", "--resume", str(path))
     assert "resumed at epoch 2, step 0 of 8 (global step 8)" in result.stdout
     assert [r["epoch"] for r in read_metrics(tmp_path / "continued")] == [2]
@@ -143,8 +146,9 @@ def test_resume_of_an_older_checkpoint_sets_the_newer_ones_aside(fashion_data_di
     as newer than the resumed run's own saves, nor be overwritten by them."""
     train(fashion_data_dir, run_copy, "--epochs", "2", "--resume")
     abandoned = (run_copy / "checkpoints" / "checkpoint_epoch_2.pt").read_bytes()
-    train(fashion_data_dir, run_copy, "--epochs", "2", "--resume",
-          str(run_copy / "checkpoints" / "checkpoint_epoch_1.pt"))
+    train(
+        fashion_data_dir, run_copy, "--epochs", "2", "--resume", str(run_copy / "checkpoints" / "checkpoint_epoch_1.pt")
+    )
     assert (run_copy / "checkpoints" / "checkpoint_epoch_2.pt.abandoned").read_bytes() == abandoned
     assert checkpoint.find_latest(run_copy / "checkpoints").epoch == 2
 
@@ -152,10 +156,13 @@ def test_resume_of_an_older_checkpoint_sets_the_newer_ones_aside(fashion_data_di
 # ---------------------------------------------------------------- checkpoints that do not fit
 
 
-@pytest.mark.parametrize("change,message", [
-    ("shape", "holds a different model"),
-    ("no ranks", "lacks 'ranks'"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ("shape", "holds a different model"),
+        ("no ranks", "lacks 'ranks'"),
+    ],
+)
 def test_a_checkpoint_that_does_not_fit_is_refused_clearly(fashion_data_dir, one_epoch, tmp_path, change, message):
     state = checkpoint.load(one_epoch / "checkpoints" / "checkpoint_epoch_1.pt")
     if change == "shape":
@@ -169,10 +176,13 @@ def test_a_checkpoint_that_does_not_fit_is_refused_clearly(fashion_data_dir, one
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("what,message", [
-    ("empty", "is empty (0 bytes)"),
-    ("not ours", "is not an hpctrain checkpoint"),
-])
+@pytest.mark.parametrize(
+    "what,message",
+    [
+        ("empty", "is empty (0 bytes)"),
+        ("not ours", "is not an hpctrain checkpoint"),
+    ],
+)
 def test_files_that_are_no_checkpoints_are_named_for_what_they_are(fashion_data_dir, tmp_path, what, message):
     path = tmp_path / ("checkpoint_epoch_1.pt" if what == "empty" else "weights.bin")
     path.write_bytes(b"" if what == "empty" else b"\x00" * 64)
@@ -185,8 +195,18 @@ def test_files_that_are_no_checkpoints_are_named_for_what_they_are(fashion_data_
 
 def test_a_second_run_in_a_locked_run_dir_is_refused_naming_the_holder(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    first = start_hpctrain("train", "mnist", *QUICK, *CLASSIC, "--data-dir", str(fashion_data_dir),
-                           "--run-dir", str(run_dir), "--epochs", "50")
+    first = start_hpctrain(
+        "train",
+        "mnist",
+        *QUICK,
+        *CLASSIC,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        "50",
+    )
     try:
         for line in first.stdout:
             if "step 1/" in line:
@@ -225,9 +245,11 @@ def test_directory_lock_excludes_a_second_holder_and_survives_a_removed_file(tmp
 
 
 def test_the_lock_is_dropped_when_its_holder_is_killed(tmp_path):
-    code = ("import sys, time; from pathlib import Path; from hpctrain.fsutil import DirectoryLock; "
-            "DirectoryLock.acquire(Path(sys.argv[1]), '.lock', 'child'); print('locked', flush=True); "
-            "time.sleep(600)")
+    code = (
+        "import sys, time; from pathlib import Path; from hpctrain.fsutil import DirectoryLock; "
+        "DirectoryLock.acquire(Path(sys.argv[1]), '.lock', 'child'); print('locked', flush=True); "
+        "time.sleep(600)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "locked"
@@ -271,8 +293,18 @@ def test_a_run_whose_lock_file_is_deleted_stops_at_its_next_checkpoint(fashion_d
     """Guards issue 29 (A5): with the lock file deleted, a second `--resume` could lock a new one and train in the
     same directory at once, interleaving checkpoints and metrics. The run checks its lock at every checkpoint."""
     run_dir = tmp_path / "run"
-    first = start_hpctrain("train", "mnist", *QUICK, *CLASSIC, "--data-dir", str(fashion_data_dir),
-                           "--run-dir", str(run_dir), "--epochs", "3")
+    first = start_hpctrain(
+        "train",
+        "mnist",
+        *QUICK,
+        *CLASSIC,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--epochs",
+        "3",
+    )
     try:
         for line in first.stdout:
             if "step 1/" in line:
@@ -303,8 +335,15 @@ def _make(path, kind):
         os.mkfifo(path)
 
 
-@pytest.mark.parametrize("name,kind", [("checkpoints", "file"), ("metrics.jsonl", "directory"),
-                                       ("stop_reason", "directory"), ("provenance.json", "fifo")])
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("checkpoints", "file"),
+        ("metrics.jsonl", "directory"),
+        ("stop_reason", "directory"),
+        ("provenance.json", "fifo"),
+    ],
+)
 def test_a_run_path_of_the_wrong_kind_is_refused_before_the_first_step(fashion_data_dir, tmp_path, name, kind):
     """Guards issue 29 (A6): these were found only after the epoch's work (the epoch lost), or blocked forever."""
     run_dir = tmp_path / "run"
@@ -348,8 +387,9 @@ def test_a_symlinked_run_file_is_refused_and_its_target_untouched(fashion_data_d
 
 @pytest.mark.parametrize("name", ["checkpoints", "tb"])
 @pytest.mark.parametrize("resume", [False, True])
-def test_a_symlinked_run_folder_is_refused_and_its_target_untouched(fashion_data_dir, one_epoch, tmp_path, name,
-                                                                    resume):
+def test_a_symlinked_run_folder_is_refused_and_its_target_untouched(
+    fashion_data_dir, one_epoch, tmp_path, name, resume
+):
     """Guards issue 17: `ln -s /elsewhere/ck RUN/checkpoints` put checkpoints, manifests and `latest` in
     /elsewhere/ck, exit 0 (the same for tb/). The run's folders are never written (nor read) through a link."""
     elsewhere = tmp_path / "elsewhere"
@@ -392,8 +432,11 @@ def small_tmpfs(tmp_path):
     sizes = {}
 
     def make(size_bytes: int):
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", f"hpctrain-{uuid.uuid4().hex[:8]}",
-                                 str(mount)], capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", f"hpctrain-{uuid.uuid4().hex[:8]}", str(mount)],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}): needs root")
         sizes["mounted"] = True

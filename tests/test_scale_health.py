@@ -82,8 +82,25 @@ def ranks(n: int, seed: int = 0) -> list[RankProgress]:
             data *= 30
         elif rank % 89 == 7:
             compute *= 3
-        records.append(RankProgress(rank, n, f"node{rank // 8:05d}", 100, "training", 1, 10, 10, 50, 10,
-                                    Timing(0.1), Timing(data), Timing(compute), 640.0, updated=NOW - 1))
+        records.append(
+            RankProgress(
+                rank,
+                n,
+                f"node{rank // 8:05d}",
+                100,
+                "training",
+                1,
+                10,
+                10,
+                50,
+                10,
+                Timing(0.1),
+                Timing(data),
+                Timing(compute),
+                640.0,
+                updated=NOW - 1,
+            )
+        )
     return records
 
 
@@ -130,8 +147,9 @@ def test_the_preflight_judge_grows_as_n_log_n() -> None:
 
 def plain_stragglers(records: list[RankProgress], now: float) -> list[Straggler]:
     """The rule as the module's docstring states it, each rank against a list of all the others."""
-    timed = [r for r in records
-             if r.data_s is not None and r.compute_s is not None and r.step_s and r.age_s(now) <= STALE_S]
+    timed = [
+        r for r in records if r.data_s is not None and r.compute_s is not None and r.step_s and r.age_s(now) <= STALE_S
+    ]
     if len(timed) < 2:
         return []
     step = median(r.step_s for r in timed)
@@ -156,9 +174,24 @@ def random_records(rnd: random.Random) -> list[RankProgress]:
     for i in range(n):
         rank = rnd.randrange(n) if rnd.random() < 0.1 else i
         data = rnd.choice(values + [None]) if rnd.random() < 0.1 else rnd.choice(values + [rnd.random() / 10])
-        records.append(RankProgress(rank, max(n, 1), f"node{rank}", 1, "training", 1, 1, 1, 1, 1,
-                                    rnd.choice([0.1, 0.1, 0.2]), data, rnd.choice(values),
-                                    updated=NOW - rnd.choice([1.0, 1.0, 1.0, 600.0])))
+        records.append(
+            RankProgress(
+                rank,
+                max(n, 1),
+                f"node{rank}",
+                1,
+                "training",
+                1,
+                1,
+                1,
+                1,
+                1,
+                rnd.choice([0.1, 0.1, 0.2]),
+                data,
+                rnd.choice(values),
+                updated=NOW - rnd.choice([1.0, 1.0, 1.0, 600.0]),
+            )
+        )
     return records
 
 
@@ -190,8 +223,9 @@ def plain_bad_links(checks: list[RankCheck]) -> dict[str, list[str]]:
     for node in sorted({c.node for c in checks}):
         own = {pair: rate for pair, rate in links.items() if node in pair}
         if len(links) > 1 and own and all(rate < SLOW_SHARE * fastest for rate in own.values()):
-            peers = ", ".join(f"{'-'.join(n for n in pair if n != node)} {rate:.2f}"
-                              for pair, rate in sorted(own.items()))
+            peers = ", ".join(
+                f"{'-'.join(n for n in pair if n != node)} {rate:.2f}" for pair, rate in sorted(own.items())
+            )
             bad[node] = [f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest link's {fastest:.2f}"]
     return bad
 
@@ -204,8 +238,14 @@ def test_the_preflight_judge_blames_the_nodes_the_plain_rule_blames() -> None:
         checks = []
         for rank in range(rnd.randint(1, 20)):
             node = rnd.choice(nodes)
-            links = {rnd.choice(nodes + ["elsewhere"]): rnd.choice([0.5, 1.0, 8.0, 10.0, rnd.random() * 10])
-                     for _ in range(rnd.randint(0, 3))} if rnd.random() < 0.5 else {}
+            links = (
+                {
+                    rnd.choice(nodes + ["elsewhere"]): rnd.choice([0.5, 1.0, 8.0, 10.0, rnd.random() * 10])
+                    for _ in range(rnd.randint(0, 3))
+                }
+                if rnd.random() < 0.5
+                else {}
+            )
             checks.append(RankCheck(rank, node, 100.0, None, links))
         assert judge(checks, 1.0).bad == plain_bad_links(checks)
         blamed += bool(plain_bad_links(checks))
@@ -228,8 +268,12 @@ def test_a_hang_report_reads_each_rank_record_once_in_all_not_once_per_rank(tmp_
     watches = []
     for rank in range(world):
         watch = object.__new__(RankWatch)
-        watch.run = SimpleNamespace(run_dir=tmp_path, device=SimpleNamespace(type="cpu"), is_main=rank == 0,
-                                    env=SimpleNamespace(rank=rank, world_size=world, is_distributed=True))
+        watch.run = SimpleNamespace(
+            run_dir=tmp_path,
+            device=SimpleNamespace(type="cpu"),
+            is_main=rank == 0,
+            env=SimpleNamespace(rank=rank, world_size=world, is_distributed=True),
+        )
         watch.host, watch._warned = f"node{rank // 8}", set()
         watch.progress = ProgressRecorder(tmp_path, rank, world, watch.host, 10)
         watch.progress.step(1, 8, 8, 64, 0.1, 0.01, 0.02)
@@ -257,7 +301,8 @@ def test_a_hang_report_reads_each_rank_record_once_in_all_not_once_per_rank(tmp_
 
 
 def test_rank_zeros_training_step_reads_no_progress_record_the_straggler_check_runs_on_the_ticker(
-        tmp_path, monkeypatch) -> None:
+    tmp_path, monkeypatch
+) -> None:
     """Counted, not timed: the straggler check reads N records (and sorts their timings) every 30 s. It must not
     run in the training step, where every rank would wait for rank 0 meanwhile, but on the watchdog's ticker
     thread. Before, rank 0's `step()` read every record itself when the check was due."""
@@ -272,8 +317,9 @@ def test_rank_zeros_training_step_reads_no_progress_record_the_straggler_check_r
         other.step(1, 8, 8, 64, 0.1, 0.01, 0.08 if rank == 5 else 0.02)  # rank 5: a slow forward pass
         other.write("training")
     watch = object.__new__(RankWatch)
-    watch.run = SimpleNamespace(run_dir=tmp_path, is_main=True,
-                                env=SimpleNamespace(rank=0, world_size=world, is_distributed=True))
+    watch.run = SimpleNamespace(
+        run_dir=tmp_path, is_main=True, env=SimpleNamespace(rank=0, world_size=world, is_distributed=True)
+    )
     watch.progress = ProgressRecorder(tmp_path, 0, world, "node0", 10)
     watch.watchdog, watch.clock = SimpleNamespace(beat=lambda: None), SimpleNamespace(read=lambda: 0.02)
     watch._step_started, watch._data_before, watch._next_check = 0.0, 0.0, 0.0  # a check is due

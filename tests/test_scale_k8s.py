@@ -59,13 +59,18 @@ def small_cluster(k8s_cluster: LocalK8s):
     nodes = [f"{namespace}-page-{i}" for i in range(5)]
     try:
         for name in nodes:
-            core.create_node({"metadata": {"name": name, "labels": {LABEL: namespace}}, "spec": {
-                "unschedulable": True, "taints": [{"key": "hpctrain-test", "effect": "NoSchedule"}]}})
+            core.create_node(
+                {
+                    "metadata": {"name": name, "labels": {LABEL: namespace}},
+                    "spec": {"unschedulable": True, "taints": [{"key": "hpctrain-test", "effect": "NoSchedule"}]},
+                }
+            )
             alloc = {"cpu": "8", "memory": "32Gi", "pods": "110"}
             core.patch_node_status(name, {"status": {"capacity": alloc, "allocatable": alloc}})
         for i, node in enumerate([*nodes, None]):
-            spec: dict[str, Any] = {"containers": [{"name": "c", "image": IMAGE, "resources": {
-                "requests": {"cpu": "1", "memory": "1Gi"}}}]}
+            spec: dict[str, Any] = {
+                "containers": [{"name": "c", "image": IMAGE, "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]
+            }
             if node:
                 spec["nodeName"] = node
             core.create_namespaced_pod(namespace, {"metadata": {"name": f"filler-{i}"}, "spec": spec})
@@ -84,8 +89,9 @@ def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pyt
     monkeypatch.setattr(k8s_client, "PAGE_SIZE", 2)
     recording = Recording(api.rest_client.pool_manager)
     monkeypatch.setattr(api.rest_client, "pool_manager", recording)
-    sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=IMAGE,
-                                                  node_selector=(f"{LABEL}={namespace}",)), api_client=api)
+    sched = KubernetesScheduler(
+        KubernetesOptions(namespace=namespace, image=IMAGE, node_selector=(f"{LABEL}={namespace}",)), api_client=api
+    )
 
     view = sched.cluster()
     node_lists, pod_lists = recording.lists_of("/api/v1/nodes"), recording.lists_of("/api/v1/pods")
@@ -93,14 +99,16 @@ def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pyt
     assert all(q["limit"] == ["2"] for q in node_lists + pod_lists)
     assert [("continue" in q) for q in node_lists] == [False] + [True] * (len(node_lists) - 1)
     assert len(pod_lists) >= 3  # the 5 bound pods at least, 2 a page
-    assert all(q["fieldSelector"] == ["spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"]
-               for q in pod_lists)
+    assert all(
+        q["fieldSelector"] == ["spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"] for q in pod_lists
+    )
     mine = [n for n in view.nodes if n.name in nodes]
     assert [(n.cpu_requested, n.cpu_allocatable) for n in mine] == [(1.0, 8.0)] * 5
 
     recording.gets.clear()
-    job = JobSpec(command=("hpctrain", "train", "mnist"), name="mnist",
-                  resources=Resources(nodes=1, cpus_per_task=2, mem="2G"))
+    job = JobSpec(
+        command=("hpctrain", "train", "mnist"), name="mnist", resources=Resources(nodes=1, cpus_per_task=2, mem="2G")
+    )
     problems = sched.check(job)
     assert any("no schedulable node" in p for p in problems)  # its nodes are cordoned
     node_lists = recording.lists_of("/api/v1/nodes")

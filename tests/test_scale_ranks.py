@@ -35,8 +35,14 @@ SIZES = (2, 4)
 @pytest.fixture(scope="module")
 def counted() -> dict[int, list[dict]]:
     """Each size's ranks' counts, in rank order, from benchmarks/scale_ranks.py (which holds the worker)."""
-    result = subprocess.run([sys.executable, "benchmarks/scale_ranks.py", "--sizes", ",".join(map(str, SIZES)),
-                             "--json"], cwd=ROOT, env=clean_environ(), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/scale_ranks.py", "--sizes", ",".join(map(str, SIZES)), "--json"],
+        cwd=ROOT,
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     return {int(size): ranks for size, ranks in json.loads(result.stdout.strip().splitlines()[-1]).items()}
 

@@ -23,7 +23,9 @@ from hpctrain.cli.tables import RICH_ROWS
 from hpctrain.cli.views import show
 from hpctrain.jobs.spec import JobSpec, Resources
 
-_spec = importlib.util.spec_from_file_location("scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py")
+_spec = importlib.util.spec_from_file_location(
+    "scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py"
+)
 scale = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(scale)  # type: ignore[union-attr]
 ME = "alice"
@@ -33,8 +35,11 @@ class Recorder:
     """subprocess.run for the Slurm commands: answers from a fake cluster of `n` nodes (10 n jobs), keeps argv."""
 
     def __init__(self, version: str, n: int) -> None:
-        self.answers = {"partition": scale.partitions_text(n), "node": scale.nodes_text(version, n),
-                        "job": scale.jobs_text(n, ME) if version == "22.05" else ""}
+        self.answers = {
+            "partition": scale.partitions_text(n),
+            "node": scale.nodes_text(version, n),
+            "job": scale.jobs_text(n, ME) if version == "22.05" else "",
+        }
         self.squeue_all, self.squeue_mine = scale.squeue_rows(n, ME)
         self.calls: list[list[str]] = []
 
@@ -59,8 +64,9 @@ def test_the_harness_prints_what_hpctrain_parses() -> None:
 
 
 def _big_job() -> JobSpec:
-    return JobSpec(name="big", command=("python", "train.py"),
-                   resources=Resources(nodes=1000, nproc_per_node=8, gpus_per_node=8))
+    return JobSpec(
+        name="big", command=("python", "train.py"), resources=Resources(nodes=1000, nproc_per_node=8, gpus_per_node=8)
+    )
 
 
 @pytest.mark.parametrize("version", ["22.05", "25.11"])
@@ -93,16 +99,19 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
         run = Recorder("22.05", n)
         split["n"] = 0
         info = query.query_cluster(run=run)
-        shard_jobs = sum(1 for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line
-                         and "GRES=shard" in line)
+        shard_jobs = sum(
+            1 for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line and "GRES=shard" in line
+        )
         assert shard_jobs and split["n"] == n + 2 + shard_jobs
         assert sum(node.shards_used or 0 for node in info.nodes) == 16 * shard_jobs
 
 
-def test_long_tables_are_printed_plain_one_line_a_row(monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_long_tables_are_printed_plain_one_line_a_row(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Rich lays a table out at about 0.7 ms a row (7 s for 10,000 nodes): above RICH_ROWS rows the same header
     and cells are printed as plain aligned text. Names stay text: markup is not read, control characters are `?`."""
+
     def no_rich_layout(*args, **kwargs):
         raise AssertionError("a rich table was laid out")
 
@@ -113,17 +122,50 @@ def test_long_tables_are_printed_plain_one_line_a_row(monkeypatch: pytest.Monkey
     monkeypatch.setattr("rich.table.Table.__rich_console__", no_rich_layout)
     show(display.jobs_view(jobs), as_json=False)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(jobs) + 1 and lines[0].split() == ["job", "name", "state", "reason", "nodes", "elapsed", "restarts"]
+    assert len(lines) == len(jobs) + 1 and lines[0].split() == [
+        "job",
+        "name",
+        "state",
+        "reason",
+        "nodes",
+        "elapsed",
+        "restarts",
+    ]
     assert lines[1].split()[:2] == [jobs[0].job_id, "[bold]x[/bold]?[2J"]
-    info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
-                             nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))))
+    info = query.ClusterInfo(
+        partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
+        nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))),
+    )
     view = display.cluster_view(info)  # its partitions table (two rows, laid out by rich) as one line
     show(replace(view, parts=(*view.text_parts()[:-1], "partitions")), as_json=False)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "nodes (used/total)" and len(out) == 1 + 1 + n + 1 + 1
-    assert out[2].split() == ["gpu00001", "mixed", "gpu", "48/96", "878.9G/1953.1G", "4/8", "h100", "56/512", "(gpu0:",
-                              "0/64,", "gpu1:", "0/64,", "gpu2:", "0/64,", "gpu3:", "0/64,", "gpu4:", "16/64,", "gpu5:",
-                              "40/64,", "gpu6:", "0/64,", "gpu7:", "0/64)"]
+    assert out[2].split() == [
+        "gpu00001",
+        "mixed",
+        "gpu",
+        "48/96",
+        "878.9G/1953.1G",
+        "4/8",
+        "h100",
+        "56/512",
+        "(gpu0:",
+        "0/64,",
+        "gpu1:",
+        "0/64,",
+        "gpu2:",
+        "0/64,",
+        "gpu3:",
+        "0/64,",
+        "gpu4:",
+        "16/64,",
+        "gpu5:",
+        "40/64,",
+        "gpu6:",
+        "0/64,",
+        "gpu7:",
+        "0/64)",
+    ]
 
 
 def test_status_asks_squeue_for_the_callers_jobs_only() -> None:
@@ -140,8 +182,10 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
     show(display.jobs_view(jobs), as_json=True)
     out = capsys.readouterr().out
     assert json.loads(out) == [j.to_dict() for j in jobs] and len(out.splitlines()) == len(jobs) + 2
-    info = query.ClusterInfo(partitions=tuple(query.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
-                             nodes=tuple(query.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))))
+    info = query.ClusterInfo(
+        partitions=tuple(query.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
+        nodes=tuple(query.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))),
+    )
     show(display.cluster_view(info), as_json=True)
     out = capsys.readouterr().out
     assert json.loads(out) == json.loads(json.dumps(info.to_dict()))
@@ -154,10 +198,25 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
     import os
     import sys
 
-    result = subprocess.run([sys.executable, "benchmarks/scale_views.py", "--sizes", "10,20", "--versions", "22.05",
-                             "--repeat", "1", "--only", "cluster,status (N"], cwd=Path(__file__).parents[1],
-                            env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/scale_views.py",
+            "--sizes",
+            "10,20",
+            "--versions",
+            "22.05",
+            "--repeat",
+            "1",
+            "--only",
+            "cluster,status (N",
+        ],
+        cwd=Path(__file__).parents[1],
+        env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if " N=" in line]
     assert len(rows) == 6 and not any("EXIT" in row for row in rows), result.stdout

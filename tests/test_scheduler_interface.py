@@ -24,8 +24,14 @@ JOB_COMMANDS = ("submit", "check", "status", "logs", "cancel", "cluster", "debug
 
 
 def hpctrain_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
 
 
 def test_every_backend_offers_the_whole_interface() -> None:
@@ -34,7 +40,9 @@ def test_every_backend_offers_the_whole_interface() -> None:
     assert {"local_check", "status_view", "cluster_view", "cancel_and_wait", "preempt"} <= set(members)
     for name, module in SCHEDULERS.items():
         sched = __import__(module, fromlist=["create"])
-        cls = {"slurm": SlurmScheduler}.get(name) or __import__(f"{module}.scheduler", fromlist=["x"]).KubernetesScheduler
+        cls = {"slurm": SlurmScheduler}.get(name) or __import__(
+            f"{module}.scheduler", fromlist=["x"]
+        ).KubernetesScheduler
         missing = [m for m in members if not hasattr(cls, m)]
         assert missing == [], f"{name} lacks {missing}"
         assert sched.INFO.name == name and backend_info(name) is sched.INFO
@@ -43,9 +51,12 @@ def test_every_backend_offers_the_whole_interface() -> None:
 def test_the_job_commands_name_no_scheduler() -> None:
     """Only the --scheduler flag's choices and help may say "slurm"/"kubernetes" (the choices come from the
     registry, so not even they do)."""
-    hits = [f"{path.name}:{n}: {line.strip()}"
-            for path in (SRC / "cli" / f"{name}.py" for name in JOB_COMMANDS)
-            for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\"(slurm|kubernetes)\"", line)]
+    hits = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in (SRC / "cli" / f"{name}.py" for name in JOB_COMMANDS)
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\"(slurm|kubernetes)\"", line)
+    ]
     assert hits == []
 
 
@@ -68,8 +79,9 @@ print(lines)
 
 
 def test_no_scheduler_or_service_module_imports_the_cli(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", LOWER_LAYERS, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOWER_LAYERS, str(tmp_path)], capture_output=True, text=True, timeout=300, check=True
+    )
     loaded, lines = proc.stdout.splitlines()
     assert loaded == "[]"
     assert "skipped the check for dataset" in lines  # the data dir is on no --volume: said, not checked
@@ -87,19 +99,35 @@ def test_slurm_says_the_wait_in_its_own_words() -> None:
 def test_debug_preempt_goes_to_the_chosen_scheduler(tmp_path: Path) -> None:
     proc = hpctrain_cli("debug", "preempt", "j", "--scheduler", "kubernetes", cwd=tmp_path, HPCTRAIN_NAMESPACE="ns")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), not from outside" \
+    assert (
+        "a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), not from outside"
         in proc.stderr
+    )
     signal = hpctrain_cli("debug", "preempt", "j", "--scheduler", "kubernetes", "--signal", "USR1", cwd=tmp_path)
     assert "--signal is a Slurm option but the job goes to kubernetes" in signal.stderr
 
 
 @pytest.mark.parametrize("flag,hint", [("--partition", "--node-selector"), ("--venv", "--image")])
 def test_a_foreign_flag_is_refused_with_the_chosen_backends_way(tmp_path: Path, flag: str, hint: str) -> None:
-    proc = hpctrain_cli("submit", "--dry-run", "--scheduler", "kubernetes", "--image", "img", flag, "x", "--",
-                        "python3", "x.py", cwd=tmp_path)
+    proc = hpctrain_cli(
+        "submit",
+        "--dry-run",
+        "--scheduler",
+        "kubernetes",
+        "--image",
+        "img",
+        flag,
+        "x",
+        "--",
+        "python3",
+        "x.py",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr
     assert f"{flag} is a Kubernetes option" not in proc.stderr
-    assert f"{flag} is a Slurm option but the job goes to kubernetes: drop {flag} (" in proc.stderr and hint in proc.stderr
+    assert (
+        f"{flag} is a Slurm option but the job goes to kubernetes: drop {flag} (" in proc.stderr and hint in proc.stderr
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))

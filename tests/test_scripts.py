@@ -14,8 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "scripts" / "lib" / "venv.sh"
 TORCH_LIB = ROOT / "scripts" / "lib" / "torch.sh"
-SCRIPTS = [ROOT / "scripts" / "quickstart.sh", ROOT / "scripts" / "test.sh", LIB, ROOT / "scripts" / "lib" / "floor.sh",
-           ROOT / ".ci" / "run", TORCH_LIB]
+SCRIPTS = [
+    ROOT / "scripts" / "quickstart.sh",
+    ROOT / "scripts" / "test.sh",
+    LIB,
+    ROOT / "scripts" / "lib" / "floor.sh",
+    ROOT / ".ci" / "run",
+    TORCH_LIB,
+]
 
 
 def test_shellcheck_clean() -> None:
@@ -30,7 +36,7 @@ def test_no_script_installs_into_the_system_python() -> None:
         text = script.read_text()
         assert "BREAK_SYSTEM_PACKAGES" not in text and "python3 -m pip" not in text, script
     for script in SCRIPTS[:2]:
-        assert 'source scripts/lib/venv.sh' in script.read_text() and '"$PYTHON" -m pip install' in script.read_text()
+        assert "source scripts/lib/venv.sh" in script.read_text() and '"$PYTHON" -m pip install' in script.read_text()
 
 
 def choose(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -38,8 +44,9 @@ def choose(root: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "HPCTRAIN_VENV")}
     environ.update(env)
     script = f'source {LIB}; use_python_env "$1"; echo "PYTHON=$PYTHON"; command -v python'
-    return subprocess.run(["bash", "-c", script, "venv-test", str(root)], env=environ, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        ["bash", "-c", script, "venv-test", str(root)], env=environ, capture_output=True, text=True, timeout=300
+    )
 
 
 def chosen(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
@@ -82,8 +89,9 @@ def torch_choice(python: str, path: Path, **env: str) -> tuple[str, list[str]]:
     environ = {k: v for k, v in os.environ.items() if k != "HPCTRAIN_TORCH_INDEX_URL"}
     environ.update(env, PATH=f"{path}{os.pathsep}/usr/bin:/bin")
     script = f'source {TORCH_LIB}; choose_torch "$1"; for a in "${{TORCH_INSTALL[@]}}"; do echo "$a"; done'
-    result = subprocess.run(["bash", "-c", script, "torch-test", python], env=environ, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        ["bash", "-c", script, "torch-test", python], env=environ, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     said, *args = result.stdout.splitlines()
     return said, args
@@ -101,23 +109,42 @@ def test_quickstart_says_which_torch_build_and_takes_a_cpu_index_from_the_user(t
     smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-0)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-1)'\n")
     smi.chmod(0o755)
     said, args = torch_choice(python, nogpu)
-    assert said == ("quickstart: installing pip's default torch, the CUDA build (about 5.7 GB), though nvidia-smi "
-                    "shows no NVIDIA GPU here; for a CPU-only build, set HPCTRAIN_TORCH_INDEX_URL to a package index "
-                    "that serves one (README, Quick start)") and args == []
+    assert (
+        said
+        == (
+            "quickstart: installing pip's default torch, the CUDA build (about 5.7 GB), though nvidia-smi "
+            "shows no NVIDIA GPU here; for a CPU-only build, set HPCTRAIN_TORCH_INDEX_URL to a package index "
+            "that serves one (README, Quick start)"
+        )
+        and args == []
+    )
     said, args = torch_choice(python, gpu)
-    assert said == ("quickstart: installing pip's default torch, the CUDA build (about 5.7 GB): this machine has 2 "
-                    "NVIDIA GPU(s)") and args == []
+    assert (
+        said
+        == (
+            "quickstart: installing pip's default torch, the CUDA build (about 5.7 GB): this machine has 2 "
+            "NVIDIA GPU(s)"
+        )
+        and args == []
+    )
     index = tmp_path / "my index"
     (index / "simple").mkdir(parents=True)
     url = (index / "simple").as_uri()
     said, args = torch_choice(python, nogpu, HPCTRAIN_TORCH_INDEX_URL=url)
-    assert said == ("quickstart: installing torch and torchvision from "
-                    f"HPCTRAIN_TORCH_INDEX_URL={url} (the build that index serves)")
+    assert said == (
+        "quickstart: installing torch and torchvision from "
+        f"HPCTRAIN_TORCH_INDEX_URL={url} (the build that index serves)"
+    )
     assert args == ["--index-url", url, "torch", "torchvision"]
     # pip, run with those arguments for the bare environment, asks that index and no other (it is empty: nothing
     # found, nothing installed)
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--no-deps", *args], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""})
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--no-deps", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""},
+    )
     assert pip.returncode != 0 and "No matching distribution found for torch" in pip.stderr, pip.stderr
     said, args = torch_choice(sys.executable, nogpu, HPCTRAIN_TORCH_INDEX_URL=url)
     import torch

@@ -23,8 +23,13 @@ from hpctrain.schedulers.slurm.scheduler import job_status, neutral_state
 
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = ("20.11", "23.11", "24.11", "25.11")
-PARSERS = {"nodes.txt": parse_nodes, "partitions.txt": parse_partitions, "jobs.txt": parse_scontrol_jobs,
-           "squeue.txt": parse_squeue, "sacct.txt": parse_sacct}
+PARSERS = {
+    "nodes.txt": parse_nodes,
+    "partitions.txt": parse_partitions,
+    "jobs.txt": parse_scontrol_jobs,
+    "squeue.txt": parse_squeue,
+    "sacct.txt": parse_sacct,
+}
 
 
 def read(version: str, name: str) -> str:
@@ -58,11 +63,19 @@ def test_20_11_partitions() -> None:
 def test_jobs_hpctrain_did_not_submit() -> None:
     jobs = {j.job_id: j for j in parse_scontrol_jobs(read("20.11", "jobs.txt"))}
     interactive = jobs["4111"]  # salloc: no batch script, so no StdOut/StdErr; no time limit of its own yet
-    assert (interactive.state, interactive.user, interactive.stdout, interactive.stderr) == ("PENDING", "bob", None,
-                                                                                              None)
+    assert (interactive.state, interactive.user, interactive.stdout, interactive.stderr) == (
+        "PENDING",
+        "bob",
+        None,
+        None,
+    )
     assert interactive.time_limit_s is None and interactive.finished is False
     array_task, hetjob = jobs["4102"], jobs["4200"]
-    assert (array_task.state, array_task.exit_code, array_task.stderr) == ("COMPLETED", 0, "/home/carol/sweep-4100_2.err")
+    assert (array_task.state, array_task.exit_code, array_task.stderr) == (
+        "COMPLETED",
+        0,
+        "/home/carol/sweep-4100_2.err",
+    )
     assert (hetjob.state, hetjob.nodes, hetjob.num_nodes) == ("RUNNING", "cpu[04-05]", 2)
     held = jobs["4150"]
     assert (held.state, neutral_state(held.state), held.reason) == ("RESV_DEL_HOLD", base.PENDING, "ReservationDeleted")
@@ -97,8 +110,11 @@ def test_24_11_counts_the_cpus_left_after_core_specialization() -> None:
     assert (drained.state, drained.usable) == ("idle+drain", False)
     jobs = {j.job_id: j for j in parse_scontrol_jobs(read("24.11", "jobs.txt"))}
     notebook = jobs["88240"]  # another user's job whose SubmitLine holds `KEY=value` words of its own
-    assert (notebook.work_dir, notebook.stdout, notebook.stderr) == ("/home/bob", "/home/bob/jupyter-88240.log",
-                                                                     "/home/bob/jupyter-88240.err")
+    assert (notebook.work_dir, notebook.stdout, notebook.stderr) == (
+        "/home/bob",
+        "/home/bob/jupyter-88240.log",
+        "/home/bob/jupyter-88240.err",
+    )
     assert (jobs["88231"].restarts, jobs["88231"].elapsed_s) == (2, 3 * 86400 + 4364)
     assert (jobs["88199"].state, jobs["88199"].finished) == ("COMPLETING", False)
 
@@ -106,8 +122,11 @@ def test_24_11_counts_the_cpus_left_after_core_specialization() -> None:
 def test_25_11_new_and_unknown_states_and_a_blank_stderr() -> None:
     jobs = {j.job_id: j for j in parse_scontrol_jobs(read("25.11", "jobs.txt"))}
     requeueing = jobs["120455"]
-    assert (requeueing.state, requeueing.finished, neutral_state(requeueing.state)) == ("EXPEDITING", False,
-                                                                                         base.RESTARTING)
+    assert (requeueing.state, requeueing.finished, neutral_state(requeueing.state)) == (
+        "EXPEDITING",
+        False,
+        base.RESTARTING,
+    )
     assert requeueing.stderr == requeueing.stdout == "/scratch/alice/run3/slurm-120455.out"  # StdErr= (empty)
     unknown = jobs["120460"]
     assert (unknown.state, unknown.finished, unknown.elapsed_s) == ("FUTURE_STATE_X", False, None)  # RunTime=INVALID

@@ -63,7 +63,13 @@ def test_sacct_format() -> None:
         "2026-01-01T10:00:10|/home/alice\n"
     )
     first, second = parse_sacct(text)
-    assert (first.job_id, first.name, first.state, first.elapsed_s, first.exit_code) == ("812", "train|a", "COMPLETED", 75, 0)
+    assert (first.job_id, first.name, first.state, first.elapsed_s, first.exit_code) == (
+        "812",
+        "train|a",
+        "COMPLETED",
+        75,
+        0,
+    )
     assert (second.state, second.exit_code, second.source) == ("CANCELLED", 128 + 15, "sacct")
 
 

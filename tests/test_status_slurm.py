@@ -17,12 +17,16 @@ pytestmark = pytest.mark.slurm
 
 
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_logs_follow_returns_when_the_job_ends(slurm_cluster, tmp_path: Path) -> None:
     script = "for i in 1 2 3 4; do echo tick $i; echo warn $i >&2; sleep 1; done"
-    job = slurm_cluster.sbatch("-J", "h4 logs 'quoted' $(x)", "-o", "out-%j.txt", "-e", "err-%j.txt", "--wrap", script, cwd=tmp_path)
+    job = slurm_cluster.sbatch(
+        "-J", "h4 logs 'quoted' $(x)", "-o", "out-%j.txt", "-e", "err-%j.txt", "--wrap", script, cwd=tmp_path
+    )
     try:
         follow = hpctrain("logs", job, "-f", cwd=tmp_path, timeout=400)  # waits while other tests hold the CPUs
         assert follow.returncode == 0, follow.stderr
@@ -63,7 +67,10 @@ def test_cancel_leaves_the_job_cancelled(slurm_cluster, tmp_path: Path) -> None:
         assert result.stdout.strip() == f"job {job}: RUNNING -> CANCELLED"
         assert slurm_cluster.state(job) == "CANCELLED"
         again = hpctrain("cancel", job)
-        assert (again.returncode, again.stdout.strip()) == (0, f"job {job} already ended (CANCELLED); nothing to cancel")
+        assert (again.returncode, again.stdout.strip()) == (
+            0,
+            f"job {job} already ended (CANCELLED); nothing to cancel",
+        )
     finally:
         slurm_cluster.cancel_quietly(job)
 

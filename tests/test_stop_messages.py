@@ -10,8 +10,24 @@ from training_helpers import QUICK, signal_after
 
 
 def stopped_line(data_dir: Path, run_dir: Path, env: dict[str, str]) -> str:
-    status, text = signal_after(["train", "mnist", *QUICK, "--recipe", "classic", "--epochs", "1", "--data-dir",
-                                 str(data_dir), "--run-dir", str(run_dir)], "epoch 1/1 step 2/", signal.SIGUSR1, env)
+    status, text = signal_after(
+        [
+            "train",
+            "mnist",
+            *QUICK,
+            "--recipe",
+            "classic",
+            "--epochs",
+            "1",
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+        ],
+        "epoch 1/1 step 2/",
+        signal.SIGUSR1,
+        env,
+    )
     assert status == 75, text
     output = text.splitlines(keepends=True)
     [line] = [line for line in output if line.startswith("hpctrain: stopped (preempted")]

@@ -49,8 +49,16 @@ def two_workers(tmp_path: Path, source: str) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(source)
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [subprocess.Popen([sys.executable, str(script), init, str(rank)], env=clean_environ(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), init, str(rank)],
+            env=clean_environ(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     results = []
     for proc in procs:
         try:
@@ -68,8 +76,13 @@ def two_workers(tmp_path: Path, source: str) -> list[dict]:
 def test_the_vote_works_when_the_default_group_takes_only_gpu_tensors(tmp_path: Path) -> None:
     # Before the fix a worker failed: "No backend type associated with device type cpu".
     for result in two_workers(tmp_path, WORKER):
-        assert result == {"default": "cudaonly", "vote_group": "gloo", "same_group_again": True,
-                          "first": "preempted", "second": "none"}
+        assert result == {
+            "default": "cudaonly",
+            "vote_group": "gloo",
+            "same_group_again": True,
+            "first": "preempted",
+            "second": "none",
+        }
 
 
 @pytest.mark.parametrize(

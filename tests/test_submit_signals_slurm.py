@@ -54,8 +54,24 @@ def scontrol_field(job_id: str, field: str) -> str | None:
 
 def submit_worker(tmp_path: Path, *options: str, launcher: str = "torchrun") -> tuple[str, Path]:
     (tmp_path / "worker.py").write_text(WORKER)
-    proc = hpctrain("submit", "--launcher", launcher, "--nodes", "2", "--nproc-per-node", "2", "--job-name", "sig",
-                    "--output", "job-%j.out", *options, "--", sys.executable, "worker.py", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--launcher",
+        launcher,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--job-name",
+        "sig",
+        "--output",
+        "job-%j.out",
+        *options,
+        "--",
+        sys.executable,
+        "worker.py",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     return job_id, tmp_path / "runs" / f"sig-{job_id}"
@@ -73,13 +89,17 @@ def wait_for(condition, what: str, timeout: float, job_id: str, tmp_path: Path) 
 # torchrun is the hard path (the agents must forward USR1); srun's forwarding is covered by the recipe test below
 # (launcher single = one srun task) and by test_render.py.
 @pytest.mark.parametrize("launcher", ["torchrun"])
-def test_time_limit_warning_reaches_every_worker_and_requeues(slurm, slurm_cluster, tmp_path: Path, launcher: str) -> None:
+def test_time_limit_warning_reaches_every_worker_and_requeues(
+    slurm, slurm_cluster, tmp_path: Path, launcher: str
+) -> None:
     job_id, run_dir = submit_worker(tmp_path, "--time", "30", "--max-requeues", "1", launcher=launcher)
     # Attempt 1: once every worker has its handler, Slurm's time-limit pass warns the batch shell (the test brings
     # the limit close: no race with the workers' start-up on a slow or busy CPU); every worker must see USR1.
     wait_for(lambda: len(list(run_dir.glob("started-0-*"))) == 4, "4 workers starting", 600, job_id, tmp_path)
     slurm_cluster.warn_soon(job_id)
-    wait_for(lambda: len(list(run_dir.glob("signals-0-*"))) == 4, "the warning reaching 4 workers", 240, job_id, tmp_path)
+    wait_for(
+        lambda: len(list(run_dir.glob("signals-0-*"))) == 4, "the warning reaching 4 workers", 240, job_id, tmp_path
+    )
     # (slurmstepd may deliver it to the whole process tree as well as torchrun forwarding it: twice is fine,
     # since the handler only sets a flag)
     signals = [set(p.read_text().split(",")) for p in run_dir.glob("signals-0-*")]
@@ -117,11 +137,28 @@ time.sleep(600)  # never handles SIGUSR1: Python's default action for it ends th
 
 def test_a_program_that_never_said_it_handles_the_warning_is_not_sent_it_nor_requeued(slurm, tmp_path: Path) -> None:
     (tmp_path / "ignores.py").write_text(IGNORES)
-    proc = hpctrain("submit", "--nodes", "1", "--nproc-per-node", "1", "--job-name", "ign", "--output", "job-%j.out", "--time", "10",
-                    "--", sys.executable, "ignores.py", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--nodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--job-name",
+        "ign",
+        "--output",
+        "job-%j.out",
+        "--time",
+        "10",
+        "--",
+        sys.executable,
+        "ignores.py",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert ("hpctrain submit: note: time limit: ignores.py does not use hpctrain.training.StopRequest, which says it "
-            "handles SIGUSR1; a program that does not say so gets no SIGUSR1") in proc.stderr
+    assert (
+        "hpctrain submit: note: time limit: ignores.py does not use hpctrain.training.StopRequest, which says it "
+        "handles SIGUSR1; a program that does not say so gets no SIGUSR1"
+    ) in proc.stderr
     job_id = proc.stdout.strip()
     run_dir = tmp_path / "runs" / f"ign-{job_id}"
     try:
@@ -143,16 +180,49 @@ def test_a_program_that_never_said_it_handles_the_warning_is_not_sent_it_nor_req
 RECIPE_EPOCHS = 3
 
 
-def test_recipe_outlives_its_time_limit_by_requeueing(slurm, slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
+def test_recipe_outlives_its_time_limit_by_requeueing(
+    slurm, slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
     """The training loop and the batch script together: warned before the limit, the run checkpoints mid-epoch and
     stops, the script requeues the job, and the next attempt resumes (SLURM_RESTART_COUNT) until it completes."""
     # --wait must follow the job through its requeues and report the final attempt's status.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", "submit", "--wait", "--launcher", "single", "--time", "30",
-         "--max-requeues", "6", "--output", "job-%j.out", "train", "mnist", "--recipe", "classic", "--dataset",
-         "fashion-mnist", "--data-dir", str(fashion_data_dir), "--train-limit", "4000", "--test-limit", "500",
-         "--epochs", str(RECIPE_EPOCHS), "--log-interval", "5"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "submit",
+            "--wait",
+            "--launcher",
+            "single",
+            "--time",
+            "30",
+            "--max-requeues",
+            "6",
+            "--output",
+            "job-%j.out",
+            "train",
+            "mnist",
+            "--recipe",
+            "classic",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--train-limit",
+            "4000",
+            "--test-limit",
+            "500",
+            "--epochs",
+            str(RECIPE_EPOCHS),
+            "--log-interval",
+            "5",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     job_id = proc.stdout.readline().strip()
     assert job_id.isdigit(), proc.communicate()[1]
@@ -200,8 +270,26 @@ if first_group:
 
 def test_killed_worker_is_restarted_under_max_restarts(slurm, tmp_path: Path) -> None:
     (tmp_path / "crasher.py").write_text(CRASHER)
-    proc = hpctrain("submit", "--wait", "--nodes", "2", "--nproc-per-node", "2", "--max-restarts", "1", "--time", "5",
-                    "--job-name", "crash", "--output", "job-%j.out", "--", sys.executable, "crasher.py", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--wait",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--time",
+        "5",
+        "--job-name",
+        "crash",
+        "--output",
+        "job-%j.out",
+        "--",
+        sys.executable,
+        "crasher.py",
+        cwd=tmp_path,
+    )
     job_id = proc.stdout.strip()
     log = job_log(tmp_path, job_id)
     assert proc.returncode == 0, proc.stderr + log  # without the restart, torchrun and so the job would fail

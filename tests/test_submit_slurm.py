@@ -42,7 +42,9 @@ def slurm() -> None:
 
 
 def hpctrain(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def queued_ids(work_dir: Path | None = None) -> set[str]:
@@ -75,12 +77,32 @@ HOSTILE_NAME = "we'ird $(touch pwned) `x`"
 HOSTILE_ARGS = ["it's", '"q"', "$(touch pwned)", "a b", "`touch pwned2`"]
 
 
-@pytest.mark.parametrize("launcher,nodes,nproc", [("torchrun", 2, 2), ("srun", 2, 2), ("torchrun", 2, 1), ("srun", 1, 2)])
+@pytest.mark.parametrize(
+    "launcher,nodes,nproc", [("torchrun", 2, 2), ("srun", 2, 2), ("torchrun", 2, 1), ("srun", 1, 2)]
+)
 def test_allreduce_ranks_for_each_shape(slurm, tmp_path: Path, launcher: str, nodes: int, nproc: int) -> None:
     (tmp_path / "allreduce.py").write_text(ALLREDUCE)
-    proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", str(nodes), "--nproc-per-node", str(nproc),
-                    "--job-name", HOSTILE_NAME, "--output", "job-%j.out", "--time", "5",
-                    "--", sys.executable, "allreduce.py", *HOSTILE_ARGS, cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--wait",
+        "--launcher",
+        launcher,
+        "--nodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--job-name",
+        HOSTILE_NAME,
+        "--output",
+        "job-%j.out",
+        "--time",
+        "5",
+        "--",
+        sys.executable,
+        "allreduce.py",
+        *HOSTILE_ARGS,
+        cwd=tmp_path,
+    )
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     run_dir = tmp_path / "runs" / f"we_ird_touch_pwned_x-{job_id}"
@@ -104,8 +126,19 @@ def test_allreduce_ranks_for_each_shape(slurm, tmp_path: Path, launcher: str, no
 
 
 def test_cpu_only_single_job_and_exit_status(slurm, tmp_path: Path) -> None:
-    proc = hpctrain("submit", "--wait", "--launcher", "single", "--output", "job-%j.out", "--",
-                    sys.executable, "-c", "import os, sys; print('cpus', os.sched_getaffinity(0)); sys.exit(3)", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--wait",
+        "--launcher",
+        "single",
+        "--output",
+        "job-%j.out",
+        "--",
+        sys.executable,
+        "-c",
+        "import os, sys; print('cpus', os.sched_getaffinity(0)); sys.exit(3)",
+        cwd=tmp_path,
+    )
     job_id = proc.stdout.strip()
     assert proc.returncode == 3, proc.stderr + job_log(tmp_path, job_id)
     assert "cpus" in job_log(tmp_path, job_id)
@@ -113,8 +146,19 @@ def test_cpu_only_single_job_and_exit_status(slurm, tmp_path: Path) -> None:
 
 
 def test_follow_prints_the_jobs_output_while_it_waits(slurm, tmp_path: Path) -> None:
-    proc = hpctrain("submit", "--follow", "--launcher", "single", "--output", "job-%j.out", "--",
-                    sys.executable, "-c", "print('hello from the job', flush=True)", cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--follow",
+        "--launcher",
+        "single",
+        "--output",
+        "job-%j.out",
+        "--",
+        sys.executable,
+        "-c",
+        "print('hello from the job', flush=True)",
+        cwd=tmp_path,
+    )
     job_id, *log = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     assert "hello from the job" in log, proc.stdout
@@ -124,14 +168,28 @@ def test_follow_prints_the_jobs_output_while_it_waits(slurm, tmp_path: Path) -> 
 def test_shard_job_holds_its_shards_while_running(slurm, tmp_path: Path) -> None:
     release = tmp_path / "release"
     script = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.2)\n"
-    proc = hpctrain("submit", "--gres", "shard:16", "--launcher", "single", "--output", "job-%j.out",
-                    "--", sys.executable, "-c", script, cwd=tmp_path)
+    proc = hpctrain(
+        "submit",
+        "--gres",
+        "shard:16",
+        "--launcher",
+        "single",
+        "--output",
+        "job-%j.out",
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     try:
         deadline = time.monotonic() + 600
         while True:
-            state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+            state = subprocess.run(
+                ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True
+            ).stdout.strip()
             if state == "RUNNING":
                 break
             assert state in ("PENDING", "CONFIGURING"), f"job {job_id} is {state!r}: {job_log(tmp_path, job_id)}"
@@ -179,7 +237,20 @@ def test_check_rejects_what_the_cluster_cannot_run(slurm, tmp_path: Path, args: 
 
 
 def test_check_accepts_a_job_that_fits(slurm, tmp_path: Path) -> None:
-    proc = hpctrain("check", "--nodes", "2", "--nproc-per-node", "2", "--gpus-per-node", "2", "--time", "10", "--", "true", cwd=tmp_path)
+    proc = hpctrain(
+        "check",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--time",
+        "10",
+        "--",
+        "true",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ok:")
 
@@ -190,10 +261,40 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: Path, launcher: str) -> None:
-    train = ["train", "mnist", "--recipe", "classic", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir),
-             "--train-limit", "1024", "--test-limit", "300", "--epochs", "1", "--threads", "1"]
-    proc = hpctrain("submit", "--wait", "--launcher", launcher, "--nodes", "2", "--nproc-per-node", "2",
-                    "--output", "job-%j.out", "--time", "10", *train, cwd=tmp_path)
+    train = [
+        "train",
+        "mnist",
+        "--recipe",
+        "classic",
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(fashion_data_dir),
+        "--train-limit",
+        "1024",
+        "--test-limit",
+        "300",
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+    ]
+    proc = hpctrain(
+        "submit",
+        "--wait",
+        "--launcher",
+        launcher,
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--output",
+        "job-%j.out",
+        "--time",
+        "10",
+        *train,
+        cwd=tmp_path,
+    )
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
@@ -203,8 +304,22 @@ def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: P
     if launcher == "torchrun":
         # The same recipe as 4 local processes (same seed, same shards, gloo) must learn the same: the 2-node
         # job is the same computation spread differently. Tolerance only for reduction-order rounding.
-        local = subprocess.run(["torchrun", "--standalone", "--nproc-per-node=4", "--no-python", "hpctrain", *train,
-                                "--run-dir", str(tmp_path / "local")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        local = subprocess.run(
+            [
+                "torchrun",
+                "--standalone",
+                "--nproc-per-node=4",
+                "--no-python",
+                "hpctrain",
+                *train,
+                "--run-dir",
+                str(tmp_path / "local"),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert local.returncode == 0, local.stderr
         local_acc, cluster_acc = read_metrics(tmp_path / "local")[-1]["test_accuracy"], metrics[-1]["test_accuracy"]
         assert abs(local_acc - cluster_acc) <= 0.01, (local_acc, cluster_acc)

@@ -17,13 +17,25 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # The PATH of a shell where the environment holding hpctrain and torch is not active (sbatch and Slurm's tools
 # live in /usr/bin). sys.executable is then the only way to the tools, as for a venv called by its path.
 BARE_PATH = "/usr/bin:/bin"
-TINY = ["--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", "256", "--test-limit", "128", "--epochs", "1"]
+TINY = [
+    "--recipe",
+    "classic",
+    "--dataset",
+    "fashion-mnist",
+    "--train-limit",
+    "256",
+    "--test-limit",
+    "128",
+    "--epochs",
+    "1",
+]
 
 
 def hpctrain_bare(*args: str, cwd: Path, timeout: float = 600, path: str = BARE_PATH) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": path}
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def job_log(tmp_path: Path, job_id: str) -> str:
@@ -42,9 +54,27 @@ def test_environment_is_not_on_path_for_this_test() -> None:
     assert subprocess.run(["sh", "-c", "command -v hpctrain"], env=env, capture_output=True).returncode != 0
 
 
-def test_a_torchrun_job_finds_the_tools_that_submitted_it(slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
-    proc = hpctrain_bare("submit", "--wait", "--nodes", "2", "--nproc-per-node", "2", "--output", "job-%j.out",
-                         "--time", "10", "train", "mnist", *TINY, "--data-dir", str(fashion_data_dir), cwd=tmp_path)
+def test_a_torchrun_job_finds_the_tools_that_submitted_it(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
+    proc = hpctrain_bare(
+        "submit",
+        "--wait",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--output",
+        "job-%j.out",
+        "--time",
+        "10",
+        "train",
+        "mnist",
+        *TINY,
+        "--data-dir",
+        str(fashion_data_dir),
+        cwd=tmp_path,
+    )
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     log = job_log(tmp_path, job_id)
@@ -63,8 +93,14 @@ def test_check_names_a_program_the_nodes_will_not_find(slurm_cluster, tmp_path: 
     assert "hpctrain check: `mytool` is not on the PATH the job will have" in missing.stderr
     # with the program on the PATH that sbatch passes on, the job fits
     env = {**os.environ, "PATH": f"{tools}:{BARE_PATH}"}
-    found = subprocess.run([sys.executable, "-m", "hpctrain", "check", "--launcher", "single", "--", "mytool"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    found = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "check", "--launcher", "single", "--", "mytool"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert found.returncode == 0, found.stderr
     assert found.stdout.startswith("ok:")
 
@@ -72,9 +108,29 @@ def test_check_names_a_program_the_nodes_will_not_find(slurm_cluster, tmp_path: 
 def test_percent_j_in_a_recipe_run_dir_is_one_directory(slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
     # The environment active this time (its bin/ on PATH), so that only the run directory is under test.
     active = f"{os.path.dirname(os.path.abspath(sys.executable))}:{BARE_PATH}"
-    proc = hpctrain_bare("submit", "--wait", "--launcher", "srun", "--nodes", "1", "--nproc-per-node", "1",
-                         "--output", "job-%j.out", "--time", "10", "train", "mnist", *TINY,
-                         "--data-dir", str(fashion_data_dir), "--run-dir", "runs/r-%j", cwd=tmp_path, path=active)
+    proc = hpctrain_bare(
+        "submit",
+        "--wait",
+        "--launcher",
+        "srun",
+        "--nodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--output",
+        "job-%j.out",
+        "--time",
+        "10",
+        "train",
+        "mnist",
+        *TINY,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--run-dir",
+        "runs/r-%j",
+        cwd=tmp_path,
+        path=active,
+    )
     job_id = proc.stdout.strip()
     assert proc.returncode == 0, proc.stderr + job_log(tmp_path, job_id)
     run_dir = tmp_path / "runs" / f"r-{job_id}"

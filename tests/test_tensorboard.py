@@ -70,17 +70,35 @@ def test_on_cluster_refuses_the_other_schedulers_flags(tmp_path: Path) -> None:
     cluster is asked (the kubeconfig named here does not exist), as `dev start` refuses it."""
     run = make_run(tmp_path / "mnist", [1.0])
     env = cli_env(tmp_path / "home", KUBECONFIG=str(tmp_path / "no-kubeconfig"))
-    result = hpctrain("tensorboard", str(run), "--on-cluster", "--scheduler", "kubernetes", "--image", "img",
-                      "--venv", str(tmp_path), env=env)
+    result = hpctrain(
+        "tensorboard",
+        str(run),
+        "--on-cluster",
+        "--scheduler",
+        "kubernetes",
+        "--image",
+        "img",
+        "--venv",
+        str(tmp_path),
+        env=env,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the environment" in result.stderr
+    assert (
+        "--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the environment"
+        in result.stderr
+    )
 
 
 def test_local_server_serves_the_event_files(tmp_path: Path) -> None:
     one = make_run(tmp_path / "one", [2.5, 1.25, 0.75])
     two = make_run(tmp_path / "two", [3.0, 2.0])
-    proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "tensorboard", str(one), str(two)],
-                            env=cli_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "tensorboard", str(one), str(two)],
+        env=cli_env(tmp_path / "home"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         match = re.search(r"TensorBoard at (http://127\.0\.0\.1:\d+)/", line)
@@ -119,8 +137,13 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_the_server_dies_with_hpctrain_tensorboard_and_prints_its_url_once(tmp_path: Path, signum) -> None:
     one = make_run(tmp_path / "one", [2.5])
-    proc = subprocess.Popen([sys.executable, "-m", "hpctrain", "tensorboard", str(one)], env=cli_env(tmp_path / "home"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "tensorboard", str(one)],
+        env=cli_env(tmp_path / "home"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     servers: list[int] = []
     try:
         line = proc.stdout.readline()
@@ -149,7 +172,9 @@ def test_the_server_dies_with_hpctrain_tensorboard_and_prints_its_url_once(tmp_p
 def test_on_cluster_job_serves_the_shared_folder(slurm_cluster, tmp_path: Path) -> None:
     run = make_run(tmp_path / "shared" / "mnist", [0.5, 0.25])
     env = cli_env(tmp_path / "home")
-    result = hpctrain("tensorboard", str(run), "--on-cluster", "--scheduler", "slurm", "--wait", "500", *venv_args(), env=env)
+    result = hpctrain(
+        "tensorboard", str(run), "--on-cluster", "--scheduler", "slurm", "--wait", "500", *venv_args(), env=env
+    )
     job = re.search(r"hpctrain cancel (\d+)", result.stdout)
     try:
         assert result.returncode == 0, result.stdout + result.stderr

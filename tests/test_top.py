@@ -25,11 +25,25 @@ from standins import calls, install
 def test_rank_lines_show_each_rank_the_slowest_and_a_straggler(tmp_path: Path) -> None:
     for rank, forward_s in ((0, 0.010), (1, 0.011), (2, 0.050)):  # rank 2 computes five times as long
         ProgressRecorder(tmp_path, rank, 3, "a" if rank < 2 else "b", 100, interval_s=0.0).step(
-            2, 150, 50, 32, 0.1, 0.001, forward_s)
+            2, 150, 50, 32, 0.1, 0.001, forward_s
+        )
     records = read_progress(tmp_path)
     lines = rank_lines(records, records[0].updated + 3)
-    assert lines[0].split() == ["RANK", "HOST", "PHASE", "EPOCH", "STEP", "STEP", "ms", "INPUT", "ms", "FWD", "ms",
-                                "IMG/S", "AGE"]
+    assert lines[0].split() == [
+        "RANK",
+        "HOST",
+        "PHASE",
+        "EPOCH",
+        "STEP",
+        "STEP",
+        "ms",
+        "INPUT",
+        "ms",
+        "FWD",
+        "ms",
+        "IMG/S",
+        "AGE",
+    ]
     assert lines[3].split() == ["2", "b", "training", "2", "150", "100.0", "1.0", "50.0", "320", "3s"]
     assert "images/s per node: a 640, b 320" in lines
     assert "slowest: rank 2 on b, 51.0 ms of its own per step (most of it compute (forward pass))" in lines
@@ -52,8 +66,10 @@ def test_report_says_when_all_gpus_sit_idle() -> None:
 
 def test_report_columns_fit_pod_names() -> None:
     """On Kubernetes a node is shown as `NODE (POD)`, longer than a Slurm node name: the columns still line up."""
-    samples = parse_probe("0: @node standin-1 (imagenet-resnet50-worker-12)\n0: @gpu 0, 97, 70000, 81559\n"
-                          "1: @node n2\n1: @gpu 0, 0, 3, 81559\n")
+    samples = parse_probe(
+        "0: @node standin-1 (imagenet-resnet50-worker-12)\n0: @gpu 0, 97, 70000, 81559\n"
+        "1: @node n2\n1: @gpu 0, 0, 3, 81559\n"
+    )
     header, *rows = report(samples, None, "job j")[:3]
     assert [row.index("%") for row in rows] == [header.index("UTIL") + 3] * 2
     assert [row.index("MiB") for row in rows] == [header.index("MEMORY") + 3] * 2
@@ -64,9 +80,15 @@ def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
 
     assert exec_failure('{"metadata":{},"status":"Success"}') is None
     assert exec_failure("") is None
-    failed = json.dumps({"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
-                         "message": "command terminated with non-zero exit code: exit status 3",
-                         "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}})
+    failed = json.dumps(
+        {
+            "metadata": {},
+            "status": "Failure",
+            "reason": "NonZeroExitCode",
+            "message": "command terminated with non-zero exit code: exit status 3",
+            "details": {"causes": [{"reason": "ExitCode", "message": "3"}]},
+        }
+    )
     assert exec_failure(failed) == "command terminated with non-zero exit code: exit status 3"
 
 
@@ -92,12 +114,26 @@ def test_top_of_a_running_job(slurm_cluster, tmp_path: Path) -> None:
         recorder = ProgressRecorder(run_dir, rank, 2, f"host{rank}", 100, interval_s=0.0)
         recorder.step(1, 120, 20, 64, 0.1, data_s, 0.01)
     # The job's steps see PATH and STANDIN_* of the srun that starts them (srun exports the caller's environment).
-    env = cli_env(tmp_path / "home", path_prefix=bin_dir, STANDIN_LOG=str(log), STANDIN_GPUS="0, 0, 3, 81559;1, 0, 3, 81559")
+    env = cli_env(
+        tmp_path / "home", path_prefix=bin_dir, STANDIN_LOG=str(log), STANDIN_GPUS="0, 0, 3, 81559;1, 0, 3, 81559"
+    )
     job = slurm_cluster.sbatch("--job-name=top-test", "--cpus-per-task=1", "--wrap", "sleep 600", cwd=tmp_path)
     try:
         slurm_cluster.wait_state(job, {"RUNNING"}, timeout_s=400)
-        result = hpctrain("top", job, "--scheduler", "slurm", "--run-dir", str(run_dir), "--watch", "--count", "2",
-                          "--interval", "1", env=env)
+        result = hpctrain(
+            "top",
+            job,
+            "--scheduler",
+            "slurm",
+            "--run-dir",
+            str(run_dir),
+            "--watch",
+            "--count",
+            "2",
+            "--interval",
+            "1",
+            env=env,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.count(f"job {job} at ") == 2
         assert "RANK HOST " in result.stdout and "images/s per node: host0 640, host1 640" in result.stdout
@@ -111,9 +147,13 @@ def test_top_of_a_running_job(slurm_cluster, tmp_path: Path) -> None:
         gone = hpctrain("top", "999999", "--scheduler", "slurm", env=env)
         assert gone.returncode == 2 and "not found" in gone.stderr
         # --watch outlives the job: it ends cleanly, saying so
-        watching = subprocess.Popen([sys.executable, "-m", "hpctrain", "top", job, "--scheduler", "slurm",
-                                     "--watch", "--interval", "1"], env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+        watching = subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", "top", job, "--scheduler", "slurm", "--watch", "--interval", "1"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             first = watching.stdout.readline()
             assert first.startswith(f"job {job} at "), first + watching.stderr.read()
@@ -150,18 +190,57 @@ def test_top_on_kubernetes_says_why_exec_failed(k8s_cluster, tmp_path: Path) -> 
     node = f"no-kubelet-{namespace}"
     try:
         core.create_node({"metadata": {"name": node}})
-        core.patch_node_status(node, {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                                                 "daemonEndpoints": {"kubeletEndpoint": {"Port": free_port()}}}})
-        custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", {
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "busy"},
-            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {
-                "containers": [{"name": "pytorch", "image": "img", "command": ["sleep", "600"]}]}}}}}})
-        core.create_namespaced_pod(namespace, {
-            "metadata": {"name": "busy-master-0", "labels": {"training.kubeflow.org/job-name": "busy"}},
-            "spec": {"nodeName": node, "containers": [{"name": "pytorch", "image": "img"}]}})
+        core.patch_node_status(
+            node,
+            {
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": free_port()}},
+                }
+            },
+        )
+        custom.create_namespaced_custom_object(
+            "kubeflow.org",
+            "v1",
+            namespace,
+            "pytorchjobs",
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "PyTorchJob",
+                "metadata": {"name": "busy"},
+                "spec": {
+                    "pytorchReplicaSpecs": {
+                        "Master": {
+                            "replicas": 1,
+                            "template": {
+                                "spec": {
+                                    "containers": [{"name": "pytorch", "image": "img", "command": ["sleep", "600"]}]
+                                }
+                            },
+                        }
+                    }
+                },
+            },
+        )
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": "busy-master-0", "labels": {"training.kubeflow.org/job-name": "busy"}},
+                "spec": {"nodeName": node, "containers": [{"name": "pytorch", "image": "img"}]},
+            },
+        )
         core.patch_namespaced_pod_status("busy-master-0", namespace, {"status": {"phase": "Running"}})
-        result = hpctrain("top", "busy", "--scheduler", "kubernetes", "--namespace", namespace,
-                          "--context", k8s_cluster.context, env=cli_env(tmp_path / "home"))
+        result = hpctrain(
+            "top",
+            "busy",
+            "--scheduler",
+            "kubernetes",
+            "--namespace",
+            namespace,
+            "--context",
+            k8s_cluster.context,
+            env=cli_env(tmp_path / "home"),
+        )
         assert result.returncode == 2, result.stdout + result.stderr
         assert "Traceback" not in result.stderr
         assert "cannot run the probe in pod busy-master-0 through the API server's exec" in result.stderr
@@ -194,18 +273,43 @@ def test_top_on_kubernetes_runs_the_probe_in_each_pod(real_free: Real, tmp_path:
     mount = {"volumeMounts": [{"name": "test", "mountPath": str(tmp_path)}]}
 
     def replica(gpus: str) -> dict:
-        env = [{"name": "PATH", "value": f"{bin_dir}:/usr/bin:/bin"}, {"name": "STANDIN_LOG", "value": str(log)},
-               {"name": "STANDIN_GPUS", "value": gpus}, {"name": "HPCTRAIN_RUN_DIR", "value": str(run_dir)}]
-        return {"replicas": 1, "template": {"spec": {**volume, "containers": [
-            {"name": "pytorch", "image": real.image, "command": ["sleep", "600"], "env": env, **mount}]}}}
+        env = [
+            {"name": "PATH", "value": f"{bin_dir}:/usr/bin:/bin"},
+            {"name": "STANDIN_LOG", "value": str(log)},
+            {"name": "STANDIN_GPUS", "value": gpus},
+            {"name": "HPCTRAIN_RUN_DIR", "value": str(run_dir)},
+        ]
+        return {
+            "replicas": 1,
+            "template": {
+                "spec": {
+                    **volume,
+                    "containers": [
+                        {"name": "pytorch", "image": real.image, "command": ["sleep", "600"], "env": env, **mount}
+                    ],
+                }
+            },
+        }
 
     custom, core = client.CustomObjectsApi(real.api), client.CoreV1Api(real.api)
-    custom.create_namespaced_custom_object("kubeflow.org", "v1", real.namespace, "pytorchjobs", {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "gpus"},
-        "spec": {"pytorchReplicaSpecs": {"Master": replica("0, 97, 70000, 81559"),
-                                         "Worker": replica("0, 0, 3, 81559")}}})
-    real.wait("both pods running", lambda: [p.status.phase for p in core.list_namespaced_pod(real.namespace).items]
-              == ["Running", "Running"])
+    custom.create_namespaced_custom_object(
+        "kubeflow.org",
+        "v1",
+        real.namespace,
+        "pytorchjobs",
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "gpus"},
+            "spec": {
+                "pytorchReplicaSpecs": {"Master": replica("0, 97, 70000, 81559"), "Worker": replica("0, 0, 3, 81559")}
+            },
+        },
+    )
+    real.wait(
+        "both pods running",
+        lambda: [p.status.phase for p in core.list_namespaced_pod(real.namespace).items] == ["Running", "Running"],
+    )
     result = hpctrain("top", "gpus", *real.where, env=real.env)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
@@ -223,17 +327,55 @@ def test_top_on_kubernetes_runs_the_probe_in_each_pod(real_free: Real, tmp_path:
 
     # A container without a shell on its PATH (as in a distroless image): exec itself works, the probe cannot
     # start; one clear error.
-    custom.create_namespaced_custom_object("kubeflow.org", "v1", real.namespace, "pytorchjobs", {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "noshell"},
-        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {"containers": [
-            {"name": "pytorch", "image": real.image, "command": [shutil.which("sleep") or "/usr/bin/sleep", "600"],
-             "env": [{"name": "PATH", "value": str(tmp_path / "empty")}]}]}}}}}})
-    real.wait("the shell-less pod running", lambda: [p.status.phase for p in core.list_namespaced_pod(
-        real.namespace, label_selector="training.kubeflow.org/job-name=noshell").items] == ["Running"])
+    custom.create_namespaced_custom_object(
+        "kubeflow.org",
+        "v1",
+        real.namespace,
+        "pytorchjobs",
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "noshell"},
+            "spec": {
+                "pytorchReplicaSpecs": {
+                    "Master": {
+                        "replicas": 1,
+                        "template": {
+                            "spec": {
+                                "containers": [
+                                    {
+                                        "name": "pytorch",
+                                        "image": real.image,
+                                        "command": [shutil.which("sleep") or "/usr/bin/sleep", "600"],
+                                        "env": [{"name": "PATH", "value": str(tmp_path / "empty")}],
+                                    }
+                                ]
+                            }
+                        },
+                    }
+                }
+            },
+        },
+    )
+    real.wait(
+        "the shell-less pod running",
+        lambda: (
+            [
+                p.status.phase
+                for p in core.list_namespaced_pod(
+                    real.namespace, label_selector="training.kubeflow.org/job-name=noshell"
+                ).items
+            ]
+            == ["Running"]
+        ),
+    )
     failed = hpctrain("top", "noshell", *real.where, env=real.env)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stdout + failed.stderr
     # containerd's words, through the kubelet and the API server
-    assert re.search(r'the probe failed in pod noshell-master-0: Internal error occurred: error executing command in '
-                     r'container: .*exec: "sh": executable file not found in \$PATH', failed.stderr), failed.stderr
+    assert re.search(
+        r"the probe failed in pod noshell-master-0: Internal error occurred: error executing command in "
+        r'container: .*exec: "sh": executable file not found in \$PATH',
+        failed.stderr,
+    ), failed.stderr
     assert "needs a POSIX shell" in failed.stderr
     assert not real.standin.errors, real.standin.errors

@@ -70,9 +70,25 @@ def run_shim(tmp_path: Path, variant: str, sig: signal.Signals) -> tuple[int, st
     (tmp_path / "worker.py").write_text(WORKER)
     env = {**os.environ, "SLURM_NODEID": "0", "SLURMD_NODENAME": "node1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [python, "-c", code, TORCHRUN_SIGNALS, "20", "--standalone", "--nnodes=1", "--nproc-per-node=2",
-         "--no-python", python, str(tmp_path / "worker.py"), str(out)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            python,
+            "-c",
+            code,
+            TORCHRUN_SIGNALS,
+            "20",
+            "--standalone",
+            "--nnodes=1",
+            "--nproc-per-node=2",
+            "--no-python",
+            python,
+            str(tmp_path / "worker.py"),
+            str(out),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 180
     while len(list(out.glob("ready-*"))) < 2:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -118,8 +134,12 @@ def test_floor_torchrun_rejects_the_signal_flags() -> None:
     """Why the shim exists: the floor torch's torchrun stops at the flags newer ones take."""
     if not FLOOR_PYTHON:
         pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
-    proc = subprocess.run([FLOOR_PYTHON, "-m", "torch.distributed.run", f"--signals-to-handle={TORCHRUN_SIGNALS}",
-                           "--no-python", "true"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [FLOOR_PYTHON, "-m", "torch.distributed.run", f"--signals-to-handle={TORCHRUN_SIGNALS}", "--no-python", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "unrecognized arguments" in proc.stderr, proc.stderr
 
 
@@ -136,9 +156,25 @@ def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path
     (tmp_path / "worker.py").write_text(ENDS_ON_PURPOSE)
     env = {**os.environ, "SLURM_NODEID": "0", "SLURMD_NODENAME": "node1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", TORCHRUN_SHIM, "", "20", "--standalone", "--nnodes=1", "--nproc-per-node=2",
-         "--no-python", sys.executable, str(tmp_path / "worker.py"), str(status)],
-        env=env, capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-c",
+            TORCHRUN_SHIM,
+            "",
+            "20",
+            "--standalone",
+            "--nnodes=1",
+            "--nproc-per-node=2",
+            "--no-python",
+            sys.executable,
+            str(tmp_path / "worker.py"),
+            str(status),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     output = result.stdout + result.stderr
     if status == 1:  # a real failure keeps torchrun's own report
         assert result.returncode == 1 and "ChildFailedError" in output, output
@@ -153,7 +189,9 @@ def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path
 # group ranks by sorting the agents' host names and process ids, so the store's host need not be rank 0, which
 # torch's own barrier before 2.4 takes it for. argv: WHICH (torch: torch's own barrier, as
 # of the floor torch; ours: torchrun_shim.EXIT_BARRIER), ROLE (host or other), the port file.
-BARRIER_RACE = EXIT_BARRIER + """
+BARRIER_RACE = (
+    EXIT_BARRIER
+    + """
 import datetime, os, sys, time
 from pathlib import Path
 from torch.distributed import TCPStore
@@ -186,19 +224,25 @@ else:
 print(role, "left the barrier", flush=True)
 os._exit(0)  # as an agent leaving: its store goes at once, not after a slow interpreter shutdown
 """
+)
 
 
 def _barrier_race(tmp_path: Path, python: str, which: str) -> tuple[subprocess.CompletedProcess, str]:
     (tmp_path / "race.py").write_text(BARRIER_RACE)
     port_file = tmp_path / "port"
-    host = subprocess.Popen([python, str(tmp_path / "race.py"), which, "host", str(port_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    host = subprocess.Popen(
+        [python, str(tmp_path / "race.py"), which, "host", str(port_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not port_file.exists() or not port_file.read_text():
         assert host.poll() is None and time.monotonic() < deadline, host.communicate()[0]
         time.sleep(0.05)
-    other = subprocess.run([python, str(tmp_path / "race.py"), which, "other", str(port_file)],
-                           capture_output=True, text=True, timeout=120)
+    other = subprocess.run(
+        [python, str(tmp_path / "race.py"), which, "other", str(port_file)], capture_output=True, text=True, timeout=120
+    )
     return other, host.communicate(timeout=60)[0]
 
 

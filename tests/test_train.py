@@ -15,13 +15,21 @@ import torch
 import yaml
 
 from hpctrain.training.metrics import read_metrics
-from training_helpers import (QUICK, assert_bitwise_equal, final_weights, hpctrain, ok, signal_after, start_hpctrain,
-                              tree_digest)
+from training_helpers import (
+    QUICK,
+    assert_bitwise_equal,
+    final_weights,
+    hpctrain,
+    ok,
+    signal_after,
+    start_hpctrain,
+    tree_digest,
+)
 
 # A test-only startup file (Python imports `sitecustomize` at start): each hpctrain process waits HOLD_AT_END seconds
 # once its outcome is settled (a training process after `StopRequest.finish`, the --nproc launcher once its workers
 # have exited), saying so on stderr, so that a test can signal a finished process deterministically.
-HOLD_AT_END_HOOK = '''
+HOLD_AT_END_HOOK = """
 import os, sys, time
 
 import hpctrain.launch.local as local
@@ -42,7 +50,7 @@ def holding(function):
 
 StopRequest.finish = holding(StopRequest.finish)
 local.spawn = holding(local.spawn)
-'''
+"""
 
 
 def hold_at_end(tmp_path: Path, seconds: float) -> dict[str, str]:
@@ -50,17 +58,28 @@ def hold_at_end(tmp_path: Path, seconds: float) -> dict[str, str]:
     hook = tmp_path / "hold_at_end"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(HOLD_AT_END_HOOK)
-    return {"HOLD_AT_END": str(seconds),
-            "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return {
+        "HOLD_AT_END": str(seconds),
+        "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
 
 
-METRIC_KEYS = {"epoch", "step", "train_loss", "test_loss", "test_accuracy", "images_per_s", "epoch_seconds",
-               "world_size"}
+METRIC_KEYS = {
+    "epoch",
+    "step",
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "images_per_s",
+    "epoch_seconds",
+    "world_size",
+}
 
 
 def train(data_dir, run_dir, *extra, expect=0, timeout=300):
-    result = hpctrain("train", "mnist", *QUICK, "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra,
-                      timeout=timeout)
+    result = hpctrain(
+        "train", "mnist", *QUICK, "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra, timeout=timeout
+    )
     if expect == 0:
         return ok(result)
     assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
@@ -113,13 +132,18 @@ def test_resume_after_an_epoch_is_bitwise_equal_to_an_uninterrupted_run(fashion_
 
 def interrupt(data_dir, run_dir, signum, *extra, after_line="epoch 1/2 step 3/"):
     """Start a run, send `signum` once it has trained a few steps, and return its exit status and output."""
-    return signal_after(["train", "mnist", *QUICK, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-                         "--epochs", "2", *extra], after_line, signum)
+    return signal_after(
+        ["train", "mnist", *QUICK, "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--epochs", "2", *extra],
+        after_line,
+        signum,
+    )
 
 
 # The floor environment runs one signal: the other takes the same torch paths.
-@pytest.mark.parametrize("signum,code,reason", [pytest.param(signal.SIGUSR1, 75, "preempted", marks=pytest.mark.floor),
-                                                (signal.SIGTERM, 143, "cancelled")])
+@pytest.mark.parametrize(
+    "signum,code,reason",
+    [pytest.param(signal.SIGUSR1, 75, "preempted", marks=pytest.mark.floor), (signal.SIGTERM, 143, "cancelled")],
+)
 def test_signal_mid_epoch_checkpoints_and_resume_is_bitwise_exact(fashion_data_dir, tmp_path, signum, code, reason):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(fashion_data_dir, whole, "--recipe", "classic", "--epochs", "2")
@@ -177,14 +201,17 @@ def test_ddp_stop_reaches_every_rank_and_resumes_bitwise(fashion_data_dir, tmp_p
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--dataset", "cifar"], "choose one of: mnist, fashion-mnist"),
-    (["--epochs", "-1"], "--epochs must be at least 1"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
-    (["--nproc", "512"], "--nproc 512 exceeds"),
-    (["--strategy", "dp"], "--strategy dp needs several GPUs"),
-    (["--device", "cuda"] if not torch.cuda.is_available() else ["--nproc", "4096"], "cuda"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--dataset", "cifar"], "choose one of: mnist, fashion-mnist"),
+        (["--epochs", "-1"], "--epochs must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--nproc", "512"], "--nproc 512 exceeds"),
+        (["--strategy", "dp"], "--strategy dp needs several GPUs"),
+        (["--device", "cuda"] if not torch.cuda.is_available() else ["--nproc", "4096"], "cuda"),
+    ],
+)
 def test_bad_options_fail_clearly_and_touch_nothing(fashion_data_dir, tmp_path, args, message):
     run_dir = tmp_path / "run"
     result = hpctrain("train", "mnist", "--data-dir", str(fashion_data_dir), "--run-dir", str(run_dir), *args)
@@ -225,17 +252,31 @@ def test_a_new_run_refuses_a_run_dir_with_checkpoints(fashion_data_dir, tmp_path
 def test_resume_with_another_batch_size_is_refused(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "1")
-    result = train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "2", "--resume",
-                   "--batch-size", "32", expect=2)
+    result = train(
+        fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "2", "--resume", "--batch-size", "32", expect=2
+    )
     assert "--batch-size: checkpoint 64, now 32" in result.stderr and "(--batch-size 64)" in result.stderr
 
 
 def test_train_help_lists_the_options_the_issue_names():
     result = ok(hpctrain("train", "--help"))
-    for flag in ("--dataset", "--data-dir", "--run-dir", "--epochs", "--batch-size", "--lr", "--seed",
-                 "--train-limit", "--device", "--strategy", "--nproc", "--resume", "--recipe", "--dist-init-method"):
+    for flag in (
+        "--dataset",
+        "--data-dir",
+        "--run-dir",
+        "--epochs",
+        "--batch-size",
+        "--lr",
+        "--seed",
+        "--train-limit",
+        "--device",
+        "--strategy",
+        "--nproc",
+        "--resume",
+        "--recipe",
+        "--dist-init-method",
+    ):
         assert flag in result.stdout
-
 
 
 @pytest.mark.parametrize("damage", ["truncate", "drop_manifest"])
@@ -261,8 +302,9 @@ def test_epoch_train_loss_is_right_after_a_resume_at_either_process_count(fashio
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     common = ("--recipe", "classic", "--epochs", "1")
     train(fashion_data_dir, whole, *common, "--nproc", "2")
-    status, output = interrupt(fashion_data_dir, stopped, signal.SIGUSR1, *common, "--nproc", "2",
-                               after_line="epoch 1/1 step 3/")
+    status, output = interrupt(
+        fashion_data_dir, stopped, signal.SIGUSR1, *common, "--nproc", "2", after_line="epoch 1/1 step 3/"
+    )
     assert status == 75, output
     expected = read_metrics(whole)[0]["train_loss"]
     for nproc in ("2", "1"):
@@ -305,8 +347,17 @@ def test_tensorboard_keeps_every_scalar_once_across_a_resume(fashion_data_dir, t
 def test_progress_and_summary_agree_and_the_last_line_says_where_everything_is(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     # Checkpoint writes inside the epoch: they must not count as training time on either line.
-    result = train(fashion_data_dir, run_dir, "--recipe", "classic", "--epochs", "2", "--checkpoint-every", "3",
-                   "--sync-checkpoints")
+    result = train(
+        fashion_data_dir,
+        run_dir,
+        "--recipe",
+        "classic",
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "3",
+        "--sync-checkpoints",
+    )
     for epoch in (1, 2):
         progress = [line for line in result.stderr.splitlines() if line.startswith(f"epoch {epoch}/2 step 8/8")]
         summary = [line for line in result.stdout.splitlines() if line.startswith(f"hpctrain: epoch {epoch}/2:")]
@@ -315,8 +366,10 @@ def test_progress_and_summary_agree_and_the_last_line_says_where_everything_is(f
         assert f", {rate} images/s," in summary[0], (progress[0], summary[0])
     assert f"hpctrain: TensorBoard: hpctrain tensorboard {run_dir}" in result.stdout.splitlines()  # how to watch it
     last = result.stdout.strip().splitlines()[-1]
-    assert last == (f"hpctrain: completed 2 epoch(s), global step 16; run dir {run_dir}, last checkpoint "
-                    f"{run_dir / 'checkpoints' / 'checkpoint_epoch_2.pt'}")
+    assert last == (
+        f"hpctrain: completed 2 epoch(s), global step 16; run dir {run_dir}, last checkpoint "
+        f"{run_dir / 'checkpoints' / 'checkpoint_epoch_2.pt'}"
+    )
 
 
 def test_ddp_on_cpu_prints_no_unused_parameters_warning(fashion_data_dir, tmp_path):
@@ -331,9 +384,22 @@ def test_signals_after_the_end_do_not_change_the_exit_status(fashion_data_dir, t
     """SIGTERM/SIGUSR1/SIGINT arriving once the run has completed (a late time-limit warning, scancel) are ignored.
     A startup hook (`hold_at_end`) makes each process wait at its end, so the signals arrive there."""
     run_dir = tmp_path / "run"
-    process = start_hpctrain("train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir",
-                             str(run_dir), "--recipe", "classic", "--epochs", "1", "--nproc", nproc,
-                             env=hold_at_end(tmp_path, 3))
+    process = start_hpctrain(
+        "train",
+        "mnist",
+        *QUICK,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--recipe",
+        "classic",
+        "--epochs",
+        "1",
+        "--nproc",
+        nproc,
+        env=hold_at_end(tmp_path, 3),
+    )
     output, sent = [], False
     try:
         for line in process.stdout:  # the launcher's hold comes last (after its workers'); with 1 process, the only
@@ -387,9 +453,25 @@ def running(pid: int) -> bool:
 def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     # Far more epochs than can finish within the wait below: workers that outlive the launcher are seen alive.
-    process = start_hpctrain("train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir",
-                             str(run_dir), "--recipe", "classic", "--epochs", "1000", "--train-limit", "4096",
-                             "--checkpoint-every", "2", "--nproc", "2")
+    process = start_hpctrain(
+        "train",
+        "mnist",
+        *QUICK,
+        "--data-dir",
+        str(fashion_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--recipe",
+        "classic",
+        "--epochs",
+        "1000",
+        "--train-limit",
+        "4096",
+        "--checkpoint-every",
+        "2",
+        "--nproc",
+        "2",
+    )
     workers: list[int] = []
     try:
         for line in process.stdout:
@@ -417,8 +499,21 @@ def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
 def test_a_diverging_run_stops_without_writing_nan_and_exits_3(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     # The fast recipe's SGD at lr 1000 overflows to inf, then nan, within a few steps; 19 steps an epoch.
-    result = train(fashion_data_dir, run_dir, "--epochs", "2", "--train-limit", "2048", "--lr", "1000",
-                   "--checkpoint-every", "2", "--nproc", "2", expect=3)
+    result = train(
+        fashion_data_dir,
+        run_dir,
+        "--epochs",
+        "2",
+        "--train-limit",
+        "2048",
+        "--lr",
+        "1000",
+        "--checkpoint-every",
+        "2",
+        "--nproc",
+        "2",
+        expect=3,
+    )
     assert (run_dir / "stop_reason").read_text().strip() == "diverged"
     assert "loss became non-finite" in result.stderr and "lower --lr" in result.stderr
     assert "Traceback" not in result.stderr

@@ -22,8 +22,9 @@ def test_a_last_batch_of_one_sample_per_process_joins_the_batch_before(num_sampl
     after resume. That batch is now folded into the one before; every sample still comes once per epoch."""
     plan = EpochPlan(num_samples, batch, world, seed=3)
     order = plan.order(0)
-    per_step = [[plan.rank_indices(order, step, rank).tolist() for rank in range(world)]
-                for step in range(plan.steps_per_epoch)]
+    per_step = [
+        [plan.rank_indices(order, step, rank).tolist() for rank in range(world)] for step in range(plan.steps_per_epoch)
+    ]
     assert all(len(part) >= 2 for step in per_step for part in step)
     taken = sorted(i for step in per_step for part in step for i in part)
     assert taken == sorted(order.tolist())
@@ -45,8 +46,25 @@ def test_imagenet_with_a_remainder_of_one_image_completes(fashion_folders, tmp_p
 
 def test_mnist_fast_recipe_with_a_remainder_of_one_image_completes(fashion_data_dir, tmp_path):
     """The same for the mnist fast recipe (its conv blocks have BatchNorm): 13 images, --batch-size 4."""
-    result = ok(hpctrain("train", "mnist", "--recipe", "fast", "--data-dir", str(fashion_data_dir), *QUICK,
-                         "--train-limit", "13", "--batch-size", "4", "--epochs", "1", "--run-dir", str(tmp_path / "run")))
+    result = ok(
+        hpctrain(
+            "train",
+            "mnist",
+            "--recipe",
+            "fast",
+            "--data-dir",
+            str(fashion_data_dir),
+            *QUICK,
+            "--train-limit",
+            "13",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        )
+    )
     assert "completed 1 epoch(s), global step 3" in result.stdout
 
 

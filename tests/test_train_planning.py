@@ -15,8 +15,13 @@ def clean_env(monkeypatch):
     import os
 
     for key in list(os.environ):
-        if key.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                                          "MASTER_ADDR", "MASTER_PORT"):
+        if key.startswith(("SLURM_", "TORCHELASTIC_", "PET_")) or key in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
             monkeypatch.delenv(key)
 
 
@@ -46,16 +51,29 @@ def test_nproc_on_gpus_is_bounded_by_visible_gpus(monkeypatch, clean_env):
 
 
 def test_nproc_inside_a_launched_world_is_refused(monkeypatch, clean_env):
-    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x"}.items():
+    for key, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "x",
+    }.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(UserError, match="drop --nproc"):
         plan(monkeypatch, 0, nproc=2)
 
 
 def test_kubeflow_pod_with_several_processes_fans_out(monkeypatch, clean_env):
-    for key, value in {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "8", "PET_NNODES": "2",
-                       "PET_NPROC_PER_NODE": "4"}.items():
+    for key, value in {
+        "MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456",
+        "RANK": "1",
+        "WORLD_SIZE": "8",
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "4",
+    }.items():
         monkeypatch.setenv(key, value)
     node = plan(monkeypatch, 4)
     assert (node.num_nodes, node.node_rank, node.nproc_per_node) == (2, 1, 4)

@@ -44,17 +44,38 @@ def train(data_dir: Path, run_dir: Path, *extra: str, env: dict[str, str] | None
 @pytest.mark.parametrize("extra", [(), ("--nproc", "2")])
 def test_default_dataset_missing_names_the_dataset_that_is_there(fashion_data_dir, tmp_path, extra):
     # The quick start fetched fashion-mnist; `hpctrain train mnist --data-dir data [--nproc 2]` defaults to mnist.
-    line = refused(train(fashion_data_dir, tmp_path / "run", *extra), "pass --dataset fashion-mnist",
-                   f"hpctrain download mnist --data-dir {fashion_data_dir}")
+    line = refused(
+        train(fashion_data_dir, tmp_path / "run", *extra),
+        "pass --dataset fashion-mnist",
+        f"hpctrain download mnist --data-dir {fashion_data_dir}",
+    )
     assert "the default --dataset" in line
     assert not (tmp_path / "run").exists()
 
 
 def test_under_torchrun_the_missing_dataset_is_reported_once(fashion_data_dir, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-         "hpctrain", "train", "mnist", "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run")],
-        env=clean_environ(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "hpctrain",
+            "train",
+            "mnist",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert output.count("pass --dataset fashion-mnist") == 1, output
@@ -88,8 +109,9 @@ def read_only_dir(tmp_path):
     """A read-only tmpfs (root ignores file modes, not a read-only mount); skipped where mounting is not allowed."""
     mount_point = tmp_path / "ro"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1M", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -110,32 +132,53 @@ def test_read_only_run_dir_is_refused(fashion_data_dir, read_only_dir, extra):
 
 @pytest.mark.parametrize("variable,value", [("SLURM_RESTART_COUNT", "abc"), ("TORCHELASTIC_RESTART_COUNT", "1.5")])
 def test_malformed_restart_count_names_the_variable(fashion_data_dir, tmp_path, variable, value):
-    refused(train(fashion_data_dir, tmp_path / "run", *QUICK, env={variable: value}), f"{variable}={value!r}",
-            f"unset {variable}")
+    refused(
+        train(fashion_data_dir, tmp_path / "run", *QUICK, env={variable: value}),
+        f"{variable}={value!r}",
+        f"unset {variable}",
+    )
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--seed", str(2**64)], "--seed must be a whole number from 0 to 2**64-1"),
-    (["--seed", "-1"], "--seed must be"),
-    (["--dist-timeout", "nan"], "--dist-timeout must be a finite number"),
-    (["--dist-timeout", "1e20"], "at most 604800"),
-    (["--lr", "inf"], "--lr must be a finite number above 0 and at most 1000"),
-    (["--threads", "100000"], f"exceeds the {CORES} CPU core(s) this process may use; use --threads {CORES} or fewer"),
-    (["--nproc", "2", "--dist-init-method", "tcp://127.0.0.1:29400"], "--nproc starts the processes itself"),
-    (["--nproc", "2", "--dist-init-method", "file:///tmp/rendezvous"], "for processes started elsewhere"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seed", str(2**64)], "--seed must be a whole number from 0 to 2**64-1"),
+        (["--seed", "-1"], "--seed must be"),
+        (["--dist-timeout", "nan"], "--dist-timeout must be a finite number"),
+        (["--dist-timeout", "1e20"], "at most 604800"),
+        (["--lr", "inf"], "--lr must be a finite number above 0 and at most 1000"),
+        (
+            ["--threads", "100000"],
+            f"exceeds the {CORES} CPU core(s) this process may use; use --threads {CORES} or fewer",
+        ),
+        (["--nproc", "2", "--dist-init-method", "tcp://127.0.0.1:29400"], "--nproc starts the processes itself"),
+        (["--nproc", "2", "--dist-init-method", "file:///tmp/rendezvous"], "for processes started elsewhere"),
+    ],
+)
 def test_bad_values_are_refused_in_one_line(fashion_data_dir, tmp_path, args, message):
     refused(train(fashion_data_dir, tmp_path / "run", *QUICK, *args), message)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("field,value", [
-    ("lr", math.inf), ("lr", 1e300), ("lr", math.nan), ("lr", 0.0), ("lr", 1001.0),
-    ("dist_timeout", math.nan), ("dist_timeout", 1e20), ("dist_timeout", -1.0),
-    ("log_interval", math.inf), ("log_interval", -1.0),
-    ("seed", 2**64), ("seed", -1), pytest.param("seed", 10**5000, id="seed-5001-digits"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("lr", math.inf),
+        ("lr", 1e300),
+        ("lr", math.nan),
+        ("lr", 0.0),
+        ("lr", 1001.0),
+        ("dist_timeout", math.nan),
+        ("dist_timeout", 1e20),
+        ("dist_timeout", -1.0),
+        ("log_interval", math.inf),
+        ("log_interval", -1.0),
+        ("seed", 2**64),
+        ("seed", -1),
+        pytest.param("seed", 10**5000, id="seed-5001-digits"),
+    ],
+)
 def test_config_refuses_non_finite_and_absurd_numbers(field, value):
     with pytest.raises(UserError, match=f"--{field.replace('_', '-')} must be") as caught:
         TrainConfig(**{field: value})
@@ -149,8 +192,11 @@ def test_config_keeps_every_sane_value():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without GPUs")
 def test_nproc_with_cuda_but_no_gpu_says_no_gpu_is_visible(fashion_data_dir, tmp_path):
-    line = refused(train(fashion_data_dir, tmp_path / "run", *QUICK, "--nproc", "2", "--device", "cuda"),
-                   "no GPU is visible", "drop --device cuda")
+    line = refused(
+        train(fashion_data_dir, tmp_path / "run", *QUICK, "--nproc", "2", "--device", "cuda"),
+        "no GPU is visible",
+        "drop --device cuda",
+    )
     assert "--nproc 0" not in line
 
 
@@ -254,10 +300,18 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(STALL_ON_TORCH_IMPORT)
     marker = tmp_path / "stalled"
-    env = {**clean_environ(), "HPCTRAIN_TEST_STALLED": str(marker),
-           "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    process = subprocess.Popen([sys.executable, "-m", "hpctrain", "train", "mnist", "--data-dir", str(tmp_path)],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **clean_environ(),
+        "HPCTRAIN_TEST_STALLED": str(marker),
+        "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "train", "mnist", "--data-dir", str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:

@@ -25,14 +25,17 @@ HOSTILE_NAMES = ("exp[bs=64]", "[/data/x]", "[bold red]loud[/]", "a[/]b", "[link
 
 
 def hpctrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slurm
 def test_status_prints_job_names_as_they_are(slurm_cluster, tmp_path: Path) -> None:
-    jobs = [slurm_cluster.sbatch("-J", name, "--hold", "-o", "/dev/null", "--wrap", "true", cwd=tmp_path)
-            for name in HOSTILE_NAMES]
+    jobs = [
+        slurm_cluster.sbatch("-J", name, "--hold", "-o", "/dev/null", "--wrap", "true", cwd=tmp_path)
+        for name in HOSTILE_NAMES
+    ]
     try:
         for listing in (hpctrain("status"), hpctrain("status", "--all-users")):
             assert listing.returncode == 0 and "Traceback" not in listing.stderr, listing
@@ -48,11 +51,28 @@ def test_status_prints_job_names_as_they_are(slurm_cluster, tmp_path: Path) -> N
 
 
 def test_cluster_prints_node_and_partition_names_as_they_are(capsys) -> None:
-    nodes = tuple(NodeInfo(name=name, state="idle", partitions=(f"p{name}",), cpus_total=4, cpus_alloc=0,
-                           mem_mb_total=1024, mem_mb_alloc=0, gpu_type=f"t{name}", gpus_total=1, gpus_used=0,
-                           shards_total=0, shards_used=None, shards_per_gpu=None) for name in HOSTILE_NAMES)
-    parts = tuple(PartitionInfo(name=f"p{name}", state="up", default=False, max_time_s=None, nodes=(name,))
-                  for name in HOSTILE_NAMES)
+    nodes = tuple(
+        NodeInfo(
+            name=name,
+            state="idle",
+            partitions=(f"p{name}",),
+            cpus_total=4,
+            cpus_alloc=0,
+            mem_mb_total=1024,
+            mem_mb_alloc=0,
+            gpu_type=f"t{name}",
+            gpus_total=1,
+            gpus_used=0,
+            shards_total=0,
+            shards_used=None,
+            shards_per_gpu=None,
+        )
+        for name in HOSTILE_NAMES
+    )
+    parts = tuple(
+        PartitionInfo(name=f"p{name}", state="up", default=False, max_time_s=None, nodes=(name,))
+        for name in HOSTILE_NAMES
+    )
     show(cluster_view(ClusterInfo(partitions=parts, nodes=nodes)), as_json=False)
     out = capsys.readouterr().out
     for name in HOSTILE_NAMES:
@@ -73,8 +93,13 @@ def test_a_sick_node_named_by_a_pod_reaches_the_suggested_command_only_as_a_node
     from hpctrain.schedulers.kubernetes.display import ended_lines
 
     said = (f"sick_node: gpu07,{HOSTILE_NODE}", "sick_node: node[1-2]", "sick_node: a b;c", "sick_node: n1\nrm -rf x")
-    status = JobStatus(job_id="j", state="FAILED", replicas=tuple(
-        ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)))
+    status = JobStatus(
+        job_id="j",
+        state="FAILED",
+        replicas=tuple(
+            ReplicaStatus(name=f"worker-{i}", phase="Failed", exit_code=144, message=m) for i, m in enumerate(said)
+        ),
+    )
     lines = ended_lines(status)
     [suggestion] = [line for line in lines if line.startswith("sick node(s)")]
     assert _pasted(suggestion) == ["hpctrain", "submit", "--exclude-nodes", "gpu07,n1", "..."]
@@ -94,7 +119,12 @@ def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tm
     err = capsys.readouterr().err
     assert "touch" not in err and "`id`" not in err, err
     assert _pasted(err.split("elsewhere submit it again away from them: ")[1]) == [
-        "hpctrain", "submit", "--exclude-nodes", "node07", "..."]
+        "hpctrain",
+        "submit",
+        "--exclude-nodes",
+        "node07",
+        "...",
+    ]
 
 
 def test_submits_suggested_command_quotes_the_users_words(capsys) -> None:
@@ -104,7 +134,15 @@ def test_submits_suggested_command_quotes_the_users_words(capsys) -> None:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert _pasted(err.split("put your own command after `--` (")[1]) == [
-        "hpctrain", "submit", "[options]", "--", "python3", "train.py", "--note", "$(touch pwned); a b"]
+        "hpctrain",
+        "submit",
+        "[options]",
+        "--",
+        "python3",
+        "train.py",
+        "--note",
+        "$(touch pwned); a b",
+    ]
 
 
 def _served_runs(argv: list[str], env: dict[str, str], cwd: Path, port: int) -> set[str]:
@@ -175,8 +213,13 @@ def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
     from hpctrain.schedulers.kubernetes.display import job_view
 
     words = HOSTILE_NAMES
-    status = JobStatus(job_id="job-1", state="FAILED", message=words[0], pending_reasons=(words[1],), replicas=(
-        ReplicaStatus(name="worker-0", phase="Failed", node="n1", reason=words[2], message=words[3]),))
+    status = JobStatus(
+        job_id="job-1",
+        state="FAILED",
+        message=words[0],
+        pending_reasons=(words[1],),
+        replicas=(ReplicaStatus(name="worker-0", phase="Failed", node="n1", reason=words[2], message=words[3]),),
+    )
     show(job_view(status), as_json=False)
     out = capsys.readouterr().out
     for word in words[:4]:
@@ -190,8 +233,11 @@ def test_kubernetes_tables_show_a_control_character_as_a_question_mark(capsys) -
     from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, ReplicaStatus
     from hpctrain.schedulers.kubernetes.display import cluster_view, job_view
 
-    status = JobStatus(job_id="job-1", state="PENDING", replicas=(
-        ReplicaStatus(name="worker-0", phase="Pending", node="n1\x1b]0;x\x07", reason="Back\x1b[2JOff"),))
+    status = JobStatus(
+        job_id="job-1",
+        state="PENDING",
+        replicas=(ReplicaStatus(name="worker-0", phase="Pending", node="n1\x1b]0;x\x07", reason="Back\x1b[2JOff"),),
+    )
     show(job_view(status), as_json=False)
     show(cluster_view(ClusterView(nodes=(NodeView("n\x1b[31m1", 4, 0, 2**30, 0),))), as_json=False)
     out = capsys.readouterr().out

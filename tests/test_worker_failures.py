@@ -22,10 +22,32 @@ pytestmark = pytest.mark.slow
 def torchrun(data_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *extra[:2],
-         "-m", "hpctrain", "train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir),
-         "--run-dir", str(run_dir), *extra[2:]],
-        env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *extra[:2],
+            "-m",
+            "hpctrain",
+            "train",
+            "mnist",
+            *QUICK,
+            "--recipe",
+            "classic",
+            "--data-dir",
+            str(data_dir),
+            "--run-dir",
+            str(run_dir),
+            *extra[2:],
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def worker_pid(rank: int, parent: int) -> int:
@@ -44,8 +66,11 @@ def worker_pid(rank: int, parent: int) -> int:
     raise AssertionError(f"no worker with RANK={rank}")
 
 
-def collective_failure(process: subprocess.Popen[str], frozen_after: str, frozen: Callable[[], int],
-                       ) -> tuple[list[str], str]:
+def collective_failure(
+    process: subprocess.Popen[str],
+    frozen_after: str,
+    frozen: Callable[[], int],
+) -> tuple[list[str], str]:
     """Once `frozen_after` is out, `frozen()` gives the pid of the rank that stopped answering; wait for the other
     rank's explanation, then kill the frozen one. The whole output and the explanation's line."""
     output = until_explained(process, frozen_after, frozen, "a collective failed")
@@ -53,8 +78,10 @@ def collective_failure(process: subprocess.Popen[str], frozen_after: str, frozen
 
 
 def test_a_hung_rank_is_named_instead_of_hanging(fashion_data_dir, tmp_path):
-    process = torchrun(fashion_data_dir, tmp_path / "run", "--max-restarts", "0", "--train-limit", "4096",
-                       "--dist-timeout", "5")
+    process = torchrun(
+        fashion_data_dir, tmp_path / "run", "--max-restarts", "0", "--train-limit", "4096", "--dist-timeout", "5"
+    )
+
     def freeze() -> int:
         hung = worker_pid(1, process.pid)
         os.kill(hung, signal.SIGSTOP)  # alive but silent: what a deadlocked or swapped-out rank looks like
@@ -81,21 +108,49 @@ VANISH_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("site", "rank", "recipe", "call", "named"), VANISH_CASES,
-                         ids=[f"{c[0]}-rank{c[1]}" for c in VANISH_CASES])
-def test_a_rank_that_freezes_at_any_collective_is_named(fashion_data_dir, tmp_path, site, rank, recipe, call,
-                                                        named):
+@pytest.mark.parametrize(
+    ("site", "rank", "recipe", "call", "named"), VANISH_CASES, ids=[f"{c[0]}-rank{c[1]}" for c in VANISH_CASES]
+)
+def test_a_rank_that_freezes_at_any_collective_is_named(fashion_data_dir, tmp_path, site, rank, recipe, call, named):
     """One rank freezes (SIGSTOP, by itself) exactly before one collective, so the other rank's timeout happens
     there and nowhere else: each place gets hpctrain's one-line explanation naming the collective, the missing
     rank and its host, never the backend's traceback (gloo's "Application timeout caused pair closure" inside
     backward() once escaped as a raw RuntimeError and failed CI by luck)."""
-    env = {**clean_environ(), "PYTHONUNBUFFERED": "1", "HPCTRAIN_TEST_VANISH_RANK": str(rank),
-           "HPCTRAIN_TEST_VANISH_AT": site, "HPCTRAIN_TEST_VANISH_CALL": str(call)}
+    env = {
+        **clean_environ(),
+        "PYTHONUNBUFFERED": "1",
+        "HPCTRAIN_TEST_VANISH_RANK": str(rank),
+        "HPCTRAIN_TEST_VANISH_AT": site,
+        "HPCTRAIN_TEST_VANISH_CALL": str(call),
+    }
     process = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
-         "0", str(Path(__file__).with_name("vanishing_rank.py")), "train", "mnist", *QUICK, "--recipe", recipe,
-         "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run"), "--dist-timeout", "5"],
-        env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            str(Path(__file__).with_name("vanishing_rank.py")),
+            "train",
+            "mnist",
+            *QUICK,
+            "--recipe",
+            recipe,
+            "--data-dir",
+            str(fashion_data_dir),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--dist-timeout",
+            "5",
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     output, message = collective_failure(process, f"stops before {site}", lambda: worker_pid(rank, process.pid))
     text = "".join(output)
     assert named in message, text
@@ -105,8 +160,18 @@ def test_a_rank_that_freezes_at_any_collective_is_named(fashion_data_dir, tmp_pa
 
 def test_torchrun_restarts_a_killed_worker_and_the_group_resumes(fashion_data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    process = torchrun(fashion_data_dir, run_dir, "--max-restarts", "1", "--train-limit", "2048",
-                       "--epochs", "2", "--checkpoint-every", "4")
+    process = torchrun(
+        fashion_data_dir,
+        run_dir,
+        "--max-restarts",
+        "1",
+        "--train-limit",
+        "2048",
+        "--epochs",
+        "2",
+        "--checkpoint-every",
+        "4",
+    )
     output: list[str] = []
     try:
         wait_for(process, "epoch 1/2 step 10/", output)
@@ -125,7 +190,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_group_resumes(fashion_data_di
 
 # ---------------------------------------------------------------- a rank whose torch never leaves the process group
 
-NEVER_LEAVES = '''
+NEVER_LEAVES = """
 import time
 
 import torch.distributed as dist
@@ -140,7 +205,7 @@ def _never_returns(*args, **kwargs):  # torch's shutdown hang (pytorch/pytorch#7
 
 
 dist.destroy_process_group = _never_returns
-'''
+"""
 
 
 def test_a_finished_run_whose_process_group_never_shuts_down_still_exits(fashion_data_dir: Path, tmp_path: Path):
@@ -152,9 +217,27 @@ def test_a_finished_run_whose_process_group_never_shuts_down_still_exits(fashion
     (hook / "sitecustomize.py").write_text(NEVER_LEAVES)
     env = {**clean_environ(), "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])}
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain", "train", "mnist", "--data-dir", str(fashion_data_dir), *QUICK,
-         "--nproc", "2", "--epochs", "1", "--run-dir", str(tmp_path / "run")],
-        env=env, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "train",
+            "mnist",
+            "--data-dir",
+            str(fashion_data_dir),
+            *QUICK,
+            "--nproc",
+            "2",
+            "--epochs",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("leaving the process group did not finish within 2 s") == 2, result.stderr
     assert "completed 1 epoch(s)" in result.stdout

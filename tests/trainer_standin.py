@@ -88,18 +88,26 @@ class TrainerStandIn(KubeflowStandIn):
 
     def reconcile(self) -> None:
         super().reconcile()
-        jobs = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS)["items"]
+        jobs = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS)[
+            "items"
+        ]
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=JOBSET_NAME).items
         runtimes = None
         if any(job["metadata"]["uid"] not in self._admitted for job in jobs):  # the cluster's and the namespace's
             listed = self.custom.list_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes")
-            mine = self.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace, "trainingruntimes")
+            mine = self.custom.list_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, self.namespace, "trainingruntimes"
+            )
             runtimes = {r["metadata"]["name"]: r for r in listed["items"] + mine["items"]}
         for job in jobs:
             # A deleted job's pods are the garbage collector's; a refused one has none.
             if not job["metadata"].get("deletionTimestamp") and self.admitted(job, runtimes):
-                mine = [p for p in pods if p.metadata.labels[JOBSET_NAME] == job["metadata"]["name"]
-                        and p.metadata.labels.get(JOBSET_UID) == job["metadata"]["uid"]]
+                mine = [
+                    p
+                    for p in pods
+                    if p.metadata.labels[JOBSET_NAME] == job["metadata"]["name"]
+                    and p.metadata.labels.get(JOBSET_UID) == job["metadata"]["uid"]
+                ]
                 self._control_trainjob(job, mine)
 
     def refuse(self, job: dict[str, Any], message: str) -> None:
@@ -108,8 +116,9 @@ class TrainerStandIn(KubeflowStandIn):
         self._set_trainjob_status(job, {"conditions": [_condition("Failed", ADMISSION_REFUSED, message)]})
 
     def _set_trainjob_status(self, job: dict[str, Any], status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS,
-                                                          job["metadata"]["name"], {"status": status})
+        self.custom.patch_namespaced_custom_object_status(
+            TRAINER_GROUP, TRAINER_VERSION, self.namespace, TRAINJOBS, job["metadata"]["name"], {"status": status}
+        )
 
     # ---- JobSet and Trainer: the set's status, its restarts ----------------------------------------------
 
@@ -120,8 +129,13 @@ class TrainerStandIn(KubeflowStandIn):
             return
         deadline = job["spec"].get("activeDeadlineSeconds")
         if deadline and _age_s(job["metadata"]["creationTimestamp"]) > int(deadline):
-            self._set_trainjob_status(job, {"conditions": conditions + [
-                _condition("Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")]})
+            self._set_trainjob_status(
+                job,
+                {
+                    "conditions": conditions
+                    + [_condition("Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")]
+                },
+            )
             self._delete_all(pods)  # Trainer deletes the JobSet: its Jobs and their pods go
             return
         runtime, spec = self._runtime_spec(job)
@@ -133,22 +147,33 @@ class TrainerStandIn(KubeflowStandIn):
             return
         nnodes = int((job["spec"].get("trainer") or {}).get("numNodes", 1))
         outcome = self._job_outcome(job, runtime, spec, current, nnodes, attempt)
-        counts = {"active": int(outcome is None and any(_phase(p) in ACTIVE for p in current)),
-                  "ready": int(outcome is None and sum(_phase(p) in ("Running", "Succeeded") for p in current) >= nnodes),
-                  "succeeded": int(outcome == "Complete"), "failed": int(outcome == "Failed"), "suspended": 0}
+        counts = {
+            "active": int(outcome is None and any(_phase(p) in ACTIVE for p in current)),
+            "ready": int(outcome is None and sum(_phase(p) in ("Running", "Succeeded") for p in current) >= nnodes),
+            "succeeded": int(outcome == "Complete"),
+            "failed": int(outcome == "Failed"),
+            "suspended": 0,
+        }
         status: dict[str, Any] = {"jobsStatus": [{"name": NODE, **counts}]}
         if outcome == "Failed":
             policy = spec["template"]["spec"].get("failurePolicy")
             if policy is not None and attempt < int(policy.get("maxRestarts", 0)):
                 self._attempts[job["metadata"]["uid"]] = attempt + 1  # the JobSet's status.restarts
-                self._delete_all(current)  # JobSet deletes its child Jobs (their pods go with them) and makes them again
+                self._delete_all(
+                    current
+                )  # JobSet deletes its child Jobs (their pods go with them) and makes them again
                 return
-            reason = ("FailedJobs", "jobset failed due to one or more job failures") if policy is None else (
-                "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")
+            reason = (
+                ("FailedJobs", "jobset failed due to one or more job failures")
+                if policy is None
+                else ("ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")
+            )
             status["conditions"] = conditions + [_condition("Failed", *reason)]
             self._delete_active(current)
         elif outcome == "Complete":
-            status["conditions"] = conditions + [_condition("Complete", "AllJobsCompleted", "jobset completed successfully")]
+            status["conditions"] = conditions + [
+                _condition("Complete", "AllJobsCompleted", "jobset completed successfully")
+            ]
         if status != {k: (job.get("status") or {}).get(k) for k in status}:
             self._set_trainjob_status(job, status)
 
@@ -159,12 +184,22 @@ class TrainerStandIn(KubeflowStandIn):
         name = job["metadata"]["name"]
         if job["metadata"]["uid"] in self._services:
             return
-        owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": name, "uid": job["metadata"]["uid"],
-                 "controller": True, "blockOwnerDeletion": True}
+        owner = {
+            "apiVersion": job["apiVersion"],
+            "kind": job["kind"],
+            "name": name,
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         try:
-            self.core.create_namespaced_service(self.namespace, {
-                "metadata": {"name": name, "labels": {JOBSET_NAME: name}, "ownerReferences": [owner]},
-                "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: name}, "publishNotReadyAddresses": True}})
+            self.core.create_namespaced_service(
+                self.namespace,
+                {
+                    "metadata": {"name": name, "labels": {JOBSET_NAME: name}, "ownerReferences": [owner]},
+                    "spec": {"clusterIP": "None", "selector": {JOBSET_NAME: name}, "publishNotReadyAddresses": True},
+                },
+            )
         except ApiException as err:
             if err.status != 409:  # an earlier job's of the same name, not yet collected: the next pass retries
                 raise
@@ -175,10 +210,13 @@ class TrainerStandIn(KubeflowStandIn):
         """The runtime, and its spec with the TrainJob's runtimePatches merged in."""
         ref = job["spec"]["runtimeRef"]
         if ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime":
-            runtime = self.custom.get_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", ref["name"])
+            runtime = self.custom.get_cluster_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", ref["name"]
+            )
         else:
-            runtime = self.custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, self.namespace,
-                                                               "trainingruntimes", ref["name"])
+            runtime = self.custom.get_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, self.namespace, "trainingruntimes", ref["name"]
+            )
         spec = runtime["spec"]
         for patch in job["spec"].get("runtimePatches") or []:
             spec = kubeflow_oracle.merge(spec, patch.get("trainingRuntimeSpec") or {})
@@ -186,8 +224,15 @@ class TrainerStandIn(KubeflowStandIn):
 
     # ---- the Job controller of `<job>-node-0` ------------------------------------------------------------
 
-    def _job_outcome(self, job: dict[str, Any], runtime: dict[str, Any], spec: dict[str, Any], pods: list[Any],
-                     nnodes: int, attempt: int) -> str | None:
+    def _job_outcome(
+        self,
+        job: dict[str, Any],
+        runtime: dict[str, Any],
+        spec: dict[str, Any],
+        pods: list[Any],
+        nnodes: int,
+        attempt: int,
+    ) -> str | None:
         """Make the pods the Job lacks; "Complete" or "Failed" once the Job is (backoffLimit), else None."""
         job_spec = _node_job(spec)["template"]["spec"]
         limit = int(job_spec.get("backoffLimit", JOB_BACKOFF_LIMIT))
@@ -219,8 +264,16 @@ class TrainerStandIn(KubeflowStandIn):
             if _phase(pod) in ACTIVE and not pod.metadata.deletion_timestamp:
                 self._delete_pod(pod.metadata.name, grace=None)
 
-    def _create_trainjob_pod(self, job: dict[str, Any], runtime: dict[str, Any], spec: dict[str, Any], index: int,
-                             nnodes: int, attempt: int, master_ip: str | None) -> None:
+    def _create_trainjob_pod(
+        self,
+        job: dict[str, Any],
+        runtime: dict[str, Any],
+        spec: dict[str, Any],
+        index: int,
+        nnodes: int,
+        attempt: int,
+        master_ip: str | None,
+    ) -> None:
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
         trainer = job["spec"].get("trainer") or {}
         template = kubeflow_oracle.trainer_pod_template(job, runtime)
@@ -243,19 +296,46 @@ class TrainerStandIn(KubeflowStandIn):
                 c["ports"] = [{"containerPort": TRAINER_PORT}]
             containers.append(c)
         aliases = list(pod_spec.get("hostAliases") or []) + [{"ip": master_ip or "127.0.0.1", "hostnames": [master]}]
-        pod_spec.update(containers=containers, hostname=f"{job_name}-{index}", subdomain=name, hostAliases=aliases,
-                        restartPolicy=_restart_policy(_node_job(spec)["template"]["spec"]))
-        jobset = {JOBSET_NAME: name, JOBSET_UID: uid, REPLICATED_JOB: NODE, REPLICATED_JOB_REPLICAS: "1",
-                  GLOBAL_REPLICAS: "1", JOB_INDEX: "0", JOB_GLOBAL_INDEX: "0", RESTART_ATTEMPT: str(attempt),
-                  JOB_KEY: hashlib.sha1(f"{self.namespace}/{job_name}".encode()).hexdigest()}
+        pod_spec.update(
+            containers=containers,
+            hostname=f"{job_name}-{index}",
+            subdomain=name,
+            hostAliases=aliases,
+            restartPolicy=_restart_policy(_node_job(spec)["template"]["spec"]),
+        )
+        jobset = {
+            JOBSET_NAME: name,
+            JOBSET_UID: uid,
+            REPLICATED_JOB: NODE,
+            REPLICATED_JOB_REPLICAS: "1",
+            GLOBAL_REPLICAS: "1",
+            JOB_INDEX: "0",
+            JOB_GLOBAL_INDEX: "0",
+            RESTART_ATTEMPT: str(attempt),
+            JOB_KEY: hashlib.sha1(f"{self.namespace}/{job_name}".encode()).hexdigest(),
+        }
         batch = {"batch.kubernetes.io/job-name": job_name, "job-name": job_name, COMPLETION_INDEX: str(index)}
         labels = {**((template.get("metadata") or {}).get("labels") or {}), **jobset, **batch}
-        owner = {"apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}", "kind": "TrainJob", "name": name, "uid": uid,
-                 "controller": True, "blockOwnerDeletion": True}
-        self.core.create_namespaced_pod(self.namespace, {
-            "metadata": {"name": f"{job_name}-{index}-{uuid.uuid4().hex[:5]}", "labels": labels,
-                         "annotations": {**jobset, COMPLETION_INDEX: str(index)}, "ownerReferences": [owner]},
-            "spec": pod_spec})
+        owner = {
+            "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+            "kind": "TrainJob",
+            "name": name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        self.core.create_namespaced_pod(
+            self.namespace,
+            {
+                "metadata": {
+                    "name": f"{job_name}-{index}-{uuid.uuid4().hex[:5]}",
+                    "labels": labels,
+                    "annotations": {**jobset, COMPLETION_INDEX: str(index)},
+                    "ownerReferences": [owner],
+                },
+                "spec": pod_spec,
+            },
+        )
 
 
 def _node_job(spec: dict[str, Any]) -> dict[str, Any]:

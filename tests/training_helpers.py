@@ -13,38 +13,75 @@ from pathlib import Path
 import torch
 
 # Small and quick, yet a real run: a few hundred training images, a slice of the test set, one thread per process.
-QUICK = ["--dataset", "fashion-mnist", "--train-limit", "512", "--test-limit", "500", "--threads", "1",
-         "--log-interval", "0"]
+QUICK = [
+    "--dataset",
+    "fashion-mnist",
+    "--train-limit",
+    "512",
+    "--test-limit",
+    "500",
+    "--threads",
+    "1",
+    "--log-interval",
+    "0",
+]
 
 
-LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT"}
+LAUNCHER_VARS = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 
 
 def clean_environ() -> dict[str, str]:
     """The test run's environment without any launcher's variables (a child must find only what a test sets)."""
     return {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER"))
     }
 
 
-def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None,
-             ) -> subprocess.CompletedProcess[str]:
+def hpctrain(
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     environ = {**clean_environ(), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout
+    )
 
 
-def start_hpctrain(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-                   ) -> subprocess.Popen[str]:
+def start_hpctrain(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
     environ = {**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        env=environ,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
-def signal_after(args: list[str], after_line: str, signum: int, env: dict[str, str] | None = None,
-                 ) -> tuple[int, str]:
+def signal_after(
+    args: list[str],
+    after_line: str,
+    signum: int,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """Run `hpctrain *args`, send it `signum` once a line containing `after_line` is out, and return its exit status
     and whole output. The moment is chosen by what the run printed, not by time."""
     process = start_hpctrain(*args, env=env)
@@ -84,8 +121,11 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 
 def tree_digest(directory: Path) -> dict[str, str]:
     """Every file under `directory` with its content hash: to show that a failed command changed nothing."""
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def wait_for(process: subprocess.Popen[str], text: str, output: list[str]) -> None:
@@ -97,8 +137,9 @@ def wait_for(process: subprocess.Popen[str], text: str, output: list[str]) -> No
     raise AssertionError(f"{text!r} never appeared:\n{''.join(output)}")
 
 
-def until_explained(process: subprocess.Popen[str], frozen_after: str, frozen: Callable[[], int],
-                    explained: str) -> list[str]:
+def until_explained(
+    process: subprocess.Popen[str], frozen_after: str, frozen: Callable[[], int], explained: str
+) -> list[str]:
     """Once `frozen_after` is out, `frozen()` stops a rank and gives its pid; read on until a surviving rank's line
     holds `explained`, then kill the frozen rank and collect the rest. The whole output."""
     output: list[str] = []

@@ -22,7 +22,7 @@ _said: set[str] = set()
 
 
 def version_tuple(version: str) -> tuple[int, int]:
-    """"2.2.2+cu121" -> (2, 2); (0, 0) when unreadable (then every feature check says no)."""
+    """ "2.2.2+cu121" -> (2, 2); (0, 0) when unreadable (then every feature check says no)."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
@@ -66,8 +66,10 @@ def numpy_mismatch(torch_version: str | None, numpy_version: str | None) -> str 
     if not torch_version or not numpy_version or version_tuple(torch_version) == (0, 0):
         return None
     if version_tuple(torch_version) < (2, 3) and version_tuple(numpy_version) >= (2, 0):
-        return (f"torch {torch_version} was built against NumPy 1.x but NumPy {numpy_version} is installed, so torch "
-                "cannot use NumPy: pip install 'numpy<2' (or a torch >= 2.3)")
+        return (
+            f"torch {torch_version} was built against NumPy 1.x but NumPy {numpy_version} is installed, so torch "
+            "cannot use NumPy: pip install 'numpy<2' (or a torch >= 2.3)"
+        )
     return None
 
 

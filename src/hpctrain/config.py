@@ -117,15 +117,30 @@ class TrainConfig:
             raise UserError(f"--checkpoint-every must be 0 (off) or a number of steps (got {self.checkpoint_every})")
         if self.keep_checkpoints < 1:
             raise UserError(f"--keep-checkpoints must be at least 1 (got {self.keep_checkpoints})")
-        _check_float("--dist-timeout", self.dist_timeout, above=0, at_most=MAX_DIST_TIMEOUT_S,
-                     why="a collective waiting longer for a rank is a hang; the unit is seconds")
+        _check_float(
+            "--dist-timeout",
+            self.dist_timeout,
+            above=0,
+            at_most=MAX_DIST_TIMEOUT_S,
+            why="a collective waiting longer for a rank is a hang; the unit is seconds",
+        )
         if self.preflight_only and self.preflight is False:
             raise UserError("--preflight-only runs the preflight: drop --no-preflight")
         if self.hang_timeout is not None:
-            _check_float("--hang-timeout", self.hang_timeout, at_least=0, at_most=MAX_DIST_TIMEOUT_S,
-                         why="seconds without a completed step; 0 turns the watchdog off")
-        _check_float("--log-interval", self.log_interval, at_least=0, at_most=MAX_LOG_INTERVAL_S,
-                     why="the unit is seconds; 0 prints every step")
+            _check_float(
+                "--hang-timeout",
+                self.hang_timeout,
+                at_least=0,
+                at_most=MAX_DIST_TIMEOUT_S,
+                why="seconds without a completed step; 0 turns the watchdog off",
+            )
+        _check_float(
+            "--log-interval",
+            self.log_interval,
+            at_least=0,
+            at_most=MAX_LOG_INTERVAL_S,
+            why="the unit is seconds; 0 prints every step",
+        )
 
         _check_image_options(self)
 
@@ -190,12 +205,16 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> None:
     name_max = _pathconf(existing, "PC_NAME_MAX", 255)
     for part in path.parts:
         if len(os.fsencode(part)) > name_max:
-            raise UserError(f"{flag}: the name {part[:24]}... has {len(os.fsencode(part))} bytes, more than the "
-                            f"{name_max} this file system allows in one name; choose a shorter --run-dir")
+            raise UserError(
+                f"{flag}: the name {part[:24]}... has {len(os.fsencode(part))} bytes, more than the "
+                f"{name_max} this file system allows in one name; choose a shorter --run-dir"
+            )
     path_max = _pathconf(existing, "PC_PATH_MAX", 4096)
     if len(os.fsencode(str(path))) + _RUN_FILE_NAME_ROOM > path_max:
-        raise UserError(f"{flag} is too long for this file system ({path_max} bytes per path, the run's files "
-                        "included); choose a shorter --run-dir")
+        raise UserError(
+            f"{flag} is too long for this file system ({path_max} bytes per path, the run's files "
+            "included); choose a shorter --run-dir"
+        )
     if not existing.is_dir():
         kind = "a file" if existing.is_file() else "not a directory"
         what = f"is {kind}" if existing == path else f"lies under {_shorter(str(existing))}, which is {kind}"
@@ -207,7 +226,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> None:
 
 
 def _shorter(text: str, limit: int = 100) -> str:
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2:]}"
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 
 def _pathconf(path: Path, name: str, fallback: int) -> int:
@@ -224,8 +243,9 @@ def _read_only(path: Path) -> bool:
         return False
 
 
-def _check_float(flag: str, value: float, *, above: float | None = None, at_least: float | None = None,
-                 at_most: float, why: str) -> None:
+def _check_float(
+    flag: str, value: float, *, above: float | None = None, at_least: float | None = None, at_most: float, why: str
+) -> None:
     """A finite number in range; the error names the range and why the upper bound is there."""
     low_ok = (above is None or value > above) and (at_least is None or value >= at_least)
     if math.isfinite(value) and low_ok and value <= at_most:

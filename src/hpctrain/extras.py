@@ -35,8 +35,9 @@ def missing_extra(err: ImportError) -> UserError | None:
         # `import nvidia.dali` without any nvidia package fails on "nvidia"; with another nvidia wheel, on
         # "nvidia.dali".
         if name and (name == module or name.startswith(module + ".") or module.startswith(name + ".")):
-            return UserError(f"{purpose} needs the Python package {module!r}, which is not installed here: "
-                             f"{install_command(extra)}")
+            return UserError(
+                f"{purpose} needs the Python package {module!r}, which is not installed here: {install_command(extra)}"
+            )
     return None
 
 

@@ -20,8 +20,9 @@ from hpctrain.errors import UserError
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
-def write_atomic(path: Path, data: bytes, temporary: Path | None = None, mode: int = 0o666,
-                 durable: bool = True) -> None:
+def write_atomic(
+    path: Path, data: bytes, temporary: Path | None = None, mode: int = 0o666, durable: bool = True
+) -> None:
     """Write `data` to `path` through a temporary file, fsynced and renamed: readers see the old or the new file.
 
     The rename replaces a symbolic link at `path` itself (never its target), and the temporary is created afresh
@@ -81,8 +82,9 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     return read_open_file(fd, path, limit)
 
 
-def read_open_file(fd: int, path: str | os.PathLike, limit: int, refused: type[FileRefused] = FileRefused,
-                   hint: str = "; give a file") -> bytes:
+def read_open_file(
+    fd: int, path: str | os.PathLike, limit: int, refused: type[FileRefused] = FileRefused, hint: str = "; give a file"
+) -> bytes:
     """`read_regular` of a file already open as `fd` (closed here), for callers that open it their own way (without
     following links: hpctrain.readback). Refusals are `refused(path, reason)`, a kind other than a regular file's
     reason ending in `hint`."""
@@ -108,8 +110,13 @@ def read_open_file(fd: int, path: str | os.PathLike, limit: int, refused: type[F
 
 def file_kind(mode: int) -> str:
     """What a file of this st_mode is, for messages: 'a directory', 'a FIFO', ..."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a special file"
@@ -309,8 +316,10 @@ class DirectoryLock:
 
 
 def _not_a_lock(path: Path, kind: str) -> UserError:
-    return UserError(f"{path} is {kind}, not the lock file hpctrain keeps there: something else made it; remove it "
-                     "(or choose another directory) and run this again")
+    return UserError(
+        f"{path} is {kind}, not the lock file hpctrain keeps there: something else made it; remove it "
+        "(or choose another directory) and run this again"
+    )
 
 
 def _remove_empty(directories: list[Path]) -> None:

@@ -72,7 +72,7 @@ def parse_ref(text: str) -> ImageRef:
     """docker://nvcr.io/nvidia/pytorch:24.04-py3, docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime, ..."""
     if not isinstance(text, str) or not text.startswith("docker://"):
         raise UserError(f"{text!r} is not a docker:// reference: use e.g. docker://nvcr.io/nvidia/pytorch:24.04-py3")
-    rest = text[len("docker://"):]
+    rest = text[len("docker://") :]
     if "#" in rest:  # enroot's spelling: REGISTRY#REPO
         registry, _, rest = rest.partition("#")
         rest = f"{registry}/{rest}"
@@ -84,13 +84,18 @@ def parse_ref(text: str) -> ImageRef:
     repository, tag = rest, None
     if ":" in rest.rsplit("/", 1)[-1]:
         repository, _, tag = rest.rpartition(":")
-    bad = (not repository or not all(_PART_RE.match(p) for p in repository.split("/"))
-           or (tag is not None and not _TAG_RE.match(tag))
-           or (registry is not None and not _REGISTRY_RE.match(registry))
-           or (digest and not re.match(r"^[a-z0-9]+:[a-f0-9]{32,}$", digest)))
+    bad = (
+        not repository
+        or not all(_PART_RE.match(p) for p in repository.split("/"))
+        or (tag is not None and not _TAG_RE.match(tag))
+        or (registry is not None and not _REGISTRY_RE.match(registry))
+        or (digest and not re.match(r"^[a-z0-9]+:[a-f0-9]{32,}$", digest))
+    )
     if bad:
-        raise UserError(f"{text!r} is not a valid image reference: use docker://[REGISTRY/]NAME[:TAG] with a lower-case "
-                        "name, e.g. docker://nvcr.io/nvidia/pytorch:24.04-py3")
+        raise UserError(
+            f"{text!r} is not a valid image reference: use docker://[REGISTRY/]NAME[:TAG] with a lower-case "
+            "name, e.g. docker://nvcr.io/nvidia/pytorch:24.04-py3"
+        )
     return ImageRef(repository=repository, registry=registry, tag=tag, digest=digest or None)
 
 
@@ -98,11 +103,15 @@ def with_mirror(ref: ImageRef, mirror: str) -> ImageRef:
     """The same Docker Hub image through a pull-through mirror (`--registry-mirror HOST[:PORT]`); Docker Hub's
     official images get their implicit `library/` prefix, as mirrors expect."""
     if not _REGISTRY_RE.match(mirror or ""):
-        raise UserError(f"--registry-mirror {mirror!r}: give the mirror's host name (and port), "
-                        "e.g. --registry-mirror mirror.example.org:5000")
+        raise UserError(
+            f"--registry-mirror {mirror!r}: give the mirror's host name (and port), "
+            "e.g. --registry-mirror mirror.example.org:5000"
+        )
     if not ref.on_docker_hub:
-        raise UserError(f"--registry-mirror mirrors Docker Hub, but the image comes from {ref.registry}: drop "
-                        "--registry-mirror, or write the mirror's own reference for it")
+        raise UserError(
+            f"--registry-mirror mirrors Docker Hub, but the image comes from {ref.registry}: drop "
+            "--registry-mirror, or write the mirror's own reference for it"
+        )
     repository = ref.repository if "/" in ref.repository else f"library/{ref.repository}"
     return replace(ref, registry=mirror, repository=repository)
 
@@ -116,9 +125,11 @@ def docker_pull_hint(image: str) -> str | None:
         filename = parse_ref(image).filename("sif")
     except UserError:
         filename = "IMAGE.sif"
-    return (f"--image {image} would be pulled and converted on the compute node, holding the job's GPUs (and compute "
-            f"nodes often cannot reach the registry): pull it once here with `hpctrain image pull {shlex.quote(image)} "
-            f"--to DIR`, then pass --image DIR/{filename}")
+    return (
+        f"--image {image} would be pulled and converted on the compute node, holding the job's GPUs (and compute "
+        f"nodes often cannot reach the registry): pull it once here with `hpctrain image pull {shlex.quote(image)} "
+        f"--to DIR`, then pass --image DIR/{filename}"
+    )
 
 
 def image_format(path: Path) -> str | None:
@@ -141,14 +152,18 @@ def choose_format(requested: str | None, which: Callable[[str], str | None] = sh
         if requested not in FORMATS:
             raise UserError(f"--format {requested!r}: use sif (apptainer) or sqsh (enroot)")
         if which(_TOOLS[requested]) is None:
-            raise UserError(f"--format {requested} needs `{_TOOLS[requested]}`, which is not on PATH: load its module "
-                            f"(e.g. `module load {_TOOLS[requested]}`) or choose the other --format")
+            raise UserError(
+                f"--format {requested} needs `{_TOOLS[requested]}`, which is not on PATH: load its module "
+                f"(e.g. `module load {_TOOLS[requested]}`) or choose the other --format"
+            )
         return requested
     for fmt in FORMATS:
         if which(_TOOLS[fmt]) is not None:
             return fmt
-    raise UserError("neither apptainer nor enroot is on PATH: load one (e.g. `module load apptainer`); "
-                    "pulling needs one of them to convert the image")
+    raise UserError(
+        "neither apptainer nor enroot is on PATH: load one (e.g. `module load apptainer`); "
+        "pulling needs one of them to convert the image"
+    )
 
 
 def pull_argv(fmt: str, ref: ImageRef, dest: Path) -> list[str]:
@@ -178,16 +193,20 @@ def _check_name(dest: Path, flag: str) -> None:
         limit = 255
     longest = max((len(os.fsencode(part)) for part in (_partial(dest).name, *dest.parts)), default=0)
     if longest > limit:
-        raise UserError(f"{dest.name[:40]}...: a file name of {longest} bytes, more than the {limit} this file system "
-                        f"allows; name the image file yourself with {flag} FILE")
+        raise UserError(
+            f"{dest.name[:40]}...: a file name of {longest} bytes, more than the {limit} this file system "
+            f"allows; name the image file yourself with {flag} FILE"
+        )
 
 
 def refuse_in_allocation(force: bool, environ: Mapping[str, str] | None = None) -> None:
     environ = os.environ if environ is None else environ
     job_id = environ.get("SLURM_JOB_ID")
     if job_id and not force:
-        raise UserError(f"this runs inside Slurm job {job_id}: converting an image here holds the job's resources "
-                        "(GPUs) for minutes; run it on the login node, or add --force")
+        raise UserError(
+            f"this runs inside Slurm job {job_id}: converting an image here holds the job's resources "
+            "(GPUs) for minutes; run it on the login node, or add --force"
+        )
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,13 @@ class PullResult:
     argv: tuple[str, ...] = ()
 
 
-def pull(ref: ImageRef, to: Path, fmt: str, output: Path | None = None, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> PullResult:
+def pull(
+    ref: ImageRef,
+    to: Path,
+    fmt: str,
+    output: Path | None = None,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+) -> PullResult:
     """Pull `ref` into to/NAME_TAG.FMT (or `output`), unless a valid image is already there."""
     dest = output or to / ref.filename(fmt)
     _check_name(dest, "--output")
@@ -207,15 +232,19 @@ def pull(ref: ImageRef, to: Path, fmt: str, output: Path | None = None, run: Cal
         found = image_format(dest)
         if found == fmt and dest.stat().st_size > 0:
             return PullResult(dest, fmt, dest.stat().st_size, skipped=True)
-        raise UserError(f"{dest} exists but is not a valid .{fmt} image "
-                        f"({'a .' + found + ' image' if found else 'unknown content'}): "
-                        "remove it, or choose another --to/--output")
+        raise UserError(
+            f"{dest} exists but is not a valid .{fmt} image "
+            f"({'a .' + found + ' image' if found else 'unknown content'}): "
+            "remove it, or choose another --to/--output"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = _partial(dest)
     return _produce(pull_argv(fmt, ref, tmp), tmp, dest, fmt, run)
 
 
-def build(definition: str, dest: Path, fakeroot: bool, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> PullResult:
+def build(
+    definition: str, dest: Path, fakeroot: bool, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+) -> PullResult:
     if dest.suffix != ".sif":
         raise UserError(f"--output {dest}: `image build` makes apptainer images; name the file *.sif")
     if shutil.which("apptainer") is None:
@@ -233,14 +262,20 @@ def _partial(dest: Path) -> Path:
     return dest.with_name(f".partial-{os.getpid()}-{dest.name}")
 
 
-def _produce(argv: list[str], tmp: Path, dest: Path, fmt: str, run: Callable[..., subprocess.CompletedProcess]) -> PullResult:
+def _produce(
+    argv: list[str], tmp: Path, dest: Path, fmt: str, run: Callable[..., subprocess.CompletedProcess]
+) -> PullResult:
     try:
         result = run(argv, check=False)
         if result.returncode != 0:
-            raise UserError(f"`{shlex.join(argv[:2])}` failed (exit {result.returncode}); its messages are above. "
-                            "Behind a firewall, try --registry-mirror HOST")
+            raise UserError(
+                f"`{shlex.join(argv[:2])}` failed (exit {result.returncode}); its messages are above. "
+                "Behind a firewall, try --registry-mirror HOST"
+            )
         if image_format(tmp) != fmt:
-            raise UserError(f"`{shlex.join(argv[:2])}` finished but wrote no valid .{fmt} image: see its messages above")
+            raise UserError(
+                f"`{shlex.join(argv[:2])}` finished but wrote no valid .{fmt} image: see its messages above"
+            )
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)

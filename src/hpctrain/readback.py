@@ -68,6 +68,7 @@ def read_bytes(path: str | os.PathLike, limit: int, within: str | os.PathLike | 
     except OSError as err:
         raise BadRunFile(path, _why(err)) from None
 
+
 def read_text(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> str:
     """`read_bytes`, decoded as UTF-8 (BadRunFile for any invalid byte)."""
     return _decode(Path(path), read_bytes(path, limit, within))
@@ -78,14 +79,16 @@ def read_json(path: str | os.PathLike, limit: int, within: str | os.PathLike | N
     return parse_json(read_text(path, limit, within), path)
 
 
-def read_json_lines(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None,
-                    allow_nan: bool = False) -> list[tuple[int, Any | BadRunFile]]:
+def read_json_lines(
+    path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None, allow_nan: bool = False
+) -> list[tuple[int, Any | BadRunFile]]:
     """`read_text`, parsed by `parse_json_lines`."""
     return parse_json_lines(read_text(path, limit, within), path, allow_nan)
 
 
-def parse_json_lines(text: str, source: str | os.PathLike, allow_nan: bool = False
-                     ) -> list[tuple[int, Any | BadRunFile]]:
+def parse_json_lines(
+    text: str, source: str | os.PathLike, allow_nan: bool = False
+) -> list[tuple[int, Any | BadRunFile]]:
     """(line number, value) for each non-blank line of JSON-lines `text`; a line that is not JSON gives its
     BadRunFile as the value (the caller skips or keeps it). A last line without its newline is an append cut short
     (a killed writer) and left out. `allow_nan`: NaN and Infinity are numbers (Python's json writes them)."""
@@ -125,8 +128,9 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise BadRunFile(source, f"has no {field.name!r}")
             continue
-        problem = (_check_type(value[field.name], hints[field.name], field.metadata.get("readback_multiline", False))
-                   or _check_bounds(value[field.name], field))
+        problem = _check_type(
+            value[field.name], hints[field.name], field.metadata.get("readback_multiline", False)
+        ) or _check_bounds(value[field.name], field)
         if problem:
             raise BadRunFile(source, f"{field.name!r} {problem}")
         given[field.name] = value[field.name]
@@ -244,8 +248,11 @@ def _check_type(value: Any, hint: Any, multiline: bool = False) -> str | None:
     if hint is bool:
         return None if isinstance(value, bool) else f"is a {_json_kind(value)}, not true or false"
     if hint is int:
-        return None if isinstance(value, int) and not isinstance(value, bool) else \
-            f"is a {_json_kind(value)} ({_short(value)}), not a whole number"
+        return (
+            None
+            if isinstance(value, int) and not isinstance(value, bool)
+            else f"is a {_json_kind(value)} ({_short(value)}), not a whole number"
+        )
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"is a {_json_kind(value)} ({_short(value)}), not a number"

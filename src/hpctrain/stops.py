@@ -38,9 +38,13 @@ class StopReason(IntEnum):
 
     @property
     def exit_code(self) -> int:
-        return {StopReason.NONE: EXIT_COMPLETED, StopReason.PREEMPTED: EXIT_PREEMPTED,
-                StopReason.DIVERGED: EXIT_DIVERGED, StopReason.HUNG: EXIT_HUNG,
-                StopReason.SICK_NODE: EXIT_SICK_NODE}.get(self, EXIT_CANCELLED)
+        return {
+            StopReason.NONE: EXIT_COMPLETED,
+            StopReason.PREEMPTED: EXIT_PREEMPTED,
+            StopReason.DIVERGED: EXIT_DIVERGED,
+            StopReason.HUNG: EXIT_HUNG,
+            StopReason.SICK_NODE: EXIT_SICK_NODE,
+        }.get(self, EXIT_CANCELLED)
 
     @property
     def label(self) -> str:

@@ -62,8 +62,7 @@ def _copy_to_cpu(tensor: torch.Tensor, pending: list[bool]) -> torch.Tensor:
     return tensor.to("cpu")
 
 
-def _save_and_keep(state: dict[str, Any], directory: str | Path, name: str, also_as: str | None,
-                   **kwargs: Any) -> Path:
+def _save_and_keep(state: dict[str, Any], directory: str | Path, name: str, also_as: str | None, **kwargs: Any) -> Path:
     path = save(state, directory, name, **kwargs)
     if also_as is not None:
         copy_checkpoint(path, path.with_name(also_as))
@@ -108,7 +107,14 @@ class AsyncCheckpointer:
         copied = snapshot(state)
         self._target = Path(directory) / name
         self._future = self._executor.submit(
-            _save_and_keep, copied, directory, name, also_as, epoch=epoch, step=step, world_size=world_size,
+            _save_and_keep,
+            copied,
+            directory,
+            name,
+            also_as,
+            epoch=epoch,
+            step=step,
+            world_size=world_size,
             keep=keep,
         )
         return self._target

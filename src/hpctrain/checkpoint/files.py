@@ -45,8 +45,9 @@ class CheckpointError(UserError):
         self.unfinished = unfinished  # a save that never finished (what a kill leaves), not damage
 
 
-def _rejected(path: Path, reason: str, fix: str = "resume from an earlier checkpoint", *,
-              unfinished: bool = False) -> CheckpointError:
+def _rejected(
+    path: Path, reason: str, fix: str = "resume from an earlier checkpoint", *, unfinished: bool = False
+) -> CheckpointError:
     return CheckpointError(f"{path} {reason}; {fix}", reason, unfinished)
 
 
@@ -82,8 +83,9 @@ def load_verified(info: CheckpointInfo, map_location: str | torch.device) -> dic
     except Exception as err:  # torch raises several types for a bad pickle or zip
         raise _rejected(info.path, f"cannot be loaded ({_load_failure(err)})") from None
     if not isinstance(state, dict) or "model" not in state:
-        raise _rejected(info.path, "is not an hpctrain checkpoint (no 'model' entry)",
-                        "pass a checkpoint written by hpctrain")
+        raise _rejected(
+            info.path, "is not an hpctrain checkpoint (no 'model' entry)", "pass a checkpoint written by hpctrain"
+        )
     return state
 
 
@@ -111,15 +113,21 @@ def verify(path: Path) -> CheckpointInfo:
 def _check_manifest_and_size(path: Path) -> CheckpointInfo:
     """verify() without the checksum."""
     if path.name == LATEST_POINTER and path.is_file():
-        raise _rejected(path, "is the pointer to the newest checkpoint (it holds a file name), not a checkpoint",
-                        f"pass its directory {path.parent} (or the run directory) to resume from the newest "
-                        "valid checkpoint in it")
+        raise _rejected(
+            path,
+            "is the pointer to the newest checkpoint (it holds a file name), not a checkpoint",
+            f"pass its directory {path.parent} (or the run directory) to resume from the newest valid checkpoint in it",
+        )
     if path.is_dir():
-        raise _rejected(path, "is a directory, not a checkpoint file",
-                        "pass a checkpoint_*.pt file, or resume from the newest one in a run directory with --resume")
+        raise _rejected(
+            path,
+            "is a directory, not a checkpoint file",
+            "pass a checkpoint_*.pt file, or resume from the newest one in a run directory with --resume",
+        )
     if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}; check the path or drop it to resume from the newest one",
-                              "does not exist")
+        raise CheckpointError(
+            f"no checkpoint at {path}; check the path or drop it to resume from the newest one", "does not exist"
+        )
     size = path.stat().st_size
     if size == 0:
         raise _rejected(path, "is empty (0 bytes): its save never wrote anything, or it is not a checkpoint")
@@ -128,10 +136,14 @@ def _check_manifest_and_size(path: Path) -> CheckpointInfo:
         manifest = read_manifest(path)
     except FileNotFoundError:
         if not NAME_PATTERN.match(path.name):
-            raise _rejected(path, f"is not an hpctrain checkpoint (it has no manifest {manifest_file.name})",
-                            "pass a checkpoint_*.pt file written by hpctrain, or the run directory") from None
-        raise _rejected(path, f"has no manifest ({manifest_file.name}): its save did not finish",
-                        unfinished=True) from None
+            raise _rejected(
+                path,
+                f"is not an hpctrain checkpoint (it has no manifest {manifest_file.name})",
+                "pass a checkpoint_*.pt file written by hpctrain, or the run directory",
+            ) from None
+        raise _rejected(
+            path, f"has no manifest ({manifest_file.name}): its save did not finish", unfinished=True
+        ) from None
     except BadRunFile as err:
         raise _rejected(path, f"has an unreadable manifest: {manifest_file.name} is unreadable ({err.reason})") from err
     except OSError as err:
@@ -146,8 +158,11 @@ def _check_manifest_and_size(path: Path) -> CheckpointInfo:
     except (KeyError, TypeError, ValueError) as err:
         raise _rejected(path, f"has a manifest that lacks a field ({err})") from err
     if version > FORMAT_VERSION:
-        raise _rejected(path, f"has format version {version}, newer than this hpctrain understands "
-                        f"({FORMAT_VERSION})", "upgrade hpctrain")
+        raise _rejected(
+            path,
+            f"has format version {version}, newer than this hpctrain understands ({FORMAT_VERSION})",
+            "upgrade hpctrain",
+        )
     if size != expected_size:
         raise _rejected(path, f"is {size} bytes but its manifest says {expected_size}: truncated or overwritten")
     return CheckpointInfo(path, *info_fields, expected_digest, size)
@@ -178,7 +193,7 @@ def set_aside(path: Path, suffix: str) -> Path:
 
 
 def validity(path: Path, thorough: bool = True) -> str:
-    """"valid", "unfinished" (no manifest: a save cut short) or "damaged" (anything else that fails `verify`).
+    """ "valid", "unfinished" (no manifest: a save cut short) or "damaged" (anything else that fails `verify`).
     Not `thorough`: the manifest and the size only, no checksum (pruning after every save must not re-read every
     kept checkpoint; truncation and unfinished saves are what kills and full disks leave)."""
     try:

@@ -64,7 +64,7 @@ def load_part(folder: Path, rank: int) -> dict[str, Any]:
     except OSError as err:
         reason = "is missing" if isinstance(err, FileNotFoundError) else f"cannot be read ({err.strerror})"
         raise CheckpointError(f"rank {rank}'s part of the checkpoint, {path}, {reason}; {fix}", reason) from None
-    digest, newline, payload = data[len(_HEADER):].partition(b"\n")
+    digest, newline, payload = data[len(_HEADER) :].partition(b"\n")
     if not data.startswith(_HEADER) or not newline:
         raise CheckpointError(f"{path} is not a rank's part of an hpctrain checkpoint; {fix}", "not a rank's part")
     if hashlib.sha256(payload).hexdigest().encode() != digest:

@@ -100,8 +100,7 @@ def save(
     if rank_dir(path).is_dir():  # the ranks' own parts (`ranks`), all written before this save began
         manifest["ranks"] = rank_dir(path).name
     try:
-        write_atomic(manifest_path(path), json.dumps(manifest, indent=1).encode(),
-                     _temporary(manifest_path(path)))
+        write_atomic(manifest_path(path), json.dumps(manifest, indent=1).encode(), _temporary(manifest_path(path)))
     except BaseException as err:
         path.unlink(missing_ok=True)  # without its manifest it is no checkpoint; leave no half-save behind
         if is_no_space(err):

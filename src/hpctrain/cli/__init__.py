@@ -14,20 +14,37 @@ from hpctrain.recipes.catalog import CATALOG
 
 # name -> (module, one-line help). A module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("hpctrain.cli.train", f"train a built-in workload ({', '.join(CATALOG)}) with one of its recipes here: "
-                                    "CPU, GPUs, or many processes"),
-    "download": ("hpctrain.cli.download", "fetch and verify a dataset before the job (compute nodes are often offline)"),
-    "prepare": ("hpctrain.cli.prepare", "pack image folders into verified tar shards for shared file systems (NFS, Lustre)"),
-    "submit": ("hpctrain.cli.submit", "render, check and submit a Slurm or Kubernetes job (a built-in workload, or any command after --)"),
+    "train": (
+        "hpctrain.cli.train",
+        f"train a built-in workload ({', '.join(CATALOG)}) with one of its recipes here: CPU, GPUs, or many processes",
+    ),
+    "download": (
+        "hpctrain.cli.download",
+        "fetch and verify a dataset before the job (compute nodes are often offline)",
+    ),
+    "prepare": (
+        "hpctrain.cli.prepare",
+        "pack image folders into verified tar shards for shared file systems (NFS, Lustre)",
+    ),
+    "submit": (
+        "hpctrain.cli.submit",
+        "render, check and submit a Slurm or Kubernetes job (a built-in workload, or any command after --)",
+    ),
     "check": ("hpctrain.cli.check", "validate a job against the live cluster without submitting it"),
     "status": ("hpctrain.cli.status", "show jobs: state, pending reason, nodes, elapsed time, restarts"),
     "logs": ("hpctrain.cli.logs", "print (or follow) a job's output file(s)"),
     "cancel": ("hpctrain.cli.cancel", "cancel a job; training checkpoints before it stops"),
     "cluster": ("hpctrain.cli.cluster", "per-node table of state, CPUs, memory, GPUs and shards in use"),
     "debug": ("hpctrain.cli.debug", "rehearse trouble: `debug preempt JOB` sends the time-limit warning now"),
-    "dev": ("hpctrain.cli.dev", "interactive JupyterLab, sshd or VS Code tunnel on a compute node, or JupyterLab in "
-                                "a pod: dev start|list|stop NAME"),
-    "tensorboard": ("hpctrain.cli.tensorboard", "TensorBoard on runs' tb/ folders, here or as a small job on the cluster"),
+    "dev": (
+        "hpctrain.cli.dev",
+        "interactive JupyterLab, sshd or VS Code tunnel on a compute node, or JupyterLab in "
+        "a pod: dev start|list|stop NAME",
+    ),
+    "tensorboard": (
+        "hpctrain.cli.tensorboard",
+        "TensorBoard on runs' tb/ folders, here or as a small job on the cluster",
+    ),
     "image": ("hpctrain.cli.image", "pull a docker:// image once into an apptainer .sif or enroot .sqsh; list images"),
     "top": ("hpctrain.cli.top", "GPU use, CPU load and images/s of a running job, per node"),
     "env": ("hpctrain.cli.env", "print versions, GPUs and the detected distributed environment for bug reports"),
@@ -60,8 +77,11 @@ def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
     unknown = [extra.split("=", 1)[0] for extra in extras if extra.startswith("-")]
     hints = [(name, difflib.get_close_matches(name, known, n=1, cutoff=0.6)) for name in unknown]
-    said = [f"did you mean {close[0]}?" if len(unknown) == 1 else f"{name}: did you mean {close[0]}?"
-            for name, close in hints if close]
+    said = [
+        f"did you mean {close[0]}?" if len(unknown) == 1 else f"{name}: did you mean {close[0]}?"
+        for name, close in hints
+        if close
+    ]
     return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(said)})" if said else "")
 
 

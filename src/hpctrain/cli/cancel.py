@@ -19,12 +19,19 @@ from hpctrain.cli.scheduling import add_connection_arguments, backend_for
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
-    parser.add_argument("--signal", "-s", metavar="SIG", help="Slurm: send this signal (e.g. USR1) instead of cancelling")
-    parser.add_argument("--full", action="store_true", help="Slurm, with --signal: signal the batch shell too, not only the job steps")
     parser.add_argument(
-        "--wait", type=float, default=30.0, metavar="S",
+        "--signal", "-s", metavar="SIG", help="Slurm: send this signal (e.g. USR1) instead of cancelling"
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="Slurm, with --signal: signal the batch shell too, not only the job steps"
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="S",
         help="seconds to wait for the job to end before returning (default: 30; Kubernetes: exit status 1 when the "
-             "job is still terminating then; 0: do not wait)"
+        "job is still terminating then; 0: do not wait)",
     )
     add_connection_arguments(parser)
 
@@ -37,5 +44,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from hpctrain.cli.views import progress_to_stderr, tell
 
-    return tell(backend.cancel_and_wait(args.job, wait_s=args.wait, signal=args.signal, full=args.full,
-                                        say=progress_to_stderr("cancel")))
+    return tell(
+        backend.cancel_and_wait(
+            args.job, wait_s=args.wait, signal=args.signal, full=args.full, say=progress_to_stderr("cancel")
+        )
+    )

@@ -32,10 +32,13 @@ PREFLIGHT_TIME = "15"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
-    parser.add_argument("--preflight", action="store_true",
-                        help="then run the training's preflight as a short job of its own on the job's nodes and "
-                        "resources, without training (every rank's GEMM rate and the job's all-reduce, as `train "
-                        "--preflight`), wait for it, and exit 2 when a node is sick")
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="then run the training's preflight as a short job of its own on the job's nodes and "
+        "resources, without training (every rank's GEMM rate and the job's all-reduce, as `train "
+        "--preflight`), wait for it, and exit 2 when a node is sick",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
     if blocking(problems):
         return 2
     if submission.resources_only:
-        print(f"ok: {sched.summary(job, rendered)} (the resources only: add `-- COMMAND ...` or `train WORKLOAD "
-              "...` to check the program too)")
+        print(
+            f"ok: {sched.summary(job, rendered)} (the resources only: add `-- COMMAND ...` or `train WORKLOAD "
+            "...` to check the program too)"
+        )
         return 0
     print(f"ok: {sched.summary(job, rendered)}")
     if not args.preflight:
@@ -67,12 +72,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
     if not job.is_recipe:
-        raise UserError("--preflight runs the training's own check: give `train WORKLOAD [train options]` as the "
-                        "command, as the job itself would run it")
+        raise UserError(
+            "--preflight runs the training's own check: give `train WORKLOAD [train options]` as the "
+            "command, as the job itself would run it"
+        )
     run_dir = f"{job.run_dir}-preflight" if job.run_dir else None
     check_id = secrets.token_hex(8)  # this check's: a record without it is an earlier one's
-    probe = job.replace(name=f"{job.name}-preflight", command=(*job.command, "--preflight-only"), time=PREFLIGHT_TIME,
-                        signal_grace=0, max_hang_restarts=0, run_dir=run_dir, env=(*job.env, (CHECK_ID_ENV, check_id)))
+    probe = job.replace(
+        name=f"{job.name}-preflight",
+        command=(*job.command, "--preflight-only"),
+        time=PREFLIGHT_TIME,
+        signal_grace=0,
+        max_hang_restarts=0,
+        run_dir=run_dir,
+        env=(*job.env, (CHECK_ID_ENV, check_id)),
+    )
     job_id = sched.submit(probe, sched.render(probe))
     print(f"preflight: job {job_id} checks the nodes it gets", flush=True)
     status = wait(sched, job_id, "check")
@@ -86,9 +100,11 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
     try:
         verdict = read_verdict(record, check_id=check_id)
     except BadRunFile as err:  # damaged, or an earlier check's record
-        print(f"preflight: job {job_id} ended with exit status {status}, and its record {record} is unusable: "
-              f"{err.reason}; no verdict (see the job's output)", flush=True)
+        print(
+            f"preflight: job {job_id} ended with exit status {status}, and its record {record} is unusable: "
+            f"{err.reason}; no verdict (see the job's output)",
+            flush=True,
+        )
         return 2
     print("\n".join(verdict.lines()) + f"\npreflight: the figures are in {record}", flush=True)
     return 2 if verdict.bad or status != 0 else 0
-

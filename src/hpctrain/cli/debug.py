@@ -29,16 +29,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     preempt.add_argument("job", metavar="JOB", help="job id of a running job")
-    preempt.add_argument("--signal", "-s", metavar="SIG",
-                         help="send this signal instead of the one the job's script asks for (e.g. USR1); "
-                              "needed when the job got its --signal on sbatch's command line")
-    preempt.add_argument("--steps", action="store_true",
-                         help="with --signal: deliver it to the job steps instead of the batch shell "
-                              "(like --signal=USR1@TIME without B:)")
-    preempt.add_argument("--follow", action="store_true",
-                         help="wait until the job has requeued itself (or ended) and say which")
-    preempt.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                         help="with --follow: give up waiting after S seconds (default: 600)")
+    preempt.add_argument(
+        "--signal",
+        "-s",
+        metavar="SIG",
+        help="send this signal instead of the one the job's script asks for (e.g. USR1); "
+        "needed when the job got its --signal on sbatch's command line",
+    )
+    preempt.add_argument(
+        "--steps",
+        action="store_true",
+        help="with --signal: deliver it to the job steps instead of the batch shell "
+        "(like --signal=USR1@TIME without B:)",
+    )
+    preempt.add_argument(
+        "--follow", action="store_true", help="wait until the job has requeued itself (or ended) and say which"
+    )
+    preempt.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="with --follow: give up waiting after S seconds (default: 600)",
+    )
     add_connection_arguments(preempt)
     stacks = actions.add_parser(
         "stacks",
@@ -51,11 +64,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     stacks.add_argument("job", metavar="JOB", help="job id (Slurm) or job name (Kubernetes)")
-    stacks.add_argument("--run-dir", type=Path, help="the run's directory (default: read from the job's batch script "
-                        "when hpctrain submitted it; on Kubernetes, without it, the request goes through a pod of the job, whose "
-                        "exec (as `kubectl exec`) reads the answers from the pods' volume)")
-    stacks.add_argument("--wait", type=float, default=15.0, metavar="S",
-                        help="how long to wait for every rank's answer (default: 15)")
+    stacks.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the run's directory (default: read from the job's batch script "
+        "when hpctrain submitted it; on Kubernetes, without it, the request goes through a pod of the job, whose "
+        "exec (as `kubectl exec`) reads the answers from the pods' volume)",
+    )
+    stacks.add_argument(
+        "--wait", type=float, default=15.0, metavar="S", help="how long to wait for every rank's answer (default: 15)"
+    )
     add_connection_arguments(stacks)
 
 
@@ -63,8 +81,16 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "preempt":
         from hpctrain.cli.views import progress_to_stdout, tell
 
-        return tell(backend_for(args).preempt(args.job, signal=args.signal, steps=args.steps, follow=args.follow,
-                                              timeout_s=args.timeout, say=progress_to_stdout))
+        return tell(
+            backend_for(args).preempt(
+                args.job,
+                signal=args.signal,
+                steps=args.steps,
+                follow=args.follow,
+                timeout_s=args.timeout,
+                say=progress_to_stdout,
+            )
+        )
     if args.action == "stacks":
         return _stacks(args)
     raise UserError(f"unknown debug action {args.action!r}: use `hpctrain debug preempt JOB`")  # argparse prevents it
@@ -86,8 +112,10 @@ def _stacks(args: argparse.Namespace) -> int:
         return _silent(remote.ranks, set(remote.answers), args.wait)
     ranks = read_progress(run_dir)
     if not ranks:
-        raise UserError(f"{run_dir} has no progress records (RUN/progress/): the run has not started training, "
-                        "or it is not an hpctrain run")
+        raise UserError(
+            f"{run_dir} has no progress records (RUN/progress/): the run has not started training, "
+            "or it is not an hpctrain run"
+        )
     token = request_stacks(run_dir)  # answers name it: no clock (this machine's or the file server's) is compared
     deadline = time.monotonic() + args.wait
     while len(got := answers(run_dir, token)) < ranks[0].world_size and time.monotonic() < deadline:
@@ -102,7 +130,9 @@ def _silent(ranks: list[Any], answered: set[int], wait_s: float) -> int:
     """Name the ranks that did not answer; exit status 1 when none did."""
     silent = [r.where() for r in ranks if r.rank not in answered]
     if silent:
-        print(f"no answer within {wait_s:g} s from: {', '.join(silent)} (frozen, stopped or gone, or a script "
-              "without hpctrain's health watch, which answers: hpctrain.training.script_watch.health_watch; "
-              "`hpctrain status` and its log say more)")
+        print(
+            f"no answer within {wait_s:g} s from: {', '.join(silent)} (frozen, stopped or gone, or a script "
+            "without hpctrain's health watch, which answers: hpctrain.training.script_watch.health_watch; "
+            "`hpctrain status` and its log say more)"
+        )
     return 0 if answered else 1

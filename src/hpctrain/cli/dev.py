@@ -28,13 +28,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     start = sub.add_parser("start", help="start a session and print how to reach it")
     start.add_argument("name", metavar="NAME", help="session name (lower-case letters, digits, -)")
-    start.add_argument("--service", choices=("jupyter", "ssh", "code"), default="jupyter",
-                       help="jupyter: JupyterLab with a random token (default); ssh: an sshd of your own, for ssh and "
-                            "VS Code Remote-SSH (Slurm only); code: a VS Code tunnel (`code tunnel`, which must be "
-                            "installed on the compute nodes; Slurm only)")
-    start.add_argument("--ssh-key", type=Path, metavar="FILE.pub",
-                       help="--service ssh: the public key you will log in with, from the machine you connect from "
-                            "(default: the first of ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub here)")
+    start.add_argument(
+        "--service",
+        choices=("jupyter", "ssh", "code"),
+        default="jupyter",
+        help="jupyter: JupyterLab with a random token (default); ssh: an sshd of your own, for ssh and "
+        "VS Code Remote-SSH (Slurm only); code: a VS Code tunnel (`code tunnel`, which must be "
+        "installed on the compute nodes; Slurm only)",
+    )
+    start.add_argument(
+        "--ssh-key",
+        type=Path,
+        metavar="FILE.pub",
+        help="--service ssh: the public key you will log in with, from the machine you connect from "
+        "(default: the first of ~/.ssh/id_ed25519.pub, id_ecdsa.pub, id_rsa.pub here)",
+    )
     start.add_argument("--port", type=int, help="the server's port (default: a free one on Slurm, 8888 in a pod)")
     start.add_argument("--cpus", type=int, default=2, help="CPUs (default: 2)")
     start.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="whole GPUs")
@@ -42,25 +50,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
     start.add_argument("--mem", help="memory, e.g. 16G")
     start.add_argument("--time", default="04:00:00", help="time limit (default: 04:00:00); the session ends then")
-    add_placement_arguments(start, wait_help="seconds to wait for the server to answer (default: 600; 0 on "
-                                             "Kubernetes: do not wait)")
+    add_placement_arguments(
+        start, wait_help="seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do not wait)"
+    )
     start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
-    start.add_argument("--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)")
+    start.add_argument(
+        "--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)"
+    )
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
     add_connection_arguments(start, role="services", scheduler_help=chosen_scheduler_help("where the session runs"))
 
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
-    listing.add_argument("--idle-warn", default="1h", metavar="DURATION",
-                         help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)")
-    add_connection_arguments(listing, role="services",
-                             scheduler_help="only the sessions started on this scheduler (default: every session, each "
-                                            "asked through the scheduler it was started on)")
+    listing.add_argument(
+        "--idle-warn",
+        default="1h",
+        metavar="DURATION",
+        help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)",
+    )
+    add_connection_arguments(
+        listing,
+        role="services",
+        scheduler_help="only the sessions started on this scheduler (default: every session, each "
+        "asked through the scheduler it was started on)",
+    )
 
     stop = sub.add_parser("stop", help="stop a session and free its node or pod")
     stop.add_argument("name", metavar="NAME")
-    add_connection_arguments(stop, role="services",
-                             scheduler_help="the scheduler the session was started on (default: the one recorded "
-                                            "then; another is refused)")
+    add_connection_arguments(
+        stop,
+        role="services",
+        scheduler_help="the scheduler the session was started on (default: the one recorded then; another is refused)",
+    )
 
 
 def parse_duration_s(text: str, flag: str) -> float:
@@ -84,11 +104,24 @@ def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
     gpus, gpu_type, shards = parse_gres(args.gres) if args.gres else (0, None, 0)
     if gpus:
         raise UserError(f"--gres {args.gres}: ask for whole GPUs with --gpus-per-node N; --gres is for shard:N")
-    resources = Resources(cpus_per_task=args.cpus, gpus_per_node=args.gpus_per_node, gpu_type=args.gpu_type,
-                          shards_per_node=shards, mem=args.mem)
-    return DevConfig(name=args.name, service=args.service, resources=resources, environment=environment,
-                     time=args.time, partition=args.partition, account=args.account, port=args.port,
-                     ssh_key=args.ssh_key)
+    resources = Resources(
+        cpus_per_task=args.cpus,
+        gpus_per_node=args.gpus_per_node,
+        gpu_type=args.gpu_type,
+        shards_per_node=shards,
+        mem=args.mem,
+    )
+    return DevConfig(
+        name=args.name,
+        service=args.service,
+        resources=resources,
+        environment=environment,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        port=args.port,
+        ssh_key=args.ssh_key,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,10 +163,14 @@ def _list(args: argparse.Namespace) -> int:
     rows = [("NAME", "SCHEDULER", "JOB/POD", "STATE", "AGE", "ENDPOINT", "IDLE")]
     warnings = []
     for s in sessions:
-        rows.append((s.name, s.scheduler, s.where, s.state, format_age(s.age_s), s.endpoint or "-", format_age(s.idle_s)))
+        rows.append(
+            (s.name, s.scheduler, s.where, s.state, format_age(s.age_s), s.endpoint or "-", format_age(s.idle_s))
+        )
         if s.idle_s is not None and s.idle_s > idle_warn:
-            warnings.append(f"warning: {s.name} has been idle for {format_age(s.idle_s)} (no kernel or terminal activity) "
-                            f"while holding its resources: `{_stop_command(s)}`")
+            warnings.append(
+                f"warning: {s.name} has been idle for {format_age(s.idle_s)} (no kernel or terminal activity) "
+                f"while holding its resources: `{_stop_command(s)}`"
+            )
         if s.ended:
             warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
     plain_table(rows)
@@ -152,7 +189,9 @@ def _stop(args: argparse.Namespace) -> int:
 
     state_dir, conn = connection(args.name)
     if args.scheduler not in (None, str(conn.get("scheduler"))):
-        raise UserError(f"dev session {args.name} runs on {conn.get('scheduler')}, not {args.scheduler}: drop "
-                        "--scheduler (stop finds the session's own)")
+        raise UserError(
+            f"dev session {args.name} runs on {conn.get('scheduler')}, not {args.scheduler}: drop "
+            "--scheduler (stop finds the session's own)"
+        )
     print(f"dev session {args.name}: {services_of(args, str(conn.get('scheduler'))).dev_stop(state_dir, conn)}")
     return 0

@@ -24,6 +24,7 @@ class _Terminated(BaseException):
 def _on_sigterm(signum, frame) -> None:
     raise _Terminated
 
+
 DATA_DIR_ENV = "HPCTRAIN_DATA_DIR"
 
 
@@ -47,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeat to try several in order; replaces the built-in mirrors",
     )
     parser.add_argument(
-        "--timeout", type=float, default=30.0, metavar="S", help="network timeout per connection/read in seconds (default: 30)"
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="network timeout per connection/read in seconds (default: 30)",
     )
     parser.add_argument(
         "--min-rate",
@@ -63,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:  # also rejects nan
         raise UserError(f"--timeout {args.timeout:g}: must be a positive number of seconds, e.g. --timeout 60")
     if not (math.isfinite(args.min_rate) and args.min_rate >= 0):
-        raise UserError(f"--min-rate {args.min_rate:g}: must be a number of bytes per second >= 0, e.g. --min-rate 1000")
+        raise UserError(
+            f"--min-rate {args.min_rate:g}: must be a number of bytes per second >= 0, e.g. --min-rate 1000"
+        )
     spec = get_dataset_spec(args.dataset)
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -19,11 +19,32 @@ from hpctrain.schedulers import SCHEDULERS, backend_info
 
 # Variables that decide detection; echoed so a report shows what the launcher really set.
 _LAUNCHER_VARS = (
-    "HPCTRAIN_LAUNCHER", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NPROC_PER_NODE", "PET_NNODES",
-    "PET_NODE_RANK", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
-    "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES",
+    "HPCTRAIN_LAUNCHER",
+    "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PET_NPROC_PER_NODE",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_JOB_NODELIST",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_GPUS",
+    "CUDA_VISIBLE_DEVICES",
 )
 
 
@@ -89,20 +110,38 @@ def render(info: dict[str, Any]) -> str:
         f"NCCL:         {shown(info['nccl'])}",
         f"torchvision:  {shown(info['torchvision'])}",
         f"tensorboard:  {shown(info['tensorboard'])}",
-        f"NumPy:        {shown(info['numpy'])}" + (f" (problem: {info['numpy_problem']})" if info["numpy_problem"] else ""),
+        f"NumPy:        {shown(info['numpy'])}"
+        + (f" (problem: {info['numpy_problem']})" if info["numpy_problem"] else ""),
     ]
     lines += [f"{backend_info(name).title + ' client:':<13} {shown(info[name])}" for name in SCHEDULERS]
     gpus = info["gpus"]
-    lines.append(f"GPUs visible: {len(gpus)}" + (f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
-                                                 if "CUDA_VISIBLE_DEVICES" in os.environ else ""))
-    lines += [f"  cuda:{g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}"
-              for g in gpus]
+    lines.append(
+        f"GPUs visible: {len(gpus)}"
+        + (
+            f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
+            if "CUDA_VISIBLE_DEVICES" in os.environ
+            else ""
+        )
+    )
+    lines += [
+        f"  cuda:{g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}" for g in gpus
+    ]
     dist = info["distributed"]
     lines.append("distributed:  " + (f"error: {dist['error']}" if "error" in dist else dist["summary"]))
     if "error" not in dist:
         lines.append(f"  device (auto): {info['device_auto']}")
-        for key in ("launcher", "rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes",
-                    "master_addr", "master_port", "init_method"):
+        for key in (
+            "launcher",
+            "rank",
+            "world_size",
+            "local_rank",
+            "local_world_size",
+            "node_rank",
+            "num_nodes",
+            "master_addr",
+            "master_port",
+            "init_method",
+        ):
             lines.append(f"  {key}: {shown(dist[key])}")
     if info["launcher_variables"]:
         lines.append("launcher variables:")
@@ -154,10 +193,12 @@ def _gpus(torch: Any) -> list[dict[str, Any]]:
     gpus = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        gpus.append({
-            "index": index,
-            "name": props.name,
-            "memory_gib": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}",
-        })
+        gpus.append(
+            {
+                "index": index,
+                "name": props.name,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "capability": f"{props.major}.{props.minor}",
+            }
+        )
     return gpus

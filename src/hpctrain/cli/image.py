@@ -20,8 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pull.add_argument("ref", metavar="docker://REF")
     pull.add_argument("--to", type=Path, default=Path("."), metavar="DIR", help="folder for the image (default: here)")
     pull.add_argument("--output", type=Path, metavar="FILE", help="exact file name instead of DIR/NAME_TAG.FORMAT")
-    pull.add_argument("--format", choices=("sif", "sqsh"), help="sif (apptainer) or sqsh (enroot); default: what is installed")
-    pull.add_argument("--registry-mirror", metavar="HOST", help="pull Docker Hub images through this mirror (HOST[:PORT])")
+    pull.add_argument(
+        "--format", choices=("sif", "sqsh"), help="sif (apptainer) or sqsh (enroot); default: what is installed"
+    )
+    pull.add_argument(
+        "--registry-mirror", metavar="HOST", help="pull Docker Hub images through this mirror (HOST[:PORT])"
+    )
     pull.add_argument("--force", action="store_true", help="run even inside a Slurm job allocation")
     build = sub.add_parser("build", help="apptainer build FILE.sif from a definition file (or a docker:// reference)")
     build.add_argument("definition", metavar="DEF")
@@ -52,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         if args.definition.startswith("docker://"):
             images.parse_ref(args.definition)
         elif not Path(args.definition).is_file():
-            raise UserError(f"definition file {args.definition} not found: give an apptainer .def file or a docker:// reference")
+            raise UserError(
+                f"definition file {args.definition} not found: give an apptainer .def file or a docker:// reference"
+            )
         result = images.build(args.definition, args.output, args.fakeroot)
         print(f"built {result.path} ({format_bytes(result.size)}); use it with --image {result.path}")
         return 0

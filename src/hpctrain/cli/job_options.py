@@ -22,45 +22,95 @@ from hpctrain.schedulers.job_sections import JobFile, read_job_file
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Job options; every one left out keeps the job file's value (or the default)."""
     g = parser.add_argument_group("job")
-    g.add_argument("--job-file", metavar="PATH",
-                   help="YAML or TOML job description, or a Kubernetes platform's key=value .params file; flags "
-                   "given here override it")
+    g.add_argument(
+        "--job-file",
+        metavar="PATH",
+        help="YAML or TOML job description, or a Kubernetes platform's key=value .params file; flags "
+        "given here override it",
+    )
     g.add_argument("--job-name", "-J", dest="name", metavar="NAME", help="job name (default: hpctrain)")
     g.add_argument("--time", "-t", metavar="TIME", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
-    g.add_argument("--exclude-nodes", dest="exclude_nodes", action="append", metavar="NODE[,NODE...]",
-                   help="never run on these nodes, e.g. those a preflight found sick (Slurm: --exclude; Kubernetes: "
-                        "a node affinity); repeatable")
-    g.add_argument("--setenv", dest="env", action="append", metavar="NAME=VALUE", help="environment variable for the job (repeatable)")
+    g.add_argument(
+        "--exclude-nodes",
+        dest="exclude_nodes",
+        action="append",
+        metavar="NODE[,NODE...]",
+        help="never run on these nodes, e.g. those a preflight found sick (Slurm: --exclude; Kubernetes: "
+        "a node affinity); repeatable",
+    )
+    g.add_argument(
+        "--setenv",
+        dest="env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="environment variable for the job (repeatable)",
+    )
     r = parser.add_argument_group("resources (per node; on Kubernetes per pod)")
     r.add_argument("--nodes", "-N", type=int, metavar="N", help="nodes (Slurm) or worker pods (Kubernetes)")
-    r.add_argument("--nproc-per-node", "--ntasks-per-node", dest="nproc_per_node", type=int, metavar="N",
-                   help="training processes per node (one per GPU)")
+    r.add_argument(
+        "--nproc-per-node",
+        "--ntasks-per-node",
+        dest="nproc_per_node",
+        type=int,
+        metavar="N",
+        help="training processes per node (one per GPU)",
+    )
     r.add_argument("--gpus-per-node", type=int, metavar="N")
     r.add_argument("--gpu-type", metavar="TYPE", help="GPU type as sinfo shows it (gpu:TYPE:N)")
     r.add_argument("--gres", metavar="SPEC", help="gpu:N, gpu:TYPE:N or shard:N (a slice of a shared GPU)")
     r.add_argument("--cpus-per-task", "-c", type=int, metavar="N", help="CPUs per training process")
     r.add_argument("--mem", metavar="SIZE", help="memory per node, e.g. 16G")
     e = parser.add_argument_group("environment")
-    e.add_argument("--env-kind", dest="kind", choices=ENVIRONMENT_KINDS,
-                   help="where the command runs (default: inferred from --conda-env/--venv/--image/--module, else none)")
-    e.add_argument("--module", dest="modules", action="append", metavar="NAME", help="`module load NAME` first (repeatable)")
+    e.add_argument(
+        "--env-kind",
+        dest="kind",
+        choices=ENVIRONMENT_KINDS,
+        help="where the command runs (default: inferred from --conda-env/--venv/--image/--module, else none)",
+    )
+    e.add_argument(
+        "--module", dest="modules", action="append", metavar="NAME", help="`module load NAME` first (repeatable)"
+    )
     e.add_argument("--conda-env", metavar="NAME|PREFIX")
     e.add_argument("--venv", metavar="DIR")
-    e.add_argument("--image", metavar="IMAGE",
-                   help="Slurm: apptainer .sif, or enroot image for pyxis; Kubernetes: the container image of every pod")
-    e.add_argument("--mount", dest="mounts", action="append", metavar="SRC[:DST]", help="container bind mount (repeatable)")
+    e.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="Slurm: apptainer .sif, or enroot image for pyxis; Kubernetes: the container image of every pod",
+    )
+    e.add_argument(
+        "--mount", dest="mounts", action="append", metavar="SRC[:DST]", help="container bind mount (repeatable)"
+    )
     e.add_argument("--container-workdir", dest="workdir", metavar="DIR")
     l = parser.add_argument_group("launch")
-    l.add_argument("--run-dir", metavar="DIR", help="run directory of a command after -- (%%j = job id; default runs/NAME-%%j)")
-    l.add_argument("--signal-grace", type=int, metavar="S", help="SIGUSR1 this many seconds before the time limit (default 120; 0: off)")
-    l.add_argument("--max-hang-restarts", type=int, metavar="N",
-                   help="new starts after hpctrain's hang watchdog ended an attempt (`train --hang-timeout`); it "
-                   "resumes from its checkpoint (default 2; Slurm: needs the run directory)")
-    l.add_argument("--max-restarts", type=int, metavar="N",
-                   help="torchrun: restart the workers up to N times after one dies (default 0)")
+    l.add_argument(
+        "--run-dir", metavar="DIR", help="run directory of a command after -- (%%j = job id; default runs/NAME-%%j)"
+    )
+    l.add_argument(
+        "--signal-grace",
+        type=int,
+        metavar="S",
+        help="SIGUSR1 this many seconds before the time limit (default 120; 0: off)",
+    )
+    l.add_argument(
+        "--max-hang-restarts",
+        type=int,
+        metavar="N",
+        help="new starts after hpctrain's hang watchdog ended an attempt (`train --hang-timeout`); it "
+        "resumes from its checkpoint (default 2; Slurm: needs the run directory)",
+    )
+    l.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="torchrun: restart the workers up to N times after one dies (default 0)",
+    )
     add_job_scheduler_arguments(parser)
-    parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER,
-                        help="`train WORKLOAD [train options]` (`hpctrain train --help`), or `-- COMMAND ...` for your own program")
+    parser.add_argument(
+        "job_command",
+        metavar="COMMAND",
+        nargs=argparse.REMAINDER,
+        help="`train WORKLOAD [train options]` (`hpctrain train --help`), or `-- COMMAND ...` for your own program",
+    )
 
 
 _RESOURCE_FLAGS = ("nodes", "nproc_per_node", "gpus_per_node", "gpu_type", "gres", "cpus_per_task", "mem")
@@ -96,8 +146,10 @@ def submission_from_args(args: argparse.Namespace, dry_run: bool = False, comman
     file_options = job_file.options
     if job_file.section is not None and job_file.section != scheduler:
         owner = backend_info(job_file.section)
-        raise UserError(f"job file {args.job_file} holds {owner.title} options ({', '.join(sorted(file_options))}) "
-                        f"but the job goes to {scheduler}: pass --scheduler {owner.name}, or remove them")
+        raise UserError(
+            f"job file {args.job_file} holds {owner.title} options ({', '.join(sorted(file_options))}) "
+            f"but the job goes to {scheduler}: pass --scheduler {owner.name}, or remove them"
+        )
     refuse_foreign_flags(args, scheduler)
     data = dict(job_file.job)
     file_options = {**_top_level_options(args, data, scheduler), **file_options}
@@ -151,7 +203,9 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
                     data.pop(k, None)
             data[key] = value
     if args.exclude_nodes:
-        data["exclude_nodes"] = [node.strip() for item in args.exclude_nodes for node in item.split(",") if node.strip()]
+        data["exclude_nodes"] = [
+            node.strip() for item in args.exclude_nodes for node in item.split(",") if node.strip()
+        ]
     if args.env:
         env = dict(data.get("env") or {}) if isinstance(data.get("env"), dict) else {}
         for item in args.env:
@@ -165,7 +219,9 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
     if command:
         data["command"] = list(command)
     if not data.get("command"):
-        raise UserError("no command: add `train mnist [train options]` or `-- your command` (or `command:` in the job file)")
+        raise UserError(
+            "no command: add `train mnist [train options]` or `-- your command` (or `command:` in the job file)"
+        )
     cmd = data["command"]
     is_recipe = isinstance(cmd, list) and all(isinstance(a, str) for a in cmd) and cmd[:2] == ["hpctrain", "train"]
     if is_recipe:
@@ -210,8 +266,9 @@ def recipe_config(train_argv: list[str]):
 
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:
-        raise UserError("--nproc starts local processes; in a job use --nproc-per-node (and --nodes) of hpctrain "
-                        "submit")
+        raise UserError(
+            "--nproc starts local processes; in a job use --nproc-per-node (and --nodes) of hpctrain submit"
+        )
     from hpctrain.recipes import recipe_info
 
     recipe_info(cfg.workload, cfg.recipe)  # an unknown variant fails here, not after the job waited in the queue

@@ -17,14 +17,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     parser.add_argument("--err", action="store_true", help="Slurm: the job's stderr file instead of its stdout")
-    parser.add_argument("--replica", metavar="NAME", help="Kubernetes: the replica whose log to show (master-0, worker-1; default: rank 0)")
+    parser.add_argument(
+        "--replica",
+        metavar="NAME",
+        help="Kubernetes: the replica whose log to show (master-0, worker-1; default: rank 0)",
+    )
     add_connection_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     backend = backend_for(args)
-    lines = backend.logs(args.job, follow=args.follow, replica=args.replica, stream="stderr" if args.err else "stdout",
-                         say=progress_to_stderr("logs"))
+    lines = backend.logs(
+        args.job,
+        follow=args.follow,
+        replica=args.replica,
+        stream="stderr" if args.err else "stdout",
+        say=progress_to_stderr("logs"),
+    )
     for line in lines:
         print(line, flush=args.follow)
     return 0

@@ -34,30 +34,60 @@ def _on_sigterm(signum, frame) -> None:  # type: ignore[no-untyped-def]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", choices=["imagenet"], help="what SRC holds: imagenet (any image folders in "
-                        "the layouts `hpctrain train imagenet` reads)")
-    parser.add_argument("paths", nargs="+", metavar="SRC OUT", help="SRC: the image folder (SRC/train/<class>/*, "
-                        "SRC/val/<class>/* or --val-path); OUT: the new directory of shards (with --verify: OUT only)")
+    parser.add_argument(
+        "dataset",
+        choices=["imagenet"],
+        help="what SRC holds: imagenet (any image folders in the layouts `hpctrain train imagenet` reads)",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="SRC OUT",
+        help="SRC: the image folder (SRC/train/<class>/*, "
+        "SRC/val/<class>/* or --val-path); OUT: the new directory of shards (with --verify: OUT only)",
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--max-side", type=int, default=DEFAULT_MAX_SIDE, metavar="N",
-                      help=f"limit the SHORTER side (default {DEFAULT_MAX_SIDE}): an image whose shorter side exceeds "
-                      "N pixels is scaled down to a shorter side of N, keeping its aspect ratio (its longer side may "
-                      "stay above N). JPEGs and PNGs within N are stored byte for byte; every other image is "
-                      "re-encoded (JPEG at --jpeg-quality, other formats as PNG)")
+    size.add_argument(
+        "--max-side",
+        type=int,
+        default=DEFAULT_MAX_SIDE,
+        metavar="N",
+        help=f"limit the SHORTER side (default {DEFAULT_MAX_SIDE}): an image whose shorter side exceeds "
+        "N pixels is scaled down to a shorter side of N, keeping its aspect ratio (its longer side may "
+        "stay above N). JPEGs and PNGs within N are stored byte for byte; every other image is "
+        "re-encoded (JPEG at --jpeg-quality, other formats as PNG)",
+    )
     size.add_argument("--keep-size", action="store_true", help="store every image file as it is")
-    parser.add_argument("--jpeg-quality", type=int, default=DEFAULT_JPEG_QUALITY, metavar="Q",
-                        help=f"quality of re-encoded (shrunk) JPEGs (default {DEFAULT_JPEG_QUALITY})")
-    parser.add_argument("--shard-size", default="1GB", metavar="SIZE",
-                        help="largest shard file, e.g. 1GB (default), 500MB, 256MiB")
+    parser.add_argument(
+        "--jpeg-quality",
+        type=int,
+        default=DEFAULT_JPEG_QUALITY,
+        metavar="Q",
+        help=f"quality of re-encoded (shrunk) JPEGs (default {DEFAULT_JPEG_QUALITY})",
+    )
+    parser.add_argument(
+        "--shard-size", default="1GB", metavar="SIZE", help="largest shard file, e.g. 1GB (default), 500MB, 256MiB"
+    )
     parser.add_argument("--val-path", metavar="DIR", help="validation images, if not SRC/val")
-    parser.add_argument("--val-labels", metavar="FILE", help="labels of a flat validation folder: "
-                        "LOC_val_solution.csv or `file label` lines")
-    parser.add_argument("--skip-bad-images", action="store_true", help="leave out (and count) images that "
-                        "cannot be decoded instead of stopping at the first one")
-    parser.add_argument("--workers", "-j", type=int, metavar="N",
-                        help="encoding processes (default: the cores this process may use)")
-    parser.add_argument("--verify", action="store_true", help="only check an existing OUT against its index "
-                        "(checksums, offsets): `hpctrain prepare imagenet --verify OUT`")
+    parser.add_argument(
+        "--val-labels",
+        metavar="FILE",
+        help="labels of a flat validation folder: LOC_val_solution.csv or `file label` lines",
+    )
+    parser.add_argument(
+        "--skip-bad-images",
+        action="store_true",
+        help="leave out (and count) images that cannot be decoded instead of stopping at the first one",
+    )
+    parser.add_argument(
+        "--workers", "-j", type=int, metavar="N", help="encoding processes (default: the cores this process may use)"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="only check an existing OUT against its index "
+        "(checksums, offsets): `hpctrain prepare imagenet --verify OUT`",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,28 +108,40 @@ def run(args: argparse.Namespace) -> int:
 
         check_worker_count("--workers", args.workers)
     cfg = shards.PrepareConfig(
-        src=src, out=out, max_side=None if args.keep_size else args.max_side, jpeg_quality=args.jpeg_quality,
-        shard_size=shards.parse_size(args.shard_size), val_path=Path(args.val_path) if args.val_path else None,
-        val_labels=Path(args.val_labels) if args.val_labels else None, skip_bad_images=args.skip_bad_images,
-        workers=args.workers if args.workers is not None else _cores())
+        src=src,
+        out=out,
+        max_side=None if args.keep_size else args.max_side,
+        jpeg_quality=args.jpeg_quality,
+        shard_size=shards.parse_size(args.shard_size),
+        val_path=Path(args.val_path) if args.val_path else None,
+        val_labels=Path(args.val_labels) if args.val_labels else None,
+        skip_bad_images=args.skip_bad_images,
+        workers=args.workers if args.workers is not None else _cores(),
+    )
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         with _Progress() as progress:
             index = shards.prepare(cfg, progress)
     except _Terminated:
-        print("hpctrain prepare: terminated by SIGTERM; the complete shards are kept, rerun the same command "
-              "to continue", file=sys.stderr)
+        print(
+            "hpctrain prepare: terminated by SIGTERM; the complete shards are kept, rerun the same command to continue",
+            file=sys.stderr,
+        )
         return EXIT_TERMINATED
     finally:
         signal.signal(signal.SIGTERM, previous)
     for split, entry in index["splits"].items():
         total = sum(shard["bytes"] for shard in entry["shards"])
-        print(f"{split}: {len(entry['samples']['label'])} images in {len(entry['shards'])} shard(s), "
-              f"{format_bytes(total)}, verified")
+        print(
+            f"{split}: {len(entry['samples']['label'])} images in {len(entry['shards'])} shard(s), "
+            f"{format_bytes(total)}, verified"
+        )
         if entry["skipped"]:
             shown = ", ".join(_printable(name) for name in entry["skipped"][:5])
-            print(f"  skipped {len(entry['skipped'])} unreadable image(s): {shown}"
-                  f"{' ...' if len(entry['skipped']) > 5 else ''}")
+            print(
+                f"  skipped {len(entry['skipped'])} unreadable image(s): {shown}"
+                f"{' ...' if len(entry['skipped']) > 5 else ''}"
+            )
     print(f"train from it with: hpctrain train imagenet {out}")
     return 0
 
@@ -124,8 +166,14 @@ class _Progress:
 
         console = Console(stderr=True)
         self.interactive = console.is_terminal
-        self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                            TimeRemainingColumn(), console=console, disable=not self.interactive)
+        self.bar = Progress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not self.interactive,
+        )
         self.task = None
         self.bar.start()
         return self

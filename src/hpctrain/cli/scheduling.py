@@ -34,8 +34,11 @@ def add_scheduler_argument(parser: argparse.ArgumentParser, help_text: str) -> a
     return g
 
 
-def add_connection_arguments(parser: argparse.ArgumentParser, role: str = "jobs",
-                             scheduler_help: str = chosen_scheduler_help("where the jobs are")) -> None:
+def add_connection_arguments(
+    parser: argparse.ArgumentParser,
+    role: str = "jobs",
+    scheduler_help: str = chosen_scheduler_help("where the jobs are"),
+) -> None:
     """--scheduler (its help: `scheduler_help`) plus each backend's flags for the command's `role`: `jobs`
     (status, logs, cancel, cluster, debug: where the jobs are), `services` (dev, tensorboard, top) or `job` (submit,
     check: where the job goes and its options); see BackendInfo.add_arguments."""
@@ -46,8 +49,9 @@ def add_connection_arguments(parser: argparse.ArgumentParser, role: str = "jobs"
 
 def add_job_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     """submit and check: --scheduler, and each backend's flags for where the job goes and its options."""
-    add_connection_arguments(parser, role="job",
-                             scheduler_help=chosen_scheduler_help("where the job runs", job_file=True))
+    add_connection_arguments(
+        parser, role="job", scheduler_help=chosen_scheduler_help("where the job runs", job_file=True)
+    )
 
 
 def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None, offline: bool = False) -> str:
@@ -59,8 +63,10 @@ def choose_scheduler(args: argparse.Namespace, file_scheduler: str | None = None
         return file_scheduler
     if os.environ.get(SCHEDULER_ENV):
         if os.environ[SCHEDULER_ENV] not in SCHEDULER_NAMES:
-            raise UserError(f"{SCHEDULER_ENV}={os.environ[SCHEDULER_ENV]!r} is unknown: set it to "
-                            f"{' or '.join(SCHEDULER_NAMES)}, or unset it")
+            raise UserError(
+                f"{SCHEDULER_ENV}={os.environ[SCHEDULER_ENV]!r} is unknown: set it to "
+                f"{' or '.join(SCHEDULER_NAMES)}, or unset it"
+            )
         return os.environ[SCHEDULER_ENV]
     from hpctrain.schedulers import detect
 
@@ -82,12 +88,15 @@ def refuse_foreign_flags(args: argparse.Namespace, scheduler: str) -> None:
         for dest, flag in owner.flags.items():
             if getattr(args, dest, None) not in (None, False):
                 way = f" ({chosen.hints[flag]})" if flag in chosen.hints else ""
-                raise UserError(f"{flag} is a {owner.title} option but the job goes to {scheduler}: drop {flag}{way}, "
-                                f"or pass --scheduler {other}")
+                raise UserError(
+                    f"{flag} is a {owner.title} option but the job goes to {scheduler}: drop {flag}{way}, "
+                    f"or pass --scheduler {other}"
+                )
 
 
-def backend_options(args: argparse.Namespace, scheduler: str, base: Mapping[str, Any] | None = None,
-                    job: bool = True) -> dict[str, Any]:
+def backend_options(
+    args: argparse.Namespace, scheduler: str, base: Mapping[str, Any] | None = None, job: bool = True
+) -> dict[str, Any]:
     """The chosen backend's own options (its create() keywords but --context): `base` (a job file's), with every
     flag given on top; those of a job, or (job=False) only those that say where the jobs are."""
     info = backend_info(scheduler)

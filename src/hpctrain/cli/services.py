@@ -13,12 +13,16 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
     long `start` waits for its server (`wait_help`)."""
     parser.add_argument("--partition", help="Slurm: partition")
     parser.add_argument("--account", help="Slurm: account")
-    parser.add_argument("--image", help="Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image")
+    parser.add_argument(
+        "--image", help="Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image"
+    )
     parser.add_argument("--conda-env", help="Slurm: activate this conda environment")
     parser.add_argument("--venv", help="Slurm: activate this virtual environment")
     parser.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
     parser.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
-    parser.add_argument("--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)")
+    parser.add_argument(
+        "--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)"
+    )
     parser.add_argument("--wait", type=float, default=600.0, metavar="S", help=wait_help)
     parser.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
 
@@ -26,9 +30,18 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
 def placement_from_args(args: argparse.Namespace) -> Any:
     from hpctrain.schedulers.services import Placement
 
-    return Placement(image=args.image, conda_env=args.conda_env, venv=args.venv, modules=tuple(args.module),
-                     mounts=tuple(args.mount), partition=args.partition, account=args.account,
-                     volumes=tuple(args.volume), shm=getattr(args, "shm", None), login_host=args.login_host)
+    return Placement(
+        image=args.image,
+        conda_env=args.conda_env,
+        venv=args.venv,
+        modules=tuple(args.module),
+        mounts=tuple(args.mount),
+        partition=args.partition,
+        account=args.account,
+        volumes=tuple(args.volume),
+        shm=getattr(args, "shm", None),
+        login_host=args.login_host,
+    )
 
 
 def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:

@@ -28,13 +28,20 @@ from hpctrain.schedulers import base
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_job_arguments(parser)
-    parser.add_argument("--dry-run", action="store_true",
-                        help="check the job here (not against the cluster), print the sbatch command and script "
-                             "(Slurm) or the manifest (Kubernetes); submit nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the job here (not against the cluster), print the sbatch command and script "
+        "(Slurm) or the manifest (Kubernetes); submit nothing",
+    )
     parser.add_argument("--wait", action="store_true", help="block until the job ends; exit with its exit status")
-    parser.add_argument("--follow", action="store_true", help="--wait, and print the job's output as it grows "
-                        "(Slurm: its --output file, from the first attempt on; `hpctrain logs -f JOB` does the same "
-                        "for a job already queued)")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="--wait, and print the job's output as it grows "
+        "(Slurm: its --output file, from the first attempt on; `hpctrain logs -f JOB` does the same "
+        "for a job already queued)",
+    )
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
 
@@ -92,9 +99,15 @@ def run(args: argparse.Namespace) -> int:
         return 2 if verdict else 0
     cluster = [] if args.no_check else sched.check(job)
     # Warnings, and what the job will do at its time limit; notes on checks that could not run are `check`'s to say.
-    report_problems("submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.TIME_LIMIT_NOTE))])
+    report_problems(
+        "submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.TIME_LIMIT_NOTE))]
+    )
     if blocking := base.blocking(problems + cluster):
-        hint = " (fix the above, or pass --no-check to skip the cluster checks)" if base.blocking(cluster) else " (fix the above)"
+        hint = (
+            " (fix the above, or pass --no-check to skip the cluster checks)"
+            if base.blocking(cluster)
+            else " (fix the above)"
+        )
         report_problems("submit", blocking + ["nothing was submitted" + hint])
         return 2
     job_id = sched.submit(job, rendered)
@@ -113,8 +126,9 @@ def _description(submission: Submission) -> dict[str, Any]:
         del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
     description["scheduler"] = submission.scheduler
     if submission.options:
-        description[submission.scheduler] = {k: list(v) if isinstance(v, tuple) else v
-                                             for k, v in submission.options.items()}
+        description[submission.scheduler] = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in submission.options.items()
+        }
     return description
 
 
@@ -154,8 +168,11 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
     if not code and status.state != base.SUCCEEDED:
         code = seen or code
     if code is None and status.state != base.SUCCEEDED:
-        print(f"hpctrain {command}: job {job_id} ended {status.shown_state}; hpctrain could not learn its exit status "
-              "(its processes' records are gone and the scheduler kept none): exiting with 1", file=sys.stderr)
+        print(
+            f"hpctrain {command}: job {job_id} ended {status.shown_state}; hpctrain could not learn its exit status "
+            "(its processes' records are gone and the scheduler kept none): exiting with 1",
+            file=sys.stderr,
+        )
         return 1
     code = code or (0 if status.state == base.SUCCEEDED else 1)
     print(f"hpctrain {command}: job {job_id} ended {status.shown_state} with exit status {code}", file=sys.stderr)

@@ -17,19 +17,25 @@ from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_h
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (their tb/ folders are read)")
     parser.add_argument("--port", type=int, help="port here (default: a free one)")
-    parser.add_argument("--on-cluster", action="store_true", help="run TensorBoard as a small CPU job or pod on the cluster")
+    parser.add_argument(
+        "--on-cluster", action="store_true", help="run TensorBoard as a small CPU job or pod on the cluster"
+    )
     parser.add_argument("--time", default="08:00:00", help="--on-cluster: time limit (default: 08:00:00)")
-    cluster = parser.add_argument_group("--on-cluster (its environment must have tensorboard installed; "
-                                        "on Kubernetes, a --volume holds the runs)")
+    cluster = parser.add_argument_group(
+        "--on-cluster (its environment must have tensorboard installed; on Kubernetes, a --volume holds the runs)"
+    )
     add_placement_arguments(cluster, wait_help="Slurm: seconds to wait for TensorBoard to answer (default: 600)")
-    add_connection_arguments(parser, role="services",
-                             scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs"))
+    add_connection_arguments(
+        parser, role="services", scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs")
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.on_cluster:
         services = services_of(args)
-        print("\n".join(services.tensorboard(args.run_dirs, args.time, placement_from_args(args), args.wait, args.port)))
+        print(
+            "\n".join(services.tensorboard(args.run_dirs, args.time, placement_from_args(args), args.wait, args.port))
+        )
         return 0
     from hpctrain.servers import tensorboard as tbserver
 

@@ -15,8 +15,12 @@ from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_h
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id (Slurm) or job name (Kubernetes)")
-    parser.add_argument("--run-dir", type=Path, help="the run's directory, for step and images/s (default: read "
-                                                     "from the job's batch script when hpctrain submitted it)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the run's directory, for step and images/s (default: read "
+        "from the job's batch script when hpctrain submitted it)",
+    )
     parser.add_argument("--watch", action="store_true", help="refresh until the job ends or Ctrl-C")
     parser.add_argument("--interval", type=float, default=5.0, metavar="S", help="--watch: seconds between samples")
     parser.add_argument("--count", type=int, metavar="N", help="--watch: stop after N samples")

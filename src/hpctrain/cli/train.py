@@ -37,50 +37,105 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     recipe.add_argument("-b", "--batch-size", type=int, metavar="N", help=shown["batch_size"])
     recipe.add_argument("--test-batch-size", type=int, metavar="N", help=shown["test_batch_size"])
     recipe.add_argument("--lr", type=float, metavar="F", help=shown["lr"])
-    recipe.add_argument("--seed", type=int, help="fixes initial weights, data order and augmentation: "
-                        "the same seed gives the same run (0 to 2**64-1, default 0; see the README for what else "
-                        "must match)")
+    recipe.add_argument(
+        "--seed",
+        type=int,
+        help="fixes initial weights, data order and augmentation: "
+        "the same seed gives the same run (0 to 2**64-1, default 0; see the README for what else "
+        "must match)",
+    )
     where = parser.add_argument_group("where and how")
-    where.add_argument("--run-dir", help="config, metrics, TensorBoard files, checkpoints "
-                       "(default: runs/WORKLOAD-DATA[-RECIPE][-SLURM_JOB_ID]: DATA is the dataset or the image "
-                       "folder's name, -RECIPE only when not fast)")
-    where.add_argument("--device", choices=DEVICES, default="auto", help="cuda: this process's GPU (one per "
-                       "process); cpu; auto (default): a GPU when one is visible, else the CPU")
-    where.add_argument("--strategy", choices=STRATEGIES, default="auto",
-                       help="single process, DataParallel (dp) or DistributedDataParallel (ddp); auto: ddp when "
-                       "there are several processes, else single")
-    where.add_argument("--nproc", type=int, metavar="N", help="start N local worker processes (DDP): one per GPU, "
-                       "or N CPU processes with gloo")
-    where.add_argument("--dist-init-method", metavar="env|slurm|tcp://HOST:PORT|file://PATH",
-                       help="for processes started by torchrun, srun or by hand: override how they find each other "
-                       "(default: detected); --nproc chooses its own")
-    where.add_argument("--dist-timeout", type=float, default=600.0, metavar="S",
-                       help="seconds a collective waits for a missing rank before failing (default: 600)")
-    where.add_argument("--preflight", action=argparse.BooleanOptionalAction,
-                       help="before the first step, time a few seconds of matrix products on every rank and one "
-                       "all-reduce; a node far below the others (under half the median rank's rate) or failing "
-                       "ends the attempt, named, and a Slurm job requeues itself without it (RUN/preflight.json; "
-                       "default: on for GPU jobs on several nodes)")
-    where.add_argument("--preflight-only", action="store_true",
-                       help="run the preflight and stop, training nothing (what `hpctrain check --preflight` submits)")
-    where.add_argument("--hang-timeout", type=float, metavar="S",
-                       help="end the attempt as hung when no step completes for S seconds: every rank writes its "
-                       "stacks to RUN/hang/ and a report names the rank that never arrived; a submitted job then "
-                       "restarts from its checkpoint (default: 20 times the slowest step so far, at least 120; "
-                       "evaluation and checkpoints get --dist-timeout; 0: off)")
-    where.add_argument("--threads", type=int, metavar="N", help="torch threads per process, at most the cores it "
-                       "may use (default: those cores not kept busy by other programs at the start, divided among "
-                       "the local processes)")
+    where.add_argument(
+        "--run-dir",
+        help="config, metrics, TensorBoard files, checkpoints "
+        "(default: runs/WORKLOAD-DATA[-RECIPE][-SLURM_JOB_ID]: DATA is the dataset or the image "
+        "folder's name, -RECIPE only when not fast)",
+    )
+    where.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="cuda: this process's GPU (one per process); cpu; auto (default): a GPU when one is visible, else the CPU",
+    )
+    where.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="auto",
+        help="single process, DataParallel (dp) or DistributedDataParallel (ddp); auto: ddp when "
+        "there are several processes, else single",
+    )
+    where.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="start N local worker processes (DDP): one per GPU, or N CPU processes with gloo",
+    )
+    where.add_argument(
+        "--dist-init-method",
+        metavar="env|slurm|tcp://HOST:PORT|file://PATH",
+        help="for processes started by torchrun, srun or by hand: override how they find each other "
+        "(default: detected); --nproc chooses its own",
+    )
+    where.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a collective waits for a missing rank before failing (default: 600)",
+    )
+    where.add_argument(
+        "--preflight",
+        action=argparse.BooleanOptionalAction,
+        help="before the first step, time a few seconds of matrix products on every rank and one "
+        "all-reduce; a node far below the others (under half the median rank's rate) or failing "
+        "ends the attempt, named, and a Slurm job requeues itself without it (RUN/preflight.json; "
+        "default: on for GPU jobs on several nodes)",
+    )
+    where.add_argument(
+        "--preflight-only",
+        action="store_true",
+        help="run the preflight and stop, training nothing (what `hpctrain check --preflight` submits)",
+    )
+    where.add_argument(
+        "--hang-timeout",
+        type=float,
+        metavar="S",
+        help="end the attempt as hung when no step completes for S seconds: every rank writes its "
+        "stacks to RUN/hang/ and a report names the rank that never arrived; a submitted job then "
+        "restarts from its checkpoint (default: 20 times the slowest step so far, at least 120; "
+        "evaluation and checkpoints get --dist-timeout; 0: off)",
+    )
+    where.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch threads per process, at most the cores it "
+        "may use (default: those cores not kept busy by other programs at the start, divided among "
+        "the local processes)",
+    )
     ckpt = parser.add_argument_group("checkpoints")
     ckpt.add_argument("--resume", nargs="?", const=RESUME_LATEST, metavar="PATH", help=shown["resume"])
-    ckpt.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
-                      help="also checkpoint every STEPS optimizer steps (default: only at epoch ends)")
+    ckpt.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also checkpoint every STEPS optimizer steps (default: only at epoch ends)",
+    )
     ckpt.add_argument("--keep-checkpoints", type=int, default=3, metavar="K", help="keep the newest K (default 3)")
-    ckpt.add_argument("--sync-checkpoints", action="store_true",
-                      help="write checkpoints in the training thread (default: in the background, after copying "
-                      "the state to CPU, so training pauses only for the copy)")
-    parser.add_argument("--log-interval", type=float, default=10.0, metavar="S",
-                        help="seconds between progress lines in batch logs (default: 10)")
+    ckpt.add_argument(
+        "--sync-checkpoints",
+        action="store_true",
+        help="write checkpoints in the training thread (default: in the background, after copying "
+        "the state to CPU, so training pauses only for the copy)",
+    )
+    parser.add_argument(
+        "--log-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between progress lines in batch logs (default: 10)",
+    )
     add_image_arguments(parser)
 
 
@@ -88,30 +143,62 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of image workloads (imagenet), including the pytorch/examples imagenet script's names."""
     image = parser.add_argument_group("imagenet")
     image.add_argument("--val-path", metavar="DIR", help="validation images, if not DATA/val")
-    image.add_argument("--val-labels", metavar="FILE", help="labels of a flat validation folder: LOC_val_solution.csv "
-                       "or `file label` lines")
+    image.add_argument(
+        "--val-labels",
+        metavar="FILE",
+        help="labels of a flat validation folder: LOC_val_solution.csv or `file label` lines",
+    )
     image.add_argument("-a", "--arch", metavar="NAME", help="torchvision classification model (default resnet50)")
-    image.add_argument("-j", "--workers", type=int, metavar="N", help="data worker processes per training process "
-                       "(default: the cores per process, at most 8)")
+    image.add_argument(
+        "-j",
+        "--workers",
+        type=int,
+        metavar="N",
+        help="data worker processes per training process (default: the cores per process, at most 8)",
+    )
     image.add_argument("-p", "--print-freq", type=int, metavar="N", help="a progress line every N steps")
     image.add_argument("--momentum", type=float, metavar="M", help="SGD momentum (default 0.9)")
-    image.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, metavar="W",
-                       help="weight decay (default 1e-4; the fast recipe exempts norms and biases)")
-    image.add_argument("--dist-backend", choices=("nccl", "gloo"), help="accepted for compatibility: hpctrain uses "
-                       "nccl on GPUs and gloo on the CPU, and refuses the other")
-    image.add_argument("--checkpoints-path", metavar="DIR", help="the run directory (checkpoints in DIR/checkpoints, "
-                       "or in DIR itself when it is named checkpoints); with --resume, a DIR that does not exist yet "
-                       "starts a new run")
-    image.add_argument("--synthetic", action="store_true", help="random images of the right shape (no files), as many "
-                       "as ImageNet has: 1,281,167 per epoch and 50,000 for evaluation; --train-limit N and "
-                       "--test-limit N cap them")
+    image.add_argument(
+        "--wd",
+        "--weight-decay",
+        dest="weight_decay",
+        type=float,
+        metavar="W",
+        help="weight decay (default 1e-4; the fast recipe exempts norms and biases)",
+    )
+    image.add_argument(
+        "--dist-backend",
+        choices=("nccl", "gloo"),
+        help="accepted for compatibility: hpctrain uses nccl on GPUs and gloo on the CPU, and refuses the other",
+    )
+    image.add_argument(
+        "--checkpoints-path",
+        metavar="DIR",
+        help="the run directory (checkpoints in DIR/checkpoints, "
+        "or in DIR itself when it is named checkpoints); with --resume, a DIR that does not exist yet "
+        "starts a new run",
+    )
+    image.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="random images of the right shape (no files), as many "
+        "as ImageNet has: 1,281,167 per epoch and 50,000 for evaluation; --train-limit N and "
+        "--test-limit N cap them",
+    )
     image.add_argument("--evaluate", action="store_true", help="only evaluate a checkpoint (--resume PATH) and exit")
-    image.add_argument("--skip-bad-images", action="store_true", help="count and report unreadable images instead "
-                       "of stopping at the first")
-    image.add_argument("--data-backend", choices=("auto", "cpu", "dali", "nvjpeg"), default="auto",
-                       help="image decoding: cpu (worker processes), nvjpeg (on the GPU, torchvision), dali (NVIDIA "
-                       "DALI: pip install nvidia-dali-cuda120, or -cuda130 for a CUDA 13 torch); auto picks dali, "
-                       "else nvjpeg on a CUDA GPU, else cpu")
+    image.add_argument(
+        "--skip-bad-images",
+        action="store_true",
+        help="count and report unreadable images instead of stopping at the first",
+    )
+    image.add_argument(
+        "--data-backend",
+        choices=("auto", "cpu", "dali", "nvjpeg"),
+        default="auto",
+        help="image decoding: cpu (worker processes), nvjpeg (on the GPU, torchvision), dali (NVIDIA "
+        "DALI: pip install nvidia-dali-cuda120, or -cuda130 for a CUDA 13 torch); auto picks dali, "
+        "else nvjpeg on a CUDA GPU, else cpu",
+    )
     image.add_argument("--image-size", type=int, metavar="PX", help="training crop side (default: the recipe's)")
     image.add_argument("--val-size", type=int, metavar="PX", help="evaluation crop side (default 224)")
 
@@ -121,8 +208,14 @@ def _data_after_resume(args: argparse.Namespace) -> argparse.Namespace:
     the workload reads DATA and nothing else names it (no DATA, --data-dir or --synthetic), a --resume value that
     names no checkpoint is DATA, and --resume means the newest checkpoint in the run dir."""
     word = args.resume
-    if (word in (None, RESUME_LATEST) or args.data is not None or args.data_dir is not None or args.synthetic
-            or not CATALOG[args.workload].image_folder or _names_checkpoints(Path(word))):
+    if (
+        word in (None, RESUME_LATEST)
+        or args.data is not None
+        or args.data_dir is not None
+        or args.synthetic
+        or not CATALOG[args.workload].image_folder
+        or _names_checkpoints(Path(word))
+    ):
         return args
     return argparse.Namespace(**{**vars(args), "data": word, "resume": RESUME_LATEST})
 
@@ -132,16 +225,32 @@ def _names_checkpoints(path: Path) -> bool:
     a folder of checkpoints (a run directory holding checkpoints/, or checkpoints/ itself)."""
     if path.suffix == ".pt" or path.name in (_LATEST_POINTER, _CHECKPOINT_DIR) or path.is_file():
         return True
-    return path.is_dir() and ((path / _CHECKPOINT_DIR).is_dir() or (path / _LATEST_POINTER).is_file()
-                              or any(path.glob("checkpoint_*.pt")))
+    return path.is_dir() and (
+        (path / _CHECKPOINT_DIR).is_dir() or (path / _LATEST_POINTER).is_file() or any(path.glob("checkpoint_*.pt"))
+    )
 
 
 def _image_values(args: argparse.Namespace) -> dict:
     """The image options as TrainConfig fields; DATA and --checkpoints-path mapped onto data_dir and run_dir."""
-    values = {name: getattr(args, name) for name in ("val_path", "val_labels", "arch", "workers", "momentum",
-                                                     "weight_decay", "synthetic", "evaluate", "skip_bad_images",
-                                                     "data_backend", "image_size", "val_size", "dist_backend",
-                                                     "print_freq")}
+    values = {
+        name: getattr(args, name)
+        for name in (
+            "val_path",
+            "val_labels",
+            "arch",
+            "workers",
+            "momentum",
+            "weight_decay",
+            "synthetic",
+            "evaluate",
+            "skip_bad_images",
+            "data_backend",
+            "image_size",
+            "val_size",
+            "dist_backend",
+            "print_freq",
+        )
+    }
     if args.data is not None:
         if args.workload != "imagenet":
             raise UserError(f"DATA {args.data!r}: {args.workload} takes no data path; use --data-dir DIR")

@@ -28,9 +28,11 @@ def refuse_bad_input(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple
     from hpctrain.training.setup import resolve_config, resolve_strategy
 
     if cfg.nproc is not None and cfg.dist_init_method not in (None, "auto"):
-        raise UserError(f"--nproc starts the processes itself and gives them their ranks and a free local port; "
-                        f"--dist-init-method {cfg.dist_init_method} is for processes started elsewhere (torchrun, "
-                        "srun, or by hand with RANK and WORLD_SIZE set): drop one of the two")
+        raise UserError(
+            f"--nproc starts the processes itself and gives them their ranks and a free local port; "
+            f"--dist-init-method {cfg.dist_init_method} is for processes started elsewhere (torchrun, "
+            "srun, or by hand with RANK and WORLD_SIZE set): drop one of the two"
+        )
     restart_count()  # a malformed SLURM_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT fails here, not mid-start
     recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
     resolved = resolve_config(cfg, recipe)
@@ -44,7 +46,9 @@ def refuse_bad_input(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple
         check_run_dir(resolved.run_dir)
         check_run_paths(Path(resolved.run_dir))
     _check_dataset(cfg, dataset_defaulted)
-    if plan is not None:  # a single process locks the run dir and checks its resume point itself, before it loads the data
+    if (
+        plan is not None
+    ):  # a single process locks the run dir and checks its resume point itself, before it loads the data
         check_run_dir_free(Path(resolved.run_dir))
         check_resume_point(resolved, recipe, detect())
     return cfg.replace(threads=_threads(cfg, plan, env), threads_chosen=cfg.threads is None), plan
@@ -122,8 +126,10 @@ def _spawn_plan(cfg: TrainConfig):
             return local_plan(gpus)  # one process per GPU: faster than DataParallel, which needs --strategy dp
         return None
     if env.is_distributed:
-        raise UserError(f"--nproc {cfg.nproc}, but this process is already rank {env.rank} of {env.world_size} "
-                        f"(started by {env.launcher}); drop --nproc and let the launcher start the processes")
+        raise UserError(
+            f"--nproc {cfg.nproc}, but this process is already rank {env.rank} of {env.world_size} "
+            f"(started by {env.launcher}); drop --nproc and let the launcher start the processes"
+        )
     _check_nproc(cfg)
     if cfg.strategy in ("single", "dp") and cfg.nproc > 1:
         raise UserError(f"--nproc {cfg.nproc} starts DDP workers; use --strategy ddp or auto, not {cfg.strategy}")
@@ -138,8 +144,9 @@ def _slurm_gpu_plan(cfg: TrainConfig):
         return None
     node = slurm_node_plan(os.environ, _visible_gpus())
     if node is not None and cfg.nproc is not None and cfg.nproc != node.nproc_per_node:
-        raise UserError(f"--nproc {cfg.nproc} contradicts the {node.nproc_per_node} GPUs this srun task owns; "
-                        "drop --nproc")
+        raise UserError(
+            f"--nproc {cfg.nproc} contradicts the {node.nproc_per_node} GPUs this srun task owns; drop --nproc"
+        )
     return node
 
 
@@ -152,19 +159,24 @@ def _visible_gpus() -> int:
 def _check_nproc(cfg: TrainConfig) -> None:
     gpus = _visible_gpus()
     if cfg.device == "cuda" and not gpus:
-        raise UserError(f"--device cuda, but no GPU is visible here (no driver, or CUDA_VISIBLE_DEVICES hides them); "
-                        f"drop --device cuda to train {cfg.nproc} processes on the CPU, or run where GPUs are")
+        raise UserError(
+            f"--device cuda, but no GPU is visible here (no driver, or CUDA_VISIBLE_DEVICES hides them); "
+            f"drop --device cuda to train {cfg.nproc} processes on the CPU, or run where GPUs are"
+        )
     if cfg.device == "cuda" or (cfg.device == "auto" and gpus):
         if cfg.nproc > gpus:
-            raise UserError(f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
-                            f"use --nproc {gpus} or fewer, or --device cpu")
+            raise UserError(
+                f"--nproc {cfg.nproc} exceeds the {gpus} visible GPU(s) (one process per GPU); "
+                f"use --nproc {gpus} or fewer, or --device cpu"
+            )
         return
     from hpctrain.distributed.cores import available_cores
 
     cores = available_cores()
     if cfg.nproc > cores:
-        raise UserError(f"--nproc {cfg.nproc} exceeds the {cores} CPU core(s) this process may use; "
-                        f"use --nproc {cores} or fewer")
+        raise UserError(
+            f"--nproc {cfg.nproc} exceeds the {cores} CPU core(s) this process may use; use --nproc {cores} or fewer"
+        )
 
 
 def _check_dataset(cfg: TrainConfig, dataset_defaulted: bool) -> None:
@@ -176,8 +188,10 @@ def _check_dataset(cfg: TrainConfig, dataset_defaulted: bool) -> None:
     data_dir = Path(cfg.data_dir)
     download = f"`hpctrain download {cfg.dataset} --data-dir {shlex.quote(str(data_dir))}`"
     if not data_dir.is_dir():
-        raise UserError(f"--data-dir {data_dir} does not exist; run {download} first, or point --data-dir at the "
-                        "directory that holds the data")
+        raise UserError(
+            f"--data-dir {data_dir} does not exist; run {download} first, or point --data-dir at the "
+            "directory that holds the data"
+        )
     try:
         find_dataset_files(get_dataset_spec(cfg.dataset), data_dir)
     except UserError:
@@ -185,8 +199,10 @@ def _check_dataset(cfg: TrainConfig, dataset_defaulted: bool) -> None:
         if not present:
             raise
         default = " (the default --dataset)" if dataset_defaulted else ""
-        raise UserError(f"dataset {cfg.dataset}{default} is not in {data_dir}, but {present[0]} is: pass --dataset "
-                        f"{present[0]}, or run {download}") from None
+        raise UserError(
+            f"dataset {cfg.dataset}{default} is not in {data_dir}, but {present[0]} is: pass --dataset "
+            f"{present[0]}, or run {download}"
+        ) from None
 
 
 def _has_dataset(name: str, data_dir: Path) -> bool:

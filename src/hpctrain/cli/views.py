@@ -55,6 +55,7 @@ def tell(outcome: Outcome) -> int:
 
 def progress_to_stderr(command: str) -> Callable[[str], None]:
     """A `say` for a backend's progress lines: `hpctrain COMMAND: ...` on stderr, at once."""
+
     def say(text: str) -> None:
         print(f"hpctrain {command}: {text}", file=sys.stderr, flush=True)
 

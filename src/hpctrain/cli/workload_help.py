@@ -14,8 +14,13 @@ class WorkloadAction(argparse.Action):
     """The WORKLOAD positional, which also tailors the help of the options that depend on it: `train imagenet
     --help` shows imagenet's datasets and recipe defaults (`train --help`, every workload's)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, values)
         texts = workload_help([str(values)])
         for action in parser._actions:
@@ -44,9 +49,9 @@ def workload_help(workloads: list[str]) -> dict[str, str]:
         "recipe": _recipe_help(workloads),
         "epochs": f"passes over the training set ({defaults(lambda i: str(i.defaults.epochs))})",
         "batch_size": "the GLOBAL batch, split over all processes (not per process, unlike some scripts' -b); "
-                      + defaults(lambda i: str(i.defaults.batch_size)),
+        + defaults(lambda i: str(i.defaults.batch_size)),
         "test_batch_size": "images per evaluation batch; changes speed and memory, not results "
-                           f"({defaults(lambda i: str(i.defaults.test_batch_size))})",
+        f"({defaults(lambda i: str(i.defaults.test_batch_size))})",
         "lr": f"learning rate, above 0 and at most 1000 ({defaults(lr)}){lr_note}",
         "resume": _resume_help(one),
     }
@@ -55,22 +60,30 @@ def workload_help(workloads: list[str]) -> dict[str, str]:
 
 def _recipe_help(workloads: list[str]) -> str:
     if len(workloads) == 1:
-        return " or ".join(f"{name} ({'the default: ' if name == DEFAULT_RECIPE else ''}{info.description})"
-                           for name, info in _recipes(workloads[0]))
+        return " or ".join(
+            f"{name} ({'the default: ' if name == DEFAULT_RECIPE else ''}{info.description})"
+            for name, info in _recipes(workloads[0])
+        )
     listed = "; ".join(f"{w}: {', '.join(name for name, _ in _recipes(w))}" for w in workloads)
-    return (f"{DEFAULT_RECIPE} (the default) or another of the workload's recipes ({listed}); `hpctrain train "
-            "WORKLOAD --help` describes them")
+    return (
+        f"{DEFAULT_RECIPE} (the default) or another of the workload's recipes ({listed}); `hpctrain train "
+        "WORKLOAD --help` describes them"
+    )
 
 
 def _resume_help(workload: str | None) -> str:
-    text = ("continue from the newest valid checkpoint in the run dir, or from PATH: a checkpoint file, a checkpoints "
-            "folder or a run directory")
+    text = (
+        "continue from the newest valid checkpoint in the run dir, or from PATH: a checkpoint file, a checkpoints "
+        "folder or a run directory"
+    )
     readers = [w for w, info in CATALOG.items() if info.image_folder and workload in (None, w)]
     if not readers:
         return text
-    return (f"{text}. For {', '.join(readers)}, while DATA is missing (no --data-dir, "
-            "no --synthetic), a PATH that names no checkpoint (no file, no *.pt or `latest`, no folder holding "
-            "checkpoints) is DATA: `--resume DATA` resumes the newest checkpoint")
+    return (
+        f"{text}. For {', '.join(readers)}, while DATA is missing (no --data-dir, "
+        "no --synthetic), a PATH that names no checkpoint (no file, no *.pt or `latest`, no folder holding "
+        "checkpoints) is DATA: `--resume DATA` resumes the newest checkpoint"
+    )
 
 
 def _recipes(workload: str) -> list[tuple[str, RecipeInfo]]:
@@ -86,8 +99,7 @@ def _dataset_help(workload: str) -> str:
 
 
 def _data_help(workload: str | None) -> str:
-    folder = ("the image folder (DATA/train/<class>/*, DATA/val/<class>/*), or a directory `hpctrain prepare` "
-              "wrote")
+    folder = "the image folder (DATA/train/<class>/*, DATA/val/<class>/*), or a directory `hpctrain prepare` wrote"
     if workload is None:
         readers = [w for w, info in CATALOG.items() if info.image_folder]
         others = [w for w, info in CATALOG.items() if not info.image_folder]
@@ -96,8 +108,9 @@ def _data_help(workload: str | None) -> str:
 
 
 def _data_dir_help(workload: str | None) -> str:
-    downloaded = ("directory holding DATASET/ as `hpctrain download` leaves it (default: $HPCTRAIN_DATA_DIR, else "
-                  "./data)")
+    downloaded = (
+        "directory holding DATASET/ as `hpctrain download` leaves it (default: $HPCTRAIN_DATA_DIR, else ./data)"
+    )
     if workload is None:
         return downloaded + "; for a workload that reads DATA, the same as DATA"
     return "the same as DATA (give one of the two)" if CATALOG[workload].image_folder else downloaded

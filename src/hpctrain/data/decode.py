@@ -61,8 +61,7 @@ def read_image_file(path: str) -> bytes:
         raise BadImageError(path, err.strerror or str(err)) from err
 
 
-def decode_crop(data: bytes, name: str, spec: CropSpec, seed: int, epoch: int, index: int,
-                out: np.ndarray) -> None:
+def decode_crop(data: bytes, name: str, spec: CropSpec, seed: int, epoch: int, index: int, out: np.ndarray) -> None:
     """Decode the encoded image `data` (called `name` in errors), crop it as `spec` says for sample `index` of
     `epoch`, and write it into `out` (H, W, 3)."""
     try:
@@ -74,8 +73,9 @@ def decode_crop(data: bytes, name: str, spec: CropSpec, seed: int, epoch: int, i
         raise BadImageError(name, f"{type(err).__name__}: {err}") from err
 
 
-def _decode(data: bytes, spec: CropSpec, seed: int, epoch: int,
-            index: int) -> tuple[np.ndarray, Crop, tuple[float, float]]:
+def _decode(
+    data: bytes, spec: CropSpec, seed: int, epoch: int, index: int
+) -> tuple[np.ndarray, Crop, tuple[float, float]]:
     """The decoded (maybe reduced) RGB image, the crop in original pixels, and decoded/original scale (y, x)."""
     if data[:3] == JPEG_MAGIC:
         simplejpeg = _simplejpeg()
@@ -95,8 +95,9 @@ def _decode(data: bytes, spec: CropSpec, seed: int, epoch: int,
     return _decode_pillow(data, spec, seed, epoch, index)
 
 
-def _decode_pillow(data: bytes, spec: CropSpec, seed: int, epoch: int,
-                   index: int) -> tuple[np.ndarray, Crop, tuple[float, float]]:
+def _decode_pillow(
+    data: bytes, spec: CropSpec, seed: int, epoch: int, index: int
+) -> tuple[np.ndarray, Crop, tuple[float, float]]:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:
@@ -133,11 +134,18 @@ def _crop_resize(image: np.ndarray, crop: Crop, scale: tuple[float, float], out:
     out_h, out_w = out.shape[:2]
     fy, fx = crop.height * sy / out_h, crop.width * sx / out_w  # source pixels per output pixel
     if fx <= 2 and fy <= 2:
-        x_step, x_start = (-fx, crop.left * sx + (out_w - 0.5) * fx - 0.5) if crop.flip else \
-            (fx, crop.left * sx + 0.5 * fx - 0.5)
+        x_step, x_start = (
+            (-fx, crop.left * sx + (out_w - 0.5) * fx - 0.5) if crop.flip else (fx, crop.left * sx + 0.5 * fx - 0.5)
+        )
         matrix = np.array([[x_step, 0.0, x_start], [0.0, fy, crop.top * sy + 0.5 * fy - 0.5]])
-        cv2.warpAffine(image, matrix, (out_w, out_h), dst=out,
-                       flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE)
+        cv2.warpAffine(
+            image,
+            matrix,
+            (out_w, out_h),
+            dst=out,
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_REPLICATE,
+        )
         return
     top, left = int(round(crop.top * sy)), int(round(crop.left * sx))
     bottom = max(top + 1, min(image.shape[0], int(round((crop.top + crop.height) * sy))))

@@ -42,6 +42,8 @@ SIZE_CAP_SLACK = 64 << 10
 # A transfer averaging fewer bytes per second than this over a --timeout window is abandoned (a trickle of one
 # byte per second never trips the per-read timeout).
 DEFAULT_MIN_RATE = 1000.0
+
+
 # redact: hide URL passwords in what is printed (shared with `submit --dry-run`, hence in hpctrain.errors).
 def max_download_bytes(fspec: FileSpec) -> int:
     return SIZE_CAP_FACTOR * fspec.raw_size + SIZE_CAP_SLACK
@@ -148,13 +150,15 @@ def _write_error(final: Path, fspec: FileSpec, err: OSError, received: int) -> U
             f"the file needs up to {format_bytes(fspec.raw_size)}: free space there, or pass --data-dir on a file "
             "system with room"
         )
-    return UserError(f"cannot write {final.name} into {where}: {err.strerror or err}; pass --data-dir with a writable directory")
+    return UserError(
+        f"cannot write {final.name} into {where}: {err.strerror or err}; pass --data-dir with a writable directory"
+    )
 
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _fetch_one(
@@ -176,8 +180,10 @@ def _fetch_one(
                 length = response.headers.get("Content-Length")
                 total = int(length) if length and length.isdigit() else None
                 if total is not None and total > limit:
-                    return (f"announces {total} bytes, more than the {limit} a {fspec.raw_size}-byte file may take: "
-                            "not the data file")
+                    return (
+                        f"announces {total} bytes, more than the {limit} a {fspec.raw_size}-byte file may take: "
+                        "not the data file"
+                    )
                 reporter.begin(final.name, redact(url), total)
                 started = True
                 window_start, window_bytes = time.monotonic(), 0
@@ -191,7 +197,9 @@ def _fetch_one(
                     received += len(chunk)
                     reporter.advance(len(chunk))
                     if received > limit:
-                        return f"sent more than {limit} bytes for a {fspec.raw_size}-byte file: not the data file; stopped"
+                        return (
+                            f"sent more than {limit} bytes for a {fspec.raw_size}-byte file: not the data file; stopped"
+                        )
                     window_bytes += len(chunk)
                     elapsed = time.monotonic() - window_start
                     if min_rate and elapsed >= timeout:

@@ -53,7 +53,9 @@ def _read_idx_stream(stream, capacity: int) -> tuple[tuple[int, ...], bytearray]
     shape = struct.unpack(f">{ndim}I", dims)
     expected = header_size + math.prod(shape)
     if expected > capacity:
-        raise _Malformed(f"truncated: its header (shape {tuple(shape)}) implies {expected} bytes, more than the file can hold")
+        raise _Malformed(
+            f"truncated: its header (shape {tuple(shape)}) implies {expected} bytes, more than the file can hold"
+        )
     data = bytearray(expected - header_size)  # a bytearray: torch.frombuffer shares it writable, without a copy
     view = memoryview(data)
     received = 0
@@ -65,7 +67,9 @@ def _read_idx_stream(stream, capacity: int) -> tuple[tuple[int, ...], bytearray]
             )
         received += n
     if stream.read(1):
-        raise _Malformed(f"has trailing bytes: more than the {expected} bytes its header (shape {tuple(shape)}) implies")
+        raise _Malformed(
+            f"has trailing bytes: more than the {expected} bytes its header (shape {tuple(shape)}) implies"
+        )
     return shape, data
 
 

@@ -73,8 +73,9 @@ class ImageFolders:
         return self.train.classes
 
 
-def find_image_folders(data: str | os.PathLike, val_path: str | os.PathLike | None = None,
-                       val_labels: str | os.PathLike | None = None) -> ImageFolders:
+def find_image_folders(
+    data: str | os.PathLike, val_path: str | os.PathLike | None = None, val_labels: str | os.PathLike | None = None
+) -> ImageFolders:
     """The training set under ``data/train`` and the validation set (``val_path`` or ``data/val``, if present)."""
     data = Path(data)
     if not data.is_dir():
@@ -169,15 +170,20 @@ def read_flat_validation(val_dir: Path, labels_file: Path, classes: tuple[str, .
         )
     if not files:
         raise UserError(f"{val_dir}: no images ({', '.join(IMAGE_EXTENSIONS)}) in the validation folder")
-    return ImageSet(str(val_dir), PackedStrings.of(files), np.array([labelled[p] for p in files], dtype=np.int64), classes)
+    return ImageSet(
+        str(val_dir), PackedStrings.of(files), np.array([labelled[p] for p in files], dtype=np.int64), classes
+    )
 
 
 def _parse_label_file(path: Path, text: str, classes: tuple[str, ...]) -> list[tuple[str, int]]:
     lines = text.splitlines()
     header = lines[0].strip().lstrip("\ufeff") if lines else ""
     if header.replace(" ", "").lower().startswith("imageid,predictionstring"):
-        rows = [(row[0].strip(), (row[1].split() or [""])[0], n) for n, row in
-                enumerate(csv.reader(lines[1:]), start=2) if row and len(row) >= 2]
+        rows = [
+            (row[0].strip(), (row[1].split() or [""])[0], n)
+            for n, row in enumerate(csv.reader(lines[1:]), start=2)
+            if row and len(row) >= 2
+        ]
     else:
         rows = []
         for n, line in enumerate(lines, start=1):
@@ -255,8 +261,10 @@ def _image_files(folder: Path) -> list[str]:
                 if entry.name.lower().endswith(IMAGE_EXTENSIONS):
                     found.append(entry.path)
             elif entry.is_symlink() and _encloses(os.path.realpath(entry.path), os.path.realpath(directory)):
-                raise UserError(f"{entry.path} is a link to {os.readlink(entry.path)}, a folder that contains it: "
-                                "following it would list images again and again, under this class; remove the link")
+                raise UserError(
+                    f"{entry.path} is a link to {os.readlink(entry.path)}, a folder that contains it: "
+                    "following it would list images again and again, under this class; remove the link"
+                )
             else:
                 pending.append(entry.path)
     return sorted(os.path.abspath(p) for p in found)

@@ -101,7 +101,6 @@ class Batches:
         self.wait_seconds += seconds
 
 
-
 class BatchSource(Protocol):
     """What the training loop needs from a streaming data source (image folders, synthetic, later shards)."""
 
@@ -151,8 +150,7 @@ class ImageBatchDataset(torch.utils.data.Dataset):
         for slot, index in enumerate(request.indices):
             try:
                 data = self.images.read(index)
-                decode_crop(data, self.images.name(index), self.spec, self.seed, request.epoch, index,
-                            pixels[slot])
+                decode_crop(data, self.images.name(index), self.spec, self.seed, request.epoch, index, pixels[slot])
             except BadImageError as err:
                 pixels[slot] = 0
                 labels[slot] = IGNORE_LABEL
@@ -163,8 +161,15 @@ class ImageBatchDataset(torch.utils.data.Dataset):
 class ImageFolderSource:
     """Training and validation batches decoded from image files (see the module docstring)."""
 
-    def __init__(self, train: EncodedImages, val: EncodedImages | None, config: LoaderConfig, seed: int,
-                 train_crop: CropSpec | None = None, eval_crop: CropSpec | None = None) -> None:
+    def __init__(
+        self,
+        train: EncodedImages,
+        val: EncodedImages | None,
+        config: LoaderConfig,
+        seed: int,
+        train_crop: CropSpec | None = None,
+        eval_crop: CropSpec | None = None,
+    ) -> None:
         self.train = train
         self.val = val
         self.config = config
@@ -177,15 +182,23 @@ class ImageFolderSource:
         self.image_size = self.train_crop.size
 
     @classmethod
-    def from_folders(cls, data: str | os.PathLike, val_path: str | os.PathLike | None,
-                     val_labels: str | os.PathLike | None, config: LoaderConfig, seed: int,
-                     train_crop: CropSpec | None = None, eval_crop: CropSpec | None = None) -> ImageFolderSource:
+    def from_folders(
+        cls,
+        data: str | os.PathLike,
+        val_path: str | os.PathLike | None,
+        val_labels: str | os.PathLike | None,
+        config: LoaderConfig,
+        seed: int,
+        train_crop: CropSpec | None = None,
+        eval_crop: CropSpec | None = None,
+    ) -> ImageFolderSource:
         """Scan DATA (see `find_image_folders`) and serve its images."""
         found = find_image_folders(data, val_path, val_labels)
         return cls(found.train, found.val, config, seed, train_crop, eval_crop)
 
-    def train_batches(self, plan: EpochPlan, epoch: int, start_step: int, rank: int,
-                      size: tuple[int, int] | None = None) -> Batches:
+    def train_batches(
+        self, plan: EpochPlan, epoch: int, start_step: int, rank: int, size: tuple[int, int] | None = None
+    ) -> Batches:
         """`size` overrides the output size for this epoch (progressive resizing); the crop boxes do not change."""
         crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
         requests = TrainRequests(plan, epoch, start_step, rank)
@@ -199,8 +212,9 @@ class ImageFolderSource:
         dataset = ImageBatchDataset(self.val, self.eval_crop, self.seed)
         return self._stream(dataset, requests, batch_size)
 
-    def _stream(self, dataset: ImageBatchDataset, requests: Sequence[BatchRequest] | TrainRequests,
-                batch_size: int) -> Batches:
+    def _stream(
+        self, dataset: ImageBatchDataset, requests: Sequence[BatchRequest] | TrainRequests, batch_size: int
+    ) -> Batches:
         cfg = self.config
         height, width = dataset.spec.size
         check_shared_memory(batch_size * height * width * 3, cfg)
@@ -270,9 +284,14 @@ def check_shared_memory(batch_bytes: int, config: LoaderConfig) -> None:
     )
 
 
-def to_device(images: torch.Tensor, device: torch.device, dtype: torch.dtype = torch.float32,
-              mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-              channels_last: bool = True) -> torch.Tensor:
+def to_device(
+    images: torch.Tensor,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    channels_last: bool = True,
+) -> torch.Tensor:
     """uint8 NHWC (CPU) -> normalized NCHW `dtype` on `device`; the float work happens on the device.
 
     Permuting NHWC memory to NCHW is exactly the channels_last layout, so that costs nothing; a contiguous
@@ -292,8 +311,15 @@ class SyntheticSource:
     costs nothing but the transfer.
     """
 
-    def __init__(self, num_train: int = 1_281_167, num_val: int = 50_000, num_classes: int = 1000,
-                 image_size: tuple[int, int] = (224, 224), seed: int = 0, pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        num_train: int = 1_281_167,
+        num_val: int = 50_000,
+        num_classes: int = 1000,
+        image_size: tuple[int, int] = (224, 224),
+        seed: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
         self.num_train, self.num_val, self.num_classes = num_train, num_val, num_classes
         self.image_size = image_size
         self.seed = seed

@@ -102,8 +102,13 @@ class StreamingSource:
     own; `move(uint8 NHWC) -> normalized float NCHW on the device` does the float work on the device.
     """
 
-    def __init__(self, loader, device: torch.device, move: Callable[[torch.Tensor], torch.Tensor],
-                 train_size: Callable[[int], tuple[int, int] | None] = lambda epoch: None) -> None:
+    def __init__(
+        self,
+        loader,
+        device: torch.device,
+        move: Callable[[torch.Tensor], torch.Tensor],
+        train_size: Callable[[int], tuple[int, int] | None] = lambda epoch: None,
+    ) -> None:
         self.loader = loader
         self.device = device
         self.move = move

@@ -63,8 +63,9 @@ class CenterCrop:
         return center_box(height, width, self.resize, self.size)
 
 
-def random_resized_box(height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float],
-                       rng: np.random.Generator) -> tuple[int, int, int, int]:
+def random_resized_box(
+    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
+) -> tuple[int, int, int, int]:
     """(top, left, height, width) as torchvision.transforms.RandomResizedCrop.get_params draws them."""
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))

@@ -27,8 +27,16 @@ from hpctrain.compat import version_tuple
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["all_gather_object", "all_reduce", "all_reduce_mean", "barrier", "collective_device",
-           "collective_device_type", "device_type_for", "holds_for"]
+__all__ = [
+    "all_gather_object",
+    "all_reduce",
+    "all_reduce_mean",
+    "barrier",
+    "collective_device",
+    "collective_device_type",
+    "device_type_for",
+    "holds_for",
+]
 
 # Where kept (gloo, torch < 2.8), a collective's tensors stay referenced while they are among the HOLD_COUNT most
 # recent or younger than HOLD_S seconds, never beyond the HOLD_MAX most recent, and never beyond HOLD_BYTES in all:
@@ -53,8 +61,9 @@ def _hold(group: Any, *tensors: Any) -> None:
     size = sum(t.numel() * t.element_size() for t in tensors)
     _held.append((now, size, tensors))
     _held_bytes += size
-    while len(_held) > 1 and (len(_held) > HOLD_MAX or _held_bytes > HOLD_BYTES
-                              or (len(_held) > HOLD_COUNT and now - _held[0][0] > HOLD_S)):
+    while len(_held) > 1 and (
+        len(_held) > HOLD_MAX or _held_bytes > HOLD_BYTES or (len(_held) > HOLD_COUNT and now - _held[0][0] > HOLD_S)
+    ):
         _held_bytes -= _held.popleft()[1]
 
 

@@ -41,8 +41,10 @@ def check_threads(requested: int) -> None:
     """Refuse more threads than cores: they only wait on each other (1,000 trained 300x slower; 100,000 crashed)."""
     cores = available_cores()
     if requested > cores:
-        raise UserError(f"--threads {requested} exceeds the {cores} CPU core(s) this process may use; "
-                        f"use --threads {cores} or fewer")
+        raise UserError(
+            f"--threads {requested} exceeds the {cores} CPU core(s) this process may use; "
+            f"use --threads {cores} or fewer"
+        )
 
 
 def default_threads(local_processes: int, busy_cores: float = 0.0) -> int:
@@ -106,6 +108,8 @@ def check_worker_count(flag: str, workers: int, cores: int | None = None) -> Non
     cores = cores or available_cores()
     limit = WORKERS_PER_CORE * cores
     if workers > limit:
-        raise UserError(f"{flag} {workers}: more than {limit} processes ({WORKERS_PER_CORE} per core, {cores} "
-                        f"core(s) usable here) would only compete for the cores; use {flag} {min(cores, limit)}, "
-                        f"or at most {limit}")
+        raise UserError(
+            f"{flag} {workers}: more than {limit} processes ({WORKERS_PER_CORE} per core, {cores} "
+            f"core(s) usable here) would only compete for the cores; use {flag} {min(cores, limit)}, "
+            f"or at most {limit}"
+        )

@@ -105,8 +105,11 @@ def _checked(env: DistEnv) -> DistEnv:
     if not env.is_distributed:
         return dataclasses.replace(env, init_method=None)
     if env.init_method == "env://":
-        missing = [name for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port))
-                   if value is None]
+        missing = [
+            name
+            for name, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port))
+            if value is None
+        ]
         if missing:
             raise UserError(
                 f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set but this is rank "

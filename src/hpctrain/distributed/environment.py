@@ -42,7 +42,9 @@ class DistEnv:
                 "the launcher's per-node and total process counts disagree; fix the launch command"
             )
         if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise UserError(f"master port {self.master_port} is outside 1-65535 {where}: set MASTER_PORT to a free port")
+            raise UserError(
+                f"master port {self.master_port} is outside 1-65535 {where}: set MASTER_PORT to a free port"
+            )
 
     @property
     def is_distributed(self) -> bool:
@@ -128,7 +130,8 @@ class Vars:
             number = None
         if number is None or number < minimum:
             raise UserError(
-                f"{name}={value!r} is not a whole number >= {minimum}" + (f" ({hint})" if hint else "")
+                f"{name}={value!r} is not a whole number >= {minimum}"
+                + (f" ({hint})" if hint else "")
                 + f"; fix or unset {name}"
             )
         return number

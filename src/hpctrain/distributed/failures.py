@@ -38,10 +38,21 @@ ROLL_CALL_MAX_S = 30.0
 # - torch's TCPStore: "Socket Timeout", "Failed to recv, got 0 bytes. Connection was likely closed".
 # ("Timed out"/"timed out" cover gloo's "Timed out waiting" and NCCL's "... failed or timed out".)
 PEER_FAILURE_SIGNS = (
-    "Timed out", "timed out", "Application timeout caused pair closure", "Connection closed by peer", "Read error",
-    "Read timeout", "Write timeout", "writev", "Connection reset by peer", "Broken pipe",
-    "collective operation timeout", "NCCL communicator was aborted", "ncclRemoteError",
-    "Socket Timeout", "Connection was likely closed",
+    "Timed out",
+    "timed out",
+    "Application timeout caused pair closure",
+    "Connection closed by peer",
+    "Read error",
+    "Read timeout",
+    "Write timeout",
+    "writev",
+    "Connection reset by peer",
+    "Broken pipe",
+    "collective operation timeout",
+    "NCCL communicator was aborted",
+    "ncclRemoteError",
+    "Socket Timeout",
+    "Connection was likely closed",
 )
 
 _HOST_KEY = "hpctrain/host"

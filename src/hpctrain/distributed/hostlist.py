@@ -32,6 +32,7 @@ def is_node_name(name: object) -> bool:
     read from a pod, a record or a file must be before hpctrain prints it in a command or acts on it."""
     return isinstance(name, str) and _NODE_NAME.fullmatch(name) is not None
 
+
 # One parsed range: (low, high, width) where width is the zero-pad width.
 _Range = tuple[int, int, int]
 # One item: literal text pieces and bracket groups (a list of ranges), in order.

@@ -184,9 +184,7 @@ class SlurmProbe:
                 counts = expand_tasks_per_node(v.text(counts_var) or "")
             except ValueError as err:
                 raise UserError(f"{counts_var}: {err}; launch with srun, which sets it") from None
-        nodes_var = next(
-            (n for n in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES") if v.has(n)), None
-        )
+        nodes_var = next((n for n in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES") if v.has(n)), None)
         num_nodes = v.required_int(nodes_var, why=why, minimum=1) if nodes_var else len(counts)
         if len(counts) != num_nodes or sum(counts) != world_size:
             raise UserError(

@@ -171,9 +171,12 @@ def _device_id_argument(device: torch.device) -> dict[str, object]:
     if not compat.init_takes_device_id():
         import torch
 
-        compat.say_once("device_id", f"torch {torch.__version__} has no init_process_group(device_id=) (torch >= 2.3):"
-                        " NCCL starts at the first collective instead of at start-up, so a GPU or network problem "
-                        "shows there")
+        compat.say_once(
+            "device_id",
+            f"torch {torch.__version__} has no init_process_group(device_id=) (torch >= 2.3):"
+            " NCCL starts at the first collective instead of at start-up, so a GPU or network problem "
+            "shows there",
+        )
         return {}
     return {"device_id": device}
 
@@ -201,9 +204,7 @@ def rendezvous_url(env: DistEnv) -> str:
     if method == "env://" or method.startswith("tcp://"):
         host, port = env.master_addr, env.master_port
         if not host or port is None:
-            raise UserError(
-                f"{method} needs the head node's address and port (MASTER_ADDR, MASTER_PORT); set them"
-            )
+            raise UserError(f"{method} needs the head node's address and port (MASTER_ADDR, MASTER_PORT); set them")
         _check_resolvable(host, port, env)
         return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
     if method.startswith("file://"):
@@ -242,8 +243,7 @@ def _explain_init_failure(err: Exception, env: DistEnv, url: str, timeout_s: flo
         return (
             f"{where}: gave up after {timeout_s:g} s waiting for all {env.world_size} processes. Check that every "
             "process started and reached this point, that they agree on the world size, and that the head "
-            "host and port are reachable from this node (firewalls). Underlying error: "
-            + text.splitlines()[0][:300]
+            "host and port are reachable from this node (firewalls). Underlying error: " + text.splitlines()[0][:300]
         )
     return None
 
@@ -277,9 +277,12 @@ def destroy_process_group() -> None:
     worker.join(DESTROY_TIMEOUT_S)
     if worker.is_alive():
         _left_hanging = True
-        print(f"hpctrain: warning: leaving the process group did not finish within {DESTROY_TIMEOUT_S:g} s (a "
-              "PyTorch shutdown hang, pytorch/pytorch#75097); the process ends without waiting for it",
-              file=sys.stderr, flush=True)
+        print(
+            f"hpctrain: warning: leaving the process group did not finish within {DESTROY_TIMEOUT_S:g} s (a "
+            "PyTorch shutdown hang, pytorch/pytorch#75097); the process ends without waiting for it",
+            file=sys.stderr,
+            flush=True,
+        )
     elif failure:
         raise failure[0]
 

@@ -17,5 +17,15 @@ from hpctrain.health.stacks import dump_stacks, request_stacks
 from hpctrain.health.stragglers import Straggler, find_stragglers
 from hpctrain.health.watchdog import Watchdog
 
-__all__ = ["HangReport", "ProgressRecorder", "RankProgress", "Straggler", "Watchdog", "dump_stacks",
-           "find_stragglers", "hang_report", "read_progress", "request_stacks"]
+__all__ = [
+    "HangReport",
+    "ProgressRecorder",
+    "RankProgress",
+    "Straggler",
+    "Watchdog",
+    "dump_stacks",
+    "find_stragglers",
+    "hang_report",
+    "read_progress",
+    "request_stacks",
+]

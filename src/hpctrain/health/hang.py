@@ -67,8 +67,15 @@ class HangReport:
         return f"hung at step {self.step}: {', '.join(self.culprits)} never arrived"
 
 
-def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, limit_s: float, run_dir: Path,
-                now: float, here: str | None = None) -> HangReport:
+def hang_report(
+    records: list[RankProgress],
+    world_size: int,
+    quiet_s: float,
+    limit_s: float,
+    run_dir: Path,
+    now: float,
+    here: str | None = None,
+) -> HangReport:
     """The report, from every rank's newest record (read `REPORT_GRACE_S` after the first rank noticed); `here`:
     where the reporting process's main thread is (`function (file:line)`), for a run of one process."""
     if world_size == 1:
@@ -77,7 +84,9 @@ def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, li
     waiting = [r for r in records if r.phase == "hung" and r.waiting_in]
     step = max((r.step for r in records), default=0)
     furthest = max((r.collectives for r in waiting if r.collectives is not None), default=None)
-    behind = {r.rank for r in waiting if r.collectives is not None and furthest is not None and r.collectives < furthest}
+    behind = {
+        r.rank for r in waiting if r.collectives is not None and furthest is not None and r.collectives < furthest
+    }
     ahead = [r for r in waiting if r.rank not in behind]
     silent = any(by_rank.get(rank) is None or by_rank[rank].phase != "hung" for rank in range(world_size))
     where = Counter(r.waiting_in for r in ahead).most_common(1)[0][0] if ahead else None
@@ -88,11 +97,15 @@ def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, li
         stacks = run_dir / HANG_DIR / f"rank-{rank}.txt"
         if r is None:
             culprits.append(f"rank {rank}")
-            lines.append(f"  rank {rank}: never wrote a progress record (it did not start, or its node cannot "
-                         "write the run directory)")
+            lines.append(
+                f"  rank {rank}: never wrote a progress record (it did not start, or its node cannot "
+                "write the run directory)"
+            )
         elif r.rank in behind and silent:
-            lines.append(f"  {r.where()}: waits in {r.waiting_in}, one collective behind the others (the missing "
-                         f"rank left it half done); stacks in {stacks}")
+            lines.append(
+                f"  {r.where()}: waits in {r.waiting_in}, one collective behind the others (the missing "
+                f"rank left it half done); stacks in {stacks}"
+            )
         elif r.rank in behind:
             culprits.append(r.where())
             lines.append(f"  {r.where()}: behind the others, still in {r.waiting_in}; stacks in {stacks}")
@@ -100,36 +113,48 @@ def hang_report(records: list[RankProgress], world_size: int, quiet_s: float, li
             lines.append(f"  {r.where()}: waits in {r.waiting_in}; stacks in {stacks}")
         elif r.phase == "hung":
             culprits.append(r.where())
-            lines.append(f"  {r.where()}: stuck at step {r.step} outside any collective (its input, a file "
-                         f"system, or compute); stacks in {stacks}")
+            lines.append(
+                f"  {r.where()}: stuck at step {r.step} outside any collective (its input, a file "
+                f"system, or compute); stacks in {stacks}"
+            )
         else:
             culprits.append(r.where())
-            lines.append(f"  {r.where()}: last seen {r.age_s(now):.0f} s ago at step {r.step}, {r.phase}: the "
-                         "process is frozen, stopped or gone (its watchdog did not answer; no stacks)")
+            lines.append(
+                f"  {r.where()}: last seen {r.age_s(now):.0f} s ago at step {r.step}, {r.phase}: the "
+                "process is frozen, stopped or gone (its watchdog did not answer; no stacks)"
+            )
     if culprits:
-        lines.append(f"culprit: {', '.join(culprits)} never arrived"
-                     + (f" in {where}, where the other ranks wait" if where else ""))
+        lines.append(
+            f"culprit: {', '.join(culprits)} never arrived"
+            + (f" in {where}, where the other ranks wait" if where else "")
+        )
     else:
-        lines.append("culprit: none found: every rank waits in a collective, so the network or the collective "
-                     "backend itself hangs (see the stacks)")
+        lines.append(
+            "culprit: none found: every rank waits in a collective, so the network or the collective "
+            "backend itself hangs (see the stacks)"
+        )
     return HangReport(step, culprits, lines)
 
 
-def _alone(records: list[RankProgress], quiet_s: float, limit_s: float, run_dir: Path,
-           here: str | None) -> HangReport:
+def _alone(records: list[RankProgress], quiet_s: float, limit_s: float, run_dir: Path, here: str | None) -> HangReport:
     """A single process's report: nobody else to wait for, so the process itself is stuck, and where."""
     record = next((r for r in records if r.rank == 0), None)
     who = record.where() if record else "rank 0"
     step = record.step if record else 0
-    inside = (f"in {record.waiting_in}" if record and record.waiting_in
-              else "outside any collective (its input, a file system, or compute)")
+    inside = (
+        f"in {record.waiting_in}"
+        if record and record.waiting_in
+        else "outside any collective (its input, a file system, or compute)"
+    )
     at = f", at {here}" if here else ""
     stacks = run_dir / HANG_DIR / "rank-0.txt"
     stuck = f"the process itself ({who}, the only one) is stuck {inside}{at}"
-    lines = [f"hang: no training step completed for {quiet_s:.0f} s (limit {limit_s:.0f} s; --hang-timeout)",
-             f"  {who}: stuck at step {step} {inside}{at}; stacks in {stacks}",
-             f"culprit: {stuck}; one process waits for no network or other rank: its stack in {stacks} shows "
-             "what it waits for"]
+    lines = [
+        f"hang: no training step completed for {quiet_s:.0f} s (limit {limit_s:.0f} s; --hang-timeout)",
+        f"  {who}: stuck at step {step} {inside}{at}; stacks in {stacks}",
+        f"culprit: {stuck}; one process waits for no network or other rank: its stack in {stacks} shows "
+        "what it waits for",
+    ]
     return HangReport(step, [who], lines, alone=stuck)
 
 
@@ -145,8 +170,9 @@ def claim_report(run_dir: Path) -> bool:
     except (OSError, UserError):  # UserError: a link or a file there, which the stacks' writer names
         return False
     try:
-        fd = os.open(CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=folder)
+        fd = os.open(
+            CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
+        )
     except OSError:
         return False
     finally:

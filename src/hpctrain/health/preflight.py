@@ -80,15 +80,23 @@ class Verdict:
             if self.links:
                 low, high = min(self.links.values()), max(self.links.values())
                 bandwidth += f", {len(self.links)} node link(s) {low:.2f}-{high:.2f} GB/s"
-            return [f"preflight: {len(self.checks)} rank(s) on {len({c.node for c in self.checks})} node(s) passed "
-                    f"({rate}{bandwidth})"]
+            return [
+                f"preflight: {len(self.checks)} rank(s) on {len({c.node for c in self.checks})} node(s) passed "
+                f"({rate}{bandwidth})"
+            ]
         return [f"preflight: node {node} is sick: {'; '.join(why)}" for node, why in sorted(self.bad.items())] + [
-            f"preflight: submit away from them with --exclude-nodes {','.join(self.bad_nodes)}"]
+            f"preflight: submit away from them with --exclude-nodes {','.join(self.bad_nodes)}"
+        ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"checks": [asdict(c) for c in self.checks], "median_gflops": self.median_gflops,
-                "allreduce_gbps": self.allreduce_gbps, "links_gbps": self.links, "slow_share": SLOW_SHARE,
-                "bad_nodes": self.bad}
+        return {
+            "checks": [asdict(c) for c in self.checks],
+            "median_gflops": self.median_gflops,
+            "allreduce_gbps": self.allreduce_gbps,
+            "links_gbps": self.links,
+            "slow_share": SLOW_SHARE,
+            "bad_nodes": self.bad,
+        }
 
 
 def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
@@ -101,7 +109,8 @@ def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
         elif typical and c.gemm_gflops < SLOW_SHARE * typical:
             bad.setdefault(c.node, []).append(
                 f"rank {c.rank}'s GEMM runs at {c.gemm_gflops:,.1f} GFLOP/s, {c.gemm_gflops / typical:.0%} of the "
-                f"median rank's {typical:,.1f} (below {SLOW_SHARE:.0%})")
+                f"median rank's {typical:,.1f} (below {SLOW_SHARE:.0%})"
+            )
     links = _links(checks)
     fastest = max(links.values(), default=0.0)
     by_node: dict[str, dict[tuple[str, str], float]] = {}  # node -> its own links: one pass, not one per node
@@ -111,9 +120,12 @@ def judge(checks: list[RankCheck], allreduce_gbps: float | None) -> Verdict:
     for node in sorted({c.node for c in checks}):
         own = by_node.get(node, {})
         if len(links) > 1 and own and all(rate < SLOW_SHARE * fastest for rate in own.values()):
-            peers = ", ".join(f"{'-'.join(n for n in pair if n != node)} {rate:.2f}" for pair, rate in sorted(own.items()))
-            bad.setdefault(node, []).append(f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest "
-                                            f"link's {fastest:.2f}")
+            peers = ", ".join(
+                f"{'-'.join(n for n in pair if n != node)} {rate:.2f}" for pair, rate in sorted(own.items())
+            )
+            bad.setdefault(node, []).append(
+                f"its links run at {peers} GB/s, below {SLOW_SHARE:.0%} of the fastest link's {fastest:.2f}"
+            )
     return Verdict(checks, typical, allreduce_gbps, bad, {"-".join(pair): rate for pair, rate in links.items()})
 
 

@@ -100,8 +100,9 @@ def read_progress(run_dir: str | Path, on_bad: Callable[[BadRunFile], None] | No
     return parse_progress(texts, on_bad)
 
 
-def parse_progress(texts: Iterable[str | tuple[str, str | os.PathLike]],
-                   on_bad: Callable[[BadRunFile], None] | None = None) -> list[RankProgress]:
+def parse_progress(
+    texts: Iterable[str | tuple[str, str | os.PathLike]], on_bad: Callable[[BadRunFile], None] | None = None
+) -> list[RankProgress]:
     """The records in `texts` (each one rank's JSON file, read here or through a pod's exec; or (text, where it came
     from)), as `read_progress` gives them: by rank, each rank's newest, without ranks an earlier, larger attempt
     left; invalid ones skipped (and given to `on_bad`)."""
@@ -127,8 +128,15 @@ class ProgressRecorder:
     """One rank's writer. `step()` is called once per step and costs a few additions; the file is replaced at
     most every `interval_s` (and at once on a change of phase)."""
 
-    def __init__(self, run_dir: Path, rank: int, world_size: int, host: str, steps_per_epoch: int,
-                 interval_s: float = PROGRESS_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        world_size: int,
+        host: str,
+        steps_per_epoch: int,
+        interval_s: float = PROGRESS_INTERVAL_S,
+    ) -> None:
         self.path = progress_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.record = RankProgress(rank, world_size, host, os.getpid(), "starting", steps_per_epoch=steps_per_epoch)
@@ -136,8 +144,9 @@ class ProgressRecorder:
         self._sums = [0, 0.0, 0.0, 0.0, 0]  # steps, step, data, compute seconds, images
         self._last_write = 0.0
 
-    def step(self, epoch: int, step: int, step_in_epoch: int, images: int, step_s: float, data_s: float,
-             compute_s: float) -> None:
+    def step(
+        self, epoch: int, step: int, step_in_epoch: int, images: int, step_s: float, data_s: float, compute_s: float
+    ) -> None:
         sums = self._sums
         sums[0] += 1
         sums[1] += step_s

@@ -79,8 +79,9 @@ def open_folder(parent: Path, name: str, create: bool = True) -> int:
     except OSError as err:
         if err.errno in (errno.ELOOP, errno.ENOTDIR):  # Linux says ENOTDIR for a link with O_DIRECTORY
             refuse_symlinks(parent, (name,))
-            raise UserError(f"{parent / name} is not a folder: hpctrain writes stacks there; remove it, or choose "
-                            "another --run-dir") from None
+            raise UserError(
+                f"{parent / name} is not a folder: hpctrain writes stacks there; remove it, or choose another --run-dir"
+            ) from None
         raise
 
 
@@ -119,8 +120,9 @@ def request_stacks(run_dir: Path) -> str:
     try:
         write_in(folder, REQUEST_FILE, f"{token}\n".encode())
     except IsADirectoryError:
-        raise UserError(f"{run_dir / STACKS_DIR / REQUEST_FILE} is a folder: remove it (hpctrain writes a file "
-                        "there)") from None
+        raise UserError(
+            f"{run_dir / STACKS_DIR / REQUEST_FILE} is a folder: remove it (hpctrain writes a file there)"
+        ) from None
     finally:
         os.close(folder)
     return token

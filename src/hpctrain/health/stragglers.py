@@ -34,13 +34,21 @@ class Straggler:
 
     def describe(self) -> str:
         what = "waiting for input" if self.cause == "input" else "computing (forward pass)"
-        return (f"rank {self.rank} on {self.host} is a straggler: {self.own_s * 1000:.1f} ms per step of its own "
-                f"(mostly {what}) against {self.others_s * 1000:.1f} ms on the other ranks; every rank waits for "
-                f"it ({self.share:.0%} of each {self.step_s * 1000:.1f} ms step)")
+        return (
+            f"rank {self.rank} on {self.host} is a straggler: {self.own_s * 1000:.1f} ms per step of its own "
+            f"(mostly {what}) against {self.others_s * 1000:.1f} ms on the other ranks; every rank waits for "
+            f"it ({self.share:.0%} of each {self.step_s * 1000:.1f} ms step)"
+        )
 
     def as_dict(self) -> dict[str, object]:
-        return {"rank": self.rank, "host": self.host, "cause": self.cause, "own_s": self.own_s,
-                "others_s": self.others_s, "step_s": self.step_s}
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "cause": self.cause,
+            "own_s": self.own_s,
+            "others_s": self.others_s,
+            "step_s": self.step_s,
+        }
 
 
 def find_stragglers(records: list[RankProgress], now: float | None = None) -> list[Straggler]:
@@ -48,8 +56,11 @@ def find_stragglers(records: list[RankProgress], now: float | None = None) -> li
     and `status`/`top` on every view), since each rank's "median of the others" is read off the sorted values of
     all ranks rather than recomputed from a list of the others."""
     # (rank, host, input s, forward s, step s) of the ranks with fresh timings
-    timed = [(r.rank, r.host, r.data_s, r.compute_s, r.step_s) for r in records
-             if r.data_s is not None and r.compute_s is not None and r.step_s and r.age_s(now) <= STALE_S]
+    timed = [
+        (r.rank, r.host, r.data_s, r.compute_s, r.step_s)
+        for r in records
+        if r.data_s is not None and r.compute_s is not None and r.step_s and r.age_s(now) <= STALE_S
+    ]
     if len(timed) < 2:
         return []
     step = median(t[4] for t in timed)

@@ -19,13 +19,17 @@ def rank_lines(records: list[RankProgress], now: float) -> list[str]:
     if not records:
         return []
     width = max(4, *(len(r.host) for r in records))
-    lines = [f"{'RANK':>4s} {'HOST':{width}s} {'PHASE':13s} {'EPOCH':>5s} {'STEP':>7s} {'STEP ms':>8s} "
-             f"{'INPUT ms':>8s} {'FWD ms':>7s} {'IMG/S':>8s} {'AGE':>5s}"]
+    lines = [
+        f"{'RANK':>4s} {'HOST':{width}s} {'PHASE':13s} {'EPOCH':>5s} {'STEP':>7s} {'STEP ms':>8s} "
+        f"{'INPUT ms':>8s} {'FWD ms':>7s} {'IMG/S':>8s} {'AGE':>5s}"
+    ]
     for r in records:
         ms = [f"{v * 1000:.1f}" if v is not None else "-" for v in (r.step_s, r.data_s, r.compute_s)]
         rate = f"{r.images_per_s:,.0f}" if r.images_per_s is not None else "-"
-        lines.append(f"{r.rank:>4d} {r.host:{width}s} {r.phase:13s} {r.epoch:>5d} {r.step:>7d} {ms[0]:>8s} "
-                     f"{ms[1]:>8s} {ms[2]:>7s} {rate:>8s} {r.age_s(now):>4.0f}s")
+        lines.append(
+            f"{r.rank:>4d} {r.host:{width}s} {r.phase:13s} {r.epoch:>5d} {r.step:>7d} {ms[0]:>8s} "
+            f"{ms[1]:>8s} {ms[2]:>7s} {rate:>8s} {r.age_s(now):>4.0f}s"
+        )
     per_node: dict[str, float] = {}
     for r in records:
         if r.images_per_s is not None:
@@ -53,5 +57,8 @@ def hang_lines(run_dir: Path) -> list[str]:
     except OSError:
         return []
     verdict = next((line for line in report if line.startswith("culprit:")), "culprit: (the report has none)")
-    return [f"hung: {report[0].removeprefix('hang: ')}" if report else "hung", verdict,
-            f"stacks and the full report: {report_path(run_dir).parent}/"]
+    return [
+        f"hung: {report[0].removeprefix('hang: ')}" if report else "hung",
+        verdict,
+        f"stacks and the full report: {report_path(run_dir).parent}/",
+    ]

@@ -35,8 +35,14 @@ POLL_S = 1.0
 
 
 class Watchdog:
-    def __init__(self, timeout_s: float | None, long_s: float, on_hang: Callable[[float, float], None],
-                 ticks: tuple[Callable[[], None], ...] = (), poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        timeout_s: float | None,
+        long_s: float,
+        on_hang: Callable[[float, float], None],
+        ticks: tuple[Callable[[], None], ...] = (),
+        poll_s: float = POLL_S,
+    ) -> None:
         self.timeout_s = timeout_s
         self.long_s = long_s
         self.on_hang = on_hang  # (seconds since the last step, the limit it passed)
@@ -123,5 +129,8 @@ class Watchdog:
                     tick()
                 except Exception as err:  # noqa: BLE001 - nothing a tick meets (files others wrote) stops the watch
                     what = getattr(tick, "__qualname__", "task")
-                    self._warn_once((tick, type(err)), f"hpctrain: warning: the watchdog's {what} failed "
-                                    f"({type(err).__name__}: {err}); the watch goes on")
+                    self._warn_once(
+                        (tick, type(err)),
+                        f"hpctrain: warning: the watchdog's {what} failed "
+                        f"({type(err).__name__}: {err}); the watch goes on",
+                    )

@@ -44,7 +44,9 @@ def _job_yaml_loader():
             event = self.peek_event()
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
                 raise yaml.composer.ComposerError(
-                    None, None, "YAML anchors (&name) and aliases (*name) are not allowed in a job file; write the values out",
+                    None,
+                    None,
+                    "YAML anchors (&name) and aliases (*name) are not allowed in a job file; write the values out",
                     event.start_mark,
                 )
             return super().compose_node(parent, index)
@@ -61,7 +63,8 @@ def _job_yaml_loader():
                     continue
                 if duplicate:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"{key!r} is given twice: keep one", key_node.start_mark)
+                        None, None, f"{key!r} is given twice: keep one", key_node.start_mark
+                    )
             return super().construct_mapping(node, deep=deep)
 
     JobLoader.yaml_implicit_resolvers = {
@@ -123,13 +126,17 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML (.yaml/.yml) or TOML (.toml) job file into plain data; job.from_mapping validates it."""
     path = Path(path)
     if path.suffix not in SUFFIXES:
-        raise UserError(f"job file {path}: name it .yaml, .yml or .toml so its format is clear "
-                        f"(or {PARAMS_SUFFIX} for a Kubernetes platform's key=value params file)")
+        raise UserError(
+            f"job file {path}: name it .yaml, .yml or .toml so its format is clear "
+            f"(or {PARAMS_SUFFIX} for a Kubernetes platform's key=value params file)"
+        )
     text = read_job_text(path)
     try:
         data = _parse(path, text)
     except RecursionError:
-        raise UserError(f"job file {path} nests lists or tables too deeply to read; a job file needs a few levels at most") from None
+        raise UserError(
+            f"job file {path} nests lists or tables too deeply to read; a job file needs a few levels at most"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -20,8 +20,16 @@ _RESOURCE_KEYS = {f.name for f in fields(Resources)}
 _ENV_KEYS = {f.name for f in fields(EnvironmentSpec)}
 _JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
 VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
-_INT_KEYS = {"nodes", "nproc_per_node", "gpus_per_node", "shards_per_node", "cpus_per_task", "signal_grace",
-             "max_hang_restarts", "max_restarts"}
+_INT_KEYS = {
+    "nodes",
+    "nproc_per_node",
+    "gpus_per_node",
+    "shards_per_node",
+    "cpus_per_task",
+    "signal_grace",
+    "max_hang_restarts",
+    "max_restarts",
+}
 _STR_KEYS = {"name", "time", "run_dir", "gpu_type", "mem", "gres", "python"}
 _LIST_KEYS = {"command", "exclude_nodes"}
 
@@ -71,8 +79,10 @@ def _environment_from(source: str, value: Any) -> EnvironmentSpec:
     if isinstance(value, str):
         return EnvironmentSpec(kind=value)
     if not isinstance(value, dict):
-        raise UserError(f"{source}: environment must be a kind ({', '.join(ENVIRONMENT_KINDS)}) or a mapping with "
-                        f"keys {', '.join(sorted(_ENV_KEYS))}")
+        raise UserError(
+            f"{source}: environment must be a kind ({', '.join(ENVIRONMENT_KINDS)}) or a mapping with "
+            f"keys {', '.join(sorted(_ENV_KEYS))}"
+        )
     data = known_keys(value, _ENV_KEYS, f"{source}: unknown environment key(s)")
     for key in ("modules", "mounts"):
         if key in data:
@@ -93,7 +103,11 @@ def _check_type(source: str, key: str, value: Any) -> None:
 
     if key in _INT_KEYS and (isinstance(value, bool) or not isinstance(value, int)):
         raise bad("a whole number")
-    if key in _STR_KEYS and not isinstance(value, str) and not (key in ("time", "mem") and isinstance(value, int) and not isinstance(value, bool)):
+    if (
+        key in _STR_KEYS
+        and not isinstance(value, str)
+        and not (key in ("time", "mem") and isinstance(value, int) and not isinstance(value, bool))
+    ):
         raise bad("a string")
     if key in _LIST_KEYS and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
         raise bad("a list of strings")

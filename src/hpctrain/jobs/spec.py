@@ -51,21 +51,31 @@ class Resources:
     """Memory per node in Slurm's form (16G); None: the partition's default."""
 
     def __post_init__(self) -> None:
-        for name, low in (("nodes", 1), ("nproc_per_node", 1), ("cpus_per_task", 1), ("gpus_per_node", 0), ("shards_per_node", 0)):
+        for name, low in (
+            ("nodes", 1),
+            ("nproc_per_node", 1),
+            ("cpus_per_task", 1),
+            ("gpus_per_node", 0),
+            ("shards_per_node", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise UserError(f"{_flag(name)} must be a whole number (got {value!r})")
             if value < low:
                 raise UserError(f"{_flag(name)} must be at least {low} (got {value})")
             if value > _MAXIMA[name]:
-                raise UserError(f"{_flag(name)} {value} is more than {_MAXIMA[name]}, beyond any cluster: check the value")
+                raise UserError(
+                    f"{_flag(name)} {value} is more than {_MAXIMA[name]}, beyond any cluster: check the value"
+                )
         if self.gpus_per_node and self.shards_per_node:
             raise UserError("ask for whole GPUs (--gpus-per-node) or shards (--gres shard:N), not both")
         if self.gpu_type is not None:
             if not self.gpus_per_node:
                 raise UserError(f"--gpu-type {self.gpu_type!r} needs --gpus-per-node N")
             if not _GPU_TYPE_RE.match(self.gpu_type):
-                raise UserError(f"--gpu-type {self.gpu_type!r}: use the GPU type that `sinfo -o %G` shows (letters, digits, _ . -)")
+                raise UserError(
+                    f"--gpu-type {self.gpu_type!r}: use the GPU type that `sinfo -o %G` shows (letters, digits, _ . -)"
+                )
         if self.mem is not None:
             parse_mem_mb(self.mem)
             if problem := mem_problem(self.mem):
@@ -122,7 +132,9 @@ class EnvironmentSpec:
             if self.kind == kind and not value:
                 raise UserError(f"environment kind {kind} needs {_flag(name)} (e.g. {_EXAMPLES[name]})")
             if self.kind != kind and value and not (name == "image" and self.kind in ("apptainer", "pyxis")):
-                raise UserError(f"{_flag(name)} is set but the environment kind is {self.kind!r}: add --env-kind {kind}")
+                raise UserError(
+                    f"{_flag(name)} is set but the environment kind is {self.kind!r}: add --env-kind {kind}"
+                )
         if (self.mounts or self.workdir) and self.kind not in ("apptainer", "pyxis"):
             raise UserError("--mount/--container-workdir apply to containers: add --env-kind apptainer or pyxis")
         for mount in self.mounts:
@@ -132,8 +144,13 @@ class EnvironmentSpec:
             raise UserError(f"--container-workdir {self.workdir!r} must be an absolute path inside the container")
 
 
-_MAXIMA = {"nodes": MAX_NODES, "nproc_per_node": MAX_PROCS_PER_NODE, "cpus_per_task": MAX_CPUS_PER_TASK,
-           "gpus_per_node": MAX_GPUS_PER_NODE, "shards_per_node": MAX_GPUS_PER_NODE * 1024}
+_MAXIMA = {
+    "nodes": MAX_NODES,
+    "nproc_per_node": MAX_PROCS_PER_NODE,
+    "cpus_per_task": MAX_CPUS_PER_TASK,
+    "gpus_per_node": MAX_GPUS_PER_NODE,
+    "shards_per_node": MAX_GPUS_PER_NODE * 1024,
+}
 _EXAMPLES = {"conda_env": "--conda-env myenv", "venv": "--venv ~/venvs/train", "image": "--image pytorch.sif"}
 
 
@@ -169,7 +186,9 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, tuple) or not self.command or not all(isinstance(a, str) for a in self.command):
-            raise UserError("no command: give a recipe (`train mnist ...`) or a command after `--` (`-- python train.py`)")
+            raise UserError(
+                "no command: give a recipe (`train mnist ...`) or a command after `--` (`-- python train.py`)"
+            )
         if any("\0" in a for a in self.command):
             raise UserError("the command contains a NUL character, which no process argument can hold")
         # The scheduler checks what its own forms can hold (Slurm: #SBATCH lines; Kubernetes: object names).
@@ -194,8 +213,10 @@ class JobSpec:
                 )
         for key, value in self.env:
             if not _ENV_NAME_RE.match(key):
-                raise UserError(f"environment variable name {key!r} is not valid: use letters, digits and _, not "
-                                "starting with a digit")
+                raise UserError(
+                    f"environment variable name {key!r} is not valid: use letters, digits and _, not "
+                    "starting with a digit"
+                )
             if not isinstance(value, str) or "\0" in value:
                 raise UserError(f"environment variable {key} must have a string value (got {value!r})")
         if self.run_dir is not None and (not isinstance(self.run_dir, str) or not self.run_dir):
@@ -230,7 +251,10 @@ class JobSpec:
             if f.name == "resources":
                 out.update({rf.name: getattr(value, rf.name) for rf in fields(Resources)})
             elif f.name == "environment":
-                out["environment"] = {ef.name: list(v) if isinstance(v := getattr(value, ef.name), tuple) else v for ef in fields(EnvironmentSpec)}
+                out["environment"] = {
+                    ef.name: list(v) if isinstance(v := getattr(value, ef.name), tuple) else v
+                    for ef in fields(EnvironmentSpec)
+                }
             elif f.name == "env":
                 out["env"] = dict(value)
             elif isinstance(value, tuple):
@@ -250,7 +274,9 @@ def missing_prerequisites(job: JobSpec) -> list[str]:
     problems = []
     env = job.environment
     if env.kind == "apptainer" and env.image and not Path(env.image).expanduser().is_file():
-        problems.append(f"apptainer image {env.image} does not exist: build or pull it first (apptainer pull ...) or fix --image")
+        problems.append(
+            f"apptainer image {env.image} does not exist: build or pull it first (apptainer pull ...) or fix --image"
+        )
     if env.kind == "pyxis" and env.image and _looks_like_path(env.image) and not Path(env.image).expanduser().is_file():
         problems.append(f"enroot image {env.image} does not exist: import it first (enroot import ...) or fix --image")
     if env.kind == "venv" and env.venv and not (Path(env.venv).expanduser() / "bin" / "activate").is_file():

@@ -20,8 +20,14 @@ _TIME_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
 # Slurm's memory sizes: a number (scontrol prints `1.50G`; sbatch takes whole numbers), a unit, an optional B.
 _SIZE_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGTP]?)B?$", re.IGNORECASE)
 _MEM_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)  # what sbatch --mem accepts
-_MB_PER = {"K": Fraction(1, 1024), "": Fraction(1), "M": Fraction(1), "G": Fraction(1024), "T": Fraction(1024**2),
-           "P": Fraction(1024**3)}
+_MB_PER = {
+    "K": Fraction(1, 1024),
+    "": Fraction(1),
+    "M": Fraction(1),
+    "G": Fraction(1024),
+    "T": Fraction(1024**2),
+    "P": Fraction(1024**3),
+}
 # A GRES count: a number with an optional K, M, G, T or P, each a multiple of 1024 (sbatch --gres documents it).
 _GRES_COUNT_RE = re.compile(r"^(?P<n>\d{1,30})(?P<unit>[KMGTP]?)$", re.IGNORECASE)
 
@@ -104,12 +110,15 @@ def parse_mem_mb(text: str) -> int:
     """Slurm memory per node (4000, 4000M, 16G, 1T: units K/M/G/T, M by default) -> megabytes (0: the whole node)."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
     if not m or len(m["n"]) > 30:
-        raise UserError(f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T "
-                        "(e.g. --mem 16G)")
+        raise UserError(
+            f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)"
+        )
     mb = slurm_size_mb(text)  # 0: sbatch's --mem=0, all the memory of each node
     if mb > MAX_MEM_MB:
-        raise UserError(f"memory {text!r} is more than {MAX_MEM_MB >> 20}T per node, far beyond any machine: give the "
-                        "memory of one node (e.g. --mem 64G)")
+        raise UserError(
+            f"memory {text!r} is more than {MAX_MEM_MB >> 20}T per node, far beyond any machine: give the "
+            "memory of one node (e.g. --mem 64G)"
+        )
     return mb
 
 
@@ -139,8 +148,10 @@ def parse_gres(text: str) -> tuple[int, str | None, int]:
 def check_node_name(name: str) -> None:
     """One node named by --exclude-nodes: a plain name (no list, range or pattern)."""
     if not is_node_name(name):
-        raise UserError(f"--exclude-nodes: {name!r} is not a node name; give names as sinfo or `kubectl get nodes` "
-                        "shows them, comma-separated (e.g. --exclude-nodes node07,node12), without ranges")
+        raise UserError(
+            f"--exclude-nodes: {name!r} is not a node name; give names as sinfo or `kubectl get nodes` "
+            "shows them, comma-separated (e.g. --exclude-nodes node07,node12), without ranges"
+        )
 
 
 def mem_problem(mem: str | None) -> str | None:
@@ -150,5 +161,7 @@ def mem_problem(mem: str | None) -> str | None:
     if m is None or m["unit"] or not 0 < int(m["n"]) < 1024:
         return None
     n = int(m["n"])
-    return (f"--mem {mem} has no unit, and sbatch would read it as {n} MB, too little for any training job: write "
-            f"--mem {n}G for {n} GB (or --mem {n}M if you do mean megabytes)")
+    return (
+        f"--mem {mem} has no unit, and sbatch would read it as {n} MB, too little for any training job: write "
+        f"--mem {n}G for {n} GB (or --mem {n}M if you do mean megabytes)"
+    )

@@ -63,8 +63,9 @@ def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> 
     """
     context = multiprocessing.get_context("spawn")
     workers = [
-        context.Process(target=_worker, args=(target, args, plan.worker_environ(i), os.getpid()),
-                        name=f"hpctrain-rank{i}")
+        context.Process(
+            target=_worker, args=(target, args, plan.worker_environ(i), os.getpid()), name=f"hpctrain-rank{i}"
+        )
         for i in range(plan.nproc_per_node)
     ]
 

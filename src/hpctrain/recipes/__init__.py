@@ -53,9 +53,11 @@ def synthetic_cpu_warning(cfg: TrainConfig, cores: int, side: int | None = None)
     if seconds < 15 * 60:
         return None
     five_minutes = max(1, int(300 * max(1, cores) * CPU_GFLOPS_PER_CORE / per_image))
-    return (f"--synthetic on the CPU: an epoch is {images:,} images of {arch} at {side} px, about {seconds / 3600:.1f} h "
-            f"on {cores} core(s) (estimated at {CPU_GFLOPS_PER_CORE:g} GFLOP/s a core); cap it with --train-limit N "
-            f"(about 5 minutes: --train-limit {five_minutes}), or train on GPUs")
+    return (
+        f"--synthetic on the CPU: an epoch is {images:,} images of {arch} at {side} px, about {seconds / 3600:.1f} h "
+        f"on {cores} core(s) (estimated at {CPU_GFLOPS_PER_CORE:g} GFLOP/s a core); cap it with --train-limit N "
+        f"(about 5 minutes: --train-limit {five_minutes}), or train on GPUs"
+    )
 
 
 def get_recipe(workload: str, variant: str) -> Recipe:
@@ -84,5 +86,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CATALOG", "Defaults", "Recipe", "RecipeInfo", "WORKLOADS", "WorkloadInfo", "check_data", "get_recipe",
-           "recipe_info", "workload_info"]
+__all__ = [
+    "CATALOG",
+    "Defaults",
+    "Recipe",
+    "RecipeInfo",
+    "WORKLOADS",
+    "WorkloadInfo",
+    "check_data",
+    "get_recipe",
+    "recipe_info",
+    "workload_info",
+]

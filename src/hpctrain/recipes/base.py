@@ -58,9 +58,13 @@ class TensorData:
         """A contiguous shard per rank (every sample once across ranks), in batches of `batch_size`."""
         n = len(self.test_labels)
         lo, hi = n * rank // world_size, n * (rank + 1) // world_size
-        return TimedBatches((self.test_images[start : min(start + batch_size, hi)],
-                             self.test_labels[start : min(start + batch_size, hi)])
-                            for start in range(lo, hi, batch_size))
+        return TimedBatches(
+            (
+                self.test_images[start : min(start + batch_size, hi)],
+                self.test_labels[start : min(start + batch_size, hi)],
+            )
+            for start in range(lo, hi, batch_size)
+        )
 
 
 class Recipe(ABC):
@@ -116,9 +120,11 @@ class Recipe(ABC):
         global batch larger than the training set (every epoch is then one padded step)."""
         if cfg.batch_size <= num_train:
             return []
-        return [f"the global batch ({cfg.batch_size}) exceeds the {num_train} training images: each epoch is a "
-                f"single step over a padded batch, and the recipe's learning rate is scaled for {cfg.batch_size} "
-                f"images; pass -b {max(1, num_train // 10)} or so (a tenth of the images) for a small data set"]
+        return [
+            f"the global batch ({cfg.batch_size}) exceeds the {num_train} training images: each epoch is a "
+            f"single step over a padded batch, and the recipe's learning rate is scaled for {cfg.batch_size} "
+            f"images; pass -b {max(1, num_train // 10)} or so (a tenth of the images) for a small data set"
+        ]
 
     def load_data(self, dataset: str, data_dir: str, device: torch.device, train_limit: int | None) -> TensorData:
         """Training and test tensors, preprocessed once, on `device` (recipes whose data fits in memory)."""
@@ -128,9 +134,7 @@ class Recipe(ABC):
     def build_model(self) -> nn.Module: ...
 
     @abstractmethod
-    def build_optimization(
-        self, model: nn.Module, lr: float, epochs: int, steps_per_epoch: int
-    ) -> Optimization: ...
+    def build_optimization(self, model: nn.Module, lr: float, epochs: int, steps_per_epoch: int) -> Optimization: ...
 
     def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Per-batch training augmentation, vectorized on the batch's device. Default: none.

@@ -44,11 +44,13 @@ CATALOG: dict[str, WorkloadInfo] = {
             "classic": RecipeInfo(
                 "pytorch/examples MNIST tutorial: its CNN, Adadelta, StepLR",
                 Defaults(epochs=14, batch_size=64, lr=1.0, test_batch_size=1000),
-                lr_note="Adadelta, times 0.7 each epoch"),
+                lr_note="Adadelta, times 0.7 each epoch",
+            ),
             "fast": RecipeInfo(
                 "small BN CNN, bf16 where fast, SGD-Nesterov warmup/decay: ~90% Fashion-MNIST in one epoch",
                 Defaults(epochs=1, batch_size=112, lr=0.15, test_batch_size=2000),
-                lr_note="the SGD peak after warmup"),
+                lr_note="the SGD peak after warmup",
+            ),
         },
     ),
     "imagenet": WorkloadInfo(
@@ -58,14 +60,15 @@ CATALOG: dict[str, WorkloadInfo] = {
             "classic": RecipeInfo(
                 "pytorch/examples imagenet: SGD 0.1, step /10 every 30 epochs, batch 256, 90 epochs",
                 Defaults(epochs=90, batch_size=256, lr=0.1, test_batch_size=256),
-                lr_note="divided by 10 every 30 epochs"),
+                lr_note="divided by 10 every 30 epochs",
+            ),
             "fast": RecipeInfo(
                 "FFCV-style: label smoothing, no wd on norms, warmup + linear decay, 160->192 resizing, 16 epochs",
                 Defaults(epochs=16, batch_size=1024, lr=0.5, test_batch_size=256),
-                lr_note="the peak after warmup"),
+                lr_note="the peak after warmup",
+            ),
         },
         image_folder=True,
         lr_note="per 256 images: the rate used is lr x global batch / 256",
     ),
 }
-

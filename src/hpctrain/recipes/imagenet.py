@@ -34,8 +34,14 @@ from torch.nn import functional as F
 
 from hpctrain.data.backends import choose_backend, make_loader, require_dali
 from hpctrain.data.imagefolder import find_image_folders, scan_validation
-from hpctrain.data.loader import (IGNORE_LABEL, EncodedImages, LoaderConfig, SyntheticSource, check_shared_memory,
-                                 to_device)
+from hpctrain.data.loader import (
+    IGNORE_LABEL,
+    EncodedImages,
+    LoaderConfig,
+    SyntheticSource,
+    check_shared_memory,
+    to_device,
+)
 from hpctrain.data.source import StreamingSource
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
@@ -85,7 +91,7 @@ class ImageNetRecipe(Recipe):
 
     def __init__(self, cfg=None) -> None:  # type: ignore[no-untyped-def]
         self.cfg = cfg
-        self.arch = (cfg.arch if cfg is not None and cfg.arch else "resnet50")
+        self.arch = cfg.arch if cfg is not None and cfg.arch else "resnet50"
         self.num_classes = _count_classes(cfg) if cfg is not None else IMAGENET_CLASSES
 
     @property
@@ -125,8 +131,14 @@ class ImageNetRecipe(Recipe):
         if device.type == "cpu":
             keep_freed_memory()
         if cfg.synthetic:
-            loader = SyntheticSource(cfg.train_limit or IMAGENET_TRAIN_IMAGES, cfg.test_limit or IMAGENET_VAL_IMAGES,
-                                     self.num_classes, (sizes.train, sizes.train), cfg.seed, pin_memory=cuda)
+            loader = SyntheticSource(
+                cfg.train_limit or IMAGENET_TRAIN_IMAGES,
+                cfg.test_limit or IMAGENET_VAL_IMAGES,
+                self.num_classes,
+                (sizes.train, sizes.train),
+                cfg.seed,
+                pin_memory=cuda,
+            )
         else:
             train, val = _encoded_images(cfg)
             if cfg.workers is not None:
@@ -134,14 +146,24 @@ class ImageNetRecipe(Recipe):
 
                 check_worker_count("--workers", cfg.workers)
             workers = cfg.workers if cfg.workers is not None else default_workers(env.local_world_size)
-            config = LoaderConfig(workers=workers, pin_memory=cuda, skip_bad_images=cfg.skip_bad_images,
-                                  processes_per_node=env.local_world_size)
+            config = LoaderConfig(
+                workers=workers,
+                pin_memory=cuda,
+                skip_bad_images=cfg.skip_bad_images,
+                processes_per_node=env.local_world_size,
+            )
             per_process = max(cfg.batch_size // env.world_size, cfg.test_batch_size)
             check_shared_memory(per_process * side * side * 3, config)  # before training, not at epoch 1's end
             loader = image_loader(
-                cfg, device, env, _subset(train, cfg.train_limit), _subset(val, cfg.test_limit), config,
+                cfg,
+                device,
+                env,
+                _subset(train, cfg.train_limit),
+                _subset(val, cfg.test_limit),
+                config,
                 train_crop=RandomResizedCrop((sizes.train, sizes.train)),
-                eval_crop=CenterCrop((sizes.val, sizes.val), sizes.val_resize))
+                eval_crop=CenterCrop((sizes.val, sizes.val), sizes.val_resize),
+            )
         move = functools.partial(to_device, device=device, channels_last=self.channels_last)
         epochs = cfg.epochs
 
@@ -160,15 +182,17 @@ class ImageNetRecipe(Recipe):
             model = torchvision.models.get_model(self.arch, num_classes=self.num_classes)
         except ValueError:
             names = torchvision.models.list_models(module=torchvision.models)
-            raise UserError(f"--arch {self.arch!r} is not a torchvision classification model; choose one of "
-                            f"{', '.join(names[:12])}, ... (torchvision.models.list_models())") from None
+            raise UserError(
+                f"--arch {self.arch!r} is not a torchvision classification model; choose one of "
+                f"{', '.join(names[:12])}, ... (torchvision.models.list_models())"
+            ) from None
         return model.to(memory_format=torch.channels_last) if self.channels_last else model
 
     def scaled_lr(self, lr: float) -> float:
         return lr * self._batch() / LR_REFERENCE_BATCH
 
     def _batch(self) -> int:
-        return (self.cfg.batch_size if self.cfg is not None and self.cfg.batch_size else self.defaults.batch_size)
+        return self.cfg.batch_size if self.cfg is not None and self.cfg.batch_size else self.defaults.batch_size
 
     def _momentum_and_decay(self) -> tuple[float, float]:
         cfg = self.cfg
@@ -180,15 +204,19 @@ class ImageNetRecipe(Recipe):
         _, decay = self._momentum_and_decay()
         if self.decay_norms:
             return [{"params": list(model.parameters()), "weight_decay": decay}]
-        return [{"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": decay},
-                {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0}]
+        return [
+            {"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": decay},
+            {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
+        ]
 
     def describe_scaling(self, cfg, world_size: int) -> str:  # type: ignore[no-untyped-def]
         sizes = self.sizes()
-        train = (f"{sizes.ramp[0]}->{sizes.ramp[1]} (progressive)" if sizes.ramp else str(sizes.train))
-        return (f"{self.arch}, {self.num_classes} classes; global batch {cfg.batch_size} = {world_size} process(es) "
-                f"x {cfg.batch_size // world_size}; lr {cfg.lr:g} per {LR_REFERENCE_BATCH} images -> "
-                f"{self.scaled_lr(cfg.lr):g}; train size {train}, eval {sizes.val} (resize {sizes.val_resize})")
+        train = f"{sizes.ramp[0]}->{sizes.ramp[1]} (progressive)" if sizes.ramp else str(sizes.train)
+        return (
+            f"{self.arch}, {self.num_classes} classes; global batch {cfg.batch_size} = {world_size} process(es) "
+            f"x {cfg.batch_size // world_size}; lr {cfg.lr:g} per {LR_REFERENCE_BATCH} images -> "
+            f"{self.scaled_lr(cfg.lr):g}; train size {train}, eval {sizes.val} (resize {sizes.val_resize})"
+        )
 
     def loss(self, output, target):
         if self.cfg is not None and self.cfg.skip_bad_images:
@@ -242,10 +270,12 @@ class FastRecipe(ImageNetRecipe):
         lines = super().warnings(cfg, num_train, steps_per_epoch)
         warmup = max(1, round(self.warmup_fraction * cfg.epochs * steps_per_epoch))
         if warmup < MIN_WARMUP_STEPS:
-            lines.append(f"the fast recipe warms up for only {warmup} step(s) ({cfg.epochs} epoch(s) x "
-                         f"{steps_per_epoch} step(s), 2/16 of them) to a peak learning rate of "
-                         f"{self.scaled_lr(cfg.lr):g}: on a small data set that diverges. For a first try use "
-                         f"--recipe classic (see the README's quick first try), or a lower --lr and more --epochs")
+            lines.append(
+                f"the fast recipe warms up for only {warmup} step(s) ({cfg.epochs} epoch(s) x "
+                f"{steps_per_epoch} step(s), 2/16 of them) to a peak learning rate of "
+                f"{self.scaled_lr(cfg.lr):g}: on a small data set that diverges. For a first try use "
+                f"--recipe classic (see the README's quick first try), or a lower --lr and more --epochs"
+            )
         return lines
 
     def build_optimization(self, model, lr, epochs, steps_per_epoch):
@@ -278,8 +308,10 @@ def _encoded_images(cfg) -> tuple[EncodedImages, EncodedImages]:  # type: ignore
         found = find_image_folders(cfg.data_dir, cfg.val_path, cfg.val_labels)
         train, val = found.train, found.val
     if val is None:
-        raise UserError(f"{cfg.data_dir} has no val/ folder: add DATA/val/<class>/* or pass --val-path DIR "
-                        "(with --val-labels FILE for a flat folder)")
+        raise UserError(
+            f"{cfg.data_dir} has no val/ folder: add DATA/val/<class>/* or pass --val-path DIR "
+            "(with --val-labels FILE for a flat folder)"
+        )
     return train, val
 
 
@@ -301,8 +333,10 @@ def _count_classes(cfg) -> int:  # type: ignore[no-untyped-def]
         return len(shards.open_prepared(cfg.data_dir).classes)
     train = Path(cfg.data_dir) / "train"
     if not train.is_dir():
-        raise UserError(f"{cfg.data_dir} has no train/ folder: expected DATA/train/<class>/<image> (and DATA/val/"
-                        "<class>/<image> or --val-path DIR), or pass --synthetic for random images")
+        raise UserError(
+            f"{cfg.data_dir} has no train/ folder: expected DATA/train/<class>/<image> (and DATA/val/"
+            "<class>/<image> or --val-path DIR), or pass --synthetic for random images"
+        )
     count = sum(1 for entry in os.scandir(train) if entry.is_dir() and not entry.name.startswith("."))
     if count == 0:
         raise UserError(f"{train} has no class folders: expected DATA/train/<class>/<image>")

@@ -51,9 +51,25 @@ DETECTION = "slurm when sbatch is on PATH, else kubernetes when a kubeconfig is 
 """How `detect` chooses, for help texts."""
 
 __all__ = [
-    "DETECTION", "OFFLINE_DEFAULT", "SCHEDULERS", "BackendInfo", "ClusterView", "JobStatus", "JobSummary", "NodeView",
-    "Outcome", "Rendered", "ReplicaStatus", "Scheduler", "Table", "View", "backend_info", "blocking", "detect",
-    "get_scheduler", "kubeconfig_present",
+    "DETECTION",
+    "OFFLINE_DEFAULT",
+    "SCHEDULERS",
+    "BackendInfo",
+    "ClusterView",
+    "JobStatus",
+    "JobSummary",
+    "NodeView",
+    "Outcome",
+    "Rendered",
+    "ReplicaStatus",
+    "Scheduler",
+    "Table",
+    "View",
+    "backend_info",
+    "blocking",
+    "detect",
+    "get_scheduler",
+    "kubeconfig_present",
 ]
 
 

@@ -212,8 +212,9 @@ class BackendInfo:
     file_keys: Mapping[str, Any] = field(default_factory=dict)
     """Keys of that section also read at a job file's top level (where job files kept them before sections), with
     their defaults: a key at its default is no option (another backend's job file may hold it)."""
-    file_formats: Mapping[str, Callable[[str, str], tuple[dict[str, Any], dict[str, Any]]]] = \
-        field(default_factory=dict)
+    file_formats: Mapping[str, Callable[[str, str], tuple[dict[str, Any], dict[str, Any]]]] = field(
+        default_factory=dict
+    )
     """Job file suffix -> parser of the backend's own job file format (`.params`): (text, source) -> (JobSpec
     fields, the backend's options). Such a file is always for this backend."""
     add_arguments: Callable[[Any, Any, str], None] = lambda parser, group, role: None
@@ -248,8 +249,7 @@ class Scheduler(Protocol):
     def render(self, job: Any) -> Rendered:
         """Pure: the same job gives the same text; raises UserError for what this scheduler cannot express."""
 
-    def local_check(self, job: Any, recipe: Any = None,
-                    check_data: Callable[[Any], None] | None = None) -> list[str]:
+    def local_check(self, job: Any, recipe: Any = None, check_data: Callable[[Any], None] | None = None) -> list[str]:
         """What the submit host can tell about `job` without the cluster: paths, programs, a recipe's dataset.
         `recipe` is the TrainConfig of a built-in recipe's options (parsed by the caller, None for a command), and
         `check_data` the recipes' data check (hpctrain.recipes.check_data: a UserError unless the data `recipe` reads
@@ -282,8 +282,14 @@ class Scheduler(Protocol):
 
     def list_jobs(self) -> list[JobSummary]: ...
 
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
-             say: Callable[[str], None] | None = None) -> Iterator[str]:
+    def logs(
+        self,
+        job_id: str,
+        follow: bool = False,
+        replica: str | None = None,
+        stream: str = "stdout",
+        say: Callable[[str], None] | None = None,
+    ) -> Iterator[str]:
         """Lines (without newline) of one replica's output (the first one, rank 0, when None); `stream` stderr where
         the scheduler keeps it apart. `say` hears what happens meanwhile (waiting for the output, the job ended)."""
 
@@ -300,12 +306,25 @@ class Scheduler(Protocol):
 
     def cluster_view(self, partition: str | None = None) -> View: ...
 
-    def cancel_and_wait(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False,
-                        say: Callable[[str], None] | None = None) -> Outcome:
+    def cancel_and_wait(
+        self,
+        job_id: str,
+        wait_s: float,
+        signal: str | None = None,
+        full: bool = False,
+        say: Callable[[str], None] | None = None,
+    ) -> Outcome:
         """Cancel the job (or only send it `signal`) and wait up to `wait_s` to say what became of it."""
 
-    def preempt(self, job_id: str, signal: str | None, steps: bool, follow: bool, timeout_s: float,
-                say: Callable[[str], None] | None = None) -> Outcome:
+    def preempt(
+        self,
+        job_id: str,
+        signal: str | None,
+        steps: bool,
+        follow: bool,
+        timeout_s: float,
+        say: Callable[[str], None] | None = None,
+    ) -> Outcome:
         """Send a running job the warning its time limit would send, now (`hpctrain debug preempt`)."""
 
 

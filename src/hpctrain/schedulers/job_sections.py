@@ -46,7 +46,7 @@ def read_job_file(path: str | Path) -> JobFile:
         raise UserError(f"job file {path} has sections for {' and '.join(sections)}; keep the one of its scheduler")
     if not sections:
         return JobFile(job=data, scheduler=scheduler)
-    (name, section), = sections.items()
+    ((name, section),) = sections.items()
     read = backend_info(name).file_section
     if read is None:
         raise UserError(f"job file {path}: {name} has no options section; move its keys to the top level of the file")

@@ -71,8 +71,9 @@ class Services(Protocol):
     def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
         """Stop the session, free what it holds and forget its secrets; says what happened."""
 
-    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
-                    port: int | None) -> list[str]:
+    def tensorboard(
+        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
+    ) -> list[str]:
         """Start TensorBoard on the runs as a small CPU job or pod; the lines that say how to reach and stop it."""
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:

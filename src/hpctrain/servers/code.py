@@ -14,8 +14,9 @@ from hpctrain.servers.common import Endpoint
 from hpctrain.servers.sessions import check_name
 
 COMMAND = (
-    "bash", "-c",
-    'if ! command -v code >/dev/null 2>&1; then '
+    "bash",
+    "-c",
+    "if ! command -v code >/dev/null 2>&1; then "
     'echo "hpctrain: the VS Code CLI (code) is not on PATH on $(hostname): install it there (the standalone CLI from '
     'the VS Code download page), load its module with --module, or use --service ssh" >&2; exit 127; fi; '
     'exec code tunnel --accept-server-license-terms --name "$HPCTRAIN_TUNNEL_NAME"',
@@ -32,7 +33,7 @@ def tunnel_name(session: str) -> str:
     if len(name) <= TUNNEL_NAME_MAX:
         return name
     digest = hashlib.sha256(session.encode()).hexdigest()[:4]
-    return f"{name[:TUNNEL_NAME_MAX - 5].rstrip('-')}-{digest}"
+    return f"{name[: TUNNEL_NAME_MAX - 5].rstrip('-')}-{digest}"
 
 
 def setup_lines(session: str) -> list[str]:

@@ -10,7 +10,8 @@ from hpctrain.servers.common import Endpoint, http_get
 
 POD_PORT = 8888
 COMMAND = (
-    "bash", "-c",
+    "bash",
+    "-c",
     'root=""; if [ "$(id -u)" = 0 ]; then root=--allow-root; fi; '
     'exec jupyter lab --no-browser --ip=0.0.0.0 --port="$HPCTRAIN_PORT" --port-retries=0 $root',
 )

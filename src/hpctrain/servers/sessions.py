@@ -73,7 +73,9 @@ class SessionView:
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise UserError(f"session name {name!r}: use lower-case letters, digits and -, at most 40 characters (e.g. explore-1)")
+        raise UserError(
+            f"session name {name!r}: use lower-case letters, digits and -, at most 40 characters (e.g. explore-1)"
+        )
     return name
 
 
@@ -98,17 +100,23 @@ def starting(name: str, root: Path | None = None) -> Iterator[Path]:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except OSError as err:
-        raise UserError(f"dev session {name}: cannot open its lock {path} ({err.strerror or err}): remove what is "
-                        "there (it must be a plain file)") from None
+        raise UserError(
+            f"dev session {name}: cannot open its lock {path} ({err.strerror or err}): remove what is "
+            "there (it must be a plain file)"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"dev session {name} is being started right now by another `hpctrain dev start`: wait "
-                            f"for it, then see `hpctrain dev list`; or start this one under another name") from None
+            raise UserError(
+                f"dev session {name} is being started right now by another `hpctrain dev start`: wait "
+                f"for it, then see `hpctrain dev list`; or start this one under another name"
+            ) from None
         except OSError as err:  # a file system without locks
-            raise UserError(f"dev session {name}: cannot lock {path} ({err.strerror or err}): point HPCTRAIN_HOME at "
-                            "a file system with file locks") from None
+            raise UserError(
+                f"dev session {name}: cannot lock {path} ({err.strerror or err}): point HPCTRAIN_HOME at "
+                "a file system with file locks"
+            ) from None
         yield state_dir
     finally:
         os.close(fd)

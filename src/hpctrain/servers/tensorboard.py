@@ -52,13 +52,17 @@ def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
     if check_exists:
         missing = [str(d) for d in dirs if not d.is_dir()]
         if missing:
-            raise UserError(f"{', '.join(missing)}: no such run directory; give folders that `hpctrain train --run-dir` wrote")
+            raise UserError(
+                f"{', '.join(missing)}: no such run directory; give folders that `hpctrain train --run-dir` wrote"
+            )
         dirs = [event_dir(d.resolve()) for d in dirs]
     else:  # the cluster's paths; where this host sees the same folder (a NAS mounted everywhere), its tb/ is used
         dirs = [event_dir(d) for d in dirs]
     bad = [str(d) for d in dirs if "," in str(d)]
     if bad:
-        raise UserError(f"{bad[0]}: TensorBoard separates runs with commas, so a path cannot contain one; rename or link the folder")
+        raise UserError(
+            f"{bad[0]}: TensorBoard separates runs with commas, so a path cannot contain one; rename or link the folder"
+        )
     names = [n.replace(":", "_").replace(",", "_") for n in run_names(dirs)]
     return ",".join(f"{name}:{d}" for name, d in zip(names, dirs))
 
@@ -66,8 +70,18 @@ def logdir_spec(run_dirs: list[str | Path], check_exists: bool = True) -> str:
 def tensorboard_argv(spec: str, port: int, host: str = "127.0.0.1", python: str = sys.executable) -> list[str]:
     # `--logdir_spec=SPEC`, one word: a run named -x makes the spec start with a dash, which TensorBoard would take
     # for an option of its own.
-    return [python, "-m", "tensorboard.main", f"--logdir_spec={spec}", "--port", str(port), "--host", host,
-            "--reload_interval", "10"]
+    return [
+        python,
+        "-m",
+        "tensorboard.main",
+        f"--logdir_spec={spec}",
+        "--port",
+        str(port),
+        "--host",
+        host,
+        "--reload_interval",
+        "10",
+    ]
 
 
 def ready(host: str, port: int) -> bool:
@@ -76,9 +90,11 @@ def ready(host: str, port: int) -> bool:
 
 # TensorBoard's start-up lines that say nothing to an hpctrain user: it runs without TensorFlow on purpose, its
 # experimental loader note, its own URL line (hpctrain prints the URL, once) and its goodbye on SIGTERM.
-_NOISE = re.compile(r"TensorFlow installation not found|^NOTE: Using experimental fast data loading|"
-                    r"^\s+\"--load_fast=false\" and report issues|^\s+https://github\.com/tensorflow/tensorboard/issues/"
-                    r"|^TensorBoard \S+ at https?://|^TensorBoard caught SIG\w+; exiting|^\s*$")
+_NOISE = re.compile(
+    r"TensorFlow installation not found|^NOTE: Using experimental fast data loading|"
+    r"^\s+\"--load_fast=false\" and report issues|^\s+https://github\.com/tensorflow/tensorboard/issues/"
+    r"|^TensorBoard \S+ at https?://|^TensorBoard caught SIG\w+; exiting|^\s*$"
+)
 
 
 def is_noise(line: str) -> bool:
@@ -99,14 +115,21 @@ def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[sub
     has nothing to save, and its SIGTERM handler first writes to its stderr, a pipe whose reader (this process) is
     gone by then; on a loaded CI machine a server once went on serving for over a minute after that."""
     port = port or free_port()
-    proc = subprocess.Popen(tensorboard_argv(spec, port), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGKILL))
+    proc = subprocess.Popen(
+        tensorboard_argv(spec, port),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGKILL),
+    )
     threading.Thread(target=_forward_stderr, args=(proc.stderr,), name="tensorboard-stderr", daemon=True).start()
     deadline = time.monotonic() + wait_s
     while not ready("127.0.0.1", port):
         if proc.poll() is not None:
-            raise UserError(f"tensorboard exited (status {proc.returncode}) before it answered; its messages are above "
-                            f"(port {port} in use? choose another with --port)")
+            raise UserError(
+                f"tensorboard exited (status {proc.returncode}) before it answered; its messages are above "
+                f"(port {port} in use? choose another with --port)"
+            )
         if time.monotonic() >= deadline:
             proc.terminate()
             raise UserError(f"tensorboard did not answer on port {port} within {wait_s:g} s")

@@ -21,7 +21,11 @@ from hpctrain.health import RankProgress
 from hpctrain.health.progress import PROGRESS_DIR, parse_progress
 from hpctrain.health.view import rank_lines
 
-NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
+NVIDIA_SMI = (
+    "nvidia-smi",
+    "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+    "--format=csv,noheader,nounits",
+)
 IDLE_UTIL = 5
 """A GPU below this utilization (percent) counts as idle."""
 PROBE = (
@@ -137,8 +141,13 @@ def latest_metrics(run_dir: Path | None) -> dict[str, Any] | None:
     return records[-1] if records else None
 
 
-def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label: str,
-           ranks: list[RankProgress] | None = None, now: float | None = None) -> list[str]:
+def report(
+    samples: list[NodeSample],
+    metrics: dict[str, Any] | None,
+    job_label: str,
+    ranks: list[RankProgress] | None = None,
+    now: float | None = None,
+) -> list[str]:
     """The screen: a line per GPU, a line per node, the run's progress (the ranks' live records when there are
     any, else the latest metrics.jsonl record), and a plain verdict on idle GPUs."""
     width = max([24] + [len(s.node) for s in samples])  # pods show as `NODE (POD)`
@@ -154,16 +163,25 @@ def report(samples: list[NodeSample], metrics: dict[str, Any] | None, job_label:
             held += 1
             idle += g.idle
             mem = f"{g.mem_used_mib:,}/{g.mem_total_mib:,} MiB"
-            lines.append(f"{s.node:{width}s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}")
+            lines.append(
+                f"{s.node:{width}s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}"
+            )
     if ranks:
         lines += rank_lines(ranks, time.time() if now is None else now)
     elif metrics:
         rate = metrics.get("images_per_s")
-        lines.append(f"run: step {metrics.get('step')}, epoch {metrics.get('epoch')}"
-                     + (f", {rate:,.0f} images/s" if isinstance(rate, (int, float)) else "") + " (latest metrics.jsonl record)")
+        lines.append(
+            f"run: step {metrics.get('step')}, epoch {metrics.get('epoch')}"
+            + (f", {rate:,.0f} images/s" if isinstance(rate, (int, float)) else "")
+            + " (latest metrics.jsonl record)"
+        )
     if held and idle == held:
-        lines.append(f"warning: {job_label} holds {held} GPU(s) and none is working (all below {IDLE_UTIL}% utilization): "
-                     "it may be loading data, stuck, or finished its work; if so, cancel it to free them")
+        lines.append(
+            f"warning: {job_label} holds {held} GPU(s) and none is working (all below {IDLE_UTIL}% utilization): "
+            "it may be loading data, stuck, or finished its work; if so, cancel it to free them"
+        )
     elif idle:
-        lines.append(f"warning: {idle} of the {held} GPUs held by {job_label} sit idle (below {IDLE_UTIL}% utilization)")
+        lines.append(
+            f"warning: {idle} of the {held} GPUs held by {job_label} sit idle (below {IDLE_UTIL}% utilization)"
+        )
     return lines

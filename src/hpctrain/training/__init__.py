@@ -25,5 +25,14 @@ from hpctrain.training.stopping import (
     vote_group,
 )
 
-__all__ = ["EXIT_CANCELLED", "EXIT_COMPLETED", "EXIT_PREEMPTED", "StepVote", "StopReason", "StopRequest", "agree",
-           "announce_stop", "vote_group"]
+__all__ = [
+    "EXIT_CANCELLED",
+    "EXIT_COMPLETED",
+    "EXIT_PREEMPTED",
+    "StepVote",
+    "StopReason",
+    "StopRequest",
+    "agree",
+    "announce_stop",
+    "vote_group",
+]

@@ -33,8 +33,13 @@ class EpochStats:
     bad_images: list[str] = field(default_factory=list)  # this rank's unreadable images (--skip-bad-images)
 
 
-def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress | None, watch: RankWatch,
-                ) -> tuple[StopReason, EpochStats]:
+def train_epoch(
+    run: Run,
+    parts: Parts,
+    position: Position,
+    progress: Progress | None,
+    watch: RankWatch,
+) -> tuple[StopReason, EpochStats]:
     """Train from the position to the end of its epoch, or until the ranks agree to stop (after a checkpoint,
     unless the loss became non-finite: then nothing is written). Each step is reported to `watch`."""
     cfg, env, plan = run.cfg, run.env, parts.plan
@@ -55,8 +60,9 @@ def train_epoch(run: Run, parts: Parts, position: Position, progress: Progress |
         if run.device.type == "cpu" and not torch.isfinite(stats.loss_sum):
             run.stop.request(StopReason.DIVERGED)  # free on the CPU; on a GPU this is checked where it syncs anyway
         if progress:
-            progress.step(position.step_in_epoch, position.step,
-                          lambda: _progress_numbers(run, position, stats, started))
+            progress.step(
+                position.step_in_epoch, position.step, lambda: _progress_numbers(run, position, stats, started)
+            )
         with collective(f"the stop vote after step {position.step}"):
             reason = vote.after_step(run.stop.reason, settle=last)
         watch.step(position.epoch, position.step, position.step_in_epoch, len(labels), batches.wait_seconds)
@@ -166,8 +172,10 @@ def _report_bad_images(run: Run, names: list[str]) -> dict[str, int]:
     total = int(count.item())
     if total:
         shown = ", ".join(names[:3]) + (" ..." if total > 3 else "")
-        run.say(f"skipped {total} unreadable image(s) this epoch (--skip-bad-images; counted in metrics.jsonl as "
-                f"bad_images): {shown}")
+        run.say(
+            f"skipped {total} unreadable image(s) this epoch (--skip-bad-images; counted in metrics.jsonl as "
+            f"bad_images): {shown}"
+        )
     return {"bad_images": total}
 
 

@@ -43,8 +43,13 @@ def evaluate(run: Run, parts: Parts) -> dict[str, float]:
         with collective("evaluation's all-reduce"):
             all_reduce(sums)
     n = max(float(sums[3]), 1.0)
-    return {"test_loss": float(sums[0]) / n, "test_accuracy": float(sums[1]) / n, "test_top5": float(sums[2]) / n,
-            "test_images": int(sums[3]), "bad_images": list(getattr(batches, "bad_images", []))}
+    return {
+        "test_loss": float(sums[0]) / n,
+        "test_accuracy": float(sums[1]) / n,
+        "test_top5": float(sums[2]) / n,
+        "test_images": int(sums[3]),
+        "bad_images": list(getattr(batches, "bad_images", [])),
+    }
 
 
 def evaluate_checkpoint(cfg: TrainConfig, recipe: Recipe) -> dict[str, float]:
@@ -73,6 +78,8 @@ def evaluate_checkpoint(cfg: TrainConfig, recipe: Recipe) -> dict[str, float]:
         finally:
             destroy_process_group()
     top5 = f", top-5 {100 * scores['test_top5']:.2f}%" if recipe.reports_top5 else ""
-    run.say(f"evaluated {point.source} on {scores['test_images']} images: loss {scores['test_loss']:.4f}, "
-            f"top-1 {100 * scores['test_accuracy']:.2f}%{top5}")
+    run.say(
+        f"evaluated {point.source} on {scores['test_images']} images: loss {scores['test_loss']:.4f}, "
+        f"top-1 {100 * scores['test_accuracy']:.2f}%{top5}"
+    )
     return scores

@@ -117,8 +117,9 @@ def _preflight_fails(run: Run, watch: RankWatch) -> bool:
         return bool(preflight.run_preflight(run).bad)
 
 
-def _epochs(run: Run, parts: Parts, position: Position, metrics: MetricsLog | None, progress: Progress | None,
-            watch: RankWatch) -> tuple[StopReason, dict[str, Any] | None]:
+def _epochs(
+    run: Run, parts: Parts, position: Position, metrics: MetricsLog | None, progress: Progress | None, watch: RankWatch
+) -> tuple[StopReason, dict[str, Any] | None]:
     """Epoch after epoch until the configured count or a stop; returns why it ended and the last epoch's record."""
     cfg = run.cfg
     reason, record = StopReason.NONE, None
@@ -142,9 +143,11 @@ def _epochs(run: Run, parts: Parts, position: Position, metrics: MetricsLog | No
             save(run, parts, position, end_of_epoch=True, best=improved and run.recipe.keeps_best)
         if metrics:
             metrics.epoch(record)
-            run.say(f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
-                    f"{record['test_loss']:.4f}, test accuracy {100 * record['test_accuracy']:.2f}%, "
-                    f"{record['images_per_s']:,.0f} images/s, {record['epoch_seconds']:.1f} s")
+            run.say(
+                f"epoch {record['epoch']}/{cfg.epochs}: train loss {record['train_loss']:.4f}, test loss "
+                f"{record['test_loss']:.4f}, test accuracy {100 * record['test_accuracy']:.2f}%, "
+                f"{record['images_per_s']:,.0f} images/s, {record['epoch_seconds']:.1f} s"
+            )
     return reason, record
 
 
@@ -172,12 +175,16 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     cfg, plan = run.cfg, parts.plan
     write_run_files(run, hosts)
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
-    progress = Progress(cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss,
-                        every_steps=cfg.print_freq)
-    where = (f"{run.env.world_size} process(es), {run.strategy}, {run.device.type} "
-             f"({run.recipe.precision(run.device).why})")
-    run.say(f"training {cfg.workload}/{cfg.recipe} on {data_label(cfg)} ({plan.num_samples} images) with {where}; "
-            f"run dir {run.run_dir}")
+    progress = Progress(
+        cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss, every_steps=cfg.print_freq
+    )
+    where = (
+        f"{run.env.world_size} process(es), {run.strategy}, {run.device.type} ({run.recipe.precision(run.device).why})"
+    )
+    run.say(
+        f"training {cfg.workload}/{cfg.recipe} on {data_label(cfg)} ({plan.num_samples} images) with {where}; "
+        f"run dir {run.run_dir}"
+    )
     scaling = run.recipe.describe_scaling(cfg, run.env.world_size)
     if scaling:
         run.say(scaling)
@@ -185,8 +192,10 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
         print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
     run.say(train_hint(run.run_dir))
     if run.resume_from is not None:
-        run.say(f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
-                f"{plan.steps_per_epoch} (global step {position.step})")
+        run.say(
+            f"resumed at epoch {position.epoch + 1}, step {position.step_in_epoch} of "
+            f"{plan.steps_per_epoch} (global step {position.step})"
+        )
     return metrics, progress
 
 
@@ -203,25 +212,36 @@ def _report_end(run: Run, result: RunResult) -> None:
         run.say(f"completed {result.epochs_completed} epoch(s), global step {result.step}; {where}")
     elif reason is StopReason.SICK_NODE:
         bad = [node for node in _bad_nodes(run) if is_node_name(node)]  # a file's words: only names are printed
-        exclude = shlex.join(["hpctrain", "submit", "--exclude-nodes", ",".join(bad)]) if bad else \
-            "hpctrain submit --exclude-nodes NODE,..."
-        print(f"hpctrain train: error: the preflight found sick node(s) before the first step: "
-              f"{', '.join(bad) or '(see the record)'} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain "
-              "submit` on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again "
-              f"away from them: `{exclude} ...` with `train ... --resume` if it has checkpoints", file=sys.stderr,
-              flush=True)
+        exclude = (
+            shlex.join(["hpctrain", "submit", "--exclude-nodes", ",".join(bad)])
+            if bad
+            else "hpctrain submit --exclude-nodes NODE,..."
+        )
+        print(
+            f"hpctrain train: error: the preflight found sick node(s) before the first step: "
+            f"{', '.join(bad) or '(see the record)'} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain "
+            "submit` on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again "
+            f"away from them: `{exclude} ...` with `train ... --resume` if it has checkpoints",
+            file=sys.stderr,
+            flush=True,
+        )
     elif reason is StopReason.DIVERGED:
-        print(f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
-              f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
-              f"lower --lr (this run: {run.cfg.lr:g}), or continue from that checkpoint with `--resume --lr LOWER`",
-              file=sys.stderr, flush=True)
+        print(
+            f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
+            f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
+            f"lower --lr (this run: {run.cfg.lr:g}), or continue from that checkpoint with `--resume --lr LOWER`",
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         if run.stop.signal_name is not None:
             why = f"{run.stop.signal_name} received"
         else:  # only possible with several processes: the vote carries the reason, not the signal
             why = "a signal reached another process"
-        run.say(f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
-                f"{_how_to_continue(reason)}")
+        run.say(
+            f"stopped ({reason.label}: {why}) at global step {result.step} after writing a checkpoint; {where}. "
+            f"{_how_to_continue(reason)}"
+        )
 
 
 def _bad_nodes(run: Run) -> list[str]:
@@ -235,6 +255,8 @@ def _how_to_continue(reason: StopReason) -> str:
     """After a stop: inside a Slurm job that hpctrain submitted, a time-limit warning makes the batch script requeue
     the job, and the next attempt resumes by itself; anywhere else, the user continues the run."""
     if reason is StopReason.PREEMPTED and os.environ.get("SLURM_JOB_ID") and os.environ.get("HPCTRAIN_RUN_DIR"):
-        return ("The job's batch script requeues the job (within its --max-requeues) and the next attempt resumes "
-                "from that checkpoint by itself; nothing to do")
+        return (
+            "The job's batch script requeues the job (within its --max-requeues) and the next attempt resumes "
+            "from that checkpoint by itself; nothing to do"
+        )
     return "Continue with `--resume` and the same --run-dir"

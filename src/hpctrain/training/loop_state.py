@@ -26,12 +26,21 @@ from hpctrain.training.workload import Optimization
 CHECKPOINT_FORMAT = "hpctrain-train-v1"
 OWN_PART = "own_part"  # where `resume` puts this rank's part of a job's checkpoint once loaded (never saved)
 # What a `hpctrain train` checkpoint holds besides the model.
-TRAIN_STATE_KEYS = ("optimizer", "scheduler", "epoch", "step", "step_in_epoch", "epoch_train_seconds", "ranks",
-                    "config")
+TRAIN_STATE_KEYS = (
+    "optimizer",
+    "scheduler",
+    "epoch",
+    "step",
+    "step_in_epoch",
+    "epoch_train_seconds",
+    "ranks",
+    "config",
+)
 
 
-def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False,
-         best: bool = False) -> None:
+def save(
+    run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable: bool = False, best: bool = False
+) -> None:
     """Every rank saves its own state (RNG streams, loss sum, threads) as its part of the checkpoint
     (`checkpoint.save_part`), then one small all-reduce tells every rank that all parts are written, whether rank 0
     still holds the run directory's lock, and the ranks' mean loss sum; only then does rank 0 write the checkpoint,
@@ -50,10 +59,12 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
     else:
         ranks = [mine]
     if lost:
-        raise UserError(f"{run.lock.path if run.lock else 'the run directory lock'} was {lost} while this run held "
-                        f"it (a clean-up of stale locks?): another run may now be writing {run.run_dir}, so this "
-                        f"one stops without writing its checkpoint at step {position.step}. Make sure no other run "
-                        "uses that directory, then continue with --resume")
+        raise UserError(
+            f"{run.lock.path if run.lock else 'the run directory lock'} was {lost} while this run held "
+            f"it (a clean-up of stale locks?): another run may now be writing {run.run_dir}, so this "
+            f"one stops without writing its checkpoint at step {position.step}. Make sure no other run "
+            "uses that directory, then continue with --resume"
+        )
     if run.is_main:
         state = {
             "format": CHECKPOINT_FORMAT,
@@ -72,8 +83,9 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
         if parts.optimization.scaler is not None:  # float16: the loss scale and its growth counter
             state["scaler"] = parts.optimization.scaler.state_dict()
         also_as = checkpoint.BEST_NAME if best else None
-        where = dict(epoch=position.epoch, step=position.step, world_size=run.env.world_size,
-                     keep=run.cfg.keep_checkpoints)
+        where = dict(
+            epoch=position.epoch, step=position.step, world_size=run.env.world_size, keep=run.cfg.keep_checkpoints
+        )
         if run.writer is not None:
             run.writer.save(state, checkpoint_dir(run.run_dir), name, also_as=also_as, **where)
             if durable:
@@ -87,8 +99,13 @@ def save(run: Run, parts: Parts, position: Position, end_of_epoch: bool, durable
             barrier()  # nobody runs ahead of the save (or exits before a durable one)
 
 
-def _save_parts(run: Run, path: Path, mine: dict[str, Any], lost: str | None, step: int,
-                ) -> tuple[dict[str, Any], bool]:
+def _save_parts(
+    run: Run,
+    path: Path,
+    mine: dict[str, Any],
+    lost: str | None,
+    step: int,
+) -> tuple[dict[str, Any], bool]:
     """Write this rank's part of the checkpoint `path`, then agree with every rank (one all-reduce of three numbers)
     that all parts are written and on rank 0's lock: what the checkpoint records of its parts, and whether rank 0
     said (`lost`) that its lock was lost. A rank that cannot write its part says why; all ranks then stop with the
@@ -97,19 +114,27 @@ def _save_parts(run: Run, path: Path, mine: dict[str, Any], lost: str | None, st
     try:
         checkpoint.save_part(path, run.env.rank, mine)
     except (OSError, UserError) as err:
-        print(f"hpctrain: rank {run.env.rank} could not write its part of checkpoint {path.name}: {err}",
-              file=sys.stderr, flush=True)
+        print(
+            f"hpctrain: rank {run.env.rank} could not write its part of checkpoint {path.name}: {err}",
+            file=sys.stderr,
+            flush=True,
+        )
         failed = 1.0
     vote = torch.tensor([1.0 if lost else 0.0, failed, float(mine["loss_sum"])], dtype=torch.float64)
     with collective(f"the checkpoint's vote on the ranks' parts at step {step}"):
         all_reduce(vote, op="sum", group=vote_group())  # on the CPU, as the stop vote (gloo even beside NCCL)
     lost_by_rank_0, failures, loss_total = vote.tolist()
     if failures and not lost_by_rank_0:
-        raise UserError(f"{int(failures)} rank(s) could not write their part of checkpoint {path.name} in "
-                        f"{path.parent} (each said why above); the checkpoints written before it are intact. Fix "
-                        "that, then continue with --resume")
-    return {"parts": checkpoint.rank_dir(path).name, "world_size": run.env.world_size,
-            "loss_sum_mean": loss_total / run.env.world_size}, bool(lost_by_rank_0)
+        raise UserError(
+            f"{int(failures)} rank(s) could not write their part of checkpoint {path.name} in "
+            f"{path.parent} (each said why above); the checkpoints written before it are intact. Fix "
+            "that, then continue with --resume"
+        )
+    return {
+        "parts": checkpoint.rank_dir(path).name,
+        "world_size": run.env.world_size,
+        "loss_sum_mean": loss_total / run.env.world_size,
+    }, bool(lost_by_rank_0)
 
 
 def load_own_part(state: dict[str, Any], source: Path, rank: int) -> None:
@@ -146,19 +171,33 @@ def restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[
             optimization.scaler.load_state_dict(state["scaler"])
     except (RuntimeError, ValueError, KeyError, TypeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"the checkpoint does not fit this run's model or optimizer ({first[:300]}); resume with "
-                        "the --recipe it was written with, or start a new --run-dir") from None
+        raise UserError(
+            f"the checkpoint does not fit this run's model or optimizer ({first[:300]}); resume with "
+            "the --recipe it was written with, or start a new --run-dir"
+        ) from None
     mine, saved = saved_part(state, run.env.rank)
     if mine is None:
         raise UserError("this rank's part of the checkpoint was not loaded; resume through hpctrain's resume step")
     if saved != run.env.world_size and run.is_main:
-        print(f"hpctrain: the checkpoint was written by {saved} process(es), this run has "
-              f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not", flush=True)
+        print(
+            f"hpctrain: the checkpoint was written by {saved} process(es), this run has "
+            f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not",
+            flush=True,
+        )
     rng.restore(mine["rng"])
     # The epoch's mean divides by every step of it: at another process count, each rank continues from the
     # saved ranks' mean sum, so the mean over the new ranks still counts every earlier step once.
     ranks = state["ranks"]
-    loss_sum = mine["loss_sum"] if saved == run.env.world_size else (
-        ranks["loss_sum_mean"] if isinstance(ranks, dict) else sum(r["loss_sum"] for r in ranks) / len(ranks))
-    return Position(state["epoch"], state["step"], state["step_in_epoch"], float(state["epoch_train_seconds"]),
-                    float(loss_sum), float(state.get("best_accuracy", -1.0)))
+    loss_sum = (
+        mine["loss_sum"]
+        if saved == run.env.world_size
+        else (ranks["loss_sum_mean"] if isinstance(ranks, dict) else sum(r["loss_sum"] for r in ranks) / len(ranks))
+    )
+    return Position(
+        state["epoch"],
+        state["step"],
+        state["step_in_epoch"],
+        float(state["epoch_train_seconds"]),
+        float(loss_sum),
+        float(state.get("best_accuracy", -1.0)),
+    )

@@ -22,8 +22,16 @@ METRICS_FILE = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 << 20
 """Read back at most this much of metrics.jsonl (a record is under 1 kB: tens of thousands of epochs)."""
 # The record's numbers (`finish_epoch`): a number or null each (NaN too: a diverged epoch's loss).
-_NUMBERS = ("train_loss", "test_loss", "test_accuracy", "test_top5", "images_per_s", "epoch_seconds",
-            "data_wait_seconds", "lr")
+_NUMBERS = (
+    "train_loss",
+    "test_loss",
+    "test_accuracy",
+    "test_top5",
+    "images_per_s",
+    "epoch_seconds",
+    "data_wait_seconds",
+    "lr",
+)
 TENSORBOARD_DIR = "tb"
 
 
@@ -93,8 +101,10 @@ def _lines(path: Path, text: list[str] | None) -> list[tuple[int, dict[str, Any]
         return []
     if text is not None:
         text += read.split("\n")
-    return [(number, value if isinstance(value, BadRunFile) else _checked(value, f"{path}, line {number}"))
-            for number, value in parse_json_lines(read, path, allow_nan=True)]
+    return [
+        (number, value if isinstance(value, BadRunFile) else _checked(value, f"{path}, line {number}"))
+        for number, value in parse_json_lines(read, path, allow_nan=True)
+    ]
 
 
 def _checked(value: Any, source: str) -> dict[str, Any] | BadRunFile:
@@ -128,8 +138,15 @@ class Progress:
     """Per-step progress. `step()` is called every step and is cheap; its numbers (running loss, images/s) are asked
     for only when something is shown, so the GPU is not synchronized every step."""
 
-    def __init__(self, epochs: int, steps_per_epoch: int, interval_s: float, interactive: bool | None = None,
-                 on_report: Callable[[int, float], None] | None = None, every_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        epochs: int,
+        steps_per_epoch: int,
+        interval_s: float,
+        interactive: bool | None = None,
+        on_report: Callable[[int, float], None] | None = None,
+        every_steps: int | None = None,
+    ) -> None:
         self.epochs = epochs
         self.every_steps = every_steps  # report every N steps instead of every interval_s (--print-freq)
         self.steps_per_epoch = steps_per_epoch
@@ -147,18 +164,27 @@ class Progress:
         if self.interactive:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
-            self._bar = Bar(TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"), BarColumn(),
-                            MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-                            transient=True)
+            self._bar = Bar(
+                TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+                transient=True,
+            )
             self._bar.start()
-            self._task = self._bar.add_task("", total=self.steps_per_epoch, completed=first_step, epoch=epoch,
-                                            epochs=self.epochs, status="")
+            self._task = self._bar.add_task(
+                "", total=self.steps_per_epoch, completed=first_step, epoch=epoch, epochs=self.epochs, status=""
+            )
 
     def step(self, step_in_epoch: int, global_step: int, numbers: Callable[[], tuple[float, float]]) -> None:
         """`numbers()` gives the running loss and images/s (the caller's measure, the same as its epoch summary's)."""
         now = time.monotonic()
-        due = (step_in_epoch % self.every_steps == 0 if self.every_steps and not self.interactive
-               else now - self._last >= self.interval_s)
+        due = (
+            step_in_epoch % self.every_steps == 0
+            if self.every_steps and not self.interactive
+            else now - self._last >= self.interval_s
+        )
         if not due and step_in_epoch != self.steps_per_epoch:
             return
         self._last = now
@@ -169,8 +195,11 @@ class Progress:
         if self._bar is not None:
             self._bar.update(self._task, completed=step_in_epoch, status=status)
         else:
-            print(f"epoch {self._epoch}/{self.epochs} step {step_in_epoch}/{self.steps_per_epoch} {status}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"epoch {self._epoch}/{self.epochs} step {step_in_epoch}/{self.steps_per_epoch} {status}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def end_epoch(self) -> None:
         if self._bar is not None:

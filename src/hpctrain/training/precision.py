@@ -37,8 +37,9 @@ BF16_FROM = (8, 0)  # CUDA compute capability with bf16 tensor cores (Ampere)
 FP16_FROM = (7, 0)  # with fp16 tensor cores (Volta)
 # oneDNN instruction-set caps (ONEDNN_MAX_CPU_ISA) that still allow its AMX kernels, and its bf16 ones; "ALL" is
 # the default (no cap).
-AMX_ISAS = frozenset({"ALL", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
-                      "AVX10_2_512_AMX_2"})
+AMX_ISAS = frozenset(
+    {"ALL", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
+)
 BF16_ISAS = AMX_ISAS | {"AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX10_2_512"}
 
 
@@ -105,8 +106,9 @@ def precision_for(device: torch.device) -> Precision:
         return cuda_precision(torch.cuda.get_device_capability(device))
     if device.type == "cpu":
         cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL"
-        return cpu_precision(cpu_vendor(), _cpu_has("_is_amx_tile_supported"), _cpu_has("_is_avx512_bf16_supported"),
-                             cap)
+        return cpu_precision(
+            cpu_vendor(), _cpu_has("_is_amx_tile_supported"), _cpu_has("_is_avx512_bf16_supported"), cap
+        )
     return Precision(None, f"fp32 on {device.type}")
 
 
@@ -128,5 +130,15 @@ def grad_scaler(precision: Precision, device: torch.device) -> Any:
     return torch.cuda.amp.GradScaler()
 
 
-__all__ = ["AMX_ISAS", "BF16_FROM", "BF16_ISAS", "FP16_FROM", "Precision", "cpu_precision", "cpu_vendor",
-           "cuda_precision", "grad_scaler", "precision_for"]
+__all__ = [
+    "AMX_ISAS",
+    "BF16_FROM",
+    "BF16_ISAS",
+    "FP16_FROM",
+    "Precision",
+    "cpu_precision",
+    "cpu_vendor",
+    "cuda_precision",
+    "grad_scaler",
+    "precision_for",
+]

@@ -25,7 +25,16 @@ from hpctrain.distributed import all_gather_object, all_reduce
 from hpctrain.distributed.collectives import collective_device, exchange
 from hpctrain.distributed.failures import collective
 from hpctrain.fsutil import write_atomic
-from hpctrain.health.preflight import BAD_NODES_FILE, CHECK_ID_ENV, PREFLIGHT_FILE, RankCheck, Verdict, judge, link_pairs, node_name
+from hpctrain.health.preflight import (
+    BAD_NODES_FILE,
+    CHECK_ID_ENV,
+    PREFLIGHT_FILE,
+    RankCheck,
+    Verdict,
+    judge,
+    link_pairs,
+    node_name,
+)
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import StopReason, write_termination_message
 

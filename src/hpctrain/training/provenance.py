@@ -87,8 +87,13 @@ def git_revision(directory: Path | None = None) -> str | None:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -111,17 +116,22 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> No
             kept = f"not moved aside ({os.strerror(failed.errno or 0)}), so replaced"
         print(f"hpctrain: warning: {err}; {kept}, a new record starts with this attempt", file=sys.stderr, flush=True)
         attempts = []
-    slurm = {key: os.environ[key] for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT",
-                                              "SLURM_CLUSTER_NAME") if key in os.environ}
-    attempts.append({
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv,
-        "cwd": str(Path.cwd()),
-        "launch_host": socket.gethostname(),
-        "hosts": hosts,
-        "versions": versions(),
-        "git_revision": git_revision(),
-        "slurm": slurm,
-        **extra,
-    })
+    slurm = {
+        key: os.environ[key]
+        for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME")
+        if key in os.environ
+    }
+    attempts.append(
+        {
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "argv": sys.argv,
+            "cwd": str(Path.cwd()),
+            "launch_host": socket.gethostname(),
+            "hosts": hosts,
+            "versions": versions(),
+            "git_revision": git_revision(),
+            "slurm": slurm,
+            **extra,
+        }
+    )
     write_atomic(path, (json.dumps({"attempts": attempts}, indent=1) + "\n").encode())

@@ -25,8 +25,9 @@ from hpctrain.training import rng
 _COUNTERS = ("epoch", "step", "step_in_epoch")
 
 
-def settings_with(cfg: TrainConfig, changes: dict[str, Any], source: Path | None,
-                  overridable: tuple[str, ...] = ()) -> TrainConfig:
+def settings_with(
+    cfg: TrainConfig, changes: dict[str, Any], source: Path | None, overridable: tuple[str, ...] = ()
+) -> TrainConfig:
     """`cfg` with a checkpoint's recorded settings `changes` (config field -> value) in place, each checked as the
     command line checks its flag: the field's type first, then TrainConfig's own rules on the result. `overridable`:
     the fields a flag given on the command line may replace (named in the fix)."""
@@ -35,8 +36,12 @@ def settings_with(cfg: TrainConfig, changes: dict[str, Any], source: Path | None
         return cfg.replace(**changes)
     except UserError as err:
         name = next((n for n in changes if f"--{n.replace('_', '-')} " in str(err)), None)
-        raise _refused(source, "settings", f"fail the command line's check ({str(err).rstrip('.')})",
-                       name if name in overridable else None) from None
+        raise _refused(
+            source,
+            "settings",
+            f"fail the command line's check ({str(err).rstrip('.')})",
+            name if name in overridable else None,
+        ) from None
 
 
 def check_types(settings: dict[str, Any], source: Path | None, overridable: tuple[str, ...] = ()) -> None:
@@ -62,8 +67,11 @@ def check_state(state: dict[str, Any], source: Path | None) -> None:
     if isinstance(ranks, dict) and "parts" in ranks:  # a job's checkpoint: each rank's part in a file of its own
         check_parts_record(ranks, source)
     elif not isinstance(ranks, list) or not ranks:
-        raise _refused(source, "ranks", f"is {brief(ranks, 40)}, not a list of the saved processes' states nor a "
-                       "record of their parts")
+        raise _refused(
+            source,
+            "ranks",
+            f"is {brief(ranks, 40)}, not a list of the saved processes' states nor a record of their parts",
+        )
     for index, rank in enumerate(ranks if isinstance(ranks, list) else []):
         check_part(rank, source, f"ranks[{index}]")
     if not _threads(state["config"].get("threads")):
@@ -106,5 +114,7 @@ def _number(value: Any) -> bool:
 
 def _refused(source: Path | None, field: str, problem: str, flag: str | None = None) -> UserError:
     fix = f"give --{flag.replace('_', '-')} on the command line, " if flag else ""
-    return UserError(f"{source or 'the checkpoint'}: its recorded {field} {problem}; it cannot be resumed as it "
-                     f"is: {fix}resume from another checkpoint, or start a new --run-dir")
+    return UserError(
+        f"{source or 'the checkpoint'}: its recorded {field} {problem}; it cannot be resumed as it "
+        f"is: {fix}resume from another checkpoint, or start a new --run-dir"
+    )

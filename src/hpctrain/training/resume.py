@@ -21,8 +21,18 @@ from hpctrain.training.workload import Recipe
 
 # Fields that fix which data, model, crops and batch order a run has: a checkpoint cannot continue under other
 # values (an image size changed mid-run would change every later crop: no exact resume; none has an override).
-RESUME_MUST_MATCH = ("workload", "recipe", "dataset", "synthetic", "batch_size", "train_limit", "seed", "arch",
-                     "image_size", "val_size")
+RESUME_MUST_MATCH = (
+    "workload",
+    "recipe",
+    "dataset",
+    "synthetic",
+    "batch_size",
+    "train_limit",
+    "seed",
+    "arch",
+    "image_size",
+    "val_size",
+)
 # What a --resume or --evaluate takes from its checkpoint's config when the command line leaves it unset: the
 # run's own settings, so that resuming needs no flag repeated (a flag given that contradicts RESUME_MUST_MATCH is
 # still refused; --epochs and --lr given are honoured: extending a run, lowering the rate after a divergence).
@@ -84,25 +94,34 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
         return explicit_resume(Path(cfg.resume))
     if cfg.resume is None and not restarted:
         if checkpoint.candidates(ckpt_dir):
-            raise UserError(f"{run_dir} already holds checkpoints of an earlier run; pass --resume to continue "
-                            "it, or choose another --run-dir for a new run")
+            raise UserError(
+                f"{run_dir} already holds checkpoints of an earlier run; pass --resume to continue "
+                "it, or choose another --run-dir for a new run"
+            )
         return None
     if not run_dir.exists():
         if not restarted and not cfg.fresh_if_missing:
-            raise UserError(f"--resume: the run directory {run_dir} does not exist; {_earlier_default(cfg, run_dir)}"
-                            "check --run-dir (a typo?), or drop --resume to start a new run there")
+            raise UserError(
+                f"--resume: the run directory {run_dir} does not exist; {_earlier_default(cfg, run_dir)}"
+                "check --run-dir (a typo?), or drop --resume to start a new run there"
+            )
         return None  # a restarted attempt whose first one never got as far as creating the run directory
     found = checkpoint.search(ckpt_dir)
     if found.info is not None:
         return ResumePoint(found.state, found.info.path)
     if any(not rejected.unfinished for rejected in found.rejected):
         why = "this restarted attempt" if restarted and cfg.resume is None else "--resume"
-        raise UserError(f"{why} found no usable checkpoint in {ckpt_dir}: {_list_rejected(found.rejected)}. "
-                        "Nothing was changed. Restore a good copy there, pass --resume PATH to a checkpoint "
-                        "elsewhere, or start over in a new --run-dir")
+        raise UserError(
+            f"{why} found no usable checkpoint in {ckpt_dir}: {_list_rejected(found.rejected)}. "
+            "Nothing was changed. Restore a good copy there, pass --resume PATH to a checkpoint "
+            "elsewhere, or start over in a new --run-dir"
+        )
     if env.rank == 0:
-        print(f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
-              "beginning", flush=True)
+        print(
+            f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
+            "beginning",
+            flush=True,
+        )
     return ResumePoint(None, None) if found.rejected else None
 
 
@@ -158,10 +177,14 @@ def explicit_resume(path: Path) -> ResumePoint:
     if found.info is not None:
         return ResumePoint(found.state, found.info.path)
     if not found.rejected:
-        raise UserError(f"--resume {path}: there is no checkpoint in {ckpt_dir}; pass a run directory that holds "
-                        "checkpoints/, a checkpoint directory, or a checkpoint_*.pt file")
-    raise UserError(f"--resume {path} found no usable checkpoint in {ckpt_dir}: {_list_rejected(found.rejected)}. "
-                    "Restore a good copy, or pass another checkpoint")
+        raise UserError(
+            f"--resume {path}: there is no checkpoint in {ckpt_dir}; pass a run directory that holds "
+            "checkpoints/, a checkpoint directory, or a checkpoint_*.pt file"
+        )
+    raise UserError(
+        f"--resume {path} found no usable checkpoint in {ckpt_dir}: {_list_rejected(found.rejected)}. "
+        "Restore a good copy, or pass another checkpoint"
+    )
 
 
 def _list_rejected(rejected: list[checkpoint.Rejected]) -> str:
@@ -172,25 +195,34 @@ def _check_resumable(cfg: TrainConfig, recipe: Recipe, state: dict[str, Any], so
     if state is None:
         return
     if state.get("format") != CHECKPOINT_FORMAT:
-        raise UserError(f"{source} was not written by `hpctrain train` (no training position in it); "
-                        "load its weights in your own script with hpctrain.checkpoint.load")
+        raise UserError(
+            f"{source} was not written by `hpctrain train` (no training position in it); "
+            "load its weights in your own script with hpctrain.checkpoint.load"
+        )
     missing = [key for key in TRAIN_STATE_KEYS if key not in state]
     if missing:
-        raise UserError(f"{source} lacks {', '.join(map(repr, missing))}: it is not a complete `hpctrain train` "
-                        "checkpoint; resume from another checkpoint, or start a new --run-dir")
+        raise UserError(
+            f"{source} lacks {', '.join(map(repr, missing))}: it is not a complete `hpctrain train` "
+            "checkpoint; resume from another checkpoint, or start a new --run-dir"
+        )
     saved = state["config"]
     if not isinstance(saved, dict):
-        raise UserError(f"{source}: its recorded settings are {brief(saved, 40)}, not settings; resume from another "
-                        "checkpoint, or start a new --run-dir")
+        raise UserError(
+            f"{source}: its recorded settings are {brief(saved, 40)}, not settings; resume from another "
+            "checkpoint, or start a new --run-dir"
+        )
     check_state(state, source)
     check_types({k: saved[k] for k in RESUME_MUST_MATCH if k in saved}, source)
     changed = [k for k in RESUME_MUST_MATCH if saved.get(k) != getattr(cfg, k)]
     if changed:
-        differences = "; ".join(f"{_flag(k)}: checkpoint {_shown(saved.get(k))}, now {_shown(getattr(cfg, k))}"
-                                for k in changed)
+        differences = "; ".join(
+            f"{_flag(k)}: checkpoint {_shown(saved.get(k))}, now {_shown(getattr(cfg, k))}" for k in changed
+        )
         original = " ".join(_as_option(k, saved.get(k)) for k in changed)
-        raise UserError(f"cannot resume {source} with a different {differences}. Resume with the values it was made "
-                        f"with ({original}), or start a new --run-dir")
+        raise UserError(
+            f"cannot resume {source} with a different {differences}. Resume with the values it was made "
+            f"with ({original}), or start a new --run-dir"
+        )
     check_fits(cfg, recipe, state["model"], source)
 
 
@@ -211,8 +243,9 @@ def _as_option(name: str, value: Any) -> str:
     return f"no {_flag(name)}" if value is None else f"{_flag(name)} {value}"
 
 
-def check_fits(cfg: TrainConfig, recipe: Recipe, weights: dict[str, Any], source: Path | None,
-               saved: dict[str, Any] | None = None) -> None:
+def check_fits(
+    cfg: TrainConfig, recipe: Recipe, weights: dict[str, Any], source: Path | None, saved: dict[str, Any] | None = None
+) -> None:
     """The checkpoint's weights must have the parameter names and shapes of the model `recipe` builds for `cfg`
     (checked on the meta device: nothing is allocated or initialized). `saved`: the checkpoint's config, to name the
     options it was made with."""
@@ -220,14 +253,22 @@ def check_fits(cfg: TrainConfig, recipe: Recipe, weights: dict[str, Any], source
         model = recipe.for_config(cfg).build_model()
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
-    problems = [f"{k}: checkpoint {found[k]}, model {shape}" for k, shape in expected.items()
-                if k in found and found[k] != shape]
+    problems = [
+        f"{k}: checkpoint {found[k]}, model {shape}"
+        for k, shape in expected.items()
+        if k in found and found[k] != shape
+    ]
     problems += [f"{k} missing" for k in expected if k not in found]
     problems += [f"{k} unexpected" for k in found if k not in expected]
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
-        made_with = " ".join(_as_option(k, saved.get(k)) for k in ("recipe", "arch")
-                             if saved and saved.get(k) is not None and saved.get(k) != getattr(cfg, k))
+        made_with = " ".join(
+            _as_option(k, saved.get(k))
+            for k in ("recipe", "arch")
+            if saved and saved.get(k) is not None and saved.get(k) != getattr(cfg, k)
+        )
         fix = f"use the options it was made with ({made_with})" if made_with else "use the --recipe it was made with"
-        raise UserError(f"{source} holds a different model than {cfg.workload}/{cfg.recipe} builds ({shown}); "
-                        f"{fix}, or start a new --run-dir")
+        raise UserError(
+            f"{source} holds a different model than {cfg.workload}/{cfg.recipe} builds ({shown}); "
+            f"{fix}, or start a new --run-dir"
+        )

@@ -33,19 +33,30 @@ def problem(state: Any) -> str | None:
         shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
         return f"has a torch generator state of shape {shape}, not {tuple(own.shape)} bytes"
     numpy_state = state.get("numpy")
-    if not (isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5 and isinstance(numpy_state[0], str)
-            and isinstance(numpy_state[1], torch.Tensor) and numpy_state[1].shape == (624,)
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numpy_state[2:])):
+    if not (
+        isinstance(numpy_state, (tuple, list))
+        and len(numpy_state) == 5
+        and isinstance(numpy_state[0], str)
+        and isinstance(numpy_state[1], torch.Tensor)
+        and numpy_state[1].shape == (624,)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numpy_state[2:])
+    ):
         return "has no numpy generator state of the form (kind, 624 keys, position, has_gauss, cached)"
     python = state.get("python")
-    if not (isinstance(python, (tuple, list)) and len(python) == 3 and isinstance(python[0], int)
-            and isinstance(python[1], (tuple, list)) and len(python[1]) == 625
-            and all(type(v) is int and 0 <= v < 2**32 for v in python[1])
-            and (python[2] is None or isinstance(python[2], float))):
+    if not (
+        isinstance(python, (tuple, list))
+        and len(python) == 3
+        and isinstance(python[0], int)
+        and isinstance(python[1], (tuple, list))
+        and len(python[1]) == 625
+        and all(type(v) is int and 0 <= v < 2**32 for v in python[1])
+        and (python[2] is None or isinstance(python[2], float))
+    ):
         return "has no Python generator state of the form (version, 625 words, gauss)"
     cuda = state.get("cuda", [])
-    if not (isinstance(cuda, (list, tuple)) and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
-                                                    for t in cuda)):
+    if not (
+        isinstance(cuda, (list, tuple)) and all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8 for t in cuda)
+    ):
         return "has CUDA generator states that are not byte tensors"
     return None
 

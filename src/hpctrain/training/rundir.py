@@ -29,8 +29,16 @@ CHECKPOINT_DIR = "checkpoints"
 # Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
 LOCK_FILE = ".hpctrain.lock"
 # Files of the run directory that hpctrain writes itself: never through a symbolic link.
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, PROVENANCE_FILE, STOP_REASON_FILE, SIGNALS_FILE, LOCK_FILE, PREFLIGHT_FILE,
-             BAD_NODES_FILE)
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PROVENANCE_FILE,
+    STOP_REASON_FILE,
+    SIGNALS_FILE,
+    LOCK_FILE,
+    PREFLIGHT_FILE,
+    BAD_NODES_FILE,
+)
 # Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere (and a
 # linked progress/, hang/ or stacks/ the ranks' records and stacks).
 RUN_DIRECTORIES = (CHECKPOINT_DIR, TENSORBOARD_DIR, PROGRESS_DIR, HANG_DIR, STACKS_DIR)
@@ -60,8 +68,10 @@ def check_run_paths(run_dir: Path) -> None:
         if not wanted(mode):
             needed = "a folder" if wanted is stat.S_ISDIR else "a regular file"
             kind = file_kind(mode) if not stat.S_ISREG(mode) else "a file"
-            raise UserError(f"{path} is {kind}, but the run writes {needed} there; remove it or move it away (or "
-                            "choose another --run-dir), then start again")
+            raise UserError(
+                f"{path} is {kind}, but the run writes {needed} there; remove it or move it away (or "
+                "choose another --run-dir), then start again"
+            )
 
 
 def check_run_dir_free(run_dir: Path) -> None:
@@ -73,8 +83,7 @@ def check_run_dir_free(run_dir: Path) -> None:
 def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
     """This process's exclusive lock on `run_dir` (UserError naming the holder if another run has it); None, with a
     warning, where the file system has no locks."""
-    holder = (f"pid {os.getpid()} on {socket.gethostname()}, started "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    holder = f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
     try:
         return DirectoryLock.acquire(run_dir, LOCK_FILE, holder)
     except LocksUnsupported as err:
@@ -85,8 +94,15 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
 def write_run_files(run: Run, hosts: list[str]) -> None:
     """config.yaml (the options and what was resolved from them) and this attempt's provenance record. Rank 0."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    config = {**run.cfg.to_dict(), "resolved": {"strategy": run.strategy, "device": str(run.device),
-                                                "world_size": run.env.world_size, "launcher": run.env.launcher}}
+    config = {
+        **run.cfg.to_dict(),
+        "resolved": {
+            "strategy": run.strategy,
+            "device": str(run.device),
+            "world_size": run.env.world_size,
+            "launcher": run.env.launcher,
+        },
+    }
     write_atomic(run.run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False).encode())
     record_attempt(run.run_dir, hosts, {"launcher": run.env.launcher, "world_size": run.env.world_size})
 

@@ -45,8 +45,15 @@ class _ScriptRun:
         return self.env.rank == 0
 
 
-def health_watch(run_dir: str | Path, env: DistEnv, device: torch.device, model: torch.nn.Module,
-                 steps_per_epoch: int, hang_timeout: float | None = None, dist_timeout_s: float = 600.0) -> RankWatch:
+def health_watch(
+    run_dir: str | Path,
+    env: DistEnv,
+    device: torch.device,
+    model: torch.nn.Module,
+    steps_per_epoch: int,
+    hang_timeout: float | None = None,
+    dist_timeout_s: float = 600.0,
+) -> RankWatch:
     """Start the watch for this rank. `hang_timeout`: seconds without a step that count as a hang (None: derived
     from the step times, as `train --hang-timeout` leaves it; 0: off); `dist_timeout_s`: the process group's
     timeout (`setup(timeout_s=...)`), which with a margin bounds evaluation and checkpoint phases."""

@@ -44,14 +44,20 @@ def setup_run(cfg: TrainConfig, recipe: Recipe) -> Run:
         run.complete = True
         if run.is_main:
             write_stop_reason(run_dir, StopReason.NONE)  # true, and a batch script must not requeue it
-        run.say(f"{run_dir} is already complete: its checkpoint ({point.source}) has {state['epoch']} epoch(s), "
-                f"global step {state['step']}, and --epochs is {cfg.epochs}; nothing to train. To train further, "
-                f"resume with a larger --epochs (e.g. --resume --epochs {state['epoch'] + 1})")
+        run.say(
+            f"{run_dir} is already complete: its checkpoint ({point.source}) has {state['epoch']} epoch(s), "
+            f"global step {state['step']}, and --epochs is {cfg.epochs}; nothing to train. To train further, "
+            f"resume with a larger --epochs (e.g. --resume --epochs {state['epoch'] + 1})"
+        )
     return run
 
 
-def _claim_run_dir(cfg: TrainConfig, recipe: Recipe, env: DistEnv, run_dir: Path,
-                   ) -> tuple[DirectoryLock | None, ResumePoint | None]:
+def _claim_run_dir(
+    cfg: TrainConfig,
+    recipe: Recipe,
+    env: DistEnv,
+    run_dir: Path,
+) -> tuple[DirectoryLock | None, ResumePoint | None]:
     """Rank 0's lock on the run directory, and the checked resume point (every rank; None: a fresh run).
 
     Rank 0 locks the run directory before it looks at the checkpoints: the ones it resumes from (and the damaged
@@ -81,8 +87,10 @@ def resolve_config(cfg: TrainConfig, recipe: Recipe) -> TrainConfig:
     """`cfg` with the recipe's defaults, and the options it resolves (`Recipe.resolved_options`), where the command
     line left them unset; refuses a --dataset the recipe does not train on."""
     if cfg.dataset not in recipe.datasets:
-        raise UserError(f"--dataset {cfg.dataset!r} is not available for {cfg.workload}; "
-                        f"choose one of: {', '.join(recipe.datasets)}")
+        raise UserError(
+            f"--dataset {cfg.dataset!r} is not available for {cfg.workload}; "
+            f"choose one of: {', '.join(recipe.datasets)}"
+        )
     d = recipe.defaults
     return cfg.replace(
         epochs=cfg.epochs or d.epochs,
@@ -101,15 +109,22 @@ def resolve_strategy(requested: str, env: DistEnv, device: torch.device) -> str:
     if requested == "auto":
         return "ddp" if env.is_distributed else "single"
     if requested == "single" and env.is_distributed:
-        raise UserError(f"--strategy single, but this process is rank {env.rank} of {env.world_size} "
-                        f"(launched by {env.launcher}); use --strategy ddp, or start one process")
+        raise UserError(
+            f"--strategy single, but this process is rank {env.rank} of {env.world_size} "
+            f"(launched by {env.launcher}); use --strategy ddp, or start one process"
+        )
     if requested == "dp":
         if env.is_distributed:
-            raise UserError("--strategy dp drives all GPUs of a node from one process, but this is one of "
-                            f"{env.world_size} processes; use --strategy ddp (one process per GPU)")
+            raise UserError(
+                "--strategy dp drives all GPUs of a node from one process, but this is one of "
+                f"{env.world_size} processes; use --strategy ddp (one process per GPU)"
+            )
         if gpus < 2:
-            fix = ("on one GPU use --strategy single (DataParallel over one GPU is the same, slower)" if gpus == 1
-                   else "on CPU use --strategy ddp --nproc N, or --strategy single")
+            fix = (
+                "on one GPU use --strategy single (DataParallel over one GPU is the same, slower)"
+                if gpus == 1
+                else "on CPU use --strategy ddp --nproc N, or --strategy single"
+            )
             raise UserError(f"--strategy dp needs several GPUs in one process, found {gpus}; {fix}")
     return requested
 
@@ -118,8 +133,10 @@ def check_dist_backend(cfg: TrainConfig, device: torch.device) -> None:
     """--dist-backend is accepted for compatibility, when it is the backend this device gets anyway."""
     needed = "nccl" if device.type == "cuda" else "gloo"
     if cfg.dist_backend is not None and cfg.dist_backend != needed:
-        raise UserError(f"--dist-backend {cfg.dist_backend} on {device.type}: hpctrain uses {needed} there; "
-                        f"drop --dist-backend (or pass {needed})")
+        raise UserError(
+            f"--dist-backend {cfg.dist_backend} on {device.type}: hpctrain uses {needed} there; "
+            f"drop --dist-backend (or pass {needed})"
+        )
 
 
 def cudnn_benchmark(recipe: Recipe, device: torch.device) -> bool:
@@ -137,29 +154,38 @@ def resolve_threads(cfg: TrainConfig, env: DistEnv, state: dict[str, Any] | None
     chosen = choose_threads(cfg.threads, env.local_world_size)
     chosen_by_us = cfg.threads_chosen or cfg.threads is None
     recorded = _recorded_threads(state, env) if state is not None else None
-    say = (lambda text: print(f"hpctrain: {text}", file=sys.stderr, flush=True)) if env.rank == 0 else (
-        lambda text: None)
+    say = (
+        (lambda text: print(f"hpctrain: {text}", file=sys.stderr, flush=True)) if env.rank == 0 else (lambda text: None)
+    )
     idle = default_threads(env.local_world_size)
     if recorded is None or recorded == chosen:
         if state is None and chosen_by_us and chosen < idle:
-            say(f"other programs keep some of this process's cores busy: training with {chosen} thread(s) per "
-                f"process rather than {idle}, which would wait on each other (--threads N to choose)")
+            say(
+                f"other programs keep some of this process's cores busy: training with {chosen} thread(s) per "
+                f"process rather than {idle}, which would wait on each other (--threads N to choose)"
+            )
         return chosen
     if not chosen_by_us:
-        say(f"warning: --threads {chosen}, but this run was trained with {recorded} thread(s) per process: torch "
+        say(
+            f"warning: --threads {chosen}, but this run was trained with {recorded} thread(s) per process: torch "
             f"sums in another order with another count, so from here on the run is no longer bitwise the same as "
-            f"an uninterrupted one (drop --threads to continue with {recorded})")
+            f"an uninterrupted one (drop --threads to continue with {recorded})"
+        )
         return chosen
     cores = available_cores()
     if recorded > cores:
-        say(f"warning: this run was trained with {recorded} thread(s) per process, but only {cores} core(s) are "
+        say(
+            f"warning: this run was trained with {recorded} thread(s) per process, but only {cores} core(s) are "
             f"usable here: continuing with {cores}, so the run is no longer bitwise the same as an uninterrupted "
-            f"one (resume where {recorded} cores are free to keep it exact)")
+            f"one (resume where {recorded} cores are free to keep it exact)"
+        )
         return cores
     if recorded > chosen:
-        say(f"warning: other programs keep some of this process's cores busy, but this run was trained with "
+        say(
+            f"warning: other programs keep some of this process's cores busy, but this run was trained with "
             f"{recorded} thread(s) per process: continuing with {recorded} so the results stay exactly those of an "
-            f"uninterrupted run (slower while the cores are busy; --threads {chosen} is faster but changes results)")
+            f"uninterrupted run (slower while the cores are busy; --threads {chosen} is faster but changes results)"
+        )
     return recorded
 
 

@@ -123,8 +123,12 @@ class StopRequest:
 
         def time_up() -> None:
             if not self._finished:
-                print(f"hpctrain: the time limit ({limit} s of training, {TIME_LIMIT_ENV}) ends in {warning} s: "
-                      "checkpointing and stopping", file=sys.stderr, flush=True)
+                print(
+                    f"hpctrain: the time limit ({limit} s of training, {TIME_LIMIT_ENV}) ends in {warning} s: "
+                    "checkpointing and stopping",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.request(StopReason.PREEMPTED)
 
         self._timer = threading.Timer(delay, time_up)
@@ -296,8 +300,11 @@ def _lazy_gloo_group() -> object:
     users_word = GLOO_LAZY_INIT_ENV in os.environ
     if users_word or not compat.gloo_connects_lazily():
         if not users_word and dist.get_world_size() >= LARGE_WORLD:
-            compat.say_once("gloo_lazy", f"torch {torch.__version__} connects the stop vote's gloo group at start-up, "
-                            "every rank to every other (torch >= 2.8 connects only the peers a vote uses)")
+            compat.say_once(
+                "gloo_lazy",
+                f"torch {torch.__version__} connects the stop vote's gloo group at start-up, "
+                "every rank to every other (torch >= 2.8 connects only the peers a vote uses)",
+            )
         return dist.new_group(backend="gloo")
     os.environ[GLOO_LAZY_INIT_ENV] = "1"
     try:

@@ -52,8 +52,11 @@ SUMMARY_WAIT_S = HANG_FILES_DEADLINE_S - 5.0
 
 # NCCL's flight recorder (torch's ring buffer of the last collectives per rank): its variables were renamed from
 # TORCH_NCCL_* to TORCH_FR_* in 2025; both are set, neither overrides a value the user set.
-FLIGHT_RECORDER_ENV = (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_FR_BUFFER_SIZE", "2000"),
-                       ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"))
+FLIGHT_RECORDER_ENV = (
+    ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"),
+    ("TORCH_FR_BUFFER_SIZE", "2000"),
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+)
 FLIGHT_RECORDER_FILES = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
 FLIGHT_RECORDER_PREFIX = "nccl-trace-rank-"
 
@@ -159,8 +162,9 @@ class RankWatch:
         self.run = run
         self.host = node_name()
         env = run.env
-        self.progress = ProgressRecorder(run.run_dir, env.rank, env.world_size, self.host, steps_per_epoch,
-                                         PROGRESS_INTERVAL_S)
+        self.progress = ProgressRecorder(
+            run.run_dir, env.rank, env.world_size, self.host, steps_per_epoch, PROGRESS_INTERVAL_S
+        )
         self.progress.phase("starting")
         if run.is_main:  # every rank of this attempt is here: a hang claim or verdict left there is an earlier one's
             forget_report_claim(run.run_dir)
@@ -175,8 +179,7 @@ class RankWatch:
         ticks = (StackRequests(run.run_dir, env.rank, self.host).check,)
         if run.is_main and env.is_distributed:
             ticks += (self._straggler_tick,)
-        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang,
-                                 ticks=ticks)
+        self.watchdog = Watchdog(run.cfg.hang_timeout, run.cfg.dist_timeout + LONG_MARGIN_S, self._on_hang, ticks=ticks)
         self.watchdog.start()
 
     def epoch_started(self, data_wait_s: float) -> None:
@@ -188,8 +191,15 @@ class RankWatch:
         on, `data_wait_s` its input wait so far this epoch."""
         now = time.perf_counter()
         self.watchdog.beat()
-        self.progress.step(epoch + 1, step, step_in_epoch, images, now - self._step_started,
-                           data_wait_s - self._data_before, self.clock.read())
+        self.progress.step(
+            epoch + 1,
+            step,
+            step_in_epoch,
+            images,
+            now - self._step_started,
+            data_wait_s - self._data_before,
+            self.clock.read(),
+        )
         self._step_started, self._data_before = now, data_wait_s
 
     @contextlib.contextmanager
@@ -219,8 +229,11 @@ class RankWatch:
         try:
             found = {s.rank: s for s in find_stragglers(read_progress(self.run.run_dir, self._bad_record))}
         except Exception as err:  # noqa: BLE001 - advisory: the training step goes on
-            print(f"hpctrain: warning: the straggler check failed ({type(err).__name__}: {err}); training goes on",
-                  file=sys.stderr, flush=True)
+            print(
+                f"hpctrain: warning: the straggler check failed ({type(err).__name__}: {err}); training goes on",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         for rank in sorted(found.keys() & self._suspects):  # named twice in a row: persistent
             with self._reported_lock:
@@ -252,30 +265,48 @@ class RankWatch:
         deadline = HANG_FILES_DEADLINE_S + (REPORT_GRACE_S if env.is_distributed else 0.0)
         _arm_alarm(deadline + ALARM_MARGIN_S)
         path = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
-        print(f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
-              f"s)" + (f", waiting in {waiting}" if waiting else ", outside any collective")
-              + (f", at {here}" if here and not env.is_distributed else "") + f"; stacks in {path}",
-              file=sys.stderr, flush=True)
-        work = threading.Thread(target=self._hang_files, name="hpctrain-hang-report", daemon=True,
-                                args=(quiet_s, limit_s, waiting, entered, here, stacks))
+        print(
+            f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
+            f"s)"
+            + (f", waiting in {waiting}" if waiting else ", outside any collective")
+            + (f", at {here}" if here and not env.is_distributed else "")
+            + f"; stacks in {path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        work = threading.Thread(
+            target=self._hang_files,
+            name="hpctrain-hang-report",
+            daemon=True,
+            args=(quiet_s, limit_s, waiting, entered, here, stacks),
+        )
         work.start()
         work.join(deadline)
         if work.is_alive():
-            print(f"hpctrain: rank {env.rank}: the hang's files in {run.run_dir} were not written within "
-                  f"{deadline:.0f} s (its file system blocks?); ending without them", file=sys.stderr, flush=True)
+            print(
+                f"hpctrain: rank {env.rank}: the hang's files in {run.run_dir} were not written within "
+                f"{deadline:.0f} s (its file system blocks?); ending without them",
+                file=sys.stderr,
+                flush=True,
+            )
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_HUNG)
 
-    def _hang_files(self, quiet_s: float, limit_s: float, waiting: str | None, entered: int, here: str | None,
-                    stacks: str) -> None:
+    def _hang_files(
+        self, quiet_s: float, limit_s: float, waiting: str | None, entered: int, here: str | None, stacks: str
+    ) -> None:
         """The hang's file work, on a thread of its own: this rank's stacks and record; after `REPORT_GRACE_S`, the
         report from every rank's record (by the lowest rank that noticed)."""
         run, env = self.run, self.run.env
         path = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
         try:
-            dump_stacks(path, f"rank {env.rank} on {self.host} (pid {os.getpid()}): no training step for "
-                              f"{quiet_s:.0f} s" + (f", waiting in {waiting}" if waiting else ""), stacks)
+            dump_stacks(
+                path,
+                f"rank {env.rank} on {self.host} (pid {os.getpid()}): no training step for "
+                f"{quiet_s:.0f} s" + (f", waiting in {waiting}" if waiting else ""),
+                stacks,
+            )
         except (OSError, UserError) as err:
             print(f"hpctrain: rank {env.rank}: could not write its stacks to {path}: {err}", file=sys.stderr)
         self.progress.phase("hung", waiting_in=waiting, collectives=entered)
@@ -286,16 +317,20 @@ class RankWatch:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
             if not claim_report(run.run_dir):  # another rank reads the records and writes the report
                 summary = await_summary(run.run_dir, SUMMARY_WAIT_S)
-                write_termination_message(f"{summary or f'hung at step {self.progress.record.step}'}; the report: "
-                                          f"{report_path(run.run_dir)}")
+                write_termination_message(
+                    f"{summary or f'hung at step {self.progress.record.step}'}; the report: {report_path(run.run_dir)}"
+                )
                 return
         try:  # the other ranks' records are files anyone may have written: the rank exits EXIT_HUNG regardless
             records = read_progress(run.run_dir, self._bad_record)
             report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time(), here)
             write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
         except Exception as err:  # noqa: BLE001
-            print(f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr, flush=True)
         try:

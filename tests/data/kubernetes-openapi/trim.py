@@ -12,8 +12,12 @@ from __future__ import annotations
 import json
 import sys
 
-ROOTS = ("io.k8s.api.core.v1.Pod", "io.k8s.api.core.v1.PodTemplateSpec", "io.k8s.api.core.v1.Secret",
-         "io.k8s.api.core.v1.Service")
+ROOTS = (
+    "io.k8s.api.core.v1.Pod",
+    "io.k8s.api.core.v1.PodTemplateSpec",
+    "io.k8s.api.core.v1.Secret",
+    "io.k8s.api.core.v1.Service",
+)
 
 
 def refs(node: object) -> set[str]:
@@ -36,8 +40,12 @@ def main() -> None:
         if name not in keep:
             keep[name] = spec["definitions"][name]
             todo.extend(refs(keep[name]))
-    json.dump({"swagger": spec["swagger"], "info": spec["info"], "definitions": dict(sorted(keep.items()))},
-              sys.stdout, indent=1, sort_keys=True)
+    json.dump(
+        {"swagger": spec["swagger"], "info": spec["info"], "definitions": dict(sorted(keep.items()))},
+        sys.stdout,
+        indent=1,
+        sort_keys=True,
+    )
     sys.stdout.write("\n")
 
 

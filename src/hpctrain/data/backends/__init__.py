@@ -42,8 +42,7 @@ class BackendChoice:
 MIN_DALI = (2, 0)
 
 
-def choose_backend(requested: str, device_type: str,
-                   prove: Callable[[str], str | None] | None = None) -> BackendChoice:
+def choose_backend(requested: str, device_type: str, prove: Callable[[str], str | None] | None = None) -> BackendChoice:
     """The backend for `--data-backend requested` on a `device_type` ("cuda", "cpu", ...) training device.
 
     auto on a CUDA GPU: the first of dali and nvjpeg that is usable (dali: installed, version >= MIN_DALI) and
@@ -64,8 +63,11 @@ def choose_backend(requested: str, device_type: str,
         return BackendChoice("cpu", "as asked: data worker processes decode on the CPU")
     if cuda:
         return BackendChoice(requested, "as asked: JPEGs are decoded on the GPU")
-    return BackendChoice(requested, f"as asked, but decoding on the CPU: this backend is meant for CUDA GPUs and "
-                                    f"training runs on {device_type}; --data-backend cpu is faster there")
+    return BackendChoice(
+        requested,
+        f"as asked, but decoding on the CPU: this backend is meant for CUDA GPUs and "
+        f"training runs on {device_type}; --data-backend cpu is faster there",
+    )
 
 
 def _auto_on_gpu(prove: Callable[[str], str | None]) -> BackendChoice:
@@ -74,8 +76,10 @@ def _auto_on_gpu(prove: Callable[[str], str | None]) -> BackendChoice:
     if version is None:
         passed_over.append(f"NVIDIA DALI is not installed ({dali_install_hint()} to use it)")
     elif version_tuple(version) < MIN_DALI:
-        passed_over.append(f"NVIDIA DALI {version} is older than {MIN_DALI[0]}.{MIN_DALI[1]}, whose decoder "
-                           "arguments the dali backend uses")
+        passed_over.append(
+            f"NVIDIA DALI {version} is older than {MIN_DALI[0]}.{MIN_DALI[1]}, whose decoder "
+            "arguments the dali backend uses"
+        )
     else:
         failure = prove("dali")
         if failure is None:
@@ -83,8 +87,9 @@ def _auto_on_gpu(prove: Callable[[str], str | None]) -> BackendChoice:
         passed_over.append(f"dali on this GPU: {failure}")
     failure = prove("nvjpeg")
     if failure is None:
-        return BackendChoice("nvjpeg", f"auto: {'; '.join(passed_over)}; nvjpeg decoded its test JPEGs right on "
-                                       "this GPU")
+        return BackendChoice(
+            "nvjpeg", f"auto: {'; '.join(passed_over)}; nvjpeg decoded its test JPEGs right on this GPU"
+        )
     passed_over.append(f"nvjpeg on this GPU: {failure}")
     return BackendChoice("cpu", f"auto: {'; '.join(passed_over)}; data worker processes decode on the CPU")
 
@@ -122,16 +127,28 @@ def dali_install_hint() -> str:
 def require_dali() -> None:
     version = dali_version()
     if version is None:
-        raise UserError(f"--data-backend dali needs NVIDIA DALI, which is not installed: {dali_install_hint()}, "
-                        "or use --data-backend nvjpeg or cpu")
+        raise UserError(
+            f"--data-backend dali needs NVIDIA DALI, which is not installed: {dali_install_hint()}, "
+            "or use --data-backend nvjpeg or cpu"
+        )
     if version_tuple(version) < MIN_DALI:
         upgrade = dali_install_hint().replace("pip install", "pip install -U", 1)
-        raise UserError(f"--data-backend dali needs NVIDIA DALI >= {MIN_DALI[0]}.{MIN_DALI[1]} (its decoder "
-                        f"arguments), and {version} is installed: {upgrade}, or use --data-backend nvjpeg or cpu")
+        raise UserError(
+            f"--data-backend dali needs NVIDIA DALI >= {MIN_DALI[0]}.{MIN_DALI[1]} (its decoder "
+            f"arguments), and {version} is installed: {upgrade}, or use --data-backend nvjpeg or cpu"
+        )
 
 
-def make_loader(choice: BackendChoice, train, val, config, seed: int,  # type: ignore[no-untyped-def]
-                train_crop, eval_crop, device):
+def make_loader(
+    choice: BackendChoice,
+    train,
+    val,
+    config,
+    seed: int,  # type: ignore[no-untyped-def]
+    train_crop,
+    eval_crop,
+    device,
+):
     """The streaming loader (see `hpctrain.data.loader.BatchSource`) of backend `choice` on `device`."""
     if choice.name == "dali":
         from hpctrain.data.backends.dali import DaliSource
@@ -146,5 +163,14 @@ def make_loader(choice: BackendChoice, train, val, config, seed: int,  # type: i
     return ImageFolderSource(train, val, config, seed, train_crop, eval_crop)
 
 
-__all__ = ["DATA_BACKENDS", "MIN_DALI", "BackendChoice", "choose_backend", "dali_install_hint", "dali_installed",
-           "dali_version", "make_loader", "require_dali"]
+__all__ = [
+    "DATA_BACKENDS",
+    "MIN_DALI",
+    "BackendChoice",
+    "choose_backend",
+    "dali_install_hint",
+    "dali_installed",
+    "dali_version",
+    "make_loader",
+    "require_dali",
+]

@@ -29,8 +29,16 @@ import torch
 
 from hpctrain.data.backends.encoded import RequestTable, read_window
 from hpctrain.data.decode import BadImageError, CropSpec, decode_crop
-from hpctrain.data.loader import (IGNORE_LABEL, Batch, BatchRequest, Batches, ImageFolderSource, LoaderConfig,
-                                  TrainRequests, check_shared_memory)
+from hpctrain.data.loader import (
+    IGNORE_LABEL,
+    Batch,
+    BatchRequest,
+    Batches,
+    ImageFolderSource,
+    LoaderConfig,
+    TrainRequests,
+    check_shared_memory,
+)
 from hpctrain.errors import UserError
 
 
@@ -66,13 +74,27 @@ class DaliFeed:
 class DaliSource(ImageFolderSource):
     """`ImageFolderSource`'s requests and crops, decoded by a DALI pipeline (on `device` when it is a GPU)."""
 
-    def __init__(self, train, val, config: LoaderConfig, seed: int,  # type: ignore[no-untyped-def]
-                 train_crop=None, eval_crop=None, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        train,
+        val,
+        config: LoaderConfig,
+        seed: int,  # type: ignore[no-untyped-def]
+        train_crop=None,
+        eval_crop=None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__(train, val, config, seed, train_crop, eval_crop)
         self.device = torch.device(device)
 
-    def train_batches(self, plan, epoch: int, start_step: int, rank: int,  # type: ignore[no-untyped-def]
-                      size: tuple[int, int] | None = None) -> Batches:
+    def train_batches(
+        self,
+        plan,
+        epoch: int,
+        start_step: int,
+        rank: int,  # type: ignore[no-untyped-def]
+        size: tuple[int, int] | None = None,
+    ) -> Batches:
         import dataclasses
 
         crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
@@ -86,8 +108,12 @@ class DaliSource(ImageFolderSource):
             raise UserError("no validation images: add DATA/val/<class>/* or pass --val-path DIR")
         return self._pass(self.val, self.eval_crop, eval_requests(len(self.val), world_size, rank, batch_size))
 
-    def _pass(self, images, spec: CropSpec,  # type: ignore[no-untyped-def]
-              requests: Sequence[BatchRequest]) -> Batches:
+    def _pass(
+        self,
+        images,
+        spec: CropSpec,  # type: ignore[no-untyped-def]
+        requests: Sequence[BatchRequest],
+    ) -> Batches:
         epoch = requests[0].epoch if requests else 0
         table = RequestTable.of(epoch, [r.indices for r in requests])
         height, width = spec.size
@@ -127,21 +153,37 @@ class DaliSource(ImageFolderSource):
         @pipeline_def
         def decode_crop_resize():  # type: ignore[no-untyped-def]
             encoded, anchor, shape, flip, ok = fn.external_source(
-                source=feed, num_outputs=5, batch=True, batch_info=True, parallel=workers > 0,
-                dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.UINT8])
+                source=feed,
+                num_outputs=5,
+                batch=True,
+                batch_info=True,
+                parallel=workers > 0,
+                dtype=[types.UINT8, types.INT32, types.INT32, types.INT32, types.UINT8],
+            )
             pictures = fn.decoders.image_slice(
-                encoded, anchor, shape, device="mixed" if gpu else "cpu", axis_names="HW", output_type=types.RGB,
+                encoded,
+                anchor,
+                shape,
+                device="mixed" if gpu else "cpu",
+                axis_names="HW",
+                output_type=types.RGB,
                 adjust_orientation=False,  # the header's size is the stored one, as in the cpu backend
-                jpeg_fancy_upsampling=True)  # the same chroma upsampling as libjpeg-turbo's (cpu backend)
-            pictures = fn.resize(pictures, resize_y=size[0], resize_x=size[1], interp_type=types.INTERP_LINEAR,
-                                 antialias=True)
+                jpeg_fancy_upsampling=True,
+            )  # the same chroma upsampling as libjpeg-turbo's (cpu backend)
+            pictures = fn.resize(
+                pictures, resize_y=size[0], resize_x=size[1], interp_type=types.INTERP_LINEAR, antialias=True
+            )
             return fn.flip(pictures, horizontal=flip), ok
 
         options = {"py_num_workers": workers, "py_start_method": "spawn" if gpu else "fork"} if workers else {}
         return decode_crop_resize(
-            batch_size=max_batch, num_threads=max(1, workers), seed=self.seed & 0x7FFFFFFF,
+            batch_size=max_batch,
+            num_threads=max(1, workers),
+            seed=self.seed & 0x7FFFFFFF,
             device_id=(self.device.index or torch.cuda.current_device()) if gpu else None,
-            prefetch_queue_depth=self.config.prefetch_factor, **options)
+            prefetch_queue_depth=self.config.prefetch_factor,
+            **options,
+        )
 
 
 def _to_torch(pictures, device: torch.device) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -170,8 +212,14 @@ def _why_bad(images, index: int) -> tuple[str, str]:  # type: ignore[no-untyped-
     return images.name(index), str(BadImageError(images.name(index), "unreadable"))
 
 
-def _decode_error(images, spec: CropSpec, seed: int, epoch: int, indices: np.ndarray,  # type: ignore[no-untyped-def]
-                  err: RuntimeError) -> UserError:
+def _decode_error(
+    images,
+    spec: CropSpec,
+    seed: int,
+    epoch: int,
+    indices: np.ndarray,  # type: ignore[no-untyped-def]
+    err: RuntimeError,
+) -> UserError:
     """DALI failed on a batch: name the file the CPU decoder also rejects, or the batch's files."""
     height, width = spec.size
     pixels = np.empty((height, width, 3), dtype=np.uint8)
@@ -179,8 +227,10 @@ def _decode_error(images, spec: CropSpec, seed: int, epoch: int, indices: np.nda
         try:
             decode_crop(images.read(index), images.name(index), spec, seed, epoch, index, pixels)
         except BadImageError as bad:
-            return UserError(f"{bad.path}: NVIDIA DALI cannot decode this image; replace or delete the file, or "
-                             "use --data-backend cpu (with --skip-bad-images to train without it)")
+            return UserError(
+                f"{bad.path}: NVIDIA DALI cannot decode this image; replace or delete the file, or "
+                "use --data-backend cpu (with --skip-bad-images to train without it)"
+            )
     names = ", ".join(images.name(i) for i in indices.tolist()[:3])
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return UserError(f"NVIDIA DALI failed on a batch with {names}, ... ({first}); use --data-backend cpu or nvjpeg")

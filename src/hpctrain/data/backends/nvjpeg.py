@@ -24,8 +24,19 @@ from hpctrain import compat
 from hpctrain.data.backends.encoded import read_window
 from hpctrain.data.backends.streams import DecodeStream
 from hpctrain.data.decode import BadImageError, decode_crop
-from hpctrain.data.loader import (IGNORE_LABEL, Batch, BatchRequest, Batches, ImageBatchDataset, ImageFolderSource,
-                                  LoaderConfig, TrainRequests, _as_is, _empty_uint8, check_shared_memory)
+from hpctrain.data.loader import (
+    IGNORE_LABEL,
+    Batch,
+    BatchRequest,
+    Batches,
+    ImageBatchDataset,
+    ImageFolderSource,
+    LoaderConfig,
+    TrainRequests,
+    _as_is,
+    _empty_uint8,
+    check_shared_memory,
+)
 
 
 class EncodedBatch(NamedTuple):
@@ -66,42 +77,73 @@ class EncodedBatchDataset(torch.utils.data.Dataset):
                     jpegs.append(window.data)
                     boxes.append((crop.top, crop.left, crop.height, crop.width, int(crop.flip)))
                 else:
-                    decode_crop(window.data, self.images.name(index), self.spec, self.seed, request.epoch, index,
-                                decoded[slot].numpy())
+                    decode_crop(
+                        window.data,
+                        self.images.name(index),
+                        self.spec,
+                        self.seed,
+                        request.epoch,
+                        index,
+                        decoded[slot].numpy(),
+                    )
             except BadImageError as err:
                 labels[slot] = IGNORE_LABEL
                 bad.append((err.path, str(err)))
         data = _empty_uint8((sum(len(b) for b in jpegs),))
         if jpegs:
             data.numpy()[:] = np.frombuffer(b"".join(jpegs), dtype=np.uint8)
-        return EncodedBatch(torch.tensor(request.indices, dtype=torch.int64), labels,
-                            torch.tensor(slots, dtype=torch.int64),
-                            torch.tensor([len(b) for b in jpegs], dtype=torch.int64), data,
-                            torch.tensor(boxes, dtype=torch.int64).reshape(-1, 5), decoded, tuple(bad))
+        return EncodedBatch(
+            torch.tensor(request.indices, dtype=torch.int64),
+            labels,
+            torch.tensor(slots, dtype=torch.int64),
+            torch.tensor([len(b) for b in jpegs], dtype=torch.int64),
+            data,
+            torch.tensor(boxes, dtype=torch.int64).reshape(-1, 5),
+            decoded,
+            tuple(bad),
+        )
 
 
 class NvjpegSource(ImageFolderSource):
     """`ImageFolderSource`'s batches (same requests, crops, bad-image handling), decoded on `device`."""
 
-    def __init__(self, train, val, config: LoaderConfig, seed: int,  # type: ignore[no-untyped-def]
-                 train_crop=None, eval_crop=None, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        train,
+        val,
+        config: LoaderConfig,
+        seed: int,  # type: ignore[no-untyped-def]
+        train_crop=None,
+        eval_crop=None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__(train, val, config, seed, train_crop, eval_crop)
         self.device = torch.device(device)
 
-    def _stream(self, dataset: ImageBatchDataset, requests: Sequence[BatchRequest] | TrainRequests,
-                batch_size: int) -> Batches:
+    def _stream(
+        self, dataset: ImageBatchDataset, requests: Sequence[BatchRequest] | TrainRequests, batch_size: int
+    ) -> Batches:
         cfg = self.config
         height, width = dataset.spec.size
         check_shared_memory(batch_size * height * width * 3, cfg)
         encoded = EncodedBatchDataset(dataset)
         loader: Iterable[EncodedBatch] = torch.utils.data.DataLoader(
-            encoded, sampler=requests, batch_size=None, collate_fn=_as_is,  # type: ignore[arg-type]
-            num_workers=cfg.workers, prefetch_factor=cfg.prefetch_factor if cfg.workers else None,
-            pin_memory=cfg.pin_memory)
+            encoded,
+            sampler=requests,
+            batch_size=None,
+            collate_fn=_as_is,  # type: ignore[arg-type]
+            num_workers=cfg.workers,
+            prefetch_factor=cfg.prefetch_factor if cfg.workers else None,
+            pin_memory=cfg.pin_memory,
+        )
         return Batches(self._decoded(loader, encoded, requests), len(requests), cfg.skip_bad_images)
 
-    def _decoded(self, loader: Iterable[EncodedBatch], dataset: EncodedBatchDataset,
-                 requests: Sequence[BatchRequest] | TrainRequests) -> Iterator[Batch]:
+    def _decoded(
+        self,
+        loader: Iterable[EncodedBatch],
+        dataset: EncodedBatchDataset,
+        requests: Sequence[BatchRequest] | TrainRequests,
+    ) -> Iterator[Batch]:
         epoch = requests.epoch if isinstance(requests, TrainRequests) else 0
         order = DecodeStream(self.device) if self.device.type == "cuda" else None
         for batch in loader:
@@ -132,17 +174,21 @@ def decode_batch(batch: EncodedBatch, dataset: EncodedBatchDataset, epoch: int, 
         else:
             import torchvision
 
-            compat.say_once("decode_jpeg", f"torchvision {torchvision.__version__} decodes one JPEG per call "
-                            "(batched decode_jpeg needs torchvision >= 0.19): the nvjpeg backend decodes image by "
-                            "image, slower on a GPU")
+            compat.say_once(
+                "decode_jpeg",
+                f"torchvision {torchvision.__version__} decodes one JPEG per call "
+                "(batched decode_jpeg needs torchvision >= 0.19): the nvjpeg backend decodes image by "
+                "image, slower on a GPU",
+            )
         if pictures is None:
             pictures = [_decode_one(jpeg, device) for jpeg in jpegs]
         slots = batch.jpeg_slots
         decoded = [i for i, picture in enumerate(pictures) if picture is not None]
         if decoded:
             chosen = torch.tensor(decoded, dtype=torch.int64)
-            out[slots[chosen].to(device)] = crop_resize_batch([pictures[i] for i in decoded], batch.boxes[chosen],
-                                                              tuple(out.shape[1:3]))  # type: ignore[arg-type]
+            out[slots[chosen].to(device)] = crop_resize_batch(
+                [pictures[i] for i in decoded], batch.boxes[chosen], tuple(out.shape[1:3])
+            )  # type: ignore[arg-type]
         for i in sorted(set(range(len(pictures))) - set(decoded)):  # rare: JPEGs the device decoder rejected
             slot = int(slots[i])
             _decode_on_cpu(dataset, int(batch.indices[slot]), epoch, slot, out, labels, bad)
@@ -185,8 +231,9 @@ def _resize_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out
     input pixel, `scale` times wider when shrinking, zero outside the window [start, start + length), rows summing
     to one."""
     scale = (length / out_size)[:, None, None]
-    centers = start[:, None, None] + scale * (torch.arange(out_size, dtype=torch.float64, device=start.device)[:, None]
-                                              + 0.5)
+    centers = start[:, None, None] + scale * (
+        torch.arange(out_size, dtype=torch.float64, device=start.device)[:, None] + 0.5
+    )
     positions = torch.arange(in_size, dtype=torch.float64, device=start.device) + 0.5
     weights = (1 - (positions - centers).abs() / scale.clamp(min=1.0)).clamp_(min=0)
     weights *= (positions >= start[:, None, None]) & (positions < (start + length)[:, None, None])
@@ -217,14 +264,22 @@ def _decode_one(jpeg: torch.Tensor, device: torch.device) -> torch.Tensor | None
         return None
 
 
-def _decode_on_cpu(dataset: EncodedBatchDataset, index: int, epoch: int, slot: int, out: torch.Tensor,
-                   labels: torch.Tensor, bad: list[tuple[str, str]]) -> None:
+def _decode_on_cpu(
+    dataset: EncodedBatchDataset,
+    index: int,
+    epoch: int,
+    slot: int,
+    out: torch.Tensor,
+    labels: torch.Tensor,
+    bad: list[tuple[str, str]],
+) -> None:
     """A JPEG the device decoder rejected: the CPU decoder's result (it accepts what Pillow accepts), or bad."""
     height, width = dataset.spec.size
     pixels = np.zeros((height, width, 3), dtype=np.uint8)
     try:
-        decode_crop(dataset.images.read(index), dataset.images.name(index), dataset.spec, dataset.seed, epoch,
-                    index, pixels)
+        decode_crop(
+            dataset.images.read(index), dataset.images.name(index), dataset.spec, dataset.seed, epoch, index, pixels
+        )
     except BadImageError as err:
         labels[slot] = IGNORE_LABEL
         bad.append((err.path, str(err)))

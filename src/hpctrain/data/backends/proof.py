@@ -67,13 +67,22 @@ def decode_dali(jpegs: list[bytes], device: torch.device) -> list[np.ndarray]:
     @pipeline_def
     def decode():  # type: ignore[no-untyped-def]
         encoded = fn.external_source(source=feed, batch=True, dtype=types.UINT8)
-        return fn.decoders.image_slice(encoded, start=[0, 0], rel_shape=[1.0, 1.0], device="mixed" if gpu else "cpu",
-                                       axis_names="HW", output_type=types.RGB, adjust_orientation=False,
-                                       jpeg_fancy_upsampling=True)
+        return fn.decoders.image_slice(
+            encoded,
+            start=[0, 0],
+            rel_shape=[1.0, 1.0],
+            device="mixed" if gpu else "cpu",
+            axis_names="HW",
+            output_type=types.RGB,
+            adjust_orientation=False,
+            jpeg_fancy_upsampling=True,
+        )
 
-    pipe = decode(batch_size=len(jpegs), num_threads=1,
-                  device_id=(device.index if device.index is not None else torch.cuda.current_device()) if gpu
-                  else None)
+    pipe = decode(
+        batch_size=len(jpegs),
+        num_threads=1,
+        device_id=(device.index if device.index is not None else torch.cuda.current_device()) if gpu else None,
+    )
     try:
         pipe.build()
         (pictures,) = pipe.run()

@@ -55,8 +55,10 @@ def _load_index(path: str, mtime_ns: int, size: int) -> dict:
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise UserError(f"{path} is not an hpctrain shard index; {PREPARE_HINT}")
     if index.get("version") != VERSION:
-        raise UserError(f"{path} has shard format version {_brief(index.get('version'))}, this hpctrain reads "
-                        f"version {VERSION}; {PREPARE_HINT} with this version")
+        raise UserError(
+            f"{path} has shard format version {_brief(index.get('version'))}, this hpctrain reads "
+            f"version {VERSION}; {PREPARE_HINT} with this version"
+        )
     problem = _index_problem(index)
     if problem:
         raise UserError(f"{path}: damaged index ({problem}); {PREPARE_HINT}")

@@ -56,9 +56,15 @@ class ShardImages:
         return data
 
     def subset(self, keep: np.ndarray) -> ShardImages:
-        return dataclasses.replace(self, shards=self.shards[keep], offsets=self.offsets[keep],
-                                   sizes=self.sizes[keep], labels=self.labels[keep], paths=self.paths[keep],
-                                   _files={})
+        return dataclasses.replace(
+            self,
+            shards=self.shards[keep],
+            offsets=self.offsets[keep],
+            sizes=self.sizes[keep],
+            labels=self.labels[keep],
+            paths=self.paths[keep],
+            _files={},
+        )
 
     def _fd(self, shard: int) -> int:
         """This process's descriptor for `shard`, opened on first use; a forked worker opens its own."""
@@ -104,19 +110,28 @@ def open_prepared(path: str | os.PathLike) -> PreparedData:
         names = tuple(shard["name"] for shard in entry["shards"])
         missing = [name for name in names if not (root / name).is_file()]
         if missing:
-            raise UserError(f"{root}: {len(missing)} shard(s) listed in {INDEX_NAME} are missing, e.g. "
-                            f"{missing[0]}; copy them back or {PREPARE_HINT}")
+            raise UserError(
+                f"{root}: {len(missing)} shard(s) listed in {INDEX_NAME} are missing, e.g. "
+                f"{missing[0]}; copy them back or {PREPARE_HINT}"
+            )
         resized = [s["name"] for s in entry["shards"] if (root / s["name"]).stat().st_size != s["bytes"]]
         if resized:  # a sample's read would then end early, or read another sample's bytes
-            raise UserError(f"{root / resized[0]}: its size differs from the one {INDEX_NAME} records (a truncated "
-                            f"or replaced copy?); copy it again, check with `hpctrain prepare imagenet --verify "
-                            f"{root}`, or {PREPARE_HINT}")
+            raise UserError(
+                f"{root / resized[0]}: its size differs from the one {INDEX_NAME} records (a truncated "
+                f"or replaced copy?); copy it again, check with `hpctrain prepare imagenet --verify "
+                f"{root}`, or {PREPARE_HINT}"
+            )
         samples = entry["samples"]
         splits[split] = ShardImages(
-            str(root), names, np.asarray(samples["shard"], dtype=np.int32),
-            np.asarray(samples["offset"], dtype=np.int64), np.asarray(samples["size"], dtype=np.int64),
-            np.asarray(samples["label"], dtype=np.int64), PackedStrings.of(samples["path"]),
-            tuple(entry["classes"]))
+            str(root),
+            names,
+            np.asarray(samples["shard"], dtype=np.int32),
+            np.asarray(samples["offset"], dtype=np.int64),
+            np.asarray(samples["size"], dtype=np.int64),
+            np.asarray(samples["label"], dtype=np.int64),
+            PackedStrings.of(samples["path"]),
+            tuple(entry["classes"]),
+        )
     if "train" not in splits:
         raise UserError(f"{root}/{INDEX_NAME} has no train split; {PREPARE_HINT}")
     return PreparedData(str(root), splits["train"].classes, splits["train"], splits.get("val"), index["options"])

@@ -43,8 +43,10 @@ def verify(root: str | os.PathLike, reporter: Reporter | None = None) -> int:
             by_shard.setdefault(shard, []).append(i)
         for number, shard in enumerate(entry["shards"]):
             path = root / shard["name"]
-            fix = (f"delete it and rerun `hpctrain prepare imagenet SRC {root}` with the same options "
-                   "(it rebuilds from the first missing shard), or copy the shard again")
+            fix = (
+                f"delete it and rerun `hpctrain prepare imagenet SRC {root}` with the same options "
+                "(it rebuilds from the first missing shard), or copy the shard again"
+            )
             if not path.is_file():
                 raise UserError(f"{path}: shard missing; {fix}")
             if path.stat().st_size != shard["bytes"] or sha256_file(path).sha256 != shard["sha256"]:
@@ -52,8 +54,10 @@ def verify(root: str | os.PathLike, reporter: Reporter | None = None) -> int:
             members = {offset: (size, label) for (offset, size), label in shard_members(path).values()}
             for i in by_shard.get(number, []):
                 if members.get(samples["offset"][i]) != (samples["size"][i], samples["label"][i]):
-                    raise UserError(f"{path}: {INDEX_NAME} places sample {samples['path'][i]} at byte "
-                                    f"{samples['offset'][i]}, where the shard holds no such member; {fix}")
+                    raise UserError(
+                        f"{path}: {INDEX_NAME} places sample {samples['path'][i]} at byte "
+                        f"{samples['offset'][i]}, where the shard holds no such member; {fix}"
+                    )
             if len(members) != shard["samples"]:
                 raise UserError(f"{path}: holds {len(members)} samples, {INDEX_NAME} says {shard['samples']}; {fix}")
             reporter.advance(len(by_shard.get(number, [])))

@@ -60,8 +60,9 @@ class PrepareConfig:
 
     def __post_init__(self) -> None:
         if self.max_side is not None and self.max_side < 1:
-            raise UserError(f"--max-side {self.max_side}: give the largest shorter side in pixels, e.g. 320, "
-                            "or --keep-size")
+            raise UserError(
+                f"--max-side {self.max_side}: give the largest shorter side in pixels, e.g. 320, or --keep-size"
+            )
         if not 1 <= self.jpeg_quality <= 100:
             raise UserError(f"--jpeg-quality {self.jpeg_quality}: use 1..100 (default {DEFAULT_JPEG_QUALITY})")
         if self.shard_size < 1:
@@ -82,8 +83,11 @@ class PrepareConfig:
 
     def options(self) -> dict:
         """What decides the output's bytes, recorded in the manifest and the index."""
-        return {"max_side": self.max_side, "jpeg_quality": self.jpeg_quality if self.max_side else None,
-                "shard_size": self.shard_size}
+        return {
+            "max_side": self.max_side,
+            "jpeg_quality": self.jpeg_quality if self.max_side else None,
+            "shard_size": self.shard_size,
+        }
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -114,14 +118,20 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
     reporter = reporter or Reporter()
     found = find_image_folders(cfg.src, cfg.val_path, cfg.val_labels)
     sets = {"train": found.train, **({"val": found.val} if found.val is not None else {})}
-    manifest = {"format": FORMAT, "version": VERSION, "options": cfg.options(),
-                "source": {split: _listing_digest(images) for split, images in sets.items()}}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "options": cfg.options(),
+        "source": {split: _listing_digest(images) for split, images in sets.items()},
+    }
     lock: DirectoryLock | None = None
     try:
         lock = DirectoryLock.acquire(cfg.out, LOCK_NAME, f"hpctrain prepare, pid {os.getpid()}")
     except DirectoryInUse:
-        raise UserError(f"{cfg.out} is being written by another `hpctrain prepare`; wait for it to finish, or "
-                        "stop it and run this again (it continues where that one stopped)") from None
+        raise UserError(
+            f"{cfg.out} is being written by another `hpctrain prepare`; wait for it to finish, or "
+            "stop it and run this again (it continues where that one stopped)"
+        ) from None
     except LocksUnsupported as err:  # as a training run does: go on, having said what is not guarded
         print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
     try:
@@ -132,9 +142,15 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
             for split, images in sets.items():
                 encode = functools.partial(encode_image, max_side=cfg.max_side, quality=cfg.jpeg_quality)
                 results[split] = _write_split(cfg, split, images, pool, encode, reporter)
-        index = {"format": FORMAT, "version": VERSION, "options": cfg.options(),
-                 "splits": {split: {"classes": list(found.classes), "shards": r.shards, "samples": r.samples,
-                                    "skipped": r.skipped} for split, r in results.items()}}
+        index = {
+            "format": FORMAT,
+            "version": VERSION,
+            "options": cfg.options(),
+            "splits": {
+                split: {"classes": list(found.classes), "shards": r.shards, "samples": r.samples, "skipped": r.skipped}
+                for split, r in results.items()
+            },
+        }
         write_atomic(cfg.out / INDEX_NAME, json.dumps(index, separators=(",", ":")).encode())
         fsync_dir(cfg.out)
         reporter.note("verifying what was written")
@@ -151,8 +167,10 @@ def _write_error(out: Path, err: OSError) -> UserError:
     """A one-line error for a failed write into OUT (a full disk, above all), saying how to continue."""
     again = "rerun the same command to continue from the complete shards"
     if is_no_space(err):
-        return UserError(f"{out}: {os.strerror(err.errno)} while writing the shards; free space there (or choose an "
-                         f"OUT with room: about the size of SRC at most) and {again}")
+        return UserError(
+            f"{out}: {os.strerror(err.errno)} while writing the shards; free space there (or choose an "
+            f"OUT with room: about the size of SRC at most) and {again}"
+        )
     where = f" ({err.filename})" if err.filename else ""
     return UserError(f"{out}: cannot write the shards{where}: {err.strerror or err}; fix that and {again}")
 
@@ -166,9 +184,11 @@ def _claim(out: Path, manifest: dict) -> None:
         except (OSError, ValueError):
             before = None
         if before != manifest:
-            raise UserError(f"{out} holds a preparation made with other options or from other images "
-                            f"({_difference(before, manifest)}); rerun with the same SRC and options to finish it, "
-                            "or choose a new OUT directory")
+            raise UserError(
+                f"{out} holds a preparation made with other options or from other images "
+                f"({_difference(before, manifest)}); rerun with the same SRC and options to finish it, "
+                "or choose a new OUT directory"
+            )
         return
     if any(out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar")) or (out / INDEX_NAME).exists():
         raise UserError(f"{out} already holds shards not made by this preparation; choose a new OUT directory")
@@ -197,8 +217,9 @@ def _listing_digest(images: ImageSet) -> str:
     return digest.hexdigest()
 
 
-def _write_split(cfg: PrepareConfig, split: str, images: ImageSet, pool, encode: Callable,
-                 reporter: Reporter) -> SplitResult:
+def _write_split(
+    cfg: PrepareConfig, split: str, images: ImageSet, pool, encode: Callable, reporter: Reporter
+) -> SplitResult:
     """Keep the complete shards already in OUT (a prefix), then encode and write the rest in order."""
     result = SplitResult({"shard": [], "offset": [], "size": [], "label": [], "path": []}, [], [])
     relative = [os.path.relpath(p, images.root) for p in images.paths]
@@ -208,15 +229,18 @@ def _write_split(cfg: PrepareConfig, split: str, images: ImageSet, pool, encode:
         path = cfg.out / shard_name(split, number)
         checksum = sha256_file(path).sha256
         if recorded.get(path.name, checksum) != checksum:
-            reporter.note(f"{path.name}: its sha256 differs from {INDEX_NAME}; writing it and the shards after it "
-                          "again")
+            reporter.note(
+                f"{path.name}: its sha256 differs from {INDEX_NAME}; writing it and the shards after it again"
+            )
             break
         members = _read_shard(path, checksum, result, relative)
         keys = [key for key, _, _ in members]
         if not keys or keys[0] < start:
-            raise UserError(f"{cfg.out / shard_name(split, number)} does not continue the shards before it; "
-                            "delete it and those after it, and rerun to rebuild them")
-        result.skipped.extend(relative[start:keys[0]])  # bad images between the shards were skipped
+            raise UserError(
+                f"{cfg.out / shard_name(split, number)} does not continue the shards before it; "
+                "delete it and those after it, and rerun to rebuild them"
+            )
+        result.skipped.extend(relative[start : keys[0]])  # bad images between the shards were skipped
         result.skipped.extend(relative[i] for a, b in zip(keys, keys[1:]) for i in range(a + 1, b))
         start = keys[-1] + 1
         number += 1
@@ -230,8 +254,10 @@ def _write_split(cfg: PrepareConfig, split: str, images: ImageSet, pool, encode:
             reporter.advance(1)
             if isinstance(encoded, str):
                 if not cfg.skip_bad_images:
-                    raise UserError(f"{images.paths[i]}: cannot decode this image ({encoded}); replace or delete "
-                                    "the file, or pass --skip-bad-images to leave it out of the shards")
+                    raise UserError(
+                        f"{images.paths[i]}: cannot decode this image ({encoded}); replace or delete "
+                        "the file, or pass --skip-bad-images to leave it out of the shards"
+                    )
                 result.skipped.append(relative[i])
                 continue
             data, extension = encoded
@@ -264,8 +290,13 @@ class _ShardWriter:
         _add_member(self.tar, f"{key:08d}.cls", cls)
         self.count += 1
         columns = self.result.samples
-        for column, value in (("shard", len(self.result.shards)), ("offset", offset), ("size", len(data)),
-                              ("label", label), ("path", path)):
+        for column, value in (
+            ("shard", len(self.result.shards)),
+            ("offset", offset),
+            ("size", len(data)),
+            ("label", label),
+            ("path", path),
+        ):
             columns[column].append(value)
 
     def _open(self) -> None:
@@ -287,8 +318,14 @@ class _ShardWriter:
         final = self.out / shard_name(self.split, self.number)
         os.replace(self.temporary, final)
         fsync_dir(self.out)
-        self.result.shards.append({"name": final.name, "bytes": final.stat().st_size, "sha256": sha256_file(final).sha256,
-                                   "samples": self.count})
+        self.result.shards.append(
+            {
+                "name": final.name,
+                "bytes": final.stat().st_size,
+                "sha256": sha256_file(final).sha256,
+                "samples": self.count,
+            }
+        )
         self.tar = self.file = self.temporary = None
         self.number += 1
 
@@ -338,10 +375,14 @@ def _read_shard(path: Path, checksum: str, result: SplitResult, relative: list[s
         if key >= len(relative):
             raise UserError(f"{path}: sample {key} is not in the source listing; delete the shard and rerun")
         columns = result.samples
-        for column, value in (("shard", len(result.shards)), ("offset", image[0]), ("size", image[1]),
-                              ("label", cls), ("path", relative[key])):
+        for column, value in (
+            ("shard", len(result.shards)),
+            ("offset", image[0]),
+            ("size", image[1]),
+            ("label", cls),
+            ("path", relative[key]),
+        ):
             columns[column].append(value)
         images.append((key, image[0], image[1]))
-    result.shards.append({"name": path.name, "bytes": path.stat().st_size, "sha256": checksum,
-                          "samples": len(members)})
+    result.shards.append({"name": path.name, "bytes": path.stat().st_size, "sha256": checksum, "samples": len(members)})
     return images

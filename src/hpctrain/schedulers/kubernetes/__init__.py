@@ -27,9 +27,16 @@ from hpctrain.schedulers.kubernetes.params import parse_params_text
 # dest -> flag: where the jobs are (every command that talks to the cluster), then the options of a job.
 CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context": "--context"}
 JOB_FLAGS = {
-    "shm": "--shm", "priority_class": "--priority-class", "volumes": "--volume", "node_selector": "--node-selector",
-    "tolerations": "--toleration", "service_account": "--service-account",
-    "image_pull_secrets": "--image-pull-secret", "labels": "--label", "runtime": "--runtime", "replace": "--replace",
+    "shm": "--shm",
+    "priority_class": "--priority-class",
+    "volumes": "--volume",
+    "node_selector": "--node-selector",
+    "tolerations": "--toleration",
+    "service_account": "--service-account",
+    "image_pull_secrets": "--image-pull-secret",
+    "labels": "--label",
+    "runtime": "--runtime",
+    "replace": "--replace",
 }
 
 

@@ -23,8 +23,10 @@ from urllib.parse import urlsplit
 
 from hpctrain.errors import UserError, brief
 
-FIX = ("check that the cluster is up and that the kubeconfig names its API server (kubectl config view --minify), "
-       "or pick another --context")
+FIX = (
+    "check that the cluster is up and that the kubeconfig names its API server (kubectl config view --minify), "
+    "or pick another --context"
+)
 
 WRONG_SHAPE = (TypeError, AttributeError, KeyError, IndexError, ValueError, LookupError, RecursionError)
 _HEAD = 120
@@ -59,8 +61,9 @@ SEEN = _Seen()
 def note(server: str, method: str, url: str, status: int, headers: Any, data: bytes) -> None:
     """Called by the bounded pool for every answer read whole."""
     SEEN.count += 1
-    SEEN.last = Answer(server, method, urlsplit(url).path or url, status, headers.get("content-type"), len(data),
-                       data[:_HEAD])
+    SEEN.last = Answer(
+        server, method, urlsplit(url).path or url, status, headers.get("content-type"), len(data), data[:_HEAD]
+    )
 
 
 def bad_answer(server: str | None, why: str) -> UserError:
@@ -68,8 +71,10 @@ def bad_answer(server: str | None, why: str) -> UserError:
     last = SEEN.last
     server = server or (last.server if last else "(unknown)")
     said = f" {last.described()}" if last is not None and last.server == server else ""
-    return UserError(f"the Kubernetes API server {server} answered what is not a Kubernetes object ({why}){said}: "
-                     f"is it a Kubernetes API server (not a proxy or a login page)? {FIX}")
+    return UserError(
+        f"the Kubernetes API server {server} answered what is not a Kubernetes object ({why}){said}: "
+        f"is it a Kubernetes API server (not a proxy or a login page)? {FIX}"
+    )
 
 
 def check_deserializing(api_client: Any, server: str) -> None:
@@ -104,8 +109,9 @@ def check_deserializing(api_client: Any, server: str) -> None:
 
 
 def _json_kind(value: Any) -> str:
-    return {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string",
-            list: "list"}.get(type(value), type(value).__name__)
+    return {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "list"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _nameless(model: Any) -> str | None:

@@ -27,8 +27,11 @@ GPU = "nvidia.com/gpu"
 # activeDeadlineSeconds (v2.1 has podTemplateOverrides instead); v2.2's runtime patch has no
 # terminationGracePeriodSeconds. Every field of a PyTorchJob hpctrain renders is in training-operator v1.7's CRD.
 FIELD_RELEASES = (
-    ("spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec"
-     ".terminationGracePeriodSeconds", "Kubeflow Trainer v2.3.0"),
+    (
+        "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec"
+        ".terminationGracePeriodSeconds",
+        "Kubeflow Trainer v2.3.0",
+    ),
     ("spec.runtimePatches", "Kubeflow Trainer v2.2.0"),
     ("spec.activeDeadlineSeconds", "Kubeflow Trainer v2.2.0"),
 )
@@ -68,9 +71,11 @@ class LiveChecks:
         from kubernetes.client.rest import ApiException
 
         rendered = self.render(job)
-        problems = [f"the rendered {self.kind} does not match its CRD schema ({line}): this is a bug in hpctrain, "
-                    "please report it"
-                    for line in validate_manifest(rendered.payload)]
+        problems = [
+            f"the rendered {self.kind} does not match its CRD schema ({line}): this is a bug in hpctrain, "
+            "please report it"
+            for line in validate_manifest(rendered.payload)
+        ]
         problems += self._pure_problems(job)
         try:
             problems += self._crd_problems(rendered.payload)
@@ -89,25 +94,33 @@ class LiveChecks:
         memory = job.resources.mem_mb
         shm = self.options.shm_bytes
         if shm is not None and memory and shm > memory * 2**20:
-            problems.append(f"--shm {self.options.shm} exceeds the pod's memory --mem {job.resources.mem}: /dev/shm "
-                            "counts against the pod's memory; lower --shm or raise --mem")
+            problems.append(
+                f"--shm {self.options.shm} exceeds the pod's memory --mem {job.resources.mem}: /dev/shm "
+                "counts against the pod's memory; lower --shm or raise --mem"
+            )
         directory = r.run_dir(job)
         if directory is None:
-            problems.append(f"{base.WARNING_PREFIX}no --run-dir: checkpoints stay inside the pod and are lost when it "
-                            "restarts; set --run-dir on a volume every replica mounts (--volume)")
+            problems.append(
+                f"{base.WARNING_PREFIX}no --run-dir: checkpoints stay inside the pod and are lost when it "
+                "restarts; set --run-dir on a volume every replica mounts (--volume)"
+            )
         elif not self._on_shared_volume(directory):
             mounts = ", ".join(v.mount for v in self.options.parsed_volumes if v.shared) or "none"
-            problems.append(f"{base.WARNING_PREFIX}--run-dir {directory} is not on a volume all replicas share "
-                            f"(shared mounts: {mounts}): restarted pods cannot resume and rank 0's checkpoint is "
-                            "invisible to the others; put it under a --volume mount path")
+            problems.append(
+                f"{base.WARNING_PREFIX}--run-dir {directory} is not on a volume all replicas share "
+                f"(shared mounts: {mounts}): restarted pods cannot resume and rank 0's checkpoint is "
+                "invisible to the others; put it under a --volume mount path"
+            )
         return problems
 
     def _on_shared_volume(self, directory: str) -> bool:
         if not directory.startswith("/"):
             return False
         path = posixpath.normpath(directory)
-        return any(v.shared and not v.read_only and (path + "/").startswith(posixpath.normpath(v.mount) + "/")
-                   for v in self.options.parsed_volumes)
+        return any(
+            v.shared and not v.read_only and (path + "/").startswith(posixpath.normpath(v.mount) + "/")
+            for v in self.options.parsed_volumes
+        )
 
     def _crd_problems(self, manifest: dict[str, Any] | None = None) -> list[str]:
         from kubernetes.client.rest import ApiException
@@ -119,8 +132,10 @@ class LiveChecks:
             if err.status != 404:
                 raise
             other = "trainjob" if self.options.api == "pytorchjob" else "pytorchjob"
-            return [f"the Kubeflow {self.kind} CRD ({name}) is not installed: install Kubeflow's "
-                    f"{'training-operator v1' if self.kind == 'PyTorchJob' else 'Trainer v2'}, or use --k8s-api {other}"]
+            return [
+                f"the Kubeflow {self.kind} CRD ({name}) is not installed: install Kubeflow's "
+                f"{'training-operator v1' if self.kind == 'PyTorchJob' else 'Trainer v2'}, or use --k8s-api {other}"
+            ]
         established = any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
         if not established:
             return [f"the {self.kind} CRD ({name}) is not Established yet: wait, or ask the admin to check it"]
@@ -135,30 +150,44 @@ class LiveChecks:
             except ApiException as err:
                 if err.status != 404:
                     raise
-                return [f"the cluster has no TrainingRuntime CRD (trainingruntimes.{self.group}), which --max-restarts "
-                        "needs for the TrainJob's own runtime: drop --max-restarts, or ask the admin to install Trainer's"]
+                return [
+                    f"the cluster has no TrainingRuntime CRD (trainingruntimes.{self.group}), which --max-restarts "
+                    "needs for the TrainJob's own runtime: drop --max-restarts, or ask the admin to install Trainer's"
+                ]
         elif self.options.api == "trainjob":
             try:
-                self.custom.get_cluster_custom_object(self.group, self.version, "clustertrainingruntimes", self.options.runtime)
+                self.custom.get_cluster_custom_object(
+                    self.group, self.version, "clustertrainingruntimes", self.options.runtime
+                )
             except ApiException as err:
                 if err.status != 404:
                     raise
-                return [f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes, "
-                        "or pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
-                        "`kubectl get clustertrainingruntimes` lists"]
+                return [
+                    f"the ClusterTrainingRuntime {self.options.runtime!r} does not exist: install Trainer's runtimes, "
+                    "or pass --runtime NAME (runtime: in the job file's kubernetes: section) with one that "
+                    "`kubectl get clustertrainingruntimes` lists"
+                ]
         return []
 
     def _dropped_fields(self, crd: Any, manifest: dict[str, Any]) -> list[str]:
         """The served CRD's schema against the manifest: a field it does not declare would be dropped without a word
         by an API server that predates fieldValidation=Strict (Kubernetes < 1.25), and refused by a newer one."""
         served = self.extensions.api_client.sanitize_for_serialization(crd)
-        version = next((v for v in served.get("spec", {}).get("versions", [])
-                        if v.get("name") == self.version and v.get("served")), None)
+        version = next(
+            (
+                v
+                for v in served.get("spec", {}).get("versions", [])
+                if v.get("name") == self.version and v.get("served")
+            ),
+            None,
+        )
         name = f"{self.plural}.{self.group}"
         if version is None:
-            return [f"the cluster's {self.kind} CRD ({name}) does not serve {self.group}/{self.version}, the version "
-                    "hpctrain writes: upgrade Kubeflow "
-                    f"{'Trainer to v2.2.0' if self.kind == 'TrainJob' else 'training-operator'} or later"]
+            return [
+                f"the cluster's {self.kind} CRD ({name}) does not serve {self.group}/{self.version}, the version "
+                "hpctrain writes: upgrade Kubeflow "
+                f"{'Trainer to v2.2.0' if self.kind == 'TrainJob' else 'training-operator'} or later"
+            ]
         schema = (version.get("schema") or {}).get("openAPIV3Schema")
         if not schema:
             return []
@@ -168,8 +197,10 @@ class LiveChecks:
         needed = [release for field, release in FIELD_RELEASES if any(p.startswith(field) for p in paths)]
         release = f"{needed[0]} or later" if needed else "a newer Kubeflow release"
         shown = ", ".join(sorted({re.sub(r"\[\d+\]", "[]", p) for p in paths})[:3])
-        return [f"the cluster's {self.kind} CRD ({name}) has no field {shown}, which this job needs (the API server "
-                f"would drop it): the job needs {release}; ask the admin to upgrade"]
+        return [
+            f"the cluster's {self.kind} CRD ({name}) has no field {shown}, which this job needs (the API server "
+            f"would drop it): the job needs {release}; ask the admin to upgrade"
+        ]
 
     def _priority_problems(self) -> list[str]:
         """--priority-class must name a PriorityClass (the API server refuses pods that name another, so the job would
@@ -188,12 +219,16 @@ class LiveChecks:
             raise
         offered = ", ".join(f"{n} ({v})" for n, v in sorted(classes.items(), key=lambda kv: -kv[1])) or "none"
         if wanted is not None and wanted not in classes:
-            return [f"PriorityClass {wanted!r} does not exist (the cluster has: {offered}): the API server would refuse "
-                    "every pod of the job; pick one of these with --priority-class"]
+            return [
+                f"PriorityClass {wanted!r} does not exist (the cluster has: {offered}): the API server would refuse "
+                "every pod of the job; pick one of these with --priority-class"
+            ]
         if wanted is None:
-            return [f"{base.WARNING_PREFIX}priority={labelled} (the params file) is only the label {PRIORITY_LABEL}: it "
-                    f"does not change scheduling; to schedule by priority add --priority-class NAME (this cluster has: "
-                    f"{offered})"]
+            return [
+                f"{base.WARNING_PREFIX}priority={labelled} (the params file) is only the label {PRIORITY_LABEL}: it "
+                f"does not change scheduling; to schedule by priority add --priority-class NAME (this cluster has: "
+                f"{offered})"
+            ]
         return []
 
     def _namespace_problems(self, problems: list[str]) -> bool:
@@ -203,8 +238,10 @@ class LiveChecks:
             self.core.read_namespace(self.namespace)
         except ApiException as err:
             if err.status == 404:
-                problems.append(f"namespace {self.namespace!r} does not exist: create it "
-                                f"({self.kubectl('create', 'namespace', self.namespace)}) or pick another --namespace")
+                problems.append(
+                    f"namespace {self.namespace!r} does not exist: create it "
+                    f"({self.kubectl('create', 'namespace', self.namespace)}) or pick another --namespace"
+                )
                 return False
             if err.status != 403:  # not allowed to read namespaces: the later calls tell
                 raise
@@ -219,46 +256,74 @@ class LiveChecks:
         labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
         taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}
         excluded = set(job.exclude_nodes)
-        candidates = [n for n in view.nodes if n.schedulable and n.name not in excluded
-                      and all(labels[n.name].get(k) == v for k, v in selector.items())
-                      and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])]
-        ask = f"cpu {_fmt_cpu(want['cpu'])}" + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "") + \
-              (f", {GPU} {int(want[GPU])}" if GPU in want else "")
+        candidates = [
+            n
+            for n in view.nodes
+            if n.schedulable
+            and n.name not in excluded
+            and all(labels[n.name].get(k) == v for k, v in selector.items())
+            and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])
+        ]
+        ask = (
+            f"cpu {_fmt_cpu(want['cpu'])}"
+            + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "")
+            + (f", {GPU} {int(want[GPU])}" if GPU in want else "")
+        )
         if not candidates:
-            why = "no schedulable node" if not selector and not tolerations else \
-                  "no schedulable node matches --node-selector and tolerates its taints with --toleration"
+            why = (
+                "no schedulable node"
+                if not selector and not tolerations
+                else "no schedulable node matches --node-selector and tolerates its taints with --toleration"
+            )
             if excluded:
-                return [f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({len(view.nodes)} node(s) in "
-                        "the cluster): exclude fewer nodes, or fix --node-selector/--toleration"]
-            return [f"{why} ({len(view.nodes)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
+                return [
+                    f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({len(view.nodes)} node(s) in "
+                    "the cluster): exclude fewer nodes, or fix --node-selector/--toleration"
+                ]
+            return [
+                f"{why} ({len(view.nodes)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"
+            ]
 
         def fits(n: NodeView, free: bool) -> bool:
-            cpu, mem, gpu = (n.cpu_free, n.memory_free, n.gpus_free) if free else \
-                            (n.cpu_allocatable, n.memory_allocatable, n.gpus_allocatable)
-            return (Decimal(str(cpu)) >= want["cpu"] and mem >= want.get("memory", 0) and gpu >= want.get(GPU, 0))
+            cpu, mem, gpu = (
+                (n.cpu_free, n.memory_free, n.gpus_free)
+                if free
+                else (n.cpu_allocatable, n.memory_allocatable, n.gpus_allocatable)
+            )
+            return Decimal(str(cpu)) >= want["cpu"] and mem >= want.get("memory", 0) and gpu >= want.get(GPU, 0)
 
         if any(fits(n, free=True) for n in candidates):
             return []
         best = max(candidates, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
         free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
         if any(fits(n, free=False) for n in candidates):
-            return [f"no node has room for one worker pod ({ask}) now; the freest, {best.name}, has {free} free: "
-                    "the pod will wait until running pods end; ask for less per pod, or wait"]
+            return [
+                f"no node has room for one worker pod ({ask}) now; the freest, {best.name}, has {free} free: "
+                "the pod will wait until running pods end; ask for less per pod, or wait"
+            ]
         biggest = max(candidates, key=lambda n: (n.gpus_allocatable, n.cpu_allocatable, n.memory_allocatable))
-        return [f"one worker pod asks for {ask}, more than any node offers (largest: {biggest.name} with cpu "
-                f"{_fmt_cpu(biggest.cpu_allocatable)}, memory {_fmt_bytes(biggest.memory_allocatable)}, {GPU} "
-                f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
-                "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"]
+        return [
+            f"one worker pod asks for {ask}, more than any node offers (largest: {biggest.name} with cpu "
+            f"{_fmt_cpu(biggest.cpu_allocatable)}, memory {_fmt_bytes(biggest.memory_allocatable)}, {GPU} "
+            f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
+            "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"
+        ]
 
     def _quota_problems(self, job: JobSpec) -> list[str]:
         per_pod = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
         pods = job.resources.nodes
         total = {k: v * pods for k, v in per_pod.items()}
         asks = {
-            "pods": Decimal(pods), "count/pods": Decimal(pods),
-            "requests.cpu": total["cpu"], "cpu": total["cpu"], "limits.cpu": total["cpu"],
-            "requests.memory": total.get("memory"), "memory": total.get("memory"), "limits.memory": total.get("memory"),
-            f"requests.{GPU}": total.get(GPU, Decimal(0)), f"limits.{GPU}": total.get(GPU, Decimal(0)),
+            "pods": Decimal(pods),
+            "count/pods": Decimal(pods),
+            "requests.cpu": total["cpu"],
+            "cpu": total["cpu"],
+            "limits.cpu": total["cpu"],
+            "requests.memory": total.get("memory"),
+            "memory": total.get("memory"),
+            "limits.memory": total.get("memory"),
+            f"requests.{GPU}": total.get(GPU, Decimal(0)),
+            f"limits.{GPU}": total.get(GPU, Decimal(0)),
             f"count/{self.plural}.{self.group}": Decimal(1),
         }
         problems = []
@@ -268,21 +333,27 @@ class LiveChecks:
             for key, limit in hard.items():
                 ask = asks.get(key)
                 if key in ("requests.memory", "memory", "limits.memory") and ask is None:
-                    problems.append(f"namespace {self.namespace} has a memory quota ({quota.metadata.name}: {key}): "
-                                    "pods must state their memory; give --mem")
+                    problems.append(
+                        f"namespace {self.namespace} has a memory quota ({quota.metadata.name}: {key}): "
+                        "pods must state their memory; give --mem"
+                    )
                     continue
                 if ask is None or ask == 0:
                     continue
                 limit_q, used_q = parse_quantity(limit), parse_quantity(used.get(key, "0"))
                 show = _fmt_bytes if "memory" in key else _fmt_cpu
                 if ask > limit_q:
-                    problems.append(f"the job asks for {key} {show(ask)} but the quota {quota.metadata.name} of namespace "
-                                    f"{self.namespace} allows {show(limit_q)} in all: it can never run; ask for less "
-                                    "(fewer --nodes or less per pod) or ask for a larger quota")
+                    problems.append(
+                        f"the job asks for {key} {show(ask)} but the quota {quota.metadata.name} of namespace "
+                        f"{self.namespace} allows {show(limit_q)} in all: it can never run; ask for less "
+                        "(fewer --nodes or less per pod) or ask for a larger quota"
+                    )
                 elif used_q + ask > limit_q:
-                    problems.append(f"{base.WARNING_PREFIX}the job will queue until {show(used_q + ask - limit_q)} of "
-                                    f"{key} is freed in namespace {self.namespace} (quota {quota.metadata.name}: "
-                                    f"{show(used_q)} of {show(limit_q)} used, the job needs {show(ask)})")
+                    problems.append(
+                        f"{base.WARNING_PREFIX}the job will queue until {show(used_q + ask - limit_q)} of "
+                        f"{key} is freed in namespace {self.namespace} (quota {quota.metadata.name}: "
+                        f"{show(used_q)} of {show(limit_q)} used, the job needs {show(ask)})"
+                    )
         return problems
 
     def _volume_problems(self, job: JobSpec) -> list[str]:
@@ -298,12 +369,18 @@ class LiveChecks:
             except ApiException as err:
                 if err.status != 404:
                     raise
-                problems.append(f"PersistentVolumeClaim {v.source!r} does not exist in namespace {self.namespace}: "
-                                "create it or fix --volume pvc:NAME:/mount")
+                problems.append(
+                    f"PersistentVolumeClaim {v.source!r} does not exist in namespace {self.namespace}: "
+                    "create it or fix --volume pvc:NAME:/mount"
+                )
                 continue
             modes = set(pvc.spec.access_modes or [])
-            holds_run_dir = directory is not None and (posixpath.normpath(directory) + "/").startswith(posixpath.normpath(v.mount) + "/")
+            holds_run_dir = directory is not None and (posixpath.normpath(directory) + "/").startswith(
+                posixpath.normpath(v.mount) + "/"
+            )
             if job.resources.nodes > 1 and holds_run_dir and "ReadWriteMany" not in modes:
-                problems.append(f"{base.WARNING_PREFIX}PVC {v.source} holds the run dir but its access modes are "
-                                f"{', '.join(sorted(modes)) or 'none'}: pods on different nodes need ReadWriteMany")
+                problems.append(
+                    f"{base.WARNING_PREFIX}PVC {v.source} holds the run dir but its access modes are "
+                    f"{', '.join(sorted(modes)) or 'none'}: pods on different nodes need ReadWriteMany"
+                )
         return problems

@@ -100,26 +100,38 @@ def load_api_client(context: str | None = None, limits: Limits | None = None) ->
                 pass
         plugin = exec_plugin(context)
         named = f"its exec credential plugin ({plugin})" if plugin else "loading it"
-        return UserError(f"the kubeconfig ({kubeconfig_files()}) did not load within {limits.deadline_s:g} s: {named} "
-                         f"never returned; run the plugin by hand to see what it waits for (a login?), or allow more "
-                         f"time: {TIMEOUT_ENV}=SECONDS (loading gets {ANSWER_DEADLINE_FACTOR} times that)")
+        return UserError(
+            f"the kubeconfig ({kubeconfig_files()}) did not load within {limits.deadline_s:g} s: {named} "
+            f"never returned; run the plugin by hand to see what it waits for (a login?), or allow more "
+            f"time: {TIMEOUT_ENV}=SECONDS (loading gets {ANSWER_DEADLINE_FACTOR} times that)"
+        )
 
     try:
         api_client = within(limits.deadline_s, load, hung)
     except IsADirectoryError as err:
-        raise UserError(f"the kubeconfig {err.filename} is a directory: point KUBECONFIG at the kubeconfig file in it "
-                        "(e.g. its config)") from None
+        raise UserError(
+            f"the kubeconfig {err.filename} is a directory: point KUBECONFIG at the kubeconfig file in it "
+            "(e.g. its config)"
+        ) from None
     except OSError as err:
-        raise UserError(f"cannot read the kubeconfig {err.filename or kubeconfig_files()} ({err.strerror or err}): fix "
-                        "it, or point KUBECONFIG at a working one") from None
+        raise UserError(
+            f"cannot read the kubeconfig {err.filename or kubeconfig_files()} ({err.strerror or err}): fix "
+            "it, or point KUBECONFIG at a working one"
+        ) from None
     except config.ConfigException as err:
-        raise UserError(f"cannot load a kubeconfig ({_one_line(err)}): set KUBECONFIG or ~/.kube/config, or name a --context") from None
+        raise UserError(
+            f"cannot load a kubeconfig ({_one_line(err)}): set KUBECONFIG or ~/.kube/config, or name a --context"
+        ) from None
     except yaml.YAMLError as err:
-        raise UserError(f"the kubeconfig ({kubeconfig_files()}) is not valid YAML ({_one_line(err)[:200]}): fix it, or "
-                        "point KUBECONFIG at a working one") from None
+        raise UserError(
+            f"the kubeconfig ({kubeconfig_files()}) is not valid YAML ({_one_line(err)[:200]}): fix it, or "
+            "point KUBECONFIG at a working one"
+        ) from None
     except (TypeError, ValueError, KeyError, AttributeError) as err:
-        raise UserError(f"the kubeconfig ({kubeconfig_files()}) is not a valid kubeconfig ({type(err).__name__}: "
-                        f"{_one_line(err)[:200]}): fix it, or point KUBECONFIG at a working one") from None
+        raise UserError(
+            f"the kubeconfig ({kubeconfig_files()}) is not a valid kubeconfig ({type(err).__name__}: "
+            f"{_one_line(err)[:200]}): fix it, or point KUBECONFIG at a working one"
+        ) from None
     return harden(api_client, limits)
 
 
@@ -208,29 +220,38 @@ class _BoundedPool:
             # A followed stream (logs -f, watch) waits for new lines as long as the job runs, as kubectl does: only
             # its connection and headers are bounded (the deadline below).
             following = re.search(r"[?&](follow|watch)=true(&|$)", url) is not None
-            kwargs["timeout"] = urllib3.Timeout(connect=self.limits.timeout_s,
-                                                read=None if following else self.limits.timeout_s)
+            kwargs["timeout"] = urllib3.Timeout(
+                connect=self.limits.timeout_s, read=None if following else self.limits.timeout_s
+            )
         kwargs["preload_content"] = False  # read here, bounded, when the client asks for .data
         deadline = time.monotonic() + self.limits.deadline_s
         try:
-            response = within(self.limits.deadline_s, lambda: self._pool.request(method, url, **kwargs), self._no_answer)
+            response = within(
+                self.limits.deadline_s, lambda: self._pool.request(method, url, **kwargs), self._no_answer
+            )
         except urllib3.exceptions.HTTPError as err:
             raise self._unreachable(err) from None
         return _BoundedResponse(response, self, deadline, (method, url))
 
     def _no_answer(self) -> UserError:
-        return UserError(f"the Kubernetes API server {self.server} did not answer within {self.limits.deadline_s:g} s: {FIX} "
-                         f"(or allow more time: {TIMEOUT_ENV}=SECONDS, per read)")
+        return UserError(
+            f"the Kubernetes API server {self.server} did not answer within {self.limits.deadline_s:g} s: {FIX} "
+            f"(or allow more time: {TIMEOUT_ENV}=SECONDS, per read)"
+        )
 
     def _unreachable(self, err: Exception) -> UserError:
         import urllib3
 
         reason = getattr(err, "reason", None) or err
         if isinstance(reason, urllib3.exceptions.NewConnectionError):  # a subclass of ConnectTimeoutError, for history
-            return UserError(f"the Kubernetes API server {self.server} cannot be reached ({_brief_reason(reason)}): {FIX}")
+            return UserError(
+                f"the Kubernetes API server {self.server} cannot be reached ({_brief_reason(reason)}): {FIX}"
+            )
         if isinstance(reason, (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ConnectTimeoutError)):
-            return UserError(f"the Kubernetes API server {self.server} did not answer within {self.limits.timeout_s:g} s: "
-                             f"{FIX} (or allow more time: {TIMEOUT_ENV}=SECONDS)")
+            return UserError(
+                f"the Kubernetes API server {self.server} did not answer within {self.limits.timeout_s:g} s: "
+                f"{FIX} (or allow more time: {TIMEOUT_ENV}=SECONDS)"
+            )
         elif isinstance(reason, urllib3.exceptions.SSLError):
             what = f"failed the TLS handshake ({_brief_reason(reason)})"
         elif isinstance(reason, urllib3.exceptions.ProtocolError):
@@ -275,8 +296,10 @@ class _BoundedResponse:
             for chunk in self._response.stream(CHUNK, decode_content=True):
                 size += len(chunk)
                 if size > cap:
-                    raise UserError(f"the Kubernetes API server {self._pool.server} sent an answer larger than {cap >> 20} "
-                                    f"MiB (the most hpctrain reads): {FIX} (or allow more: {MAX_RESPONSE_ENV}=MEGABYTES)")
+                    raise UserError(
+                        f"the Kubernetes API server {self._pool.server} sent an answer larger than {cap >> 20} "
+                        f"MiB (the most hpctrain reads): {FIX} (or allow more: {MAX_RESPONSE_ENV}=MEGABYTES)"
+                    )
                 chunks.append(chunk)
         except urllib3.exceptions.HTTPError as err:
             self._response.close()
@@ -326,11 +349,15 @@ def describe_api_error(err: Any, what: str) -> str:
     said = api_message(err)
     said = f": {said}" if said else ""
     if status == 401:
-        return (f"{what}: the API server refused the credentials (401 {reason}{said}); log in again or renew the "
-                "kubeconfig's token/certificate")
+        return (
+            f"{what}: the API server refused the credentials (401 {reason}{said}); log in again or renew the "
+            "kubeconfig's token/certificate"
+        )
     if status == 403:
-        return (f"{what}: forbidden (403 {reason}{said}); ask your cluster admin for the permission, or use another "
-                "--namespace")
+        return (
+            f"{what}: forbidden (403 {reason}{said}); ask your cluster admin for the permission, or use another "
+            "--namespace"
+        )
     if isinstance(status, int) and status >= 500:
         return f"{what}: the API server failed ({status} {reason}{said}); try again later, or ask the cluster admin"
     return f"{what}: the API server answered {status} {reason}{said}"
@@ -368,7 +395,9 @@ class _Translating:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._api, name)
         if not callable(attr) or name.startswith(("_", "connect_")):
-            return attr  # connect_* (exec, attach, port-forward) go through kubernetes.stream, whose callers judge errors
+            return (
+                attr  # connect_* (exec, attach, port-forward) go through kubernetes.stream, whose callers judge errors
+            )
         from kubernetes.client.rest import ApiException
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -402,8 +431,13 @@ def list_all(call: Callable[..., Any], *args: Any, raw: bool = False, **kwargs: 
     items: list[Any] = []
     token: str | None = None
     while True:
-        page = call(*args, limit=PAGE_SIZE, **({"_continue": token} if token else {}),
-                    **({"_preload_content": False} if raw else {}), **kwargs)
+        page = call(
+            *args,
+            limit=PAGE_SIZE,
+            **({"_continue": token} if token else {}),
+            **({"_preload_content": False} if raw else {}),
+            **kwargs,
+        )
         if raw:
             page = json.loads(page.data)
         if isinstance(page, dict):  # custom objects come as plain JSON

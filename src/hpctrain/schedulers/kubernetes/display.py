@@ -26,11 +26,15 @@ SICK_NODE_LABEL = StopReason.SICK_NODE.label
 def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
     if not jobs:
         return View(records=[], parts=(f"no jobs in namespace {namespace}",), plain=True)
+
     def rows() -> list[tuple[str, ...]]:
         return [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs]
 
-    return View(records=lambda: [asdict(j) for j in jobs], parts=lambda: (
-        Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows()),), plain=True)
+    return View(
+        records=lambda: [asdict(j) for j in jobs],
+        parts=lambda: (Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows()),),
+        plain=True,
+    )
 
 
 def job_view(status: JobStatus) -> View:
@@ -41,9 +45,22 @@ def job_view(status: JobStatus) -> View:
     if status.message:
         parts.append(f"message: {status.message}")
     if status.replicas:
-        parts.append(Table(("REPLICA", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"), [
-            (r.name, r.phase, r.node or "-", str(r.restarts), "-" if r.exit_code is None else str(r.exit_code),
-             r.reason or "") for r in status.replicas]))
+        parts.append(
+            Table(
+                ("REPLICA", "PHASE", "NODE", "RESTARTS", "EXIT", "REASON"),
+                [
+                    (
+                        r.name,
+                        r.phase,
+                        r.node or "-",
+                        str(r.restarts),
+                        "-" if r.exit_code is None else str(r.exit_code),
+                        r.reason or "",
+                    )
+                    for r in status.replicas
+                ],
+            )
+        )
     parts += [f"waiting: {reason}" for reason in status.pending_reasons]
     parts += ended_lines(status)
     return View(records={**asdict(status), "finished": status.finished}, parts=tuple(parts), plain=True)
@@ -63,8 +80,10 @@ def ended_lines(status: JobStatus) -> list[str]:
     sick = sorted(node for node in named if is_node_name(node))
     if sick:
         command = shlex.join(["hpctrain", "submit", "--exclude-nodes", ",".join(sick)])
-        lines.append(f"sick node(s) {', '.join(sick)}: pods restart in place, on the same nodes; submit again away "
-                     f"from them with `{command} ...` (and `train ... --resume` to continue from the newest checkpoint)")
+        lines.append(
+            f"sick node(s) {', '.join(sick)}: pods restart in place, on the same nodes; submit again away "
+            f"from them with `{command} ...` (and `train ... --resume` to continue from the newest checkpoint)"
+        )
     for node in sorted(named - set(sick)):
         lines.append(f"warning: a replica named {node[:100]!r} as a sick node, which is not a node name; left out")
     return lines
@@ -83,14 +102,25 @@ def _cluster_parts(view: ClusterView) -> tuple[Table | str, ...]:
     if not view.nodes:
         parts: list[Table | str] = [
             "no nodes: the cluster has no node registered, so no pod can run until one joins (a node registers "
-            "when its kubelet starts); ask the cluster admin"]
+            "when its kubelet starts); ask the cluster admin"
+        ]
     else:
         gib = 2**30
-        parts = [Table(("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE"), [
-            (n.name, f"{n.cpu_requested:g}/{n.cpu_allocatable:g}",
-             f"{n.memory_requested / gib:.1f}/{n.memory_allocatable / gib:.1f}Gi",
-             f"{n.gpus_requested}/{n.gpus_allocatable}", "yes" if n.schedulable else "no")
-            for n in view.nodes])]
+        parts = [
+            Table(
+                ("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE"),
+                [
+                    (
+                        n.name,
+                        f"{n.cpu_requested:g}/{n.cpu_allocatable:g}",
+                        f"{n.memory_requested / gib:.1f}/{n.memory_allocatable / gib:.1f}Gi",
+                        f"{n.gpus_requested}/{n.gpus_allocatable}",
+                        "yes" if n.schedulable else "no",
+                    )
+                    for n in view.nodes
+                ],
+            )
+        ]
     parts += [f"quota: {line}" for line in view.quota]
     return tuple(parts)
 
@@ -110,16 +140,27 @@ def cancel(sched: Any, job_id: str, wait_s: float, say: Callable[[str], None]) -
     running = sum(1 for p in before.replicas if p.phase in ("Running", "Pending"))
     wait = max(0.0, wait_s)
     if wait == 0:
-        return Outcome((f"job {before.job_id}: deletion requested ({_pods(pods)} stopping; see "
-                        f"`{sched.command('status', before.job_id)}`)",))
+        return Outcome(
+            (
+                f"job {before.job_id}: deletion requested ({_pods(pods)} stopping; see "
+                f"`{sched.command('status', before.job_id)}`)",
+            )
+        )
     if before.finished:
-        say(f"job {before.job_id} has ended ({before.state}); deleting its object" + (
-            f" and its {_pods(pods)}" + (f" ({running} still running)" if running else "") if pods else "")
-            + f"; waiting up to {wait:g} s")
+        say(
+            f"job {before.job_id} has ended ({before.state}); deleting its object"
+            + (f" and its {_pods(pods)}" + (f" ({running} still running)" if running else "") if pods else "")
+            + f"; waiting up to {wait:g} s"
+        )
     else:
-        say(f"deleting job {before.job_id} ({before.state}); " + (
-            f"its {_pods(pods)} get SIGTERM and their grace period to checkpoint; waiting up to {wait:g} s" if pods else
-            f"it has no pods; waiting up to {wait:g} s for the API server to remove it"))
+        say(
+            f"deleting job {before.job_id} ({before.state}); "
+            + (
+                f"its {_pods(pods)} get SIGTERM and their grace period to checkpoint; waiting up to {wait:g} s"
+                if pods
+                else f"it has no pods; waiting up to {wait:g} s for the API server to remove it"
+            )
+        )
     deadline = time.monotonic() + wait
     left = pods
     while True:
@@ -135,12 +176,19 @@ def cancel(sched: Any, job_id: str, wait_s: float, say: Callable[[str], None]) -
             break
         time.sleep(0.5)
     if left:
-        why = (f"{_pods(left)} still stopping (within their grace period, or stuck on a node that does not answer)")
+        why = f"{_pods(left)} still stopping (within their grace period, or stuck on a node that does not answer)"
     else:
-        why = ("it has no pods left, but the object remains: a foreground deletion ends when Kubernetes' garbage "
-               "collector (part of kube-controller-manager) removes it; if that does not happen, ask the cluster admin")
-    return Outcome((f"job {before.job_id}: still terminating after {wait:g} s: {why}; "
-                    f"`{sched.command('status', before.job_id)}` shows when it is gone",), 1)
+        why = (
+            "it has no pods left, but the object remains: a foreground deletion ends when Kubernetes' garbage "
+            "collector (part of kube-controller-manager) removes it; if that does not happen, ask the cluster admin"
+        )
+    return Outcome(
+        (
+            f"job {before.job_id}: still terminating after {wait:g} s: {why}; "
+            f"`{sched.command('status', before.job_id)}` shows when it is gone",
+        ),
+        1,
+    )
 
 
 def record(sched: Any, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
@@ -156,15 +204,20 @@ def record(sched: Any, job: JobSpec, rendered: Rendered, job_id: str, descriptio
         lines.append(f"--replace: deleted the earlier {kind} {job_id} ({old.state}, {_pods(len(old.replicas))}) first")
     ref = (rendered.payload.get("spec") or {}).get("runtimeRef") or {} if isinstance(rendered.payload, dict) else {}
     if ref.get("kind") == "TrainingRuntime":  # --max-restarts: the job's own runtime (runtime.py), made before it
-        lines.append(f"its restart budget is its own TrainingRuntime {ref['name']}, owned by the {kind}: cancelling or "
-                     "deleting the job removes it too")
-    return lines + [f"{kind} {job_id} created in namespace {sched.namespace}{where}",
-                    # the flags that find it again, whatever the defaults are later
-                    f"follow it with `{sched.command('status', job_id)}` (and logs, cancel)"]
+        lines.append(
+            f"its restart budget is its own TrainingRuntime {ref['name']}, owned by the {kind}: cancelling or "
+            "deleting the job removes it too"
+        )
+    return lines + [
+        f"{kind} {job_id} created in namespace {sched.namespace}{where}",
+        # the flags that find it again, whatever the defaults are later
+        f"follow it with `{sched.command('status', job_id)}` (and logs, cancel)",
+    ]
 
 
-def _record_files(sched: Any, job: JobSpec, rendered: Rendered, description: dict[str, Any], kind: str,
-                  lines: list[str]) -> str:
+def _record_files(
+    sched: Any, job: JobSpec, rendered: Rendered, description: dict[str, Any], kind: str, lines: list[str]
+) -> str:
     import yaml
 
     from hpctrain.fsutil import write_atomic
@@ -175,8 +228,10 @@ def _record_files(sched: Any, job: JobSpec, rendered: Rendered, description: dic
     if pod_path.startswith("/"):
         here, why = sched.path_here(pod_path)
         if here is None:
-            return (f"; the manifest and job description were not recorded here ({why}): "
-                    f"`{sched.kubectl('get', kind.lower(), '-n', sched.namespace, job.name, '-o', 'yaml')}` shows them")
+            return (
+                f"; the manifest and job description were not recorded here ({why}): "
+                f"`{sched.kubectl('get', kind.lower(), '-n', sched.namespace, job.name, '-o', 'yaml')}` shows them"
+            )
         directory = Path(here)
     else:
         directory = Path(pod_path)
@@ -185,8 +240,10 @@ def _record_files(sched: Any, job: JobSpec, rendered: Rendered, description: dic
         write_atomic(directory / rendered.filename, rendered.text.encode(), mode=0o600)
         write_atomic(directory / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)
     except OSError as err:
-        lines.append(f"warning: could not record the manifest in {directory} ({err.strerror or err}); "
-                     "`kubectl get -o yaml` shows what was created")
+        lines.append(
+            f"warning: could not record the manifest in {directory} ({err.strerror or err}); "
+            "`kubectl get -o yaml` shows what was created"
+        )
         return ""
     seen = f" (the pods' {pod_path})" if pod_path.startswith("/") and str(directory) != pod_path else ""
     return f"; manifest and job description in {directory}/{seen}"

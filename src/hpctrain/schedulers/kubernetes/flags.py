@@ -13,31 +13,75 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
     """Where the jobs are, in the command's scheduler `group`; role `job` (submit, check) adds the kind of job and
     a job's options, `jobs` (status, logs, cancel, cluster, debug) the kind of job, `services` (dev, tensorboard,
     top) neither."""
-    group.add_argument("--namespace", metavar="NAME",
-                       help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)")
+    group.add_argument(
+        "--namespace",
+        metavar="NAME",
+        help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)",
+    )
     if role != "services":
-        group.add_argument("--k8s-api", dest="k8s_api", choices=APIS,
-                           help="Kubernetes: Kubeflow PyTorchJob (default) or Trainer v2 TrainJob")
-    group.add_argument("--context", metavar="NAME", help="Kubernetes: the kubeconfig context (default: the current one)")
+        group.add_argument(
+            "--k8s-api",
+            dest="k8s_api",
+            choices=APIS,
+            help="Kubernetes: Kubeflow PyTorchJob (default) or Trainer v2 TrainJob",
+        )
+    group.add_argument(
+        "--context", metavar="NAME", help="Kubernetes: the kubeconfig context (default: the current one)"
+    )
     if role != "job":
         return
     k = parser.add_argument_group("kubernetes (with --scheduler kubernetes; --nodes counts worker pods)")
-    k.add_argument("--shm", metavar="SIZE", help="size of /dev/shm, an in-memory volume (e.g. 8Gi): DataLoader workers need it")
+    k.add_argument(
+        "--shm", metavar="SIZE", help="size of /dev/shm, an in-memory volume (e.g. 8Gi): DataLoader workers need it"
+    )
     k.add_argument("--priority-class", metavar="NAME", help="the pods' PriorityClass")
-    k.add_argument("--volume", dest="volumes", action="append", metavar="SPEC",
-                   help="pvc:CLAIM:/mount, nfs:SERVER:/export:/mount or host:/node/path:/mount, each with an "
-                   "optional :ro (repeatable)")
-    k.add_argument("--node-selector", dest="node_selector", action="append", metavar="KEY=VALUE",
-                   help="run only on nodes with this label (repeatable)")
-    k.add_argument("--toleration", dest="tolerations", action="append", metavar="KEY[=VALUE][:EFFECT]",
-                   help="tolerate a node taint (repeatable)")
+    k.add_argument(
+        "--volume",
+        dest="volumes",
+        action="append",
+        metavar="SPEC",
+        help="pvc:CLAIM:/mount, nfs:SERVER:/export:/mount or host:/node/path:/mount, each with an "
+        "optional :ro (repeatable)",
+    )
+    k.add_argument(
+        "--node-selector",
+        dest="node_selector",
+        action="append",
+        metavar="KEY=VALUE",
+        help="run only on nodes with this label (repeatable)",
+    )
+    k.add_argument(
+        "--toleration",
+        dest="tolerations",
+        action="append",
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="tolerate a node taint (repeatable)",
+    )
     k.add_argument("--service-account", metavar="NAME")
-    k.add_argument("--image-pull-secret", dest="image_pull_secrets", action="append", metavar="NAME",
-                   help="secret for pulling --image from a private registry (repeatable)")
-    k.add_argument("--label", dest="labels", action="append", metavar="KEY=VALUE",
-                   help="extra label on the job and its pods (repeatable)")
-    k.add_argument("--replace", action="store_true", default=None,
-                   help="submit: a job of the same name in the namespace, running or ended, is deleted first (its "
-                   "pods get SIGTERM and their grace period), then this one is created")
-    k.add_argument("--runtime", metavar="NAME", help="--k8s-api trainjob: the ClusterTrainingRuntime the TrainJob runs "
-                   "on (default: torch-distributed; `kubectl get clustertrainingruntimes` lists them)")
+    k.add_argument(
+        "--image-pull-secret",
+        dest="image_pull_secrets",
+        action="append",
+        metavar="NAME",
+        help="secret for pulling --image from a private registry (repeatable)",
+    )
+    k.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra label on the job and its pods (repeatable)",
+    )
+    k.add_argument(
+        "--replace",
+        action="store_true",
+        default=None,
+        help="submit: a job of the same name in the namespace, running or ended, is deleted first (its "
+        "pods get SIGTERM and their grace period), then this one is created",
+    )
+    k.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help="--k8s-api trainjob: the ClusterTrainingRuntime the TrainJob runs "
+        "on (default: torch-distributed; `kubectl get clustertrainingruntimes` lists them)",
+    )

@@ -37,11 +37,15 @@ class LiveJobs:
         from kubernetes.client.rest import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, job_id)
+            return self.custom.get_namespaced_custom_object(
+                self.group, self.version, self.namespace, self.plural, job_id
+            )
         except ApiException as err:
             if err.status == 404:
-                raise base.JobNotFound(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: check the name "
-                                       f"and --namespace (`{self.command('status')}` lists the jobs)") from None
+                raise base.JobNotFound(
+                    f"no {self.kind} named {job_id!r} in namespace {self.namespace}: check the name "
+                    f"and --namespace (`{self.command('status')}` lists the jobs)"
+                ) from None
             raise _api_error(err, f"reading {self.kind} {job_id}") from None
 
     def pods_of(self, job_id: str) -> list[Any]:
@@ -62,15 +66,29 @@ class LiveJobs:
             exit_code = next((c for c in codes if c), codes[0] if codes else (0 if state == base.SUCCEEDED else None))
         if exit_code is None and state == base.FAILED and self.options.api == "pytorchjob":
             # Its pods went (cleanPodPolicy): the operator's ExitedWithCode events on it (objects.recorded_exit_code).
-            exit_code = recorded_exit_code(list_all(self.core.list_namespaced_event, self.namespace, field_selector=(
-                f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}")))
+            exit_code = recorded_exit_code(
+                list_all(
+                    self.core.list_namespaced_event,
+                    self.namespace,
+                    field_selector=(f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}"),
+                )
+            )
         waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
-            reasons = reasons + (f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",)
+            reasons = reasons + (
+                f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",
+            )
         restarts = sum(p.restarts for p in replicas) + jobset_restarts(pods)
-        return JobStatus(job_id=job_id, state=state, exit_code=exit_code, restarts=restarts,
-                         replicas=replicas, pending_reasons=reasons, message=message)
+        return JobStatus(
+            job_id=job_id,
+            state=state,
+            exit_code=exit_code,
+            restarts=restarts,
+            replicas=replicas,
+            pending_reasons=reasons,
+            message=message,
+        )
 
     def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
         waiting = {p.metadata.name for p in pods if p.status is None or p.status.phase == "Pending"}
@@ -82,15 +100,19 @@ class LiveJobs:
             if e.type == "Warning" and (obj.name in waiting or (obj.kind == self.kind and obj.name == job_id)):
                 line = f"{obj.name}: {e.reason}: {e.message}"
                 if "exceeded quota" in (e.message or ""):  # the API server's quota admission refused the controller
-                    line += (" -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
-                             "with less (fewer --nodes or less per pod) or ask for a larger quota "
-                             f"(`{self.command('cluster')}` shows its use)")
+                    line += (
+                        " -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
+                        "with less (fewer --nodes or less per pod) or ask for a larger quota "
+                        f"(`{self.command('cluster')}` shows its use)"
+                    )
                 if line not in lines:
                     lines.append(line)
         return tuple(lines)
 
     def list_jobs(self) -> list[JobSummary]:
-        items = list_all(self.custom.list_namespaced_custom_object, self.group, self.version, self.namespace, self.plural)
+        items = list_all(
+            self.custom.list_namespaced_custom_object, self.group, self.version, self.namespace, self.plural
+        )
         if not items:  # the API lists nothing, not an error, in a namespace that does not exist
             problems: list[str] = []
             self._namespace_problems(problems)
@@ -107,8 +129,14 @@ class LiveJobs:
             out.append(JobSummary(obj["metadata"]["name"], state, obj["metadata"].get("creationTimestamp"), count))
         return sorted(out, key=lambda s: s.created or "")
 
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
-             say: Callable[[str], None] | None = None) -> Iterator[str]:
+    def logs(
+        self,
+        job_id: str,
+        follow: bool = False,
+        replica: str | None = None,
+        stream: str = "stdout",
+        say: Callable[[str], None] | None = None,
+    ) -> Iterator[str]:
         from kubernetes.client.rest import ApiException
 
         if stream != "stdout":
@@ -123,11 +151,14 @@ class LiveJobs:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
         try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
-            resp = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace, container=container,
-                                                     follow=follow, _preload_content=False)
+            resp = self.core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, container=container, follow=follow, _preload_content=False
+            )
         except ApiException as err:
-            raise UserError(f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
-                            f"have started; see `{self.command('status', job_id)}`") from None
+            raise UserError(
+                f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
+                f"have started; see `{self.command('status', job_id)}`"
+            ) from None
         return log_lines(resp, pod.metadata.name)
 
     def cancel(self, job_id: str) -> None:
@@ -139,9 +170,16 @@ class LiveJobs:
 
         try:
             self.custom.delete_namespaced_custom_object(
-                self.group, self.version, self.namespace, self.plural, job_id,
-                body=client.V1DeleteOptions(propagation_policy="Foreground"))
+                self.group,
+                self.version,
+                self.namespace,
+                self.plural,
+                job_id,
+                body=client.V1DeleteOptions(propagation_policy="Foreground"),
+            )
         except ApiException as err:
             if err.status == 404:
-                raise UserError(f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel") from None
+                raise UserError(
+                    f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel"
+                ) from None
             raise _api_error(err, f"cancelling {self.kind} {job_id}") from None

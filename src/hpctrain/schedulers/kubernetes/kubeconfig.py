@@ -55,14 +55,18 @@ def context_namespace(context: str | None = None, environ: Mapping[str, str] | N
         except OSError:
             return None
     configs = [_load(p) for p in kubeconfig_paths(environ)]
-    name = context or next((c["current-context"] for c in configs if isinstance(c.get("current-context"), str)
-                            and c["current-context"]), None)
+    name = context or next(
+        (c["current-context"] for c in configs if isinstance(c.get("current-context"), str) and c["current-context"]),
+        None,
+    )
     if name is None:
         return None
     for config in configs:
         for entry in config.get("contexts") or []:
             if isinstance(entry, dict) and entry.get("name") == name:
-                namespace = (entry.get("context") or {}).get("namespace") if isinstance(entry.get("context"), dict) else None
+                namespace = (
+                    (entry.get("context") or {}).get("namespace") if isinstance(entry.get("context"), dict) else None
+                )
                 return namespace if isinstance(namespace, str) and namespace else None
     return None
 

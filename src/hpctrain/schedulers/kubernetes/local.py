@@ -32,7 +32,9 @@ from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume
 
 
-def path_here(pod_path: str, volumes: Sequence[Volume], ismount: Callable[[str], bool] = os.path.ismount) -> tuple[str | None, str]:
+def path_here(
+    pod_path: str, volumes: Sequence[Volume], ismount: Callable[[str], bool] = os.path.ismount
+) -> tuple[str | None, str]:
     """(the path on this machine of what a pod sees at `pod_path`, or None; why not)."""
     if not pod_path.startswith("/"):
         return None, f"{pod_path} is relative to the pod's working directory, inside the image"
@@ -51,14 +53,17 @@ def path_here(pod_path: str, volumes: Sequence[Volume], ismount: Callable[[str],
     return path, ""
 
 
-def local_problems(job: JobSpec, options: KubernetesOptions, recipe: Any = None,
-                   check_data: Callable[[Any], None] | None = None) -> list[str]:
+def local_problems(
+    job: JobSpec, options: KubernetesOptions, recipe: Any = None, check_data: Callable[[Any], None] | None = None
+) -> list[str]:
     """Problems found here, and a NOTE_PREFIX line for each check that could not run here. `recipe`: the TrainConfig
     of a built-in recipe's options (the caller parses them as `hpctrain train` will), None for a command;
     `check_data`: the recipes' data check (hpctrain.recipes.check_data), run on the data dir as seen here."""
     volumes = options.parsed_volumes
-    lines = [f"{NOTE_PREFIX}skipped the check for programs on PATH: the pods run image {options.image}, which has "
-             "its own PATH"]
+    lines = [
+        f"{NOTE_PREFIX}skipped the check for programs on PATH: the pods run image {options.image}, which has "
+        "its own PATH"
+    ]
     lines += _dataset_problems(recipe, volumes, check_data)
     lines += _run_dir_problems(job, volumes)
     return lines
@@ -91,6 +96,8 @@ def _run_dir_problems(job: JobSpec, volumes: Sequence[Volume]) -> list[str]:
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        return [f"--run-dir {directory}: {existing} (here) is not a writable directory, so the pods cannot write "
-                "their checkpoints there; fix its permissions on the volume or choose another --run-dir"]
+        return [
+            f"--run-dir {directory}: {existing} (here) is not a writable directory, so the pods cannot write "
+            "their checkpoints there; fix its permissions on the volume or choose another --run-dir"
+        ]
     return []

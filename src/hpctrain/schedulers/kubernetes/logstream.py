@@ -23,10 +23,12 @@ def log_lines(resp: Any, pod: str) -> Iterator[str]:
     if first is not None and _LOG_GONE.fullmatch(first.strip()):
         second = next(lines, None)
         if second is None:
-            raise UserError(f"the log of pod {pod} is gone: the pod was deleted with its container (the kubelet: "
-                            f"{first.strip()}); a job's running pods go when it is cancelled or ends (cleanPodPolicy "
-                            "Running): follow the log while the job runs (`logs -f`); the run directory keeps what "
-                            "the run wrote")
+            raise UserError(
+                f"the log of pod {pod} is gone: the pod was deleted with its container (the kubelet: "
+                f"{first.strip()}); a job's running pods go when it is cancelled or ends (cleanPodPolicy "
+                "Running): follow the log while the job runs (`logs -f`); the run directory keeps what "
+                "the run wrote"
+            )
         yield first
         first = second
     if first is not None:
@@ -47,7 +49,9 @@ def _stream_lines(resp: Any, pod: str) -> Iterator[str]:
         if buffer:
             yield buffer.decode("utf-8", "replace")
     except urllib3.exceptions.HTTPError as err:
-        raise UserError(f"the log of pod {pod} broke off ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
-                        "run the command again") from None
+        raise UserError(
+            f"the log of pod {pod} broke off ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
+            "run the command again"
+        ) from None
     finally:
         resp.release_conn()

@@ -26,10 +26,20 @@ RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 EXITED_WITH_CODE = "ExitedWithCode"  # training-operator v1's event reason for a terminated training container
 _EXIT_CODE = re.compile(r"exited with code (-?[0-9]+)$")
 
-_PYTORCHJOB_STATES = {"Created": base.PENDING, "Running": base.RUNNING, "Restarting": base.RESTARTING,
-                      "Succeeded": base.SUCCEEDED, "Failed": base.FAILED, "Suspended": base.SUSPENDED}
-_TRAINJOB_STATES = {"Created": base.PENDING, "Complete": base.SUCCEEDED, "Failed": base.FAILED,
-                    "Suspended": base.SUSPENDED}
+_PYTORCHJOB_STATES = {
+    "Created": base.PENDING,
+    "Running": base.RUNNING,
+    "Restarting": base.RESTARTING,
+    "Succeeded": base.SUCCEEDED,
+    "Failed": base.FAILED,
+    "Suspended": base.SUSPENDED,
+}
+_TRAINJOB_STATES = {
+    "Created": base.PENDING,
+    "Complete": base.SUCCEEDED,
+    "Failed": base.FAILED,
+    "Suspended": base.SUSPENDED,
+}
 
 
 def quantity_or_zero(value: Any) -> Decimal:
@@ -40,6 +50,7 @@ def quantity_or_zero(value: Any) -> Decimal:
 def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
     """What a pod (its JSON, as the API server sends it) takes from its node: the sum over containers (requests,
     else limits), at least the largest init container, as the scheduler counts it."""
+
     def one(container: dict[str, Any]) -> dict[str, Decimal]:
         res = container.get("resources") or {}
         req = dict(res.get("limits") or {})
@@ -120,8 +131,15 @@ def replica_status(pod: Any) -> ReplicaStatus:
                 reason = c.reason
     if pod.metadata.deletion_timestamp:
         reason = "Terminating"
-    return ReplicaStatus(name=replica_name(pod), phase=phase, node=pod.spec.node_name, restarts=restarts,
-                         exit_code=exit_code, reason=reason, message=(message or "").strip() or None)
+    return ReplicaStatus(
+        name=replica_name(pod),
+        phase=phase,
+        node=pod.spec.node_name,
+        restarts=restarts,
+        exit_code=exit_code,
+        reason=reason,
+        message=(message or "").strip() or None,
+    )
 
 
 def recorded_exit_code(events: list[Any]) -> int | None:

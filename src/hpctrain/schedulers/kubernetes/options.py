@@ -22,9 +22,20 @@ _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)$")
 _QUANTITY_RE = re.compile(r"^(?P<n>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 _SUFFIX = {
-    None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+    None: Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
 }
 VOLUME_FORMS = "pvc:CLAIM:/mount[:ro], nfs:SERVER:/export/path:/mount[:ro] or host:/node/path:/mount[:ro]"
 
@@ -47,29 +58,41 @@ def quantity_mb(mb: int) -> str:
 
 def check_dns_label(what: str, value: str, fix: str) -> None:
     if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL_RE.match(value):
-        raise UserError(f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits and -, "
-                        f"starting and ending with a letter or digit, at most 63 characters): {fix}")
+        raise UserError(
+            f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits and -, "
+            f"starting and ending with a letter or digit, at most 63 characters): {fix}"
+        )
 
 
 def check_dns1035_label(what: str, value: str, fix: str) -> None:
     """A DNS-1035 label (apimachinery IsDNS1035Label): what Kubeflow requires of a job's name."""
     if not isinstance(value, str) or len(value) > 63 or not _DNS1035_LABEL_RE.match(value):
-        raise UserError(f"{what} {value!r} is not a valid Kubeflow job name (lower-case letters, digits and -, "
-                        f"starting with a letter and ending with a letter or digit, at most 63 characters): {fix}")
+        raise UserError(
+            f"{what} {value!r} is not a valid Kubeflow job name (lower-case letters, digits and -, "
+            f"starting with a letter and ending with a letter or digit, at most 63 characters): {fix}"
+        )
 
 
 def check_dns_subdomain(what: str, value: str, fix: str) -> None:
     if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN_RE.match(value):
-        raise UserError(f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits, - and ., "
-                        f"at most 253 characters): {fix}")
+        raise UserError(
+            f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits, - and ., "
+            f"at most 253 characters): {fix}"
+        )
 
 
 def _check_label_key(what: str, key: str) -> None:
     prefix, _, name = key.rpartition("/")
-    if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix))) or not name or len(name) > 63 \
-            or not _LABEL_NAME_RE.match(name):
-        raise UserError(f"{what}: {key!r} is not a valid label key ([PREFIX/]NAME, NAME of letters, digits, - _ ., "
-                        "at most 63 characters)")
+    if (
+        (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix)))
+        or not name
+        or len(name) > 63
+        or not _LABEL_NAME_RE.match(name)
+    ):
+        raise UserError(
+            f"{what}: {key!r} is not a valid label key ([PREFIX/]NAME, NAME of letters, digits, - _ ., "
+            "at most 63 characters)"
+        )
 
 
 def _check_label_value(what: str, value: str) -> None:
@@ -106,11 +129,15 @@ def parse_volume(spec: str) -> Volume:
     kind = parts[0]
     if kind == "pvc" and len(parts) == 3:
         volume = Volume("pvc", parts[1], parts[2], read_only=read_only)
-        check_dns_subdomain("--volume claim", volume.source, f"give the PVC's name as `kubectl get pvc` shows it ({spec!r})")
+        check_dns_subdomain(
+            "--volume claim", volume.source, f"give the PVC's name as `kubectl get pvc` shows it ({spec!r})"
+        )
     elif kind == "nfs" and len(parts) == 4:
         volume = Volume("nfs", parts[2], parts[3], server=parts[1], read_only=read_only)
         if not volume.server or not volume.source.startswith("/"):
-            raise UserError(f"--volume {spec!r}: nfs needs a server and an absolute export path (nfs:SERVER:/export:/mount)")
+            raise UserError(
+                f"--volume {spec!r}: nfs needs a server and an absolute export path (nfs:SERVER:/export:/mount)"
+            )
     elif kind == "host" and len(parts) == 3:
         volume = Volume("host", parts[1], parts[2], read_only=read_only)
         if not volume.source.startswith("/"):
@@ -118,8 +145,10 @@ def parse_volume(spec: str) -> Volume:
     else:
         raise UserError(f"--volume {spec!r}: use {VOLUME_FORMS}")
     if not volume.mount.startswith("/") or volume.mount.rstrip("/") in ("", "/dev/shm"):
-        raise UserError(f"--volume {spec!r}: the mount path must be an absolute directory other than / and /dev/shm "
-                        "(use --shm for that)")
+        raise UserError(
+            f"--volume {spec!r}: the mount path must be an absolute directory other than / and /dev/shm "
+            "(use --shm for that)"
+        )
     return volume
 
 
@@ -128,7 +157,9 @@ def parse_toleration(spec: str) -> dict[str, str]:
     text, _, effect = spec.rpartition(":") if ":" in spec else (spec, "", "")
     key, eq, value = text.partition("=")
     if effect and effect not in TOLERATION_EFFECTS:
-        raise UserError(f"--toleration {spec!r}: the effect must be one of {', '.join(TOLERATION_EFFECTS)} (KEY[=VALUE][:EFFECT])")
+        raise UserError(
+            f"--toleration {spec!r}: the effect must be one of {', '.join(TOLERATION_EFFECTS)} (KEY[=VALUE][:EFFECT])"
+        )
     _check_label_key(f"--toleration {spec!r}", key)
     if eq:
         _check_label_value(f"--toleration {spec!r}", value)
@@ -176,21 +207,31 @@ class KubernetesOptions:
         check_dns_label("--namespace", self.namespace, "use the namespace `kubectl get namespaces` lists")
         if self.api not in APIS:
             raise UserError(f"--k8s-api {self.api!r} is unknown: use pytorchjob (Kubeflow v1) or trainjob (Trainer v2)")
-        if self.image is not None and (not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image)):
-            raise UserError(f"--image {self.image!r} is not an image reference (e.g. --image nvcr.io/nvidia/pytorch:24.05-py3)")
+        if self.image is not None and (
+            not isinstance(self.image, str) or not self.image.strip() or any(c.isspace() for c in self.image)
+        ):
+            raise UserError(
+                f"--image {self.image!r} is not an image reference (e.g. --image nvcr.io/nvidia/pytorch:24.05-py3)"
+            )
         if self.shm is not None:
             try:
                 size = parse_quantity(self.shm)
             except ValueError:
-                raise UserError(f"--shm {self.shm!r} is not a size: use a Kubernetes quantity such as 8Gi or 512Mi") from None
+                raise UserError(
+                    f"--shm {self.shm!r} is not a size: use a Kubernetes quantity such as 8Gi or 512Mi"
+                ) from None
             if size < 2**20:
                 raise UserError(f"--shm {self.shm!r} is below 1Mi: give the size with a unit, e.g. --shm 8Gi")
             if size > 2**50:
                 raise UserError(f"--shm {self.shm!r} is more than 1Pi, beyond any node: give a size such as --shm 8Gi")
         if self.priority_class is not None:
-            check_dns_subdomain("--priority-class", self.priority_class, "use a name `kubectl get priorityclasses` lists")
+            check_dns_subdomain(
+                "--priority-class", self.priority_class, "use a name `kubectl get priorityclasses` lists"
+            )
         if self.service_account is not None:
-            check_dns_subdomain("--service-account", self.service_account, "use a name `kubectl get serviceaccounts` lists")
+            check_dns_subdomain(
+                "--service-account", self.service_account, "use a name `kubectl get serviceaccounts` lists"
+            )
         for secret in self.image_pull_secrets:
             check_dns_subdomain("--image-pull-secret", secret, "use a secret name `kubectl get secrets` lists")
         if self.replace not in (None, True, False):

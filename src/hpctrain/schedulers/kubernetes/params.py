@@ -20,8 +20,20 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.schedulers.kubernetes.options import quantity_mb
 
-KEYS = ("name", "kind", "worker_count", "worker_cpu", "worker_gpu", "worker_memory", "worker_shared_memory",
-        "worker_image", "command", "priority", "workspace_id", "interactive")
+KEYS = (
+    "name",
+    "kind",
+    "worker_count",
+    "worker_cpu",
+    "worker_gpu",
+    "worker_memory",
+    "worker_shared_memory",
+    "worker_image",
+    "command",
+    "priority",
+    "workspace_id",
+    "interactive",
+)
 KINDS = {"pytorchjob": "pytorchjob", "trainjob": "trainjob"}
 PRIORITY_LABEL = "hpctrain.io/priority"
 _INT_RE = re.compile(r"^[0-9]+$")
@@ -41,7 +53,9 @@ def _gigabytes_mb(key: str, value: str, problems: list[str]) -> int | None:
     except InvalidOperation:
         amount = Decimal(-1)
     if not amount.is_finite() or amount <= 0 or amount > MAX_GB:
-        problems.append(f"{key}={value!r} must be a positive number of GB, at most {MAX_GB} (e.g. {key}=4 or {key}=0.5)")
+        problems.append(
+            f"{key}={value!r} must be a positive number of GB, at most {MAX_GB} (e.g. {key}=4 or {key}=0.5)"
+        )
         return None
     return max(1, int(amount * 1024))  # bounded above: no huge int() (1e100000 would pass Python's digit limit)
 
@@ -85,8 +99,10 @@ def parse_params_text(text: str, source: str = "params") -> tuple[dict[str, Any]
     if "worker_cpu" in values:
         cpus = _whole("worker_cpu", values["worker_cpu"], 1, problems)
         if cpus is not None and cpus % nproc:
-            problems.append(f"worker_cpu={cpus} is not a multiple of worker_gpu={gpus}: each GPU's process gets the "
-                            "same number of CPUs; use a multiple")
+            problems.append(
+                f"worker_cpu={cpus} is not a multiple of worker_gpu={gpus}: each GPU's process gets the "
+                "same number of CPUs; use a multiple"
+            )
         elif cpus is not None:
             job["cpus_per_task"] = cpus // nproc
     memory_mb = _gigabytes_mb("worker_memory", values["worker_memory"], problems) if "worker_memory" in values else None
@@ -97,8 +113,10 @@ def parse_params_text(text: str, source: str = "params") -> tuple[dict[str, Any]
         if shm_mb is not None:
             options["shm"] = quantity_mb(shm_mb)
             if memory_mb is not None and shm_mb > memory_mb:
-                problems.append(f"worker_shared_memory={values['worker_shared_memory']} exceeds worker_memory="
-                                f"{values['worker_memory']}: /dev/shm counts against the pod's memory; lower it")
+                problems.append(
+                    f"worker_shared_memory={values['worker_shared_memory']} exceeds worker_memory="
+                    f"{values['worker_memory']}: /dev/shm counts against the pod's memory; lower it"
+                )
     if "worker_image" in values:
         options["image"] = values["worker_image"]
     if "command" in values:
@@ -122,9 +140,10 @@ def parse_params_text(text: str, source: str = "params") -> tuple[dict[str, Any]
         if flag not in ("true", "false"):
             problems.append(f"interactive={values['interactive']!r} must be true or false")
         elif flag == "true":
-            problems.append("interactive=true asks for an interactive session, which hpctrain does not start: "
-                            "set interactive=false (or use kubectl exec into a running pod)")
+            problems.append(
+                "interactive=true asks for an interactive session, which hpctrain does not start: "
+                "set interactive=false (or use kubectl exec into a running pod)"
+            )
     if problems:
         raise UserError(f"{source}: " + "; ".join(problems))
     return job, options
-

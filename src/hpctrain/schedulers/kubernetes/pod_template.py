@@ -28,9 +28,15 @@ def resources_per_pod(job: JobSpec) -> dict[str, str]:
 def _volume(index: int, v: Volume) -> dict[str, Any]:
     name = f"vol-{index}"
     if v.kind == "pvc":
-        return {"name": name, "persistentVolumeClaim": {"claimName": v.source, **({"readOnly": True} if v.read_only else {})}}
+        return {
+            "name": name,
+            "persistentVolumeClaim": {"claimName": v.source, **({"readOnly": True} if v.read_only else {})},
+        }
     if v.kind == "nfs":
-        return {"name": name, "nfs": {"server": v.server, "path": v.source, **({"readOnly": True} if v.read_only else {})}}
+        return {
+            "name": name,
+            "nfs": {"server": v.server, "path": v.source, **({"readOnly": True} if v.read_only else {})},
+        }
     return {"name": name, "hostPath": {"path": v.source, "type": "Directory"}}
 
 
@@ -55,9 +61,15 @@ def pod_extras(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         # (a term's requirements are ANDed): the API server takes exactly one value for an In/NotIn on a node field
         # (validateNodeFieldSelectorRequirement, pkg/apis/core/validation/validation.go).
         not_on = [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in job.exclude_nodes]
-        out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchFields": not_on},
-        ]}}}
+        out["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": not_on},
+                    ]
+                }
+            }
+        }
     out["terminationGracePeriodSeconds"] = job.signal_grace or DEFAULT_GRACE_S
     return out
 

@@ -32,7 +32,9 @@ def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None)
         except ApiException as err:
             if err.status == 409:
                 raise in_use from None
-            raise UserError(f"creating secret {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+            raise UserError(
+                f"creating secret {name} in namespace {namespace}: the API server answered {err.status} {err.reason}"
+            ) from None
     try:
         core.create_namespaced_pod(namespace, pod)
     except ApiException as err:
@@ -40,7 +42,9 @@ def create(core: Any, pod: dict[str, Any], secret: dict[str, Any] | None = None)
             _delete_quietly(core.delete_namespaced_secret, name, namespace)
         if err.status == 409:
             raise in_use from None
-        raise UserError(f"creating pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+        raise UserError(
+            f"creating pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}"
+        ) from None
 
 
 def delete(core: Any, namespace: str, name: str) -> bool:
@@ -58,7 +62,9 @@ def find(core: Any, namespace: str, name: str) -> Any | None:
     except ApiException as err:
         if err.status == 404:
             return None
-        raise UserError(f"reading pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+        raise UserError(
+            f"reading pod {name} in namespace {namespace}: the API server answered {err.status} {err.reason}"
+        ) from None
     return pod if SERVICE_LABEL in (pod.metadata.labels or {}) else None
 
 
@@ -84,7 +90,9 @@ def _delete_quietly(delete_fn: Any, name: str, namespace: str) -> bool:
     except ApiException as err:
         if err.status == 404:
             return False
-        raise UserError(f"deleting {name} in namespace {namespace}: the API server answered {err.status} {err.reason}") from None
+        raise UserError(
+            f"deleting {name} in namespace {namespace}: the API server answered {err.status} {err.reason}"
+        ) from None
 
 
 # ---- top and debug stacks: a probe in each pod, through the exec stream -------------------------------------------
@@ -102,9 +110,11 @@ def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) ->
         stdout, status = exec_probe(core, namespace, name, container or training_container(pod), probe)
         samples = parse_probe(stdout, labelled=False)
         if not samples:
-            raise UserError(f"the probe failed in pod {name}: {exec_failure(status) or 'it printed nothing'}. "
-                            "`hpctrain top` runs `sh -c` with getconf, cat and nvidia-smi in the pod's training "
-                            f"container: its image needs a POSIX shell (try `kubectl exec -n {namespace} {name} -- sh -c true`)")
+            raise UserError(
+                f"the probe failed in pod {name}: {exec_failure(status) or 'it printed nothing'}. "
+                "`hpctrain top` runs `sh -c` with getconf, cat and nvidia-smi in the pod's training "
+                f"container: its image needs a POSIX shell (try `kubectl exec -n {namespace} {name} -- sh -c true`)"
+            )
         for sample in samples:
             sample.node = f"{pod.spec.node_name or '?'} ({name})"
             out.append(sample)
@@ -115,19 +125,23 @@ def stacks_request(world_size: int, wait_s: float) -> str:
     """Shell run in a pod: ask every rank for its stacks (a fresh token in RUN/stacks/request, written and renamed
     as `request_stacks` does; a linked stacks/ is refused), wait until `world_size` answers name the token or
     `wait_s` passed, then print each answer after a line `@stacks rank-N.txt`. No file times are compared."""
-    answered = (f'[ -f "$f" ] && [ ! -L "$f" ] && IFS= read -r l < "$f" && case "$l" in *"{ANSWER_PREFIX}$t") '
-                'true;; *) false;; esac')  # shell builtins only: an image may lack grep; `od` missing leaves time+pid
-    return (f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] || exit 3; d="$HPCTRAIN_RUN_DIR"/{STACKS_DIR}; '
-            '[ -L "$d" ] && exit 3; mkdir -p "$d" || exit 3; [ -L "$d/request" ] && rm -f "$d/request"; '
-            '[ -d "$d/request" ] && exit 3; '
-            't="$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d \' \\n\')"; set -C; '
-            f'printf "%s\\n" "$t" > "$d/.{REQUEST_FILE}.$t.tmp" && mv -f "$d/.{REQUEST_FILE}.$t.tmp" '
-            f'"$d/{REQUEST_FILE}" || exit 3; n=0; '
-            f'while [ "$n" -lt {max(1, int(wait_s))} ]; do sleep 1; n=$((n + 1)); c=0; '
-            f'for f in "$d"/rank-*.txt; do {answered} && c=$((c + 1)); done; '
-            f'[ "$c" -ge {world_size} ] && break; done; '
-            f'for f in "$d"/rank-*.txt; do {answered} && '
-            '{ printf "@stacks %s\\n" "${f##*/}"; cat "$f"; }; done; exit 0')
+    answered = (
+        f'[ -f "$f" ] && [ ! -L "$f" ] && IFS= read -r l < "$f" && case "$l" in *"{ANSWER_PREFIX}$t") '
+        "true;; *) false;; esac"
+    )  # shell builtins only: an image may lack grep; `od` missing leaves time+pid
+    return (
+        f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] || exit 3; d="$HPCTRAIN_RUN_DIR"/{STACKS_DIR}; '
+        '[ -L "$d" ] && exit 3; mkdir -p "$d" || exit 3; [ -L "$d/request" ] && rm -f "$d/request"; '
+        '[ -d "$d/request" ] && exit 3; '
+        "t=\"$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n')\"; set -C; "
+        f'printf "%s\\n" "$t" > "$d/.{REQUEST_FILE}.$t.tmp" && mv -f "$d/.{REQUEST_FILE}.$t.tmp" '
+        f'"$d/{REQUEST_FILE}" || exit 3; n=0; '
+        f'while [ "$n" -lt {max(1, int(wait_s))} ]; do sleep 1; n=$((n + 1)); c=0; '
+        f'for f in "$d"/rank-*.txt; do {answered} && c=$((c + 1)); done; '
+        f'[ "$c" -ge {world_size} ] && break; done; '
+        f'for f in "$d"/rank-*.txt; do {answered} && '
+        '{ printf "@stacks %s\\n" "${f##*/}"; cat "$f"; }; done; exit 0'
+    )
 
 
 def parse_stacks(text: str) -> dict[int, str]:
@@ -159,13 +173,25 @@ def exec_probe(core: Any, namespace: str, pod: str, container: str | None, probe
 
     kwargs = {"container": container} if container else {}
     try:
-        ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=["sh", "-c", probe], stderr=True,
-                    stdin=False, stdout=True, tty=False, _preload_content=False, **kwargs)
+        ws = stream(
+            core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            command=["sh", "-c", probe],
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+            _preload_content=False,
+            **kwargs,
+        )
         try:
             ws.run_forever(timeout=PROBE_TIMEOUT_S)
             if ws.is_open():
-                raise UserError(f"the probe in pod {pod} did not finish within {PROBE_TIMEOUT_S} s (nvidia-smi can "
-                                f"hang on a failing GPU): try `kubectl exec -n {namespace} {pod} -- nvidia-smi`")
+                raise UserError(
+                    f"the probe in pod {pod} did not finish within {PROBE_TIMEOUT_S} s (nvidia-smi can "
+                    f"hang on a failing GPU): try `kubectl exec -n {namespace} {pod} -- nvidia-smi`"
+                )
             return ws.read_stdout(), ws.read_channel(ERROR_CHANNEL)
         finally:
             ws.close()
@@ -190,7 +216,9 @@ def exec_failure(status: str) -> str | None:
 def exec_failed_message(namespace: str, pod: str, err: BaseException) -> str:
     """What to tell the user when exec into a pod fails (no kubelet answering, no pods/exec permission, ...)."""
     status = getattr(err, "status", None)
-    detail = " ".join(str(getattr(err, "reason", None) or getattr(err, "body", None) or err or type(err).__name__).split())
+    detail = " ".join(
+        str(getattr(err, "reason", None) or getattr(err, "body", None) or err or type(err).__name__).split()
+    )
     # A failed websocket handshake carries the API server's Status object: its message says why.
     found = re.search(r'\{"kind":\s*"Status".*\}', detail)
     if found:
@@ -200,7 +228,9 @@ def exec_failed_message(namespace: str, pod: str, err: BaseException) -> str:
             pass
     if status == 403:
         detail = f"forbidden: your account may not use pods/exec in namespace {namespace} ({detail})"
-    return (f"cannot run the probe in pod {pod} through the API server's exec (what `kubectl exec` does): "
-            f"{detail[:300] or type(err).__name__}. `hpctrain top` needs exec on Kubernetes: check that "
-            f"`kubectl exec -n {namespace} {pod} -- true` works (the node's kubelet must answer, and you need the "
-            "pods/exec permission)")
+    return (
+        f"cannot run the probe in pod {pod} through the API server's exec (what `kubectl exec` does): "
+        f"{detail[:300] or type(err).__name__}. `hpctrain top` needs exec on Kubernetes: check that "
+        f"`kubectl exec -n {namespace} {pod} -- true` works (the node's kubelet must answer, and you need the "
+        "pods/exec permission)"
+    )

@@ -82,14 +82,16 @@ INIT_CONTAINER = "wait-for-master"
 INIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
 # Waits, without a limit, until the master's name (argv[1]) resolves: a Python every training image has, and no
 # shell, so the job name is an argument, never code.
-WAIT_FOR_MASTER = ("import socket, sys, time\n"
-                   "while True:\n"
-                   "    try:\n"
-                   "        socket.getaddrinfo(sys.argv[1], None)\n"
-                   "        break\n"
-                   "    except OSError:\n"
-                   "        print('hpctrain: waiting for', sys.argv[1], flush=True)\n"
-                   "        time.sleep(2)\n")
+WAIT_FOR_MASTER = (
+    "import socket, sys, time\n"
+    "while True:\n"
+    "    try:\n"
+    "        socket.getaddrinfo(sys.argv[1], None)\n"
+    "        break\n"
+    "    except OSError:\n"
+    "        print('hpctrain: waiting for', sys.argv[1], flush=True)\n"
+    "        time.sleep(2)\n"
+)
 # The longest names Kubeflow derives from a job's name must stay DNS labels (at most 63 characters):
 # PyTorchJob: pods and Services JOB-master-0, JOB-worker-N (training-operator v1, common/util replica names);
 # TrainJob: JobSet's webhook checks JOB-node-0-<numNodes - 1> plus a 5-character random suffix (kubernetes-sigs/jobset
@@ -177,42 +179,62 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     longest = longest_derived_name(job.name, options.api, job.resources.nodes)
     if len(longest) > MAX_NAME:
         limit = len(job.name) - (len(longest) - MAX_NAME)
-        raise UserError(f"--job-name {job.name!r} is {len(job.name)} characters; Kubeflow names this job's pods like "
-                        f"{longest} ({len(longest)} characters, at most {MAX_NAME} allowed): use at most {limit}")
+        raise UserError(
+            f"--job-name {job.name!r} is {len(job.name)} characters; Kubeflow names this job's pods like "
+            f"{longest} ({len(longest)} characters, at most {MAX_NAME} allowed): use at most {limit}"
+        )
     if options.image is None:
-        raise UserError("Kubernetes runs every replica in a container: give --image (an image with PyTorch and hpctrain)")
+        raise UserError(
+            "Kubernetes runs every replica in a container: give --image (an image with PyTorch and hpctrain)"
+        )
     r = job.resources
     if r.shards_per_node:
-        raise UserError("--gres shard:N is Slurm's GPU sharing; on Kubernetes ask for whole GPUs (--gpus-per-node) "
-                        "or a device plugin's resource through your platform")
+        raise UserError(
+            "--gres shard:N is Slurm's GPU sharing; on Kubernetes ask for whole GPUs (--gpus-per-node) "
+            "or a device plugin's resource through your platform"
+        )
     if r.gpu_type is not None:
-        raise UserError(f"--gpu-type {r.gpu_type!r} is Slurm's; on Kubernetes pick the GPU model with a node label, "
-                        "e.g. --node-selector nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB")
+        raise UserError(
+            f"--gpu-type {r.gpu_type!r} is Slurm's; on Kubernetes pick the GPU model with a node label, "
+            "e.g. --node-selector nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB"
+        )
     if r.mem_mb == 0:
         raise UserError("--mem 0 (a whole node's memory) has no Kubernetes form: give a size, e.g. --mem 64G")
     if job.environment.kind != "none" or job.environment.modules:
-        raise UserError(f"--env-kind {job.environment.kind} prepares a Slurm node; on Kubernetes the image is the "
-                        "environment: drop it and give --image")
+        raise UserError(
+            f"--env-kind {job.environment.kind} prepares a Slurm node; on Kubernetes the image is the "
+            "environment: drop it and give --image"
+        )
     if r.gpus_per_node and r.nproc_per_node != r.gpus_per_node:
-        raise UserError(f"--nproc-per-node {r.nproc_per_node} does not match --gpus-per-node {r.gpus_per_node}: "
-                        f"DDP wants one process per GPU, so set --nproc-per-node {r.gpus_per_node}")
+        raise UserError(
+            f"--nproc-per-node {r.nproc_per_node} does not match --gpus-per-node {r.gpus_per_node}: "
+            f"DDP wants one process per GPU, so set --nproc-per-node {r.gpus_per_node}"
+        )
     defaults = JobSpec(command=job.command)
     for name, flag in _SLURM_ONLY.items():
         if getattr(job, name) != getattr(defaults, name):
             raise UserError(f"{flag} ({name} in a job file) is Slurm's: drop it for Kubernetes")
     if options.api == "trainjob":
         if options.priority_class is not None:
-            raise UserError("a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "
-                            "or use --k8s-api pytorchjob")
+            raise UserError(
+                "a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "
+                "or use --k8s-api pytorchjob"
+            )
         if job.max_restarts and options.runtime != KubernetesOptions.runtime:
-            raise UserError(f"--max-restarts runs a TrainJob on hpctrain's own TrainingRuntime (the restart budget is "
-                            f"the runtime's), not on --runtime {options.runtime}: drop one of them")
+            raise UserError(
+                f"--max-restarts runs a TrainJob on hpctrain's own TrainingRuntime (the restart budget is "
+                f"the runtime's), not on --runtime {options.runtime}: drop one of them"
+            )
         reserved = sorted(k for k, _ in job.env if k.startswith("PET_"))
         if reserved:
-            raise UserError(f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them")
+            raise UserError(
+                f"--setenv {', '.join(reserved)}: PET_* variables are set by the Trainer runtime; drop them"
+            )
     elif options.runtime != KubernetesOptions.runtime:
-        raise UserError(f"--runtime {options.runtime} (runtime in a job file) names a TrainJob's ClusterTrainingRuntime; "
-                        "a PyTorchJob has none: drop it, or use --k8s-api trainjob")
+        raise UserError(
+            f"--runtime {options.runtime} (runtime in a job file) names a TrainJob's ClusterTrainingRuntime; "
+            "a PyTorchJob has none: drop it, or use --k8s-api trainjob"
+        )
 
 
 def longest_derived_name(name: str, api: str, nodes: int) -> str:
@@ -283,7 +305,10 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     template = {"metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}
     replicas = {"Master": {"replicas": 1, "restartPolicy": RESTART_POLICY, "template": template}}
     if r.nodes > 1:
-        worker = {"metadata": template["metadata"], "spec": {"initContainers": [_wait_for_master(job, options)], **pod_spec}}
+        worker = {
+            "metadata": template["metadata"],
+            "spec": {"initContainers": [_wait_for_master(job, options)], **pod_spec},
+        }
         replicas["Worker"] = {"replicas": r.nodes - 1, "restartPolicy": RESTART_POLICY, "template": worker}
     run_policy: dict[str, Any] = {"cleanPodPolicy": CLEAN_POD_POLICY, "backoffLimit": restart_budget(job)}
     deadline = backstop_deadline_s(job)
@@ -299,9 +324,12 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
 
 def _wait_for_master(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     """A worker's first init container: waits for the master's name (see INIT in the module docstring)."""
-    return {"name": INIT_CONTAINER, "image": options.image,
-            "command": ["python3", "-c", WAIT_FOR_MASTER, f"{job.name}-master-0"],
-            "resources": {"requests": dict(INIT_RESOURCES), "limits": dict(INIT_RESOURCES)}}
+    return {
+        "name": INIT_CONTAINER,
+        "image": options.image,
+        "command": ["python3", "-c", WAIT_FOR_MASTER, f"{job.name}-master-0"],
+        "resources": {"requests": dict(INIT_RESOURCES), "limits": dict(INIT_RESOURCES)},
+    }
 
 
 def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
@@ -324,16 +352,36 @@ def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         pod_spec["volumes"] = volumes
         pod_spec["containers"] = [{"name": CONTAINER_TRAINJOB, "volumeMounts": mounts}]
     spec: dict[str, Any] = {
-        "runtimeRef": ({"apiGroup": group, "kind": "ClusterTrainingRuntime", "name": options.runtime} if not job.max_restarts
-                       else {"apiGroup": group, "kind": "TrainingRuntime", "name": runtime_name(job.name)}),
+        "runtimeRef": (
+            {"apiGroup": group, "kind": "ClusterTrainingRuntime", "name": options.runtime}
+            if not job.max_restarts
+            else {"apiGroup": group, "kind": "TrainingRuntime", "name": runtime_name(job.name)}
+        ),
         "trainer": trainer,
-        "runtimePatches": [{
-            "manager": PATCH_MANAGER,
-            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": CONTAINER_TRAINJOB, "template": {"spec": {"template": {
-                    "metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}}}},
-            ]}}},
-        }],
+        "runtimePatches": [
+            {
+                "manager": PATCH_MANAGER,
+                "trainingRuntimeSpec": {
+                    "template": {
+                        "spec": {
+                            "replicatedJobs": [
+                                {
+                                    "name": CONTAINER_TRAINJOB,
+                                    "template": {
+                                        "spec": {
+                                            "template": {
+                                                "metadata": {"labels": {**MANAGED_BY, **options.label_map}},
+                                                "spec": pod_spec,
+                                            }
+                                        }
+                                    },
+                                },
+                            ]
+                        }
+                    }
+                },
+            }
+        ],
     }
     deadline = backstop_deadline_s(job)
     if deadline is not None:

@@ -50,18 +50,29 @@ def own_runtime(job: JobSpec, options: KubernetesOptions) -> dict[str, Any] | No
     """The TrainingRuntime a TrainJob with --max-restarts runs on (module docstring); None when it needs none."""
     if options.api != "trainjob" or not job.max_restarts:
         return None
-    labels = {MANAGED_BY[0]: MANAGED_BY[1], **options.label_map, JOB_LABEL: job.name,
-              "trainer.kubeflow.org/framework": "torch"}
+    labels = {
+        MANAGED_BY[0]: MANAGED_BY[1],
+        **options.label_map,
+        JOB_LABEL: job.name,
+        "trainer.kubeflow.org/framework": "torch",
+    }
     pod = {"restartPolicy": "Never", "containers": [{"name": NODE, "image": options.image}]}
-    node = {"name": NODE, "replicas": 1,
-            "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                         "spec": {"backoffLimit": 0, "template": {"spec": pod}}}}
+    node = {
+        "name": NODE,
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+            "spec": {"backoffLimit": 0, "template": {"spec": pod}},
+        },
+    }
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
         "metadata": {"name": runtime_name(job.name), "namespace": options.namespace, "labels": labels},
-        "spec": {"mlPolicy": {"numNodes": job.resources.nodes, "torch": {}},
-                 "template": {"spec": {"failurePolicy": {"maxRestarts": job.max_restarts}, "replicatedJobs": [node]}}},
+        "spec": {
+            "mlPolicy": {"numNodes": job.resources.nodes, "torch": {}},
+            "template": {"spec": {"failurePolicy": {"maxRestarts": job.max_restarts}, "replicatedJobs": [node]}},
+        },
     }
 
 
@@ -76,8 +87,9 @@ def submit_with(sched: Any, job: JobSpec, runtime: dict[str, Any], create: Calla
         raise
     owner = sched.get_object(job_id)["metadata"]
     ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainJob", "name": owner["name"], "uid": owner["uid"]}
-    sched.custom.patch_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, runtime["metadata"]["name"],
-                                                {"metadata": {"ownerReferences": [ref]}})
+    sched.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, sched.namespace, PLURAL, runtime["metadata"]["name"], {"metadata": {"ownerReferences": [ref]}}
+    )
     return job_id
 
 
@@ -93,22 +105,28 @@ def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
         return
     except ApiException as err:
         if err.status == 403:  # shared clusters may let users make jobs but not runtimes
-            raise UserError(f"creating the TrainJob's own TrainingRuntime {name} (its --max-restarts budget) in namespace "
-                            f"{sched.namespace} is forbidden (403): ask the admin for the right to create trainingruntimes "
-                            "there, or drop --max-restarts (the job then has its runtime's budget)") from None
+            raise UserError(
+                f"creating the TrainJob's own TrainingRuntime {name} (its --max-restarts budget) in namespace "
+                f"{sched.namespace} is forbidden (403): ask the admin for the right to create trainingruntimes "
+                "there, or drop --max-restarts (the job then has its runtime's budget)"
+            ) from None
         if err.status != 409:
             raise
     old = sched.custom.get_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, name)
     labels = old["metadata"].get("labels") or {}
     if labels.get(MANAGED_BY[0]) != MANAGED_BY[1] or labels.get(JOB_LABEL) != job.name:
-        raise UserError(f"namespace {sched.namespace} has a TrainingRuntime {name!r} that hpctrain did not make for "
-                        f"this job; --max-restarts needs that name for the job's own runtime: pick another --job-name")
+        raise UserError(
+            f"namespace {sched.namespace} has a TrainingRuntime {name!r} that hpctrain did not make for "
+            f"this job; --max-restarts needs that name for the job's own runtime: pick another --job-name"
+        )
     owners = [o for o in old["metadata"].get("ownerReferences") or [] if o.get("kind") == "TrainJob"]
     if owners and _exists(sched, owners[0]):
         if not sched.options.replace:  # the TrainJob of this name is there: the same refusal as its create's
-            raise UserError(f"a TrainJob named {job.name!r} already exists in namespace {sched.namespace}: pick "
-                            f"another --job-name, cancel the old one (`{sched.command('cancel', job.name)}`), or "
-                            "pass --replace")
+            raise UserError(
+                f"a TrainJob named {job.name!r} already exists in namespace {sched.namespace}: pick "
+                f"another --job-name, cancel the old one (`{sched.command('cancel', job.name)}`), or "
+                "pass --replace"
+            )
         sched.replaced = sched._delete_and_wait(job.name)
     _delete(sched, name)  # the earlier job's: its garbage collection may not have come yet
     deadline = time.monotonic() + GONE_WAIT_S
@@ -120,9 +138,11 @@ def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
             if err.status != 409:
                 raise
         time.sleep(0.5)
-    raise UserError(f"the earlier TrainingRuntime {name} is still being deleted after {GONE_WAIT_S} s: nothing new "
-                    f"was created; `{sched.kubectl('get', 'trainingruntime', '-n', sched.namespace, name)}` shows when "
-                    "it is gone")
+    raise UserError(
+        f"the earlier TrainingRuntime {name} is still being deleted after {GONE_WAIT_S} s: nothing new "
+        f"was created; `{sched.kubectl('get', 'trainingruntime', '-n', sched.namespace, name)}` shows when "
+        "it is gone"
+    )
 
 
 def _exists(sched: Any, owner: dict[str, Any]) -> bool:

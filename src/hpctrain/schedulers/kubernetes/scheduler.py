@@ -28,9 +28,11 @@ from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 
 REPLACE_WAIT_S = 120
 """How long `submit --replace` waits for the old job of the name (and its pods) to be gone."""
-DRY_RUN_NOTE = ("--dry-run checked the job here and skipped the checks that need the live cluster "
-                "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
-                "same options runs them")
+DRY_RUN_NOTE = (
+    "--dry-run checked the job here and skipped the checks that need the live cluster "
+    "(namespace, node room, quota, volumes, CRD); `hpctrain check --scheduler kubernetes` with the "
+    "same options runs them"
+)
 
 
 @guarded  # an answer of the wrong shape, read in any of its methods, is one line (answers.py)
@@ -125,8 +127,9 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def render(self, job: JobSpec) -> Rendered:
         return r.rendered(job, self.options)
 
-    def local_check(self, job: JobSpec, recipe: Any = None,
-                    check_data: Callable[[Any], None] | None = None) -> list[str]:
+    def local_check(
+        self, job: JobSpec, recipe: Any = None, check_data: Callable[[Any], None] | None = None
+    ) -> list[str]:
         """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
         `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
         from hpctrain.schedulers.kubernetes.local import local_problems
@@ -137,10 +140,12 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         r = job.resources
         payload = rendered.payload if isinstance(rendered.payload, dict) else {}
         namespace = payload.get("metadata", {}).get("namespace")
-        return (f"{job.name}: {payload.get('kind', 'job')}, {r.nodes} pod(s) x {r.nproc_per_node} process(es)"
-                + (f", namespace {namespace}" if namespace else "")
-                + (f", {r.gpus_per_node} GPU(s) per pod" if r.gpus_per_node else "")
-                + (f", time {job.time}" if job.time else ""))
+        return (
+            f"{job.name}: {payload.get('kind', 'job')}, {r.nodes} pod(s) x {r.nproc_per_node} process(es)"
+            + (f", namespace {namespace}" if namespace else "")
+            + (f", {r.gpus_per_node} GPU(s) per pod" if r.gpus_per_node else "")
+            + (f", time {job.time}" if job.time else "")
+        )
 
     def record(self, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
         from hpctrain.schedulers.kubernetes.display import record
@@ -149,8 +154,10 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
 
     def follow_note(self, job_id: str) -> str | None:
         """A job just created has no pods to read a log from: `submit --follow` waits like --wait."""
-        return (f"--follow prints Slurm jobs' output; here it waits like --wait (the log: "
-                f"`{self.command('logs', job_id)} -f`)")
+        return (
+            f"--follow prints Slurm jobs' output; here it waits like --wait (the log: "
+            f"`{self.command('logs', job_id)} -f`)"
+        )
 
     def path_here(self, pod_path: str) -> tuple[str | None, str]:
         """(where this machine sees what the pods see at `pod_path`, or None; why not): see local.path_here."""
@@ -171,8 +178,15 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         manifest = rendered.payload
         # Strict: a server that knows fieldValidation (Kubernetes 1.25+) refuses a field the cluster's CRD lacks
         # instead of dropping it; an older one ignores the parameter, and `check` compares the served schema.
-        create = functools.partial(self.custom.create_namespaced_custom_object, self.group, self.version,
-                                   self.namespace, self.plural, manifest, field_validation="Strict")
+        create = functools.partial(
+            self.custom.create_namespaced_custom_object,
+            self.group,
+            self.version,
+            self.namespace,
+            self.plural,
+            manifest,
+            field_validation="Strict",
+        )
         try:
             try:
                 created = create()
@@ -183,9 +197,11 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
                 created = create()
         except ApiException as err:
             if err.status == 409:
-                raise UserError(f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
-                                f"another --job-name, cancel the old one (`{self.command('cancel', job.name)}`), or "
-                                "pass --replace") from None
+                raise UserError(
+                    f"a {self.kind} named {job.name!r} already exists in namespace {self.namespace}: pick "
+                    f"another --job-name, cancel the old one (`{self.command('cancel', job.name)}`), or "
+                    "pass --replace"
+                ) from None
             if err.status == 404:
                 raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
@@ -208,9 +224,11 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
             except base.JobNotFound:
                 return old
             time.sleep(0.5)
-        raise UserError(f"--replace: the old {self.kind} {name} ({old.state}) is still being deleted after "
-                        f"{REPLACE_WAIT_S} s (its pods stopping, or the cluster's garbage collector has not removed it); "
-                        f"nothing new was created: `{self.command('status', name)}` shows when it is gone")
+        raise UserError(
+            f"--replace: the old {self.kind} {name} ({old.state}) is still being deleted after "
+            f"{REPLACE_WAIT_S} s (its pods stopping, or the cluster's garbage collector has not removed it); "
+            f"nothing new was created: `{self.command('status', name)}` shows when it is gone"
+        )
 
     def _missing_on_create(self) -> UserError:
         """The API server answers 404 to a create when the CRD or the namespace is missing: say which."""
@@ -224,8 +242,10 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
             pass
         if problems:
             return UserError(problems[0])
-        return UserError(f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
-                         f"run `{self.command('check')}` with the job's options to see which")
+        return UserError(
+            f"cannot create the {self.kind}: namespace {self.namespace!r} or the CRD is missing; "
+            f"run `{self.command('check')}` with the job's options to see which"
+        )
 
     # ---- what the CLI shows (display.py makes it a View or an Outcome) ------------------------------------------
 
@@ -243,19 +263,34 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
 
         return display.cluster_view(self.cluster())
 
-    def cancel_and_wait(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False,
-                        say: Callable[[str], None] | None = None) -> Outcome:
+    def cancel_and_wait(
+        self,
+        job_id: str,
+        wait_s: float,
+        signal: str | None = None,
+        full: bool = False,
+        say: Callable[[str], None] | None = None,
+    ) -> Outcome:
         """The job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace at
         submit) to write a checkpoint before SIGKILL."""
         from hpctrain.schedulers.kubernetes import display
 
         return display.cancel(self, job_id, wait_s, say or (lambda line: None))
 
-    def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
-                timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> Outcome:
-        raise UserError("a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), "
-                        "not from outside: `hpctrain cancel` (its pods get SIGTERM and --signal-grace to checkpoint) "
-                        "or deleting one pod (`kubectl delete pod`) rehearses a restart")
+    def preempt(
+        self,
+        job_id: str,
+        signal: str | None = None,
+        steps: bool = False,
+        follow: bool = False,
+        timeout_s: float = 600.0,
+        say: Callable[[str], None] | None = None,
+    ) -> Outcome:
+        raise UserError(
+            "a Kubernetes job's time-limit warning comes from its own timer in the pods (--time), "
+            "not from outside: `hpctrain cancel` (its pods get SIGTERM and --signal-grace to checkpoint) "
+            "or deleting one pod (`kubectl delete pod`) rehearses a restart"
+        )
 
     # ---- cluster view ----------------------------------------------------------------------------------------
 
@@ -265,8 +300,11 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def _cluster_view(self, node_objects: list[Any], quota: bool) -> ClusterView:
         # Only pods bound to a node and not ended take from a node; the API server filters, a page at a time.
         # As JSON, not the client's models (decoding a V1Pod costs more than all else here): 8 pods a node.
-        pods = list_all(self.core.list_pod_for_all_namespaces, raw=True,
-                        field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+        pods = list_all(
+            self.core.list_pod_for_all_namespaces,
+            raw=True,
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        )
         used: dict[str, dict[str, Decimal]] = {}
         for pod in pods:
             node_name = (pod.get("spec") or {}).get("nodeName")
@@ -279,13 +317,18 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         for n in node_objects:
             alloc = (n.status.allocatable if n.status else None) or {}
             u = used.get(n.metadata.name, {})
-            nodes.append(NodeView(
-                name=n.metadata.name,
-                cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))), cpu_requested=float(u.get("cpu", 0)),
-                memory_allocatable=int(quantity_or_zero(alloc.get("memory"))), memory_requested=int(u.get("memory", 0)),
-                gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))), gpus_requested=int(u.get(GPU, 0)),
-                schedulable=not (n.spec and n.spec.unschedulable),
-            ))
+            nodes.append(
+                NodeView(
+                    name=n.metadata.name,
+                    cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))),
+                    cpu_requested=float(u.get("cpu", 0)),
+                    memory_allocatable=int(quantity_or_zero(alloc.get("memory"))),
+                    memory_requested=int(u.get("memory", 0)),
+                    gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))),
+                    gpus_requested=int(u.get(GPU, 0)),
+                    schedulable=not (n.spec and n.spec.unschedulable),
+                )
+            )
         lines: list[str] = []
         if quota:
             for q in self.core.list_namespaced_resource_quota(self.namespace).items:
@@ -294,4 +337,3 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
                 for key in sorted(hard):
                     lines.append(f"{self.namespace}/{q.metadata.name} {key}: {use.get(key, '0')} of {hard[key]} used")
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
-

@@ -72,7 +72,9 @@ def resources_of(r: Resources) -> dict[str, str]:
 def render_pod(pod: ServicePod, options: KubernetesOptions) -> dict[str, Any]:
     """The Pod manifest. Pure."""
     if not options.image:
-        raise UserError(f"a {pod.kind} pod needs a container image: add --image (e.g. --image quay.io/jupyter/pytorch-notebook)")
+        raise UserError(
+            f"a {pod.kind} pod needs a container image: add --image (e.g. --image quay.io/jupyter/pytorch-notebook)"
+        )
     volumes, mounts = pod_volumes(options)
     env = [{"name": k, "value": v} for k, v in pod.env]
     env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": pod.name, "key": key}}} for var, key in pod.secret_env]
@@ -97,14 +99,23 @@ def render_pod(pod: ServicePod, options: KubernetesOptions) -> dict[str, Any]:
         spec["activeDeadlineSeconds"] = parse_time_limit(pod.time)
     spec.update(pod_placement(options))
     labels = {**MANAGED_BY, **options.label_map, SERVICE_LABEL: pod.kind, NAME_LABEL: pod.name}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels},
+        "spec": spec,
+    }
 
 
 def render_secret(pod: ServicePod, options: KubernetesOptions, data: dict[str, str]) -> dict[str, Any]:
     labels = {**MANAGED_BY, SERVICE_LABEL: pod.kind, NAME_LABEL: pod.name}
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels}, "stringData": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels},
+        "stringData": data,
+    }
 
 
 def port_forward_command(namespace: str, pod_name: str, local_port: int, port: int, context: str | None = None) -> str:
@@ -126,13 +137,19 @@ class KubernetesServices:
         """A KubernetesScheduler: its namespace, context and (lazily loaded) client."""
 
     def options(self, placement: Placement) -> KubernetesOptions:
-        return KubernetesOptions(namespace=self.scheduler.namespace, image=placement.image, shm=placement.shm,
-                                 volumes=tuple(placement.volumes))
+        return KubernetesOptions(
+            namespace=self.scheduler.namespace,
+            image=placement.image,
+            shm=placement.shm,
+            volumes=tuple(placement.volumes),
+        )
 
     def environment(self, placement: Placement) -> EnvironmentSpec:
         if placement.conda_env or placement.venv or placement.modules or placement.mounts:
-            raise UserError("--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
-                            "environment and --volume mounts storage")
+            raise UserError(
+                "--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
+                "environment and --volume mounts storage"
+            )
         return EnvironmentSpec()
 
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
@@ -140,8 +157,16 @@ class KubernetesServices:
 
     def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
         sched = self.scheduler
-        conn = start(cfg, self.options(placement), sched.core, None, wait_s, local_port,
-                     context=sched.context, stop=sched.command("dev stop", cfg.name))
+        conn = start(
+            cfg,
+            self.options(placement),
+            sched.core,
+            None,
+            wait_s,
+            local_port,
+            context=sched.context,
+            stop=sched.command("dev stop", cfg.name),
+        )
         return instructions(cfg, conn)
 
     def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
@@ -160,41 +185,49 @@ class KubernetesServices:
             return self.scheduler.core
         return create(options=self.scheduler.options, context=context).core
 
-    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
-                    port: int | None) -> list[str]:
+    def tensorboard(
+        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
+    ) -> list[str]:
         self.environment(placement)  # the Slurm flags are refused, as for `dev start`
         options = self.options(placement)
         pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
         pods.create(self.scheduler.core, render_pod(pod, options))
         local = port or TENSORBOARD_PORT
         forward = port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT, self.scheduler.context)
-        return [f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
-                f"  {forward}",
-                f"then open:\n  http://localhost:{local}/",
-                f"Stop it with: {self.scheduler.command('cancel', pod.name)}"]
+        return [
+            f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
+            f"  {forward}",
+            f"then open:\n  http://localhost:{local}/",
+            f"Stop it with: {self.scheduler.command('cancel', pod.name)}",
+        ]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         core, job_pods = self._pods(job)
         samples = pods.sample_pods(core, job_pods)
         if not samples:
-            raise JobNotRunning(f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
-                                f"(`{self.scheduler.command('status', job)}` says where it is)")
+            raise JobNotRunning(
+                f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
+                f"(`{self.scheduler.command('status', job)}` says where it is)"
+            )
         return TopSample(f"job {job}", samples)
 
     def stacks(self, job: str, wait_s: float) -> RemoteStacks:
         core, job_pods = self._pods(job)
         pod = next((p for p in job_pods if p.status and p.status.phase == "Running"), None)
         if pod is None:
-            raise JobNotRunning(f"job {job} has no running pod to ask (`{self.scheduler.command('status', job)}` "
-                                "says where it is)")
+            raise JobNotRunning(
+                f"job {job} has no running pod to ask (`{self.scheduler.command('status', job)}` says where it is)"
+            )
         name, container = pod.metadata.name, pods.training_container(pod)
         stdout, status = pods.exec_probe(core, pod.metadata.namespace, name, container, PROGRESS_PROBE)
         ranks = ranks_of(parse_probe(stdout, labelled=False))
         if not ranks:
-            raise UserError(f"pod {name} sees no rank records (RUN/progress/ under its HPCTRAIN_RUN_DIR): the run "
-                            "has not started training (ask again once `hpctrain logs` shows steps), or it is not an "
-                            "hpctrain run (use its own tools)"
-                            + (f" ({pods.exec_failure(status)})" if pods.exec_failure(status) else ""))
+            raise UserError(
+                f"pod {name} sees no rank records (RUN/progress/ under its HPCTRAIN_RUN_DIR): the run "
+                "has not started training (ask again once `hpctrain logs` shows steps), or it is not an "
+                "hpctrain run (use its own tools)"
+                + (f" ({pods.exec_failure(status)})" if pods.exec_failure(status) else "")
+            )
         script = pods.stacks_request(ranks[0].world_size, min(wait_s, pods.PROBE_TIMEOUT_S - 10))
         stdout, status = pods.exec_probe(core, pod.metadata.namespace, name, container, script)
         return RemoteStacks(f"pod {name}", pods.parse_stacks(stdout), ranks)
@@ -206,15 +239,20 @@ class KubernetesServices:
 
         sched = self.scheduler
         for api in sorted(APIS, key=lambda a: a != sched.options.api):
-            found = sched if api == sched.options.api else create(options=replace(sched.options, api=api),
-                                                                   context=sched.context)
+            found = (
+                sched
+                if api == sched.options.api
+                else create(options=replace(sched.options, api=api), context=sched.context)
+            )
             try:
                 found.get_object(job)
             except JobNotFound:
                 continue
             return found.core, found.pods_of(job)
-        raise UserError(f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
-                        f"and --namespace (`{sched.command('status')}` lists the jobs)")
+        raise UserError(
+            f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
+            f"and --namespace (`{sched.command('status')}` lists the jobs)"
+        )
 
     def run_dir(self, job: str) -> Path | None:
         return None  # the pods' run directory lies on their volume, which this machine need not see
@@ -230,10 +268,23 @@ class KubernetesServices:
 
 
 def tensorboard_pod(spec: str, time_limit: str | None) -> ServicePod:
-    command = ("tensorboard", f"--logdir_spec={spec}", "--host", "0.0.0.0", "--port", str(TENSORBOARD_PORT))  # -x: no option
-    return ServicePod(name=f"tensorboard-{secrets.token_hex(3)}", kind="tensorboard", command=command,
-                      port=TENSORBOARD_PORT, resources=Resources(cpus_per_task=1, mem="2G"), time=time_limit,
-                      ready_path="/")
+    command = (
+        "tensorboard",
+        f"--logdir_spec={spec}",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(TENSORBOARD_PORT),
+    )  # -x: no option
+    return ServicePod(
+        name=f"tensorboard-{secrets.token_hex(3)}",
+        kind="tensorboard",
+        command=command,
+        port=TENSORBOARD_PORT,
+        resources=Resources(cpus_per_task=1, mem="2G"),
+        time=time_limit,
+        ready_path="/",
+    )
 
 
 # ---- dev sessions as pods (JupyterLab) ----------------------------------------------------------------------------
@@ -241,16 +292,26 @@ def tensorboard_pod(spec: str, time_limit: str | None) -> ServicePod:
 
 def service_pod(cfg: DevConfig) -> ServicePod:
     if cfg.service != "jupyter":
-        raise UserError(f"--service {cfg.service} runs on Slurm only: on Kubernetes use --service jupyter, or "
-                        "`kubectl exec -it POD -- bash` in a pod of yours")
+        raise UserError(
+            f"--service {cfg.service} runs on Slurm only: on Kubernetes use --service jupyter, or "
+            "`kubectl exec -it POD -- bash` in a pod of yours"
+        )
     if cfg.environment.kind != "none":
         raise UserError("--conda-env/--venv/--module apply to Slurm: on Kubernetes the --image is the environment")
     port = cfg.port or jupyter.POD_PORT
     # The command of Slurm sessions: --allow-root where the image runs as root (many PyTorch images do).
     # /api answers without the token: the kubelet's readiness probe needs none.
-    return ServicePod(name=cfg.job_name, kind="dev", command=jupyter.COMMAND, port=port, resources=cfg.resources,
-                          time=cfg.time, secret_env=(("JUPYTER_TOKEN", "token"),), env=(("HPCTRAIN_PORT", str(port)),),
-                          ready_path="/api")
+    return ServicePod(
+        name=cfg.job_name,
+        kind="dev",
+        command=jupyter.COMMAND,
+        port=port,
+        resources=cfg.resources,
+        time=cfg.time,
+        secret_env=(("JUPYTER_TOKEN", "token"),),
+        env=(("HPCTRAIN_PORT", str(port)),),
+        ready_path="/api",
+    )
 
 
 def render_dev_pod(cfg: DevConfig, options: KubernetesOptions) -> dict[str, Any]:
@@ -258,9 +319,17 @@ def render_dev_pod(cfg: DevConfig, options: KubernetesOptions) -> dict[str, Any]
     return render_pod(service_pod(cfg), options)
 
 
-def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | None, wait_s: float,
-          local_port: int | None, say: Callable[[str], None] = print, context: str | None = None,
-          stop: str | None = None) -> dict[str, Any]:
+def start(
+    cfg: DevConfig,
+    options: KubernetesOptions,
+    core: Any,
+    root: Path | None,
+    wait_s: float,
+    local_port: int | None,
+    say: Callable[[str], None] = print,
+    context: str | None = None,
+    stop: str | None = None,
+) -> dict[str, Any]:
     """Create the session's Secret and Pod, wait until JupyterLab is ready (up to wait_s; 0: do not wait), record
     and return its connection details: with the kubeconfig `context` it was created through and `stop`, the
     `hpctrain dev stop` command with every flag that found the cluster (the caller's)."""
@@ -273,14 +342,23 @@ def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | No
     write_private(state_dir / TOKEN_FILE, token + "\n")
     local = local_port or spec.port
     conn: dict[str, Any] = {
-        "name": cfg.name, "scheduler": "kubernetes", "service": cfg.service, "namespace": options.namespace,
-        "pod": spec.name, "created": now(), "local_port": local, "context": context, "stop": stop,
+        "name": cfg.name,
+        "scheduler": "kubernetes",
+        "service": cfg.service,
+        "namespace": options.namespace,
+        "pod": spec.name,
+        "created": now(),
+        "local_port": local,
+        "context": context,
+        "stop": stop,
         "port_forward": port_forward_command(options.namespace, spec.name, local, spec.port, context),
         "url": jupyter.url(local, token),
     }
     write_private(state_dir / CONNECTION_FILE, conn)
-    say(f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}; waiting until JupyterLab "
-        f"is ready (up to {wait_s:g} s)")
+    say(
+        f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}; waiting until JupyterLab "
+        f"is ready (up to {wait_s:g} s)"
+    )
     deadline = time.monotonic() + wait_s
     while wait_s > 0:
         live = core.read_namespaced_pod(spec.name, options.namespace)
@@ -291,21 +369,28 @@ def start(cfg: DevConfig, options: KubernetesOptions, core: Any, root: Path | No
             break
         if state in ("Succeeded", "Failed", "Terminating"):
             logs = kubectl(context, "logs", "-n", options.namespace, spec.name)
-            raise UserError(f"pod {spec.name} is {state} before JupyterLab was ready: see `{logs}`; forget it with "
-                            f"`{stop}`")
+            raise UserError(
+                f"pod {spec.name} is {state} before JupyterLab was ready: see `{logs}`; forget it with `{stop}`"
+            )
         if time.monotonic() >= deadline:
             describe = kubectl(context, "describe", "pod", "-n", options.namespace, spec.name)
-            raise UserError(f"pod {spec.name} is {state} and not ready after {wait_s:g} s; it is left in place: wait "
-                            f"longer with --wait, see `{describe}`, or stop "
-                            f"it with `{stop}`")
+            raise UserError(
+                f"pod {spec.name} is {state} and not ready after {wait_s:g} s; it is left in place: wait "
+                f"longer with --wait, see `{describe}`, or stop "
+                f"it with `{stop}`"
+            )
         time.sleep(1.0)
     return conn
 
 
 def instructions(cfg: DevConfig, conn: dict[str, Any]) -> list[str]:
     """How to reach the session, as `dev start` prints it."""
-    return ["\nOn your machine, forward the port (keep it running):", f"  {conn['port_forward']}",
-            f"then open:\n  {conn['url']}", f"Stop it when done: {conn['stop']}"]
+    return [
+        "\nOn your machine, forward the port (keep it running):",
+        f"  {conn['port_forward']}",
+        f"then open:\n  {conn['url']}",
+        f"Stop it when done: {conn['stop']}",
+    ]
 
 
 def view(state_dir: Path, conn: dict[str, Any], core: Any) -> SessionView:
@@ -320,8 +405,17 @@ def view(state_dir: Path, conn: dict[str, Any], core: Any) -> SessionView:
     except ApiException as err:
         state, age = ("GONE" if err.status == 404 else f"UNKNOWN ({err.status})"), None
     where = f"{conn.get('namespace')}/{conn.get('pod')}"
-    return SessionView(str(conn.get("name", state_dir.name)), "kubernetes", where, state, age, None, None, conn,
-                       ended=state in ("GONE", "SUCCEEDED", "FAILED"))  # a pod's phases, upper-cased
+    return SessionView(
+        str(conn.get("name", state_dir.name)),
+        "kubernetes",
+        where,
+        state,
+        age,
+        None,
+        None,
+        conn,
+        ended=state in ("GONE", "SUCCEEDED", "FAILED"),
+    )  # a pod's phases, upper-cased
 
 
 def stop(state_dir: Path, conn: dict[str, Any], core: Any) -> str:

@@ -165,7 +165,11 @@ def _check_nodes(req: Requirements, partition: PartitionInfo, nodes: list[NodeIn
         most = max(n.gpus_total for n in pool)
         if req.gpus_per_node > most:
             kind = f" {req.gpu_type}" if req.gpu_type else ""
-            fix = f"ask for at most {most} per node and use more nodes (--nodes)" if most else "choose a partition with GPUs"
+            fix = (
+                f"ask for at most {most} per node and use more nodes (--nodes)"
+                if most
+                else "choose a partition with GPUs"
+            )
             per_resource.append(
                 f"--gpus-per-node {req.gpus_per_node}: no node in {where} has more than {most}{kind} GPU(s); {fix}"
             )

@@ -29,11 +29,16 @@ def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> No
     dirs = get_environment(cfg.environment).search_path(environ.get("PATH", os.defpath))
     if dirs is None or shutil.which("jupyter-lab", path=os.pathsep.join(os.path.expanduser(d) for d in dirs)):
         return
-    where = (f"{dirs[0]} or this shell's PATH" if cfg.environment.kind in ("venv", "conda")
-             else "this shell's PATH, which the job inherits")
-    raise UserError(f"JupyterLab is not in the session's environment (no jupyter-lab on {where}), so the job would fail "
-                    f"with `jupyter: not found`: install it there ({install_command('jupyter')}), name the environment "
-                    "that has it (--venv DIR or --conda-env PREFIX), or use --service ssh")
+    where = (
+        f"{dirs[0]} or this shell's PATH"
+        if cfg.environment.kind in ("venv", "conda")
+        else "this shell's PATH, which the job inherits"
+    )
+    raise UserError(
+        f"JupyterLab is not in the session's environment (no jupyter-lab on {where}), so the job would fail "
+        f"with `jupyter: not found`: install it there ({install_command('jupyter')}), name the environment "
+        "that has it (--venv DIR or --conda-env PREFIX), or use --service ssh"
+    )
 
 
 def refuse_running(state_dir: Path) -> None:
@@ -43,8 +48,10 @@ def refuse_running(state_dir: Path) -> None:
         return
     if _alive(conn):
         where = f"job {conn.get('job_id')}" if conn.get("scheduler") == "slurm" else f"pod {conn.get('pod')}"
-        raise UserError(f"dev session {state_dir.name} is already running ({where}): use it (`hpctrain dev list`) "
-                        f"or stop it first (`hpctrain dev stop {state_dir.name}`)")
+        raise UserError(
+            f"dev session {state_dir.name} is already running ({where}): use it (`hpctrain dev list`) "
+            f"or stop it first (`hpctrain dev stop {state_dir.name}`)"
+        )
     (state_dir / CONNECTION_FILE).unlink(missing_ok=True)
 
 
@@ -60,9 +67,11 @@ def _alive(conn: dict[str, Any]) -> bool:
 def instructions(cfg: DevConfig, conn: dict[str, Any], root: Path | None = None) -> list[str]:
     """How to reach the session, as `dev start` prints it."""
     if cfg.service == "code":
-        lines = [f"\nThe VS Code tunnel {conn['tunnel_name']} is up (job {conn['job_id']} on {conn['node']}). Open:",
-                 f"  {conn['url']}",
-                 f"or in VS Code: Remote Explorer > Tunnels > {conn['tunnel_name']} (signed in with the same account)"]
+        lines = [
+            f"\nThe VS Code tunnel {conn['tunnel_name']} is up (job {conn['job_id']} on {conn['node']}). Open:",
+            f"  {conn['url']}",
+            f"or in VS Code: Remote Explorer > Tunnels > {conn['tunnel_name']} (signed in with the same account)",
+        ]
         if conn.get("login_prompt"):
             lines.append(f"(it asked you to sign in: {conn['login_prompt']})")
     elif cfg.service == "ssh":
@@ -76,10 +85,16 @@ def instructions(cfg: DevConfig, conn: dict[str, Any], root: Path | None = None)
             f"(or, with a tunnel: {conn['tunnel']}, then ssh -p {conn['local_port']} {conn['user']}@localhost)",
         ]
     else:
-        lines = [f"\n{cfg.service} is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). On your machine, "
-                 "open the tunnel:", f"  {conn['tunnel']}", f"then open:\n  {conn['url']}"]
-    return lines + [f"Details (private): {session_dir(cfg.name, root) / CONNECTION_FILE}",
-                    f"Stop it when done, so that it stops holding the node: hpctrain dev stop {cfg.name}"]
+        lines = [
+            f"\n{cfg.service} is up on {conn['node']}:{conn['port']} (job {conn['job_id']}). On your machine, "
+            "open the tunnel:",
+            f"  {conn['tunnel']}",
+            f"then open:\n  {conn['url']}",
+        ]
+    return lines + [
+        f"Details (private): {session_dir(cfg.name, root) / CONNECTION_FILE}",
+        f"Stop it when done, so that it stops holding the node: hpctrain dev stop {cfg.name}",
+    ]
 
 
 def view(state_dir: Path, conn: dict[str, Any], probe: bool = True) -> SessionView:
@@ -94,8 +109,17 @@ def view(state_dir: Path, conn: dict[str, Any], probe: bool = True) -> SessionVi
     idle = None
     if probe and state == "RUNNING" and conn.get("service") == "jupyter" and conn.get("node"):
         idle = jupyter.idle_seconds(conn["node"], int(conn["port"]), read_token(state_dir))
-    return SessionView(str(conn.get("name", state_dir.name)), "slurm", job_id, state, age, endpoint, idle, conn,
-                       ended=state == GONE or state in TERMINAL_STATES)
+    return SessionView(
+        str(conn.get("name", state_dir.name)),
+        "slurm",
+        job_id,
+        state,
+        age,
+        endpoint,
+        idle,
+        conn,
+        ended=state == GONE or state in TERMINAL_STATES,
+    )
 
 
 def stop_job(job_id: str, wait_s: float) -> str:

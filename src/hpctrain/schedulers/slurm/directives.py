@@ -31,8 +31,10 @@ def check_job_values(job: JobSpec) -> None:
 def _check_no_control_characters(what: str, value: str) -> None:
     bad = sorted({repr(c) for c in value if ord(c) < 32 or ord(c) == 127})
     if bad:
-        raise UserError(f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one "
-                        "#SBATCH line; remove them")
+        raise UserError(
+            f"{what} {value!r} contains control characters ({', '.join(bad)}): sbatch reads it from one "
+            "#SBATCH line; remove them"
+        )
 
 
 def check_sbatch_value(what: str, value: str) -> None:
@@ -41,7 +43,9 @@ def check_sbatch_value(what: str, value: str) -> None:
         raise UserError(f"{what} is empty: give a value or leave the option out")
     _check_no_control_characters(what, value)
     if "\\" in value or ('"' in value and "'" in value):
-        raise UserError(f"{what} {value!r} cannot be written on an #SBATCH line: remove backslashes, and use only one kind of quote")
+        raise UserError(
+            f"{what} {value!r} cannot be written on an #SBATCH line: remove backslashes, and use only one kind of quote"
+        )
 
 
 _LONG_OPTION_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9-]*$")
@@ -62,7 +66,9 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     try:
         words = shlex.split(text)
     except ValueError as err:
-        raise UserError(f"{what}: {err} (unbalanced quotes); quote a value with spaces once: --comment='two words'") from None
+        raise UserError(
+            f"{what}: {err} (unbalanced quotes); quote a value with spaces once: --comment='two words'"
+        ) from None
     usage = "one sbatch option per --sbatch: --flag, --name=VALUE, --name VALUE or -X VALUE"
     if not words:
         raise UserError(f"{what} is empty: give {usage}")
@@ -86,8 +92,12 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     if len(words) > 1 and all(w.startswith("-") for w in words):
         raise UserError(f"{what} holds {len(words)} options; give {usage}, and repeat --sbatch for each one")
     if len(words) > 2 or (len(words) == 2 and "=" in first):
-        raise UserError(f"{what} is {len(words)} words; give {usage} (quote a value with spaces: --comment='two words')")
-    raise UserError(f"{what} is not one sbatch option; give {usage} (a short option takes its value after a space: -C a100)")
+        raise UserError(
+            f"{what} is {len(words)} words; give {usage} (quote a value with spaces: --comment='two words')"
+        )
+    raise UserError(
+        f"{what} is not one sbatch option; give {usage} (a short option takes its value after a space: -C a100)"
+    )
 
 
 def render_sbatch_option(text: str) -> str:

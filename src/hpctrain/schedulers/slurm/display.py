@@ -49,21 +49,45 @@ PARTITION_COLUMNS = ("partition", "state", "max time", "nodes")
 
 
 def node_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
-    return [(n.name, n.state, ",".join(n.partitions), f"{n.cpus_alloc}/{n.cpus_total}",
-             f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}", gpus_cell(n), shards_cell(n)) for n in info.nodes]
+    return [
+        (
+            n.name,
+            n.state,
+            ",".join(n.partitions),
+            f"{n.cpus_alloc}/{n.cpus_total}",
+            f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}",
+            gpus_cell(n),
+            shards_cell(n),
+        )
+        for n in info.nodes
+    ]
 
 
 def partition_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
-    return [(p.name + (" (default)" if p.default else ""), p.state,
-             "no limit" if p.max_time_s is None else format_duration(p.max_time_s), str(len(p.nodes)))
-            for p in info.partitions]
+    return [
+        (
+            p.name + (" (default)" if p.default else ""),
+            p.state,
+            "no limit" if p.max_time_s is None else format_duration(p.max_time_s),
+            str(len(p.nodes)),
+        )
+        for p in info.partitions
+    ]
 
 
 def job_rows(jobs: list[JobInfo]) -> list[tuple[str, ...]]:
-    return [(j.job_id, j.name, j.state,
-             j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
-             j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else ""),
-             "" if j.elapsed_s is None else format_duration(j.elapsed_s), str(j.restarts)) for j in jobs]
+    return [
+        (
+            j.job_id,
+            j.name,
+            j.state,
+            j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
+            j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else ""),
+            "" if j.elapsed_s is None else format_duration(j.elapsed_s),
+            str(j.restarts),
+        )
+        for j in jobs
+    ]
 
 
 def jobs_table(jobs: list[JobInfo]) -> Table:
@@ -117,6 +141,10 @@ def cluster_view(info: ClusterInfo, partition: str | None = None) -> View:
             names = ", ".join(p.name for p in info.partitions)
             raise UserError(f"--partition {partition}: no such partition; choose one of: {names}")
         info = ClusterInfo(partitions=(part,), nodes=tuple(info.nodes_in(part)))
-    return View(records=info.to_dict, parts=lambda: (
-        Table(NODE_COLUMNS, node_rows(info), title="nodes (used/total)"),
-        Table(PARTITION_COLUMNS, partition_rows(info), title="partitions")))
+    return View(
+        records=info.to_dict,
+        parts=lambda: (
+            Table(NODE_COLUMNS, node_rows(info), title="nodes (used/total)"),
+            Table(PARTITION_COLUMNS, partition_rows(info), title="partitions"),
+        ),
+    )

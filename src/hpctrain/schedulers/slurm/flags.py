@@ -31,14 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
     g.add_argument("--qos", "-q", metavar="NAME")
     g.add_argument("--output", "-o", metavar="PATTERN", help="output file (sbatch --output; %%j = job id)")
     g.add_argument("--error", "-e", metavar="PATTERN", help="error file (default: with the output)")
-    g.add_argument("--sbatch", dest="sbatch_extra", action="append", metavar="OPTION",
-                   help="extra sbatch option for an #SBATCH line, e.g. --sbatch=--exclusive (repeatable)")
-    g.add_argument("--launcher", choices=LAUNCHERS,
-                   help="torchrun: one torchrun per node; srun: one task per process; single: one process (default: torchrun)")
+    g.add_argument(
+        "--sbatch",
+        dest="sbatch_extra",
+        action="append",
+        metavar="OPTION",
+        help="extra sbatch option for an #SBATCH line, e.g. --sbatch=--exclusive (repeatable)",
+    )
+    g.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        help="torchrun: one torchrun per node; srun: one task per process; single: one process (default: torchrun)",
+    )
     g.add_argument("--rdzv-port", type=int, metavar="PORT", help="torchrun rendezvous port (default: a free one)")
     g.add_argument("--max-requeues", type=int, metavar="N", help="requeues after time-limit warnings (default 3)")
-    g.add_argument("--max-preemptions", type=int, metavar="N",
-                   help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)")
+    g.add_argument(
+        "--max-preemptions",
+        type=int,
+        metavar="N",
+        help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)",
+    )
 
 
 def complete_job(data: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:

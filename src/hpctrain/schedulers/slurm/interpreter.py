@@ -78,23 +78,35 @@ def interpreter_problems(job: JobSpec, interpreter: str, environ: Mapping[str, s
     try:
         missing = _missing(interpreter, where, modules, environ)
     except BrokenTorch as err:
-        return [f"{interpreter} (the Python the job will run) finds torch but cannot import it ({err}), so the job "
-                "would fail at once: repair that environment, or run the Python of one whose torch imports"]
+        return [
+            f"{interpreter} (the Python the job will run) finds torch but cannot import it ({err}), so the job "
+            "would fail at once: repair that environment, or run the Python of one whose torch imports"
+        ]
     except (OSError, subprocess.TimeoutExpired) as err:
         return [f"{NOTE_PREFIX}could not ask {interpreter} whether it has {', '.join(modules)} ({err})"]
     if not missing:
         return []
     # Only torch blocks: a script may find its other modules in ways read here only roughly (a sys.path it extends).
     prefix = "" if "torch" in missing else WARNING_PREFIX
-    what = "torch, which every hpctrain training needs" if job.is_recipe else (
-        f"{', '.join(missing)}, which {script or job.command[2]} imports")
-    here = "" if _missing(sys.executable, where, missing, environ) else (
-        f"; the Python running hpctrain has {'it' if len(missing) == 1 else 'them'}: -- {sys.executable} "
-        f"{' '.join(job.command[1:2])} ...")
-    return [f"{prefix}{interpreter} (the Python the job will run) cannot import {what}, so the job would fail at once with "
-            f"\"No module named '{missing[0]}'\": activate the environment that has it before submitting (source "
-            f"VENV/bin/activate), name it (--venv DIR or --conda-env), or run that environment's python by its "
-            f"path{here}"]
+    what = (
+        "torch, which every hpctrain training needs"
+        if job.is_recipe
+        else (f"{', '.join(missing)}, which {script or job.command[2]} imports")
+    )
+    here = (
+        ""
+        if _missing(sys.executable, where, missing, environ)
+        else (
+            f"; the Python running hpctrain has {'it' if len(missing) == 1 else 'them'}: -- {sys.executable} "
+            f"{' '.join(job.command[1:2])} ..."
+        )
+    )
+    return [
+        f"{prefix}{interpreter} (the Python the job will run) cannot import {what}, so the job would fail at once with "
+        f"\"No module named '{missing[0]}'\": activate the environment that has it before submitting (source "
+        f"VENV/bin/activate), name it (--venv DIR or --conda-env), or run that environment's python by its "
+        f"path{here}"
+    ]
 
 
 class BrokenTorch(Exception):
@@ -102,12 +114,22 @@ class BrokenTorch(Exception):
 
 
 def _missing(interpreter: str, where: str, modules: list[str], environ: Mapping[str, str]) -> list[str]:
-    if os.path.realpath(interpreter) == os.path.realpath(sys.executable) and environ.get("PYTHONPATH") == os.environ.get(
-            "PYTHONPATH"):
-        return [m for m in modules if importlib.util.find_spec(m) is None
-                and importlib.machinery.PathFinder.find_spec(m, [where]) is None]
-    proc = subprocess.run([interpreter, "-c", PROBE, where, *modules], capture_output=True, text=True,
-                          env=dict(environ), timeout=PROBE_TIMEOUT_S, check=False)
+    if os.path.realpath(interpreter) == os.path.realpath(sys.executable) and environ.get(
+        "PYTHONPATH"
+    ) == os.environ.get("PYTHONPATH"):
+        return [
+            m
+            for m in modules
+            if importlib.util.find_spec(m) is None and importlib.machinery.PathFinder.find_spec(m, [where]) is None
+        ]
+    proc = subprocess.run(
+        [interpreter, "-c", PROBE, where, *modules],
+        capture_output=True,
+        text=True,
+        env=dict(environ),
+        timeout=PROBE_TIMEOUT_S,
+        check=False,
+    )
     if proc.returncode == 3:
         return proc.stdout.split()
     if proc.returncode != 0:  # torch was found but does not import (a broken install, a NumPy mismatch)

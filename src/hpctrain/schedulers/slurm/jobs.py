@@ -22,8 +22,19 @@ from hpctrain.errors import UserError
 
 # States after which a job never runs again (a requeued job goes back to PENDING instead).
 TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
 )
 GONE = "GONE"  # our marker: the controller forgot the job and there is no accounting to ask
 _JOB_ID_RE = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
@@ -134,8 +145,22 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
 
 # squeue -O fields; a control character separates them (job names may contain spaces and '|').
 _SEP = "\x1f"
-SQUEUE_FIELDS = ("JobID", "Name", "State", "Reason", "NumNodes", "NodeList", "TimeUsed", "RestartCnt", "Partition",
-                 "UserName", "SubmitTime", "StartTime", "TimeLimit", "WorkDir")
+SQUEUE_FIELDS = (
+    "JobID",
+    "Name",
+    "State",
+    "Reason",
+    "NumNodes",
+    "NodeList",
+    "TimeUsed",
+    "RestartCnt",
+    "Partition",
+    "UserName",
+    "SubmitTime",
+    "StartTime",
+    "TimeLimit",
+    "WorkDir",
+)
 
 
 def squeue_argv(user: str | None, job_ids: tuple[str, ...] = ()) -> list[str]:
@@ -155,8 +180,22 @@ def parse_squeue(text: str) -> list[JobInfo]:
         cols = line.split(_SEP)
         if len(cols) < n:
             continue
-        (job_id, name, state, reason, num_nodes, nodes, used, restarts, partition, user, submit, start, limit,
-         work_dir) = [c.strip() for c in cols[:n]]  # the order of SQUEUE_FIELDS
+        (
+            job_id,
+            name,
+            state,
+            reason,
+            num_nodes,
+            nodes,
+            used,
+            restarts,
+            partition,
+            user,
+            submit,
+            start,
+            limit,
+            work_dir,
+        ) = [c.strip() for c in cols[:n]]  # the order of SQUEUE_FIELDS
         jobs.append(
             JobInfo(
                 job_id=job_id,
@@ -187,12 +226,33 @@ def _duration_or_none(text: str | None) -> int | None:
         return None
 
 
-SACCT_FIELDS = ("JobIDRaw", "JobName", "State", "Reason", "NodeList", "NNodes", "ElapsedRaw", "ExitCode", "Partition",
-                "User", "Submit", "Start", "End", "WorkDir")
+SACCT_FIELDS = (
+    "JobIDRaw",
+    "JobName",
+    "State",
+    "Reason",
+    "NodeList",
+    "NNodes",
+    "ElapsedRaw",
+    "ExitCode",
+    "Partition",
+    "User",
+    "Submit",
+    "Start",
+    "End",
+    "WorkDir",
+)
 
 
 def sacct_argv(job_id: str) -> list[str]:
-    return ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", "--format=" + ",".join(SACCT_FIELDS)]
+    return [
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        "--allocations",
+        f"--jobs={job_id}",
+        "--format=" + ",".join(SACCT_FIELDS),
+    ]
 
 
 def parse_sacct(text: str) -> list[JobInfo]:
@@ -298,7 +358,9 @@ def wait_for_job(
         if info.finished:
             return info
         if deadline is not None and time.monotonic() >= deadline:
-            raise UserError(f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`")
+            raise UserError(
+                f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`"
+            )
         sleep(poll_s)
 
 

@@ -22,8 +22,14 @@ from hpctrain.schedulers.slurm.interpreter import interpreter_problems
 from hpctrain.schedulers.slurm.options import SlurmOptions
 
 
-def local_check(job: JobSpec, options: SlurmOptions, requirements: Requirements, recipe: Any = None,
-                environ: Mapping[str, str] = os.environ, check_data: Callable[[Any], None] | None = None) -> list[str]:
+def local_check(
+    job: JobSpec,
+    options: SlurmOptions,
+    requirements: Requirements,
+    recipe: Any = None,
+    environ: Mapping[str, str] = os.environ,
+    check_data: Callable[[Any], None] | None = None,
+) -> list[str]:
     """Every problem visible without the cluster: missing image/venv/script or output directory, a recipe
     (`recipe`, its TrainConfig) whose dataset is not in its data dir (`check_data`: the recipes' data check,
     hpctrain.recipes.check_data) or that wants CUDA without GPUs, a command the job will not find on its PATH."""
@@ -37,8 +43,10 @@ def local_check(job: JobSpec, options: SlurmOptions, requirements: Requirements,
         problems += earlier_run_problems(job, recipe)
         r = job.resources
         if recipe.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
-            problems.append("train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
-                            "(or --gres shard:N), or train with --device cpu")
+            problems.append(
+                "train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
+                "(or --gres shard:N), or train with --device cpu"
+            )
     problems += check_here(requirements)
     problems += program_problems(job, environ, options)
     return problems + warning_note(job, options, requirements.paths)
@@ -51,7 +59,9 @@ def output_problems(options: SlurmOptions) -> list[str]:
     for flag, pattern in (("--output", options.output), ("--error", options.error)):
         parent = Path(pattern).expanduser().parent if pattern else None
         if parent is not None and "%" not in str(parent) and not parent.is_dir():
-            problems.append(f"{flag} {pattern}: directory {parent} does not exist and sbatch will not create it; mkdir -p {parent}")
+            problems.append(
+                f"{flag} {pattern}: directory {parent} does not exist and sbatch will not create it; mkdir -p {parent}"
+            )
     return problems
 
 
@@ -86,9 +96,11 @@ def earlier_run_problems(job: JobSpec, recipe: Any) -> list[str]:
         return []
     if not held:
         return []
-    return [f"--run-dir {job.run_dir} already holds checkpoints of an earlier run, which the job's `train` would "
-            f"refuse after waiting in the queue: pass --resume (after the recipe: `train {recipe.workload} --resume "
-            "...`) to continue it, or choose another --run-dir for a new run"]
+    return [
+        f"--run-dir {job.run_dir} already holds checkpoints of an earlier run, which the job's `train` would "
+        f"refuse after waiting in the queue: pass --resume (after the recipe: `train {recipe.workload} --resume "
+        "...`) to continue it, or choose another --run-dir for a new run"
+    ]
 
 
 def warning_note(job: JobSpec, options: SlurmOptions, paths: tuple[str, ...] = ()) -> list[str]:
@@ -97,20 +109,28 @@ def warning_note(job: JobSpec, options: SlurmOptions, paths: tuple[str, ...] = (
         return [f"{TIME_LIMIT_NOTE}no warning (--signal-grace 0): the job ends at its limit, and is not requeued"]
     grace = job.signal_grace
     if job.is_recipe:
-        return [f"{TIME_LIMIT_NOTE}the run gets SIGUSR1 {grace} s before it, checkpoints and stops, and the "
-                f"job requeues itself (at most {options.max_requeues} times, --max-requeues)"]
+        return [
+            f"{TIME_LIMIT_NOTE}the run gets SIGUSR1 {grace} s before it, checkpoints and stops, and the "
+            f"job requeues itself (at most {options.max_requeues} times, --max-requeues)"
+        ]
     if job.run_dir is None:
-        return [f"{TIME_LIMIT_NOTE}your program gets no SIGUSR1 (the job has no run directory in which it "
-                "could say it handles it) and runs until the limit, without a requeue"]
+        return [
+            f"{TIME_LIMIT_NOTE}your program gets no SIGUSR1 (the job has no run directory in which it "
+            "could say it handles it) and runs until the limit, without a requeue"
+        ]
     script = next((p for p in paths if p.endswith(".py")), None)
     if script is not None and _mentions(script, b"StopRequest"):
-        return [f"{TIME_LIMIT_NOTE}SIGUSR1 {grace} s before it goes to your program once it installs "
-                f"hpctrain.training.StopRequest (as {script} does); the job requeues itself only if the program then "
-                f"says its state is saved (announce_stop), at most {options.max_requeues} times"]
+        return [
+            f"{TIME_LIMIT_NOTE}SIGUSR1 {grace} s before it goes to your program once it installs "
+            f"hpctrain.training.StopRequest (as {script} does); the job requeues itself only if the program then "
+            f"says its state is saved (announce_stop), at most {options.max_requeues} times"
+        ]
     said = f"{script} does not use" if script is not None else "only a program that installs"
-    return [f"{TIME_LIMIT_NOTE}{said} hpctrain.training.StopRequest, which says it handles SIGUSR1; "
-            "a program that does not say so gets no SIGUSR1 (it would end it, with nothing saved) and runs until the "
-            "limit, without a requeue (docs/slurm.md: your own script)"]
+    return [
+        f"{TIME_LIMIT_NOTE}{said} hpctrain.training.StopRequest, which says it handles SIGUSR1; "
+        "a program that does not say so gets no SIGUSR1 (it would end it, with nothing saved) and runs until the "
+        "limit, without a requeue (docs/slurm.md: your own script)"
+    ]
 
 
 def _mentions(path: str, word: bytes) -> bool:
@@ -126,8 +146,10 @@ def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOpt
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
     problems = []
     if job.python is not None and not os.access(os.path.expanduser(job.python), os.X_OK):
-        problems.append(f"python {job.python} is not an executable here, so the job cannot start it either; fix the "
-                        "path, or remove python from the job file to run with the Python that submits")
+        problems.append(
+            f"python {job.python} is not an executable here, so the job cannot start it either; fix the "
+            "path, or remove python from the job file to run with the Python that submits"
+        )
     dirs = get_environment(job.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
     if dirs is None:
         return problems
@@ -146,12 +168,19 @@ def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOpt
         if name.startswith("python"):
             fix = f"name the interpreter by its absolute path (e.g. -- {sys.executable} ...)"
         elif job.environment.kind == "none":
-            fix = ("activate the environment that has it before submitting, name that environment (--venv DIR or "
-                   "--conda-env), or give the program's absolute path")
+            fix = (
+                "activate the environment that has it before submitting, name that environment (--venv DIR or "
+                "--conda-env), or give the program's absolute path"
+            )
         else:
             fix = "install it into that environment, or give the program's absolute path"
-        where = "this shell's PATH, which sbatch passes on" if job.environment.kind == "none" else (
-            f"{dirs[0]} and this shell's PATH")
-        problems.append(f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
-                        f"`execve(): {name}: No such file or directory`; {fix}")
+        where = (
+            "this shell's PATH, which sbatch passes on"
+            if job.environment.kind == "none"
+            else (f"{dirs[0]} and this shell's PATH")
+        )
+        problems.append(
+            f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
+            f"`execve(): {name}: No such file or directory`; {fix}"
+        )
     return problems

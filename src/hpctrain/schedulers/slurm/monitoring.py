@@ -20,8 +20,12 @@ from hpctrain.servers import tensorboard as tbserver
 from hpctrain.servers.common import Endpoint, private_dir, state_root
 from hpctrain.servers.top import PROBE, JobNotRunning, NodeSample, parse_probe
 
-TENSORBOARD_COMMAND = ("bash", "-c", 'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
-                                     '--port "$HPCTRAIN_PORT" --reload_interval 30')
+TENSORBOARD_COMMAND = (
+    "bash",
+    "-c",
+    'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
+    '--port "$HPCTRAIN_PORT" --reload_interval 30',
+)
 
 
 # ---- TensorBoard as a job -----------------------------------------------------------------------------------------
@@ -41,9 +45,14 @@ class ClusterTensorBoard:
 
 def tensorboard_job(tb: ClusterTensorBoard, state_dir: Path) -> ServiceJob:
     return ServiceJob(
-        name="tensorboard", state_dir=str(state_dir), command=TENSORBOARD_COMMAND,
-        resources=Resources(cpus_per_task=1, mem=tb.mem), environment=tb.environment,
-        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",), partition=tb.partition, account=tb.account,
+        name="tensorboard",
+        state_dir=str(state_dir),
+        command=TENSORBOARD_COMMAND,
+        resources=Resources(cpus_per_task=1, mem=tb.mem),
+        environment=tb.environment,
+        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",),
+        partition=tb.partition,
+        account=tb.account,
         time=tb.time,
     )
 
@@ -58,8 +67,13 @@ def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple
     service = tensorboard_job(tb, state_dir)
     job_id = submit(service, render_service_script(service))
     say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
-    endpoint = wait_ready(state_dir, job_id, lambda ep: tbserver.ready(ep.node, ep.port), wait_s,
-                          on_state=lambda s: say(f"  job {job_id}: {s}"))
+    endpoint = wait_ready(
+        state_dir,
+        job_id,
+        lambda ep: tbserver.ready(ep.node, ep.port),
+        wait_s,
+        on_state=lambda s: say(f"  job {job_id}: {s}"),
+    )
     return job_id, endpoint
 
 
@@ -67,8 +81,17 @@ def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple
 
 
 def probe_argv(job_id: str, nodes: int) -> list[str]:
-    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={nodes}", "--ntasks-per-node=1", "--label",
-            "bash", "-c", PROBE]
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        "--label",
+        "bash",
+        "-c",
+        PROBE,
+    ]
 
 
 def sample(job_id: str) -> tuple[Any, list[NodeSample]]:

@@ -50,8 +50,11 @@ class SlurmOptions:
             parse_sbatch_option(line)
         if self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r} is unknown: use one of {', '.join(LAUNCHERS)}")
-        if self.rdzv_port is not None and (isinstance(self.rdzv_port, bool) or not isinstance(self.rdzv_port, int)
-                                           or not 1024 <= self.rdzv_port <= 65535):
+        if self.rdzv_port is not None and (
+            isinstance(self.rdzv_port, bool)
+            or not isinstance(self.rdzv_port, int)
+            or not 1024 <= self.rdzv_port <= 65535
+        ):
             raise UserError(f"--rdzv-port must be a port number between 1024 and 65535 (got {self.rdzv_port!r})")
         for name in ("max_requeues", "max_preemptions"):
             value = getattr(self, name)

@@ -53,7 +53,9 @@ def _from_run_dirs(job_id: str, stream: str, base: Path) -> list[Path]:
     return found
 
 
-def output_candidates(job_id: str, info: JobInfo | None, stream: str = "stdout", base: Path | None = None) -> list[Path]:
+def output_candidates(
+    job_id: str, info: JobInfo | None, stream: str = "stdout", base: Path | None = None
+) -> list[Path]:
     """Places the job's stdout or stderr may be, best first (existing or not)."""
     base = Path.cwd() if base is None else base
     out: list[Path] = []

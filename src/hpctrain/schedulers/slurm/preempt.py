@@ -50,7 +50,9 @@ def parse_signal_option(value: str) -> TimeLimitWarning | None:
     sig = match["sig"].removeprefix("SIG")
     secs = match["secs"]
     # sbatch's default is 60 s before the limit when @TIME is left out.
-    return TimeLimitWarning(signal=sig, batch_shell="B" in (match["flags"] or ""), seconds_before=int(secs) if secs else 60)
+    return TimeLimitWarning(
+        signal=sig, batch_shell="B" in (match["flags"] or ""), seconds_before=int(secs) if secs else 60
+    )
 
 
 def warning_from_script(script: str) -> TimeLimitWarning | None:
@@ -67,9 +69,9 @@ def warning_from_script(script: str) -> TimeLimitWarning | None:
         if not stripped.startswith("#SBATCH"):
             continue
         try:
-            words = shlex.split(stripped[len("#SBATCH"):], comments=True)
+            words = shlex.split(stripped[len("#SBATCH") :], comments=True)
         except ValueError:
-            words = stripped[len("#SBATCH"):].split()
+            words = stripped[len("#SBATCH") :].split()
         for i, word in enumerate(words):
             if word.startswith("--signal="):
                 value: str | None = word.split("=", 1)[1]
@@ -99,13 +101,17 @@ def _job_warning(job_id: str, signal: str | None, steps: bool) -> tuple[TimeLimi
             raise UserError(f"--signal {signal!r}: give a signal name or number, e.g. --signal USR1")
         return TimeLimitWarning(signal=sig.removeprefix("SIG"), batch_shell=not steps), ""
     if steps:
-        raise UserError("--steps only says where a --signal you name goes; add --signal SIG, or leave both out "
-                        "to send what the job's script asks for")
+        raise UserError(
+            "--steps only says where a --signal you name goes; add --signal SIG, or leave both out "
+            "to send what the job's script asks for"
+        )
     result = slurm(["scontrol", "write", "batch_script", job_id, "-"], check=False)
     if result.returncode != 0:
         why = " ".join((result.stderr or result.stdout or "").split()) or f"exit status {result.returncode}"
-        raise UserError(f"cannot read job {job_id}'s batch script to find its warning signal ({why}); name the "
-                        f"signal yourself: hpctrain debug preempt {job_id} --signal USR1")
+        raise UserError(
+            f"cannot read job {job_id}'s batch script to find its warning signal ({why}); name the "
+            f"signal yourself: hpctrain debug preempt {job_id} --signal USR1"
+        )
     warning = warning_from_script(result.stdout)
     if warning is None:
         raise UserError(
@@ -129,8 +135,14 @@ def unannounced_program(script: str, job_id: str, work_dir: str | None) -> Path 
     return run_dir
 
 
-def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
-            timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> Outcome:
+def preempt(
+    job_id: str,
+    signal: str | None = None,
+    steps: bool = False,
+    follow: bool = False,
+    timeout_s: float = 600.0,
+    say: Callable[[str], None] | None = None,
+) -> Outcome:
     """Send the warning (the job's own, or `signal` to the batch shell, or to the steps with `steps`); with
     `follow`, wait up to `timeout_s` until the job has requeued itself (exit status 0) or ended (1). `say` hears
     what happens meanwhile (the warning sent, each change of state), as it happens."""
@@ -140,12 +152,16 @@ def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow:
     if before is None:
         raise UserError(f"job {job_id} not found: it ended a while ago or the id is wrong (see `hpctrain status`)")
     if before.finished:
-        raise UserError(f"job {job_id} already ended ({before.state}): only a running job can be warned; "
-                        "submit it again to rehearse")
+        raise UserError(
+            f"job {job_id} already ended ({before.state}): only a running job can be warned; "
+            "submit it again to rehearse"
+        )
     if before.state != "RUNNING":
         reason = f", reason {before.reason}" if before.reason else ""
-        raise UserError(f"job {job_id} is {before.state}{reason}: the warning goes to a running job's processes; "
-                        f"wait until `hpctrain status {job_id}` shows RUNNING")
+        raise UserError(
+            f"job {job_id} is {before.state}{reason}: the warning goes to a running job's processes; "
+            f"wait until `hpctrain status {job_id}` shows RUNNING"
+        )
     warning, script = _job_warning(job_id, signal, steps)
     unannounced = unannounced_program(script, job_id, before.work_dir) if warning.batch_shell else None
     if warning.batch_shell and before.elapsed_s is not None and before.elapsed_s < SETTLE_S:
@@ -165,10 +181,14 @@ def preempt(job_id: str, signal: str | None = None, steps: bool = False, follow:
     when = f" {warning.seconds_before} s before its time limit" if warning.seconds_before is not None else ""
     say(f"sent {warning.signal} to job {job_id} ({warning.target}), as Slurm would{when}")
     if unannounced is not None:
-        return Outcome((f"job {job_id}'s program has not said it handles {warning.signal} (hpctrain.training."
-                        f"StopRequest leaves {unannounced / SIGNALS_FILE}), so its batch script does not pass the "
-                        "warning on: it runs until its time limit and is not requeued (nothing would be saved)",),
-                       1 if follow else 0)
+        return Outcome(
+            (
+                f"job {job_id}'s program has not said it handles {warning.signal} (hpctrain.training."
+                f"StopRequest leaves {unannounced / SIGNALS_FILE}), so its batch script does not pass the "
+                "warning on: it runs until its time limit and is not requeued (nothing would be saved)",
+            ),
+            1 if follow else 0,
+        )
     if not follow:
         return Outcome((f"follow it with `hpctrain status {job_id}` and `hpctrain logs {job_id} -f`",))
     return _follow(job_id, before.restarts, timeout_s, say)
@@ -193,15 +213,25 @@ def _follow(job_id: str, restarts: int, timeout_s: float, say: Callable[[str], N
             last_state = info.state
         if info.restarts > restarts:
             held = " Slurm holds a requeued job (BeginTime) for a while before it starts again." if info.pending else ""
-            return Outcome((f"job {job_id} requeued itself after its program said it stopped with its state saved "
-                            f"(restart {info.restarts}).{held}",))
+            return Outcome(
+                (
+                    f"job {job_id} requeued itself after its program said it stopped with its state saved "
+                    f"(restart {info.restarts}).{held}",
+                )
+            )
         if info.finished:
             code = "" if info.exit_code is None else f", exit status {info.exit_code}"
-            return Outcome((f"job {job_id} ended ({info.state}{code}) without requeueing: it may have finished "
-                            "already, or its script does not requeue after the warning; "
-                            f"see `hpctrain logs {job_id}`",), 1)
+            return Outcome(
+                (
+                    f"job {job_id} ended ({info.state}{code}) without requeueing: it may have finished "
+                    "already, or its script does not requeue after the warning; "
+                    f"see `hpctrain logs {job_id}`",
+                ),
+                1,
+            )
         if time.monotonic() >= deadline:
-            raise UserError(f"job {job_id} is still {info.state} and has not requeued after {timeout_s:g} s; "
-                            f"see `hpctrain logs {job_id}`")
+            raise UserError(
+                f"job {job_id} is still {info.state} and has not requeued after {timeout_s:g} s; "
+                f"see `hpctrain logs {job_id}`"
+            )
         time.sleep(1.0)
-

@@ -20,7 +20,12 @@ from typing import Any
 from hpctrain.schedulers.slurm.commands import Runner, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
-    field_groups, null, parse_int, parse_records, printed_duration, printed_mem_mb,
+    field_groups,
+    null,
+    parse_int,
+    parse_records,
+    printed_duration,
+    printed_mem_mb,
 )
 from hpctrain.distributed.hostlist import expand_hostlist
 
@@ -174,7 +179,9 @@ def fill_shard_use(nodes: list[NodeInfo], use: dict[str, dict[int, int]]) -> lis
     for n in nodes:
         if n.shards_total and n.shards_used is None:
             by_gpu = use.get(n.name, {})
-            n = replace(n, shards_used=sum(by_gpu.values()), shards_per_gpu=even_split(n.shards_total, n.gpus_total, by_gpu))
+            n = replace(
+                n, shards_used=sum(by_gpu.values()), shards_per_gpu=even_split(n.shards_total, n.gpus_total, by_gpu)
+            )
         out.append(n)
     return out
 

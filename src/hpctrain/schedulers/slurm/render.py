@@ -58,9 +58,17 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
         opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
     elif options.launcher == "torchrun":
         # One task per node runs torchrun; it needs the CPUs of all its workers.
-        opts += [("--nodes", str(r.nodes)), ("--ntasks-per-node", "1"), ("--cpus-per-task", str(r.cpus_per_task * r.nproc_per_node))]
+        opts += [
+            ("--nodes", str(r.nodes)),
+            ("--ntasks-per-node", "1"),
+            ("--cpus-per-task", str(r.cpus_per_task * r.nproc_per_node)),
+        ]
     else:
-        opts += [("--nodes", str(r.nodes)), ("--ntasks-per-node", str(r.nproc_per_node)), ("--cpus-per-task", str(r.cpus_per_task))]
+        opts += [
+            ("--nodes", str(r.nodes)),
+            ("--ntasks-per-node", str(r.nproc_per_node)),
+            ("--cpus-per-task", str(r.cpus_per_task)),
+        ]
     if r.gres:
         opts.append(("--gres", r.gres))
     if r.mem is not None:
@@ -74,7 +82,9 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
         opts.append(("--signal", f"B:USR1@{job.signal_grace}"))
     if requeue.requeues_itself(job):
         opts += [("--requeue", None), ("--open-mode", "append")]
-    lines = [f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts]
+    lines = [
+        f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts
+    ]
     lines += [f"#SBATCH {render_sbatch_option(extra)}" for extra in options.sbatch_extra]
     return lines
 
@@ -180,8 +190,10 @@ def summary_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     elif job.is_recipe:
         warning = f"SIGUSR1 {job.signal_grace} s before the time limit: checkpoint, stop, requeue"
     else:
-        warning = (f"SIGUSR1 {job.signal_grace} s before the time limit, only if the program said it handles it; "
-                   "requeued only if it said it saved its state")
+        warning = (
+            f"SIGUSR1 {job.signal_grace} s before the time limit, only if the program said it handles it; "
+            "requeued only if it said it saved its state"
+        )
     return [
         f"# Job:       {_comment_text(shlex.join(job.command))}",
         f"# Resources: {_comment_text(', '.join(asks))}",
@@ -216,7 +228,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         *requeue.warning_lines(job),
         "trap 'warned=1; forward_warning' USR1",
         # srun would turn a TERM into a SIGKILL of the step: ask Slurm to pass it on (scancel itself already has).
-        "trap 'cancelled=1; if [ -n \"$step_pid\" ]; then scancel --signal=TERM \"$SLURM_JOB_ID\" 2>/dev/null; "
+        'trap \'cancelled=1; if [ -n "$step_pid" ]; then scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null; '
         "else exit 143; fi' TERM INT",
         "",
         'echo "hpctrain: job ${SLURM_JOB_ID} attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on ${SLURM_JOB_NODELIST}, '
@@ -302,7 +314,9 @@ def submit(job: JobSpec, script: str, run: Callable[..., subprocess.CompletedPro
     try:
         proc = run(argv, input=script, text=True, capture_output=True, check=False)
     except FileNotFoundError as err:
-        raise UserError("sbatch is not on PATH: run hpctrain submit on a Slurm login node (or load the slurm module)") from err
+        raise UserError(
+            "sbatch is not on PATH: run hpctrain submit on a Slurm login node (or load the slurm module)"
+        ) from err
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout or "").strip()
         raise UserError(f"sbatch refused the job (exit {proc.returncode}): {message}")

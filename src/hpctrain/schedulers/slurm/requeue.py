@@ -36,8 +36,11 @@ def requeues_itself(job: JobSpec) -> bool:
 
 def restart_budget(job: JobSpec, options: SlurmOptions) -> int:
     """Restarts of every kind together: the bound on Slurm's restart count that no file can reset."""
-    return (options.max_requeues if job.signal_grace else 0) + (job.max_hang_restarts if job.run_dir else 0) + (
-        options.max_preemptions)
+    return (
+        (options.max_requeues if job.signal_grace else 0)
+        + (job.max_hang_restarts if job.run_dir else 0)
+        + (options.max_preemptions)
+    )
 
 
 def warning_lines(job: JobSpec) -> list[str]:
@@ -93,15 +96,15 @@ def helper_lines() -> list[str]:
         "}",
         "# Node lists (one hostlist expression a line: node07, node[1-3]) as node names, one a line.",
         "node_names() {",
-        "    local f list=\"\"",
+        '    local f list=""',
         '    for f in "$@"; do',
         '        if [ -f "$f" ]; then',
         f'            list="$list,$(head -c {NODE_LIST_MAX_BYTES} -- "$f" 2>/dev/null | tr -s \'[:space:]\' ,)"',
         "        fi",
         "    done",
-        '    list=$(echo "$list" | tr -s , | sed \'s/^,//; s/,$//\')',
+        "    list=$(echo \"$list\" | tr -s , | sed 's/^,//; s/,$//')",
         '    if [ -n "$list" ]; then',
-        '        scontrol show hostnames "$list" 2>/dev/null | grep -E \'^[A-Za-z0-9][A-Za-z0-9._-]*$\'',
+        "        scontrol show hostnames \"$list\" 2>/dev/null | grep -E '^[A-Za-z0-9][A-Za-z0-9._-]*$'",
         "    fi",
         "}",
     ]
@@ -119,7 +122,7 @@ def restart_budget_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         'mkdir -p "$run_dir"',
         f'own_requeues=$(read_count "$run_dir/{REQUEUE_COUNT_FILE}")',
         f'hang_restarts=$(read_count "$run_dir/{HANG_RESTARTS_FILE}")',
-        'restarts=${SLURM_RESTART_COUNT:-0}',
+        "restarts=${SLURM_RESTART_COUNT:-0}",
         'case "$restarts" in "" | *[!0-9]* | ??????????*) restarts=0 ;; esac',
         "restarts=$((10#$restarts))",
         "slurm_requeues=$((restarts - own_requeues - hang_restarts))",
@@ -173,14 +176,14 @@ def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         f"    excluded=$({_excluded_sources(job)} | sort -u | paste -sd, -)",
         "    # A job no longer fitting its partition without them would wait forever: end it (sinfo silent: requeue).",
         '    partition_nodes=$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o "%D" 2>/dev/null '
-        '| awk \'{n += $1} END {print n + 0}\')',
+        "| awk '{n += $1} END {print n + 0}')",
         '    left=$((partition_nodes - $(echo "$excluded" | tr , "\\n" | grep -c .)))',
         '    if [ -z "$excluded" ]; then',
-        f'        echo "hpctrain: the preflight\'s list of sick nodes ($run_dir/{BAD_NODES_FILE}) names no node; not'
+        f"        echo \"hpctrain: the preflight's list of sick nodes ($run_dir/{BAD_NODES_FILE}) names no node; not"
         ' requeueing" >&2',
         '    elif [ "$partition_nodes" -gt 0 ] && [ "$left" -lt "${SLURM_JOB_NUM_NODES:-1}" ]; then',
         f'        echo "hpctrain: the preflight found sick node(s) ($excluded); without them partition'
-        f' ${{SLURM_JOB_PARTITION:-?}} has $left node(s), fewer than the job\'s ${{SLURM_JOB_NUM_NODES:-1}}: not'
+        f" ${{SLURM_JOB_PARTITION:-?}} has $left node(s), fewer than the job's ${{SLURM_JOB_NUM_NODES:-1}}: not"
         f' requeueing (see $run_dir/{PREFLIGHT_FILE})" >&2',
         f'    elif [ "$hang_restarts" -lt {n} ] && [ "$restarts" -lt {total} ] &&',
         f'        write_count "$run_dir/{HANG_RESTARTS_FILE}" "$((hang_restarts + 1))"; then',
@@ -203,8 +206,11 @@ def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
 
 def warning_requeue_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Requeue after a time-limit warning: only when the program said it stopped with its state saved."""
-    out = ["", "# Requeue after a time-limit warning only when the program said it stopped with its state saved",
-           "# (stop_reason `preempted`); never after scancel; within a budget."]
+    out = [
+        "",
+        "# Requeue after a time-limit warning only when the program said it stopped with its state saved",
+        "# (stop_reason `preempted`); never after scancel; within a budget.",
+    ]
     if job.run_dir is None:  # no run directory, no word from the program: nothing to requeue on
         return out + [
             'if [ "$warned" = 1 ] && [ "$status" -ne 0 ]; then',
@@ -229,7 +235,7 @@ def warning_requeue_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         "    fi",
         'elif [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$status" -ne 0 ] && [ -z "$stop_reason" ]; then',
         '    echo "hpctrain: the step ended after the time-limit warning (exit status $status) without saying it'
-        f' stopped with its state saved ($run_dir/{STOP_REASON_FILE} \\`preempted\\`): not requeueing, since it'
+        f" stopped with its state saved ($run_dir/{STOP_REASON_FILE} \\`preempted\\`): not requeueing, since it"
         ' would start again from scratch" >&2',
         "fi",
     ]

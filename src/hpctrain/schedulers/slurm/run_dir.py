@@ -13,8 +13,9 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
     """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
     batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
     try:
-        result = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True,
-                                check=False, timeout=60)
+        result = subprocess.run(
+            ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None
@@ -24,7 +25,7 @@ def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | No
     """The `run_dir=...` line hpctrain.schedulers.slurm.render renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
     for line in script.splitlines():
         if line.startswith("run_dir="):
-            text = line[len("run_dir="):].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))
+            text = line[len("run_dir=") :].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))
             try:
                 words = shlex.split(text)
             except ValueError:

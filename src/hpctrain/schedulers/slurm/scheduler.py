@@ -36,19 +36,36 @@ from hpctrain.schedulers.slurm.commands import Runner
 from hpctrain.schedulers.slurm.options import SlurmOptions
 
 SCRIPT_FILENAME = "job.sbatch"
-DRY_RUN_NOTE = ("--dry-run skipped the checks that need the live cluster (partition, time limit, nodes and their "
-                "GPUs, CPUs and memory); `hpctrain check` with the same options runs them")
+DRY_RUN_NOTE = (
+    "--dry-run skipped the checks that need the live cluster (partition, time limit, nodes and their "
+    "GPUs, CPUs and memory); `hpctrain check` with the same options runs them"
+)
 
 _STATES = {
-    "PENDING": base.PENDING, "CONFIGURING": base.PENDING, "RUNNING": base.RUNNING, "COMPLETING": base.RUNNING,
-    "REQUEUED": base.RESTARTING, "REQUEUE_HOLD": base.RESTARTING, "REQUEUE_FED": base.RESTARTING,
+    "PENDING": base.PENDING,
+    "CONFIGURING": base.PENDING,
+    "RUNNING": base.RUNNING,
+    "COMPLETING": base.RUNNING,
+    "REQUEUED": base.RESTARTING,
+    "REQUEUE_HOLD": base.RESTARTING,
+    "REQUEUE_FED": base.RESTARTING,
     "EXPEDITING": base.RESTARTING,  # 25.11: an expedited requeue under way
     "RESV_DEL_HOLD": base.PENDING,  # held: its reservation was deleted
-    "RESIZING": base.RUNNING, "SIGNALING": base.RUNNING, "STAGE_OUT": base.RUNNING,
-    "SUSPENDED": base.SUSPENDED, "STOPPED": base.SUSPENDED,
-    "COMPLETED": base.SUCCEEDED, "CANCELLED": base.CANCELLED,
-    "FAILED": base.FAILED, "TIMEOUT": base.FAILED, "NODE_FAIL": base.FAILED, "PREEMPTED": base.FAILED,
-    "OUT_OF_MEMORY": base.FAILED, "BOOT_FAIL": base.FAILED, "DEADLINE": base.FAILED, "REVOKED": base.FAILED,
+    "RESIZING": base.RUNNING,
+    "SIGNALING": base.RUNNING,
+    "STAGE_OUT": base.RUNNING,
+    "SUSPENDED": base.SUSPENDED,
+    "STOPPED": base.SUSPENDED,
+    "COMPLETED": base.SUCCEEDED,
+    "CANCELLED": base.CANCELLED,
+    "FAILED": base.FAILED,
+    "TIMEOUT": base.FAILED,
+    "NODE_FAIL": base.FAILED,
+    "PREEMPTED": base.FAILED,
+    "OUT_OF_MEMORY": base.FAILED,
+    "BOOT_FAIL": base.FAILED,
+    "DEADLINE": base.FAILED,
+    "REVOKED": base.FAILED,
     "SPECIAL_EXIT": base.FAILED,
 }
 
@@ -94,12 +111,22 @@ def job_status(info: jobs.JobInfo) -> JobStatus:
     replicas = ()
     if info.nodes:
         phase = {base.RUNNING: "Running", base.SUCCEEDED: "Succeeded", base.FAILED: "Failed"}.get(state, "Unknown")
-        replicas = (ReplicaStatus(name=info.nodes, phase=phase, node=info.nodes, restarts=info.restarts,
-                                  exit_code=info.exit_code),)
+        replicas = (
+            ReplicaStatus(
+                name=info.nodes, phase=phase, node=info.nodes, restarts=info.restarts, exit_code=info.exit_code
+            ),
+        )
     waiting = info.pending and info.reason and info.reason != "None"
-    return JobStatus(job_id=info.job_id, state=state, exit_code=info.exit_code, restarts=info.restarts,
-                     replicas=replicas, pending_reasons=(info.reason,) if waiting else (), message=info.reason,
-                     label=info.state)
+    return JobStatus(
+        job_id=info.job_id,
+        state=state,
+        exit_code=info.exit_code,
+        restarts=info.restarts,
+        replicas=replicas,
+        pending_reasons=(info.reason,) if waiting else (),
+        message=info.reason,
+        label=info.state,
+    )
 
 
 def _not_found(job_id: str) -> base.JobNotFound:
@@ -125,8 +152,9 @@ class SlurmScheduler:
         script = render.render_sbatch(job, self.options)
         return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))
 
-    def local_check(self, job: JobSpec, recipe: Any = None,
-                    check_data: Callable[[Any], None] | None = None) -> list[str]:
+    def local_check(
+        self, job: JobSpec, recipe: Any = None, check_data: Callable[[Any], None] | None = None
+    ) -> list[str]:
         from hpctrain.schedulers.slurm.local import local_check
 
         return local_check(job, self.options, requirements(job, self.options), recipe, check_data=check_data)
@@ -136,10 +164,12 @@ class SlurmScheduler:
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r = job.resources
-        return (f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {self.options.launcher}"
-                + (f", partition {self.options.partition}" if self.options.partition else "")
-                + (f", gres {r.gres}" if r.gres else "")
-                + (f", time {job.time}" if job.time else ""))
+        return (
+            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {self.options.launcher}"
+            + (f", partition {self.options.partition}" if self.options.partition else "")
+            + (f", gres {r.gres}" if r.gres else "")
+            + (f", time {job.time}" if job.time else "")
+        )
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
         return render.submit(job, rendered.text, run=self.run)
@@ -156,7 +186,9 @@ class SlurmScheduler:
         run_dir = Path(job.run_dir.replace("%j", job_id))
         run_dir.mkdir(parents=True, exist_ok=True)
         render.write_script(run_dir / rendered.filename, rendered.text)
-        write_atomic(run_dir / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600)  # --setenv values
+        write_atomic(
+            run_dir / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600
+        )  # --setenv values
         return [f"job {job_id} queued; script and job description in {run_dir}/"]
 
     def follow_note(self, job_id: str) -> str | None:
@@ -178,11 +210,19 @@ class SlurmScheduler:
         return f"{status.shown_state}{why}{again}"
 
     def list_jobs(self) -> list[JobSummary]:
-        return [JobSummary(j.job_id, neutral_state(j.state), j.submit_time, j.num_nodes or 0)
-                for j in jobs.list_jobs(run=self.run)]
+        return [
+            JobSummary(j.job_id, neutral_state(j.state), j.submit_time, j.num_nodes or 0)
+            for j in jobs.list_jobs(run=self.run)
+        ]
 
-    def logs(self, job_id: str, follow: bool = False, replica: str | None = None, stream: str = "stdout",
-             say: Callable[[str], None] | None = None) -> Iterator[str]:
+    def logs(
+        self,
+        job_id: str,
+        follow: bool = False,
+        replica: str | None = None,
+        stream: str = "stdout",
+        say: Callable[[str], None] | None = None,
+    ) -> Iterator[str]:
         """The job's output file (stream stderr: its --error file), found where the controller or the submission
         record says it is; followed until the job ends, even before the file exists."""
         if replica is not None:
@@ -202,10 +242,13 @@ class SlurmScheduler:
         if path is None:
             where = ", ".join(str(p) for p in candidates)
             if info is not None and not info.finished:
-                raise UserError(f"job {job_id} is {info.state} and has written no output yet ({where}); use -f to "
-                                "wait for it")
-            raise UserError(f"no output file for job {job_id} (looked at {where}); run this in the directory you "
-                            "submitted from, or pass the job's --output path to `cat`")
+                raise UserError(
+                    f"job {job_id} is {info.state} and has written no output yet ({where}); use -f to wait for it"
+                )
+            raise UserError(
+                f"no output file for job {job_id} (looked at {where}); run this in the directory you "
+                "submitted from, or pass the job's --output path to `cat`"
+            )
         return _file_lines(path)
 
     def _follow(self, job_id: str, target: Path, say: Callable[[str], None]) -> Iterator[str]:
@@ -235,8 +278,14 @@ class SlurmScheduler:
 
         return display.cluster_view(query.query_cluster(run=self.run), partition)
 
-    def cancel_and_wait(self, job_id: str, wait_s: float, signal: str | None = None, full: bool = False,
-                        say: Callable[[str], None] | None = None) -> Outcome:
+    def cancel_and_wait(
+        self,
+        job_id: str,
+        wait_s: float,
+        signal: str | None = None,
+        full: bool = False,
+        say: Callable[[str], None] | None = None,
+    ) -> Outcome:
         """scancel: SIGTERM to the job's processes (hpctrain's loop checkpoints), SIGKILL after KillWait; with
         `signal`, only that signal (to the batch shell too with `full`). Waits up to `wait_s` to say the outcome."""
         before = jobs.get_job(job_id, run=self.run)
@@ -258,22 +307,40 @@ class SlurmScheduler:
             return Outcome((f"job {before.job_id}: {before.state} -> ended (Slurm no longer lists it)",))
         if after.finished:
             return Outcome((f"job {before.job_id}: {before.state} -> {after.state}",))
-        return Outcome((f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its "
-                        "processes)",))
+        return Outcome(
+            (f"job {before.job_id}: cancel requested; it is {after.state} (Slurm is stopping its processes)",)
+        )
 
-    def preempt(self, job_id: str, signal: str | None = None, steps: bool = False, follow: bool = False,
-                timeout_s: float = 600.0, say: Callable[[str], None] | None = None) -> Outcome:
+    def preempt(
+        self,
+        job_id: str,
+        signal: str | None = None,
+        steps: bool = False,
+        follow: bool = False,
+        timeout_s: float = 600.0,
+        say: Callable[[str], None] | None = None,
+    ) -> Outcome:
         from hpctrain.schedulers.slurm.preempt import preempt
 
         return preempt(job_id, signal=signal, steps=steps, follow=follow, timeout_s=timeout_s, say=say)
 
     def cluster(self) -> ClusterView:
         info = query.query_cluster(run=self.run, shard_use=False)  # the neutral view has no shards
-        return ClusterView(nodes=tuple(
-            NodeView(name=n.name, cpu_allocatable=float(n.cpus_total), cpu_requested=float(n.cpus_alloc),
-                     memory_allocatable=n.mem_mb_total * 2**20, memory_requested=n.mem_mb_alloc * 2**20,
-                     gpus_allocatable=n.gpus_total, gpus_requested=n.gpus_used, schedulable=n.usable)
-            for n in info.nodes))
+        return ClusterView(
+            nodes=tuple(
+                NodeView(
+                    name=n.name,
+                    cpu_allocatable=float(n.cpus_total),
+                    cpu_requested=float(n.cpus_alloc),
+                    memory_allocatable=n.mem_mb_total * 2**20,
+                    memory_requested=n.mem_mb_alloc * 2**20,
+                    gpus_allocatable=n.gpus_total,
+                    gpus_requested=n.gpus_used,
+                    schedulable=n.usable,
+                )
+                for n in info.nodes
+            )
+        )
 
 
 def _file_lines(path: Path) -> Iterator[str]:

@@ -70,14 +70,22 @@ class ServiceJob:
     def job_spec(self) -> JobSpec:
         """The JobSpec whose #SBATCH lines and srun step this service uses (validates every value)."""
         return JobSpec(
-            command=self.command, name=self.name, time=self.time,
-            resources=replace(self.resources, nodes=1, nproc_per_node=1), environment=self.environment, signal_grace=0,
+            command=self.command,
+            name=self.name,
+            time=self.time,
+            resources=replace(self.resources, nodes=1, nproc_per_node=1),
+            environment=self.environment,
+            signal_grace=0,
         )
 
     def slurm_options(self) -> SlurmOptions:
         """One process, its output in the state folder, where the user asked for it."""
-        return SlurmOptions(partition=self.partition, account=self.account, launcher="single",
-                            output=str(Path(self.state_dir) / "slurm-%j.out"))
+        return SlurmOptions(
+            partition=self.partition,
+            account=self.account,
+            launcher="single",
+            output=str(Path(self.state_dir) / "slurm-%j.out"),
+        )
 
 
 def port_lines(port: int | None) -> list[str]:
@@ -100,26 +108,35 @@ def render_service_script(service: ServiceJob) -> str:
     job = service.job_spec()
     env = get_environment(job.environment)
     state = shlex.quote(service.state_dir)
-    out = ["#!/bin/bash", f"# Rendered by hpctrain: service {service.name}.",
-           "# The server's command is single-quoted on purpose: $HPCTRAIN_PORT expands in the job step.",
-           "# shellcheck disable=SC2016"]
+    out = [
+        "#!/bin/bash",
+        f"# Rendered by hpctrain: service {service.name}.",
+        "# The server's command is single-quoted on purpose: $HPCTRAIN_PORT expands in the job step.",
+        "# shellcheck disable=SC2016",
+    ]
     out += sbatch_directives(job, service.slurm_options())
-    out += ["", "set -uo pipefail", "umask 077", f"state_dir={state}",
-            "# slurmd created the output file before this script ran: make it private too.",
-            'chmod 600 "$state_dir/slurm-${SLURM_JOB_ID}.out" 2>/dev/null || true', ""]
+    out += [
+        "",
+        "set -uo pipefail",
+        "umask 077",
+        f"state_dir={state}",
+        "# slurmd created the output file before this script ran: make it private too.",
+        'chmod 600 "$state_dir/slurm-${SLURM_JOB_ID}.out" 2>/dev/null || true',
+        "",
+    ]
     out += env.setup_lines()
     out += port_lines(service.port)
-    out += ["export HPCTRAIN_PORT=\"$port\"", *service.setup, ""]
+    out += ['export HPCTRAIN_PORT="$port"', *service.setup, ""]
     out += [
         "# Where the server listens, for hpctrain on the login node (written atomically).",
-        "node=\"${SLURMD_NODENAME:-$(hostname)}\"",
+        'node="${SLURMD_NODENAME:-$(hostname)}"',
         'printf \'{"job_id": "%s", "node": "%s", "port": %d}\\n\' "$SLURM_JOB_ID" "$node" "$port" '
         f'> "$state_dir/.{ENDPOINT_FILE}.tmp"',
         f'mv "$state_dir/.{ENDPOINT_FILE}.tmp" "$state_dir/{ENDPOINT_FILE}"',
         'echo "hpctrain: serving on ${node}:${port} (job ${SLURM_JOB_ID})"',
         "",
-        "step_pid=\"\"",
-        "trap 'if [ -n \"$step_pid\" ]; then kill -TERM \"$step_pid\" 2>/dev/null; fi' TERM INT",
+        'step_pid=""',
+        'trap \'if [ -n "$step_pid" ]; then kill -TERM "$step_pid" 2>/dev/null; fi\' TERM INT',
         " ".join(step_command(job, service.slurm_options())) + " &",
         "step_pid=$!",
         'wait "$step_pid"; status=$?',
@@ -167,13 +184,17 @@ def wait_ready(
             on_state(state if not (info and info.reason and info.pending) else f"{state} ({info.reason})")
         last_state = state
         if info is None or info.finished:
-            raise UserError(f"job {job_id} ended ({state}) before its server answered:\n{output_tail(state_dir, job_id)}")
+            raise UserError(
+                f"job {job_id} ended ({state}) before its server answered:\n{output_tail(state_dir, job_id)}"
+            )
         endpoint = read_endpoint(state_dir, job_id) if state == "RUNNING" else None
         if endpoint is not None and ready(endpoint):
             return endpoint
         if time.monotonic() >= deadline:
-            raise UserError(f"job {job_id} is {state} but its server did not answer within {timeout_s:g} s; it is left "
-                            f"running: wait longer with --wait, look at {state_dir}/slurm-{job_id}.out, or stop it")
+            raise UserError(
+                f"job {job_id} is {state} but its server did not answer within {timeout_s:g} s; it is left "
+                f"running: wait longer with --wait, look at {state_dir}/slurm-{job_id}.out, or stop it"
+            )
         time.sleep(poll_s)
 
 
@@ -213,17 +234,26 @@ class SlurmServices:
     def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
         return stop(state_dir, conn)
 
-    def tensorboard(self, run_dirs: list[str], time: str, placement: Placement, wait_s: float,
-                    port: int | None) -> list[str]:
+    def tensorboard(
+        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
+    ) -> list[str]:
         from hpctrain.schedulers.slurm.monitoring import ClusterTensorBoard, start_tensorboard
 
-        tb = ClusterTensorBoard(spec=tbserver.logdir_spec(run_dirs), environment=environment(placement), time=time,
-                                partition=placement.partition, account=placement.account)
+        tb = ClusterTensorBoard(
+            spec=tbserver.logdir_spec(run_dirs),
+            environment=environment(placement),
+            time=time,
+            partition=placement.partition,
+            account=placement.account,
+        )
         job_id, endpoint = start_tensorboard(tb, wait_s)
         local = port or endpoint.port
-        return [f"\nTensorBoard is up on {endpoint.node}:{endpoint.port} (job {job_id}). On your machine, open the tunnel:",
-                f"  {endpoint.tunnel_command(placement.login_host or login_host(), local)}",
-                f"then open:\n  http://localhost:{local}/", f"Stop it with: hpctrain cancel {job_id}"]
+        return [
+            f"\nTensorBoard is up on {endpoint.node}:{endpoint.port} (job {job_id}). On your machine, open the tunnel:",
+            f"  {endpoint.tunnel_command(placement.login_host or login_host(), local)}",
+            f"then open:\n  http://localhost:{local}/",
+            f"Stop it with: hpctrain cancel {job_id}",
+        ]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         from hpctrain.schedulers.slurm.monitoring import sample
@@ -253,8 +283,11 @@ def environment(placement: Placement) -> EnvironmentSpec:
 
     if placement.shm or placement.volumes:
         raise UserError("--shm/--volume apply to Kubernetes: on Slurm use --mount with a container --image")
-    chosen = [f for f, v in (("--image", placement.image), ("--conda-env", placement.conda_env),
-                             ("--venv", placement.venv)) if v]
+    chosen = [
+        f
+        for f, v in (("--image", placement.image), ("--conda-env", placement.conda_env), ("--venv", placement.venv))
+        if v
+    ]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(chosen)}: choose one environment")
     modules, mounts = tuple(placement.modules), tuple(placement.mounts)
@@ -277,7 +310,7 @@ COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND
 
 
 def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
-    setup = ["export HPCTRAIN_STATE_DIR=\"$state_dir\""]
+    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"']
     if cfg.service == "jupyter":
         setup += jupyter.setup_lines(TOKEN_FILE)
     elif cfg.service == "ssh":
@@ -285,8 +318,15 @@ def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
     else:
         setup += code.setup_lines(cfg.name)
     return ServiceJob(
-        name=cfg.job_name, state_dir=str(state_dir), command=COMMANDS[cfg.service], resources=cfg.resources,
-        environment=cfg.environment, setup=tuple(setup), partition=cfg.partition, account=cfg.account, time=cfg.time,
+        name=cfg.job_name,
+        state_dir=str(state_dir),
+        command=COMMANDS[cfg.service],
+        resources=cfg.resources,
+        environment=cfg.environment,
+        setup=tuple(setup),
+        partition=cfg.partition,
+        account=cfg.account,
+        time=cfg.time,
         port=cfg.port,
     )
 
@@ -296,8 +336,14 @@ def render_dev_script(cfg: DevConfig, state_dir: Path) -> str:
     return render_service_script(service_job(cfg, state_dir))
 
 
-def start(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_port: int | None,
-          say: Callable[[str], None] = print) -> dict[str, Any]:
+def start(
+    cfg: DevConfig,
+    root: Path | None,
+    login: str,
+    wait_s: float,
+    local_port: int | None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Submit the session, wait until its server answers, record and return its connection details."""
     dev.check_program(cfg)
     state_dir = make_session_dir(cfg.name, root)
@@ -310,8 +356,14 @@ def start(cfg: DevConfig, root: Path | None, login: str, wait_s: float, local_po
     script = render_service_script(service)
     write_private(state_dir / "dev.sbatch", script)
     job_id = submit(service, script)
-    conn: dict[str, Any] = {"name": cfg.name, "scheduler": "slurm", "service": cfg.service, "job_id": job_id,
-                            "login_host": login, "created": now()}
+    conn: dict[str, Any] = {
+        "name": cfg.name,
+        "scheduler": "slurm",
+        "service": cfg.service,
+        "job_id": job_id,
+        "login_host": login,
+        "created": now(),
+    }
     write_private(state_dir / CONNECTION_FILE, conn)
     say(f"dev session {cfg.name}: job {job_id} submitted; waiting for {cfg.service} to answer (up to {wait_s:g} s)")
     watch = code.TunnelWatch(state_dir / f"slurm-{job_id}.out", say) if cfg.service == "code" else None

@@ -88,7 +88,11 @@ except ChildFailedError as err:
           " node; the run directory says more)" % (node, planned[0]), flush=True)
     sys.exit(planned[0])
 """
-TORCHRUN_SHIM = _TORCHRUN_SHIM_TEMPLATE.replace(
-    "EXIT_BARRIER_INDENTED\n", "".join("    " + line + "\n" for line in EXIT_BARRIER.splitlines())).replace(
-    "FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S)).replace(
-    "PREEMPTED_STATUS", str(EXIT_PREEMPTED)).replace("PLANNED_STATUSES", f"{EXIT_HUNG}, {EXIT_SICK_NODE}")
+TORCHRUN_SHIM = (
+    _TORCHRUN_SHIM_TEMPLATE.replace(
+        "EXIT_BARRIER_INDENTED\n", "".join("    " + line + "\n" for line in EXIT_BARRIER.splitlines())
+    )
+    .replace("FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S))
+    .replace("PREEMPTED_STATUS", str(EXIT_PREEMPTED))
+    .replace("PLANNED_STATUSES", f"{EXIT_HUNG}, {EXIT_SICK_NODE}")
+)
