@@ -40,7 +40,11 @@ from types import SimpleNamespace
 import torch, torch.distributed as dist
 from hpctrain import checkpoint
 from hpctrain.distributed.failures import announce, missing_ranks
-from hpctrain.training import StopReason, agree, checkpoints, vote_group
+from hpctrain.training import StopReason, agree, vote_group
+try:
+    from hpctrain.training import loop_state
+except ImportError:  # the code before issue 30's renames (--compare OLD_SRC): training/checkpoints.py
+    from hpctrain.training import checkpoints as loop_state
 from hpctrain.training.run import Position
 
 class CountingStore(dist.Store):  # every request to the rendezvous store, counted by kind on its way
@@ -94,10 +98,10 @@ result = {"vote_sockets": sockets() - before[0], "vote_requests": sum(store.requ
 
 # The checkpoint's closing barrier would run on the default group, NCCL on a GPU job, which this stand-in of it
 # cannot run on the CPU: here it runs on the vote's gloo group (a barrier brings no bytes either way).
-checkpoints.barrier = lambda: dist.barrier(group=vote_group())
-if hasattr(checkpoints, "all_gather_object"):  # the code before issue 32 (--compare): its gather, likewise
+loop_state.barrier = lambda: dist.barrier(group=vote_group())
+if hasattr(loop_state, "all_gather_object"):  # the code before issue 32 (--compare): its gather, likewise
     from hpctrain.distributed import all_gather_object
-    checkpoints.all_gather_object = lambda obj: all_gather_object(obj, group=vote_group())
+    loop_state.all_gather_object = lambda obj: all_gather_object(obj, group=vote_group())
 dist.all_gather = counted(dist.all_gather, lambda a, k: a[0])
 dist.all_reduce = counted(dist.all_reduce, lambda a, k: [a[0]])
 dist.broadcast = counted(dist.broadcast, lambda a, k: [a[0]])
@@ -107,20 +111,20 @@ optimization = SimpleNamespace(optimizer=optimizer, scheduler=torch.optim.lr_sch
                                scaler=None)
 run = SimpleNamespace(env=env, is_main=rank == 0, lock=None, run_dir=folder, writer=None,
                       cfg=SimpleNamespace(to_dict=lambda: {}, keep_checkpoints=None))
-checkpoints.save(run, SimpleNamespace(model=model, optimization=optimization),
+loop_state.save(run, SimpleNamespace(model=model, optimization=optimization),
                  Position(epoch=0, step=7, step_in_epoch=7, loss_sum=float(rank)), end_of_epoch=False)
 path = folder / "checkpoints" / "checkpoint_step_7.pt"
 result["checkpoint_received"] = received[0]
 result["checkpoint_bytes"] = path.stat().st_size
-if hasattr(checkpoints, "load_own_part"):  # not in the code before issue 32, whose file held every rank's part
+if hasattr(loop_state, "load_own_part"):  # not in the code before issue 32, whose file held every rank's part
     state, opened, real_open = checkpoint.load(path), [], os.open
     def counting_open(file, *args, **kwargs):
         opened.append(os.path.basename(file))
         return real_open(file, *args, **kwargs)
     os.open = counting_open
-    checkpoints.load_own_part(state, path, rank)  # what a resumed rank reads besides the checkpoint file
+    loop_state.load_own_part(state, path, rank)  # what a resumed rank reads besides the checkpoint file
     os.open = real_open
-    part, saved = checkpoints.saved_part(state, rank)
+    part, saved = loop_state.saved_part(state, rank)
     result["resume_opened"] = opened
     result["resumed"] = [saved, part["loss_sum"], state["ranks"]["loss_sum_mean"]]
 

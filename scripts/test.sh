@@ -6,10 +6,8 @@
 # run builds kube-apiserver from Debian's source package and caches it outside the checkout), then pytest on
 # several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
 # requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
-# HPCTRAIN_TEST_WORKERS sets their number (default 6: more workers than cores, since many tests mostly wait). Tests
-# go to the workers one at a time in collection order (--dist load --maxschedchunk 1), and tests/conftest.py puts
-# the long ones first, so the run does not end on one long test while the other workers idle. Extra arguments go to
-# pytest.
+# HPCTRAIN_TEST_WORKERS sets their number (default 4; with --dist worksteal a free worker takes queued tests from a
+# busy one, so the workers finish together). Extra arguments go to pytest.
 # Alongside, the tests marked `floor` run a second time in the floor environment (scripts/lib/floor.sh: the oldest
 # supported torch, torchvision and Python), in a second pytest at the same time; HPCTRAIN_FLOOR=0 skips it.
 set -euo pipefail
@@ -80,7 +78,7 @@ fi
 status=0
 # Each test's CPU (tests/cpu_report.py): on 2 cores the suite is CPU-bound, so this, not --durations, says what to cut.
 export HPCTRAIN_TEST_CPU_REPORT="${HPCTRAIN_TEST_CPU_REPORT:-$(mktemp -d)/cpu.jsonl}"
-"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-6}" --dist load --maxschedchunk 1 --durations=30 "$@" || status=$?
+"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-4}" --dist worksteal --durations=30 "$@" || status=$?
 if [ -s "$HPCTRAIN_TEST_CPU_REPORT" ]; then
     "$PYTHON" tests/cpu_report.py "$HPCTRAIN_TEST_CPU_REPORT" 25 || true
 fi

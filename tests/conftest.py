@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import itertools
 import os
 import signal
 import threading
@@ -28,37 +27,6 @@ _RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHU
 # the tests of Ctrl-C would test nothing. The workers take Python's own action, which a child does not inherit.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-# The order the suite runs in. scripts/test.sh hands tests to its workers one at a time in collection order
-# (--dist load --maxschedchunk 1), so the long ones go first: a long test started last would hold the run open
-# while the other workers idle. The three long kinds are interleaved: tests on the Kubernetes node (one at a time
-# mostly: tests/real_node.py's lock), Slurm jobs (mostly waiting on the scheduler) and slow local ones (the CPU),
-# so that at any time the workers run a mix of the three rather than queue on one lock.
-REAL_NODE_FIXTURES = {"real", "real_cpu", "real_free"}
-
-
-def _kind(item) -> int:
-    if REAL_NODE_FIXTURES & set(item.fixturenames) or item.get_closest_marker("real_node"):
-        return 0
-    if item.get_closest_marker("slurm"):
-        return 1
-    if item.get_closest_marker("slow"):
-        return 2
-    return 3
-
-
-def long_first(items: list) -> list:
-    """`items` with the long kinds first, taking one of each in turn, then the rest in their order."""
-    kinds: list[list] = [[], [], [], []]
-    for item in items:
-        kinds[_kind(item)].append(item)
-    interleaved = [item for turn in itertools.zip_longest(*kinds[:3]) for item in turn if item is not None]
-    return interleaved + kinds[3]
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    items[:] = long_first(items)
 
 
 @pytest.fixture(autouse=True)
