@@ -103,7 +103,7 @@ VANISH_CASES = [
     ("stop-vote", 0, "classic", 2, "in the stop vote after step "),
     ("loss-average", 1, "classic", 1, "in the epoch's training-loss average"),
     ("evaluation", 1, "classic", 1, "in evaluation's all-reduce"),
-    ("checkpoint-gather", 1, "classic", 1, "in the checkpoint's gather of rank states at step 8"),
+    ("checkpoint-vote", 1, "classic", 1, "in the checkpoint's vote on the ranks' parts at step 8"),
     ("checkpoint-barrier", 1, "classic", 1, "in the barrier after the checkpoint at step 8"),
 ]
 

@@ -46,7 +46,7 @@ SITES: dict[str, tuple[Any, str, Callable[..., bool], int]] = {
     "stop-vote": (dist, "all_reduce", _int64_vote, 0),
     "loss-average": (dist, "all_reduce", _float64_of(2), 0),
     "evaluation": (dist, "all_reduce", _float64_of(4), 0),
-    "checkpoint-gather": (dist, "all_gather", _size_exchange, 1),  # after the host names' exchange
+    "checkpoint-vote": (dist, "all_reduce", _float64_of(3), 0),  # each rank's part written, the loss sums
     "checkpoint-barrier": (dist, "barrier", lambda *_, **__: True, 0),
 }
 
