@@ -40,6 +40,8 @@ def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001, ANN201 - pytest's 
             "wall": round(time.monotonic() - wall, 2),
             "cpu": round(me_after - me, 2),
             "children_cpu": round(children_after - children, 2),
+            "end": round(time.time(), 1),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
         }
     )
     fd = os.open(REPORT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -162,6 +162,28 @@ class KubeflowStandIn:
 
     # ---- controller --------------------------------------------------------------------------------
 
+    def snapshot(self) -> str:
+        """What a test that timed out should show: each job's conditions, each pod's phase, deletion and containers'
+        states, and the namespace's last events (the cluster's side of a wait that never ended)."""
+        lines = []
+        try:
+            for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]:
+                conditions = [
+                    (c["type"], c["status"], c.get("reason")) for c in (job.get("status") or {}).get("conditions") or []
+                ]
+                lines.append(f"job {job['metadata']['name']}: {conditions}")
+            for pod in self.core.list_namespaced_pod(self.namespace).items:
+                states = [
+                    (c.name, c.state.to_dict() if c.state else None) for c in (pod.status.container_statuses or [])
+                ]
+                deleting = " deleting" if pod.metadata.deletion_timestamp else ""
+                lines.append(f"pod {pod.metadata.name}: {pod.status.phase}{deleting} {states}")
+            for event in self.core.list_namespaced_event(self.namespace).items[-15:]:
+                lines.append(f"event {event.involved_object.name}: {event.reason} {event.message}")
+        except Exception as err:  # noqa: BLE001 - a diagnosis must not hide the timeout it explains
+            lines.append(f"(could not read the namespace: {err!r})")
+        return "\n".join(lines)
+
     def _control(self, job: dict[str, Any], pods: list[Any], services: set[str]) -> None:
         name, spec = job["metadata"]["name"], job["spec"]
         run_policy = spec.get("runPolicy") or {}
@@ -454,7 +476,13 @@ def _past_deadline(seconds: int | None, start: str | None) -> bool:
 
 
 def _pod_ip(pod: Any | None) -> str | None:
-    return pod.status.pod_ip if pod is not None and pod.status else None
+    """The address the master's name resolves to: its headless Service has no publishNotReadyAddresses, so only a
+    Ready pod's, and never a terminating one's (a worker made again while the old master was still being deleted,
+    after a preemption, would otherwise be given the old pod's address and wait on it forever)."""
+    if pod is None or not pod.status or pod.metadata.deletion_timestamp:
+        return None
+    ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    return pod.status.pod_ip if ready else None
 
 
 def _past_backoff_limit(replicas: dict[str, Any], limit: int | None, pods: list[Any]) -> bool:
@@ -554,4 +582,4 @@ def wait_for(what: str, predicate, standin: KubeflowStandIn, timeout: float = 30
             return value
         assert not standin.errors, standin.errors
         time.sleep(poll)
-    pytest.fail(f"timed out waiting for {what}")
+    pytest.fail(f"timed out waiting for {what}; the namespace then:\n{standin.snapshot()}")

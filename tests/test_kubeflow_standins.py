@@ -149,6 +149,7 @@ def set_phase(
         "phase": phase,
         "reason": reason,
         "podIP": "10.0.0.9",
+        "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}],
         "containerStatuses": [status(c.name, restarts if i == 0 else 0, state) for i, c in enumerate(containers)],
     }
     if init_restarts is not None:
@@ -202,6 +203,32 @@ def test_pytorchjob_services_env_and_eviction(standin: TrainerStandIn) -> None:
     standin.reconcile()
     assert "pj-master-0" in pods(standin) and pods(standin)["pj-master-0"].status.phase in (None, "Pending")
     assert last_condition(standin, "PyTorchJob", "pj")["type"] != "Failed"
+
+
+def test_a_worker_is_given_only_a_ready_masters_address_never_a_terminating_ones(standin: TrainerStandIn) -> None:
+    """The master's headless Service has no publishNotReadyAddresses: its name resolves to a Ready pod only. After a
+    preemption the old master may still be terminating when its worker is made again; given that pod's address, the
+    new worker would wait on it forever (the likely cause of a CI run where the preempted job never resumed)."""
+    create(standin, pytorchjob("pj", workers=1))
+    standin.reconcile()
+    assert sorted(pods(standin)) == ["pj-master-0"]  # no address yet: the worker waits, as the init container would
+    set_phase(standin, "pj-master-0", "Running")
+    standin.reconcile()
+    [alias] = pods(standin)["pj-worker-0"].spec.host_aliases
+    assert alias.hostnames == ["pj-master-0"] and alias.ip == "10.0.0.9"
+
+    # The scheduler preempts both: the worker goes at once, the master (a finalizer here) is still terminating.
+    standin.core.patch_namespaced_pod(
+        "pj-master-0", standin.namespace, {"metadata": {"finalizers": ["hpctrain.test/hold"]}}
+    )
+    for name in ("pj-worker-0", "pj-master-0"):
+        standin.core.delete_namespaced_pod(name, standin.namespace)
+    standin.reconcile()
+    assert "pj-worker-0" not in pods(standin), "a worker made with the terminating master's address"
+    standin.core.patch_namespaced_pod("pj-master-0", standin.namespace, {"metadata": {"finalizers": None}})
+    standin.reconcile()
+    assert sorted(pods(standin)) == ["pj-master-0"]
+    assert not standin.errors, standin.errors
 
 
 def test_pytorchjob_backoff_counts_running_pods_init_containers_included(standin: TrainerStandIn) -> None:

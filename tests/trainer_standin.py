@@ -246,7 +246,11 @@ class TrainerStandIn(KubeflowStandIn):
             by_index.setdefault(int(pod.metadata.annotations[COMPLETION_INDEX]), []).append(pod)
         if all(any(_phase(p) == "Succeeded" for p in by_index.get(i, [])) for i in range(nnodes)):
             return "Complete"
-        node0 = [p for p in by_index.get(0, []) if _phase(p) in ACTIVE and p.status and p.status.pod_ip]
+        node0 = [  # not a terminating pod's address: a pod made after it must reach the new node 0
+            p
+            for p in by_index.get(0, [])
+            if _phase(p) in ACTIVE and p.status and p.status.pod_ip and not p.metadata.deletion_timestamp
+        ]
         for index in range(nnodes):
             if not any(_phase(p) in ACTIVE or _phase(p) == "Succeeded" for p in by_index.get(index, [])):
                 if index == 0 or node0:  # the other nodes reach node 0 by a host alias to its pod IP

@@ -201,7 +201,8 @@ make_images() {
         --file "$img/passwd:/etc/passwd" --file "$img/group:/etc/group" \
         --env PATH=/var/cache/hpctrain/venv/bin:/usr/local/bin:/usr/bin:/bin --env "PYTHONPATH=$ROOT/src" \
         --env HOME=/root
-    say "images: $PAUSE_IMAGE, $TRAINING_IMAGE"
+    echo "$ROOT" >"$img/checkout"
+    say "images: $PAUSE_IMAGE, $TRAINING_IMAGE (hpctrain from $ROOT/src)"
 }
 
 # --- kubelet, scheduler, controller manager ----------------------------------------
@@ -294,6 +295,12 @@ node_ready() {
 nodes_ok() {
     local want=$1 i dir
     [ "$(node_numbers | wc -l)" -eq "$want" ] || return 1
+    # The training image runs hpctrain from the checkout that made it (PYTHONPATH): another checkout restarts the
+    # node, or its pods would run a deleted clone's code (or none).
+    if [ "$(cat "$NODE_DIR/images/checkout" 2>/dev/null)" != "$ROOT" ]; then
+        say "the node's training image runs hpctrain from $(cat "$NODE_DIR/images/checkout" 2>/dev/null || echo 'an unknown checkout'), not $ROOT: restarting the node"
+        return 1
+    fi
     pid_alive "$NODE_DIR/kube-scheduler.pid" kube-scheduler || return 1
     pid_alive "$NODE_DIR/kube-controller-manager.pid" kube-controller-manager || return 1
     for ((i = 1; i <= want; i++)); do
