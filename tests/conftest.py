@@ -29,6 +29,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The tests whose pods run on the local cluster's real node hold it, or a CPU of it, under a file lock (real_node.py).
+# Spread over the xdist workers, each waited there for the others' (a failing one held the node for 7 minutes while
+# three workers idled: 12% of a CI run's CPU unused). scripts/test.sh runs with --dist loadgroup: these go to one
+# worker, one after another, the largest group first, and the other workers never wait on the node.
+REAL_NODE_FIXTURES = {"real", "real_cpu"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_NODE_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("real_node"):
+            item.add_marker(pytest.mark.real_node)
+            item.add_marker(pytest.mark.xdist_group("real-node"))
+
+
 @pytest.fixture(autouse=True)
 def _signal_actions_restored():
     before = {signum: signal.getsignal(signum) for signum in _RESTORED_SIGNALS}

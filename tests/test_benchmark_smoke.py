@@ -81,6 +81,7 @@ def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path
 
 @pytest.mark.k8s
 @pytest.mark.slow
+@pytest.mark.real_node
 def test_k8s_turnaround_benchmark_runs_on_the_real_node() -> None:
     from real_node import WHOLE, node_share
     from test_k8s_real_pods import node_status

@@ -74,6 +74,7 @@ def status_of(c: SimpleNamespace, name: str) -> dict:
 
 @pytest.mark.k8s
 @pytest.mark.slow
+@pytest.mark.real_node
 def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: Path) -> None:
     c = cluster
     bin_dir = install(c.shared / "bin")
@@ -146,6 +147,7 @@ def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: 
 
 @pytest.mark.k8s
 @pytest.mark.slow
+@pytest.mark.real_node
 def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: SimpleNamespace, tmp_path: Path) -> None:
     """--max-restarts 1 on a TrainJob: it runs on hpctrain's own TrainingRuntime (restartPolicy Never, the Job's
     backoffLimit 0, JobSet failurePolicy maxRestarts 1), so a pod that keeps failing has JobSet recreate the set once
@@ -216,6 +218,7 @@ def test_trainjob_failure_ends_the_wait_with_the_exit_status(cluster_cpu: Simple
 
 @pytest.mark.k8s
 @pytest.mark.slow
+@pytest.mark.real_node
 def test_trainjob_two_node_mnist_completes(cluster: SimpleNamespace, tmp_path: Path, fashion_data_dir: Path) -> None:
     c = cluster
     run_dir = c.shared / "runs" / "tj-mnist"
