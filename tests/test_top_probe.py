@@ -1,7 +1,8 @@
-"""The Kubernetes probe that reads a job's rank records in one of its pods (hpctrain.servers.top.PROGRESS_PROBE),
-run here by /bin/sh on a real run directory: how many processes it starts must not grow with the ranks (issue 32:
-one `tr` per rank was 18 s of forks at 8,000), what it prints parses back to the records read_progress reads, and
-what is not a regular file (a FIFO, a link) is passed over without blocking."""
+"""`top` and `status` on Kubernetes at scale (issue 32). The probe that reads a job's rank records in one of its pods
+(hpctrain.servers.top.PROGRESS_PROBE), run here by /bin/sh on a real run directory: how many processes it starts
+must not grow with the ranks (one `tr` per rank was 18 s of forks at 8,000), what it prints parses back to the
+records read_progress reads, and what is not a regular file (a FIFO, a link) is passed over without blocking. And
+the pods are probed side by side, not one exec after another."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -74,3 +77,32 @@ def test_the_probe_starts_as_many_processes_for_64_ranks_as_for_4(tmp_path: Path
         assert len(read_back(probe(run_dir_of(tmp_path, ranks), path))) == ranks
         started[ranks] = log.read_text().split()
     assert started[64] == started[4], started  # one find and one awk: the old loop started one tr per rank
+
+
+def test_the_pods_are_probed_side_by_side_and_come_back_in_their_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four pods: each fake exec waits at a barrier of four, which one exec after another never passes (the bound
+    only ends a failing run). Stand-in: the exec stream (the real one: tests/test_top.py on the real node)."""
+    client = pytest.importorskip("kubernetes.client")
+    from hpctrain.schedulers.kubernetes import pods
+
+    barrier = threading.Barrier(4, timeout=60)
+    asked: dict[str, str] = {}
+
+    def fake_exec(core: object, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
+        asked[pod] = probe
+        barrier.wait()
+        return "@node ignored\n@cpus 2\n@load 0.50 0.40 0.30 1/99 7\n@nogpu\n", '{"status": "Success"}'
+
+    monkeypatch.setattr(pods, "exec_probe", fake_exec)
+    job = [
+        SimpleNamespace(
+            status=SimpleNamespace(phase="Running"),
+            metadata=SimpleNamespace(name=f"job-worker-{i}", namespace="ns"),
+            spec=SimpleNamespace(node_name=f"node-{i}", containers=[SimpleNamespace(name="pytorch")]),
+        )
+        for i in range(4)
+    ]
+    core = SimpleNamespace(api_client=client.ApiClient(client.Configuration()))
+    samples = pods.sample_pods(core, job)
+    assert [s.node for s in samples] == [f"node-{i} (job-worker-{i})" for i in range(4)]
+    assert [PROGRESS_PROBE in asked[f"job-worker-{i}"] for i in range(4)] == [True, False, False, False]
