@@ -81,7 +81,7 @@ def test_jobs_hpctrain_did_not_submit() -> None:
     assert (held.state, neutral_state(held.state), held.reason) == ("RESV_DEL_HOLD", base.PENDING, "ReservationDeleted")
 
     listed = parse_squeue(read("20.11", "squeue.txt"))
-    ids = [j.job_id for j in sorted(listed, key=lambda j: _id_key(j.job_id))]
+    ids = [j.job_id for j in sorted(listed, key=_id_key)]
     assert ids == ["4100_[3-10]", "4107", "4111", "4150", "4200+0", "4200+1"]
     by_id = {j.job_id: j for j in listed}
     assert by_id["4111"].time_limit_s is None  # squeue says NOT_SET

@@ -27,10 +27,13 @@ def plain_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> Non
     """rows[0] is the header. Each column as wide as its widest cell, two spaces between columns."""
     if not rows:
         return
-    cleaned = [[clean(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cleaned) for i in range(len(cleaned[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cleaned]
-    (out or sys.stdout).write("\n".join(lines) + "\n")
+    columns = [list(column) for column in zip(*rows)]
+    for column in columns:
+        if not all(map(str.isprintable, column)):  # rare: clean the cells of this column only
+            column[:] = map(clean, column)
+    widths = [max(map(len, column)) for column in columns]
+    line = "  ".join(f"{{:<{width}}}" for width in widths)  # one format a row: linear, no per-cell calls
+    (out or sys.stdout).write("\n".join(line.format(*row).rstrip() for row in zip(*columns)) + "\n")
 
 
 def rich_table(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> Any:

@@ -7,6 +7,7 @@ What can be written on an #SBATCH line is Slurm's to check (hpctrain.schedulers.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -60,6 +61,7 @@ def parse_time_limit(text: str) -> int:
     return total
 
 
+@functools.lru_cache(maxsize=8192)  # a list of 100,000 jobs repeats a few thousand durations
 def format_duration(seconds: int | None) -> str:
     """Seconds -> D-HH:MM:SS (or HH:MM:SS below a day), the form squeue prints; None (no limit) -> UNLIMITED."""
     if seconds is None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
+from hpctrain.schedulers.slurm.records import NULLS as _NULLS
 from hpctrain.schedulers.slurm.records import null, parse_int, parse_records, printed_duration
 from hpctrain.errors import UserError
 
@@ -41,7 +42,7 @@ _JOB_ID_RE = re.compile(r"^\d+(?:_\d+)?(?:\+\d+)?$")
 _SIGNAL_RE = re.compile(r"^(?:SIG)?[A-Z][A-Z0-9+-]*$|^\d{1,2}$")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ took 3 times as long (100,000 jobs: 0.3 s)
 class JobInfo:
     job_id: str
     name: str
@@ -96,6 +97,7 @@ def parse_exit_code(text: str | None) -> int | None:
     return status_n if status_n or not sig_n else 128 + sig_n
 
 
+@functools.lru_cache(maxsize=256)  # a few dozen state texts in any list
 def _state_word(text: str | None) -> str:
     """Slurm's state word as it is, upper case: sacct says `CANCELLED by 0` where squeue and scontrol say CANCELLED,
     and a column too narrow ends it with `+` (`CANCELLED+`). A state this module does not know (each Slurm release
@@ -195,22 +197,22 @@ def parse_squeue(text: str) -> list[JobInfo]:
             start,
             limit,
             work_dir,
-        ) = [c.strip() for c in cols[:n]]  # the order of SQUEUE_FIELDS
+        ) = map(str.strip, cols[:n])  # the order of SQUEUE_FIELDS
         jobs.append(
             JobInfo(
                 job_id=job_id,
                 name=name,
                 state=_state_word(state),
-                reason=null(reason) if reason != "None" else None,
-                nodes=null(nodes),
-                num_nodes=parse_int(num_nodes, 0) or None,
+                reason=None if reason in _NULLS else reason,  # (null()'s test inline: 100,000 jobs)
+                nodes=None if nodes in _NULLS else nodes,
+                num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
                 elapsed_s=_duration_or_none(used),
-                restarts=parse_int(restarts),
-                partition=null(partition),
-                user=null(user),
-                work_dir=null(work_dir),
-                submit_time=null(submit),
-                start_time=null(start),
+                restarts=int(restarts) if restarts.isdigit() else 0,
+                partition=None if partition in _NULLS else partition,
+                user=None if user in _NULLS else user,
+                work_dir=None if work_dir in _NULLS else work_dir,
+                submit_time=None if submit in _NULLS else submit,
+                start_time=None if start in _NULLS else start,
                 time_limit_s=_duration_or_none(limit),
                 source="squeue",
             )
@@ -326,11 +328,13 @@ def list_jobs(user: str | None = None, all_users: bool = False, run: Runner = su
     if not all_users and user is None:
         user = getpass.getuser()
     result = slurm(squeue_argv(None if all_users else user), run=run)
-    return sorted(parse_squeue(result.stdout), key=lambda j: _id_key(j.job_id))
+    return sorted(parse_squeue(result.stdout), key=_id_key)
 
 
-def _id_key(job_id: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())
+def _id_key(job: JobInfo) -> tuple[int, ...]:
+    if job.job_id.isdigit():  # most ids: no array index, no het component
+        return (int(job.job_id),)
+    return tuple(int(p) for p in re.split(r"[_+]", job.job_id) if p.isdigit())
 
 
 def wait_for_job(

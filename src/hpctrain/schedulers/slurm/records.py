@@ -74,9 +74,13 @@ def parse_int(text: str | None, default: int = 0) -> int:
         return default
 
 
+NULLS = frozenset({"", "(null)", "N/A", "None", "n/a"})
+"""Slurm's empty markers."""
+
+
 def null(text: str | None) -> str | None:
     """Slurm's empty markers (`(null)`, `N/A`, `None`, ``) -> None."""
     if text is None:
         return None
     value = text.strip()
-    return None if value in {"", "(null)", "N/A", "None", "n/a"} else value
+    return None if value in NULLS else value
