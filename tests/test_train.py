@@ -435,9 +435,10 @@ def children(pid: int) -> list[int]:
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            cmdline = (status.parent / "cmdline").read_bytes().decode()
         except OSError:
             continue
-        if int(fields["PPid"]) == pid and "resource_tracker" not in (status.parent / "cmdline").read_bytes().decode():
+        if int(fields["PPid"]) == pid and "resource_tracker" not in cmdline:
             found.append(int(status.parent.name))
     return found
 
@@ -477,8 +478,11 @@ def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
         for line in process.stdout:
             if "epoch 1/1000 step 5/" in line:
                 break
-        workers = children(process.pid)
-        assert len(workers) == 2, workers
+        # The launcher's child is the fork server (hpctrain.launch.local), whose children are the workers.
+        servers = children(process.pid)
+        workers = [pid for server in servers for pid in children(server)]
+        assert len(workers) == 2, (servers, workers)
+        workers += servers  # the server must not outlive the launcher either
         process.kill()  # SIGKILL: the launcher cannot pass anything on
         process.wait(timeout=60)
         deadline = time.monotonic() + 60  # a bound for the test, not a timing claim: the kernel kills them at once

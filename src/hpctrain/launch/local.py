@@ -1,4 +1,5 @@
-"""Start N worker processes on this node, as mp.spawn does, with the environment torchrun would give them.
+"""Start N worker processes on this node, as mp.spawn does (from a fork server), with the environment torchrun would
+give them.
 
 Used for `hpctrain train --nproc N` (one process per GPU, or N gloo processes on CPU) and for platforms that start
 one process per node and expect it to fan out (Kubeflow's PET_NPROC_PER_NODE without torchrun). Each worker sees
@@ -16,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from hpctrain.distributed import NodePlan
-from hpctrain.distributed.lifetime import die_with_parent
+from hpctrain.distributed.lifetime import die_with, die_with_parent
 from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
 
@@ -26,10 +27,15 @@ FAILURE_GRACE_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
-def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str], parent: int) -> None:
+def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str], launcher: int) -> None:
     # SIGKILL when the launcher dies, so a worker whose launcher was killed never trains or writes on: nobody is
     # left to wait for a checkpoint, and the last one is whole either way (written to a temporary name, renamed).
-    die_with_parent(parent, signal.SIGKILL)
+    # A worker is forked by the fork server, a child of the launcher: it dies with the server (its parent) and with
+    # the launcher (which the server does not outlive only once its workers are gone: each holds the server's pipe).
+    server = os.getppid()
+    die_with_parent(server, signal.SIGKILL)
+    if server != launcher:
+        die_with(launcher, signal.SIGKILL)
     # Our own session, as torchrun's workers have: a terminal's Ctrl-C (SIGINT to its foreground process group)
     # reaches only the launcher, which forwards it once, so a single Ctrl-C never counts twice in a worker.
     os.setsid()
@@ -52,6 +58,18 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
     os._exit(code)
 
 
+def _context() -> Any:
+    """Fresh interpreters for the workers, made by a fork server that imported torch once for all of them (and
+    torch._dynamo, which the first optimizer imports): each worker of `--nproc N` imported both itself before, 2.8
+    CPU s apiece on the CPU wheel. The server only imports, never runs an operator (no thread pool to fork, no CUDA
+    context); a worker is a fork of it. Where there is no fork server (not POSIX), spawn, as before."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch._dynamo"])  # a module that fails to import is skipped there
+    return context
+
+
 def local_plan(nproc: int) -> NodePlan:
     """One node, `nproc` workers meeting on a free loopback port."""
     return NodePlan(num_nodes=1, node_rank=0, nproc_per_node=nproc, master_addr="127.0.0.1", master_port=free_port())
@@ -66,7 +84,7 @@ def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> 
     waiting in a collective forever. Once all workers have exited those signals are ignored until this process
     exits: the outcome is settled, and a late signal must not turn it into a death by signal.
     """
-    context = multiprocessing.get_context("spawn")
+    context = _context()
     workers = [
         context.Process(
             target=_worker, args=(target, args, plan.worker_environ(i), os.getpid()), name=f"hpctrain-rank{i}"
