@@ -90,11 +90,12 @@ class CrdlessK8s:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def k8s_crdless(k8s_cluster: LocalK8s, tmp_path_factory: pytest.TempPathFactory):
     """Start a second etcd + kube-apiserver (the cached binary of the shared one, other ports, its own state dir)
-    with HPCTRAIN_K8S_NO_CRDS=1; stop it and remove its state after the session. Needs the shared server's
-    build, hence `k8s_cluster` first."""
+    with HPCTRAIN_K8S_NO_CRDS=1; stop it and remove its state after the module's tests. Needs the shared server's
+    build, hence `k8s_cluster` first. Its tests are one xdist group: once a session it ran on every worker that
+    got one of them and idled there to the end (3 servers, 45 CPU s each)."""
     if os.geteuid() != 0:
         pytest.fail("starting a second local Kubernetes API server needs root (as scripts/local-k8s.sh up does)")
     base = tmp_path_factory.mktemp("k8s-crdless")

@@ -2,8 +2,8 @@
 name the CRD and how to install it, and create nothing.
 
 The server is a second, throw-away etcd + kube-apiserver started by scripts/local-k8s.sh with
-HPCTRAIN_K8S_NO_CRDS=1 (fixture `k8s_crdless`, once per session), reached through its own kubeconfig file, so the
-shared server's CRDs, which other tests need, stay installed.
+HPCTRAIN_K8S_NO_CRDS=1 (fixture `k8s_crdless`, once for this module: its tests run on one xdist worker), reached
+through its own kubeconfig file, so the shared server's CRDs, which other tests need, stay installed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from k8s_fixtures import CrdlessK8s
 
-pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.xdist_group("k8s-crdless")]
 IMAGE = "example.invalid/hpctrain:test"
 
 
