@@ -166,7 +166,7 @@ def test_a_run_directory_named_like_an_option_reaches_tensorboard_as_a_folder(tm
     """`-x` here (the local server), and the command lines of the Slurm job and the pod, run here as they would
     run there: each serves the run `-x`, none takes it for an option."""
     from hpctrain.schedulers.kubernetes.services import tensorboard_pod
-    from hpctrain.schedulers.slurm.monitoring import TENSORBOARD_COMMAND
+    from hpctrain.schedulers.slurm.services import TENSORBOARD_COMMAND
     from hpctrain.distributed.ports import free_port
     from hpctrain.servers.tensorboard import logdir_spec, tensorboard_argv
 

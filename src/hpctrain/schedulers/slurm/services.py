@@ -3,7 +3,7 @@
 
 Each service is a server in a Slurm batch job: render the script (pure), submit it (thin), wait until the server
 answers. Dev sessions (JupyterLab, sshd, a VS Code tunnel; their views and stopping in dev.py) and TensorBoard are
-such jobs; `top`'s probe runs as a step beside the job's own. TensorBoard and `top`'s probe: monitoring.py.
+such jobs; `top`'s probe runs as a step beside the job's own (monitoring.py).
 
 The job picks a free port on its node, writes `endpoint.json` (job id, node, port) into the service's state
 directory, and starts the server as a job step, so that containers (apptainer, pyxis) and the environment
@@ -30,11 +30,12 @@ from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
+from hpctrain.schedulers.slurm.monitoring import sample
 from hpctrain.schedulers.slurm.run_dir import run_dir_of
 from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.servers import code, jupyter, ssh
 from hpctrain.servers import tensorboard as tbserver
-from hpctrain.servers.common import Endpoint, login_host, read_json, write_private
+from hpctrain.servers.common import Endpoint, login_host, private_dir, read_json, state_root, write_private
 from hpctrain.servers.sessions import (
     CONNECTION_FILE,
     TOKEN_FILE,
@@ -207,6 +208,62 @@ def output_tail(state_dir: Path, job_id: str, lines: int = 15) -> str:
     return "\n".join(f"  | {line}" for line in text[-lines:])
 
 
+# ---- TensorBoard as a service job ----------------------------------------------------------------------------------
+
+TENSORBOARD_COMMAND = (
+    "bash",
+    "-c",
+    'exec python3 -m tensorboard.main --logdir_spec="$HPCTRAIN_TB_SPEC" --host 0.0.0.0 '
+    '--port "$HPCTRAIN_PORT" --reload_interval 30',
+)
+
+
+@dataclass(frozen=True)
+class ClusterTensorBoard:
+    """TensorBoard's job: the runs' --logdir_spec (paths as the job sees them), its environment and limits."""
+
+    spec: str
+    environment: EnvironmentSpec = EnvironmentSpec()
+    time: str | None = "08:00:00"
+    partition: str | None = None
+    account: str | None = None
+    mem: str | None = "2G"
+
+
+def tensorboard_job(tb: ClusterTensorBoard, state_dir: Path) -> ServiceJob:
+    return ServiceJob(
+        name="tensorboard",
+        state_dir=str(state_dir),
+        command=TENSORBOARD_COMMAND,
+        resources=Resources(cpus_per_task=1, mem=tb.mem),
+        environment=tb.environment,
+        setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",),
+        partition=tb.partition,
+        account=tb.account,
+        time=tb.time,
+    )
+
+
+def new_state_dir() -> Path:
+    root = private_dir(state_root("tensorboard"))
+    return private_dir(root / time.strftime(f"%Y%m%d-%H%M%S-{secrets.token_hex(3)}"))
+
+
+def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple[str, Endpoint]:
+    state_dir = new_state_dir()
+    service = tensorboard_job(tb, state_dir)
+    job_id = submit(service, render_service_script(service))
+    say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
+    endpoint = wait_ready(
+        state_dir,
+        job_id,
+        lambda ep: tbserver.ready(ep.node, ep.port),
+        wait_s,
+        on_state=lambda s: say(f"  job {job_id}: {s}"),
+    )
+    return job_id, endpoint
+
+
 # ---- what `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Slurm --------------------------------
 
 
@@ -237,8 +294,6 @@ class SlurmServices:
     def tensorboard(
         self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
     ) -> list[str]:
-        from hpctrain.schedulers.slurm.monitoring import ClusterTensorBoard, start_tensorboard
-
         tb = ClusterTensorBoard(
             spec=tbserver.logdir_spec(run_dirs),
             environment=environment(placement),
@@ -256,8 +311,6 @@ class SlurmServices:
         ]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
-        from hpctrain.schedulers.slurm.monitoring import sample
-
         info, samples = sample(job)
         run_dir = run_dir_of(info.job_id, info.work_dir) if find_run_dir else None
         return TopSample(f"job {info.job_id}", samples, run_dir)
