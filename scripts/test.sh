@@ -65,13 +65,17 @@ waited() { # waited PID NAME: wait for a background set-up step; on failure show
 }
 waited "$k8s_pid" k8s
 
+# The suite is CPU-bound on 2 cores, and its longest chains are work that runs outside pytest: the real node's pods
+# (its tests run one after another) and Slurm's job steps. pytest and everything it starts run niced, so that
+# those go first; a real-node test runs its own commands at normal priority again (tests/real_node.py).
+NICE=10
 floor_pid=""
 if [ -n "$floor_env_pid" ]; then
     waited "$floor_env_pid" floor
     FLOOR_PYTHON=$(floor_python)
     export HPCTRAIN_FLOOR_PYTHON=$FLOOR_PYTHON # also read by the main run (tests/test_torchrun_shim.py)
     floor_tmp=$(mktemp -d)
-    "$FLOOR_PYTHON" -m pytest -p no:cacheprovider -n 2 --dist worksteal --basetemp="$floor_tmp/t" -m floor \
+    nice -n "$NICE" "$FLOOR_PYTHON" -m pytest -p no:cacheprovider -n 2 --dist worksteal --basetemp="$floor_tmp/t" -m floor \
         >"$floor_tmp/log" 2>&1 &
     floor_pid=$!
 fi
@@ -79,7 +83,7 @@ fi
 status=0
 # Each test's CPU (tests/cpu_report.py): on 2 cores the suite is CPU-bound, so this, not --durations, says what to cut.
 export HPCTRAIN_TEST_CPU_REPORT="${HPCTRAIN_TEST_CPU_REPORT:-$(mktemp -d)/cpu.jsonl}"
-"$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-5}" --dist loadgroup --durations=30 "$@" || status=$?
+nice -n "$NICE" "$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-5}" --dist loadgroup --durations=30 "$@" || status=$?
 if [ -s "$HPCTRAIN_TEST_CPU_REPORT" ]; then
     "$PYTHON" tests/cpu_report.py "$HPCTRAIN_TEST_CPU_REPORT" 25 || true
 fi
