@@ -30,8 +30,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, str], launcher: int) -> None:
     # SIGKILL when the launcher dies, so a worker whose launcher was killed never trains or writes on: nobody is
     # left to wait for a checkpoint, and the last one is whole either way (written to a temporary name, renamed).
-    # A worker is forked by the fork server, a child of the launcher: it dies with the server (its parent) and with
-    # the launcher (which the server does not outlive only once its workers are gone: each holds the server's pipe).
+    # A worker is forked by the fork server, a child of the launcher: it dies with the server (its parent), and with
+    # the launcher itself, since the server exits after the launcher only once its workers are gone (each worker
+    # holds the server's pipe).
     server = os.getppid()
     die_with_parent(server, signal.SIGKILL)
     if server != launcher:
@@ -39,10 +40,10 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
     # Our own session, as torchrun's workers have: a terminal's Ctrl-C (SIGINT to its foreground process group)
     # reaches only the launcher, which forwards it once, so a single Ctrl-C never counts twice in a worker.
     os.setsid()
-    # A spawned process inherits "spawn" as its default start method, so every DataLoader worker (made anew each
-    # epoch, for training and for evaluation) would start a fresh interpreter and import torch again: 14 CPU s more
-    # for 2 ranks x 1 worker x 2 epochs on a CPU node than the same run with 0 workers. torchrun's workers are plain
-    # processes, whose data workers start the platform's default way (fork on Linux); ours now do the same.
+    # A worker inherits its maker's start method (forkserver here; spawn before, when every DataLoader worker, made
+    # anew each epoch for training and for evaluation, was a fresh interpreter importing torch again: 14 CPU s more
+    # for 2 ranks x 1 worker x 2 epochs on a CPU node than with 0 workers). torchrun's workers are plain processes,
+    # whose data workers start the platform's default way (fork on Linux); ours do the same.
     multiprocessing.set_start_method(None, force=True)
     os.environ.update(env)
     try:
@@ -59,10 +60,10 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
 
 
 def _context() -> Any:
-    """Fresh interpreters for the workers, made by a fork server that imported torch once for all of them (and
-    torch._dynamo, which the first optimizer imports): each worker of `--nproc N` imported both itself before, 2.8
-    CPU s apiece on the CPU wheel. The server only imports, never runs an operator (no thread pool to fork, no CUDA
-    context); a worker is a fork of it. Where there is no fork server (not POSIX), spawn, as before."""
+    """The workers are forks of a fork server, a fresh interpreter that imported torch once for all of them (and
+    torch._dynamo, which the first optimizer imports): with spawn each worker of `--nproc N` imported both itself,
+    2.8 CPU s apiece on this machine. The server only imports, never runs an operator (no thread pool to fork, no
+    CUDA context). Where there is no fork server (not POSIX), spawn."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
