@@ -23,7 +23,7 @@ from hpctrain.distributed.collectives import device_type_for
 from training_helpers import clean_environ
 
 WORKER = r"""
-import datetime, json, sys
+import datetime, json, os, sys
 import torch.distributed as dist
 from hpctrain.training import StopReason, agree, vote_group
 
@@ -40,6 +40,10 @@ group = vote_group()
 print(json.dumps({"default": dist.get_backend(), "vote_group": dist.get_backend(group),
                   "same_group_again": group is vote_group(), "first": first.label, "second": second.label}))
 dist.destroy_process_group()
+# Leave as hpctrain's own workers do (launch/local.py): torch's teardown of a process group's C++ threads was
+# seen to abort (SIGABRT, "terminate called without an active exception") on a loaded machine after the work.
+sys.stdout.flush()
+os._exit(0)
 """
 
 
@@ -110,7 +114,7 @@ def test_the_installed_torch_table_says_nccl_takes_only_gpu_tensors() -> None:
 
 
 CADENCE_WORKER = r"""
-import datetime, json, sys, time
+import datetime, json, os, sys, time
 import torch.distributed as dist
 from hpctrain.training import StopReason
 from hpctrain.training.stopping import StepVote
@@ -131,6 +135,10 @@ for step in range(1, 400):
         break
 print(json.dumps({"voted": voted, "stopped": stopped}))
 dist.destroy_process_group()
+# Leave as hpctrain's own workers do (launch/local.py): torch's teardown of a process group's C++ threads was
+# seen to abort (SIGABRT, "terminate called without an active exception") on a loaded machine after the work.
+sys.stdout.flush()
+os._exit(0)
 """
 
 
