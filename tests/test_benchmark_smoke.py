@@ -106,3 +106,13 @@ def test_scale_health_benchmark_times_each_call_before_and_now() -> None:
         "preflight judge (N nodes)",
         "preflight link pairs (N nodes)",
     ], result.stdout
+
+
+@pytest.mark.slow
+def test_launcher_cpu_benchmark_counts_every_process_of_a_run(fashion_mnist_source: Path) -> None:
+    result = bench(
+        "benchmarks/launcher_cpu.py", "--data-dir", str(fashion_mnist_source), "--repeat", "1", "--train-limit", "256"
+    )
+    assert result.returncode == 0, result.stderr
+    [row] = [line for line in result.stdout.splitlines() if line.startswith("| this ")]
+    assert float(row.split("median ")[1].split(" s")[0]) > 0, result.stdout
