@@ -162,16 +162,24 @@ class KubeflowStandIn:
 
     # ---- controller --------------------------------------------------------------------------------
 
+    JOB_KINDS: tuple[tuple[str, str, str], ...] = ((GROUP, VERSION, PLURAL),)
+    """The job objects this stand-in controls (group, version, plural), shown by snapshot()."""
+
     def snapshot(self) -> str:
         """What a test that timed out should show: each job's conditions, each pod's phase, deletion and containers'
         states, and the namespace's last events (the cluster's side of a wait that never ended)."""
         lines = []
         try:
-            for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]:
+            jobs = [
+                job
+                for group, version, plural in self.JOB_KINDS
+                for job in self.custom.list_namespaced_custom_object(group, version, self.namespace, plural)["items"]
+            ]
+            for job in jobs:
                 conditions = [
                     (c["type"], c["status"], c.get("reason")) for c in (job.get("status") or {}).get("conditions") or []
                 ]
-                lines.append(f"job {job['metadata']['name']}: {conditions}")
+                lines.append(f"{job['kind']} {job['metadata']['name']}: {conditions}")
             for pod in self.core.list_namespaced_pod(self.namespace).items:
                 states = [
                     (c.name, c.state.to_dict() if c.state else None) for c in (pod.status.container_statuses or [])

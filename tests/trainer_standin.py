@@ -81,6 +81,8 @@ class TrainerStandIn(KubeflowStandIn):
     """The PyTorchJob controller of tests/kubeflow_standin.py, plus Trainer v2, JobSet and the Job controller for the
     namespace's TrainJobs (module docstring)."""
 
+    JOB_KINDS = (*KubeflowStandIn.JOB_KINDS, (TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS))
+
     def __init__(self, api_client: Any, namespace: str) -> None:
         super().__init__(api_client, namespace)
         self._attempts: dict[str, int] = {}  # TrainJob uid -> the JobSet's restarts so far
