@@ -297,8 +297,10 @@ nodes_ok() {
     [ "$(node_numbers | wc -l)" -eq "$want" ] || return 1
     # The training image runs hpctrain from the checkout that made it (PYTHONPATH): another checkout restarts the
     # node, or its pods would run a deleted clone's code (or none).
-    if [ "$(cat "$NODE_DIR/images/checkout" 2>/dev/null)" != "$ROOT" ]; then
-        say "the node's training image runs hpctrain from $(cat "$NODE_DIR/images/checkout" 2>/dev/null || echo 'an unknown checkout'), not $ROOT: restarting the node"
+    local made_for
+    made_for=$(cat "$NODE_DIR/images/checkout" 2>/dev/null) || made_for="an unknown checkout"
+    if [ "$made_for" != "$ROOT" ]; then
+        say "the node's training image runs hpctrain from $made_for, not $ROOT: restarting the node"
         return 1
     fi
     pid_alive "$NODE_DIR/kube-scheduler.pid" kube-scheduler || return 1
