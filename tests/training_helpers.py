@@ -6,11 +6,12 @@ import hashlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+import warm_start
 
 # Small and quick, yet a real run: a few hundred training images, a slice of the test set, one thread per process.
 QUICK = [
@@ -55,9 +56,7 @@ def hpctrain(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     environ = {**clean_environ(), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout
-    )
+    return warm_start.run(list(args), cwd, environ, timeout)
 
 
 def start_hpctrain(
@@ -66,14 +65,7 @@ def start_hpctrain(
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     environ = {**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd,
-        env=environ,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    return warm_start.popen(list(args), cwd, environ, merge_stderr=True)
 
 
 def signal_after(

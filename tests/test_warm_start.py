@@ -1,0 +1,70 @@
+"""The test harness's warm start (tests/warm_start.py) behaves as a fresh `python -m hpctrain`: the same exit
+status, output on the same streams, the working directory and environment the test gave, death by a signal, and a
+fresh interpreter wherever the environment asks for one at start-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import warm_start
+from training_helpers import QUICK, clean_environ
+
+pytestmark = pytest.mark.skipif(not warm_start.enabled(), reason="warm start is off (HPCTRAIN_TEST_WARM_START=0)")
+
+
+def fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    "args, variables, directories",
+    [
+        (["--version"], {}, []),
+        (["no-such-command"], {}, []),  # exit 2, usage on stderr
+        (["status"], {"HPCTRAIN_SCHEDULER": "nonsense"}, []),  # read from the environment the test gave
+        (["train", "mnist", "--data-dir", "data", "--run-dir", "run"], {}, []),  # ./data missing: names the fix
+        (["train", "mnist", "--data-dir", "data", "--run-dir", "run"], {}, ["data"]),  # ./data there, empty
+    ],
+)
+def test_a_warm_command_answers_as_a_fresh_one(tmp_path, args, variables, directories):
+    for name in directories:
+        (tmp_path / name).mkdir()
+    env = {**clean_environ(), "HPCTRAIN_HOME": str(tmp_path / "home"), **variables}
+    warm = warm_start.popen(args, tmp_path, env, merge_stderr=False)
+    assert isinstance(warm, warm_start.WarmProcess), "the harness did not start this command warm"
+    out, err = warm.communicate(timeout=120)
+    expected = fresh(args, tmp_path, env)
+    assert (warm.returncode, out, err) == (expected.returncode, expected.stdout, expected.stderr)
+    assert warm.returncode != 0 or args == ["--version"]
+
+
+def test_a_signal_ends_a_warm_command_as_it_ends_a_fresh_one(tmp_path, fashion_data_dir):
+    args = ["train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir", "run", "--epochs", "50"]
+    env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
+    process = warm_start.popen(args, tmp_path, env, merge_stderr=True)
+    assert isinstance(process, warm_start.WarmProcess)
+    for line in process.stdout:
+        if "TensorBoard" in line:
+            break
+    assert Path(f"/proc/{process.pid}/cwd").resolve() == tmp_path.resolve()
+    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+    assert b"PYTHONUNBUFFERED=1" in environ
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_a_startup_variable_gets_a_fresh_interpreter(tmp_path):
+    env = {**clean_environ(), "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "sitecustomize.py").write_text("print('fresh start', flush=True)\n")
+    process = warm_start.popen(["--version"], tmp_path, env, merge_stderr=False)
+    assert not isinstance(process, warm_start.WarmProcess)
+    out, _ = process.communicate(timeout=60)
+    assert out.startswith("fresh start")

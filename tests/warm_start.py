@@ -1,0 +1,359 @@
+"""Run `python -m hpctrain ARGS` for a test without paying for `import torch` each time: a warm process.
+
+Test-harness only; hpctrain itself never uses this. Importing torch and torch._dynamo (which the first optimizer
+imports) costs about 3.8 CPU s a process on the 2-core CI machine, more than the small training run most tests do,
+and the suite starts hundreds of such runs. Each pytest worker therefore keeps one warm process (this file run as a
+script) that has imported torch, torch._dynamo and hpctrain and then only waits. A test's command is a fork of it
+that does what `python -m hpctrain ARGS` does from there on (`runpy`, as the interpreter's `-m` does): the test's
+working directory, environment, stdin/stdout/stderr and arguments; the interpreter's exit (SystemExit's code, atexit
+functions, non-daemon threads joined, death by SIGINT on an uncaught KeyboardInterrupt). The fork is a real process
+with a pid of its own that signals reach; its children are its own. The same preloading is what `hpctrain train
+--nproc N` does for its workers (hpctrain/launch/local.py), so torch is known to be safe to fork in that state: the
+warm process never runs an operator (no thread pool, no CUDA context).
+
+What a fork cannot reproduce, it is not used for: a command whose environment differs from the warm process's in a
+variable read at start-up or at import (PYTHON*, LD_*, OMP_*, MKL_*, KMP_*, TORCH*, PYTORCH*, CUDA*, ...) runs as a
+fresh interpreter, and so does every command when HPCTRAIN_TEST_WARM_START=0. Tests of start-up itself (what a
+command imports, the README's commands, the floor environment) run fresh interpreters of their own.
+
+Protocol, over a Unix socket: the client sends one JSON request (args, cwd, env, new_session) with its stdin,
+stdout and stderr as file descriptors (SCM_RIGHTS); the warm process forks, answers the child's pid, and once the
+child has ended its wait status. One thread: children are watched through pidfds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# Variables read when an interpreter or a library starts or is imported: a command whose value differs from the
+# warm process's gets a fresh interpreter.
+STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "NCCL", "OPENBLAS", "GOMP")
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "torchvision",
+    "hpctrain.cli",
+    "hpctrain.cli.train",
+    "hpctrain.training.loop",
+    "hpctrain.recipes.mnist",
+    "hpctrain.recipes.imagenet",
+)
+
+
+HANDLED = {"PYTHONUNBUFFERED"}  # the fork sets up its stdout as the interpreter would
+
+
+def _startup_view(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in HANDLED}
+
+
+# ---------------------------------------------------------------------------------------------- the warm process
+
+
+def _serve(path: str) -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the pytest worker that started it
+    for module in PRELOAD:
+        __import__(module)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, None)
+    while True:
+        for key, _ in selector.select():
+            if key.data is None:
+                connection, _ = listener.accept()
+                pid = _start(connection, listener, selector)
+                if pid is None:
+                    connection.close()
+                    continue
+                pidfd = os.pidfd_open(pid)
+                selector.register(pidfd, selectors.EVENT_READ, (pid, connection))
+            else:
+                pid, connection = key.data
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass  # the test stopped listening
+                connection.close()
+
+
+def _start(connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector) -> int | None:
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    if len(fds) != 3:
+        return None
+    request = json.loads(message)
+    pid = os.fork()
+    if pid == 0:
+        # Nothing of the warm process's stays open in the command (as Popen's close_fds): the other commands'
+        # pidfds and connections, the listening socket.
+        for key in list(selector.get_map().values()):
+            if key.data is not None:
+                os.close(key.fd)
+                key.data[1].close()
+        selector.close()
+        listener.close()
+        connection.close()
+        _become_command(request, fds)  # never returns
+    for fd in fds:
+        os.close(fd)
+    connection.sendall(f"{pid}\n".encode())
+    return pid
+
+
+def _become_command(request: dict, fds: list[int]) -> None:
+    import atexit
+    import io
+    import runpy
+
+    code = 1
+    try:
+        if request["new_session"]:
+            os.setsid()
+        else:
+            os.setpgid(0, request["pgid"])
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", write_through=unbuffered
+        )
+        sys.stderr = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+            encoding="utf-8",
+            errors="backslashreplace",
+            line_buffering=True,
+        )
+        sys.argv = ["-m", *request["args"]]
+        sys.path[0] = os.getcwd()  # as `python -m` has it
+        try:
+            runpy._run_module_as_main("hpctrain", alter_argv=True)  # type: ignore[attr-defined]
+            code = 0
+        except SystemExit as stop:
+            code = _exit_code(stop.code)
+        except KeyboardInterrupt:
+            _flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except BaseException:  # as the interpreter: the traceback on stderr, status 1
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at the interpreter's exit
+        atexit._run_exitfuncs()
+    finally:
+        _flush()
+        os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+# ------------------------------------------------------------------------------------------------------ the client
+
+
+class WarmProcess:
+    """The subset of subprocess.Popen the tests use, for a command forked from the warm process: pid, stdout (text,
+    when asked for), poll, wait, send_signal, terminate, kill, communicate."""
+
+    def __init__(self, connection: socket.socket, pid: int, args: list[str], stdout, stderr) -> None:
+        self._connection = connection
+        self._answer = b""
+        self.pid = pid
+        self.args = args
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stdin = None
+        self.returncode: int | None = None
+
+    def _read_status(self, timeout: float | None) -> int | None:
+        self._connection.settimeout(timeout)
+        try:
+            while not self._answer.endswith(b"\n"):
+                chunk = self._connection.recv(64)
+                if not chunk:
+                    raise RuntimeError(f"the warm process went away while running {self.args}")
+                self._answer += chunk
+        except (TimeoutError, BlockingIOError):
+            return None
+        self._connection.close()
+        return int(self._answer)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._read_status(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._read_status(timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        results: dict[str, str] = {}
+        readers = [
+            threading.Thread(target=lambda n=name, s=stream: results.__setitem__(n, s.read()), daemon=True)
+            for name, stream in (("stdout", self.stdout), ("stderr", self.stderr))
+            if stream is not None
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        return results.get("stdout"), results.get("stderr")
+
+    def __enter__(self) -> WarmProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()
+
+
+class _Server:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[str] | None = None
+        self._path = ""
+        self._startup: dict[str, str] = {}
+
+    def ensure(self, env: dict[str, str]) -> bool:
+        """Start the warm process once per pytest worker, in the worker's own environment; False if `env` needs a
+        fresh interpreter."""
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                directory = tempfile.mkdtemp(prefix="hpctrain-warm-")
+                self._path = os.path.join(directory, "socket")
+                self._startup = _startup_view(dict(os.environ))
+                self._process = subprocess.Popen(
+                    [sys.executable, str(Path(__file__)), self._path],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                if self._process.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"the warm process did not start (exit {self._process.wait()})")
+            return _startup_view(env) == self._startup
+
+    def start(
+        self, args: list[str], cwd: str, env: dict[str, str], stdin: int, stdout: int, stderr: int
+    ) -> tuple[socket.socket, int]:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(self._path)
+        request = {"args": args, "cwd": cwd, "env": env, "new_session": False, "pgid": os.getpgrp()}
+        socket.send_fds(connection, [json.dumps(request).encode()], [stdin, stdout, stderr])
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = connection.recv(64)
+            if not chunk:
+                raise RuntimeError("the warm process refused the command")
+            answer += chunk
+        return connection, int(answer)
+
+
+_server = _Server()
+
+
+def enabled() -> bool:
+    return os.environ.get("HPCTRAIN_TEST_WARM_START", "1") != "0" and hasattr(os, "pidfd_open")
+
+
+def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_stderr: bool):
+    """Start `python -m hpctrain *args` warm if it can be (else a plain Popen): stdout as a text pipe, stderr a pipe
+    of its own or merged into stdout."""
+    stderr_flag = subprocess.STDOUT if merge_stderr else subprocess.PIPE
+    if not (enabled() and _server.ensure(env)):
+        return subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", *args],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=stderr_flag,
+        )
+    out_read, out_write = os.pipe()
+    err_read, err_write = (None, out_write) if merge_stderr else os.pipe()
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    try:
+        connection, pid = _server.start(args, str(cwd or os.getcwd()), env, stdin, out_write, err_write)
+    finally:
+        os.close(stdin)
+        os.close(out_write)
+        if err_read is not None:
+            os.close(err_write)
+    stdout = open(out_read, encoding="utf-8", errors="replace")
+    stderr = None if err_read is None else open(err_read, encoding="utf-8", errors="replace")
+    return WarmProcess(connection, pid, ["hpctrain", *args], stdout, stderr)
+
+
+def run(args: list[str], cwd: Path | str | None, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """As subprocess.run([python, -m, hpctrain, *args], capture_output=True, text=True, timeout=timeout)."""
+    process = popen(args, cwd, env, merge_stderr=False)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
