@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from around_helpers import cli_env, hpctrain
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
+from slurm_fixtures import is_training
 from test_k8s_real_pods import CONTEXT, node_status
 
 DEADLINE_S = (
@@ -73,8 +75,40 @@ class Real:
     def cli(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         return hpctrain(*args, env=self.env, cwd=cwd)
 
+    def start_cli(self, *args: str) -> subprocess.Popen[str]:
+        """`hpctrain *args` started, not waited for (its output: communicate())."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def wait(self, what: str, predicate: Any) -> Any:
         return wait_for(what, predicate, self.standin, timeout=DEADLINE_S, poll=1.0)
+
+    def training_pids(self, run_dir: Path, count: int) -> list[int]:
+        """The pids of the `hpctrain train` processes that the pods run for `run_dir` (the node is this machine, so
+        the containers' processes are in its /proc), each pod's top one: a data loader worker, a fork of it, is
+        left out. Waits until there are `count`."""
+        return self.wait(f"{count} training process(es) for {run_dir}", lambda: _training_pids(run_dir, count))
+
+
+def _training_pids(run_dir: Path, count: int) -> list[int] | None:
+    found: dict[int, int] = {}  # pid: parent pid
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if str(run_dir) in argv and is_training(argv):
+            found[int(entry.name)] = parent
+    top = sorted(pid for pid, parent in found.items() if parent not in found)
+    return top if len(top) == count else None
 
 
 def _lock(name: str) -> Path:

@@ -128,7 +128,7 @@ class LocalSlurm:
         the nodes of the local cluster are this host, so they are in /proc."""
         deadline = time.monotonic() + timeout_s
         while True:
-            pids = [pid for pid, argv in _job_processes(job_id) if _is_training(argv)]
+            pids = [pid for pid, argv in _job_processes(job_id) if is_training(argv)]
             if len(pids) == processes:
                 return pids
             if time.monotonic() > deadline:
@@ -201,7 +201,7 @@ def _job_processes(job_id: str) -> Iterator[tuple[int, list[str]]]:
         yield int(entry.name), argv
 
 
-def _is_training(argv: list[str]) -> bool:
+def is_training(argv: list[str]) -> bool:
     """`hpctrain train ...` or `python -m hpctrain train ...`, but not a launcher (srun, torchrun) that starts it:
     the batch script's torchrun runs as `python3 -c "$hpctrain_torchrun" ... --no-python hpctrain train ...`."""
     names = [Path(a).name for a in argv]

@@ -27,7 +27,7 @@ from hpctrain.health import ProgressRecorder, RankProgress, hang_report, request
 from hpctrain.health import stacks as stacks_module
 from hpctrain.health.stacks import StackRequests, answers
 from hpctrain.training.stopping import EXIT_HUNG
-from training_helpers import QUICK, clean_environ, hpctrain, wait_for
+from training_helpers import QUICK, clean_environ, hpctrain, start_hpctrain, wait_for
 
 HOST = socket.gethostname()
 AILING = str(Path(__file__).with_name("ailing_rank.py"))
@@ -270,33 +270,24 @@ def test_a_process_suspended_in_a_long_phase_is_not_hung_when_it_continues(tmp_p
 @pytest.mark.slow
 def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_data_dir, tmp_path) -> None:
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpctrain",
-            "train",
-            "mnist",
-            *QUICK,
-            "--train-limit",
-            "2048",
-            "--recipe",
-            "classic",
-            "--data-dir",
-            str(fashion_data_dir),
-            "--run-dir",
-            str(run_dir),
-            "--hang-timeout",
-            "3",
-            "--print-freq",
-            "4",
-            "--epochs",
-            "1",
-        ],
-        env={**clean_environ(), "PYTHONUNBUFFERED": "1"},
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    process = start_hpctrain(
+        "train",
+        "mnist",
+        *QUICK,
+        "--train-limit",
+        "2048",
+        "--recipe",
+        "classic",
+        "--data-dir",
+        str(fashion_data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--hang-timeout",
+        "3",
+        "--print-freq",
+        "4",
+        "--epochs",
+        "1",
     )
     output: list[str] = []
     try:

@@ -10,12 +10,11 @@ thread per process.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+import warm_start
 from hpctrain.training.metrics import read_metrics
 from image_fixtures import TINY, fashion_folders, interrupt, photo_folders, train  # noqa: F401
 from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, tree_digest
@@ -111,11 +110,8 @@ def test_validation_scores_every_image_once_on_one_two_and_three_ranks(fashion_f
     for world in (1, 2, 3):
         port = str(29500 + os.getpid() % 1000 + world)
         processes = [
-            subprocess.Popen(
+            warm_start.popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "hpctrain",
                     "train",
                     "imagenet",
                     str(fashion_folders),
@@ -130,7 +126,8 @@ def test_validation_scores_every_image_once_on_one_two_and_three_ranks(fashion_f
                     "--run-dir",
                     str(tmp_path / "x"),
                 ],
-                env={
+                None,
+                {
                     **clean_environ(),
                     "RANK": str(rank),
                     "WORLD_SIZE": str(world),
@@ -139,9 +136,7 @@ def test_validation_scores_every_image_once_on_one_two_and_three_ranks(fashion_f
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": port,
                 },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                merge_stderr=False,
             )
             for rank in range(world)
         ]

@@ -24,6 +24,7 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -40,10 +41,13 @@ from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import RUNNING, SUCCEEDED
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from real_node import DEADLINE_S, Real, real, real_cpu  # noqa: F401 - fixtures: the whole node, one CPU of it
+from slurm_fixtures import paused, wait_delivered
 from test_k8s_real_pods import CONTEXT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-RESUME_LIMIT, STEPS = 12288, 192  # classic recipe, batch 64: 192 steps per epoch, long enough to be cancelled mid-run
+# Classic recipe, batch 64: 32 steps per epoch. A stop lands inside the run whatever the machine's speed: the test
+# pauses the training processes (SIGSTOP from this host, the node) while the stop is on its way (slurm_fixtures.paused).
+RESUME_LIMIT, STEPS = 2048, 32
 
 
 def mnist(data_dir: Path, run_dir: Path, train_limit: int, epochs: int) -> tuple[str, ...]:
@@ -177,15 +181,19 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(
     follower.start()
     real.wait("training under way", lambda: any(re.match(rf"epoch 1/2 step \d+/{STEPS}", line) for line in lines))
 
-    top = real.cli("top", "resume", *real.where)
-    assert top.returncode == 0, top.stdout + top.stderr
-    for pod in ("resume-master-0", "resume-worker-0"):
-        assert f"({pod})" in top.stdout, top.stdout  # a row `NODE (POD)`: the probe ran in that pod
-    ranks = [line.split() for line in top.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
-    assert [row[0] for row in ranks] == ["0", "1"], top.stdout
-
-    cancelled = real.cli("cancel", "resume", "--wait", str(DEADLINE_S), *real.where)
-    assert cancelled.returncode == 0 and "-> deleted" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    pids = real.training_pids(run_dir, 2)
+    with paused(pids):
+        top = real.cli("top", "resume", *real.where)
+        assert top.returncode == 0, top.stdout + top.stderr
+        for pod in ("resume-master-0", "resume-worker-0"):
+            assert f"({pod})" in top.stdout, top.stdout  # a row `NODE (POD)`: the probe ran in that pod
+        ranks = [line.split() for line in top.stdout.splitlines() if line.split()[:1] in (["0"], ["1"])]
+        assert [row[0] for row in ranks] == ["0", "1"], top.stdout
+        # `cancel --wait` returns once the pods are gone: it runs on while the training, paused, gets the SIGTERM.
+        cancel = real.start_cli("cancel", "resume", "--wait", str(DEADLINE_S), *real.where)
+        wait_delivered(pids, signal.SIGTERM, DEADLINE_S, "resume")
+    out, err = cancel.communicate(timeout=DEADLINE_S)
+    assert cancel.returncode == 0 and "-> deleted" in out, out + err
     follower.join(timeout=60)
     log = "\n".join(lines)
     assert "with 2 process(es), ddp, cpu" in log and "Traceback" not in log, log
@@ -246,7 +254,10 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
             resources=Resources(nodes=1, cpus_per_task=cpus, mem="1G"),
         )
         high_sched = real.scheduler(priority_class=high)
-        high_sched.submit(big, high_sched.render(big))
+        pids = real.training_pids(run_dir, 2)
+        with paused(pids):  # the eviction's SIGTERM reaches the run mid-epoch, however fast this machine trains
+            high_sched.submit(big, high_sched.render(big))
+            wait_delivered(pids, signal.SIGTERM, DEADLINE_S, "low")
         real.wait(
             "the preempted run's checkpoint",
             lambda: (
