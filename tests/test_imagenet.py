@@ -150,14 +150,15 @@ def test_validation_scores_every_image_once_on_one_two_and_three_ranks(fashion_f
 
 
 def test_fast_recipe_learns_fashion_from_jpegs(fashion_folders, tmp_path):
-    """Learning happens through the whole pipeline: 10 epochs on 300 training JPEGs (batch 16, lr 0.25 per 256)
-    reach well above chance (10%) on the 100 held-out ones. Threshold: 50% top-1 (measured: 64%)."""
+    """Learning happens through the whole pipeline: 5 epochs on 300 training JPEGs (batch 16, lr 0.25 per 256)
+    reach well above chance (10%) on the 100 held-out ones. Threshold: 30% top-1 (measured: 47% after 5 epochs,
+    67% after 10, on an AMD EPYC with bf16)."""
     run_dir = tmp_path / "run"
     train(
         fashion_folders,
         run_dir,
         "--epochs",
-        "10",
+        "5",
         "-j",
         "1",
         "--batch-size",
@@ -167,7 +168,7 @@ def test_fast_recipe_learns_fashion_from_jpegs(fashion_folders, tmp_path):
         "--arch",
         "resnet18",
     )
-    assert read_metrics(run_dir)[-1]["test_accuracy"] > 0.5
+    assert read_metrics(run_dir)[-1]["test_accuracy"] >= 0.3
 
 
 def test_checkpoints_path_with_resume_starts_fresh_when_missing(fashion_folders, tmp_path):
