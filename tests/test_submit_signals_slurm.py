@@ -177,7 +177,7 @@ def test_a_program_that_never_said_it_handles_the_warning_is_not_sent_it_nor_req
 
 
 # The warning lands a few steps into epoch 1 (LocalSlurm.warn_mid_run), whatever the CPU's speed: a short run will do.
-RECIPE_EPOCHS = 3
+RECIPE_EPOCHS = 2
 
 
 def test_recipe_outlives_its_time_limit_by_requeueing(
@@ -210,7 +210,7 @@ def test_recipe_outlives_its_time_limit_by_requeueing(
             "--data-dir",
             str(fashion_data_dir),
             "--train-limit",
-            "4000",
+            "2048",
             "--test-limit",
             "500",
             "--epochs",
