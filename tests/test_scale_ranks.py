@@ -30,6 +30,9 @@ from training_helpers import clean_environ
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (2, 4)
+# On one pytest-xdist worker (scripts/test.sh runs --dist loadgroup): a module-scoped fixture runs once per worker
+# that runs one of the module's tests, and this one is about 20 CPU s.
+pytestmark = pytest.mark.xdist_group("scale-ranks")
 
 
 @pytest.fixture(scope="module")
