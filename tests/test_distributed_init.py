@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,16 +73,29 @@ def run_workers(tmp_path: Path, environs: list[dict[str, str]], *args: str) -> l
         for e in environs
     ]
     results = []
-    for proc in procs:
-        try:
+    try:
+        for proc in procs:
             out, err = proc.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+            assert proc.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:  # a rank left waiting for one that failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return results
+
+
+def on_a_free_port(meet: Callable[[int], list[dict]]) -> list[dict]:
+    """meet(port) with a port that was free a moment ago; again with another if a program took it meanwhile (the
+    kernel hands the same ephemeral ports to outgoing connections: on the busy CI machine one did, once)."""
+    for attempt in range(3):
+        try:
+            return meet(free_port())
+        except AssertionError as err:
+            if "address already in use" not in str(err).lower() or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def check_world(results: list[dict], launcher: str, init_method: str) -> None:
@@ -99,14 +113,16 @@ def check_world(results: list[dict], launcher: str, init_method: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("style", ["torchrun", "kubeflow"])
 def test_two_processes_meet_via_env(tmp_path: Path, style: str) -> None:
-    port = str(free_port())
-    environs = []
-    for rank in range(2):
-        e = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        if style == "torchrun":
-            e.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
-        environs.append(e)
-    check_world(run_workers(tmp_path, environs), style, "env://")
+    def meet(port: int) -> list[dict]:
+        environs = []
+        for rank in range(2):
+            e = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            if style == "torchrun":
+                e.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+            environs.append(e)
+        return run_workers(tmp_path, environs)
+
+    check_world(on_a_free_port(meet), style, "env://")
 
 
 @pytest.mark.slow
@@ -120,9 +136,14 @@ def test_two_processes_meet_via_file(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_processes_meet_via_tcp_override(tmp_path: Path) -> None:
-    url = f"tcp://127.0.0.1:{free_port()}"
     environs = [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"} for r in range(2)]
-    check_world(run_workers(tmp_path, environs, url), "torchrun", url)
+    urls: list[str] = []
+
+    def meet(port: int) -> list[dict]:
+        urls.append(f"tcp://127.0.0.1:{port}")
+        return run_workers(tmp_path, environs, urls[-1])
+
+    check_world(on_a_free_port(meet), "torchrun", urls[-1])
 
 
 def env_for(rank: int, addr: str, port: int) -> DistEnv:

@@ -137,6 +137,7 @@ def test_validation_scores_every_image_once_on_one_two_and_three_ranks(fashion_f
                     "MASTER_PORT": port,
                 },
                 merge_stderr=False,
+                baseline=clean_environ(),
             )
             for rank in range(world)
         ]

@@ -38,7 +38,7 @@ def test_a_warm_command_answers_as_a_fresh_one(tmp_path, args, variables, direct
     for name in directories:
         (tmp_path / name).mkdir()
     env = {**clean_environ(), "HPCTRAIN_HOME": str(tmp_path / "home"), **variables}
-    warm = warm_start.popen(args, tmp_path, env, merge_stderr=False)
+    warm = warm_start.popen(args, tmp_path, env, merge_stderr=False, baseline=clean_environ())
     assert isinstance(warm, warm_start.WarmProcess), "the harness did not start this command warm"
     out, err = warm.communicate(timeout=120)
     expected = fresh(args, tmp_path, env)
@@ -49,14 +49,12 @@ def test_a_warm_command_answers_as_a_fresh_one(tmp_path, args, variables, direct
 def test_a_signal_ends_a_warm_command_as_it_ends_a_fresh_one(tmp_path, fashion_data_dir):
     args = ["train", "mnist", *QUICK, "--data-dir", str(fashion_data_dir), "--run-dir", "run", "--epochs", "50"]
     env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
-    process = warm_start.popen(args, tmp_path, env, merge_stderr=True)
+    process = warm_start.popen(args, tmp_path, env, merge_stderr=True, baseline=clean_environ())
     assert isinstance(process, warm_start.WarmProcess)
     for line in process.stdout:
         if "TensorBoard" in line:
             break
     assert Path(f"/proc/{process.pid}/cwd").resolve() == tmp_path.resolve()
-    environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
-    assert b"PYTHONUNBUFFERED=1" in environ
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
 
@@ -64,7 +62,18 @@ def test_a_signal_ends_a_warm_command_as_it_ends_a_fresh_one(tmp_path, fashion_d
 def test_a_startup_variable_gets_a_fresh_interpreter(tmp_path):
     env = {**clean_environ(), "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     (tmp_path / "sitecustomize.py").write_text("print('fresh start', flush=True)\n")
-    process = warm_start.popen(["--version"], tmp_path, env, merge_stderr=False)
+    process = warm_start.popen(["--version"], tmp_path, env, merge_stderr=False, baseline=clean_environ())
     assert not isinstance(process, warm_start.WarmProcess)
     out, _ = process.communicate(timeout=60)
     assert out.startswith("fresh start")
+
+
+def test_a_changed_worker_environment_still_starts_warm(tmp_path, monkeypatch):
+    # An in-process test may leave a start-up variable behind in the worker (hpctrain sets TORCH_NCCL_* defaults when
+    # it prepares a run): later commands get a warm process made in the new environment, not fresh ones for good.
+    warm_start.run(["--version"], tmp_path, clean_environ(), timeout=60, baseline=clean_environ())
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    process = warm_start.popen(["--version"], tmp_path, clean_environ(), merge_stderr=False, baseline=clean_environ())
+    assert isinstance(process, warm_start.WarmProcess)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and out.strip()

@@ -55,8 +55,8 @@ def hpctrain(
     timeout: float = 300,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    environ = {**clean_environ(), **(env or {})}
-    return warm_start.run(list(args), cwd, environ, timeout)
+    baseline = clean_environ()
+    return warm_start.run(list(args), cwd, {**baseline, **(env or {})}, timeout, baseline)
 
 
 def start_hpctrain(
@@ -64,8 +64,9 @@ def start_hpctrain(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    environ = {**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})}
-    return warm_start.popen(list(args), cwd, environ, merge_stderr=True)
+    baseline = clean_environ()
+    environ = {**baseline, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return warm_start.popen(list(args), cwd, environ, merge_stderr=True, baseline=baseline)
 
 
 def signal_after(

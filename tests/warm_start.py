@@ -2,9 +2,9 @@
 
 Test-harness only; hpctrain itself never uses this. Importing torch and torch._dynamo (which the first optimizer
 imports) costs about 3.8 CPU s a process on the 2-core CI machine, more than the small training run most tests do,
-and the suite starts hundreds of such runs. Each pytest worker therefore keeps one warm process (this file run as a
-script) that has imported torch, torch._dynamo and hpctrain and then only waits. A test's command is a fork of it
-that does what `python -m hpctrain ARGS` does from there on (`runpy`, as the interpreter's `-m` does): the test's
+and the suite starts hundreds of such runs. Each pytest worker therefore keeps a warm process (this file run as a
+script; one per start-up environment, see _servers) that has imported torch, torch._dynamo and hpctrain and then
+only waits. A test's command is a fork of it that does what `python -m hpctrain ARGS` does from there on (`runpy`, as the interpreter's `-m` does): the test's
 working directory, environment, stdin/stdout/stderr and arguments; the interpreter's exit (SystemExit's code, atexit
 functions, non-daemon threads joined, death by SIGINT on an uncaught KeyboardInterrupt). The fork is a real process
 with a pid of its own that signals reach; its children are its own. The same preloading is what `hpctrain train
@@ -268,29 +268,23 @@ class WarmProcess:
 
 
 class _Server:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen[str] | None = None
-        self._path = ""
-        self._startup: dict[str, str] = {}
+    """One warm process, started in `env` (the clean environment of the pytest worker at that moment)."""
 
-    def ensure(self, env: dict[str, str]) -> bool:
-        """Start the warm process once per pytest worker, in the worker's own environment; False if `env` needs a
-        fresh interpreter."""
-        with self._lock:
-            if self._process is None or self._process.poll() is not None:
-                directory = tempfile.mkdtemp(prefix="hpctrain-warm-")
-                self._path = os.path.join(directory, "socket")
-                self._startup = _startup_view(dict(os.environ))
-                self._process = subprocess.Popen(
-                    [sys.executable, str(Path(__file__)), self._path],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-                if self._process.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"the warm process did not start (exit {self._process.wait()})")
-            return _startup_view(env) == self._startup
+    def __init__(self, env: dict[str, str]) -> None:
+        directory = tempfile.mkdtemp(prefix="hpctrain-warm-")
+        self._path = os.path.join(directory, "socket")
+        self._process = subprocess.Popen(
+            [sys.executable, str(Path(__file__)), self._path],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if self._process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the warm process did not start (exit {self._process.wait()})")
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
 
     def start(
         self, args: list[str], cwd: str, env: dict[str, str], stdin: int, stdout: int, stderr: int
@@ -308,18 +302,40 @@ class _Server:
         return connection, int(answer)
 
 
-_server = _Server()
+# The warm processes of this pytest worker, by start-up view. An in-process test may leave a variable of the view in
+# the worker's environment (hpctrain sets TORCH_NCCL_* defaults when it prepares a run): the clean environment
+# changes, and the next command gets a warm process made in the new one, not a fresh interpreter every time after.
+_servers: dict[tuple[tuple[str, str], ...], _Server] = {}
+_lock = threading.Lock()
+MAX_SERVERS = 4
+
+
+def _server_for(env: dict[str, str], baseline: dict[str, str]) -> _Server | None:
+    """The warm process for `env`, started if need be; None where `env` asks for a start-up of its own."""
+    view = _startup_view(env)
+    if view != _startup_view(baseline):
+        return None
+    key = tuple(sorted(view.items()))
+    with _lock:
+        server = _servers.get(key)
+        if server is None or not server.alive():
+            if server is None and len(_servers) >= MAX_SERVERS:
+                return None
+            server = _servers[key] = _Server(baseline)
+        return server
 
 
 def enabled() -> bool:
     return os.environ.get("HPCTRAIN_TEST_WARM_START", "1") != "0" and hasattr(os, "pidfd_open")
 
 
-def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_stderr: bool):
+def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_stderr: bool, baseline: dict[str, str]):
     """Start `python -m hpctrain *args` warm if it can be (else a plain Popen): stdout as a text pipe, stderr a pipe
-    of its own or merged into stdout."""
+    of its own or merged into stdout. `baseline`: the environment a command gets when the test adds nothing (the
+    warm process's); a command whose start-up variables differ from it starts fresh."""
     stderr_flag = subprocess.STDOUT if merge_stderr else subprocess.PIPE
-    if not (enabled() and _server.ensure(env)):
+    server = _server_for(env, baseline) if enabled() else None
+    if server is None:
         return subprocess.Popen(
             [sys.executable, "-m", "hpctrain", *args],
             cwd=cwd,
@@ -332,7 +348,7 @@ def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_st
     err_read, err_write = (None, out_write) if merge_stderr else os.pipe()
     stdin = os.open(os.devnull, os.O_RDONLY)
     try:
-        connection, pid = _server.start(args, str(cwd or os.getcwd()), env, stdin, out_write, err_write)
+        connection, pid = server.start(args, str(cwd or os.getcwd()), env, stdin, out_write, err_write)
     finally:
         os.close(stdin)
         os.close(out_write)
@@ -343,9 +359,11 @@ def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_st
     return WarmProcess(connection, pid, ["hpctrain", *args], stdout, stderr)
 
 
-def run(args: list[str], cwd: Path | str | None, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], cwd: Path | str | None, env: dict[str, str], timeout: float, baseline: dict[str, str]
+) -> subprocess.CompletedProcess:
     """As subprocess.run([python, -m, hpctrain, *args], capture_output=True, text=True, timeout=timeout)."""
-    process = popen(args, cwd, env, merge_stderr=False)
+    process = popen(args, cwd, env, merge_stderr=False, baseline=baseline)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
