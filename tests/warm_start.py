@@ -4,17 +4,18 @@ Test-harness only; hpctrain itself never uses this. Importing torch and torch._d
 imports) costs about 3.8 CPU s a process on the 2-core CI machine, more than the small training run most tests do,
 and the suite starts hundreds of such runs. Each pytest worker therefore keeps a warm process (this file run as a
 script; one per start-up environment, see _servers) that has imported torch, torch._dynamo and hpctrain and then
-only waits. A test's command is a fork of it that does what `python -m hpctrain ARGS` does from there on (`runpy`, as the interpreter's `-m` does): the test's
-working directory, environment, stdin/stdout/stderr and arguments; the interpreter's exit (SystemExit's code, atexit
-functions, non-daemon threads joined, death by SIGINT on an uncaught KeyboardInterrupt). The fork is a real process
-with a pid of its own that signals reach; its children are its own. The same preloading is what `hpctrain train
---nproc N` does for its workers (hpctrain/launch/local.py), so torch is known to be safe to fork in that state: the
-warm process never runs an operator (no thread pool, no CUDA context).
+only waits. A test's command is a fork of it that does what `python -m hpctrain ARGS` does from there on (`runpy`,
+as the interpreter's `-m` does): the test's working directory, environment, stdin/stdout/stderr and arguments; the
+interpreter's exit (SystemExit's code, atexit functions, non-daemon threads joined, death by SIGINT on an uncaught
+KeyboardInterrupt). The fork is a real process with a pid of its own that signals reach; its children are its own.
+The same preloading is what `hpctrain train --nproc N` does for its workers (hpctrain/launch/local.py), so torch is
+known to be safe to fork in that state: the warm process never runs an operator (no thread pool, no CUDA context).
 
-What a fork cannot reproduce, it is not used for: a command whose environment differs from the warm process's in a
-variable read at start-up or at import (PYTHON*, LD_*, OMP_*, MKL_*, KMP_*, TORCH*, PYTORCH*, CUDA*, ...) runs as a
-fresh interpreter, and so does every command when HPCTRAIN_TEST_WARM_START=0. Tests of start-up itself (what a
-command imports, the README's commands, the floor environment) run fresh interpreters of their own.
+What a fork cannot reproduce, it is not used for: a command whose environment differs from the test's clean one
+(the warm process's) in a variable read at start-up or at import (PYTHON*, LD_*, OMP_*, MKL_*, KMP_*, TORCH*,
+PYTORCH*, CUDA*, ...) runs as a fresh interpreter, and so does every command when HPCTRAIN_TEST_WARM_START=0.
+Tests of start-up itself (what a command imports, the README's commands, the floor environment) run fresh
+interpreters of their own.
 
 Protocol, over a Unix socket: the client sends one JSON request (args, cwd, env, new_session) with its stdin,
 stdout and stderr as file descriptors (SCM_RIGHTS); the warm process forks, answers the child's pid, and once the
