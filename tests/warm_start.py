@@ -14,8 +14,8 @@ known to be safe to fork in that state: the warm process never runs an operator 
 What a fork cannot reproduce, it is not used for: a command whose environment differs from the test's clean one
 (the warm process's) in a variable read at start-up or at import (PYTHON*, LD_*, OMP_*, MKL_*, KMP_*, TORCH*,
 PYTORCH*, CUDA*, ...) runs as a fresh interpreter, and so does every command when HPCTRAIN_TEST_WARM_START=0.
-Tests of start-up itself (what a command imports, the README's commands, the floor environment) run fresh
-interpreters of their own.
+Tests of start-up itself (what a command imports, the README's training commands) run fresh interpreters of
+their own.
 
 Protocol, over a Unix socket: the client sends one JSON request (args, cwd, env, new_session) with its stdin,
 stdout and stderr as file descriptors (SCM_RIGHTS); the warm process forks, answers the child's pid, and once the
