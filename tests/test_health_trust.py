@@ -267,10 +267,9 @@ def test_a_process_suspended_in_a_long_phase_is_not_hung_when_it_continues(tmp_p
     assert text.count("hung after") == 1 and text.index("evaluating") < text.index("hung after"), text
 
 
-@pytest.mark.slow
-def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_data_dir, tmp_path) -> None:
-    run_dir = tmp_path / "run"
-    process = start_hpctrain(
+def hang_limited_run(data_dir: Path, run_dir: Path) -> tuple[str, ...]:
+    """`train mnist` on 2,048 images with a 3-second hang limit: the hpctrain arguments of the two tests below."""
+    return (
         "train",
         "mnist",
         *QUICK,
@@ -279,16 +278,18 @@ def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_da
         "--recipe",
         "classic",
         "--data-dir",
-        str(fashion_data_dir),
+        str(data_dir),
         "--run-dir",
         str(run_dir),
         "--hang-timeout",
         "3",
-        "--print-freq",
-        "4",
-        "--epochs",
-        "1",
     )
+
+
+@pytest.mark.slow
+def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_data_dir, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    process = start_hpctrain(*hang_limited_run(fashion_data_dir, run_dir), "--print-freq", "4", "--epochs", "1")
     output: list[str] = []
     try:
         wait_for(process, "step 8/", output)
@@ -320,23 +321,7 @@ def test_a_hang_is_said_and_ends_the_process_even_when_its_files_block(fashion_d
         "HPCTRAIN_TEST_HUNG_FS": "1",
     }
     result = subprocess.run(
-        [
-            sys.executable,
-            AILING,
-            "train",
-            "mnist",
-            *QUICK,
-            "--train-limit",
-            "2048",
-            "--recipe",
-            "classic",
-            "--data-dir",
-            str(fashion_data_dir),
-            "--run-dir",
-            str(run_dir),
-            "--hang-timeout",
-            "3",
-        ],
+        [sys.executable, AILING, *hang_limited_run(fashion_data_dir, run_dir)],
         env=env,
         text=True,
         capture_output=True,

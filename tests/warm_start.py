@@ -17,7 +17,7 @@ PYTORCH*, CUDA*, ...) runs as a fresh interpreter, and so does every command whe
 Tests of start-up itself (what a command imports, the README's training commands) run fresh interpreters of
 their own.
 
-Protocol, over a Unix socket: the client sends one JSON request (args, cwd, env, new_session) with its stdin,
+Protocol, over a Unix socket: the client sends one JSON request (args, cwd, env, pgid) with its stdin,
 stdout and stderr as file descriptors (SCM_RIGHTS); the warm process forks, answers the child's pid, and once the
 child has ended its wait status. One thread: children are watched through pidfds.
 """
@@ -96,9 +96,11 @@ def _serve(path: str) -> None:
 
 
 def _start(connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector) -> int | None:
-    message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
     if len(fds) != 3:
         return None
+    while chunk := connection.recv(1 << 16):  # a stream: the rest of a long request, up to the client's shutdown
+        message += chunk
     request = json.loads(message)
     pid = os.fork()
     if pid == 0:
@@ -125,10 +127,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
 
     code = 1
     try:
-        if request["new_session"]:
-            os.setsid()
-        else:
-            os.setpgid(0, request["pgid"])
+        os.setpgid(0, request["pgid"])  # the test's process group, as a Popen child's
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -292,8 +291,9 @@ class _Server:
     ) -> tuple[socket.socket, int]:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(self._path)
-        request = {"args": args, "cwd": cwd, "env": env, "new_session": False, "pgid": os.getpgrp()}
+        request = {"args": args, "cwd": cwd, "env": env, "pgid": os.getpgrp()}
         socket.send_fds(connection, [json.dumps(request).encode()], [stdin, stdout, stderr])
+        connection.shutdown(socket.SHUT_WR)  # the request is whole; the answers still come back
         answer = b""
         while not answer.endswith(b"\n"):
             chunk = connection.recv(64)
