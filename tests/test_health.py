@@ -453,6 +453,40 @@ def test_a_rank_whose_forward_pass_never_returns_is_named_as_behind(fashion_data
 
 
 @pytest.mark.slow
+def test_debug_stacks_shows_where_each_rank_of_a_stuck_run_waits(fashion_data_dir, tmp_path) -> None:
+    """`hpctrain debug stacks` on a run that makes no progress: rank 1's forward pass never returns (the hang limit
+    is off, so nothing ends the run while the test asks), and both ranks' watchdog threads answer."""
+    run_dir = tmp_path / "run"
+    env = {"HPCTRAIN_TEST_AILING_RANK": "1", "HPCTRAIN_TEST_AILING": "stall", "HPCTRAIN_TEST_AILING_S": "3"}
+    process = torchrun(
+        fashion_data_dir,
+        run_dir,
+        "--hang-timeout",
+        "0",
+        "--train-limit",
+        "8192",
+        env=env,
+        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+    )
+    output: list[str] = []
+    try:
+        wait_for(process, "step 3/", output)
+        asked = hpctrain("debug", "stacks", "any-job", "--run-dir", str(run_dir), "--wait", "120")
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        files = [Path(line) for line in asked.stdout.split()]
+        assert [f.name for f in files] == ["rank-0.txt", "rank-1.txt"], asked.stdout
+        for f in files:  # the main thread, in the loop, and the watchdog's thread that wrote it
+            assert "hpctrain/training/" in f.read_text() and "hpctrain/health/watchdog.py" in f.read_text()
+        assert "in stalled" in files[1].read_text() and "ailing_rank.py" in files[1].read_text()
+        assert process.poll() is None, "".join(output)  # still stuck: nothing but the test ends it
+    finally:
+        for record in read_progress(run_dir):  # the ranks first: torchrun's agent would wait 30 s for them
+            os.kill(record.pid, signal.SIGKILL)
+        process.kill()
+        process.wait(timeout=60)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sick", [False, True])
 def test_the_preflight_passes_or_stops_before_the_first_step_naming_the_node(fashion_data_dir, tmp_path, sick):
     run_dir = tmp_path / "run"
@@ -547,17 +581,7 @@ def test_a_slow_rank_is_named_as_the_straggler_with_its_cause(fashion_data_dir, 
         env=env,
         entry=(str(Path(__file__).with_name("ailing_rank.py")),),
     )
-    output_lines: list[str] = []
-    wait_for(process, "epoch 1/1 step", output_lines)
-    if cause == "input":  # while it trains: `hpctrain debug stacks`, answered by both ranks' watchdog threads
-        asked = hpctrain("debug", "stacks", "any-job", "--run-dir", str(run_dir), "--wait", "30")
-        assert asked.returncode == 0, asked.stdout + asked.stderr
-        files = [Path(line) for line in asked.stdout.split()]
-        assert [f.name for f in files] == ["rank-0.txt", "rank-1.txt"], asked.stdout
-        for f in files:  # the main thread, in the loop, and the watchdog's thread that wrote it
-            assert "hpctrain/training/" in f.read_text() and "hpctrain/health/watchdog.py" in f.read_text()
-    rest, _ = process.communicate(timeout=300)
-    output = "".join(output_lines) + rest
+    output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     warnings = [line for line in output.splitlines() if "is a straggler" in line]
     assert warnings and all(f"rank 1 on {HOST} is a straggler" in w for w in warnings), output

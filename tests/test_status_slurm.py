@@ -37,7 +37,13 @@ def test_logs_follow_returns_when_the_job_ends(slurm_cluster, tmp_path: Path) ->
         err = hpctrain("logs", job, "--err", cwd=tmp_path)
         assert (err.returncode, err.stdout) == (0, "warn 1\nwarn 2\nwarn 3\nwarn 4\n")
         again = hpctrain("logs", job, cwd=tmp_path)
-        assert again.stdout == follow.stdout
+        assert (again.stdout, again.stderr) == (follow.stdout, "")
+        late = hpctrain("logs", job, "-f", cwd=tmp_path)  # -f on a job that ended before it looked: the same
+        assert (late.returncode, late.stdout, late.stderr) == (
+            0,
+            follow.stdout,
+            f"hpctrain logs: job {job} ended: COMPLETED\n",
+        )
 
         status = hpctrain("status", job, "--json")
         assert status.returncode == 0, status.stderr

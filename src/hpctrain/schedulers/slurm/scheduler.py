@@ -249,12 +249,21 @@ class SlurmScheduler:
                 f"no output file for job {job_id} (looked at {where}); run this in the directory you "
                 "submitted from, or pass the job's --output path to `cat`"
             )
+        if follow:  # it ended before we looked: the file as it is, and how it ended, as when followed to its end
+            return self._ended(job_id, _file_lines(path), say)
         return _file_lines(path)
 
-    def _follow(self, job_id: str, target: Path, say: Callable[[str], None]) -> Iterator[str]:
-        yield from _follow_lines(target, lambda: (now := jobs.get_job(job_id, run=self.run)) is None or now.finished)
+    def _ended(self, job_id: str, lines: Iterator[str], say: Callable[[str], None]) -> Iterator[str]:
+        yield from lines
         last = jobs.get_job(job_id, run=self.run)
         say(f"job {job_id} ended: {last.state if last is not None else 'gone'}")
+
+    def _follow(self, job_id: str, target: Path, say: Callable[[str], None]) -> Iterator[str]:
+        def ended() -> bool:
+            now = jobs.get_job(job_id, run=self.run)
+            return now is None or now.finished
+
+        yield from self._ended(job_id, _follow_lines(target, ended), say)
 
     def cancel(self, job_id: str) -> None:
         jobs.cancel(job_id, run=self.run)
