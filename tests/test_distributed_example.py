@@ -11,7 +11,7 @@ import pytest
 
 from hpctrain import checkpoint
 from hpctrain.health import read_progress
-from training_helpers import clean_environ
+from training_helpers import clean_environ, hpctrain, run_torchrun, torchrun
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_user_script.py"
 
@@ -29,24 +29,10 @@ def losses(output: str) -> list[float]:
 @pytest.mark.floor
 @pytest.mark.slow
 def test_example_under_torchrun_then_resumed_single_process(tmp_path: Path) -> None:
-    out = run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(EXAMPLE),
-            "--run-dir",
-            "run",
-            "--epochs",
-            "2",
-            "--device",
-            "cpu",
-        ],
-        tmp_path,
-    )
+    args = ["--run-dir", "run", "--epochs", "2", "--device", "cpu"]
+    proc = run_torchrun(["--standalone", "--nproc-per-node", "2"], [str(EXAMPLE)], args, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
     assert "[rank 0] rank 0/2 (local 0/2, node 0/1) via torchrun" in out
     assert "[rank 1] rank 1/2 (local 1/2, node 0/1) via torchrun" in out
     first = losses(out)
@@ -94,44 +80,14 @@ def test_a_hung_rank_of_the_example_answers_debug_stacks_and_is_reported_as_the_
     import time
 
     (tmp_path / "hanging.py").write_text(HANGING)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "hanging.py",
-            str(EXAMPLE),
-            "--run-dir",
-            "run",
-            "--epochs",
-            "1",
-            "--device",
-            "cpu",
-            "--hang-timeout",
-            "20",
-        ],
-        cwd=tmp_path,
-        env=clean_environ(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    args = [str(EXAMPLE), "--run-dir", "run", "--epochs", "1", "--device", "cpu", "--hang-timeout", "20"]
+    proc = torchrun(["--standalone", "--nproc-per-node", "2"], ["hanging.py"], args, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "stuck").exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.2)
-        stacks = subprocess.run(
-            [sys.executable, "-m", "hpctrain", "debug", "stacks", "1", "--run-dir", "run", "--wait", "15"],
-            cwd=tmp_path,
-            env=clean_environ(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        stacks = hpctrain("debug", "stacks", "1", "--run-dir", "run", "--wait", "15", cwd=tmp_path, timeout=120)
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()

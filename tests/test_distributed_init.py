@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+import warm_start
 from hpctrain.distributed import DistEnv, destroy_process_group, detect, init_process_group
 from hpctrain.errors import UserError
 
@@ -63,13 +62,7 @@ def run_workers(tmp_path: Path, environs: list[dict[str, str]], *args: str) -> l
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), *args],
-            env=clean_environ(**e),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        warm_start.popen(list(args), None, clean_environ(**e), False, clean_environ(), ("path", str(script)))
         for e in environs
     ]
     results = []

@@ -13,8 +13,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,7 +31,8 @@ from hpctrain.health import (
 from hpctrain.health.stacks import StackRequests, answers
 from hpctrain.health.watchdog import HANG_FLOOR_S, HANG_STEP_FACTOR
 from hpctrain.training.stopping import EXIT_HUNG, EXIT_SICK_NODE
-from training_helpers import QUICK, clean_environ, hpctrain, until_explained, wait_for
+from training_helpers import QUICK, hpctrain, until_explained, wait_for
+from training_helpers import torchrun as warm_torchrun
 
 HOST = socket.gethostname()
 NOW = 1_000_000.0
@@ -361,24 +360,21 @@ def test_a_stack_request_is_answered_with_every_threads_stack(tmp_path: Path) ->
 # ---- for real: two ranks under torchrun
 
 
+def classic_run(data_dir: Path, run_dir: Path) -> list[str]:
+    return ["train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir), "--run-dir", str(run_dir)]
+
+
 def torchrun(
     data_dir: Path,
     run_dir: Path,
     *args: str,
     env: dict[str, str] | None = None,
     entry: tuple[str, ...] = ("-m", "hpctrain"),
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+):
+    return warm_torchrun(
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"],
+        list(entry),
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "0",
-            *entry,
             "train",
             "mnist",
             *QUICK,
@@ -390,10 +386,7 @@ def torchrun(
             str(run_dir),
             *args,
         ],
-        env={**clean_environ(), "PYTHONUNBUFFERED": "1", **(env or {})},
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        env={"PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 
@@ -521,17 +514,10 @@ def test_the_preflight_names_the_node_whose_links_are_slow(fashion_data_dir, tmp
     """Three processes, each playing a node of its own (tests/ailing_rank.py); rank 2's link test reports a
     twentieth of its exchanges' rates, so both of node2's links are slow and node0-node1's is not."""
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
+    process = warm_torchrun(
+        ["--standalone", "--nproc-per-node", "3", "--max-restarts", "0"],
+        [str(Path(__file__).with_name("ailing_rank.py"))],
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "3",
-            "--max-restarts",
-            "0",
-            str(Path(__file__).with_name("ailing_rank.py")),
             "train",
             "mnist",
             *QUICK,
@@ -541,22 +527,14 @@ def test_the_preflight_names_the_node_whose_links_are_slow(fashion_data_dir, tmp
             str(fashion_data_dir),
             "--run-dir",
             str(run_dir),
-            "--epochs",
-            "1",
-            "--batch-size",
-            "66",
-            "--preflight",
-        ],
+        ]
+        + ["--epochs", "1", "--batch-size", "66", "--preflight"],
         env={
-            **clean_environ(),
             "PYTHONUNBUFFERED": "1",
             "HPCTRAIN_TEST_NODE_PER_RANK": "1",
             "HPCTRAIN_TEST_AILING_RANK": "2",
             "HPCTRAIN_TEST_AILING": "sick-link",
         },
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
     )
     output, _ = process.communicate(timeout=300)
     record = json.loads((run_dir / "preflight.json").read_text())

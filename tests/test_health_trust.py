@@ -27,7 +27,7 @@ from hpctrain.health import ProgressRecorder, RankProgress, hang_report, request
 from hpctrain.health import stacks as stacks_module
 from hpctrain.health.stacks import StackRequests, answers
 from hpctrain.training.stopping import EXIT_HUNG
-from training_helpers import QUICK, clean_environ, hpctrain, start_hpctrain, wait_for
+from training_helpers import QUICK, clean_environ, hpctrain, run_torchrun, start_hpctrain, wait_for
 
 HOST = socket.gethostname()
 AILING = str(Path(__file__).with_name("ailing_rank.py"))
@@ -353,36 +353,9 @@ def test_keeping_the_best_checkpoint_does_not_make_the_other_ranks_wait(fashion_
         "HPCTRAIN_TEST_AILING": "slow-writes",
         "HPCTRAIN_TEST_AILING_S": "8",
     }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "0",
-            AILING,
-            "train",
-            "mnist",
-            *QUICK,
-            "--recipe",
-            "classic",
-            "--epochs",
-            "2",
-            "--data-dir",
-            str(fashion_data_dir),
-            "--run-dir",
-            str(run_dir),
-            "--hang-timeout",
-            "3",
-        ],
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=300,
-    )
+    args = ["train", "mnist", *QUICK, "--recipe", "classic", "--epochs", "2", "--data-dir", str(fashion_data_dir)]
+    options = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"]
+    result = run_torchrun(options, [AILING], [*args, "--run-dir", str(run_dir), "--hang-timeout", "3"], env=env)
     text = result.stdout + result.stderr
     assert result.returncode == 0 and "no training step" not in text, text
     best = run_dir / "checkpoints" / "checkpoint_best.pt"

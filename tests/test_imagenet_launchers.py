@@ -22,7 +22,7 @@ import pytest
 from hpctrain.training.metrics import read_metrics
 from image_fixtures import TINY_ARCH, fashion_folders  # noqa: F401
 from slurm_fixtures import Job, attempts, shared_run
-from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok
+from training_helpers import assert_bitwise_equal, clean_environ, final_weights, hpctrain, ok, run_torchrun, torchrun
 
 # 128 training images, global batch 16: 8 steps an epoch; 40 validation images.
 TINY = [
@@ -95,28 +95,9 @@ def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: 
 def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path):  # noqa: F811
     """The seed script's first form (README): torchrun --standalone, --resume --checkpoints-path DIR, DIR new."""
     run_dir = tmp_path / "checkpoints"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "hpctrain",
-        "train",
-        "imagenet",
-        str(fashion_folders),
-        *TINY,
-        "--epochs",
-        "1",
-        "--resume",
-        "--checkpoints-path",
-        str(run_dir),
-    ]
-    result = ok(subprocess.run(command, env=clean_environ(), capture_output=True, text=True, timeout=300))
+    args = ["train", "imagenet", str(fashion_folders), *TINY, "--epochs", "1", "--resume", "--checkpoints-path"]
+    options = ["--standalone", "--nnodes", "1", "--nproc-per-node", "2"]
+    result = ok(run_torchrun(options, ["-m", "hpctrain"], [*args, str(run_dir)], timeout=300))
     assert "global batch 16 = 2 process(es) x 8" in result.stdout, result.stdout
     assert_two_process_run(run_dir, "torchrun", nproc2_reference)
 
@@ -132,27 +113,9 @@ def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(
     run_dir, port = tmp_path / "run", free_port()
     agents = []
     for _ in range(2):
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "1",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
-            "--rdzv-id",
-            tmp_path.name,
-            "-m",
-            "hpctrain",
-            *train_args(fashion_folders, run_dir, "--epochs", "1"),
-        ]
-        agents.append(
-            subprocess.Popen(command, env=clean_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
+        options = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+        options += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name]
+        agents.append(torchrun(options, ["-m", "hpctrain"], train_args(fashion_folders, run_dir, "--epochs", "1")))
     try:
         outputs = [agent.communicate(timeout=300)[0] for agent in agents]
     finally:

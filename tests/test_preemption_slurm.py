@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fixtures import Job, attempts, shared_run
-from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
+from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, run_torchrun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -87,23 +87,7 @@ def reference_run(
     if nproc == 1:
         ok(hpctrain(*args, timeout=600))
     else:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={nproc}",
-                "-m",
-                "hpctrain",
-                *args,
-            ],
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        ok(result)
+        ok(run_torchrun(["--standalone", f"--nproc-per-node={nproc}"], ["-m", "hpctrain"], args))
     return final_weights(run_dir)
 
 

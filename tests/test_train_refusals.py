@@ -19,7 +19,7 @@ from hpctrain import config
 from hpctrain.config import TrainConfig
 from hpctrain.distributed import cores as local
 from hpctrain.errors import UserError
-from training_helpers import QUICK, clean_environ, hpctrain, ok
+from training_helpers import QUICK, clean_environ, hpctrain, ok, run_torchrun
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -54,28 +54,8 @@ def test_default_dataset_missing_names_the_dataset_that_is_there(fashion_data_di
 
 
 def test_under_torchrun_the_missing_dataset_is_reported_once(fashion_data_dir, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "hpctrain",
-            "train",
-            "mnist",
-            "--data-dir",
-            str(fashion_data_dir),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        env=clean_environ(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["train", "mnist", "--data-dir", str(fashion_data_dir), "--run-dir", str(tmp_path / "run")]
+    result = run_torchrun(["--standalone", "--nproc-per-node", "2"], ["-m", "hpctrain"], args, timeout=300)
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert output.count("pass --dataset fashion-mnist") == 1, output

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import warm_start
-from training_helpers import QUICK, clean_environ
+from training_helpers import QUICK, clean_environ, run_torchrun, torchrun
 
 pytestmark = pytest.mark.skipif(not warm_start.enabled(), reason="warm start is off (HPCTRAIN_TEST_WARM_START=0)")
 
@@ -77,3 +77,66 @@ def test_a_changed_worker_environment_still_starts_warm(tmp_path, monkeypatch):
     assert isinstance(process, warm_start.WarmProcess)
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0 and out.strip()
+
+
+# ---- torchrun's workers, started warm by tests/warm_worker.py
+
+WORKER = """
+import os, sys, time
+print(f"rank {os.environ['RANK']}: {sys.argv[1:]} in {os.getcwd()}, preloaded {'torch' in sys.modules}", flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(600)
+sys.exit(int(sys.argv[1]) if os.environ["RANK"] == "1" else 0)
+"""
+TWO_WORKERS = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"]
+
+
+def test_torchrun_workers_started_warm_answer_as_fresh_ones(tmp_path, monkeypatch):
+    (tmp_path / "worker.py").write_text(WORKER)
+    results = {}
+    for warm in ("1", "0"):
+        monkeypatch.setenv("HPCTRAIN_TEST_WARM_START", warm)
+        result = run_torchrun(TWO_WORKERS, ["worker.py"], ["3"], cwd=tmp_path, timeout=120)
+        lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+        results[warm] = (result.returncode, lines, "exitcode  : 3 " in result.stderr)
+    assert results["1"][1] == [f"rank {r}: ['3'] in {tmp_path}, preloaded True" for r in (0, 1)]  # forks: warm
+    assert results["0"][1] == [f"rank {r}: ['3'] in {tmp_path}, preloaded False" for r in (0, 1)]
+    assert results["1"][0] == results["0"][0] != 0 and results["1"][2] and results["0"][2]
+
+
+def test_a_killed_warm_worker_takes_its_training_process_with_it(tmp_path):
+    (tmp_path / "worker.py").write_text(WORKER)
+    agent = torchrun(TWO_WORKERS, ["worker.py"], ["sleep"], cwd=tmp_path)
+    try:
+        for line in agent.stdout:
+            if "rank 1:" in line:
+                break
+        stand_in = next(
+            int(p.name)
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and f"PPid:\t{agent.pid}\n" in _read(p / "status")
+            and b"RANK=1\0" in _raw(p / "environ")
+        )
+        worker = warm_start.worker_pid(stand_in)
+        assert worker != stand_in and Path(f"/proc/{worker}").exists()
+        os.kill(stand_in, signal.SIGKILL)  # what torchrun's agent does last to a worker that will not stop
+        agent.wait(timeout=120)
+        assert not Path(f"/proc/{worker}").exists() or "State:\tZ" in _read(Path(f"/proc/{worker}/status"))
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _raw(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

@@ -14,40 +14,17 @@ from pathlib import Path
 import pytest
 
 from hpctrain.training.metrics import read_metrics
+import warm_start
 from training_helpers import QUICK, clean_environ, until_explained, wait_for
+from training_helpers import torchrun as warm_torchrun
 
 pytestmark = pytest.mark.slow
 
 
-def torchrun(data_dir: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**clean_environ(), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            *extra[:2],
-            "-m",
-            "hpctrain",
-            "train",
-            "mnist",
-            *QUICK,
-            "--recipe",
-            "classic",
-            "--data-dir",
-            str(data_dir),
-            "--run-dir",
-            str(run_dir),
-            *extra[2:],
-        ],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+def torchrun(data_dir: Path, run_dir: Path, *extra: str):
+    options = ["--standalone", "--nproc-per-node", "2", *extra[:2]]
+    args = ["train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir), "--run-dir", str(run_dir)]
+    return warm_torchrun(options, ["-m", "hpctrain"], [*args, *extra[2:]], env={"PYTHONUNBUFFERED": "1"})
 
 
 def worker_pid(rank: int, parent: int) -> int:
@@ -62,7 +39,7 @@ def worker_pid(rank: int, parent: int) -> int:
             continue
         ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
         if ppid == parent and f"RANK={rank}".encode() in environ:
-            return int(proc.name)
+            return warm_start.worker_pid(int(proc.name))
     raise AssertionError(f"no worker with RANK={rank}")
 
 
@@ -117,39 +94,17 @@ def test_a_rank_that_freezes_at_any_collective_is_named(fashion_data_dir, tmp_pa
     rank and its host, never the backend's traceback (gloo's "Application timeout caused pair closure" inside
     backward() once escaped as a raw RuntimeError and failed CI by luck)."""
     env = {
-        **clean_environ(),
         "PYTHONUNBUFFERED": "1",
         "HPCTRAIN_TEST_VANISH_RANK": str(rank),
         "HPCTRAIN_TEST_VANISH_AT": site,
         "HPCTRAIN_TEST_VANISH_CALL": str(call),
     }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "0",
-            str(Path(__file__).with_name("vanishing_rank.py")),
-            "train",
-            "mnist",
-            *QUICK,
-            "--recipe",
-            recipe,
-            "--data-dir",
-            str(fashion_data_dir),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--dist-timeout",
-            "5",
-        ],
+    args = ["train", "mnist", *QUICK, "--recipe", recipe, "--data-dir", str(fashion_data_dir)]
+    process = warm_torchrun(
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"],
+        [str(Path(__file__).with_name("vanishing_rank.py"))],
+        [*args, "--run-dir", str(tmp_path / "run"), "--dist-timeout", "5"],
         env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
     )
     output, message = collective_failure(process, f"stops before {site}", lambda: worker_pid(rank, process.pid))
     text = "".join(output)

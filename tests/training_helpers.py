@@ -40,6 +40,9 @@ LAUNCHER_VARS = {
 }
 
 
+WARM_WORKER = Path(__file__).with_name("warm_worker.py")
+
+
 def clean_environ() -> dict[str, str]:
     """The test run's environment without any launcher's variables (a child must find only what a test sets)."""
     return {
@@ -67,6 +70,54 @@ def start_hpctrain(
     baseline = clean_environ()
     environ = {**baseline, "PYTHONUNBUFFERED": "1", **(env or {})}
     return warm_start.popen(list(args), cwd, environ, merge_stderr=True, baseline=baseline)
+
+
+def torchrun(
+    options: list[str],
+    entry: list[str],
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    merge_stderr: bool = True,
+):
+    """`python -m torch.distributed.run OPTIONS ENTRY ARGS` (ENTRY: ["-m", "hpctrain"] or [SCRIPT]) as a Popen-like
+    with text pipes, started warm where it can be (tests/warm_start.py): the agent a fork of the warm process, its
+    workers forks of one for workers (tests/warm_worker.py), which torchrun starts in ENTRY's place."""
+    baseline = clean_environ()
+    environ = {**baseline, **(env or {})}
+    nproc = 1
+    for option, value in zip(options, [*options[1:], ""]):
+        name, _, given = option.partition("=")
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            nproc = int(given or value)
+    workers = {"OMP_NUM_THREADS": "1"} if nproc > 1 and "OMP_NUM_THREADS" not in environ else {}  # torchrun's
+    socket_path = warm_start.workers_socket({**environ, **workers})
+    if socket_path is not None:
+        environ["HPCTRAIN_TEST_WARM_WORKERS"] = socket_path
+        entry = [str(WARM_WORKER), *entry]
+    command = [*options, *entry, *args]
+    return warm_start.popen(command, cwd, environ, merge_stderr, baseline, ("module", "torch.distributed.run"))
+
+
+def run_torchrun(
+    options: list[str],
+    entry: list[str],
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """As `torchrun` above, run to its end as subprocess.run(capture_output=True, text=True) would."""
+    process = torchrun(options, entry, args, env=env, cwd=cwd, merge_stderr=False)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def signal_after(

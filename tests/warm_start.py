@@ -48,8 +48,21 @@ PRELOAD = (
     "hpctrain.training.loop",
     "hpctrain.recipes.mnist",
     "hpctrain.recipes.imagenet",
+    "hpctrain.schedulers.slurm.scheduler",
+    "hpctrain.schedulers.kubernetes.scheduler",
+    "kubernetes.client",  # where installed (not in the floor environment)
+    "kubernetes.config",
+    "kubernetes.watch",
 )
+# The kubernetes client (37, OpenAPI Generator 7) builds an API class on first use: 0.6 CPU s for the four of them.
+KUBERNETES_APIS = ("CoreV1Api", "CustomObjectsApi", "ApiextensionsV1Api", "SchedulingV1Api")
 
+
+# What a warm process for torchrun's workers (tests/warm_worker.py) preloads: torch and what it imports lazily, not
+# hpctrain: a worker script that patches hpctrain's modules (tests/ailing_rank.py) must import them after, as fresh.
+WORKER_PRELOAD = PRELOAD[:3]
+# Variables torchrun's agent sets for each worker (torch/distributed/elastic/agent/server/local_elastic_agent.py).
+TORCHRUN_RUNTIME = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 HANDLED = {"PYTHONUNBUFFERED"}  # the fork sets up its stdout as the interpreter would
 
@@ -58,15 +71,27 @@ def _startup_view(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in HANDLED}
 
 
+def _worker_view(env: dict[str, str]) -> dict[str, str]:
+    """The start-up view less what torchrun gives each worker anew, which only its run reads (not an import)."""
+    return {k: v for k, v in _startup_view(env).items() if not k.startswith(TORCHRUN_RUNTIME)}
+
+
 # ---------------------------------------------------------------------------------------------- the warm process
 
 
-def _serve(path: str) -> None:
+def _serve(path: str, preload: tuple[str, ...]) -> None:
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the pytest worker that started it
-    for module in PRELOAD:
-        __import__(module)
+    view = _worker_view(dict(os.environ))  # before any import can change the environment
+    for module in preload:
+        try:
+            __import__(module)
+        except ImportError:
+            pass  # the command imports it itself, or says it is missing, as a fresh one does
+    client = sys.modules.get("kubernetes.client")
+    for name in KUBERNETES_APIS if client is not None else ():
+        getattr(client, name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -77,16 +102,24 @@ def _serve(path: str) -> None:
         for key, _ in selector.select():
             if key.data is None:
                 connection, _ = listener.accept()
-                pid = _start(connection, listener, selector)
-                if pid is None:
+                started = _start(connection, listener, selector, view)
+                if started is None:
                     connection.close()
                     continue
-                pidfd = os.pidfd_open(pid)
-                selector.register(pidfd, selectors.EVENT_READ, (pid, connection))
+                pid, tied = started
+                selector.register(os.pidfd_open(pid), selectors.EVENT_READ, ("child", pid, connection))
+                if tied:  # the client stands for the command: its end (even by SIGKILL) ends the command
+                    selector.register(connection, selectors.EVENT_READ, ("tie", pid, connection))
+            elif key.data[0] == "tie":
+                if not key.data[2].recv(1):
+                    selector.unregister(key.fd)
+                    _kill_group(key.data[1])
             else:
-                pid, connection = key.data
+                _, pid, connection = key.data
                 selector.unregister(key.fd)
                 os.close(key.fd)
+                if connection.fileno() in selector.get_map():
+                    selector.unregister(connection)
                 _, status = os.waitpid(pid, 0)
                 try:
                     connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
@@ -95,21 +128,38 @@ def _serve(path: str) -> None:
                 connection.close()
 
 
-def _start(connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector) -> int | None:
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _start(
+    connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector, view: dict[str, str]
+) -> tuple[int, bool] | None:
     message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
     if len(fds) != 3:
         return None
-    while chunk := connection.recv(1 << 16):  # a stream: the rest of a long request, up to the client's shutdown
+    while not message.endswith(b"\n"):  # a stream: the rest of a long request, up to its end of line
+        chunk = connection.recv(1 << 16)
+        if not chunk:
+            return None
         message += chunk
     request = json.loads(message)
+    if request.get("same_view") and _worker_view(request["env"]) != view:
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(b"fresh\n")  # this process's imports saw another environment: start afresh
+        return None
     pid = os.fork()
     if pid == 0:
         # Nothing of the warm process's stays open in the command (as Popen's close_fds): the other commands'
         # pidfds and connections, the listening socket.
         for key in list(selector.get_map().values()):
-            if key.data is not None:
+            if key.data is not None and key.data[0] == "child":
                 os.close(key.fd)
-                key.data[1].close()
+                key.data[2].close()
         selector.close()
         listener.close()
         connection.close()
@@ -117,7 +167,7 @@ def _start(connection: socket.socket, listener: socket.socket, selector: selecto
     for fd in fds:
         os.close(fd)
     connection.sendall(f"{pid}\n".encode())
-    return pid
+    return pid, bool(request.get("tied"))
 
 
 def _become_command(request: dict, fds: list[int]) -> None:
@@ -127,7 +177,10 @@ def _become_command(request: dict, fds: list[int]) -> None:
 
     code = 1
     try:
-        os.setpgid(0, request["pgid"])  # the test's process group, as a Popen child's
+        if request["pgid"] is None:
+            os.setsid()  # a session of its own, as torchrun starts each worker
+        else:
+            os.setpgid(0, request["pgid"])  # the test's process group, as a Popen child's
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -145,10 +198,16 @@ def _become_command(request: dict, fds: list[int]) -> None:
             errors="backslashreplace",
             line_buffering=True,
         )
-        sys.argv = ["-m", *request["args"]]
-        sys.path[0] = os.getcwd()  # as `python -m` has it
+        kind, target = request.get("target", ("module", "hpctrain"))
         try:
-            runpy._run_module_as_main("hpctrain", alter_argv=True)  # type: ignore[attr-defined]
+            if kind == "module":
+                sys.argv = ["-m", *request["args"]]
+                sys.path[0] = os.getcwd()  # as `python -m` has it
+                runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
+            else:
+                sys.argv = [target, *request["args"]]
+                sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python SCRIPT` has it
+                runpy.run_path(target, run_name="__main__")
             code = 0
         except SystemExit as stop:
             code = _exit_code(stop.code)
@@ -268,13 +327,14 @@ class WarmProcess:
 
 
 class _Server:
-    """One warm process, started in `env` (the clean environment of the pytest worker at that moment)."""
+    """One warm process, started in `env` (the clean environment of the pytest worker at that moment); `workers`:
+    one for torchrun's workers (WORKER_PRELOAD)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], workers: bool = False) -> None:
         directory = tempfile.mkdtemp(prefix="hpctrain-warm-")
-        self._path = os.path.join(directory, "socket")
+        self.path = os.path.join(directory, "socket")
         self._process = subprocess.Popen(
-            [sys.executable, str(Path(__file__)), self._path],
+            [sys.executable, str(Path(__file__)), self.path, *(["workers"] if workers else [])],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -286,29 +346,41 @@ class _Server:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def start(
-        self, args: list[str], cwd: str, env: dict[str, str], stdin: int, stdout: int, stderr: int
-    ) -> tuple[socket.socket, int]:
+    def start(self, request: dict, stdin: int, stdout: int, stderr: int) -> tuple[socket.socket, int]:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.connect(self._path)
-        request = {"args": args, "cwd": cwd, "env": env, "pgid": os.getpgrp()}
-        socket.send_fds(connection, [json.dumps(request).encode()], [stdin, stdout, stderr])
-        connection.shutdown(socket.SHUT_WR)  # the request is whole; the answers still come back
-        answer = b""
-        while not answer.endswith(b"\n"):
-            chunk = connection.recv(64)
-            if not chunk:
-                raise RuntimeError("the warm process refused the command")
-            answer += chunk
-        return connection, int(answer)
+        connection.connect(self.path)
+        return connection, send_request(connection, request, [stdin, stdout, stderr])
+
+
+def send_request(connection: socket.socket, request: dict, fds: list[int]) -> int | None:
+    """Send `request` with the descriptors `fds` (stdin, stdout, stderr); the command's pid, or None where the warm
+    process says it must start afresh."""
+    socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], fds)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = connection.recv(64)
+        if not chunk:
+            raise RuntimeError("the warm process refused the command")
+        answer += chunk
+    return None if answer == b"fresh\n" else int(answer)
 
 
 # The warm processes of this pytest worker, by start-up view. An in-process test may leave a variable of the view in
 # the worker's environment (hpctrain sets TORCH_NCCL_* defaults when it prepares a run): the clean environment
 # changes, and the next command gets a warm process made in the new one, not a fresh interpreter every time after.
-_servers: dict[tuple[tuple[str, str], ...], _Server] = {}
+_servers: dict[tuple, _Server] = {}
 _lock = threading.Lock()
-MAX_SERVERS = 4
+MAX_SERVERS = 6
+
+
+def _server(key: tuple, env: dict[str, str], workers: bool = False) -> _Server | None:
+    with _lock:
+        server = _servers.get(key)
+        if server is None or not server.alive():
+            if server is None and len(_servers) >= MAX_SERVERS:
+                return None
+            server = _servers[key] = _Server(env, workers)
+        return server
 
 
 def _server_for(env: dict[str, str], baseline: dict[str, str]) -> _Server | None:
@@ -316,29 +388,64 @@ def _server_for(env: dict[str, str], baseline: dict[str, str]) -> _Server | None
     view = _startup_view(env)
     if view != _startup_view(baseline):
         return None
-    key = tuple(sorted(view.items()))
-    with _lock:
-        server = _servers.get(key)
-        if server is None or not server.alive():
-            if server is None and len(_servers) >= MAX_SERVERS:
-                return None
-            server = _servers[key] = _Server(baseline)
-        return server
+    return _server(tuple(sorted(view.items())), baseline)
+
+
+def stand_in_record(socket_path: str, pid: int) -> str:
+    """Where the warm worker `pid` (tests/warm_worker.py) notes the pid of the worker it stands for."""
+    return os.path.join(os.path.dirname(socket_path), f"stands-for-{pid}")
+
+
+def worker_pid(pid: int) -> int:
+    """The pid of the training process that torchrun's worker `pid` is: itself, or the warm fork it stands for."""
+    try:
+        if b"warm_worker.py" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid  # a fresh worker (or one that became one)
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return pid
+    path = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"HPCTRAIN_TEST_WARM_WORKERS="))
+    record = Path(stand_in_record(path, pid))
+    for _ in range(300):  # written just after the fork, and the test may look as soon as the worker started
+        try:
+            return int(record.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    return pid
+
+
+def workers_socket(env: dict[str, str]) -> str | None:
+    """The socket of a warm process for torchrun's workers whose environment is `env` (as the agent gives it them),
+    started if need be; None where warm starts are off. tests/warm_worker.py finds it in HPCTRAIN_TEST_WARM_WORKERS."""
+    if not enabled():
+        return None
+    view = _worker_view(env)
+    server = _server(("workers", *sorted(view.items())), env, workers=True)
+    return None if server is None else server.path
 
 
 def enabled() -> bool:
     return os.environ.get("HPCTRAIN_TEST_WARM_START", "1") != "0" and hasattr(os, "pidfd_open")
 
 
-def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_stderr: bool, baseline: dict[str, str]):
-    """Start `python -m hpctrain *args` warm if it can be (else a plain Popen): stdout as a text pipe, stderr a pipe
-    of its own or merged into stdout. `baseline`: the environment a command gets when the test adds nothing (the
-    warm process's); a command whose start-up variables differ from it starts fresh."""
+def popen(
+    args: list[str],
+    cwd: Path | str | None,
+    env: dict[str, str],
+    merge_stderr: bool,
+    baseline: dict[str, str],
+    target: tuple[str, str] = ("module", "hpctrain"),
+):
+    """Start `python -m MODULE *args` (target ("module", MODULE)) or `python SCRIPT *args` (("path", SCRIPT)) warm
+    if it can be (else a plain Popen): stdout as a text pipe, stderr a pipe of its own or merged into stdout.
+    `baseline`: the environment a command gets when the test adds nothing (the warm process's); a command whose
+    start-up variables differ from it starts fresh."""
+    command = ["-m", target[1]] if target[0] == "module" else [target[1]]
     stderr_flag = subprocess.STDOUT if merge_stderr else subprocess.PIPE
     server = _server_for(env, baseline) if enabled() else None
     if server is None:
         return subprocess.Popen(
-            [sys.executable, "-m", "hpctrain", *args],
+            [sys.executable, *command, *args],
             cwd=cwd,
             env=env,
             text=True,
@@ -349,7 +456,8 @@ def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_st
     err_read, err_write = (None, out_write) if merge_stderr else os.pipe()
     stdin = os.open(os.devnull, os.O_RDONLY)
     try:
-        connection, pid = server.start(args, str(cwd or os.getcwd()), env, stdin, out_write, err_write)
+        request = {"target": target, "args": args, "cwd": str(cwd or os.getcwd()), "env": env}
+        connection, pid = server.start({**request, "pgid": os.getpgrp()}, stdin, out_write, err_write)
     finally:
         os.close(stdin)
         os.close(out_write)
@@ -357,7 +465,7 @@ def popen(args: list[str], cwd: Path | str | None, env: dict[str, str], merge_st
             os.close(err_write)
     stdout = open(out_read, encoding="utf-8", errors="replace")
     stderr = None if err_read is None else open(err_read, encoding="utf-8", errors="replace")
-    return WarmProcess(connection, pid, ["hpctrain", *args], stdout, stderr)
+    return WarmProcess(connection, pid, [*command, *args], stdout, stderr)
 
 
 def run(
@@ -375,4 +483,4 @@ def run(
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], WORKER_PRELOAD if sys.argv[2:] == ["workers"] else PRELOAD)
