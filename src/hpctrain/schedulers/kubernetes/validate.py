@@ -12,6 +12,7 @@ CEL rules (x-kubernetes-validations) are not evaluated, as the local test server
 from __future__ import annotations
 
 import functools
+import sys
 from importlib import resources
 from typing import Any
 
@@ -39,10 +40,29 @@ def to_json_schema(node: Any) -> Any:
     return out
 
 
+def _import_jsonschema() -> Any:
+    """jsonschema, imported without its `iri` format checker's backend. rfc3987_syntax, which jsonschema's
+    format-nongpl extra installs (Jupyter's packages require it), compiles some 35 Earley parsers when it is
+    imported: 1.2 CPU s of every `check` here (python-jsonschema/jsonschema#1392 and #1428). hpctrain checks no
+    formats, and the block is lifted once jsonschema is in."""
+    if "jsonschema" in sys.modules:
+        return sys.modules["jsonschema"]
+    blocked = "rfc3987_syntax" not in sys.modules
+    if blocked:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # `import` raises ImportError
+    try:
+        import jsonschema
+    finally:
+        if blocked:
+            del sys.modules["rfc3987_syntax"]
+    return jsonschema
+
+
 @functools.lru_cache(maxsize=None)
 def _validator(filename: str) -> Any:
-    import jsonschema
     import yaml
+
+    jsonschema = _import_jsonschema()
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds").joinpath(filename).read_text()
