@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from training_helpers import run_hpctrain
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,15 +25,7 @@ def cli_env(home: Path, path_prefix: Path | None = None, **extra: str) -> dict[s
 def hpctrain(
     *args: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_hpctrain(*args, env=env, cwd=cwd, timeout=timeout)
 
 
 def venv_args() -> list[str]:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from training_helpers import run_hpctrain
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-k8s.sh"
@@ -124,6 +124,4 @@ DEADLINE_S = 300  # a bound on waiting for the CLI or the stand-in on a loaded 2
 
 def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`hpctrain ARGS` as a user runs it, in `cwd`."""
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=DEADLINE_S
-    )
+    return run_hpctrain(*args, cwd=cwd, timeout=DEADLINE_S)

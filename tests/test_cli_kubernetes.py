@@ -17,14 +17,13 @@ from hpctrain.schedulers import base
 from hpctrain.schedulers.kubernetes.validate import validate_manifest
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.scheduler import job_status
+from training_helpers import run_hpctrain
 
 IMAGE = "registry.example/hpctrain:1"
 
 
 def hpctrain(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    return run_hpctrain(*args, cwd=cwd)
 
 
 def manifest_of(proc: subprocess.CompletedProcess[str]) -> dict:

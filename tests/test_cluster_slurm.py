@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,14 +13,13 @@ import pytest
 from hpctrain.schedulers.slurm.checks import Requirements, check_job
 from hpctrain.schedulers.slurm.query import query_cluster
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
+from training_helpers import run_hpctrain
 
 pytestmark = pytest.mark.slurm
 
 
 def hpctrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+    return run_hpctrain(*args, cwd=cwd, timeout=120)
 
 
 def test_cluster_json_shows_both_nodes_and_partitions(slurm_cluster) -> None:

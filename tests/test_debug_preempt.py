@@ -24,12 +24,11 @@ from hpctrain.schedulers.slurm.preempt import (
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.slurm.render import render_sbatch
+from training_helpers import run_hpctrain
 
 
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    return run_hpctrain(*args, cwd=cwd, timeout=timeout)
 
 
 # ---------------------------------------------------------------- pure parts

@@ -25,6 +25,7 @@ import pytest
 from hpctrain.data import DatasetSpec, FileSpec, ROLES, check_file, download, get_dataset_spec, load_dataset
 from hpctrain.data.download import normalize_mirror
 from hpctrain.errors import UserError
+from training_helpers import run_hpctrain
 
 FASHION = get_dataset_spec("fashion-mnist")
 NAMES = [FASHION.files[role].archive_name for role in ROLES]
@@ -32,14 +33,7 @@ NAMES = [FASHION.files[role].archive_name for role in ROLES]
 
 def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", "download", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        **kwargs,
-    )
+    return run_hpctrain("download", *args, env=env, timeout=120, **kwargs)
 
 
 def closed_port_url() -> str:

@@ -7,11 +7,11 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 from importlib import metadata
 
 import pytest
 import torch
+from training_helpers import run_hpctrain
 
 LAUNCHER_VARS = {
     "RANK",
@@ -32,9 +32,7 @@ def hpctrain_env(*args: str, **variables: str) -> subprocess.CompletedProcess:
         if k not in LAUNCHER_VARS and not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "HPCTRAIN_LAUNCHER"))
     }
     env.update(variables)
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", "env", *args], env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_hpctrain("env", *args, env=env, timeout=120)
 
 
 def slurm_client_version() -> str | None:

@@ -14,12 +14,12 @@ import os
 import socket
 import socketserver
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from training_helpers import run_hpctrain
 
 pytest.importorskip("kubernetes")
 pytestmark = [pytest.mark.slow]  # each case runs the CLI against a server that makes it wait for its timeout
@@ -138,9 +138,7 @@ def run_cli(kubeconfig: Path, *args: str, cwd: Path) -> subprocess.CompletedProc
         "HPCTRAIN_K8S_MAX_RESPONSE_MB": "1",
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_hpctrain(*args, cwd=cwd, env=env)
 
 
 K8S = ("--scheduler", "kubernetes")

@@ -15,20 +15,14 @@ from pathlib import Path
 import pytest
 
 from k8s_fixtures import CrdlessK8s
+from training_helpers import run_hpctrain
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.xdist_group("k8s-crdless")]
 IMAGE = "example.invalid/hpctrain:test"
 
 
 def hpctrain(server: CrdlessK8s, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd,
-        env=server.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_hpctrain(*args, cwd=cwd, env=server.env(), timeout=120)
 
 
 def job(server: CrdlessK8s, api: str, name: str) -> list[str]:

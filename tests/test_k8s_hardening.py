@@ -17,6 +17,7 @@ from around_helpers import cli_env
 from hpctrain.servers.sessions import DevConfig
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec
+from training_helpers import run_hpctrain
 
 IMAGE = "example.invalid/hpctrain:test"
 K8S_DRY = ("submit", "--dry-run", "--scheduler", "kubernetes", "--image", IMAGE)
@@ -27,9 +28,7 @@ def run(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     for name in ("HPCTRAIN_SCHEDULER", "HPCTRAIN_NAMESPACE"):
         if name not in env:
             environ.pop(name, None)
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=300
-    )
+    return run_hpctrain(*args, cwd=cwd, env=environ)
 
 
 def one_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:

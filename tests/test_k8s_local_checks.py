@@ -10,18 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from training_helpers import run_hpctrain
 
 NOTE_PATH = "note: skipped the check for programs on PATH: the pods run image img, which has its own PATH"
 
 
 def dry_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--scheduler", "kubernetes", "--image", "img", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_hpctrain("submit", "--dry-run", "--scheduler", "kubernetes", "--image", "img", *args, cwd=cwd)
 
 
 def recipe(data_dir: str, run_dir: str) -> list[str]:

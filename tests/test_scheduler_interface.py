@@ -17,6 +17,7 @@ import hpctrain
 from hpctrain.schedulers import SCHEDULERS, backend_info, base
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler, job_status
+from training_helpers import run_hpctrain
 
 SRC = Path(hpctrain.__file__).parent
 # The job commands and their shared flag module (dev, top and tensorboard are the services' commands).
@@ -24,14 +25,7 @@ JOB_COMMANDS = ("submit", "check", "status", "logs", "cancel", "cluster", "debug
 
 
 def hpctrain_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **env},
-    )
+    return run_hpctrain(*args, cwd=cwd, env={**os.environ, **env})
 
 
 def test_every_backend_offers_the_whole_interface() -> None:

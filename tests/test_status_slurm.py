@@ -12,14 +12,13 @@ import pytest
 
 from hpctrain.schedulers.slurm.jobs import wait_for_job
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
+from training_helpers import run_hpctrain
 
 pytestmark = pytest.mark.slurm
 
 
 def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    return run_hpctrain(*args, cwd=cwd, timeout=timeout)
 
 
 def test_logs_follow_returns_when_the_job_ends(slurm_cluster, tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from training_helpers import run_hpctrain
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ALLREDUCE = """\
@@ -42,9 +44,7 @@ def slurm() -> None:
 
 
 def hpctrain(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    return run_hpctrain(*args, cwd=cwd, timeout=timeout)
 
 
 def queued_ids(work_dir: Path | None = None) -> set[str]:

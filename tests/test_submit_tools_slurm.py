@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from training_helpers import run_hpctrain
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -33,9 +34,7 @@ TINY = [
 
 def hpctrain_bare(*args: str, cwd: Path, timeout: float = 600, path: str = BARE_PATH) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": path}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_hpctrain(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 def job_log(tmp_path: Path, job_id: str) -> str:

@@ -20,14 +20,13 @@ import pytest
 from hpctrain.cli.views import show
 from hpctrain.schedulers.slurm.display import cluster_view
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+from training_helpers import run_hpctrain
 
 HOSTILE_NAMES = ("exp[bs=64]", "[/data/x]", "[bold red]loud[/]", "a[/]b", "[link=http://x]y")
 
 
 def hpctrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+    return run_hpctrain(*args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.slurm

@@ -30,6 +30,7 @@ def fresh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complet
         (["--version"], {}, []),
         (["no-such-command"], {}, []),  # exit 2, usage on stderr
         (["status"], {"HPCTRAIN_SCHEDULER": "nonsense"}, []),  # read from the environment the test gave
+        (["cluster", "--scheduler", "kubernetes"], {"KUBECONFIG": "no-such-file"}, []),  # read at import, redone
         (["train", "mnist", "--data-dir", "data", "--run-dir", "run"], {}, []),  # ./data missing: names the fix
         (["train", "mnist", "--data-dir", "data", "--run-dir", "run"], {}, ["data"]),  # ./data there, empty
     ],

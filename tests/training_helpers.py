@@ -62,6 +62,15 @@ def hpctrain(
     return warm_start.run(list(args), cwd, {**baseline, **(env or {})}, timeout, baseline)
 
 
+def run_hpctrain(
+    *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -m hpctrain ARGS` in exactly `env` (default: this process's environment), as subprocess.run with
+    capture_output=True and text=True; started warm where `env` allows it (tests/warm_start.py)."""
+    environ = dict(os.environ if env is None else env)
+    return warm_start.run(list(args), cwd, environ, timeout, clean_environ())
+
+
 def start_hpctrain(
     *args: str,
     cwd: Path | None = None,

@@ -187,6 +187,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _redo_import_time_reads()
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(
@@ -225,6 +226,17 @@ def _become_command(request: dict, fds: list[int]) -> None:
     finally:
         _flush()
         os._exit(code)
+
+
+def _redo_import_time_reads() -> None:
+    """What a preloaded module read from the environment when it was imported, read again from the command's: the
+    kubernetes client's default kubeconfig (KUBECONFIG, kubernetes/config/kube_config.py, also named in
+    kubernetes.config)."""
+    kube_config = sys.modules.get("kubernetes.config.kube_config")
+    if kube_config is not None:
+        location = os.environ.get("KUBECONFIG", "~/.kube/config")
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = location
+        sys.modules["kubernetes.config"].KUBE_CONFIG_DEFAULT_LOCATION = location
 
 
 def _exit_code(code: object) -> int:
