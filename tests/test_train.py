@@ -469,6 +469,7 @@ def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
         "2",
         "--nproc",
         "2",
+        env={"HPCTRAIN_TEST_WARM_START": "0"},  # started as users start it: the launcher's own fork server
     )
     workers: list[int] = []
     try:

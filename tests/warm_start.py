@@ -13,7 +13,8 @@ known to be safe to fork in that state: the warm process never runs an operator 
 
 What a fork cannot reproduce, it is not used for: a command whose environment differs from the test's clean one
 (the warm process's) in a variable read at start-up or at import (PYTHON*, LD_*, OMP_*, MKL_*, KMP_*, TORCH*,
-PYTORCH*, CUDA*, ...) runs as a fresh interpreter, and so does every command when HPCTRAIN_TEST_WARM_START=0.
+PYTORCH*, CUDA*, ...) runs as a fresh interpreter, and so does every command when HPCTRAIN_TEST_WARM_START=0 (in
+pytest's environment, or in the command's own: a test about how a command starts, e.g. its fork server).
 Tests of start-up itself (what a command imports, the README's training commands) run fresh interpreters of
 their own.
 
@@ -48,6 +49,7 @@ PRELOAD = (
     "hpctrain.training.loop",
     "hpctrain.recipes.mnist",
     "hpctrain.recipes.imagenet",
+    "hpctrain.launch.local",
     "hpctrain.schedulers.slurm.scheduler",
     "hpctrain.schedulers.kubernetes.scheduler",
     "kubernetes.client",  # where installed (not in the floor environment)
@@ -92,6 +94,7 @@ def _serve(path: str, preload: tuple[str, ...]) -> None:
     client = sys.modules.get("kubernetes.client")
     for name in KUBERNETES_APIS if client is not None else ():
         getattr(client, name)
+    _fork_local_workers()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -126,6 +129,19 @@ def _serve(path: str, preload: tuple[str, ...]) -> None:
                 except OSError:
                     pass  # the test stopped listening
                 connection.close()
+
+
+def _fork_local_workers() -> None:
+    """`hpctrain train --nproc N` forks its workers from a fork server, a fresh interpreter that imports torch and
+    torch._dynamo (hpctrain/launch/local.py): 5-8 CPU s a run on the loaded CI machine, some 30 runs. A warm
+    command's launcher has both imported already and has run no operator, the state the fork server forks from, so
+    here its workers are forks of the launcher itself. The fork server's own path stays tested by the commands
+    that start fresh (the README's training commands, tests/test_readme_training.py, and the benchmarks)."""
+    local = sys.modules.get("hpctrain.launch.local")
+    if local is not None:
+        import multiprocessing
+
+        local._context = lambda: multiprocessing.get_context("fork")
 
 
 def _kill_group(pid: int) -> None:
@@ -454,7 +470,7 @@ def popen(
     start-up variables differ from it starts fresh."""
     command = ["-m", target[1]] if target[0] == "module" else [target[1]]
     stderr_flag = subprocess.STDOUT if merge_stderr else subprocess.PIPE
-    server = _server_for(env, baseline) if enabled() else None
+    server = _server_for(env, baseline) if enabled() and env.get("HPCTRAIN_TEST_WARM_START") != "0" else None
     if server is None:
         return subprocess.Popen(
             [sys.executable, *command, *args],
