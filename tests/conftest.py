@@ -53,6 +53,19 @@ def _signal_actions_restored():
             signal.signal(signum, action)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """An in-process test that prepares a run leaves what hpctrain sets for its ranks (TORCH_NCCL_* defaults, the
+    launcher's variables) in this worker's environment: the next test's children would inherit it, and each change
+    of a start-up variable costs the worker a new warm process (tests/warm_start.py). Each test gets the environment
+    it started with back; fixtures of a wider scope set theirs up before this one looks."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 # Debian's package; a machine without it (the GPU machine of benchmarks/gpu_check.sh) names a copy.
 FASHION_MNIST_SOURCE = Path(os.environ.get("HPCTRAIN_TEST_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"))
 FASHION_MNIST_FILES = (

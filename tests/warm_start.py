@@ -18,9 +18,13 @@ pytest's environment, or in the command's own: a test about how a command starts
 Tests of start-up itself (what a command imports, the README's training commands) run fresh interpreters of
 their own.
 
-Protocol, over a Unix socket: the client sends one JSON request (args, cwd, env, pgid) with its stdin,
-stdout and stderr as file descriptors (SCM_RIGHTS); the warm process forks, answers the child's pid, and once the
-child has ended its wait status. One thread: children are watched through pidfds.
+Protocol, over a Unix socket: the client sends one JSON request on one line (target: a module or a script; args,
+cwd, env; pgid: the process group to join, or null for a session of its own; tied: the command ends, by SIGKILL,
+when the client's end of the connection closes; same_view: start it only if its start-up variables are this
+process's, else answer `fresh`) with its stdin, stdout and stderr as file descriptors (SCM_RIGHTS); the warm process
+forks, answers the child's pid, and once the child has ended its wait status. One thread: children are watched
+through pidfds. torchrun's workers come through tests/warm_worker.py, to a warm process of their own that preloads
+only torch (WORKER_PRELOAD).
 """
 
 from __future__ import annotations
@@ -398,14 +402,14 @@ def send_request(connection: socket.socket, request: dict, fds: list[int]) -> in
 # changes, and the next command gets a warm process made in the new one, not a fresh interpreter every time after.
 _servers: dict[tuple, _Server] = {}
 _lock = threading.Lock()
-MAX_SERVERS = 6
+MAX_SERVERS = 4  # of each kind (commands, torchrun's workers): beyond, a command starts fresh
 
 
 def _server(key: tuple, env: dict[str, str], workers: bool = False) -> _Server | None:
     with _lock:
         server = _servers.get(key)
         if server is None or not server.alive():
-            if server is None and len(_servers) >= MAX_SERVERS:
+            if server is None and sum((k[:1] == ("workers",)) == workers for k in _servers) >= MAX_SERVERS:
                 return None
             server = _servers[key] = _Server(env, workers)
         return server
