@@ -360,6 +360,9 @@ def test_a_stack_request_is_answered_with_every_threads_stack(tmp_path: Path) ->
 # ---- for real: two ranks under torchrun
 
 
+AILING = (str(Path(__file__).with_name("ailing_rank.py")),)  # torchrun's entry: hpctrain with one ailing rank
+
+
 def classic_run(data_dir: Path, run_dir: Path) -> list[str]:
     return ["train", "mnist", *QUICK, "--recipe", "classic", "--data-dir", str(data_dir), "--run-dir", str(run_dir)]
 
@@ -433,7 +436,7 @@ def test_a_rank_whose_forward_pass_never_returns_is_named_as_behind(fashion_data
         "--hang-timeout",
         "4",
         env=env,
-        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+        entry=AILING,
     )
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0, output
@@ -459,7 +462,7 @@ def test_debug_stacks_shows_where_each_rank_of_a_stuck_run_waits(fashion_data_di
         "--train-limit",
         "8192",
         env=env,
-        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+        entry=AILING,
     )
     output: list[str] = []
     try:
@@ -491,7 +494,7 @@ def test_the_preflight_passes_or_stops_before_the_first_step_naming_the_node(fas
         "1",
         "--preflight",
         env=env,
-        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+        entry=AILING,
     )
     output, _ = process.communicate(timeout=300)
     record = json.loads((run_dir / "preflight.json").read_text())
@@ -516,7 +519,7 @@ def test_the_preflight_names_the_node_whose_links_are_slow(fashion_data_dir, tmp
     run_dir = tmp_path / "run"
     process = warm_torchrun(
         ["--standalone", "--nproc-per-node", "3", "--max-restarts", "0"],
-        [str(Path(__file__).with_name("ailing_rank.py"))],
+        list(AILING),
         [
             "train",
             "mnist",
@@ -557,7 +560,7 @@ def test_a_slow_rank_is_named_as_the_straggler_with_its_cause(fashion_data_dir, 
         "--epochs",
         "1",
         env=env,
-        entry=(str(Path(__file__).with_name("ailing_rank.py")),),
+        entry=AILING,
     )
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output

@@ -119,14 +119,7 @@ def run_torchrun(
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """As `torchrun` above, run to its end as subprocess.run(capture_output=True, text=True) would."""
-    process = torchrun(options, entry, args, env=env, cwd=cwd, merge_stderr=False)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return warm_start.completed(torchrun(options, entry, args, env=env, cwd=cwd, merge_stderr=False), timeout)
 
 
 def signal_after(

@@ -504,7 +504,12 @@ def run(
     args: list[str], cwd: Path | str | None, env: dict[str, str], timeout: float, baseline: dict[str, str]
 ) -> subprocess.CompletedProcess:
     """As subprocess.run([python, -m, hpctrain, *args], capture_output=True, text=True, timeout=timeout)."""
-    process = popen(args, cwd, env, merge_stderr=False, baseline=baseline)
+    return completed(popen(args, cwd, env, merge_stderr=False, baseline=baseline), timeout)
+
+
+def completed(process, timeout: float) -> subprocess.CompletedProcess:
+    """`process` (a Popen or a WarmProcess with stdout and stderr pipes) run to its end, as subprocess.run has it:
+    killed, waited for and the timeout raised again when it takes longer than `timeout` seconds."""
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
