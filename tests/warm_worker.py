@@ -44,8 +44,10 @@ def _warm(path: str, argv: list[str]) -> None:
         connection.connect(path)
     except OSError:
         return
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # one that comes before the handlers waits for them
     pid = send_request(connection, {**request, "tied": True, "same_view": True}, [0, 1, 2])
     if pid is None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         return
     record = stand_in_record(path, os.getpid())  # for a test that signals "the worker" found by its parent
     with open(record, "w") as f:
@@ -59,6 +61,7 @@ def _warm(path: str, argv: list[str]) -> None:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     answer = b""
     while not answer.endswith(b"\n"):
         chunk = connection.recv(64)
