@@ -449,7 +449,7 @@ def worker_pid(pid: int) -> int:
 def workers_socket(env: dict[str, str]) -> str | None:
     """The socket of a warm process for torchrun's workers whose environment is `env` (as the agent gives it them),
     started if need be; None where warm starts are off. tests/warm_worker.py finds it in HPCTRAIN_TEST_WARM_WORKERS."""
-    if not enabled():
+    if not enabled() or env.get("HPCTRAIN_TEST_WARM_START") == "0":
         return None
     view = _worker_view(env)
     server = _server(("workers", *sorted(view.items())), env, workers=True)
