@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_fixtures import Job, attempts, shared_run
-from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, run_torchrun
+from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, run_torchrun, start_hpctrain
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -353,7 +353,13 @@ def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(
         "20",
     )
     job.wait_for_log("epoch 1/")
-    ok(hpctrain("cancel", job.job_id, "--wait", "120", cwd=tmp_path, timeout=300))
+    # The four ranks are paused while the cancel's SIGTERM reaches them, so it lands mid-run however fast they train
+    # (CI run n: unpaused, the 2,048 x 2 run had finished before it arrived).
+    cancel = slurm_cluster.interrupt_mid_run(
+        job.job_id, 4, signal.SIGTERM, lambda: start_hpctrain("cancel", job.job_id, "--wait", "120", cwd=tmp_path)
+    )
+    out, _ = cancel.communicate(timeout=300)
+    assert cancel.returncode == 0, out
     job.follow(timeout=120)
     log = job.log
     assert "Traceback" not in log and "SignalException" not in log and not re.search(r"exit code 1\b", log), log
