@@ -42,6 +42,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if REAL_NODE_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("real_node"):
             item.add_marker(pytest.mark.real_node)
             item.add_marker(pytest.mark.xdist_group("real-node"))
+    # The slow tests first (a stable sort: the order is otherwise the files'), the many quick ones last: xdist hands
+    # out work in this order (after the groups, largest first), and a run whose last minutes were a few long tests
+    # that mostly wait (test_worker_failures.py, at the end of the alphabet) left the CPUs idle (CI run n: 7.6%).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)
