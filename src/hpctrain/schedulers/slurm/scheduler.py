@@ -249,7 +249,7 @@ class SlurmScheduler:
                 f"no output file for job {job_id} (looked at {where}); run this in the directory you "
                 "submitted from, or pass the job's --output path to `cat`"
             )
-        if follow:  # it ended before we looked: the file as it is, and how it ended, as when followed to its end
+        if follow and info is not None:  # it ended before we looked: the file, and how it ended, as when followed
             return self._ended(job_id, _file_lines(path), say)
         return _file_lines(path)
 
