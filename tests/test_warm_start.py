@@ -84,7 +84,8 @@ def test_a_changed_worker_environment_still_starts_warm(tmp_path, monkeypatch):
 
 WORKER = """
 import os, sys, time
-print(f"rank {os.environ['RANK']}: {sys.argv[1:]} in {os.getcwd()}, preloaded {'torch' in sys.modules}", flush=True)
+line = f"rank {os.environ['RANK']}: {sys.argv[1:]} in {os.getcwd()}, preloaded {'torch' in sys.modules}\\n"
+os.write(1, line.encode())  # one write: under -u, print() writes the text and its newline apart, and ranks interleave
 if sys.argv[1] == "sleep":
     time.sleep(600)
 sys.exit(int(sys.argv[1]) if os.environ["RANK"] == "1" else 0)
