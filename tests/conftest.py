@@ -15,6 +15,13 @@ import pytest
 # cpu_report: HPCTRAIN_TEST_CPU_REPORT=FILE records each test's CPU (where the suite's time goes).
 pytest_plugins = ["slurm_fixtures", "k8s_fixtures", "cpu_report"]
 
+# Every Python the tests start, and their Slurm jobs', imports tests/slurm_steps/sitecustomize.py at start-up: in a job
+# step of a test that asked for it (slurm_fixtures.warm_job_steps), `python -m hpctrain` runs as a fork of a warm
+# process; anywhere else it does nothing. Set here, before any warm process starts, so that all share the variable.
+SLURM_STEPS_HOOK = str(Path(__file__).parent / "slurm_steps")
+if SLURM_STEPS_HOOK not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SLURM_STEPS_HOOK, os.environ.get("PYTHONPATH")]))
+
 # Signals whose action hpctrain's code changes in-process: the training loop's StopRequest and the local launcher
 # leave them ignored once a run is settled ("until the process exits"). In a pytest worker that would last for
 # every later test, and the processes those tests start inherit an ignored SIGINT (Python then raises no

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import warm_start
 from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,11 +125,12 @@ class LocalSlurm:
         return result
 
     def training_pids(self, job_id: str, processes: int, timeout_s: float = 600.0) -> list[int]:
-        """The pids of the job's `hpctrain train` processes (not srun, torchrun or the batch shell that start them):
-        the nodes of the local cluster are this host, so they are in /proc."""
+        """The pids of the job's `hpctrain train` processes (not srun, torchrun or the batch shell that start them;
+        for a warm stand-in, the fork it stands for): the nodes of the local cluster are this host, so they are in
+        /proc."""
         deadline = time.monotonic() + timeout_s
         while True:
-            pids = [pid for pid, argv in _job_processes(job_id) if is_training(argv)]
+            pids = [warm_start.worker_pid(pid) for pid, argv in _job_processes(job_id) if is_training(argv)]
             if len(pids) == processes:
                 return pids
             if time.monotonic() > deadline:
@@ -199,6 +201,34 @@ def _job_processes(job_id: str) -> Iterator[tuple[int, list[str]]]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
         yield int(entry.name), argv
+
+
+# ---- the jobs' `python -m hpctrain` processes, started warm (test harness only)
+
+# The tests that run jobs on the local cluster: their fixtures, directly or through others.
+SLURM_FIXTURES = {"slurm_cluster", "slurm"}
+# The start-up environments of the jobs' processes, as the submitting test's plus these: srun's ranks (none) and
+# torchrun's workers (torchrun sets OMP_NUM_THREADS=1 for two or more a node). A warm process is made for each.
+STEP_STARTUPS = ({}, {"OMP_NUM_THREADS": "1"})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    yield
+    if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        warm_job_steps()
+
+
+def warm_job_steps() -> None:
+    """For the test about to run (conftest's `_environment_restored` takes it back after): the `python -m hpctrain`
+    processes of the jobs it submits, srun's ranks and torchrun's workers, run as forks of a warm process that has
+    imported torch (tests/slurm_steps/sitecustomize.py hands them to tests/warm_worker.py), not as fresh interpreters
+    importing it again: about 4 CPU s each, some 60 in a CI run. sbatch passes the submitting environment on, and
+    the nodes of the local cluster are this host, so the warm processes named here are there for the jobs. A job whose
+    start-up variables differ from those of every warm process gets fresh interpreters, as before."""
+    paths = [warm_start.workers_socket({**os.environ, **startup}) for startup in STEP_STARTUPS]
+    if None not in paths:
+        os.environ["HPCTRAIN_TEST_WARM_STEPS"] = os.pathsep.join(paths)
 
 
 def is_training(argv: list[str]) -> bool:

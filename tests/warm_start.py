@@ -436,13 +436,15 @@ def worker_pid(pid: int) -> int:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return pid
-    path = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"HPCTRAIN_TEST_WARM_WORKERS="))
-    record = Path(stand_in_record(path, pid))
+    paths = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"HPCTRAIN_TEST_WARM_WORKERS="))
+    records = [Path(stand_in_record(path, pid)) for path in paths.split(os.pathsep) if path]
     for _ in range(300):  # written just after the fork, and the test may look as soon as the worker started
-        try:
-            return int(record.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.1)
+        for record in records:
+            try:
+                return int(record.read_text())
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
     return pid
 
 

@@ -26,9 +26,11 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def main(argv: list[str]) -> None:
-    path = os.environ.get("HPCTRAIN_TEST_WARM_WORKERS")
-    if path and argv:
-        _warm(path, argv)  # returns only where the warm process said to start afresh
+    # One warm process, or several (os.pathsep between their sockets: a Slurm job's steps, tests/slurm_fixtures.py),
+    # each made in another start-up environment: the first whose environment is this worker's runs it.
+    for path in os.environ.get("HPCTRAIN_TEST_WARM_WORKERS", "").split(os.pathsep):
+        if path and argv:
+            _warm(path, argv)  # returns only where that warm process said to start afresh, or is gone
     os.execv(sys.executable, [sys.executable, *INTERPRETER_OPTIONS, *argv])
 
 

@@ -1,0 +1,33 @@
+"""Test harness only: `python -m hpctrain ...` in a job step of the local Slurm cluster, started warm.
+
+This folder is first on PYTHONPATH for the whole test run (tests/conftest.py), so every Python the tests start, and
+every one their Slurm jobs start (sbatch passes the submitting environment on), imports this file at start-up. It
+does nothing unless the process runs in a Slurm job (SLURM_JOB_ID), was started as `python [-u] -m hpctrain ...` (an
+srun rank, or a torchrun worker through `--no-python PYTHON -m hpctrain`), and the test that submitted the job named
+a warm process in HPCTRAIN_TEST_WARM_STEPS (tests/slurm_fixtures.py). Then the process becomes tests/warm_worker.py
+(exec: the same pid, which Slurm tracks and signals), which runs the command as a fork of that warm process, which
+imported torch once, instead of importing it again here (about 4 CPU s a process on the CI machine), or, where the
+warm process's start-up environment differs from the job's, becomes this command again, fresh.
+"""
+
+import os
+import sys
+
+
+def _hand_over() -> None:
+    socket_path = os.environ.get("HPCTRAIN_TEST_WARM_STEPS")
+    if not socket_path or not os.environ.get("SLURM_JOB_ID"):
+        return
+    argv = list(sys.orig_argv[1:])
+    options = []
+    while argv and argv[0] == "-u":
+        options.append(argv.pop(0))
+    if argv[:2] != ["-m", "hpctrain"]:
+        return
+    env = dict(os.environ)
+    env["HPCTRAIN_TEST_WARM_WORKERS"] = env.pop("HPCTRAIN_TEST_WARM_STEPS")  # and no second hand-over after it
+    worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "warm_worker.py")
+    os.execve(sys.executable, [sys.executable, *options, worker, *argv], env)
+
+
+_hand_over()
