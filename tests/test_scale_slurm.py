@@ -32,24 +32,32 @@ ME = "alice"
 
 
 class Recorder:
-    """subprocess.run for the Slurm commands: answers from a fake cluster of `n` nodes (10 n jobs), keeps argv."""
+    """subprocess.run for the Slurm commands: answers from a fake cluster of `n` nodes (10 n jobs) as the harness's
+    stand-ins do (squeue for any of hpctrain's field lists, filters and orders; scontrol's records, one job's or
+    all, and its stdin session), keeps argv."""
 
     def __init__(self, version: str, n: int) -> None:
+        self.n = n
         self.answers = {
             "partition": scale.partitions_text(n),
             "node": scale.nodes_text(version, n),
             "job": scale.jobs_text(n, ME) if version == "22.05" else "",
         }
-        self.squeue_all, self.squeue_mine = scale.squeue_rows(n, ME)
+        self.records = {line.split()[0][len("JobId=") :]: line for line in self.answers["job"].splitlines()}
         self.calls: list[list[str]] = []
+        self.out_bytes = 0
 
-    def __call__(self, argv, **kwargs):
+    def __call__(self, argv, input=None, **kwargs):
         self.calls.append(list(argv))
+        status, err = 0, ""
         if argv[0] == "squeue":
-            out = self.squeue_mine if any(a.startswith("--user=") for a in argv) else self.squeue_all
+            out = scale.squeue_answer(list(argv), self.n, ME)
+        elif argv == ["scontrol", "-d", "-o"]:
+            out, err, status = scale.scontrol_session(input or "", self.records.get)
         else:
             out = self.answers[argv[argv.index("show") + 1]]
-        return subprocess.CompletedProcess(argv, 0, stdout=out, stderr="")
+        self.out_bytes += len(out)
+        return subprocess.CompletedProcess(argv, status, stdout=out, stderr=err)
 
 
 def test_the_harness_prints_what_hpctrain_parses() -> None:
@@ -220,5 +228,5 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if " N=" in line]
     assert len(rows) == 6 and not any("EXIT" in row for row in rows), result.stdout
-    assert "3 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[2], result.stdout  # cluster on 22.05; status
+    assert "4 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[2], result.stdout  # cluster on 22.05; status
     assert "fitted" in result.stdout or "growth fitted" in result.stdout, result.stdout
