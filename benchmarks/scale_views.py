@@ -19,6 +19,7 @@ mostly measures the others' load; the fit says which of constant, N, N log N and
 
     python benchmarks/scale_views.py                         # 2,500 / 5,000 / 10,000 nodes, 3 versions
     python benchmarks/scale_views.py --sizes 1000,2000 --versions 25.11 --repeat 1
+    python benchmarks/scale_views.py --compare OLD/src       # each command also with PYTHONPATH=OLD/src, in turn
 
 Needs only hpctrain installed (or PYTHONPATH=src); no Slurm. Writes its fake cluster under a temporary directory.
 """
@@ -395,6 +396,12 @@ def main() -> int:
     parser.add_argument("--versions", default=",".join(VERSIONS))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="", help="comma-separated command labels (prefixes) to run")
+    parser.add_argument(
+        "--compare",
+        metavar="SRC",
+        help="also run each command with PYTHONPATH=SRC (another checkout's src/, e.g. the code before a change), "
+        "the two runs taking turns so that both see the same load",
+    )
     parser.add_argument("--write", nargs=4, metavar=("DIR", "VERSION", "N", "USER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write:
@@ -416,25 +423,34 @@ def main() -> int:
                 data = root / f"{version}-{n}"
                 env = {**os.environ, "PATH": f"{data / 'bin'}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "200"}
                 env.pop("KUBECONFIG", None)
+                envs = {"": env}
+                if args.compare:
+                    envs[" (compare)"] = {**env, "PYTHONPATH": args.compare}
                 for label, argv in commands(work).items():
                     if args.only and not any(label.startswith(p) for p in args.only.split(",")):
                         continue
-                    (data / "calls.log").write_text("")
-                    runs = [run_once(argv, env, work) for _ in range(args.repeat)]
-                    cpu = statistics.median(r[0] for r in runs)
-                    wall = statistics.median(r[1] for r in runs)
-                    rss = max(r[2] for r in runs)
-                    calls = len((data / "calls.log").read_text().splitlines()) // args.repeat
-                    rc = runs[-1][3]
-                    results.setdefault((version, label), []).append(cpu)
-                    print(
-                        f"{version:6} N={n:6} {label:30} CPU {cpu:6.2f} s  wall {wall:6.2f} s  {rss:5.0f} MB  "
-                        f"{calls} Slurm call(s)  out {runs[-1][4] / 1e6:5.2f} MB" + (f"  EXIT {rc}" if rc else ""),
-                        flush=True,
-                    )
+                    runs: dict[str, list] = {tag: [] for tag in envs}
+                    calls: dict[str, int] = {}
+                    for _ in range(args.repeat):
+                        for tag, tag_env in envs.items():
+                            (data / "calls.log").write_text("")
+                            runs[tag].append(run_once(argv, tag_env, work))
+                            calls[tag] = len((data / "calls.log").read_text().splitlines())
+                    for tag, tag_runs in runs.items():
+                        cpu = statistics.median(r[0] for r in tag_runs)
+                        wall = statistics.median(r[1] for r in tag_runs)
+                        rss = max(r[2] for r in tag_runs)
+                        rc = tag_runs[-1][3]
+                        results.setdefault((version, label + tag), []).append(cpu)
+                        print(
+                            f"{version:6} N={n:6} {label + tag:40} CPU {cpu:6.2f} s  wall {wall:6.2f} s  "
+                            f"{rss:5.0f} MB  {calls[tag]} Slurm call(s)  out {tag_runs[-1][4] / 1e6:5.2f} MB"
+                            + (f"  EXIT {rc}" if rc else ""),
+                            flush=True,
+                        )
     print("\nCPU seconds at each size, and the growth fitted to them (N nodes; 10 N jobs):")
     for (version, label), times in results.items():
-        print(f"{version:6} {label:34} " + " / ".join(f"{t:.2f}" for t in times) + f" s  -> {fit(sizes, times)}")
+        print(f"{version:6} {label:44} " + " / ".join(f"{t:.2f}" for t in times) + f" s  -> {fit(sizes, times)}")
     return 0
 
 
