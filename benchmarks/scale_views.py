@@ -2,12 +2,15 @@
 
 A 10,000-node cluster with 100,000 jobs cannot run here, so the harness writes what its Slurm client commands
 would print and puts stand-ins for `scontrol`, `squeue`, `sacct`, `sinfo` and `sbatch` first on PATH (small shell
-scripts that `cat` the prepared answer and log their argv). The answers are in the exact forms hpctrain parses, per
-Slurm release (tests/data/slurm/ has the field-by-field sources):
+scripts that `cat` the prepared answer and log their argv; squeue answers the field lists, filters and orders
+hpctrain asks for, as squeue_answer() prints them, and scontrol reads `show job ID` commands on stdin with awk).
+The answers are in the exact forms hpctrain parses, per Slurm release (tests/data/slurm/ has the field-by-field
+sources):
 
   20.11  the oldest supported: CPUTot without CPUEfctv, no shard GRES
   22.05  shards in use printed as `shard:h100:2(IDX:..)` (GPUs with shards, 22.05 and 23.02): `cluster` completes
-         them from `scontrol -d show job -o`, whose records are the biggest text here (about 1.3 KB a job)
+         them from the running shard jobs' `scontrol -d show job` records (about 1.3 KB a job; the whole dump of
+         every job, `scontrol -d show job -o`, is the biggest text here and is answered too)
   25.11  the newest: shards in use per GPU, `shard:h100:40(16/64,24/64,...)`
 
 The cluster at size N has N nodes of 8 H100s (and 512 shards from 22.05 on), 10 N jobs in the queue (a tenth

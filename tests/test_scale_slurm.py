@@ -319,7 +319,8 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
 
 @pytest.mark.slow
 def test_the_harness_runs_in_its_smallest_form() -> None:
-    """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, the fit), tiny sizes."""
+    """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, --compare, the fit), tiny
+    sizes."""
     import os
     import sys
 
@@ -335,6 +336,8 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
             "1",
             "--only",
             "cluster,status (N",
+            "--compare",
+            str(Path(query.__file__).parents[3]),
         ],
         cwd=Path(__file__).parents[1],
         env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
@@ -344,6 +347,7 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
     )
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if " N=" in line]
-    assert len(rows) == 6 and not any("EXIT" in row for row in rows), result.stdout
-    assert "4 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[2], result.stdout  # cluster on 22.05; status
+    assert len(rows) == 12 and not any("EXIT" in row for row in rows), result.stdout
+    assert "4 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[4], result.stdout  # cluster on 22.05; status
+    assert all("(compare)" in row for row in rows[1::2]) and "4 Slurm call(s)" in rows[1], result.stdout
     assert "fitted" in result.stdout or "growth fitted" in result.stdout, result.stdout
