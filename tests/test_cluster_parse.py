@@ -166,3 +166,16 @@ def test_cluster_commands_do_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_shard_holders_and_their_records_recorded_on_22_05() -> None:
+    """The two steps of `held_shards`, from real 22.05 output of the local cluster while `--gres=shard:16` and
+    `--gres=shard:40` jobs ran on node1's GPU 0 and a `--gres=gpu:1` job on node2: squeue names the two shard jobs;
+    scontrol, reading `show job ID` lines on stdin (one unknown id among them), echoes each command after its
+    readline prompt and prints the records one a line."""
+    from hpctrain.schedulers.slurm.query import parse_shard_holders
+
+    assert parse_shard_holders(read("squeue_shard_holders_22.05.txt")) == ["57", "58"]
+    session = read("scontrol_session_22.05.txt")
+    assert session.splitlines()[0] == "scontrol: show job 57" and session.endswith("scontrol: \n")
+    assert parse_shard_use(session) == {"node1": {0: 56}}

@@ -32,24 +32,32 @@ ME = "alice"
 
 
 class Recorder:
-    """subprocess.run for the Slurm commands: answers from a fake cluster of `n` nodes (10 n jobs), keeps argv."""
+    """subprocess.run for the Slurm commands: answers from a fake cluster of `n` nodes (10 n jobs) as the harness's
+    stand-ins do (squeue for any of hpctrain's field lists, filters and orders; scontrol's records, one job's or
+    all, and its stdin session), keeps argv."""
 
     def __init__(self, version: str, n: int) -> None:
+        self.n = n
         self.answers = {
             "partition": scale.partitions_text(n),
             "node": scale.nodes_text(version, n),
             "job": scale.jobs_text(n, ME) if version == "22.05" else "",
         }
-        self.squeue_all, self.squeue_mine = scale.squeue_rows(n, ME)
+        self.records = {line.split()[0][len("JobId=") :]: line for line in self.answers["job"].splitlines()}
         self.calls: list[list[str]] = []
+        self.out_bytes = 0
 
-    def __call__(self, argv, **kwargs):
+    def __call__(self, argv, input=None, **kwargs):
         self.calls.append(list(argv))
+        status, err = 0, ""
         if argv[0] == "squeue":
-            out = self.squeue_mine if any(a.startswith("--user=") for a in argv) else self.squeue_all
+            out = scale.squeue_answer(list(argv), self.n, ME)
+        elif argv == ["scontrol", "-d", "-o"]:
+            out, err, status = scale.scontrol_session(input or "", self.records.get)
         else:
             out = self.answers[argv[argv.index("show") + 1]]
-        return subprocess.CompletedProcess(argv, 0, stdout=out, stderr="")
+        self.out_bytes += len(out)
+        return subprocess.CompletedProcess(argv, status, stdout=out, stderr=err)
 
 
 def test_the_harness_prints_what_hpctrain_parses() -> None:
@@ -104,6 +112,123 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
         )
         assert shard_jobs and split["n"] == n + 2 + shard_jobs
         assert sum(node.shards_used or 0 for node in info.nodes) == 16 * shard_jobs
+
+
+def test_cluster_on_22_05_reads_only_the_running_shard_jobs_records() -> None:
+    """Before 23.11 Slurm prints the shards in use per node only, and the per-GPU count needs the jobs' records:
+    squeue names the running jobs that asked for shards, one scontrol session reads just their records. The whole
+    `scontrol -d show job` dump (10 n records, about 1.3 KB each) is never read."""
+    for n in (40, 80):
+        run = Recorder("22.05", n)
+        info = query.query_cluster(run=run)
+        held = [line for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line and "shard" in line]
+        assert run.calls == [
+            ["scontrol", "show", "partition", "-o"],
+            ["scontrol", "-d", "show", "node", "-o"],
+            query.shard_holders_argv(),
+            ["scontrol", "-d", "-o"],
+        ]
+        job_bytes = run.out_bytes - len(run.answers["partition"]) - len(run.answers["node"])
+        assert len(held) == n // 10 and job_bytes < 2 * sum(map(len, held)) + 100 * n  # the dump: 10 n records
+        assert sum(node.shards_used or 0 for node in info.nodes) == 16 * len(held)
+
+
+def test_cluster_says_when_scontrol_fails_and_skips_a_job_that_ended() -> None:
+    from hpctrain.errors import UserError
+
+    class Ended(Recorder):
+        down = False  # the controller answers
+
+        def __call__(self, argv, input=None, **kwargs):
+            result = super().__call__(argv, input=input, **kwargs)
+            if argv == ["scontrol", "-d", "-o"] and self.down:
+                result = subprocess.CompletedProcess(
+                    argv,
+                    1,
+                    "scontrol: \n",
+                    "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
+                )
+            return result
+
+    run = Ended("22.05", 40)
+    run.records.pop(next(i for i, r in run.records.items() if "JobState=RUNNING" in r and "shard" in r))
+    info = query.query_cluster(run=run)  # one shard job ended between squeue and scontrol: not counted
+    assert sum(node.shards_used or 0 for node in info.nodes) == 16 * 3
+    run.down = True
+    with pytest.raises(UserError, match="could not reach the Slurm controller"):
+        query.query_cluster(run=run)
+
+
+def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status` (and `--all-users`: 100,000 jobs) asks squeue for the 8 fields its table prints, in id order, and
+    makes the cells straight from squeue's text: no JobInfo, the same table as from every field's records."""
+    from hpctrain.schedulers.slurm import jobs, job_table
+
+    made = {"n": 0}
+    real = jobs.JobInfo
+
+    def counting(*args, **kwargs):
+        made["n"] += 1
+        return real(*args, **kwargs)
+
+    for n in (40, 80):
+        run = Recorder("25.11", n)
+        expected = display.job_rows(sorted(parse_squeue(scale.squeue_rows(n, ME)[0]), key=jobs._id_key))
+        monkeypatch.setattr(jobs, "JobInfo", counting)
+        made["n"] = 0
+        show(SlurmScheduler(SlurmOptions(), run=run).status_view(None, all_users=True), as_json=False)
+        monkeypatch.setattr(jobs, "JobInfo", real)
+        out = capsys.readouterr().out
+        (argv,) = run.calls
+        assert argv == job_table.table_argv(None) and "--sort=i" in argv
+        assert argv[-1].removeprefix("--Format=").count(":") == len(display.JOB_COLUMNS) + 1
+        assert made["n"] == 0 and run.out_bytes < 0.6 * len(scale.squeue_rows(n, ME)[0])
+        show(display.jobs_view(sorted(parse_squeue(scale.squeue_rows(n, ME)[0]), key=jobs._id_key)), as_json=False)
+        assert out == capsys.readouterr().out and len(out.splitlines()) == len(expected) + 1
+
+
+def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
+    """The harness's squeue stand-in answers a fixed list of command lines: hpctrain's own are among them."""
+    from hpctrain.schedulers.slurm import jobs, job_table
+
+    known = scale.squeue_argvs(ME)
+    for argv in (jobs.squeue_argv(None), jobs.squeue_argv(ME), job_table.table_argv(None), job_table.table_argv(ME)):
+        assert argv in known
+    assert query.shard_holders_argv() in known
+    everyone = scale.squeue_answer(job_table.table_argv(None), 40, ME)
+    assert [line.split(scale.SEP)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
+    unsorted = scale.squeue_answer(jobs.squeue_argv(None), 40, ME)  # squeue's default order: pending first
+    assert unsorted.splitlines()[0].split(scale.SEP)[2] == "PENDING"
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [("a", "bb", "")],
+        [("x\x1by", "", "z "), ("", "long cell", "")],
+        [],
+    ],
+)
+def test_the_plain_printer_lays_out_as_before(rows: list[tuple[str, ...]]) -> None:
+    """plain_columns prints what the one-format-a-row printer it replaced printed: cells padded to the column, two
+    spaces between, each line's trailing spaces dropped, control characters as `?`; from rows or ColumnCells."""
+    import io
+
+    from hpctrain.cli.tables import clean, plain_columns
+    from hpctrain.schedulers.base import ColumnCells
+
+    header = ("h1", "h2", "h3")
+    table = [header, *rows]
+    cells = [[clean(c) for c in column] for column in zip(*table)]
+    widths = [max(map(len, column)) for column in cells]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    before = "\n".join(line.format(*row).rstrip() for row in zip(*cells)) + "\n"
+    for body in (rows, ColumnCells([list(column) for column in zip(*rows)] if rows else [[], [], []])):
+        out = io.StringIO()
+        plain_columns(header, body, out)
+        assert out.getvalue() == before
 
 
 def test_long_tables_are_printed_plain_one_line_a_row(
@@ -194,7 +319,8 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
 
 @pytest.mark.slow
 def test_the_harness_runs_in_its_smallest_form() -> None:
-    """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, the fit), tiny sizes."""
+    """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, --compare, the fit), tiny
+    sizes."""
     import os
     import sys
 
@@ -210,6 +336,8 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
             "1",
             "--only",
             "cluster,status (N",
+            "--compare",
+            str(Path(query.__file__).parents[3]),
         ],
         cwd=Path(__file__).parents[1],
         env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
@@ -219,6 +347,7 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
     )
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if " N=" in line]
-    assert len(rows) == 6 and not any("EXIT" in row for row in rows), result.stdout
-    assert "3 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[2], result.stdout  # cluster on 22.05; status
+    assert len(rows) == 12 and not any("EXIT" in row for row in rows), result.stdout
+    assert "4 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[4], result.stdout  # cluster on 22.05; status
+    assert all("(compare)" in row for row in rows[1::2]) and "4 Slurm call(s)" in rows[1], result.stdout
     assert "fitted" in result.stdout or "growth fitted" in result.stdout, result.stdout

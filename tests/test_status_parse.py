@@ -178,3 +178,35 @@ def test_wait_for_unknown_job_and_timeout() -> None:
         wait_for_job("7", run=FakeSlurm(["gone"]), sleep=lambda s: None)
     with pytest.raises(UserError, match="still RUNNING after 0 s"):
         wait_for_job("7", timeout_s=0, run=FakeSlurm([RUNNING_LINE]), sleep=lambda s: None)
+
+
+def test_the_table_query_gives_the_cells_of_the_full_query_recorded() -> None:
+    """squeue with job_table.table_argv() and with jobs.squeue_argv(), recorded one after the other on the local
+    22.05 cluster: the table's columns built straight from the first are display.job_rows of the second's records,
+    sorted by id."""
+    from hpctrain.schedulers.slurm import display
+    from hpctrain.schedulers.slurm.job_table import table_columns
+    from hpctrain.schedulers.slurm.jobs import _id_key
+
+    full = sorted(parse_squeue((DATA / "squeue_full_22.05_live.txt").read_text()), key=_id_key)
+    cells = table_columns((DATA / "squeue_table_22.05.txt").read_text())
+    assert len(cells) == 20 and list(cells) == display.job_rows(full)
+    assert cells[19] == ("59", "gpu1", "RUNNING", "", "node2", "00:00:18", "0")
+
+
+@pytest.mark.parametrize("name", ["squeue_22.05.txt", "20.11/squeue.txt", "24.11/squeue.txt", "25.11/squeue.txt"])
+def test_the_table_from_squeue_is_the_records_table(name: str) -> None:
+    """The table's squeue text for the same jobs (the 8 fields picked from each recorded line: squeue prints each
+    field the same whatever else it is asked for) gives display.job_rows of the full records, in the same order:
+    array tasks, a pending array's `4100_[3-10]`, heterogeneous components, names with `|` and spaces, unknown
+    states."""
+    from hpctrain.schedulers.slurm import display
+    from hpctrain.schedulers.slurm.job_table import TABLE_FIELDS, table_columns
+    from hpctrain.schedulers.slurm.jobs import SQUEUE_FIELDS, _id_key
+
+    full = (DATA / name).read_text()
+    picks = [SQUEUE_FIELDS.index(f) for f in TABLE_FIELDS]
+    lines = [line.split("\x1f") for line in full.splitlines()]
+    table = "".join("".join(cols[i] + "\x1f" for i in picks) + "\n" for cols in lines if len(cols) > len(picks))
+    for text in (table, "".join(reversed(table.splitlines(keepends=True)))):  # in squeue's order or not
+        assert list(table_columns(text)) == display.job_rows(sorted(parse_squeue(full), key=_id_key))

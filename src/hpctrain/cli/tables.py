@@ -25,15 +25,25 @@ def clean(cell: str) -> str:
 
 def plain_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
     """rows[0] is the header. Each column as wide as its widest cell, two spaces between columns."""
-    if not rows:
-        return
-    columns = [list(column) for column in zip(*rows)]
-    for column in columns:
-        if not all(map(str.isprintable, column)):  # rare: clean the cells of this column only
-            column[:] = map(clean, column)
+    if rows:
+        plain_columns(rows[0], rows[1:], out)
+
+
+def plain_columns(header: Sequence[str], body: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
+    """The header over the body's rows, laid out a column at a time: the body's own columns when it keeps them
+    (ColumnCells), else its rows transposed once. Linear in the cells, with one C-level formatting call a row."""
+    data = getattr(body, "columns", None)
+    if data is None:
+        data = list(zip(*body)) if body else [()] * len(header)
+    columns = [[head, *column] for head, column in zip(header, data)]
+    for i, column in enumerate(columns):
+        if not "".join(column).isprintable():  # rare: clean the cells of this column only
+            columns[i] = list(map(clean, column))
     widths = [max(map(len, column)) for column in columns]
-    line = "  ".join(f"{{:<{width}}}" for width in widths)  # one format a row: linear, no per-cell calls
-    (out or sys.stdout).write("\n".join(line.format(*row).rstrip() for row in zip(*columns)) + "\n")
+    # Each cell padded to its column's width but the last; a line loses the spaces an empty last cell leaves.
+    line = "  ".join([f"%-{width}s" for width in widths[:-1]] + ["%s"])
+    text = "\n".join(map(str.rstrip, map(line.__mod__, zip(*columns))))
+    (out or sys.stdout).write(text + "\n")
 
 
 def rich_table(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> Any:
@@ -56,7 +66,7 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]], console: 
         return
     if title:
         console.file.write(title + "\n")
-    plain_table([tuple(columns), *rows], out=console.file)
+    plain_columns(columns, rows, out=console.file)
 
 
 def json_text(value: Any) -> str:

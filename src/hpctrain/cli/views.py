@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
-
-from hpctrain.cli.tables import json_text, plain_table, print_table
+from hpctrain.cli.tables import RICH_ROWS, json_text, plain_columns, print_table
 from hpctrain.schedulers.base import Outcome, Table, View
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def console() -> Console:
     """stdout console; when piped or captured, wide enough that no cell is cut (logs and CI read it whole)."""
+    from rich.console import Console
+
     if sys.stdout.isatty():
         return Console()
     return Console(width=200, no_color=True, soft_wrap=False)
@@ -31,15 +34,24 @@ def show(view: View, as_json: bool) -> None:
     if as_json:
         print(json_text(view.json_records()))
         return
+    parts = view.text_parts()
     if view.plain:
-        for part in view.text_parts():
+        for part in parts:
             if isinstance(part, Table):
-                plain_table([tuple(part.columns), *part.rows])
+                plain_columns(part.columns, part.rows)
             else:
                 print(part)
         return
+    if all(isinstance(part, Table) and len(part.rows) > RICH_ROWS for part in parts):
+        for part in parts:  # only long tables (`status --all-users`): plain text as print_table's, rich not imported
+            if part.title:
+                sys.stdout.write(part.title + "\n")
+            plain_columns(part.columns, part.rows)
+        return
+    from rich.text import Text
+
     out = console()
-    for part in view.text_parts():
+    for part in parts:
         if isinstance(part, Table):
             print_table(part.columns, part.rows, out, title=part.title)
         else:

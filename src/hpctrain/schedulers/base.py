@@ -158,7 +158,30 @@ class Table:
 
     columns: tuple[str, ...]
     rows: Sequence[Sequence[str]]
+    """A sequence of rows, or ColumnCells: the same rows kept a column at a time (a long table built from columns
+    is laid out from them, never turned into row tuples first)."""
     title: str | None = None
+
+
+class ColumnCells(Sequence[tuple[str, ...]]):
+    """Rows kept as their columns (`columns[i][r]` is row r's cell i, every column as long): what a backend builds
+    when it makes a long table a column at a time (100,000 jobs); read as row tuples by whoever iterates it."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: Sequence[Sequence[str]]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(zip(*(column[index] for column in self.columns)))
+        return tuple(column[index] for column in self.columns)
+
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        return zip(*self.columns)
 
 
 @dataclass(frozen=True)

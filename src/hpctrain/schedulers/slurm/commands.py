@@ -20,11 +20,15 @@ _NO_CONTROLLER = (
 )
 
 
-def slurm(argv: Sequence[str], *, run: Runner = subprocess.run, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm command and return its result; raise UserError when the client is missing or, with
-    check=True, when the command fails (its stderr is part of the message)."""
+def slurm(
+    argv: Sequence[str], *, run: Runner = subprocess.run, check: bool = True, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command (with `input` on its stdin) and return its result; raise UserError when the client is
+    missing or, with check=True, when the command fails (its stderr is part of the message)."""
     argv = [str(a) for a in argv]
     kwargs: dict[str, Any] = {"capture_output": True, "text": True, "check": False}
+    if input is not None:
+        kwargs["input"] = input
     try:
         result = run(argv, **kwargs)
     except FileNotFoundError:

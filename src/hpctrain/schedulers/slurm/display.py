@@ -10,6 +10,7 @@ or break what another user sees."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -97,6 +98,17 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
 def jobs_view(jobs: list[JobInfo]) -> View:
     """The job list: a row a job (thousands of rows: the CLI prints them plain)."""
     return View(records=lambda: [j.to_dict() for j in jobs], parts=lambda: (jobs_table(jobs),) if jobs else (NO_JOBS,))
+
+
+def job_list_view(jobs: Callable[[], list[JobInfo]], cells: Callable[[], Sequence[Sequence[str]]]) -> View:
+    """The job list as jobs_view shows it, each form from a query of its own, made only when shown: `jobs` the
+    records (--json), `cells` the table's rows, job_rows' cells (job_table asks squeue only for those)."""
+
+    def parts() -> tuple[Table | str, ...]:
+        rows = cells()
+        return (Table(JOB_COLUMNS, rows),) if len(rows) else (NO_JOBS,)
+
+    return View(records=lambda: [j.to_dict() for j in jobs()], parts=parts)
 
 
 def not_found(job_id: str) -> UserError:

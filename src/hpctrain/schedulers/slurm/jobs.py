@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
-from hpctrain.schedulers.slurm.records import NULLS as _NULLS
+from hpctrain.schedulers.slurm.records import NULLS
 from hpctrain.schedulers.slurm.records import null, parse_int, parse_records, printed_duration
 from hpctrain.errors import UserError
 
@@ -98,7 +98,7 @@ def parse_exit_code(text: str | None) -> int | None:
 
 
 @functools.lru_cache(maxsize=256)  # a few dozen state texts in any list
-def _state_word(text: str | None) -> str:
+def state_word(text: str | None) -> str:
     """Slurm's state word as it is, upper case: sacct says `CANCELLED by 0` where squeue and scontrol say CANCELLED,
     and a column too narrow ends it with `+` (`CANCELLED+`). A state this module does not know (each Slurm release
     may add one: RESV_DEL_HOLD in 20.11's list, EXPEDITING in 25.11) is kept as printed, never an error."""
@@ -117,7 +117,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
     for rec in parse_records(text):
         if "JobId" not in rec:
             continue
-        state = _state_word(rec.get("JobState"))
+        state = state_word(rec.get("JobState"))
         stdout = null(rec.get("StdOut"))
         jobs.append(
             JobInfo(
@@ -127,7 +127,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 reason=null(rec.get("Reason")) if null(rec.get("Reason")) != "None" else None,
                 nodes=null(rec.get("NodeList")),
                 num_nodes=parse_int(rec.get("NumNodes"), 0) or None,
-                elapsed_s=_duration_or_none(rec.get("RunTime")),  # INVALID when the clocks disagree
+                elapsed_s=duration_or_none(rec.get("RunTime")),  # INVALID when the clocks disagree
                 restarts=parse_int(rec.get("Restarts")),
                 exit_code=parse_exit_code(rec.get("ExitCode")) if state in TERMINAL_STATES else None,
                 partition=null(rec.get("Partition")),
@@ -138,7 +138,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 submit_time=null(rec.get("SubmitTime")),
                 start_time=null(rec.get("StartTime")) if rec.get("StartTime") != "Unknown" else None,
                 end_time=null(rec.get("EndTime")) if rec.get("EndTime") != "Unknown" else None,
-                time_limit_s=_duration_or_none(rec.get("TimeLimit")),  # also Partition_Limit: none of its own
+                time_limit_s=duration_or_none(rec.get("TimeLimit")),  # also Partition_Limit: none of its own
                 source="scontrol",
             )
         )
@@ -202,18 +202,18 @@ def parse_squeue(text: str) -> list[JobInfo]:
             JobInfo(
                 job_id=job_id,
                 name=name,
-                state=_state_word(state),
-                reason=None if reason in _NULLS else reason,  # (null()'s test inline: 100,000 jobs)
-                nodes=None if nodes in _NULLS else nodes,
+                state=state_word(state),
+                reason=None if reason in NULLS else reason,  # (null()'s test inline: 100,000 jobs)
+                nodes=None if nodes in NULLS else nodes,
                 num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
-                elapsed_s=_duration_or_none(used),
+                elapsed_s=duration_or_none(used),
                 restarts=int(restarts) if restarts.isdigit() else 0,
-                partition=None if partition in _NULLS else partition,
-                user=None if user in _NULLS else user,
-                work_dir=None if work_dir in _NULLS else work_dir,
-                submit_time=None if submit in _NULLS else submit,
-                start_time=None if start in _NULLS else start,
-                time_limit_s=_duration_or_none(limit),
+                partition=None if partition in NULLS else partition,
+                user=None if user in NULLS else user,
+                work_dir=None if work_dir in NULLS else work_dir,
+                submit_time=None if submit in NULLS else submit,
+                start_time=None if start in NULLS else start,
+                time_limit_s=duration_or_none(limit),
                 source="squeue",
             )
         )
@@ -221,7 +221,7 @@ def parse_squeue(text: str) -> list[JobInfo]:
 
 
 @functools.lru_cache(maxsize=8192)  # squeue repeats time limits and many elapsed times across 100,000 jobs
-def _duration_or_none(text: str | None) -> int | None:
+def duration_or_none(text: str | None) -> int | None:
     try:
         return printed_duration(text)
     except ValueError:
@@ -269,7 +269,7 @@ def parse_sacct(text: str) -> list[JobInfo]:
         extra = len(cols) - n  # '|' inside the job name
         cols = [cols[0], "|".join(cols[1 : 2 + extra]), *cols[2 + extra :]]
         f = dict(zip(SACCT_FIELDS, cols))
-        state = _state_word(f["State"])
+        state = state_word(f["State"])
         jobs.append(
             JobInfo(
                 job_id=f["JobIDRaw"],
@@ -332,9 +332,14 @@ def list_jobs(user: str | None = None, all_users: bool = False, run: Runner = su
 
 
 def _id_key(job: JobInfo) -> tuple[int, ...]:
-    if job.job_id.isdigit():  # most ids: no array index, no het component
-        return (int(job.job_id),)
-    return tuple(int(p) for p in re.split(r"[_+]", job.job_id) if p.isdigit())
+    return id_order(job.job_id)
+
+
+def id_order(job_id: str) -> tuple[int, ...]:
+    """The order of job ids: by number, an array's tasks and a heterogeneous job's components by their index."""
+    if job_id.isdigit():  # most ids: no array index, no het component
+        return (int(job_id),)
+    return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())
 
 
 def wait_for_job(

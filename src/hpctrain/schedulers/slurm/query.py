@@ -3,11 +3,12 @@
 Parsing is pure (`parse_partitions`, `parse_nodes`, `parse_shard_use`); `query_cluster` runs
 `scontrol show partition -o`, `scontrol -d show node -o` and, only where this Slurm does not print shards in use
 per GPU (before 23.11) and the caller shows them (`hpctrain cluster`, not the checks: they need only the totals),
-`scontrol -d show job -o` to count them from the running jobs. The forms each Slurm release prints, 20.11 to 25.11,
-are in tests/data/slurm/ with their sources.
+`held_shards`: squeue for the running jobs that asked for shards, then those jobs' `scontrol -d show job` records
+to count them per GPU. The forms each Slurm release prints, 20.11 to 25.11, are in tests/data/slurm/ with their
+sources.
 
 At scale (10,000 nodes, 100,000 queued jobs: benchmarks/scale_views.py) each parser is one pass over its text, and
-of the job records only the running ones that hold shards are parsed field by field.
+of the jobs only the running shard jobs' records are read (the whole dump was 130 MB at 100,000 jobs).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from hpctrain.schedulers.slurm.commands import Runner, slurm
+from hpctrain.errors import UserError
+from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
     field_groups,
@@ -186,6 +188,43 @@ def fill_shard_use(nodes: list[NodeInfo], use: dict[str, dict[int, int]]) -> lis
     return out
 
 
+# squeue -O fields that name every GRES a job asked for (--gres/--gpus* and the --tres-per-* options end up in
+# these four; Slurm allocates GRES from them): all exist in 22.05 and 23.02 (_parse_long_format in src/squeue/opts.c,
+# _print_job_tres_per_* in src/squeue/print.c, which print N/A when unset, at slurm-22-05-0-1 and slurm-23-02-0-1).
+HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task")
+HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED")  # the states in which a job holds its GRES
+_SEP = "\x1f"
+
+
+def shard_holders_argv() -> list[str]:
+    fields = ",".join(f"{f}:{_SEP}" for f in HOLDER_FIELDS)
+    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), "--Format=" + fields]
+
+
+def parse_shard_holders(text: str) -> list[str]:
+    """Output of shard_holders_argv() -> the ids of the jobs that asked for shards."""
+    return [line.split(_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line]
+
+
+def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
+    """Shards held per node and GPU index, from the jobs that hold shards only (Slurm 22.05 and 23.02 print shards
+    in use per node, not per GPU). Those releases have no query that prints a job's GRES indexes but `scontrol -d
+    show job`, of one job or of every job (scontrol_print_job in src/scontrol/info_job.c at slurm-22-05-0-1 and
+    slurm-23-02-0-1: one id per command; squeue has no GRES detail field); every job's record is 1.3 KB, 130 MB
+    for 100,000 jobs. So squeue names the running jobs that asked for shards, and one scontrol reads their records,
+    its commands on stdin (`show job ID` a line: scontrol without a command on its command line reads commands until
+    EOF, main() in src/scontrol/scontrol.c at the same tags). A job that ended in between is not found: skipped."""
+    ids = parse_shard_holders(slurm(shard_holders_argv(), run=run).stdout)
+    if not ids:
+        return {}
+    argv = ["scontrol", "-d", "-o"]
+    result = slurm(argv, run=run, check=False, input="".join(f"show job {i}\n" for i in ids))
+    errors = [line for line in result.stderr.splitlines() if line.strip() and "invalid job id" not in line.lower()]
+    if result.returncode != 0 and errors:
+        raise UserError(command_error(argv, result))
+    return parse_shard_use(result.stdout)  # records among scontrol's prompts (`scontrol: show job ID`)
+
+
 def query_cluster(run: Runner = subprocess.run, shard_use: bool = True) -> ClusterInfo:
     """Ask the live cluster. Raises UserError when the Slurm client is missing or the controller is down.
     shard_use=False leaves the shards in use unknown (None) where this Slurm does not print them, and so never lists
@@ -193,6 +232,5 @@ def query_cluster(run: Runner = subprocess.run, shard_use: bool = True) -> Clust
     partitions = parse_partitions(slurm(["scontrol", "show", "partition", "-o"], run=run).stdout)
     nodes = parse_nodes(slurm(["scontrol", "-d", "show", "node", "-o"], run=run).stdout)
     if shard_use and any(n.shards_total and n.shards_used is None for n in nodes):
-        jobs = slurm(["scontrol", "-d", "show", "job", "-o"], run=run).stdout
-        nodes = fill_shard_use(nodes, parse_shard_use(jobs))
+        nodes = fill_shard_use(nodes, held_shards(run=run))
     return ClusterInfo(partitions=tuple(partitions), nodes=tuple(nodes))

@@ -274,7 +274,12 @@ class SlurmScheduler:
         from hpctrain.schedulers.slurm import display
 
         if job_id is None:
-            return display.jobs_view(jobs.list_jobs(all_users=all_users, run=self.run))
+            from hpctrain.schedulers.slurm import job_table
+
+            return display.job_list_view(
+                lambda: jobs.list_jobs(all_users=all_users, run=self.run),
+                lambda: job_table.list_columns(all_users=all_users, run=self.run),
+            )
         info = jobs.get_job(job_id, run=self.run)
         if info is None:
             raise display.not_found(job_id)

@@ -1,0 +1,90 @@
+"""`hpctrain status` (no job named) as a table: squeue asked for the printed columns only, its text made into the
+table's columns directly.
+
+The table shows seven cells a job (display.JOB_COLUMNS); `status --all-users` on a big cluster has 100,000 jobs. So
+this path asks squeue for the eight fields those cells come from (not jobs.SQUEUE_FIELDS' fourteen, which --json
+prints), in job id order (`--sort=i`), builds no JobInfo, and makes each column in one pass over squeue's text:
+every squeue line holds the same number of separated fields, so the whole text splits at once and column i is
+every eighth field. Each distinct state, duration and count is turned into its cell once (a big queue repeats a
+few dozen). The cells are exactly display.job_rows' for the same jobs (tests/test_scale_slurm.py compares them).
+
+squeue's `--sort=i` orders by job id, array tasks and heterogeneous components by their parent's id then index
+(_sort_job_by_id in src/squeue/sort.c, slurm-20-11-0-1 to slurm-25-11-0-1); the ids are still sorted here, stably,
+by jobs.id_order (a pending array's `4100_[3-10]` record comes first here, last in squeue), which on an ordered
+list costs one comparison a job.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import operator
+import subprocess
+
+from hpctrain.jobs.values import format_duration
+from hpctrain.schedulers.base import ColumnCells
+from hpctrain.schedulers.slurm.commands import Runner, slurm
+from hpctrain.schedulers.slurm.jobs import _SEP, NULLS, duration_or_none, id_order, state_word
+
+TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "TimeUsed", "RestartCnt")
+
+
+def table_argv(user: str | None) -> list[str]:
+    """squeue for the table: its fields only, in job id order; the caller's jobs unless user is None."""
+    argv = ["squeue", "--noheader", "--states=all", "--sort=i"]
+    argv.append("--Format=" + ",".join(f"{f}:{_SEP}" for f in TABLE_FIELDS))
+    return argv + ([f"--user={user}"] if user else [])
+
+
+@functools.cache
+def _wanted(num_nodes: str) -> str:
+    return f"({int(num_nodes)} wanted)" if num_nodes.isdigit() and int(num_nodes) else ""
+
+
+@functools.cache
+def _elapsed(text: str) -> str:
+    seconds = duration_or_none(text)
+    return "" if seconds is None else format_duration(seconds)
+
+
+@functools.cache
+def _restarts(text: str) -> str:
+    return str(int(text)) if text.isdigit() else "0"
+
+
+def _fields_by_column(text: str) -> list[list[str]]:
+    """squeue's fields, stripped, a list per field of TABLE_FIELDS; a line with too few fields is left out and
+    extra ones are ignored, as jobs.parse_squeue does."""
+    n = len(TABLE_FIELDS)
+    lines = text.splitlines()
+    if all(count == n for count in map(operator.methodcaller("count", _SEP), lines)):
+        fields = "".join(lines).split(_SEP)  # each line ends with the separator: n fields a line, in order
+        return [list(map(str.strip, fields[i : n * len(lines) : n])) for i in range(n)]
+    rows = [cols[:n] for cols in (line.split(_SEP) for line in lines) if len(cols) >= n]
+    return [list(map(str.strip, column)) for column in zip(*rows)] if rows else [[] for _ in range(n)]
+
+
+def table_columns(text: str) -> ColumnCells:
+    """Output of table_argv() -> the table's cells by column (display.JOB_COLUMNS), in job id order."""
+    job_id, name, state, reason, nodes, num_nodes, used, restarts = _fields_by_column(text)
+    columns = [
+        job_id,
+        name,
+        list(map(state_word, state)),
+        ["" if r in NULLS else r for r in reason],  # why it waits, or why it failed
+        [w if nl in NULLS else nl for nl, w in zip(nodes, map(_wanted, num_nodes))],
+        list(map(_elapsed, used)),
+        list(map(_restarts, restarts)),
+    ]
+    keys = list(map(int, job_id)) if all(job_id) and "".join(job_id).isdigit() else list(map(id_order, job_id))
+    if any(map(operator.gt, keys, keys[1:])):  # not in id order already (squeue's differs for array records)
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        columns = [list(map(column.__getitem__, order)) for column in columns]
+    return ColumnCells(columns)
+
+
+def list_columns(user: str | None = None, all_users: bool = False, run: Runner = subprocess.run) -> ColumnCells:
+    """The jobs the controller knows as the table's columns, the caller's unless all_users."""
+    if not all_users and user is None:
+        user = getpass.getuser()
+    return table_columns(slurm(table_argv(None if all_users else user), run=run).stdout)
