@@ -153,6 +153,8 @@ print("@imported " + json.dumps(sorted(m for m in sys.modules if m.startswith(ge
 
 def test_the_views_and_checks_never_import_the_clients_generated_apis_or_models(small_cluster, tmp_path: Path) -> None:
     api, namespace, nodes = small_cluster
+    if not hasattr(api, "param_serialize"):
+        pytest.skip("the legacy client (kubernetes < 35) imports every API and model with its package")
     sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=IMAGE), api_client=api)
     job = JobSpec(command=("python", "train.py"), name="probe", resources=Resources(nodes=2, cpus_per_task=1))
     job_id = sched.submit(job, sched.render(job))

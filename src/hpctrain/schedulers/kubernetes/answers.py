@@ -82,9 +82,9 @@ def bad_answer(server: str | None, why: str) -> UserError:
 
 def check_deserializing(api_client: Any, server: str) -> None:
     """Wrap the client's response_deserialize (see the module docstring); idempotent."""
-    original = api_client.response_deserialize
-    if getattr(original, "_hpctrain_checked", False):
-        return
+    original = getattr(api_client, "response_deserialize", None)
+    if original is None or getattr(original, "_hpctrain_checked", False):
+        return  # None: the legacy generator's client (kubernetes < 35), which has no such step to wrap
     from kubernetes.client.exceptions import ApiException
 
     def response_deserialize(response_data: Any, response_types_map: dict[str, Any] | None = None) -> Any:

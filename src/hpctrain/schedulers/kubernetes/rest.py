@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from hpctrain.errors import redact
 from hpctrain.schedulers.kubernetes import answers
@@ -71,11 +71,10 @@ class RawApi:
 
         api = self.api_client
         headers = {"Accept": "application/json"}
+        target = f"{where}?{urlencode(query)}" if query else where  # in the URL for both generations
         try:
             if hasattr(api, "param_serialize"):  # openapi-generator 7 (kubernetes >= 35)
-                request = api.param_serialize(
-                    method, where, query_params=query, header_params=headers, auth_settings=AUTH
-                )
+                request = api.param_serialize(method, target, header_params=headers, auth_settings=AUTH)
                 response = api.call_api(*request)
                 data = response.read()
                 if not 200 <= response.status <= 299:
@@ -84,9 +83,8 @@ class RawApi:
                     raise error
                 return response.headers.get("content-type"), data
             response = api.call_api(  # the legacy generator: an HTTP error is raised by its REST layer
-                where,
+                target,
                 method,
-                query_params=query,
                 header_params=headers,
                 auth_settings=AUTH,
                 _preload_content=False,
