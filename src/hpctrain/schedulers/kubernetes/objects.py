@@ -5,6 +5,7 @@ the API objects the scheduler (scheduler.py) has fetched.
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal
 from typing import Any
@@ -47,6 +48,13 @@ def quantity_or_zero(value: Any) -> Decimal:
     return parse_quantity(value) if value is not None else Decimal(0)
 
 
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str | int | float) -> Decimal:
+    """parse_quantity, once per distinct text: a cluster's pods repeat a few dozen quantities (`cluster` sums every
+    running pod's requests)."""
+    return parse_quantity(text)
+
+
 def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
     """What a pod (its JSON, as the API server sends it) takes from its node: the sum over containers (requests,
     else limits), at least the largest init container, as the scheduler counts it."""
@@ -55,7 +63,7 @@ def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
         res = container.get("resources") or {}
         req = dict(res.get("limits") or {})
         req.update(res.get("requests") or {})
-        return {k: parse_quantity(v) for k, v in req.items()}
+        return {k: _quantity(v) for k, v in req.items()}
 
     spec = pod.get("spec") or {}
     total: dict[str, Decimal] = {}
