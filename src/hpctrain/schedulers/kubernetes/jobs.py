@@ -29,8 +29,8 @@ from hpctrain.schedulers.kubernetes.rest import path
 
 
 class LiveJobs:
-    """KubernetesScheduler's job methods: they read self.raw (the API server's JSON), write through self.custom and
-    self.core (the client's generated APIs), and read self.options and
+    """KubernetesScheduler's job methods: they read self.raw (the API server's JSON and a pod's log), write through
+    self.custom (the client's generated API), and read self.options and
     self.namespace, self.group, self.version, self.plural and self.kind (the job API), self.command (the commands it
     suggests) and LiveChecks' _namespace_problems (a namespace that does not exist lists no jobs)."""
 
@@ -50,8 +50,8 @@ class LiveJobs:
     def _jobs_path(self, *name: str) -> str:
         return path("apis", self.group, self.version, "namespaces", self.namespace, self.plural, *name)
 
-    def _namespaced(self, kind: str) -> str:
-        return path("api", "v1", "namespaces", self.namespace, kind)
+    def _namespaced(self, *kind: str) -> str:
+        return path("api", "v1", "namespaces", self.namespace, *kind)
 
     def pods_of(self, job_id: str) -> list[dict[str, Any]]:
         """The job's pods, as JSON, in replica order (master, nodes, workers)."""
@@ -157,8 +157,11 @@ class LiveJobs:
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
         name = pod["metadata"]["name"]
         try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
-            resp = self.core.read_namespaced_pod_log(
-                name, self.namespace, container=container, follow=follow, _preload_content=False
+            resp = self.raw.stream(
+                self._namespaced("pods", name, "log"),
+                f"reading the log of {name}",
+                container=container,
+                **({"follow": "true"} if follow else {}),
             )
         except ApiException as err:
             raise UserError(

@@ -62,11 +62,17 @@ class RawApi:
             if not token:
                 return items
 
-    def _get(self, where: str, what: str, query: list[tuple[str, Any]], listing: bool) -> dict[str, Any]:
-        content_type, data = self._send("GET", where, query, what)
-        return answers.json_answer(self.server, content_type, data, listing=listing)
+    def stream(self, where: str, what: str, **query: Any) -> Any:
+        """The answer at `where` unread (a urllib3 response: `.stream()`, `.release_conn()`), for a pod's log."""
+        return self._send("GET", where, list(query.items()), what, read=False)
 
-    def _send(self, method: str, where: str, query: list[tuple[str, Any]], what: str) -> tuple[str | None, bytes]:
+    def _get(self, where: str, what: str, query: list[tuple[str, Any]], listing: bool) -> dict[str, Any]:
+        response = self._send("GET", where, query, what)
+        return answers.json_answer(self.server, response.headers.get("content-type"), response.data, listing=listing)
+
+    def _send(self, method: str, where: str, query: list[tuple[str, Any]], what: str, read: bool = True) -> Any:
+        """The urllib3 response (read whole, within client.py's bounds, when `read`); an HTTP error raised as
+        KubernetesApiError."""
         from kubernetes.client.rest import ApiException
 
         api = self.api_client
@@ -76,12 +82,13 @@ class RawApi:
             if hasattr(api, "param_serialize"):  # openapi-generator 7 (kubernetes >= 35)
                 request = api.param_serialize(method, target, header_params=headers, auth_settings=AUTH)
                 response = api.call_api(*request)
-                data = response.read()
                 if not 200 <= response.status <= 299:
                     error = ApiException(status=response.status, reason=response.reason)
-                    error.body, error.headers = data.decode("utf-8", "replace"), response.headers
+                    error.body, error.headers = response.read().decode("utf-8", "replace"), response.headers
                     raise error
-                return response.headers.get("content-type"), data
+                if read:
+                    response.read()
+                return response.response
             response = api.call_api(  # the legacy generator: an HTTP error is raised by its REST layer
                 target,
                 method,
@@ -90,7 +97,9 @@ class RawApi:
                 _preload_content=False,
                 _return_http_data_only=True,
             )
-            return response.headers.get("content-type"), response.data
+            if read:
+                response.data  # noqa: B018 - read now, within the bounds
+            return response
         except ApiException as err:
             if isinstance(err, k8s_client.UserError):
                 raise
