@@ -1,9 +1,12 @@
-"""What `hpctrain cluster`, `check` and `status` cost on a big Kubernetes cluster, and how it grows.
+"""What `hpctrain cluster`, `status`, `top`, `check` and `submit` cost on a big Kubernetes cluster, and how it grows.
 
 The local API server (scripts/local-k8s.sh, context hpctrain-local; no kubelet needed) is filled with N Node objects
 (8 GPUs, 96 CPUs each; cordoned and tainted, so nothing else is placed there) and 8 N Pods bound to them by
 spec.nodeName, half of them ended (Succeeded), in a namespace and with a node label of the harness's own; everything
-is deleted afterwards. Each command then runs as a fresh `hpctrain` process; the figures are its CPU time (user +
+is deleted afterwards. `status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes
+its pods here: `top` ends saying it has no running pod), `submit` creates a 1,000 x 8-GPU PyTorchJob after its checks
+(the API server stores it; no controller acts on it).
+Each command then runs as a fresh `hpctrain` process; the figures are its CPU time (user +
 system) and wall time (tests/test_scale_k8s.py counts the requests and their page sizes). --compare SRC runs
 each command a second time with PYTHONPATH=SRC (another checkout's src/, e.g. the code before a change).
 
@@ -17,6 +20,7 @@ pods; 10,000 nodes and 80,000 pods are extrapolated from the fitted growth (benc
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -32,6 +36,16 @@ from scale_views import fit, run_once  # noqa: E402
 LABEL = "hpctrain-scale-bench"
 IMAGE = "example.invalid/pytorch:latest"
 PODS_PER_NODE = 8
+JOB = {  # what `status JOB` and `top JOB` ask about
+    "apiVersion": "kubeflow.org/v1",
+    "kind": "PyTorchJob",
+    "metadata": {"name": "bench-job"},
+    "spec": {
+        "pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "template": {"spec": {"containers": [{"name": "pytorch", "image": IMAGE}]}}}
+        }
+    },
+}
 
 
 def fill(core: Any, namespace: str, tag: str, start: int, stop: int) -> list[str]:
@@ -80,7 +94,8 @@ def main() -> int:
     from kubernetes import client, config
 
     api = config.new_client_from_config(context=args.context)
-    core = client.CoreV1Api(api)
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    submitted = itertools.count()
     tag = f"scale-{uuid.uuid4().hex[:6]}"
     namespace = tag
     core.create_namespace({"metadata": {"name": namespace}})
@@ -106,11 +121,15 @@ def main() -> int:
                 "python",
                 "train.py",
             ]
+            custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", JOB)
             commands = {
                 "cluster": ["cluster", *base],
                 "cluster --json": ["cluster", "--json", *base],
                 "status": ["status", *base],
+                "status JOB": ["status", JOB["metadata"]["name"], *base],
+                "top JOB": ["top", JOB["metadata"]["name"], *base],
                 "check 1000x8 GPUs": ["check", *base, *job],
+                "submit 1000x8 GPUs": ["submit", *base, "--job-name", "{name}", *job],
             }
             envs = {"": {**os.environ}}
             if args.compare:
@@ -119,7 +138,10 @@ def main() -> int:
                 nodes += fill(core, namespace, tag, len(nodes), n)
                 for label, argv in commands.items():
                     for suffix, env in envs.items():
-                        runs = [run_once(argv, env, work) for _ in range(args.repeat)]
+                        runs = []
+                        for _ in range(args.repeat):  # each submit a job of its own name
+                            name = f"bench-{next(submitted)}"
+                            runs.append(run_once([a.replace("{name}", name) for a in argv], env, work))
                         cpu, wall = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
                         results.setdefault(label + suffix, []).append(cpu)
                         print(
@@ -129,6 +151,7 @@ def main() -> int:
                         )
     finally:
         # This API server has no namespace controller: empty the namespace by hand, then let it go.
+        custom.delete_collection_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs")
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         core.delete_collection_namespaced_event(namespace)
         with ThreadPoolExecutor(8) as pool:

@@ -182,9 +182,7 @@ def _served_crd(drop: tuple[str, ...]) -> Any:
     """The TrainJob CRD as a cluster with an older Trainer serves it: hpctrain's vendored v2.3.0 copy less the fields
     that release lacks (kubeflow/trainer manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml at v2.1.0 has neither
     spec.runtimePatches nor spec.activeDeadlineSeconds; at v2.2.1 the patch's pod spec lacks
-    terminationGracePeriodSeconds), as the client's model."""
-    from kubernetes.client import ApiClient
-
+    terminationGracePeriodSeconds), as the API server's JSON."""
     text = (
         resources.files("hpctrain.schedulers.kubernetes")
         .joinpath("crds/trainer.kubeflow.org_trainjobs.yaml")
@@ -203,27 +201,24 @@ def _served_crd(drop: tuple[str, ...]) -> Any:
         else:
             del spec[field]
     crd["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
-    return ApiClient()._ApiClient__deserialize(crd, "V1CustomResourceDefinition")
+    return crd
 
 
-class _Extensions:
-    def __init__(self, crd: Any) -> None:
-        from kubernetes.client import ApiClient
+class _Raw:
+    """Stands in for rest.RawApi (no API server): the served CRD, and any ClusterTrainingRuntime asked for."""
 
-        self.crd, self.api_client = crd, ApiClient()
+    def __init__(self, crd: dict[str, Any]) -> None:
+        self.crd = crd
 
-    def read_custom_resource_definition(self, name: str) -> Any:
-        return self.crd
-
-
-class _Runtimes:
-    def get_cluster_custom_object(self, *args: Any) -> dict[str, Any]:
-        return {"metadata": {"name": args[-1]}}
+    def get(self, where: str, what: str, **query: Any) -> dict[str, Any]:
+        if "/customresourcedefinitions/" in where:
+            return self.crd
+        return {"metadata": {"name": where.rsplit("/", 1)[-1]}}
 
 
 def _crd_check(drop: tuple[str, ...], spec: JobSpec) -> list[str]:
     sched = KubernetesScheduler(options("trainjob"))
-    sched.__dict__.update(extensions=_Extensions(_served_crd(drop)), custom=_Runtimes())  # no API server: a stub
+    sched.__dict__["raw"] = _Raw(_served_crd(drop))  # no API server: a stub
     return sched._crd_problems(sched.render(spec).payload)
 
 
@@ -471,19 +466,20 @@ def test_a_recipes_run_dir_is_expanded_in_the_command(api: str, form: tuple[str,
 # ---- 11. params file priority=N -------------------------------------------------------------------------------------
 
 
-class _Scheduling:
+class _PriorityClasses:
+    """Stands in for rest.RawApi: the PriorityClasses, as the API server's JSON."""
+
     def __init__(self, classes: dict[str, int]) -> None:
-        from kubernetes.client import V1ObjectMeta, V1PriorityClass
+        self.items = [{"metadata": {"name": n}, "value": v} for n, v in classes.items()]
 
-        self.items = [V1PriorityClass(metadata=V1ObjectMeta(name=n), value=v) for n, v in classes.items()]
-
-    def list_priority_class(self) -> Any:
-        return self
+    def list(self, where: str, what: str, **query: Any) -> list[dict[str, Any]]:
+        assert where == "/apis/scheduling.k8s.io/v1/priorityclasses", where
+        return self.items
 
 
 def _priority_check(classes: dict[str, int], **kw: Any) -> list[str]:
     sched = KubernetesScheduler(options(**kw))
-    sched.__dict__["scheduling"] = _Scheduling(classes)  # test_k8s_live.py asks the real API server
+    sched.__dict__["raw"] = _PriorityClasses(classes)  # test_k8s_live.py asks the real API server
     return sched._priority_problems()
 
 

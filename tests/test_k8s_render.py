@@ -18,7 +18,7 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.render import container_command, render, rendered
-from hpctrain.schedulers.kubernetes.validate import to_json_schema, validate_manifest
+from hpctrain.schedulers.kubernetes.validate import CRD_FILES, crd_schema, to_json_schema, validate_manifest
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "kubernetes"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
@@ -181,6 +181,14 @@ def test_schema_translation() -> None:
     assert schema["properties"]["n"]["type"] == ["string", "null"]
     assert "additionalProperties" not in schema["properties"]["free"]
     assert schema["properties"]["map"]["additionalProperties"] == {"type": "string"}
+
+
+@pytest.mark.parametrize("filename", sorted(CRD_FILES.values()))
+def test_each_vendored_crds_translation_is_a_valid_draft7_schema(filename: str) -> None:
+    """`check` builds its validator without the metaschema check (validate._validator): here it is done."""
+    import jsonschema
+
+    jsonschema.Draft7Validator.check_schema(crd_schema(filename))
 
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])

@@ -290,8 +290,9 @@ def test_trainjob_two_node_mnist_completes(cluster: SimpleNamespace, tmp_path: P
     assert table.stdout.startswith("tj-mnist: SUCCEEDED"), table.stdout
 
 
-def _pod(labels: dict[str, str], annotations: dict[str, str] | None = None) -> SimpleNamespace:
-    return SimpleNamespace(metadata=SimpleNamespace(name="x-node-0-1-abcde", labels=labels, annotations=annotations))
+def _pod(labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
+    """A pod as the API server's JSON (the backend reads pods as dicts: rest.py)."""
+    return {"metadata": {"name": "x-node-0-1-abcde", "labels": labels, "annotations": annotations}}
 
 
 def test_trainjobreplica_names_come_from_the_completion_index_label_or_annotation() -> None:

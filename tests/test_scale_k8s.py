@@ -5,11 +5,20 @@ Every list goes out `limit` objects at a time (PAGE_SIZE, made 2 here so that a 
 and the pod list asks the server for only the pods bound to a node and not ended. A 10,000-node cluster then costs
 N / PAGE_SIZE requests of bounded size instead of one answer that outgrows the client's cap
 (benchmarks/scale_k8s_views.py measures the time).
+
+What stays constant is pinned too: a fresh `cluster`, `status`, `top` or `check` process reads the API server's JSON
+through the client's ApiClient and never imports a generated API class or model (CoreV1Api's module alone cost each
+command about 0.6 CPU s; rest.py).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -127,3 +136,48 @@ def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pyt
     event_lists = recording.lists_of(f"/api/v1/namespaces/{namespace}/events")
     assert pod_lists and all(q["limit"] == ["2"] and "labelSelector" in q for q in pod_lists)
     assert event_lists and all(q["limit"] == ["2"] and q["fieldSelector"] == ["type=Warning"] for q in event_lists)
+
+
+# A fresh process runs the CLI, then names the client's generated API and model modules it imported.
+IMPORTS_PROBE = """
+import json, runpy, sys
+sys.argv = ["hpctrain", *sys.argv[1:]]
+try:
+    runpy.run_module("hpctrain", run_name="__main__")
+except SystemExit:
+    pass
+generated = ("kubernetes.client.api.", "kubernetes.client.models.", "kubernetes.client.apis.")
+print("@imported " + json.dumps(sorted(m for m in sys.modules if m.startswith(generated))))
+"""
+
+
+def test_the_views_and_checks_never_import_the_clients_generated_apis_or_models(small_cluster, tmp_path: Path) -> None:
+    api, namespace, nodes = small_cluster
+    if not hasattr(api, "param_serialize"):
+        pytest.skip("the legacy client (kubernetes < 35) imports every API and model with its package")
+    sched = KubernetesScheduler(KubernetesOptions(namespace=namespace, image=IMAGE), api_client=api)
+    job = JobSpec(command=("python", "train.py"), name="probe", resources=Resources(nodes=2, cpus_per_task=1))
+    job_id = sched.submit(job, sched.render(job))
+    where = ("--scheduler", "kubernetes", "--context", LocalK8s.context, "--namespace", namespace)
+    check = ("--nodes", "1000", "--gpus-per-node", "8", "--image", IMAGE, "--node-selector", f"{LABEL}={namespace}")
+    commands = {
+        "cluster": ("cluster", *where),
+        "cluster --json": ("cluster", "--json", *where),
+        "status": ("status", *where),
+        "status JOB": ("status", job_id, *where),
+        "top JOB": ("top", job_id, *where),
+        "check": ("check", *where, *check, "--", "python", "train.py"),
+    }
+    (tmp_path / "train.py").write_text("pass\n")
+    for name, argv in commands.items():
+        proc = subprocess.run(
+            [sys.executable, "-c", IMPORTS_PROBE, *argv], capture_output=True, text=True, cwd=tmp_path, env=os.environ
+        )
+        said = proc.stdout + proc.stderr
+        assert "Traceback" not in said, said
+        marker = next(line for line in proc.stdout.splitlines() if line.startswith("@imported "))
+        assert json.loads(marker.removeprefix("@imported ")) == [], f"{name}: {said}"
+        if name == "cluster":
+            assert all(node in proc.stdout for node in nodes), said  # it did read the cluster
+        if name == "status JOB":
+            assert proc.stdout.startswith(f"{job_id}: PENDING"), said

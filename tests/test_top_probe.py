@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -84,25 +83,25 @@ def test_the_pods_are_probed_side_by_side_and_come_back_in_their_order(monkeypat
     only ends a failing run). Stand-in: the exec stream (the real one: tests/test_top.py on the real node)."""
     client = pytest.importorskip("kubernetes.client")
     from hpctrain.schedulers.kubernetes import pods
+    from hpctrain.schedulers.kubernetes.rest import RawApi
 
     barrier = threading.Barrier(4, timeout=60)
     asked: dict[str, str] = {}
 
-    def fake_exec(core: object, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
+    def fake_exec(raw: object, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
         asked[pod] = probe
         barrier.wait()
         return "@node ignored\n@cpus 2\n@load 0.50 0.40 0.30 1/99 7\n@nogpu\n", '{"status": "Success"}'
 
     monkeypatch.setattr(pods, "exec_probe", fake_exec)
-    job = [
-        SimpleNamespace(
-            status=SimpleNamespace(phase="Running"),
-            metadata=SimpleNamespace(name=f"job-worker-{i}", namespace="ns"),
-            spec=SimpleNamespace(node_name=f"node-{i}", containers=[SimpleNamespace(name="pytorch")]),
-        )
+    job = [  # the pods' JSON, as the API server sends it
+        {
+            "status": {"phase": "Running"},
+            "metadata": {"name": f"job-worker-{i}", "namespace": "ns"},
+            "spec": {"nodeName": f"node-{i}", "containers": [{"name": "pytorch"}]},
+        }
         for i in range(4)
     ]
-    core = SimpleNamespace(api_client=client.ApiClient(client.Configuration()))
-    samples = pods.sample_pods(core, job)
+    samples = pods.sample_pods(RawApi(client.ApiClient(client.Configuration())), job)
     assert [s.node for s in samples] == [f"node-{i} (job-worker-{i})" for i in range(4)]
     assert [PROGRESS_PROBE in asked[f"job-worker-{i}"] for i in range(4)] == [True, False, False, False]

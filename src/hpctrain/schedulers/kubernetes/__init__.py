@@ -7,6 +7,7 @@
     scheduler.py           KubernetesScheduler: submit, status, logs, cancel, the cluster view
     display.py             what `status`, `cluster` and `cancel` show, as data, and the submission's record
     client.py              the API client: timeouts, size caps, errors in one line
+    rest.py                what the views and checks read: the API server's JSON as dicts, no generated models
     answers.py             answers of the wrong shape (HTML, empty, nested, wrong types) as one line
 
 Importing this package does not import the `kubernetes` client; `KubernetesScheduler` loads it on first use.

@@ -7,6 +7,7 @@ Two guards, both installed by client.harden and used by the backend's classes:
 
 * `check_deserializing(api_client, server)`: the client's own decoding and model validation (pydantic) fail as one
   UserError; an answer to a custom-object call (PyTorchJob, TrainJob: plain dicts) must be a JSON object.
+  `json_answer`: the same for an answer read as plain JSON (rest.py), without the client's models.
 * `@guarded` on a class: an error of the wrong-shape kinds (TypeError, AttributeError, KeyError, IndexError,
   ValueError) raised in one of its public methods after an answer was read during the call is such an answer,
   worded as one line; raised before any answer, it is hpctrain's own and goes on as it is.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +82,9 @@ def bad_answer(server: str | None, why: str) -> UserError:
 
 def check_deserializing(api_client: Any, server: str) -> None:
     """Wrap the client's response_deserialize (see the module docstring); idempotent."""
-    original = api_client.response_deserialize
-    if getattr(original, "_hpctrain_checked", False):
-        return
+    original = getattr(api_client, "response_deserialize", None)
+    if original is None or getattr(original, "_hpctrain_checked", False):
+        return  # None: the legacy generator's client (kubernetes < 35), which has no such step to wrap
     from kubernetes.client.exceptions import ApiException
 
     def response_deserialize(response_data: Any, response_types_map: dict[str, Any] | None = None) -> Any:
@@ -106,6 +109,45 @@ def check_deserializing(api_client: Any, server: str) -> None:
 
     response_deserialize._hpctrain_checked = True  # type: ignore[attr-defined]
     api_client.response_deserialize = response_deserialize
+
+
+JSON_TYPE = re.compile(r"^application/(json|[\w!#$&.+\-^_]+\+json)\s*(;|$)", re.IGNORECASE)  # as the client's
+CHARSET = re.compile(r"charset=([a-zA-Z\-\d]+)[\s;]?")
+
+
+def json_answer(server: str, content_type: str | None, data: bytes, listing: bool) -> dict[str, Any]:
+    """A successful answer read as JSON (rest.py), held to what the client's decoding and models demand of it: a
+    JSON content type (or none) in a charset Python knows, a JSON object; a Kubernetes object with metadata and a
+    name (its spec and status objects, if any), or (listing) a list whose items are such objects, with the list's
+    own metadata an object."""
+    if content_type is not None and not JSON_TYPE.match(content_type):
+        raise bad_answer(server, f"Unsupported content type: {brief(content_type, 60)}")
+    charset = CHARSET.search(content_type or "")
+    try:
+        value = json.loads(data.decode(charset.group(1) if charset else "utf-8"))
+    except (ValueError, LookupError, RecursionError) as err:
+        raise bad_answer(server, f"{type(err).__name__}: {_first_line(err)}") from None
+    if not isinstance(value, dict):
+        raise bad_answer(server, f"a JSON {_json_kind(value)} where an object belongs")
+    if not listing:
+        objects = [value]
+    else:
+        objects = value["items"] = value.get("items") or []  # a Go nil slice is null
+        meta = value.get("metadata") or {}
+        if not isinstance(objects, list) or not isinstance(meta, dict):
+            raise bad_answer(server, "a list without items, or with metadata that is not an object")
+        if not isinstance(meta.get("continue") or "", str):
+            raise bad_answer(server, "a list whose continue token is not a string")
+    for obj in objects:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(meta, dict):
+            raise bad_answer(server, "an object without metadata")
+        if not isinstance(meta.get("name"), str):
+            raise bad_answer(server, "an object without a name")
+        for part in ("spec", "status"):  # every kind read here has them as objects (a Status object is an error)
+            if not isinstance(obj.get(part, {}), (dict, type(None))):
+                raise bad_answer(server, f"an object whose {part} is a JSON {_json_kind(obj[part])}")
+    return value
 
 
 def _json_kind(value: Any) -> str:

@@ -15,10 +15,10 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import NodeView
 from hpctrain.schedulers.kubernetes import render as r
-from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.options import parse_quantity
 from hpctrain.schedulers.kubernetes.params import PRIORITY_LABEL
 from hpctrain.schedulers.kubernetes.pod_template import resources_per_pod
+from hpctrain.schedulers.kubernetes.rest import NODES, path
 from hpctrain.schedulers.kubernetes.validate import unknown_fields, validate_manifest
 
 GPU = "nvidia.com/gpu"
@@ -55,17 +55,17 @@ def _fmt_bytes(value: Decimal | int) -> str:
     return f"{value}"
 
 
-def _tolerated(taint: Any, tolerations: list[dict[str, str]]) -> bool:
+def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, str]]) -> bool:
     for t in tolerations:
-        if t.get("effect") and t["effect"] != taint.effect:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
             continue
-        if t["key"] == taint.key and (t["operator"] == "Exists" or t.get("value") == (taint.value or "")):
+        if t["key"] == taint.get("key") and (t["operator"] == "Exists" or t.get("value") == (taint.get("value") or "")):
             return True
     return False
 
 
 class LiveChecks:
-    """KubernetesScheduler's `check` and its parts (they use its clients: core, custom, extensions)."""
+    """KubernetesScheduler's `check` and its parts (they read the cluster's JSON through its `raw` API)."""
 
     def check(self, job: JobSpec) -> list[str]:
         from kubernetes.client.rest import ApiException
@@ -127,7 +127,7 @@ class LiveChecks:
 
         name = f"{self.plural}.{self.group}"
         try:
-            crd = self.extensions.read_custom_resource_definition(name)
+            crd = self._crd(name)
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -136,7 +136,8 @@ class LiveChecks:
                 f"the Kubeflow {self.kind} CRD ({name}) is not installed: install Kubeflow's "
                 f"{'training-operator v1' if self.kind == 'PyTorchJob' else 'Trainer v2'}, or use --k8s-api {other}"
             ]
-        established = any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        established = any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
         if not established:
             return [f"the {self.kind} CRD ({name}) is not Established yet: wait, or ask the admin to check it"]
         if manifest is not None:
@@ -146,7 +147,7 @@ class LiveChecks:
         own = ((manifest or {}).get("spec") or {}).get("runtimeRef", {}).get("kind") == "TrainingRuntime"
         if own:  # --max-restarts: hpctrain makes the job's own TrainingRuntime (runtime.py): its CRD must be served
             try:
-                self.extensions.read_custom_resource_definition(f"trainingruntimes.{self.group}")
+                self._crd(f"trainingruntimes.{self.group}")
             except ApiException as err:
                 if err.status != 404:
                     raise
@@ -156,8 +157,9 @@ class LiveChecks:
                 ]
         elif self.options.api == "trainjob":
             try:
-                self.custom.get_cluster_custom_object(
-                    self.group, self.version, "clustertrainingruntimes", self.options.runtime
+                self.raw.get(
+                    path("apis", self.group, self.version, "clustertrainingruntimes", self.options.runtime),
+                    f"reading the ClusterTrainingRuntime {self.options.runtime}",
                 )
             except ApiException as err:
                 if err.status != 404:
@@ -169,10 +171,15 @@ class LiveChecks:
                 ]
         return []
 
-    def _dropped_fields(self, crd: Any, manifest: dict[str, Any]) -> list[str]:
+    def _crd(self, name: str) -> dict[str, Any]:
+        """The CustomResourceDefinition `name`, as JSON."""
+        return self.raw.get(
+            path("apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", name), f"reading CRD {name}"
+        )
+
+    def _dropped_fields(self, served: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
         """The served CRD's schema against the manifest: a field it does not declare would be dropped without a word
         by an API server that predates fieldValidation=Strict (Kubernetes < 1.25), and refused by a newer one."""
-        served = self.extensions.api_client.sanitize_for_serialization(crd)
         version = next(
             (
                 v
@@ -212,7 +219,8 @@ class LiveChecks:
         if wanted is None and labelled is None:
             return []
         try:
-            classes = {c.metadata.name: c.value for c in self.scheduling.list_priority_class().items}
+            listed = self.raw.list("/apis/scheduling.k8s.io/v1/priorityclasses", "listing the PriorityClasses")
+            classes = {c["metadata"]["name"]: int(c.get("value") or 0) for c in listed}
         except ApiException as err:
             if err.status == 403:  # not allowed to list them: the pods' admission tells
                 return []
@@ -235,7 +243,7 @@ class LiveChecks:
         from kubernetes.client.rest import ApiException
 
         try:
-            self.core.read_namespace(self.namespace)
+            self.raw.get(path("api", "v1", "namespaces", self.namespace), f"reading namespace {self.namespace}")
         except ApiException as err:
             if err.status == 404:
                 problems.append(
@@ -251,10 +259,10 @@ class LiveChecks:
         want = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
-        node_objects = list_all(self.core.list_node)  # a page at a time; the message counts every node
+        node_objects = self.raw.list(NODES, "listing the nodes")  # a page at a time; the message counts every node
         view = self._cluster_view(node_objects, quota=False)
-        labels = {n.metadata.name: n.metadata.labels or {} for n in node_objects}
-        taints = {n.metadata.name: (n.spec.taints if n.spec else None) or [] for n in node_objects}
+        labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in node_objects}
+        taints = {n["metadata"]["name"]: (n.get("spec") or {}).get("taints") or [] for n in node_objects}
         excluded = set(job.exclude_nodes)
         candidates = [
             n
@@ -262,7 +270,9 @@ class LiveChecks:
             if n.schedulable
             and n.name not in excluded
             and all(labels[n.name].get(k) == v for k, v in selector.items())
-            and all(t.effect not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name])
+            and all(
+                t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name]
+            )
         ]
         ask = (
             f"cpu {_fmt_cpu(want['cpu'])}"
@@ -327,14 +337,16 @@ class LiveChecks:
             f"count/{self.plural}.{self.group}": Decimal(1),
         }
         problems = []
-        for quota in self.core.list_namespaced_resource_quota(self.namespace).items:
-            hard = (quota.status.hard if quota.status and quota.status.hard else quota.spec.hard) or {}
-            used = (quota.status.used if quota.status else None) or {}
+        for quota in self.quotas():
+            status = quota.get("status") or {}
+            hard = status.get("hard") or (quota.get("spec") or {}).get("hard") or {}
+            used = status.get("used") or {}
+            quota_name = quota["metadata"]["name"]
             for key, limit in hard.items():
                 ask = asks.get(key)
                 if key in ("requests.memory", "memory", "limits.memory") and ask is None:
                     problems.append(
-                        f"namespace {self.namespace} has a memory quota ({quota.metadata.name}: {key}): "
+                        f"namespace {self.namespace} has a memory quota ({quota_name}: {key}): "
                         "pods must state their memory; give --mem"
                     )
                     continue
@@ -344,14 +356,14 @@ class LiveChecks:
                 show = _fmt_bytes if "memory" in key else _fmt_cpu
                 if ask > limit_q:
                     problems.append(
-                        f"the job asks for {key} {show(ask)} but the quota {quota.metadata.name} of namespace "
+                        f"the job asks for {key} {show(ask)} but the quota {quota_name} of namespace "
                         f"{self.namespace} allows {show(limit_q)} in all: it can never run; ask for less "
                         "(fewer --nodes or less per pod) or ask for a larger quota"
                     )
                 elif used_q + ask > limit_q:
                     problems.append(
                         f"{base.WARNING_PREFIX}the job will queue until {show(used_q + ask - limit_q)} of "
-                        f"{key} is freed in namespace {self.namespace} (quota {quota.metadata.name}: "
+                        f"{key} is freed in namespace {self.namespace} (quota {quota_name}: "
                         f"{show(used_q)} of {show(limit_q)} used, the job needs {show(ask)})"
                     )
         return problems
@@ -365,7 +377,10 @@ class LiveChecks:
             if v.kind != "pvc":
                 continue
             try:
-                pvc = self.core.read_namespaced_persistent_volume_claim(v.source, self.namespace)
+                pvc = self.raw.get(
+                    path("api", "v1", "namespaces", self.namespace, "persistentvolumeclaims", v.source),
+                    f"reading PersistentVolumeClaim {v.source}",
+                )
             except ApiException as err:
                 if err.status != 404:
                     raise
@@ -374,7 +389,7 @@ class LiveChecks:
                     "create it or fix --volume pvc:NAME:/mount"
                 )
                 continue
-            modes = set(pvc.spec.access_modes or [])
+            modes = set((pvc.get("spec") or {}).get("accessModes") or [])
             holds_run_dir = directory is not None and (posixpath.normpath(directory) + "/").startswith(
                 posixpath.normpath(v.mount) + "/"
             )

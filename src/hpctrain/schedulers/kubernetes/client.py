@@ -418,33 +418,6 @@ def _call_words(name: str, args: tuple[Any, ...]) -> str:
     return name.replace("_with_http_info", "").replace("_", " ")
 
 
-# ---- lists, a page at a time ---------------------------------------------------------------------------------------
+# ---- lists, a page at a time (rest.RawApi.list) -------------------------------------------------------------------
 
 PAGE_SIZE = 500  # objects per list request, as kubectl's --chunk-size
-
-
-def list_all(call: Callable[..., Any], *args: Any, raw: bool = False, **kwargs: Any) -> list[Any]:
-    """Every item of a list call (CoreV1Api.list_node, CustomObjectsApi.list_namespaced_custom_object, ...), asked for
-    PAGE_SIZE at a time with `limit` and `_continue`: a 10,000-node cluster answers in pages the server can serve
-    from its cache and the client decodes one at a time, never as one answer over the size cap. raw=True: the items
-    as the server's JSON (dicts), without building the client's model objects."""
-    items: list[Any] = []
-    token: str | None = None
-    while True:
-        page = call(
-            *args,
-            limit=PAGE_SIZE,
-            **({"_continue": token} if token else {}),
-            **({"_preload_content": False} if raw else {}),
-            **kwargs,
-        )
-        if raw:
-            page = json.loads(page.data)
-        if isinstance(page, dict):  # custom objects come as plain JSON
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-        else:
-            items.extend(page.items or [])
-            token = page.metadata._continue if page.metadata else None
-        if not token:
-            return items

@@ -13,7 +13,6 @@ from hpctrain.schedulers import base
 from hpctrain.schedulers.base import JobStatus, JobSummary
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.checks import _api_error
-from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.logstream import log_lines
 from hpctrain.schedulers.kubernetes.objects import (
     EXITED_WITH_CODE,
@@ -26,10 +25,12 @@ from hpctrain.schedulers.kubernetes.objects import (
     replica_name,
     replica_status,
 )
+from hpctrain.schedulers.kubernetes.rest import path
 
 
 class LiveJobs:
-    """KubernetesScheduler's job methods: they read self.custom and self.core (its API clients), self.options and
+    """KubernetesScheduler's job methods: they read self.raw (the API server's JSON and a pod's log), write through
+    self.custom (the client's generated API), and read self.options and
     self.namespace, self.group, self.version, self.plural and self.kind (the job API), self.command (the commands it
     suggests) and LiveChecks' _namespace_problems (a namespace that does not exist lists no jobs)."""
 
@@ -37,9 +38,7 @@ class LiveJobs:
         from kubernetes.client.rest import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(
-                self.group, self.version, self.namespace, self.plural, job_id
-            )
+            return self.raw.get(self._jobs_path(job_id), f"reading {self.kind} {job_id}")
         except ApiException as err:
             if err.status == 404:
                 raise base.JobNotFound(
@@ -48,9 +47,16 @@ class LiveJobs:
                 ) from None
             raise _api_error(err, f"reading {self.kind} {job_id}") from None
 
-    def pods_of(self, job_id: str) -> list[Any]:
+    def _jobs_path(self, *name: str) -> str:
+        return path("apis", self.group, self.version, "namespaces", self.namespace, self.plural, *name)
+
+    def _namespaced(self, *kind: str) -> str:
+        return path("api", "v1", "namespaces", self.namespace, *kind)
+
+    def pods_of(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's pods, as JSON, in replica order (master, nodes, workers)."""
         selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
-        pods = list_all(self.core.list_namespaced_pod, self.namespace, label_selector=f"{selector}={job_id}")
+        pods = self.raw.list(self._namespaced("pods"), "listing the pods", labelSelector=f"{selector}={job_id}")
         return sorted(pods, key=lambda p: replica_key(replica_name(p)))
 
     def status(self, job_id: str) -> JobStatus:
@@ -67,10 +73,10 @@ class LiveJobs:
         if exit_code is None and state == base.FAILED and self.options.api == "pytorchjob":
             # Its pods went (cleanPodPolicy): the operator's ExitedWithCode events on it (objects.recorded_exit_code).
             exit_code = recorded_exit_code(
-                list_all(
-                    self.core.list_namespaced_event,
-                    self.namespace,
-                    field_selector=(f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}"),
+                self.raw.list(
+                    self._namespaced("events"),
+                    "listing the events",
+                    fieldSelector=f"involvedObject.uid={obj['metadata'].get('uid', '')},reason={EXITED_WITH_CODE}",
                 )
             )
         waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
@@ -90,16 +96,17 @@ class LiveJobs:
             message=message,
         )
 
-    def _pending_reasons(self, job_id: str, pods: list[Any]) -> tuple[str, ...]:
-        waiting = {p.metadata.name for p in pods if p.status is None or p.status.phase == "Pending"}
+    def _pending_reasons(self, job_id: str, pods: list[dict[str, Any]]) -> tuple[str, ...]:
+        waiting = {p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending")}
         # Only warnings (the server filters), a page at a time: a busy namespace keeps thousands of events.
-        events = list_all(self.core.list_namespaced_event, self.namespace, field_selector="type=Warning")
+        events = self.raw.list(self._namespaced("events"), "listing the events", fieldSelector="type=Warning")
         lines = []
-        for e in sorted(events, key=lambda e: str(e.last_timestamp or e.metadata.creation_timestamp or "")):
-            obj = e.involved_object
-            if e.type == "Warning" and (obj.name in waiting or (obj.kind == self.kind and obj.name == job_id)):
-                line = f"{obj.name}: {e.reason}: {e.message}"
-                if "exceeded quota" in (e.message or ""):  # the API server's quota admission refused the controller
+        for e in sorted(events, key=_when):
+            obj = e.get("involvedObject") or {}
+            name, said = obj.get("name"), e.get("message")
+            if e.get("type") == "Warning" and (name in waiting or (obj.get("kind") == self.kind and name == job_id)):
+                line = f"{name}: {e.get('reason')}: {said}"
+                if "exceeded quota" in (said or ""):  # the API server's quota admission refused the controller
                     line += (
                         " -- the namespace's ResourceQuota refuses the pods: wait for the quota to free, submit "
                         "with less (fewer --nodes or less per pod) or ask for a larger quota "
@@ -110,9 +117,7 @@ class LiveJobs:
         return tuple(lines)
 
     def list_jobs(self) -> list[JobSummary]:
-        items = list_all(
-            self.custom.list_namespaced_custom_object, self.group, self.version, self.namespace, self.plural
-        )
+        items = self.raw.list(self._jobs_path(), f"listing the {self.kind}s")
         if not items:  # the API lists nothing, not an error, in a namespace that does not exist
             problems: list[str] = []
             self._namespace_problems(problems)
@@ -150,16 +155,20 @@ class LiveJobs:
         if pod is None:
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
+        name = pod["metadata"]["name"]
         try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
-            resp = self.core.read_namespaced_pod_log(
-                pod.metadata.name, self.namespace, container=container, follow=follow, _preload_content=False
+            resp = self.raw.stream(
+                self._namespaced("pods", name, "log"),
+                f"reading the log of {name}",
+                container=container,
+                **({"follow": "true"} if follow else {}),
             )
         except ApiException as err:
             raise UserError(
-                f"no logs for {pod.metadata.name} yet ({err.status} {err.reason}): its container may not "
+                f"no logs for {name} yet ({err.status} {err.reason}): its container may not "
                 f"have started; see `{self.command('status', job_id)}`"
             ) from None
-        return log_lines(resp, pod.metadata.name)
+        return log_lines(resp, name)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
@@ -183,3 +192,8 @@ class LiveJobs:
                     f"no {self.kind} named {job_id!r} in namespace {self.namespace}: nothing to cancel"
                 ) from None
             raise _api_error(err, f"cancelling {self.kind} {job_id}") from None
+
+
+def _when(event: dict[str, Any]) -> str:
+    """When an event (its JSON) last happened, as the API server writes times (they sort as text)."""
+    return str(event.get("lastTimestamp") or event["metadata"].get("creationTimestamp") or "")

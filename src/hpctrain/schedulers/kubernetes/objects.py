@@ -5,6 +5,7 @@ the API objects the scheduler (scheduler.py) has fetched.
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal
 from typing import Any
@@ -47,6 +48,13 @@ def quantity_or_zero(value: Any) -> Decimal:
     return parse_quantity(value) if value is not None else Decimal(0)
 
 
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str | int | float) -> Decimal:
+    """parse_quantity, once per distinct text: a cluster's pods repeat a few dozen quantities (`cluster` sums every
+    running pod's requests)."""
+    return parse_quantity(text)
+
+
 def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
     """What a pod (its JSON, as the API server sends it) takes from its node: the sum over containers (requests,
     else limits), at least the largest init container, as the scheduler counts it."""
@@ -55,7 +63,7 @@ def pod_requests(pod: dict[str, Any]) -> dict[str, Decimal]:
         res = container.get("resources") or {}
         req = dict(res.get("limits") or {})
         req.update(res.get("requests") or {})
-        return {k: parse_quantity(v) for k, v in req.items()}
+        return {k: _quantity(v) for k, v in req.items()}
 
     spec = pod.get("spec") or {}
     total: dict[str, Decimal] = {}
@@ -85,22 +93,23 @@ def object_state(obj: dict[str, Any], api: str) -> tuple[str, str | None]:
     return state, message
 
 
-def replica_name(pod: Any) -> str:
+def replica_name(pod: dict[str, Any]) -> str:
     """`master-0`, `worker-N` (PyTorchJob), `node-N` (TrainJob: JobSet's replicated job and the pod's completion
     index, a label only since Kubernetes 1.28 and an annotation before), else the pod's name."""
-    labels = pod.metadata.labels or {}
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
     if REPLICA_TYPE_LABEL in labels:
         return f"{labels[REPLICA_TYPE_LABEL].lower()}-{labels.get(REPLICA_INDEX_LABEL, '0')}"
-    index = labels.get(COMPLETION_INDEX_LABEL, (pod.metadata.annotations or {}).get(COMPLETION_INDEX_LABEL))
+    index = labels.get(COMPLETION_INDEX_LABEL, (meta.get("annotations") or {}).get(COMPLETION_INDEX_LABEL))
     if index is not None:
         return f"{labels.get(REPLICATED_JOB_LABEL, CONTAINER_TRAINJOB)}-{index}"
-    return pod.metadata.name
+    return meta["name"]
 
 
-def jobset_restarts(pods: list[Any]) -> int:
+def jobset_restarts(pods: list[dict[str, Any]]) -> int:
     """How often a TrainJob's JobSet recreated its pods (failurePolicy.maxRestarts): the restart-attempt label of
     its newest pods. Those pods are new, so their restartCounts (the in-place restarts) do not count it."""
-    return max((int((p.metadata.labels or {}).get(RESTART_ATTEMPT_LABEL, "0")) for p in pods), default=0)
+    return max((int((p["metadata"].get("labels") or {}).get(RESTART_ATTEMPT_LABEL, "0")) for p in pods), default=0)
 
 
 def replica_key(name: str) -> tuple[int, int, str]:
@@ -109,32 +118,35 @@ def replica_key(name: str) -> tuple[int, int, str]:
     return order, int(index) if index.isdigit() else 0, name
 
 
-def replica_status(pod: Any) -> ReplicaStatus:
-    status = pod.status
-    phase = (status.phase if status else None) or "Pending"
-    restarts, exit_code, reason, message = 0, None, status.reason if status else None, None
-    for cs in (status.container_statuses or []) if status else []:
-        restarts += cs.restart_count or 0
-        state, last = cs.state, cs.last_state.terminated if cs.last_state else None
-        if state and state.terminated:
-            exit_code, reason = state.terminated.exit_code, state.terminated.reason or reason
-            message = state.terminated.message
-        elif state and state.waiting:
-            reason = state.waiting.reason or reason
+def replica_status(pod: dict[str, Any]) -> ReplicaStatus:
+    """A pod (its JSON) as a replica: phase, node, restarts, exit code, why it waits or ended, its last words."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    restarts, exit_code, reason, message = 0, None, status.get("reason"), None
+    for cs in status.get("containerStatuses") or []:
+        restarts += int(cs.get("restartCount") or 0)
+        state = cs.get("state") or {}
+        last = (cs.get("lastState") or {}).get("terminated")
+        if state.get("terminated"):
+            ended = state["terminated"]
+            exit_code, reason = ended.get("exitCode"), ended.get("reason") or reason
+            message = ended.get("message")
+        elif state.get("waiting"):
+            reason = state["waiting"].get("reason") or reason
         if last and exit_code is None:  # running again, or waiting to (CrashLoopBackOff): the last attempt's code
-            exit_code = last.exit_code
+            exit_code = last.get("exitCode")
         if message is None and last is not None:  # restarted in place (or waiting to): the last attempt's words
-            message = last.message
-    if phase == "Pending" and reason is None and status:
-        for c in status.conditions or []:
-            if c.type == "PodScheduled" and c.status == "False":
-                reason = c.reason
-    if pod.metadata.deletion_timestamp:
+            message = last.get("message")
+    if phase == "Pending" and reason is None:
+        for c in status.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                reason = c.get("reason")
+    if pod["metadata"].get("deletionTimestamp"):
         reason = "Terminating"
     return ReplicaStatus(
         name=replica_name(pod),
         phase=phase,
-        node=pod.spec.node_name,
+        node=(pod.get("spec") or {}).get("nodeName"),
         restarts=restarts,
         exit_code=exit_code,
         reason=reason,
@@ -142,15 +154,15 @@ def replica_status(pod: Any) -> ReplicaStatus:
     )
 
 
-def recorded_exit_code(events: list[Any]) -> int | None:
+def recorded_exit_code(events: list[dict[str, Any]]) -> int | None:
     """The newest non-zero exit code among training-operator v1's ExitedWithCode events on a job: on each reconcile
     that finds a pod's `pytorch` container terminated it records "Pod: NS.POD exited with code N" (a Normal event;
     pkg/controller.v1/common/pod.go ReconcilePods, v1.7-v1.9.4). None without one (events expire, an hour by
     default)."""
     codes = []
     for e in events:
-        match = _EXIT_CODE.search(e.message or "")
+        match = _EXIT_CODE.search(e.get("message") or "")
         if match and int(match.group(1)):
-            when = e.last_timestamp or e.event_time or e.metadata.creation_timestamp
+            when = e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
             codes.append((str(when or ""), int(match.group(1))))
     return max(codes)[1] if codes else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -101,36 +100,21 @@ def _delete_quietly(delete_fn: Any, name: str, namespace: str) -> bool:
 # ---- top and debug stacks: a probe in each pod, through the exec stream -------------------------------------------
 
 
-def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) -> list[NodeSample]:
-    """The probe in each running pod through the API server's exec stream (what `kubectl exec` does), in
-    `container` (None: the training container hpctrain renders, or the pod's only one). Up to EXEC_PARALLEL pods at
-    a time, each thread on an API client of its own (the client's `stream` swaps its client's request function
-    while it runs); the samples come back in the pods' order, and the first pod's failure is the one reported."""
+def sample_pods(raw: Any, pods: Iterable[dict[str, Any]], container: str | None = None) -> list[NodeSample]:
+    """The probe in each running pod (its JSON) through the API server's exec stream (what `kubectl exec` does), in
+    `container` (None: the training container hpctrain renders, or the pod's only one), through `raw` (rest.RawApi).
+    Up to EXEC_PARALLEL pods at a time, each exec a websocket of its own; the samples come back in the pods' order,
+    and the first pod's failure is the one reported."""
     from concurrent.futures import ThreadPoolExecutor
 
-    running = [p for p in pods if (p.status.phase if p.status else None) == "Running"]
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if not running:
         return []
-    local = threading.local()
-    clients: list[Any] = []
-    lock = threading.Lock()
 
-    def own_core() -> Any:
-        if not hasattr(local, "core"):
-            from kubernetes import client
-
-            from hpctrain.schedulers.kubernetes.client import Limits, harden
-
-            api = harden(client.ApiClient(core.api_client.configuration), Limits.from_environ())
-            with lock:
-                clients.append(api)
-            local.core = client.CoreV1Api(api)
-        return local.core
-
-    def probe_one(first: bool, pod: Any) -> list[NodeSample]:
-        name, namespace = pod.metadata.name, pod.metadata.namespace
+    def probe_one(first: bool, pod: dict[str, Any]) -> list[NodeSample]:
+        name, namespace = pod["metadata"]["name"], pod["metadata"].get("namespace")
         probe = f"{PROBE}; {PROGRESS_PROBE}" if first else PROBE  # the first pod also reads the ranks' records
-        stdout, status = exec_probe(own_core(), namespace, name, container or training_container(pod), probe)
+        stdout, status = exec_probe(raw, namespace, name, container or training_container(pod), probe)
         samples = parse_probe(stdout, labelled=False)
         if not samples:
             raise UserError(
@@ -139,15 +123,11 @@ def sample_pods(core: Any, pods: Iterable[Any], container: str | None = None) ->
                 f"container: its image needs a POSIX shell (try `kubectl exec -n {namespace} {name} -- sh -c true`)"
             )
         for sample in samples:
-            sample.node = f"{pod.spec.node_name or '?'} ({name})"
+            sample.node = f"{(pod.get('spec') or {}).get('nodeName') or '?'} ({name})"
         return samples
 
-    try:
-        with ThreadPoolExecutor(max_workers=min(EXEC_PARALLEL, len(running))) as pool:
-            per_pod = list(pool.map(probe_one, [i == 0 for i in range(len(running))], running))
-    finally:
-        for api in clients:
-            api.close()
+    with ThreadPoolExecutor(max_workers=min(EXEC_PARALLEL, len(running))) as pool:
+        per_pod = list(pool.map(probe_one, [i == 0 for i in range(len(running))], running))
     return [sample for samples in per_pod for sample in samples]
 
 
@@ -187,34 +167,24 @@ def parse_stacks(text: str) -> dict[int, str]:
     return {rank: "\n".join(lines).rstrip("\n") + "\n" for rank, lines in answers.items()}
 
 
-def training_container(pod: Any) -> str | None:
+def training_container(pod: dict[str, Any]) -> str | None:
     """The container hpctrain's jobs train in (Kubeflow v1's `pytorch`, Trainer v2's `node`), so that sidecars
     (a service mesh's proxy, a log shipper) do not make exec ask which one; None leaves the choice to the API server."""
     from hpctrain.schedulers.kubernetes.render import CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB
 
-    names = [c.name for c in (pod.spec.containers or [])] if pod.spec else []
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     return next((n for n in (CONTAINER_PYTORCHJOB, CONTAINER_TRAINJOB) if n in names), None)
 
 
-def exec_probe(core: Any, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
-    """Run `probe` in the pod; its stdout and the final Status JSON of the exec stream (channel 3)."""
-    from kubernetes.stream import stream
+def exec_probe(raw: Any, namespace: str, pod: str, container: str | None, probe: str) -> tuple[str, str]:
+    """Run `probe` in the pod through `raw` (rest.RawApi); its stdout and the final Status JSON of the exec stream
+    (channel 3)."""
     from kubernetes.stream.ws_client import ERROR_CHANNEL
 
-    kwargs = {"container": container} if container else {}
+    query = [("command", ["sh", "-c", probe]), ("stderr", "true"), ("stdin", "false"), ("stdout", "true")]
+    query += [("tty", "false"), *([("container", container)] if container else [])]
     try:
-        ws = stream(
-            core.connect_get_namespaced_pod_exec,
-            pod,
-            namespace,
-            command=["sh", "-c", probe],
-            stderr=True,
-            stdin=False,
-            stdout=True,
-            tty=False,
-            _preload_content=False,
-            **kwargs,
-        )
+        ws = raw.exec_stream(namespace, pod, query)
         try:
             ws.run_forever(timeout=PROBE_TIMEOUT_S)
             if ws.is_open():

@@ -21,10 +21,10 @@ from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, Outcome, 
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
-from hpctrain.schedulers.kubernetes.client import list_all
 from hpctrain.schedulers.kubernetes.jobs import LiveJobs
 from hpctrain.schedulers.kubernetes.objects import pod_requests, quantity_or_zero
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.rest import NODES, PODS, RawApi, path
 
 REPLACE_WAIT_S = 120
 """How long `submit --replace` waits for the old job of the name (and its pods) to be gone."""
@@ -60,6 +60,12 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         from hpctrain.schedulers.kubernetes.client import load_api_client
 
         return load_api_client(self.context)
+
+    @functools.cached_property
+    def raw(self) -> RawApi:
+        """What the views and checks read: the API server's JSON as dicts, without the client's generated APIs and
+        models (rest.py)."""
+        return RawApi(self.api_client)
 
     @functools.cached_property
     def core(self) -> Any:
@@ -295,15 +301,14 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     # ---- cluster view ----------------------------------------------------------------------------------------
 
     def cluster(self) -> ClusterView:
-        return self._cluster_view(list_all(self.core.list_node), quota=True)
+        return self._cluster_view(self.raw.list(NODES, "listing the nodes"), quota=True)
 
-    def _cluster_view(self, node_objects: list[Any], quota: bool) -> ClusterView:
+    def _cluster_view(self, node_objects: list[dict[str, Any]], quota: bool) -> ClusterView:
         # Only pods bound to a node and not ended take from a node; the API server filters, a page at a time.
-        # As JSON, not the client's models (decoding a V1Pod costs more than all else here): 8 pods a node.
-        pods = list_all(
-            self.core.list_pod_for_all_namespaces,
-            raw=True,
-            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        pods = self.raw.list(
+            PODS,
+            "listing the pods",
+            fieldSelector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
         )
         used: dict[str, dict[str, Decimal]] = {}
         for pod in pods:
@@ -315,25 +320,33 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
                 node_use[k] = node_use.get(k, Decimal(0)) + v
         nodes = []
         for n in node_objects:
-            alloc = (n.status.allocatable if n.status else None) or {}
-            u = used.get(n.metadata.name, {})
+            alloc = (n.get("status") or {}).get("allocatable") or {}
+            name = n["metadata"]["name"]
+            u = used.get(name, {})
             nodes.append(
                 NodeView(
-                    name=n.metadata.name,
+                    name=name,
                     cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))),
                     cpu_requested=float(u.get("cpu", 0)),
                     memory_allocatable=int(quantity_or_zero(alloc.get("memory"))),
                     memory_requested=int(u.get("memory", 0)),
                     gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))),
                     gpus_requested=int(u.get(GPU, 0)),
-                    schedulable=not (n.spec and n.spec.unschedulable),
+                    schedulable=not (n.get("spec") or {}).get("unschedulable"),
                 )
             )
         lines: list[str] = []
         if quota:
-            for q in self.core.list_namespaced_resource_quota(self.namespace).items:
-                hard = (q.status.hard if q.status and q.status.hard else q.spec.hard) or {}
-                use = (q.status.used if q.status else None) or {}
+            for q in self.quotas():
+                status = q.get("status") or {}
+                hard = status.get("hard") or (q.get("spec") or {}).get("hard") or {}
+                use = status.get("used") or {}
                 for key in sorted(hard):
-                    lines.append(f"{self.namespace}/{q.metadata.name} {key}: {use.get(key, '0')} of {hard[key]} used")
+                    lines.append(
+                        f"{self.namespace}/{q['metadata']['name']} {key}: {use.get(key, '0')} of {hard[key]} used"
+                    )
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
+
+    def quotas(self) -> list[dict[str, Any]]:
+        """The namespace's ResourceQuotas, as JSON."""
+        return self.raw.list(path("api", "v1", "namespaces", self.namespace, "resourcequotas"), "listing the quotas")

@@ -202,8 +202,8 @@ class KubernetesServices:
         ]
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
-        core, job_pods = self._pods(job)
-        samples = pods.sample_pods(core, job_pods)
+        raw, job_pods = self._pods(job)
+        samples = pods.sample_pods(raw, job_pods)
         if not samples:
             raise JobNotRunning(
                 f"job {job} has no running pod: `hpctrain top` looks at running jobs only "
@@ -212,14 +212,14 @@ class KubernetesServices:
         return TopSample(f"job {job}", samples)
 
     def stacks(self, job: str, wait_s: float) -> RemoteStacks:
-        core, job_pods = self._pods(job)
-        pod = next((p for p in job_pods if p.status and p.status.phase == "Running"), None)
+        raw, job_pods = self._pods(job)
+        pod = next((p for p in job_pods if (p.get("status") or {}).get("phase") == "Running"), None)
         if pod is None:
             raise JobNotRunning(
                 f"job {job} has no running pod to ask (`{self.scheduler.command('status', job)}` says where it is)"
             )
-        name, container = pod.metadata.name, pods.training_container(pod)
-        stdout, status = pods.exec_probe(core, pod.metadata.namespace, name, container, PROGRESS_PROBE)
+        name, namespace, container = pod["metadata"]["name"], self.scheduler.namespace, pods.training_container(pod)
+        stdout, status = pods.exec_probe(raw, namespace, name, container, PROGRESS_PROBE)
         ranks = ranks_of(parse_probe(stdout, labelled=False))
         if not ranks:
             raise UserError(
@@ -229,11 +229,12 @@ class KubernetesServices:
                 + (f" ({pods.exec_failure(status)})" if pods.exec_failure(status) else "")
             )
         script = pods.stacks_request(ranks[0].world_size, min(wait_s, pods.PROBE_TIMEOUT_S - 10))
-        stdout, status = pods.exec_probe(core, pod.metadata.namespace, name, container, script)
+        stdout, status = pods.exec_probe(raw, namespace, name, container, script)
         return RemoteStacks(f"pod {name}", pods.parse_stacks(stdout), ranks)
 
     def _pods(self, job: str) -> tuple[Any, list[Any]]:
-        """The API client and the pods of `job`, a PyTorchJob or a TrainJob (a job name is one job, of either kind)."""
+        """The raw API (rest.RawApi) and the pods (JSON) of `job`, a PyTorchJob or a TrainJob (a job name is one job,
+        of either kind)."""
         from hpctrain.schedulers.base import JobNotFound
         from hpctrain.schedulers.kubernetes import create
 
@@ -248,7 +249,7 @@ class KubernetesServices:
                 found.get_object(job)
             except JobNotFound:
                 continue
-            return found.core, found.pods_of(job)
+            return found.raw, found.pods_of(job)
         raise UserError(
             f"no PyTorchJob or TrainJob named {job!r} in namespace {sched.namespace}: check the name "
             f"and --namespace (`{sched.command('status')}` lists the jobs)"

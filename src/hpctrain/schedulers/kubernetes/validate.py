@@ -40,36 +40,55 @@ def to_json_schema(node: Any) -> Any:
     return out
 
 
+# jsonschema's optional format checkers: imported with jsonschema when installed, used only by a FormatChecker.
+# rfc3987_syntax (jsonschema's format-nongpl extra, which Jupyter's packages require) compiles some 35 Earley parsers
+# when imported: 1.2 CPU s of every `check` (python-jsonschema/jsonschema#1392 and #1428); the others (arrow,
+# isoduration, webcolors, ...) another 0.1 s.
+FORMAT_BACKENDS = (
+    "rfc3987_syntax",
+    "rfc3987",
+    "rfc3986_validator",
+    "rfc3339_validator",
+    "fqdn",
+    "idna",
+    "webcolors",
+    "jsonpointer",
+    "uri_template",
+    "isoduration",
+)
+
+
 def _import_jsonschema() -> Any:
-    """jsonschema, imported without its `iri` format checker's backend. rfc3987_syntax, which jsonschema's
-    format-nongpl extra installs (Jupyter's packages require it), compiles some 35 Earley parsers when it is
-    imported: 1.2 CPU s of every `check` here (python-jsonschema/jsonschema#1392 and #1428). hpctrain checks no
-    formats, and the block is lifted once jsonschema is in."""
+    """jsonschema, imported without its format checkers' backends: hpctrain checks no formats. The block is lifted
+    once jsonschema is in (a later `import idna` works)."""
     if "jsonschema" in sys.modules:
         return sys.modules["jsonschema"]
-    blocked = "rfc3987_syntax" not in sys.modules
-    if blocked:
-        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # `import` raises ImportError
+    blocked = [name for name in FORMAT_BACKENDS if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]  # `import` raises ImportError
     try:
         import jsonschema
     finally:
-        if blocked:
-            del sys.modules["rfc3987_syntax"]
+        for name in blocked:
+            del sys.modules[name]
     return jsonschema
 
 
-@functools.lru_cache(maxsize=None)
-def _validator(filename: str) -> Any:
+def crd_schema(filename: str) -> dict[str, Any]:
+    """The vendored CRD's schema (its first version's openAPIV3Schema), as JSON Schema (to_json_schema)."""
     import yaml
-
-    jsonschema = _import_jsonschema()
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds").joinpath(filename).read_text()
     crd = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
-    schema = to_json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-    jsonschema.Draft7Validator.check_schema(schema)
-    return jsonschema.Draft7Validator(schema)
+    return to_json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(filename: str) -> Any:
+    """Built once a process. The translated schema is not checked against the metaschema here (0.1 CPU s of every
+    `check`): tests/test_k8s_render.py checks both vendored CRDs' translations."""
+    return _import_jsonschema().Draft7Validator(crd_schema(filename))
 
 
 def validate_manifest(manifest: dict[str, Any]) -> list[str]:
