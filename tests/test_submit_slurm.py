@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from training_helpers import run_hpctrain
+from training_helpers import run_hpctrain, run_torchrun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -304,20 +304,11 @@ def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: P
     if launcher == "torchrun":
         # The same recipe as 4 local processes (same seed, same shards, gloo) must learn the same: the 2-node
         # job is the same computation spread differently. Tolerance only for reduction-order rounding.
-        local = subprocess.run(
-            [
-                "torchrun",
-                "--standalone",
-                "--nproc-per-node=4",
-                "--no-python",
-                "hpctrain",
-                *train,
-                "--run-dir",
-                str(tmp_path / "local"),
-            ],
+        local = run_torchrun(
+            ["--standalone", "--nproc-per-node=4"],
+            ["-m", "hpctrain"],
+            [*train, "--run-dir", str(tmp_path / "local")],
             cwd=tmp_path,
-            capture_output=True,
-            text=True,
             timeout=300,
         )
         assert local.returncode == 0, local.stderr
