@@ -154,3 +154,40 @@ def test_step_vote_ranks_vote_at_the_same_steps_and_stop_together_within_the_per
     every_before_stop = [every for step, every in voted if step < stop_step][-1]
     assert 2 <= every_before_stop <= 15, voted  # 0.3 s of 20 ms steps; a loaded machine gives fewer
     assert 50 <= stop_step < 50 + every_before_stop, f"the signal at step 50 stopped the ranks at {stop_step}"
+
+
+def test_step_vote_keeps_its_own_cost_under_its_share_however_long_a_vote_takes(tmp_path: Path, monkeypatch) -> None:
+    """A vote that takes long (gloo's ring over thousands of ranks) spaces the next ones out: with 1 ms steps, a
+    0.6 ms vote comes every 50 ms of steps (PERIOD_S), a 100 ms one every 5 s (MAX_SHARE of the time). The clock
+    is the test's: one process, a real gloo group of one, its all-reduce made as slow as the test says."""
+    import time
+
+    import hpctrain.distributed as distributed
+    from hpctrain.training.stopping import StepVote, StopReason
+
+    clock = [0.0]
+    vote_s = [0.0]
+    real_all_reduce = distributed.all_reduce
+
+    def slow_all_reduce(tensor, op="sum", group=None):
+        clock[0] += vote_s[0]
+        return real_all_reduce(tensor, op=op, group=group)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(distributed, "all_reduce", slow_all_reduce)
+    dist.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    try:
+        spacing = {}
+        for seconds in (0.0006, 0.1):
+            vote_s[0], vote, every = seconds, StepVote(), []
+            for _ in range(20_000):
+                clock[0] += 0.001
+                vote.after_step(StopReason.NONE)
+                if vote._since == 0:
+                    every.append(vote.every)
+            spacing[seconds] = every[-1]
+            assert vote.after_step(StopReason.PREEMPTED, settle=True) is StopReason.PREEMPTED
+    finally:
+        dist.destroy_process_group()
+    assert 48 <= spacing[0.0006] <= 50, spacing  # PERIOD_S of 1 ms steps (the clock's sums round down by one)
+    assert 4900 <= spacing[0.1] <= 5000, spacing  # 0.1 s / MAX_SHARE = 5 s of steps: the votes take 2% of the time
