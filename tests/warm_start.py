@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 # Variables read when an interpreter or a library starts or is imported: a command whose value differs from the
@@ -225,6 +226,11 @@ def _become_command(request: dict, fds: list[int]) -> None:
                 sys.argv = ["-m", *request["args"]]
                 sys.path[0] = os.getcwd()  # as `python -m` has it
                 runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
+            elif kind == "code":
+                sys.argv = ["-c", *request["args"]]
+                sys.path[0] = ""  # as `python -c` has it
+                main = sys.modules["__main__"] = types.ModuleType("__main__")  # this file's globals stay as they are
+                exec(compile(target, "<string>", "exec"), main.__dict__)
             else:
                 sys.argv = [target, *request["args"]]
                 sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python SCRIPT` has it

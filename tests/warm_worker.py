@@ -1,7 +1,8 @@
 """torchrun's worker, started warm: `torchrun ... tests/warm_worker.py -m hpctrain ARGS` (or `... warm_worker.py
-SCRIPT ARGS`) runs `python -m hpctrain ARGS` (or `python SCRIPT ARGS`) as a fork of the warm process named by
-HPCTRAIN_TEST_WARM_WORKERS (tests/warm_start.py, which imported torch once), not as a fresh interpreter importing
-it again. Test-harness only.
+SCRIPT ARGS`, or `-c CODE ARGS`) runs `python -m hpctrain ARGS` (or `python SCRIPT ARGS`, `python -c CODE ARGS`)
+as a fork of the warm process named by HPCTRAIN_TEST_WARM_WORKERS (tests/warm_start.py, which imported torch once),
+not as a fresh interpreter importing it again. A Slurm job's steps come here too (tests/slurm_steps). Test-harness
+only.
 
 This process stands for the worker towards the agent for as long as the worker lives: the signals the agent sends
 it (to its process group, as torchrun does) go on to the worker's process group, the worker's exit status becomes
@@ -31,12 +32,13 @@ def main(argv: list[str]) -> None:
     for path in os.environ.get("HPCTRAIN_TEST_WARM_WORKERS", "").split(os.pathsep):
         if path and argv:
             _warm(path, argv)  # returns only where that warm process said to start afresh, or is gone
+    os.environ.pop("HPCTRAIN_TEST_WARM_STEPS", None)  # fresh: not handed over again (tests/slurm_steps)
     os.execv(sys.executable, [sys.executable, *INTERPRETER_OPTIONS, *argv])
 
 
 def _warm(path: str, argv: list[str]) -> None:
-    target = ("module", argv[1]) if argv[0] == "-m" else ("path", argv[0])
-    args = argv[2:] if argv[0] == "-m" else argv[1:]
+    target = {"-m": ("module", argv[1]), "-c": ("code", argv[1])}.get(argv[0], ("path", argv[0]))
+    args = argv[2:] if argv[0] in ("-m", "-c") else argv[1:]
     env = dict(os.environ)
     if "-u" in INTERPRETER_OPTIONS:  # torchrun starts its workers with -u
         env["PYTHONUNBUFFERED"] = "1"

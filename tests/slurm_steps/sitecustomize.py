@@ -3,7 +3,8 @@
 This folder is first on PYTHONPATH for the whole test run (tests/conftest.py), so every Python the tests start, and
 every one their Slurm jobs start (sbatch passes the submitting environment on), imports this file at start-up. It
 does nothing unless the process runs in a Slurm job (SLURM_JOB_ID), was started as `python [-u] -m hpctrain ...` (an
-srun rank, or a torchrun worker through `--no-python PYTHON -m hpctrain`), and the test that submitted the job named
+srun rank, or a torchrun worker through `--no-python PYTHON -m hpctrain`) or `python -c CODE ...` (the batch script's
+torchrun agent, `python3 -c "$hpctrain_torchrun" ...`), and the test that submitted the job named
 a warm process in HPCTRAIN_TEST_WARM_STEPS (tests/slurm_fixtures.py). Then the process becomes tests/warm_worker.py
 (exec: the same pid, which Slurm tracks and signals), which runs the command as a fork of that warm process, which
 imported torch once, instead of importing it again here (about 4 CPU s a process on the CI machine), or, where the
@@ -22,10 +23,11 @@ def _hand_over() -> None:
     options = []
     while argv and argv[0] == "-u":
         options.append(argv.pop(0))
-    if argv[:2] != ["-m", "hpctrain"]:
+    if argv[:2] != ["-m", "hpctrain"] and argv[:1] != ["-c"]:
         return
-    env = dict(os.environ)
-    env["HPCTRAIN_TEST_WARM_WORKERS"] = env.pop("HPCTRAIN_TEST_WARM_STEPS")  # and no second hand-over after it
+    # The warm fork keeps HPCTRAIN_TEST_WARM_STEPS, for the processes it starts (a torchrun agent's workers);
+    # warm_worker.py drops it where it starts this command afresh instead.
+    env = {**os.environ, "HPCTRAIN_TEST_WARM_WORKERS": socket_path}
     worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "warm_worker.py")
     os.execve(sys.executable, [sys.executable, *options, worker, *argv], env)
 
