@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 WORKER = r"""
-import collections, datetime, json, os, sys
+import collections, datetime, json, os, sys, time
 from pathlib import Path
 from types import SimpleNamespace
 import torch, torch.distributed as dist
@@ -95,6 +95,12 @@ reasons = [agree(StopReason.CANCELLED if rank == size - 1 and vote == 1 else Sto
            for vote in range(3)]
 result = {"vote_sockets": sockets() - before[0], "vote_requests": sum(store.requests.values()) - before[1],
           "reasons": reasons}
+took = []  # a vote's latency, back to back: gloo's ring, 2 (N - 1) hops
+for _ in range(30):
+    started = time.perf_counter()
+    agree(StopReason.NONE)
+    took.append(time.perf_counter() - started)
+result["vote_ms"] = sorted(took)[len(took) // 2] * 1e3
 
 # The checkpoint's closing barrier would run on the default group, NCCL on a GPU job, which this stand-in of it
 # cannot run on the CPU: here it runs on the vote's gloo group (a barrier brings no bytes either way).
@@ -178,6 +184,7 @@ def per_rank(results: list[dict]) -> dict[str, float]:
     return {
         "vote group: new sockets": max(r["vote_sockets"] for r in results),
         "vote group: store requests": max(r["vote_requests"] for r in results),
+        "vote: ms a vote (median; the fastest rank's)": min(r["vote_ms"] for r in results),
         "roll call: key checks": max(r["roll_call"].get("check", 0) for r in survivors),
         "roll call: key checks, all ranks together": sum(r["roll_call"].get("check", 0) for r in survivors),
         "checkpoint: bytes received": max(r["checkpoint_received"] for r in results),

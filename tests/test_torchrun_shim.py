@@ -57,10 +57,10 @@ FLOOR_PYTHON = os.environ.get("HPCTRAIN_FLOOR_PYTHON")
 VARIANTS = ["this-torch", "looks-old", "floor-torch"]
 
 
-def run_shim(tmp_path: Path, variant: str, sig: signal.Signals) -> tuple[int, str, Path]:
-    python, code = sys.executable, TORCHRUN_SHIM
+def run_shim(tmp_path: Path, variant: str, sig: signal.Signals, before: str = "") -> tuple[int, str, Path]:
+    python, code = sys.executable, before + TORCHRUN_SHIM
     if variant == "looks-old":
-        code = LOOK_OLD + TORCHRUN_SHIM
+        code = before + LOOK_OLD + TORCHRUN_SHIM
     elif variant == "floor-torch":
         if not FLOOR_PYTHON:
             pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
@@ -119,6 +119,18 @@ def test_time_limit_warning_stops_workers_cleanly_with_status_75(tmp_path: Path,
         assert lost not in output
     else:  # said once, with what is lost
         assert output.count(lost) == 1 and "fixed 30 s before SIGKILL, not the 20 s asked for" in output, output
+
+
+# srun ends a step's other tasks (--kill-on-bad-exit) once one exits with a planned non-zero status: an agent on its
+# way out may get that TERM in its interpreter's shutdown. Here the agent sends it itself, from its last exit hook.
+LATE_TERM = "import atexit, os, signal\natexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+
+
+def test_a_term_in_the_agents_shutdown_after_a_planned_stop_changes_nothing(tmp_path: Path) -> None:
+    code, output, out = run_shim(tmp_path, "this-torch", signal.SIGUSR1, before=LATE_TERM)
+    assert code == 75, output
+    assert "Traceback" not in output and "SignalException" not in output, output
+    assert sorted(p.read_text() for p in out.glob("stopped-*")) == ["SIGUSR1", "SIGUSR1"], output
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

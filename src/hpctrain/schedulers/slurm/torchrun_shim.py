@@ -28,6 +28,10 @@ TORCHRUN_FIXED_SHUTDOWN_S = 30
 #    instead of torchrun's ChildFailedError traceback.
 #  * The first node of the step (SLURM_NODEID 0, the script's $head_node) hosts the rendezvous store, said with
 #    is_host rather than left to torch's guess from host names (a Slurm node name need not be one of them).
+#  * Once the attempt is over (its workers ended), the agent ignores the signals it handled: srun ends a step's
+#    other tasks (--kill-on-bad-exit) as soon as one exits with a planned non-zero status, and a TERM that reached
+#    an agent on its way out, in its interpreter's shutdown, raised torchrun's SignalException there (a traceback
+#    in the job log after a clean stop).
 #  * Before torch 2.4 the agents' exit barrier kept group rank 0 to the last, taking it for the store's host; but
 #    group ranks follow sorted host names and process ids, so a host of another rank could leave while an agent
 #    still read: that agent's good job ended with a DistNetworkError traceback ("Connection reset by peer"). There
@@ -73,20 +77,26 @@ if signals:
             print("hpctrain: torchrun of torch %s has no --signals-to-handle (torch >= 2.9): hpctrain handles %s in"
                   " its agents instead; what is lost: stopping workers get torchrun fixed %d s before SIGKILL, not"
                   " the %s s asked for" % (torch.__version__, signals, FIXED_S, timeout), flush=True)
+def settled():
+    for name in "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1".split(","):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
 try:
     run.main(args)
 except SignalException as err:
+    settled()
     status = PREEMPTED_STATUS if err.sigval == signal.SIGUSR1 else 128 + int(err.sigval)
     print("hpctrain: torchrun on %s stopped its workers on %s as planned (exit status %d)"
           % (node, err.sigval.name, status), flush=True)
     sys.exit(status)
 except ChildFailedError as err:
+    settled()
     planned = sorted({f.exitcode for f in err.failures.values()} & {PLANNED_STATUSES})
     if not planned:
         raise
     print("hpctrain: torchrun on %s: a worker ended the attempt on purpose (exit status %d: 142 hung, 144 sick"
           " node; the run directory says more)" % (node, planned[0]), flush=True)
     sys.exit(planned[0])
+settled()
 """
 TORCHRUN_SHIM = (
     _TORCHRUN_SHIM_TEMPLATE.replace(
