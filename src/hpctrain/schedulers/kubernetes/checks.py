@@ -15,13 +15,13 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import NodeView
 from hpctrain.schedulers.kubernetes import render as r
+from hpctrain.schedulers.kubernetes.objects import GPU, node_views, requests_by_node
 from hpctrain.schedulers.kubernetes.options import parse_quantity
 from hpctrain.schedulers.kubernetes.params import PRIORITY_LABEL
 from hpctrain.schedulers.kubernetes.pod_template import resources_per_pod
 from hpctrain.schedulers.kubernetes.rest import NODES, path
 from hpctrain.schedulers.kubernetes.validate import unknown_fields, validate_manifest
 
-GPU = "nvidia.com/gpu"
 # The first release whose CRD declares a field hpctrain renders (the CRDs of kubeflow/trainer at each tag:
 # manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml): v2.0.x and v2.1.x have no runtimePatches and no
 # activeDeadlineSeconds (v2.1 has podTemplateOverrides instead); v2.2's runtime patch has no
@@ -62,6 +62,9 @@ def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, str]]) -> bool
         if t["key"] == taint.get("key") and (t["operator"] == "Exists" or t.get("value") == (taint.get("value") or "")):
             return True
     return False
+
+
+PROBED_NODES = 8  # nodes whose running pods the check reads one by one before it reads them all
 
 
 class LiveChecks:
@@ -256,22 +259,27 @@ class LiveChecks:
         return True
 
     def _node_problems(self, job: JobSpec) -> list[str]:
+        """Whether a node has room for one worker pod: what the nodes offer decides first (a page of nodes at a time);
+        the pods running on a node are read only for nodes that could hold the pod when empty, the largest first, a
+        node at a time (fieldSelector spec.nodeName), until one has room now. Only when PROBED_NODES of them are full
+        does the check read every running pod, to name the freest node: a 10,000-node cluster with room costs its
+        node list and a few small pod lists, not its 80,000 pods."""
         want = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
         node_objects = self.raw.list(NODES, "listing the nodes")  # a page at a time; the message counts every node
-        view = self._cluster_view(node_objects, quota=False)
-        labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in node_objects}
-        taints = {n["metadata"]["name"]: (n.get("spec") or {}).get("taints") or [] for n in node_objects}
+        by_name = {n["metadata"]["name"]: n for n in node_objects}
+        empty = node_views(node_objects, {})
         excluded = set(job.exclude_nodes)
         candidates = [
             n
-            for n in view.nodes
+            for n in empty
             if n.schedulable
             and n.name not in excluded
-            and all(labels[n.name].get(k) == v for k, v in selector.items())
+            and all((by_name[n.name]["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
             and all(
-                t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations) for t in taints[n.name]
+                t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)
+                for t in (by_name[n.name].get("spec") or {}).get("taints") or []
             )
         ]
         ask = (
@@ -287,12 +295,10 @@ class LiveChecks:
             )
             if excluded:
                 return [
-                    f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({len(view.nodes)} node(s) in "
+                    f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({len(empty)} node(s) in "
                     "the cluster): exclude fewer nodes, or fix --node-selector/--toleration"
                 ]
-            return [
-                f"{why} ({len(view.nodes)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"
-            ]
+            return [f"{why} ({len(empty)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
 
         def fits(n: NodeView, free: bool) -> bool:
             cpu, mem, gpu = (
@@ -302,11 +308,22 @@ class LiveChecks:
             )
             return Decimal(str(cpu)) >= want["cpu"] and mem >= want.get("memory", 0) and gpu >= want.get(GPU, 0)
 
-        if any(fits(n, free=True) for n in candidates):
-            return []
-        best = max(candidates, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
-        free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
-        if any(fits(n, free=False) for n in candidates):
+        roomy = sorted(
+            (n for n in candidates if fits(n, free=False)),
+            key=lambda n: (n.gpus_allocatable, n.cpu_allocatable, n.memory_allocatable),
+            reverse=True,
+        )
+        for n in roomy[:PROBED_NODES]:
+            on_node = node_views([by_name[n.name]], requests_by_node(self.running_pods(n.name)))
+            if fits(on_node[0], free=True):
+                return []
+        if roomy:  # the largest are full: every running pod, for the freest node of all
+            used = requests_by_node(self.running_pods())
+            now = node_views([by_name[n.name] for n in candidates], used)
+            if any(fits(n, free=True) for n in now):
+                return []
+            best = max(now, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
+            free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
             return [
                 f"no node has room for one worker pod ({ask}) now; the freest, {best.name}, has {free} free: "
                 "the pod will wait until running pods end; ask for less per pod, or wait"

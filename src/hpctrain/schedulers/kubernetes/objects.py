@@ -11,9 +11,11 @@ from decimal import Decimal
 from typing import Any
 
 from hpctrain.schedulers import base
-from hpctrain.schedulers.base import ReplicaStatus
+from hpctrain.schedulers.base import NodeView, ReplicaStatus
 from hpctrain.schedulers.kubernetes.options import parse_quantity
 from hpctrain.schedulers.kubernetes.render import CONTAINER_TRAINJOB
+
+GPU = "nvidia.com/gpu"
 
 # Pod labels set by the controllers, used to find a job's pods.
 PYTORCHJOB_SELECTOR = "training.kubeflow.org/job-name"
@@ -166,3 +168,37 @@ def recorded_exit_code(events: list[dict[str, Any]]) -> int | None:
             when = e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
             codes.append((str(when or ""), int(match.group(1))))
     return max(codes)[1] if codes else None
+
+
+def requests_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
+    """What the pods request, summed by the node they are bound to."""
+    used: dict[str, dict[str, Decimal]] = {}
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if not node_name:
+            continue
+        node_use = used.setdefault(node_name, {})
+        for k, v in pod_requests(pod).items():
+            node_use[k] = node_use.get(k, Decimal(0)) + v
+    return used
+
+
+def node_views(node_objects: list[dict[str, Any]], used: dict[str, dict[str, Decimal]]) -> list[NodeView]:
+    """Each node's capacity against what `used` says its pods requested (nothing for a node it does not name)."""
+    nodes = []
+    for n in node_objects:
+        alloc = (n.get("status") or {}).get("allocatable") or {}
+        u = used.get(n["metadata"]["name"], {})
+        nodes.append(
+            NodeView(
+                name=n["metadata"]["name"],
+                cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))),
+                cpu_requested=float(u.get("cpu", 0)),
+                memory_allocatable=int(quantity_or_zero(alloc.get("memory"))),
+                memory_requested=int(u.get("memory", 0)),
+                gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))),
+                gpus_requested=int(u.get(GPU, 0)),
+                schedulable=not (n.get("spec") or {}).get("unschedulable"),
+            )
+        )
+    return nodes

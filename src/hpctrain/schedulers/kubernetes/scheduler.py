@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
-from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, Outcome, Rendered, View
+from hpctrain.schedulers.base import ClusterView, JobStatus, Outcome, Rendered, View
 from hpctrain.schedulers.kubernetes import render as r
 from hpctrain.schedulers.kubernetes.answers import guarded
-from hpctrain.schedulers.kubernetes.checks import GPU, LiveChecks, _api_error
+from hpctrain.schedulers.kubernetes.checks import LiveChecks, _api_error
 from hpctrain.schedulers.kubernetes.jobs import LiveJobs
-from hpctrain.schedulers.kubernetes.objects import pod_requests, quantity_or_zero
+from hpctrain.schedulers.kubernetes.objects import node_views, requests_by_node
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.rest import NODES, PODS, RawApi, path
 
@@ -304,37 +303,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         return self._cluster_view(self.raw.list(NODES, "listing the nodes"), quota=True)
 
     def _cluster_view(self, node_objects: list[dict[str, Any]], quota: bool) -> ClusterView:
-        # Only pods bound to a node and not ended take from a node; the API server filters, a page at a time.
-        pods = self.raw.list(
-            PODS,
-            "listing the pods",
-            fieldSelector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-        )
-        used: dict[str, dict[str, Decimal]] = {}
-        for pod in pods:
-            node_name = (pod.get("spec") or {}).get("nodeName")
-            if not node_name:
-                continue
-            node_use = used.setdefault(node_name, {})
-            for k, v in pod_requests(pod).items():
-                node_use[k] = node_use.get(k, Decimal(0)) + v
-        nodes = []
-        for n in node_objects:
-            alloc = (n.get("status") or {}).get("allocatable") or {}
-            name = n["metadata"]["name"]
-            u = used.get(name, {})
-            nodes.append(
-                NodeView(
-                    name=name,
-                    cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))),
-                    cpu_requested=float(u.get("cpu", 0)),
-                    memory_allocatable=int(quantity_or_zero(alloc.get("memory"))),
-                    memory_requested=int(u.get("memory", 0)),
-                    gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))),
-                    gpus_requested=int(u.get(GPU, 0)),
-                    schedulable=not (n.get("spec") or {}).get("unschedulable"),
-                )
-            )
+        nodes = node_views(node_objects, requests_by_node(self.running_pods()))
         lines: list[str] = []
         if quota:
             for q in self.quotas():
@@ -346,6 +315,14 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
                         f"{self.namespace}/{q['metadata']['name']} {key}: {use.get(key, '0')} of {hard[key]} used"
                     )
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
+
+    def running_pods(self, node: str | None = None) -> list[dict[str, Any]]:
+        """The pods bound to a node (to `node`) and not ended, which take from it; the API server filters them, a page
+        at a time."""
+        bound = f"spec.nodeName={node}" if node else "spec.nodeName!="
+        return self.raw.list(
+            PODS, "listing the pods", fieldSelector=f"{bound},status.phase!=Succeeded,status.phase!=Failed"
+        )
 
     def quotas(self) -> list[dict[str, Any]]:
         """The namespace's ResourceQuotas, as JSON."""
