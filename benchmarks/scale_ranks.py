@@ -219,7 +219,7 @@ def main() -> int:
             row = [figures[n][name] for n in sizes]
             print(
                 f"| {name} | "
-                + " | ".join(f"{v:,.0f}" for v in row)
+                + " | ".join(f"{v:,.2f}" if name.startswith("vote: ms") else f"{v:,.0f}" for v in row)
                 + f" | {growth(row[0], row[-1], sizes[0], sizes[-1])} |"
             )
     return 0
