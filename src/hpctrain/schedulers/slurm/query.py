@@ -201,9 +201,14 @@ def shard_holders_argv() -> list[str]:
     return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), "--Format=" + fields]
 
 
+_JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")  # 41, an array task 41_3, a het component 41+1
+
+
 def parse_shard_holders(text: str) -> list[str]:
-    """Output of shard_holders_argv() -> the ids of the jobs that asked for shards."""
-    return [line.split(_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line]
+    """Output of shard_holders_argv() -> the ids of the jobs that asked for shards (only what reads as a job id:
+    each goes to scontrol as a command line)."""
+    ids = (line.split(_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line)
+    return [i for i in ids if _JOB_ID_RE.fullmatch(i)]
 
 
 def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
