@@ -68,7 +68,8 @@ PROBED_NODES = 8  # nodes whose running pods the check reads one by one before i
 
 
 class LiveChecks:
-    """KubernetesScheduler's `check` and its parts (they read the cluster's JSON through its `raw` API)."""
+    """KubernetesScheduler's `check` and its parts (they read the cluster's JSON through its `raw` API, and the
+    running pods of a node, or of all, through its `running_pods`)."""
 
     def check(self, job: JobSpec) -> list[str]:
         from kubernetes.client.rest import ApiException

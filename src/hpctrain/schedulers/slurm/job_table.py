@@ -24,7 +24,8 @@ import subprocess
 from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.base import ColumnCells
 from hpctrain.schedulers.slurm.commands import Runner, slurm
-from hpctrain.schedulers.slurm.jobs import _SEP, NULLS, duration_or_none, id_order, state_word
+from hpctrain.schedulers.slurm.jobs import NULLS, duration_or_none, id_order, state_word
+from hpctrain.schedulers.slurm.records import SQUEUE_SEP, squeue_format
 
 TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "TimeUsed", "RestartCnt")
 
@@ -32,7 +33,7 @@ TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "Tim
 def table_argv(user: str | None) -> list[str]:
     """squeue for the table: its fields only, in job id order; the caller's jobs unless user is None."""
     argv = ["squeue", "--noheader", "--states=all", "--sort=i"]
-    argv.append("--Format=" + ",".join(f"{f}:{_SEP}" for f in TABLE_FIELDS))
+    argv.append(squeue_format(TABLE_FIELDS))
     return argv + ([f"--user={user}"] if user else [])
 
 
@@ -57,10 +58,10 @@ def _fields_by_column(text: str) -> list[list[str]]:
     extra ones are ignored, as jobs.parse_squeue does."""
     n = len(TABLE_FIELDS)
     lines = text.splitlines()
-    if all(count == n for count in map(operator.methodcaller("count", _SEP), lines)):
-        fields = "".join(lines).split(_SEP)  # each line ends with the separator: n fields a line, in order
+    if all(count == n for count in map(operator.methodcaller("count", SQUEUE_SEP), lines)):
+        fields = "".join(lines).split(SQUEUE_SEP)  # each line ends with the separator: n fields a line, in order
         return [list(map(str.strip, fields[i : n * len(lines) : n])) for i in range(n)]
-    rows = [cols[:n] for cols in (line.split(_SEP) for line in lines) if len(cols) >= n]
+    rows = [cols[:n] for cols in (line.split(SQUEUE_SEP) for line in lines) if len(cols) >= n]
     return [list(map(str.strip, column)) for column in zip(*rows)] if rows else [[] for _ in range(n)]
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
-from hpctrain.schedulers.slurm.records import NULLS
+from hpctrain.schedulers.slurm.records import NULLS, SQUEUE_SEP, squeue_format
 from hpctrain.schedulers.slurm.records import null, parse_int, parse_records, printed_duration
 from hpctrain.errors import UserError
 
@@ -145,8 +145,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
     return jobs
 
 
-# squeue -O fields; a control character separates them (job names may contain spaces and '|').
-_SEP = "\x1f"
+# squeue -O fields, each ending with records.SQUEUE_SEP (job names may contain spaces and '|').
 SQUEUE_FIELDS = (
     "JobID",
     "Name",
@@ -166,7 +165,7 @@ SQUEUE_FIELDS = (
 
 
 def squeue_argv(user: str | None, job_ids: tuple[str, ...] = ()) -> list[str]:
-    argv = ["squeue", "--noheader", "--states=all", "--Format=" + ",".join(f"{f}:{_SEP}" for f in SQUEUE_FIELDS)]
+    argv = ["squeue", "--noheader", "--states=all", squeue_format(SQUEUE_FIELDS)]
     if user:
         argv.append(f"--user={user}")
     if job_ids:
@@ -179,7 +178,7 @@ def parse_squeue(text: str) -> list[JobInfo]:
     jobs = []
     n = len(SQUEUE_FIELDS)
     for line in text.splitlines():
-        cols = line.split(_SEP)
+        cols = line.split(SQUEUE_SEP)
         if len(cols) < n:
             continue
         (

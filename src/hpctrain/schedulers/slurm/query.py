@@ -22,12 +22,14 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
+    SQUEUE_SEP,
     field_groups,
     null,
     parse_int,
     parse_records,
     printed_duration,
     printed_mem_mb,
+    squeue_format,
 )
 from hpctrain.distributed.hostlist import expand_hostlist
 
@@ -193,12 +195,10 @@ def fill_shard_use(nodes: list[NodeInfo], use: dict[str, dict[int, int]]) -> lis
 # _print_job_tres_per_* in src/squeue/print.c, which print N/A when unset, at slurm-22-05-0-1 and slurm-23-02-0-1).
 HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task")
 HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED")  # the states in which a job holds its GRES
-_SEP = "\x1f"
 
 
 def shard_holders_argv() -> list[str]:
-    fields = ",".join(f"{f}:{_SEP}" for f in HOLDER_FIELDS)
-    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), "--Format=" + fields]
+    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), squeue_format(HOLDER_FIELDS)]
 
 
 _JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")  # 41, an array task 41_3, a het component 41+1
@@ -207,7 +207,7 @@ _JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")  # 41, an array task 41_3, a h
 def parse_shard_holders(text: str) -> list[str]:
     """Output of shard_holders_argv() -> the ids of the jobs that asked for shards (only what reads as a job id:
     each goes to scontrol as a command line)."""
-    ids = (line.split(_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line)
+    ids = (line.split(SQUEUE_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line)
     return [i for i in ids if _JOB_ID_RE.fullmatch(i)]
 
 

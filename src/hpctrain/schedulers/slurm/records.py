@@ -89,3 +89,13 @@ def null(text: str | None) -> str | None:
         return None
     value = text.strip()
     return None if value in NULLS else value
+
+
+# squeue --Format fields each end with this separator (a control character no job name, user or reason holds), so
+# a line splits into its fields whatever spaces they contain.
+SQUEUE_SEP = "\x1f"
+
+
+def squeue_format(fields: tuple[str, ...]) -> str:
+    """squeue's `--Format=` option for `fields`, each ending with SQUEUE_SEP."""
+    return "--Format=" + ",".join(f"{f}:{SQUEUE_SEP}" for f in fields)
