@@ -258,8 +258,10 @@ class StepVote:
         vote = torch.tensor([int(local), -proposal], dtype=torch.int64, device=collective_device(group))
         all_reduce(vote, op="max", group=group)  # the strongest reason; the smallest proposal (negated)
         reason, every = vote.tolist()
-        self._voted_at = time.perf_counter()
-        self.every, self._since, self._vote_s = -every, 0, self._voted_at - started
+        first, self._voted_at = self._voted_at is None, time.perf_counter()
+        if not first:  # the first vote also connected the ranks (a lazy gloo group): not what a vote costs
+            self._vote_s = self._voted_at - started
+        self.every, self._since = -every, 0
         return StopReason(reason)
 
 
