@@ -10,6 +10,7 @@ import sys
 
 from hpctrain import __version__
 from hpctrain.errors import UserError, redact
+from hpctrain.safetext import for_terminal
 from hpctrain.recipes.catalog import CATALOG
 
 # name -> (module, one-line help). A module defines add_arguments(parser) and run(args) -> int.
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(SUBCOMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except UserError as err:
-        print(f"hpctrain {command}: error: {redact(str(err))}", file=sys.stderr)  # a URL's password never shows
+        # A URL's password never shows; a name from outside in the message shows its escapes, never runs them.
+        print(f"hpctrain {command}: error: {for_terminal(redact(str(err)), newlines=True)}", file=sys.stderr)
         return err.exit_code
     except ImportError as err:  # an optional dependency (hpctrain[k8s], [jupyter], [dali]) that is not installed
         from hpctrain.extras import missing_extra

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.safetext import for_terminal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     backend = backend_for(args)
     stopped = backend.services().stop(args.job)
     if stopped is not None:  # a dev session or cluster TensorBoard that is no job of the scheduler
-        print(stopped)
+        print(for_terminal(stopped))
         return 0
     from hpctrain.cli.views import progress_to_stderr, tell
 

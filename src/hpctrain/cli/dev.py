@@ -144,6 +144,7 @@ def _start(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from hpctrain.cli.tables import plain_table
+    from hpctrain.safetext import for_terminal
     from hpctrain.servers.sessions import recorded
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
@@ -175,7 +176,7 @@ def _list(args: argparse.Namespace) -> int:
             warnings.append(f"note: {s.name} has ended ({s.state}); `{_stop_command(s)}` forgets it")
     plain_table(rows)
     for w in warnings:
-        print(w, file=sys.stderr if w.startswith("warning") else sys.stdout)
+        print(for_terminal(w), file=sys.stderr if w.startswith("warning") else sys.stdout)
     return 0
 
 

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from hpctrain import images
     from hpctrain.errors import UserError
     from hpctrain.fsutil import format_bytes
+    from hpctrain.safetext import for_terminal
 
     if args.action == "list":
         found = images.list_images(args.directory)
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         for img in found:
             state = img.fmt or "NOT A VALID IMAGE (remove it and pull again)"
             when = f"{img.modified:%Y-%m-%d %H:%M}" if img.modified else "(no valid date)"
-            print(f"{img.path.name:40s}  {format_bytes(img.size):>10s}  {when:16s}  {state}")
+            print(f"{for_terminal(img.path.name):40s}  {format_bytes(img.size):>10s}  {when:16s}  {state}")
         return 0
     images.refuse_in_allocation(args.force)
     if args.action == "build":

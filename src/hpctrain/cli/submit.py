@@ -22,6 +22,7 @@ from typing import Any
 from hpctrain.cli.job_options import Submission, add_job_arguments, submission_from_args
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.errors import UserError, redact
+from hpctrain.safetext import for_terminal
 from hpctrain.jobs.spec import JobSpec, missing_prerequisites
 from hpctrain.schedulers import base
 
@@ -72,7 +73,7 @@ def job_warnings(job: JobSpec, recipe: Any = None) -> list[str]:
 
 def report_problems(command: str, problems: list[str]) -> None:
     for line in problems:
-        print(f"hpctrain {command}: {redact(line)}", file=sys.stderr)
+        print(f"hpctrain {command}: {for_terminal(redact(line))}", file=sys.stderr)
 
 
 def report_warnings(command: str, job: JobSpec, recipe: Any = None) -> None:
@@ -157,7 +158,8 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
             return 1
         seen = next((r.exit_code for r in status.replicas if r.exit_code), seen)
         if (status.shown_state, status.restarts) != last:
-            print(f"hpctrain {command}: job {job_id} {sched.progress(status)}", file=sys.stderr, flush=True)
+            said = for_terminal(f"job {job_id} {sched.progress(status)}")
+            print(f"hpctrain {command}: {said}", file=sys.stderr, flush=True)
             last = (status.shown_state, status.restarts)
         if status.finished:
             break

@@ -3,24 +3,22 @@
 A rich Table costs about 0.7 ms a row to build and lay out: 7 s for a 10,000-node cluster. `print_table` lets rich
 lay out a table of up to RICH_ROWS rows and prints a longer one as plain text, never building a rich Table: the
 same header and cells, columns padded with spaces, one line a row, linear in the cells. Cells are text, never read
-as markup (rich_table makes each a Text); control characters (a name holding an escape sequence) are shown as `?`,
-as rich strips them from its Text.
+as markup (rich_table makes each a Text), and both layouts pass each cell through the output boundary
+(hpctrain.safetext.for_terminal): a name holding an escape sequence, a bidi override or a line separator shows it
+escaped (`\x1b`, `\u202e`), on the rich path as on the plain one (rich's Text keeps ESC and C1 controls as they are).
+The plain layout checks a column at a time, so a table of printable text costs one scan a column.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from hpctrain.safetext import for_terminal
+
 RICH_ROWS = 200  # up to this many rows a rich table (a screenful or two); more: plain_table
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def clean(cell: str) -> str:
-    return cell if cell.isprintable() else _CONTROL_RE.sub("?", cell)
 
 
 def plain_table(rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
@@ -37,8 +35,8 @@ def plain_columns(header: Sequence[str], body: Sequence[Sequence[str]], out: Tex
         data = list(zip(*body)) if body else [()] * len(header)
     columns = [[head, *column] for head, column in zip(header, data)]
     for i, column in enumerate(columns):
-        if not "".join(column).isprintable():  # rare: clean the cells of this column only
-            columns[i] = list(map(clean, column))
+        if not "".join(column).isprintable():  # rare: make the cells of this column only safe
+            columns[i] = list(map(for_terminal, column))
     widths = [max(map(len, column)) for column in columns]
     # Each cell padded to its column's width but the last; a line loses the spaces an empty last cell leaves.
     line = "  ".join([f"%-{width}s" for width in widths[:-1]] + ["%s"])
@@ -47,15 +45,15 @@ def plain_columns(header: Sequence[str], body: Sequence[Sequence[str]], out: Tex
 
 
 def rich_table(columns: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None) -> Any:
-    """A rich Table of these text cells (folded, not cut, when the terminal is narrow)."""
+    """A rich Table of these text cells (folded, not cut, when the terminal is narrow), each made safe."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title and for_terminal(title), title_justify="left")
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(Text(for_terminal(cell)) for cell in row))
     return table
 
 
@@ -65,7 +63,7 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]], console: 
         console.print(rich_table(columns, rows, title))
         return
     if title:
-        console.file.write(title + "\n")
+        console.file.write(for_terminal(title) + "\n")
     plain_columns(columns, rows, out=console.file)
 
 

@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from hpctrain.servers import top
     from hpctrain.errors import UserError
     from hpctrain.health import read_progress
+    from hpctrain.safetext import for_terminal
 
     if args.interval <= 0 or (args.count is not None and args.count < 1):
         raise UserError("--interval must be above 0 and --count at least 1")
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         except top.JobNotRunning as ended:
             if not shown:
                 raise
-            print(f"{ended}; top ends", flush=True)  # --watch outlived the job: that is its normal end
+            print(f"{for_terminal(str(ended))}; top ends", flush=True)  # --watch outlived the job: that is its normal end
             return 0
         run_dir = run_dir or sample.run_dir
         ranks = read_progress(run_dir) if run_dir is not None else top.ranks_of(sample.nodes)
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             print("\033[H\033[J", end="")
         if args.watch:
             print(f"{sample.label} at {time.strftime('%H:%M:%S')}")
-        print("\n".join(lines), flush=True)
+        print("\n".join(map(for_terminal, lines)), flush=True)  # node and GPU names are the nodes' words
         shown += 1
         if not args.watch or (args.count is not None and shown >= args.count):
             return 0

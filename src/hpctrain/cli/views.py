@@ -5,6 +5,12 @@ lines, and an Outcome (`cancel`, `debug preempt`) as its lines and exit status. 
 A View's tables go through hpctrain.cli.tables: rich lays out up to RICH_ROWS rows, a longer table is printed as
 plain aligned text (rich costs about 0.7 ms a row), and a plain View (kubectl's look) always is. Its --json is
 json_text: indented, or one compact record a line for a long list. Cells and lines are text, never markup.
+
+This is the output boundary for what a scheduler says: every cell, line and progress message passes through
+hpctrain.safetext.for_terminal here (tables in hpctrain.cli.tables), so a job, node or host name, a label, a reason
+or a termination message holding an escape sequence, a bidi override or a line separator shows it escaped. --json
+is left as it is (json.dumps escapes every control character, and a program reads it). A job's own log (`hpctrain
+logs`) is the user's program's output and is printed raw.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hpctrain.cli.tables import RICH_ROWS, json_text, plain_columns, print_table
+from hpctrain.safetext import for_terminal
 from hpctrain.schedulers.base import Outcome, Table, View
 
 if TYPE_CHECKING:
@@ -40,12 +47,12 @@ def show(view: View, as_json: bool) -> None:
             if isinstance(part, Table):
                 plain_columns(part.columns, part.rows)
             else:
-                print(part)
+                print(for_terminal(part))
         return
     if all(isinstance(part, Table) and len(part.rows) > RICH_ROWS for part in parts):
         for part in parts:  # only long tables (`status --all-users`): plain text as print_table's, rich not imported
             if part.title:
-                sys.stdout.write(part.title + "\n")
+                sys.stdout.write(for_terminal(part.title) + "\n")
             plain_columns(part.columns, part.rows)
         return
     from rich.text import Text
@@ -55,13 +62,13 @@ def show(view: View, as_json: bool) -> None:
         if isinstance(part, Table):
             print_table(part.columns, part.rows, out, title=part.title)
         else:
-            out.print(Text(part), soft_wrap=True)
+            out.print(Text(for_terminal(part)), soft_wrap=True)
 
 
 def tell(outcome: Outcome) -> int:
     """Print what became of the action; its exit status."""
     for line in outcome.lines:
-        print(line)
+        print(for_terminal(line))
     return outcome.exit_code
 
 
@@ -69,11 +76,11 @@ def progress_to_stderr(command: str) -> Callable[[str], None]:
     """A `say` for a backend's progress lines: `hpctrain COMMAND: ...` on stderr, at once."""
 
     def say(text: str) -> None:
-        print(f"hpctrain {command}: {text}", file=sys.stderr, flush=True)
+        print(f"hpctrain {command}: {for_terminal(text)}", file=sys.stderr, flush=True)
 
     return say
 
 
 def progress_to_stdout(text: str) -> None:
     """A `say` whose lines are part of the command's output (`debug preempt`: the warning sent, each new state)."""
-    print(text, flush=True)
+    print(for_terminal(text), flush=True)
