@@ -225,8 +225,8 @@ def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
         assert word in out, out
 
 
-def test_kubernetes_tables_show_a_control_character_as_a_question_mark(capsys) -> None:
-    """A pod's reason or node name from the server holding an escape sequence reaches the terminal as `?`, as in
+def test_kubernetes_tables_show_a_control_character_escaped(capsys) -> None:
+    """A pod's reason or node name from the server holding an escape sequence reaches the terminal escaped, as in
     Slurm's tables: both backends' tables go through one printer (hpctrain.cli.tables.plain_table) since the CLI
     prints them; Kubernetes' own column printer wrote the escape sequence as it was."""
     from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, ReplicaStatus
@@ -241,4 +241,164 @@ def test_kubernetes_tables_show_a_control_character_as_a_question_mark(capsys) -
     show(cluster_view(ClusterView(nodes=(NodeView("n\x1b[31m1", 4, 0, 2**30, 0),))), as_json=False)
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out, repr(out)
-    assert "n1?]0;x?" in out and "Back?[2JOff" in out and "n?[31m1" in out, out
+    assert "n1\\x1b]0;x\\x07" in out and "Back\\x1b[2JOff" in out and "n\\x1b[31m1" in out, out
+
+
+# The output boundary (hpctrain.safetext.for_terminal): what a terminal would obey, or what hides or reorders text,
+# in a name from outside, and how it must show instead.
+TERMINAL_ATTACKS = {
+    "osc\x1b]52;c;cm0gLXJmIH4=\x07end": "osc\\x1b]52;c;cm0gLXJmIH4=\\x07end",  # OSC 52: writes the clipboard
+    "sgr\x1b[31mred": "sgr\\x1b[31mred",  # SGR: recolours what follows
+    "c1\x9b2Jcsi": "c1\\x9b2Jcsi",  # C1 CSI: clears the screen in one character
+    "bidi\u202eevil": "bidi\\u202eevil",  # RIGHT-TO-LEFT OVERRIDE: the rest shows backwards
+    "zero\u200bwidth": "zero\\u200bwidth",  # looks like "zerowidth"
+}
+SEPARATORS = {  # each ends a line for some reader: the terminal, Python's splitlines, a log viewer
+    "ls\u2028sep": "ls\\u2028sep",
+    "ps\u2029sep": "ps\\u2029sep",
+    "nel\x85x": "nel\\x85x",
+}
+RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\u200b", "\u2028", "\u2029", "\x85")
+
+
+def _shows_escaped(text: str, names: dict[str, str]) -> None:
+    for raw in RAW:
+        assert raw not in text, (raw, text)
+    for shown in names.values():
+        assert shown in text, (shown, text)
+
+
+def _status_shows_escaped(slurm_cluster, tmp_path: Path, names: dict[str, str]) -> None:
+    jobs = [
+        slurm_cluster.sbatch("-J", name, "--hold", "-o", "/dev/null", "--wrap", "true", cwd=tmp_path) for name in names
+    ]
+    try:
+        for listing in (hpctrain("status"), hpctrain("status", "--all-users")):
+            assert listing.returncode == 0 and "Traceback" not in listing.stderr, listing
+            _shows_escaped(listing.stdout, names)
+        for job, (name, shown) in zip(jobs, names.items()):
+            one = hpctrain("status", job)
+            assert one.returncode == 0 and "Traceback" not in one.stderr, one
+            _shows_escaped(one.stdout, {name: shown})
+            assert "PENDING" in one.stdout, one.stdout
+    finally:
+        for job in jobs:
+            slurm_cluster.cancel_quietly(job)
+
+
+@pytest.mark.slurm
+def test_status_shows_escape_sequences_and_bidi_controls_in_job_names_escaped(slurm_cluster, tmp_path: Path) -> None:
+    """Real jobs on the local cluster, named to attack whoever lists them: `status`, `status --all-users` and
+    `status JOB` (rich tables, then the detail lines) show each name's escapes, never the raw characters (rich's Text
+    keeps ESC and C1 controls as they are)."""
+    _status_shows_escaped(slurm_cluster, tmp_path, TERMINAL_ATTACKS)
+
+
+@pytest.mark.slurm
+def test_status_shows_line_separators_in_job_names_escaped(slurm_cluster, tmp_path: Path) -> None:
+    """A line or paragraph separator (U+2028, U+2029) or NEL in a job name: the job shows as one row under its own
+    name, escaped (this needs the Slurm output read as structure a name cannot split, issue 39 item 2)."""
+    _status_shows_escaped(slurm_cluster, tmp_path, SEPARATORS)
+
+
+@pytest.mark.slurm
+def test_an_error_naming_what_the_user_gave_shows_it_escaped(slurm_cluster) -> None:
+    """The CLI's one error line is at the boundary too: a partition asked for by a name holding an escape sequence."""
+    name = next(iter(TERMINAL_ATTACKS))
+    proc = hpctrain("cluster", "--partition", name)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    _shows_escaped(proc.stderr, {name: TERMINAL_ATTACKS[name]})
+
+
+def _node(name: str) -> NodeInfo:
+    return NodeInfo(
+        name=name,
+        state="idle",
+        partitions=(f"p{name}",),
+        cpus_total=4,
+        cpus_alloc=0,
+        mem_mb_total=1024,
+        mem_mb_alloc=0,
+        gpu_type=f"t{name}",
+        gpus_total=1,
+        gpus_used=0,
+        shards_total=0,
+        shards_used=None,
+        shards_per_gpu=None,
+    )
+
+
+@pytest.mark.parametrize("filler", [0, 300], ids=["rich", "plain"])
+def test_cluster_shows_hostile_node_partition_and_gpu_names_escaped(capsys, filler: int) -> None:
+    """`cluster` on a short table (rich lays it out) and on one of more than RICH_ROWS rows (plain text): node,
+    partition and GPU type names show escaped in both."""
+    names = {**TERMINAL_ATTACKS, **SEPARATORS}
+    hostile = [*names, *(f"node{i:04d}" for i in range(filler))]
+    nodes = tuple(_node(name) for name in hostile)
+    parts = tuple(
+        PartitionInfo(name=f"p{name}", state="up", default=False, max_time_s=None, nodes=(name,)) for name in hostile
+    )
+    show(cluster_view(ClusterInfo(partitions=parts, nodes=nodes)), as_json=False)
+    out = capsys.readouterr().out
+    _shows_escaped(out, {**names, **{f"p{k}": f"p{v}" for k, v in names.items()}})
+    assert all(f"t{shown}" in out for shown in names.values()), out  # the GPU type in the GPUs cell
+
+
+def test_kubernetes_views_show_what_the_server_said_escaped(capsys) -> None:
+    """Pod and node names, a replica type, reasons, a condition's message, scheduler events, termination messages,
+    job names and quota lines from the API server: each shown escaped in `status`, `status JOB` and `cluster`."""
+    from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.display import cluster_view, job_view, jobs_view
+
+    names = {**TERMINAL_ATTACKS, **SEPARATORS}
+    words = list(names)
+    status = JobStatus(
+        job_id="job-1",
+        state="FAILED",
+        exit_code=1,
+        message=f"condition: {words[0]}",
+        pending_reasons=tuple(f"event: {w}" for w in words),
+        replicas=tuple(
+            ReplicaStatus(
+                name=f"{w}-0", phase="Failed", node=f"node-{w}", exit_code=1, reason=f"r-{w}", message=f"said {w}"
+            )
+            for w in words
+        ),
+    )
+    show(job_view(status), as_json=False)
+    show(jobs_view([JobSummary(job_id=f"j-{w}", state="RUNNING", created=w, replicas=2) for w in words], "ns"), False)
+    nodes = ClusterView(nodes=tuple(NodeView(f"n-{w}", 4, 0, 2**30, 0) for w in words), quota=tuple(words))
+    show(cluster_view(nodes), as_json=False)
+    out = capsys.readouterr().out
+    escaped = list(names.values())
+    for prefix in ("condition: ", "event: ", "node-", "r-", "j-", "n-", "quota: "):
+        assert all(f"{prefix}{e}" in out for e in (escaped[:1] if prefix == "condition: " else escaped)), prefix
+    assert all(f"{e}-0" in out for e in escaped), out  # the replica's name: its type, from the job's spec
+    # termination messages: cut at their first line (splitlines cuts at U+2028, U+2029 and NEL too)
+    assert all(f"said {e}" in out for e in escaped[: len(TERMINAL_ATTACKS)]), out
+    _shows_escaped(out, {})
+
+
+def test_cancel_and_progress_lines_show_a_servers_words_escaped(capsys) -> None:
+    """An Outcome's lines (`cancel`) and a backend's progress lines on stderr are at the boundary too."""
+    from hpctrain.cli.views import progress_to_stderr, progress_to_stdout, tell
+    from hpctrain.schedulers.base import Outcome
+
+    names = {**TERMINAL_ATTACKS, **SEPARATORS}
+    assert tell(Outcome(tuple(f"job {w}: deleted" for w in names), 1)) == 1
+    for w in names:
+        progress_to_stderr("cancel")(f"{w} still stopping")
+        progress_to_stdout(f"state {w}")
+    said = capsys.readouterr()
+    _shows_escaped(said.out, names)
+    _shows_escaped(said.err, names)
+
+
+def test_image_list_shows_a_hostile_file_name_escaped(tmp_path: Path) -> None:
+    """`image list` of a shared folder: a file named to attack shows escaped (a real folder, the real command)."""
+    name = "osc\x1b]52;c;cm0gLXJmIH4=\x07\u202e.sif"
+    (tmp_path / name).write_bytes(b"x")
+    proc = hpctrain("image", "list", str(tmp_path))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc
+    assert "osc\\x1b]52;c;cm0gLXJmIH4=\\x07\\u202e.sif" in proc.stdout and "\x1b" not in proc.stdout, proc.stdout
