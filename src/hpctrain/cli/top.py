@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         except top.JobNotRunning as ended:
             if not shown:
                 raise
-            print(f"{for_terminal(str(ended))}; top ends", flush=True)  # --watch outlived the job: that is its normal end
+            # --watch outlived the job: that is its normal end
+            print(f"{for_terminal(str(ended))}; top ends", flush=True)
             return 0
         run_dir = run_dir or sample.run_dir
         ranks = read_progress(run_dir) if run_dir is not None else top.ranks_of(sample.nodes)
