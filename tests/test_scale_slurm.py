@@ -213,15 +213,16 @@ def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
 )
 def test_the_plain_printer_lays_out_as_before(rows: list[tuple[str, ...]]) -> None:
     """plain_columns prints what the one-format-a-row printer it replaced printed: cells padded to the column, two
-    spaces between, each line's trailing spaces dropped, control characters as `?`; from rows or ColumnCells."""
+    spaces between, each line's trailing spaces dropped, control characters escaped; from rows or ColumnCells."""
     import io
 
-    from hpctrain.cli.tables import clean, plain_columns
+    from hpctrain.cli.tables import plain_columns
+    from hpctrain.safetext import for_terminal
     from hpctrain.schedulers.base import ColumnCells
 
     header = ("h1", "h2", "h3")
     table = [header, *rows]
-    cells = [[clean(c) for c in column] for column in zip(*table)]
+    cells = [[for_terminal(c) for c in column] for column in zip(*table)]
     widths = [max(map(len, column)) for column in cells]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     before = "\n".join(line.format(*row).rstrip() for row in zip(*cells)) + "\n"
@@ -235,7 +236,7 @@ def test_long_tables_are_printed_plain_one_line_a_row(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Rich lays a table out at about 0.7 ms a row (7 s for 10,000 nodes): above RICH_ROWS rows the same header
-    and cells are printed as plain aligned text. Names stay text: markup is not read, control characters are `?`."""
+    and cells are printed as plain aligned text. Names stay text: markup is not read, control characters escaped."""
 
     def no_rich_layout(*args, **kwargs):
         raise AssertionError("a rich table was laid out")
@@ -256,7 +257,7 @@ def test_long_tables_are_printed_plain_one_line_a_row(
         "elapsed",
         "restarts",
     ]
-    assert lines[1].split()[:2] == [jobs[0].job_id, "[bold]x[/bold]?[2J"]
+    assert lines[1].split()[:2] == [jobs[0].job_id, "[bold]x[/bold]\\x1b[2J"]
     info = query.ClusterInfo(
         partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
         nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))),

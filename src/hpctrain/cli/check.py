@@ -22,6 +22,7 @@ from hpctrain.compat import installed_numpy_mismatch
 from hpctrain.errors import UserError
 from hpctrain.health.preflight import CHECK_ID_ENV, PREFLIGHT_FILE, read_verdict
 from hpctrain.readback import BadRunFile
+from hpctrain.safetext import for_terminal
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import NOTE_PREFIX, blocking
 from hpctrain.schedulers import backend_info
@@ -106,5 +107,6 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
             flush=True,
         )
         return 2
-    print("\n".join(verdict.lines()) + f"\npreflight: the figures are in {record}", flush=True)
+    # the verdict names the nodes the job got, as they call themselves
+    print("\n".join(map(for_terminal, verdict.lines())) + f"\npreflight: the figures are in {record}", flush=True)
     return 2 if verdict.bad or status != 0 else 0

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         if args.watch and sys.stdout.isatty():
             print("\033[H\033[J", end="")
         if args.watch:
-            print(f"{sample.label} at {time.strftime('%H:%M:%S')}")
+            print(f"{for_terminal(sample.label)} at {time.strftime('%H:%M:%S')}")
         print("\n".join(map(for_terminal, lines)), flush=True)  # node and GPU names are the nodes' words
         shown += 1
         if not args.watch or (args.count is not None and shown >= args.count):
