@@ -135,10 +135,12 @@ def _start(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(services.dev_render(cfg, placement), end="")
         return 0
+    from hpctrain.safetext import for_terminal
     from hpctrain.servers.sessions import starting
 
     with starting(cfg.name):  # one `dev start NAME` at a time: a second one is refused before it submits anything
-        print("\n".join(services.dev_start(cfg, placement, args.wait, args.local_port)))
+        said = "\n".join(services.dev_start(cfg, placement, args.wait, args.local_port))
+        print(for_terminal(said, newlines=True))  # the node's name and endpoint are what the job wrote
     return 0
 
 
