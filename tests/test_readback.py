@@ -90,6 +90,8 @@ ODD_VALUES: list[Any] = [
     "x" * 5000,
     "\x1b[31mred",
     "a\nb",
+    "\ud800",  # a lone surrogate: JSON's escapes spell it, nothing can encode it (the hang report's thread died of it)
+    "node\udcff1",
     math.nan,
     math.inf,
     -math.inf,
@@ -206,6 +208,10 @@ def test_json_is_parsed_strictly_and_without_recursion() -> None:
     for text in ["NaN", '{"a": Infinity}', "[" * 100_000 + "]" * 100_000, '{"a": 1', '"\\ud800"x']:
         with pytest.raises(BadRunFile):
             parse_json(text, "x")
+    for text in ['"\\ud800"', '{"\\udc00": 1}', '[["a\\uDFFFb"]]', '"\ud800"']:  # lone surrogates, as escapes or raw
+        with pytest.raises(BadRunFile, match="lone surrogate"):
+            parse_json(text, "x")
+    assert parse_json('["\\ud83d\\ude00", "\\\\ud800"]', "x") == ["\U0001f600", "\\ud800"]  # a pair is text
     assert parse_json(json.dumps({"s": "[{" * 50}), "x") == {"s": "[{" * 50}  # brackets in a string do not nest
 
 
@@ -249,8 +255,10 @@ def usable(records: list[RankProgress], what: str) -> None:
         for value in (r.step_s, r.data_s, r.compute_s, r.images_per_s):
             assert value is None or (not isinstance(value, bool) and math.isfinite(value) and value >= 0), what
     find_stragglers(records, now=1_000_001.0)
-    hang_report(records, 2, 30.0, 10.0, Path("run"), 1_000_001.0)
-    rank_lines(records, 1_000_001.0)
+    report = hang_report(records, 2, 30.0, 10.0, Path("run"), 1_000_001.0)
+    lines = rank_lines(records, 1_000_001.0)
+    # what they give is written to files, terminals and logs: it must encode (strictly, as a file write does)
+    "\n".join([report.text(), report.summary(), *lines, *(r.where() for r in records)]).encode()
 
 
 def test_a_damaged_preflight_record_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -425,3 +433,52 @@ def test_the_watchdog_outlives_a_task_that_fails_and_still_reports_a_hang(capsys
         dog.stop()
     lines = [line for line in capsys.readouterr().err.splitlines() if "ValueError" in line]
     assert len(lines) == 1 and "the watch goes on" in lines[0]  # said once, not at every poll
+
+
+# ---- the consumers of the records: the hang report's thread, `debug stacks`
+
+
+def test_a_record_of_any_shape_neither_silences_the_hang_report_nor_breaks_debug_stacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1's record, mutated: rank 0's hang work (`RankWatch._hang_files`, the thread the watchdog starts) still
+    writes the report, naming rank 1 when its record is unusable, and `hpctrain debug stacks` answers in lines.
+    Before, a lone surrogate in a record passed the reader and ended the report's thread (the run exited 142 with no
+    report, the culprit unnamed), and `debug stacks` ended in a UnicodeEncodeError traceback."""
+    from types import SimpleNamespace
+
+    from hpctrain.cli import main
+    from hpctrain.training.watch import RankWatch
+
+    monkeypatch.setattr("time.sleep", lambda seconds: None)  # the report's grace, and debug stacks' poll
+    monkeypatch.setenv("HPCTRAIN_TERMINATION_LOG", str(tmp_path / "said"))
+    rng = random.Random(SEED)
+    cases = [*mutations(VALID_PROGRESS, rng)]
+    assert any("\\ud800" in data.decode(errors="replace") for _, data in cases)
+    for n, (what, data) in enumerate(cases):
+        run = tmp_path / f"run{n}"
+        progress_path(run, 1).parent.mkdir(parents=True)
+        progress_path(run, 1).write_bytes(data)
+        watch = object.__new__(RankWatch)
+        watch.run = SimpleNamespace(
+            run_dir=run,
+            device=SimpleNamespace(type="cpu"),
+            is_main=True,
+            env=SimpleNamespace(rank=0, world_size=2, is_distributed=True),
+        )
+        watch.host, watch._warned = "node0", set()
+        watch.progress = ProgressRecorder(run, 0, 2, "node0", 50)
+        with deadline():
+            watch._hang_files(30.0, 20.0, "the stop vote after step 8", 17, None, "(stacks)\n")
+        err = capsys.readouterr().err
+        assert "could not write the hang report" not in err, (what, err)
+        report = (run / "hang" / "report.txt").read_text()
+        assert (run / "stop_reason").read_text() == "hung\n", what
+        if f"skipped a progress record: {progress_path(run, 1)}" in err:
+            assert "culprit: rank 1 never arrived" in report, (what, report)
+        if n % 5 == 0:  # debug stacks reads the same records (every fifth case: each costs a CLI run)
+            with deadline():
+                code = main(["debug", "stacks", "1", "--run-dir", str(run), "--wait", "0.01", "--scheduler", "slurm"])
+            out, err = capsys.readouterr()
+            assert code == 1 and "Traceback" not in err, (what, err)
+            assert out.startswith("no answer within 0.01 s from: rank 0 on node0") and "\n" == out[-1], (what, out)
