@@ -20,9 +20,9 @@ or encoder can take), or of the wrong shape. A missing file raises FileNotFoundE
 "not written yet".
 
 Records are dataclasses: `parse_record` checks each field against its annotation (int, float, str, bool, `X | None`,
-list[...], dict[str, ...]; bool is not an int, floats must be finite, strings are text without control characters) and the
-bounds in its metadata (`bounds(lo, hi)`), then calls the class's `check()` (if it has one) for relations between
-fields. Unknown keys are ignored (a newer hpctrain may add fields); a missing field takes its default.
+list[...], dict[str, ...]; bool is not an int, floats must be finite, strings are text without control characters)
+and the bounds in its metadata (`bounds(lo, hi)`), then calls the class's `check()` (if it has one) for relations
+between fields. Unknown keys are ignored (a newer hpctrain may add fields); a missing field takes its default.
 """
 
 from __future__ import annotations
