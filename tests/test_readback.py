@@ -482,3 +482,115 @@ def test_a_record_of_any_shape_neither_silences_the_hang_report_nor_breaks_debug
             out, err = capsys.readouterr()
             assert code == 1 and "Traceback" not in err, (what, err)
             assert out.startswith("no answer within 0.01 s from: rank 0 on node0") and "\n" == out[-1], (what, out)
+
+
+# ---- a checkpoint's optimizer and scheduler state: the optimizer load
+
+
+def _optimization_state(recipe_name: str) -> tuple[Any, Any, Any]:
+    """(cfg, recipe, a checkpoint's state) as `hpctrain train` writes it after a step: the recipe's real model,
+    optimizer (momentum buffers made) and scheduler, on the CPU."""
+    import torch
+
+    from hpctrain.config import TrainConfig
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.setup import resolve_config
+
+    cfg = TrainConfig(workload="mnist", recipe=recipe_name, dataset="fashion-mnist", threads=1, epochs=2)
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+    cfg = resolve_config(cfg, recipe)
+    torch.manual_seed(0)
+    model = recipe.build_model()
+    optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, 4)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    optimization.optimizer.step()
+    optimization.scheduler.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimization.optimizer.state_dict(),
+        "scheduler": optimization.scheduler.state_dict(),
+    }
+    return cfg, recipe, state
+
+
+def _odd_state_values(rng: random.Random, like: Any) -> list[Any]:
+    """What a leaf of an optimizer's or scheduler's state may be replaced with: ODD_VALUES, and tensors of the wrong
+    shape, dtype or layout (an expanded view of one element, a sparse one), non-finite scalars."""
+    import torch
+
+    values: list[Any] = [*ODD_VALUES, torch.zeros(3), torch.tensor(math.nan), torch.tensor(1.0), torch.tensor(2)]
+    values += [torch.tensor(1j), torch.tensor(True), torch.zeros(0), torch.zeros(2, 2).to_sparse()]
+    if isinstance(like, torch.Tensor) and like.dim() > 0:
+        values += [
+            torch.zeros(1).expand(*like.shape),
+            like.double(),
+            like.flatten(),
+            like.transpose(0, -1).contiguous().transpose(0, -1),  # the same shape, strides permuted: dense
+            torch.zeros(1).expand(10**6, 10**6),
+        ]
+    return rng.sample(values, 6)
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list) and value:
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    else:
+        yield path
+
+
+@pytest.mark.parametrize("recipe_name", ["fast", "classic"])
+def test_an_optimizer_or_scheduler_state_of_any_shape_is_refused_in_one_line_or_steps(recipe_name: str) -> None:
+    """Each leaf of a real checkpoint's optimizer and scheduler state (or the whole of one, or the model's weights)
+    replaced by a seeded choice of odd values: `check_fits` refuses it in one line naming the checkpoint, or the
+    state loads into this run's own model, optimizer and scheduler and they step. Before, a momentum buffer of the
+    wrong shape, an expanded view, `lr: 'fast'` or a scheduler's string counter passed, to fail mid-run (SIGSEGV
+    in the optimizer's kernels, or a traceback)."""
+    import copy
+
+    import torch
+
+    from hpctrain.errors import UserError
+    from hpctrain.training.resume import check_fits
+
+    rng = random.Random(SEED)
+    cfg, recipe, state = _optimization_state(recipe_name)
+    check_fits(cfg, recipe, state["model"], Path("ck.pt"), optimization=state)  # the sound state passes
+    paths = [("optimizer", *p) for p in _leaves(state["optimizer"])] + [
+        ("scheduler", *p) for p in _leaves(state["scheduler"])
+    ]
+    paths = rng.sample(paths, min(len(paths), 24)) + [("model",), ("optimizer",), ("scheduler",)]
+    refused = accepted = 0
+    for path in paths:
+        where = state
+        for key in path:
+            where = where[key]
+        for value in _odd_state_values(rng, where)[:4]:
+            crafted = copy.deepcopy(state)
+            holder = crafted
+            for key in path[:-1]:
+                holder = holder[key]
+            holder[path[-1]] = value
+            what = f"{'.'.join(map(str, path))} = {value!r:.60}"
+            try:
+                check_fits(cfg, recipe, crafted["model"], Path("ck.pt"), optimization=crafted)
+            except UserError as err:
+                assert str(err).startswith("ck.pt") and "\n" not in str(err), (what, str(err))
+                refused += 1
+                continue
+            accepted += 1
+            torch.manual_seed(0)
+            model = recipe.build_model()
+            optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, 4)
+            model.load_state_dict(crafted["model"])
+            optimization.optimizer.load_state_dict(crafted["optimizer"])
+            optimization.scheduler.load_state_dict(crafted["scheduler"])
+            for parameter in model.parameters():
+                parameter.grad = torch.randn_like(parameter)
+            optimization.optimizer.step()
+            optimization.scheduler.step()
+    assert refused > 50 and accepted > 0, (refused, accepted)
