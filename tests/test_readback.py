@@ -304,12 +304,7 @@ def test_metrics_lines_that_are_not_records_are_skipped_and_a_bad_file_refused(t
         (run / METRICS_FILE).write_bytes(good.encode() + b"\n" + data.replace(b"\n", b" ") + b"\n" + good.encode())
         bad: list[BadRunFile] = []
         with deadline():
-            try:
-                records = read_metrics(run, bad.append)
-            except BadRunFile as err:  # the whole file: not UTF-8
-                assert what == "invalid UTF-8" or what == "random bytes", what
-                one_line_naming(err, run / METRICS_FILE)
-                continue
+            records = read_metrics(run, bad.append)  # a line that is not UTF-8 is one bad line, not a bad file
         assert records[0] == VALID_METRICS  # the last line, without its newline, is a cut-short append: left out
         assert len(records) + len(bad) == 2, what
         for record in records:
@@ -322,6 +317,25 @@ def test_metrics_lines_that_are_not_records_are_skipped_and_a_bad_file_refused(t
         with deadline(), pytest.raises(BadRunFile) as caught:
             read_metrics(run)
         one_line_naming(caught.value, run / METRICS_FILE)
+
+
+def test_a_metrics_line_that_is_not_utf8_never_blocks_a_resume(tmp_path: Path) -> None:
+    """A resumed run drops the records a killed attempt wrote after its checkpoint (`MetricsLog`); a line that is
+    not UTF-8 is kept as it is, byte for byte, and the rest read. Before, one such line made the whole file
+    unreadable and every --resume of the run stopped there."""
+    from hpctrain.training.metrics import MetricsLog
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({**VALID_METRICS, "step": step}).encode() for step in (50, 100, 150)]
+    stray = b'{"epoch": 2, "note": "\xff\xfe"}'
+    (run / METRICS_FILE).write_bytes(lines[0] + b"\n" + stray + b"\n" + lines[1] + b"\n" + lines[2] + b"\n" + b'{"ep')
+    MetricsLog(run, resumed_step=100).close()
+    assert (run / METRICS_FILE).read_bytes() == lines[0] + b"\n" + stray + b"\n" + lines[1] + b"\n"
+    bad: list[BadRunFile] = []
+    assert [r["step"] for r in read_metrics(run, bad.append)] == [50, 100]
+    [err] = bad
+    assert str(err) == f"{run / METRICS_FILE}, line 2: not UTF-8 text (byte 22)"
 
 
 def test_status_says_in_one_line_that_a_hang_report_or_stop_reason_is_unreadable(tmp_path: Path) -> None:

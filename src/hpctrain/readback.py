@@ -6,8 +6,9 @@ system: every file hpctrain reads back from it is untrusted input. All such read
     read_bytes(path, limit, within=RUN_DIR)   the bytes of a regular file, at most `limit` of them
     read_text(path, limit, within=RUN_DIR)    ... decoded as strict UTF-8
     read_json(path, limit, within=RUN_DIR)    ... parsed as JSON (no NaN or Infinity, nesting at most MAX_DEPTH)
-    read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl); an unfinished last line dropped
-    parse_json(text, source), parse_json_lines(text, source)   the same for text that came another way
+    read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl), each line decoded on its own;
+                                              an unfinished last line dropped
+    parse_json(text, source), parse_json_lines(data, source)   the same for text (or bytes) that came another way
     parse_record(cls, value, what)            a JSON object -> the dataclass `cls`, every field's type checked
     check_value(value, annotation)            why a value does not fit a type annotation (None if it does)
 
@@ -84,26 +85,42 @@ def read_json(path: str | os.PathLike, limit: int, within: str | os.PathLike | N
 def read_json_lines(
     path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None, allow_nan: bool = False
 ) -> list[tuple[int, Any | BadRunFile]]:
-    """`read_text`, parsed by `parse_json_lines`."""
-    return parse_json_lines(read_text(path, limit, within), path, allow_nan)
+    """`read_bytes`, parsed by `parse_json_lines` line by line: a line that is not UTF-8 is one bad line, not a
+    bad file (an appender killed mid-character, a stray byte must not make every other line unreadable)."""
+    return parse_json_lines(read_bytes(path, limit, within), path, allow_nan)
 
 
 def parse_json_lines(
-    text: str, source: str | os.PathLike, allow_nan: bool = False
+    data: str | bytes, source: str | os.PathLike, allow_nan: bool = False
 ) -> list[tuple[int, Any | BadRunFile]]:
-    """(line number, value) for each non-blank line of JSON-lines `text`; a line that is not JSON gives its
-    BadRunFile as the value (the caller skips or keeps it). A last line without its newline is an append cut short
-    (a killed writer) and left out. `allow_nan`: NaN and Infinity are numbers (Python's json writes them)."""
-    lines = text.split("\n")
-    lines.pop()  # "" after a final newline, else the unfinished last line
+    """(line number, value) for each non-blank line of JSON-lines `data`; a line that is not JSON (or, given bytes,
+    not UTF-8) gives its BadRunFile as the value (the caller skips or keeps it). A last line without its newline is
+    an append cut short (a killed writer) and left out. `allow_nan`: NaN and Infinity are numbers (Python's json
+    writes them)."""
+    lines = split_lines(data)
     found: list[tuple[int, Any | BadRunFile]] = []
     for number, line in enumerate(lines, 1):
+        where = f"{os.fspath(source)}, line {number}"
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                found.append((number, BadRunFile(where, f"not UTF-8 text (byte {err.start})")))
+                continue
         if line.strip():
             try:
-                found.append((number, parse_json(line, f"{os.fspath(source)}, line {number}", allow_nan)))
+                found.append((number, parse_json(line, where, allow_nan)))
             except BadRunFile as err:
                 found.append((number, err))
     return found
+
+
+def split_lines(data: T) -> list[T]:
+    """The finished lines of `data` (text or bytes), without their newlines: a last line without its newline is an
+    append cut short and left out."""
+    lines = data.split(b"\n" if isinstance(data, bytes) else "\n")  # type: ignore[attr-defined]
+    lines.pop()  # "" after a final newline, else the unfinished last line
+    return lines
 
 
 def parse_json(text: str, source: str | os.PathLike, allow_nan: bool = False) -> Any:
