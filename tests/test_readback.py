@@ -557,6 +557,15 @@ def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]
         yield path
 
 
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    """`value` with the item at `path` replaced by `new`: the dicts and lists along the path copied, nothing else."""
+    if not path:
+        return new
+    copied = dict(value) if isinstance(value, dict) else list(value)
+    copied[path[0]] = _replaced(value[path[0]], path[1:], new)
+    return copied
+
+
 @pytest.mark.parametrize("recipe_name", ["fast", "classic"])
 def test_an_optimizer_or_scheduler_state_of_any_shape_is_refused_in_one_line_or_steps(recipe_name: str) -> None:
     """Each leaf of a real checkpoint's optimizer and scheduler state (or the whole of one, or the model's weights)
@@ -584,11 +593,7 @@ def test_an_optimizer_or_scheduler_state_of_any_shape_is_refused_in_one_line_or_
         for key in path:
             where = where[key]
         for value in _odd_state_values(rng, where)[:4]:
-            crafted = copy.deepcopy(state)
-            holder = crafted
-            for key in path[:-1]:
-                holder = holder[key]
-            holder[path[-1]] = value
+            crafted = _replaced(state, path, value)
             what = f"{'.'.join(map(str, path))} = {value!r:.60}"
             try:
                 check_fits(cfg, recipe, crafted["model"], Path("ck.pt"), optimization=crafted)
@@ -597,6 +602,7 @@ def test_an_optimizer_or_scheduler_state_of_any_shape_is_refused_in_one_line_or_
                 refused += 1
                 continue
             accepted += 1
+            crafted = copy.deepcopy(crafted)  # the optimizer steps its state in place: not the shared original's
             torch.manual_seed(0)
             model = recipe.build_model()
             optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, 4)

@@ -311,3 +311,27 @@ def test_an_optimizer_state_that_does_not_fit_the_model_is_refused_before_the_fi
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"hpctrain train: error: {path}: its recorded ") and expected in line, line
     assert "resume from another checkpoint, or start a new --run-dir" in line
+
+
+def test_a_parameters_state_must_be_a_dense_tensor_its_storage_backs() -> None:
+    """What `torch.load` can hand over and the optimizer's kernels cannot take: a view over a storage smaller than it
+    declares (the kernel would read and write past its end), a view whose elements overlap, a tensor of another
+    dtype; the same shape with permuted strides (channels_last) is dense, and fits."""
+    from hpctrain.training.state_fit import optimizer_problem
+
+    weight = torch.nn.Parameter(torch.zeros(4, 6))
+    optimizer = torch.optim.SGD([weight], lr=0.1, momentum=0.9)
+    groups = optimizer.state_dict()["param_groups"]
+    short = torch.zeros(24)
+    view = short.view(4, 6)
+    short.untyped_storage().resize_(40)  # 10 floats left under a view of 24
+
+    def problem(buffer: torch.Tensor) -> str | None:
+        return optimizer_problem({"state": {0: {"momentum_buffer": buffer}}, "param_groups": groups}, optimizer)
+
+    assert problem(view) == "state[0].momentum_buffer declares 24 elements over a storage of 40 bytes"
+    assert "overlaps itself" in (problem(torch.zeros(6).expand(4, 6)) or "")
+    assert problem(torch.zeros(4, 6, dtype=torch.float64)) == (
+        "state[0].momentum_buffer is of torch.float64, its parameter of torch.float32"
+    )
+    assert problem(torch.zeros(6, 4).t()) is None  # dense, strides permuted
