@@ -388,6 +388,77 @@ def test_refusing_unsafe_contents_never_suggests_weights_only_false(tmp_path):
 # ---------------------------------------------------------------- temporaries of killed saves
 
 
+def test_a_checkpoint_or_a_ranks_part_is_never_read_through_a_symbolic_link(tmp_path):
+    """A link planted in the checkpoint folder (to a valid checkpoint elsewhere) is refused naming the link, and
+    the search passes over it to the newest file that is not one; a rank's part (or its folder) likewise. Before,
+    both were verified and loaded through the link, although the README says run files never are."""
+    elsewhere = checkpoint.save(make_state(7), tmp_path / "elsewhere", "checkpoint_epoch_9.pt", epoch=9, step=900)
+    ckpt = tmp_path / "run" / "checkpoints"
+    save_at(ckpt, 100, end_of_epoch=True)
+    planted = ckpt / "checkpoint_epoch_9.pt"
+    planted.symlink_to(elsewhere)
+    (ckpt / "checkpoint_epoch_9.pt.manifest.json").write_bytes(
+        (elsewhere.parent / "checkpoint_epoch_9.pt.manifest.json").read_bytes()
+    )
+    with pytest.raises(CheckpointError, match="is a symbolic link") as caught:
+        checkpoint.load(planted)
+    assert str(planted) in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(CheckpointError, match="is a symbolic link"):
+        checkpoint.verify(planted)
+    found = checkpoint.search(ckpt)
+    assert found.info.path == ckpt / "checkpoint_epoch_1.pt" and found.state["step"] == 100
+    assert [(r.path, r.reason.split(":")[0]) for r in found.rejected] == [(planted, "is a symbolic link")]
+    # a rank's part, and the parts' folder
+    source = ckpt / "checkpoint_epoch_1.pt"
+    real_part = checkpoint.save_part(tmp_path / "elsewhere" / "checkpoint_epoch_1.pt", 0, {"loss_sum": 1.0})
+    folder = checkpoint.rank_dir(source)
+    folder.mkdir()
+    (folder / "rank-0.pt").symlink_to(real_part)
+    with pytest.raises(CheckpointError, match="symbolic link") as caught:
+        checkpoint.load_part(folder, 0)
+    assert str(folder / "rank-0.pt") in str(caught.value)
+    (folder / "rank-0.pt").unlink()
+    folder.rmdir()
+    folder.symlink_to(real_part.parent)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        checkpoint.load_part(folder, 0)
+    assert checkpoint.load_part(real_part.parent, 0) == {"loss_sum": 1.0}  # the file itself, reached directly
+
+
+def test_the_bytes_loaded_are_the_bytes_verified(tmp_path, monkeypatch):
+    """A file renamed into a checkpoint's place between its check and its load is not what gets loaded (one
+    descriptor serves both); a checkpoint changed in place meanwhile is refused. Before, verify and torch.load each
+    opened the path: the swapped-in file was loaded unverified."""
+    from hpctrain.checkpoint import files
+
+    good = save_at(tmp_path / "ckpt", 100, end_of_epoch=True)
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": {"w": torch.full((4,), -1.0)}, "step": -1}, evil)
+    real_load = torch.load
+
+    def swapping_load(source, *args, **kwargs):  # the last moment before the load: verified, not yet read
+        os.replace(evil, good)
+        return real_load(source, *args, **kwargs)
+
+    monkeypatch.setattr(files.torch, "load", swapping_load)
+    state = checkpoint.load(good)
+    assert state["step"] == 100 and torch.equal(state["model"]["w"], torch.full((4,), 100.0))
+    assert checkpoint.search(tmp_path / "ckpt").rejected  # what lies there now fails its checksum
+
+    rewritten = save_at(tmp_path / "again", 200, end_of_epoch=True)
+
+    def rewriting_load(source, *args, **kwargs):  # another process writes the same file in place meanwhile
+        loaded = real_load(source, *args, **kwargs)
+        with open(rewritten, "r+b") as handle:
+            handle.write(handle.read(1))
+            time.sleep(0.01)  # a later mtime even on a coarse clock
+        return loaded
+
+    monkeypatch.setattr(files.torch, "load", rewriting_load)
+    with pytest.raises(CheckpointError, match="changed while it was being read"):
+        checkpoint.load(rewritten)
+
+
 def test_stale_temporaries_are_removed_but_live_ones_kept(tmp_path):
     host = writing._HOST
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

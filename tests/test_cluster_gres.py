@@ -90,3 +90,47 @@ def test_typed_gpu_reported() -> None:
 )
 def test_job_shards_by_gpu(job_gres: str, expected: dict[int, int]) -> None:
     assert job_shards_by_gpu(job_gres) == expected
+
+
+# Issue 39, item 8: counts are checked for their use. A node line as `scontrol -d show node -o` prints it (the local
+# cluster's gres.conf cannot be given such counts: it is shared, and slurmd refuses them), with an implausible GRES.
+IMPLAUSIBLE = [
+    ("gpu:99999999999999", "gpu:0", "more than the 1024 GPUs a node can hold"),
+    ("gpu:99999999999999,shard:64", "shard:(null):1(IDX:0)", "more than the 1024 GPUs a node can hold"),
+    ("gpu:a100:600,gpu:h100:600", "gpu:0", "more than the 1024 GPUs a node can hold"),
+    ("gpu:2", "gpu:1(IDX:0-99999999999)", "bad GRES index list"),
+    ("gpu:2", "gpu:2(IDX:0-5000)", "names devices beyond the 1024 a node holds"),
+    ("gpu:x:(", "gpu:0", "unbalanced parenthesis"),
+]
+
+
+@pytest.mark.parametrize("gres,used,why", IMPLAUSIBLE)
+def test_a_node_with_an_implausible_gres_is_refused_in_one_line(gres: str, used: str, why: str) -> None:
+    """`Gres=gpu:99999999999999` made `cluster` spin (the shards were split over that many GPUs, one by one); a
+    malformed one gave a ValueError traceback."""
+    import signal
+
+    from hpctrain.errors import UserError
+    from hpctrain.schedulers.slurm.query import fill_shard_use, parse_nodes
+
+    line = (
+        f"NodeName=node9 Arch=x86_64 CPUAlloc=0 CPUEfctv=8 CPUTot=8 Gres={gres} GresUsed={used} "
+        "RealMemory=64000 AllocMem=0 State=IDLE Partitions=gpu\n"
+    )
+
+    def expired(*_: object) -> None:
+        raise TimeoutError("parsing one node line took more than 10 s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(10)
+    try:
+        with pytest.raises(UserError) as refused:
+            fill_shard_use(parse_nodes(line), {"node9": {0: 1}})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    message = str(refused.value)
+    assert why in message and "\n" not in message and message.startswith(f"Slurm reports a node with Gres='{gres}'")
+    with pytest.raises(UserError, match="names devices beyond the 1024"):
+        job_shards_by_gpu("shard:16(IDX:0-99999999)")
+    assert node_usage("gpu:1024", "gpu:1024(IDX:0-1023)").gpus_used == 1024  # the largest plausible node still reads

@@ -187,3 +187,20 @@ def test_params_file_values_that_tracebacked_are_clear_errors(tmp_path: Path, co
     result = submit_dry_run(params)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "suffix,line", [(".yaml", "nodes: {n}\n"), (".toml", "nodes = {n}\n"), (".yaml", "time: -{n}\n")]
+)
+def test_a_number_of_thousands_of_digits_is_one_line_exit_2(tmp_path: Path, suffix: str, line: str) -> None:
+    """Issue 39, item 8: a 5,000-digit integer in a job file ended in a traceback (Python's limit on converting
+    more than 4,300 digits raises ValueError inside the YAML or TOML parser)."""
+    path = tmp_path / f"job{suffix}"
+    path.write_text("command = ['x']\n" if suffix == ".toml" else "command: [x]\n")
+    with open(path, "a") as handle:
+        handle.write(line.format(n="7" * 5000))
+    with pytest.raises(UserError, match="holds a number of 5000 digits: no job option is anywhere near that large"):
+        load_job_file(path)
+    result = submit_dry_run(path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1000:]
+    assert result.stderr.count("\n") == 1 and str(path) in result.stderr

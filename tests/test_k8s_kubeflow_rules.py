@@ -12,6 +12,7 @@ import copy
 import re
 import threading
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -428,9 +429,70 @@ def test_the_jobs_own_timer_asks_for_a_checkpoint_and_stop_before_the_limit(capf
     for quiet in (
         {},
         {"HPCTRAIN_TIME_LIMIT_S": "3600", "HPCTRAIN_TIME_WARNING_S": "0"},
-        {"HPCTRAIN_TIME_LIMIT_S": "x"},
     ):
         assert StopRequest().arm_time_limit(quiet) is None  # no limit, or --signal-grace 0: no warning, as on Slurm
+
+
+REFUSED_TIME_LIMITS = {
+    "not a number": ({"HPCTRAIN_TIME_LIMIT_S": "abc"}, "HPCTRAIN_TIME_LIMIT_S='abc' is not a number of seconds"),
+    "negative": ({"HPCTRAIN_TIME_LIMIT_S": "-5"}, "HPCTRAIN_TIME_LIMIT_S='-5' is not a number of seconds"),
+    "zero": ({"HPCTRAIN_TIME_LIMIT_S": "0"}, "HPCTRAIN_TIME_LIMIT_S=0: a time limit of no time"),
+    "past threading's maximum": (
+        {"HPCTRAIN_TIME_LIMIT_S": str(int(threading.TIMEOUT_MAX) * 4), "HPCTRAIN_TIME_WARNING_S": "60"},
+        "is more seconds than a timer can wait",
+    ),
+    "infinite": ({"HPCTRAIN_TIME_LIMIT_S": "1e999"}, "is more seconds than a timer can wait"),
+    "a warning as long as the limit": (
+        {"HPCTRAIN_TIME_LIMIT_S": "600", "HPCTRAIN_TIME_WARNING_S": "600"},
+        "HPCTRAIN_TIME_WARNING_S=600 is not shorter than HPCTRAIN_TIME_LIMIT_S=600",
+    ),
+    "a warning that is not a number": (
+        {"HPCTRAIN_TIME_LIMIT_S": "600", "HPCTRAIN_TIME_WARNING_S": "soon"},
+        "HPCTRAIN_TIME_WARNING_S='soon' is not a number of seconds",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(REFUSED_TIME_LIMITS))
+def test_a_time_limit_the_timer_cannot_take_is_refused_in_one_line_not_ignored(how: str) -> None:
+    """Issue 39, item 8: past threading.TIMEOUT_MAX the timer's thread died (OverflowError) and no warning ever came;
+    `abc` armed no timer and said nothing; a warning as long as the limit checkpointed and stopped at every start."""
+    environ, expected = REFUSED_TIME_LIMITS[how]
+    stop = StopRequest()
+    with pytest.raises(UserError, match=re.escape(expected)) as refused:
+        stop.arm_time_limit(environ)
+    assert "\n" not in str(refused.value) and stop._timer is None
+
+
+def test_a_time_limit_written_as_a_decimal_number_arms_the_timer() -> None:
+    """`1e3` seconds is a time limit (it used to arm nothing, silently)."""
+    import time
+
+    stop = StopRequest()
+    try:
+        delay = stop.arm_time_limit({"HPCTRAIN_TIME_LIMIT_S": "1e3", "HPCTRAIN_TIME_WARNING_S": "60.5"}, time.time())
+        assert delay is not None and 900 < delay <= 939.5
+    finally:
+        stop.uninstall()
+
+
+def test_train_refuses_a_bad_time_limit_before_anything_starts(tmp_path: Path) -> None:
+    from training_helpers import hpctrain
+
+    result = hpctrain(
+        "train",
+        "mnist",
+        "--threads",
+        "1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        env={"HPCTRAIN_TIME_LIMIT_S": "3600", "HPCTRAIN_TIME_WARNING_S": "7200"},
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("hpctrain train: error: HPCTRAIN_TIME_WARNING_S=7200 is not shorter than"), line
+    assert not (tmp_path / "run").exists()
 
 
 # ---- 9. --exclude-nodes ---------------------------------------------------------------------------------------------

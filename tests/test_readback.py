@@ -90,6 +90,8 @@ ODD_VALUES: list[Any] = [
     "x" * 5000,
     "\x1b[31mred",
     "a\nb",
+    "\ud800",  # a lone surrogate: JSON's escapes spell it, nothing can encode it (the hang report's thread died of it)
+    "node\udcff1",
     math.nan,
     math.inf,
     -math.inf,
@@ -206,6 +208,10 @@ def test_json_is_parsed_strictly_and_without_recursion() -> None:
     for text in ["NaN", '{"a": Infinity}', "[" * 100_000 + "]" * 100_000, '{"a": 1', '"\\ud800"x']:
         with pytest.raises(BadRunFile):
             parse_json(text, "x")
+    for text in ['"\\ud800"', '{"\\udc00": 1}', '[["a\\uDFFFb"]]', '"\ud800"']:  # lone surrogates, as escapes or raw
+        with pytest.raises(BadRunFile, match="lone surrogate"):
+            parse_json(text, "x")
+    assert parse_json('["\\ud83d\\ude00", "\\\\ud800"]', "x") == ["\U0001f600", "\\ud800"]  # a pair is text
     assert parse_json(json.dumps({"s": "[{" * 50}), "x") == {"s": "[{" * 50}  # brackets in a string do not nest
 
 
@@ -249,8 +255,10 @@ def usable(records: list[RankProgress], what: str) -> None:
         for value in (r.step_s, r.data_s, r.compute_s, r.images_per_s):
             assert value is None or (not isinstance(value, bool) and math.isfinite(value) and value >= 0), what
     find_stragglers(records, now=1_000_001.0)
-    hang_report(records, 2, 30.0, 10.0, Path("run"), 1_000_001.0)
-    rank_lines(records, 1_000_001.0)
+    report = hang_report(records, 2, 30.0, 10.0, Path("run"), 1_000_001.0)
+    lines = rank_lines(records, 1_000_001.0)
+    # what they give is written to files, terminals and logs: it must encode (strictly, as a file write does)
+    "\n".join([report.text(), report.summary(), *lines, *(r.where() for r in records)]).encode()
 
 
 def test_a_damaged_preflight_record_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -296,12 +304,7 @@ def test_metrics_lines_that_are_not_records_are_skipped_and_a_bad_file_refused(t
         (run / METRICS_FILE).write_bytes(good.encode() + b"\n" + data.replace(b"\n", b" ") + b"\n" + good.encode())
         bad: list[BadRunFile] = []
         with deadline():
-            try:
-                records = read_metrics(run, bad.append)
-            except BadRunFile as err:  # the whole file: not UTF-8
-                assert what == "invalid UTF-8" or what == "random bytes", what
-                one_line_naming(err, run / METRICS_FILE)
-                continue
+            records = read_metrics(run, bad.append)  # a line that is not UTF-8 is one bad line, not a bad file
         assert records[0] == VALID_METRICS  # the last line, without its newline, is a cut-short append: left out
         assert len(records) + len(bad) == 2, what
         for record in records:
@@ -314,6 +317,25 @@ def test_metrics_lines_that_are_not_records_are_skipped_and_a_bad_file_refused(t
         with deadline(), pytest.raises(BadRunFile) as caught:
             read_metrics(run)
         one_line_naming(caught.value, run / METRICS_FILE)
+
+
+def test_a_metrics_line_that_is_not_utf8_never_blocks_a_resume(tmp_path: Path) -> None:
+    """A resumed run drops the records a killed attempt wrote after its checkpoint (`MetricsLog`); a line that is
+    not UTF-8 is kept as it is, byte for byte, and the rest read. Before, one such line made the whole file
+    unreadable and every --resume of the run stopped there."""
+    from hpctrain.training.metrics import MetricsLog
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({**VALID_METRICS, "step": step}).encode() for step in (50, 100, 150)]
+    stray = b'{"epoch": 2, "note": "\xff\xfe"}'
+    (run / METRICS_FILE).write_bytes(lines[0] + b"\n" + stray + b"\n" + lines[1] + b"\n" + lines[2] + b"\n" + b'{"ep')
+    MetricsLog(run, resumed_step=100).close()
+    assert (run / METRICS_FILE).read_bytes() == lines[0] + b"\n" + stray + b"\n" + lines[1] + b"\n"
+    bad: list[BadRunFile] = []
+    assert [r["step"] for r in read_metrics(run, bad.append)] == [50, 100]
+    [err] = bad
+    assert str(err) == f"{run / METRICS_FILE}, line 2: not UTF-8 text (byte 22)"
 
 
 def test_status_says_in_one_line_that_a_hang_report_or_stop_reason_is_unreadable(tmp_path: Path) -> None:
@@ -425,3 +447,170 @@ def test_the_watchdog_outlives_a_task_that_fails_and_still_reports_a_hang(capsys
         dog.stop()
     lines = [line for line in capsys.readouterr().err.splitlines() if "ValueError" in line]
     assert len(lines) == 1 and "the watch goes on" in lines[0]  # said once, not at every poll
+
+
+# ---- the consumers of the records: the hang report's thread, `debug stacks`
+
+
+def test_a_record_of_any_shape_neither_silences_the_hang_report_nor_breaks_debug_stacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1's record, mutated: rank 0's hang work (`RankWatch._hang_files`, the thread the watchdog starts) still
+    writes the report, naming rank 1 when its record is unusable, and `hpctrain debug stacks` answers in lines.
+    Before, a lone surrogate in a record passed the reader and ended the report's thread (the run exited 142 with no
+    report, the culprit unnamed), and `debug stacks` ended in a UnicodeEncodeError traceback."""
+    from types import SimpleNamespace
+
+    from hpctrain.cli import main
+    from hpctrain.training.watch import RankWatch
+
+    monkeypatch.setattr("time.sleep", lambda seconds: None)  # the report's grace, and debug stacks' poll
+    monkeypatch.setenv("HPCTRAIN_TERMINATION_LOG", str(tmp_path / "said"))
+    rng = random.Random(SEED)
+    cases = [*mutations(VALID_PROGRESS, rng)]
+    assert any("\\ud800" in data.decode(errors="replace") for _, data in cases)
+    for n, (what, data) in enumerate(cases):
+        run = tmp_path / f"run{n}"
+        progress_path(run, 1).parent.mkdir(parents=True)
+        progress_path(run, 1).write_bytes(data)
+        watch = object.__new__(RankWatch)
+        watch.run = SimpleNamespace(
+            run_dir=run,
+            device=SimpleNamespace(type="cpu"),
+            is_main=True,
+            env=SimpleNamespace(rank=0, world_size=2, is_distributed=True),
+        )
+        watch.host, watch._warned = "node0", set()
+        watch.progress = ProgressRecorder(run, 0, 2, "node0", 50)
+        with deadline():
+            watch._hang_files(30.0, 20.0, "the stop vote after step 8", 17, None, "(stacks)\n")
+        err = capsys.readouterr().err
+        assert "could not write the hang report" not in err, (what, err)
+        report = (run / "hang" / "report.txt").read_text()
+        assert (run / "stop_reason").read_text() == "hung\n", what
+        if f"skipped a progress record: {progress_path(run, 1)}" in err:
+            assert "culprit: rank 1 never arrived" in report, (what, report)
+        if n % 5 == 0:  # debug stacks reads the same records (every fifth case: each costs a CLI run)
+            with deadline():
+                code = main(["debug", "stacks", "1", "--run-dir", str(run), "--wait", "0.01", "--scheduler", "slurm"])
+            out, err = capsys.readouterr()
+            assert code == 1 and "Traceback" not in err, (what, err)
+            assert out.startswith("no answer within 0.01 s from: rank 0 on node0") and "\n" == out[-1], (what, out)
+
+
+# ---- a checkpoint's optimizer and scheduler state: the optimizer load
+
+
+def _optimization_state(recipe_name: str) -> tuple[Any, Any, Any]:
+    """(cfg, recipe, a checkpoint's state) as `hpctrain train` writes it after a step: the recipe's real model,
+    optimizer (momentum buffers made) and scheduler, on the CPU."""
+    import torch
+
+    from hpctrain.config import TrainConfig
+    from hpctrain.recipes import get_recipe
+    from hpctrain.training.setup import resolve_config
+
+    cfg = TrainConfig(workload="mnist", recipe=recipe_name, dataset="fashion-mnist", threads=1, epochs=2)
+    recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
+    cfg = resolve_config(cfg, recipe)
+    torch.manual_seed(0)
+    model = recipe.build_model()
+    optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, 4)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    optimization.optimizer.step()
+    optimization.scheduler.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimization.optimizer.state_dict(),
+        "scheduler": optimization.scheduler.state_dict(),
+    }
+    return cfg, recipe, state
+
+
+def _odd_state_values(rng: random.Random, like: Any) -> list[Any]:
+    """What a leaf of an optimizer's or scheduler's state may be replaced with: ODD_VALUES, and tensors of the wrong
+    shape, dtype or layout (an expanded view of one element, a sparse one), non-finite scalars."""
+    import torch
+
+    values: list[Any] = [*ODD_VALUES, torch.zeros(3), torch.tensor(math.nan), torch.tensor(1.0), torch.tensor(2)]
+    values += [torch.tensor(1j), torch.tensor(True), torch.zeros(0), torch.zeros(2, 2).to_sparse()]
+    if isinstance(like, torch.Tensor) and like.dim() > 0:
+        values += [
+            torch.zeros(1).expand(*like.shape),
+            like.double(),
+            like.flatten(),
+            like.transpose(0, -1).contiguous().transpose(0, -1),  # the same shape, strides permuted: dense
+            torch.zeros(1).expand(10**6, 10**6),
+        ]
+    return rng.sample(values, 6)
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list) and value:
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    else:
+        yield path
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    """`value` with the item at `path` replaced by `new`: the dicts and lists along the path copied, nothing else."""
+    if not path:
+        return new
+    copied = dict(value) if isinstance(value, dict) else list(value)
+    copied[path[0]] = _replaced(value[path[0]], path[1:], new)
+    return copied
+
+
+@pytest.mark.parametrize("recipe_name", ["fast", "classic"])
+def test_an_optimizer_or_scheduler_state_of_any_shape_is_refused_in_one_line_or_steps(recipe_name: str) -> None:
+    """Each leaf of a real checkpoint's optimizer and scheduler state (or the whole of one, or the model's weights)
+    replaced by a seeded choice of odd values: `check_fits` refuses it in one line naming the checkpoint, or the
+    state loads into this run's own model, optimizer and scheduler and they step. Before, a momentum buffer of the
+    wrong shape, an expanded view, `lr: 'fast'` or a scheduler's string counter passed, to fail mid-run (SIGSEGV
+    in the optimizer's kernels, or a traceback)."""
+    import copy
+
+    import torch
+
+    from hpctrain.errors import UserError
+    from hpctrain.training.resume import check_fits
+
+    rng = random.Random(SEED)
+    cfg, recipe, state = _optimization_state(recipe_name)
+    check_fits(cfg, recipe, state["model"], Path("ck.pt"), optimization=state)  # the sound state passes
+    paths = [("optimizer", *p) for p in _leaves(state["optimizer"])] + [
+        ("scheduler", *p) for p in _leaves(state["scheduler"])
+    ]
+    paths = rng.sample(paths, min(len(paths), 24)) + [("model",), ("optimizer",), ("scheduler",)]
+    refused = accepted = 0
+    for path in paths:
+        where = state
+        for key in path:
+            where = where[key]
+        for value in _odd_state_values(rng, where)[:4]:
+            crafted = _replaced(state, path, value)
+            what = f"{'.'.join(map(str, path))} = {value!r:.60}"
+            try:
+                check_fits(cfg, recipe, crafted["model"], Path("ck.pt"), optimization=crafted)
+            except UserError as err:
+                assert str(err).startswith("ck.pt") and "\n" not in str(err), (what, str(err))
+                refused += 1
+                continue
+            accepted += 1
+            crafted = copy.deepcopy(crafted)  # the optimizer steps its state in place: not the shared original's
+            torch.manual_seed(0)
+            model = recipe.build_model()
+            optimization = recipe.build_optimization(model, cfg.lr, cfg.epochs, 4)
+            model.load_state_dict(crafted["model"])
+            optimization.optimizer.load_state_dict(crafted["optimizer"])
+            optimization.scheduler.load_state_dict(crafted["scheduler"])
+            for parameter in model.parameters():
+                parameter.grad = torch.randn_like(parameter)
+            optimization.optimizer.step()
+            optimization.scheduler.step()
+    assert refused > 50 and accepted > 0, (refused, accepted)

@@ -228,3 +228,110 @@ def test_resume_from_a_checkpoint_with_a_bad_setting_says_one_line_before_anythi
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     [line] = refused.stderr.strip().splitlines()
     assert str(path) in line and "setting epochs is a string ('3')" in line, line
+
+
+# ---- a checkpoint's optimizer and scheduler state must fit the model before the first step (issue 39, item 7)
+
+
+@pytest.fixture(scope="module")
+def trained_fast(fashion_data_dir, tmp_path_factory) -> Path:
+    """A run of the default MNIST recipe (fused SGD with momentum, a per-step LambdaLR): one epoch, one checkpoint."""
+    run_dir = tmp_path_factory.mktemp("fast") / "run"
+    ok(
+        hpctrain(
+            "train",
+            "mnist",
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            str(fashion_data_dir),
+            "--train-limit",
+            "256",
+            "--test-limit",
+            "100",
+            "--epochs",
+            "1",
+            "--threads",
+            "1",
+            "--run-dir",
+            str(run_dir),
+        )
+    )
+    return run_dir / "checkpoints" / "checkpoint_epoch_1.pt"
+
+
+def _momentum(state: dict[str, Any]) -> dict[str, Any]:
+    """The state of the optimizer's second parameter (the first the model trains: the first layer is frozen)."""
+    return state["optimizer"]["state"][1]
+
+
+OPTIMIZATION_CASES = {
+    "a momentum buffer of another shape": (
+        lambda s: _momentum(s).update(momentum_buffer=torch.zeros(3)),
+        "optimizer state state[1].momentum_buffer has the shape (3,)",
+    ),
+    "a momentum buffer declared 10^6 x 10^6 over one element": (
+        lambda s: _momentum(s).update(momentum_buffer=torch.zeros(1).expand(10**6, 10**6)),
+        "has the shape (1000000, 1000000)",
+    ),
+    "an expanded view of the parameter's shape": (
+        lambda s: _momentum(s).update(momentum_buffer=torch.zeros(1).expand(*_momentum(s)["momentum_buffer"].shape)),
+        "overlaps itself",
+    ),
+    "lr 'fast'": (
+        lambda s: s["optimizer"]["param_groups"][0].update(lr="fast"),
+        "optimizer state param_groups[0].lr is 'fast', not a number",
+    ),
+    "a scheduler counter as text": (
+        lambda s: s["scheduler"].update(last_epoch="3"),
+        "scheduler state last_epoch is '3', not a number",
+    ),
+    "a model that is not a dict": (lambda s: s.update(model=[1, 2]), "its recorded model is [1, 2], not a model's"),
+}
+
+
+@pytest.mark.parametrize("how", list(OPTIMIZATION_CASES))
+def test_an_optimizer_state_that_does_not_fit_the_model_is_refused_before_the_first_step(
+    trained_fast: Path, fashion_data_dir: Path, tmp_path: Path, how: str
+) -> None:
+    """A checkpoint that passes its checksum (written again with `checkpoint.save`) but whose optimizer, scheduler
+    or model state does not fit: `hpctrain train --resume` says so in one line naming the checkpoint, exit 2.
+    Before, the run started and died in its first step: SIGSEGV in the optimizer, or a traceback."""
+    from hpctrain import checkpoint
+
+    change, expected = OPTIMIZATION_CASES[how]
+    state = checkpoint.load(trained_fast)
+    change(state)
+    path = checkpoint.save(
+        state, tmp_path / "run" / "checkpoints", "checkpoint_epoch_1.pt", epoch=1, step=state["step"]
+    )
+    data = str(fashion_data_dir)
+    result = hpctrain("train", "mnist", "--resume", str(path), "--data-dir", data, "--epochs", "2", "--threads", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, (result.returncode, result.stderr[-2000:])
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"hpctrain train: error: {path}: its recorded ") and expected in line, line
+    assert "resume from another checkpoint, or start a new --run-dir" in line
+
+
+def test_a_parameters_state_must_be_a_dense_tensor_its_storage_backs() -> None:
+    """What `torch.load` can hand over and the optimizer's kernels cannot take: a view over a storage smaller than it
+    declares (the kernel would read and write past its end), a view whose elements overlap, a tensor of another
+    dtype; the same shape with permuted strides (channels_last) is dense, and fits."""
+    from hpctrain.training.state_fit import optimizer_problem
+
+    weight = torch.nn.Parameter(torch.zeros(4, 6))
+    optimizer = torch.optim.SGD([weight], lr=0.1, momentum=0.9)
+    groups = optimizer.state_dict()["param_groups"]
+    short = torch.zeros(24)
+    view = short.view(4, 6)
+    short.untyped_storage().resize_(40)  # 10 floats left under a view of 24
+
+    def problem(buffer: torch.Tensor) -> str | None:
+        return optimizer_problem({"state": {0: {"momentum_buffer": buffer}}, "param_groups": groups}, optimizer)
+
+    assert problem(view) == "state[0].momentum_buffer declares 24 elements over a storage of 40 bytes"
+    assert "overlaps itself" in (problem(torch.zeros(6).expand(4, 6)) or "")
+    assert problem(torch.zeros(4, 6, dtype=torch.float64)) == (
+        "state[0].momentum_buffer is of torch.float64, its parameter of torch.float32"
+    )
+    assert problem(torch.zeros(6, 4).t()) is None  # dense, strides permuted

@@ -6,21 +6,24 @@ system: every file hpctrain reads back from it is untrusted input. All such read
     read_bytes(path, limit, within=RUN_DIR)   the bytes of a regular file, at most `limit` of them
     read_text(path, limit, within=RUN_DIR)    ... decoded as strict UTF-8
     read_json(path, limit, within=RUN_DIR)    ... parsed as JSON (no NaN or Infinity, nesting at most MAX_DEPTH)
-    read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl); an unfinished last line dropped
-    parse_json(text, source), parse_json_lines(text, source)   the same for text that came another way
+    read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl), each line decoded on its own;
+                                              an unfinished last line dropped
+    parse_json(text, source), parse_json_lines(data, source)   the same for text (or bytes) that came another way
     parse_record(cls, value, what)            a JSON object -> the dataclass `cls`, every field's type checked
     check_value(value, annotation)            why a value does not fit a type annotation (None if it does)
 
 Each raises `BadRunFile` (a UserError, so the CLI prints its one line naming the file) for a file that exists but
 cannot be used: not a regular file (a FIFO is never waited on, a directory or device never read), a symbolic link
 (in the last component, or, with `within`, in any folder below `within`), larger than `limit` (never more than
-`limit` + 1 bytes are read, however large or sparse the file), not UTF-8, not JSON, nested too deep, or of the
-wrong shape. A missing file raises FileNotFoundError, which callers usually treat as "not written yet".
+`limit` + 1 bytes are read, however large or sparse the file), not UTF-8, not JSON, nested too deep, holding a
+string that is not text (a lone surrogate such as "\\ud800", which JSON's escapes can spell but no file, terminal
+or encoder can take), or of the wrong shape. A missing file raises FileNotFoundError, which callers usually treat as
+"not written yet".
 
 Records are dataclasses: `parse_record` checks each field against its annotation (int, float, str, bool, `X | None`,
-list[...], dict[str, ...]; bool is not an int, floats must be finite, strings hold no control characters) and the
-bounds in its metadata (`bounds(lo, hi)`), then calls the class's `check()` (if it has one) for relations between
-fields. Unknown keys are ignored (a newer hpctrain may add fields); a missing field takes its default.
+list[...], dict[str, ...]; bool is not an int, floats must be finite, strings are text without control characters)
+and the bounds in its metadata (`bounds(lo, hi)`), then calls the class's `check()` (if it has one) for relations
+between fields. Unknown keys are ignored (a newer hpctrain may add fields); a missing field takes its default.
 """
 
 from __future__ import annotations
@@ -82,26 +85,42 @@ def read_json(path: str | os.PathLike, limit: int, within: str | os.PathLike | N
 def read_json_lines(
     path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None, allow_nan: bool = False
 ) -> list[tuple[int, Any | BadRunFile]]:
-    """`read_text`, parsed by `parse_json_lines`."""
-    return parse_json_lines(read_text(path, limit, within), path, allow_nan)
+    """`read_bytes`, parsed by `parse_json_lines` line by line: a line that is not UTF-8 is one bad line, not a
+    bad file (an appender killed mid-character, a stray byte must not make every other line unreadable)."""
+    return parse_json_lines(read_bytes(path, limit, within), path, allow_nan)
 
 
 def parse_json_lines(
-    text: str, source: str | os.PathLike, allow_nan: bool = False
+    data: str | bytes, source: str | os.PathLike, allow_nan: bool = False
 ) -> list[tuple[int, Any | BadRunFile]]:
-    """(line number, value) for each non-blank line of JSON-lines `text`; a line that is not JSON gives its
-    BadRunFile as the value (the caller skips or keeps it). A last line without its newline is an append cut short
-    (a killed writer) and left out. `allow_nan`: NaN and Infinity are numbers (Python's json writes them)."""
-    lines = text.split("\n")
-    lines.pop()  # "" after a final newline, else the unfinished last line
+    """(line number, value) for each non-blank line of JSON-lines `data`; a line that is not JSON (or, given bytes,
+    not UTF-8) gives its BadRunFile as the value (the caller skips or keeps it). A last line without its newline is
+    an append cut short (a killed writer) and left out. `allow_nan`: NaN and Infinity are numbers (Python's json
+    writes them)."""
+    lines = split_lines(data)
     found: list[tuple[int, Any | BadRunFile]] = []
     for number, line in enumerate(lines, 1):
+        where = f"{os.fspath(source)}, line {number}"
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                found.append((number, BadRunFile(where, f"not UTF-8 text (byte {err.start})")))
+                continue
         if line.strip():
             try:
-                found.append((number, parse_json(line, f"{os.fspath(source)}, line {number}", allow_nan)))
+                found.append((number, parse_json(line, where, allow_nan)))
             except BadRunFile as err:
                 found.append((number, err))
     return found
+
+
+def split_lines(data: T) -> list[T]:
+    """The finished lines of `data` (text or bytes), without their newlines: a last line without its newline is an
+    append cut short and left out."""
+    lines = data.split(b"\n" if isinstance(data, bytes) else "\n")  # type: ignore[attr-defined]
+    lines.pop()  # "" after a final newline, else the unfinished last line
+    return lines
 
 
 def parse_json(text: str, source: str | os.PathLike, allow_nan: bool = False) -> Any:
@@ -111,9 +130,12 @@ def parse_json(text: str, source: str | os.PathLike, allow_nan: bool = False) ->
     if depth > MAX_DEPTH:
         raise BadRunFile(source, f"JSON nested {depth} levels deep, more than the {MAX_DEPTH} allowed")
     try:
-        return json.loads(text, parse_constant=None if allow_nan else _no_constant)
+        value = json.loads(text, parse_constant=None if allow_nan else _no_constant)
     except (ValueError, RecursionError) as err:
         raise BadRunFile(source, f"not valid JSON ({_first_line(err)})") from None
+    if _MAYBE_SURROGATE.search(text) and (lone := _lone_surrogate(value)) is not None:
+        raise BadRunFile(source, f"holds a string that is not text ({_short(lone)}: a lone surrogate)")
+    return value
 
 
 def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
@@ -209,6 +231,29 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1: a terminal's esca
 _CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the same, but for newline and tab
 
 
+# A UTF-16 surrogate: never a character of its own. JSON may spell one as an escape ("\\ud800"); a pair of them
+# decodes to one character, a lone one stays in the string and fails whatever encodes it later (a print, a write).
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")  # in JSON text: an escape, or raw
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (or key) in parsed JSON `value` that holds a lone surrogate; None when every one is text.
+    Iterative: the value may nest MAX_DEPTH levels."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return item
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
 def _max_depth(text: str) -> int:
     """The deepest nesting of brackets in JSON `text` (outside strings), counted without recursion."""
     if text.count("[") + text.count("{") <= MAX_DEPTH:
@@ -263,7 +308,9 @@ def _check_type(value: Any, hint: Any, multiline: bool = False) -> str | None:
         if len(value) > MAX_STRING:
             return f"is a string of {len(value)} characters, more than {MAX_STRING}"
         control = _CONTROL_IN_TEXT if multiline else _CONTROL
-        return None if not control.search(value) else f"holds control characters ({_short(value)})"
+        if control.search(value):
+            return f"holds control characters ({_short(value)})"
+        return None if not _SURROGATE.search(value) else f"is not text ({_short(value)}: a lone surrogate)"
     if origin is list:
         if not isinstance(value, list):
             return f"is a {_json_kind(value)}, not an array"

@@ -20,10 +20,9 @@ from hpctrain.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
     Rejected,
-    load_verified,
     log,
     read_manifest,
-    verify,
+    verify_and_load,
 )
 from hpctrain.readback import BadRunFile
 
@@ -47,8 +46,8 @@ def search(directory: str | Path, *, load_state: bool = True, map_location: str 
     rejected: list[Rejected] = []
     for path in candidates(directory):
         try:
-            info = verify(path)
-            return Found(info, load_verified(info, map_location) if load_state else None, rejected)
+            info, state = verify_and_load(path, map_location if load_state else None)
+            return Found(info, state, rejected)
         except CheckpointError as err:
             if not (path.exists() or path.is_symlink()):
                 continue  # moved aside by rank 0 while this rank was looking: it was never a candidate

@@ -1,24 +1,30 @@
 """One checkpoint file and its manifest: their names, verifying and loading a checkpoint, setting one aside.
 
 A checkpoint counts only if its manifest (NAME.manifest.json) exists and the file's size and sha256 match it;
-`load` then reads it with weights_only=True, so a checkpoint cannot run code. `validity` sorts a file into valid,
-unfinished (no manifest: a save a kill cut short) or damaged. Nothing here writes a checkpoint (see `writing`)
-or chooses among several (see `discovery`).
+`load` then reads it with weights_only=True, so a checkpoint cannot run code. The file is opened once, without
+following a symbolic link, and the bytes loaded are the bytes verified: both come from that one descriptor (a file
+renamed into its place after the check is never loaded), and a file changed in place meanwhile is refused.
+`validity` sorts a file into valid, unfinished (no manifest: a save a kill cut short) or damaged. Nothing here
+writes a checkpoint (see `writing`) or chooses among several (see `discovery`).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
 import re
+import stat
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 import torch
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import fsync_dir, sha256_file
+from hpctrain.fsutil import file_kind, fsync_dir
 from hpctrain.readback import BadRunFile, read_json
 
 FORMAT_VERSION = 1
@@ -72,19 +78,80 @@ def checkpoint_name(epoch: int, step: int, end_of_epoch: bool) -> str:
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Verify the manifest and checksum, then load with weights_only=True (a checkpoint cannot run code)."""
-    return load_verified(verify(Path(path)), map_location)
+    """Verify the manifest and checksum, then load with weights_only=True (a checkpoint cannot run code): the bytes
+    loaded are the bytes verified, read through one descriptor opened without following a link."""
+    return typing.cast("dict[str, Any]", verify_and_load(Path(path), map_location)[1])
 
 
-def load_verified(info: CheckpointInfo, map_location: str | torch.device) -> dict[str, Any]:
-    """`load` of a checkpoint `verify` has just accepted (its checksum is not computed twice)."""
+def verify(path: Path) -> CheckpointInfo:
+    """Raise CheckpointError unless `path` (not a symbolic link) has a matching manifest and checksum."""
+    return verify_and_load(path, None)[0]
+
+
+def verify_and_load(
+    path: Path, map_location: str | torch.device | None
+) -> tuple[CheckpointInfo, dict[str, Any] | None]:
+    """`verify`, then (with a `map_location`) `load` the very bytes that were verified: one open of `path`,
+    without following a link, the checksum computed from it, the descriptor rewound and given to torch.load. A
+    file changed in place while it was read is refused too (its size or mtime moved)."""
+    path = Path(path)
+    _check_kind(path)
+    with _open_checkpoint(path) as handle:
+        before = os.fstat(handle.fileno())
+        info = _check_manifest_and_size(path, before.st_size)
+        digest = hashlib.sha256()
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+        if digest.hexdigest() != info.sha256:
+            raise _rejected(path, "fails its checksum: corrupt")
+        state = None
+        if map_location is not None:
+            handle.seek(0)
+            state = _load_from(handle, path, map_location)
+        if _identity(os.fstat(handle.fileno())) != _identity(before):
+            raise _rejected(
+                path, "changed while it was being read (another process writes it in place)", "resume again"
+            )
+    return info, state
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    """What a write to the open file changes (not its ctime: renaming another file over its name changes that,
+    and leaves the bytes this descriptor reads as they were)."""
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _open_checkpoint(path: Path) -> IO[bytes]:
+    """`path` open for reading: a regular file, reached without following a link at its name."""
     try:
-        state = torch.load(info.path, map_location=map_location, weights_only=True)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"no checkpoint at {path}; check the path or drop it to resume from the newest one", "does not exist"
+        ) from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _rejected(
+                path,
+                "is a symbolic link: hpctrain never reads a run's files through one",
+                "pass the file it points to, or put that file in its place",
+            ) from None
+        raise _rejected(path, f"cannot be read ({err.strerror or err})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _rejected(path, f"is not a regular file ({file_kind(mode)})", "pass a checkpoint_*.pt file")
+    return open(fd, "rb")
+
+
+def _load_from(handle: IO[bytes], path: Path, map_location: str | torch.device) -> dict[str, Any]:
+    try:
+        state = torch.load(handle, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several types for a bad pickle or zip
-        raise _rejected(info.path, f"cannot be loaded ({_load_failure(err)})") from None
+        raise _rejected(path, f"cannot be loaded ({_load_failure(err)})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise _rejected(
-            info.path, "is not an hpctrain checkpoint (no 'model' entry)", "pass a checkpoint written by hpctrain"
+            path, "is not an hpctrain checkpoint (no 'model' entry)", "pass a checkpoint written by hpctrain"
         )
     return state
 
@@ -102,16 +169,10 @@ def _load_failure(err: Exception) -> str:
     return first[:300]
 
 
-def verify(path: Path) -> CheckpointInfo:
-    """Raise CheckpointError unless `path` has a matching manifest and checksum."""
-    info = _check_manifest_and_size(path)
-    if sha256_file(path).sha256 != info.sha256:
-        raise _rejected(path, "fails its checksum: corrupt")
-    return info
-
-
-def _check_manifest_and_size(path: Path) -> CheckpointInfo:
-    """verify() without the checksum."""
+def _check_kind(path: Path) -> None:
+    """What `path` is when it is not a checkpoint file, in words that name the fix (a link: `_open_checkpoint`'s)."""
+    if path.is_symlink():
+        return
     if path.name == LATEST_POINTER and path.is_file():
         raise _rejected(
             path,
@@ -124,11 +185,10 @@ def _check_manifest_and_size(path: Path) -> CheckpointInfo:
             "is a directory, not a checkpoint file",
             "pass a checkpoint_*.pt file, or resume from the newest one in a run directory with --resume",
         )
-    if not path.is_file():
-        raise CheckpointError(
-            f"no checkpoint at {path}; check the path or drop it to resume from the newest one", "does not exist"
-        )
-    size = path.stat().st_size
+
+
+def _check_manifest_and_size(path: Path, size: int) -> CheckpointInfo:
+    """verify() without the checksum, for the checkpoint `path` of `size` bytes."""
     if size == 0:
         raise _rejected(path, "is empty (0 bytes): its save never wrote anything, or it is not a checkpoint")
     manifest_file = manifest_path(path)
@@ -200,7 +260,9 @@ def validity(path: Path, thorough: bool = True) -> str:
         if thorough:
             verify(path)
         else:
-            _check_manifest_and_size(path)
+            _check_kind(path)
+            with _open_checkpoint(path) as handle:
+                _check_manifest_and_size(path, os.fstat(handle.fileno()).st_size)
     except CheckpointError as err:
         return "unfinished" if err.unfinished else "damaged"
     except OSError:

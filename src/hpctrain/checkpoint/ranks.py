@@ -6,7 +6,9 @@ the checkpoint and read back on resume by that rank alone::
 
 Nothing about one rank's part passes through another rank: no rank gathers N parts (memory and traffic that grow
 with the world on one rank, N² over a job), and a resumed rank reads one small file, not N. A part is written
-atomically (temporary file, fsync, rename) with its sha256 in its first line, and loaded with weights_only=True.
+atomically (temporary file, fsync, rename) with its sha256 in its first line, and read back once, never through a
+symbolic link (the part or its folder), its checksum checked on those bytes and those bytes loaded with
+weights_only=True.
 The training loop writes every rank's part before rank 0 starts the checkpoint itself, so a checkpoint whose
 manifest exists has all its parts. Pruning a checkpoint removes its parts with it (`writing`); the best copy
 (checkpoint_best.pt) keeps using the parts of the checkpoint it was copied from (the manifest's "ranks" field).
@@ -22,7 +24,8 @@ from typing import Any
 import torch
 
 from hpctrain.checkpoint.files import CheckpointError
-from hpctrain.fsutil import FileRefused, fsync_dir, read_regular, refuse_symlinks, write_atomic
+from hpctrain.fsutil import FileRefused, fsync_dir, refuse_symlinks, write_atomic
+from hpctrain.readback import read_bytes
 
 RANKS_SUFFIX = ".ranks"
 _HEADER = b"hpctrain rank state, sha256 "  # then 64 hex digits and a newline; torch.save's bytes after it
@@ -58,7 +61,7 @@ def load_part(folder: Path, rank: int) -> dict[str, Any]:
     path = part_path(folder, rank)
     fix = "resume from an earlier checkpoint (or move this one aside)"
     try:
-        data = read_regular(path, MAX_PART_BYTES)
+        data = read_bytes(path, MAX_PART_BYTES, within=folder.parent)  # neither the part nor its folder a link
     except FileRefused as err:
         raise CheckpointError(f"{path}: {err.reason}; {fix}", err.reason) from None
     except OSError as err:

@@ -26,6 +26,7 @@ def refuse_bad_input(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple
     from hpctrain.training.resume import check_resume_point
     from hpctrain.training.rundir import check_run_dir_free, check_run_paths
     from hpctrain.training.setup import resolve_config, resolve_strategy
+    from hpctrain.training.stopping import time_limit
 
     if cfg.nproc is not None and cfg.dist_init_method not in (None, "auto"):
         raise UserError(
@@ -34,6 +35,7 @@ def refuse_bad_input(cfg: TrainConfig, dataset_defaulted: bool = False) -> tuple
             "srun, or by hand with RANK and WORLD_SIZE set): drop one of the two"
         )
     restart_count()  # a malformed SLURM_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT fails here, not mid-start
+    time_limit(os.environ)  # HPCTRAIN_TIME_LIMIT_S / _WARNING_S: here, not when the loop arms the timer
     recipe = get_recipe(cfg.workload, cfg.recipe).for_config(cfg)
     resolved = resolve_config(cfg, recipe)
     plan = _spawn_plan(cfg)

@@ -4,7 +4,8 @@ anything that could make the read itself costly.
 A job file is a few lines written by a person. What is refused here, each with a one-line UserError:
 what is not a regular file (a FIFO; /dev/zero behind a link), files above MAX_JOB_FILE_BYTES, text that is not
 UTF-8 (all three for .params files too), YAML anchors and aliases (nested aliases expand a few hundred bytes into
-gigabytes: "billion laughs"), and nesting so deep that the parsers recurse out of the stack.
+gigabytes: "billion laughs"), nesting so deep that the parsers recurse out of the stack, and numbers of more digits
+than Python converts (4,300).
 `mapping.from_mapping` validates the job data that comes back.
 
 Besides the JobSpec keys, a YAML/TOML job file may name its scheduler and hold a section of that scheduler's
@@ -105,17 +106,24 @@ def read_job_text(path: Path) -> str:
 
 
 def _parse(path: Path, text: str) -> Any:
-    if path.suffix == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise UserError(f"job file {path} is not valid TOML: {err}") from None
-    import yaml
-
     try:
-        return yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        raise UserError(f"job file {path} is not valid YAML: {_one_line(err)}") from None
+        if path.suffix == ".toml":
+            try:
+                return tomllib.loads(text)
+            except tomllib.TOMLDecodeError as err:
+                raise UserError(f"job file {path} is not valid TOML: {err}") from None
+        import yaml
+
+        try:
+            return yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+        except yaml.YAMLError as err:
+            raise UserError(f"job file {path} is not valid YAML: {_one_line(err)}") from None
+    except ValueError as err:  # a number the parser could not convert: Python's limit on an integer's digits
+        digits = re.search(r"value has (\d+) digits", str(err))
+        what = f"a number of {digits[1]} digits" if digits else f"a value that cannot be read ({_one_line(err)[:200]})"
+        raise UserError(
+            f"job file {path} holds {what}: no job option is anywhere near that large; check the file"
+        ) from None
 
 
 def _one_line(err: Exception) -> str:

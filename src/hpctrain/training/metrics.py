@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from hpctrain.errors import brief
 from hpctrain.fsutil import append_line, refuse_symlinks, write_atomic
-from hpctrain.readback import BadRunFile, parse_json_lines, read_text
+from hpctrain.readback import BadRunFile, parse_json_lines, read_bytes, split_lines
 
 METRICS_FILE = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 << 20
@@ -80,10 +80,15 @@ class MetricsLog:
 
 def read_metrics(run_dir: str | Path, on_bad: Callable[[BadRunFile], None] | None = None) -> list[dict[str, Any]]:
     """The epoch records of RUN/metrics.jsonl, oldest first; none when there is no file. A line that is not a
-    record is skipped (and given to `on_bad`); a file that cannot be read (special, a link, too large, not UTF-8)
-    raises BadRunFile."""
+    record (not UTF-8, not JSON, not an epoch's) is skipped (and given to `on_bad`); a file that cannot be read
+    (special, a link, too large) raises BadRunFile."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        data = _read(path)
+    except FileNotFoundError:
+        return []
     records = []
-    for _, value in _lines(Path(run_dir) / METRICS_FILE, None):
+    for _, value in _records(data, path):
         if isinstance(value, BadRunFile):
             if on_bad is not None:
                 on_bad(value)
@@ -92,18 +97,15 @@ def read_metrics(run_dir: str | Path, on_bad: Callable[[BadRunFile], None] | Non
     return records
 
 
-def _lines(path: Path, text: list[str] | None) -> list[tuple[int, dict[str, Any] | BadRunFile]]:
-    """metrics.jsonl's lines, parsed and checked (BadRunFile for one that is not a record); `text`, if given, gets
-    the file's lines as read."""
-    try:
-        read = read_text(path, MAX_METRICS_BYTES, within=path.parent)
-    except FileNotFoundError:
-        return []
-    if text is not None:
-        text += read.split("\n")
+def _read(path: Path) -> bytes:
+    return read_bytes(path, MAX_METRICS_BYTES, within=path.parent)
+
+
+def _records(data: bytes, path: Path) -> list[tuple[int, dict[str, Any] | BadRunFile]]:
+    """metrics.jsonl's lines, each decoded, parsed and checked on its own (BadRunFile for one that is not a record)."""
     return [
         (number, value if isinstance(value, BadRunFile) else _checked(value, f"{path}, line {number}"))
-        for number, value in parse_json_lines(read, path, allow_nan=True)
+        for number, value in parse_json_lines(data, path, allow_nan=True)
     ]
 
 
@@ -125,13 +127,19 @@ def _checked(value: Any, source: str) -> dict[str, Any] | BadRunFile:
 
 def _drop_records_after(path: Path, step: int) -> None:
     """A resumed run's metrics.jsonl without the records a killed attempt wrote after the checkpoint at `step`. A
-    line cut short by the kill is dropped; other lines that are not records are kept as they are."""
-    text: list[str] = []
-    lines = _lines(path, text)
-    if not text:
+    line cut short by the kill is dropped; other lines that are not records (not UTF-8 among them) are kept as they
+    are, byte for byte."""
+    try:
+        data = _read(path)
+    except FileNotFoundError:
         return
-    kept = [text[number - 1] for number, value in lines if isinstance(value, BadRunFile) or value["step"] <= step]
-    write_atomic(path, "".join(line + "\n" for line in kept).encode())
+    lines = split_lines(data)
+    kept = [
+        lines[number - 1]
+        for number, value in _records(data, path)
+        if isinstance(value, BadRunFile) or value["step"] <= step
+    ]
+    write_atomic(path, b"".join(line + b"\n" for line in kept))
 
 
 class Progress:

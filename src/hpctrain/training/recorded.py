@@ -36,7 +36,7 @@ def settings_with(
         return cfg.replace(**changes)
     except UserError as err:
         name = next((n for n in changes if f"--{n.replace('_', '-')} " in str(err)), None)
-        raise _refused(
+        raise refused(
             source,
             "settings",
             f"fail the command line's check ({str(err).rstrip('.')})",
@@ -49,7 +49,7 @@ def check_types(settings: dict[str, Any], source: Path | None, overridable: tupl
     hints = typing.get_type_hints(TrainConfig)
     for name, value in settings.items():
         if name in hints and (problem := check_value(value, hints[name])):
-            raise _refused(source, f"setting {name}", problem, name if name in overridable else None)
+            raise refused(source, f"setting {name}", problem, name if name in overridable else None)
 
 
 def check_state(state: dict[str, Any], source: Path | None) -> None:
@@ -58,16 +58,16 @@ def check_state(state: dict[str, Any], source: Path | None) -> None:
     positive thread count. UserError naming `source` and the field otherwise."""
     for name in _COUNTERS:
         if type(state.get(name)) is not int or state[name] < 0:
-            raise _refused(source, name, f"is {brief(state.get(name), 40)}, not a whole number of at least 0")
+            raise refused(source, name, f"is {brief(state.get(name), 40)}, not a whole number of at least 0")
     for name in ("epoch_train_seconds", "best_accuracy"):
         value = state.get(name, 0.0)
         if not _number(value) or not math.isfinite(float(value)):
-            raise _refused(source, name, f"is {brief(value, 40)}, not a finite number")
+            raise refused(source, name, f"is {brief(value, 40)}, not a finite number")
     ranks = state.get("ranks")
     if isinstance(ranks, dict) and "parts" in ranks:  # a job's checkpoint: each rank's part in a file of its own
         check_parts_record(ranks, source)
     elif not isinstance(ranks, list) or not ranks:
-        raise _refused(
+        raise refused(
             source,
             "ranks",
             f"is {brief(ranks, 40)}, not a list of the saved processes' states nor a record of their parts",
@@ -75,30 +75,30 @@ def check_state(state: dict[str, Any], source: Path | None) -> None:
     for index, rank in enumerate(ranks if isinstance(ranks, list) else []):
         check_part(rank, source, f"ranks[{index}]")
     if not _threads(state["config"].get("threads")):
-        raise _refused(source, "setting threads", f"is {brief(state['config'].get('threads'), 40)}, not a thread count")
+        raise refused(source, "setting threads", f"is {brief(state['config'].get('threads'), 40)}, not a thread count")
 
 
 def check_parts_record(ranks: dict[str, Any], source: Path | None) -> None:
     """What a job's checkpoint says of its ranks' parts: their folder beside it, how many ranks, their mean loss sum."""
     parts, world, mean = ranks.get("parts"), ranks.get("world_size"), ranks.get("loss_sum_mean")
     if not (isinstance(parts, str) and parts.endswith(".ranks") and "/" not in parts and parts not in (".", "..")):
-        raise _refused(source, "ranks.parts", f"is {brief(parts, 40)}, not the name of a folder of ranks' parts")
+        raise refused(source, "ranks.parts", f"is {brief(parts, 40)}, not the name of a folder of ranks' parts")
     if type(world) is not int or world < 1:
-        raise _refused(source, "ranks.world_size", f"is {brief(world, 40)}, not a number of processes")
+        raise refused(source, "ranks.world_size", f"is {brief(world, 40)}, not a number of processes")
     if not _number(mean):
-        raise _refused(source, "ranks.loss_sum_mean", f"is {brief(mean, 40)}, not a number")
+        raise refused(source, "ranks.loss_sum_mean", f"is {brief(mean, 40)}, not a number")
 
 
 def check_part(rank: Any, source: Path | None, field: str) -> None:
     """One rank's saved state: random streams `rng.restore` takes, a numeric loss sum and a positive thread count."""
     if not isinstance(rank, dict):
-        raise _refused(source, field, f"is {brief(rank, 40)}, not a process's state")
+        raise refused(source, field, f"is {brief(rank, 40)}, not a process's state")
     if problem := rng.problem(rank.get("rng")):
-        raise _refused(source, f"{field}.rng", problem)
+        raise refused(source, f"{field}.rng", problem)
     if not _number(rank.get("loss_sum")):
-        raise _refused(source, f"{field}.loss_sum", f"is {brief(rank.get('loss_sum'), 40)}, not a number")
+        raise refused(source, f"{field}.loss_sum", f"is {brief(rank.get('loss_sum'), 40)}, not a number")
     if not _threads(rank.get("threads")):
-        raise _refused(source, f"{field}.threads", f"is {brief(rank.get('threads'), 40)}, not a thread count")
+        raise refused(source, f"{field}.threads", f"is {brief(rank.get('threads'), 40)}, not a thread count")
 
 
 def _threads(value: Any) -> bool:
@@ -112,7 +112,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _refused(source: Path | None, field: str, problem: str, flag: str | None = None) -> UserError:
+def refused(source: Path | None, field: str, problem: str, flag: str | None = None) -> UserError:
     fix = f"give --{flag.replace('_', '-')} on the command line, " if flag else ""
     return UserError(
         f"{source or 'the checkpoint'}: its recorded {field} {problem}; it cannot be resumed as it "

@@ -15,8 +15,9 @@ from hpctrain.distributed import DistEnv
 from hpctrain.distributed.probes import may_be_a_restart
 from hpctrain.errors import UserError, brief
 from hpctrain.training.loop_state import CHECKPOINT_FORMAT, TRAIN_STATE_KEYS, load_own_part
-from hpctrain.training.recorded import check_state, check_types, settings_with
+from hpctrain.training.recorded import check_state, check_types, refused, settings_with
 from hpctrain.training.rundir import CHECKPOINT_DIR, checkpoint_dir
+from hpctrain.training.state_fit import optimization_problem
 from hpctrain.training.workload import Recipe
 
 # Fields that fix which data, model, crops and batch order a run has: a checkpoint cannot continue under other
@@ -223,7 +224,7 @@ def _check_resumable(cfg: TrainConfig, recipe: Recipe, state: dict[str, Any], so
             f"cannot resume {source} with a different {differences}. Resume with the values it was made "
             f"with ({original}), or start a new --run-dir"
         )
-    check_fits(cfg, recipe, state["model"], source)
+    check_fits(cfg, recipe, state["model"], source, optimization=state)
 
 
 def _flag(name: str) -> str:
@@ -244,13 +245,22 @@ def _as_option(name: str, value: Any) -> str:
 
 
 def check_fits(
-    cfg: TrainConfig, recipe: Recipe, weights: dict[str, Any], source: Path | None, saved: dict[str, Any] | None = None
+    cfg: TrainConfig,
+    recipe: Recipe,
+    weights: Any,
+    source: Path | None,
+    saved: dict[str, Any] | None = None,
+    optimization: dict[str, Any] | None = None,
 ) -> None:
     """The checkpoint's weights must have the parameter names and shapes of the model `recipe` builds for `cfg`
     (checked on the meta device: nothing is allocated or initialized). `saved`: the checkpoint's config, to name the
-    options it was made with."""
+    options it was made with. `optimization`: the checkpoint's whole state, whose optimizer and scheduler state must
+    fit the optimization the recipe builds for that model (`state_fit`), before anything steps with them."""
+    if not isinstance(weights, dict) or not all(isinstance(key, str) for key in weights):
+        raise refused(source, "model", f"is {brief(weights, 40)}, not a model's weights (names and tensors)")
+    shaped = recipe.for_config(cfg)
     with torch.device("meta"):
-        model = recipe.for_config(cfg).build_model()
+        model = shaped.build_model()
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     problems = [
@@ -272,3 +282,8 @@ def check_fits(
             f"{source} holds a different model than {cfg.workload}/{cfg.recipe} builds ({shown}); "
             f"{fix}, or start a new --run-dir"
         )
+    if optimization is not None:
+        with torch.device("meta"):
+            built = shaped.build_optimization(model, cfg.lr, cfg.epochs, 1)
+        if found_problem := optimization_problem(optimization, built):
+            raise refused(source, *found_problem)

@@ -12,7 +12,9 @@ checkpoint the same step and exit.
 
 On Kubernetes the job's own timer plays Slurm's part: a pod rendered with --time carries HPCTRAIN_TIME_LIMIT_S (the
 training time of one attempt) and HPCTRAIN_TIME_WARNING_S (--signal-grace), and `install` arms a timer that asks the
-run to stop, as SIGUSR1 would, that many seconds before the limit, counted from this process's start.
+run to stop, as SIGUSR1 would, that many seconds before the limit, counted from this process's start. Values that
+cannot arm that timer (not a number, beyond threading's longest wait, a warning as long as the limit) are refused
+in one line before the run starts (`time_limit`), never ignored.
 
 Once the run has ended (`StopRequest.finish`), these signals are ignored until the process exits: the outcome is
 written, and a time-limit warning or scancel arriving in the last moments must not turn a completed run into one
@@ -31,6 +33,7 @@ warning only on that word.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -39,6 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from hpctrain.errors import UserError, brief
 from hpctrain.fsutil import write_atomic
 
 # The exit statuses, stop reasons and the words and variables a run shares with the script that started it live in
@@ -111,20 +115,19 @@ class StopRequest:
     def arm_time_limit(self, environ: Mapping[str, str], started: float | None = None) -> float | None:
         """Ask for a stop (PREEMPTED: checkpoint, exit 75) HPCTRAIN_TIME_WARNING_S seconds before the end of
         HPCTRAIN_TIME_LIMIT_S seconds after `started` (default: this process's start). Returns the delay, or None
-        when no timer is asked for (no limit, or a warning of 0 s, which on Slurm too means no warning)."""
-        try:
-            limit, warning = int(environ.get(TIME_LIMIT_ENV, "")), int(environ.get(TIME_WARNING_ENV, "0"))
-        except ValueError:
+        when no timer is asked for (no limit, or a warning of 0 s, which on Slurm too means no warning); a
+        UserError for values that cannot arm one (`time_limit`)."""
+        asked = time_limit(environ)
+        if asked is None or self._timer is not None:
             return None
-        if limit <= 0 or warning <= 0 or self._timer is not None:
-            return None
+        limit, warning = asked
         begun = process_start_time() if started is None else started
         delay = max(0.0, begun + limit - warning - time.time())
 
         def time_up() -> None:
             if not self._finished:
                 print(
-                    f"hpctrain: the time limit ({limit} s of training, {TIME_LIMIT_ENV}) ends in {warning} s: "
+                    f"hpctrain: the time limit ({limit:g} s of training, {TIME_LIMIT_ENV}) ends in {warning:g} s: "
                     "checkpointing and stopping",
                     file=sys.stderr,
                     flush=True,
@@ -165,6 +168,46 @@ class StopRequest:
 
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
+
+
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?")
+
+
+def time_limit(environ: Mapping[str, str]) -> tuple[float, float] | None:
+    """(limit, warning) in seconds from HPCTRAIN_TIME_LIMIT_S and HPCTRAIN_TIME_WARNING_S, checked for the timer
+    they arm: None when no timer is asked for (no limit set, or a warning of 0 s); a UserError naming the variable
+    for a value that is not a number of seconds, a limit of 0 or one beyond the longest wait Python's timer takes
+    (threading.TIMEOUT_MAX), or a warning not shorter than the limit (the run would checkpoint and stop at once,
+    at every start). Read before anything starts (`hpctrain train` checks it with its options)."""
+    text = environ.get(TIME_LIMIT_ENV, "").strip()
+    if not text:
+        return None
+    limit = _seconds(TIME_LIMIT_ENV, text)
+    if limit == 0:
+        raise UserError(f"{TIME_LIMIT_ENV}=0: a time limit of no time; set a number of seconds above 0, or unset it")
+    warning = _seconds(TIME_WARNING_ENV, environ.get(TIME_WARNING_ENV, "0").strip() or "0")
+    if warning == 0:
+        return None
+    if warning >= limit:
+        raise UserError(
+            f"{TIME_WARNING_ENV}={warning:g} is not shorter than {TIME_LIMIT_ENV}={limit:g}: the run would "
+            "checkpoint and stop as soon as it starts, at every start; give a warning shorter than the limit "
+            "(--signal-grace below --time)"
+        )
+    return limit, warning
+
+
+def _seconds(name: str, text: str) -> float:
+    """A number of seconds a timer can wait, from the environment variable `name` (`text` its value)."""
+    if not _SECONDS.fullmatch(text):
+        raise UserError(f"{name}={brief(text, 40)} is not a number of seconds; set it as e.g. {name}=3600, or unset it")
+    value = float(text)
+    if not value <= threading.TIMEOUT_MAX:  # inf ("1e999") too
+        raise UserError(
+            f"{name}={brief(text, 40)} is more seconds than a timer can wait ({threading.TIMEOUT_MAX:.0f}); "
+            "give the time one attempt may run"
+        )
+    return value
 
 
 def process_start_time() -> float:

@@ -11,6 +11,9 @@ Forms seen in the field and on the local cluster (Slurm 20.11 up to current; tes
 
 Commas separate entries but also appear inside parentheses (`IDX:0-1,3`), so the split is done by hand. An
 entry's `name[:type]:count` is read by jobs/values.py's gres_fields, which also reads a user's --gres.
+A node's GPUs are counted, and listed one by one (shards per GPU, indexes), so a count is checked for that use: at
+most MAX_GPUS_PER_NODE GPUs on a node, GPU indexes below it (`gpu:99999999999999` once made `cluster` spin);
+`node_usage` refuses a GRES it cannot use in one line (a UserError) rather than a traceback.
 Pure functions only.
 """
 
@@ -20,7 +23,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-from hpctrain.jobs.values import gres_fields
+from hpctrain.errors import UserError, brief
+from hpctrain.jobs.values import MAX_GPUS_PER_NODE, gres_fields
 
 # The detail in parentheses is the last thing; `(null)` may also appear as the type.
 _ENTRY_RE = re.compile(r"^(?P<head>.+?)(?:\((?P<detail>[^()]*)\))?$")
@@ -65,9 +69,14 @@ def parse_index_list(text: str) -> tuple[int, ...] | None:
     out: list[int] = []
     for part in text.split(","):
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not lo.isdigit() or (sep and not hi.isdigit()) or len(lo) > 9 or len(hi) > 9:
             raise ValueError(f"bad GRES index list {text!r}")
-        out.extend(range(int(lo), int(hi if sep else lo) + 1))
+        first, last = int(lo), int(hi if sep else lo)
+        if last >= MAX_GPUS_PER_NODE or len(out) + last - first >= MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"GRES index list {brief(text, 60)} names devices beyond the {MAX_GPUS_PER_NODE} a node holds"
+            )
+        out.extend(range(first, last + 1))
     return tuple(out)
 
 
@@ -125,10 +134,16 @@ def node_usage(gres: str | None, gres_used: str | None) -> GpuUsage:
 
     Shards in use are exact only when Slurm prints them per GPU (`32(0/64,32/64)`, Slurm 23.11+). Slurm 22.05
     and 23.02 print `shard:(null):1(IDX:0)`, where 1 counts GPUs that carry shards: then shards_used is None and
-    the caller fills it from the running jobs (see query.py)."""
-    total = parse_gres(gres)
-    used = parse_gres(gres_used)
+    the caller fills it from the running jobs (see query.py). A UserError, naming the GRES, for one that cannot be
+    read or counts more than MAX_GPUS_PER_NODE GPUs."""
+    try:
+        total = parse_gres(gres)
+        used = parse_gres(gres_used)
+    except ValueError as err:
+        raise _unusable(gres, gres_used, str(err)) from None
     gpus_total = gres_count(total, "gpu")
+    if max(gpus_total, gres_count(used, "gpu")) > MAX_GPUS_PER_NODE:
+        raise _unusable(gres, gres_used, f"more than the {MAX_GPUS_PER_NODE} GPUs a node can hold")
     shards_total = gres_count(total, "shard")
     gpu_type = next((e.type for e in total if e.name == "gpu" and e.type), None)
     shard_used_entries = [e for e in used if e.name == "shard"]
@@ -157,6 +172,13 @@ def node_usage(gres: str | None, gres_used: str | None) -> GpuUsage:
     )
 
 
+def _unusable(gres: str | None, gres_used: str | None, why: str) -> UserError:
+    return UserError(
+        f"Slurm reports a node with Gres={brief(gres, 80)} GresUsed={brief(gres_used, 80)}: {why}; hpctrain cannot "
+        "count that node's GPUs (ask the cluster's admins to check its gres.conf)"
+    )
+
+
 def even_split(shards_total: int, gpus_total: int, used_by_index: dict[int, int]) -> tuple[tuple[int, int], ...] | None:
     """(used, total) per GPU assuming the shards are spread evenly over the GPUs (what Slurm does with a
     `Name=shard Count=N` line for N divisible by the GPU count); None when that cannot be assumed."""
@@ -173,7 +195,14 @@ def job_shards_by_gpu(job_gres: str | None) -> dict[int, int]:
     `GRES=shard:16(IDX:0)`. Shards on several GPUs (`IDX:0-1`) cannot be split exactly: they are shared out
     evenly, the remainder on the first GPU."""
     out: dict[int, int] = {}
-    for e in parse_gres(job_gres):
+    try:
+        entries = parse_gres(job_gres)
+    except ValueError as err:
+        raise UserError(
+            f"Slurm reports a running job holding GRES={brief(job_gres, 80)}: {err}; hpctrain cannot count the "
+            "shards in use (ask the cluster's admins)"
+        ) from None
+    for e in entries:
         if e.name != "shard" or e.count <= 0:
             continue
         idx = e.indexes or (0,)
