@@ -246,6 +246,7 @@ def check_fresh_steps(log: Path, processes: int) -> None:
     """Fail unless at least `processes` Python processes started in the test's jobs, every one fresh and below a
     slurmstepd."""
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
     def brief(argv: list[str]) -> str:
         return " ".join(word[:40] for word in argv[:4])
 
