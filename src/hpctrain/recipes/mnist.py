@@ -216,7 +216,7 @@ def warmup_linear_decay(warmup_steps: int, total_steps: int):
 
 def _fused(model: nn.Module) -> dict[str, bool]:
     """SGD's fused=True where this torch has it for the model's device: one kernel per parameter instead of several,
-    half the optimizer's time per step. Elsewhere the plain SGD (the same numbers), said once."""
+    half the optimizer's time per step. Elsewhere the plain SGD, said once."""
     device = next(model.parameters()).device.type
     if compat.fused_sgd(device):
         return {"fused": True}
