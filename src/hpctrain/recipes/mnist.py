@@ -220,7 +220,8 @@ def _fused(model: nn.Module) -> dict[str, bool]:
     device = next(model.parameters()).device.type
     if compat.fused_sgd(device):
         return {"fused": True}
-    compat.say_once("fused-sgd", f"torch {torch.__version__} has no fused SGD on {device} (torch >= 2.4): plain SGD")
+    since = "2.4 on a CPU, 2.3 on a GPU"
+    compat.say_once("fused-sgd", f"torch {torch.__version__} has no fused SGD on {device} (torch {since}): plain SGD")
     return {}
 
 
