@@ -7,12 +7,14 @@ with the script's output when the cluster cannot come up. It never stops the clu
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -215,8 +217,46 @@ STEP_STARTUPS = ({}, {"OMP_NUM_THREADS": "1"})
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
     yield
-    if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if item.get_closest_marker("fresh_steps") is not None:
+        fresh_job_steps(item)
+    elif SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
         warm_job_steps()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    marker = item.get_closest_marker("fresh_steps")
+    if marker is not None:
+        check_fresh_steps(Path(os.environ["HPCTRAIN_TEST_STEP_LOG"]), marker.kwargs["processes"])
+    return result
+
+
+def fresh_job_steps(item: pytest.Item) -> None:
+    """For a test marked `fresh_steps(processes=N)`: its jobs' processes start as a user's do, each a fresh
+    interpreter under slurmstepd (no warm process: Slurm's signals, the step's start-up in the job's environment and
+    the moments before the handlers are installed are the real ones), and each records how it started
+    (tests/slurm_steps/sitecustomize.py) in a file that `check_fresh_steps` reads once the test has passed."""
+    os.environ.pop("HPCTRAIN_TEST_WARM_STEPS", None)
+    where = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    os.environ["HPCTRAIN_TEST_STEP_LOG"] = str(Path(where or tempfile.mkdtemp()) / "step-starts.jsonl")
+
+
+def check_fresh_steps(log: Path, processes: int) -> None:
+    """Fail unless at least `processes` Python processes started in the test's jobs, every one fresh and below a
+    slurmstepd."""
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    def brief(argv: list[str]) -> str:
+        return " ".join(word[:40] for word in argv[:4])
+
+    warm = [brief(r["argv"]) for r in records if r["started"] != "fresh"]
+    outside = [(brief(r["argv"]), r["ancestors"]) for r in records if "slurmstepd" not in r["ancestors"]]
+    if warm or outside or len(records) < processes:
+        pytest.fail(
+            f"the job's processes did not all start fresh under slurmstepd: {len(records)} started (at least "
+            f"{processes} expected); handed to a warm process: {warm}; not below a slurmstepd: {outside}"
+        )
 
 
 def warm_job_steps() -> None:

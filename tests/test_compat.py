@@ -36,6 +36,28 @@ def test_version_tuple() -> None:
     assert compat.version_tuple("weird") == (0, 0)
 
 
+def test_fused_sgd_is_said_exactly_where_this_torch_has_it(capsys) -> None:
+    """The capability comes from SGD's signature and torch's version; the truth is whether this torch's SGD takes
+    fused=True for a CPU parameter and steps (torch 2.2 refuses the keyword with a TypeError, 2.3 the CPU with a
+    RuntimeError: the fast recipe, catching only the latter, died at start on the floor torch)."""
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    try:
+        torch.optim.SGD([param], lr=0.1, momentum=0.9, nesterov=True, fused=True).step()
+        works = True
+    except (TypeError, RuntimeError):
+        works = False
+    assert compat.fused_sgd("cpu") is works
+
+    from hpctrain.recipes.mnist import FastRecipe
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = FastRecipe().build_optimization(model, 0.1, 1, 4).optimizer
+    assert optimizer.defaults.get("fused") is (True if works else None)
+    said = capsys.readouterr().err
+    assert ("no fused SGD on cpu" in said) is not works, said
+
+
 def test_device_id_is_passed_only_where_torch_takes_it(monkeypatch, capsys) -> None:
     import torch.distributed as dist
 

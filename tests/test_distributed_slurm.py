@@ -72,6 +72,7 @@ def test_srun_tasks_detect_slurm_and_all_reduce(slurm_cluster: LocalSlurm, tmp_p
     assert [r["node"] for r in results] == ["node1", "node2"]
 
 
+@pytest.mark.fresh_steps(processes=2)  # a user's own script under srun, as a user starts it
 def test_example_script_runs_unchanged_under_srun(slurm_cluster: LocalSlurm, tmp_path: Path) -> None:
     out = srun([sys.executable, str(EXAMPLE), "--run-dir", "run", "--epochs", "2", "--device", "cpu"], tmp_path)
     assert "[rank 0] rank 0/2 (local 0/1, node 0/2) via slurm" in out

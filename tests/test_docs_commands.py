@@ -16,6 +16,9 @@ import pytest
 
 from hpctrain.cli import SUBCOMMANDS, build_parser, late_positionals, unrecognized
 
+# The floor environment (the oldest supported Python, torch, torchvision) parses them too.
+pytestmark = pytest.mark.floor
+
 ROOT = Path(__file__).parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
 SHELL_BREAKS = {"|", "||", "&&", ";", ">", ">>", "&"}

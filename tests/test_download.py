@@ -200,6 +200,33 @@ def test_cli_downloads_verifies_then_skips_without_requests(tmp_path, http_mirro
     assert load_dataset("fashion-mnist", tmp_path)["train_images"].shape == (60_000, 28, 28)
 
 
+@pytest.mark.floor  # torchvision's oldest supported MNIST classes read the same layout
+def test_cli_download_is_what_torchvisions_fashion_mnist_loads_offline(tmp_path, http_mirror, fashion_mnist_source):
+    """The cluster guides' scripts use torchvision.datasets.FashionMNIST(root): after `hpctrain download` it loads
+    with download=False (an offline node), the same images and labels hpctrain loads; the archives are hard links,
+    not second copies; a bad file in torchvision's folder is moved aside and written anew."""
+    torchvision = pytest.importorskip("torchvision")
+    url = http_mirror(fashion_mnist_source)
+    assert run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url).returncode == 0
+    raw = tmp_path / "FashionMNIST" / "raw"
+    for name in NAMES:  # one file on disk under two names
+        assert (raw / name).stat().st_ino == (tmp_path / "fashion-mnist" / name).stat().st_ino
+    ours = load_dataset("fashion-mnist", tmp_path)
+    for train, split in ((True, "train"), (False, "test")):
+        theirs = torchvision.datasets.FashionMNIST(str(tmp_path), train=train, download=False)
+        assert theirs.data.equal(ours[f"{split}_images"]) and theirs.targets.equal(ours[f"{split}_labels"])
+
+    damaged = raw / "t10k-labels-idx1-ubyte"
+    damaged.write_bytes(damaged.read_bytes()[:-1])
+    again = run_cli("fashion-mnist", "--data-dir", str(tmp_path), "--mirror", url)
+    assert again.returncode == 0, again.stderr
+    assert len(http_mirror.requests(url)) == 4  # the verified archives were used, not fetched again
+    assert (raw / "t10k-labels-idx1-ubyte.corrupt").stat().st_size == 10_007
+    assert f"FashionMNIST(root={tmp_path}) reads them from {raw}/" in again.stderr
+    assert torchvision.datasets.FashionMNIST(str(tmp_path), train=False).targets.equal(ours["test_labels"])
+    assert leftovers(raw) == []
+
+
 def test_cli_corrupt_first_mirror_falls_back_to_second(tmp_path, http_mirror, fashion_mnist_source):
     bad = http_mirror(corrupt_copy(fashion_mnist_source, tmp_path / "bad-mirror"))
     good = http_mirror(fashion_mnist_source)

@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 EPOCHS = 2
 
 
+@pytest.mark.fresh_steps(processes=6)  # 2 attempts of a torchrun agent and its 2 ranks, fresh
 def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(
     slurm_cluster, tmp_path: Path, fashion_data_dir: Path
 ) -> None:

@@ -7,6 +7,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from hpctrain.config import TrainConfig
 from hpctrain.recipes import get_recipe
 from hpctrain.training.metrics import read_metrics
@@ -22,6 +24,7 @@ def first_try_command() -> list[str]:
     return shlex.split(re.search(r"```bash\n(.*?)```", text, re.S).group(1), comments=True)
 
 
+@pytest.mark.floor  # the README's command, on the oldest supported torch and torchvision too
 def test_the_readmes_quick_first_try_learns_on_a_small_folder(fashion_folders: Path, tmp_path: Path) -> None:  # noqa: F811
     command = first_try_command()
     assert command[:4] == ["hpctrain", "train", "imagenet", "DATA"], command

@@ -208,6 +208,7 @@ def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
     assert_time_limit_run(job, SINGLE_EPOCHS, single_reference)
 
 
+@pytest.mark.fresh_steps(processes=12)  # 2 attempts of 2 torchrun agents and 4 ranks, fresh
 @pytest.mark.floor
 def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
     slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path

@@ -11,10 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hpctrain.training.metrics import read_metrics
 from training_helpers import clean_environ
 
 README = Path(__file__).parent.parent / "README.md"
+# The floor environment (the oldest supported torch) runs these commands too: they are the first a user types.
+pytestmark = pytest.mark.floor
+
 QUICK = ["--train-limit", "224", "--test-limit", "200", "--epochs", "1", "--threads", "1", "--log-interval", "0"]
 
 

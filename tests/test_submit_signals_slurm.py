@@ -116,6 +116,7 @@ def test_time_limit_warning_reaches_every_worker_and_requeues(
     assert state in ("COMPLETED", None), log  # None: the controller already forgot the finished job
 
 
+@pytest.mark.fresh_steps(processes=6)  # scancel's TERM through fresh torchrun agents: 2 agents, 4 workers
 def test_scancel_reaches_workers_as_term_and_does_not_requeue(slurm, tmp_path: Path) -> None:
     job_id, run_dir = submit_worker(tmp_path, "--time", "10")
     wait_for(lambda: len(list(run_dir.glob("started-0-*"))) == 4, "4 workers starting", 600, job_id, tmp_path)

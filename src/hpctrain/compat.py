@@ -6,6 +6,7 @@ and a missing one gets a fallback that works plus one line, once per job, saying
     torch.distributed.init_process_group(device_id=...)   torch >= 2.3   eager NCCL initialisation
     torchvision.io.decode_jpeg(list_of_jpegs, ...)         torchvision >= 0.19   one batched GPU decode per batch
     TORCH_GLOO_LAZY_INIT=1 (gloo connects on first use)     torch >= 2.8   the stop vote's gloo group: 2 peers a rank
+    torch.optim.SGD(fused=True)                             torch >= 2.3 (CUDA), 2.4 (CPU)   one kernel per parameter
 
 (torchrun's --signals-to-handle, torch >= 2.9, is decided in the batch script: schedulers/slurm/render.py.)
 """
@@ -41,6 +42,20 @@ def gloo_connects_lazily() -> bool:
     import torch
 
     return version_tuple(torch.__version__) >= (2, 8)
+
+
+@functools.cache
+def fused_sgd(device_type: str) -> bool:
+    """torch.optim.SGD(fused=True) on a device of this type: the keyword exists since torch 2.3 (CUDA only; an
+    older SGD refuses it with a TypeError), the CPU kernels since torch 2.4. Read from the signature and the
+    version, as torch documents them, not from which exception a refusal raises."""
+    import torch
+
+    if "fused" not in inspect.signature(torch.optim.SGD).parameters:
+        return False
+    if device_type == "cuda":
+        return True
+    return device_type == "cpu" and version_tuple(torch.__version__) >= (2, 4)
 
 
 @functools.cache

@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import http.client
 import os
+import shutil
 import tempfile
 import time
 import urllib.error
@@ -314,7 +315,110 @@ def download(
             else:
                 raise UserError(_failure_message(spec, fspec, failures, target_dir))
             paths.append(final)
+        torchvision_layout(spec, target_dir.parent, paths, reporter)
     return paths
+
+
+# ---------------------------------------------------------------- torchvision's layout
+def torchvision_raw_dir(spec: DatasetSpec, data_dir: os.PathLike | str) -> Path | None:
+    """Where torchvision.datasets.MNIST/FashionMNIST(root=data_dir) looks for the files: root/<Class>/raw/."""
+    if spec.torchvision_folder is None:
+        return None
+    return Path(data_dir).absolute() / spec.torchvision_folder / "raw"
+
+
+def torchvision_layout(spec: DatasetSpec, data_dir: Path, paths: list[Path], reporter: PlainReporter) -> None:
+    """Lay the verified files (`paths`, in ROLES order) out as torchvision's own download leaves them, so that a
+    script's `torchvision.datasets.FashionMNIST(DATA)` loads them on an offline node: torchvision reads (and its
+    `_check_exists` looks for) only the uncompressed files in DATA/<Class>/raw/. Each is written as a download is
+    (a temporary file, its content verified, renamed into place), or hard linked where our copy is uncompressed
+    already; the archive is hard linked beside it (no second copy on disk). A valid file already there is kept; an
+    invalid one is moved aside, as in our own folder."""
+    raw_dir = torchvision_raw_dir(spec, data_dir)
+    if raw_dir is None:
+        return
+    try:
+        raw_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create {raw_dir}: {err.strerror}; pass --data-dir with a writable directory")
+    for role, source in zip(ROLES, paths):
+        fspec = spec.files[role]
+        final = raw_dir / fspec.name
+        if _is_uncompressed_copy(final, fspec):
+            continue
+        _move_aside(final, reporter, "torchvision reads only the uncompressed data there")
+        _write_uncompressed(source, final, fspec)
+        if source.name == fspec.archive_name:
+            try:  # where torchvision's own download leaves the archive; optional: torchvision never reads it
+                os.link(source, raw_dir / fspec.archive_name)
+            except OSError:
+                pass  # there already, or a file system without hard links
+    fsync_dir(raw_dir)
+    reporter.info(f"torchvision.datasets.{spec.torchvision_folder}(root={data_dir}) reads them from {raw_dir}/")
+
+
+def _is_uncompressed_copy(path: Path, fspec: FileSpec) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        digest, size = _md5_of_stream(f.read, limit=fspec.raw_size)
+    return size == fspec.raw_size and digest == fspec.raw_md5
+
+
+def _move_aside(path: Path, reporter: PlainReporter, why: str) -> None:
+    if not os.path.lexists(path):
+        return
+    aside = path.with_name(path.name + ".corrupt")
+    try:
+        os.replace(path, aside)
+    except OSError as err:
+        raise UserError(
+            f"{path} is not the verified data ({why}) and cannot be moved aside ({err.strerror}); "
+            "delete it, or pass --data-dir with a writable directory"
+        ) from err
+    reporter.warn(f"{path} is not the verified data ({why}); moved it to {aside.name}")
+
+
+def _write_uncompressed(source: Path, final: Path, fspec: FileSpec) -> None:
+    """`final` becomes the uncompressed content of the verified `source`: written to a temporary file beside it,
+    checked against the published uncompressed md5, then renamed; a hard link when `source` is uncompressed."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
+    except OSError as err:
+        raise _write_error(final, fspec, err, 0) from None
+    tmp = Path(tmp_name)
+    written = 0
+    try:
+        with open(source, "rb") as raw:
+            gzipped = raw.read(2) == GZIP_MAGIC
+        if not gzipped:
+            os.close(fd)
+            fd = -1
+            tmp.unlink()  # its name, now for a hard link to our copy (one file on disk), else a copy of it
+            try:
+                os.link(source, tmp)
+            except OSError:
+                shutil.copyfile(source, tmp)
+        else:
+            digest = _md5()
+            with gzip.open(source, "rb") as stream:
+                while block := stream.read(CHUNK):
+                    digest.update(block)
+                    _write_all(fd, block)
+                    written += len(block)
+                    if written > fspec.raw_size:
+                        break
+            if written != fspec.raw_size or digest.hexdigest() != fspec.raw_md5:
+                raise UserError(f"{source} changed while it was being unpacked into {final}; run the download again")
+            os.fsync(fd)
+            _apply_umask(tmp)
+        os.replace(tmp, final)
+    except OSError as err:
+        raise _write_error(final, fspec, err, written) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)  # no-op after the rename
 
 
 def _remove_stale_parts(final: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hpctrain import compat
 from hpctrain.data import load_dataset
 from hpctrain.recipes.base import Optimization, Recipe, TensorData, keep_freed_memory
 from hpctrain.recipes.catalog import CATALOG
@@ -213,6 +214,17 @@ def warmup_linear_decay(warmup_steps: int, total_steps: int):
     return factor
 
 
+def _fused(model: nn.Module) -> dict[str, bool]:
+    """SGD's fused=True where this torch has it for the model's device: one kernel per parameter instead of several,
+    half the optimizer's time per step. Elsewhere the plain SGD, said once."""
+    device = next(model.parameters()).device.type
+    if compat.fused_sgd(device):
+        return {"fused": True}
+    since = "2.4 on a CPU, 2.3 on a GPU"
+    compat.say_once("fused-sgd", f"torch {torch.__version__} has no fused SGD on {device} (torch {since}): plain SGD")
+    return {}
+
+
 class FastRecipe(Recipe):
     """Ours: the quickest route to about 90% Fashion-MNIST test accuracy on a CPU we found (docs/benchmarks.md).
 
@@ -263,10 +275,7 @@ class FastRecipe(Recipe):
         decay = [p for p in model.parameters() if p.ndim > 1]
         no_decay = [p for p in model.parameters() if p.ndim <= 1]
         groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        try:  # one kernel per parameter instead of several: half the optimizer's time per step
-            optimizer = torch.optim.SGD(groups, lr=lr, momentum=self.momentum, nesterov=True, fused=True)
-        except RuntimeError:  # torch < 2.4 has no fused SGD on the CPU
-            optimizer = torch.optim.SGD(groups, lr=lr, momentum=self.momentum, nesterov=True)
+        optimizer = torch.optim.SGD(groups, lr=lr, momentum=self.momentum, nesterov=True, **_fused(model))
         total = max(1, epochs * steps_per_epoch)
         warmup = max(1, round(self.warmup_fraction * total))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup, total))
