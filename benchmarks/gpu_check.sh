@@ -77,9 +77,11 @@ if [[ "${GPU_CHECK_REHEARSE:-}" == 1 ]] || ! has_cuda; then
     step mnist_speed 300 python3 benchmarks/mnist_speed.py --data-dir .gpudata --device cpu --repeats 1 \
         --fast-epochs 1 --images 640 --skip classic
     step imagenet50 300 python3 benchmarks/imagenet_gpu.py --device cpu --images 24 --steps 2 --archs resnet18 \
-        --workers 2 --raw-max-side 96 --backends "cpu,raw,nvjpeg,torchvision" --out "$OUT/imagenet.jsonl"
+        --workers 2 --raw-max-side 96 --backends "cpu,raw,nvjpeg,torchvision" --keep-data /tmp/gpu-check-rehearsal-data \
+        --out "$OUT/imagenet.jsonl"
     step imagenet18 150 python3 benchmarks/imagenet_gpu.py --device cpu --images 24 --steps 2 --archs resnet18 \
-        --workers 2 --raw-max-side 96 --backends raw --no-synthetic --out "$OUT/imagenet.jsonl"
+        --workers 2 --raw-max-side 96 --backends raw --no-synthetic --keep-data /tmp/gpu-check-rehearsal-data \
+        --out "$OUT/imagenet.jsonl"
     step mnist_eager 200 env HPCTRAIN_CUDA_GRAPHS=0 python3 benchmarks/mnist_speed.py --data-dir .gpudata \
         --device cpu --repeats 1 --fast-epochs 1 --skip tutorial,classic
     step decode 120 python3 benchmarks/decode_paths.py --images 12 --rounds 1 --size 192
@@ -93,9 +95,10 @@ step graph_tests 130 python3 -m pytest -p no:cacheprovider -m gpu -v -rs -n 4 --
     tests/test_gpu.py
 step mnist_speed 110 python3 benchmarks/mnist_speed.py --data-dir .gpudata --device cuda --repeats 1 --fast-epochs 1
 step imagenet50 180 python3 benchmarks/imagenet_gpu.py --images 1500 --copies 8 --steps 30 --image-size 192 \
-    --archs resnet50 --backends "cpu,raw,nvjpeg,torchvision$dali" --out "$OUT/imagenet.jsonl"
+    --archs resnet50 --backends "cpu,raw,nvjpeg,torchvision$dali" --keep-data /tmp/imagenet-data \
+    --out "$OUT/imagenet.jsonl"
 step imagenet18 100 python3 benchmarks/imagenet_gpu.py --images 1500 --copies 8 --steps 30 --image-size 192 \
-    --archs resnet18 --backends "raw,torchvision" --out "$OUT/imagenet.jsonl"
+    --archs resnet18 --backends "raw,torchvision" --keep-data /tmp/imagenet-data --out "$OUT/imagenet.jsonl"
 step mnist_eager 50 env HPCTRAIN_CUDA_GRAPHS=0 python3 benchmarks/mnist_speed.py --data-dir .gpudata --device cuda \
     --repeats 1 --fast-epochs 1 --skip tutorial
 step decode 20 python3 benchmarks/decode_paths.py --images 96 --rounds 5 --size 192

@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50, help="training steps per epoch (2 epochs per row)")
     parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="data workers")
     parser.add_argument("--out", type=Path, help="also append the rows to this JSON-lines file")
+    parser.add_argument(
+        "--keep-data",
+        type=Path,
+        metavar="DIR",
+        help="keep the generated JPEGs and raw shards in DIR and reuse them in a later run with the same sizes",
+    )
     parser.add_argument("--torchvision-loop", type=Path, help=argparse.SUPPRESS)  # one torchvision row (internal)
     args = parser.parse_args(argv)
     smoke = args.device == "cpu"
@@ -304,10 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     print("| arch | input | images/s | data-wait fraction | epoch s |\n|---|---|---:|---:|---:|", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="imagenet-gpu-") as scratch:
-        data = args.data or generate(Path(scratch) / "data", args.images, args.copies)
+        kept = args.keep_data / f"data-{args.images}x{args.copies}" if args.keep_data else None
+        if kept is not None and (kept / "train").is_dir():
+            data = kept  # made by an earlier run with --keep-data
+        else:
+            data = args.data or generate(kept or Path(scratch) / "data", args.images, args.copies)
         for arch in args.archs:
             inputs: list[tuple[Path | None, str | None]] = [] if args.no_synthetic else [(None, None)]
-            raw = Path(scratch) / "raw-shards"
+            raw = (kept or Path(scratch)) / f"raw-shards-{args.raw_max_side}"
             if "raw" in args.backends and not raw.exists():
                 prepare_raw(args, data, raw)
             inputs += [(raw if backend == "raw" else data, backend) for backend in args.backends]
