@@ -52,6 +52,8 @@ def why_not_graphed(device: torch.device, strategy: str, optimization: Optimizat
     if isinstance(optimizer, torch.optim.SGD):
         return None if optimizer.defaults.get("fused") else "SGD without fused=True cannot take its rate as a tensor"
     if type(optimizer) in CAPTURABLE:
+        if "capturable" not in optimizer.defaults:
+            return f"this torch's {type(optimizer).__name__} has no capturable=True"
         return None
     return f"{type(optimizer).__name__} is not one of the optimizers captured here (fused SGD, Adadelta, Adam, AdamW)"
 
@@ -200,7 +202,7 @@ class StepGraph:
             saved.restore()
             self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates the static gradients
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.loss = self._one_step()
         if saved.rng is not None:  # capturing draws nothing, but the replays must start from the saved offset
             torch.cuda.set_rng_state(saved.rng, self.device)
@@ -226,7 +228,7 @@ class EvalGraph:
                 self.predict(self.images)  # warm-up: eval mode changes no state
             torch.cuda.current_stream(self.device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.output = self.predict(self.images)
         assert self.images is not None
         if images.shape != self.images.shape or images.dtype != self.images.dtype:
