@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             data = args.data or generate(kept or Path(scratch) / "data", args.images, args.copies)
         for arch in args.archs:
             inputs: list[tuple[Path | None, str | None]] = [] if args.no_synthetic else [(None, None)]
-            raw = (kept or Path(scratch)) / f"raw-shards-{args.raw_max_side}"
+            raw = (args.keep_data or Path(scratch)) / f"raw-{args.images}x{args.copies}-{args.raw_max_side}"
             if "raw" in args.backends and not raw.exists():
                 prepare_raw(args, data, raw)
             inputs += [(raw if backend == "raw" else data, backend) for backend in args.backends]

@@ -124,8 +124,6 @@ def test_which_steps_are_graphed():
     adadelta = ClassicRecipe().build_optimization(TutorialNet(), 1.0, 1, 10)
     has_flag = "capturable" in adadelta.optimizer.defaults  # torch >= 2.3
     assert (why_not_graphed(cuda, "single", adadelta) is None) == has_flag
-        None if has_flag else why_not_graphed(cuda, "single", adadelta)
-    )
     scaled = Optimization(adadelta.optimizer, adadelta.scheduler, "epoch", scaler=object())
     assert "scaler" in why_not_graphed(cuda, "single", scaled)
     rms = Optimization(torch.optim.RMSprop(TutorialNet().parameters()), None, "step")
