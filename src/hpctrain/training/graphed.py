@@ -2,7 +2,7 @@
 
 A small model's step on a GPU is launch-bound: the MNIST recipes' forward, backward and optimizer step are a few
 dozen tiny kernels, and Python takes longer to launch them than the GPU to run them. Captured in a CUDA graph,
-the whole step is one launch. Recipes ask for it (`Recipe.graphs_step`); `step_graphs` says whether it can work
+the whole step is one launch. Recipes ask for it (`Recipe.graphs_step`); `why_not_graphed` says whether it can work
 here (a CUDA device, one process without DataParallel, no gradient scaler, an optimizer whose step can be
 captured) and the rest of the loop is unchanged:
 
@@ -21,7 +21,7 @@ captured) and the rest of the loop is unchanged:
   the rate as a tensor.
 
 Dropout draws from the default CUDA generator, whose graph-safe offsets advance with each replay (so the random
-state a checkpoint saves is the one an eager run would have). The evaluation forward is captured the same way
+state a checkpoint saves is where the replays left off, and a resumed run's replays continue from it). The evaluation forward is captured the same way
 (`EvalGraph`), in eval mode, for batches of the test batch size.
 """
 
