@@ -89,6 +89,14 @@ def test_exact_resume_on_one_gpu(fashion_data_dir, tmp_path, signum, recipe):
     ok(hpctrain(*common, "--run-dir", str(tmp_path / "cut"), "--resume"))
     whole, cut = final_weights(tmp_path / "whole"), final_weights(tmp_path / "cut")
     worst = worst_difference(whole, cut)
+    if recipe == "classic":
+        # cuDNN may sum the classic model's larger weight gradients in a varying order (README: GPUs), so the
+        # contract is the README's: as close as two uninterrupted runs. Dropout masks drawn from the wrong random
+        # offsets after the resume would put it far outside that.
+        ok(hpctrain(*common, "--run-dir", str(tmp_path / "again")))
+        baseline = worst_difference(whole, final_weights(tmp_path / "again"))
+        assert worst <= max(10 * baseline, 1e-6), f"resumed: up to {worst:g} apart; two whole runs: {baseline:g}"
+        return
     assert worst == 0.0, f"resumed weights differ by up to {worst:g}"  # an H200 (2026-11-26): 0.0, both signals
     assert_bitwise_equal(whole, cut)
 
