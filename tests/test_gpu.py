@@ -117,14 +117,17 @@ def test_graphed_step_and_evaluation_compute_what_the_eager_ones_do(name):
         (torch.randn(batch, 1, 28, 28, generator=generator), torch.randint(0, 10, (batch,), generator=generator))
         for _ in range(6)
     ]
-    batches.append((batches[0][0][:40], batches[0][1][:40]))  # a short last batch: the eager step
+    batches.insert(0, (batches[0][0][:40], batches[0][1][:40]))  # a short batch first: eager, not captured
+    batches.append((batches[1][0][:40], batches[1][1][:40]))  # and after the capture: the eager step
     batches.append(batches[1])
     runs = {}
     for graphed in (False, True):
         torch.manual_seed(0)
         model = recipe.build_model().to(cuda).train()
         optimization = recipe.build_optimization(model, 0.1 if name == "fast" else 1.0, 1, len(batches))
-        graph = StepGraph(model, optimization, recipe.loss, lambda: recipe.autocast(cuda), cuda) if graphed else None
+        graph = (
+            StepGraph(model, optimization, recipe.loss, lambda: recipe.autocast(cuda), cuda, batch) if graphed else None
+        )
         losses = []
         for images, labels in batches:
             images = images.to(cuda).contiguous(memory_format=torch.channels_last)
@@ -139,6 +142,8 @@ def test_graphed_step_and_evaluation_compute_what_the_eager_ones_do(name):
             losses.append(float(loss))
             optimization.scheduler.step()
         assert all(isinstance(g["lr"], float) for g in optimization.optimizer.param_groups)
+        if graph is not None:  # captured at the first full batch, not at the short one before it
+            assert graph.graph is not None and graph.images.shape[0] == batch
         runs[graphed] = (model, losses)
     (eager, eager_losses), (replayed, graph_losses) = runs[False], runs[True]
     assert all(torch.isfinite(torch.tensor(graph_losses))), graph_losses

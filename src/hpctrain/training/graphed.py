@@ -21,8 +21,8 @@ captured) and the rest of the loop is unchanged:
   the rate as a tensor.
 
 Dropout draws from the default CUDA generator, whose graph-safe offsets advance with each replay (so the random
-state a checkpoint saves is where the replays left off, and a resumed run's replays continue from it). The evaluation forward is captured the same way
-(`EvalGraph`), in eval mode, for batches of the test batch size.
+state a checkpoint saves is where the replays left off, and a resumed run's replays continue from it). The
+evaluation forward is captured the same way (`EvalGraph`), in eval mode, for batches of the test batch size.
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ class StepGraph:
     """forward, loss, backward and optimizer step for batches of one shape, captured on first use and replayed.
 
     `step(images, labels)` returns the loss tensor (the graph's static output: read it, or add it up, before the
-    next step), or None when the batch's shape is not the captured one (the caller then steps eagerly)."""
+    next step), or None when the batch's shape is not the captured one (the caller then steps eagerly). Only a
+    batch of `batch` samples is captured: an attempt resumed at an epoch's short last batch captures the next."""
 
     def __init__(
         self,
@@ -155,7 +156,9 @@ class StepGraph:
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         autocast: Callable[[], contextlib.AbstractContextManager],
         device: torch.device,
+        batch: int,
     ) -> None:
+        self.batch = batch
         self.model, self.optimizer, self.loss_fn, self.autocast, self.device = (
             model,
             optimization.optimizer,
@@ -171,6 +174,8 @@ class StepGraph:
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         if self.graph is None:
+            if len(labels) != self.batch:
+                return None
             self._capture(images, labels)
         assert self.images is not None and self.labels is not None and self.graph is not None
         if images.shape != self.images.shape or labels.shape != self.labels.shape or images.dtype != self.images.dtype:
@@ -244,6 +249,7 @@ def build_graphs(
     optimization: Optimization,
     device: torch.device,
     strategy: str,
+    batch: int,
     say: Callable[[str], None],
 ) -> tuple[StepGraph | None, EvalGraph | None]:
     """The step and evaluation graphs when `recipe` asks for them (`graphs_step`) and they can work here, each
@@ -266,4 +272,4 @@ def build_graphs(
         with autocast():
             return recipe.predict(model, images)
 
-    return StepGraph(model, optimization, recipe.loss, autocast, device), EvalGraph(predict, device)
+    return StepGraph(model, optimization, recipe.loss, autocast, device, batch), EvalGraph(predict, device)

@@ -166,7 +166,9 @@ def _build(run: Run) -> tuple[Parts, Position]:
         position = Position()
         torch.manual_seed(mix_seed(cfg.seed, run.env.rank))  # dropout differs between ranks, as it should
     parts = Parts(data, plan, model, wrap(model, run), optimization, control_group(run), torch.Generator(device))
-    parts.step_graph, parts.eval_graph = build_graphs(recipe, model, optimization, device, run.strategy, run.say)
+    parts.step_graph, parts.eval_graph = build_graphs(
+        recipe, model, optimization, device, run.strategy, cfg.batch_size, run.say
+    )
     return parts, position
 
 
