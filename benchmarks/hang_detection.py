@@ -2,7 +2,8 @@
 CPU). Each run trains with --hang-timeout T; after a random number of steps one random rank is stopped with SIGSTOP
 (alive and silent). Recorded per run: which rank the report names as the culprit (right or wrong), and the seconds
 from the SIGSTOP to the report's culprit line (the limit T, up to a second of the watchdog's polling, and the
-report's grace for the other ranks' watchdogs).
+report's grace for the other ranks' watchdogs). --device cuda: the ranks train on their GPUs over NCCL, and the
+stopped rank leaves the others inside an NCCL all-reduce (the hang NCCL's own timeout would take minutes to see).
 
     python benchmarks/hang_detection.py --data-dir DATA --runs 10 --nproc 3
 """
@@ -57,6 +58,8 @@ def one(args: argparse.Namespace, run_dir: Path, victim: int, after_steps: int) 
         str(run_dir),
         "--hang-timeout",
         str(args.hang_timeout),
+        "--device",
+        args.device,
     ]
     process = subprocess.Popen(
         command, env={**env, "PYTHONUNBUFFERED": "1"}, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -90,6 +93,9 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--hang-timeout", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL (needs --nproc GPUs)"
+    )
     args = parser.parse_args()
     pick = random.Random(args.seed)
     host = socket.gethostname()

@@ -15,6 +15,15 @@ the photographs bundled in scikit-image (tests/image_fixtures.py; needs the dev 
     python benchmarks/imagenet_gpu.py --images 1500 --copies 8 --steps 40   # longer epochs, 1500 distinct JPEGs
     python benchmarks/imagenet_gpu.py --data /path/imagenet --workers 16 --steps 100 --archs resnet50
     python benchmarks/imagenet_gpu.py --device cpu --steps 2           # smoke run without a GPU (tiny sizes)
+
+Input paths besides the backends (issue 43), each a row, all from the same files: `full` (the cpu backend with
+reduced-size decoding turned off in this benchmark's process: every JPEG decoded at full size, the baseline that
+`draft` decoding beats), `raw` (the cpu backend on `hpctrain prepare --format raw --max-side --raw-max-side`
+shards: nothing left to decode; the preparation's time and bytes per image are printed) and `torchvision`
+(torchvision's ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize + DataLoader with the same workers and
+pinned memory, the same model, bf16 autocast, channels_last and SGD step, timed the same way: the anchor).
+
+    python benchmarks/imagenet_gpu.py --backends cpu,full,raw,nvjpeg,torchvision
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BACKENDS = ("cpu", "nvjpeg", "dali")
+BACKENDS = ("cpu", "nvjpeg", "dali", "full", "raw", "torchvision")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "files (each is still read and decoded every time; default 1)",
     )
     parser.add_argument("--archs", help="comma-separated torchvision models (default resnet50,resnet18; cpu: resnet18)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, of cpu,nvjpeg,dali")
+    parser.add_argument(
+        "--backends",
+        default="cpu,nvjpeg,dali",
+        help=f"comma-separated, of {','.join(BACKENDS)} (default cpu,nvjpeg,dali)",
+    )
+    parser.add_argument("--raw-max-side", type=int, default=256, help="the raw shards' --max-side (default 256)")
     parser.add_argument("--no-synthetic", action="store_true", help="skip the --synthetic rows")
     parser.add_argument(
         "--device",
@@ -56,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50, help="training steps per epoch (2 epochs per row)")
     parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1), help="data workers")
     parser.add_argument("--out", type=Path, help="also append the rows to this JSON-lines file")
+    parser.add_argument(
+        "--keep-data",
+        type=Path,
+        metavar="DIR",
+        help="keep the generated JPEGs and raw shards in DIR and reuse them in a later run with the same sizes",
+    )
+    parser.add_argument("--torchvision-loop", type=Path, help=argparse.SUPPRESS)  # one torchvision row (internal)
     args = parser.parse_args(argv)
     smoke = args.device == "cpu"
     args.images = args.images or (64 if smoke else 3000)
@@ -86,13 +107,24 @@ def generate(folder: Path, count: int, copies: int = 1) -> Path:
     return folder
 
 
+# The cpu backend with reduced-size decoding turned off (a benchmark's baseline, never a product option): every JPEG
+# decoded at full size, in the training process and the data workers it forks.
+FULL_DECODE = (
+    "import sys, hpctrain.data.decode as d; d._min_decoded_size = lambda height, width, crop, size: (height, width); "
+    "from hpctrain.cli import main; sys.exit(main())"
+)
+
+
 def run(args: argparse.Namespace, data: Path | None, arch: str, backend: str | None, run_dir: Path) -> dict:
     """One training run; its second epoch's metrics, or the failure."""
-    source = ["--synthetic"] if data is None else [str(data), "--data-backend", backend or "auto"]
+    if backend == "torchvision":
+        return torchvision_run(args, data, arch)
+    cli = ["-c", FULL_DECODE] if backend == "full" else ["-m", "hpctrain"]
+    data_backend = "cpu" if backend in ("full", "raw") else backend or "auto"
+    source = ["--synthetic"] if data is None else [str(data), "--data-backend", data_backend]
     command = [
         sys.executable,
-        "-m",
-        "hpctrain",
+        *cli,
         "train",
         "imagenet",
         *source,
@@ -150,6 +182,114 @@ def run(args: argparse.Namespace, data: Path | None, arch: str, backend: str | N
     }
 
 
+def prepare_raw(args: argparse.Namespace, data: Path, out: Path) -> Path:
+    """`hpctrain prepare --format raw` of `data` into `out` (once per benchmark run), said with its time and size."""
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "hpctrain", "prepare", "imagenet", str(data), str(out), "--format", "raw"]
+    command += ["--max-side", str(args.raw_max_side), "-j", str(args.workers)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"prepare --format raw failed: {result.stderr.strip()[-500:]}")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("train:")]
+    print(
+        f"# raw shards (--max-side {args.raw_max_side}): {lines[0] if lines else '?'}; "
+        f"prepared in {time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    return out
+
+
+def torchvision_run(args: argparse.Namespace, data: Path, arch: str) -> dict:
+    """The anchor: torchvision's ImageFolder + classic transforms + DataLoader feeding the same model and step (in
+    a subprocess of its own, as the hpctrain rows are)."""
+    command = [sys.executable, __file__, "--torchvision-loop", str(data), "--archs", arch, "--device", args.device]
+    command += ["--batch-size", str(args.batch_size), "--image-size", str(args.image_size), "--steps", str(args.steps)]
+    command += ["--workers", str(args.workers)]
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True)
+    row = {
+        "arch": arch,
+        "backend": "torchvision",
+        "device": args.device,
+        "batch": args.batch_size,
+        "image_size": args.image_size,
+        "workers": args.workers,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
+    if result.returncode != 0:
+        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["?"]
+        return {**row, "error": f"exit {result.returncode}: {tail[0]}"}
+    return {**row, **json.loads(result.stdout.strip().splitlines()[-1])}
+
+
+def torchvision_loop(args: argparse.Namespace) -> int:
+    """Train `--steps` steps twice (the second timed) from torchvision's pipeline; print one JSON line."""
+    import torch
+    import torchvision
+    from torchvision import transforms as T
+
+    device = torch.device(args.device)
+    tf = T.Compose(
+        [
+            T.RandomResizedCrop(args.image_size),
+            T.RandomHorizontalFlip(),
+            T.ToTensor(),
+            T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
+    dataset = torchvision.datasets.ImageFolder(str(args.torchvision_loop / "train"), tf)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        drop_last=True,
+        persistent_workers=args.workers > 0,
+    )
+    model = getattr(torchvision.models, args.archs[0])(num_classes=len(dataset.classes))
+    model = model.to(device, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-5)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def epoch() -> tuple[int, float, float]:
+        images_done, wait = 0, 0.0
+        started = time.perf_counter()
+        batches = iter(loader)
+        for _ in range(args.steps):
+            waited = time.perf_counter()
+            try:
+                images, labels = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                images, labels = next(batches)
+            images = images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+            labels = labels.to(device, non_blocking=True)
+            wait += time.perf_counter() - waited
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            images_done += len(labels)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return images_done, time.perf_counter() - started, wait
+
+    epoch()
+    done, seconds, wait = epoch()
+    print(
+        json.dumps(
+            {
+                "images_per_s": round(done / seconds, 1),
+                "epoch_seconds": round(seconds, 2),
+                "data_wait_fraction": round(wait / seconds, 3),
+            }
+        )
+    )
+    return 0
+
+
 def gpu_name(device: str) -> str:
     if device != "cuda":
         return "cpu (smoke run)"
@@ -160,6 +300,8 @@ def gpu_name(device: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.torchvision_loop:
+        return torchvision_loop(args)
     print(
         f"# {gpu_name(args.device)}; batch {args.batch_size}, {args.image_size} px, {args.workers} data workers, "
         f"{args.steps} steps/epoch, second epoch of 2",
@@ -168,10 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     print("| arch | input | images/s | data-wait fraction | epoch s |\n|---|---|---:|---:|---:|", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="imagenet-gpu-") as scratch:
-        data = args.data or generate(Path(scratch) / "data", args.images, args.copies)
+        kept = args.keep_data / f"data-{args.images}x{args.copies}" if args.keep_data else None
+        if kept is not None and (kept / "train").is_dir():
+            data = kept  # made by an earlier run with --keep-data
+        else:
+            data = args.data or generate(kept or Path(scratch) / "data", args.images, args.copies)
         for arch in args.archs:
             inputs: list[tuple[Path | None, str | None]] = [] if args.no_synthetic else [(None, None)]
-            inputs += [(data, backend) for backend in args.backends]
+            raw = (args.keep_data or Path(scratch)) / f"raw-{args.images}x{args.copies}-{args.raw_max_side}"
+            if "raw" in args.backends and not raw.exists():
+                prepare_raw(args, data, raw)
+            inputs += [(raw if backend == "raw" else data, backend) for backend in args.backends]
             for n, (folder, backend) in enumerate(inputs):
                 row = run(args, folder, arch, backend, Path(scratch) / f"run-{arch}-{n}")
                 rows.append(row)

@@ -69,14 +69,25 @@ def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path
         "--copies",
         "3",
         "--backends",
-        "cpu",
+        "cpu,raw",
+        "--raw-max-side",
+        "64",
         "--no-synthetic",
         "--out",
         str(out),
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    [row] = [json.loads(line) for line in out.read_text().splitlines()]
-    assert row["backend"] == "cpu" and row["images_per_s"] > 0 and "error" not in row, row
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["backend"] for row in rows] == ["cpu", "raw"], rows
+    assert all(row["images_per_s"] > 0 and "error" not in row for row in rows), rows
+    assert "per image" in result.stdout  # the raw shards' size, as prepare states it
+
+
+def test_decode_paths_benchmark_times_every_input_path() -> None:
+    result = bench("benchmarks/decode_paths.py", "--images", "3", "--rounds", "1", "--size", "64", "--max-sides", "96")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert {"full", "draft", "jpeg 96", "raw 96"} <= set(rows), result.stdout
 
 
 @pytest.mark.k8s

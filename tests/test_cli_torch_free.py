@@ -149,9 +149,12 @@ def test_prepare_help_shows_the_shard_writers_defaults() -> None:
     from hpctrain.cli import prepare
     from hpctrain.data import shards
 
-    assert (prepare.DEFAULT_MAX_SIDE, prepare.DEFAULT_JPEG_QUALITY) == (
+    from hpctrain.data.shards import writer
+
+    assert (prepare.DEFAULT_MAX_SIDE, prepare.DEFAULT_JPEG_QUALITY, prepare.STORED_FORMATS) == (
         shards.DEFAULT_MAX_SIDE,
         shards.DEFAULT_JPEG_QUALITY,
+        writer.STORED_FORMATS,
     )
 
 

@@ -86,6 +86,36 @@ def test_reduced_size_decoding_is_used_and_matches_full_decoding(photo_folders: 
     assert np.mean(differences) < 3 and max(differences) < 8  # out of 255: resampling noise, same picture
 
 
+def test_raw_pixels_are_cropped_in_place_with_the_geometry_of_decoded_ones(photo_folders: Path) -> None:
+    """A binary PPM (`prepare --format raw`) is viewed, not decoded, and gives exactly the crops (random-resized,
+    flipped, centre) that the same pixels give when decoded from a lossless PNG; a malformed one goes to Pillow,
+    which names what is wrong."""
+    import io
+
+    from PIL import Image
+
+    from hpctrain.data.decode import decode_crop
+
+    path = sorted((photo_folders / "train" / "n0001_color").glob("*"))[0]
+    with Image.open(path) as img:
+        pixels = img.convert("RGB")
+    encoded = {}
+    for kind in ("PPM", "PNG"):
+        buffer = io.BytesIO()
+        pixels.save(buffer, kind)
+        encoded[kind] = buffer.getvalue()
+    image, _, scale = _decode(encoded["PPM"], RandomResizedCrop((32, 32)), 0, 0, 0)
+    assert scale == (1.0, 1.0) and not image.flags.writeable and np.array_equal(image, np.asarray(pixels))
+    for spec in (RandomResizedCrop((48, 40)), CenterCrop((56, 56), 64)):
+        for index in range(8):  # flips and boxes of every size
+            outs = {kind: np.zeros((*spec.size, 3), np.uint8) for kind in encoded}
+            for kind, data in encoded.items():
+                decode_crop(data, kind, spec, 5, 1, index, outs[kind])
+            assert np.array_equal(outs["PPM"], outs["PNG"]) and outs["PPM"].std() > 10
+    with pytest.raises(BadImageError, match="truncated.ppm"):
+        decode_crop(encoded["PPM"][:-7], "truncated.ppm", CenterCrop((8, 8), 8), 0, 0, 0, np.zeros((8, 8, 3), np.uint8))
+
+
 def test_validation_crop_matches_torchvision_resize_center_crop(photo_folders: Path) -> None:
     import torchvision.transforms as T
     from PIL import Image

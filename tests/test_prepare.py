@@ -208,7 +208,55 @@ def test_prepare_reports_sizes_people_read(fashion_folders, tmp_path):  # noqa: 
     # 300 small JPEGs are a few hundred kB: once reported as "0.00 GB".
     result = prepare(fashion_folders, tmp_path / "out", "--keep-size", "--shard-size", "1MB")
     [line] = [line for line in result.stdout.splitlines() if line.startswith("train:")]
-    assert line.endswith(" KiB, verified") and "GiB" not in line, line
+    assert " KiB, " in line and "GiB" not in line, line
+    # and the disk size per image (JPEGs of 28x28 pixels: about a kilobyte each, tar headers included)
+    per_image = line.split(", ")[-2]
+    assert per_image.endswith(" per image") and per_image.split()[1] in ("B", "KiB"), line
+
+
+def test_raw_shards_hold_decoded_pixels_and_say_their_size_per_image(photo_folders, tmp_path):
+    """--format raw: every member is a binary PPM of the source's RGB pixels (shorter side at most --max-side,
+    as the jpeg format shrinks), the training decoder uses them without decoding (a view of the bytes read), and
+    the output states the disk size per image: 3 bytes a pixel plus the tar's headers."""
+    import webdataset as wds
+    from PIL import Image
+
+    from hpctrain.data.decode import _decode
+
+    found = find_image_folders(photo_folders)
+    out = tmp_path / "raw"
+    result = prepare(photo_folders, out, "--format", "raw", "--max-side", "96", "--shard-size", "200KB")
+    samples = list(wds.WebDataset([str(p) for p in sorted(out.glob("train-*.tar"))], shardshuffle=False))
+    assert len(samples) == len(found.train)
+    pixels = 0
+    for sample, path in zip(samples, found.train.paths):
+        assert set(sample) >= {"ppm", "cls"}, sorted(sample)
+        with Image.open(path) as original:
+            expected = min(min(original.size), 96)
+        with Image.open(io.BytesIO(sample["ppm"])) as stored:
+            assert stored.mode == "RGB" and min(stored.size) == expected, path
+            pixels += stored.size[0] * stored.size[1]
+        image, crop, scale = _decode(sample["ppm"], RandomResizedCrop((32, 32)), 0, 0, 0)
+        assert scale == (1.0, 1.0) and not image.flags.writeable, "a view of the stored bytes, nothing decoded"
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("train:")]
+    per_image = float(line.split(", ")[-2].split()[0])  # "N.N KiB per image"
+    pixel_kib = 3 * pixels / len(samples) / 1024
+    assert pixel_kib <= per_image <= 1.1 * pixel_kib, line  # headers and the tar's end padding: a few percent
+    assert json.loads((out / INDEX_NAME).read_text())["options"]["format"] == "raw"
+
+
+def test_training_from_raw_shards_resumes_mid_epoch_bitwise(fashion_folders, tmp_path):
+    """Raw-pixel shards: a run stopped mid-epoch (2 data workers) and resumed ends bitwise where an uninterrupted
+    run from the same shards does; --data-backend auto picks the CPU workers (nothing to decode)."""
+    shards, whole, parts = tmp_path / "shards", tmp_path / "whole", tmp_path / "parts"
+    prepare(fashion_folders, shards, "--format", "raw", "--shard-size", "64KB")
+    uninterrupted = train(shards, whole, "--epochs", "2", "-j", "2")
+    assert "data backend cpu (auto: the shards hold decoded pixels" in uninterrupted.stdout
+    status, output = interrupt(shards, parts, "-j", "2")
+    assert status == 75, output
+    resumed = train(shards, parts, "--epochs", "2", "--resume", "-j", "2")
+    assert "global step" in resumed.stdout
+    assert_bitwise_equal(final_weights(whole), final_weights(parts))
 
 
 def test_prepare_on_a_file_system_without_locks_says_so_in_one_line(fashion_folders, tmp_path, monkeypatch, capsys):

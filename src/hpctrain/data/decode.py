@@ -3,9 +3,11 @@
 JPEGs (nearly all of ImageNet) go through libjpeg-turbo via simplejpeg: the header gives the size, the crop is
 chosen in original pixels, and the image is decoded at the smallest of 1/8, 1/4, 1/2 scale that still covers the
 crop at the output size (a 500x375 photo cropped to 224x224 from a box of 100 pixels is decoded at 1/4 scale:
-several times less work). CMYK/YCCK JPEGs, files libjpeg-turbo rejects, PNGs and other formats go through Pillow (with
-its own `draft` reduced decoding for JPEGs), which accepts what torchvision's ImageFolder accepts. Grayscale
-becomes RGB. OpenCV crops and resizes (see `_crop_resize`).
+several times less work). Binary PPMs (`hpctrain prepare --format raw`: pixels already decoded at training
+resolution) are used in place: the header is parsed and the pixels viewed, nothing is decoded. CMYK/YCCK JPEGs,
+files libjpeg-turbo rejects, PNGs and other formats go through Pillow (with its own `draft` reduced decoding for
+JPEGs), which accepts what torchvision's ImageFolder accepts. Grayscale becomes RGB. OpenCV crops and resizes (see
+`_crop_resize`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import re
 from typing import Protocol
 
 import numpy as np
@@ -22,6 +25,9 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import FileRefused, read_regular
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+# A binary 8-bit PPM as `hpctrain prepare --format raw` writes it (Pillow's writer): "P6", width, height, 255, one
+# whitespace byte, then height x width x 3 bytes of RGB. Anything else (comments, 16-bit samples) goes to Pillow.
+PPM_HEADER = re.compile(rb"P6\s+(\d+)\s+(\d+)\s+255\s")
 MAX_IMAGE_BYTES = 64 << 20
 """The largest image file read (64 MiB: ImageNet's largest is about 15 MB; a 100-megapixel JPEG is ~30 MB). A
 larger file, or anything that is not a regular file (a FIFO, /dev/zero behind a link), is a bad image: refused
@@ -77,6 +83,10 @@ def _decode(
     data: bytes, spec: CropSpec, seed: int, epoch: int, index: int
 ) -> tuple[np.ndarray, Crop, tuple[float, float]]:
     """The decoded (maybe reduced) RGB image, the crop in original pixels, and decoded/original scale (y, x)."""
+    if data[:2] == b"P6":
+        raw = _raw_pixels(data)
+        if raw is not None:
+            return raw, spec.crop(raw.shape[0], raw.shape[1], seed, epoch, index), (1.0, 1.0)
     if data[:3] == JPEG_MAGIC:
         simplejpeg = _simplejpeg()
         try:
@@ -93,6 +103,17 @@ def _decode(
             else:
                 return image, crop, (image.shape[0] / height, image.shape[1] / width)
     return _decode_pillow(data, spec, seed, epoch, index)
+
+
+def _raw_pixels(data: bytes) -> np.ndarray | None:
+    """The RGB pixels of a binary 8-bit PPM, viewed in `data` (no copy), or None when it is not exactly one."""
+    header = PPM_HEADER.match(data)
+    if header is None:
+        return None
+    width, height = int(header[1]), int(header[2])
+    if width < 1 or height < 1 or len(data) - header.end() != width * height * 3:
+        return None  # Pillow then says what is wrong with it
+    return np.frombuffer(data, dtype=np.uint8, count=width * height * 3, offset=header.end()).reshape(height, width, 3)
 
 
 def _decode_pillow(

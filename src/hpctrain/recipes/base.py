@@ -78,6 +78,9 @@ class Recipe(ABC):
     # the fastest. Worth it for convolutional models fed a few fixed shapes; its choice may differ between attempts,
     # so GPU weights are not bitwise reproducible across a resume (README: Checkpoints and exact resume).
     cudnn_benchmark = False
+    # On a CUDA device, capture the training step and the evaluation forward as CUDA graphs and replay them
+    # (hpctrain.training.graphed): for small models whose step is launch-bound. Needs fixed batch shapes.
+    graphs_step = False
 
     def for_config(self, cfg: TrainConfig) -> Recipe:
         """The recipe as this run's options shape it (model architecture, image sizes); default: unchanged."""

@@ -352,7 +352,7 @@ def _check_backend(cfg) -> None:  # type: ignore[no-untyped-def]
 def image_loader(cfg, device, env, train, val, config, train_crop, eval_crop):  # type: ignore[no-untyped-def]
     """The streaming loader of the --data-backend `cfg` asks for (auto: the fastest on `device`), said in one line
     by the first process. GPU backends decode on `device` when it is a CUDA GPU, else on the CPU."""
-    choice = choose_backend(cfg.data_backend, device.type)
+    choice = choose_backend(cfg.data_backend, device.type, decoded=getattr(train, "stored", "jpeg") == "raw")
     if env.rank == 0:
         print(f"hpctrain: {choice.describe()}", flush=True)
     decode_on = device if device.type == "cuda" else torch.device("cpu")

@@ -93,6 +93,19 @@ def _step(run: Run, parts: Parts, position: Position, inputs: torch.Tensor, labe
     parts.generator.manual_seed(mix_seed(run.cfg.seed, position.epoch, position.step, run.env.rank))
     images = run.recipe.augment(inputs, parts.generator)
     step = position.step + 1
+    loss = parts.step_graph.step(images, labels) if parts.step_graph is not None else None
+    if loss is None:  # no graph, or a batch of another shape than the captured one
+        loss = _eager_step(run, parts, images, labels, step)
+    if optimization.scheduler_interval == "step":
+        optimization.scheduler.step()
+    position.step += 1
+    position.step_in_epoch += 1
+    return loss
+
+
+def _eager_step(run: Run, parts: Parts, images: torch.Tensor, labels: torch.Tensor, step: int) -> torch.Tensor:
+    """Forward, backward and optimizer step, launched from Python; returns the loss."""
+    optimization = parts.optimization
     with run.recipe.autocast(run.device), collective(f"step {step}'s forward pass", only_known=True):
         loss = run.recipe.loss(parts.wrapped(images), labels)  # DDP broadcasts buffers (BatchNorm) here
     optimization.optimizer.zero_grad(set_to_none=True)
@@ -104,10 +117,6 @@ def _step(run: Run, parts: Parts, position: Position, inputs: torch.Tensor, labe
     else:
         scaler.step(optimization.optimizer)
         scaler.update()
-    if optimization.scheduler_interval == "step":
-        optimization.scheduler.step()
-    position.step += 1
-    position.step_in_epoch += 1
     return loss
 
 

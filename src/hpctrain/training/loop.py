@@ -37,6 +37,7 @@ from hpctrain.readback import BadRunFile, read_text
 from hpctrain.training import preflight
 from hpctrain.training.loop_state import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
+from hpctrain.training.graphed import build_graphs
 from hpctrain.training.metrics import MetricsLog, Progress, train_hint
 from hpctrain.training.precision import grad_scaler
 from hpctrain.training.parts import Parts, control_group, wrap
@@ -165,6 +166,9 @@ def _build(run: Run) -> tuple[Parts, Position]:
         position = Position()
         torch.manual_seed(mix_seed(cfg.seed, run.env.rank))  # dropout differs between ranks, as it should
     parts = Parts(data, plan, model, wrap(model, run), optimization, control_group(run), torch.Generator(device))
+    parts.step_graph, parts.eval_graph = build_graphs(
+        recipe, model, optimization, device, run.strategy, cfg.batch_size, run.say
+    )
     return parts, position
 
 

@@ -12,6 +12,7 @@ from torch import nn
 from hpctrain.data.sampler import EpochPlan
 from hpctrain.data.source import DataSource
 from hpctrain.distributed.failures import collective
+from hpctrain.training.graphed import EvalGraph, StepGraph
 from hpctrain.training.run import Run
 from hpctrain.training.stderr import drop_first_forward_stderr
 from hpctrain.training.stopping import vote_group
@@ -32,6 +33,8 @@ class Parts:
     optimization: Optimization
     control: Any  # process group for the per-step stop vote (None: single process)
     generator: torch.Generator  # augmentation randomness, re-seeded every step
+    step_graph: StepGraph | None = None  # the training step as a CUDA graph (hpctrain.training.graphed), if used
+    eval_graph: EvalGraph | None = None  # the evaluation forward as a CUDA graph, if used
 
 
 def wrap(model: nn.Module, run: Run) -> nn.Module:

@@ -60,7 +60,10 @@ class Precision:
     def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type, dtype=self.dtype)
+        # No cache of cast weights while a CUDA graph is captured (torch's advice for autocast with graphs: the
+        # cached copies would be freed into the graph's memory pool when autocast exits).
+        capturing = device_type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return torch.autocast(device_type, dtype=self.dtype, cache_enabled=not capturing)
 
 
 def cuda_precision(capability: tuple[int, int]) -> Precision:

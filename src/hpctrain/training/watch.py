@@ -119,7 +119,15 @@ class ForwardClock:
         event.record()
         return event
 
+    def _capturing(self) -> bool:
+        """A CUDA graph is being captured (hpctrain.training.graphed): its replays run no hooks, and an event
+        recorded into it could not be timed, so the captured forward is not timed (one process: no peers to
+        compare it with)."""
+        return self._cuda and torch.cuda.is_current_stream_capturing()
+
     def _start(self, *_: Any) -> None:
+        if self._capturing():
+            return
         start = self._now()
         with self._lock:
             if self._running == 0:
@@ -129,6 +137,8 @@ class ForwardClock:
             self._started[threading.get_ident()] = start
 
     def _end(self, *_: Any) -> None:
+        if self._capturing():
+            return
         end = self._now()
         with self._lock:
             start = self._started.pop(threading.get_ident(), None)

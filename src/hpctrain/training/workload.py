@@ -61,6 +61,10 @@ class Recipe(Protocol):
     def cudnn_benchmark(self) -> bool:
         """Let cuDNN time its algorithms on CUDA (see `hpctrain.training.setup.cudnn_benchmark`)."""
 
+    @property
+    def graphs_step(self) -> bool:
+        """Capture the training step and evaluation forward as CUDA graphs on CUDA (`hpctrain.training.graphed`)."""
+
     def for_config(self, cfg: TrainConfig) -> Recipe:
         """The recipe as this run's options shape it (model architecture, image sizes)."""
 

@@ -42,18 +42,24 @@ class BackendChoice:
 MIN_DALI = (2, 0)
 
 
-def choose_backend(requested: str, device_type: str, prove: Callable[[str], str | None] | None = None) -> BackendChoice:
-    """The backend for `--data-backend requested` on a `device_type` ("cuda", "cpu", ...) training device.
-
-    auto on a CUDA GPU: the first of dali and nvjpeg that is usable (dali: installed, version >= MIN_DALI) and
-    proves itself on this GPU (`prove(name)`: None, or what went wrong; default: `proof.prove` on the current
-    GPU), else cpu; the reason says why each one before it was passed over. auto elsewhere: cpu. dali and nvjpeg
+def choose_backend(
+    requested: str, device_type: str, prove: Callable[[str], str | None] | None = None, decoded: bool = False
+) -> BackendChoice:
+    """The backend for `--data-backend requested` on a `device_type` ("cuda", "cpu", ...) training device. auto on a
+    CUDA GPU: the first of dali and nvjpeg that is usable (dali: installed, version >= MIN_DALI) and proves
+    itself on this GPU (`prove(name)`: None, or what went wrong; default: `proof.prove` on the current GPU), else
+    cpu; the reason says why each one before it was passed over. auto elsewhere, or on images stored decoded
+    (`decoded`: shards of `hpctrain prepare --format raw`, nothing for a GPU decoder to do): cpu. dali and nvjpeg
     asked for on another device run their CPU variants (decoding on the CPU): they are meant for GPUs.
     """
     if requested not in DATA_BACKENDS:
         raise UserError(f"--data-backend {requested!r}: choose one of {', '.join(DATA_BACKENDS)}")
     cuda = device_type == "cuda"
     if requested == "auto":
+        if decoded:
+            return BackendChoice(
+                "cpu", "auto: the shards hold decoded pixels (prepare --format raw), workers crop them"
+            )
         if not cuda:
             return BackendChoice("cpu", f"auto: training runs on {device_type}, GPU decoding needs a CUDA device")
         return _auto_on_gpu(prove or _prove_on_current_gpu)

@@ -62,13 +62,14 @@ def encoder_pool(workers: int) -> _SerialPool | _StarPool:
     return _SerialPool() if workers <= 1 else _StarPool(workers)
 
 
-def encode_image(path: str, max_side: int | None, quality: int) -> tuple[bytes, str] | str:
+def encode_image(path: str, max_side: int | None, quality: int, raw: bool = False) -> tuple[bytes, str] | str:
     """The bytes to store for the image file `path` and their extension, or why it cannot be read (a str).
 
-    Kept byte for byte when its shorter side is at most `max_side` (or always, without `max_side`) and it is a
-    JPEG or PNG; otherwise decoded, shrunk so the shorter side is `max_side` (Lanczos), and re-encoded: JPEG at
-    `quality` for JPEG sources, PNG (lossless) for the other formats. Every stored image is checked with the
-    training decoder, so a file training could not read is reported now, by name.
+    `raw` (``--format raw``): the decoded RGB pixels, shrunk as below, as a binary PPM, whatever the source format:
+    training then decodes nothing. Otherwise kept byte for byte when its shorter side is at most `max_side` (or
+    always, without `max_side`) and it is a JPEG or PNG; otherwise decoded, shrunk so the shorter side is `max_side`
+    (Lanczos), and re-encoded: JPEG at `quality` for JPEG sources, PNG (lossless) for the other formats. Every
+    stored image is checked with the training decoder, so a file training could not read is reported now, by name.
     """
     from PIL import Image
 
@@ -80,7 +81,9 @@ def encode_image(path: str, max_side: int | None, quality: int) -> tuple[bytes, 
         with Image.open(io.BytesIO(data)) as img:
             kind = img.format
             width, height = img.size
-            if kind in ("JPEG", "PNG") and (max_side is None or min(width, height) <= max_side):
+            if raw:
+                stored, extension = _raw(img, max_side), "ppm"
+            elif kind in ("JPEG", "PNG") and (max_side is None or min(width, height) <= max_side):
                 stored, extension = data, ("jpg" if kind == "JPEG" else "png")
             else:
                 stored, extension = _reencode(img, max_side, quality)
@@ -93,14 +96,33 @@ def encode_image(path: str, max_side: int | None, quality: int) -> tuple[bytes, 
     return stored, extension
 
 
+def _shrunk_size(width: int, height: int, max_side: int | None) -> tuple[int, int]:
+    """(width, height) with the shorter side scaled down to `max_side` if it is longer, aspect ratio kept."""
+    if max_side is None or min(width, height) <= max_side:
+        return width, height
+    factor = max_side / min(width, height)
+    return max(1, round(width * factor)), max(1, round(height * factor))
+
+
+def _raw(img, max_side: int | None) -> bytes:  # type: ignore[no-untyped-def]
+    """The image as RGB pixels (shorter side at most `max_side`, Lanczos) in a binary PPM."""
+    from PIL import Image
+
+    size = _shrunk_size(*img.size, max_side)
+    if img.format == "JPEG":
+        img.draft("RGB", size)  # DCT-domain shrink, never below size
+    image = img.convert("RGB")
+    if image.size != size:
+        image = image.resize(size, Image.LANCZOS)
+    out = io.BytesIO()
+    image.save(out, "PPM")
+    return out.getvalue()
+
+
 def _reencode(img, max_side: int | None, quality: int) -> tuple[bytes, str]:  # type: ignore[no-untyped-def]
     from PIL import Image
 
-    width, height = img.size
-    size = (width, height)
-    if max_side is not None and min(width, height) > max_side:
-        factor = max_side / min(width, height)
-        size = (max(1, round(width * factor)), max(1, round(height * factor)))
+    size = _shrunk_size(*img.size, max_side)
     jpeg = img.format == "JPEG"
     if jpeg:
         img.draft(img.mode if img.mode in ("RGB", "L") else "RGB", size)  # DCT-domain shrink, never below size

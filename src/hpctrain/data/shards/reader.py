@@ -35,6 +35,7 @@ class ShardImages:
     labels: np.ndarray  # int64, index into `classes`
     paths: PackedStrings  # the original path relative to SRC
     classes: tuple[str, ...]
+    stored: str = "jpeg"  # how images are stored (`prepare --format`): jpeg, or raw (decoded pixels)
     _files: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # pid -> {shard: fd}
 
     def __len__(self) -> int:
@@ -131,6 +132,7 @@ def open_prepared(path: str | os.PathLike) -> PreparedData:
             np.asarray(samples["label"], dtype=np.int64),
             PackedStrings.of(samples["path"]),
             tuple(entry["classes"]),
+            stored=index["options"].get("format", "jpeg"),
         )
     if "train" not in splits:
         raise UserError(f"{root}/{INDEX_NAME} has no train split; {PREPARE_HINT}")

@@ -44,6 +44,9 @@ DEFAULT_MAX_SIDE = 320
 DEFAULT_JPEG_QUALITY = 95
 DEFAULT_SHARD_SIZE = 10**9
 TAR_BLOCK = 512
+STORED_FORMATS = ("jpeg", "raw")
+"""How images are stored: jpeg (JPEGs and PNGs as they are or re-encoded, decoded at every read) or raw (decoded RGB
+pixels: several times the bytes, nothing left to decode)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,11 @@ class PrepareConfig:
     val_labels: Path | None = None
     skip_bad_images: bool = False
     workers: int = 1
+    format: str = "jpeg"  # "raw": decoded RGB pixels (binary PPM members), see STORED_FORMATS
 
     def __post_init__(self) -> None:
+        if self.format not in STORED_FORMATS:
+            raise UserError(f"--format {self.format!r}: choose one of {', '.join(STORED_FORMATS)}")
         if self.max_side is not None and self.max_side < 1:
             raise UserError(
                 f"--max-side {self.max_side}: give the largest shorter side in pixels, e.g. 320, or --keep-size"
@@ -87,6 +93,8 @@ class PrepareConfig:
             "max_side": self.max_side,
             "jpeg_quality": self.jpeg_quality if self.max_side else None,
             "shard_size": self.shard_size,
+            # Recorded only when not the default, so a preparation made before the choice existed still matches.
+            **({"format": self.format} if self.format != "jpeg" else {}),
         }
 
 
@@ -140,7 +148,9 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
         results = {}
         with encoder_pool(cfg.workers) as pool:
             for split, images in sets.items():
-                encode = functools.partial(encode_image, max_side=cfg.max_side, quality=cfg.jpeg_quality)
+                encode = functools.partial(
+                    encode_image, max_side=cfg.max_side, quality=cfg.jpeg_quality, raw=cfg.format == "raw"
+                )
                 results[split] = _write_split(cfg, split, images, pool, encode, reporter)
         index = {
             "format": FORMAT,
