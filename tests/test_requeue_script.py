@@ -83,6 +83,26 @@ def test_a_counter_that_cannot_be_written_refuses_the_requeue(fake_slurm) -> Non
     assert code == 1  # stopped early, not requeued: never a success
 
 
+def test_a_counter_is_never_written_through_a_link_planted_in_the_run_directory(tmp_path: Path) -> None:
+    """A temporary with a name known in advance (the shell's pid) can be a link someone planted: writing through
+    it overwrote a file outside the run directory. The temporary is mktemp's (O_EXCL), then renamed."""
+    run, outside = tmp_path / "run", tmp_path / "precious"
+    run.mkdir()
+    outside.write_text("keep me\n")
+    body = "\n".join([*requeue.helper_lines(), "read -r _", 'write_count "$1/requeue_count" 7'])
+    proc = subprocess.Popen(["bash", "-c", body, "bash", str(run)], stdin=subprocess.PIPE, text=True)
+    for name in ("requeue_count", "excluded_nodes"):  # the names the old script wrote through ($$: bash's pid)
+        (run / f"{name}.tmp.{proc.pid}").symlink_to(outside)
+    proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 0
+    assert outside.read_text() == "keep me\n"
+    assert (run / "requeue_count").read_text() == "7\n" and not (run / "requeue_count").is_symlink()
+    assert sorted(p.name for p in run.iterdir() if ".tmp." in p.name) == [
+        f"excluded_nodes.tmp.{proc.pid}",
+        f"requeue_count.tmp.{proc.pid}",
+    ]  # only the planted links: no temporary of its own is left behind
+
+
 def test_a_fifo_for_a_counter_or_stop_reason_does_not_hang_the_script(fake_slurm) -> None:
     tmp_path, env, out = fake_slurm
     (tmp_path / RUN).mkdir(parents=True)
