@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -103,6 +105,32 @@ def test_output_candidates_for_a_forgotten_job(tmp_path: Path) -> None:
     # While the controller knows the job, its own (expanded) path comes first.
     known = JobInfo(job_id="77", name="mnist", state="RUNNING", stdout="/scratch/o-77.txt", work_dir=str(tmp_path))
     assert output_candidates("77", known, base=tmp_path)[0] == Path("/scratch/o-77.txt")
+
+
+def test_a_submission_record_is_read_back_as_untrusted(tmp_path: Path) -> None:
+    """runs/*-JOB/job.yaml is read through readback: a FIFO is never waited on (a subprocess with a safety limit,
+    since the old read blocked for ever), a link is not followed, and YAML aliases (an alias bomb's tool) are
+    refused; each such record is passed over, leaving sbatch's default place."""
+    for job_id, kind in (("78", "fifo"), ("79", "alias"), ("80", "link")):
+        run = tmp_path / "runs" / f"mnist-{job_id}"
+        run.mkdir(parents=True)
+        if kind == "fifo":
+            os.mkfifo(run / "job.yaml")
+        elif kind == "alias":
+            (run / "job.yaml").write_text("name: &n mnist\noutput: *n\n")
+        else:
+            (tmp_path / "elsewhere.yaml").write_text("output: /etc/hostname\n")
+            (run / "job.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    code = (
+        "import sys; from pathlib import Path; from hpctrain.schedulers.slurm.output import output_candidates; "
+        "base = Path(sys.argv[1]); print([str(p.relative_to(base)) for j in ('78', '79', '80') "
+        "for p in output_candidates(j, None, base=base)])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['slurm-78.out', 'slurm-79.out', 'slurm-80.out']"
 
 
 def test_follow_reads_until_finished_and_catches_the_tail(tmp_path: Path) -> None:
