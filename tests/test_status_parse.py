@@ -46,6 +46,20 @@ def test_scontrol_jobs_recorded() -> None:
     assert weird.stdout == "/home/alice/proj/out-9-we|ird name.txt"  # expanded by Slurm, spaces kept
 
 
+def test_status_of_a_running_job_says_when_it_must_end_not_that_it_ended() -> None:
+    """A running job's EndTime (scontrol) is its time limit: `status JOB` printed it as "ended:" (issue 39 §18)."""
+    from hpctrain.schedulers.slurm.display import job_view
+
+    import dataclasses
+
+    jobs = {j.job_id: j for j in parse_scontrol_jobs((DATA / "jobs_22.05.txt").read_text())}
+    running = dataclasses.replace(jobs["7"], end_time="2026-11-22T02:27:24")  # StartTime + TimeLimit, as scontrol
+    done = jobs["4"]
+    lines = [part for part in job_view(running).parts if isinstance(part, str)]
+    assert "ends by:     2026-11-22T02:27:24" in lines and not any(line.startswith("ended:") for line in lines)
+    assert done.end_time and any(line.startswith("ended:") for line in job_view(done).parts if isinstance(line, str))
+
+
 def test_squeue_recorded() -> None:
     jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_22.05.txt").read_text())}
     assert sorted(jobs) == ["4", "5", "6", "7", "8", "9"]
