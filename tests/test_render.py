@@ -607,7 +607,7 @@ def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: st
 def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> None:
     python = "/opt/my env/bin/python3"
     recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
-    words = step_command(recipe)
+    words = step_command(recipe, SlurmOptions(launcher="torchrun"))
     assert words[words.index("--kill-on-bad-exit=1") + 1 :][:3] == [
         "'/opt/my env/bin/python3'",
         "-c",
@@ -619,7 +619,10 @@ def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> No
     own = step_command(*slurm_job(command=("python", "x.py"), python=python, launcher="srun"))
     assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
     # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
-    plain = step_command(JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]))
+    plain = step_command(
+        JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]),
+        SlurmOptions(launcher="torchrun"),
+    )
     assert (
         plain[plain.index('"$hpctrain_torchrun"') - 2] == "python3"
         and plain[plain.index("--no-python") + 1] == "hpctrain"
@@ -675,3 +678,20 @@ def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: 
     assert config_from_argv(train_argv).run_dir == expected == step["env"], train_argv
     if train_args[:1] != ("--run-d",):
         assert not any("%j" in a for a in argv), argv
+
+
+def test_a_recipes_one_process_starts_without_torchrun_by_default() -> None:
+    """Issue 39 §18: torchrun was the default launcher even for one process, whose log then held torchrun's banner
+    and keep-alive warnings. A built-in recipe's one process starts plainly; more processes, a user's command
+    (its script may read torchrun's variables) and --max-restarts keep torchrun."""
+    recipe = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/m-%j")
+    script = render_sbatch(recipe)
+    assert "hpctrain_torchrun" not in script and " --nodes=1 --ntasks=1 " in script
+    assert "(single)" in script.splitlines()[2]
+    for torchrun_job in (
+        recipe.replace(resources=Resources(nproc_per_node=2)),
+        recipe.replace(max_restarts=1),
+        JobSpec(command=("python3", "train.py")),
+    ):
+        assert '"$hpctrain_torchrun"' in render_sbatch(torchrun_job)
+    assert "hpctrain_torchrun" in render_sbatch(recipe, SlurmOptions(launcher="torchrun"))

@@ -33,7 +33,7 @@ from hpctrain.schedulers.base import (
 from hpctrain.schedulers.slurm import jobs, output, query, render
 from hpctrain.schedulers.slurm.checks import Requirements, check_cluster
 from hpctrain.schedulers.slurm.commands import Runner
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
 
 SCRIPT_FILENAME = "job.sbatch"
 DRY_RUN_NOTE = (
@@ -165,7 +165,7 @@ class SlurmScheduler:
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r = job.resources
         return (
-            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {self.options.launcher}"
+            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {for_job(self.options, job).launcher}"
             + (f", partition {self.options.partition}" if self.options.partition else "")
             + (f", gres {r.gres}" if r.gres else "")
             + (f", time {job.time}" if job.time else "")
