@@ -163,9 +163,9 @@ class SlurmScheduler:
         return check_cluster(requirements(job, self.options), query.query_cluster(run=self.run, shard_use=False))
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
-        r = job.resources
+        r, launcher = job.resources, for_job(self.options, job).launcher
         return (
-            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {for_job(self.options, job).launcher}"
+            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {launcher}"
             + (f", partition {self.options.partition}" if self.options.partition else "")
             + (f", gres {r.gres}" if r.gres else "")
             + (f", time {job.time}" if job.time else "")
