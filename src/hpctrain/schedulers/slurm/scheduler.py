@@ -160,7 +160,17 @@ class SlurmScheduler:
         return local_check(job, self.options, requirements(job, self.options), recipe, check_data=check_data)
 
     def check(self, job: JobSpec) -> list[str]:
-        return check_cluster(requirements(job, self.options), query.query_cluster(run=self.run, shard_use=False))
+        from hpctrain.schedulers.slurm.run_dir import fixed_run_dir, holder_problem
+
+        problems = check_cluster(requirements(job, self.options), query.query_cluster(run=self.run, shard_use=False))
+        directory = fixed_run_dir(job)
+        held = holder_problem(directory, self._active_state) if directory is not None else None
+        return problems + ([held] if held else [])
+
+    def _active_state(self, job_id: str) -> str | None:
+        """The job's Slurm state while it is queued or running; None once it ended or Slurm forgot it."""
+        info = jobs.get_job(job_id, run=self.run)
+        return info.state if info is not None and not info.finished else None
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r, launcher = job.resources, for_job(self.options, job).launcher
@@ -172,7 +182,13 @@ class SlurmScheduler:
         )
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
-        return render.submit(job, rendered.text, run=self.run)
+        """sbatch; into a run directory without %j only while no active job holds it (refused before queueing)."""
+        from hpctrain.schedulers.slurm.run_dir import holding
+
+        with holding(job, self._active_state) as hold:
+            job_id = render.submit(job, rendered.text, run=self.run)
+            hold(job_id)
+        return job_id
 
     def record(self, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
         """The script (job.sbatch) and job.yaml beside the run's results (provenance; resubmit with --job-file):
