@@ -9,6 +9,7 @@ makes them a View for the CLI to print), so their tables and JSON stay Slurm's.
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import threading
@@ -31,7 +32,8 @@ from hpctrain.schedulers.base import (
     View,
 )
 from hpctrain.schedulers.slurm import jobs, output, query, render
-from hpctrain.schedulers.slurm.checks import Requirements, check_cluster
+from hpctrain.schedulers.slurm.checks import Requirements, check_cluster, missing_tools, tool_problems
+from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.commands import Runner
 from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
 
@@ -162,7 +164,11 @@ class SlurmScheduler:
     def check(self, job: JobSpec) -> list[str]:
         from hpctrain.schedulers.slurm.run_dir import fixed_run_dir, holder_problem
 
-        problems = check_cluster(requirements(job, self.options), query.query_cluster(run=self.run, shard_use=False))
+        cluster = query.query_cluster(run=self.run, shard_use=False)
+        problems = check_cluster(requirements(job, self.options), cluster)
+        env = dict(os.environ) | dict(job.env)
+        tools = missing_tools(get_environment(job.environment).tools(), env)
+        problems += tool_problems(tools, cluster, self.options.partition)
         directory = fixed_run_dir(job)
         held = holder_problem(directory, self._active_state) if directory is not None else None
         return problems + ([held] if held else [])
