@@ -229,7 +229,7 @@ open(os.path.join(out, "ready"), "w").close()
 deadline = time.time() + (3 if mode == "ignores" else 30)  # ignores: a program the time limit ends
 while not got and time.time() < deadline:
     time.sleep(0.05)
-if mode in ("preempt", "completed-then-failed", "diverged") and os.environ.get("HPCTRAIN_RUN_DIR"):
+if mode in ("preempt", "preempt-75", "completed-then-failed", "diverged") and os.environ.get("HPCTRAIN_RUN_DIR"):
     os.makedirs(os.environ["HPCTRAIN_RUN_DIR"], exist_ok=True)
     with open(os.path.join(os.environ["HPCTRAIN_RUN_DIR"], "stop_reason"), "w") as f:
         if mode == "completed-then-failed":  # training finished; torchrun then died on the late warning
@@ -238,7 +238,7 @@ if mode in ("preempt", "completed-then-failed", "diverged") and os.environ.get("
             f.write("diverged")
         else:
             f.write("preempted" if got == ["SIGUSR1"] else "cancelled")
-sys.exit(0 if mode == "preempt" else 3)
+sys.exit({"preempt": 0, "preempt-75": 75}.get(mode, 3))  # 75: the status of a planned stop
 '''
 
 FAKE_SCONTROL = r"""#!/bin/sh

@@ -63,6 +63,25 @@ def test_a_stale_stop_reason_of_an_earlier_attempt_is_no_word_of_this_one(fake_s
     assert not _requeued(out), output
 
 
+def test_a_planned_stop_explains_slurms_error_lines_about_its_exit_status(fake_slurm) -> None:
+    """Issue 39 §18: srun reports a planned stop's exit status 75 as `error: ... Exited with exit code 75` (and
+    slurmstepd the tasks --kill-on-bad-exit ended as CANCELLED): the script says, before it requeues, what those
+    lines were. A stop that exits 0 leaves Slurm nothing to report, and nothing to explain."""
+    tmp_path, env, out = fake_slurm
+    code, output = _run_and_signal(tmp_path, env, out, _job(), signal.SIGUSR1, "preempt-75")
+    assert _requeued(out) and code == 0, output
+    lines = output.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("hpctrain: the run stopped as planned")]
+    assert len(said) == 1 and "(exit status 75)" in lines[said[0]] and "not a failure" in lines[said[0]], output
+    assert lines[said[0] + 1].startswith("hpctrain: the run stopped with its state saved; requeueing job 4242")
+    for name in ("requeue_count", "hang_restarts"):
+        (tmp_path / RUN / name).unlink(missing_ok=True)
+    for left in out.iterdir():  # the first run's records (ready, signals, scontrol)
+        left.unlink()
+    code, output = _run_and_signal(tmp_path, env, out, _job(), signal.SIGUSR1, "preempt")
+    assert _requeued(out) and "stopped as planned" not in output, output
+
+
 def test_a_counter_with_a_leading_zero_is_a_decimal_number(fake_slurm) -> None:
     tmp_path, env, out = fake_slurm
     (tmp_path / RUN).mkdir(parents=True)

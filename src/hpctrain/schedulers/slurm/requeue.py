@@ -230,6 +230,13 @@ def warning_requeue_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     total = restart_budget(job, options)
     return out + [
         'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" = preempted ]; then',
+        "    # srun reports a step's non-zero exit as an error (and --kill-on-bad-exit ends the other tasks, which",
+        "    # slurmstepd reports as CANCELLED), a planned stop's status too: say what those lines were.",
+        '    if [ "$status" -ne 0 ]; then',
+        "        echo \"hpctrain: the run stopped as planned, its state saved (exit status $status): srun's"
+        " 'error: ... Exited with exit code' or 'Terminated' and slurmstepd's 'CANCELLED' lines just above are"
+        ' Slurm reporting that planned exit, not a failure"',
+        "    fi",
         f'    if [ "$own_requeues" -lt {options.max_requeues} ] && [ "$restarts" -lt {total} ] &&',
         f'        write_count "$run_dir/{REQUEUE_COUNT_FILE}" "$((own_requeues + 1))"; then',
         f'        echo "hpctrain: the run stopped with its state saved; requeueing job ${{SLURM_JOB_ID}} (requeue'
