@@ -608,7 +608,7 @@ def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> No
     python = "/opt/my env/bin/python3"
     recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
     words = step_command(recipe, SlurmOptions(launcher="torchrun"))
-    assert words[words.index("--kill-on-bad-exit=1") + 1 :][:3] == [
+    assert words[words.index("--quiet") + 1 :][:3] == [
         "'/opt/my env/bin/python3'",
         "-c",
         '"$hpctrain_torchrun"',

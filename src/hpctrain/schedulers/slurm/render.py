@@ -105,6 +105,9 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
     # Slurm 22.05+ no longer passes the batch's --cpus-per-task on to srun: say it again.
     cpus = r.cpus_per_task * (r.nproc_per_node if launcher == "torchrun" else 1)
     words += [f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
+    # --quiet: srun's notes on ending a step ("Job step aborted: Waiting up to...", "Terminating StepId") would
+    # surround every planned stop; its errors, which the script explains after a planned stop, still show.
+    words.append("--quiet")
     words += env.srun_options(gpus)
     words += env.command_prefix(gpus)
     if launcher == "torchrun":
