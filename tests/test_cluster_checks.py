@@ -211,3 +211,21 @@ def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> Non
     with pytest.raises(UserError) as err:
         slurm(["squeue"], run=down)
     assert "scontrol ping" in str(err.value) and "local-slurm.sh" not in str(err.value)
+
+
+def test_a_missing_environment_tool_is_a_problem_only_when_the_nodes_are_this_host() -> None:
+    """Issue 39 §17: nodes that are this host (names resolving to loopback) cannot have what it lacks; nodes
+    elsewhere may (a warning). `.invalid` names never resolve (RFC 6761)."""
+    from hpctrain.schedulers.slurm.checks import tool_problems
+    from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+
+    def cluster(*names: str) -> ClusterInfo:
+        nodes = tuple(NodeInfo(n, "idle", ("p",), 2, 0, 1000, 0, None, 0, 0, 0, 0, None) for n in names)
+        return ClusterInfo(partitions=(PartitionInfo("p", True, None, names, "UP"),), nodes=nodes)
+
+    missing = [("conda", "--conda-env")]
+    [here] = tool_problems(missing, cluster("localhost"), None)
+    assert here.startswith("--conda-env: the job's batch shell needs `conda`, and its nodes (localhost) are this host")
+    [elsewhere] = tool_problems(missing, cluster("localhost", "gpu07.invalid"), "p")
+    assert elsewhere.startswith("warning: --conda-env: the job's batch shell needs `conda`, which this host does not")
+    assert tool_problems([], cluster("localhost"), None) == []

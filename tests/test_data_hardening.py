@@ -304,3 +304,41 @@ def test_prepare_on_a_full_disk_says_so_and_removes_the_unfinished_shard(fashion
     assert [line for line in result.stderr.splitlines() if "error" in line] == result.stderr.splitlines()[-1:]
     assert not list((mount / "out").glob(".*.tmp-*")), "the unfinished shard is removed"
     assert list((mount / "out").glob("train-*.tar")), "complete shards are kept"
+
+
+def test_a_resumed_prepare_takes_only_the_shards_it_wrote(fashion_folders, tmp_path):  # noqa: F811
+    """Guards issue 39 §13: resuming without an index took any shard in OUT under a shard's name; a planted shard
+    of other images went into the index. Only shards this preparation recorded (its journal) are kept."""
+    src = small_source(fashion_folders, tmp_path / "src")
+    other = tmp_path / "other"  # the same classes and counts, other images
+    for split in ("train", "val"):
+        for cls in ("bag", "boot"):
+            (other / split / cls).mkdir(parents=True)
+            for path in sorted((fashion_folders / split / cls).iterdir())[3:6]:
+                shutil.copy(path, other / split / cls / path.name)
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    shards.prepare(PrepareConfig(src=src, out=out, shard_size=8192))
+    shards.prepare(PrepareConfig(src=other, out=elsewhere, shard_size=8192))
+    good = {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))}
+    assert len(good) >= 3 and (elsewhere / "train-000001.tar").read_bytes() != good["train-000001.tar"]
+    (out / INDEX_NAME).unlink()  # as if interrupted before the index was written
+    shutil.copy(elsewhere / "train-000001.tar", out / "train-000001.tar")  # planted
+    index = shards.prepare(PrepareConfig(src=src, out=out, shard_size=8192))
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.tar"))} == good
+    others = {p.name for p in (other / "train").rglob("*") if p.is_file()}
+    assert not others & {Path(p).name for p in index["splits"]["train"]["samples"]["path"]}
+
+
+def test_a_shard_member_that_is_a_directory_is_a_one_line_error(tmp_path):
+    """Guards issue 39 §13: a directory member hit an `assert` (gone under python -O)."""
+    import tarfile
+
+    from hpctrain.data.shards.index import shard_members
+
+    shard = tmp_path / "train-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        member = tarfile.TarInfo("00000000.cls")
+        member.type = tarfile.DIRTYPE
+        tar.addfile(member)
+    with pytest.raises(UserError, match=r"member '00000000.cls' is not a regular file.*hpctrain prepare imagenet"):
+        shard_members(shard)

@@ -330,13 +330,16 @@ def test_workers_wait_for_the_master_in_their_own_init_container() -> None:
     """training-operator v1.9.0 pkg/controller.v1/pytorch/initcontainer.go appends `init-pytorch` to every Worker pod:
     `nslookup JOB-master-0` at most --pytorch-init-container-max-tries (100) times, 2 s apart, then exit 1; a failed
     init container restarts, and pkg/core/job.go PastBackoffLimit counts init containers' restarts once the pod runs.
-    An init container of ours, placed before it, waits without a limit, so theirs resolves the name at once."""
+    An init container of ours, placed before it, waits as long as the job's time limit (an hour without one), so
+    theirs resolves the name at once; it gives up then, saying what it waited for (issue 39 §12)."""
     manifest = render(job(nodes=3), options())
     specs = pod_specs(manifest)
     assert "initContainers" not in specs["Master"]  # the master must not wait for itself
     [init] = specs["Worker"]["initContainers"]
     assert init["name"] == "wait-for-master" and init["image"] == IMAGE
-    assert init["command"][:2] == ["python3", "-c"] and init["command"][3:] == ["mnist-master-0"]
+    assert init["command"][:2] == ["python3", "-c"] and init["command"][3:] == ["mnist-master-0", "3600"]
+    [timed] = pod_specs(render(job(nodes=3, time="04:00:00"), options()))["Worker"]["initContainers"]
+    assert timed["command"][3:] == ["mnist-master-0", "14400"]
     assert "mnist" not in init["command"][2]  # the name is an argument, never code
     assert init["resources"]["requests"] == init["resources"]["limits"]
     assert validate_manifest(manifest) == []
@@ -353,19 +356,17 @@ def test_the_wait_for_master_code_resolves_and_waits() -> None:
 
     [init] = pod_specs(render(job(nodes=2), options()))["Worker"]["initContainers"]
     code = init["command"][2]
-    done = subprocess.run([sys.executable, "-c", code, "localhost"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code, "localhost", "60"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == ""
-    # a name that never resolves: it keeps waiting (no exit, so no restart to count) and says for what
-    waiting = subprocess.Popen(
-        [sys.executable, "-c", code, "mnist-master-0.invalid"], stdout=subprocess.PIPE, text=True
+    # a name that never resolves: it waits, says for what, and gives up at its deadline (here 1 s), saying so
+    gave_up = subprocess.run(
+        [sys.executable, "-c", code, "mnist-master-0.invalid", "1"], capture_output=True, text=True, timeout=60
     )
-    try:
-        assert waiting.stdout.readline() == "hpctrain: waiting for mnist-master-0.invalid\n"
-        assert waiting.stdout.readline() == "hpctrain: waiting for mnist-master-0.invalid\n"
-        assert waiting.poll() is None
-    finally:
-        waiting.kill()
-        waiting.wait()
+    assert gave_up.returncode == 1 and gave_up.stdout.splitlines() == [
+        "hpctrain: waiting for the master pod mnist-master-0.invalid to have a name (at most 1 s)",
+        "hpctrain: gave up after 1 s waiting for the master pod mnist-master-0.invalid to have a name: it never "
+        "started (see hpctrain status) or its Service is missing",
+    ]
 
 
 # ---- 8. --time: the job's own timer, and a backstop deadline --------------------------------------------------------

@@ -229,7 +229,7 @@ open(os.path.join(out, "ready"), "w").close()
 deadline = time.time() + (3 if mode == "ignores" else 30)  # ignores: a program the time limit ends
 while not got and time.time() < deadline:
     time.sleep(0.05)
-if mode in ("preempt", "completed-then-failed", "diverged") and os.environ.get("HPCTRAIN_RUN_DIR"):
+if mode in ("preempt", "preempt-75", "completed-then-failed", "diverged") and os.environ.get("HPCTRAIN_RUN_DIR"):
     os.makedirs(os.environ["HPCTRAIN_RUN_DIR"], exist_ok=True)
     with open(os.path.join(os.environ["HPCTRAIN_RUN_DIR"], "stop_reason"), "w") as f:
         if mode == "completed-then-failed":  # training finished; torchrun then died on the late warning
@@ -238,7 +238,7 @@ if mode in ("preempt", "completed-then-failed", "diverged") and os.environ.get("
             f.write("diverged")
         else:
             f.write("preempted" if got == ["SIGUSR1"] else "cancelled")
-sys.exit(0 if mode == "preempt" else 3)
+sys.exit({"preempt": 0, "preempt-75": 75}.get(mode, 3))  # 75: the status of a planned stop
 '''
 
 FAKE_SCONTROL = r"""#!/bin/sh
@@ -607,8 +607,8 @@ def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: st
 def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> None:
     python = "/opt/my env/bin/python3"
     recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
-    words = step_command(recipe)
-    assert words[words.index("--kill-on-bad-exit=1") + 1 :][:3] == [
+    words = step_command(recipe, SlurmOptions(launcher="torchrun"))
+    assert words[words.index("--quiet") + 1 :][:3] == [
         "'/opt/my env/bin/python3'",
         "-c",
         '"$hpctrain_torchrun"',
@@ -619,7 +619,10 @@ def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> No
     own = step_command(*slurm_job(command=("python", "x.py"), python=python, launcher="srun"))
     assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
     # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
-    plain = step_command(JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]))
+    plain = step_command(
+        JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]),
+        SlurmOptions(launcher="torchrun"),
+    )
     assert (
         plain[plain.index('"$hpctrain_torchrun"') - 2] == "python3"
         and plain[plain.index("--no-python") + 1] == "hpctrain"
@@ -675,3 +678,20 @@ def test_a_recipe_trains_in_the_run_dir_the_script_uses(fake_slurm, train_args: 
     assert config_from_argv(train_argv).run_dir == expected == step["env"], train_argv
     if train_args[:1] != ("--run-d",):
         assert not any("%j" in a for a in argv), argv
+
+
+def test_a_recipes_one_process_starts_without_torchrun_by_default() -> None:
+    """Issue 39 §18: torchrun was the default launcher even for one process, whose log then held torchrun's banner
+    and keep-alive warnings. A built-in recipe's one process starts plainly; more processes, a user's command
+    (its script may read torchrun's variables) and --max-restarts keep torchrun."""
+    recipe = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/m-%j")
+    script = render_sbatch(recipe)
+    assert "hpctrain_torchrun" not in script and " --nodes=1 --ntasks=1 " in script
+    assert "(single)" in script.splitlines()[2]
+    for torchrun_job in (
+        recipe.replace(resources=Resources(nproc_per_node=2)),
+        recipe.replace(max_restarts=1),
+        JobSpec(command=("python3", "train.py")),
+    ):
+        assert '"$hpctrain_torchrun"' in render_sbatch(torchrun_job)
+    assert "hpctrain_torchrun" in render_sbatch(recipe, SlurmOptions(launcher="torchrun"))

@@ -63,6 +63,25 @@ def test_a_stale_stop_reason_of_an_earlier_attempt_is_no_word_of_this_one(fake_s
     assert not _requeued(out), output
 
 
+def test_a_planned_stop_explains_slurms_error_lines_about_its_exit_status(fake_slurm) -> None:
+    """Issue 39 §18: srun reports a planned stop's exit status 75 as `error: ... Exited with exit code 75` (and
+    slurmstepd the tasks --kill-on-bad-exit ended as CANCELLED): the script says, before it requeues, what those
+    lines were. A stop that exits 0 leaves Slurm nothing to report, and nothing to explain."""
+    tmp_path, env, out = fake_slurm
+    code, output = _run_and_signal(tmp_path, env, out, _job(), signal.SIGUSR1, "preempt-75")
+    assert _requeued(out) and code == 0, output
+    lines = output.splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("hpctrain: the run stopped as planned")]
+    assert len(said) == 1 and "(exit status 75)" in lines[said[0]] and "not a failure" in lines[said[0]], output
+    assert lines[said[0] + 1].startswith("hpctrain: the run stopped with its state saved; requeueing job 4242")
+    for name in ("requeue_count", "hang_restarts"):
+        (tmp_path / RUN / name).unlink(missing_ok=True)
+    for left in out.iterdir():  # the first run's records (ready, signals, scontrol)
+        left.unlink()
+    code, output = _run_and_signal(tmp_path, env, out, _job(), signal.SIGUSR1, "preempt")
+    assert _requeued(out) and "stopped as planned" not in output, output
+
+
 def test_a_counter_with_a_leading_zero_is_a_decimal_number(fake_slurm) -> None:
     tmp_path, env, out = fake_slurm
     (tmp_path / RUN).mkdir(parents=True)
@@ -81,6 +100,26 @@ def test_a_counter_that_cannot_be_written_refuses_the_requeue(fake_slurm) -> Non
     assert not _requeued(out), output
     assert "cannot record the restart in runs/r-4242/requeue_count: not requeueing" in output
     assert code == 1  # stopped early, not requeued: never a success
+
+
+def test_a_counter_is_never_written_through_a_link_planted_in_the_run_directory(tmp_path: Path) -> None:
+    """A temporary with a name known in advance (the shell's pid) can be a link someone planted: writing through
+    it overwrote a file outside the run directory. The temporary is mktemp's (O_EXCL), then renamed."""
+    run, outside = tmp_path / "run", tmp_path / "precious"
+    run.mkdir()
+    outside.write_text("keep me\n")
+    body = "\n".join([*requeue.helper_lines(), "read -r _", 'write_count "$1/requeue_count" 7'])
+    proc = subprocess.Popen(["bash", "-c", body, "bash", str(run)], stdin=subprocess.PIPE, text=True)
+    for name in ("requeue_count", "excluded_nodes"):  # the names the old script wrote through ($$: bash's pid)
+        (run / f"{name}.tmp.{proc.pid}").symlink_to(outside)
+    proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 0
+    assert outside.read_text() == "keep me\n"
+    assert (run / "requeue_count").read_text() == "7\n" and not (run / "requeue_count").is_symlink()
+    assert sorted(p.name for p in run.iterdir() if ".tmp." in p.name) == [
+        f"excluded_nodes.tmp.{proc.pid}",
+        f"requeue_count.tmp.{proc.pid}",
+    ]  # only the planted links: no temporary of its own is left behind
 
 
 def test_a_fifo_for_a_counter_or_stop_reason_does_not_hang_the_script(fake_slurm) -> None:

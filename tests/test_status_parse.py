@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,6 +44,20 @@ def test_scontrol_jobs_recorded() -> None:
     weird = jobs["9"]
     assert weird.name == "we|ird name"
     assert weird.stdout == "/home/alice/proj/out-9-we|ird name.txt"  # expanded by Slurm, spaces kept
+
+
+def test_status_of_a_running_job_says_when_it_must_end_not_that_it_ended() -> None:
+    """A running job's EndTime (scontrol) is its time limit: `status JOB` printed it as "ended:" (issue 39 §18)."""
+    from hpctrain.schedulers.slurm.display import job_view
+
+    import dataclasses
+
+    jobs = {j.job_id: j for j in parse_scontrol_jobs((DATA / "jobs_22.05.txt").read_text())}
+    running = dataclasses.replace(jobs["7"], end_time="2026-11-22T02:27:24")  # StartTime + TimeLimit, as scontrol
+    done = jobs["4"]
+    lines = [part for part in job_view(running).parts if isinstance(part, str)]
+    assert "ends by:     2026-11-22T02:27:24" in lines and not any(line.startswith("ended:") for line in lines)
+    assert done.end_time and any(line.startswith("ended:") for line in job_view(done).parts if isinstance(line, str))
 
 
 def test_squeue_recorded() -> None:
@@ -103,6 +119,32 @@ def test_output_candidates_for_a_forgotten_job(tmp_path: Path) -> None:
     # While the controller knows the job, its own (expanded) path comes first.
     known = JobInfo(job_id="77", name="mnist", state="RUNNING", stdout="/scratch/o-77.txt", work_dir=str(tmp_path))
     assert output_candidates("77", known, base=tmp_path)[0] == Path("/scratch/o-77.txt")
+
+
+def test_a_submission_record_is_read_back_as_untrusted(tmp_path: Path) -> None:
+    """runs/*-JOB/job.yaml is read through readback: a FIFO is never waited on (a subprocess with a safety limit,
+    since the old read blocked for ever), a link is not followed, and YAML aliases (an alias bomb's tool) are
+    refused; each such record is passed over, leaving sbatch's default place."""
+    for job_id, kind in (("78", "fifo"), ("79", "alias"), ("80", "link")):
+        run = tmp_path / "runs" / f"mnist-{job_id}"
+        run.mkdir(parents=True)
+        if kind == "fifo":
+            os.mkfifo(run / "job.yaml")
+        elif kind == "alias":
+            (run / "job.yaml").write_text("name: &n mnist\noutput: *n\n")
+        else:
+            (tmp_path / "elsewhere.yaml").write_text("output: /etc/hostname\n")
+            (run / "job.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    code = (
+        "import sys; from pathlib import Path; from hpctrain.schedulers.slurm.output import output_candidates; "
+        "base = Path(sys.argv[1]); print([str(p.relative_to(base)) for j in ('78', '79', '80') "
+        "for p in output_candidates(j, None, base=base)])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['slurm-78.out', 'slurm-79.out', 'slurm-80.out']"
 
 
 def test_follow_reads_until_finished_and_catches_the_tail(tmp_path: Path) -> None:

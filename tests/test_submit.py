@@ -447,7 +447,9 @@ def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _executable(venv / "bin" / "activate")
     in_venv = JobSpec(command=("hpctrain", "train", "mnist"), environment=EnvironmentSpec(kind="venv", venv=str(venv)))
-    assert [p.split("`")[1] for p in program_problems(in_venv, bare)] == ["torchrun", "hpctrain"]
+    torchrun = SlurmOptions(launcher="torchrun")
+    assert [p.split("`")[1] for p in program_problems(in_venv, bare, torchrun)] == ["torchrun", "hpctrain"]
+    assert [p.split("`")[1] for p in program_problems(in_venv, bare)] == ["hpctrain"]  # one process: no torchrun
     _executable(venv / "bin" / "torchrun")
     _executable(venv / "bin" / "hpctrain")
     assert program_problems(in_venv, bare) == []

@@ -316,3 +316,29 @@ def test_train_mnist_ddp_on_two_nodes(slurm, tmp_path: Path, fashion_data_dir: P
         assert local.returncode == 0, local.stderr
         local_acc, cluster_acc = read_metrics(tmp_path / "local")[-1]["test_accuracy"], metrics[-1]["test_accuracy"]
         assert abs(local_acc - cluster_acc) <= 0.01, (local_acc, cluster_acc)
+
+
+def test_a_second_job_into_a_run_directory_an_active_job_holds_is_refused_before_queueing(
+    slurm, tmp_path: Path
+) -> None:
+    """Issue 39 §12: two submits into one run directory were both queued, and the second ended in torch's
+    ChildFailedError. The first job here waits (--begin an hour away) and holds runs/fixed."""
+    args = ["submit", "--launcher", "single", "--run-dir", "runs/fixed", "--time", "5"]
+    first = hpctrain(*args, "--sbatch=--begin=now+3600", "--", "true", cwd=tmp_path)
+    job_id = first.stdout.strip()
+    assert first.returncode == 0 and job_id.isdigit(), first.stderr
+    try:
+        second = hpctrain(*args, "--", "true", cwd=tmp_path)
+        check = hpctrain("check", *args[1:], "--", "true", cwd=tmp_path)
+        queued = queued_ids(tmp_path)
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    assert queued == {job_id}, (queued, second.stdout)
+    said = f"--run-dir {tmp_path / 'runs' / 'fixed'} is held by job {job_id} (PENDING), which writes there"
+    assert second.returncode == 2 and said.replace(str(tmp_path) + "/", "") in second.stderr, second.stderr
+    assert "Traceback" not in second.stderr
+    assert check.returncode == 2 and f"is held by job {job_id} (PENDING)" in check.stderr, check.stderr
+    wait_gone(job_id)
+    third = hpctrain(*args, "--", "true", cwd=tmp_path)  # the holder ended: the directory is free again
+    assert third.returncode == 0, third.stderr
+    wait_gone(third.stdout.strip())

@@ -139,3 +139,22 @@ def test_percent_j_in_a_recipe_run_dir_is_one_directory(slurm_cluster, tmp_path:
     assert (run_dir / "stop_reason").read_text().strip() == "completed"
     assert (run_dir / "job.sbatch").is_file() and (run_dir / "job.yaml").is_file()
     assert "runs/r-%j" in (run_dir / "job.yaml").read_text()  # the description keeps the pattern for a resubmit
+
+
+@pytest.mark.parametrize(("flags", "tool"), [(["--conda-env", "myenv"], "conda"), (["--module", "foo/1"], "module")])
+def test_an_environment_whose_tool_this_host_lacks_is_refused_when_the_nodes_are_this_host(
+    tmp_path: Path, flags: list[str], tool: str
+) -> None:
+    """Issue 39 §17: `check`/`submit` accepted an environment whose tool (conda, module) the submit host lacks;
+    on the local cluster the nodes are this host (their names resolve to it), so the job would stop at once. Here
+    neither tool exists (a PATH of /usr/bin:/bin; bash exports no `module` function): refused before queueing."""
+    env = {**os.environ, "PATH": BARE_PATH}
+    env = {k: v for k, v in env.items() if not k.startswith("BASH_FUNC_module")}
+    check = run_hpctrain("check", *flags, "--", "true", cwd=tmp_path, env=env)
+    assert check.returncode == 2 and "Traceback" not in check.stderr, check.stderr
+    assert f"the job's batch shell needs `{tool}`, and its nodes (node1, node2) are this host" in check.stderr
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    submit = run_hpctrain("submit", *flags, "--", "true", cwd=tmp_path, env=env)
+    assert submit.returncode == 2 and "nothing was submitted" in submit.stderr, submit.stderr
+    after = subprocess.run(["squeue", "-h", "-o", "%i %Z"], capture_output=True, text=True).stdout.splitlines()
+    assert not [line for line in after if line.split()[0] not in before and line.endswith(str(tmp_path))]

@@ -62,7 +62,20 @@ def test_spec_names_runs_by_folder_and_refuses_commas(tmp_path: Path) -> None:
     comma.mkdir()
     with pytest.raises(UserError, match="comma"):
         logdir_spec([comma])
-    assert train_hint("runs/my run") == "TensorBoard: hpctrain tensorboard 'runs/my run'"
+    assert train_hint("runs/my run", {}) == "TensorBoard: hpctrain tensorboard 'runs/my run'"
+
+
+def test_the_hint_in_a_kubernetes_pod_names_a_command_for_the_submitting_machine() -> None:
+    """Issue 39 §18: in a pod the hint named the pod's path as if TensorBoard could read it where the user
+    submitted. A job's pod (KUBERNETES_SERVICE_HOST, which Kubernetes sets in every container, and the
+    HPCTRAIN_RUN_DIR the job's manifest sets) says to run TensorBoard on the cluster, on the job's volume."""
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "HPCTRAIN_RUN_DIR": "/data/runs/mnist"}  # as render sets it
+    assert train_hint("runs/x", {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}).endswith("tensorboard runs/x")  # dev pod
+    hint = train_hint("/data/runs/mnist", pod)
+    assert hint == (
+        "TensorBoard: where you submitted, hpctrain tensorboard --scheduler kubernetes --on-cluster --volume VOLUME "
+        "/data/runs/mnist (a path in this job's pods; VOLUME: the --volume that holds it)"
+    )
 
 
 def test_on_cluster_refuses_the_other_schedulers_flags(tmp_path: Path) -> None:

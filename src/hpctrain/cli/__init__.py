@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hpctrain{' ' + command if command else ''}: error: {error}", file=sys.stderr)
         return error.exit_code
-    except KeyboardInterrupt:  # Ctrl-C at any point, start-up (imports, parsing) included: one line, no traceback
+    except KeyboardInterrupt as err:  # Ctrl-C at any point, start-up (imports, parsing) included: one line
         print(f"hpctrain{' ' + command if command else ''}: interrupted", file=sys.stderr)
-        return 130
+        return getattr(err, "exit_code", 130)  # cli.owned.Interrupted: SIGTERM, SIGHUP
     except BrokenPipeError:  # `hpctrain env | head`: the reader has gone, as with any Unix tool
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 141

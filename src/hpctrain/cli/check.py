@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.cli.job_options import add_job_arguments, submission_from_args
+from hpctrain.cli.owned import owned_job
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.cli.submit import report_problems, report_warnings, wait
 from hpctrain.compat import installed_numpy_mismatch
@@ -88,9 +89,11 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
         run_dir=run_dir,
         env=(*job.env, (CHECK_ID_ENV, check_id)),
     )
-    job_id = sched.submit(probe, sched.render(probe))
-    print(f"preflight: job {job_id} checks the nodes it gets", flush=True)
-    status = wait(sched, job_id, "check")
+    rendered = sched.render(probe)
+    with owned_job(sched, "check") as owned:  # the probe is this command's: interrupted, it is cancelled
+        job_id = owned.submit(lambda: sched.submit(probe, rendered))
+        print(f"preflight: job {job_id} checks the nodes it gets", flush=True)
+        status = wait(sched, job_id, "check")
     here = backend_info(scheduler).local_run_dir(run_dir.replace("%j", job_id)) if run_dir else None
     record = here / PREFLIGHT_FILE if here is not None else None
     if record is None or not record.is_file():

@@ -150,3 +150,16 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"job file {path}: expected a mapping of job options at the top level")
     return data
+
+
+def read_job_record(path: Path, within: Path) -> Any:
+    """A job.yaml that `hpctrain submit` left in a run directory, read back as untrusted (readback's bounds: a
+    regular file, no link below `within`, at most MAX_JOB_FILE_BYTES of UTF-8) and parsed as a job file is (no
+    anchors or aliases). A UserError (readback.BadRunFile among them) for a record that cannot be used."""
+    from hpctrain.readback import read_text
+
+    text = read_text(path, MAX_JOB_FILE_BYTES, within=within)
+    try:
+        return _parse(path, text)
+    except RecursionError:
+        raise UserError(f"{path} nests too deeply to be a job record") from None

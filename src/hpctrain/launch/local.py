@@ -109,7 +109,36 @@ def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> 
         raise
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_IGN)
+    lost = _fork_server_lost()
+    if lost is not None:  # every worker then reads as exit 255, multiprocessing's word for "no status came back"
+        pid, how, code = lost
+        print(
+            f"hpctrain: the fork server that started the workers (pid {pid}) {how}, and the workers with it: the "
+            "run stopped where its last checkpoint left it (--resume continues from there)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return code
     return status
+
+
+def _fork_server_lost() -> tuple[int, str, int] | None:
+    """(pid, how it ended, the status to exit with) when this process's fork server has ended; None while it runs
+    (or where there is none). It stays a zombie for multiprocessing to reap (WNOWAIT)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if not isinstance(pid, int) or not hasattr(os, "waitid"):
+        return None
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return pid, f"was killed by {signal.Signals(info.si_status).name}", 128 + info.si_status
+    return pid, f"exited with status {info.si_status}", info.si_status or 1
 
 
 def _wait(workers: list[Any]) -> int:

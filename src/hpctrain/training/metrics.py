@@ -8,9 +8,11 @@ in a batch log, so `slurm-*.out` holds readable lines rather than carriage-retur
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,8 +37,16 @@ _NUMBERS = (
 TENSORBOARD_DIR = "tb"
 
 
-def train_hint(run_dir: str | Path) -> str:
-    """The line `hpctrain train` prints at start: how to watch this run."""
+def train_hint(run_dir: str | Path, environ: Mapping[str, str] = os.environ) -> str:
+    """The line `hpctrain train` prints at start: how to watch this run. In the pod of a job `hpctrain submit` made
+    on Kubernetes (every pod has KUBERNETES_SERVICE_HOST; such a job's pods HPCTRAIN_RUN_DIR, which a dev pod has
+    not) the run directory is a path in the pod, which the submitting machine does not have: TensorBoard then runs
+    in a pod of its own, on the volume that holds the run."""
+    if environ.get("KUBERNETES_SERVICE_HOST") and environ.get("HPCTRAIN_RUN_DIR"):
+        return (
+            "TensorBoard: where you submitted, hpctrain tensorboard --scheduler kubernetes --on-cluster --volume "
+            f"VOLUME {shlex.quote(str(run_dir))} (a path in this job's pods; VOLUME: the --volume that holds it)"
+        )
     return f"TensorBoard: hpctrain tensorboard {shlex.quote(str(run_dir))}"
 
 

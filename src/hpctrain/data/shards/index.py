@@ -179,12 +179,16 @@ def shard_members(path: Path) -> dict[int, tuple[tuple[int, int], int]]:
     try:
         with tarfile.open(path, mode="r:") as tar:
             for member in tar:
+                if not member.isfile():  # a directory, link or device: nothing hpctrain prepare writes
+                    raise UserError(
+                        f"{path}: member {member.name!r} is not a regular file, so this is no shard `hpctrain "
+                        f"prepare` wrote; delete it and {PREPARE_HINT}"
+                    )
                 stem, _, extension = member.name.partition(".")
                 key = int(stem)
                 if extension == "cls":
                     data = tar.extractfile(member)
-                    assert data is not None
-                    samples[key] = (image.pop(key), int(data.read()))
+                    samples[key] = (image.pop(key), int(data.read() if data is not None else b""))
                 else:
                     image[key] = (member.offset_data, member.size)
     except (tarfile.TarError, OSError, ValueError, KeyError) as err:

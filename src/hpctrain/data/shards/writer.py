@@ -5,7 +5,10 @@ Writing is resumable: each shard is written under a temporary name, fsynced and 
 with the same SRC and options keeps the complete shards (a prefix, checked against the index of an earlier run
 when there is one) and continues from the first missing one, giving the same bytes as an uninterrupted run. The
 options and a digest of the source listing are recorded (MANIFEST_NAME) when a preparation starts, so a rerun
-with different ones is refused instead of mixing two preparations; a lock keeps a second `prepare` out. Tar
+with different ones is refused instead of mixing two preparations; a lock keeps a second `prepare` out. Each shard
+this preparation completes is recorded with its sha256 (JOURNAL_NAME): a rerun keeps only shards that it (or the
+index of a complete run) names with those bytes, so a shard that someone else put in OUT is never taken into the
+index, but written again. A shard's temporary is made afresh (O_EXCL) and renamed. Tar
 members carry no time stamps, owners or host names: the same SRC and options give the same bytes.
 """
 
@@ -17,6 +20,7 @@ import io
 import json
 import os
 import re
+import secrets
 import sys
 import tarfile
 from collections.abc import Callable
@@ -28,6 +32,7 @@ from hpctrain.data.shards.encode import encode_image, encoder_pool
 from hpctrain.data.shards.index import FORMAT, INDEX_NAME, VERSION, load_index, shard_members, shard_name
 from hpctrain.data.shards.verify import Reporter, verify
 from hpctrain.errors import UserError
+from hpctrain.readback import read_json
 from hpctrain.fsutil import (
     DirectoryInUse,
     DirectoryLock,
@@ -39,6 +44,8 @@ from hpctrain.fsutil import (
 )
 
 MANIFEST_NAME = ".hpctrain-prepare.json"
+JOURNAL_NAME = ".hpctrain-prepare-shards.json"  # {split: {shard name: sha256}} of the shards this preparation wrote
+MAX_JOURNAL_BYTES = 1 << 24
 LOCK_NAME = ".hpctrain-prepare.lock"
 DEFAULT_MAX_SIDE = 320
 DEFAULT_JPEG_QUALITY = 95
@@ -143,7 +150,7 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
     except LocksUnsupported as err:  # as a training run does: go on, having said what is not guarded
         print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
     try:
-        _claim(cfg.out, manifest)
+        journal = _claim(cfg.out, manifest)
         _remove_temporaries(cfg.out)
         results = {}
         with encoder_pool(cfg.workers) as pool:
@@ -151,7 +158,7 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
                 encode = functools.partial(
                     encode_image, max_side=cfg.max_side, quality=cfg.jpeg_quality, raw=cfg.format == "raw"
                 )
-                results[split] = _write_split(cfg, split, images, pool, encode, reporter)
+                results[split] = _write_split(cfg, split, images, pool, encode, reporter, journal)
         index = {
             "format": FORMAT,
             "version": VERSION,
@@ -185,8 +192,9 @@ def _write_error(out: Path, err: OSError) -> UserError:
     return UserError(f"{out}: cannot write the shards{where}: {err.strerror or err}; fix that and {again}")
 
 
-def _claim(out: Path, manifest: dict) -> None:
-    """Record what this OUT is being prepared from, or refuse if it was started with something else."""
+def _claim(out: Path, manifest: dict) -> _Journal:
+    """Record what this OUT is being prepared from, or refuse if it was started with something else; returns the
+    record of the shards this preparation has written (empty for a new one)."""
     path = out / MANIFEST_NAME
     if path.is_file():
         try:
@@ -199,10 +207,43 @@ def _claim(out: Path, manifest: dict) -> None:
                 f"({_difference(before, manifest)}); rerun with the same SRC and options to finish it, "
                 "or choose a new OUT directory"
             )
-        return
+        return _Journal.load(out)
     if any(out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar")) or (out / INDEX_NAME).exists():
         raise UserError(f"{out} already holds shards not made by this preparation; choose a new OUT directory")
+    journal = _Journal(out, {})
+    journal.save()  # before the manifest: a journal of an earlier preparation never counts for this one
     write_atomic(path, json.dumps(manifest, indent=1).encode())
+    return journal
+
+
+class _Journal:
+    """The shards this preparation has completed, by split: name -> sha256 (JOURNAL_NAME, replaced atomically)."""
+
+    def __init__(self, out: Path, written: dict[str, dict[str, str]]) -> None:
+        self.out, self.written = out, written
+
+    @classmethod
+    def load(cls, out: Path) -> _Journal:
+        """The journal of the preparation under way; an unreadable or malformed one records nothing (every shard
+        is then written again)."""
+        try:
+            data = read_json(out / JOURNAL_NAME, MAX_JOURNAL_BYTES)
+        except (OSError, UserError):
+            data = None
+        valid = isinstance(data, dict) and all(
+            isinstance(split, dict) and all(isinstance(v, str) for v in split.values()) for split in data.values()
+        )
+        return cls(out, data if valid else {})
+
+    def shards(self, split: str) -> dict[str, str]:
+        return dict(self.written.get(split, {}))
+
+    def add(self, split: str, name: str, sha256: str) -> None:
+        self.written.setdefault(split, {})[name] = sha256
+        self.save()
+
+    def save(self) -> None:
+        write_atomic(self.out / JOURNAL_NAME, json.dumps(self.written, separators=(",", ":")).encode())
 
 
 def _difference(before: dict | None, now: dict) -> str:
@@ -228,19 +269,27 @@ def _listing_digest(images: ImageSet) -> str:
 
 
 def _write_split(
-    cfg: PrepareConfig, split: str, images: ImageSet, pool, encode: Callable, reporter: Reporter
+    cfg: PrepareConfig,
+    split: str,
+    images: ImageSet,
+    pool,
+    encode: Callable,
+    reporter: Reporter,
+    journal: _Journal,
 ) -> SplitResult:
-    """Keep the complete shards already in OUT (a prefix), then encode and write the rest in order."""
+    """Keep the complete shards already in OUT that this preparation wrote (a prefix), then encode and write the
+    rest in order."""
     result = SplitResult({"shard": [], "offset": [], "size": [], "label": [], "path": []}, [], [])
     relative = [os.path.relpath(p, images.root) for p in images.paths]
-    recorded = _recorded_checksums(cfg.out, split)
+    recorded = {**journal.shards(split), **_recorded_checksums(cfg.out, split)}
     number, start = 0, 0
     while (cfg.out / shard_name(split, number)).is_file():
         path = cfg.out / shard_name(split, number)
         checksum = sha256_file(path).sha256
-        if recorded.get(path.name, checksum) != checksum:
+        if recorded.get(path.name) != checksum:
+            why = "this preparation did not write it" if path.name not in recorded else "its sha256 differs"
             reporter.note(
-                f"{path.name}: its sha256 differs from {INDEX_NAME}; writing it and the shards after it again"
+                f"{path.name}: {why} ({JOURNAL_NAME}, {INDEX_NAME}); writing it and the shards after it again"
             )
             break
         members = _read_shard(path, checksum, result, relative)
@@ -258,7 +307,7 @@ def _write_split(
     if start == len(images):
         return result
     work = [(str(images.paths[i]),) for i in range(start, len(images))]
-    writer = _ShardWriter(cfg.out, split, number, cfg.shard_size, result)
+    writer = _ShardWriter(cfg.out, split, number, cfg.shard_size, result, journal)
     try:
         for i, encoded in enumerate(pool.imap(encode, work, chunksize=8), start=start):
             reporter.advance(1)
@@ -281,8 +330,9 @@ def _write_split(
 class _ShardWriter:
     """Fills shards one after another: a sample that would make the shard exceed `limit` starts the next one."""
 
-    def __init__(self, out: Path, split: str, number: int, limit: int, result: SplitResult) -> None:
+    def __init__(self, out: Path, split: str, number: int, limit: int, result: SplitResult, journal: _Journal) -> None:
         self.out, self.split, self.number, self.limit, self.result = out, split, number, limit, result
+        self.journal = journal
         self.tar: tarfile.TarFile | None = None
         self.file = None
         self.temporary: Path | None = None
@@ -311,8 +361,9 @@ class _ShardWriter:
 
     def _open(self) -> None:
         name = shard_name(self.split, self.number)
-        self.temporary = self.out / f".{name}.tmp-{os.getpid()}"
-        self.file = open(self.temporary, "wb")
+        self.temporary = self.out / f".{name}.tmp-{secrets.token_hex(8)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW  # a fresh file: never a planted link or FIFO
+        self.file = os.fdopen(os.open(self.temporary, flags, 0o666), "wb")
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
         self.count = 0
 
@@ -328,14 +379,11 @@ class _ShardWriter:
         final = self.out / shard_name(self.split, self.number)
         os.replace(self.temporary, final)
         fsync_dir(self.out)
+        checksum = sha256_file(final).sha256
         self.result.shards.append(
-            {
-                "name": final.name,
-                "bytes": final.stat().st_size,
-                "sha256": sha256_file(final).sha256,
-                "samples": self.count,
-            }
+            {"name": final.name, "bytes": final.stat().st_size, "sha256": checksum, "samples": self.count}
         )
+        self.journal.add(self.split, final.name, checksum)
         self.tar = self.file = self.temporary = None
         self.number += 1
 

@@ -46,8 +46,9 @@ limits (so the worker pod is Burstable), looping `nslookup JOB-master-0` --pytor
 about 200 s), then failing. A failed init container restarts, and once the pod runs its restarts count in the backoff
 limit (pkg/core/job.go PastBackoffLimit sums init and main containers of running pods), so a worker that waits longer
 for a master still Pending would fail a job with --max-restarts 0. hpctrain's worker template therefore starts with
-its own init container `wait-for-master` (the job's image, requests = limits) that waits for the master's name
-without a limit; the operator's then resolves it at its first try. Only activeDeadlineSeconds bounds that wait.
+its own init container `wait-for-master` (the job's image, requests = limits) that waits for the master's name as
+long as the job's time limit (MASTER_WAIT_S without one) and then says what it waited for; the operator's then
+resolves it at its first try.
 """
 
 from __future__ import annotations
@@ -84,14 +85,26 @@ INIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
 # shell, so the job name is an argument, never code.
 WAIT_FOR_MASTER = (
     "import socket, sys, time\n"
+    "name, limit = sys.argv[1], int(sys.argv[2])\n"
+    "deadline, said = time.monotonic() + limit, False\n"
     "while True:\n"
     "    try:\n"
-    "        socket.getaddrinfo(sys.argv[1], None)\n"
+    "        socket.getaddrinfo(name, None)\n"
     "        break\n"
     "    except OSError:\n"
-    "        print('hpctrain: waiting for', sys.argv[1], flush=True)\n"
+    "        if not said:\n"
+    "            print('hpctrain: waiting for the master pod', name, 'to have a name (at most', limit, 's)',\n"
+    "                  flush=True)\n"
+    "            said = True\n"
+    "        if time.monotonic() > deadline:\n"
+    "            print('hpctrain: gave up after', limit, 's waiting for the master pod', name, 'to have a name:',\n"
+    "                  'it never started (see hpctrain status) or its Service is missing', flush=True)\n"
+    "            sys.exit(1)\n"
     "        time.sleep(2)\n"
 )
+MASTER_WAIT_S = 3600
+"""How long a worker's init container waits for the master's name when the job has no time limit (with one: that
+limit, since a job that waited it out could not have run anyway)."""
 # The longest names Kubeflow derives from a job's name must stay DNS labels (at most 63 characters):
 # PyTorchJob: pods and Services JOB-master-0, JOB-worker-N (training-operator v1, common/util replica names);
 # TrainJob: JobSet's webhook checks JOB-node-0-<numNodes - 1> plus a 5-character random suffix (kubernetes-sigs/jobset
@@ -327,7 +340,7 @@ def _wait_for_master(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]
     return {
         "name": INIT_CONTAINER,
         "image": options.image,
-        "command": ["python3", "-c", WAIT_FOR_MASTER, f"{job.name}-master-0"],
+        "command": ["python3", "-c", WAIT_FOR_MASTER, f"{job.name}-master-0", str(job.time_limit_s or MASTER_WAIT_S)],
         "resources": {"requests": dict(INIT_RESOURCES), "limits": dict(INIT_RESOURCES)},
     }
 

@@ -8,7 +8,10 @@ paths the job will read that are missing. Whether resources are free right now i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
@@ -238,3 +241,60 @@ def _check_paths(paths: Iterable[str]) -> list[str]:
         for p in paths
         if p and not os.path.exists(os.path.expanduser(p))
     ]
+
+
+def missing_tools(tools: list[tuple[str, str]], environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The tools (name, the option that needs it) this host's batch shell would not find: `module` as bash started
+    by sbatch sees it (a function it exports, or a command), the others on the PATH that sbatch passes on."""
+    missing = []
+    for name, option in tools:
+        if name == "module":
+            try:
+                found = (
+                    subprocess.run(
+                        ["bash", "-c", "type module"], env=dict(environ), capture_output=True, timeout=30, check=False
+                    ).returncode
+                    == 0
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                found = True  # cannot tell: say nothing
+        else:
+            found = shutil.which(name, path=environ.get("PATH", os.defpath)) is not None
+        if not found:
+            missing.append((name, option))
+    return missing
+
+
+def tool_problems(missing: list[tuple[str, str]], cluster: ClusterInfo, partition: str | None) -> list[str]:
+    """What the missing tools mean: a problem when the job's nodes are this host (each of the partition's node
+    names resolves to an address of this host, as on a one-machine cluster: the batch shell would stop at once),
+    else a warning (the nodes may have what this host lacks)."""
+    if not missing:
+        return []
+    part = cluster.partition(partition) if partition else cluster.default_partition
+    nodes = [n.name for n in cluster.nodes_in(part)] if part is not None else []
+    here = bool(nodes) and all(_is_this_host(name) for name in nodes)
+    problems = []
+    for name, option in missing:
+        if here:
+            problems.append(
+                f"{option}: the job's batch shell needs `{name}`, and its nodes ({_names(nodes)}) are this host, "
+                f"where bash finds no `{name}`: the job would stop at once; install it, make it available to "
+                f"non-interactive shells, or drop {option}"
+            )
+        else:
+            problems.append(
+                f"warning: {option}: the job's batch shell needs `{name}`, which this host does not have; the job "
+                "stops at once unless its nodes have it"
+            )
+    return problems
+
+
+def _is_this_host(name: str) -> bool:
+    """Whether every address `name` resolves to is a loopback address or one of this host's own."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(name, None)}
+        own = set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except (OSError, UnicodeError):
+        return False
+    return bool(addresses) and all(a in own or a.startswith("127.") or a == "::1" for a in addresses)

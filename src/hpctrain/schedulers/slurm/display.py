@@ -135,7 +135,7 @@ def job_view(job: JobInfo, run_dir: Path | None = None) -> View:
         ("time limit", format_duration(job.time_limit_s) if job.source == "scontrol" else None),
         ("submitted", job.submit_time),
         ("started", job.start_time),
-        ("ended", job.end_time),
+        ("ended" if job.finished else "ends by", job.end_time),  # a live job's EndTime: its time limit
         ("stdout", job.stdout),
         ("stderr", job.stderr if job.stderr != job.stdout else None),
     ]

@@ -47,6 +47,11 @@ class Environment:
     def command_prefix(self, gpus: bool) -> list[str]:
         return []
 
+    def tools(self) -> list[tuple[str, str]]:
+        """The commands the batch shell needs before the job can start, each with the option that asks for it;
+        with modules, `module` alone (whatever else is needed may come with the modules it loads)."""
+        return [("module", "--module")] if self.spec.modules else []
+
     def search_path(self, path: str) -> list[str] | None:
         """The directories in which the job looks up a command by name, given the PATH that sbatch passes on;
         None when that cannot be known here (modules and containers bring their own)."""
@@ -64,6 +69,9 @@ class Modules(Environment):
 
 
 class Conda(Environment):
+    def tools(self) -> list[tuple[str, str]]:
+        return super().tools() or [("conda", "--conda-env")]
+
     def setup_lines(self) -> list[str]:
         env = self.spec.conda_env or ""
         return super().setup_lines() + [
@@ -100,6 +108,9 @@ class Venv(Environment):
 class Apptainer(Environment):
     """`apptainer exec [--nv] [--bind ...] [--pwd ...] IMAGE` in front of what srun starts: torchrun (whose
     workers inherit the container) or each training process."""
+
+    def tools(self) -> list[tuple[str, str]]:
+        return super().tools() or [("apptainer", "--image")]
 
     def setup_lines(self) -> list[str]:
         return super().setup_lines() + [

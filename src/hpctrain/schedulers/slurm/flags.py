@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
     g.add_argument(
         "--launcher",
         choices=LAUNCHERS,
-        help="torchrun: one torchrun per node; srun: one task per process; single: one process (default: torchrun)",
+        help="torchrun: one torchrun per node; srun: one task per process; single: one process (default: single "
+        "for a built-in recipe's one process, else torchrun)",
     )
     g.add_argument("--rdzv-port", type=int, metavar="PORT", help="torchrun rendezvous port (default: a free one)")
     g.add_argument("--max-requeues", type=int, metavar="N", help="requeues after time-limit warnings (default 3)")

@@ -19,7 +19,7 @@ from hpctrain.schedulers.base import TIME_LIMIT_NOTE
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.interpreter import interpreter_problems
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
 
 
 def local_check(
@@ -153,7 +153,7 @@ def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOpt
     dirs = get_environment(job.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
     if dirs is None:
         return problems
-    launcher = (SlurmOptions() if options is None else options).launcher
+    launcher = for_job(options, job).launcher
     names = ["torchrun"] if launcher == "torchrun" and job.python is None else []
     first = job.command[0]
     if "/" not in first and not (first == "hpctrain" and job.python is not None):

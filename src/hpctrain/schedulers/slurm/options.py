@@ -8,7 +8,7 @@ section, or at its top level as job files did before sections existed (FILE_KEYS
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -28,8 +28,9 @@ class SlurmOptions:
     error: str | None = None
     sbatch_extra: tuple[str, ...] = ()
     """More sbatch options, one per #SBATCH line, e.g. "--exclusive" or "--constraint=a100"."""
-    launcher: str = "torchrun"
-    """torchrun: one torchrun per node; srun: one task per process; single: one process."""
+    launcher: str | None = None
+    """torchrun: one torchrun per node; srun: one task per process; single: one process. None: `for_job` chooses
+    (single for a built-in recipe's one process, else torchrun)."""
     rdzv_port: int | None = None
     """torchrun rendezvous port; None: the first free port from a job-specific start on the head node."""
     max_requeues: int = 3
@@ -48,7 +49,7 @@ class SlurmOptions:
             raise UserError(f"extra sbatch options must be a list of strings (got {self.sbatch_extra!r})")
         for line in self.sbatch_extra:
             parse_sbatch_option(line)
-        if self.launcher not in LAUNCHERS:
+        if self.launcher is not None and self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r} is unknown: use one of {', '.join(LAUNCHERS)}")
         if self.rdzv_port is not None and (
             isinstance(self.rdzv_port, bool)
@@ -94,11 +95,26 @@ def read_file_section(source: str, section: Any) -> dict[str, Any]:
     return data
 
 
+def for_job(options: SlurmOptions | None, job: JobSpec) -> SlurmOptions:
+    """The options with the launcher chosen when none was given: a built-in recipe's single process starts
+    plainly (`single`: no torchrun banner and keep-alive warnings around one process, whose stops hpctrain's loop
+    says itself); anything else, a user's command included (its script may read torchrun's variables), torchrun.
+    --max-restarts (which restarts torchrun's worker group) and more GPUs than processes keep torchrun (and its
+    check)."""
+    options = SlurmOptions() if options is None else options
+    if options.launcher is not None:
+        return options
+    r = job.resources
+    one = r.nodes == 1 and r.nproc_per_node == 1 and r.gpus_per_node <= 1 and job.is_recipe and not job.max_restarts
+    return replace(options, launcher="single" if one else "torchrun")
+
+
 def check_job(job: JobSpec, options: SlurmOptions) -> None:
     """What Slurm needs of the job with these options: the launcher against the resources, and the job's values
     that go on #SBATCH lines (its name, time) or into the script's interpreter call."""
     from hpctrain.schedulers.slurm.directives import check_job_values
 
+    options = for_job(options, job)
     r = job.resources
     if options.launcher == "single" and (r.nodes != 1 or r.nproc_per_node != 1):
         raise UserError(

@@ -35,14 +35,15 @@ def expand_pattern(pattern: str, job_id: str, name: str | None = None, user: str
 
 
 def _from_run_dirs(job_id: str, stream: str, base: Path) -> list[Path]:
-    """Candidates from runs/*-JOB/job.yaml under base (written by `hpctrain submit`)."""
-    import yaml
+    """Candidates from runs/*-JOB/job.yaml under base (written by `hpctrain submit`; read back as untrusted)."""
+    from hpctrain.errors import UserError
+    from hpctrain.jobs.file_reading import read_job_record
 
     found: list[Path] = []
     for record in sorted(base.glob(f"runs/*-{job_id}/job.yaml")):
         try:
-            desc = yaml.safe_load(record.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
+            desc = read_job_record(record, within=base) or {}
+        except (OSError, UserError):
             continue
         if not isinstance(desc, dict):
             continue

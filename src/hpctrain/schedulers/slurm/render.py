@@ -32,7 +32,7 @@ from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGN
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import format_duration, parse_time_limit
 from hpctrain.schedulers.slurm.directives import render_sbatch_option, sbatch_value
-from hpctrain.schedulers.slurm.options import SlurmOptions, check_job
+from hpctrain.schedulers.slurm.options import SlurmOptions, check_job, for_job
 
 
 def _q(word: str) -> str:
@@ -42,7 +42,7 @@ def _q(word: str) -> str:
 def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list[str]:
     """The #SBATCH options, in a fixed order (golden files depend on it); what Slurm cannot run or sbatch could not
     read back faithfully is refused here (options.check_job). `options` None: SlurmOptions' defaults."""
-    options = SlurmOptions() if options is None else options
+    options = for_job(options, job)
     check_job(job, options)
     r = job.resources
     opts: list[tuple[str, str | None]] = [("--job-name", job.name)]
@@ -91,7 +91,7 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
 
 def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]:
     """The srun line as shell words (quoted), without the trailing `&`. `options` None: SlurmOptions' defaults."""
-    launcher = (SlurmOptions() if options is None else options).launcher
+    launcher = for_job(options, job).launcher
     r = job.resources
     env = get_environment(job.environment)
     gpus = bool(r.gpus_per_node or r.shards_per_node)
@@ -105,6 +105,9 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
     # Slurm 22.05+ no longer passes the batch's --cpus-per-task on to srun: say it again.
     cpus = r.cpus_per_task * (r.nproc_per_node if launcher == "torchrun" else 1)
     words += [f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
+    # --quiet: srun's notes on ending a step ("Job step aborted: Waiting up to...", "Terminating StepId") would
+    # surround every planned stop; its errors, which the script explains after a planned stop, still show.
+    words.append("--quiet")
     words += env.srun_options(gpus)
     words += env.command_prefix(gpus)
     if launcher == "torchrun":
@@ -178,6 +181,7 @@ def _comment_text(text: str) -> str:
 
 def summary_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """What the job runs and asks for, at the top of the script: the rest is the machinery around it."""
+    options = for_job(options, job)
     r = job.resources
     layout = "1 process" if options.launcher == "single" else f"{r.nodes} node(s) x {r.nproc_per_node} process(es)"
     asks = [f"{layout} ({options.launcher})", f"{r.cpus_per_task} CPU(s) per process"]
@@ -204,7 +208,7 @@ def summary_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
 def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
     """The complete batch script for `job` with Slurm's `options` (None: their defaults). Pure: same JobSpec and
     options, same text."""
-    options = SlurmOptions() if options is None else options
+    options = for_job(options, job)
     check_job(job, options)  # what Slurm cannot run is refused before anything is rendered
     env = get_environment(job.environment)
     out: list[str] = [

@@ -85,11 +85,21 @@ def helper_lines() -> list[str]:
         '    case "$n" in "" | *[!0-9]* | ??????????*) n=0 ;; esac',
         '    echo "$((10#$n))"',
         "}",
-        "write_count() {",
-        '    if printf \'%s\\n\' "$2" >"$1.tmp.$$" 2>/dev/null && mv -fT -- "$1.tmp.$$" "$1" 2>/dev/null; then',
+        "# Files in the run directory are replaced, never written in place: the new text goes to a temporary that",
+        "# mktemp creates there (O_EXCL: never a file or link someone left), and is renamed over the old one.",
+        "write_file() {",
+        "    local tmp",
+        '    tmp=$(mktemp -- "$1.tmp.XXXXXXXX" 2>/dev/null) || return 1',
+        '    if cat >"$tmp" && mv -fT -- "$tmp" "$1" 2>/dev/null; then',
         "        return 0",
         "    fi",
-        '    rm -f -- "$1.tmp.$$" 2>/dev/null',
+        '    rm -f -- "$tmp" 2>/dev/null',
+        "    return 1",
+        "}",
+        "write_count() {",
+        '    if printf \'%s\\n\' "$2" | write_file "$1"; then',
+        "        return 0",
+        "    fi",
         '    echo "hpctrain: cannot record the restart in $1: not requeueing (a budget that cannot be counted would'
         ' never run out)" >&2',
         "    return 1",
@@ -187,8 +197,7 @@ def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         f' requeueing (see $run_dir/{PREFLIGHT_FILE})" >&2',
         f'    elif [ "$hang_restarts" -lt {n} ] && [ "$restarts" -lt {total} ] &&',
         f'        write_count "$run_dir/{HANG_RESTARTS_FILE}" "$((hang_restarts + 1))"; then',
-        f'        echo "$excluded" | tr , "\\n" >"$run_dir/{EXCLUDED_NODES_FILE}.tmp.$$" &&',
-        f'            mv -fT -- "$run_dir/{EXCLUDED_NODES_FILE}.tmp.$$" "$run_dir/{EXCLUDED_NODES_FILE}" 2>/dev/null',
+        f'        echo "$excluded" | tr , "\\n" | write_file "$run_dir/{EXCLUDED_NODES_FILE}"',
         f'        echo "hpctrain: the preflight found sick node(s); requeueing job ${{SLURM_JOB_ID}} without $excluded'
         f' (restart $((hang_restarts + 1)) of {n})"',
         "        trap '' TERM INT USR1",
@@ -221,6 +230,13 @@ def warning_requeue_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     total = restart_budget(job, options)
     return out + [
         'if [ "$warned" = 1 ] && [ "$cancelled" = 0 ] && [ "$stop_reason" = preempted ]; then',
+        "    # srun reports a step's non-zero exit as an error (and --kill-on-bad-exit ends the other tasks, which",
+        "    # slurmstepd reports as CANCELLED), a planned stop's status too: say what those lines were.",
+        '    if [ "$status" -ne 0 ]; then',
+        "        echo \"hpctrain: the run stopped as planned, its state saved (exit status $status): srun's"
+        " 'error: ... Exited with exit code' or 'Terminated' and slurmstepd's 'CANCELLED' lines just above are"
+        ' Slurm reporting that planned exit, not a failure"',
+        "    fi",
         f'    if [ "$own_requeues" -lt {options.max_requeues} ] && [ "$restarts" -lt {total} ] &&',
         f'        write_count "$run_dir/{REQUEUE_COUNT_FILE}" "$((own_requeues + 1))"; then',
         f'        echo "hpctrain: the run stopped with its state saved; requeueing job ${{SLURM_JOB_ID}} (requeue'

@@ -9,6 +9,7 @@ makes them a View for the CLI to print), so their tables and JSON stay Slurm's.
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import threading
@@ -31,9 +32,10 @@ from hpctrain.schedulers.base import (
     View,
 )
 from hpctrain.schedulers.slurm import jobs, output, query, render
-from hpctrain.schedulers.slurm.checks import Requirements, check_cluster
+from hpctrain.schedulers.slurm.checks import Requirements, check_cluster, missing_tools, tool_problems
+from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.commands import Runner
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
 
 SCRIPT_FILENAME = "job.sbatch"
 DRY_RUN_NOTE = (
@@ -160,19 +162,39 @@ class SlurmScheduler:
         return local_check(job, self.options, requirements(job, self.options), recipe, check_data=check_data)
 
     def check(self, job: JobSpec) -> list[str]:
-        return check_cluster(requirements(job, self.options), query.query_cluster(run=self.run, shard_use=False))
+        from hpctrain.schedulers.slurm.run_dir import fixed_run_dir, holder_problem
+
+        cluster = query.query_cluster(run=self.run, shard_use=False)
+        problems = check_cluster(requirements(job, self.options), cluster)
+        env = dict(os.environ) | dict(job.env)
+        tools = missing_tools(get_environment(job.environment).tools(), env)
+        problems += tool_problems(tools, cluster, self.options.partition)
+        directory = fixed_run_dir(job)
+        held = holder_problem(directory, self._active_state) if directory is not None else None
+        return problems + ([held] if held else [])
+
+    def _active_state(self, job_id: str) -> str | None:
+        """The job's Slurm state while it is queued or running; None once it ended or Slurm forgot it."""
+        info = jobs.get_job(job_id, run=self.run)
+        return info.state if info is not None and not info.finished else None
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
-        r = job.resources
+        r, launcher = job.resources, for_job(self.options, job).launcher
         return (
-            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {self.options.launcher}"
+            f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {launcher}"
             + (f", partition {self.options.partition}" if self.options.partition else "")
             + (f", gres {r.gres}" if r.gres else "")
             + (f", time {job.time}" if job.time else "")
         )
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
-        return render.submit(job, rendered.text, run=self.run)
+        """sbatch; into a run directory without %j only while no active job holds it (refused before queueing)."""
+        from hpctrain.schedulers.slurm.run_dir import holding
+
+        with holding(job, self._active_state) as hold:
+            job_id = render.submit(job, rendered.text, run=self.run)
+            hold(job_id)
+        return job_id
 
     def record(self, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
         """The script (job.sbatch) and job.yaml beside the run's results (provenance; resubmit with --job-file):

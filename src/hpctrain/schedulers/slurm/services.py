@@ -131,9 +131,10 @@ def render_service_script(service: ServiceJob) -> str:
     out += [
         "# Where the server listens, for hpctrain on the login node (written atomically).",
         'node="${SLURMD_NODENAME:-$(hostname)}"',
-        'printf \'{"job_id": "%s", "node": "%s", "port": %d}\\n\' "$SLURM_JOB_ID" "$node" "$port" '
-        f'> "$state_dir/.{ENDPOINT_FILE}.tmp"',
-        f'mv "$state_dir/.{ENDPOINT_FILE}.tmp" "$state_dir/{ENDPOINT_FILE}"',
+        "# (a temporary that mktemp creates: O_EXCL, never a file or link left there; then renamed)",
+        f'endpoint_tmp=$(mktemp -- "$state_dir/.{ENDPOINT_FILE}.XXXXXXXX")',
+        'printf \'{"job_id": "%s", "node": "%s", "port": %d}\\n\' "$SLURM_JOB_ID" "$node" "$port" > "$endpoint_tmp"',
+        f'mv -fT -- "$endpoint_tmp" "$state_dir/{ENDPOINT_FILE}"',
         'echo "hpctrain: serving on ${node}:${port} (job ${SLURM_JOB_ID})"',
         "",
         'step_pid=""',
