@@ -10,6 +10,10 @@ from hpctrain.errors import UserError
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
+TEXT: dict[str, Any] = {"encoding": "utf-8", "errors": "backslashreplace"}
+"""How every Slurm client's output is read as text: UTF-8, a byte that is not (a job name holds any byte but NUL,
+and `status --all-users` prints everyone's) shown as `\\xff` rather than failing the whole command."""
+
 _NO_CLIENT = (
     "`{cmd}` was not found: hpctrain needs the Slurm client commands on PATH. Run it on a login node of your "
     "cluster (after `module load slurm` where the cluster uses modules)"
@@ -26,7 +30,7 @@ def slurm(
     """Run one Slurm command (with `input` on its stdin) and return its result; raise UserError when the client is
     missing or, with check=True, when the command fails (its stderr is part of the message)."""
     argv = [str(a) for a in argv]
-    kwargs: dict[str, Any] = {"capture_output": True, "text": True, "check": False}
+    kwargs: dict[str, Any] = {"capture_output": True, **TEXT, "check": False}
     if input is not None:
         kwargs["input"] = input
     try:

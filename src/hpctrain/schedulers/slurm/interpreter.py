@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import NOTE_PREFIX, WARNING_PREFIX
+from hpctrain.schedulers.slurm.commands import TEXT
 
 PROBE_TIMEOUT_S = 120.0
 SCRIPT_READ_BYTES = 1 << 20
@@ -125,7 +126,7 @@ def _missing(interpreter: str, where: str, modules: list[str], environ: Mapping[
     proc = subprocess.run(
         [interpreter, "-c", PROBE, where, *modules],
         capture_output=True,
-        text=True,
+        **TEXT,
         env=dict(environ),
         timeout=PROBE_TIMEOUT_S,
         check=False,

@@ -22,14 +22,13 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
-    SQUEUE_SEP,
+    Fields,
     field_groups,
     null,
     parse_int,
     parse_records,
     printed_duration,
     printed_mem_mb,
-    squeue_format,
 )
 from hpctrain.distributed.hostlist import expand_hostlist
 
@@ -198,7 +197,7 @@ HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED")  # the states in which a
 
 
 def shard_holders_argv() -> list[str]:
-    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), squeue_format(HOLDER_FIELDS)]
+    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), Fields(HOLDER_FIELDS).squeue_option()]
 
 
 _JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")  # 41, an array task 41_3, a het component 41+1
@@ -207,7 +206,8 @@ _JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")  # 41, an array task 41_3, a h
 def parse_shard_holders(text: str) -> list[str]:
     """Output of shard_holders_argv() -> the ids of the jobs that asked for shards (only what reads as a job id:
     each goes to scontrol as a command line)."""
-    ids = (line.split(SQUEUE_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line)
+    job_ids, *tres = Fields(HOLDER_FIELDS).columns(text)
+    ids = (i for i, *asked in zip(job_ids, *tres) if any("shard" in a for a in asked))
     return [i for i in ids if _JOB_ID_RE.fullmatch(i)]
 
 

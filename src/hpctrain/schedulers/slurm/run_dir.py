@@ -6,6 +6,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from hpctrain.schedulers.slurm.commands import TEXT
+
 __all__ = ["parse_run_dir", "run_dir_of"]
 
 
@@ -14,7 +16,7 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
     batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
     try:
         result = subprocess.run(
-            ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False, timeout=60
+            ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, **TEXT, check=False, timeout=60
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
