@@ -43,6 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 SEP = "\x1f"
+# hpctrain ends the free-text squeue fields with a random token of each query (records.Fields: SEP and 16 hex
+# digits); the stand-ins' answers are written with this one, and the squeue stand-in puts the query's own in its place.
+TOKEN = SEP + "0" * 16
+FREE = frozenset({"name", "reason", "workdir"})  # records.FREE_TEXT among the fields hpctrain asks squeue for
 VERSIONS = ("20.11", "22.05", "25.11")
 GPUS = 8
 SHARDS = 512  # per node, 64 per GPU
@@ -238,9 +242,17 @@ def squeue_answer(argv: list[str], n: int, me: str) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def squeue_format(fields: tuple[str, ...], token: str = TOKEN) -> str:
+    """hpctrain's `--Format=` for these fields (records.Fields.squeue_option): the fixed ones first, each ended by
+    SEP, then the free-text ones, each ended by the query's token."""
+    fixed = [f"{f}:{SEP}" for f in fields if f.lower() not in FREE]
+    return "--Format=" + ",".join(fixed + [f"{f}:{token}" for f in fields if f.lower() in FREE])
+
+
 def squeue_rows(n: int, me: str) -> tuple[str, str]:
-    """squeue with hpctrain.schedulers.slurm.jobs.squeue_argv(): everyone's 10 N jobs, and the caller's N."""
-    argv = ["squeue", "--noheader", "--states=all", "--Format=" + ",".join(f"{f}:{SEP}" for f in FULL_FIELDS)]
+    """squeue with hpctrain.schedulers.slurm.jobs.squeue_argv() (its token TOKEN): everyone's 10 N jobs, and the
+    caller's N."""
+    argv = ["squeue", "--noheader", "--states=all", squeue_format(FULL_FIELDS)]
     return squeue_answer(argv, n, me), squeue_answer([*argv, f"--user={me}"], n, me)
 
 
@@ -251,14 +263,24 @@ HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "t
 
 
 def squeue_argvs(me: str) -> list[list[str]]:
-    """The squeue command lines hpctrain runs, before and after issue 32's narrower queries: the stand-in on PATH
-    answers exactly these (tests/test_scale_slurm.py checks that hpctrain's own argv are among them)."""
-    fmt = lambda fields: "--Format=" + ",".join(f"{f}:{SEP}" for f in fields)  # noqa: E731
+    """The squeue command lines hpctrain runs, before and after issue 32's narrower queries, with TOKEN for the
+    query's own token: the stand-in on PATH answers exactly these (tests/test_scale_slurm.py checks that hpctrain's own argv are among them)."""
+    fmt = squeue_format
     full = ["squeue", "--noheader", "--states=all", fmt(FULL_FIELDS)]
     table = ["squeue", "--noheader", "--states=all", "--sort=i", fmt(TABLE_FIELDS)]
     holders = ["squeue", "--noheader", "--states=" + ",".join(HOLDING), fmt(HOLDER_FIELDS)]
     return [full, [*full, f"--user={me}"], table, [*table, f"--user={me}"], holders]
 
+
+# The squeue stand-in's query token (the suffix of the last --Format field: a free-text one) and its command line with
+# TOKEN in the token's place; the answer is the prepared text with the query's token put back (sed: the stand-in's
+# cost, not hpctrain's).
+SQUEUE_TOKEN = """placeholder='{placeholder}'
+token=$placeholder
+for a in "$@"; do case "$a" in --Format=*) token="${{a##*:}}" ;; esac; done
+[ ${{#token}} -gt 1 ] || token=$placeholder
+key=$(printf '%s' "$*" | sed "s/$token/$placeholder/g")
+"""
 
 FAKE = """#!/bin/sh
 # {name}: a stand-in written by benchmarks/scale_views.py; answers from {data}
@@ -303,7 +325,7 @@ def write_cluster(root: Path, version: str, n: int, me: str) -> Path:
     cases = []
     for i, argv in enumerate(squeue_argvs(me)):
         (data / f"squeue{i}.txt").write_text(squeue_answer(argv, n, me))
-        cases.append(f"  {shlex.quote(' '.join(argv[1:]))}) exec cat {d}/squeue{i}.txt ;;")
+        cases.append(f'  {shlex.quote(" ".join(argv[1:]))}) exec sed "s/$placeholder/$token/g" {d}/squeue{i}.txt ;;')
     all_jobs = f"{d}/jobs.txt" if version == "22.05" else "''"
     bodies = {
         "scontrol": f"""case "$*" in
@@ -313,7 +335,10 @@ def write_cluster(root: Path, version: str, n: int, me: str) -> Path:
   "-d -o") exec awk -v held={d}/held.txt -v all={all_jobs} -f {d}/session.awk ;;
 esac
 echo "scontrol stand-in: $* not prepared" >&2; exit 1""",
-        "squeue": 'case "$*" in\n' + "\n".join(cases) + '\nesac\necho "squeue stand-in: $* not prepared" >&2; exit 1',
+        "squeue": SQUEUE_TOKEN.format(placeholder=TOKEN)
+        + 'case "$key" in\n'
+        + "\n".join(cases)
+        + '\nesac\necho "squeue stand-in: $* not prepared" >&2; exit 1',
         "sacct": 'echo "sacct: error: Slurm accounting storage is disabled" >&2; exit 1',
         "sinfo": f'[ "$1" = --version ] && echo "slurm {version}.3" && exit 0; exit 1',
         "sbatch": "cat > /dev/null; echo 4242",

@@ -26,6 +26,7 @@ from squeue_text import TOKEN, relaid
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = ("20.11", "23.11", "24.11", "25.11")
 
+
 def listed(text: str) -> list:
     """squeue with jobs.squeue_argv() (the list), from a recording of its fields' values (tests/squeue_text.py)."""
     return parse_squeue(*relaid(text, SQUEUE_FIELDS))
