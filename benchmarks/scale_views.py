@@ -264,7 +264,8 @@ HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "t
 
 def squeue_argvs(me: str) -> list[list[str]]:
     """The squeue command lines hpctrain runs, before and after issue 32's narrower queries, with TOKEN for the
-    query's own token: the stand-in on PATH answers exactly these (tests/test_scale_slurm.py checks that hpctrain's own argv are among them)."""
+    query's own token: the stand-in on PATH answers exactly these (tests/test_scale_slurm.py checks that hpctrain's
+    own argv are among them)."""
     fmt = squeue_format
     full = ["squeue", "--noheader", "--states=all", fmt(FULL_FIELDS)]
     table = ["squeue", "--noheader", "--states=all", "--sort=i", fmt(TABLE_FIELDS)]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.schedulers.base import BackendInfo
-from hpctrain.schedulers.slurm.commands import TEXT
+from hpctrain.schedulers.slurm.commands import run_text
 from hpctrain.schedulers.slurm.flags import add_arguments, complete_job
 from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
 
@@ -39,7 +39,7 @@ def client_version() -> str | None:
     if sinfo is None:
         return None
     try:
-        proc = subprocess.run([sinfo, "--version"], capture_output=True, **TEXT, timeout=10)
+        proc = run_text(subprocess.run, [sinfo, "--version"], timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() or None if proc.returncode == 0 else None

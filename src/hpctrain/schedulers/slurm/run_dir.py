@@ -6,7 +6,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from hpctrain.schedulers.slurm.commands import TEXT
+from hpctrain.schedulers.slurm.commands import run_text
 
 __all__ = ["parse_run_dir", "run_dir_of"]
 
@@ -15,9 +15,7 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
     """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
     batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
     try:
-        result = subprocess.run(
-            ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, **TEXT, check=False, timeout=60
-        )
+        result = run_text(subprocess.run, ["scontrol", "write", "batch_script", job_id, "-"], check=False, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None
