@@ -19,7 +19,7 @@ from typing import Any
 
 from hpctrain.schedulers.slurm import records
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
-from hpctrain.schedulers.slurm.records import NULLS, null, parse_int, printed_duration
+from hpctrain.schedulers.slurm.records import NULLS, expand_pattern, null, parse_int, printed_duration
 from hpctrain.errors import UserError
 
 # States after which a job never runs again (a requeued job goes back to PENDING instead).
@@ -125,8 +125,9 @@ SQUEUE_FIELDS = (
     "TimeLimit",
     "WorkDir",
 )
-# One job in full (`status JOB`, cancel, logs, waiting): the list's fields and how it ended and where its output goes
-# (squeue expands STDOUT/STDERR's patterns as scontrol does: slurm_get_job_stdout in src/api/job_info.c, 22.05 on).
+# One job in full (`status JOB`, cancel, logs, waiting): the list's fields and how it ended and where its output goes.
+# squeue 22.05 prints STDOUT/STDERR as the job gave them (`out-%j.txt`) and the default (none given) expanded
+# (`WORKDIR/slurm-JOB.out`), both absolute: the patterns are expanded here as sbatch does (records.expand_pattern).
 JOB_FIELDS = (*SQUEUE_FIELDS, "EndTime", "exit_code", "STDOUT", "STDERR")
 
 
@@ -177,8 +178,8 @@ def _job(*row: str) -> JobInfo:
     job = _listed(*listed)
     job.end_time = None if end in NULLS or not job.finished else end
     job.exit_code = wait_status(status) if job.finished else None
-    job.stdout = None if stdout in NULLS else stdout
-    job.stderr = None if stderr in NULLS else stderr
+    job.stdout = None if stdout in NULLS else expand_pattern(stdout, job.job_id, job.name, job.user)
+    job.stderr = None if stderr in NULLS else expand_pattern(stderr, job.job_id, job.name, job.user)
     job.stderr = job.stderr or job.stdout  # 25.11 leaves it empty when it goes to StdOut
     return job
 

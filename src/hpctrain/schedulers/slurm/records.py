@@ -56,6 +56,26 @@ def parse_records(text: str) -> list[dict[str, str]]:
     return [parse_record(line) for line in text.splitlines() if line.strip() and "=" in line]
 
 
+def expand_pattern(pattern: str, job_id: str, name: str | None = None, user: str | None = None) -> str:
+    """sbatch's filename pattern: %j/%A job id, %a array index, %x job name, %u user, %% a percent; others (the
+    per-node and per-task %N %n %t %s) are left as they are."""
+    array_id, _, index = job_id.partition("_")
+    values = {"j": job_id, "A": array_id, "x": name, "u": user, "%": "%", "a": index or None}
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern):
+            value = values.get(pattern[i + 1])
+            if value is not None:
+                out.append(value)
+                i += 2
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def _unset(text: str | None) -> bool:
     return text is None or text.strip().upper() in _UNSET
 
