@@ -170,14 +170,17 @@ def scontrol_session(commands: str, record: Callable[[str], str | None]) -> tupl
     _get_command() in src/scontrol/scontrol.c, slurm-22-05-0-1 and slurm-23-02-0-1). Built with readline (Debian's
     22.05 is) it prompts `scontrol: ` and echoes each command on stdout, and on EOF prints the prompt and a newline;
     an id the controller does not know prints `slurm_load_jobs error: Invalid job id specified` on stderr
-    (scontrol_print_job in src/scontrol/info_job.c, same tags). Recorded on the local 22.05 cluster the same way.
-    record(ID) is the job's one-line record or None. Returns stdout, stderr, exit status."""
+    (scontrol_print_job in src/scontrol/info_job.c, same tags); `show hostnames NAME` prints NAME (hpctrain's
+    marker between records). Recorded on the local 22.05 cluster the same way. record(ID) is the job's one-line
+    record or None. Returns stdout, stderr, exit status."""
     out, err, status = [], [], 0
     for line in commands.splitlines():
         words = line.split()
         out.append("scontrol: " + line)
         if len(words) == 3 and words[:2] == ["show", "job"] and (text := record(words[2])) is not None:
             out.append(text)
+        elif len(words) == 3 and words[:2] == ["show", "hostnames"]:
+            out.append(words[2])
         else:
             err.append("slurm_load_jobs error: Invalid job id specified")
             status = 1
@@ -259,7 +262,7 @@ def squeue_rows(n: int, me: str) -> tuple[str, str]:
 FULL_FIELDS = ("JobID", "Name", "State", "Reason", "NumNodes", "NodeList", "TimeUsed", "RestartCnt", "Partition")
 FULL_FIELDS += ("UserName", "SubmitTime", "StartTime", "TimeLimit", "WorkDir")  # jobs.SQUEUE_FIELDS
 TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "TimeUsed", "RestartCnt")
-HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task")
+HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task", "Name")
 
 
 def squeue_argvs(me: str) -> list[list[str]]:
@@ -303,6 +306,7 @@ BEGIN { while ((getline line < held) > 0) { split(line, kv, " "); rec[substr(kv[
     }
     if (found != "") { print found; next }
   }
+  if ($1 == "show" && $2 == "hostnames" && NF == 3) { print $3; next }
   print "slurm_load_jobs error: Invalid job id specified" > "/dev/stderr"; status = 1
 }
 END { print "scontrol: "; exit status }
