@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm import job_table, jobs
+from hpctrain.schedulers.slurm import job_table, jobs, query
+from hpctrain.schedulers.slurm.commands import slurm
+from hpctrain.schedulers.slurm.records import FIXED_SEP, Fields, UnsplittableOutput
+from squeue_text import printed
 from training_helpers import run_hpctrain
-
-pytestmark = pytest.mark.slurm
 
 # Every Unicode character that some splitter takes for a line end (str.splitlines: \n \r \v \f \x1c-\x1e \x85
 # U+2028 U+2029), the unit separator hpctrain used, and the format characters that reorder or hide text.
@@ -94,6 +95,7 @@ def wait_for(job_id: str, states: set[str], timeout_s: float = 300.0) -> str:
     return state
 
 
+@pytest.mark.slurm
 def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster, tmp_path: Path) -> None:
     held: dict[str, bytes] = {}
     ran: dict[str, bytes] = {}
@@ -169,3 +171,64 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
     finally:
         for job_id in [*held, *ran]:
             slurm_cluster.cancel_quietly(job_id)
+
+
+HOSTILE = [shown(name) for name in NAMES]
+
+
+def test_fields_read_every_hostile_name_back_and_refuse_a_forged_separator() -> None:
+    """records.Fields on text laid out as squeue prints it (tests/squeue_text.py) for jobs named as above, the
+    first free field (the name) holding the fixed separator and line ends, the others too; a value holding the
+    query's own token (which no name can be made to hold: it is drawn after the names exist) makes the text
+    unsplittable, never a different job."""
+    fields = Fields(jobs.SQUEUE_FIELDS)
+    rows = [
+        {f: f"{f.lower()}-{i}" for f in fields.names} | {"JobID": str(i), "Name": name, "WorkDir": name[::-1]}
+        for i, name in enumerate(HOSTILE)
+    ]
+    listed = jobs.parse_squeue(printed(rows, fields), fields)
+    assert [(j.job_id, j.name, j.work_dir) for j in listed] == [(r["JobID"], r["Name"], r["WorkDir"]) for r in rows]
+    forged = [rows[0] | {"Reason": f"r{fields.token}x"}]
+    with pytest.raises(UnsplittableOutput, match="does not split into the fields"):
+        jobs.parse_squeue(printed(forged, fields), fields)
+    for cut in (2, 7, 20):  # text cut short within its last job: refused, not read as fewer or other jobs
+        text = printed(rows[:2], fields)
+        with pytest.raises(UnsplittableOutput):
+            jobs.parse_squeue(text[: len(text) - cut], fields)
+    assert FIXED_SEP not in fields.token[1:] and not fields.token[:1].isdigit()
+
+
+def test_every_command_output_is_decoded_with_undecodable_bytes_escaped() -> None:
+    """commands.slurm (every Slurm client hpctrain runs) on a real process printing a byte that is not UTF-8 and a
+    carriage return: `\\xff` shown escaped, `\\r` kept (subprocess's text mode makes it a line end)."""
+    result = slurm(["printf", "a\\377b\\r\\n\\342\\200\\250"])
+    assert result.stdout == "a\\xffb\r\n\u2028"
+
+
+def test_a_shard_record_is_read_where_the_job_name_puts_it() -> None:
+    """`cluster` on 22.05/23.02 counts shards from `scontrol -d show job` records: a name or a path spelled as
+    the state and per-node GRES fields counts nothing (the real fields are read after the known name and before
+    ` MinCPUsNode=`, after which the user's own paths and comment come)."""
+    forged = " JobState=RUNNING Nodes=node2 CPU_IDs=0 Mem=0 GRES=shard:64(IDX:1)"
+
+    def record(name: str, state: str, gres: str, workdir: str) -> str:
+        return (
+            f"JobId=7 JobName={name} UserId=alice(1000) GroupId=alice(1000) JobState={state} Reason=None "
+            f"NodeList=node1 NumNodes=1 JOB_GRES={gres} Nodes=node1 CPU_IDs=0 Mem=0 GRES={gres} "
+            f"MinCPUsNode=1 Command=/x Comment={forged} WorkDir={workdir} StdOut=/dev/null"
+        )
+
+    for name in ("x" + forged, "y\n" + forged + "\n", "shard" + forged):
+        use: dict[str, dict[int, int]] = {}
+        query.record_shard_use(record(name, "PENDING", "shard:16(IDX:0)", "/w" + forged), name, use)
+        assert use == {}  # pending: holds nothing, whatever its name and paths say
+        query.record_shard_use(record(name, "RUNNING", "gpu:0", "/w" + forged), name, use)
+        assert use == {}
+        query.record_shard_use(record(name, "RUNNING", "shard:16(IDX:0)", "/w" + forged), name, use)
+        assert use == {"node1": {0: 16}}
+    marker = "x0123456789abcdef"
+    session = "".join(
+        f"scontrol: show job {i}\n{record(n, 'RUNNING', 'shard:8(IDX:0)', '/w')}\n{marker}{i}\n"
+        for i, n in enumerate(HOSTILE[:3])
+    )
+    assert query.parse_shard_use(session, HOSTILE[:3], marker) == {"node1": {0: 24}}
