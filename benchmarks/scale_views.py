@@ -43,10 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 SEP = "\x1f"
-# hpctrain ends the free-text squeue fields with a random token of each query (records.Fields: SEP and 16 hex
-# digits); the stand-ins' answers are written with this one, and the squeue stand-in puts the query's own in its place.
+# hpctrain ends every squeue field with a random token of each query (records.Fields: SEP and 16 hex digits); the
+# stand-ins' answers are written with this one, and the squeue stand-in puts the query's own in its place.
 TOKEN = SEP + "0" * 16
-FREE = frozenset({"name", "reason", "workdir"})  # records.FREE_TEXT among the fields hpctrain asks squeue for
 VERSIONS = ("20.11", "22.05", "25.11")
 GPUS = 8
 SHARDS = 512  # per node, 64 per GPU
@@ -246,10 +245,8 @@ def squeue_answer(argv: list[str], n: int, me: str) -> str:
 
 
 def squeue_format(fields: tuple[str, ...], token: str = TOKEN) -> str:
-    """hpctrain's `--Format=` for these fields (records.Fields.squeue_option): the fixed ones first, each ended by
-    SEP, then the free-text ones, each ended by the query's token."""
-    fixed = [f"{f}:{SEP}" for f in fields if f.lower() not in FREE]
-    return "--Format=" + ",".join(fixed + [f"{f}:{token}" for f in fields if f.lower() in FREE])
+    """hpctrain's `--Format=` for these fields (records.Fields.squeue_option): each ended by the query's token."""
+    return "--Format=" + ",".join(f"{f}:{token}" for f in fields)
 
 
 def squeue_rows(n: int, me: str) -> tuple[str, str]:

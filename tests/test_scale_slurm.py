@@ -210,9 +210,9 @@ def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
         assert argv in known
     assert query.shard_holders_argv(Fields(query.HOLDER_FIELDS, scale.TOKEN)) in known
     everyone = scale.squeue_answer(job_table.table_argv(None, table), 40, ME)
-    assert [line.split(scale.SEP)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
+    assert [line.split(scale.TOKEN)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
     unsorted = scale.squeue_answer(jobs.squeue_argv(None, fields=listed), 40, ME)  # squeue's default: pending first
-    assert unsorted.splitlines()[0].split(scale.SEP)[1] == "PENDING"  # after the job id: fixed fields come first
+    assert unsorted.splitlines()[0].split(scale.TOKEN)[2] == "PENDING"
 
 
 @pytest.mark.parametrize(

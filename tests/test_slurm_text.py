@@ -24,7 +24,7 @@ import pytest
 
 from hpctrain.schedulers.slurm import job_table, jobs, query
 from hpctrain.schedulers.slurm.commands import slurm
-from hpctrain.schedulers.slurm.records import FIXED_SEP, Fields, UnsplittableOutput
+from hpctrain.schedulers.slurm.records import Fields, UnsplittableOutput
 from squeue_text import printed
 from training_helpers import run_hpctrain
 
@@ -177,10 +177,10 @@ HOSTILE = [shown(name) for name in NAMES]
 
 
 def test_fields_read_every_hostile_name_back_and_refuse_a_forged_separator() -> None:
-    """records.Fields on text laid out as squeue prints it (tests/squeue_text.py) for jobs named as above, the
-    first free field (the name) holding the fixed separator and line ends, the others too; a value holding the
-    query's own token (which no name can be made to hold: it is drawn after the names exist) makes the text
-    unsplittable, never a different job."""
+    """records.Fields on text laid out as squeue prints it (tests/squeue_text.py) for jobs named as above (names
+    and work directories holding \\x1f, line ends and forged rows); a value holding the query's own token (which
+    no name can be made to hold: it is drawn after the names exist) makes the text unsplittable, never a different
+    job."""
     fields = Fields(jobs.SQUEUE_FIELDS)
     rows = [
         {f: f"{f.lower()}-{i}" for f in fields.names} | {"JobID": str(i), "Name": name, "WorkDir": name[::-1]}
@@ -195,7 +195,7 @@ def test_fields_read_every_hostile_name_back_and_refuse_a_forged_separator() -> 
         text = printed(rows[:2], fields)
         with pytest.raises(UnsplittableOutput):
             jobs.parse_squeue(text[: len(text) - cut], fields)
-    assert FIXED_SEP not in fields.token[1:] and not fields.token[:1].isdigit()
+    assert fields.token[0] not in "0123456789.,:" and len(fields.token) == 17 and fields.token != Fields(()).token
 
 
 def test_every_command_output_is_decoded_with_undecodable_bytes_escaped() -> None:

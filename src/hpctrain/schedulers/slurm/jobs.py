@@ -142,46 +142,51 @@ def squeue_argv(user: str | None, job_ids: tuple[str, ...] = (), fields: records
 
 
 def parse_squeue(text: str, fields: records.Fields) -> list[JobInfo]:
-    """Output of squeue_argv(..., fields) for SQUEUE_FIELDS or JOB_FIELDS."""
+    """Output of squeue_argv(..., fields) for SQUEUE_FIELDS (the list: no output paths asked for) or JOB_FIELDS."""
     columns = dict(zip(fields.names, fields.columns(text)))
-    if "STDOUT" in columns:
-        return [_job(*row) for row in zip(*(columns[f] for f in JOB_FIELDS))]
-    return [_listed(*row) for row in zip(*(columns[f] for f in SQUEUE_FIELDS))]
-
-
-def _listed(
-    job_id, name, state, reason, num_nodes, nodes, used, restarts, partition, user, submit, start, limit, work_dir
-) -> JobInfo:
-    """One job of the list (the order of SQUEUE_FIELDS). Its output paths are not asked for."""
-    return JobInfo(
-        job_id=job_id,
-        name=name,
-        state=state_word(state),
-        reason=None if reason in NULLS else reason,  # (null()'s test inline: 100,000 jobs)
-        nodes=None if nodes in NULLS else nodes,
-        num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
-        elapsed_s=duration_or_none(used),
-        restarts=int(restarts) if restarts.isdigit() else 0,
-        partition=None if partition in NULLS else partition,
-        user=None if user in NULLS else user,
-        work_dir=None if work_dir in NULLS else work_dir,
-        submit_time=None if submit in NULLS else submit,
-        start_time=None if start in NULLS else start,
-        time_limit_s=duration_or_none(limit),
-        source="squeue",
-    )
-
-
-def _job(*row: str) -> JobInfo:
-    """One job in full (the order of JOB_FIELDS)."""
-    *listed, end, status, stdout, stderr = row
-    job = _listed(*listed)
-    job.end_time = None if end in NULLS or not job.finished else end
-    job.exit_code = wait_status(status) if job.finished else None
-    job.stdout = None if stdout in NULLS else expand_pattern(stdout, job.job_id, job.name, job.user)
-    job.stderr = None if stderr in NULLS else expand_pattern(stderr, job.job_id, job.name, job.user)
-    job.stderr = job.stderr or job.stdout  # 25.11 leaves it empty when it goes to StdOut
-    return job
+    listed = [
+        JobInfo(
+            job_id=job_id,
+            name=name,
+            state=state_word(state),
+            reason=None if reason in NULLS else reason,  # (null()'s test inline: 100,000 jobs)
+            nodes=None if nodes in NULLS else nodes,
+            num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
+            elapsed_s=duration_or_none(used),
+            restarts=int(restarts) if restarts.isdigit() else 0,
+            partition=None if partition in NULLS else partition,
+            user=None if user in NULLS else user,
+            work_dir=None if work_dir in NULLS else work_dir,
+            submit_time=None if submit in NULLS else submit,
+            start_time=None if start in NULLS else start,
+            time_limit_s=duration_or_none(limit),
+            source="squeue",
+        )
+        for (
+            job_id,
+            name,
+            state,
+            reason,
+            num_nodes,
+            nodes,
+            used,
+            restarts,
+            partition,
+            user,
+            submit,
+            start,
+            limit,
+            work_dir,
+        ) in zip(*(columns[f] for f in SQUEUE_FIELDS))  # the order of SQUEUE_FIELDS
+    ]
+    if "STDOUT" in columns:  # JOB_FIELDS: how each ended, where its output goes
+        for job, end, status, stdout, stderr in zip(listed, *(columns[f] for f in JOB_FIELDS[len(SQUEUE_FIELDS) :])):
+            job.end_time = None if end in NULLS or not job.finished else end
+            job.exit_code = wait_status(status) if job.finished else None
+            job.stdout = None if stdout in NULLS else expand_pattern(stdout, job.job_id, job.name, job.user)
+            job.stderr = None if stderr in NULLS else expand_pattern(stderr, job.job_id, job.name, job.user)
+            job.stderr = job.stderr or job.stdout  # 25.11 leaves it empty when it goes to StdOut
+    return listed
 
 
 def wait_status(text: str) -> int | None:

@@ -22,7 +22,6 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
-    FIXED_SEP,
     Fields,
     new_token,
     field_groups,
@@ -264,7 +263,7 @@ def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
     if not holders:
         return {}
     argv = ["scontrol", "-d", "-o"]
-    marker = "x" + new_token()[len(FIXED_SEP) :]
+    marker = "x" + new_token()[1:]  # a host name: letters and digits
     ids, names = [i for i, _ in holders], [name for _, name in holders]
     result = slurm(argv, run=run, check=False, input=session_input(ids, marker))
     errors = [line for line in result.stderr.splitlines() if line.strip() and "invalid job id" not in line.lower()]

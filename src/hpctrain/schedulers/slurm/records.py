@@ -115,88 +115,56 @@ def null(text: str | None) -> str | None:
     return None if value in NULLS else value
 
 
-# Fields a Slurm client prints as it keeps them: digits, state words, durations, times, and names the cluster's
-# administrators chose (nodes, partitions, users, GRES). None of them holds a control character or a line end.
-FIXED_SEP = "\x1f"
-
-# Fields whose text anyone who submits a job chooses (sbatch takes every byte but NUL in a job name, up to 1,024 of
-# them, and in its paths and comment), or that the controller fills with free text (a job's reason may be a
-# message): no separator chosen in advance is safe from them.
-FREE_TEXT = frozenset(
-    {"name", "reason", "workdir", "stdout", "stderr", "stdin", "comment", "command", "jobname", "submitline"}
-)
-
-
 class UnsplittableOutput(UserError):
     """A Slurm client's output did not split into the fields asked for."""
 
 
 def new_token() -> str:
-    """A separator for one query: the unit separator then 16 random hex digits (64 bits drawn after every job
-    name already exists, so no name can have been made to hold it). It starts with a character that is not a digit
-    or `.`: squeue reads a field's width and justification from the digits right after its `:`."""
-    return FIXED_SEP + secrets.token_hex(8)
+    """A separator for one query: the unit separator then 16 random hex digits, 64 bits drawn after every job name
+    already exists, so no name can have been made to hold it (sbatch takes every byte but NUL in a job name, up to
+    1,024 of them, and in its paths and comment: no separator fixed in advance is safe from them). It starts with a
+    character that is neither a digit nor `.`: squeue reads a field's width and justification from the digits right
+    after its `:`, and the suffix from what follows (_parse_long_token in src/squeue/opts.c)."""
+    return "\x1f" + secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
 class Fields:
-    """A field list for a Slurm client's own format option (squeue --Format, sacct --format) and the reader of
-    what it prints, made so that nothing a user puts in a job's name, paths or comment can move a field or make a
-    record.
+    """A field list for squeue's `--Format` and the reader of what squeue prints for it, made so that nothing a user
+    puts in a job's name, paths or comment can move a field, hide a job or make one.
 
-    squeue prints each field followed by its suffix (`Field:SUFFIX`, no padding), a line end after each job. The
-    fields in `fixed` come first, each ended by FIXED_SEP, which none of them can hold; then the free-text fields,
-    each ended by `token`, random for this query. The whole text splits at the token into (number of jobs) x
-    (free fields) + 1 pieces; the first piece of each job is `<line end>FIXED\x1f...\x1fFIXED\x1fFREE`, split
-    at the fixed separator at most len(fixed) times, so the first free field keeps any \x1f or line end of its
-    own; the last piece is the line end after the last job. Each count is checked: text that does not split so
-    raises UnsplittableOutput rather than giving a record nobody printed.
+    squeue prints each field followed by its suffix (`Field:SUFFIX`: the value unpadded at width 0, then the suffix;
+    _print_str in src/squeue/print.c), a line end after each job. Every field here ends with `token`, random for
+    this query, so the whole text splits at the token into (number of jobs) x (fields) + 1 pieces: field i of job r
+    is piece r * fields + i, the first field of every job but the first starts with the line end of the job before
+    it, and the last piece is the line end after the last job. Those counts are checked: text that does not split so
+    raises UnsplittableOutput rather than giving a job nobody printed. One split of the whole text, then a slice a
+    field: no step a job (`status --all-users`: 100,000 jobs).
 
     The proof is tests/test_slurm_text.py: real jobs whose names hold every byte 1-255 and every Unicode line and
     format separator, read back field for field."""
 
-    names: tuple[str, ...]  # in the caller's order: rows and columns come back in it
+    names: tuple[str, ...]
     token: str = field(default_factory=new_token)
 
-    @property
-    def fixed(self) -> tuple[str, ...]:
-        return tuple(n for n in self.names if n.lower() not in FREE_TEXT)
-
-    @property
-    def free(self) -> tuple[str, ...]:
-        return tuple(n for n in self.names if n.lower() in FREE_TEXT)
-
     def squeue_option(self) -> str:
-        """squeue's `--Format=`: the fixed fields each ended by FIXED_SEP, then the free ones each by the token."""
-        return "--Format=" + ",".join(
-            [f"{f}:{FIXED_SEP}" for f in self.fixed] + [f"{f}:{self.token}" for f in self.free]
-        )
+        """squeue's `--Format=`: every field ended by the token."""
+        return "--Format=" + ",".join(f"{f}:{self.token}" for f in self.names)
 
     def columns(self, text: str, what: str = "squeue") -> list[list[str]]:
         """squeue's text for squeue_option() -> one list a field (in `names` order), one item a job, in squeue's
-        order; fixed fields stripped, free text as printed. One split of the whole text and one a job."""
-        fixed, free = self.fixed, self.free
-        k, m = len(fixed), len(free)
-        if m == 0:
-            rows = [line.split(FIXED_SEP) for line in text.splitlines() if line.strip()]
-            if any(len(row) != k + 1 or row[-1].strip() for row in rows):
-                raise UnsplittableOutput(_unsplittable(what))
-            by_name = {f: [row[i].strip() for row in rows] for i, f in enumerate(fixed)}
-            return [by_name[n] for n in self.names]
+        order; the values as printed (the first field without the line end before it)."""
+        n = len(self.names)
         pieces = text.split(self.token)
-        count = (len(pieces) - 1) // m
-        if (len(pieces) - 1) % m or pieces[-1].strip():
-            raise UnsplittableOutput(_unsplittable(what))
-        heads = [piece.split(FIXED_SEP, k) for piece in pieces[0 : m * count : m]]
-        if any(len(head) != k + 1 for head in heads) or not all(
-            map(operator.methodcaller("startswith", "\n"), pieces[m : m * count : m])
+        count = (len(pieces) - 1) // n
+        if (
+            (len(pieces) - 1) % n
+            or pieces[-1].strip("\n")
+            or not all(map(operator.methodcaller("startswith", "\n"), pieces[n : n * count : n]))
         ):
             raise UnsplittableOutput(_unsplittable(what))
-        by_name = {f: [str.strip(head[i]) for head in heads] for i, f in enumerate(fixed)}
-        by_name[free[0]] = [head[k] for head in heads]
-        for j, f in enumerate(free[1:], 1):
-            by_name[f] = pieces[j : m * count : m]
-        return [by_name[n] for n in self.names]
+        first = [pieces[0], *(piece[1:] for piece in pieces[n : n * count : n])] if count else []
+        return [first, *(pieces[i : n * count : n] for i in range(1, n))]
 
     def rows(self, text: str, what: str = "squeue") -> list[tuple[str, ...]]:
         """columns() a job at a time: each a tuple in `names` order."""
