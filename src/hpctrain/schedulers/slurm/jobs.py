@@ -1,8 +1,10 @@
 """Jobs on the cluster: what state they are in, where their output goes, waiting for them, cancelling them.
 
-Sources, best first: `scontrol show job -o` (everything, but only while the controller remembers the job: a
-few minutes after it ends, MinJobAge), `squeue` (listing), and `sacct` only when the cluster keeps accounting
-(without slurmdbd it fails with "accounting storage is disabled").
+Sources, best first: `squeue` (one job or the list, while the controller remembers it: a few minutes after it ends,
+MinJobAge), and `sacct` only when the cluster keeps accounting (without slurmdbd it fails with "accounting storage is
+disabled"). Both are read with a separator drawn at random for each query (records.Fields, sacct's --delimiter), so
+that no job name, path or comment can move a field or make a job; `scontrol show job`'s `Key=value` record is not
+read for jobs (a value holding ` Key=` or a line end would be taken for fields).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""Parsing of `scontrol show ... -o` records and of the time and size values Slurm prints.
+"""Parsing of what Slurm prints: `scontrol show ... -o` records of nodes and partitions, squeue's fields (Fields),
+and the time and size values.
 
-One record per line: `Key=Value Key=Value ...`. Values may contain spaces (`OS=Linux 6.1 #1 SMP`,
-`Reason=Not responding [root@...]`), so a value runs until the next ` Key=`, not the next space.
+A node or partition record is one line: `Key=Value Key=Value ...`, written by the cluster's administrators and
+the controller. Values may contain spaces (`OS=Linux 6.1 #1 SMP`, `Reason=Not responding [root@...]`), so a value
+runs until the next ` Key=`, not the next space. A job's record also holds what its owner wrote (its name, paths,
+comment: any byte but NUL), so jobs are read from squeue through Fields instead.
 """
 
 from __future__ import annotations
