@@ -273,15 +273,20 @@ def squeue_argvs(me: str) -> list[list[str]]:
     return [full, [*full, f"--user={me}"], table, [*table, f"--user={me}"], holders]
 
 
-# The squeue stand-in's query token (the suffix of the last --Format field: a free-text one) and its command line with
-# TOKEN in the token's place; the answer is the prepared text with the query's token put back (sed: the stand-in's
-# cost, not hpctrain's).
+# The squeue stand-in's query token (the suffix of the last --Format field) and its command line with TOKEN in the
+# token's place; the answer is the prepared text with the query's token put back (SWAP: a bytes.replace, 0.02 CPU s
+# for 100,000 jobs where sed took 0.17 s; the stand-in's cost is counted with hpctrain's).
 SQUEUE_TOKEN = """placeholder='{placeholder}'
 token=$placeholder
 for a in "$@"; do case "$a" in --Format=*) token="${{a##*:}}" ;; esac; done
 [ ${{#token}} -gt 1 ] || token=$placeholder
 key=$(printf '%s' "$*" | sed "s/$token/$placeholder/g")
 """
+
+SWAP = (
+    "import os, sys; f, p, t = map(os.fsencode, sys.argv[1:4]); "
+    "sys.stdout.buffer.write(open(f, 'rb').read().replace(p, t))"
+)
 
 FAKE = """#!/bin/sh
 # {name}: a stand-in written by benchmarks/scale_views.py; answers from {data}
@@ -325,9 +330,10 @@ def write_cluster(root: Path, version: str, n: int, me: str) -> Path:
         (data / "held.txt").write_text("")
     d = shlex.quote(str(data))
     cases = []
+    swap = f"{shlex.quote(sys.executable)} -I -S -c {shlex.quote(SWAP)}"
     for i, argv in enumerate(squeue_argvs(me)):
         (data / f"squeue{i}.txt").write_text(squeue_answer(argv, n, me))
-        cases.append(f'  {shlex.quote(" ".join(argv[1:]))}) exec sed "s/$placeholder/$token/g" {d}/squeue{i}.txt ;;')
+        cases.append(f'  {shlex.quote(" ".join(argv[1:]))}) exec {swap} {d}/squeue{i}.txt "$placeholder" "$token" ;;')
     all_jobs = f"{d}/jobs.txt" if version == "22.05" else "''"
     bodies = {
         "scontrol": f"""case "$*" in

@@ -128,8 +128,9 @@ SQUEUE_FIELDS = (
     "WorkDir",
 )
 # One job in full (`status JOB`, cancel, logs, waiting): the list's fields and how it ended and where its output goes.
-# squeue 22.05 prints STDOUT/STDERR as the job gave them (`out-%j.txt`) and the default (none given) expanded
-# (`WORKDIR/slurm-JOB.out`), both absolute: the patterns are expanded here as sbatch does (records.expand_pattern).
+# squeue prints STDOUT/STDERR as the job gave them (`/home/a/out-%j.txt`: sbatch made it absolute), or, when none
+# was given, `WORKDIR/slurm-JOB.out` (_print_job_std_out in src/squeue/print.c): the patterns are expanded here as
+# sbatch does (records.expand_pattern).
 JOB_FIELDS = (*SQUEUE_FIELDS, "EndTime", "exit_code", "STDOUT", "STDERR")
 
 
