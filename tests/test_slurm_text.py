@@ -37,6 +37,7 @@ SEPARATORS = (
 FORGED = " JobState=COMPLETED StdOut=/etc/hostname Reason=forged"  # spelled as scontrol's fields
 OLD_ROW = "\x1f1\x1fCOMPLETED\x1fNone\x1fnode1\x1f1\x1f0:01\x1f0\x1f\n99999\x1fforged\x1fRUNNING\x1f"  # squeue's
 
+SHARD_FORGER = b"x JobState=COMPLETED Nodes=node1,node2 CPU_IDs=0 Mem=0 GRES=shard:64(IDX:1)"
 NAMES: list[bytes] = [
     bytes(range(1, 128)),  # every ASCII byte: the C0 controls, \x1f, line ends, `=`, space, DEL
     bytes(range(128, 256)),  # every byte that is not ASCII: most of them not UTF-8 where they stand
@@ -102,9 +103,12 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
     try:
         for name in NAMES:
             held[sbatch(name, "--hold", "-o", "/dev/null", "--wrap", "true", cwd=tmp_path)] = name
-        # Two that run: one named to read as ended (cancel must still stop it), one whose log is read.
-        runs_on = sbatch(b"x JobState=COMPLETED", "-o", str(tmp_path / "%j.out"), "--wrap", "sleep 600", cwd=tmp_path)
-        ran[runs_on] = b"x JobState=COMPLETED"
+        # Two that run: one named to read as ended and as holding 64 shards more (cancel must still stop it, `cluster`
+        # counts its one shard), one whose log is read.
+        runs_on = sbatch(
+            SHARD_FORGER, "--gres=shard:1", "-o", str(tmp_path / "%j.out"), "--wrap", "sleep 600", cwd=tmp_path
+        )
+        ran[runs_on] = SHARD_FORGER
         logged = sbatch(
             b"y StdOut=/etc/hostname\nStdOut=/etc/hostname",
             "-o",
@@ -165,6 +169,11 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
 
         wait_for(runs_on, {"RUNNING"})
         assert jobs.get_job(runs_on).state == "RUNNING"  # type: ignore[union-attr]
+        marker = "x" + Fields(()).token[1:]
+        session = slurm(["scontrol", "-d", "-o"], input=query.session_input([runs_on], marker)).stdout
+        use = query.parse_shard_use(session, [shown(SHARD_FORGER)], marker)
+        assert sum(count for per_gpu in use.values() for count in per_gpu.values()) == 1, (use, session)
+        assert hpctrain("cluster", cwd=tmp_path).returncode == 0
         cancel = hpctrain("cancel", runs_on, cwd=tmp_path)
         assert cancel.returncode == 0 and "already ended" not in cancel.stdout, cancel
         assert wait_for(runs_on, {"CANCELLED"}, timeout_s=120) == "CANCELLED"

@@ -169,10 +169,6 @@ class Fields:
         first = [pieces[0], *(piece[1:] for piece in pieces[n : n * count : n])] if count else []
         return [first, *(pieces[i : n * count : n] for i in range(1, n))]
 
-    def rows(self, text: str, what: str = "squeue") -> list[tuple[str, ...]]:
-        """columns() a job at a time: each a tuple in `names` order."""
-        return list(zip(*self.columns(text, what)))
-
 
 def _unsplittable(what: str) -> str:
     return (
