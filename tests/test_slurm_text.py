@@ -24,7 +24,7 @@ import pytest
 
 from hpctrain.schedulers.slurm import job_table, jobs, query
 from hpctrain.schedulers.slurm.commands import slurm
-from hpctrain.schedulers.slurm.records import Fields, UnsplittableOutput
+from hpctrain.schedulers.slurm.records import Fields, UnsplittableOutput, new_token
 from squeue_text import printed
 from training_helpers import run_hpctrain
 
@@ -169,7 +169,7 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
 
         wait_for(runs_on, {"RUNNING"})
         assert jobs.get_job(runs_on).state == "RUNNING"  # type: ignore[union-attr]
-        marker = "x" + Fields(()).token[1:]
+        marker = "x" + new_token()[1:]
         session = slurm(["scontrol", "-d", "-o"], input=query.session_input([runs_on], marker)).stdout
         use = query.parse_shard_use(session, [shown(SHARD_FORGER)], marker)
         assert sum(count for per_gpu in use.values() for count in per_gpu.values()) == 1, (use, session)
@@ -204,7 +204,8 @@ def test_fields_read_every_hostile_name_back_and_refuse_a_forged_separator() -> 
         text = printed(rows[:2], fields)
         with pytest.raises(UnsplittableOutput):
             jobs.parse_squeue(text[: len(text) - cut], fields)
-    assert fields.token[0] not in "0123456789.,:" and len(fields.token) == 17 and fields.token != Fields(()).token
+    assert fields.token[0] not in "0123456789.,:" and len(fields.token) == 17
+    assert fields.token != Fields(fields.names).token  # drawn for each query
 
 
 def test_every_command_output_is_decoded_with_undecodable_bytes_escaped() -> None:

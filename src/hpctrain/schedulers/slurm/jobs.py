@@ -251,13 +251,13 @@ def parse_sacct(text: str, token: str) -> list[JobInfo]:
     n = len(SACCT_FIELDS)
     pieces = text.rstrip("\n").split(token) if text.strip() else []
     if len(pieces) % (n - 1) != 1 and pieces:
-        raise records.UnsplittableOutput(records._unsplittable("sacct"))
+        raise records.UnsplittableOutput("sacct")
     flat: list[str] = []
     for i, piece in enumerate(pieces):
         if i and i % (n - 1) == 0 and i < len(pieces) - 1:
             end, sep, first = piece.partition("\n")
             if not sep:
-                raise records.UnsplittableOutput(records._unsplittable("sacct"))
+                raise records.UnsplittableOutput("sacct")
             flat += [end, first]
         else:
             flat.append(piece)

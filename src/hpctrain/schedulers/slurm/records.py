@@ -121,6 +121,13 @@ def null(text: str | None) -> str | None:
 class UnsplittableOutput(UserError):
     """A Slurm client's output did not split into the fields asked for."""
 
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} printed text that does not split into the fields hpctrain asked for (a field held this "
+            "query's random separator, or the client printed something else): run the command again; if it "
+            "persists, report it with the output of the same command"
+        )
+
 
 def new_token() -> str:
     """A separator for one query: the unit separator then 16 random hex digits, 64 bits drawn after every job name
@@ -165,14 +172,7 @@ class Fields:
             or pieces[-1].strip("\n")
             or not all(map(operator.methodcaller("startswith", "\n"), pieces[n : n * count : n]))
         ):
-            raise UnsplittableOutput(_unsplittable(what))
+            raise UnsplittableOutput(what)
         first = [pieces[0], *(piece[1:] for piece in pieces[n : n * count : n])] if count else []
         return [first, *(pieces[i : n * count : n] for i in range(1, n))]
 
-
-def _unsplittable(what: str) -> str:
-    return (
-        f"{what} printed text that does not split into the fields hpctrain asked for (a field held this query's "
-        "random separator, or the client printed something else): run the command again; if it persists, report "
-        "it with the output of the same command"
-    )
