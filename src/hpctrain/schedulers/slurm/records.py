@@ -175,4 +175,3 @@ class Fields:
             raise UnsplittableOutput(what)
         first = [pieces[0], *(piece[1:] for piece in pieces[n : n * count : n])] if count else []
         return [first, *(pieces[i : n * count : n] for i in range(1, n))]
-
