@@ -8,7 +8,7 @@
     environments.py  how the script prepares a node: modules, conda, venv, apptainer, pyxis
     checks.py        can this cluster run the job (partition, time limit, nodes, GPUs, paths)
     query.py         partitions and nodes (scontrol), gres.py their GPUs and shards
-    jobs.py          one job or the queue (scontrol, squeue, sacct), wait, scancel
+    jobs.py          one job or the queue (squeue, sacct), wait, scancel
     output.py        where a job's output file is, following it as it grows
     local.py         the checks on the submit host: paths, programs on the job's PATH, a recipe's dataset
     display.py       what `hpctrain status` and `cluster` show, as data (a View: records, tables, lines)
