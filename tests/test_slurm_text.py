@@ -7,10 +7,10 @@ cluster, `scontrol show job -o` was split at every ` Key=` (a held job named `x 
 COMPLETED, ` StdOut=/etc/hostname` made `logs` print that file, a line end made the state UNKNOWN), and squeue's
 lines were split at \\x1f and line ends (a name could move fields, forge a row or hide a job). Now every command's
 output is decoded with undecodable bytes shown escaped (`\\xff`), and job fields are read with records.Fields:
-squeue's free-text fields ended by a separator drawn at random for each query, every count checked.
+every squeue field ended by a separator drawn at random for each query, every count checked.
 
-The jobs are held (they never run) but two: one that runs `true`-like and ends (its log is read), one that runs until
-`cancel` ends it. All are cancelled at the end.
+The jobs are held (they never run) but two: one that echoes a line and ends (its log is read), one that holds a
+shard and runs until `cancel` ends it. All are cancelled at the end.
 """
 
 from __future__ import annotations
