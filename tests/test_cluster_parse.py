@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from hpctrain.schedulers.slurm.commands import slurm
-from hpctrain.schedulers.slurm.query import ClusterInfo, fill_shard_use, parse_nodes, parse_partitions, parse_shard_use
+from hpctrain.schedulers.slurm.query import (
+    ClusterInfo,
+    fill_shard_use,
+    parse_nodes,
+    parse_partitions,
+    parse_shard_use,
+    record_shard_use,
+)
+from hpctrain.schedulers.slurm.records import parse_record
 from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.slurm.records import parse_record, printed_duration, printed_mem_mb
 from hpctrain.errors import UserError
@@ -97,7 +105,9 @@ def test_nodes_recorded_with_gpu_and_shard_jobs() -> None:
 def test_shards_in_use_come_from_the_running_jobs_on_22_05() -> None:
     nodes = parse_nodes(read("nodes_22.05_typed_shards.txt"))
     assert [n.gpu_type for n in nodes] == ["Quadro_RTX_4000", "Quadro_RTX_4000"]
-    use = parse_shard_use(read("jobs_22.05_typed_shards.txt"))
+    use: dict[str, dict[int, int]] = {}
+    for line in read("jobs_22.05_typed_shards.txt").splitlines():  # the whole dump: one record a line
+        record_shard_use(line, parse_record(line)["JobName"], use)
     assert use == {"t1": {0: 56}}  # shard:16 and shard:40 on GPU 0; the gpu:1 job on t2 holds no shards
     t1, t2 = fill_shard_use(nodes, use)
     assert t1.shards_used == 56
@@ -170,12 +180,20 @@ def test_cluster_commands_do_not_import_torch() -> None:
 
 def test_shard_holders_and_their_records_recorded_on_22_05() -> None:
     """The two steps of `held_shards`, from real 22.05 output of the local cluster while `--gres=shard:16` and
-    `--gres=shard:40` jobs ran on node1's GPU 0 and a `--gres=gpu:1` job on node2: squeue names the two shard jobs;
-    scontrol, reading `show job ID` lines on stdin (one unknown id among them), echoes each command after its
-    readline prompt and prints the records one a line."""
-    from hpctrain.schedulers.slurm.query import parse_shard_holders
+    `--gres=shard:40` jobs (the second named `shard40 JobState=PENDING`) ran on node1's GPU 0 and a `--gres=gpu:1`
+    job on node2: squeue names the two shard jobs (query.HOLDER_FIELDS with the token squeue_text.TOKEN); scontrol,
+    reading `show job ID` and `show hostnames MARKER<i>` lines on stdin (one unknown id among them), echoes each
+    command after its readline prompt and prints the records one a line, each followed by its marker."""
+    from hpctrain.schedulers.slurm.query import HOLDER_FIELDS, parse_shard_holders, session_input
+    from hpctrain.schedulers.slurm.records import Fields
+    from squeue_text import TOKEN
 
-    assert parse_shard_holders(read("squeue_shard_holders_22.05.txt")) == ["57", "58"]
+    holders = parse_shard_holders(read("squeue_shard_holders_22.05.txt"), Fields(HOLDER_FIELDS, TOKEN))
+    assert holders == [("143", "shard 16"), ("144", "shard40 JobState=PENDING")]
+    marker = "x5eed0f0f5eed0f0f"
+    commands = session_input(["143", "144", "99999"], marker)
     session = read("scontrol_session_22.05.txt")
-    assert session.splitlines()[0] == "scontrol: show job 57" and session.endswith("scontrol: \n")
-    assert parse_shard_use(session) == {"node1": {0: 56}}
+    assert [line for line in session.splitlines() if line.startswith("scontrol: ") and line != "scontrol: "] == [
+        "scontrol: " + command for command in commands.splitlines()
+    ]
+    assert parse_shard_use(session, ["shard 16", "shard40 JobState=PENDING", "gone"], marker) == {"node1": {0: 56}}

@@ -494,7 +494,7 @@ def test_submit_parses_job_id_and_reports_sbatch_errors() -> None:
         return subprocess.CompletedProcess(argv, 0, stdout="123;cluster\n", stderr="")
 
     assert submit(job, "#!/bin/bash\n", run=run) == "123"
-    assert calls == [(sbatch_argv(job), "#!/bin/bash\n")]
+    assert calls == [(sbatch_argv(job), b"#!/bin/bash\n")]  # the script goes in as UTF-8 bytes (commands.run_text)
 
     def refuse(argv, **kw):
         return subprocess.CompletedProcess(argv, 1, stdout="", stderr="sbatch: error: Invalid partition name specified")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.schedulers.slurm import display, query, records
-from hpctrain.schedulers.slurm.jobs import list_jobs, parse_scontrol_jobs, parse_squeue
+from hpctrain.schedulers.slurm.jobs import SQUEUE_FIELDS, list_jobs, parse_squeue
+from hpctrain.schedulers.slurm.records import Fields, parse_records
 from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
 from hpctrain.cli.tables import RICH_ROWS
@@ -29,6 +30,7 @@ _spec = importlib.util.spec_from_file_location(
 scale = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(scale)  # type: ignore[union-attr]
 ME = "alice"
+ROWS = Fields(SQUEUE_FIELDS, scale.TOKEN)  # how scale.squeue_rows() is laid out
 
 
 class Recorder:
@@ -53,7 +55,7 @@ class Recorder:
         if argv[0] == "squeue":
             out = scale.squeue_answer(list(argv), self.n, ME)
         elif argv == ["scontrol", "-d", "-o"]:
-            out, err, status = scale.scontrol_session(input or "", self.records.get)
+            out, err, status = scale.scontrol_session((input or b"").decode(), self.records.get)  # bytes: run_text
         else:
             out = self.answers[argv[argv.index("show") + 1]]
         self.out_bytes += len(out)
@@ -66,9 +68,9 @@ def test_the_harness_prints_what_hpctrain_parses() -> None:
         assert len(nodes) == 40 and all(n.gpus_total == 8 for n in nodes)
         assert any(n.shards_used is None for n in nodes) == (version == "22.05")  # 22.05: GPUs with shards
     assert [p.name for p in query.parse_partitions(scale.partitions_text(40))] == ["gpu", "debug"]
-    assert len(parse_scontrol_jobs(scale.jobs_text(40, ME))) == 400
+    assert len(parse_records(scale.jobs_text(40, ME))) == 400
     everyone, mine = scale.squeue_rows(40, ME)
-    assert len(parse_squeue(everyone)) == 400 and {j.user for j in parse_squeue(mine)} == {ME}
+    assert len(parse_squeue(everyone, ROWS)) == 400 and {j.user for j in parse_squeue(mine, ROWS)} == {ME}
 
 
 def _big_job() -> JobSpec:
@@ -122,10 +124,11 @@ def test_cluster_on_22_05_reads_only_the_running_shard_jobs_records() -> None:
         run = Recorder("22.05", n)
         info = query.query_cluster(run=run)
         held = [line for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line and "shard" in line]
+        token = run.calls[2][-1].rsplit(":", 1)[1]  # the holder query's own (its last field, Name, is free text)
         assert run.calls == [
             ["scontrol", "show", "partition", "-o"],
             ["scontrol", "-d", "show", "node", "-o"],
-            query.shard_holders_argv(),
+            query.shard_holders_argv(Fields(query.HOLDER_FIELDS, token)),
             ["scontrol", "-d", "-o"],
         ]
         job_bytes = run.out_bytes - len(run.answers["partition"]) - len(run.answers["node"])
@@ -175,17 +178,20 @@ def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
 
     for n in (40, 80):
         run = Recorder("25.11", n)
-        expected = display.job_rows(sorted(parse_squeue(scale.squeue_rows(n, ME)[0]), key=jobs._id_key))
+        expected = display.job_rows(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=jobs._id_key))
         monkeypatch.setattr(jobs, "JobInfo", counting)
         made["n"] = 0
         show(SlurmScheduler(SlurmOptions(), run=run).status_view(None, all_users=True), as_json=False)
         monkeypatch.setattr(jobs, "JobInfo", real)
         out = capsys.readouterr().out
         (argv,) = run.calls
-        assert argv == job_table.table_argv(None) and "--sort=i" in argv
+        token = argv[-1].rsplit(":", 1)[1]  # the query's own (the last field is free text)
+        assert argv == job_table.table_argv(None, Fields(job_table.TABLE_FIELDS, token)) and "--sort=i" in argv
         assert argv[-1].removeprefix("--Format=").count(":") == len(display.JOB_COLUMNS) + 1
         assert made["n"] == 0 and run.out_bytes < 0.6 * len(scale.squeue_rows(n, ME)[0])
-        show(display.jobs_view(sorted(parse_squeue(scale.squeue_rows(n, ME)[0]), key=jobs._id_key)), as_json=False)
+        show(
+            display.jobs_view(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=jobs._id_key)), as_json=False
+        )
         assert out == capsys.readouterr().out and len(out.splitlines()) == len(expected) + 1
 
 
@@ -194,13 +200,19 @@ def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
     from hpctrain.schedulers.slurm import jobs, job_table
 
     known = scale.squeue_argvs(ME)
-    for argv in (jobs.squeue_argv(None), jobs.squeue_argv(ME), job_table.table_argv(None), job_table.table_argv(ME)):
+    listed, table = Fields(jobs.SQUEUE_FIELDS, scale.TOKEN), Fields(job_table.TABLE_FIELDS, scale.TOKEN)
+    for argv in (
+        jobs.squeue_argv(None, fields=listed),
+        jobs.squeue_argv(ME, fields=listed),
+        job_table.table_argv(None, table),
+        job_table.table_argv(ME, table),
+    ):
         assert argv in known
-    assert query.shard_holders_argv() in known
-    everyone = scale.squeue_answer(job_table.table_argv(None), 40, ME)
-    assert [line.split(scale.SEP)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
-    unsorted = scale.squeue_answer(jobs.squeue_argv(None), 40, ME)  # squeue's default order: pending first
-    assert unsorted.splitlines()[0].split(scale.SEP)[2] == "PENDING"
+    assert query.shard_holders_argv(Fields(query.HOLDER_FIELDS, scale.TOKEN)) in known
+    everyone = scale.squeue_answer(job_table.table_argv(None, table), 40, ME)
+    assert [line.split(scale.TOKEN)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
+    unsorted = scale.squeue_answer(jobs.squeue_argv(None, fields=listed), 40, ME)  # squeue's default: pending first
+    assert unsorted.splitlines()[0].split(scale.TOKEN)[2] == "PENDING"
 
 
 @pytest.mark.parametrize(
@@ -243,7 +255,7 @@ def test_long_tables_are_printed_plain_one_line_a_row(
 
     n = RICH_ROWS  # 10 n jobs in the queue, n of them the caller's
     everyone, _ = scale.squeue_rows(n, ME)
-    jobs = parse_squeue(everyone)
+    jobs = parse_squeue(everyone, ROWS)
     jobs[0] = replace(jobs[0], name="[bold]x[/bold]\x1b[2J")
     monkeypatch.setattr("rich.table.Table.__rich_console__", no_rich_layout)
     show(display.jobs_view(jobs), as_json=False)
@@ -304,7 +316,7 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
     """json's indented printer is pure Python (1.6 s for 100,000 jobs): a long list gets one compact record a line,
     still the same JSON document."""
     everyone, _ = scale.squeue_rows(RICH_ROWS, ME)
-    jobs = parse_squeue(everyone)
+    jobs = parse_squeue(everyone, ROWS)
     show(display.jobs_view(jobs), as_json=True)
     out = capsys.readouterr().out
     assert json.loads(out) == [j.to_dict() for j in jobs] and len(out.splitlines()) == len(jobs) + 2

@@ -17,18 +17,33 @@ from hpctrain.cli import views
 from hpctrain.cli.tables import rich_table
 from hpctrain.schedulers import base
 from hpctrain.schedulers.slurm import display
-from hpctrain.schedulers.slurm.jobs import _id_key, parse_sacct, parse_scontrol_jobs, parse_squeue
+from hpctrain.schedulers.slurm.jobs import JOB_FIELDS, SQUEUE_FIELDS, _id_key, parse_sacct, parse_squeue
 from hpctrain.schedulers.slurm.query import parse_nodes, parse_partitions
+from hpctrain.schedulers.slurm.records import parse_records
 from hpctrain.schedulers.slurm.scheduler import job_status, neutral_state
+from squeue_text import TOKEN, relaid
 
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = ("20.11", "23.11", "24.11", "25.11")
+
+
+def listed(text: str) -> list:
+    """squeue with jobs.squeue_argv() (the list), from a recording of its fields' values (tests/squeue_text.py)."""
+    return parse_squeue(*relaid(text, SQUEUE_FIELDS))
+
+
+def one_job(text: str) -> list:
+    """squeue with JOB_FIELDS (jobs.get_job: one job in full), from a recording of its fields' values."""
+    return parse_squeue(*relaid(text, JOB_FIELDS))
+
+
 PARSERS = {
     "nodes.txt": parse_nodes,
     "partitions.txt": parse_partitions,
-    "jobs.txt": parse_scontrol_jobs,
-    "squeue.txt": parse_squeue,
-    "sacct.txt": parse_sacct,
+    "jobs.txt": parse_records,  # `scontrol -d show job -o`: read by `cluster` for shards only (query.py)
+    "squeue.txt": listed,
+    "squeue_job.txt": one_job,
+    "sacct.txt": lambda text: parse_sacct(text, TOKEN),
 }
 
 
@@ -61,7 +76,7 @@ def test_20_11_partitions() -> None:
 
 
 def test_jobs_hpctrain_did_not_submit() -> None:
-    jobs = {j.job_id: j for j in parse_scontrol_jobs(read("20.11", "jobs.txt"))}
+    jobs = {j.job_id: j for j in one_job(read("20.11", "squeue_job.txt"))}
     interactive = jobs["4111"]  # salloc: no batch script, so no StdOut/StdErr; no time limit of its own yet
     assert (interactive.state, interactive.user, interactive.stdout, interactive.stderr) == (
         "PENDING",
@@ -70,7 +85,7 @@ def test_jobs_hpctrain_did_not_submit() -> None:
         None,
     )
     assert interactive.time_limit_s is None and interactive.finished is False
-    array_task, hetjob = jobs["4102"], jobs["4200"]
+    array_task, hetjob = jobs["4100_2"], jobs["4200+0"]
     assert (array_task.state, array_task.exit_code, array_task.stderr) == (
         "COMPLETED",
         0,
@@ -80,19 +95,19 @@ def test_jobs_hpctrain_did_not_submit() -> None:
     held = jobs["4150"]
     assert (held.state, neutral_state(held.state), held.reason) == ("RESV_DEL_HOLD", base.PENDING, "ReservationDeleted")
 
-    listed = parse_squeue(read("20.11", "squeue.txt"))
-    ids = [j.job_id for j in sorted(listed, key=_id_key)]
+    queue = listed(read("20.11", "squeue.txt"))
+    ids = [j.job_id for j in sorted(queue, key=_id_key)]
     assert ids == ["4100_[3-10]", "4107", "4111", "4150", "4200+0", "4200+1"]
-    by_id = {j.job_id: j for j in listed}
+    by_id = {j.job_id: j for j in queue}
     assert by_id["4111"].time_limit_s is None  # squeue says NOT_SET
     assert by_id["4107"].time_limit_s == 86400 and by_id["4107"].elapsed_s == 3723
 
 
 def test_sacct_states_exit_codes_and_unassigned_nodes() -> None:
-    jobs = {j.job_id: j for j in parse_sacct(read("20.11", "sacct.txt"))}
+    jobs = {j.job_id: j for j in parse_sacct(read("20.11", "sacct.txt"), TOKEN)}
     assert (jobs["4090"].state, jobs["4090"].exit_code) == ("CANCELLED", 128 + 15)  # `CANCELLED by 1001`, 0:15
     assert (jobs["4091"].nodes, jobs["4091"].start_time) == (None, None)
-    later = {j.job_id: j for j in parse_sacct(read("24.11", "sacct.txt"))}
+    later = {j.job_id: j for j in parse_sacct(read("24.11", "sacct.txt"), TOKEN)}
     assert (later["88100"].state, later["88100"].exit_code) == ("OUT_OF_MEMORY", 128 + 125)
     assert later["88101"].name == "a|b"
 
@@ -108,8 +123,8 @@ def test_24_11_counts_the_cpus_left_after_core_specialization() -> None:
     busy, drained = parse_nodes(read("24.11", "nodes.txt"))
     assert (busy.cpus_total, busy.cpus_alloc, busy.gpus_used) == (120, 64, 8)  # CPUEfctv, not CPUTot=128
     assert (drained.state, drained.usable) == ("idle+drain", False)
-    jobs = {j.job_id: j for j in parse_scontrol_jobs(read("24.11", "jobs.txt"))}
-    notebook = jobs["88240"]  # another user's job whose SubmitLine holds `KEY=value` words of its own
+    jobs = {j.job_id: j for j in one_job(read("24.11", "squeue_job.txt"))}
+    notebook = jobs["88240"]  # another user's job, its output and error files of its own
     assert (notebook.work_dir, notebook.stdout, notebook.stderr) == (
         "/home/bob",
         "/home/bob/jupyter-88240.log",
@@ -120,7 +135,7 @@ def test_24_11_counts_the_cpus_left_after_core_specialization() -> None:
 
 
 def test_25_11_new_and_unknown_states_and_a_blank_stderr() -> None:
-    jobs = {j.job_id: j for j in parse_scontrol_jobs(read("25.11", "jobs.txt"))}
+    jobs = {j.job_id: j for j in one_job(read("25.11", "squeue_job.txt"))}
     requeueing = jobs["120455"]
     assert (requeueing.state, requeueing.finished, neutral_state(requeueing.state)) == (
         "EXPEDITING",
@@ -131,9 +146,9 @@ def test_25_11_new_and_unknown_states_and_a_blank_stderr() -> None:
     unknown = jobs["120460"]
     assert (unknown.state, unknown.finished, unknown.elapsed_s) == ("FUTURE_STATE_X", False, None)  # RunTime=INVALID
     assert job_status(unknown).state == base.UNKNOWN
-    listed = parse_squeue(read("25.11", "squeue.txt")) + parse_sacct(read("25.11", "sacct.txt"))
-    assert {j.state for j in listed} >= {"EXPEDITING", "FUTURE_STATE_X", "SOME_NEW_STATE", "PREEMPTED"}
-    table = display.jobs_table(listed)
+    queue = listed(read("25.11", "squeue.txt")) + parse_sacct(read("25.11", "sacct.txt"), TOKEN)
+    assert {j.state for j in queue} >= {"EXPEDITING", "FUTURE_STATE_X", "SOME_NEW_STATE", "PREEMPTED"}
+    table = display.jobs_table(queue)
     console = views.console()
     with console.capture() as captured:
         console.print(rich_table(table.columns, table.rows))

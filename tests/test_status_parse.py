@@ -1,4 +1,4 @@
-"""Jobs from recorded scontrol/squeue output, sacct's format, exit codes, output file lookup and following."""
+"""Jobs from recorded squeue output, sacct's format, exit codes, output file lookup and following."""
 
 from __future__ import annotations
 
@@ -16,19 +16,27 @@ from hpctrain.schedulers.slurm.jobs import (
     JobInfo,
     check_job_id,
     parse_exit_code,
+    JOB_FIELDS,
+    SQUEUE_FIELDS,
     parse_sacct,
-    parse_scontrol_jobs,
     parse_squeue,
     wait_for_job,
 )
+from hpctrain.schedulers.slurm.records import Fields
+from squeue_text import TOKEN, printed, recorded, relaid
 from hpctrain.schedulers.slurm.output import expand_pattern, follow, output_candidates
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
 
-def test_scontrol_jobs_recorded() -> None:
-    jobs = {j.job_id: j for j in parse_scontrol_jobs((DATA / "jobs_22.05.txt").read_text())}
+def one_job_query(name: str) -> list[JobInfo]:
+    """get_job's squeue query (JOB_FIELDS) answered from a recording of those fields."""
+    return parse_squeue(*relaid((DATA / name).read_text(), JOB_FIELDS))
+
+
+def test_one_job_recorded() -> None:
+    jobs = {j.job_id: j for j in one_job_query("squeue_job_22.05.txt")}
     assert sorted(jobs) == ["4", "5", "6", "7", "8", "9"]
     done = jobs["4"]
     assert (done.state, done.exit_code, done.elapsed_s, done.nodes, done.restarts) == ("COMPLETED", 0, 40, "node1", 0)
@@ -61,7 +69,7 @@ def test_status_of_a_running_job_says_when_it_must_end_not_that_it_ended() -> No
 
 
 def test_squeue_recorded() -> None:
-    jobs = {j.job_id: j for j in parse_squeue((DATA / "squeue_22.05.txt").read_text())}
+    jobs = {j.job_id: j for j in parse_squeue(*relaid((DATA / "squeue_22.05.txt").read_text(), SQUEUE_FIELDS))}
     assert sorted(jobs) == ["4", "5", "6", "7", "8", "9"]
     assert jobs["9"].name == "we|ird name"
     assert (jobs["8"].state, jobs["8"].reason, jobs["8"].num_nodes) == ("PENDING", "Resources", 2)
@@ -70,18 +78,25 @@ def test_squeue_recorded() -> None:
     assert all(j.source == "squeue" and j.stdout is None for j in jobs.values())
 
 
+def sacct_printed(rows: list[str], token: str = TOKEN) -> str:
+    """sacct --parsable2 --delimiter=TOKEN: rows written with `|` between SACCT_FIELDS, as sacct prints them with
+    the token (no accounting on the local cluster: its documented format; a `|` inside a value written `¦`)."""
+    return "".join(token.join(v.replace("¦", "|") for v in row.split("|")) + "\n" for row in rows)
+
+
 def test_sacct_format() -> None:
-    # sacct --parsable2 rows (no accounting on the local cluster: written in sacct's documented format)
-    text = (
-        "812|train|a|COMPLETED|None|node[1-2]|2|75|0:0|debug|alice|2026-01-01T10:00:00|2026-01-01T10:00:01|"
-        "2026-01-01T10:01:16|/home/alice\n"
-        "813|hpctrain|CANCELLED by 1000|None|node1|1|9|0:15|debug|alice|2026-01-01T10:00:00|2026-01-01T10:00:01|"
-        "2026-01-01T10:00:10|/home/alice\n"
+    text = sacct_printed(
+        [
+            "812|train¦a\n813¦x|COMPLETED|None|node[1-2]|2|75|0:0|debug|alice|2026-01-01T10:00:00|/home/alice|"
+            "2026-01-01T10:00:01|2026-01-01T10:01:16",
+            "813|hpctrain|CANCELLED by 1000|None|node1|1|9|0:15|debug|alice|2026-01-01T10:00:00|/home/alice|"
+            "2026-01-01T10:00:01|2026-01-01T10:00:10",
+        ]
     )
-    first, second = parse_sacct(text)
+    first, second = parse_sacct(text, TOKEN)
     assert (first.job_id, first.name, first.state, first.elapsed_s, first.exit_code) == (
         "812",
-        "train|a",
+        "train|a\n813|x",
         "COMPLETED",
         75,
         0,
@@ -187,11 +202,11 @@ def test_follow_restarts_after_truncation(tmp_path: Path) -> None:
 
 
 class FakeSlurm:
-    """Stands in for scontrol/sacct in the unit tests of wait_for_job (the real path runs in test_status_slurm.py,
+    """Stands in for squeue/sacct in the unit tests of wait_for_job (the real path runs in test_status_slurm.py,
     but a job outliving MinJobAge (5 min) is too slow to wait for there)."""
 
-    def __init__(self, scontrol_answers: list[str]) -> None:
-        self.answers = list(scontrol_answers)
+    def __init__(self, squeue_answers: list[str]) -> None:
+        self.answers = list(squeue_answers)
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
@@ -201,10 +216,14 @@ class FakeSlurm:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if answer == "gone":
             return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
-        return subprocess.CompletedProcess(argv, 0, answer, "")
+        (option,) = [a for a in argv if a.startswith("--Format=")]
+        fields = Fields(JOB_FIELDS, option.rsplit(":", 1)[1])  # the query's own token: the last field's suffix
+        return subprocess.CompletedProcess(argv, 0, printed(recorded(answer, JOB_FIELDS), fields), "")
 
 
-RUNNING_LINE = next(line for line in (DATA / "jobs_22.05.txt").read_text().splitlines() if line.startswith("JobId=7 "))
+RUNNING_LINE = next(
+    line + "\n" for line in (DATA / "squeue_job_22.05.txt").read_text().splitlines() if line.startswith("7\x1f")
+)
 
 
 def test_wait_for_job_when_the_controller_forgets_the_job() -> None:
@@ -212,7 +231,7 @@ def test_wait_for_job_when_the_controller_forgets_the_job() -> None:
     info = wait_for_job("7", poll_s=0, run=fake, sleep=lambda s: None)
     assert (info.state, info.exit_code, info.source, info.finished) == ("GONE", None, "none", True)
     assert info.nodes == "node[1-2]"  # what was last known is kept
-    assert [c[0] for c in fake.calls] == ["scontrol", "scontrol", "scontrol", "sacct"]
+    assert [c[0] for c in fake.calls] == ["squeue", "squeue", "squeue", "sacct"]
 
 
 def test_wait_for_unknown_job_and_timeout() -> None:
@@ -227,11 +246,11 @@ def test_the_table_query_gives_the_cells_of_the_full_query_recorded() -> None:
     22.05 cluster: the table's columns built straight from the first are display.job_rows of the second's records,
     sorted by id."""
     from hpctrain.schedulers.slurm import display
-    from hpctrain.schedulers.slurm.job_table import table_columns
+    from hpctrain.schedulers.slurm.job_table import TABLE_FIELDS, table_columns
     from hpctrain.schedulers.slurm.jobs import _id_key
 
-    full = sorted(parse_squeue((DATA / "squeue_full_22.05_live.txt").read_text()), key=_id_key)
-    cells = table_columns((DATA / "squeue_table_22.05.txt").read_text())
+    full = sorted(parse_squeue(*relaid((DATA / "squeue_full_22.05_live.txt").read_text(), SQUEUE_FIELDS)), key=_id_key)
+    cells = table_columns(*relaid((DATA / "squeue_table_22.05.txt").read_text(), TABLE_FIELDS))
     assert len(cells) == 20 and list(cells) == display.job_rows(full)
     assert cells[19] == ("59", "gpu1", "RUNNING", "", "node2", "00:00:18", "0")
 
@@ -244,11 +263,10 @@ def test_the_table_from_squeue_is_the_records_table(name: str) -> None:
     states."""
     from hpctrain.schedulers.slurm import display
     from hpctrain.schedulers.slurm.job_table import TABLE_FIELDS, table_columns
-    from hpctrain.schedulers.slurm.jobs import SQUEUE_FIELDS, _id_key
+    from hpctrain.schedulers.slurm.jobs import _id_key
 
-    full = (DATA / name).read_text()
-    picks = [SQUEUE_FIELDS.index(f) for f in TABLE_FIELDS]
-    lines = [line.split("\x1f") for line in full.splitlines()]
-    table = "".join("".join(cols[i] + "\x1f" for i in picks) + "\n" for cols in lines if len(cols) > len(picks))
-    for text in (table, "".join(reversed(table.splitlines(keepends=True)))):  # in squeue's order or not
-        assert list(table_columns(text)) == display.job_rows(sorted(parse_squeue(full), key=_id_key))
+    jobs = recorded((DATA / name).read_text(), SQUEUE_FIELDS)
+    expected = display.job_rows(sorted(parse_squeue(*relaid((DATA / name).read_text(), SQUEUE_FIELDS)), key=_id_key))
+    fields = Fields(TABLE_FIELDS, TOKEN)
+    for order in (jobs, jobs[::-1]):  # in squeue's order or not
+        assert list(table_columns(printed(order, fields), fields)) == expected

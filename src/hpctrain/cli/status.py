@@ -1,7 +1,7 @@
 """`hpctrain status [JOB] [--json]`: jobs with state, pending reason, nodes, elapsed time and restarts.
 
 The chosen scheduler returns them in its own terms (Scheduler.status_view) and hpctrain.cli.views prints them.
-Slurm: without JOB, your jobs that the controller knows (squeue); with JOB, that job in full (scontrol, or sacct
+Slurm: without JOB, your jobs that the controller knows (squeue); with JOB, that job in full (squeue, or sacct
 where the cluster keeps accounting), including its exit status and output files. Kubernetes: without JOB, the
 namespace's PyTorchJobs (or TrainJobs); with JOB, its conditions, each replica's pod phase, node and restarts, and
 why it waits (scheduler events).

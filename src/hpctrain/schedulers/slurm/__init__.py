@@ -8,7 +8,7 @@
     environments.py  how the script prepares a node: modules, conda, venv, apptainer, pyxis
     checks.py        can this cluster run the job (partition, time limit, nodes, GPUs, paths)
     query.py         partitions and nodes (scontrol), gres.py their GPUs and shards
-    jobs.py          one job or the queue (scontrol, squeue, sacct), wait, scancel
+    jobs.py          one job or the queue (squeue, sacct), wait, scancel
     output.py        where a job's output file is, following it as it grows
     local.py         the checks on the submit host: paths, programs on the job's PATH, a recipe's dataset
     display.py       what `hpctrain status` and `cluster` show, as data (a View: records, tables, lines)
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.schedulers.base import BackendInfo
+from hpctrain.schedulers.slurm.commands import run_text
 from hpctrain.schedulers.slurm.flags import add_arguments, complete_job
 from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
 
@@ -38,7 +39,7 @@ def client_version() -> str | None:
     if sinfo is None:
         return None
     try:
-        proc = subprocess.run([sinfo, "--version"], capture_output=True, text=True, timeout=10)
+        proc = run_text(subprocess.run, [sinfo, "--version"], timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() or None if proc.returncode == 0 else None

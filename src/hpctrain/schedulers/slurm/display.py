@@ -132,7 +132,7 @@ def job_view(job: JobInfo, run_dir: Path | None = None) -> View:
     details = [
         ("partition", job.partition),
         ("exit status", None if job.exit_code is None else str(job.exit_code)),
-        ("time limit", format_duration(job.time_limit_s) if job.source == "scontrol" else None),
+        ("time limit", format_duration(job.time_limit_s) if job.source != "sacct" else None),
         ("submitted", job.submit_time),
         ("started", job.start_time),
         ("ended" if job.finished else "ends by", job.end_time),  # a live job's EndTime: its time limit

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import NOTE_PREFIX, WARNING_PREFIX
+from hpctrain.schedulers.slurm.commands import run_text
 
 PROBE_TIMEOUT_S = 120.0
 SCRIPT_READ_BYTES = 1 << 20
@@ -122,10 +123,9 @@ def _missing(interpreter: str, where: str, modules: list[str], environ: Mapping[
             for m in modules
             if importlib.util.find_spec(m) is None and importlib.machinery.PathFinder.find_spec(m, [where]) is None
         ]
-    proc = subprocess.run(
+    proc = run_text(
+        subprocess.run,
         [interpreter, "-c", PROBE, where, *modules],
-        capture_output=True,
-        text=True,
         env=dict(environ),
         timeout=PROBE_TIMEOUT_S,
         check=False,

@@ -2,11 +2,12 @@
 table's columns directly.
 
 The table shows seven cells a job (display.JOB_COLUMNS); `status --all-users` on a big cluster has 100,000 jobs. So
-this path asks squeue for the eight fields those cells come from (not jobs.SQUEUE_FIELDS' fourteen, which --json
-prints), in job id order (`--sort=i`), builds no JobInfo, and makes each column in one pass over squeue's text:
-every squeue line holds the same number of separated fields, so the whole text splits at once and column i is
-every eighth field. Each distinct state, duration and count is turned into its cell once (a big queue repeats a
-few dozen). The cells are exactly display.job_rows' for the same jobs (tests/test_scale_slurm.py compares them).
+this path asks squeue for the eight fields those cells come from (not jobs.SQUEUE_FIELDS' fourteen), in job id
+order (`--sort=i`), builds no JobInfo, and makes each column in one pass over squeue's text: records.Fields splits
+the whole text at once into its columns (the free-text ones, name and reason, at this query's random separator, so
+no job name can move a field or make a row). Each distinct state, duration and count is turned into its cell once
+(a big queue repeats a few dozen). The cells are exactly display.job_rows' for the same jobs
+(tests/test_scale_slurm.py compares them).
 
 squeue's `--sort=i` orders by job id, array tasks and heterogeneous components by their parent's id then index
 (_sort_job_by_id in src/squeue/sort.c, slurm-20-11-0-1 to slurm-25-11-0-1); the ids are still sorted here, stably,
@@ -25,15 +26,16 @@ from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.base import ColumnCells
 from hpctrain.schedulers.slurm.commands import Runner, slurm
 from hpctrain.schedulers.slurm.jobs import NULLS, duration_or_none, id_order, state_word
-from hpctrain.schedulers.slurm.records import SQUEUE_SEP, squeue_format
+from hpctrain.schedulers.slurm.records import Fields
 
 TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "TimeUsed", "RestartCnt")
 
 
-def table_argv(user: str | None) -> list[str]:
-    """squeue for the table: its fields only, in job id order; the caller's jobs unless user is None."""
+def table_argv(user: str | None, fields: Fields | None = None) -> list[str]:
+    """squeue for the table: its fields only (records.Fields: Name and Reason ended by this query's random
+    separator), in job id order; the caller's jobs unless user is None."""
     argv = ["squeue", "--noheader", "--states=all", "--sort=i"]
-    argv.append(squeue_format(TABLE_FIELDS))
+    argv.append((fields or Fields(TABLE_FIELDS)).squeue_option())
     return argv + ([f"--user={user}"] if user else [])
 
 
@@ -53,21 +55,9 @@ def _restarts(text: str) -> str:
     return str(int(text)) if text.isdigit() else "0"
 
 
-def _fields_by_column(text: str) -> list[list[str]]:
-    """squeue's fields, stripped, a list per field of TABLE_FIELDS; a line with too few fields is left out and
-    extra ones are ignored, as jobs.parse_squeue does."""
-    n = len(TABLE_FIELDS)
-    lines = text.splitlines()
-    if all(count == n for count in map(operator.methodcaller("count", SQUEUE_SEP), lines)):
-        fields = "".join(lines).split(SQUEUE_SEP)  # each line ends with the separator: n fields a line, in order
-        return [list(map(str.strip, fields[i : n * len(lines) : n])) for i in range(n)]
-    rows = [cols[:n] for cols in (line.split(SQUEUE_SEP) for line in lines) if len(cols) >= n]
-    return [list(map(str.strip, column)) for column in zip(*rows)] if rows else [[] for _ in range(n)]
-
-
-def table_columns(text: str) -> ColumnCells:
-    """Output of table_argv() -> the table's cells by column (display.JOB_COLUMNS), in job id order."""
-    job_id, name, state, reason, nodes, num_nodes, used, restarts = _fields_by_column(text)
+def table_columns(text: str, fields: Fields) -> ColumnCells:
+    """Output of table_argv(user, fields) -> the table's cells by column (display.JOB_COLUMNS), in job id order."""
+    job_id, name, state, reason, nodes, num_nodes, used, restarts = fields.columns(text)
     columns = [
         job_id,
         name,
@@ -88,4 +78,5 @@ def list_columns(user: str | None = None, all_users: bool = False, run: Runner =
     """The jobs the controller knows as the table's columns, the caller's unless all_users."""
     if not all_users and user is None:
         user = getpass.getuser()
-    return table_columns(slurm(table_argv(None if all_users else user), run=run).stdout)
+    fields = Fields(TABLE_FIELDS)
+    return table_columns(slurm(table_argv(None if all_users else user, fields), run=run).stdout, fields)

@@ -1,14 +1,17 @@
 """Jobs on the cluster: what state they are in, where their output goes, waiting for them, cancelling them.
 
-Sources, best first: `scontrol show job -o` (everything, but only while the controller remembers the job: a
-few minutes after it ends, MinJobAge), `squeue` (listing), and `sacct` only when the cluster keeps accounting
-(without slurmdbd it fails with "accounting storage is disabled").
+Sources, best first: `squeue` (one job or the list, while the controller remembers it: a few minutes after it ends,
+MinJobAge), and `sacct` only when the cluster keeps accounting (without slurmdbd it fails with "accounting storage is
+disabled"). Both are read with a separator drawn at random for each query (records.Fields, sacct's --delimiter), so
+that no job name, path or comment can move a field or make a job; `scontrol show job`'s `Key=value` record is not
+read for jobs (a value holding ` Key=` or a line end would be taken for fields).
 """
 
 from __future__ import annotations
 
 import functools
 import getpass
+import os
 import re
 import subprocess
 import time
@@ -16,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from hpctrain.schedulers.slurm import records
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
-from hpctrain.schedulers.slurm.records import NULLS, SQUEUE_SEP, squeue_format
-from hpctrain.schedulers.slurm.records import null, parse_int, parse_records, printed_duration
+from hpctrain.schedulers.slurm.records import NULLS, expand_pattern, null, parse_int, printed_duration
 from hpctrain.errors import UserError
 
 # States after which a job never runs again (a requeued job goes back to PENDING instead).
@@ -106,46 +109,8 @@ def state_word(text: str | None) -> str:
     return (words[0].upper().rstrip("+") or "UNKNOWN") if words else "UNKNOWN"
 
 
-def _user(text: str | None) -> str | None:
-    value = null(text)
-    return value.split("(")[0] if value else None  # root(0) -> root
-
-
-def parse_scontrol_jobs(text: str) -> list[JobInfo]:
-    """Output of `scontrol show job -o [ID]`."""
-    jobs = []
-    for rec in parse_records(text):
-        if "JobId" not in rec:
-            continue
-        state = state_word(rec.get("JobState"))
-        stdout = null(rec.get("StdOut"))
-        jobs.append(
-            JobInfo(
-                job_id=rec["JobId"],
-                name=rec.get("JobName", ""),
-                state=state,
-                reason=null(rec.get("Reason")) if null(rec.get("Reason")) != "None" else None,
-                nodes=null(rec.get("NodeList")),
-                num_nodes=parse_int(rec.get("NumNodes"), 0) or None,
-                elapsed_s=duration_or_none(rec.get("RunTime")),  # INVALID when the clocks disagree
-                restarts=parse_int(rec.get("Restarts")),
-                exit_code=parse_exit_code(rec.get("ExitCode")) if state in TERMINAL_STATES else None,
-                partition=null(rec.get("Partition")),
-                user=_user(rec.get("UserId")),
-                stdout=stdout,
-                stderr=null(rec.get("StdErr")) or stdout,  # 25.11 leaves StdErr= empty when it goes to StdOut
-                work_dir=null(rec.get("WorkDir")),
-                submit_time=null(rec.get("SubmitTime")),
-                start_time=null(rec.get("StartTime")) if rec.get("StartTime") != "Unknown" else None,
-                end_time=null(rec.get("EndTime")) if rec.get("EndTime") != "Unknown" else None,
-                time_limit_s=duration_or_none(rec.get("TimeLimit")),  # also Partition_Limit: none of its own
-                source="scontrol",
-            )
-        )
-    return jobs
-
-
-# squeue -O fields, each ending with records.SQUEUE_SEP (job names may contain spaces and '|').
+# squeue -O fields of the job list (records.Fields: the free-text ones, Name, Reason and WorkDir, read so that
+# nothing in them can move a field or make a job).
 SQUEUE_FIELDS = (
     "JobID",
     "Name",
@@ -162,10 +127,16 @@ SQUEUE_FIELDS = (
     "TimeLimit",
     "WorkDir",
 )
+# One job in full (`status JOB`, cancel, logs, waiting): the list's fields and how it ended and where its output goes.
+# squeue prints STDOUT/STDERR as the job gave them (`/home/a/out-%j.txt`: sbatch made it absolute), or, when none
+# was given, `WORKDIR/slurm-JOB.out` (_print_job_std_out in src/squeue/print.c): the patterns are expanded here as
+# sbatch does (records.expand_pattern).
+JOB_FIELDS = (*SQUEUE_FIELDS, "EndTime", "exit_code", "STDOUT", "STDERR")
 
 
-def squeue_argv(user: str | None, job_ids: tuple[str, ...] = ()) -> list[str]:
-    argv = ["squeue", "--noheader", "--states=all", squeue_format(SQUEUE_FIELDS)]
+def squeue_argv(user: str | None, job_ids: tuple[str, ...] = (), fields: records.Fields | None = None) -> list[str]:
+    fields = fields or records.Fields(SQUEUE_FIELDS)
+    argv = ["squeue", "--noheader", "--states=all", fields.squeue_option()]
     if user:
         argv.append(f"--user={user}")
     if job_ids:
@@ -173,15 +144,28 @@ def squeue_argv(user: str | None, job_ids: tuple[str, ...] = ()) -> list[str]:
     return argv
 
 
-def parse_squeue(text: str) -> list[JobInfo]:
-    """Output of squeue_argv(). Output paths are left out: squeue prints them unexpanded (`slurm-%j.out`)."""
-    jobs = []
-    n = len(SQUEUE_FIELDS)
-    for line in text.splitlines():
-        cols = line.split(SQUEUE_SEP)
-        if len(cols) < n:
-            continue
-        (
+def parse_squeue(text: str, fields: records.Fields) -> list[JobInfo]:
+    """Output of squeue_argv(..., fields) for SQUEUE_FIELDS (the list: no output paths asked for) or JOB_FIELDS."""
+    columns = dict(zip(fields.names, fields.columns(text)))
+    listed = [
+        JobInfo(
+            job_id=job_id,
+            name=name,
+            state=state_word(state),
+            reason=None if reason in NULLS else reason,  # (null()'s test inline: 100,000 jobs)
+            nodes=None if nodes in NULLS else nodes,
+            num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
+            elapsed_s=duration_or_none(used),
+            restarts=int(restarts) if restarts.isdigit() else 0,
+            partition=None if partition in NULLS else partition,
+            user=None if user in NULLS else user,
+            work_dir=None if work_dir in NULLS else work_dir,
+            submit_time=None if submit in NULLS else submit,
+            start_time=None if start in NULLS else start,
+            time_limit_s=duration_or_none(limit),
+            source="squeue",
+        )
+        for (
             job_id,
             name,
             state,
@@ -196,27 +180,28 @@ def parse_squeue(text: str) -> list[JobInfo]:
             start,
             limit,
             work_dir,
-        ) = map(str.strip, cols[:n])  # the order of SQUEUE_FIELDS
-        jobs.append(
-            JobInfo(
-                job_id=job_id,
-                name=name,
-                state=state_word(state),
-                reason=None if reason in NULLS else reason,  # (null()'s test inline: 100,000 jobs)
-                nodes=None if nodes in NULLS else nodes,
-                num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
-                elapsed_s=duration_or_none(used),
-                restarts=int(restarts) if restarts.isdigit() else 0,
-                partition=None if partition in NULLS else partition,
-                user=None if user in NULLS else user,
-                work_dir=None if work_dir in NULLS else work_dir,
-                submit_time=None if submit in NULLS else submit,
-                start_time=None if start in NULLS else start,
-                time_limit_s=duration_or_none(limit),
-                source="squeue",
-            )
-        )
-    return jobs
+        ) in zip(*(columns[f] for f in SQUEUE_FIELDS))  # the order of SQUEUE_FIELDS
+    ]
+    if "STDOUT" in columns:  # JOB_FIELDS: how each ended, where its output goes
+        for job, end, status, stdout, stderr in zip(listed, *(columns[f] for f in JOB_FIELDS[len(SQUEUE_FIELDS) :])):
+            job.end_time = None if end in NULLS or not job.finished else end
+            job.exit_code = wait_status(status) if job.finished else None
+            job.stdout = None if stdout in NULLS else expand_pattern(stdout, job.job_id, job.name, job.user)
+            job.stderr = None if stderr in NULLS else expand_pattern(stderr, job.job_id, job.name, job.user)
+            job.stderr = job.stderr or job.stdout  # 25.11 leaves it empty when it goes to StdOut
+    return listed
+
+
+def wait_status(text: str) -> int | None:
+    """squeue's exit_code, the job's wait status as waitpid() gives it (_print_job_exit_code in src/squeue/print.c
+    prints job->exit_code, 20.11 to 25.11: 768 exited 3, 9 killed by signal 9) -> 3, 137."""
+    try:
+        status = int(text)
+    except ValueError:
+        return None
+    if not 0 <= status < 1 << 16:
+        return None
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 @functools.lru_cache(maxsize=8192)  # squeue repeats time limits and many elapsed times across 100,000 jobs
@@ -239,39 +224,50 @@ SACCT_FIELDS = (
     "Partition",
     "User",
     "Submit",
-    "Start",
-    "End",
     "WorkDir",
+    "Start",
+    "End",  # last: a time, no line end in it (sacct_argv)
 )
 
 
-def sacct_argv(job_id: str) -> list[str]:
+def sacct_argv(job_id: str, token: str) -> list[str]:
+    """sacct for one job, its fields separated by `token` (records.new_token(): random, so a job name cannot hold
+    it); the first and last fields (the job id, the end time) hold no line end, so a job's record ends at the first
+    line end after its last separator."""
     return [
         "sacct",
         "--noheader",
         "--parsable2",
+        f"--delimiter={token}",
         "--allocations",
         f"--jobs={job_id}",
         "--format=" + ",".join(SACCT_FIELDS),
     ]
 
 
-def parse_sacct(text: str) -> list[JobInfo]:
-    """Output of sacct_argv() (`|`-separated; the job name is the only free-text field, so it is taken as the
-    columns left over in the middle)."""
-    jobs = []
+def parse_sacct(text: str, token: str) -> list[JobInfo]:
+    """Output of sacct_argv(JOB, token): the text splits at the token into (jobs) x (fields - 1) + 1 pieces, the
+    piece between two jobs being `END<line end>JOBID`."""
     n = len(SACCT_FIELDS)
-    for line in text.splitlines():
-        cols = line.split("|")
-        if len(cols) < n:
-            continue
-        extra = len(cols) - n  # '|' inside the job name
-        cols = [cols[0], "|".join(cols[1 : 2 + extra]), *cols[2 + extra :]]
-        f = dict(zip(SACCT_FIELDS, cols))
+    pieces = text.rstrip("\n").split(token) if text.strip() else []
+    if len(pieces) % (n - 1) != 1 and pieces:
+        raise records.UnsplittableOutput("sacct")
+    flat: list[str] = []
+    for i, piece in enumerate(pieces):
+        if i and i % (n - 1) == 0 and i < len(pieces) - 1:
+            end, sep, first = piece.partition("\n")
+            if not sep:
+                raise records.UnsplittableOutput("sacct")
+            flat += [end, first]
+        else:
+            flat.append(piece)
+    jobs = []
+    for start in range(0, len(flat), n):
+        f = dict(zip(SACCT_FIELDS, flat[start : start + n]))
         state = state_word(f["State"])
         jobs.append(
             JobInfo(
-                job_id=f["JobIDRaw"],
+                job_id=f["JobIDRaw"].strip(),
                 name=f["JobName"],
                 state=state,
                 reason=null(f["Reason"]) if f["Reason"] != "None" else None,
@@ -297,28 +293,34 @@ def _forgotten(result: subprocess.CompletedProcess[str]) -> bool:
 
 def _from_accounting(job_id: str, run: Runner) -> JobInfo | None:
     """The job from sacct, or None when there is no accounting or it does not know the job."""
+    token = records.new_token()
     try:
-        result = slurm(sacct_argv(job_id), run=run, check=False)
+        result = slurm(sacct_argv(job_id, token), run=run, check=False)
     except UserError:
         return None  # no sacct binary
     if result.returncode != 0:
         return None  # "Slurm accounting storage is disabled", or slurmdbd down
-    found = [j for j in parse_sacct(result.stdout) if j.job_id == job_id]
+    found = [j for j in parse_sacct(result.stdout, token) if j.job_id == job_id]
     return found[0] if found else None
 
 
 def get_job(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
-    """One job, or None when neither the controller nor accounting knows it (any more)."""
+    """One job, or None when neither the controller nor accounting knows it (any more). squeue, not `scontrol show
+    job`: scontrol's `Key=value` record cannot be read back when a value (the job's name, paths, comment) holds
+    ` Key=` or a line end, and 22.05 has no `scontrol --json` (23.02 on); `squeue --json` of 22.05 ignores --jobs
+    and prints every job of the cluster (man squeue, 22.05: "All other formatting and filtering arguments will be
+    ignored")."""
     job_id = check_job_id(job_id)
-    result = slurm(["scontrol", "show", "job", "-o", job_id], run=run, check=False)
+    fields = records.Fields(JOB_FIELDS)
+    result = slurm(squeue_argv(None, (job_id,), fields), run=run, check=False)
     if result.returncode == 0:
-        jobs = parse_scontrol_jobs(result.stdout)
+        jobs = parse_squeue(result.stdout, fields)
         # A job array lists every task; prefer the record whose id is the one asked for.
         exact = [j for j in jobs if j.job_id == job_id]
         if exact or jobs:
             return (exact or jobs)[0]
     elif not _forgotten(result):
-        raise UserError(command_error(["scontrol", "show", "job"], result))
+        raise UserError(command_error(["squeue", "--jobs", job_id], result))
     return _from_accounting(job_id, run)
 
 
@@ -326,8 +328,9 @@ def list_jobs(user: str | None = None, all_users: bool = False, run: Runner = su
     """Jobs the controller knows (pending, running, and ended within MinJobAge), the caller's unless all_users."""
     if not all_users and user is None:
         user = getpass.getuser()
-    result = slurm(squeue_argv(None if all_users else user), run=run)
-    return sorted(parse_squeue(result.stdout), key=_id_key)
+    fields = records.Fields(SQUEUE_FIELDS)
+    result = slurm(squeue_argv(None if all_users else user, fields=fields), run=run)
+    return sorted(parse_squeue(result.stdout, fields), key=_id_key)
 
 
 def _id_key(job: JobInfo) -> tuple[int, ...]:

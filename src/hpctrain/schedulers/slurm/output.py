@@ -14,24 +14,9 @@ from pathlib import Path
 from typing import IO
 
 from hpctrain.schedulers.slurm.jobs import JobInfo
+from hpctrain.schedulers.slurm.records import expand_pattern
 
-
-def expand_pattern(pattern: str, job_id: str, name: str | None = None, user: str | None = None) -> str:
-    """sbatch's filename pattern: %j/%A job id, %x job name, %u user, %% a percent; others are left as they are."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "%" and i + 1 < len(pattern):
-            code = pattern[i + 1]
-            value = {"j": job_id, "A": job_id.split("_")[0], "x": name, "u": user, "%": "%"}.get(code)
-            if value is not None:
-                out.append(value)
-                i += 2
-                continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
+__all__ = ["expand_pattern", "follow", "output_candidates"]
 
 
 def _from_run_dirs(job_id: str, stream: str, base: Path) -> list[Path]:

@@ -22,14 +22,14 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
-    SQUEUE_SEP,
+    Fields,
+    new_token,
     field_groups,
     null,
     parse_int,
     parse_records,
     printed_duration,
     printed_mem_mb,
-    squeue_format,
 )
 from hpctrain.distributed.hostlist import expand_hostlist
 
@@ -159,21 +159,56 @@ def parse_nodes(text: str) -> list[NodeInfo]:
 _HOLDING_STATE_RE = re.compile(r"(?:^|\s)JobState=(?:RUNNING|COMPLETING|SUSPENDED)(?:\s|$)")
 
 
-def parse_shard_use(text: str) -> dict[str, dict[int, int]]:
-    """Shards held by running jobs, per node and GPU index, from `scontrol -d show job -o`. A record that names no
-    shard, or whose job holds nothing (pending, ended), is passed over without being split into fields."""
-    use: dict[str, dict[int, int]] = {}
-    for line in text.splitlines():
-        if "shard" not in line or not _HOLDING_STATE_RE.search(line):
+def record_shard_use(text: str, name: str, use: dict[str, dict[int, int]]) -> None:
+    """Add the shards held by the job whose `scontrol -d show job -o` record is the first in `text`, its name being
+    `name`, to `use` (per node and GPU index). A record that names no shard, or whose job holds nothing (pending,
+    ended), is passed over without being split into fields.
+
+    The record is read where its own name puts it: from the end of `JobName=NAME UserId=` (the first such text: only
+    the controller's `JobId=...` comes before it) to the first ` MinCPUsNode=`. Between them scontrol prints only
+    what the controller or the administrators wrote (ids, users, account, state, counts, node lists, TRES and the
+    per-node GRES lines); what a user writes besides the name (comment, command, directories, output paths) comes
+    after (scontrol_print_job in src/scontrol/info_job.c, _sprint_job_info in src/api/job_info.c, 20.11 to 25.11)."""
+    anchor = f"JobName={name} UserId="
+    start = text.find(anchor)
+    if start < 0:
+        return
+    start += len(anchor)
+    end = text.find(" MinCPUsNode=", start)
+    fields = text[start:end] if end >= 0 else ""
+    if "shard" not in fields or not _HOLDING_STATE_RE.search(fields):
+        return
+    for group in field_groups(fields, "Nodes", ("CPU_IDs", "Mem", "GRES")):
+        by_gpu = job_shards_by_gpu(group.get("GRES"))
+        if not by_gpu:
             continue
-        for group in field_groups(line, "Nodes", ("CPU_IDs", "Mem", "GRES")):
-            by_gpu = job_shards_by_gpu(group.get("GRES"))
-            if not by_gpu:
-                continue
-            for node in _expand(group["Nodes"]):
-                per_node = use.setdefault(node, {})
-                for idx, count in by_gpu.items():
-                    per_node[idx] = per_node.get(idx, 0) + count
+        for node in _expand(group["Nodes"]):
+            per_node = use.setdefault(node, {})
+            for idx, count in by_gpu.items():
+                per_node[idx] = per_node.get(idx, 0) + count
+
+
+def session_input(ids: list[str], marker: str) -> str:
+    """scontrol's stdin for the records of `ids`: `show job ID`, then `show hostnames MARKER<i>` (a host list of
+    one name, printed back as it is), so that each job's output ends with a text no job can hold."""
+    return "".join(f"show job {job_id}\nshow hostnames {marker}{i}\n" for i, job_id in enumerate(ids))
+
+
+def parse_shard_use(text: str, names: list[str], marker: str) -> dict[str, dict[int, int]]:
+    """scontrol's stdout for session_input(ids, marker) -> shards held per node and GPU index. The text splits at
+    the marker (random: records.new_token's digits) into each command's output: what follows `MARKER<i>` up to the
+    next marker belongs to job i + 1 (the prompt and echo of a readline build among it), what comes before the first
+    marker to job 0."""
+    texts = [""] * len(names)
+    first, *rest = text.split(marker)
+    texts[0] = first
+    for piece in rest:
+        index, newline, after = piece.partition("\n")
+        if index.isdigit() and newline and int(index) + 1 < len(names):
+            texts[int(index) + 1] += after
+    use: dict[str, dict[int, int]] = {}
+    for job_text, name in zip(texts, names):
+        record_shard_use(job_text, name, use)
     return use
 
 
@@ -193,22 +228,24 @@ def fill_shard_use(nodes: list[NodeInfo], use: dict[str, dict[int, int]]) -> lis
 # squeue -O fields that name every GRES a job asked for (--gres/--gpus* and the --tres-per-* options end up in
 # these four; Slurm allocates GRES from them): all exist in 22.05 and 23.02 (_parse_long_format in src/squeue/opts.c,
 # _print_job_tres_per_* in src/squeue/print.c, which print N/A when unset, at slurm-22-05-0-1 and slurm-23-02-0-1).
-HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task")
+HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task", "Name")
 HOLDING_STATES = ("RUNNING", "COMPLETING", "SUSPENDED")  # the states in which a job holds its GRES
 
 
-def shard_holders_argv() -> list[str]:
-    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), squeue_format(HOLDER_FIELDS)]
+def shard_holders_argv(fields: Fields | None = None) -> list[str]:
+    option = (fields or Fields(HOLDER_FIELDS)).squeue_option()
+    return ["squeue", "--noheader", "--states=" + ",".join(HOLDING_STATES), option]
 
 
 _JOB_ID_RE = re.compile(r"[0-9]+(?:[_+][0-9]+)?")  # 41, an array task 41_3, a het component 41+1
 
 
-def parse_shard_holders(text: str) -> list[str]:
-    """Output of shard_holders_argv() -> the ids of the jobs that asked for shards (only what reads as a job id:
-    each goes to scontrol as a command line)."""
-    ids = (line.split(SQUEUE_SEP, 1)[0].strip() for line in text.splitlines() if "shard" in line)
-    return [i for i in ids if _JOB_ID_RE.fullmatch(i)]
+def parse_shard_holders(text: str, fields: Fields) -> list[tuple[str, str]]:
+    """Output of shard_holders_argv(fields) -> the ids and names of the jobs that asked for shards (only what reads
+    as a job id: each goes to scontrol as a command line)."""
+    job_ids, *tres, names = fields.columns(text)
+    holders = ((i, name) for i, *asked, name in zip(job_ids, *tres, names) if any("shard" in a for a in asked))
+    return [(i, name) for i, name in holders if _JOB_ID_RE.fullmatch(i)]
 
 
 def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
@@ -218,16 +255,21 @@ def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
     slurm-23-02-0-1: one id per command; squeue has no GRES detail field); every job's record is 1.3 KB, 130 MB
     for 100,000 jobs. So squeue names the running jobs that asked for shards, and one scontrol reads their records,
     its commands on stdin (`show job ID` a line: scontrol without a command on its command line reads commands until
-    EOF, main() in src/scontrol/scontrol.c at the same tags). A job that ended in between is not found: skipped."""
-    ids = parse_shard_holders(slurm(shard_holders_argv(), run=run).stdout)
-    if not ids:
+    EOF, main() in src/scontrol/scontrol.c at the same tags), each job's output ended by a random marker
+    (session_input) and its record read where its name, from squeue, puts it (record_shard_use). A job that ended
+    in between is not found: skipped."""
+    fields = Fields(HOLDER_FIELDS)
+    holders = parse_shard_holders(slurm(shard_holders_argv(fields), run=run).stdout, fields)
+    if not holders:
         return {}
     argv = ["scontrol", "-d", "-o"]
-    result = slurm(argv, run=run, check=False, input="".join(f"show job {i}\n" for i in ids))
+    marker = "x" + new_token()[1:]  # a host name: letters and digits
+    ids, names = [i for i, _ in holders], [name for _, name in holders]
+    result = slurm(argv, run=run, check=False, input=session_input(ids, marker))
     errors = [line for line in result.stderr.splitlines() if line.strip() and "invalid job id" not in line.lower()]
     if result.returncode != 0 and errors:
         raise UserError(command_error(argv, result))
-    return parse_shard_use(result.stdout)  # records among scontrol's prompts (`scontrol: show job ID`)
+    return parse_shard_use(result.stdout, names, marker)
 
 
 def query_cluster(run: Runner = subprocess.run, shard_use: bool = True) -> ClusterInfo:

@@ -1,14 +1,21 @@
-"""Parsing of `scontrol show ... -o` records and of the time and size values Slurm prints.
+"""Parsing of what Slurm prints: `scontrol show ... -o` records of nodes and partitions, squeue's fields (Fields),
+and the time and size values.
 
-One record per line: `Key=Value Key=Value ...`. Values may contain spaces (`OS=Linux 6.1 #1 SMP`,
-`Reason=Not responding [root@...]`), so a value runs until the next ` Key=`, not the next space.
+A node or partition record is one line: `Key=Value Key=Value ...`, written by the cluster's administrators and
+the controller. Values may contain spaces (`OS=Linux 6.1 #1 SMP`, `Reason=Not responding [root@...]`), so a value
+runs until the next ` Key=`, not the next space. A job's record also holds what its owner wrote (its name, paths,
+comment: any byte but NUL), so jobs are read from squeue through Fields instead.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import re
+import secrets
+from dataclasses import dataclass, field
 
+from hpctrain.errors import UserError
 from hpctrain.jobs.values import slurm_duration_s, slurm_size_mb
 
 # A key starts a new field only after whitespace: letters, digits and the odd `/`, `:` or `_`
@@ -52,6 +59,26 @@ def parse_records(text: str) -> list[dict[str, str]]:
     return [parse_record(line) for line in text.splitlines() if line.strip() and "=" in line]
 
 
+def expand_pattern(pattern: str, job_id: str, name: str | None = None, user: str | None = None) -> str:
+    """sbatch's filename pattern: %j/%A job id, %a array index, %x job name, %u user, %% a percent; others (the
+    per-node and per-task %N %n %t %s) are left as they are."""
+    array_id, _, index = job_id.partition("_")
+    values = {"j": job_id, "A": array_id, "x": name, "u": user, "%": "%", "a": index or None}
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern):
+            value = values.get(pattern[i + 1])
+            if value is not None:
+                out.append(value)
+                i += 2
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def _unset(text: str | None) -> bool:
     return text is None or text.strip().upper() in _UNSET
 
@@ -91,11 +118,60 @@ def null(text: str | None) -> str | None:
     return None if value in NULLS else value
 
 
-# squeue --Format fields each end with this separator (a control character no job name, user or reason holds), so
-# a line splits into its fields whatever spaces they contain.
-SQUEUE_SEP = "\x1f"
+class UnsplittableOutput(UserError):
+    """A Slurm client's output did not split into the fields asked for."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} printed text that does not split into the fields hpctrain asked for (a field held this "
+            "query's random separator, or the client printed something else): run the command again; if it "
+            "persists, report it with the output of the same command"
+        )
 
 
-def squeue_format(fields: tuple[str, ...]) -> str:
-    """squeue's `--Format=` option for `fields`, each ending with SQUEUE_SEP."""
-    return "--Format=" + ",".join(f"{f}:{SQUEUE_SEP}" for f in fields)
+def new_token() -> str:
+    """A separator for one query: the unit separator then 16 random hex digits, 64 bits drawn after every job name
+    already exists, so no name can have been made to hold it (sbatch takes every byte but NUL in a job name, up to
+    1,024 of them, and in its paths and comment: no separator fixed in advance is safe from them). It starts with a
+    character that is neither a digit nor `.`: squeue reads a field's width and justification from the digits right
+    after its `:`, and the suffix from what follows (_parse_long_token in src/squeue/opts.c)."""
+    return "\x1f" + secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A field list for squeue's `--Format` and the reader of what squeue prints for it, made so that nothing a user
+    puts in a job's name, paths or comment can move a field, hide a job or make one.
+
+    squeue prints each field followed by its suffix (`Field:SUFFIX`: the value unpadded at width 0, then the suffix;
+    _print_str in src/squeue/print.c), a line end after each job. Every field here ends with `token`, random for
+    this query, so the whole text splits at the token into (number of jobs) x (fields) + 1 pieces: field i of job r
+    is piece r * fields + i, the first field of every job but the first starts with the line end of the job before
+    it, and the last piece is the line end after the last job. Those counts are checked: text that does not split so
+    raises UnsplittableOutput rather than giving a job nobody printed. One split of the whole text, then a slice a
+    field: no step a job (`status --all-users`: 100,000 jobs).
+
+    The proof is tests/test_slurm_text.py: real jobs whose names hold every byte 1-255 and every Unicode line and
+    format separator, read back field for field."""
+
+    names: tuple[str, ...]
+    token: str = field(default_factory=new_token)
+
+    def squeue_option(self) -> str:
+        """squeue's `--Format=`: every field ended by the token."""
+        return "--Format=" + ",".join(f"{f}:{self.token}" for f in self.names)
+
+    def columns(self, text: str, what: str = "squeue") -> list[list[str]]:
+        """squeue's text for squeue_option() -> one list a field (in `names` order), one item a job, in squeue's
+        order; the values as printed (the first field without the line end before it)."""
+        n = len(self.names)
+        pieces = text.split(self.token)
+        count = (len(pieces) - 1) // n
+        if (
+            (len(pieces) - 1) % n
+            or pieces[-1].strip("\n")
+            or not all(map(operator.methodcaller("startswith", "\n"), pieces[n : n * count : n]))
+        ):
+            raise UnsplittableOutput(what)
+        first = [pieces[0], *(piece[1:] for piece in pieces[n : n * count : n])] if count else []
+        return [first, *(pieces[i : n * count : n] for i in range(1, n))]

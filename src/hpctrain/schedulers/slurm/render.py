@@ -31,6 +31,7 @@ from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import format_duration, parse_time_limit
+from hpctrain.schedulers.slurm.commands import run_text
 from hpctrain.schedulers.slurm.directives import render_sbatch_option, sbatch_value
 from hpctrain.schedulers.slurm.options import SlurmOptions, check_job, for_job
 
@@ -316,7 +317,7 @@ def submit(job: JobSpec, script: str, run: Callable[..., subprocess.CompletedPro
     """Submit `script` with sbatch and return the job id. `run` is injectable for unit tests."""
     argv = sbatch_argv(job)
     try:
-        proc = run(argv, input=script, text=True, capture_output=True, check=False)
+        proc = run_text(run, argv, input=script, check=False)
     except FileNotFoundError as err:
         raise UserError(
             "sbatch is not on PATH: run hpctrain submit on a Slurm login node (or load the slurm module)"

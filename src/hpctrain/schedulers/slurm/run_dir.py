@@ -15,6 +15,7 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryInUse, DirectoryLock, LocksUnsupported, write_atomic
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.readback import read_text
+from hpctrain.schedulers.slurm.commands import run_text
 
 __all__ = ["HOLDER_FILE", "fixed_run_dir", "holder_problem", "holding", "parse_run_dir", "run_dir_of"]
 
@@ -23,9 +24,7 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
     """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
     batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
     try:
-        result = subprocess.run(
-            ["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True, check=False, timeout=60
-        )
+        result = run_text(subprocess.run, ["scontrol", "write", "batch_script", job_id, "-"], check=False, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None

@@ -291,7 +291,7 @@ class SlurmScheduler:
         jobs.cancel(job_id, run=self.run)
 
     def status_view(self, job_id: str | None, all_users: bool = False) -> View:
-        """Without a job: your jobs that the controller knows (squeue); with one: that job in full (scontrol, or
+        """Without a job: your jobs that the controller knows (squeue); with one: that job in full (squeue, or
         sacct where the cluster keeps accounting), with its exit status and output files."""
         from hpctrain.schedulers.slurm import display
 

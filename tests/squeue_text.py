@@ -1,0 +1,34 @@
+"""What squeue prints for a records.Fields query, made from a recording of the fields' values.
+
+The squeue recordings under tests/data/slurm/ are in the one-separator form hpctrain asked for before issue 39 (each
+field's value followed by \\x1f, one job a line; none of their values holds \\x1f or a line end). squeue prints each
+field the same whatever else it is asked for and in whichever order (`Field:SUFFIX`: the value, unpadded at width 0,
+then the suffix: _parse_long_token in src/squeue/opts.c, _print_str in src/squeue/print.c), so the text for any
+Fields query over those fields is the recorded values laid out as the query asks: each field followed by the query's
+token, a line end after each job.
+"""
+
+from __future__ import annotations
+
+from hpctrain.schedulers.slurm.records import Fields
+
+TOKEN = "\x1f5eed0f0f5eed0f0f"  # a fixed token for recorded text (hpctrain draws one per query)
+RECORDED_SEP = "\x1f"  # the separator of the recordings
+
+
+def recorded(text: str, names: tuple[str, ...]) -> list[dict[str, str]]:
+    """A recording in the one-separator form of the fields `names` -> each job's values by field name."""
+    rows = [line.split(RECORDED_SEP) for line in text.splitlines() if line.strip()]
+    assert all(len(row) == len(names) + 1 for row in rows), "a recorded value holds the separator"
+    return [dict(zip(names, row)) for row in rows]
+
+
+def printed(jobs: list[dict[str, str]], fields: Fields) -> str:
+    """squeue's stdout for `fields.squeue_option()` with these jobs' values."""
+    return "".join("".join(job[f] + fields.token for f in fields.names) + "\n" for job in jobs)
+
+
+def relaid(text: str, names: tuple[str, ...], wanted: tuple[str, ...] | None = None) -> tuple[str, Fields]:
+    """A one-separator recording of `names` as squeue prints it for Fields(wanted or names, TOKEN)."""
+    fields = Fields(wanted or names, TOKEN)
+    return printed(recorded(text, names), fields), fields
