@@ -55,13 +55,13 @@ def test_one_job_recorded() -> None:
 
 
 def test_status_of_a_running_job_says_when_it_must_end_not_that_it_ended() -> None:
-    """A running job's EndTime (scontrol) is its time limit: `status JOB` printed it as "ended:" (issue 39 §18)."""
-    from hpctrain.schedulers.slurm.display import job_view
-
+    """A running job's EndTime (squeue's %e) is its time limit: `status JOB` printed it as "ended:" (issue 39 §18)."""
     import dataclasses
 
-    jobs = {j.job_id: j for j in parse_scontrol_jobs((DATA / "jobs_22.05.txt").read_text())}
-    running = dataclasses.replace(jobs["7"], end_time="2026-11-22T02:27:24")  # StartTime + TimeLimit, as scontrol
+    from hpctrain.schedulers.slurm.display import job_view
+
+    jobs = {j.job_id: j for j in one_job_query("squeue_job_22.05.txt")}
+    running = dataclasses.replace(jobs["7"], end_time="2026-11-22T02:27:24")  # StartTime + TimeLimit
     done = jobs["4"]
     lines = [part for part in job_view(running).parts if isinstance(part, str)]
     assert "ends by:     2026-11-22T02:27:24" in lines and not any(line.startswith("ended:") for line in lines)
