@@ -894,3 +894,45 @@ def test_a_runtime_another_trainjob_owns_is_refused_and_never_deleted(ctx: Ctx) 
         )
         assert _runtimes(ctx)["hpctrain-mnist"]["metadata"]["ownerReferences"] == owner
         assert [s.job_id for s in sched.list_jobs()] == ["other"]
+
+
+def test_submit_wait_says_what_it_has_seen_of_a_job_that_gets_no_pods(ctx: Ctx, tmp_path) -> None:
+    """No controller runs on this server, as when the Kubeflow operator (or the documented stand-ins) is not running:
+    the job never gets pods. `submit --wait` said PENDING once and then nothing, for ever; now, after
+    HPCTRAIN_WAIT_NOTE_S (here 1 s; a minute by default) without a change, it says what it has seen (no pods, the
+    job's conditions: none) and keeps waiting, until Ctrl-C, which leaves the job."""
+    import queue
+    import signal
+    import threading
+    import time
+
+    from k8s_fixtures import CONTEXT, DEADLINE_S
+    from training_helpers import start_hpctrain
+
+    proc = start_hpctrain(
+        *("submit", "--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", ctx.namespace),
+        *("--image", IMAGE, "--job-name", "no-pods", "--no-check", "--wait", "--", "python3", "-c", "pass"),
+        cwd=tmp_path,
+        env={"HPCTRAIN_WAIT_NOTE_S": "1"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not any("is still PENDING after" in line for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    note = next(line for line in seen if "is still PENDING after" in line)
+    assert note.startswith("hpctrain submit: job no-pods is still PENDING after "), note
+    assert (
+        "no pods yet (no controller has set a condition): the Kubeflow controller creates them (is the PyTorchJob "
+        "operator running?); still waiting (Ctrl-C stops waiting; the job stays queued until cancelled)"
+    ) in note, note
+    assert "no-pods" in [s.job_id for s in ctx.scheduler().list_jobs()]

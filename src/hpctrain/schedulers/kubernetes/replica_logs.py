@@ -131,7 +131,7 @@ def _pod_and_env(obj: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, An
 def kept_logs(directory: Path, job_id: str) -> dict[str, Path]:
     """Replica name (`master-0`, the host name less `JOB-`) -> its kept log, in name order."""
     try:
-        names = sorted(os.listdir(directory))
+        names = os.listdir(directory)
     except OSError:
         return {}
     out = {}
@@ -139,11 +139,12 @@ def kept_logs(directory: Path, job_id: str) -> dict[str, Path]:
         if name.endswith(".log"):
             host = name[: -len(".log")]
             out[host[len(job_id) + 1 :] if host.startswith(f"{job_id}-") else host] = directory / name
-    return out
+    return dict(sorted(out.items()))
 
 
 def failed_tails(directory: Path | None, job_id: str, lines: int = TAIL_LINES) -> tuple[str, ...]:
-    """`REPLICA: LINE` for the last `lines` lines of each kept log whose last run ended with a non-zero status."""
+    """`REPLICA: LINE` for the last `lines` lines of the last run of each kept log whose last run ended with a
+    non-zero status."""
     if directory is None:
         return ()
     out: list[str] = []
@@ -155,7 +156,8 @@ def failed_tails(directory: Path | None, job_id: str, lines: int = TAIL_LINES) -
         ended = next((i for i in range(len(tail) - 1, -1, -1) if tail[i].startswith(STARTED)), None)
         if ended is None or EXITED not in tail[ended] or tail[ended].endswith(f"{EXITED}0"):
             continue
-        said = [line for line in tail[:ended] if not line.startswith(STARTED)]
+        began = next((i for i in range(ended - 1, -1, -1) if tail[i].startswith(STARTED)), -1)
+        said = tail[began + 1 : ended]  # its last run's
         while said and not said[-1].strip():
             said.pop()
         out += [f"{replica}: {line}" for line in said[-lines:]]
