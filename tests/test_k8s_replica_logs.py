@@ -54,7 +54,9 @@ def test_the_output_is_kept_beside_the_log_and_the_exit_status_passed_on(tmp_pat
     # The last run succeeded: no failed tail. A third, failed run is the one shown.
     assert failed_tails(logs, "job") == ()
     assert run(logs, sys.executable, "-c", code).returncode == 3
-    assert failed_tails(logs, "job") == (f"{HOST}: step 1", f"{HOST}: boom")
+    tail = failed_tails(logs, "job", lines=4)
+    assert tail[1:] == (f"{HOST}: step 1", f"{HOST}: boom", f"{HOST}: ---- hpctrain: {HOST} exited with status 3")
+    assert tail[0].startswith(f"{HOST}: ---- hpctrain: {HOST} started ")
     assert list(kept_logs(logs, "job")) == [HOST]
 
 
@@ -62,7 +64,7 @@ def test_a_missing_command_is_127_and_said(tmp_path: Path) -> None:
     logs = tmp_path / "run" / "pod-logs"
     proc = run(logs, "/nonexistent/train")
     assert proc.returncode == 127 and "hpctrain: cannot run /nonexistent/train" in proc.stdout
-    assert failed_tails(logs, "job")[-1].startswith(f"{HOST}: hpctrain: cannot run /nonexistent/train")
+    assert failed_tails(logs, "job")[-2].startswith(f"{HOST}: hpctrain: cannot run /nonexistent/train")
 
 
 def test_signals_reach_the_command_and_its_status_is_the_pods(tmp_path: Path) -> None:
@@ -105,7 +107,11 @@ def test_a_long_log_is_read_by_its_tail(tmp_path: Path) -> None:
     code = "import sys\nfor i in range(200000): print('line', i)\nprint(b'\\xff bad'.decode('latin-1'))\nsys.exit(1)"
     assert run(logs, sys.executable, "-c", code).returncode == 1
     tail = failed_tails(logs, "job", lines=3)
-    assert tail == (f"{HOST}: line 199998", f"{HOST}: line 199999", f"{HOST}: \u00ff bad")
+    assert tail == (
+        f"{HOST}: line 199999",
+        f"{HOST}: \u00ff bad",
+        f"{HOST}: ---- hpctrain: {HOST} exited with status 1",
+    )
     assert sum(1 for _ in kept_lines(logs / f"{HOST}.log", logs.parent)) == 200003
 
 

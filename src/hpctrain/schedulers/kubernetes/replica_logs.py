@@ -143,8 +143,9 @@ def kept_logs(directory: Path, job_id: str) -> dict[str, Path]:
 
 
 def failed_tails(directory: Path | None, job_id: str, lines: int = TAIL_LINES) -> tuple[str, ...]:
-    """`REPLICA: LINE` for the last `lines` lines of the last run of each kept log whose last run ended with a
-    non-zero status."""
+    """`REPLICA: LINE` for the last `lines` lines of each kept log whose last run ended with a non-zero status, with
+    the lines that mark each run's start and exit status (a run killed as its pod went, 143, may follow the one
+    that failed)."""
     if directory is None:
         return ()
     out: list[str] = []
@@ -156,8 +157,7 @@ def failed_tails(directory: Path | None, job_id: str, lines: int = TAIL_LINES) -
         ended = next((i for i in range(len(tail) - 1, -1, -1) if tail[i].startswith(STARTED)), None)
         if ended is None or EXITED not in tail[ended] or tail[ended].endswith(f"{EXITED}0"):
             continue
-        began = next((i for i in range(ended - 1, -1, -1) if tail[i].startswith(STARTED)), -1)
-        said = tail[began + 1 : ended]  # its last run's
+        said = tail[: ended + 1]  # up to its last run's end: earlier runs (restarts in place) too, marked
         while said and not said[-1].strip():
             said.pop()
         out += [f"{replica}: {line}" for line in said[-lines:]]
