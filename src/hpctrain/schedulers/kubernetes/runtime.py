@@ -158,7 +158,9 @@ def _create_anew(sched: Any, body: dict[str, Any]) -> None:
             sched.custom.create_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, body)
             return
         except ApiException as err:
-            if err.status != 409 or time.monotonic() > deadline:
+            if err.status != 409:
+                raise
+            if time.monotonic() > deadline:
                 break
         time.sleep(0.5)
     raise UserError(
