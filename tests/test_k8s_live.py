@@ -10,6 +10,7 @@ Each test works in its own namespace, and its nodes carry a label unique to the 
 
 from __future__ import annotations
 
+import copy
 import re
 
 import uuid
@@ -804,10 +805,9 @@ def _restricted(ctx: Ctx, name: str, runtime_verbs: list[str], trainjob_verbs: l
         },
     )
     token = core.create_namespaced_service_account_token(name, ctx.namespace, {"spec": {"audiences": []}})
-    config = client.Configuration()
-    config.host = ctx.api.configuration.host
-    config.verify_ssl = False
-    config.api_key = {"authorization": f"Bearer {token.status.token}"}
+    config = copy.copy(ctx.api.configuration)  # the server and its TLS settings, as the kubeconfig gave them
+    config.api_key = {"BearerToken": f"Bearer {token.status.token}"}
+    config.refresh_api_key_hook = None  # the admin's token would come back
     return client.ApiClient(config)
 
 
