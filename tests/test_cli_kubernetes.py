@@ -387,3 +387,18 @@ def test_a_kubernetes_job_yaml_of_an_earlier_version_still_resubmits(tmp_path: P
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({**earlier, "sbatch_extra": ["--exclusive"]}))
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert "--sbatch (sbatch_extra in a job file) is Slurm's: drop it for Kubernetes" in line
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "-1", "1e999", "86401"])
+def test_a_bad_wait_note_period_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """HPCTRAIN_WAIT_NOTE_S (how long `submit --wait` lets a job sit PENDING before saying what it has seen) is
+    checked for its use: a number of seconds above 0 and at most a day, else one line naming it."""
+    from hpctrain.cli.submit import _quiet_s
+
+    monkeypatch.setenv("HPCTRAIN_WAIT_NOTE_S", value)
+    with pytest.raises(UserError, match=r"^HPCTRAIN_WAIT_NOTE_S=.* must be a number of seconds above 0 and at most"):
+        _quiet_s()
+    monkeypatch.setenv("HPCTRAIN_WAIT_NOTE_S", "1.5")
+    assert _quiet_s() == 1.5
+    monkeypatch.delenv("HPCTRAIN_WAIT_NOTE_S")
+    assert _quiet_s() == 60.0
