@@ -18,11 +18,37 @@ import threading
 from urllib.parse import urlparse
 
 
+# What the stand-ins import as they check a job (tests/kubeflow_oracle.py, kubeflow_crds.py): the distribution
+# that provides each module (pyproject.toml: `k8s` and `dev` extras).
+NEEDED = {"kubernetes": "kubernetes", "yaml": "PyYAML", "jsonschema": "jsonschema", "celpy": "cel-python"}
+
+
+def missing_modules() -> list[str]:
+    """The distributions of NEEDED whose module does not import here."""
+    import importlib
+
+    missing = []
+    for module, distribution in NEEDED.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(distribution)
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tests/run_standins.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--context", default="hpctrain-node", help="kubeconfig context (default: hpctrain-node)")
     parser.add_argument("--namespace", default="default", help="namespace whose jobs get pods (default: default)")
     args = parser.parse_args(argv)
+    missing = missing_modules()
+    if missing:
+        print(
+            f"run_standins: the stand-ins need {', '.join(missing)}, not installed here (they check every job as "
+            "Kubeflow's webhooks and CRD rules would): pip install -e '.[k8s,dev]'",
+            file=sys.stderr,
+        )
+        return 2
     from kubernetes import config
 
     from trainer_standin import TrainerStandIn

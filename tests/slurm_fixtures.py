@@ -26,6 +26,8 @@ import pytest
 import warm_start
 from filelock import FileLock
 
+from hpctrain.schedulers.kubernetes.replica_logs import KEEP_LOG
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"
 T = TypeVar("T")
@@ -273,9 +275,12 @@ def warm_job_steps() -> None:
 
 def is_training(argv: list[str]) -> bool:
     """`hpctrain train ...` or `python -m hpctrain train ...`, but not a launcher (srun, torchrun) that starts it:
-    the batch script's torchrun runs as `python3 -c "$hpctrain_torchrun" ... --no-python hpctrain train ...`."""
+    the batch script's torchrun runs as `python3 -c "$hpctrain_torchrun" ... --no-python hpctrain train ...`, and a
+    pod's command under `python3 -c KEEP_LOG DIR ...`."""
     names = [Path(a).name for a in argv]
     if not names or names[0] == "srun" or "torchrun" in names or "torch.distributed.run" in names:
+        return False
+    if argv[1:3] == ["-c", KEEP_LOG]:  # a Kubernetes pod's keeper of its log (replica_logs.py), which starts it
         return False
     if "--no-python" in argv:
         return False

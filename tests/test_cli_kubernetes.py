@@ -15,6 +15,7 @@ from hpctrain.schedulers.job_sections import JobFile, read_job_file
 from hpctrain.errors import UserError
 from hpctrain.schedulers import base
 from hpctrain.schedulers.kubernetes.validate import validate_manifest
+from hpctrain.schedulers.kubernetes.replica_logs import KEEP_LOG
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.scheduler import job_status
 from training_helpers import run_hpctrain
@@ -81,7 +82,18 @@ def test_dry_run_of_a_recipe_prints_a_valid_pytorchjob(tmp_path: Path) -> None:
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     container = spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["image"] == IMAGE
-    assert container["command"] == ["hpctrain", "train", "mnist", "--epochs", "1", "--run-dir", "/shared/runs/mnist"]
+    # Under the program that keeps the replica's output in the run directory (replica_logs.py), as arguments.
+    assert container["command"][:4] == ["python3", "-c", KEEP_LOG, "/shared/runs/mnist/pod-logs"]
+    assert container["command"][4:] == [
+        "hpctrain",
+        "train",
+        "mnist",
+        "--epochs",
+        "1",
+        "--run-dir",
+        "/shared/runs/mnist",
+    ]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert container["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
     assert {"name": "HPCTRAIN_RUN_DIR", "value": "/shared/runs/mnist"} in container["env"]
     assert {"name": "HPCTRAIN_TIME_LIMIT_S", "value": "3600"} in container["env"]
@@ -159,7 +171,8 @@ def test_params_job_file(tmp_path: Path) -> None:
     assert manifest["metadata"]["name"] == "mnist-params" and manifest["metadata"]["namespace"] == "team-b"
     master = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert master["containers"][0]["image"] == "master0:5000/eflops/pytorch:v1"
-    assert master["containers"][0]["command"] == [
+    assert master["containers"][0]["command"][2] == KEEP_LOG
+    assert master["containers"][0]["command"][4:] == [
         "python3",
         "/mnt/user/me/mnist.py",
         "--backend",
@@ -374,3 +387,18 @@ def test_a_kubernetes_job_yaml_of_an_earlier_version_still_resubmits(tmp_path: P
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({**earlier, "sbatch_extra": ["--exclusive"]}))
     line = one_error(hpctrain("submit", "--dry-run", "--job-file", "job.yaml", cwd=tmp_path))
     assert "--sbatch (sbatch_extra in a job file) is Slurm's: drop it for Kubernetes" in line
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "-1", "1e999", "86401"])
+def test_a_bad_wait_note_period_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """HPCTRAIN_WAIT_NOTE_S (how long `submit --wait` lets a job sit PENDING before saying what it has seen) is
+    checked for its use: a number of seconds above 0 and at most a day, else one line naming it."""
+    from hpctrain.cli.submit import _quiet_s
+
+    monkeypatch.setenv("HPCTRAIN_WAIT_NOTE_S", value)
+    with pytest.raises(UserError, match=r"^HPCTRAIN_WAIT_NOTE_S=.* must be a number of seconds above 0 and at most"):
+        _quiet_s()
+    monkeypatch.setenv("HPCTRAIN_WAIT_NOTE_S", "1.5")
+    assert _quiet_s() == 1.5
+    monkeypatch.delenv("HPCTRAIN_WAIT_NOTE_S")
+    assert _quiet_s() == 60.0

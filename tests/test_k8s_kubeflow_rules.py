@@ -162,7 +162,7 @@ def test_a_namespace_that_forbids_runtimes_is_said_with_the_way_out() -> None:
     def forbidden(*args: Any) -> None:
         raise ApiException(status=403, reason="Forbidden")
 
-    created: list[str] = []
+    # No _create on it: a TrainJob create would fail the test with an AttributeError.
     sched = SimpleNamespace(namespace="team-a", custom=SimpleNamespace(create_namespaced_custom_object=forbidden))
     spec = job(max_restarts=1)
     with pytest.raises(
@@ -170,10 +170,7 @@ def test_a_namespace_that_forbids_runtimes_is_said_with_the_way_out() -> None:
         match=r"^creating the TrainJob's own TrainingRuntime hpctrain-mnist \(its --max-restarts "
         r"budget\) in namespace team-a is forbidden \(403\): .* or drop --max-restarts",
     ):
-        submit_with(
-            sched, spec, own_runtime(spec, options("trainjob", namespace="team-a")), lambda: created.append("x")
-        )
-    assert created == []
+        submit_with(sched, spec, own_runtime(spec, options("trainjob", namespace="team-a")), {"spec": {}})
 
 
 # ---- 4. older Trainer releases: `check` reads the served schema ------------------------------------------------------

@@ -10,6 +10,7 @@ Each test works in its own namespace, and its nodes carry a label unique to the 
 
 from __future__ import annotations
 
+import copy
 import re
 
 import uuid
@@ -778,3 +779,160 @@ def test_trainjob_max_restarts_runs_on_its_own_runtime_owned_by_the_job(ctx: Ctx
         sched.submit(job(name="theirs", max_restarts=1), sched.render(job(name="theirs", max_restarts=1)))
     assert "theirs" not in [s.job_id for s in sched.list_jobs()]
     assert _runtimes(ctx)["hpctrain-theirs"]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 9
+
+
+def _restricted(ctx: Ctx, name: str, runtime_verbs: list[str], trainjob_verbs: list[str]) -> Any:
+    """An ApiClient of a real, restricted user of this server: a ServiceAccount of the test's namespace whose Role
+    allows `runtime_verbs` on trainingruntimes and `trainjob_verbs` on trainjobs (RBAC, evaluated by the server),
+    authenticated by a token from the server's own TokenRequest API."""
+    from kubernetes import client
+
+    core, rbac = ctx.core, client.RbacAuthorizationV1Api(ctx.api)
+    core.create_namespaced_service_account(ctx.namespace, {"metadata": {"name": name}})
+    group = "trainer.kubeflow.org"
+    rules = [
+        {"apiGroups": [group], "resources": ["trainingruntimes"], "verbs": runtime_verbs},
+        {"apiGroups": [group], "resources": ["trainjobs"], "verbs": trainjob_verbs},
+        {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]},
+    ]
+    rbac.create_namespaced_role(ctx.namespace, {"metadata": {"name": name}, "rules": rules})
+    rbac.create_namespaced_role_binding(
+        ctx.namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+        },
+    )
+    token = core.create_namespaced_service_account_token(name, ctx.namespace, {"spec": {"audiences": []}})
+    config = copy.copy(ctx.api.configuration)  # the server and its TLS settings, as the kubeconfig gave them
+    config.api_key = {"BearerToken": f"Bearer {token.status.token}"}
+    config.refresh_api_key_hook = None  # the admin's token would come back
+    return client.ApiClient(config)
+
+
+ALL_BUT_PATCH = ["create", "get", "list", "delete"]
+
+
+def test_trainjob_max_restarts_needs_no_patch_of_runtimes_and_runs_only_when_owned(ctx: Ctx) -> None:
+    """A user who may create and delete runtimes but not patch them (a real RBAC Role on the real server): before,
+    submit failed with 403 after the TrainJob was made, which ran on an unowned runtime that outlived `cancel`. Now
+    the TrainJob is made suspended, its runtime made again owned by it, then resumed: submit succeeds, the runtime
+    is the job's."""
+    api = _restricted(ctx, "no-patch-runtimes", ALL_BUT_PATCH, ALL_BUT_PATCH + ["patch"])
+    sched = KubernetesScheduler(ctx.scheduler(api="trainjob").options, api_client=api)
+    spec = job(nodes=2, max_restarts=2)
+    assert sched.submit(spec, sched.render(spec)) == "mnist"
+    trainjob = sched.get_object("mnist")
+    assert not trainjob["spec"].get("suspend")
+    assert _runtimes(ctx)["hpctrain-mnist"]["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "name": "mnist",
+            "uid": trainjob["metadata"]["uid"],
+        }
+    ]
+
+
+def test_a_trainjob_submit_refused_at_any_step_leaves_nothing_behind(ctx: Ctx) -> None:
+    """Real RBAC refusals at each step after the first: the TrainJob's create (no create on trainjobs), the runtime's
+    re-creation as owned (no delete on runtimes: then the unowned one cannot go either, and the error says so), and
+    the resume (no patch on trainjobs). Each is one line with exit status 2, and what was made is gone."""
+    spec = job(nodes=1, max_restarts=1)
+
+    def submit(user: str, runtime_verbs: list[str], trainjob_verbs: list[str]) -> str:
+        api = _restricted(ctx, user, runtime_verbs, trainjob_verbs)
+        sched = KubernetesScheduler(ctx.scheduler(api="trainjob").options, api_client=api)
+        with pytest.raises(UserError) as err:
+            sched.submit(spec, sched.render(spec))
+        assert err.value.exit_code == 2 and "\n" not in str(err.value)
+        assert "mnist" not in [s.job_id for s in ctx.scheduler(api="trainjob").list_jobs()]
+        return str(err.value)
+
+    said = submit("no-trainjobs", ALL_BUT_PATCH, ["get", "list", "delete", "patch"])
+    assert "forbidden" in said and "nothing was left behind" in said, said
+    assert "hpctrain-mnist" not in _runtimes(ctx)
+
+    said = submit("no-resume", ALL_BUT_PATCH, ALL_BUT_PATCH)
+    assert said.startswith("resuming the suspended TrainJob mnist in namespace ") and "forbidden (403)" in said, said
+    assert "create and patch trainjobs" in said and said.endswith("nothing was left behind"), said
+    assert "hpctrain-mnist" not in _runtimes(ctx)
+
+    said = submit("no-delete", ["create", "get", "list"], ALL_BUT_PATCH + ["patch"])
+    assert said.startswith("making the TrainingRuntime hpctrain-mnist the TrainJob's own"), said
+    assert said.endswith("could not delete TrainingRuntime hpctrain-mnist: delete it by hand (`kubectl delete`)"), said
+    assert "ownerReferences" not in _runtimes(ctx)["hpctrain-mnist"]["metadata"]
+
+
+def test_a_runtime_another_trainjob_owns_is_refused_and_never_deleted(ctx: Ctx) -> None:
+    """A TrainingRuntime named for this job but owned by another TrainJob: before, submit said "a TrainJob named
+    mnist already exists" and --replace deleted it. Now one line names its owner, with or without --replace, and the
+    runtime and its owner stay."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(ctx.api)
+    sched = ctx.scheduler(api="trainjob")
+    other = job(name="other", nodes=1, max_restarts=1)
+    sched.submit(other, sched.render(other))
+    owner = _runtimes(ctx)["hpctrain-other"]["metadata"]["ownerReferences"]
+    body = sched.render(job(nodes=1, max_restarts=1)).text.split("---\n")[0]
+    import yaml
+
+    runtime = yaml.safe_load(body)
+    runtime["metadata"]["ownerReferences"] = owner
+    custom.create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", ctx.namespace, "trainingruntimes", runtime
+    )
+    for replace in (False, True):
+        s = ctx.scheduler(api="trainjob", replace=replace)
+        with pytest.raises(UserError) as err:
+            s.submit(job(nodes=1, max_restarts=1), s.render(job(nodes=1, max_restarts=1)))
+        assert str(err.value) == (
+            f"namespace {ctx.namespace} has a TrainingRuntime 'hpctrain-mnist' owned by the TrainJob 'other', not "
+            "by a TrainJob 'mnist'; --max-restarts needs that name for the job's own runtime: pick another --job-name"
+        )
+        assert _runtimes(ctx)["hpctrain-mnist"]["metadata"]["ownerReferences"] == owner
+        assert [s.job_id for s in sched.list_jobs()] == ["other"]
+
+
+def test_submit_wait_says_what_it_has_seen_of_a_job_that_gets_no_pods(ctx: Ctx, tmp_path) -> None:
+    """No controller runs on this server, as when the Kubeflow operator (or the documented stand-ins) is not running:
+    the job never gets pods. `submit --wait` said PENDING once and then nothing, for ever; now, after
+    HPCTRAIN_WAIT_NOTE_S (here 1 s; a minute by default) without a change, it says what it has seen (no pods, the
+    job's conditions: none) and keeps waiting, until Ctrl-C, which leaves the job."""
+    import queue
+    import signal
+    import threading
+    import time
+
+    from k8s_fixtures import CONTEXT, DEADLINE_S
+    from training_helpers import start_hpctrain
+
+    proc = start_hpctrain(
+        *("submit", "--scheduler", "kubernetes", "--context", CONTEXT, "--namespace", ctx.namespace),
+        *("--image", IMAGE, "--job-name", "no-pods", "--no-check", "--wait", "--", "python3", "-c", "pass"),
+        cwd=tmp_path,
+        env={"HPCTRAIN_WAIT_NOTE_S": "1"},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not any("is still PENDING after" in line for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    note = next(line for line in seen if "is still PENDING after" in line)
+    assert note.startswith("hpctrain submit: job no-pods is still PENDING after "), note
+    assert (
+        "no pods yet (no controller has set a condition): the Kubeflow controller creates them (is the PyTorchJob "
+        "operator running?); still waiting (Ctrl-C stops waiting; the job stays queued until cancelled)"
+    ) in note, note
+    assert "no-pods" in [s.job_id for s in ctx.scheduler().list_jobs()]

@@ -624,3 +624,82 @@ def test_an_ended_job_is_removed_by_cancel_and_by_submit_replace(real_cpu: Real,
     assert sched.get_object("ended-1")["metadata"]["uid"] != old_uid
     status = real.wait("the new job to finish", lambda: finished(sched, "ended-1"))
     assert status.state == SUCCEEDED and "new" in list(sched.logs("ended-1")), status
+
+
+def test_a_failed_jobs_last_lines_outlive_its_pods(real_cpu: Real, tmp_path: Path) -> None:
+    """A PyTorchJob whose rank fails at its restart budget loses its pods (cleanPodPolicy Running: they are
+    restarting in place when it fails) and, before, every line its rank wrote: `logs` printed nothing, `status` said
+    "exit status 3". Now each start of the container appends its output to RUN_DIR/pod-logs/HOST.log on the shared
+    volume, and the container's termination message holds its log's end (FallbackToLogsOnError) while the pod
+    exists: `submit --wait` and `status JOB` end with the failed replica's last lines, `logs JOB` reads the kept log
+    once the pods are gone. One pod: one CPU of the node."""
+    real = real_cpu
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    failing = "import sys, time; print('loading shard 7', flush=True); time.sleep(1); sys.exit('bad shard 7')"
+    proc = real.cli(
+        "submit",
+        "--no-check",
+        *real.where,
+        "--image",
+        real.image,
+        "--job-name",
+        "lost-1",
+        "--mem",
+        "512M",
+        "--max-restarts",
+        "1",
+        "--volume",
+        f"host:{runs}:/mnt/runs",
+        "--run-dir",
+        "/mnt/runs/%j",
+        "--wait",
+        "--",
+        "python",
+        "-c",
+        failing,
+        cwd=tmp_path,
+    )
+    # 1, or 143 where the last restart was stopped as its pod went and the operator recorded that.
+    assert proc.returncode in (1, 143), proc.stdout + proc.stderr
+    said = proc.stderr.splitlines()
+    at = said.index("hpctrain submit: the last lines of the failed replica(s):")
+    assert "  master-0: bad shard 7" in said[at + 1 :], proc.stderr
+    sched = real.scheduler(f"host:{runs}:/mnt/runs")
+    real.wait("the pods to go", lambda: not sched.pods_of("lost-1"))
+    kept = (runs / "lost-1" / "pod-logs" / "lost-1-master-0.log").read_text()
+    # The first run and its restarts in place (the last may have been stopped as its pod went), each kept.
+    assert kept.count("bad shard 7\n") >= 2, kept
+    status = real.cli("status", "lost-1", *real.where)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    at = lines.index("last lines of the failed replica(s):")
+    assert "  master-0: bad shard 7" in lines[at + 1 :], status.stdout
+    logs = real.cli("logs", "lost-1", *real.where)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.count("bad shard 7\n") >= 2 and "exited with status 1\n" in logs.stdout, logs.stdout
+    assert "has no pods: the log master-0 kept in its run directory" in logs.stderr, logs.stderr
+
+
+def test_a_failed_containers_termination_message_is_its_logs_end(real_cpu: Real) -> None:
+    """Without a run directory the pod's own status keeps the end of a failed container's log (terminationMessagePolicy
+    FallbackToLogsOnError, the kubelet's 80 lines), read by `status` while the pod exists. One pod: one CPU."""
+    real = real_cpu
+    sched = real.scheduler()
+    spec = JobSpec(
+        command=("python", "-c", "import sys; print('cuda init failed', flush=True); sys.exit(4)"),
+        name="said-1",
+        max_restarts=1,
+        resources=Resources(nodes=1, mem="512M"),
+    )
+    sched.submit(spec, sched.render(spec))
+
+    def message() -> Any:
+        pods = sched.pods_of("said-1")
+        statuses = [s for p in pods for s in (p.get("status") or {}).get("containerStatuses") or []]
+        ended = [
+            (s.get("lastState") or {}).get("terminated") or (s.get("state") or {}).get("terminated") for s in statuses
+        ]
+        return next((t["message"] for t in ended if t and t.get("message")), None)
+
+    assert real.wait("a termination message", message).strip() == "cuda init failed"

@@ -422,3 +422,28 @@ def test_pytorchjob_records_exit_codes_that_outlive_the_pods(standin: TrainerSta
     sched = KubernetesScheduler(KubernetesOptions(namespace=standin.namespace), api_client=standin.custom.api_client)
     status = sched.status("pj-exit")
     assert (status.state, status.replicas, status.exit_code) == ("FAILED", (), 3)
+
+
+@pytest.mark.parametrize("module, distribution", [("celpy", "cel-python"), ("jsonschema", "jsonschema")])
+def test_run_standins_stops_at_start_naming_what_to_install(module: str, distribution: str) -> None:
+    """docs/kubernetes.md's `python tests/run_standins.py` without cel-python (or jsonschema): before, it started and
+    logged the same import error every second while `submit --wait` waited for ever; now it stops at once, exit
+    status 2, with the install line. The module is made unimportable in the child (sys.modules[NAME] = None, what
+    Python does for a package that is not there); everything else is the script as documented."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    code = (
+        f"import runpy, sys; sys.modules[{module!r}] = None; sys.path.insert(0, {str(tests)!r}); "
+        f"sys.argv = ['run_standins.py', '--context', 'hpctrain-local']; "
+        f"runpy.run_path({str(tests / 'run_standins.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc
+    assert proc.stderr.strip() == (
+        f"run_standins: the stand-ins need {distribution}, not installed here (they check every job as Kubeflow's "
+        "webhooks and CRD rules would): pip install -e '.[k8s,dev]'"
+    )
+    assert proc.stdout == ""

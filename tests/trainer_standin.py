@@ -102,6 +102,10 @@ class TrainerStandIn(KubeflowStandIn):
             )
             runtimes = {r["metadata"]["name"]: r for r in listed["items"] + mine["items"]}
         for job in jobs:
+            if job["spec"].get("suspend"):
+                # Trainer makes a suspended JobSet (no pods); `submit --max-restarts` owns its runtime meanwhile
+                # (schedulers/kubernetes/runtime.py) and resumes it, when the webhook's update check sees it.
+                continue
             # A deleted job's pods are the garbage collector's; a refused one has none.
             if not job["metadata"].get("deletionTimestamp") and self.admitted(job, runtimes):
                 mine = [

@@ -4,6 +4,7 @@ A run directory is written by other ranks, other attempts, other users and crash
 system: every file hpctrain reads back from it is untrusted input. All such reads go through here:
 
     read_bytes(path, limit, within=RUN_DIR)   the bytes of a regular file, at most `limit` of them
+    open_regular(path, within=RUN_DIR)        ... or an open descriptor of it, to read a part (a log's tail)
     read_text(path, limit, within=RUN_DIR)    ... decoded as strict UTF-8
     read_json(path, limit, within=RUN_DIR)    ... parsed as JSON (no NaN or Infinity, nesting at most MAX_DEPTH)
     read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl), each line decoded on its own;
@@ -35,12 +36,13 @@ import json
 import math
 import os
 import re
+import stat
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from hpctrain.fsutil import FileRefused, read_open_file
+from hpctrain.fsutil import FileRefused, file_kind, read_open_file
 
 MAX_DEPTH = 32
 """JSON nesting deeper than this is refused (hpctrain's own records nest three levels at most)."""
@@ -70,6 +72,23 @@ def read_bytes(path: str | os.PathLike, limit: int, within: str | os.PathLike | 
         raise
     except OSError as err:
         raise BadRunFile(path, _why(err)) from None
+
+
+def open_regular(path: str | os.PathLike, within: str | os.PathLike | None = None) -> int:
+    """An open file descriptor (the caller closes it) of the regular file `path`, opened as `read_bytes` opens it,
+    for a reader that takes only part of a large file (the tail of a log)."""
+    path = Path(path)
+    try:
+        fd = _open(path, Path(within) if within is not None else None)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise BadRunFile(path, _why(err)) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise BadRunFile(path, f"not a regular file ({file_kind(info.st_mode)})")
+    return fd
 
 
 def read_text(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> str:

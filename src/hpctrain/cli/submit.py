@@ -14,6 +14,7 @@ shared with `hpctrain check` (job_options.py: add_job_arguments / submission_fro
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -148,6 +149,8 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
             follower.start()
     last: tuple[str, int] | None = None
     seen: int | None = None  # the last non-zero exit code a replica showed: its pods may go with the job's end
+    quiet_s = _quiet_s()
+    since, noted = time.monotonic(), None  # when the state last changed; what was said of a long wait
     while True:
         try:
             status = sched.status(job_id)
@@ -161,11 +164,27 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
             said = for_terminal(f"job {job_id} {sched.progress(status)}")
             print(f"hpctrain {command}: {said}", file=sys.stderr, flush=True)
             last = (status.shown_state, status.restarts)
+            since, noted = time.monotonic(), None
+        elif status.state == base.PENDING and time.monotonic() - since >= quiet_s:
+            said = status.pending_reasons + ((f"the scheduler says: {status.message}",) if status.message else ())
+            if said != noted:  # what it has seen, once, and again when that changes
+                print(
+                    f"hpctrain {command}: job {job_id} is still {status.shown_state} after "
+                    f"{time.monotonic() - since:.0f} s: {'; '.join(said) or 'the scheduler gives no reason'}; "
+                    "still waiting (Ctrl-C stops waiting; the job stays queued until cancelled)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                noted = said
         if status.finished:
             break
         time.sleep(poll_s)
     if follower is not None:
         follower.join()  # the follower reads the rest once it sees the job ended
+    if status.last_lines:
+        print(f"hpctrain {command}: the last lines of the failed replica(s):", file=sys.stderr)
+        for line in status.last_lines:
+            print(f"  {line}", file=sys.stderr)
     code = status.exit_code
     if not code and status.state != base.SUCCEEDED:
         code = seen or code
@@ -179,6 +198,26 @@ def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: fl
     code = code or (0 if status.state == base.SUCCEEDED else 1)
     print(f"hpctrain {command}: job {job_id} ended {status.shown_state} with exit status {code}", file=sys.stderr)
     return code
+
+
+QUIET_ENV = "HPCTRAIN_WAIT_NOTE_S"
+DEFAULT_QUIET_S = 60.0
+
+
+def _quiet_s() -> float:
+    """How long a job may wait without a change before `--wait` says what it has seen ($HPCTRAIN_WAIT_NOTE_S)."""
+    import math
+
+    text = os.environ.get(QUIET_ENV)
+    if not text:
+        return DEFAULT_QUIET_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86400:
+        raise UserError(f"{QUIET_ENV}={text[:40]!r} must be a number of seconds above 0 and at most 86400")
+    return value
 
 
 def _copy_output(sched: Any, job_id: str, command: str) -> None:

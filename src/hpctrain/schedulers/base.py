@@ -92,6 +92,9 @@ class JobStatus:
     """The scheduler's own last word on the job (a condition message, Slurm's Reason)."""
     label: str | None = None
     """The state in the scheduler's own words where they say more than `state` (Slurm's TIMEOUT, COMPLETING)."""
+    last_lines: tuple[str, ...] = ()
+    """The last lines each failed replica wrote, `REPLICA: LINE` each, where the scheduler kept them (Kubernetes: the
+    run directory's pod-logs, else a failed container's termination message); empty while the job has not failed."""
 
     @property
     def finished(self) -> bool:

@@ -63,6 +63,8 @@ def job_view(status: JobStatus) -> View:
         )
     parts += [f"waiting: {reason}" for reason in status.pending_reasons]
     parts += ended_lines(status)
+    if status.last_lines:
+        parts += ["last lines of the failed replica(s):", *(f"  {line}" for line in status.last_lines)]
     return View(records={**asdict(status), "finished": status.finished}, parts=tuple(parts), plain=True)
 
 

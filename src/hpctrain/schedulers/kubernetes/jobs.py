@@ -25,6 +25,7 @@ from hpctrain.schedulers.kubernetes.objects import (
     replica_name,
     replica_status,
 )
+from hpctrain.schedulers.kubernetes.replica_logs import TAIL_LINES, failed_tails, kept_dir, kept_lines, kept_logs
 from hpctrain.schedulers.kubernetes.rest import path
 
 
@@ -82,10 +83,15 @@ class LiveJobs:
         waiting = state in (base.PENDING, base.RESTARTING) or any(p.phase == "Pending" for p in replicas)
         reasons = self._pending_reasons(job_id, pods) if waiting and state not in base.FINISHED_STATES else ()
         if state == base.PENDING and not pods and not any(": FailedCreatePod: " in r for r in reasons):
+            conditions = [
+                f"{c.get('type')}={c.get('status')}" for c in (obj.get("status") or {}).get("conditions") or []
+            ]
+            seen = f"its conditions: {', '.join(conditions)}" if conditions else "no controller has set a condition"
             reasons = reasons + (
-                f"no pods yet: the Kubeflow controller creates them (is the {self.kind} operator running?)",
+                f"no pods yet ({seen}): the Kubeflow controller creates them (is the {self.kind} operator running?)",
             )
         restarts = sum(p.restarts for p in replicas) + jobset_restarts(pods)
+        last_lines = self._last_lines(obj, job_id, replicas) if state == base.FAILED else ()
         return JobStatus(
             job_id=job_id,
             state=state,
@@ -94,7 +100,27 @@ class LiveJobs:
             replicas=replicas,
             pending_reasons=reasons,
             message=message,
+            last_lines=last_lines,
         )
+
+    def _last_lines(
+        self, obj: dict[str, Any], job_id: str, replicas: tuple[base.ReplicaStatus, ...]
+    ) -> tuple[str, ...]:
+        """The failed replicas' last lines: from the run directory when this machine reaches it (the whole log, the
+        pods may be gone), else from their pods' termination messages (render.py: FallbackToLogsOnError)."""
+        kept = failed_tails(kept_dir(obj, self._path_here), job_id)
+        if kept:
+            return kept
+        out: list[str] = []
+        for rep in replicas:
+            if rep.exit_code and rep.message:
+                out += [f"{rep.name}: {line}" for line in rep.message.splitlines()[-TAIL_LINES:]]
+        return tuple(out)
+
+    def _path_here(self, pod_path: str, volumes: list[Any]) -> tuple[str | None, str]:
+        from hpctrain.schedulers.kubernetes.local import path_here
+
+        return path_here(pod_path, volumes)
 
     def _pending_reasons(self, job_id: str, pods: list[dict[str, Any]]) -> tuple[str, ...]:
         waiting = {p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending")}
@@ -146,10 +172,19 @@ class LiveJobs:
 
         if stream != "stdout":
             raise UserError("a container's log holds its stdout and stderr together: drop --err")
-        self.get_object(job_id)
+        obj = self.get_object(job_id)
         pods = self.pods_of(job_id)
         names = [replica_name(p) for p in pods]
         if not pods:
+            kept = kept_dir(obj, self._path_here)
+            logs = kept_logs(kept, job_id) if kept is not None else {}
+            if logs:  # the pods went (or are still to come again): what the replicas wrote, kept in the run directory
+                name = replica if replica is not None else next(iter(logs))
+                if name not in logs:
+                    raise UserError(f"{job_id} kept no log of replica {name!r}: use one of {', '.join(logs)}")
+                if say is not None:
+                    say(f"{job_id} has no pods: the log {name} kept in its run directory ({logs[name]})")
+                return kept_lines(logs[name], kept.parent)
             raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
         pod = pods[0] if replica is None else next((p for p in pods if replica_name(p) == replica), None)
         if pod is None:

@@ -40,6 +40,11 @@ pods of a job that failed at its backoff limit are restarting in place, so they 
 every pod of such a job did up to v1.9.3 whatever the policy (ReconcileJobs deleted them before the job was marked
 Failed, when DeletePodsAndServices ignores the policy): `status` then knows no exit status.
 
+Logs. Since pods and their logs can go with the job, each replica's output is kept where it outlives them: with a
+run directory the command runs under replica_logs.KEEP_LOG, which appends it to RUN_DIR/pod-logs/HOST.log as well
+as the container's log, and the training container's terminationMessagePolicy FallbackToLogsOnError keeps a failed
+container's last lines in its pod's status (replica_logs.py).
+
 INIT. training-operator v1 adds an init container `init-pytorch` to every Worker pod (pkg/controller.v1/pytorch/
 initcontainer.go, v1.7-v1.9): the operator's --pytorch-init-container-image (default alpine:3.10), requests below its
 limits (so the worker pod is Burstable), looping `nslookup JOB-master-0` --pytorch-init-container-max-tries times (100,
@@ -65,6 +70,7 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions, check_dns1035_label
 from hpctrain.schedulers.kubernetes.pod_template import pod_extras, pod_volumes, resources_per_pod
+from hpctrain.schedulers.kubernetes.replica_logs import keep_log
 from hpctrain.schedulers.kubernetes.runtime import own_runtime, runtime_name
 from hpctrain.stops import TIME_LIMIT_ENV, TIME_WARNING_ENV
 
@@ -73,6 +79,9 @@ TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
 CONTAINER_PYTORCHJOB = "pytorch"  # the PyTorchJob controller finds the training container by this name
 CONTAINER_TRAINJOB = "node"  # the torch-distributed runtime's replicated job and container are called `node`
+# A failed container's termination message is the end of its log unless it wrote one (hpctrain's preflight does):
+# the last lines outlive the container, as long as the pod (replica_logs.py).
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
 RESTART_POLICY = "OnFailure"  # see the module docstring: ExitCode would treat exit 75 as permanent
 CLEAN_POD_POLICY = "Running"  # see the module docstring: frees the GPUs of an ended job, keeps its logs
 # Trainer's JobSet plugin refuses a runtime patch whose manager is not a domain-prefixed path such as acme.io/foo
@@ -302,8 +311,9 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_PYTORCHJOB,
         "image": options.image,
-        "command": container_command(job, options),
+        "command": keep_log(container_command(job, options), run_dir(job)),
         "resources": {"requests": resources_per_pod(job), "limits": resources_per_pod(job)},
+        "terminationMessagePolicy": TERMINATION_MESSAGE_POLICY,
     }
     env = _env(job)
     if env:
@@ -351,7 +361,7 @@ def _trainjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
     volumes, mounts = pod_volumes(options)
     trainer: dict[str, Any] = {
         "image": options.image,
-        "command": container_command(job, options),
+        "command": keep_log(container_command(job, options), run_dir(job)),
         "numNodes": r.nodes,
         "numProcPerNode": r.nproc_per_node,
         "resourcesPerNode": {"requests": resources_per_pod(job), "limits": resources_per_pod(job)},

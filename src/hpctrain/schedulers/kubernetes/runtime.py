@@ -16,13 +16,23 @@ runs on a namespaced TrainingRuntime that hpctrain renders with it, named `hpctr
   restartJobSetActionApplier: `RestartsCountTowardsMax >= MaxRestarts` fails it). One incident costs one restart
   however many pods it took down: N incidents exactly.
 
-The runtime belongs to its TrainJob: `submit` creates it first (Trainer's validator refuses a TrainJob whose
-TrainingRuntime does not exist yet: pkg/runtime/core/trainingruntime.go ValidateObjects, "specified trainingRuntime
-must be created before the TrainJob is created"), then the TrainJob, then makes the TrainJob the runtime's owner,
-so deleting the job (`cancel`, `--replace`, `kubectl delete`) has Kubernetes' garbage collector remove the runtime
-too. It carries the labels app.kubernetes.io/managed-by=hpctrain and hpctrain.io/job=JOB, so a runtime left by a
-submit that died half-way is visible (`kubectl get trainingruntimes -l app.kubernetes.io/managed-by=hpctrain`) and
-the next submit of that name replaces it.
+The runtime belongs to its TrainJob, and `submit` owns what lies between its steps (submit_with):
+
+1. the runtime, not yet owned (Trainer's validator refuses a TrainJob whose TrainingRuntime does not exist yet:
+   pkg/runtime/core/trainingruntime.go ValidateObjects, "specified trainingRuntime must be created before the
+   TrainJob is created");
+2. the TrainJob, suspended (spec.suspend, in the vendored CRD): nothing runs while its runtime is not its own;
+3. the runtime deleted and created again with the TrainJob as its owner (the uid from step 2): a create, so a user
+   who may create and delete runtimes but not patch them gets an owned runtime too;
+4. the TrainJob resumed (a merge patch of spec.suspend).
+
+A step that fails (a refusal, a 403, Ctrl-C) deletes what the steps before it made, and the error says what, if
+anything, could not be deleted. Deleting the job (`cancel`, `--replace`, `kubectl delete`) has Kubernetes' garbage
+collector remove the runtime too. It carries the labels app.kubernetes.io/managed-by=hpctrain and
+hpctrain.io/job=JOB, so a runtime left by a submit killed half-way (SIGKILL) is visible (`kubectl get
+trainingruntimes -l app.kubernetes.io/managed-by=hpctrain`) and the next submit of that name replaces it; a runtime
+of the name that another TrainJob owns, or that hpctrain did not make, is refused and never deleted, --replace or
+not.
 """
 
 from __future__ import annotations
@@ -56,7 +66,10 @@ def own_runtime(job: JobSpec, options: KubernetesOptions) -> dict[str, Any] | No
         JOB_LABEL: job.name,
         "trainer.kubeflow.org/framework": "torch",
     }
-    pod = {"restartPolicy": "Never", "containers": [{"name": NODE, "image": options.image}]}
+    # The container's termination message: the end of its log when it fails (render.py, replica_logs.py); the
+    # cluster's runtimes set what their admin chose, and a TrainJob's runtime patch cannot set it (Trainer v2.3).
+    container = {"name": NODE, "image": options.image, "terminationMessagePolicy": "FallbackToLogsOnError"}
+    pod = {"restartPolicy": "Never", "containers": [container]}
     node = {
         "name": NODE,
         "replicas": 1,
@@ -76,32 +89,95 @@ def own_runtime(job: JobSpec, options: KubernetesOptions) -> dict[str, Any] | No
     }
 
 
-def submit_with(sched: Any, job: JobSpec, runtime: dict[str, Any], create: Callable[[], str]) -> str:
-    """Create `runtime`, then the TrainJob (`create`), then own the runtime by it; the runtime goes again when the
-    TrainJob could not be made, so nothing is left half-made."""
-    _create(sched, job, runtime)
-    try:
-        job_id = create()
-    except BaseException:
-        _delete(sched, runtime["metadata"]["name"])
-        raise
-    owner = sched.get_object(job_id)["metadata"]
-    ref = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainJob", "name": owner["name"], "uid": owner["uid"]}
-    sched.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, sched.namespace, PLURAL, runtime["metadata"]["name"], {"metadata": {"ownerReferences": [ref]}}
-    )
-    return job_id
-
-
-def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
-    """Create the runtime; one of the name that hpctrain made for an earlier job of this name is replaced (after that
-    job, with --replace), one that hpctrain did not make is left alone and refused."""
+def submit_with(sched: Any, job: JobSpec, runtime: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """The four steps of the module docstring; a failure at any of them deletes what the earlier ones made."""
     from kubernetes.client.rest import ApiException
 
     name = runtime["metadata"]["name"]
-    create = lambda: sched.custom.create_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, runtime)  # noqa: E731
+    _create(sched, job, runtime)  # 1
+    made = [("TrainingRuntime", name, lambda: _delete(sched, name))]
+    step = f"creating the TrainJob {job.name}"
     try:
-        create()
+        suspended = {**manifest, "spec": {**manifest["spec"], "suspend": True}}
+        created = sched._create(job, suspended)  # 2
+        made.insert(0, ("TrainJob", job.name, lambda: _delete_job(sched, job.name)))
+        meta = created["metadata"]
+        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainJob", "name": meta["name"], "uid": meta["uid"]}
+        step = f"making the TrainingRuntime {name} the TrainJob's own (deleting it and creating it again, owned)"
+        _delete(sched, name)  # 3
+        _create_anew(sched, {**runtime, "metadata": {**runtime["metadata"], "ownerReferences": [owner]}})
+        step = f"resuming the suspended TrainJob {job.name}"
+        sched.custom.patch_namespaced_custom_object(  # 4
+            GROUP, VERSION, sched.namespace, "trainjobs", job.name, {"spec": {"suspend": False}}
+        )
+    except BaseException as err:
+        left = _undo(made)
+        if isinstance(err, ApiException) and err.status == 403:
+            raise UserError(
+                f"{step} in namespace {sched.namespace} is forbidden (403): --max-restarts on a TrainJob needs the "
+                "rights to create and delete trainingruntimes and to create and patch trainjobs there; ask the "
+                "admin for them, or drop --max-restarts (the job then has its runtime's budget); " + left
+            ) from None
+        if isinstance(err, UserError):
+            raise UserError(f"{err}; {left}") from None
+        raise
+    return meta["name"]
+
+
+def _undo(made: list[tuple[str, str, Callable[[], None]]]) -> str:
+    """Delete what a failed submit made, newest first; what was (not) left, as the end of its error."""
+    kept = []
+    for kind, name, delete in made:
+        try:
+            delete()
+        except Exception:  # noqa: BLE001 - said in the error on its way; the next undo still runs
+            kept.append(f"{kind} {name}")
+    if not kept:
+        return "nothing was left behind"
+    return f"could not delete {' and '.join(kept)}: delete it by hand (`kubectl delete`)"
+
+
+def _delete_job(sched: Any, name: str) -> None:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        sched.custom.delete_namespaced_custom_object(GROUP, VERSION, sched.namespace, "trainjobs", name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def _create_anew(sched: Any, body: dict[str, Any]) -> None:
+    """Create `body`, waiting while an object of its name is still being deleted."""
+    from kubernetes.client.rest import ApiException
+
+    name = body["metadata"]["name"]
+    deadline = time.monotonic() + GONE_WAIT_S
+    while True:
+        try:
+            sched.custom.create_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, body)
+            return
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            if time.monotonic() > deadline:
+                break
+        time.sleep(0.5)
+    raise UserError(
+        f"the earlier TrainingRuntime {name} is still being deleted after {GONE_WAIT_S} s; "
+        f"`{sched.kubectl('get', 'trainingruntime', '-n', sched.namespace, name)}` shows when it is gone"
+    )
+
+
+def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
+    """Step 1: create the runtime; one of the name that hpctrain made for an earlier job of this name is replaced
+    (after that job, with --replace); one that hpctrain did not make, or that another TrainJob owns, is left alone
+    and refused."""
+    from kubernetes.client.rest import ApiException
+
+    name = runtime["metadata"]["name"]
+    try:
+        sched.custom.create_namespaced_custom_object(GROUP, VERSION, sched.namespace, PLURAL, runtime)
         return
     except ApiException as err:
         if err.status == 403:  # shared clusters may let users make jobs but not runtimes
@@ -119,7 +195,14 @@ def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
             f"namespace {sched.namespace} has a TrainingRuntime {name!r} that hpctrain did not make for "
             f"this job; --max-restarts needs that name for the job's own runtime: pick another --job-name"
         )
-    owners = [o for o in old["metadata"].get("ownerReferences") or [] if o.get("kind") == "TrainJob"]
+    owners = old["metadata"].get("ownerReferences") or []
+    others = [o for o in owners if (o.get("kind"), o.get("name")) != ("TrainJob", job.name)]
+    if others:  # never ours to delete, whatever --replace says
+        raise UserError(
+            f"namespace {sched.namespace} has a TrainingRuntime {name!r} owned by the {others[0].get('kind')} "
+            f"{others[0].get('name')!r}, not by a TrainJob {job.name!r}; --max-restarts needs that name for the "
+            "job's own runtime: pick another --job-name"
+        )
     if owners and _exists(sched, owners[0]):
         if not sched.options.replace:  # the TrainJob of this name is there: the same refusal as its create's
             raise UserError(
@@ -128,21 +211,8 @@ def _create(sched: Any, job: JobSpec, runtime: dict[str, Any]) -> None:
                 "pass --replace"
             )
         sched.replaced = sched._delete_and_wait(job.name)
-    _delete(sched, name)  # the earlier job's: its garbage collection may not have come yet
-    deadline = time.monotonic() + GONE_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            create()
-            return
-        except ApiException as err:
-            if err.status != 409:
-                raise
-        time.sleep(0.5)
-    raise UserError(
-        f"the earlier TrainingRuntime {name} is still being deleted after {GONE_WAIT_S} s: nothing new "
-        f"was created; `{sched.kubectl('get', 'trainingruntime', '-n', sched.namespace, name)}` shows when "
-        "it is gone"
-    )
+    _delete(sched, name)  # the earlier job's (its garbage collection may not have come yet), or a leftover
+    _create_anew(sched, runtime)
 
 
 def _exists(sched: Any, owner: dict[str, Any]) -> bool:

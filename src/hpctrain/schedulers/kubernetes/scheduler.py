@@ -173,14 +173,15 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
         from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
 
-        runtime = own_runtime(job, self.options)  # a TrainJob's restart budget: its own TrainingRuntime, made first
-        create = functools.partial(self._create, job, rendered)
-        return create() if runtime is None else submit_with(self, job, runtime, create)
+        runtime = own_runtime(job, self.options)  # a TrainJob's restart budget: its own TrainingRuntime (runtime.py)
+        if runtime is not None:
+            return submit_with(self, job, runtime, rendered.payload)
+        return self._create(job, rendered.payload)["metadata"]["name"]
 
-    def _create(self, job: JobSpec, rendered: Rendered) -> str:
+    def _create(self, job: JobSpec, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the job object; the object the API server made."""
         from kubernetes.client.rest import ApiException
 
-        manifest = rendered.payload
         # Strict: a server that knows fieldValidation (Kubernetes 1.25+) refuses a field the cluster's CRD lacks
         # instead of dropping it; an older one ignores the parameter, and `check` compares the served schema.
         create = functools.partial(
@@ -210,7 +211,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
             if err.status == 404:
                 raise self._missing_on_create() from None
             raise _api_error(err, f"creating {self.kind} {job.name}") from None
-        return created["metadata"]["name"]
+        return created
 
     def _delete_and_wait(self, name: str) -> JobStatus | None:
         """--replace: delete the job of this name, running or ended, with its pods (their grace period to
