@@ -174,8 +174,13 @@ def _top_level_options(args: argparse.Namespace, data: dict[str, Any], scheduler
         if name == scheduler and keys and owner.file_section is not None:
             found = owner.file_section(f"job file {args.job_file}", keys)
         for key, value in sorted(keys.items()) if name != scheduler else ():
-            if _as_data(value) != _as_data(owner.file_keys[str(key).replace("-", "_")]):
-                flag = owner.flags.get(str(key).replace("-", "_"), f"--{key}")
+            field_name = str(key).replace("-", "_")
+            no_option = [
+                owner.file_keys[field_name],
+                *([owner.earlier_defaults[field_name]] if field_name in owner.earlier_defaults else []),
+            ]
+            if _as_data(value) not in map(_as_data, no_option):
+                flag = owner.flags.get(field_name, f"--{key}")
                 raise UserError(f"{flag} ({key} in a job file) is {owner.title}'s: drop it for {chosen.title}")
     return found
 

@@ -238,6 +238,9 @@ class BackendInfo:
     file_keys: Mapping[str, Any] = field(default_factory=dict)
     """Keys of that section also read at a job file's top level (where job files kept them before sections), with
     their defaults: a key at its default is no option (another backend's job file may hold it)."""
+    earlier_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Keys whose default has changed -> the default that job files of earlier versions hold: at that value too a key
+    is no option (a job.yaml written before the launcher was chosen per job holds `launcher: torchrun`)."""
     file_formats: Mapping[str, Callable[[str, str], tuple[dict[str, Any], dict[str, Any]]]] = field(
         default_factory=dict
     )

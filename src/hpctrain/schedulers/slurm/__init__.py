@@ -83,6 +83,7 @@ INFO = BackendInfo(
     option_fields={name: name for name in FILE_KEYS},  # SlurmOptions fields, flags by the same dest
     file_section=read_file_section,
     file_keys=FILE_KEYS,
+    earlier_defaults={"launcher": "torchrun"},  # before a recipe's one process started without torchrun
     add_arguments=add_arguments,
     complete_job=complete_job,
     run_dir_pattern=lambda stem: f"{stem}-%j",
