@@ -1,9 +1,11 @@
 """What `hpctrain cluster`, `status`, `top`, `check` and `submit` cost on a big Kubernetes cluster, and how it grows.
 
 The local API server (scripts/local-k8s.sh, context hpctrain-local; no kubelet needed) is filled with N Node objects
-(8 GPUs, 96 CPUs each; cordoned and tainted, so nothing else is placed there) and 8 N Pods bound to them by
-spec.nodeName, half of them ended (Succeeded), in a namespace and with a node label of the harness's own; everything
-is deleted afterwards. `status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes
+(8 GPUs, 96 CPUs each; tainted, so that only a pod that tolerates the harness's taint is placed there, and no other
+test's check counts them) and 8 N Pods of 1 GPU bound to them by spec.nodeName, half of them ended (Succeeded), in a
+namespace and with a node label of the harness's own; everything is deleted afterwards. `check` without the
+toleration finds no node it may use (it reads no pod); with it, a pod of 8 GPUs finds every node half full (it
+probes a few nodes, then sums every running pod: the slowest check) and a pod of 4 GPUs finds room on the first. `status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes
 its pods here: `top` ends saying it has no running pod), `submit` creates a 1,000 x 8-GPU PyTorchJob after its checks
 (the API server stores it; no controller acts on it).
 Each command then runs as a fresh `hpctrain` process; the figures are its CPU time (user +
@@ -74,7 +76,7 @@ def fill(core: Any, namespace: str, tag: str, start: int, stop: int) -> list[str
     def one(name: str) -> None:
         node = {
             "metadata": {"name": name, "labels": {LABEL: tag}},
-            "spec": {"unschedulable": True, "taints": [{"key": LABEL, "effect": "NoSchedule"}]},
+            "spec": {"taints": [{"key": LABEL, "effect": "NoSchedule"}]},
             "status": {"capacity": alloc, "allocatable": alloc},
         }
         send(core, "POST", "/api/v1/nodes", node)
@@ -142,6 +144,14 @@ def main() -> int:
                 "status JOB": ["status", JOB["metadata"]["name"], *base],
                 "top JOB": ["top", JOB["metadata"]["name"], *base],
                 "check 1000x8 GPUs": ["check", *base, *job],
+                "check 1000x8 GPUs, no room": ["check", *base, "--toleration", f"{LABEL}:NoSchedule", *job],
+                "check 1000x4 GPUs, room": [
+                    "check",
+                    *base,
+                    "--toleration",
+                    f"{LABEL}:NoSchedule",
+                    *[("4" if a == "8" else a) for a in job],
+                ],
                 "submit 1000x8 GPUs": ["submit", *base, "--job-name", "{name}", *job],
             }
             envs = {"": {**os.environ}}

@@ -13,6 +13,8 @@ object and the field; answers.json_answer makes that the command's one line.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -108,14 +110,68 @@ SHAPES: dict[str, dict[str, Any]] = {
 def problem(resource: str | None, obj: dict[str, Any]) -> str | None:
     """What in `obj` (one object of `resource`, e.g. `pods`) does not fit what hpctrain reads of it: `pod NAME:
     status.containerStatuses[0].restartCount is a string ('3'), not a whole number`; None when it fits."""
-    shape = {"metadata": META, **SHAPES.get(resource or "", {})}
-    why = _check(shape, obj, "")
-    if why is None:
+    if _fitting(resource or "")(obj):
         return None
+    shape = {"metadata": META, **SHAPES.get(resource or "", {})}
+    why = _check(shape, obj, "") or "does not fit"
     name = obj.get("metadata", {}).get("name") if isinstance(obj.get("metadata"), dict) else None
     kind = (resource or "object").removesuffix("s") if resource != "priorityclasses" else "priorityclass"
     named = f"{kind} {_brief(name)}" if isinstance(name, str) and _encodes(name) else kind
     return f"{named}: {why}"
+
+
+@functools.lru_cache(maxsize=None)
+def _fitting(resource: str) -> Callable[[Any], bool]:
+    """Whether an object of `resource` fits its shape, as one function made of closures: a 40,000-pod `cluster`
+    checks every pod, and walking the shape (and naming each field's path) for each cost 0.03 ms a pod. `_check`
+    says why, for the one that does not fit."""
+    return _compiled({"metadata": META, **SHAPES.get(resource, {})})
+
+
+def _compiled(shape: Any) -> Callable[[Any], bool]:
+    if isinstance(shape, dict):
+        fields = [(key, _compiled(inner)) for key, inner in shape.items()]
+
+        def fits_object(value: Any) -> bool:
+            if value is None:
+                return True
+            if type(value) is not dict:
+                return False
+            for key, fits in fields:
+                item = value.get(key)
+                if item is not None and not fits(item):
+                    return False
+            return True
+
+        return fits_object
+    if isinstance(shape, list):
+        fits_item = _compiled(shape[0])
+
+        def fits_list(value: Any) -> bool:
+            return value is None or (type(value) is list and all(map(fits_item, value)))
+
+        return fits_list
+    if isinstance(shape, MapOf):
+        fits_value = _compiled(shape.value)
+
+        def fits_map(value: Any) -> bool:
+            return value is None or (
+                type(value) is dict
+                and all(k.isascii() or _encodes(k) for k in value)
+                and all(map(fits_value, value.values()))
+            )
+
+        return fits_map
+    lo, hi = INT32
+    leaves: dict[Any, Callable[[Any], bool]] = {
+        TEXT: lambda v: type(v) is str and (v.isascii() or _encodes(v)),
+        WHOLE: lambda v: type(v) is int and lo <= v <= hi,
+        FLAG: lambda v: type(v) is bool,
+        QUANTITY: lambda v: (type(v) is str and (v.isascii() or _encodes(v))) or type(v) in (int, float),
+        ANY: lambda v: True,
+    }
+    fits_leaf = leaves[shape]
+    return lambda value: value is None or fits_leaf(value)
 
 
 def _check(shape: Any, value: Any, where: str) -> str | None:
