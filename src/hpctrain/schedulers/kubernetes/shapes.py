@@ -129,16 +129,41 @@ def _fitting(resource: str) -> Callable[[Any], bool]:
 
 
 def _compiled(shape: Any) -> Callable[[Any], bool]:
+    """A function telling whether a value (None allowed) fits `shape`. An object's leaves are tested inline, a
+    kind at a time, and its text first as ASCII (what nearly all of it is): a function call per field was most of
+    the cost."""
     if isinstance(shape, dict):
-        fields = [(key, _compiled(inner)) for key, inner in shape.items()]
+        leaves = {kind: tuple(k for k, v in shape.items() if v is kind) for kind in (TEXT, WHOLE, FLAG, QUANTITY)}
+        texts, wholes, flags, quantities = leaves[TEXT], leaves[WHOLE], leaves[FLAG], leaves[QUANTITY]
+        nested = tuple(
+            (k, _compiled(v)) for k, v in shape.items() if not isinstance(v, (Text, Whole, Flag, Quantity, Anything))
+        )
+        lo, hi = INT32
 
         def fits_object(value: Any) -> bool:
             if value is None:
                 return True
             if type(value) is not dict:
                 return False
-            for key, fits in fields:
-                item = value.get(key)
+            get = value.get
+            for key in texts:
+                item = get(key)
+                if item is not None and not (type(item) is str and (item.isascii() or _encodes(item))):
+                    return False
+            for key in wholes:
+                item = get(key)
+                if item is not None and not (type(item) is int and lo <= item <= hi):
+                    return False
+            for key in flags:
+                item = get(key)
+                if item is not None and type(item) is not bool:
+                    return False
+            for key in quantities:
+                item = get(key)
+                if item is not None and not _fits_quantity(item):
+                    return False
+            for key, fits in nested:
+                item = get(key)
                 if item is not None and not fits(item):
                     return False
             return True
@@ -152,26 +177,40 @@ def _compiled(shape: Any) -> Callable[[Any], bool]:
 
         return fits_list
     if isinstance(shape, MapOf):
+        if shape.value is TEXT or shape.value is QUANTITY:  # labels, resource lists: strings, nearly always ASCII
+            fits_one = _fits_quantity if shape.value is QUANTITY else _fits_text
+
+            def fits_strings(value: Any) -> bool:
+                if value is None:
+                    return True
+                if type(value) is not dict:
+                    return False
+                if all(type(k) is str and k.isascii() for k in value) and all(
+                    type(v) is str and v.isascii() for v in value.values()
+                ):
+                    return True
+                return all(map(_fits_text, value)) and all(v is None or fits_one(v) for v in value.values())
+
+            return fits_strings
         fits_value = _compiled(shape.value)
 
         def fits_map(value: Any) -> bool:
             return value is None or (
-                type(value) is dict
-                and all(k.isascii() or _encodes(k) for k in value)
-                and all(map(fits_value, value.values()))
+                type(value) is dict and all(map(_fits_text, value)) and all(map(fits_value, value.values()))
             )
 
         return fits_map
-    lo, hi = INT32
-    leaves: dict[Any, Callable[[Any], bool]] = {
-        TEXT: lambda v: type(v) is str and (v.isascii() or _encodes(v)),
-        WHOLE: lambda v: type(v) is int and lo <= v <= hi,
-        FLAG: lambda v: type(v) is bool,
-        QUANTITY: lambda v: (type(v) is str and (v.isascii() or _encodes(v))) or type(v) in (int, float),
-        ANY: lambda v: True,
-    }
-    fits_leaf = leaves[shape]
-    return lambda value: value is None or fits_leaf(value)
+    if shape is ANY:
+        return lambda value: True
+    return lambda value: _check(shape, value, "") is None
+
+
+def _fits_text(value: Any) -> bool:
+    return type(value) is str and (value.isascii() or _encodes(value))
+
+
+def _fits_quantity(value: Any) -> bool:
+    return _fits_text(value) or type(value) in (int, float)
 
 
 def _check(shape: Any, value: Any, where: str) -> str | None:
