@@ -5,9 +5,10 @@ The local API server (scripts/local-k8s.sh, context hpctrain-local; no kubelet n
 test's check counts them) and 8 N Pods of 1 GPU bound to them by spec.nodeName, half of them ended (Succeeded), in a
 namespace and with a node label of the harness's own; everything is deleted afterwards. `check` without the
 toleration finds no node it may use (it reads no pod); with it, a pod of 8 GPUs finds every node half full (it
-probes a few nodes, then sums every running pod: the slowest check) and a pod of 4 GPUs finds room on the first. `status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes
-its pods here: `top` ends saying it has no running pod), `submit` creates a 1,000 x 8-GPU PyTorchJob after its checks
-(the API server stores it; no controller acts on it).
+probes a few nodes, then sums every running pod: the slowest check) and a pod of 4 GPUs finds room on the first.
+`status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes its pods here: `top`
+ends saying it has no running pod), `submit` creates a 1,000 x 8-GPU PyTorchJob after its checks (the API server
+stores it; no controller acts on it).
 Each command then runs as a fresh `hpctrain` process; the figures are its CPU time (user +
 system) and wall time (tests/test_scale_k8s.py counts the requests and their page sizes). --compare SRC runs
 each command a second time with PYTHONPATH=SRC (another checkout's src/, e.g. the code before a change).
@@ -136,6 +137,13 @@ def main() -> int:
                 "python",
                 "train.py",
             ]
+            # The harness's taint, and the one the API server's admission (TaintNodesByCondition) puts on a new node.
+            tolerate = [
+                "--toleration",
+                f"{LABEL}:NoSchedule",
+                "--toleration",
+                "node.kubernetes.io/not-ready:NoSchedule",
+            ]
             custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", JOB)
             commands = {
                 "cluster": ["cluster", *base],
@@ -144,14 +152,8 @@ def main() -> int:
                 "status JOB": ["status", JOB["metadata"]["name"], *base],
                 "top JOB": ["top", JOB["metadata"]["name"], *base],
                 "check 1000x8 GPUs": ["check", *base, *job],
-                "check 1000x8 GPUs, no room": ["check", *base, "--toleration", f"{LABEL}:NoSchedule", *job],
-                "check 1000x4 GPUs, room": [
-                    "check",
-                    *base,
-                    "--toleration",
-                    f"{LABEL}:NoSchedule",
-                    *[("4" if a == "8" else a) for a in job],
-                ],
+                "check 1000x8 GPUs, no room": ["check", *base, *tolerate, *job],
+                "check 1000x4 GPUs, room": ["check", *base, *tolerate, *[("4" if a == "8" else a) for a in job]],
                 "submit 1000x8 GPUs": ["submit", *base, "--job-name", "{name}", *job],
             }
             envs = {"": {**os.environ}}

@@ -271,21 +271,7 @@ class LiveChecks:
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
         excluded = set(job.exclude_nodes)
-        candidates: list[NodeView] = []
-        count = 0
-        for page in self.raw.pages(NODES, "listing the nodes"):  # the message counts every node
-            count += len(page)
-            candidates += [
-                view
-                for n, view in zip(page, node_views(page, {}))
-                if view.schedulable
-                and view.name not in excluded
-                and all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-                and all(
-                    t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)
-                    for t in (n.get("spec") or {}).get("taints") or []
-                )
-            ]
+        count, candidates = self._candidates(excluded)
         ask = (
             f"cpu {_fmt_cpu(want['cpu'])}"
             + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "")
@@ -342,6 +328,27 @@ class LiveChecks:
             f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
             "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"
         ]
+
+    def _candidates(self, excluded: set[str]) -> tuple[int, list[NodeView]]:
+        """(how many nodes the cluster has, the views of those a job's pod may use: schedulable, not excluded,
+        matching --node-selector and tolerating their taints), read a page of nodes at a time, none kept."""
+        selector = self.options.node_selector_map
+        tolerations = self.options.toleration_list
+        count, candidates = 0, []
+        for page in self.raw.pages(NODES, "listing the nodes"):
+            count += len(page)
+            candidates += [
+                view
+                for n, view in zip(page, node_views(page, {}))
+                if view.schedulable
+                and view.name not in excluded
+                and all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                and all(
+                    t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)
+                    for t in (n.get("spec") or {}).get("taints") or []
+                )
+            ]
+        return count, candidates
 
     def _quota_problems(self, job: JobSpec) -> list[str]:
         per_pod = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
