@@ -295,5 +295,5 @@ def test_a_429_whose_retry_after_outlasts_the_deadline_says_so(api: Any, capsys:
     for name in ("status", "status JOB", "cluster"):
         api.requests.clear()
         line = one_line(COMMANDS[name], capsys, api.address, "asked to retry later (429 Too Many Requests")
-        assert "did not answer within 4 s" not in line or "Retry-After 30 s" in line, line
+        assert "did not answer" not in line and "Retry-After 30 s" in line, line
         assert len(api.requests) == 1, api.requests  # not sent again: the server's wait is past the deadline

@@ -254,15 +254,14 @@ class _BoundedPool:
             wait = _retry_after(response) if response.status in RETRY_STATUSES else None
             if wait is None:
                 return _BoundedResponse(response, self, deadline, (method, url))
-            response.drain_conn()  # the request is sent again
-            response.release_conn()
-            left = deadline - time.monotonic()
-            if wait > left:
+            response.close()  # its body unread (it may never end): the request is sent again on a new connection
+            if wait > deadline - time.monotonic():
                 raise UserError(
                     f"the Kubernetes API server {self.server} asked to retry later ({response.status} "
-                    f"{response.reason or 'Too Many Requests'}, Retry-After {wait:g} s) and did not answer within "
-                    f"{self.limits.deadline_s:g} s: it is overloaded or limits your requests; try again later (or "
-                    f"allow more time: {TIMEOUT_ENV}=SECONDS, a request gets {ANSWER_DEADLINE_FACTOR} times that)"
+                    f"{response.reason or 'Too Many Requests'}, Retry-After {wait:g} s), later than the request's "
+                    f"deadline of {self.limits.deadline_s:g} s allows: it is overloaded or limits your requests; try "
+                    f"again later (or allow more time: {TIMEOUT_ENV}=SECONDS, a request gets "
+                    f"{ANSWER_DEADLINE_FACTOR} times that)"
                 )
             time.sleep(wait)
 
