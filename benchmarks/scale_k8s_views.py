@@ -1,11 +1,14 @@
 """What `hpctrain cluster`, `status`, `top`, `check` and `submit` cost on a big Kubernetes cluster, and how it grows.
 
 The local API server (scripts/local-k8s.sh, context hpctrain-local; no kubelet needed) is filled with N Node objects
-(8 GPUs, 96 CPUs each; cordoned and tainted, so nothing else is placed there) and 8 N Pods bound to them by
-spec.nodeName, half of them ended (Succeeded), in a namespace and with a node label of the harness's own; everything
-is deleted afterwards. `status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes
-its pods here: `top` ends saying it has no running pod), `submit` creates a 1,000 x 8-GPU PyTorchJob after its checks
-(the API server stores it; no controller acts on it).
+(8 GPUs, 96 CPUs each; tainted, so that only a pod that tolerates the harness's taint is placed there, and no other
+test's check counts them) and 8 N Pods of 1 GPU bound to them by spec.nodeName, half of them ended (Succeeded), in a
+namespace and with a node label of the harness's own; everything is deleted afterwards. `check` without the
+toleration finds no node it may use (it reads no pod); with it, a pod of 8 GPUs finds every node half full (it
+probes a few nodes, then sums every running pod: the slowest check) and a pod of 4 GPUs finds room on the first.
+`status JOB` and `top JOB` ask about a PyTorchJob of the harness's own (no controller makes its pods here: `top`
+ends saying it has no running pod), `submit` creates a 1,000 x 8-GPU PyTorchJob after its checks (the API server
+stores it; no controller acts on it).
 Each command then runs as a fresh `hpctrain` process; the figures are its CPU time (user +
 system) and wall time (tests/test_scale_k8s.py counts the requests and their page sizes). --compare SRC runs
 each command a second time with PYTHONPATH=SRC (another checkout's src/, e.g. the code before a change).
@@ -74,7 +77,7 @@ def fill(core: Any, namespace: str, tag: str, start: int, stop: int) -> list[str
     def one(name: str) -> None:
         node = {
             "metadata": {"name": name, "labels": {LABEL: tag}},
-            "spec": {"unschedulable": True, "taints": [{"key": LABEL, "effect": "NoSchedule"}]},
+            "spec": {"taints": [{"key": LABEL, "effect": "NoSchedule"}]},
             "status": {"capacity": alloc, "allocatable": alloc},
         }
         send(core, "POST", "/api/v1/nodes", node)
@@ -134,6 +137,13 @@ def main() -> int:
                 "python",
                 "train.py",
             ]
+            # The harness's taint, and the one the API server's admission (TaintNodesByCondition) puts on a new node.
+            tolerate = [
+                "--toleration",
+                f"{LABEL}:NoSchedule",
+                "--toleration",
+                "node.kubernetes.io/not-ready:NoSchedule",
+            ]
             custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", JOB)
             commands = {
                 "cluster": ["cluster", *base],
@@ -142,6 +152,8 @@ def main() -> int:
                 "status JOB": ["status", JOB["metadata"]["name"], *base],
                 "top JOB": ["top", JOB["metadata"]["name"], *base],
                 "check 1000x8 GPUs": ["check", *base, *job],
+                "check 1000x8 GPUs, no room": ["check", *base, *tolerate, *job],
+                "check 1000x4 GPUs, room": ["check", *base, *tolerate, *[("4" if a == "8" else a) for a in job]],
                 "submit 1000x8 GPUs": ["submit", *base, "--job-name", "{name}", *job],
             }
             envs = {"": {**os.environ}}
@@ -165,6 +177,12 @@ def main() -> int:
     finally:
         # This API server has no namespace controller: empty the namespace by hand, then let it go.
         custom.delete_collection_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs")
+        # Each pod by its name, 8 at a time: one delete of 20,000 pods outlasted the API server's 34 s (HTTP 504),
+        # and left them there.
+        pods = f"/api/v1/namespaces/{namespace}/pods"
+        with ThreadPoolExecutor(8) as pool:
+            names = [f"{node}-p{p}" for node in nodes for p in range(PODS_PER_NODE)]
+            list(pool.map(lambda pod: send(core, "DELETE", f"{pods}/{pod}", {"gracePeriodSeconds": 0}), names))
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         core.delete_collection_namespaced_event(namespace)
         core.delete_collection_node(label_selector=f"{LABEL}={tag}")

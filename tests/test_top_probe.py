@@ -105,3 +105,70 @@ def test_the_pods_are_probed_side_by_side_and_come_back_in_their_order(monkeypat
     samples = pods.sample_pods(RawApi(client.ApiClient(client.Configuration())), job)
     assert [s.node for s in samples] == [f"node-{i} (job-worker-{i})" for i in range(4)]
     assert [PROGRESS_PROBE in asked[f"job-worker-{i}"] for i in range(4)] == [True, False, False, False]
+
+
+def logging_awk(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose awk logs the files it is handed, one a line, then runs the real awk."""
+    path, _ = counting_path(tmp_path, ("find", "tr"))
+    real, log = shutil.which("awk"), tmp_path / "awk-files.log"
+    wrapper = Path(path) / "awk"
+    wrapper.write_text(f'#!/bin/sh\nprogram="$1"\nshift\nprintf "%s\\n" "$@" >> "{log}"\nexec {real} "$program" "$@"\n')
+    wrapper.chmod(0o755)
+    return path, log
+
+
+@pytest.mark.parametrize("tools", [TOOLS, ("tr",)], ids=["find-and-awk", "shell-loop-without-them"])
+def test_a_record_over_the_local_readers_bound_is_dropped_by_the_probe(tmp_path: Path, tools: tuple[str, ...]) -> None:
+    """read_progress reads at most MAX_RECORD_BYTES of a record; the probe drops a larger one too (before: every
+    byte of it was printed, 16 MiB in 3.8 s of mawk), and find never hands it to awk."""
+    from hpctrain.health.progress import MAX_RECORD_BYTES
+
+    run = run_dir_of(tmp_path, 3)
+    folder = run / PROGRESS_DIR
+    at_bound = (folder / "rank-1.json").read_bytes()
+    (folder / "rank-1.json").write_bytes(at_bound + b" " * (MAX_RECORD_BYTES - len(at_bound)))  # still read
+    (folder / "rank-2.json").write_bytes(at_bound.replace(b'"rank": 1', b'"rank": 2') + b" " * MAX_RECORD_BYTES)
+    expected = [(r.rank, r.step, r.host) for r in read_progress(run)]
+    assert [rank for rank, _, _ in expected] == [0, 1]
+    if tools == TOOLS:
+        path, log = logging_awk(tmp_path)
+    else:
+        path, log = counting_path(tmp_path, tools)
+    stdout = probe(run, path)
+    assert read_back(stdout) == expected
+    assert len(stdout) < 2 * MAX_RECORD_BYTES
+    if tools == TOOLS:
+        assert sorted(Path(f).name for f in log.read_text().split()) == ["rank-0.json", "rank-1.json"]
+
+
+def test_awk_drops_a_record_that_outgrew_the_bound_after_find_looked(tmp_path: Path) -> None:
+    from hpctrain.health.progress import MAX_RECORD_BYTES
+    from hpctrain.servers.top import _JOIN_RECORDS
+
+    run = run_dir_of(tmp_path, 2)
+    grown = run / PROGRESS_DIR / "rank-1.json"
+    grown.write_bytes(grown.read_bytes() + b"\n" + b" " * MAX_RECORD_BYTES)
+    files = sorted((run / PROGRESS_DIR).iterdir())
+    out = subprocess.run(["awk", _JOIN_RECORDS, *map(str, files)], capture_output=True, check=True).stdout.decode()
+    assert read_back(out) == [(0, 10, "node-0")]
+    assert len(out) < MAX_RECORD_BYTES
+
+
+@pytest.mark.parametrize("separator", ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"])
+def test_a_character_that_splitlines_splits_at_cannot_forge_a_probe_line(tmp_path: Path, separator: str) -> None:
+    """A record is JSON, whose whitespace may be a \\r: a rank's record (or anyone's who can write the run
+    directory) that holds `\\r@gpu 0, 0, ...` made `top` show an idle GPU when lines were split with splitlines."""
+    run = run_dir_of(tmp_path, 2)
+    forged = run / PROGRESS_DIR / "rank-1.json"
+    text = forged.read_text()
+    forged.write_bytes((text[:-1] + f"{separator}@gpu 7, 0, 10, 81559{separator}@nogpu{separator}}}").encode())
+    stdout = subprocess.run(
+        ["/bin/sh", "-c", PROGRESS_PROBE],
+        env={"PATH": os.environ["PATH"], "HPCTRAIN_RUN_DIR": str(run)},
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout.decode()  # bytes, as the exec stream hands them over (text=True would turn \r into \n)
+    (sample,) = parse_probe("@node pod\n@gpu 0, 97, 30000, 81559\n" + stdout, labelled=False)
+    assert [g.index for g in sample.gpus] == [0] and sample.nvidia_smi
+    assert [r.rank for r in ranks_of([sample])] == [0]

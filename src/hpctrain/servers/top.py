@@ -18,7 +18,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.health import RankProgress
-from hpctrain.health.progress import PROGRESS_DIR, parse_progress
+from hpctrain.health.progress import MAX_RECORD_BYTES, PROGRESS_DIR, parse_progress
 from hpctrain.health.view import rank_lines
 
 NVIDIA_SMI = (
@@ -39,15 +39,24 @@ PROBE = (
 # (HPCTRAIN_RUN_DIR, which hpctrain's pods have), one `@progress JSON` line each. A constant number of processes
 # whatever the ranks: one find, and one awk per batch of files it hands over (`-exec ... {} +`), awk joining each
 # file's lines after `@progress ` (a record is one line, written without a newline). Only regular files, never a
-# link (`-type f`: a FIFO would block the reader). An image without find or awk gets the loop of one `tr` per rank
-# (18 s of forks at 8,000 ranks).
-_JOIN_RECORDS = 'FNR == 1 { if (NR > 1) print ""; printf "@progress " } { printf "%s", $0 } END { if (NR) print "" }'
+# link (`-type f`: a FIFO would block the reader), and, as the local reader (read_progress), none larger than
+# MAX_RECORD_BYTES: find passes over a larger file unread (mawk took 3.8 s for one line of 16 MiB, quadratically
+# more for more), and awk drops a record that outgrows the bound while it reads (a file that grew after find
+# looked), so what the probe prints is bounded per record. An image without find or awk gets the loop of one
+# `tr` per rank (18 s of forks at 8,000 ranks), which drops a record over the bound after reading it.
+_JOIN_RECORDS = (
+    f'function flush() {{ if (seen && length(r) <= {MAX_RECORD_BYTES}) print "@progress " r; r = "" }} '
+    "FNR == 1 { flush(); seen = 1 } "
+    f"length(r) <= {MAX_RECORD_BYTES} {{ r = r $0 }} "
+    "END { flush() }"
+)
 PROGRESS_PROBE = (
     f'if [ -n "${{HPCTRAIN_RUN_DIR:-}}" ]; then d="$HPCTRAIN_RUN_DIR"/{PROGRESS_DIR}; '
     "if command -v find >/dev/null 2>&1 && command -v awk >/dev/null 2>&1; then "
-    f"find \"$d\" -maxdepth 1 -name 'rank-*.json' -type f -exec awk {shlex.quote(_JOIN_RECORDS)} {{}} +; "
-    'else for f in "$d"/rank-*.json; do [ -f "$f" ] && [ ! -L "$f" ] && '
-    'printf "@progress %s\\n" "$(tr -d "\\n" < "$f")"; done; fi; fi'
+    f"find \"$d\" -maxdepth 1 -name 'rank-*.json' -type f -size -{MAX_RECORD_BYTES + 1}c "
+    f"-exec awk {shlex.quote(_JOIN_RECORDS)} {{}} +; "
+    'else for f in "$d"/rank-*.json; do [ -f "$f" ] && [ ! -L "$f" ] && r="$(tr -d "\\n" < "$f")" && '
+    f'{{ [ "${{#r}}" -gt {MAX_RECORD_BYTES} ] || printf "@progress %s\\n" "$r"; }}; done; fi; fi'
 )
 
 
@@ -84,9 +93,13 @@ class TopSample:
 
 
 def parse_probe(text: str, labelled: bool = True) -> list[NodeSample]:
-    """Lines `TASK: @kind value` (srun --label) or `@kind value` (one pod) -> one sample per task."""
+    """Lines `TASK: @kind value` (srun --label) or `@kind value` (one pod) -> one sample per task. Lines end at
+    `\n` only (what the probe's printf and awk end them with): a `\r`, U+2028 or another character that
+    str.splitlines also splits at, inside a record that a rank (or anyone who can write the run directory) wrote,
+    stays inside its line and cannot forge one. A record over MAX_RECORD_BYTES is dropped, as the local reader
+    drops it."""
     by_task: dict[str, NodeSample] = {}
-    for raw in text.splitlines():
+    for raw in text.split("\n"):
         task, line = ("0", raw.strip())
         if labelled:
             task, sep, line = raw.partition(":")
@@ -110,7 +123,7 @@ def parse_probe(text: str, labelled: bool = True) -> list[NodeSample]:
             gpu = _parse_gpu(value)
             if gpu is not None:
                 sample.gpus.append(gpu)
-        elif kind == "@progress":
+        elif kind == "@progress" and len(value.encode("utf-8", "surrogatepass")) <= MAX_RECORD_BYTES:
             sample.progress.append(value)
     return sorted(by_task.values(), key=lambda s: s.node)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -115,16 +116,24 @@ JSON_TYPE = re.compile(r"^application/(json|[\w!#$&.+\-^_]+\+json)\s*(;|$)", re.
 CHARSET = re.compile(r"charset=([a-zA-Z\-\d]+)[\s;]?")
 
 
-def json_answer(server: str, content_type: str | None, data: bytes, listing: bool) -> dict[str, Any]:
+def json_answer(
+    server: str, content_type: str | None, data: bytes, listing: bool, resource: str | None = None
+) -> dict[str, Any]:
     """A successful answer read as JSON (rest.py), held to what the client's decoding and models demand of it: a
     JSON content type (or none) in a charset Python knows, a JSON object; a Kubernetes object with metadata and a
     name (its spec and status objects, if any), or (listing) a list whose items are such objects, with the list's
-    own metadata an object."""
+    own metadata an object. No number that is not finite (`1e999`, NaN). And each object of `resource` (`pods`,
+    `nodes`, ...: the request's) holds the fields hpctrain reads of it in the type and range it reads them in
+    (shapes.py)."""
+    from hpctrain.schedulers.kubernetes import shapes
+
     if content_type is not None and not JSON_TYPE.match(content_type):
         raise bad_answer(server, f"Unsupported content type: {brief(content_type, 60)}")
     charset = CHARSET.search(content_type or "")
     try:
-        value = json.loads(data.decode(charset.group(1) if charset else "utf-8"))
+        value = json.loads(
+            data.decode(charset.group(1) if charset else "utf-8"), parse_float=_finite, parse_constant=_no_constant
+        )
     except (ValueError, LookupError, RecursionError) as err:
         raise bad_answer(server, f"{type(err).__name__}: {_first_line(err)}") from None
     if not isinstance(value, dict):
@@ -147,7 +156,23 @@ def json_answer(server: str, content_type: str | None, data: bytes, listing: boo
         for part in ("spec", "status"):  # every kind read here has them as objects (a Status object is an error)
             if not isinstance(obj.get(part, {}), (dict, type(None))):
                 raise bad_answer(server, f"an object whose {part} is a JSON {_json_kind(obj[part])}")
+        why = shapes.problem(resource, obj)
+        if why is not None:
+            raise bad_answer(server, why)
     return value
+
+
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent, which must be finite: `1e999` is not a number a reader can use
+    (int() of it raises OverflowError)."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"the number {brief(text, 40)} is out of range")
+    return number
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _json_kind(value: Any) -> str:

@@ -15,7 +15,7 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import NodeView
 from hpctrain.schedulers.kubernetes import render as r
-from hpctrain.schedulers.kubernetes.objects import GPU, node_views, requests_by_node
+from hpctrain.schedulers.kubernetes.objects import GPU, node_views, requests_by_node, with_use
 from hpctrain.schedulers.kubernetes.options import parse_quantity
 from hpctrain.schedulers.kubernetes.params import PRIORITY_LABEL
 from hpctrain.schedulers.kubernetes.pod_template import resources_per_pod
@@ -260,29 +260,18 @@ class LiveChecks:
         return True
 
     def _node_problems(self, job: JobSpec) -> list[str]:
-        """Whether a node has room for one worker pod: what the nodes offer decides first (a page of nodes at a time);
-        the pods running on a node are read only for nodes that could hold the pod when empty, the largest first, a
-        node at a time (fieldSelector spec.nodeName), until one has room now. Only when PROBED_NODES of them are full
-        does the check read every running pod, to name the freest node: a 10,000-node cluster with room costs its
-        node list and a few small pod lists, not its 80,000 pods."""
+        """Whether a node has room for one worker pod: what the nodes offer decides first (a page of nodes at a time,
+        each kept as a NodeView only if it could take the pod); the pods running on a node are read only for nodes
+        that could hold the pod when empty, the largest first, a node at a time (fieldSelector spec.nodeName, from
+        the API server's cache), until one has room now. Only when PROBED_NODES of them are full does the check
+        read every running pod, a page at a time, summed per candidate node and never kept, to say exactly whether
+        any node has room and name the freest: a 10,000-node cluster with room costs its node list and a few small
+        pod lists, not its 80,000 pods; a full one costs reading them, in memory that grows with the nodes only."""
         want = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}
         selector = self.options.node_selector_map
         tolerations = self.options.toleration_list
-        node_objects = self.raw.list(NODES, "listing the nodes")  # a page at a time; the message counts every node
-        by_name = {n["metadata"]["name"]: n for n in node_objects}
-        empty = node_views(node_objects, {})
         excluded = set(job.exclude_nodes)
-        candidates = [
-            n
-            for n in empty
-            if n.schedulable
-            and n.name not in excluded
-            and all((by_name[n.name]["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
-            and all(
-                t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)
-                for t in (by_name[n.name].get("spec") or {}).get("taints") or []
-            )
-        ]
+        count, candidates = self._candidates(excluded)
         ask = (
             f"cpu {_fmt_cpu(want['cpu'])}"
             + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "")
@@ -296,10 +285,10 @@ class LiveChecks:
             )
             if excluded:
                 return [
-                    f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({len(empty)} node(s) in "
+                    f"{why} outside --exclude-nodes {','.join(job.exclude_nodes)} ({count} node(s) in "
                     "the cluster): exclude fewer nodes, or fix --node-selector/--toleration"
                 ]
-            return [f"{why} ({len(empty)} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
+            return [f"{why} ({count} node(s) in the cluster): fix --node-selector/--toleration or ask the admin"]
 
         def fits(n: NodeView, free: bool) -> bool:
             cpu, mem, gpu = (
@@ -314,15 +303,18 @@ class LiveChecks:
             key=lambda n: (n.gpus_allocatable, n.cpu_allocatable, n.memory_allocatable),
             reverse=True,
         )
+        now: list[NodeView] = []
         for n in roomy[:PROBED_NODES]:
-            on_node = node_views([by_name[n.name]], requests_by_node(self.running_pods(n.name)))
-            if fits(on_node[0], free=True):
+            now.append(with_use(n, requests_by_node(self.running_pods(n.name)).get(n.name, {})))
+            if fits(now[-1], free=True):
                 return []
-        if roomy:  # the largest are full: every running pod, for the freest node of all
-            used = requests_by_node(self.running_pods())
-            now = node_views([by_name[n.name] for n in candidates], used)
+        rest = roomy[PROBED_NODES:]
+        if rest:  # the largest are full: every running pod, summed for the others, to tell for each
+            used = requests_by_node(self.running_pods(), {n.name for n in rest})
+            now += [with_use(n, used.get(n.name, {})) for n in rest]
             if any(fits(n, free=True) for n in now):
                 return []
+        if now:
             best = max(now, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
             free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
             return [
@@ -336,6 +328,27 @@ class LiveChecks:
             f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
             "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"
         ]
+
+    def _candidates(self, excluded: set[str]) -> tuple[int, list[NodeView]]:
+        """(how many nodes the cluster has, the views of those a job's pod may use: schedulable, not excluded,
+        matching --node-selector and tolerating their taints), read a page of nodes at a time, none kept."""
+        selector = self.options.node_selector_map
+        tolerations = self.options.toleration_list
+        count, candidates = 0, []
+        for page in self.raw.pages(NODES, "listing the nodes"):
+            count += len(page)
+            candidates += [
+                view
+                for n, view in zip(page, node_views(page, {}))
+                if view.schedulable
+                and view.name not in excluded
+                and all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())
+                and all(
+                    t.get("effect") not in ("NoSchedule", "NoExecute") or _tolerated(t, tolerations)
+                    for t in (n.get("spec") or {}).get("taints") or []
+                )
+            ]
+        return count, candidates
 
     def _quota_problems(self, job: JobSpec) -> list[str]:
         per_pod = {k: parse_quantity(v) for k, v in resources_per_pod(job).items()}

@@ -13,8 +13,12 @@ every request (all of CoreV1Api, CustomObjectsApi, ... share its pool manager):
 the error raised is both the client's ApiException (so `except ApiException` and `err.status` work as before) and a
 UserError (so the CLI prints its message, with the API server's own reason, instead of a traceback).
 
-Limits come from the environment: HPCTRAIN_K8S_TIMEOUT (seconds, default 30; the whole answer gets 4 times that)
-and HPCTRAIN_K8S_MAX_RESPONSE_MB (default 256).
+An answer 429 Too Many Requests (or 503) with a Retry-After is honoured within the request's deadline: the request is
+sent again after min(Retry-After, the time left); when the deadline comes first the error says that the server asked
+to retry later (urllib3's own retry on it, which slept past the deadline, is turned off).
+
+Limits come from the environment: HPCTRAIN_K8S_TIMEOUT (seconds, default 30; the whole answer gets 4 times that,
+a list of many pages (rest.RawApi.pages) 16 times) and HPCTRAIN_K8S_MAX_RESPONSE_MB (default 256).
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ MAX_RESPONSE_ENV = "HPCTRAIN_K8S_MAX_RESPONSE_MB"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_RESPONSE_MB = 256
 ANSWER_DEADLINE_FACTOR = 4
+LIST_DEADLINE_FACTOR = 4  # a list of many pages gets this many answers' deadlines in all
+RETRY_STATUSES = (429, 503)  # answered with a Retry-After: asked to send the request again later
+MIN_RETRY_WAIT_S = 1.0  # a Retry-After of 0 (or in the past) still waits this long: no busy loop of requests
 CHUNK = 1 << 16
 FIX = answers.FIX  # what to check when the API server does not answer as one
 
@@ -55,6 +62,11 @@ class Limits:
     def deadline_s(self) -> float:
         """For one whole answer, headers and body."""
         return self.timeout_s * ANSWER_DEADLINE_FACTOR
+
+    @property
+    def list_deadline_s(self) -> float:
+        """For every page of one list together (rest.RawApi.pages)."""
+        return self.deadline_s * LIST_DEADLINE_FACTOR
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -224,14 +236,34 @@ class _BoundedPool:
                 connect=self.limits.timeout_s, read=None if following else self.limits.timeout_s
             )
         kwargs["preload_content"] = False  # read here, bounded, when the client asks for .data
+        # urllib3 would sleep a Retry-After out itself, past the deadline: here it is honoured within it (below).
+        retries = kwargs.get("retries", getattr(self._pool, "connection_pool_kw", {}).get("retries"))
+        if not isinstance(retries, urllib3.Retry):
+            retries = urllib3.Retry.from_int(retries if retries is not None else urllib3.Retry.DEFAULT)
+        kwargs["retries"] = retries.new(respect_retry_after_header=False)
         deadline = time.monotonic() + self.limits.deadline_s
-        try:
-            response = within(
-                self.limits.deadline_s, lambda: self._pool.request(method, url, **kwargs), self._no_answer
-            )
-        except urllib3.exceptions.HTTPError as err:
-            raise self._unreachable(err) from None
-        return _BoundedResponse(response, self, deadline, (method, url))
+        while True:
+            try:
+                response = within(
+                    max(0.0, deadline - time.monotonic()),
+                    lambda: self._pool.request(method, url, **kwargs),
+                    self._no_answer,
+                )
+            except urllib3.exceptions.HTTPError as err:
+                raise self._unreachable(err) from None
+            wait = _retry_after(response) if response.status in RETRY_STATUSES else None
+            if wait is None:
+                return _BoundedResponse(response, self, deadline, (method, url))
+            response.close()  # its body unread (it may never end): the request is sent again on a new connection
+            if wait > deadline - time.monotonic():
+                raise UserError(
+                    f"the Kubernetes API server {self.server} asked to retry later ({response.status} "
+                    f"{response.reason or 'Too Many Requests'}, Retry-After {wait:g} s), later than the request's "
+                    f"deadline of {self.limits.deadline_s:g} s allows: it is overloaded or limits your requests; try "
+                    f"again later (or allow more time: {TIMEOUT_ENV}=SECONDS, a request gets "
+                    f"{ANSWER_DEADLINE_FACTOR} times that)"
+                )
+            time.sleep(wait)
 
     def _no_answer(self) -> UserError:
         return UserError(
@@ -311,6 +343,25 @@ class _BoundedResponse:
         return b"".join(chunks)
 
 
+def _retry_after(response: Any) -> float | None:
+    """The seconds a 429/503 answer's Retry-After asks to wait (a number, or an HTTP date), at least
+    MIN_RETRY_WAIT_S; None without one (or one that is neither): the answer is the error it says."""
+    import email.utils
+    import math
+    import time
+
+    value = (response.headers.get("Retry-After") or "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value) if re.fullmatch(r"[0-9]{1,10}(\.[0-9]{1,6})?", value) else None
+        if seconds is None:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+    return max(MIN_RETRY_WAIT_S, seconds) if math.isfinite(seconds) else None
+
+
 def _brief_reason(err: Any) -> str:
     """urllib3's reason without its object addresses: `[Errno 111] Connection refused`."""
     text = _one_line(err)
@@ -357,6 +408,11 @@ def describe_api_error(err: Any, what: str) -> str:
         return (
             f"{what}: forbidden (403 {reason}{said}); ask your cluster admin for the permission, or use another "
             "--namespace"
+        )
+    if status == 429:
+        return (
+            f"{what}: the API server asked to retry later (429 {reason}{said}): it is overloaded or limits your "
+            "requests; try again later"
         )
     if isinstance(status, int) and status >= 500:
         return f"{what}: the API server failed ({status} {reason}{said}); try again later, or ask the cluster admin"

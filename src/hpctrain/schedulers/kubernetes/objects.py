@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Container, Iterable
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -170,12 +172,15 @@ def recorded_exit_code(events: list[dict[str, Any]]) -> int | None:
     return max(codes)[1] if codes else None
 
 
-def requests_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:
-    """What the pods request, summed by the node they are bound to."""
+def requests_by_node(
+    pods: Iterable[dict[str, Any]], nodes: Container[str] | None = None
+) -> dict[str, dict[str, Decimal]]:
+    """What the pods request, summed by the node they are bound to (only the `nodes` named, if given). The pods
+    may come a page at a time (rest.RawApi.pages): none is kept, only the sums, one per node."""
     used: dict[str, dict[str, Decimal]] = {}
     for pod in pods:
         node_name = (pod.get("spec") or {}).get("nodeName")
-        if not node_name:
+        if not node_name or (nodes is not None and node_name not in nodes):
             continue
         node_use = used.setdefault(node_name, {})
         for k, v in pod_requests(pod).items():
@@ -183,22 +188,32 @@ def requests_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Decimal]
     return used
 
 
-def node_views(node_objects: list[dict[str, Any]], used: dict[str, dict[str, Decimal]]) -> list[NodeView]:
+def node_views(node_objects: Iterable[dict[str, Any]], used: dict[str, dict[str, Decimal]]) -> list[NodeView]:
     """Each node's capacity against what `used` says its pods requested (nothing for a node it does not name)."""
     nodes = []
     for n in node_objects:
         alloc = (n.get("status") or {}).get("allocatable") or {}
-        u = used.get(n["metadata"]["name"], {})
-        nodes.append(
-            NodeView(
-                name=n["metadata"]["name"],
-                cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))),
-                cpu_requested=float(u.get("cpu", 0)),
-                memory_allocatable=int(quantity_or_zero(alloc.get("memory"))),
-                memory_requested=int(u.get("memory", 0)),
-                gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))),
-                gpus_requested=int(u.get(GPU, 0)),
-                schedulable=not (n.get("spec") or {}).get("unschedulable"),
-            )
+        empty = NodeView(
+            name=n["metadata"]["name"],
+            cpu_allocatable=float(quantity_or_zero(alloc.get("cpu"))),
+            cpu_requested=0.0,
+            memory_allocatable=int(quantity_or_zero(alloc.get("memory"))),
+            memory_requested=0,
+            gpus_allocatable=int(quantity_or_zero(alloc.get(GPU))),
+            gpus_requested=0,
+            schedulable=not (n.get("spec") or {}).get("unschedulable"),
         )
+        nodes.append(with_use(empty, used.get(empty.name, {})))
     return nodes
+
+
+def with_use(node: NodeView, use: dict[str, Decimal]) -> NodeView:
+    """`node` with what its pods request (requests_by_node's sums for it) as its requested resources."""
+    if not use:
+        return node
+    return replace(
+        node,
+        cpu_requested=float(use.get("cpu", 0)),
+        memory_requested=int(use.get("memory", 0)),
+        gpus_requested=int(use.get(GPU, 0)),
+    )

@@ -74,7 +74,7 @@ def check_dns1035_label(what: str, value: str, fix: str) -> None:
 
 
 def check_dns_subdomain(what: str, value: str, fix: str) -> None:
-    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN_RE.match(value):
+    if not isinstance(value, str) or len(value) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(value):
         raise UserError(
             f"{what} {value!r} is not a valid Kubernetes name (lower-case letters, digits, - and ., "
             f"at most 253 characters): {fix}"

@@ -68,8 +68,9 @@ from hpctrain.errors import UserError
 from hpctrain.health.preflight import NODE_NAME_ENV
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import Rendered
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions, check_dns1035_label
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, check_dns1035_label, check_dns_subdomain
 from hpctrain.schedulers.kubernetes.pod_template import pod_extras, pod_volumes, resources_per_pod
+from hpctrain.schedulers.kubernetes.ranges import check_integers
 from hpctrain.schedulers.kubernetes.replica_logs import keep_log
 from hpctrain.schedulers.kubernetes.runtime import own_runtime, runtime_name
 from hpctrain.stops import TIME_LIMIT_ENV, TIME_WARNING_ENV
@@ -144,9 +145,12 @@ def render_yaml(manifest: dict[str, Any]) -> str:
 
 
 def rendered(job: JobSpec, options: KubernetesOptions) -> Rendered:
-    """The manifest; a TrainJob with --max-restarts has its own TrainingRuntime first in the text (runtime.py)."""
+    """The manifest; a TrainJob with --max-restarts has its own TrainingRuntime first in the text (runtime.py). Each
+    whole number in them fits its field (ranges.py), or nothing is created."""
     manifest = render(job, options)
     runtime = own_runtime(job, options)
+    for obj in (manifest, runtime or {}):
+        check_integers(obj)
     text = render_yaml(manifest) if runtime is None else render_yaml(runtime) + "---\n" + render_yaml(manifest)
     return Rendered(text=text, filename=f"{manifest['kind'].lower()}.yaml", payload=manifest)
 
@@ -198,6 +202,10 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     # PyTorchJob: the webhook's NameIsDNS1035Label (training-operator v1.9, pkg/webhooks/pytorch/pytorchjob_webhook.go);
     # TrainJob: the CRD's CEL rule `self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')` (Trainer v2.3.0).
     check_dns1035_label("--job-name", job.name, "pick a name such as mnist-run-1")
+    for node in job.exclude_nodes:  # the API server takes only a Node's name (a DNS subdomain) in a node affinity
+        check_dns_subdomain(
+            "--exclude-nodes", node, "Kubernetes node names are lower-case; give them as `kubectl get nodes` shows them"
+        )
     longest = longest_derived_name(job.name, options.api, job.resources.nodes)
     if len(longest) > MAX_NAME:
         limit = len(job.name) - (len(longest) - MAX_NAME)

@@ -15,7 +15,8 @@ call_api) and the older one (kubernetes 30-34: call_api, which raises for an HTT
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -49,18 +50,43 @@ class RawApi:
         return self._get(where, what, list(query.items()), listing=False)
 
     def list(self, where: str, what: str, **query: Any) -> list[dict[str, Any]]:
-        """Every item of the list at `where`, client.PAGE_SIZE at a time (`limit`/`continue`, as kubectl's
-        --chunk-size): a 10,000-node cluster answers in pages the server serves from its cache, each decoded on
-        its own and never one answer over the size cap. `query`: labelSelector, fieldSelector, ..."""
-        items: list[dict[str, Any]] = []
+        """Every item of the list at `where` (see `pages`). `query`: labelSelector, fieldSelector, ..."""
+        return [item for page in self.pages(where, what, **query) for item in page]
+
+    def pages(self, where: str, what: str, **query: Any) -> Iterator[list[dict[str, Any]]]:
+        """The list at `where`, a page of client.PAGE_SIZE items at a time (`limit`/`continue`, as kubectl's
+        --chunk-size), each page yielded as it arrives: a 10,000-node cluster answers in pages the server serves
+        from its cache, each decoded on its own and never one answer over the size cap, and a caller that sums
+        them keeps none. The list must progress: a `continue` token that the server gave before is a wrong answer
+        (it would be asked for the same pages for ever), and all pages together get Limits.list_deadline_s."""
+        import time
+
+        limits = getattr(getattr(self.api_client.rest_client, "pool_manager", None), "limits", None)
+        limits = limits or k8s_client.Limits.from_environ()
+        deadline = time.monotonic() + limits.list_deadline_s
         token: str | None = None
-        while True:
+        seen: set[str] = set()
+        for count in itertools.count(1):
             asked = [("limit", k8s_client.PAGE_SIZE), *([("continue", token)] if token else []), *query.items()]
             page = self._get(where, what, asked, listing=True)
-            items.extend(page["items"])
+            yield page["items"]
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                return items
+                return
+            if token in seen:
+                raise answers.bad_answer(
+                    self.server,
+                    f"{what}: page {count + 1} would be asked with a continue token an earlier page gave, so the "
+                    "list would never end",
+                )
+            seen.add(token)
+            if time.monotonic() > deadline:
+                raise k8s_client.UserError(
+                    f"the Kubernetes API server {self.server} did not finish {what} within "
+                    f"{limits.list_deadline_s:g} s ({count} pages of {k8s_client.PAGE_SIZE}, and it offers more): "
+                    f"{k8s_client.FIX} (or allow more time: {k8s_client.TIMEOUT_ENV}=SECONDS; a list gets "
+                    f"{k8s_client.ANSWER_DEADLINE_FACTOR * k8s_client.LIST_DEADLINE_FACTOR} times that)"
+                )
 
     def stream(self, where: str, what: str, **query: Any) -> Any:
         """The answer at `where` unread (a urllib3 response: `.stream()`, `.release_conn()`), for a pod's log."""
@@ -68,7 +94,11 @@ class RawApi:
 
     def _get(self, where: str, what: str, query: list[tuple[str, Any]], listing: bool) -> dict[str, Any]:
         response = self._send("GET", where, query, what)
-        return answers.json_answer(self.server, response.headers.get("content-type"), response.data, listing=listing)
+        parts = where.rstrip("/").split("/")  # .../pods (a list) or .../pods/NAME (an object): the kind it holds
+        resource = parts[-1] if listing else parts[-2] if len(parts) > 2 else None
+        return answers.json_answer(
+            self.server, response.headers.get("content-type"), response.data, listing=listing, resource=resource
+        )
 
     def _send(self, method: str, where: str, query: list[tuple[str, Any]], what: str, read: bool = True) -> Any:
         """The urllib3 response (read whole, within client.py's bounds, when `read`); an HTTP error raised as

@@ -10,7 +10,7 @@ and the rest of hpctrain never load it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -301,29 +301,30 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     # ---- cluster view ----------------------------------------------------------------------------------------
 
     def cluster(self) -> ClusterView:
-        return self._cluster_view(self.raw.list(NODES, "listing the nodes"), quota=True)
-
-    def _cluster_view(self, node_objects: list[dict[str, Any]], quota: bool) -> ClusterView:
-        nodes = node_views(node_objects, requests_by_node(self.running_pods()))
+        """Every node against what its running pods request. The pods are summed a page at a time and the nodes
+        made views a page at a time, so that what is kept grows with the nodes, not the pods (40,000 running pods
+        kept as JSON were 400 MB). Its time grows with the pods: Kubernetes keeps no per-node total of the
+        requests, so each running pod is read, as `kubectl describe nodes` does (docs/benchmarks.md)."""
+        used = requests_by_node(self.running_pods())
+        nodes = [view for page in self.raw.pages(NODES, "listing the nodes") for view in node_views(page, used)]
         lines: list[str] = []
-        if quota:
-            for q in self.quotas():
-                status = q.get("status") or {}
-                hard = status.get("hard") or (q.get("spec") or {}).get("hard") or {}
-                use = status.get("used") or {}
-                for key in sorted(hard):
-                    lines.append(
-                        f"{self.namespace}/{q['metadata']['name']} {key}: {use.get(key, '0')} of {hard[key]} used"
-                    )
+        for q in self.quotas():
+            status = q.get("status") or {}
+            hard = status.get("hard") or (q.get("spec") or {}).get("hard") or {}
+            use = status.get("used") or {}
+            for key in sorted(hard):
+                lines.append(f"{self.namespace}/{q['metadata']['name']} {key}: {use.get(key, '0')} of {hard[key]} used")
         return ClusterView(nodes=tuple(sorted(nodes, key=lambda n: n.name)), quota=tuple(lines))
 
-    def running_pods(self, node: str | None = None) -> list[dict[str, Any]]:
-        """The pods bound to a node (to `node`) and not ended, which take from it; the API server filters them, a page
-        at a time."""
+    def running_pods(self, node: str | None = None) -> Iterator[dict[str, Any]]:
+        """The pods bound to a node (to `node`) and not ended, which take from it, as they arrive (a page at a
+        time; the API server filters them). One node's are asked of the API server's cache (resourceVersion 0):
+        a field selector read from etcd makes the server decode every pod of the cluster for each node asked."""
         bound = f"spec.nodeName={node}" if node else "spec.nodeName!="
-        return self.raw.list(
-            PODS, "listing the pods", fieldSelector=f"{bound},status.phase!=Succeeded,status.phase!=Failed"
-        )
+        cached = {"resourceVersion": "0"} if node else {}
+        selector = f"{bound},status.phase!=Succeeded,status.phase!=Failed"
+        for page in self.raw.pages(PODS, "listing the pods", fieldSelector=selector, **cached):
+            yield from page
 
     def quotas(self) -> list[dict[str, Any]]:
         """The namespace's ResourceQuotas, as JSON."""

@@ -28,6 +28,7 @@ from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions, quantity_mb
 from hpctrain.schedulers.kubernetes.pod_template import pod_placement, pod_volumes
 from hpctrain.schedulers.kubernetes.pods import SERVICE_LABEL
+from hpctrain.schedulers.kubernetes.ranges import check_integers
 from hpctrain.schedulers.kubernetes.render import render_yaml
 from hpctrain.schedulers.services import Placement, RemoteStacks
 from hpctrain.servers import jupyter
@@ -99,12 +100,14 @@ def render_pod(pod: ServicePod, options: KubernetesOptions) -> dict[str, Any]:
         spec["activeDeadlineSeconds"] = parse_time_limit(pod.time)
     spec.update(pod_placement(options))
     labels = {**MANAGED_BY, **options.label_map, SERVICE_LABEL: pod.kind, NAME_LABEL: pod.name}
-    return {
+    manifest = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": pod.name, "namespace": options.namespace, "labels": labels},
         "spec": spec,
     }
+    check_integers(manifest)  # --time past what the API server takes for a pod (ranges.py), before anything is made
+    return manifest
 
 
 def render_secret(pod: ServicePod, options: KubernetesOptions, data: dict[str, str]) -> dict[str, Any]:
