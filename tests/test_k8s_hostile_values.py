@@ -111,9 +111,15 @@ def serve(segments: list[str], query: dict[str, list[str]], served: dict[str, An
     return 404, {}, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gives up (the deadline) resets its connection: socketserver would print that traceback to
+        stderr, which the tests read as the command's."""
+
+
 @pytest.fixture
 def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    server: Any = _QuietServer(("127.0.0.1", 0), _Api)
     server.daemon_threads = True
     server.requests, server.objects, server.answer = [], objects(), serve
     threading.Thread(target=server.serve_forever, daemon=True).start()
