@@ -70,6 +70,15 @@ def test_no_module_under_schedulers_writes_to_the_terminal() -> None:
     )
 
 
+def test_the_training_loop_writes_through_its_run_only() -> None:
+    """The loop tells its user everything through Run (say, warn, error: hpctrain.training.run), one channel, not
+    through Run and bare prints besides."""
+    import hpctrain.training.loop
+
+    loop = Path(hpctrain.training.loop.__file__)
+    assert terminal_writes(loop.read_text(), loop.name) == []
+
+
 def test_the_walk_finds_each_way_of_writing_and_passes_python_in_a_string() -> None:
     writes = {
         "print('x')": "print",
