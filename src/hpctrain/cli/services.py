@@ -62,8 +62,13 @@ def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:
 def show_step(step: Step) -> None:
     """A step of `dev start` or `tensorboard --on-cluster` as it happens, on stdout: what was submitted, then the
     job's states and what the server asks of the user, indented under it."""
-    text = {"state": f"job {step.job}: {step.text}", "prompt": step.text}.get(step.kind)
-    print(for_terminal(step.text if text is None else f"  {text}"), flush=True)
+    if step.kind == "state":
+        text = f"  job {step.job}: {step.text}"
+    elif step.kind == "prompt":
+        text = f"  {step.text}"
+    else:
+        text = step.text
+    print(for_terminal(text), flush=True)
 
 
 def access_lines(access: ServiceAccess) -> list[str]:
