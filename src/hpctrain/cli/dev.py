@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of
+from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of, show_step
 from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 from hpctrain.errors import UserError
 
@@ -139,7 +139,7 @@ def _start(args: argparse.Namespace) -> int:
     from hpctrain.servers.sessions import starting
 
     with starting(cfg.name):  # one `dev start NAME` at a time: a second one is refused before it submits anything
-        said = "\n".join(services.dev_start(cfg, placement, args.wait, args.local_port))
+        said = "\n".join(services.dev_start(cfg, placement, args.wait, args.local_port, show_step))
         print(for_terminal(said, newlines=True))  # the node's name and endpoint are what the job wrote
     return 0
 

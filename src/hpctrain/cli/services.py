@@ -1,11 +1,18 @@
 """What the commands around the job (dev, tensorboard, top, debug stacks) share: the chosen scheduler's services
-(hpctrain.schedulers.services.Services), and the flags that say where a service job or pod runs and with which
-software (hpctrain.schedulers.services.Placement)."""
+(hpctrain.schedulers.services.Services), the flags that say where a service job or pod runs and with which
+software (hpctrain.schedulers.services.Placement), and how what a service's start returns is printed: each Step as
+it happens (show_step) and how to reach it (access_lines). The backends return these and never print; the text
+here passes hpctrain.safetext.for_terminal (a node's name and a job's state are what the cluster said)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.safetext import for_terminal
+
+if TYPE_CHECKING:
+    from hpctrain.schedulers.services import ServiceAccess, Step
 
 
 def add_placement_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, wait_help: str) -> None:
@@ -50,3 +57,26 @@ def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:
     from hpctrain.cli.scheduling import choose_scheduler, get_backend
 
     return get_backend(args, scheduler or choose_scheduler(args)).services()
+
+
+def show_step(step: Step) -> None:
+    """A step of `dev start` or `tensorboard --on-cluster` as it happens, on stdout: what was submitted, then the
+    job's states and what the server asks of the user, indented under it."""
+    if step.kind == "state":
+        text = f"  job {step.job}: {step.text}"
+    elif step.kind == "prompt":
+        text = f"  {step.text}"
+    else:
+        text = step.text
+    print(for_terminal(text), flush=True)
+
+
+def access_lines(access: ServiceAccess) -> list[str]:
+    """How to reach a started service and stop it, as `tensorboard --on-cluster` prints it."""
+    if access.endpoint is not None:
+        where = f"is up on {access.endpoint.node}:{access.endpoint.port} (job {access.job})"
+        head = f"\n{access.service} {where}. On your machine, open the tunnel:"
+    else:
+        head = f"{access.service} pod {access.job} created in namespace {access.namespace}. On your machine:"
+    lines = [head, f"  {access.forward}", f"then open:\n  {access.url}", f"Stop it with: {access.stop}"]
+    return [for_terminal(line, newlines=True) for line in lines]

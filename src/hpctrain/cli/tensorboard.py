@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of
+from hpctrain.cli.services import access_lines, add_placement_arguments, placement_from_args, services_of, show_step
 from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
@@ -33,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.on_cluster:
         services = services_of(args)
-        print(
-            "\n".join(services.tensorboard(args.run_dirs, args.time, placement_from_args(args), args.wait, args.port))
-        )
+        placement = placement_from_args(args)
+        access = services.tensorboard(args.run_dirs, args.time, placement, args.wait, args.port, show_step)
+        print("\n".join(access_lines(access)))
         return 0
     from hpctrain.servers import tensorboard as tbserver
 

@@ -1,21 +1,65 @@
 """What each backend offers the commands around the job (`dev`, `tensorboard --on-cluster`, `top`, `debug stacks`,
 `cancel` of a service), so that those commands never name a scheduler: they pick the backend as every job command
-does (cli.scheduling), ask the Scheduler for its services (`get_scheduler(name).services()`), and print what these
+does (cli.scheduling), ask the Scheduler for its services (`get_scheduler(name).services()`), and format what these
 return. What a backend shows (a tunnel or a port-forward, a job id or a pod) is its own: each backend's
 services.py (schedulers/slurm/, schedulers/kubernetes/) implements Services on what hpctrain.servers holds.
+
+No backend writes to the terminal: starting a service reports each Step as it happens to the caller's `on_step`,
+and returns what the user needs (lines, or a ServiceAccess); the CLI prints them (cli.services), a web console
+shows them its own way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from hpctrain.health import RankProgress
     from hpctrain.jobs.spec import EnvironmentSpec
+    from hpctrain.servers.common import Endpoint
     from hpctrain.servers.sessions import DevConfig, SessionView
     from hpctrain.servers.top import TopSample
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of starting a service (`dev start`, `tensorboard --on-cluster`), reported as it happens."""
+
+    kind: Literal["submitted", "state", "prompt"]
+    """submitted: the job or pod exists and the wait for its server begins (`text` says which and how long);
+    state: the job's new state (`text`: `PENDING (Resources)`, `RUNNING`); prompt: the server asks the user to act
+    now (`text`: VS Code's device login)."""
+    text: str
+    job: str = ""
+    """The job id or pod name."""
+
+
+OnStep = Callable[[Step], None]
+
+
+@dataclass(frozen=True)
+class ServiceAccess:
+    """How the user reaches a service that has started (`tensorboard --on-cluster`) and stops it; the CLI words it
+    (cli.services.access_lines)."""
+
+    service: str
+    """What runs, as the user knows it: `TensorBoard`."""
+    job: str
+    """The Slurm job id, or the pod's name."""
+    forward: str
+    """The command to run on the user's machine that reaches it: an `ssh -N -L` tunnel through the login node, or
+    `kubectl port-forward`."""
+    url: str
+    """What to open once `forward` runs."""
+    stop: str
+    """The command that stops it."""
+    endpoint: Endpoint | None = None
+    """Where it answered (node and port), where the backend waited for it to answer (Slurm)."""
+    namespace: str | None = None
+    """Kubernetes: the pod's namespace (the pod is created; its server may still be starting)."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +106,11 @@ class Services(Protocol):
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
         """Pure: what `dev start --dry-run` prints (the batch script or the pod manifest)."""
 
-    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
-        """Start the session and wait until its server answers; the lines that say how to reach it."""
+    def dev_start(
+        self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None, on_step: OnStep
+    ) -> list[str]:
+        """Start the session and wait until its server answers, telling `on_step` each step meanwhile; the lines
+        that say how to reach it."""
 
     def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
         """A recorded session's row in `dev list`, with its live state."""
@@ -72,9 +119,10 @@ class Services(Protocol):
         """Stop the session, free what it holds and forget its secrets; says what happened."""
 
     def tensorboard(
-        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
-    ) -> list[str]:
-        """Start TensorBoard on the runs as a small CPU job or pod; the lines that say how to reach and stop it."""
+        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
+    ) -> ServiceAccess:
+        """Start TensorBoard on the runs as a small CPU job or pod, telling `on_step` each step meanwhile; how to
+        reach and stop it."""
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         """Run the probe on each node (pod) of the running job; its run directory too when `find_run_dir`."""

@@ -58,7 +58,7 @@ class TunnelWatch:
         login = LOGIN_RE.search(text)
         if login and self.login is None:
             self.login = login.group(0)
-            self.say(f"  VS Code asks you to log in: open {login['url']} and enter the code {login['code']}")
+            self.say(f"VS Code asks you to log in: open {login['url']} and enter the code {login['code']}")
         url = URL_RE.search(text)
         self.url = url["url"] if url else None
         return self.url is not None

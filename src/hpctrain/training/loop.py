@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,7 +192,7 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     if scaling:
         run.say(scaling)
     for warning in run.recipe.warnings(cfg, plan.num_samples, plan.steps_per_epoch):
-        print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
+        run.warn(warning)
     run.say(train_hint(run.run_dir))
     if run.resume_from is not None:
         run.say(
@@ -221,21 +220,17 @@ def _report_end(run: Run, result: RunResult) -> None:
             if bad
             else "hpctrain submit --exclude-nodes NODE,..."
         )
-        print(
-            f"hpctrain train: error: the preflight found sick node(s) before the first step: "
+        run.error(
+            "the preflight found sick node(s) before the first step: "
             f"{', '.join(bad) or '(see the record)'} ({run.run_dir / PREFLIGHT_FILE}); {where}. A job from `hpctrain "
             "submit` on Slurm requeues itself without them (within --max-hang-restarts); elsewhere submit it again "
-            f"away from them: `{exclude} ...` with `train ... --resume` if it has checkpoints",
-            file=sys.stderr,
-            flush=True,
+            f"away from them: `{exclude} ...` with `train ... --resume` if it has checkpoints"
         )
     elif reason is StopReason.DIVERGED:
-        print(
-            f"hpctrain train: error: the training loss became non-finite (inf or nan) by global step {result.step}:"
+        run.error(
+            f"the training loss became non-finite (inf or nan) by global step {result.step}:"
             f" the run diverged and stopped without writing a checkpoint after that; {where}. Start again with a "
-            f"lower --lr (this run: {run.cfg.lr:g}), or continue from that checkpoint with `--resume --lr LOWER`",
-            file=sys.stderr,
-            flush=True,
+            f"lower --lr (this run: {run.cfg.lr:g}), or continue from that checkpoint with `--resume --lr LOWER`"
         )
     else:
         if run.stop.signal_name is not None:

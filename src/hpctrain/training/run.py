@@ -3,6 +3,7 @@ own counters (what a resume restores besides model and optimizer state)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,5 +63,16 @@ class Run:
         return self.env.rank == 0
 
     def say(self, message: str) -> None:
+        """What the run tells its user (rank 0 only), on stdout: `hpctrain: MESSAGE`."""
         if self.is_main:
             print(f"hpctrain: {message}", flush=True)
+
+    def warn(self, message: str) -> None:
+        """A warning (rank 0 only), on stderr: `hpctrain: warning: MESSAGE`."""
+        if self.is_main:
+            print(f"hpctrain: warning: {message}", file=sys.stderr, flush=True)
+
+    def error(self, message: str) -> None:
+        """Why the run ended in error and what to do (rank 0 only), on stderr: `hpctrain train: error: MESSAGE`."""
+        if self.is_main:
+            print(f"hpctrain train: error: {message}", file=sys.stderr, flush=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from hpctrain.schedulers.kubernetes.pod_template import pod_placement, pod_volum
 from hpctrain.schedulers.kubernetes.pods import SERVICE_LABEL
 from hpctrain.schedulers.kubernetes.ranges import check_integers
 from hpctrain.schedulers.kubernetes.render import render_yaml
-from hpctrain.schedulers.services import Placement, RemoteStacks
+from hpctrain.schedulers.services import OnStep, Placement, RemoteStacks, ServiceAccess, Step
 from hpctrain.servers import jupyter
 from hpctrain.servers import tensorboard as tbserver
 from hpctrain.servers.common import write_private
@@ -158,7 +157,9 @@ class KubernetesServices:
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
         return render_yaml(render_dev_pod(cfg, self.options(placement)))
 
-    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
+    def dev_start(
+        self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None, on_step: OnStep
+    ) -> list[str]:
         sched = self.scheduler
         conn = start(
             cfg,
@@ -167,6 +168,7 @@ class KubernetesServices:
             None,
             wait_s,
             local_port,
+            on_step,
             context=sched.context,
             stop=sched.command("dev stop", cfg.name),
         )
@@ -189,20 +191,21 @@ class KubernetesServices:
         return create(options=self.scheduler.options, context=context).core
 
     def tensorboard(
-        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
-    ) -> list[str]:
+        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
+    ) -> ServiceAccess:
         self.environment(placement)  # the Slurm flags are refused, as for `dev start`
         options = self.options(placement)
         pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
         pods.create(self.scheduler.core, render_pod(pod, options))
         local = port or TENSORBOARD_PORT
-        forward = port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT, self.scheduler.context)
-        return [
-            f"TensorBoard pod {pod.name} created in namespace {options.namespace}. On your machine:",
-            f"  {forward}",
-            f"then open:\n  http://localhost:{local}/",
-            f"Stop it with: {self.scheduler.command('cancel', pod.name)}",
-        ]
+        return ServiceAccess(
+            service="TensorBoard",
+            job=pod.name,
+            forward=port_forward_command(options.namespace, pod.name, local, TENSORBOARD_PORT, self.scheduler.context),
+            url=f"http://localhost:{local}/",
+            stop=self.scheduler.command("cancel", pod.name),
+            namespace=options.namespace,
+        )
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         raw, job_pods = self._pods(job)
@@ -330,13 +333,13 @@ def start(
     root: Path | None,
     wait_s: float,
     local_port: int | None,
-    say: Callable[[str], None] = print,
+    on_step: OnStep,
     context: str | None = None,
     stop: str | None = None,
 ) -> dict[str, Any]:
-    """Create the session's Secret and Pod, wait until JupyterLab is ready (up to wait_s; 0: do not wait), record
-    and return its connection details: with the kubeconfig `context` it was created through and `stop`, the
-    `hpctrain dev stop` command with every flag that found the cluster (the caller's)."""
+    """Create the session's Secret and Pod, wait until JupyterLab is ready (up to wait_s; 0: do not wait; each step
+    told to `on_step`), record and return its connection details: with the kubeconfig `context` it was created
+    through and `stop`, the `hpctrain dev stop` command with every flag that found the cluster (the caller's)."""
     stop = stop or f"hpctrain dev stop {cfg.name} --scheduler kubernetes --namespace {options.namespace}"
     state_dir = make_session_dir(cfg.name, root)
     spec = service_pod(cfg)
@@ -359,10 +362,8 @@ def start(
         "url": jupyter.url(local, token),
     }
     write_private(state_dir / CONNECTION_FILE, conn)
-    say(
-        f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}; waiting until JupyterLab "
-        f"is ready (up to {wait_s:g} s)"
-    )
+    created = f"dev session {cfg.name}: pod {spec.name} created in namespace {options.namespace}"
+    on_step(Step("submitted", f"{created}; waiting until JupyterLab is ready (up to {wait_s:g} s)", spec.name))
     deadline = time.monotonic() + wait_s
     while wait_s > 0:
         live = core.read_namespaced_pod(spec.name, options.namespace)

@@ -32,7 +32,7 @@ from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
 from hpctrain.schedulers.slurm.monitoring import sample
 from hpctrain.schedulers.slurm.run_dir import run_dir_of
-from hpctrain.schedulers.services import Placement, RemoteStacks
+from hpctrain.schedulers.services import OnStep, Placement, RemoteStacks, ServiceAccess, Step
 from hpctrain.servers import code, jupyter, ssh
 from hpctrain.servers import tensorboard as tbserver
 from hpctrain.servers.common import Endpoint, login_host, private_dir, read_json, state_root, write_private
@@ -250,17 +250,19 @@ def new_state_dir() -> Path:
     return private_dir(root / time.strftime(f"%Y%m%d-%H%M%S-{secrets.token_hex(3)}"))
 
 
-def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, say=print) -> tuple[str, Endpoint]:
+def start_tensorboard(tb: ClusterTensorBoard, wait_s: float, on_step: OnStep) -> tuple[str, Endpoint]:
+    """Submit TensorBoard's job and wait until it answers (each step told to `on_step`); its job id and endpoint."""
     state_dir = new_state_dir()
     service = tensorboard_job(tb, state_dir)
     job_id = submit(service, render_service_script(service))
-    say(f"tensorboard: job {job_id} submitted; waiting for it to answer (up to {wait_s:g} s)")
+    waiting = f"waiting for it to answer (up to {wait_s:g} s)"
+    on_step(Step("submitted", f"tensorboard: job {job_id} submitted; {waiting}", job_id))
     endpoint = wait_ready(
         state_dir,
         job_id,
         lambda ep: tbserver.ready(ep.node, ep.port),
         wait_s,
-        on_state=lambda s: say(f"  job {job_id}: {s}"),
+        on_state=lambda s: on_step(Step("state", s, job_id)),
     )
     return job_id, endpoint
 
@@ -282,8 +284,10 @@ class SlurmServices:
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
         return render_dev_script(cfg, session_dir(cfg.name))
 
-    def dev_start(self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None) -> list[str]:
-        conn = start(cfg, None, placement.login_host or login_host(), wait_s, local_port)
+    def dev_start(
+        self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None, on_step: OnStep
+    ) -> list[str]:
+        conn = start(cfg, None, placement.login_host or login_host(), wait_s, local_port, on_step)
         return dev.instructions(cfg, conn)
 
     def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
@@ -293,8 +297,8 @@ class SlurmServices:
         return stop(state_dir, conn)
 
     def tensorboard(
-        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None
-    ) -> list[str]:
+        self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
+    ) -> ServiceAccess:
         tb = ClusterTensorBoard(
             spec=tbserver.logdir_spec(run_dirs),
             environment=environment(placement),
@@ -302,14 +306,16 @@ class SlurmServices:
             partition=placement.partition,
             account=placement.account,
         )
-        job_id, endpoint = start_tensorboard(tb, wait_s)
+        job_id, endpoint = start_tensorboard(tb, wait_s, on_step)
         local = port or endpoint.port
-        return [
-            f"\nTensorBoard is up on {endpoint.node}:{endpoint.port} (job {job_id}). On your machine, open the tunnel:",
-            f"  {endpoint.tunnel_command(placement.login_host or login_host(), local)}",
-            f"then open:\n  http://localhost:{local}/",
-            f"Stop it with: hpctrain cancel {job_id}",
-        ]
+        return ServiceAccess(
+            service="TensorBoard",
+            job=job_id,
+            forward=endpoint.tunnel_command(placement.login_host or login_host(), local),
+            url=f"http://localhost:{local}/",
+            stop=f"hpctrain cancel {job_id}",
+            endpoint=endpoint,
+        )
 
     def top(self, job: str, find_run_dir: bool) -> TopSample:
         info, samples = sample(job)
@@ -396,9 +402,10 @@ def start(
     login: str,
     wait_s: float,
     local_port: int | None,
-    say: Callable[[str], None] = print,
+    on_step: OnStep,
 ) -> dict[str, Any]:
-    """Submit the session, wait until its server answers, record and return its connection details."""
+    """Submit the session, wait until its server answers (each step told to `on_step`), record and return its
+    connection details."""
     dev.check_program(cfg)
     state_dir = make_session_dir(cfg.name, root)
     dev.refuse_running(state_dir)
@@ -419,10 +426,13 @@ def start(
         "created": now(),
     }
     write_private(state_dir / CONNECTION_FILE, conn)
-    say(f"dev session {cfg.name}: job {job_id} submitted; waiting for {cfg.service} to answer (up to {wait_s:g} s)")
-    watch = code.TunnelWatch(state_dir / f"slurm-{job_id}.out", say) if cfg.service == "code" else None
+    waiting = f"waiting for {cfg.service} to answer (up to {wait_s:g} s)"
+    on_step(Step("submitted", f"dev session {cfg.name}: job {job_id} submitted; {waiting}", job_id))
+    watch = None
+    if cfg.service == "code":
+        watch = code.TunnelWatch(state_dir / f"slurm-{job_id}.out", lambda text: on_step(Step("prompt", text, job_id)))
     ready = {"jupyter": jupyter.ready(token), "ssh": ssh.ready}.get(cfg.service, watch)
-    endpoint = wait_ready(state_dir, job_id, ready, wait_s, on_state=lambda s: say(f"  job {job_id}: {s}"))
+    endpoint = wait_ready(state_dir, job_id, ready, wait_s, on_state=lambda s: on_step(Step("state", s, job_id)))
     local = local_port or endpoint.port
     conn.update(node=endpoint.node, port=endpoint.port, local_port=local, tunnel=endpoint.tunnel_command(login, local))
     if cfg.service == "jupyter":
