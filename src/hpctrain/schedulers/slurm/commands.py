@@ -1,7 +1,7 @@
 """Run Slurm client commands (argv lists, never a shell) and turn their failures into errors that name the fix.
 
 Every `squeue`, `sinfo`, `scontrol`, `sacct`, `sbatch`, `scancel` and `srun` hpctrain runs goes through `slurm()`:
-  * a deadline for the whole call (HPCTRAIN_SLURM_TIMEOUT_S, default a minute): a client that hangs (`sacct` behind
+  * a deadline for the whole call (HPCTRAIN_SLURM_TIMEOUT, default a minute): a client that hangs (`sacct` behind
     a stuck slurmdbd, a wedged shared file system, a stopped controller) is killed with what it started;
   * a bound on what it may print (MAX_OUTPUT_BYTES per stream);
   * retries, within that deadline, only of a command that changes nothing (queries) and only when Slurm said it
@@ -27,7 +27,7 @@ from hpctrain.errors import UserError
 Runner = Callable[..., "subprocess.CompletedProcess[Any]"]
 T = TypeVar("T")
 
-TIMEOUT_ENV = "HPCTRAIN_SLURM_TIMEOUT_S"
+TIMEOUT_ENV = "HPCTRAIN_SLURM_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 24 * 3600.0
 MAX_OUTPUT_BYTES = 256 * 2**20
@@ -57,7 +57,7 @@ class OutputTooLarge(Exception):
 
 
 def command_timeout_s() -> float:
-    """The deadline of one Slurm command: HPCTRAIN_SLURM_TIMEOUT_S seconds, default DEFAULT_TIMEOUT_S."""
+    """The deadline of one Slurm command: HPCTRAIN_SLURM_TIMEOUT seconds, default DEFAULT_TIMEOUT_S."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
