@@ -98,13 +98,14 @@ def run_bounded(
     *,
     input: bytes | None = None,
     timeout: float | None = None,
-    limit: int = MAX_OUTPUT_BYTES,
+    limit: int | None = None,
     env: dict[str, str] | None = None,
     **_: Any,
 ) -> subprocess.CompletedProcess[bytes]:
     """subprocess.run(argv, input=..., capture_output=True, timeout=...) with bytes, but in a session of its own,
     killed with every process it started when `timeout` passes (subprocess.TimeoutExpired) or when it prints more
-    than `limit` bytes on a stream (OutputTooLarge), or when this process is interrupted."""
+    than `limit` bytes on a stream (default MAX_OUTPUT_BYTES; OutputTooLarge), or when this process is interrupted."""
+    limit = MAX_OUTPUT_BYTES if limit is None else limit
     deadline = None if timeout is None else time.monotonic() + timeout
     proc = subprocess.Popen(
         list(argv),
@@ -181,7 +182,7 @@ def idempotent(argv: Sequence[str], input: str | None = None) -> bool:
         return True
     if name != "scontrol":
         return False
-    words = [w for w in argv[1:] if not w.startswith("-")]
+    words = [w for w in argv[1:] if w == "-" or not w.startswith("-")]
     if not words and input is not None:
         return all(_scontrol_reads(line.split()) for line in input.splitlines() if line.strip())
     return _scontrol_reads(words)
