@@ -231,3 +231,36 @@ def test_a_missing_client_names_the_fix(tmp_path: Path, monkeypatch) -> None:
         slurm(["squeue"])
     assert one_line(err.value).startswith("`squeue` was not found: hpctrain needs the Slurm client commands on PATH")
     assert os.environ["PATH"] == str(tmp_path)
+
+
+def test_every_slurm_command_goes_through_the_runner() -> None:
+    """Outside commands.py, hpctrain runs programs only where they are not Slurm's clients: the job's Python
+    (interpreter.py), bash asked for `module` (checks.py), and the programs of images, servers and training.
+    Under schedulers/slurm nothing else calls subprocess or run_text, and no module anywhere starts a Slurm client
+    by its name."""
+    import ast
+
+    import hpctrain
+
+    root = Path(hpctrain.__file__).parent
+    clients = {"squeue", "sbatch", "scontrol", "sacct", "sinfo", "scancel", "srun"}
+    allowed = {"schedulers/slurm/commands.py", "schedulers/slurm/interpreter.py", "schedulers/slurm/checks.py"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        if where == "schedulers/slurm/commands.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            runs = name == "run_text" or (owner == "subprocess" and name in {"run", "Popen", "call", "check_output"})
+            if runs and where.startswith("schedulers/slurm/") and where not in allowed:
+                found.append(f"{where}:{node.lineno}")
+            first = node.args[0] if runs and node.args else None
+            if runs and isinstance(first, ast.List) and first.elts and isinstance(first.elts[0], ast.Constant):
+                if first.elts[0].value in clients:
+                    found.append(f"{where}:{node.lineno} ({first.elts[0].value})")
+    assert found == []
