@@ -374,7 +374,7 @@ def wait_for_job(
             return replace(seen[-1], state=GONE, exit_code=None, source="none")
         if on_change is not None and (not seen or (info.state, info.restarts) != (seen[-1].state, seen[-1].restarts)):
             on_change(info)
-        seen.append(info)
+        seen[:] = [info]  # the last record only
         return info
 
     info, ended = poll_until(probe, lambda i: i.finished, timeout_s=timeout_s, poll_s=poll_s, sleep=sleep)

@@ -202,7 +202,7 @@ def _follow(job_id: str, restarts: int, timeout_s: float, say: Callable[[str], N
         info = get_job(job_id)
         if info is not None and (not states or info.state != states[-1]):
             say(f"job {job_id}: {info.state}" + (f" ({info.reason})" if info.reason else ""))
-            states.append(info.state)
+            states[:] = [info.state]
         return info
 
     info, _ = poll_until(

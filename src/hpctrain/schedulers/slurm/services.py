@@ -185,7 +185,7 @@ def wait_ready(
         state = info.state if info is not None else "GONE"
         if (not states or state != states[-1]) and on_state is not None:
             on_state(state if not (info and info.reason and info.pending) else f"{state} ({info.reason})")
-        states.append(state)
+        states[:] = [state]
         if info is None or info.finished:
             raise UserError(
                 f"job {job_id} ended ({state}) before its server answered:\n{output_tail(state_dir, job_id)}"
