@@ -7,8 +7,8 @@ Every `squeue`, `sinfo`, `scontrol`, `sacct`, `sbatch`, `scancel` and `srun` hpc
   * retries, within that deadline, only of a command that changes nothing (queries) and only when Slurm said it
     was busy or out of reach: an `sbatch` or `scancel` that timed out may have been carried out;
   * one-line errors that say which command, what it waited for and how long, and what to check.
-`poll_until` is the one loop that polls a job until something holds, with one retry policy (a poll that found the
-controller out of reach is asked again at the next poll, until the loop's own deadline).
+`poll_until` is the one loop that polls a job until something holds, with one retry policy (a poll that found
+Slurm out of reach is asked again at the next poll, for up to one command deadline, never past the loop's own).
 """
 
 from __future__ import annotations
