@@ -73,6 +73,10 @@ def test_a_stopped_controller_ends_each_command_with_one_line(slurm_cluster, tmp
     }
     pid = slurmctld_pid()
     assert controller_answers()
+    # Answered while the controller runs; this also starts the harness's warm process before the commands below
+    # ask it at once (tests/warm_start.py), so that they start fast while the controller is stopped.
+    up = run_hpctrain("status", job, *SLURM, cwd=tmp_path, env=env, timeout=GUARD_S)
+    assert up.returncode == 0 and "PENDING" in up.stdout, up
     results: dict[str, subprocess.CompletedProcess[str]] = {}
     safety = threading.Timer(25, os.kill, (pid, signal.SIGCONT))
     try:
