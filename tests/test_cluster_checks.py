@@ -209,7 +209,7 @@ def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> Non
         )
 
     with pytest.raises(UserError) as err:
-        slurm(["squeue"], run=down)
+        slurm(["squeue"], run=down, timeout=0.5)  # asked again after 1 s only while the deadline allows: not here
     assert "scontrol ping" in str(err.value) and "local-slurm.sh" not in str(err.value)
 
 

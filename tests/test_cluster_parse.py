@@ -149,6 +149,7 @@ def test_failing_command_reports_stderr(tmp_path: Path, monkeypatch: pytest.Monk
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HPCTRAIN_SLURM_TIMEOUT", "0.5")  # a query is asked again only while the deadline allows
     with pytest.raises(UserError, match="could not reach the Slurm controller.*scontrol ping"):
         slurm(["scontrol", "show", "node", "-o"])
 

@@ -23,12 +23,12 @@ Nothing here imports torch or the Kubernetes client.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from hpctrain.schedulers.base import BackendInfo
-from hpctrain.schedulers.slurm.commands import run_text
+from hpctrain.errors import UserError
+from hpctrain.schedulers.slurm.commands import slurm
 from hpctrain.schedulers.slurm.flags import add_arguments, complete_job
 from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
 
@@ -39,8 +39,8 @@ def client_version() -> str | None:
     if sinfo is None:
         return None
     try:
-        proc = run_text(subprocess.run, [sinfo, "--version"], timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = slurm([sinfo, "--version"], check=False, timeout=10)
+    except (OSError, UserError):
         return None
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -123,16 +122,14 @@ def view(state_dir: Path, conn: dict[str, Any], probe: bool = True) -> SessionVi
 
 
 def stop_job(job_id: str, wait_s: float) -> str:
+    from hpctrain.schedulers.slurm.commands import poll_until
     from hpctrain.schedulers.slurm.jobs import cancel, get_job
 
     info = get_job(job_id)
     if info is None or info.finished:
         return f"job {job_id} had already ended"
     cancel(job_id)
-    deadline = time.monotonic() + wait_s
-    while info is not None and not info.finished and time.monotonic() < deadline:
-        time.sleep(1.0)
-        info = get_job(job_id)
-    if info is not None and not info.finished:
+    info, ended = poll_until(lambda: get_job(job_id), lambda i: i is None or i.finished, timeout_s=wait_s)
+    if not ended and info is not None:
         return f"job {job_id} cancelled; Slurm is still stopping it ({info.state})"
     return f"job {job_id} cancelled; its node is free"

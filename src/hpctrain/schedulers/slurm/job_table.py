@@ -20,11 +20,10 @@ from __future__ import annotations
 import functools
 import getpass
 import operator
-import subprocess
 
 from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.base import ColumnCells
-from hpctrain.schedulers.slurm.commands import Runner, slurm
+from hpctrain.schedulers.slurm.commands import Runner, run_bounded, slurm
 from hpctrain.schedulers.slurm.jobs import NULLS, duration_or_none, id_order, state_word
 from hpctrain.schedulers.slurm.records import Fields
 
@@ -74,7 +73,7 @@ def table_columns(text: str, fields: Fields) -> ColumnCells:
     return ColumnCells(columns)
 
 
-def list_columns(user: str | None = None, all_users: bool = False, run: Runner = subprocess.run) -> ColumnCells:
+def list_columns(user: str | None = None, all_users: bool = False, run: Runner = run_bounded) -> ColumnCells:
     """The jobs the controller knows as the table's columns, the caller's unless all_users."""
     if not all_users and user is None:
         user = getpass.getuser()

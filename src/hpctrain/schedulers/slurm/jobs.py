@@ -20,7 +20,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.schedulers.slurm import records
-from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
+from hpctrain.schedulers.slurm.commands import (
+    Runner,
+    SlurmUnavailable,
+    command_error,
+    poll_until,
+    run_bounded,
+    slurm,
+)
 from hpctrain.schedulers.slurm.records import NULLS, expand_pattern, null, parse_int, printed_duration
 from hpctrain.errors import UserError
 
@@ -296,6 +303,8 @@ def _from_accounting(job_id: str, run: Runner) -> JobInfo | None:
     token = records.new_token()
     try:
         result = slurm(sacct_argv(job_id, token), run=run, check=False)
+    except SlurmUnavailable:
+        raise  # slurmdbd did not answer: say so, rather than that the job is unknown
     except UserError:
         return None  # no sacct binary
     if result.returncode != 0:
@@ -304,7 +313,7 @@ def _from_accounting(job_id: str, run: Runner) -> JobInfo | None:
     return found[0] if found else None
 
 
-def get_job(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
+def get_job(job_id: str, run: Runner = run_bounded) -> JobInfo | None:
     """One job, or None when neither the controller nor accounting knows it (any more). squeue, not `scontrol show
     job`: scontrol's `Key=value` record cannot be read back when a value (the job's name, paths, comment) holds
     ` Key=` or a line end, and 22.05 has no `scontrol --json` (23.02 on); `squeue --json` of 22.05 ignores --jobs
@@ -324,7 +333,7 @@ def get_job(job_id: str, run: Runner = subprocess.run) -> JobInfo | None:
     return _from_accounting(job_id, run)
 
 
-def list_jobs(user: str | None = None, all_users: bool = False, run: Runner = subprocess.run) -> list[JobInfo]:
+def list_jobs(user: str | None = None, all_users: bool = False, run: Runner = run_bounded) -> list[JobInfo]:
     """Jobs the controller knows (pending, running, and ended within MinJobAge), the caller's unless all_users."""
     if not all_users and user is None:
         user = getpass.getuser()
@@ -348,34 +357,35 @@ def wait_for_job(
     job_id: str,
     poll_s: float = 2.0,
     timeout_s: float | None = None,
-    run: Runner = subprocess.run,
+    run: Runner = run_bounded,
     sleep: Callable[[float], None] = time.sleep,
     on_change: Callable[[JobInfo], None] | None = None,
 ) -> JobInfo:
     """Poll until the job ends and return its last record. A job that disappears (the controller forgot it
     and there is no accounting) ends as state GONE with exit_code None. on_change sees each new state."""
     job_id = check_job_id(job_id)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    last: JobInfo | None = None
-    while True:
+    seen: list[JobInfo] = []
+
+    def probe() -> JobInfo:
         info = get_job(job_id, run=run)
         if info is None:
-            if last is None:
+            if not seen:
                 raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
-            return replace(last, state=GONE, exit_code=None, source="none")
-        if on_change is not None and (last is None or (info.state, info.restarts) != (last.state, last.restarts)):
+            return replace(seen[-1], state=GONE, exit_code=None, source="none")
+        if on_change is not None and (not seen or (info.state, info.restarts) != (seen[-1].state, seen[-1].restarts)):
             on_change(info)
-        last = info
-        if info.finished:
-            return info
-        if deadline is not None and time.monotonic() >= deadline:
-            raise UserError(
-                f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`"
-            )
-        sleep(poll_s)
+        seen[:] = [info]  # the last record only
+        return info
+
+    info, ended = poll_until(probe, lambda i: i.finished, timeout_s=timeout_s, poll_s=poll_s, sleep=sleep)
+    if not ended:
+        raise UserError(
+            f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`"
+        )
+    return info
 
 
-def cancel(job_id: str, signal: str | None = None, full: bool = False, run: Runner = subprocess.run) -> None:
+def cancel(job_id: str, signal: str | None = None, full: bool = False, run: Runner = run_bounded) -> None:
     """scancel the job. With a signal, Slurm sends it to the job's steps (and the batch shell with full=True)
     instead of ending the job; raises UserError when Slurm refuses."""
     job_id = check_job_id(job_id)

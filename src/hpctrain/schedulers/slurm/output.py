@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from hpctrain.schedulers.slurm.commands import poll_until
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.records import expand_pattern
 
@@ -69,29 +70,32 @@ def follow(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Copy `path` to `write` as it grows, until is_finished() says the job ended; then copy what is left.
-    The file may not exist yet (a pending job) and may be truncated (a requeue without --open-mode=append)."""
+    The file may not exist yet (a pending job) and may be truncated (a requeue without --open-mode=append).
+    commands.poll_until does the polling (and rides out a controller that stops answering for a while)."""
     position = 0
     handle: IO[str] | None = None
     last_check = -check_every_s
+
+    def step() -> bool:
+        nonlocal handle, position, last_check
+        now = time.monotonic()
+        done = False
+        if now - last_check >= check_every_s:
+            last_check = now
+            done = is_finished()  # asked before reading: what the job wrote before it ended is read below
+        if handle is None and path.exists():
+            handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open while following
+        if handle is not None:
+            if os.stat(path).st_size < position:
+                handle.seek(0)
+            chunk = handle.read()
+            position = handle.tell()
+            if chunk:
+                write(chunk)
+        return done
+
     try:
-        while True:
-            now = time.monotonic()
-            done = False
-            if now - last_check >= check_every_s:
-                done = is_finished()
-                last_check = now
-            if handle is None and path.exists():
-                handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open while following
-            if handle is not None:
-                if os.stat(path).st_size < position:
-                    handle.seek(0)
-                chunk = handle.read()
-                position = handle.tell()
-                if chunk:
-                    write(chunk)
-            if done:
-                return  # the file was read after the job was seen finished: nothing is lost
-            sleep(poll_s)
+        poll_until(step, bool, timeout_s=None, poll_s=poll_s, sleep=sleep)
     finally:
         if handle is not None:
             handle.close()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import Outcome
-from hpctrain.schedulers.slurm.commands import command_error, slurm
-from hpctrain.schedulers.slurm.jobs import check_job_id, get_job
+from hpctrain.schedulers.slurm.commands import command_error, poll_until, slurm
+from hpctrain.schedulers.slurm.jobs import JobInfo, check_job_id, get_job
 from hpctrain.schedulers.slurm.run_dir import parse_run_dir
 from hpctrain.stops import SIGNALS_FILE
 
@@ -196,42 +196,38 @@ def preempt(
 
 def _follow(job_id: str, restarts: int, timeout_s: float, say: Callable[[str], None]) -> Outcome:
     """Wait until the job requeues itself (its restart count grows) or ends; 0 for a requeue."""
-    deadline = time.monotonic() + max(0.0, timeout_s)
-    last_state = None
-    while True:
-        try:
-            info = get_job(job_id)
-        except UserError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(1.0)  # a busy controller times out now and then; ask again
-            continue
-        if info is None:
-            return Outcome((f"job {job_id} ended and Slurm no longer lists it; see `hpctrain logs {job_id}`",), 1)
-        if info.state != last_state:
+    states: list[str] = []
+
+    def probe() -> JobInfo | None:
+        info = get_job(job_id)
+        if info is not None and (not states or info.state != states[-1]):
             say(f"job {job_id}: {info.state}" + (f" ({info.reason})" if info.reason else ""))
-            last_state = info.state
-        if info.restarts > restarts:
-            held = " Slurm holds a requeued job (BeginTime) for a while before it starts again." if info.pending else ""
-            return Outcome(
-                (
-                    f"job {job_id} requeued itself after its program said it stopped with its state saved "
-                    f"(restart {info.restarts}).{held}",
-                )
+            states[:] = [info.state]
+        return info
+
+    info, _ = poll_until(
+        probe, lambda i: i is None or i.restarts > restarts or i.finished, timeout_s=timeout_s, poll_s=1.0
+    )
+    if info is None:
+        return Outcome((f"job {job_id} ended and Slurm no longer lists it; see `hpctrain logs {job_id}`",), 1)
+    if info.restarts > restarts:
+        held = " Slurm holds a requeued job (BeginTime) for a while before it starts again." if info.pending else ""
+        return Outcome(
+            (
+                f"job {job_id} requeued itself after its program said it stopped with its state saved "
+                f"(restart {info.restarts}).{held}",
             )
-        if info.finished:
-            code = "" if info.exit_code is None else f", exit status {info.exit_code}"
-            return Outcome(
-                (
-                    f"job {job_id} ended ({info.state}{code}) without requeueing: it may have finished "
-                    "already, or its script does not requeue after the warning; "
-                    f"see `hpctrain logs {job_id}`",
-                ),
-                1,
-            )
-        if time.monotonic() >= deadline:
-            raise UserError(
-                f"job {job_id} is still {info.state} and has not requeued after {timeout_s:g} s; "
-                f"see `hpctrain logs {job_id}`"
-            )
-        time.sleep(1.0)
+        )
+    if info.finished:
+        code = "" if info.exit_code is None else f", exit status {info.exit_code}"
+        return Outcome(
+            (
+                f"job {job_id} ended ({info.state}{code}) without requeueing: it may have finished "
+                "already, or its script does not requeue after the warning; "
+                f"see `hpctrain logs {job_id}`",
+            ),
+            1,
+        )
+    raise UserError(
+        f"job {job_id} is still {info.state} and has not requeued after {timeout_s:g} s; see `hpctrain logs {job_id}`"
+    )

@@ -13,13 +13,12 @@ of the jobs only the running shard jobs' records are read (the whole dump was 13
 
 from __future__ import annotations
 
-import subprocess
 import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers.slurm.commands import Runner, command_error, slurm
+from hpctrain.schedulers.slurm.commands import Runner, run_bounded, command_error, slurm
 from hpctrain.schedulers.slurm.gres import even_split, job_shards_by_gpu, node_usage
 from hpctrain.schedulers.slurm.records import (
     Fields,
@@ -248,7 +247,7 @@ def parse_shard_holders(text: str, fields: Fields) -> list[tuple[str, str]]:
     return [(i, name) for i, name in holders if _JOB_ID_RE.fullmatch(i)]
 
 
-def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
+def held_shards(run: Runner = run_bounded) -> dict[str, dict[int, int]]:
     """Shards held per node and GPU index, from the jobs that hold shards only (Slurm 22.05 and 23.02 print shards
     in use per node, not per GPU). Those releases have no query that prints a job's GRES indexes but `scontrol -d
     show job`, of one job or of every job (scontrol_print_job in src/scontrol/info_job.c at slurm-22-05-0-1 and
@@ -272,7 +271,7 @@ def held_shards(run: Runner = subprocess.run) -> dict[str, dict[int, int]]:
     return parse_shard_use(result.stdout, names, marker)
 
 
-def query_cluster(run: Runner = subprocess.run, shard_use: bool = True) -> ClusterInfo:
+def query_cluster(run: Runner = run_bounded, shard_use: bool = True) -> ClusterInfo:
     """Ask the live cluster. Raises UserError when the Slurm client is missing or the controller is down.
     shard_use=False leaves the shards in use unknown (None) where this Slurm does not print them, and so never lists
     the jobs: the checks need only each node's totals."""

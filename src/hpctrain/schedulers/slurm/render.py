@@ -20,8 +20,6 @@ The script starts the job step in the background and waits for it, so that its t
 from __future__ import annotations
 
 import shlex
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
@@ -31,7 +29,7 @@ from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import format_duration, parse_time_limit
-from hpctrain.schedulers.slurm.commands import run_text
+from hpctrain.schedulers.slurm.commands import Runner, run_bounded, slurm
 from hpctrain.schedulers.slurm.directives import render_sbatch_option, sbatch_value
 from hpctrain.schedulers.slurm.options import SlurmOptions, check_job, for_job
 
@@ -313,15 +311,9 @@ def sbatch_argv(job: JobSpec) -> list[str]:
     return ["sbatch", "--parsable"]
 
 
-def submit(job: JobSpec, script: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:
+def submit(job: JobSpec, script: str, run: Runner = run_bounded) -> str:
     """Submit `script` with sbatch and return the job id. `run` is injectable for unit tests."""
-    argv = sbatch_argv(job)
-    try:
-        proc = run_text(run, argv, input=script, check=False)
-    except FileNotFoundError as err:
-        raise UserError(
-            "sbatch is not on PATH: run hpctrain submit on a Slurm login node (or load the slurm module)"
-        ) from err
+    proc = slurm(sbatch_argv(job), run=run, input=script, check=False)
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout or "").strip()
         raise UserError(f"sbatch refused the job (exit {proc.returncode}): {message}")

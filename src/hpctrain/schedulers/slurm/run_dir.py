@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,18 +14,16 @@ from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryInUse, DirectoryLock, LocksUnsupported, write_atomic
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.readback import read_text
-from hpctrain.schedulers.slurm.commands import run_text
+from hpctrain.schedulers.slurm.commands import slurm
 
 __all__ = ["HOLDER_FILE", "fixed_run_dir", "holder_problem", "holding", "parse_run_dir", "run_dir_of"]
 
 
 def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
     """The run directory an `hpctrain submit` job exports, read from its batch script (`scontrol write
-    batch_script`); None when the job was not submitted by hpctrain or the script is unreadable."""
-    try:
-        result = run_text(subprocess.run, ["scontrol", "write", "batch_script", job_id, "-"], check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    batch_script`); None when the job was not submitted by hpctrain or the script is unreadable. Raises
+    SlurmUnavailable when Slurm does not answer."""
+    result = slurm(["scontrol", "write", "batch_script", job_id, "-"], check=False)
     return parse_run_dir(result.stdout, job_id, work_dir) if result.returncode == 0 else None
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ from hpctrain.schedulers.base import (
 from hpctrain.schedulers.slurm import jobs, output, query, render
 from hpctrain.schedulers.slurm.checks import Requirements, check_cluster, missing_tools, tool_problems
 from hpctrain.schedulers.slurm.environments import get_environment
-from hpctrain.schedulers.slurm.commands import Runner
+from hpctrain.schedulers.slurm.commands import Runner, poll_until, run_bounded
 from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
 
 SCRIPT_FILENAME = "job.sbatch"
@@ -139,7 +137,7 @@ class SlurmScheduler:
     name = "slurm"
     dry_run_note = DRY_RUN_NOTE
 
-    def __init__(self, options: SlurmOptions | None = None, run: Runner = subprocess.run) -> None:
+    def __init__(self, options: SlurmOptions | None = None, run: Runner = run_bounded) -> None:
         self.options = SlurmOptions() if options is None else options
         """This backend's options of the jobs it renders and submits (a partition, the launcher, ...)."""
         self.run = run
@@ -333,12 +331,12 @@ class SlurmScheduler:
         if signal:
             target = "its steps and batch shell" if full else "its steps"
             return Outcome((f"sent {signal.upper()} to job {before.job_id} ({target}; it was {before.state})",))
-        deadline = time.monotonic() + max(0.0, wait_s)
-        while True:
-            after = jobs.get_job(before.job_id, run=self.run)
-            if after is None or after.finished or time.monotonic() >= deadline:
-                break
-            time.sleep(0.5)
+        after, _ = poll_until(
+            lambda: jobs.get_job(before.job_id, run=self.run),
+            lambda info: info is None or info.finished,
+            timeout_s=wait_s,
+            poll_s=0.5,
+        )
         if after is None:
             return Outcome((f"job {before.job_id}: {before.state} -> ended (Slurm no longer lists it)",))
         if after.finished:

@@ -175,29 +175,31 @@ def wait_ready(
 ) -> Endpoint:
     """Poll until the job runs, has written its endpoint, and `ready(endpoint)` holds. Raises UserError when the
     job ends first (with the tail of its output) or when timeout_s passes (the job is left queued or running)."""
+    from hpctrain.schedulers.slurm.commands import poll_until
     from hpctrain.schedulers.slurm.jobs import get_job
 
-    deadline = time.monotonic() + timeout_s
-    last_state = None
-    while True:
+    states: list[str] = []
+
+    def probe() -> tuple[str, Endpoint | None]:
         info = get_job(job_id)
         state = info.state if info is not None else "GONE"
-        if state != last_state and on_state is not None:
+        if (not states or state != states[-1]) and on_state is not None:
             on_state(state if not (info and info.reason and info.pending) else f"{state} ({info.reason})")
-        last_state = state
+        states[:] = [state]
         if info is None or info.finished:
             raise UserError(
                 f"job {job_id} ended ({state}) before its server answered:\n{output_tail(state_dir, job_id)}"
             )
         endpoint = read_endpoint(state_dir, job_id) if state == "RUNNING" else None
-        if endpoint is not None and ready(endpoint):
-            return endpoint
-        if time.monotonic() >= deadline:
-            raise UserError(
-                f"job {job_id} is {state} but its server did not answer within {timeout_s:g} s; it is left "
-                f"running: wait longer with --wait, look at {state_dir}/slurm-{job_id}.out, or stop it"
-            )
-        time.sleep(poll_s)
+        return state, endpoint if endpoint is not None and ready(endpoint) else None
+
+    (state, endpoint), _ = poll_until(probe, lambda seen: seen[1] is not None, timeout_s=timeout_s, poll_s=poll_s)
+    if endpoint is None:
+        raise UserError(
+            f"job {job_id} is {state} but its server did not answer within {timeout_s:g} s; it is left "
+            f"running: wait longer with --wait, look at {state_dir}/slurm-{job_id}.out, or stop it"
+        )
+    return endpoint
 
 
 def output_tail(state_dir: Path, job_id: str, lines: int = 15) -> str:
