@@ -91,7 +91,7 @@ def test_recipe_dry_run_uses_the_recipe_run_dir(fake_sbatch: Path, fashion_data_
     assert "#SBATCH --job-name=mnist-fashion-mnist\n" in out
     python = shlex.quote(os.path.abspath(sys.executable))
     assert (
-        "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 "
+        "srun --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 --quiet "
         f"{python} -m hpctrain train mnist --recipe classic "
         f'--dataset fashion-mnist --epochs 1 --data-dir {shlex.quote(str(fashion_data_dir))} --run-dir "$run_dir" &'
     ) in out
