@@ -47,14 +47,12 @@ def check_loopback(host: str) -> str:
     try:
         address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        raise UserError(
-            f"--host {host!r} is not an IP address: give a loopback address (127.0.0.1 or ::1), or leave --host out"
-        ) from None
-    if not address.is_loopback:
+        address = None  # a name other than localhost: not resolved (it could name any address later)
+    if address is None or not address.is_loopback:
         raise UserError(
             f"--host {host} is not a loopback address: anyone who can reach it could try the console, which acts as "
-            "you on the cluster; listen on 127.0.0.1 (--port alone) or on the default Unix socket and reach it from "
-            "elsewhere with `ssh -L`"
+            "you on the cluster; listen on 127.0.0.1 (--port alone) or ::1, or on the default Unix socket and reach "
+            "it from elsewhere with `ssh -L`"
         )
     return str(address)
 
