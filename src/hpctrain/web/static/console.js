@@ -74,7 +74,14 @@ function jobTable(scheduler, index, table) {
   return node;
 }
 
+let shownJobs = null; // the last answer drawn: an unchanged one leaves the page (and its focus, hover) alone
+
 function showJobs(box, data) {
+  const taken = document.getElementById("taken");
+  if (taken) taken.textContent = "as of " + data.taken;
+  const text = JSON.stringify(data.schedulers);
+  if (text === shownJobs) return;
+  shownJobs = text;
   const sections = data.schedulers.map((section) => {
     const node = el("section");
     node.appendChild(el("h2", section.name));
@@ -90,8 +97,6 @@ function showJobs(box, data) {
     return node;
   });
   box.replaceChildren(...sections);
-  const taken = document.getElementById("taken");
-  if (taken) taken.textContent = "as of " + data.taken;
   applySearch();
 }
 
