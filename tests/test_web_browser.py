@@ -29,7 +29,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 pytestmark = pytest.mark.slurm
 
 HOSTILE = "<img src=x onerror=window.__pwned=1>"
-LOG_SCRIPT = "for i in 1 2 3; do echo \"step $i <b>loss</b> <script>window.__pwned=2</script>\"; done"
+LOG_SCRIPT = 'for i in 1 2 3; do echo "step $i <b>loss</b> <script>window.__pwned=2</script>"; done'
 WAIT_S = 60
 
 
@@ -37,7 +37,7 @@ def chromium() -> tuple[str, str]:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if browser is None or driver is None:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+        pytest.skip("Debian's chromium and chromium-driver are not installed: apt-get install chromium chromium-driver")
     return browser, driver
 
 
@@ -69,7 +69,14 @@ def browser():
     binary, driver_path = chromium()
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,900"):
+    # --no-sandbox: the tests run as root in CI, where Chromium's sandbox refuses to start.
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,900",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
     yield driver
@@ -110,7 +117,9 @@ def click(driver, xpath: str) -> None:
 
 def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
     held = slurm_cluster.sbatch("--hold", f"--job-name={HOSTILE}", "--wrap", "sleep 60", cwd=tmp_path)
-    logged = slurm_cluster.sbatch("--job-name=web-log", f"--output={tmp_path}/out-%j.log", "--wrap", LOG_SCRIPT, cwd=tmp_path)
+    logged = slurm_cluster.sbatch(
+        "--job-name=web-log", f"--output={tmp_path}/out-%j.log", "--wrap", LOG_SCRIPT, cwd=tmp_path
+    )
     try:
         base = console.split("/?token=")[0]
         # Without the cookie: refused.

@@ -60,13 +60,9 @@ def address(args: argparse.Namespace):
 def schedulers(names: list[str] | None) -> dict:
     """name -> the backend, or the UserError that says why it cannot be used (shown in its section)."""
     from hpctrain.extras import missing_extra
-    from hpctrain.schedulers import available, get_scheduler
+    from hpctrain.schedulers import available, detect, get_scheduler
 
-    names = names or available()
-    if not names:
-        raise UserError(
-            "no scheduler found here: `sbatch` is not on PATH and there is no kubeconfig; pass --scheduler NAME"
-        )
+    names = names or available() or [detect()]  # none found: detect's error, which says what was looked for
     found: dict = {}
     for name in dict.fromkeys(names):
         try:
