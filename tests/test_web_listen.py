@@ -27,7 +27,11 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "::", "example.org", "10.0.0.1"])
-def test_a_non_loopback_host_is_refused_with_the_reason(capsys, host):
+def test_a_non_loopback_host_is_refused_with_the_reason(capsys, monkeypatch, host):
+    def bind(address):  # were the check to let it through, fail here rather than serve on it
+        raise AssertionError(f"bound {address}")
+
+    monkeypatch.setattr(listen, "bind", bind)
     assert main(["web", "--port", "8080", "--host", host]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err

@@ -158,3 +158,21 @@ def test_a_scheduler_that_cannot_answer_is_one_line_on_the_page(client, keys):
     page = client.get("/job/slurm/1")
     assert page.status_code == 400
     assert "the scheduler is not reached in these tests" in page.text
+
+
+def test_strings_from_a_scheduler_are_text_with_hidden_characters_made_visible(keys):
+    """What a backend returns (a View of Tables and lines) on a page: a name with HTML, an escape sequence, a bidi
+    override and a line separator shows each visibly, in the table and in a line; nothing of it is markup."""
+    from hpctrain.schedulers.base import Table, View
+    from hpctrain.web.parts import view_parts
+
+    name = "<b>x</b>\x1b[2J\u202egpj.exe\u2028forged"
+    view = View(records=[], parts=(Table(("job", "name"), [("7", name)], title=name), "reason: " + name))
+    shown = "<b>x</b>\\x1b[2J\\u202egpj.exe\\u2028forged"
+    assert view_parts(view) == [
+        {"table": {"title": shown, "columns": ["job", "name"], "rows": [["7", shown]]}},
+        {"line": "reason: " + shown},
+    ]
+    html = create_app({}, keys).state.console.env.get_template("parts.html").module.show(view_parts(view), "s")
+    assert "&lt;b&gt;x&lt;/b&gt;\\x1b[2J\\u202egpj.exe\\u2028forged" in html
+    assert "<b>" not in html and "\x1b" not in html and "\u202e" not in html
