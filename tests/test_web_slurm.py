@@ -78,24 +78,49 @@ def test_an_unknown_job_is_the_cli_s_one_line(client):
     assert "job 999999999 not found: Slurm forgets ended jobs" in page.text
 
 
-def test_the_log_is_sent_as_visible_text(client, ended_job):
-    client, _ = client
-    events = []
-    with client.stream("GET", f"/api/log/slurm/{ended_job}") as answer:
-        assert answer.headers["content-type"].startswith("text/event-stream")
+def log_events(client, job: str):
+    """(event, data) of the job's log stream, as they come."""
+    with client.stream("GET", f"/api/log/slurm/{job}") as answer:
         kind = None
         for text in answer.iter_lines():
             if text.startswith("event: "):
                 kind = text[len("event: ") :]
             elif text.startswith("data: "):
-                events.append((kind, json.loads(text[len("data: ") :])))
+                yield kind, json.loads(text[len("data: ") :])
                 if kind == "end":
-                    break
+                    return
+
+
+def test_the_log_is_sent_as_visible_text(client, ended_job):
+    client, _ = client
+    with client.stream("GET", f"/api/log/slurm/{ended_job}") as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+    events = list(log_events(client, ended_job))
     lines = [line for kind, data in events if kind == "log" for line in data.get("lines", [])]
     assert lines == ["<b>bold</b><script>window.__pwned=2</script>", "\\x1b[31mred"]
     notes = [note for kind, data in events if kind == "log" for note in data.get("notes", [])]
     assert any(f"job {ended_job} ended" in note for note in notes), notes
     assert events[-1] == ("end", {})
+
+
+def test_a_running_job_s_log_is_followed_live(client, slurm_cluster, tmp_path):
+    """The job writes a line, then waits for a file that the test makes only once the page has that line; its
+    second line comes on the same stream, then the end."""
+    client, _ = client
+    go = tmp_path / "go"
+    script = f"echo first; while [ ! -e {go} ]; do sleep 0.2; done; echo second"
+    job = slurm_cluster.sbatch("--job-name=web-live", f"--output={tmp_path}/out-%j.log", "--wrap", script, cwd=tmp_path)
+    try:
+        seen = []
+        for kind, data in log_events(client, job):
+            seen += data.get("lines", [])
+            if seen == ["first"] and not go.exists():
+                assert slurm_cluster.state(job) == "RUNNING"
+                go.touch()
+        assert seen == ["first", "second"]
+        assert kind == "end"
+    finally:
+        slurm_cluster.cancel_quietly(job)
 
 
 def test_the_jobs_of_all_pages_come_from_one_query_per_interval(slurm_cluster):

@@ -3,13 +3,16 @@
 A page asks for the jobs every few seconds; the schedulers are asked at most once per `interval_s` whatever the
 number of pages (one refresh at a time, the others wait for it and read its result), and not at all while no page
 asks. A scheduler that cannot answer (its controller down, the extra not installed) shows its one-line error in its
-own section; the others still show.
+own section; the others still show (an exception that is not a UserError too: its traceback goes to the console's
+stderr, for a bug report).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,5 +55,8 @@ class Board:
                 section["parts"] = view_parts(scheduler.status_view(None))
             except UserError as err:
                 section["error"] = line(str(err))
+            except Exception as err:  # a bug below: this section says so, the other schedulers still show
+                traceback.print_exc(file=sys.stderr)
+                section["error"] = line(f"hpctrain could not read {name}'s answer ({type(err).__name__}: {err}): a bug")
             sections.append(section)
         return {"taken": time.strftime("%H:%M:%S"), "interval_s": self.interval_s, "schedulers": sections}

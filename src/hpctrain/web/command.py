@@ -13,6 +13,8 @@ import sys
 from hpctrain.errors import UserError
 from hpctrain.schedulers import SCHEDULERS
 
+GRACE_S = 3.0  # Ctrl-C: what open pages get to finish before the console stops
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("where the console listens (default: a Unix socket only you can reach)")
@@ -90,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
         for text in listen.how_to_reach(where, app.state.console.keys.token):
             print(text, flush=True)
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, server_header=False, proxy_headers=False, lifespan="off"
+            app,
+            log_level="warning",
+            access_log=False,  # a request's line would show the token
+            server_header=False,
+            proxy_headers=False,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACE_S,  # a page following a log keeps its request open until the job ends
         )
         uvicorn.Server(config).run(sockets=[sock])
     finally:
