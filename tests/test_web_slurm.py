@@ -142,6 +142,21 @@ def test_the_jobs_of_all_pages_come_from_one_query_per_interval(slurm_cluster):
     assert board.refreshes == 2
 
 
+def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_job):
+    """Three tabs on the jobs, a job and the cluster: each thing is asked of the scheduler once per interval."""
+    keys = Secrets(token="t")
+    app = create_app({"slurm": get_scheduler("slurm")}, keys, interval_s=600.0)
+    tabs = [TestClient(app, base_url=HOST, follow_redirects=False) for _ in range(3)]
+    for tab in tabs:
+        assert tab.get("/?token=t").status_code == 303
+    for tab in tabs:
+        assert tab.get("/api/jobs").status_code == 200
+        assert tab.get(f"/job/slurm/{held_job}").status_code == 200
+        assert tab.get(f"/api/job/slurm/{held_job}").json()["parts"]
+        assert tab.get("/cluster").status_code == 200
+    assert app.state.console.board.refreshes == 3
+
+
 def test_stop_is_a_post_with_the_csrf_token_and_cancels_the_job(client, held_job, slurm_cluster):
     client, keys = client
     assert client.get(f"/job/slurm/{held_job}/stop").status_code == 405  # a GET changes nothing

@@ -2,13 +2,15 @@
 
     GET  /                         the jobs of every scheduler: a table each, searchable and sortable, live
     GET  /api/jobs                 the same as JSON (hpctrain.web.board's shared snapshot), polled by the page
-    GET  /job/SCHEDULER/JOB        a job: its status view, and its log followed live
+    GET  /job/SCHEDULER/JOB        a job: its status view (kept current), and its log followed live
+    GET  /api/job/SCHEDULER/JOB    that status view as JSON, polled by the page
     GET  /api/log/SCHEDULER/JOB    that log as server-sent events (hpctrain.web.logs)
     POST /job/SCHEDULER/JOB/stop   cancel the job (a form with the CSRF token, confirmed on the page)
     GET  /cluster                  each scheduler's cluster view
     GET  /static/...               our script and style sheet
 
-Every page is a Jinja2 template with autoescape, fed with hpctrain.web.parts' visible-safe data; pages change
+What the schedulers say is asked through hpctrain.web.board: once per interval for all pages. Every page is a
+Jinja2 template with autoescape, fed with hpctrain.web.parts' visible-safe data; pages change
 nothing on GET and run no shell: they call the schedulers' interface only. A UserError (an unknown job, a scheduler
 that cannot answer) is its one line on the page, as the CLI says it.
 """
@@ -78,12 +80,24 @@ class Console:
     def jobs_json(self, request: Request) -> Response:
         return JSONResponse(self.board.snapshot())
 
+    def job_parts(self, name: str, job_id: str) -> list[dict[str, Any]]:
+        scheduler = self.scheduler(name)
+        return self.board.get(("job", name, job_id), lambda: view_parts(scheduler.status_view(job_id)))
+
     def job_page(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
-        view = self.scheduler(name).status_view(job_id)
+        parts = self.job_parts(name, job_id)
         return self.page(
-            "job.html", title=f"job {line(job_id)}", scheduler=name, job_id=line(job_id), parts=view_parts(view)
+            "job.html",
+            title=f"job {line(job_id)}",
+            scheduler=name,
+            job_id=line(job_id),
+            parts=parts,
+            interval_s=self.board.interval_s,
         )
+
+    def job_json(self, request: Request) -> Response:
+        return JSONResponse({"parts": self.job_parts(request.path_params["scheduler"], request.path_params["job"])})
 
     async def log_events(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
@@ -107,7 +121,9 @@ class Console:
         sections = []
         for name in self.schedulers:
             try:
-                sections.append({"name": name, "parts": view_parts(self.scheduler(name).cluster_view()), "error": None})
+                scheduler = self.scheduler(name)
+                parts = self.board.get(("cluster", name), lambda: view_parts(scheduler.cluster_view()))
+                sections.append({"name": name, "parts": parts, "error": None})
             except UserError as err:
                 sections.append({"name": name, "parts": [], "error": line(str(err))})
         return self.page("cluster.html", title="cluster", sections=sections)
@@ -127,6 +143,7 @@ def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, i
         Route("/api/jobs", console.jobs_json),
         Route("/job/{scheduler}/{job}", console.job_page),
         Route("/job/{scheduler}/{job}/stop", console.stop_job, methods=["POST"]),
+        Route("/api/job/{scheduler}/{job}", console.job_json),
         Route("/api/log/{scheduler}/{job}", console.log_events),
         Route("/cluster", console.cluster_page),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

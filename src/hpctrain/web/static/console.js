@@ -11,7 +11,7 @@ function el(tag, text, cls) {
 
 // ---- sorting and searching any table.sortable -------------------------------------------------------------
 const collator = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
-const sortState = new Map(); // table key -> {column, descending}
+const sortState = new Map(); // table key -> {column, descending}: kept when a table is drawn again
 
 function sortRows(table) {
   const state = sortState.get(table.dataset.key || "");
@@ -51,8 +51,8 @@ function applySearch() {
   });
 }
 
-// ---- the jobs page ------------------------------------------------------------------------------------------
-function jobTable(scheduler, index, table) {
+// ---- tables and lines from the server's JSON (hpctrain.web.parts) ------------------------------------------
+function partsTable(key, table, linkScheduler) {
   const node = el("table", null, "sortable");
   const head = node.createTHead().insertRow();
   table.columns.forEach((column) => head.appendChild(el("th", column)));
@@ -61,62 +61,89 @@ function jobTable(scheduler, index, table) {
     const tr = body.insertRow();
     row.forEach((cell, i) => {
       const td = tr.insertCell();
-      if (i === 0) {
+      if (i === 0 && linkScheduler) {
         const link = el("a", cell);
-        link.href = "/job/" + encodeURIComponent(scheduler) + "/" + encodeURIComponent(cell);
+        link.href = "/job/" + encodeURIComponent(linkScheduler) + "/" + encodeURIComponent(cell);
         td.appendChild(link);
       } else {
         td.textContent = cell;
       }
     });
   });
-  makeSortable(node, scheduler + "/" + index);
+  makeSortable(node, key);
   return node;
 }
 
-let shownJobs = null; // the last answer drawn: an unchanged one leaves the page (and its focus, hover) alone
-
-function showJobs(box, data) {
-  const taken = document.getElementById("taken");
-  if (taken) taken.textContent = "as of " + data.taken;
-  const text = JSON.stringify(data.schedulers);
-  if (text === shownJobs) return;
-  shownJobs = text;
-  const sections = data.schedulers.map((section) => {
-    const node = el("section");
-    node.appendChild(el("h2", section.name));
-    if (section.error) node.appendChild(el("p", section.error, "error"));
-    section.parts.forEach((part, index) => {
-      if (part.table) {
-        if (part.table.title) node.appendChild(el("h3", part.table.title));
-        node.appendChild(jobTable(section.name, index, part.table));
-      } else {
-        node.appendChild(el("p", part.line, "line"));
-      }
-    });
-    return node;
+// The nodes for a View's parts: a table each (sortable; its first column linked to the job's page when
+// `linkScheduler` is given), a line each.
+function partsNodes(key, parts, linkScheduler) {
+  const nodes = [];
+  parts.forEach((part, index) => {
+    if (part.table) {
+      if (part.table.title) nodes.push(el("h3", part.table.title));
+      nodes.push(partsTable(key + "/" + index, part.table, linkScheduler));
+    } else {
+      nodes.push(el("p", part.line, "line"));
+    }
   });
-  box.replaceChildren(...sections);
-  applySearch();
+  return nodes;
 }
 
-function followJobs(box) {
-  const every = Math.max(1, parseFloat(box.dataset.interval) || 5) * 1000;
+// Ask `url` every `seconds`; give each answer to `show` (an unchanged one is not drawn again: the page keeps its
+// focus and hover); say what went wrong in `status`.
+function poll(url, seconds, show, status) {
+  let shown = null;
   const load = () => {
-    fetch("/api/jobs", { credentials: "same-origin", cache: "no-store" })
+    fetch(url, { credentials: "same-origin", cache: "no-store" })
       .then((response) => {
         if (response.status === 401) throw new Error("logged out: open the URL with ?token= again");
-        if (!response.ok) throw new Error("the console answered " + response.status);
-        return response.json();
+        return response.json().then((data) => {
+          if (!response.ok) throw new Error(data.error || "the console answered " + response.status);
+          return data;
+        });
       })
-      .then((data) => showJobs(box, data))
-      .catch((err) => {
-        const taken = document.getElementById("taken");
-        if (taken) taken.textContent = String(err.message || err);
+      .then((data) => {
+        const text = JSON.stringify(data.schedulers || data.parts);
+        if (text !== shown) {
+          shown = text;
+          show(data);
+        }
+        if (status) status(data, null);
       })
-      .finally(() => setTimeout(load, every));
+      .catch((err) => status && status(null, String(err.message || err)))
+      .finally(() => setTimeout(load, Math.max(1, seconds) * 1000));
   };
   load();
+}
+
+// ---- the jobs page ------------------------------------------------------------------------------------------
+function followJobs(box) {
+  const taken = document.getElementById("taken");
+  const show = (data) => {
+    const sections = data.schedulers.map((section) => {
+      const node = el("section");
+      node.appendChild(el("h2", section.name));
+      if (section.error) node.appendChild(el("p", section.error, "error"));
+      node.append(...partsNodes(section.name, section.parts, section.name));
+      return node;
+    });
+    box.replaceChildren(...sections);
+    applySearch();
+  };
+  const status = (data, error) => {
+    if (taken) taken.textContent = error || "as of " + data.taken;
+  };
+  poll("/api/jobs", parseFloat(box.dataset.interval) || 5, show, status);
+}
+
+// ---- a job's page: its details kept current -----------------------------------------------------------------
+function followDetails(box) {
+  const show = (data) => box.replaceChildren(...partsNodes("details", data.parts, null));
+  const status = (data, error) => {
+    const said = document.getElementById("details-error");
+    if (said) said.textContent = error || "";
+  };
+  poll(box.dataset.src, parseFloat(box.dataset.interval) || 5, show, status);
 }
 
 // ---- a job's log --------------------------------------------------------------------------------------------
@@ -158,10 +185,13 @@ function confirmForms() {
 document.addEventListener("DOMContentLoaded", () => {
   confirmForms();
   document.querySelectorAll("table.sortable").forEach((table, i) => makeSortable(table, "page/" + i));
+  // (a page's own tables; those drawn from JSON are made sortable as they are drawn)
   const search = document.getElementById("search");
   if (search) search.addEventListener("input", applySearch);
   const jobs = document.getElementById("jobs");
   if (jobs) followJobs(jobs);
+  const details = document.getElementById("details");
+  if (details) followDetails(details);
   const log = document.getElementById("log");
   if (log) followLog(log);
 });
