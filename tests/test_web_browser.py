@@ -155,6 +155,7 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         ids = [r[0] for r in rows(browser)]  # 12, 12_3 (an array task of other tests), 100: in numeric order
         assert len(ids) > 1 and ids == sorted(ids, key=natural, reverse=True)
         WebDriverWait(browser, WAIT_S).until(lambda d: "as of" in d.find_element(By.ID, "taken").text)
+        assert row_of(browser, held)[0] == held  # still the table (after the live updates) when it is taken
         screenshot(browser, "web-jobs.png", tmp_path)
 
         # A job's page: its details and its log, followed live, as text.
