@@ -66,6 +66,12 @@ def test_the_token_becomes_an_httponly_strict_cookie_and_leaves_the_url(client, 
     assert 'id="jobs"' in page.text
 
 
+def test_the_token_url_redirects_within_the_console_only(client, keys):
+    answer = client.get(f"{HOST}//evil.example/x?token={keys.token}")  # the path is //evil.example/x
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/evil.example/x"
+
+
 def test_a_forged_cookie_is_refused(client, keys):
     client.cookies.set(keys.cookie_name, keys.token)  # the token is not the session key
     assert client.get("/").status_code == 401

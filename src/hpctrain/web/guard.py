@@ -126,7 +126,8 @@ class Guard:
             await _refuse(send, 403, "wrong token: use the URL that `hpctrain web` printed when it started")
             return
         rest = {k: v for k, v in query.items() if k != "token"}
-        location = scope.get("path", "/") + (f"?{urlencode(rest, doseq=True)}" if rest else "")
+        path = "/" + scope.get("path", "/").lstrip("/")  # `//elsewhere` would send the browser to another host
+        location = path + (f"?{urlencode(rest, doseq=True)}" if rest else "")
         cookie = f"{self.keys.cookie_name}={self.keys.session}; Path=/; HttpOnly; SameSite=Strict"
         await send(
             {
