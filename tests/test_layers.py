@@ -60,7 +60,7 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
         ("web/app.py", "from hpctrain.cli.views import show", "hpctrain.web is not allowed to import hpctrain.cli"),
         (
             "cli/status.py",
-            "from hpctrain.web.parts import view_parts",
+            "from hpctrain.web.safeview import view_parts",
             "hpctrain.cli is not allowed to import hpctrain.web",
         ),
     ],

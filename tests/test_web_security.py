@@ -170,7 +170,7 @@ def test_strings_from_a_scheduler_are_text_with_hidden_characters_made_visible(k
     """What a backend returns (a View of Tables and lines) on a page: a name with HTML, an escape sequence, a bidi
     override and a line separator shows each visibly, in the table and in a line; nothing of it is markup."""
     from hpctrain.schedulers.base import Table, View
-    from hpctrain.web.parts import view_parts
+    from hpctrain.web.safeview import view_parts
 
     name = "<b>x</b>\x1b[2J\u202egpj.exe\u2028forged"
     view = View(records=[], parts=(Table(("job", "name"), [("7", name)], title=name), "reason: " + name))

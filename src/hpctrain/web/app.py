@@ -4,13 +4,13 @@
     GET  /api/jobs                 the same as JSON (hpctrain.web.board's shared snapshot), polled by the page
     GET  /job/SCHEDULER/JOB        a job: its status view (kept current), and its log followed live
     GET  /api/job/SCHEDULER/JOB    that status view as JSON, polled by the page
-    GET  /api/log/SCHEDULER/JOB    that log as server-sent events (hpctrain.web.logs)
+    GET  /api/log/SCHEDULER/JOB    that log as server-sent events (hpctrain.web.follow)
     POST /job/SCHEDULER/JOB/stop   cancel the job (a form with the CSRF token, confirmed on the page)
     GET  /cluster                  each scheduler's cluster view
     GET  /static/...               our script and style sheet
 
 What the schedulers say is asked through hpctrain.web.board: once per interval for all pages. Every page is a
-Jinja2 template with autoescape, fed with hpctrain.web.parts' visible-safe data; pages change
+Jinja2 template with autoescape, fed with hpctrain.web.safeview' visible-safe data; pages change
 nothing on GET and run no shell: they call the schedulers' interface only. A UserError (an unknown job, a scheduler
 that cannot answer) is its one line on the page, as the CLI says it.
 """
@@ -32,10 +32,10 @@ from starlette.staticfiles import StaticFiles
 from hpctrain import __version__
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import JobNotFound, Scheduler
-from hpctrain.web import logs
+from hpctrain.web import follow
 from hpctrain.web.board import Board
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
-from hpctrain.web.parts import line, view_parts
+from hpctrain.web.safeview import line, view_parts
 
 HERE = Path(__file__).resolve().parent
 STOP_WAIT_S = 10.0
@@ -102,8 +102,8 @@ class Console:
     async def log_events(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
         stream = "stderr" if request.query_params.get("stream") == "stderr" else "stdout"
-        follower = logs.start(self.scheduler(name), job_id, stream)
-        return StreamingResponse(logs.events(follower), media_type="text/event-stream")
+        follower = follow.start(self.scheduler(name), job_id, stream)
+        return StreamingResponse(follow.events(follower), media_type="text/event-stream")
 
     def stop_job(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]

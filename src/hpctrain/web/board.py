@@ -21,7 +21,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import Scheduler
-from hpctrain.web.parts import line, view_parts
+from hpctrain.web.safeview import line, view_parts
 
 FORGET_AFTER_INTERVALS = 60
 

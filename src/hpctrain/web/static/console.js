@@ -51,7 +51,7 @@ function applySearch() {
   });
 }
 
-// ---- tables and lines from the server's JSON (hpctrain.web.parts) ------------------------------------------
+// ---- tables and lines from the server's JSON (hpctrain.web.safeview) ------------------------------------------
 function partsTable(key, table, linkScheduler) {
   const node = el("table", null, "sortable");
   const head = node.createTHead().insertRow();

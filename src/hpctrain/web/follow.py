@@ -4,7 +4,7 @@ The scheduler's follower is a blocking iterator of lines (a Slurm job's output f
 from the API server) that ends when the job ends; for a job that has ended it gives the whole log. A thread reads
 it into a bounded tail, and the response sends what is new every SEND_EVERY_S: the last TAIL_LINES lines at once
 (a note says how many earlier ones were left out), then each new line. Every line is made visible-safe
-(hpctrain.web.parts.line); the page adds it as text. When the page goes away the thread stops at the next line
+(hpctrain.web.safeview.line); the page adds it as text. When the page goes away the thread stops at the next line
 the follower gives (or when the job ends); at most MAX_FOLLOWERS follow at a time.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import Scheduler
-from hpctrain.web.parts import line
+from hpctrain.web.safeview import line
 
 TAIL_LINES = 2000
 SEND_EVERY_S = 0.25
