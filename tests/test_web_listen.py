@@ -201,3 +201,16 @@ def test_the_console_on_a_port_listens_on_loopback_only():
         assert sock.getsockname() == ("127.0.0.1", port)
     finally:
         sock.close()
+
+
+def test_the_console_serves_every_scheduler_found_here(tmp_path):
+    """hpctrain.schedulers.available: detect's rule, every match in its order (detect takes the first)."""
+    from hpctrain.schedulers import available, detect
+
+    config = tmp_path / "config"
+    config.write_text("{}")
+    both = ({"KUBECONFIG": str(config)}, lambda name: "/usr/bin/sbatch")
+    assert available(*both) == ["slurm", "kubernetes"]
+    assert detect(*both) == "slurm"
+    assert available({"KUBECONFIG": str(config)}, lambda name: None) == ["kubernetes"]
+    assert available({"HOME": str(tmp_path / "nobody")}, lambda name: None) == []
