@@ -78,6 +78,7 @@ def browser():
         "--window-size=1400,900",
     ):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console: CSP reports, errors
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
     yield driver
     driver.quit()
@@ -185,6 +186,10 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.TAG_NAME, "h1").text.startswith("Stop job"))
         assert slurm_cluster.wait_state(held, {"CANCELLED", "GONE"}, timeout_s=WAIT_S)
         assert browser.execute_script("return typeof window.__pwned") == "undefined"
+
+        # Every page worked under its own Content-Security-Policy: nothing was blocked, no script failed.
+        said = [entry["message"] for entry in browser.get_log("browser")]
+        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
     finally:
         slurm_cluster.cancel_quietly(held)
         slurm_cluster.cancel_quietly(logged)
