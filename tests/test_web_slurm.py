@@ -175,3 +175,25 @@ def test_the_cluster_page_shows_the_nodes(client):
     assert page.status_code == 200
     for node in ("node1", "node2"):
         assert f"<td>{node}</td>" in page.text
+
+
+@pytest.mark.k8s
+def test_slurm_and_kubernetes_side_by_side(slurm_cluster, k8s_cluster, held_job):
+    """Both schedulers in one console (the local cluster and the local API server): each has its section on the
+    jobs page and on the cluster page, neither with an error; the web package knows neither."""
+    keys = Secrets(token="t")
+    schedulers = {
+        "slurm": get_scheduler("slurm"),
+        "kubernetes": get_scheduler("kubernetes", context=k8s_cluster.context),
+    }
+    client = TestClient(create_app(schedulers, keys, interval_s=600.0), base_url=HOST, follow_redirects=False)
+    assert client.get("/?token=t").status_code == 303
+    sections = {s["name"]: s for s in client.get("/api/jobs").json()["schedulers"]}
+    assert list(sections) == ["slurm", "kubernetes"]
+    assert [s["error"] for s in sections.values()] == [None, None]
+    assert sections["kubernetes"]["parts"]  # a table of the namespace's jobs, or the line that says it has none
+    assert any(row[0] == held_job for p in sections["slurm"]["parts"] if "table" in p for row in p["table"]["rows"])
+    cluster = client.get("/cluster")
+    assert cluster.status_code == 200
+    assert "<h2>slurm</h2>" in cluster.text and "<h2>kubernetes</h2>" in cluster.text
+    assert 'class="error"' not in cluster.text
