@@ -182,3 +182,13 @@ def test_strings_from_a_scheduler_are_text_with_hidden_characters_made_visible(k
     html = create_app({}, keys).state.console.env.get_template("parts.html").module.show(view_parts(view), "s")
     assert "&lt;b&gt;x&lt;/b&gt;\\x1b[2J\\u202egpj.exe\\u2028forged" in html
     assert "<b>" not in html and "\x1b" not in html and "\u202e" not in html
+
+
+def test_a_websocket_is_refused(client, keys):
+    from starlette.websockets import WebSocketDisconnect
+
+    logged_in(client, keys)
+    with pytest.raises(WebSocketDisconnect) as refused:
+        with client.websocket_connect("/api/jobs"):
+            pass
+    assert refused.value.code == 1008
