@@ -10,6 +10,7 @@
    X-CSRF-Token), else 403. GET handlers change nothing.
 4. Every response carries a Content-Security-Policy that allows scripts, styles, images and connections only from
    the console itself (no inline script, no eval), no framing, and no sniffing of content types.
+5. A WebSocket is refused: no page uses one, and one added later must come with rules 1-3.
 
 Secrets are compared in constant time. Nothing here reads a scheduler.
 """
