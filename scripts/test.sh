@@ -28,7 +28,8 @@ stage() {
 }
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates procps git \
-    slurm-wlm munge shellcheck dataset-fashion-mnist openssh-server openssh-client >/dev/null
+    slurm-wlm munge shellcheck dataset-fashion-mnist openssh-server openssh-client \
+    chromium chromium-driver fonts-liberation >/dev/null  # the web console's browser test (tests/test_web_browser.py)
 stage apt
 # The slow parts of a fresh machine's set-up overlap: the API server's first build (CPU) runs while the two Python
 # environments download (network); each logs to a file of its own, shown if it fails.

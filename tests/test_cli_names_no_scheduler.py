@@ -76,6 +76,19 @@ def test_the_cli_names_no_scheduler_outside_its_help_text() -> None:
     assert named == {}, "backend words in the CLI (a backend's BackendInfo should answer instead): " + repr(named)
 
 
+WEB = CLI.parent / "web"
+
+
+def test_the_web_console_names_no_scheduler() -> None:
+    """The other face too (hpctrain.web): its modules outside their help text, and its templates, script and style
+    sheet, name no scheduler; what a page shows of one is what the backend returned."""
+    named = {path.name: words for path in sorted(WEB.glob("*.py")) if (words := scheduler_words(path.read_text()))}
+    assets = [path for folder in ("templates", "static") for path in sorted((WEB / folder).iterdir())]
+    named.update({path.name: WORDS.findall(path.read_text()) for path in assets if WORDS.search(path.read_text())})
+    assert len(assets) >= 4
+    assert named == {}, "backend words in the web console: " + repr(named)
+
+
 def test_the_walk_finds_a_scheduler_branch_and_an_argument_of_one() -> None:
     """The check can fail: a branch on a scheduler's name, a backend's own value and its import are found; help
     text and launcher variables are not."""

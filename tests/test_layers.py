@@ -54,6 +54,26 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     assert "hpctrain.data -> hpctrain.cli" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("module", "line", "refusal"),
+    [
+        ("web/app.py", "from hpctrain.cli.views import show", "hpctrain.web is not allowed to import hpctrain.cli"),
+        (
+            "cli/status.py",
+            "from hpctrain.web.safeview import view_parts",
+            "hpctrain.cli is not allowed to import hpctrain.web",
+        ),
+    ],
+)
+def test_the_two_faces_do_not_import_each_other(tmp_path, module, line, refusal):
+    """cli and web are side by side in the layers: either importing the other breaks the layers contract."""
+    result = planted(tmp_path, module, line)
+    said = " ".join(result.stdout.split())
+    assert result.returncode != 0, result.stdout
+    assert "hpctrain's packages import downwards only BROKEN" in said
+    assert refusal in said
+
+
 def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess[str]:
     """lint-imports on a copy of the tree where `module` (a path under hpctrain/) gained the import `line`."""
     copy = tmp_path / "src"
@@ -91,6 +111,13 @@ def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProce
             "from hpctrain.schedulers.kubernetes import pods",
             "above schedulers, only its interface",
             "hpctrain.cli is not allowed to import hpctrain.schedulers.kubernetes",
+        ),
+        # The web console is the CLI's sibling face: it reaches a backend through get_scheduler(name) only.
+        (
+            "web/app.py",
+            "from hpctrain.schedulers.slurm.display import jobs_view",
+            "above schedulers, only its interface",
+            "hpctrain.web is not allowed to import hpctrain.schedulers.slurm",
         ),
         # The schedulers' old imports of the training side (stop words, exit codes) and of the recipes (the data check).
         (

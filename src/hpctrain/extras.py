@@ -20,6 +20,9 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "jupyterlab": ("jupyter", "JupyterLab (hpctrain dev start)"),
     "jupyter_server": ("jupyter", "JupyterLab (hpctrain dev start)"),
     "nvidia.dali": ("dali", "--data-backend dali"),
+    "starlette": ("web", "the web console (hpctrain web)"),
+    "uvicorn": ("web", "the web console (hpctrain web)"),
+    "jinja2": ("web", "the web console (hpctrain web)"),
 }
 
 

@@ -49,6 +49,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "image": ("hpctrain.cli.image", "pull a docker:// image once into an apptainer .sif or enroot .sqsh; list images"),
     "top": ("hpctrain.cli.top", "GPU use, CPU load and images/s of a running job, per node"),
     "env": ("hpctrain.cli.env", "print versions, GPUs and the detected distributed environment for bug reports"),
+    # The other face, beside the CLI (imports nothing of it); needs the `web` extra.
+    "web": ("hpctrain.web.command", "the web console: jobs, logs and the cluster in a browser, safe on a login node"),
 }
 
 

@@ -65,6 +65,7 @@ __all__ = [
     "Scheduler",
     "Table",
     "View",
+    "available",
     "backend_info",
     "blocking",
     "detect",
@@ -99,14 +100,24 @@ def kubeconfig_present(environ: Mapping[str, str] | None = None) -> bool:
     return Path(home, ".kube", "config").is_file() if home else False
 
 
+def available(environ: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """Every scheduler this machine can reach, in detect's order of preference: Slurm when `sbatch` is on PATH,
+    Kubernetes when a kubeconfig is found (the web console shows them side by side)."""
+    found = []
+    if which("sbatch"):
+        found.append("slurm")
+    if kubeconfig_present(environ):
+        found.append("kubernetes")
+    return found
+
+
 def detect(environ: Mapping[str, str] | None = None, which: Callable[[str], str | None] = shutil.which) -> str:
     """The default scheduler when neither --scheduler nor the job file names one: Slurm when `sbatch` is on PATH
     (a login node that also has a kubeconfig is still a Slurm login node), else Kubernetes when a kubeconfig is
     found."""
-    if which("sbatch"):
-        return "slurm"
-    if kubeconfig_present(environ):
-        return "kubernetes"
+    found = available(environ, which)
+    if found:
+        return found[0]
     raise UserError(
         "no scheduler found: `sbatch` is not on PATH and there is no kubeconfig ($KUBECONFIG, ~/.kube/config or "
         "in-cluster); pass --scheduler slurm|kubernetes, or use `hpctrain train` to run here"

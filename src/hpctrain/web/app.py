@@ -1,0 +1,157 @@
+"""The pages and endpoints of the console (Starlette), behind hpctrain.web.guard.
+
+    GET  /                         the jobs of every scheduler: a table each, searchable and sortable, live
+    GET  /api/jobs                 the same as JSON (hpctrain.web.board's shared snapshot), polled by the page
+    GET  /job/SCHEDULER/JOB        a job: its status view (kept current), and its log followed live
+    GET  /api/job/SCHEDULER/JOB    that status view as JSON, polled by the page
+    GET  /api/log/SCHEDULER/JOB    that log as server-sent events (hpctrain.web.follow)
+    POST /job/SCHEDULER/JOB/stop   cancel the job (a form with the CSRF token, confirmed on the page)
+    GET  /cluster                  each scheduler's cluster view
+    GET  /static/...               our script and style sheet
+
+What the schedulers say is asked through hpctrain.web.board: once per interval for all pages. Every page is a
+Jinja2 template with autoescape, fed with hpctrain.web.safeview' visible-safe data; pages change
+nothing on GET and run no shell: they call the schedulers' interface only. A UserError (an unknown job, a scheduler
+that cannot answer) is its one line on the page, as the CLI says it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from hpctrain import __version__
+from hpctrain.errors import UserError
+from hpctrain.schedulers.base import JobNotFound, Scheduler
+from hpctrain.web import follow
+from hpctrain.web.board import Board
+from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
+from hpctrain.web.safeview import line, view_parts
+
+HERE = Path(__file__).resolve().parent
+STOP_WAIT_S = 10.0
+
+
+def templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every {{ value }} HTML-escaped, in every template whatever its name
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+class Console:
+    """The console's state: the schedulers (or why each cannot be used), the shared jobs board, the secrets."""
+
+    def __init__(self, schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float) -> None:
+        self.schedulers = dict(schedulers)
+        self.keys = keys
+        self.board = Board(self.schedulers, interval_s)
+        self.env = templates()
+
+    def scheduler(self, name: str) -> Scheduler:
+        found = self.schedulers.get(name)
+        if found is None:
+            raise JobNotFound(f"no scheduler {name!r} in this console: it shows {', '.join(self.schedulers)}")
+        if isinstance(found, UserError):
+            raise found
+        return found
+
+    def page(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        html = self.env.get_template(name).render(
+            csrf=self.keys.csrf, csrf_field=CSRF_FIELD, version=__version__, schedulers=list(self.schedulers), **context
+        )
+        return HTMLResponse(html, status_code=status)
+
+    # ---- pages ----------------------------------------------------------------------------------------------
+
+    async def jobs_page(self, request: Request) -> Response:
+        return self.page("jobs.html", title="jobs", interval_s=self.board.interval_s)
+
+    def jobs_json(self, request: Request) -> Response:
+        return JSONResponse(self.board.snapshot())
+
+    def job_parts(self, name: str, job_id: str) -> list[dict[str, Any]]:
+        scheduler = self.scheduler(name)
+        return self.board.get(("job", name, job_id), lambda: view_parts(scheduler.status_view(job_id)))
+
+    def job_page(self, request: Request) -> Response:
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        parts = self.job_parts(name, job_id)
+        return self.page(
+            "job.html",
+            title=f"job {line(job_id)}",
+            scheduler=name,
+            job_id=line(job_id),
+            parts=parts,
+            interval_s=self.board.interval_s,
+        )
+
+    def job_json(self, request: Request) -> Response:
+        return JSONResponse({"parts": self.job_parts(request.path_params["scheduler"], request.path_params["job"])})
+
+    async def log_events(self, request: Request) -> Response:
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        stream = "stderr" if request.query_params.get("stream") == "stderr" else "stdout"
+        follower = follow.start(self.scheduler(name), job_id, stream)
+        return StreamingResponse(follow.events(follower), media_type="text/event-stream")
+
+    def stop_job(self, request: Request) -> Response:
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        outcome = self.scheduler(name).cancel_and_wait(job_id, wait_s=STOP_WAIT_S)
+        return self.page(
+            "outcome.html",
+            title=f"stop {line(job_id)}",
+            scheduler=name,
+            job_id=line(job_id),
+            lines=[line(text) for text in outcome.lines],
+            failed=outcome.exit_code != 0,
+        )
+
+    def cluster_page(self, request: Request) -> Response:
+        sections = []
+        for name in self.schedulers:
+            try:
+                scheduler = self.scheduler(name)
+                parts = self.board.get(("cluster", name), lambda: view_parts(scheduler.cluster_view()))
+                sections.append({"name": name, "parts": parts, "error": None})
+            except UserError as err:
+                sections.append({"name": name, "parts": [], "error": line(str(err))})
+        return self.page("cluster.html", title="cluster", sections=sections)
+
+    async def user_error(self, request: Request, exc: Exception) -> Response:
+        status = 404 if isinstance(exc, JobNotFound) else 400
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": line(str(exc))}, status_code=status)
+        return self.page("error.html", status=status, title="error", message=line(str(exc)))
+
+
+def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float = 5.0) -> Starlette:
+    """The console's ASGI application: the pages, behind the Guard."""
+    console = Console(schedulers, keys, interval_s)
+    routes = [
+        Route("/", console.jobs_page),
+        Route("/api/jobs", console.jobs_json),
+        Route("/job/{scheduler}/{job}", console.job_page),
+        Route("/job/{scheduler}/{job}/stop", console.stop_job, methods=["POST"]),
+        Route("/api/job/{scheduler}/{job}", console.job_json),
+        Route("/api/log/{scheduler}/{job}", console.log_events),
+        Route("/cluster", console.cluster_page),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, keys=keys)],
+        exception_handlers={UserError: console.user_error},
+    )
+    app.state.console = console
+    return app

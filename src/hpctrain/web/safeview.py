@@ -1,0 +1,37 @@
+"""A scheduler's View (hpctrain.schedulers.base.View) made into what a page shows: its tables and lines as plain
+JSON-able data, every string passed through hpctrain.safetext.for_terminal.
+
+This is half of the page's output boundary for text from outside (job and node names, reasons, paths, log lines):
+control, bidi-override, separator and zero-width characters become visible escapes here; the other half is HTML
+escaping, done by the templates' autoescape (Jinja2) and, for what the pages' script adds, by setting textContent,
+never innerHTML. Together they are hpctrain.safetext.for_html.
+
+A job table's first column is the job's id in every scheduler's status view; the pages link it to the job's page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.safetext import for_terminal
+from hpctrain.schedulers.base import Table, View
+
+
+def table(part: Table) -> dict[str, Any]:
+    return {
+        "title": None if part.title is None else for_terminal(part.title),
+        "columns": [for_terminal(c) for c in part.columns],
+        "rows": [[for_terminal(cell) for cell in row] for row in part.rows],
+    }
+
+
+def view_parts(view: View) -> list[dict[str, Any]]:
+    """The View's text parts in order: {"table": {...}} or {"line": "..."}."""
+    return [
+        {"table": table(part)} if isinstance(part, Table) else {"line": for_terminal(part)}
+        for part in view.text_parts()
+    ]
+
+
+def line(text: str) -> str:
+    return for_terminal(text)

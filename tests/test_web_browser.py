@@ -1,0 +1,195 @@
+"""The web console in a real browser: Debian's Chromium, headless, driven by Selenium through chromedriver, against
+`hpctrain web --port` on the local Slurm cluster.
+
+It logs in through the token URL (and a browser without the cookie is refused), finds a held job named
+`<img src=x onerror=window.__pwned=1>` in the live jobs table as text, with no element made of it and the script
+flag unset; searches and sorts the table; follows a job's log whose lines hold HTML; shows the cluster; stops a job
+with the confirmation; and takes a screenshot of each page (HPCTRAIN_WEB_SCREENSHOTS=DIR keeps them, e.g.
+docs/images)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the web extra (pip install 'hpctrain[web]') is not installed")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra) is not installed")
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+pytestmark = pytest.mark.slurm
+
+HOSTILE = "<img src=x onerror=window.__pwned=1>"
+LOG_SCRIPT = 'for i in 1 2 3; do echo "step $i <b>loss</b> <script>window.__pwned=2</script>"; done'
+WAIT_S = 60
+
+
+def chromium() -> tuple[str, str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.skip("Debian's chromium and chromium-driver are not installed: apt-get install chromium chromium-driver")
+    return browser, driver
+
+
+@pytest.fixture
+def console(slurm_cluster, tmp_path):
+    """`hpctrain web --port` on a free loopback port; its token URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "web", "--port", str(port), "--scheduler", "slurm", "--interval", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    lines = [process.stdout.readline(), process.stdout.readline()]
+    found = re.search(r"open: (http://127\.0\.0\.1:\d+/\?token=\S+)", "".join(lines))
+    if found is None:
+        process.kill()
+        pytest.fail(f"hpctrain web did not start: {lines} {process.stderr.read()}")
+    yield found.group(1)
+    process.terminate()
+    process.wait(timeout=60)
+
+
+@pytest.fixture
+def browser():
+    binary, driver_path = chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    # --no-sandbox: the tests run as root in CI, where Chromium's sandbox refuses to start.
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,900",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console: CSP reports, errors
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
+    yield driver
+    driver.quit()
+
+
+def screenshot(driver, name: str, tmp_path: Path) -> None:
+    folder = Path(os.environ.get("HPCTRAIN_WEB_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(folder / name))
+
+
+ROWS = """return Array.from(document.querySelectorAll('#jobs tbody tr')).filter((r) => !r.hidden)
+    .map((r) => Array.from(r.cells).map((c) => c.textContent));"""
+
+
+def rows(driver) -> list[list[str]]:
+    """The jobs table's visible rows as text, read in one go (the page redraws the table when the jobs change)."""
+    return driver.execute_script(ROWS)
+
+
+def row_of(driver, job: str) -> list[str]:
+    return WebDriverWait(driver, WAIT_S).until(lambda d: next((r for r in rows(d) if r[0] == job), None))
+
+
+def natural(text: str) -> list:
+    """The key that orders 9 before 10 (the page's collator with numeric: true)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part]
+
+
+def click(driver, xpath: str) -> None:
+    """A real click on the element at `xpath`, found again if a redraw replaced it meanwhile."""
+
+    def clicked(d) -> bool:
+        try:
+            d.find_element(By.XPATH, xpath).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    WebDriverWait(driver, WAIT_S).until(clicked)
+
+
+def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
+    held = slurm_cluster.sbatch("--hold", f"--job-name={HOSTILE}", "--wrap", "sleep 60", cwd=tmp_path)
+    logged = slurm_cluster.sbatch(
+        "--job-name=web-log", f"--output={tmp_path}/out-%j.log", "--wrap", LOG_SCRIPT, cwd=tmp_path
+    )
+    try:
+        base = console.split("/?token=")[0]
+        # Without the cookie: refused.
+        browser.get(base + "/")
+        assert "not logged in" in browser.find_element(By.TAG_NAME, "body").text
+
+        # The token URL logs in and leaves the address bar without the token.
+        browser.get(console)
+        assert browser.current_url == base + "/"
+        assert row_of(browser, held)[1] == HOSTILE
+        assert browser.execute_script("return document.querySelectorAll('#jobs img').length") == 0
+        assert browser.execute_script("return typeof window.__pwned") == "undefined"
+        (cookie,) = browser.get_cookies()
+        assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+        assert browser.execute_script("return document.cookie") == ""
+
+        # Search, then sort.
+        search = browser.find_element(By.ID, "search")
+        search.send_keys(held)
+        assert [r[0] for r in rows(browser)] == [held]
+        search.clear()
+        search.send_keys(" ")  # an input event with no words: every row again
+        header = "//div[@id='jobs']//th[text()='job']"
+        click(browser, header)
+        click(browser, header)
+        sorted_by = "return document.evaluate(arguments[0], document).iterateNext().dataset.sort"
+        assert browser.execute_script(sorted_by, header) == "desc"
+        ids = [r[0] for r in rows(browser)]  # 12, 12_3 (an array task of other tests), 100: in numeric order
+        assert len(ids) > 1 and ids == sorted(ids, key=natural, reverse=True)
+        WebDriverWait(browser, WAIT_S).until(lambda d: "as of" in d.find_element(By.ID, "taken").text)
+        assert row_of(browser, held)[0] == held  # still the table (after the live updates) when it is taken
+        screenshot(browser, "web-jobs.png", tmp_path)
+
+        # A job's page: its details and its log, followed live, as text.
+        slurm_cluster.wait_state(logged, {"COMPLETED", "GONE"})
+        browser.get(f"{base}/job/slurm/{logged}")
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "log-state").text == "(ended)")
+        log = browser.find_element(By.ID, "log").text
+        assert "step 3 <b>loss</b> <script>window.__pwned=2</script>" in log
+        assert browser.find_elements(By.CSS_SELECTOR, "#log b, #log script") == []
+        assert browser.execute_script("return typeof window.__pwned") == "undefined"
+        screenshot(browser, "web-job.png", tmp_path)
+
+        # The cluster.
+        browser.get(base + "/cluster")
+        nodes = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table tbody tr td:first-child")]
+        assert {"node1", "node2"} <= set(nodes)
+        screenshot(browser, "web-cluster.png", tmp_path)
+
+        # Stop, confirmed in the page's dialog; dismissed first, which changes nothing.
+        browser.get(f"{base}/job/slurm/{held}")
+        stop = browser.find_element(By.CSS_SELECTOR, "button.danger")
+        stop.click()
+        WebDriverWait(browser, WAIT_S).until(expected_conditions.alert_is_present()).dismiss()
+        assert slurm_cluster.state(held) == "PENDING"
+        stop.click()
+        WebDriverWait(browser, WAIT_S).until(expected_conditions.alert_is_present()).accept()
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.TAG_NAME, "h1").text.startswith("Stop job"))
+        assert slurm_cluster.wait_state(held, {"CANCELLED", "GONE"}, timeout_s=WAIT_S)
+        assert browser.execute_script("return typeof window.__pwned") == "undefined"
+
+        # Every page worked under its own Content-Security-Policy: nothing was blocked, no script failed.
+        said = [entry["message"] for entry in browser.get_log("browser")]
+        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+    finally:
+        slurm_cluster.cancel_quietly(held)
+        slurm_cluster.cancel_quietly(logged)

@@ -1,0 +1,199 @@
+"""The web console's pages over the real local Slurm cluster (Starlette's test client, the real SlurmScheduler):
+a job named with HTML shows as text, a log with HTML and escape sequences is sent as visible text, the jobs of
+all pages come from one query per interval, and stop (a POST with the CSRF token) cancels the job."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+pytest.importorskip("starlette", reason="the web extra (pip install 'hpctrain[web]') is not installed")
+from starlette.testclient import TestClient
+
+from hpctrain.schedulers import get_scheduler
+from hpctrain.web.app import create_app
+from hpctrain.web.board import Board
+from hpctrain.web.guard import Secrets
+
+pytestmark = pytest.mark.slurm
+
+HOSTILE = "<img src=x onerror=window.__pwned=1>"
+# The same without spaces: the job page's details come from `scontrol show job -o`, whose parser ends a name at
+# its first space (the jobs table, from squeue, shows HOSTILE whole).
+HOSTILE_WORD = "<svg/onload=window.__pwned=1>"
+HOST = "http://localhost"
+LOG_SCRIPT = "printf '<b>bold</b><script>window.__pwned=2</script>\\n\\033[31mred\\n'"
+
+
+@pytest.fixture
+def held_job(slurm_cluster, tmp_path) -> str:
+    job = slurm_cluster.sbatch("--hold", f"--job-name={HOSTILE}", "--wrap", "sleep 60", cwd=tmp_path)
+    yield job
+    slurm_cluster.cancel_quietly(job)
+
+
+@pytest.fixture
+def held_word_job(slurm_cluster, tmp_path) -> str:
+    job = slurm_cluster.sbatch("--hold", f"--job-name={HOSTILE_WORD}", "--wrap", "sleep 60", cwd=tmp_path)
+    yield job
+    slurm_cluster.cancel_quietly(job)
+
+
+@pytest.fixture
+def ended_job(slurm_cluster, tmp_path) -> str:
+    job = slurm_cluster.sbatch(
+        "--job-name=web-log", f"--output={tmp_path}/out-%j.log", "--wrap", LOG_SCRIPT, cwd=tmp_path
+    )
+    slurm_cluster.wait_state(job, {"COMPLETED", "GONE"})
+    yield job
+
+
+@pytest.fixture
+def client(slurm_cluster) -> tuple[TestClient, Secrets]:
+    keys = Secrets(token="slurm-test-token")
+    client = TestClient(create_app({"slurm": get_scheduler("slurm")}, keys, 1.0), base_url=HOST, follow_redirects=False)
+    assert client.get(f"/?token={keys.token}").status_code == 303
+    return client, keys
+
+
+def test_a_job_named_with_html_is_text_in_the_table_and_on_its_page(client, held_job, held_word_job):
+    client, _ = client
+    (section,) = client.get("/api/jobs").json()["schedulers"]
+    rows = {row[0]: row for part in section["parts"] if "table" in part for row in part["table"]["rows"]}
+    assert HOSTILE in rows[held_job]  # the name as text; the page's script sets it as textContent
+    assert HOSTILE_WORD in rows[held_word_job]
+    for job in (held_job, held_word_job):
+        page = client.get(f"/job/slurm/{job}")
+        assert page.status_code == 200
+        assert "<img" not in page.text and "<svg" not in page.text
+    assert "<td>&lt;svg/onload=window.__pwned=1&gt;</td>" in page.text
+
+
+def test_an_unknown_job_is_the_cli_s_one_line(client):
+    client, _ = client
+    page = client.get("/job/slurm/999999999")
+    assert page.status_code in (400, 404)
+    assert "job 999999999 not found: Slurm forgets ended jobs" in page.text
+
+
+def log_events(client, job: str):
+    """(event, data) of the job's log stream, as they come."""
+    with client.stream("GET", f"/api/log/slurm/{job}") as answer:
+        kind = None
+        for text in answer.iter_lines():
+            if text.startswith("event: "):
+                kind = text[len("event: ") :]
+            elif text.startswith("data: "):
+                yield kind, json.loads(text[len("data: ") :])
+                if kind == "end":
+                    return
+
+
+def test_the_log_is_sent_as_visible_text(client, ended_job):
+    client, _ = client
+    with client.stream("GET", f"/api/log/slurm/{ended_job}") as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+    events = list(log_events(client, ended_job))
+    lines = [line for kind, data in events if kind == "log" for line in data.get("lines", [])]
+    assert lines == ["<b>bold</b><script>window.__pwned=2</script>", "\\x1b[31mred"]
+    notes = [note for kind, data in events if kind == "log" for note in data.get("notes", [])]
+    assert any(f"job {ended_job} ended" in note for note in notes), notes
+    assert events[-1] == ("end", {})
+
+
+def test_a_running_job_s_log_is_followed_live(client, slurm_cluster, tmp_path):
+    """The job writes a line, then waits for a file that the test makes only once the page has that line; its
+    second line comes on the same stream, then the end."""
+    client, _ = client
+    go = tmp_path / "go"
+    script = f"echo first; while [ ! -e {go} ]; do sleep 0.2; done; echo second"
+    job = slurm_cluster.sbatch("--job-name=web-live", f"--output={tmp_path}/out-%j.log", "--wrap", script, cwd=tmp_path)
+    try:
+        seen = []
+        for kind, data in log_events(client, job):
+            seen += data.get("lines", [])
+            if seen == ["first"] and not go.exists():
+                assert slurm_cluster.state(job) == "RUNNING"
+                go.touch()
+        assert seen == ["first", "second"]
+        assert kind == "end"
+    finally:
+        slurm_cluster.cancel_quietly(job)
+
+
+def test_the_jobs_of_all_pages_come_from_one_query_per_interval(slurm_cluster):
+    now = [0.0]
+    board = Board({"slurm": get_scheduler("slurm")}, interval_s=5.0, clock=lambda: now[0])
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(board.snapshot())) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert board.refreshes == 1
+    assert all(snapshot is seen[0] for snapshot in seen)
+    now[0] = 4.9
+    board.snapshot()
+    assert board.refreshes == 1
+    now[0] = 5.0
+    board.snapshot()
+    assert board.refreshes == 2
+
+
+def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_job):
+    """Three tabs on the jobs, a job and the cluster: each thing is asked of the scheduler once per interval."""
+    keys = Secrets(token="t")
+    app = create_app({"slurm": get_scheduler("slurm")}, keys, interval_s=600.0)
+    tabs = [TestClient(app, base_url=HOST, follow_redirects=False) for _ in range(3)]
+    for tab in tabs:
+        assert tab.get("/?token=t").status_code == 303
+    for tab in tabs:
+        assert tab.get("/api/jobs").status_code == 200
+        assert tab.get(f"/job/slurm/{held_job}").status_code == 200
+        assert tab.get(f"/api/job/slurm/{held_job}").json()["parts"]
+        assert tab.get("/cluster").status_code == 200
+    assert app.state.console.board.refreshes == 3
+
+
+def test_stop_is_a_post_with_the_csrf_token_and_cancels_the_job(client, held_job, slurm_cluster):
+    client, keys = client
+    assert client.get(f"/job/slurm/{held_job}/stop").status_code == 405  # a GET changes nothing
+    refused = client.post(f"/job/slurm/{held_job}/stop", data={"csrf": "x"}, headers={"origin": HOST})
+    assert refused.status_code == 403
+    assert slurm_cluster.state(held_job) == "PENDING"
+    page = client.post(f"/job/slurm/{held_job}/stop", data={"csrf": keys.csrf}, headers={"origin": HOST})
+    assert page.status_code == 200, page.text
+    assert slurm_cluster.wait_state(held_job, {"CANCELLED", "GONE"}, timeout_s=60)
+    assert f"job {held_job}" in page.text
+
+
+def test_the_cluster_page_shows_the_nodes(client):
+    client, _ = client
+    page = client.get("/cluster")
+    assert page.status_code == 200
+    for node in ("node1", "node2"):
+        assert f"<td>{node}</td>" in page.text
+
+
+@pytest.mark.k8s
+def test_slurm_and_kubernetes_side_by_side(slurm_cluster, k8s_cluster, held_job):
+    """Both schedulers in one console (the local cluster and the local API server): each has its section on the
+    jobs page and on the cluster page, neither with an error; the web package knows neither."""
+    keys = Secrets(token="t")
+    schedulers = {
+        "slurm": get_scheduler("slurm"),
+        "kubernetes": get_scheduler("kubernetes", context=k8s_cluster.context),
+    }
+    client = TestClient(create_app(schedulers, keys, interval_s=600.0), base_url=HOST, follow_redirects=False)
+    assert client.get("/?token=t").status_code == 303
+    sections = {s["name"]: s for s in client.get("/api/jobs").json()["schedulers"]}
+    assert list(sections) == ["slurm", "kubernetes"]
+    assert [s["error"] for s in sections.values()] == [None, None]
+    assert sections["kubernetes"]["parts"]  # a table of the namespace's jobs, or the line that says it has none
+    assert any(row[0] == held_job for p in sections["slurm"]["parts"] if "table" in p for row in p["table"]["rows"])
+    cluster = client.get("/cluster")
+    assert cluster.status_code == 200
+    assert "<h2>slurm</h2>" in cluster.text and "<h2>kubernetes</h2>" in cluster.text
+    assert 'class="error"' not in cluster.text
