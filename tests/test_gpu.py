@@ -446,7 +446,7 @@ def test_forward_clock_under_dataparallel_and_no_tensors_kept_on_nccl():
     import torch.distributed as dist
 
     from hpctrain.distributed import all_reduce
-    from hpctrain.distributed.collectives import held_count
+    from hpctrain.distributed import collectives
     from hpctrain.training.watch import ForwardClock
 
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
@@ -459,9 +459,9 @@ def test_forward_clock_under_dataparallel_and_no_tensors_kept_on_nccl():
     clock.remove()
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda:0"))
     try:
-        before = held_count()
+        before = len(collectives._held)
         all_reduce(torch.ones(1 << 20, device="cuda"))
         torch.cuda.synchronize()
-        assert held_count() == before
+        assert len(collectives._held) == before
     finally:
         dist.destroy_process_group()

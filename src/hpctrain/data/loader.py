@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from hpctrain.data.decode import BadImageError, CropSpec, decode_crop
-from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.data.source import timed
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
@@ -180,21 +179,6 @@ class ImageFolderSource:
         self.num_val = len(val) if val is not None else 0
         self.num_classes = len(train.classes)
         self.image_size = self.train_crop.size
-
-    @classmethod
-    def from_folders(
-        cls,
-        data: str | os.PathLike,
-        val_path: str | os.PathLike | None,
-        val_labels: str | os.PathLike | None,
-        config: LoaderConfig,
-        seed: int,
-        train_crop: CropSpec | None = None,
-        eval_crop: CropSpec | None = None,
-    ) -> ImageFolderSource:
-        """Scan DATA (see `find_image_folders`) and serve its images."""
-        found = find_image_folders(data, val_path, val_labels)
-        return cls(found.train, found.val, config, seed, train_crop, eval_crop)
 
     def train_batches(
         self, plan: EpochPlan, epoch: int, start_step: int, rank: int, size: tuple[int, int] | None = None

@@ -88,16 +88,6 @@ def holds_for(backend: str, device_type: str) -> bool:
     return per_device.get(device_type, "").strip() == "gloo"
 
 
-def held_count() -> int:
-    """How many collectives' tensors are being kept (for tests)."""
-    return len(_held)
-
-
-def held_bytes() -> int:
-    """The bytes of the tensors being kept (for tests)."""
-    return _held_bytes
-
-
 def _is_initialized() -> bool:
     import torch.distributed as dist
 

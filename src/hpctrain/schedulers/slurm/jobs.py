@@ -14,9 +14,7 @@ import getpass
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from hpctrain.schedulers.slurm import records
@@ -342,37 +340,6 @@ def id_order(job_id: str) -> tuple[int, ...]:
     if job_id.isdigit():  # most ids: no array index, no het component
         return (int(job_id),)
     return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())
-
-
-def wait_for_job(
-    job_id: str,
-    poll_s: float = 2.0,
-    timeout_s: float | None = None,
-    run: Runner = subprocess.run,
-    sleep: Callable[[float], None] = time.sleep,
-    on_change: Callable[[JobInfo], None] | None = None,
-) -> JobInfo:
-    """Poll until the job ends and return its last record. A job that disappears (the controller forgot it
-    and there is no accounting) ends as state GONE with exit_code None. on_change sees each new state."""
-    job_id = check_job_id(job_id)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    last: JobInfo | None = None
-    while True:
-        info = get_job(job_id, run=run)
-        if info is None:
-            if last is None:
-                raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
-            return replace(last, state=GONE, exit_code=None, source="none")
-        if on_change is not None and (last is None or (info.state, info.restarts) != (last.state, last.restarts)):
-            on_change(info)
-        last = info
-        if info.finished:
-            return info
-        if deadline is not None and time.monotonic() >= deadline:
-            raise UserError(
-                f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`"
-            )
-        sleep(poll_s)
 
 
 def cancel(job_id: str, signal: str | None = None, full: bool = False, run: Runner = subprocess.run) -> None:
