@@ -275,7 +275,7 @@ def test_shared_memory_check(tmp_path: Path) -> None:
     config = LoaderConfig(workers=3, prefetch_factor=2, shm_path=str(tmp_path))
     with pytest.raises(
         UserError,
-        match=rf"{tmp_path} has \d+ MiB free, but 1 process\(es\) x 3 data workers x 3 "
+        match=rf"{tmp_path} has [\d.]+ [KMGT]?i?B free, but 1 process\(es\) x 3 data workers x 3 "
         r"batches .* use fewer data workers \(--workers 2\), .*--shm-size",
     ):
         check_shared_memory(batch, config)

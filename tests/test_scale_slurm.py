@@ -283,7 +283,9 @@ def test_long_tables_are_printed_plain_one_line_a_row(
         "mixed",
         "gpu",
         "48/96",
-        "878.9G/1953.1G",
+        "879",  # fsutil.format_bytes, the one byte formatter: "879 GiB/1.91 TiB"
+        "GiB/1.91",
+        "TiB",
         "4/8",
         "h100",
         "56/512",

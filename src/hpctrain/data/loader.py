@@ -37,6 +37,7 @@ from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.data.source import timed
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
+from hpctrain.fsutil import format_bytes
 
 IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -261,9 +262,9 @@ def check_shared_memory(batch_bytes: int, config: LoaderConfig) -> None:
     fits = available // (per_worker * config.processes_per_node)
     fewer = f"use fewer data workers (--workers {fits})" if fits else "use a smaller per-process batch"
     raise UserError(
-        f"{config.shm_path} has {_mib(available)} free, but {config.processes_per_node} process(es) x "
-        f"{config.workers} data workers x {config.prefetch_factor + 1} batches of {_mib(batch_bytes)} need "
-        f"{_mib(needed)}; {fewer}, or give the container more shared memory (docker run --shm-size=8g; "
+        f"{config.shm_path} has {format_bytes(available)} free, but {config.processes_per_node} process(es) x "
+        f"{config.workers} data workers x {config.prefetch_factor + 1} batches of {format_bytes(batch_bytes)} need "
+        f"{format_bytes(needed)}; {fewer}, or give the container more shared memory (docker run --shm-size=8g; "
         "Kubernetes: mount an emptyDir volume with medium: Memory at /dev/shm)"
     )
 
@@ -339,10 +340,6 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 def _as_is(batch: Batch) -> Batch:
     return batch
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
 
 
 __all__ = [

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hpctrain.errors import UserError, redact
+from hpctrain.fsutil import format_bytes
 from hpctrain.schedulers.kubernetes import answers
 
 TIMEOUT_ENV = "HPCTRAIN_K8S_TIMEOUT"
@@ -329,8 +330,8 @@ class _BoundedResponse:
                 size += len(chunk)
                 if size > cap:
                     raise UserError(
-                        f"the Kubernetes API server {self._pool.server} sent an answer larger than {cap >> 20} "
-                        f"MiB (the most hpctrain reads): {FIX} (or allow more: {MAX_RESPONSE_ENV}=MEGABYTES)"
+                        f"the Kubernetes API server {self._pool.server} sent an answer larger than {format_bytes(cap)} "
+                        f"(the most hpctrain reads): {FIX} (or allow more: {MAX_RESPONSE_ENV}=MEGABYTES)"
                     )
                 chunks.append(chunk)
         except urllib3.exceptions.HTTPError as err:
