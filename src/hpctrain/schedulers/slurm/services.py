@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
+from hpctrain.distributed.ports import job_port_lines
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm import dev
@@ -66,7 +66,7 @@ class ServiceJob:
     account: str | None = None
     time: str | None = None
     port: int | None = None
-    """A fixed port; None: a free one from a random start."""
+    """A fixed port; None: the first free one from the job's port (hpctrain.distributed.ports)."""
 
     def job_spec(self) -> JobSpec:
         """The JobSpec whose #SBATCH lines and srun step this service uses (validates every value)."""
@@ -92,16 +92,7 @@ class ServiceJob:
 def port_lines(port: int | None) -> list[str]:
     if port is not None:
         return [f"port={int(port)}"]
-    return [
-        "# A random start, then up past ports in use (another session on this node).",
-        f"port=$(({PORT_BASE} + RANDOM % {PORT_SPAN}))",
-        "tries=0",
-        'while (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; do',
-        "    port=$((port + 1)); tries=$((tries + 1))",
-        f'    if [ "$tries" -ge {PORT_TRIES} ]; then '
-        'echo "hpctrain: no free port found on $(hostname)" >&2; exit 1; fi',
-        "done",
-    ]
+    return job_port_lines("port", "hpctrain: no free port found on $(hostname)")
 
 
 def render_service_script(service: ServiceJob) -> str:
