@@ -40,7 +40,7 @@ def variant(
     recipe.widths = widths
     model = recipe.build_model() if frozen else FastNet(widths).to(memory_format=torch.channels_last)
     if dtype != "recipe":
-        model._precision[CPU] = Precision(dtype, str(dtype))  # type: ignore[arg-type]
+        model._precision[CPU] = Precision(dtype, str(dtype))
     return model, recipe.build_optimization(model, 0.15, 1, 100).optimizer
 
 

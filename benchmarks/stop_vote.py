@@ -88,7 +88,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, results: object) -
         for mode in MODES:
             times[mode].append(block(mode))
     if trains:
-        results.put(times)  # type: ignore[attr-defined]
+        results.put(times)
     dist.barrier()
     dist.destroy_process_group()
 

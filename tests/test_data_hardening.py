@@ -45,7 +45,7 @@ def prepared(fashion_folders, tmp_path_factory) -> Path:  # noqa: F811
     return base / "out"
 
 
-def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:  # type: ignore[no-untyped-def]
+def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:
     out = tmp_path / "out"
     shutil.copytree(prepared, out)
     index = json.loads((out / INDEX_NAME).read_text())
@@ -54,10 +54,10 @@ def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:  # type: ignor
     return out
 
 
-def _set(path: str, value):  # type: ignore[no-untyped-def]
+def _set(path: str, value):
     """A change to the index: set the item at `path` (keys separated by `.`, list positions as numbers)."""
 
-    def change(index):  # type: ignore[no-untyped-def]
+    def change(index):
         *parents, last = path.split(".")
         node = index
         for key in parents:

@@ -71,12 +71,12 @@ def test_each_batch_is_decoded_on_its_own_stream_between_the_steps(monkeypatch) 
 
     def decode_batch(batch, dataset, epoch, device):  # noqa: ANN001, ANN202
         recorder.log.append(f"decode {batch} on {recorder.current}")
-        return Batch(Images(recorder, f"images{batch}"), torch.zeros(1))  # type: ignore[arg-type]
+        return Batch(Images(recorder, f"images{batch}"), torch.zeros(1))
 
     monkeypatch.setattr(nvjpeg, "decode_batch", decode_batch)
     source = nvjpeg.NvjpegSource.__new__(nvjpeg.NvjpegSource)
     source.device = torch.device("cuda", 0)
-    for batch in source._decoded([1, 2], None, [None, None]):  # type: ignore[arg-type]
+    for batch in source._decoded([1, 2], None, [None, None]):
         recorder.log.append(f"step on {batch.images.name}")
     assert recorder.log == [
         "event1 on training",  # after the previous step's kernels
@@ -108,4 +108,4 @@ def test_on_the_cpu_nothing_is_ordered(monkeypatch) -> None:
     monkeypatch.setattr(nvjpeg, "decode_batch", lambda batch, dataset, epoch, device: batch)
     source = nvjpeg.NvjpegSource.__new__(nvjpeg.NvjpegSource)
     source.device = torch.device("cpu")
-    assert list(source._decoded([1, 2], None, [None, None])) == [1, 2]  # type: ignore[arg-type]
+    assert list(source._decoded([1, 2], None, [None, None])) == [1, 2]

@@ -28,7 +28,7 @@ _spec = importlib.util.spec_from_file_location(
     "scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py"
 )
 scale = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(scale)  # type: ignore[union-attr]
+_spec.loader.exec_module(scale)
 ME = "alice"
 ROWS = Fields(SQUEUE_FIELDS, scale.TOKEN)  # how scale.squeue_rows() is laid out
 

@@ -1,12 +1,15 @@
 """The style of pyproject.toml's [tool.ruff] holds over src, tests and benchmarks: ruff's lint rules (no line over
 120 columns, pyflakes' rules) and its formatter (`ruff format --check` would change nothing). ruff itself does the
-checking, with the project's configuration; the last two tests show on a small file that each check can fail."""
+checking, with the project's configuration; the last two tests show on a small file that each check can fail.
+No type checker runs, so no comment may speak to one: no `# type: ignore`."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,24 @@ def test_ruff_format_would_change_nothing():
     assert result.returncode == 0, (
         result.stdout + result.stderr + "\nformat them with: python -m ruff format src tests benchmarks"
     )
+
+
+def type_ignores(text: str) -> list[int]:
+    """The lines of `text` (Python source) with a `# type: ignore` comment."""
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return [t.start[0] for t in tokens if t.type == tokenize.COMMENT and "type: ignore" in t.string]
+
+
+def test_no_type_ignore_without_a_type_checker():
+    """hpctrain runs no type checker (mypy, pyright): a `# type: ignore` would answer to nothing and go stale."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in CHECKED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in type_ignores(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], "remove these `# type: ignore` comments (no type checker runs):\n" + "\n".join(found)
+    assert type_ignores("x = y  # type: ignore[attr-defined]\ns = '# type: ignore'\n") == [1]
 
 
 def test_the_lint_check_catches_a_long_line_and_an_unused_import(tmp_path):

@@ -226,7 +226,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
             if kind == "module":
                 sys.argv = ["-m", *request["args"]]
                 sys.path[0] = os.getcwd()  # as `python -m` has it
-                runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
+                runpy._run_module_as_main(target, alter_argv=True)
             elif kind == "code":
                 sys.argv = ["-c", *request["args"]]
                 sys.path[0] = ""  # as `python -c` has it
@@ -248,7 +248,7 @@ def _become_command(request: dict, fds: list[int]) -> None:
 
             traceback.print_exc()
             code = 1
-        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at the interpreter's exit
+        threading._shutdown()  # non-daemon threads, as at the interpreter's exit
         atexit._run_exitfuncs()
     finally:
         _flush()

@@ -155,7 +155,7 @@ def parse_json_lines(
 def split_lines(data: T) -> list[T]:
     """The finished lines of `data` (text or bytes), without their newlines: a last line without its newline is an
     append cut short and left out."""
-    lines = data.split(b"\n" if isinstance(data, bytes) else "\n")  # type: ignore[attr-defined]
+    lines = data.split(b"\n" if isinstance(data, bytes) else "\n")
     lines.pop()  # "" after a final newline, else the unfinished last line
     return lines
 
@@ -182,7 +182,7 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
         raise BadRunFile(source, f"a JSON {_json_kind(value)} where an object was expected")
     hints = _hints(cls)
     given = {}
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):
         if field.name not in value:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise BadRunFile(source, f"has no {field.name!r}")

@@ -171,14 +171,14 @@ def _crop_resize(image: np.ndarray, crop: Crop, scale: tuple[float, float], out:
 
 
 @functools.cache
-def _simplejpeg():  # type: ignore[no-untyped-def]
+def _simplejpeg():
     import simplejpeg
 
     return simplejpeg
 
 
 @functools.cache
-def _cv2():  # type: ignore[no-untyped-def]
+def _cv2():
     import cv2
 
     cv2.setNumThreads(1)  # one data worker = one core; parallelism comes from the worker processes

@@ -141,7 +141,7 @@ class ImageBatchDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, request: BatchRequest) -> Batch:  # type: ignore[override]
+    def __getitem__(self, request: BatchRequest) -> Batch:
         height, width = self.spec.size
         out = _empty_uint8((len(request.indices), height, width, 3))
         pixels = out.numpy()
@@ -185,7 +185,7 @@ class ImageFolderSource:
         self, plan: EpochPlan, epoch: int, start_step: int, rank: int, size: tuple[int, int] | None = None
     ) -> Batches:
         """`size` overrides the output size for this epoch (progressive resizing); the crop boxes do not change."""
-        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
+        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop
         requests = TrainRequests(plan, epoch, start_step, rank)
         dataset = ImageBatchDataset(self.train, crop, self.seed)
         return self._stream(dataset, requests, plan.largest_rank_batch)
@@ -205,7 +205,7 @@ class ImageFolderSource:
         check_shared_memory(batch_size * height * width * 3, cfg)
         loader: Iterable[Batch] = torch.utils.data.DataLoader(
             dataset,
-            sampler=requests,  # type: ignore[arg-type]
+            sampler=requests,
             batch_size=None,  # each request is already a batch
             collate_fn=_as_is,
             num_workers=cfg.workers,

@@ -198,7 +198,7 @@ def _present(store: object, key: str) -> bool:
     if check is not None:
         return bool(check([key]))
     try:
-        store.wait([key], datetime.timedelta(milliseconds=10))  # type: ignore[attr-defined]
+        store.wait([key], datetime.timedelta(milliseconds=10))
     except Exception:  # noqa: BLE001 - torch's DistStoreError ("Socket Timeout"), or the store's own
         return False
     return True

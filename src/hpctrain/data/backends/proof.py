@@ -61,11 +61,11 @@ def decode_dali(jpegs: list[bytes], device: torch.device) -> list[np.ndarray]:
 
     gpu = device.type == "cuda"
 
-    def feed():  # type: ignore[no-untyped-def]
+    def feed():
         return [np.frombuffer(jpeg, dtype=np.uint8) for jpeg in jpegs]
 
     @pipeline_def
-    def decode():  # type: ignore[no-untyped-def]
+    def decode():
         encoded = fn.external_source(source=feed, batch=True, dtype=types.UINT8)
         return fn.decoders.image_slice(
             encoded,

@@ -465,7 +465,7 @@ class _Translating:
                     raise
                 raise _error_class()(err, _call_words(name, args)) from None
 
-        call.__self__ = self._api  # type: ignore[attr-defined]  # kubernetes.stream.stream() finds the client there
+        call.__self__ = self._api  # kubernetes.stream.stream() finds the client there
         call.__name__ = name
         return call
 

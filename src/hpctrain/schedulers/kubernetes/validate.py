@@ -65,7 +65,7 @@ def _import_jsonschema() -> Any:
         return sys.modules["jsonschema"]
     blocked = [name for name in FORMAT_BACKENDS if name not in sys.modules]
     for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]  # `import` raises ImportError
+        sys.modules[name] = None  # `import` raises ImportError
     try:
         import jsonschema
     finally:
