@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from hpctrain.recipes.mnist import FastNet, FastRecipe  # noqa: E402
-from hpctrain.training.precision import Precision, precision_for  # noqa: E402
+from hpctrain.recipes.mnist import FastNet, FastRecipe
+from hpctrain.training.precision import Precision, precision_for
 
 CPU = torch.device("cpu")
 

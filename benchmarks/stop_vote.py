@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from hpctrain.distributed.ports import free_port  # noqa: E402
+from hpctrain.distributed.ports import free_port
 
 MODES = ("none", "agree", "stepvote")
 

@@ -313,7 +313,7 @@ def test_nvjpeg_crop_resize_makes_as_many_torch_calls_for_64_images_as_for_4() -
     assert counts[0] == counts[1]
 
 
-def proven_except(*failing: str):  # noqa: ANN201
+def proven_except(*failing: str):
     """A stand-in for the GPU proof (no GPU here): the backends named fail their test decode."""
     tried = []
 

@@ -20,18 +20,18 @@ class Recorder:
         self.current = "training"
         self.events = 0
 
-    def current_stream(self, device):  # noqa: ANN001, ANN201
+    def current_stream(self, device):
         return Stream(self, "training")
 
-    def new_stream(self, device):  # noqa: ANN001, ANN201
+    def new_stream(self, device):
         return Stream(self, "decode")
 
-    def new_event(self):  # noqa: ANN201
+    def new_event(self):
         self.events += 1
         return Event(self, f"event{self.events}")
 
     @contextlib.contextmanager
-    def use(self, stream):  # noqa: ANN001, ANN201
+    def use(self, stream):
         before, self.current = self.current, stream.name
         self.log.append(f"enter {stream.name}")
         yield
@@ -69,7 +69,7 @@ def test_each_batch_is_decoded_on_its_own_stream_between_the_steps(monkeypatch) 
     recorder = Recorder()
     monkeypatch.setattr(nvjpeg, "DecodeStream", lambda device: streams.DecodeStream(device, layer=recorder))
 
-    def decode_batch(batch, dataset, epoch, device):  # noqa: ANN001, ANN202
+    def decode_batch(batch, dataset, epoch, device):
         recorder.log.append(f"decode {batch} on {recorder.current}")
         return Batch(Images(recorder, f"images{batch}"), torch.zeros(1))
 
@@ -101,7 +101,7 @@ def test_each_batch_is_decoded_on_its_own_stream_between_the_steps(monkeypatch) 
 
 
 def test_on_the_cpu_nothing_is_ordered(monkeypatch) -> None:
-    def no_stream(device):  # noqa: ANN001, ANN202
+    def no_stream(device):
         raise AssertionError("a CPU decode needs no stream")
 
     monkeypatch.setattr(nvjpeg, "DecodeStream", no_stream)

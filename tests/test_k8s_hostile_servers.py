@@ -234,7 +234,7 @@ def _in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:
     def run() -> None:
         try:
             box["code"] = main(list(argv))
-        except BaseException as err:  # noqa: BLE001 - reported by the test below, with its traceback
+        except BaseException as err:  # reported by the test below, with its traceback
             box["error"] = err
 
     thread = threading.Thread(target=run, daemon=True)
@@ -265,6 +265,6 @@ def test_every_command_ends_in_one_line_naming_the_server_whatever_it_answers(
     for command, argv in ANSWER_COMMANDS.items():
         code, out, err = _in_process(argv, capsys)
         lines = err.strip().splitlines()
-        assert code != 0, f"{command} with {answer}: exit 0\n{out}{err}"  # noqa
+        assert code != 0, f"{command} with {answer}: exit 0\n{out}{err}"
         assert len(lines) == 1 and lines[0].startswith("hpctrain "), f"{command} with {answer}:\n{err}"
         assert server in lines[0], f"{command} with {answer}: the line does not name the server:\n{err}"

@@ -179,7 +179,7 @@ def _numpy_problem(torch: Any) -> str | None:
         torch.from_numpy(numpy.zeros(1))
     except ImportError:
         return None
-    except Exception as err:  # noqa: BLE001 - whatever the bridge raises is the report
+    except Exception as err:  # whatever the bridge raises is the report
         return f"torch cannot use NumPy here ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
     return None
 

@@ -115,7 +115,7 @@ def _parse(path: Path, text: str) -> Any:
         import yaml
 
         try:
-            return yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+            return yaml.load(text, Loader=_job_yaml_loader())  # a SafeLoader subclass
         except yaml.YAMLError as err:
             raise UserError(f"job file {path} is not valid YAML: {_one_line(err)}") from None
     except ValueError as err:  # a number the parser could not convert: Python's limit on an integer's digits

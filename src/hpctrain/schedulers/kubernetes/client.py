@@ -171,7 +171,7 @@ def exec_plugin(context: str | None) -> str | None:
         ctx = next(c for c in merged["contexts"] if c.safe_get("name") == name)
         user = next(u for u in merged["users"] if u.safe_get("name") == ctx["context"].safe_get("user"))
         command = user["user"]["exec"]["command"]
-    except Exception:  # noqa: BLE001 - only to name the plugin in an error already on its way
+    except Exception:  # only to name the plugin in an error already on its way
         return None
     return command if isinstance(command, str) else None
 
@@ -199,7 +199,7 @@ def within(seconds: float, work: Callable[[], T], timed_out: Callable[[], Except
     def run() -> None:
         try:
             box["value"] = work()
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread as is
+        except BaseException as err:  # handed to the waiting thread as is
             box["error"] = err
         finally:
             done.set()

@@ -80,7 +80,7 @@ def crd_schema(filename: str) -> dict[str, Any]:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds").joinpath(filename).read_text()
-    crd = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+    crd = yaml.load(text, Loader=loader)  # a SafeLoader
     return to_json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
