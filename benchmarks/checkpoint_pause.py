@@ -111,7 +111,7 @@ def run(
         if writer is None:
             checkpoint.save(work.state(step), directory, name, epoch=0, step=step, keep=2)
         else:
-            waited += writer.in_flight
+            waited += writer._future is not None and not writer._future.done()  # the previous write still runs
             writer.save(work.state(step), directory, name, epoch=0, step=step, keep=2)
         pauses.append(time.perf_counter() - before)
     if writer is not None:

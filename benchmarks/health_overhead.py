@@ -49,11 +49,11 @@ def child(mode: str, argv: list[str]) -> int:
             def close(self, *_: object) -> None: ...
 
             @contextlib.contextmanager
-            def long_phase(self, *_: object):  # type: ignore[no-untyped-def]
+            def long_phase(self, *_: object):
                 yield
 
-        loop.RankWatch = Nothing  # type: ignore[assignment,misc]
-        epoch.RankWatch = Nothing  # type: ignore[assignment,misc]
+        loop.RankWatch = Nothing
+        epoch.RankWatch = Nothing
     return main(argv)
 
 
@@ -104,7 +104,7 @@ def per_step_calls(steps: int) -> dict[str, float]:
 
     module, batch = torch.nn.Identity(), torch.zeros(1)
 
-    def timed(body) -> float:  # type: ignore[no-untyped-def]
+    def timed(body) -> float:
         body(steps // 10)  # warm-up
         started = time.perf_counter()
         body(steps)

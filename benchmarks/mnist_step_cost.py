@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from hpctrain.recipes.mnist import FastNet, FastRecipe  # noqa: E402
-from hpctrain.training.precision import Precision, precision_for  # noqa: E402
+from hpctrain.recipes.mnist import FastNet, FastRecipe
+from hpctrain.training.precision import Precision, precision_for
 
 CPU = torch.device("cpu")
 
@@ -40,7 +40,7 @@ def variant(
     recipe.widths = widths
     model = recipe.build_model() if frozen else FastNet(widths).to(memory_format=torch.channels_last)
     if dtype != "recipe":
-        model._precision[CPU] = Precision(dtype, str(dtype))  # type: ignore[arg-type]
+        model._precision[CPU] = Precision(dtype, str(dtype))
     return model, recipe.build_optimization(model, 0.15, 1, 100).optimizer
 
 

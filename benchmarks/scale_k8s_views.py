@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from scale_views import fit, run_once  # noqa: E402
+from scale_views import fit, run_once
 
 LABEL = "hpctrain-scale-bench"
 IMAGE = "example.invalid/pytorch:latest"

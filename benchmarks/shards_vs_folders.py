@@ -33,7 +33,7 @@ from hpctrain.data.shards import PrepareConfig, open_prepared, prepare
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from imagenet_input import cpu_model, generate  # noqa: E402
+from imagenet_input import cpu_model, generate
 
 
 def one_pass(images, workers: int, batch: int, epoch: int) -> tuple[float, int]:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from hpctrain.distributed.ports import free_port  # noqa: E402
+from hpctrain.distributed.ports import free_port
 
 MODES = ("none", "agree", "stepvote")
 
@@ -88,7 +88,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, results: object) -
         for mode in MODES:
             times[mode].append(block(mode))
     if trains:
-        results.put(times)  # type: ignore[attr-defined]
+        results.put(times)
     dist.barrier()
     dist.destroy_process_group()
 

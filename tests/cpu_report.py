@@ -27,7 +27,7 @@ def _cpu() -> tuple[float, float]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001, ANN201 - pytest's hook signature
+def pytest_runtest_protocol(item, nextitem):  # pytest's hook signature
     if not REPORT:
         yield
         return

@@ -35,7 +35,7 @@ RGB_PHOTOS = (
 GRAY_PHOTOS = ("camera", "moon", "coins", "grass", "gravel", "brick", "cell", "clock_motion")
 
 
-def skimage_photo(name: str):  # type: ignore[no-untyped-def]
+def skimage_photo(name: str):
     """A PIL image of one of the photographs bundled in scikit-image's wheel (read from its files, no fetcher)."""
     import skimage
     from PIL import Image
@@ -48,7 +48,7 @@ def skimage_photo(name: str):  # type: ignore[no-untyped-def]
         return img.convert("RGB") if img.mode in ("RGBA", "P") else img.copy()
 
 
-def realistic_variant(photo, rng: random.Random):  # type: ignore[no-untyped-def]
+def realistic_variant(photo, rng: random.Random):
     """A random crop of `photo` resized to an ImageNet-typical size (500x375 or 375x500, sometimes others)."""
     width, height = photo.size
     target = rng.choice([(500, 375), (500, 375), (375, 500), (500, 333), (500, 500)])

@@ -35,7 +35,7 @@ def read_vendored(filename: str) -> Any:
     from importlib import resources
 
     text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds").joinpath(filename).read_text()
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a SafeLoader
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # a SafeLoader
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,7 +71,7 @@ def cel_violations(schema: dict[str, Any], value: Any, path: str = "") -> list[s
             continue  # a transition rule: evaluated on update only
         try:
             ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
-        except Exception as err:  # noqa: BLE001 - an evaluation error refuses the object too
+        except Exception as err:  # an evaluation error refuses the object too
             ok = f"{err}"
         if ok is not True and not (isinstance(ok, celpy.celtypes.BoolType) and bool(ok)):
             message = rule.get("message") or rule.get("messageExpression") or f"failed rule: {rule['rule']}"

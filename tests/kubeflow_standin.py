@@ -116,7 +116,7 @@ class KubeflowStandIn:
         while not self._stop.is_set():
             try:
                 self.reconcile()
-            except Exception as err:  # noqa: BLE001 - a test reads .errors; the loop keeps going
+            except Exception as err:  # a test reads .errors; the loop keeps going
                 self.errors.append(f"{err!r} {getattr(err, 'body', '') or ''}".strip())
             self._stop.wait(POLL_S)
 
@@ -188,7 +188,7 @@ class KubeflowStandIn:
                 lines.append(f"pod {pod.metadata.name}: {pod.status.phase}{deleting} {states}")
             for event in self.core.list_namespaced_event(self.namespace).items[-15:]:
                 lines.append(f"event {event.involved_object.name}: {event.reason} {event.message}")
-        except Exception as err:  # noqa: BLE001 - a diagnosis must not hide the timeout it explains
+        except Exception as err:  # a diagnosis must not hide the timeout it explains
             lines.append(f"(could not read the namespace: {err!r})")
         return "\n".join(lines)
 

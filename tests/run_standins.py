@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         api = config.new_client_from_config(context=args.context)
-    except Exception as err:  # noqa: BLE001 - the kubeconfig's own complaint, in one line
+    except Exception as err:  # the kubeconfig's own complaint, in one line
         print(f"run_standins: cannot load context {args.context!r}: {err}", file=sys.stderr)
         return 2
     host = urlparse(api.configuration.host).hostname

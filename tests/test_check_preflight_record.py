@@ -89,12 +89,12 @@ def test_an_interrupted_check_preflight_cancels_the_job_it_submitted(
     )
     job_id = None
     try:
-        for line in process.stdout:  # type: ignore[union-attr]
+        for line in process.stdout:
             found = re.match(r"preflight: job (\d+) checks", line)
             if found:
                 job_id = found.group(1)
                 break
-        assert job_id is not None and in_queue(job_id), process.stderr.read()  # type: ignore[union-attr]
+        assert job_id is not None and in_queue(job_id), process.stderr.read()
         process.send_signal(signum)
         out, err = process.communicate(timeout=120)
     finally:

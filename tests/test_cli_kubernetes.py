@@ -303,7 +303,7 @@ def loaded_modules(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("LOADED"), proc.stderr
     _, code, names = last.split(" ", 2)
-    return int(code), eval(names)  # noqa: S307 - our own print of a list of strings
+    return int(code), eval(names)  # our own print of a list of strings
 
 
 def test_help_and_status_import_neither_torch_nor_the_kubernetes_client(tmp_path: Path) -> None:

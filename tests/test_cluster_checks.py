@@ -102,7 +102,7 @@ def test_shards_memory_and_missing_paths(local: ClusterInfo, tmp_path: Path) -> 
     assert problems == [
         "--gres shard:100: a job's shards on a node all come from one GPU, and no GPU in partition debug has more "
         "than 64; ask for at most shard:64, or whole GPUs (--gpus-per-node)",
-        "--mem 64G: no node in partition debug has more than 9642M of memory; ask for --mem 9642M or less per node",
+        "--mem 64G: no node in partition debug has more than 9.42 GiB of memory; ask for --mem 9642M or less per node",
         f"{missing}: not found; the job runs this program or script, so it must exist at that path (relative to the "
         "directory you submit from, which the job starts in): fix the path, or write or copy it there first",
     ]

@@ -79,7 +79,7 @@ def test_only_the_first_rank_says_it(monkeypatch, capsys) -> None:
     assert capsys.readouterr().err == ""
 
 
-def _first_batch(data: Path):  # type: ignore[no-untyped-def]
+def _first_batch(data: Path):
     found = find_image_folders(data)
     source = make_loader(
         choose_backend("nvjpeg", "cpu"),

@@ -30,13 +30,13 @@ EVAL_CROP = CenterCrop(size=(56, 56), resize=64)
 CPU = torch.device("cpu")
 
 
-def _loader(backend: str, data: Path, workers: int = 0, skip: bool = False):  # type: ignore[no-untyped-def]
+def _loader(backend: str, data: Path, workers: int = 0, skip: bool = False):
     found = find_image_folders(data)
     config = LoaderConfig(workers=workers, skip_bad_images=skip)
     return make_loader(choose_backend(backend, "cpu"), found.train, found.val, config, 3, TRAIN_CROP, EVAL_CROP, CPU)
 
 
-def _images(batches) -> list[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[no-untyped-def]
+def _images(batches) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(b.images.clone(), b.labels.clone()) for b in batches]
 
 
@@ -298,7 +298,7 @@ def test_nvjpeg_crop_resize_makes_as_many_torch_calls_for_64_images_as_for_4() -
     class CountCalls(TorchFunctionMode):
         calls = 0
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             if getattr(func, "__name__", "") != "__get__":
                 CountCalls.calls += 1
             return func(*args, **(kwargs or {}))
@@ -313,7 +313,7 @@ def test_nvjpeg_crop_resize_makes_as_many_torch_calls_for_64_images_as_for_4() -
     assert counts[0] == counts[1]
 
 
-def proven_except(*failing: str):  # noqa: ANN201
+def proven_except(*failing: str):
     """A stand-in for the GPU proof (no GPU here): the backends named fail their test decode."""
     tried = []
 

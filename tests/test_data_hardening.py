@@ -37,7 +37,7 @@ def small_source(fashion_folders: Path, root: Path, per_class: int = 3, classes=
 
 
 @pytest.fixture(scope="module")
-def prepared(fashion_folders, tmp_path_factory) -> Path:  # noqa: F811
+def prepared(fashion_folders, tmp_path_factory) -> Path:
     """A prepared directory (two train shards) to copy and damage."""
     base = tmp_path_factory.mktemp("prepared")
     src = small_source(fashion_folders, base / "src")
@@ -45,7 +45,7 @@ def prepared(fashion_folders, tmp_path_factory) -> Path:  # noqa: F811
     return base / "out"
 
 
-def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:  # type: ignore[no-untyped-def]
+def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:
     out = tmp_path / "out"
     shutil.copytree(prepared, out)
     index = json.loads((out / INDEX_NAME).read_text())
@@ -54,10 +54,10 @@ def damaged_copy(prepared: Path, tmp_path: Path, change) -> Path:  # type: ignor
     return out
 
 
-def _set(path: str, value):  # type: ignore[no-untyped-def]
+def _set(path: str, value):
     """A change to the index: set the item at `path` (keys separated by `.`, list positions as numbers)."""
 
-    def change(index):  # type: ignore[no-untyped-def]
+    def change(index):
         *parents, last = path.split(".")
         node = index
         for key in parents:
@@ -154,7 +154,7 @@ def test_read_regular_refuses_fifos_devices_and_large_files(tmp_path):
     assert read_regular(tmp_path / "big", 101) == b"x" * 101
 
 
-def test_a_fifo_and_dev_zero_named_as_images_are_bad_images_in_prepare(fashion_folders, tmp_path):  # noqa: F811
+def test_a_fifo_and_dev_zero_named_as_images_are_bad_images_in_prepare(fashion_folders, tmp_path):
     """Guards issue 17: a FIFO named x.JPEG hung `prepare` (also with --skip-bad-images); zero.JPEG -> /dev/zero
     grew a process to 17 GB. Both are now bad images: named, or left out with --skip-bad-images."""
     src = small_source(fashion_folders, tmp_path / "src")
@@ -171,7 +171,7 @@ def test_a_fifo_and_dev_zero_named_as_images_are_bad_images_in_prepare(fashion_f
     assert len(open_prepared(tmp_path / "out").train) == 6
 
 
-def test_a_fifo_among_training_images_is_a_bad_image_not_a_hang(fashion_folders, tmp_path):  # noqa: F811
+def test_a_fifo_among_training_images_is_a_bad_image_not_a_hang(fashion_folders, tmp_path):
     """Guards issue 17: the same FIFO hung `train` (its data workers read image files through the same helper)."""
     from hpctrain.data.decode import BadImageError
 
@@ -183,7 +183,7 @@ def test_a_fifo_among_training_images_is_a_bad_image_not_a_hang(fashion_folders,
         train.read(position)
 
 
-def test_val_labels_that_are_not_a_regular_file_are_refused(fashion_folders, tmp_path):  # noqa: F811
+def test_val_labels_that_are_not_a_regular_file_are_refused(fashion_folders, tmp_path):
     """Guards issue 17: --val-labels /dev/zero exhausted memory."""
     src = small_source(fashion_folders, tmp_path / "src")
     with pytest.raises(UserError, match="--val-labels|validation label file.*not a regular file"):
@@ -193,7 +193,7 @@ def test_val_labels_that_are_not_a_regular_file_are_refused(fashion_folders, tmp
 # ---------------------------------------------------------------- worker counts
 
 
-def test_worker_counts_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):  # noqa: F811
+def test_worker_counts_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):
     """Guards issue 17: `prepare -j 100000` forked until the load average was 358."""
     from hpctrain.distributed.cores import WORKERS_PER_CORE, available_cores
 
@@ -205,7 +205,7 @@ def test_worker_counts_are_bounded_by_the_usable_cores(fashion_folders, tmp_path
     assert tree_digest(tmp_path) == before
 
 
-def test_train_data_workers_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):  # noqa: F811
+def test_train_data_workers_are_bounded_by_the_usable_cores(fashion_folders, tmp_path):
     """Guards issue 17: `train imagenet -j 100000` was refused only for /dev/shm, suggesting "--workers 10710" on
     2 cores."""
     from hpctrain.distributed.cores import WORKERS_PER_CORE, available_cores
@@ -219,7 +219,7 @@ def test_train_data_workers_are_bounded_by_the_usable_cores(fashion_folders, tmp
 # ---------------------------------------------------------------- folder layout
 
 
-def test_a_directory_link_cycle_in_an_image_folder_is_refused_by_name(fashion_folders, tmp_path):  # noqa: F811
+def test_a_directory_link_cycle_in_an_image_folder_is_refused_by_name(fashion_folders, tmp_path):
     """Guards issue 17: `ln -s .. DATA/train/a/loop` turned 12 images into 492 and labelled class b's images as
     class a, silently (three such links never finished listing)."""
     src = small_source(fashion_folders, tmp_path / "src")
@@ -230,7 +230,7 @@ def test_a_directory_link_cycle_in_an_image_folder_is_refused_by_name(fashion_fo
         find_image_folders(src)
 
 
-def test_a_folder_reached_twice_through_links_is_listed_once(fashion_folders, tmp_path):  # noqa: F811
+def test_a_folder_reached_twice_through_links_is_listed_once(fashion_folders, tmp_path):
     """No double counting: a class folder holding a link to one of its own subfolders lists its images once."""
     src = small_source(fashion_folders, tmp_path / "src")
     sub = src / "train" / "bag" / "more"
@@ -241,7 +241,7 @@ def test_a_folder_reached_twice_through_links_is_listed_once(fashion_folders, tm
     assert len(train) == 7 and sum(p.endswith("extra.JPEG") for p in train.paths) == 1
 
 
-def test_prepare_refuses_out_inside_src_and_src_inside_out(fashion_folders, tmp_path):  # noqa: F811
+def test_prepare_refuses_out_inside_src_and_src_inside_out(fashion_folders, tmp_path):
     """Guards issue 17: `prepare imagenet SRC SRC/train/shards` gave SRC a class `shards`."""
     src = small_source(fashion_folders, tmp_path / "src")
     before = tree_digest(tmp_path)
@@ -251,7 +251,7 @@ def test_prepare_refuses_out_inside_src_and_src_inside_out(fashion_folders, tmp_
     assert tree_digest(tmp_path) == before
 
 
-def test_prepare_copes_with_a_class_folder_name_that_is_not_utf8(fashion_folders, tmp_path):  # noqa: F811
+def test_prepare_copes_with_a_class_folder_name_that_is_not_utf8(fashion_folders, tmp_path):
     """Guards issue 17: a non-UTF-8 class folder name made `prepare` die with UnicodeEncodeError (train coped).
     Now it prepares, the skipped-image line shows the name's bytes as \\xNN, and the shards read back."""
     src = small_source(fashion_folders, tmp_path / "src")
@@ -293,7 +293,7 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", str(path)], check=False)
 
 
-def test_prepare_on_a_full_disk_says_so_and_removes_the_unfinished_shard(fashion_folders, tmp_path, small_tmpfs):  # noqa: F811
+def test_prepare_on_a_full_disk_says_so_and_removes_the_unfinished_shard(fashion_folders, tmp_path, small_tmpfs):
     """Guards issue 17: `prepare` on a full disk died with an OSError traceback from inside tarfile."""
     src = small_source(fashion_folders, tmp_path / "src", per_class=30, classes=("bag", "boot", "coat"))
     mount = small_tmpfs(48 * 1024)
@@ -306,7 +306,7 @@ def test_prepare_on_a_full_disk_says_so_and_removes_the_unfinished_shard(fashion
     assert list((mount / "out").glob("train-*.tar")), "complete shards are kept"
 
 
-def test_a_resumed_prepare_takes_only_the_shards_it_wrote(fashion_folders, tmp_path):  # noqa: F811
+def test_a_resumed_prepare_takes_only_the_shards_it_wrote(fashion_folders, tmp_path):
     """Guards issue 39 §13: resuming without an index took any shard in OUT under a shard's name; a planted shard
     of other images went into the index. Only shards this preparation recorded (its journal) are kept."""
     src = small_source(fashion_folders, tmp_path / "src")

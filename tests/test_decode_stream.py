@@ -20,18 +20,18 @@ class Recorder:
         self.current = "training"
         self.events = 0
 
-    def current_stream(self, device):  # noqa: ANN001, ANN201
+    def current_stream(self, device):
         return Stream(self, "training")
 
-    def new_stream(self, device):  # noqa: ANN001, ANN201
+    def new_stream(self, device):
         return Stream(self, "decode")
 
-    def new_event(self):  # noqa: ANN201
+    def new_event(self):
         self.events += 1
         return Event(self, f"event{self.events}")
 
     @contextlib.contextmanager
-    def use(self, stream):  # noqa: ANN001, ANN201
+    def use(self, stream):
         before, self.current = self.current, stream.name
         self.log.append(f"enter {stream.name}")
         yield
@@ -69,14 +69,14 @@ def test_each_batch_is_decoded_on_its_own_stream_between_the_steps(monkeypatch) 
     recorder = Recorder()
     monkeypatch.setattr(nvjpeg, "DecodeStream", lambda device: streams.DecodeStream(device, layer=recorder))
 
-    def decode_batch(batch, dataset, epoch, device):  # noqa: ANN001, ANN202
+    def decode_batch(batch, dataset, epoch, device):
         recorder.log.append(f"decode {batch} on {recorder.current}")
-        return Batch(Images(recorder, f"images{batch}"), torch.zeros(1))  # type: ignore[arg-type]
+        return Batch(Images(recorder, f"images{batch}"), torch.zeros(1))
 
     monkeypatch.setattr(nvjpeg, "decode_batch", decode_batch)
     source = nvjpeg.NvjpegSource.__new__(nvjpeg.NvjpegSource)
     source.device = torch.device("cuda", 0)
-    for batch in source._decoded([1, 2], None, [None, None]):  # type: ignore[arg-type]
+    for batch in source._decoded([1, 2], None, [None, None]):
         recorder.log.append(f"step on {batch.images.name}")
     assert recorder.log == [
         "event1 on training",  # after the previous step's kernels
@@ -101,11 +101,11 @@ def test_each_batch_is_decoded_on_its_own_stream_between_the_steps(monkeypatch) 
 
 
 def test_on_the_cpu_nothing_is_ordered(monkeypatch) -> None:
-    def no_stream(device):  # noqa: ANN001, ANN202
+    def no_stream(device):
         raise AssertionError("a CPU decode needs no stream")
 
     monkeypatch.setattr(nvjpeg, "DecodeStream", no_stream)
     monkeypatch.setattr(nvjpeg, "decode_batch", lambda batch, dataset, epoch, device: batch)
     source = nvjpeg.NvjpegSource.__new__(nvjpeg.NvjpegSource)
     source.device = torch.device("cpu")
-    assert list(source._decoded([1, 2], None, [None, None])) == [1, 2]  # type: ignore[arg-type]
+    assert list(source._decoded([1, 2], None, [None, None])) == [1, 2]

@@ -73,6 +73,17 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "dev").exists()
 
 
+def test_idle_warn_reads_times_as_time_does(tmp_path: Path) -> None:
+    """One grammar of times: --idle-warn takes --time's forms (it had its own: 90s, 30m, 2h, 1d)."""
+    env = cli_env(tmp_path)
+    result = hpctrain("dev", "list", "--idle-warn", "2h", env=env)
+    assert result.returncode == 2 and "--idle-warn '2h': give a time as --time takes it" in result.stderr
+    assert "Traceback" not in result.stderr
+    from hpctrain.cli.dev import parse_duration_s
+
+    assert [parse_duration_s(t, "--idle-warn") for t in ("30", "0:01", "2:00:00", "1-0")] == [1800, 1, 7200, 86400]
+
+
 def test_pod_reads_the_token_from_its_secret() -> None:
     cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, gpus_per_node=1, mem="16G"), time="2:00:00")
     pod = render_dev_pod(
@@ -129,11 +140,11 @@ def test_jupyterlab_session_on_slurm(slurm_cluster, tmp_path: Path) -> None:
         tunnel = f"ssh -N -L {conn['port']}:{conn['node']}:{conn['port']} "
         assert tunnel in started.stdout and f"http://localhost:{conn['port']}/lab?token={token}" in started.stdout
         time.sleep(2)
-        listed = hpctrain("dev", "list", "--idle-warn", "1s", "--scheduler", "slurm", env=env)
+        listed = hpctrain("dev", "list", "--idle-warn", "0:01", "--scheduler", "slurm", env=env)
         assert listed.returncode == 0, listed.stderr
         assert re.search(rf"^nb\s+slurm\s+{conn['job_id']}\s+RUNNING\s", listed.stdout, re.M), listed.stdout
         assert "nb has been idle" in listed.stderr
-        quiet = hpctrain("dev", "list", "--idle-warn", "1h", "--scheduler", "slurm", env=env)
+        quiet = hpctrain("dev", "list", "--idle-warn", "1:00:00", "--scheduler", "slurm", env=env)
         assert "idle" not in quiet.stderr
         stopped = hpctrain("dev", "stop", "nb", env=env)
         assert stopped.returncode == 0 and "cancelled" in stopped.stdout, stopped.stdout + stopped.stderr

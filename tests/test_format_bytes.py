@@ -36,3 +36,28 @@ def test_no_exponent_and_no_four_digit_fraction_below_1024_pib():
         for n in (2**power - 1, 2**power, 10 ** (power // 4) * 999):
             number = format_bytes(n).split()[0]
             assert "e" not in number and float(number) < 1024 and len(number.replace(".", "")) <= 4, (n, number)
+
+
+def test_no_other_byte_formatter_in_the_product() -> None:
+    """Seven formatters in four styles (`1.5G`, `1.5Gi`, `1.5 GiB`, `1536 MiB`) printed byte counts before; now every
+    count shown to people goes through format_bytes. What divides a value by a binary unit inside an f-string is a
+    formatter; the two renderers of other tools' grammars (sbatch --mem `64G`, a Kubernetes quantity `64Gi`) are
+    the only ones allowed, each named for the grammar it writes."""
+    import re
+    from pathlib import Path
+
+    import hpctrain
+
+    unit = re.compile(r"\{[^{}]*(?:/|//|>>)\s*\(?(?:1024\b|2\s*\*\*\s*[1-9]|1\s*<<\s*[0-9])")
+    grammars = {("schedulers/slurm/checks.py", "slurm_mem"), ("schedulers/kubernetes/options.py", "quantity_mb")}
+    root = Path(hpctrain.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        function = ""
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if m := re.match(r"\s*def (\w+)", line):
+                function = m[1]
+            name = path.relative_to(root).as_posix()
+            if unit.search(line) and (name, function) not in grammars:
+                found.append(f"{name}:{number}: {line.strip()}")
+    assert found == [], "format byte counts with hpctrain.fsutil.format_bytes:\n" + "\n".join(found)

@@ -261,7 +261,7 @@ def test_env_names_the_gpu():
 
 
 @pytest.mark.parametrize("backend", ["cpu", "nvjpeg", "dali"])
-def test_imagenet_backends_on_the_gpu_resume_exactly(photo_folders, tmp_path, backend):  # noqa: F811
+def test_imagenet_backends_on_the_gpu_resume_exactly(photo_folders, tmp_path, backend):
     """The GPU contract for imagenet (README, "Checkpoints and exact resume"): the resumed attempt continues the
     exact state, but cuDNN's kernels are not bitwise reproducible, so its weights are as close to an uninterrupted
     run's as two uninterrupted runs are to each other, not closer. On an H200 (2026-11-26) the bitwise assertion
@@ -327,7 +327,7 @@ def test_health_cuda_paths_time_the_forward_pass_and_dump_the_flight_recorder(tm
         dist.all_reduce(tensor)
         torch.cuda.synchronize()
         assert dump_flight_recorder(tmp_path / "nccl-trace-rank-0")
-        trace = pickle.loads((tmp_path / "nccl-trace-rank-0").read_bytes())  # noqa: S301 - torch's own dump
+        trace = pickle.loads((tmp_path / "nccl-trace-rank-0").read_bytes())  # torch's own dump
         assert "all_reduce" in str(trace).lower().replace("allreduce", "all_reduce"), str(trace)[:2000]
     finally:
         dist.destroy_process_group()
@@ -407,7 +407,7 @@ def test_auto_picks_a_backend_proven_on_this_gpu():
     print(choice.describe())
 
 
-def test_nvjpeg_on_its_own_stream_gives_the_cpu_decoders_batches(photo_folders):  # noqa: F811
+def test_nvjpeg_on_its_own_stream_gives_the_cpu_decoders_batches(photo_folders):
     """Decoding on a stream of its own, ordered by events with the training stream (data/backends/streams.py),
     while a training-sized matmul keeps the training stream busy: every batch matches the CPU variant's pixels
     (libjpeg-turbo) within a few levels, epoch after epoch."""
@@ -446,7 +446,7 @@ def test_forward_clock_under_dataparallel_and_no_tensors_kept_on_nccl():
     import torch.distributed as dist
 
     from hpctrain.distributed import all_reduce
-    from hpctrain.distributed.collectives import held_count
+    from hpctrain.distributed import collectives
     from hpctrain.training.watch import ForwardClock
 
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
@@ -459,9 +459,9 @@ def test_forward_clock_under_dataparallel_and_no_tensors_kept_on_nccl():
     clock.remove()
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda:0"))
     try:
-        before = held_count()
+        before = len(collectives._held)
         all_reduce(torch.ones(1 << 20, device="cuda"))
         torch.cuda.synchronize()
-        assert held_count() == before
+        assert len(collectives._held) == before
     finally:
         dist.destroy_process_group()

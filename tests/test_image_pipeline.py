@@ -11,7 +11,7 @@ import pytest
 import torch
 from image_fixtures import fashion_folders, photo_folders  # noqa: F401
 
-from hpctrain.data.decode import BadImageError, _decode, load_crop
+from hpctrain.data.decode import BadImageError, _decode, decode_crop, read_image_file
 from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.loader import (
     IGNORE_LABEL,
@@ -29,6 +29,11 @@ from hpctrain.errors import UserError
 
 SMALL = RandomResizedCrop(size=(64, 64))
 SMALL_EVAL = CenterCrop(size=(56, 56), resize=64)
+
+
+def load_crop(path: str, spec, seed: int, epoch: int, index: int, out: np.ndarray) -> None:
+    """A file decoded and cropped the way the loader's workers do it (read_image_file, then decode_crop)."""
+    decode_crop(read_image_file(path), path, spec, seed, epoch, index, out)
 
 
 def _source(data: Path, workers: int = 0, skip: bool = False, seed: int = 3) -> ImageFolderSource:
@@ -270,7 +275,7 @@ def test_shared_memory_check(tmp_path: Path) -> None:
     config = LoaderConfig(workers=3, prefetch_factor=2, shm_path=str(tmp_path))
     with pytest.raises(
         UserError,
-        match=rf"{tmp_path} has \d+ MiB free, but 1 process\(es\) x 3 data workers x 3 "
+        match=rf"{tmp_path} has [\d.]+ [KMGT]?i?B free, but 1 process\(es\) x 3 data workers x 3 "
         r"batches .* use fewer data workers \(--workers 2\), .*--shm-size",
     ):
         check_shared_memory(batch, config)
@@ -323,8 +328,9 @@ def _same(a: list, b: list) -> bool:
 
 
 def test_progressive_resizing_keeps_the_crop_boxes(photo_folders: Path) -> None:
-    source = ImageFolderSource.from_folders(
-        photo_folders, None, None, LoaderConfig(workers=0), seed=4, train_crop=RandomResizedCrop(size=(96, 96))
+    found = find_image_folders(photo_folders)
+    source = ImageFolderSource(
+        found.train, None, LoaderConfig(workers=0), seed=4, train_crop=RandomResizedCrop(size=(96, 96))
     )
     plan = EpochPlan(source.num_train, global_batch=4, world_size=1, seed=4)
     large = next(iter(source.train_batches(plan, 0, 0, 0)))
@@ -333,7 +339,7 @@ def test_progressive_resizing_keeps_the_crop_boxes(photo_folders: Path) -> None:
     # the same box at half the size: 2x2 averages of the large output are close to the small one
     halved = large.images.float().reshape(4, 48, 2, 48, 2, 3).mean(dim=(2, 4))
     assert (halved - small.images.float()).abs().mean() < 8
-    other_seed = ImageFolderSource.from_folders(
-        photo_folders, None, None, LoaderConfig(workers=0), seed=5, train_crop=RandomResizedCrop(size=(48, 48))
+    other_seed = ImageFolderSource(
+        found.train, None, LoaderConfig(workers=0), seed=5, train_crop=RandomResizedCrop(size=(48, 48))
     )
     assert (next(iter(other_seed.train_batches(plan, 0, 0, 0))).images.float() - small.images.float()).abs().mean() > 8

@@ -25,7 +25,7 @@ def first_try_command() -> list[str]:
 
 
 @pytest.mark.floor  # the README's command, on the oldest supported torch and torchvision too
-def test_the_readmes_quick_first_try_learns_on_a_small_folder(fashion_folders: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_the_readmes_quick_first_try_learns_on_a_small_folder(fashion_folders: Path, tmp_path: Path) -> None:
     command = first_try_command()
     assert command[:4] == ["hpctrain", "train", "imagenet", "DATA"], command
     result = ok(hpctrain(*command[1:3], str(fashion_folders), *command[4:], cwd=tmp_path))

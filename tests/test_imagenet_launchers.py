@@ -81,7 +81,7 @@ def assert_two_process_run(run_dir: Path, launcher: str, reference: Path) -> Non
 
 
 @pytest.fixture(scope="session")
-def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: F811
+def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:
     """One epoch with `--nproc 2`, made once per session (shared by the xdist workers): what every two-process
     launcher below must end with."""
     return shared_run(
@@ -92,7 +92,7 @@ def nproc2_reference(tmp_path_factory, fashion_folders: Path) -> Path:  # noqa: 
 
 
 @pytest.mark.slow
-def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path):  # noqa: F811
+def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, nproc2_reference, tmp_path):
     """The seed script's first form (README): torchrun --standalone, --resume --checkpoints-path DIR, DIR new."""
     run_dir = tmp_path / "checkpoints"
     args = ["train", "imagenet", str(fashion_folders), *TINY, "--epochs", "1", "--resume", "--checkpoints-path"]
@@ -105,7 +105,7 @@ def test_torchrun_standalone_two_processes_equals_nproc_two(fashion_folders, npr
 @pytest.mark.slow
 def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(
     fashion_folders,
-    nproc2_reference,  # noqa: F811
+    nproc2_reference,
     tmp_path,
 ):
     """Two torchrun agents meeting at a c10d rendezvous, one per "node" (both on this host), one worker each: a
@@ -131,7 +131,7 @@ def test_two_node_torchrun_with_c10d_rendezvous_equals_nproc_two(
 @pytest.mark.slurm
 def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(
     slurm_cluster,
-    fashion_folders,  # noqa: F811
+    fashion_folders,
     nproc2_reference,
     tmp_path,
 ):
@@ -171,7 +171,7 @@ def test_srun_two_nodes_with_dist_init_method_slurm_equals_nproc_two(
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_submit_2x2_imagenet_job_trains_with_four_processes(slurm_cluster, fashion_folders, tmp_path) -> None:  # noqa: F811
+def test_submit_2x2_imagenet_job_trains_with_four_processes(slurm_cluster, fashion_folders, tmp_path) -> None:
     """`hpctrain submit --nodes 2 --nproc-per-node 2 ... train imagenet DATA`: torchrun on both nodes, one group of
     four. (Requeue and exact resume through Slurm are tested with MNIST, test_preemption_slurm.py, on the same
     engine; imagenet's own exact resume in test_imagenet.py.)"""
@@ -210,7 +210,7 @@ def test_submit_2x2_imagenet_job_trains_with_four_processes(slurm_cluster, fashi
     assert provenance[0]["slurm"]["SLURM_JOB_NODELIST"] == "node[1-2]", provenance
 
 
-def test_submit_checks_the_image_folder_before_queueing(fashion_folders, tmp_path):  # noqa: F811
+def test_submit_checks_the_image_folder_before_queueing(fashion_folders, tmp_path):
     """`submit ... train imagenet DATA` checks DATA/train as the job will read it (not a downloaded dataset)."""
     submit = ["submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "--time", "10", "train", "imagenet"]
     good = ok(hpctrain(*submit, str(fashion_folders), *JOB_TRAIN, cwd=tmp_path))

@@ -74,7 +74,7 @@ def test_resource_validation_messages() -> None:
     with pytest.raises(UserError, match="--nodes must be at least 1"):
         Resources(nodes=0)
     with pytest.raises(UserError, match="--cpus-per-task must be a whole number"):
-        Resources(cpus_per_task="2")  # type: ignore[arg-type]
+        Resources(cpus_per_task="2")
     with pytest.raises(UserError, match="not both"):
         Resources(gpus_per_node=1, shards_per_node=4)
     with pytest.raises(UserError, match="needs --gpus-per-node"):

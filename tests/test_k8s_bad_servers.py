@@ -53,7 +53,7 @@ def _http(status: str, body: dict) -> bytes:
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
-        mode, stop = self.server.mode, self.server.stop  # type: ignore[attr-defined]
+        mode, stop = self.server.mode, self.server.stop
         sock = self.request
         sock.settimeout(0.5)
         try:
@@ -112,14 +112,14 @@ def bad_server(tmp_path: Path) -> Iterator:
 
     def start(mode: str) -> Path:
         server = _Server(("127.0.0.1", 0), _Handler)
-        server.mode, server.stop = mode, threading.Event()  # type: ignore[attr-defined]
+        server.mode, server.stop = mode, threading.Event()
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return _kubeconfig(tmp_path / f"kubeconfig-{mode}", f"http://127.0.0.1:{server.server_address[1]}")
 
     yield start
     for server in servers:
-        server.stop.set()  # type: ignore[attr-defined]
+        server.stop.set()
         server.shutdown()
         server.server_close()
 

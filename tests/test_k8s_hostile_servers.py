@@ -125,7 +125,7 @@ BAD_ANSWERS: dict[str, tuple[str | None, bytes]] = {  # name -> (Content-Type, b
 }
 
 
-def _random_shape(rng, depth: int = 0):  # type: ignore[no-untyped-def]
+def _random_shape(rng, depth: int = 0):
     """A JSON value with Kubernetes' words in the wrong places: the fuzz part of the answers."""
     keys = (
         "items",
@@ -184,7 +184,7 @@ class _Answer(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        content_type, body = self.server.answer  # type: ignore[attr-defined]
+        content_type, body = self.server.answer
         self.send_response(200)
         if content_type:
             self.send_header("Content-Type", content_type)
@@ -196,7 +196,7 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 
-    def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+    def log_message(self, *args) -> None:
         pass
 
 
@@ -204,7 +204,7 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 def answering() -> Iterator[http.server.ThreadingHTTPServer]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
     server.daemon_threads = True
-    server.answer = BAD_ANSWERS["html"]  # type: ignore[attr-defined]
+    server.answer = BAD_ANSWERS["html"]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -225,7 +225,7 @@ ANSWER_COMMANDS = {
 }
 
 
-def _in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+def _in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:
     """main(argv) on a thread of its own: a command that never ends fails the test instead of hanging it."""
     from hpctrain.cli import main
 
@@ -234,7 +234,7 @@ def _in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:  # type:
     def run() -> None:
         try:
             box["code"] = main(list(argv))
-        except BaseException as err:  # noqa: BLE001 - reported by the test below, with its traceback
+        except BaseException as err:  # reported by the test below, with its traceback
             box["error"] = err
 
     thread = threading.Thread(target=run, daemon=True)
@@ -243,8 +243,8 @@ def _in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:  # type:
     assert not thread.is_alive(), f"{' '.join(argv)} still runs after 120 s"
     captured = capsys.readouterr()
     if "error" in box:
-        raise AssertionError(f"{' '.join(argv)} raised") from box["error"]  # type: ignore[misc]
-    return int(box["code"]), captured.out, captured.err  # type: ignore[arg-type]
+        raise AssertionError(f"{' '.join(argv)} raised") from box["error"]
+    return int(box["code"]), captured.out, captured.err
 
 
 @pytest.mark.parametrize("answer", list(ANSWERS))
@@ -265,6 +265,6 @@ def test_every_command_ends_in_one_line_naming_the_server_whatever_it_answers(
     for command, argv in ANSWER_COMMANDS.items():
         code, out, err = _in_process(argv, capsys)
         lines = err.strip().splitlines()
-        assert code != 0, f"{command} with {answer}: exit 0\n{out}{err}"  # noqa
+        assert code != 0, f"{command} with {answer}: exit 0\n{out}{err}"
         assert len(lines) == 1 and lines[0].startswith("hpctrain "), f"{command} with {answer}:\n{err}"
         assert server in lines[0], f"{command} with {answer}: the line does not name the server:\n{err}"

@@ -146,7 +146,7 @@ def run(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str], limit_s: floa
     def target() -> None:
         try:
             box["code"] = main(list(argv))
-        except BaseException as err:  # noqa: BLE001 - reported below, with its traceback
+        except BaseException as err:  # reported below, with its traceback
             box["error"] = err
 
     thread = threading.Thread(target=target, daemon=True)

@@ -163,7 +163,7 @@ def test_check_refuses_a_pod_larger_than_any_node(ctx: Ctx) -> None:
     ctx.pvc("runs")
     problems = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",)).check(job(cpus=16))
     assert len(problems) == 1, problems
-    assert "one worker pod asks for cpu 16, memory 8Gi, more than any node offers" in problems[0]
+    assert "one worker pod asks for cpu 16, memory 8 GiB, more than any node offers" in problems[0]
     assert "never schedules" in problems[0] and "--nodes" in problems[0]
     problems = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",)).check(job(cpus=1, mem="64G"))
     assert "more than any node offers" in problems[0]
@@ -177,7 +177,7 @@ def test_check_counts_requests_of_running_pods_only(ctx: Ctx) -> None:
     sched = ctx.scheduler(volumes=("pvc:runs:/mnt/runs",))
     problems = sched.check(job(cpus=4, mem="1G"))
     assert len(problems) == 1, problems
-    assert "no node has room for one worker pod (cpu 4, memory 1Gi) now" in problems[0]
+    assert "no node has room for one worker pod (cpu 4, memory 1 GiB) now" in problems[0]
     assert "cpu 2, " in problems[0] and "will wait" in problems[0]
     # A pod that has finished no longer holds its requests.
     ctx.core.patch_namespaced_pod_status(fillers[0], ctx.namespace, {"status": {"phase": "Succeeded"}})

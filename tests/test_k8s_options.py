@@ -184,7 +184,7 @@ def test_registry_and_detect(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="--scheduler 'pbs' is unknown: use one of slurm, kubernetes"):
         get_scheduler("pbs")
     assert get_scheduler("kubernetes", namespace="team-a").options.namespace == "team-a"
-    no_sbatch = lambda name: None  # noqa: E731
+    no_sbatch = lambda name: None
     assert detect({}, which=lambda name: "/usr/bin/sbatch") == "slurm"
     config = tmp_path / "config"
     config.write_text("{}")

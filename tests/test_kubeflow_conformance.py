@@ -399,7 +399,7 @@ def test_oracle_refuses_a_broken_own_runtime(mutate, expected: str) -> None:
     Trainer's TrainingRuntime webhook, the CRD's schema, and the TrainJob validator's lookup of a namespaced runtime
     (the same namespace, the same kind)."""
     runtime, trainjob = _own_runtime_job()
-    runtimes = lambda rt: {**kubeflow_oracle.default_runtimes(), rt["metadata"]["name"]: rt}  # noqa: E731
+    runtimes = lambda rt: {**kubeflow_oracle.default_runtimes(), rt["metadata"]["name"]: rt}
     assert kubeflow_oracle.refusals(runtime) == [] and kubeflow_oracle.refusals(trainjob, runtimes(runtime)) == []
     mutate(runtime, trainjob)
     problems = kubeflow_oracle.refusals(runtime) + kubeflow_oracle.refusals(trainjob, runtimes(runtime))

@@ -39,7 +39,7 @@ def test_a_killed_fork_server_is_named_and_the_launcher_exits_with_its_signal(tm
     try:
         server, patience = None, time.monotonic() + 300  # a bound on a start-up that never comes, not a timing
         while server is None or len(_children(server)) < 2:
-            assert launcher.poll() is None, launcher.stderr.read()  # type: ignore[union-attr]
+            assert launcher.poll() is None, launcher.stderr.read()
             assert time.monotonic() < patience, "the workers never started"
             server = next((pid for pid in _children(launcher.pid) if b"forkserver" in _cmdline(pid)), None)
             time.sleep(0.2)

@@ -25,7 +25,7 @@ def test_indexing_iteration_and_pickling_give_back_the_strings() -> None:
     "key",
     [np.array([4, 0, 2, 2]), np.array([True, False, True, False, True]), slice(1, 4), np.array([], dtype=np.int64)],
 )
-def test_subsets_are_the_strings_at_those_positions(key) -> None:  # type: ignore[no-untyped-def]
+def test_subsets_are_the_strings_at_those_positions(key) -> None:
     expected = list(np.array(STRINGS, dtype=object)[key])
     assert list(PackedStrings.of(STRINGS)[key]) == expected
 

@@ -1,14 +1,13 @@
 """The ports a job derives on a shared node (the batch script's torchrun rendezvous, srun's MASTER_PORT, a dev
 session's server) come from one range, distributed/ports.py's, which ends below Linux's ephemeral range
-(32768-60999 by default), walk-up included. The scripts' port lines are run by bash itself."""
+(32768-60999 by default), walk-up included, and from one rule (job_port) and one walk. The scripts' port lines
+are run by bash itself."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 
-from hpctrain.distributed.ports import EPHEMERAL_START, PORT_BASE, PORT_SPAN, PORT_TRIES
-from hpctrain.distributed.probes import slurm_port
+from hpctrain.distributed.ports import EPHEMERAL_START, PORT_BASE, PORT_SPAN, PORT_TRIES, job_port
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.slurm.render import render_sbatch
 from hpctrain.schedulers.slurm.options import SlurmOptions
@@ -34,12 +33,27 @@ def test_the_batch_scripts_rendezvous_port_is_below_the_ephemeral_range():
     assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN, (line, max(ports))
 
 
-def test_a_sessions_random_port_is_below_the_ephemeral_range():
-    (line,) = [x for x in port_lines(None) if re.match(r"^port=\$\(\(", x)]
-    ports = bash_values("", line, 2000, "port")  # bash's RANDOM: 0..32767, so every residue is reachable
-    assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN, (line, max(ports))
+def _walk(lines: list[str], var: str) -> list[str]:
+    """The lines from the start of the port walk to its `done`."""
+    start = next(i for i, x in enumerate(lines) if x.startswith(f"{var}=$(("))
+    return lines[start : lines.index("done", start) + 1]
+
+
+def test_the_batch_script_and_a_service_job_derive_the_port_as_srun_does() -> None:
+    """One rule: the batch script's rendezvous port and a service job's port are job_port(SLURM_JOB_ID), as srun's
+    MASTER_PORT is (they were SLURM_JOB_ID % span and a random start); and one walk up past ports in use."""
+    batch = _walk(
+        render_sbatch(JobSpec(command=("python", "train.py")), SlurmOptions(launcher="torchrun")).splitlines(),
+        "rdzv_port",
+    )
+    service = _walk(port_lines(None), "port")
+    assert [x.replace("rdzv_port", "port") for x in batch[:-3]] == service[:-3]  # all but the failure's message
+    ids = [1, 2, 7, 11999, 12000, 123457, 67_108_863]
+    setup = "ids=(" + " ".join(map(str, ids)) + "); SLURM_JOB_ID=${ids[$i]};"
+    assert bash_values(setup, batch[0], len(ids), "rdzv_port") == [job_port(i) for i in ids]
+    assert bash_values(setup, service[0], len(ids), "port") == [job_port(i) for i in ids]
 
 
 def test_srun_rendezvous_ports_stay_in_the_same_range():
-    ports = {slurm_port(job, step) for job in range(0, 3 * PORT_SPAN, 7) for step in range(3)}
+    ports = {job_port(job, step) for job in range(0, 3 * PORT_SPAN, 7) for step in range(3)}
     assert min(ports) >= PORT_BASE and max(ports) < PORT_BASE + PORT_SPAN

@@ -204,7 +204,7 @@ def test_training_refuses_an_index_of_another_format_version(fashion_folders, tm
     assert "val-000000.tar" in result.stderr and "hpctrain prepare" in result.stderr
 
 
-def test_prepare_reports_sizes_people_read(fashion_folders, tmp_path):  # noqa: F811
+def test_prepare_reports_sizes_people_read(fashion_folders, tmp_path):
     # 300 small JPEGs are a few hundred kB: once reported as "0.00 GB".
     result = prepare(fashion_folders, tmp_path / "out", "--keep-size", "--shard-size", "1MB")
     [line] = [line for line in result.stdout.splitlines() if line.startswith("train:")]

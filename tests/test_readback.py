@@ -409,6 +409,49 @@ def test_a_checkpoint_manifest_of_any_shape_is_rejected_not_a_traceback(tmp_path
             checkpoint.verify(path)
 
 
+# ---- what a service job writes (a dev session's or a cluster TensorBoard's folder)
+
+
+def test_a_service_jobs_files_are_read_as_a_run_directorys_are(tmp_path: Path) -> None:
+    """endpoint.json, connection.json and the job's output in a service's state folder were read with no cap,
+    through links and FIFOs (servers.common.read_json, and the whole output for its last lines): now readback's
+    readers refuse them in one line, or (the output's tail) say there is no output to show."""
+    from hpctrain.schedulers.slurm.services import ENDPOINT_FILE, output_tail, read_endpoint
+    from hpctrain.servers.common import Endpoint
+    from hpctrain.servers.sessions import CONNECTION_FILE, read_connection
+
+    endpoint = json.dumps({"job_id": "7", "node": "node1", "port": 20049}).encode()
+    for kind in [*SPECIAL, "over the cap"]:
+        state = tmp_path / kind.replace(" ", "-")
+        for name, valid, read in (
+            (ENDPOINT_FILE, endpoint, lambda: read_endpoint(state, "7")),
+            (CONNECTION_FILE, b'{"scheduler": "slurm", "job_id": "7"}', lambda: read_connection(state)),
+        ):
+            special(state / name, kind, tmp_path / f"outside-{name}", valid)
+            with deadline(), pytest.raises(BadRunFile) as caught:
+                read()
+            one_line_naming(caught.value, state / name)
+        if kind in ("fifo", "directory", "link out"):
+            special(state / "slurm-7.out", kind, tmp_path / "outside.out", b"not this job's output\n")
+            with deadline():
+                assert output_tail(state, "7") == f"(no output file {state / 'slurm-7.out'})"
+    state = tmp_path / "state"
+    state.mkdir()
+    assert read_endpoint(state, "7") is None and read_connection(state) is None  # not written yet
+    for bad in ({"job_id": "7", "node": "n", "port": 70000}, {"job_id": "7", "node": "n", "port": "80"}, [endpoint]):
+        (state / ENDPOINT_FILE).write_text(json.dumps(bad if isinstance(bad, dict) else str(bad)))
+        with pytest.raises(BadRunFile):
+            read_endpoint(state, "7")
+    (state / ENDPOINT_FILE).write_bytes(endpoint)
+    assert read_endpoint(state, "7") == Endpoint(node="node1", port=20049)
+    assert read_endpoint(state, "8") is None  # an earlier job's
+    (state / CONNECTION_FILE).write_text("[1, 2]")
+    with pytest.raises(BadRunFile, match="holds no JSON object"):
+        read_connection(state)
+    (state / "slurm-7.out").write_bytes(b"".join(b"line %d\n" % i for i in range(200_000)))  # 2.5 MB
+    assert output_tail(state, "7").splitlines() == [f"  | line {i}" for i in range(199_985, 200_000)]
+
+
 # ---- what must survive any record: rank 0's straggler check and the watchdog
 
 

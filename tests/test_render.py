@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.distributed.ports import job_port
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions
@@ -300,9 +301,7 @@ def test_hostile_arguments_arrive_literally(fake_slurm, launcher: str) -> None:
     assert argv[-len(HOSTILE) - 2 :] == ["python", "train.py", *HOSTILE]
     assert not list(tmp_path.glob("pwned*"))
     if launcher == "torchrun":
-        assert (
-            "--rdzv-endpoint=node7:" + str(20000 + 4242) in argv and "--rdzv-id=4242" in argv and "--nnodes=2" in argv
-        )
+        assert f"--rdzv-endpoint=node7:{job_port(4242)}" in argv and "--rdzv-id=4242" in argv and "--nnodes=2" in argv
     expected_ntasks = {"torchrun": "--ntasks-per-node=1", "srun": "--ntasks-per-node=2", "single": "--ntasks=1"}
     assert expected_ntasks[launcher] in argv
 
@@ -329,7 +328,7 @@ def test_busy_rendezvous_port_is_skipped(fake_slurm) -> None:
     import socket
 
     tmp_path, env, out = fake_slurm
-    first = 20000 + 4242
+    first = job_port(4242)
     busy = socket.socket()
     try:
         busy.bind(("127.0.0.1", first))

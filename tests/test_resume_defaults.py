@@ -14,7 +14,7 @@ from image_fixtures import TINY, TINY_ARCH, fashion_folders, train  # noqa: F401
 from training_helpers import hpctrain, ok
 
 
-def test_imagenet_resume_and_evaluate_need_no_model_flags(fashion_folders: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_imagenet_resume_and_evaluate_need_no_model_flags(fashion_folders: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     train(fashion_folders, run_dir, "--epochs", "1", "--train-limit", "96", "--test-limit", "40", "-j", "0")
     best = run_dir / "checkpoints" / "checkpoint_best.pt"

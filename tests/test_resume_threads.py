@@ -116,7 +116,7 @@ def test_an_explicit_other_threads_on_resume_is_honoured_with_a_warning(fashion_
     assert yaml.safe_load((parts / "config.yaml").read_text())["threads"] == 1
 
 
-def env(rank: int, world_size: int = 2):  # type: ignore[no-untyped-def]
+def env(rank: int, world_size: int = 2):
     from hpctrain.distributed import DistEnv
 
     return DistEnv("slurm", rank, world_size, 0, 1, rank, world_size, "node1", 29500, "env://")

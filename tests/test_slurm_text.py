@@ -168,7 +168,7 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
         assert hostname not in logs.stdout
 
         wait_for(runs_on, {"RUNNING"})
-        assert jobs.get_job(runs_on).state == "RUNNING"  # type: ignore[union-attr]
+        assert jobs.get_job(runs_on).state == "RUNNING"
         marker = "x" + new_token()[1:]
         session = slurm(["scontrol", "-d", "-o"], input=query.session_input([runs_on], marker)).stdout
         use = query.parse_shard_use(session, [shown(SHARD_FORGER)], marker)

@@ -20,7 +20,6 @@ from hpctrain.schedulers.slurm.jobs import (
     SQUEUE_FIELDS,
     parse_sacct,
     parse_squeue,
-    wait_for_job,
 )
 from hpctrain.schedulers.slurm.records import Fields
 from squeue_text import TOKEN, printed, recorded, relaid
@@ -199,46 +198,6 @@ def test_follow_restarts_after_truncation(tmp_path: Path) -> None:
 
     follow(path, got.append, finished, poll_s=0.0, check_every_s=0.0)
     assert "".join(got) == "first attempt, a long line\nsecond\n"
-
-
-class FakeSlurm:
-    """Stands in for squeue/sacct in the unit tests of wait_for_job (the real path runs in test_status_slurm.py,
-    but a job outliving MinJobAge (5 min) is too slow to wait for there)."""
-
-    def __init__(self, squeue_answers: list[str]) -> None:
-        self.answers = list(squeue_answers)
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
-        self.calls.append(argv)
-        if argv[0] == "sacct":
-            return subprocess.CompletedProcess(argv, 1, "", "sacct: error: Slurm accounting storage is disabled\n")
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if answer == "gone":
-            return subprocess.CompletedProcess(argv, 1, "", "slurm_load_jobs error: Invalid job id specified\n")
-        (option,) = [a for a in argv if a.startswith("--Format=")]
-        fields = Fields(JOB_FIELDS, option.rsplit(":", 1)[1])  # the query's own token: the last field's suffix
-        return subprocess.CompletedProcess(argv, 0, printed(recorded(answer, JOB_FIELDS), fields), "")
-
-
-RUNNING_LINE = next(
-    line + "\n" for line in (DATA / "squeue_job_22.05.txt").read_text().splitlines() if line.startswith("7\x1f")
-)
-
-
-def test_wait_for_job_when_the_controller_forgets_the_job() -> None:
-    fake = FakeSlurm([RUNNING_LINE, RUNNING_LINE, "gone"])
-    info = wait_for_job("7", poll_s=0, run=fake, sleep=lambda s: None)
-    assert (info.state, info.exit_code, info.source, info.finished) == ("GONE", None, "none", True)
-    assert info.nodes == "node[1-2]"  # what was last known is kept
-    assert [c[0] for c in fake.calls] == ["squeue", "squeue", "squeue", "sacct"]
-
-
-def test_wait_for_unknown_job_and_timeout() -> None:
-    with pytest.raises(UserError, match="job 7 not found"):
-        wait_for_job("7", run=FakeSlurm(["gone"]), sleep=lambda s: None)
-    with pytest.raises(UserError, match="still RUNNING after 0 s"):
-        wait_for_job("7", timeout_s=0, run=FakeSlurm([RUNNING_LINE]), sleep=lambda s: None)
 
 
 def test_the_table_query_gives_the_cells_of_the_full_query_recorded() -> None:

@@ -1,4 +1,4 @@
-"""`hpctrain status`, `logs` and `cancel`, and wait_for_job, on real sbatch jobs of the local Slurm cluster."""
+"""`hpctrain status`, `logs` and `cancel`, and an ended job read back, on real sbatch jobs of local Slurm."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.jobs import wait_for_job
+from hpctrain.schedulers.slurm.jobs import TERMINAL_STATES, get_job
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 from training_helpers import run_hpctrain
 
@@ -95,12 +95,11 @@ def test_pending_job_shows_its_reason_and_cancel_works_on_it(slurm_cluster, tmp_
         slurm_cluster.cancel_quietly(job)
 
 
-def test_wait_for_job_returns_the_exit_status(slurm_cluster, tmp_path: Path) -> None:
+def test_an_ended_job_reads_back_with_its_exit_status(slurm_cluster, tmp_path: Path) -> None:
     job = slurm_cluster.sbatch("-J", "h4-exit3", "-o", "out-%j.txt", "--wrap", "exit 3", cwd=tmp_path)
-    seen: list[str] = []
-    info = wait_for_job(job, poll_s=0.5, timeout_s=400, on_change=lambda j: seen.append(j.state))
-    assert (info.state, info.exit_code) == ("FAILED", 3)
-    assert seen[-1] == "FAILED"
+    slurm_cluster.wait_state(job, set(TERMINAL_STATES), timeout_s=400)
+    info = get_job(job)
+    assert info is not None and (info.state, info.exit_code, info.finished) == ("FAILED", 3, True)
 
 
 def test_signal_is_delivered_without_ending_the_job(slurm_cluster, tmp_path: Path) -> None:

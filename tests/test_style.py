@@ -1,12 +1,15 @@
 """The style of pyproject.toml's [tool.ruff] holds over src, tests and benchmarks: ruff's lint rules (no line over
-120 columns, pyflakes' rules) and its formatter (`ruff format --check` would change nothing). ruff itself does the
-checking, with the project's configuration; the last two tests show on a small file that each check can fail."""
+120 columns, pyflakes' rules, no `# noqa` that suppresses nothing) and its formatter (`ruff format --check` would
+change nothing). ruff itself does the checking, with the project's configuration; the tests on a small file show
+that each check can fail. No type checker runs, so no comment may speak to one: no `# type: ignore`."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,24 @@ def test_ruff_format_would_change_nothing():
     )
 
 
+def type_ignores(text: str) -> list[int]:
+    """The lines of `text` (Python source) with a `# type: ignore` comment."""
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return [t.start[0] for t in tokens if t.type == tokenize.COMMENT and "type: ignore" in t.string]
+
+
+def test_no_type_ignore_without_a_type_checker():
+    """hpctrain runs no type checker (mypy, pyright): a `# type: ignore` would answer to nothing and go stale."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in CHECKED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in type_ignores(path.read_text(encoding="utf-8"))
+    ]
+    assert found == [], "remove these `# type: ignore` comments (no type checker runs):\n" + "\n".join(found)
+    assert type_ignores("x = y  # type: ignore[attr-defined]\ns = '# type: ignore'\n") == [1]
+
+
 def test_the_lint_check_catches_a_long_line_and_an_unused_import(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("import os\n\nLONG = '" + "x" * 112 + "'\nFITS = '" + "x" * 111 + "'\n")  # 121 and 120 columns
@@ -48,6 +69,18 @@ def test_the_lint_check_catches_a_long_line_and_an_unused_import(tmp_path):
     assert "sample.py:3:121: E501 Line too long (121 > 120)" in result.stdout
     assert "sample.py:4:" not in result.stdout
     assert "sample.py:1:8: F401" in result.stdout
+
+
+def test_the_lint_check_catches_a_noqa_that_suppresses_nothing(tmp_path):
+    """A `# noqa` for a rule ruff does not run here (BLE001), or for a rule not broken on its line, is RUF100."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import os  # noqa: F401\n\ntry:\n    pass\nexcept Exception:  # noqa: BLE001\n    pass\nx = 1  # noqa: F401\n"
+    )
+    result = ruff("check", "--no-cache", "--output-format", "concise", sample.name, cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "sample.py:5:" in result.stdout and "sample.py:7:" in result.stdout and "RUF100" in result.stdout
+    assert "sample.py:1:" not in result.stdout
 
 
 def test_the_format_check_catches_unformatted_code(tmp_path):

@@ -418,14 +418,15 @@ def _executable(path: Path) -> Path:
 
 
 def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, capsys) -> None:
-    from hpctrain.cli.job_options import job_from_args
+    from hpctrain.cli.job_options import submission_from_args
     from hpctrain.cli.submit import add_arguments
 
     parser = __import__("argparse").ArgumentParser()
     add_arguments(parser)
-    job = job_from_args(parser.parse_args(["--", "true"]))
+    job = submission_from_args(parser.parse_args(["--", "true"]), dry_run=False).job
     assert job.python == os.path.abspath(sys.executable)
-    assert job_from_args(parser.parse_args(["--venv", "v", "--", "true"])).python is None
+    venv = submission_from_args(parser.parse_args(["--venv", "v", "--", "true"]), dry_run=False).job
+    assert venv.python is None
 
 
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:

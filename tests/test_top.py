@@ -72,7 +72,7 @@ def test_report_columns_fit_pod_names() -> None:
     )
     header, *rows = report(samples, None, "job j")[:3]
     assert [row.index("%") for row in rows] == [header.index("UTIL") + 3] * 2
-    assert [row.index("MiB") for row in rows] == [header.index("MEMORY") + 3] * 2
+    assert [row.rindex("GiB") + 3 for row in rows] == [header.index("MEMORY") + 6] * 2
 
 
 def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
@@ -316,9 +316,9 @@ def test_top_on_kubernetes_runs_the_probe_in_each_pod(real_free: Real, tmp_path:
     master = [line for line in lines if "(gpus-master-0)" in line]
     worker = [line for line in lines if "(gpus-worker-0)" in line]
     assert len(master) == 1 and len(worker) == 1, result.stdout
-    assert master[0].startswith(tuple(real.nodes)) and "97%" in master[0] and "70,000/81,559 MiB" in master[0], master
+    assert master[0].startswith(tuple(real.nodes)) and "97%" in master[0] and "68.4 GiB/79.6 GiB" in master[0], master
     assert "IDLE" not in master[0]
-    assert "0%" in worker[0] and "3/81,559 MiB" in worker[0] and worker[0].endswith("IDLE")
+    assert "0%" in worker[0] and "3 MiB/79.6 GiB" in worker[0] and worker[0].endswith("IDLE")
     assert "1 of the 2 GPUs held by job gpus sit idle" in lines[-1]
     rows = [line.split() for line in lines if line.split()[:2] in (["0", "gpus-master-0"], ["1", "gpus-worker-0"])]
     assert [row[2:5] for row in rows] == [["training", "1", "40"], ["training", "1", "41"]], result.stdout

@@ -31,7 +31,7 @@ def test_a_last_batch_of_one_sample_per_process_joins_the_batch_before(num_sampl
     assert plan.largest_rank_batch == max(len(part) for step in per_step for part in step)
 
 
-def test_imagenet_with_a_remainder_of_one_image_completes(fashion_folders, tmp_path):  # noqa: F811
+def test_imagenet_with_a_remainder_of_one_image_completes(fashion_folders, tmp_path):
     """The issue's case end to end: 13 training images, -b 4, a BatchNorm model (TINY_ARCH; its last BatchNorm sees
     1x1 maps, where one sample is an error): the run completes."""
     src = tmp_path / "data"
@@ -68,7 +68,7 @@ def test_mnist_fast_recipe_with_a_remainder_of_one_image_completes(fashion_data_
     assert "completed 1 epoch(s), global step 3" in result.stdout
 
 
-def test_a_batch_of_only_unreadable_images_is_skipped_not_divergence(fashion_folders, tmp_path):  # noqa: F811
+def test_a_batch_of_only_unreadable_images_is_skipped_not_divergence(fashion_folders, tmp_path):
     """Guards issue 17: with --skip-bad-images, a batch of only unreadable images gave a nan loss, reported as
     divergence (exit 3, "start again with a lower --lr"); and what was skipped was never said. The first batch of
     epoch 1 is made all unreadable here: the run completes, says how many it skipped and which, and metrics.jsonl

@@ -114,7 +114,7 @@ def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tm
 
     (tmp_path / "bad_nodes").write_text(f"node07\n{HOSTILE_NODE}\n`id`\n")
     run = SimpleNamespace(is_main=True, run_dir=tmp_path, say=print, cfg=SimpleNamespace(preflight_only=False))
-    _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))  # type: ignore[arg-type]
+    _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))
     err = capsys.readouterr().err
     assert "touch" not in err and "`id`" not in err, err
     assert _pasted(err.split("elsewhere submit it again away from them: ")[1]) == [

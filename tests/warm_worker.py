@@ -20,7 +20,7 @@ import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from warm_start import send_request, stand_in_record  # noqa: E402  (the stdlib only: this process stays light)
+from warm_start import send_request, stand_in_record  # the stdlib only: this process stays light
 
 INTERPRETER_OPTIONS = sys.orig_argv[1 : len(sys.orig_argv) - len(sys.argv)]  # torchrun's: -u
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)

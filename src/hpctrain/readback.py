@@ -4,7 +4,8 @@ A run directory is written by other ranks, other attempts, other users and crash
 system: every file hpctrain reads back from it is untrusted input. All such reads go through here:
 
     read_bytes(path, limit, within=RUN_DIR)   the bytes of a regular file, at most `limit` of them
-    open_regular(path, within=RUN_DIR)        ... or an open descriptor of it, to read a part (a log's tail)
+    open_regular(path, within=RUN_DIR)        ... or an open descriptor of it, to read a part (a log as it grows)
+    read_tail(path, limit, within=RUN_DIR)    ... its last `limit` bytes, from the first whole line (a log's end)
     read_text(path, limit, within=RUN_DIR)    ... decoded as strict UTF-8
     read_json(path, limit, within=RUN_DIR)    ... parsed as JSON (no NaN or Infinity, nesting at most MAX_DEPTH)
     read_json_lines(path, limit, within=...)  ... a JSON value per line (metrics.jsonl), each line decoded on its own;
@@ -91,6 +92,23 @@ def open_regular(path: str | os.PathLike, within: str | os.PathLike | None = Non
     return fd
 
 
+def read_tail(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> bytes:
+    """The end of the regular file `path` (opened as `open_regular` opens it): its last `limit` bytes, from the first
+    line that starts within them when the file is longer. For the end of a log, however large the log."""
+    fd = open_regular(path, within)
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - limit), os.SEEK_SET)
+        data = os.read(fd, limit)
+    except OSError as err:
+        raise BadRunFile(path, _why(err)) from None
+    finally:
+        os.close(fd)
+    if size > limit:  # cut in the middle of a line: from the next one (none when no line starts in it)
+        data = data[data.index(b"\n") + 1 :] if b"\n" in data else b""
+    return data
+
+
 def read_text(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> str:
     """`read_bytes`, decoded as UTF-8 (BadRunFile for any invalid byte)."""
     return _decode(Path(path), read_bytes(path, limit, within))
@@ -137,7 +155,7 @@ def parse_json_lines(
 def split_lines(data: T) -> list[T]:
     """The finished lines of `data` (text or bytes), without their newlines: a last line without its newline is an
     append cut short and left out."""
-    lines = data.split(b"\n" if isinstance(data, bytes) else "\n")  # type: ignore[attr-defined]
+    lines = data.split(b"\n" if isinstance(data, bytes) else "\n")
     lines.pop()  # "" after a final newline, else the unfinished last line
     return lines
 
@@ -164,7 +182,7 @@ def parse_record(cls: type[T], value: Any, source: str | os.PathLike) -> T:
         raise BadRunFile(source, f"a JSON {_json_kind(value)} where an object was expected")
     hints = _hints(cls)
     given = {}
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for field in dataclasses.fields(cls):
         if field.name not in value:
             if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                 raise BadRunFile(source, f"has no {field.name!r}")

@@ -34,7 +34,7 @@ def _escape(code: int) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
-class _Escapes(dict):  # type: ignore[type-arg]
+class _Escapes(dict):
     """str.translate's table, filled on first sight of each character: a hidden one maps to its escape, any other
     to itself."""
 

@@ -84,10 +84,6 @@ class AsyncCheckpointer:
         self._future: Future[Path] | None = None
         self._target: Path | None = None
 
-    @property
-    def in_flight(self) -> bool:
-        return self._future is not None and not self._future.done()
-
     def save(
         self,
         state: dict[str, Any],

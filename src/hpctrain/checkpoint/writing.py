@@ -41,7 +41,7 @@ from hpctrain.checkpoint.files import (
     verify,
 )
 from hpctrain.checkpoint.ranks import RANKS_SUFFIX, rank_dir
-from hpctrain.fsutil import free_bytes, fsync_dir, is_no_space, refuse_symlinks, write_atomic
+from hpctrain.fsutil import format_bytes, free_bytes, fsync_dir, is_no_space, refuse_symlinks, write_atomic
 
 # Another host's temporary may belong to a live save on a shared filesystem: only this old is it surely stale.
 FOREIGN_TEMPORARY_MAX_AGE_S = 3600.0
@@ -170,7 +170,7 @@ def _remove_parts(directory: Path, name: str, user: Path | None) -> None:
 
 def _disk_full(path: Path, err: BaseException) -> CheckpointError:
     free = free_bytes(path.parent)
-    room = f", {free / 2**20:.1f} MiB free" if free is not None else ""
+    room = f", {format_bytes(free)} free" if free is not None else ""
     return CheckpointError(
         f"no space left on the device holding {path.parent} ({os.strerror(getattr(err, 'errno', 0) or 0)}{room}) "
         f"while writing checkpoint {path.name}; the checkpoints written before it are intact. Free space there "

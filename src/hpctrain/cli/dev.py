@@ -2,7 +2,7 @@
 or JupyterLab in a pod.
 
     hpctrain dev start explore --gpus-per-node 1 --cpus 8 --mem 32G --time 4:00:00 --venv ~/venvs/torch
-    hpctrain dev list --idle-warn 1h
+    hpctrain dev list --idle-warn 1:00:00
     hpctrain dev stop explore
 
 The chosen scheduler's services (Scheduler.services(): schedulers/<backend>/services.py) start, show and stop
@@ -12,7 +12,6 @@ sessions; what a session is, whatever the scheduler, is in hpctrain.servers.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ from typing import Any
 from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of, show_step
 from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
 from hpctrain.errors import UserError
-
-_DURATION_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[smhd]?)$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,9 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
     listing.add_argument(
         "--idle-warn",
-        default="1h",
-        metavar="DURATION",
-        help="warn about sessions idle longer than this (90s, 30m, 2h; default: 1h)",
+        default="1:00:00",
+        metavar="TIME",
+        help="warn about sessions idle longer than this, a time as --time takes it (30 minutes, 2:00:00, 1-0; "
+        "default: 1:00:00)",
     )
     add_connection_arguments(
         listing,
@@ -83,11 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_duration_s(text: str, flag: str) -> float:
-    m = _DURATION_RE.match(str(text).strip())
-    if not m:
-        raise UserError(f"{flag} {text!r}: give a duration such as 90s, 30m, 2h or 1d (a bare number is minutes)")
-    return float(m["n"]) * {"s": 1, "": 60, "m": 60, "h": 3600, "d": 86400}[m["unit"]]
+def parse_duration_s(text: str, flag: str) -> int:
+    """A time in the one grammar of hpctrain's times (--time's: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)."""
+    from hpctrain.jobs.values import slurm_duration_s
+
+    try:
+        return slurm_duration_s(text)
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give a time as --time takes it, e.g. 30 (minutes), 2:00:00 or 1-0") from None
 
 
 def format_age(seconds: int | None) -> str:

@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Any
 
+from hpctrain.fsutil import format_bytes
 from hpctrain.schedulers import SCHEDULERS, backend_info
 
 # Variables that decide detection; echoed so a report shows what the launcher really set.
@@ -124,7 +125,8 @@ def render(info: dict[str, Any]) -> str:
         )
     )
     lines += [
-        f"  cuda:{g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['capability']}" for g in gpus
+        f"  cuda:{g['index']}: {g['name']}, {format_bytes(g['memory_bytes'])}, compute capability {g['capability']}"
+        for g in gpus
     ]
     dist = info["distributed"]
     lines.append("distributed:  " + (f"error: {dist['error']}" if "error" in dist else dist["summary"]))
@@ -177,7 +179,7 @@ def _numpy_problem(torch: Any) -> str | None:
         torch.from_numpy(numpy.zeros(1))
     except ImportError:
         return None
-    except Exception as err:  # noqa: BLE001 - whatever the bridge raises is the report
+    except Exception as err:  # whatever the bridge raises is the report
         return f"torch cannot use NumPy here ({type(err).__name__}: {' '.join(str(err).split())[:200]})"
     return None
 
@@ -197,7 +199,7 @@ def _gpus(torch: Any) -> list[dict[str, Any]]:
             {
                 "index": index,
                 "name": props.name,
-                "memory_gib": round(props.total_memory / 2**30, 1),
+                "memory_bytes": int(props.total_memory),
                 "capability": f"{props.major}.{props.minor}",
             }
         )

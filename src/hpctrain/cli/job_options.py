@@ -189,10 +189,6 @@ def _as_data(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def job_from_args(args: argparse.Namespace) -> JobSpec:
-    return submission_from_args(args, dry_run=getattr(args, "dry_run", False)).job
-
-
 def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo) -> JobSpec:
     """The JobSpec: job file data, flags on top; then the command (a recipe is validated like `hpctrain train`
     would)."""

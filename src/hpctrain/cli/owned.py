@@ -57,7 +57,7 @@ def owned_job(sched: Any, command: str) -> Iterator[OwnedJob]:
             try:
                 sched.cancel(owned.job_id)
                 said = f"cancelled job {owned.job_id}, which it had submitted"
-            except Exception as cancel_error:  # noqa: BLE001 - said in one line; the user can cancel it by hand
+            except Exception as cancel_error:  # said in one line; the user can cancel it by hand
                 said = f"could not cancel job {owned.job_id} ({cancel_error}): `hpctrain cancel {owned.job_id}`"
             print(f"hpctrain {command}: interrupted ({why}): {said}", file=sys.stderr, flush=True)
         raise

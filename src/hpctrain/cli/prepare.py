@@ -33,7 +33,7 @@ class _Terminated(BaseException):
     `except Exception` stops it)."""
 
 
-def _on_sigterm(signum, frame) -> None:  # type: ignore[no-untyped-def]
+def _on_sigterm(signum, frame) -> None:
     raise _Terminated
 
 
@@ -192,7 +192,7 @@ class _Progress:
         self.bar.start()
         return self
 
-    def __exit__(self, *exc) -> None:  # type: ignore[no-untyped-def]
+    def __exit__(self, *exc) -> None:
         self.bar.stop()
 
     def start(self, split: str, total: int, done: int) -> None:

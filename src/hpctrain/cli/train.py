@@ -323,7 +323,7 @@ def config_from_argv(argv: list[str]) -> TrainConfig:
 class _RaisingParser(argparse.ArgumentParser):
     """Errors become UserError (one line, no usage text, no exit status in the message)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise UserError(f"bad training options: {message}; see `hpctrain train --help`")
 
 

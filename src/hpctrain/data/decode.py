@@ -52,11 +52,6 @@ class BadImageError(UserError):
         self.reason = reason
 
 
-def load_crop(path: str, spec: CropSpec, seed: int, epoch: int, index: int, out: np.ndarray) -> None:
-    """Decode the file `path`, crop it as `spec` says for sample `index` of `epoch`, and write it into `out`."""
-    decode_crop(read_image_file(path), path, spec, seed, epoch, index, out)
-
-
 def read_image_file(path: str) -> bytes:
     """The bytes of the image file `path`: a regular file of at most MAX_IMAGE_BYTES, else BadImageError."""
     try:
@@ -176,14 +171,14 @@ def _crop_resize(image: np.ndarray, crop: Crop, scale: tuple[float, float], out:
 
 
 @functools.cache
-def _simplejpeg():  # type: ignore[no-untyped-def]
+def _simplejpeg():
     import simplejpeg
 
     return simplejpeg
 
 
 @functools.cache
-def _cv2():  # type: ignore[no-untyped-def]
+def _cv2():
     import cv2
 
     cv2.setNumThreads(1)  # one data worker = one core; parallelism comes from the worker processes

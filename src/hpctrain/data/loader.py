@@ -33,11 +33,11 @@ import numpy as np
 import torch
 
 from hpctrain.data.decode import BadImageError, CropSpec, decode_crop
-from hpctrain.data.imagefolder import find_image_folders
 from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.data.source import timed
 from hpctrain.data.transforms import CenterCrop, RandomResizedCrop
 from hpctrain.errors import UserError
+from hpctrain.fsutil import format_bytes
 
 IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -141,7 +141,7 @@ class ImageBatchDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, request: BatchRequest) -> Batch:  # type: ignore[override]
+    def __getitem__(self, request: BatchRequest) -> Batch:
         height, width = self.spec.size
         out = _empty_uint8((len(request.indices), height, width, 3))
         pixels = out.numpy()
@@ -181,26 +181,11 @@ class ImageFolderSource:
         self.num_classes = len(train.classes)
         self.image_size = self.train_crop.size
 
-    @classmethod
-    def from_folders(
-        cls,
-        data: str | os.PathLike,
-        val_path: str | os.PathLike | None,
-        val_labels: str | os.PathLike | None,
-        config: LoaderConfig,
-        seed: int,
-        train_crop: CropSpec | None = None,
-        eval_crop: CropSpec | None = None,
-    ) -> ImageFolderSource:
-        """Scan DATA (see `find_image_folders`) and serve its images."""
-        found = find_image_folders(data, val_path, val_labels)
-        return cls(found.train, found.val, config, seed, train_crop, eval_crop)
-
     def train_batches(
         self, plan: EpochPlan, epoch: int, start_step: int, rank: int, size: tuple[int, int] | None = None
     ) -> Batches:
         """`size` overrides the output size for this epoch (progressive resizing); the crop boxes do not change."""
-        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
+        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop
         requests = TrainRequests(plan, epoch, start_step, rank)
         dataset = ImageBatchDataset(self.train, crop, self.seed)
         return self._stream(dataset, requests, plan.largest_rank_batch)
@@ -220,7 +205,7 @@ class ImageFolderSource:
         check_shared_memory(batch_size * height * width * 3, cfg)
         loader: Iterable[Batch] = torch.utils.data.DataLoader(
             dataset,
-            sampler=requests,  # type: ignore[arg-type]
+            sampler=requests,
             batch_size=None,  # each request is already a batch
             collate_fn=_as_is,
             num_workers=cfg.workers,
@@ -277,9 +262,9 @@ def check_shared_memory(batch_bytes: int, config: LoaderConfig) -> None:
     fits = available // (per_worker * config.processes_per_node)
     fewer = f"use fewer data workers (--workers {fits})" if fits else "use a smaller per-process batch"
     raise UserError(
-        f"{config.shm_path} has {_mib(available)} free, but {config.processes_per_node} process(es) x "
-        f"{config.workers} data workers x {config.prefetch_factor + 1} batches of {_mib(batch_bytes)} need "
-        f"{_mib(needed)}; {fewer}, or give the container more shared memory (docker run --shm-size=8g; "
+        f"{config.shm_path} has {format_bytes(available)} free, but {config.processes_per_node} process(es) x "
+        f"{config.workers} data workers x {config.prefetch_factor + 1} batches of {format_bytes(batch_bytes)} need "
+        f"{format_bytes(needed)}; {fewer}, or give the container more shared memory (docker run --shm-size=8g; "
         "Kubernetes: mount an emptyDir volume with medium: Memory at /dev/shm)"
     )
 
@@ -355,10 +340,6 @@ def _empty_uint8(shape: tuple[int, ...]) -> torch.Tensor:
 
 def _as_is(batch: Batch) -> Batch:
     return batch
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
 
 
 __all__ = [

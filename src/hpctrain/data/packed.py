@@ -34,7 +34,7 @@ class PackedStrings:
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
-    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+    def __getitem__(self, key):
         if isinstance(key, (int, np.integer)):
             index = int(key)
             if index < 0:

@@ -88,16 +88,6 @@ def holds_for(backend: str, device_type: str) -> bool:
     return per_device.get(device_type, "").strip() == "gloo"
 
 
-def held_count() -> int:
-    """How many collectives' tensors are being kept (for tests)."""
-    return len(_held)
-
-
-def held_bytes() -> int:
-    """The bytes of the tensors being kept (for tests)."""
-    return _held_bytes
-
-
 def _is_initialized() -> bool:
     import torch.distributed as dist
 
@@ -170,7 +160,7 @@ def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
     gathered = [torch.empty_like(padded) for _ in range(world)]
     _hold(group, padded, *gathered)
     dist.all_gather(gathered, padded, group=group)
-    return [pickle.loads(t[:n].cpu().numpy().tobytes()) for t, n in zip(gathered, lengths)]  # noqa: S301 - our ranks
+    return [pickle.loads(t[:n].cpu().numpy().tobytes()) for t, n in zip(gathered, lengths)]  # our ranks
 
 
 def collective_device(group: Any = None) -> torch.device:

@@ -175,7 +175,7 @@ def missing_ranks(env: DistEnv, wait_s: float) -> dict[int, str | None] | None:
                 store.wait([verdict], datetime.timedelta(seconds=wait_s + 5.0))
                 listed = json.loads(store.get(verdict))
                 return {int(r): host for r, host in listed.items() if int(r) != env.rank}  # not one arrived late
-            except Exception:  # noqa: BLE001 - the first rank went too: look for ourselves
+            except Exception:  # the first rank went too: look for ourselves
                 pass
         hosts: dict[int, str | None] = {}
         for r in range(env.world_size):
@@ -198,8 +198,8 @@ def _present(store: object, key: str) -> bool:
     if check is not None:
         return bool(check([key]))
     try:
-        store.wait([key], datetime.timedelta(milliseconds=10))  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - torch's DistStoreError ("Socket Timeout"), or the store's own
+        store.wait([key], datetime.timedelta(milliseconds=10))
+    except Exception:  # torch's DistStoreError ("Socket Timeout"), or the store's own
         return False
     return True
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from hpctrain.distributed.environment import DistEnv, NodePlan, Vars
 from hpctrain.distributed.hostlist import expand_tasks_per_node, first_host
-from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN
+from hpctrain.distributed.ports import job_port
 from hpctrain.errors import UserError
 
 __all__ = [
@@ -146,14 +146,10 @@ def _check_exported_in_batch_script(v: Vars, env: DistEnv) -> None:
 
 
 def slurm_port(job_id: int, step_id: int = 0) -> int:
-    """Rendezvous port for a Slurm job step when MASTER_PORT is unset.
-
-    In distributed/ports.py's range, below the ephemeral ports. Consecutive job ids land 7 ports apart (7 is
-    coprime with the span, so ids only collide PORT_SPAN apart) and the first few steps of a job get their own
-    ports. Two jobs that still collide on one node fail at init with a message asking for MASTER_PORT, which
-    always wins.
-    """
-    return PORT_BASE + (7 * job_id + step_id) % PORT_SPAN
+    """Rendezvous port for a Slurm job step when MASTER_PORT is unset: the job's port (distributed/ports.py's
+    job_port, the rule the batch scripts use too). Two jobs that still collide on one node fail at init with a
+    message asking for MASTER_PORT, which always wins."""
+    return job_port(job_id, step_id)
 
 
 class SlurmProbe:

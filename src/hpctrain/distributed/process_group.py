@@ -269,7 +269,7 @@ def destroy_process_group() -> None:
     def leave() -> None:
         try:
             dist.destroy_process_group()
-        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+        except BaseException as err:  # raised again in the caller's thread
             failure.append(err)
 
     worker = threading.Thread(target=leave, name="hpctrain-leave-process-group", daemon=True)

@@ -127,7 +127,7 @@ class Watchdog:
             for tick in self.ticks:
                 try:
                     tick()
-                except Exception as err:  # noqa: BLE001 - nothing a tick meets (files others wrote) stops the watch
+                except Exception as err:  # nothing a tick meets (files others wrote) stops the watch
                     what = getattr(tick, "__qualname__", "task")
                     self._warn_once(
                         (tick, type(err)),

@@ -26,7 +26,7 @@ else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
     import tomli as tomllib
 
 from hpctrain.errors import UserError
-from hpctrain.fsutil import FileRefused, read_regular
+from hpctrain.fsutil import FileRefused, format_bytes, read_regular
 
 MAX_JOB_FILE_BYTES = 1 << 20
 SUFFIXES = (".toml", ".yaml", ".yml")
@@ -87,7 +87,7 @@ def read_job_bytes(path: Path) -> bytes:
         if err.reason.startswith("not a regular file"):
             raise UserError(f"job file {path}: {err.reason}; check the --job-file path") from None
         raise UserError(
-            f"job file {path} is larger than {MAX_JOB_FILE_BYTES // (1 << 20)} MiB, far more than a job description "
+            f"job file {path} is larger than {format_bytes(MAX_JOB_FILE_BYTES)}, far more than a job description "
             "needs; check the --job-file path"
         ) from None
     except OSError as err:
@@ -115,7 +115,7 @@ def _parse(path: Path, text: str) -> Any:
         import yaml
 
         try:
-            return yaml.load(text, Loader=_job_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+            return yaml.load(text, Loader=_job_yaml_loader())  # a SafeLoader subclass
         except yaml.YAMLError as err:
             raise UserError(f"job file {path} is not valid YAML: {_one_line(err)}") from None
     except ValueError as err:  # a number the parser could not convert: Python's limit on an integer's digits

@@ -89,21 +89,21 @@ class ImageNetRecipe(Recipe):
     channels_last = False
     mixed_precision_on_gpu = False  # autocast on CUDA GPUs, to the type hpctrain.training.precision picks
 
-    def __init__(self, cfg=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, cfg=None) -> None:
         self.cfg = cfg
         self.arch = cfg.arch if cfg is not None and cfg.arch else "resnet50"
         self.num_classes = _count_classes(cfg) if cfg is not None else IMAGENET_CLASSES
 
     @property
-    def reports_top5(self) -> bool:  # type: ignore[override]
+    def reports_top5(self) -> bool:
         """Top-5 accuracy only where it says something: with 5 classes or fewer it is always 100%."""
         return self.num_classes > 5
 
-    def for_config(self, cfg) -> ImageNetRecipe:  # type: ignore[no-untyped-def]
+    def for_config(self, cfg) -> ImageNetRecipe:
         _check_backend(cfg)
         return type(self)(cfg)
 
-    def check_data(self, cfg) -> None:  # type: ignore[no-untyped-def]
+    def check_data(self, cfg) -> None:
         _count_classes(cfg)  # DATA/train's class folders, or a prepared directory's index
 
     # ---------------------------------------------------------------- data
@@ -124,7 +124,7 @@ class ImageNetRecipe(Recipe):
         sizes = self.sizes()
         return {"arch": self.arch, "image_size": None if sizes.ramp else sizes.train, "val_size": sizes.val}
 
-    def data_source(self, cfg, device, env):  # type: ignore[no-untyped-def]
+    def data_source(self, cfg, device, env):
         sizes = self.sizes()
         side = max(sizes.train, sizes.ramp[1] if sizes.ramp else 0)
         cuda = device.type == "cuda"
@@ -209,7 +209,7 @@ class ImageNetRecipe(Recipe):
             {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
         ]
 
-    def describe_scaling(self, cfg, world_size: int) -> str:  # type: ignore[no-untyped-def]
+    def describe_scaling(self, cfg, world_size: int) -> str:
         sizes = self.sizes()
         train = f"{sizes.ramp[0]}->{sizes.ramp[1]} (progressive)" if sizes.ramp else str(sizes.train)
         return (
@@ -263,7 +263,7 @@ class FastRecipe(ImageNetRecipe):
     def default_sizes(self, val: int, resize: int) -> ImageSizes:
         return ImageSizes(self.ramp[1], val, resize, self.ramp)
 
-    def warnings(self, cfg, num_train: int, steps_per_epoch: int) -> list[str]:  # type: ignore[no-untyped-def]
+    def warnings(self, cfg, num_train: int, steps_per_epoch: int) -> list[str]:
         """Also: a warmup of a handful of steps. The schedule reaches its peak rate after 2/16 of the run, which on
         a small set is a few steps: a model trained from scratch then diverges (seen: 400 images, 2 epochs, batch
         64 -> a 2-step warmup to lr 0.125, loss rising, accuracy at chance)."""
@@ -294,7 +294,7 @@ def default_workers(local_processes: int) -> int:
     return max(1, min(8, available_cores() // max(1, local_processes)))
 
 
-def _encoded_images(cfg) -> tuple[EncodedImages, EncodedImages]:  # type: ignore[no-untyped-def]
+def _encoded_images(cfg) -> tuple[EncodedImages, EncodedImages]:
     """Training and validation samples: from the shards of a directory `hpctrain prepare` wrote, or from image
     folders (validation from --val-path, when given, in either case)."""
     from hpctrain.data import shards
@@ -323,7 +323,7 @@ def _subset(images: EncodedImages, limit: int | None) -> EncodedImages:
     return images.subset(keep)
 
 
-def _count_classes(cfg) -> int:  # type: ignore[no-untyped-def]
+def _count_classes(cfg) -> int:
     """The number of class folders in DATA/train (the model's output size), or 1000 for --synthetic."""
     if cfg.synthetic:
         return IMAGENET_CLASSES
@@ -343,13 +343,13 @@ def _count_classes(cfg) -> int:  # type: ignore[no-untyped-def]
     return count
 
 
-def _check_backend(cfg) -> None:  # type: ignore[no-untyped-def]
+def _check_backend(cfg) -> None:
     """Before anything is written: --data-backend dali needs DALI installed (the device is not known yet)."""
     if cfg.data_backend == "dali" and not cfg.synthetic:
         require_dali()
 
 
-def image_loader(cfg, device, env, train, val, config, train_crop, eval_crop):  # type: ignore[no-untyped-def]
+def image_loader(cfg, device, env, train, val, config, train_crop, eval_crop):
     """The streaming loader of the --data-backend `cfg` asks for (auto: the fastest on `device`), said in one line
     by the first process. GPU backends decode on `device` when it is a CUDA GPU, else on the CPU."""
     choice = choose_backend(cfg.data_backend, device.type, decoded=getattr(train, "stored", "jpeg") == "raw")

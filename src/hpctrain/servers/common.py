@@ -42,20 +42,12 @@ def write_private(path: Path, data: Any) -> None:
     path.chmod(0o600)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def http_get(url: str, token: str | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
     """(status, body) of a GET; status 0 when nothing answers. A token goes in the Authorization header, never
     in the URL, so it stays out of proxies' and servers' access logs."""
     request = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http URL we built
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # http URL we built
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, b""

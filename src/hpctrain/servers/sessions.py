@@ -16,10 +16,12 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
-from hpctrain.servers.common import private_dir, read_json, state_root
+from hpctrain.readback import BadRunFile, read_json, read_text
+from hpctrain.servers.common import private_dir, state_root
 
 SERVICES = ("jupyter", "ssh", "code")
 CONNECTION_FILE = "connection.json"
+MAX_CONNECTION_BYTES = 64 << 10  # a few hundred bytes of names, ports and commands
 TOKEN_FILE = "token"
 START_LOCK = "start.lock"
 DEFAULT_TIME = "04:00:00"
@@ -125,7 +127,7 @@ def starting(name: str, root: Path | None = None) -> Iterator[Path]:
 def connection(name: str, root: Path | None = None) -> tuple[Path, dict[str, Any]]:
     """The state folder and recorded connection of session `name`; an error naming the fix when there is none."""
     state_dir = session_dir(name, root)
-    conn = read_json(state_dir / CONNECTION_FILE)
+    conn = read_connection(state_dir)
     if conn is None:
         raise UserError(f"no dev session named {name!r}: see `hpctrain dev list`")
     return state_dir, conn
@@ -135,15 +137,28 @@ def recorded(root: Path | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(state folder, connection) of every session recorded under root, by name."""
     root = root or state_root("dev")
     for conn_path in sorted(root.glob(f"*/{CONNECTION_FILE}")):
-        conn = read_json(conn_path)
+        conn = read_connection(conn_path.parent)
         if conn is not None:
             yield conn_path.parent, conn
 
 
+def read_connection(state_dir: Path) -> dict[str, Any] | None:
+    """The session's connection.json (what `dev start` recorded, then the job's node and port); None when there is
+    none. Read as every file a job's side may have touched is: bounded, no link, validated (readback)."""
+    path = state_dir / CONNECTION_FILE
+    try:
+        conn = read_json(path, MAX_CONNECTION_BYTES, within=state_dir)
+    except FileNotFoundError:
+        return None
+    if not isinstance(conn, dict):
+        raise BadRunFile(path, f"holds no JSON object; remove {state_dir} to forget the session")
+    return conn
+
+
 def read_token(state_dir: Path) -> str | None:
     try:
-        return (state_dir / TOKEN_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
+        return read_text(state_dir / TOKEN_FILE, 4096, within=state_dir).strip()
+    except (OSError, BadRunFile):
         return None
 
 

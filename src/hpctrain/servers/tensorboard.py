@@ -102,7 +102,7 @@ def is_noise(line: str) -> bool:
     return bool(_NOISE.search(line))
 
 
-def _forward_stderr(stream) -> None:  # type: ignore[no-untyped-def]
+def _forward_stderr(stream) -> None:
     for line in stream:
         if not is_noise(line):
             sys.stderr.write(line)

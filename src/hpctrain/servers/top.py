@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import format_bytes
 from hpctrain.health import RankProgress
 from hpctrain.health.progress import MAX_RECORD_BYTES, PROGRESS_DIR, parse_progress
 from hpctrain.health.view import rank_lines
@@ -182,7 +183,7 @@ def report(
         for g in s.gpus:
             held += 1
             idle += g.idle
-            mem = f"{g.mem_used_mib:,}/{g.mem_total_mib:,} MiB"
+            mem = f"{format_bytes(g.mem_used_mib << 20)}/{format_bytes(g.mem_total_mib << 20)}"
             lines.append(
                 f"{s.node:{width}s} {g.index:>3d} {g.util:>4d}% {mem:>17s}   {load}{'   IDLE' if g.idle else ''}"
             )

@@ -76,7 +76,7 @@ def evaluate_checkpoint(cfg: TrainConfig, recipe: Recipe) -> dict[str, float]:
             model.load_state_dict(point.state["model"])
             data = recipe.data_source(cfg, device, env)
             with peer_failures(env, cfg.dist_timeout):
-                scores = evaluate(run, Parts(data, None, model, model, None, None, None))  # type: ignore[arg-type]
+                scores = evaluate(run, Parts(data, None, model, model, None, None, None))
         finally:
             destroy_process_group()
     top5 = f", top-5 {100 * scores['test_top5']:.2f}%" if recipe.reports_top5 else ""

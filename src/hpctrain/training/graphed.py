@@ -76,7 +76,7 @@ class LearningRates:
                 self.values[i] = value
 
     @contextlib.contextmanager
-    def installed(self):  # type: ignore[no-untyped-def]
+    def installed(self):
         self.sync()
         floats = [group["lr"] for group in self.optimizer.param_groups]
         for group, tensor in zip(self.optimizer.param_groups, self.tensors):
@@ -89,7 +89,7 @@ class LearningRates:
 
 
 @contextlib.contextmanager
-def capturable(optimizer: torch.optim.Optimizer):  # type: ignore[no-untyped-def]
+def capturable(optimizer: torch.optim.Optimizer):
     """The optimizer with capturable=True where it has the flag (its step counters moved to the device), restored
     afterwards: a checkpoint then records the flag it had, and resumes on any device."""
     groups = [group for group in optimizer.param_groups if "capturable" in group]

@@ -55,7 +55,7 @@ class Precision:
 
     @property
     def name(self) -> str:
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")  # type: ignore[arg-type]
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")
 
     def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
         if self.dtype is None:

@@ -60,4 +60,4 @@ def health_watch(
     if hang_timeout is not None and hang_timeout < 0:
         raise ValueError("hang_timeout: give seconds above 0, 0 (off) or None (automatic)")
     run = _ScriptRun(Path(run_dir), env, device, _Limits(hang_timeout, dist_timeout_s))
-    return RankWatch(run, model, steps_per_epoch)  # type: ignore[arg-type]  # reads only _ScriptRun's fields
+    return RankWatch(run, model, steps_per_epoch)  # reads only _ScriptRun's fields

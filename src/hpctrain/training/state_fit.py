@@ -110,7 +110,7 @@ def scheduler_problem(saved: Any, scheduler: Any) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "call get_lr() within step()": it is, in effect, what step() does
             rates = scheduler.get_lr()
-    except Exception as err:  # noqa: BLE001 - any failure of the scheduler's arithmetic on these values
+    except Exception as err:  # any failure of the scheduler's arithmetic on these values
         return f"gives no learning rate ({type(err).__name__}: {brief(str(err), 80)})"
     if not all(isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) for rate in rates):
         return f"gives the learning rates {brief(rates, 60)}, not finite numbers"

@@ -147,7 +147,7 @@ class StopRequest:
     def uninstall(self) -> None:
         self._disarm()
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
+            signal.signal(signum, handler)
         self._previous.clear()
 
     def finish(self) -> None:

@@ -86,7 +86,7 @@ def dump_flight_recorder(path: Path) -> bool:
         return False
     try:
         data = dump()
-    except Exception:  # noqa: BLE001 - an empty or disabled recorder raises; the stacks are written either way
+    except Exception:  # an empty or disabled recorder raises; the stacks are written either way
         return False
     write_atomic(path, bytes(data))
     return True
@@ -238,7 +238,7 @@ class RankWatch:
         self._next_check = time.monotonic() + STRAGGLER_CHECK_S
         try:
             found = {s.rank: s for s in find_stragglers(read_progress(self.run.run_dir, self._bad_record))}
-        except Exception as err:  # noqa: BLE001 - advisory: the training step goes on
+        except Exception as err:  # advisory: the training step goes on
             print(
                 f"hpctrain: warning: the straggler check failed ({type(err).__name__}: {err}); training goes on",
                 file=sys.stderr,
@@ -335,7 +335,7 @@ class RankWatch:
             records = read_progress(run.run_dir, self._bad_record)
             report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time(), here)
             write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             print(
                 f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
                 file=sys.stderr,

@@ -150,7 +150,7 @@ def make_loader(
     train,
     val,
     config,
-    seed: int,  # type: ignore[no-untyped-def]
+    seed: int,
     train_crop,
     eval_crop,
     device,

@@ -49,10 +49,10 @@ class DaliFeed:
     marked not ok.
     """
 
-    def __init__(self, images, spec: CropSpec, seed: int, table: RequestTable) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, images, spec: CropSpec, seed: int, table: RequestTable) -> None:
         self.images, self.spec, self.seed, self.table = images, spec, seed, table
 
-    def __call__(self, info) -> tuple[list[np.ndarray], ...]:  # type: ignore[no-untyped-def]
+    def __call__(self, info) -> tuple[list[np.ndarray], ...]:
         if info.iteration >= len(self.table):
             raise StopIteration
         columns: tuple[list[np.ndarray], ...] = ([], [], [], [], [])
@@ -79,7 +79,7 @@ class DaliSource(ImageFolderSource):
         train,
         val,
         config: LoaderConfig,
-        seed: int,  # type: ignore[no-untyped-def]
+        seed: int,
         train_crop=None,
         eval_crop=None,
         device: torch.device | str = "cpu",
@@ -92,12 +92,12 @@ class DaliSource(ImageFolderSource):
         plan,
         epoch: int,
         start_step: int,
-        rank: int,  # type: ignore[no-untyped-def]
+        rank: int,
         size: tuple[int, int] | None = None,
     ) -> Batches:
         import dataclasses
 
-        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop  # type: ignore
+        crop = dataclasses.replace(self.train_crop, size=size) if size else self.train_crop
         requests = list(TrainRequests(plan, epoch, start_step, rank))
         return self._pass(self.train, crop, requests)
 
@@ -111,7 +111,7 @@ class DaliSource(ImageFolderSource):
     def _pass(
         self,
         images,
-        spec: CropSpec,  # type: ignore[no-untyped-def]
+        spec: CropSpec,
         requests: Sequence[BatchRequest],
     ) -> Batches:
         epoch = requests[0].epoch if requests else 0
@@ -121,7 +121,7 @@ class DaliSource(ImageFolderSource):
         batches = self._run(images, spec, table)
         return Batches(batches, len(table), self.config.skip_bad_images)
 
-    def _run(self, images, spec: CropSpec, table: RequestTable) -> Iterator[Batch]:  # type: ignore[no-untyped-def]
+    def _run(self, images, spec: CropSpec, table: RequestTable) -> Iterator[Batch]:
         if not len(table):
             return
         pipe = self._pipeline(DaliFeed(images, spec, self.seed, table), spec.size, table.max_batch)
@@ -144,14 +144,14 @@ class DaliSource(ImageFolderSource):
         finally:
             del pipe  # stops DALI's worker processes
 
-    def _pipeline(self, feed: DaliFeed, size: tuple[int, int], max_batch: int):  # type: ignore[no-untyped-def]
+    def _pipeline(self, feed: DaliFeed, size: tuple[int, int], max_batch: int):
         from nvidia.dali import fn, pipeline_def, types
 
         gpu = self.device.type == "cuda"
         workers = self.config.workers
 
         @pipeline_def
-        def decode_crop_resize():  # type: ignore[no-untyped-def]
+        def decode_crop_resize():
             encoded, anchor, shape, flip, ok = fn.external_source(
                 source=feed,
                 num_outputs=5,
@@ -186,7 +186,7 @@ class DaliSource(ImageFolderSource):
         )
 
 
-def _to_torch(pictures, device: torch.device) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _to_torch(pictures, device: torch.device) -> torch.Tensor:
     """A DALI batch of equal-sized HWC uint8 images -> a torch uint8 NHWC tensor on `device` (copied once)."""
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
@@ -197,7 +197,7 @@ def _to_torch(pictures, device: torch.device) -> torch.Tensor:  # type: ignore[n
     return out
 
 
-def _why_bad(images, index: int) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+def _why_bad(images, index: int) -> tuple[str, str]:
     """(name, message) of a sample the feed found bad (read again here: its message did not travel with it)."""
     try:
         data = images.read(index)
@@ -217,7 +217,7 @@ def _decode_error(
     spec: CropSpec,
     seed: int,
     epoch: int,
-    indices: np.ndarray,  # type: ignore[no-untyped-def]
+    indices: np.ndarray,
     err: RuntimeError,
 ) -> UserError:
     """DALI failed on a batch: name the file the CPU decoder also rejects, or the batch's files."""
@@ -245,7 +245,7 @@ def _black_jpeg() -> bytes:
     return buffer.getvalue()
 
 
-def _black_crop():  # type: ignore[no-untyped-def]
+def _black_crop():
     from hpctrain.data.transforms import Crop
 
     return Crop(0, 0, 8, 8)

@@ -25,7 +25,7 @@ class Window:
     gpu_jpeg: bool  # a JPEG in a colour space nvJPEG decodes to RGB (not CMYK/YCCK, not a file libjpeg rejects)
 
 
-def read_window(images, index: int, spec: CropSpec, seed: int, epoch: int) -> Window:  # type: ignore[no-untyped-def]
+def read_window(images, index: int, spec: CropSpec, seed: int, epoch: int) -> Window:
     """Sample `index` of `images` (an `EncodedImages`) with its crop for `epoch`; BadImageError naming the sample
     when it cannot be read or its header cannot be parsed."""
     data = images.read(index)
@@ -78,7 +78,7 @@ class RequestTable:
 
 
 @functools.cache
-def _simplejpeg():  # type: ignore[no-untyped-def]
+def _simplejpeg():
     import simplejpeg
 
     return simplejpeg

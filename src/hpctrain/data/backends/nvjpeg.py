@@ -61,7 +61,7 @@ class EncodedBatchDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, request: BatchRequest) -> EncodedBatch:  # type: ignore[override]
+    def __getitem__(self, request: BatchRequest) -> EncodedBatch:
         height, width = self.spec.size
         count = len(request.indices)
         decoded = _empty_uint8((count, height, width, 3))
@@ -112,7 +112,7 @@ class NvjpegSource(ImageFolderSource):
         train,
         val,
         config: LoaderConfig,
-        seed: int,  # type: ignore[no-untyped-def]
+        seed: int,
         train_crop=None,
         eval_crop=None,
         device: torch.device | str = "cpu",
@@ -131,7 +131,7 @@ class NvjpegSource(ImageFolderSource):
             encoded,
             sampler=requests,
             batch_size=None,
-            collate_fn=_as_is,  # type: ignore[arg-type]
+            collate_fn=_as_is,
             num_workers=cfg.workers,
             prefetch_factor=cfg.prefetch_factor if cfg.workers else None,
             pin_memory=cfg.pin_memory,
@@ -188,7 +188,7 @@ def decode_batch(batch: EncodedBatch, dataset: EncodedBatchDataset, epoch: int, 
             chosen = torch.tensor(decoded, dtype=torch.int64)
             out[slots[chosen].to(device)] = crop_resize_batch(
                 [pictures[i] for i in decoded], batch.boxes[chosen], tuple(out.shape[1:3])
-            )  # type: ignore[arg-type]
+            )
         for i in sorted(set(range(len(pictures))) - set(decoded)):  # rare: JPEGs the device decoder rejected
             slot = int(slots[i])
             _decode_on_cpu(dataset, int(batch.indices[slot]), epoch, slot, out, labels, bad)

@@ -54,7 +54,7 @@ def _plain_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _star(function: Callable, item: tuple):  # type: ignore[no-untyped-def]
+def _star(function: Callable, item: tuple):
     return function(*item)
 
 
@@ -104,7 +104,7 @@ def _shrunk_size(width: int, height: int, max_side: int | None) -> tuple[int, in
     return max(1, round(width * factor)), max(1, round(height * factor))
 
 
-def _raw(img, max_side: int | None) -> bytes:  # type: ignore[no-untyped-def]
+def _raw(img, max_side: int | None) -> bytes:
     """The image as RGB pixels (shorter side at most `max_side`, Lanczos) in a binary PPM."""
     from PIL import Image
 
@@ -119,7 +119,7 @@ def _raw(img, max_side: int | None) -> bytes:  # type: ignore[no-untyped-def]
     return out.getvalue()
 
 
-def _reencode(img, max_side: int | None, quality: int) -> tuple[bytes, str]:  # type: ignore[no-untyped-def]
+def _reencode(img, max_side: int | None, quality: int) -> tuple[bytes, str]:
     from PIL import Image
 
     size = _shrunk_size(*img.size, max_side)

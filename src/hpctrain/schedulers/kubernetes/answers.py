@@ -108,7 +108,7 @@ def check_deserializing(api_client: Any, server: str) -> None:
                 raise bad_answer(server, f"{why} where a {expected} belongs")
         return result
 
-    response_deserialize._hpctrain_checked = True  # type: ignore[attr-defined]
+    response_deserialize._hpctrain_checked = True
     api_client.response_deserialize = response_deserialize
 
 

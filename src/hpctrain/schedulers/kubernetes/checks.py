@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import format_bytes
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import NodeView
@@ -45,14 +46,6 @@ def _api_error(err: Any, what: str) -> UserError:
 
 def _fmt_cpu(value: Decimal | float) -> str:
     return f"{float(value):g}"
-
-
-def _fmt_bytes(value: Decimal | int) -> str:
-    value = int(value)
-    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20)):
-        if value >= size:
-            return f"{value / size:.3g}{unit}"
-    return f"{value}"
 
 
 def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, str]]) -> bool:
@@ -274,7 +267,7 @@ class LiveChecks:
         count, candidates = self._candidates(excluded)
         ask = (
             f"cpu {_fmt_cpu(want['cpu'])}"
-            + (f", memory {_fmt_bytes(want['memory'])}" if "memory" in want else "")
+            + (f", memory {format_bytes(want['memory'])}" if "memory" in want else "")
             + (f", {GPU} {int(want[GPU])}" if GPU in want else "")
         )
         if not candidates:
@@ -316,7 +309,7 @@ class LiveChecks:
                 return []
         if now:
             best = max(now, key=lambda n: (n.gpus_free, n.cpu_free, n.memory_free))
-            free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {_fmt_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
+            free = f"cpu {_fmt_cpu(best.cpu_free)}, memory {format_bytes(best.memory_free)}, {GPU} {best.gpus_free}"
             return [
                 f"no node has room for one worker pod ({ask}) now; the freest, {best.name}, has {free} free: "
                 "the pod will wait until running pods end; ask for less per pod, or wait"
@@ -324,7 +317,7 @@ class LiveChecks:
         biggest = max(candidates, key=lambda n: (n.gpus_allocatable, n.cpu_allocatable, n.memory_allocatable))
         return [
             f"one worker pod asks for {ask}, more than any node offers (largest: {biggest.name} with cpu "
-            f"{_fmt_cpu(biggest.cpu_allocatable)}, memory {_fmt_bytes(biggest.memory_allocatable)}, {GPU} "
+            f"{_fmt_cpu(biggest.cpu_allocatable)}, memory {format_bytes(biggest.memory_allocatable)}, {GPU} "
             f"{biggest.gpus_allocatable}); a pod lives on one node, so it never schedules: ask for less per pod "
             "(--cpus-per-task, --mem, --gpus-per-node) and use more pods (--nodes)"
         ]
@@ -384,7 +377,7 @@ class LiveChecks:
                 if ask is None or ask == 0:
                     continue
                 limit_q, used_q = parse_quantity(limit), parse_quantity(used.get(key, "0"))
-                show = _fmt_bytes if "memory" in key else _fmt_cpu
+                show = format_bytes if "memory" in key else _fmt_cpu
                 if ask > limit_q:
                     problems.append(
                         f"the job asks for {key} {show(ask)} but the quota {quota_name} of namespace "

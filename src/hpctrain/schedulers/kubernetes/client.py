@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hpctrain.errors import UserError, redact
+from hpctrain.fsutil import format_bytes
 from hpctrain.schedulers.kubernetes import answers
 
 TIMEOUT_ENV = "HPCTRAIN_K8S_TIMEOUT"
@@ -170,7 +171,7 @@ def exec_plugin(context: str | None) -> str | None:
         ctx = next(c for c in merged["contexts"] if c.safe_get("name") == name)
         user = next(u for u in merged["users"] if u.safe_get("name") == ctx["context"].safe_get("user"))
         command = user["user"]["exec"]["command"]
-    except Exception:  # noqa: BLE001 - only to name the plugin in an error already on its way
+    except Exception:  # only to name the plugin in an error already on its way
         return None
     return command if isinstance(command, str) else None
 
@@ -198,7 +199,7 @@ def within(seconds: float, work: Callable[[], T], timed_out: Callable[[], Except
     def run() -> None:
         try:
             box["value"] = work()
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread as is
+        except BaseException as err:  # handed to the waiting thread as is
             box["error"] = err
         finally:
             done.set()
@@ -329,8 +330,8 @@ class _BoundedResponse:
                 size += len(chunk)
                 if size > cap:
                     raise UserError(
-                        f"the Kubernetes API server {self._pool.server} sent an answer larger than {cap >> 20} "
-                        f"MiB (the most hpctrain reads): {FIX} (or allow more: {MAX_RESPONSE_ENV}=MEGABYTES)"
+                        f"the Kubernetes API server {self._pool.server} sent an answer larger than {format_bytes(cap)} "
+                        f"(the most hpctrain reads): {FIX} (or allow more: {MAX_RESPONSE_ENV}=MEGABYTES)"
                     )
                 chunks.append(chunk)
         except urllib3.exceptions.HTTPError as err:
@@ -464,7 +465,7 @@ class _Translating:
                     raise
                 raise _error_class()(err, _call_words(name, args)) from None
 
-        call.__self__ = self._api  # type: ignore[attr-defined]  # kubernetes.stream.stream() finds the client there
+        call.__self__ = self._api  # kubernetes.stream.stream() finds the client there
         call.__name__ = name
         return call
 

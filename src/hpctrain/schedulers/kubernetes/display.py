@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.distributed.hostlist import is_node_name
+from hpctrain.fsutil import format_bytes
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import ClusterView, JobNotFound, JobStatus, JobSummary, Outcome, Rendered, Table, View
 from hpctrain.stops import StopReason
@@ -107,7 +108,6 @@ def _cluster_parts(view: ClusterView) -> tuple[Table | str, ...]:
             "when its kubelet starts); ask the cluster admin"
         ]
     else:
-        gib = 2**30
         parts = [
             Table(
                 ("NODE", "CPU REQ/ALLOC", "MEMORY REQ/ALLOC", "GPU REQ/ALLOC", "SCHEDULABLE"),
@@ -115,7 +115,7 @@ def _cluster_parts(view: ClusterView) -> tuple[Table | str, ...]:
                     (
                         n.name,
                         f"{n.cpu_requested:g}/{n.cpu_allocatable:g}",
-                        f"{n.memory_requested / gib:.1f}/{n.memory_allocatable / gib:.1f}Gi",
+                        f"{format_bytes(n.memory_requested)}/{format_bytes(n.memory_allocatable)}",
                         f"{n.gpus_requested}/{n.gpus_allocatable}",
                         "yes" if n.schedulable else "no",
                     )

@@ -197,7 +197,7 @@ def exec_probe(raw: Any, namespace: str, pod: str, container: str | None, probe:
             ws.close()
     except UserError:
         raise
-    except Exception as err:  # noqa: BLE001 - the client raises ApiException or websocket/socket errors here
+    except Exception as err:  # the client raises ApiException or websocket/socket errors here
         raise UserError(exec_failed_message(namespace, pod, err)) from None
 
 

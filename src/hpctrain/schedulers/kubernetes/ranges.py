@@ -116,7 +116,7 @@ def schemas_from_crds() -> dict[str, Any]:
     out = {}
     for kind, (filename, part) in KINDS.items():
         text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds", filename).read_text()
-        schema = yaml.load(text, Loader=loader)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # noqa: S506
+        schema = yaml.load(text, Loader=loader)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for key in part:
             schema = schema[key]
         out[kind] = integer_fields(schema)

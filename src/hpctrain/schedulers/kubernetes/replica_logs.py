@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hpctrain.readback import BadRunFile, open_regular
+from hpctrain.readback import BadRunFile, open_regular, read_tail
 from hpctrain.schedulers.kubernetes.options import Volume
 
 LOG_DIR = "pod-logs"
@@ -165,17 +165,7 @@ def failed_tails(directory: Path | None, job_id: str, lines: int = TAIL_LINES) -
 
 
 def _tail(path: Path, within: Path) -> list[str]:
-    fd = open_regular(path, within.parent)
-    try:
-        size = os.fstat(fd).st_size
-        os.lseek(fd, max(0, size - TAIL_BYTES), os.SEEK_SET)
-        data = os.read(fd, TAIL_BYTES)
-    finally:
-        os.close(fd)
-    lines = data.decode("utf-8", "backslashreplace").split("\n")
-    if size > TAIL_BYTES:
-        lines = lines[1:]  # cut in the middle
-    return lines
+    return read_tail(path, TAIL_BYTES, within.parent).decode("utf-8", "backslashreplace").split("\n")
 
 
 def kept_lines(path: Path, within: Path) -> Iterator[str]:

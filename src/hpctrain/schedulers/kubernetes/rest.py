@@ -128,7 +128,7 @@ class RawApi:
                 _return_http_data_only=True,
             )
             if read:
-                response.data  # noqa: B018 - read now, within the bounds
+                response.data  # read now, within the bounds
             return response
         except ApiException as err:
             if isinstance(err, k8s_client.UserError):

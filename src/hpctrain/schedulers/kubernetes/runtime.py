@@ -130,7 +130,7 @@ def _undo(made: list[tuple[str, str, Callable[[], None]]]) -> str:
     for kind, name, delete in made:
         try:
             delete()
-        except Exception:  # noqa: BLE001 - said in the error on its way; the next undo still runs
+        except Exception:  # said in the error on its way; the next undo still runs
             kept.append(f"{kind} {name}")
     if not kept:
         return "nothing was left behind"

@@ -83,14 +83,6 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         return translating(client.CustomObjectsApi(self.api_client))
 
     @functools.cached_property
-    def extensions(self) -> Any:
-        from kubernetes import client
-
-        from hpctrain.schedulers.kubernetes.client import translating
-
-        return translating(client.ApiextensionsV1Api(self.api_client))
-
-    @functools.cached_property
     def scheduling(self) -> Any:
         from kubernetes import client
 

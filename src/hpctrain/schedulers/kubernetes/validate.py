@@ -65,7 +65,7 @@ def _import_jsonschema() -> Any:
         return sys.modules["jsonschema"]
     blocked = [name for name in FORMAT_BACKENDS if name not in sys.modules]
     for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]  # `import` raises ImportError
+        sys.modules[name] = None  # `import` raises ImportError
     try:
         import jsonschema
     finally:
@@ -80,7 +80,7 @@ def crd_schema(filename: str) -> dict[str, Any]:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     text = resources.files("hpctrain.schedulers.kubernetes").joinpath("crds").joinpath(filename).read_text()
-    crd = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+    crd = yaml.load(text, Loader=loader)  # a SafeLoader
     return to_json_schema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 

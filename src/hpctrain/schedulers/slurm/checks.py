@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+from hpctrain.fsutil import format_bytes
 from hpctrain.jobs.values import format_duration
 
 
@@ -42,7 +43,8 @@ def _names(items: Iterable[str]) -> str:
     return ", ".join(sorted(items)) or "(none)"
 
 
-def _fmt_mem(mb: int) -> str:
+def slurm_mem(mb: int) -> str:
+    """Megabytes in the form sbatch --mem takes (`64G`, `1536M`): for a fix the user types, not for display."""
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 
 
@@ -200,9 +202,9 @@ def _check_nodes(req: Requirements, partition: PartitionInfo, nodes: list[NodeIn
         most_mem = max(n.mem_mb_total for n in nodes)
         if req.mem_mb_per_node > most_mem:
             per_resource.append(
-                f"--mem {_fmt_mem(req.mem_mb_per_node)}: no node in {where} has more than {_fmt_mem(most_mem)} "
-                "of memory; "
-                f"ask for --mem {_fmt_mem(most_mem)} or less per node"
+                f"--mem {slurm_mem(req.mem_mb_per_node)}: no node in {where} has more than "
+                f"{format_bytes(most_mem << 20)} of memory; "
+                f"ask for --mem {slurm_mem(most_mem)} or less per node"
             )
     problems += per_resource
     if per_resource:
@@ -230,7 +232,7 @@ def _describe(req: Requirements) -> str:
     if req.shards_per_node:
         parts.append(f"{req.shards_per_node} shards")
     if req.mem_mb_per_node is not None:
-        parts.append(f"{_fmt_mem(req.mem_mb_per_node)} memory")
+        parts.append(f"{format_bytes(req.mem_mb_per_node << 20)} memory")
     return ", ".join(parts)
 
 

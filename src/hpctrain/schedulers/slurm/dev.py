@@ -12,8 +12,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.servers import jupyter, ssh
-from hpctrain.servers.common import read_json
-from hpctrain.servers.sessions import CONNECTION_FILE, DevConfig, SessionView, read_token, session_dir
+from hpctrain.servers.sessions import CONNECTION_FILE, DevConfig, SessionView, read_connection, read_token, session_dir
 
 
 def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> None:
@@ -42,7 +41,7 @@ def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> No
 
 def refuse_running(state_dir: Path) -> None:
     """A session of this name that still runs must be stopped first; a stale one is cleared away."""
-    conn = read_json(state_dir / CONNECTION_FILE)
+    conn = read_connection(state_dir)
     if conn is None:
         return
     if _alive(conn):

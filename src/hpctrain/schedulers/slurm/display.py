@@ -15,16 +15,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import format_bytes
 from hpctrain.schedulers.base import Table, View
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo
 from hpctrain.jobs.values import format_duration
 
 NO_JOBS = "no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs JOB` still finds their output)"
-
-
-def _mem(mb: int) -> str:
-    return f"{mb / 1024:.1f}G"
 
 
 def shards_cell(node: NodeInfo) -> str:
@@ -56,7 +53,7 @@ def node_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
             n.state,
             ",".join(n.partitions),
             f"{n.cpus_alloc}/{n.cpus_total}",
-            f"{_mem(n.mem_mb_alloc)}/{_mem(n.mem_mb_total)}",
+            f"{format_bytes(n.mem_mb_alloc << 20)}/{format_bytes(n.mem_mb_total << 20)}",
             gpus_cell(n),
             shards_cell(n),
         )

@@ -14,9 +14,7 @@ import getpass
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from hpctrain.schedulers.slurm import records
@@ -24,7 +22,6 @@ from hpctrain.schedulers.slurm.commands import (
     Runner,
     SlurmUnavailable,
     command_error,
-    poll_until,
     run_bounded,
     slurm,
 )
@@ -351,38 +348,6 @@ def id_order(job_id: str) -> tuple[int, ...]:
     if job_id.isdigit():  # most ids: no array index, no het component
         return (int(job_id),)
     return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())
-
-
-def wait_for_job(
-    job_id: str,
-    poll_s: float = 2.0,
-    timeout_s: float | None = None,
-    run: Runner = run_bounded,
-    sleep: Callable[[float], None] = time.sleep,
-    on_change: Callable[[JobInfo], None] | None = None,
-) -> JobInfo:
-    """Poll until the job ends and return its last record. A job that disappears (the controller forgot it
-    and there is no accounting) ends as state GONE with exit_code None. on_change sees each new state."""
-    job_id = check_job_id(job_id)
-    seen: list[JobInfo] = []
-
-    def probe() -> JobInfo:
-        info = get_job(job_id, run=run)
-        if info is None:
-            if not seen:
-                raise UserError(f"job {job_id} not found: check the id with `hpctrain status`")
-            return replace(seen[-1], state=GONE, exit_code=None, source="none")
-        if on_change is not None and (not seen or (info.state, info.restarts) != (seen[-1].state, seen[-1].restarts)):
-            on_change(info)
-        seen[:] = [info]  # the last record only
-        return info
-
-    info, ended = poll_until(probe, lambda i: i.finished, timeout_s=timeout_s, poll_s=poll_s, sleep=sleep)
-    if not ended:
-        raise UserError(
-            f"job {job_id} is still {info.state} after {timeout_s:g} s; wait longer or `hpctrain cancel {job_id}`"
-        )
-    return info
 
 
 def cancel(job_id: str, signal: str | None = None, full: bool = False, run: Runner = run_bounded) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from hpctrain.readback import open_regular
 from hpctrain.schedulers.slurm.commands import poll_until
 from hpctrain.schedulers.slurm.jobs import JobInfo
 from hpctrain.schedulers.slurm.records import expand_pattern
@@ -84,7 +85,7 @@ def follow(
             last_check = now
             done = is_finished()  # asked before reading: what the job wrote before it ended is read below
         if handle is None and path.exists():
-            handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - kept open while following
+            handle = os.fdopen(open_regular(path), encoding="utf-8", errors="replace")  # kept open while following
         if handle is not None:
             if os.stat(path).st_size < position:
                 handle.seek(0)

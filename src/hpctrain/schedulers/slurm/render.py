@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
+from hpctrain.distributed.ports import job_port_lines
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
@@ -261,19 +261,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         if options.rdzv_port is not None:
             out.append(f"rdzv_port={options.rdzv_port}")
         else:
-            out += [
-                "# A port in use (another job on this node) is skipped: walk up to the first one nobody listens on.",
-                f"rdzv_port=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
-                "tries=0",
-                'while (exec 3<>"/dev/tcp/127.0.0.1/${rdzv_port}") 2>/dev/null; do',
-                "    rdzv_port=$((rdzv_port + 1))",
-                "    tries=$((tries + 1))",
-                f'    if [ "$tries" -ge {PORT_TRIES} ]; then',
-                '        echo "hpctrain: no free rendezvous port found; set one with --rdzv-port" >&2',
-                "        exit 1",
-                "    fi",
-                "done",
-            ]
+            out += job_port_lines("rdzv_port", "hpctrain: no free rendezvous port found; set one with --rdzv-port")
         out.append('echo "hpctrain: torchrun rendezvous at ${head_node}:${rdzv_port}"')
         out += [
             "# torchrun runs through these lines of Python in the job's environment: they ask its torchrun for the",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.readback import open_regular
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import (
@@ -378,7 +379,7 @@ class SlurmScheduler:
 
 
 def _file_lines(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    with os.fdopen(open_regular(path), encoding="utf-8", errors="replace") as handle:  # no link, FIFO or device
         for line in handle:
             yield line.rstrip("\n")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
+from hpctrain.distributed.ports import job_port_lines
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
 from hpctrain.schedulers.slurm import dev
@@ -35,7 +35,8 @@ from hpctrain.schedulers.slurm.run_dir import run_dir_of
 from hpctrain.schedulers.services import OnStep, Placement, RemoteStacks, ServiceAccess, Step
 from hpctrain.servers import code, jupyter, ssh
 from hpctrain.servers import tensorboard as tbserver
-from hpctrain.servers.common import Endpoint, login_host, private_dir, read_json, state_root, write_private
+from hpctrain.readback import BadRunFile, bounds, parse_record, read_json, read_tail
+from hpctrain.servers.common import Endpoint, login_host, private_dir, state_root, write_private
 from hpctrain.servers.sessions import (
     CONNECTION_FILE,
     TOKEN_FILE,
@@ -49,6 +50,7 @@ from hpctrain.servers.sessions import (
 from hpctrain.servers.top import TopSample
 
 ENDPOINT_FILE = "endpoint.json"
+MAX_ENDPOINT_BYTES = 4096  # {"job_id": ..., "node": ..., "port": ...}: under 300 bytes
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class ServiceJob:
     account: str | None = None
     time: str | None = None
     port: int | None = None
-    """A fixed port; None: a free one from a random start."""
+    """A fixed port; None: the first free one from the job's port (hpctrain.distributed.ports)."""
 
     def job_spec(self) -> JobSpec:
         """The JobSpec whose #SBATCH lines and srun step this service uses (validates every value)."""
@@ -92,16 +94,7 @@ class ServiceJob:
 def port_lines(port: int | None) -> list[str]:
     if port is not None:
         return [f"port={int(port)}"]
-    return [
-        "# A random start, then up past ports in use (another session on this node).",
-        f"port=$(({PORT_BASE} + RANDOM % {PORT_SPAN}))",
-        "tries=0",
-        'while (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; do',
-        "    port=$((port + 1)); tries=$((tries + 1))",
-        f'    if [ "$tries" -ge {PORT_TRIES} ]; then '
-        'echo "hpctrain: no free port found on $(hostname)" >&2; exit 1; fi',
-        "done",
-    ]
+    return job_port_lines("port", "hpctrain: no free port found on $(hostname)")
 
 
 def render_service_script(service: ServiceJob) -> str:
@@ -155,14 +148,23 @@ def submit(service: ServiceJob, script: str) -> str:
     return sbatch_submit(service.job_spec(), script)
 
 
+@dataclass(frozen=True)
+class _EndpointRecord:
+    """endpoint.json, as the job writes it."""
+
+    job_id: str = field(metadata=bounds(1, 64))
+    node: str = field(metadata=bounds(1, 255))
+    port: int = field(metadata=bounds(1, 65535))
+
+
 def read_endpoint(state_dir: Path, job_id: str) -> Endpoint | None:
-    data = read_json(state_dir / ENDPOINT_FILE)
-    if not data or str(data.get("job_id")) != str(job_id):
-        return None
+    """Where the job's server listens; None until the job has written it (an earlier job's file is not its)."""
+    path = state_dir / ENDPOINT_FILE
     try:
-        return Endpoint(node=str(data["node"]), port=int(data["port"]))
-    except (KeyError, TypeError, ValueError):
+        record = parse_record(_EndpointRecord, read_json(path, MAX_ENDPOINT_BYTES, within=state_dir), path)
+    except FileNotFoundError:
         return None
+    return Endpoint(node=record.node, port=record.port) if record.job_id == str(job_id) else None
 
 
 def wait_ready(
@@ -205,8 +207,8 @@ def wait_ready(
 def output_tail(state_dir: Path, job_id: str, lines: int = 15) -> str:
     path = state_dir / f"slurm-{job_id}.out"
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        text = read_tail(path, 64 << 10, within=state_dir).decode("utf-8", "replace").splitlines()
+    except (OSError, BadRunFile):
         return f"(no output file {path})"
     return "\n".join(f"  | {line}" for line in text[-lines:])
 
