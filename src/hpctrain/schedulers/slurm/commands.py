@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hpctrain.errors import UserError
+from hpctrain.fsutil import format_bytes
 
 Runner = Callable[..., "subprocess.CompletedProcess[Any]"]
 T = TypeVar("T")
@@ -231,7 +232,7 @@ def slurm(
             raise SlurmUnavailable(unanswered(argv, budget, attempts)) from None
         except OutputTooLarge:
             raise UserError(
-                f"`{_line(argv)}` printed more than {MAX_OUTPUT_BYTES // 2**20} MiB, more than hpctrain reads: "
+                f"`{_line(argv)}` printed more than {format_bytes(MAX_OUTPUT_BYTES)}, more than hpctrain reads: "
                 "narrow the query (drop --all-users), or run it by hand to see what it prints"
             ) from None
         if not busy(result):
