@@ -65,11 +65,10 @@ def wait_for(what: str, job: Job, check, timeout_s: float = 600):
 def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
     slurm_cluster, tmp_path: Path, fashion_data_dir: Path
 ) -> None:
+    options = ["--launcher", "torchrun", "--nodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "2"]
+    train = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", str(EPOCHS)]
     proc = hpctrain(
-        *("submit", "--output", "job-%j.out", "--launcher", "torchrun", "--nodes", "1:2", "--nproc-per-node", "1"),
-        *("--max-restarts", "2", "--time", "30", "train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir)),
-        *("--epochs", str(EPOCHS), "--sbatch=--hold"),
-        cwd=tmp_path,
+        "submit", "--output", "job-%j.out", *options, "--time", "30", "--sbatch=--hold", *train, cwd=tmp_path
     )
     job_id = ok(proc).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
@@ -109,9 +108,8 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
 
     # The same data order: a local 2-process run to that checkpoint, then one process resumed from it.
     reference = tmp_path / "reference"
-    args = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", str(EPOCHS)]
-    ok(run_torchrun(["--standalone", "--nproc-per-node=2"], ["-m", "hpctrain"], [*args, "--run-dir", str(reference)]))
+    ok(run_torchrun(["--standalone", "--nproc-per-node=2"], ["-m", "hpctrain"], [*train, "--run-dir", str(reference)]))
     resumed_run = tmp_path / "resumed"
     start = reference / "checkpoints" / f"checkpoint_step_{step}.pt"
-    ok(hpctrain(*args, "--run-dir", str(resumed_run), "--resume", str(start), timeout=600))
+    ok(hpctrain(*train, "--run-dir", str(resumed_run), "--resume", str(start), timeout=600))
     assert_bitwise_equal(final_weights(job.run_dir), final_weights(resumed_run))

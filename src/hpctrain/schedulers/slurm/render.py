@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.distributed.ports import PORT_BASE, PORT_SPAN, PORT_TRIES
+from hpctrain.distributed.probes import ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
@@ -250,6 +251,9 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
         if requeue.requeues_itself(job):
             out += ["", *requeue.helper_lines(), *requeue.restart_budget_lines(job, options)]
+    if job.resources.elastic:
+        # The workers' check that srun's torchrun copies formed one world allows a group of MIN nodes or more.
+        exports.append((ELASTIC_MIN_NODES_VAR, str(job.resources.min_nodes)))
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()
