@@ -17,7 +17,7 @@ from hpctrain.distributed.failures import collective
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_atomic
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
-from hpctrain.health.progress import PROGRESS_DIR
+from hpctrain.health.progress import PROGRESS_DIR, read_progress
 from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
@@ -97,9 +97,10 @@ def write_run_files(run: Run, hosts: list[str], resumed_step: int | None = None)
 
     A worker group that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0: a worker died, or an elastic job's
     membership changed) is recorded as one: the restart count, the step it resumed at and the seconds since the
-    previous group's last logged step; a different world size is a membership change, said in the log and in
-    the attempt's `membership_change`. The previous group's stop reason (the agent stops its workers with SIGTERM,
-    which they record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel happened."""
+    previous group's ranks last recorded progress; a different world size is a membership change, said in the log
+    and in the attempt's `membership_change`. The previous group's stop reason (the agent stops its workers with
+    SIGTERM, which they record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel
+    happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {
         **run.cfg.to_dict(),
@@ -119,10 +120,11 @@ def write_run_files(run: Run, hosts: list[str], resumed_step: int | None = None)
     restart = int(os.environ.get(ELASTIC_RESTART_VAR) or 0)  # checked at start-up (probes.restart_count)
     if restart:
         extra.update(worker_group_restart=restart, resumed_step=resumed_step)
-        try:
-            extra["since_last_step_s"] = round(max(0.0, time.time() - (run.run_dir / METRICS_FILE).stat().st_mtime))
-        except OSError:
-            pass
+        # The previous group's ranks last wrote their progress when its last step ended (a group of another size:
+        # this one's rank 0 may have written its own already).
+        before = [r.updated for r in read_progress(run.run_dir) if r.world_size != run.env.world_size]
+        if before:
+            extra["since_last_step_s"] = round(max(0.0, time.time() - max(before)))
         (run.run_dir / STOP_REASON_FILE).unlink(missing_ok=True)
     attempt = record_attempt(run.run_dir, hosts, extra)
     if "membership_change" in attempt:
