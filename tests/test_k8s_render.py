@@ -117,6 +117,25 @@ def test_golden_elastic() -> None:
 
 
 @pytest.mark.parametrize(
+    "mutate,expected",
+    [
+        (lambda spec: spec["elasticPolicy"].pop("minReplicas"), "minReplicas and maxReplicas must be given together"),
+        (lambda spec: spec["elasticPolicy"].update(minReplicas=4), "refuses a minimum above the maximum"),
+        (
+            lambda spec: spec.update(pytorchReplicaSpecs={"Master": spec["pytorchReplicaSpecs"]["Worker"]}),
+            "must be configured if elastic policy is used",
+        ),
+        (lambda spec: spec["elasticPolicy"].update(nProcPerNode=1), "must not be used with spec.nprocPerNode"),
+    ],
+)
+def test_the_oracle_refuses_what_training_operator_refuses_of_an_elasticpolicy(mutate, expected: str) -> None:
+    """The rules the elastic golden is checked against are live: each refuses its case (tests/kubeflow_rules.py)."""
+    manifest = copy.deepcopy(rendered(elastic_job(), golden_options("pytorchjob", "plain")).payload)
+    mutate(manifest["spec"])
+    assert any(expected in line for line in kubeflow_oracle.refusals(manifest)), kubeflow_oracle.refusals(manifest)
+
+
+@pytest.mark.parametrize(
     "api,change,message",
     [
         ("trainjob", {}, "a TrainJob \\(Trainer v2.3\\) has no elastic policy; use --k8s-api pytorchjob"),
