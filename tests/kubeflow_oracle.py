@@ -95,7 +95,7 @@ def refusals(obj: dict[str, Any], runtimes: dict[str, dict[str, Any]] | None = N
         )
     out = [f"CRD {p}" for p in kubeflow_crds.validate(obj)] + rules.custom_resource_meta(obj)
     if kind == "PyTorchJob":
-        out += rules.pytorchjob_webhook(obj) + rules.pytorchjob_children(obj)
+        out += rules.pytorchjob_webhook(obj) + rules.pytorchjob_elastic_env(obj) + rules.pytorchjob_children(obj)
         for rtype, rspec in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).items():
             out += _pod_template((rspec or {}).get("template") or {}, f"spec.pytorchReplicaSpecs[{rtype}].template")
     elif kind in ("TrainingRuntime", "ClusterTrainingRuntime"):

@@ -251,6 +251,27 @@ def pytorchjob_webhook(job: dict[str, Any]) -> list[str]:
     return out
 
 
+_TO_ELASTIC = "TO pkg/controller.v1/pytorch/elastic.go"
+
+
+def pytorchjob_elastic_env(job: dict[str, Any]) -> list[str]:
+    """What the controller needs of an elasticPolicy to give the pods their torchrun variables (ElasticEnvVarGenerator,
+    v1.9.4): generateEnvNNodes writes PET_NNODES as `min:max`, dereferencing both minReplicas and maxReplicas once
+    either is set (one left out is a nil dereference in the reconcile: the job never gets its pods); and the
+    rendezvous host, unless rdzvHost is given, is `JOB-worker-0` (generateEnvRDZVEndpoint), so a Worker replica
+    must exist. The webhook checks neither against the other, nor min <= max (torchrun refuses a min above max)."""
+    elastic = (job.get("spec") or {}).get("elasticPolicy")
+    if elastic is None:
+        return []
+    out = []
+    low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+    if (low is None) != (high is None):
+        out.append(f"{_TO_ELASTIC}: generateEnvNNodes: minReplicas and maxReplicas must be given together")
+    elif low is not None and low > high:
+        out.append(f"{_TO_ELASTIC}: PET_NNODES {low}:{high}: torchrun refuses a minimum above the maximum")
+    return out
+
+
 def pytorchjob_children(job: dict[str, Any]) -> list[str]:
     """The pods and the headless Services the operator creates per replica, `<job>-<type>-<index>`
     (TO pkg/core/utils.go GenGeneralName; pkg/controller.v1/common/pod.go and service.go), and the API server's

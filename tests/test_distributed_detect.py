@@ -493,3 +493,17 @@ def test_resolve_device_on_this_machine() -> None:
         assert resolve_device("auto", single) == torch.device("cpu")
         with pytest.raises(UserError, match="--device cpu"):
             resolve_device("cuda", single)
+
+
+@pytest.mark.parametrize("low,refused", [(None, True), ("1", False), ("2", True)])
+def test_an_elastic_group_smaller_than_the_step_is_one_world_down_to_its_min(low, refused) -> None:
+    """Two srun tasks of torchrun, one group of 1 node: --standalone's separate worlds, unless the batch script of a
+    `--nodes MIN:MAX` job said MIN (HPCTRAIN_ELASTIC_MIN_NODES) and the group has at least MIN nodes (a lost node)."""
+    env = {**srun_task(0, ntasks=2, per_node="1(x2)"), **torchrun_worker(0, nproc=1, nnodes=1)}
+    if low is not None:
+        env["HPCTRAIN_ELASTIC_MIN_NODES"] = low
+    if refused:
+        with pytest.raises(UserError, match="separate worlds"):
+            detect(env)
+    else:
+        assert detect(env).world_size == 1

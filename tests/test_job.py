@@ -214,7 +214,7 @@ def test_to_dict_round_trips() -> None:
     "data,message",
     [
         ({"command": ["x"], "nodez": 2}, "unknown key(s) nodez; valid keys: " + ", ".join(VALID_KEYS)),
-        ({"command": ["x"], "nodes": "two"}, "nodes must be a whole number (got 'two', a str)"),
+        ({"command": ["x"], "nodes": "two"}, "--nodes 'two' is neither a node count nor MIN:MAX"),
         ({"command": ["x"], "nodes": True}, "nodes must be a whole number"),
         ({"command": ["x"], "nodes": -1}, "--nodes must be at least 1 (got -1)"),
         ({"command": ["x"], "gpus_per_node": -2}, "--gpus-per-node must be at least 0 (got -2)"),

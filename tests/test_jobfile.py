@@ -66,7 +66,7 @@ def test_messages_never_format_a_huge_value_whole() -> None:
     with pytest.raises(UserError) as err:
         from_mapping({"command": ["x"], "nodes": value}, "job file j.yaml")
     message = str(err.value)
-    assert message.startswith("job file j.yaml: nodes must be a whole number (got [[[")
+    assert message.startswith('job file j.yaml: nodes must be a whole number, or "MIN:MAX" for an elastic job (got [[[')
     assert len(message) < 300
 
 

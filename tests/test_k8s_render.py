@@ -5,12 +5,14 @@ restart, resource, command and run-dir mapping; what Kubernetes cannot express i
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import kubeflow_oracle
 import pytest
 import yaml
 
@@ -91,9 +93,63 @@ def test_golden(api: str, res: str, size: str, storage: str) -> None:
         )
 
 
+def elastic_job() -> JobSpec:
+    """`--nodes 2:3 --max-restarts 3`: an elastic PyTorchJob (golden file pytorchjob-cpu-elastic-plain.yaml)."""
+    job = golden_job("cpu", "multi")
+    return job.replace(name="mnist-elastic", resources=dataclasses.replace(job.resources, min_nodes=2))
+
+
+def test_golden_elastic() -> None:
+    """--nodes MIN:MAX renders Workers only with an elasticPolicy that training-operator v1.9's webhook, the CRD and
+    the API server accept (tests/kubeflow_oracle.py), its pods running torchrun on the PET_* the controller sets."""
+    result = rendered(elastic_job(), golden_options("pytorchjob", "plain"))
+    assert validate_manifest(result.payload) == []
+    assert kubeflow_oracle.refusals(result.payload) == []
+    spec = result.payload["spec"]
+    assert spec["elasticPolicy"] == {"minReplicas": 2, "maxReplicas": 3, "maxRestarts": 3, "rdzvBackend": "c10d"}
+    assert list(spec["pytorchReplicaSpecs"]) == ["Worker"] and spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    command = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("torchrun") :][:4] == ["torchrun", "--no-python", "hpctrain", "train"]
+    path = GOLDEN_DIR / "pytorchjob-cpu-elastic-plain.yaml"
+    if UPDATE:
+        path.write_text(result.text)
+    assert path.read_text() == result.text, f"refresh with: HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+@pytest.mark.parametrize(
+    "mutate,expected",
+    [
+        (lambda spec: spec["elasticPolicy"].pop("minReplicas"), "minReplicas and maxReplicas must be given together"),
+        (lambda spec: spec["elasticPolicy"].update(minReplicas=4), "refuses a minimum above the maximum"),
+        (
+            lambda spec: spec.update(pytorchReplicaSpecs={"Master": spec["pytorchReplicaSpecs"]["Worker"]}),
+            "must be configured if elastic policy is used",
+        ),
+        (lambda spec: spec["elasticPolicy"].update(nProcPerNode=1), "must not be used with spec.nprocPerNode"),
+    ],
+)
+def test_the_oracle_refuses_what_training_operator_refuses_of_an_elasticpolicy(mutate, expected: str) -> None:
+    """The rules the elastic golden is checked against are live: each refuses its case (tests/kubeflow_rules.py)."""
+    manifest = copy.deepcopy(rendered(elastic_job(), golden_options("pytorchjob", "plain")).payload)
+    mutate(manifest["spec"])
+    assert any(expected in line for line in kubeflow_oracle.refusals(manifest)), kubeflow_oracle.refusals(manifest)
+
+
+@pytest.mark.parametrize(
+    "api,change,message",
+    [
+        ("trainjob", {}, "a TrainJob \\(Trainer v2.3\\) has no elastic policy; use --k8s-api pytorchjob"),
+        ("pytorchjob", {"max_restarts": 0}, "give the budget of such membership changes with --max-restarts N"),
+    ],
+)
+def test_elastic_refusals(api: str, change: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        render(elastic_job().replace(**change), golden_options(api, "plain"))
+
+
 def test_every_golden_file_validates_against_its_crd() -> None:
     files = sorted(GOLDEN_DIR.glob("*.yaml"))
-    assert len(files) == len(CASES)
+    assert len(files) == len(CASES) + 1  # and the elastic one
     for path in files:
         assert validate_manifest(yaml.safe_load(path.read_text())) == [], path.name
 

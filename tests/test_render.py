@@ -80,10 +80,24 @@ def golden_job(launcher: str, env: str, res: str) -> tuple[JobSpec, SlurmOptions
 CASES = [(l, e, r) for l in ("torchrun", "srun", "single") for e in ENVIRONMENTS for r in RESOURCES]
 
 
+def elastic_job() -> tuple[JobSpec, SlurmOptions]:
+    """`--nodes 1:2 --max-restarts 3`: an elastic torchrun job (its golden file: torchrun-elastic.sbatch)."""
+    job, options = golden_job("torchrun", "none", "cpu")
+    resources = Resources(nodes=2, min_nodes=1, nproc_per_node=2)
+    return job.replace(name="mnist-elastic", resources=resources, max_restarts=3), options
+
+
 @pytest.mark.parametrize("launcher,env,res", CASES, ids=["-".join(c) for c in CASES])
 def test_golden(launcher: str, env: str, res: str) -> None:
-    script = render_sbatch(*golden_job(launcher, env, res))
-    path = GOLDEN_DIR / f"{launcher}-{env}-{res}.sbatch"
+    check_golden(render_sbatch(*golden_job(launcher, env, res)), f"{launcher}-{env}-{res}.sbatch")
+
+
+def test_golden_elastic() -> None:
+    check_golden(render_sbatch(*elastic_job()), "torchrun-elastic.sbatch")
+
+
+def check_golden(script: str, name: str) -> None:
+    path = GOLDEN_DIR / name
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(script)
@@ -100,7 +114,7 @@ def test_golden(launcher: str, env: str, res: str) -> None:
 
 def test_goldens_pass_bash_n_and_shellcheck() -> None:
     files = sorted(GOLDEN_DIR.glob("*.sbatch"))
-    assert len(files) == len(CASES)
+    assert len(files) == len(CASES) + 1  # and the elastic one
     for path in files:
         proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"

@@ -46,7 +46,13 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="environment variable for the job (repeatable)",
     )
     r = parser.add_argument_group("resources (per node; on Kubernetes per pod)")
-    r.add_argument("--nodes", "-N", type=int, metavar="N", help="nodes (Slurm) or worker pods (Kubernetes)")
+    r.add_argument(
+        "--nodes",
+        "-N",
+        metavar="N|MIN:MAX",
+        help="nodes (Slurm) or worker pods (Kubernetes); MIN:MAX: an elastic job (torchrun), which keeps training "
+        "when nodes are lost while MIN remain (Slurm: no growth; Kubernetes: PyTorchJob only)",
+    )
     r.add_argument(
         "--nproc-per-node",
         "--ntasks-per-node",

@@ -114,13 +114,22 @@ class TorchrunProbe:
         return env
 
 
+ELASTIC_MIN_NODES_VAR = "HPCTRAIN_ELASTIC_MIN_NODES"
+"""Exported by the batch script of an elastic job (`--nodes MIN:MAX`): its torchrun agents, one per node, may form a
+group of MIN nodes or more, fewer than the step's tasks once a node is lost."""
+
+
 def _check_torchrun_under_srun(v: Vars) -> None:
-    """srun -n4 torchrun --standalone ... makes four independent worlds that each train alone: refuse."""
+    """srun -n4 torchrun --standalone ... makes four independent worlds that each train alone: refuse (an elastic
+    job's group of fewer nodes than tasks, but at least its MIN, is one world that lost nodes)."""
     if not v.has("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"):
         return
     agents = v.number("SLURM_STEP_NUM_TASKS") or v.number("SLURM_NTASKS")
     groups = v.number("GROUP_WORLD_SIZE")
     if agents is None or groups is None or groups >= agents:
+        return
+    low = v.number(ELASTIC_MIN_NODES_VAR, minimum=1)
+    if low is not None and groups >= low:
         return
     raise UserError(
         f"srun started {agents} copies of torchrun (SLURM_STEP_NUM_TASKS={agents}) but torchrun formed a job of "

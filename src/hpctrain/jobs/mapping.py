@@ -14,14 +14,13 @@ from typing import Any
 
 from hpctrain.errors import UserError, brief
 from hpctrain.jobs.spec import ENVIRONMENT_KINDS, EnvironmentSpec, JobSpec, Resources
-from hpctrain.jobs.values import parse_gres
+from hpctrain.jobs.values import parse_gres, parse_nodes
 
-_RESOURCE_KEYS = {f.name for f in fields(Resources)}
+_RESOURCE_KEYS = {f.name for f in fields(Resources)} - {"min_nodes"}  # a job file writes `nodes: MIN:MAX`
 _ENV_KEYS = {f.name for f in fields(EnvironmentSpec)}
 _JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
 VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
 _INT_KEYS = {
-    "nodes",
     "nproc_per_node",
     "gpus_per_node",
     "shards_per_node",
@@ -59,6 +58,8 @@ def from_mapping(values: dict[str, Any], source: str = "job") -> JobSpec:
     if "mem" in data and isinstance(data["mem"], int):
         data["mem"] = str(data["mem"])
     res = {k: data.pop(k) for k in list(data) if k in _RESOURCE_KEYS}
+    if "nodes" in res:
+        res["min_nodes"], res["nodes"] = parse_nodes(res["nodes"])
     gres = data.pop("gres", None)
     if gres is not None:
         if any(k in res for k in ("gpus_per_node", "gpu_type", "shards_per_node")):
@@ -103,6 +104,8 @@ def _check_type(source: str, key: str, value: Any) -> None:
 
     if key in _INT_KEYS and (isinstance(value, bool) or not isinstance(value, int)):
         raise bad("a whole number")
+    if key == "nodes" and (isinstance(value, bool) or not isinstance(value, (int, str))):
+        raise bad('a whole number, or "MIN:MAX" for an elastic job')
     if (
         key in _STR_KEYS
         and not isinstance(value, str)

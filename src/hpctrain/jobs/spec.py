@@ -40,6 +40,10 @@ class Resources:
     """What one node of the job needs. cpus_per_task counts CPUs per training process, for every launcher."""
 
     nodes: int = 1
+    """Nodes (Slurm) or pods (Kubernetes) asked for; of an elastic job (min_nodes set), the most it trains on."""
+    min_nodes: int | None = None
+    """An elastic job (`--nodes MIN:MAX`): the fewest nodes it keeps training on when nodes are lost, below
+    `nodes`. None: a fixed count, every node needed to the end."""
     nproc_per_node: int = 1
     """Training processes per node (torchrun workers or srun tasks)."""
     gpus_per_node: int = 0
@@ -67,6 +71,13 @@ class Resources:
                 raise UserError(
                     f"{_flag(name)} {value} is more than {_MAXIMA[name]}, beyond any cluster: check the value"
                 )
+        if self.min_nodes is not None:
+            if isinstance(self.min_nodes, bool) or not isinstance(self.min_nodes, int) or self.min_nodes < 1:
+                raise UserError(f"--nodes MIN:MAX: MIN must be a whole number >= 1 (got {self.min_nodes!r})")
+            if self.min_nodes > self.nodes:
+                raise UserError(f"--nodes {self.min_nodes}:{self.nodes}: MIN is more than MAX")
+            if self.min_nodes == self.nodes:
+                object.__setattr__(self, "min_nodes", None)  # MIN:MAX with MIN == MAX is the fixed count
         if self.gpus_per_node and self.shards_per_node:
             raise UserError("ask for whole GPUs (--gpus-per-node) or shards (--gres shard:N), not both")
         if self.gpu_type is not None:
@@ -80,6 +91,16 @@ class Resources:
             parse_mem_mb(self.mem)
             if problem := mem_problem(self.mem):
                 raise UserError(problem)
+
+    @property
+    def elastic(self) -> bool:
+        """`--nodes MIN:MAX`: the job keeps training while at least min_nodes of its nodes remain."""
+        return self.min_nodes is not None
+
+    @property
+    def node_range(self) -> str:
+        """--nodes as the user writes it: N, or MIN:MAX for an elastic job."""
+        return f"{self.min_nodes}:{self.nodes}" if self.min_nodes is not None else str(self.nodes)
 
     @property
     def mem_mb(self) -> int | None:
@@ -249,7 +270,9 @@ class JobSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "resources":
-                out.update({rf.name: getattr(value, rf.name) for rf in fields(Resources)})
+                out.update({rf.name: getattr(value, rf.name) for rf in fields(Resources) if rf.name != "min_nodes"})
+                if value.elastic:
+                    out["nodes"] = value.node_range  # a job file's `nodes: "MIN:MAX"`
             elif f.name == "environment":
                 out["environment"] = {
                     ef.name: list(v) if isinstance(v := getattr(value, ef.name), tuple) else v

@@ -108,6 +108,25 @@ MAX_CPUS_PER_TASK = 16_384
 MAX_MEM_MB = 1 << 30  # 1 PiB per node
 
 
+def parse_nodes(value: int | str) -> tuple[int | None, int]:
+    """--nodes N or MIN:MAX (a job file's `nodes: 2` or `nodes: "1:2"`) -> (the fewest nodes an elastic job keeps
+    training on, or None for a fixed count; the nodes asked for). MIN:MAX with MIN == MAX is the fixed count."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None, value
+    m = re.fullmatch(r"\s*(\d{1,9})\s*(?::\s*(\d{1,9})\s*)?", value) if isinstance(value, str) else None
+    if not m:
+        raise UserError(
+            f"--nodes {value!r} is neither a node count nor MIN:MAX: write --nodes 4, or --nodes 2:4 for an elastic "
+            "job that keeps training on 2 to 4 nodes"
+        )
+    if m[2] is None:
+        return None, int(m[1])
+    low, high = int(m[1]), int(m[2])
+    if low > high:
+        raise UserError(f"--nodes {value}: MIN is more than MAX; write --nodes {high}:{low}")
+    return (None if low == high else low), high
+
+
 def parse_mem_mb(text: str) -> int:
     """Slurm memory per node (4000, 4000M, 16G, 1T: units K/M/G/T, M by default) -> megabytes (0: the whole node)."""
     m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None

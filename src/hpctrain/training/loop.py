@@ -176,7 +176,7 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     if not run.is_main:
         return None, None
     cfg, plan = run.cfg, parts.plan
-    write_run_files(run, hosts)
+    write_run_files(run, hosts, position.step if run.resume_from is not None else None)
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
     progress = Progress(
         cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss, every_steps=cfg.print_freq

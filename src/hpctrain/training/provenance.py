@@ -99,9 +99,25 @@ def git_revision(directory: Path | None = None) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> None:
+def membership_change(previous: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
+    """How a restarted torchrun worker group (`worker_group_restart`) differs from the attempt before it in size:
+    "continued on N node(s) at step S after T s (was M node(s))", or None for the same world size."""
+    if previous is None or "worker_group_restart" not in current:
+        return None
+    if previous.get("world_size") == current.get("world_size"):
+        return None
+    after = f" after {current['since_last_step_s']} s" if "since_last_step_s" in current else ""
+    step = current.get("resumed_step")
+    return (
+        f"continued on {current.get('nodes')} node(s) at step {step if step is not None else 0}{after} "
+        f"(was {previous.get('nodes', '?')} node(s), {previous.get('world_size')} process(es))"
+    )
+
+
+def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> dict[str, Any]:
     """Append this attempt (one per start or restart) to run_dir/provenance.json, atomically; never read or
-    written through a symbolic link."""
+    written through a symbolic link. A torchrun worker group of another size than the attempt before it is
+    recorded as a membership change (membership_change). Returns the attempt as recorded."""
     path = run_dir / PROVENANCE_FILE
     try:
         attempts = parse_record(_Provenance, read_json(path, MAX_PROVENANCE_BYTES, within=run_dir), path).attempts
@@ -121,6 +137,7 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> No
         for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME")
         if key in os.environ
     }
+    change = membership_change(attempts[-1] if attempts else None, extra)
     attempts.append(
         {
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -132,6 +149,8 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> No
             "git_revision": git_revision(),
             "slurm": slurm,
             **extra,
+            **({"membership_change": change} if change is not None else {}),
         }
     )
     write_atomic(path, (json.dumps({"attempts": attempts}, indent=1) + "\n").encode())
+    return attempts[-1]

@@ -17,7 +17,7 @@ from hpctrain.distributed.failures import collective
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_atomic
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
-from hpctrain.health.progress import PROGRESS_DIR
+from hpctrain.health.progress import PROGRESS_DIR, read_progress
 from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
@@ -25,6 +25,7 @@ from hpctrain.training.run import Run
 from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
 
 CONFIG_FILE = "config.yaml"
+ELASTIC_RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun on every worker; > 0 in a restarted group
 CHECKPOINT_DIR = "checkpoints"
 # Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
 LOCK_FILE = ".hpctrain.lock"
@@ -91,8 +92,15 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
         return None
 
 
-def write_run_files(run: Run, hosts: list[str]) -> None:
-    """config.yaml (the options and what was resolved from them) and this attempt's provenance record. Rank 0."""
+def write_run_files(run: Run, hosts: list[str], resumed_step: int | None = None) -> None:
+    """config.yaml (the options and what was resolved from them) and this attempt's provenance record. Rank 0.
+
+    A worker group that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0: a worker died, or an elastic job's
+    membership changed) is recorded as one: the restart count, the step it resumed at and the seconds since the
+    previous group's ranks last recorded progress; a different world size is a membership change, said in the log
+    and in the attempt's `membership_change`. The previous group's stop reason (the agent stops its workers with
+    SIGTERM, which they record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel
+    happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {
         **run.cfg.to_dict(),
@@ -104,7 +112,23 @@ def write_run_files(run: Run, hosts: list[str]) -> None:
         },
     }
     write_atomic(run.run_dir / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False).encode())
-    record_attempt(run.run_dir, hosts, {"launcher": run.env.launcher, "world_size": run.env.world_size})
+    extra: dict[str, object] = {
+        "launcher": run.env.launcher,
+        "world_size": run.env.world_size,
+        "nodes": run.env.num_nodes,
+    }
+    restart = int(os.environ.get(ELASTIC_RESTART_VAR) or 0)  # checked at start-up (probes.restart_count)
+    if restart:
+        extra.update(worker_group_restart=restart, resumed_step=resumed_step)
+        # The previous group's ranks last wrote their progress when its last step ended (a group of another size:
+        # this one's rank 0 may have written its own already).
+        before = [r.updated for r in read_progress(run.run_dir) if r.world_size != run.env.world_size]
+        if before:
+            extra["since_last_step_s"] = round(max(0.0, time.time() - max(before)))
+        (run.run_dir / STOP_REASON_FILE).unlink(missing_ok=True)
+    attempt = record_attempt(run.run_dir, hosts, extra)
+    if "membership_change" in attempt:
+        run.say(f"membership change: {attempt['membership_change']} (torchrun restart {restart})")
 
 
 def all_hostnames(env: DistEnv) -> list[str]:

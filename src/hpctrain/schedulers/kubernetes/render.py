@@ -167,7 +167,9 @@ def is_hpctrain_command(command: tuple[str, ...]) -> bool:
 
 def container_command(job: JobSpec, options: KubernetesOptions) -> list[str]:
     r = job.resources
-    if options.api == "pytorchjob":
+    if options.api == "pytorchjob" and r.elastic:
+        wrap = True  # an elastic pod gets only torchrun's PET_* (rendezvous, MIN:MAX), no RANK or WORLD_SIZE
+    elif options.api == "pytorchjob":
         wrap = r.nproc_per_node > 1 and not is_hpctrain_command(job.command)
     else:
         wrap = r.nodes * r.nproc_per_node > 1
@@ -206,7 +208,7 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
         check_dns_subdomain(
             "--exclude-nodes", node, "Kubernetes node names are lower-case; give them as `kubectl get nodes` shows them"
         )
-    longest = longest_derived_name(job.name, options.api, job.resources.nodes)
+    longest = longest_derived_name(job.name, options.api, job.resources.nodes, job.resources.elastic)
     if len(longest) > MAX_NAME:
         limit = len(job.name) - (len(longest) - MAX_NAME)
         raise UserError(
@@ -244,7 +246,17 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     for name, flag in _SLURM_ONLY.items():
         if getattr(job, name) != getattr(defaults, name):
             raise UserError(f"{flag} ({name} in a job file) is Slurm's: drop it for Kubernetes")
+    if r.elastic and not job.max_restarts:
+        raise UserError(
+            f"--nodes {r.node_range} continues after a lost pod by restarting torchrun's worker group: give the "
+            "budget of such membership changes with --max-restarts N (e.g. --max-restarts 3)"
+        )
     if options.api == "trainjob":
+        if r.elastic:
+            raise UserError(
+                f"--nodes {r.node_range}: a TrainJob (Trainer v2.3) has no elastic policy; use --k8s-api pytorchjob "
+                f"(its elasticPolicy), or a fixed --nodes {r.nodes}"
+            )
         if options.priority_class is not None:
             raise UserError(
                 "a TrainJob (Trainer v2.3) has no per-job priority class: set it in the runtime, "
@@ -267,8 +279,10 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
         )
 
 
-def longest_derived_name(name: str, api: str, nodes: int) -> str:
+def longest_derived_name(name: str, api: str, nodes: int, elastic: bool = False) -> str:
     """The longest pod or Service name Kubeflow derives from the job name (see MAX_NAME)."""
+    if api == "pytorchjob" and elastic:
+        return f"{name}-worker-{nodes - 1}"  # workers only: see _pytorchjob
     if api == "pytorchjob":
         return f"{name}-worker-{nodes - 2}" if nodes > 1 else f"{name}-master-0"
     return f"{name}-{CONTAINER_TRAINJOB}-0-{nodes - 1}-xxxxx"  # xxxxx: the pod name's random suffix
@@ -335,7 +349,21 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         pod_spec["priorityClassName"] = options.priority_class
     template = {"metadata": {"labels": {**MANAGED_BY, **options.label_map}}, "spec": pod_spec}
     replicas = {"Master": {"replicas": 1, "restartPolicy": RESTART_POLICY, "template": template}}
-    if r.nodes > 1:
+    elastic: dict[str, Any] = {}
+    if r.elastic:
+        # Workers only, as training-operator's elastic examples: every pod runs torchrun with PET_NNODES MIN:MAX
+        # and the c10d rendezvous at JOB-worker-0 (v1.9 pkg/controller.v1/pytorch/elastic.go); a lost pod's
+        # survivors re-form without it within maxRestarts, and the controller makes the pod again.
+        replicas = {"Worker": {"replicas": r.nodes, "restartPolicy": RESTART_POLICY, "template": template}}
+        elastic = {
+            "elasticPolicy": {
+                "minReplicas": r.min_nodes,
+                "maxReplicas": r.nodes,
+                "maxRestarts": job.max_restarts,
+                "rdzvBackend": "c10d",
+            }
+        }
+    elif r.nodes > 1:
         worker = {
             "metadata": template["metadata"],
             "spec": {"initContainers": [_wait_for_master(job, options)], **pod_spec},
@@ -349,7 +377,12 @@ def _pytorchjob(job: JobSpec, options: KubernetesOptions) -> dict[str, Any]:
         "apiVersion": f"{group}/{version}",
         "kind": kind,
         "metadata": _metadata(job, options),
-        "spec": {"nprocPerNode": str(r.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
+        "spec": {
+            **elastic,
+            "nprocPerNode": str(r.nproc_per_node),
+            "runPolicy": run_policy,
+            "pytorchReplicaSpecs": replicas,
+        },
     }
 
 

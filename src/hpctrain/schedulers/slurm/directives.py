@@ -100,6 +100,30 @@ def parse_sbatch_option(text: str) -> tuple[str, str | None]:
     )
 
 
+# sbatch options the script writes from hpctrain's own flags: a second #SBATCH line of one (sbatch takes the last)
+# would make the job differ from what hpctrain renders around it (torchrun's --nnodes, the requeue budgets).
+OWN_OPTIONS = {
+    "--nodes": "--nodes N or MIN:MAX",
+    "-N": "--nodes N or MIN:MAX",
+    "--ntasks": "--nodes and --nproc-per-node",
+    "-n": "--nodes and --nproc-per-node",
+    "--ntasks-per-node": "--nproc-per-node",
+    "--cpus-per-task": "--cpus-per-task",
+    "-c": "--cpus-per-task",
+    "--no-kill": "--nodes MIN:MAX (an elastic job keeps its allocation when a node fails)",
+    "-k": "--nodes MIN:MAX (an elastic job keeps its allocation when a node fails)",
+}
+
+
+def refuse_own_option(text: str) -> None:
+    """An extra option (accepted by parse_sbatch_option) that hpctrain writes itself is refused naming its flag."""
+    name, _ = parse_sbatch_option(text)
+    if name in OWN_OPTIONS:
+        raise UserError(
+            f"--sbatch {text!r}: hpctrain writes {name} itself from its own flags; use {OWN_OPTIONS[name]} instead"
+        )
+
+
 def render_sbatch_option(text: str) -> str:
     """An extra option as written after #SBATCH (text was accepted by parse_sbatch_option)."""
     name, value = parse_sbatch_option(text)

@@ -13,7 +13,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.slurm.directives import check_sbatch_value, parse_sbatch_option
+from hpctrain.schedulers.slurm.directives import check_sbatch_value, refuse_own_option
 
 LAUNCHERS = ("torchrun", "srun", "single")
 
@@ -48,7 +48,7 @@ class SlurmOptions:
         if not isinstance(self.sbatch_extra, tuple):
             raise UserError(f"extra sbatch options must be a list of strings (got {self.sbatch_extra!r})")
         for line in self.sbatch_extra:
-            parse_sbatch_option(line)
+            refuse_own_option(line)
         if self.launcher is not None and self.launcher not in LAUNCHERS:
             raise UserError(f"--launcher {self.launcher!r} is unknown: use one of {', '.join(LAUNCHERS)}")
         if self.rdzv_port is not None and (
@@ -116,6 +116,17 @@ def check_job(job: JobSpec, options: SlurmOptions) -> None:
 
     options = for_job(options, job)
     r = job.resources
+    elastic = r.min_nodes is not None  # r.elastic (a plain field read keeps the call chain of `dev` short)
+    if elastic and options.launcher != "torchrun":
+        raise UserError(
+            f"--nodes {r.node_range} is an elastic job, which torchrun re-forms when a node is lost: use --launcher "
+            f"torchrun (--launcher {options.launcher} starts a fixed set of processes), or --nodes {r.nodes}"
+        )
+    if elastic and not job.max_restarts:
+        raise UserError(
+            f"--nodes {r.node_range} continues after a lost node by restarting torchrun's worker group: give the "
+            "budget of such membership changes with --max-restarts N (e.g. --max-restarts 3)"
+        )
     if options.launcher == "single" and (r.nodes != 1 or r.nproc_per_node != 1):
         raise UserError(
             f"--launcher single runs one process, but the job asks for {r.nodes} node(s) x {r.nproc_per_node} "

@@ -23,6 +23,7 @@ import shlex
 from pathlib import Path
 
 from hpctrain.distributed.ports import job_port_lines
+from hpctrain.distributed.probes import ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
@@ -56,9 +57,11 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
     if options.launcher == "single":
         opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
     elif options.launcher == "torchrun":
-        # One task per node runs torchrun; it needs the CPUs of all its workers.
+        # One task per node runs torchrun; it needs the CPUs of all its workers. An elastic job takes MIN to MAX
+        # nodes and keeps its allocation when one fails (--no-kill): the survivors' torchrun re-forms without it.
         opts += [
-            ("--nodes", str(r.nodes)),
+            ("--nodes", f"{r.min_nodes}-{r.nodes}" if r.elastic else str(r.nodes)),
+            *([("--no-kill", None)] if r.elastic else []),
             ("--ntasks-per-node", "1"),
             ("--cpus-per-task", str(r.cpus_per_task * r.nproc_per_node)),
         ]
@@ -103,7 +106,8 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
         words += [f"--ntasks-per-node={r.nproc_per_node}"]
     # Slurm 22.05+ no longer passes the batch's --cpus-per-task on to srun: say it again.
     cpus = r.cpus_per_task * (r.nproc_per_node if launcher == "torchrun" else 1)
-    words += [f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
+    # An elastic step keeps its other tasks when one ends (a lost node's torchrun): they re-form without it.
+    words += [f"--cpus-per-task={cpus}", f"--kill-on-bad-exit={0 if r.elastic else 1}"]
     # --quiet: srun's notes on ending a step ("Job step aborted: Waiting up to...", "Terminating StepId") would
     # surround every planned stop; its errors, which the script explains after a planned stop, still show.
     words.append("--quiet")
@@ -118,7 +122,7 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
             '"$hpctrain_torchrun"',
             _q(signals),
             str(timeout),
-            '--nnodes="$SLURM_NNODES"',
+            f"--nnodes={r.min_nodes}:{r.nodes}" if r.elastic else '--nnodes="$SLURM_NNODES"',
             f"--nproc-per-node={r.nproc_per_node}",
             "--rdzv-backend=c10d",
             '--rdzv-endpoint="$head_node:$rdzv_port"',
@@ -182,7 +186,9 @@ def summary_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """What the job runs and asks for, at the top of the script: the rest is the machinery around it."""
     options = for_job(options, job)
     r = job.resources
-    layout = "1 process" if options.launcher == "single" else f"{r.nodes} node(s) x {r.nproc_per_node} process(es)"
+    layout = "1 process" if options.launcher == "single" else f"{r.node_range} node(s) x {r.nproc_per_node} process(es)"
+    if r.elastic:
+        layout += f", elastic: up to {job.max_restarts} membership change(s)"
     asks = [f"{layout} ({options.launcher})", f"{r.cpus_per_task} CPU(s) per process"]
     asks += [f"--gres {r.gres}"] if r.gres else []
     asks += [f"--mem {r.mem}"] if r.mem is not None else []
@@ -243,6 +249,9 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
         if requeue.requeues_itself(job):
             out += ["", *requeue.helper_lines(), *requeue.restart_budget_lines(job, options)]
+    if job.resources.elastic:
+        # The workers' check that srun's torchrun copies formed one world allows a group of MIN nodes or more.
+        exports.append((ELASTIC_MIN_NODES_VAR, str(job.resources.min_nodes)))
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()
@@ -252,6 +261,11 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         out += [
             "",
             "# torchrun's c10d rendezvous lives on the first node of the allocation, where this script runs.",
+            *(
+                ["# An elastic job survives losing any other node; losing this one ends it, as it ends this script."]
+                if job.resources.elastic
+                else []
+            ),
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             'if [ -z "$head_node" ]; then',
             '    echo "hpctrain: cannot resolve the head node from SLURM_JOB_NODELIST=${SLURM_JOB_NODELIST}" >&2',
@@ -284,8 +298,11 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         "status=0",
         'wait "$step_pid" || status=$?',
     ]
-    if job.signal_grace or requeue.requeues_itself(job):
+    elastic_end = job.resources.elastic and job.run_dir is not None
+    if job.signal_grace or requeue.requeues_itself(job) or elastic_end:
         out += requeue.stop_reason_lines(job)
+    if elastic_end:
+        out += requeue.elastic_lines()
     if job.run_dir is not None and job.max_hang_restarts:
         out += requeue.hang_lines(job, options)
     if job.signal_grace:

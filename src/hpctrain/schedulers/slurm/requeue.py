@@ -162,6 +162,19 @@ def stop_reason_lines(job: JobSpec) -> list[str]:
     return lines
 
 
+def elastic_lines() -> list[str]:
+    """An elastic step whose lost node's torchrun ended with an error while the survivors finished: srun reports
+    the lost task's status, but the run completed (its stop_reason says so), so the job did too."""
+    return [
+        "# An elastic job: a lost node's task ends with an error that srun reports as the step's; the survivors",
+        "# re-formed without it, and the run's own word (`completed`) says whether they finished.",
+        'if [ "$status" -ne 0 ] && [ "$stop_reason" = completed ]; then',
+        '    echo "hpctrain: the run completed on the remaining node(s); exit status $status was a lost node\'s"',
+        "    status=0",
+        "fi",
+    ]
+
+
 def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Requeue after a hang or a sick node, within --max-hang-restarts (and the total budget)."""
     n, total = job.max_hang_restarts, restart_budget(job, options)

@@ -1,0 +1,115 @@
+"""Issue 42 on the real local Slurm cluster: an elastic job (`--nodes 1:2`) loses node2's processes mid-epoch (the
+torchrun agent and its worker, SIGKILL) and finishes on node1 alone, within its allocation and without a requeue;
+the survivor resumed from the last checkpoint the two nodes wrote, with the data order exact, so its final weights
+are bitwise those of a local 2-process run to that checkpoint resumed by one process. CPU, gloo.
+
+Nothing depends on how fast the CPU trains: the workers are paused (SIGSTOP) once a checkpoint exists, node2's
+processes are killed while they are, and node1's worker goes on to find its peer gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_fixtures import Job, attempts, in_queue, is_training, paused
+from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, run_torchrun
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TRAIN_LIMIT = 2048  # batch 64: 32 steps an epoch
+EPOCHS = 4
+TRAIN = [
+    *("--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", str(TRAIN_LIMIT), "--test-limit", "200"),
+    *("--threads", "1", "--log-interval", "2", "--checkpoint-every", "8", "--keep-checkpoints", "20"),
+]
+_RESUMED = re.compile(r"hpctrain: resumed at epoch \d+, step \d+ of \d+ \(global step (\d+)\)")
+
+
+def node_processes(job_id: str, node: str) -> list[tuple[int, list[str]]]:
+    """The job's torchrun agents and training processes on `node` (the local cluster's nodes are this host: their
+    processes are in /proc, each with the SLURMD_NODENAME of the slurmd that started it)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() not in environ or f"SLURMD_NODENAME={node}".encode() not in environ:
+            continue
+        agent = len(argv) > 2 and argv[1] == "-c" and "from torch.distributed import run" in argv[2]
+        if agent or is_training(argv):
+            out.append((int(entry.name), argv))
+    return out
+
+
+def wait_for(what: str, job: Job, check, timeout_s: float = 600):
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        if time.monotonic() > deadline or not in_queue(job.job_id):
+            job.fail(f"{what} never happened")
+        time.sleep(0.2)
+    return found
+
+
+@pytest.mark.fresh_steps(processes=5)  # 2 torchrun agents, 2 workers, the survivor's restarted worker: fresh
+def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path
+) -> None:
+    options = ["--launcher", "torchrun", "--nodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "2"]
+    train = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", str(EPOCHS)]
+    proc = hpctrain(
+        "submit", "--output", "job-%j.out", *options, "--time", "30", "--sbatch=--hold", *train, cwd=tmp_path
+    )
+    job_id = ok(proc).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    # Slurm starts a MIN-MAX job on as many nodes as are free, down to MIN: other tests' jobs may hold node2. The
+    # test needs both, so the held job is made to wait for 2 (as a busy cluster's job may start on MAX nodes).
+    for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):
+        done = subprocess.run(["scontrol", *command], capture_output=True, text=True)
+        if done.returncode != 0:
+            job.fail(f"scontrol {' '.join(command)}: {done.stderr.strip()}")
+    checkpoints = job.run_dir / "checkpoints"
+    wait_for("a first checkpoint", job, lambda: checkpoints.is_dir() and any(checkpoints.glob("checkpoint_step_*.pt")))
+    lost = wait_for("node2's agent and worker", job, lambda: len(p := node_processes(job_id, "node2")) >= 2 and p)
+    survivors = [pid for pid, argv in node_processes(job_id, "node1") if is_training(argv)]
+    assert len(survivors) == 1, node_processes(job_id, "node1")
+    with paused(survivors):
+        for pid, _ in lost:
+            os.kill(pid, signal.SIGKILL)
+    job.follow()
+    log = job.log
+
+    # One attempt of the job (no requeue), on both nodes at first; it ended well, on node1 alone.
+    assert len(attempts(log)) == 1, log
+    assert "step finished with exit status 0" in log, log
+    assert (job.run_dir / "stop_reason").read_text().strip() == "completed", log
+    assert "cancelled" not in log.lower() and "requeueing" not in log, log
+    record = json.loads((job.run_dir / "provenance.json").read_text())["attempts"]
+    assert [a["slurm"].get("SLURM_RESTART_COUNT", "0") for a in record] == ["0"] * len(record), record
+    assert (record[0]["nodes"], record[0]["world_size"]) == (2, 2), record
+    change = [a for a in record if "membership_change" in a]
+    assert len(change) == 1 and change[0]["worker_group_restart"] >= 1, record
+    assert (change[0]["nodes"], change[0]["world_size"]) == (1, 1), record
+    resumed = [int(m) for m in _RESUMED.findall(log)]
+    assert resumed and resumed[-1] == change[0]["resumed_step"], log
+    step = resumed[-1]
+    assert change[0]["membership_change"].startswith(f"continued on 1 node(s) at step {step} after "), change
+    assert f"membership change: continued on 1 node(s) at step {step}" in log, log
+
+    # The same data order: a local 2-process run to that checkpoint, then one process resumed from it.
+    reference = tmp_path / "reference"
+    ok(run_torchrun(["--standalone", "--nproc-per-node=2"], ["-m", "hpctrain"], [*train, "--run-dir", str(reference)]))
+    resumed_run = tmp_path / "resumed"
+    start = reference / "checkpoints" / f"checkpoint_step_{step}.pt"
+    ok(hpctrain(*train, "--run-dir", str(resumed_run), "--resume", str(start), timeout=600))
+    assert_bitwise_equal(final_weights(job.run_dir), final_weights(resumed_run))
