@@ -7,6 +7,7 @@ for real here; the rest are pure functions fed hostile text.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -110,10 +111,12 @@ def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tm
     from types import SimpleNamespace
 
     from hpctrain.training.loop import RunResult, _report_end
+    from hpctrain.training.run import Run
     from hpctrain.training.stopping import StopReason
 
     (tmp_path / "bad_nodes").write_text(f"node07\n{HOSTILE_NODE}\n`id`\n")
     run = SimpleNamespace(is_main=True, run_dir=tmp_path, say=print, cfg=SimpleNamespace(preflight_only=False))
+    run.warn, run.error = (functools.partial(channel, run) for channel in (Run.warn, Run.error))  # Run's own
     _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))
     err = capsys.readouterr().err
     assert "touch" not in err and "`id`" not in err, err
