@@ -59,7 +59,17 @@ def test_bad_combinations_are_one_line(capsys, argv, said):
     assert said in err and "\n" not in err
 
 
-def test_the_default_socket_is_in_a_private_directory(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A folder with a short path: a Unix socket's path is at most 107 bytes, which pytest's tmp_path under CI's
+    folders can pass by itself."""
+    folder = Path(tempfile.mkdtemp(prefix="hw-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_default_socket_is_in_a_private_directory(short_tmp):
+    tmp_path = short_tmp
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o755)
     address = listen.socket_address(None, {"XDG_RUNTIME_DIR": str(runtime), "HOME": str(tmp_path)})
