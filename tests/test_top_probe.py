@@ -172,3 +172,13 @@ def test_a_character_that_splitlines_splits_at_cannot_forge_a_probe_line(tmp_pat
     (sample,) = parse_probe("@node pod\n@gpu 0, 97, 30000, 81559\n" + stdout, labelled=False)
     assert [g.index for g in sample.gpus] == [0] and sample.nvidia_smi
     assert [r.rank for r in ranks_of([sample])] == [0]
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+def test_a_probe_that_printed_nothing_is_no_sample(labelled: bool) -> None:
+    """A pod whose probe could not start (no shell in its image) prints nothing: that must read as no sample, so
+    `top` says the probe failed, not a node with nothing on it (splitting at `\\n` leaves an empty last piece)."""
+    assert parse_probe("", labelled=labelled) == []
+    assert parse_probe("\n", labelled=labelled) == []
+    (sample,) = parse_probe("@node pod\n", labelled=False)
+    assert sample.node == "pod"

@@ -101,6 +101,8 @@ def parse_probe(text: str, labelled: bool = True) -> list[NodeSample]:
     drops it."""
     by_task: dict[str, NodeSample] = {}
     for raw in text.split("\n"):
+        if not raw.strip():  # the end of the last line, or a probe that printed nothing: no sample
+            continue
         task, line = ("0", raw.strip())
         if labelled:
             task, sep, line = raw.partition(":")
