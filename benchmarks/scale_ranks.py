@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 WORKER = r"""
-import collections, datetime, json, os, sys, time
+import collections, datetime, json, os, stat, sys, time
 from pathlib import Path
 from types import SimpleNamespace
 import torch, torch.distributed as dist
@@ -124,9 +124,11 @@ result["checkpoint_received"] = received[0]
 result["checkpoint_bytes"] = path.stat().st_size
 if hasattr(loop_state, "load_own_part"):  # not in the code before issue 32, whose file held every rank's part
     state, opened, real_open = checkpoint.load(path), [], os.open
-    def counting_open(file, *args, **kwargs):
-        opened.append(os.path.basename(file))
-        return real_open(file, *args, **kwargs)
+    def counting_open(file, *args, **kwargs):  # the files read; the folders opened on the way (no links) are none
+        fd = real_open(file, *args, **kwargs)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            opened.append(os.path.basename(file))
+        return fd
     os.open = counting_open
     loop_state.load_own_part(state, path, rank)  # what a resumed rank reads besides the checkpoint file
     os.open = real_open
