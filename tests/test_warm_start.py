@@ -88,7 +88,13 @@ line = f"rank {os.environ['RANK']}: {sys.argv[1:]} in {os.getcwd()}, preloaded {
 os.write(1, line.encode())  # one write: under -u, print() writes the text and its newline apart, and ranks interleave
 if sys.argv[1] == "sleep":
     time.sleep(600)
-sys.exit(int(sys.argv[1]) if os.environ["RANK"] == "1" else 0)
+if os.environ["RANK"] == "0":
+    open(f"wrote-{os.getpid()}", "w").close()  # rank 1 fails only after this: torchrun then ends rank 0
+    sys.exit(0)
+deadline = time.monotonic() + 60
+while not any(name.startswith("wrote-") for name in os.listdir(".")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(int(sys.argv[1]))
 """
 TWO_WORKERS = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0"]
 
@@ -98,6 +104,8 @@ def test_torchrun_workers_started_warm_answer_as_fresh_ones(tmp_path, monkeypatc
     results = {}
     for warm in ("1", "0"):
         monkeypatch.setenv("HPCTRAIN_TEST_WARM_START", warm)
+        for marker in tmp_path.glob("wrote-*"):  # the run before's: rank 1 waits for this run's rank 0
+            marker.unlink()
         result = run_torchrun(TWO_WORKERS, ["worker.py"], ["3"], cwd=tmp_path, timeout=120)
         lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
         results[warm] = (result.returncode, lines, "exitcode  : 3 " in result.stderr)
