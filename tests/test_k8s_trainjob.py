@@ -136,7 +136,7 @@ def test_trainjob_submit_status_logs_cancel(cluster: SimpleNamespace, tmp_path: 
     top = c.real.cli("top", "tj-live", *where)
     assert top.returncode == 0, top.stdout + top.stderr
     pods = [line for line in top.stdout.splitlines() if "(tj-live-node-0-" in line]
-    assert len(pods) == 2 and all("97%" in line and "70,000/81,559 MiB" in line for line in pods), top.stdout
+    assert len(pods) == 2 and all("97%" in line and "68.4 GiB/79.6 GiB" in line for line in pods), top.stdout
 
     cancelled = c.real.cli("cancel", "tj-live", "--wait", str(DEADLINE_S), *c.where)
     assert cancelled.returncode == 0 and "RUNNING -> deleted" in cancelled.stdout, cancelled
