@@ -57,16 +57,21 @@ class BadRunFile(FileRefused):
     """A file read back from a run directory that cannot be used; the message names it and says why."""
 
 
-def read_bytes(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them. Never follows a symbolic link at `path`,
-    nor (with `within`, a folder above `path`) in any folder between `within` and `path`; never blocks on a FIFO."""
-    path = Path(path)
+def _opened(path: Path, within: str | os.PathLike | None) -> int:
+    """`_open` with its refusals (a link, a FIFO, ...) as BadRunFile; a missing file stays FileNotFoundError."""
     try:
-        fd = _open(path, Path(within) if within is not None else None)
+        return _open(path, Path(within) if within is not None else None)
     except FileNotFoundError:
         raise
     except OSError as err:
         raise BadRunFile(path, _why(err)) from None
+
+
+def read_bytes(path: str | os.PathLike, limit: int, within: str | os.PathLike | None = None) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them. Never follows a symbolic link at `path`,
+    nor (with `within`, a folder above `path`) in any folder between `within` and `path`; never blocks on a FIFO."""
+    path = Path(path)
+    fd = _opened(path, within)
     try:
         return read_open_file(fd, path, limit, BadRunFile, hint="")
     except BadRunFile:
@@ -79,12 +84,7 @@ def open_regular(path: str | os.PathLike, within: str | os.PathLike | None = Non
     """An open file descriptor (the caller closes it) of the regular file `path`, opened as `read_bytes` opens it,
     for a reader that takes only part of a large file (the tail of a log)."""
     path = Path(path)
-    try:
-        fd = _open(path, Path(within) if within is not None else None)
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        raise BadRunFile(path, _why(err)) from None
+    fd = _opened(path, within)
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)

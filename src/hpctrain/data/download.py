@@ -365,7 +365,9 @@ def _is_uncompressed_copy(path: Path, fspec: FileSpec) -> bool:
     return size == fspec.raw_size and digest == fspec.raw_md5
 
 
-def _move_aside(path: Path, reporter: PlainReporter, why: str) -> None:
+def _move_aside(path: Path, reporter: PlainReporter, why: str, then: str = "") -> None:
+    """Move an invalid file aside as NAME.corrupt (not delete: it is the user's file), so that, whatever happens
+    next, no invalid file stays under a name the loader would pick up."""
     if not os.path.lexists(path):
         return
     aside = path.with_name(path.name + ".corrupt")
@@ -376,7 +378,7 @@ def _move_aside(path: Path, reporter: PlainReporter, why: str) -> None:
             f"{path} is not the verified data ({why}) and cannot be moved aside ({err.strerror}); "
             "delete it, or pass --data-dir with a writable directory"
         ) from err
-    reporter.warn(f"{path} is not the verified data ({why}); moved it to {aside.name}")
+    reporter.warn(f"{path} is not the verified data ({why}); moved it to {aside.name}{then}")
 
 
 def _write_uncompressed(source: Path, final: Path, fspec: FileSpec) -> None:
@@ -440,15 +442,5 @@ def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: PlainReporter) 
         if problem is None:
             reporter.info(f"{path.name}: already present and verified")
             return path
-        # Move it aside (not delete: it is the user's file) so that, whatever happens next, no
-        # invalid file stays under a name the loader would pick up.
-        aside = path.with_name(path.name + ".corrupt")
-        try:
-            os.replace(path, aside)
-        except OSError as err:
-            raise UserError(
-                f"{path} is not valid ({problem}) and cannot be moved aside ({err.strerror}); "
-                "delete it, or pass --data-dir with a writable directory"
-            ) from err
-        reporter.warn(f"{path} is not valid ({problem}); moved it to {aside.name}, downloading it again")
+        _move_aside(path, reporter, problem, then=", downloading it again")
     return None
