@@ -113,7 +113,7 @@ def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) 
     "job_file,message",
     [
         ("nodez: 2\ncommand: [x]\n", "unknown key(s) nodez; valid keys:"),
-        ("nodes: two\ncommand: [x]\n", "nodes must be a whole number"),
+        ("nodes: two\ncommand: [x]\n", "is neither a node count nor MIN:MAX"),
         ("nodes: -2\ncommand: [x]\n", "--nodes must be at least 1"),
         ("time: 1h\ncommand: [x]\n", "is not a Slurm time"),
         (

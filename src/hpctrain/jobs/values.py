@@ -108,11 +108,14 @@ MAX_CPUS_PER_TASK = 16_384
 MAX_MEM_MB = 1 << 30  # 1 PiB per node
 
 
-def parse_nodes(value: int | str) -> tuple[int | None, int]:
+def parse_nodes(value: int | str) -> tuple[int | None, int | str]:
     """--nodes N or MIN:MAX (a job file's `nodes: 2` or `nodes: "1:2"`) -> (the fewest nodes an elastic job keeps
     training on, or None for a fixed count; the nodes asked for). MIN:MAX with MIN == MAX is the fixed count."""
     if isinstance(value, int) and not isinstance(value, bool):
         return None, value
+    plain = value.strip() if isinstance(value, str) else ""
+    if re.fullmatch(r"[+-]?\d+", plain):  # a count, whatever its size: the job description's checks say what is wrong
+        return None, int(plain) if len(plain) <= 30 else value
     m = re.fullmatch(r"\s*(\d{1,9})\s*(?::\s*(\d{1,9})\s*)?", value) if isinstance(value, str) else None
     if not m:
         raise UserError(
