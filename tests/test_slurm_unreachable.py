@@ -108,7 +108,8 @@ def test_a_stopped_controller_ends_each_command_with_one_line(slurm_cluster, tmp
         line = one_line(proc, "scontrol ping")
         assert f"got no answer from the Slurm controller within {DEADLINE_S} s" in line, (key, line)
     assert "the job may have been queued anyway" in results["submit --no-check"].stderr
-    assert not (tmp_path / "runs").exists()  # nothing half-written by the refused submits
+    if not queued:  # a job sbatch queued after all may have started and made its run directory before its cancel
+        assert not (tmp_path / "runs").exists()  # nothing half-written by the refused submits
 
 
 def test_a_sacct_that_never_answers_ends_status_at_the_deadline(slurm_cluster, tmp_path: Path) -> None:
