@@ -337,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, plan = refuse_bad_input(cfg, dataset_defaulted=args.dataset is None)
     except UserError:
         if other_local_rank():
-            raise SystemExit(UserError.exit_code) from None  # the node's local rank 0 says it, once
+            _leave_the_report_to_local_rank_0()
         raise
     if plan is None:
         return train_here(cfg)
@@ -346,6 +346,20 @@ def run(args: argparse.Namespace) -> int:
     # The workers learn their ranks from the spawner; a --dist-init-method slurm that made this srun task fan out
     # (one worker per GPU it owns) described the task, not them.
     return spawn(plan, train_here, (cfg.replace(nproc=None, dist_init_method=None),))
+
+
+# How long a process beside local rank 0 waits for it to report a start-up error before reporting it itself.
+REPORT_WAIT_S = 60.0
+
+
+def _leave_the_report_to_local_rank_0() -> None:
+    """Every process of the node finds the same bad input; local rank 0 says it, once. The others wait instead of
+    exiting at once: a launcher (torchrun, srun --kill-on-bad-exit) stops the whole group when the first process
+    exits, and the first one out would otherwise cut local rank 0 off before it printed. The launcher stops this
+    process when local rank 0 has exited; if it has not within REPORT_WAIT_S (no such launcher), this one reports."""
+    import time
+
+    time.sleep(REPORT_WAIT_S)
 
 
 def _unset(value: object) -> bool:
