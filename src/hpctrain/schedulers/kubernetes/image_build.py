@@ -159,9 +159,7 @@ def read_packages(raw: Any, namespace: str, pod: str) -> tuple[str, str]:
     return base, now
 
 
-def save(
-    session: str, conn: dict[str, Any], image: str, dry_run: bool, raw: Any, core: Any, batch: Any
-) -> SaveOutcome:
+def save(session: str, conn: dict[str, Any], image: str, dry_run: bool, raw: Any, core: Any, batch: Any) -> SaveOutcome:
     """Record what the session installed, then render (dry_run) or create the build."""
     from hpctrain.schedulers.kubernetes.render import render_yaml
 

@@ -85,7 +85,9 @@ def target_path(image: str, suffix: str) -> Path:
     if path.exists() or path.is_symlink():
         raise UserError(f"dev save: {path} exists: choose another name, or remove it first")
     if not path.parent.is_dir():
-        raise UserError(f"dev save: no folder {path.parent}: create it first (mkdir -p {shlex.quote(str(path.parent))})")
+        raise UserError(
+            f"dev save: no folder {path.parent}: create it first (mkdir -p {shlex.quote(str(path.parent))})"
+        )
     if not os.access(path.parent, os.W_OK):
         raise UserError(f"dev save: cannot write to {path.parent}: choose a folder of yours")
     return path
@@ -148,7 +150,9 @@ def save(session: str, conn: dict[str, Any], image: str, dry_run: bool) -> SaveO
         return SaveOutcome("steps", image, (*chosen.steps, SAVE_ADVICE))
     job = str(conn.get("job_id"))
     if dry_run:
-        return SaveOutcome("rendered", str(chosen.target), (shlex.join(chosen.argv), f"then: mv {chosen.partial} {chosen.target}"))
+        return SaveOutcome(
+            "rendered", str(chosen.target), (shlex.join(chosen.argv), f"then: mv {chosen.partial} {chosen.target}")
+        )
     info = get_job(job)
     if info is None or info.state != "RUNNING":
         state = info.state if info is not None else "gone"
@@ -162,7 +166,9 @@ def save(session: str, conn: dict[str, Any], image: str, dry_run: bool) -> SaveO
         done = subprocess.run(chosen.argv, capture_output=True, text=True, timeout=SAVE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         chosen.partial.unlink(missing_ok=True)
-        raise UserError(f"dev save: the save step ran past {SAVE_TIMEOUT_S:g} s and was stopped; nothing was saved") from None
+        raise UserError(
+            f"dev save: the save step ran past {SAVE_TIMEOUT_S:g} s and was stopped; nothing was saved"
+        ) from None
     if done.returncode != 0 or image_format(chosen.partial) != chosen.fmt:
         chosen.partial.unlink(missing_ok=True)
         said = (done.stderr or done.stdout).strip().splitlines()
