@@ -381,6 +381,7 @@ def start(
         "local_port": local,
         "context": context,
         "image": options.image,
+        "gpus": cfg.resources.gpus_per_node,
         "stop": stop,
         "port_forward": port_forward_command(options.namespace, spec.name, local, spec.port, context),
         "url": jupyter.url(local, token),

@@ -434,6 +434,7 @@ def start(
         "login_host": login,
         "created": now(),
         "environment": save.record(cfg.environment),
+        "gpus": cfg.resources.gpus_per_node,
     }
     write_private(state_dir / CONNECTION_FILE, conn)
     waiting = f"waiting for {cfg.service} to answer (up to {wait_s:g} s)"
