@@ -203,7 +203,7 @@ class DevPages:
         with self._lock:
             self.starts.pop(name, None)
         return self.console.page(
-            "dev_outcome.html", title=f"stop {line(name)}", what="stopped", name=line(name), lines=[line(said)]
+            "dev_outcome.html", title=f"stop {line(name)}", what="stopped", session=line(name), lines=[line(said)]
         )
 
     async def save(self, request: Request) -> Response:
@@ -224,7 +224,7 @@ class DevPages:
             what={"saved": "saved", "submitted": "build submitted", "steps": "cannot be saved here"}.get(
                 outcome.kind, outcome.kind
             ),
-            name=line(name),
+            session=line(name),
             lines=[line(text) for text in outcome.lines],
         )
 
