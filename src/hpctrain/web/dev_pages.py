@@ -211,7 +211,9 @@ class DevPages:
         fields = parse_qs((await request.body()).decode("utf-8", "replace"))
         image = _text(fields, "image")
         if image is None:
-            raise UserError("save: give the new image's name (a file on Slurm, REGISTRY/NAME:TAG on Kubernetes)")
+            raise UserError(
+                "save: give the new image's name, as `hpctrain dev save NAME IMAGE` takes it (see its --help)"
+            )
 
         def run() -> Any:
             state_dir, conn, services = self._recorded(name)
