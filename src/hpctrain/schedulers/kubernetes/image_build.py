@@ -186,7 +186,8 @@ def save(session: str, conn: dict[str, Any], image: str, dry_run: bool, raw: Any
         )
     manifests = render_build(session, namespace, str(base_image), target, added)
     if dry_run:
-        return SaveOutcome("rendered", target, tuple(render_yaml(m) for m in manifests))
+        config_map, job = (render_yaml(m).rstrip("\n") for m in manifests)
+        return SaveOutcome("rendered", target, (config_map, "---", job))
     config_map, job = manifests
     create(core, batch, namespace, config_map, job)
     name = job["metadata"]["name"]
