@@ -100,6 +100,13 @@ def test_a_session_is_started_opened_saved_and_stopped_from_the_page(console, sl
         assert f'<code class="url">{conn["url"].replace("&", "&amp;")}</code>' in page
         token = conn["url"].split("token=", 1)[1]
         assert http_get(f"http://{conn['node']}:{conn['port']}/api/status", token)[0] == 200  # what the tunnel reaches
+        # idle: the rule of `dev list --idle-warn`, its default an hour; a bad time is its one line
+        assert 'class="warning"' not in page
+        time.sleep(2)
+        idle = client.get("/dev?idle-warn=0:01").text
+        assert re.search(r'class="warning">⚠ web-nb: idle for \d\d:\d\d:\d\d while holding its node', idle), idle
+        bad = client.get("/dev?idle-warn=2h")
+        assert bad.status_code == 400 and "idle-warn &#39;2h&#39;: give a time as --time takes it" in bad.text
         # save: a venv session has nothing to save; the page gives the steps and the advice
         saved = post(client, "/dev/web-nb/save", csrf=keys.csrf, image=str(tmp_path / "nb.sqsh"))
         assert saved.status_code == 200 and "cannot be saved here" in saved.text, saved.text

@@ -40,7 +40,7 @@ def no_errors(driver) -> None:
     assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
 
 
-def test_a_dev_session_started_opened_and_stopped_in_chromium(slurm_cluster, tmp_path, home, console, browser):  # noqa: F811
+def test_a_dev_session_started_opened_and_stopped_in_chromium(slurm_cluster, tmp_path, home, console, browser):
     base = console.split("/?token=")[0]
     browser.get(console)
     browser.get(base + "/dev")

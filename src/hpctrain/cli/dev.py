@@ -98,13 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_duration_s(text: str, flag: str) -> int:
-    """A time in the one grammar of hpctrain's times (--time's: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)."""
-    from hpctrain.jobs.values import slurm_duration_s
+    from hpctrain.servers.sessions import parse_time_s
 
-    try:
-        return slurm_duration_s(text)
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: give a time as --time takes it, e.g. 30 (minutes), 2:00:00 or 1-0") from None
+    return parse_time_s(text, flag)
 
 
 def format_age(seconds: int | None) -> str:

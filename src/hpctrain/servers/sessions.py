@@ -91,6 +91,20 @@ class SaveOutcome:
     job: str = ""
 
 
+IDLE_WARN = "1:00:00"
+"""`dev list --idle-warn`'s default, and the console's."""
+
+
+def parse_time_s(text: str, flag: str) -> int:
+    """A time in the one grammar of hpctrain's times (--time's: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)."""
+    from hpctrain.jobs.values import slurm_duration_s
+
+    try:
+        return slurm_duration_s(text)
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give a time as --time takes it, e.g. 30 (minutes), 2:00:00 or 1-0") from None
+
+
 def idle_too_long(view: SessionView, limit_s: int) -> bool:
     """The one idle rule (`dev list --idle-warn`, the console's warning): idle, as Jupyter tells, past the limit."""
     return view.idle_s is not None and view.idle_s > limit_s

@@ -1,8 +1,8 @@
 """The dev sessions page of the console: what `hpctrain dev start|list|stop|save` do, as a page.
 
-    GET  /dev                 the sessions (age, GPUs held, state, idle time; a warning on one idle past the limit
-                              of `dev list --idle-warn`), how to open each (the exact tunnel command and URL, with a
-                              copy button), and the form that starts one
+    GET  /dev[?idle-warn=T]   the sessions (age, GPUs held, state, idle time; a warning on one idle past T, by the
+                              rule and default of `dev list --idle-warn`), how to open each (the exact tunnel
+                              command and URL, with a copy button), and the form that starts one
     POST /dev/start           start a session from the form (CSRF token): the same Services.dev_start as the CLI, in a
                               thread of the console (it waits minutes for the server); the page shows its steps
     POST /dev/NAME/stop       stop it (confirmed on the page): Services.dev_stop
@@ -28,7 +28,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.values import format_duration, slurm_duration_s
+from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.services import Placement, Step
 from hpctrain.servers import sessions
 from hpctrain.web.safeview import line
@@ -36,7 +36,6 @@ from hpctrain.web.safeview import line
 if TYPE_CHECKING:
     from hpctrain.web.app import Console
 
-IDLE_WARN = "1:00:00"  # `hpctrain dev list`'s default --idle-warn
 START_WAIT_S = 600.0  # `dev start`'s default --wait
 KEEP_STEPS = 20
 
@@ -110,16 +109,27 @@ class DevPages:
 
     # ---- the list ---------------------------------------------------------------------------------------------
 
-    def rows(self) -> list[dict[str, Any]]:
-        limit = slurm_duration_s(IDLE_WARN)
-        rows = []
+    def views(self) -> list[tuple[str, str, dict[str, Any], Any]]:
+        """(name, scheduler, connection record, its SessionView or the UserError that says why not) of each
+        recorded session, asked of the scheduler it was started on."""
+        found = []
         for state_dir, conn in sessions.recorded():
-            name, scheduler = state_dir.name, str(conn.get("scheduler"))
-            row: dict[str, Any] = {"name": name, "scheduler": line(scheduler), "error": None, "warning": None}
+            scheduler = str(conn.get("scheduler"))
             try:
-                view = self.console.scheduler(scheduler).services().dev_view(state_dir, conn, probe=True)
+                view: Any = self.console.scheduler(scheduler).services().dev_view(state_dir, conn, probe=True)
             except UserError as err:
-                row["error"] = line(str(err))
+                view = err
+            found.append((state_dir.name, scheduler, conn, view))
+        return found
+
+    def rows(self, limit: int) -> list[dict[str, Any]]:
+        """What the page shows of each session, with the idle warning past `limit` seconds. The sessions are asked
+        of their schedulers at most once per interval for all open pages (the board), as the jobs are."""
+        rows = []
+        for name, scheduler, conn, view in self.console.board.get(("dev",), self.views):
+            row: dict[str, Any] = {"name": name, "scheduler": line(scheduler), "error": None, "warning": None}
+            if isinstance(view, UserError):
+                row["error"] = line(str(view))
                 rows.append(row)
                 continue
             gpus = int(conn.get("gpus") or 0)
@@ -141,7 +151,9 @@ class DevPages:
         return rows
 
     async def page(self, request: Request) -> Response:
-        rows = await run_in_threadpool(self.rows)
+        idle_warn = request.query_params.get("idle-warn") or sessions.IDLE_WARN
+        limit = sessions.parse_time_s(idle_warn, "idle-warn")
+        rows = await run_in_threadpool(self.rows, limit)
         with self._lock:
             starts = {name: _starting_view(s) for name, s in self.starts.items()}
         return self.console.page(
@@ -150,7 +162,7 @@ class DevPages:
             rows=rows,
             starts=starts,
             advice=sessions.SAVE_ADVICE,
-            idle_warn=IDLE_WARN,
+            idle_warn=line(idle_warn),
             services=sessions.SERVICES,
             default_time=sessions.DEFAULT_TIME,
             interval_s=self.console.board.interval_s,
@@ -168,6 +180,7 @@ class DevPages:
         starting = Starting(scheduler)
         with self._lock:
             self.starts[cfg.name] = starting
+        self.console.board.forget(("dev",))  # its record appears once submitted: the list is asked again
         threading.Thread(target=self._run_start, args=(hold, starting, services, cfg, placement), daemon=True).start()
         return RedirectResponse("/dev", status_code=303)
 
@@ -189,6 +202,7 @@ class DevPages:
                 with self._lock:
                     starting.error = line(f"hpctrain could not start it ({type(err).__name__}: {err}): a bug")
             finally:
+                self.console.board.forget(("dev",))
                 with self._lock:
                     starting.done = True
 
@@ -200,6 +214,7 @@ class DevPages:
         name = request.path_params["name"]
         state_dir, conn, services = self._recorded(name)
         said = services.dev_stop(state_dir, conn)
+        self.console.board.forget(("dev",))
         with self._lock:
             self.starts.pop(name, None)
         return self.console.page(
