@@ -84,7 +84,12 @@ def test_a_dev_session_started_opened_and_stopped_in_chromium(slurm_cluster, tmp
         copy = browser.find_element(By.CSS_SELECTOR, "#open-browser-nb button.copy")
         copy.click()
         WebDriverWait(browser, WAIT_S).until(lambda d: copy.text != "copy")
-        time.sleep(2)  # the button says "copy" again before the screenshot
+        # idle past the limit (here a second, as `dev list --idle-warn 0:01`): the warning under its row
+        time.sleep(2)
+        browser.get(base + "/dev?idle-warn=0:01")
+        warning = browser.find_element(By.CSS_SELECTOR, "td.warning").text
+        assert warning.startswith("⚠ browser-nb: idle for ") and "stop it if you are done" in warning, warning
+        browser.find_element(By.CSS_SELECTOR, "#open-browser-nb summary").click()
         screenshot(browser, "web-dev.png", tmp_path)
         no_errors(browser)
 
