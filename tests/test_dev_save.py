@@ -116,6 +116,10 @@ def test_a_pyxis_session_names_its_container_for_save(tmp_path: Path) -> None:
     chosen = slurm_save.plan("nb", {"job_id": "7", "environment": {"kind": "pyxis"}}, str(tmp_path / "new.sqsh"))
     assert "--container-name=hpctrain-dev-nb" in chosen.argv and "--jobid=7" in chosen.argv
     assert "PYXIS" not in render_dev_script(DevConfig("nb"), tmp_path)
+    sandbox = DevConfig("nb", environment=EnvironmentSpec(kind="apptainer", image="/images/torch/"))
+    assert "export APPTAINER_WRITABLE=true\n" in render_dev_script(sandbox, tmp_path)
+    sif = DevConfig("nb", environment=EnvironmentSpec(kind="apptainer", image="/images/torch.sif"))
+    assert "WRITABLE" not in render_dev_script(sif, tmp_path)
 
 
 @pytest.mark.parametrize(

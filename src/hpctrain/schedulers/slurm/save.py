@@ -7,8 +7,8 @@ job step beside the session's own (`srun --jobid JOB --overlap`), where its envi
   already exists, the existing container is used and the import is skipped"), and `--container-save=PATH` makes
   pyxis export it to a squashfs file when that step ends. pyxis refuses an empty PATH or one ending in `/` ("target
   is a directory"); we refuse those first, with the fix.
-- apptainer from a sandbox directory (`--image DIR/`): `apptainer build NEW.sif DIR/` turns the sandbox, with what
-  was installed in it, into a SIF file.
+- apptainer from a sandbox directory (`--image DIR/`, run writable: setup_lines): `apptainer build NEW.sif DIR/`
+  turns the sandbox, with what was installed in it, into a SIF file.
 - apptainer from a `.sif` (read-only), a venv, conda, modules or the host: nothing can be saved in place; the
   outcome holds the exact steps (and a venv or conda prefix on the shared file system needs no saving at all).
 
@@ -40,14 +40,22 @@ def container_name(session: str) -> str:
     return CONTAINER_PREFIX + session
 
 
-def setup_lines(session: str, kind: str) -> list[str]:
-    """Batch-script lines before the session's step: with pyxis, name its container so that `dev save` finds it."""
-    if kind != "pyxis":
-        return []
-    return [
-        "# pyxis: a named container, which `hpctrain dev save` reaches from a second step (--container-save).",
-        f"export PYXIS_CONTAINER_NAME={shlex.quote(container_name(session))}",
-    ]
+def setup_lines(session: str, environment: Any) -> list[str]:
+    """Batch-script lines before the session's step (`environment`: its EnvironmentSpec): with pyxis, name its
+    container so that `dev save` finds it; with an apptainer sandbox directory, make it writable (apptainer reads
+    APPTAINER_WRITABLE as --writable: its docs, "Apptainer's environment variables"), so that what is installed in
+    the session lands in the sandbox that `dev save` builds into a .sif."""
+    if environment.kind == "pyxis":
+        return [
+            "# pyxis: a named container, which `hpctrain dev save` reaches from a second step (--container-save).",
+            f"export PYXIS_CONTAINER_NAME={shlex.quote(container_name(session))}",
+        ]
+    if environment.kind == "apptainer" and (environment.image or "").endswith("/"):
+        return [
+            "# apptainer: the sandbox writable, for what the session installs (`hpctrain dev save`).",
+            "export APPTAINER_WRITABLE=true",
+        ]
+    return []
 
 
 def record(environment: Any) -> dict[str, Any]:

@@ -379,7 +379,7 @@ COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND
 
 
 def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
-    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"', *save.setup_lines(cfg.name, cfg.environment.kind)]
+    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"', *save.setup_lines(cfg.name, cfg.environment)]
     if cfg.service == "jupyter":
         setup += jupyter.setup_lines(TOKEN_FILE)
     elif cfg.service == "ssh":
