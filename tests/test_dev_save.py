@@ -252,3 +252,14 @@ def test_the_build_job_is_accepted_by_the_api_server_and_owns_its_config_map(k8s
         assert batch.read_namespaced_job("dev-nb-save", namespace).metadata.uid == made.metadata.uid
     finally:
         delete_namespace(api, namespace)
+
+
+def test_the_cli_prints_the_steps_where_the_session_cannot_be_saved(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    record_session(home, "nb", "999999999", EnvironmentSpec(kind="venv", venv="/nas/venvs/torch"))
+    result = hpctrain("dev", "save", "nb", str(tmp_path / "nb.sqsh"), env=cli_env(home))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "dev session nb is not saved as an image; what to do instead:"
+    assert "/nas/venvs/torch" in lines[1] and lines[-1] == SAVE_ADVICE
+    assert not (tmp_path / "nb.sqsh").exists()

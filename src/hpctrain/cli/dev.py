@@ -225,7 +225,7 @@ def _save(args: argparse.Namespace) -> int:
     state_dir, conn, services = _recorded(args)
     outcome = services.dev_save(state_dir, conn, args.image, args.dry_run)
     if outcome.kind == "steps":
-        print(f"dev session {args.name} cannot be saved as an image here; the steps:")
+        print(f"dev session {args.name} is not saved as an image; what to do instead:")
     for text in outcome.lines:
         print(for_terminal(text, newlines=True))
     return 0

@@ -238,7 +238,7 @@ class DevPages:
         return self.console.page(
             "dev_outcome.html",
             title=f"save {line(name)}",
-            what={"saved": "saved", "submitted": "build submitted", "steps": "cannot be saved here"}.get(
+            what={"saved": "saved", "submitted": "build submitted", "steps": "not saved (what to do instead)"}.get(
                 outcome.kind, outcome.kind
             ),
             session=line(name),
