@@ -4,6 +4,7 @@ or JupyterLab in a pod.
     hpctrain dev start explore --gpus-per-node 1 --cpus 8 --mem 32G --time 4:00:00 --venv ~/venvs/torch
     hpctrain dev list --idle-warn 1:00:00
     hpctrain dev stop explore
+    hpctrain dev save explore ~/images/explore.sqsh
 
 The chosen scheduler's services (Scheduler.services(): schedulers/<backend>/services.py) start, show and stop
 sessions; what a session is, whatever the scheduler, is in hpctrain.servers.
@@ -80,15 +81,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         scheduler_help="the scheduler the session was started on (default: the one recorded then; another is refused)",
     )
 
+    saving = sub.add_parser("save", help="save a running session's environment as a new image, where the cluster can")
+    saving.add_argument("name", metavar="NAME")
+    saving.add_argument(
+        "image",
+        metavar="IMAGE",
+        help="the new image: on Slurm a file (.sqsh for an enroot session, .sif for an apptainer sandbox); on "
+        "Kubernetes REGISTRY/NAME:TAG, built and pushed by a build job",
+    )
+    saving.add_argument("--dry-run", action="store_true", help="print what would run or be submitted; save nothing")
+    add_connection_arguments(
+        saving,
+        role="services",
+        scheduler_help="the scheduler the session was started on (default: the one recorded then; another is refused)",
+    )
+
 
 def parse_duration_s(text: str, flag: str) -> int:
-    """A time in the one grammar of hpctrain's times (--time's: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)."""
-    from hpctrain.jobs.values import slurm_duration_s
+    from hpctrain.servers.sessions import parse_time_s
 
-    try:
-        return slurm_duration_s(text)
-    except ValueError:
-        raise UserError(f"{flag} {text!r}: give a time as --time takes it, e.g. 30 (minutes), 2:00:00 or 1-0") from None
+    return parse_time_s(text, flag)
 
 
 def format_age(seconds: int | None) -> str:
@@ -126,7 +138,7 @@ def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"start": _start, "list": _list, "stop": _stop}[args.action](args)
+    return {"start": _start, "list": _list, "stop": _stop, "save": _save}[args.action](args)
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -148,7 +160,7 @@ def _start(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     from hpctrain.cli.tables import plain_table
     from hpctrain.safetext import for_terminal
-    from hpctrain.servers.sessions import recorded
+    from hpctrain.servers.sessions import idle_too_long, recorded
 
     idle_warn = parse_duration_s(args.idle_warn, "--idle-warn")
     backends: dict[str, Any] = {}
@@ -170,7 +182,7 @@ def _list(args: argparse.Namespace) -> int:
         rows.append(
             (s.name, s.scheduler, s.where, s.state, format_age(s.age_s), s.endpoint or "-", format_age(s.idle_s))
         )
-        if s.idle_s is not None and s.idle_s > idle_warn:
+        if idle_too_long(s, idle_warn):
             warnings.append(
                 f"warning: {s.name} has been idle for {format_age(s.idle_s)} (no kernel or terminal activity) "
                 f"while holding its resources: `{_stop_command(s)}`"
@@ -188,14 +200,32 @@ def _stop_command(session: Any) -> str:
     return str(session.connection.get("stop") or f"hpctrain dev stop {session.name}")
 
 
-def _stop(args: argparse.Namespace) -> int:
+def _recorded(args: argparse.Namespace) -> tuple[Path, dict[str, Any], Any]:
+    """The session NAME's state folder, its connection record, and the services of the scheduler it runs on."""
     from hpctrain.servers.sessions import connection
 
     state_dir, conn = connection(args.name)
     if args.scheduler not in (None, str(conn.get("scheduler"))):
         raise UserError(
             f"dev session {args.name} runs on {conn.get('scheduler')}, not {args.scheduler}: drop "
-            "--scheduler (stop finds the session's own)"
+            f"--scheduler ({args.action} finds the session's own)"
         )
-    print(f"dev session {args.name}: {services_of(args, str(conn.get('scheduler'))).dev_stop(state_dir, conn)}")
+    return state_dir, conn, services_of(args, str(conn.get("scheduler")))
+
+
+def _stop(args: argparse.Namespace) -> int:
+    state_dir, conn, services = _recorded(args)
+    print(f"dev session {args.name}: {services.dev_stop(state_dir, conn)}")
+    return 0
+
+
+def _save(args: argparse.Namespace) -> int:
+    from hpctrain.safetext import for_terminal
+
+    state_dir, conn, services = _recorded(args)
+    outcome = services.dev_save(state_dir, conn, args.image, args.dry_run)
+    if outcome.kind == "steps":
+        print(f"dev session {args.name} is not saved as an image; what to do instead:")
+    for text in outcome.lines:
+        print(for_terminal(text, newlines=True))
     return 0

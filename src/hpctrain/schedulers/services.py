@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from hpctrain.health import RankProgress
     from hpctrain.jobs.spec import EnvironmentSpec
     from hpctrain.servers.common import Endpoint
-    from hpctrain.servers.sessions import DevConfig, SessionView
+    from hpctrain.servers.sessions import DevConfig, SaveOutcome, SessionView
     from hpctrain.servers.top import TopSample
 
 
@@ -117,6 +117,11 @@ class Services(Protocol):
 
     def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
         """Stop the session, free what it holds and forget its secrets; says what happened."""
+
+    def dev_save(self, state_dir: Path, conn: dict[str, Any], image: str, dry_run: bool) -> SaveOutcome:
+        """Save the running session's environment as the new image `image` where this cluster allows it (or, with
+        `dry_run`, render what would run or be submitted); otherwise the exact steps to do it by hand. A bad image
+        name, or a session that does not run, is a UserError naming the fix."""
 
     def tensorboard(
         self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep

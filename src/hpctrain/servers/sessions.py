@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
@@ -71,6 +71,43 @@ class SessionView:
     ended: bool = False
     """The scheduler says the session's job or pod has ended or is gone (`dev list` notes that `dev stop` forgets
     it): each backend knows its own states."""
+
+
+SAVE_ADVICE = (
+    "Most work needs no saved image: keep your code and data on the shared file system (the NAS), which every "
+    "job and session sees, and save an image only for software installed into the environment itself."
+)
+
+
+@dataclass(frozen=True)
+class SaveOutcome:
+    """What `dev save` did: `saved` (the image file is written), `submitted` (a build job or pod makes it, `job`
+    names it), `rendered` (--dry-run: `lines` are what would run or be submitted), or `steps` (this cluster cannot
+    save this session: `lines` are the exact steps to do it by hand)."""
+
+    kind: Literal["saved", "submitted", "rendered", "steps"]
+    image: str
+    lines: tuple[str, ...]
+    job: str = ""
+
+
+IDLE_WARN = "1:00:00"
+"""`dev list --idle-warn`'s default, and the console's."""
+
+
+def parse_time_s(text: str, flag: str) -> int:
+    """A time in the one grammar of hpctrain's times (--time's: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)."""
+    from hpctrain.jobs.values import slurm_duration_s
+
+    try:
+        return slurm_duration_s(text)
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give a time as --time takes it, e.g. 30 (minutes), 2:00:00 or 1-0") from None
+
+
+def idle_too_long(view: SessionView, limit_s: int) -> bool:
+    """The one idle rule (`dev list --idle-warn`, the console's warning): idle, as Jupyter tells, past the limit."""
+    return view.idle_s is not None and view.idle_s > limit_s
 
 
 def check_name(name: str) -> str:

@@ -7,6 +7,7 @@
     GET  /api/log/SCHEDULER/JOB    that log as server-sent events (hpctrain.web.follow)
     POST /job/SCHEDULER/JOB/stop   cancel the job (a form with the CSRF token, confirmed on the page)
     GET  /cluster                  each scheduler's cluster view
+    GET  /dev, POST /dev/...       dev sessions: list, start, stop, save (hpctrain.web.dev_pages)
     GET  /static/...               our script and style sheet
 
 What the schedulers say is asked through hpctrain.web.board: once per interval for all pages. Every page is a
@@ -34,6 +35,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.base import JobNotFound, Scheduler
 from hpctrain.web import follow
 from hpctrain.web.board import Board
+from hpctrain.web.dev_pages import DevPages
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
 from hpctrain.web.safeview import line, view_parts
 
@@ -146,6 +148,7 @@ def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, i
         Route("/api/job/{scheduler}/{job}", console.job_json),
         Route("/api/log/{scheduler}/{job}", console.log_events),
         Route("/cluster", console.cluster_page),
+        *DevPages(console).routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

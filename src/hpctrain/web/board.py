@@ -65,6 +65,11 @@ class Board:
                 self.refreshes += 1
             return entry.value
 
+    def forget(self, key: Hashable) -> None:
+        """Drop `key`'s value: the next page asks again (after a change made through the console)."""
+        with self._lock:
+            self._entries.pop(key, None)
+
     def snapshot(self) -> dict[str, Any]:
         """Every scheduler's jobs."""
         return self.get(("jobs",), self._jobs)

@@ -21,7 +21,7 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
-from hpctrain.schedulers.kubernetes import pods
+from hpctrain.schedulers.kubernetes import image_build, pods
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
 from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions, quantity_mb
@@ -33,7 +33,16 @@ from hpctrain.schedulers.services import OnStep, Placement, RemoteStacks, Servic
 from hpctrain.servers import jupyter
 from hpctrain.servers import tensorboard as tbserver
 from hpctrain.servers.common import write_private
-from hpctrain.servers.sessions import CONNECTION_FILE, TOKEN_FILE, DevConfig, SessionView, forget, make_session_dir, now
+from hpctrain.servers.sessions import (
+    CONNECTION_FILE,
+    TOKEN_FILE,
+    DevConfig,
+    SaveOutcome,
+    SessionView,
+    forget,
+    make_session_dir,
+    now,
+)
 from hpctrain.servers.top import PROGRESS_PROBE, JobNotRunning, TopSample, parse_probe, ranks_of
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hpctrain"}
@@ -180,15 +189,28 @@ class KubernetesServices:
     def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
         return stop(state_dir, conn, self._core_of(conn))
 
+    def dev_save(self, state_dir: Path, conn: dict[str, Any], image: str, dry_run: bool) -> SaveOutcome:
+        from kubernetes import client
+
+        from hpctrain.schedulers.kubernetes.client import translating
+
+        sched = self._scheduler_of(conn)
+        batch = translating(client.BatchV1Api(sched.api_client))
+        session = str(conn.get("name", state_dir.name))
+        return image_build.save(session, conn, image, dry_run, sched.raw, sched.core, batch)
+
     def _core_of(self, conn: dict[str, Any]) -> Any:
-        """The API of the cluster the session was started on: the kubeconfig context recorded then, whatever the
-        current one is now (a `dev stop` through another cluster found no pod and forgot a session still running)."""
+        return self._scheduler_of(conn).core
+
+    def _scheduler_of(self, conn: dict[str, Any]) -> Any:
+        """The cluster the session was started on: the kubeconfig context recorded then, whatever the current one
+        is now (a `dev stop` through another cluster found no pod and forgot a session still running)."""
         from hpctrain.schedulers.kubernetes import create
 
         context = conn.get("context")
         if not context or context == self.scheduler.context:
-            return self.scheduler.core
-        return create(options=self.scheduler.options, context=context).core
+            return self.scheduler
+        return create(options=self.scheduler.options, context=context)
 
     def tensorboard(
         self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
@@ -311,7 +333,8 @@ def service_pod(cfg: DevConfig) -> ServicePod:
     return ServicePod(
         name=cfg.job_name,
         kind="dev",
-        command=jupyter.COMMAND,
+        # the image's packages recorded first, for `dev save` (image_build): bash -c's script, prefixed
+        command=(*jupyter.COMMAND[:2], image_build.RECORD_BASE + jupyter.COMMAND[2]),
         port=port,
         resources=cfg.resources,
         time=cfg.time,
@@ -357,6 +380,8 @@ def start(
         "created": now(),
         "local_port": local,
         "context": context,
+        "image": options.image,
+        "gpus": cfg.resources.gpus_per_node,
         "stop": stop,
         "port_forward": port_forward_command(options.namespace, spec.name, local, spec.port, context),
         "url": jupyter.url(local, token),

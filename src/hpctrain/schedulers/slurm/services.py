@@ -25,7 +25,7 @@ from typing import Any
 from hpctrain.distributed.ports import job_port_lines
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
-from hpctrain.schedulers.slurm import dev
+from hpctrain.schedulers.slurm import dev, save
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.options import SlurmOptions
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
@@ -41,6 +41,7 @@ from hpctrain.servers.sessions import (
     CONNECTION_FILE,
     TOKEN_FILE,
     DevConfig,
+    SaveOutcome,
     SessionView,
     forget,
     make_session_dir,
@@ -300,6 +301,9 @@ class SlurmServices:
     def dev_stop(self, state_dir: Path, conn: dict[str, Any]) -> str:
         return stop(state_dir, conn)
 
+    def dev_save(self, state_dir: Path, conn: dict[str, Any], image: str, dry_run: bool) -> SaveOutcome:
+        return save.save(str(conn.get("name", state_dir.name)), conn, image, dry_run)
+
     def tensorboard(
         self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
     ) -> ServiceAccess:
@@ -359,7 +363,8 @@ def environment(placement: Placement) -> EnvironmentSpec:
         hint = docker_pull_hint(placement.image)
         if hint:
             raise UserError(hint)
-        kind = "apptainer" if placement.image.endswith(".sif") else "pyxis"
+        # a .sif file, or an apptainer sandbox directory (DIR/, which `dev save` can build into a .sif); else enroot
+        kind = "apptainer" if placement.image.endswith((".sif", "/")) else "pyxis"
         return EnvironmentSpec(kind=kind, image=placement.image, modules=modules, mounts=mounts)
     if placement.conda_env:
         return EnvironmentSpec(kind="conda", conda_env=placement.conda_env, modules=modules, mounts=mounts)
@@ -374,7 +379,7 @@ COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND
 
 
 def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
-    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"']
+    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"', *save.setup_lines(cfg.name, cfg.environment)]
     if cfg.service == "jupyter":
         setup += jupyter.setup_lines(TOKEN_FILE)
     elif cfg.service == "ssh":
@@ -428,6 +433,8 @@ def start(
         "job_id": job_id,
         "login_host": login,
         "created": now(),
+        "environment": save.record(cfg.environment),
+        "gpus": cfg.resources.gpus_per_node,
     }
     write_private(state_dir / CONNECTION_FILE, conn)
     waiting = f"waiting for {cfg.service} to answer (up to {wait_s:g} s)"
