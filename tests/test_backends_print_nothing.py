@@ -61,7 +61,8 @@ def terminal_writes(source: str, filename: str = "<source>") -> list[str]:
 
 
 def test_no_module_under_schedulers_writes_to_the_terminal() -> None:
-    modules = sorted(SCHEDULERS.rglob("*.py"))
+    # programs/ holds programs a job runs (the batch script's torchrun shim): what they print is the job's log.
+    modules = sorted(p for p in SCHEDULERS.rglob("*.py") if "programs" not in p.relative_to(SCHEDULERS).parts)
     assert len(modules) > 20  # the walk sees the backends' packages
     found = [hit for path in modules for hit in terminal_writes(path.read_text(), str(path.relative_to(SCHEDULERS)))]
     assert found == [], (

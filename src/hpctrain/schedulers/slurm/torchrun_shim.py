@@ -4,12 +4,15 @@ The batch script holds TORCHRUN_SHIM in single quotes and runs it as `python -c 
 SHUTDOWN_TIMEOUT TORCHRUN_ARGS...` on every node (render.step_command). It works on every torch from the floor
 up: it detects what the job's torchrun can do rather than trusting the submitting machine's torch.
 
-It is text, part of the Slurm batch script (its golden files hold it), not a program hpctrain runs: the lines it
-prints are the job's own, in the job's log, so it stays beside render.py rather than under launch/ (which runs
+The program is a Python file of its own, programs/torchrun_shim.py (linted and formatted as code, not a string
+here), that hpctrain never imports: it is text of the batch script (its golden files hold it), and the lines it
+prints are the job's own, in the job's log. So it stays beside render.py rather than under launch/ (which runs
 local processes from hpctrain itself), and the rule that nothing under schedulers/ prints does not reach into it.
 """
 
 from __future__ import annotations
+
+from importlib import resources
 
 from hpctrain.stops import EXIT_HUNG, EXIT_PREEMPTED, EXIT_SICK_NODE
 
@@ -17,92 +20,34 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 # torchrun's own shutdown timeout before --shutdown-timeout existed (torch < 2.9): workers get this long to stop.
 TORCHRUN_FIXED_SHUTDOWN_S = 30
 
-# torchrun, run as a few lines of Python in the job's own environment (its torch decides, not the submitting
-# host's): argv is SIGNALS SHUTDOWN_TIMEOUT TORCHRUN_ARGS... (SIGNALS empty: no time-limit warning is expected).
-#  * Feature detection: torchrun learned --signals-to-handle and --shutdown-timeout in torch 2.9. An older one is
-#    given an agent handler for the extra signals (USR1) that does what the flag does, and node 0 says once in the
-#    job log what is lost: the workers get torchrun's fixed 30 s to stop instead of SHUTDOWN_TIMEOUT.
-#  * A planned stop (the agent told to stop by USR1 or TERM) ends with one line and the planned status (75 after
-#    the time-limit warning, 128+N after signal N: 143 for TERM) instead of torchrun's SignalException traceback;
-#    so does an attempt a worker ended on purpose (142: its hang watchdog; 144: the preflight found a sick node),
-#    instead of torchrun's ChildFailedError traceback.
-#  * The first node of the step (SLURM_NODEID 0, the script's $head_node) hosts the rendezvous store, said with
-#    is_host rather than left to torch's guess from host names (a Slurm node name need not be one of them).
-#  * Once the attempt is over (its workers ended), the agent ignores the signals it handled: srun ends a step's
-#    other tasks (--kill-on-bad-exit) as soon as one exits with a planned non-zero status, and a TERM that reached
-#    an agent on its way out, in its interpreter's shutdown, raised torchrun's SignalException there (a traceback
-#    in the job log after a clean stop).
-#  * Before torch 2.4 the agents' exit barrier kept group rank 0 to the last, taking it for the store's host; but
-#    group ranks follow sorted host names and process ids, so a host of another rank could leave while an agent
-#    still read: that agent's good job ended with a DistNetworkError traceback ("Connection reset by peer"). There
-#    EXIT_BARRIER replaces it: the store's host leaves last, whatever its rank.
-# Double quotes only: the script holds it in single quotes.
-EXIT_BARRIER = """\
-def exit_barrier(store, rank, world_size, key_prefix, barrier_timeout=300.0, hosts_store=True):
-    import datetime, time
-    store.set_timeout(datetime.timedelta(seconds=barrier_timeout))
-    if store.add(key_prefix + "/arrived", 1) == world_size:
-        store.set(key_prefix + "/all", "1")
-    store.wait([key_prefix + "/all"])
-    deadline, left = time.monotonic() + barrier_timeout, store.add(key_prefix + "/left", 1)
-    while hosts_store and left < world_size and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = store.add(key_prefix + "/left", 0)
-"""
-_TORCHRUN_SHIM_TEMPLATE = """\
-import functools, os, signal, sys
-import torch
-from torch.distributed import run
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.utils import store as store_util
-signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-node = os.environ.get("SLURMD_NODENAME", "?")
-hosts_store = os.environ.get("SLURM_NODEID", "0") == "0"
-if any(arg.startswith("--rdzv-endpoint") for arg in args):
-    args = ["--rdzv-conf=is_host=" + str(int(hosts_store))] + args
-if not hasattr(store_util, "_barrier_nonblocking"):
-EXIT_BARRIER_INDENTED
-    store_util.barrier = functools.partial(exit_barrier, hosts_store=hosts_store)
-if signals:
-    usage = run.get_args_parser().format_help()
-    if "--signals-to-handle" in usage and "--shutdown-timeout" in usage:
-        args = ["--signals-to-handle=" + signals, "--shutdown-timeout=" + timeout] + args
-    else:
-        def stop(signum, frame):
-            raise SignalException("Process %d got signal: %d" % (os.getpid(), signum), sigval=signal.Signals(signum))
-        for name in signals.split(","):
-            signal.signal(getattr(signal, name), stop)
-        if os.environ.get("SLURM_NODEID", "0") == "0":
-            print("hpctrain: torchrun of torch %s has no --signals-to-handle (torch >= 2.9): hpctrain handles %s in"
-                  " its agents instead; what is lost: stopping workers get torchrun fixed %d s before SIGKILL, not"
-                  " the %s s asked for" % (torch.__version__, signals, FIXED_S, timeout), flush=True)
-def settled():
-    for name in "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1".split(","):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-try:
-    run.main(args)
-except SignalException as err:
-    settled()
-    status = PREEMPTED_STATUS if err.sigval == signal.SIGUSR1 else 128 + int(err.sigval)
-    print("hpctrain: torchrun on %s stopped its workers on %s as planned (exit status %d)"
-          % (node, err.sigval.name, status), flush=True)
-    sys.exit(status)
-except ChildFailedError as err:
-    settled()
-    planned = sorted({f.exitcode for f in err.failures.values()} & {PLANNED_STATUSES})
-    if not planned:
-        raise
-    print("hpctrain: torchrun on %s: a worker ended the attempt on purpose (exit status %d: 142 hung, 144 sick"
-          " node; the run directory says more)" % (node, planned[0]), flush=True)
-    sys.exit(planned[0])
-settled()
-"""
-TORCHRUN_SHIM = (
-    _TORCHRUN_SHIM_TEMPLATE.replace(
-        "EXIT_BARRIER_INDENTED\n", "".join("    " + line + "\n" for line in EXIT_BARRIER.splitlines())
-    )
-    .replace("FIXED_S", str(TORCHRUN_FIXED_SHUTDOWN_S))
-    .replace("PREEMPTED_STATUS", str(EXIT_PREEMPTED))
-    .replace("PLANNED_STATUSES", f"{EXIT_HUNG}, {EXIT_SICK_NODE}")
+# The program is a file of its own (programs/torchrun_shim.py, checked by ruff like any other), read as text.
+PROGRAM = resources.files("hpctrain.schedulers.slurm").joinpath("programs", "torchrun_shim.py").read_text()
+SETTINGS = {
+    "FIXED_S": str(TORCHRUN_FIXED_SHUTDOWN_S),
+    "PREEMPTED_STATUS": str(EXIT_PREEMPTED),
+    "PLANNED_STATUSES": f"({EXIT_HUNG}, {EXIT_SICK_NODE})",
+}
+
+
+def _rendered(program: str) -> str:
+    """The program as the batch script holds it: its settings filled in, full-line comments and blank lines out."""
+    lines, filled = [], set()
+    for line in program.splitlines():
+        name = line.split(" = ", 1)[0]
+        if name in SETTINGS:
+            line, _ = f"{name} = {SETTINGS[name]}", filled.add(name)
+        if line.strip() and not line.lstrip().startswith("#"):
+            lines.append(line)
+    text = "\n".join(lines) + "\n"
+    if filled != set(SETTINGS):
+        raise AssertionError(f"programs/torchrun_shim.py lacks the setting lines {sorted(set(SETTINGS) - filled)}")
+    if "'" in text:
+        raise AssertionError("programs/torchrun_shim.py: the batch script holds it in single quotes, use double ones")
+    return text
+
+
+TORCHRUN_SHIM = _rendered(PROGRAM)
+EXIT_BARRIER = (
+    PROGRAM[PROGRAM.index("def exit_barrier(") : PROGRAM.index("\n\n\n", PROGRAM.index("def exit_barrier("))] + "\n"
 )
+"""The agents' exit barrier the program installs on a torch before 2.4, as its own source (a test runs it)."""
