@@ -23,7 +23,7 @@ def trace(argv: list[str]) -> dict:
 
     path: list[str] = []  # the module of each call that changes module, in call order
 
-    def profile(frame, event, arg):  # noqa: ARG001 - the hook's signature
+    def profile(frame, event, arg):
         if event != "call" or frame.f_code.co_name == "<module>":  # a call, not a module's import
             return
         module = frame.f_globals.get("__name__", "")
