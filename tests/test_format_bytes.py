@@ -49,7 +49,7 @@ def test_no_other_byte_formatter_in_the_product() -> None:
     import hpctrain
 
     unit = re.compile(r"\{[^{}]*(?:/|//|>>)\s*\(?(?:1024\b|2\s*\*\*\s*[1-9]|1\s*<<\s*[0-9])")
-    grammars = {("schedulers/slurm/checks.py", "slurm_mem"), ("schedulers/kubernetes/options.py", "quantity_mb")}
+    grammars = {("schedulers/slurm/grammar.py", "slurm_mem"), ("schedulers/kubernetes/options.py", "quantity_mb")}
     root = Path(hpctrain.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):

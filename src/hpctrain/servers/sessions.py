@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import Resources
 from hpctrain.readback import BadRunFile, read_json, read_text
 from hpctrain.servers.common import private_dir, state_root
 
@@ -33,10 +33,9 @@ class DevConfig:
     name: str
     service: str = "jupyter"
     resources: Resources = field(default_factory=lambda: Resources(cpus_per_task=2))
-    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    """The neutral resources; where it runs and with which software (a partition, a venv, volumes) is the
+    backend's, from hpctrain.schedulers.services.Placement."""
     time: str | None = DEFAULT_TIME
-    partition: str | None = None
-    account: str | None = None
     port: int | None = None
     """The server's port: None picks a free one on Slurm and 8888 in a pod."""
     ssh_key: Path | None = None
