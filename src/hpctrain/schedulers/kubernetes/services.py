@@ -50,7 +50,7 @@ class ServicePod:
     port: int
     resources: Resources = field(default_factory=Resources)
     time: str | None = None
-    """The time limit as typed (hpctrain.jobs.values), rendered as activeDeadlineSeconds: the pod is stopped after it."""
+    """The time limit as typed (hpctrain.jobs.values), rendered as activeDeadlineSeconds: the pod stops then."""
     secret_env: tuple[tuple[str, str], ...] = ()
     """(variable, key) pairs read from the pod's Secret `name` (e.g. the Jupyter token)."""
     env: tuple[tuple[str, str], ...] = ()

@@ -82,7 +82,8 @@ def job_paths(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Paths the job will read, for the checks: the user's script. (Container images and venvs are checked by
     local_problems, a recipe's dataset by `hpctrain submit`'s local check, each with a message of its own.)"""
     paths: list[str] = []
-    if not job.is_recipe and options.environment.kind not in ("apptainer", "pyxis"):  # paths in an image: not visible here
+    in_image = options.environment.kind in ("apptainer", "pyxis")  # paths in an image: not visible here
+    if not job.is_recipe and not in_image:
         argv = list(job.command)
         if argv and Path(argv[0]).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
             paths.append(argv[1])
