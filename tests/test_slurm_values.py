@@ -1,9 +1,10 @@
 """A time and a memory size have one reader of what a user gives (--time, --mem: jobs/values.py, into seconds and
-bytes), a GRES one reader (schedulers/slurm/grammar.py) for --gres and what Slurm prints; what Slurm prints is read
-in its grammar (schedulers/slurm/grammar.py, records.py and gres.py), its times through the same reader as a
-user's. Here both sides read the same texts, the ones where hpctrain's two readers used to give different answers among them, with the answer Slurm
-documents: sbatch rounds a size in K up to whole megabytes (str_to_mbytes in src/common/proc_args.c) and takes
-an optional B after the unit; a GRES count may carry K, M, G, T or P, multiples of 1024 (sbatch(1), --gres)."""
+bytes); what Slurm prints is read in its own grammar (schedulers/slurm/grammar.py, records.py and gres.py), its
+times through the same reader as a user's; a GRES has one reader (grammar.py) for --gres and what Slurm prints.
+Here both sides read the same texts, the ones where hpctrain's two readers used to give different answers among
+them, with the answer Slurm documents: sbatch rounds a size in K up to whole megabytes (str_to_mbytes in
+src/common/proc_args.c) and takes an optional B after the unit; a GRES count may carry K, M, G, T or P, multiples
+of 1024 (sbatch(1), --gres)."""
 
 from __future__ import annotations
 

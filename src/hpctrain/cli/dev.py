@@ -127,8 +127,9 @@ def _start(args: argparse.Namespace) -> int:
     services = services_of(args)
     placement = placement_from_args(args)
     cfg = config_from_args(args)
+    rendered = services.dev_render(cfg, placement)  # pure: what the backend refuses fails here, before anything is made
     if args.dry_run:
-        print(services.dev_render(cfg, placement), end="")
+        print(rendered, end="")
         return 0
     from hpctrain.safetext import for_terminal
     from hpctrain.servers.sessions import starting

@@ -98,12 +98,3 @@ def read_gres_request(text: str) -> tuple[int, str | None, int]:
     if gpus and shards:
         raise UserError(f"--gres {text!r} asks for both whole GPUs and shards: choose gpu:N or shard:N")
     return gpus, gpu_type, shards
-
-
-def gres_request(gpus_per_node: int, gpu_type: str | None, shards_per_node: int) -> str | None:
-    """The --gres value for sbatch, or None for a CPU-only job."""
-    if gpus_per_node:
-        return f"gpu:{gpu_type}:{gpus_per_node}" if gpu_type else f"gpu:{gpus_per_node}"
-    if shards_per_node:
-        return f"shard:{shards_per_node}"
-    return None

@@ -20,7 +20,6 @@ from hpctrain.errors import UserError, brief
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import MAX_GPUS_PER_NODE
 from hpctrain.schedulers.slurm.directives import check_sbatch_value, refuse_own_option
-from hpctrain.schedulers.slurm.grammar import gres_request
 
 LAUNCHERS = ("torchrun", "srun", "single")
 ENVIRONMENT_KINDS = ("none", "modules", "conda", "venv", "apptainer", "pyxis")
@@ -289,8 +288,12 @@ def check_job(job: JobSpec, options: SlurmOptions) -> None:
 
 
 def gres(job: JobSpec, options: SlurmOptions) -> str | None:
-    """The --gres value for sbatch (the job's GPUs, with these options' type, or shards), or None for CPUs only."""
-    return gres_request(job.resources.gpus_per_node, options.gpu_type, options.shards_per_node)
+    """The --gres value for sbatch (the job's GPUs, with these options' type, or shards), or None for CPUs only: the
+    form grammar.read_gres_request reads."""
+    gpus = job.resources.gpus_per_node
+    if gpus:
+        return f"gpu:{options.gpu_type}:{gpus}" if options.gpu_type else f"gpu:{gpus}"
+    return f"shard:{options.shards_per_node}" if options.shards_per_node else None
 
 
 def uses_gpus(job: JobSpec, options: SlurmOptions) -> bool:
