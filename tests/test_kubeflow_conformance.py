@@ -166,7 +166,7 @@ def test_dev_and_tensorboard_pods(variant: int) -> None:
     )
     cfg = DevConfig(
         name=f"nb{variant}",
-        resources=Resources(cpus_per_task=4, mem="16G", gpus_per_node=variant),
+        resources=Resources(cpus_per_task=4, mem_bytes=16 << 30, gpus_per_node=variant),
         time=("08:00:00", None, "1-00:00:00")[variant],
     )
     tensorboard = tensorboard_pod(

@@ -432,38 +432,43 @@ def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, cap
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
     from hpctrain.schedulers.slurm.local import program_problems
     from hpctrain.schedulers.slurm.options import SlurmOptions
-    from hpctrain.jobs.spec import EnvironmentSpec, JobSpec
+    from hpctrain.jobs.spec import JobSpec
+    from hpctrain.schedulers.slurm.options import EnvironmentSpec
 
     tools = tmp_path / "tools"
     _executable(tools / "mytool")
     bare = {"PATH": "/nonexistent-bin"}
-    job = JobSpec(command=("mytool", "--x"), python=sys.executable)
-    [problem] = program_problems(job, bare)
+    here = SlurmOptions(python=sys.executable)
+    job = JobSpec(command=("mytool", "--x"))
+    [problem] = program_problems(job, bare, here)
     assert problem.startswith("`mytool` is not on the PATH the job will have") and "execve(): mytool" in problem
-    assert program_problems(job, {"PATH": f"/nonexistent-bin:{tools}"}) == []
-    assert program_problems(job.replace(env=(("PATH", str(tools)),)), bare) == []  # --setenv PATH counts
+    assert program_problems(job, {"PATH": f"/nonexistent-bin:{tools}"}, here) == []
+    assert program_problems(job.replace(env=(("PATH", str(tools)),)), bare, here) == []  # --setenv PATH counts
     # kind none: torchrun and hpctrain come from the submitting interpreter, whatever the PATH
-    assert program_problems(JobSpec(command=("hpctrain", "train", "mnist"), python=sys.executable), bare) == []
+    assert program_problems(JobSpec(command=("hpctrain", "train", "mnist")), bare, here) == []
     # a venv without torchrun and hpctrain: both named
     venv = tmp_path / "venv"
     _executable(venv / "bin" / "activate")
-    in_venv = JobSpec(command=("hpctrain", "train", "mnist"), environment=EnvironmentSpec(kind="venv", venv=str(venv)))
-    torchrun = SlurmOptions(launcher="torchrun")
+    in_venv = JobSpec(command=("hpctrain", "train", "mnist"))
+    venv_env = EnvironmentSpec(kind="venv", venv=str(venv))
+    torchrun = SlurmOptions(launcher="torchrun", environment=venv_env)
     assert [p.split("`")[1] for p in program_problems(in_venv, bare, torchrun)] == ["torchrun", "hpctrain"]
-    assert [p.split("`")[1] for p in program_problems(in_venv, bare)] == ["hpctrain"]  # one process: no torchrun
+    one = SlurmOptions(environment=venv_env)
+    assert [p.split("`")[1] for p in program_problems(in_venv, bare, one)] == ["hpctrain"]  # one process: no torchrun
     _executable(venv / "bin" / "torchrun")
     _executable(venv / "bin" / "hpctrain")
-    assert program_problems(in_venv, bare) == []
+    assert program_problems(in_venv, bare, one) == []
     # python by name, not on the PATH: the fix names this interpreter
     [problem] = program_problems(
-        JobSpec(command=("python", "x.py"), python=sys.executable), bare, SlurmOptions(launcher="srun")
+        JobSpec(command=("python", "x.py")), bare, SlurmOptions(launcher="srun", python=sys.executable)
     )
     assert f"-- {sys.executable} ..." in problem
     # modules and containers bring their own PATH: nothing is claimed
     for env in (EnvironmentSpec(kind="modules", modules=("x",)), EnvironmentSpec(kind="pyxis", image="repo#img")):
-        assert program_problems(JobSpec(command=("mytool",), environment=env), bare) == []
+        assert program_problems(JobSpec(command=("mytool",)), bare, SlurmOptions(environment=env)) == []
     # an interpreter that is not there (an old job file from another machine)
-    [problem] = program_problems(JobSpec(command=("hpctrain",), python=str(tmp_path / "gone" / "python")), bare)
+    gone = SlurmOptions(python=str(tmp_path / "gone" / "python"))
+    [problem] = program_problems(JobSpec(command=("hpctrain",)), bare, gone)
     assert "is not an executable here" in problem
 
 
