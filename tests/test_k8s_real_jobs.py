@@ -239,7 +239,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
             name="low",
             run_dir=str(run_dir),
             signal_grace=60,
-            resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem="2G"),
+            resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem_bytes=2 << 30),
         )
         low_sched = real.scheduler(*volumes, priority_class=low)
         low_sched.submit(job, low_sched.render(job))
