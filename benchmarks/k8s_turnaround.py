@@ -98,7 +98,7 @@ def main() -> int:
                     command=("python", "-c", SLEEPER),
                     name=f"bench-{i}",
                     signal_grace=30,
-                    resources=Resources(nodes=2, mem="100M"),
+                    resources=Resources(nodes=2, mem_bytes=100 << 20),
                 )
                 rendered = sched.render(job)
                 start = time.perf_counter()

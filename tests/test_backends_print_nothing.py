@@ -129,12 +129,9 @@ def test_a_job_from_submit_to_cancel_prints_nothing_and_returns_it_all(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     capfd.readouterr()
-    sched = get_scheduler("slurm", launcher="single", output=str(tmp_path / "out-%j.txt"))
+    sched = get_scheduler("slurm", launcher="single", output=str(tmp_path / "out-%j.txt"), python=sys.executable)
     job = JobSpec(
-        command=("sh", "-c", "echo started; sleep 300"),
-        name="quiet-engine",
-        run_dir=str(tmp_path / "run-%j"),
-        python=sys.executable,
+        command=("sh", "-c", "echo started; sleep 300"), name="quiet-engine", run_dir=str(tmp_path / "run-%j")
     )
     rendered = sched.render(job)
     assert base.blocking(sched.check(job)) == []
@@ -171,7 +168,9 @@ def test_tensorboard_on_the_cluster_prints_nothing_and_returns_its_steps_and_acc
     steps: list[Step] = []
     access = None
     try:
-        access = sched.services().tensorboard([str(run)], "00:10:00", Placement(venv=venv()), 500, None, steps.append)
+        access = sched.services().tensorboard(
+            [str(run)], "00:10:00", Placement(options={"venv": venv()}), 500, None, steps.append
+        )
         assert isinstance(access, ServiceAccess) and access.endpoint is not None
         assert steps[0] == Step(
             "submitted", f"tensorboard: job {access.job} submitted; waiting for it to answer (up to 500 s)", access.job
@@ -195,10 +194,8 @@ def test_dev_start_prints_nothing_and_returns_its_steps_and_how_to_reach_it(
     monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
     capfd.readouterr()
     services = get_scheduler("slurm").services()
-    placement = Placement(venv=venv())
-    cfg = DevConfig(
-        name="quiet", resources=Resources(cpus_per_task=1), environment=services.environment(placement), time="10:00"
-    )
+    placement = Placement(options={"venv": venv()})
+    cfg = DevConfig(name="quiet", resources=Resources(cpus_per_task=1), time="10:00")
     steps: list[Step] = []
     job_id = None
     try:

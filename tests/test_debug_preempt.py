@@ -55,7 +55,7 @@ def test_parse_signal_option(value: str, expected: TimeLimitWarning | None) -> N
 def test_the_warning_of_a_script_that_hpctrain_renders() -> None:
     from hpctrain.schedulers.slurm.options import SlurmOptions
 
-    job = JobSpec(command=("hpctrain", "train", "mnist"), time="01:00:00", signal_grace=300)
+    job = JobSpec(command=("hpctrain", "train", "mnist"), time_limit_s=3600, signal_grace=300)
     single = SlurmOptions(launcher="single")
     assert warning_from_script(render_sbatch(job, single)) == TimeLimitWarning("USR1", True, 300)
     assert warning_from_script(render_sbatch(job.replace(signal_grace=0), single)) is None  # no warning asked for

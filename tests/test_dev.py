@@ -18,19 +18,17 @@ from hpctrain.servers.sessions import DevConfig
 from hpctrain.schedulers.kubernetes.services import render_dev_pod
 from hpctrain.schedulers.slurm.services import render_dev_script
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import Resources
+from hpctrain.schedulers.services import Placement
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.servers.common import http_get
 
 
 def test_script_reads_the_token_from_a_private_file_and_quotes_paths(tmp_path: Path) -> None:
     state = tmp_path / "it's here"
-    cfg = DevConfig(
-        "nb",
-        resources=Resources(cpus_per_task=4, shards_per_node=8, mem="8G"),
-        environment=EnvironmentSpec("venv", venv="~/venvs/my env"),
-    )
-    script = render_dev_script(cfg, state)
+    cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, mem_bytes=8 << 30))
+    placement = Placement(options={"gres": "shard:8", "venv": "~/venvs/my env"})  # Slurm's own flags
+    script = render_dev_script(cfg, state, placement)
     assert "umask 077" in script
     assert '"$(cat "$state_dir/token")"' in script and "export JUPYTER_TOKEN" in script
     assert "state_dir=" + "'" in script and "it'\"'\"'s here" in script  # shlex-quoted
@@ -47,9 +45,10 @@ def test_scripts_pass_shellcheck(tmp_path: Path, service: str) -> None:
 
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (scripts/test.sh installs it)")
-    cfg = DevConfig("nb", service=service, environment=EnvironmentSpec("apptainer", image="a.sif", mounts=("/d:/d",)))
+    cfg = DevConfig("nb", service=service)
+    placement = Placement(image="a.sif", options={"mounts": ("/d:/d",)})
     script = tmp_path / "dev.sbatch"
-    script.write_text(render_dev_script(cfg, tmp_path / "state"))
+    script.write_text(render_dev_script(cfg, tmp_path / "state", placement))
     result = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 
@@ -85,7 +84,7 @@ def test_idle_warn_reads_times_as_time_does(tmp_path: Path) -> None:
 
 
 def test_pod_reads_the_token_from_its_secret() -> None:
-    cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, gpus_per_node=1, mem="16G"), time="2:00:00")
+    cfg = DevConfig("nb", resources=Resources(cpus_per_task=4, gpus_per_node=1, mem_bytes=16 << 30), time="2:00:00")
     pod = render_dev_pod(
         cfg,
         KubernetesOptions(

@@ -28,7 +28,8 @@ import pytest
 from around_helpers import cli_env, hpctrain
 from hpctrain.errors import UserError
 from hpctrain.images import image_format
-from hpctrain.jobs.spec import EnvironmentSpec
+from hpctrain.schedulers.services import Placement
+from hpctrain.schedulers.slurm.options import EnvironmentSpec
 from hpctrain.schedulers.kubernetes import image_build
 from hpctrain.schedulers.slurm import save as slurm_save
 from hpctrain.schedulers.slurm.services import render_dev_script
@@ -109,17 +110,15 @@ def record_session(home: Path, name: str, job_id: str, environment: EnvironmentS
 def test_a_pyxis_session_names_its_container_for_save(tmp_path: Path) -> None:
     """pyxis reads PYXIS_CONTAINER_NAME as --container-name (args.c): the session's step runs in the container
     that `dev save`'s step names; other environments get no such line."""
-    pyxis = DevConfig("nb", environment=EnvironmentSpec(kind="pyxis", image="/images/torch.sqsh"))
-    script = render_dev_script(pyxis, tmp_path)
+    nb = DevConfig("nb")
+    script = render_dev_script(nb, tmp_path, Placement(image="/images/torch.sqsh"))
     assert "export PYXIS_CONTAINER_NAME=hpctrain-dev-nb\n" in script
     assert script.index("PYXIS_CONTAINER_NAME") < script.index("srun ")
     chosen = slurm_save.plan("nb", {"job_id": "7", "environment": {"kind": "pyxis"}}, str(tmp_path / "new.sqsh"))
     assert "--container-name=hpctrain-dev-nb" in chosen.argv and "--jobid=7" in chosen.argv
     assert "PYXIS" not in render_dev_script(DevConfig("nb"), tmp_path)
-    sandbox = DevConfig("nb", environment=EnvironmentSpec(kind="apptainer", image="/images/torch/"))
-    assert "export APPTAINER_WRITABLE=true\n" in render_dev_script(sandbox, tmp_path)
-    sif = DevConfig("nb", environment=EnvironmentSpec(kind="apptainer", image="/images/torch.sif"))
-    assert "WRITABLE" not in render_dev_script(sif, tmp_path)
+    assert "export APPTAINER_WRITABLE=true\n" in render_dev_script(nb, tmp_path, Placement(image="/images/torch/"))
+    assert "WRITABLE" not in render_dev_script(nb, tmp_path, Placement(image="/images/torch.sif"))
 
 
 @pytest.mark.parametrize(

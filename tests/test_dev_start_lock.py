@@ -15,10 +15,12 @@ def test_a_second_dev_start_of_one_name_is_refused_while_the_first_starts(tmp_pa
     env = cli_env(home, KUBECONFIG=str(tmp_path / "no-kubeconfig"))  # were it not refused: no pod anywhere
     with starting("twin", home / "dev") as state_dir:
         (state_dir / TOKEN_FILE).write_text("the first start's token\n")
-        for scheduler in ("slurm", "kubernetes"):
+        for scheduler, image in (("slurm", ()), ("kubernetes", ("--image", "img:1"))):
             second = hpctrain(
-                "dev", "start", "twin", "--scheduler", scheduler, "--wait", "1", "--time", "1", env=env, cwd=tmp_path
-            )
+                *("dev", "start", "twin", "--scheduler", scheduler, *image, "--wait", "1", "--time", "1"),
+                env=env,
+                cwd=tmp_path,
+            )  # a session the backend would render (it refuses one it cannot, before taking the lock)
             assert second.returncode == 2 and "Traceback" not in second.stderr, second
             assert second.stderr.strip() == (
                 "hpctrain dev: error: dev session twin is being started right now by another `hpctrain dev start`: "

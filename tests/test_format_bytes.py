@@ -41,15 +41,19 @@ def test_no_exponent_and_no_four_digit_fraction_below_1024_pib():
 def test_no_other_byte_formatter_in_the_product() -> None:
     """Seven formatters in four styles (`1.5G`, `1.5Gi`, `1.5 GiB`, `1536 MiB`) printed byte counts before; now every
     count shown to people goes through format_bytes. What divides a value by a binary unit inside an f-string is a
-    formatter; the two renderers of other tools' grammars (sbatch --mem `64G`, a Kubernetes quantity `64Gi`) are
-    the only ones allowed, each named for the grammar it writes."""
+    formatter; the renderers of a grammar (sbatch --mem `64G`, a Kubernetes quantity `64Gi`, a job file's `mem: 16G`)
+    are the only ones allowed, each named for the grammar it writes."""
     import re
     from pathlib import Path
 
     import hpctrain
 
     unit = re.compile(r"\{[^{}]*(?:/|//|>>)\s*\(?(?:1024\b|2\s*\*\*\s*[1-9]|1\s*<<\s*[0-9])")
-    grammars = {("schedulers/slurm/checks.py", "slurm_mem"), ("schedulers/kubernetes/options.py", "quantity_mb")}
+    grammars = {
+        ("schedulers/slurm/grammar.py", "slurm_mem"),
+        ("schedulers/kubernetes/options.py", "quantity_mb"),
+        ("jobs/values.py", "mem_text"),
+    }
     root = Path(hpctrain.__file__).parent
     found = []
     for path in sorted(root.rglob("*.py")):

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.jobs import JobSpec, from_mapping, load_job_file
-from hpctrain.schedulers.slurm.options import FILE_KEYS
+from hpctrain.jobs import load_job_file
+from hpctrain.schedulers.slurm.flags import complete_job
+from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "jobs").glob("*.[yt]*ml"))
 SIGNATURE = {
@@ -26,13 +27,15 @@ SIGNATURE = {
 }
 
 
-def _job(path: Path) -> JobSpec:
-    """The example's neutral job: its Slurm options (launcher) stand at the top level, as job files may keep them."""
-    return from_mapping({k: v for k, v in load_job_file(path).items() if k not in FILE_KEYS})
+def _options(path: Path) -> SlurmOptions:
+    """The example's Slurm options (launcher, environment): at the top level, as job files may keep them."""
+    data = load_job_file(path)
+    options = read_file_section(str(path), {k: v for k, v in data.items() if k in FILE_KEYS})
+    return SlurmOptions(**complete_job({}, options, {})[1])
 
 
 def test_every_environment_kind_has_an_example() -> None:
-    kinds = {_job(p).environment.kind for p in EXAMPLES}
+    kinds = {_options(p).environment.kind for p in EXAMPLES}
     assert kinds == set(SIGNATURE)
 
 
@@ -50,7 +53,7 @@ def test_example_renders(path: Path, capsys, tmp_path: Path, fashion_data_dir: P
         line.startswith(("hpctrain submit: note: ", "hpctrain submit: --dry-run skipped")) for line in err.splitlines()
     ), err
     script = out.split("<<'EOF'\n", 1)[1].rsplit("EOF\n", 1)[0]
-    kind = _job(path).environment.kind
+    kind = _options(path).environment.kind
     assert SIGNATURE[kind] in script
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is not installed: apt-get install shellcheck")

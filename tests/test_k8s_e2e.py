@@ -45,7 +45,7 @@ def test_exit_75_is_retried_within_the_restart_budget(real_cpu: Real, tmp_path: 
         name="preempted",
         run_dir=str(tmp_path),
         max_restarts=1,
-        resources=Resources(nodes=1, mem="1G"),
+        resources=Resources(nodes=1, mem_bytes=1 << 30),
         env=(("RETRY_S", "0"),),
     )
     sched.submit(job, sched.render(job))
@@ -69,7 +69,7 @@ def test_a_job_past_its_restart_budget_leaves_no_running_pod(real_cpu: Real, tmp
         run_dir=str(tmp_path),
         signal_grace=5,
         max_restarts=0,
-        resources=Resources(nodes=1, mem="1G"),
+        resources=Resources(nodes=1, mem_bytes=1 << 30),
         env=(("RETRY_S", "600"),),
     )
     manifest = sched.render(job)
@@ -99,8 +99,8 @@ def test_a_job_past_its_deadline_leaves_no_running_pod(real_cpu: Real, tmp_path:
         name="expiring",
         run_dir=str(tmp_path),
         signal_grace=5,
-        time="00:10:00",
-        resources=Resources(nodes=1, mem="1G"),
+        time_limit_s=600,
+        resources=Resources(nodes=1, mem_bytes=1 << 30),
     )
     manifest = sched.render(job)
     run_policy = manifest.payload["spec"]["runPolicy"]
@@ -129,7 +129,7 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(
         name="sick",
         run_dir=str(tmp_path / "run"),
         max_restarts=0,
-        resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+        resources=Resources(nodes=2, cpus_per_task=1, mem_bytes=2 << 30),
         env=(*THIS_CHECKOUT, ("HPCTRAIN_TEST_AILING_RANK", "1"), ("HPCTRAIN_TEST_AILING", "sick-gemm")),
     )
     manifest = sched.render(job)
@@ -166,7 +166,7 @@ def test_debug_stacks_and_top_reach_the_ranks_through_a_pod(real: Real, tmp_path
         name="stacks",
         signal_grace=5,
         run_dir=str(run_dir),
-        resources=Resources(nodes=2, mem="2G"),
+        resources=Resources(nodes=2, mem_bytes=2 << 30),
         env=(
             *THIS_CHECKOUT,
             ("HPCTRAIN_TEST_AILING_RANK", "1"),

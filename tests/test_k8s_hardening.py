@@ -16,7 +16,7 @@ import yaml
 from around_helpers import cli_env
 from hpctrain.servers.sessions import DevConfig
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec
+from hpctrain.schedulers.slurm.options import EnvironmentSpec
 from training_helpers import run_hpctrain
 
 IMAGE = "example.invalid/hpctrain:test"
@@ -205,11 +205,11 @@ def test_dev_start_refuses_an_environment_without_jupyterlab(tmp_path: Path) -> 
     venv = tmp_path / "bare-venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text("")
-    cfg = DevConfig("nb", environment=EnvironmentSpec("venv", venv=str(venv)))
+    cfg, environment = DevConfig("nb"), EnvironmentSpec("venv", venv=str(venv))
     with pytest.raises(UserError, match=r"pip install 'hpctrain\[jupyter\]'"):
-        check_program(cfg, {"PATH": "/usr/bin:/bin"})
-    check_program(cfg, {"PATH": f"{Path(sys.executable).parent}:/usr/bin"})  # the tests' venv has JupyterLab
-    check_program(DevConfig("nb", environment=EnvironmentSpec("modules", modules=("jupyter",))), {"PATH": "/usr/bin"})
+        check_program(cfg, environment, {"PATH": "/usr/bin:/bin"})
+    check_program(cfg, environment, {"PATH": f"{Path(sys.executable).parent}:/usr/bin"})  # the tests' venv has it
+    check_program(cfg, EnvironmentSpec("modules", modules=("jupyter",)), {"PATH": "/usr/bin"})
 
     proc = run("dev", "start", "nb", "--scheduler", "slurm", "--venv", str(venv), cwd=tmp_path, PATH="/usr/bin:/bin")
     one_error(proc, "JupyterLab is not in the session's environment", "pip install 'hpctrain[jupyter]'")

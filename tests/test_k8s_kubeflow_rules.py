@@ -20,6 +20,7 @@ import yaml
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.render import container_command, render
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
@@ -30,10 +31,12 @@ IMAGE = "registry.example/hpctrain:1"
 
 
 def job(nodes: int = 1, **kw: Any) -> JobSpec:
+    if "time" in kw:  # as typed
+        kw["time_limit_s"] = parse_time_limit(kw.pop("time"))
     return JobSpec(
         command=kw.pop("command", ("hpctrain", "train", "mnist")),
         name=kw.pop("name", "mnist"),
-        resources=Resources(nodes=nodes, cpus_per_task=2, mem="4G"),
+        resources=Resources(nodes=nodes, cpus_per_task=2, mem_bytes=4 << 30),
         **kw,
     )
 
@@ -137,7 +140,7 @@ def test_trainjob_max_restarts_is_its_own_runtimes_jobset_restart_limit(nodes: i
     node = jobset["replicatedJobs"][0]["template"]["spec"]
     assert (node["backoffLimit"], node["template"]["spec"]["restartPolicy"]) == (0, "Never")
     # Each attempt may train for --time: the backstop deadline grows with the budget, as a PyTorchJob's does.
-    timed = render(spec.replace(time="01:00:00"), options("trainjob"))
+    timed = render(spec.replace(time_limit_s=3600), options("trainjob"))
     assert timed["spec"]["activeDeadlineSeconds"] == 3600 * (max_restarts + 1) + 24 * 3600
     # Without a budget the job stays on the cluster's runtime, and the text is the TrainJob alone.
     plain = rendered(spec.replace(max_restarts=0), options("trainjob"))

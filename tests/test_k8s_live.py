@@ -21,6 +21,7 @@ import pytest
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.jobs.values import parse_mem_bytes, parse_time_limit
 from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import CANCELLED, FAILED, RUNNING
 from hpctrain.schedulers.kubernetes.options import KubernetesOptions
@@ -141,11 +142,19 @@ def job(
     run_dir: str | None = "/mnt/runs/%j",
     **kw: Any,
 ) -> JobSpec:
+    if "time" in kw:  # as typed
+        kw["time_limit_s"] = parse_time_limit(kw.pop("time"))
     return JobSpec(
         command=("hpctrain", "train", "mnist"),
         name=kw.pop("name", "mnist"),
         run_dir=run_dir,
-        resources=Resources(nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=cpus, mem=mem),
+        resources=Resources(
+            nodes=nodes,
+            nproc_per_node=max(1, gpus),
+            gpus_per_node=gpus,
+            cpus_per_task=cpus,
+            mem_bytes=None if mem is None else parse_mem_bytes(mem),
+        ),
         **kw,
     )
 

@@ -135,7 +135,7 @@ def test_params_platform_example(tmp_path: Path) -> None:
     }
     job = from_mapping(job_fields, source=str(path))  # the same checks as a YAML/TOML job file
     options = KubernetesOptions(**option_fields)
-    assert job.resources.mem_mb == 4096 and options.shm_bytes == 4 * 2**30
+    assert job.resources.mem_bytes == 4096 * 2**20 and options.shm_bytes == 4 * 2**30
 
 
 def test_params_gpus_split_cpus_per_process() -> None:

@@ -86,7 +86,7 @@ def job(**changes: Any) -> JobSpec:
     [
         ("pytorchjob", {"max_restarts": 2**30}, ("--max-restarts:", "spec.runPolicy.backoffLimit would be 2147483649")),
         ("trainjob", {"max_restarts": 2**31}, ("--max-restarts:", "failurePolicy.maxRestarts would be 2147483648")),
-        ("pytorchjob", {"time": "99999999-00:00:00", "max_restarts": 10**8}, ("--time:", "activeDeadlineSeconds")),
+        ("pytorchjob", {"time_limit_s": 99999999 * 86400, "max_restarts": 10**8}, ("--time:", "activeDeadlineSeconds")),
         ("pytorchjob", {"exclude_nodes": ("GPU-Node-3",)}, ("--exclude-nodes 'GPU-Node-3'", "lower-case")),
         ("trainjob", {"exclude_nodes": ("node_7",)}, ("--exclude-nodes 'node_7'",)),
     ],

@@ -53,7 +53,7 @@ def test_a_hung_rank_is_named_and_the_restarted_pods_resume_exactly(
         name="hung",
         run_dir=str(run_dir),
         max_restarts=2,
-        resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+        resources=Resources(nodes=2, cpus_per_task=1, mem_bytes=2 << 30),
         env=(
             ("HPCTRAIN_TEST_AILING_RANK", "1"),
             ("HPCTRAIN_TEST_AILING", "stall"),

@@ -136,7 +136,7 @@ def test_shm_is_a_memory_volume_of_the_asked_size(real: Real) -> None:
         "import os; s = os.statvfs('/dev/shm'); kinds = [l.split()[2] for l in open('/proc/mounts') "
         "if l.split()[1] == '/dev/shm']; print('shm', s.f_frsize * s.f_blocks, kinds, flush=True)"
     )
-    job = JobSpec(command=("python", "-c", probe), name="shm", resources=Resources(nodes=1, mem="1G"))
+    job = JobSpec(command=("python", "-c", probe), name="shm", resources=Resources(nodes=1, mem_bytes=1 << 30))
     assert sched.submit(job, sched.render(job)) == "shm"
     status = real.wait("the job to finish", lambda: finished(sched, "shm"))
     log = "\n".join(sched.logs("shm"))
@@ -162,7 +162,7 @@ def test_cancel_checkpoints_top_execs_and_resubmission_resumes(
         name="resume",
         run_dir=str(run_dir),
         signal_grace=60,
-        resources=Resources(nodes=2, cpus_per_task=1, mem="2G"),
+        resources=Resources(nodes=2, cpus_per_task=1, mem_bytes=2 << 30),
     )
     assert blocking(sched.check(job)) == [], sched.check(job)
     assert sched.submit(job, sched.render(job)) == "resume"
@@ -239,7 +239,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
             name="low",
             run_dir=str(run_dir),
             signal_grace=60,
-            resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem="2G"),
+            resources=Resources(nodes=2, cpus_per_task=max(1, cpus // 2), mem_bytes=2 << 30),
         )
         low_sched = real.scheduler(*volumes, priority_class=low)
         low_sched.submit(job, low_sched.render(job))
@@ -251,7 +251,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
         big = JobSpec(
             command=("python", "-c", "import time; time.sleep(5)"),
             name="high",
-            resources=Resources(nodes=1, cpus_per_task=cpus, mem="1G"),
+            resources=Resources(nodes=1, cpus_per_task=cpus, mem_bytes=1 << 30),
         )
         high_sched = real.scheduler(priority_class=high)
         pids = real.training_pids(run_dir, 2)
@@ -326,7 +326,7 @@ def test_a_job_that_does_not_fit_stays_pending_with_the_schedulers_reason(real: 
     spec = JobSpec(
         command=("python", "-c", "print('never')"),
         name="too-big",
-        resources=Resources(nodes=1, cpus_per_task=64, mem="1G"),
+        resources=Resources(nodes=1, cpus_per_task=64, mem_bytes=1 << 30),
     )
     sched.submit(spec, sched.render(spec))
     reason = re.compile(r"too-big-master-0: FailedScheduling: 0/\d+ nodes are available: \d+ Insufficient cpu")
@@ -382,7 +382,7 @@ def test_a_job_over_the_namespace_quota_stays_pending_with_the_quota_reason(real
     spec = JobSpec(
         command=("python", "-c", "print('never')"),
         name="over-quota",
-        resources=Resources(nodes=1, cpus_per_task=1, mem="1G"),
+        resources=Resources(nodes=1, cpus_per_task=1, mem_bytes=1 << 30),
     )
     sched.submit(spec, sched.render(spec))
     shown = real.wait(
@@ -481,7 +481,7 @@ def test_the_stand_in_leaves_placement_to_the_scheduler(real: Real) -> None:
         "    else:\n"
         "        raise SystemExit('the master never listened')\n"
     )
-    job = JobSpec(command=("python", "-c", probe), name="addr", resources=Resources(nodes=2, mem="512M"))
+    job = JobSpec(command=("python", "-c", probe), name="addr", resources=Resources(nodes=2, mem_bytes=512 << 20))
     sched.submit(job, sched.render(job))
     status = real.wait("the job to finish", lambda: finished(sched, "addr"))
     assert status.state == SUCCEEDED and [r.phase for r in status.replicas] == ["Succeeded", "Succeeded"], status
@@ -690,7 +690,7 @@ def test_a_failed_containers_termination_message_is_its_logs_end(real_cpu: Real)
         command=("python", "-c", "import sys; print('cuda init failed', flush=True); sys.exit(4)"),
         name="said-1",
         max_restarts=1,
-        resources=Resources(nodes=1, mem="512M"),
+        resources=Resources(nodes=1, mem_bytes=512 << 20),
     )
     sched.submit(spec, sched.render(spec))
 

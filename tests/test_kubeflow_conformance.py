@@ -64,8 +64,10 @@ def _job(api: str, nodes: int, gpus: int, variant: int, name: str | None = None)
     return JobSpec(
         command=COMMAND,
         name=name or f"conf-{api[:3]}-{nodes}n-{gpus}g-{variant}",
-        time=("30:00", "02:00:00", "3-00:00:00", None)[variant % 4],
-        resources=Resources(nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=4, mem="32G"),
+        time_limit_s=(1800, 2 * 3600, 3 * 86400, None)[variant % 4],
+        resources=Resources(
+            nodes=nodes, nproc_per_node=max(1, gpus), gpus_per_node=gpus, cpus_per_task=4, mem_bytes=32 << 30
+        ),
         run_dir="/mnt/share/team/runs/%j" if variant % 2 else None,
         env=(("OMP_NUM_THREADS", "4"),) if variant % 3 == 0 else (),
         exclude_nodes=("gpu-node-7", "gpu-node-12") if variant % 2 == 0 else (),
@@ -166,7 +168,7 @@ def test_dev_and_tensorboard_pods(variant: int) -> None:
     )
     cfg = DevConfig(
         name=f"nb{variant}",
-        resources=Resources(cpus_per_task=4, mem="16G", gpus_per_node=variant),
+        resources=Resources(cpus_per_task=4, mem_bytes=16 << 30, gpus_per_node=variant),
         time=("08:00:00", None, "1-00:00:00")[variant],
     )
     tensorboard = tensorboard_pod(

@@ -354,7 +354,7 @@ def test_trainjob_on_hpctrains_own_runtime_restarts_the_set_max_restarts_times(s
         command=("python", "train.py"),
         name="tj-budget",
         max_restarts=2,
-        resources=Resources(nodes=2, cpus_per_task=1, mem="1G"),
+        resources=Resources(nodes=2, cpus_per_task=1, mem_bytes=1 << 30),
     )
     sched.submit(job, sched.render(job))
     for attempt, failing in ((0, 0), (1, 1), (2, 0)):

@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from dataclasses import replace
+
 from hpctrain.distributed.ports import job_port
-from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.slurm import requeue
-from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions
+from hpctrain.schedulers.slurm.options import FILE_KEYS, EnvironmentSpec, SlurmOptions
 from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM
 
@@ -48,7 +51,9 @@ GOLDEN_PYTHON = "/opt/python/bin/python3"
 
 
 def slurm_job(**fields) -> tuple[JobSpec, SlurmOptions]:
-    """A JobSpec and its SlurmOptions from one set of keywords (SlurmOptions' own go to it)."""
+    """A JobSpec and its SlurmOptions from one set of keywords (SlurmOptions' own go to it; `time` as typed)."""
+    if "time" in fields:
+        fields["time_limit_s"] = parse_time_limit(fields.pop("time"))
     return (
         JobSpec(**{k: v for k, v in fields.items() if k not in FILE_KEYS}),
         SlurmOptions(**{k: v for k, v in fields.items() if k in FILE_KEYS}),
@@ -68,8 +73,9 @@ def golden_job(launcher: str, env: str, res: str) -> tuple[JobSpec, SlurmOptions
             nodes=2 if multi else 1,
             nproc_per_node=nproc,
             cpus_per_task=1,
-            **{k: (nproc if k == "gpus_per_node" else v) for k, v in RESOURCES[res].items()},
+            **({"gpus_per_node": nproc} if "gpus_per_node" in RESOURCES[res] else {}),
         ),
+        shards_per_node=RESOURCES[res].get("shards_per_node", 0),
         environment=ENVIRONMENTS[env],
         python=GOLDEN_PYTHON if env == "none" else None,
         run_dir="runs/mnist-fashion-mnist-%j",
@@ -149,7 +155,7 @@ def test_resources_render_per_launcher() -> None:
     assert "#SBATCH --signal" not in no_signal and "#SBATCH --requeue" in no_signal
     assert no_signal.count('scontrol requeue "') == 1 and '[ "$stop_reason" = hung ]' in no_signal
     assert "scontrol requeuehold" in no_signal and '[ "$stop_reason" = sick_node ]' in no_signal
-    never = render_sbatch(torch_job.replace(signal_grace=0, max_hang_restarts=0), slurm)
+    never = render_sbatch(torch_job.replace(signal_grace=0), replace(slurm, max_hang_restarts=0))
     assert "--requeue" not in never and "scontrol requeue" not in never
 
 
@@ -619,22 +625,24 @@ def test_slurm_refuses_what_an_sbatch_line_cannot_hold(fields: dict, message: st
 
 def test_kind_none_runs_hpctrain_and_torchrun_with_the_submitting_python() -> None:
     python = "/opt/my env/bin/python3"
-    recipe = JobSpec(command=("hpctrain", "train", "mnist"), python=python, run_dir="runs/r-%j")
-    words = step_command(recipe, SlurmOptions(launcher="torchrun"))
+    recipe = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/r-%j")
+    words = step_command(recipe, SlurmOptions(launcher="torchrun", python=python))
     assert words[words.index("--quiet") + 1 :][:3] == [
         "'/opt/my env/bin/python3'",
         "-c",
         '"$hpctrain_torchrun"',
     ]
     assert words[words.index("--no-python") + 1 :][:4] == ["'/opt/my env/bin/python3'", "-m", "hpctrain", "train"]
-    srun = step_command(recipe.replace(resources=Resources(nproc_per_node=2)), SlurmOptions(launcher="srun"))
+    srun = step_command(
+        recipe.replace(resources=Resources(nproc_per_node=2)), SlurmOptions(launcher="srun", python=python)
+    )
     assert "torchrun" not in " ".join(srun) and "torch.distributed.run" not in srun
     own = step_command(*slurm_job(command=("python", "x.py"), python=python, launcher="srun"))
     assert own[-2:] == ["python", "x.py"]  # the user's own command is left as written (hpctrain check looks it up)
     # without an interpreter (other environment kinds): the names, found on the PATH the environment gives
     plain = step_command(
-        JobSpec(command=("hpctrain", "train", "mnist"), environment=ENVIRONMENTS["venv"]),
-        SlurmOptions(launcher="torchrun"),
+        JobSpec(command=("hpctrain", "train", "mnist")),
+        SlurmOptions(launcher="torchrun", environment=ENVIRONMENTS["venv"]),
     )
     assert (
         plain[plain.index('"$hpctrain_torchrun"') - 2] == "python3"
@@ -647,9 +655,9 @@ def test_an_interpreter_is_refused_with_an_environment_that_brings_its_own(env: 
     from hpctrain.errors import UserError
 
     with pytest.raises(UserError, match=f"a {env} environment brings its own"):
-        JobSpec(command=("x",), environment=ENVIRONMENTS[env], python="/usr/bin/python3")
+        SlurmOptions(environment=ENVIRONMENTS[env], python="/usr/bin/python3")
     with pytest.raises(UserError, match="absolute path"):
-        JobSpec(command=("x",), python="bin/python3")
+        SlurmOptions(python="bin/python3")
 
 
 # ---- %j in a recipe's run dir: expanded once, by the script ---------------------------------------------------

@@ -116,7 +116,9 @@ def test_cluster_and_check_list_a_page_at_a_time(small_cluster, monkeypatch: pyt
 
     recording.gets.clear()
     job = JobSpec(
-        command=("hpctrain", "train", "mnist"), name="mnist", resources=Resources(nodes=1, cpus_per_task=2, mem="2G")
+        command=("hpctrain", "train", "mnist"),
+        name="mnist",
+        resources=Resources(nodes=1, cpus_per_task=2, mem_bytes=2 << 30),
     )
     problems = sched.check(job)
     assert any("no schedulable node" in p for p in problems)  # its nodes are cordoned

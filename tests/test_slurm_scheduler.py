@@ -31,12 +31,11 @@ def wait_status(sched, job_id: str, done) -> base.JobStatus:
 
 def test_slurm_scheduler_follows_a_job_through_the_interface(slurm_cluster, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    sched = get_scheduler("slurm", launcher="single", output=str(tmp_path / "out-%j.txt"))
+    sched = get_scheduler("slurm", launcher="single", output=str(tmp_path / "out-%j.txt"), python=sys.executable)
     job = JobSpec(
         command=("sh", "-c", "echo one; echo two; exit 3"),
         name="iface-exit",
         run_dir=str(tmp_path / "run-%j"),
-        python=sys.executable,
     )
     rendered = sched.render(job)
     assert rendered.filename == "job.sbatch" and rendered.text.startswith("#!")
@@ -55,12 +54,11 @@ def test_slurm_scheduler_follows_a_job_through_the_interface(slurm_cluster, tmp_
 
 def test_slurm_scheduler_cancel_and_follow(slurm_cluster, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    sched = get_scheduler("slurm", launcher="single", output=str(tmp_path / "out-%j.txt"))
+    sched = get_scheduler("slurm", launcher="single", output=str(tmp_path / "out-%j.txt"), python=sys.executable)
     job = JobSpec(
         command=("sh", "-c", "echo started; sleep 300"),
         name="iface-cancel",
         run_dir=str(tmp_path / "run-%j"),
-        python=sys.executable,
     )
     job_id = sched.submit(job, sched.render(job))
     try:

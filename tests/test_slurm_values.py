@@ -1,8 +1,10 @@
-"""Slurm's time, memory and GRES forms have one reader each (jobs/values.py), for what a user gives (--time,
---mem, --gres) and for what Slurm prints (schedulers/slurm/records.py and gres.py). Here both sides read the same
-texts, the ones where hpctrain's two readers used to give different answers among them, with the answer Slurm
-documents: sbatch rounds a size in K up to whole megabytes (str_to_mbytes in src/common/proc_args.c) and takes
-an optional B after the unit; a GRES count may carry K, M, G, T or P, multiples of 1024 (sbatch(1), --gres)."""
+"""A time and a memory size have one reader of what a user gives (--time, --mem: jobs/values.py, into seconds and
+bytes); what Slurm prints is read in its own grammar (schedulers/slurm/grammar.py, records.py and gres.py), its
+times through the same reader as a user's; a GRES has one reader (grammar.py) for --gres and what Slurm prints.
+Here both sides read the same texts, the ones where hpctrain's two readers used to give different answers among
+them, with the answer Slurm documents: sbatch rounds a size in K up to whole megabytes (str_to_mbytes in
+src/common/proc_args.c) and takes an optional B after the unit; a GRES count may carry K, M, G, T or P, multiples
+of 1024 (sbatch(1), --gres)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import pytest
 
 from hpctrain.cli.dev import format_age
 from hpctrain.errors import UserError
-from hpctrain.jobs.values import format_duration, parse_gres, parse_mem_mb, parse_time_limit
+from hpctrain.jobs.values import format_duration, parse_mem_bytes, parse_time_limit
 from hpctrain.schedulers.slurm import gres
+from hpctrain.schedulers.slurm.grammar import mem_mb, read_gres_request, slurm_mem
 from hpctrain.schedulers.slurm.records import printed_duration, printed_mem_mb
 
 
@@ -20,7 +23,8 @@ from hpctrain.schedulers.slurm.records import printed_duration, printed_mem_mb
     [("1500K", 2), ("1024K", 1), ("1025k", 2), ("16GB", 16384), ("2tb", 2 << 20), ("4000", 4000), ("0", 0)],
 )
 def test_a_size_reads_the_same_from_a_user_and_from_slurm(text, mb):
-    assert parse_mem_mb(text) == mb
+    assert mem_mb(parse_mem_bytes(text)) == mb  # what sbatch asks for from the user's size
+    assert slurm_mem(mb) in (text.upper().rstrip("B"), f"{mb}M", f"{mb // 1024}G")
     assert printed_mem_mb(text) == mb  # 1500K was 1 here (rounded down) and 16GB was refused
 
 
@@ -29,7 +33,7 @@ def test_only_slurm_prints_fractions_and_petabytes():
     assert printed_mem_mb("1P") == 1 << 30
     for text in ("1.5G", "1P"):  # sbatch --mem takes neither
         with pytest.raises(UserError, match="--mem 16G"):
-            parse_mem_mb(text)
+            parse_mem_bytes(text)
 
 
 @pytest.mark.parametrize(
@@ -76,11 +80,11 @@ def test_every_duration_shown_has_one_form():
     ],
 )
 def test_a_gres_reads_the_same_from_a_user_and_from_slurm(text, user, printed):
-    assert parse_gres(text) == user
+    assert read_gres_request(text) == user
     assert gres.parse_gres(text) == printed
 
 
 @pytest.mark.parametrize("text", ["gpu:0", "shard:a100:16", "mps:100", "gpu:1x"])
 def test_a_gres_a_job_cannot_ask_for_is_refused_with_the_forms(text):
     with pytest.raises(UserError, match=r"use gpu:N, gpu:TYPE:N or shard:N"):
-        parse_gres(text)
+        read_gres_request(text)

@@ -115,7 +115,7 @@ def test_flags_override_the_job_file(fake_sbatch: Path, tmp_path: Path, capsys) 
         ("nodez: 2\ncommand: [x]\n", "unknown key(s) nodez; valid keys:"),
         ("nodes: two\ncommand: [x]\n", "is neither a node count nor MIN:MAX"),
         ("nodes: -2\ncommand: [x]\n", "--nodes must be at least 1"),
-        ("time: 1h\ncommand: [x]\n", "is not a Slurm time"),
+        ("time: 1h\ncommand: [x]\n", "is not a time"),
         (
             "command: [x]\nenvironment: {kind: apptainer, image: missing.sif}\n",
             "apptainer image missing.sif does not exist",
@@ -254,8 +254,10 @@ def test_slurm_options_in_a_job_file_and_in_job_yaml(fake_sbatch: Path, tmp_path
     ):
         assert line in script, line
     recorded = yaml.safe_load((tmp_path / "runs" / "opts-777" / "job.yaml").read_text())
-    assert recorded["scheduler"] == "slurm" and recorded["slurm"] == SLURM_KEYS
-    assert not set(SLURM_KEYS) & set(recorded)
+    # Slurm's section also holds what Slurm alone reads of every job: its environment and interpreter
+    own = {"environment": "none", "python": os.path.abspath(sys.executable)}
+    assert recorded["scheduler"] == "slurm" and recorded["slurm"] == {**SLURM_KEYS, **own}
+    assert not (set(SLURM_KEYS) | set(own)) & set(recorded)
     capsys.readouterr()
     assert main(["submit", "--dry-run", "--job-file", str(tmp_path / "runs" / "opts-777" / "job.yaml")]) == 0
     assert capsys.readouterr().out.split("\n", 1)[1] == script + "EOF\n"
@@ -365,7 +367,7 @@ def test_mem_without_a_unit_below_a_gigabyte_is_refused(fake_sbatch: Path, capsy
     err = capsys.readouterr().err
     if refused:
         assert err.splitlines() == [
-            f"hpctrain submit: error: --mem {mem} has no unit, and sbatch would read it as "
+            f"hpctrain submit: error: --mem {mem} has no unit, which reads as "
             f"{mem} MB, too little for any training job: write --mem {mem}G for {mem} GB "
             f"(or --mem {mem}M if you do mean megabytes)"
         ]
@@ -423,47 +425,52 @@ def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, cap
 
     parser = __import__("argparse").ArgumentParser()
     add_arguments(parser)
-    job = submission_from_args(parser.parse_args(["--", "true"]), dry_run=False).job
-    assert job.python == os.path.abspath(sys.executable)
-    venv = submission_from_args(parser.parse_args(["--venv", "v", "--", "true"]), dry_run=False).job
-    assert venv.python is None
+    options = submission_from_args(parser.parse_args(["--scheduler", "slurm", "--", "true"]), dry_run=False).options
+    assert options["python"] == os.path.abspath(sys.executable)  # Slurm's option: the job shares this machine's files
+    venv = submission_from_args(parser.parse_args(["--scheduler", "slurm", "--venv", "v", "--", "true"]), dry_run=False)
+    assert "python" not in venv.options
 
 
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
     from hpctrain.schedulers.slurm.local import program_problems
     from hpctrain.schedulers.slurm.options import SlurmOptions
-    from hpctrain.jobs.spec import EnvironmentSpec, JobSpec
+    from hpctrain.jobs.spec import JobSpec
+    from hpctrain.schedulers.slurm.options import EnvironmentSpec
 
     tools = tmp_path / "tools"
     _executable(tools / "mytool")
     bare = {"PATH": "/nonexistent-bin"}
-    job = JobSpec(command=("mytool", "--x"), python=sys.executable)
-    [problem] = program_problems(job, bare)
+    here = SlurmOptions(python=sys.executable)
+    job = JobSpec(command=("mytool", "--x"))
+    [problem] = program_problems(job, bare, here)
     assert problem.startswith("`mytool` is not on the PATH the job will have") and "execve(): mytool" in problem
-    assert program_problems(job, {"PATH": f"/nonexistent-bin:{tools}"}) == []
-    assert program_problems(job.replace(env=(("PATH", str(tools)),)), bare) == []  # --setenv PATH counts
+    assert program_problems(job, {"PATH": f"/nonexistent-bin:{tools}"}, here) == []
+    assert program_problems(job.replace(env=(("PATH", str(tools)),)), bare, here) == []  # --setenv PATH counts
     # kind none: torchrun and hpctrain come from the submitting interpreter, whatever the PATH
-    assert program_problems(JobSpec(command=("hpctrain", "train", "mnist"), python=sys.executable), bare) == []
+    assert program_problems(JobSpec(command=("hpctrain", "train", "mnist")), bare, here) == []
     # a venv without torchrun and hpctrain: both named
     venv = tmp_path / "venv"
     _executable(venv / "bin" / "activate")
-    in_venv = JobSpec(command=("hpctrain", "train", "mnist"), environment=EnvironmentSpec(kind="venv", venv=str(venv)))
-    torchrun = SlurmOptions(launcher="torchrun")
+    in_venv = JobSpec(command=("hpctrain", "train", "mnist"))
+    venv_env = EnvironmentSpec(kind="venv", venv=str(venv))
+    torchrun = SlurmOptions(launcher="torchrun", environment=venv_env)
     assert [p.split("`")[1] for p in program_problems(in_venv, bare, torchrun)] == ["torchrun", "hpctrain"]
-    assert [p.split("`")[1] for p in program_problems(in_venv, bare)] == ["hpctrain"]  # one process: no torchrun
+    one = SlurmOptions(environment=venv_env)
+    assert [p.split("`")[1] for p in program_problems(in_venv, bare, one)] == ["hpctrain"]  # one process: no torchrun
     _executable(venv / "bin" / "torchrun")
     _executable(venv / "bin" / "hpctrain")
-    assert program_problems(in_venv, bare) == []
+    assert program_problems(in_venv, bare, one) == []
     # python by name, not on the PATH: the fix names this interpreter
     [problem] = program_problems(
-        JobSpec(command=("python", "x.py"), python=sys.executable), bare, SlurmOptions(launcher="srun")
+        JobSpec(command=("python", "x.py")), bare, SlurmOptions(launcher="srun", python=sys.executable)
     )
     assert f"-- {sys.executable} ..." in problem
     # modules and containers bring their own PATH: nothing is claimed
     for env in (EnvironmentSpec(kind="modules", modules=("x",)), EnvironmentSpec(kind="pyxis", image="repo#img")):
-        assert program_problems(JobSpec(command=("mytool",), environment=env), bare) == []
+        assert program_problems(JobSpec(command=("mytool",)), bare, SlurmOptions(environment=env)) == []
     # an interpreter that is not there (an old job file from another machine)
-    [problem] = program_problems(JobSpec(command=("hpctrain",), python=str(tmp_path / "gone" / "python")), bare)
+    gone = SlurmOptions(python=str(tmp_path / "gone" / "python"))
+    [problem] = program_problems(JobSpec(command=("hpctrain",)), bare, gone)
     assert "is not an executable here" in problem
 
 

@@ -212,7 +212,7 @@ def test_bad_job_file_leaves_the_queue_unchanged(slurm, tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text("nodes: 2\nnproc_per_node: 2\ntime: 90 minutes\ncommand: [python, x.py]\n")
     proc = hpctrain("submit", "--job-file", "job.yaml", cwd=tmp_path)
     assert proc.returncode == 2
-    assert "is not a Slurm time" in proc.stderr
+    assert "is not a time" in proc.stderr
     assert not (tmp_path / "runs").exists()
     assert queued_ids(tmp_path) == set()  # nothing was submitted from here
 

@@ -28,7 +28,7 @@ from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import NOTE_PREFIX, blocking
 from hpctrain.schedulers import backend_info
 
-PREFLIGHT_TIME = "15"
+PREFLIGHT_TIME = 15 * 60  # seconds
 """The preflight job's time limit (minutes): start-up, a few seconds of checks, and the queue's own slack."""
 
 
@@ -46,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     submission = submission_from_args(args, command_optional=not args.preflight)
     job = submission.job
-    report_warnings("check", job, submission.recipe)
+    sched = get_backend(args, submission.scheduler, submission.options)
+    report_warnings("check", job, submission.recipe, sched.uses_gpus(job))
     mismatch = installed_numpy_mismatch()
     if mismatch:  # this environment's: the job's own when it runs the same one
         report_problems("check", [f"warning: here, {mismatch}"])
-    sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # what the scheduler cannot express fails here, one line
     from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
 
@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"ok: {sched.summary(job, rendered)}")
     if not args.preflight:
         return 0
-    return _preflight(sched, job, submission.scheduler)
+    # The probe runs once: the backend's options that would start it again are off (Slurm: hang restarts).
+    probe_options = {**submission.options, **backend_info(submission.scheduler).probe_options}
+    return _preflight(get_backend(args, submission.scheduler, probe_options), job, submission.scheduler)
 
 
 def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
@@ -83,9 +85,8 @@ def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:
     probe = job.replace(
         name=f"{job.name}-preflight",
         command=(*job.command, "--preflight-only"),
-        time=PREFLIGHT_TIME,
+        time_limit_s=PREFLIGHT_TIME,
         signal_grace=0,
-        max_hang_restarts=0,
         run_dir=run_dir,
         env=(*job.env, (CHECK_ID_ENV, check_id)),
     )

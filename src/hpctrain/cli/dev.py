@@ -109,29 +109,23 @@ def format_age(seconds: int | None) -> str:
     return "-" if seconds is None else format_duration(seconds)
 
 
-def config_from_args(args: argparse.Namespace, environment: Any) -> Any:
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The session's neutral part; where it runs and with which software (a GPU type or shards among them) is the
+    backend's, from the Placement."""
     from hpctrain.jobs.spec import Resources
-    from hpctrain.jobs.values import parse_gres
+    from hpctrain.jobs.values import parse_mem_bytes
     from hpctrain.servers.sessions import DevConfig
 
-    gpus, gpu_type, shards = parse_gres(args.gres) if args.gres else (0, None, 0)
-    if gpus:
-        raise UserError(f"--gres {args.gres}: ask for whole GPUs with --gpus-per-node N; --gres is for shard:N")
     resources = Resources(
         cpus_per_task=args.cpus,
         gpus_per_node=args.gpus_per_node,
-        gpu_type=args.gpu_type,
-        shards_per_node=shards,
-        mem=args.mem,
+        mem_bytes=None if args.mem is None else parse_mem_bytes(args.mem),
     )
     return DevConfig(
         name=args.name,
         service=args.service,
         resources=resources,
-        environment=environment,
         time=args.time,
-        partition=args.partition,
-        account=args.account,
         port=args.port,
         ssh_key=args.ssh_key,
     )
@@ -144,9 +138,10 @@ def run(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace) -> int:
     services = services_of(args)
     placement = placement_from_args(args)
-    cfg = config_from_args(args, services.environment(placement))
+    cfg = config_from_args(args)
+    rendered = services.dev_render(cfg, placement)  # pure: what the backend refuses fails here, before anything is made
     if args.dry_run:
-        print(services.dev_render(cfg, placement), end="")
+        print(rendered, end="")
         return 0
     from hpctrain.safetext import for_terminal
     from hpctrain.servers.sessions import starting

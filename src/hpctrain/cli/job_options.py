@@ -14,7 +14,7 @@ from typing import Any
 from hpctrain.cli.scheduling import add_job_scheduler_arguments, backend_options, choose_scheduler, refuse_foreign_flags
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
-from hpctrain.jobs.spec import ENVIRONMENT_KINDS, JobSpec
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import SCHEDULERS, backend_info, base
 from hpctrain.schedulers.job_sections import JobFile, read_job_file
 
@@ -70,8 +70,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--env-kind",
         dest="kind",
-        choices=ENVIRONMENT_KINDS,
-        help="where the command runs (default: inferred from --conda-env/--venv/--image/--module, else none)",
+        metavar="KIND",
+        help="Slurm: where the command runs, none, modules, conda, venv, apptainer or pyxis (default: inferred "
+        "from --conda-env/--venv/--image/--module, else none)",
     )
     e.add_argument(
         "--module", dest="modules", action="append", metavar="NAME", help="`module load NAME` first (repeatable)"
@@ -119,8 +120,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_RESOURCE_FLAGS = ("nodes", "nproc_per_node", "gpus_per_node", "gpu_type", "gres", "cpus_per_task", "mem")
-_JOB_FLAGS = ("name", "time", "run_dir", "signal_grace", "max_hang_restarts", "max_restarts")
+# The neutral job's flags (JobSpec, Resources); a backend's own flags become its options (backend_options).
+_RESOURCE_FLAGS = ("nodes", "nproc_per_node", "gpus_per_node", "cpus_per_task", "mem")
+_JOB_FLAGS = ("name", "time", "run_dir", "signal_grace", "max_restarts")
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def submission_from_args(args: argparse.Namespace, dry_run: bool = False, comman
     resources_only = command_optional and not args.job_command and not data.get("command")
     if resources_only:
         data["command"] = list(PLACEHOLDER_COMMAND)
-    job = _job(args, data, info)
+    job, options = _job(args, data, options, info)
     recipe = recipe_config(list(job.command[2:])) if job.is_recipe else None
     return Submission(job=job, scheduler=scheduler, options=options, recipe=recipe, resources_only=resources_only)
 
@@ -195,19 +197,16 @@ def _as_data(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo) -> JobSpec:
+def _job(
+    args: argparse.Namespace, data: dict[str, Any], options: dict[str, Any], info: base.BackendInfo
+) -> tuple[JobSpec, dict[str, Any]]:
     """The JobSpec: job file data, flags on top; then the command (a recipe is validated like `hpctrain train`
-    would)."""
+    would); and the backend's options as the backend completes them beside the job (info.complete_job)."""
     source = f"job file {args.job_file}" if args.job_file else "job"
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     for key in _JOB_FLAGS + _RESOURCE_FLAGS:
         value = getattr(args, key)
         if value is not None:
-            if key in ("gpus_per_node", "gpu_type") and "gres" in data:
-                data.pop("gres")  # the flag replaces the file's GPU request
-            if key == "gres":
-                for k in ("gpus_per_node", "gpu_type", "shards_per_node"):
-                    data.pop(k, None)
             data[key] = value
     if args.exclude_nodes:
         data["exclude_nodes"] = [
@@ -221,7 +220,7 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
                 raise UserError(f"--setenv {item!r}: write NAME=VALUE")
             env[key] = value
         data["env"] = env
-    data = info.complete_job(data, vars(args))  # the environment its flags describe, the interpreter
+    data, options = info.complete_job(data, options, vars(args))  # e.g. Slurm's GRES split, environment, interpreter
     command = _command(args.job_command)
     if command:
         data["command"] = list(command)
@@ -240,7 +239,7 @@ def _job(args: argparse.Namespace, data: dict[str, Any], info: base.BackendInfo)
             data["name"] = f"{cfg.workload}-{cfg.dataset}"
     elif data.get("run_dir") is None and isinstance(data.get("name", "hpctrain"), str):
         data["run_dir"] = info.run_dir_pattern(f"runs/{_path_safe(data.get('name', 'hpctrain'))}")
-    return from_mapping(data, source)
+    return from_mapping(data, source), options
 
 
 def _command(rest: list[str]) -> tuple[str, ...]:

@@ -35,20 +35,24 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
 
 
 def placement_from_args(args: argparse.Namespace) -> Any:
+    """The placement flags as a Placement: the image, and the backend's own options by dest (the flags given; the
+    chosen backend reads its own and refuses the other's)."""
     from hpctrain.schedulers.services import Placement
 
-    return Placement(
-        image=args.image,
-        conda_env=args.conda_env,
-        venv=args.venv,
-        modules=tuple(args.module),
-        mounts=tuple(args.mount),
-        partition=args.partition,
-        account=args.account,
-        volumes=tuple(args.volume),
-        shm=getattr(args, "shm", None),
-        login_host=args.login_host,
-    )
+    given = {
+        "conda_env": args.conda_env,
+        "venv": args.venv,
+        "modules": tuple(args.module),
+        "mounts": tuple(args.mount),
+        "partition": args.partition,
+        "account": args.account,
+        "volumes": tuple(args.volume),
+        "shm": getattr(args, "shm", None),
+        "gpu_type": getattr(args, "gpu_type", None),
+        "gres": getattr(args, "gres", None),
+        "login_host": args.login_host,
+    }
+    return Placement(image=args.image, options={k: v for k, v in given.items() if v not in (None, ())})
 
 
 def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:

@@ -24,7 +24,7 @@ from hpctrain.cli.job_options import Submission, add_job_arguments, submission_f
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.errors import UserError, redact
 from hpctrain.safetext import for_terminal
-from hpctrain.jobs.spec import JobSpec, missing_prerequisites
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 
 
@@ -47,23 +47,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
 
-def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[str]]:
-    """Split a --dry-run's problems into those that make it exit 2 and notes: the image or venv made once before the
-    first submit (an example's placeholder, or not pulled yet) and, while a venv is missing, the programs that only
-    it would provide. A real submit and `hpctrain check` still refuse both."""
-    missing = missing_prerequisites(job)
+def dry_run_notes(missing: list[str], problems: list[str]) -> tuple[list[str], list[str]]:
+    """Split a --dry-run's problems into those that make it exit 2 and notes: what the backend says is made once
+    before the first submit (`missing`: an image or venv, an example's placeholder or not pulled yet) and, while a
+    venv is missing, the programs that only it would provide. A real submit and `hpctrain check` still refuse
+    both."""
     if not missing:
         return problems, []
-    venv_missing = job.environment.kind == "venv" and any(m.startswith("venv ") for m in missing)
+    venv_missing = any(m.startswith("venv ") for m in missing)
     noted = [p for p in problems if p in missing or (venv_missing and "is not on the PATH the job will have" in p)]
     notes = [f"note: {p} (a real submit refuses until then)" for p in noted]
     return [p for p in problems if p not in noted], notes
 
 
-def job_warnings(job: JobSpec, recipe: Any = None) -> list[str]:
-    """What is allowed but most likely not meant: a built-in recipe's --synthetic epoch on CPUs (hours)."""
+def job_warnings(job: JobSpec, recipe: Any = None, gpus: bool = False) -> list[str]:
+    """What is allowed but most likely not meant: a built-in recipe's --synthetic epoch on CPUs (hours). `gpus`: the
+    backend gives the job GPUs (Scheduler.uses_gpus: whole ones or its own kind of GPU share)."""
     r = job.resources
-    if recipe is None or r.gpus_per_node or r.shards_per_node:
+    if recipe is None or gpus:
         return []
     from hpctrain.recipes import synthetic_cpu_warning
 
@@ -77,8 +78,8 @@ def report_problems(command: str, problems: list[str]) -> None:
         print(f"hpctrain {command}: {for_terminal(redact(line))}", file=sys.stderr)
 
 
-def report_warnings(command: str, job: JobSpec, recipe: Any = None) -> None:
-    for line in job_warnings(job, recipe):
+def report_warnings(command: str, job: JobSpec, recipe: Any = None, gpus: bool = False) -> None:
+    for line in job_warnings(job, recipe, gpus):
         print(f"hpctrain {command}: warning: {redact(line)}", file=sys.stderr)
 
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     job = submission.job
     sched = get_backend(args, submission.scheduler, submission.options)
     rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
-    report_warnings("submit", job, submission.recipe)
+    report_warnings("submit", job, submission.recipe, sched.uses_gpus(job))
     from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
 
     problems = sched.local_check(job, submission.recipe, check_data=check_data)
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         # The script or manifest is shown whatever the checks say (it is what the user asked to read); the exit
         # status is a real submit's verdict on everything that can be checked without the cluster.
         sys.stdout.write(redact(rendered.preview or rendered.text))  # the files keep the values: they are 0600
-        problems, notes = dry_run_notes(job, problems)
+        problems, notes = dry_run_notes(sched.missing_prerequisites(job), problems)
         verdict = ["a real submit would refuse this job (exit status 2)"] if base.blocking(problems) else []
         report_problems("submit", problems + verdict + notes + [sched.dry_run_note])
         return 2 if verdict else 0

@@ -1,16 +1,18 @@
-"""The scheduler-neutral job description: what runs (command, environment/image), on what (resources per node or
-pod), for how long and with which restart budgets. spec.py holds the typed JobSpec and its validation, values.py the
-textual forms of its values (time, memory, gres), mapping.py builds it from plain data; file_reading.py reads job
-files (YAML, TOML) safely; hpctrain.schedulers.job_sections splits off a backend's section.
+"""The scheduler-neutral job description: only what every scheduler means the same way (the command, nodes and
+what each needs, memory in bytes, the time limit in seconds, the run directory, the restart budget, environment
+variables, the name, the nodes to avoid). spec.py holds the typed JobSpec and its validation, values.py reads the
+forms people type (a time limit, a memory size) into numbers, mapping.py builds a JobSpec from plain data;
+file_reading.py reads job files (YAML, TOML) safely; hpctrain.schedulers.job_sections splits off a backend's
+section.
 
-Scheduler-specific options live in each backend, which checks them and the JobSpec against its own forms:
-SlurmOptions (partition, account, qos, output/error, extra #SBATCH options, launcher, requeue budgets) and
-KubernetesOptions (namespace, image, volumes, ...). A backend refuses what it cannot express (the environment kinds
-other than none on Kubernetes, shards, a GPU type), with its own way.
+Each backend keeps its own typed options part and checks them and the JobSpec against its own forms: SlurmOptions
+(partition, account, qos, GPU type, shards, the software environment, the interpreter, launcher, requeue and
+hang-restart budgets) and KubernetesOptions (namespace, image, volumes, /dev/shm, selectors, tolerations, priority
+class, API kind). Nothing here imports a backend or names a scheduler's own grammar.
 """
 
 from hpctrain.jobs.file_reading import load_job_file
 from hpctrain.jobs.mapping import from_mapping
-from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.jobs.spec import JobSpec, Resources
 
-__all__ = ["EnvironmentSpec", "JobSpec", "Resources", "from_mapping", "load_job_file"]
+__all__ = ["JobSpec", "Resources", "from_mapping", "load_job_file"]

@@ -1,5 +1,6 @@
 """Building a JobSpec from plain data: a job file's mapping and/or CLI flags, keys as in VALID_KEYS (a backend's
-options, e.g. a Slurm partition, are its own: hpctrain.schedulers.job_sections and the CLI take them out first).
+options, e.g. a Slurm partition or a Kubernetes image, are its own: hpctrain.schedulers.job_sections, the backend's
+BackendInfo and the CLI take them out first, so a job file and a params file fill the same two parts).
 
 Unknown keys and wrong types are UserErrors that name the key and the fix (and list the valid keys); a null
 value means "the default", so what `JobSpec.to_dict` writes reads back unchanged. The values themselves are
@@ -13,23 +14,15 @@ from dataclasses import fields
 from typing import Any
 
 from hpctrain.errors import UserError, brief
-from hpctrain.jobs.spec import ENVIRONMENT_KINDS, EnvironmentSpec, JobSpec, Resources
-from hpctrain.jobs.values import parse_gres, parse_nodes
+from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.jobs.values import parse_mem_bytes, parse_nodes, parse_time_limit
 
-_RESOURCE_KEYS = {f.name for f in fields(Resources)} - {"min_nodes"}  # a job file writes `nodes: MIN:MAX`
-_ENV_KEYS = {f.name for f in fields(EnvironmentSpec)}
-_JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "environment"}
-VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS | {"environment", "gres"})
-_INT_KEYS = {
-    "nproc_per_node",
-    "gpus_per_node",
-    "shards_per_node",
-    "cpus_per_task",
-    "signal_grace",
-    "max_hang_restarts",
-    "max_restarts",
-}
-_STR_KEYS = {"name", "time", "run_dir", "gpu_type", "mem", "gres", "python"}
+# A job file writes `nodes: MIN:MAX`, `mem: 16G` and `time: 30:00`: the forms people type, read into numbers here.
+_RESOURCE_KEYS = {f.name for f in fields(Resources)} - {"min_nodes", "mem_bytes"} | {"mem"}
+_JOB_KEYS = {f.name for f in fields(JobSpec)} - {"resources", "time_limit_s"} | {"time"}
+VALID_KEYS = sorted(_JOB_KEYS | _RESOURCE_KEYS)
+_INT_KEYS = {"nproc_per_node", "gpus_per_node", "cpus_per_task", "signal_grace", "max_restarts"}
+_STR_KEYS = {"name", "time", "run_dir", "mem"}
 _LIST_KEYS = {"command", "exclude_nodes"}
 
 
@@ -53,49 +46,19 @@ def from_mapping(values: dict[str, Any], source: str = "job") -> JobSpec:
     data = known_keys(values, VALID_KEYS, f"{source}: unknown key(s)")
     for key, value in data.items():
         _check_type(source, key, value)
-    if "time" in data and isinstance(data["time"], int):
-        data["time"] = str(data["time"])  # a bare number is minutes, as sbatch reads it
-    if "mem" in data and isinstance(data["mem"], int):
-        data["mem"] = str(data["mem"])
+    if "time" in data:
+        data["time_limit_s"] = parse_time_limit(str(data.pop("time")))  # a bare number is minutes
     res = {k: data.pop(k) for k in list(data) if k in _RESOURCE_KEYS}
     if "nodes" in res:
         res["min_nodes"], res["nodes"] = parse_nodes(res["nodes"])
-    gres = data.pop("gres", None)
-    if gres is not None:
-        if any(k in res for k in ("gpus_per_node", "gpu_type", "shards_per_node")):
-            raise UserError(f"{source}: give gres or gpus_per_node/gpu_type/shards_per_node, not both")
-        res["gpus_per_node"], res["gpu_type"], res["shards_per_node"] = parse_gres(gres)
-    env_data = data.pop("environment", None)
-    if env_data is not None:
-        data["environment"] = _environment_from(source, env_data)
+    if "mem" in res:
+        res["mem_bytes"] = parse_mem_bytes(str(res.pop("mem")))  # a bare number is megabytes
     if "env" in data:
         data["env"] = tuple((str(k), _env_value(source, k, v)) for k, v in data["env"].items())
     for key in _LIST_KEYS & set(data):
         data[key] = tuple(data[key])
     data.setdefault("command", ())
     return JobSpec(resources=Resources(**res), **data)
-
-
-def _environment_from(source: str, value: Any) -> EnvironmentSpec:
-    if isinstance(value, str):
-        return EnvironmentSpec(kind=value)
-    if not isinstance(value, dict):
-        raise UserError(
-            f"{source}: environment must be a kind ({', '.join(ENVIRONMENT_KINDS)}) or a mapping with "
-            f"keys {', '.join(sorted(_ENV_KEYS))}"
-        )
-    data = known_keys(value, _ENV_KEYS, f"{source}: unknown environment key(s)")
-    for key in ("modules", "mounts"):
-        if key in data:
-            if isinstance(data[key], str):
-                data[key] = [data[key]]
-            if not isinstance(data[key], list) or not all(isinstance(v, str) for v in data[key]):
-                raise UserError(f"{source}: environment.{key} must be a list of strings (got {brief(data[key])})")
-            data[key] = tuple(data[key])
-    for key in ("kind", "conda_env", "venv", "image", "workdir"):
-        if key in data and not isinstance(data[key], str):
-            raise UserError(f"{source}: environment.{key} must be a string (got {brief(data[key])})")
-    return EnvironmentSpec(**data)
 
 
 def _check_type(source: str, key: str, value: Any) -> None:

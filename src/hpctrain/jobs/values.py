@@ -1,45 +1,44 @@
-"""A job's values in their textual forms: time limits, memory sizes and `--gres` (read in the forms Slurm users
-type, which the Kubernetes backend reads too), and the upper bounds of what one job may ask for.
+"""A job's values as people type them (flags, job files): time limits and memory sizes, and the upper bounds of
+what one job may ask for.
+
+Whose grammar: these are hpctrain's own input forms, the same for every scheduler, and they become plain numbers
+(seconds, bytes) at once. The time forms are HPC's usual ones (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, a
+bare number being minutes), the sizes a whole number with an optional binary unit K, M, G or T (a bare number being
+megabytes); a backend renders the numbers in its own form. What a scheduler prints (Slurm's `1.50G`, its GRES
+lists) and what it alone takes (a GRES request) are that backend's grammar, in its package
+(hpctrain.schedulers.slurm.grammar), which reads them and may build on these readers.
 
 Pure functions of their text; a value that cannot be read faithfully is a UserError that shows the accepted forms.
-What can be written on an #SBATCH line is Slurm's to check (hpctrain.schedulers.slurm.directives).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
-from fractions import Fraction
 
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.errors import UserError
 
-# Slurm's time forms (sbatch --time, and what scontrol/squeue print): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
-_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 _TIME_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<rest>\d+(?::\d+){0,2})$")
-# Slurm's memory sizes: a number (scontrol prints `1.50G`; sbatch takes whole numbers), a unit, an optional B.
-_SIZE_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>[KMGTP]?)B?$", re.IGNORECASE)
-_MEM_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)  # what sbatch --mem accepts
-_MB_PER = {
-    "K": Fraction(1, 1024),
-    "": Fraction(1),
-    "M": Fraction(1),
-    "G": Fraction(1024),
-    "T": Fraction(1024**2),
-    "P": Fraction(1024**3),
-}
-# A GRES count: a number with an optional K, M, G, T or P, each a multiple of 1024 (sbatch --gres documents it).
-_GRES_COUNT_RE = re.compile(r"^(?P<n>\d{1,30})(?P<unit>[KMGTP]?)$", re.IGNORECASE)
+_MEM_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGT]?)B?$", re.IGNORECASE)
+_MEM_UNITS = "KMGT"  # binary: K is 1024 bytes, M 1024 K, ...
+
+# Upper bounds of what one job can ask for: far beyond any machine, and low enough that a typo (or a hostile job
+# file) never reaches a manifest, a batch script line or an integer overflow downstream.
+MAX_NODES = 100_000
+MAX_PROCS_PER_NODE = 1024
+MAX_GPUS_PER_NODE = 1024
+MAX_CPUS_PER_TASK = 16_384
+MAX_MEM_BYTES = 1 << 50  # 1 PiB per node
 
 
-def slurm_duration_s(text: str) -> int:
-    """A Slurm time in one of its forms -> seconds; ValueError for anything else. A bare number is minutes (as
-    sbatch reads it); with a day, D-HH is hours. The one reader of Slurm times: parse_time_limit (what a user gives)
-    and schedulers/slurm/records.py (what Slurm prints) both go through it."""
+def duration_s(text: str) -> int:
+    """A time in one of TIME_FORMS -> seconds; ValueError for anything else. A bare number is minutes; with a day,
+    D-HH is hours. The one reader of these forms (a scheduler that prints them reads them here too)."""
     m = _TIME_RE.match(text.strip()) if isinstance(text, str) else None
     if not m:
-        raise ValueError(f"not a Slurm time: {text!r}")
+        raise ValueError(f"not a time: {text!r}")
     parts = [int(p) for p in m["rest"].split(":")]
     if m["d"] is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
         hours, minutes, seconds = parts + [0] * (3 - len(parts))
@@ -51,11 +50,11 @@ def slurm_duration_s(text: str) -> int:
 
 
 def parse_time_limit(text: str) -> int:
-    """Slurm time limit -> seconds. A bare number is minutes (as sbatch reads it)."""
+    """A job's time limit as typed (--time, a job file's `time:`) -> seconds, more than zero."""
     try:
-        total = slurm_duration_s(text)
+        total = duration_s(text)
     except ValueError:
-        raise UserError(f"time limit {text!r} is not a Slurm time: use {_TIME_FORMS} (e.g. --time 01:30:00)") from None
+        raise UserError(f"time limit {text!r} is not a time: use {TIME_FORMS} (e.g. --time 01:30:00)") from None
     if total <= 0:
         raise UserError(f"time limit {text!r} is zero: give a positive time, e.g. --time 30 (minutes) or 02:00:00")
     return total
@@ -63,7 +62,7 @@ def parse_time_limit(text: str) -> int:
 
 @functools.lru_cache(maxsize=8192)  # a list of 100,000 jobs repeats a few thousand durations
 def format_duration(seconds: int | None) -> str:
-    """Seconds -> D-HH:MM:SS (or HH:MM:SS below a day), the form squeue prints; None (no limit) -> UNLIMITED."""
+    """Seconds -> D-HH:MM:SS (or HH:MM:SS below a day); None (no limit) -> UNLIMITED."""
     if seconds is None:
         return "UNLIMITED"
     days, rest = divmod(int(seconds), 86400)
@@ -73,39 +72,57 @@ def format_duration(seconds: int | None) -> str:
     return f"{days}-{hms}" if days else hms
 
 
-def slurm_size_mb(text: str) -> int:
-    """A Slurm memory size -> whole megabytes, rounded up as sbatch rounds K (1500K is 2 MB): `4000` (M is the
-    default unit), `4000M`, `16G`, `16GB`, `1.50G` as scontrol prints it; ValueError for anything else. The one
-    reader of Slurm sizes: parse_mem_mb (what a user gives) and records.py (what Slurm prints) go through it."""
-    m = _SIZE_RE.match(text.strip()) if isinstance(text, str) else None
+def time_text(seconds: int) -> str:
+    """Seconds -> the shortest of TIME_FORMS that reads back as them (30:00, 1:30:00, 2-00:00:00): how a job's time
+    limit is written back (job.yaml) and said."""
+    if seconds >= 86400:
+        return format_duration(seconds)
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def parse_mem_bytes(text: str) -> int:
+    """Memory per node as typed (4000, 4000M, 16G, 1T: units K/M/G/T of 1024, M by default) -> bytes (0: all the
+    memory of each node, where the scheduler has that notion)."""
+    m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
     if not m or len(m["n"]) > 30:
-        raise ValueError(f"not a Slurm memory size: {text!r}")
-    return math.ceil(Fraction(m["n"]) * _MB_PER[m["unit"].upper()])
+        raise UserError(
+            f"memory {text!r} is not a size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)"
+        )
+    value = int(m["n"]) << (10 * (_MEM_UNITS.find(m["unit"].upper() or "M") + 1))
+    if value > MAX_MEM_BYTES:
+        raise UserError(
+            f"memory {text!r} is more than {MAX_MEM_BYTES >> 40}T per node, far beyond any machine: give the "
+            "memory of one node (e.g. --mem 64G)"
+        )
+    if problem := mem_problem(text):
+        raise UserError(problem)
+    return value
 
 
-def gres_fields(entry: str) -> tuple[str, str | None, int]:
-    """One GRES entry without its detail in parentheses, `name[:type][:flags]:count`, -> (name, type, count):
-    `gpu:2`, `gpu:a100:2`, `shard:(null):1` (Slurm's "no type"), `bandwidth:lustre:no_consume:4G` (a count with
-    K, M, G, T or P is a multiple of 1024). ValueError for anything else. The one reader of GRES entries:
-    parse_gres (what a user gives) and schedulers/slurm/gres.py (what Slurm prints) go through it."""
-    fields = entry.split(":")
-    if len(fields) < 2 or not fields[0]:
-        raise ValueError(f"GRES entry {entry!r} is not name[:type]:count")
-    m = _GRES_COUNT_RE.match(fields[-1])
-    if not m:
-        raise ValueError(f"bad GRES count {fields[-1]!r} in {entry!r}")
-    # Between name and count: the type, and flags such as no_consume. `(null)` is Slurm's "no type".
-    middle = [f for f in fields[1:-1] if f and f not in {"(null)", "no_consume"}]
-    return fields[0], middle[0] if middle else None, int(m["n"]) * 1024 ** "_KMGTP".find(m["unit"].upper() or "_")
+def mem_text(value: int) -> str:
+    """Bytes -> the size as typed, in the largest unit that holds it exactly (16G, 1536M, 1500K): how a job's memory
+    is written back (job.yaml) and said."""
+    if value == 0:
+        return "0"
+    for exponent in range(len(_MEM_UNITS), 0, -1):
+        if value % (1 << (10 * exponent)) == 0:
+            return f"{value >> (10 * exponent)}{_MEM_UNITS[exponent - 1]}"
+    return f"{-(-value // 1024)}K"  # whole bytes are never typed: the next kilobyte up
 
 
-# Upper bounds of what one job can ask for: far beyond any machine, and low enough that a typo (or a hostile job
-# file) never reaches a manifest, a sbatch line or an integer overflow downstream.
-MAX_NODES = 100_000
-MAX_PROCS_PER_NODE = 1024
-MAX_GPUS_PER_NODE = 1024
-MAX_CPUS_PER_TASK = 16_384
-MAX_MEM_MB = 1 << 30  # 1 PiB per node
+def mem_problem(mem: str | None) -> str | None:
+    """A memory size without a unit that is surely not meant as megabytes (--mem 16 is 16 MB): refused, naming both
+    readings."""
+    m = _MEM_RE.match(mem.strip()) if isinstance(mem, str) else None
+    if m is None or m["unit"] or not 0 < int(m["n"]) < 1024:
+        return None
+    n = int(m["n"])
+    return (
+        f"--mem {mem} has no unit, which reads as {n} MB, too little for any training job: write "
+        f"--mem {n}G for {n} GB (or --mem {n}M if you do mean megabytes)"
+    )
 
 
 def parse_nodes(value: int | str) -> tuple[int | None, int | str]:
@@ -130,45 +147,6 @@ def parse_nodes(value: int | str) -> tuple[int | None, int | str]:
     return (None if low == high else low), high
 
 
-def parse_mem_mb(text: str) -> int:
-    """Slurm memory per node (4000, 4000M, 16G, 1T: units K/M/G/T, M by default) -> megabytes (0: the whole node)."""
-    m = _MEM_RE.match(text.strip()) if isinstance(text, str) else None
-    if not m or len(m["n"]) > 30:
-        raise UserError(
-            f"memory {text!r} is not a Slurm size: use a number with an optional unit K, M, G or T (e.g. --mem 16G)"
-        )
-    mb = slurm_size_mb(text)  # 0: sbatch's --mem=0, all the memory of each node
-    if mb > MAX_MEM_MB:
-        raise UserError(
-            f"memory {text!r} is more than {MAX_MEM_MB >> 20}T per node, far beyond any machine: give the "
-            "memory of one node (e.g. --mem 64G)"
-        )
-    return mb
-
-
-def parse_gres(text: str) -> tuple[int, str | None, int]:
-    """`gpu:2`, `gpu:a100:2`, `shard:16` (comma-separated to combine) -> (gpus, gpu type, shards) per node."""
-    gpus, gpu_type, shards = 0, None, 0
-    for item in str(text).split(","):
-        try:
-            name, kind, count = gres_fields(item.strip())
-        except ValueError:
-            name, kind, count = "", None, 0
-        if name == "gpu" and count > 0 and item.count(":") <= 2:
-            gpus, gpu_type = count, kind
-        elif name == "shard" and count > 0 and item.count(":") == 1:
-            shards = count
-        else:
-            raise UserError(
-                f"--gres {text!r}: use gpu:N, gpu:TYPE:N or shard:N with N >= 1 (e.g. --gres gpu:a100:2 or "
-                "--gres shard:16); "
-                "other generic resources go in an extra #SBATCH line (--sbatch '--gres=...')"
-            )
-    if gpus and shards:
-        raise UserError(f"--gres {text!r} asks for both whole GPUs and shards: choose gpu:N or shard:N")
-    return gpus, gpu_type, shards
-
-
 def check_node_name(name: str) -> None:
     """One node named by --exclude-nodes: a plain name (no list, range or pattern)."""
     if not is_node_name(name):
@@ -176,16 +154,3 @@ def check_node_name(name: str) -> None:
             f"--exclude-nodes: {name!r} is not a node name; give names as sinfo or `kubectl get nodes` "
             "shows them, comma-separated (e.g. --exclude-nodes node07,node12), without ranges"
         )
-
-
-def mem_problem(mem: str | None) -> str | None:
-    """A memory size without a unit that is surely not meant as megabytes (--mem 16 is 16 MB to sbatch): refused,
-    naming both readings."""
-    m = _MEM_RE.match(mem.strip()) if isinstance(mem, str) else None
-    if m is None or m["unit"] or not 0 < int(m["n"]) < 1024:
-        return None
-    n = int(m["n"])
-    return (
-        f"--mem {mem} has no unit, and sbatch would read it as {n} MB, too little for any training job: write "
-        f"--mem {n}G for {n} GB (or --mem {n}M if you do mean megabytes)"
-    )

@@ -250,10 +250,16 @@ class BackendInfo:
     """(parser, its scheduler argument group, role) adds this backend's own flags to a command: role `job` (submit,
     check: where the job goes and its options), `jobs` (status, logs, cancel, cluster, debug: where the jobs are) or
     `services` (dev, tensorboard, top: the same without the kind of job)."""
-    complete_job: Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]] = lambda data, flags: data
-    """(the job's data: the job file's, the neutral flags on top; every flag by argparse dest) -> the job data with
-    what this backend adds: the environment its flags describe (--venv, --env-kind, ...) and the interpreter, where
-    the job runs on machines that share this one's file system and programs."""
+    complete_job: Callable[
+        [dict[str, Any], dict[str, Any], Mapping[str, Any]], tuple[dict[str, Any], dict[str, Any]]
+    ] = lambda data, options, flags: (data, options)
+    """(the neutral job data: the job file's, the neutral flags on top; this backend's options: its section or
+    top-level keys, its flags on top; every flag by argparse dest) -> both parts with what this backend adds or
+    splits: Slurm splits a GRES request into the job's GPU count and its own GPU type and shards, and adds the
+    environment its flags describe (--venv, --env-kind, ...) and the interpreter, where the job runs on machines
+    that share this one's file system and programs."""
+    probe_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options of a one-off probe job (`check --preflight`), on top of the job's: it never starts again."""
     run_dir_pattern: Callable[[str], str] = lambda stem: f"{stem}-%j"
     """A job's default run directory from its stem (runs/NAME, a recipe's runs/WORKLOAD-...); %j: the job id."""
     local_run_dir: Callable[[str], Path | None] = lambda run_dir: Path(run_dir)
@@ -277,6 +283,13 @@ class Scheduler(Protocol):
 
     def render(self, job: Any) -> Rendered:
         """Pure: the same job gives the same text; raises UserError for what this scheduler cannot express."""
+
+    def uses_gpus(self, job: Any) -> bool:
+        """The job's processes get GPUs: whole ones (the JobSpec's count) or this scheduler's own kind of share."""
+
+    def missing_prerequisites(self, job: Any) -> list[str]:
+        """What the job's options need made once before the first submit (a container image file, a venv) and is
+        not here yet: `local_check` reports them, and `submit --dry-run` only notes them."""
 
     def local_check(self, job: Any, recipe: Any = None, check_data: Callable[[Any], None] | None = None) -> list[str]:
         """What the submit host can tell about `job` without the cluster: paths, programs, a recipe's dataset.

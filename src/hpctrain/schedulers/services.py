@@ -11,14 +11,13 @@ shows them its own way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from hpctrain.health import RankProgress
-    from hpctrain.jobs.spec import EnvironmentSpec
     from hpctrain.servers.common import Endpoint
     from hpctrain.servers.sessions import DevConfig, SaveOutcome, SessionView
     from hpctrain.servers.top import TopSample
@@ -75,33 +74,21 @@ class RemoteStacks:
 @dataclass(frozen=True)
 class Placement:
     """Where and with which software a service (a dev session, a cluster TensorBoard) runs: the flags `dev start`
-    and `tensorboard --on-cluster` share. Each backend takes what it understands and refuses the other's flags with
-    the fix."""
+    and `tensorboard --on-cluster` share. The neutral part is the image both backends run a service in; the rest is
+    the backend's own options by argparse dest (only the flags given): Slurm's conda_env, venv, modules, mounts,
+    partition, account, gpu_type, gres and login_host, Kubernetes' volumes and shm. Each backend reads its own and
+    refuses the other's with the fix."""
 
     image: str | None = None
     """Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image."""
-    conda_env: str | None = None
-    venv: str | None = None
-    modules: tuple[str, ...] = ()
-    mounts: tuple[str, ...] = ()
-    """Slurm containers: SRC[:DST] binds."""
-    partition: str | None = None
-    account: str | None = None
-    volumes: tuple[str, ...] = ()
-    """Kubernetes: pvc:CLAIM:/mount, nfs:..., host:..."""
-    shm: str | None = None
-    """Kubernetes: the size of /dev/shm."""
-    login_host: str | None = None
-    """Slurm: the login node the user's machine reaches with ssh (None: this host's name)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The backend's own options (dest -> value), e.g. {"partition": "gpu"} or {"volumes": ("pvc:data:/data",)}."""
 
 
 class Services(Protocol):
     """One backend's services. Built on the backend's Scheduler (its connection: a kubeconfig context, a namespace)."""
 
     name: str
-
-    def environment(self, placement: Placement) -> EnvironmentSpec:
-        """The session's software environment from the flags; the other backend's flags are refused."""
 
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
         """Pure: what `dev start --dry-run` prints (the batch script or the pod manifest)."""

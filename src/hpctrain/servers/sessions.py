@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import Resources
 from hpctrain.readback import BadRunFile, read_json, read_text
 from hpctrain.servers.common import private_dir, state_root
 
@@ -33,10 +33,9 @@ class DevConfig:
     name: str
     service: str = "jupyter"
     resources: Resources = field(default_factory=lambda: Resources(cpus_per_task=2))
-    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    """The neutral resources; where it runs and with which software (a partition, a venv, volumes) is the
+    backend's, from hpctrain.schedulers.services.Placement."""
     time: str | None = DEFAULT_TIME
-    partition: str | None = None
-    account: str | None = None
     port: int | None = None
     """The server's port: None picks a free one on Slurm and 8888 in a pod."""
     ssh_key: Path | None = None
@@ -97,10 +96,10 @@ IDLE_WARN = "1:00:00"
 
 def parse_time_s(text: str, flag: str) -> int:
     """A time in the one grammar of hpctrain's times (--time's: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS)."""
-    from hpctrain.jobs.values import slurm_duration_s
+    from hpctrain.jobs.values import duration_s
 
     try:
-        return slurm_duration_s(text)
+        return duration_s(text)
     except ValueError:
         raise UserError(f"{flag} {text!r}: give a time as --time takes it, e.g. 30 (minutes), 2:00:00 or 1-0") from None
 

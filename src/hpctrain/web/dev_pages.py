@@ -70,26 +70,23 @@ def form_config(fields: dict[str, list[str]], services: Any) -> tuple[Any, Place
     """The form's fields as `dev start`'s flags would make them: the DevConfig and Placement, checked by the same
     rules (DevConfig's, Resources', and the backend's refusal of the other backend's environment)."""
     from hpctrain.jobs.spec import Resources
+    from hpctrain.jobs.values import parse_mem_bytes
 
-    placement = Placement(
-        image=_text(fields, "image"),
-        venv=_text(fields, "venv"),
-        conda_env=_text(fields, "conda_env"),
-        partition=_text(fields, "partition"),
-    )
+    given = {key: _text(fields, key) for key in ("venv", "conda_env", "partition")}
+    placement = Placement(image=_text(fields, "image"), options={k: v for k, v in given.items() if v is not None})
+    mem = _text(fields, "mem")
     resources = Resources(
         cpus_per_task=_count(fields, "cpus", "CPUs", 2),
         gpus_per_node=_count(fields, "gpus", "GPUs", 0),
-        mem=_text(fields, "mem"),
+        mem_bytes=None if mem is None else parse_mem_bytes(mem),
     )
     cfg = sessions.DevConfig(
         name=_text(fields, "name") or "",
         service=_text(fields, "service") or "jupyter",
         resources=resources,
-        environment=services.environment(placement),
         time=_text(fields, "time") or sessions.DEFAULT_TIME,
-        partition=placement.partition,
     )
+    services.dev_render(cfg, placement)  # what the backend refuses (the other backend's environment) fails here
     return cfg, placement
 
 

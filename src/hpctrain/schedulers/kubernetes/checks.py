@@ -88,9 +88,9 @@ class LiveChecks:
 
     def _pure_problems(self, job: JobSpec) -> list[str]:
         problems = []
-        memory = job.resources.mem_mb
+        memory = job.resources.mem_bytes
         shm = self.options.shm_bytes
-        if shm is not None and memory and shm > memory * 2**20:
+        if shm is not None and memory and shm > memory:
             problems.append(
                 f"--shm {self.options.shm} exceeds the pod's memory --mem {job.resources.mem}: /dev/shm "
                 "counts against the pod's memory; lower --shm or raise --mem"

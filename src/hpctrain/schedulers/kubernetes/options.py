@@ -56,6 +56,11 @@ def quantity_mb(mb: int) -> str:
     return f"{mb // 1024}Gi" if mb % 1024 == 0 else f"{mb}Mi"
 
 
+def memory_quantity(mem_bytes: int) -> str:
+    """A job's memory in bytes -> its quantity in whole Mi, rounded up (`1500K` asks for 2Mi)."""
+    return quantity_mb(-(-mem_bytes // (1 << 20)))
+
+
 def check_dns_label(what: str, value: str, fix: str) -> None:
     if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL_RE.match(value):
         raise UserError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, quantity_mb
+from hpctrain.schedulers.kubernetes.options import KubernetesOptions, Volume, memory_quantity
 
 SHM_VOLUME = "dshm"
 DEFAULT_GRACE_S = 30  # Kubernetes' own default, when --signal-grace is 0
@@ -18,8 +18,8 @@ def resources_per_pod(job: JobSpec) -> dict[str, str]:
     """What one pod asks for (requests = limits)."""
     r = job.resources
     out = {"cpu": str(r.cpus_per_task * r.nproc_per_node)}
-    if r.mem_mb:
-        out["memory"] = quantity_mb(r.mem_mb)
+    if r.mem_bytes:
+        out["memory"] = memory_quantity(r.mem_bytes)
     if r.gpus_per_node:
         out["nvidia.com/gpu"] = str(r.gpus_per_node)
     return out

@@ -1,7 +1,8 @@
 """Render a JobSpec as a Kubeflow PyTorchJob (kubeflow.org/v1) or Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1).
 
 Pure: the manifest depends only on the JobSpec and the KubernetesOptions, never on a cluster, a clock or this
-machine. What Kubernetes cannot express (Slurm shards, --mem 0) is a UserError naming the Kubernetes way.
+machine. What Kubernetes cannot express (--mem 0) is a UserError naming the Kubernetes way; Slurm's own fields
+(shards, a GPU type, a software environment) are SlurmOptions' and never reach this backend.
 
 Mapping (one pod per --nodes; the pod runs --nproc-per-node processes):
   resources       requests = limits: cpu = cpus_per_task x nproc_per_node, memory = --mem, nvidia.com/gpu =
@@ -196,10 +197,6 @@ def _recipe_command(job: JobSpec) -> list[str]:
     return out
 
 
-# JobSpec fields that only Slurm reads (flag for the message), refused when not at their default.
-_SLURM_ONLY = {"max_hang_restarts": "--max-hang-restarts"}
-
-
 def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
     # PyTorchJob: the webhook's NameIsDNS1035Label (training-operator v1.9, pkg/webhooks/pytorch/pytorchjob_webhook.go);
     # TrainJob: the CRD's CEL rule `self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')` (Trainer v2.3.0).
@@ -220,32 +217,13 @@ def _check_expressible(job: JobSpec, options: KubernetesOptions) -> None:
             "Kubernetes runs every replica in a container: give --image (an image with PyTorch and hpctrain)"
         )
     r = job.resources
-    if r.shards_per_node:
-        raise UserError(
-            "--gres shard:N is Slurm's GPU sharing; on Kubernetes ask for whole GPUs (--gpus-per-node) "
-            "or a device plugin's resource through your platform"
-        )
-    if r.gpu_type is not None:
-        raise UserError(
-            f"--gpu-type {r.gpu_type!r} is Slurm's; on Kubernetes pick the GPU model with a node label, "
-            "e.g. --node-selector nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB"
-        )
-    if r.mem_mb == 0:
+    if r.mem_bytes == 0:
         raise UserError("--mem 0 (a whole node's memory) has no Kubernetes form: give a size, e.g. --mem 64G")
-    if job.environment.kind != "none" or job.environment.modules:
-        raise UserError(
-            f"--env-kind {job.environment.kind} prepares a Slurm node; on Kubernetes the image is the "
-            "environment: drop it and give --image"
-        )
     if r.gpus_per_node and r.nproc_per_node != r.gpus_per_node:
         raise UserError(
             f"--nproc-per-node {r.nproc_per_node} does not match --gpus-per-node {r.gpus_per_node}: "
             f"DDP wants one process per GPU, so set --nproc-per-node {r.gpus_per_node}"
         )
-    defaults = JobSpec(command=job.command)
-    for name, flag in _SLURM_ONLY.items():
-        if getattr(job, name) != getattr(defaults, name):
-            raise UserError(f"{flag} ({name} in a job file) is Slurm's: drop it for Kubernetes")
     if r.elastic and not job.max_restarts:
         raise UserError(
             f"--nodes {r.node_range} continues after a lost pod by restarting torchrun's worker group: give the "

@@ -133,6 +133,12 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
 
         return local_problems(job, self.options, recipe, check_data)
 
+    def uses_gpus(self, job: JobSpec) -> bool:
+        return bool(job.resources.gpus_per_node)
+
+    def missing_prerequisites(self, job: JobSpec) -> list[str]:
+        return []  # the image is pulled by the cluster, the volumes are there: nothing is made here first
+
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
         r = job.resources
         payload = rendered.payload if isinstance(rendered.payload, dict) else {}

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, Resources
+from hpctrain.jobs.spec import Resources
 from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.kubernetes import image_build, pods
 from hpctrain.schedulers.kubernetes.answers import guarded
 from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
-from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions, quantity_mb
+from hpctrain.schedulers.kubernetes.options import APIS, KubernetesOptions, memory_quantity
 from hpctrain.schedulers.kubernetes.pod_template import pod_placement, pod_volumes
 from hpctrain.schedulers.kubernetes.pods import SERVICE_LABEL
 from hpctrain.schedulers.kubernetes.ranges import check_integers
@@ -59,7 +59,7 @@ class ServicePod:
     port: int
     resources: Resources = field(default_factory=Resources)
     time: str | None = None
-    """Slurm-form time limit, rendered as activeDeadlineSeconds: the pod is stopped after it."""
+    """The time limit as typed (hpctrain.jobs.values), rendered as activeDeadlineSeconds: the pod stops then."""
     secret_env: tuple[tuple[str, str], ...] = ()
     """(variable, key) pairs read from the pod's Secret `name` (e.g. the Jupyter token)."""
     env: tuple[tuple[str, str], ...] = ()
@@ -69,12 +69,10 @@ class ServicePod:
 
 def resources_of(r: Resources) -> dict[str, str]:
     out = {"cpu": str(r.cpus_per_task)}
-    if r.mem_mb:
-        out["memory"] = quantity_mb(r.mem_mb)
+    if r.mem_bytes:
+        out["memory"] = memory_quantity(r.mem_bytes)
     if r.gpus_per_node:
         out["nvidia.com/gpu"] = str(r.gpus_per_node)
-    if r.shards_per_node:
-        raise UserError("--gres shard:N is a Slurm resource: on Kubernetes ask for whole GPUs (--gpus-per-node N)")
     return out
 
 
@@ -148,20 +146,26 @@ class KubernetesServices:
         """A KubernetesScheduler: its namespace, context and (lazily loaded) client."""
 
     def options(self, placement: Placement) -> KubernetesOptions:
-        return KubernetesOptions(
-            namespace=self.scheduler.namespace,
-            image=placement.image,
-            shm=placement.shm,
-            volumes=tuple(placement.volumes),
-        )
-
-    def environment(self, placement: Placement) -> EnvironmentSpec:
-        if placement.conda_env or placement.venv or placement.modules or placement.mounts:
+        """The pod's options from the placement's; the Slurm flags are refused with the Kubernetes way."""
+        own = placement.options
+        if any(own.get(k) for k in ("conda_env", "venv", "modules", "mounts")):
             raise UserError(
                 "--conda-env/--venv/--module/--mount apply to Slurm: on Kubernetes the --image is the "
                 "environment and --volume mounts storage"
             )
-        return EnvironmentSpec()
+        if own.get("gres"):
+            raise UserError("--gres shard:N is a Slurm resource: on Kubernetes ask for whole GPUs (--gpus-per-node N)")
+        if own.get("gpu_type"):
+            raise UserError(
+                "--gpu-type is Slurm's: on Kubernetes the GPU model is a node label, e.g. "
+                "nvidia.com/gpu.product, which the pod's node selector picks"
+            )
+        return KubernetesOptions(
+            namespace=self.scheduler.namespace,
+            image=placement.image,
+            shm=own.get("shm"),
+            volumes=tuple(own.get("volumes", ())),
+        )
 
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
         return render_yaml(render_dev_pod(cfg, self.options(placement)))
@@ -215,8 +219,7 @@ class KubernetesServices:
     def tensorboard(
         self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
     ) -> ServiceAccess:
-        self.environment(placement)  # the Slurm flags are refused, as for `dev start`
-        options = self.options(placement)
+        options = self.options(placement)  # the Slurm flags are refused, as for `dev start`
         pod = tensorboard_pod(tbserver.logdir_spec(run_dirs, check_exists=False), time)
         pods.create(self.scheduler.core, render_pod(pod, options))
         local = port or TENSORBOARD_PORT
@@ -310,7 +313,7 @@ def tensorboard_pod(spec: str, time_limit: str | None) -> ServicePod:
         kind="tensorboard",
         command=command,
         port=TENSORBOARD_PORT,
-        resources=Resources(cpus_per_task=1, mem="2G"),
+        resources=Resources(cpus_per_task=1, mem_bytes=2 << 30),
         time=time_limit,
         ready_path="/",
     )
@@ -325,8 +328,6 @@ def service_pod(cfg: DevConfig) -> ServicePod:
             f"--service {cfg.service} runs on Slurm only: on Kubernetes use --service jupyter, or "
             "`kubectl exec -it POD -- bash` in a pod of yours"
         )
-    if cfg.environment.kind != "none":
-        raise UserError("--conda-env/--venv/--module apply to Slurm: on Kubernetes the --image is the environment")
     port = cfg.port or jupyter.POD_PORT
     # The command of Slurm sessions: --allow-root where the image runs as root (many PyTorch images do).
     # /api answers without the token: the kubelet's readiness probe needs none.

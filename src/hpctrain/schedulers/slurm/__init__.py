@@ -1,6 +1,8 @@
 """Slurm behind hpctrain's scheduler interface.
 
-    options.py       SlurmOptions: partition, account, qos, output/error, extra options, launcher, budgets
+    options.py       SlurmOptions: partition, account, qos, output/error, extra options, GPU type, shards, the
+                     environment (EnvironmentSpec) and interpreter, launcher, requeue and hang-restart budgets
+    grammar.py       Slurm's value grammars: printed durations and sizes, GRES entries, the --mem form
     flags.py         the flags Slurm owns, and the environment and interpreter it adds to a job
     directives.py    what an #SBATCH line can hold: checks, extra options, quoting
     render.py        the sbatch script from a JobSpec and SlurmOptions (pure) and `sbatch --parsable` (thin)
@@ -14,7 +16,7 @@
     display.py       what `hpctrain status` and `cluster` show, as data (a View: records, tables, lines)
     preempt.py       `hpctrain debug preempt`: the time-limit warning of the job's own script, sent now
                      (nothing here prints: the CLI formats what these return, hpctrain.cli.views)
-    records.py       Slurm's record and duration formats;  commands.py  runs the Slurm client commands
+    records.py       Slurm's record formats;  commands.py  runs the Slurm client commands
     scheduler.py     SlurmScheduler: the interface, delegating to the modules above
 
 Nothing here imports torch or the Kubernetes client.
@@ -30,7 +32,7 @@ from hpctrain.schedulers.base import BackendInfo
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import slurm
 from hpctrain.schedulers.slurm.flags import add_arguments, complete_job
-from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
+from hpctrain.schedulers.slurm.options import EARLIER_DEFAULTS, FILE_KEYS, SlurmOptions, read_file_section
 
 
 def client_version() -> str | None:
@@ -80,12 +82,13 @@ INFO = BackendInfo(
         "signal": "--signal",
         "full": "--full",
     },
-    option_fields={name: name for name in FILE_KEYS},  # SlurmOptions fields, flags by the same dest
+    option_fields={name: name for name in FILE_KEYS},  # SlurmOptions fields (and gres), flags by the same dest
     file_section=read_file_section,
     file_keys=FILE_KEYS,
-    earlier_defaults={"launcher": "torchrun"},  # before a recipe's one process started without torchrun
+    earlier_defaults=EARLIER_DEFAULTS,
     add_arguments=add_arguments,
     complete_job=complete_job,
+    probe_options={"max_hang_restarts": 0},
     run_dir_pattern=lambda stem: f"{stem}-%j",
     local_run_dir=local_run_dir,
     client_version=client_version,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
 from hpctrain.fsutil import format_bytes
 from hpctrain.jobs.values import format_duration
+from hpctrain.schedulers.slurm.grammar import slurm_mem
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,6 @@ class Requirements:
 
 def _names(items: Iterable[str]) -> str:
     return ", ".join(sorted(items)) or "(none)"
-
-
-def slurm_mem(mb: int) -> str:
-    """Megabytes in the form sbatch --mem takes (`64G`, `1536M`): for a fix the user types, not for display."""
-    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 
 
 def check_job(req: Requirements, cluster: ClusterInfo) -> list[str]:

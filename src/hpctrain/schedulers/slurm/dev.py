@@ -15,7 +15,7 @@ from hpctrain.servers import jupyter, ssh
 from hpctrain.servers.sessions import CONNECTION_FILE, DevConfig, SessionView, read_connection, read_token, session_dir
 
 
-def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> None:
+def check_program(cfg: DevConfig, environment: Any, environ: Mapping[str, str] = os.environ) -> None:
     """Refuse, before queueing, a JupyterLab session whose environment has no JupyterLab: the job would wait in the
     queue only to fail with `jupyter: not found`. sbatch passes this shell's PATH on, plus the --venv's or conda
     prefix's bin/ (as `submit` checks its programs); with modules or a container the PATH is not known here."""
@@ -24,12 +24,12 @@ def check_program(cfg: DevConfig, environ: Mapping[str, str] = os.environ) -> No
 
     if cfg.service != "jupyter":
         return
-    dirs = get_environment(cfg.environment).search_path(environ.get("PATH", os.defpath))
+    dirs = get_environment(environment).search_path(environ.get("PATH", os.defpath))
     if dirs is None or shutil.which("jupyter-lab", path=os.pathsep.join(os.path.expanduser(d) for d in dirs)):
         return
     where = (
         f"{dirs[0]} or this shell's PATH"
-        if cfg.environment.kind in ("venv", "conda")
+        if environment.kind in ("venv", "conda")
         else "this shell's PATH, which the job inherits"
     )
     raise UserError(

@@ -19,13 +19,10 @@ SBATCH_SAFE_RE = re.compile(r"^[A-Za-z0-9_.,:=/%@+-]+$")
 
 
 def check_job_values(job: JobSpec) -> None:
-    """The job's own values that go on #SBATCH lines (its name, time limit) or into the script's interpreter call:
-    refused with the fix when sbatch could not read them back faithfully. (SlurmOptions checks its own values.)"""
+    """The job's own text that goes on #SBATCH lines (its name; its time limit and memory are numbers, rendered by
+    Slurm's own forms): refused with the fix when sbatch could not read it back faithfully. (SlurmOptions checks
+    its own values, the interpreter among them.)"""
     check_sbatch_value("--job-name", job.name)
-    if job.time is not None:
-        check_sbatch_value("--time", job.time)
-    if job.python is not None:
-        check_sbatch_value("python", job.python)
 
 
 def _check_no_control_characters(what: str, value: str) -> None:

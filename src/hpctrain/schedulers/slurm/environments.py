@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from hpctrain.jobs.spec import EnvironmentSpec
+from hpctrain.schedulers.slurm.options import EnvironmentSpec
 
 
 def quote_path(path: str) -> str:

@@ -1,9 +1,11 @@
-"""The command-line flags Slurm owns, and what Slurm adds to a job described by flags and/or a job file.
+"""The command-line flags Slurm owns, and what Slurm takes into its own options from a job described by flags
+and/or a job file.
 
-The CLI names no scheduler: it asks each backend's INFO to add its flags (add_arguments) and to complete the job
-data (complete_job). Slurm's jobs run on nodes that share the login node's file system and programs, so the
-environment flags (--env-kind, --module, --conda-env, --venv, an apptainer or enroot --image) describe paths
-valid here, and a job without an environment runs the Python that submitted it.
+The CLI names no scheduler: it asks each backend's INFO to add its flags (add_arguments) and to complete the job's
+two parts (complete_job): the neutral job data and Slurm's options. Slurm's jobs run on nodes that share the login
+node's file system and programs, so the environment flags (--env-kind, --module, --conda-env, --venv, an apptainer
+or enroot --image) describe paths valid here, and a job without an environment runs the Python that submitted it.
+A GRES request (--gres, a job file's `gres:`) is split into the job's GPU count and Slurm's GPU type and shards.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.schedulers.slurm.grammar import read_gres_request
 from hpctrain.schedulers.slurm.options import LAUNCHERS
 
 ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
 """argparse dests of the environment flags (`hpctrain submit`'s environment group): EnvironmentSpec fields."""
+_GPU_OPTIONS = ("gpu_type", "shards_per_node")
 
 
 def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, role: str) -> None:
@@ -54,15 +58,33 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
     )
 
 
-def complete_job(data: dict[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
-    """The job data with the environment the flags describe (on top of the job file's), and the Python of this
-    hpctrain where the job has no environment of its own: the job runs hpctrain and torchrun with it, so that a
-    venv called by path, not activated, works."""
-    data = dict(data)
-    data["environment"] = _environment_data(data.get("environment"), flags)
-    if _environment_kind(data.get("environment")) == "none" and data.get("python") is None:
-        data["python"] = os.path.abspath(sys.executable)
-    return data
+def complete_job(
+    data: dict[str, Any], options: dict[str, Any], flags: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job's neutral data and Slurm's options, completed: a GRES request split into the job's GPU count and the
+    options' GPU type and shards (a flag replaces the file's GPU request); the environment the flags describe (on
+    top of the job file's); and the Python of this hpctrain where the job has no environment of its own: the job
+    runs hpctrain and torchrun with it, so that a venv called by path, not activated, works."""
+    data, options = dict(data), dict(options)
+    gres = options.pop("gres", None)  # the flag's (given on top of the file's) or the job file's
+    if flags.get("gres") is not None:  # --gres replaces every other GPU request
+        data.pop("gpus_per_node", None)
+        for key in _GPU_OPTIONS:
+            options.pop(key, None)
+    elif gres is not None and (flags.get("gpus_per_node") is not None or flags.get("gpu_type") is not None):
+        gres = None  # --gpus-per-node/--gpu-type replace the job file's GPU request
+    elif gres is not None and ("gpus_per_node" in data or any(key in options for key in _GPU_OPTIONS)):
+        raise UserError("the job file gives gres and gpus_per_node/gpu_type/shards_per_node: keep one of them")
+    if gres is not None:
+        if not isinstance(gres, str):
+            raise UserError(f"gres must be a string such as gpu:2 or shard:16 (got {gres!r})")
+        gpus, gpu_type, shards = read_gres_request(gres)
+        data["gpus_per_node"] = gpus
+        options.update({"gpu_type": gpu_type, "shards_per_node": shards})
+    options["environment"] = _environment_data(options.get("environment"), flags)
+    if _environment_kind(options.get("environment")) == "none" and options.get("python") is None:
+        options["python"] = os.path.abspath(sys.executable)
+    return data, {k: v for k, v in options.items() if v is not None}
 
 
 def _environment_kind(value: Any) -> Any:
@@ -72,7 +94,7 @@ def _environment_kind(value: Any) -> Any:
 def _environment_data(file_value: Any, flags: Mapping[str, Any]) -> Any:
     given = {k: flags.get(k) for k in ENV_FLAGS if flags.get(k) is not None}
     if not given:
-        return file_value
+        return file_value if file_value is not None else "none"
     env = {"kind": file_value} if isinstance(file_value, str) else dict(file_value or {})
     env = {str(k).replace("-", "_"): v for k, v in env.items()}
     env.update(given)

@@ -10,7 +10,7 @@ Forms seen in the field and on the local cluster (Slurm 20.11 up to current; tes
     (null)                                            none
 
 Commas separate entries but also appear inside parentheses (`IDX:0-1,3`), so the split is done by hand. An
-entry's `name[:type]:count` is read by jobs/values.py's gres_fields, which also reads a user's --gres.
+entry's `name[:type]:count` is read by grammar.py's gres_fields, which also reads a user's --gres.
 A node's GPUs are counted, and listed one by one (shards per GPU, indexes), so a count is checked for that use: at
 most MAX_GPUS_PER_NODE GPUs on a node, GPU indexes below it (`gpu:99999999999999` once made `cluster` spin);
 `node_usage` refuses a GRES it cannot use in one line (a UserError) rather than a traceback.
@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 
 from hpctrain.errors import UserError, brief
-from hpctrain.jobs.values import MAX_GPUS_PER_NODE, gres_fields
+from hpctrain.jobs.values import MAX_GPUS_PER_NODE
+from hpctrain.schedulers.slurm.grammar import gres_fields
 
 # The detail in parentheses is the last thing; `(null)` may also appear as the type.
 _ENTRY_RE = re.compile(r"^(?P<head>.+?)(?:\((?P<detail>[^()]*)\))?$")

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import JobSpec, missing_prerequisites
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.base import TIME_LIMIT_NOTE
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.interpreter import interpreter_problems
-from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
+from hpctrain.schedulers.slurm.options import SlurmOptions, for_job, uses_gpus
 
 
 def local_check(
@@ -33,7 +33,7 @@ def local_check(
     """Every problem visible without the cluster: missing image/venv/script or output directory, a recipe
     (`recipe`, its TrainConfig) whose dataset is not in its data dir (`check_data`: the recipes' data check,
     hpctrain.recipes.check_data) or that wants CUDA without GPUs, a command the job will not find on its PATH."""
-    problems = missing_prerequisites(job) + output_problems(options)
+    problems = missing_prerequisites(options) + output_problems(options)
     if recipe is not None:
         try:
             if check_data is not None:
@@ -41,8 +41,7 @@ def local_check(
         except UserError as err:
             problems.append(str(err))
         problems += earlier_run_problems(job, recipe)
-        r = job.resources
-        if recipe.device == "cuda" and not (r.gpus_per_node or r.shards_per_node):
+        if recipe.device == "cuda" and not uses_gpus(job, options):
             problems.append(
                 "train --device cuda, but the job asks for no GPUs: add --gpus-per-node N "
                 "(or --gres shard:N), or train with --device cpu"
@@ -50,6 +49,26 @@ def local_check(
     problems += check_here(requirements)
     problems += program_problems(job, environ, options)
     return problems + warning_note(job, options, requirements.paths)
+
+
+def missing_prerequisites(options: SlurmOptions) -> list[str]:
+    """The job's environment made once before the first submit (a container image file, a venv) that is not here
+    yet: a real submit refuses, a --dry-run only notes it (the script can be read before the image is pulled)."""
+    problems = []
+    env = options.environment
+    if env.kind == "apptainer" and env.image and not Path(env.image).expanduser().is_file():
+        problems.append(
+            f"apptainer image {env.image} does not exist: build or pull it first (apptainer pull ...) or fix --image"
+        )
+    if env.kind == "pyxis" and env.image and _looks_like_path(env.image) and not Path(env.image).expanduser().is_file():
+        problems.append(f"enroot image {env.image} does not exist: import it first (enroot import ...) or fix --image")
+    if env.kind == "venv" and env.venv and not (Path(env.venv).expanduser() / "bin" / "activate").is_file():
+        problems.append(f"venv {env.venv} has no bin/activate: create it (python -m venv {env.venv}) or fix --venv")
+    return problems
+
+
+def _looks_like_path(image: str) -> bool:
+    return image.startswith(("/", "./", "../", "~")) or image.endswith((".sqsh", ".squashfs"))
 
 
 def output_problems(options: SlurmOptions) -> list[str]:
@@ -144,22 +163,23 @@ def _mentions(path: str, word: bytes) -> bool:
 def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOptions | None = None) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
     (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
+    options = for_job(options, job)
     problems = []
-    if job.python is not None and not os.access(os.path.expanduser(job.python), os.X_OK):
+    if options.python is not None and not os.access(os.path.expanduser(options.python), os.X_OK):
         problems.append(
-            f"python {job.python} is not an executable here, so the job cannot start it either; fix the "
+            f"python {options.python} is not an executable here, so the job cannot start it either; fix the "
             "path, or remove python from the job file to run with the Python that submits"
         )
-    dirs = get_environment(job.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
+    dirs = get_environment(options.environment).search_path(dict(job.env).get("PATH", environ.get("PATH", os.defpath)))
     if dirs is None:
         return problems
-    launcher = for_job(options, job).launcher
-    names = ["torchrun"] if launcher == "torchrun" and job.python is None else []
+    launcher = options.launcher
+    names = ["torchrun"] if launcher == "torchrun" and options.python is None else []
     first = job.command[0]
-    if "/" not in first and not (first == "hpctrain" and job.python is not None):
+    if "/" not in first and not (first == "hpctrain" and options.python is not None):
         names.append(first)
     search = os.pathsep.join(os.path.expanduser(d) for d in dirs)
-    interpreter = job.python if job.is_recipe else _python_of(first, search)
+    interpreter = options.python if job.is_recipe else _python_of(first, search)
     if interpreter is not None:
         problems += interpreter_problems(job, interpreter, {**environ, **dict(job.env), "PATH": search})
     for name in dict.fromkeys(names):
@@ -167,7 +187,7 @@ def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOpt
             continue
         if name.startswith("python"):
             fix = f"name the interpreter by its absolute path (e.g. -- {sys.executable} ...)"
-        elif job.environment.kind == "none":
+        elif options.environment.kind == "none":
             fix = (
                 "activate the environment that has it before submitting, name that environment (--venv DIR or "
                 "--conda-env), or give the program's absolute path"
@@ -176,7 +196,7 @@ def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOpt
             fix = "install it into that environment, or give the program's absolute path"
         where = (
             "this shell's PATH, which sbatch passes on"
-            if job.environment.kind == "none"
+            if options.environment.kind == "none"
             else (f"{dirs[0]} and this shell's PATH")
         )
         problems.append(

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from hpctrain.errors import UserError
-from hpctrain.jobs.values import slurm_duration_s, slurm_size_mb
+from hpctrain.schedulers.slurm.grammar import slurm_duration_s, slurm_size_mb
 
 # A key starts a new field only after whitespace: letters, digits and the odd `/`, `:` or `_`
 # (`CPUs/Task=`, `AllocNode:Sid=`, `NtasksPerN:B:S:C=`).
@@ -85,14 +85,14 @@ def _unset(text: str | None) -> bool:
 
 def printed_duration(text: str | None) -> int | None:
     """A Slurm duration as scontrol/squeue print it -> seconds; None for UNLIMITED, N/A, NONE or empty. The forms
-    and the arithmetic are jobs/values.py's (slurm_duration_s); ValueError for anything else."""
+    and the arithmetic are grammar.py's (slurm_duration_s); ValueError for anything else."""
     return None if _unset(text) else slurm_duration_s(text)
 
 
 @functools.lru_cache(maxsize=1024)  # 10,000 nodes print a few distinct sizes
 def printed_mem_mb(text: str | None) -> int | None:
     """Memory as Slurm prints it (`9642`, `9642M`, `16G`, `1.50G`) -> megabytes; None when unset or unlimited. The
-    forms and the arithmetic are jobs/values.py's (slurm_size_mb); ValueError for anything else."""
+    forms and the arithmetic are grammar.py's (slurm_size_mb); ValueError for anything else."""
     return None if _unset(text) else slurm_size_mb(text)
 
 

@@ -29,10 +29,11 @@ from hpctrain.schedulers.slurm import requeue
 from hpctrain.schedulers.slurm.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.jobs.values import format_duration, parse_time_limit
+from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.slurm.commands import Runner, run_bounded, slurm
 from hpctrain.schedulers.slurm.directives import render_sbatch_option, sbatch_value
-from hpctrain.schedulers.slurm.options import SlurmOptions, check_job, for_job
+from hpctrain.schedulers.slurm.grammar import mem_mb, slurm_mem
+from hpctrain.schedulers.slurm.options import SlurmOptions, check_job, for_job, gres, uses_gpus
 
 
 def _q(word: str) -> str:
@@ -52,8 +53,8 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
             opts.append((f"--{name}", value))
     if job.exclude_nodes:
         opts.append(("--exclude", ",".join(job.exclude_nodes)))
-    if job.time is not None:
-        opts.append(("--time", format_duration(parse_time_limit(job.time))))
+    if job.time_limit_s is not None:
+        opts.append(("--time", format_duration(job.time_limit_s)))
     if options.launcher == "single":
         opts += [("--nodes", "1"), ("--ntasks", "1"), ("--cpus-per-task", str(r.cpus_per_task))]
     elif options.launcher == "torchrun":
@@ -71,10 +72,10 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
             ("--ntasks-per-node", str(r.nproc_per_node)),
             ("--cpus-per-task", str(r.cpus_per_task)),
         ]
-    if r.gres:
-        opts.append(("--gres", r.gres))
-    if r.mem is not None:
-        opts.append(("--mem", r.mem))
+    if gres(job, options):
+        opts.append(("--gres", gres(job, options)))
+    if r.mem_bytes is not None:
+        opts.append(("--mem", slurm_mem(mem_mb(r.mem_bytes))))
     if options.output is not None:
         opts.append(("--output", options.output))
     if options.error is not None:
@@ -82,7 +83,7 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
     if job.signal_grace:
         # B: the batch shell gets the warning and forwards it (a plain --signal would bypass our traps).
         opts.append(("--signal", f"B:USR1@{job.signal_grace}"))
-    if requeue.requeues_itself(job):
+    if requeue.requeues_itself(job, options):
         opts += [("--requeue", None), ("--open-mode", "append")]
     lines = [
         f"#SBATCH {name}={sbatch_value(value)}" if value is not None else f"#SBATCH {name}" for name, value in opts
@@ -93,10 +94,11 @@ def sbatch_directives(job: JobSpec, options: SlurmOptions | None = None) -> list
 
 def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]:
     """The srun line as shell words (quoted), without the trailing `&`. `options` None: SlurmOptions' defaults."""
-    launcher = for_job(options, job).launcher
+    options = for_job(options, job)
+    launcher = options.launcher
     r = job.resources
-    env = get_environment(job.environment)
-    gpus = bool(r.gpus_per_node or r.shards_per_node)
+    env = get_environment(options.environment)
+    gpus = uses_gpus(job, options)
     words = ["srun"]
     if launcher == "single":
         words += ["--nodes=1", "--ntasks=1"]
@@ -117,7 +119,7 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
         # TORCHRUN_SHIM (the script's $hpctrain_torchrun) decides about the signal flags with the job's torchrun.
         signals, timeout = (TORCHRUN_SIGNALS, max(10, job.signal_grace - 10)) if job.signal_grace else ("", 0)
         words += [
-            _q(job.python) if job.python is not None else "python3",
+            _q(options.python) if options.python is not None else "python3",
             "-c",
             '"$hpctrain_torchrun"',
             _q(signals),
@@ -131,26 +133,27 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
         if job.max_restarts:
             words.append(f"--max-restarts={job.max_restarts}")
         words.append("--no-python")
-    words += _command_words(job)
+    words += _command_words(job, options.python)
     return words
 
 
-# The tools of the submitting Python, run as modules of its interpreter (JobSpec.python) rather than found on PATH.
+# The tools of the submitting Python, run as modules of its interpreter (SlurmOptions.python) rather than found on
+# PATH.
 _TOOL_MODULES = {"hpctrain": "hpctrain"}
 
 
-def _tool(job: JobSpec, name: str) -> list[str]:
+def _tool(python: str | None, name: str) -> list[str]:
     """`hpctrain` as shell words: `PYTHON -m MODULE` when the job knows its interpreter."""
-    if job.python is None:
+    if python is None:
         return [name]
-    return [_q(job.python), "-m", _TOOL_MODULES[name]]
+    return [_q(python), "-m", _TOOL_MODULES[name]]
 
 
-def _command_words(job: JobSpec) -> list[str]:
+def _command_words(job: JobSpec, python: str | None) -> list[str]:
     """The command as shell words. A recipe's run directory is the script's $run_dir, expanded once (%j is the job
     id), so that the training writes where the requeue logic and `hpctrain status` look."""
     command = list(job.command)
-    words = _tool(job, "hpctrain") if command[0] == "hpctrain" else [_q(command[0])]
+    words = _tool(python, "hpctrain") if command[0] == "hpctrain" else [_q(command[0])]
     if not (job.is_recipe and job.run_dir is not None):
         return words + [_q(a) for a in command[1:]]
     rest, given = [], False
@@ -190,7 +193,7 @@ def summary_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     if r.elastic:
         layout += f", elastic: up to {job.max_restarts} membership change(s)"
     asks = [f"{layout} ({options.launcher})", f"{r.cpus_per_task} CPU(s) per process"]
-    asks += [f"--gres {r.gres}"] if r.gres else []
+    asks += [f"--gres {gres(job, options)}"] if gres(job, options) else []
     asks += [f"--mem {r.mem}"] if r.mem is not None else []
     asks += [f"--time {job.time}"] if job.time is not None else []
     asks += [f"--partition {options.partition}"] if options.partition is not None else []
@@ -215,7 +218,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
     options, same text."""
     options = for_job(options, job)
     check_job(job, options)  # what Slurm cannot run is refused before anything is rendered
-    env = get_environment(job.environment)
+    env = get_environment(options.environment)
     out: list[str] = [
         "#!/bin/bash",
         *summary_lines(job, options),
@@ -247,7 +250,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
     if job.run_dir is not None:
         out.append(f"run_dir={_run_dir_words(job.run_dir)}")
         out.append('export HPCTRAIN_RUN_DIR="$run_dir"')
-        if requeue.requeues_itself(job):
+        if requeue.requeues_itself(job, options):
             out += ["", *requeue.helper_lines(), *requeue.restart_budget_lines(job, options)]
     if job.resources.elastic:
         # The workers' check that srun's torchrun copies formed one world allows a group of MIN nodes or more.
@@ -256,7 +259,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()
     if setup:
-        out += ["", f"# Environment: {job.environment.kind}"] + setup
+        out += ["", f"# Environment: {options.environment.kind}"] + setup
     if options.launcher == "torchrun":
         out += [
             "",
@@ -299,11 +302,11 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
         'wait "$step_pid" || status=$?',
     ]
     elastic_end = job.resources.elastic and job.run_dir is not None
-    if job.signal_grace or requeue.requeues_itself(job) or elastic_end:
+    if job.signal_grace or requeue.requeues_itself(job, options) or elastic_end:
         out += requeue.stop_reason_lines(job)
     if elastic_end:
         out += requeue.elastic_lines()
-    if job.run_dir is not None and job.max_hang_restarts:
+    if job.run_dir is not None and options.max_hang_restarts:
         out += requeue.hang_lines(job, options)
     if job.signal_grace:
         out += requeue.warning_requeue_lines(job, options)

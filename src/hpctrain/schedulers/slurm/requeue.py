@@ -28,17 +28,17 @@ EXCLUDED_NODES_FILE = "excluded_nodes"  # every node a preflight of this run fou
 NODE_LIST_MAX_BYTES = 65536  # of a bad-node list read back
 
 
-def requeues_itself(job: JobSpec) -> bool:
+def requeues_itself(job: JobSpec, options: SlurmOptions) -> bool:
     """The script may requeue its job: after a time-limit warning, or after a hang (that needs the run directory,
     where the watchdog leaves its stop reason)."""
-    return bool(job.signal_grace or (job.run_dir is not None and job.max_hang_restarts))
+    return bool(job.signal_grace or (job.run_dir is not None and options.max_hang_restarts))
 
 
 def restart_budget(job: JobSpec, options: SlurmOptions) -> int:
     """Restarts of every kind together: the bound on Slurm's restart count that no file can reset."""
     return (
         (options.max_requeues if job.signal_grace else 0)
-        + (job.max_hang_restarts if job.run_dir else 0)
+        + (options.max_hang_restarts if job.run_dir else 0)
         + (options.max_preemptions)
     )
 
@@ -177,7 +177,7 @@ def elastic_lines() -> list[str]:
 
 def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Requeue after a hang or a sick node, within --max-hang-restarts (and the total budget)."""
-    n, total = job.max_hang_restarts, restart_budget(job, options)
+    n, total = options.max_hang_restarts, restart_budget(job, options)
     return [
         "# The run's hang watchdog ended the attempt (no step within --hang-timeout; RUN/hang/report.txt names",
         "# the rank that never arrived): start again from the checkpoint, within --max-hang-restarts.",

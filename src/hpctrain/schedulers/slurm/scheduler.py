@@ -34,7 +34,8 @@ from hpctrain.schedulers.slurm import jobs, output, query, render
 from hpctrain.schedulers.slurm.checks import Requirements, check_cluster, missing_tools, tool_problems
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.commands import Runner, poll_until, run_bounded
-from hpctrain.schedulers.slurm.options import SlurmOptions, for_job
+from hpctrain.schedulers.slurm.grammar import mem_mb
+from hpctrain.schedulers.slurm.options import SlurmOptions, for_job, gres, uses_gpus
 
 SCRIPT_FILENAME = "job.sbatch"
 DRY_RUN_NOTE = (
@@ -77,11 +78,12 @@ def neutral_state(slurm_state: str) -> str:
     return _STATES.get(slurm_state, base.UNKNOWN)
 
 
-def job_paths(job: JobSpec) -> list[str]:
+def job_paths(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Paths the job will read, for the checks: the user's script. (Container images and venvs are checked by
     local_problems, a recipe's dataset by `hpctrain submit`'s local check, each with a message of its own.)"""
     paths: list[str] = []
-    if not job.is_recipe and job.environment.kind not in ("apptainer", "pyxis"):  # paths in an image: not visible here
+    in_image = options.environment.kind in ("apptainer", "pyxis")  # paths in an image: not visible here
+    if not job.is_recipe and not in_image:
         argv = list(job.command)
         if argv and Path(argv[0]).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
             paths.append(argv[1])
@@ -98,11 +100,11 @@ def requirements(job: JobSpec, options: SlurmOptions) -> Requirements:
         tasks_per_node=r.nproc_per_node,
         cpus_per_task=r.cpus_per_task,
         gpus_per_node=r.gpus_per_node,
-        gpu_type=r.gpu_type,
-        shards_per_node=r.shards_per_node,
-        mem_mb_per_node=r.mem_mb or None,  # --mem 0 asks for whatever each node has
+        gpu_type=options.gpu_type,
+        shards_per_node=options.shards_per_node,
+        mem_mb_per_node=mem_mb(r.mem_bytes) if r.mem_bytes else None,  # --mem 0 asks for whatever each node has
         time_limit_s=job.time_limit_s,
-        paths=tuple(job_paths(job)),
+        paths=tuple(job_paths(job, options)),
     )
 
 
@@ -153,6 +155,14 @@ class SlurmScheduler:
         script = render.render_sbatch(job, self.options)
         return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))
 
+    def uses_gpus(self, job: JobSpec) -> bool:
+        return uses_gpus(job, self.options)
+
+    def missing_prerequisites(self, job: JobSpec) -> list[str]:
+        from hpctrain.schedulers.slurm.local import missing_prerequisites
+
+        return missing_prerequisites(self.options)
+
     def local_check(
         self, job: JobSpec, recipe: Any = None, check_data: Callable[[Any], None] | None = None
     ) -> list[str]:
@@ -166,7 +176,7 @@ class SlurmScheduler:
         cluster = query.query_cluster(run=self.run, shard_use=False)
         problems = check_cluster(requirements(job, self.options), cluster)
         env = dict(os.environ) | dict(job.env)
-        tools = missing_tools(get_environment(job.environment).tools(), env)
+        tools = missing_tools(get_environment(self.options.environment).tools(), env)
         problems += tool_problems(tools, cluster, self.options.partition)
         directory = fixed_run_dir(job)
         held = holder_problem(directory, self._active_state) if directory is not None else None
@@ -182,7 +192,7 @@ class SlurmScheduler:
         return (
             f"{job.name}: {r.nodes} node(s) x {r.nproc_per_node} process(es), launcher {launcher}"
             + (f", partition {self.options.partition}" if self.options.partition else "")
-            + (f", gres {r.gres}" if r.gres else "")
+            + (f", gres {gres(job, self.options)}" if gres(job, self.options) else "")
             + (f", time {job.time}" if job.time else "")
         )
 

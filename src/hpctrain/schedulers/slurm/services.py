@@ -24,10 +24,12 @@ from typing import Any
 
 from hpctrain.distributed.ports import job_port_lines
 from hpctrain.errors import UserError
-from hpctrain.jobs.spec import EnvironmentSpec, JobSpec, Resources
+from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.slurm import dev, save
 from hpctrain.schedulers.slurm.environments import get_environment
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.grammar import read_gres_request
+from hpctrain.schedulers.slurm.options import EnvironmentSpec, SlurmOptions
 from hpctrain.schedulers.slurm.render import sbatch_directives, step_command
 from hpctrain.schedulers.slurm.render import submit as sbatch_submit
 from hpctrain.schedulers.slurm.monitoring import sample
@@ -63,10 +65,9 @@ class ServiceJob:
     state_dir: str
     command: tuple[str, ...]
     resources: Resources = field(default_factory=Resources)
-    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    options: SlurmOptions = field(default_factory=SlurmOptions)
+    """Where the service runs (partition, account), with which software (environment), its GPU type or shards."""
     setup: tuple[str, ...] = ()
-    partition: str | None = None
-    account: str | None = None
     time: str | None = None
     port: int | None = None
     """A fixed port; None: the first free one from the job's port (hpctrain.distributed.ports)."""
@@ -76,20 +77,14 @@ class ServiceJob:
         return JobSpec(
             command=self.command,
             name=self.name,
-            time=self.time,
+            time_limit_s=None if self.time is None else parse_time_limit(self.time),
             resources=replace(self.resources, nodes=1, nproc_per_node=1),
-            environment=self.environment,
             signal_grace=0,
         )
 
     def slurm_options(self) -> SlurmOptions:
         """One process, its output in the state folder, where the user asked for it."""
-        return SlurmOptions(
-            partition=self.partition,
-            account=self.account,
-            launcher="single",
-            output=str(Path(self.state_dir) / "slurm-%j.out"),
-        )
+        return replace(self.options, launcher="single", output=str(Path(self.state_dir) / "slurm-%j.out"))
 
 
 def port_lines(port: int | None) -> list[str]:
@@ -101,7 +96,7 @@ def port_lines(port: int | None) -> list[str]:
 def render_service_script(service: ServiceJob) -> str:
     """The batch script. Pure: the same ServiceJob gives the same text."""
     job = service.job_spec()
-    env = get_environment(job.environment)
+    env = get_environment(service.options.environment)
     state = shlex.quote(service.state_dir)
     out = [
         "#!/bin/bash",
@@ -229,11 +224,10 @@ class ClusterTensorBoard:
     """TensorBoard's job: the runs' --logdir_spec (paths as the job sees them), its environment and limits."""
 
     spec: str
-    environment: EnvironmentSpec = EnvironmentSpec()
+    options: SlurmOptions = SlurmOptions()
+    """Where it runs (partition, account) and with which software (environment)."""
     time: str | None = "08:00:00"
-    partition: str | None = None
-    account: str | None = None
-    mem: str | None = "2G"
+    mem_bytes: int | None = 2 << 30
 
 
 def tensorboard_job(tb: ClusterTensorBoard, state_dir: Path) -> ServiceJob:
@@ -241,11 +235,9 @@ def tensorboard_job(tb: ClusterTensorBoard, state_dir: Path) -> ServiceJob:
         name="tensorboard",
         state_dir=str(state_dir),
         command=TENSORBOARD_COMMAND,
-        resources=Resources(cpus_per_task=1, mem=tb.mem),
-        environment=tb.environment,
+        resources=Resources(cpus_per_task=1, mem_bytes=tb.mem_bytes),
+        options=tb.options,
         setup=(f"export HPCTRAIN_TB_SPEC={shlex.quote(tb.spec)}",),
-        partition=tb.partition,
-        account=tb.account,
         time=tb.time,
     )
 
@@ -283,16 +275,14 @@ class SlurmServices:
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
 
-    def environment(self, placement: Placement) -> EnvironmentSpec:
-        return environment(placement)
-
     def dev_render(self, cfg: DevConfig, placement: Placement) -> str:
-        return render_dev_script(cfg, session_dir(cfg.name))
+        return render_dev_script(cfg, session_dir(cfg.name), placement)
 
     def dev_start(
         self, cfg: DevConfig, placement: Placement, wait_s: float, local_port: int | None, on_step: OnStep
     ) -> list[str]:
-        conn = start(cfg, None, placement.login_host or login_host(), wait_s, local_port, on_step)
+        login = placement.options.get("login_host") or login_host()
+        conn = start(cfg, None, login, wait_s, local_port, on_step, placement)
         return dev.instructions(cfg, conn)
 
     def dev_view(self, state_dir: Path, conn: dict[str, Any], probe: bool) -> SessionView:
@@ -307,19 +297,15 @@ class SlurmServices:
     def tensorboard(
         self, run_dirs: list[str], time: str, placement: Placement, wait_s: float, port: int | None, on_step: OnStep
     ) -> ServiceAccess:
-        tb = ClusterTensorBoard(
-            spec=tbserver.logdir_spec(run_dirs),
-            environment=environment(placement),
-            time=time,
-            partition=placement.partition,
-            account=placement.account,
-        )
+        if placement.options.get("gpu_type") or placement.options.get("gres"):
+            raise UserError("TensorBoard runs on CPUs: drop --gpu-type/--gres")
+        tb = ClusterTensorBoard(spec=tbserver.logdir_spec(run_dirs), options=service_options(placement), time=time)
         job_id, endpoint = start_tensorboard(tb, wait_s, on_step)
         local = port or endpoint.port
         return ServiceAccess(
             service="TensorBoard",
             job=job_id,
-            forward=endpoint.tunnel_command(placement.login_host or login_host(), local),
+            forward=endpoint.tunnel_command(placement.options.get("login_host") or login_host(), local),
             url=f"http://localhost:{local}/",
             stop=f"hpctrain cancel {job_id}",
             endpoint=endpoint,
@@ -349,16 +335,14 @@ def environment(placement: Placement) -> EnvironmentSpec:
     """--image/--conda-env/--venv/--module/--mount -> EnvironmentSpec; the Kubernetes flags are refused."""
     from hpctrain.images import docker_pull_hint
 
-    if placement.shm or placement.volumes:
+    own = placement.options
+    if own.get("shm") or own.get("volumes"):
         raise UserError("--shm/--volume apply to Kubernetes: on Slurm use --mount with a container --image")
-    chosen = [
-        f
-        for f, v in (("--image", placement.image), ("--conda-env", placement.conda_env), ("--venv", placement.venv))
-        if v
-    ]
+    conda_env, venv = own.get("conda_env"), own.get("venv")
+    chosen = [f for f, v in (("--image", placement.image), ("--conda-env", conda_env), ("--venv", venv)) if v]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(chosen)}: choose one environment")
-    modules, mounts = tuple(placement.modules), tuple(placement.mounts)
+    modules, mounts = tuple(own.get("modules", ())), tuple(own.get("mounts", ()))
     if placement.image:
         hint = docker_pull_hint(placement.image)
         if hint:
@@ -366,11 +350,30 @@ def environment(placement: Placement) -> EnvironmentSpec:
         # a .sif file, or an apptainer sandbox directory (DIR/, which `dev save` can build into a .sif); else enroot
         kind = "apptainer" if placement.image.endswith((".sif", "/")) else "pyxis"
         return EnvironmentSpec(kind=kind, image=placement.image, modules=modules, mounts=mounts)
-    if placement.conda_env:
-        return EnvironmentSpec(kind="conda", conda_env=placement.conda_env, modules=modules, mounts=mounts)
-    if placement.venv:
-        return EnvironmentSpec(kind="venv", venv=placement.venv, modules=modules, mounts=mounts)
+    if conda_env:
+        return EnvironmentSpec(kind="conda", conda_env=conda_env, modules=modules, mounts=mounts)
+    if venv:
+        return EnvironmentSpec(kind="venv", venv=venv, modules=modules, mounts=mounts)
     return EnvironmentSpec(kind="modules" if modules else "none", modules=modules, mounts=mounts)
+
+
+def service_options(placement: Placement) -> SlurmOptions:
+    """Slurm's options of a service job from the placement's: partition, account, environment, and a GPU type or
+    shards (`dev start --gres shard:N`; whole GPUs are the neutral --gpus-per-node)."""
+    own = placement.options
+    gres = own.get("gres")
+    shards = 0
+    if gres:
+        gpus, _, shards = read_gres_request(gres)
+        if gpus:
+            raise UserError(f"--gres {gres}: ask for whole GPUs with --gpus-per-node N; --gres is for shard:N")
+    return SlurmOptions(
+        partition=own.get("partition"),
+        account=own.get("account"),
+        gpu_type=own.get("gpu_type"),
+        shards_per_node=shards,
+        environment=environment(placement),
+    )
 
 
 # ---- dev sessions as jobs (their views and stopping: dev.py) ------------------------------------------------------
@@ -378,8 +381,9 @@ def environment(placement: Placement) -> EnvironmentSpec:
 COMMANDS = {"jupyter": jupyter.COMMAND, "ssh": ssh.COMMAND, "code": code.COMMAND}
 
 
-def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
-    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"', *save.setup_lines(cfg.name, cfg.environment)]
+def service_job(cfg: DevConfig, state_dir: Path, placement: Placement = Placement()) -> ServiceJob:
+    options = service_options(placement)
+    setup = ['export HPCTRAIN_STATE_DIR="$state_dir"', *save.setup_lines(cfg.name, options.environment)]
     if cfg.service == "jupyter":
         setup += jupyter.setup_lines(TOKEN_FILE)
     elif cfg.service == "ssh":
@@ -391,18 +395,16 @@ def service_job(cfg: DevConfig, state_dir: Path) -> ServiceJob:
         state_dir=str(state_dir),
         command=COMMANDS[cfg.service],
         resources=cfg.resources,
-        environment=cfg.environment,
+        options=options,
         setup=tuple(setup),
-        partition=cfg.partition,
-        account=cfg.account,
         time=cfg.time,
         port=cfg.port,
     )
 
 
-def render_dev_script(cfg: DevConfig, state_dir: Path) -> str:
+def render_dev_script(cfg: DevConfig, state_dir: Path, placement: Placement = Placement()) -> str:
     """The batch script of a session. Pure."""
-    return render_service_script(service_job(cfg, state_dir))
+    return render_service_script(service_job(cfg, state_dir, placement))
 
 
 def start(
@@ -412,17 +414,19 @@ def start(
     wait_s: float,
     local_port: int | None,
     on_step: OnStep,
+    placement: Placement = Placement(),
 ) -> dict[str, Any]:
     """Submit the session, wait until its server answers (each step told to `on_step`), record and return its
     connection details."""
-    dev.check_program(cfg)
+    service = service_job(cfg, Path(), placement)  # checked before anything is made
+    dev.check_program(cfg, service.options.environment)
     state_dir = make_session_dir(cfg.name, root)
     dev.refuse_running(state_dir)
     token = secrets.token_urlsafe(32)
     write_private(state_dir / TOKEN_FILE, token + "\n")
     (state_dir / ENDPOINT_FILE).unlink(missing_ok=True)
     host_key = ssh.prepare(cfg.name, cfg.ssh_key, state_dir) if cfg.service == "ssh" else None
-    service = service_job(cfg, state_dir)
+    service = service_job(cfg, state_dir, placement)
     script = render_service_script(service)
     write_private(state_dir / "dev.sbatch", script)
     job_id = submit(service, script)
@@ -433,7 +437,7 @@ def start(
         "job_id": job_id,
         "login_host": login,
         "created": now(),
-        "environment": save.record(cfg.environment),
+        "environment": save.record(service.options.environment),
         "gpus": cfg.resources.gpus_per_node,
     }
     write_private(state_dir / CONNECTION_FILE, conn)
