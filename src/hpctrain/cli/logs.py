@@ -16,13 +16,7 @@ from hpctrain.cli.views import progress_to_stderr
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
-    parser.add_argument("--err", action="store_true", help="Slurm: the job's stderr file instead of its stdout")
-    parser.add_argument(
-        "--replica",
-        metavar="NAME",
-        help="Kubernetes: the replica whose log to show (master-0, worker-1; default: rank 0)",
-    )
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, role="logs")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,12 +36,12 @@ def add_scheduler_argument(parser: argparse.ArgumentParser, help_text: str) -> a
 
 def add_connection_arguments(
     parser: argparse.ArgumentParser,
-    role: str = "jobs",
+    role: str,
     scheduler_help: str = chosen_scheduler_help("where the jobs are"),
 ) -> None:
-    """--scheduler (its help: `scheduler_help`) plus each backend's flags for the command's `role`: `jobs`
-    (status, logs, cancel, cluster, debug: where the jobs are), `services` (dev, tensorboard, top) or `job` (submit,
-    check: where the job goes and its options); see BackendInfo.add_arguments."""
+    """--scheduler (its help: `scheduler_help`) plus each backend's flags for the command's `role`
+    (hpctrain.schedulers.base.ROLES: `job` for submit and check, else the command's name); see
+    BackendInfo.add_arguments. The CLI declares no flag that only one backend understands."""
     group = add_scheduler_argument(parser, scheduler_help)
     for name in SCHEDULERS:
         backend_info(name).add_arguments(parser, group, role)

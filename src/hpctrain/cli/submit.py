@@ -51,11 +51,7 @@ def dry_run_notes(job: JobSpec, problems: list[str]) -> tuple[list[str], list[st
     """Split a --dry-run's problems into those that make it exit 2 and notes: the image or venv made once before the
     first submit (an example's placeholder, or not pulled yet) and, while a venv is missing, the programs that only
     it would provide. A real submit and `hpctrain check` still refuse both."""
-    missing = missing_prerequisites(job)
-    if not missing:
-        return problems, []
-    venv_missing = job.environment.kind == "venv" and any(m.startswith("venv ") for m in missing)
-    noted = [p for p in problems if p in missing or (venv_missing and "is not on the PATH the job will have" in p)]
+    noted = [p for p in problems if isinstance(p, base.Prerequisite)]  # the backend's verdict, by its type
     notes = [f"note: {p} (a real submit refuses until then)" for p in noted]
     return [p for p in problems if p not in noted], notes
 

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_placement_arguments(cluster, wait_help="Slurm: seconds to wait for TensorBoard to answer (default: 600)")
     add_connection_arguments(
-        parser, role="services", scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs")
+        parser, role="tensorboard", scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs")
     )
 
 
