@@ -24,7 +24,7 @@ from hpctrain.cli.job_options import Submission, add_job_arguments, submission_f
 from hpctrain.cli.scheduling import get_backend
 from hpctrain.errors import UserError, redact
 from hpctrain.safetext import for_terminal
-from hpctrain.jobs.spec import JobSpec, missing_prerequisites
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 
 
