@@ -146,7 +146,7 @@ def backend_declarations(monkeypatch) -> tuple[set[str], set[int], list[argparse
 
         return dataclasses.replace(info, add_arguments=add_arguments)
 
-    scheduling = importlib.import_module("hpctrain.cli.scheduling")
+    scheduling = importlib.import_module("hpctrain.engine.scheduling")
     monkeypatch.setattr(scheduling, "backend_info", lambda name: recording(infos[name]))
     parsers = [build_parser(name) for name in SUBCOMMANDS]
     return owned, added, parsers

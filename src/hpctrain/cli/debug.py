@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 from hpctrain.errors import UserError
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 from hpctrain.cli.views import progress_to_stderr
 
 

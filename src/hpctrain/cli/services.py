@@ -45,7 +45,7 @@ def placement_from_args(args: argparse.Namespace) -> Any:
 def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:
     """The services of `scheduler` (default: the one --scheduler, $HPCTRAIN_SCHEDULER or this host picks), on the
     connection --namespace and --context name."""
-    from hpctrain.cli.scheduling import choose_scheduler, get_backend
+    from hpctrain.engine.scheduling import choose_scheduler, get_backend
 
     return get_backend(args, scheduler or choose_scheduler(args)).services()
 

@@ -11,7 +11,7 @@ import argparse
 import signal
 
 from hpctrain.cli.services import access_lines, add_placement_arguments, placement_from_args, services_of, show_step
-from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
+from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hpctrain.cli.services import services_of
-from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
+from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

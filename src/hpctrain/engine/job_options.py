@@ -11,7 +11,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.cli.scheduling import add_job_scheduler_arguments, backend_options, choose_scheduler, refuse_foreign_flags
+from hpctrain.engine.scheduling import (
+    add_job_scheduler_arguments,
+    backend_options,
+    choose_scheduler,
+    refuse_foreign_flags,
+)
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import JobSpec
@@ -245,7 +250,7 @@ def _recipe_run_dir(train_argv: list[str], info: base.BackendInfo) -> str:
 
 def recipe_config(train_argv: list[str]):
     """Validate a recipe's options exactly as `hpctrain train` will parse them in the job."""
-    from hpctrain.cli.train import config_from_argv
+    from hpctrain.recipes.train_options import config_from_argv
 
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:
