@@ -272,3 +272,20 @@ def describe(submission: Submission) -> dict[str, Any]:
             k: list(v) if isinstance(v, tuple) else v for k, v in submission.options.items()
         }
     return description
+
+
+def recorded(backend: base.Scheduler, job_id: str) -> str:
+    """The description a job was submitted with (job.yaml in its run directory, read back as untrusted), as job
+    file text: what `--job-file` takes and the web form's clone fills in."""
+    import yaml
+
+    from hpctrain.jobs.file_reading import read_job_record
+
+    run_dir = backend.services().run_dir(job_id)
+    if run_dir is None:
+        raise UserError(f"job {job_id}: its run directory is not readable here, so its description is unknown")
+    record = Path(run_dir) / "job.yaml"
+    if not record.is_file():
+        raise UserError(f"job {job_id}: {record} does not exist (was it submitted by hpctrain submit?)")
+    data = read_job_record(record, within=Path(run_dir))
+    return yaml.safe_dump(data, sort_keys=False)
