@@ -88,8 +88,8 @@ def test_preview_shows_the_script_the_cli_prints(client, keys, tmp_path: Path) -
     page = client.post("/jobs/new", data=form(keys, tmp_path, "preview", partition="debug"), headers=SAME_ORIGIN)
     (shown,) = re.findall(r'<pre id="preview">(.*?)</pre>', page.text, re.S)
     cli = subprocess.run(
-        [sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--scheduler", "slurm", "--job-name", "web-form-test", "--time", "5"]
-        + ["--run-dir", str(tmp_path / "run-%j"), "--partition", "debug", "--", "sleep", "300"],
+        [sys.executable, "-m", "hpctrain", "submit", "--dry-run", "--scheduler", "slurm", "--job-name", "web-form-test"]
+        + ["--time", "5", "--run-dir", str(tmp_path / "run-%j"), "--partition", "debug", "--", "sleep", "300"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -116,7 +116,8 @@ def test_a_post_without_the_csrf_token_is_refused(client, keys, tmp_path: Path) 
     data = form(keys, tmp_path, "submit", partition="debug")
     del data["csrf"]
     assert client.post("/jobs/new", data=data, headers=SAME_ORIGIN).status_code == 403
-    assert client.post("/jobs/new", data={**data, "csrf": keys.csrf}, headers={"origin": "http://evil"}).status_code == 403
+    elsewhere = {"origin": "http://evil.example"}
+    assert client.post("/jobs/new", data={**data, "csrf": keys.csrf}, headers=elsewhere).status_code == 403
     assert list(tmp_path.iterdir()) == []
 
 
