@@ -56,7 +56,7 @@ def groups(parser: argparse.ArgumentParser | None = None) -> list[Group]:
 
 
 def _field(action: argparse.Action) -> Field:
-    flag = max(action.option_strings, key=len)
+    flag = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
     help_text = (action.help or "").replace("%%", "%")
     if action.nargs == 0:
         kind = "check"
