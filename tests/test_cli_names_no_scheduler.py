@@ -219,12 +219,12 @@ def message_matches(source: str, texts: list[str], shortest: int = 12) -> list[t
     return sorted(found)
 
 
-FACES = [*sorted(CLI.glob("*.py")), *sorted(WEB.glob("*.py"))]
+FACES = [*sorted(CLI.glob("*.py")), *sorted(WEB.glob("*.py")), *sorted((CLI.parent / "engine").glob("*.py"))]
 
 
 def test_no_face_matches_a_backends_message_by_its_text() -> None:
     """What a backend means by a message it says in its types and fields (hpctrain.schedulers.base.Prerequisite),
-    never in words a face looks for."""
+    never in words a face (or the engine under both) looks for."""
     texts = backend_texts()
     found = {path.name: m for path in FACES if (m := message_matches(path.read_text(), texts))}
     assert found == {}, "a face reads a backend's message by its text: " + repr(found)

@@ -63,9 +63,15 @@ def field_of(page: str, name: str) -> str:
 
 
 def test_the_fields_are_the_job_flags_with_their_help(client) -> None:
+    """Every job flag of the console's schedulers (here Slurm's, and the common ones) is a field; another backend's
+    is not."""
     page = client.get("/jobs/new").text
-    actions = [a for a in job_parser()._actions if a.option_strings and a.dest not in ("job_command", "job_file")]
+    parser = job_parser(["slurm"])
+    actions = [a for a in parser._actions if a.option_strings and a.dest not in ("job_command", "job_file")]
     assert len(actions) > 30
+    every = {a.dest for a in job_parser()._actions}
+    others = every - {a.dest for a in parser._actions}
+    assert "namespace" in others and not [d for d in others if f'id="field-{d}"' in page]
     for action in actions:
         shown = field_of(page, action.dest)
         assert f'name="{action.dest}"' in shown and f">{action.option_strings[0]}</label>" in shown

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +25,9 @@ from hpctrain.schedulers import SCHEDULERS, backend_info, base
 from hpctrain.schedulers.job_sections import JobFile, read_job_file
 
 
-def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """Job options; every one left out keeps the job file's value (or the default)."""
+def add_job_arguments(parser: argparse.ArgumentParser, schedulers: Iterable[str] = SCHEDULERS) -> None:
+    """Job options; every one left out keeps the job file's value (or the default). `schedulers`: the backends
+    whose own flags are added (default: every one)."""
     g = parser.add_argument_group("job")
     g.add_argument(
         "--job-file",
@@ -91,7 +93,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torchrun: restart the workers up to N times after one dies (default 0)",
     )
-    add_job_scheduler_arguments(parser)
+    add_job_scheduler_arguments(parser, schedulers)
     parser.add_argument(
         "job_command",
         metavar="COMMAND",

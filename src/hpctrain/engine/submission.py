@@ -26,7 +26,7 @@ from typing import Any
 from hpctrain.engine.job_options import Submission, add_job_arguments, submission_from_args
 from hpctrain.engine.scheduling import get_backend
 from hpctrain.errors import UserError
-from hpctrain.schedulers import base
+from hpctrain.schedulers import SCHEDULERS, base
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
@@ -38,11 +38,12 @@ class _RaisingParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def job_parser() -> argparse.ArgumentParser:
+def job_parser(schedulers: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of the job flags `hpctrain submit` and `hpctrain check` take: the common ones in their groups,
-    then each backend's own in its groups (with their help text); the web form's fields are its actions."""
+    then each backend's own in its groups (with their help text); the web form's fields are its actions.
+    `schedulers`: only these backends' own flags (the web form: those its console shows); None: every one's."""
     parser = _RaisingParser(prog="hpctrain submit", add_help=False, exit_on_error=False)
-    add_job_arguments(parser)
+    add_job_arguments(parser, SCHEDULERS if schedulers is None else schedulers)
     return parser
 
 
@@ -58,10 +59,10 @@ def job_flags(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in known}
 
 
-def flags_from_argv(argv: Sequence[str]) -> dict[str, Any]:
+def flags_from_argv(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> dict[str, Any]:
     """The job flags in `argv` (`["--nodes", "2", "--partition", "gpu"]`), parsed and typed as `hpctrain submit`
-    parses them; an unknown flag or a bad value is a UserError with the CLI's words."""
-    parser = job_parser()
+    parses them (by `parser`, a job_parser); an unknown flag or a bad value is a UserError with the CLI's words."""
+    parser = parser or job_parser()
     try:
         args, extras = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as err:

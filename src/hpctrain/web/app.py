@@ -61,6 +61,7 @@ class Console:
         self.keys = keys
         self.board = Board(self.schedulers, interval_s)
         self.env = templates()
+        self.job_flags = job_form.parser_for(list(self.schedulers))  # the job form's fields: these backends' too
 
     def scheduler(self, name: str) -> Scheduler:
         found = self.schedulers.get(name)
@@ -151,12 +152,12 @@ class Console:
         from urllib.parse import parse_qs
 
         fields = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
-        form = job_form.FormInput.from_form(fields)
+        form = job_form.FormInput.from_form(fields, self.job_flags)
         action = (fields.get("action") or ["check"])[-1]
         try:
             if action not in job_form.ACTIONS:
                 raise UserError(f"unknown action {action!r}: use {', '.join(job_form.ACTIONS)}")
-            job = form.job()
+            job = form.job(self.job_flags)
             backend = job.backend()
             rendered = submission.preview(job, backend)
             if action == "preview":
@@ -179,13 +180,13 @@ class Console:
         note: str | None = None,
         status: int = 200,
     ) -> HTMLResponse:
-        beside, rest = job_form.problems_by_field(problems or [])
+        beside, rest = job_form.problems_by_field(problems or [], self.job_flags)
         return self.page(
             "job_form.html",
             status=status,
             title="new job",
             form=form,
-            groups=job_form.groups(),
+            groups=job_form.groups(self.job_flags),
             recipes=list(job_form.CATALOG),
             beside={k: [_problem(p) for p in v] for k, v in beside.items()},
             rest=[_problem(p) for p in rest],

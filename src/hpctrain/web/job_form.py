@@ -44,9 +44,13 @@ class Group:
     fields: tuple[Field, ...]
 
 
-def groups(parser: argparse.ArgumentParser | None = None) -> list[Group]:
+def parser_for(schedulers: list[str]) -> argparse.ArgumentParser:
+    """The job flags of the console's schedulers: the common ones and those backends' own."""
+    return submission.job_parser(schedulers)
+
+
+def groups(parser: argparse.ArgumentParser) -> list[Group]:
     """The job flags' `--help` groups as the form's sections, each flag a field with its help text."""
-    parser = parser or submission.job_parser()
     found = []
     for group in parser._action_groups:
         fields = tuple(_field(a) for a in group._group_actions if a.option_strings and a.dest not in OWN_PARTS)
@@ -86,11 +90,11 @@ class FormInput:
     job_file_text: str = ""
 
     @classmethod
-    def from_form(cls, form: dict[str, list[str]]) -> FormInput:
+    def from_form(cls, form: dict[str, list[str]], parser: argparse.ArgumentParser) -> FormInput:
         def one(name: str, default: str = "") -> str:
             return (form.get(name) or [default])[-1]
 
-        fields = {f.name for g in groups() for f in g.fields}
+        fields = {f.name for g in groups(parser) for f in g.fields}
         return cls(
             values={k: one(k) for k in form if k in fields},
             what=one(WHAT, "recipe"),
@@ -101,10 +105,10 @@ class FormInput:
             job_file_text=one(JOB_FILE_TEXT),
         )
 
-    def argv(self) -> list[str]:
+    def argv(self, parser: argparse.ArgumentParser) -> list[str]:
         """The job flags as `hpctrain submit` would be given them."""
         argv: list[str] = []
-        for group in groups():
+        for group in groups(parser):
             for f in group.fields:
                 text = self.values.get(f.name, "").strip()
                 if not text:
@@ -131,9 +135,9 @@ class FormInput:
         except ValueError as err:  # shlex: an unclosed quote
             raise UserError(f"the command: {err} (quote as a shell would)") from None
 
-    def job(self) -> submission.Job:
+    def job(self, parser: argparse.ArgumentParser) -> submission.Job:
         """The job this form describes, through the engine (a UserError, the CLI's words, for bad input)."""
-        flags = submission.flags_from_argv(self.argv())
+        flags = submission.flags_from_argv(self.argv(parser), parser)
         command = self.job_command()
         if command:
             flags["job_command"] = command
@@ -147,9 +151,11 @@ def from_record(text: str) -> FormInput:
     return FormInput(what="file", job_file_name="job.yaml", job_file_text=text)
 
 
-def problems_by_field(problems: list[submission.Problem]) -> tuple[dict[str, list[Any]], list[Any]]:
+def problems_by_field(
+    problems: list[submission.Problem], parser: argparse.ArgumentParser
+) -> tuple[dict[str, list[Any]], list[Any]]:
     """The problems beside their field, and those that name none (shown above the form)."""
-    fields = {f.name for g in groups() for f in g.fields}
+    fields = {f.name for g in groups(parser) for f in g.fields}
     beside: dict[str, list[Any]] = {}
     rest = []
     for p in problems:
