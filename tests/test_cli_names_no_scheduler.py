@@ -73,7 +73,9 @@ def scheduler_words(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_cli_names_no_scheduler_outside_its_help_text() -> None:
-    named = {path.name: words for path in sorted(CLI.glob("*.py")) if (words := scheduler_words(path.read_text()))}
+    """The CLI and the engine under both faces (hpctrain.engine: choosing the scheduler, the job flags, submission)."""
+    paths = [*sorted(CLI.glob("*.py")), *sorted((CLI.parent / "engine").glob("*.py"))]
+    named = {path.name: words for path in paths if (words := scheduler_words(path.read_text()))}
     assert named == {}, "backend words in the CLI (a backend's BackendInfo should answer instead): " + repr(named)
 
 
