@@ -1,7 +1,8 @@
 """The options of `hpctrain train WORKLOAD` (its flags, with their help text) and how they become a validated
-TrainConfig: the recipes' own flags, below the faces, so that `hpctrain train` parses them, `hpctrain submit` and the
-web console's job form (hpctrain.submission) validate a job's training options exactly as the job will parse them.
-The argparse namespace stops here: it becomes a TrainConfig at once.
+TrainConfig: the recipes' own flags, below the faces, so that `hpctrain train` parses them, and `hpctrain submit` and
+the web console's job form (hpctrain.engine.submission) validate a job's training options exactly as the job will
+parse them. The argparse namespace stops here: it becomes a TrainConfig at once. unrecognized and late_positionals
+are the argparse helpers every command's parser shares (hpctrain.cli.main).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
@@ -154,6 +155,10 @@ class Console:
         fields = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
         form = job_form.FormInput.from_form(fields, self.job_flags)
         action = (fields.get("action") or ["check"])[-1]
+        # the checks and sbatch wait on the scheduler: off the event loop, as the other pages' work is
+        return await run_in_threadpool(self.act_on_form, form, action)
+
+    def act_on_form(self, form: job_form.FormInput, action: str) -> Response:
         try:
             if action not in job_form.ACTIONS:
                 raise UserError(f"unknown action {action!r}: use {', '.join(job_form.ACTIONS)}")
