@@ -192,9 +192,10 @@ def test_env_reports_each_scheduler_clients_version(capsys) -> None:
 
 
 def test_the_names_resume_recognizes_are_the_run_directorys_own():
-    """cli/train.py repeats two names so that parsing needs no torch; they must stay the loop's and the checkpoint's."""
+    """recipes/train_options.py repeats two names so that parsing needs no torch; they must stay the loop's and the
+    checkpoint's."""
     from hpctrain import checkpoint
-    from hpctrain.cli import train
+    from hpctrain.recipes import train_options as train
     from hpctrain.training.rundir import CHECKPOINT_DIR
 
     assert (train._CHECKPOINT_DIR, train._LATEST_POINTER) == (CHECKPOINT_DIR, checkpoint.LATEST_POINTER)

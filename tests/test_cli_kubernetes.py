@@ -291,7 +291,7 @@ try:
 except SystemExit as stop:
     code = stop.code
 loaded = sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('kubernetes', 'torch')}
-                | {m for m in sys.modules if m.startswith('hpctrain.cli.') and m != 'hpctrain.cli.scheduling'})
+                | {m for m in sys.modules if m.startswith('hpctrain.cli.')})
 print('LOADED', code, loaded, file=sys.stderr)
 """
 

@@ -4,6 +4,7 @@ every string that names a scheduler or one of its own words, outside the help te
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 from pathlib import Path
@@ -72,7 +73,9 @@ def scheduler_words(source: str) -> list[tuple[int, str]]:
 
 
 def test_the_cli_names_no_scheduler_outside_its_help_text() -> None:
-    named = {path.name: words for path in sorted(CLI.glob("*.py")) if (words := scheduler_words(path.read_text()))}
+    """The CLI and the engine under both faces (hpctrain.engine: choosing the scheduler, the job flags, submission)."""
+    paths = [*sorted(CLI.glob("*.py")), *sorted((CLI.parent / "engine").glob("*.py"))]
+    named = {path.name: words for path in paths if (words := scheduler_words(path.read_text()))}
     assert named == {}, "backend words in the CLI (a backend's BackendInfo should answer instead): " + repr(named)
 
 
@@ -109,4 +112,135 @@ def run(args, parser):
         (10, "--k8s-api"),
         (10, "pytorchjob"),
         (10, "trainjob"),
+    ]
+
+
+# ---- issue 40 item 2: each backend declares its own flags; the CLI matches no backend's message text ----------------
+
+SCHEDULERS_DIR = CLI.parent / "schedulers"
+
+
+def backend_declarations(monkeypatch) -> tuple[set[str], set[int], list[argparse.ArgumentParser]]:
+    """Every long flag a backend owns (its INFO.flags, and what its add_arguments adds for any role), and the ids of
+    the argparse actions its add_arguments added while the real CLI parsers were built."""
+    import dataclasses
+    import importlib
+
+    from hpctrain.cli import SUBCOMMANDS, build_parser
+    from hpctrain.schedulers import SCHEDULERS, backend_info
+    from hpctrain.schedulers.base import ROLES
+
+    owned: set[str] = set()
+    added: set[int] = set()
+    infos = {name: backend_info(name) for name in SCHEDULERS}
+    for info in infos.values():
+        owned.update(flag for flag in info.flags.values() if flag.startswith("--"))
+        for role in ROLES:
+            parser = argparse.ArgumentParser(add_help=False)
+            info.add_arguments(parser, parser.add_argument_group("scheduler"), role)
+            owned.update(o for a in parser._actions for o in a.option_strings if o.startswith("--"))
+
+    def recording(info):
+        def add_arguments(parser, group, role):
+            before = {id(a) for a in parser._actions}
+            info.add_arguments(parser, group, role)
+            added.update(id(a) for a in parser._actions if id(a) not in before)
+
+        return dataclasses.replace(info, add_arguments=add_arguments)
+
+    scheduling = importlib.import_module("hpctrain.engine.scheduling")
+    monkeypatch.setattr(scheduling, "backend_info", lambda name: recording(infos[name]))
+    parsers = [build_parser(name) for name in SUBCOMMANDS]
+    return owned, added, parsers
+
+
+def flags_the_cli_declares(parsers, owned: set[str], added: set[int]) -> list[tuple[str, str]]:
+    """(command, flag) for each backend's flag that a parser of a command that talks to a scheduler (one with
+    --scheduler) got from the CLI rather than from the backend's add_arguments."""
+    found = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+        if "--scheduler" not in parser._option_string_actions:
+            return
+        for action in parser._actions:
+            flags = [o for o in action.option_strings if o in owned]
+            if flags and id(action) not in added:
+                found.append((path.strip(), flags[0]))
+
+    for parser in parsers:
+        walk(parser, "")
+    return sorted(set(found))
+
+
+def test_the_cli_declares_no_flag_that_only_a_backend_understands(monkeypatch) -> None:
+    owned, added, parsers = backend_declarations(monkeypatch)
+    assert {"--partition", "--gres", "--venv", "--replica", "--namespace"} <= owned  # the walk sees declarations
+    assert flags_the_cli_declares(parsers, owned, added) == []
+
+
+def test_the_flag_walk_finds_a_backend_flag_the_cli_declares(monkeypatch) -> None:
+    """It can fail: a command's own --partition, beside what the backends add, is found."""
+    owned, added, parsers = backend_declarations(monkeypatch)
+    extra = argparse.ArgumentParser(prog="x")
+    extra.add_argument("--scheduler")
+    extra.add_argument("--partition")
+    assert flags_the_cli_declares([extra], owned, added) == [("", "--partition")]
+
+
+def backend_texts() -> list[str]:
+    """Every string literal of the backends, with the literal parts of their f-strings: what they say."""
+    texts = []
+    for path in sorted(SCHEDULERS_DIR.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append(node.value)
+    return texts
+
+
+def message_matches(source: str, texts: list[str], shortest: int = 12) -> list[tuple[int, str]]:
+    """Literals tested against a message (`"..." in x`, `x.startswith("...")`, `re.search("...", x)`) that are a
+    part of what a backend says: a face that reads a backend's message by its text."""
+    tree = ast.parse(source)
+    probes: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            probes.append(node.left)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("startswith", "endswith", "find", "index", "count", "search", "match", "fullmatch"):
+                probes.extend(node.args)
+    found = []
+    for probe in probes:
+        for sub in ast.walk(probe):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and len(sub.value) >= shortest:
+                if any(sub.value in text for text in texts):
+                    found.append((sub.lineno, sub.value))
+    return sorted(found)
+
+
+FACES = [*sorted(CLI.glob("*.py")), *sorted(WEB.glob("*.py")), *sorted((CLI.parent / "engine").glob("*.py"))]
+
+
+def test_no_face_matches_a_backends_message_by_its_text() -> None:
+    """What a backend means by a message it says in its types and fields (hpctrain.schedulers.base.Prerequisite),
+    never in words a face (or the engine under both) looks for."""
+    texts = backend_texts()
+    found = {path.name: m for path in FACES if (m := message_matches(path.read_text(), texts))}
+    assert found == {}, "a face reads a backend's message by its text: " + repr(found)
+
+
+def test_the_message_walk_finds_a_match_of_a_backends_text() -> None:
+    """It can fail: the check cli/submit.py made of a Slurm message before, and its forms, are found."""
+    source = """
+def notes(problems, venv_missing):
+    a = [p for p in problems if venv_missing and "is not on the PATH the job will have" in p]
+    b = [p for p in problems if p.startswith(("is not on the PATH the job", "warning: "))]
+    return a + b
+"""
+    assert message_matches(source, backend_texts()) == [
+        (3, "is not on the PATH the job will have"),
+        (4, "is not on the PATH the job"),
     ]

@@ -119,7 +119,7 @@ def test_a_slurm_key_in_a_job_file_for_kubernetes_is_one_line(
 
 def test_a_params_file_and_a_job_file_fill_the_same_two_parts(tmp_path: Path) -> None:
     """A platform's .params file and the YAML job file that says the same: the same JobSpec, the same options."""
-    from hpctrain.cli.job_options import submission_from_args
+    from hpctrain.engine.job_options import submission_from_args
     from hpctrain.cli.submit import add_arguments
 
     params = tmp_path / "job.params"

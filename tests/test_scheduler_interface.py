@@ -21,7 +21,8 @@ from training_helpers import run_hpctrain
 
 SRC = Path(hpctrain.__file__).parent
 # The job commands and their shared flag module (dev, top and tensorboard are the services' commands).
-JOB_COMMANDS = ("submit", "check", "status", "logs", "cancel", "cluster", "debug", "scheduling")
+JOB_COMMANDS = ("submit", "check", "status", "logs", "cancel", "cluster", "debug")
+ENGINE = ("scheduling", "job_options", "submission")  # under both faces: it names no scheduler either
 
 
 def hpctrain_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -47,7 +48,10 @@ def test_the_job_commands_name_no_scheduler() -> None:
     registry, so not even they do)."""
     hits = [
         f"{path.name}:{n}: {line.strip()}"
-        for path in (SRC / "cli" / f"{name}.py" for name in JOB_COMMANDS)
+        for path in [
+            *(SRC / "cli" / f"{name}.py" for name in JOB_COMMANDS),
+            *(SRC / "engine" / f"{n}.py" for n in ENGINE),
+        ]
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\"(slurm|kubernetes)\"", line)
     ]

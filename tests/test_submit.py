@@ -420,7 +420,7 @@ def _executable(path: Path) -> Path:
 
 
 def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, capsys) -> None:
-    from hpctrain.cli.job_options import submission_from_args
+    from hpctrain.engine.job_options import submission_from_args
     from hpctrain.cli.submit import add_arguments
 
     parser = __import__("argparse").ArgumentParser()

@@ -193,3 +193,51 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
     finally:
         slurm_cluster.cancel_quietly(held)
         slurm_cluster.cancel_quietly(logged)
+
+
+def field(driver, name: str):
+    return driver.find_element(By.ID, f"in-{name}")
+
+
+def test_the_job_form_in_chromium(slurm_cluster, tmp_path, console, browser):
+    """Fill the form, Check shows a problem beside its field with its fix, fix it, Preview shows the script, Submit
+    opens the new job's page; the job is cancelled at the end."""
+    base = console.split("/?token=")[0]
+    browser.get(console)
+    browser.get(base + "/jobs/new")
+    browser.find_element(By.CSS_SELECTOR, "input[name=what][value=command]").click()
+    browser.find_element(By.ID, "command").send_keys("sleep 300")
+    for name, value in (
+        ("name", "web-form"),
+        ("time", "5"),
+        ("run_dir", "runs/web-form-%j"),  # in the console's working directory, tmp_path
+        ("partition", "debug"),
+        ("nproc_per_node", "64"),  # more processes than a node has CPUs
+    ):
+        field(browser, name).send_keys(value)
+    browser.find_element(By.ID, "check").click()
+    beside = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "field-nproc_per_node"))
+    problem = beside.find_element(By.CSS_SELECTOR, ".problem.error").text
+    fix = beside.find_element(By.CSS_SELECTOR, ".fix").text
+    assert problem.startswith("--nproc-per-node 64") and "CPUs" in problem and fix.startswith("fix: "), problem
+    assert field(browser, "partition").get_attribute("value") == "debug"  # the form keeps what was typed
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", beside)
+    screenshot(browser, "web-form.png", tmp_path)
+
+    field(browser, "nproc_per_node").clear()
+    field(browser, "nproc_per_node").send_keys("1")
+    browser.find_element(By.ID, "preview-button").click()
+    script = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "preview")).text
+    assert "#SBATCH --partition=debug" in script and "sleep 300" in script
+    assert browser.find_elements(By.CSS_SELECTOR, ".problem.error") == []
+
+    browser.find_element(By.ID, "submit").click()
+    WebDriverWait(browser, WAIT_S).until(lambda d: re.search(r"/job/slurm/\d+$", d.current_url))
+    job_id = browser.current_url.rsplit("/", 1)[1]
+    try:
+        assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {job_id}")
+        assert (tmp_path / "runs" / f"web-form-{job_id}" / "job.yaml").is_file()
+        said = [entry["message"] for entry in browser.get_log("browser")]
+        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+    finally:
+        slurm_cluster.cancel_quietly(job_id)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import sys
@@ -12,6 +11,7 @@ from hpctrain import __version__
 from hpctrain.errors import UserError, redact
 from hpctrain.safetext import for_terminal
 from hpctrain.recipes.catalog import CATALOG
+from hpctrain.recipes.train_options import late_positionals, unrecognized
 
 # name -> (module, one-line help). A module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -73,34 +73,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only == name:
             importlib.import_module(module_name).add_arguments(sub_parser)
     return parser
-
-
-def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
-    """argparse's "unrecognized arguments" message, with the closest option for each unknown one."""
-    known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
-    unknown = [extra.split("=", 1)[0] for extra in extras if extra.startswith("-")]
-    hints = [(name, difflib.get_close_matches(name, known, n=1, cutoff=0.6)) for name in unknown]
-    said = [
-        f"did you mean {close[0]}?" if len(unknown) == 1 else f"{name}: did you mean {close[0]}?"
-        for name, close in hints
-        if close
-    ]
-    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(said)})" if said else "")
-
-
-def late_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> list[str]:
-    """argparse fills positionals only from the first run of them, so in `train imagenet --epochs 2 DATA` the
-    DATA comes back among the unknown words. Give such words to the optional positionals still unset; return the
-    rest (then really unknown)."""
-    slots = [a for a in parser._actions if not a.option_strings and a.nargs == "?" and getattr(args, a.dest) is None]
-    rest: list[str] = []
-    for word in extras:
-        after_unknown_option = bool(rest) and rest[-1].startswith("-") and "=" not in rest[-1]
-        if slots and not word.startswith("-") and not after_unknown_option:  # `--epochz 2`: 2 is --epochz's
-            setattr(args, slots.pop(0).dest, word)
-        else:
-            rest.append(word)
-    return rest
 
 
 def main(argv: list[str] | None = None) -> int:

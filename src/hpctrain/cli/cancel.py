@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 from hpctrain.safetext import for_terminal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
-    parser.add_argument(
-        "--signal", "-s", metavar="SIG", help="Slurm: send this signal (e.g. USR1) instead of cancelling"
-    )
-    parser.add_argument(
-        "--full", action="store_true", help="Slurm, with --signal: signal the batch shell too, not only the job steps"
-    )
     parser.add_argument(
         "--wait",
         type=float,
@@ -34,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds to wait for the job to end before returning (default: 30; Kubernetes: exit status 1 when the "
         "job is still terminating then; 0: do not wait)",
     )
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, role="cancel")
 
 
 def run(args: argparse.Namespace) -> int:

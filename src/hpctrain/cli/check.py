@@ -15,17 +15,15 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from hpctrain.cli.job_options import add_job_arguments, submission_from_args
+from hpctrain.engine import submission
+from hpctrain.engine.job_options import add_job_arguments
 from hpctrain.cli.owned import owned_job
-from hpctrain.cli.scheduling import get_backend
-from hpctrain.cli.submit import report_problems, report_warnings, wait
-from hpctrain.compat import installed_numpy_mismatch
+from hpctrain.cli.submit import report_problems, wait
 from hpctrain.errors import UserError
 from hpctrain.health.preflight import CHECK_ID_ENV, PREFLIGHT_FILE, read_verdict
 from hpctrain.readback import BadRunFile
 from hpctrain.safetext import for_terminal
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.base import NOTE_PREFIX, blocking
 from hpctrain.schedulers import backend_info
 
 PREFLIGHT_TIME = 15 * 60  # seconds
@@ -44,34 +42,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    submission = submission_from_args(args, command_optional=not args.preflight)
-    job = submission.job
-    sched = get_backend(args, submission.scheduler, submission.options)
-    report_warnings("check", job, submission.recipe, sched.uses_gpus(job))
-    mismatch = installed_numpy_mismatch()
-    if mismatch:  # this environment's: the job's own when it runs the same one
-        report_problems("check", [f"warning: here, {mismatch}"])
-    rendered = sched.render(job)  # what the scheduler cannot express fails here, one line
-    from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
-
-    problems = sched.local_check(job, submission.recipe, check_data=check_data) + sched.check(job)
-    if submission.resources_only:  # what is said about the placeholder command is not the user's concern
-        problems = [p for p in problems if not p.startswith(NOTE_PREFIX)]
-    report_problems("check", problems)
-    if blocking(problems):
+    job = submission.build(submission.job_flags(vars(args)), command_optional=not args.preflight)
+    sched = job.backend()
+    rendered = submission.preview(job, sched)  # what the scheduler cannot express fails here, one line
+    problems = submission.check(job, here=True, backend=sched, rendered=rendered)
+    report_problems("check", [p.line for p in problems])
+    if any(p.blocking for p in problems):
         return 2
-    if submission.resources_only:
+    if job.submission.resources_only:
         print(
-            f"ok: {sched.summary(job, rendered)} (the resources only: add `-- COMMAND ...` or `train WORKLOAD "
+            f"ok: {sched.summary(job.spec, rendered)} (the resources only: add `-- COMMAND ...` or `train WORKLOAD "
             "...` to check the program too)"
         )
         return 0
-    print(f"ok: {sched.summary(job, rendered)}")
+    print(f"ok: {sched.summary(job.spec, rendered)}")
     if not args.preflight:
         return 0
     # The probe runs once: the backend's options that would start it again are off (Slurm: hang restarts).
-    probe_options = {**submission.options, **backend_info(submission.scheduler).probe_options}
-    return _preflight(get_backend(args, submission.scheduler, probe_options), job, submission.scheduler)
+    from hpctrain.engine.scheduling import get_backend
+
+    probe = {**job.submission.options, **backend_info(job.scheduler).probe_options}
+    return _preflight(get_backend(args, job.scheduler, probe), job.spec, job.scheduler)
 
 
 def _preflight(sched: Any, job: JobSpec, scheduler: str) -> int:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
-    parser.add_argument("--partition", "-p", metavar="NAME", help="Slurm: only the nodes of this partition")
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, role="cluster")
 
 
 def run(args: argparse.Namespace) -> int:

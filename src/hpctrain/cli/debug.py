@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 from hpctrain.errors import UserError
 
 
@@ -30,19 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     preempt.add_argument("job", metavar="JOB", help="job id of a running job")
     preempt.add_argument(
-        "--signal",
-        "-s",
-        metavar="SIG",
-        help="send this signal instead of the one the job's script asks for (e.g. USR1); "
-        "needed when the job got its --signal on sbatch's command line",
-    )
-    preempt.add_argument(
-        "--steps",
-        action="store_true",
-        help="with --signal: deliver it to the job steps instead of the batch shell "
-        "(like --signal=USR1@TIME without B:)",
-    )
-    preempt.add_argument(
         "--follow", action="store_true", help="wait until the job has requeued itself (or ended) and say which"
     )
     preempt.add_argument(
@@ -52,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with --follow: give up waiting after S seconds (default: 600)",
     )
-    add_connection_arguments(preempt)
+    add_connection_arguments(preempt, role="preempt")
     stacks = actions.add_parser(
         "stacks",
         help="every rank of a running training job writes the Python stacks of all its threads: stuck or just slow?",
@@ -74,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stacks.add_argument(
         "--wait", type=float, default=15.0, metavar="S", help="how long to wait for every rank's answer (default: 15)"
     )
-    add_connection_arguments(stacks)
+    add_connection_arguments(stacks, role="stacks")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of, show_step
-from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
+from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 from hpctrain.errors import UserError
 
 
@@ -44,19 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start.add_argument("--port", type=int, help="the server's port (default: a free one on Slurm, 8888 in a pod)")
     start.add_argument("--cpus", type=int, default=2, help="CPUs (default: 2)")
     start.add_argument("--gpus-per-node", type=int, default=0, metavar="N", help="whole GPUs")
-    start.add_argument("--gpu-type", help="GPU type, as `sinfo -o %%G` shows it")
-    start.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
     start.add_argument("--mem", help="memory, e.g. 16G")
     start.add_argument("--time", default="04:00:00", help="time limit (default: 04:00:00); the session ends then")
     add_placement_arguments(
         start, wait_help="seconds to wait for the server to answer (default: 600; 0 on Kubernetes: do not wait)"
     )
-    start.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
     start.add_argument(
         "--local-port", type=int, help="port on your machine for the tunnel (default: the same as remote)"
     )
     start.add_argument("--dry-run", action="store_true", help="print the batch script or pod manifest; submit nothing")
-    add_connection_arguments(start, role="services", scheduler_help=chosen_scheduler_help("where the session runs"))
+    add_connection_arguments(start, role="dev", scheduler_help=chosen_scheduler_help("where the session runs"))
 
     listing = sub.add_parser("list", help="sessions, how long they have run, and which sit idle")
     listing.add_argument(
@@ -68,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_connection_arguments(
         listing,
-        role="services",
+        role="dev-sessions",
         scheduler_help="only the sessions started on this scheduler (default: every session, each "
         "asked through the scheduler it was started on)",
     )
@@ -77,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stop.add_argument("name", metavar="NAME")
     add_connection_arguments(
         stop,
-        role="services",
+        role="dev-sessions",
         scheduler_help="the scheduler the session was started on (default: the one recorded then; another is refused)",
     )
 

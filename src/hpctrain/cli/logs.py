@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 from hpctrain.cli.views import progress_to_stderr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="job id")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
-    parser.add_argument("--err", action="store_true", help="Slurm: the job's stderr file instead of its stdout")
-    parser.add_argument(
-        "--replica",
-        metavar="NAME",
-        help="Kubernetes: the replica whose log to show (master-0, worker-1; default: rank 0)",
-    )
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, role="logs")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,22 +16,13 @@ if TYPE_CHECKING:
 
 
 def add_placement_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, wait_help: str) -> None:
-    """Where a service job or pod (`dev start`, `tensorboard --on-cluster`) runs, with which software, and how
-    long `start` waits for its server (`wait_help`)."""
-    parser.add_argument("--partition", help="Slurm: partition")
-    parser.add_argument("--account", help="Slurm: account")
+    """The image a service job or pod (`dev start`, `tensorboard --on-cluster`) runs in and how long `start` waits
+    for its server (`wait_help`); where it runs and with which other software are each backend's flags (role `dev`,
+    `tensorboard`: BackendInfo.add_arguments)."""
     parser.add_argument(
         "--image", help="Slurm: an apptainer .sif or enroot .sqsh file; Kubernetes: the container image"
     )
-    parser.add_argument("--conda-env", help="Slurm: activate this conda environment")
-    parser.add_argument("--venv", help="Slurm: activate this virtual environment")
-    parser.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
-    parser.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
-    parser.add_argument(
-        "--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)"
-    )
     parser.add_argument("--wait", type=float, default=600.0, metavar="S", help=wait_help)
-    parser.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
 
 
 def placement_from_args(args: argparse.Namespace) -> Any:
@@ -58,7 +49,7 @@ def placement_from_args(args: argparse.Namespace) -> Any:
 def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:
     """The services of `scheduler` (default: the one --scheduler, $HPCTRAIN_SCHEDULER or this host picks), on the
     connection --namespace and --context name."""
-    from hpctrain.cli.scheduling import choose_scheduler, get_backend
+    from hpctrain.engine.scheduling import choose_scheduler, get_backend
 
     return get_backend(args, scheduler or choose_scheduler(args)).services()
 

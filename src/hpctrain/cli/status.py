@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 
-from hpctrain.cli.scheduling import add_connection_arguments, backend_for
+from hpctrain.engine.scheduling import add_connection_arguments, backend_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", nargs="?", metavar="JOB", help="a job id (default: all your jobs)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
-    parser.add_argument("--all-users", action="store_true", help="Slurm: everyone's jobs, not only yours")
-    add_connection_arguments(parser)
+    add_connection_arguments(parser, role="status")
 
 
 def run(args: argparse.Namespace) -> int:

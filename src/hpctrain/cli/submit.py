@@ -5,10 +5,10 @@ scheduler.
     hpctrain submit [job options] -- python my_train.py --lr 0.1   # any command
     hpctrain submit --scheduler NAME [its options] train mnist
 
-One path for every scheduler, through hpctrain.schedulers.base.Scheduler: render, local_check (+ check), submit,
-record, then `wait` for --wait/--follow. What differs per scheduler is the backend's: its BackendInfo adds its
-flags, reads its job-file section, completes the job's defaults; its methods say what is said. The job options are
-shared with `hpctrain check` (job_options.py: add_job_arguments / submission_from_args).
+The work is the engine's (hpctrain.engine.submission: build, preview, check, submit; the web console's job form
+calls the same); this module says what it returns, then `wait`s for --wait/--follow. What differs per scheduler is
+the backend's: its BackendInfo adds its flags, reads its job-file section, completes the job's defaults; its
+methods say what is said. The job options are shared with `hpctrain check` (engine.job_options).
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import threading
 import time
 from typing import Any
 
-from hpctrain.cli.job_options import Submission, add_job_arguments, submission_from_args
-from hpctrain.cli.scheduling import get_backend
+from hpctrain.engine import submission
+from hpctrain.engine.job_options import add_job_arguments
 from hpctrain.errors import UserError, redact
 from hpctrain.safetext import for_terminal
-from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 
 
@@ -47,92 +46,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-check", action="store_true", help="skip the checks against the live cluster")
 
 
-def dry_run_notes(missing: list[str], problems: list[str]) -> tuple[list[str], list[str]]:
-    """Split a --dry-run's problems into those that make it exit 2 and notes: what the backend says is made once
-    before the first submit (`missing`: an image or venv, an example's placeholder or not pulled yet) and, while a
-    venv is missing, the programs that only it would provide. A real submit and `hpctrain check` still refuse
-    both."""
-    if not missing:
-        return problems, []
-    venv_missing = any(m.startswith("venv ") for m in missing)
-    noted = [p for p in problems if p in missing or (venv_missing and "is not on the PATH the job will have" in p)]
-    notes = [f"note: {p} (a real submit refuses until then)" for p in noted]
-    return [p for p in problems if p not in noted], notes
-
-
-def job_warnings(job: JobSpec, recipe: Any = None, gpus: bool = False) -> list[str]:
-    """What is allowed but most likely not meant: a built-in recipe's --synthetic epoch on CPUs (hours). `gpus`: the
-    backend gives the job GPUs (Scheduler.uses_gpus: whole ones or its own kind of GPU share)."""
-    r = job.resources
-    if recipe is None or gpus:
-        return []
-    from hpctrain.recipes import synthetic_cpu_warning
-
-    processes = r.nodes * r.nproc_per_node  # a single-process launcher asks for 1 x 1
-    warning = synthetic_cpu_warning(recipe, processes * r.cpus_per_task)
-    return [warning] if warning else []
-
-
 def report_problems(command: str, problems: list[str]) -> None:
     for line in problems:
         print(f"hpctrain {command}: {for_terminal(redact(line))}", file=sys.stderr)
 
 
-def report_warnings(command: str, job: JobSpec, recipe: Any = None, gpus: bool = False) -> None:
-    for line in job_warnings(job, recipe, gpus):
-        print(f"hpctrain {command}: warning: {redact(line)}", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
-    submission = submission_from_args(args, dry_run=args.dry_run)
-    job = submission.job
-    sched = get_backend(args, submission.scheduler, submission.options)
-    rendered = sched.render(job)  # pure; what it cannot express fails here, before anything is sent
-    report_warnings("submit", job, submission.recipe, sched.uses_gpus(job))
-    from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
-
-    problems = sched.local_check(job, submission.recipe, check_data=check_data)
+    job = submission.build(submission.job_flags(vars(args)), dry_run=args.dry_run)
+    sched = job.backend()
+    rendered = submission.preview(job, sched)  # pure; what it cannot express fails here, before anything is sent
     if args.dry_run:
         # The script or manifest is shown whatever the checks say (it is what the user asked to read); the exit
-        # status is a real submit's verdict on everything that can be checked without the cluster.
+        # status is a real submit's verdict on everything that can be checked without the cluster. What is made
+        # once before the first submit (an image, a venv) is only noted.
+        problems = submission.check(job, live=False, backend=sched, rendered=rendered)
         sys.stdout.write(redact(rendered.preview or rendered.text))  # the files keep the values: they are 0600
-        problems, notes = dry_run_notes(sched.missing_prerequisites(job), problems)
-        verdict = ["a real submit would refuse this job (exit status 2)"] if base.blocking(problems) else []
-        report_problems("submit", problems + verdict + notes + [sched.dry_run_note])
+        said = [p.line for p in problems if not p.prerequisite]
+        notes = [f"note: {p.line} (a real submit refuses until then)" for p in problems if p.prerequisite]
+        blocks = any(p.blocking and not p.prerequisite for p in problems)
+        verdict = ["a real submit would refuse this job (exit status 2)"] if blocks else []
+        report_problems("submit", said + verdict + notes + [sched.dry_run_note])
         return 2 if verdict else 0
-    cluster = [] if args.no_check else sched.check(job)
+    problems = submission.check(job, live=not args.no_check, backend=sched, rendered=rendered)
     # Warnings, and what the job will do at its time limit; notes on checks that could not run are `check`'s to say.
     report_problems(
-        "submit", [p for p in problems + cluster if p.startswith((base.WARNING_PREFIX, base.TIME_LIMIT_NOTE))]
+        "submit", [p.line for p in problems if p.kind == submission.WARNING or p.line.startswith(base.TIME_LIMIT_NOTE)]
     )
-    if blocking := base.blocking(problems + cluster):
+    if blocking := [p for p in problems if p.blocking]:
         hint = (
             " (fix the above, or pass --no-check to skip the cluster checks)"
-            if base.blocking(cluster)
+            if any(p.live for p in blocking)
             else " (fix the above)"
         )
-        report_problems("submit", blocking + ["nothing was submitted" + hint])
+        report_problems("submit", [p.line for p in blocking] + ["nothing was submitted" + hint])
         return 2
-    job_id = sched.submit(job, rendered)
-    said = sched.record(job, rendered, job_id, _description(submission))
-    print(job_id, flush=True)
-    report_problems("submit", said)
+    submitted = submission.submit(job, problems, backend=sched, rendered=rendered)
+    print(submitted.job_id, flush=True)
+    report_problems("submit", list(submitted.said))
     if not (args.wait or args.follow):
         return 0
-    return wait(sched, job_id, "submit", follow=args.follow)
-
-
-def _description(submission: Submission) -> dict[str, Any]:
-    """job.yaml: the job as a job file (resubmit with --job-file), with the backend's options in its section."""
-    description = submission.job.to_dict()
-    if submission.job.is_recipe:
-        del description["run_dir"]  # derived from the recipe's options; a job file must not repeat it
-    description["scheduler"] = submission.scheduler
-    if submission.options:
-        description[submission.scheduler] = {
-            k: list(v) if isinstance(v, tuple) else v for k, v in submission.options.items()
-        }
-    return description
+    return wait(sched, submitted.job_id, "submit", follow=args.follow)
 
 
 def wait(sched: Any, job_id: str, command: str, follow: bool = False, poll_s: float = 2.0) -> int:

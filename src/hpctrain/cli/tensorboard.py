@@ -11,7 +11,7 @@ import argparse
 import signal
 
 from hpctrain.cli.services import access_lines, add_placement_arguments, placement_from_args, services_of, show_step
-from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
+from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_placement_arguments(cluster, wait_help="Slurm: seconds to wait for TensorBoard to answer (default: 600)")
     add_connection_arguments(
-        parser, role="services", scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs")
+        parser, role="tensorboard", scheduler_help=chosen_scheduler_help("--on-cluster: where TensorBoard runs")
     )
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from hpctrain.cli.services import services_of
-from hpctrain.cli.scheduling import add_connection_arguments, chosen_scheduler_help
+from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch", action="store_true", help="refresh until the job ends or Ctrl-C")
     parser.add_argument("--interval", type=float, default=5.0, metavar="S", help="--watch: seconds between samples")
     parser.add_argument("--count", type=int, metavar="N", help="--watch: stop after N samples")
-    add_connection_arguments(parser, role="services", scheduler_help=chosen_scheduler_help("where JOB runs"))
+    add_connection_arguments(parser, role="top", scheduler_help=chosen_scheduler_help("where JOB runs"))
 
 
 def run(args: argparse.Namespace) -> int:

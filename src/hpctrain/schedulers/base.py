@@ -43,6 +43,18 @@ NOTE_PREFIX = "note: "  # a check that could not run (and why); does not block e
 # every note).
 TIME_LIMIT_NOTE = NOTE_PREFIX + "time limit: "
 
+SERVICE_ROLES = ("dev", "dev-sessions", "tensorboard", "top")
+"""The roles (BackendInfo.add_arguments) of the commands around a service: dev start, dev list/stop,
+tensorboard --on-cluster, top."""
+ROLES = ("job", "status", "logs", "cancel", "cluster", "preempt", "stacks", *SERVICE_ROLES)
+"""Every role a command asks a backend to add its flags for: `job` is submit's and check's."""
+
+
+class Prerequisite(str):
+    """A problem of `local_check` with something made once before the first submit (a container image pulled, a
+    venv created) or that follows from one missing: a real submit and `check` refuse it, `submit --dry-run` only
+    notes it (the script can be read before the image is pulled). The backend says so by the type, not the text."""
+
 
 class JobNotFound(UserError):
     """The scheduler does not know the job (never submitted, or deleted): `cancel` and `submit --wait` tell "gone"
@@ -247,9 +259,11 @@ class BackendInfo:
     """Job file suffix -> parser of the backend's own job file format (`.params`): (text, source) -> (JobSpec
     fields, the backend's options). Such a file is always for this backend."""
     add_arguments: Callable[[Any, Any, str], None] = lambda parser, group, role: None
-    """(parser, its scheduler argument group, role) adds this backend's own flags to a command: role `job` (submit,
-    check: where the job goes and its options), `jobs` (status, logs, cancel, cluster, debug: where the jobs are) or
-    `services` (dev, tensorboard, top: the same without the kind of job)."""
+    """(parser, its scheduler argument group, role) adds this backend's own flags to a command, with their help
+    text, in the group given or groups of the backend's own: a flag only this backend understands is declared here
+    and nowhere in the CLI. The roles are ROLES: `job` (submit, check: where the job goes and its options), a
+    command on jobs (status, logs, cancel, cluster, preempt, stacks: where the jobs are, and what the command takes
+    on this backend) or a service's (SERVICE_ROLES: dev, dev-sessions, tensorboard, top)."""
     complete_job: Callable[
         [dict[str, Any], dict[str, Any], Mapping[str, Any]], tuple[dict[str, Any], dict[str, Any]]
     ] = lambda data, options, flags: (data, options)

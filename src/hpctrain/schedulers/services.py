@@ -1,6 +1,6 @@
 """What each backend offers the commands around the job (`dev`, `tensorboard --on-cluster`, `top`, `debug stacks`,
 `cancel` of a service), so that those commands never name a scheduler: they pick the backend as every job command
-does (cli.scheduling), ask the Scheduler for its services (`get_scheduler(name).services()`), and format what these
+does (engine.scheduling), ask the Scheduler for its services (`get_scheduler(name).services()`), and format what these
 return. What a backend shows (a tunnel or a port-forward, a job id or a pod) is its own: each backend's
 services.py (schedulers/slurm/, schedulers/kubernetes/) implements Services on what hpctrain.servers holds.
 

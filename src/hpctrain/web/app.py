@@ -8,6 +8,8 @@
     POST /job/SCHEDULER/JOB/stop   cancel the job (a form with the CSRF token, confirmed on the page)
     GET  /cluster                  each scheduler's cluster view
     GET  /dev, POST /dev/...       dev sessions: list, start, stop, save (hpctrain.web.dev_pages)
+    GET  /jobs/new[?from=S/JOB]    the job form (hpctrain.web.job_form), empty or filled with JOB's description
+    POST /jobs/new                 Check, Preview or Submit what the form holds (hpctrain.engine.submission)
     GET  /static/...               our script and style sheet
 
 What the schedulers say is asked through hpctrain.web.board: once per interval for all pages. Every page is a
@@ -21,19 +23,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from hpctrain import __version__
-from hpctrain.errors import UserError
+from hpctrain.engine import submission
+from hpctrain.errors import UserError, redact
 from hpctrain.schedulers.base import JobNotFound, Scheduler
-from hpctrain.web import follow
+from hpctrain.web import follow, job_form
 from hpctrain.web.board import Board
 from hpctrain.web.dev_pages import DevPages
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
@@ -59,6 +64,7 @@ class Console:
         self.keys = keys
         self.board = Board(self.schedulers, interval_s)
         self.env = templates()
+        self.job_flags = job_form.parser_for(list(self.schedulers))  # the job form's fields: these backends' too
 
     def scheduler(self, name: str) -> Scheduler:
         found = self.schedulers.get(name)
@@ -130,11 +136,83 @@ class Console:
                 sections.append({"name": name, "parts": [], "error": line(str(err))})
         return self.page("cluster.html", title="cluster", sections=sections)
 
+    # ---- the job form ---------------------------------------------------------------------------------------
+
+    def new_job_page(self, request: Request) -> Response:
+        """The form, empty (the console's first scheduler chosen) or, with ?from=SCHEDULER/JOB, holding that job's
+        recorded description."""
+        clone = request.query_params.get("from")
+        if clone:
+            name, _, job_id = clone.partition("/")
+            form = job_form.from_record(submission.recorded(self.scheduler(name), job_id))
+            return self.form_page(form, note=f"the description job {line(job_id)} was submitted with")
+        form = job_form.FormInput(values={"scheduler": next(iter(self.schedulers), "")})
+        return self.form_page(form)
+
+    async def new_job(self, request: Request) -> Response:
+        """Check, Preview or Submit: the form again with the problems beside their fields or the script, or, once
+        submitted, the new job's page. Bad input is its one line on the page, and nothing is sent."""
+        from urllib.parse import parse_qs
+
+        fields = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+        form = job_form.FormInput.from_form(fields, self.job_flags)
+        action = (fields.get("action") or ["check"])[-1]
+        # the checks and sbatch wait on the scheduler: off the event loop, as the other pages' work is
+        return await run_in_threadpool(self.act_on_form, form, action)
+
+    def act_on_form(self, form: job_form.FormInput, action: str) -> Response:
+        try:
+            if action not in job_form.ACTIONS:
+                raise UserError(f"unknown action {action!r}: use {', '.join(job_form.ACTIONS)}")
+            job = form.job(self.job_flags)
+            backend = job.backend()
+            rendered = submission.preview(job, backend)
+            if action == "preview":
+                return self.form_page(form, rendered=redact(rendered.preview or rendered.text))
+            problems = submission.check(job, backend=backend, rendered=rendered)
+            if action == "check" or any(p.blocking for p in problems):
+                return self.form_page(form, problems=problems, checked=True, status=200 if action == "check" else 400)
+            done = submission.submit(job, problems, backend=backend, rendered=rendered)
+        except UserError as err:
+            return self.form_page(form, error=line(str(err)), status=400)
+        return RedirectResponse(f"/job/{quote(done.scheduler, safe='')}/{quote(done.job_id, safe='')}", 303)
+
+    def form_page(
+        self,
+        form: job_form.FormInput,
+        problems: list[submission.Problem] | None = None,
+        checked: bool = False,
+        rendered: str | None = None,
+        error: str | None = None,
+        note: str | None = None,
+        status: int = 200,
+    ) -> HTMLResponse:
+        beside, rest = job_form.problems_by_field(problems or [], self.job_flags)
+        return self.page(
+            "job_form.html",
+            status=status,
+            title="new job",
+            form=form,
+            groups=job_form.groups(self.job_flags),
+            recipes=list(job_form.CATALOG),
+            beside={k: [_problem(p) for p in v] for k, v in beside.items()},
+            rest=[_problem(p) for p in rest],
+            checked=checked,
+            fits=checked and not any(p.blocking for p in problems or []),
+            rendered=rendered,
+            error=error,
+            note=note,
+        )
+
     async def user_error(self, request: Request, exc: Exception) -> Response:
         status = 404 if isinstance(exc, JobNotFound) else 400
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": line(str(exc))}, status_code=status)
         return self.page("error.html", status=status, title="error", message=line(str(exc)))
+
+
+def _problem(p: submission.Problem) -> dict[str, Any]:
+    return {"line": line(p.line), "fix": line(p.fix), "kind": p.kind}
 
 
 def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float = 5.0) -> Starlette:
@@ -149,6 +227,8 @@ def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, i
         Route("/api/log/{scheduler}/{job}", console.log_events),
         Route("/cluster", console.cluster_page),
         *DevPages(console).routes(),
+        Route("/jobs/new", console.new_job_page),
+        Route("/jobs/new", console.new_job, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

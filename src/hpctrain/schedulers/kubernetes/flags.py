@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.schedulers.base import SERVICE_ROLES
 from hpctrain.schedulers.kubernetes.options import APIS
 
 
 def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, role: str) -> None:
-    """Where the jobs are, in the command's scheduler `group`; role `job` (submit, check) adds the kind of job and
-    a job's options, `jobs` (status, logs, cancel, cluster, debug) the kind of job, `services` (dev, tensorboard,
-    top) neither."""
+    """Where the jobs are, in the command's scheduler `group`, for every role (hpctrain.schedulers.base.ROLES); the
+    kind of job where a command handles jobs (not a service's: dev, tensorboard, top); role `job` (submit, check)
+    adds a job's options, `dev` and `tensorboard` a service pod's volumes (and /dev/shm), `logs` the replica."""
     group.add_argument(
         "--namespace",
         metavar="NAME",
         help="Kubernetes: the namespace (default: $HPCTRAIN_NAMESPACE, else the kubeconfig context's, else default)",
     )
-    if role != "services":
+    if role not in SERVICE_ROLES:
         group.add_argument(
             "--k8s-api",
             dest="k8s_api",
@@ -28,6 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
     group.add_argument(
         "--context", metavar="NAME", help="Kubernetes: the kubeconfig context (default: the current one)"
     )
+    if role == "logs":
+        parser.add_argument_group("kubernetes (with --scheduler kubernetes)").add_argument(
+            "--replica",
+            metavar="NAME",
+            help="Kubernetes: the replica whose log to show (master-0, worker-1; default: rank 0)",
+        )
+    if role in ("dev", "tensorboard"):
+        g = parser.add_argument_group("kubernetes: where the pod runs (with --scheduler kubernetes)")
+        if role == "dev":
+            g.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
+        g.add_argument(
+            "--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)"
+        )
     if role != "job":
         return
     k = parser.add_argument_group("kubernetes (with --scheduler kubernetes; --nodes counts worker pods)")

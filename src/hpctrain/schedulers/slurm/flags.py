@@ -18,6 +18,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.grammar import read_gres_request
+from hpctrain.schedulers.slurm.options import ENVIRONMENT_KINDS
 from hpctrain.schedulers.slurm.options import LAUNCHERS
 
 ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
@@ -26,10 +27,54 @@ _GPU_OPTIONS = ("gpu_type", "shards_per_node")
 
 
 def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, role: str) -> None:
-    """Slurm's own flags for submit and check (role `job`); the other commands take none but their own."""
-    if role != "job":
-        return
-    g = parser.add_argument_group("slurm (with --scheduler slurm)")
+    """Slurm's own flags for a command's `role` (hpctrain.schedulers.base.ROLES), each in a `--help` group of
+    Slurm's: a job's options (submit, check), the placement of a service (dev start, tensorboard --on-cluster),
+    and the few a query or an action on a job takes (status, logs, cancel, cluster, debug preempt)."""
+    if role == "job":
+        _job_arguments(parser)
+    elif role in ("dev", "tensorboard"):
+        _placement_arguments(parser, role)
+    elif role == "status":
+        _group(parser).add_argument("--all-users", action="store_true", help="Slurm: everyone's jobs, not only yours")
+    elif role == "logs":
+        _group(parser).add_argument(
+            "--err", action="store_true", help="Slurm: the job's stderr file instead of its stdout"
+        )
+    elif role == "cluster":
+        _group(parser).add_argument("--partition", "-p", metavar="NAME", help="Slurm: only the nodes of this partition")
+    elif role == "cancel":
+        g = _group(parser)
+        g.add_argument(
+            "--signal", "-s", metavar="SIG", help="Slurm: send this signal (e.g. USR1) instead of cancelling"
+        )
+        g.add_argument(
+            "--full",
+            action="store_true",
+            help="Slurm, with --signal: signal the batch shell too, not only the job steps",
+        )
+    elif role == "preempt":
+        g = _group(parser)
+        g.add_argument(
+            "--signal",
+            "-s",
+            metavar="SIG",
+            help="send this signal instead of the one the job's script asks for (e.g. USR1); "
+            "needed when the job got its --signal on sbatch's command line",
+        )
+        g.add_argument(
+            "--steps",
+            action="store_true",
+            help="with --signal: deliver it to the job steps instead of the batch shell "
+            "(like --signal=USR1@TIME without B:)",
+        )
+
+
+def _group(parser: argparse.ArgumentParser, what: str = "") -> argparse._ArgumentGroup:
+    return parser.add_argument_group(f"slurm{what} (with --scheduler slurm)")
+
+
+def _job_arguments(parser: argparse.ArgumentParser) -> None:
+    g = _group(parser)
     g.add_argument("--partition", "-p", metavar="NAME")
     g.add_argument("--account", "-A", metavar="NAME")
     g.add_argument("--qos", "-q", metavar="NAME")
@@ -56,6 +101,49 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
         metavar="N",
         help="new starts after Slurm requeued the job itself: preemption, node failure (default 10)",
     )
+    g.add_argument(
+        "--max-hang-restarts",
+        type=int,
+        metavar="N",
+        help="new starts after hpctrain's hang watchdog ended an attempt (`train --hang-timeout`); it "
+        "resumes from its checkpoint (default 2; Slurm: needs the run directory)",
+    )
+    r = _group(parser, " resources")
+    r.add_argument("--gpu-type", metavar="TYPE", help="GPU type as sinfo shows it (gpu:TYPE:N)")
+    r.add_argument("--gres", metavar="SPEC", help="gpu:N, gpu:TYPE:N or shard:N (a slice of a shared GPU)")
+    e = parser.add_argument_group(
+        "slurm environment (with --scheduler slurm; --image: an apptainer .sif or enroot image)"
+    )
+    e.add_argument(
+        "--env-kind",
+        dest="kind",
+        choices=ENVIRONMENT_KINDS,
+        help="where the command runs (default: inferred from --conda-env/--venv/--image/--module, else none)",
+    )
+    e.add_argument(
+        "--module", dest="modules", action="append", metavar="NAME", help="`module load NAME` first (repeatable)"
+    )
+    e.add_argument("--conda-env", metavar="NAME|PREFIX")
+    e.add_argument("--venv", metavar="DIR")
+    e.add_argument(
+        "--mount", dest="mounts", action="append", metavar="SRC[:DST]", help="container bind mount (repeatable)"
+    )
+    e.add_argument("--container-workdir", dest="workdir", metavar="DIR")
+
+
+def _placement_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    """Where a service job runs and with which software: `dev start`, `tensorboard --on-cluster`."""
+    g = _group(parser, ": where the job runs")
+    if role == "dev":
+        g.add_argument("--gpu-type", help="GPU type, as `sinfo -o %%G` shows it")
+        g.add_argument("--gres", metavar="shard:N", help="a slice of a shared GPU instead (Slurm shard GRES)")
+    g.add_argument("--partition", help="Slurm: partition")
+    g.add_argument("--account", help="Slurm: account")
+    g.add_argument("--conda-env", help="Slurm: activate this conda environment")
+    g.add_argument("--venv", help="Slurm: activate this virtual environment")
+    g.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
+    g.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
+    g.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
 
 
 def complete_job(

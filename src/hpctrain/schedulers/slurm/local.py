@@ -15,7 +15,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.base import TIME_LIMIT_NOTE
+from hpctrain.schedulers.base import TIME_LIMIT_NOTE, Prerequisite
 from hpctrain.schedulers.slurm.checks import Requirements, check_here
 from hpctrain.schedulers.slurm.environments import get_environment
 from hpctrain.schedulers.slurm.interpreter import interpreter_problems
@@ -33,7 +33,8 @@ def local_check(
     """Every problem visible without the cluster: missing image/venv/script or output directory, a recipe
     (`recipe`, its TrainConfig) whose dataset is not in its data dir (`check_data`: the recipes' data check,
     hpctrain.recipes.check_data) or that wants CUDA without GPUs, a command the job will not find on its PATH."""
-    problems = missing_prerequisites(options) + output_problems(options)
+    missing = [Prerequisite(p) for p in missing_prerequisites(options)]
+    problems = missing + output_problems(options)
     if recipe is not None:
         try:
             if check_data is not None:
@@ -47,7 +48,10 @@ def local_check(
                 "(or --gres shard:N), or train with --device cpu"
             )
     problems += check_here(requirements)
-    problems += program_problems(job, environ, options)
+    # while the venv is yet to be made, the programs it would provide are missing with it
+    problems += program_problems(
+        job, environ, options, venv_missing=options.environment.kind == "venv" and bool(missing)
+    )
     return problems + warning_note(job, options, requirements.paths)
 
 
@@ -160,9 +164,12 @@ def _mentions(path: str, word: bytes) -> bool:
         return False
 
 
-def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOptions | None = None) -> list[str]:
+def program_problems(
+    job: JobSpec, environ: Mapping[str, str], options: SlurmOptions | None = None, venv_missing: bool = False
+) -> list[str]:
     """Programs the job starts by name that its PATH will not have. sbatch passes this shell's PATH on to the job
-    (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known."""
+    (plus --setenv PATH, plus the venv's or conda prefix's bin/); with modules or a container, nothing is known.
+    `venv_missing`: the job's venv is yet to be made, so a program missing from it is a Prerequisite."""
     options = for_job(options, job)
     problems = []
     if options.python is not None and not os.access(os.path.expanduser(options.python), os.X_OK):
@@ -200,7 +207,9 @@ def program_problems(job: JobSpec, environ: Mapping[str, str], options: SlurmOpt
             else (f"{dirs[0]} and this shell's PATH")
         )
         problems.append(
-            f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
-            f"`execve(): {name}: No such file or directory`; {fix}"
+            (Prerequisite if venv_missing else str)(
+                f"`{name}` is not on the PATH the job will have ({where}), so the job would fail with "
+                f"`execve(): {name}: No such file or directory`; {fix}"
+            )
         )
     return problems

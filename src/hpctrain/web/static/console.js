@@ -182,8 +182,22 @@ function confirmForms() {
   });
 }
 
+// ---- the job form: a job file chosen on this machine is read into the form's text box (sent as text) -----------
+function loadJobFile(input) {
+  input.addEventListener("change", () => {
+    const file = input.files[0];
+    if (!file) return;
+    file.text().then((text) => {
+      document.getElementById("job-file-text").value = text;
+      document.getElementById("job-file-name").value = file.name;
+    });
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   confirmForms();
+  const upload = document.getElementById("job-file-upload");
+  if (upload) loadJobFile(upload);
   document.querySelectorAll("table.sortable").forEach((table, i) => makeSortable(table, "page/" + i));
   // (a page's own tables; those drawn from JSON are made sortable as they are drawn)
   const search = document.getElementById("search");

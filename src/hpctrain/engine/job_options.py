@@ -8,10 +8,16 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.cli.scheduling import add_job_scheduler_arguments, backend_options, choose_scheduler, refuse_foreign_flags
+from hpctrain.engine.scheduling import (
+    add_job_scheduler_arguments,
+    backend_options,
+    choose_scheduler,
+    refuse_foreign_flags,
+)
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import JobSpec
@@ -19,8 +25,9 @@ from hpctrain.schedulers import SCHEDULERS, backend_info, base
 from hpctrain.schedulers.job_sections import JobFile, read_job_file
 
 
-def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """Job options; every one left out keeps the job file's value (or the default)."""
+def add_job_arguments(parser: argparse.ArgumentParser, schedulers: Iterable[str] = SCHEDULERS) -> None:
+    """Job options; every one left out keeps the job file's value (or the default). `schedulers`: the backends
+    whose own flags are added (default: every one)."""
     g = parser.add_argument_group("job")
     g.add_argument(
         "--job-file",
@@ -62,32 +69,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="training processes per node (one per GPU)",
     )
     r.add_argument("--gpus-per-node", type=int, metavar="N")
-    r.add_argument("--gpu-type", metavar="TYPE", help="GPU type as sinfo shows it (gpu:TYPE:N)")
-    r.add_argument("--gres", metavar="SPEC", help="gpu:N, gpu:TYPE:N or shard:N (a slice of a shared GPU)")
     r.add_argument("--cpus-per-task", "-c", type=int, metavar="N", help="CPUs per training process")
     r.add_argument("--mem", metavar="SIZE", help="memory per node, e.g. 16G")
     e = parser.add_argument_group("environment")
-    e.add_argument(
-        "--env-kind",
-        dest="kind",
-        metavar="KIND",
-        help="Slurm: where the command runs, none, modules, conda, venv, apptainer or pyxis (default: inferred "
-        "from --conda-env/--venv/--image/--module, else none)",
-    )
-    e.add_argument(
-        "--module", dest="modules", action="append", metavar="NAME", help="`module load NAME` first (repeatable)"
-    )
-    e.add_argument("--conda-env", metavar="NAME|PREFIX")
-    e.add_argument("--venv", metavar="DIR")
     e.add_argument(
         "--image",
         metavar="IMAGE",
         help="Slurm: apptainer .sif, or enroot image for pyxis; Kubernetes: the container image of every pod",
     )
-    e.add_argument(
-        "--mount", dest="mounts", action="append", metavar="SRC[:DST]", help="container bind mount (repeatable)"
-    )
-    e.add_argument("--container-workdir", dest="workdir", metavar="DIR")
     l = parser.add_argument_group("launch")
     l.add_argument(
         "--run-dir", metavar="DIR", help="run directory of a command after -- (%%j = job id; default runs/NAME-%%j)"
@@ -99,19 +88,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="SIGUSR1 this many seconds before the time limit (default 120; 0: off)",
     )
     l.add_argument(
-        "--max-hang-restarts",
-        type=int,
-        metavar="N",
-        help="new starts after hpctrain's hang watchdog ended an attempt (`train --hang-timeout`); it "
-        "resumes from its checkpoint (default 2; Slurm: needs the run directory)",
-    )
-    l.add_argument(
         "--max-restarts",
         type=int,
         metavar="N",
         help="torchrun: restart the workers up to N times after one dies (default 0)",
     )
-    add_job_scheduler_arguments(parser)
+    add_job_scheduler_arguments(parser, schedulers)
     parser.add_argument(
         "job_command",
         metavar="COMMAND",
@@ -268,7 +250,7 @@ def _recipe_run_dir(train_argv: list[str], info: base.BackendInfo) -> str:
 
 def recipe_config(train_argv: list[str]):
     """Validate a recipe's options exactly as `hpctrain train` will parse them in the job."""
-    from hpctrain.cli.train import config_from_argv
+    from hpctrain.recipes.train_options import config_from_argv
 
     cfg = config_from_argv(list(train_argv))
     if cfg.nproc is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -36,21 +36,26 @@ def add_scheduler_argument(parser: argparse.ArgumentParser, help_text: str) -> a
 
 def add_connection_arguments(
     parser: argparse.ArgumentParser,
-    role: str = "jobs",
+    role: str,
     scheduler_help: str = chosen_scheduler_help("where the jobs are"),
+    schedulers: Iterable[str] = SCHEDULERS,
 ) -> None:
-    """--scheduler (its help: `scheduler_help`) plus each backend's flags for the command's `role`: `jobs`
-    (status, logs, cancel, cluster, debug: where the jobs are), `services` (dev, tensorboard, top) or `job` (submit,
-    check: where the job goes and its options); see BackendInfo.add_arguments."""
+    """--scheduler (its help: `scheduler_help`) plus each backend's flags for the command's `role`
+    (hpctrain.schedulers.base.ROLES: `job` for submit and check, else the command's name); see
+    BackendInfo.add_arguments. The CLI declares no flag that only one backend understands. `schedulers`: the
+    backends whose flags are added (the web form: those the console shows; a command: every one)."""
     group = add_scheduler_argument(parser, scheduler_help)
-    for name in SCHEDULERS:
+    for name in schedulers:
         backend_info(name).add_arguments(parser, group, role)
 
 
-def add_job_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
+def add_job_scheduler_arguments(parser: argparse.ArgumentParser, schedulers: Iterable[str] = SCHEDULERS) -> None:
     """submit and check: --scheduler, and each backend's flags for where the job goes and its options."""
     add_connection_arguments(
-        parser, role="job", scheduler_help=chosen_scheduler_help("where the job runs", job_file=True)
+        parser,
+        role="job",
+        scheduler_help=chosen_scheduler_help("where the job runs", job_file=True),
+        schedulers=schedulers,
     )
 
 
