@@ -35,6 +35,7 @@ from hpctrain.schedulers.base import JobNotFound, Scheduler
 from hpctrain.web import follow
 from hpctrain.web.board import Board
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
+from hpctrain.web.jobroutes import JobRoutes
 from hpctrain.web.safeview import line, view_parts
 
 HERE = Path(__file__).resolve().parent
@@ -52,11 +53,18 @@ def templates() -> jinja2.Environment:
 class Console:
     """The console's state: the schedulers (or why each cannot be used), the shared jobs board, the secrets."""
 
-    def __init__(self, schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float) -> None:
+    def __init__(
+        self,
+        schedulers: Mapping[str, Scheduler | UserError],
+        keys: Secrets,
+        interval_s: float,
+        all_users: bool = False,
+    ) -> None:
         self.schedulers = dict(schedulers)
         self.keys = keys
-        self.board = Board(self.schedulers, interval_s)
+        self.board = Board(self.schedulers, interval_s, all_users=all_users)
         self.env = templates()
+        self.job_routes = JobRoutes(self)
 
     def scheduler(self, name: str) -> Scheduler:
         found = self.schedulers.get(name)
@@ -94,6 +102,9 @@ class Console:
             job_id=line(job_id),
             parts=parts,
             interval_s=self.board.interval_s,
+            log_stream="stderr" if request.query_params.get("stream") == "stderr" else "stdout",
+            log_replica=request.query_params.get("replica"),
+            **self.job_routes.context(name, job_id),
         )
 
     def job_json(self, request: Request) -> Response:
@@ -102,7 +113,7 @@ class Console:
     async def log_events(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
         stream = "stderr" if request.query_params.get("stream") == "stderr" else "stdout"
-        follower = follow.start(self.scheduler(name), job_id, stream)
+        follower = follow.start(self.scheduler(name), job_id, stream, request.query_params.get("replica"))
         return StreamingResponse(follow.events(follower), media_type="text/event-stream")
 
     def stop_job(self, request: Request) -> Response:
@@ -135,9 +146,12 @@ class Console:
         return self.page("error.html", status=status, title="error", message=line(str(exc)))
 
 
-def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float = 5.0) -> Starlette:
-    """The console's ASGI application: the pages, behind the Guard."""
-    console = Console(schedulers, keys, interval_s)
+def create_app(
+    schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float = 5.0, all_users: bool = False
+) -> Starlette:
+    """The console's ASGI application: the pages, behind the Guard; `all_users`: everyone's jobs in the table, where
+    a scheduler tells them apart (`hpctrain status --all-users`)."""
+    console = Console(schedulers, keys, interval_s, all_users)
     routes = [
         Route("/", console.jobs_page),
         Route("/api/jobs", console.jobs_json),
@@ -146,6 +160,7 @@ def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, i
         Route("/api/job/{scheduler}/{job}", console.job_json),
         Route("/api/log/{scheduler}/{job}", console.log_events),
         Route("/cluster", console.cluster_page),
+        *console.job_routes.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

@@ -1,0 +1,134 @@
+"""The job page's own routes and the data it adds to the page (hpctrain.web.jobpage), beside hpctrain.web.app:
+
+    GET  /api/metrics/SCHEDULER/JOB         the plot's points (loss, accuracy, images/s over steps), polled
+    POST /job/SCHEDULER/JOB/preempt         rehearse a preemption: what `hpctrain debug preempt JOB` does
+    POST /job/SCHEDULER/JOB/tensorboard     start TensorBoard here on the run directory (`hpctrain tensorboard`),
+                                            or say the exact command where it cannot
+
+The clone button is a link to the job form (/jobs/new?from=SCHEDULER/JOB); stop is app.py's. Every POST passes the
+guard (same origin, CSRF token) first; what the run directory and the schedulers say is asked through the console's
+board, once per interval for all pages.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hpctrain.errors import UserError
+from hpctrain.web import jobpage
+from hpctrain.web.safeview import line
+
+if TYPE_CHECKING:
+    from hpctrain.web.app import Console
+
+PREEMPT_TIMEOUT_S = 60.0
+
+
+def tensorboard_command(directory: Path) -> str:
+    return shlex.join(["hpctrain", "tensorboard", str(directory)])
+
+
+class JobRoutes:
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._tensorboards: dict[Path, tuple[subprocess.Popen[str], str]] = {}
+        self._tensorboard_lock = threading.Lock()
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/metrics/{scheduler}/{job}", self.metrics_json),
+            Route("/job/{scheduler}/{job}/preempt", self.preempt, methods=["POST"]),
+            Route("/job/{scheduler}/{job}/tensorboard", self.tensorboard, methods=["POST"]),
+        ]
+
+    def run_dir(self, name: str, job_id: str) -> Path | None:
+        scheduler = self.console.scheduler(name)
+        return self.console.board.get(("run_dir", name, job_id), lambda: jobpage.run_dir(scheduler, job_id))
+
+    def context(self, name: str, job_id: str) -> dict[str, Any]:
+        """What job.html shows beside the status view: the run directory's parts (or why there are none) and how
+        to reach the job."""
+        scheduler = self.console.scheduler(name)
+        board = self.console.board
+        try:
+            access = board.get(("access", name, job_id), lambda: jobpage.access(scheduler, job_id))
+        except UserError as err:
+            access = {"shell": None, "replicas": [], "streams": ["stdout"], "error": line(str(err))}
+        directory = self.run_dir(name, job_id)
+        run = None
+        if directory is not None:
+            run = board.get(("run", name, job_id), lambda: jobpage.run_parts(directory))
+        return {
+            "access": access,
+            "run": run,
+            "tensorboard_command": None if directory is None else tensorboard_command(directory),
+        }
+
+    def metrics_json(self, request: Request) -> Response:
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        directory = self.run_dir(name, job_id)
+        return JSONResponse(self.console.board.get(("metrics", name, job_id), lambda: jobpage.metrics(directory)))
+
+    def preempt(self, request: Request) -> Response:
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        said: list[str] = []
+        outcome = self.console.scheduler(name).preempt(
+            job_id, None, False, False, PREEMPT_TIMEOUT_S, say=lambda text: said.append(text)
+        )
+        return self._outcome("rehearse a preemption of", name, job_id, said + list(outcome.lines), outcome.exit_code)
+
+    def tensorboard(self, request: Request) -> Response:
+        """TensorBoard's own server on 127.0.0.1 of this machine, one per run directory for as long as the console
+        runs (it dies with it), as `hpctrain tensorboard RUN_DIR` starts it; where the run directory is not seen
+        here, or TensorBoard cannot start, the command that starts it where it can."""
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        directory = self.run_dir(name, job_id)
+        if directory is None:
+            command = shlex.join(["hpctrain", "tensorboard", "--on-cluster", "--scheduler", name, "RUN_DIR"])
+            lines = [
+                f"job {job_id}'s run directory is not visible from this machine: start TensorBoard on the cluster "
+                f"where it is, with `{command}` (`hpctrain tensorboard --help`: the volume that holds it)"
+            ]
+            return self._outcome("TensorBoard for", name, job_id, lines, 1)
+        from hpctrain.servers import tensorboard as tbserver
+
+        with self._tensorboard_lock:
+            running = self._tensorboards.get(directory)
+            if running is None or running[0].poll() is not None:
+                try:
+                    running = tbserver.serve_local(tbserver.logdir_spec([directory]), None)
+                except (UserError, OSError) as err:
+                    command = tensorboard_command(directory)
+                    lines = [f"TensorBoard could not start here ({err}); run `{command}` where it is installed"]
+                    return self._outcome("TensorBoard for", name, job_id, lines, 1)
+                self._tensorboards[directory] = running
+        url = running[1]
+        port = url.rsplit(":", 1)[1].strip("/")
+        lines = [
+            f"TensorBoard on {directory}: {url} on this machine (it stops with the console)",
+            f"from your laptop: ssh -N -L {port}:127.0.0.1:{port} {socket.gethostname()}, then open {url}",
+        ]
+        return self._outcome("TensorBoard for", name, job_id, lines, 0, link=url)
+
+    def _outcome(
+        self, what: str, name: str, job_id: str, lines: list[str], exit_code: int, link: str | None = None
+    ) -> Response:
+        return self.console.page(
+            "outcome.html",
+            title=f"{what} {line(job_id)}",
+            heading=f"{what[0].upper()}{what[1:]} job",
+            scheduler=name,
+            job_id=line(job_id),
+            lines=[line(text) for text in lines],
+            failed=exit_code != 0,
+            link=link,
+        )
