@@ -5,7 +5,10 @@ all pages come from one query per interval, and stop (a POST with the CSRF token
 from __future__ import annotations
 
 import json
+import re
+import signal
 import threading
+import time
 
 import pytest
 
@@ -16,6 +19,8 @@ from hpctrain.schedulers import get_scheduler
 from hpctrain.web.app import create_app
 from hpctrain.web.board import Board
 from hpctrain.web.guard import Secrets
+from slurm_fixtures import Job
+from training_helpers import hpctrain, ok
 
 pytestmark = pytest.mark.slurm
 
@@ -197,3 +202,70 @@ def test_slurm_and_kubernetes_side_by_side(slurm_cluster, k8s_cluster, held_job)
     assert cluster.status_code == 200
     assert "<h2>slurm</h2>" in cluster.text and "<h2>kubernetes</h2>" in cluster.text
     assert 'class="error"' not in cluster.text
+
+
+@pytest.mark.slow
+def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot(
+    slurm_cluster, tmp_path, fashion_data_dir
+):
+    """A real `train mnist` job submitted with `hpctrain submit`: its page shows the shell command beside it (the
+    backend's), the clone link and its job description; **rehearse preemption** (a POST with the CSRF token, refused
+    without it) sends the warning as `debug preempt` does; the job checkpoints, requeues itself and completes; its
+    page then lists two attempts, the first ended by the warning with its state saved and requeued, the second
+    completed, and the plot's JSON has a point per epoch."""
+    train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--recipe", "classic"]
+    train += ["--train-limit", "2048", "--test-limit", "500", "--epochs", "2", "--checkpoint-every", "0"]
+    submitted = hpctrain(
+        "submit",
+        "--launcher",
+        "single",
+        "--job-name",
+        "web-preempt",
+        "--output",
+        "job-%j.out",
+        *train,
+        "--log-interval",
+        "0",
+        cwd=tmp_path,
+    )
+    job_id = ok(submitted).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    keys = Secrets(token="t")
+    client = TestClient(create_app({"slurm": get_scheduler("slurm")}, keys, 0.5), base_url=HOST, follow_redirects=False)
+    assert client.get("/?token=t").status_code == 303
+    try:
+        job.wait_for_log("epoch 1/2 step")
+        page = client.get(f"/job/slurm/{job_id}")
+        assert page.status_code == 200, page.text
+        assert f"srun --jobid {job_id} --overlap --pty bash" in page.text
+        assert f'href="/jobs/new?from=slurm/{job_id}"' in page.text
+        description = re.search(r'<pre class="report" id="description">(.*?)</pre>', page.text, re.S)
+        assert description and "--train-limit" in description.group(1), page.text  # job.yaml, as submitted
+        preempt = f"/job/slurm/{job_id}/preempt"
+        assert client.post(preempt, data={"csrf": "wrong"}, headers={"origin": HOST}).status_code == 403
+        answer = slurm_cluster.interrupt_mid_run(
+            job_id,
+            1,
+            signal.SIGUSR1,
+            lambda: client.post(preempt, data={"csrf": keys.csrf}, headers={"origin": HOST}),
+        )
+        assert answer.status_code == 200, answer.text
+        assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would" in answer.text
+        job.follow()  # requeued (after Slurm's BeginTime hold), resumed, completed
+        assert "step finished with exit status 0" in job.log, job.log
+        time.sleep(1.0)  # the board's interval: the page asks again
+        page = client.get(f"/job/slurm/{job_id}")
+        assert page.status_code == 200, page.text
+        section = page.text.split("<h3>Attempts</h3>", 1)[1].split("</table>", 1)[0]
+        attempts = re.findall(r"<tr><td>(\d+)</td>(.*?)</tr>", section)
+        assert [number for number, _ in attempts] == ["1", "2"], page.text
+        assert "time-limit warning or preemption: state saved, requeued" in attempts[0][1]
+        assert "requeued (restart 1)" in attempts[1][1] and "<td>completed</td>" in attempts[1][1]
+        plot = client.get(f"/api/metrics/slurm/{job_id}").json()
+        series = {s["key"]: s["points"] for s in plot["series"]}
+        assert plot["records"] == 2 and [p[0] for p in series["train_loss"]] == sorted(
+            p[0] for p in series["train_loss"]
+        )
+        assert len(series["train_loss"]) == 2 and len(series["test_accuracy"]) == 2
+    finally:
+        slurm_cluster.cancel_quietly(job_id)
