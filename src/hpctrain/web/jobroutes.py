@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from hpctrain.web.app import Console
 
 PREEMPT_TIMEOUT_S = 60.0
+KEEP_RUN_DIRS = 4096  # jobs whose run directory is remembered (it never changes for a job)
 
 
 def tensorboard_command(directory: Path) -> str:
@@ -42,6 +43,7 @@ class JobRoutes:
         self.console = console
         self._tensorboards: dict[Path, tuple[subprocess.Popen[str], str]] = {}
         self._tensorboard_lock = threading.Lock()
+        self._run_dirs: dict[tuple[str, str], Path | None] = {}
 
     def routes(self) -> list[Route]:
         return [
@@ -51,8 +53,16 @@ class JobRoutes:
         ]
 
     def run_dir(self, name: str, job_id: str) -> Path | None:
-        scheduler = self.console.scheduler(name)
-        return self.console.board.get(("run_dir", name, job_id), lambda: jobpage.run_dir(scheduler, job_id))
+        """The job's run directory, asked of the scheduler once per job (a job's batch script or manifest names
+        it, and it never changes): the plot's polling asks the scheduler nothing."""
+        key = (name, job_id)
+        if key not in self._run_dirs:
+            scheduler = self.console.scheduler(name)
+            found = self.console.board.get(("run_dir", name, job_id), lambda: jobpage.run_dir(scheduler, job_id))
+            if len(self._run_dirs) >= KEEP_RUN_DIRS:
+                self._run_dirs.pop(next(iter(self._run_dirs)))
+            self._run_dirs[key] = found
+        return self._run_dirs[key]
 
     def context(self, name: str, job_id: str) -> dict[str, Any]:
         """What job.html shows beside the status view: the run directory's parts (or why there are none) and how
