@@ -148,7 +148,8 @@ def test_the_jobs_of_all_pages_come_from_one_query_per_interval(slurm_cluster):
 
 
 def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_job):
-    """Three tabs on the jobs, a job and the cluster: each thing is asked of the scheduler once per interval."""
+    """Three tabs on the jobs, a job and the cluster: each thing is asked of the scheduler once per interval (a job's
+    page asks for its view, how to reach it and its run directory)."""
     keys = Secrets(token="t")
     app = create_app({"slurm": get_scheduler("slurm")}, keys, interval_s=600.0)
     tabs = [TestClient(app, base_url=HOST, follow_redirects=False) for _ in range(3)]
@@ -159,7 +160,8 @@ def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_jo
         assert tab.get(f"/job/slurm/{held_job}").status_code == 200
         assert tab.get(f"/api/job/slurm/{held_job}").json()["parts"]
         assert tab.get("/cluster").status_code == 200
-    assert app.state.console.board.refreshes == 3
+    # the jobs, the job's view, how to reach it (its shell command, its logs), its run directory, the cluster
+    assert app.state.console.board.refreshes == 5
 
 
 def test_stop_is_a_post_with_the_csrf_token_and_cancels_the_job(client, held_job, slurm_cluster):
@@ -269,3 +271,22 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
         assert len(series["train_loss"]) == 2 and len(series["test_accuracy"]) == 2
     finally:
         slurm_cluster.cancel_quietly(job_id)
+
+
+def test_the_cluster_page_says_whether_a_job_fits(client):
+    """The form's job against the real cluster through the scheduler's own check (2 nodes of 2 CPUs here): one that
+    fits says so; too many nodes, too many CPUs and a bad value each get the CLI's line naming the fix."""
+    client, _ = client
+
+    def said(query: str) -> str:
+        page = client.get("/cluster?" + query)
+        assert page.status_code == 200, page.text
+        found = re.search(r'<div class="fit-answer (fits|error)" id="fit-slurm">(.*?)</div>', page.text, re.S)
+        assert found, page.text
+        return found.group(1) + ": " + " ".join(found.group(2).split())
+
+    assert said("nodes=1&gpus_per_node=0&cpus_per_task=1&mem=100M").startswith('fits: <p class="line">fits:')
+    assert said("nodes=5").startswith("error") and "--nodes 5: partition debug has only 2 node(s)" in said("nodes=5")
+    assert "999 CPUs per node: no node in partition debug has more than 2" in said("nodes=1&cpus_per_task=999")
+    assert "nodes: &#39;x&#39; is not a whole number" in said("nodes=x")
+    assert "fit-answer" not in client.get("/cluster").text  # no form sent: no answer

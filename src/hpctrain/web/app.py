@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from hpctrain import __version__
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import JobNotFound, Scheduler
-from hpctrain.web import follow
+from hpctrain.web import fit, follow
 from hpctrain.web.board import Board
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
 from hpctrain.web.jobroutes import JobRoutes
@@ -129,15 +129,18 @@ class Console:
         )
 
     def cluster_page(self, request: Request) -> Response:
+        values = fit.asked(request.query_params)
         sections = []
         for name in self.schedulers:
             try:
                 scheduler = self.scheduler(name)
                 parts = self.board.get(("cluster", name), lambda: view_parts(scheduler.cluster_view()))
-                sections.append({"name": name, "parts": parts, "error": None})
+                fits = None if values is None else fit.answer(scheduler, values)
+                sections.append({"name": name, "parts": parts, "error": None, "fit": fits})
             except UserError as err:
-                sections.append({"name": name, "parts": [], "error": line(str(err))})
-        return self.page("cluster.html", title="cluster", sections=sections)
+                sections.append({"name": name, "parts": [], "error": line(str(err)), "fit": None})
+        form = [(key, label, (values or {}).get(key, default)) for key, label, default in fit.FIELDS]
+        return self.page("cluster.html", title="cluster", sections=sections, form=form)
 
     async def user_error(self, request: Request, exc: Exception) -> Response:
         status = 404 if isinstance(exc, JobNotFound) else 400

@@ -102,7 +102,10 @@ function copyButtons() {
         setTimeout(() => (button.textContent = "copy"), 1500);
       };
       if (navigator.clipboard && window.isSecureContext) {
-        navigator.clipboard.writeText(source.textContent).then(done, () => selectText(source));
+        navigator.clipboard.writeText(source.textContent).then(done, () => {
+          selectText(source); // the browser refused the clipboard: select it for Ctrl-C
+          button.textContent = "selected: Ctrl-C";
+        });
       } else {
         selectText(source); // no clipboard API (plain http through a tunnel): select it for Ctrl-C
         button.textContent = "selected: Ctrl-C";
