@@ -175,6 +175,13 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         browser.get(base + "/cluster")
         nodes = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table tbody tr td:first-child")]
         assert {"node1", "node2"} <= set(nodes)
+        # Does a job of 3 nodes fit? The form asks the scheduler's own check, which names the fix.
+        field = browser.find_element(By.CSS_SELECTOR, "#fit input[name=nodes]")
+        field.clear()
+        field.send_keys("3")
+        browser.find_element(By.CSS_SELECTOR, "#fit button").click()
+        answer = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "fit-slurm")).text
+        assert "--nodes 3: partition debug has only 2 node(s)" in answer
         screenshot(browser, "web-cluster.png", tmp_path)
 
         # Stop, confirmed in the page's dialog; dismissed first, which changes nothing.
