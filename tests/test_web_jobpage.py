@@ -79,6 +79,7 @@ def test_the_description_and_hang_report_are_visible_text_and_a_link_is_refused(
     assert parts["description"] == ["name: <b>x</b>\\x1b[2J\\u202eevil", "command: [hpctrain, train, mnist]"]
     assert parts["hang_report"][0] == "culprit: rank 1 on node2 never arrived"
     assert parts["attempts"] is None and parts["problems"] == []
+    assert parts["resume"] is None  # not YAML (an escape character): no command to offer
 
     elsewhere = tmp_path / "elsewhere.yaml"
     elsewhere.write_text("secret: 1\n")
@@ -93,3 +94,17 @@ def test_a_run_directory_without_a_submission_record_says_so(tmp_path: Path):
     parts = jobpage.run_parts(tmp_path)
     assert parts["problems"] == [f"no job.yaml in {tmp_path}: the job was not submitted by `hpctrain submit`"]
     assert parts["hang_report"] is None and parts["attempts"] is None
+
+
+def test_the_resume_command_is_the_cli_s_resume_path(tmp_path, monkeypatch):
+    """A recipe: its job file, its recorded options, this run directory and --resume; run where it was submitted
+    from (tests/test_web_slurm.py runs the command a page shows). Your own command: the job file and the run
+    directory (the program resumes from it)."""
+    monkeypatch.setattr("hpctrain.training.provenance.versions", lambda: {})
+    (tmp_path / "job.yaml").write_text("command: [hpctrain, train, mnist, --epochs, '2']\nname: a b\n")
+    monkeypatch.chdir(tmp_path.parent)
+    record_attempt(tmp_path, ["node1"], {"world_size": 1, "nodes": 1})
+    command = f"hpctrain submit --job-file {tmp_path}/job.yaml train mnist --epochs 2 --run-dir {tmp_path} --resume"
+    assert jobpage.run_parts(tmp_path)["resume"] == f"cd {tmp_path.parent} && {command}"
+    (tmp_path / "job.yaml").write_text("command: [python, 'my train.py']\n")
+    assert jobpage.run_parts(tmp_path)["resume"].endswith(f"submit --job-file {tmp_path}/job.yaml --run-dir {tmp_path}")

@@ -4,8 +4,10 @@ all pages come from one query per interval, and stop (a POST with the CSRF token
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import shlex
 import signal
 import threading
 import time
@@ -269,6 +271,16 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
             p[0] for p in series["train_loss"]
         )
         assert len(series["train_loss"]) == 2 and len(series["test_accuracy"]) == 2
+        # The page's resume command is the CLI's resume path: run as shown, it queues a job that continues this
+        # run directory (all epochs done: it says so and ends).
+        shown = re.search(r'<code id="resume">(.*?)</code>', page.text)
+        where, _, command = html.unescape(shown.group(1)).partition(" && ")
+        assert where == f"cd {tmp_path}" and command.startswith("hpctrain submit --job-file "), shown.group(1)
+        again = ok(hpctrain(*shlex.split(command)[1:], cwd=tmp_path)).stdout.strip()
+        resumed = Job(again, tmp_path, job.run_dir)
+        resumed.follow()
+        assert f"{job.run_dir.relative_to(tmp_path)} is already complete" in resumed.log, resumed.log
+        slurm_cluster.cancel_quietly(again)
     finally:
         slurm_cluster.cancel_quietly(job_id)
 

@@ -15,8 +15,11 @@ it; numbers are finite floats or left out.
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hpctrain.errors import UserError
 from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
@@ -68,11 +71,33 @@ def run_parts(directory: Path) -> dict[str, Any]:
         rows = rows[-MAX_ATTEMPTS_SHOWN:]
     return {
         "run_dir": line(str(directory)),
+        "resume": None if description is None else resume_command(directory, description, attempts),
         "description": None if description is None else _text(description),
         "attempts": table(Table(ATTEMPT_COLUMNS, rows)) if rows else None,
         "hang_report": _hang_report(directory, problems),
         "problems": [line(p) for p in problems],
     }
+
+
+def resume_command(directory: Path, description: str, attempts: list[dict[str, Any]]) -> str | None:
+    """The CLI's way to continue this run directory in a new job, exactly: its job file with the run directory
+    given and, for a built-in recipe, its recorded options with `--resume` (the newest valid checkpoint; add a
+    larger --epochs to train further), run where the job was submitted from (relative paths in it are from there).
+    None when job.yaml holds no command. (A POST that submits it waits for `submit` as an engine function.)"""
+    try:
+        data = yaml.safe_load(description)
+    except yaml.YAMLError:
+        return None
+    command = data.get("command") if isinstance(data, dict) else None
+    if not (isinstance(command, list) and command and all(isinstance(word, str) for word in command)):
+        return None
+    job_file = ["hpctrain", "submit", "--job-file", str(directory / JOB_FILE)]
+    if command[:2] == ["hpctrain", "train"]:
+        words = [*job_file, *command[1:], "--run-dir", str(directory), "--resume"]
+    else:
+        words = [*job_file, "--run-dir", str(directory)]  # the program resumes from its run directory itself
+    where = attempts[0].get("cwd") if attempts and isinstance(attempts[0].get("cwd"), str) else None
+    return line((f"cd {shlex.quote(where)} && " if where else "") + shlex.join(words))
 
 
 def _text(text: str) -> list[str]:
