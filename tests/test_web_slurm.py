@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 
+import httpx
 import pytest
 
 pytest.importorskip("starlette", reason="the web extra (pip install 'hpctrain[web]') is not installed")
@@ -271,6 +272,15 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
             p[0] for p in series["train_loss"]
         )
         assert len(series["train_loss"]) == 2 and len(series["test_accuracy"]) == 2
+        # TensorBoard on the run directory: started here by the console (a POST with the CSRF token), and answering.
+        tensorboard = f"/job/slurm/{job_id}/tensorboard"
+        assert client.post(tensorboard, data={"csrf": "x"}, headers={"origin": HOST}).status_code == 403
+        started = client.post(tensorboard, data={"csrf": keys.csrf}, headers={"origin": HOST})
+        url = re.search(r"TensorBoard on \S+: (http://127\.0\.0\.1:\d+/) on this machine", started.text)
+        assert started.status_code == 200 and url, started.text
+        assert httpx.get(url.group(1), timeout=30).status_code == 200
+        again = client.post(tensorboard, data={"csrf": keys.csrf}, headers={"origin": HOST})
+        assert url.group(1) in again.text  # one server per run directory
         # The page's resume command is the CLI's resume path: run as shown, it queues a job that continues this
         # run directory (all epochs done: it says so and ends).
         shown = re.search(r'<code id="resume">(.*?)</code>', page.text)
@@ -282,7 +292,16 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
         assert f"{job.run_dir.relative_to(tmp_path)} is already complete" in resumed.log, resumed.log
         slurm_cluster.cancel_quietly(again)
     finally:
+        client.app.state.console.job_routes.close()
         slurm_cluster.cancel_quietly(job_id)
+
+
+def test_tensorboard_for_a_job_without_a_run_directory_says_where_to_start_it(client, held_job):
+    client, keys = client
+    answer = client.post(f"/job/slurm/{held_job}/tensorboard", data={"csrf": keys.csrf}, headers={"origin": HOST})
+    assert answer.status_code == 200
+    assert f"job {held_job} has no run directory visible from this machine" in answer.text
+    assert "hpctrain tensorboard --on-cluster --scheduler slurm RUN_DIR" in answer.text
 
 
 def test_the_cluster_page_says_whether_a_job_fits(client):

@@ -105,8 +105,9 @@ class JobRoutes:
         if directory is None:
             command = shlex.join(["hpctrain", "tensorboard", "--on-cluster", "--scheduler", name, "RUN_DIR"])
             lines = [
-                f"job {job_id}'s run directory is not visible from this machine: start TensorBoard on the cluster "
-                f"where it is, with `{command}` (`hpctrain tensorboard --help`: the volume that holds it)"
+                f"job {job_id} has no run directory visible from this machine (it was not submitted by `hpctrain "
+                f"submit`, or its run directory is on a volume this machine does not mount): start TensorBoard where "
+                f"the run directory is, with `{command}` (`hpctrain tensorboard --help`: the volume that holds it)"
             ]
             return self._outcome("TensorBoard for", name, job_id, lines, 1)
         from hpctrain.servers import tensorboard as tbserver
@@ -128,6 +129,14 @@ class JobRoutes:
             f"from your laptop: ssh -N -L {port}:127.0.0.1:{port} {socket.gethostname()}, then open {url}",
         ]
         return self._outcome("TensorBoard for", name, job_id, lines, 0, link=url)
+
+    def close(self) -> None:
+        """Stop the TensorBoard servers this console started (they also die with the console's process)."""
+        with self._tensorboard_lock:
+            for process, _ in self._tensorboards.values():
+                process.kill()
+                process.wait(timeout=30)
+            self._tensorboards.clear()
 
     def _outcome(
         self, what: str, name: str, job_id: str, lines: list[str], exit_code: int, link: str | None = None
