@@ -34,6 +34,32 @@ PREEMPT_TIMEOUT_S = 60.0
 KEEP_RUN_DIRS = 4096  # jobs whose run directory is remembered (it never changes for a job)
 
 
+def _serve_tensorboard(spec: str) -> tuple[subprocess.Popen[str], str]:
+    """servers.tensorboard.serve_local, started from a thread of its own that lives as long as the server: the
+    server is made to die with the thread that started it (the kernel's parent-death signal is per thread), and a
+    request's worker thread ends when the pool no longer needs it."""
+    from hpctrain.servers import tensorboard as tbserver
+
+    result: dict[str, Any] = {}
+    started = threading.Event()
+
+    def run() -> None:
+        try:
+            result["server"] = tbserver.serve_local(spec, None)
+        except (UserError, OSError) as err:
+            result["error"] = err
+        finally:
+            started.set()
+        if "server" in result:
+            result["server"][0].wait()
+
+    threading.Thread(target=run, name="tensorboard", daemon=True).start()
+    started.wait()
+    if "error" in result:
+        raise result["error"]
+    return result["server"]
+
+
 def tensorboard_command(directory: Path) -> str:
     return shlex.join(["hpctrain", "tensorboard", str(directory)])
 
@@ -116,7 +142,7 @@ class JobRoutes:
             running = self._tensorboards.get(directory)
             if running is None or running[0].poll() is not None:
                 try:
-                    running = tbserver.serve_local(tbserver.logdir_spec([directory]), None)
+                    running = _serve_tensorboard(tbserver.logdir_spec([directory]))
                 except (UserError, OSError) as err:
                     command = tensorboard_command(directory)
                     lines = [f"TensorBoard could not start here ({err}); run `{command}` where it is installed"]
