@@ -232,7 +232,7 @@ def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, bro
             lambda d: "RUNNING" in text_of(d, "details") and "RANK" in text_of(d, "details")
         )
         ranks = [line for line in text_of(browser, "details").splitlines() if line.lstrip().startswith("0 ")]
-        assert ranks and ("training" in ranks[0] or "evaluating" in ranks[0]), text_of(browser, "details")
+        assert ranks and ranks[0].split()[1] in ("node1", "node2"), text_of(browser, "details")  # rank 0, its host
         clone = browser.find_element(By.ID, "clone").get_attribute("href")
         assert clone == f"{base}/jobs/new?from=slurm/{job_id}"
         assert text_of(browser, "shell") == f"srun --jobid {job_id} --overlap --pty bash"
@@ -250,6 +250,7 @@ def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, bro
         assert "--train-limit" in text_of(browser, "description")
         assert "completed" in browser.find_element(By.XPATH, "//h3[text()='Attempts']/following-sibling::table").text
         WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "log-state").text == "(ended)")
+        browser.set_window_size(1400, 2300)  # the whole page: plots, log, attempts, description
         screenshot(browser, "web-job.png", tmp_path)
         said = [entry["message"] for entry in browser.get_log("browser")]
         assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
