@@ -321,3 +321,20 @@ def test_the_cluster_page_says_whether_a_job_fits(client):
     assert "999 CPUs per node: no node in partition debug has more than 2" in said("nodes=1&cpus_per_task=999")
     assert "nodes: &#39;x&#39; is not a whole number" in said("nodes=x")
     assert "fit-answer" not in client.get("/cluster").text  # no form sent: no answer
+
+
+@pytest.mark.k8s
+def test_the_console_builds_each_backend_with_its_own_connection_flags(k8s_cluster):
+    """`hpctrain web --context NAME --namespace NS --all-users`: the flags each backend declares for where its jobs
+    are (as `hpctrain status` takes them) reach that backend; --all-users reaches the jobs table's query."""
+    from hpctrain.cli import build_parser
+    from hpctrain.web import command
+
+    argv = ["web", "--scheduler", "kubernetes", "--context", k8s_cluster.context, "--namespace", "team-x"]
+    args = build_parser(only="web").parse_args([*argv, "--all-users"])
+    found = command.schedulers(args.scheduler, args)
+    assert found["kubernetes"].context == k8s_cluster.context and found["kubernetes"].namespace == "team-x"
+    app = create_app(found, Secrets(token="t"), all_users=args.all_users)
+    assert app.state.console.board.all_users is True
+    plain = build_parser(only="web").parse_args(argv[:3])
+    assert command.schedulers(plain.scheduler, plain)["kubernetes"].context is None
