@@ -86,6 +86,8 @@ def test_submit_status_logs_cancel_through_the_cli(real: Real, tmp_path: Path) -
     bad = real.cli("logs", "cli-live", "--replica", "worker-7", *where, cwd=tmp_path)
     assert bad.returncode == 2 and "use one of master-0, worker-0" in bad.stderr
 
+    web_console_job_page(real)
+
     nodes = real.cli("cluster", "--json", *where, cwd=tmp_path)
     assert real.nodes <= {n["name"] for n in json.loads(nodes.stdout)["nodes"]}, nodes
 
@@ -93,6 +95,30 @@ def test_submit_status_logs_cancel_through_the_cli(real: Real, tmp_path: Path) -
     assert cancelled.returncode == 0 and "RUNNING -> deleted" in cancelled.stdout, cancelled
     gone = real.cli("status", "cli-live", *where, cwd=tmp_path)
     assert gone.returncode == 2 and "no PyTorchJob named 'cli-live'" in gone.stderr
+
+
+def web_console_job_page(real: Real) -> None:
+    """The web console's page of the running job (hpctrain.web over the same backend): the shell command beside it
+    is the backend's `kubectl exec` into rank 0's pod in this context and namespace, each pod's log is offered, and a
+    replica's log is streamed from its pod."""
+    pytest.importorskip("starlette", reason="the web extra is not installed")
+    from starlette.testclient import TestClient
+
+    from hpctrain.web.app import create_app
+    from hpctrain.web.guard import Secrets
+
+    from real_node import CONTEXT
+
+    app = create_app({"kubernetes": real.scheduler()}, Secrets(token="t"), interval_s=1.0)
+    client = TestClient(app, base_url="http://localhost", follow_redirects=False)
+    assert client.get("/?token=t").status_code == 303
+    page = client.get("/job/kubernetes/cli-live")
+    assert page.status_code == 200, page.text
+    shell = f"kubectl --context {CONTEXT} exec -it -n {real.namespace} cli-live-master-0 -- bash"
+    assert f'<code id="shell">{shell}</code>' in page.text
+    assert "?stream=stdout&amp;replica=worker-0" in page.text and "?stream=stdout&amp;replica=master-0" in page.text
+    with client.stream("GET", "/api/log/kubernetes/cli-live?replica=worker-0") as answer:
+        assert any("hello from rank 1" in text for text in answer.iter_lines())
 
 
 def test_submit_wait_exits_with_the_jobs_status(real_cpu: Real, tmp_path: Path) -> None:

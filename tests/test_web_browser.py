@@ -26,6 +26,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
+from slurm_fixtures import Job
+from training_helpers import hpctrain, ok
+
 pytestmark = pytest.mark.slurm
 
 HOSTILE = "<img src=x onerror=window.__pwned=1>"
@@ -167,12 +170,18 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         assert "step 3 <b>loss</b> <script>window.__pwned=2</script>" in log
         assert browser.find_elements(By.CSS_SELECTOR, "#log b, #log script") == []
         assert browser.execute_script("return typeof window.__pwned") == "undefined"
-        screenshot(browser, "web-job.png", tmp_path)
 
         # The cluster.
         browser.get(base + "/cluster")
         nodes = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table tbody tr td:first-child")]
         assert {"node1", "node2"} <= set(nodes)
+        # Does a job of 3 nodes fit? The form asks the scheduler's own check, which names the fix.
+        field = browser.find_element(By.CSS_SELECTOR, "#fit input[name=nodes]")
+        field.clear()
+        field.send_keys("3")
+        browser.find_element(By.CSS_SELECTOR, "#fit button").click()
+        answer = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "fit-slurm")).text
+        assert "--nodes 3: partition debug has only 2 node(s)" in answer
         screenshot(browser, "web-cluster.png", tmp_path)
 
         # Stop, confirmed in the page's dialog; dismissed first, which changes nothing.
@@ -237,6 +246,60 @@ def test_the_job_form_in_chromium(slurm_cluster, tmp_path, console, browser):
     try:
         assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {job_id}")
         assert (tmp_path / "runs" / f"web-form-{job_id}" / "job.yaml").is_file()
+        said = [entry["message"] for entry in browser.get_log("browser")]
+        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+    finally:
+        slurm_cluster.cancel_quietly(job_id)
+
+
+def text_of(driver, element_id: str) -> str:
+    return driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.innerText : ''", element_id
+    )
+
+
+@pytest.mark.slow
+def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, browser, fashion_data_dir):
+    """A real `train mnist` job submitted with `hpctrain submit`: its page shows it running with each rank's
+    progress and the live log; the clone link and the shell command (copied by its button); once it has run, the plot
+    of each series has a point per epoch; and its run directory's description and attempts."""
+    train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--recipe", "classic"]
+    train += ["--train-limit", "2048", "--test-limit", "500", "--epochs", "2", "--log-interval", "0"]
+    submitted = hpctrain(
+        "submit", "--launcher", "single", "--job-name", "web-train", "--output", "job-%j.out", *train, cwd=tmp_path
+    )
+    job_id = ok(submitted).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    try:
+        base = console.split("/?token=")[0]
+        browser.get(console)
+        browser.get(f"{base}/job/slurm/{job_id}")
+        # Running, each rank's live record (the run directory's, as `hpctrain status JOB` shows it), the live log.
+        WebDriverWait(browser, 600).until(lambda d: "epoch 1/2 step" in text_of(d, "log"))
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d: "RUNNING" in text_of(d, "details") and "RANK" in text_of(d, "details")
+        )
+        ranks = [line for line in text_of(browser, "details").splitlines() if line.lstrip().startswith("0 ")]
+        assert ranks and ranks[0].split()[1] in ("node1", "node2"), text_of(browser, "details")  # rank 0, its host
+        clone = browser.find_element(By.ID, "clone").get_attribute("href")
+        assert clone == f"{base}/jobs/new?from=slurm/{job_id}"
+        assert text_of(browser, "shell") == f"srun --jobid {job_id} --overlap --pty bash"
+        copy = browser.find_element(By.CSS_SELECTOR, "button.copy")
+        copy.click()
+        WebDriverWait(browser, WAIT_S).until(lambda d: copy.text != "copy")
+
+        job.follow()
+        # After it ran: a point per epoch in each plot, and the attempt that completed.
+        browser.get(f"{base}/job/slurm/{job_id}")
+        points = """return Array.from(document.querySelectorAll('#plots figure'))
+            .map((f) => [f.dataset.key, f.dataset.points, f.querySelectorAll('circle').length])"""
+        WebDriverWait(browser, WAIT_S).until(lambda d: ["train_loss", "2", 2] in d.execute_script(points))
+        assert ["test_accuracy", "2", 2] in browser.execute_script(points)
+        assert "--train-limit" in text_of(browser, "description")
+        assert "completed" in browser.find_element(By.XPATH, "//h3[text()='Attempts']/following-sibling::table").text
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "log-state").text == "(ended)")
+        browser.set_window_size(1400, 2300)  # the whole page: plots, log, attempts, description
+        screenshot(browser, "web-job.png", tmp_path)
         said = [entry["message"] for entry in browser.get_log("browser")]
         assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
     finally:

@@ -94,6 +94,8 @@ def test_loopback_hosts_are_served(client, keys, host):
 
 
 STOP = "/job/not-shown/1/stop"
+# Every route that changes something: each is refused without the CSRF token or from another origin.
+POSTS = [STOP, "/job/not-shown/1/preempt", "/job/not-shown/1/tensorboard"]
 
 
 def test_a_post_from_another_origin_is_refused(client, keys):
@@ -111,12 +113,24 @@ def test_a_post_with_neither_origin_nor_referer_is_refused(client, keys):
 
 
 @pytest.mark.parametrize("csrf", [None, "", "wrong", "t0ken-for-the-tests"])
-def test_a_post_without_the_csrf_token_is_refused(client, keys, csrf):
+@pytest.mark.parametrize("route", POSTS)
+def test_a_post_without_the_csrf_token_is_refused(client, keys, csrf, route):
     logged_in(client, keys)
     data = {} if csrf is None else {"csrf": csrf}
-    answer = client.post(STOP, data=data, headers={"origin": HOST})
+    answer = client.post(route, data=data, headers={"origin": HOST})
     assert answer.status_code == 403
     assert "CSRF" in answer.text
+
+
+@pytest.mark.parametrize("route", POSTS)
+def test_every_post_route_is_refused_from_another_origin_and_passes_with_the_token(client, keys, route):
+    """The routes exist as POSTs (a GET is no way to reach them) and pass only the guard's rules."""
+    logged_in(client, keys)
+    assert client.get(route).status_code == 405
+    answer = client.post(route, data={"csrf": keys.csrf}, headers={"origin": "http://evil.example"})
+    assert answer.status_code == 403 and "another origin" in answer.text
+    passed = client.post(route, data={"csrf": keys.csrf}, headers={"origin": HOST})
+    assert passed.status_code == 404 and "no scheduler" in passed.text, passed.text
 
 
 def test_a_same_origin_post_with_the_csrf_token_passes_the_guard(client, keys):

@@ -4,9 +4,15 @@ all pages come from one query per interval, and stop (a POST with the CSRF token
 
 from __future__ import annotations
 
+import html
 import json
+import re
+import shlex
+import signal
 import threading
+import time
 
+import httpx
 import pytest
 
 pytest.importorskip("starlette", reason="the web extra (pip install 'hpctrain[web]') is not installed")
@@ -16,6 +22,8 @@ from hpctrain.schedulers import get_scheduler
 from hpctrain.web.app import create_app
 from hpctrain.web.board import Board
 from hpctrain.web.guard import Secrets
+from slurm_fixtures import Job
+from training_helpers import hpctrain, ok
 
 pytestmark = pytest.mark.slurm
 
@@ -143,7 +151,8 @@ def test_the_jobs_of_all_pages_come_from_one_query_per_interval(slurm_cluster):
 
 
 def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_job):
-    """Three tabs on the jobs, a job and the cluster: each thing is asked of the scheduler once per interval."""
+    """Three tabs on the jobs, a job and the cluster: each thing is asked of the scheduler once per interval (a job's
+    page asks for its view, how to reach it and its run directory)."""
     keys = Secrets(token="t")
     app = create_app({"slurm": get_scheduler("slurm")}, keys, interval_s=600.0)
     tabs = [TestClient(app, base_url=HOST, follow_redirects=False) for _ in range(3)]
@@ -154,7 +163,8 @@ def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_jo
         assert tab.get(f"/job/slurm/{held_job}").status_code == 200
         assert tab.get(f"/api/job/slurm/{held_job}").json()["parts"]
         assert tab.get("/cluster").status_code == 200
-    assert app.state.console.board.refreshes == 3
+    # the jobs, the job's view, how to reach it (its shell command, its logs), its run directory, the cluster
+    assert app.state.console.board.refreshes == 5
 
 
 def test_stop_is_a_post_with_the_csrf_token_and_cancels_the_job(client, held_job, slurm_cluster):
@@ -197,3 +207,134 @@ def test_slurm_and_kubernetes_side_by_side(slurm_cluster, k8s_cluster, held_job)
     assert cluster.status_code == 200
     assert "<h2>slurm</h2>" in cluster.text and "<h2>kubernetes</h2>" in cluster.text
     assert 'class="error"' not in cluster.text
+
+
+@pytest.mark.slow
+def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot(
+    slurm_cluster, tmp_path, fashion_data_dir
+):
+    """A real `train mnist` job submitted with `hpctrain submit`: its page shows the shell command beside it (the
+    backend's), the clone link and its job description; **rehearse preemption** (a POST with the CSRF token, refused
+    without it) sends the warning as `debug preempt` does; the job checkpoints, requeues itself and completes; its
+    page then lists two attempts, the first ended by the warning with its state saved and requeued, the second
+    completed, and the plot's JSON has a point per epoch."""
+    train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--recipe", "classic"]
+    train += ["--train-limit", "2048", "--test-limit", "500", "--epochs", "2", "--checkpoint-every", "0"]
+    submitted = hpctrain(
+        "submit",
+        "--launcher",
+        "single",
+        "--job-name",
+        "web-preempt",
+        "--output",
+        "job-%j.out",
+        *train,
+        "--log-interval",
+        "0",
+        cwd=tmp_path,
+    )
+    job_id = ok(submitted).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    keys = Secrets(token="t")
+    client = TestClient(create_app({"slurm": get_scheduler("slurm")}, keys, 0.5), base_url=HOST, follow_redirects=False)
+    assert client.get("/?token=t").status_code == 303
+    try:
+        job.wait_for_log("epoch 1/2 step")
+        page = client.get(f"/job/slurm/{job_id}")
+        assert page.status_code == 200, page.text
+        assert f"srun --jobid {job_id} --overlap --pty bash" in page.text
+        assert f'href="/jobs/new?from=slurm/{job_id}"' in page.text
+        description = re.search(r'<pre class="report" id="description">(.*?)</pre>', page.text, re.S)
+        assert description and "--train-limit" in description.group(1), page.text  # job.yaml, as submitted
+        preempt = f"/job/slurm/{job_id}/preempt"
+        assert client.post(preempt, data={"csrf": "wrong"}, headers={"origin": HOST}).status_code == 403
+        answer = slurm_cluster.interrupt_mid_run(
+            job_id,
+            1,
+            signal.SIGUSR1,
+            lambda: client.post(preempt, data={"csrf": keys.csrf}, headers={"origin": HOST}),
+        )
+        assert answer.status_code == 200, answer.text
+        assert f"sent USR1 to job {job_id} (its batch shell), as Slurm would" in answer.text
+        job.follow()  # requeued (after Slurm's BeginTime hold), resumed, completed
+        assert "step finished with exit status 0" in job.log, job.log
+        time.sleep(1.0)  # the board's interval: the page asks again
+        page = client.get(f"/job/slurm/{job_id}")
+        assert page.status_code == 200, page.text
+        section = page.text.split("<h3>Attempts</h3>", 1)[1].split("</table>", 1)[0]
+        attempts = re.findall(r"<tr><td>(\d+)</td>(.*?)</tr>", section)
+        assert [number for number, _ in attempts] == ["1", "2"], page.text
+        assert "time-limit warning or preemption: state saved, requeued" in attempts[0][1]
+        assert "requeued (restart 1)" in attempts[1][1] and "<td>completed</td>" in attempts[1][1]
+        plot = client.get(f"/api/metrics/slurm/{job_id}").json()
+        series = {s["key"]: s["points"] for s in plot["series"]}
+        assert plot["records"] == 2 and [p[0] for p in series["train_loss"]] == sorted(
+            p[0] for p in series["train_loss"]
+        )
+        assert len(series["train_loss"]) == 2 and len(series["test_accuracy"]) == 2
+        # TensorBoard on the run directory: started here by the console (a POST with the CSRF token), and answering.
+        tensorboard = f"/job/slurm/{job_id}/tensorboard"
+        assert client.post(tensorboard, data={"csrf": "x"}, headers={"origin": HOST}).status_code == 403
+        started = client.post(tensorboard, data={"csrf": keys.csrf}, headers={"origin": HOST})
+        url = re.search(r"TensorBoard on \S+: (http://127\.0\.0\.1:\d+/) on this machine", started.text)
+        assert started.status_code == 200 and url, started.text
+        assert httpx.get(url.group(1), timeout=30).status_code == 200
+        again = client.post(tensorboard, data={"csrf": keys.csrf}, headers={"origin": HOST})
+        assert url.group(1) in again.text  # one server per run directory
+        # The page's resume command is the CLI's resume path: run as shown, it queues a job that continues this
+        # run directory (all epochs done: it says so and ends).
+        shown = re.search(r'<code id="resume">(.*?)</code>', page.text)
+        where, _, command = html.unescape(shown.group(1)).partition(" && ")
+        assert where == f"cd {tmp_path}" and command.startswith("hpctrain submit --job-file "), shown.group(1)
+        again = ok(hpctrain(*shlex.split(command)[1:], cwd=tmp_path)).stdout.strip()
+        resumed = Job(again, tmp_path, job.run_dir)
+        resumed.follow()
+        assert f"{job.run_dir.relative_to(tmp_path)} is already complete" in resumed.log, resumed.log
+        slurm_cluster.cancel_quietly(again)
+    finally:
+        client.app.state.console.job_routes.close()
+        slurm_cluster.cancel_quietly(job_id)
+
+
+def test_tensorboard_for_a_job_without_a_run_directory_says_where_to_start_it(client, held_job):
+    client, keys = client
+    answer = client.post(f"/job/slurm/{held_job}/tensorboard", data={"csrf": keys.csrf}, headers={"origin": HOST})
+    assert answer.status_code == 200
+    assert f"job {held_job} has no run directory visible from this machine" in answer.text
+    assert "hpctrain tensorboard --on-cluster --scheduler slurm RUN_DIR" in answer.text
+
+
+def test_the_cluster_page_says_whether_a_job_fits(client):
+    """The form's job against the real cluster through the scheduler's own check (2 nodes of 2 CPUs here): one that
+    fits says so; too many nodes, too many CPUs and a bad value each get the CLI's line naming the fix."""
+    client, _ = client
+
+    def said(query: str) -> str:
+        page = client.get("/cluster?" + query)
+        assert page.status_code == 200, page.text
+        found = re.search(r'<div class="fit-answer (fits|error)" id="fit-slurm">(.*?)</div>', page.text, re.S)
+        assert found, page.text
+        return found.group(1) + ": " + " ".join(found.group(2).split())
+
+    assert said("nodes=1&gpus_per_node=0&cpus_per_task=1&mem=100M").startswith('fits: <p class="line">fits:')
+    assert said("nodes=5").startswith("error") and "--nodes 5: partition debug has only 2 node(s)" in said("nodes=5")
+    assert "999 CPUs per node: no node in partition debug has more than 2" in said("nodes=1&cpus_per_task=999")
+    assert "nodes: &#39;x&#39; is not a whole number" in said("nodes=x")
+    assert "fit-answer" not in client.get("/cluster").text  # no form sent: no answer
+
+
+@pytest.mark.k8s
+def test_the_console_builds_each_backend_with_its_own_connection_flags(k8s_cluster):
+    """`hpctrain web --context NAME --namespace NS --all-users`: the flags each backend declares for where its jobs
+    are (as `hpctrain status` takes them) reach that backend; --all-users reaches the jobs table's query."""
+    from hpctrain.cli import build_parser
+    from hpctrain.web import command
+
+    argv = ["web", "--scheduler", "kubernetes", "--context", k8s_cluster.context, "--namespace", "team-x"]
+    args = build_parser(only="web").parse_args([*argv, "--all-users"])
+    found = command.schedulers(args.scheduler, args)
+    assert found["kubernetes"].context == k8s_cluster.context and found["kubernetes"].namespace == "team-x"
+    app = create_app(found, Secrets(token="t"), all_users=args.all_users)
+    assert app.state.console.board.all_users is True
+    plain = build_parser(only="web").parse_args(argv[:3])
+    assert command.schedulers(plain.scheduler, plain)["kubernetes"].context is None

@@ -28,6 +28,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers.base import (
     BackendInfo,
     ClusterView,
+    JobAccess,
     JobStatus,
     JobSummary,
     NodeView,
@@ -56,6 +57,7 @@ __all__ = [
     "SCHEDULERS",
     "BackendInfo",
     "ClusterView",
+    "JobAccess",
     "JobStatus",
     "JobSummary",
     "NodeView",

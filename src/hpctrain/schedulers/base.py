@@ -228,6 +228,20 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class JobAccess:
+    """How a person reaches a job from beside it (the web console's job page): the command for a shell beside its
+    processes, and the logs the scheduler keeps of it (what `logs(job, replica=, stream=)` accepts)."""
+
+    shell: str
+    """The exact command, quoted, that opens a shell beside the job (`srun --jobid ... --overlap --pty bash`,
+    `kubectl exec ...`)."""
+    replicas: tuple[str, ...] = ()
+    """The replicas with a log of their own (Kubernetes: one per pod); empty: one log for the whole job."""
+    streams: tuple[str, ...] = ("stdout",)
+    """The streams kept apart (Slurm: stdout and stderr)."""
+
+
+@dataclass(frozen=True)
 class BackendInfo:
     """What the CLI knows of a backend before building it (from flags that may belong to another one): declared by
     each backend package as INFO, imported without the backend's client."""
@@ -348,6 +362,9 @@ class Scheduler(Protocol):
     ) -> Iterator[str]:
         """Lines (without newline) of one replica's output (the first one, rank 0, when None); `stream` stderr where
         the scheduler keeps it apart. `say` hears what happens meanwhile (waiting for the output, the job ended)."""
+
+    def access(self, job_id: str) -> JobAccess:
+        """How to reach the job from beside it: its shell command and its logs (raises JobNotFound)."""
 
     def cancel(self, job_id: str) -> None:
         """Ask the job to stop: processes get SIGTERM and time to checkpoint."""

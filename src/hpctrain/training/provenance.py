@@ -154,3 +154,86 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> di
     )
     write_atomic(path, (json.dumps({"attempts": attempts}, indent=1) + "\n").encode())
     return attempts[-1]
+
+
+# How an attempt ended (the stop reason it left for the batch script) and what that made of the next one: the words
+# the job page and `status` show beside each attempt.
+ENDINGS = {
+    "completed": "completed",
+    "preempted": "time-limit warning or preemption: state saved, requeued",
+    "cancelled": "cancelled (state saved)",
+    "diverged": "the loss diverged",
+    "hung": "hang: the watchdog ended it (hang/report.txt names the culprit)",
+    "sick_node": "bad node: the preflight found a sick node, requeued without it",
+}
+UNSAID_END = "ended without a word: a node failure, a preemption by the scheduler, a crash or a kill"
+
+
+def record_attempt_end(run_dir: Path, label: str) -> None:
+    """Add how this attempt ended (a stop reason's label) to its record in provenance.json: best effort (the stop
+    reason file is what a batch script reads; this is what a person reads later). Nothing when there is no record
+    (a run that never started its loop), when it cannot be read, or when the attempt said so already."""
+    path = run_dir / PROVENANCE_FILE
+    try:
+        attempts = parse_record(_Provenance, read_json(path, MAX_PROVENANCE_BYTES, within=run_dir), path).attempts
+    except (OSError, BadRunFile):
+        return
+    if not attempts or not isinstance(attempts[-1], dict) or "ended" in attempts[-1]:
+        return
+    attempts[-1] = {**attempts[-1], "ended": label, "ended_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    try:
+        write_atomic(path, (json.dumps({"attempts": attempts}, indent=1) + "\n").encode())
+    except OSError:
+        pass
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """The attempts of provenance.json, oldest first; none when there is no record. Raises BadRunFile for a record
+    that is not one (too large, a link, not JSON)."""
+    path = run_dir / PROVENANCE_FILE
+    try:
+        attempts = parse_record(_Provenance, read_json(path, MAX_PROVENANCE_BYTES, within=run_dir), path).attempts
+    except FileNotFoundError:
+        return []
+    return [a for a in attempts if isinstance(a, dict)]
+
+
+ATTEMPT_COLUMNS = ("attempt", "started", "nodes", "processes", "how it started", "how it ended")
+
+
+def attempt_rows(attempts: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """A row per attempt: when it started, on how many nodes and processes, why it started (the first start, a
+    requeue by the scheduler, a torchrun restart, a membership change) and how it ended (ENDINGS; the last one
+    still running when it said nothing)."""
+    rows = []
+    for number, attempt in enumerate(attempts):
+        restart = attempt.get("worker_group_restart")
+        slurm = attempt.get("slurm") if isinstance(attempt.get("slurm"), dict) else {}
+        if number == 0:
+            began = "first start"
+        elif attempt.get("membership_change"):
+            began = f"membership change: {attempt['membership_change']}"
+        elif restart:
+            step = attempt.get("resumed_step")
+            began = f"torchrun restart {restart} (a worker ended)" + (f", resumed at step {step}" if step else "")
+        elif slurm.get("SLURM_RESTART_COUNT"):
+            began = f"requeued (restart {slurm['SLURM_RESTART_COUNT']})"
+        else:
+            began = "started again"
+        ended = attempt.get("ended")
+        if isinstance(ended, str):
+            how = ENDINGS.get(ended, ended)
+        else:
+            how = "running, or " + UNSAID_END if number == len(attempts) - 1 else UNSAID_END
+        hosts = attempt.get("hosts")
+        rows.append(
+            (
+                str(number + 1),
+                str(attempt.get("started_at", "?")),
+                str(attempt.get("nodes", len(hosts) if isinstance(hosts, list) else "?")),
+                str(attempt.get("world_size", "?")),
+                began,
+                how,
+            )
+        )
+    return rows

@@ -44,6 +44,7 @@ from types import FrameType
 
 from hpctrain.errors import UserError, brief
 from hpctrain.fsutil import write_atomic
+from hpctrain.training.provenance import record_attempt_end
 
 # The exit statuses, stop reasons and the words and variables a run shares with the script that started it live in
 # hpctrain.stops, which the schedulers import too; these names stay importable from here.
@@ -425,3 +426,4 @@ def write_stop_reason(run_dir: Path, reason: StopReason) -> None:
     rename: a symbolic link there is replaced, never followed."""
     label = "completed" if reason is StopReason.NONE else reason.label
     write_atomic(run_dir / STOP_REASON_FILE, (label + "\n").encode())
+    record_attempt_end(run_dir, label)  # the attempt's record says it too, for the job page and `status`

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -38,10 +39,11 @@ from hpctrain import __version__
 from hpctrain.engine import submission
 from hpctrain.errors import UserError, redact
 from hpctrain.schedulers.base import JobNotFound, Scheduler
-from hpctrain.web import follow, job_form
+from hpctrain.web import fit, follow, job_form
 from hpctrain.web.board import Board
 from hpctrain.web.dev_pages import DevPages
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
+from hpctrain.web.jobroutes import JobRoutes
 from hpctrain.web.safeview import line, view_parts
 
 HERE = Path(__file__).resolve().parent
@@ -59,12 +61,19 @@ def templates() -> jinja2.Environment:
 class Console:
     """The console's state: the schedulers (or why each cannot be used), the shared jobs board, the secrets."""
 
-    def __init__(self, schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float) -> None:
+    def __init__(
+        self,
+        schedulers: Mapping[str, Scheduler | UserError],
+        keys: Secrets,
+        interval_s: float,
+        all_users: bool = False,
+    ) -> None:
         self.schedulers = dict(schedulers)
         self.keys = keys
-        self.board = Board(self.schedulers, interval_s)
+        self.board = Board(self.schedulers, interval_s, all_users=all_users)
         self.env = templates()
         self.job_flags = job_form.parser_for(list(self.schedulers))  # the job form's fields: these backends' too
+        self.job_routes = JobRoutes(self)
 
     def scheduler(self, name: str) -> Scheduler:
         found = self.schedulers.get(name)
@@ -79,6 +88,10 @@ class Console:
             csrf=self.keys.csrf, csrf_field=CSRF_FIELD, version=__version__, schedulers=list(self.schedulers), **context
         )
         return HTMLResponse(html, status_code=status)
+
+    def rendered(self, parts: list[dict[str, Any]]) -> Markup:
+        """A View's parts as the parts template renders them (autoescaped), to be put in a page as they are."""
+        return Markup(self.env.get_template("parts.html").module.show(parts))
 
     # ---- pages ----------------------------------------------------------------------------------------------
 
@@ -102,6 +115,9 @@ class Console:
             job_id=line(job_id),
             parts=parts,
             interval_s=self.board.interval_s,
+            log_stream="stderr" if request.query_params.get("stream") == "stderr" else "stdout",
+            log_replica=request.query_params.get("replica"),
+            **self.job_routes.context(name, job_id),
         )
 
     def job_json(self, request: Request) -> Response:
@@ -110,7 +126,7 @@ class Console:
     async def log_events(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
         stream = "stderr" if request.query_params.get("stream") == "stderr" else "stdout"
-        follower = follow.start(self.scheduler(name), job_id, stream)
+        follower = follow.start(self.scheduler(name), job_id, stream, request.query_params.get("replica"))
         return StreamingResponse(follow.events(follower), media_type="text/event-stream")
 
     def stop_job(self, request: Request) -> Response:
@@ -126,15 +142,20 @@ class Console:
         )
 
     def cluster_page(self, request: Request) -> Response:
+        values = fit.asked(request.query_params)
         sections = []
         for name in self.schedulers:
             try:
                 scheduler = self.scheduler(name)
-                parts = self.board.get(("cluster", name), lambda: view_parts(scheduler.cluster_view()))
-                sections.append({"name": name, "parts": parts, "error": None})
+                # rendered once per interval for every page (10,000 node rows are 2 MB of HTML): the parts
+                # template's own autoescaped output, kept as markup
+                parts = self.board.get(("cluster", name), lambda: self.rendered(view_parts(scheduler.cluster_view())))
+                fits = None if values is None else fit.answer(scheduler, values)
+                sections.append({"name": name, "parts": parts, "error": None, "fit": fits})
             except UserError as err:
-                sections.append({"name": name, "parts": [], "error": line(str(err))})
-        return self.page("cluster.html", title="cluster", sections=sections)
+                sections.append({"name": name, "parts": Markup(""), "error": line(str(err)), "fit": None})
+        form = [(key, label, (values or {}).get(key, default)) for key, label, default in fit.FIELDS]
+        return self.page("cluster.html", title="cluster", sections=sections, form=form)
 
     # ---- the job form ---------------------------------------------------------------------------------------
 
@@ -215,9 +236,12 @@ def _problem(p: submission.Problem) -> dict[str, Any]:
     return {"line": line(p.line), "fix": line(p.fix), "kind": p.kind}
 
 
-def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float = 5.0) -> Starlette:
-    """The console's ASGI application: the pages, behind the Guard."""
-    console = Console(schedulers, keys, interval_s)
+def create_app(
+    schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, interval_s: float = 5.0, all_users: bool = False
+) -> Starlette:
+    """The console's ASGI application: the pages, behind the Guard; `all_users`: everyone's jobs in the table, where
+    a scheduler tells them apart (`hpctrain status --all-users`)."""
+    console = Console(schedulers, keys, interval_s, all_users)
     routes = [
         Route("/", console.jobs_page),
         Route("/api/jobs", console.jobs_json),
@@ -229,6 +253,7 @@ def create_app(schedulers: Mapping[str, Scheduler | UserError], keys: Secrets, i
         *DevPages(console).routes(),
         Route("/jobs/new", console.new_job_page),
         Route("/jobs/new", console.new_job, methods=["POST"]),
+        *console.job_routes.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

@@ -41,8 +41,10 @@ class Board:
         schedulers: Mapping[str, Scheduler | UserError],
         interval_s: float,
         clock: Callable[[], float] = time.monotonic,
+        all_users: bool = False,
     ) -> None:
         self.schedulers = schedulers
+        self.all_users = all_users
         self.interval_s = interval_s
         self.clock = clock
         self.refreshes = 0
@@ -81,7 +83,7 @@ class Board:
             try:
                 if isinstance(scheduler, UserError):
                     raise scheduler
-                section["parts"] = view_parts(scheduler.status_view(None))
+                section["parts"] = view_parts(scheduler.status_view(None, all_users=self.all_users))
             except UserError as err:
                 section["error"] = line(str(err))
             except Exception as err:  # a bug below: this section says so, the other schedulers still show

@@ -1,4 +1,5 @@
-"""`hpctrain web [--port N [--host ADDR] | --socket PATH] [--scheduler NAME]...`: the web console.
+"""`hpctrain web [--port N [--host ADDR] | --socket PATH] [--scheduler NAME]... [--all-users] [--context NAME]`: the
+web console.
 
 Registered among the CLI's subcommands by module name (hpctrain.cli.SUBCOMMANDS); imports nothing of the CLI.
 Needs the `web` extra (Starlette, uvicorn, Jinja2): without it, the CLI says in one line how to install it.
@@ -11,7 +12,7 @@ import argparse
 import sys
 
 from hpctrain.errors import UserError
-from hpctrain.schedulers import SCHEDULERS
+from hpctrain.schedulers import SCHEDULERS, backend_info
 
 GRACE_S = 3.0  # Ctrl-C: what open pages get to finish before the console stops
 
@@ -34,6 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(SCHEDULERS),
         help="show this scheduler's jobs (repeat for several; default: every scheduler found here)",
     )
+    parser.add_argument(
+        "--all-users",
+        action="store_true",
+        help="everyone's jobs in the table, where the scheduler tells users apart (as `hpctrain status --all-users`)",
+    )
+    where_jobs = parser.add_argument_group("where the jobs are (each scheduler's own flags, as for `hpctrain status`)")
+    for name in SCHEDULERS:
+        backend_info(name).add_arguments(parser, where_jobs, "jobs")
     parser.add_argument(
         "--interval",
         type=float,
@@ -59,8 +68,9 @@ def address(args: argparse.Namespace):
     return listen.socket_address(None if args.socket is None else Path(args.socket))
 
 
-def schedulers(names: list[str] | None) -> dict:
-    """name -> the backend, or the UserError that says why it cannot be used (shown in its section)."""
+def schedulers(names: list[str] | None, args: argparse.Namespace | None = None) -> dict:
+    """name -> the backend, or the UserError that says why it cannot be used (shown in its section). Each is built
+    with its own connection flags from `args` (a Kubernetes --context and --namespace), as the CLI builds it."""
     from hpctrain.extras import missing_extra
     from hpctrain.schedulers import available, detect, get_scheduler
 
@@ -68,12 +78,18 @@ def schedulers(names: list[str] | None) -> dict:
     found: dict = {}
     for name in dict.fromkeys(names):
         try:
-            found[name] = get_scheduler(name)
+            found[name] = get_scheduler(name, context=getattr(args, "context", None), **connection(args, name))
         except UserError as err:
             found[name] = err
         except ImportError as err:
             found[name] = missing_extra(err) or UserError(f"{name}: {err}")
     return found
+
+
+def connection(args: argparse.Namespace | None, name: str) -> dict:
+    """The backend's create() keywords for where its jobs are, from the flags it declares (BackendInfo)."""
+    fields = backend_info(name).connection_fields
+    return {key: getattr(args, dest) for dest, key in fields.items() if getattr(args, dest, None) is not None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from hpctrain.web.guard import Secrets
 
     where = address(args)
-    app = create_app(schedulers(args.scheduler), Secrets(listen.new_token()), args.interval)
+    app = create_app(
+        schedulers(args.scheduler, args), Secrets(listen.new_token()), args.interval, all_users=args.all_users
+    )
     sock = listen.bind(where)
     try:
         for text in listen.how_to_reach(where, app.state.console.keys.token):

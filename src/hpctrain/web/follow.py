@@ -28,14 +28,14 @@ _followers = threading.BoundedSemaphore(MAX_FOLLOWERS)
 
 
 class Follower:
-    def __init__(self, scheduler: Scheduler, job_id: str, stream: str) -> None:
+    def __init__(self, scheduler: Scheduler, job_id: str, stream: str, replica: str | None = None) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.total = 0
         self.notes: list[str] = []
         self.done = False
         self.stop = False
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._pump, args=(scheduler, job_id, stream), daemon=True)
+        self._thread = threading.Thread(target=self._pump, args=(scheduler, job_id, stream, replica), daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -44,9 +44,9 @@ class Follower:
         with self._lock:
             self.notes.append(line(text))
 
-    def _pump(self, scheduler: Scheduler, job_id: str, stream: str) -> None:
+    def _pump(self, scheduler: Scheduler, job_id: str, stream: str, replica: str | None) -> None:
         try:
-            for text in scheduler.logs(job_id, follow=True, stream=stream, say=self._say):
+            for text in scheduler.logs(job_id, follow=True, replica=replica, stream=stream, say=self._say):
                 if self.stop:
                     return
                 with self._lock:
@@ -76,10 +76,10 @@ class Follower:
             return (data or None), self.total, done
 
 
-def start(scheduler: Scheduler, job_id: str, stream: str) -> Follower:
+def start(scheduler: Scheduler, job_id: str, stream: str, replica: str | None = None) -> Follower:
     if not _followers.acquire(blocking=False):
         raise UserError(f"{MAX_FOLLOWERS} logs are being followed already: close a job's page and reload this one")
-    follower = Follower(scheduler, job_id, stream)
+    follower = Follower(scheduler, job_id, stream, replica)
     follower.start()
     return follower
 

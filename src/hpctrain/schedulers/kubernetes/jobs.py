@@ -60,6 +60,14 @@ class LiveJobs:
         pods = self.raw.list(self._namespaced("pods"), "listing the pods", labelSelector=f"{selector}={job_id}")
         return sorted(pods, key=lambda p: replica_key(replica_name(p)))
 
+    def access(self, job_id: str) -> base.JobAccess:
+        """`kubectl exec` into the job's first pod (rank 0's: master-0, node-0), each pod's log apart."""
+        self.get_object(job_id)  # JobNotFound for an unknown job
+        pods = self.pods_of(job_id)
+        target = pods[0]["metadata"]["name"] if pods else f"POD-OF-{job_id}"
+        shell = self.kubectl("exec", "-it", "-n", self.namespace, target, "--", "bash")
+        return base.JobAccess(shell, tuple(replica_name(p) for p in pods))
+
     def status(self, job_id: str) -> JobStatus:
         obj = self.get_object(job_id)
         pods = self.pods_of(job_id)

@@ -234,6 +234,15 @@ class SlurmScheduler:
     def status(self, job_id: str) -> JobStatus:
         return job_status(self._info(job_id))
 
+    def access(self, job_id: str) -> base.JobAccess:
+        """A step beside the job's own (`--overlap`: it shares the allocation's CPUs); one output file for all its
+        nodes, its stderr apart where the job has an --error file of its own."""
+        import shlex
+
+        info = self._info(jobs.check_job_id(job_id))
+        streams = ("stdout", "stderr") if info.stderr and info.stderr != info.stdout else ("stdout",)
+        return base.JobAccess(shlex.join(["srun", "--jobid", info.job_id, "--overlap", "--pty", "bash"]), (), streams)
+
     def progress(self, status: JobStatus) -> str:
         """Slurm's own state word, why it waits, and which attempt this is (a requeue starts the next)."""
         why = f" ({status.message})" if status.pending_reasons and status.message else ""
