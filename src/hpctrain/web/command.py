@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from hpctrain.errors import UserError
+from hpctrain.engine import scheduling
 from hpctrain.schedulers import SCHEDULERS, backend_info
 
 GRACE_S = 3.0  # Ctrl-C: what open pages get to finish before the console stops
@@ -35,14 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(SCHEDULERS),
         help="show this scheduler's jobs (repeat for several; default: every scheduler found here)",
     )
-    parser.add_argument(
-        "--all-users",
-        action="store_true",
-        help="everyone's jobs in the table, where the scheduler tells users apart (as `hpctrain status --all-users`)",
-    )
+    # Each scheduler's own flags of `hpctrain status` (where the jobs are, whose jobs: Slurm's --all-users).
     where_jobs = parser.add_argument_group("where the jobs are (each scheduler's own flags, as for `hpctrain status`)")
     for name in SCHEDULERS:
-        backend_info(name).add_arguments(parser, where_jobs, "jobs")
+        scheduling.backend_info(name).add_arguments(parser, where_jobs, "status")
     parser.add_argument(
         "--interval",
         type=float,
@@ -103,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
 
     where = address(args)
     app = create_app(
-        schedulers(args.scheduler, args), Secrets(listen.new_token()), args.interval, all_users=args.all_users
+        schedulers(args.scheduler, args),
+        Secrets(listen.new_token()),
+        args.interval,
+        all_users=getattr(args, "all_users", False),
     )
     sock = listen.bind(where)
     try:
