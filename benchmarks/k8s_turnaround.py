@@ -79,7 +79,7 @@ def main() -> int:
     from kubernetes.client.rest import ApiException
 
     from hpctrain.jobs.spec import JobSpec, Resources
-    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
     from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace
 

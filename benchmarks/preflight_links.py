@@ -13,7 +13,7 @@ import time
 
 import torch.distributed as dist
 
-from hpctrain.training.preflight import link_gbps
+from hpctrain.training.preflight_measure import link_gbps
 
 
 def main() -> None:

@@ -250,7 +250,8 @@ def squeue_format(fields: tuple[str, ...], token: str = TOKEN) -> str:
 
 
 def squeue_rows(n: int, me: str) -> tuple[str, str]:
-    """squeue with hpctrain.schedulers.slurm.jobs.squeue_argv() (its token TOKEN): everyone's 10 N jobs, and the
+    """squeue with hpctrain.schedulers.slurm.queries.job_states.squeue_argv() (its token TOKEN): everyone's 10 N jobs,
+    and the
     caller's N."""
     argv = ["squeue", "--noheader", "--states=all", squeue_format(FULL_FIELDS)]
     return squeue_answer(argv, n, me), squeue_answer([*argv, f"--user={me}"], n, me)

@@ -75,17 +75,17 @@ def _stall(after_steps: float) -> None:
 
 
 def _sick_gemm(_: float) -> None:
-    import hpctrain.training.preflight as preflight
+    import hpctrain.training.preflight_measure as preflight_measure
 
-    measure = preflight.gemm_gflops
-    preflight.gemm_gflops = lambda *args, **kwargs: measure(*args, **kwargs) / 20
+    measure = preflight_measure.gemm_gflops
+    preflight_measure.gemm_gflops = lambda *args, **kwargs: measure(*args, **kwargs) / 20
 
 
 def _sick_link(_: float) -> None:
-    import hpctrain.training.preflight as preflight
+    import hpctrain.training.preflight_measure as preflight_measure
 
-    measure = preflight.link_gbps
-    preflight.link_gbps = lambda *args: {peer: rate / 20 for peer, rate in measure(*args).items()}
+    measure = preflight_measure.link_gbps
+    preflight_measure.link_gbps = lambda *args: {peer: rate / 20 for peer, rate in measure(*args).items()}
 
 
 def _slow_writes(delay: float) -> None:

@@ -2,7 +2,8 @@
 
 The CRDs are Kubeflow's released files, unmodified (src/hpctrain/schedulers/kubernetes/crds/README.md names release,
 commit and licence). The local test server (Kubernetes 1.20) evaluates no CEL, and hpctrain's own check
-(hpctrain.schedulers.kubernetes.validate) covers the structural schema only, so this module adds what an API server
+(hpctrain.schedulers.kubernetes.manifests.validate) covers the structural schema only, so this module adds what an API
+server
 of 1.25 or later does with a custom resource's `openAPIV3Schema`:
   * the structural schema with unknown fields refused (translated by hpctrain's to_json_schema: the schema is the
     CRD's own text, the translation only reads OpenAPI's keywords as JSON Schema's)
@@ -19,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from hpctrain.schedulers.kubernetes.validate import to_json_schema
+from hpctrain.schedulers.kubernetes.manifests.validate import to_json_schema
 from kubernetes_openapi import duplicates
 
 CRD_FILES = {

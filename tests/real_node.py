@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from around_helpers import cli_env, hpctrain
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from kubeflow_standin import KubeflowStandIn, create_namespace, delete_namespace, wait_for
 from slurm_fixtures import is_training

@@ -26,7 +26,7 @@ import pytest
 import warm_start
 from filelock import FileLock
 
-from hpctrain.schedulers.kubernetes.replica_logs import KEEP_LOG
+from hpctrain.schedulers.kubernetes.queries.replica_logs import KEEP_LOG
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm.sh"

@@ -10,7 +10,7 @@ token, a line end after each job.
 
 from __future__ import annotations
 
-from hpctrain.schedulers.slurm.records import Fields
+from hpctrain.schedulers.slurm.queries.records import Fields
 
 TOKEN = "\x1f5eed0f0f5eed0f0f"  # a fixed token for recorded text (hpctrain draws one per query)
 RECORDED_SEP = "\x1f"  # the separator of the recordings

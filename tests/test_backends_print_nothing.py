@@ -23,7 +23,7 @@ import hpctrain.schedulers
 from hpctrain.jobs import JobSpec
 from hpctrain.jobs.spec import Resources
 from hpctrain.schedulers import base, get_scheduler
-from hpctrain.schedulers.services import Placement, ServiceAccess, Step
+from hpctrain.schedulers.service_api import Placement, ServiceAccess, Step
 from hpctrain.servers.common import http_get
 from hpctrain.servers.sessions import DevConfig, connection
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)

@@ -14,9 +14,9 @@ import yaml
 from hpctrain.schedulers.job_sections import JobFile, read_job_file
 from hpctrain.errors import UserError
 from hpctrain.schedulers import base
-from hpctrain.schedulers.kubernetes.validate import validate_manifest
-from hpctrain.schedulers.kubernetes.replica_logs import KEEP_LOG
-from hpctrain.schedulers.slurm.jobs import JobInfo
+from hpctrain.schedulers.kubernetes.manifests.validate import validate_manifest
+from hpctrain.schedulers.kubernetes.queries.replica_logs import KEEP_LOG
+from hpctrain.schedulers.slurm.queries.job_states import JobInfo
 from hpctrain.schedulers.slurm.scheduler import job_status
 from training_helpers import run_hpctrain
 

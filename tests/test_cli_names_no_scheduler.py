@@ -97,7 +97,7 @@ def test_the_walk_finds_a_scheduler_branch_and_an_argument_of_one() -> None:
     text and launcher variables are not."""
     source = '''
 """Docstrings may say Slurm."""
-from hpctrain.schedulers.kubernetes.options import APIS
+from hpctrain.schedulers.kubernetes.manifests.options import APIS
 
 def run(args, parser):
     parser.add_argument("--x", help="Slurm: the partition")
@@ -107,7 +107,7 @@ def run(args, parser):
         parser.add_argument("--k8s-api", choices=("pytorchjob", "trainjob"))
 '''
     assert scheduler_words(source) == [
-        (3, "import hpctrain.schedulers.kubernetes.options"),
+        (3, "import hpctrain.schedulers.kubernetes.manifests.options"),
         (9, "slurm"),
         (10, "--k8s-api"),
         (10, "pytorchjob"),

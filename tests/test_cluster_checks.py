@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.checks import Requirements, check_job
-from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo, parse_nodes, parse_partitions
+from hpctrain.schedulers.slurm.checks.live import Requirements, check_job
+from hpctrain.schedulers.slurm.queries.cluster_state import (
+    ClusterInfo,
+    NodeInfo,
+    PartitionInfo,
+    parse_nodes,
+    parse_partitions,
+)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -216,8 +222,8 @@ def test_slurm_errors_do_not_send_users_to_a_script_only_a_checkout_has() -> Non
 def test_a_missing_environment_tool_is_a_problem_only_when_the_nodes_are_this_host() -> None:
     """Issue 39 §17: nodes that are this host (names resolving to loopback) cannot have what it lacks; nodes
     elsewhere may (a warning). `.invalid` names never resolve (RFC 6761)."""
-    from hpctrain.schedulers.slurm.checks import tool_problems
-    from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+    from hpctrain.schedulers.slurm.checks.live import tool_problems
+    from hpctrain.schedulers.slurm.queries.cluster_state import ClusterInfo, NodeInfo, PartitionInfo
 
     def cluster(*names: str) -> ClusterInfo:
         nodes = tuple(NodeInfo(n, "idle", ("p",), 2, 0, 1000, 0, None, 0, 0, 0, 0, None) for n in names)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.schedulers.slurm.gres import GresEntry, job_shards_by_gpu, node_usage, parse_gres, split_top_level
+from hpctrain.schedulers.slurm.queries.gres import GresEntry, job_shards_by_gpu, node_usage, parse_gres, split_top_level
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,7 @@ def test_a_node_with_an_implausible_gres_is_refused_in_one_line(gres: str, used:
     import signal
 
     from hpctrain.errors import UserError
-    from hpctrain.schedulers.slurm.query import fill_shard_use, parse_nodes
+    from hpctrain.schedulers.slurm.queries.cluster_state import fill_shard_use, parse_nodes
 
     line = (
         f"NodeName=node9 Arch=x86_64 CPUAlloc=0 CPUEfctv=8 CPUTot=8 Gres={gres} GresUsed={used} "

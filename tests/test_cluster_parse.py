@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.schedulers.slurm.commands import slurm
-from hpctrain.schedulers.slurm.query import (
+from hpctrain.schedulers.slurm.queries.cluster_state import (
     ClusterInfo,
     fill_shard_use,
     parse_nodes,
@@ -17,9 +17,9 @@ from hpctrain.schedulers.slurm.query import (
     parse_shard_use,
     record_shard_use,
 )
-from hpctrain.schedulers.slurm.records import parse_record
+from hpctrain.schedulers.slurm.queries.records import parse_record
 from hpctrain.jobs.values import format_duration
-from hpctrain.schedulers.slurm.records import parse_record, printed_duration, printed_mem_mb
+from hpctrain.schedulers.slurm.queries.records import parse_record, printed_duration, printed_mem_mb
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -164,11 +164,11 @@ def test_cluster_commands_do_not_import_torch() -> None:
         "hpctrain.cli.logs",
         "hpctrain.cli.cancel",
         "hpctrain.cli.cluster",
-        "hpctrain.schedulers.slurm.checks",
-        "hpctrain.schedulers.slurm.jobs",
-        "hpctrain.schedulers.slurm.query",
-        "hpctrain.schedulers.slurm.output",
-        "hpctrain.schedulers.slurm.display",
+        "hpctrain.schedulers.slurm.checks.live",
+        "hpctrain.schedulers.slurm.queries.job_states",
+        "hpctrain.schedulers.slurm.queries.cluster_state",
+        "hpctrain.schedulers.slurm.queries.output",
+        "hpctrain.schedulers.slurm.queries.display",
         "hpctrain.cli.views",
     ]
     code = (
@@ -185,8 +185,8 @@ def test_shard_holders_and_their_records_recorded_on_22_05() -> None:
     job on node2: squeue names the two shard jobs (query.HOLDER_FIELDS with the token squeue_text.TOKEN); scontrol,
     reading `show job ID` and `show hostnames MARKER<i>` lines on stdin (one unknown id among them), echoes each
     command after its readline prompt and prints the records one a line, each followed by its marker."""
-    from hpctrain.schedulers.slurm.query import HOLDER_FIELDS, parse_shard_holders, session_input
-    from hpctrain.schedulers.slurm.records import Fields
+    from hpctrain.schedulers.slurm.queries.cluster_state import HOLDER_FIELDS, parse_shard_holders, session_input
+    from hpctrain.schedulers.slurm.queries.records import Fields
     from squeue_text import TOKEN
 
     holders = parse_shard_holders(read("squeue_shard_holders_22.05.txt"), Fields(HOLDER_FIELDS, TOKEN))

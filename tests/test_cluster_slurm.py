@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.checks import Requirements, check_job
-from hpctrain.schedulers.slurm.query import query_cluster
+from hpctrain.schedulers.slurm.checks.live import Requirements, check_job
+from hpctrain.schedulers.slurm.queries.cluster_state import query_cluster
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 from training_helpers import run_hpctrain
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.preempt import (
+from hpctrain.schedulers.slurm.services.preempt import (
     TimeLimitWarning,
     _job_warning,
     parse_signal_option,
@@ -23,7 +23,7 @@ from hpctrain.schedulers.slurm.preempt import (
 )
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.slurm.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.render import render_sbatch
 from training_helpers import run_hpctrain
 
 
@@ -53,7 +53,7 @@ def test_parse_signal_option(value: str, expected: TimeLimitWarning | None) -> N
 
 
 def test_the_warning_of_a_script_that_hpctrain_renders() -> None:
-    from hpctrain.schedulers.slurm.options import SlurmOptions
+    from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 
     job = JobSpec(command=("hpctrain", "train", "mnist"), time_limit_s=3600, signal_grace=300)
     single = SlurmOptions(launcher="single")

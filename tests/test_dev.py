@@ -15,12 +15,12 @@ import pytest
 
 from around_helpers import all_cmdlines, cli_env, hpctrain, venv_args
 from hpctrain.servers.sessions import DevConfig
-from hpctrain.schedulers.kubernetes.services import render_dev_pod
-from hpctrain.schedulers.slurm.services import render_dev_script
+from hpctrain.schedulers.kubernetes.services.service_pods import render_dev_pod
+from hpctrain.schedulers.slurm.services.service_jobs import render_dev_script
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import Resources
-from hpctrain.schedulers.services import Placement
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.service_api import Placement
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
 from hpctrain.servers.common import http_get
 
 
@@ -180,8 +180,8 @@ def test_cancel_deletes_a_service_pod_and_its_secret(k8s_cluster, tmp_path: Path
     runs (no kubelet): deleting one the API server has never seen bound is immediate."""
     from kubernetes import client
 
-    from hpctrain.schedulers.kubernetes import pods
-    from hpctrain.schedulers.kubernetes import services as k8s
+    from hpctrain.schedulers.kubernetes.services import pods
+    from hpctrain.schedulers.kubernetes.services import service_pods as k8s
     from kubeflow_standin import create_namespace, delete_namespace
 
     api = k8s_cluster.api_client()

@@ -28,12 +28,12 @@ import pytest
 from around_helpers import cli_env, hpctrain
 from hpctrain.errors import UserError
 from hpctrain.images import image_format
-from hpctrain.schedulers.services import Placement
-from hpctrain.schedulers.slurm.options import EnvironmentSpec
-from hpctrain.schedulers.kubernetes import image_build
-from hpctrain.schedulers.slurm import save as slurm_save
-from hpctrain.schedulers.slurm.services import render_dev_script
+from hpctrain.schedulers.service_api import Placement
+from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec
+from hpctrain.schedulers.slurm.services.service_jobs import render_dev_script
 from hpctrain.servers.sessions import SAVE_ADVICE, DevConfig
+from hpctrain.schedulers.slurm.services import dev_save as slurm_save
+from hpctrain.schedulers.kubernetes.services import image_build
 
 SRUN_PYXIS = r"""#!/usr/bin/env python3
 # STAND-IN for pyxis inside srun (see the test module's docstring): pyxis's flag rules, then the real srun.
@@ -217,8 +217,8 @@ def test_bad_image_names_are_refused_with_the_fix(bad: str) -> None:
 
 
 def test_the_pod_records_its_image_packages_before_jupyterlab_starts() -> None:
-    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-    from hpctrain.schedulers.kubernetes.services import render_dev_pod
+    from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.services.service_pods import render_dev_pod
 
     pod = render_dev_pod(DevConfig("nb"), KubernetesOptions(namespace="t", image="img"))
     script = pod["spec"]["containers"][0]["command"][2]
@@ -229,7 +229,7 @@ def test_the_pod_records_its_image_packages_before_jupyterlab_starts() -> None:
 def test_the_build_job_is_accepted_by_the_api_server_and_owns_its_config_map(k8s_cluster) -> None:
     from kubernetes import client
 
-    from hpctrain.schedulers.kubernetes.client import translating
+    from hpctrain.schedulers.kubernetes.api.client import translating
     from kubeflow_standin import create_namespace, delete_namespace
 
     api = k8s_cluster.api_client()

@@ -51,7 +51,7 @@ def test_no_other_byte_formatter_in_the_product() -> None:
     unit = re.compile(r"\{[^{}]*(?:/|//|>>)\s*\(?(?:1024\b|2\s*\*\*\s*[1-9]|1\s*<<\s*[0-9])")
     grammars = {
         ("schedulers/slurm/grammar.py", "slurm_mem"),
-        ("schedulers/kubernetes/options.py", "quantity_mb"),
+        ("schedulers/kubernetes/manifests/options.py", "quantity_mb"),
         ("jobs/values.py", "mem_text"),
     }
     root = Path(hpctrain.__file__).parent

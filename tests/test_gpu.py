@@ -310,7 +310,7 @@ def test_health_cuda_paths_time_the_forward_pass_and_dump_the_flight_recorder(tm
 
     import torch.distributed as dist
 
-    from hpctrain.training.preflight import gemm_gflops
+    from hpctrain.training.preflight_measure import gemm_gflops
     from hpctrain.training.watch import FLIGHT_RECORDER_ENV, ForwardClock, dump_flight_recorder
 
     for name, value in FLIGHT_RECORDER_ENV:

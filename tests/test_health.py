@@ -265,7 +265,7 @@ def test_the_preflight_is_on_by_default_only_for_gpu_jobs_on_several_nodes() -> 
 
     import torch
 
-    from hpctrain.training.preflight import wanted
+    from hpctrain.training.preflight_measure import wanted
 
     def run(nodes: int, device: str, chosen: bool | None = None, only: bool = False) -> SimpleNamespace:
         return SimpleNamespace(
@@ -590,7 +590,7 @@ def test_termination_message_only_where_a_container_reads_it(tmp_path: Path, mon
 
 def test_status_names_what_replicas_said_and_the_flag_for_sick_nodes() -> None:
     from hpctrain.schedulers.base import JobStatus, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import ended_lines
+    from hpctrain.schedulers.kubernetes.queries.display import ended_lines
 
     said = ("sick_node: gpu07", "sick_node: gpu07", "hung at step 5: rank 1 on w-1 never arrived; the report: R")
     status = JobStatus(

@@ -162,7 +162,7 @@ def test_an_answer_to_an_earlier_request_does_not_count(tmp_path: Path) -> None:
 def test_the_pods_exec_script_asks_and_counts_the_same_way(tmp_path: Path) -> None:
     """The shell `debug stacks` runs in a pod (Kubernetes, no --run-dir), run here by a real sh: it replaces a
     linked request, counts only answers to its own token, and a FIFO among the answers blocks nothing."""
-    from hpctrain.schedulers.kubernetes.pods import parse_stacks, stacks_request
+    from hpctrain.schedulers.kubernetes.services.pods import parse_stacks, stacks_request
 
     run = tmp_path / "run"
     (run / "stacks").mkdir(parents=True)

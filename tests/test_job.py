@@ -13,9 +13,9 @@ from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import format_duration, mem_text, parse_mem_bytes, parse_time_limit, time_text
 from hpctrain.schedulers.slurm.flags import complete_job
 from hpctrain.schedulers.slurm.grammar import read_gres_request
-from hpctrain.schedulers.slurm.local import missing_prerequisites, output_problems
-from hpctrain.schedulers.slurm.options import EnvironmentSpec, SlurmOptions, gres, read_file_section
-from hpctrain.schedulers.slurm.render import render_sbatch
+from hpctrain.schedulers.slurm.checks.login_node import missing_prerequisites, output_problems
+from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec, SlurmOptions, gres, read_file_section
+from hpctrain.schedulers.slurm.batch.render import render_sbatch
 
 
 @pytest.mark.parametrize(

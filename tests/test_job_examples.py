@@ -11,7 +11,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.jobs import load_job_file
 from hpctrain.schedulers.slurm.flags import complete_job
-from hpctrain.schedulers.slurm.options import FILE_KEYS, SlurmOptions, read_file_section
+from hpctrain.schedulers.slurm.batch.options import FILE_KEYS, SlurmOptions, read_file_section
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "jobs").glob("*.[yt]*ml"))
 SIGNATURE = {

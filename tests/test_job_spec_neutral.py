@@ -17,8 +17,8 @@ import hpctrain.jobs
 from hpctrain.cli import main
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 
 NEUTRAL_JOB = {
     "command",

@@ -121,7 +121,7 @@ def test_a_sick_node_is_named_in_the_pods_status_with_the_flag_that_avoids_it(
     with no run directory to read: the node the pods ran on (spec.nodeName, not the pod's host name) and the
     --exclude-nodes to submit with. Rank 1's preflight GEMM reports a twentieth of its rate (tests/ailing_rank.py).
     Two 1-CPU pods: the whole node."""
-    from hpctrain.schedulers.kubernetes.display import ended_lines
+    from hpctrain.schedulers.kubernetes.queries.display import ended_lines
 
     sched, node = _scheduler(real, tmp_path, fashion_data_dir), sorted(real.nodes)[0]
     job = JobSpec(

@@ -16,7 +16,7 @@ import yaml
 from around_helpers import cli_env
 from hpctrain.servers.sessions import DevConfig
 from hpctrain.errors import UserError
-from hpctrain.schedulers.slurm.options import EnvironmentSpec
+from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec
 from training_helpers import run_hpctrain
 
 IMAGE = "example.invalid/hpctrain:test"
@@ -166,7 +166,7 @@ def test_the_kubeconfig_contexts_namespace_is_the_default(tmp_path: Path) -> Non
 
 
 def test_context_namespace_merges_kubeconfig_files_as_kubectl(tmp_path: Path) -> None:
-    from hpctrain.schedulers.kubernetes.kubeconfig import context_namespace, default_namespace
+    from hpctrain.schedulers.kubernetes.api.kubeconfig import context_namespace, default_namespace
 
     first = kubeconfig(tmp_path / "a", "first-ns", current="other")
     second = tmp_path / "b"
@@ -200,7 +200,7 @@ def test_hpctrain_scheduler_picks_the_scheduler(tmp_path: Path) -> None:
 
 
 def test_dev_start_refuses_an_environment_without_jupyterlab(tmp_path: Path) -> None:
-    from hpctrain.schedulers.slurm.dev import check_program
+    from hpctrain.schedulers.slurm.services.dev_sessions import check_program
 
     venv = tmp_path / "bare-venv"
     (venv / "bin").mkdir(parents=True)

@@ -21,10 +21,10 @@ import yaml
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.render import container_command, render
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.render import container_command, render
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
-from hpctrain.schedulers.kubernetes.validate import unknown_fields, validate_manifest
+from hpctrain.schedulers.kubernetes.manifests.validate import unknown_fields, validate_manifest
 from hpctrain.training.stopping import StopReason, StopRequest
 
 IMAGE = "registry.example/hpctrain:1"
@@ -114,8 +114,8 @@ def test_trainjob_max_restarts_is_its_own_runtimes_jobset_restart_limit(nodes: i
     set on any failed pod (the node Job's backoffLimit 0, pods never restarted in place) while fewer than N restarts
     were made, and fails after (JobSet v0.12.0 pkg/controllers/failure_policy.go restartJobSetActionApplier:
     `RestartsCountTowardsMax >= MaxRestarts` fails the set): one incident, however many pods it took, costs one."""
-    from hpctrain.schedulers.kubernetes.render import rendered
-    from hpctrain.schedulers.kubernetes.runtime import own_runtime
+    from hpctrain.schedulers.kubernetes.manifests.render import rendered
+    from hpctrain.schedulers.kubernetes.manifests.runtime import own_runtime
 
     spec = job(nodes=nodes, max_restarts=max_restarts, command=("python", "train.py"))
     out = rendered(spec, options("trainjob", namespace="team-a"))
@@ -160,7 +160,7 @@ def test_a_namespace_that_forbids_runtimes_is_said_with_the_way_out() -> None:
 
     from kubernetes.client.rest import ApiException
 
-    from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
+    from hpctrain.schedulers.kubernetes.manifests.runtime import own_runtime, submit_with
 
     def forbidden(*args: Any) -> None:
         raise ApiException(status=403, reason="Forbidden")
@@ -547,7 +547,7 @@ def _priority_check(classes: dict[str, int], **kw: Any) -> list[str]:
 
 
 def test_a_params_priority_is_a_label_and_check_names_the_clusters_priority_classes() -> None:
-    from hpctrain.schedulers.kubernetes.params import parse_params_text
+    from hpctrain.schedulers.kubernetes.manifests.params import parse_params_text
 
     _, opts = parse_params_text("priority=3\n")
     [line] = _priority_check({"batch-low": 10, "batch-high": 1000}, **opts)

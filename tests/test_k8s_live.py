@@ -24,7 +24,7 @@ from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import parse_mem_bytes, parse_time_limit
 from hpctrain.schedulers import blocking
 from hpctrain.schedulers.base import CANCELLED, FAILED, RUNNING
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from k8s_fixtures import LocalK8s
 from kubeflow_standin import create_namespace, delete_namespace, now

@@ -1,4 +1,4 @@
-"""Checks on the submit host for Kubernetes jobs (hpctrain.schedulers.kubernetes.local), through
+"""Checks on the submit host for Kubernetes jobs (hpctrain.schedulers.kubernetes.checks.submit_host), through
 `hpctrain submit --dry-run --scheduler kubernetes` (no cluster needed): the recipe's dataset and the run dir are
 checked where a --volume is visible on this machine, and every check that cannot run here is named as skipped."""
 

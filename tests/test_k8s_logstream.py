@@ -11,10 +11,10 @@ import io
 
 import pytest
 
-urllib3 = pytest.importorskip("urllib3")  # the kubernetes client's HTTP library (the k8s extra)
-
 from hpctrain.errors import UserError
-from hpctrain.schedulers.kubernetes.logstream import log_lines
+from hpctrain.schedulers.kubernetes.api.logstream import log_lines
+
+urllib3 = pytest.importorskip("urllib3")  # the kubernetes client's HTTP library (the k8s extra)
 
 GONE = b"unable to retrieve container logs for containerd://5f1c0a9e2b7d4c3a8e6f0b1d2c3e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4\n"
 

@@ -12,7 +12,7 @@ import pytest
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.schedulers import SCHEDULERS, blocking, detect, get_scheduler
-from hpctrain.schedulers.kubernetes.options import (
+from hpctrain.schedulers.kubernetes.manifests.options import (
     KubernetesOptions,
     Volume,
     parse_quantity,
@@ -20,7 +20,7 @@ from hpctrain.schedulers.kubernetes.options import (
     parse_volume,
 )
 from hpctrain.schedulers.job_sections import read_job_file
-from hpctrain.schedulers.kubernetes.params import parse_params_text
+from hpctrain.schedulers.kubernetes.manifests.params import parse_params_text
 
 
 @pytest.mark.parametrize(

@@ -16,23 +16,23 @@ import yaml
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.kubernetes import ranges
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.render import rendered
-from hpctrain.schedulers.kubernetes.services import ServicePod, render_pod
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.render import rendered
+from hpctrain.schedulers.kubernetes.services.service_pods import ServicePod, render_pod
 from test_k8s_render import CASES, _job_for, golden_options
+from hpctrain.schedulers.kubernetes.manifests import ranges
 
 IMAGE = "example.invalid/pytorch:latest"
 INT32_MAX = 2**31 - 1
 REFRESH = (
-    f'{sys.executable} -c "import json; from hpctrain.schedulers.kubernetes.ranges import schemas_from_crds; '
+    f'{sys.executable} -c "import json; from hpctrain.schedulers.kubernetes.manifests.ranges import schemas_from_crds; '
     'print(json.dumps(schemas_from_crds(), indent=1, sort_keys=True))" > '
     "src/hpctrain/schedulers/kubernetes/crds/integer-fields.json"
 )
 
 
 def test_integer_fields_json_is_cut_from_the_vendored_crds() -> None:
-    shipped = json.loads((Path(ranges.__file__).parent / "crds" / ranges.INTEGER_FIELDS).read_text())
+    shipped = json.loads((Path(ranges.__file__).parent.parent / "crds" / ranges.INTEGER_FIELDS).read_text())
     assert shipped == ranges.schemas_from_crds(), f"integer-fields.json is out of step with the CRDs: {REFRESH}"
 
 

@@ -18,9 +18,9 @@ import yaml
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.render import container_command, render, rendered
-from hpctrain.schedulers.kubernetes.validate import CRD_FILES, crd_schema, to_json_schema, validate_manifest
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.render import container_command, render, rendered
+from hpctrain.schedulers.kubernetes.manifests.validate import CRD_FILES, crd_schema, to_json_schema, validate_manifest
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "kubernetes"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
@@ -209,7 +209,7 @@ def test_validation_does_not_pay_for_a_format_checker_it_never_uses() -> None:
     pytest.importorskip("rfc3987_syntax", reason="the slow format checker is not installed: nothing to leave out")
     code = (
         "import sys\n"
-        "from hpctrain.schedulers.kubernetes.validate import validate_manifest\n"
+        "from hpctrain.schedulers.kubernetes.manifests.validate import validate_manifest\n"
         "problems = validate_manifest({'apiVersion': 'kubeflow.org/v1', 'kind': 'PyTorchJob', 'spec': {'x': 1}})\n"
         "print('rfc3987_syntax' in sys.modules, any(\"'x' was unexpected\" in p for p in problems))\n"
         "import rfc3987_syntax\n"

@@ -1,4 +1,5 @@
-"""Each replica's output kept where it outlives the pod (schedulers/kubernetes/replica_logs.py): the in-pod program
+"""Each replica's output kept where it outlives the pod (schedulers/kubernetes/queries/replica_logs.py): the in-pod
+program
 KEEP_LOG run for real here (this machine's python3, real processes, real signals, real files) as the pods run it,
 and the readers over what it wrote. The pods themselves: tests/test_k8s_real_jobs.py."""
 
@@ -14,10 +15,10 @@ import pytest
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.kubernetes.local import path_here
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.render import render
-from hpctrain.schedulers.kubernetes.replica_logs import (
+from hpctrain.schedulers.kubernetes.checks.submit_host import path_here
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.render import render
+from hpctrain.schedulers.kubernetes.queries.replica_logs import (
     failed_tails,
     keep_log,
     kept_dir,

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpctrain.schedulers.kubernetes.objects import jobset_restarts, replica_name
+from hpctrain.schedulers.kubernetes.queries.kubeflow_objects import jobset_restarts, replica_name
 from real_node import DEADLINE_S, WHOLE, real_namespace
 from standins import install
 from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TrainerStandIn

@@ -22,10 +22,10 @@ import kubeflow_oracle
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.params import parse_params_text
-from hpctrain.schedulers.kubernetes.render import render
-from hpctrain.schedulers.kubernetes.runtime import own_runtime
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.params import parse_params_text
+from hpctrain.schedulers.kubernetes.manifests.render import render
+from hpctrain.schedulers.kubernetes.manifests.runtime import own_runtime
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.05-py3"
 COMMAND = ("hpctrain", "train", "mnist", "--epochs", "1")
@@ -155,10 +155,10 @@ def test_params_file(api: str) -> None:
 
 @pytest.mark.parametrize("variant", range(3))
 def test_dev_and_tensorboard_pods(variant: int) -> None:
-    from hpctrain.schedulers.kubernetes.services import tensorboard_pod
-    from hpctrain.schedulers.kubernetes import services as k8s
+    from hpctrain.schedulers.kubernetes.services.service_pods import tensorboard_pod
+    from hpctrain.schedulers.kubernetes.services import service_pods as k8s
     from hpctrain.servers.sessions import DevConfig
-    from hpctrain.schedulers.kubernetes.services import render_dev_pod, service_pod
+    from hpctrain.schedulers.kubernetes.services.service_pods import render_dev_pod, service_pod
 
     options = KubernetesOptions(
         namespace="team-a",
@@ -333,7 +333,7 @@ def test_oracle_refuses(api: str, mutate, expected: str) -> None:
 
 
 def test_oracle_refuses_pods() -> None:
-    from hpctrain.schedulers.kubernetes import services as k8s
+    from hpctrain.schedulers.kubernetes.services import service_pods as k8s
 
     pod = k8s.render_pod(
         k8s.ServicePod(name="tb-1", kind="tensorboard", command=("tensorboard",), port=6006),

@@ -343,7 +343,7 @@ def test_trainjob_on_hpctrains_own_runtime_restarts_the_set_max_restarts_times(s
     the third failure fails it, ReachedMaxRestarts (JobSet v0.12.0 pkg/controllers/failure_policy.go
     restartJobSetActionApplier). Node 1 failing counts as node 0 would: one restart per incident."""
     from hpctrain.jobs.spec import JobSpec, Resources
-    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 
     sched = KubernetesScheduler(
@@ -380,7 +380,7 @@ def test_pytorchjob_records_exit_codes_that_outlive_the_pods(standin: TrainerSta
     """training-operator v1 records "Pod: NS.POD exited with code N" (event ExitedWithCode on the job) whenever it
     finds the `pytorch` container terminated; after the job fails at its backoff limit and cleanPodPolicy Running took
     the restarting pod, `status` still gives the code from that event."""
-    from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+    from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
     from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 
     create(standin, pytorchjob("pj-exit", workers=0, run_policy={"backoffLimit": 1, "cleanPodPolicy": "Running"}))

@@ -1,4 +1,4 @@
-"""The --nproc launcher (hpctrain.launch.local) gives its workers what torchrun's would have."""
+"""The --nproc launcher (hpctrain.launch.processes) gives its workers what torchrun's would have."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.launch.local import local_plan, spawn
+from hpctrain.launch.processes import local_plan, spawn
 
 
 def _record_start_method(out: str) -> int:
@@ -33,7 +33,7 @@ def test_a_killed_fork_server_is_named_and_the_launcher_exits_with_its_signal(tm
     """Issue 39 §12: SIGKILL of the fork server that starts the --nproc workers ended the launcher with exit 255
     (multiprocessing's status for a worker whose server is gone) and no word. A fresh launcher process here, its
     fork server killed for real once both workers run."""
-    script = "import sys, time\nfrom hpctrain.launch.local import local_plan, spawn\n"
+    script = "import sys, time\nfrom hpctrain.launch.processes import local_plan, spawn\n"
     script += "sys.exit(spawn(local_plan(2), time.sleep, (600,)))\n"
     launcher = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     try:

@@ -9,9 +9,9 @@ import subprocess
 
 from hpctrain.distributed.ports import EPHEMERAL_START, PORT_BASE, PORT_SPAN, PORT_TRIES, job_port
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.slurm.render import render_sbatch
-from hpctrain.schedulers.slurm.options import SlurmOptions
-from hpctrain.schedulers.slurm.services import port_lines
+from hpctrain.schedulers.slurm.batch.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.options import SlurmOptions
+from hpctrain.schedulers.slurm.services.service_jobs import port_lines
 
 
 def bash_values(setup: str, line: str, runs: int, name: str) -> list[int]:

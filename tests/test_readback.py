@@ -416,7 +416,7 @@ def test_a_service_jobs_files_are_read_as_a_run_directorys_are(tmp_path: Path) -
     """endpoint.json, connection.json and the job's output in a service's state folder were read with no cap,
     through links and FIFOs (servers.common.read_json, and the whole output for its last lines): now readback's
     readers refuse them in one line, or (the output's tail) say there is no output to show."""
-    from hpctrain.schedulers.slurm.services import ENDPOINT_FILE, output_tail, read_endpoint
+    from hpctrain.schedulers.slurm.services.service_jobs import ENDPOINT_FILE, output_tail, read_endpoint
     from hpctrain.servers.common import Endpoint
     from hpctrain.servers.sessions import CONNECTION_FILE, read_connection
 

@@ -23,10 +23,10 @@ from dataclasses import replace
 from hpctrain.distributed.ports import job_port
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
-from hpctrain.schedulers.slurm import requeue
-from hpctrain.schedulers.slurm.options import FILE_KEYS, EnvironmentSpec, SlurmOptions
-from hpctrain.schedulers.slurm.render import render_sbatch, sbatch_argv, step_command, submit
-from hpctrain.schedulers.slurm.torchrun_shim import TORCHRUN_SHIM
+from hpctrain.schedulers.slurm.batch.options import FILE_KEYS, EnvironmentSpec, SlurmOptions
+from hpctrain.schedulers.slurm.batch.render import render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.schedulers.slurm.batch.torchrun_shim import TORCHRUN_SHIM
+from hpctrain.schedulers.slurm.batch import requeue
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"

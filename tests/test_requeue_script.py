@@ -1,4 +1,4 @@
-"""The batch script's restart logic (schedulers/slurm/requeue.py), run with stand-ins for srun and scontrol
+"""The batch script's restart logic (schedulers/slurm/batch/requeue.py), run with stand-ins for srun and scontrol
 (test_render.py's): who gets the time-limit warning, when the job requeues itself, and that nothing read back from
 the run directory (counters, node lists, special files) can break the script, hang it, or make a budget endless.
 Slurm's own behaviour (signals through srun, requeues) is tested on the local cluster in
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.slurm import requeue
-from hpctrain.schedulers.slurm.render import render_sbatch
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.batch.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 from test_render import _run_and_signal, fake_slurm, slurm_job  # noqa: F401 - the fixture
+from hpctrain.schedulers.slurm.batch import requeue
 
 RUN = Path("runs") / "r-4242"
 
@@ -204,7 +204,7 @@ def test_a_bad_node_list_is_read_as_hostlists_and_never_excludes_more_than_the_p
 
 
 def test_submit_says_in_one_line_what_the_warning_will_do(tmp_path: Path) -> None:
-    from hpctrain.schedulers.slurm.local import warning_note
+    from hpctrain.schedulers.slurm.checks.login_node import warning_note
 
     (tmp_path / "lib.py").write_text("from hpctrain.training import StopRequest\nstop = StopRequest().install()\n")
     (tmp_path / "plain.py").write_text("import time\ntime.sleep(9)\n")
@@ -233,10 +233,10 @@ def test_a_recipe_into_a_run_directory_of_an_earlier_run_is_refused_before_queue
     """`train` refuses a run directory with checkpoints unless --resume: the check says so before the queue does."""
     from hpctrain.checkpoint.files import NAME_PATTERN
     from hpctrain.cli import main
-    from hpctrain.schedulers.slurm import local
+    from hpctrain.schedulers.slurm.checks import login_node
     from hpctrain.training.rundir import CHECKPOINT_DIR
 
-    assert (local.CHECKPOINT_NAME.pattern, local.CHECKPOINT_DIR) == (NAME_PATTERN.pattern, CHECKPOINT_DIR)
+    assert (login_node.CHECKPOINT_NAME.pattern, login_node.CHECKPOINT_DIR) == (NAME_PATTERN.pattern, CHECKPOINT_DIR)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "done" / "checkpoints").mkdir(parents=True)

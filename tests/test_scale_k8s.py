@@ -25,11 +25,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.kubernetes import client as k8s_client
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.scheduler import KubernetesScheduler
 from k8s_fixtures import LocalK8s
 from kubeflow_standin import create_namespace, delete_namespace
+from hpctrain.schedulers.kubernetes.api import client as k8s_client
 
 pytestmark = pytest.mark.k8s
 LABEL = "hpctrain-test-node"
@@ -147,7 +147,7 @@ class Pages:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import weakref
 
-        from hpctrain.schedulers.kubernetes.rest import RawApi
+        from hpctrain.schedulers.kubernetes.api.rest import RawApi
 
         class Page(list):  # a list that can be referred to weakly
             pass
@@ -181,7 +181,7 @@ def full_cluster(k8s_cluster: LocalK8s):
     here considers them), each full: a pod bound to it requests all its CPU."""
     from kubernetes import client
 
-    from hpctrain.schedulers.kubernetes.checks import PROBED_NODES
+    from hpctrain.schedulers.kubernetes.checks.live import PROBED_NODES
 
     api = k8s_cluster.api_client()
     namespace = create_namespace(api)
@@ -219,7 +219,7 @@ def test_check_of_a_full_cluster_probes_a_few_nodes_then_sums_every_pod_a_page_a
     """No node has room: the check asks PROBED_NODES nodes for their pods (from the server's cache), then reads
     every running pod to be exact, a page at a time, keeping none (issue 39: 480 MB and 51 s at 10,000 nodes, each
     node's pod list an etcd scan of every pod and every running pod kept); `cluster` keeps none either."""
-    from hpctrain.schedulers.kubernetes.checks import PROBED_NODES
+    from hpctrain.schedulers.kubernetes.checks.live import PROBED_NODES
 
     api, namespace, nodes = full_cluster
     monkeypatch.setattr(k8s_client, "PAGE_SIZE", 2)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm import display, query, records
-from hpctrain.schedulers.slurm.jobs import SQUEUE_FIELDS, list_jobs, parse_squeue
-from hpctrain.schedulers.slurm.records import Fields, parse_records
-from hpctrain.schedulers.slurm.options import SlurmOptions
+from hpctrain.schedulers.slurm.queries.job_states import SQUEUE_FIELDS, list_jobs, parse_squeue
+from hpctrain.schedulers.slurm.queries.records import Fields, parse_records
+from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler
 from hpctrain.cli.tables import RICH_ROWS
 from hpctrain.cli.views import show
 from hpctrain.jobs.spec import JobSpec, Resources
+from hpctrain.schedulers.slurm.queries import records, cluster_state, display
 
 _spec = importlib.util.spec_from_file_location(
     "scale_views", Path(__file__).parents[1] / "benchmarks" / "scale_views.py"
@@ -64,10 +64,10 @@ class Recorder:
 
 def test_the_harness_prints_what_hpctrain_parses() -> None:
     for version in scale.VERSIONS:
-        nodes = query.parse_nodes(scale.nodes_text(version, 40))
+        nodes = cluster_state.parse_nodes(scale.nodes_text(version, 40))
         assert len(nodes) == 40 and all(n.gpus_total == 8 for n in nodes)
         assert any(n.shards_used is None for n in nodes) == (version == "22.05")  # 22.05: GPUs with shards
-    assert [p.name for p in query.parse_partitions(scale.partitions_text(40))] == ["gpu", "debug"]
+    assert [p.name for p in cluster_state.parse_partitions(scale.partitions_text(40))] == ["gpu", "debug"]
     assert len(parse_records(scale.jobs_text(40, ME))) == 400
     everyone, mine = scale.squeue_rows(40, ME)
     assert len(parse_squeue(everyone, ROWS)) == 400 and {j.user for j in parse_squeue(mine, ROWS)} == {ME}
@@ -93,7 +93,7 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
     """Records split into fields by `hpctrain cluster` on 22.05: one per node and partition, and one per running job
     on shards; the pending and whole-GPU jobs (nine in ten of the queue) are passed over."""
     split = {"n": 0}
-    real_record, real_groups = records.parse_record, query.field_groups
+    real_record, real_groups = records.parse_record, cluster_state.field_groups
 
     def counting_record(line: str) -> dict[str, str]:
         split["n"] += 1
@@ -104,11 +104,11 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
         return real_groups(line, first, keys)
 
     monkeypatch.setattr(records, "parse_record", counting_record)
-    monkeypatch.setattr(query, "field_groups", counting_groups)
+    monkeypatch.setattr(cluster_state, "field_groups", counting_groups)
     for n in (40, 80):
         run = Recorder("22.05", n)
         split["n"] = 0
-        info = query.query_cluster(run=run)
+        info = cluster_state.query_cluster(run=run)
         shard_jobs = sum(
             1 for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line and "GRES=shard" in line
         )
@@ -122,13 +122,13 @@ def test_cluster_on_22_05_reads_only_the_running_shard_jobs_records() -> None:
     `scontrol -d show job` dump (10 n records, about 1.3 KB each) is never read."""
     for n in (40, 80):
         run = Recorder("22.05", n)
-        info = query.query_cluster(run=run)
+        info = cluster_state.query_cluster(run=run)
         held = [line for line in run.answers["job"].splitlines() if "JobState=RUNNING" in line and "shard" in line]
         token = run.calls[2][-1].rsplit(":", 1)[1]  # the holder query's own (its last field, Name, is free text)
         assert run.calls == [
             ["scontrol", "show", "partition", "-o"],
             ["scontrol", "-d", "show", "node", "-o"],
-            query.shard_holders_argv(Fields(query.HOLDER_FIELDS, token)),
+            cluster_state.shard_holders_argv(Fields(cluster_state.HOLDER_FIELDS, token)),
             ["scontrol", "-d", "-o"],
         ]
         job_bytes = run.out_bytes - len(run.answers["partition"]) - len(run.answers["node"])
@@ -155,11 +155,11 @@ def test_cluster_says_when_scontrol_fails_and_skips_a_job_that_ended() -> None:
 
     run = Ended("22.05", 40)
     run.records.pop(next(i for i, r in run.records.items() if "JobState=RUNNING" in r and "shard" in r))
-    info = query.query_cluster(run=run)  # one shard job ended between squeue and scontrol: not counted
+    info = cluster_state.query_cluster(run=run)  # one shard job ended between squeue and scontrol: not counted
     assert sum(node.shards_used or 0 for node in info.nodes) == 16 * 3
     run.down = True
     with pytest.raises(UserError, match="could not reach the Slurm controller"):
-        query.query_cluster(run=run)
+        cluster_state.query_cluster(run=run)
 
 
 def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
@@ -167,10 +167,11 @@ def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
 ) -> None:
     """`status` (and `--all-users`: 100,000 jobs) asks squeue for the 8 fields its table prints, in id order, and
     makes the cells straight from squeue's text: no JobInfo, the same table as from every field's records."""
-    from hpctrain.schedulers.slurm import jobs, job_table
+    from hpctrain.schedulers.slurm.queries import job_states
+    from hpctrain.schedulers.slurm.queries import job_table
 
     made = {"n": 0}
-    real = jobs.JobInfo
+    real = job_states.JobInfo
 
     def counting(*args, **kwargs):
         made["n"] += 1
@@ -178,11 +179,11 @@ def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
 
     for n in (40, 80):
         run = Recorder("25.11", n)
-        expected = display.job_rows(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=jobs._id_key))
-        monkeypatch.setattr(jobs, "JobInfo", counting)
+        expected = display.job_rows(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=job_states._id_key))
+        monkeypatch.setattr(job_states, "JobInfo", counting)
         made["n"] = 0
         show(SlurmScheduler(SlurmOptions(), run=run).status_view(None, all_users=True), as_json=False)
-        monkeypatch.setattr(jobs, "JobInfo", real)
+        monkeypatch.setattr(job_states, "JobInfo", real)
         out = capsys.readouterr().out
         (argv,) = run.calls
         token = argv[-1].rsplit(":", 1)[1]  # the query's own (the last field is free text)
@@ -190,28 +191,32 @@ def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
         assert argv[-1].removeprefix("--Format=").count(":") == len(display.JOB_COLUMNS) + 1
         assert made["n"] == 0 and run.out_bytes < 0.6 * len(scale.squeue_rows(n, ME)[0])
         show(
-            display.jobs_view(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=jobs._id_key)), as_json=False
+            display.jobs_view(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=job_states._id_key)),
+            as_json=False,
         )
         assert out == capsys.readouterr().out and len(out.splitlines()) == len(expected) + 1
 
 
 def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
     """The harness's squeue stand-in answers a fixed list of command lines: hpctrain's own are among them."""
-    from hpctrain.schedulers.slurm import jobs, job_table
+    from hpctrain.schedulers.slurm.queries import job_states
+    from hpctrain.schedulers.slurm.queries import job_table
 
     known = scale.squeue_argvs(ME)
-    listed, table = Fields(jobs.SQUEUE_FIELDS, scale.TOKEN), Fields(job_table.TABLE_FIELDS, scale.TOKEN)
+    listed, table = Fields(job_states.SQUEUE_FIELDS, scale.TOKEN), Fields(job_table.TABLE_FIELDS, scale.TOKEN)
     for argv in (
-        jobs.squeue_argv(None, fields=listed),
-        jobs.squeue_argv(ME, fields=listed),
+        job_states.squeue_argv(None, fields=listed),
+        job_states.squeue_argv(ME, fields=listed),
         job_table.table_argv(None, table),
         job_table.table_argv(ME, table),
     ):
         assert argv in known
-    assert query.shard_holders_argv(Fields(query.HOLDER_FIELDS, scale.TOKEN)) in known
+    assert cluster_state.shard_holders_argv(Fields(cluster_state.HOLDER_FIELDS, scale.TOKEN)) in known
     everyone = scale.squeue_answer(job_table.table_argv(None, table), 40, ME)
     assert [line.split(scale.TOKEN)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
-    unsorted = scale.squeue_answer(jobs.squeue_argv(None, fields=listed), 40, ME)  # squeue's default: pending first
+    unsorted = scale.squeue_answer(
+        job_states.squeue_argv(None, fields=listed), 40, ME
+    )  # squeue's default: pending first
     assert unsorted.splitlines()[0].split(scale.TOKEN)[2] == "PENDING"
 
 
@@ -270,9 +275,9 @@ def test_long_tables_are_printed_plain_one_line_a_row(
         "restarts",
     ]
     assert lines[1].split()[:2] == [jobs[0].job_id, "[bold]x[/bold]\\x1b[2J"]
-    info = query.ClusterInfo(
-        partitions=tuple(query.parse_partitions(scale.partitions_text(n + 1))),
-        nodes=tuple(query.parse_nodes(scale.nodes_text("25.11", n + 1))),
+    info = cluster_state.ClusterInfo(
+        partitions=tuple(cluster_state.parse_partitions(scale.partitions_text(n + 1))),
+        nodes=tuple(cluster_state.parse_nodes(scale.nodes_text("25.11", n + 1))),
     )
     view = display.cluster_view(info)  # its partitions table (two rows, laid out by rich) as one line
     show(replace(view, parts=(*view.text_parts()[:-1], "partitions")), as_json=False)
@@ -322,9 +327,9 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
     show(display.jobs_view(jobs), as_json=True)
     out = capsys.readouterr().out
     assert json.loads(out) == [j.to_dict() for j in jobs] and len(out.splitlines()) == len(jobs) + 2
-    info = query.ClusterInfo(
-        partitions=tuple(query.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
-        nodes=tuple(query.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))),
+    info = cluster_state.ClusterInfo(
+        partitions=tuple(cluster_state.parse_partitions(scale.partitions_text(RICH_ROWS + 1))),
+        nodes=tuple(cluster_state.parse_nodes(scale.nodes_text("22.05", RICH_ROWS + 1))),
     )
     show(display.cluster_view(info), as_json=True)
     out = capsys.readouterr().out
@@ -352,10 +357,10 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
             "--only",
             "cluster,status (N",
             "--compare",
-            str(Path(query.__file__).parents[3]),
+            str(Path(cluster_state.__file__).parents[3]),
         ],
         cwd=Path(__file__).parents[1],
-        env={**os.environ, "PYTHONPATH": str(Path(query.__file__).parents[3])},
+        env={**os.environ, "PYTHONPATH": str(Path(cluster_state.__file__).parents[3])},
         capture_output=True,
         text=True,
         timeout=600,

@@ -15,7 +15,7 @@ import pytest
 
 import hpctrain
 from hpctrain.schedulers import SCHEDULERS, backend_info, base
-from hpctrain.schedulers.slurm.jobs import JobInfo
+from hpctrain.schedulers.slurm.queries.job_states import JobInfo
 from hpctrain.schedulers.slurm.scheduler import SlurmScheduler, job_status
 from training_helpers import run_hpctrain
 
@@ -67,8 +67,8 @@ for package in (hpctrain.schedulers, hpctrain.servers):
 # The Kubernetes local check of a recipe job parses nothing itself: the caller hands it the recipe's config.
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.config import TrainConfig
-from hpctrain.schedulers.kubernetes.local import local_problems
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.checks.submit_host import local_problems
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
 job = JobSpec(command=("hpctrain", "train", "mnist"), run_dir="runs/%j")
 lines = local_problems(job, KubernetesOptions(image="img"), TrainConfig(data_dir=sys.argv[1]))
 print(sorted(m for m in sys.modules if m == "hpctrain.cli" or m.startswith("hpctrain.cli.")))
@@ -133,11 +133,11 @@ def test_every_backend_offers_the_whole_services_interface_through_its_scheduler
     """`dev`, `tensorboard --on-cluster`, `top`, `debug stacks` and `cancel` of a service reach a backend's services
     through the one registry (get_scheduler(name).services()), and each backend's offer all of Services."""
     from hpctrain.schedulers import get_scheduler
-    from hpctrain.schedulers.services import Services
+    from hpctrain.schedulers.service_api import Services
 
     services = get_scheduler(name, **({"namespace": "team-a"} if name == "kubernetes" else {})).services()
     members = [m for m, _ in inspect.getmembers(Services) if not m.startswith("_")] + list(Services.__annotations__)
     assert {"dev_render", "dev_start", "tensorboard", "top", "stacks", "stop"} <= set(members)
     assert [m for m in members if not hasattr(services, m)] == []
     assert services.name == name
-    assert type(services).__module__ == f"{SCHEDULERS[name]}.services"  # in the backend's own package
+    assert type(services).__module__.startswith(f"{SCHEDULERS[name]}.services.")  # in the backend's own package

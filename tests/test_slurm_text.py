@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm import job_table, jobs, query
 from hpctrain.schedulers.slurm.commands import slurm
-from hpctrain.schedulers.slurm.records import Fields, UnsplittableOutput, new_token
+from hpctrain.schedulers.slurm.queries.records import Fields, UnsplittableOutput, new_token
 from squeue_text import printed
 from training_helpers import run_hpctrain
+from hpctrain.schedulers.slurm.queries import cluster_state, job_table, job_states
 
 # Every Unicode character that some splitter takes for a line end (str.splitlines: \n \r \v \f \x1c-\x1e \x85
 # U+2028 U+2029), the unit separator hpctrain used, and the format characters that reorder or hide text.
@@ -121,13 +121,13 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
 
         # One job at a time: its name, its state, and only it.
         for job_id, name in held.items():
-            info = jobs.get_job(job_id)
+            info = job_states.get_job(job_id)
             assert info is not None and (info.job_id, info.name, info.state) == (job_id, shown(name), "PENDING")
             assert info.stdout == "/dev/null" and info.reason == "JobHeldUser"
 
         # The lists: each job once, as itself; no row that is not a job.
         before = queue_ids()
-        listed = jobs.list_jobs(all_users=True)
+        listed = job_states.list_jobs(all_users=True)
         columns = job_table.list_columns(all_users=True)
         everyone = before | queue_ids()
         rows = list(columns)
@@ -161,17 +161,17 @@ def test_names_holding_every_byte_and_separator_are_read_as_names(slurm_cluster,
             assert wait_for(job_id, {"CANCELLED"}, timeout_s=60) == "CANCELLED"
 
         wait_for(logged, {"COMPLETED"})
-        info = jobs.get_job(logged)
+        info = job_states.get_job(logged)
         assert info is not None and (info.state, info.stdout) == ("COMPLETED", str(tmp_path / f"{logged}.out"))
         logs = hpctrain("logs", logged, cwd=tmp_path)
         assert logs.returncode == 0 and logs.stdout.strip() == "written-by-the-job", logs
         assert hostname not in logs.stdout
 
         wait_for(runs_on, {"RUNNING"})
-        assert jobs.get_job(runs_on).state == "RUNNING"
+        assert job_states.get_job(runs_on).state == "RUNNING"
         marker = "x" + new_token()[1:]
-        session = slurm(["scontrol", "-d", "-o"], input=query.session_input([runs_on], marker)).stdout
-        use = query.parse_shard_use(session, [shown(SHARD_FORGER)], marker)
+        session = slurm(["scontrol", "-d", "-o"], input=cluster_state.session_input([runs_on], marker)).stdout
+        use = cluster_state.parse_shard_use(session, [shown(SHARD_FORGER)], marker)
         assert sum(count for per_gpu in use.values() for count in per_gpu.values()) == 1, (use, session)
         assert hpctrain("cluster", cwd=tmp_path).returncode == 0
         cancel = hpctrain("cancel", runs_on, cwd=tmp_path)
@@ -190,20 +190,20 @@ def test_fields_read_every_hostile_name_back_and_refuse_a_forged_separator() -> 
     and work directories holding \\x1f, line ends and forged rows); a value holding the query's own token (which
     no name can be made to hold: it is drawn after the names exist) makes the text unsplittable, never a different
     job."""
-    fields = Fields(jobs.SQUEUE_FIELDS)
+    fields = Fields(job_states.SQUEUE_FIELDS)
     rows = [
         {f: f"{f.lower()}-{i}" for f in fields.names} | {"JobID": str(i), "Name": name, "WorkDir": name[::-1]}
         for i, name in enumerate(HOSTILE)
     ]
-    listed = jobs.parse_squeue(printed(rows, fields), fields)
+    listed = job_states.parse_squeue(printed(rows, fields), fields)
     assert [(j.job_id, j.name, j.work_dir) for j in listed] == [(r["JobID"], r["Name"], r["WorkDir"]) for r in rows]
     forged = [rows[0] | {"Reason": f"r{fields.token}x"}]
     with pytest.raises(UnsplittableOutput, match="does not split into the fields"):
-        jobs.parse_squeue(printed(forged, fields), fields)
+        job_states.parse_squeue(printed(forged, fields), fields)
     for cut in (2, 7, 20):  # text cut short within its last job: refused, not read as fewer or other jobs
         text = printed(rows[:2], fields)
         with pytest.raises(UnsplittableOutput):
-            jobs.parse_squeue(text[: len(text) - cut], fields)
+            job_states.parse_squeue(text[: len(text) - cut], fields)
     assert fields.token[0] not in "0123456789.,:" and len(fields.token) == 17
     assert fields.token != Fields(fields.names).token  # drawn for each query
 
@@ -230,15 +230,15 @@ def test_a_shard_record_is_read_where_the_job_name_puts_it() -> None:
 
     for name in ("x" + forged, "y\n" + forged + "\n", "shard" + forged):
         use: dict[str, dict[int, int]] = {}
-        query.record_shard_use(record(name, "PENDING", "shard:16(IDX:0)", "/w" + forged), name, use)
+        cluster_state.record_shard_use(record(name, "PENDING", "shard:16(IDX:0)", "/w" + forged), name, use)
         assert use == {}  # pending: holds nothing, whatever its name and paths say
-        query.record_shard_use(record(name, "RUNNING", "gpu:0", "/w" + forged), name, use)
+        cluster_state.record_shard_use(record(name, "RUNNING", "gpu:0", "/w" + forged), name, use)
         assert use == {}
-        query.record_shard_use(record(name, "RUNNING", "shard:16(IDX:0)", "/w" + forged), name, use)
+        cluster_state.record_shard_use(record(name, "RUNNING", "shard:16(IDX:0)", "/w" + forged), name, use)
         assert use == {"node1": {0: 16}}
     marker = "x0123456789abcdef"
     session = "".join(
         f"scontrol: show job {i}\n{record(n, 'RUNNING', 'shard:8(IDX:0)', '/w')}\n{marker}{i}\n"
         for i, n in enumerate(HOSTILE[:3])
     )
-    assert query.parse_shard_use(session, HOSTILE[:3], marker) == {"node1": {0: 24}}
+    assert cluster_state.parse_shard_use(session, HOSTILE[:3], marker) == {"node1": {0: 24}}

@@ -13,9 +13,9 @@ import pytest
 from hpctrain.cli.dev import format_age
 from hpctrain.errors import UserError
 from hpctrain.jobs.values import format_duration, parse_mem_bytes, parse_time_limit
-from hpctrain.schedulers.slurm import gres
 from hpctrain.schedulers.slurm.grammar import mem_mb, read_gres_request, slurm_mem
-from hpctrain.schedulers.slurm.records import printed_duration, printed_mem_mb
+from hpctrain.schedulers.slurm.queries.records import printed_duration, printed_mem_mb
+from hpctrain.schedulers.slurm.queries import gres
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,12 @@ import pytest
 from hpctrain.cli import views
 from hpctrain.cli.tables import rich_table
 from hpctrain.schedulers import base
-from hpctrain.schedulers.slurm import display
-from hpctrain.schedulers.slurm.jobs import JOB_FIELDS, SQUEUE_FIELDS, _id_key, parse_sacct, parse_squeue
-from hpctrain.schedulers.slurm.query import parse_nodes, parse_partitions
-from hpctrain.schedulers.slurm.records import parse_records
+from hpctrain.schedulers.slurm.queries.job_states import JOB_FIELDS, SQUEUE_FIELDS, _id_key, parse_sacct, parse_squeue
+from hpctrain.schedulers.slurm.queries.cluster_state import parse_nodes, parse_partitions
+from hpctrain.schedulers.slurm.queries.records import parse_records
 from hpctrain.schedulers.slurm.scheduler import job_status, neutral_state
 from squeue_text import TOKEN, relaid
+from hpctrain.schedulers.slurm.queries import display
 
 DATA = Path(__file__).parent / "data" / "slurm"
 VERSIONS = ("20.11", "23.11", "24.11", "25.11")

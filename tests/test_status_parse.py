@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.schedulers.slurm.jobs import (
+from hpctrain.schedulers.slurm.queries.job_states import (
     JobInfo,
     check_job_id,
     parse_exit_code,
@@ -21,9 +21,9 @@ from hpctrain.schedulers.slurm.jobs import (
     parse_sacct,
     parse_squeue,
 )
-from hpctrain.schedulers.slurm.records import Fields
+from hpctrain.schedulers.slurm.queries.records import Fields
 from squeue_text import TOKEN, printed, recorded, relaid
-from hpctrain.schedulers.slurm.output import expand_pattern, follow, output_candidates
+from hpctrain.schedulers.slurm.queries.output import expand_pattern, follow, output_candidates
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -57,7 +57,7 @@ def test_status_of_a_running_job_says_when_it_must_end_not_that_it_ended() -> No
     """A running job's EndTime (squeue's %e) is its time limit: `status JOB` printed it as "ended:" (issue 39 §18)."""
     import dataclasses
 
-    from hpctrain.schedulers.slurm.display import job_view
+    from hpctrain.schedulers.slurm.queries.display import job_view
 
     jobs = {j.job_id: j for j in one_job_query("squeue_job_22.05.txt")}
     running = dataclasses.replace(jobs["7"], end_time="2026-11-22T02:27:24")  # StartTime + TimeLimit
@@ -150,7 +150,7 @@ def test_a_submission_record_is_read_back_as_untrusted(tmp_path: Path) -> None:
             (tmp_path / "elsewhere.yaml").write_text("output: /etc/hostname\n")
             (run / "job.yaml").symlink_to(tmp_path / "elsewhere.yaml")
     code = (
-        "import sys; from pathlib import Path; from hpctrain.schedulers.slurm.output import output_candidates; "
+        "import sys; from pathlib import Path; from hpctrain.schedulers.slurm.queries.output import output_candidates; "
         "base = Path(sys.argv[1]); print([str(p.relative_to(base)) for j in ('78', '79', '80') "
         "for p in output_candidates(j, None, base=base)])"
     )
@@ -204,9 +204,9 @@ def test_the_table_query_gives_the_cells_of_the_full_query_recorded() -> None:
     """squeue with job_table.table_argv() and with jobs.squeue_argv(), recorded one after the other on the local
     22.05 cluster: the table's columns built straight from the first are display.job_rows of the second's records,
     sorted by id."""
-    from hpctrain.schedulers.slurm import display
-    from hpctrain.schedulers.slurm.job_table import TABLE_FIELDS, table_columns
-    from hpctrain.schedulers.slurm.jobs import _id_key
+    from hpctrain.schedulers.slurm.queries import display
+    from hpctrain.schedulers.slurm.queries.job_table import TABLE_FIELDS, table_columns
+    from hpctrain.schedulers.slurm.queries.job_states import _id_key
 
     full = sorted(parse_squeue(*relaid((DATA / "squeue_full_22.05_live.txt").read_text(), SQUEUE_FIELDS)), key=_id_key)
     cells = table_columns(*relaid((DATA / "squeue_table_22.05.txt").read_text(), TABLE_FIELDS))
@@ -220,9 +220,9 @@ def test_the_table_from_squeue_is_the_records_table(name: str) -> None:
     field the same whatever else it is asked for) gives display.job_rows of the full records, in the same order:
     array tasks, a pending array's `4100_[3-10]`, heterogeneous components, names with `|` and spaces, unknown
     states."""
-    from hpctrain.schedulers.slurm import display
-    from hpctrain.schedulers.slurm.job_table import TABLE_FIELDS, table_columns
-    from hpctrain.schedulers.slurm.jobs import _id_key
+    from hpctrain.schedulers.slurm.queries import display
+    from hpctrain.schedulers.slurm.queries.job_table import TABLE_FIELDS, table_columns
+    from hpctrain.schedulers.slurm.queries.job_states import _id_key
 
     jobs = recorded((DATA / name).read_text(), SQUEUE_FIELDS)
     expected = display.job_rows(sorted(parse_squeue(*relaid((DATA / name).read_text(), SQUEUE_FIELDS)), key=_id_key))

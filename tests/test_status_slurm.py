@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.jobs import TERMINAL_STATES, get_job
+from hpctrain.schedulers.slurm.queries.job_states import TERMINAL_STATES, get_job
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
 from training_helpers import run_hpctrain
 

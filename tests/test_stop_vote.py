@@ -40,7 +40,7 @@ group = vote_group()
 print(json.dumps({"default": dist.get_backend(), "vote_group": dist.get_backend(group),
                   "same_group_again": group is vote_group(), "first": first.label, "second": second.label}))
 dist.destroy_process_group()
-# Leave as hpctrain's own workers do (launch/local.py): torch's teardown of a process group's C++ threads was
+# Leave as hpctrain's own workers do (launch/processes.py): torch's teardown of a process group's C++ threads was
 # seen to abort (SIGABRT, "terminate called without an active exception") on a loaded machine after the work.
 sys.stdout.flush()
 os._exit(0)
@@ -136,7 +136,7 @@ for step in range(1, 400):
         break
 print(json.dumps({"voted": voted, "stopped": stopped}))
 dist.destroy_process_group()
-# Leave as hpctrain's own workers do (launch/local.py): torch's teardown of a process group's C++ threads was
+# Leave as hpctrain's own workers do (launch/processes.py): torch's teardown of a process group's C++ threads was
 # seen to abort (SIGABRT, "terminate called without an active exception") on a loaded machine after the work.
 sys.stdout.flush()
 os._exit(0)

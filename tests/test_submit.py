@@ -432,10 +432,10 @@ def test_submit_records_its_own_interpreter_for_kind_none(fake_sbatch: Path, cap
 
 
 def test_check_names_a_program_the_job_will_not_find(tmp_path: Path) -> None:
-    from hpctrain.schedulers.slurm.local import program_problems
-    from hpctrain.schedulers.slurm.options import SlurmOptions
+    from hpctrain.schedulers.slurm.checks.login_node import program_problems
+    from hpctrain.schedulers.slurm.batch.options import SlurmOptions
     from hpctrain.jobs.spec import JobSpec
-    from hpctrain.schedulers.slurm.options import EnvironmentSpec
+    from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec
 
     tools = tmp_path / "tools"
     _executable(tools / "mytool")

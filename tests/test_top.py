@@ -76,7 +76,7 @@ def test_report_columns_fit_pod_names() -> None:
 
 
 def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
-    from hpctrain.schedulers.kubernetes.pods import exec_failure
+    from hpctrain.schedulers.kubernetes.services.pods import exec_failure
 
     assert exec_failure('{"metadata":{},"status":"Success"}') is None
     assert exec_failure("") is None
@@ -94,8 +94,8 @@ def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
 
 def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
     from hpctrain.jobs.spec import JobSpec
-    from hpctrain.schedulers.slurm.render import render_sbatch
-    from hpctrain.schedulers.slurm.run_dir import parse_run_dir
+    from hpctrain.schedulers.slurm.batch.render import render_sbatch
+    from hpctrain.schedulers.slurm.queries.run_dir import parse_run_dir
 
     for given, expected in (("runs/mnist-%j", "/scratch/proj/runs/mnist-77"), ("~/my runs/%j", "/home/u/my runs/77")):
         script = render_sbatch(JobSpec(command=("python", "train.py"), run_dir=given))

@@ -82,8 +82,8 @@ def test_the_pods_are_probed_side_by_side_and_come_back_in_their_order(monkeypat
     """Four pods: each fake exec waits at a barrier of four, which one exec after another never passes (the bound
     only ends a failing run). Stand-in: the exec stream (the real one: tests/test_top.py on the real node)."""
     client = pytest.importorskip("kubernetes.client")
-    from hpctrain.schedulers.kubernetes import pods
-    from hpctrain.schedulers.kubernetes.rest import RawApi
+    from hpctrain.schedulers.kubernetes.services import pods
+    from hpctrain.schedulers.kubernetes.api.rest import RawApi
 
     barrier = threading.Barrier(4, timeout=60)
     asked: dict[str, str] = {}

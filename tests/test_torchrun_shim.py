@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.schedulers.slurm.torchrun_shim import EXIT_BARRIER, TORCHRUN_SHIM, TORCHRUN_SIGNALS
+from hpctrain.schedulers.slurm.batch.torchrun_shim import EXIT_BARRIER, TORCHRUN_SHIM, TORCHRUN_SIGNALS
 
 # Not marked floor: the main run already runs the shim under the floor torch (the floor-torch variant); in the
 # floor run itself every variant would repeat one of those.

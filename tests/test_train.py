@@ -32,7 +32,7 @@ from training_helpers import (
 HOLD_AT_END_HOOK = """
 import os, sys, time
 
-import hpctrain.launch.local as local
+import hpctrain.launch.processes as local
 from hpctrain.training.stopping import StopRequest
 
 SECONDS = float(os.environ["HOLD_AT_END"])
@@ -476,7 +476,7 @@ def test_workers_die_with_their_launcher(fashion_data_dir, tmp_path):
         for line in process.stdout:
             if "epoch 1/1000 step 5/" in line:
                 break
-        # The launcher's child is the fork server (hpctrain.launch.local), whose children are the workers.
+        # The launcher's child is the fork server (hpctrain.launch.processes), whose children are the workers.
         servers = children(process.pid)
         workers = [pid for server in servers for pid in children(server)]
         assert len(workers) == 2, (servers, workers)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli.views import show
-from hpctrain.schedulers.slurm.display import cluster_view
-from hpctrain.schedulers.slurm.query import ClusterInfo, NodeInfo, PartitionInfo
+from hpctrain.schedulers.slurm.queries.display import cluster_view
+from hpctrain.schedulers.slurm.queries.cluster_state import ClusterInfo, NodeInfo, PartitionInfo
 from training_helpers import run_hpctrain
 
 HOSTILE_NAMES = ("exp[bs=64]", "[/data/x]", "[bold red]loud[/]", "a[/]b", "[link=http://x]y")
@@ -90,7 +90,7 @@ def _pasted(line: str) -> list[str]:
 
 def test_a_sick_node_named_by_a_pod_reaches_the_suggested_command_only_as_a_node_name() -> None:
     from hpctrain.schedulers.base import JobStatus, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import ended_lines
+    from hpctrain.schedulers.kubernetes.queries.display import ended_lines
 
     said = (f"sick_node: gpu07,{HOSTILE_NODE}", "sick_node: node[1-2]", "sick_node: a b;c", "sick_node: n1\nrm -rf x")
     status = JobStatus(
@@ -167,8 +167,8 @@ def _served_runs(argv: list[str], env: dict[str, str], cwd: Path, port: int) -> 
 def test_a_run_directory_named_like_an_option_reaches_tensorboard_as_a_folder(tmp_path: Path) -> None:
     """`-x` here (the local server), and the command lines of the Slurm job and the pod, run here as they would
     run there: each serves the run `-x`, none takes it for an option."""
-    from hpctrain.schedulers.kubernetes.services import tensorboard_pod
-    from hpctrain.schedulers.slurm.services import TENSORBOARD_COMMAND
+    from hpctrain.schedulers.kubernetes.services.service_pods import tensorboard_pod
+    from hpctrain.schedulers.slurm.services.service_jobs import TENSORBOARD_COMMAND
     from hpctrain.distributed.ports import free_port
     from hpctrain.servers.tensorboard import logdir_spec, tensorboard_argv
 
@@ -212,7 +212,7 @@ def test_kubernetes_status_prints_what_the_server_said_as_it_is(capsys) -> None:
     """The API server's words (a condition's message, a pod's reason and termination message, an event) printed as
     plain text: Kubernetes' display writes no markup at all, so brackets stay."""
     from hpctrain.schedulers.base import JobStatus, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import job_view
+    from hpctrain.schedulers.kubernetes.queries.display import job_view
 
     words = HOSTILE_NAMES
     status = JobStatus(
@@ -233,7 +233,7 @@ def test_kubernetes_tables_show_a_control_character_escaped(capsys) -> None:
     Slurm's tables: both backends' tables go through one printer (hpctrain.cli.tables.plain_table) since the CLI
     prints them; Kubernetes' own column printer wrote the escape sequence as it was."""
     from hpctrain.schedulers.base import ClusterView, JobStatus, NodeView, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import cluster_view, job_view
+    from hpctrain.schedulers.kubernetes.queries.display import cluster_view, job_view
 
     status = JobStatus(
         job_id="job-1",
@@ -352,7 +352,7 @@ def test_kubernetes_views_show_what_the_server_said_escaped(capsys) -> None:
     """Pod and node names, a replica type, reasons, a condition's message, scheduler events, termination messages,
     job names and quota lines from the API server: each shown escaped in `status`, `status JOB` and `cluster`."""
     from hpctrain.schedulers.base import ClusterView, JobStatus, JobSummary, NodeView, ReplicaStatus
-    from hpctrain.schedulers.kubernetes.display import cluster_view, job_view, jobs_view
+    from hpctrain.schedulers.kubernetes.queries.display import cluster_view, job_view, jobs_view
 
     names = {**TERMINAL_ATTACKS, **SEPARATORS}
     words = list(names)

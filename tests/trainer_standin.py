@@ -29,7 +29,7 @@ OnFailure, a Job's backoffLimit is 6, no failurePolicy):
   executeFailurePolicy, no rule matching -> the default action RestartJobSet; restartJobSetActionApplier fails the
   set once `RestartsCountTowardsMax >= MaxRestarts`, else failurePolicyRecreateAll counts one more restart).
   The runtime is the TrainJob's runtimeRef: a ClusterTrainingRuntime, or a TrainingRuntime of the namespace
-  (hpctrain's own for --max-restarts, schedulers/kubernetes/runtime.py).
+  (hpctrain's own for --max-restarts, schedulers/kubernetes/manifests/runtime.py).
 The TrainJob's status is the JobSet's, as Trainer copies it: conditions Complete (AllJobsCompleted) or Failed, and
 jobsStatus counted in Jobs; a TrainJob has no Running condition. It polls like the PyTorchJob stand-in.
 
@@ -104,7 +104,7 @@ class TrainerStandIn(KubeflowStandIn):
         for job in jobs:
             if job["spec"].get("suspend"):
                 # Trainer makes a suspended JobSet (no pods); `submit --max-restarts` owns its runtime meanwhile
-                # (schedulers/kubernetes/runtime.py) and resumes it, when the webhook's update check sees it.
+                # (schedulers/kubernetes/manifests/runtime.py) and resumes it, when the webhook's update check sees it.
                 continue
             # A deleted job's pods are the garbage collector's; a refused one has none.
             if not job["metadata"].get("deletionTimestamp") and self.admitted(job, runtimes):

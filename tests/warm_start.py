@@ -8,7 +8,7 @@ only waits. A test's command is a fork of it that does what `python -m hpctrain 
 as the interpreter's `-m` does): the test's working directory, environment, stdin/stdout/stderr and arguments; the
 interpreter's exit (SystemExit's code, atexit functions, non-daemon threads joined, death by SIGINT on an uncaught
 KeyboardInterrupt). The fork is a real process with a pid of its own that signals reach; its children are its own.
-The same preloading is what `hpctrain train --nproc N` does for its workers (hpctrain/launch/local.py), so torch is
+The same preloading is what `hpctrain train --nproc N` does for its workers (hpctrain/launch/processes.py), so torch is
 known to be safe to fork in that state: the warm process never runs an operator (no thread pool, no CUDA context).
 
 What a fork cannot reproduce, it is not used for: a command whose environment differs from the test's clean one
@@ -54,7 +54,7 @@ PRELOAD = (
     "hpctrain.training.loop",
     "hpctrain.recipes.mnist",
     "hpctrain.recipes.imagenet",
-    "hpctrain.launch.local",
+    "hpctrain.launch.processes",
     "hpctrain.schedulers.slurm.scheduler",
     "hpctrain.schedulers.kubernetes.scheduler",
     "kubernetes.client",  # where installed (not in the floor environment)
@@ -139,11 +139,11 @@ def _serve(path: str, preload: tuple[str, ...]) -> None:
 
 def _fork_local_workers() -> None:
     """`hpctrain train --nproc N` forks its workers from a fork server, a fresh interpreter that imports torch and
-    torch._dynamo (hpctrain/launch/local.py): 5-8 CPU s a run on the loaded CI machine, some 30 runs. A warm
+    torch._dynamo (hpctrain/launch/processes.py): 5-8 CPU s a run on the loaded CI machine, some 30 runs. A warm
     command's launcher has both imported already and has run no operator, the state the fork server forks from, so
     here its workers are forks of the launcher itself. The fork server's own path stays tested by the commands
     that start fresh (the README's training commands, tests/test_readme_training.py, and the benchmarks)."""
-    local = sys.modules.get("hpctrain.launch.local")
+    local = sys.modules.get("hpctrain.launch.processes")
     if local is not None:
         import multiprocessing
 

@@ -67,7 +67,7 @@ class TrainConfig:
     dist_timeout: float = 600.0
     """Seconds a collective may wait for a missing rank before the run fails."""
     preflight: bool | None = None
-    """Check every rank's device and the job's all-reduce before the first step (hpctrain.training.preflight);
+    """Check every rank's device and the job's all-reduce before the first step (hpctrain.training.preflight_measure);
     None: for a GPU job on several nodes."""
     preflight_only: bool = False
     """Run the preflight and stop without training (what `hpctrain check --preflight` submits)."""

@@ -20,7 +20,7 @@ EXIT_HUNG = 142
 EXIT_SICK_NODE = 144
 
 STOP_REASON_FILE = "stop_reason"
-TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kubernetes.render
+TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kubernetes.manifests.render
 TIME_WARNING_ENV = "HPCTRAIN_TIME_WARNING_S"
 SIGNALS_FILE = "handles_signals"  # the program's word that it handles SIGUSR1 (read by the Slurm batch script)
 RUN_DIR_ENV = "HPCTRAIN_RUN_DIR"  # the job's run directory, exported by the batch script hpctrain renders

@@ -4,7 +4,8 @@ Takes the same options as `hpctrain submit` (any scheduler); prints one line per
 (each naming the fix) and exits 2, or says that the job fits and exits 0. Warnings (lines starting with
 `warning:`) and notes (`note:`, a check that could not run here) do not fail the check.
 
-`--preflight` then does submit something: the training's preflight (hpctrain.training.preflight) as a short job of
+`--preflight` then does submit something: the training's preflight (hpctrain.training.preflight_measure) as a short job
+of
 its own, with the job's nodes and resources, training nothing; it waits for it and says which nodes are sick.
 """
 

@@ -1,6 +1,6 @@
 """`hpctrain debug preempt JOB`: send a running job the warning its time limit would send, now, to rehearse
 checkpoint, requeue and resume. The scheduler does it (Scheduler.preempt; Slurm's in
-hpctrain.schedulers.slurm.preempt reads the signal from the job's own batch script).
+hpctrain.schedulers.slurm.services.preempt reads the signal from the job's own batch script).
 
 `hpctrain debug stacks JOB`: every rank of a running job writes its Python stacks (hpctrain.health.stacks).
 """
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _stacks(args: argparse.Namespace) -> int:
-    from hpctrain.cli.services import services_of
+    from hpctrain.cli.service_lines import services_of
     from hpctrain.health import read_progress, request_stacks
     from hpctrain.health.stacks import STACKS_DIR, answers
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain.cli.services import add_placement_arguments, placement_from_args, services_of, show_step
+from hpctrain.cli.service_lines import add_placement_arguments, placement_from_args, services_of, show_step
 from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 from hpctrain.errors import UserError
 

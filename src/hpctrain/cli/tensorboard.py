@@ -10,7 +10,13 @@ from __future__ import annotations
 import argparse
 import signal
 
-from hpctrain.cli.services import access_lines, add_placement_arguments, placement_from_args, services_of, show_step
+from hpctrain.cli.service_lines import (
+    access_lines,
+    add_placement_arguments,
+    placement_from_args,
+    services_of,
+    show_step,
+)
 from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.cli.services import services_of
+from hpctrain.cli.service_lines import services_of
 from hpctrain.engine.scheduling import add_connection_arguments, chosen_scheduler_help
 
 

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     if plan is None:
         return train_here(cfg)
-    from hpctrain.launch.local import spawn
+    from hpctrain.launch.processes import spawn
 
     # The workers learn their ranks from the spawner; a --dist-init-method slurm that made this srun task fan out
     # (one worker per GPU it owns) described the task, not them.

@@ -111,7 +111,7 @@ def _warn_synthetic_on_cpu(cfg: TrainConfig, recipe: Any) -> None:
 def _spawn_plan(cfg: TrainConfig):
     """Whether this process must start local workers: --nproc, or a per-node platform asking for several."""
     from hpctrain.distributed import detect, kubeflow_node_plan
-    from hpctrain.launch.local import local_plan
+    from hpctrain.launch.processes import local_plan
 
     node = kubeflow_node_plan(os.environ)
     if node is not None:

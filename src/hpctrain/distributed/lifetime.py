@@ -1,5 +1,5 @@
 """A process that dies with the process that started it (Linux's PR_SET_PDEATHSIG) or with an ancestor (a pidfd):
-local DDP workers (hpctrain.launch.local) and the TensorBoard server (hpctrain.servers.tensorboard). Torch-free."""
+local DDP workers (hpctrain.launch.processes) and the TensorBoard server (hpctrain.servers.tensorboard). Torch-free."""
 
 from __future__ import annotations
 

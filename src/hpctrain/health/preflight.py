@@ -1,5 +1,6 @@
 """The preflight verdict: from every rank's few seconds of matrix multiplication (and whether its checks ran at
-all), which nodes are far slower than the others or broken. Pure: the measuring is hpctrain.training.preflight's.
+all), which nodes are far slower than the others or broken. Pure: the measuring is
+hpctrain.training.preflight_measure's.
 
 A rank is slow when its GEMM rate is below SLOW_SHARE of the median rank's; a node is named when one of its ranks
 is slow or failed. Half the median is far outside what the same hardware shows (a few percent), and well inside

@@ -5,7 +5,8 @@ Only what every scheduler means the same way: the command, the nodes and what ea
 memory in bytes), the time limit in seconds, the run directory, the restart budget, environment variables, the
 name and the nodes to avoid. What only one scheduler has (a Slurm partition, GPU type, shards, software
 environment or interpreter; a Kubernetes image, volumes or selectors) is that backend's typed options part
-(hpctrain.schedulers.slurm.options.SlurmOptions, hpctrain.schedulers.kubernetes.options.KubernetesOptions), and
+(hpctrain.schedulers.slurm.batch.options.SlurmOptions,
+hpctrain.schedulers.kubernetes.manifests.options.KubernetesOptions), and
 each backend checks the JobSpec against what its own forms can hold. Validation here is pure: it looks at values,
 not at the file system or the cluster. The typed forms of the values (a time limit, a memory size) are read in
 `values`; plain data (a job file, flags) becomes a JobSpec in `mapping`.

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hpctrain.errors import UserError
 
 if TYPE_CHECKING:
-    from hpctrain.schedulers.services import Services
+    from hpctrain.schedulers.service_api import Services
 
 # Neutral job states. A backend maps its own vocabulary onto these (Kubeflow's Created -> PENDING, ...).
 PENDING = "PENDING"
@@ -307,7 +307,7 @@ class Scheduler(Protocol):
 
     def services(self) -> Services:
         """What the commands around a job (`dev`, `tensorboard --on-cluster`, `top`, `debug stacks`, `cancel` of a
-        service) ask of this backend, on this scheduler's connection (hpctrain.schedulers.services)."""
+        service) ask of this backend, on this scheduler's connection (hpctrain.schedulers.service_api)."""
 
     def render(self, job: Any) -> Rendered:
         """Pure: the same job gives the same text; raises UserError for what this scheduler cannot express."""

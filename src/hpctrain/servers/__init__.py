@@ -1,8 +1,8 @@
 """What the services around a job run and show, whatever the scheduler: the servers of interactive development
 sessions (JupyterLab, an sshd of the user's own, a VS Code tunnel), TensorBoard, and `top`'s per-node probe. How each
-runs on a cluster (a Slurm batch job, a pod) is the scheduler's: schedulers/slurm/services.py and
-schedulers/kubernetes/services.py build on these modules, and the CLI reaches them through
-`get_scheduler(name).services()` (hpctrain.schedulers.services.Services), never by name.
+runs on a cluster (a Slurm batch job, a pod) is the scheduler's: schedulers/slurm/services/service_jobs.py and
+schedulers/kubernetes/services/service_pods.py build on these modules, and the CLI reaches them through
+`get_scheduler(name).services()` (hpctrain.schedulers.service_api.Services), never by name.
 
     common.py      state directories (0700) and private files (0600), HTTP/TCP readiness probes, the ssh -L tunnel
     sessions.py    DevConfig, session names, the state folder and its files, SessionView, the start lock

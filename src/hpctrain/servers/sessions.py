@@ -34,7 +34,7 @@ class DevConfig:
     service: str = "jupyter"
     resources: Resources = field(default_factory=lambda: Resources(cpus_per_task=2))
     """The neutral resources; where it runs and with which software (a partition, a venv, volumes) is the
-    backend's, from hpctrain.schedulers.services.Placement."""
+    backend's, from hpctrain.schedulers.service_api.Placement."""
     time: str | None = DEFAULT_TIME
     port: int | None = None
     """The server's port: None picks a free one on Slurm and 8888 in a pod."""

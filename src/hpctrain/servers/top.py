@@ -2,7 +2,8 @@
 the job's own nodes), CPU load, and the run's latest step and images/s from its metrics.jsonl.
 
 Here: the probe script and what it prints, parsed, and the screen made of it. How the probe reaches the job's
-nodes is the backend's (schedulers/slurm/monitoring.py, schedulers/kubernetes/services.py): on Slurm one probe
+nodes is the backend's (schedulers/slurm/services/top_probe.py, schedulers/kubernetes/services/service_pods.py): on
+Slurm one probe
 step runs beside the job's own (`srun --jobid=JOB --overlap`, one task per node, `--label`d so each line names its
 task); on Kubernetes the same probe runs in each pod through the API server's exec stream (what `kubectl exec`
 does).

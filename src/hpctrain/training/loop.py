@@ -33,7 +33,7 @@ from hpctrain.distributed.failures import announce, peer_failures
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.health.preflight import BAD_NODES_FILE, MAX_BAD_NODES_BYTES, PREFLIGHT_FILE
 from hpctrain.readback import BadRunFile, read_text
-from hpctrain.training import preflight
+from hpctrain.training import preflight_measure
 from hpctrain.training.loop_state import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.graphed import build_graphs
@@ -87,7 +87,7 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
 
 def _train(run: Run) -> RunResult:
     if run.cfg.preflight_only:  # before any data is read or model built: only the devices and the network
-        reason = StopReason.SICK_NODE if preflight.run_preflight(run).bad else StopReason.NONE
+        reason = StopReason.SICK_NODE if preflight_measure.run_preflight(run).bad else StopReason.NONE
         if run.is_main:
             write_stop_reason(run.run_dir, reason)
         return RunResult(run.run_dir, 0, 0, reason)
@@ -110,11 +110,11 @@ def _train(run: Run) -> RunResult:
 
 
 def _preflight_fails(run: Run, watch: RankWatch) -> bool:
-    """--preflight (hpctrain.training.preflight), when wanted: whether it found a sick node."""
-    if not preflight.wanted(run):
+    """--preflight (hpctrain.training.preflight_measure), when wanted: whether it found a sick node."""
+    if not preflight_measure.wanted(run):
         return False
     with watch.long_phase("preflight"):
-        return bool(preflight.run_preflight(run).bad)
+        return bool(preflight_measure.run_preflight(run).bad)
 
 
 def _epochs(

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from hpctrain.errors import UserError
 from hpctrain.jobs.values import format_duration
-from hpctrain.schedulers.services import Placement, Step
+from hpctrain.schedulers.service_api import Placement, Step
 from hpctrain.servers import sessions
 from hpctrain.web.safeview import line
 

@@ -22,8 +22,8 @@ from typing import Any
 from hpctrain.errors import UserError
 from hpctrain.schedulers.base import BackendInfo
 from hpctrain.schedulers.kubernetes.flags import add_arguments
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.params import parse_params_text
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.manifests.params import parse_params_text
 
 # dest -> flag: where the jobs are (every command that talks to the cluster), then the options of a job.
 CONNECTION_FLAGS = {"namespace": "--namespace", "k8s_api": "--k8s-api", "context": "--context"}
@@ -101,7 +101,7 @@ def create(options: KubernetesOptions | None = None, context: str | None = None,
 
     if options is None:
         if fields.get("namespace") is None:  # as kubectl: the context's namespace (or HPCTRAIN_NAMESPACE)
-            from hpctrain.schedulers.kubernetes.kubeconfig import default_namespace
+            from hpctrain.schedulers.kubernetes.api.kubeconfig import default_namespace
 
             fields["namespace"] = default_namespace(context)
         options = KubernetesOptions(**fields)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from hpctrain.schedulers.base import SERVICE_ROLES
-from hpctrain.schedulers.kubernetes.options import APIS
+from hpctrain.schedulers.kubernetes.manifests.options import APIS
 
 
 def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, role: str) -> None:

@@ -17,13 +17,14 @@ from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import ClusterView, JobStatus, Outcome, Rendered, View
-from hpctrain.schedulers.kubernetes import render as r
-from hpctrain.schedulers.kubernetes.answers import guarded
-from hpctrain.schedulers.kubernetes.checks import LiveChecks, _api_error
-from hpctrain.schedulers.kubernetes.jobs import LiveJobs
-from hpctrain.schedulers.kubernetes.objects import node_views, requests_by_node
-from hpctrain.schedulers.kubernetes.options import KubernetesOptions
-from hpctrain.schedulers.kubernetes.rest import NODES, PODS, RawApi, path
+from hpctrain.schedulers.kubernetes.api.answers import guarded
+from hpctrain.schedulers.kubernetes.checks.live import LiveChecks, _api_error
+from hpctrain.schedulers.kubernetes.queries.live_jobs import LiveJobs
+from hpctrain.schedulers.kubernetes.queries.kubeflow_objects import node_views, requests_by_node
+from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
+from hpctrain.schedulers.kubernetes.api.rest import NODES, PODS, RawApi, path
+from hpctrain.schedulers.kubernetes.manifests import render as r
+from hpctrain.schedulers.kubernetes.queries import display
 
 REPLACE_WAIT_S = 120
 """How long `submit --replace` waits for the old job of the name (and its pods) to be gone."""
@@ -56,7 +57,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         (schedulers.kubernetes.client)."""
         if self._given_client is not None:
             return self._given_client
-        from hpctrain.schedulers.kubernetes.client import load_api_client
+        from hpctrain.schedulers.kubernetes.api.client import load_api_client
 
         return load_api_client(self.context)
 
@@ -70,7 +71,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def core(self) -> Any:
         from kubernetes import client
 
-        from hpctrain.schedulers.kubernetes.client import translating
+        from hpctrain.schedulers.kubernetes.api.client import translating
 
         return translating(client.CoreV1Api(self.api_client))
 
@@ -78,7 +79,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def custom(self) -> Any:
         from kubernetes import client
 
-        from hpctrain.schedulers.kubernetes.client import translating
+        from hpctrain.schedulers.kubernetes.api.client import translating
 
         return translating(client.CustomObjectsApi(self.api_client))
 
@@ -86,7 +87,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def scheduling(self) -> Any:
         from kubernetes import client
 
-        from hpctrain.schedulers.kubernetes.client import translating
+        from hpctrain.schedulers.kubernetes.api.client import translating
 
         return translating(client.SchedulingV1Api(self.api_client))
 
@@ -109,13 +110,13 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
 
     def kubectl(self, *words: str) -> str:
         """`kubectl --context CONTEXT WORDS` (no --context where none was given: the current one)."""
-        from hpctrain.schedulers.kubernetes.kubeconfig import kubectl
+        from hpctrain.schedulers.kubernetes.api.kubeconfig import kubectl
 
         return kubectl(self.context, *words)
 
     def services(self) -> Any:
         """What `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Kubernetes (schedulers.services)."""
-        from hpctrain.schedulers.kubernetes.services import KubernetesServices
+        from hpctrain.schedulers.kubernetes.services.service_pods import KubernetesServices
 
         return KubernetesServices(self)
 
@@ -129,7 +130,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     ) -> list[str]:
         """What can be checked on the submit host (schedulers.kubernetes.local), as Slurm's local checks: `check`,
         `submit` and `submit --dry-run` run it besides `check` (the checks against the live cluster)."""
-        from hpctrain.schedulers.kubernetes.local import local_problems
+        from hpctrain.schedulers.kubernetes.checks.submit_host import local_problems
 
         return local_problems(job, self.options, recipe, check_data)
 
@@ -151,7 +152,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         )
 
     def record(self, job: JobSpec, rendered: Rendered, job_id: str, description: dict[str, Any]) -> list[str]:
-        from hpctrain.schedulers.kubernetes.display import record
+        from hpctrain.schedulers.kubernetes.queries.display import record
 
         return record(self, job, rendered, job_id, description)
 
@@ -164,12 +165,12 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
 
     def path_here(self, pod_path: str) -> tuple[str | None, str]:
         """(where this machine sees what the pods see at `pod_path`, or None; why not): see local.path_here."""
-        from hpctrain.schedulers.kubernetes.local import path_here
+        from hpctrain.schedulers.kubernetes.checks.submit_host import path_here
 
         return path_here(pod_path, self.options.parsed_volumes)
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
-        from hpctrain.schedulers.kubernetes.runtime import own_runtime, submit_with
+        from hpctrain.schedulers.kubernetes.manifests.runtime import own_runtime, submit_with
 
         runtime = own_runtime(job, self.options)  # a TrainJob's restart budget: its own TrainingRuntime (runtime.py)
         if runtime is not None:
@@ -256,14 +257,12 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def status_view(self, job_id: str | None, all_users: bool = False) -> View:
         """Without a job: the namespace's PyTorchJobs (or TrainJobs); with one: its conditions, each replica's pod
         phase, node and restarts, and why it waits (scheduler events)."""
-        from hpctrain.schedulers.kubernetes import display
 
         if job_id is None:
             return display.jobs_view(self.list_jobs(), self.namespace)
         return display.job_view(self.status(job_id))
 
     def cluster_view(self, partition: str | None = None) -> View:
-        from hpctrain.schedulers.kubernetes import display
 
         return display.cluster_view(self.cluster())
 
@@ -277,7 +276,6 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     ) -> Outcome:
         """The job object is deleted (foreground); its pods get SIGTERM and their grace period (--signal-grace at
         submit) to write a checkpoint before SIGKILL."""
-        from hpctrain.schedulers.kubernetes import display
 
         return display.cancel(self, job_id, wait_s, say or (lambda line: None))
 

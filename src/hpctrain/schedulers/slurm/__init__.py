@@ -32,7 +32,7 @@ from hpctrain.schedulers.base import BackendInfo
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.commands import slurm
 from hpctrain.schedulers.slurm.flags import add_arguments, complete_job
-from hpctrain.schedulers.slurm.options import EARLIER_DEFAULTS, FILE_KEYS, SlurmOptions, read_file_section
+from hpctrain.schedulers.slurm.batch.options import EARLIER_DEFAULTS, FILE_KEYS, SlurmOptions, read_file_section
 
 
 def client_version() -> str | None:

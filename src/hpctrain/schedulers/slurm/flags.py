@@ -18,8 +18,8 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.grammar import read_gres_request
-from hpctrain.schedulers.slurm.options import ENVIRONMENT_KINDS
-from hpctrain.schedulers.slurm.options import LAUNCHERS
+from hpctrain.schedulers.slurm.batch.options import ENVIRONMENT_KINDS
+from hpctrain.schedulers.slurm.batch.options import LAUNCHERS
 
 ENV_FLAGS = ("kind", "modules", "conda_env", "venv", "image", "mounts", "workdir")
 """argparse dests of the environment flags (`hpctrain submit`'s environment group): EnvironmentSpec fields."""

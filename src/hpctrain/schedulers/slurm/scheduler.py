@@ -30,12 +30,14 @@ from hpctrain.schedulers.base import (
     ReplicaStatus,
     View,
 )
-from hpctrain.schedulers.slurm import jobs, output, query, render
-from hpctrain.schedulers.slurm.checks import Requirements, check_cluster, missing_tools, tool_problems
-from hpctrain.schedulers.slurm.environments import get_environment
+from hpctrain.schedulers.slurm.checks.live import Requirements, check_cluster, missing_tools, tool_problems
+from hpctrain.schedulers.slurm.batch.environments import get_environment
 from hpctrain.schedulers.slurm.commands import Runner, poll_until, run_bounded
 from hpctrain.schedulers.slurm.grammar import mem_mb
-from hpctrain.schedulers.slurm.options import SlurmOptions, for_job, gres, uses_gpus
+from hpctrain.schedulers.slurm.batch.options import SlurmOptions, for_job, gres, uses_gpus
+from hpctrain.schedulers.slurm.batch import render
+from hpctrain.schedulers.slurm.queries import cluster_state, job_states, output
+from hpctrain.schedulers.slurm.queries import display
 
 SCRIPT_FILENAME = "job.sbatch"
 DRY_RUN_NOTE = (
@@ -108,7 +110,7 @@ def requirements(job: JobSpec, options: SlurmOptions) -> Requirements:
     )
 
 
-def job_status(info: jobs.JobInfo) -> JobStatus:
+def job_status(info: job_states.JobInfo) -> JobStatus:
     """A Slurm job record as the neutral JobStatus (one replica per allocated node list)."""
     state = neutral_state(info.state)
     replicas = ()
@@ -147,7 +149,7 @@ class SlurmScheduler:
 
     def services(self) -> Any:
         """What `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Slurm (schedulers.services)."""
-        from hpctrain.schedulers.slurm.services import SlurmServices
+        from hpctrain.schedulers.slurm.services.service_jobs import SlurmServices
 
         return SlurmServices(self)
 
@@ -159,21 +161,21 @@ class SlurmScheduler:
         return uses_gpus(job, self.options)
 
     def missing_prerequisites(self, job: JobSpec) -> list[str]:
-        from hpctrain.schedulers.slurm.local import missing_prerequisites
+        from hpctrain.schedulers.slurm.checks.login_node import missing_prerequisites
 
         return missing_prerequisites(self.options)
 
     def local_check(
         self, job: JobSpec, recipe: Any = None, check_data: Callable[[Any], None] | None = None
     ) -> list[str]:
-        from hpctrain.schedulers.slurm.local import local_check
+        from hpctrain.schedulers.slurm.checks.login_node import local_check
 
         return local_check(job, self.options, requirements(job, self.options), recipe, check_data=check_data)
 
     def check(self, job: JobSpec) -> list[str]:
-        from hpctrain.schedulers.slurm.run_dir import fixed_run_dir, holder_problem
+        from hpctrain.schedulers.slurm.queries.run_dir import fixed_run_dir, holder_problem
 
-        cluster = query.query_cluster(run=self.run, shard_use=False)
+        cluster = cluster_state.query_cluster(run=self.run, shard_use=False)
         problems = check_cluster(requirements(job, self.options), cluster)
         env = dict(os.environ) | dict(job.env)
         tools = missing_tools(get_environment(self.options.environment).tools(), env)
@@ -184,7 +186,7 @@ class SlurmScheduler:
 
     def _active_state(self, job_id: str) -> str | None:
         """The job's Slurm state while it is queued or running; None once it ended or Slurm forgot it."""
-        info = jobs.get_job(job_id, run=self.run)
+        info = job_states.get_job(job_id, run=self.run)
         return info.state if info is not None and not info.finished else None
 
     def summary(self, job: JobSpec, rendered: Rendered) -> str:
@@ -198,7 +200,7 @@ class SlurmScheduler:
 
     def submit(self, job: JobSpec, rendered: Rendered) -> str:
         """sbatch; into a run directory without %j only while no active job holds it (refused before queueing)."""
-        from hpctrain.schedulers.slurm.run_dir import holding
+        from hpctrain.schedulers.slurm.queries.run_dir import holding
 
         with holding(job, self._active_state) as hold:
             job_id = render.submit(job, rendered.text, run=self.run)
@@ -225,8 +227,8 @@ class SlurmScheduler:
     def follow_note(self, job_id: str) -> str | None:
         return None  # the output file is followed from the first attempt on, even before it exists
 
-    def _info(self, job_id: str) -> jobs.JobInfo:
-        info = jobs.get_job(job_id, run=self.run)
+    def _info(self, job_id: str) -> job_states.JobInfo:
+        info = job_states.get_job(job_id, run=self.run)
         if info is None:
             raise _not_found(job_id)
         return info
@@ -239,7 +241,7 @@ class SlurmScheduler:
         nodes, its stderr apart where the job has an --error file of its own."""
         import shlex
 
-        info = self._info(jobs.check_job_id(job_id))
+        info = self._info(job_states.check_job_id(job_id))
         streams = ("stdout", "stderr") if info.stderr and info.stderr != info.stdout else ("stdout",)
         return base.JobAccess(shlex.join(["srun", "--jobid", info.job_id, "--overlap", "--pty", "bash"]), (), streams)
 
@@ -252,7 +254,7 @@ class SlurmScheduler:
     def list_jobs(self) -> list[JobSummary]:
         return [
             JobSummary(j.job_id, neutral_state(j.state), j.submit_time, j.num_nodes or 0)
-            for j in jobs.list_jobs(run=self.run)
+            for j in job_states.list_jobs(run=self.run)
         ]
 
     def logs(
@@ -268,8 +270,8 @@ class SlurmScheduler:
         if replica is not None:
             raise UserError("a Slurm job writes one output file for all its nodes: drop --replica")
         say = say or (lambda line: None)
-        job_id = jobs.check_job_id(job_id)
-        info = jobs.get_job(job_id, run=self.run)
+        job_id = job_states.check_job_id(job_id)
+        info = job_states.get_job(job_id, run=self.run)
         candidates = output.output_candidates(job_id, info, stream)
         path = next((p for p in candidates if p.is_file()), None)
         if stream == "stderr" and info is not None and info.stderr and info.stderr == info.stdout:
@@ -295,42 +297,40 @@ class SlurmScheduler:
 
     def _ended(self, job_id: str, lines: Iterator[str], say: Callable[[str], None]) -> Iterator[str]:
         yield from lines
-        last = jobs.get_job(job_id, run=self.run)
+        last = job_states.get_job(job_id, run=self.run)
         say(f"job {job_id} ended: {last.state if last is not None else 'gone'}")
 
     def _follow(self, job_id: str, target: Path, say: Callable[[str], None]) -> Iterator[str]:
         def ended() -> bool:
-            now = jobs.get_job(job_id, run=self.run)
+            now = job_states.get_job(job_id, run=self.run)
             return now is None or now.finished
 
         yield from self._ended(job_id, _follow_lines(target, ended), say)
 
     def cancel(self, job_id: str) -> None:
-        jobs.cancel(job_id, run=self.run)
+        job_states.cancel(job_id, run=self.run)
 
     def status_view(self, job_id: str | None, all_users: bool = False) -> View:
         """Without a job: your jobs that the controller knows (squeue); with one: that job in full (squeue, or
         sacct where the cluster keeps accounting), with its exit status and output files."""
-        from hpctrain.schedulers.slurm import display
 
         if job_id is None:
-            from hpctrain.schedulers.slurm import job_table
+            from hpctrain.schedulers.slurm.queries import job_table
 
             return display.job_list_view(
-                lambda: jobs.list_jobs(all_users=all_users, run=self.run),
+                lambda: job_states.list_jobs(all_users=all_users, run=self.run),
                 lambda: job_table.list_columns(all_users=all_users, run=self.run),
             )
-        info = jobs.get_job(job_id, run=self.run)
+        info = job_states.get_job(job_id, run=self.run)
         if info is None:
             raise display.not_found(job_id)
-        from hpctrain.schedulers.slurm.run_dir import run_dir_of
+        from hpctrain.schedulers.slurm.queries.run_dir import run_dir_of
 
         return display.job_view(info, run_dir_of(info.job_id, info.work_dir))
 
     def cluster_view(self, partition: str | None = None) -> View:
-        from hpctrain.schedulers.slurm import display
 
-        return display.cluster_view(query.query_cluster(run=self.run), partition)
+        return display.cluster_view(cluster_state.query_cluster(run=self.run), partition)
 
     def cancel_and_wait(
         self,
@@ -342,17 +342,17 @@ class SlurmScheduler:
     ) -> Outcome:
         """scancel: SIGTERM to the job's processes (hpctrain's loop checkpoints), SIGKILL after KillWait; with
         `signal`, only that signal (to the batch shell too with `full`). Waits up to `wait_s` to say the outcome."""
-        before = jobs.get_job(job_id, run=self.run)
+        before = job_states.get_job(job_id, run=self.run)
         if before is None:
             raise _not_found(job_id)
         if before.finished:
             return Outcome((f"job {before.job_id} already ended ({before.state}); nothing to cancel",))
-        jobs.cancel(before.job_id, signal=signal, full=full, run=self.run)
+        job_states.cancel(before.job_id, signal=signal, full=full, run=self.run)
         if signal:
             target = "its steps and batch shell" if full else "its steps"
             return Outcome((f"sent {signal.upper()} to job {before.job_id} ({target}; it was {before.state})",))
         after, _ = poll_until(
-            lambda: jobs.get_job(before.job_id, run=self.run),
+            lambda: job_states.get_job(before.job_id, run=self.run),
             lambda info: info is None or info.finished,
             timeout_s=wait_s,
             poll_s=0.5,
@@ -374,12 +374,12 @@ class SlurmScheduler:
         timeout_s: float = 600.0,
         say: Callable[[str], None] | None = None,
     ) -> Outcome:
-        from hpctrain.schedulers.slurm.preempt import preempt
+        from hpctrain.schedulers.slurm.services.preempt import preempt
 
         return preempt(job_id, signal=signal, steps=steps, follow=follow, timeout_s=timeout_s, say=say)
 
     def cluster(self) -> ClusterView:
-        info = query.query_cluster(run=self.run, shard_use=False)  # the neutral view has no shards
+        info = cluster_state.query_cluster(run=self.run, shard_use=False)  # the neutral view has no shards
         return ClusterView(
             nodes=tuple(
                 NodeView(

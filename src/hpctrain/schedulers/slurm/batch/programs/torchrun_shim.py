@@ -1,0 +1,107 @@
+# torchrun, run as a few lines of Python in the job's own environment (its torch decides, not the submitting
+# host's): argv is SIGNALS SHUTDOWN_TIMEOUT TORCHRUN_ARGS... (SIGNALS empty: no time-limit warning is expected).
+# hpctrain.schedulers.slurm.batch.torchrun_shim renders it into the batch script: its full-line comments and blank lines
+# left out, the three settings below filled in. The batch script holds it in single quotes: double quotes only.
+#  * Feature detection: torchrun learned --signals-to-handle and --shutdown-timeout in torch 2.9. An older one is
+#    given an agent handler for the extra signals (USR1) that does what the flag does, and node 0 says once in the
+#    job log what is lost: the workers get torchrun's fixed 30 s to stop instead of SHUTDOWN_TIMEOUT.
+#  * A planned stop (the agent told to stop by USR1 or TERM) ends with one line and the planned status (75 after
+#    the time-limit warning, 128+N after signal N: 143 for TERM) instead of torchrun's SignalException traceback;
+#    so does an attempt a worker ended on purpose (142: its hang watchdog; 144: the preflight found a sick node),
+#    instead of torchrun's ChildFailedError traceback.
+#  * The first node of the step (SLURM_NODEID 0, the script's $head_node) hosts the rendezvous store, said with
+#    is_host rather than left to torch's guess from host names (a Slurm node name need not be one of them).
+#  * Once the attempt is over (its workers ended), the agent ignores the signals it handled: srun ends a step's
+#    other tasks (--kill-on-bad-exit) as soon as one exits with a planned non-zero status, and a TERM that reached
+#    an agent on its way out, in its interpreter's shutdown, raised torchrun's SignalException there (a traceback
+#    in the job log after a clean stop).
+#  * Before torch 2.4 the agents' exit barrier kept group rank 0 to the last, taking it for the store's host; but
+#    group ranks follow sorted host names and process ids, so a host of another rank could leave while an agent
+#    still read: that agent's good job ended with a DistNetworkError traceback ("Connection reset by peer"). There
+#    exit_barrier replaces it: the store's host leaves last, whatever its rank.
+import functools
+import os
+import signal
+import sys
+
+import torch
+from torch.distributed import run
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.utils import store as store_util
+
+# The settings hpctrain fills in (torchrun_shim.SETTINGS): these lines are replaced, one for one.
+FIXED_S = 0  # torchrun's fixed shutdown time before --shutdown-timeout existed
+PREEMPTED_STATUS = 0  # the exit status of a stop after the time-limit warning
+PLANNED_STATUSES = ()  # the exit statuses a worker ends an attempt with on purpose (hung, sick node)
+
+
+def exit_barrier(store, rank, world_size, key_prefix, barrier_timeout=300.0, hosts_store=True):
+    import datetime
+    import time
+
+    store.set_timeout(datetime.timedelta(seconds=barrier_timeout))
+    if store.add(key_prefix + "/arrived", 1) == world_size:
+        store.set(key_prefix + "/all", "1")
+    store.wait([key_prefix + "/all"])
+    deadline, left = time.monotonic() + barrier_timeout, store.add(key_prefix + "/left", 1)
+    while hosts_store and left < world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = store.add(key_prefix + "/left", 0)
+
+
+signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+node = os.environ.get("SLURMD_NODENAME", "?")
+hosts_store = os.environ.get("SLURM_NODEID", "0") == "0"
+if any(arg.startswith("--rdzv-endpoint") for arg in args):
+    args = ["--rdzv-conf=is_host=" + str(int(hosts_store))] + args
+if not hasattr(store_util, "_barrier_nonblocking"):
+    store_util.barrier = functools.partial(exit_barrier, hosts_store=hosts_store)
+if signals:
+    usage = run.get_args_parser().format_help()
+    if "--signals-to-handle" in usage and "--shutdown-timeout" in usage:
+        args = ["--signals-to-handle=" + signals, "--shutdown-timeout=" + timeout] + args
+    else:
+
+        def stop(signum, frame):
+            raise SignalException("Process %d got signal: %d" % (os.getpid(), signum), sigval=signal.Signals(signum))
+
+        for name in signals.split(","):
+            signal.signal(getattr(signal, name), stop)
+        if os.environ.get("SLURM_NODEID", "0") == "0":
+            print(
+                "hpctrain: torchrun of torch %s has no --signals-to-handle (torch >= 2.9): hpctrain handles %s in"
+                " its agents instead; what is lost: stopping workers get torchrun fixed %d s before SIGKILL, not"
+                " the %s s asked for" % (torch.__version__, signals, FIXED_S, timeout),
+                flush=True,
+            )
+
+
+def settled():
+    for name in "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1".split(","):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+try:
+    run.main(args)
+except SignalException as err:
+    settled()
+    status = PREEMPTED_STATUS if err.sigval == signal.SIGUSR1 else 128 + int(err.sigval)
+    print(
+        "hpctrain: torchrun on %s stopped its workers on %s as planned (exit status %d)"
+        % (node, err.sigval.name, status),
+        flush=True,
+    )
+    sys.exit(status)
+except ChildFailedError as err:
+    settled()
+    planned = sorted({f.exitcode for f in err.failures.values()} & set(PLANNED_STATUSES))
+    if not planned:
+        raise
+    print(
+        "hpctrain: torchrun on %s: a worker ended the attempt on purpose (exit status %d: 142 hung, 144 sick"
+        " node; the run directory says more)" % (node, planned[0]),
+        flush=True,
+    )
+    sys.exit(planned[0])
+settled()
