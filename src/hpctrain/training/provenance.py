@@ -101,17 +101,46 @@ def git_revision(directory: Path | None = None) -> str | None:
 
 def membership_change(previous: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
     """How a restarted torchrun worker group (`worker_group_restart`) differs from the attempt before it in size:
-    "continued on N node(s) at step S after T s (was M node(s))", or None for the same world size."""
+    "node2 lost at step 481; continued on 1 node at step 450 after 38 s (was 2 nodes, 2 processes)" (the loss as a
+    survivor first saw it, when one could say), or None for the same world size."""
     if previous is None or "worker_group_restart" not in current:
         return None
     if previous.get("world_size") == current.get("world_size"):
         return None
-    after = f" after {current['since_last_step_s']} s" if "since_last_step_s" in current else ""
+    names, at = ", ".join(current.get("lost_nodes") or []), current.get("lost_at_step")
+    lost = f"{names or 'a node'} lost{f' at step {at}' if at is not None else ''}; " if names or at is not None else ""
+    after = f" after {current['since_loss_s']} s" if "since_loss_s" in current else ""
     step = current.get("resumed_step")
     return (
-        f"continued on {current.get('nodes')} node(s) at step {step if step is not None else 0}{after} "
-        f"(was {previous.get('nodes', '?')} node(s), {previous.get('world_size')} process(es))"
+        f"{lost}continued on {_count(current.get('nodes'), 'node')} at step {step if step is not None else 0}{after}"
+        f" (was {_count(previous.get('nodes', '?'), 'node')}, {_count(previous.get('world_size'), 'process')})"
     )
+
+
+def _count(n: object, noun: str) -> str:
+    plural = "es" if noun.endswith("s") else "s"
+    return f"{n} {noun}{'' if n == 1 else plural}"
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """The attempts recorded in run_dir/provenance.json, oldest first; [] when there is no valid record."""
+    path = run_dir / PROVENANCE_FILE
+    try:
+        return parse_record(_Provenance, read_json(path, MAX_PROVENANCE_BYTES, within=run_dir), path).attempts
+    except (OSError, BadRunFile):
+        return []
+
+
+def elastic_lines(run_dir: Path) -> list[str]:
+    """For `status JOB`: an elastic run's node count now beside the one asked for ("1 of 1:2"), and each membership
+    change as one line, from the attempt record."""
+    attempts = [a for a in read_attempts(run_dir) if isinstance(a, dict)]
+    if not attempts or not isinstance(attempts[-1].get("requested_nodes"), str):
+        return []
+    last = attempts[-1]
+    lines = [f"{'nodes:':12} {last.get('nodes', '?')} of {last['requested_nodes']} (elastic; the run's last group)"]
+    changes = [a["membership_change"] for a in attempts if isinstance(a.get("membership_change"), str)]
+    return lines + [f"{'membership:':12} {change}" for change in changes]
 
 
 def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> dict[str, Any]:
