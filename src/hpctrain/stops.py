@@ -24,6 +24,9 @@ TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kube
 TIME_WARNING_ENV = "HPCTRAIN_TIME_WARNING_S"
 SIGNALS_FILE = "handles_signals"  # the program's word that it handles SIGUSR1 (read by the Slurm batch script)
 RUN_DIR_ENV = "HPCTRAIN_RUN_DIR"  # the job's run directory, exported by the batch script hpctrain renders
+# An elastic run's loss of a peer, as the first survivor saw it; the next torchrun group takes it. Still there when
+# the step has ended: no group could go on (below MIN, or the restart budget spent), and the batch script requeues.
+PEER_LOST_FILE = "peer_lost.json"
 
 
 class StopReason(IntEnum):

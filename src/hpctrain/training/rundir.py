@@ -27,12 +27,10 @@ from hpctrain.readback import BadRunFile, read_json, read_text
 from hpctrain.training.provenance import PROVENANCE_FILE, read_attempts, record_attempt
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
+from hpctrain.stops import PEER_LOST_FILE
 
 CONFIG_FILE = "config.yaml"
 ELASTIC_RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun on every worker; > 0 in a restarted group
-# The first rank of a torchrun worker group to see a peer lost (a failed collective) writes when and at which step it
-# saw it, and which nodes went; the next group's rank 0 records it in its attempt and removes it.
-PEER_LOST_FILE = "peer_lost.json"
 CHECKPOINT_DIR = "checkpoints"
 # Held (flock) by rank 0 for the whole run: one run at a time in a run directory.
 LOCK_FILE = ".hpctrain.lock"
