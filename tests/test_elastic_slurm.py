@@ -151,3 +151,38 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
     start = reference / "checkpoints" / f"checkpoint_step_{step}.pt"
     ok(hpctrain(*train, "--run-dir", str(resumed_run), "--resume", str(start), timeout=600))
     assert_bitwise_equal(final_weights(job.run_dir), final_weights(resumed_run))
+
+
+@pytest.mark.fresh_steps(processes=4)  # 2 torchrun agents and their workers on the first attempt, then 2 again
+def test_a_node_lost_at_min_falls_back_to_the_requeue(
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--nodes 2:3` on the 2 nodes there are: at MIN from the start. node2 lost, node1's torchrun cannot form a
+    group of 2 (torch's rendezvous gives up after the join timeout, set short here through torchrun's own
+    PET_RDZV_CONF, which sbatch passes on), and the batch script requeues the job: the second attempt, on both
+    nodes again, resumes from the checkpoint and completes."""
+    monkeypatch.setenv("PET_RDZV_CONF", "join_timeout=20")
+    options = ["--launcher", "torchrun", "--nodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "2"]
+    train = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "2"]
+    proc = hpctrain("submit", "--output", "job-%j.out", *options, "--time", "30", *train, cwd=tmp_path)
+    job_id = ok(proc).stdout.strip()
+    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    checkpoints = job.run_dir / "checkpoints"
+    wait_for("a first checkpoint", job, lambda: checkpoints.is_dir() and any(checkpoints.glob("checkpoint_step_*.pt")))
+    lost = wait_for("node2's agent and worker", job, lambda: len(p := node_processes(job_id, "node2")) >= 2 and p)
+    survivors = [pid for pid, argv in node_processes(job_id, "node1") if is_training(argv)]
+    with paused(survivors):
+        lose("killed", job, lost)
+    job.follow()
+    log = job.log
+
+    first, second = attempts(log)  # exactly two: one requeue
+    assert "no group of at least its minimum of nodes formed within the rendezvous join timeout" in first, log
+    requeued = "the rest could not go on within the allocation (fewer than MIN nodes left, or the --max-restarts"
+    assert f"{requeued} budget spent); requeueing job {job_id} (restart 1 of 2)" in first, log
+    assert "resumed at epoch" in second and "step finished with exit status 0" in second, log
+    assert (job.run_dir / "stop_reason").read_text().strip() == "completed", log
+    assert (job.run_dir / "hang_restarts").read_text().strip() == "1", log
+    record = json.loads((job.run_dir / "provenance.json").read_text())["attempts"]
+    assert [a["slurm"].get("SLURM_RESTART_COUNT", "0") for a in record] == ["0", "1"], record
+    assert [a["nodes"] for a in record] == [2, 2] and not any("membership_change" in a for a in record), record
