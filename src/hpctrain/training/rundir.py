@@ -126,6 +126,8 @@ def write_run_files(
         "nodes": run.env.num_nodes,
     }
     low, high = os.environ.get(ELASTIC_MIN_NODES_VAR), os.environ.get(ELASTIC_MAX_NODES_VAR)
+    if low is None and high is None:  # a PyTorchJob's elasticPolicy: torchrun's PET_NNODES MIN:MAX (elastic.go)
+        low, _, high = os.environ.get("PET_NNODES", "").partition(":")
     elastic = bool(low and high and low.isdigit() and high.isdigit())
     if elastic:  # `status JOB` shows "1 of 1:2"; the node names tell the next group which nodes it lost
         extra.update(requested_nodes=f"{int(low or 0)}:{int(high or 0)}", node_names=nodes or [])
