@@ -11,7 +11,8 @@ the first step that process completes).
   elastic   `--nodes 1:2`: node1's torchrun restarts its worker group alone; it resumes from the checkpoint.
   requeue   `--nodes 2:3` (at MIN from the start: the cluster has 2 nodes): node1's torchrun cannot form a group
             of 2; torch's rendezvous gives up after its join timeout (--join-timeout, set through torchrun's own
-            PET_RDZV_CONF; torch's default is 600 s), the batch script requeues the job, Slurm holds it
+            PET_RDZV_CONF, default 60 s; torch's is 600 s; it must outlast
+            the first round's 30 s last call), the batch script requeues the job, Slurm holds it
             (BeginTime, 30 s to 2 minutes here, not released by hand), and the next attempt resumes on both nodes.
 
 The loss is seen at once here (the killed processes' sockets close, so the survivors' collective fails); a node that

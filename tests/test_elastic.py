@@ -14,7 +14,8 @@ import yaml
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.values import parse_nodes
-from hpctrain.training.provenance import elastic_lines, membership_change
+from hpctrain.health.view import elastic_lines
+from hpctrain.training.provenance import membership_change
 from training_helpers import run_hpctrain
 
 RECIPE = ("train", "mnist", "--train-limit", "64")

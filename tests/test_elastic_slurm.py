@@ -156,8 +156,8 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
 @pytest.mark.fresh_steps(processes=4)  # 2 torchrun agents and their workers on the first attempt, then 2 again
 def test_a_node_lost_at_min_falls_back_to_the_requeue(slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
     """`--nodes 2:3` on the 2 nodes there are: at MIN from the start. node2 lost, node1's torchrun cannot form a
-    group of 2 (torch's rendezvous gives up after the join timeout, set short here through torchrun's own
-    PET_RDZV_CONF, which sbatch passes on), and the batch script requeues the job: the second attempt, on both
+    group of 2 (torch's rendezvous gives up after the join timeout, 60 s here through torchrun's own PET_RDZV_CONF,
+    which sbatch passes on; it must outlast the 30 s last call of a first round short of MAX), and the batch script requeues the job: the second attempt, on both
     nodes again, resumes from the checkpoint and completes."""
     # --no-check: the cluster check refuses a MAX beyond the partition's nodes (rightly: it can never be reached);
     # here it only puts the job at MIN from its start.
@@ -165,7 +165,7 @@ def test_a_node_lost_at_min_falls_back_to_the_requeue(slurm_cluster, tmp_path: P
     options.append("--no-check")
     train = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "2"]
     submit = ["submit", "--output", "job-%j.out", *options, "--time", "30", "--sbatch=--hold", *train]
-    job_id = ok(hpctrain(*submit, cwd=tmp_path, env={"PET_RDZV_CONF": "join_timeout=20"})).stdout.strip()
+    job_id = ok(hpctrain(*submit, cwd=tmp_path, env={"PET_RDZV_CONF": "join_timeout=60"})).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
     for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):  # as in the test above
         done = subprocess.run(["scontrol", *command], capture_output=True, text=True)

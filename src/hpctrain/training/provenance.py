@@ -16,10 +16,7 @@ from typing import Any
 
 from hpctrain.fsutil import write_atomic
 from hpctrain.readback import BadRunFile, parse_record, read_json
-
-PROVENANCE_FILE = "provenance.json"
-MAX_PROVENANCE_BYTES = 64 << 20
-"""Read back at most this much (an attempt's record is a few kB, with a thousand hosts some tens of kB)."""
+from hpctrain.stops import MAX_PROVENANCE_BYTES, PROVENANCE_FILE
 
 
 @dataclass
@@ -120,27 +117,6 @@ def membership_change(previous: dict[str, Any] | None, current: dict[str, Any]) 
 def _count(n: object, noun: str) -> str:
     plural = "es" if noun.endswith("s") else "s"
     return f"{n} {noun}{'' if n == 1 else plural}"
-
-
-def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
-    """The attempts recorded in run_dir/provenance.json, oldest first; [] when there is no valid record."""
-    path = run_dir / PROVENANCE_FILE
-    try:
-        return parse_record(_Provenance, read_json(path, MAX_PROVENANCE_BYTES, within=run_dir), path).attempts
-    except (OSError, BadRunFile):
-        return []
-
-
-def elastic_lines(run_dir: Path) -> list[str]:
-    """For `status JOB`: an elastic run's node count now beside the one asked for ("1 of 1:2"), and each membership
-    change as one line, from the attempt record."""
-    attempts = [a for a in read_attempts(run_dir) if isinstance(a, dict)]
-    if not attempts or not isinstance(attempts[-1].get("requested_nodes"), str):
-        return []
-    last = attempts[-1]
-    lines = [f"{'nodes:':12} {last.get('nodes', '?')} of {last['requested_nodes']} (elastic; the run's last group)"]
-    changes = [a["membership_change"] for a in attempts if isinstance(a.get("membership_change"), str)]
-    return lines + [f"{'membership:':12} {change}" for change in changes]
 
 
 def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> dict[str, Any]:

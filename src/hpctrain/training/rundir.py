@@ -22,9 +22,10 @@ from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_at
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, node_name
 from hpctrain.health.progress import MAX_RECORD_BYTES, PROGRESS_DIR, parse_progress, progress_path
 from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
+from hpctrain.health.view import read_attempts
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from hpctrain.readback import BadRunFile, read_json, read_text
-from hpctrain.training.provenance import PROVENANCE_FILE, read_attempts, record_attempt
+from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
 from hpctrain.stops import PEER_LOST_FILE

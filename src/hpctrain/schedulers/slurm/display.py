@@ -122,8 +122,7 @@ def job_view(job: JobInfo, run_dir: Path | None = None) -> View:
     """One job in full: its table row, then partition, exit status, times and output files; with the run directory
     of a job hpctrain submitted, each rank's live progress and how a hung attempt ended (hpctrain.health)."""
     from hpctrain.health import read_progress
-    from hpctrain.health.view import hang_lines, rank_lines
-    from hpctrain.training.provenance import elastic_lines
+    from hpctrain.health.view import elastic_lines, hang_lines, rank_lines
 
     ranks = read_progress(run_dir) if run_dir is not None else []
     extra = {"run_dir": str(run_dir), "ranks": [asdict(r) for r in ranks]} if run_dir is not None else {}

@@ -94,10 +94,10 @@ except SignalException as err:
     print("hpctrain: torchrun on %s stopped its workers on %s as planned (exit status %d)"
           % (node, err.sigval.name, status), flush=True)
     sys.exit(status)
-except RendezvousTimeoutError as err:
+except RendezvousTimeoutError:
     settled()
     print("hpctrain: torchrun on %s: no group of at least its minimum of nodes formed within the rendezvous join"
-          " timeout (%s)" % (node, err), flush=True)
+          " timeout (join_timeout: 600 s unless PET_RDZV_CONF sets it)" % node, flush=True)
     sys.exit(1)
 except ChildFailedError as err:
     settled()
