@@ -157,8 +157,8 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
 def test_a_node_lost_at_min_falls_back_to_the_requeue(slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
     """`--nodes 2:3` on the 2 nodes there are: at MIN from the start. node2 lost, node1's torchrun cannot form a
     group of 2 (torch's rendezvous gives up after the join timeout, 60 s here through torchrun's own PET_RDZV_CONF,
-    which sbatch passes on; it must outlast the 30 s last call of a first round short of MAX), and the batch script requeues the job: the second attempt, on both
-    nodes again, resumes from the checkpoint and completes."""
+    which sbatch passes on; it must outlast the 30 s last call of a first round short of MAX), and the batch script
+    requeues the job: the second attempt, on both nodes again, resumes from the checkpoint and completes."""
     # --no-check: the cluster check refuses a MAX beyond the partition's nodes (rightly: it can never be reached);
     # here it only puts the job at MIN from its start.
     options = ["--launcher", "torchrun", "--nodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "2"]
