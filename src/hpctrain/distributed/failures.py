@@ -60,12 +60,10 @@ _HOST_KEY = "hpctrain/host"
 
 class CollectiveFailure(UserError):
     """Training stopped because another rank did not take part in a collective. `seen_at`: time.time() when this rank
-    first saw the failure (before the roll call); `missing`: the roll call's missing ranks with their hosts (None:
-    the store is gone too)."""
+    first saw the failure (before the roll call that names the missing ranks)."""
 
     exit_code = 1
     seen_at: float = 0.0
-    missing: dict[int, str | None] | None = None
 
 
 class PeerLost(RuntimeError):
@@ -228,5 +226,5 @@ def explain(err: BaseException, env: DistEnv, timeout_s: float, what: str | None
         f"first; raise --dist-timeout (now {timeout_s:g} s) if they were only slow; the run resumes from its "
         "newest checkpoint with --resume (or by itself under torchrun --max-restarts or a requeue)"
     )
-    failure.seen_at, failure.missing = seen_at, absent
+    failure.seen_at = seen_at
     return failure

@@ -105,11 +105,12 @@ def write_run_files(
     """config.yaml (the options and what was resolved from them) and this attempt's provenance record. Rank 0.
 
     A worker group that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0: a worker died, or an elastic job's
-    membership changed) is recorded as one: the restart count, the step it resumed at and the seconds since the
-    previous group's ranks last recorded progress; a different world size is a membership change, said in the log
-    and in the attempt's `membership_change`. The previous group's stop reason (the agent stops its workers with
-    SIGTERM, which they record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel
-    happened."""
+    membership changed) is recorded as one: the restart count, the step it resumed at, and, from RUN/peer_lost.json
+    (note_peer_lost), the step at which a survivor first saw the loss and the seconds since; an elastic job's
+    attempts also record the range asked for (`requested_nodes`) and their node names, so a group of another size
+    names the nodes it lost. A different world size is a membership change, said in the log and in the attempt's
+    `membership_change`. The previous group's stop reason (the agent stops its workers with SIGTERM, which they
+    record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {
         **run.cfg.to_dict(),
