@@ -63,12 +63,13 @@ def in_queue(job_id: str) -> bool:
     return job_id in out.split()
 
 
-def wait(what: str, job_id: str, check, timeout_s: float):
+def wait(what: str, job_id: str, check, timeout_s: float, log: Path):
     deadline = time.monotonic() + timeout_s
     while not (found := check()):
         if time.monotonic() > deadline or not in_queue(job_id):
             subprocess.run(["scancel", job_id], capture_output=True)
-            raise SystemExit(f"job {job_id}: {what} never happened")
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            raise SystemExit(f"job {job_id}: {what} never happened; its log ends:\n{tail}")
         time.sleep(0.1)
     return found
 
@@ -96,18 +97,19 @@ def one(path: str, data_dir: Path, workdir: Path, join_timeout: int) -> dict[str
     for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):  # both nodes, as a test
         subprocess.run(["scontrol", *command], check=True, capture_output=True)
     run_dir = workdir / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
-    checkpoints = run_dir / "checkpoints"
-    wait("a first checkpoint", job_id, lambda: any(checkpoints.glob("checkpoint_step_*.pt")), 900)
-    lost = wait("node2's processes", job_id, lambda: len(p := job_processes(job_id, "node2")) >= 2 and p, 300)
+    checkpoints, log = run_dir / "checkpoints", workdir / f"job-{job_id}.out"
+    wait("a first checkpoint", job_id, lambda: any(checkpoints.glob("checkpoint_step_*.pt")), 900, log)
+    lost = wait("node2's processes", job_id, lambda: len(p := job_processes(job_id, "node2")) >= 2 and p, 300, log)
     before = {pid for node in ("node1", "node2") for pid, _ in job_processes(job_id, node)}
     loss = time.time()
     for pid, _ in lost:
         os.kill(pid, signal.SIGKILL)
-    step = wait("a training step after the loss", job_id, lambda: first_step_after(run_dir, before, loss), 1200)
+    next_step = lambda: first_step_after(run_dir, before, loss)
+    step = wait("a training step after the loss", job_id, next_step, 1200, log)
     while in_queue(job_id):
         time.sleep(1)
-    log = (workdir / f"job-{job_id}.out").read_text()
-    return {"path": path, "job": job_id, "loss_to_next_step_s": round(step - loss, 1), "requeued": "requeueing" in log}
+    said = log.read_text()
+    return {"path": path, "job": job_id, "loss_to_next_step_s": round(step - loss, 1), "requeued": "requeueing" in said}
 
 
 def main() -> None:
@@ -116,11 +118,12 @@ def main() -> None:
     parser.add_argument(
         "--join-timeout", type=int, default=20, help="torch's rendezvous join timeout, s (PET_RDZV_CONF)"
     )
+    parser.add_argument("--paths", default="elastic,requeue", help="which paths, in order (default: both)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     data_dir = Path(args.data_dir).resolve()
     with tempfile.TemporaryDirectory(prefix="elastic-loss-") as work:
-        rows = [one(path, data_dir, Path(work), args.join_timeout) for path in PATHS]
+        rows = [one(path, data_dir, Path(work), args.join_timeout) for path in args.paths.split(",")]
     if args.json:
         print(json.dumps(rows))
         return
