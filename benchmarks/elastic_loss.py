@@ -10,10 +10,10 @@ the first step that process completes).
 
   elastic   `--nodes 1:2`: node1's torchrun restarts its worker group alone; it resumes from the checkpoint.
   requeue   `--nodes 2:3` (at MIN from the start: the cluster has 2 nodes): node1's torchrun cannot form a group
-            of 2; torch's rendezvous gives up after its join timeout (--join-timeout, set through torchrun's own
-            PET_RDZV_CONF, default 60 s; torch's is 600 s; it must outlast
-            the first round's 30 s last call), the batch script requeues the job, Slurm holds it
-            (BeginTime, 30 s to 2 minutes here, not released by hand), and the next attempt resumes on both nodes.
+            of 2; torch's rendezvous gives up after its join timeout (--join-timeout, default 60 s, set through
+            torchrun's own PET_RDZV_CONF; torch's default is 600 s; it must outlast the first round's 30 s last
+            call), the batch script requeues the job, Slurm holds it (BeginTime, 30 s to 2 minutes here, not
+            released by hand), and the next attempt resumes on both nodes.
 
 The loss is seen at once here (the killed processes' sockets close, so the survivors' collective fails); a node that
 stops answering without closing them is seen after --dist-timeout instead, on both paths alike.
@@ -116,14 +116,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", required=True, help="where `hpctrain download fashion-mnist` put the data")
     parser.add_argument(
-        "--join-timeout", type=int, default=20, help="torch's rendezvous join timeout, s (PET_RDZV_CONF)"
+        "--join-timeout", type=int, default=60, help="torch's rendezvous join timeout, s (PET_RDZV_CONF)"
     )
     parser.add_argument("--paths", default="elastic,requeue", help="which paths, in order (default: both)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     data_dir = Path(args.data_dir).resolve()
-    with tempfile.TemporaryDirectory(prefix="elastic-loss-") as work:
-        rows = [one(path, data_dir, Path(work), args.join_timeout) for path in args.paths.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="elastic-loss-"))  # kept: the jobs' logs and run directories
+    print(f"jobs' logs and run directories: {work}", file=sys.stderr)
+    rows = [one(path, data_dir, work, args.join_timeout) for path in args.paths.split(",")]
     if args.json:
         print(json.dumps(rows))
         return
