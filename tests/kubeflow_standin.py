@@ -42,6 +42,17 @@ More of training-operator v1.9.4 it models, each from its source (github.com/kub
   Restarting (pkg/controller.v1/common/pod.go ReconcilePods), as for ExitCode with a retryable code
 * a pod whose `pytorch` container it finds terminated: a Normal event ExitedWithCode, "Pod: NS.POD exited with code
   N" (the same ReconcilePods)
+* an elasticPolicy (pkg/controller.v1/pytorch/elastic.go ElasticEnvVarGenerator, envvar.go setPodEnv): without a
+  Master replica no MASTER_ADDR, WORLD_SIZE or RANK, only PYTHONUNBUFFERED, PET_NPROC_PER_NODE (nprocPerNode,
+  defaulted to "auto" by pytorch_defaults.go) and the elastic variables: PET_RDZV_ENDPOINT `<job>-worker-0:PORT`
+  (rdzvHost/rdzvPort when given, else the Worker's pytorchjob-port), PET_RDZV_BACKEND (c10d unless rdzvBackend),
+  PET_NNODES `MIN:MAX` (the Worker replicas when neither is set), and PET_MAX_RESTARTS, PET_NPROC_PER_NODE (again,
+  from nProcPerNode), PET_RDZV_ID, PET_RDZV_CONF (`k=v,...`), PET_STANDALONE when set. The rendezvous host's name
+  resolves through its headless Service on a real cluster; here the other workers get worker-0's address as a host
+  alias, as the master's. A deleted pod is made again (ReconcilePods makes every missing index), so a lost worker
+  comes back and asks to join. The status of a job without a Master (pytorchjob_controller.go UpdateJobStatus):
+  Succeeded once every worker has, or, under an elasticPolicy, once any one has; Running while any runs;
+  Restarting when one failed and fewer run or succeeded than asked for, Failed instead under restartPolicy Never.
 
 It polls (every POLL_S) rather than watching: simpler, and fast enough for tests. The helpers at the end make and
 remove test namespaces (also on the API-server-only cluster, which has no namespace controller) and wait.
@@ -219,6 +230,12 @@ class KubeflowStandIn:
             self._clean_pods(run_policy.get("cleanPodPolicy") or "None", pods)
             return
         master_ip = _pod_ip(existing.get(master))
+        elastic = spec.get("elasticPolicy")
+        if elastic is not None and "Master" not in replicas:
+            self._control_elastic(job, elastic, existing, services)
+            if not self._operator_restarts(job, pods):  # backoffLimit; a Failed pod deleted, to be made again
+                self._status_without_master(job, pods)
+            return
         for rtype in ("Master", "Worker"):
             if rtype not in replicas:
                 continue
@@ -273,6 +290,72 @@ class KubeflowStandIn:
             )
         elif pods and len(pods) == nnodes and all(ph == "Running" for ph in phases.values()):
             self._set_condition(job, "Running", "PyTorchJobRunning", f"PyTorchJob {name} is running.")
+
+    def _control_elastic(
+        self, job: dict[str, Any], elastic: dict[str, Any], existing: dict[str, Any], services: set[str]
+    ) -> None:
+        """The Worker pods of an elastic job (module docstring), each missing index made (again)."""
+        name, spec = job["metadata"]["name"], job["spec"]
+        worker = spec["pytorchReplicaSpecs"]["Worker"]
+        count = int(worker.get("replicas", 1))
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        if low is None and high is None:
+            low = high = count
+        low, high = (low if low is not None else high), (high if high is not None else low)  # setElasticPolicy
+        host = elastic.get("rdzvHost") or f"{name}-worker-0"
+        port = elastic.get("rdzvPort") or MASTER_PORT  # the Worker's pytorchjob-port, which the defaulter adds
+        env = {"PYTHONUNBUFFERED": "1"}
+        if elastic.get("nProcPerNode") is None:
+            env["PET_NPROC_PER_NODE"] = str(spec.get("nprocPerNode", "auto"))
+        env.update(
+            {
+                "PET_RDZV_ENDPOINT": f"{host}:{port}",
+                "PET_RDZV_BACKEND": elastic.get("rdzvBackend") or "c10d",
+                "PET_NNODES": f"{low}:{high}",
+            }
+        )
+        for key, var in (("maxRestarts", "PET_MAX_RESTARTS"), ("nProcPerNode", "PET_NPROC_PER_NODE")):
+            if elastic.get(key) is not None:
+                env[var] = str(elastic[key])
+        if elastic.get("rdzvId") is not None:
+            env["PET_RDZV_ID"] = elastic["rdzvId"]
+        if elastic.get("rdzvConf"):
+            env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])
+        if elastic.get("standalone"):
+            env["PET_STANDALONE"] = ""
+        first = f"{name}-worker-0"
+        first_ip = _pod_ip(existing.get(first))
+        for index in range(count):
+            pod_name = f"{name}-worker-{index}"
+            if pod_name not in services:
+                self._create_service(job, "Worker", index, pod_name)
+            if pod_name in existing:
+                continue
+            if index > 0 and host == first and first_ip is None:
+                continue  # the rendezvous host's name resolves once worker-0 is Ready (its headless Service)
+            self._create_pod(job, "Worker", index, pod_name, env, first_ip if index > 0 else None, alias_of=first)
+
+    def _status_without_master(self, job: dict[str, Any], pods: list[Any]) -> None:
+        """UpdateJobStatus of a job of Workers only (module docstring)."""
+        name, spec = job["metadata"]["name"], job["spec"]
+        worker = spec["pytorchReplicaSpecs"]["Worker"]
+        live = [p for p in pods if not p.metadata.deletion_timestamp]
+        phases = [p.status.phase if p.status else "Pending" for p in live]
+        succeeded, running, failed = (phases.count(ph) for ph in ("Succeeded", "Running", "Failed"))
+        replicas = int(worker.get("replicas", 1))
+        if succeeded == replicas or (spec.get("elasticPolicy") is not None and succeeded > 0):
+            message = f"PyTorchJob {self.namespace}/{name} successfully completed."
+            self._set_condition(job, "Succeeded", "PyTorchJobSucceeded", message)
+            self._clean_pods(spec.get("runPolicy", {}).get("cleanPodPolicy") or "None", pods)
+            return
+        if running > 0:
+            self._set_condition(job, "Running", "PyTorchJobRunning", f"PyTorchJob {self.namespace}/{name} is running.")
+        if failed > 0 and replicas > succeeded + running:
+            message = f"PyTorchJob {name} is %s because {failed} Worker replica(s) failed."
+            if worker.get("restartPolicy", "Never") != "Never":
+                self._set_condition(job, "Restarting", "PyTorchJobRestarting", message % "restarting")
+            else:
+                self._set_condition(job, "Failed", "PyTorchJobFailed", message % "failed")
 
     def _operator_restarts(self, job: dict[str, Any], pods: list[Any]) -> bool:
         """Controllers-only mode: training-operator v1's part of restarts (module docstring); True when it ended the
@@ -353,6 +436,7 @@ class KubeflowStandIn:
         pod_name: str,
         injected: dict[str, str],
         master_ip: str | None = None,
+        alias_of: str | None = None,
     ) -> None:
         """The pod of one replica: the scheduler places it, its container gets Kubeflow's port and a worker gets the
         master's name as a host alias (`master_ip`; the cluster has no DNS)."""
@@ -373,7 +457,7 @@ class KubeflowStandIn:
         pod_spec.update(containers=containers, restartPolicy={"ExitCode": "Never"}.get(policy, policy))
         if master_ip is not None:
             pod_spec["hostAliases"] = list(pod_spec.get("hostAliases") or []) + [
-                {"ip": master_ip, "hostnames": [f"{job['metadata']['name']}-master-0"]}
+                {"ip": master_ip, "hostnames": [alias_of or f"{job['metadata']['name']}-master-0"]}
             ]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels.update(

@@ -127,3 +127,13 @@ def test_launcher_cpu_benchmark_counts_every_process_of_a_run(fashion_mnist_sour
     assert result.returncode == 0, result.stderr
     [row] = [line for line in result.stdout.splitlines() if line.startswith("| this ")]
     assert float(row.split("median ")[1].split(" s")[0]) > 0, result.stdout
+
+
+@pytest.mark.slow
+def test_elastic_rendezvous_benchmark_counts_a_membership_change() -> None:
+    result = bench("benchmarks/elastic_rendezvous.py", "--sizes", "2,3", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert [row["agents"] for row in figures["rows"]] == [2, 3], figures
+    assert all(row["rendezvous_requests"] > 0 and row["rendezvous_bytes"] > 0 for row in figures["rows"]), figures
+    assert set(figures["at_1000"]) == {"rendezvous_requests", "rendezvous_requests_max_agent", "rendezvous_bytes"}

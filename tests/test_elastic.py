@@ -4,6 +4,7 @@ sbatch options that would give the script a second node count). Real CLI runs (`
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import yaml
 from hpctrain.errors import UserError
 from hpctrain.jobs.mapping import from_mapping
 from hpctrain.jobs.values import parse_nodes
+from hpctrain.health.view import elastic_lines
+from hpctrain.training.provenance import membership_change
 from training_helpers import run_hpctrain
 
 RECIPE = ("train", "mnist", "--train-limit", "64")
@@ -61,6 +64,9 @@ def test_slurm_script_of_an_elastic_job(tmp_path: Path) -> None:
     script = proc.stdout
     assert "#SBATCH --nodes=1-2\n#SBATCH --no-kill\n" in script
     assert "--kill-on-bad-exit=0" in script and "--kill-on-bad-exit=1" not in script
+    # srun's own --no-kill: without it srun ends the whole step when a node goes DOWN (test_elastic_slurm [down])
+    [step] = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert " --no-kill " in step, step
     assert "--nnodes=1:2 " in script and "--max-restarts=3 " in script and "$SLURM_NNODES" not in script
 
 
@@ -99,3 +105,28 @@ def test_trainjob_refusal_names_the_pytorchjob_path(tmp_path: Path) -> None:
         *("--nodes", "1:2", "--max-restarts", "3", *RECIPE),
     )
     assert "has no elastic policy; use --k8s-api pytorchjob" in one_error(proc)
+
+
+def test_a_membership_change_is_said_as_one_line() -> None:
+    before = {"nodes": 2, "world_size": 2}
+    after = {"nodes": 1, "world_size": 1, "worker_group_restart": 1, "resumed_step": 450}
+    lost = {"lost_nodes": ["node2"], "lost_at_step": 481, "since_loss_s": 38}
+    assert membership_change(before, {**after, **lost}) == (
+        "node2 lost at step 481; continued on 1 node at step 450 after 38 s (was 2 nodes, 2 processes)"
+    )
+    # No survivor's sight of the loss (it could not write it): no "after" measured from the wrong moment.
+    assert membership_change(before, after) == "continued on 1 node at step 450 (was 2 nodes, 2 processes)"
+    assert membership_change(before, {**after, "world_size": 2}) is None  # same size: a restart, not a change
+
+
+def test_status_lines_of_an_elastic_run(tmp_path: Path) -> None:
+    first = {"nodes": 2, "world_size": 2, "requested_nodes": "1:2"}
+    change = "node2 lost at step 481; continued on 1 node at step 450 after 38 s (was 2 nodes, 2 processes)"
+    second = {"nodes": 1, "world_size": 1, "requested_nodes": "1:2", "membership_change": change}
+    (tmp_path / "provenance.json").write_text(json.dumps({"attempts": [first, second]}))
+    assert elastic_lines(tmp_path) == [
+        "nodes:       1 of 1:2 (elastic; the run's last group)",
+        f"membership:  {change}",
+    ]
+    (tmp_path / "provenance.json").write_text(json.dumps({"attempts": [{"nodes": 2, "world_size": 2}]}))
+    assert elastic_lines(tmp_path) == []  # a fixed-size run: nothing to add

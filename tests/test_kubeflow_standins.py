@@ -447,3 +447,53 @@ def test_run_standins_stops_at_start_naming_what_to_install(module: str, distrib
         "webhooks and CRD rules would): pip install -e '.[k8s,dev]'"
     )
     assert proc.stdout == ""
+
+
+def elastic_pytorchjob(name: str) -> dict[str, Any]:
+    """Workers only under an elasticPolicy, as hpctrain renders an elastic job (--nodes 1:2 --max-restarts 3)."""
+    template = {"spec": {"containers": [CONTAINER]}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "elasticPolicy": {"minReplicas": 1, "maxReplicas": 2, "maxRestarts": 3, "rdzvBackend": "c10d"},
+            "nprocPerNode": "1",
+            "runPolicy": {"backoffLimit": 10},
+            "pytorchReplicaSpecs": {"Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": template}},
+        },
+    }
+
+
+def test_pytorchjob_elastic_policy(standin: TrainerStandIn) -> None:
+    """training-operator v1.9.4 under an elasticPolicy: torchrun's PET_* and no MASTER_ADDR/WORLD_SIZE/RANK
+    (elastic.go, envvar.go); the rendezvous at worker-0, whose address the other worker gets once it is Ready; a
+    deleted worker made again; Succeeded once any worker has (pytorchjob_controller.go UpdateJobStatus)."""
+    create(standin, elastic_pytorchjob("ej"))
+    standin.reconcile()
+    assert sorted(pods(standin)) == ["ej-worker-0"]  # worker-1 waits for the rendezvous host's address
+    set_phase(standin, "ej-worker-0", "Running")
+    standin.reconcile()
+    assert sorted(pods(standin)) == ["ej-worker-0", "ej-worker-1"]
+    env = {e.name: e.value for e in pods(standin)["ej-worker-1"].spec.containers[0].env}
+    assert env == {
+        "PYTHONUNBUFFERED": "1",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_RDZV_ENDPOINT": "ej-worker-0:23456",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_NNODES": "1:2",
+        "PET_MAX_RESTARTS": "3",
+    }
+    [alias] = pods(standin)["ej-worker-1"].spec.host_aliases
+    assert alias.hostnames == ["ej-worker-0"] and alias.ip == "10.0.0.9"
+    set_phase(standin, "ej-worker-1", "Running")
+    standin.reconcile()
+    assert last_condition(standin, "PyTorchJob", "ej")["type"] == "Running"
+
+    standin.core.delete_namespaced_pod("ej-worker-1", standin.namespace, grace_period_seconds=0)
+    standin.reconcile()
+    assert sorted(pods(standin)) == ["ej-worker-0", "ej-worker-1"]  # made again: it asks to join the group
+    set_phase(standin, "ej-worker-0", "Succeeded")
+    standin.reconcile()
+    assert last_condition(standin, "PyTorchJob", "ej")["type"] == "Succeeded"  # one worker done: the job is
+    assert not standin.errors, standin.errors

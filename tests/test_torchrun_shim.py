@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -275,3 +276,32 @@ def test_the_floor_torchs_own_exit_barrier_loses_a_slow_agent(tmp_path: Path) ->
     other, host_output = _barrier_race(tmp_path, FLOOR_PYTHON, "torch")
     assert "host left the barrier" in host_output, host_output
     assert other.returncode != 0 and "other left the barrier" not in other.stdout, other.stdout + other.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_group_below_its_minimum_ends_after_the_join_timeout_in_one_line(tmp_path: Path) -> None:
+    """An elastic job's survivor alone, below MIN (--nnodes=2:3, one agent): torch's rendezvous gives up after the
+    join timeout the job's PET_RDZV_CONF sets (kept beside the shim's is_host: without it, 600 s), and the shim
+    says so in one line (the batch script then requeues the job). A real c10d rendezvous on this host."""
+    (tmp_path / "worker.py").write_text("raise SystemExit('never started: the group never formed')\n")
+    port = free_port()
+    env = {**os.environ, "SLURM_NODEID": "0", "SLURMD_NODENAME": "node1", "PET_RDZV_CONF": "join_timeout=3"}
+    result = subprocess.run(
+        [
+            *(sys.executable, "-c", TORCHRUN_SHIM, "", "20", "--nnodes=2:3", "--nproc-per-node=1"),
+            *("--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=below-min"),
+            *("--no-python", sys.executable, str(tmp_path / "worker.py")),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output and "never started" not in output, output
+    assert "hpctrain: torchrun on node1: no group of at least its minimum of nodes formed within the" in output

@@ -24,6 +24,13 @@ TIME_LIMIT_ENV = "HPCTRAIN_TIME_LIMIT_S"  # rendered by hpctrain.schedulers.kube
 TIME_WARNING_ENV = "HPCTRAIN_TIME_WARNING_S"
 SIGNALS_FILE = "handles_signals"  # the program's word that it handles SIGUSR1 (read by the Slurm batch script)
 RUN_DIR_ENV = "HPCTRAIN_RUN_DIR"  # the job's run directory, exported by the batch script hpctrain renders
+# The run's record of its attempts (hpctrain.training.provenance writes it; `status JOB` reads an elastic run's node
+# counts and membership changes from it, hpctrain.health.view).
+PROVENANCE_FILE = "provenance.json"
+MAX_PROVENANCE_BYTES = 64 << 20  # read back at most (an attempt's record is a few kB, with 1,000 hosts tens of kB)
+# An elastic run's loss of a peer, as the first survivor saw it; the next torchrun group takes it. Still there when
+# the step has ended: no group could go on (below MIN, or the restart budget spent), and the batch script requeues.
+PEER_LOST_FILE = "peer_lost.json"
 
 
 class StopReason(IntEnum):

@@ -59,9 +59,11 @@ _HOST_KEY = "hpctrain/host"
 
 
 class CollectiveFailure(UserError):
-    """Training stopped because another rank did not take part in a collective."""
+    """Training stopped because another rank did not take part in a collective. `seen_at`: time.time() when this rank
+    first saw the failure (before the roll call that names the missing ranks)."""
 
     exit_code = 1
+    seen_at: float = 0.0
 
 
 class PeerLost(RuntimeError):
@@ -206,6 +208,7 @@ def _present(store: object, key: str) -> bool:
 
 def explain(err: BaseException, env: DistEnv, timeout_s: float, what: str | None = None) -> CollectiveFailure:
     """A message naming the collective, the missing ranks with their hosts, and what to do."""
+    seen_at = time.time()
     absent = missing_ranks(env, min(timeout_s, ROLL_CALL_MAX_S))
     text = str(err).strip()
     # Drop the backend's source location ("[.../gloo/transport/tcp/pair.cc:561] ") from the first line.
@@ -218,8 +221,10 @@ def explain(err: BaseException, env: DistEnv, timeout_s: float, what: str | None
     else:
         who = "every rank answered the roll call afterwards, so a rank was only slower than the timeout"
     where = f" in {what}" if what else ""
-    return CollectiveFailure(
+    failure = CollectiveFailure(
         f"a collective failed on rank {env.rank}{where} ({first_line}); {who}. Look at those ranks' output "
         f"first; raise --dist-timeout (now {timeout_s:g} s) if they were only slow; the run resumes from its "
         "newest checkpoint with --resume (or by itself under torchrun --max-restarts or a requeue)"
     )
+    failure.seen_at = seen_at
+    return failure

@@ -117,6 +117,8 @@ class TorchrunProbe:
 ELASTIC_MIN_NODES_VAR = "HPCTRAIN_ELASTIC_MIN_NODES"
 """Exported by the batch script of an elastic job (`--nodes MIN:MAX`): its torchrun agents, one per node, may form a
 group of MIN nodes or more, fewer than the step's tasks once a node is lost."""
+ELASTIC_MAX_NODES_VAR = "HPCTRAIN_ELASTIC_MAX_NODES"
+"""... and its MAX, which the run records with MIN as the attempt's `requested_nodes` (shown by `status JOB`)."""
 
 
 def _check_torchrun_under_srun(v: Vars) -> None:

@@ -1,16 +1,42 @@
 """The ranks' health as lines of text, for `hpctrain top` and `hpctrain status`: each rank's live record, images/s
-per node, the slowest rank and what it waits on, any straggler, and how a hung attempt ended."""
+per node, the slowest rank and what it waits on, any straggler, how a hung attempt ended, and an elastic run's node
+count beside the one asked for with each membership change (from its record of attempts)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
 from hpctrain.health.progress import RankProgress
 from hpctrain.health.stragglers import find_stragglers
-from hpctrain.readback import BadRunFile, read_text
+from hpctrain.readback import BadRunFile, read_json, read_text
+from hpctrain.stops import MAX_PROVENANCE_BYTES, PROVENANCE_FILE
 
-__all__ = ["hang_lines", "rank_lines"]
+__all__ = ["elastic_lines", "hang_lines", "rank_lines", "read_attempts"]
+
+
+def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """The attempts recorded in RUN/provenance.json (hpctrain.training.provenance), oldest first, each a mapping;
+    [] when there is no valid record."""
+    try:
+        record = read_json(run_dir / PROVENANCE_FILE, MAX_PROVENANCE_BYTES, within=run_dir)
+    except (OSError, BadRunFile):
+        return []
+    attempts = record.get("attempts") if isinstance(record, dict) else None
+    return [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+
+
+def elastic_lines(run_dir: Path) -> list[str]:
+    """For `status JOB`: an elastic run's node count now beside the one asked for ("1 of 1:2"), and each membership
+    change as one line, from the attempt record."""
+    attempts = read_attempts(run_dir)
+    if not attempts or not isinstance(attempts[-1].get("requested_nodes"), str):
+        return []
+    last = attempts[-1]
+    lines = [f"{'nodes:':12} {last.get('nodes', '?')} of {last['requested_nodes']} (elastic; the run's last group)"]
+    changes = [a["membership_change"] for a in attempts if isinstance(a.get("membership_change"), str)]
+    return lines + [f"{'membership:':12} {change}" for change in changes]
 
 
 def rank_lines(records: list[RankProgress], now: float) -> list[str]:

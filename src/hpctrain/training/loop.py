@@ -29,7 +29,7 @@ from hpctrain import checkpoint
 from hpctrain.config import TrainConfig, data_label
 from hpctrain.data.sampler import EpochPlan, mix_seed
 from hpctrain.distributed import destroy_process_group, init_process_group
-from hpctrain.distributed.failures import announce, peer_failures
+from hpctrain.distributed.failures import CollectiveFailure, announce, peer_failures
 from hpctrain.distributed.hostlist import is_node_name
 from hpctrain.health.preflight import BAD_NODES_FILE, MAX_BAD_NODES_BYTES, PREFLIGHT_FILE
 from hpctrain.readback import BadRunFile, read_text
@@ -41,7 +41,7 @@ from hpctrain.training.metrics import MetricsLog, Progress, train_hint
 from hpctrain.training.precision import grad_scaler
 from hpctrain.training.parts import Parts, control_group, wrap
 from hpctrain.training.run import Position, Run
-from hpctrain.training.rundir import all_hostnames, checkpoint_dir, write_run_files
+from hpctrain.training.rundir import all_hostnames, checkpoint_dir, note_peer_lost, write_run_files
 from hpctrain.training.setup import setup_run
 from hpctrain.training.stopping import StopReason, write_stop_reason
 from hpctrain.training.watch import RankWatch, enable_flight_recorder
@@ -71,8 +71,12 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
         if run.is_main and run.cfg.async_checkpoints:
             run.writer = checkpoint.AsyncCheckpointer()
         try:
-            with peer_failures(run.env, run.cfg.dist_timeout):
-                result = _train(run)
+            try:
+                with peer_failures(run.env, run.cfg.dist_timeout):
+                    result = _train(run)
+            except CollectiveFailure as lost:
+                note_peer_lost(run, lost)  # torchrun's next group records when and where the loss was seen
+                raise
             if run.writer is not None:
                 run.writer.wait()  # the last checkpoint is durable before the process reports success
         finally:
@@ -172,11 +176,11 @@ def _build(run: Run) -> tuple[Parts, Position]:
 
 
 def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[MetricsLog | None, Progress | None]:
-    hosts = all_hostnames(run.env)  # a collective: every rank takes part, not only the main one
+    hosts, nodes = all_hostnames(run.env)  # a collective: every rank takes part, not only the main one
     if not run.is_main:
         return None, None
     cfg, plan = run.cfg, parts.plan
-    write_run_files(run, hosts, position.step if run.resume_from is not None else None)
+    write_run_files(run, hosts, position.step if run.resume_from is not None else None, nodes)
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
     progress = Progress(
         cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss, every_steps=cfg.print_freq

@@ -16,10 +16,7 @@ from typing import Any
 
 from hpctrain.fsutil import write_atomic
 from hpctrain.readback import BadRunFile, parse_record, read_json
-
-PROVENANCE_FILE = "provenance.json"
-MAX_PROVENANCE_BYTES = 64 << 20
-"""Read back at most this much (an attempt's record is a few kB, with a thousand hosts some tens of kB)."""
+from hpctrain.stops import MAX_PROVENANCE_BYTES, PROVENANCE_FILE
 
 
 @dataclass
@@ -101,17 +98,25 @@ def git_revision(directory: Path | None = None) -> str | None:
 
 def membership_change(previous: dict[str, Any] | None, current: dict[str, Any]) -> str | None:
     """How a restarted torchrun worker group (`worker_group_restart`) differs from the attempt before it in size:
-    "continued on N node(s) at step S after T s (was M node(s))", or None for the same world size."""
+    "node2 lost at step 481; continued on 1 node at step 450 after 38 s (was 2 nodes, 2 processes)" (the loss as a
+    survivor first saw it, when one could say), or None for the same world size."""
     if previous is None or "worker_group_restart" not in current:
         return None
     if previous.get("world_size") == current.get("world_size"):
         return None
-    after = f" after {current['since_last_step_s']} s" if "since_last_step_s" in current else ""
+    names, at = ", ".join(current.get("lost_nodes") or []), current.get("lost_at_step")
+    lost = f"{names or 'a node'} lost{f' at step {at}' if at is not None else ''}; " if names or at is not None else ""
+    after = f" after {current['since_loss_s']} s" if "since_loss_s" in current else ""
     step = current.get("resumed_step")
     return (
-        f"continued on {current.get('nodes')} node(s) at step {step if step is not None else 0}{after} "
-        f"(was {previous.get('nodes', '?')} node(s), {previous.get('world_size')} process(es))"
+        f"{lost}continued on {_count(current.get('nodes'), 'node')} at step {step if step is not None else 0}{after}"
+        f" (was {_count(previous.get('nodes', '?'), 'node')}, {_count(previous.get('world_size'), 'process')})"
     )
+
+
+def _count(n: object, noun: str) -> str:
+    plural = "es" if noun.endswith("s") else "s"
+    return f"{n} {noun}{'' if n == 1 else plural}"
 
 
 def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> dict[str, Any]:

@@ -3,26 +3,32 @@ lock), and writing its start-up files."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from hpctrain.distributed import DistEnv, all_gather_object
-from hpctrain.distributed.failures import collective
+from hpctrain.distributed.failures import CollectiveFailure, collective
+from hpctrain.distributed.probes import ELASTIC_MAX_NODES_VAR, ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_atomic
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
-from hpctrain.health.progress import PROGRESS_DIR, read_progress
+from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, node_name
+from hpctrain.health.progress import MAX_RECORD_BYTES, PROGRESS_DIR, parse_progress, progress_path
 from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
+from hpctrain.health.view import read_attempts
 from hpctrain.training.metrics import METRICS_FILE, TENSORBOARD_DIR
+from hpctrain.readback import BadRunFile, read_json, read_text
 from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
+from hpctrain.stops import PEER_LOST_FILE
 
 CONFIG_FILE = "config.yaml"
 ELASTIC_RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun on every worker; > 0 in a restarted group
@@ -39,6 +45,7 @@ RUN_FILES = (
     LOCK_FILE,
     PREFLIGHT_FILE,
     BAD_NODES_FILE,
+    PEER_LOST_FILE,
 )
 # Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere (and a
 # linked progress/, hang/ or stacks/ the ranks' records and stacks).
@@ -92,15 +99,18 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
         return None
 
 
-def write_run_files(run: Run, hosts: list[str], resumed_step: int | None = None) -> None:
+def write_run_files(
+    run: Run, hosts: list[str], resumed_step: int | None = None, nodes: list[str] | None = None
+) -> None:
     """config.yaml (the options and what was resolved from them) and this attempt's provenance record. Rank 0.
 
     A worker group that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0: a worker died, or an elastic job's
-    membership changed) is recorded as one: the restart count, the step it resumed at and the seconds since the
-    previous group's ranks last recorded progress; a different world size is a membership change, said in the log
-    and in the attempt's `membership_change`. The previous group's stop reason (the agent stops its workers with
-    SIGTERM, which they record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel
-    happened."""
+    membership changed) is recorded as one: the restart count, the step it resumed at, and, from RUN/peer_lost.json
+    (note_peer_lost), the step at which a survivor first saw the loss and the seconds since; an elastic job's
+    attempts also record the range asked for (`requested_nodes`) and their node names, so a group of another size
+    names the nodes it lost. A different world size is a membership change, said in the log and in the attempt's
+    `membership_change`. The previous group's stop reason (the agent stops its workers with SIGTERM, which they
+    record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     config = {
         **run.cfg.to_dict(),
@@ -117,25 +127,94 @@ def write_run_files(run: Run, hosts: list[str], resumed_step: int | None = None)
         "world_size": run.env.world_size,
         "nodes": run.env.num_nodes,
     }
+    low, high = os.environ.get(ELASTIC_MIN_NODES_VAR), os.environ.get(ELASTIC_MAX_NODES_VAR)
+    if low is None and high is None:  # a PyTorchJob's elasticPolicy: torchrun's PET_NNODES MIN:MAX (elastic.go)
+        low, _, high = os.environ.get("PET_NNODES", "").partition(":")
+    elastic = bool(low and high and low.isdigit() and high.isdigit())
+    if elastic:  # `status JOB` shows "1 of 1:2"; the node names tell the next group which nodes it lost
+        extra.update(requested_nodes=f"{int(low or 0)}:{int(high or 0)}", node_names=nodes or [])
     restart = int(os.environ.get(ELASTIC_RESTART_VAR) or 0)  # checked at start-up (probes.restart_count)
+    lost = _take_peer_lost(run.run_dir)
     if restart:
         extra.update(worker_group_restart=restart, resumed_step=resumed_step)
-        # The previous group's ranks last wrote their progress when its last step ended (a group of another size:
-        # this one's rank 0 may have written its own already).
-        before = [r.updated for r in read_progress(run.run_dir) if r.world_size != run.env.world_size]
-        if before:
-            extra["since_last_step_s"] = round(max(0.0, time.time() - max(before)))
+        if elastic:
+            extra["lost_nodes"] = _lost_nodes(run.run_dir, nodes or [])
+        if lost is not None:  # "after T s" counts from the loss as a survivor first saw it, not from a step
+            extra.update(lost_at_step=lost["step"], since_loss_s=round(max(0.0, time.time() - lost["seen_at"])))
         (run.run_dir / STOP_REASON_FILE).unlink(missing_ok=True)
     attempt = record_attempt(run.run_dir, hosts, extra)
     if "membership_change" in attempt:
         run.say(f"membership change: {attempt['membership_change']} (torchrun restart {restart})")
 
 
-def all_hostnames(env: DistEnv) -> list[str]:
-    """The job's host names, sorted, once each: a collective when distributed (every rank calls it)."""
-    host = socket.gethostname()
+def note_peer_lost(run: Run, failure: CollectiveFailure) -> None:
+    """Under torchrun, the first rank of the group to see a peer lost leaves RUN/peer_lost.json: when it saw it and
+    the step it had reached. Later ranks find it there (created by link: exclusive and whole). O(1) files a rank.
+    The next group's rank 0 takes it into its attempt record; one that no group took (the survivors could not
+    re-form: below MIN, or the restart budget spent) tells the batch script to requeue the job. Best effort: a run
+    that cannot write it still restarts, its change recorded without the moment of the loss."""
+    if ELASTIC_RESTART_VAR not in os.environ:
+        return
+    final = run.run_dir / PEER_LOST_FILE
+    if final.exists():
+        return
+    own = _own_record(run)
+    note = {"seen_at": failure.seen_at or time.time(), "step": own.step if own is not None else None}
+    tmp = final.with_name(f".{PEER_LOST_FILE}.{os.getpid()}")
+    try:
+        write_atomic(tmp, json.dumps(note).encode(), durable=False)
+        os.link(tmp, final)
+    except OSError:
+        pass  # another rank was first (FileExistsError), or the file system refused: the restart goes on
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _own_record(run: Run) -> Any:
+    """This rank's progress record as it wrote it last (the step it had reached), or None."""
+    try:
+        text = read_text(progress_path(run.run_dir, run.env.rank), MAX_RECORD_BYTES, within=run.run_dir)
+    except (OSError, BadRunFile):
+        return None
+    records = parse_progress([text])
+    return records[0] if records and records[0].pid == os.getpid() else None
+
+
+def _take_peer_lost(run_dir: Path) -> dict[str, Any] | None:
+    """RUN/peer_lost.json as {seen_at, step}, checked, and removed (a later group's loss is its own); None when there
+    is none or it is not of that shape."""
+    path = run_dir / PEER_LOST_FILE
+    try:
+        note = read_json(path, 4096, within=run_dir)
+    except (OSError, BadRunFile):
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+    if not isinstance(note, dict):
+        return None
+    seen_at, step = note.get("seen_at"), note.get("step")
+    if isinstance(seen_at, bool) or not isinstance(seen_at, int | float) or not 0 < seen_at < float("inf"):
+        return None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        step = None
+    return {"seen_at": float(seen_at), "step": step}
+
+
+def _lost_nodes(run_dir: Path, nodes: list[str]) -> list[str]:
+    """The nodes of the previous attempt that this one lacks (an elastic job's attempts record their node names)."""
+    attempts = read_attempts(run_dir)
+    before = attempts[-1].get("node_names") if attempts and isinstance(attempts[-1], dict) else None
+    if not isinstance(before, list):
+        return []
+    return sorted({n for n in before if isinstance(n, str)} - set(nodes))
+
+
+def all_hostnames(env: DistEnv) -> tuple[list[str], list[str]]:
+    """The job's host names and node names (as its scheduler names them: health.preflight.node_name), each sorted,
+    once each: one collective when distributed (every rank calls it)."""
+    names = (socket.gethostname(), node_name())
     if not env.is_distributed:
-        return [host]
+        return [names[0]], [names[1]]
     with collective("the start-up exchange of host names"):
-        hosts = all_gather_object(host)
-    return sorted(set(hosts))
+        gathered = all_gather_object(names)
+    return sorted({h for h, _ in gathered}), sorted({n for _, n in gathered})

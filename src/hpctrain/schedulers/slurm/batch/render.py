@@ -23,7 +23,7 @@ import shlex
 from pathlib import Path
 
 from hpctrain.distributed.ports import job_port_lines
-from hpctrain.distributed.probes import ELASTIC_MIN_NODES_VAR
+from hpctrain.distributed.probes import ELASTIC_MAX_NODES_VAR, ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
 from hpctrain.schedulers.slurm.batch.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.batch.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
@@ -108,8 +108,12 @@ def step_command(job: JobSpec, options: SlurmOptions | None = None) -> list[str]
         words += [f"--ntasks-per-node={r.nproc_per_node}"]
     # Slurm 22.05+ no longer passes the batch's --cpus-per-task on to srun: say it again.
     cpus = r.cpus_per_task * (r.nproc_per_node if launcher == "torchrun" else 1)
-    # An elastic step keeps its other tasks when one ends (a lost node's torchrun): they re-form without it.
+    # An elastic step keeps its other tasks when one ends (a lost node's torchrun: --kill-on-bad-exit=0) and when
+    # a node goes DOWN (--no-kill: without it srun ends every task of the step on "Node failure on node2", as it
+    # did on Slurm 22.05 in tests/test_elastic_slurm.py): the survivors re-form without it.
     words += [f"--cpus-per-task={cpus}", f"--kill-on-bad-exit={0 if r.elastic else 1}"]
+    if r.elastic:
+        words.append("--no-kill")
     # --quiet: srun's notes on ending a step ("Job step aborted: Waiting up to...", "Terminating StepId") would
     # surround every planned stop; its errors, which the script explains after a planned stop, still show.
     words.append("--quiet")
@@ -255,6 +259,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
     if job.resources.elastic:
         # The workers' check that srun's torchrun copies formed one world allows a group of MIN nodes or more.
         exports.append((ELASTIC_MIN_NODES_VAR, str(job.resources.min_nodes)))
+        exports.append((ELASTIC_MAX_NODES_VAR, str(job.resources.nodes)))  # recorded: status shows "1 of 1:2"
     if exports:
         out += [f"export {key}={_q(value)}" for key, value in exports]
     setup = env.setup_lines()

@@ -20,7 +20,7 @@ import shlex
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.schedulers.slurm.batch.options import SlurmOptions
-from hpctrain.stops import SIGNALS_FILE, STOP_REASON_FILE
+from hpctrain.stops import PEER_LOST_FILE, SIGNALS_FILE, STOP_REASON_FILE
 
 REQUEUE_COUNT_FILE = "requeue_count"
 HANG_RESTARTS_FILE = "hang_restarts"
@@ -147,7 +147,9 @@ def restart_budget_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
         "    exit 1",
         "fi",
         "# A new attempt: the words of the last one are not this one's.",
-        f'rm -f -- "$run_dir/{STOP_REASON_FILE}" "$run_dir/{SIGNALS_FILE}" 2>/dev/null',
+        f'rm -f -- "$run_dir/{STOP_REASON_FILE}" "$run_dir/{SIGNALS_FILE}"'
+        + (f' "$run_dir/{PEER_LOST_FILE}"' if job.resources.elastic else "")
+        + " 2>/dev/null",
     ]
 
 
@@ -175,10 +177,34 @@ def elastic_lines() -> list[str]:
     ]
 
 
+def lost_node_lines(n: int, total: int) -> list[str]:
+    """An elastic job that lost a node and could not go on within its allocation: the loss its first survivor saw
+    is still in RUN/peer_lost.json (a group that re-formed would have taken it), so the survivors were fewer than
+    MIN (torch's rendezvous timed out) or the --max-restarts budget was spent. Requeue, as after a hang."""
+    return [
+        "# An elastic job lost a node and no group went on without it (fewer than MIN nodes left, or the",
+        f"# --max-restarts budget spent): RUN/{PEER_LOST_FILE} is the loss no group took up. Start again from",
+        "# the checkpoint, on a new allocation, within --max-hang-restarts.",
+        f'if [ "$cancelled" = 0 ] && [ "$stop_reason" != completed ] && [ -f "$run_dir/{PEER_LOST_FILE}" ]; then',
+        f'    if [ "$hang_restarts" -lt {n} ] && [ "$restarts" -lt {total} ] &&',
+        f'        write_count "$run_dir/{HANG_RESTARTS_FILE}" "$((hang_restarts + 1))"; then',
+        '        echo "hpctrain: a node was lost and the rest could not go on within the allocation (fewer than MIN'
+        " nodes left, or the --max-restarts budget spent); requeueing job ${SLURM_JOB_ID} (restart"
+        f' $((hang_restarts + 1)) of {n})"',
+        '        scontrol requeue "$SLURM_JOB_ID"',
+        "        exit 0",
+        "    fi",
+        f'    echo "hpctrain: a node was lost below MIN and the restart budget ({n}, --max-hang-restarts) is used up;'
+        ' not requeueing" >&2',
+        "fi",
+    ]
+
+
 def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
     """Requeue after a hang or a sick node, within --max-hang-restarts (and the total budget)."""
     n, total = options.max_hang_restarts, restart_budget(job, options)
     return [
+        *(lost_node_lines(n, total) if job.resources.elastic else []),
         "# The run's hang watchdog ended the attempt (no step within --hang-timeout; RUN/hang/report.txt names",
         "# the rank that never arrived): start again from the checkpoint, within --max-hang-restarts.",
         'if [ "$cancelled" = 0 ] && [ "$stop_reason" = hung ]; then',

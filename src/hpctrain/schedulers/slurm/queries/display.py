@@ -122,7 +122,7 @@ def job_view(job: JobInfo, run_dir: Path | None = None) -> View:
     """One job in full: its table row, then partition, exit status, times and output files; with the run directory
     of a job hpctrain submitted, each rank's live progress and how a hung attempt ended (hpctrain.health)."""
     from hpctrain.health import read_progress
-    from hpctrain.health.view import hang_lines, rank_lines
+    from hpctrain.health.view import elastic_lines, hang_lines, rank_lines
 
     ranks = read_progress(run_dir) if run_dir is not None else []
     extra = {"run_dir": str(run_dir), "ranks": [asdict(r) for r in ranks]} if run_dir is not None else {}
@@ -138,7 +138,8 @@ def job_view(job: JobInfo, run_dir: Path | None = None) -> View:
     ]
     lines = [f"{key + ':':12} {value}" for key, value in details if value]
     if run_dir is not None:
-        lines += [f"{'run dir:':12} {run_dir}", *hang_lines(run_dir), *rank_lines(ranks, time.time())]
+        lines += [f"{'run dir:':12} {run_dir}", *elastic_lines(run_dir), *hang_lines(run_dir)]
+        lines += rank_lines(ranks, time.time())
     return View(records={**job.to_dict(), **extra}, parts=(jobs_table([job]), *lines))
 
 

@@ -10,7 +10,11 @@
 #    so does an attempt a worker ended on purpose (142: its hang watchdog; 144: the preflight found a sick node),
 #    instead of torchrun's ChildFailedError traceback.
 #  * The first node of the step (SLURM_NODEID 0, the script's $head_node) hosts the rendezvous store, said with
-#    is_host rather than left to torch's guess from host names (a Slurm node name need not be one of them).
+#    is_host rather than left to torch's guess from host names (a Slurm node name need not be one of them). The
+#    rest of the rendezvous settings are torchrun's own PET_RDZV_CONF, kept (join_timeout=S: how long an elastic
+#    job's survivors wait for MIN nodes; torch's default 600 s), which the is_host flag would otherwise replace.
+#  * A rendezvous that timed out (fewer than MIN nodes came, as after an elastic job lost a node at MIN) ends with
+#    one line instead of a traceback; the batch script then requeues the job (requeue.lost_node_lines).
 #  * Once the attempt is over (its workers ended), the agent ignores the signals it handled: srun ends a step's
 #    other tasks (--kill-on-bad-exit) as soon as one exits with a planned non-zero status, and a TERM that reached
 #    an agent on its way out, in its interpreter's shutdown, raised torchrun's SignalException there (a traceback
@@ -28,6 +32,7 @@ import torch
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.elastic.utils import store as store_util
 
 # The settings hpctrain fills in (torchrun_shim.SETTINGS): these lines are replaced, one for one.
@@ -54,7 +59,8 @@ signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
 node = os.environ.get("SLURMD_NODENAME", "?")
 hosts_store = os.environ.get("SLURM_NODEID", "0") == "0"
 if any(arg.startswith("--rdzv-endpoint") for arg in args):
-    args = ["--rdzv-conf=is_host=" + str(int(hosts_store))] + args
+    conf = os.environ.get("PET_RDZV_CONF", "")
+    args = ["--rdzv-conf=is_host=" + str(int(hosts_store)) + ("," + conf if conf else "")] + args
 if not hasattr(store_util, "_barrier_nonblocking"):
     store_util.barrier = functools.partial(exit_barrier, hosts_store=hosts_store)
 if signals:
@@ -93,6 +99,14 @@ except SignalException as err:
         flush=True,
     )
     sys.exit(status)
+except RendezvousTimeoutError:
+    settled()
+    print(
+        "hpctrain: torchrun on %s: no group of at least its minimum of nodes formed within the rendezvous join"
+        " timeout (join_timeout: 600 s unless PET_RDZV_CONF sets it)" % node,
+        flush=True,
+    )
+    sys.exit(1)
 except ChildFailedError as err:
     settled()
     planned = sorted({f.exitcode for f in err.failures.values()} & set(PLANNED_STATUSES))
