@@ -11,6 +11,8 @@ controller (tests/kubeflow_standin.py, controllers only), as in tests/test_k8s_r
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from hpctrain.schedulers.base import SUCCEEDED
 from real_node import DEADLINE_S, Real, real  # noqa: F401 - the fixture: the whole node (2 pods of 1 CPU)
 from test_k8s_real_jobs import finished
 from test_preemption_slurm import _RESUMED, TRAIN
-from training_helpers import assert_bitwise_equal, final_weights, ok, run_torchrun
+from training_helpers import assert_bitwise_equal, clean_environ, final_weights, ok
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -82,6 +84,23 @@ def test_a_hung_rank_is_named_and_the_restarted_pods_resume_exactly(
 
     reference = tmp_path / "reference"
     plain = [a if a != str(run_dir) else str(reference) for a in train]
-    # The local reference as the other tests run theirs (a warm torchrun: its numbers are a fresh one's).
-    ok(run_torchrun(["--standalone", "--nproc-per-node", "2"], ["-m", "hpctrain"], list(plain), timeout=DEADLINE_S))
+    ok(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "hpctrain",
+                *plain,
+            ],
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+    )
     assert_bitwise_equal(final_weights(run_dir), final_weights(reference))

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -221,7 +222,7 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
     from kubernetes import client
 
     from hpctrain.health import read_progress
-    from training_helpers import assert_bitwise_equal, final_weights, ok, run_torchrun
+    from training_helpers import assert_bitwise_equal, clean_environ, final_weights, ok
 
     scheduling, core = client.SchedulingV1Api(real.api), client.CoreV1Api(real.api)
     low, high = f"{real.namespace}-low", f"{real.namespace}-high"
@@ -276,9 +277,23 @@ def test_a_higher_priority_job_preempts_and_the_preempted_job_resumes_exactly(
         for name in (low, high):
             scheduling.delete_priority_class(name)
     reference = tmp_path / "reference"
-    # The local reference as the other tests run theirs (a warm torchrun: its numbers are a fresh one's).
-    args = list(mnist(fashion_data_dir, reference, RESUME_LIMIT, 2)[3:])
-    ok(run_torchrun(["--standalone", "--nproc-per-node", "2"], ["-m", "hpctrain"], args, timeout=DEADLINE_S))
+    ok(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                *mnist(fashion_data_dir, reference, RESUME_LIMIT, 2)[1:],
+            ],
+            env=clean_environ(),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+    )
     assert_bitwise_equal(final_weights(run_dir), final_weights(reference))
 
 
