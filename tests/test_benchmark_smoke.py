@@ -62,8 +62,12 @@ def test_imagenet_gpu_benchmark_smoke_run_with_hard_linked_copies(tmp_path: Path
         "benchmarks/imagenet_gpu.py",
         "--device",
         "cpu",
+        "--archs",
+        "shufflenet_v2_x0_5",  # the smallest torchvision model the suite trains: the rows, not the model, are tested
         "--steps",
-        "2",
+        "1",
+        "--workers",
+        "1",
         "--images",
         "6",
         "--copies",

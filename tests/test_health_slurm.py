@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,6 @@ EPOCHS = 2
 def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(
     slurm_cluster, tmp_path: Path, fashion_data_dir: Path
 ) -> None:
-    reference = reference_run(tmp_path / "reference", fashion_data_dir, EPOCHS, nproc=2)
     result = hpctrain(
         "submit",
         "--output",
@@ -70,7 +70,12 @@ def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(
         assert time.monotonic() < deadline, f"rank 1 never wrote a training record:\n{job.log}"
         time.sleep(0.2)
     os.kill(records[0].pid, signal.SIGSTOP)
-    job.follow()
+    # The uninterrupted local run the job must end equal to takes the CPU while the job waits out its hang timeout
+    # and Slurm's requeue hold, not before the job starts (its result is not read before the job has ended).
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(reference_run, tmp_path / "reference", fashion_data_dir, EPOCHS, nproc=2)
+        job.follow()
+        reference_weights = reference.result()
 
     log = job.log
     first, *later = attempts(log)
@@ -84,7 +89,7 @@ def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(
     assert (job.run_dir / "hang" / "report.txt").read_text().count("culprit: rank 1") == 1
     assert (job.run_dir / "hang_restarts").read_text().strip() == "1"
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
-    assert_bitwise_equal(final_weights(job.run_dir), reference)
+    assert_bitwise_equal(final_weights(job.run_dir), reference_weights)
     status = ok(hpctrain("status", job_id, "--scheduler", "slurm")).stdout  # the controller still knows the job
     assert "run dir:" in status and str(job.run_dir.name) in status
     # The requeued attempt may have landed on the other node: the rows name the node each rank ran on last.

@@ -18,6 +18,9 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -91,25 +94,35 @@ def reference_run(
     return final_weights(run_dir)
 
 
-@pytest.fixture(scope="session")
-def single_reference(tmp_path_factory, fashion_data_dir: Path) -> dict:
-    run_dir = shared_run(
-        tmp_path_factory, "single-reference", lambda path: reference_run(path, fashion_data_dir, SINGLE_EPOCHS)
-    )
-    return final_weights(run_dir)
+# The reference runs are shared by the session and made in the background from the first test that asks for one:
+# they take the CPU while that test's Slurm job waits (for its start, Slurm's time-limit pass, the requeue hold). A
+# test asks for the result (calls the fixture's value) only once its job has ended.
 
 
 @pytest.fixture(scope="session")
-def ddp_reference(tmp_path_factory, fashion_data_dir: Path) -> Path:
-    """One uninterrupted local 4-process run, shared: its final weights are what the 2x2 Slurm job must end with,
-    and its mid-epoch checkpoints are where the local resume test starts (checkpoints do not change the numbers)."""
-    return shared_run(
-        tmp_path_factory,
-        "ddp-reference",
-        lambda path: reference_run(
-            path, fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--checkpoint-every", "40", "--keep-checkpoints", "9"]
-        ),
-    )
+def single_reference(tmp_path_factory, fashion_data_dir: Path) -> Iterator[Callable[[], dict]]:
+    """The final weights of one uninterrupted local run."""
+
+    def make() -> dict:
+        run = partial(reference_run, data_dir=fashion_data_dir, epochs=SINGLE_EPOCHS)
+        return final_weights(shared_run(tmp_path_factory, "single-reference", run))
+
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(make).result
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory, fashion_data_dir: Path) -> Iterator[Callable[[], Path]]:
+    """One uninterrupted local 4-process run: its final weights are what the 2x2 Slurm job must end with, and its
+    mid-epoch checkpoints are where the local resume test starts (checkpoints do not change the numbers)."""
+    extra = ["--checkpoint-every", "40", "--keep-checkpoints", "9"]
+    run = partial(reference_run, data_dir=fashion_data_dir, epochs=DDP_EPOCHS, nproc=4, extra=extra)
+
+    def make() -> Path:
+        return shared_run(tmp_path_factory, "ddp-reference", run)
+
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(make).result
 
 
 def scontrol_fields(job_id: str) -> dict[str, str]:
@@ -198,24 +211,23 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
 
 
 def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
-    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: Callable[[], dict]
 ) -> None:
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", *TIME_LIMIT, "--max-requeues", "8")
     job.wait_for_log("epoch 1/")  # a progress line: training is under way
     slurm_cluster.warn_mid_run(job.job_id, processes=1)
     slurm_cluster.restore_time_limit(job.job_id)
     job.follow()
-    assert_time_limit_run(job, SINGLE_EPOCHS, single_reference)
+    assert_time_limit_run(job, SINGLE_EPOCHS, single_reference())
 
 
 @pytest.mark.fresh_steps(processes=12)  # 2 attempts of 2 torchrun agents and 4 ranks, fresh
 @pytest.mark.floor
 def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
-    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, ddp_reference: Callable[[], Path]
 ) -> None:
     # Same global batch, split over 4 ranks in both. gloo's sums are the same whether the 4 ranks sit on one node
     # or on two: before its first resume the 2x2 job's per-epoch losses equal the local run's to the last bit.
-    reference = final_weights(ddp_reference)
     job = submit(
         tmp_path,
         fashion_data_dir,
@@ -235,24 +247,25 @@ def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
     slurm_cluster.restore_time_limit(job.job_id)
     job.follow()
     assert "4 process(es), ddp" in job.log, job.log
-    assert_time_limit_run(job, DDP_EPOCHS, reference)
+    assert_time_limit_run(job, DDP_EPOCHS, final_weights(ddp_reference()))
 
 
 def test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally(
-    tmp_path: Path, fashion_data_dir: Path, ddp_reference: Path
+    tmp_path: Path, fashion_data_dir: Path, ddp_reference: Callable[[], Path]
 ) -> None:
     """The DDP resume contract in its smallest form, without Slurm: 4 local processes, resumed from a mid-epoch
     checkpoint of an uninterrupted run, end with its weights (DDP must not regroup its gradient buckets)."""
-    mid_epoch = ddp_reference / "checkpoints" / "checkpoint_step_40.pt"
+    reference = ddp_reference()
+    mid_epoch = reference / "checkpoints" / "checkpoint_step_40.pt"
     assert 0 < 40 % STEPS_PER_EPOCH, "step 40 must lie inside an epoch"
     resumed = reference_run(
         tmp_path / "resumed", fashion_data_dir, DDP_EPOCHS, nproc=4, extra=["--resume", str(mid_epoch)]
     )
-    assert_bitwise_equal(resumed, final_weights(ddp_reference))
+    assert_bitwise_equal(resumed, final_weights(reference))
 
 
 def test_scontrol_requeue_of_a_running_job_resumes_exactly(
-    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: Callable[[], dict]
 ) -> None:
     """What preemption with requeue does: Slurm itself requeues the job and sends SIGTERM; the run checkpoints,
     and the next attempt resumes on its own (SLURM_RESTART_COUNT > 0)."""
@@ -274,11 +287,11 @@ def test_scontrol_requeue_of_a_running_job_resumes_exactly(
     assert "step finished with exit status 0" in parts[-1], log
     assert scontrol_fields(job.job_id).get("JobState") in ("COMPLETED", None), log
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed", log
-    assert_bitwise_equal(final_weights(job.run_dir), single_reference)
+    assert_bitwise_equal(final_weights(job.run_dir), single_reference())
 
 
 def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
-    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: dict
+    slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: Callable[[], dict]
 ) -> None:
     from hpctrain import checkpoint
 
@@ -331,7 +344,7 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
     assert match and int(match.group(4)) == step, resumed.stdout
     assert (job.run_dir / "stop_reason").read_text().strip() == "completed"
     assert metrics_epochs(job.run_dir)[-1] == SINGLE_EPOCHS
-    assert_bitwise_equal(final_weights(job.run_dir), single_reference)
+    assert_bitwise_equal(final_weights(job.run_dir), single_reference())
 
 
 def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(

@@ -240,7 +240,7 @@ class FastRecipe(Recipe):
     name = "fast"
     description = WORKLOAD.recipes["fast"].description
     # Batch 112 at lr 0.15 beat batch 64 at lr 0.1 on time (3.4 vs 4.3 s) and matched it on accuracy (seeds 0-2:
-    # 90.53, 90.20, 90.17%); see docs/benchmarks.md.
+    # 90.53, 90.20, 90.17%; measured with the earlier network, in docs/benchmarks.md's history).
     defaults = WORKLOAD.recipes["fast"].defaults
     datasets = WORKLOAD.datasets
     graphs_step = True
