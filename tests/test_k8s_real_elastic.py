@@ -44,7 +44,7 @@ def test_an_elastic_pytorchjob_goes_on_when_a_worker_pod_is_deleted(
         name="elastic",
         run_dir=str(run_dir),
         max_restarts=3,
-        resources=Resources(nodes=2, min_nodes=1, cpus_per_task=1, mem="2G"),
+        resources=Resources(nodes=2, min_nodes=1, cpus_per_task=1, mem_bytes=2 * 1024**3),
     )
     assert blocking(sched.check(job)) == [], sched.check(job)
     assert sched.submit(job, sched.render(job)) == "elastic"
