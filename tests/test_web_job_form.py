@@ -140,3 +140,41 @@ def test_submit_opens_the_jobs_page_and_clone_fills_the_form(client, keys, tmp_p
         assert 'value="file" checked' in page
     finally:
         slurm_cluster.cancel_quietly(job_id)
+
+
+def field_value(page: str, name: str) -> str:
+    """The value a text field of the form holds (its selected option for a choice)."""
+    part = field_of(page, name)
+    found = re.search(r'<option value="([^"]*)" selected>', part) or re.search(r'value="([^"]*)"', part)
+    return html.unescape(found.group(1)) if found else ""
+
+
+@pytest.mark.k8s
+def test_the_form_sends_jobs_where_the_console_shows_them(k8s_cluster, keys, tmp_path: Path) -> None:
+    """`hpctrain web --context C --namespace team-x`: the form's fields hold that connection (not the kubeconfig's
+    defaults), a job previewed with them goes to team-x, and one the fields would send elsewhere (another namespace,
+    or the context left empty: the kubeconfig's current one) is refused with the line that names the field and the
+    fix: the console would not find it. Nothing is sent in any case (Preview)."""
+    sched = get_scheduler("kubernetes", context=k8s_cluster.context, namespace="team-x")
+    client = TestClient(create_app({"kubernetes": sched}, keys), base_url=HOST, follow_redirects=False)
+    assert client.get(f"/?token={keys.token}").status_code == 303
+    page = client.get("/jobs/new").text
+    assert field_value(page, "namespace") == "team-x"
+    assert field_value(page, "context") == k8s_cluster.context
+    assert field_value(page, "k8s_api") == "pytorchjob"
+    assert field_value(page, "scheduler") == "kubernetes"
+
+    here = {"scheduler": "kubernetes", "namespace": "team-x", "context": k8s_cluster.context, "image": "python:3.12"}
+    job = {**form(keys, tmp_path, "preview"), **here}
+    shown = client.post("/jobs/new", data=job, headers=SAME_ORIGIN)
+    assert shown.status_code == 200, texts(shown.text, "error line")
+    assert "namespace: team-x" in html.unescape(re.search(r'<pre id="preview">(.*?)</pre>', shown.text, re.S)[1])
+    for changed, said in (
+        ({"namespace": "elsewhere"}, "--namespace elsewhere: this console shows the kubernetes jobs at "),
+        ({"context": ""}, "--context left empty: this console shows the kubernetes jobs at "),
+    ):
+        page = client.post("/jobs/new", data={**job, **changed}, headers=SAME_ORIGIN)
+        assert page.status_code == 400
+        (error,) = texts(page.text, "error line")
+        assert error.startswith(said) and "--namespace team-x" in error and "and would not find this one" in error
+        assert '<pre id="preview">' not in page.text

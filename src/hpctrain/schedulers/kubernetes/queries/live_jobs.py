@@ -6,6 +6,7 @@ events), the namespace's jobs, a pod's log, and deleting a job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -30,6 +31,7 @@ from hpctrain.schedulers.kubernetes.queries.replica_logs import (
     kept_dir,
     kept_lines,
     kept_logs,
+    run_dir_here,
 )
 from hpctrain.schedulers.kubernetes.api.rest import path
 from hpctrain.schedulers.kubernetes.manifests import render as r
@@ -130,6 +132,12 @@ class LiveJobs:
             if rep.exit_code and rep.message:
                 out += [f"{rep.name}: {line}" for line in rep.message.splitlines()[-TAIL_LINES:]]
         return tuple(out)
+
+    def run_dir_here(self, job_id: str) -> Path | None:
+        """The job's run directory as this machine sees it through the pods' volumes, or None (a volume not seen
+        here, or no run directory): where `status JOB` reads each rank's progress, the web console its plots."""
+        found = run_dir_here(self.get_object(job_id), self._path_here)
+        return found if found is not None and found.is_dir() else None
 
     def _path_here(self, pod_path: str, volumes: list[Any]) -> tuple[str | None, str]:
         from hpctrain.schedulers.kubernetes.checks.submit_host import path_here
