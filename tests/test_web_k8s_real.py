@@ -286,9 +286,11 @@ def test_the_job_form_and_a_pytorchjob_s_page_on_the_real_node_in_chromium(
         WebDriverWait(browser, WAIT_S).until(lambda d: d.current_url == f"{base}/job/kubernetes/web-k8s")
         assert (runs / "web-k8s" / "job.yaml").is_file()  # recorded where the pods' run directory is
 
-        # Running: the replica's log live, then (held still) rank 0's progress from the run directory.
+        # Running: the log, followed from before its pod started, live; then (held still) rank 0's progress from
+        # the run directory, and the page again, now with a log link for each replica.
         WebDriverWait(browser, DEADLINE_S, poll_frequency=1).until(lambda d: "epoch 1/2 step" in text_of(d, "log"))
         with paused(job_processes(runs / "web-k8s")):
+            browser.refresh()
             WebDriverWait(browser, WAIT_S).until(
                 lambda d: "RUNNING" in text_of(d, "details") and "RANK" in text_of(d, "details")
             )

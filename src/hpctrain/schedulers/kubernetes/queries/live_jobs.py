@@ -5,6 +5,7 @@ events), the namespace's jobs, a pod's log, and deleting a job.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from hpctrain.schedulers.kubernetes.queries.replica_logs import (
 )
 from hpctrain.schedulers.kubernetes.api.rest import path
 from hpctrain.schedulers.kubernetes.manifests import render as r
+
+LOG_WAIT_POLL_S = 1.0  # `logs -f` of a job whose pod has not started: how often it looks again
 
 
 class LiveJobs:
@@ -194,6 +197,8 @@ class LiveJobs:
 
         if stream != "stdout":
             raise UserError("a container's log holds its stdout and stderr together: drop --err")
+        if follow:
+            self._wait_for_the_pod(job_id, replica, say)
         obj = self.get_object(job_id)
         pods = self.pods_of(job_id)
         names = [replica_name(p) for p in pods]
@@ -226,6 +231,26 @@ class LiveJobs:
                 f"have started; see `{self.command('status', job_id)}`"
             ) from None
         return log_lines(resp, name)
+
+    def _wait_for_the_pod(self, job_id: str, replica: str | None, say: Callable[[str], None] | None) -> None:
+        """`logs -f` of a job whose pods are still to come, or still starting (a job just submitted, as the web
+        console's page of a new job follows it): wait until the replica's pod has left Pending, or the job has
+        ended (then what is left of its log is read), saying once what it waits for, as `logs -f` of a queued Slurm
+        job waits for its output. A job deleted meanwhile is JobNotFound."""
+        said = False
+        while True:
+            state, _ = object_state(self.get_object(job_id), self.options.api)
+            pods = self.pods_of(job_id)
+            pod = pods[0] if pods and replica is None else next((p for p in pods if replica_name(p) == replica), None)
+            if state in base.FINISHED_STATES or (pods and pod is None):  # ended, or no such replica: said below
+                return
+            if pod is not None and (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+                return
+            if not said and say is not None:
+                what = f"pod {pod['metadata']['name']} to start" if pod is not None else "its pods to be created"
+                say(f"{job_id} is {state}: waiting for {what} (`{self.command('status', job_id)}` says why it waits)")
+                said = True
+            time.sleep(LOG_WAIT_POLL_S)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered
