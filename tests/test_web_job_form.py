@@ -178,3 +178,53 @@ def test_the_form_sends_jobs_where_the_console_shows_them(k8s_cluster, keys, tmp
         (error,) = texts(page.text, "error line")
         assert error.startswith(said) and "--namespace team-x" in error and "and would not find this one" in error
         assert '<pre id="preview">' not in page.text
+
+
+@pytest.mark.k8s
+def test_a_kubernetes_job_s_page_and_clone_read_its_run_directory_where_this_machine_sees_it(
+    k8s_cluster, keys, tmp_path: Path
+) -> None:
+    """Two PyTorchJobs on the local API server, submitted as the form submits (engine.submission): one with its run
+    directory on a host volume this machine has (the node would be this machine), one on an NFS volume not mounted
+    here. The first's page reads its run directory (found from the job object) and its clone is filled with its
+    job.yaml; the second's page says plainly that no run directory is visible from here, and its clone says why it
+    cannot be filled."""
+    from hpctrain.engine import submission
+    from kubeflow_standin import create_namespace, delete_namespace
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    try:
+        where = ["--scheduler", "kubernetes", "--context", k8s_cluster.context, "--namespace", namespace]
+
+        def submit(name: str, volume: str) -> None:
+            argv = [*where, "--image", "python:3.12", "--job-name", name, "--volume", volume]
+            flags = submission.flags_from_argv([*argv, "--run-dir", "/mnt/runs/%j"])
+            flags["job_command"] = ["--", "python", "-c", "print(1)"]
+            submission.submit(submission.build(flags), live=False)
+
+        submit("seen", f"host:{tmp_path}:/mnt/runs")
+        submit("unseen", "nfs:nas.invalid:/export:/mnt/runs")
+        sched = get_scheduler("kubernetes", context=k8s_cluster.context, namespace=namespace)
+        client = TestClient(create_app({"kubernetes": sched}, keys), base_url=HOST, follow_redirects=False)
+        assert client.get(f"/?token={keys.token}").status_code == 303
+
+        page = client.get("/job/kubernetes/seen")
+        assert page.status_code == 200
+        assert f'Run directory <span class="muted">{tmp_path / "seen"}</span>' in page.text
+        assert "name: seen" in html.unescape(
+            re.search(r'<pre class="report" id="description">(.*?)</pre>', page.text, re.S)[1]
+        )
+        clone = client.get("/jobs/new?from=kubernetes/seen")
+        assert clone.status_code == 200 and field_value(clone.text, "namespace") == namespace
+        assert "name: seen" in html.unescape(
+            re.search(r'<textarea name="job_file_text"[^>]*>(.*?)</textarea>', clone.text, re.S)[1]
+        )
+
+        page = client.get("/job/kubernetes/unseen")
+        assert page.status_code == 200 and "No run directory of this job is visible from here" in page.text
+        clone = client.get("/jobs/new?from=kubernetes/unseen")
+        assert clone.status_code == 400
+        assert "job unseen: its run directory is not readable here, so its description is unknown" in clone.text
+    finally:
+        delete_namespace(api, namespace)
