@@ -945,3 +945,35 @@ def test_submit_wait_says_what_it_has_seen_of_a_job_that_gets_no_pods(ctx: Ctx, 
         "operator running?); still waiting (Ctrl-C stops waiting; the job stays queued until cancelled)"
     ) in note, note
     assert "no-pods" in [s.job_id for s in ctx.scheduler().list_jobs()]
+
+
+def test_logs_follow_waits_for_the_pods_of_a_job_just_submitted(ctx: Ctx) -> None:
+    """`logs JOB -f` (and the web console's page of a job it just submitted) of a job whose pods are still to come
+    waits, saying once what for, instead of failing at once; it ends when the job does (here: cancelled, with no
+    controller to make pods), with the line that says what is left."""
+    import threading
+    import time
+
+    sched = ctx.scheduler()
+    sched.submit(job(), sched.render(job()))
+    heard: list[str] = []
+    ended: list[str] = []
+
+    def follow() -> None:
+        try:
+            ended.extend(sched.logs("mnist", follow=True, say=heard.append))
+        except UserError as err:
+            ended.append(str(err))
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    deadline = time.monotonic() + 60  # a bound on waiting, never asserted on
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert heard == [f"mnist is PENDING: waiting for its pods to be created (`{sched.command('status', 'mnist')}` "
+                     "says why it waits)"]  # fmt: skip
+    assert follower.is_alive() and ended == []
+    sched.cancel("mnist")
+    follower.join(timeout=60)
+    assert not follower.is_alive() and heard == heard[:1]
+    assert ended == [f"mnist has no pods yet: see `{sched.command('status', 'mnist')}` for why"]

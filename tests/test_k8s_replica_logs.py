@@ -19,6 +19,7 @@ from hpctrain.schedulers.kubernetes.checks.submit_host import path_here
 from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions
 from hpctrain.schedulers.kubernetes.manifests.render import render
 from hpctrain.schedulers.kubernetes.queries.replica_logs import (
+    run_dir_here,
     failed_tails,
     keep_log,
     kept_dir,
@@ -124,8 +125,10 @@ def test_the_run_directory_is_found_from_the_job_object(tmp_path: Path, api: str
     options = KubernetesOptions(api=api, image="img", volumes=(f"host:{tmp_path}:/mnt/runs",))
     manifest = render(job, options)
     assert kept_dir(manifest, path_here) == tmp_path / "tj" / "pod-logs"
+    assert run_dir_here(manifest, path_here) == tmp_path / "tj"  # the web console's plots, `status JOB`'s ranks
     elsewhere = KubernetesOptions(api=api, image="img", volumes=("host:/nonexistent/runs:/mnt/runs",))
     assert kept_dir(render(job, elsewhere), path_here) is None
+    assert run_dir_here(render(job, elsewhere), path_here) is None
     assert kept_dir(render(job.replace(run_dir=None), options), path_here) is None
 
 
@@ -134,3 +137,21 @@ def test_replica_names_are_the_host_names_less_the_job(tmp_path: Path) -> None:
         (tmp_path / f"{host}.log").write_text("")
     (tmp_path / "notes.txt").write_text("")
     assert list(kept_logs(tmp_path, "tj")) == ["master-0", "other", "worker-1"]
+
+
+def test_status_of_a_job_whose_run_directory_is_seen_here_shows_each_rank(tmp_path: Path) -> None:
+    """`hpctrain status JOB` (and the web console's job page) on Kubernetes: with the run directory seen through the
+    pods' volume, rank 0's live record (what the training loop writes) is a line, as for a Slurm job."""
+    from hpctrain.health.progress import ProgressRecorder
+    from hpctrain.schedulers.base import JobStatus, ReplicaStatus
+    from hpctrain.schedulers.kubernetes.queries.display import job_view
+
+    recorder = ProgressRecorder(tmp_path, 0, 1, "tj-master-0", steps_per_epoch=32)
+    recorder.step(1, 5, 5, 64, 0.02, 0.005, 0.01)
+    status = JobStatus(job_id="tj", state="RUNNING", replicas=(ReplicaStatus(name="master-0", phase="Running"),))
+    lines = [p for p in job_view(status, tmp_path).text_parts() if isinstance(p, str)]
+    assert f"run dir: {tmp_path}" in lines
+    rank = next(line for line in lines if line.lstrip().startswith("0 "))
+    assert rank.split()[1:5] == ["tj-master-0", "training", "1", "5"], lines
+    without = job_view(status)
+    assert "ranks" not in without.records and not any("RANK" in p for p in without.parts if isinstance(p, str))

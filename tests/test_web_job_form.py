@@ -140,3 +140,91 @@ def test_submit_opens_the_jobs_page_and_clone_fills_the_form(client, keys, tmp_p
         assert 'value="file" checked' in page
     finally:
         slurm_cluster.cancel_quietly(job_id)
+
+
+def field_value(page: str, name: str) -> str:
+    """The value a text field of the form holds (its selected option for a choice)."""
+    part = field_of(page, name)
+    found = re.search(r'<option value="([^"]*)" selected>', part) or re.search(r'value="([^"]*)"', part)
+    return html.unescape(found.group(1)) if found else ""
+
+
+@pytest.mark.k8s
+def test_the_form_sends_jobs_where_the_console_shows_them(k8s_cluster, keys, tmp_path: Path) -> None:
+    """`hpctrain web --context C --namespace team-x`: the form's fields hold that connection (not the kubeconfig's
+    defaults), a job previewed with them goes to team-x, and one the fields would send elsewhere (another namespace,
+    or the context left empty: the kubeconfig's current one) is refused with the line that names the field and the
+    fix: the console would not find it. Nothing is sent in any case (Preview)."""
+    sched = get_scheduler("kubernetes", context=k8s_cluster.context, namespace="team-x")
+    client = TestClient(create_app({"kubernetes": sched}, keys), base_url=HOST, follow_redirects=False)
+    assert client.get(f"/?token={keys.token}").status_code == 303
+    page = client.get("/jobs/new").text
+    assert field_value(page, "namespace") == "team-x"
+    assert field_value(page, "context") == k8s_cluster.context
+    assert field_value(page, "k8s_api") == "pytorchjob"
+    assert field_value(page, "scheduler") == "kubernetes"
+
+    here = {"scheduler": "kubernetes", "namespace": "team-x", "context": k8s_cluster.context, "image": "python:3.12"}
+    job = {**form(keys, tmp_path, "preview"), **here}
+    shown = client.post("/jobs/new", data=job, headers=SAME_ORIGIN)
+    assert shown.status_code == 200, texts(shown.text, "error line")
+    assert "namespace: team-x" in html.unescape(re.search(r'<pre id="preview">(.*?)</pre>', shown.text, re.S)[1])
+    for changed, said in (
+        ({"namespace": "elsewhere"}, "--namespace elsewhere: this console shows the kubernetes jobs at "),
+        ({"context": ""}, "--context left empty: this console shows the kubernetes jobs at "),
+    ):
+        page = client.post("/jobs/new", data={**job, **changed}, headers=SAME_ORIGIN)
+        assert page.status_code == 400
+        (error,) = texts(page.text, "error line")
+        assert error.startswith(said) and "--namespace team-x" in error and "and would not find this one" in error
+        assert '<pre id="preview">' not in page.text
+
+
+@pytest.mark.k8s
+def test_a_kubernetes_job_s_page_and_clone_read_its_run_directory_where_this_machine_sees_it(
+    k8s_cluster, keys, tmp_path: Path
+) -> None:
+    """Two PyTorchJobs on the local API server, submitted as the form submits (engine.submission): one with its run
+    directory on a host volume this machine has (the node would be this machine), one on an NFS volume not mounted
+    here. The first's page reads its run directory (found from the job object) and its clone is filled with its
+    job.yaml; the second's page says plainly that no run directory is visible from here, and its clone says why it
+    cannot be filled."""
+    from hpctrain.engine import submission
+    from kubeflow_standin import create_namespace, delete_namespace
+
+    api = k8s_cluster.api_client()
+    namespace = create_namespace(api)
+    try:
+        where = ["--scheduler", "kubernetes", "--context", k8s_cluster.context, "--namespace", namespace]
+
+        def submit(name: str, volume: str) -> None:
+            argv = [*where, "--image", "python:3.12", "--job-name", name, "--volume", volume]
+            flags = submission.flags_from_argv([*argv, "--run-dir", "/mnt/runs/%j"])
+            flags["job_command"] = ["--", "python", "-c", "print(1)"]
+            submission.submit(submission.build(flags), live=False)
+
+        submit("seen", f"host:{tmp_path}:/mnt/runs")
+        submit("unseen", "nfs:nas.invalid:/export:/mnt/runs")
+        sched = get_scheduler("kubernetes", context=k8s_cluster.context, namespace=namespace)
+        client = TestClient(create_app({"kubernetes": sched}, keys), base_url=HOST, follow_redirects=False)
+        assert client.get(f"/?token={keys.token}").status_code == 303
+
+        page = client.get("/job/kubernetes/seen")
+        assert page.status_code == 200
+        assert f'Run directory <span class="muted">{tmp_path / "seen"}</span>' in page.text
+        assert "name: seen" in html.unescape(
+            re.search(r'<pre class="report" id="description">(.*?)</pre>', page.text, re.S)[1]
+        )
+        clone = client.get("/jobs/new?from=kubernetes/seen")
+        assert clone.status_code == 200 and field_value(clone.text, "namespace") == namespace
+        assert "name: seen" in html.unescape(
+            re.search(r'<textarea name="job_file_text"[^>]*>(.*?)</textarea>', clone.text, re.S)[1]
+        )
+
+        page = client.get("/job/kubernetes/unseen")
+        assert page.status_code == 200 and "No run directory of this job is visible from here" in page.text
+        clone = client.get("/jobs/new?from=kubernetes/unseen")
+        assert clone.status_code == 400
+        assert "job unseen: its run directory is not readable here, so its description is unknown" in clone.text
+    finally:
+        delete_namespace(api, namespace)

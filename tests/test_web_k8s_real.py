@@ -11,20 +11,26 @@ controller manager, but its image cannot be pulled here (no registry): what it w
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
 from real_node import DEADLINE_S, Real, real_cpu  # noqa: F401 (fixture)
+from test_k8s_real_jobs import mnist
 from test_k8s_real_pods import CONTEXT
-from test_web_browser import WAIT_S, browser, screenshot  # noqa: F401 (fixtures)
+from test_web_browser import WAIT_S, browser, field, screenshot, text_of  # noqa: F401 (fixtures)
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -171,3 +177,170 @@ def test_the_console_on_the_real_node_in_chromium(real_cpu: Real, tmp_path, brow
         console.terminate()
         console.wait(timeout=60)
         real.cli("dev", "stop", "web-knb", *real.where)
+
+
+def start_console(real: Real, cwd: Path, *flags: str) -> tuple[subprocess.Popen[str], str]:
+    """`hpctrain web --port N --scheduler kubernetes FLAGS`; the process and its token URL."""
+    console = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "web", "--port", str(free_port()), "--scheduler", "kubernetes",
+         "--interval", "1", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=real.env,
+    )  # fmt: skip
+    url = re.search(
+        r"open: (http://127\.0\.0\.1:\d+/\?token=\S+)", console.stdout.readline() + console.stdout.readline()
+    )
+    if url is None:
+        console.kill()
+        pytest.fail(f"hpctrain web did not start: {console.stderr.read()}")
+    return console, url.group(1)
+
+
+def job_processes(run_dir: Path) -> list[int]:
+    """The processes of the pods whose HPCTRAIN_RUN_DIR is `run_dir` (the node is this machine: they are in its
+    /proc): the log keeper, the launcher and the training process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if f"HPCTRAIN_RUN_DIR={run_dir}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """The job's processes stopped (SIGSTOP) for the block, so that it is still running when the page is read and
+    its stop button pressed, however fast the machine; a signal sent meanwhile (the stop's SIGTERM) waits pending."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+PLOT_POINTS = """return Array.from(document.querySelectorAll('#plots figure'))
+    .map((f) => [f.dataset.key, Number(f.dataset.points), f.querySelectorAll('circle').length])"""
+
+
+@pytest.mark.slow
+def test_the_job_form_and_a_pytorchjob_s_page_on_the_real_node_in_chromium(
+    real_cpu: Real, tmp_path: Path, browser, fashion_data_dir: Path
+) -> None:
+    """`hpctrain web --context C --namespace NS` (the kubeconfig's current context is another cluster's): the job
+    form holds that context and namespace; a 1-pod PyTorchJob of `train mnist` asking for 64 CPUs: Check shows the
+    live check's line beside --cpus-per-task with its fix; with 1 CPU, Preview shows the PyTorchJob in NS, Submit
+    creates it there and opens its page. The page shows it running, the replica's log live and rank 0's progress
+    (its run directory is on a hostPath volume of the node, which is this machine, so the console reads it); it is
+    cloned (the form filled from its job.yaml), stopped from the page, and the clone runs to the end: its page shows
+    the plots with a point per epoch, its description and its ended log. Screenshots: the form, the clone's page."""
+    real = real_cpu
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # The pods' own run directory: HPCTRAIN_RUN_DIR, the job's --run-dir (RUNS/NAME), so a clone gets its own.
+    train = [w for w in mnist(fashion_data_dir, runs, 8192, 2)]
+    train = train[: train.index("--run-dir")]
+    console, url = start_console(real, tmp_path, "--context", CONTEXT, "--namespace", real.namespace)
+    try:
+        base = url.split("/?token=")[0]
+        browser.get(url)
+        browser.get(base + "/jobs/new")
+        assert field(browser, "namespace").get_attribute("value") == real.namespace
+        assert field(browser, "context").get_attribute("value") == CONTEXT
+        browser.find_element(By.CSS_SELECTOR, "input[name=what][value=command]").click()
+        browser.find_element(By.ID, "command").send_keys(shlex.join(train))
+        volumes = f"host:{fashion_data_dir}:{fashion_data_dir}:ro\nhost:{runs}:{runs}"
+        for name, value in (
+            ("name", "web-k8s"),
+            ("image", real.image),
+            ("nodes", "1"),
+            ("cpus_per_task", "64"),  # more than the node has
+            ("mem", "2G"),
+            ("run_dir", f"{runs}/%j"),
+            ("volumes", volumes),
+        ):
+            field(browser, name).send_keys(value)
+        browser.find_element(By.ID, "check").click()
+        beside = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "field-cpus_per_task"))
+        problem = beside.find_element(By.CSS_SELECTOR, ".problem.error").text
+        fix = beside.find_element(By.CSS_SELECTOR, ".fix").text
+        assert "asks for cpu 64" in problem and "more than any node offers" in problem, problem
+        assert fix.startswith("fix: ") and "--cpus-per-task" in fix, fix
+        assert field(browser, "volumes").get_attribute("value") == volumes  # the form keeps what was typed
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", beside)
+        screenshot(browser, "web-form-k8s.png", tmp_path)
+
+        field(browser, "cpus_per_task").clear()
+        field(browser, "cpus_per_task").send_keys("1")
+        browser.find_element(By.ID, "preview-button").click()
+        manifest = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "preview")).text
+        assert "kind: PyTorchJob" in manifest and f"namespace: {real.namespace}" in manifest, manifest
+        assert f"image: {real.image}" in manifest and "--train-limit" in manifest
+        assert browser.find_elements(By.CSS_SELECTOR, ".problem.error") == []
+
+        browser.find_element(By.ID, "submit").click()
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.current_url == f"{base}/job/kubernetes/web-k8s")
+        assert (runs / "web-k8s" / "job.yaml").is_file()  # recorded where the pods' run directory is
+
+        # Running: the log, followed from before its pod started, live; then (held still) rank 0's progress from
+        # the run directory, and the page again, now with a log link for each replica.
+        WebDriverWait(browser, DEADLINE_S, poll_frequency=1).until(lambda d: "epoch 1/2 step" in text_of(d, "log"))
+        with paused(job_processes(runs / "web-k8s")):
+            browser.refresh()
+            WebDriverWait(browser, WAIT_S).until(
+                lambda d: "RUNNING" in text_of(d, "details") and "RANK" in text_of(d, "details")
+            )
+            details = text_of(browser, "details")
+            assert f"run dir: {runs / 'web-k8s'}" in details, details
+            ranks = [line for line in details.splitlines() if line.lstrip().startswith("0 ")]
+            assert ranks and ranks[0].split()[1] in {*real.nodes, "web-k8s-master-0"}, details  # its host
+            replica = browser.find_element(By.XPATH, "//a[contains(@class, 'choice') and contains(., 'master-0')]")
+            replica.click()
+            WebDriverWait(browser, WAIT_S).until(lambda d: "epoch 1/2 step" in text_of(d, "log"))
+            assert browser.current_url.endswith("replica=master-0")
+            assert text_of(browser, "shell").startswith(f"kubectl --context {CONTEXT} exec -it -n {real.namespace}")
+
+            # Clone, in a tab of its own: the form holds the job's description and the console's connection.
+            page = browser.current_window_handle
+            clone = browser.find_element(By.ID, "clone").get_attribute("href")
+            browser.switch_to.new_window("tab")
+            browser.get(clone)
+            assert "the description job web-k8s was submitted with" in browser.find_element(By.ID, "form-note").text
+            recorded = (
+                field(browser, "namespace").get_attribute("value"),
+                field(browser, "context").get_attribute("value"),
+            )
+            assert recorded == (real.namespace, CONTEXT)
+            assert "--train-limit" in browser.find_element(By.ID, "job-file-text").get_attribute("value")
+            field(browser, "name").send_keys("web-k8s-clone")
+
+            # Stop it from its page (confirmed): its pods get SIGTERM, pending until the block lets them go on.
+            browser.switch_to.window(page)
+            browser.find_element(By.CSS_SELECTOR, "button.danger").click()
+            WebDriverWait(browser, WAIT_S).until(expected_conditions.alert_is_present()).accept()
+        WebDriverWait(browser, 90).until(lambda d: d.find_element(By.TAG_NAME, "h1").text.startswith("Stop job"))
+        said = browser.find_element(By.TAG_NAME, "main").text
+        assert "job web-k8s: RUNNING -> deleted" in said or "still terminating" in said, said
+
+        # The clone runs to the end: its page shows a point per epoch in each plot, its description, its log.
+        browser.switch_to.window([h for h in browser.window_handles if h != page][0])
+        browser.find_element(By.ID, "submit").click()
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.current_url == f"{base}/job/kubernetes/web-k8s-clone")
+        WebDriverWait(browser, DEADLINE_S, poll_frequency=2).until(lambda d: "SUCCEEDED" in text_of(d, "details"))
+        browser.refresh()
+        WebDriverWait(browser, WAIT_S).until(lambda d: ["train_loss", 2, 2] in d.execute_script(PLOT_POINTS))
+        assert ["test_accuracy", 2, 2] in browser.execute_script(PLOT_POINTS)
+        assert "name: web-k8s-clone" in text_of(browser, "description")
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "log-state").text == "(ended)")
+        assert "hpctrain: epoch 2/2: train loss" in text_of(browser, "log")
+        browser.set_window_size(1400, 2300)  # the whole page: plots, log, attempts, description
+        screenshot(browser, "web-job-k8s.png", tmp_path)
+        said = [entry["message"] for entry in browser.get_log("browser")]
+        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+    finally:
+        console.terminate()
+        console.wait(timeout=60)

@@ -305,6 +305,11 @@ class Scheduler(Protocol):
     dry_run_note: str
     """What `submit --dry-run` did not check (it needs the live cluster), and which command does."""
 
+    def connection(self) -> dict[str, str]:
+        """Where this scheduler's jobs are, as the job flags (dest -> value) that say it (a Kubernetes context,
+        namespace and kind of job): what a job the web form sends through it is given by default; empty where the
+        backend has one place only (Slurm: the cluster of this machine)."""
+
     def services(self) -> Services:
         """What the commands around a job (`dev`, `tensorboard --on-cluster`, `top`, `debug stacks`, `cancel` of a
         service) ask of this backend, on this scheduler's connection (hpctrain.schedulers.service_api)."""

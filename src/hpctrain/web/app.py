@@ -165,9 +165,12 @@ class Console:
         clone = request.query_params.get("from")
         if clone:
             name, _, job_id = clone.partition("/")
-            form = job_form.from_record(submission.recorded(self.scheduler(name), job_id))
+            scheduler = self.scheduler(name)
+            form = job_form.from_record(submission.recorded(scheduler, job_id), scheduler.connection())
             return self.form_page(form, note=f"the description job {line(job_id)} was submitted with")
-        form = job_form.FormInput(values={"scheduler": next(iter(self.schedulers), "")})
+        name = next(iter(self.schedulers), "")
+        found = self.schedulers.get(name)
+        form = job_form.new_form(name, {} if isinstance(found, UserError) or found is None else found.connection())
         return self.form_page(form)
 
     async def new_job(self, request: Request) -> Response:
@@ -187,6 +190,12 @@ class Console:
                 raise UserError(f"unknown action {action!r}: use {', '.join(job_form.ACTIONS)}")
             job = form.job(self.job_flags)
             backend = job.backend()
+            # where the console shows this scheduler's jobs, and nowhere else (its page would not find the job)
+            away = job_form.elsewhere(
+                job.scheduler, backend.connection(), self.scheduler(job.scheduler).connection(), self.job_flags
+            )
+            if away:
+                raise UserError(away)
             rendered = submission.preview(job, backend)
             if action == "preview":
                 return self.form_page(form, rendered=redact(rendered.preview or rendered.text))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,9 +147,39 @@ class FormInput:
         return submission.build(flags, job_file_text=job_file)
 
 
-def from_record(text: str) -> FormInput:
-    """A form filled with a job's recorded description (its job.yaml), to submit again as it was or changed."""
-    return FormInput(what="file", job_file_name="job.yaml", job_file_text=text)
+def new_form(scheduler: str, connection: Mapping[str, str]) -> FormInput:
+    """An empty form for `scheduler`, its connection fields (Scheduler.connection: a namespace, a context) filled
+    with the console's: what the console shows is where the job goes."""
+    return FormInput(values={"scheduler": scheduler, **connection})
+
+
+def from_record(text: str, connection: Mapping[str, str] | None = None) -> FormInput:
+    """A form filled with a job's recorded description (its job.yaml), to submit again as it was or changed, the
+    connection fields with the console's."""
+    return FormInput(values=dict(connection or {}), what="file", job_file_name="job.yaml", job_file_text=text)
+
+
+def elsewhere(
+    scheduler: str, job_place: Mapping[str, str], console_place: Mapping[str, str], parser: argparse.ArgumentParser
+) -> str | None:
+    """Why a job would go somewhere other than where the console shows `scheduler`'s jobs (another namespace,
+    context or kind of job: its page would not find it), as one line naming the field and the fix; None when it
+    goes there. `job_place`, `console_place`: Scheduler.connection() of the job's backend and of the console's."""
+    flags = {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.dest) for a in parser._actions}
+    for dest in sorted(set(job_place) | set(console_place)):
+        if job_place.get(dest) == console_place.get(dest):
+            continue
+        flag = flags.get(dest, dest)
+        said = job_place.get(dest) or "left empty"
+        here = " ".join(f"{flags.get(k, k)} {v}" for k, v in console_place.items())
+        wanted = console_place.get(dest)
+        fix = f"give {flag} {wanted}" if wanted else f"leave {flag} empty"
+        return (
+            f"{flag} {said}: this console shows the {scheduler} jobs at {here}, and would not find this one: "
+            f"{fix}, or start `hpctrain web --scheduler {scheduler}` with {flag} {job_place.get(dest) or '...'} "
+            "to send jobs there"
+        )
+    return None
 
 
 def problems_by_field(

@@ -95,6 +95,12 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
     def namespace(self) -> str:
         return self.options.namespace
 
+    def connection(self) -> dict[str, str]:
+        """The namespace, the kind of job and the context (where one was given: else the kubeconfig's current one)
+        that this scheduler reaches, as their job flags' dests."""
+        found = {"namespace": self.namespace, "k8s_api": self.options.api}
+        return {**found, "context": self.context} if self.context else found
+
     def command(self, name: str, *words: str) -> str:
         """`hpctrain NAME ... WORDS` with the flags that find this job again (scheduler, namespace, context, API):
         every command this backend suggests works when pasted, wherever the defaults point. NAME may be two words
@@ -260,7 +266,8 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
 
         if job_id is None:
             return display.jobs_view(self.list_jobs(), self.namespace)
-        return display.job_view(self.status(job_id))
+        status = self.status(job_id)
+        return display.job_view(status, self.run_dir_here(job_id))
 
     def cluster_view(self, partition: str | None = None) -> View:
 

@@ -147,6 +147,9 @@ class SlurmScheduler:
         """This backend's options of the jobs it renders and submits (a partition, the launcher, ...)."""
         self.run = run
 
+    def connection(self) -> dict[str, str]:
+        return {}  # the cluster this machine's sbatch reaches
+
     def services(self) -> Any:
         """What `dev`, `tensorboard --on-cluster`, `top` and `debug stacks` ask of Slurm (schedulers.services)."""
         from hpctrain.schedulers.slurm.services.service_jobs import SlurmServices

@@ -38,8 +38,9 @@ def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
     )
 
 
-def job_view(status: JobStatus) -> View:
-    """The job's state, then one row per replica (pod), then why it waits."""
+def job_view(status: JobStatus, run_dir: Path | None = None) -> View:
+    """The job's state, then one row per replica (pod), then why it waits; with its run directory as this machine
+    sees it, each rank's live progress and how a hung attempt ended (hpctrain.health), as for a Slurm job."""
     exit_code = "" if status.exit_code is None else f", exit status {status.exit_code}"
     restarts = f", {status.restarts} restart(s)" if status.restarts else ""
     parts: list[Table | str] = [f"{status.job_id}: {status.state}{exit_code}{restarts}"]
@@ -66,7 +67,15 @@ def job_view(status: JobStatus) -> View:
     parts += ended_lines(status)
     if status.last_lines:
         parts += ["last lines of the failed replica(s):", *(f"  {line}" for line in status.last_lines)]
-    return View(records={**asdict(status), "finished": status.finished}, parts=tuple(parts), plain=True)
+    extra: dict[str, Any] = {}
+    if run_dir is not None:
+        from hpctrain.health import read_progress
+        from hpctrain.health.view import elastic_lines, hang_lines, rank_lines
+
+        ranks = read_progress(run_dir)
+        extra = {"run_dir": str(run_dir), "ranks": [asdict(r) for r in ranks]}
+        parts += [f"run dir: {run_dir}", *elastic_lines(run_dir), *hang_lines(run_dir), *rank_lines(ranks, time.time())]
+    return View(records={**asdict(status), "finished": status.finished, **extra}, parts=tuple(parts), plain=True)
 
 
 def ended_lines(status: JobStatus) -> list[str]:

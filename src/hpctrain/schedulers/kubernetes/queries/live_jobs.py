@@ -5,7 +5,9 @@ events), the namespace's jobs, a pod's log, and deleting a job.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -30,9 +32,12 @@ from hpctrain.schedulers.kubernetes.queries.replica_logs import (
     kept_dir,
     kept_lines,
     kept_logs,
+    run_dir_here,
 )
 from hpctrain.schedulers.kubernetes.api.rest import path
 from hpctrain.schedulers.kubernetes.manifests import render as r
+
+LOG_WAIT_POLL_S = 1.0  # `logs -f` of a job whose pod has not started: how often it looks again
 
 
 class LiveJobs:
@@ -131,6 +136,12 @@ class LiveJobs:
                 out += [f"{rep.name}: {line}" for line in rep.message.splitlines()[-TAIL_LINES:]]
         return tuple(out)
 
+    def run_dir_here(self, job_id: str) -> Path | None:
+        """The job's run directory as this machine sees it through the pods' volumes, or None (a volume not seen
+        here, or no run directory): where `status JOB` reads each rank's progress, the web console its plots."""
+        found = run_dir_here(self.get_object(job_id), self._path_here)
+        return found if found is not None and found.is_dir() else None
+
     def _path_here(self, pod_path: str, volumes: list[Any]) -> tuple[str | None, str]:
         from hpctrain.schedulers.kubernetes.checks.submit_host import path_here
 
@@ -186,6 +197,8 @@ class LiveJobs:
 
         if stream != "stdout":
             raise UserError("a container's log holds its stdout and stderr together: drop --err")
+        if follow:
+            self._wait_for_the_pod(job_id, replica, say)
         obj = self.get_object(job_id)
         pods = self.pods_of(job_id)
         names = [replica_name(p) for p in pods]
@@ -218,6 +231,26 @@ class LiveJobs:
                 f"have started; see `{self.command('status', job_id)}`"
             ) from None
         return log_lines(resp, name)
+
+    def _wait_for_the_pod(self, job_id: str, replica: str | None, say: Callable[[str], None] | None) -> None:
+        """`logs -f` of a job whose pods are still to come, or still starting (a job just submitted, as the web
+        console's page of a new job follows it): wait until the replica's pod has left Pending, or the job has
+        ended (then what is left of its log is read), saying once what it waits for, as `logs -f` of a queued Slurm
+        job waits for its output. A job deleted meanwhile is JobNotFound."""
+        said = False
+        while True:
+            state, _ = object_state(self.get_object(job_id), self.options.api)
+            pods = self.pods_of(job_id)
+            pod = pods[0] if pods and replica is None else next((p for p in pods if replica_name(p) == replica), None)
+            if state in base.FINISHED_STATES or (pods and pod is None):  # ended, or no such replica: said below
+                return
+            if pod is not None and (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+                return
+            if not said and say is not None:
+                what = f"pod {pod['metadata']['name']} to start" if pod is not None else "its pods to be created"
+                say(f"{job_id} is {state}: waiting for {what} (`{self.command('status', job_id)}` says why it waits)")
+                said = True
+            time.sleep(LOG_WAIT_POLL_S)
 
     def cancel(self, job_id: str) -> None:
         """Delete the job; its pods get SIGTERM and their terminationGracePeriodSeconds (--signal-grace, rendered

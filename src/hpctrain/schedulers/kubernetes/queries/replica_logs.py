@@ -93,6 +93,13 @@ def keep_log(command: list[str], run_dir: str | None) -> list[str]:
 def kept_dir(obj: dict[str, Any], path_here: Callable[[str, list[Volume]], tuple[str | None, str]]) -> Path | None:
     """RUN_DIR/pod-logs of the job object `obj` as this machine sees it (`path_here`: local.path_here), or None when
     the job has no run directory or its volume is not reachable from here."""
+    here = run_dir_here(obj, path_here)
+    return None if here is None else here / LOG_DIR
+
+
+def run_dir_here(obj: dict[str, Any], path_here: Callable[[str, list[Volume]], tuple[str | None, str]]) -> Path | None:
+    """The run directory of the job object `obj` (its HPCTRAIN_RUN_DIR) as this machine sees it through the pods'
+    volumes (`path_here`: local.path_here), or None when the job has none or its volume is not reachable here."""
     pod, env = _pod_and_env(obj)
     run_dir = next((e.get("value") for e in env if e.get("name") == "HPCTRAIN_RUN_DIR"), None)
     if not isinstance(run_dir, str):
@@ -108,7 +115,7 @@ def kept_dir(obj: dict[str, Any], path_here: Callable[[str, list[Volume]], tuple
             volumes.append(Volume("nfs", v["nfs"].get("path", ""), m.get("mountPath", ""), v["nfs"].get("server")))
         elif "persistentVolumeClaim" in v:
             volumes.append(Volume("pvc", v["persistentVolumeClaim"].get("claimName", ""), m.get("mountPath", "")))
-    here, _ = path_here(posixpath.join(run_dir, LOG_DIR), volumes)
+    here, _ = path_here(run_dir, volumes)
     return Path(here) if here else None
 
 

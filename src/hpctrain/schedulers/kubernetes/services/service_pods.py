@@ -287,7 +287,10 @@ class KubernetesServices:
         )
 
     def run_dir(self, job: str) -> Path | None:
-        return None  # the pods' run directory lies on their volume, which this machine need not see
+        """The job's run directory as this machine sees it through the pods' volumes (a host path on a node that is
+        this machine, an NFS or PVC volume mounted here at the same path), else None: the volume is not seen here
+        (a job that no longer exists is JobNotFound: a cancelled job's object is deleted)."""
+        return self.scheduler.run_dir_here(job)
 
     def stop(self, name: str) -> str | None:
         sched = self.scheduler
