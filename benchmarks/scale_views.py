@@ -202,6 +202,7 @@ def squeue_fields(j: int, n: int, me: str) -> dict[str, str]:
         "state": state,
         "reason": "None" if running else "Priority",
         "numnodes": "1",
+        "maxnodes": "1",
         "nodelist": node_name(1 + 4 * ((j // 10) % max(1, n // 4))) if running else "",
         "timeused": "1:00:00" if running else "0:00",
         "restartcnt": "0",
@@ -257,9 +258,10 @@ def squeue_rows(n: int, me: str) -> tuple[str, str]:
     return squeue_answer(argv, n, me), squeue_answer([*argv, f"--user={me}"], n, me)
 
 
-FULL_FIELDS = ("JobID", "Name", "State", "Reason", "NumNodes", "NodeList", "TimeUsed", "RestartCnt", "Partition")
+FULL_FIELDS = ("JobID", "Name", "State", "Reason", "NumNodes", "MaxNodes", "NodeList", "TimeUsed", "RestartCnt")
+FULL_FIELDS += ("Partition",)
 FULL_FIELDS += ("UserName", "SubmitTime", "StartTime", "TimeLimit", "WorkDir")  # jobs.SQUEUE_FIELDS
-TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "TimeUsed", "RestartCnt")
+TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "MaxNodes", "TimeUsed", "RestartCnt")
 HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task", "Name")
 
 

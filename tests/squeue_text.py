@@ -17,8 +17,18 @@ RECORDED_SEP = "\x1f"  # the separator of the recordings
 
 
 def recorded(text: str, names: tuple[str, ...]) -> list[dict[str, str]]:
-    """A recording in the one-separator form of the fields `names` -> each job's values by field name."""
+    """A recording in the one-separator form of the fields `names` -> each job's values by field name.
+
+    The recordings made before hpctrain asked for MaxNodes (issue 42) lack it: squeue prints a job's max_nodes, or
+    its node count when that is unset (_print_job_max_nodes in src/squeue/print.c), which equals NumNodes for every
+    job but a pending one that asked for a node range (none of those jobs did; seen on the local 22.05 cluster:
+    `--nodes=2` pending prints 2 and 2, `--nodes=1-2` pending 1 and 2, running on one node 1 and 1). For those
+    recordings MaxNodes is derived from NumNodes here, said where it is done; squeue_elastic_*_22.05.txt hold it
+    as recorded."""
     rows = [line.split(RECORDED_SEP) for line in text.splitlines() if line.strip()]
+    short = tuple(n for n in names if n != "MaxNodes")
+    if rows and short != names and all(len(row) == len(short) + 1 for row in rows):  # recorded without MaxNodes
+        return [{**job, "MaxNodes": job["NumNodes"]} for job in (dict(zip(short, row)) for row in rows)]
     assert all(len(row) == len(names) + 1 for row in rows), "a recorded value holds the separator"
     return [dict(zip(names, row)) for row in rows]
 

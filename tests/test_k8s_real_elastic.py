@@ -49,6 +49,8 @@ def test_an_elastic_pytorchjob_goes_on_when_a_worker_pod_is_deleted(
     assert blocking(sched.check(job)) == [], sched.check(job)
     assert sched.submit(job, sched.render(job)) == "elastic"
     pids = real.training_pids(run_dir, 2)
+    [table] = sched.status_view(None).text_parts()  # both workers' pods run: `status` says so against the range
+    assert [row[2] for row in table.rows if row[0] == "elastic"] == ["2 of 1:2"], table.rows
     checkpoints = run_dir / "checkpoints"
     real.wait("a first checkpoint", lambda: checkpoints.is_dir() and any(checkpoints.glob("checkpoint_step_*.pt")))
     with paused(pids):
@@ -65,3 +67,7 @@ def test_an_elastic_pytorchjob_goes_on_when_a_worker_pod_is_deleted(
     ]
     assert resumed and resumed[-1] >= 8, log  # from a checkpoint the two wrote (every 8 steps), not from scratch
     assert "cancelled" not in log.lower(), log
+    shown = "\n".join(p for p in sched.status_view("elastic").text_parts() if isinstance(p, str))
+    assert re.search(r"^workers: +\d of 1:2 running ", shown, re.MULTILINE), shown
+    last = record[-1]["nodes"]  # the run directory is read here: its last group beside the range asked for
+    assert re.search(rf"^nodes: +{last} of 1:2 \(elastic; the run's last group\)$", shown, re.MULTILINE), shown

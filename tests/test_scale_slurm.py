@@ -165,7 +165,7 @@ def test_cluster_says_when_scontrol_fails_and_skips_a_job_that_ended() -> None:
 def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`status` (and `--all-users`: 100,000 jobs) asks squeue for the 8 fields its table prints, in id order, and
+    """`status` (and `--all-users`: 100,000 jobs) asks squeue for the 9 fields its table prints, in id order, and
     makes the cells straight from squeue's text: no JobInfo, the same table as from every field's records."""
     from hpctrain.schedulers.slurm.queries import job_states
     from hpctrain.schedulers.slurm.queries import job_table
@@ -188,7 +188,8 @@ def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
         (argv,) = run.calls
         token = argv[-1].rsplit(":", 1)[1]  # the query's own (the last field is free text)
         assert argv == job_table.table_argv(None, Fields(job_table.TABLE_FIELDS, token)) and "--sort=i" in argv
-        assert argv[-1].removeprefix("--Format=").count(":") == len(display.JOB_COLUMNS) + 1
+        # the nodes column from NodeList, NumNodes and MaxNodes (a pending node range: "(1:2 wanted)")
+        assert argv[-1].removeprefix("--Format=").count(":") == len(display.JOB_COLUMNS) + 2
         assert made["n"] == 0 and run.out_bytes < 0.6 * len(scale.squeue_rows(n, ME)[0])
         show(
             display.jobs_view(sorted(parse_squeue(scale.squeue_rows(n, ME)[0], ROWS), key=job_states._id_key)),
@@ -340,10 +341,13 @@ def test_long_json_is_the_same_data_one_record_a_line(capsys: pytest.CaptureFixt
 @pytest.mark.slow
 def test_the_harness_runs_in_its_smallest_form() -> None:
     """benchmarks/scale_views.py end to end (stand-ins on PATH, fresh hpctrain processes, --compare, the fit), tiny
-    sizes."""
+    sizes, with the src/ of the hpctrain under test (the harness's answers are this checkout's)."""
     import os
     import sys
 
+    import hpctrain
+
+    SRC = Path(hpctrain.__file__).parents[1]
     result = subprocess.run(
         [
             sys.executable,
@@ -357,10 +361,10 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
             "--only",
             "cluster,status (N",
             "--compare",
-            str(Path(cluster_state.__file__).parents[3]),
+            str(SRC),
         ],
         cwd=Path(__file__).parents[1],
-        env={**os.environ, "PYTHONPATH": str(Path(cluster_state.__file__).parents[3])},
+        env={**os.environ, "PYTHONPATH": str(SRC)},
         capture_output=True,
         text=True,
         timeout=600,

@@ -214,6 +214,23 @@ def test_the_table_query_gives_the_cells_of_the_full_query_recorded() -> None:
     assert cells[19] == ("59", "gpu1", "RUNNING", "", "node2", "00:00:18", "0")
 
 
+def test_a_pending_node_range_shows_as_wanted_in_both_tables() -> None:
+    """Issue 42: squeue's own MaxNodes beside NumNodes, in the table's one query and in the records' (recorded on the
+    local 22.05 cluster: `--nodes=1-2` held and waiting, `--nodes=2` held), gives a pending elastic job's nodes cell
+    "(1:2 wanted)", the same from both queries; a fixed request stays "(2 wanted)"."""
+    from hpctrain.schedulers.slurm.queries import display
+    from hpctrain.schedulers.slurm.queries.job_table import TABLE_FIELDS, table_columns
+    from hpctrain.schedulers.slurm.queries.job_states import _id_key
+
+    full = sorted(
+        parse_squeue(*relaid((DATA / "squeue_elastic_full_22.05.txt").read_text(), SQUEUE_FIELDS)), key=_id_key
+    )
+    cells = table_columns(*relaid((DATA / "squeue_elastic_table_22.05.txt").read_text(), TABLE_FIELDS))
+    assert list(cells) == display.job_rows(full)
+    assert {row[0]: row[4] for row in cells} == {"362": "(1:2 wanted)", "363": "(1:2 wanted)", "364": "(2 wanted)"}
+    assert [(j.num_nodes, j.max_nodes) for j in full] == [(1, 2), (1, 2), (2, 2)]
+
+
 @pytest.mark.parametrize("name", ["squeue_22.05.txt", "20.11/squeue.txt", "24.11/squeue.txt", "25.11/squeue.txt"])
 def test_the_table_from_squeue_is_the_records_table(name: str) -> None:
     """The table's squeue text for the same jobs (the 8 fields picked from each recorded line: squeue prints each

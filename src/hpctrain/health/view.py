@@ -13,7 +13,7 @@ from hpctrain.health.stragglers import find_stragglers
 from hpctrain.readback import BadRunFile, read_json, read_text
 from hpctrain.stops import MAX_PROVENANCE_BYTES, PROVENANCE_FILE
 
-__all__ = ["elastic_lines", "hang_lines", "rank_lines", "read_attempts"]
+__all__ = ["elastic_lines", "hang_lines", "node_count", "rank_lines", "read_attempts"]
 
 
 def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -27,6 +27,11 @@ def read_attempts(run_dir: Path) -> list[dict[str, Any]]:
     return [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
 
 
+def node_count(current: object, requested: str) -> str:
+    """An elastic job's node count now beside the range asked for: "1 of 1:2"."""
+    return f"{current} of {requested}"
+
+
 def elastic_lines(run_dir: Path) -> list[str]:
     """For `status JOB`: an elastic run's node count now beside the one asked for ("1 of 1:2"), and each membership
     change as one line, from the attempt record."""
@@ -34,7 +39,8 @@ def elastic_lines(run_dir: Path) -> list[str]:
     if not attempts or not isinstance(attempts[-1].get("requested_nodes"), str):
         return []
     last = attempts[-1]
-    lines = [f"{'nodes:':12} {last.get('nodes', '?')} of {last['requested_nodes']} (elastic; the run's last group)"]
+    count = node_count(last.get("nodes", "?"), last["requested_nodes"])
+    lines = [f"{'nodes:':12} {count} (elastic; the run's last group)"]
     changes = [a["membership_change"] for a in attempts if isinstance(a.get("membership_change"), str)]
     return lines + [f"{'membership:':12} {change}" for change in changes]
 

@@ -265,9 +265,9 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         phase, node and restarts, and why it waits (scheduler events)."""
 
         if job_id is None:
-            return display.jobs_view(self.list_jobs(), self.namespace)
-        status = self.status(job_id)
-        return display.job_view(status, self.run_dir_here(job_id))
+            jobs, nodes = self.job_listing()
+            return display.jobs_view(jobs, self.namespace, nodes)
+        return display.job_view(*self.status_lines(job_id))
 
     def cluster_view(self, partition: str | None = None) -> View:
 

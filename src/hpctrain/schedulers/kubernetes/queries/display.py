@@ -24,26 +24,33 @@ from hpctrain.stops import StopReason
 SICK_NODE_LABEL = StopReason.SICK_NODE.label
 
 
-def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
+def jobs_view(jobs: list[JobSummary], namespace: str, nodes: dict[str, str] | None = None) -> View:
+    """The namespace's jobs; `nodes`: an elastic job's running worker pods against the range asked for ("1 of
+    1:2"), in its REPLICAS cell and its record, by job name."""
     if not jobs:
         return View(records=[], parts=(f"no jobs in namespace {namespace}",), plain=True)
+    nodes = nodes or {}
 
     def rows() -> list[tuple[str, ...]]:
-        return [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs]
+        return [(j.job_id, j.state, nodes.get(j.job_id, str(j.replicas)), j.created or "") for j in jobs]
+
+    def record(j: JobSummary) -> dict[str, Any]:
+        return {**asdict(j), "nodes": nodes[j.job_id]} if j.job_id in nodes else asdict(j)
 
     return View(
-        records=lambda: [asdict(j) for j in jobs],
+        records=lambda: [record(j) for j in jobs],
         parts=lambda: (Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows()),),
         plain=True,
     )
 
 
-def job_view(status: JobStatus, run_dir: Path | None = None) -> View:
-    """The job's state, then one row per replica (pod), then why it waits; with its run directory as this machine
-    sees it, each rank's live progress and how a hung attempt ended (hpctrain.health), as for a Slurm job."""
+def job_view(status: JobStatus, run_dir: Path | None = None, lines: list[str] | None = None) -> View:
+    """The job's state, `lines` (an elastic job's running workers against its range), then one row per replica
+    (pod), then why it waits; with its run directory as this machine sees it, the elastic run's node counts and
+    membership changes, each rank's live progress and how a hung attempt ended (hpctrain.health), as for Slurm."""
     exit_code = "" if status.exit_code is None else f", exit status {status.exit_code}"
     restarts = f", {status.restarts} restart(s)" if status.restarts else ""
-    parts: list[Table | str] = [f"{status.job_id}: {status.state}{exit_code}{restarts}"]
+    parts: list[Table | str] = [f"{status.job_id}: {status.state}{exit_code}{restarts}", *(lines or [])]
     if status.message:
         parts.append(f"message: {status.message}")
     if status.replicas:

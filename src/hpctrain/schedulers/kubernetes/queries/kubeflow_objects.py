@@ -97,6 +97,31 @@ def object_state(obj: dict[str, Any], api: str) -> tuple[str, str | None]:
     return state, message
 
 
+def elastic_range(obj: dict[str, Any]) -> str | None:
+    """An elastic PyTorchJob's node range, its elasticPolicy's minReplicas:maxReplicas ("1:2"); None for a job
+    without an elasticPolicy or with counts that are no whole numbers. As training-operator v1.9's setElasticPolicy
+    defaults them (pkg/controller.v1/pytorch/elastic.go): either one alone stands for both, neither gives the Worker
+    replicas."""
+    spec = obj.get("spec") or {}
+    policy = spec.get("elasticPolicy")
+    if not isinstance(policy, dict):
+        return None
+    low, high = policy.get("minReplicas"), policy.get("maxReplicas")
+    if low is None and high is None:
+        worker = (spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}
+        low = high = worker.get("replicas", 1)
+    low, high = (low if low is not None else high), (high if high is not None else low)
+    counts = (low, high)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 31 for n in counts):
+        return None
+    return f"{low}:{high}"
+
+
+def running_pod(pod: dict[str, Any]) -> bool:
+    """A pod that runs and is not on its way out (a deleted pod stays Running while it stops)."""
+    return (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+
+
 def replica_name(pod: dict[str, Any]) -> str:
     """`master-0`, `worker-N` (PyTorchJob), `node-N` (TrainJob: JobSet's replicated job and the pod's completion
     index, a label only since Kubernetes 1.28 and an annotation before), else the pod's name."""

@@ -19,12 +19,14 @@ from hpctrain.schedulers.kubernetes.queries.kubeflow_objects import (
     EXITED_WITH_CODE,
     PYTORCHJOB_SELECTOR,
     TRAINJOB_SELECTOR,
+    elastic_range,
     jobset_restarts,
     object_state,
     recorded_exit_code,
     replica_key,
     replica_name,
     replica_status,
+    running_pod,
 )
 from hpctrain.schedulers.kubernetes.queries.replica_logs import (
     TAIL_LINES,
@@ -80,8 +82,24 @@ class LiveJobs:
         return base.JobAccess(shell, tuple(replica_name(p) for p in pods))
 
     def status(self, job_id: str) -> JobStatus:
-        obj = self.get_object(job_id)
-        pods = self.pods_of(job_id)
+        return self._status(job_id, self.get_object(job_id), self.pods_of(job_id))
+
+    def status_lines(self, job_id: str) -> tuple[JobStatus, Path | None, list[str]]:
+        """The job's status, its run directory as this machine sees it (or None), and for an elastic PyTorchJob
+        its running worker pods against its elasticPolicy's minReplicas:maxReplicas."""
+        from hpctrain.health.view import node_count
+
+        obj, pods = self.get_object(job_id), self.pods_of(job_id)
+        status = self._status(job_id, obj, pods)
+        found = run_dir_here(obj, self._path_here)
+        run_dir = found if found is not None and found.is_dir() else None
+        requested = elastic_range(obj) if self.options.api == "pytorchjob" else None
+        if requested is None:
+            return status, run_dir, []
+        running = node_count(sum(map(running_pod, pods)), requested)
+        return status, run_dir, [f"{'workers:':12} {running} running (elasticPolicy minReplicas:maxReplicas)"]
+
+    def _status(self, job_id: str, obj: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
         replicas = tuple(replica_status(p) for p in pods)
         state, message = object_state(obj, self.options.api)
         if state == base.PENDING and any(p.phase == "Running" for p in replicas):
@@ -168,6 +186,14 @@ class LiveJobs:
         return tuple(lines)
 
     def list_jobs(self) -> list[JobSummary]:
+        return self.job_listing()[0]
+
+    def job_listing(self) -> tuple[list[JobSummary], dict[str, str]]:
+        """The namespace's jobs, oldest first, and each elastic PyTorchJob's running worker pods against its
+        elasticPolicy's minReplicas:maxReplicas ("1 of 1:2"), by job name: one list of the jobs and, only when one
+        of them is elastic, one of the namespace's running Kubeflow pods (both a page at a time)."""
+        from hpctrain.health.view import node_count
+
         items = self.raw.list(self._jobs_path(), f"listing the {self.kind}s")
         if not items:  # the API lists nothing, not an error, in a namespace that does not exist
             problems: list[str] = []
@@ -175,15 +201,32 @@ class LiveJobs:
             if problems:
                 raise UserError(problems[0])
         out = []
+        ranges: dict[str, str] = {}
         for obj in items:
             state, _ = object_state(obj, self.options.api)
             spec = obj.get("spec", {})
+            name = obj["metadata"]["name"]
             if self.options.api == "pytorchjob":
                 count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
+                requested = elastic_range(obj)
+                if requested is not None:
+                    ranges[name] = requested
             else:
                 count = int(spec.get("trainer", {}).get("numNodes", 1))
-            out.append(JobSummary(obj["metadata"]["name"], state, obj["metadata"].get("creationTimestamp"), count))
-        return sorted(out, key=lambda s: s.created or "")
+            out.append(JobSummary(name, state, obj["metadata"].get("creationTimestamp"), count))
+        running: dict[str, int] = {}
+        if ranges:
+            pods = self.raw.list(
+                self._namespaced("pods"),
+                "listing the pods",
+                labelSelector=PYTORCHJOB_SELECTOR,
+                fieldSelector="status.phase=Running",
+            )
+            for pod in filter(running_pod, pods):
+                job = (pod["metadata"].get("labels") or {}).get(PYTORCHJOB_SELECTOR)
+                running[job] = running.get(job, 0) + 1
+        nodes = {name: node_count(running.get(name, 0), requested) for name, requested in ranges.items()}
+        return sorted(out, key=lambda s: s.created or ""), nodes
 
     def logs(
         self,

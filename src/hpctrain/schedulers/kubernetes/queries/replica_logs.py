@@ -93,13 +93,14 @@ def keep_log(command: list[str], run_dir: str | None) -> list[str]:
 def kept_dir(obj: dict[str, Any], path_here: Callable[[str, list[Volume]], tuple[str | None, str]]) -> Path | None:
     """RUN_DIR/pod-logs of the job object `obj` as this machine sees it (`path_here`: local.path_here), or None when
     the job has no run directory or its volume is not reachable from here."""
-    here = run_dir_here(obj, path_here)
-    return None if here is None else here / LOG_DIR
+    return run_dir_here(obj, path_here, LOG_DIR)
 
 
-def run_dir_here(obj: dict[str, Any], path_here: Callable[[str, list[Volume]], tuple[str | None, str]]) -> Path | None:
-    """The run directory of the job object `obj` (its HPCTRAIN_RUN_DIR) as this machine sees it through the pods'
-    volumes (`path_here`: local.path_here), or None when the job has none or its volume is not reachable here."""
+def run_dir_here(
+    obj: dict[str, Any], path_here: Callable[[str, list[Volume]], tuple[str | None, str]], *under: str
+) -> Path | None:
+    """The job's run directory (or the path `under` it) as this machine sees it, or None when the job has no run
+    directory or its volume is not reachable from here."""
     pod, env = _pod_and_env(obj)
     run_dir = next((e.get("value") for e in env if e.get("name") == "HPCTRAIN_RUN_DIR"), None)
     if not isinstance(run_dir, str):
@@ -115,16 +116,16 @@ def run_dir_here(obj: dict[str, Any], path_here: Callable[[str, list[Volume]], t
             volumes.append(Volume("nfs", v["nfs"].get("path", ""), m.get("mountPath", ""), v["nfs"].get("server")))
         elif "persistentVolumeClaim" in v:
             volumes.append(Volume("pvc", v["persistentVolumeClaim"].get("claimName", ""), m.get("mountPath", "")))
-    here, _ = path_here(run_dir, volumes)
+    here, _ = path_here(posixpath.join(run_dir, *under), volumes)
     return Path(here) if here else None
 
 
 def _pod_and_env(obj: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The job's pod spec (volumes, mounts) and its training container's env, as render.py writes them."""
     spec = obj.get("spec") or {}
-    if "pytorchReplicaSpecs" in spec:
-        master = (spec["pytorchReplicaSpecs"] or {}).get("Master") or {}
-        pod = (master.get("template") or {}).get("spec") or {}
+    if "pytorchReplicaSpecs" in spec:  # the Master's, or an elastic job's Workers' (it has no Master)
+        specs = spec["pytorchReplicaSpecs"] or {}
+        pod = ((specs.get("Master") or specs.get("Worker") or {}).get("template") or {}).get("spec") or {}
         return pod, next((c.get("env") or [] for c in pod.get("containers") or []), [])
     pod = {}
     for patch in spec.get("runtimePatches") or []:

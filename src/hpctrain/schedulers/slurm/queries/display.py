@@ -73,6 +73,15 @@ def partition_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
     ]
 
 
+def wanted(num_nodes: int | None, max_nodes: int | None) -> str:
+    """The nodes cell of a job without nodes: what it asks for, "(2 wanted)", or a node range's "(1:2 wanted)"
+    (squeue's NumNodes is a pending job's minimum and MaxNodes its maximum; once the job runs both are the
+    allocated count: Slurm keeps no range then, seen on 22.05)."""
+    if not num_nodes:
+        return ""
+    return f"({num_nodes}:{max_nodes} wanted)" if max_nodes and max_nodes > num_nodes else f"({num_nodes} wanted)"
+
+
 def job_rows(jobs: list[JobInfo]) -> list[tuple[str, ...]]:
     return [
         (
@@ -80,7 +89,7 @@ def job_rows(jobs: list[JobInfo]) -> list[tuple[str, ...]]:
             j.name,
             j.state,
             j.reason or "",  # why it waits, or why it failed (NonZeroExitCode, TimeLimit, ...)
-            j.nodes or (f"({j.num_nodes} wanted)" if j.num_nodes else ""),
+            j.nodes or wanted(j.num_nodes, j.max_nodes),
             "" if j.elapsed_s is None else format_duration(j.elapsed_s),
             str(j.restarts),
         )

@@ -56,7 +56,8 @@ class JobInfo:
     state: str  # Slurm's state word (RUNNING, PENDING, COMPLETED, ...), or GONE
     reason: str | None = None  # why it is pending (Resources, Priority, BeginTime, ...)
     nodes: str | None = None  # hostlist (node[1-2])
-    num_nodes: int | None = None
+    num_nodes: int | None = None  # allocated; a pending job's minimum
+    max_nodes: int | None = None  # a pending job's maximum (a node range); once it runs, the allocated count too
     elapsed_s: int | None = None
     restarts: int = 0
     exit_code: int | None = None  # the job's exit status; 128+N when killed by signal N; None if not ended
@@ -121,6 +122,7 @@ SQUEUE_FIELDS = (
     "State",
     "Reason",
     "NumNodes",
+    "MaxNodes",
     "NodeList",
     "TimeUsed",
     "RestartCnt",
@@ -159,6 +161,7 @@ def parse_squeue(text: str, fields: records.Fields) -> list[JobInfo]:
             reason=None if reason in NULLS else reason,  # (null()'s test inline: 100,000 jobs)
             nodes=None if nodes in NULLS else nodes,
             num_nodes=int(num_nodes) or None if num_nodes.isdigit() else None,
+            max_nodes=int(max_nodes) or None if max_nodes.isdigit() else None,
             elapsed_s=duration_or_none(used),
             restarts=int(restarts) if restarts.isdigit() else 0,
             partition=None if partition in NULLS else partition,
@@ -175,6 +178,7 @@ def parse_squeue(text: str, fields: records.Fields) -> list[JobInfo]:
             state,
             reason,
             num_nodes,
+            max_nodes,
             nodes,
             used,
             restarts,

@@ -2,7 +2,7 @@
 table's columns directly.
 
 The table shows seven cells a job (display.JOB_COLUMNS); `status --all-users` on a big cluster has 100,000 jobs. So
-this path asks squeue for the eight fields those cells come from (not jobs.SQUEUE_FIELDS' fourteen), in job id
+this path asks squeue for the nine fields those cells come from (not jobs.SQUEUE_FIELDS' fifteen), in job id
 order (`--sort=i`), builds no JobInfo, and makes each column in one pass over squeue's text: records.Fields splits
 the whole text at once into its columns (the free-text ones, name and reason, at this query's random separator, so
 no job name can move a field or make a row). Each distinct state, duration and count is turned into its cell once
@@ -24,10 +24,11 @@ import operator
 from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.base import ColumnCells
 from hpctrain.schedulers.slurm.commands import Runner, run_bounded, slurm
+from hpctrain.schedulers.slurm.queries.display import wanted
 from hpctrain.schedulers.slurm.queries.job_states import NULLS, duration_or_none, id_order, state_word
 from hpctrain.schedulers.slurm.queries.records import Fields
 
-TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "TimeUsed", "RestartCnt")
+TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "MaxNodes", "TimeUsed", "RestartCnt")
 
 
 def table_argv(user: str | None, fields: Fields | None = None) -> list[str]:
@@ -39,8 +40,8 @@ def table_argv(user: str | None, fields: Fields | None = None) -> list[str]:
 
 
 @functools.cache
-def _wanted(num_nodes: str) -> str:
-    return f"({int(num_nodes)} wanted)" if num_nodes.isdigit() and int(num_nodes) else ""
+def _wanted(num_nodes: str, max_nodes: str) -> str:
+    return wanted(int(num_nodes) if num_nodes.isdigit() else None, int(max_nodes) if max_nodes.isdigit() else None)
 
 
 @functools.cache
@@ -56,13 +57,13 @@ def _restarts(text: str) -> str:
 
 def table_columns(text: str, fields: Fields) -> ColumnCells:
     """Output of table_argv(user, fields) -> the table's cells by column (display.JOB_COLUMNS), in job id order."""
-    job_id, name, state, reason, nodes, num_nodes, used, restarts = fields.columns(text)
+    job_id, name, state, reason, nodes, num_nodes, max_nodes, used, restarts = fields.columns(text)
     columns = [
         job_id,
         name,
         list(map(state_word, state)),
         ["" if r in NULLS else r for r in reason],  # why it waits, or why it failed
-        [w if nl in NULLS else nl for nl, w in zip(nodes, map(_wanted, num_nodes))],
+        [w if nl in NULLS else nl for nl, w in zip(nodes, map(_wanted, num_nodes, max_nodes))],
         list(map(_elapsed, used)),
         list(map(_restarts, restarts)),
     ]
