@@ -259,7 +259,7 @@ class KubernetesScheduler(LiveChecks, LiveJobs):
         phase, node and restarts, and why it waits (scheduler events)."""
 
         if job_id is None:
-            return display.jobs_view(self.list_jobs(), self.namespace)
+            return display.jobs_view(self.summaries(restarts=False), self.namespace)
         return display.job_view(self.status(job_id))
 
     def cluster_view(self, partition: str | None = None) -> View:

@@ -24,6 +24,9 @@ from hpctrain.stops import StopReason
 SICK_NODE_LABEL = StopReason.SICK_NODE.label
 
 
+RECORD_KEYS = ("job_id", "state", "created", "replicas")  # `status --json`'s keys of each job
+
+
 def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
     if not jobs:
         return View(records=[], parts=(f"no jobs in namespace {namespace}",), plain=True)
@@ -32,7 +35,7 @@ def jobs_view(jobs: list[JobSummary], namespace: str) -> View:
         return [(j.job_id, j.state, str(j.replicas), j.created or "") for j in jobs]
 
     return View(
-        records=lambda: [asdict(j) for j in jobs],
+        records=lambda: [{k: getattr(j, k) for k in RECORD_KEYS} for j in jobs],
         parts=lambda: (Table(("JOB", "STATE", "REPLICAS", "CREATED"), rows()),),
         plain=True,
     )

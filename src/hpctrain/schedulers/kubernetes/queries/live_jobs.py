@@ -17,6 +17,7 @@ from hpctrain.schedulers.kubernetes.queries.kubeflow_objects import (
     EXITED_WITH_CODE,
     PYTORCHJOB_SELECTOR,
     TRAINJOB_SELECTOR,
+    job_summary,
     jobset_restarts,
     object_state,
     recorded_exit_code,
@@ -156,22 +157,27 @@ class LiveJobs:
                     lines.append(line)
         return tuple(lines)
 
-    def list_jobs(self) -> list[JobSummary]:
+    def list_jobs(self, all_users: bool = False) -> list[JobSummary]:
+        """The namespace's jobs (a namespace's are everyone's who can read it: `all_users` changes nothing) and, where
+        there are any, the namespace's pods of jobs of this kind (their restarts): two listings, a page at a time."""
+        return self.summaries(restarts=True)
+
+    def summaries(self, restarts: bool) -> list[JobSummary]:
+        """list_jobs; without `restarts`, the jobs' listing alone (`hpctrain status`'s table: no restarts in it)."""
         items = self.raw.list(self._jobs_path(), f"listing the {self.kind}s")
         if not items:  # the API lists nothing, not an error, in a namespace that does not exist
             problems: list[str] = []
             self._namespace_problems(problems)
             if problems:
                 raise UserError(problems[0])
-        out = []
-        for obj in items:
-            state, _ = object_state(obj, self.options.api)
-            spec = obj.get("spec", {})
-            if self.options.api == "pytorchjob":
-                count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
-            else:
-                count = int(spec.get("trainer", {}).get("numNodes", 1))
-            out.append(JobSummary(obj["metadata"]["name"], state, obj["metadata"].get("creationTimestamp"), count))
+            return []
+        if not restarts:
+            return sorted((job_summary(obj, self.options.api, []) for obj in items), key=lambda s: s.created or "")
+        selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
+        pods: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.raw.list(self._namespaced("pods"), "listing the pods", labelSelector=selector):
+            pods.setdefault((pod["metadata"].get("labels") or {}).get(selector, ""), []).append(pod)
+        out = [job_summary(obj, self.options.api, pods.get(obj["metadata"]["name"], [])) for obj in items]
         return sorted(out, key=lambda s: s.created or "")
 
     def logs(
