@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shlex
 import signal
 import threading
 import time
