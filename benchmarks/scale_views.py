@@ -202,6 +202,7 @@ def squeue_fields(j: int, n: int, me: str) -> dict[str, str]:
         "state": state,
         "reason": "None" if running else "Priority",
         "numnodes": "1",
+        "numtasks": "1",  # one torchrun a node
         "nodelist": node_name(1 + 4 * ((j // 10) % max(1, n // 4))) if running else "",
         "timeused": "1:00:00" if running else "0:00",
         "restartcnt": "0",

@@ -12,7 +12,7 @@ adds an answer to `squeue --jobs=ID` (one job's record, the job page's query) fr
   idle CPU     three tabs open for --idle-s seconds as the pages' script keeps them: the jobs page (polls
                /api/jobs every interval, sending back the version it has: 304 while unchanged), a job's page (polls
                /api/job and /api/metrics, follows its log), the cluster page (loaded once); a tab in the background
-               asks nothing (document.visibilityState), its log stream stays open. Measured twice: one tab in view
+               asks nothing (document.visibilityState) and closes its log stream. Measured twice: one tab in view
                (the jobs page: three tabs of one window) and all three in view (three windows side by side); with
                --before SRC also a console running the code in SRC (an earlier hpctrain's src/) with its tabs as its
                pages kept them (every tab polling, no versions), side by side in the same run
@@ -181,8 +181,9 @@ def idle_cpu(url: str, pid: int, interval_s: float, seconds: float, job: str, mo
         threading.Thread(target=poll, args=(["/", "/api/jobs"], True), daemon=True),
         threading.Thread(target=poll, args=(job_page, mode != "one in view"), daemon=True),
         threading.Thread(target=poll, args=(cluster[:1], False), daemon=True),  # asked once: no polling
-        threading.Thread(target=follow_log, daemon=True),
     ]
+    if mode != "one in view":  # a job's page in the background closes its log stream
+        tabs.append(threading.Thread(target=follow_log, daemon=True))
     if versions:
         tabs.append(threading.Thread(target=lambda: client(url).get(cluster[1]), daemon=True))
     for tab in tabs:

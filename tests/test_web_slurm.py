@@ -250,7 +250,7 @@ def test_slurm_and_kubernetes_side_by_side(slurm_cluster, k8s_cluster, held_job)
 
 @pytest.mark.slow
 def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot(
-    slurm_cluster, tmp_path, fashion_data_dir
+    slurm_cluster, tmp_path, fashion_data_dir, monkeypatch
 ):
     """A real `train mnist` job submitted with `hpctrain submit`: its page shows the shell command beside it (the
     backend's), the clone link and its job description; **rehearse preemption** (a POST with the CSRF token, refused
@@ -328,6 +328,7 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
         assert where == f"cd {tmp_path}" and command.startswith("hpctrain submit --job-file "), shown.group(1)
         assert f'<form method="post" action="/job/slurm/{job_id}/resume"' in page.text
         resume = f"/job/slurm/{job_id}/resume"
+        monkeypatch.chdir(tmp_path)  # a console started where the job was submitted (its relative --output)
         assert client.post(resume, data={"csrf": "x"}, headers={"origin": HOST}).status_code == 403
         opened = client.post(resume, data={"csrf": keys.csrf}, headers={"origin": HOST})
         assert opened.status_code == 303, opened.text

@@ -265,28 +265,48 @@ function followDetails(box) {
 // ---- a job's log --------------------------------------------------------------------------------------------
 const KEEP_LINES = 2000;
 
+// Followed while the tab is in view: a tab in the background closes its stream (the console then asks the
+// scheduler nothing for it); back in view it opens it again, which sends the last lines at once, then new ones.
 function followLog(pre) {
   const state = document.getElementById("log-state");
-  const source = new EventSource(pre.dataset.src);
+  let source = null;
+  let ended = false;
   const add = (text, cls) => {
     pre.appendChild(el("span", text + "\n", cls));
     while (pre.childNodes.length > KEEP_LINES) pre.removeChild(pre.firstChild);
   };
-  source.addEventListener("log", (event) => {
-    const data = JSON.parse(event.data);
-    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    if (data.skipped) add("… " + data.skipped + " earlier lines not shown", "note");
-    (data.lines || []).forEach((text) => add(text));
-    (data.notes || []).forEach((text) => add(text, "note"));
-    if (atEnd) pre.scrollTop = pre.scrollHeight;
-  });
-  source.addEventListener("end", () => {
-    source.close();
-    if (state) state.textContent = "(ended)";
-  });
-  source.onerror = () => {
-    if (state) state.textContent = "(reconnecting…)";
+  const open = () => {
+    pre.replaceChildren();
+    if (state) state.textContent = "following…";
+    source = new EventSource(pre.dataset.src);
+    source.addEventListener("log", (event) => {
+      const data = JSON.parse(event.data);
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      if (data.skipped) add("… " + data.skipped + " earlier lines not shown", "note");
+      (data.lines || []).forEach((text) => add(text));
+      (data.notes || []).forEach((text) => add(text, "note"));
+      if (atEnd) pre.scrollTop = pre.scrollHeight;
+    });
+    source.addEventListener("end", () => {
+      source.close();
+      ended = true;
+      if (state) state.textContent = "(ended)";
+    });
+    source.onerror = () => {
+      if (state) state.textContent = "(reconnecting…)";
+    };
   };
+  document.addEventListener("visibilitychange", () => {
+    if (ended) return;
+    if (document.hidden && source) {
+      source.close();
+      source = null;
+      if (state) state.textContent = "(paused in the background)";
+    } else if (!document.hidden && !source) {
+      open();
+    }
+  });
+  if (!document.hidden) open();
 }
 
 // ---- confirmations for forms that change something -----------------------------------------------------------
