@@ -161,6 +161,7 @@ def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_jo
         assert tab.get(f"/job/slurm/{held_job}").status_code == 200
         assert tab.get(f"/api/job/slurm/{held_job}").json()["parts"]
         assert tab.get("/cluster").status_code == 200
+        assert tab.get("/api/cluster").status_code == 200
     # the jobs, the job's view, how to reach it (its shell command, its logs), its run directory, the cluster
     assert app.state.console.board.refreshes == 5
 
