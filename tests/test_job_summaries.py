@@ -70,3 +70,10 @@ def test_kubernetes_summary_of_an_object_written_by_anyone():
     }
     summary = job_summary(obj, "pytorchjob", [])
     assert (summary.replicas, summary.processes_per_node, summary.gpus, summary.restarts) == (0, None, 0, 0)
+
+
+def test_slurm_s_not_set_is_no_count():
+    """squeue 22.05 prints NumTasks 4294967294 (NO_VAL) for a job that gave no task count: no number, not 4 billion."""
+    from hpctrain.schedulers.slurm.queries.job_summaries import _count
+
+    assert (_count("4294967294"), _count("4294967295"), _count("8"), _count("N/A")) == (None, None, 8, None)

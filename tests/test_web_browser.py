@@ -186,6 +186,7 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         browser.find_element(By.CSS_SELECTOR, "#fit button").click()
         answer = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "fit-slurm")).text
         assert "--nodes 3: partition debug has only 2 node(s)" in answer
+        WebDriverWait(browser, WAIT_S).until(lambda d: {"node1", "node2"} <= set(d.execute_script(first_cells)))
         screenshot(browser, "web-cluster.png", tmp_path)
 
         # Stop, confirmed in the page's dialog; dismissed first, which changes nothing.

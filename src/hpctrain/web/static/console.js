@@ -83,6 +83,7 @@ function dataTable(key, columns, rows, options) {
             td.appendChild(link);
           } else {
             td.textContent = text;
+            if (text.length > 40) td.title = text; // the whole of a long cell, where the column cuts it
           }
         });
         return tr;

@@ -50,8 +50,11 @@ def gpus_of(tres: str) -> int:
     return total
 
 
+NO_VAL = 0xFFFFFFFE  # Slurm's "not set" (slurm.h), printed as a number: 22.05 prints it for a job that gave no task count
+
+
 def _count(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isdigit() and int(text) < NO_VAL else None
 
 
 def list_summaries(
