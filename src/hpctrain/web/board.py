@@ -4,8 +4,8 @@ Every page (and every tab) asks the console for the jobs, a job's view or the cl
 schedulers at most once per interval for each of those, whatever the number of pages (one refresh of a thing at
 a time: the others wait for it and read its result), and not at all while no page asks. What no page has asked for
 in a while is dropped. A thing that costs more is asked less often: its interval is `interval_s` or COST_SHARE
-times the time its last answer took, whichever is longer (10,000 jobs of one's own: about 15 s on a quiet machine),
-so that polling pages keep the console under 1% of a core however big the cluster.
+times the time its last answer took, whichever is longer (10,000 jobs of one's own: about 40 s on a quiet login
+node), so that each thing polled costs at most 1% of a core however big the cluster.
 
 The jobs are every scheduler's jobs (Scheduler.list_jobs: the neutral JobSummary) in one table, with a column for
 the scheduler; a scheduler that cannot answer (its controller down, the extra not installed) is its one-line error
