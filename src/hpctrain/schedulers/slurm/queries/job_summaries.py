@@ -50,7 +50,8 @@ def gpus_of(tres: str) -> int:
     return total
 
 
-NO_VAL = 0xFFFFFFFE  # Slurm's "not set" (slurm.h), printed as a number: 22.05 prints it for a job that gave no task count
+# Slurm's "not set" (slurm.h), printed as a number: 22.05 prints it for a job that gave no task count
+NO_VAL = 0xFFFFFFFE
 
 
 def _count(text: str) -> int | None:
