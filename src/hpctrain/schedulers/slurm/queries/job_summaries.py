@@ -58,15 +58,18 @@ def _count(text: str) -> int | None:
     return int(text) if text.isdigit() and int(text) < NO_VAL else None
 
 
+def summary_argv(user: str | None, fields: Fields) -> list[str]:
+    """squeue for the summaries: their fields only; `user`'s jobs, or everyone's with None."""
+    return ["squeue", "--noheader", "--states=all", fields.squeue_option(), *([f"--user={user}"] if user else [])]
+
+
 def list_summaries(
     neutral: Callable[[str], str], all_users: bool = False, run: Runner = run_bounded
 ) -> list[JobSummary]:
     """The caller's jobs (everyone's with all_users) that the controller knows, in job id order; `neutral` maps
     Slurm's state word to a neutral state."""
     fields = Fields(SUMMARY_FIELDS)
-    argv = ["squeue", "--noheader", "--states=all", fields.squeue_option()]
-    argv += [] if all_users else [f"--user={getpass.getuser()}"]
-    columns = fields.columns(slurm(argv, run=run).stdout)
+    columns = fields.columns(slurm(summary_argv(None if all_users else getpass.getuser(), fields), run=run).stdout)
     out = []
     for job_id, name, state, nodes, tasks, per_node, per_job, submitted, restarts in zip(*columns):
         word = state_word(state)
