@@ -203,6 +203,7 @@ def squeue_fields(j: int, n: int, me: str) -> dict[str, str]:
         "reason": "None" if running else "Priority",
         "numnodes": "1",
         "maxnodes": "1",
+        "numtasks": "1",  # one torchrun a node
         "nodelist": node_name(1 + 4 * ((j // 10) % max(1, n // 4))) if running else "",
         "timeused": "1:00:00" if running else "0:00",
         "restartcnt": "0",
@@ -263,6 +264,8 @@ FULL_FIELDS += ("Partition",)
 FULL_FIELDS += ("UserName", "SubmitTime", "StartTime", "TimeLimit", "WorkDir")  # jobs.SQUEUE_FIELDS
 TABLE_FIELDS = ("JobID", "Name", "State", "Reason", "NodeList", "NumNodes", "MaxNodes", "TimeUsed", "RestartCnt")
 HOLDER_FIELDS = ("JobID", "tres-per-node", "tres-per-job", "tres-per-socket", "tres-per-task", "Name")
+SUMMARY_FIELDS = ("JobID", "Name", "State", "NumNodes", "NumTasks", "tres-per-node", "tres-per-job", "SubmitTime")
+SUMMARY_FIELDS += ("RestartCnt",)  # job_summaries.SUMMARY_FIELDS (the web console's jobs table)
 
 
 def squeue_argvs(me: str) -> list[list[str]]:
@@ -273,7 +276,9 @@ def squeue_argvs(me: str) -> list[list[str]]:
     full = ["squeue", "--noheader", "--states=all", fmt(FULL_FIELDS)]
     table = ["squeue", "--noheader", "--states=all", "--sort=i", fmt(TABLE_FIELDS)]
     holders = ["squeue", "--noheader", "--states=" + ",".join(HOLDING), fmt(HOLDER_FIELDS)]
-    return [full, [*full, f"--user={me}"], table, [*table, f"--user={me}"], holders]
+    summary = ["squeue", "--noheader", "--states=all", fmt(SUMMARY_FIELDS)]
+    mine = f"--user={me}"
+    return [full, [*full, mine], table, [*table, mine], holders, summary, [*summary, mine]]
 
 
 # The squeue stand-in's query token (the suffix of the last --Format field) and its command line with TOKEN in the

@@ -10,11 +10,16 @@ adds an answer to `squeue --jobs=ID` (one job's record, the job page's query) fr
                other tab in the same interval gets it): the median of --repeat of each, wall time at the client and
                the console's CPU time (its own and its children's, the stand-ins') for the request
   idle CPU     three tabs open for --idle-s seconds as the pages' script keeps them: the jobs page (polls
-               /api/jobs every interval), a job's page (polls /api/job and /api/metrics, follows its log), the
-               cluster page (loaded once); the console's CPU time over that minute as a share of one core
+               /api/jobs every interval, sending back the version it has: 304 while unchanged), a job's page (polls
+               /api/job and /api/metrics, follows its log), the cluster page (loaded once); a tab in the background
+               asks nothing (document.visibilityState) and closes its log stream. Measured twice: one tab in view
+               (the jobs page: three tabs of one window) and all three in view (three windows side by side); with
+               --before SRC also a console running the code in SRC (an earlier hpctrain's src/) with its tabs as its
+               pages kept them (every tab polling, no versions), side by side in the same run
 
     python benchmarks/web_pages.py                       # 10,000 nodes, Slurm 22.05's forms
     python benchmarks/web_pages.py --nodes 2500 --repeat 3 --idle-s 30
+    python benchmarks/web_pages.py --before /tmp/old/src # and the idle figure of that code beside it
     python benchmarks/web_pages.py --real                # the idle figure on the Slurm found here (no stand-ins)
 
 Needs the web extra and httpx (the dev extra); no Slurm unless --real.
@@ -37,6 +42,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from hpctrain.web.board import COST_SHARE
 
 HERE = Path(__file__).resolve().parent
 JOB = "100000"  # the fake cluster's first job (the caller's: scale_views gives every tenth job to the caller)
@@ -111,6 +118,7 @@ PAGES = {
     "job JSON": f"/api/job/slurm/{JOB}",
     "job metrics JSON": f"/api/metrics/slurm/{JOB}",
     "cluster page": "/cluster",
+    "cluster JSON": "/api/cluster",
 }
 # What each page asks the board for: the cold request is the first one after the board's entry expired.
 
@@ -121,7 +129,9 @@ def page_times(url: str, pid: int, interval_s: float, repeat: int) -> None:
     for label, path in PAGES.items():
         cold, cold_cpu, warm, warm_cpu, size = [], [], [], [], 0
         for _ in range(repeat):
-            time.sleep(interval_s + 0.2)  # the board's entries are older than the interval: the scheduler is asked
+            # the board's entries are older than their interval (the board's own, or COST_SHARE times what the last
+            # answer took, whichever is longer): the scheduler is asked
+            time.sleep(max(interval_s, COST_SHARE * (cold[-1] / 1000 if cold else 0)) + 0.2)
             for times, cpus in ((cold, cold_cpu), (warm, warm_cpu)):
                 before = cpu_s(pid)
                 start = time.perf_counter()
@@ -135,17 +145,25 @@ def page_times(url: str, pid: int, interval_s: float, repeat: int) -> None:
         print(f"{label:28s} {med(cold):9.0f} {med(cold_cpu):12.0f} {med(warm):9.0f} {med(warm_cpu):12.0f} {size:11,d}")
 
 
-def idle_cpu(url: str, pid: int, interval_s: float, seconds: float, job: str) -> None:
-    """Three tabs as the pages' script keeps them; the console's CPU share over `seconds`."""
+def idle_cpu(url: str, pid: int, interval_s: float, seconds: float, job: str, mode: str) -> None:
+    """Three tabs as the pages' script keeps them (`mode`: "one in view", "all in view", "before": every tab polling
+    without versions, as the pages of --before did); the console's CPU share over `seconds`."""
     stop = threading.Event()
+    versions = mode != "before"
 
-    def poll(paths: list[str]) -> None:
+    def poll(paths: list[str], in_view: bool) -> None:
         session = client(url)
-        for path in paths:  # the page itself, once
+        for path in paths:  # the page itself and what it asks for at once
             session.get(path)
+        etags: dict[str, str] = {}
         while not stop.wait(interval_s):
+            if not in_view:
+                continue
             for path in paths[1:]:
-                session.get(path)
+                headers = {"if-none-match": etags[path]} if versions and path in etags else {}
+                answer = session.get(path, headers=headers)
+                if "etag" in answer.headers:
+                    etags[path] = answer.headers["etag"]
 
     def follow_log() -> None:
         session = client(url)
@@ -157,16 +175,17 @@ def idle_cpu(url: str, pid: int, interval_s: float, seconds: float, job: str) ->
         except httpx.HTTPError:
             pass
 
+    cluster = ["/cluster", "/api/cluster"] if versions else ["/cluster"]
+    job_page = [f"/job/slurm/{job}", f"/api/job/slurm/{job}", f"/api/metrics/slurm/{job}"]
     tabs = [
-        threading.Thread(target=poll, args=(["/", "/api/jobs"],), daemon=True),
-        threading.Thread(
-            target=poll,
-            args=([f"/job/slurm/{job}", f"/api/job/slurm/{job}", f"/api/metrics/slurm/{job}"],),
-            daemon=True,
-        ),
-        threading.Thread(target=poll, args=(["/cluster"],), daemon=True),
-        threading.Thread(target=follow_log, daemon=True),
+        threading.Thread(target=poll, args=(["/", "/api/jobs"], True), daemon=True),
+        threading.Thread(target=poll, args=(job_page, mode != "one in view"), daemon=True),
+        threading.Thread(target=poll, args=(cluster[:1], False), daemon=True),  # asked once: no polling
     ]
+    if mode != "one in view":  # a job's page in the background closes its log stream
+        tabs.append(threading.Thread(target=follow_log, daemon=True))
+    if versions:
+        tabs.append(threading.Thread(target=lambda: client(url).get(cluster[1]), daemon=True))
     for tab in tabs:
         tab.start()
     time.sleep(interval_s * 2)  # every tab loaded and polling
@@ -175,7 +194,7 @@ def idle_cpu(url: str, pid: int, interval_s: float, seconds: float, job: str) ->
     used, elapsed = cpu_s(pid) - before, time.monotonic() - start
     stop.set()
     print(
-        f"idle console, 3 tabs, interval {interval_s:g} s: {used:.2f} CPU s in {elapsed:.0f} s = "
+        f"idle console ({mode}), 3 tabs, interval {interval_s:g} s: {used:.2f} CPU s in {elapsed:.0f} s = "
         f"{100 * used / elapsed:.2f}% of one core"
     )
 
@@ -188,6 +207,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=5.0, help="the console's --interval (default 5, its own)")
     parser.add_argument("--idle-s", type=float, default=60.0)
     parser.add_argument("--real", metavar="JOB", help="no stand-ins: the idle figure on this Slurm, JOB's page open")
+    parser.add_argument("--before", metavar="SRC", help="also the idle figure of a console running the code in SRC")
     args = parser.parse_args()
     me = getpass.getuser()
     with tempfile.TemporaryDirectory(prefix="hpctrain-web-bench-") as tmp:
@@ -211,11 +231,20 @@ def main() -> int:
                 f"{args.nodes:,} nodes, {10 * args.nodes:,} jobs ({args.nodes:,} of them {me}'s), Slurm "
                 f"{args.version}'s forms; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
             )
+        if args.before:
+            earlier = {**env, "PYTHONPATH": os.pathsep.join([args.before, env.get("PYTHONPATH", "")])}
+            process, url = start_console(earlier, args.interval, root)
+            try:
+                idle_cpu(url, process.pid, args.interval, args.idle_s, args.real or JOB, "before")
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
         process, url = start_console(env, args.interval, root)
         try:
             if args.real is None:
                 page_times(url, process.pid, args.interval, args.repeat)
-            idle_cpu(url, process.pid, args.interval, args.idle_s, args.real or JOB)
+            for mode in ("one in view", "all in view"):
+                idle_cpu(url, process.pid, args.interval, args.idle_s, args.real or JOB, mode)
         finally:
             process.terminate()
             process.wait(timeout=30)

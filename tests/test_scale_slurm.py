@@ -201,7 +201,7 @@ def test_status_table_asks_squeue_for_its_columns_only_and_makes_no_records(
 def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
     """The harness's squeue stand-in answers a fixed list of command lines: hpctrain's own are among them."""
     from hpctrain.schedulers.slurm.queries import job_states
-    from hpctrain.schedulers.slurm.queries import job_table
+    from hpctrain.schedulers.slurm.queries import job_summaries, job_table
 
     known = scale.squeue_argvs(ME)
     listed, table = Fields(job_states.SQUEUE_FIELDS, scale.TOKEN), Fields(job_table.TABLE_FIELDS, scale.TOKEN)
@@ -213,6 +213,8 @@ def test_the_stand_ins_answer_what_hpctrain_asks() -> None:
     ):
         assert argv in known
     assert cluster_state.shard_holders_argv(Fields(cluster_state.HOLDER_FIELDS, scale.TOKEN)) in known
+    summaries = Fields(job_summaries.SUMMARY_FIELDS, scale.TOKEN)  # the web console's jobs table
+    assert job_summaries.summary_argv(None, summaries) in known and job_summaries.summary_argv(ME, summaries) in known
     everyone = scale.squeue_answer(job_table.table_argv(None, table), 40, ME)
     assert [line.split(scale.TOKEN)[0] for line in everyone.splitlines()] == [str(100000 + j) for j in range(400)]
     unsorted = scale.squeue_answer(

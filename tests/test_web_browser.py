@@ -103,7 +103,7 @@ def rows(driver) -> list[list[str]]:
 
 
 def row_of(driver, job: str) -> list[str]:
-    return WebDriverWait(driver, WAIT_S).until(lambda d: next((r for r in rows(d) if r[0] == job), None))
+    return WebDriverWait(driver, WAIT_S).until(lambda d: next((r for r in rows(d) if r[1] == job), None))
 
 
 def natural(text: str) -> list:
@@ -138,7 +138,9 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         # The token URL logs in and leaves the address bar without the token.
         browser.get(console)
         assert browser.current_url == base + "/"
-        assert row_of(browser, held)[1] == HOSTILE
+        scheduler, _, name, state, shape, _, age, restarts = row_of(browser, held)
+        assert (scheduler, name, state, shape, restarts) == ("slurm", HOSTILE, "PENDING", "1 × 1", "0")
+        assert re.fullmatch(r"\d+s|\d+m", age), age  # counted by the page from when it was submitted
         assert browser.execute_script("return document.querySelectorAll('#jobs img').length") == 0
         assert browser.execute_script("return typeof window.__pwned") == "undefined"
         (cookie,) = browser.get_cookies()
@@ -148,7 +150,7 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         # Search, then sort.
         search = browser.find_element(By.ID, "search")
         search.send_keys(held)
-        assert [r[0] for r in rows(browser)] == [held]
+        assert [r[1] for r in rows(browser)] == [held]
         search.clear()
         search.send_keys(" ")  # an input event with no words: every row again
         header = "//div[@id='jobs']//th[text()='job']"
@@ -156,10 +158,10 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         click(browser, header)
         sorted_by = "return document.evaluate(arguments[0], document).iterateNext().dataset.sort"
         assert browser.execute_script(sorted_by, header) == "desc"
-        ids = [r[0] for r in rows(browser)]  # 12, 12_3 (an array task of other tests), 100: in numeric order
+        ids = [r[1] for r in rows(browser)]  # 12, 12_3 (an array task of other tests), 100: in numeric order
         assert len(ids) > 1 and ids == sorted(ids, key=natural, reverse=True)
         WebDriverWait(browser, WAIT_S).until(lambda d: "as of" in d.find_element(By.ID, "taken").text)
-        assert row_of(browser, held)[0] == held  # still the table (after the live updates) when it is taken
+        assert row_of(browser, held)[1] == held  # still the table (after the live updates) when it is taken
         screenshot(browser, "web-jobs.png", tmp_path)
 
         # A job's page: its details and its log, followed live, as text.
@@ -172,9 +174,11 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         assert browser.execute_script("return typeof window.__pwned") == "undefined"
 
         # The cluster.
-        browser.get(base + "/cluster")
-        nodes = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table tbody tr td:first-child")]
-        assert {"node1", "node2"} <= set(nodes)
+        browser.get(base + "/cluster")  # its tables drawn by the page from /api/cluster
+        first_cells = (
+            "return Array.from(document.querySelectorAll('#cluster tbody td:first-child')).map((c) => c.textContent)"
+        )
+        WebDriverWait(browser, WAIT_S).until(lambda d: {"node1", "node2"} <= set(d.execute_script(first_cells)))
         # Does a job of 3 nodes fit? The form asks the scheduler's own check, which names the fix.
         field = browser.find_element(By.CSS_SELECTOR, "#fit input[name=nodes]")
         field.clear()
@@ -182,6 +186,7 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         browser.find_element(By.CSS_SELECTOR, "#fit button").click()
         answer = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "fit-slurm")).text
         assert "--nodes 3: partition debug has only 2 node(s)" in answer
+        WebDriverWait(browser, WAIT_S).until(lambda d: {"node1", "node2"} <= set(d.execute_script(first_cells)))
         screenshot(browser, "web-cluster.png", tmp_path)
 
         # Stop, confirmed in the page's dialog; dismissed first, which changes nothing.
@@ -262,7 +267,8 @@ def text_of(driver, element_id: str) -> str:
 def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, browser, fashion_data_dir):
     """A real `train mnist` job submitted with `hpctrain submit`: its page shows it running with each rank's
     progress and the live log; the clone link and the shell command (copied by its button); once it has run, the plot
-    of each series has a point per epoch; and its run directory's description and attempts."""
+    of each series has a point per epoch; and its run directory's description and attempts; resume (confirmed) opens
+    the page of the new job that continues it."""
     train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--recipe", "classic"]
     train += ["--train-limit", "2048", "--test-limit", "500", "--epochs", "2", "--log-interval", "0"]
     submitted = hpctrain(
@@ -270,6 +276,7 @@ def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, bro
     )
     job_id = ok(submitted).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    resumed: list[str] = []
     try:
         base = console.split("/?token=")[0]
         browser.get(console)
@@ -300,7 +307,15 @@ def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, bro
         WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "log-state").text == "(ended)")
         browser.set_window_size(1400, 2300)  # the whole page: plots, log, attempts, description
         screenshot(browser, "web-job.png", tmp_path)
+        # Resume, confirmed: a new job continues the run directory, and its page opens.
+        browser.find_element(By.ID, "resume-button").click()
+        WebDriverWait(browser, WAIT_S).until(expected_conditions.alert_is_present()).accept()
+        WebDriverWait(browser, 120).until(lambda d: re.search(r"/job/slurm/\d+$", d.current_url))
+        resumed.append(browser.current_url.rsplit("/", 1)[1])
+        assert resumed[0] != job_id and browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {resumed[0]}")
         said = [entry["message"] for entry in browser.get_log("browser")]
         assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
     finally:
         slurm_cluster.cancel_quietly(job_id)
+        for again in resumed:
+            slurm_cluster.cancel_quietly(again)

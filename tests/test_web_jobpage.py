@@ -39,7 +39,7 @@ def test_each_attempt_says_how_it_started_and_how_it_ended(tmp_path, monkeypatch
     assert rows[0][5] == "time-limit warning or preemption: state saved, requeued"
     assert rows[1][4] == "requeued (restart 1)" and rows[1][5].startswith("hang: the watchdog ended it")
     assert rows[2][4] == "requeued (restart 2)" and rows[2][5].startswith("bad node:")
-    assert rows[3][4].startswith("membership change: continued on 1 node(s) at step 64")
+    assert rows[3][4].startswith("membership change: continued on 1 node at step 64 (was 2 nodes, 4 processes)")
     assert rows[3][5].startswith("running, or ended without a word")
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shlex
 import signal
 import threading
 import time
@@ -68,10 +67,9 @@ def client(slurm_cluster) -> tuple[TestClient, Secrets]:
 
 def test_a_job_named_with_html_is_text_in_the_table_and_on_its_page(client, held_job, held_word_job):
     client, _ = client
-    (section,) = client.get("/api/jobs").json()["schedulers"]
-    rows = {row[0]: row for part in section["parts"] if "table" in part for row in part["table"]["rows"]}
-    assert HOSTILE in rows[held_job]  # the name as text; the page's script sets it as textContent
-    assert HOSTILE_WORD in rows[held_word_job]
+    rows = {row[1]: row for row in client.get("/api/jobs").json()["rows"]}
+    assert rows[held_job][2] == HOSTILE  # the name as text; the page's script sets it as textContent
+    assert rows[held_word_job][2] == HOSTILE_WORD
     for job in (held_job, held_word_job):
         page = client.get(f"/job/slurm/{job}")
         assert page.status_code == 200
@@ -163,6 +161,7 @@ def test_every_page_and_tab_shares_one_query_per_interval(slurm_cluster, held_jo
         assert tab.get(f"/job/slurm/{held_job}").status_code == 200
         assert tab.get(f"/api/job/slurm/{held_job}").json()["parts"]
         assert tab.get("/cluster").status_code == 200
+        assert tab.get("/api/cluster").status_code == 200
     # the jobs, the job's view, how to reach it (its shell command, its logs), its run directory, the cluster
     assert app.state.console.board.refreshes == 5
 
@@ -180,11 +179,53 @@ def test_stop_is_a_post_with_the_csrf_token_and_cancels_the_job(client, held_job
 
 
 def test_the_cluster_page_shows_the_nodes(client):
+    """The page itself is the form; the nodes are its JSON (drawn by the page a page at a time), versioned: asked
+    again unchanged, it is a 304 with nothing sent."""
     client, _ = client
-    page = client.get("/cluster")
-    assert page.status_code == 200
-    for node in ("node1", "node2"):
-        assert f"<td>{node}</td>" in page.text
+    assert client.get("/cluster").status_code == 200
+    answer = client.get("/api/cluster")
+    assert answer.status_code == 200
+    (section,) = answer.json()["schedulers"]
+    nodes = [row[0] for part in section["parts"] if "table" in part for row in part["table"]["rows"]]
+    assert {"node1", "node2"} <= set(nodes)
+    again = client.get("/api/cluster", headers={"if-none-match": answer.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+
+
+def test_an_unchanged_jobs_table_is_a_304_with_nothing_sent(slurm_cluster, held_job, tmp_path):
+    """The jobs JSON has a version (ETag): a page that sends it back while nothing changed gets 304 and no body; once
+    a job changes (here: one more), the table is sent again with a new version. (The cluster is shared with other
+    tests that may change their jobs between two refreshes: a changed table is a 200 whose rows did change.)"""
+    keys = Secrets(token="t")
+    now = [0.0]
+    app = create_app({"slurm": get_scheduler("slurm")}, keys, interval_s=5.0)
+    app.state.console.board.clock = lambda: now[0]
+    client = TestClient(app, base_url=HOST, follow_redirects=False)
+    assert client.get("/?token=t").status_code == 303
+    shown = client.get("/api/jobs")
+    assert shown.status_code == 200 and held_job in [row[1] for row in shown.json()["rows"]]
+    unchanged = 0
+    for refresh in range(1, 11):
+        now[0] = 10.0 * refresh  # the board asks the scheduler again
+        answer = client.get("/api/jobs", headers={"if-none-match": shown.headers["etag"]})
+        if answer.status_code == 304:
+            assert answer.content == b""
+            unchanged += 1
+            if unchanged == 2:
+                break
+        else:
+            assert answer.status_code == 200 and answer.json()["rows"] != shown.json()["rows"]
+            assert answer.headers["etag"] != shown.headers["etag"]
+            shown = answer
+    assert unchanged == 2
+    other = slurm_cluster.sbatch("--hold", "--job-name=web-etag", "--wrap", "true", cwd=tmp_path)
+    try:
+        now[0] = 1000.0
+        changed = client.get("/api/jobs", headers={"if-none-match": shown.headers["etag"]})
+        assert changed.status_code == 200 and changed.headers["etag"] != shown.headers["etag"]
+        assert other in [row[1] for row in changed.json()["rows"]]
+    finally:
+        slurm_cluster.cancel_quietly(other)
 
 
 @pytest.mark.k8s
@@ -198,20 +239,19 @@ def test_slurm_and_kubernetes_side_by_side(slurm_cluster, k8s_cluster, held_job)
     }
     client = TestClient(create_app(schedulers, keys, interval_s=600.0), base_url=HOST, follow_redirects=False)
     assert client.get("/?token=t").status_code == 303
-    sections = {s["name"]: s for s in client.get("/api/jobs").json()["schedulers"]}
-    assert list(sections) == ["slurm", "kubernetes"]
-    assert [s["error"] for s in sections.values()] == [None, None]
-    assert sections["kubernetes"]["parts"]  # a table of the namespace's jobs, or the line that says it has none
-    assert any(row[0] == held_job for p in sections["slurm"]["parts"] if "table" in p for row in p["table"]["rows"])
-    cluster = client.get("/cluster")
-    assert cluster.status_code == 200
-    assert "<h2>slurm</h2>" in cluster.text and "<h2>kubernetes</h2>" in cluster.text
-    assert 'class="error"' not in cluster.text
+    jobs = client.get("/api/jobs").json()
+    assert jobs["schedulers"] == [{"name": "slurm", "error": None}, {"name": "kubernetes", "error": None}]
+    assert jobs["columns"] == ["scheduler", "job", "name", "state", "nodes × processes", "GPUs", "age", "restarts"]
+    assert ["slurm", held_job] in [row[:2] for row in jobs["rows"]]
+    assert client.get("/cluster").status_code == 200
+    cluster = client.get("/api/cluster").json()["schedulers"]
+    assert [(s["name"], s["error"]) for s in cluster] == [("slurm", None), ("kubernetes", None)]
+    assert all(any("table" in part for part in s["parts"]) for s in cluster)  # each one's nodes
 
 
 @pytest.mark.slow
 def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot(
-    slurm_cluster, tmp_path, fashion_data_dir
+    slurm_cluster, tmp_path, fashion_data_dir, monkeypatch
 ):
     """A real `train mnist` job submitted with `hpctrain submit`: its page shows the shell command beside it (the
     backend's), the clone link and its job description; **rehearse preemption** (a POST with the CSRF token, refused
@@ -281,19 +321,72 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
         assert httpx.get(url.group(1), timeout=30).status_code == 200
         again = client.post(tensorboard, data={"csrf": keys.csrf}, headers={"origin": HOST})
         assert url.group(1) in again.text  # one server per run directory
-        # The page's resume command is the CLI's resume path: run as shown, it queues a job that continues this
-        # run directory (all epochs done: it says so and ends).
+        # Resume, the button (a POST with the CSRF token, confirmed on the page): the CLI's resume path, whose
+        # command the page shows beside it; a new job that continues this run directory (all epochs done: it says
+        # so and ends), and its page opens.
         shown = re.search(r'<code id="resume">(.*?)</code>', page.text)
         where, _, command = html.unescape(shown.group(1)).partition(" && ")
         assert where == f"cd {tmp_path}" and command.startswith("hpctrain submit --job-file "), shown.group(1)
-        again = ok(hpctrain(*shlex.split(command)[1:], cwd=tmp_path)).stdout.strip()
+        assert f'<form method="post" action="/job/slurm/{job_id}/resume"' in page.text
+        resume = f"/job/slurm/{job_id}/resume"
+        monkeypatch.chdir(tmp_path)  # a console started where the job was submitted (its relative --output)
+        assert client.post(resume, data={"csrf": "x"}, headers={"origin": HOST}).status_code == 403
+        opened = client.post(resume, data={"csrf": keys.csrf}, headers={"origin": HOST})
+        assert opened.status_code == 303, opened.text
+        again = opened.headers["location"].rsplit("/", 1)[1]
+        assert opened.headers["location"] == f"/job/slurm/{again}" and again != job_id
         resumed = Job(again, tmp_path, job.run_dir)
-        resumed.follow()
-        assert f"{job.run_dir.relative_to(tmp_path)} is already complete" in resumed.log, resumed.log
-        slurm_cluster.cancel_quietly(again)
+        try:
+            assert client.get(opened.headers["location"]).status_code == 200
+            recorded = (job.run_dir / "job.yaml").read_text()
+            assert "--resume" in recorded and str(job.run_dir) in recorded, recorded  # the new job's description
+            resumed.follow()
+            assert f"{job.run_dir} is already complete" in resumed.log, resumed.log
+        finally:
+            slurm_cluster.cancel_quietly(again)
     finally:
         client.app.state.console.job_routes.close()
         slurm_cluster.cancel_quietly(job_id)
+
+
+def test_resume_says_the_cli_s_line_where_there_is_nothing_to_resume(client, slurm_cluster, tmp_path, fashion_data_dir):
+    """Resume of a job whose run directory is not readable here (not submitted by hpctrain), and of one submitted
+    by `hpctrain submit` that has no checkpoint yet (held): each is its one line on the page, and nothing is
+    submitted."""
+    client, keys = client
+    plain = slurm_cluster.sbatch("--hold", "--job-name=web-no-run-dir", "--wrap", "true", cwd=tmp_path)
+    train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--epochs", "1"]
+    held = ok(hpctrain("submit", "--launcher", "single", "--sbatch=--hold", "--job-name", "web-held", *train,
+                       cwd=tmp_path)).stdout.strip()  # fmt: skip
+    try:
+        answer = client.post(f"/job/slurm/{plain}/resume", data={"csrf": keys.csrf}, headers={"origin": HOST})
+        assert answer.status_code == 400
+        assert f"job {plain}: its run directory is not readable here" in answer.text
+        answer = client.post(f"/job/slurm/{held}/resume", data={"csrf": keys.csrf}, headers={"origin": HOST})
+        assert answer.status_code == 400
+        assert re.search(r"--resume \S+: there is no checkpoint in \S+/checkpoints; nothing to continue", answer.text)
+        time.sleep(1.0)  # the board's interval
+        names = {row[1] for row in client.get("/api/jobs").json()["rows"] if row[2] in ("web-held", "web-no-run-dir")}
+        assert names == {plain, held}  # nothing was submitted
+    finally:
+        slurm_cluster.cancel_quietly(plain)
+        slurm_cluster.cancel_quietly(held)
+
+
+def test_the_jobs_table_shows_each_job_s_shape_gpus_age_and_restarts(client, slurm_cluster, tmp_path):
+    """A job of 2 nodes of 2 tasks, a GPU each: its row in the neutral table (from Scheduler.list_jobs)."""
+    client, _ = client
+    job = slurm_cluster.sbatch(
+        "--hold", "--job-name=web-shape", "--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1", "--wrap", "true",
+        cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        rows = {row[1]: row for row in client.get("/api/jobs").json()["rows"]}
+        scheduler, _, name, state, shape, gpus, submitted, restarts = rows[job]
+        assert (scheduler, name, state, shape, gpus, restarts) == ("slurm", "web-shape", "PENDING", "2 × 2", "2", "0")
+        assert abs(submitted - time.time()) < 600  # seconds since the epoch: the page counts the age
+    finally:
+        slurm_cluster.cancel_quietly(job)
 
 
 def test_tensorboard_for_a_job_without_a_run_directory_says_where_to_start_it(client, held_job):

@@ -5,6 +5,7 @@ console's job form, as functions that take typed input and return data (they nev
     problems = check(job)            # [Problem]: the local checks, then the live cluster's
     rendered = preview(job)          # the exact sbatch script or manifest (Rendered)
     submitted = submit(job)          # Submitted: job id, scheduler, run directory, what the backend said
+    job = resumed(backend, "1234")   # a new job that continues job 1234's run directory (the CLI's resume path)
 
 The job's flags are declared once (engine.job_options.add_job_arguments, each backend's own through
 BackendInfo.add_arguments): `hpctrain submit` parses them from its command line, the web form generates its fields
@@ -274,6 +275,34 @@ def describe(submission: Submission) -> dict[str, Any]:
             k: list(v) if isinstance(v, tuple) else v for k, v in submission.options.items()
         }
     return description
+
+
+def resumed(backend: base.Scheduler, job_id: str) -> Job:
+    """The job that continues `job_id`'s run directory, built as the CLI's resume path builds it: `hpctrain submit
+    --job-file RUN_DIR/job.yaml train WORKLOAD [its options] --run-dir RUN_DIR --resume` for a built-in recipe (the
+    newest valid checkpoint there), `--job-file RUN_DIR/job.yaml --run-dir RUN_DIR` for a program of one's own (it
+    resumes from its run directory itself). A run directory not readable here, a job.yaml without a command, or a
+    recipe's run directory with no checkpoint is a UserError that says so: nothing is built."""
+    import yaml
+
+    text = recorded(backend, job_id)
+    run_dir = Path(backend.services().run_dir(job_id) or "")
+    data = yaml.safe_load(text)
+    command = data.get("command") if isinstance(data, dict) else None
+    if not (isinstance(command, list) and command and all(isinstance(word, str) for word in command)):
+        raise UserError(f"job {job_id}: {run_dir / 'job.yaml'} holds no command, so there is nothing to resume")
+    if command[:2] != ["hpctrain", "train"]:
+        return build({"run_dir": str(run_dir)}, job_file_text=(str(run_dir / "job.yaml"), text))
+    from hpctrain.checkpoint import candidates
+    from hpctrain.training.rundir import checkpoint_dir
+
+    if not candidates(checkpoint_dir(run_dir)):
+        raise UserError(
+            f"--resume {run_dir}: there is no checkpoint in {checkpoint_dir(run_dir)}; nothing to continue: clone "
+            f"job {job_id} to start it again"
+        )
+    words = [*command[1:], "--run-dir", str(run_dir), "--resume"]
+    return build({"job_command": words}, job_file_text=(str(run_dir / "job.yaml"), text))
 
 
 def recorded(backend: base.Scheduler, job_id: str) -> str:

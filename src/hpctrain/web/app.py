@@ -1,12 +1,14 @@
 """The pages and endpoints of the console (Starlette), behind hpctrain.web.guard.
 
     GET  /                         the jobs of every scheduler: a table each, searchable and sortable, live
-    GET  /api/jobs                 the same as JSON (hpctrain.web.board's shared snapshot), polled by the page
+    GET  /api/jobs                 the same as JSON (hpctrain.web.board's shared snapshot), polled by the page; an
+                                   ETag: a page whose table did not change gets 304, nothing built or sent
     GET  /job/SCHEDULER/JOB        a job: its status view (kept current), and its log followed live
     GET  /api/job/SCHEDULER/JOB    that status view as JSON, polled by the page
     GET  /api/log/SCHEDULER/JOB    that log as server-sent events (hpctrain.web.follow)
     POST /job/SCHEDULER/JOB/stop   cancel the job (a form with the CSRF token, confirmed on the page)
-    GET  /cluster                  each scheduler's cluster view
+    GET  /cluster                  each scheduler's cluster view (its tables from /api/cluster), "does my job fit"
+    GET  /api/cluster              the cluster views as JSON (versioned: 304 when unchanged)
     GET  /dev, POST /dev/...       dev sessions: list, start, stop, save (hpctrain.web.dev_pages)
     GET  /jobs/new[?from=S/JOB]    the job form (hpctrain.web.job_form), empty or filled with JOB's description
     POST /jobs/new                 Check, Preview or Submit what the form holds (hpctrain.engine.submission)
@@ -26,7 +28,6 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
-from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -40,7 +41,7 @@ from hpctrain.engine import submission
 from hpctrain.errors import UserError, redact
 from hpctrain.schedulers.base import JobNotFound, Scheduler
 from hpctrain.web import fit, follow, job_form
-from hpctrain.web.board import Board
+from hpctrain.web.board import Board, Versioned
 from hpctrain.web.dev_pages import DevPages
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
 from hpctrain.web.jobroutes import JobRoutes
@@ -89,17 +90,27 @@ class Console:
         )
         return HTMLResponse(html, status_code=status)
 
-    def rendered(self, parts: list[dict[str, Any]]) -> Markup:
-        """A View's parts as the parts template renders them (autoescaped), to be put in a page as they are."""
-        return Markup(self.env.get_template("parts.html").module.show(parts))
-
     # ---- pages ----------------------------------------------------------------------------------------------
 
     async def jobs_page(self, request: Request) -> Response:
         return self.page("jobs.html", title="jobs", interval_s=self.board.interval_s)
 
     def jobs_json(self, request: Request) -> Response:
-        return JSONResponse(self.board.snapshot())
+        return versioned(request, self.board.snapshot())
+
+    def cluster_json(self, request: Request) -> Response:
+        """Each scheduler's cluster view as JSON (its node table drawn by the page a page at a time), kept as JSON
+        text with the board's entry: once per interval for all pages, and a 304 for a page that has it."""
+        return versioned(request, self.board.get(("cluster",), lambda: Versioned(self._cluster())))
+
+    def _cluster(self) -> dict[str, Any]:
+        sections = []
+        for name in self.schedulers:
+            try:
+                sections.append({"name": name, "parts": view_parts(self.scheduler(name).cluster_view()), "error": None})
+            except UserError as err:
+                sections.append({"name": name, "parts": [], "error": line(str(err))})
+        return {"schedulers": sections}
 
     def job_parts(self, name: str, job_id: str) -> list[dict[str, Any]]:
         scheduler = self.scheduler(name)
@@ -142,18 +153,17 @@ class Console:
         )
 
     def cluster_page(self, request: Request) -> Response:
+        """The fit form and its answers; the nodes come from /api/cluster (drawn by the page's script)."""
         values = fit.asked(request.query_params)
         sections = []
         for name in self.schedulers:
-            try:
-                scheduler = self.scheduler(name)
-                # rendered once per interval for every page (10,000 node rows are 2 MB of HTML): the parts
-                # template's own autoescaped output, kept as markup
-                parts = self.board.get(("cluster", name), lambda: self.rendered(view_parts(scheduler.cluster_view())))
-                fits = None if values is None else fit.answer(scheduler, values)
-                sections.append({"name": name, "parts": parts, "error": None, "fit": fits})
-            except UserError as err:
-                sections.append({"name": name, "parts": Markup(""), "error": line(str(err)), "fit": None})
+            fits = None
+            if values is not None:
+                try:
+                    fits = fit.answer(self.scheduler(name), values)
+                except UserError as err:
+                    fits = {"fits": False, "lines": [line(str(err))]}
+            sections.append({"name": name, "fit": fits})
         form = [(key, label, (values or {}).get(key, default)) for key, label, default in fit.FIELDS]
         return self.page("cluster.html", title="cluster", sections=sections, form=form)
 
@@ -241,6 +251,14 @@ class Console:
         return self.page("error.html", status=status, title="error", message=line(str(exc)))
 
 
+def versioned(request: Request, value: Versioned) -> Response:
+    """The JSON text, or 304 (nothing sent) when the page has this version already (If-None-Match)."""
+    headers = {"ETag": value.etag, "Cache-Control": "no-cache"}
+    if value.etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    return Response(value.body, media_type="application/json", headers=headers)
+
+
 def _problem(p: submission.Problem) -> dict[str, Any]:
     return {"line": line(p.line), "fix": line(p.fix), "kind": p.kind}
 
@@ -259,6 +277,7 @@ def create_app(
         Route("/api/job/{scheduler}/{job}", console.job_json),
         Route("/api/log/{scheduler}/{job}", console.log_events),
         Route("/cluster", console.cluster_page),
+        Route("/api/cluster", console.cluster_json),
         *DevPages(console).routes(),
         Route("/jobs/new", console.new_job_page),
         Route("/jobs/new", console.new_job, methods=["POST"]),

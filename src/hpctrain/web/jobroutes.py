@@ -4,6 +4,8 @@
     POST /job/SCHEDULER/JOB/preempt         rehearse a preemption: what `hpctrain debug preempt JOB` does
     POST /job/SCHEDULER/JOB/tensorboard     start TensorBoard here on the run directory (`hpctrain tensorboard`),
                                             or say the exact command where it cannot
+    POST /job/SCHEDULER/JOB/resume          a new job that continues its run directory (engine.submission.resumed,
+                                            the CLI's resume path), then the new job's page
 
 The clone button is a link to the job form (/jobs/new?from=SCHEDULER/JOB); stop is app.py's. Every POST passes the
 guard (same origin, CSRF token) first; what the run directory and the schedulers say is asked through the console's
@@ -18,11 +20,13 @@ import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from hpctrain.engine import submission
 from hpctrain.errors import UserError
 from hpctrain.web import jobpage
 from hpctrain.web.safeview import line
@@ -76,6 +80,7 @@ class JobRoutes:
             Route("/api/metrics/{scheduler}/{job}", self.metrics_json),
             Route("/job/{scheduler}/{job}/preempt", self.preempt, methods=["POST"]),
             Route("/job/{scheduler}/{job}/tensorboard", self.tensorboard, methods=["POST"]),
+            Route("/job/{scheduler}/{job}/resume", self.resume, methods=["POST"]),
         ]
 
     def run_dir(self, name: str, job_id: str) -> Path | None:
@@ -122,6 +127,19 @@ class JobRoutes:
         )
         return self._outcome("rehearse a preemption of", name, job_id, said + list(outcome.lines), outcome.exit_code)
 
+    def resume(self, request: Request) -> Response:
+        """A new job that continues this job's run directory (engine.submission.resumed: the CLI's resume path),
+        checked and submitted as `hpctrain submit` does it; then the new job's page. What stops it (no run directory
+        readable here, no checkpoint, a check that blocks) is its one line on the page, and nothing is sent."""
+        name, job_id = request.path_params["scheduler"], request.path_params["job"]
+        self.console.scheduler(name)  # an unknown scheduler: its one line (404)
+        try:
+            job = submission.resumed(self.console.scheduler(name), job_id)
+            done = submission.submit(job)
+        except UserError as err:
+            return self._outcome("resume", name, job_id, [str(err)], 1, status=400)
+        return RedirectResponse(f"/job/{quote(done.scheduler, safe='')}/{quote(done.job_id, safe='')}", 303)
+
     def tensorboard(self, request: Request) -> Response:
         """TensorBoard's own server on 127.0.0.1 of this machine, one per run directory for as long as the console
         runs (it dies with it), as `hpctrain tensorboard RUN_DIR` starts it; where the run directory is not seen
@@ -165,10 +183,18 @@ class JobRoutes:
             self._tensorboards.clear()
 
     def _outcome(
-        self, what: str, name: str, job_id: str, lines: list[str], exit_code: int, link: str | None = None
+        self,
+        what: str,
+        name: str,
+        job_id: str,
+        lines: list[str],
+        exit_code: int,
+        link: str | None = None,
+        status: int = 200,
     ) -> Response:
         return self.console.page(
             "outcome.html",
+            status=status,
             title=f"{what} {line(job_id)}",
             heading=f"{what[0].upper()}{what[1:]} job",
             scheduler=name,

@@ -254,11 +254,11 @@ class SlurmScheduler:
         again = f", attempt {status.restarts + 1}" if status.restarts else ""
         return f"{status.shown_state}{why}{again}"
 
-    def list_jobs(self) -> list[JobSummary]:
-        return [
-            JobSummary(j.job_id, neutral_state(j.state), j.submit_time, j.num_nodes or 0)
-            for j in job_states.list_jobs(run=self.run)
-        ]
+    def list_jobs(self, all_users: bool = False) -> list[JobSummary]:
+        """squeue of the summary's fields only (queries.job_summaries)."""
+        from hpctrain.schedulers.slurm.queries.job_summaries import list_summaries
+
+        return list_summaries(neutral_state, all_users=all_users, run=self.run)
 
     def logs(
         self,

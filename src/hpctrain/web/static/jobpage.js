@@ -62,34 +62,22 @@ function plot(series) {
   return figure;
 }
 
+// Polled as the details are (console.js's poll: paused while the tab is in the background).
 function followPlots(box) {
   const state = document.getElementById("plot-state");
   let shown = null;
-  const load = () => {
-    fetch(box.dataset.src, { credentials: "same-origin", cache: "no-store" })
-      .then((response) =>
-        response.json().then((data) => {
-          if (!response.ok) throw new Error(data.error || "the console answered " + response.status);
-          return data;
-        }),
-      )
-      .then((data) => {
-        const text = JSON.stringify(data);
-        if (text !== shown) {
-          shown = text;
-          const drawn = data.series.filter((s) => s.points.length);
-          box.replaceChildren(...drawn.map(plot));
-          if (state) {
-            state.textContent = data.records
-              ? data.records + " epoch record(s) in metrics.jsonl"
-              : "no metrics.jsonl record yet";
-          }
-        }
-      })
-      .catch((err) => state && (state.textContent = String(err.message || err)))
-      .finally(() => setTimeout(load, Math.max(1, parseFloat(box.dataset.interval) || 5) * 1000));
+  const show = (data) => {
+    const text = JSON.stringify(data);
+    if (text === shown) return;
+    shown = text;
+    const drawn = data.series.filter((s) => s.points.length);
+    box.replaceChildren(...drawn.map(plot));
+    if (state) {
+      state.textContent = data.records ? data.records + " epoch record(s) in metrics.jsonl" : "no metrics.jsonl record yet";
+    }
   };
-  load();
+  const status = (error) => error && state && (state.textContent = error);
+  poll(box.dataset.src, parseFloat(box.dataset.interval) || 5, show, status);
 }
 
 function copyButtons() {

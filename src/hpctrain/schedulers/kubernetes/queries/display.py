@@ -24,6 +24,9 @@ from hpctrain.stops import StopReason
 SICK_NODE_LABEL = StopReason.SICK_NODE.label
 
 
+RECORD_KEYS = ("job_id", "state", "created", "replicas")  # `status --json`'s keys of each job
+
+
 def jobs_view(jobs: list[JobSummary], namespace: str, nodes: dict[str, str] | None = None) -> View:
     """The namespace's jobs; `nodes`: an elastic job's running worker pods against the range asked for ("1 of
     1:2"), in its REPLICAS cell and its record, by job name."""
@@ -35,7 +38,8 @@ def jobs_view(jobs: list[JobSummary], namespace: str, nodes: dict[str, str] | No
         return [(j.job_id, j.state, nodes.get(j.job_id, str(j.replicas)), j.created or "") for j in jobs]
 
     def record(j: JobSummary) -> dict[str, Any]:
-        return {**asdict(j), "nodes": nodes[j.job_id]} if j.job_id in nodes else asdict(j)
+        fields = {k: getattr(j, k) for k in RECORD_KEYS}
+        return {**fields, "nodes": nodes[j.job_id]} if j.job_id in nodes else fields
 
     return View(
         records=lambda: [record(j) for j in jobs],

@@ -242,3 +242,47 @@ def with_use(node: NodeView, use: dict[str, Decimal]) -> NodeView:
         memory_requested=int(use.get("memory", 0)),
         gpus_requested=int(use.get(GPU, 0)),
     )
+
+
+def _whole(value: Any) -> int | None:
+    """A count from an object written by anyone: an int or its digits (nprocPerNode is a string), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _gpus(resources: Any) -> int:
+    limits = resources.get("limits") if isinstance(resources, dict) else None
+    return (_whole(limits.get(GPU)) or 0) if isinstance(limits, dict) else 0
+
+
+def job_summary(obj: dict[str, Any], api: str, pods: list[dict[str, Any]]) -> base.JobSummary:
+    """A PyTorchJob or TrainJob (its JSON) and its pods as the neutral summary: its pods (one a node), processes a
+    pod (nprocPerNode, numProcPerNode; "auto" and the like say no number), the GPUs its pods ask for, and the
+    restarts of its pods (in place, and a TrainJob's JobSet recreating them)."""
+    state, _ = object_state(obj, api)
+    spec = obj.get("spec") or {}
+    if api == "pytorchjob":
+        specs = [s for s in (spec.get("pytorchReplicaSpecs") or {}).values() if isinstance(s, dict)]
+        counts = [_whole(s.get("replicas", 1)) or 0 for s in specs]
+        containers = [((s.get("template") or {}).get("spec") or {}).get("containers") or [{}] for s in specs]
+        per_pod = [_gpus(c[0].get("resources")) if isinstance(c[0], dict) else 0 for c in containers]
+        nodes, gpus, processes = sum(counts), sum(map(int.__mul__, counts, per_pod)), spec.get("nprocPerNode")
+    else:
+        trainer = spec.get("trainer") or {}
+        nodes = _whole(trainer.get("numNodes", 1)) or 0
+        gpus, processes = nodes * _gpus(trainer.get("resourcesPerNode")), trainer.get("numProcPerNode")
+    restarts = sum(replica_status(p).restarts for p in pods) + jobset_restarts(pods)
+    meta = obj["metadata"]
+    return base.JobSummary(
+        job_id=meta["name"],
+        state=state,
+        created=meta.get("creationTimestamp"),
+        replicas=nodes,
+        name=meta["name"],
+        processes_per_node=_whole(processes),
+        gpus=gpus,
+        restarts=restarts,
+    )

@@ -20,6 +20,7 @@ from hpctrain.schedulers.kubernetes.queries.kubeflow_objects import (
     PYTORCHJOB_SELECTOR,
     TRAINJOB_SELECTOR,
     elastic_range,
+    job_summary,
     jobset_restarts,
     object_state,
     recorded_exit_code,
@@ -185,35 +186,24 @@ class LiveJobs:
                     lines.append(line)
         return tuple(lines)
 
-    def list_jobs(self) -> list[JobSummary]:
-        return self.job_listing()[0]
+    def list_jobs(self, all_users: bool = False) -> list[JobSummary]:
+        """The namespace's jobs (a namespace's are everyone's who can read it: `all_users` changes nothing) and, where
+        there are any, the namespace's pods of jobs of this kind (their restarts): two listings, a page at a time."""
+        return self.summaries(self._listed(), restarts=True)
 
     def job_listing(self) -> tuple[list[JobSummary], dict[str, str]]:
-        """The namespace's jobs, oldest first, and each elastic PyTorchJob's running worker pods against its
-        elasticPolicy's minReplicas:maxReplicas ("1 of 1:2"), by job name: one list of the jobs and, only when one
-        of them is elastic, one of the namespace's running Kubeflow pods (both a page at a time)."""
+        """`hpctrain status`'s table: the namespace's jobs, oldest first, and each elastic PyTorchJob's running
+        worker pods against its elasticPolicy's minReplicas:maxReplicas ("1 of 1:2"), by job name: one list of the
+        jobs and, only when one of them is elastic, one of the namespace's running Kubeflow pods."""
         from hpctrain.health.view import node_count
 
-        items = self.raw.list(self._jobs_path(), f"listing the {self.kind}s")
-        if not items:  # the API lists nothing, not an error, in a namespace that does not exist
-            problems: list[str] = []
-            self._namespace_problems(problems)
-            if problems:
-                raise UserError(problems[0])
-        out = []
+        items = self._listed()
         ranges: dict[str, str] = {}
-        for obj in items:
-            state, _ = object_state(obj, self.options.api)
-            spec = obj.get("spec", {})
-            name = obj["metadata"]["name"]
-            if self.options.api == "pytorchjob":
-                count = sum(int(s.get("replicas", 1)) for s in spec.get("pytorchReplicaSpecs", {}).values())
+        if self.options.api == "pytorchjob":
+            for obj in items:
                 requested = elastic_range(obj)
                 if requested is not None:
-                    ranges[name] = requested
-            else:
-                count = int(spec.get("trainer", {}).get("numNodes", 1))
-            out.append(JobSummary(name, state, obj["metadata"].get("creationTimestamp"), count))
+                    ranges[obj["metadata"]["name"]] = requested
         running: dict[str, int] = {}
         if ranges:
             pods = self.raw.list(
@@ -226,7 +216,31 @@ class LiveJobs:
                 job = (pod["metadata"].get("labels") or {}).get(PYTORCHJOB_SELECTOR)
                 running[job] = running.get(job, 0) + 1
         nodes = {name: node_count(running.get(name, 0), requested) for name, requested in ranges.items()}
-        return sorted(out, key=lambda s: s.created or ""), nodes
+        return self.summaries(items, restarts=False), nodes
+
+    def _listed(self) -> list[dict[str, Any]]:
+        """The namespace's jobs of this kind, a page at a time; a namespace that does not exist is a UserError."""
+        items = self.raw.list(self._jobs_path(), f"listing the {self.kind}s")
+        if not items:  # the API lists nothing, not an error, in a namespace that does not exist
+            problems: list[str] = []
+            self._namespace_problems(problems)
+            if problems:
+                raise UserError(problems[0])
+        return items
+
+    def summaries(self, items: list[dict[str, Any]], restarts: bool) -> list[JobSummary]:
+        """The jobs `items` as neutral summaries, oldest first; with `restarts`, their pods' restarts (one listing of
+        the namespace's pods of jobs of this kind), without, the jobs' listing alone."""
+        if not items:
+            return []
+        if not restarts:
+            return sorted((job_summary(obj, self.options.api, []) for obj in items), key=lambda s: s.created or "")
+        selector = PYTORCHJOB_SELECTOR if self.options.api == "pytorchjob" else TRAINJOB_SELECTOR
+        pods: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.raw.list(self._namespaced("pods"), "listing the pods", labelSelector=selector):
+            pods.setdefault((pod["metadata"].get("labels") or {}).get(selector, ""), []).append(pod)
+        out = [job_summary(obj, self.options.api, pods.get(obj["metadata"]["name"], [])) for obj in items]
+        return sorted(out, key=lambda s: s.created or "")
 
     def logs(
         self,
