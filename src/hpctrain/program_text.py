@@ -40,3 +40,9 @@ def fill(package: str, name: str, **values: object) -> str:
 def lines(package: str, name: str, **values: object) -> list[str]:
     """`fill`'s text as lines (a renderer that builds a script from lists of lines)."""
     return fill(package, name, **values).splitlines()
+
+
+def without_comments(text: str) -> str:
+    """A program as a command line carries it (`python3 -c TEXT`): full-line comments and blank lines out."""
+    kept = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return "\n".join(kept) + "\n"
