@@ -244,3 +244,74 @@ def notes(problems, venv_missing):
         (3, "is not on the PATH the job will have"),
         (4, "is not on the PATH the job"),
     ]
+
+
+# ---- issue 40: a face names no backend's flag dest (each backend reads its own from what it declared) ---------------
+
+
+def backend_dests() -> set[str]:
+    """The argparse dests of every flag a backend declares, for any role (hpctrain.engine.scheduling.role_dests),
+    less the parameters of the interface's own methods (Scheduler, Services: `status_view(all_users=...)`,
+    `cancel_and_wait(signal=...)`) and what every backend's create() takes (`context`), which a face passes on by the
+    interface's name for them, and the dests of flags the CLI declares itself (`image --output`)."""
+    import importlib
+    import inspect
+
+    from hpctrain.engine.scheduling import role_dests
+    from hpctrain.cli import SUBCOMMANDS, build_parser
+    from hpctrain.schedulers import SCHEDULERS
+    from hpctrain.schedulers.base import ROLES, Scheduler
+    from hpctrain.schedulers.service_api import Services
+
+    methods = [m for protocol in (Scheduler, Services) for _, m in inspect.getmembers(protocol, inspect.isfunction)]
+    creates = [importlib.import_module(module).create for module in SCHEDULERS.values()]  # what every one is built with
+    common = set.intersection(*({*inspect.signature(create).parameters} for create in creates))
+    interface = common | {name for method in methods for name in inspect.signature(method).parameters}
+    declared = {dest for name in SCHEDULERS for role in ROLES for dest in role_dests(name, role)}
+    own = set()  # the CLI's own flags: on a command that talks to no scheduler (no --scheduler)
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+        if "--scheduler" not in parser._option_string_actions:
+            own.update(action.dest for action in parser._actions)
+
+    for command in SUBCOMMANDS:
+        walk(build_parser(command))
+    return declared - interface - own
+
+
+def dest_uses(source: str, dests: set[str]) -> list[tuple[int, str]]:
+    """Where `source` reads one of `dests` from parsed flags: `args.conda_env`, `getattr(args, "shm", None)`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args":
+            if node.attr in dests:
+                found.append((node.lineno, node.attr))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            named = node.args[1] if len(node.args) > 1 else None
+            if isinstance(named, ast.Constant) and named.value in dests:
+                found.append((node.lineno, named.value))
+    return sorted(found)
+
+
+def test_the_cli_names_no_backends_flag_dest() -> None:
+    """The CLI passes a backend's flags on by what the backend declared (engine.scheduling.backend_flag_values: a
+    service's Placement), never by their names: adding a flag to a backend needs no line in the CLI."""
+    dests = backend_dests()
+    assert {"conda_env", "venv", "volumes", "shm", "gpu_type", "login_host", "modules"} <= dests
+    paths = [*sorted(CLI.glob("*.py")), *sorted((CLI.parent / "engine").glob("*.py"))]
+    named = {path.name: uses for path in paths if (uses := dest_uses(path.read_text(), dests))}
+    assert named == {}, "a backend's flag dest named in the CLI (the backend should read its own): " + repr(named)
+
+
+def test_the_dest_walk_finds_a_backends_dest_in_a_face() -> None:
+    """It can fail: the placement the CLI built by naming each backend's dest before is found."""
+    source = """
+def placement_from_args(args):
+    given = {"conda_env": args.conda_env, "shm": getattr(args, "shm", None), "image": args.image}
+    return Placement(image=args.image, options={**given, "volumes": tuple(args.volumes)})
+"""
+    assert dest_uses(source, backend_dests()) == [(3, "conda_env"), (3, "shm"), (4, "volumes")]

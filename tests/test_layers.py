@@ -38,7 +38,7 @@ def lint_imports(src: Path) -> subprocess.CompletedProcess[str]:
 def test_every_package_imports_only_from_the_layers_below_it():
     result = lint_imports(ROOT / "src")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
@@ -118,6 +118,19 @@ def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProce
             "above schedulers, only its interface",
             "hpctrain.web is not allowed to import hpctrain.schedulers.slurm",
         ),
+        # The faces call the engine: a job file's scheduler section and the reading of job data are the engine's.
+        (
+            "cli/submit.py",
+            "from hpctrain.schedulers.job_sections import read_job_file",
+            "the faces call the engine and the registry",
+            "hpctrain.cli is not allowed to import hpctrain.schedulers.job_sections",
+        ),
+        (
+            "web/fit.py",
+            "from hpctrain.jobs.mapping import from_mapping",
+            "the faces call the engine and the registry",
+            "hpctrain.web is not allowed to import hpctrain.jobs.mapping",
+        ),
         # The schedulers' old imports of the training side (stop words, exit codes) and of the recipes (the data check).
         (
             "schedulers/slurm/batch/requeue.py",
@@ -141,4 +154,4 @@ def test_each_scheduler_contract_refuses_a_planted_import(tmp_path, module, line
     assert result.returncode != 0, result.stdout
     assert f"{contract} BROKEN" in said
     assert refusal in said
-    assert "3 kept, 1 broken" in said
+    assert "4 kept, 1 broken" in said

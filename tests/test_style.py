@@ -1,7 +1,8 @@
 """The style of pyproject.toml's [tool.ruff] holds over src, tests and benchmarks: ruff's lint rules (no line over
 120 columns, pyflakes' rules, no `# noqa` that suppresses nothing) and its formatter (`ruff format --check` would
 change nothing). ruff itself does the checking, with the project's configuration; the tests on a small file show
-that each check can fail. No type checker runs, so no comment may speak to one: no `# type: ignore`."""
+that each check can fail. No type checker runs, so no comment may speak to one: no `# type: ignore`. A module holds
+one idea: past a soft ceiling of 700 lines it most likely holds two, and is split by idea (never to fit a count)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("src", "tests", "benchmarks")
+# One idea per module: a module split to fit a count scatters its idea, so this is a ceiling, not a target. A module
+# past it most likely holds two ideas; split it where the ideas part (README's Development section says so).
+MODULE_CEILING = 700
 
 
 def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -89,3 +93,27 @@ def test_the_format_check_catches_unformatted_code(tmp_path):
     result = ruff("format", "--check", "--no-cache", sample.name, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "sample.py" in result.stdout and "1 file would be reformatted" in result.stdout
+
+
+def modules_past_the_ceiling(root: Path) -> list[str]:
+    """The modules under `root` longer than MODULE_CEILING lines, each with its length."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MODULE_CEILING:
+            found.append(f"{path.relative_to(root)}: {lines} lines")
+    return found
+
+
+def test_each_module_stays_under_the_soft_ceiling():
+    found = modules_past_the_ceiling(ROOT / "src")
+    assert found == [], (
+        f"these modules are past {MODULE_CEILING} lines, so likely hold more than one idea; split each where its "
+        "ideas part (one idea per module, a name that says which):\n" + "\n".join(found)
+    )
+
+
+def test_the_ceiling_catches_a_long_module(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * (MODULE_CEILING + 1))
+    (tmp_path / "fits.py").write_text("x = 1\n" * MODULE_CEILING)
+    assert modules_past_the_ceiling(tmp_path) == [f"long.py: {MODULE_CEILING + 1} lines"]

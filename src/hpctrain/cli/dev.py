@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     services = services_of(args)
-    placement = placement_from_args(args)
+    placement = placement_from_args(args, "dev")
     cfg = config_from_args(args)
     rendered = services.dev_render(cfg, placement)  # pure: what the backend refuses fails here, before anything is made
     if args.dry_run:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         args.job,
         follow=args.follow,
         replica=args.replica,
-        stream="stderr" if args.err else "stdout",
+        stream=args.stream or "stdout",  # a backend that keeps streams apart declares the flag
         say=progress_to_stderr("logs"),
     )
     for line in lines:

@@ -25,25 +25,13 @@ def add_placement_arguments(parser: argparse.ArgumentParser | argparse._Argument
     parser.add_argument("--wait", type=float, default=600.0, metavar="S", help=wait_help)
 
 
-def placement_from_args(args: argparse.Namespace) -> Any:
-    """The placement flags as a Placement: the image, and the backend's own options by dest (the flags given; the
-    chosen backend reads its own and refuses the other's)."""
+def placement_from_args(args: argparse.Namespace, role: str) -> Any:
+    """The placement flags of a command's `role` (dev, tensorboard) as a Placement: the image, and every flag the
+    backends declared for that role that was given, by dest (the chosen backend reads its own, refuses another's)."""
+    from hpctrain.engine.scheduling import backend_flag_values
     from hpctrain.schedulers.service_api import Placement
 
-    given = {
-        "conda_env": args.conda_env,
-        "venv": args.venv,
-        "modules": tuple(args.module),
-        "mounts": tuple(args.mount),
-        "partition": args.partition,
-        "account": args.account,
-        "volumes": tuple(args.volume),
-        "shm": getattr(args, "shm", None),
-        "gpu_type": getattr(args, "gpu_type", None),
-        "gres": getattr(args, "gres", None),
-        "login_host": args.login_host,
-    }
-    return Placement(image=args.image, options={k: v for k, v in given.items() if v not in (None, ())})
+    return Placement(image=args.image, options=backend_flag_values(args, role))
 
 
 def services_of(args: argparse.Namespace, scheduler: str | None = None) -> Any:

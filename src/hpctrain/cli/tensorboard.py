@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.on_cluster:
         services = services_of(args)
-        placement = placement_from_args(args)
+        placement = placement_from_args(args, "tensorboard")
         access = services.tensorboard(args.run_dirs, args.time, placement, args.wait, args.port, show_step)
         print("\n".join(access_lines(access)))
         return 0

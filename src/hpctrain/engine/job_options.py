@@ -127,6 +127,12 @@ class Submission:
 PLACEHOLDER_COMMAND = ("true",)
 
 
+def job_from_data(data: dict[str, Any], source: str) -> JobSpec:
+    """The neutral job that `data` describes as a job file's top level would (a web form's fields), named `source`
+    in its one-line errors: the faces read job data through here, never through hpctrain.jobs' file reading."""
+    return from_mapping(data, source)
+
+
 def submission_from_args(args: argparse.Namespace, dry_run: bool = False, command_optional: bool = False) -> Submission:
     """Job file, then flags on top; the scheduler from --scheduler, the file or this machine. `command_optional`:
     without a command, the job runs PLACEHOLDER_COMMAND and says so (`resources_only`)."""

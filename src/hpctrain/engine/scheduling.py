@@ -113,6 +113,26 @@ def backend_options(
     return fields
 
 
+def role_dests(scheduler: str, role: str) -> tuple[str, ...]:
+    """The argparse dests of the flags `scheduler`'s backend declares for a command's `role` (what its
+    BackendInfo.add_arguments adds, asked on a scratch parser)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    backend_info(scheduler).add_arguments(parser, parser.add_argument_group("scheduler"), role)
+    return tuple(action.dest for action in parser._actions)
+
+
+def backend_flag_values(args: argparse.Namespace, role: str, schedulers: Iterable[str] = SCHEDULERS) -> dict[str, Any]:
+    """Every flag the backends declared for `role` that was given (not None, empty or False), by argparse dest,
+    lists as tuples: a service's Placement options, which each backend reads its own of (and refuses another's)."""
+    given: dict[str, Any] = {}
+    for name in schedulers:
+        for dest in role_dests(name, role):
+            value = getattr(args, dest, None)
+            if value not in (None, False, [], ()):
+                given[dest] = tuple(value) if isinstance(value, list) else value
+    return given
+
+
 def get_backend(args: argparse.Namespace, scheduler: str, fields: Mapping[str, Any] | None = None):
     """The chosen backend, built with its options (when `fields` is None: where the jobs are, from the flags)."""
     from hpctrain.schedulers import get_scheduler

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain import program_text
 from hpctrain.errors import UserError
 from hpctrain.fsutil import format_bytes
 from hpctrain.health import RankProgress
@@ -37,29 +38,21 @@ PROBE = (
     f"if command -v nvidia-smi >/dev/null 2>&1; then {shlex.join(NVIDIA_SMI)} | sed 's/^/@gpu /'; "
     'else echo "@nogpu"; fi'
 )
-# Added to the probe of one of a job's pods: the ranks' live records, from the run directory on the pods' volume
-# (HPCTRAIN_RUN_DIR, which hpctrain's pods have), one `@progress JSON` line each. A constant number of processes
-# whatever the ranks: one find, and one awk per batch of files it hands over (`-exec ... {} +`), awk joining each
-# file's lines after `@progress ` (a record is one line, written without a newline). Only regular files, never a
-# link (`-type f`: a FIFO would block the reader), and, as the local reader (read_progress), none larger than
-# MAX_RECORD_BYTES: find passes over a larger file unread (mawk took 3.8 s for one line of 16 MiB, quadratically
-# more for more), and awk drops a record that outgrows the bound while it reads (a file that grew after find
-# looked), so what the probe prints is bounded per record. An image without find or awk gets the loop of one
-# `tr` per rank (18 s of forks at 8,000 ranks), which drops a record over the bound after reading it.
-_JOIN_RECORDS = (
-    f'function flush() {{ if (seen && length(r) <= {MAX_RECORD_BYTES}) print "@progress " r; r = "" }} '
-    "FNR == 1 { flush(); seen = 1 } "
-    f"length(r) <= {MAX_RECORD_BYTES} {{ r = r $0 }} "
-    "END { flush() }"
+# Added to the probe of one of a job's pods: the ranks' live records, one `@progress JSON` line each, bounded per
+# record (programs/progress_probe.sh and programs/join_records.awk, which say how; linted as programs).
+_JOIN_RECORDS = program_text.without_comments(
+    program_text.fill(__package__, "join_records.awk", MAX_RECORD_BYTES=MAX_RECORD_BYTES)
 )
-PROGRESS_PROBE = (
-    f'if [ -n "${{HPCTRAIN_RUN_DIR:-}}" ]; then d="$HPCTRAIN_RUN_DIR"/{PROGRESS_DIR}; '
-    "if command -v find >/dev/null 2>&1 && command -v awk >/dev/null 2>&1; then "
-    f"find \"$d\" -maxdepth 1 -name 'rank-*.json' -type f -size -{MAX_RECORD_BYTES + 1}c "
-    f"-exec awk {shlex.quote(_JOIN_RECORDS)} {{}} +; "
-    'else for f in "$d"/rank-*.json; do [ -f "$f" ] && [ ! -L "$f" ] && r="$(tr -d "\\n" < "$f")" && '
-    f'{{ [ "${{#r}}" -gt {MAX_RECORD_BYTES} ] || printf "@progress %s\\n" "$r"; }}; done; fi; fi'
-)
+PROGRESS_PROBE = program_text.without_comments(
+    program_text.fill(
+        __package__,
+        "progress_probe.sh",
+        PROGRESS_DIR=PROGRESS_DIR,
+        FIND_SIZE=MAX_RECORD_BYTES + 1,
+        JOIN_RECORDS=shlex.quote(_JOIN_RECORDS),
+        MAX_RECORD_BYTES=MAX_RECORD_BYTES,
+    )
+).rstrip("\n")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The cluster page's answer to "does my job fit on one node, does it fit my quota": a job of the form's size
 (nodes, GPUs, CPUs and memory per node) made into the neutral job description as a job file would give it
-(hpctrain.jobs.mapping.from_mapping: its errors are the CLI's), then the scheduler's own live check
+(hpctrain.engine.job_options.job_from_data: its errors are the CLI's), then the scheduler's own live check
 (Scheduler.check, what `hpctrain check` asks: on Slurm whether a node of the partitions can hold it, on Kubernetes
 the nodes' allocatable resources and the namespace's quota). A GET: it asks, and changes nothing.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hpctrain.engine.job_options import job_from_data
 from hpctrain.errors import UserError
-from hpctrain.jobs.mapping import from_mapping
 from hpctrain.schedulers.base import Scheduler, blocking
 from hpctrain.web.safeview import line
 
@@ -45,7 +45,7 @@ def job_of(values: Mapping[str, str]) -> Any:
             data[key] = int(text)
         else:
             data[key] = text
-    return from_mapping(data, "the form")
+    return job_from_data(data, "the form")
 
 
 def answer(scheduler: Scheduler, values: Mapping[str, str]) -> dict[str, Any]:

@@ -40,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
         if role == "dev":
             g.add_argument("--shm", help="Kubernetes: size of /dev/shm, e.g. 8Gi")
         g.add_argument(
-            "--volume", action="append", default=[], help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)"
+            "--volume",
+            dest="volumes",
+            action="append",
+            default=[],
+            help="Kubernetes: pvc:CLAIM:/mount, nfs:... (repeatable)",
         )
     if role != "job":
         return

@@ -78,7 +78,7 @@ INFO = BackendInfo(
         "max_hang_restarts": "--max-hang-restarts",
         # status, logs, cancel (cluster's --partition is the job's)
         "all_users": "--all-users",
-        "err": "--err",
+        "stream": "--err",
         "signal": "--signal",
         "full": "--full",
     },

@@ -38,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser, group: argparse._ArgumentGrou
         _group(parser).add_argument("--all-users", action="store_true", help="Slurm: everyone's jobs, not only yours")
     elif role == "logs":
         _group(parser).add_argument(
-            "--err", action="store_true", help="Slurm: the job's stderr file instead of its stdout"
+            "--err",
+            dest="stream",
+            action="store_const",
+            const="stderr",
+            help="Slurm: the job's stderr file instead of its stdout",
         )
     elif role == "cluster":
         _group(parser).add_argument("--partition", "-p", metavar="NAME", help="Slurm: only the nodes of this partition")
@@ -141,8 +145,12 @@ def _placement_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     g.add_argument("--account", help="Slurm: account")
     g.add_argument("--conda-env", help="Slurm: activate this conda environment")
     g.add_argument("--venv", help="Slurm: activate this virtual environment")
-    g.add_argument("--module", action="append", default=[], help="Slurm: `module load` this first (repeatable)")
-    g.add_argument("--mount", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)")
+    g.add_argument(
+        "--module", dest="modules", action="append", default=[], help="Slurm: `module load` this first (repeatable)"
+    )
+    g.add_argument(
+        "--mount", dest="mounts", action="append", default=[], help="Slurm containers: bind SRC[:DST] (repeatable)"
+    )
     g.add_argument("--login-host", help="the login node your machine reaches with ssh (default: this host's name)")
 
 

@@ -64,6 +64,7 @@ from typing import Any
 
 import yaml
 
+from hpctrain import program_text
 from hpctrain.distributed.probes import AUTO_RESUME_VAR
 from hpctrain.errors import UserError
 from hpctrain.health.preflight import NODE_NAME_ENV
@@ -92,27 +93,9 @@ PATCH_MANAGER = "hpctrain.io/hpctrain"
 QUEUE_SLACK_S = 24 * 3600  # the backstop deadline's room for queueing (PyTorchJob: from the first reconcile)
 INIT_CONTAINER = "wait-for-master"
 INIT_RESOURCES = {"cpu": "100m", "memory": "64Mi"}
-# Waits, without a limit, until the master's name (argv[1]) resolves: a Python every training image has, and no
-# shell, so the job name is an argument, never code.
-WAIT_FOR_MASTER = (
-    "import socket, sys, time\n"
-    "name, limit = sys.argv[1], int(sys.argv[2])\n"
-    "deadline, said = time.monotonic() + limit, False\n"
-    "while True:\n"
-    "    try:\n"
-    "        socket.getaddrinfo(name, None)\n"
-    "        break\n"
-    "    except OSError:\n"
-    "        if not said:\n"
-    "            print('hpctrain: waiting for the master pod', name, 'to have a name (at most', limit, 's)',\n"
-    "                  flush=True)\n"
-    "            said = True\n"
-    "        if time.monotonic() > deadline:\n"
-    "            print('hpctrain: gave up after', limit, 's waiting for the master pod', name, 'to have a name:',\n"
-    "                  'it never started (see hpctrain status) or its Service is missing', flush=True)\n"
-    "            sys.exit(1)\n"
-    "        time.sleep(2)\n"
-)
+# Waits until the master's name (argv[1]) resolves: a Python every training image has, and no shell, so the job name
+# is an argument, never code. A program of its own, programs/wait_for_master.py (ruff checks it), less its comments.
+WAIT_FOR_MASTER = program_text.without_comments(program_text.template(__package__, "wait_for_master.py"))
 MASTER_WAIT_S = 3600
 """How long a worker's init container waits for the master's name when the job has no time limit (with one: that
 limit, since a job that waited it out could not have run anyway)."""

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain import program_text
 from hpctrain.health.stacks import ANSWER_PREFIX, REQUEST_FILE, STACKS_DIR
 from hpctrain.servers.top import PROBE, PROGRESS_PROBE, NodeSample, parse_probe
 
@@ -134,23 +135,18 @@ def sample_pods(raw: Any, pods: Iterable[dict[str, Any]], container: str | None 
 def stacks_request(world_size: int, wait_s: float) -> str:
     """Shell run in a pod: ask every rank for its stacks (a fresh token in RUN/stacks/request, written and renamed
     as `request_stacks` does; a linked stacks/ is refused), wait until `world_size` answers name the token or
-    `wait_s` passed, then print each answer after a line `@stacks rank-N.txt`. No file times are compared."""
-    answered = (
-        f'[ -f "$f" ] && [ ! -L "$f" ] && IFS= read -r l < "$f" && case "$l" in *"{ANSWER_PREFIX}$t") '
-        "true;; *) false;; esac"
-    )  # shell builtins only: an image may lack grep; `od` missing leaves time+pid
-    return (
-        f'[ -n "${{HPCTRAIN_RUN_DIR:-}}" ] || exit 3; d="$HPCTRAIN_RUN_DIR"/{STACKS_DIR}; '
-        '[ -L "$d" ] && exit 3; mkdir -p "$d" || exit 3; [ -L "$d/request" ] && rm -f "$d/request"; '
-        '[ -d "$d/request" ] && exit 3; '
-        "t=\"$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n')\"; set -C; "
-        f'printf "%s\\n" "$t" > "$d/.{REQUEST_FILE}.$t.tmp" && mv -f "$d/.{REQUEST_FILE}.$t.tmp" '
-        f'"$d/{REQUEST_FILE}" || exit 3; n=0; '
-        f'while [ "$n" -lt {max(1, int(wait_s))} ]; do sleep 1; n=$((n + 1)); c=0; '
-        f'for f in "$d"/rank-*.txt; do {answered} && c=$((c + 1)); done; '
-        f'[ "$c" -ge {world_size} ] && break; done; '
-        f'for f in "$d"/rank-*.txt; do {answered} && '
-        '{ printf "@stacks %s\\n" "${f##*/}"; cat "$f"; }; done; exit 0'
+    `wait_s` passed, then print each answer after a line `@stacks rank-N.txt`. No file times are compared. The
+    program is programs/stacks_request.sh (linted as one), less its comments."""
+    return program_text.without_comments(
+        program_text.fill(
+            __package__,
+            "stacks_request.sh",
+            WORLD_SIZE=world_size,
+            WAIT_S=max(1, int(wait_s)),
+            ANSWER_PREFIX=ANSWER_PREFIX,
+            STACKS_DIR=STACKS_DIR,
+            REQUEST_FILE=REQUEST_FILE,
+        )
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from hpctrain import program_text
 from hpctrain.distributed.ports import job_port_lines
 from hpctrain.distributed.probes import ELASTIC_MAX_NODES_VAR, ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
@@ -274,11 +275,7 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
                 if job.resources.elastic
                 else []
             ),
-            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            'if [ -z "$head_node" ]; then',
-            '    echo "hpctrain: cannot resolve the head node from SLURM_JOB_NODELIST=${SLURM_JOB_NODELIST}" >&2',
-            "    exit 1",
-            "fi",
+            *program_text.lines(__package__, "head_node.sh"),
         ]
         if options.rdzv_port is not None:
             out.append(f"rdzv_port={options.rdzv_port}")
@@ -291,21 +288,8 @@ def render_sbatch(job: JobSpec, options: SlurmOptions | None = None) -> str:
             "# and keep the rendezvous store's host (the first node) to the last on every torch.",
             "hpctrain_torchrun='" + TORCHRUN_SHIM + "'",
         ]
-    out += [
-        "",
-        "# The step runs in the background so that the traps run as soon as a signal arrives.",
-        " ".join(step_command(job, options)) + " &",
-        "step_pid=$!",
-        'if [ "$warned" = 1 ]; then',
-        "    forward_warning",
-        "fi",
-        "# wait returns early whenever a trap runs: keep waiting until the step has really ended.",
-        'while kill -0 "$step_pid" 2>/dev/null; do',
-        '    wait "$step_pid"',
-        "done",
-        "status=0",
-        'wait "$step_pid" || status=$?',
-    ]
+    step = " ".join(step_command(job, options))
+    out += ["", *program_text.lines(__package__, "run_step.sh", STEP_COMMAND=step)]
     elastic_end = job.resources.elastic and job.run_dir is not None
     if job.signal_grace or requeue.requeues_itself(job, options) or elastic_end:
         out += requeue.stop_reason_lines(job)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpctrain import program_text
 from hpctrain.distributed.ports import job_port_lines
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec, Resources
@@ -117,25 +118,13 @@ def render_service_script(service: ServiceJob) -> str:
     out += env.setup_lines()
     out += port_lines(service.port)
     out += ['export HPCTRAIN_PORT="$port"', *service.setup, ""]
-    out += [
-        "# Where the server listens, for hpctrain on the login node (written atomically).",
-        'node="${SLURMD_NODENAME:-$(hostname)}"',
-        "# (a temporary that mktemp creates: O_EXCL, never a file or link left there; then renamed)",
-        f'endpoint_tmp=$(mktemp -- "$state_dir/.{ENDPOINT_FILE}.XXXXXXXX")',
-        'printf \'{"job_id": "%s", "node": "%s", "port": %d}\\n\' "$SLURM_JOB_ID" "$node" "$port" > "$endpoint_tmp"',
-        f'mv -fT -- "$endpoint_tmp" "$state_dir/{ENDPOINT_FILE}"',
-        'echo "hpctrain: serving on ${node}:${port} (job ${SLURM_JOB_ID})"',
-        "",
-        'step_pid=""',
-        'trap \'if [ -n "$step_pid" ]; then kill -TERM "$step_pid" 2>/dev/null; fi\' TERM INT',
-        " ".join(step_command(job, service.slurm_options())) + " &",
-        "step_pid=$!",
-        'wait "$step_pid"; status=$?',
-        "# A trap interrupts the first wait: wait again while the step stops.",
-        'if kill -0 "$step_pid" 2>/dev/null; then wait "$step_pid"; status=$?; fi',
-        f'rm -f "$state_dir/{ENDPOINT_FILE}"',
-        'exit "$status"',
-    ]
+    # Then the server: its endpoint written for the login node, the step, its end (programs/serve.sh).
+    out += program_text.lines(
+        __package__,
+        "serve.sh",
+        ENDPOINT_FILE=ENDPOINT_FILE,
+        STEP_COMMAND=" ".join(step_command(job, service.slurm_options())),
+    )
     return "\n".join(out) + "\n"
 
 
