@@ -113,12 +113,17 @@ def backend_options(
     return fields
 
 
-def role_dests(scheduler: str, role: str) -> tuple[str, ...]:
-    """The argparse dests of the flags `scheduler`'s backend declares for a command's `role` (what its
-    BackendInfo.add_arguments adds, asked on a scratch parser)."""
+def role_actions(scheduler: str, role: str) -> tuple[argparse.Action, ...]:
+    """The flags `scheduler`'s backend declares for a command's `role` (what its BackendInfo.add_arguments adds,
+    asked on a scratch parser), as argparse actions: a face makes its fields of them (the web console's forms)."""
     parser = argparse.ArgumentParser(add_help=False)
     backend_info(scheduler).add_arguments(parser, parser.add_argument_group("scheduler"), role)
-    return tuple(action.dest for action in parser._actions)
+    return tuple(parser._actions)
+
+
+def role_dests(scheduler: str, role: str) -> tuple[str, ...]:
+    """The argparse dests of the flags `scheduler`'s backend declares for a command's `role`."""
+    return tuple(action.dest for action in role_actions(scheduler, role))
 
 
 def backend_flag_values(args: argparse.Namespace, role: str, schedulers: Iterable[str] = SCHEDULERS) -> dict[str, Any]:

@@ -16,6 +16,8 @@ business: this module names none. The console does not proxy JupyterLab: the pag
 
 from __future__ import annotations
 
+import argparse
+
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -66,14 +68,27 @@ def _count(fields: dict[str, list[str]], name: str, label: str, default: int) ->
         raise UserError(f"{label} {value!r}: give a whole number") from None
 
 
+def placement_fields(scheduler: str) -> list[argparse.Action]:
+    """The fields of a backend's own in the start form: the flags it declares for `dev start` that take a value
+    (the connection, --namespace/--context, is the console's own)."""
+    from hpctrain.engine.scheduling import backend_info, role_actions
+
+    connection = set(backend_info(scheduler).connection_fields)
+    return [a for a in role_actions(scheduler, "dev") if a.nargs != 0 and a.option_strings and a.dest not in connection]
+
+
 def form_config(fields: dict[str, list[str]], services: Any) -> tuple[Any, Placement]:
     """The form's fields as `dev start`'s flags would make them: the DevConfig and Placement, checked by the same
     rules (DevConfig's, Resources', and the backend's refusal of the other backend's environment)."""
     from hpctrain.jobs.spec import Resources
     from hpctrain.jobs.values import parse_mem_bytes
 
-    given = {key: _text(fields, key) for key in ("venv", "conda_env", "partition")}
-    placement = Placement(image=_text(fields, "image"), options={k: v for k, v in given.items() if v is not None})
+    given = {}
+    for action in placement_fields(services.name):  # the backend's own flags of `dev start`, by dest
+        value = _text(fields, action.dest)
+        if value is not None:
+            given[action.dest] = (value,) if isinstance(action, argparse._AppendAction) else value
+    placement = Placement(image=_text(fields, "image"), options=given)
     mem = _text(fields, "mem")
     resources = Resources(
         cpus_per_task=_count(fields, "cpus", "CPUs", 2),
@@ -162,6 +177,10 @@ class DevPages:
             idle_warn=line(idle_warn),
             services=sessions.SERVICES,
             default_time=sessions.DEFAULT_TIME,
+            backend_fields=[
+                (name, [(a.dest, a.option_strings[0], a.help or "") for a in placement_fields(name)])
+                for name in self.console.schedulers
+            ],
             interval_s=self.console.board.interval_s,
         )
 
