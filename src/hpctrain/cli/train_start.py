@@ -79,6 +79,9 @@ def other_local_rank() -> bool:
 def train_here(cfg: TrainConfig) -> int:
     """Train (or evaluate) in this process; its exit status. A process whose torch never finished leaving the
     process group ends right here (process_group.exit_status), whoever started it."""
+    from hpctrain.cli.terminal import install
+
+    install("train")  # a worker --nproc started comes here first, with none of its launcher's logging set up
     from hpctrain.distributed.process_group import exit_status
     from hpctrain.recipes import get_recipe
     from hpctrain.training.evaluation import evaluate_checkpoint
