@@ -92,7 +92,9 @@ def train_here(cfg: TrainConfig) -> int:
     if cfg.evaluate:
         evaluate_checkpoint(cfg, recipe)
         return exit_status(0)
-    return exit_status(train(cfg, recipe).stop_reason.exit_code)
+    from hpctrain.cli.progress_bar import progress_view
+
+    return exit_status(train(cfg, recipe, progress_view()).stop_reason.exit_code)
 
 
 def _warn_synthetic_on_cpu(cfg: TrainConfig, recipe: Any) -> None:
