@@ -155,5 +155,5 @@ def fashion_data_dir(tmp_path_factory, fashion_mnist_source) -> Path:
     from hpctrain.data import download, get_dataset_spec
 
     data_dir = tmp_path_factory.mktemp("data")
-    download(get_dataset_spec("fashion-mnist"), data_dir, [fashion_mnist_source.as_uri()], progress=False)
+    download(get_dataset_spec("fashion-mnist"), data_dir, [fashion_mnist_source.as_uri()])
     return data_dir

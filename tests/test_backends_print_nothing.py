@@ -71,6 +71,31 @@ def test_no_module_under_schedulers_writes_to_the_terminal() -> None:
     )
 
 
+PACKAGE = SCHEDULERS.parent
+# The faces print; the channel's own module flushes the streams before os._exit. Nothing else writes to them.
+FACES = ("cli", "web")
+CHANNEL = "channel.py"
+
+
+def test_no_module_below_the_faces_writes_to_the_terminal() -> None:
+    """Issue 40 item 3: everything under hpctrain/ outside cli/ and web/ says what it says through the logging
+    channel (hpctrain.channel); a face decides where it goes (hpctrain.cli.terminal), a library user sees nothing."""
+    modules = sorted(
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0] not in FACES
+        and "programs" not in p.relative_to(PACKAGE).parts
+        and p.relative_to(PACKAGE).as_posix() != CHANNEL
+    )
+    assert len(modules) > 150  # the walk sees the whole package
+    assert PACKAGE / "training" / "loop.py" in modules and PACKAGE / "data" / "download.py" in modules
+    found = [hit for path in modules for hit in terminal_writes(path.read_text(), str(path.relative_to(PACKAGE)))]
+    assert found == [], (
+        "below the faces, log to logging.getLogger(__name__) (hpctrain.channel: INFO, NOTE, WARNING, ERROR) and "
+        "let the face print; these write to the terminal themselves:\n" + "\n".join(found)
+    )
+
+
 def test_the_training_loop_writes_through_its_run_only() -> None:
     """The loop tells its user everything through Run (say, warn, error: hpctrain.training.run), one channel, not
     through Run and bare prints besides."""

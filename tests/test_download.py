@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.cli.download_progress import PlainReporter
 from hpctrain.data import DatasetSpec, FileSpec, ROLES, check_file, download, get_dataset_spec, load_dataset
 from hpctrain.data.download import normalize_mirror
 from hpctrain.errors import UserError
@@ -319,7 +320,7 @@ def test_interrupted_transfer_leaves_nothing_that_looks_complete(tmp_path, misbe
         url, log = misbehaving_server(tmp_path / "src", mode)
         data_dir = tmp_path / mode
         with pytest.raises(UserError, match=expected) as err:
-            download(spec, data_dir, [url], progress=False)
+            download(spec, data_dir, [url], reporter=PlainReporter(spec.name))
         assert "could not download tiny file tiny-train_images.gz" in str(err.value)
         assert log == ["/tiny-train_images.gz"]
         assert list((data_dir / "tiny").iterdir()) == []  # no final file, no partial file
@@ -329,7 +330,7 @@ def test_interrupted_then_good_mirror(tmp_path, misbehaving_server, http_mirror,
     spec = tiny_dataset(tmp_path / "src")
     short, _ = misbehaving_server(tmp_path / "src", "short")
     good = http_mirror(tmp_path / "src")
-    paths = download(spec, tmp_path / "data", [short, good], progress=False)
+    paths = download(spec, tmp_path / "data", [short, good], reporter=PlainReporter(spec.name))
     assert [p.name for p in paths] == [spec.files[r].archive_name for r in ROLES]
     assert all(check_file(p, spec.files[r]) is None for p, r in zip(paths, ROLES))
     assert leftovers(tmp_path / "data" / "tiny") == []
@@ -361,7 +362,7 @@ def test_bad_mirror_then_good_mirror(tmp_path, kind, misbehaving_server, http_mi
         bad = f"http://127.0.0.1:{listener.getsockname()[1]}/"
     good = http_mirror(tmp_path / "src")
     try:
-        download(spec, tmp_path / "data", [bad, good], progress=False, timeout=0.5)
+        download(spec, tmp_path / "data", [bad, good], reporter=PlainReporter(spec.name), timeout=0.5)
     finally:
         if listener is not None:
             listener.close()
@@ -384,7 +385,7 @@ def test_every_mirror_corrupt_leaves_no_file(tmp_path, http_mirror):
     bad1 = http_mirror(corrupt_copy(tmp_path / "src", tmp_path / "bad1", [spec.files[r].archive_name for r in ROLES]))
     bad2 = http_mirror(corrupt_copy(tmp_path / "src", tmp_path / "bad2", [spec.files[r].archive_name for r in ROLES]))
     with pytest.raises(UserError) as err:
-        download(spec, tmp_path / "data", [bad1, bad2], progress=False)
+        download(spec, tmp_path / "data", [bad1, bad2], reporter=PlainReporter(spec.name))
     assert str(err.value).count("corrupt gzip data") == 2  # both attempts listed
     assert list((tmp_path / "data" / "tiny").iterdir()) == []
 
@@ -404,7 +405,7 @@ def test_present_files_in_any_valid_form_are_kept(tmp_path, http_mirror):
     half = len(raw3) // 2
     (target / archives[3]).write_bytes(gzip.compress(raw3[:half]) + gzip.compress(raw3[half:]))  # two members
     url = http_mirror(tmp_path / "src")
-    paths = download(spec, tmp_path / "data", [url], progress=False)
+    paths = download(spec, tmp_path / "data", [url], reporter=PlainReporter(spec.name))
     assert http_mirror.requests(url) == []
     assert paths[2].name == spec.files[ROLES[2]].name
 
@@ -416,7 +417,7 @@ def test_invalid_present_file_is_moved_aside_and_replaced(tmp_path, http_mirror,
     name = spec.files["train_labels"].archive_name
     (target / name).write_bytes(b"not the file")
     url = http_mirror(tmp_path / "src")
-    download(spec, tmp_path / "data", [url], progress=False)
+    download(spec, tmp_path / "data", [url], reporter=PlainReporter(spec.name))
     assert sorted(http_mirror.requests(url)) == sorted("/" + spec.files[r].archive_name for r in ROLES)
     assert check_file(target / name, spec.files["train_labels"]) is None
     assert (target / (name + ".corrupt")).read_bytes() == b"not the file"
@@ -432,7 +433,7 @@ def test_invalid_present_file_never_stays_under_its_name_when_mirrors_fail(tmp_p
     data[-5] ^= 1  # a bad CRC: the loader would fail later, the download check fails now
     (target / name).write_bytes(bytes(data))
     with pytest.raises(UserError, match="could not download"):
-        download(spec, tmp_path / "data", [closed_port_url()], progress=False)
+        download(spec, tmp_path / "data", [closed_port_url()], reporter=PlainReporter(spec.name))
     assert not (target / name).exists()
     assert (target / (name + ".corrupt")).exists()
 
@@ -560,7 +561,7 @@ def test_an_installed_system_copy_is_used_before_the_network(tmp_path, http_mirr
         mirrors=(web,),
         local_copies=(str(tmp_path / "not-installed"), str(fashion_mnist_source)),
     )
-    paths = download(spec, tmp_path / "data", progress=False)
+    paths = download(spec, tmp_path / "data", reporter=PlainReporter(spec.name))
     assert len(paths) == 4 and all(p.is_file() for p in paths)
     assert http_mirror.requests(web) == [], "the network was not needed"
     assert get_dataset_spec("fashion-mnist").local_copies == (str(fashion_mnist_source),)
@@ -574,7 +575,7 @@ def test_a_mirror_streaming_without_end_is_cut_off(tmp_path, misbehaving_server,
     spec = tiny_dataset(tmp_path / "src")
     url, _ = misbehaving_server(tmp_path / "src", mode)
     with pytest.raises(UserError) as err:
-        download(spec, tmp_path / "data", [url], progress=False)
+        download(spec, tmp_path / "data", [url], reporter=PlainReporter(spec.name))
     message = str(err.value)
     assert f"{url}tiny-train_images.gz: " in message  # names the mirror
     cap = 2 * spec.files["train_images"].raw_size + (64 << 10)
@@ -592,7 +593,9 @@ def test_a_trickling_mirror_is_abandoned_below_the_minimum_rate(tmp_path, misbeh
     spec = tiny_dataset(tmp_path / "src")
     slow, log = misbehaving_server(tmp_path / "src", "trickle")
     good = http_mirror(tmp_path / "src")
-    paths = download(spec, tmp_path / "data", [slow, good], progress=False, timeout=0.5, min_rate=1000)
+    paths = download(
+        spec, tmp_path / "data", [slow, good], reporter=PlainReporter(spec.name), timeout=0.5, min_rate=1000
+    )
     assert all(check_file(p, spec.files[r]) is None for p, r in zip(paths, ROLES))
     err = capsys.readouterr().err
     assert err.count(f"warning: tiny: {slow}tiny-") == 4
@@ -636,7 +639,7 @@ def test_a_directory_where_the_file_goes_is_a_clear_error(tmp_path, http_mirror)
     blocker = tmp_path / "data" / "tiny" / spec.files["train_images"].archive_name
     (blocker / "inside").mkdir(parents=True)
     with pytest.raises(UserError) as err:
-        download(spec, tmp_path / "data", [url], progress=False)
+        download(spec, tmp_path / "data", [url], reporter=PlainReporter(spec.name))
     assert str(err.value) == (
         f"{blocker} is a directory, where the downloaded file must go; move or remove it, "
         "or pass --data-dir naming another directory"

@@ -33,7 +33,9 @@ def test_a_killed_fork_server_is_named_and_the_launcher_exits_with_its_signal(tm
     """Issue 39 §12: SIGKILL of the fork server that starts the --nproc workers ended the launcher with exit 255
     (multiprocessing's status for a worker whose server is gone) and no word. A fresh launcher process here, its
     fork server killed for real once both workers run."""
-    script = "import sys, time\nfrom hpctrain.launch.processes import local_plan, spawn\n"
+    # What the launcher says goes through logging (hpctrain.channel); the CLI shows it as `hpctrain: ...` lines.
+    script = "import logging, sys, time\nfrom hpctrain.launch.processes import local_plan, spawn\n"
+    script += "logging.basicConfig(format='%(message)s', level=logging.INFO)\n"
     script += "sys.exit(spawn(local_plan(2), time.sleep, (600,)))\n"
     launcher = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     try:
@@ -50,7 +52,7 @@ def test_a_killed_fork_server_is_named_and_the_launcher_exits_with_its_signal(tm
             launcher.kill()
             launcher.wait()
     assert launcher.returncode == 128 + signal.SIGKILL, err
-    assert f"hpctrain: the fork server that started the workers (pid {server}) was killed by SIGKILL" in err
+    assert f"the fork server that started the workers (pid {server}) was killed by SIGKILL" in err
 
 
 def _children(pid: int) -> list[int]:

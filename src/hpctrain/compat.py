@@ -13,11 +13,14 @@ and a missing one gets a fallback that works plus one line, once per job, saying
 
 from __future__ import annotations
 
+import logging
 import functools
 import inspect
 import os
 import re
-import sys
+from hpctrain.channel import note
+
+log = logging.getLogger(__name__)
 
 _said: set[str] = set()
 
@@ -71,7 +74,7 @@ def say_once(key: str, message: str) -> None:
     if key in _said or os.environ.get("RANK", "0") != "0":
         return
     _said.add(key)
-    print(f"hpctrain: note: {message}", file=sys.stderr, flush=True)
+    note(log, f"note: {message}")
 
 
 def numpy_mismatch(torch_version: str | None, numpy_version: str | None) -> str | None:

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from hpctrain.cli.download_progress import reporter_for
 from hpctrain.data.datasets import DATASETS, get_dataset_spec
 from hpctrain.data.download import DEFAULT_MIN_RATE, download
 from hpctrain.errors import UserError
@@ -75,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        paths = download(spec, data_dir, args.mirror, timeout=args.timeout, min_rate=args.min_rate)
+        reporter = reporter_for(spec.name, None)
+        paths = download(spec, data_dir, args.mirror, reporter=reporter, timeout=args.timeout, min_rate=args.min_rate)
     except _Terminated:
         print("hpctrain download: terminated by SIGTERM; partial files removed", file=sys.stderr)
         return EXIT_TERMINATED

@@ -79,6 +79,9 @@ def other_local_rank() -> bool:
 def train_here(cfg: TrainConfig) -> int:
     """Train (or evaluate) in this process; its exit status. A process whose torch never finished leaving the
     process group ends right here (process_group.exit_status), whoever started it."""
+    from hpctrain.cli.terminal import install
+
+    install("train")  # a worker --nproc started comes here first, with none of its launcher's logging set up
     from hpctrain.distributed.process_group import exit_status
     from hpctrain.recipes import get_recipe
     from hpctrain.training.evaluation import evaluate_checkpoint
@@ -89,7 +92,9 @@ def train_here(cfg: TrainConfig) -> int:
     if cfg.evaluate:
         evaluate_checkpoint(cfg, recipe)
         return exit_status(0)
-    return exit_status(train(cfg, recipe).stop_reason.exit_code)
+    from hpctrain.cli.progress_bar import progress_view
+
+    return exit_status(train(cfg, recipe, progress_view()).stop_reason.exit_code)
 
 
 def _warn_synthetic_on_cpu(cfg: TrainConfig, recipe: Any) -> None:

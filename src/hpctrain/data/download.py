@@ -4,15 +4,19 @@ a dataset file's published data.
 Downloads are atomic: bytes go to a hidden temporary file next to the target, are fsynced and
 verified, and only then renamed into place, so a job never sees a half-written or corrupt file
 under the final name, even when several users or array tasks download into a shared directory.
-Progress is shown by hpctrain.data.download_progress; loading the files is hpctrain.data.idx_dataset's.
+What a download says (a file begun, its bytes, verified, a mirror given up) goes to a Reporter: the caller's
+(the CLI's progress bar or plain lines, hpctrain.cli.download_progress), else the logging channel (hpctrain.channel);
+loading the files is hpctrain.data.idx_dataset's.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import gzip
 import hashlib
+import logging
 import http.client
 import os
 import shutil
@@ -23,13 +27,53 @@ import urllib.parse
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol
 
 from hpctrain.data.datasets import ROLES, DatasetSpec, FileSpec
-from hpctrain.data.download_progress import PlainReporter, reporter_for
 from hpctrain.data.idx import GZIP_MAGIC
 from hpctrain.errors import UserError, redact
 from hpctrain.fsutil import format_bytes, free_bytes, fsync_dir, is_no_space
+
+log = logging.getLogger(__name__)
+
+
+class Reporter(Protocol):
+    """What a download says, as events: a face shows them (hpctrain.cli.download_progress)."""
+
+    def info(self, message: str) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+    def begin(self, name: str, url: str, total: int | None) -> None: ...
+
+    def advance(self, n: int) -> None: ...
+
+    def end(self, name: str, ok: bool, size: int) -> None: ...
+
+
+class LoggedReporter:
+    """The notes and warnings through the logging channel, the bytes unsaid: a library caller's default."""
+
+    def __init__(self, dataset: str) -> None:
+        self.dataset = dataset
+
+    def info(self, message: str) -> None:
+        log.info(f"{self.dataset}: {message}")
+
+    def warn(self, message: str) -> None:
+        log.warning(f"{self.dataset}: {message}")
+
+    def begin(self, name: str, url: str, total: int | None) -> None:
+        size = f" ({format_bytes(total)})" if total is not None else ""
+        self.info(f"downloading {url}{size}")
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def end(self, name: str, ok: bool, size: int) -> None:
+        if ok:
+            self.info(f"{name}: {format_bytes(size)}, verified")
+
 
 CHUNK = 1 << 20
 SCHEMES = ("http", "https", "file")
@@ -163,7 +207,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _fetch_one(
-    url: str, fspec: FileSpec, final: Path, timeout: float, min_rate: float, reporter: PlainReporter
+    url: str, fspec: FileSpec, final: Path, timeout: float, min_rate: float, reporter: Reporter
 ) -> str | None:
     """Try one URL; on success `final` holds a verified copy. Return None, or what went wrong with the mirror.
     Raises UserError for what no other mirror can fix (this side cannot write the file)."""
@@ -262,7 +306,7 @@ def download(
     data_dir: os.PathLike | str,
     mirrors: Iterable[str] | None = None,
     *,
-    progress: bool | None = None,
+    reporter: Reporter | None = None,
     timeout: float = 30.0,
     min_rate: float = DEFAULT_MIN_RATE,
 ) -> list[Path]:
@@ -270,8 +314,9 @@ def download(
 
     Files already there and valid are kept without any request. Otherwise each mirror is tried in
     order (`mirrors`, if given, replace the dataset's defaults: an operating system's copy when installed, then
-    the public mirrors). `progress`: True for a progress
-    bar, False for plain lines, None to pick by whether stderr is a terminal. Returns the paths of
+    the public mirrors). What it does is told to
+    `reporter` (None: the logging channel, LoggedReporter); a reporter that is a context manager is entered for the
+    download (a progress bar drawn meanwhile). Returns the paths of
     the files in ROLES order; raises UserError, saying how to get the files, if a file cannot be had.
     `timeout` bounds each connection and read; a transfer averaging under `min_rate` bytes/s over `timeout`
     seconds is abandoned too (0: no minimum). A mirror may send at most `max_download_bytes` per file.
@@ -288,7 +333,9 @@ def download(
         raise UserError(f"cannot create {target_dir}: {err.strerror}; pass --data-dir with a writable directory")
 
     paths: list[Path] = []
-    with reporter_for(spec.name, progress) as reporter:
+    if reporter is None:
+        reporter = LoggedReporter(spec.name)
+    with reporter if isinstance(reporter, contextlib.AbstractContextManager) else contextlib.nullcontext():
         for role in ROLES:
             fspec = spec.files[role]
             final = target_dir / fspec.archive_name
@@ -327,7 +374,7 @@ def torchvision_raw_dir(spec: DatasetSpec, data_dir: os.PathLike | str) -> Path 
     return Path(data_dir).absolute() / spec.torchvision_folder / "raw"
 
 
-def torchvision_layout(spec: DatasetSpec, data_dir: Path, paths: list[Path], reporter: PlainReporter) -> None:
+def torchvision_layout(spec: DatasetSpec, data_dir: Path, paths: list[Path], reporter: Reporter) -> None:
     """Lay the verified files (`paths`, in ROLES order) out as torchvision's own download leaves them, so that a
     script's `torchvision.datasets.FashionMNIST(DATA)` loads them on an offline node: torchvision reads (and its
     `_check_exists` looks for) only the uncompressed files in DATA/<Class>/raw/. Each is written as a download is
@@ -365,7 +412,7 @@ def _is_uncompressed_copy(path: Path, fspec: FileSpec) -> bool:
     return size == fspec.raw_size and digest == fspec.raw_md5
 
 
-def _move_aside(path: Path, reporter: PlainReporter, why: str, then: str = "") -> None:
+def _move_aside(path: Path, reporter: Reporter, why: str, then: str = "") -> None:
     """Move an invalid file aside as NAME.corrupt (not delete: it is the user's file), so that, whatever happens
     next, no invalid file stays under a name the loader would pick up."""
     if not os.path.lexists(path):
@@ -433,7 +480,7 @@ def _remove_stale_parts(final: Path) -> None:
             pass  # gone already, or not ours to delete
 
 
-def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: PlainReporter) -> Path | None:
+def _existing_valid(target_dir: Path, fspec: FileSpec, reporter: Reporter) -> Path | None:
     # An uncompressed copy counts too: some users gunzip the files, and load_dataset reads either.
     for path in (target_dir / fspec.archive_name, target_dir / fspec.name):
         if not path.is_file():

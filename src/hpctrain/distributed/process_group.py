@@ -6,10 +6,10 @@ the shared rendezvous file's directory), because after it a mistake shows up as 
 
 from __future__ import annotations
 
+import logging
 import datetime
 import os
 import socket
-import sys
 import threading
 import urllib.parse
 from collections.abc import Mapping
@@ -19,6 +19,9 @@ from hpctrain import compat
 from hpctrain.distributed.detect import detect
 from hpctrain.distributed.environment import DistEnv
 from hpctrain.errors import UserError
+from hpctrain import channel
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -277,11 +280,9 @@ def destroy_process_group() -> None:
     worker.join(DESTROY_TIMEOUT_S)
     if worker.is_alive():
         _left_hanging = True
-        print(
-            f"hpctrain: warning: leaving the process group did not finish within {DESTROY_TIMEOUT_S:g} s (a "
-            "PyTorch shutdown hang, pytorch/pytorch#75097); the process ends without waiting for it",
-            file=sys.stderr,
-            flush=True,
+        log.warning(
+            f"leaving the process group did not finish within {DESTROY_TIMEOUT_S:g} s (a "
+            "PyTorch shutdown hang, pytorch/pytorch#75097); the process ends without waiting for it"
         )
     elif failure:
         raise failure[0]
@@ -291,8 +292,7 @@ def exit_status(status: int) -> int:
     """`status`, or, when leaving the process group hung (destroy_process_group), the process ends here with it: a
     thread stuck inside torch would stop the interpreter from exiting."""
     if _left_hanging:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        channel.flush()
         os._exit(status)
     return status
 

@@ -18,6 +18,7 @@ writes through it. The request is read the same way, bounded, and only when it i
 
 from __future__ import annotations
 
+import logging
 import errno
 import faulthandler
 import os
@@ -34,6 +35,8 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import refuse_symlinks
+
+log = logging.getLogger(__name__)
 
 HANG_DIR = "hang"
 STACKS_DIR = "stacks"
@@ -197,7 +200,7 @@ class StackRequests:
         except UserError as err:
             if not self._refused:  # said once, not every second
                 self._refused = True
-                print(f"hpctrain: warning: stack requests not answered: {err}", file=sys.stderr, flush=True)
+                log.warning(f"stack requests not answered: {err}")
             return None
         except OSError:
             return None

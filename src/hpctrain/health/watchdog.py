@@ -22,11 +22,13 @@ a request file on a blocked file system silences the answers, never the watch.
 
 from __future__ import annotations
 
+import logging
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+
+log = logging.getLogger(__name__)
 
 HANG_FLOOR_S = 120.0
 HANG_STEP_FACTOR = 20.0
@@ -92,7 +94,7 @@ class Watchdog:
     def _warn_once(self, key: object, line: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            print(line, file=sys.stderr, flush=True)
+            log.warning(line)
 
     def limit(self) -> float:
         """The seconds without a step that count as a hang now."""
@@ -131,6 +133,5 @@ class Watchdog:
                     what = getattr(tick, "__qualname__", "task")
                     self._warn_once(
                         (tick, type(err)),
-                        f"hpctrain: warning: the watchdog's {what} failed "
-                        f"({type(err).__name__}: {err}); the watch goes on",
+                        f"the watchdog's {what} failed ({type(err).__name__}: {err}); the watch goes on",
                     )

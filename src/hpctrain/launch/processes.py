@@ -9,10 +9,10 @@ so `hpctrain.distributed.detect()` finds it like any other launcher.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from typing import Any, Callable
 
@@ -20,6 +20,9 @@ from hpctrain.distributed import NodePlan
 from hpctrain.distributed.lifetime import die_with, die_with_parent
 from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
+from hpctrain import channel
+
+log = logging.getLogger(__name__)
 
 # Workers get this long to checkpoint and exit after a sibling failed before they are killed.
 FAILURE_GRACE_S = 30.0
@@ -49,13 +52,12 @@ def _worker(target: Callable[..., int], args: tuple[Any, ...], env: dict[str, st
     try:
         code = target(*args)
     except UserError as err:
-        print(f"hpctrain (rank {env['RANK']}): error: {err}", file=sys.stderr, flush=True)
+        log.error(f"hpctrain (rank {env['RANK']}): error: {err}", extra=channel.BARE)
         code = err.exit_code
     # Leave without the interpreter's teardown: everything the run writes is closed and durable by now, and under
     # load a worker's teardown was seen to abort (SIGABRT, "terminate called without an active exception") while
     # C++ threads of torch's process groups were being destroyed, turning a completed run into a failed one.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    channel.flush()
     os._exit(code)
 
 
@@ -112,11 +114,10 @@ def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> 
     lost = _fork_server_lost()
     if lost is not None:  # every worker then reads as exit 255, multiprocessing's word for "no status came back"
         pid, how, code = lost
-        print(
-            f"hpctrain: the fork server that started the workers (pid {pid}) {how}, and the workers with it: the "
+        channel.note(
+            log,
+            f"the fork server that started the workers (pid {pid}) {how}, and the workers with it: the "
             "run stopped where its last checkpoint left it (--resume continues from there)",
-            file=sys.stderr,
-            flush=True,
         )
         return code
     return status

@@ -22,6 +22,7 @@ workers.
 
 from __future__ import annotations
 
+import logging
 import dataclasses
 import functools
 import os
@@ -49,6 +50,8 @@ from hpctrain.recipes.base import Optimization, Recipe, keep_freed_memory
 from hpctrain.recipes.catalog import CATALOG
 from hpctrain.recipes.mnist import warmup_linear_decay
 from hpctrain.training.precision import Precision, precision_for
+
+log = logging.getLogger(__name__)
 
 IMAGENET_TRAIN_IMAGES, IMAGENET_VAL_IMAGES, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
 LR_REFERENCE_BATCH = 256
@@ -354,7 +357,7 @@ def image_loader(cfg, device, env, train, val, config, train_crop, eval_crop):
     by the first process. GPU backends decode on `device` when it is a CUDA GPU, else on the CPU."""
     choice = choose_backend(cfg.data_backend, device.type, decoded=getattr(train, "stored", "jpeg") == "raw")
     if env.rank == 0:
-        print(f"hpctrain: {choice.describe()}", flush=True)
+        log.info(choice.describe())
     decode_on = device if device.type == "cuda" else torch.device("cpu")
     return make_loader(choice, train, val, config, cfg.seed, train_crop, eval_crop, decode_on)
 

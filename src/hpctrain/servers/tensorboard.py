@@ -7,6 +7,7 @@ Several runs are compared side by side, each named by its folder (`--logdir_spec
 
 from __future__ import annotations
 
+import logging
 import functools
 import os
 import re
@@ -22,6 +23,9 @@ from hpctrain.distributed.ports import free_port
 from hpctrain.errors import UserError
 from hpctrain.servers.common import http_get
 from hpctrain.training.metrics import TENSORBOARD_DIR
+from hpctrain.channel import note
+
+log = logging.getLogger(__name__)
 
 
 def event_dir(run_dir: Path) -> Path:
@@ -105,8 +109,7 @@ def is_noise(line: str) -> bool:
 def _forward_stderr(stream) -> None:
     for line in stream:
         if not is_noise(line):
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            note(log, line.rstrip("\n"), bare=True)
 
 
 def serve_local(spec: str, port: int | None, wait_s: float = 120.0) -> tuple[subprocess.Popen[str], str]:

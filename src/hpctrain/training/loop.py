@@ -37,7 +37,7 @@ from hpctrain.training import preflight_measure
 from hpctrain.training.loop_state import restore, save
 from hpctrain.training.epoch import diverged, finish_epoch, train_epoch
 from hpctrain.training.graphed import build_graphs
-from hpctrain.training.metrics import MetricsLog, Progress, train_hint
+from hpctrain.training.metrics import MetricsLog, Progress, ProgressView, train_hint
 from hpctrain.training.precision import grad_scaler
 from hpctrain.training.parts import Parts, control_group, wrap
 from hpctrain.training.run import Position, Run
@@ -57,9 +57,10 @@ class RunResult:
     last_metrics: dict[str, Any] | None = None
 
 
-def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
+def train(cfg: TrainConfig, recipe: Recipe, view: ProgressView | None = None) -> RunResult:
     """Train `recipe` (shaped for this run: `recipe.for_config(cfg)`) as `cfg` says, in this process, as one rank of
-    the job the environment describes; returns how the run ended."""
+    the job the environment describes; returns how the run ended. `view` shows the steps' progress (None: lines
+    through the logging channel, hpctrain.training.metrics.ProgressLines)."""
     run = setup_run(cfg, recipe)
     if run.complete:
         run.release()
@@ -73,7 +74,7 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
         try:
             try:
                 with peer_failures(run.env, run.cfg.dist_timeout):
-                    result = _train(run)
+                    result = _train(run, view)
             except CollectiveFailure as lost:
                 note_peer_lost(run, lost)  # torchrun's next group records when and where the loss was seen
                 raise
@@ -89,14 +90,14 @@ def train(cfg: TrainConfig, recipe: Recipe) -> RunResult:
         return result
 
 
-def _train(run: Run) -> RunResult:
+def _train(run: Run, view: ProgressView | None) -> RunResult:
     if run.cfg.preflight_only:  # before any data is read or model built: only the devices and the network
         reason = StopReason.SICK_NODE if preflight_measure.run_preflight(run).bad else StopReason.NONE
         if run.is_main:
             write_stop_reason(run.run_dir, reason)
         return RunResult(run.run_dir, 0, 0, reason)
     parts, position = _build(run)
-    metrics, progress = _start_reporting(run, parts, position)
+    metrics, progress = _start_reporting(run, parts, position, view)
     watch = RankWatch(run, parts.model, parts.plan.steps_per_epoch)
     reason, record = StopReason.CANCELLED, None  # what the progress record says if an exception ends the loop
     try:
@@ -175,7 +176,9 @@ def _build(run: Run) -> tuple[Parts, Position]:
     return parts, position
 
 
-def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[MetricsLog | None, Progress | None]:
+def _start_reporting(
+    run: Run, parts: Parts, position: Position, view: ProgressView | None
+) -> tuple[MetricsLog | None, Progress | None]:
     hosts, nodes = all_hostnames(run.env)  # a collective: every rank takes part, not only the main one
     if not run.is_main:
         return None, None
@@ -183,7 +186,12 @@ def _start_reporting(run: Run, parts: Parts, position: Position) -> tuple[Metric
     write_run_files(run, hosts, position.step if run.resume_from is not None else None, nodes)
     metrics = MetricsLog(run.run_dir, position.step if run.resume_from is not None else None)
     progress = Progress(
-        cfg.epochs, plan.steps_per_epoch, cfg.log_interval, on_report=metrics.train_loss, every_steps=cfg.print_freq
+        cfg.epochs,
+        plan.steps_per_epoch,
+        cfg.log_interval,
+        view,
+        on_report=metrics.train_loss,
+        every_steps=cfg.print_freq,
     )
     where = (
         f"{run.env.world_size} process(es), {run.strategy}, {run.device.type} ({run.recipe.precision(run.device).why})"

@@ -4,7 +4,7 @@ the files' format and atomic writes are `hpctrain.checkpoint`'s."""
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,9 @@ from hpctrain.training.run import Position, Run
 from hpctrain.training.rundir import checkpoint_dir
 from hpctrain.training.stopping import vote_group
 from hpctrain.training.workload import Optimization
+from hpctrain.channel import note
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "hpctrain-train-v1"
 OWN_PART = "own_part"  # where `resume` puts this rank's part of a job's checkpoint once loaded (never saved)
@@ -114,11 +117,7 @@ def _save_parts(
     try:
         checkpoint.save_part(path, run.env.rank, mine)
     except (OSError, UserError) as err:
-        print(
-            f"hpctrain: rank {run.env.rank} could not write its part of checkpoint {path.name}: {err}",
-            file=sys.stderr,
-            flush=True,
-        )
+        note(log, f"rank {run.env.rank} could not write its part of checkpoint {path.name}: {err}")
         failed = 1.0
     vote = torch.tensor([1.0 if lost else 0.0, failed, float(mine["loss_sum"])], dtype=torch.float64)
     with collective(f"the checkpoint's vote on the ranks' parts at step {step}"):
@@ -179,10 +178,9 @@ def restore(run: Run, model: nn.Module, optimization: Optimization, state: dict[
     if mine is None:
         raise UserError("this rank's part of the checkpoint was not loaded; resume through hpctrain's resume step")
     if saved != run.env.world_size and run.is_main:
-        print(
-            f"hpctrain: the checkpoint was written by {saved} process(es), this run has "
-            f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not",
-            flush=True,
+        log.info(
+            f"the checkpoint was written by {saved} process(es), this run has "
+            f"{run.env.world_size}: the data order continues exactly, random streams (dropout) do not"
         )
     rng.restore(mine["rng"])
     # The epoch's mean divides by every step of it: at another process count, each rank continues from the

@@ -1,24 +1,29 @@
 """Where a run's numbers go: metrics.jsonl (one object per epoch), TensorBoard scalars under tb/ (and the start-up
 line that says how to watch them), and live progress.
 
-Only rank 0 constructs these. Progress is a rich bar on an interactive terminal and plain lines every few seconds
-in a batch log, so `slurm-*.out` holds readable lines rather than carriage-return spam.
+Only rank 0 constructs these. Progress decides when a step is shown; a ProgressView shows it: plain lines every few
+seconds through the logging channel (hpctrain.channel) by default, so `slurm-*.out` holds readable lines rather
+than carriage-return spam, or what a face gives (`hpctrain train` on an interactive terminal: a rich bar,
+hpctrain.cli.progress_bar).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
+from hpctrain.channel import note
 from hpctrain.errors import brief
 from hpctrain.fsutil import append_line, refuse_symlinks, write_atomic
 from hpctrain.readback import BadRunFile, parse_json_lines, read_bytes, split_lines
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 MAX_METRICS_BYTES = 64 << 20
@@ -152,6 +157,35 @@ def _drop_records_after(path: Path, step: int) -> None:
     write_atomic(path, b"".join(line + b"\n" for line in kept))
 
 
+class ProgressView(Protocol):
+    """How the steps Progress shows are shown. `interactive`: redrawn in place (shown every 0.25 s, not every
+    interval_s or --print-freq steps)."""
+
+    interactive: bool
+
+    def start_epoch(self, epoch: int, epochs: int, steps_per_epoch: int, first_step: int) -> None: ...
+
+    def show(self, epoch: int, epochs: int, step_in_epoch: int, steps_per_epoch: int, status: str) -> None: ...
+
+    def end_epoch(self) -> None: ...
+
+
+class ProgressLines:
+    """The default view: a line per shown step through the logging channel, as it is (a NOTE: stderr on a
+    terminal)."""
+
+    interactive = False
+
+    def start_epoch(self, epoch: int, epochs: int, steps_per_epoch: int, first_step: int) -> None:
+        pass
+
+    def show(self, epoch: int, epochs: int, step_in_epoch: int, steps_per_epoch: int, status: str) -> None:
+        note(log, f"epoch {epoch}/{epochs} step {step_in_epoch}/{steps_per_epoch} {status}", bare=True)
+
+    def end_epoch(self) -> None:
+        pass
+
+
 class Progress:
     """Per-step progress. `step()` is called every step and is cheap; its numbers (running loss, images/s) are asked
     for only when something is shown, so the GPU is not synchronized every step."""
@@ -161,39 +195,24 @@ class Progress:
         epochs: int,
         steps_per_epoch: int,
         interval_s: float,
-        interactive: bool | None = None,
+        view: ProgressView | None = None,
         on_report: Callable[[int, float], None] | None = None,
         every_steps: int | None = None,
     ) -> None:
         self.epochs = epochs
         self.every_steps = every_steps  # report every N steps instead of every interval_s (--print-freq)
         self.steps_per_epoch = steps_per_epoch
-        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.view: ProgressView = ProgressLines() if view is None else view
+        self.interactive = self.view.interactive
         self.interval_s = 0.25 if self.interactive else interval_s
         self.on_report = on_report
-        self._bar: Any = None
-        self._task: Any = None
         self._last = 0.0
         self._epoch = 0
 
     def start_epoch(self, epoch: int, first_step: int) -> None:
         self._epoch = epoch
         self._last = time.monotonic()
-        if self.interactive:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
-
-            self._bar = Bar(
-                TextColumn("epoch {task.fields[epoch]}/{task.fields[epochs]}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[status]}"),
-                TimeRemainingColumn(),
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(
-                "", total=self.steps_per_epoch, completed=first_step, epoch=epoch, epochs=self.epochs, status=""
-            )
+        self.view.start_epoch(epoch, self.epochs, self.steps_per_epoch, first_step)
 
     def step(self, step_in_epoch: int, global_step: int, numbers: Callable[[], tuple[float, float]]) -> None:
         """`numbers()` gives the running loss and images/s (the caller's measure, the same as its epoch summary's)."""
@@ -210,19 +229,7 @@ class Progress:
         status = f"loss {loss:.4f}  {rate:,.0f} img/s"
         if self.on_report is not None:
             self.on_report(global_step, loss)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step_in_epoch, status=status)
-        else:
-            print(
-                f"epoch {self._epoch}/{self.epochs} step {step_in_epoch}/{self.steps_per_epoch} {status}",
-                file=sys.stderr,
-                flush=True,
-            )
+        self.view.show(self._epoch, self.epochs, step_in_epoch, self.steps_per_epoch, status)
 
     def end_epoch(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-
-    def message(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        self.view.end_epoch()

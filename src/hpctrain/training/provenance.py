@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import importlib.metadata
 import json
 import os
@@ -17,6 +18,8 @@ from typing import Any
 from hpctrain.fsutil import write_atomic
 from hpctrain.readback import BadRunFile, parse_record, read_json
 from hpctrain.stops import MAX_PROVENANCE_BYTES, PROVENANCE_FILE
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -135,7 +138,7 @@ def record_attempt(run_dir: Path, hosts: list[str], extra: dict[str, Any]) -> di
             kept = f"moved aside to {aside.name}"
         except OSError as failed:
             kept = f"not moved aside ({os.strerror(failed.errno or 0)}), so replaced"
-        print(f"hpctrain: warning: {err}; {kept}, a new record starts with this attempt", file=sys.stderr, flush=True)
+        log.warning(f"{err}; {kept}, a new record starts with this attempt")
         attempts = []
     slurm = {
         key: os.environ[key]

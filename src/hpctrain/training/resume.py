@@ -3,6 +3,7 @@ accidental reuse of a run directory, and taking the run's recorded settings for 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from hpctrain.training.recorded import check_state, check_types, refused, settin
 from hpctrain.training.rundir import CHECKPOINT_DIR, checkpoint_dir
 from hpctrain.training.state_fit import optimization_problem
 from hpctrain.training.workload import Recipe
+
+log = logging.getLogger(__name__)
 
 # Fields that fix which data, model, crops and batch order a run has: a checkpoint cannot continue under other
 # values (an image size changed mid-run would change every later crop: no exact resume; none has an override).
@@ -64,7 +67,7 @@ class ResumePoint:
                 suffix = checkpoint.INCOMPLETE_SUFFIX if err.unfinished else checkpoint.CORRUPT_SUFFIX
                 why = err.reason
             target = checkpoint.set_aside(path, suffix)
-            print(f"hpctrain: moved {path.name} aside to {target.name} ({why})", flush=True)
+            log.info(f"moved {path.name} aside to {target.name} ({why})")
 
 
 def check_resume_point(cfg: TrainConfig, recipe: Recipe, env: DistEnv) -> dict[str, Any] | None:
@@ -118,11 +121,7 @@ def _resume_state(cfg: TrainConfig, run_dir: Path, env: DistEnv) -> ResumePoint 
             "elsewhere, or start over in a new --run-dir"
         )
     if env.rank == 0:
-        print(
-            f"hpctrain: no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the "
-            "beginning",
-            flush=True,
-        )
+        log.info(f"no {'finished ' if found.rejected else ''}checkpoint in {ckpt_dir}: starting from the beginning")
     return ResumePoint(None, None) if found.rejected else None
 
 

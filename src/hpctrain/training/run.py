@@ -3,7 +3,7 @@ own counters (what a resume restores besides model and optimizer state)."""
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ from hpctrain.distributed import DistEnv
 from hpctrain.fsutil import DirectoryLock
 from hpctrain.training.stopping import StopRequest
 from hpctrain.training.workload import Recipe
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,16 +65,18 @@ class Run:
         return self.env.rank == 0
 
     def say(self, message: str) -> None:
-        """What the run tells its user (rank 0 only), on stdout: `hpctrain: MESSAGE`."""
+        """What the run tells its user (rank 0 only), through the channel at INFO (hpctrain.channel; a terminal shows
+        it on stdout: `hpctrain: MESSAGE`)."""
         if self.is_main:
-            print(f"hpctrain: {message}", flush=True)
+            log.info(message)
 
     def warn(self, message: str) -> None:
-        """A warning (rank 0 only), on stderr: `hpctrain: warning: MESSAGE`."""
+        """A warning (rank 0 only), at WARNING (on a terminal's stderr: `hpctrain: warning: MESSAGE`)."""
         if self.is_main:
-            print(f"hpctrain: warning: {message}", file=sys.stderr, flush=True)
+            log.warning(message)
 
     def error(self, message: str) -> None:
-        """Why the run ended in error and what to do (rank 0 only), on stderr: `hpctrain train: error: MESSAGE`."""
+        """Why the run ended in error and what to do (rank 0 only), at ERROR (on a terminal's stderr: `hpctrain train:
+        error: MESSAGE`)."""
         if self.is_main:
-            print(f"hpctrain train: error: {message}", file=sys.stderr, flush=True)
+            log.error(message)

@@ -3,11 +3,11 @@ lock), and writing its start-up files."""
 
 from __future__ import annotations
 
+import logging
 import json
 import os
 import socket
 import stat
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from hpctrain.training.provenance import PROVENANCE_FILE, record_attempt
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import SIGNALS_FILE, STOP_REASON_FILE
 from hpctrain.stops import PEER_LOST_FILE
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 ELASTIC_RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun on every worker; > 0 in a restarted group
@@ -95,7 +97,7 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
     try:
         return DirectoryLock.acquire(run_dir, LOCK_FILE, holder)
     except LocksUnsupported as err:
-        print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
+        log.warning(str(err))
         return None
 
 

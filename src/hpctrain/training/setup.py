@@ -4,7 +4,7 @@ run file is written."""
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ from hpctrain.training.run import Run
 from hpctrain.training.rundir import RUN_DIRECTORIES, RUN_FILES, check_run_paths, checkpoint_dir, lock_run_dir
 from hpctrain.training.stopping import StopReason, write_stop_reason
 from hpctrain.training.workload import Recipe
+from hpctrain.channel import note
+
+log = logging.getLogger(__name__)
 
 
 def setup_run(cfg: TrainConfig, recipe: Recipe) -> Run:
@@ -154,9 +157,7 @@ def resolve_threads(cfg: TrainConfig, env: DistEnv, state: dict[str, Any] | None
     chosen = choose_threads(cfg.threads, env.local_world_size)
     chosen_by_us = cfg.threads_chosen or cfg.threads is None
     recorded = _recorded_threads(state, env) if state is not None else None
-    say = (
-        (lambda text: print(f"hpctrain: {text}", file=sys.stderr, flush=True)) if env.rank == 0 else (lambda text: None)
-    )
+    say = (lambda text: note(log, text)) if env.rank == 0 else (lambda text: None)
     idle = default_threads(env.local_world_size)
     if recorded is None or recorded == chosen:
         if state is None and chosen_by_us and chosen < idle:

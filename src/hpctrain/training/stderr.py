@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import tempfile
 from typing import Any
 
 from torch import nn
+from hpctrain import channel
 
 
 def drop_first_forward_stderr(module: nn.Module, text: str) -> None:
@@ -20,14 +20,14 @@ def drop_first_forward_stderr(module: nn.Module, text: str) -> None:
     capture: list[Any] = []
 
     def start(*_: Any) -> None:
-        sys.stderr.flush()
+        channel.flush()
         capture[:] = [os.dup(2), tempfile.TemporaryFile()]
         os.dup2(capture[1].fileno(), 2)
 
     def stop(*_: Any) -> None:
         hooks.close()  # once
         saved, file = capture
-        sys.stderr.flush()
+        channel.flush()
         os.dup2(saved, 2)
         os.close(saved)
         with file:

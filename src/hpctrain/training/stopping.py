@@ -32,10 +32,10 @@ warning only on that word.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -62,6 +62,9 @@ from hpctrain.stops import (  # `X as X`: re-exported
     TIME_WARNING_ENV as TIME_WARNING_ENV,
     StopReason as StopReason,
 )
+from hpctrain.channel import note
+
+log = logging.getLogger(__name__)
 
 
 _SIGNAL_REASONS = {
@@ -127,11 +130,10 @@ class StopRequest:
 
         def time_up() -> None:
             if not self._finished:
-                print(
-                    f"hpctrain: the time limit ({limit:g} s of training, {TIME_LIMIT_ENV}) ends in {warning:g} s: "
+                note(
+                    log,
+                    f"the time limit ({limit:g} s of training, {TIME_LIMIT_ENV}) ends in {warning:g} s: "
                     "checkpointing and stopping",
-                    file=sys.stderr,
-                    flush=True,
                 )
                 self.request(StopReason.PREEMPTED)
 

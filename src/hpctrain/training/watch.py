@@ -7,10 +7,10 @@ a few additions. Files are written every few seconds, by each rank into its own 
 
 from __future__ import annotations
 
+import logging
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +39,10 @@ from hpctrain.health.watchdog import LONG_MARGIN_S, Watchdog
 from hpctrain.readback import BadRunFile
 from hpctrain.training.run import Run
 from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason, write_termination_message
+from hpctrain import channel
+from hpctrain.channel import note
+
+log = logging.getLogger(__name__)
 
 STRAGGLER_CHECK_S = 30.0
 """How often rank 0 compares the ranks' records; a straggler is reported when two checks in a row name it."""
@@ -239,11 +243,7 @@ class RankWatch:
         try:
             found = {s.rank: s for s in find_stragglers(read_progress(self.run.run_dir, self._bad_record))}
         except Exception as err:  # advisory: the training step goes on
-            print(
-                f"hpctrain: warning: the straggler check failed ({type(err).__name__}: {err}); training goes on",
-                file=sys.stderr,
-                flush=True,
-            )
+            log.warning(f"the straggler check failed ({type(err).__name__}: {err}); training goes on")
             return
         for rank in sorted(found.keys() & self._suspects):  # named twice in a row: persistent
             with self._reported_lock:
@@ -251,13 +251,13 @@ class RankWatch:
                 if new:
                     self.reported.append(found[rank])
             if new:
-                print(f"hpctrain: warning: {found[rank].describe()}", file=sys.stderr, flush=True)
+                log.warning(found[rank].describe())
         self._suspects = set(found)
 
     def _bad_record(self, err: BadRunFile) -> None:
         if err.path not in self._warned:
             self._warned.add(err.path)
-            print(f"hpctrain: warning: skipped a progress record: {err}", file=sys.stderr, flush=True)
+            log.warning(f"skipped a progress record: {err}")
 
     def take_reported(self) -> list[dict[str, object]]:
         with self._reported_lock:
@@ -275,14 +275,12 @@ class RankWatch:
         deadline = HANG_FILES_DEADLINE_S + (REPORT_GRACE_S if env.is_distributed else 0.0)
         _arm_alarm(deadline + ALARM_MARGIN_S)
         path = run.run_dir / HANG_DIR / f"rank-{env.rank}.txt"
-        print(
-            f"hpctrain: rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} "
-            f"s)"
+        note(
+            log,
+            f"rank {env.rank} on {self.host}: no training step for {quiet_s:.0f} s (limit {limit_s:.0f} s)"
             + (f", waiting in {waiting}" if waiting else ", outside any collective")
             + (f", at {here}" if here and not env.is_distributed else "")
             + f"; stacks in {path}",
-            file=sys.stderr,
-            flush=True,
         )
         work = threading.Thread(
             target=self._hang_files,
@@ -293,14 +291,12 @@ class RankWatch:
         work.start()
         work.join(deadline)
         if work.is_alive():
-            print(
-                f"hpctrain: rank {env.rank}: the hang's files in {run.run_dir} were not written within "
+            note(
+                log,
+                f"rank {env.rank}: the hang's files in {run.run_dir} were not written within "
                 f"{deadline:.0f} s (its file system blocks?); ending without them",
-                file=sys.stderr,
-                flush=True,
             )
-        sys.stdout.flush()
-        sys.stderr.flush()
+        channel.flush()
         os._exit(EXIT_HUNG)
 
     def _hang_files(
@@ -318,11 +314,11 @@ class RankWatch:
                 stacks,
             )
         except (OSError, UserError) as err:
-            print(f"hpctrain: rank {env.rank}: could not write its stacks to {path}: {err}", file=sys.stderr)
+            note(log, f"rank {env.rank}: could not write its stacks to {path}: {err}")
         self.progress.phase("hung", waiting_in=waiting, collectives=entered)
         recorder = run.run_dir / HANG_DIR / f"{FLIGHT_RECORDER_PREFIX}{env.rank}"
         if run.device.type == "cuda" and dump_flight_recorder(recorder):
-            print(f"hpctrain: rank {env.rank}: NCCL's flight recorder in {recorder}", file=sys.stderr)
+            note(log, f"rank {env.rank}: NCCL's flight recorder in {recorder}")
         if env.is_distributed:
             time.sleep(REPORT_GRACE_S)  # the other ranks' watchdogs fire at about the same time
             if not claim_report(run.run_dir):  # another rank reads the records and writes the report
@@ -336,20 +332,17 @@ class RankWatch:
             report = hang_report(records, env.world_size, quiet_s, limit_s, run.run_dir, time.time(), here)
             write_termination_message(f"{report.summary()}; the report: {report_path(run.run_dir)}")
         except Exception as err:
-            print(
-                f"hpctrain: rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})",
-                file=sys.stderr,
-                flush=True,
-            )
+            note(log, f"rank {env.rank}: could not write the hang report ({type(err).__name__}: {err})")
             return
-        print("hpctrain: " + report.text().rstrip("\n").replace("\n", "\nhpctrain: "), file=sys.stderr, flush=True)
+        for line in report.text().rstrip("\n").split("\n"):
+            note(log, line)
         try:
             write_atomic(report_path(run.run_dir), report.text().encode())
             if env.is_distributed:
                 publish_summary(run.run_dir, report.summary())
             write_stop_reason(run.run_dir, StopReason.HUNG)
         except (OSError, UserError) as err:
-            print(f"hpctrain: could not write the hang report: {err}", file=sys.stderr)
+            note(log, f"could not write the hang report: {err}")
 
 
 def _arm_alarm(seconds: float) -> None:

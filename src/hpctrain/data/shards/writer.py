@@ -14,6 +14,7 @@ members carry no time stamps, owners or host names: the same SRC and options giv
 
 from __future__ import annotations
 
+import logging
 import functools
 import hashlib
 import io
@@ -21,7 +22,6 @@ import json
 import os
 import re
 import secrets
-import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +42,8 @@ from hpctrain.fsutil import (
     sha256_file,
     write_atomic,
 )
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".hpctrain-prepare.json"
 JOURNAL_NAME = ".hpctrain-prepare-shards.json"  # {split: {shard name: sha256}} of the shards this preparation wrote
@@ -148,7 +150,7 @@ def prepare(cfg: PrepareConfig, reporter: Reporter | None = None) -> dict:
             "stop it and run this again (it continues where that one stopped)"
         ) from None
     except LocksUnsupported as err:  # as a training run does: go on, having said what is not guarded
-        print(f"hpctrain: warning: {err}", file=sys.stderr, flush=True)
+        log.warning(str(err))
     try:
         journal = _claim(cfg.out, manifest)
         _remove_temporaries(cfg.out)

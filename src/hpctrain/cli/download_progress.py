@@ -1,4 +1,5 @@
-"""How a download shows its progress: plain lines on stderr (batch job logs) or a rich progress bar (a terminal).
+"""How `hpctrain download` shows a download's events (hpctrain.data.download.Reporter): plain lines on stderr
+(batch job logs) or a rich progress bar (a terminal).
 
 `reporter_for(dataset, progress)` picks one: True for the bar, False for plain lines, None by whether stderr is
 a terminal. Both say the same events: begin/advance/end of a file, notes and warnings.
