@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 
 import pytest
-from kubernetes import client
+
+client = pytest.importorskip("kubernetes.client", reason="the k8s extra (pip install 'hpctrain[k8s]') is not installed")
 
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.schedulers import blocking

@@ -11,10 +11,10 @@ import signal
 import threading
 import time
 
-import httpx
 import pytest
 
 pytest.importorskip("starlette", reason="the web extra (pip install 'hpctrain[web]') is not installed")
+httpx = pytest.importorskip("httpx", reason="the dev extra (pip install 'hpctrain[dev]') is not installed")
 from starlette.testclient import TestClient
 
 from hpctrain.schedulers import get_scheduler

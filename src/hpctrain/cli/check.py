@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     job = submission.build(submission.job_flags(vars(args)), command_optional=not args.preflight)
+    report_problems("check", submission.here_warnings())  # said even where the backend cannot be made here
     sched = job.backend()
     rendered = submission.preview(job, sched)  # what the scheduler cannot express fails here, one line
-    problems = submission.check(job, here=True, backend=sched, rendered=rendered)
+    problems = submission.check(job, backend=sched, rendered=rendered)
     report_problems("check", [p.line for p in problems])
     if any(p.blocking for p in problems):
         return 2

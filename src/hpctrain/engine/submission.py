@@ -204,12 +204,7 @@ def check(
     backend = backend or job.backend()
     if rendered is None:
         preview(job, backend)
-    lines = job_warnings(job, backend)
-    if here:
-        from hpctrain.compat import installed_numpy_mismatch
-
-        mismatch = installed_numpy_mismatch()
-        lines += [f"{base.WARNING_PREFIX}here, {mismatch}"] if mismatch else []
+    lines = job_warnings(job, backend) + (here_warnings() if here else [])
     from hpctrain.recipes import check_data  # run by the backend where it sees the data (it may not import it)
 
     lines += backend.local_check(job.spec, job.submission.recipe, check_data=check_data)
@@ -220,6 +215,15 @@ def check(
     if live:
         problems += [problem(line, live=True, options=options) for line in backend.check(job.spec)]
     return problems
+
+
+def here_warnings() -> list[str]:
+    """This environment's own problems, whatever the job: an installed NumPy its torch was not built for (the job's
+    own when it runs this environment). Asked before the backend is made, whose client may not import here."""
+    from hpctrain.compat import installed_numpy_mismatch
+
+    mismatch = installed_numpy_mismatch()
+    return [f"{base.WARNING_PREFIX}here, {mismatch}"] if mismatch else []
 
 
 @dataclass(frozen=True)
