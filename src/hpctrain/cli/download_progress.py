@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from hpctrain.fsutil import format_bytes
+from hpctrain.data.download import LoggedReporter
 
 
-class PlainReporter:
-    """One line per event on stderr: readable in batch job logs, unlike a redrawn bar."""
-
-    def __init__(self, dataset: str) -> None:
-        self.dataset = dataset
+class PlainReporter(LoggedReporter):
+    """One line per event on stderr: readable in batch job logs, unlike a redrawn bar. The events are worded as
+    the library's default reporter words them; only where they go differs."""
 
     def __enter__(self) -> PlainReporter:
         return self
@@ -32,17 +30,6 @@ class PlainReporter:
 
     def warn(self, message: str) -> None:
         self._print(f"warning: {self.dataset}: {message}")
-
-    def begin(self, name: str, url: str, total: int | None) -> None:
-        size = f" ({format_bytes(total)})" if total is not None else ""
-        self.info(f"downloading {url}{size}")
-
-    def advance(self, n: int) -> None:
-        pass
-
-    def end(self, name: str, ok: bool, size: int) -> None:
-        if ok:
-            self.info(f"{name}: {format_bytes(size)}, verified")
 
 
 class RichReporter(PlainReporter):
