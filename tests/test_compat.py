@@ -6,6 +6,7 @@ floor-marked tests with it) the real old torch and torchvision take these paths.
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,13 @@ def test_version_tuple() -> None:
     assert compat.version_tuple("weird") == (0, 0)
 
 
-def test_fused_sgd_is_said_exactly_where_this_torch_has_it(capsys) -> None:
+@pytest.fixture(autouse=True)
+def _hear_the_channel(caplog):
+    """compat says its notes through hpctrain's channel (logging; the CLI prints them): heard here at every level."""
+    caplog.set_level(logging.DEBUG, logger="hpctrain")
+
+
+def test_fused_sgd_is_said_exactly_where_this_torch_has_it(caplog) -> None:
     """The capability comes from SGD's signature and torch's version; the truth is whether this torch's SGD takes
     fused=True for a CPU parameter and steps (torch 2.2 refuses the keyword with a TypeError, 2.3 the CPU with a
     RuntimeError: the fast recipe, catching only the latter, died at start on the floor torch)."""
@@ -54,11 +61,11 @@ def test_fused_sgd_is_said_exactly_where_this_torch_has_it(capsys) -> None:
     model = torch.nn.Linear(3, 2)
     optimizer = FastRecipe().build_optimization(model, 0.1, 1, 4).optimizer
     assert optimizer.defaults.get("fused") is (True if works else None)
-    said = capsys.readouterr().err
+    said = caplog.text  # said through hpctrain's channel (logging), which the CLI prints
     assert ("no fused SGD on cpu" in said) is not works, said
 
 
-def test_device_id_is_passed_only_where_torch_takes_it(monkeypatch, capsys) -> None:
+def test_device_id_is_passed_only_where_torch_takes_it(monkeypatch, caplog) -> None:
     import torch.distributed as dist
 
     assert compat.init_takes_device_id() == ("device_id" in inspect.signature(dist.init_process_group).parameters)
@@ -68,15 +75,15 @@ def test_device_id_is_passed_only_where_torch_takes_it(monkeypatch, capsys) -> N
     assert process_group._device_id_argument(gpu) == {"device_id": gpu}
     monkeypatch.setattr(compat, "init_takes_device_id", lambda: False)
     assert process_group._device_id_argument(gpu) == {} and process_group._device_id_argument(gpu) == {}
-    err = capsys.readouterr().err
+    err = caplog.text
     assert err.count("has no init_process_group(device_id=) (torch >= 2.3)") == 1, err  # once
     assert "NCCL starts at the first collective" in err
 
 
-def test_only_the_first_rank_says_it(monkeypatch, capsys) -> None:
+def test_only_the_first_rank_says_it(monkeypatch, caplog) -> None:
     monkeypatch.setenv("RANK", "3")
     compat.say_once("x", "something")
-    assert capsys.readouterr().err == ""
+    assert caplog.text == ""
 
 
 def _first_batch(data: Path):
@@ -96,12 +103,12 @@ def _first_batch(data: Path):
     return batch.images.clone(), batch.labels.clone()
 
 
-def test_nvjpeg_decodes_image_by_image_without_batched_decode_jpeg(photo_folders: Path, monkeypatch, capsys) -> None:
+def test_nvjpeg_decodes_image_by_image_without_batched_decode_jpeg(photo_folders: Path, monkeypatch, caplog) -> None:
     """torchvision < 0.19 takes one JPEG per decode_jpeg call: same pixels, one image at a time, said once."""
     monkeypatch.setattr(compat, "batched_decode_jpeg", lambda: False)
     images, labels = _first_batch(photo_folders)
     again = _first_batch(photo_folders)
-    err = capsys.readouterr().err
+    err = caplog.text
     assert err.count("batched decode_jpeg needs torchvision >= 0.19") == 1, err
     if compat.version_tuple(__import__("torchvision").__version__) >= (0, 19):
         monkeypatch.setattr(compat, "batched_decode_jpeg", lambda: True)

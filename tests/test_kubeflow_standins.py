@@ -253,11 +253,12 @@ def test_pytorchjob_backoff_counts_running_pods_init_containers_included(standin
 
 @pytest.mark.parametrize("policy,kept", [(None, True), ("Running", False)])
 def test_pytorchjob_deadline_and_clean_pod_policy(standin: TrainerStandIn, policy: str | None, kept: bool) -> None:
-    run_policy = {"activeDeadlineSeconds": 1, **({"cleanPodPolicy": policy} if policy else {})}
+    # The deadline leaves a loaded machine time to create the pods and mark one running before it passes.
+    run_policy = {"activeDeadlineSeconds": 5, **({"cleanPodPolicy": policy} if policy else {})}
     create(standin, pytorchjob("pj-deadline", workers=0, run_policy=run_policy))
     standin.reconcile()
     set_phase(standin, "pj-deadline-master-0", "Running")
-    time.sleep(1.5)  # past the deadline (a wait, not a measurement)
+    time.sleep(5.5)  # past the deadline (a wait, not a measurement)
     standin.reconcile()
     condition = last_condition(standin, "PyTorchJob", "pj-deadline")
     assert condition["type"] == "Failed"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 try:
-    import tomllib
+    import tomllib  # novm: Python 3.11's; the floor's 3.10 reads pyproject.toml with tomli
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 from pathlib import Path

@@ -8,7 +8,6 @@ import os
 import sys
 
 from hpctrain import __version__
-from hpctrain.cli.terminal import install as install_terminal
 from hpctrain.errors import UserError, redact
 from hpctrain.safetext import for_terminal
 from hpctrain.recipes.catalog import CATALOG
@@ -85,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(only=chosen if chosen in SUBCOMMANDS else None)
         args, extras = parser.parse_known_args(argv)
         command = args.command
-        install_terminal(command)  # what the engine below logs (hpctrain.channel) shows here, as lines
+        from hpctrain.cli.terminal import install  # after parsing: `--help` stays cheap
+
+        install(command)  # what the engine below logs (hpctrain.channel) shows here, as lines
         extras = late_positionals(args.parser_, args, extras)
         if extras:
             args.parser_.error(unrecognized(args.parser_, extras))

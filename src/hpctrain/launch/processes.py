@@ -112,6 +112,12 @@ def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> 
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_IGN)
     lost = _fork_server_lost()
+    settle = time.monotonic() + FORK_SERVER_SETTLE_S
+    while lost is None and status == 255 and time.monotonic() < settle:
+        # Every worker read as 255 once the server's socket closed, which comes a moment before a killed server is
+        # waitable: ask again for that moment (a worker that exits 255 itself costs this wait once).
+        time.sleep(0.05)
+        lost = _fork_server_lost()
     if lost is not None:  # every worker then reads as exit 255, multiprocessing's word for "no status came back"
         pid, how, code = lost
         channel.note(
@@ -121,6 +127,10 @@ def spawn(plan: NodePlan, target: Callable[..., int], args: tuple[Any, ...]) -> 
         )
         return code
     return status
+
+
+FORK_SERVER_SETTLE_S = 5.0
+"""How long a launcher whose workers all ended without a status waits for a dead fork server to become waitable."""
 
 
 def _fork_server_lost() -> tuple[int, str, int] | None:
