@@ -101,7 +101,7 @@ class Console:
     def cluster_json(self, request: Request) -> Response:
         """Each scheduler's cluster view as JSON (its node table drawn by the page a page at a time), kept as JSON
         text with the board's entry: once per interval for all pages, and a 304 for a page that has it."""
-        return versioned(request, self.board.get(("cluster",), lambda: Versioned(self._cluster())))
+        return versioned(request, self.board.get(("cluster",), lambda: Versioned(self._cluster()), costly=True))
 
     def _cluster(self) -> dict[str, Any]:
         sections = []

@@ -3,9 +3,10 @@
 Every page (and every tab) asks the console for the jobs, a job's view or the cluster; the console asks the
 schedulers at most once per interval for each of those, whatever the number of pages (one refresh of a thing at
 a time: the others wait for it and read its result), and not at all while no page asks. What no page has asked for
-in a while is dropped. A thing that costs more is asked less often: its interval is `interval_s` or COST_SHARE
-times the time its last answer took, whichever is longer (10,000 jobs of one's own: about 40 s on a quiet login
-node), so that each thing polled costs at most 1% of a core however big the cluster.
+in a while is dropped. The whole cluster's jobs and nodes, which cost more on a big cluster, are asked less
+often: their interval is `interval_s` or COST_SHARE times the time their last answer took, whichever is longer
+(10,000 jobs of one's own: about 40 s on a quiet login node), so that each costs at most 1% of a core however big
+the cluster; a job's own view keeps the interval.
 
 The jobs are every scheduler's jobs (Scheduler.list_jobs: the neutral JobSummary) in one table, with a column for
 the scheduler; a scheduler that cannot answer (its controller down, the extra not installed) is its one-line error
@@ -72,8 +73,9 @@ class Board:
         self._lock = threading.Lock()
         self._entries: dict[Hashable, _Entry] = {}
 
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """make()'s value for `key` as of at most `interval_s` ago (blocking: call it from a worker thread). What
+    def get(self, key: Hashable, make: Callable[[], Any], costly: bool = False) -> Any:
+        """make()'s value for `key` as of at most `interval_s` ago (blocking: call it from a worker thread); a
+        `costly` one (a whole cluster's jobs or nodes) at most COST_SHARE times what its last answer took. What
         make() raises is not kept: the next page asks again."""
         now = self.clock()
         with self._lock:
@@ -86,7 +88,7 @@ class Board:
                 started = self.clock()
                 entry.value = make()
                 entry.taken = self.clock()
-                entry.every = COST_SHARE * (entry.taken - started)
+                entry.every = COST_SHARE * (entry.taken - started) if costly else 0.0
                 self.refreshes += 1
             return entry.value
 
@@ -97,7 +99,7 @@ class Board:
 
     def snapshot(self) -> Versioned:
         """Every scheduler's jobs: {"columns", "rows", "schedulers": [{"name", "error"}]}, as versioned JSON."""
-        return self.get(("jobs",), lambda: Versioned(self._jobs()))
+        return self.get(("jobs",), lambda: Versioned(self._jobs()), costly=True)
 
     def _jobs(self) -> dict[str, Any]:
         rows: list[list[Any]] = []
