@@ -98,7 +98,12 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
     train = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", str(EPOCHS)]
     # A DOWN node ends every job on it: this one has its nodes to itself (--exclusive), so no other job shares node2.
     sbatch = ["--sbatch=--hold", *(["--sbatch=--exclusive"] if how == "down" else [])]
-    proc = hpctrain("submit", "--output", "job-%j.out", *options, "--time", "30", *sbatch, *train, cwd=tmp_path)
+    # The survivor's round of 1 (of MAX 2) waits torch's last call for more nodes (30 s by default); 15 s here still
+    # lets a slow agent join the first round on a loaded machine (torchrun's own PET_RDZV_CONF, passed on by sbatch).
+    env = {"PET_RDZV_CONF": "last_call_timeout=15"}
+    proc = hpctrain(
+        "submit", "--output", "job-%j.out", *options, "--time", "30", *sbatch, *train, cwd=tmp_path, env=env
+    )
     job_id = ok(proc).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
     # Slurm starts a MIN-MAX job on as many nodes as are free, down to MIN: other tests' jobs may hold node2. The
@@ -156,7 +161,7 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
 @pytest.mark.fresh_steps(processes=4)  # 2 torchrun agents and their workers on the first attempt, then 2 again
 def test_a_node_lost_at_min_falls_back_to_the_requeue(slurm_cluster, tmp_path: Path, fashion_data_dir: Path) -> None:
     """`--nodes 2:3` on the 2 nodes there are: at MIN from the start. node2 lost, node1's torchrun cannot form a
-    group of 2 (torch's rendezvous gives up after the join timeout, 60 s here through torchrun's own PET_RDZV_CONF,
+    group of 2 (torch's rendezvous gives up after the join timeout, 30 s here through torchrun's own PET_RDZV_CONF,
     which sbatch passes on; it must outlast the 30 s last call of a first round short of MAX), and the batch script
     requeues the job: the second attempt, on both nodes again, resumes from the checkpoint and completes."""
     # --no-check: the cluster check refuses a MAX beyond the partition's nodes (rightly: it can never be reached);
@@ -165,7 +170,10 @@ def test_a_node_lost_at_min_falls_back_to_the_requeue(slurm_cluster, tmp_path: P
     options.append("--no-check")
     train = ["train", "mnist", *TRAIN, "--data-dir", str(fashion_data_dir), "--epochs", "2"]
     submit = ["submit", "--output", "job-%j.out", *options, "--time", "30", "--sbatch=--hold", *train]
-    job_id = ok(hpctrain(*submit, cwd=tmp_path, env={"PET_RDZV_CONF": "join_timeout=60"})).stdout.strip()
+    # A round of 2 of MAX 3 waits the last call (5 s here, 30 s by default) for a third node that never comes; the
+    # join timeout after the loss must outlast it.
+    conf = {"PET_RDZV_CONF": "join_timeout=30,last_call_timeout=5"}
+    job_id = ok(hpctrain(*submit, cwd=tmp_path, env=conf)).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
     for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):  # as in the test above
         done = subprocess.run(["scontrol", *command], capture_output=True, text=True)

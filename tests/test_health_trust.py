@@ -289,12 +289,14 @@ def hang_limited_run(data_dir: Path, run_dir: Path) -> tuple[str, ...]:
 @pytest.mark.slow
 def test_a_training_run_suspended_longer_than_its_hang_limit_finishes(fashion_data_dir, tmp_path) -> None:
     run_dir = tmp_path / "run"
-    process = start_hpctrain(*hang_limited_run(fashion_data_dir, run_dir), "--print-freq", "4", "--epochs", "1")
+    # 6 s here: a step on the loaded 2-core CI machine once took over 3 s (a real hang report, not the suspension).
+    limited = (*hang_limited_run(fashion_data_dir, run_dir), "--hang-timeout", "6")
+    process = start_hpctrain(*limited, "--print-freq", "4", "--epochs", "1")
     output: list[str] = []
     try:
         wait_for(process, "step 8/", output)
         process.send_signal(signal.SIGSTOP)
-        time.sleep(8.0)
+        time.sleep(14.0)  # more than twice the hang limit
         process.send_signal(signal.SIGCONT)
         output.extend(process.stdout)
         code = process.wait(timeout=300)

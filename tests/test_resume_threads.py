@@ -7,6 +7,8 @@ programs keep its cores busy must still train with the first attempt's count (is
 
 from __future__ import annotations
 
+import logging
+
 import os
 import signal
 import subprocess
@@ -122,7 +124,8 @@ def env(rank: int, world_size: int = 2):
     return DistEnv("slurm", rank, world_size, 0, 1, rank, world_size, "node1", 29500, "env://")
 
 
-def test_busy_cores_are_said_once_by_rank_zero_and_only_when_they_changed_the_choice(capsys, monkeypatch) -> None:
+def test_busy_cores_are_said_once_by_rank_zero_and_only_when_they_changed_the_choice(caplog, monkeypatch) -> None:
+    caplog.set_level(logging.DEBUG, logger="hpctrain")  # said through hpctrain's channel, which the CLI prints
     from hpctrain.config import TrainConfig
     from hpctrain.distributed import cores as local
     from hpctrain.training import setup as loop
@@ -131,9 +134,10 @@ def test_busy_cores_are_said_once_by_rank_zero_and_only_when_they_changed_the_ch
     monkeypatch.setattr(loop, "available_cores", lambda: 4)
     lowered = TrainConfig(threads=2, threads_chosen=True)  # the default would be 4: busy cores lowered it
     assert loop.resolve_threads(lowered, env(1), None) == 2
-    assert capsys.readouterr().err == ""  # another rank (another node of the job) says nothing
+    assert caplog.text == ""  # another rank (another node of the job) says nothing
     assert loop.resolve_threads(lowered, env(0), None) == 2
-    assert capsys.readouterr().err.count("other programs keep some of this process's cores busy") == 1
+    assert caplog.text.count("other programs keep some of this process's cores busy") == 1
+    caplog.clear()
     assert loop.resolve_threads(TrainConfig(threads=4, threads_chosen=True), env(0), None) == 4
     assert loop.resolve_threads(TrainConfig(threads=2), env(0), None) == 2  # --threads 2 given: nothing to say
-    assert capsys.readouterr().err == ""
+    assert caplog.text == ""
