@@ -21,7 +21,7 @@ import argparse
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.concurrency import run_in_threadpool
@@ -34,9 +34,6 @@ from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.service_api import Placement, Step
 from hpctrain.servers import sessions
 from hpctrain.web.safeview import line
-
-if TYPE_CHECKING:
-    from hpctrain.web.app import Console
 
 START_WAIT_S = 600.0  # `dev start`'s default --wait
 KEEP_STEPS = 20
@@ -106,7 +103,7 @@ def form_config(fields: dict[str, list[str]], services: Any) -> tuple[Any, Place
 
 
 class DevPages:
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Any) -> None:  # hpctrain.web.app.Console, which builds these routes (no import back)
         self.console = console
         self.starts: dict[str, Starting] = {}
         self._lock = threading.Lock()

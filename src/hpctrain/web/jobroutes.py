@@ -19,7 +19,7 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -30,9 +30,6 @@ from hpctrain.engine import submission
 from hpctrain.errors import UserError
 from hpctrain.web import jobpage
 from hpctrain.web.safeview import line
-
-if TYPE_CHECKING:
-    from hpctrain.web.app import Console
 
 PREEMPT_TIMEOUT_S = 60.0
 KEEP_RUN_DIRS = 4096  # jobs whose run directory is remembered (it never changes for a job)
@@ -69,7 +66,7 @@ def tensorboard_command(directory: Path) -> str:
 
 
 class JobRoutes:
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Any) -> None:  # hpctrain.web.app.Console, which builds these routes (no import back)
         self.console = console
         self._tensorboards: dict[Path, tuple[subprocess.Popen[str], str]] = {}
         self._tensorboard_lock = threading.Lock()
