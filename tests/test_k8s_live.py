@@ -977,3 +977,23 @@ def test_logs_follow_waits_for_the_pods_of_a_job_just_submitted(ctx: Ctx) -> Non
     follower.join(timeout=60)
     assert not follower.is_alive() and heard == heard[:1]
     assert ended == [f"mnist has no pods yet: see `{sched.command('status', 'mnist')}` for why"]
+
+
+def test_logs_of_a_replica_whose_pod_went_while_another_remains_are_its_kept_log(ctx: Ctx, tmp_path) -> None:
+    """cleanPodPolicy Running deletes a finished job's running pods (an elastic job succeeds once any worker has, and
+    the others go): `logs JOB --replica worker-0` then reads what worker-0 kept in the run directory, saying so,
+    rather than refusing because another replica's pod is still there; a replica neither has is refused naming both."""
+    sched = ctx.scheduler(volumes=(f"host:{tmp_path}:/mnt/runs",))
+    spec = job(nodes=2)
+    sched.submit(spec, sched.render(spec))
+    _kubeflow_pod(ctx, None, "worker", 1)
+    kept = tmp_path / "mnist" / "pod-logs"
+    kept.mkdir(parents=True)
+    (kept / "mnist-worker-0.log").write_text("step 1\nstep 2\n")
+    heard: list[str] = []
+    assert list(sched.logs("mnist", replica="worker-0", say=heard.append)) == ["step 1", "step 2"]
+    assert heard == [
+        f"mnist has no pod worker-0 now: the log worker-0 kept in its run directory ({kept}/mnist-worker-0.log)"
+    ]
+    with pytest.raises(UserError, match=r"mnist has no replica 'worker-7': use one of worker-0, worker-1"):
+        sched.logs("mnist", replica="worker-7")

@@ -259,20 +259,22 @@ class LiveJobs:
         obj = self.get_object(job_id)
         pods = self.pods_of(job_id)
         names = [replica_name(p) for p in pods]
-        if not pods:
+        pod = next(iter(pods), None) if replica is None else next((p for p in pods if replica_name(p) == replica), None)
+        if pod is None:
+            # The pod went (cleanPodPolicy deletes a finished job's running ones; an elastic job's lost worker) or
+            # is still to come again: what the replica wrote, kept in the run directory.
             kept = kept_dir(obj, self._path_here)
             logs = kept_logs(kept, job_id) if kept is not None else {}
-            if logs:  # the pods went (or are still to come again): what the replicas wrote, kept in the run directory
-                name = replica if replica is not None else next(iter(logs))
-                if name not in logs:
-                    raise UserError(f"{job_id} kept no log of replica {name!r}: use one of {', '.join(logs)}")
+            name = replica if replica is not None else next(iter(logs), None)
+            if kept is not None and name in logs:
                 if say is not None:
-                    say(f"{job_id} has no pods: the log {name} kept in its run directory ({logs[name]})")
+                    went = "has no pods" if not pods else f"has no pod {name} now"
+                    say(f"{job_id} {went}: the log {name} kept in its run directory ({logs[name]})")
                 return kept_lines(logs[name], kept.parent)
-            raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
-        pod = pods[0] if replica is None else next((p for p in pods if replica_name(p) == replica), None)
-        if pod is None:
-            raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(names)}")
+            if not pods and not logs:
+                raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
+            known = sorted(set(names) | set(logs))
+            raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(known)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
         name = pod["metadata"]["name"]
         try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
