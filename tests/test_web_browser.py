@@ -172,6 +172,8 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         assert "step 3 <b>loss</b> <script>window.__pwned=2</script>" in log
         assert browser.find_elements(By.CSS_SELECTOR, "#log b, #log script") == []
         assert browser.execute_script("return typeof window.__pwned") == "undefined"
+        # The details said the job ended: the page stopped asking for them (console.js poll).
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "details").get_attribute("data-ended"))
 
         # The cluster.
         browser.get(base + "/cluster")  # its tables drawn by the page from /api/cluster
@@ -230,9 +232,15 @@ def test_the_job_form_in_chromium(slurm_cluster, tmp_path, console, browser):
     ):
         field(browser, name).send_keys(value)
     browser.find_element(By.ID, "check").click()
-    beside = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "field-nproc_per_node"))
-    problem = beside.find_element(By.CSS_SELECTOR, ".problem.error").text
-    fix = beside.find_element(By.CSS_SELECTOR, ".fix").text
+
+    def checked(driver):  # the answered page's field (the page before it, still there for a moment, has one too)
+        beside = driver.find_element(By.ID, "field-nproc_per_node")
+        problem = beside.find_element(By.CSS_SELECTOR, ".problem.error")
+        return beside, problem.text, beside.find_element(By.CSS_SELECTOR, ".fix").text
+
+    beside, problem, fix = WebDriverWait(browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(
+        checked
+    )
     assert problem.startswith("--nproc-per-node 64") and "CPUs" in problem and fix.startswith("fix: "), problem
     assert field(browser, "partition").get_attribute("value") == "debug"  # the form keeps what was typed
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", beside)

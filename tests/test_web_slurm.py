@@ -129,6 +129,63 @@ def test_a_running_job_s_log_is_followed_live(client, slurm_cluster, tmp_path):
         slurm_cluster.cancel_quietly(job)
 
 
+def test_a_followed_log_learns_that_its_job_ended_from_the_shared_view(slurm_cluster, tmp_path):
+    """The page's log follower asks the scheduler nothing of its own (it asked squeue every 2 s, for every open
+    page): it reads the job's view on the board, which the page polls anyway, so it goes on while that view says the
+    job runs, even after the job ended, and ends (its last lines, the `end` event) once the view is asked again.
+    The board's clock is the test's; the follower's checks are counted, not timed."""
+    go = tmp_path / "go"
+    script = f"echo first; while [ ! -e {go} ]; do sleep 0.2; done; echo second"
+    job = slurm_cluster.sbatch("--job-name=web-ends", f"--output={tmp_path}/out-%j.log", "--wrap", script, cwd=tmp_path)
+    try:
+        slurm_cluster.wait_state(job, {"RUNNING"})
+        scheduler = get_scheduler("slurm")
+        asked: list[tuple[str, ...]] = []
+        real_run = scheduler.run
+        scheduler.run = lambda argv, *a, **kw: (asked.append(tuple(argv)), real_run(argv, *a, **kw))[1]
+        app = create_app({"slurm": scheduler}, Secrets(token="t"), interval_s=5.0)
+        console = app.state.console
+        now = [0.0]
+        console.board.clock = lambda: now[0]
+        checks = []
+        real_ended = console.job_ended
+        console.job_ended = lambda *args: checks.append(real_ended(*args)) or checks[-1]
+        tab = TestClient(app, base_url=HOST, follow_redirects=False)
+        assert tab.get("/?token=t").status_code == 303
+        assert tab.get(f"/api/job/slurm/{job}").json()["ended"] is False
+        events: list[tuple[str, dict]] = []
+        follower = threading.Thread(target=lambda: events.extend(log_events(tab, job)), daemon=True)
+        follower.start()
+        wait_for(lambda: any("first" in data.get("lines", []) for _, data in list(events)) or None, "the first line")
+        go.touch()
+        slurm_cluster.wait_state(job, {"COMPLETED", "GONE"})
+        asked.clear()
+        before = len(checks)
+        wait_for(lambda: len(checks) >= before + 3 or None, "three checks of the follower after the job ended")
+        assert follower.is_alive() and not any(kind == "end" for kind, _ in events)
+        assert checks[before:] == [False] * (len(checks) - before)  # the view it shares says RUNNING still
+        assert asked == []  # and neither it nor anything else asked Slurm meanwhile
+        now[0] = 5.0  # the interval passed: the next check asks for the view again, which says the job ended
+        follower.join(timeout=120)
+        assert not follower.is_alive() and events[-1] == ("end", {})
+        assert [line for _, data in events for line in data.get("lines", [])] == ["first", "second"]
+        assert sum(1 for argv in asked if argv[0] in ("squeue", "scontrol", "sacct")) >= 1
+        assert tab.get(f"/api/job/slurm/{job}").json()["ended"] is True
+    finally:
+        slurm_cluster.cancel_quietly(job)
+
+
+def wait_for(probe, what: str, timeout_s: float = 120.0):
+    """probe()'s first value that is not None, asked every 0.1 s; a bound on waiting, never asserted on."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"waited {timeout_s:g} s for {what}")
+
+
 def test_the_jobs_of_all_pages_come_from_one_query_per_interval(slurm_cluster):
     now = [0.0]
     board = Board({"slurm": get_scheduler("slurm")}, interval_s=5.0, clock=lambda: now[0])

@@ -227,6 +227,9 @@ class View:
     plain: bool = False
     """Tables always as aligned text and lines as they are (kubectl's look); else a short table is laid out by rich
     and lines are printed as rich text."""
+    ended: bool | None = None
+    """One job's view: whether the job has ended, as of the query that made the view (the web console follows a
+    job's log until its view says so, asking the scheduler nothing more); None: not one job's view."""
 
     def json_records(self) -> Any:
         return self.records() if callable(self.records) else self.records
@@ -382,9 +385,13 @@ class Scheduler(Protocol):
         replica: str | None = None,
         stream: str = "stdout",
         say: Callable[[str], None] | None = None,
+        ended: Callable[[], bool] | None = None,
     ) -> Iterator[str]:
         """Lines (without newline) of one replica's output (the first one, rank 0, when None); `stream` stderr where
-        the scheduler keeps it apart. `say` hears what happens meanwhile (waiting for the output, the job ended)."""
+        the scheduler keeps it apart. `say` hears what happens meanwhile (waiting for the output, the job ended).
+        `ended`, when following: how the follower learns that the job has ended where it has to ask (a Slurm job's
+        output file; a pod's log stream ends by itself); None: it asks the scheduler every few seconds. The web
+        console passes its shared view of the job, asked once per interval for every page."""
 
     def access(self, job_id: str) -> JobAccess:
         """How to reach the job from beside it: its shell command and its logs (raises JobNotFound)."""

@@ -45,7 +45,7 @@ from hpctrain.web.board import Board, Versioned
 from hpctrain.web.dev_pages import DevPages
 from hpctrain.web.guard import CSRF_FIELD, Guard, Secrets
 from hpctrain.web.jobroutes import JobRoutes
-from hpctrain.web.safeview import line, view_parts
+from hpctrain.web.safeview import job_data, line, view_parts
 
 HERE = Path(__file__).resolve().parent
 STOP_WAIT_S = 10.0
@@ -112,13 +112,23 @@ class Console:
                 sections.append({"name": name, "parts": [], "error": line(str(err))})
         return {"schedulers": sections}
 
-    def job_parts(self, name: str, job_id: str) -> list[dict[str, Any]]:
+    def job_view(self, name: str, job_id: str) -> dict[str, Any]:
+        """The job's view as its page shows it, {"parts", "ended"}: asked once per interval for every page and
+        every follower of its log."""
         scheduler = self.scheduler(name)
-        return self.board.get(("job", name, job_id), lambda: view_parts(scheduler.status_view(job_id)))
+        return self.board.get(("job", name, job_id), lambda: job_data(scheduler.status_view(job_id)))
+
+    def job_ended(self, name: str, job_id: str) -> bool:
+        """Whether the job has ended, as its shared view says (a job the scheduler no longer knows has); how its
+        followed log learns that it ends, asking the scheduler nothing of its own."""
+        try:
+            return bool(self.job_view(name, job_id)["ended"])
+        except JobNotFound:
+            return True
 
     def job_page(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
-        parts = self.job_parts(name, job_id)
+        parts = self.job_view(name, job_id)["parts"]
         return self.page(
             "job.html",
             title=f"job {line(job_id)}",
@@ -132,12 +142,18 @@ class Console:
         )
 
     def job_json(self, request: Request) -> Response:
-        return JSONResponse({"parts": self.job_parts(request.path_params["scheduler"], request.path_params["job"])})
+        return JSONResponse(self.job_view(request.path_params["scheduler"], request.path_params["job"]))
 
     async def log_events(self, request: Request) -> Response:
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
         stream = "stderr" if request.query_params.get("stream") == "stderr" else "stdout"
-        follower = follow.start(self.scheduler(name), job_id, stream, request.query_params.get("replica"))
+        follower = follow.start(
+            self.scheduler(name),
+            job_id,
+            stream,
+            request.query_params.get("replica"),
+            ended=lambda: self.job_ended(name, job_id),
+        )
         return StreamingResponse(follow.events(follower), media_type="text/event-stream")
 
     def stop_job(self, request: Request) -> Response:

@@ -14,7 +14,7 @@ import asyncio
 import collections
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -28,13 +28,21 @@ _followers = threading.BoundedSemaphore(MAX_FOLLOWERS)
 
 
 class Follower:
-    def __init__(self, scheduler: Scheduler, job_id: str, stream: str, replica: str | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        job_id: str,
+        stream: str,
+        replica: str | None = None,
+        ended: Callable[[], bool] | None = None,
+    ) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.total = 0
         self.notes: list[str] = []
         self.done = False
         self.stop = False
         self._lock = threading.Lock()
+        self._ended = ended
         self._thread = threading.Thread(target=self._pump, args=(scheduler, job_id, stream, replica), daemon=True)
 
     def start(self) -> None:
@@ -46,7 +54,10 @@ class Follower:
 
     def _pump(self, scheduler: Scheduler, job_id: str, stream: str, replica: str | None) -> None:
         try:
-            for text in scheduler.logs(job_id, follow=True, replica=replica, stream=stream, say=self._say):
+            lines = scheduler.logs(
+                job_id, follow=True, replica=replica, stream=stream, say=self._say, ended=self._ended
+            )
+            for text in lines:
                 if self.stop:
                     return
                 with self._lock:
@@ -76,10 +87,18 @@ class Follower:
             return (data or None), self.total, done
 
 
-def start(scheduler: Scheduler, job_id: str, stream: str, replica: str | None = None) -> Follower:
+def start(
+    scheduler: Scheduler,
+    job_id: str,
+    stream: str,
+    replica: str | None = None,
+    ended: Callable[[], bool] | None = None,
+) -> Follower:
+    """Follow the log in a thread; `ended` (Scheduler.logs): how it learns that the job ended, from the console's
+    shared view of the job rather than a query of its own."""
     if not _followers.acquire(blocking=False):
         raise UserError(f"{MAX_FOLLOWERS} logs are being followed already: close a job's page and reload this one")
-    follower = Follower(scheduler, job_id, stream, replica)
+    follower = Follower(scheduler, job_id, stream, replica, ended)
     follower.start()
     return follower
 

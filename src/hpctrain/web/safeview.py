@@ -33,5 +33,10 @@ def view_parts(view: View) -> list[dict[str, Any]]:
     ]
 
 
+def job_data(view: View) -> dict[str, Any]:
+    """One job's view as its page polls it: its parts, and whether it has ended (the page then stops asking)."""
+    return {"parts": view_parts(view), "ended": bool(view.ended)}
+
+
 def line(text: str) -> str:
     return for_terminal(text)

@@ -267,9 +267,11 @@ class SlurmScheduler:
         replica: str | None = None,
         stream: str = "stdout",
         say: Callable[[str], None] | None = None,
+        ended: Callable[[], bool] | None = None,
     ) -> Iterator[str]:
         """The job's output file (stream stderr: its --error file), found where the controller or the submission
-        record says it is; followed until the job ends, even before the file exists."""
+        record says it is; followed until the job ends (`ended`, or squeue every few seconds), even before the file
+        exists."""
         if replica is not None:
             raise UserError("a Slurm job writes one output file for all its nodes: drop --replica")
         say = say or (lambda line: None)
@@ -283,7 +285,7 @@ class SlurmScheduler:
             target = path or candidates[0]
             if path is None:
                 say(f"waiting for {target} (job {job_id} is {info.state})")
-            return self._follow(job_id, target, say)
+            return self._follow(job_id, target, say, ended)
         if path is None:
             where = ", ".join(str(p) for p in candidates)
             if info is not None and not info.finished:
@@ -303,12 +305,14 @@ class SlurmScheduler:
         last = job_states.get_job(job_id, run=self.run)
         say(f"job {job_id} ended: {last.state if last is not None else 'gone'}")
 
-    def _follow(self, job_id: str, target: Path, say: Callable[[str], None]) -> Iterator[str]:
-        def ended() -> bool:
+    def _follow(
+        self, job_id: str, target: Path, say: Callable[[str], None], ended: Callable[[], bool] | None
+    ) -> Iterator[str]:
+        def asked() -> bool:
             now = job_states.get_job(job_id, run=self.run)
             return now is None or now.finished
 
-        yield from self._ended(job_id, _follow_lines(target, ended), say)
+        yield from self._ended(job_id, _follow_lines(target, ended or asked), say)
 
     def cancel(self, job_id: str) -> None:
         job_states.cancel(job_id, run=self.run)

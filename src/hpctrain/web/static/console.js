@@ -177,11 +177,14 @@ function trackTables(box) {
 
 // Ask `url` every `seconds` while the page is in view (a tab in the background asks nothing; back in view it asks at
 // once); give each new answer to `show`. The answer's version (ETag) is sent back: the console answers 304, with
-// nothing built or sent, while it is unchanged. `status` says when it was last asked, or what went wrong.
+// nothing built or sent, while it is unchanged. `status` says when it was last asked, or what went wrong. A `show`
+// that returns false has seen the last answer (a job that ended): nothing more is asked.
 function poll(url, seconds, show, status) {
   let etag = null;
   let paused = false;
+  let done = false;
   const load = () => {
+    if (done) return;
     if (document.hidden) {
       paused = true;
       return;
@@ -198,12 +201,12 @@ function poll(url, seconds, show, status) {
         });
       })
       .then((data) => {
-        if (data) show(data);
+        if (data && show(data) === false) done = true;
         if (status) status(null);
       })
       .catch((err) => status && status(String(err.message || err)))
       .finally(() => {
-        if (seconds > 0) setTimeout(load, Math.max(1, seconds) * 1000);
+        if (seconds > 0 && !done) setTimeout(load, Math.max(1, seconds) * 1000);
       });
   };
   document.addEventListener("visibilitychange", () => {
@@ -253,9 +256,13 @@ function showCluster(box) {
   poll(box.dataset.src, 0, show, asOf);
 }
 
-// ---- a job's page: its details kept current -----------------------------------------------------------------
+// ---- a job's page: its details kept current until the job has ended -----------------------------------------
 function followDetails(box) {
-  const show = (data) => box.replaceChildren(...partsNodes("details", data.parts));
+  const show = (data) => {
+    box.replaceChildren(...partsNodes("details", data.parts));
+    if (data.ended) box.dataset.ended = "1"; // the plots ask once more, then stop too (jobpage.js)
+    return !data.ended;
+  };
   const status = (error) => {
     const said = document.getElementById("details-error");
     if (said) said.textContent = error || "";

@@ -62,19 +62,26 @@ function plot(series) {
   return figure;
 }
 
-// Polled as the details are (console.js's poll: paused while the tab is in the background).
+// Polled as the details are (console.js's poll: paused while the tab is in the background); once the details say
+// the job has ended, asked for one more interval (the console's copy then holds what the job wrote as it ended),
+// then no more.
 function followPlots(box) {
   const state = document.getElementById("plot-state");
+  const details = document.getElementById("details");
   let shown = null;
+  let afterEnd = 0;
   const show = (data) => {
+    if (details && details.dataset.ended) afterEnd += 1;
+    const more = afterEnd < 2;
     const text = JSON.stringify(data);
-    if (text === shown) return;
+    if (text === shown) return more;
     shown = text;
     const drawn = data.series.filter((s) => s.points.length);
     box.replaceChildren(...drawn.map(plot));
     if (state) {
       state.textContent = data.records ? data.records + " epoch record(s) in metrics.jsonl" : "no metrics.jsonl record yet";
     }
+    return more;
   };
   const status = (error) => error && state && (state.textContent = error);
   poll(box.dataset.src, parseFloat(box.dataset.interval) || 5, show, status);

@@ -86,7 +86,12 @@ def job_view(status: JobStatus, run_dir: Path | None = None, lines: list[str] | 
         ranks = read_progress(run_dir)
         extra = {"run_dir": str(run_dir), "ranks": [asdict(r) for r in ranks]}
         parts += [f"run dir: {run_dir}", *elastic_lines(run_dir), *hang_lines(run_dir), *rank_lines(ranks, time.time())]
-    return View(records={**asdict(status), "finished": status.finished, **extra}, parts=tuple(parts), plain=True)
+    return View(
+        records={**asdict(status), "finished": status.finished, **extra},
+        parts=tuple(parts),
+        plain=True,
+        ended=status.finished,
+    )
 
 
 def ended_lines(status: JobStatus) -> list[str]:

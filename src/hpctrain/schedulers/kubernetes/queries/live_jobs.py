@@ -249,6 +249,7 @@ class LiveJobs:
         replica: str | None = None,
         stream: str = "stdout",
         say: Callable[[str], None] | None = None,
+        ended: Callable[[], bool] | None = None,  # a pod's log stream ends with its container: nothing to ask
     ) -> Iterator[str]:
         from kubernetes.client.rest import ApiException
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpctrain.errors import UserError
 from hpctrain.fsutil import format_bytes
-from hpctrain.schedulers.base import Table, View
+from hpctrain.schedulers.base import JobNotFound, Table, View
 from hpctrain.schedulers.slurm.queries.job_states import JobInfo
 from hpctrain.schedulers.slurm.queries.cluster_state import ClusterInfo, NodeInfo
 from hpctrain.jobs.values import format_duration
@@ -117,11 +117,11 @@ def job_list_view(jobs: Callable[[], list[JobInfo]], cells: Callable[[], Sequenc
     return View(records=lambda: [j.to_dict() for j in jobs()], parts=parts)
 
 
-def not_found(job_id: str) -> UserError:
+def not_found(job_id: str) -> JobNotFound:
     """Neither the controller nor accounting knows the job: say where its traces may still be."""
     records = sorted(str(p) for p in Path.cwd().glob(f"runs/*-{job_id}/job.yaml"))
     seen = f"; its submission record is {records[0]}" if records else ""
-    return UserError(
+    return JobNotFound(
         f"job {job_id} not found: Slurm forgets ended jobs after a few minutes and accounting (sacct) does not "
         f"know it either{seen}; `hpctrain logs {job_id}` still looks for its output"
     )
@@ -149,7 +149,7 @@ def job_view(job: JobInfo, run_dir: Path | None = None) -> View:
     if run_dir is not None:
         lines += [f"{'run dir:':12} {run_dir}", *elastic_lines(run_dir), *hang_lines(run_dir)]
         lines += rank_lines(ranks, time.time())
-    return View(records={**job.to_dict(), **extra}, parts=(jobs_table([job]), *lines))
+    return View(records={**job.to_dict(), **extra}, parts=(jobs_table([job]), *lines), ended=job.finished)
 
 
 def cluster_view(info: ClusterInfo, partition: str | None = None) -> View:
