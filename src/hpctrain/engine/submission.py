@@ -17,6 +17,7 @@ the fix (the clause that names it) and the field (the dest of the first flag the
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -42,21 +43,40 @@ class _RaisingParser(argparse.ArgumentParser):
 def job_parser(schedulers: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of the job flags `hpctrain submit` and `hpctrain check` take: the common ones in their groups,
     then each backend's own in its groups (with their help text); the web form's fields are its actions.
-    `schedulers`: only these backends' own flags (the web form: those its console shows); None: every one's."""
+    `schedulers`: only these backends' own flags (the web form: those its console shows); None: every one's.
+    Made once per set of backends and shared (a submit reads it to build, to check and to name fields): read it,
+    never add to it."""
+    return _job_parser(tuple(SCHEDULERS if schedulers is None else schedulers))
+
+
+@functools.cache
+def _job_parser(schedulers: tuple[str, ...]) -> argparse.ArgumentParser:
     parser = _RaisingParser(prog="hpctrain submit", add_help=False, exit_on_error=False)
-    add_job_arguments(parser, SCHEDULERS if schedulers is None else schedulers)
+    add_job_arguments(parser, schedulers)
     return parser
 
 
 def job_dests(parser: argparse.ArgumentParser | None = None) -> dict[str, Any]:
     """Every job flag's dest -> its default (what a flag left out is)."""
-    parser = parser or job_parser()
+    if parser is None:
+        return dict(_dests())
     return {a.dest: a.default for a in parser._actions if a.dest != argparse.SUPPRESS}
+
+
+@functools.cache
+def _dests() -> dict[str, Any]:
+    return job_dests(job_parser())
+
+
+@functools.cache
+def _flag_dests() -> dict[str, str]:
+    """Every job flag's option string (`--nodes`, `-N`) -> its dest."""
+    return {o: a.dest for a in job_parser()._actions for o in a.option_strings}
 
 
 def job_flags(values: Mapping[str, Any]) -> dict[str, Any]:
     """The job flags among a command's parsed values (`vars(args)` of `hpctrain submit`, which has its own too)."""
-    known = job_dests()
+    known = _dests()
     return {k: v for k, v in values.items() if k in known}
 
 
@@ -156,7 +176,7 @@ class Problem:
 def problem(line: str, live: bool = False, options: Mapping[str, str] | None = None) -> Problem:
     """A check's line as a Problem; `options`: flag -> dest (default: the job flags')."""
     if options is None:
-        options = {o: a.dest for a in job_parser()._actions for o in a.option_strings}
+        options = _flag_dests()
     kind = WARNING if line.startswith(base.WARNING_PREFIX) else NOTE if line.startswith(base.NOTE_PREFIX) else ERROR
     said = line.split(": ", 1)[1] if kind != ERROR else line
     fix = said.rsplit("; ", 1)[1] if "; " in said else said.split(": ", 1)[1] if ": " in said else ""
@@ -210,7 +230,7 @@ def check(
     lines += backend.local_check(job.spec, job.submission.recipe, check_data=check_data)
     if job.submission.resources_only:  # what is said about the placeholder command is not the user's concern
         lines = [p for p in lines if not p.startswith(base.NOTE_PREFIX)]
-    options = {o: a.dest for a in job_parser()._actions for o in a.option_strings}
+    options = _flag_dests()
     problems = [problem(line, options=options) for line in lines]
     if live:
         problems += [problem(line, live=True, options=options) for line in backend.check(job.spec)]
