@@ -61,6 +61,21 @@ def test_bad_form_input_is_the_cli_s_one_line_and_starts_nothing(console, tmp_pa
     assert not list((tmp_path / "home").glob("dev/*/connection.json"))
 
 
+def test_a_repeatable_flag_s_field_takes_one_value_a_line(console, tmp_path) -> None:
+    """`--module A --module B` in the start form: its field (a text area) takes one value a line, each loaded in the
+    session's script as `dev start` with the flag twice would; the page shows the field as a text area."""
+    from hpctrain.web.dev_pages import form_config
+
+    client, _ = console
+    page = client.get("/dev")
+    assert re.search(r'<textarea name="modules"', page.text) and re.search(r'<input name="partition">', page.text)
+    services = get_scheduler("slurm").services()
+    cfg, placement = form_config({"name": ["nb"], "modules": ["cuda/12.4\n\n nccl/2.21 \n"]}, services)
+    assert placement.options["modules"] == ("cuda/12.4", "nccl/2.21")
+    script = services.dev_render(cfg, placement)
+    assert "cuda/12.4" in script and "nccl/2.21" in script, script
+
+
 def test_stop_and_save_need_the_csrf_token_and_a_known_session(console) -> None:
     client, keys = console
     for path in ("/dev/nb/stop", "/dev/nb/save", "/dev/start"):

@@ -74,17 +74,24 @@ def placement_fields(scheduler: str) -> list[argparse.Action]:
     return [a for a in role_actions(scheduler, "dev") if a.nargs != 0 and a.option_strings and a.dest not in connection]
 
 
+def repeatable(action: argparse.Action) -> bool:
+    """A flag given once for each value (`--mount A --mount B`): its field takes one value a line."""
+    return isinstance(action, argparse._AppendAction)
+
+
 def form_config(fields: dict[str, list[str]], services: Any) -> tuple[Any, Placement]:
     """The form's fields as `dev start`'s flags would make them: the DevConfig and Placement, checked by the same
     rules (DevConfig's, Resources', and the backend's refusal of the other backend's environment)."""
     from hpctrain.jobs.spec import Resources
     from hpctrain.jobs.values import parse_mem_bytes
 
-    given = {}
+    given: dict[str, Any] = {}
     for action in placement_fields(services.name):  # the backend's own flags of `dev start`, by dest
         value = _text(fields, action.dest)
-        if value is not None:
-            given[action.dest] = (value,) if isinstance(action, argparse._AppendAction) else value
+        if value is not None and repeatable(action):  # one value a line, as the flag given once for each
+            given[action.dest] = tuple(v.strip() for v in value.splitlines() if v.strip())
+        elif value is not None:
+            given[action.dest] = value
     placement = Placement(image=_text(fields, "image"), options=given)
     mem = _text(fields, "mem")
     resources = Resources(
@@ -175,7 +182,7 @@ class DevPages:
             services=sessions.SERVICES,
             default_time=sessions.DEFAULT_TIME,
             backend_fields=[
-                (name, [(a.dest, a.option_strings[0], a.help or "") for a in placement_fields(name)])
+                (name, [(a.dest, a.option_strings[0], a.help or "", repeatable(a)) for a in placement_fields(name)])
                 for name in self.console.schedulers
             ],
             interval_s=self.console.board.interval_s,
