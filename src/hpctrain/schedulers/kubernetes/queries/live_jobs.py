@@ -274,7 +274,7 @@ class LiveJobs:
                 return kept_lines(logs[name], kept.parent)
             if not pods and not logs:
                 raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
-            known = sorted(set(names) | set(logs))
+            known = names or list(logs)  # the replicas as their pods name them while any is there
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(known)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
         name = pod["metadata"]["name"]
