@@ -543,6 +543,29 @@ def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout
 
 
+def test_the_options_are_resolved_and_checked_once_per_script() -> None:
+    """render_sbatch resolves the job's options (for_job) and checks them (check_job) once, and hands the resolved
+    options to every part of the script (before, the parts resolved them again: four for_job and two check_job for
+    one script). Counted with a profile hook on the functions' code, whatever the module that calls them."""
+    from hpctrain.schedulers.slurm.batch import options
+
+    counted = {options.for_job.__code__: "for_job", options.check_job.__code__: "check_job"}
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in counted:
+            calls.append(counted[frame.f_code])
+
+    resources = Resources(nodes=2, nproc_per_node=2)
+    job = slurm_job(command=("hpctrain", "train", "mnist"), run_dir="runs/r-%j", time="00:30:00", resources=resources)
+    sys.setprofile(profile)
+    try:
+        render_sbatch(*job)
+    finally:
+        sys.setprofile(None)
+    assert sorted(calls) == ["check_job", "for_job"]
+
+
 def test_max_restarts_reaches_torchrun_only() -> None:
     words = step_command(JobSpec(command=("x",), max_restarts=2), TORCHRUN)
     assert "--max-restarts=2" in words and words.index("--max-restarts=2") < words.index("--no-python")
