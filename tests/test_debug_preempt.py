@@ -23,7 +23,7 @@ from hpctrain.schedulers.slurm.services.preempt import (
 )
 from hpctrain.errors import UserError
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.slurm.batch.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.script import render_sbatch
 from training_helpers import run_hpctrain
 
 

@@ -15,7 +15,7 @@ from hpctrain.schedulers.slurm.flags import complete_job
 from hpctrain.schedulers.slurm.grammar import read_gres_request
 from hpctrain.schedulers.slurm.checks.login_node import missing_prerequisites, output_problems
 from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec, SlurmOptions, gres, read_file_section
-from hpctrain.schedulers.slurm.batch.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.script import render_sbatch
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,7 @@ def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProce
     [
         # The backends know nothing of each other (either way round).
         (
-            "schedulers/slurm/batch/render.py",
+            "schedulers/slurm/batch/script.py",
             "from hpctrain.schedulers.kubernetes.manifests.options import KubernetesOptions",
             "the scheduler backends are independent of each other",
             "hpctrain.schedulers.slurm is not allowed to import hpctrain.schedulers.kubernetes",
@@ -133,7 +133,7 @@ def planted(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProce
         ),
         # The schedulers' old imports of the training side (stop words, exit codes) and of the recipes (the data check).
         (
-            "schedulers/slurm/batch/requeue.py",
+            "schedulers/slurm/batch/script.py",
             "from hpctrain.training.stopping import SIGNALS_FILE",
             "schedulers do not import training or recipes",
             "hpctrain.schedulers is not allowed to import hpctrain.training",

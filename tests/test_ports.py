@@ -9,7 +9,7 @@ import subprocess
 
 from hpctrain.distributed.ports import EPHEMERAL_START, PORT_BASE, PORT_SPAN, PORT_TRIES, job_port
 from hpctrain.jobs.spec import JobSpec
-from hpctrain.schedulers.slurm.batch.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.script import render_sbatch
 from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 from hpctrain.schedulers.slurm.services.service_jobs import port_lines
 

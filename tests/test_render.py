@@ -24,9 +24,8 @@ from hpctrain.distributed.ports import job_port
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.slurm.batch.options import FILE_KEYS, EnvironmentSpec, SlurmOptions
-from hpctrain.schedulers.slurm.batch.render import render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.schedulers.slurm.batch.script import helper_lines, render_sbatch, sbatch_argv, step_command, submit
 from hpctrain.schedulers.slurm.batch.torchrun_shim import TORCHRUN_SHIM
-from hpctrain.schedulers.slurm.batch import requeue
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 UPDATE = os.environ.get("HPCTRAIN_UPDATE_GOLDEN") == "1"
@@ -168,7 +167,7 @@ def test_excluded_nodes_are_excluded_and_stay_excluded_after_a_sick_node_requeue
     [line] = [line for line in script.splitlines() if line.strip().startswith("excluded=")]
     (tmp_path / "bad_nodes").write_text("node03\n")
     (tmp_path / "excluded_nodes").write_text("node01\n")
-    helpers = "\n".join(requeue.helper_lines())
+    helpers = "\n".join(helper_lines())
     out = subprocess.run(
         ["bash", "-c", f'{helpers}\nrun_dir={tmp_path}\n{line}\necho "$excluded"'],
         capture_output=True,
@@ -483,11 +482,15 @@ def test_scancel_term_is_forwarded_and_never_requeues(fake_slurm) -> None:
     assert code == 3  # the step's own status is the job's
 
 
+# step_command takes resolved options (options.for_job): a command of the user's own runs under torchrun.
+TORCHRUN = SlurmOptions(launcher="torchrun")
+
+
 def test_torchrun_signal_flags_are_decided_in_the_job() -> None:
     """torchrun < 2.9 rejects --signals-to-handle: the step never passes it itself; the script's torchrun shim gets
     the signals and the shutdown timeout as its first two arguments and asks the job's torchrun (test_torchrun_shim.py
     runs it)."""
-    words = step_command(JobSpec(command=("x",), signal_grace=120))
+    words = step_command(JobSpec(command=("x",), signal_grace=120), TORCHRUN)
     assert not [w for w in words if w.startswith(("--signals-to-handle", "--shutdown-timeout"))]
     shim = words.index('"$hpctrain_torchrun"')
     assert words[shim - 2 : shim + 3] == [
@@ -498,7 +501,7 @@ def test_torchrun_signal_flags_are_decided_in_the_job() -> None:
         "110",
     ]
     assert words.index("--no-python") > shim
-    no_warning = step_command(JobSpec(command=("x",), signal_grace=0))
+    no_warning = step_command(JobSpec(command=("x",), signal_grace=0), TORCHRUN)
     assert no_warning[no_warning.index('"$hpctrain_torchrun"') + 1 :][:2] == ["''", "0"]
     text = render_sbatch(JobSpec(command=("x",), signal_grace=120))
     assert "hpctrain_torchrun='" + TORCHRUN_SHIM + "'" in text
@@ -540,10 +543,33 @@ def test_hostile_values_still_pass_shellcheck(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout
 
 
+def test_the_options_are_resolved_and_checked_once_per_script() -> None:
+    """render_sbatch resolves the job's options (for_job) and checks them (check_job) once, and hands the resolved
+    options to every part of the script (before, the parts resolved them again: four for_job and two check_job for
+    one script). Counted with a profile hook on the functions' code, whatever the module that calls them."""
+    from hpctrain.schedulers.slurm.batch import options
+
+    counted = {options.for_job.__code__: "for_job", options.check_job.__code__: "check_job"}
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in counted:
+            calls.append(counted[frame.f_code])
+
+    resources = Resources(nodes=2, nproc_per_node=2)
+    job = slurm_job(command=("hpctrain", "train", "mnist"), run_dir="runs/r-%j", time="00:30:00", resources=resources)
+    sys.setprofile(profile)
+    try:
+        render_sbatch(*job)
+    finally:
+        sys.setprofile(None)
+    assert sorted(calls) == ["check_job", "for_job"]
+
+
 def test_max_restarts_reaches_torchrun_only() -> None:
-    words = step_command(JobSpec(command=("x",), max_restarts=2))
+    words = step_command(JobSpec(command=("x",), max_restarts=2), TORCHRUN)
     assert "--max-restarts=2" in words and words.index("--max-restarts=2") < words.index("--no-python")
-    assert not any(w.startswith("--max-restarts") for w in step_command(JobSpec(command=("x",))))
+    assert not any(w.startswith("--max-restarts") for w in step_command(JobSpec(command=("x",)), TORCHRUN))
     from hpctrain.errors import UserError
 
     with pytest.raises(UserError, match="use --launcher torchrun"):

@@ -1,4 +1,4 @@
-"""The batch script's restart logic (schedulers/slurm/batch/requeue.py), run with stand-ins for srun and scontrol
+"""The batch script's restart logic (schedulers/slurm/batch/script.py), run with stand-ins for srun and scontrol
 (test_render.py's): who gets the time-limit warning, when the job requeues itself, and that nothing read back from
 the run directory (counters, node lists, special files) can break the script, hang it, or make a budget endless.
 Slurm's own behaviour (signals through srun, requeues) is tested on the local cluster in
@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.slurm.batch.render import render_sbatch
+from hpctrain.schedulers.slurm.batch.script import helper_lines, render_sbatch
 from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 from test_render import _run_and_signal, fake_slurm, slurm_job  # noqa: F401 - the fixture
-from hpctrain.schedulers.slurm.batch import requeue
 
 RUN = Path("runs") / "r-4242"
 
@@ -108,7 +107,7 @@ def test_a_counter_is_never_written_through_a_link_planted_in_the_run_directory(
     run, outside = tmp_path / "run", tmp_path / "precious"
     run.mkdir()
     outside.write_text("keep me\n")
-    body = "\n".join([*requeue.helper_lines(), "read -r _", 'write_count "$1/requeue_count" 7'])
+    body = "\n".join([*helper_lines(), "read -r _", 'write_count "$1/requeue_count" 7'])
     proc = subprocess.Popen(["bash", "-c", body, "bash", str(run)], stdin=subprocess.PIPE, text=True)
     for name in ("requeue_count", "excluded_nodes"):  # the names the old script wrote through ($$: bash's pid)
         (run / f"{name}.tmp.{proc.pid}").symlink_to(outside)
@@ -165,7 +164,7 @@ def _excluded(tmp_path: Path, job: JobSpec, bad_nodes: str, partition_nodes: int
     (tmp_path / "bin" / "sinfo").chmod(0o755)
     body = "\n".join(
         [
-            *requeue.helper_lines(),
+            *helper_lines(),
             f"run_dir={tmp_path}",
             "SLURM_JOB_NUM_NODES=" + str(job.resources.nodes),
             *lines,

@@ -94,7 +94,7 @@ def test_exec_failure_reads_the_status_that_ends_the_stream() -> None:
 
 def test_run_dir_is_read_from_the_rendered_batch_script() -> None:
     from hpctrain.jobs.spec import JobSpec
-    from hpctrain.schedulers.slurm.batch.render import render_sbatch
+    from hpctrain.schedulers.slurm.batch.script import render_sbatch
     from hpctrain.schedulers.slurm.queries.run_dir import parse_run_dir
 
     for given, expected in (("runs/mnist-%j", "/scratch/proj/runs/mnist-77"), ("~/my runs/%j", "/home/u/my runs/77")):

@@ -8,7 +8,7 @@ and a missing one gets a fallback that works plus one line, once per job, saying
     TORCH_GLOO_LAZY_INIT=1 (gloo connects on first use)     torch >= 2.8   the stop vote's gloo group: 2 peers a rank
     torch.optim.SGD(fused=True)                             torch >= 2.3 (CUDA), 2.4 (CPU)   one kernel per parameter
 
-(torchrun's --signals-to-handle, torch >= 2.9, is decided in the batch script: schedulers/slurm/batch/render.py.)
+(torchrun's --signals-to-handle, torch >= 2.9, is decided in the batch script: schedulers/slurm/batch/script.py.)
 """
 
 from __future__ import annotations

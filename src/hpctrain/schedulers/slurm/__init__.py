@@ -1,23 +1,21 @@
 """Slurm behind hpctrain's scheduler interface.
 
-    options.py       SlurmOptions: partition, account, qos, output/error, extra options, GPU type, shards, the
-                     environment (EnvironmentSpec) and interpreter, launcher, requeue and hang-restart budgets
-    grammar.py       Slurm's value grammars: printed durations and sizes, GRES entries, the --mem form
+    scheduler.py     SlurmScheduler: the interface, delegating to the modules below
     flags.py         the flags Slurm owns, and the environment and interpreter it adds to a job
-    directives.py    what an #SBATCH line can hold: checks, extra options, quoting
-    render.py        the sbatch script from a JobSpec and SlurmOptions (pure) and `sbatch --parsable` (thin)
-    torchrun_shim.py the lines of Python the script runs torchrun through, on every torch from the floor up
-    environments.py  how the script prepares a node: modules, conda, venv, apptainer, pyxis
-    checks.py        can this cluster run the job (partition, time limit, nodes, GPUs, paths)
-    query.py         partitions and nodes (scontrol), gres.py their GPUs and shards
-    jobs.py          one job or the queue (squeue, sacct), wait, scancel
-    output.py        where a job's output file is, following it as it grows
-    local.py         the checks on the submit host: paths, programs on the job's PATH, a recipe's dataset
-    display.py       what `hpctrain status` and `cluster` show, as data (a View: records, tables, lines)
-    preempt.py       `hpctrain debug preempt`: the time-limit warning of the job's own script, sent now
-                     (nothing here prints: the CLI formats what these return, hpctrain.cli.views)
-    records.py       Slurm's record formats;  commands.py  runs the Slurm client commands
-    scheduler.py     SlurmScheduler: the interface, delegating to the modules above
+    commands.py      the one runner of Slurm's client commands, with its deadline
+    grammar.py       Slurm's value grammars: printed durations and sizes, GRES entries, the --mem form
+    batch/           the batch script: script.py renders it from a JobSpec and resolved SlurmOptions (pure), top to
+                     bottom (#SBATCH lines, traps, budgets, rendezvous, the step, the requeues), and submits it
+                     (`sbatch --parsable`, thin); options.py holds SlurmOptions (partition, account, qos, GPU type,
+                     shards, the environment and interpreter, launcher, budgets) and the checks of their values;
+                     environments.py prepares a node (modules, conda, venv, apptainer, pyxis); torchrun_shim.py and
+                     programs/ are what the script carries
+    checks/          can this cluster run the job (live.py), what the submit host can tell (login_node.py), the
+                     job's interpreter (interpreter.py)
+    queries/         what Slurm prints and its parsers: records, job states and tables, the cluster, GRES, the
+                     views of `status` and `cluster` (display.py), a job's output, its run directory
+    services/        the jobs around a job: dev sessions, dev save, TensorBoard, top's probe, `debug preempt`
+                     (nothing here prints: the faces format what these return)
 
 Nothing here imports torch or the Kubernetes client.
 """

@@ -1,7 +1,7 @@
 """SlurmScheduler: hpctrain's scheduler interface (hpctrain.schedulers.base.Scheduler) over the Slurm modules.
 
-Each method delegates: render -> render.render_sbatch, local_check -> local, check -> checks.check_cluster on
-query.query_cluster, submit -> render.submit, status/list_jobs/cancel -> jobs, logs -> output, cluster -> query,
+Each method delegates: render -> script.render_sbatch, local_check -> local, check -> checks.check_cluster on
+query.query_cluster, submit -> script.submit, status/list_jobs/cancel -> jobs, logs -> output, cluster -> query,
 preempt -> preempt. Slurm's own records (JobInfo, ClusterInfo) map onto the neutral dataclasses here; `hpctrain
 status` and `hpctrain cluster` show the Slurm records themselves (status_view/cluster_view -> display.py, which
 makes them a View for the CLI to print), so their tables and JSON stay Slurm's.
@@ -35,7 +35,7 @@ from hpctrain.schedulers.slurm.batch.environments import get_environment
 from hpctrain.schedulers.slurm.commands import Runner, poll_until, run_bounded
 from hpctrain.schedulers.slurm.grammar import mem_mb
 from hpctrain.schedulers.slurm.batch.options import SlurmOptions, for_job, gres, uses_gpus
-from hpctrain.schedulers.slurm.batch import render
+from hpctrain.schedulers.slurm.batch import script
 from hpctrain.schedulers.slurm.queries import cluster_state, job_states, output
 from hpctrain.schedulers.slurm.queries import display
 
@@ -157,8 +157,8 @@ class SlurmScheduler:
         return SlurmServices(self)
 
     def render(self, job: JobSpec) -> Rendered:
-        script = render.render_sbatch(job, self.options)
-        return Rendered(text=script, filename=SCRIPT_FILENAME, preview=render.dry_run_text(job, script))
+        text = script.render_sbatch(job, self.options)
+        return Rendered(text=text, filename=SCRIPT_FILENAME, preview=script.dry_run_text(job, text))
 
     def uses_gpus(self, job: JobSpec) -> bool:
         return uses_gpus(job, self.options)
@@ -206,7 +206,7 @@ class SlurmScheduler:
         from hpctrain.schedulers.slurm.queries.run_dir import holding
 
         with holding(job, self._active_state) as hold:
-            job_id = render.submit(job, rendered.text, run=self.run)
+            job_id = script.submit(job, rendered.text, run=self.run)
             hold(job_id)
         return job_id
 
@@ -221,7 +221,7 @@ class SlurmScheduler:
 
         run_dir = Path(job.run_dir.replace("%j", job_id))
         run_dir.mkdir(parents=True, exist_ok=True)
-        render.write_script(run_dir / rendered.filename, rendered.text)
+        script.write_script(run_dir / rendered.filename, rendered.text)
         write_atomic(
             run_dir / "job.yaml", yaml.safe_dump(description, sort_keys=False).encode(), mode=0o600
         )  # --setenv values

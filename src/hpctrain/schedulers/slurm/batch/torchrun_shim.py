@@ -1,12 +1,12 @@
 """The lines of Python a Slurm batch script runs torchrun through (TORCHRUN_SHIM), in the job's own environment.
 
 The batch script holds TORCHRUN_SHIM in single quotes and runs it as `python -c "$hpctrain_torchrun" SIGNALS
-SHUTDOWN_TIMEOUT TORCHRUN_ARGS...` on every node (render.step_command). It works on every torch from the floor
+SHUTDOWN_TIMEOUT TORCHRUN_ARGS...` on every node (script.step_command). It works on every torch from the floor
 up: it detects what the job's torchrun can do rather than trusting the submitting machine's torch.
 
 The program is a Python file of its own, programs/torchrun_shim.py (linted and formatted as code, not a string
 here), that hpctrain never imports: it is text of the batch script (its golden files hold it), and the lines it
-prints are the job's own, in the job's log. So it stays beside render.py rather than under launch/ (which runs
+prints are the job's own, in the job's log. So it stays beside script.py rather than under launch/ (which runs
 local processes from hpctrain itself), and the rule that nothing under schedulers/ prints does not reach into it.
 """
 

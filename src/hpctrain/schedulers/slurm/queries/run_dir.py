@@ -28,7 +28,7 @@ def run_dir_of(job_id: str, work_dir: str | None) -> Path | None:
 
 
 def parse_run_dir(script: str, job_id: str, work_dir: str | None, home: str | None = None) -> Path | None:
-    """The `run_dir=...` line hpctrain.schedulers.slurm.batch.render renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
+    """The `run_dir=...` line hpctrain.schedulers.slurm.batch.script renders (%j as "${SLURM_JOB_ID}", ~ as "$HOME")."""
     for line in script.splitlines():
         if line.startswith("run_dir="):
             text = line[len("run_dir=") :].replace("${SLURM_JOB_ID}", job_id).replace("$HOME", home or str(Path.home()))

@@ -29,9 +29,9 @@ from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.slurm.batch.environments import get_environment
 from hpctrain.schedulers.slurm.grammar import read_gres_request
-from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec, SlurmOptions
-from hpctrain.schedulers.slurm.batch.render import sbatch_directives, step_command
-from hpctrain.schedulers.slurm.batch.render import submit as sbatch_submit
+from hpctrain.schedulers.slurm.batch.options import EnvironmentSpec, SlurmOptions, checked_for_job
+from hpctrain.schedulers.slurm.batch.script import sbatch_directives, step_command
+from hpctrain.schedulers.slurm.batch.script import submit as sbatch_submit
 from hpctrain.schedulers.slurm.services.top_probe import sample
 from hpctrain.schedulers.slurm.queries.run_dir import run_dir_of
 from hpctrain.schedulers.service_api import OnStep, Placement, RemoteStacks, ServiceAccess, Step
@@ -97,6 +97,7 @@ def port_lines(port: int | None) -> list[str]:
 def render_service_script(service: ServiceJob) -> str:
     """The batch script. Pure: the same ServiceJob gives the same text."""
     job = service.job_spec()
+    options = checked_for_job(service.slurm_options(), job)
     env = get_environment(service.options.environment)
     state = shlex.quote(service.state_dir)
     out = [
@@ -105,7 +106,7 @@ def render_service_script(service: ServiceJob) -> str:
         "# The server's command is single-quoted on purpose: $HPCTRAIN_PORT expands in the job step.",
         "# shellcheck disable=SC2016",
     ]
-    out += sbatch_directives(job, service.slurm_options())
+    out += sbatch_directives(job, options)
     out += [
         "",
         "set -uo pipefail",
@@ -123,7 +124,7 @@ def render_service_script(service: ServiceJob) -> str:
         __package__,
         "serve.sh",
         ENDPOINT_FILE=ENDPOINT_FILE,
-        STEP_COMMAND=" ".join(step_command(job, service.slurm_options())),
+        STEP_COMMAND=" ".join(step_command(job, options)),
     )
     return "\n".join(out) + "\n"
 
