@@ -5,8 +5,8 @@ schedulers at most once per interval for each of those, whatever the number of p
 a time: the others wait for it and read its result), and not at all while no page asks. What no page has asked for
 in a while is dropped. The whole cluster's jobs and nodes, which cost more on a big cluster, are asked less
 often: their interval is `interval_s` or COST_SHARE times the time their last answer took, whichever is longer
-(10,000 jobs of one's own: about 40 s on a quiet login node), so that each costs at most 1% of a core however big
-the cluster; a job's own view keeps the interval.
+(10,000 jobs of one's own: about 80 s on a quiet login node), so that each costs at most a quarter of 1% of a core
+however big the cluster; a job's own view keeps the interval.
 
 The jobs are every scheduler's jobs (Scheduler.list_jobs: the neutral JobSummary) in one table, with a column for
 the scheduler; a scheduler that cannot answer (its controller down, the extra not installed) is its one-line error
@@ -32,7 +32,7 @@ from hpctrain.schedulers.base import JobSummary, Scheduler
 from hpctrain.web.safeview import line
 
 FORGET_AFTER_INTERVALS = 60
-COST_SHARE = 100  # a thing is asked again after at least 100 times what its last answer took: 1% of a core
+COST_SHARE = 400  # a thing is asked again after at least 400 times what its last answer took: 0.25% of a core
 JOB_COLUMNS = ("scheduler", "job", "name", "state", "nodes × processes", "GPUs", "age", "restarts")
 AGE_COLUMN = JOB_COLUMNS.index("age")
 
