@@ -37,3 +37,13 @@ def test_the_kubelets_word_that_the_container_is_gone_is_not_printed_as_the_log(
 @pytest.mark.parametrize("body", [GONE + b"step 1 loss 2.3\n", b"step 1\n" + GONE, b"", b"hello"])
 def test_a_log_that_holds_more_is_printed_as_it_is(body: bytes) -> None:
     assert list(log_lines(answer(body), "mnist-master-0")) == body.decode().splitlines()
+
+
+@pytest.mark.parametrize(("body", "read"), [(GONE, ["kept 1", "kept 2"]), (b"live 1\n", ["live 1"])])
+def test_a_log_that_went_with_its_pod_as_it_was_read_is_the_kept_one(body: bytes, read: list[str]) -> None:
+    """`logs JOB --replica R` of a pod that cleanPodPolicy deletes between its listing and its log's first line (the
+    kubelet's "unable to retrieve" answer): the log R kept in the run directory, where there is one; a live log as
+    it is."""
+    from hpctrain.schedulers.kubernetes.queries.live_jobs import _or_kept
+
+    assert list(_or_kept(log_lines(answer(body), "elastic-worker-0"), lambda: iter(["kept 1", "kept 2"]))) == read

@@ -319,7 +319,8 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
     without it) sends the warning as `debug preempt` does; the job checkpoints, requeues itself and completes; its
     page then lists two attempts, the first ended by the warning with its state saved and requeued, the second
     completed, and the plot's JSON has a point per epoch."""
-    train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", str(fashion_data_dir), "--recipe", "classic"]
+    (tmp_path / "data").symlink_to(fashion_data_dir)  # relative in the job, as a user types it: `--data-dir data`
+    train = ["train", "mnist", "--dataset", "fashion-mnist", "--data-dir", "data", "--recipe", "classic"]
     train += ["--train-limit", "2048", "--test-limit", "500", "--epochs", "2", "--checkpoint-every", "0"]
     submitted = hpctrain(
         "submit",
@@ -390,7 +391,10 @@ def test_the_job_page_rehearses_a_preemption_and_shows_the_attempts_and_the_plot
         assert where == f"cd {tmp_path}" and command.startswith("hpctrain submit --job-file "), shown.group(1)
         assert f'<form method="post" action="/job/slurm/{job_id}/resume"' in page.text
         resume = f"/job/slurm/{job_id}/resume"
-        monkeypatch.chdir(tmp_path)  # a console started where the job was submitted (its relative --output)
+        # A console started elsewhere: the job's relative --data-dir and --output still mean what they meant (the
+        # resume is checked and submitted from the directory the job ran in, not the console's).
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
         assert client.post(resume, data={"csrf": "x"}, headers={"origin": HOST}).status_code == 403
         opened = client.post(resume, data={"csrf": keys.csrf}, headers={"origin": HOST})
         assert opened.status_code == 303, opened.text

@@ -301,22 +301,35 @@ def describe(submission: Submission) -> dict[str, Any]:
     return description
 
 
-def resumed(backend: base.Scheduler, job_id: str) -> Job:
-    """The job that continues `job_id`'s run directory, built as the CLI's resume path builds it: `hpctrain submit
+@dataclass(frozen=True)
+class ResumePlan:
+    """How to continue a job's run directory: the job flags and the job file text `build` takes (resumed), and the
+    directory the job ran in (its first attempt's, from provenance.json; None where unknown), from which the
+    relative paths of its command and job file are meant."""
+
+    flags: dict[str, Any]
+    job_file_text: tuple[str, str]
+    directory: str | None = None
+
+
+def resume_plan(backend: base.Scheduler, job_id: str) -> ResumePlan:
+    """The plan that continues `job_id`'s run directory, as the CLI's resume path has it: `hpctrain submit
     --job-file RUN_DIR/job.yaml train WORKLOAD [its options] --run-dir RUN_DIR --resume` for a built-in recipe (the
     newest valid checkpoint there), `--job-file RUN_DIR/job.yaml --run-dir RUN_DIR` for a program of one's own (it
     resumes from its run directory itself). A run directory not readable here, a job.yaml without a command, or a
-    recipe's run directory with no checkpoint is a UserError that says so: nothing is built."""
+    recipe's run directory with no checkpoint is a UserError that says so."""
     import yaml
 
     text = recorded(backend, job_id)
     run_dir = Path(backend.services().run_dir(job_id) or "")
+    job_file = (str(run_dir / "job.yaml"), text)
+    directory = _first_directory(run_dir)
     data = yaml.safe_load(text)
     command = data.get("command") if isinstance(data, dict) else None
     if not (isinstance(command, list) and command and all(isinstance(word, str) for word in command)):
         raise UserError(f"job {job_id}: {run_dir / 'job.yaml'} holds no command, so there is nothing to resume")
     if command[:2] != ["hpctrain", "train"]:
-        return build({"run_dir": str(run_dir)}, job_file_text=(str(run_dir / "job.yaml"), text))
+        return ResumePlan({"run_dir": str(run_dir)}, job_file, directory)
     from hpctrain.checkpoint import candidates
     from hpctrain.training.rundir import checkpoint_dir
 
@@ -326,7 +339,56 @@ def resumed(backend: base.Scheduler, job_id: str) -> Job:
             f"job {job_id} to start it again"
         )
     words = [*command[1:], "--run-dir", str(run_dir), "--resume"]
-    return build({"job_command": words}, job_file_text=(str(run_dir / "job.yaml"), text))
+    return ResumePlan({"job_command": words}, job_file, directory)
+
+
+def resumed(backend: base.Scheduler, job_id: str) -> Job:
+    """The job that continues `job_id`'s run directory (resume_plan), built here."""
+    plan = resume_plan(backend, job_id)
+    return build(plan.flags, job_file_text=plan.job_file_text)
+
+
+def resume(plan: ResumePlan) -> Submitted:
+    """Check and submit the plan's job from the directory its job ran in, as `cd DIR && hpctrain submit ...` would:
+    its relative paths (a `--data-dir data`, an `--output`) are checked and the job started there. A face that is a
+    threaded server cannot change its own working directory, so where that directory is another one (and exists
+    here) a child process (spawned: a fresh interpreter, no thread of this one) does it and sends back the job or
+    the one line that refused it."""
+    here = Path.cwd()
+    there = Path(plan.directory) if plan.directory else None
+    if there is None or not there.is_dir() or there.resolve() == here.resolve():
+        return submit(build(plan.flags, job_file_text=plan.job_file_text))
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        kind, value = pool.apply(_resume_in, (plan,))
+    if kind == "refused":
+        raise UserError(value)
+    return value
+
+
+def _resume_in(plan: ResumePlan) -> tuple[str, Any]:
+    """resume() in a child process: in the plan's directory, ("submitted", Submitted) or ("refused", its line)."""
+    import os
+
+    try:
+        os.chdir(str(plan.directory))
+        return "submitted", submit(build(plan.flags, job_file_text=plan.job_file_text))
+    except UserError as err:
+        return "refused", str(err)
+
+
+def _first_directory(run_dir: Path) -> str | None:
+    """The working directory of the run's first attempt (provenance.json), or None where there is no readable one."""
+    from hpctrain.readback import BadRunFile
+    from hpctrain.training.provenance import read_attempts
+
+    try:
+        attempts = read_attempts(run_dir)
+    except (BadRunFile, OSError):
+        return None
+    where = attempts[0].get("cwd") if attempts else None
+    return where if isinstance(where, str) and where.startswith("/") else None
 
 
 def recorded(backend: base.Scheduler, job_id: str) -> str:

@@ -83,7 +83,8 @@ def resume_command(directory: Path, description: str, attempts: list[dict[str, A
     """The CLI's way to continue this run directory in a new job, exactly: its job file with the run directory
     given and, for a built-in recipe, its recorded options with `--resume` (the newest valid checkpoint; add a
     larger --epochs to train further), run where the job was submitted from (relative paths in it are from there).
-    None when job.yaml holds no command. The resume button submits the same job (engine.submission.resumed)."""
+    None when job.yaml holds no command. The resume button submits the same job from that directory
+    (engine.submission.resume)."""
     try:
         data = yaml.safe_load(description)
     except yaml.YAMLError:

@@ -4,8 +4,8 @@
     POST /job/SCHEDULER/JOB/preempt         rehearse a preemption: what `hpctrain debug preempt JOB` does
     POST /job/SCHEDULER/JOB/tensorboard     start TensorBoard here on the run directory (`hpctrain tensorboard`),
                                             or say the exact command where it cannot
-    POST /job/SCHEDULER/JOB/resume          a new job that continues its run directory (engine.submission.resumed,
-                                            the CLI's resume path), then the new job's page
+    POST /job/SCHEDULER/JOB/resume          a new job that continues its run directory (engine.submission.resume:
+                                            the CLI's resume path, from where the job ran), then the new job's page
 
 The clone button is a link to the job form (/jobs/new?from=SCHEDULER/JOB); stop is app.py's. Every POST passes the
 guard (same origin, CSRF token) first; what the run directory and the schedulers say is asked through the console's
@@ -125,14 +125,15 @@ class JobRoutes:
         return self._outcome("rehearse a preemption of", name, job_id, said + list(outcome.lines), outcome.exit_code)
 
     def resume(self, request: Request) -> Response:
-        """A new job that continues this job's run directory (engine.submission.resumed: the CLI's resume path),
-        checked and submitted as `hpctrain submit` does it; then the new job's page. What stops it (no run directory
-        readable here, no checkpoint, a check that blocks) is its one line on the page, and nothing is sent."""
+        """A new job that continues this job's run directory (engine.submission.resume_plan: the CLI's resume path),
+        checked and submitted as `hpctrain submit` does it from the directory the job ran in (its relative paths are
+        from there, as the page's `cd DIR && hpctrain submit ...` line has it); then the new job's page. What stops
+        it (no run directory readable here, no checkpoint, a check that blocks) is its one line on the page, and
+        nothing is sent."""
         name, job_id = request.path_params["scheduler"], request.path_params["job"]
         self.console.scheduler(name)  # an unknown scheduler: its one line (404)
         try:
-            job = submission.resumed(self.console.scheduler(name), job_id)
-            done = submission.submit(job)
+            done = submission.resume(submission.resume_plan(self.console.scheduler(name), job_id))
         except UserError as err:
             return self._outcome("resume", name, job_id, [str(err)], 1, status=400)
         return RedirectResponse(f"/job/{quote(done.scheduler, safe='')}/{quote(done.job_id, safe='')}", 303)

@@ -15,6 +15,10 @@ from hpctrain.errors import UserError
 _LOG_GONE = re.compile(r"unable to retrieve container logs for [a-z-]+://\S+")
 
 
+class LogGone(UserError):
+    """The pod's log went with its container (the pod was deleted as it was read)."""
+
+
 def log_lines(resp: Any, pod: str) -> Iterator[str]:
     """The log's lines. A log that is only the kubelet's "unable to retrieve container logs for containerd://ID" (its
     answer once the container is removed: kuberuntime GetContainerLogs) is no log: the pod went with its container."""
@@ -23,7 +27,7 @@ def log_lines(resp: Any, pod: str) -> Iterator[str]:
     if first is not None and _LOG_GONE.fullmatch(first.strip()):
         second = next(lines, None)
         if second is None:
-            raise UserError(
+            raise LogGone(
                 f"the log of pod {pod} is gone: the pod was deleted with its container (the kubelet: "
                 f"{first.strip()}); a job's running pods go when it is cancelled or ends (cleanPodPolicy "
                 "Running): follow the log while the job runs (`logs -f`); the run directory keeps what "

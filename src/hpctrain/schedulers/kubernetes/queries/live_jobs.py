@@ -14,7 +14,7 @@ from hpctrain.errors import UserError
 from hpctrain.schedulers import base
 from hpctrain.schedulers.base import JobStatus, JobSummary
 from hpctrain.schedulers.kubernetes.checks.live import _api_error
-from hpctrain.schedulers.kubernetes.api.logstream import log_lines
+from hpctrain.schedulers.kubernetes.api.logstream import LogGone, log_lines
 from hpctrain.schedulers.kubernetes.queries.kubeflow_objects import (
     EXITED_WITH_CODE,
     PYTORCHJOB_SELECTOR,
@@ -261,23 +261,27 @@ class LiveJobs:
         pods = self.pods_of(job_id)
         names = [replica_name(p) for p in pods]
         pod = next(iter(pods), None) if replica is None else next((p for p in pods if replica_name(p) == replica), None)
+        # What each replica wrote, kept in the run directory where this machine sees it: the log of a replica whose
+        # pod went (cleanPodPolicy deletes a finished job's running ones; an elastic job's lost worker) or goes as
+        # it is read.
+        kept = kept_dir(obj, self._path_here)
+        logs = kept_logs(kept, job_id) if kept is not None else {}
+
+        def kept_log(name: str, went: str) -> Iterator[str]:
+            if say is not None:
+                say(f"{job_id} {went}: the log {name} kept in its run directory ({logs[name]})")
+            return kept_lines(logs[name], kept.parent)
+
         if pod is None:
-            # The pod went (cleanPodPolicy deletes a finished job's running ones; an elastic job's lost worker) or
-            # is still to come again: what the replica wrote, kept in the run directory.
-            kept = kept_dir(obj, self._path_here)
-            logs = kept_logs(kept, job_id) if kept is not None else {}
             name = replica if replica is not None else next(iter(logs), None)
-            if kept is not None and name in logs:
-                if say is not None:
-                    went = "has no pods" if not pods else f"has no pod {name} now"
-                    say(f"{job_id} {went}: the log {name} kept in its run directory ({logs[name]})")
-                return kept_lines(logs[name], kept.parent)
+            if name in logs:
+                return kept_log(name, "has no pods" if not pods else f"has no pod {name} now")
             if not pods and not logs:
                 raise UserError(f"{job_id} has no pods yet: see `{self.command('status', job_id)}` for why")
             known = names or list(logs)  # the replicas as their pods name them while any is there
             raise UserError(f"{job_id} has no replica {replica!r}: use one of {', '.join(known)}")
         container = r.CONTAINER_PYTORCHJOB if self.options.api == "pytorchjob" else r.CONTAINER_TRAINJOB
-        name = pod["metadata"]["name"]
+        name, shown = pod["metadata"]["name"], replica_name(pod)
         try:  # a followed log has no read timeout (client._BoundedPool): it may stay quiet as long as the job runs
             resp = self.raw.stream(
                 self._namespaced("pods", name, "log"),
@@ -286,11 +290,15 @@ class LiveJobs:
                 **({"follow": "true"} if follow else {}),
             )
         except ApiException as err:
+            if err.status == 404 and shown in logs:  # deleted since it was listed
+                return kept_log(shown, f"has no pod {shown} now")
             raise UserError(
                 f"no logs for {name} yet ({err.status} {err.reason}): its container may not "
                 f"have started; see `{self.command('status', job_id)}`"
             ) from None
-        return log_lines(resp, name)
+        if shown not in logs:
+            return log_lines(resp, name)
+        return _or_kept(log_lines(resp, name), lambda: kept_log(shown, f"replica {shown}'s pod went as it was read"))
 
     def _wait_for_the_pod(self, job_id: str, replica: str | None, say: Callable[[str], None] | None) -> None:
         """`logs -f` of a job whose pods are still to come, or still starting (a job just submitted, as the web
@@ -339,3 +347,15 @@ class LiveJobs:
 def _when(event: dict[str, Any]) -> str:
     """When an event (its JSON) last happened, as the API server writes times (they sort as text)."""
     return str(event.get("lastTimestamp") or event["metadata"].get("creationTimestamp") or "")
+
+
+def _or_kept(lines: Iterator[str], kept: Callable[[], Iterator[str]]) -> Iterator[str]:
+    """A pod's log lines, or, where the log went with its pod before its first line (LogGone), the kept log."""
+    try:
+        first = next(lines, None)
+    except LogGone:
+        yield from kept()
+        return
+    if first is not None:
+        yield first
+        yield from lines
