@@ -8,6 +8,7 @@ for real here; the rest are pure functions fed hostile text.
 from __future__ import annotations
 
 import functools
+import logging
 import json
 import os
 import shlex
@@ -107,7 +108,7 @@ def test_a_sick_node_named_by_a_pod_reaches_the_suggested_command_only_as_a_node
     assert len(warnings) == 3 and any(repr(HOSTILE_NODE) in w for w in warnings), lines
 
 
-def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tmp_path: Path, capsys) -> None:
+def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tmp_path: Path, caplog) -> None:
     from types import SimpleNamespace
 
     from hpctrain.training.loop import RunResult, _report_end
@@ -117,8 +118,9 @@ def test_a_bad_nodes_file_reaches_the_trainings_suggestion_only_as_node_names(tm
     (tmp_path / "bad_nodes").write_text(f"node07\n{HOSTILE_NODE}\n`id`\n")
     run = SimpleNamespace(is_main=True, run_dir=tmp_path, say=print, cfg=SimpleNamespace(preflight_only=False))
     run.warn, run.error = (functools.partial(channel, run) for channel in (Run.warn, Run.error))  # Run's own
-    _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))
-    err = capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="hpctrain"):  # Run.error speaks through the log channel
+        _report_end(run, RunResult(tmp_path, 0, 0, StopReason.SICK_NODE))
+    err = "\n".join(record.getMessage() for record in caplog.records)
     assert "touch" not in err and "`id`" not in err, err
     assert _pasted(err.split("elsewhere submit it again away from them: ")[1]) == [
         "hpctrain",
