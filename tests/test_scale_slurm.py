@@ -93,17 +93,22 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
     """Records split into fields by `hpctrain cluster` on 22.05: one per node and partition, and one per running job
     on shards; the pending and whole-GPU jobs (nine in ten of the queue) are passed over."""
     split = {"n": 0}
-    real_record, real_groups = records.parse_record, cluster_state.field_groups
+    real_record, real_pick, real_groups = records.parse_record, records.pick_record, cluster_state.field_groups
 
     def counting_record(line: str) -> dict[str, str]:
         split["n"] += 1
         return real_record(line)
+
+    def counting_pick(line: str, keys: frozenset[str]) -> dict[str, str]:  # the node records' keys only
+        split["n"] += 1
+        return real_pick(line, keys)
 
     def counting_groups(line: str, first: str, keys: tuple[str, ...]):
         split["n"] += 1
         return real_groups(line, first, keys)
 
     monkeypatch.setattr(records, "parse_record", counting_record)
+    monkeypatch.setattr(records, "pick_record", counting_pick)
     monkeypatch.setattr(cluster_state, "field_groups", counting_groups)
     for n in (40, 80):
         run = Recorder("22.05", n)

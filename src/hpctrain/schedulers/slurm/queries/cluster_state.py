@@ -13,6 +13,7 @@ of the jobs only the running shard jobs' records are read (the whole dump was 13
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -126,20 +127,27 @@ def parse_partitions(text: str) -> list[PartitionInfo]:
     return out
 
 
+# The fields of a node record that parse_nodes reads.
+_NODE_KEYS = frozenset(
+    ("NodeName", "State", "Partitions", "CPUEfctv", "CPUTot", "CPUAlloc", "RealMemory", "AllocMem", "Gres", "GresUsed")
+)
+
+
 def parse_nodes(text: str) -> list[NodeInfo]:
     """Output of `scontrol -d show node -o` (`-d` adds GresUsed=)."""
     out = []
-    for rec in parse_records(text):
-        if "NodeName" not in rec:
+    for rec in parse_records(text, _NODE_KEYS):
+        name = rec.get("NodeName")
+        if name is None:
             continue
         usage = node_usage(rec.get("Gres"), rec.get("GresUsed"))
         # CPUEfctv (22.05+): CPUTot less the cores kept for the system (CoreSpecCount); 20.11 and 21.08 lack it.
         cpus_total = parse_int(rec.get("CPUEfctv"), parse_int(rec.get("CPUTot")))
         out.append(
             NodeInfo(
-                name=rec["NodeName"],
+                name=name,
                 state=rec.get("State", "UNKNOWN").lower(),
-                partitions=tuple(p for p in (null(rec.get("Partitions")) or "").split(",") if p),
+                partitions=_partition_names(rec.get("Partitions")),
                 cpus_total=cpus_total,
                 cpus_alloc=parse_int(rec.get("CPUAlloc")),
                 mem_mb_total=printed_mem_mb(rec.get("RealMemory")) or 0,
@@ -153,6 +161,11 @@ def parse_nodes(text: str) -> list[NodeInfo]:
             )
         )
     return out
+
+
+@functools.lru_cache(maxsize=1024)  # a cluster's nodes name a few partition lists
+def _partition_names(text: str | None) -> tuple[str, ...]:
+    return tuple(p for p in (null(text) or "").split(",") if p)
 
 
 _HOLDING_STATE_RE = re.compile(r"(?:^|\s)JobState=(?:RUNNING|COMPLETING|SUSPENDED)(?:\s|$)")
@@ -177,7 +190,7 @@ def record_shard_use(text: str, name: str, use: dict[str, dict[int, int]]) -> No
     fields = text[start:end] if end >= 0 else ""
     if "shard" not in fields or not _HOLDING_STATE_RE.search(fields):
         return
-    for group in field_groups(fields, "Nodes", ("CPU_IDs", "Mem", "GRES")):
+    for group in field_groups(fields[_first_key(fields, "Nodes") :], "Nodes", ("CPU_IDs", "Mem", "GRES")):
         by_gpu = job_shards_by_gpu(group.get("GRES"))
         if not by_gpu:
             continue
@@ -185,6 +198,16 @@ def record_shard_use(text: str, name: str, use: dict[str, dict[int, int]]) -> No
             per_node = use.setdefault(node, {})
             for idx, count in by_gpu.items():
                 per_node[idx] = per_node.get(idx, 0) + count
+
+
+def _first_key(text: str, key: str) -> int:
+    """Where the first `key=` that starts a field (parse_record's: after whitespace, or at the start) is in `text`;
+    its length if none. field_groups reads nothing before the first of its groups' key: the per-node lines come last
+    of a job's fields, and one search finds them rather than a split of every field before them."""
+    at = text.find(key + "=")
+    while at > 0 and not text[at - 1].isspace():
+        at = text.find(key + "=", at + 1)
+    return len(text) if at < 0 else at
 
 
 def session_input(ids: list[str], marker: str) -> str:
