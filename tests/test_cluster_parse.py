@@ -19,7 +19,13 @@ from hpctrain.schedulers.slurm.queries.cluster_state import (
     record_shard_use,
 )
 from hpctrain.jobs.values import format_duration
-from hpctrain.schedulers.slurm.queries.records import parse_record, pick_record, printed_duration, printed_mem_mb
+from hpctrain.schedulers.slurm.queries.records import (
+    parse_record,
+    parse_records,
+    pick_record,
+    printed_duration,
+    printed_mem_mb,
+)
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -71,7 +77,7 @@ def fuzzed_lines(count: int) -> list[str]:
     rng = random.Random(41)
     keys = [*sorted(PICKED), "Reason", "OS", "Foo:Bar", "XState", "9State", ""]
     values = ["", "a", "a b", "x=y", "State=1", " NodeName=z", "Gres=g y", "IDLE ", "(null)", "1\t2", "\u2003"]
-    separators = [" ", " ", " ", "  ", "\t", "\xa0", "\x1c", ""]
+    separators = [" ", " ", " ", "  ", "\t", "\xa0", "\x1c", "\x1f", ""]
     return [
         "".join(rng.choice(separators) + rng.choice(keys) + "=" + rng.choice(values) for _ in range(rng.randint(1, 9)))
         for _ in range(count)
@@ -84,9 +90,17 @@ def test_picked_keys_are_read_as_the_whole_record_reads_them() -> None:
     the next key), on every recorded node line, hand-made forgeries and 5,000 drawn lines."""
     recorded = [line for path in sorted(DATA.rglob("nodes*.txt")) for line in read_lines(path)]
     assert len(recorded) > 10
-    for line in [*recorded, *CRAFTED, *fuzzed_lines(5000)]:
+    lines = [*recorded, *CRAFTED, *fuzzed_lines(5000)]
+    for line in lines:
         whole = {key: value for key, value in parse_record(line).items() if key in PICKED}
         assert pick_record(line, PICKED) == whole, line
+    spaced = [line for line in lines if line.isascii() and line.isprintable()]  # the space its only whitespace
+    assert 300 < len(spaced) < len(lines)
+    # parse_records checks a whole text once: the spaced lines alone, and with one line of each other blank
+    texts = ["\n".join(spaced), *("\n".join([*spaced, f"NodeName=n1 State=a{blank}Gres=b"]) for blank in "\t\x1f\xa0")]
+    for text in ["\n".join(lines), *texts]:
+        wholes = [{k: v for k, v in rec.items() if k in PICKED} for rec in parse_records(text)]
+        assert parse_records(text, PICKED) == wholes
 
 
 def read_lines(path: Path) -> list[str]:

@@ -99,9 +99,9 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
         split["n"] += 1
         return real_record(line)
 
-    def counting_pick(line: str, keys: frozenset[str]) -> dict[str, str]:  # the node records' keys only
+    def counting_pick(line: str, keys: frozenset[str], spaced: bool = False) -> dict[str, str]:  # a node's keys
         split["n"] += 1
-        return real_pick(line, keys)
+        return real_pick(line, keys, spaced)
 
     def counting_groups(line: str, first: str, keys: tuple[str, ...]):
         split["n"] += 1
