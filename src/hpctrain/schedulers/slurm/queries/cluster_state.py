@@ -127,10 +127,9 @@ def parse_partitions(text: str) -> list[PartitionInfo]:
     return out
 
 
-# The fields of a node record that parse_nodes reads.
-_NODE_KEYS = frozenset(
-    ("NodeName", "State", "Partitions", "CPUEfctv", "CPUTot", "CPUAlloc", "RealMemory", "AllocMem", "Gres", "GresUsed")
-)
+# The fields of a node record that parse_nodes reads besides its name, in _node_values' order.
+_NODE_FIELDS = ("State", "Partitions", "CPUEfctv", "CPUTot", "CPUAlloc", "RealMemory", "AllocMem", "Gres", "GresUsed")
+_NODE_KEYS = frozenset(("NodeName", *_NODE_FIELDS))
 
 
 def parse_nodes(text: str) -> list[NodeInfo]:
@@ -138,34 +137,40 @@ def parse_nodes(text: str) -> list[NodeInfo]:
     out = []
     for rec in parse_records(text, _NODE_KEYS):
         name = rec.get("NodeName")
-        if name is None:
-            continue
-        usage = node_usage(rec.get("Gres"), rec.get("GresUsed"))
-        # CPUEfctv (22.05+): CPUTot less the cores kept for the system (CoreSpecCount); 20.11 and 21.08 lack it.
-        cpus_total = parse_int(rec.get("CPUEfctv"), parse_int(rec.get("CPUTot")))
-        out.append(
-            NodeInfo(
-                name=name,
-                state=rec.get("State", "UNKNOWN").lower(),
-                partitions=_partition_names(rec.get("Partitions")),
-                cpus_total=cpus_total,
-                cpus_alloc=parse_int(rec.get("CPUAlloc")),
-                mem_mb_total=printed_mem_mb(rec.get("RealMemory")) or 0,
-                mem_mb_alloc=printed_mem_mb(rec.get("AllocMem")) or 0,
-                gpu_type=usage.gpu_type,
-                gpus_total=usage.gpus_total,
-                gpus_used=usage.gpus_used,
-                shards_total=usage.shards_total,
-                shards_used=usage.shards_used,
-                shards_per_gpu=usage.shards_per_gpu,
-            )
-        )
+        if name is not None:
+            out.append(NodeInfo(name, *_node_values(*map(rec.get, _NODE_FIELDS))))
     return out
 
 
-@functools.lru_cache(maxsize=1024)  # a cluster's nodes name a few partition lists
-def _partition_names(text: str | None) -> tuple[str, ...]:
-    return tuple(p for p in (null(text) or "").split(",") if p)
+@functools.lru_cache(maxsize=4096)  # a big cluster's nodes are of a few kinds, and idle or full alike
+def _node_values(
+    state: str | None,
+    partitions: str | None,
+    cpus_efctv: str | None,
+    cpus_tot: str | None,
+    cpus_alloc: str | None,
+    real_memory: str | None,
+    alloc_mem: str | None,
+    gres: str | None,
+    gres_used: str | None,
+) -> tuple[Any, ...]:
+    """A node's NodeInfo fields after its name, from its record's _NODE_FIELDS (pure: the result is immutable)."""
+    usage = node_usage(gres, gres_used)
+    return (
+        ("UNKNOWN" if state is None else state).lower(),
+        tuple(p for p in (null(partitions) or "").split(",") if p),
+        # CPUEfctv (22.05+): CPUTot less the cores kept for the system (CoreSpecCount); 20.11 and 21.08 lack it.
+        parse_int(cpus_efctv, parse_int(cpus_tot)),
+        parse_int(cpus_alloc),
+        printed_mem_mb(real_memory) or 0,
+        printed_mem_mb(alloc_mem) or 0,
+        usage.gpu_type,
+        usage.gpus_total,
+        usage.gpus_used,
+        usage.shards_total,
+        usage.shards_used,
+        usage.shards_per_gpu,
+    )
 
 
 _HOLDING_STATE_RE = re.compile(r"(?:^|\s)JobState=(?:RUNNING|COMPLETING|SUSPENDED)(?:\s|$)")
