@@ -271,7 +271,8 @@ def parse_shard_holders(text: str, fields: Fields) -> list[tuple[str, str]]:
     """Output of shard_holders_argv(fields) -> the ids and names of the jobs that asked for shards (only what reads
     as a job id: each goes to scontrol as a command line)."""
     job_ids, *tres, names = fields.columns(text)
-    holders = ((i, name) for i, *asked, name in zip(job_ids, *tres, names) if any("shard" in a for a in asked))
+    # " ".join: no "shard" spans two fields (a space is none of its letters), one search a job
+    holders = ((i, name) for i, *asked, name in zip(job_ids, *tres, names) if "shard" in " ".join(asked))
     return [(i, name) for i, name in holders if _JOB_ID_RE.fullmatch(i)]
 
 

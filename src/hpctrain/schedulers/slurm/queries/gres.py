@@ -185,7 +185,7 @@ def even_split(shards_total: int, gpus_total: int, used_by_index: dict[int, int]
     `Name=shard Count=N` line for N divisible by the GPU count); None when that cannot be assumed."""
     if gpus_total <= 0 or shards_total % gpus_total:
         return None
-    if any(i >= gpus_total or i < 0 for i in used_by_index):
+    if used_by_index and (min(used_by_index) < 0 or max(used_by_index) >= gpus_total):
         return None
     each = shards_total // gpus_total
     return tuple((used_by_index.get(i, 0), each) for i in range(gpus_total))
