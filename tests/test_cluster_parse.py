@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,14 @@ from hpctrain.schedulers.slurm.queries.cluster_state import (
     parse_shard_use,
     record_shard_use,
 )
-from hpctrain.schedulers.slurm.queries.records import parse_record
 from hpctrain.jobs.values import format_duration
-from hpctrain.schedulers.slurm.queries.records import parse_record, printed_duration, printed_mem_mb
+from hpctrain.schedulers.slurm.queries.records import (
+    parse_record,
+    parse_records,
+    pick_record,
+    printed_duration,
+    printed_mem_mb,
+)
 from hpctrain.errors import UserError
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -40,6 +46,80 @@ def test_record_values_may_contain_spaces_and_equals() -> None:
     assert rec["TRES"] == "cpu=1,node=1"
     assert rec["Power"] == ""
     assert rec["X"] == "1"
+
+
+PICKED = frozenset(("NodeName", "State", "Partitions", "Gres", "GresUsed", "CPUTot"))
+CRAFTED = [
+    "NodeName=n1 State=IDLE Reason=bad State=DOWN NodeName=evil Gres=gpu:8",  # a later key in a value: the first wins
+    "NodeName=n1 Reason=x State=DOWN",
+    "NodeName=n1 State=IDLE foo Gres=gpu:1",  # a value with a space
+    "NodeName=n1 State=IDLE  x y=1 Gres=",
+    "NodeName=n1 State=IDLE Reason=a b State=c d",  # a later value with a space: the first still wins
+    "NodeName=n1\tState=IDLE Gres=gpu:1",  # whitespace other than the space separates fields too
+    "NodeName=n1 State=IDLE\x1fGres=gpu:1",
+    "NodeName=n1 State=IDLE\u3000Gres=gpu:1 Partitions=\xa0a",
+    "NodeName=n1 State=IDLE\x0bGres=gpu:1",
+    "  NodeName=n1   State=   Gres=gpu:1   ",
+    "XNodeName=n1 Foo:State=IDLE =State=x  State=ok GresUsed=a=b",
+    "NodeName=n1 Partitions=a,b Partitions=c NodeName=n2",
+    "NodeName=n1 OS=Linux 6.1 #1 SMP State=IDLE Gres=gpu:1 x",
+    "State=IDLE",
+    "NodeName=",
+    "NodeName=n1 State=IDLE State",
+    "NodeName=n1 State=a=b Gres=c GresUsed=",
+    "Gres=gpu:1 GresUsed=gpu:1(IDX:0) State=MIXED+DRAIN NodeName=n1 CPUTot=8 Reason=x y NodeName=n2",
+]
+
+
+def fuzzed_lines(count: int) -> list[str]:
+    """Lines of keys (those picked, others, odd ones), values (empty, with spaces, `=` or keys) and separators
+    (spaces, a tab, separators beyond ASCII, none), drawn with a fixed seed."""
+    rng = random.Random(41)
+    keys = [*sorted(PICKED), "Reason", "OS", "Foo:Bar", "XState", "9State", ""]
+    values = ["", "a", "a b", "x=y", "State=1", " NodeName=z", "Gres=g y", "IDLE ", "(null)", "1\t2", "\u2003"]
+    separators = [" ", " ", " ", "  ", "\t", "\xa0", "\x1c", "\x1f", ""]
+    return [
+        "".join(rng.choice(separators) + rng.choice(keys) + "=" + rng.choice(values) for _ in range(rng.randint(1, 9)))
+        for _ in range(count)
+    ]
+
+
+def test_picked_keys_are_read_as_the_whole_record_reads_them() -> None:
+    """pick_record (the node parse: one scan a line for the keys it reads) gives each key's value exactly as
+    parse_record does (the first field of a key wins; a key starts a field only after whitespace; a value runs to
+    the next key), on every recorded node line, hand-made forgeries and 5,000 drawn lines."""
+    recorded = [line for path in sorted(DATA.rglob("nodes*.txt")) for line in read_lines(path)]
+    assert len(recorded) > 10
+    lines = [*recorded, *CRAFTED, *fuzzed_lines(5000)]
+    for line in lines:
+        whole = {key: value for key, value in parse_record(line).items() if key in PICKED}
+        assert pick_record(line, PICKED) == whole, line
+    spaced = [line for line in lines if line.isascii() and line.isprintable()]  # the space its only whitespace
+    assert 300 < len(spaced) < len(lines)
+    # parse_records checks a whole text once: the spaced lines alone, and with one line of each other blank
+    texts = ["\n".join(spaced), *("\n".join([*spaced, f"NodeName=n1 State=a{blank}Gres=b"]) for blank in "\t\x1f\xa0")]
+    for text in ["\n".join(lines), *texts]:
+        wholes = [{k: v for k, v in rec.items() if k in PICKED} for rec in parse_records(text)]
+        assert parse_records(text, PICKED) == wholes
+
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_fields_written_into_a_node_reason_are_not_read_as_the_nodes() -> None:
+    """A drain reason is free text that comes after the fields the node view reads (24.11's record, drained with a
+    reason): a reason that spells them out changes nothing of the node."""
+    real = read("24.11/nodes.txt")
+    reason = "Reason=bad ib link [root@2025-06-12T18:00:00]"
+    assert reason in real
+    forged = real.replace(
+        reason,
+        reason + " NodeName=evil State=IDLE Partitions=all CPUEfctv=999 CPUAlloc=0 RealMemory=1 AllocMem=0 "
+        "Gres=gpu:h100:64 GresUsed=gpu:h100:0(IDX:N/A)",
+    )
+    assert parse_nodes(forged) == parse_nodes(real)
+    assert [n.state for n in parse_nodes(forged)] == ["allocated", "idle+drain"]
 
 
 @pytest.mark.parametrize(

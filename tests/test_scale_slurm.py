@@ -93,17 +93,22 @@ def test_cluster_splits_only_the_running_shard_jobs_into_fields(monkeypatch: pyt
     """Records split into fields by `hpctrain cluster` on 22.05: one per node and partition, and one per running job
     on shards; the pending and whole-GPU jobs (nine in ten of the queue) are passed over."""
     split = {"n": 0}
-    real_record, real_groups = records.parse_record, cluster_state.field_groups
+    real_record, real_pick, real_groups = records.parse_record, records.pick_record, cluster_state.field_groups
 
     def counting_record(line: str) -> dict[str, str]:
         split["n"] += 1
         return real_record(line)
+
+    def counting_pick(line: str, keys: frozenset[str], spaced: bool = False) -> dict[str, str]:  # a node's keys
+        split["n"] += 1
+        return real_pick(line, keys, spaced)
 
     def counting_groups(line: str, first: str, keys: tuple[str, ...]):
         split["n"] += 1
         return real_groups(line, first, keys)
 
     monkeypatch.setattr(records, "parse_record", counting_record)
+    monkeypatch.setattr(records, "pick_record", counting_pick)
     monkeypatch.setattr(cluster_state, "field_groups", counting_groups)
     for n in (40, 80):
         run = Recorder("22.05", n)
@@ -377,3 +382,35 @@ def test_the_harness_runs_in_its_smallest_form() -> None:
     assert "4 Slurm call(s)" in rows[0] and "1 Slurm call(s)" in rows[4], result.stdout  # cluster on 22.05; status
     assert all("(compare)" in row for row in rows[1::2]) and "4 Slurm call(s)" in rows[1], result.stdout
     assert "fitted" in result.stdout or "growth fitted" in result.stdout, result.stdout
+
+
+def test_the_node_views_caches_are_bounded_and_a_cluster_of_distinct_nodes_reads_right() -> None:
+    """The cluster view works a repeated value out once (a node's fields after its name, GRES, cells) in caches of a
+    fixed size: a cluster whose 6,000 nodes all differ (more than a cache holds) is read node for node as its
+    records say, and no cache grows past its size."""
+    from hpctrain.fsutil import format_bytes
+    from hpctrain.schedulers.slurm.queries import gres
+
+    caches = [
+        cluster_state._node_values,
+        gres.node_usage,
+        gres._job_shards,
+        display._shards_text,
+        display._memory_text,
+        records._keys_pattern,
+        records.printed_mem_mb,
+    ]
+    assert all(0 < cache.cache_info().maxsize <= 4096 for cache in caches)
+    text = "".join(
+        f"NodeName=n{i} CPUAlloc={i % 97} CPUTot=96 Gres=gpu:8 GresUsed=gpu:{i % 9}(IDX:N/A) RealMemory=2000000 "
+        f"AllocMem={i} State=MIXED Partitions=p{i % 7} Reason=x State=IDLE AllocMem=0\n"
+        for i in range(6000)
+    )
+    nodes = cluster_state.parse_nodes(text)
+    assert [(n.name, n.cpus_alloc, n.gpus_used, n.mem_mb_alloc, n.state, n.partitions) for n in nodes] == [
+        (f"n{i}", i % 97, i % 9, i, "mixed", (f"p{i % 7}",)) for i in range(6000)
+    ]
+    rows = display.node_rows(cluster_state.ClusterInfo(partitions=(), nodes=tuple(nodes)))
+    assert len({(n.mem_mb_alloc, n.mem_mb_total) for n in nodes}) > 4096  # more than the memory cells' cache holds
+    assert [row[4] for row in rows] == [f"{format_bytes(i << 20)}/{format_bytes(2000000 << 20)}" for i in range(6000)]
+    assert all(cache.cache_info().currsize <= cache.cache_info().maxsize for cache in caches)

@@ -199,6 +199,20 @@ def test_strings_from_a_scheduler_are_text_with_hidden_characters_made_visible(k
     assert "<b>" not in html and "\x1b" not in html and "\u202e" not in html
 
 
+def test_one_hidden_character_among_many_cells_is_made_visible_in_its_cell_only():
+    """A node table's cells are checked as a whole and given back as they are when all are printable; one cell of
+    10,000 rows that is not (its last) is escaped, and only that one."""
+    from hpctrain.schedulers.base import Table, View
+    from hpctrain.web.safeview import view_parts
+
+    rows = [(f"node{i}", "idle", "96/96") for i in range(10_000)]
+    rows[-1] = ("node\u202eevil", "idle", "96/96")
+    (part,) = view_parts(View(records=[], parts=(Table(("node", "state", "CPUs"), rows),)))
+    shown = part["table"]["rows"]
+    assert shown[:-1] == [list(row) for row in rows[:-1]]
+    assert shown[-1] == ["node\\u202eevil", "idle", "96/96"]
+
+
 def test_a_websocket_is_refused(client, keys):
     from starlette.websockets import WebSocketDisconnect
 

@@ -11,6 +11,8 @@ A job table's first column is the job's id in every scheduler's status view; the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from hpctrain.safetext import for_terminal
@@ -21,8 +23,17 @@ def table(part: Table) -> dict[str, Any]:
     return {
         "title": None if part.title is None else for_terminal(part.title),
         "columns": [for_terminal(c) for c in part.columns],
-        "rows": [[for_terminal(cell) for cell in row] for row in part.rows],
+        "rows": rows(part.rows),
     }
+
+
+def rows(cells: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Every cell through for_terminal. for_terminal gives back printable text as it is, and text is printable when
+    each of its characters is: so where the table's cells joined are printable (nearly always) they are all given
+    back as they are, after one check of the whole table (10,000 nodes of 7 cells) rather than one a cell."""
+    if "".join(chain.from_iterable(cells)).isprintable():
+        return [list(row) for row in cells]
+    return [[for_terminal(cell) for cell in row] for row in cells]
 
 
 def view_parts(view: View) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ of the jobs only the running shard jobs' records are read (the whole dump was 13
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -126,33 +127,50 @@ def parse_partitions(text: str) -> list[PartitionInfo]:
     return out
 
 
+# The fields of a node record that parse_nodes reads besides its name, in _node_values' order.
+_NODE_FIELDS = ("State", "Partitions", "CPUEfctv", "CPUTot", "CPUAlloc", "RealMemory", "AllocMem", "Gres", "GresUsed")
+_NODE_KEYS = frozenset(("NodeName", *_NODE_FIELDS))
+
+
 def parse_nodes(text: str) -> list[NodeInfo]:
     """Output of `scontrol -d show node -o` (`-d` adds GresUsed=)."""
     out = []
-    for rec in parse_records(text):
-        if "NodeName" not in rec:
-            continue
-        usage = node_usage(rec.get("Gres"), rec.get("GresUsed"))
-        # CPUEfctv (22.05+): CPUTot less the cores kept for the system (CoreSpecCount); 20.11 and 21.08 lack it.
-        cpus_total = parse_int(rec.get("CPUEfctv"), parse_int(rec.get("CPUTot")))
-        out.append(
-            NodeInfo(
-                name=rec["NodeName"],
-                state=rec.get("State", "UNKNOWN").lower(),
-                partitions=tuple(p for p in (null(rec.get("Partitions")) or "").split(",") if p),
-                cpus_total=cpus_total,
-                cpus_alloc=parse_int(rec.get("CPUAlloc")),
-                mem_mb_total=printed_mem_mb(rec.get("RealMemory")) or 0,
-                mem_mb_alloc=printed_mem_mb(rec.get("AllocMem")) or 0,
-                gpu_type=usage.gpu_type,
-                gpus_total=usage.gpus_total,
-                gpus_used=usage.gpus_used,
-                shards_total=usage.shards_total,
-                shards_used=usage.shards_used,
-                shards_per_gpu=usage.shards_per_gpu,
-            )
-        )
+    for rec in parse_records(text, _NODE_KEYS):
+        name = rec.get("NodeName")
+        if name is not None:
+            out.append(NodeInfo(name, *_node_values(*map(rec.get, _NODE_FIELDS))))
     return out
+
+
+@functools.lru_cache(maxsize=4096)  # a big cluster's nodes are of a few kinds, and idle or full alike
+def _node_values(
+    state: str | None,
+    partitions: str | None,
+    cpus_efctv: str | None,
+    cpus_tot: str | None,
+    cpus_alloc: str | None,
+    real_memory: str | None,
+    alloc_mem: str | None,
+    gres: str | None,
+    gres_used: str | None,
+) -> tuple[Any, ...]:
+    """A node's NodeInfo fields after its name, from its record's _NODE_FIELDS (pure: the result is immutable)."""
+    usage = node_usage(gres, gres_used)
+    return (
+        ("UNKNOWN" if state is None else state).lower(),
+        tuple(p for p in (null(partitions) or "").split(",") if p),
+        # CPUEfctv (22.05+): CPUTot less the cores kept for the system (CoreSpecCount); 20.11 and 21.08 lack it.
+        parse_int(cpus_efctv, parse_int(cpus_tot)),
+        parse_int(cpus_alloc),
+        printed_mem_mb(real_memory) or 0,
+        printed_mem_mb(alloc_mem) or 0,
+        usage.gpu_type,
+        usage.gpus_total,
+        usage.gpus_used,
+        usage.shards_total,
+        usage.shards_used,
+        usage.shards_per_gpu,
+    )
 
 
 _HOLDING_STATE_RE = re.compile(r"(?:^|\s)JobState=(?:RUNNING|COMPLETING|SUSPENDED)(?:\s|$)")
@@ -177,7 +195,7 @@ def record_shard_use(text: str, name: str, use: dict[str, dict[int, int]]) -> No
     fields = text[start:end] if end >= 0 else ""
     if "shard" not in fields or not _HOLDING_STATE_RE.search(fields):
         return
-    for group in field_groups(fields, "Nodes", ("CPU_IDs", "Mem", "GRES")):
+    for group in field_groups(fields[_first_key(fields, "Nodes") :], "Nodes", ("CPU_IDs", "Mem", "GRES")):
         by_gpu = job_shards_by_gpu(group.get("GRES"))
         if not by_gpu:
             continue
@@ -185,6 +203,16 @@ def record_shard_use(text: str, name: str, use: dict[str, dict[int, int]]) -> No
             per_node = use.setdefault(node, {})
             for idx, count in by_gpu.items():
                 per_node[idx] = per_node.get(idx, 0) + count
+
+
+def _first_key(text: str, key: str) -> int:
+    """Where the first `key=` that starts a field (parse_record's: after whitespace, or at the start) is in `text`;
+    its length if none. field_groups reads nothing before the first of its groups' key: the per-node lines come last
+    of a job's fields, and one search finds them rather than a split of every field before them."""
+    at = text.find(key + "=")
+    while at > 0 and not text[at - 1].isspace():
+        at = text.find(key + "=", at + 1)
+    return len(text) if at < 0 else at
 
 
 def session_input(ids: list[str], marker: str) -> str:
@@ -243,7 +271,8 @@ def parse_shard_holders(text: str, fields: Fields) -> list[tuple[str, str]]:
     """Output of shard_holders_argv(fields) -> the ids and names of the jobs that asked for shards (only what reads
     as a job id: each goes to scontrol as a command line)."""
     job_ids, *tres, names = fields.columns(text)
-    holders = ((i, name) for i, *asked, name in zip(job_ids, *tres, names) if any("shard" in a for a in asked))
+    # " ".join: no "shard" spans two fields (a space is none of its letters), one search a job
+    holders = ((i, name) for i, *asked, name in zip(job_ids, *tres, names) if "shard" in " ".join(asked))
     return [(i, name) for i, name in holders if _JOB_ID_RE.fullmatch(i)]
 
 

@@ -9,6 +9,7 @@ or break what another user sees."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -25,13 +26,24 @@ NO_JOBS = "no jobs (Slurm forgets ended jobs after a few minutes; `hpctrain logs
 
 
 def shards_cell(node: NodeInfo) -> str:
-    if not node.shards_total:
+    return _shards_text(node.shards_used, node.shards_total, node.shards_per_gpu)
+
+
+# The cells of 10,000 nodes repeat a few hundred texts: each is made once (pure functions of plain values).
+@functools.lru_cache(maxsize=4096)
+def _shards_text(shards_used: int | None, shards_total: int, per_gpu: tuple[tuple[int, int], ...] | None) -> str:
+    if not shards_total:
         return "-"
-    used = "?" if node.shards_used is None else str(node.shards_used)
-    text = f"{used}/{node.shards_total}"
-    if node.shards_per_gpu:
-        text += " (" + ", ".join(f"gpu{i}: {u}/{t}" for i, (u, t) in enumerate(node.shards_per_gpu)) + ")"
+    used = "?" if shards_used is None else str(shards_used)
+    text = f"{used}/{shards_total}"
+    if per_gpu:
+        text += " (" + ", ".join(f"gpu{i}: {u}/{t}" for i, (u, t) in enumerate(per_gpu)) + ")"
     return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _memory_text(alloc_mb: int, total_mb: int) -> str:
+    return f"{format_bytes(alloc_mb << 20)}/{format_bytes(total_mb << 20)}"
 
 
 def gpus_cell(node: NodeInfo) -> str:
@@ -53,7 +65,7 @@ def node_rows(info: ClusterInfo) -> list[tuple[str, ...]]:
             n.state,
             ",".join(n.partitions),
             f"{n.cpus_alloc}/{n.cpus_total}",
-            f"{format_bytes(n.mem_mb_alloc << 20)}/{format_bytes(n.mem_mb_total << 20)}",
+            _memory_text(n.mem_mb_alloc, n.mem_mb_total),
             gpus_cell(n),
             shards_cell(n),
         )

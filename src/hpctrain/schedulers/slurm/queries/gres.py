@@ -185,7 +185,7 @@ def even_split(shards_total: int, gpus_total: int, used_by_index: dict[int, int]
     `Name=shard Count=N` line for N divisible by the GPU count); None when that cannot be assumed."""
     if gpus_total <= 0 or shards_total % gpus_total:
         return None
-    if any(i >= gpus_total or i < 0 for i in used_by_index):
+    if used_by_index and (min(used_by_index) < 0 or max(used_by_index) >= gpus_total):
         return None
     each = shards_total // gpus_total
     return tuple((used_by_index.get(i, 0), each) for i in range(gpus_total))
@@ -195,6 +195,11 @@ def job_shards_by_gpu(job_gres: str | None) -> dict[int, int]:
     """Shards a running job holds on one node, per GPU index, from `scontrol -d show job`'s per-node
     `GRES=shard:16(IDX:0)`. Shards on several GPUs (`IDX:0-1`) cannot be split exactly: they are shared out
     evenly, the remainder on the first GPU."""
+    return dict(_job_shards(job_gres))
+
+
+@functools.lru_cache(maxsize=4096)  # the shard jobs of a big cluster ask for a few sizes on a few GPUs
+def _job_shards(job_gres: str | None) -> tuple[tuple[int, int], ...]:
     out: dict[int, int] = {}
     try:
         entries = parse_gres(job_gres)
@@ -210,4 +215,4 @@ def job_shards_by_gpu(job_gres: str | None) -> dict[int, int]:
         each, rest = divmod(e.count, len(idx))
         for k, i in enumerate(idx):
             out[i] = out.get(i, 0) + each + (rest if k == 0 else 0)
-    return out
+    return tuple(out.items())
