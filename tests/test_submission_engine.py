@@ -87,3 +87,21 @@ def test_a_job_file_given_as_text_fills_the_job(tmp_path: Path) -> None:
     assert (job.spec.name, job.spec.resources.nodes, job.submission.options["partition"]) == ("from-text", 2, "short")
     with pytest.raises(UserError, match="mine.toml"):
         submission.build({}, job_file_text=("mine.toml", "nodes = ["), dry_run=True)
+
+
+def test_a_resume_from_another_directory_is_checked_there_and_its_refusal_comes_back(tmp_path, monkeypatch) -> None:
+    """engine.submission.resume of a job that ran elsewhere goes through a spawned child (it changes to that
+    directory; tests/test_web_slurm.py's resume shows the relative paths read there, on Slurm); what refuses the job
+    there comes back as the same one line as here. (No scheduler is reached: the job file names an unknown one.)"""
+    from hpctrain.engine.submission import ResumePlan, resume
+
+    there, here = tmp_path / "there", tmp_path / "here"
+    there.mkdir()
+    here.mkdir()
+    monkeypatch.chdir(here)
+    plan = ResumePlan({}, ("job.yaml", "command: [python3, train.py]\nscheduler: nowhere\n"), str(there))
+    with pytest.raises(UserError) as refused:
+        resume(plan)
+    with pytest.raises(UserError) as here_too:
+        resume(ResumePlan({}, plan.job_file_text, None))
+    assert str(refused.value) == str(here_too.value) and "nowhere" in str(refused.value), str(refused.value)

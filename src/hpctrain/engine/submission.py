@@ -359,9 +359,19 @@ def resume(plan: ResumePlan) -> Submitted:
     if there is None or not there.is_dir() or there.resolve() == here.resolve():
         return submit(build(plan.flags, job_file_text=plan.job_file_text))
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        kind, value = pool.apply(_resume_in, (plan,))
+    # An executor, not a multiprocessing Pool: a child that dies (killed, out of memory) is an error here, where a
+    # Pool would start another worker and wait for the lost task for ever.
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            kind, value = pool.submit(_resume_in, plan).result()
+        except BrokenProcessPool:
+            raise UserError(
+                f"the process that submits from {there} ended without an answer: see `hpctrain status` for whether "
+                f"a job was queued, then resume it from there with the command the job's page shows"
+            ) from None
     if kind == "refused":
         raise UserError(value)
     return value
