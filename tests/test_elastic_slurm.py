@@ -78,6 +78,22 @@ def node_down(node: str, job: Job) -> Iterator[None]:
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, text=True)
 
 
+def running_on_both_nodes(job_id: str, cwd: Path) -> tuple[Job, list[tuple[int, list[str]]], list[int]]:
+    """A held elastic job released to start on both nodes, once it has written a checkpoint: the job, node2's
+    torchrun agent and worker (to be lost), node1's training processes (the survivors). Slurm starts a MIN-MAX job on
+    as many nodes as are free, down to MIN: other tests' jobs may hold node2, so the held job is made to wait for 2
+    (as a busy cluster's job may start on MAX nodes)."""
+    job = Job(job_id, cwd, cwd / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
+    for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):
+        done = subprocess.run(["scontrol", *command], capture_output=True, text=True)
+        if done.returncode != 0:
+            job.fail(f"scontrol {' '.join(command)}: {done.stderr.strip()}")
+    checkpoints = job.run_dir / "checkpoints"
+    wait_for("a first checkpoint", job, lambda: checkpoints.is_dir() and any(checkpoints.glob("checkpoint_step_*.pt")))
+    lost = wait_for("node2's agent and worker", job, lambda: len(p := node_processes(job_id, "node2")) >= 2 and p)
+    return job, lost, [pid for pid, argv in node_processes(job_id, "node1") if is_training(argv)]
+
+
 def lose(how: str, job: Job, processes: list[tuple[int, list[str]]]) -> None:
     """node2's share of the job gone: its processes SIGKILLed, or the node DOWN until Slurm has ended them."""
     if how == "killed":
@@ -105,17 +121,7 @@ def test_a_lost_node_costs_a_restart_within_the_allocation_not_a_requeue(
         "submit", "--output", "job-%j.out", *options, "--time", "30", *sbatch, *train, cwd=tmp_path, env=env
     )
     job_id = ok(proc).stdout.strip()
-    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
-    # Slurm starts a MIN-MAX job on as many nodes as are free, down to MIN: other tests' jobs may hold node2. The
-    # test needs both, so the held job is made to wait for 2 (as a busy cluster's job may start on MAX nodes).
-    for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):
-        done = subprocess.run(["scontrol", *command], capture_output=True, text=True)
-        if done.returncode != 0:
-            job.fail(f"scontrol {' '.join(command)}: {done.stderr.strip()}")
-    checkpoints = job.run_dir / "checkpoints"
-    wait_for("a first checkpoint", job, lambda: checkpoints.is_dir() and any(checkpoints.glob("checkpoint_step_*.pt")))
-    lost = wait_for("node2's agent and worker", job, lambda: len(p := node_processes(job_id, "node2")) >= 2 and p)
-    survivors = [pid for pid, argv in node_processes(job_id, "node1") if is_training(argv)]
+    job, lost, survivors = running_on_both_nodes(job_id, tmp_path)
     assert len(survivors) == 1, node_processes(job_id, "node1")
     with paused(survivors):
         lose(how, job, lost)
@@ -174,15 +180,7 @@ def test_a_node_lost_at_min_falls_back_to_the_requeue(slurm_cluster, tmp_path: P
     # join timeout after the loss must outlast it.
     conf = {"PET_RDZV_CONF": "join_timeout=30,last_call_timeout=5"}
     job_id = ok(hpctrain(*submit, cwd=tmp_path, env=conf)).stdout.strip()
-    job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
-    for command in (["update", f"JobId={job_id}", "NumNodes=2"], ["release", job_id]):  # as in the test above
-        done = subprocess.run(["scontrol", *command], capture_output=True, text=True)
-        if done.returncode != 0:
-            job.fail(f"scontrol {' '.join(command)}: {done.stderr.strip()}")
-    checkpoints = job.run_dir / "checkpoints"
-    wait_for("a first checkpoint", job, lambda: checkpoints.is_dir() and any(checkpoints.glob("checkpoint_step_*.pt")))
-    lost = wait_for("node2's agent and worker", job, lambda: len(p := node_processes(job_id, "node2")) >= 2 and p)
-    survivors = [pid for pid, argv in node_processes(job_id, "node1") if is_training(argv)]
+    job, lost, survivors = running_on_both_nodes(job_id, tmp_path)
     with paused(survivors):
         lose("killed", job, lost)
     job.follow()

@@ -204,11 +204,17 @@ def test_the_console_in_chromium(slurm_cluster, tmp_path, console, browser):
         assert browser.execute_script("return typeof window.__pwned") == "undefined"
 
         # Every page worked under its own Content-Security-Policy: nothing was blocked, no script failed.
-        said = [entry["message"] for entry in browser.get_log("browser")]
-        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+        assert_no_page_error(browser)
     finally:
         slurm_cluster.cancel_quietly(held)
         slurm_cluster.cancel_quietly(logged)
+
+
+def assert_no_page_error(driver) -> None:
+    """Every page so far worked under its own Content-Security-Policy: the browser's log has no blocked resource and
+    no script error."""
+    said = [entry["message"] for entry in driver.get_log("browser")]
+    assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
 
 
 def field(driver, name: str):
@@ -259,8 +265,7 @@ def test_the_job_form_in_chromium(slurm_cluster, tmp_path, console, browser):
     try:
         assert browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {job_id}")
         assert (tmp_path / "runs" / f"web-form-{job_id}" / "job.yaml").is_file()
-        said = [entry["message"] for entry in browser.get_log("browser")]
-        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+        assert_no_page_error(browser)
     finally:
         slurm_cluster.cancel_quietly(job_id)
 
@@ -321,8 +326,7 @@ def test_a_training_job_s_page_in_chromium(slurm_cluster, tmp_path, console, bro
         WebDriverWait(browser, 120).until(lambda d: re.search(r"/job/slurm/\d+$", d.current_url))
         resumed.append(browser.current_url.rsplit("/", 1)[1])
         assert resumed[0] != job_id and browser.find_element(By.TAG_NAME, "h1").text.startswith(f"Job {resumed[0]}")
-        said = [entry["message"] for entry in browser.get_log("browser")]
-        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+        assert_no_page_error(browser)
     finally:
         slurm_cluster.cancel_quietly(job_id)
         for again in resumed:

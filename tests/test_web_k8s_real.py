@@ -11,26 +11,23 @@ controller manager, but its image cannot be pulled here (no registry): what it w
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from real_node import DEADLINE_S, Real, real_cpu  # noqa: F401 (fixture)
+from slurm_fixtures import paused
 from test_k8s_real_jobs import mnist
 from test_k8s_real_pods import CONTEXT
-from test_web_browser import WAIT_S, browser, field, screenshot, text_of  # noqa: F401 (fixtures)
+from test_web_browser import WAIT_S, assert_no_page_error, browser, field, screenshot, text_of  # noqa: F401 (fixtures)
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -210,20 +207,6 @@ def job_processes(run_dir: Path) -> list[int]:
     return found
 
 
-@contextlib.contextmanager
-def paused(pids: list[int]) -> Iterator[None]:
-    """The job's processes stopped (SIGSTOP) for the block, so that it is still running when the page is read and
-    its stop button pressed, however fast the machine; a signal sent meanwhile (the stop's SIGTERM) waits pending."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
 PLOT_POINTS = """return Array.from(document.querySelectorAll('#plots figure'))
     .map((f) => [f.dataset.key, Number(f.dataset.points), f.querySelectorAll('circle').length])"""
 
@@ -340,8 +323,7 @@ def test_the_job_form_and_a_pytorchjob_s_page_on_the_real_node_in_chromium(
         assert "hpctrain: epoch 2/2: train loss" in text_of(browser, "log")
         browser.set_window_size(1400, 2300)  # the whole page: plots, log, attempts, description
         screenshot(browser, "web-job-k8s.png", tmp_path)
-        said = [entry["message"] for entry in browser.get_log("browser")]
-        assert not [m for m in said if "Content Security Policy" in m or "Uncaught" in m], said
+        assert_no_page_error(browser)
     finally:
         console.terminate()
         console.wait(timeout=60)
