@@ -26,6 +26,7 @@ import pytest
 import warm_start
 from filelock import FileLock
 
+from hpctrain.health.progress import read_progress
 from hpctrain.schedulers.kubernetes.queries.replica_logs import KEEP_LOG
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +113,7 @@ class LocalSlurm:
     def warn_mid_run(self, job_id: str, processes: int) -> None:
         """Slurm's own time-limit warning, landing mid-run on a CPU of any speed: `warn_soon` brings the warning on
         while the job's `processes` training processes are paused (see `interrupt_mid_run`). Call it once training
-        is under way (a progress line in the job's log)."""
+        is under way (`Job.wait_until_training`)."""
         self.interrupt_mid_run(job_id, processes, signal.SIGUSR1, lambda: self.warn_soon(job_id))
 
     def interrupt_mid_run(
@@ -376,6 +377,17 @@ class Job:
             if time.monotonic() > deadline or not in_queue(self.job_id):
                 self.fail(f"{text!r} never appeared in its log")
             time.sleep(0.2)
+
+    def wait_until_training(self, timeout: float = JOB_DEADLINE_S) -> None:
+        """Wait until rank 0 has taken its first step (its progress record, written at once on the first step,
+        says "training"): the moment to interrupt a run with the whole run still ahead of it. A progress line in the
+        log is no such moment: the lines are spaced in time, and the first may come at the first epoch's end, a few
+        seconds before the run ends on a fast machine."""
+        deadline = time.monotonic() + timeout
+        while not any(r.rank == 0 and r.phase == "training" and r.step >= 1 for r in read_progress(self.run_dir)):
+            if time.monotonic() > deadline or not in_queue(self.job_id):
+                self.fail("rank 0 never wrote a training record")
+            time.sleep(0.1)
 
     def follow(self, timeout: float = JOB_DEADLINE_S) -> None:
         """Wait until the job has left the queue. Each requeued attempt waits in Slurm's BeginTime hold until

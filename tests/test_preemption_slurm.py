@@ -193,10 +193,9 @@ def assert_time_limit_run(job: Job, epochs: int, reference: dict) -> None:
     stops = check_resumes(log)
     preempted = [(step, in_epoch) for reason, step, in_epoch in stops if reason == "preempted"]
     assert preempted, f"no attempt checkpointed after the warning:\n{log}"
-    # The stop checkpoint lands where the warning came: usually inside an epoch, but at its end when the processes
-    # were paused during evaluation (the progress line the test waits for can be the epoch's last one on a loaded
-    # machine). Either way the next attempt resumes from it (check_resumes) and ends with the reference weights;
-    # the mid-epoch case on its own is test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally.
+    # The stop checkpoint lands where the warning came, a step or two into the first epoch (Job.wait_until_training);
+    # the next attempt resumes from it (check_resumes) and ends with the reference weights. The mid-epoch case on
+    # its own is test_ddp_resume_from_a_mid_epoch_checkpoint_is_exact_locally.
     assert all(0 <= in_epoch < STEPS_PER_EPOCH for _, in_epoch in preempted), (preempted, log)
     assert "step finished with exit status 0" in parts[-1], log
     # A run that had finished is never requeued (see DDP_REQUEUE_AFTER_COMPLETION).
@@ -214,7 +213,7 @@ def test_time_limit_requeues_until_done_and_matches_an_uninterrupted_run(
     slurm_cluster, tmp_path: Path, fashion_data_dir: Path, single_reference: Callable[[], dict]
 ) -> None:
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", *TIME_LIMIT, "--max-requeues", "8")
-    job.wait_for_log("epoch 1/")  # a progress line: training is under way
+    job.wait_until_training()
     slurm_cluster.warn_mid_run(job.job_id, processes=1)
     slurm_cluster.restore_time_limit(job.job_id)
     job.follow()
@@ -242,7 +241,7 @@ def test_ddp_2x2_time_limit_requeues_and_matches_a_local_4_process_run(
         "--max-requeues",
         "8",
     )
-    job.wait_for_log("epoch 1/")
+    job.wait_until_training()
     slurm_cluster.warn_mid_run(job.job_id, processes=4)
     slurm_cluster.restore_time_limit(job.job_id)
     job.follow()
@@ -270,7 +269,7 @@ def test_scontrol_requeue_of_a_running_job_resumes_exactly(
     """What preemption with requeue does: Slurm itself requeues the job and sends SIGTERM; the run checkpoints,
     and the next attempt resumes on its own (SLURM_RESTART_COUNT > 0)."""
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
-    job.wait_for_log("epoch 1/")  # a progress line: training is under way
+    job.wait_until_training()
     slurm_cluster.interrupt_mid_run(
         job.job_id,
         1,
@@ -296,7 +295,7 @@ def test_hpctrain_cancel_checkpoints_without_requeue_and_resumes_locally(
     from hpctrain import checkpoint
 
     job = submit(tmp_path, fashion_data_dir, SINGLE_EPOCHS, "--launcher", "single", "--time", "20")
-    job.wait_for_log("epoch 1/")
+    job.wait_until_training()
     # `cancel --wait` returns once the job has ended: it runs on while the training, paused, receives the SIGTERM.
     cancel = slurm_cluster.interrupt_mid_run(
         job.job_id,
@@ -366,7 +365,7 @@ def test_hpctrain_cancel_of_a_2x2_torchrun_job_stops_cleanly(
         "--time",
         "20",
     )
-    job.wait_for_log("epoch 1/")
+    job.wait_until_training()
     # The four ranks are paused while the cancel's SIGTERM reaches them, so it lands mid-run however fast they train
     # (CI run n: unpaused, the 2,048 x 2 run had finished before it arrived).
     cancel = slurm_cluster.interrupt_mid_run(
