@@ -197,13 +197,16 @@ def test_a_worker_ending_the_attempt_on_purpose_reads_as_one_line(tmp_path: Path
     assert f"hpctrain: torchrun on node1: a worker ended the attempt on purpose (exit status {status}" in output
 
 
-# Two agents at torchrun's exit barrier over a real TCPStore, the one not hosting the store slower to read (1.5
-# s before each store call after its own arrival, as on a loaded node). The host is group rank 1: torch assigns
-# group ranks by sorting the agents' host names and process ids, so the store's host need not be rank 0, which
-# torch's own barrier before 2.4 takes it for. argv: WHICH (torch: torch's own barrier, as
-# of the floor torch; ours: torchrun_shim.EXIT_BARRIER), ROLE (host or other), the port file.
+# Two agents at torchrun's exit barrier over a real TCPStore, the one not hosting the store slower to talk to it (1.5
+# s before each store call after its own arrival, as on a loaded node); after the barrier it writes to the store
+# once more, as its rendezvous' shutdown does. The host is group rank 1: torch assigns group ranks by sorting the
+# agents' host names and process ids, so the store's host need not be rank 0, which torch's own barrier before 2.4
+# takes it for. Each barrier is called as that torch's agent calls it (positional rank before 2.4, keywords after).
+# argv: WHICH (torch: torch's own barrier; ours: torchrun_shim.EXIT_BARRIER, then its store release), ROLE (host or
+# other), the port file.
 BARRIER_RACE = (
-    EXIT_BARRIER
+    "import inspect\nfrom torch.distributed.elastic.utils import store as store_util\n"
+    + EXIT_BARRIER
     + """
 import datetime, os, sys, time
 from pathlib import Path
@@ -229,11 +232,15 @@ class SlowReader:
         return call
 
 agent = store if host else SlowReader(store)
-if which == "torch":
-    from torch.distributed.elastic.utils import store as store_util
-    store_util.barrier(agent, 1 if host else 0, 2, key_prefix="exit", barrier_timeout=30)
+barrier = store_util.barrier if which == "torch" else exit_barrier
+if list(BARRIER.parameters)[1] == "rank":
+    barrier(agent, 1 if host else 0, 2, key_prefix="exit", barrier_timeout=30)
 else:
-    exit_barrier(agent, 1 if host else 0, 2, "exit", 30, hosts_store=host)
+    barrier(store=agent, world_size=2, key_prefix="exit", barrier_timeout=30)
+if not host:
+    agent.set("rendezvous-closed", "1")
+if which == "ours":
+    release_store(host)
 print(role, "left the barrier", flush=True)
 os._exit(0)  # as an agent leaving: its store goes at once, not after a slow interpreter shutdown
 """
@@ -259,21 +266,24 @@ def _barrier_race(tmp_path: Path, python: str, which: str) -> tuple[subprocess.C
     return other, host.communicate(timeout=60)[0]
 
 
-@pytest.mark.parametrize("python", ["this-torch", "floor-torch"])
-def test_the_store_host_leaves_the_exit_barrier_last(tmp_path: Path, python: str) -> None:
-    if python == "floor-torch" and not FLOOR_PYTHON:
+def _python(which: str) -> str:
+    if which == "floor-torch" and not FLOOR_PYTHON:
         pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
-    other, host_output = _barrier_race(tmp_path, FLOOR_PYTHON if python == "floor-torch" else sys.executable, "ours")
+    return FLOOR_PYTHON if which == "floor-torch" else sys.executable
+
+
+@pytest.mark.parametrize("python", ["this-torch", "floor-torch"])
+def test_the_store_host_waits_until_every_agent_is_done_with_the_store(tmp_path: Path, python: str) -> None:
+    other, host_output = _barrier_race(tmp_path, _python(python), "ours")
     assert other.returncode == 0 and "other left the barrier" in other.stdout, other.stdout + other.stderr
     assert "host left the barrier" in host_output, host_output
 
 
-def test_the_floor_torchs_own_exit_barrier_loses_a_slow_agent(tmp_path: Path) -> None:
-    """Why the shim replaces the barrier before torch 2.4: a host that is not group rank 0 leaves while the other
-    agent still reads, which ends that agent's good job with a DistNetworkError traceback."""
-    if not FLOOR_PYTHON:
-        pytest.skip("HPCTRAIN_FLOOR_PYTHON is not set (scripts/test.sh sets it to the floor environment's python)")
-    other, host_output = _barrier_race(tmp_path, FLOOR_PYTHON, "torch")
+@pytest.mark.parametrize("python", ["this-torch", "floor-torch"])
+def test_torchs_own_exit_barrier_ends_the_store_under_a_slow_agent(tmp_path: Path, python: str) -> None:
+    """Why the shim replaces the barrier on every torch: the store's host leaves while the other agent still talks
+    to the store, which ends that agent's good job with a DistNetworkError traceback (pytorch/pytorch#69520)."""
+    other, host_output = _barrier_race(tmp_path, _python(python), "torch")
     assert "host left the barrier" in host_output, host_output
     assert other.returncode != 0 and "other left the barrier" not in other.stdout, other.stdout + other.stderr
 

@@ -47,7 +47,7 @@ def _rendered(program: str) -> str:
 
 
 TORCHRUN_SHIM = _rendered(PROGRAM)
-EXIT_BARRIER = (
-    PROGRAM[PROGRAM.index("def exit_barrier(") : PROGRAM.index("\n\n\n", PROGRAM.index("def exit_barrier("))] + "\n"
-)
-"""The agents' exit barrier the program installs on a torch before 2.4, as its own source (a test runs it)."""
+_BARRIER_START, _BARRIER_END = "# -- exit barrier", "# -- end of exit barrier --"
+EXIT_BARRIER = PROGRAM[PROGRAM.index(_BARRIER_START) : PROGRAM.index(_BARRIER_END)]
+"""The agents' exit barrier and store release the program installs in torchrun, as their own source (a test runs
+them; they need `store_util` bound to torch.distributed.elastic.utils.store)."""

@@ -19,11 +19,14 @@
 #    other tasks (--kill-on-bad-exit) as soon as one exits with a planned non-zero status, and a TERM that reached
 #    an agent on its way out, in its interpreter's shutdown, raised torchrun's SignalException there (a traceback
 #    in the job log after a clean stop).
-#  * Before torch 2.4 the agents' exit barrier kept group rank 0 to the last, taking it for the store's host; but
-#    group ranks follow sorted host names and process ids, so a host of another rank could leave while an agent
-#    still read: that agent's good job ended with a DistNetworkError traceback ("Connection reset by peer"). There
-#    exit_barrier replaces it: the store's host leaves last, whatever its rank.
-import functools
+#  * torch's exit barrier lets the agent that hosts the rendezvous store leave, and end the store, while another
+#    agent still talks to it: before torch 2.4 it kept group rank 0 to the last, taking it for the host (group ranks
+#    follow sorted host names and process ids, so the host need not be rank 0); from 2.4 on nobody waits for
+#    anybody once the last agent has arrived (pytorch/pytorch#69520, open). Either way a good job could end with a
+#    DistNetworkError traceback ("Failed to recv", "Connection reset by peer") and failed rendezvous heartbeats in
+#    its log. exit_barrier replaces it on every torch, and once torchrun is done the store's host waits (at most
+#    RELEASE_WAIT_S) for every agent that passed the barrier to say it is done with the store too (release_store).
+import inspect
 import os
 import signal
 import sys
@@ -41,18 +44,43 @@ PREEMPTED_STATUS = 0  # the exit status of a stop after the time-limit warning
 PLANNED_STATUSES = ()  # the exit statuses a worker ends an attempt with on purpose (hung, sick node)
 
 
-def exit_barrier(store, rank, world_size, key_prefix, barrier_timeout=300.0, hosts_store=True):
+# -- exit barrier (torchrun_shim.EXIT_BARRIER: a test runs it) --
+BARRIER = inspect.signature(store_util.barrier)  # torch own barrier, whose parameters differ between versions
+RELEASE_WAIT_S = 30.0
+passed = []  # (store, key prefix, agents) once this agent has passed the exit barrier
+
+
+def exit_barrier(*args, **kwargs):
     import datetime
+
+    given = BARRIER.bind(*args, **kwargs)
+    given.apply_defaults()
+    store, agents, prefix = given.arguments["store"], given.arguments["world_size"], given.arguments["key_prefix"]
+    store.set_timeout(datetime.timedelta(seconds=given.arguments["barrier_timeout"]))
+    if store.add(prefix + "/arrived", 1) == agents:
+        store.set(prefix + "/all", "1")
+    store.wait([prefix + "/all"])
+    passed.append((store, prefix, agents))
+
+
+def release_store(hosts_store):
     import time
 
-    store.set_timeout(datetime.timedelta(seconds=barrier_timeout))
-    if store.add(key_prefix + "/arrived", 1) == world_size:
-        store.set(key_prefix + "/all", "1")
-    store.wait([key_prefix + "/all"])
-    deadline, left = time.monotonic() + barrier_timeout, store.add(key_prefix + "/left", 1)
-    while hosts_store and left < world_size and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = store.add(key_prefix + "/left", 0)
+    if not passed:
+        return
+    store, prefix, agents = passed[0]
+    try:
+        if not hosts_store:
+            store.add(prefix + "/done", 1)
+            return
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while store.add(prefix + "/done", 0) < agents - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:
+        pass  # the store is gone: nothing is left to keep it for
+
+
+# -- end of exit barrier --
 
 
 signals, timeout, args = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -61,8 +89,7 @@ hosts_store = os.environ.get("SLURM_NODEID", "0") == "0"
 if any(arg.startswith("--rdzv-endpoint") for arg in args):
     conf = os.environ.get("PET_RDZV_CONF", "")
     args = ["--rdzv-conf=is_host=" + str(int(hosts_store)) + ("," + conf if conf else "")] + args
-if not hasattr(store_util, "_barrier_nonblocking"):
-    store_util.barrier = functools.partial(exit_barrier, hosts_store=hosts_store)
+store_util.barrier = exit_barrier
 if signals:
     usage = run.get_args_parser().format_help()
     if "--signals-to-handle" in usage and "--shutdown-timeout" in usage:
@@ -90,6 +117,7 @@ def settled():
 
 try:
     run.main(args)
+    release_store(hosts_store)
 except SignalException as err:
     settled()
     status = PREEMPTED_STATUS if err.sigval == signal.SIGUSR1 else 128 + int(err.sigval)
