@@ -169,9 +169,12 @@ class DevPages:
     async def page(self, request: Request) -> Response:
         idle_warn = request.query_params.get("idle-warn") or sessions.IDLE_WARN
         limit = sessions.parse_time_s(idle_warn, "idle-warn")
-        rows = await run_in_threadpool(self.rows, limit)
+        # The starts before the rows: a start that is done has dropped the board's list (_run_start), so rows read
+        # after it show the session's final record (its tunnel and URL); read the other way round, a start that
+        # ended in between left a page with neither a "starting" line nor the commands to open the session.
         with self._lock:
             starts = {name: _starting_view(s) for name, s in self.starts.items()}
+        rows = await run_in_threadpool(self.rows, limit)
         return self.console.page(
             "dev.html",
             title="dev sessions",
