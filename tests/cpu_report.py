@@ -1,6 +1,7 @@
 """Where the suite's time goes: with HPCTRAIN_TEST_CPU_REPORT=FILE, every test appends one JSON line to FILE (each
 pytest-xdist worker appends, O_APPEND): its id, wall seconds, and the CPU seconds of the worker itself and of the
-child processes the test waited for (getrusage). Jobs the local Slurm cluster or the Kubernetes node ran are not
+child processes the test waited for (getrusage); the warm process (tests/warm_start.py) appends one line per command
+it forked for a test, with that command's CPU. Jobs the local Slurm cluster or the Kubernetes node ran are not
 children of the worker and are not counted. `python tests/cpu_report.py FILE [TOP]` sums it by file and lists the
 TOP tests (scripts/test.sh prints it).
 
@@ -53,20 +54,26 @@ def pytest_runtest_protocol(item, nextitem):  # pytest's hook signature
 
 def summary(path: str, top: int = 40) -> str:
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-    by_file: collections.Counter[str] = collections.Counter()
+    tests = [row for row in rows if "wall" in row]
+    cpu: collections.Counter[str] = collections.Counter()  # by test: worker, waited-for children, warm forks
+    warm: collections.Counter[str] = collections.Counter()
     for row in rows:
-        by_file[row["test"].split("::")[0]] += row["cpu"] + row["children_cpu"]
-    total = sum(by_file.values())
+        cpu[row["test"]] += row.get("cpu", 0) + row.get("children_cpu", 0) + row.get("warm_cpu", 0)
+        warm[row["test"]] += row.get("warm_cpu", 0)
+    by_file: collections.Counter[str] = collections.Counter()
+    for test, seconds in cpu.items():
+        by_file[test.split("::")[0]] += seconds
     out = [
-        f"{len(rows)} tests, {total:.0f} CPU s (worker + waited-for children), {sum(r['wall'] for r in rows):.0f} "
-        "wall s summed over workers",
+        f"{len(tests)} tests, {sum(cpu.values()):.0f} CPU s (worker, waited-for children, warm forks: "
+        f"{sum(warm.values()):.0f} of it), {sum(r['wall'] for r in tests):.0f} wall s summed over workers",
         "",
         "CPU s  file",
     ]
-    out += [f"{cpu:6.0f}  {name}" for name, cpu in by_file.most_common(top)]
-    out += ["", "CPU s  wall s  test"]
-    heavy = sorted(rows, key=lambda r: r["cpu"] + r["children_cpu"], reverse=True)[:top]
-    out += [f"{r['cpu'] + r['children_cpu']:6.0f}  {r['wall']:6.0f}  {r['test']}" for r in heavy]
+    out += [f"{seconds:6.0f}  {name}" for name, seconds in by_file.most_common(top)]
+    walls = {row["test"]: row["wall"] for row in tests}
+    out += ["", "CPU s  warm s  wall s  test"]
+    heavy = cpu.most_common(top)
+    out += [f"{seconds:6.0f}  {warm[test]:6.0f}  {walls.get(test, 0):6.0f}  {test}" for test, seconds in heavy]
     return "\n".join(out)
 
 

@@ -115,8 +115,8 @@ def _serve(path: str, preload: tuple[str, ...]) -> None:
                 if started is None:
                     connection.close()
                     continue
-                pid, tied = started
-                selector.register(os.pidfd_open(pid), selectors.EVENT_READ, ("child", pid, connection))
+                pid, tied, test = started
+                selector.register(os.pidfd_open(pid), selectors.EVENT_READ, ("child", pid, connection, test))
                 if tied:  # the client stands for the command: its end (even by SIGKILL) ends the command
                     selector.register(connection, selectors.EVENT_READ, ("tie", pid, connection))
             elif key.data[0] == "tie":
@@ -124,12 +124,13 @@ def _serve(path: str, preload: tuple[str, ...]) -> None:
                     selector.unregister(key.fd)
                     _kill_group(key.data[1])
             else:
-                _, pid, connection = key.data
+                _, pid, connection, test = key.data
                 selector.unregister(key.fd)
                 os.close(key.fd)
                 if connection.fileno() in selector.get_map():
                     selector.unregister(connection)
-                _, status = os.waitpid(pid, 0)
+                _, status, usage = os.wait4(pid, 0)
+                _report_cpu(test, usage.ru_utime + usage.ru_stime)
                 try:
                     connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 except OSError:
@@ -159,7 +160,7 @@ def _kill_group(pid: int) -> None:
 
 def _start(
     connection: socket.socket, listener: socket.socket, selector: selectors.BaseSelector, view: dict[str, str]
-) -> tuple[int, bool] | None:
+) -> tuple[int, bool, str] | None:
     message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
     if len(fds) != 3:
         return None
@@ -189,7 +190,22 @@ def _start(
     for fd in fds:
         os.close(fd)
     connection.sendall(f"{pid}\n".encode())
-    return pid, bool(request.get("tied"))
+    return pid, bool(request.get("tied")), request["env"].get("PYTEST_CURRENT_TEST", "")
+
+
+def _report_cpu(test: str, cpu_s: float) -> None:
+    """With HPCTRAIN_TEST_CPU_REPORT set (tests/cpu_report.py), one line for a command that ended: the CPU seconds
+    of the fork and of the children it waited for, under the test that asked for it (PYTEST_CURRENT_TEST of its
+    request). The worker's own report cannot see them: the forks are this process's children, not the worker's."""
+    report = os.environ.get("HPCTRAIN_TEST_CPU_REPORT")
+    if not report or not test:
+        return
+    line = json.dumps({"test": test.rsplit(" (", 1)[0], "warm_cpu": round(cpu_s, 2)}) + "\n"
+    fd = os.open(report, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def _become_command(request: dict, fds: list[int]) -> None:
