@@ -28,7 +28,7 @@ from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok, 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TRAIN_LIMIT = 2048  # batch 64: 32 steps an epoch
-EPOCHS = 4
+EPOCHS = 2
 TRAIN = [
     *("--recipe", "classic", "--dataset", "fashion-mnist", "--train-limit", str(TRAIN_LIMIT), "--test-limit", "200"),
     *("--threads", "1", "--log-interval", "2", "--checkpoint-every", "8", "--keep-checkpoints", "20"),
