@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.health import read_progress
-from slurm_fixtures import Job, attempts
+from slurm_fixtures import Job, attempts, in_queue
 from test_preemption_slurm import _RESUMED, TRAIN, reference_run
 from training_helpers import assert_bitwise_equal, final_weights, hpctrain, ok
 
@@ -64,11 +64,13 @@ def test_a_hung_rank_is_named_and_the_job_requeued_resumes_exactly(
     )
     job_id = ok(result).stdout.strip()
     job = Job(job_id, tmp_path, tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}")
-    job.wait_for_log("epoch 1/")  # a progress line: training is under way
-    deadline = time.monotonic() + 60
-    while not (records := [r for r in read_progress(job.run_dir) if r.rank == 1 and r.phase == "training"]):
-        assert time.monotonic() < deadline, f"rank 1 never wrote a training record:\n{job.log}"
-        time.sleep(0.2)
+    # Rank 1 stopped in training, past the first periodic checkpoint (step 16), which the next attempt resumes from.
+    deadline = time.monotonic() + 600
+    while not (
+        records := [r for r in read_progress(job.run_dir) if r.rank == 1 and r.phase == "training" and r.step > 16]
+    ):
+        assert time.monotonic() < deadline and in_queue(job_id), f"rank 1 never trained past step 16:\n{job.log}"
+        time.sleep(0.1)
     os.kill(records[0].pid, signal.SIGSTOP)
     # The uninterrupted local run the job must end equal to takes the CPU while the job waits out its hang timeout
     # and Slurm's requeue hold, not before the job starts (its result is not read before the job has ended).

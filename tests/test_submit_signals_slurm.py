@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_fixtures import slurm_cluster  # noqa: F401  (the shared session fixture)
+from slurm_fixtures import Job, slurm_cluster  # noqa: F401  (the shared session fixture)
 from test_submit_slurm import hpctrain, job_log, slurm, wait_gone  # noqa: F401 (slurm is a fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -228,7 +228,7 @@ def test_recipe_outlives_its_time_limit_by_requeueing(
     job_id = proc.stdout.readline().strip()
     assert job_id.isdigit(), proc.communicate()[1]
     run_dir = tmp_path / "runs" / f"mnist-fashion-mnist-classic-{job_id}"
-    wait_for(lambda: "epoch 1/" in job_log(tmp_path, job_id), "training", 300, job_id, tmp_path)  # a progress line
+    Job(job_id, tmp_path, run_dir).wait_until_training()
     slurm_cluster.warn_mid_run(job_id, processes=1)
     # A requeued job is held (reason BeginTime) until the old attempt's credential expires (30 s here); releasing
     # it by hand sooner gets it killed ("Job credential revoked"), so it is left alone, with a long limit again.
