@@ -2,14 +2,15 @@
 
 Test-harness only; hpctrain itself never uses this. Importing torch and torch._dynamo (which the first optimizer
 imports) costs about 3.8 CPU s a process on the 2-core CI machine, more than the small training run most tests do,
-and the suite starts hundreds of such runs. Each pytest worker therefore keeps a warm process (this file run as a
-script; one per start-up environment, see _servers) that has imported torch, torch._dynamo and hpctrain and then
-only waits. A test's command is a fork of it that does what `python -m hpctrain ARGS` does from there on (`runpy`,
-as the interpreter's `-m` does): the test's working directory, environment, stdin/stdout/stderr and arguments; the
-interpreter's exit (SystemExit's code, atexit functions, non-daemon threads joined, death by SIGINT on an uncaught
-KeyboardInterrupt). The fork is a real process with a pid of its own that signals reach; its children are its own.
-The same preloading is what `hpctrain train --nproc N` does for its workers (hpctrain/launch/processes.py), so torch is
-known to be safe to fork in that state: the warm process never runs an operator (no thread pool, no CUDA context).
+and the suite starts hundreds of such runs. The pytest workers of a session therefore share warm processes (this
+file run as a script; one per start-up environment, see _Server) that have imported torch, torch._dynamo and
+hpctrain and then only wait. A test's command is a fork of one that does what `python -m hpctrain ARGS` does from
+there on (`runpy`, as the interpreter's `-m` does): the test's working directory, environment, stdin/stdout/stderr
+and arguments; the interpreter's exit (SystemExit's code, atexit functions, non-daemon threads joined, death by
+SIGINT on an uncaught KeyboardInterrupt). The fork is a real process with a pid of its own that signals reach; its
+children are its own. The same preloading is what `hpctrain train --nproc N` does for its workers
+(hpctrain/launch/processes.py), so torch is known to be safe to fork in that state: the warm process never runs an
+operator (no thread pool, no CUDA context).
 
 What a fork cannot reproduce, it is not used for: a command whose environment differs from the test's clean one
 (the warm process's) in a variable read at start-up or at import (PYTHON*, LD_*, OMP_*, MKL_*, KMP_*, TORCH*,
@@ -29,6 +30,9 @@ only torch (WORKER_PRELOAD).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import selectors
@@ -87,10 +91,11 @@ def _worker_view(env: dict[str, str]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------- the warm process
 
 
-def _serve(path: str, preload: tuple[str, ...]) -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the pytest worker that started it
+def _serve(path: str, preload: tuple[str, ...], owner: int) -> None:
+    try:
+        owner_fd = os.pidfd_open(owner)  # gone with the pytest session that uses it (_Server)
+    except ProcessLookupError:
+        return
     view = _worker_view(dict(os.environ))  # before any import can change the environment
     for module in preload:
         try:
@@ -105,10 +110,16 @@ def _serve(path: str, preload: tuple[str, ...]) -> None:
     listener.bind(path)
     listener.listen(64)
     print("ready", flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)  # nobody reads on: the worker that started it may end before it
+    os.dup2(devnull, 1)
+    os.close(devnull)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
+    selector.register(owner_fd, selectors.EVENT_READ, ("owner",))
     while True:
         for key, _ in selector.select():
+            if key.data == ("owner",):
+                os._exit(0)  # the session ended; its commands' own ties end them
             if key.data is None:
                 connection, _ = listener.accept()
                 started = _start(connection, listener, selector, view)
@@ -183,6 +194,8 @@ def _start(
             if key.data is not None and key.data[0] == "child":
                 os.close(key.fd)
                 key.data[2].close()
+            elif key.data == ("owner",):
+                os.close(key.fd)
         selector.close()
         listener.close()
         connection.close()
@@ -382,24 +395,43 @@ class WarmProcess:
 
 
 class _Server:
-    """One warm process, started in `env` (the clean environment of the pytest worker at that moment); `workers`:
-    one for torchrun's workers (WORKER_PRELOAD)."""
+    """One warm process for the start-up view `key`, started in `env` (the clean environment of the pytest worker
+    that asked first); `workers`: one for torchrun's workers (WORKER_PRELOAD). The pytest-xdist workers of a session
+    share it (a warm process costs 2.7-4.2 CPU s to start, and a CI run's six workers each started five): the first
+    to ask starts it, under a lock, and it lives until the session's controller (the lone pytest without xdist) ends.
+    Its commands are its own children either way, never the worker's."""
 
-    def __init__(self, env: dict[str, str], workers: bool = False) -> None:
-        directory = tempfile.mkdtemp(prefix="hpctrain-warm-")
+    def __init__(self, key: tuple, env: dict[str, str], workers: bool = False) -> None:
+        owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+        directory = os.path.join(tempfile.gettempdir(), f"hpctrain-warm-{owner}-{digest}")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         self.path = os.path.join(directory, "socket")
-        self._process = subprocess.Popen(
-            [sys.executable, str(Path(__file__)), self.path, *(["workers"] if workers else [])],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        if self._process.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the warm process did not start (exit {self._process.wait()})")
+        with open(os.path.join(directory, "lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.pid = _read_pid(os.path.join(directory, "pid"))
+            if self.alive():
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            process = subprocess.Popen(
+                [sys.executable, str(Path(__file__)), self.path, "workers" if workers else "commands", str(owner)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            if process.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the warm process did not start (exit {process.wait()})")
+            self.pid = process.pid
+            Path(directory, "pid").write_text(f"{self.pid}\n")
 
     def alive(self) -> bool:
-        return self._process.poll() is None
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state != "Z" and b"warm_start.py" in Path(f"/proc/{self.pid}/cmdline").read_bytes()
 
     def start(self, request: dict, stdin: int, stdout: int, stderr: int) -> tuple[socket.socket, int]:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -434,7 +466,7 @@ def _server(key: tuple, env: dict[str, str], workers: bool = False) -> _Server |
         if server is None or not server.alive():
             if server is None and sum((k[:1] == ("workers",)) == workers for k in _servers) >= MAX_SERVERS:
                 return None
-            server = _servers[key] = _Server(env, workers)
+            server = _servers[key] = _Server(key, env, workers)
         return server
 
 
@@ -544,5 +576,12 @@ def completed(process, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
+def _read_pid(path: str) -> int:
+    try:
+        return int(Path(path).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 if __name__ == "__main__":
-    _serve(sys.argv[1], WORKER_PRELOAD if sys.argv[2:] == ["workers"] else PRELOAD)
+    _serve(sys.argv[1], WORKER_PRELOAD if sys.argv[2] == "workers" else PRELOAD, int(sys.argv[3]))
