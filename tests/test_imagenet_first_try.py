@@ -28,7 +28,9 @@ def first_try_command() -> list[str]:
 def test_the_readmes_quick_first_try_learns_on_a_small_folder(fashion_folders: Path, tmp_path: Path) -> None:
     command = first_try_command()
     assert command[:4] == ["hpctrain", "train", "imagenet", "DATA"], command
-    result = ok(hpctrain(*command[1:3], str(fashion_folders), *command[4:], cwd=tmp_path))
+    # A bound for a loaded 2-core machine, not a time to meet: the floor run's copy (nice 10, beside the main run)
+    # once took over 300 s while other tests held the CPUs.
+    result = ok(hpctrain(*command[1:3], str(fashion_folders), *command[4:], cwd=tmp_path, timeout=720))
     assert "warning" not in result.stderr, result.stderr
     records = read_metrics(tmp_path / "runs" / "first-try")
     assert len(records) == 3
