@@ -6,11 +6,10 @@
 # run builds kube-apiserver from Debian's source package and caches it outside the checkout), then pytest on
 # several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
 # requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
-# HPCTRAIN_TEST_WORKERS sets their number (default 8: with the warm start, several tests at a time mostly wait on
-# Slurm, pods or a timeout; with 6, two runs left the CPUs 10-90% idle for 2-3 minutes while every worker waited).
-# With --dist loadgroup the tests of the real Kubernetes node (marked real_node: they hold it under a lock) run on
-# one worker, one after another and first; that worker mostly waits on pods. Every other test goes to whichever
-# worker is free, one at a time. Extra arguments go to pytest.
+# HPCTRAIN_TEST_WORKERS sets their number (default 6: with the warm start, several tests at a time mostly wait on
+# Slurm, pods or a timeout, and with 5 a run left the CPUs 12% idle). With --dist loadgroup the tests of the real
+# Kubernetes node (marked real_node: they hold it under a lock) run on one worker, one after another and first; that
+# worker mostly waits on pods. Every other test goes to whichever worker is free, one at a time. Extra arguments go to pytest.
 # Alongside, the tests marked `floor` run a second time in the floor environment (scripts/lib/floor.sh: the oldest
 # supported torch, torchvision and Python), in a second pytest at the same time; HPCTRAIN_FLOOR=0 skips it.
 set -euo pipefail
@@ -86,7 +85,7 @@ fi
 status=0
 # Each test's CPU (tests/cpu_report.py): on 2 cores the suite is CPU-bound, so this, not --durations, says what to cut.
 export HPCTRAIN_TEST_CPU_REPORT="${HPCTRAIN_TEST_CPU_REPORT:-$(mktemp -d)/cpu.jsonl}"
-nice -n "$NICE" "$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-8}" --dist loadgroup --durations=30 "$@" || status=$?
+nice -n "$NICE" "$PYTHON" -m pytest -n "${HPCTRAIN_TEST_WORKERS:-6}" --dist loadgroup --durations=30 "$@" || status=$?
 if [ -s "$HPCTRAIN_TEST_CPU_REPORT" ]; then
     "$PYTHON" tests/cpu_report.py "$HPCTRAIN_TEST_CPU_REPORT" 25 || true
 fi
