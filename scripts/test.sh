@@ -7,7 +7,8 @@
 # several workers (pytest-xdist): most of a Slurm test's time is spent waiting for Slurm (scheduling passes,
 # requeue holds), and the workers overlap those waits with each other and with the CPU-bound local tests.
 # HPCTRAIN_TEST_WORKERS sets their number (default 6: with the warm start, several tests at a time mostly wait on
-# Slurm, pods or a timeout, and with 5 a run left the CPUs 12% idle). With --dist loadgroup the tests of the real
+# Slurm, pods or a timeout, and with 5 a run left the CPUs 12% idle; 8 used 5% more CPU in all, the same tests, and
+# did not fill the 2-3 minutes in which every worker waits). With --dist loadgroup the tests of the real
 # Kubernetes node (marked real_node: they hold it under a lock) run on one worker, one after another and first; that
 # worker mostly waits on pods. Every other test goes to whichever worker is free, one at a time. Extra arguments go to pytest.
 # Alongside, the tests marked `floor` run a second time in the floor environment (scripts/lib/floor.sh: the oldest

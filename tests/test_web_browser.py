@@ -238,15 +238,7 @@ def test_the_job_form_in_chromium(slurm_cluster, tmp_path, console, browser):
     ):
         field(browser, name).send_keys(value)
     browser.find_element(By.ID, "check").click()
-
-    def checked(driver):  # the answered page's field (the page before it, still there for a moment, has one too)
-        beside = driver.find_element(By.ID, "field-nproc_per_node")
-        problem = beside.find_element(By.CSS_SELECTOR, ".problem.error")
-        return beside, problem.text, beside.find_element(By.CSS_SELECTOR, ".fix").text
-
-    beside, problem, fix = WebDriverWait(browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,)).until(
-        checked
-    )
+    beside, problem, fix = checked_field(browser, "nproc_per_node")
     assert problem.startswith("--nproc-per-node 64") and "CPUs" in problem and fix.startswith("fix: "), problem
     assert field(browser, "partition").get_attribute("value") == "debug"  # the form keeps what was typed
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", beside)
@@ -268,6 +260,18 @@ def test_the_job_form_in_chromium(slurm_cluster, tmp_path, console, browser):
         assert_no_page_error(browser)
     finally:
         slurm_cluster.cancel_quietly(job_id)
+
+
+def checked_field(driver, name: str, wait_s: float = WAIT_S) -> tuple[object, str, str]:
+    """After **Check**: the answered page's field `name`, its problem and its fix, read together. The page before
+    the answer, still there for a moment, has the field too: an element of it goes stale, and is read again."""
+
+    def answered(d):
+        beside = d.find_element(By.ID, f"field-{name}")
+        problem = beside.find_element(By.CSS_SELECTOR, ".problem.error")
+        return beside, problem.text, beside.find_element(By.CSS_SELECTOR, ".fix").text
+
+    return WebDriverWait(driver, wait_s, ignored_exceptions=(StaleElementReferenceException,)).until(answered)
 
 
 def text_of(driver, element_id: str) -> str:

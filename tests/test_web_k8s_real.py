@@ -27,7 +27,15 @@ from real_node import DEADLINE_S, Real, real_cpu  # noqa: F401 (fixture)
 from slurm_fixtures import paused
 from test_k8s_real_jobs import mnist
 from test_k8s_real_pods import CONTEXT
-from test_web_browser import WAIT_S, assert_no_page_error, browser, field, screenshot, text_of  # noqa: F401 (fixtures)
+from test_web_browser import (  # noqa: F401 (browser: a fixture)
+    WAIT_S,
+    assert_no_page_error,
+    browser,
+    checked_field,
+    field,
+    screenshot,
+    text_of,
+)
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -249,9 +257,7 @@ def test_the_job_form_and_a_pytorchjob_s_page_on_the_real_node_in_chromium(
         ):
             field(browser, name).send_keys(value)
         browser.find_element(By.ID, "check").click()
-        beside = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "field-cpus_per_task"))
-        problem = beside.find_element(By.CSS_SELECTOR, ".problem.error").text
-        fix = beside.find_element(By.CSS_SELECTOR, ".fix").text
+        beside, problem, fix = checked_field(browser, "cpus_per_task", WAIT_S)
         assert "asks for cpu 64" in problem and "more than any node offers" in problem, problem
         assert fix.startswith("fix: ") and "--cpus-per-task" in fix, fix
         assert field(browser, "volumes").get_attribute("value") == volumes  # the form keeps what was typed
