@@ -8,8 +8,8 @@ for real here; the rest are pure functions fed hostile text.
 from __future__ import annotations
 
 import functools
-import logging
 import json
+import logging
 import os
 import shlex
 import subprocess

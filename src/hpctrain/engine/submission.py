@@ -5,7 +5,7 @@ console's job form, as functions that take typed input and return data (they nev
     problems = check(job)            # [Problem]: the local checks, then the live cluster's
     rendered = preview(job)          # the exact sbatch script or manifest (Rendered)
     submitted = submit(job)          # Submitted: job id, scheduler, run directory, what the backend said
-    job = resumed(backend, "1234")   # a new job that continues job 1234's run directory (the CLI's resume path)
+    done = resume(resume_plan(backend, "1234"))  # a new job that continues job 1234's run directory
 
 The job's flags are declared once (engine.job_options.add_job_arguments, each backend's own through
 BackendInfo.add_arguments): `hpctrain submit` parses them from its command line, the web form generates its fields
@@ -303,7 +303,7 @@ def describe(submission: Submission) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResumePlan:
-    """How to continue a job's run directory: the job flags and the job file text `build` takes (resumed), and the
+    """How to continue a job's run directory: the job flags and the job file text `build` takes, and the
     directory the job ran in (its first attempt's, from provenance.json; None where unknown), from which the
     relative paths of its command and job file are meant."""
 
@@ -313,39 +313,49 @@ class ResumePlan:
 
 
 def resume_plan(backend: base.Scheduler, job_id: str) -> ResumePlan:
-    """The plan that continues `job_id`'s run directory, as the CLI's resume path has it: `hpctrain submit
-    --job-file RUN_DIR/job.yaml train WORKLOAD [its options] --run-dir RUN_DIR --resume` for a built-in recipe (the
-    newest valid checkpoint there), `--job-file RUN_DIR/job.yaml --run-dir RUN_DIR` for a program of one's own (it
-    resumes from its run directory itself). A run directory not readable here, a job.yaml without a command, or a
-    recipe's run directory with no checkpoint is a UserError that says so."""
-    import yaml
-
+    """The plan that continues `job_id`'s run directory, as the CLI's resume path has it (resume_flags), from the
+    directory the job ran in. A run directory not readable here, a job.yaml without a command, or a recipe's run
+    directory with no checkpoint is a UserError that says so."""
     text = recorded(backend, job_id)
     run_dir = Path(backend.services().run_dir(job_id) or "")
-    job_file = (str(run_dir / "job.yaml"), text)
-    directory = _first_directory(run_dir)
-    data = yaml.safe_load(text)
-    command = data.get("command") if isinstance(data, dict) else None
-    if not (isinstance(command, list) and command and all(isinstance(word, str) for word in command)):
+    flags = resume_flags(run_dir, text)
+    if flags is None:
         raise UserError(f"job {job_id}: {run_dir / 'job.yaml'} holds no command, so there is nothing to resume")
-    if command[:2] != ["hpctrain", "train"]:
-        return ResumePlan({"run_dir": str(run_dir)}, job_file, directory)
     from hpctrain.checkpoint import candidates
     from hpctrain.training.rundir import checkpoint_dir
 
-    if not candidates(checkpoint_dir(run_dir)):
+    if "job_command" in flags and not candidates(checkpoint_dir(run_dir)):
         raise UserError(
             f"--resume {run_dir}: there is no checkpoint in {checkpoint_dir(run_dir)}; nothing to continue: clone "
             f"job {job_id} to start it again"
         )
-    words = [*command[1:], "--run-dir", str(run_dir), "--resume"]
-    return ResumePlan({"job_command": words}, job_file, directory)
+    return ResumePlan(flags, (str(run_dir / "job.yaml"), text), _first_directory(run_dir))
 
 
-def resumed(backend: base.Scheduler, job_id: str) -> Job:
-    """The job that continues `job_id`'s run directory (resume_plan), built here."""
-    plan = resume_plan(backend, job_id)
-    return build(plan.flags, job_file_text=plan.job_file_text)
+def resume_flags(run_dir: Path, job_file_text: str) -> dict[str, Any] | None:
+    """The job flags that continue `run_dir`, given its job file (job.yaml's text): `hpctrain submit --job-file
+    RUN_DIR/job.yaml train WORKLOAD [its options] --run-dir RUN_DIR --resume` for a built-in recipe (the newest valid
+    checkpoint there), `--job-file RUN_DIR/job.yaml --run-dir RUN_DIR` for a program of one's own (it resumes from its
+    run directory itself). None where the file holds no command. The job page's resume line is made from it too."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(job_file_text)
+    except yaml.YAMLError:
+        return None
+    command = data.get("command") if isinstance(data, dict) else None
+    if not (isinstance(command, list) and command and all(isinstance(word, str) for word in command)):
+        return None
+    if command[:2] != ["hpctrain", "train"]:
+        return {"run_dir": str(run_dir)}
+    return {"job_command": [*command[1:], "--run-dir", str(run_dir), "--resume"]}
+
+
+def first_directory(attempts: list[dict[str, Any]]) -> str | None:
+    """The directory the run's first attempt ran in (provenance.json's attempts), where one is recorded as an
+    absolute path: where the job's relative paths are meant from."""
+    where = attempts[0].get("cwd") if attempts else None
+    return where if isinstance(where, str) and where.startswith("/") else None
 
 
 def resume(plan: ResumePlan) -> Submitted:
@@ -389,16 +399,14 @@ def _resume_in(plan: ResumePlan) -> tuple[str, Any]:
 
 
 def _first_directory(run_dir: Path) -> str | None:
-    """The working directory of the run's first attempt (provenance.json), or None where there is no readable one."""
+    """first_directory of the run's provenance.json, or None where there is no readable one."""
     from hpctrain.readback import BadRunFile
     from hpctrain.training.provenance import read_attempts
 
     try:
-        attempts = read_attempts(run_dir)
+        return first_directory(read_attempts(run_dir))
     except (BadRunFile, OSError):
         return None
-    where = attempts[0].get("cwd") if attempts else None
-    return where if isinstance(where, str) and where.startswith("/") else None
 
 
 def recorded(backend: base.Scheduler, job_id: str) -> str:

@@ -19,8 +19,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from hpctrain.engine import submission
 from hpctrain.errors import UserError
 from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
 from hpctrain.readback import BadRunFile, read_text
@@ -85,19 +85,12 @@ def resume_command(directory: Path, description: str, attempts: list[dict[str, A
     larger --epochs to train further), run where the job was submitted from (relative paths in it are from there).
     None when job.yaml holds no command. The resume button submits the same job from that directory
     (engine.submission.resume)."""
-    try:
-        data = yaml.safe_load(description)
-    except yaml.YAMLError:
+    flags = submission.resume_flags(directory, description)
+    if flags is None:
         return None
-    command = data.get("command") if isinstance(data, dict) else None
-    if not (isinstance(command, list) and command and all(isinstance(word, str) for word in command)):
-        return None
-    job_file = ["hpctrain", "submit", "--job-file", str(directory / JOB_FILE)]
-    if command[:2] == ["hpctrain", "train"]:
-        words = [*job_file, *command[1:], "--run-dir", str(directory), "--resume"]
-    else:
-        words = [*job_file, "--run-dir", str(directory)]  # the program resumes from its run directory itself
-    where = attempts[0].get("cwd") if attempts and isinstance(attempts[0].get("cwd"), str) else None
+    own = ["--run-dir", str(directory)]  # a program of one's own resumes from its run directory itself
+    words = ["hpctrain", "submit", "--job-file", str(directory / JOB_FILE), *flags.get("job_command", own)]
+    where = submission.first_directory(attempts)
     return line((f"cd {shlex.quote(where)} && " if where else "") + shlex.join(words))
 
 
