@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from hpctrain.cli import terminal
+
 from hpctrain import checkpoint
 from hpctrain.health import Watchdog, find_stragglers, hang_report, read_progress
 from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
@@ -360,6 +362,7 @@ def test_status_says_in_one_line_that_a_hang_report_or_stop_reason_is_unreadable
 def test_an_unreadable_provenance_record_is_set_aside_and_a_new_one_started(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    terminal.install(None)  # the warning as printed, whatever ran before in this worker
     rng = random.Random(SEED)
     shapes = [
         ("not an object", b"[]"),
@@ -475,6 +478,8 @@ def test_records_that_crashed_the_straggler_check_are_skipped(tmp_path: Path) ->
 
 def test_the_watchdog_outlives_a_task_that_fails_and_still_reports_a_hang(capsys: pytest.CaptureFixture[str]) -> None:
     """A stack request it could not parse used to end the watchdog's thread: a later real hang went unreported."""
+
+    terminal.install(None)  # the line as printed, whatever ran before in this worker
 
     def failing() -> None:
         raise ValueError("a record of the wrong shape")
