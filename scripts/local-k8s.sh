@@ -330,10 +330,6 @@ daemons_running() {
     pid_alive "$STATE_DIR/etcd.pid" etcd && pid_alive "$STATE_DIR/kube-apiserver.pid" kube-apiserver
 }
 
-is_up() {
-    load_ports && daemons_running && apiserver_ready
-}
-
 stop_daemons() {
     stop_pid "$STATE_DIR/kube-apiserver.pid" kube-apiserver
     stop_pid "$STATE_DIR/etcd.pid" etcd
@@ -465,7 +461,10 @@ cmd_up() {
     apt_install "${RUN_PACKAGES[@]}"
     [ -d "$CRD_SRC" ] || die "$CRD_SRC is missing: run this script from an hpctrain checkout"
 
-    if is_up; then
+    # Running daemons are never started afresh (that ends every test's objects at once): a server slow to answer
+    # under load is waited for.
+    if load_ports 2>/dev/null && daemons_running; then
+        wait_for "the running kube-apiserver (its /readyz)" apiserver_ready
         kubeapi has-context "$CONTEXT" "$(default_kubeconfig)" || write_kubeconfigs
         crd_status >/dev/null || install_crds
         ensure_nodes

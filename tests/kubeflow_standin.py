@@ -67,6 +67,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import kubeflow_oracle
@@ -100,6 +101,8 @@ class KubeflowStandIn:
         self.custom = client.CustomObjectsApi(api_client)
         self.namespace = namespace
         self.errors: list[str] = []
+        # What the deadlines are counted against; a test moves it on rather than sleeping past a deadline.
+        self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubeflow-standin", daemon=True)
         self._events: dict[
@@ -220,7 +223,8 @@ class KubeflowStandIn:
         existing = {p.metadata.name: p for p in pods}
         if not conditions:
             self._set_condition(job, "Created", "PyTorchJobCreated", f"PyTorchJob {name} is created.")
-        if _past_deadline(run_policy.get("activeDeadlineSeconds"), (job.get("status") or {}).get("startTime")):
+        started = (job.get("status") or {}).get("startTime")
+        if _past_deadline(run_policy.get("activeDeadlineSeconds"), started, self.clock()):
             self._set_condition(
                 job,
                 "Failed",
@@ -559,12 +563,16 @@ def _owner(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _past_deadline(seconds: int | None, start: str | None) -> bool:
+def _past_deadline(seconds: int | None, start: str | None, now: dt.datetime) -> bool:
     """PastActiveDeadline: activeDeadlineSeconds have passed since startTime (the first reconcile)."""
     if seconds is None or start is None:
         return False
-    started = dt.datetime.strptime(start, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-    return (dt.datetime.now(dt.timezone.utc) - started).total_seconds() >= int(seconds)
+    return (now - parse_time(start)).total_seconds() >= int(seconds)
+
+
+def parse_time(timestamp: str) -> dt.datetime:
+    """A Kubernetes timestamp (whole seconds, UTC)."""
+    return dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
 
 
 def _pod_ip(pod: Any | None) -> str | None:

@@ -15,14 +15,14 @@ restart counts are written here through the status subresource, as the kubelet w
 from __future__ import annotations
 
 import copy
-import time
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from k8s_fixtures import LocalK8s
-from kubeflow_standin import GROUP, PLURAL, VERSION, KubeflowStandIn, create_namespace, delete_namespace
+from kubeflow_standin import GROUP, PLURAL, VERSION, KubeflowStandIn, create_namespace, delete_namespace, parse_time
 from trainer_standin import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, TrainerStandIn
 
 pytestmark = pytest.mark.k8s
@@ -253,12 +253,15 @@ def test_pytorchjob_backoff_counts_running_pods_init_containers_included(standin
 
 @pytest.mark.parametrize("policy,kept", [(None, True), ("Running", False)])
 def test_pytorchjob_deadline_and_clean_pod_policy(standin: TrainerStandIn, policy: str | None, kept: bool) -> None:
-    # The deadline leaves a loaded machine time to create the pods and mark one running before it passes.
     run_policy = {"activeDeadlineSeconds": 5, **({"cleanPodPolicy": policy} if policy else {})}
     create(standin, pytorchjob("pj-deadline", workers=0, run_policy=run_policy))
     standin.reconcile()
     set_phase(standin, "pj-deadline-master-0", "Running")
-    time.sleep(5.5)  # past the deadline (a wait, not a measurement)
+    started = parse_time(get(standin, "PyTorchJob", "pj-deadline")["status"]["startTime"])
+    standin.clock = lambda: started + dt.timedelta(seconds=4.9)  # the stand-in's clock, moved on: no sleeping
+    standin.reconcile()
+    assert last_condition(standin, "PyTorchJob", "pj-deadline")["type"] != "Failed"
+    standin.clock = lambda: started + dt.timedelta(seconds=5)
     standin.reconcile()
     condition = last_condition(standin, "PyTorchJob", "pj-deadline")
     assert condition["type"] == "Failed"
@@ -324,9 +327,11 @@ def test_trainjob_resources_service_and_backoff(standin: TrainerStandIn, sized_r
 
 def test_trainjob_deadline_counts_from_creation(standin: TrainerStandIn) -> None:
     create(standin, trainjob("tj-deadline", activeDeadlineSeconds=1))
+    created = parse_time(get(standin, "TrainJob", "tj-deadline")["metadata"]["creationTimestamp"])
+    standin.clock = lambda: created + dt.timedelta(seconds=1)  # the stand-in's clock, moved on: no sleeping
     standin.reconcile()
     assert pods(standin)
-    time.sleep(2.1)  # past the deadline, whole seconds of creationTimestamp included (a wait, not a measurement)
+    standin.clock = lambda: created + dt.timedelta(seconds=1.1)
     standin.reconcile()
     condition = last_condition(standin, "TrainJob", "tj-deadline")
     assert (condition["type"], condition["reason"], condition["message"]) == (

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,12 @@ def _pids(name: str) -> set[str]:
 
 @pytest.mark.slurm
 def test_status_and_idempotent_up(slurm_cluster) -> None:
-    status = script("status")
+    # Exit 0 once both nodes are usable: a test running meanwhile may hold one down for a while (test_elastic_slurm).
+    for _ in range(120):
+        status = script("status")
+        if status.returncode == 0:
+            break
+        time.sleep(1)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "debug*" in status.stdout and "short" in status.stdout
 
@@ -53,6 +60,30 @@ def test_status_and_idempotent_up(slurm_cluster) -> None:
         fds = Path(f"/proc/{pid}/fd")
         targets = {str(p.readlink()) for p in fds.iterdir()} if fds.exists() else set()
         assert lock not in targets, pid
+
+
+@pytest.mark.slurm
+def test_up_leaves_a_node_a_test_took_out_as_it_is(slurm_cluster) -> None:
+    """`up` resumes nodes left down or drained, but not one a test took out on purpose (reason "hpctrain test..."),
+    and over running daemons it never starts afresh. Drained, not DOWN: a drained node keeps its running jobs, so the
+    tests running meanwhile lose nothing; it takes no new ones for the few seconds this test takes."""
+    before = (_pids("slurmctld"), _pids("slurmd"), _pids("munged"))
+    drain = ["scontrol", "update", "nodename=node2", "state=drain", "reason=hpctrain test_local_slurm: held out"]
+    try:
+        subprocess.run(drain, check=True, capture_output=True, text=True)
+        up = subprocess.run(
+            ["bash", str(SCRIPT), "up"],
+            env={**os.environ, "HPCTRAIN_SLURM_WAIT": "3"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        state = subprocess.run(["sinfo", "-h", "-n", "node2", "-o", "%T"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], capture_output=True, text=True)
+    assert up.returncode == 1 and "nodes not ready after 3 s" in up.stderr, up.stdout + up.stderr
+    assert "resuming node2" not in up.stdout and state.strip().startswith("drain"), (up.stdout, state)
+    assert (_pids("slurmctld"), _pids("slurmd"), _pids("munged")) == before  # nothing was restarted
 
 
 @pytest.mark.slurm

@@ -1,11 +1,13 @@
-"""Issue 40 item 4 on the real local Slurm cluster: with slurmctld stopped (SIGSTOP), `status`, `status JOB`,
+"""Issue 40 item 4 with the real Slurm commands: when the controller does not answer, `status`, `status JOB`,
 `cluster`, `submit` and `cancel` each end with one line naming the fix, at the deadline HPCTRAIN_SLURM_TIMEOUT
 sets (the test never asserts on a duration: it reads the deadline in the line, and a command that hung would
 outlive the guard that run_hpctrain puts on it).
 
-The cluster is shared with other tests: the controller is stopped once, for the few seconds the commands take
-together (they run at once), a timer continues it after 25 s whatever happens, and it is continued in `finally`;
-the test then waits until `scontrol ping` answers again.
+The controller that never answers is a socket that takes connections and reads nothing, named by a copy of the
+local cluster's slurm.conf (SLURM_CONF) as its SlurmctldHost and SlurmctldPort: to Slurm's own client commands it
+is what a hung slurmctld is (they connect, send, and wait for an answer), and the shared cluster the other tests
+use goes on undisturbed. (Stopping the shared slurmctld with SIGSTOP, as this test once did, stalled every test
+running at the same time, and a fixture that found it not answering started the cluster afresh.)
 
 There is no slurmdbd on this cluster (AccountingStorageType=none), so the slurmdbd case uses a stand-in: a `sacct`
 on PATH that never answers, as one behind a stuck slurmdbd would not.
@@ -14,11 +16,10 @@ on PATH that never answers, as one behind a stuck slurmdbd would not.
 from __future__ import annotations
 
 import os
-import secrets
-import signal
+import re
+import socket
 import subprocess
-import threading
-import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,20 +35,6 @@ GUARD_S = 60  # run_hpctrain's timeout: only a command that ignores the deadline
 SLURM = ("--scheduler", "slurm")
 
 
-def slurmctld_pid() -> int:
-    """The controller's pid, from the pid file its configuration names (scripts/local-slurm.sh writes it)."""
-    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
-    (path,) = [line.split("=", 1)[1].strip() for line in config.splitlines() if line.startswith("SlurmctldPidFile")]
-    pid = int(Path(path).read_text().strip())
-    assert Path(f"/proc/{pid}/comm").read_text().strip() == "slurmctld"
-    return pid
-
-
-def controller_answers() -> bool:
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, check=False, timeout=60)
-    return ping.returncode == 0 and "is UP" in ping.stdout
-
-
 def one_line(proc: subprocess.CompletedProcess[str], *words: str) -> str:
     assert proc.returncode == 2, proc
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -58,58 +45,52 @@ def one_line(proc: subprocess.CompletedProcess[str], *words: str) -> str:
     return lines[0]
 
 
-def test_a_stopped_controller_ends_each_command_with_one_line(slurm_cluster, tmp_path: Path) -> None:
-    name = f"unreachable-{secrets.token_hex(4)}"
-    job = slurm_cluster.sbatch("--hold", "-J", name, "--wrap", "true", cwd=tmp_path)  # held: it holds no node
-    env = {**os.environ, "HPCTRAIN_SLURM_TIMEOUT": DEADLINE_S}
-    submit = ("submit", *SLURM, "--job-name", name, "--", "true")
+@pytest.fixture
+def silent_controller(slurm_cluster, tmp_path: Path) -> Iterator[Path]:
+    """A slurm.conf like the cluster's whose controller takes connections and never answers."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    (path,) = [line.split("=", 1)[1].strip() for line in config.splitlines() if line.startswith("SLURM_CONF ")]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)  # never accepted: the kernel completes the connections, nobody reads them
+        port = listener.getsockname()[1]
+        text, found = re.subn(
+            r"^SlurmctldHost=.*$",
+            f"SlurmctldHost=silent(127.0.0.1)\nSlurmctldPort={port}",
+            Path(path).read_text(),
+            flags=re.M,
+        )
+        assert found == 1, path
+        silent = tmp_path / "slurm.conf"
+        silent.write_text(text)
+        yield silent
+
+
+def test_a_controller_that_never_answers_ends_each_command_with_one_line(
+    silent_controller: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "HPCTRAIN_SLURM_TIMEOUT": DEADLINE_S, "SLURM_CONF": str(silent_controller)}
+    submit = ("submit", *SLURM, "--job-name", "unreachable", "--", "true")
     commands = {
         "status": ("status", *SLURM),
-        "status JOB": ("status", job, *SLURM),
+        "status JOB": ("status", "4242", *SLURM),
         "cluster": ("cluster", *SLURM),
         "submit": submit,
         "submit --no-check": (submit[0], "--no-check", *submit[1:]),
-        "cancel": ("cancel", job, *SLURM),
+        "cancel": ("cancel", "4242", *SLURM),
     }
-    pid = slurmctld_pid()
-    assert controller_answers()
-    # Answered while the controller runs; this also starts the harness's warm process before the commands below
-    # ask it at once (tests/warm_start.py), so that they start fast while the controller is stopped.
-    up = run_hpctrain("status", job, *SLURM, cwd=tmp_path, env=env, timeout=GUARD_S)
-    assert up.returncode == 0 and "PENDING" in up.stdout, up
-    results: dict[str, subprocess.CompletedProcess[str]] = {}
-    safety = threading.Timer(25, os.kill, (pid, signal.SIGCONT))
-    try:
-        os.kill(pid, signal.SIGSTOP)
-        safety.start()
-        with ThreadPoolExecutor(len(commands)) as pool:
-            futures = {
-                key: pool.submit(run_hpctrain, *args, cwd=tmp_path, env=env, timeout=GUARD_S)
-                for key, args in commands.items()
-            }
-            results = {key: future.result() for key, future in futures.items()}
-    finally:
-        os.kill(pid, signal.SIGCONT)
-        safety.cancel()
-        for _ in range(60):
-            if controller_answers():
-                break
-            time.sleep(1)
-        else:
-            pytest.fail("slurmctld does not answer `scontrol ping` after SIGCONT")
-        # sbatch that got no answer may have been queued when the controller went on: this test's jobs only
-        queued = subprocess.run(
-            ["squeue", "--noheader", f"--name={name}", "--format=%i"], capture_output=True, text=True, check=False
-        ).stdout.split()
-        for job_id in {job, *queued}:
-            slurm_cluster.cancel_quietly(job_id)
+    with ThreadPoolExecutor(len(commands)) as pool:
+        futures = {
+            key: pool.submit(run_hpctrain, *args, cwd=tmp_path, env=env, timeout=GUARD_S)
+            for key, args in commands.items()
+        }
+        results = {key: future.result() for key, future in futures.items()}
 
     for key, proc in results.items():
         line = one_line(proc, "scontrol ping")
         assert f"got no answer from the Slurm controller within {DEADLINE_S} s" in line, (key, line)
     assert "the job may have been queued anyway" in results["submit --no-check"].stderr
-    if not queued:  # a job sbatch queued after all may have started and made its run directory before its cancel
-        assert not (tmp_path / "runs").exists()  # nothing half-written by the refused submits
+    assert not (tmp_path / "runs").exists()  # nothing half-written by the refused submits
 
 
 def test_a_sacct_that_never_answers_ends_status_at_the_deadline(slurm_cluster, tmp_path: Path) -> None:

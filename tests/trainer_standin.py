@@ -50,13 +50,12 @@ What else it models, from the sources (Trainer v2.3.0, JobSet v0.12.0, Kubernete
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import uuid
 from typing import Any
 
 import kubeflow_oracle
-from kubeflow_standin import ADMISSION_REFUSED, KubeflowStandIn, now
+from kubeflow_standin import ADMISSION_REFUSED, KubeflowStandIn, now, parse_time
 
 TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 # Pod labels and annotations JobSet and the Job controller set (jobset api/jobset/v1alpha2; k8s batch/v1).
@@ -134,7 +133,8 @@ class TrainerStandIn(KubeflowStandIn):
             self._delete_active(pods)  # the Job controller removes the active pods of a failed Job
             return
         deadline = job["spec"].get("activeDeadlineSeconds")
-        if deadline and _age_s(job["metadata"]["creationTimestamp"]) > int(deadline):
+        age = self.clock() - parse_time(job["metadata"]["creationTimestamp"])
+        if deadline and age.total_seconds() > int(deadline):
             self._set_trainjob_status(
                 job,
                 {
@@ -366,11 +366,6 @@ def _restarts(pod: Any) -> int:
     """Restarts of the pod's containers and init containers."""
     statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []) if pod.status else []
     return sum(cs.restart_count or 0 for cs in statuses)
-
-
-def _age_s(timestamp: str) -> float:
-    created = dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-    return (dt.datetime.now(dt.timezone.utc) - created).total_seconds()
 
 
 def _condition(ctype: str, reason: str, message: str) -> dict[str, str]:
