@@ -55,6 +55,11 @@ source scripts/lib/venv.sh
 use_python_env "$PWD"
 "$PYTHON" -m pip install -q -e '.[dev,k8s]'
 stage venv
+# The test modules with their assertions rewritten, compiled once into tests/__pycache__ while the clusters start:
+# every worker reads that (pytest reads a cached rewrite even where it may not write one, as under
+# PYTHONDONTWRITEBYTECODE) instead of rewriting all of them itself, about 5 CPU s a worker.
+(env -u PYTHONDONTWRITEBYTECODE "$PYTHON" -m pytest --collect-only -q -p no:cacheprovider) >"$setup_logs/collect" 2>&1 &
+collect_pid=$!
 bash scripts/local-slurm.sh up
 stage slurm
 waited() { # waited PID NAME: wait for a background set-up step; on failure show its log and stop
@@ -67,6 +72,7 @@ waited() { # waited PID NAME: wait for a background set-up step; on failure show
     stage "$2"
 }
 waited "$k8s_pid" k8s
+waited "$collect_pid" collect
 
 # The suite is CPU-bound on 2 cores, and its longest chains are work that runs outside pytest: the real node's pods
 # (its tests run one after another) and Slurm's job steps. pytest and everything it starts run niced, so that
@@ -78,8 +84,11 @@ if [ -n "$floor_env_pid" ]; then
     FLOOR_PYTHON=$(floor_python)
     export HPCTRAIN_FLOOR_PYTHON=$FLOOR_PYTHON # also read by the main run (tests/test_torchrun_shim.py)
     floor_tmp=$(mktemp -d)
+    # Only the files that name the mark are collected (each worker would import every test module for a few); a
+    # test gets the floor mark by name (pytest.mark.floor), so its file always names it.
+    mapfile -t floor_files < <(grep -lw floor tests/test_*.py)
     nice -n "$NICE" "$FLOOR_PYTHON" -m pytest -p no:cacheprovider -n 2 --dist worksteal --basetemp="$floor_tmp/t" -m floor \
-        >"$floor_tmp/log" 2>&1 &
+        "${floor_files[@]}" >"$floor_tmp/log" 2>&1 &
     floor_pid=$!
 fi
 
