@@ -7,9 +7,11 @@ import http.server
 import os
 import signal
 import threading
+from collections import deque
 from pathlib import Path
 
 import pytest
+from slurm_fixtures import SLURM_FIXTURES
 
 # The `slurm_cluster` and `k8s_cluster` fixtures (they start scripts/local-slurm.sh or local-k8s.sh when down);
 # cpu_report: HPCTRAIN_TEST_CPU_REPORT=FILE records each test's CPU (where the suite's time goes).
@@ -49,10 +51,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if REAL_NODE_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("real_node"):
             item.add_marker(pytest.mark.real_node)
             item.add_marker(pytest.mark.xdist_group("real-node"))
-    # The slow tests first (a stable sort: the order is otherwise the files'), the many quick ones last: xdist hands
-    # out work in this order (after the groups, largest first), and a run whose last minutes were a few long tests
-    # that mostly wait (test_worker_failures.py, at the end of the alphabet) left the CPUs idle (CI run n: 7.6%).
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items[:] = dispatch_order(items)
+
+
+# What a test other than a slow Slurm one takes on a CI worker, roughly (CI runs ci17, ci18): a slow one 8 s, a quick
+# one under a second. (A slow Slurm test takes about 55 s, most of it waiting on the cluster.)
+SLOW_S, QUICK_S = 8.0, 0.8
+# The slow Slurm tests are spread over this share of the others' time, so that the run ends on quick tests.
+SLURM_SPREAD = 0.75
+
+
+def dispatch_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order xdist hands the tests out in (after the groups, largest first). The slow tests first and the many
+    quick ones last, so that the run does not end on a few long tests that mostly wait (a run that ended on
+    test_worker_failures.py's left the CPUs 7.6% idle); and the slow Slurm tests spread evenly over the first three
+    quarters, by the time the others take: handed out with the other slow tests, they held every worker at once,
+    most of them waiting for the cluster's two nodes, and left the CPUs up to 90% idle for minutes (ci18). Spread,
+    about half the workers wait on Slurm while the others keep the CPUs busy. Within a kind the order is the files'."""
+
+    def is_slow(item: pytest.Item) -> bool:
+        return item.get_closest_marker("slow") is not None
+
+    on_slurm = [item for item in items if is_slow(item) and SLURM_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    chosen = {id(item) for item in on_slurm}
+    others = deque(
+        [item for item in items if is_slow(item) and id(item) not in chosen]
+        + [item for item in items if not is_slow(item)]
+    )
+    spacing = SLURM_SPREAD * sum(SLOW_S if is_slow(item) else QUICK_S for item in others) / max(len(on_slurm), 1)
+    ordered: list[pytest.Item] = []
+    elapsed = 0.0
+    for k, test in enumerate(on_slurm):
+        while others and elapsed < k * spacing:
+            item = others.popleft()
+            ordered.append(item)
+            elapsed += SLOW_S if is_slow(item) else QUICK_S
+        ordered.append(test)
+    return ordered + list(others)
 
 
 @pytest.fixture(autouse=True)
