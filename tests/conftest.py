@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import signal
 import threading
@@ -54,9 +55,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = dispatch_order(items)
 
 
-# What a test other than a slow Slurm one takes on a CI worker, roughly (CI runs ci17, ci18): a slow one 8 s, a quick
-# one under a second. (A slow Slurm test takes about 55 s, most of it waiting on the cluster.)
-SLOW_S, QUICK_S = 8.0, 0.8
+# What a test takes on a CI worker, roughly: a slow test 8 s, a quick one under a second, and each slow Slurm test
+# its own figure, most of it waiting on the cluster (dispatch_weights.json: wall seconds in a CI run, ci19; SLURM_S
+# for one not listed). They only order the tests; nothing is judged by them.
+SLOW_S, QUICK_S, SLURM_S = 8.0, 0.8, 60.0
+SLURM_WEIGHTS: dict[str, float] = json.loads((Path(__file__).parent / "dispatch_weights.json").read_text())
 # The slow Slurm tests are spread over this share of the others' time, so that the run ends on quick tests.
 SLURM_SPREAD = 0.75
 
@@ -64,29 +67,38 @@ SLURM_SPREAD = 0.75
 def dispatch_order(items: list[pytest.Item]) -> list[pytest.Item]:
     """The order xdist hands the tests out in (after the groups, largest first). The slow tests first and the many
     quick ones last, so that the run does not end on a few long tests that mostly wait (a run that ended on
-    test_worker_failures.py's left the CPUs 7.6% idle); and the slow Slurm tests spread evenly over the first three
-    quarters, by the time the others take: handed out with the other slow tests, they held every worker at once,
-    most of them waiting for the cluster's two nodes, and left the CPUs up to 90% idle for minutes (ci18). Spread,
-    about half the workers wait on Slurm while the others keep the CPUs busy. Within a kind the order is the files'."""
+    test_worker_failures.py's left the CPUs 7.6% idle); and the slow Slurm tests, longest first, spread over the
+    first three quarters of the others' time in proportion to their own: handed out with the other slow tests, they
+    held every worker at once, most of them waiting for the cluster's two nodes, and left the CPUs up to 90% idle for
+    minutes (ci18, ci19). Spread, about half the workers wait on Slurm while the others keep the CPUs busy."""
 
     def is_slow(item: pytest.Item) -> bool:
         return item.get_closest_marker("slow") is not None
 
+    def other_s(item: pytest.Item) -> float:
+        return SLOW_S if is_slow(item) else QUICK_S
+
+    def slurm_s(item: pytest.Item) -> float:
+        return SLURM_WEIGHTS.get(item.nodeid, SLURM_S)
+
     on_slurm = [item for item in items if is_slow(item) and SLURM_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    on_slurm.sort(key=slurm_s, reverse=True)  # a stable sort: equal ones keep the files' order
     chosen = {id(item) for item in on_slurm}
     others = deque(
         [item for item in items if is_slow(item) and id(item) not in chosen]
         + [item for item in items if not is_slow(item)]
     )
-    spacing = SLURM_SPREAD * sum(SLOW_S if is_slow(item) else QUICK_S for item in others) / max(len(on_slurm), 1)
+    # Others' seconds to hand out per second of Slurm tests handed out.
+    rate = SLURM_SPREAD * sum(map(other_s, others)) / max(sum(map(slurm_s, on_slurm)), 1.0)
     ordered: list[pytest.Item] = []
-    elapsed = 0.0
-    for k, test in enumerate(on_slurm):
-        while others and elapsed < k * spacing:
+    handed_others = handed_slurm = 0.0
+    for test in on_slurm:
+        while others and handed_others < rate * handed_slurm:
             item = others.popleft()
             ordered.append(item)
-            elapsed += SLOW_S if is_slow(item) else QUICK_S
+            handed_others += other_s(item)
         ordered.append(test)
+        handed_slurm += slurm_s(test)
     return ordered + list(others)
 
 
