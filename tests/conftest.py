@@ -60,15 +60,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # for one not listed). They only order the tests; nothing is judged by them.
 SLOW_S, QUICK_S, SLURM_S = 8.0, 0.8, 60.0
 SLURM_WEIGHTS: dict[str, float] = json.loads((Path(__file__).parent / "dispatch_weights.json").read_text())
-# The slow Slurm tests are spread over this share of the others' time, so that the run ends on quick tests.
-SLURM_SPREAD = 0.75
+# The slow Slurm tests are spread over this share of the others' time; the last of them are the shortest.
+SLURM_SPREAD = 0.95
 
 
 def dispatch_order(items: list[pytest.Item]) -> list[pytest.Item]:
     """The order xdist hands the tests out in (after the groups, largest first). The slow tests first and the many
     quick ones last, so that the run does not end on a few long tests that mostly wait (a run that ended on
     test_worker_failures.py's left the CPUs 7.6% idle); and the slow Slurm tests, longest first, spread over the
-    first three quarters of the others' time in proportion to their own: handed out with the other slow tests, they
+    first 95% of the others' time in proportion to their own: handed out with the other slow tests, they
     held every worker at once, most of them waiting for the cluster's two nodes, and left the CPUs up to 90% idle for
     minutes (ci18, ci19). Spread, about half the workers wait on Slurm while the others keep the CPUs busy."""
 

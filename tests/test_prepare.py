@@ -109,6 +109,22 @@ def test_training_from_shards_resumes_mid_epoch_bitwise_as_from_the_folders(fash
     assert_bitwise_equal(final_weights(whole), final_weights(parts))
 
 
+def test_a_rerun_removes_what_a_kill_left_half_written(fashion_folders, tmp_path):
+    """A SIGKILL between write_atomic's temporary and its rename leaves the temporary (a CI run's kill landed there
+    once, on the journal's): the rerun removes it with the partial shards, and the directory is the one a whole run
+    makes."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    prepare(fashion_folders, whole, "--shard-size", "100")
+    shutil.copytree(whole, parts)
+    (parts / INDEX_NAME).unlink()
+    left = [".hpctrain-prepare-shards.json", ".hpctrain-prepare.json", INDEX_NAME, "train-000001.tar"]
+    for name in left:
+        (parts / f".{name}.tmp-4242").write_bytes(b'{"train":{"train-00')
+    result = prepare(fashion_folders, parts, "--shard-size", "100")
+    assert "already in complete shards" in result.stderr
+    assert files(parts) == files(whole)
+
+
 def test_prepare_killed_midway_continues_to_the_same_bytes(fashion_folders, tmp_path):
     """One image per shard (--shard-size 1): 400 shards, killed with SIGKILL once the first two exist."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"

@@ -257,9 +257,13 @@ def _difference(before: dict | None, now: dict) -> str:
 
 
 def _remove_temporaries(out: Path) -> None:
-    """Partial shards of an interrupted run (never under a final name): removed, the run starts them again."""
-    for path in out.glob(".*.tar.tmp-*"):
-        path.unlink(missing_ok=True)
+    """What an interrupted run left half-written, never under a final name: partial shards, and the temporaries of
+    the manifest, journal and index that it had not yet renamed (write_atomic). Removed; the run writes them again.
+    Called under the directory's lock, so none is another run's."""
+    patterns = [".*.tar.tmp-*", *(f".{name}.tmp-*" for name in (MANIFEST_NAME, JOURNAL_NAME, INDEX_NAME))]
+    for pattern in patterns:
+        for path in out.glob(pattern):
+            path.unlink(missing_ok=True)
 
 
 def _listing_digest(images: ImageSet) -> str:
