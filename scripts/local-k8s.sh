@@ -464,7 +464,7 @@ cmd_up() {
     # Running daemons are never started afresh (that ends every test's objects at once): a server slow to answer
     # under load is waited for.
     if load_ports 2>/dev/null && daemons_running; then
-        wait_for "the running kube-apiserver (its /readyz)" apiserver_ready
+        wait_for "the running kube-apiserver (its /readyz; if it never answers, 'scripts/local-k8s.sh down' then 'up' starts afresh)" apiserver_ready
         kubeapi has-context "$CONTEXT" "$(default_kubeconfig)" || write_kubeconfigs
         crd_status >/dev/null || install_crds
         ensure_nodes

@@ -68,7 +68,8 @@ def test_up_leaves_a_node_a_test_took_out_as_it_is(slurm_cluster) -> None:
     and over running daemons it never starts afresh. Drained, not DOWN: a drained node keeps its running jobs, so the
     tests running meanwhile lose nothing; it takes no new ones for the few seconds this test takes."""
     before = (_pids("slurmctld"), _pids("slurmd"), _pids("munged"))
-    drain = ["scontrol", "update", "nodename=node2", "state=drain", "reason=hpctrain test_local_slurm: held out"]
+    # node1: test_elastic_slurm takes node2 out (and resumes it) itself
+    drain = ["scontrol", "update", "nodename=node1", "state=drain", "reason=hpctrain test_local_slurm: held out"]
     try:
         subprocess.run(drain, check=True, capture_output=True, text=True)
         up = subprocess.run(
@@ -78,11 +79,11 @@ def test_up_leaves_a_node_a_test_took_out_as_it_is(slurm_cluster) -> None:
             text=True,
             timeout=120,
         )
-        state = subprocess.run(["sinfo", "-h", "-n", "node2", "-o", "%T"], capture_output=True, text=True).stdout
+        state = subprocess.run(["sinfo", "-h", "-n", "node1", "-o", "%T"], capture_output=True, text=True).stdout
     finally:
-        subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], capture_output=True, text=True)
+        subprocess.run(["scontrol", "update", "nodename=node1", "state=resume"], capture_output=True, text=True)
     assert up.returncode == 1 and "nodes not ready after 3 s" in up.stderr, up.stdout + up.stderr
-    assert "resuming node2" not in up.stdout and state.strip().startswith("drain"), (up.stdout, state)
+    assert "resuming node1" not in up.stdout and state.strip().startswith("drain"), (up.stdout, state)
     assert (_pids("slurmctld"), _pids("slurmd"), _pids("munged")) == before  # nothing was restarted
 
 

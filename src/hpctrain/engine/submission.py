@@ -329,7 +329,7 @@ def resume_plan(backend: base.Scheduler, job_id: str) -> ResumePlan:
             f"--resume {run_dir}: there is no checkpoint in {checkpoint_dir(run_dir)}; nothing to continue: clone "
             f"job {job_id} to start it again"
         )
-    return ResumePlan(flags, (str(run_dir / "job.yaml"), text), _first_directory(run_dir))
+    return ResumePlan(flags, (str(run_dir / "job.yaml"), text), _recorded_first_directory(run_dir))
 
 
 def resume_flags(run_dir: Path, job_file_text: str) -> dict[str, Any] | None:
@@ -398,7 +398,7 @@ def _resume_in(plan: ResumePlan) -> tuple[str, Any]:
         return "refused", str(err)
 
 
-def _first_directory(run_dir: Path) -> str | None:
+def _recorded_first_directory(run_dir: Path) -> str | None:
     """first_directory of the run's provenance.json, or None where there is no readable one."""
     from hpctrain.readback import BadRunFile
     from hpctrain.training.provenance import read_attempts

@@ -19,7 +19,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-
 from hpctrain.engine import submission
 from hpctrain.errors import UserError
 from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
@@ -88,8 +87,9 @@ def resume_command(directory: Path, description: str, attempts: list[dict[str, A
     flags = submission.resume_flags(directory, description)
     if flags is None:
         return None
-    own = ["--run-dir", str(directory)]  # a program of one's own resumes from its run directory itself
-    words = ["hpctrain", "submit", "--job-file", str(directory / JOB_FILE), *flags.get("job_command", own)]
+    # A built-in recipe's train command; a program of one's own resumes from its run directory itself.
+    rest = flags["job_command"] if "job_command" in flags else ["--run-dir", flags["run_dir"]]
+    words = ["hpctrain", "submit", "--job-file", str(directory / JOB_FILE), *rest]
     where = submission.first_directory(attempts)
     return line((f"cd {shlex.quote(where)} && " if where else "") + shlex.join(words))
 
