@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 
-from hpctrain.cli import terminal
-
 from hpctrain import checkpoint
+from hpctrain.cli import terminal
 from hpctrain.health import Watchdog, find_stragglers, hang_report, read_progress
 from hpctrain.health.hang import MAX_REPORT_BYTES, report_path
 from hpctrain.health.preflight import MAX_PREFLIGHT_BYTES, PREFLIGHT_FILE, read_verdict

@@ -257,7 +257,7 @@ def test_the_job_form_and_a_pytorchjob_s_page_on_the_real_node_in_chromium(
         ):
             field(browser, name).send_keys(value)
         browser.find_element(By.ID, "check").click()
-        beside, problem, fix = checked_field(browser, "cpus_per_task", WAIT_S)
+        beside, problem, fix = checked_field(browser, "cpus_per_task")
         assert "asks for cpu 64" in problem and "more than any node offers" in problem, problem
         assert fix.startswith("fix: ") and "--cpus-per-task" in fix, fix
         assert field(browser, "volumes").get_attribute("value") == volumes  # the form keeps what was typed
