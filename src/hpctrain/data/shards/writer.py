@@ -257,12 +257,10 @@ def _difference(before: dict | None, now: dict) -> str:
 
 
 def _remove_temporaries(out: Path) -> None:
-    """What an interrupted run left half-written, never under a final name: partial shards, and the temporaries of
-    the manifest, journal and index that it had not yet renamed (write_atomic). Removed; the run writes them again.
-    Called under the directory's lock, so none is another run's."""
-    patterns = [".*.tar.tmp-*", *(f".{name}.tmp-*" for name in (MANIFEST_NAME, JOURNAL_NAME, INDEX_NAME))]
-    for pattern in patterns:
-        for path in out.glob(pattern):
+    """What an interrupted run left half-written under no final name (partial shards; the temporaries of the
+    manifest, journal and index not yet renamed): removed, under the directory's lock, and written again."""
+    for name in ("*.tar", MANIFEST_NAME, JOURNAL_NAME, INDEX_NAME):
+        for path in out.glob(f".{name}.tmp-*"):
             path.unlink(missing_ok=True)
 
 
