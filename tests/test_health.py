@@ -106,7 +106,7 @@ def test_the_report_names_a_silent_rank_as_the_culprit(tmp_path: Path) -> None:
         record(1, 0, 0, step=7, age=40, world=2),
     ]
     report = hang_report(records, 2, 30, 10, tmp_path, NOW)
-    assert report.culprits == ["rank 1 on node1"]
+    assert report.culprits == ["rank 1 on node1"] and report.silent  # perhaps gone with its node
     assert report.summary() == "hung at step 8: rank 1 on node1 never arrived"
     text = report.text()
     assert "rank 0 on node0: waits in the stop vote after step 8;" in text
@@ -120,7 +120,8 @@ def test_the_report_names_a_rank_stuck_outside_a_collective_and_a_missing_one(tm
         record(1, 0, 0, phase="hung", step=7, world=3),
     ]
     report = hang_report(records, 3, 30, 10, tmp_path, NOW)
-    assert report.culprits == ["rank 1 on node1", "rank 2"]
+    assert report.culprits == ["rank 1 on node1", "rank 2"] and report.silent  # rank 2: no record at all
+    assert not hang_report(records[:2], 2, 30, 10, tmp_path, NOW).silent  # stuck but alive: its watchdog answered
     assert "outside any collective" in report.text() and "rank 2: never wrote a progress record" in report.text()
 
 
@@ -132,7 +133,7 @@ def test_when_every_rank_waits_in_the_same_place_nobody_is_blamed(tmp_path: Path
         for r in range(2)
     ]
     report = hang_report(records, 2, 30, 10, tmp_path, NOW)
-    assert report.culprits == [] and "none found" in report.text()
+    assert report.culprits == [] and "none found" in report.text() and not report.silent
 
 
 def test_a_victim_left_behind_by_a_half_done_collective_is_not_blamed(tmp_path: Path) -> None:
@@ -416,6 +417,12 @@ def test_a_frozen_rank_is_found_named_and_the_attempt_ends_as_hung(fashion_data_
     assert not (run_dir / "hang" / f"rank-{frozen}.txt").exists()
     assert (run_dir / "stop_reason").read_text().strip() == "hung"
     assert f"exitcode  : {EXIT_HUNG} " in text  # torchrun's summary of the rank whose watchdog ended it
+    # A silent rank may be a node gone without closing its connections: the loss is noted for torchrun's next
+    # group (here there is none: --max-restarts 0), from the moment the reporting rank's wait began.
+    lost = json.loads((run_dir / "peer_lost.json").read_text())
+    reporter = next(r for r in read_progress(run_dir) if r.rank == other)
+    assert lost["step"] == reporter.step and lost["step"] > 0, (lost, reporter)
+    assert lost["seen_at"] <= (run_dir / "hang" / "report.txt").stat().st_mtime - 4, lost  # --hang-timeout 4
 
 
 @pytest.mark.slow

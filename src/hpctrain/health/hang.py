@@ -54,6 +54,7 @@ class HangReport:
     culprits: list[str]  # "rank R on HOST", the rank(s) that never arrived
     lines: list[str]  # the report, one line a rank, then the verdict
     alone: str | None = None  # a single process's verdict: where it is stuck
+    silent: bool = False  # a rank wrote nothing since the hang began, or nothing at all: it may be gone with its node
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -133,7 +134,7 @@ def hang_report(
             "culprit: none found: every rank waits in a collective, so the network or the collective "
             "backend itself hangs (see the stacks)"
         )
-    return HangReport(step, culprits, lines)
+    return HangReport(step, culprits, lines, silent=silent)
 
 
 def _alone(records: list[RankProgress], quiet_s: float, limit_s: float, run_dir: Path, here: str | None) -> HangReport:

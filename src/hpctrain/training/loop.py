@@ -76,7 +76,7 @@ def train(cfg: TrainConfig, recipe: Recipe, view: ProgressView | None = None) ->
                 with peer_failures(run.env, run.cfg.dist_timeout):
                     result = _train(run, view)
             except CollectiveFailure as lost:
-                note_peer_lost(run, lost)  # torchrun's next group records when and where the loss was seen
+                note_peer_lost(run, lost.seen_at)  # torchrun's next group records when and where the loss was seen
                 raise
             if run.writer is not None:
                 run.writer.wait()  # the last checkpoint is durable before the process reports success

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from hpctrain.distributed import DistEnv, all_gather_object
-from hpctrain.distributed.failures import CollectiveFailure, collective
+from hpctrain.distributed.failures import collective
 from hpctrain.distributed.probes import ELASTIC_MAX_NODES_VAR, ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
 from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_atomic
@@ -149,19 +149,23 @@ def write_run_files(
         run.say(f"membership change: {attempt['membership_change']} (torchrun restart {restart})")
 
 
-def note_peer_lost(run: Run, failure: CollectiveFailure) -> None:
-    """Under torchrun, the first rank of the group to see a peer lost leaves RUN/peer_lost.json: when it saw it and
-    the step it had reached. Later ranks find it there (created by link: exclusive and whole). O(1) files a rank.
-    The next group's rank 0 takes it into its attempt record; one that no group took (the survivors could not
-    re-form: below MIN, or the restart budget spent) tells the batch script to requeue the job. Best effort: a run
-    that cannot write it still restarts, its change recorded without the moment of the loss."""
+def note_peer_lost(run: Run, seen_at: float) -> None:
+    """Under torchrun, the first rank of the group to see a peer lost leaves RUN/peer_lost.json: when it saw it
+    (`seen_at`, time.time(); 0: now) and the step it had reached. A rank sees it in one of two ways: a collective fails
+    (the lost peer's connections closed: `CollectiveFailure.seen_at`), or, when they never close (a node that lost
+    power or its network), the hang watchdog finds a rank silent (the moment its wait began: the --hang-timeout
+    spent waiting is part of what the loss cost). Later ranks find it there (created by link: exclusive and whole).
+    O(1) files a rank. The next group's rank 0 takes it into its attempt record; one that no group took (the
+    survivors could not re-form: below MIN, or the restart budget spent) tells the batch script to requeue the
+    job. Best effort: a run that cannot write it still restarts, its change recorded without the moment of the
+    loss."""
     if ELASTIC_RESTART_VAR not in os.environ:
         return
     final = run.run_dir / PEER_LOST_FILE
     if final.exists():
         return
     own = _own_record(run)
-    note = {"seen_at": failure.seen_at or time.time(), "step": own.step if own is not None else None}
+    note = {"seen_at": seen_at or time.time(), "step": own.step if own is not None else None}
     tmp = final.with_name(f".{PEER_LOST_FILE}.{os.getpid()}")
     try:
         write_atomic(tmp, json.dumps(note).encode(), durable=False)

@@ -38,6 +38,7 @@ from hpctrain.health.stragglers import Straggler, find_stragglers
 from hpctrain.health.watchdog import LONG_MARGIN_S, Watchdog
 from hpctrain.readback import BadRunFile
 from hpctrain.training.run import Run
+from hpctrain.training.rundir import note_peer_lost
 from hpctrain.training.stopping import EXIT_HUNG, StopReason, write_stop_reason, write_termination_message
 from hpctrain import channel
 from hpctrain.channel import note
@@ -336,6 +337,8 @@ class RankWatch:
             return
         for line in report.text().rstrip("\n").split("\n"):
             note(log, line)
+        if report.silent:  # a node gone without closing its connections: torchrun's next group says when
+            note_peer_lost(run, time.time() - quiet_s)
         try:
             write_atomic(report_path(run.run_dir), report.text().encode())
             if env.is_distributed:
