@@ -299,6 +299,19 @@ def test_records_are_written_read_and_filtered(tmp_path: Path) -> None:
     assert r.phase == "evaluating" and r.step_s == pytest.approx(0.3)  # the last timings stay
 
 
+def test_a_rank_removes_the_temporaries_its_killed_predecessors_left_and_no_others(tmp_path: Path) -> None:
+    # A process killed between write_atomic's write and its rename leaves `.NAME.tmp-PID`; the rank's next process
+    # (a torchrun restart, a requeue) removes those of its own record: another rank's are that rank's business.
+    folder = tmp_path / "progress"
+    folder.mkdir()
+    stale = [folder / ".rank-1.json.tmp-4242", folder / ".rank-1.json.tmp-4243"]
+    other = [folder / ".rank-0.json.tmp-4244", folder / ".rank-11.json.tmp-4245", folder / "rank-1.json.tmp-4246"]
+    for path in stale + other:
+        path.write_text("{")
+    ProgressRecorder(tmp_path, 1, 12, "here", 50)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in other)
+
+
 def test_the_first_step_after_another_phase_is_written_at_once(tmp_path: Path) -> None:
     rec = ProgressRecorder(tmp_path, 0, 1, "here", 50, interval_s=3600.0)
     rec.step(1, 1, 1, 32, 0.1, 0.0, 0.0)

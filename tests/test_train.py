@@ -125,9 +125,17 @@ def test_resume_after_an_epoch_is_bitwise_equal_to_an_uninterrupted_run(fashion_
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(fashion_data_dir, whole, "--recipe", "classic", "--epochs", "2")
     train(fashion_data_dir, parts, "--recipe", "classic", "--epochs", "1")
+    # What a first attempt killed between write_atomic's write and rename leaves; the next attempt removes those
+    # of the files training writes, and leaves what `hpctrain submit` may be writing there at that moment.
+    stale = [parts / f".{name}.tmp-4242" for name in ("provenance.json", "stop_reason", "peer_lost.json")]
+    stale.append(parts / "progress" / ".rank-0.json.tmp-4242")
+    submits = parts / ".job.yaml.tmp-4243"
+    for path in [*stale, submits]:
+        path.write_text("half")
     train(fashion_data_dir, parts, "--recipe", "classic", "--epochs", "2", "--resume")
     assert_bitwise_equal(final_weights(whole), final_weights(parts))
     assert [r["epoch"] for r in read_metrics(parts)] == [1, 2]
+    assert not any(path.exists() for path in stale) and submits.exists()
 
 
 def interrupt(data_dir, run_dir, signum, *extra, after_line="epoch 1/2 step 3/"):

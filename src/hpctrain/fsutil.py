@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import hashlib
 import os
 import stat
@@ -44,6 +45,17 @@ def write_atomic(
     except BaseException:
         _unlink_quietly(tmp)  # a link there is removed itself, its target untouched
         raise
+
+
+def remove_temporaries(directory: Path, name: str | None = None) -> None:
+    """Remove the temporaries `write_atomic` leaves (`.NAME.tmp-PID`) when its process is killed between the write
+    and the rename, of the file `name` (None: of every file) in `directory`, except this process's own. Only for
+    files with one writer at a time: a rank's own progress record; a run directory's files when an attempt's rank 0
+    starts (every process of the attempt before it has ended)."""
+    for tmp in directory.glob(f".{'*' if name is None else glob.escape(name)}.tmp-*"):
+        pid = tmp.name.rpartition(".tmp-")[2]
+        if pid.isdigit() and int(pid) != os.getpid():
+            _unlink_quietly(tmp)
 
 
 def append_line(path: Path, line: str) -> None:

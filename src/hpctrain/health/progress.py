@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.fsutil import write_atomic
+from hpctrain.fsutil import remove_temporaries, write_atomic
 from hpctrain.readback import BadRunFile, bounds, parse_json, parse_record, read_text
 
 PROGRESS_DIR = "progress"
@@ -139,6 +139,7 @@ class ProgressRecorder:
     ) -> None:
         self.path = progress_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_temporaries(self.path.parent, self.path.name)  # an earlier process of this rank's, killed mid-write
         self.record = RankProgress(rank, world_size, host, os.getpid(), "starting", steps_per_epoch=steps_per_epoch)
         self.interval_s = interval_s
         self._sums = [0, 0.0, 0.0, 0.0, 0]  # steps, step, data, compute seconds, images

@@ -18,7 +18,7 @@ from hpctrain.distributed import DistEnv, all_gather_object
 from hpctrain.distributed.failures import collective
 from hpctrain.distributed.probes import ELASTIC_MAX_NODES_VAR, ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
-from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, write_atomic
+from hpctrain.fsutil import DirectoryLock, LocksUnsupported, file_kind, remove_temporaries, write_atomic
 from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE, node_name
 from hpctrain.health.progress import MAX_RECORD_BYTES, PROGRESS_DIR, parse_progress, progress_path
 from hpctrain.health.stacks import HANG_DIR, STACKS_DIR
@@ -101,6 +101,20 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
         return None
 
 
+# The run directory's files that training processes write (through write_atomic), and so may leave a temporary of;
+# `hpctrain submit` writes others there (job.yaml, the script, the holder) at any moment, which are not ours to touch.
+_TRAINING_FILES = (
+    CONFIG_FILE,
+    PROVENANCE_FILE,
+    STOP_REASON_FILE,
+    SIGNALS_FILE,
+    METRICS_FILE,
+    PREFLIGHT_FILE,
+    BAD_NODES_FILE,
+    PEER_LOST_FILE,
+)
+
+
 def write_run_files(
     run: Run, hosts: list[str], resumed_step: int | None = None, nodes: list[str] | None = None
 ) -> None:
@@ -114,6 +128,8 @@ def write_run_files(
     `membership_change`. The previous group's stop reason (the agent stops its workers with SIGTERM, which they
     record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    for name in _TRAINING_FILES:  # what a process of an earlier attempt left, killed between write and rename
+        remove_temporaries(run.run_dir, name)
     config = {
         **run.cfg.to_dict(),
         "resolved": {
@@ -166,7 +182,7 @@ def note_peer_lost(run: Run, seen_at: float) -> None:
         return
     own = _own_record(run)
     note = {"seen_at": seen_at or time.time(), "step": own.step if own is not None else None}
-    tmp = final.with_name(f".{PEER_LOST_FILE}.{os.getpid()}")
+    tmp = final.with_name(f".{PEER_LOST_FILE}.tmp-{os.getpid()}")  # a kill leaves it to remove_temporaries
     try:
         write_atomic(tmp, json.dumps(note).encode(), durable=False)
         os.link(tmp, final)
