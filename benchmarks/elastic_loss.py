@@ -16,7 +16,9 @@ the first step that process completes).
             released by hand), and the next attempt resumes on both nodes.
 
 The loss is seen at once here (the killed processes' sockets close, so the survivors' collective fails); a node that
-stops answering without closing them is seen after --dist-timeout instead, on both paths alike.
+stops answering without closing them is seen after --hang-timeout instead (the hang watchdog; --dist-timeout when that
+is shorter), on both paths alike (benchmarks/gloo_missed_close.py: a survivor stopped while its peer died can miss
+the close too).
 
     python benchmarks/elastic_loss.py --data-dir data            # hpctrain importable (or PYTHONPATH=src)
 """

@@ -141,3 +141,14 @@ def test_elastic_rendezvous_benchmark_counts_a_membership_change() -> None:
     assert [row["agents"] for row in figures["rows"]] == [2, 3], figures
     assert all(row["rendezvous_requests"] > 0 and row["rendezvous_bytes"] > 0 for row in figures["rows"]), figures
     assert set(figures["at_1000"]) == {"rendezvous_requests", "rendezvous_requests_max_agent", "rendezvous_bytes"}
+
+
+@pytest.mark.slow
+def test_gloo_missed_close_benchmark_kills_a_peer_beside_a_running_and_a_stopped_rank() -> None:
+    result = bench("benchmarks/gloo_missed_close.py", "--trials", "1", "--timeout", "3")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout.splitlines()[-1])
+    assert [r["mode"] for r in rows] == ["running", "stopped"], rows
+    # A rank whose gloo thread runs sees its peer's death at once; a stopped one may (the race the figure counts).
+    assert rows[0]["verdict"] == "closed" and rows[1]["verdict"] in ("closed", "timed out"), rows
+    assert all(r["ops"] >= 200 for r in rows), rows  # killed once going, never before
