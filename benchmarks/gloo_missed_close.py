@@ -6,7 +6,7 @@ fail at once with gloo's "Connection closed by peer", or wait out the process gr
 
 Why it matters: hpctrain's elastic jobs count on the survivors' collective failing when a node's processes die;
 when it waits instead, the hang watchdog ends the wait after --hang-timeout (tests/test_elastic_slurm.py pauses its
-survivor, and about one run in five of its DOWN case took that path; docs/benchmarks.md has the figures).
+survivor, and now and then its DOWN case takes that path; docs/benchmarks.md has the figures).
 
     python benchmarks/gloo_missed_close.py --trials 6 --timeout 10
 """

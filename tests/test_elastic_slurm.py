@@ -7,11 +7,11 @@ are bitwise those of a local 2-process run to that checkpoint resumed by one pro
 Nothing depends on how fast the CPU trains: the workers are paused (SIGSTOP) once a checkpoint exists, node2 is lost
 while they are, and node1's worker goes on to find its peer gone: a collective fails on the closed connection, or
 its hang watchdog finds the peer silent after --hang-timeout (as for a node that loses power, whose connections
-never close). The second happens here when gloo misses the close: a gloo process stopped while its peer dies
-usually waits out its timeout in its next send once continued (two plain gloo processes, SIGSTOP, the peer
-SIGKILLed, SIGCONT: 5 of 6 trials timed out, torch 2.14); about one run in five of the DOWN case. Either way
-torchrun's next group records the loss. node2 is DOWN only until Slurm has ended the job's processes there (the
-cluster is shared): it is resumed in a `finally`, whatever happens."""
+never close). The second happens here when gloo misses the close: a gloo process stopped while its peer dies often
+waits out its timeout in its next send once continued (two plain gloo processes, SIGSTOP, the peer SIGKILLed,
+SIGCONT: 2 to 5 of 6 trials timed out, torch 2.14; benchmarks/gloo_missed_close.py); 1 of 9 runs of the DOWN case
+here. Either way torchrun's next group records the loss. node2 is DOWN only until Slurm has ended the job's
+processes there (the cluster is shared): it is resumed in a `finally`, whatever happens."""
 
 from __future__ import annotations
 
