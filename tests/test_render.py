@@ -24,7 +24,8 @@ from hpctrain.distributed.ports import job_port
 from hpctrain.jobs.spec import JobSpec, Resources
 from hpctrain.jobs.values import parse_time_limit
 from hpctrain.schedulers.slurm.batch.options import FILE_KEYS, EnvironmentSpec, SlurmOptions
-from hpctrain.schedulers.slurm.batch.script import helper_lines, render_sbatch, sbatch_argv, step_command, submit
+from hpctrain.schedulers.slurm.batch.requeue import helper_lines
+from hpctrain.schedulers.slurm.batch.script import render_sbatch, sbatch_argv, step_command, submit
 from hpctrain.schedulers.slurm.batch.torchrun_shim import TORCHRUN_SHIM
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"

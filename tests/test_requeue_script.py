@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.spec import JobSpec, Resources
-from hpctrain.schedulers.slurm.batch.script import helper_lines, render_sbatch
+from hpctrain.schedulers.slurm.batch.requeue import helper_lines
+from hpctrain.schedulers.slurm.batch.script import render_sbatch
 from hpctrain.schedulers.slurm.batch.options import SlurmOptions
 from test_render import _run_and_signal, fake_slurm, slurm_job  # noqa: F401 - the fixture
 

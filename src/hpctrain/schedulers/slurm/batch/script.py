@@ -1,8 +1,9 @@
 """The Slurm batch script: rendered from a JobSpec and resolved SlurmOptions (pure), submitted with sbatch (thin).
 
 Read top to bottom, this module follows the script it writes: render_sbatch first, then its parts in the order the
-script holds them (the summary, the #SBATCH lines, the traps, the run directory's counters and budgets, the
-rendezvous, the srun step, what happens after the step: the requeue decisions), then sbatch itself.
+script holds them (the summary, the #SBATCH lines, the traps, the rendezvous, the srun step), then sbatch itself.
+The script's own requeues, its run directory's counters and restart budgets before the step and its decisions
+after it, are requeue.py's.
 
 render_sbatch() reads nothing but its arguments: no cluster queries, no clock, no paths of the submitting machine
 beyond those the user gave. It resolves the options for the job once (options.checked_for_job: the launcher chosen
@@ -46,20 +47,23 @@ from hpctrain import program_text
 from hpctrain.distributed.ports import job_port_lines
 from hpctrain.distributed.probes import ELASTIC_MAX_NODES_VAR, ELASTIC_MIN_NODES_VAR
 from hpctrain.errors import UserError
-from hpctrain.health.preflight import BAD_NODES_FILE, PREFLIGHT_FILE
 from hpctrain.jobs.spec import JobSpec
 from hpctrain.jobs.values import format_duration
 from hpctrain.schedulers.slurm.batch.environments import get_environment, quote_path
 from hpctrain.schedulers.slurm.batch.options import SlurmOptions, checked_for_job, gres, parse_sbatch_option, uses_gpus
+from hpctrain.schedulers.slurm.batch.requeue import (
+    elastic_lines,
+    hang_lines,
+    helper_lines,
+    requeues_itself,
+    restart_budget_lines,
+    stop_reason_lines,
+    warning_requeue_lines,
+)
 from hpctrain.schedulers.slurm.batch.torchrun_shim import TORCHRUN_SHIM, TORCHRUN_SIGNALS
 from hpctrain.schedulers.slurm.commands import Runner, run_bounded, slurm
 from hpctrain.schedulers.slurm.grammar import mem_mb, slurm_mem
-from hpctrain.stops import PEER_LOST_FILE, SIGNALS_FILE, STOP_REASON_FILE
-
-REQUEUE_COUNT_FILE = "requeue_count"
-HANG_RESTARTS_FILE = "hang_restarts"
-EXCLUDED_NODES_FILE = "excluded_nodes"  # every node a preflight of this run found sick, one a line
-NODE_LIST_MAX_BYTES = 65536  # of a bad-node list read back
+from hpctrain.stops import SIGNALS_FILE
 
 # Values written unquoted after #SBATCH; anything else is double- or single-quoted (see sbatch_value).
 SBATCH_SAFE_RE = re.compile(r"^[A-Za-z0-9_.,:=/%@+-]+$")
@@ -250,13 +254,7 @@ def render_sbatch_option(text: str) -> str:
     return f"{name}={sbatch_value(value)}" if name.startswith("--") else f"{name} {sbatch_value(value)}"
 
 
-def requeues_itself(job: JobSpec, options: SlurmOptions) -> bool:
-    """The script may requeue its job: after a time-limit warning, or after a hang (that needs the run directory,
-    where the watchdog leaves its stop reason)."""
-    return bool(job.signal_grace or (job.run_dir is not None and options.max_hang_restarts))
-
-
-# --- Before the step: the warning's trap, the run directory, its counters and the restart budgets ---
+# --- Before the step: the warning's trap and the run directory (its counters and budgets: requeue.py) ---
 
 
 def warning_lines(job: JobSpec) -> list[str]:
@@ -271,39 +269,6 @@ def _run_dir_words(run_dir: str) -> str:
     parts = run_dir.split("%j")
     quoted = [quote_path(parts[0]) if parts[0] else ""] + [_q(p) if p else "" for p in parts[1:]]
     return '"${SLURM_JOB_ID}"'.join(quoted)
-
-
-def helper_lines() -> list[str]:
-    """Shell functions that read and write the run directory's counters and node lists safely."""
-    return _program("run_dir_files.sh", NODE_LIST_MAX_BYTES=NODE_LIST_MAX_BYTES)
-
-
-def restart_budget_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
-    """Separate budgets: this script's own requeues (after time-limit warnings, after hangs) are counted in the run
-    directory; the rest of Slurm's restart count are Slurm's own requeues (preemption, node failure). All of them
-    together are bounded by Slurm's count alone."""
-    return [
-        "",
-        *_program(
-            "restart_budgets.sh",
-            REQUEUE_COUNT_FILE=REQUEUE_COUNT_FILE,
-            HANG_RESTARTS_FILE=HANG_RESTARTS_FILE,
-            MAX_PREEMPTIONS=options.max_preemptions,
-            TOTAL=restart_budget(job, options),
-            STOP_REASON_FILE=STOP_REASON_FILE,
-            SIGNALS_FILE=SIGNALS_FILE,
-            ALSO_CLEARED=f' "$run_dir/{PEER_LOST_FILE}"' if job.resources.elastic else "",
-        ),
-    ]
-
-
-def restart_budget(job: JobSpec, options: SlurmOptions) -> int:
-    """Restarts of every kind together: the bound on Slurm's restart count that no file can reset."""
-    return (
-        (options.max_requeues if job.signal_grace else 0)
-        + (options.max_hang_restarts if job.run_dir else 0)
-        + (options.max_preemptions)
-    )
 
 
 # --- The rendezvous and the step ---
@@ -417,89 +382,6 @@ def _tool(python: str | None, name: str) -> list[str]:
     if python is None:
         return [name]
     return [_q(python), "-m", _TOOL_MODULES[name]]
-
-
-# --- After the step: why it stopped, and whether the job requeues itself ---
-
-
-def stop_reason_lines(job: JobSpec) -> list[str]:
-    lines = ["", 'stop_reason=""']
-    if job.run_dir is not None:
-        lines += [
-            f'if [ -f "$run_dir/{STOP_REASON_FILE}" ]; then',
-            f"    stop_reason=$(head -c 64 -- \"$run_dir/{STOP_REASON_FILE}\" 2>/dev/null | tr -d '[:space:]')",
-            "fi",
-        ]
-    return lines
-
-
-def elastic_lines() -> list[str]:
-    """An elastic step whose lost node's torchrun ended with an error while the survivors finished: srun reports
-    the lost task's status, but the run completed (its stop_reason says so), so the job did too."""
-    return _program("elastic_end.sh")
-
-
-def hang_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
-    """Requeue after a hang or a sick node, within --max-hang-restarts (and the total budget)."""
-    n, total = options.max_hang_restarts, restart_budget(job, options)
-    return [
-        *(lost_node_lines(n, total) if job.resources.elastic else []),
-        *_program(
-            "hang_requeue.sh",
-            HANG_BUDGET=n,
-            TOTAL=total,
-            HANG_RESTARTS_FILE=HANG_RESTARTS_FILE,
-            BAD_NODES_FILE=BAD_NODES_FILE,
-            EXCLUDED_SOURCES=_excluded_sources(job),
-            PREFLIGHT_FILE=PREFLIGHT_FILE,
-            EXCLUDED_NODES_FILE=EXCLUDED_NODES_FILE,
-        ),
-    ]
-
-
-def lost_node_lines(n: int, total: int) -> list[str]:
-    """An elastic job that lost a node and could not go on within its allocation: the loss its first survivor saw
-    is still in RUN/peer_lost.json (a group that re-formed would have taken it), so the survivors were fewer than
-    MIN (torch's rendezvous timed out) or the --max-restarts budget was spent. Requeue, as after a hang."""
-    return _program(
-        "lost_node_requeue.sh",
-        PEER_LOST_FILE=PEER_LOST_FILE,
-        HANG_BUDGET=n,
-        TOTAL=total,
-        HANG_RESTARTS_FILE=HANG_RESTARTS_FILE,
-    )
-
-
-def _excluded_sources(job: JobSpec) -> str:
-    """Shell words printing the nodes a sick-node requeue excludes: earlier requeues', the preflight's new finding,
-    and the job's own --exclude-nodes (`scontrol update ExcNodeList` replaces the list), one a line."""
-    files = f'node_names "$run_dir/{EXCLUDED_NODES_FILE}" "$run_dir/{BAD_NODES_FILE}"'
-    if not job.exclude_nodes:
-        return files
-    return f"( {files}; printf '%s\\n' {' '.join(shlex.quote(n) for n in job.exclude_nodes)}; )"
-
-
-def warning_requeue_lines(job: JobSpec, options: SlurmOptions) -> list[str]:
-    """Requeue after a time-limit warning: only when the program said it stopped with its state saved."""
-    out = [
-        "",
-        "# Requeue after a time-limit warning only when the program said it stopped with its state saved",
-        "# (stop_reason `preempted`); never after scancel; within a budget.",
-    ]
-    if job.run_dir is None:  # no run directory, no word from the program: nothing to requeue on
-        return out + [
-            'if [ "$warned" = 1 ] && [ "$status" -ne 0 ]; then',
-            '    echo "hpctrain: the step ended after the time-limit warning (exit status $status); the job has no'
-            ' run directory in which the program could say it saved its state: not requeueing" >&2',
-            "fi",
-        ]
-    return out + _program(
-        "warning_requeue.sh",
-        MAX_REQUEUES=options.max_requeues,
-        TOTAL=restart_budget(job, options),
-        REQUEUE_COUNT_FILE=REQUEUE_COUNT_FILE,
-        STOP_REASON_FILE=STOP_REASON_FILE,
-    )
 
 
 # --- sbatch: submit the script, show it, keep it ---

@@ -14,7 +14,7 @@
 #    rest of the rendezvous settings are torchrun's own PET_RDZV_CONF, kept (join_timeout=S: how long an elastic
 #    job's survivors wait for MIN nodes; torch's default 600 s), which the is_host flag would otherwise replace.
 #  * A rendezvous that timed out (fewer than MIN nodes came, as after an elastic job lost a node at MIN) ends with
-#    one line instead of a traceback; the batch script then requeues the job (script.lost_node_lines).
+#    one line instead of a traceback; the batch script then requeues the job (requeue.lost_node_lines).
 #  * Once the attempt is over (its workers ended), the agent ignores the signals it handled: srun ends a step's
 #    other tasks (--kill-on-bad-exit) as soon as one exits with a planned non-zero status, and a TERM that reached
 #    an agent on its way out, in its interpreter's shutdown, raised torchrun's SignalException there (a traceback
