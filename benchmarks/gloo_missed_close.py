@@ -84,7 +84,10 @@ def trial(mode: str, timeout_s: float, folder: Path) -> dict[str, object]:
             if r.poll() is None:
                 r.kill()
                 r.wait()
-    result = json.loads(out.strip().splitlines()[-1])
+    lines = out.strip().splitlines()
+    if not lines:
+        raise SystemExit(f"rank 0 ended (exit status {ranks[0].returncode}) without saying how its all-reduce ended")
+    result = json.loads(lines[-1])
     error = str(result["error"])
     if "Timed out" in error:
         verdict = "timed out"

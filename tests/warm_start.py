@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,7 +120,8 @@ def _serve(path: str, preload: tuple[str, ...], owner: int) -> None:
     while True:
         for key, _ in selector.select():
             if key.data == ("owner",):  # the session ended; its commands' own ties end them
-                _remove_meeting_place(os.path.dirname(path))
+                # The meeting place: the socket, pid and lock files, the warm workers' stand-in records.
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
                 os._exit(0)
             if key.data is None:
                 connection, _ = listener.accept()
@@ -575,17 +577,6 @@ def completed(process, timeout: float) -> subprocess.CompletedProcess:
         process.wait()
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-
-def _remove_meeting_place(directory: str) -> None:
-    """The directory where a session's workers found this warm process (_Server): its socket, pid and lock files,
-    and the warm workers' stand-in records (stand_in_record)."""
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
-    with contextlib.suppress(OSError):
-        os.rmdir(directory)
 
 
 def _read_pid(path: str) -> int:

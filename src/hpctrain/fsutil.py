@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import glob
 import hashlib
 import os
 import stat
@@ -47,14 +46,15 @@ def write_atomic(
         raise
 
 
-def remove_temporaries(directory: Path, name: str | None = None) -> None:
-    """Remove the temporaries `write_atomic` leaves (`.NAME.tmp-PID`) when its process is killed between the write
-    and the rename, of the file `name` (None: of every file) in `directory`, except this process's own. Only for
-    files with one writer at a time: a rank's own progress record; a run directory's files when an attempt's rank 0
-    starts (every process of the attempt before it has ended)."""
-    for tmp in directory.glob(f".{'*' if name is None else glob.escape(name)}.tmp-*"):
-        pid = tmp.name.rpartition(".tmp-")[2]
-        if pid.isdigit() and int(pid) != os.getpid():
+def remove_temporaries(directory: Path, pattern: str = "*") -> None:
+    """Remove the hidden temporaries (`.NAME.tmp-SUFFIX`: write_atomic's SUFFIX is its process id) that writes killed
+    before their rename left in `directory`, for the file names `pattern` matches (a glob of our own file names),
+    except this process's own. Only for files with one writer at a time: a rank's own progress record; a run
+    directory's files when an attempt's rank 0 starts (every process of the attempt before it has ended); the
+    output of `prepare`, under its directory's lock."""
+    own = f".tmp-{os.getpid()}"
+    for tmp in directory.glob(f".{pattern}.tmp-*"):
+        if not tmp.name.endswith(own):
             _unlink_quietly(tmp)
 
 

@@ -39,6 +39,7 @@ from hpctrain.fsutil import (
     LocksUnsupported,
     fsync_dir,
     is_no_space,
+    remove_temporaries,
     sha256_file,
     write_atomic,
 )
@@ -259,9 +260,8 @@ def _difference(before: dict | None, now: dict) -> str:
 def _remove_temporaries(out: Path) -> None:
     """What an interrupted run left half-written under no final name (partial shards; the temporaries of the
     manifest, journal and index not yet renamed): removed, under the directory's lock, and written again."""
-    for name in ("*.tar", MANIFEST_NAME, JOURNAL_NAME, INDEX_NAME):
-        for path in out.glob(f".{name}.tmp-*"):
-            path.unlink(missing_ok=True)
+    for pattern in ("*.tar", MANIFEST_NAME, JOURNAL_NAME, INDEX_NAME):
+        remove_temporaries(out, pattern)
 
 
 def _listing_digest(images: ImageSet) -> str:
