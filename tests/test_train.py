@@ -128,7 +128,7 @@ def test_resume_after_an_epoch_is_bitwise_equal_to_an_uninterrupted_run(fashion_
     # What a first attempt killed between write_atomic's write and rename leaves; the next attempt removes those
     # of the files training writes, and leaves what `hpctrain submit` may be writing there at that moment.
     stale = [parts / f".{name}.tmp-4242" for name in ("provenance.json", "stop_reason", "peer_lost.json")]
-    stale.append(parts / "progress" / ".rank-0.json.tmp-4242")
+    stale += [parts / "progress" / ".rank-0.json.tmp-4242", parts / "..peer_lost.json.tmp-4242.tmp-4242"]
     submits = parts / ".job.yaml.tmp-4243"
     for path in [*stale, submits]:
         path.write_text("half")

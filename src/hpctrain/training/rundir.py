@@ -48,6 +48,7 @@ RUN_FILES = (
     PREFLIGHT_FILE,
     BAD_NODES_FILE,
     PEER_LOST_FILE,
+    f".{PEER_LOST_FILE}.tmp-*",  # note_peer_lost's link source is itself written through a temporary
 )
 # Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere (and a
 # linked progress/, hang/ or stacks/ the ranks' records and stacks).
@@ -112,6 +113,7 @@ _TRAINING_FILES = (
     PREFLIGHT_FILE,
     BAD_NODES_FILE,
     PEER_LOST_FILE,
+    f".{PEER_LOST_FILE}.tmp-*",  # note_peer_lost's link source is itself written through a temporary
 )
 
 
@@ -128,8 +130,8 @@ def write_run_files(
     `membership_change`. The previous group's stop reason (the agent stops its workers with SIGTERM, which they
     record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    for name in _TRAINING_FILES:  # what a process of an earlier attempt left, killed between write and rename
-        remove_temporaries(run.run_dir, name)
+    for pattern in _TRAINING_FILES:  # what a process of an earlier attempt left, killed between write and rename
+        remove_temporaries(run.run_dir, pattern)
     config = {
         **run.cfg.to_dict(),
         "resolved": {
