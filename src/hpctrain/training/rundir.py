@@ -48,7 +48,6 @@ RUN_FILES = (
     PREFLIGHT_FILE,
     BAD_NODES_FILE,
     PEER_LOST_FILE,
-    f".{PEER_LOST_FILE}.tmp-*",  # note_peer_lost's link source is itself written through a temporary
 )
 # Its directories too: a linked checkpoints/ or tb/ would put checkpoints, manifests and events elsewhere (and a
 # linked progress/, hang/ or stacks/ the ranks' records and stacks).
@@ -102,21 +101,6 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock | None:
         return None
 
 
-# The run directory's files that training processes write (through write_atomic), and so may leave a temporary of;
-# `hpctrain submit` writes others there (job.yaml, the script, the holder) at any moment, which are not ours to touch.
-_TRAINING_FILES = (
-    CONFIG_FILE,
-    PROVENANCE_FILE,
-    STOP_REASON_FILE,
-    SIGNALS_FILE,
-    METRICS_FILE,
-    PREFLIGHT_FILE,
-    BAD_NODES_FILE,
-    PEER_LOST_FILE,
-    f".{PEER_LOST_FILE}.tmp-*",  # note_peer_lost's link source is itself written through a temporary
-)
-
-
 def write_run_files(
     run: Run, hosts: list[str], resumed_step: int | None = None, nodes: list[str] | None = None
 ) -> None:
@@ -130,7 +114,10 @@ def write_run_files(
     `membership_change`. The previous group's stop reason (the agent stops its workers with SIGTERM, which they
     record as a cancel) is removed: it speaks of a group that no longer exists, and no cancel happened."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    for pattern in _TRAINING_FILES:  # what a process of an earlier attempt left, killed between write and rename
+    # What a process of an earlier attempt left, killed between write and rename: the temporaries of the run's own
+    # files (note_peer_lost's link source is itself written through one), never of those `hpctrain submit` may be
+    # writing there at this moment (job.yaml, the script, the holder).
+    for pattern in (*RUN_FILES, f".{PEER_LOST_FILE}.tmp-*"):
         remove_temporaries(run.run_dir, pattern)
     config = {
         **run.cfg.to_dict(),
